@@ -1,0 +1,161 @@
+"""Every ``MORI_*`` environment variable, parsed in one place.
+
+Values are read from the environment at the moment they are asked for, so a variable set before
+``shmem_init`` (or changed by a test) takes effect there. A malformed value raises
+:class:`ConfigError` naming the variable, the value and the accepted forms.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ConfigError", "Variable", "VARIABLES", "get", "parse_size", "parse_bool", "describe"]
+
+
+class ConfigError(ValueError):
+    """A ``MORI_*`` variable holds a value mori cannot use."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
+SIZE_FORMS = "a byte count with an optional binary unit: 4096, 64K, 512M, 6G, 2GiB, 1.5G (K=2^10, M=2^20, G=2^30, T=2^40)"
+_TRUE = {"1", "on", "true", "yes", "y"}
+_FALSE = {"0", "off", "false", "no", "n", ""}
+BOOL_FORMS = "1/0, ON/OFF, true/false, yes/no (any case)"
+
+
+def parse_size(text: str, name: str = "size") -> int:
+    """Parses a size such as ``6G``, ``512M``, ``2GiB`` or ``4096`` into bytes (binary units)."""
+    m = _SIZE_RE.match(text)
+    if m is None or (m.group(3) and not m.group(2) and m.group(3).lower() == "i"):
+        raise ConfigError(f"{name}={text!r} is not a size; expected {SIZE_FORMS}")
+    number, unit = m.group(1), m.group(2).lower()
+    value = float(number) * (1 << _SIZE_SHIFT[unit]) if "." in number else int(number) << _SIZE_SHIFT[unit]
+    return int(value)
+
+
+def parse_bool(text: str, name: str = "flag") -> bool:
+    """Parses an on/off flag."""
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ConfigError(f"{name}={text!r} is not a flag; expected {BOOL_FORMS}")
+
+
+def _parse_seconds(text: str, name: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{name}={text!r} is not a timeout; expected a positive number of seconds, e.g. 30 or 2.5")
+    return value
+
+
+def _choice(*options: str) -> Callable[[str, str], str]:
+    def parse(text: str, name: str) -> str:
+        low = text.strip().lower()
+        if low not in options:
+            raise ConfigError(f"{name}={text!r} is not accepted; expected one of: {', '.join(options)}")
+        return low
+
+    return parse
+
+
+def _device_list(text: str, name: str) -> tuple[bool, tuple[str, ...]]:
+    """``mlx5_0,mlx5_1`` selects; ``^mlx5_2,mlx5_3`` excludes. Returns (exclude, names)."""
+    exclude = text.startswith("^")
+    names = tuple(n.strip() for n in text.lstrip("^").split(",") if n.strip())
+    if not names or any(not re.fullmatch(r"[\w.\-:]+", n) for n in names):
+        raise ConfigError(f"{name}={text!r} is not a device list; expected 'mlx5_0,mlx5_1' or '^mlx5_2'")
+    return exclude, names
+
+
+def _positive_int(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{name}={text!r} is not accepted; expected a positive integer")
+    return value
+
+
+def _text(text: str, name: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: its parser, its default (used when unset) and what it does."""
+
+    name: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    doc: str
+    forms: str
+
+
+def _size(text: str, name: str) -> int:
+    return parse_size(text, name)
+
+
+def _bool(text: str, name: str) -> bool:
+    return parse_bool(text, name)
+
+
+VARIABLES: dict[str, Variable] = {
+    v.name: v
+    for v in [
+        Variable("MORI_SHMEM_HEAP_SIZE", _size, 2 << 30, "Symmetric heap size per PE; set before shmem init.", SIZE_FORMS),
+        Variable("MORI_SHMEM_MODE", _choice("static", "vmm"), "static",
+                 "GPU heap mode: 'static' maps the whole heap at init, 'vmm' maps it in chunks as it grows.",
+                 "static | vmm"),
+        Variable("MORI_SHMEM_VMM_CHUNK_SIZE", _size, 512 << 20, "Granule by which a vmm heap grows.", SIZE_FORMS),
+        Variable("MORI_SHMEM_BACKEND", _choice("auto", "gpu", "cpu"), "auto",
+                 "Where the heap lives: 'gpu' (CUDA VMM), 'cpu' (host shared memory) or 'auto' (GPU when CUDA sees one).",
+                 "auto | gpu | cpu"),
+        Variable("MORI_DISABLE_P2P", _bool, False, "Do not map peers' heaps; shmem_ptr_p2p returns 0.", BOOL_FORMS),
+        Variable("MORI_RDMA_DEVICES", _device_list, None, "RDMA NIC selection: 'mlx5_0,mlx5_1' or '^mlx5_2'.",
+                 "'mlx5_0,mlx5_1' or '^mlx5_2,mlx5_3'"),
+        Variable("MORI_NUM_QP_PER_PE", _positive_int, 1, "RDMA queue pairs per PE.", "a positive integer"),
+        Variable("MORI_BOOTSTRAP_TIMEOUT", _parse_seconds, 120.0,
+                 "Seconds a bootstrap collective waits for every rank before failing.", "seconds > 0"),
+        Variable("MORI_BOOTSTRAP_HOST", _text, None,
+                 "Address rank 0 advertises in the unique id (default: the host's outward address).", "an IP address"),
+        Variable("MORI_LOG_LEVEL", _choice("trace", "debug", "info", "warning", "error", "critical"), "warning",
+                 "Default log level of every mori logger.", "trace | debug | info | warning | error | critical"),
+        Variable("MORI_CACHE_DIR", _text, None, "Where compiled device code is cached (default ~/.cache/mori).", "a path"),
+        Variable("MORI_IO_AUTH_TOKEN", _text, None, "Shared secret engines must present to register and transfer.",
+                 "any string"),
+        Variable("MORI_IO_TIMEOUT", _parse_seconds, 30.0, "Seconds before an unanswered transfer fails.", "seconds > 0"),
+        Variable("MORI_SHMEM_BC", _text, None, "Path of libmori_shmem_device.bc to use instead of the packaged one.",
+                 "a path"),
+    ]
+}
+
+
+def get(name: str) -> Any:
+    """Returns the parsed value of ``name`` from the environment, or its default when unset."""
+    try:
+        var = VARIABLES[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a mori variable; known: {', '.join(sorted(VARIABLES))}") from None
+    raw = os.environ.get(name)
+    if raw is None:
+        return var.default
+    return var.parse(raw, name)
+
+
+def describe() -> str:
+    """A table of every variable, its current value and what it does (for docs and ``--help``)."""
+    rows = []
+    for var in VARIABLES.values():
+        rows.append(f"{var.name:28} {os.environ.get(var.name, '(unset)')!s:12} {var.doc}")
+    return "\n".join(rows)
