@@ -122,6 +122,8 @@ VARIABLES: dict[str, Variable] = {
                  "Where the heap lives: 'gpu' (CUDA VMM), 'cpu' (host shared memory) or 'auto' (GPU when CUDA sees one).",
                  "auto | gpu | cpu"),
         Variable("MORI_DISABLE_P2P", _bool, False, "Do not map peers' heaps; shmem_ptr_p2p returns 0.", BOOL_FORMS),
+        Variable("MORI_SHMEM_TIMEOUT", _parse_seconds, 120.0,
+                 "Seconds a host-side shmem wait (shmem_wait_until) waits before failing.", "seconds > 0"),
         Variable("MORI_RDMA_DEVICES", _device_list, None, "RDMA NIC selection: 'mlx5_0,mlx5_1' or '^mlx5_2'.",
                  "'mlx5_0,mlx5_1' or '^mlx5_2,mlx5_3'"),
         Variable("MORI_NUM_QP_PER_PE", _positive_int, 1, "RDMA queue pairs per PE.", "a positive integer"),
