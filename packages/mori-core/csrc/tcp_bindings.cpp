@@ -1,0 +1,56 @@
+// Python bindings of the native TCP data plane: TcpTarget, TcpPeer, TcpTransfer.
+// Every call that can block (connect, wait, deregister, close) releases the GIL.
+#include <pybind11/stl.h>
+
+#include "registry.hpp"
+#include "tcp_engine.hpp"
+
+namespace py = pybind11;
+using namespace mori::tcp;
+
+namespace {
+
+mori::native::Registration reg([](py::module_& m) {
+    py::class_<Transfer, std::shared_ptr<Transfer>>(m, "TcpTransfer",
+                                                    "Completion of one native TCP transfer.")
+        .def("code", &Transfer::code, "StatusCode value (IN_PROGRESS=2 until finished).")
+        .def("message", &Transfer::message, "Why it failed ('' on success).")
+        .def("wait", &Transfer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+             "Waits up to timeout seconds; True when finished.");
+
+    py::class_<Peer, std::shared_ptr<Peer>>(m, "TcpPeer", "Data connections from this engine to one target.")
+        .def(py::init<const std::string&, const std::string&, int, int, const std::string&, const std::string&,
+                      double>(),
+             py::arg("name"), py::arg("host"), py::arg("port"), py::arg("num_connections"), py::arg("my_key"),
+             py::arg("token"), py::arg("io_timeout"), py::call_guard<py::gil_scoped_release>())
+        .def(
+            "submit",
+            [](Peer& p, int op, uint64_t localBase, std::vector<uint64_t> lofs, uint64_t memId,
+               std::vector<uint64_t> rofs, std::vector<uint64_t> sizes, uint64_t uid, bool notify, uint64_t stripe) {
+                py::gil_scoped_release release;
+                return p.submit(static_cast<uint8_t>(op), localBase, lofs, memId, rofs, sizes, uid, notify, stripe);
+            },
+            py::arg("op"), py::arg("local_base"), py::arg("local_offsets"), py::arg("mem_id"),
+            py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid"), py::arg("notify"), py::arg("stripe"),
+            "Starts a transfer of len(sizes) blocks (op 1 = read, 2 = write); returns its TcpTransfer.")
+        .def("healthy", &Peer::healthy, "False once a connection has failed.")
+        .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
+
+    py::class_<Target, std::shared_ptr<Target>>(m, "TcpTarget",
+                                                "Serves registered memory to authenticated peers.")
+        .def(py::init<const std::string&, int, std::string, double>(), py::arg("host"), py::arg("port"),
+             py::arg("token"), py::arg("io_timeout"))
+        .def_property_readonly("port", &Target::port)
+        .def("register_region", &Target::register_region, py::arg("mem_id"), py::arg("addr"), py::arg("size"))
+        .def("deregister_region", &Target::deregister_region, py::arg("mem_id"),
+             py::call_guard<py::gil_scoped_release>(),
+             "Removes a region; waits for requests in flight on it. False when unknown.")
+        .def("allow_peer", &Target::allow_peer, py::arg("key"), py::call_guard<py::gil_scoped_release>())
+        .def("disallow_peer", &Target::disallow_peer, py::arg("key"), py::call_guard<py::gil_scoped_release>())
+        .def("pop_inbound", &Target::pop_inbound, py::arg("key"), py::arg("uid"),
+             "Final StatusCode of transfer uid from engine key, or None (the record is removed).")
+        .def("connection_count", &Target::connection_count)
+        .def("close", &Target::close, py::call_guard<py::gil_scoped_release>());
+});
+
+}  // namespace

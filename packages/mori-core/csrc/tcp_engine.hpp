@@ -1,0 +1,169 @@
+// Native TCP data plane of mori-io: a Target serves registered memory to authenticated peers; a
+// Peer holds several connections to one Target and runs transfers (batches striped over them).
+// No Python here: the bindings (tcp_bindings.cpp) release the GIL around every blocking call.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "tcp_wire.hpp"
+
+namespace mori::tcp {
+
+// Why a target rejected a block, carried in RepHdr::size of an error reply.
+enum Reason : uint64_t { kReasonEngine = 1, kReasonMemory = 2, kReasonRange = 3 };
+
+// Outcome of one transfer (all its blocks, on any connection).
+class Transfer {
+public:
+    Transfer(int64_t blocks, bool notify, uint64_t uid) : remaining_(blocks), notify_(notify), uid_(uid) {}
+    int code() const { return code_.load(std::memory_order_acquire); }
+    std::string message() const;
+    bool wait(double timeoutSec);  // true when finished
+    // Accounts n finished blocks; the first error wins. True when this call finished the last block.
+    bool complete_blocks(int64_t n, int code, const std::string& msg);
+    // Publishes the final code and wakes waiters (after the notify, if any, is queued).
+    void finish();
+    int final_code() const;
+    bool notify() const { return notify_; }
+    uint64_t uid() const { return uid_; }
+
+private:
+    std::atomic<int64_t> remaining_;
+    std::atomic<int> code_{kInProgress};
+    bool notify_;
+    uint64_t uid_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    int errCode_ = 0;
+    std::string errMsg_;
+};
+
+struct Block {
+    uint64_t laddr;   // local address
+    uint64_t offset;  // offset in the remote region (notify: status code)
+    uint64_t size;
+};
+
+// Blocks of one transfer assigned to one connection, in send order.
+struct Work {
+    std::shared_ptr<Transfer> transfer;
+    uint8_t op;
+    uint64_t memId;  // notify: uid
+    std::vector<Block> blocks;
+    size_t done = 0;  // blocks answered (guarded by the connection's mutex)
+};
+
+// One initiator-side connection: a sender thread writes request frames, a receiver thread reads
+// the replies (in order) and completes blocks.
+class InitConn {
+public:
+    InitConn(int fd, std::string peerName, double ioTimeout);
+    ~InitConn();
+    void enqueue(std::shared_ptr<Work> work);
+    void enqueue_notify(uint64_t uid, int code);
+    bool broken() const;
+    void close();
+
+private:
+    void send_loop();
+    void recv_loop();
+    std::string send_work(const Work& w);
+    void mark_broken(const std::string& reason);
+    static void fail_rest(std::vector<std::pair<std::shared_ptr<Work>, size_t>>& failed, const std::string& why);
+    std::string abort_check(const Reader& rd);
+
+    int fd_;
+    std::string peer_;
+    double ioTimeout_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<Work>> sendq_;
+    std::deque<std::shared_ptr<Work>> pending_;
+    int64_t pendingSinceNs_ = 0;
+    std::string broken_;
+    bool stop_ = false;
+    std::thread sender_, receiver_;
+};
+
+// Connections from this engine to one target engine.
+class Peer {
+public:
+    // Connects nconn data connections and authenticates; throws std::runtime_error on failure
+    // (message starts with "rejected:" when the target refused the token).
+    Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
+         const std::string& token, double ioTimeout);
+    ~Peer();
+    std::shared_ptr<Transfer> submit(uint8_t op, uint64_t localBase, const std::vector<uint64_t>& localOffsets,
+                                     uint64_t memId, const std::vector<uint64_t>& remoteOffsets,
+                                     const std::vector<uint64_t>& sizes, uint64_t uid, bool notify,
+                                     uint64_t stripe);
+    bool healthy() const;
+    void close();
+
+private:
+    std::string name_;
+    std::vector<std::unique_ptr<InitConn>> conns_;
+    std::atomic<uint64_t> next_{0};
+};
+
+// The serving side: accepts data connections and answers requests against registered regions.
+class Target {
+public:
+    Target(const std::string& host, int port, std::string token, double ioTimeout);
+    ~Target();
+    int port() const { return port_; }
+    void register_region(uint64_t id, uint64_t addr, uint64_t size);
+    bool deregister_region(uint64_t id);
+    void allow_peer(const std::string& key);
+    void disallow_peer(const std::string& key);
+    std::optional<int> pop_inbound(const std::string& key, uint64_t uid);
+    size_t connection_count();
+    void close();
+
+private:
+    struct Region {
+        uint64_t addr, size;
+    };
+    struct Conn {
+        int fd;
+        std::thread thread;
+        std::atomic<bool> done{false};
+    };
+    void accept_loop();
+    void serve(Conn* conn);
+    bool handshake(int fd, Reader& rd, std::string& peerKey);
+    int check(const std::string& peerKey, uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr,
+              uint64_t& reason);
+    void reap(bool all);
+
+    int listenFd_ = -1;
+    int port_ = 0;
+    std::string token_;
+    double ioTimeout_;
+    std::atomic<bool> stop_{false};
+    std::thread acceptThread_;
+    std::shared_mutex stateMu_;  // regions and allowed peers; held shared while memory is touched
+    std::unordered_map<uint64_t, Region> regions_;
+    std::unordered_set<std::string> allowed_;
+    std::mutex inboundMu_;
+    std::map<std::pair<std::string, uint64_t>, int> inbound_;
+    std::mutex connsMu_;
+    std::list<Conn> conns_;
+};
+
+}  // namespace mori::tcp

@@ -1,0 +1,359 @@
+// Initiator side of the native TCP data plane: transfers, connections and striping.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "tcp_engine.hpp"
+
+namespace mori::tcp {
+
+namespace {
+
+constexpr int kIovBatch = 1024;
+constexpr size_t kSendBatchBytes = 8 << 20;
+
+std::string reason_text(int code, uint64_t reason) {
+    switch (reason) {
+        case kReasonEngine: return "target has not registered this engine (ERR_NOT_FOUND)";
+        case kReasonMemory: return "memory is not registered at the target (ERR_NOT_FOUND)";
+        case kReasonRange: return "offset/size out of range of the target's region (ERR_INVALID_ARGS)";
+        default: return "target rejected the request (code " + std::to_string(code) + ")";
+    }
+}
+
+}  // namespace
+
+// ---- Transfer ---------------------------------------------------------------------------------
+
+std::string Transfer::message() const {
+    std::lock_guard lk(mu_);
+    return errMsg_;
+}
+
+int Transfer::final_code() const {
+    std::lock_guard lk(mu_);
+    return errCode_ != 0 ? errCode_ : kSuccess;
+}
+
+bool Transfer::complete_blocks(int64_t n, int code, const std::string& msg) {
+    if (code != kSuccess) {
+        std::lock_guard lk(mu_);
+        if (errCode_ == 0) {
+            errCode_ = code;
+            errMsg_ = msg;
+        }
+    }
+    return remaining_.fetch_sub(n, std::memory_order_acq_rel) == n;
+}
+
+void Transfer::finish() {
+    int c = final_code();
+    std::lock_guard lk(mu_);
+    code_.store(c, std::memory_order_release);
+    cv_.notify_all();
+}
+
+bool Transfer::wait(double timeoutSec) {
+    std::unique_lock lk(mu_);
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(timeoutSec, 0.0));
+    return cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
+}
+
+// ---- InitConn ---------------------------------------------------------------------------------
+
+InitConn::InitConn(int fd, std::string peerName, double ioTimeout)
+    : fd_(fd), peer_(std::move(peerName)), ioTimeout_(ioTimeout) {
+    struct timeval tv {};
+    tv.tv_sec = static_cast<time_t>(ioTimeout);
+    tv.tv_usec = static_cast<suseconds_t>((ioTimeout - static_cast<double>(tv.tv_sec)) * 1e6);
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    sender_ = std::thread([this] { send_loop(); });
+    receiver_ = std::thread([this] { recv_loop(); });
+}
+
+InitConn::~InitConn() { close(); }
+
+void InitConn::close() {
+    {
+        std::lock_guard lk(mu_);
+        if (stop_ && !sender_.joinable()) return;
+        stop_ = true;
+    }
+    mark_broken("connection closed by this engine");
+    cv_.notify_all();
+    if (sender_.joinable()) sender_.join();
+    if (receiver_.joinable()) receiver_.join();
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+}
+
+bool InitConn::broken() const {
+    std::lock_guard lk(mu_);
+    return !broken_.empty();
+}
+
+void InitConn::enqueue(std::shared_ptr<Work> work) {
+    {
+        std::lock_guard lk(mu_);
+        sendq_.push_back(std::move(work));
+    }
+    cv_.notify_one();
+}
+
+void InitConn::enqueue_notify(uint64_t uid, int code) {
+    auto w = std::make_shared<Work>();
+    w->op = kOpNotify;
+    w->memId = uid;
+    w->blocks.push_back(Block{0, static_cast<uint64_t>(code), 0});
+    enqueue(std::move(w));
+}
+
+void InitConn::fail_rest(std::vector<std::pair<std::shared_ptr<Work>, size_t>>& failed, const std::string& why) {
+    for (auto& [w, n] : failed) {
+        if (n == 0 || !w->transfer) continue;
+        if (w->transfer->complete_blocks(static_cast<int64_t>(n), kErrBadState, why)) w->transfer->finish();
+    }
+}
+
+void InitConn::mark_broken(const std::string& reason) {
+    std::vector<std::pair<std::shared_ptr<Work>, size_t>> failed;
+    std::string why;
+    {
+        std::lock_guard lk(mu_);
+        if (broken_.empty()) {
+            broken_ = reason;
+            if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+        }
+        why = "TCP connection to " + peer_ + " failed: " + broken_;
+        // Claim every unanswered block so the receiver cannot complete it a second time.
+        for (auto& w : pending_) {
+            failed.emplace_back(w, w->blocks.size() - w->done);
+            w->done = w->blocks.size();
+        }
+        pending_.clear();
+    }
+    cv_.notify_all();
+    fail_rest(failed, why);
+}
+
+std::string InitConn::send_work(const Work& w) {
+    std::vector<ReqHdr> hdrs(w.blocks.size());
+    std::vector<struct iovec> iov;
+    iov.reserve(kIovBatch + 2);
+    size_t bytes = 0;
+    for (size_t i = 0; i < w.blocks.size(); ++i) {
+        const Block& b = w.blocks[i];
+        ReqHdr& h = hdrs[i];
+        std::memset(&h, 0, sizeof(h));
+        h.magic = kReqMagic;
+        h.op = w.op;
+        h.memId = w.memId;
+        h.offset = b.offset;
+        h.size = b.size;
+        iov.push_back({&h, sizeof(h)});
+        bytes += sizeof(h);
+        if (w.op == kOpWrite && b.size > 0) {
+            iov.push_back({reinterpret_cast<void*>(b.laddr), b.size});
+            bytes += b.size;
+        }
+        if (static_cast<int>(iov.size()) >= kIovBatch || bytes >= kSendBatchBytes || i + 1 == w.blocks.size()) {
+            std::string e = send_all(fd_, iov.data(), static_cast<int>(iov.size()));
+            if (!e.empty()) return e;
+            iov.clear();
+            bytes = 0;
+        }
+    }
+    return "";
+}
+
+void InitConn::send_loop() {
+    for (;;) {
+        std::shared_ptr<Work> w;
+        std::string broken;
+        {
+            std::unique_lock lk(mu_);
+            cv_.wait(lk, [this] { return stop_ || !sendq_.empty(); });
+            if (sendq_.empty()) return;
+            w = std::move(sendq_.front());
+            sendq_.pop_front();
+            broken = broken_;
+            if (broken.empty() && w->op != kOpNotify) {
+                if (pending_.empty()) pendingSinceNs_ = now_ns();
+                pending_.push_back(w);
+            }
+        }
+        if (!broken.empty()) {
+            if (w->op == kOpNotify) continue;
+            std::vector<std::pair<std::shared_ptr<Work>, size_t>> one{{w, w->blocks.size()}};
+            fail_rest(one, "TCP connection to " + peer_ + " failed: " + broken);
+            continue;
+        }
+        std::string e = send_work(*w);
+        if (!e.empty()) mark_broken(e);
+    }
+}
+
+std::string InitConn::abort_check(const Reader& rd) {
+    std::lock_guard lk(mu_);
+    if (stop_) return "closed";
+    if (!broken_.empty()) return broken_;
+    if (!pending_.empty()) {
+        double since = std::min(rd.idle_seconds(), static_cast<double>(now_ns() - pendingSinceNs_) * 1e-9);
+        if (since > ioTimeout_)
+            return "no reply for " + std::to_string(static_cast<int>(ioTimeout_)) + " s (MORI_IO_TIMEOUT)";
+    }
+    return "";
+}
+
+void InitConn::recv_loop() {
+    Reader rd(fd_);
+    AbortCheck check = [this, &rd] { return abort_check(rd); };
+    for (;;) {
+        std::string e = rd.fill(sizeof(RepHdr), check);
+        if (!e.empty()) {
+            mark_broken(e);
+            return;
+        }
+        RepHdr h;
+        std::memcpy(&h, rd.data(), sizeof(h));
+        rd.consume(sizeof(h));
+        std::shared_ptr<Work> w;
+        size_t idx = 0;
+        {
+            std::lock_guard lk(mu_);
+            if (!pending_.empty()) {
+                w = pending_.front();
+                idx = w->done;
+            }
+        }
+        if (h.magic != kRepMagic || !w) {
+            mark_broken("protocol error: unexpected reply frame");
+            return;
+        }
+        const Block& b = w->blocks[idx];
+        std::string msg;
+        if (h.code == kSuccess && w->op == kOpRead) {
+            if (h.size != b.size) {
+                mark_broken("protocol error: read reply of wrong size");
+                return;
+            }
+            e = rd.read_into(reinterpret_cast<char*>(b.laddr), b.size, check);
+            if (!e.empty()) {
+                mark_broken(e);
+                return;
+            }
+        } else if (h.code != kSuccess) {
+            msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.offset) +
+                  ", size " + std::to_string(b.size) + "): " + reason_text(h.code, h.size);
+        }
+        bool finished = false;
+        {
+            std::lock_guard lk(mu_);
+            if (w->done != idx) continue;  // already failed by mark_broken
+            if (++w->done == w->blocks.size()) pending_.pop_front();
+            pendingSinceNs_ = now_ns();
+            finished = w->transfer->complete_blocks(1, h.code, msg);
+        }
+        if (finished) {
+            if (w->transfer->notify()) enqueue_notify(w->transfer->uid(), w->transfer->final_code());
+            w->transfer->finish();
+        }
+    }
+}
+
+// ---- Peer -------------------------------------------------------------------------------------
+
+Peer::Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
+           const std::string& token, double ioTimeout)
+    : name_(name) {
+    if (nconn < 1 || nconn > 64) throw std::invalid_argument("connections per peer must be 1..64");
+    if (myKey.empty() || myKey.size() > kMaxNameLen || token.size() > kMaxNameLen)
+        throw std::invalid_argument("engine key must be 1..4096 bytes and token at most 4096 bytes");
+    for (int i = 0; i < nconn; ++i) {
+        std::string err;
+        int fd = connect_to(host, port, ioTimeout, err);
+        if (fd < 0) throw std::runtime_error(err);
+        Hello h{kHelloMagic, kVersion, static_cast<uint16_t>(myKey.size()), static_cast<uint16_t>(token.size()), 0};
+        std::string msg(reinterpret_cast<const char*>(&h), sizeof(h));
+        msg += myKey;
+        msg += token;
+        err = send_bytes(fd, msg.data(), msg.size());
+        Reader rd(fd, 64);
+        AbortCheck deadline = [&rd, ioTimeout]() -> std::string {
+            return rd.idle_seconds() > ioTimeout ? "no answer to hello (MORI_IO_TIMEOUT)" : "";
+        };
+        if (err.empty()) err = rd.fill(sizeof(HelloReply), deadline);
+        HelloReply rep{0, 0};
+        if (err.empty()) std::memcpy(&rep, rd.data(), sizeof(rep));
+        if (err.empty() && (rep.magic != kHelloMagic || rep.code != kSuccess))
+            err = rep.code == kErrBadState ? "rejected: auth token mismatch" : "rejected: bad hello reply";
+        if (!err.empty()) {
+            ::close(fd);
+            throw std::runtime_error(err.rfind("rejected:", 0) == 0 ? err : "handshake with " + name + ": " + err);
+        }
+        conns_.push_back(std::make_unique<InitConn>(fd, name, ioTimeout));
+    }
+}
+
+Peer::~Peer() { close(); }
+
+void Peer::close() {
+    for (auto& c : conns_) c->close();
+}
+
+bool Peer::healthy() const {
+    return std::none_of(conns_.begin(), conns_.end(), [](const auto& c) { return c->broken(); });
+}
+
+std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std::vector<uint64_t>& localOffsets,
+                                       uint64_t memId, const std::vector<uint64_t>& remoteOffsets,
+                                       const std::vector<uint64_t>& sizes, uint64_t uid, bool notify,
+                                       uint64_t stripe) {
+    if (localOffsets.size() != sizes.size() || remoteOffsets.size() != sizes.size())
+        throw std::invalid_argument("offsets and sizes must have the same length");
+    if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
+    stripe = std::max<uint64_t>(stripe, 4096);
+    // Pieces: blocks with large ones cut at the stripe size; empty blocks move nothing.
+    std::vector<Block> pieces;
+    pieces.reserve(sizes.size());
+    uint64_t total = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        for (uint64_t done = 0; done < sizes[i]; done += stripe) {
+            uint64_t n = std::min(stripe, sizes[i] - done);
+            pieces.push_back(Block{localBase + localOffsets[i] + done, remoteOffsets[i] + done, n});
+        }
+        total += sizes[i];
+    }
+    auto t = std::make_shared<Transfer>(static_cast<int64_t>(pieces.size()), notify, uid);
+    size_t n = conns_.size();
+    size_t first = static_cast<size_t>(next_.fetch_add(1) % n);
+    if (pieces.empty()) {
+        if (notify) conns_[first]->enqueue_notify(uid, kSuccess);
+        t->finish();
+        return t;
+    }
+    // Contiguous runs of about total/n bytes per connection, starting at a rotating connection
+    // so that concurrent small transfers spread over all of them.
+    uint64_t share = std::max<uint64_t>(total / n, 1);
+    size_t begin = 0, c = first;
+    while (begin < pieces.size()) {
+        auto w = std::make_shared<Work>();
+        w->transfer = t;
+        w->op = op;
+        w->memId = memId;
+        uint64_t bytes = 0;
+        size_t end = begin;
+        while (end < pieces.size() && (bytes < share || end == begin)) bytes += pieces[end++].size;
+        if (c == (first + n - 1) % n) end = pieces.size();  // last connection takes the rest
+        w->blocks.assign(pieces.begin() + static_cast<long>(begin), pieces.begin() + static_cast<long>(end));
+        conns_[c]->enqueue(std::move(w));
+        begin = end;
+        c = (c + 1) % n;
+    }
+    return t;
+}
+
+}  // namespace mori::tcp

@@ -1,0 +1,144 @@
+"""The interface every mori-io backend implements, and what the engine gives it.
+
+A backend moves bytes for one medium (TCP, NVLink, RDMA). The engine owns registration and
+routing; it tells each backend about local memory and remote engines, asks ``can_serve`` which
+backend can carry a (local memory, remote memory) pair, and hands it :class:`TransferRequest`s.
+A backend never raises for a failed transfer: it finishes ``request.status`` with an error code
+(``ERR_INVALID_ARGS``/``ERR_NOT_FOUND`` for a rejected request, ``ERR_BAD_STATE`` for a broken
+peer, ``ERR_GPU_OP`` for a CUDA error). ``healthy(peer)`` going False makes the router fail over.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..types import BackendType, EngineDesc, MemoryDesc, StatusCode, TransferStatus
+
+__all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "ControlHandler"]
+
+# A control-plane request handler: (remote engine key, request payload) -> reply payload.
+ControlHandler = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+class TransferOp(enum.IntEnum):
+    """Direction of a one-sided transfer, seen from the initiator."""
+
+    READ = 0  # remote -> local
+    WRITE = 1  # local -> remote
+
+
+@dataclass
+class TransferRequest:
+    """One read/write or batch: ``len(sizes)`` blocks between ``local`` and ``remote``.
+
+    Offsets are validated against both descriptors by the engine before a backend sees them;
+    the target side validates again against what it actually registered.
+    """
+
+    op: TransferOp
+    local: MemoryDesc
+    remote: MemoryDesc
+    local_offsets: Sequence[int]
+    remote_offsets: Sequence[int]
+    sizes: Sequence[int]
+    uid: int
+    status: TransferStatus
+    notify: bool = True
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes moved by the whole request."""
+        return sum(self.sizes)
+
+
+class BackendContext(abc.ABC):
+    """The engine services a backend may use."""
+
+    engine_key: str
+    hostname: str
+    log: logging.Logger
+
+    @abc.abstractmethod
+    def io_timeout(self) -> float:
+        """Seconds before an unanswered transfer fails (``MORI_IO_TIMEOUT``)."""
+
+    @abc.abstractmethod
+    def auth_token(self) -> str:
+        """The shared secret this engine presents and expects ('' when none)."""
+
+    @abc.abstractmethod
+    def remote_engine(self, key: str) -> EngineDesc:
+        """The registered remote engine ``key``; raises ``KeyError`` when not registered."""
+
+    @abc.abstractmethod
+    def control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Sends one control-plane request to a registered remote engine and returns its reply.
+
+        Raises ``ConnectionError`` (peer unreachable, rejected token) or ``TimeoutError``.
+        """
+
+    @abc.abstractmethod
+    def add_control_handler(self, op: str, handler: ControlHandler) -> None:
+        """Serves control-plane requests named ``op`` (e.g. ``"nvlink.open"``) with ``handler``.
+
+        Only authenticated engines that this engine registered reach a handler.
+        """
+
+    @abc.abstractmethod
+    def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
+        """Records that a transfer ``uid`` from ``remote_key`` into this engine finished, for
+        :meth:`IOEngine.pop_inbound_transfer_status`."""
+
+
+class Backend(abc.ABC):
+    """One transfer medium. Subclasses set ``kind`` and implement the abstract methods."""
+
+    kind: BackendType = BackendType.Unknown
+    # Higher wins when several backends can serve a pair (NVLink beats TCP for GPU memory).
+    priority: int = 0
+
+    def __init__(self, ctx: BackendContext, config: Any) -> None:
+        self.ctx = ctx
+        self.config = config
+
+    @abc.abstractmethod
+    def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
+        """Whether this backend can move bytes between these two regions."""
+
+    def healthy(self, remote_key: str) -> bool:
+        """False after a failure that makes this backend unusable towards ``remote_key``; the
+        router then sends later transfers to another backend that can serve."""
+        return True
+
+    @abc.abstractmethod
+    def register_memory(self, desc: MemoryDesc) -> MemoryDesc:
+        """Makes a local region reachable; returns ``desc`` with backend data in ``extra``."""
+
+    @abc.abstractmethod
+    def deregister_memory(self, desc: MemoryDesc) -> None:
+        """After this returns no remote request touches the region."""
+
+    @abc.abstractmethod
+    def register_remote_engine(self, desc: EngineDesc) -> None:
+        """Allows transfers with ``desc.key`` (both directions)."""
+
+    @abc.abstractmethod
+    def deregister_remote_engine(self, desc: EngineDesc) -> None:
+        """Disallows transfers with ``desc.key``; its later requests are rejected."""
+
+    @abc.abstractmethod
+    def submit(self, request: TransferRequest) -> None:
+        """Starts the transfer asynchronously; finishes ``request.status`` when it ends."""
+
+    def pop_inbound(self, remote_key: str, uid: int) -> TransferStatus | None:
+        """An inbound completion recorded by this backend itself (not through the context)."""
+        return None
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stops threads and connections; idempotent."""
