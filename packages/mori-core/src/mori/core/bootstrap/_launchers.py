@@ -1,0 +1,43 @@
+"""Bootstraps whose unique id travels through a launcher the job already has: torch.distributed or MPI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._bootstrap import Bootstrap
+from ._uid import get_unique_id
+
+__all__ = ["init_from_torch", "init_from_mpi"]
+
+
+def init_from_torch(group: Any = None, timeout: float | None = None) -> Bootstrap:
+    """A :class:`Bootstrap` over the ranks of a ``torch.distributed`` process group (default: the world).
+
+    The group's rank 0 makes the unique id and broadcasts it with ``broadcast_object_list``
+    (CPU for gloo, the current device for NCCL); then every rank joins the socket bootstrap with
+    its rank in the group.
+    """
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise ImportError("init_from_torch needs PyTorch: pip install 'mori-core[torch]'") from exc
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("init_from_torch needs torch.distributed.init_process_group() to have run first")
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise RuntimeError("init_from_torch: this process is not a member of the given group")
+    box = [get_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return Bootstrap(rank, world, box[0], timeout)  # type: ignore[arg-type]
+
+
+def init_from_mpi(comm: Any = None, timeout: float | None = None) -> Bootstrap:
+    """A :class:`Bootstrap` over the ranks of an mpi4py communicator (default: ``MPI.COMM_WORLD``)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError("init_from_mpi needs mpi4py and an MPI library: pip install 'mori-core[mpi]'") from exc
+    comm = MPI.COMM_WORLD if comm is None else comm
+    rank, world = comm.Get_rank(), comm.Get_size()
+    uid = comm.bcast(get_unique_id() if rank == 0 else None, root=0)
+    return Bootstrap(rank, world, uid, timeout)
