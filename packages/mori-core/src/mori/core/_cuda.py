@@ -1,0 +1,134 @@
+"""Shared access to ``cuda-bindings``: lazy imports and result checking.
+
+Every mori module that talks to the CUDA driver or NVRTC goes through here, so that
+
+* importing mori works without ``cuda-bindings`` (the ``mori-core[cuda]`` extra): the import
+  happens on first use and a missing package is reported with the command that installs it;
+* every failed call raises :class:`CudaError` naming the call, the error code's name and the
+  driver's (or NVRTC's) own description, instead of a bare enum value in a tuple.
+
+Usage::
+
+    drv = _cuda.driver()
+    ptr = _cuda.check(drv.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+__all__ = ["CudaError", "CudaUnavailableError", "driver", "nvrtc", "check", "call", "init_device"]
+
+_INSTALL_HINT = "install the CUDA extra: pip install 'mori-core[cuda]' (cuda-bindings and NVRTC)"
+
+
+class CudaUnavailableError(ImportError):
+    """``cuda-bindings`` is not installed, or the CUDA driver library cannot be loaded."""
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver or NVRTC call failed.
+
+    Attributes: ``call`` (the function that failed), ``code`` (the numeric result),
+    ``name`` (e.g. ``CUDA_ERROR_OUT_OF_MEMORY``) and ``description`` (the library's text).
+    """
+
+    def __init__(self, call: str, code: int, name: str, description: str, detail: str = ""):
+        self.call, self.code, self.name, self.description = call, code, name, description
+        message = f"{call} failed: {name} ({code}): {description}"
+        super().__init__(message + (f"; {detail}" if detail else ""))
+
+
+def _load(module: str) -> ModuleType:
+    try:
+        return importlib.import_module(f"cuda.bindings.{module}")
+    except ImportError as err:
+        raise CudaUnavailableError(f"mori needs cuda.bindings.{module} here ({err}); {_INSTALL_HINT}") from None
+
+
+def driver() -> ModuleType:
+    """The ``cuda.bindings.driver`` module (raises :class:`CudaUnavailableError` when missing)."""
+    return _load("driver")
+
+
+def nvrtc() -> ModuleType:
+    """The ``cuda.bindings.nvrtc`` module (raises :class:`CudaUnavailableError` when missing)."""
+    return _load("nvrtc")
+
+
+def _describe(result: Any) -> tuple[str, str]:
+    """(name, description) of a CUresult or nvrtcResult, without ever raising."""
+    name = getattr(result, "name", str(result))
+    try:
+        if type(result).__name__ == "nvrtcResult":
+            err, text = nvrtc().nvrtcGetErrorString(result)
+        else:
+            err, text = driver().cuGetErrorString(result)
+        if int(err) == 0 and text:
+            return name, text.decode() if isinstance(text, bytes) else str(text)
+    except Exception:  # the description is a courtesy; the name alone still identifies the error
+        pass
+    return name, "no description available"
+
+
+def check(returned: Any, call: str, detail: str = "") -> Any:
+    """Checks the result tuple of a ``cuda-bindings`` call and unwraps its outputs.
+
+    ``returned`` is what the binding returned: ``(result,)``, ``(result, value)`` or
+    ``(result, v1, v2, ...)``. Returns ``None``, ``value`` or the tuple of values respectively;
+    raises :class:`CudaError` (with ``detail`` appended) when the result is not success.
+    """
+    result, *values = returned
+    if int(result) != 0:
+        name, description = _describe(result)
+        raise CudaError(call, int(result), name, description, detail)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def call(function: str, *args: Any, detail: str = "") -> Any:
+    """Calls ``cuda.bindings.driver.<function>(*args)`` and checks it (see :func:`check`).
+
+    A missing driver library (no NVIDIA driver on this machine) becomes
+    :class:`CudaUnavailableError` naming the call.
+    """
+    fn = getattr(driver(), function)
+    try:
+        returned = fn(*args)
+    except (OSError, RuntimeError) as err:
+        # cuda-bindings loads libcuda on the first call; without a driver that raises here
+        # (cuda.pathfinder's DynamicLibNotFoundError, a RuntimeError).
+        if isinstance(err, OSError) or "DynamicLib" in type(err).__name__:
+            raise CudaUnavailableError(
+                f"{function}: the CUDA driver library (libcuda) could not be loaded: {err}"
+            ) from None
+        raise
+    return check(returned, function, detail)
+
+
+_contexts: dict[int, Any] = {}
+
+
+def init_device(device: int) -> Any:
+    """Initialises the driver, retains ``device``'s primary context and makes it current.
+
+    The primary context is the one the CUDA runtime (and so PyTorch and Triton) uses, so
+    memory mori maps is visible to their kernels. Retained once per process and kept until
+    exit, as the runtime does. Returns the ``CUcontext``.
+    """
+    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+        raise ValueError(f"device must be a CUDA device ordinal >= 0, got {device!r}")
+    ctx = _contexts.get(device)
+    if ctx is None:
+        call("cuInit", 0)
+        count = call("cuDeviceGetCount")
+        if device >= count:
+            raise ValueError(f"device {device} does not exist: this process sees {count} CUDA device(s)")
+        dev = call("cuDeviceGet", device)
+        ctx = call("cuDevicePrimaryCtxRetain", dev, detail=f"device {device}")
+        _contexts[device] = ctx
+    call("cuCtxSetCurrent", ctx, detail=f"device {device}")
+    return ctx

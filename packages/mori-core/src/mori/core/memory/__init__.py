@@ -1,0 +1,14 @@
+"""Memory that several processes share.
+
+* :class:`HostSegment` — host shared memory (``memfd``) that peer processes on this host map;
+* :func:`send_fds` / :func:`recv_fds` — file descriptors over Unix sockets, with timeouts;
+* :class:`FdExchange` — an all-gather of descriptors among the local ranks of a bootstrap;
+* :mod:`~mori.core.memory.cuda_vmm` — GPU memory through CUDA VMM, exported and imported as
+  POSIX fds (needs the ``mori-core[cuda]`` extra when used, not when imported).
+"""
+
+from . import cuda_vmm
+from ._fdpass import FdExchange, recv_fds, send_fds
+from ._host import HostSegment
+
+__all__ = ["FdExchange", "HostSegment", "cuda_vmm", "recv_fds", "send_fds"]

@@ -1,0 +1,204 @@
+"""GPU memory through the CUDA virtual memory management (VMM) API, shareable as POSIX fds.
+
+An allocation is physical memory (``cuMemCreate`` with the POSIX file-descriptor handle type)
+mapped at a reserved virtual range with read/write access for its device and any listed peer
+devices. ``export_fd()`` gives a descriptor another process receives over a Unix socket
+(:func:`mori.core.memory.send_fds`) and maps with :meth:`VmmAllocation.import_fd`: over NVLink
+the importer's loads and stores reach the exporter's GPU memory directly.
+
+Needs the ``mori-core[cuda]`` extra (``cuda-bindings``); importing this module does not, and
+every call without it raises :class:`mori.core._cuda.CudaUnavailableError` saying what to
+install. Multicast objects are deliberately never created here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _cuda
+
+__all__ = ["VmmAllocation", "granularity"]
+
+
+def _prop(device: int) -> Any:
+    drv = _cuda.driver()
+    prop = drv.CUmemAllocationProp()
+    prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device
+    prop.requestedHandleTypes = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    return prop
+
+
+def _fd_handle_type() -> Any:
+    return _cuda.driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+def granularity(device: int) -> int:
+    """The minimum granularity (bytes) of VMM allocations on ``device``; sizes round up to it."""
+    _cuda.init_device(device)
+    flag = _cuda.driver().CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    return int(_cuda.call("cuMemGetAllocationGranularity", _prop(device), flag, detail=f"device {device}"))
+
+
+def _rounded(size: int, device: int) -> int:
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError(f"VMM allocation size must be an int > 0 bytes, got {size!r}")
+    gran = granularity(device)
+    return -(-size // gran) * gran
+
+
+def _check_devices(devices: Sequence[int]) -> list[int]:
+    out = []
+    for d in devices:
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            raise ValueError(f"peer devices must be CUDA device ordinals >= 0, got {d!r}")
+        if d not in out:
+            out.append(d)
+    return out
+
+
+class VmmAllocation:
+    """GPU memory mapped in this process: ``ptr`` (device address), ``size`` (bytes), ``device``.
+
+    Made by :meth:`create` (new memory on ``device``) or :meth:`import_fd` (a peer's memory).
+    :meth:`free` unmaps and releases it; use it as a context manager to free on exit.
+    """
+
+    def __init__(self, handle: Any, ptr: int, size: int, device: int, imported: bool):
+        self._handle, self.ptr, self.size, self.device, self.imported = handle, ptr, size, device, imported
+
+    @classmethod
+    def create(cls, size: int, device: int, peers: Sequence[int] = ()) -> VmmAllocation:
+        """Allocates at least ``size`` bytes on ``device`` (rounded up to :func:`granularity`).
+
+        The memory is readable and writable from ``device`` and every device in ``peers``
+        (which must have peer access to it, e.g. over NVLink).
+        """
+        peers = _check_devices(peers)
+        size = _rounded(size, device)
+        handle = _cuda.call("cuMemCreate", size, _prop(device), 0, detail=f"{size} bytes on device {device}")
+        try:
+            return cls._map(handle, size, device, peers, imported=False)
+        except BaseException:
+            _cuda.call("cuMemRelease", handle)
+            raise
+
+    @classmethod
+    def import_fd(cls, fd: int, size: int, device: int, peers: Sequence[int] = ()) -> VmmAllocation:
+        """Maps a peer process's allocation, received as ``fd`` from its :meth:`export_fd`.
+
+        ``size`` is the exporter's ``alloc.size``. The mapping is accessible from ``device`` (the
+        one this process computes on) and ``peers``. The caller keeps ownership of ``fd``: the
+        import holds its own reference to the memory, so ``fd`` may be closed right after.
+        """
+        if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
+            raise ValueError(f"import_fd: fd must be an open file descriptor, got {fd!r}")
+        try:
+            os.fstat(fd)
+        except OSError as err:
+            raise ValueError(f"import_fd: fd {fd} is not an open file descriptor ({err.strerror})") from None
+        peers = _check_devices(peers)
+        size = _rounded(size, device)
+        handle = _cuda.call("cuMemImportFromShareableHandle", fd, _fd_handle_type(), detail=f"fd {fd}")
+        try:
+            return cls._map(handle, size, device, peers, imported=True)
+        except BaseException:
+            _cuda.call("cuMemRelease", handle)
+            raise
+
+    @classmethod
+    def _map(cls, handle: Any, size: int, device: int, peers: list[int], imported: bool) -> VmmAllocation:
+        gran = granularity(device)
+        ptr = int(_cuda.call("cuMemAddressReserve", size, gran, 0, 0, detail=f"{size} bytes"))
+        try:
+            _cuda.call("cuMemMap", ptr, size, 0, handle, 0, detail=f"{size} bytes at 0x{ptr:x}")
+            try:
+                alloc = cls(handle, ptr, size, device, imported)
+                alloc.set_access([device, *peers])
+                return alloc
+            except BaseException:
+                _cuda.call("cuMemUnmap", ptr, size)
+                raise
+        except BaseException:
+            _cuda.call("cuMemAddressFree", ptr, size)
+            raise
+
+    def set_access(self, devices: Sequence[int]) -> None:
+        """Grants read/write access to the mapping from each of ``devices``."""
+        self._check_live()
+        devices = _check_devices(devices)
+        if not devices:
+            raise ValueError("set_access: name at least one device")
+        drv = _cuda.driver()
+        descs = []
+        for d in devices:
+            desc = drv.CUmemAccessDesc()
+            desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            desc.location.id = d
+            desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            descs.append(desc)
+        _cuda.call("cuMemSetAccess", self.ptr, self.size, descs, len(descs),
+                   detail=f"devices {devices} on 0x{self.ptr:x} (+{self.size} bytes)")
+
+    def export_fd(self) -> int:
+        """A new file descriptor for this allocation, to pass to another process; the caller owns it."""
+        self._check_live()
+        fd = int(_cuda.call("cuMemExportToShareableHandle", self._handle, _fd_handle_type(), 0))
+        os.set_inheritable(fd, False)
+        return fd
+
+    def write(self, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
+        """Copies host bytes into the allocation at ``offset`` (synchronous ``cuMemcpyHtoD``)."""
+        self._check_range(offset, len(data))
+        if not len(data):
+            return
+        src = (ctypes.c_char * len(data)).from_buffer_copy(data)
+        _cuda.init_device(self.device)
+        _cuda.call("cuMemcpyHtoD", self.ptr + offset, ctypes.addressof(src), len(data))
+
+    def read(self, nbytes: int, offset: int = 0) -> bytes:
+        """Copies ``nbytes`` at ``offset`` back to the host (synchronous ``cuMemcpyDtoH``)."""
+        self._check_range(offset, nbytes)
+        dst = (ctypes.c_char * nbytes)()
+        if not nbytes:
+            return b""
+        _cuda.init_device(self.device)
+        _cuda.call("cuMemcpyDtoH", ctypes.addressof(dst), self.ptr + offset, nbytes)
+        return dst.raw
+
+    def free(self) -> None:
+        """Unmaps the range, releases the memory handle and the address range. Idempotent.
+
+        The physical memory lives on while another process (or an exported fd) still holds it.
+        """
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        _cuda.init_device(self.device)
+        # Order matters: the mapping goes first, then the handle, then the address range.
+        _cuda.call("cuMemUnmap", self.ptr, self.size)
+        _cuda.call("cuMemRelease", handle)
+        _cuda.call("cuMemAddressFree", self.ptr, self.size)
+
+    def _check_live(self) -> None:
+        if self._handle is None:
+            raise ValueError("VmmAllocation has been freed")
+
+    def _check_range(self, offset: int, nbytes: int) -> None:
+        self._check_live()
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise ValueError(f"range [{offset}, {offset + nbytes}) is outside the {self.size}-byte allocation")
+
+    def __enter__(self) -> VmmAllocation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._handle is None else f"ptr=0x{self.ptr:x}"
+        return f"VmmAllocation({state}, size={self.size}, device={self.device}, imported={self.imported})"
