@@ -1,0 +1,206 @@
+"""The GPU heap: CUDA VMM memory per PE, exported as POSIX file descriptors and mapped by every PE.
+
+Each PE reserves virtual addresses for its own heap and for every peer's, then backs them in
+chunks: ``static`` mode maps the whole heap at init (one chunk), ``vmm`` mode maps
+``MORI_SHMEM_VMM_CHUNK_SIZE`` chunks as the allocator's high-water mark grows. Growing is
+collective: every PE creates its next chunk, the chunks' descriptors are exchanged through
+:class:`mori.core.memory.FdExchange`, and every PE maps every peer's chunk at the same offset of
+that peer's reservation, so ``peer_bases`` never change and device state stays valid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+import os
+import time
+from typing import Any
+
+from mori.core import _cuda as cu
+from mori.core.memory import FdExchange
+
+from ._cuda import Context
+from ._heap import Heap
+
+__all__ = ["GpuHeap"]
+
+
+_COMPARE = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt, "ge": operator.ge,
+            "lt": operator.lt, "le": operator.le}
+
+
+def _round_up(value: int, granule: int) -> int:
+    return (value + granule - 1) // granule * granule
+
+
+class _Reservation:
+    """A reserved virtual range and the chunks mapped into it."""
+
+    def __init__(self, size: int, alignment: int) -> None:
+        self.size = size
+        self.base = int(cu.call("cuMemAddressReserve", size, alignment, 0, 0))
+        self.chunks: list[tuple[int, int, Any]] = []  # (offset, size, CUmemGenericAllocationHandle)
+
+    def map(self, offset: int, size: int, handle: Any, device: int) -> None:
+        drv = cu.driver()
+        cu.call("cuMemMap", self.base + offset, size, 0, handle, 0, detail=f"offset {offset:#x}")
+        self.chunks.append((offset, size, handle))
+        access = drv.CUmemAccessDesc()
+        access.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        access.location.id = device
+        access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        cu.call("cuMemSetAccess", self.base + offset, size, [access], 1, detail=f"device {device}")
+
+    def release(self) -> None:
+        for offset, size, handle in self.chunks:
+            cu.call("cuMemUnmap", self.base + offset, size)
+            cu.call("cuMemRelease", handle)
+        self.chunks.clear()
+        cu.call("cuMemAddressFree", self.base, self.size)
+
+
+class GpuHeap(Heap):
+    """CUDA VMM heap; ``mode`` is ``static`` or ``vmm`` (grown in ``chunk_size`` steps)."""
+
+    kind = "gpu"
+    ops: Any = None  # HostOps (helper kernels), attached once the device state exists
+
+    def __init__(self, bootstrap: Any, ctx: Context, size: int, mode: str, chunk_size: int,
+                 p2p_disabled: bool, initial: int) -> None:
+        drv = cu.driver()
+        self.ctx = ctx
+        self.mode = mode
+        self.p2p_disabled = p2p_disabled
+        self._rank, self._world = bootstrap.rank, bootstrap.world
+        self._fdx = FdExchange(bootstrap) if bootstrap.world > 1 and not p2p_disabled else None
+        prop = drv.CUmemAllocationProp()
+        prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = ctx.device
+        prop.requestedHandleTypes = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self._prop = prop
+        granule = int(cu.call("cuMemGetAllocationGranularity", prop,
+                              drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        self.chunk = _round_up(size if mode == "static" else chunk_size, granule)
+        self.size = _round_up(size, self.chunk)
+        self.mapped = 0
+        self._reservations: list[_Reservation | None] = [None] * self._world
+        self._poll_stream: Any = None
+        try:
+            self._poll_stream = cu.call("cuStreamCreate", drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+            for pe in range(self._world):
+                if pe == self._rank or not p2p_disabled:
+                    self._reservations[pe] = _Reservation(self.size, granule)
+            own = self._reservations[self._rank]
+            assert own is not None
+            self.base = own.base
+            self.peer_bases = [r.base if r is not None else 0 for r in self._reservations]
+            self.ensure_mapped(self.size if mode == "static" else initial)
+            # cuMemCreate memory is not zeroed: clear what is mapped so barrier slots start at 0.
+            cu.call("cuMemsetD8", self.base, 0, self.mapped)
+            ctx.synchronize()
+        except BaseException:
+            self.close()
+            raise
+
+    def ensure_mapped(self, end: int) -> None:
+        """Maps chunks on every PE until ``[0, end)`` is backed (collective: all PEs call it alike)."""
+        if end <= self.mapped:
+            return
+        if end > self.size:
+            raise ValueError(f"offset {end:#x} is past the heap ({self.size} bytes)")
+        self.ctx.make_current()
+        new_offsets = list(range(self.mapped, _round_up(end, self.chunk), self.chunk))
+        own = self._reservations[self._rank]
+        assert own is not None
+        fds = []
+        try:
+            for offset in new_offsets:
+                handle = cu.call("cuMemCreate", self.chunk, self._prop, 0, detail=f"{self.chunk} bytes")
+                own.map(offset, self.chunk, handle, self.ctx.device)
+                if self._fdx is not None:
+                    fds.append(int(cu.call("cuMemExportToShareableHandle", handle,
+                                           cu.driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)))
+            if self._fdx is not None:
+                self._map_peers(new_offsets, self._fdx.allgather_fds(fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if self.mapped:
+            # Fresh chunks of a growing heap are zeroed like the first ones.
+            cu.call("cuMemsetD8", self.base + self.mapped, 0, len(new_offsets) * self.chunk)
+        self.mapped = new_offsets[-1] + self.chunk
+
+    def _map_peers(self, offsets: list[int], peer_fds: list[list[int]]) -> None:
+        drv = cu.driver()
+        posix = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        try:
+            for pe, fds in enumerate(peer_fds):
+                reservation = self._reservations[pe]
+                if pe == self._rank or reservation is None:
+                    continue
+                if len(fds) != len(offsets):
+                    raise RuntimeError(f"PE {pe} sent {len(fds)} heap chunks, expected {len(offsets)}: "
+                                       "shmem_malloc/shmem_free sequences differ between PEs")
+                for offset, fd in zip(offsets, fds):
+                    handle = cu.call("cuMemImportFromShareableHandle", fd, posix, detail=f"PE {pe}")
+                    reservation.map(offset, self.chunk, handle, self.ctx.device)
+        finally:
+            for fds in peer_fds:
+                for fd in fds:
+                    os.close(fd)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """``cuMemcpy`` on the legacy default stream (ordered after the caller's default-stream work)."""
+        self.ctx.make_current()
+        cu.call("cuMemcpyAsync", dst, src, nbytes, 0)
+        cu.call("cuStreamSynchronize", 0)
+
+    def atomic(self, op: str, pe: int, offset: int, value: int, compare: int, width: int) -> int:
+        """Runs a one-thread kernel that applies the device API's atomic to PE ``pe``."""
+        if self.ops is None:
+            raise RuntimeError("GPU heap atomics need the helper kernels (HostOps) loaded first")
+        return int(self.ops.atomic(op, self.base + offset, pe, value, compare, width))
+
+    def wait_until(self, offset: int, cmp: str, value: int, timeout: float, width: int) -> int:
+        """Polls the word with small device-to-host copies on a stream of its own.
+
+        The copies run on a non-blocking stream so that a kernel still running on the default
+        stream (say, the one that will write this word) does not hold the poll back.
+        """
+        nbytes = width // 8
+        word = ctypes.create_string_buffer(nbytes)
+        test = _COMPARE[cmp]
+        deadline = time.monotonic() + timeout
+        pause = 0.0
+        self.ctx.make_current()
+        while True:
+            cu.call("cuMemcpyDtoHAsync", ctypes.addressof(word), self.base + offset, nbytes, self._poll_stream)
+            cu.call("cuStreamSynchronize", self._poll_stream)
+            seen = int.from_bytes(word.raw, "little")
+            if test(seen, value):
+                return seen
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"shmem_wait_until: word at {self.base + offset:#x} still {seen} after "
+                                   f"{timeout:g} s waiting for '{cmp} {value}'")
+            pause = min(max(pause * 2, 1e-6), 1e-3)  # spin briefly, then back off to 1 ms
+            time.sleep(pause)
+
+    def synchronize(self) -> None:
+        """Waits for the device (every copy and kernel mori or the caller issued)."""
+        self.ctx.synchronize()
+
+    def close(self) -> None:
+        """Unmaps every chunk, releases the handles and frees the reservations (own last)."""
+        self.ctx.make_current()
+        if self._fdx is not None:
+            self._fdx.close()
+        if self._poll_stream is not None:
+            cu.call("cuStreamDestroy", self._poll_stream)
+            self._poll_stream = None
+        order = [pe for pe in range(self._world) if pe != self._rank] + [self._rank]
+        for pe in order:
+            reservation = self._reservations[pe]
+            if reservation is not None:
+                reservation.release()
+                self._reservations[pe] = None

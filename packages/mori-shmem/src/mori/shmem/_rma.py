@@ -1,0 +1,143 @@
+"""Host-initiated RMA for Python callers: put, get, put with signal, atomics, wait-until, quiet, fence.
+
+Every symmetric address is checked against the heap before anything moves (a bad one raises
+:class:`ShmemAddressError` and changes nothing), and every target PE must be reachable through a
+peer mapping. Atomic values are ``width``-bit unsigned words: negative inputs wrap as two's
+complement and results come back unsigned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._buffers import as_span
+from ._heap import Heap
+
+__all__ = ["CMP_NAMES", "SIGNAL_ADD", "SIGNAL_SET", "Rma", "ShmemAddressError"]
+
+#: Comparison codes of wait-until, NVSHMEM's values (``SHMEM_CMP_EQ`` = 0 ... ``SHMEM_CMP_LE`` = 5).
+CMP_NAMES = ("eq", "ne", "gt", "ge", "lt", "le")
+SIGNAL_SET = 0
+SIGNAL_ADD = 1
+
+
+class ShmemAddressError(ValueError):
+    """An address (or range) does not lie inside the symmetric heap, or is misaligned."""
+
+
+def _cmp_name(cmp: int | str) -> str:
+    if isinstance(cmp, str) and cmp.lower() in CMP_NAMES:
+        return cmp.lower()
+    if isinstance(cmp, int) and not isinstance(cmp, bool) and 0 <= cmp < len(CMP_NAMES):
+        return CMP_NAMES[cmp]
+    raise ValueError(f"comparison {cmp!r} is not one of {', '.join(CMP_NAMES)} (or 0..5)")
+
+
+class Rma:
+    """Bounds-checked remote memory access over one PE's :class:`Heap`."""
+
+    def __init__(self, heap: Heap, my_pe: int, npes: int, default_timeout: float) -> None:
+        self.heap = heap
+        self.my_pe = my_pe
+        self.npes = npes
+        self.default_timeout = default_timeout
+
+    # -- checks ---------------------------------------------------------------------------
+    def offset(self, addr: int, nbytes: int, what: str, align: int = 1) -> int:
+        """The heap offset of ``[addr, addr + nbytes)``; raises unless it lies inside the heap."""
+        if not isinstance(addr, int) or isinstance(addr, bool):
+            raise TypeError(f"{what}: address must be an int, got {type(addr).__name__}")
+        base, size = self.heap.base, self.heap.size
+        if addr < base or addr + nbytes > base + size:
+            raise ShmemAddressError(f"{what}: range {addr:#x}..{addr + nbytes:#x} ({nbytes} bytes) is outside "
+                                    f"the symmetric heap {base:#x}..{base + size:#x}")
+        if addr % align:
+            raise ShmemAddressError(f"{what}: address {addr:#x} is not {align}-byte aligned")
+        return addr - base
+
+    def target(self, pe: int) -> int:
+        """Checks ``pe`` and returns the base address of its heap in this process."""
+        if not isinstance(pe, int) or isinstance(pe, bool) or not 0 <= pe < self.npes:
+            raise ValueError(f"PE {pe!r} is out of range: there are {self.npes} PEs (0..{self.npes - 1})")
+        base = self.heap.peer_bases[pe]
+        if base == 0:
+            raise ValueError(f"PE {pe} is not reachable from PE {self.my_pe} (P2P disabled or another host)")
+        return base
+
+    @staticmethod
+    def _word(value: int, width: int, what: str) -> int:
+        if width not in (32, 64):
+            raise ValueError(f"width must be 32 or 64, got {width!r}")
+        if not isinstance(value, int) or not -(1 << (width - 1)) <= value < (1 << width):
+            raise ValueError(f"{what}={value!r} does not fit in {width} bits")
+        return value & ((1 << width) - 1)
+
+    def _check_span(self, span_on_gpu: bool, what: str) -> None:
+        if span_on_gpu and self.heap.kind != "gpu":
+            raise TypeError(f"{what}: a CUDA tensor cannot be used with the CPU heap")
+
+    # -- data movement ----------------------------------------------------------------------
+    def _put_target(self, dest: int, data: Any, pe: int) -> tuple[int, Any]:
+        span = as_span(data, "put source", writable=False)
+        self._check_span(span.on_gpu, "put source")
+        off = self.offset(dest, span.nbytes, "put destination")
+        return self.target(pe) + off, span
+
+    def put(self, dest: int, data: Any, pe: int) -> None:
+        """Copies ``data`` to symmetric address ``dest`` on PE ``pe``; complete on return."""
+        addr, span = self._put_target(dest, data, pe)
+        if span.nbytes:
+            self.heap.copy(addr, span.addr, span.nbytes)
+
+    def get_into(self, out: Any, src: int, pe: int) -> None:
+        """Fills ``out`` (writable buffer, array or tensor) from ``src`` on PE ``pe``."""
+        span = as_span(out, "get destination", writable=True)
+        self._check_span(span.on_gpu, "get destination")
+        off = self.offset(src, span.nbytes, "get source")
+        base = self.target(pe)
+        if span.nbytes:
+            self.heap.copy(span.addr, base + off, span.nbytes)
+
+    def get(self, src: int, nbytes: int, pe: int) -> bytes:
+        """Returns ``nbytes`` read from ``src`` on PE ``pe``."""
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        out = bytearray(nbytes)
+        self.get_into(out, src, pe)
+        return bytes(out)
+
+    def put_signal(self, dest: int, data: Any, sig_addr: int, signal: int, sig_op: int, pe: int) -> None:
+        """Puts ``data``, then sets (``SIGNAL_SET``) or adds to (``SIGNAL_ADD``) the 64-bit signal."""
+        if sig_op not in (SIGNAL_SET, SIGNAL_ADD):
+            raise ValueError(f"sig_op must be SIGNAL_SET (0) or SIGNAL_ADD (1), got {sig_op!r}")
+        self.offset(sig_addr, 8, "signal address", align=8)
+        self._word(signal, 64, "signal")
+        self.put(dest, data, pe)
+        # The data copy is complete before the signal moves: a waiter that sees it sees the data.
+        self.atomic("fetch_add" if sig_op == SIGNAL_ADD else "store", sig_addr, signal, pe)
+
+    def atomic(self, op: str, dest: int, value: int, pe: int, compare: int = 0, width: int = 64) -> int:
+        """Runs atomic ``op`` on the ``width``-bit word at ``dest`` on PE ``pe``; returns the old value."""
+        value = self._word(value, width, "value")
+        compare = self._word(compare, width, "compare")
+        off = self.offset(dest, width // 8, "atomic address", align=width // 8)
+        self.target(pe)
+        return self.heap.atomic(op, pe, off, value, compare, width)
+
+    def wait_until(self, ivar: int, cmp: int | str, value: int, timeout: float | None, width: int = 64) -> int:
+        """Waits until the local word at ``ivar`` compares true against ``value``; returns what it read."""
+        name = _cmp_name(cmp)
+        value = self._word(value, width, "value")
+        off = self.offset(ivar, width // 8, "wait address", align=width // 8)
+        limit = self.default_timeout if timeout is None else timeout
+        if not limit > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        return self.heap.wait_until(off, name, value, limit, width)
+
+    def quiet(self) -> None:
+        """Completes every RMA this PE issued (they complete on return already; this also drains the device)."""
+        self.heap.synchronize()
+
+    def fence(self) -> None:
+        """Orders this PE's earlier puts before later ones (host RMA is complete in order, so quiet suffices)."""
+        self.heap.synchronize()

@@ -1,0 +1,181 @@
+"""The one shmem instance of a process: init, finalize, and access for the public API.
+
+Init agrees on the heap settings with every PE (a mismatch fails on every PE with the same
+message), builds the heap (GPU or CPU), publishes the device state, and ends with a barrier, so
+when ``shmem_init_*`` returns every PE can already reach every other PE's heap.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from mori.core import config, get_logger
+
+from ._allocator import INTERNAL_BYTES, MIN_ALIGNMENT, SymmetricAllocator
+from ._gpu_states import MAX_PES, pack_gpu_states
+from ._heap import PEER_BASES_OFFSET, Heap
+from ._rma import Rma
+
+__all__ = ["ShmemError", "ShmemNotInitializedError", "Shmem", "current", "ensure_uninitialized", "finalize", "initialize",
+           "is_initialized"]
+
+log = get_logger("shmem")
+
+
+class ShmemError(RuntimeError):
+    """mori.shmem cannot do what was asked in its current state (e.g. init twice, PEs disagree)."""
+
+
+class ShmemNotInitializedError(ShmemError):
+    """A shmem call was made before ``shmem_init_attr``/``shmem_torch_process_group_init`` (or after finalize)."""
+
+
+@dataclass
+class Shmem:
+    """Everything an initialized PE holds."""
+
+    bootstrap: Any
+    owns_bootstrap: bool
+    heap: Heap
+    allocator: SymmetricAllocator
+    rma: Rma
+    states: bytes
+    ctx: Any = None
+    ops: Any = None  # HostOps kernels on a GPU heap
+    registered: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return int(self.bootstrap.rank)
+
+    @property
+    def world(self) -> int:
+        return int(self.bootstrap.world)
+
+
+_current: Shmem | None = None
+
+
+def current() -> Shmem:
+    """The initialized instance; raises :class:`ShmemNotInitializedError` otherwise."""
+    if _current is None:
+        raise ShmemNotInitializedError(
+            "mori.shmem is not initialized: call shmem_init_attr(...), shmem_torch_process_group_init(name) "
+            "or shmem_init_from_env() first")
+    return _current
+
+
+def is_initialized() -> bool:
+    """Whether this process holds an initialized shmem instance."""
+    return _current is not None
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _agree(bootstrap: Any, what: str, mine: str) -> None:
+    """Fails on every PE, with one message, unless all PEs hold the same ``mine``."""
+    values = [v.decode() for v in bootstrap.allgather(mine.encode())]
+    if len(set(values)) != 1:
+        listing = "; ".join(f"PE {pe}: {v}" for pe, v in enumerate(values))
+        raise ShmemError(f"PEs disagree on {what}: {listing}")
+
+
+def _resolve_backend() -> str:
+    from ._cuda import cuda_device_count
+
+    backend = config.get("MORI_SHMEM_BACKEND")
+    if backend == "cpu":
+        return "cpu"
+    count = cuda_device_count()
+    if backend == "gpu" and count == 0:
+        raise ShmemError("MORI_SHMEM_BACKEND=gpu but no CUDA device is visible (driver missing or no GPU)")
+    return "gpu" if count else "cpu"
+
+
+def ensure_uninitialized() -> None:
+    """Raises :class:`ShmemError` when this process is already an initialized PE."""
+    if _current is not None:
+        raise ShmemError(f"mori.shmem is already initialized (PE {_current.rank} of {_current.world}); "
+                         "call shmem_finalize() before initializing again")
+
+
+def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
+    """Builds the heap over ``bootstrap`` and makes it the process's instance (collective)."""
+    global _current
+    try:
+        ensure_uninitialized()
+    except ShmemError:
+        if owns_bootstrap:
+            bootstrap.close()
+        raise
+    heap: Heap | None = None
+    try:
+        if bootstrap.world > MAX_PES:
+            raise ShmemError(f"{bootstrap.world} PEs exceed the device state's limit of {MAX_PES}")
+        size = config.get("MORI_SHMEM_HEAP_SIZE")
+        if size < INTERNAL_BYTES + MIN_ALIGNMENT:
+            raise ShmemError(f"MORI_SHMEM_HEAP_SIZE={size} bytes is too small: the first {INTERNAL_BYTES} "
+                             "bytes are mori's internal area")
+        kind, mode, p2p_off = _resolve_backend(), config.get("MORI_SHMEM_MODE"), config.get("MORI_DISABLE_P2P")
+        chunk = config.get("MORI_SHMEM_VMM_CHUNK_SIZE")
+        _agree(bootstrap, "the heap settings (backend, MORI_SHMEM_HEAP_SIZE, MORI_SHMEM_MODE, chunk, P2P)",
+               f"{kind} {size} {mode} {chunk} p2p={'off' if p2p_off else 'on'}")
+        _agree(bootstrap, "the host (every PE must run on one host until an RDMA transport exists)", _host_id())
+        ctx = ops = None
+        if kind == "gpu":
+            from ._cuda import Context
+            from ._heap_gpu import GpuHeap
+
+            ctx = Context(bootstrap.rank)
+            heap = GpuHeap(bootstrap, ctx, size, mode, chunk, p2p_off, initial=INTERNAL_BYTES)
+        else:
+            from ._heap_cpu import CpuHeap
+
+            heap = CpuHeap(bootstrap, size, p2p_off)
+        heap.publish_peer_bases()
+        states = pack_gpu_states(bootstrap.rank, bootstrap.world, heap.base, heap.size,
+                                 heap.base + PEER_BASES_OFFSET, p2p_off)
+        if ctx is not None:
+            from ._kernels import HostOps
+
+            ops = HostOps(ctx, heap, states)
+            heap.ops = ops  # type: ignore[union-attr]
+        rma = Rma(heap, bootstrap.rank, bootstrap.world, config.get("MORI_SHMEM_TIMEOUT"))
+        instance = Shmem(bootstrap, owns_bootstrap, heap, SymmetricAllocator(heap.size), rma, states, ctx, ops)
+        bootstrap.barrier()
+    except BaseException:
+        if heap is not None:
+            heap.close()
+        if owns_bootstrap:
+            bootstrap.close()
+        raise
+    _current = instance
+    log.info("PE %d/%d initialized: %s", instance.rank, instance.world, heap.describe())
+    return instance
+
+
+def finalize() -> None:
+    """Tears the instance down after a barrier (no PE unmaps while a peer may still write)."""
+    global _current
+    instance = current()
+    try:
+        instance.heap.synchronize()
+        instance.bootstrap.barrier()
+    finally:
+        _current = None
+        try:
+            if instance.ops is not None:
+                instance.ops.close()
+            instance.heap.close()
+        finally:
+            if instance.owns_bootstrap:
+                instance.bootstrap.close()
