@@ -6,8 +6,9 @@ then ``read``/``write``/``batch_read``/``batch_write`` or an :class:`IOEngineSes
 returns a :class:`TransferStatus`.
 """
 
-from mori.core.log import set_log_level
+from mori.core.log import set_log_level as _set_level
 
+from .engine import IOEngine, IOEngineSession
 from .types import (
     BackendType,
     EngineDesc,
@@ -24,9 +25,17 @@ from .types import (
 
 __version__ = "0.1.0"
 
+
+def set_log_level(level: str | int) -> None:
+    """Sets mori-io's log level (``trace``, ``debug``, ``info``, ``warning``, ``error``, ``critical``)."""
+    _set_level(level, module="io")
+
+
 __all__ = [
     "BackendType",
     "EngineDesc",
+    "IOEngine",
+    "IOEngineSession",
     "IOEngineConfig",
     "MemoryDesc",
     "MemoryLocationType",

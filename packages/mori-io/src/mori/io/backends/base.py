@@ -60,6 +60,7 @@ class BackendContext(abc.ABC):
     """The engine services a backend may use."""
 
     engine_key: str
+    host: str  # address the engine listens on (data planes bind here too)
     hostname: str
     log: logging.Logger
 

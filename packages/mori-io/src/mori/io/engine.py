@@ -1,0 +1,408 @@
+"""The public engine: :class:`IOEngine` and :class:`IOEngineSession` (MORI's API).
+
+The engine owns its control-plane server, its registries and its backends; transfers are checked
+here against the descriptors (so obvious errors fail fast without touching the network), routed
+to a backend (``_router``) and run asynchronously; the target checks every request again against
+what it really registered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import os
+import socket
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from mori.core import config as mori_config
+from mori.core.log import get_logger
+
+from ._control import ControlClient, ControlError, ControlServer
+from ._registry import InboundTable, MemoryRegistry, RemoteEngines, UidAllocator
+from ._router import choose_backend
+from .backends import Backend, BackendContext, ControlHandler, TransferOp, TransferRequest, backend_factory
+from .types import (
+    BackendType,
+    EngineDesc,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    StatusCode,
+    TransferStatus,
+)
+
+__all__ = ["IOEngine", "IOEngineSession"]
+
+_log = get_logger("io")
+
+
+def _io_timeout() -> float:
+    return float(mori_config.get("MORI_IO_TIMEOUT"))
+
+
+class _Context(BackendContext):
+    """What backends see of their engine."""
+
+    def __init__(self, engine: IOEngine, host: str, token: str) -> None:
+        self._engine = weakref.proxy(engine)
+        self.engine_key = engine._key
+        self.host = host
+        self.hostname = socket.gethostname()
+        self.log = _log
+        self._token = token
+
+    def io_timeout(self) -> float:
+        return _io_timeout()
+
+    def auth_token(self) -> str:
+        return self._token
+
+    def remote_engine(self, key: str) -> EngineDesc:
+        desc = self._engine._remotes.get(key)
+        if desc is None:
+            raise KeyError(f"engine {key!r} is not registered with engine {self.engine_key!r}")
+        return desc
+
+    def control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._engine._control_request(remote_key, op, payload)
+
+    def add_control_handler(self, op: str, handler: ControlHandler) -> None:
+        self._engine._server.handlers[op] = handler
+
+    def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
+        self._engine._inbound.record(remote_key, uid, code, message)
+
+
+def _shutdown(backends: dict[BackendType, Backend], server: ControlServer, clients: dict[str, ControlClient]) -> None:
+    for b in list(backends.values()):
+        b.close()
+    backends.clear()
+    for c in list(clients.values()):
+        c.close()
+    clients.clear()
+    server.close()
+
+
+def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable) -> dict[str, ControlHandler]:
+    """Control ops every engine serves: ping, memory-descriptor lookup, inbound notifications."""
+
+    def lookup_mem(key: str, body: dict[str, Any]) -> dict[str, Any]:
+        desc = memory.get(int(body.get("id", -1)))
+        if desc is None:
+            raise ControlError(StatusCode.ERR_NOT_FOUND, f"memory {body.get('id')!r} is not registered with {my_key!r}")
+        return {"desc": desc.pack()}
+
+    def notify(key: str, body: dict[str, Any]) -> dict[str, Any]:
+        inbound.record(key, int(body["uid"]), StatusCode(int(body["code"])), str(body.get("message", "")))
+        return {}
+
+    return {"ping": lambda key, body: {"key": my_key}, "lookup_mem": lookup_mem, "notify": notify}
+
+
+def _as_offsets(name: str, values: Sequence[int]) -> list[int]:
+    try:
+        out = [operator.index(v) for v in values]
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from None
+    return out
+
+
+class IOEngine:
+    """A transfer engine named ``key`` whose control plane listens on ``config.host:config.port``."""
+
+    def __init__(self, key: str, config: IOEngineConfig) -> None:
+        if not isinstance(key, str) or not key or len(key) > 4096:
+            raise ValueError(f"IOEngine key must be a non-empty str of at most 4096 chars, got {key!r}")
+        if not isinstance(config, IOEngineConfig):
+            raise TypeError(f"config must be an IOEngineConfig, got {type(config).__name__}")
+        self._key = key
+        token = config.auth_token if config.auth_token is not None else mori_config.get("MORI_IO_AUTH_TOKEN")
+        self._token = token or ""
+        self._memory = MemoryRegistry()
+        self._remotes = RemoteEngines()
+        self._inbound = InboundTable()
+        self._uids = UidAllocator()
+        self._backends: dict[BackendType, Backend] = {}
+        self._clients: dict[str, ControlClient] = {}
+        self._lock = threading.RLock()
+        self._server = ControlServer(config.host, config.port, self._token, _io_timeout(),
+                                     authorize=self._remotes.__contains__, log=_log)
+        # Handlers close over the registries, not the engine, so the engine can be collected.
+        self._server.handlers.update(_engine_handlers(key, self._memory, self._inbound))
+        self._ctx = _Context(self, config.host, self._token)
+        self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid())
+        self._finalizer = weakref.finalize(self, _shutdown, self._backends, self._server, self._clients)
+        _log.info("engine %r: control plane on %s:%d", key, config.host, self._server.port)
+
+    # ---- engines and backends ------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        """This engine's key."""
+        return self._key
+
+    def get_engine_desc(self) -> EngineDesc:
+        """The descriptor peers register with :meth:`register_remote_engine`."""
+        return self._desc
+
+    def create_backend(self, type: BackendType, config: Any = None) -> None:  # noqa: A002 (MORI's name)
+        """Creates the backend of ``type`` (TCP, XGMI/NVLINK; RDMA raises: no RDMA device here)."""
+        if not isinstance(type, BackendType):
+            raise TypeError(f"backend type must be a BackendType, got {type!r}")
+        with self._lock:
+            if type in self._backends:
+                raise ValueError(f"engine {self._key!r} already has a {type.name} backend")
+            backend = backend_factory(type)(self._ctx, config)
+            for mem in self._memory.all():
+                self._memory.add(self._merge_extra(mem, backend.register_memory(mem)))
+            for key in list(self._remotes._by_key):
+                desc = self._remotes.get(key)
+                if desc is not None:
+                    backend.register_remote_engine(desc)
+            self._backends[type] = backend
+
+    def remove_backend(self, type: BackendType) -> None:  # noqa: A002
+        """Closes and removes the backend of ``type``; raises ``KeyError`` if there is none."""
+        with self._lock:
+            backend = self._backends.pop(BackendType(type), None)
+        if backend is None:
+            raise KeyError(f"engine {self._key!r} has no {BackendType(type).name} backend")
+        backend.close()
+
+    def register_remote_engine(self, engine_desc: EngineDesc) -> None:
+        """Allows transfers with the engine of ``engine_desc`` (both directions)."""
+        if not isinstance(engine_desc, EngineDesc):
+            raise TypeError(f"expected an EngineDesc, got {type(engine_desc).__name__}")
+        with self._lock:
+            self._remotes.add(engine_desc)
+            for b in self._backends.values():
+                b.register_remote_engine(engine_desc)
+
+    def deregister_remote_engine(self, engine_desc: EngineDesc) -> None:
+        """Forgets a remote engine: its later requests are rejected with ERR_NOT_FOUND."""
+        if not isinstance(engine_desc, EngineDesc):
+            raise TypeError(f"expected an EngineDesc, got {type(engine_desc).__name__}")
+        with self._lock:
+            if self._remotes.remove(engine_desc.key) is None:
+                raise KeyError(f"engine {engine_desc.key!r} is not registered with engine {self._key!r}")
+            for b in self._backends.values():
+                b.deregister_remote_engine(engine_desc)
+            client = self._clients.pop(engine_desc.key, None)
+        if client is not None:
+            client.close()
+
+    # ---- memory -----------------------------------------------------------------------------------
+    @staticmethod
+    def _merge_extra(desc: MemoryDesc, from_backend: MemoryDesc | None) -> MemoryDesc:
+        if from_backend is not None and from_backend.extra:
+            desc.extra.update(from_backend.extra)
+        return desc
+
+    def register_memory(self, ptr: int, size: int, device_id: int, mem_loc: MemoryLocationType) -> MemoryDesc:
+        """Registers ``size`` bytes at address ``ptr`` (``device_id`` -1 for host memory)."""
+        for name, v in (("ptr", ptr), ("size", size), ("device_id", device_id)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"register_memory: {name} must be an int, got {type(v).__name__}")
+        if ptr <= 0 or size <= 0 or ptr + size > 1 << 64:
+            raise ValueError(f"register_memory: invalid region ptr={ptr:#x} size={size}")
+        loc = MemoryLocationType(mem_loc)
+        if loc == MemoryLocationType.Unknown:
+            raise ValueError("register_memory: mem_loc must be CPU or GPU")
+        desc = MemoryDesc(self._key, self._memory.new_id(), ptr, size, device_id, loc, self._ctx.hostname)
+        with self._lock:
+            for b in self._backends.values():
+                desc = self._merge_extra(desc, b.register_memory(desc))
+            self._memory.add(desc)
+        return desc
+
+    def register_torch_tensor(self, tensor: Any) -> MemoryDesc:
+        """Registers the storage of a contiguous torch tensor (CPU or CUDA)."""
+        if not tensor.is_contiguous():
+            raise ValueError("register_torch_tensor: the tensor must be contiguous")
+        kind = tensor.device.type
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"register_torch_tensor: unsupported device {tensor.device}")
+        loc = MemoryLocationType.GPU if kind == "cuda" else MemoryLocationType.CPU
+        index = tensor.device.index
+        return self.register_memory(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
+                                    -1 if index is None else index, loc)
+
+    def deregister_memory(self, mem_desc: MemoryDesc) -> None:
+        """Deregisters a region; after this returns no remote request touches it."""
+        if not isinstance(mem_desc, MemoryDesc):
+            raise TypeError(f"expected a MemoryDesc, got {type(mem_desc).__name__}")
+        if mem_desc.engine_key != self._key:
+            raise ValueError(f"memory {mem_desc.id} belongs to engine {mem_desc.engine_key!r}, not {self._key!r}")
+        with self._lock:
+            desc = self._memory.remove(mem_desc.id)
+            if desc is None:
+                raise KeyError(f"memory {mem_desc.id} is not registered with engine {self._key!r}")
+            for b in self._backends.values():
+                b.deregister_memory(desc)
+
+    # ---- transfers --------------------------------------------------------------------------------
+    def allocate_transfer_uid(self) -> int:
+        """A transfer id unique within this engine."""
+        return self._uids.allocate()
+
+    def _reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
+        if local.engine_key != self._key or self._memory.get(local.id) is None:
+            return StatusCode.ERR_NOT_FOUND, f"local memory {local.id} is not registered with engine {self._key!r}"
+        if remote.engine_key not in self._remotes:
+            return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
+        return None
+
+    def _submit(self, op: TransferOp, local: MemoryDesc, l_offs: Sequence[int], remote: MemoryDesc,
+                r_offs: Sequence[int], sizes: Sequence[int], uid: int, backend: Backend | None = None) -> TransferStatus:
+        if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
+            raise TypeError("local and remote memory must be MemoryDesc objects")
+        l_offs, r_offs, sizes = _as_offsets("local offsets", l_offs), _as_offsets("remote offsets", r_offs), \
+            _as_offsets("sizes", sizes)
+        if not len(l_offs) == len(r_offs) == len(sizes):
+            raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
+                             f"{len(sizes)} sizes")
+        status = TransferStatus()
+        problem = self._reject(local, remote)
+        if problem is None and sizes:
+            if min(l_offs) < 0 or min(r_offs) < 0 or min(sizes) < 0:
+                problem = StatusCode.ERR_INVALID_ARGS, "offsets and sizes must be >= 0"
+            elif max(map(operator.add, l_offs, sizes)) > local.size:
+                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \
+                                                       f"({local.size} bytes)"
+            elif max(map(operator.add, r_offs, sizes)) > remote.size:
+                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
+                                                       f"({remote.size} bytes)"
+        if problem is None and backend is None:
+            backend = choose_backend(self._backends, local, remote)
+            if backend is None:
+                problem = StatusCode.ERR_BAD_STATE, (f"no backend of engine {self._key!r} can move {local.loc.name} "
+                                                     f"<-> {remote.loc.name} memory (created: "
+                                                     f"{[b.name for b in self._backends] or 'none'})")
+        if problem is not None:
+            status._set(*problem)
+            return status
+        assert backend is not None
+        backend.submit(TransferRequest(op, local, remote, l_offs, r_offs, sizes, operator.index(uid), status))
+        return status
+
+    def read(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
+             uid: int) -> TransferStatus:
+        """One-sided read of ``size`` bytes: remote ``r_offset`` -> local ``l_offset``."""
+        return self._submit(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
+
+    def write(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
+              uid: int) -> TransferStatus:
+        """One-sided write of ``size`` bytes: local ``l_offset`` -> remote ``r_offset``."""
+        return self._submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
+
+    def batch_read(self, local_mem: MemoryDesc, local_offsets: Sequence[int], remote_mem: MemoryDesc,
+                   remote_offsets: Sequence[int], sizes: Sequence[int], uid: int) -> TransferStatus:
+        """Reads ``len(sizes)`` blocks as one transfer (one status, one inbound record)."""
+        return self._submit(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+
+    def batch_write(self, local_mem: MemoryDesc, local_offsets: Sequence[int], remote_mem: MemoryDesc,
+                    remote_offsets: Sequence[int], sizes: Sequence[int], uid: int) -> TransferStatus:
+        """Writes ``len(sizes)`` blocks as one transfer (one status, one inbound record)."""
+        return self._submit(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+
+    def create_session(self, local_mem: MemoryDesc, remote_mem: MemoryDesc) -> IOEngineSession | None:
+        """A reusable session between two regions, or None when no backend can serve them."""
+        if self._reject(local_mem, remote_mem) is not None:
+            return None
+        backend = choose_backend(self._backends, local_mem, remote_mem)
+        return None if backend is None else IOEngineSession(self, local_mem, remote_mem, backend)
+
+    def pop_inbound_transfer_status(self, remote_key: str, transfer_uid: int) -> TransferStatus | None:
+        """The outcome of transfer ``transfer_uid`` that engine ``remote_key`` ran into this engine,
+        removed on return; None while no record has arrived."""
+        status = self._inbound.pop(remote_key, transfer_uid)
+        for b in list(self._backends.values()):
+            if status is not None:
+                break
+            status = b.pop_inbound(remote_key, transfer_uid)
+        return status
+
+    # ---- control plane ------------------------------------------------------------------------------
+    def _control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        desc = self._remotes.get(remote_key)
+        if desc is None:
+            raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {remote_key!r} is not registered")
+        for attempt in range(2):
+            with self._lock:
+                client = self._clients.get(remote_key)
+            if client is None:
+                client = ControlClient(desc.host, desc.port, self._key, self._token, _io_timeout())
+                with self._lock:
+                    self._clients[remote_key] = client
+            try:
+                return client.request(op, payload)
+            except ControlError as err:
+                if err.code != StatusCode.ERR_BAD_STATE or attempt == 1:
+                    raise
+                with self._lock:  # a stale connection: reconnect once
+                    self._clients.pop(remote_key, None)
+                client.close()
+        raise AssertionError("unreachable")
+
+    def lookup_remote_memory(self, remote_key: str, mem_id: int) -> MemoryDesc:
+        """Fetches the descriptor of memory ``mem_id`` from a registered remote engine."""
+        reply = self._control_request(remote_key, "lookup_mem", {"id": int(mem_id)})
+        return MemoryDesc.unpack(reply["desc"])
+
+    def close(self) -> None:
+        """Stops the backends and the control plane (also done when the engine is collected)."""
+        self._finalizer()
+
+    def __enter__(self) -> IOEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class IOEngineSession:
+    """A pre-resolved pair of regions: transfers skip routing and registration lookups."""
+
+    def __init__(self, engine: IOEngine, local: MemoryDesc, remote: MemoryDesc, backend: Backend) -> None:
+        self._engine = engine
+        self._local = local
+        self._remote = remote
+        self._backend = backend
+
+    def allocate_transfer_uid(self) -> int:
+        """A transfer id from the owning engine."""
+        return self._engine.allocate_transfer_uid()
+
+    def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+        """Reads ``size`` bytes from the remote region into the local one."""
+        return self.batch_read([local_offset], [remote_offset], [size], transfer_uid)
+
+    def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+        """Writes ``size`` bytes from the local region into the remote one."""
+        return self.batch_write([local_offset], [remote_offset], [size], transfer_uid)
+
+    def _backend_now(self) -> Backend:
+        if self._backend.healthy(self._remote.engine_key):
+            return self._backend
+        return choose_backend(self._engine._backends, self._local, self._remote) or self._backend
+
+    def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+                   transfer_uid: int) -> TransferStatus:
+        """Reads many blocks as one transfer."""
+        return self._engine._submit(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets,
+                                    sizes, transfer_uid, self._backend_now())
+
+    def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+                    transfer_uid: int) -> TransferStatus:
+        """Writes many blocks as one transfer."""
+        return self._engine._submit(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets,
+                                    sizes, transfer_uid, self._backend_now())
+
+    def alive(self) -> bool:
+        """Whether both regions and the remote engine are still registered and a backend is healthy."""
+        with contextlib.suppress(Exception):
+            return (self._engine._reject(self._local, self._remote) is None
+                    and self._backend_now().healthy(self._remote.engine_key))
+        return False
