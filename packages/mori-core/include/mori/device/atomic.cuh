@@ -1,0 +1,114 @@
+// Remote atomics over P2P (NVLink carries them natively): fetching and non-fetching add, inc,
+// and, or, xor; swap, compare-swap, fetch and set, on 32- and 64-bit integers.
+//
+// All are relaxed at system scope: atomic with respect to every other mori atomic on the same
+// word from any PE, but unordered with respect to puts; order them with ShmemFence/ShmemQuiet,
+// as OpenSHMEM does. Non-fetching forms use red, so the issuing thread does not wait for the
+// reply from the peer. `dest`/`source` are symmetric addresses (this PE's heap); the trailing int
+// is MORI's queue-pair id, unused on P2P.
+#pragma once
+
+#include "p2p.cuh"
+
+namespace mori {
+namespace device {
+namespace detail {
+
+// The integer types the atomics accept: every 32- and 64-bit integer type of the language, so
+// that int32_t, uint64_t, long and unsigned long long all work.
+template <class T>
+struct IsAmoType {
+  static constexpr bool value = false;
+};
+#define MORI_DEVICE_AMO_TYPE(T)          \
+  template <>                            \
+  struct IsAmoType<T> {                  \
+    static constexpr bool value = true;  \
+  };
+MORI_DEVICE_AMO_TYPE(int)
+MORI_DEVICE_AMO_TYPE(unsigned int)
+MORI_DEVICE_AMO_TYPE(long)
+MORI_DEVICE_AMO_TYPE(unsigned long)
+MORI_DEVICE_AMO_TYPE(long long)
+MORI_DEVICE_AMO_TYPE(unsigned long long)
+#undef MORI_DEVICE_AMO_TYPE
+
+template <class T>
+MORI_DEVICE_INLINE T* AmoAddress(T* sym, int pe, const char* op) {
+  static_assert(IsAmoType<T>::value && (sizeof(T) == 4 || sizeof(T) == 8),
+                "mori atomics take 32- or 64-bit integers");
+  return PeerAddress(sym, pe, op);
+}
+
+}  // namespace detail
+
+// Reads symmetric `source` on PE `pe` atomically.
+template <class T>
+MORI_DEVICE_INLINE T ShmemAtomicFetch(const T* source, int pe, int = 0) {
+  return ptx::LoadRelaxedSys(detail::AmoAddress(source, pe, "ShmemAtomicFetch"));
+}
+
+// Writes `value` to symmetric `dest` on PE `pe` atomically.
+template <class T>
+MORI_DEVICE_INLINE void ShmemAtomicSet(T* dest, detail::NonDeduced<T> value, int pe, int = 0) {
+  ptx::StoreRelaxedSys(detail::AmoAddress(dest, pe, "ShmemAtomicSet"), value);
+}
+
+// Replaces `dest` on PE `pe` with `value`; returns the old value.
+template <class T>
+MORI_DEVICE_INLINE T ShmemAtomicSwap(T* dest, detail::NonDeduced<T> value, int pe, int = 0) {
+  return ptx::AtomExchSys(detail::AmoAddress(dest, pe, "ShmemAtomicSwap"), value);
+}
+
+// Replaces `dest` on PE `pe` with `value` if it equals `cond`; returns the old value either way.
+template <class T>
+MORI_DEVICE_INLINE T ShmemAtomicCompareSwap(T* dest, detail::NonDeduced<T> cond,
+                                            detail::NonDeduced<T> value, int pe, int = 0) {
+  return ptx::AtomCasSys(detail::AmoAddress(dest, pe, "ShmemAtomicCompareSwap"), cond, value);
+}
+
+// Adds 1 to `dest` on PE `pe`; the Fetch form returns the old value.
+template <class T>
+MORI_DEVICE_INLINE T ShmemAtomicFetchInc(T* dest, int pe, int = 0) {
+  return ptx::AtomAddSys(detail::AmoAddress(dest, pe, "ShmemAtomicFetchInc"), T(1));
+}
+template <class T>
+MORI_DEVICE_INLINE void ShmemAtomicInc(T* dest, int pe, int = 0) {
+  ptx::RedAddSys(detail::AmoAddress(dest, pe, "ShmemAtomicInc"), T(1));
+}
+
+// ShmemAtomicFetch<Op> returns the old value of `dest` on PE `pe` and stores old <op> value;
+// ShmemAtomic<Op> does the same without the result.
+#define MORI_DEVICE_DEFINE_AMO(Op, atom, red)                                                   \
+  template <class T>                                                                            \
+  MORI_DEVICE_INLINE T ShmemAtomicFetch##Op(T* dest, detail::NonDeduced<T> value, int pe,       \
+                                            int = 0) {                                          \
+    return ptx::atom(detail::AmoAddress(dest, pe, "ShmemAtomicFetch" #Op), value);              \
+  }                                                                                             \
+  template <class T>                                                                            \
+  MORI_DEVICE_INLINE void ShmemAtomic##Op(T* dest, detail::NonDeduced<T> value, int pe,         \
+                                          int = 0) {                                            \
+    ptx::red(detail::AmoAddress(dest, pe, "ShmemAtomic" #Op), value);                           \
+  }
+MORI_DEVICE_DEFINE_AMO(Add, AtomAddSys, RedAddSys)
+MORI_DEVICE_DEFINE_AMO(And, AtomAndSys, RedAndSys)
+MORI_DEVICE_DEFINE_AMO(Or, AtomOrSys, RedOrSys)
+MORI_DEVICE_DEFINE_AMO(Xor, AtomXorSys, RedXorSys)
+#undef MORI_DEVICE_DEFINE_AMO
+
+// MORI's typed add conveniences: Shmem<Type>AtomicAddThread and Shmem<Type>AtomicFetchAddThread.
+#define MORI_DEVICE_DEFINE_TYPED_ADD(Name, T)                                                \
+  MORI_DEVICE_INLINE void Shmem##Name##AtomicAddThread(T* dest, T value, int pe, int = 0) {  \
+    ShmemAtomicAdd<T>(dest, value, pe);                                                      \
+  }                                                                                          \
+  MORI_DEVICE_INLINE T Shmem##Name##AtomicFetchAddThread(T* dest, T value, int pe, int = 0) { \
+    return ShmemAtomicFetchAdd<T>(dest, value, pe);                                          \
+  }
+MORI_DEVICE_DEFINE_TYPED_ADD(Uint32, uint32_t)
+MORI_DEVICE_DEFINE_TYPED_ADD(Int32, int32_t)
+MORI_DEVICE_DEFINE_TYPED_ADD(Uint64, uint64_t)
+MORI_DEVICE_DEFINE_TYPED_ADD(Int64, int64_t)
+#undef MORI_DEVICE_DEFINE_TYPED_ADD
+
+}  // namespace device
+}  // namespace mori
