@@ -116,8 +116,11 @@ class Mesh:
             sending: dict[int, _Send] = {}
             for peer, data in sends.items():
                 sock = self._out.get(peer) or self._connect(peer, deadline, what)
-                sending[peer] = _Send(sock, pack_header(Kind.DATA, len(data), op, seq), data)
-                sel.register(sock, selectors.EVENT_WRITE, ("send", peer))
+                send = _Send(sock, pack_header(Kind.DATA, len(data), op, seq), data)
+                # Try at once: small frames leave now, before this rank can fail on a receive.
+                if not self._progress_send(send, peer, what):
+                    sending[peer] = send
+                    sel.register(sock, selectors.EVENT_WRITE, ("send", peer))
             readers: dict[int, FrameReader] = {}
             for peer in waiting:
                 if peer in self._in:
