@@ -58,7 +58,10 @@ def send_fds(sock: socket.socket, fds: Sequence[int], payload: bytes = b"", time
     for fd in fds:
         if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
             raise ValueError(f"send_fds: {fd!r} is not a file descriptor")
-        os.fstat(fd)  # a closed descriptor fails here with EBADF, before anything is sent
+        try:
+            os.fstat(fd)
+        except OSError as err:
+            raise ValueError(f"send_fds: {fd} is not an open file descriptor ({err.strerror})") from None
     if len(payload) > _MAX_PAYLOAD:
         raise ValueError(f"send_fds: payload of {len(payload)} bytes exceeds the {_MAX_PAYLOAD}-byte limit")
     deadline = _deadline(timeout)
