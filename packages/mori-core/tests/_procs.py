@@ -8,7 +8,8 @@ as soon as one fails. Children still alive at the deadline or after a failure ar
 many hypothesis examples: ``pool.map(fn, arg_lists)`` / ``pool.run(fn, *args)``. Inside a
 worker, :func:`context` gives its index, the pool size, a ``state`` dict that survives between
 calls (a bootstrap, say) and ``share(value)``, which hands worker 0's value to every worker
-(a unique id, say) through the parent.
+(a unique id, say) through the parent once all of them have asked: a start line, so that no
+rank's timeout starts while another is still importing.
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ class WorkerContext:
 
     def share(self, value: Any = None, root: int = 0) -> Any:
         """Every worker calls this in the same call; all get worker ``root``'s ``value``."""
-        if self.index == root:
-            self.conn.send(("share", value))
+        self.conn.send(("share", value if self.index == root else None, self.index == root))
         while True:
             msg = self.conn.recv()
             if msg[0] == "shared":
@@ -72,7 +72,7 @@ def _worker(index: int, size: int, conn: Connection) -> None:
         if msg[0] == "stop":
             return
         if msg[0] != "call":
-            continue  # a share this worker did not take part in
+            continue  # the answer to a share this worker did not take part in
         _, fn, args = msg
         try:
             reply: tuple[str, Any] = ("done", fn(*args))
@@ -139,6 +139,7 @@ class ProcPool:
         for conn, args in zip(self._conns, arg_lists):
             conn.send(("call", fn, tuple(args)))
         out: dict[int, Any] = {}
+        self._shares: list[tuple[Any, bool]] = []
         try:
             while len(out) < len(self._procs):
                 pending = [c for i, c in enumerate(self._conns) if i not in out]
@@ -155,7 +156,7 @@ class ProcPool:
 
     def _take(self, i: int, out: dict[int, Any], may_die: Collection[int]) -> None:
         try:
-            kind, value = self._conns[i].recv()
+            kind, value, *rest = self._conns[i].recv()
         except (EOFError, OSError):
             self._procs[i].join(timeout=5)
             if i in may_die:
@@ -163,9 +164,15 @@ class ProcPool:
                 return
             raise AssertionError(f"process {i} died with exit code {self._procs[i].exitcode} before reporting") from None
         if kind == "share":
-            for j, conn in enumerate(self._conns):
-                if j not in out and self._procs[j].is_alive():
-                    conn.send(("shared", value))
+            self._shares.append((value, rest[0]))
+            if len(self._shares) == len(self._procs) - len(out):
+                shared = [v for v, from_root in self._shares if from_root]
+                if len(shared) != 1:
+                    raise AssertionError(f"share(): {len(shared)} workers said they were the root, expected 1")
+                for j, conn in enumerate(self._conns):
+                    if j not in out:
+                        conn.send(("shared", shared[0]))
+                self._shares = []
         elif kind == "error":
             raise AssertionError(f"process {i} failed:\n{value}")
         else:
