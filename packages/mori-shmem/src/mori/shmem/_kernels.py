@@ -32,7 +32,7 @@ __device__ T hostAtomic(int op, T* dest, T value, T compare, int pe) {
     case 0: return ShmemAtomicFetchAdd<T>(dest, value, pe);
     case 1: return ShmemAtomicCompareSwap<T>(dest, compare, value, pe);
     case 2: return ShmemAtomicSwap<T>(dest, value, pe);
-    default: return ShmemAtomicSwap<T>(dest, value, pe);  // store: swap and drop the old value
+    default: return ShmemAtomicSwap<T>(dest, value, pe);  // store: a swap whose old value is dropped
   }
 }
 

@@ -1,0 +1,131 @@
+"""Tensors on the heap, the device-state bytes, and the ``python -m mori.shmem.run`` launcher."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from pe_pool import PePool
+
+import mori.shmem as shmem
+from mori.shmem._gpu_states import GPU_STATES_SIZE, GpuStates
+
+
+def pe_tensors(seed: int) -> list[bool]:
+    import torch
+
+    me, n = shmem.shmem_mype(), shmem.shmem_npes()
+    gen = torch.Generator().manual_seed(seed + me)
+    t = shmem.shmem_tensor((3, 5, 7), torch.float32)
+    t.copy_(torch.rand((3, 5, 7), generator=gen))
+    b = shmem.shmem_tensor(33, torch.bfloat16)
+    b.copy_(torch.randn(33, generator=gen).to(torch.bfloat16))
+    shmem.shmem_barrier_all()
+    checks = []
+    for pe in range(n):
+        peer = shmem.shmem_peer_tensor(t, pe)
+        expect = torch.rand((3, 5, 7), generator=torch.Generator().manual_seed(seed + pe))
+        checks.append(peer.shape == t.shape and bool(torch.equal(peer, expect)))
+    # Writing through the right neighbour's view lands in its tensor.
+    right = shmem.shmem_peer_tensor(b, (me + 1) % n)
+    right.fill_(float(me))
+    # A tensor as the source of a put and a destination of a get.
+    src = torch.arange(10, dtype=torch.int64) * (me + 1)
+    words = shmem.shmem_tensor(10, torch.int64)
+    shmem.shmem_putmem(words, src, (me + 1) % n)
+    shmem.shmem_barrier_all()
+    checks.append(bool(torch.all(b == float((me - 1) % n))))
+    out = torch.empty(10, dtype=torch.int64)
+    shmem.shmem_getmem_into(out, words, me)
+    checks.append(bool(torch.equal(out, torch.arange(10) * (((me - 1) % n) + 1))))
+    try:
+        shmem.shmem_peer_tensor(torch.zeros(4), 0)
+        checks.append(False)
+    except shmem.ShmemAddressError:
+        checks.append(True)
+    shmem.shmem_barrier_all()
+    for x in (t, b, words):
+        shmem.shmem_free(x.data_ptr())
+    return checks
+
+
+def test_tensors_on_heap(pool: PePool) -> None:
+    for checks in pool.run(pe_tensors, 1234):
+        assert all(checks), checks
+
+
+def pe_states() -> tuple[bytes, str, list[int]]:
+    info = shmem.shmem_heap_info()
+    states = shmem.get_gpu_states_bytes()
+    parsed = GpuStates.from_buffer_copy(states)
+    bases = struct.unpack(f"<{parsed.worldSize}Q", shmem.shmem_getmem(parsed.peerHeapBases, 8 * parsed.worldSize,
+                                                                      shmem.shmem_mype()))
+    return states, info["base"], list(bases)
+
+
+def test_gpu_states_layout(pool: PePool) -> None:
+    for rank, (states, base, bases) in enumerate(pool.run(pe_states)):
+        assert len(states) == GPU_STATES_SIZE
+        parsed = GpuStates.from_buffer_copy(states)
+        assert (parsed.rank, parsed.worldSize, parsed.heapSize, parsed.flags) == (rank, pool.n, 8 << 20, 0)
+        assert parsed.heapBase == int(base, 16) and bases[rank] == parsed.heapBase
+        assert all(bases), "every peer is mapped"
+
+
+def test_p2p_disabled() -> None:
+    pool = PePool(2, {"MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_HEAP_SIZE": "1M", "MORI_DISABLE_P2P": "1"})
+    try:
+        for rank, (states, _, bases) in enumerate(pool.run(pe_states)):
+            assert GpuStates.from_buffer_copy(states).flags == 1
+            assert [b != 0 for b in bases] == [pe == rank for pe in range(2)]
+    finally:
+        pool.close()
+
+
+SCRIPT = """
+import os, sys
+import mori.shmem as shmem
+shmem.shmem_init_from_env()
+me, n = shmem.shmem_mype(), shmem.shmem_npes()
+buf = shmem.shmem_malloc(64)
+shmem.shmem_putmem(buf, bytes([me + 1]) * 64, (me + 1) % n)
+shmem.shmem_barrier_all()
+got = shmem.shmem_getmem(buf, 64, me)
+assert got == bytes([(me - 1) % n + 1]) * 64, got
+print(f"PE {me}/{n} ok", flush=True)
+shmem.shmem_finalize()
+if me == int(sys.argv[1]):
+    sys.exit(3)
+"""
+
+
+def _run_launcher(tmp_path: Path, n: int, fail_rank: int) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "pe.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    env = dict(os.environ, MORI_SHMEM_BACKEND="cpu", MORI_SHMEM_HEAP_SIZE="1M")
+    return subprocess.run([sys.executable, "-m", "mori.shmem.run", "-n", str(n), "--timeout", "60",
+                           str(script), str(fail_rank)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_launcher_runs_pes(tmp_path: Path) -> None:
+    done = _run_launcher(tmp_path, 3, -1)
+    assert done.returncode == 0, done.stderr
+    # The PEs share one stdout pipe, so their lines may interleave: match the reports anywhere.
+    assert sorted(re.findall(r"PE \d/3 ok", done.stdout)) == [f"PE {r}/3 ok" for r in range(3)]
+
+
+def test_launcher_reports_failure(tmp_path: Path) -> None:
+    done = _run_launcher(tmp_path, 2, 1)
+    assert done.returncode == 3
+
+
+def test_init_from_env_without_launcher() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MORI_SHMEM_")}
+    done = subprocess.run([sys.executable, "-c", "import mori.shmem as s; s.shmem_init_from_env()"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "MORI_SHMEM_RANK" in done.stderr and "mori.shmem.run" in done.stderr
