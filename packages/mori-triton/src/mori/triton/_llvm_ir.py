@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,7 +85,6 @@ def compile_ir(kernel_ir: str, arch: str = DEFAULT_ARCH, bitcode: str | None = N
     Returns ``(ptx, cubin)``. Every ``@mori_shmem_*`` the text calls must be in the table; its own
     ``declare`` lines for them are optional (they are replaced by the definitions).
     """
-    from triton._C.libtriton import llvm
     from triton.backends.nvidia.compiler import get_ptxas
 
     called = sorted(set(_CALLED_RE.findall(kernel_ir)))
@@ -93,11 +93,12 @@ def compile_ir(kernel_ir: str, arch: str = DEFAULT_ARCH, bitcode: str | None = N
         raise BitcodeError(f"kernel IR calls symbols the device library does not define: {', '.join(unknown)}")
     library = _library_ir(called, arch, bitcode or find_bitcode())
     body = _DECLARE_RE.sub("", kernel_ir)
-    features = _ptx_features(arch)
-    try:
-        ptx = llvm.translate_to_asm(library + "\n" + body, _TRIPLE, arch, features, [], False, False)
-    except Exception as exc:  # LLVM's parse/codegen errors arrive as plain RuntimeErrors
-        raise BitcodeError(f"LLVM could not compile the kernel IR: {exc}") from exc
+    # LLVM aborts the process on malformed IR: translate in a child so the caller gets an error.
+    done = subprocess.run([sys.executable, "-m", "mori.triton._llvm_ir", arch, _ptx_features(arch)],
+                          input=library + "\n" + body, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise BitcodeError(f"LLVM could not compile the kernel IR:\n{done.stderr.strip()[-4000:]}")
+    ptx = done.stdout
     ptxas = get_ptxas(_capability(arch)).path
     with tempfile.TemporaryDirectory(prefix="mori-ptxas-") as tmp:
         src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
@@ -147,3 +148,17 @@ class IrModule:
         from cuda.bindings import driver
 
         _check(driver.cuModuleUnload(self.module), "cuModuleUnload")
+
+
+def _translate_main(argv: list[str]) -> int:
+    """Child side of :func:`compile_ir`: LLVM IR on stdin -> PTX on stdout (argv: arch, features)."""
+    from triton._C.libtriton import llvm
+
+    arch, features = argv
+    llvm.init_targets()
+    sys.stdout.write(str(llvm.translate_to_asm(sys.stdin.read(), _TRIPLE, arch, features, [], False, False)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_translate_main(sys.argv[1:]))

@@ -1,0 +1,125 @@
+"""Triton (and LLVM IR) kernels calling mori's device API compile to sm_90 PTX on a machine without a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+
+from mori.triton import DEVICE_FUNCTIONS, BitcodeError, compile_ir, find_bitcode
+from mori.triton._all_reduce_kernels import all_reduce_kernel
+from mori.triton.kernels import (
+    PUT_RING_IR,
+    allreduce_p2p_kernel,
+    allreduce_put_signal_kernel,
+    get_ring_kernel,
+    put_ring_kernel,
+)
+
+TARGET = GPUTarget("cuda", 90, 32)
+STATE_RE = re.compile(r"^\.visible \.global \.align \d+ \.b8 globalGpuStates\[64\];", re.MULTILINE)
+# Values for each argument of a generated call: pointers from the kernel's pointer argument,
+# comparison operators in range, everything else a small constant.
+_ARG_VALUES = {"ptr": "p", "i32": "1", "u32": "1", "i64": "1", "u64": "1", "f32": "1.5", "f64": "2.5"}
+_SPECIAL = {"cmp": "0", "sig_op": "ms.SIGNAL_ADD", "pe": "pe", "dest_pe": "pe", "my_pe": "pe"}
+
+
+def _compile(fn, signature, constexprs=None, num_warps=4):
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs or {})
+    options = {"extern_libs": (("libmori_shmem_device", find_bitcode()),), "num_warps": num_warps}
+    return triton.compile(src, target=TARGET, options=options).asm["ptx"]
+
+
+def _check_linked(ptx: str) -> None:
+    assert STATE_RE.search(ptx), "globalGpuStates is not a visible global of the PTX"
+    externs = re.findall(r"^\.extern \.func[^\n]*?(\w+)\(", ptx, re.MULTILINE)
+    externs += re.findall(r"^\.extern \.func \([^)]*\) (\w+)", ptx, re.MULTILINE)
+    assert set(externs) <= {"vprintf"}, f"unresolved device functions: {externs}"
+    assert not re.search(r"(call[^;]*|\.func[^\n]*)mori_shmem_", ptx), "a mori_shmem_* call was not inlined"
+
+
+def _write_all_externs_module(path: Path, chunk: int = 40) -> list[str]:
+    """A Python file of @triton.jit kernels that together call every generated extern once."""
+    lines = ["import triton", "import triton.language as tl", "from mori.triton import shmem as ms", ""]
+    names = []
+    for k in range(0, len(DEVICE_FUNCTIONS), chunk):
+        name = f"calls_{k // chunk}"
+        names.append(name)
+        lines += ["@triton.jit", f"def {name}(p, out):", "    pe = ms.my_pe()", "    acc = 0"]
+        for fn in DEVICE_FUNCTIONS[k:k + chunk]:
+            args = ", ".join(_SPECIAL.get(a, _ARG_VALUES[t]) for a, t in fn.args)
+            lines.append(f"    acc += ms.{fn.name}({args}).to(tl.float64)")
+        lines += ["    tl.store(out, acc)", ""]
+    path.write_text("\n".join(lines))
+    return names
+
+
+def test_every_generated_extern_compiles_and_links(tmp_path):
+    names = _write_all_externs_module(tmp_path / "all_externs.py")
+    spec = importlib.util.spec_from_file_location("all_externs", tmp_path / "all_externs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["all_externs"] = module
+    try:
+        spec.loader.exec_module(module)
+        for name in names:
+            ptx = _compile(getattr(module, name), {"p": "*i8", "out": "*fp64"})
+            _check_linked(ptx)
+    finally:
+        sys.modules.pop("all_externs", None)
+
+
+@pytest.mark.parametrize("kernel", [put_ring_kernel, get_ring_kernel])
+def test_ring_kernels_compile(kernel):
+    ptx = _compile(kernel, {"dst": "*u8", "src": "*u8", "nbytes": "i64", "per_block": "i64"})
+    _check_linked(ptx)
+
+
+def test_seed_allreduce_kernels_compile():
+    a = _compile(allreduce_p2p_kernel, {"sym_in": "*bf16", "out": "*bf16", "n": "i32", "BLOCK": "constexpr"},
+                 {"BLOCK": 1024})
+    _check_linked(a)
+    b = _compile(allreduce_put_signal_kernel,
+                 {"sym_in": "*bf16", "sym_recv": "*bf16", "sig": "*u64", "out": "*bf16", "n": "i32", "epoch": "i64",
+                  "CHUNKS_PER_PE": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS_PER_PE": 8, "BLOCK": 1024})
+    _check_linked(b)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("one_shot", [True, False])
+def test_all_reduce_kernel_compiles_vectorised(world, one_shot):
+    sig = {"inp": "*bf16", "out": "*bf16", "bufs": ("*bf16",) * world, "flags": ("*u32",) * world,
+           "mine": "*bf16", "my_flags": "*u32", "epochs": "*u32", "rank": "i32", "n": "i32", "chunk": "i32",
+           "timeout_ns": "i64", "W": "constexpr", "MAXB": "constexpr", "BLOCK": "constexpr", "ONE_SHOT": "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 4, 5, 6, 8, 9)}
+    attrs.update({(a, j): [["tt.divisibility", 16]] for a in (2, 3) for j in range(world)})
+    src = triton.compiler.ASTSource(fn=all_reduce_kernel, signature=sig, attrs=attrs,
+                                    constexprs={(11,): world, (12,): 256, (13,): 2048, (14,): one_shot})
+    ptx = triton.compile(src, target=TARGET, options={"num_warps": 4}).asm["ptx"]
+    ops = set(re.findall(r"(ld\.global[.\w]*|st\.global[.\w]*)", ptx))
+    # Every data load/store is a 16-byte vector; flags use acquire loads and release exchanges.
+    assert {o for o in ops if ".b16" in o} == set(), ops
+    assert "st.global.v4.b32" in ops and "ld.global.sys.acquire.b32" in ops
+    assert "atom.global.sys.release.exch.b32" in ptx and "%globaltimer" in ptx
+
+
+def test_llvm_ir_path_links_and_assembles():
+    ptx, cubin = compile_ir(PUT_RING_IR)
+    assert ".visible .entry mori_ir_put_ring" in ptx
+    assert STATE_RE.search(ptx)
+    assert cubin[:4] == b"\x7fELF"
+
+
+def test_llvm_ir_path_rejects_unknown_symbols():
+    bad = PUT_RING_IR.replace("@mori_shmem_quiet_thread()", "@mori_shmem_no_such_thing()")
+    with pytest.raises(BitcodeError, match="mori_shmem_no_such_thing"):
+        compile_ir(bad)
+
+
+def test_llvm_ir_path_reports_bad_ir():
+    with pytest.raises(BitcodeError, match="LLVM could not compile"):
+        compile_ir("define ptx_kernel void @k() { call i32 @mori_shmem_my_pe( }")
