@@ -72,8 +72,9 @@ class AllReduce:
         if max_bytes <= 0 or one_shot_max_bytes < 0:
             raise ValueError(f"max_bytes={max_bytes} and one_shot_max_bytes={one_shot_max_bytes} must be positive")
         self.max_bytes, self.one_shot_max_bytes = int(max_bytes), int(one_shot_max_bytes)
-        # two-shot: recv + gather slots (2 * padded n); one-shot: 2 slot sets of W whole inputs.
-        padded = _cdiv(self.max_bytes, 4 * self.world * _ALIGN) * 4 * self.world * _ALIGN
+        # two-shot: recv + gather slots (W slices each, a slice rounded up by < _ALIGN elements of
+        # <= 4 bytes); one-shot: 2 slot sets of W whole inputs.
+        padded = self.max_bytes + 4 * self.world * _ALIGN
         data_bytes = max(2 * padded, 2 * self.world * _cdiv(self.one_shot_max_bytes, 256) * 256)
         flag_bytes = (2 * self.world + 1) * _MAXB * 4  # flags [2][W][MAXB] then epochs [MAXB]
         self._shmem = shmem
