@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -265,3 +267,12 @@ def test_settings_mismatch_fails_on_every_pe() -> None:
         assert "cpu 1048576 static" in str(info.value) and "cpu 2097152 static" in str(info.value)
     finally:
         pool.close()
+
+
+def test_import_mori_then_attribute() -> None:
+    # MORI's idiom: `import mori` and then `mori.shmem.…`, with nothing else imported first.
+    code = ("import mori\n"
+            "try:\n    mori.shmem.shmem_mype()\nexcept mori.shmem.ShmemNotInitializedError:\n    print('ok')\n"
+            "try:\n    mori.nothing\nexcept AttributeError:\n    print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["ok", "ok"], done.stderr

@@ -1,0 +1,30 @@
+"""Makes ``import mori`` followed by ``mori.shmem.…`` work, as MORI's own package does.
+
+``mori`` is a PEP 420 namespace shared by four distributions, so it has no ``__init__`` that could
+import its subpackages. mori-shmem's ``mori_shmem.pth`` imports this module at interpreter start;
+it gives the namespace module a PEP 562 ``__getattr__`` that imports ``mori.<name>`` on first
+use. Nothing heavy is imported at start-up.
+"""
+
+import importlib
+
+_SUBPACKAGES = ("core", "shmem", "io", "triton")
+
+
+def _install() -> None:
+    try:
+        namespace = importlib.import_module("mori")
+    except ImportError:  # mori is not on sys.path in this interpreter
+        return
+    if "__getattr__" in vars(namespace):
+        return
+
+    def __getattr__(name: str) -> object:
+        if name in _SUBPACKAGES:
+            return importlib.import_module(f"mori.{name}")
+        raise AttributeError(f"module 'mori' has no attribute {name!r}")
+
+    namespace.__getattr__ = __getattr__  # type: ignore[attr-defined]
+
+
+_install()
