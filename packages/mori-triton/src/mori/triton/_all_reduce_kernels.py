@@ -89,7 +89,8 @@ def _two_shot(inp, out, bufs, flags, mine, my_flags, rank, n, chunk, epoch, pid,
             for start in range(pid * BLOCK, chunk, nblocks * BLOCK):
                 idx = start + offs
                 g = j * chunk + idx
-                tl.store(bufs[j] + rank * chunk + idx, tl.load(inp + g, mask=g < n), mask=idx < chunk)
+                m = (idx < chunk) & (g < n)
+                tl.store(bufs[j] + rank * chunk + idx, tl.load(inp + g, mask=m), mask=idx < chunk)
     tl.debug_barrier()
     for j in tl.static_range(W):
         if j != rank:
@@ -102,13 +103,14 @@ def _two_shot(inp, out, bufs, flags, mine, my_flags, rank, n, chunk, epoch, pid,
         idx = start + offs
         m = idx < chunk
         g = rank * chunk + idx
-        own = tl.load(inp + g, mask=g < n).to(tl.float32)
+        mine_n = m & (g < n)  # the slice's tail past n holds zeros on every PE
+        own = tl.load(inp + g, mask=mine_n, other=0.0).to(tl.float32)
         acc = tl.zeros([BLOCK], tl.float32)
         for j in tl.static_range(W):
             v = tl.load(mine + j * chunk + idx, mask=m & (j != rank), other=0.0)
             acc += tl.where(j == rank, own, v.to(tl.float32))
         r = acc.to(out.dtype.element_ty)
-        tl.store(out + g, r, mask=g < n)
+        tl.store(out + g, r, mask=mine_n)
         for j in tl.static_range(W):
             if j != rank:
                 tl.store(bufs[j] + gather + rank * chunk + idx, r, mask=m)
@@ -125,7 +127,8 @@ def _two_shot(inp, out, bufs, flags, mine, my_flags, rank, n, chunk, epoch, pid,
             for start in range(pid * BLOCK, chunk, nblocks * BLOCK):
                 idx = start + offs
                 g = j * chunk + idx
-                tl.store(out + g, tl.load(mine + gather + j * chunk + idx, mask=idx < chunk), mask=g < n)
+                m = (idx < chunk) & (g < n)
+                tl.store(out + g, tl.load(mine + gather + j * chunk + idx, mask=m), mask=m)
 
 
 @triton.jit
