@@ -99,7 +99,7 @@ def test_many_concurrent_transfers(initiator, target, remote_region):
     for i in range(256):
         uid = initiator.allocate_transfer_uid()
         statuses.append((uid, initiator.write(ldesc, i * 4096, rdesc, i * 4096, 4096, uid)))
-    for uid, st in statuses:
+    for _, st in statuses:
         assert st.WaitFor(30) and st.Succeeded(), st.Message()
     assert np.array_equal(buf.array[: 1 << 20], local)
     for uid, _ in statuses:

@@ -1,0 +1,136 @@
+"""The public API surface of the seed: names, enums, configs, descriptors, TransferStatus, and
+every IOEngine call not covered by the transfer tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mori.io as io
+from mori.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    PollCqMode,
+    RdmaBackendConfig,
+    StatusCode,
+    TcpBackendConfig,
+    TransferStatus,
+    XgmiBackendConfig,
+)
+
+SEED_NAMES = ["IOEngine", "IOEngineSession", "IOEngineConfig", "BackendType", "MemoryLocationType", "StatusCode",
+              "PollCqMode", "RdmaBackendConfig", "XgmiBackendConfig", "EngineDesc", "MemoryDesc", "set_log_level"]
+
+
+def test_seed_names_and_enums():
+    for name in SEED_NAMES:
+        assert hasattr(io, name) and name in io.__all__
+    assert {m.name for m in BackendType} >= {"Unknown", "XGMI", "RDMA", "TCP"}
+    assert BackendType.NVLINK is BackendType.XGMI
+    assert [m.name for m in MemoryLocationType] == ["Unknown", "CPU", "GPU"]
+    assert {m.name for m in StatusCode} == {"SUCCESS", "INIT", "IN_PROGRESS", "ERR_INVALID_ARGS", "ERR_NOT_FOUND",
+                                            "ERR_RDMA_OP", "ERR_BAD_STATE", "ERR_GPU_OP"}
+    assert {m.name for m in PollCqMode} == {"POLLING", "EVENT"}
+    r = RdmaBackendConfig()
+    assert (r.qp_per_transfer, r.poll_cq_mode, r.enable_notification) == (1, PollCqMode.POLLING, True)
+    assert hasattr(r, "post_batch_size") and hasattr(r, "num_worker_threads")
+    x = XgmiBackendConfig()
+    assert (x.num_streams, x.num_events) == (64, 64)
+    with pytest.raises(ValueError, match="num_connections"):
+        TcpBackendConfig(num_connections=0)
+    io.set_log_level("error")
+    with pytest.raises(ValueError):
+        io.set_log_level("loud")
+
+
+@given(key=st.text(min_size=1, max_size=40), host=st.text(max_size=20), port=st.integers(0, 65535),
+       pid=st.integers(0, 2**31))
+def test_engine_desc_pack_roundtrip(key, host, port, pid):
+    d = EngineDesc(key, host, port, "h", pid)
+    assert EngineDesc.unpack(d.pack()) == d
+
+
+@given(mem_id=st.integers(0, 2**63), data=st.integers(1, 2**64 - 1), size=st.integers(1, 2**48),
+       dev=st.integers(-1, 64), loc=st.sampled_from(list(MemoryLocationType)),
+       extra=st.dictionaries(st.text(max_size=5), st.binary(max_size=16), max_size=3))
+def test_memory_desc_pack_roundtrip(mem_id, data, size, dev, loc, extra):
+    d = MemoryDesc("e", mem_id, data, size, dev, loc, "host", extra)
+    back = MemoryDesc.unpack(d.pack())
+    assert back == d and back.extra == extra
+
+
+@given(junk=st.binary(max_size=64))
+def test_desc_unpack_rejects_junk(junk):
+    for cls in (EngineDesc, MemoryDesc):
+        with pytest.raises(ValueError):
+            cls.unpack(junk)
+
+
+def test_transfer_status_wait_and_waitfor():
+    st_ = TransferStatus()
+    assert st_.InProgress() and not st_.Failed() and not st_.Succeeded() and st_.Code() == StatusCode.INIT
+    t0 = time.monotonic()
+    assert st_.WaitFor(0.2) is False and time.monotonic() - t0 >= 0.19
+    threading.Timer(0.1, lambda: st_._set(StatusCode.ERR_GPU_OP, "boom")).start()
+    st_.Wait()
+    assert st_.Failed() and st_.Message() == "boom" and st_.Code() == StatusCode.ERR_GPU_OP
+
+
+def test_engine_api_calls():
+    with IOEngine("api-a", IOEngineConfig(port=0)) as a, IOEngine("api-b", IOEngineConfig(port=0)) as b:
+        assert a.get_engine_desc().port > 0 and a.key == "api-a"
+        with pytest.raises(ValueError):
+            IOEngine("", IOEngineConfig())
+        with pytest.raises(TypeError):
+            a.create_backend("TCP")
+        a.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
+        with pytest.raises(ValueError, match="already has"):
+            a.create_backend(BackendType.TCP)
+        with pytest.raises(TypeError, match="TcpBackendConfig"):
+            b.create_backend(BackendType.TCP, RdmaBackendConfig())
+        arr = np.arange(1024, dtype=np.uint8)
+        # Memory registered before the backend exists is handed to it when it is created.
+        mb = b.register_memory(int(arr.ctypes.data), arr.size, -1, MemoryLocationType.CPU)
+        b.create_backend(BackendType.TCP)
+        with pytest.raises(ValueError):
+            a.register_memory(0, 10, -1, MemoryLocationType.CPU)
+        with pytest.raises(TypeError):
+            a.register_memory(1.5, 10, -1, MemoryLocationType.CPU)
+        out = np.zeros(1024, dtype=np.uint8)
+        ma = a.register_memory(int(out.ctypes.data), out.size, -1, MemoryLocationType.CPU)
+        assert a.create_session(ma, mb) is None  # b is not registered with a yet
+        a.register_remote_engine(b.get_engine_desc())
+        b.register_remote_engine(a.get_engine_desc())
+        assert a.lookup_remote_memory("api-b", mb.id) == mb
+        sess = a.create_session(ma, mb)
+        assert sess is not None and sess.alive()
+        uid = sess.allocate_transfer_uid()
+        s = sess.read(0, 0, 1024, uid)
+        s.Wait()
+        assert s.Succeeded() and np.array_equal(out, arr)
+        assert a.pop_inbound_transfer_status("api-b", uid) is None  # inbound records live at the target
+        a.remove_backend(BackendType.TCP)
+        with pytest.raises(KeyError):
+            a.remove_backend(BackendType.TCP)
+        s = a.read(ma, 0, mb, 0, 8, a.allocate_transfer_uid())
+        assert s.Code() == StatusCode.ERR_BAD_STATE and "no backend" in s.Message()
+        a.deregister_remote_engine(b.get_engine_desc())
+        assert not sess.alive()
+        with pytest.raises(KeyError):
+            a.deregister_remote_engine(b.get_engine_desc())
+        a.deregister_memory(ma)
+        with pytest.raises(KeyError):
+            a.deregister_memory(ma)
+        with pytest.raises(ValueError, match="belongs to engine"):
+            a.deregister_memory(mb)
+        uids = {a.allocate_transfer_uid() for _ in range(1000)}
+        assert len(uids) == 1000
