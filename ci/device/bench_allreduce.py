@@ -84,7 +84,7 @@ def bench_size(nbytes: int, op: AllReduce, world: int, rank: int, group_name: st
     _try(res, "mori_eager", lambda: op(x), False)
     cfg = default_config(nbytes, world)
     res["mori_config"] = f"{'1shot' if cfg.one_shot else '2shot'} b{cfg.block} w{cfg.num_warps} g{cfg.max_blocks}"
-    if tune:
+    if tune and nbytes <= 8 << 20:
         for v in VARIANTS:
             if v.one_shot and nbytes > op.one_shot_max_bytes:
                 continue

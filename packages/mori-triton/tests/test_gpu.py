@@ -135,7 +135,7 @@ def test_kernel_b_put_signal(world, shape):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("shape", [(64, 7168), (1, 8), (5, 333), (1024, 4096)])
+@pytest.mark.parametrize("shape", [(64, 7168), (5, 333), (1024, 4096)])
 @pytest.mark.parametrize("one_shot", [True, False])
 def test_all_reduce_exact(world, dtype, shape, one_shot):
     from mori.triton import AllReduce
