@@ -7,10 +7,13 @@ Values are read from the environment at the moment they are asked for, so a vari
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 __all__ = ["ConfigError", "Variable", "VARIABLES", "get", "parse_size", "parse_bool", "describe"]
@@ -20,7 +23,7 @@ class ConfigError(ValueError):
     """A ``MORI_*`` variable holds a value mori cannot use."""
 
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE | re.ASCII)
 _SIZE_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40, "p": 50}
 SIZE_FORMS = "a byte count with an optional binary unit: 4096, 64K, 512M, 6G, 2GiB, 1.5G (K=2^10, M=2^20, G=2^30, T=2^40)"
 _TRUE = {"1", "on", "true", "yes", "y"}
@@ -31,11 +34,12 @@ BOOL_FORMS = "1/0, ON/OFF, true/false, yes/no (any case)"
 def parse_size(text: str, name: str = "size") -> int:
     """Parses a size such as ``6G``, ``512M``, ``2GiB`` or ``4096`` into bytes (binary units)."""
     m = _SIZE_RE.match(text)
-    if m is None or (m.group(3) and not m.group(2) and m.group(3).lower() == "i"):
+    # "iB"/"i" need a unit before them ("5iB" is malformed; "5B" and "5KiB" are not).
+    if m is None or (m.group(3).lower().startswith("i") and not m.group(2)):
         raise ConfigError(f"{name}={text!r} is not a size; expected {SIZE_FORMS}")
     number, unit = m.group(1), m.group(2).lower()
-    value = float(number) * (1 << _SIZE_SHIFT[unit]) if "." in number else int(number) << _SIZE_SHIFT[unit]
-    return int(value)
+    # Exact arithmetic: a float would round large fractional sizes such as 2.003P.
+    return math.floor(Fraction(number) * (1 << _SIZE_SHIFT[unit]))
 
 
 def parse_bool(text: str, name: str = "flag") -> bool:
@@ -53,7 +57,7 @@ def _parse_seconds(text: str, name: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not 0 < value < float("inf"):  # an infinite timeout would let a wait hang forever
         raise ConfigError(f"{name}={text!r} is not a timeout; expected a positive number of seconds, e.g. 30 or 2.5")
     return value
 
@@ -85,6 +89,21 @@ def _positive_int(text: str, name: str) -> int:
     if value <= 0:
         raise ConfigError(f"{name}={text!r} is not accepted; expected a positive integer")
     return value
+
+
+# Host names as resolvers accept them in practice: RFC 1123 labels, plus "_" (container names).
+_HOSTNAME_RE = re.compile(r"^(?!-)[\w-]{1,63}(?<!-)(\.(?!-)[\w-]{1,63}(?<!-))*\.?$", re.ASCII)
+
+
+def _host(text: str, name: str) -> str:
+    """An IP address or a DNS host name; empty means unset."""
+    host = text.strip()
+    if host and not _HOSTNAME_RE.match(host):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(f"{name}={text!r} is not accepted; expected an IP address or a host name") from None
+    return host
 
 
 def _text(text: str, name: str) -> str:
@@ -129,8 +148,8 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_NUM_QP_PER_PE", _positive_int, 1, "RDMA queue pairs per PE.", "a positive integer"),
         Variable("MORI_BOOTSTRAP_TIMEOUT", _parse_seconds, 120.0,
                  "Seconds a bootstrap collective waits for every rank before failing.", "seconds > 0"),
-        Variable("MORI_BOOTSTRAP_HOST", _text, None,
-                 "Address rank 0 advertises in the unique id (default: the host's outward address).", "an IP address"),
+        Variable("MORI_BOOTSTRAP_HOST", _host, None,
+                 "Address rank 0 advertises in the unique id (default: the host's outward address).", "an IP address or a host name"),
         Variable("MORI_LOG_LEVEL", _choice("trace", "debug", "info", "warning", "error", "critical"), "warning",
                  "Default log level of every mori logger.", "trace | debug | info | warning | error | critical"),
         Variable("MORI_CACHE_DIR", _text, None, "Where compiled device code is cached (default ~/.cache/mori).", "a path"),
