@@ -30,6 +30,11 @@ def _view(data: object, what: str) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
+def _frozen(data: object, view: memoryview) -> bytes:
+    """``data`` as bytes: itself when it already is (immutable, so safe to share), else a copy."""
+    return data if type(data) is bytes else bytes(view)
+
+
 class Bootstrap:
     """A job's bootstrap network: ``world`` processes, each with its ``rank``, joined by one unique id.
 
@@ -89,7 +94,7 @@ class Bootstrap:
                 self._closed = True
                 self._mesh.close()
 
-    def _run(self, op: Op, sends: Mapping[int, memoryview], recv_from: Sequence[int]) -> dict[int, bytearray]:
+    def _run(self, op: Op, sends: Mapping[int, memoryview], recv_from: Sequence[int]) -> dict[int, bytes | bytearray]:
         with self._lock:
             if self._closed:
                 raise BootstrapError(f"rank {self.rank}: this bootstrap is closed"
@@ -113,7 +118,7 @@ class Bootstrap:
         view = _view(data, "allgather data")
         others = self._others()
         got = self._run(Op.ALLGATHER, {r: view for r in others}, others)
-        return [bytes(view) if r == self.rank else bytes(got[r]) for r in range(self.world)]
+        return [_frozen(data, view) if r == self.rank else bytes(got[r]) for r in range(self.world)]
 
     def broadcast(self, data: BytesLike | None, root: int = 0) -> bytes:
         """``root``'s ``data`` on every rank (other ranks may pass ``None``)."""
@@ -124,7 +129,7 @@ class Bootstrap:
                 raise ValueError(f"broadcast root {root} must pass data, got None")
             view = _view(data, "broadcast data")
             self._run(Op.BROADCAST, {r: view for r in self._others()}, ())
-            return bytes(view)
+            return _frozen(data, view)
         return bytes(self._run(Op.BROADCAST, {}, (root,))[root])
 
     def alltoall(self, chunks: Sequence[BytesLike]) -> list[bytes]:
@@ -136,7 +141,7 @@ class Bootstrap:
         views = [_view(c, f"alltoall chunk {j}") for j, c in enumerate(chunks)]
         others = self._others()
         got = self._run(Op.ALLTOALL, {r: views[r] for r in others}, others)
-        return [bytes(views[r]) if r == self.rank else bytes(got[r]) for r in range(self.world)]
+        return [_frozen(chunks[r], views[r]) if r == self.rank else bytes(got[r]) for r in range(self.world)]
 
     def barrier(self) -> None:
         """Returns only after every rank has entered the barrier."""

@@ -106,10 +106,10 @@ class Mesh:
         return sock
 
     def exchange(self, op: Op, seq: int, sends: Mapping[int, memoryview], recv_from: Collection[int],
-                 deadline: Deadline) -> dict[int, bytearray]:
+                 deadline: Deadline) -> dict[int, bytes | bytearray]:
         """Sends ``sends[p]`` to each rank p and returns the frame of this collective from each of ``recv_from``."""
         what = f"{op.name.lower()} #{seq}"
-        received: dict[int, bytearray] = {}
+        received: dict[int, bytes | bytearray] = {}
         waiting = set(recv_from)
         sel = selectors.DefaultSelector()
         try:
@@ -173,7 +173,7 @@ class Mesh:
             raise BootstrapError(f"{what}: {self.describe(peer)} went away while this rank sent to it "
                                  f"(the process exited or failed: {exc.strerror or exc})") from None
 
-    def _progress_recv(self, reader: FrameReader, peer: int, op: Op, seq: int, what: str) -> bytearray | None:
+    def _progress_recv(self, reader: FrameReader, peer: int, op: Op, seq: int, what: str) -> bytes | bytearray | None:
         try:
             frame = reader.feed(self._in[peer])
         except (EOFError, ConnectionError):

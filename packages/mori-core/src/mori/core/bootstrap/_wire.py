@@ -82,7 +82,7 @@ class Frame:
 
     __slots__ = ("kind", "op", "seq", "payload")
 
-    def __init__(self, kind: int, op: int, seq: int, payload: bytearray) -> None:
+    def __init__(self, kind: int, op: int, seq: int, payload: bytes | bytearray) -> None:
         self.kind, self.op, self.seq, self.payload = kind, op, seq, payload
 
     def message(self) -> Any:
@@ -112,20 +112,22 @@ class FrameReader:
     """Reads one frame from a non-blocking socket in as many steps as the data arrives.
 
     It never reads past the end of its frame: the next frame on the stream stays in the kernel
-    for whoever reads next.
+    for whoever reads next. A payload that is already wholly in the socket comes out as one
+    ``bytes`` object, which the collectives hand to the caller without another copy.
     """
 
     def __init__(self) -> None:
         self._header = bytearray(HEADER.size)
         self._filled = 0
+        self._length: int | None = None
         self._payload: bytearray | None = None
         self._kind = self._op = self._seq = 0
 
     def feed(self, sock: socket.socket) -> Frame | None:
         """Reads what is available; returns the frame once complete. EOF raises ``EOFError``."""
         while True:
-            if self._payload is None:
-                n = self._recv(sock, memoryview(self._header)[self._filled :])
+            if self._length is None:
+                n = self._recv_into(sock, memoryview(self._header)[self._filled :])
                 if n is None:
                     return None
                 self._filled += n
@@ -134,21 +136,36 @@ class FrameReader:
                 self._kind, self._op, _, self._seq, length = HEADER.unpack(self._header)
                 if length > _MAX_PAYLOAD or self._kind not in Kind.__members__.values():
                     raise BootstrapError(f"stream out of step: header kind={self._kind} length={length}")
-                self._payload = bytearray(length)
-                self._filled = 0
-            if self._filled < len(self._payload):
-                n = self._recv(sock, memoryview(self._payload)[self._filled :])
+                self._length, self._filled = length, 0
+                if length == 0:
+                    return self._finish(b"")
+            elif self._payload is None:
+                try:
+                    chunk = sock.recv(self._length)
+                except (BlockingIOError, InterruptedError):
+                    return None
+                if not chunk:
+                    raise EOFError
+                if len(chunk) == self._length:
+                    return self._finish(chunk)
+                self._payload = bytearray(self._length)
+                self._payload[: len(chunk)] = chunk
+                self._filled = len(chunk)
+            else:
+                n = self._recv_into(sock, memoryview(self._payload)[self._filled :])
                 if n is None:
                     return None
                 self._filled += n
-                if self._filled < len(self._payload):
-                    continue
-            frame = Frame(self._kind, self._op, self._seq, self._payload)
-            self._payload, self._filled = None, 0
-            return frame
+                if self._filled == self._length:
+                    return self._finish(self._payload)
+
+    def _finish(self, payload: bytes | bytearray) -> Frame:
+        frame = Frame(self._kind, self._op, self._seq, payload)
+        self._length, self._payload, self._filled = None, None, 0
+        return frame
 
     @staticmethod
-    def _recv(sock: socket.socket, into: memoryview) -> int | None:
+    def _recv_into(sock: socket.socket, into: memoryview) -> int | None:
         try:
             n = sock.recv_into(into)
         except (BlockingIOError, InterruptedError):
