@@ -1,12 +1,12 @@
 """The bootstrap network: a 128-byte unique id, a TCP rendezvous, and collectives over bytes.
 
-```python
-from mori.core.bootstrap import Bootstrap, get_unique_id
-uid = get_unique_id()                      # in rank 0's process; send the bytes to the others
-with Bootstrap(rank, world, uid) as bs:    # every rank; returns once all have joined
-    blobs = bs.allgather(b"my address")    # list indexed by rank
-    bs.barrier()
-```
+::
+
+    from mori.core.bootstrap import Bootstrap, get_unique_id
+    uid = get_unique_id()                      # in rank 0's process; send the bytes to the others
+    with Bootstrap(rank, world, uid) as bs:    # every rank; returns once all have joined
+        blobs = bs.allgather(b"my address")    # list indexed by rank
+        bs.barrier()
 
 :func:`init_from_torch` and :func:`init_from_mpi` hand out the id through an existing
 ``torch.distributed`` process group or MPI communicator.
