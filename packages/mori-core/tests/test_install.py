@@ -1,0 +1,83 @@
+"""Installing mori-core and mori-io into a fresh virtual environment pulls nothing heavy.
+
+The wheels are built from copies of the package sources with this environment's build tools
+(hatchling, pybind11, the C++ compiler), then installed into a new venv without system site
+packages; only msgpack comes from the package index.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+PACKAGES = Path(__file__).resolve().parents[2]
+HEAVY = {"torch", "triton", "cuda-bindings", "cuda-python", "nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12", "numpy"}
+
+CHECK = r"""
+import json, sys
+import mori.core, mori.io
+from mori.core import atomics, nvrtc, _cuda
+from mori.core.memory import HostSegment, cuda_vmm
+inc = nvrtc.device_include_dir()
+with HostSegment.create(4096) as seg:
+    atomics.fetch_add(seg.addr, 41)
+    value = atomics.fetch_add(seg.addr, 1) + 1
+try:
+    cuda_vmm.granularity(0)
+    hint = "no error"
+except _cuda.CudaUnavailableError as err:
+    hint = str(err)
+print(json.dumps({"include": str(inc), "value": value, "hint": hint, "core": mori.core.__file__,
+                  "native": mori.core._native.__file__, "prefix": sys.prefix}))
+"""
+
+
+def _run(*cmd: str | Path, timeout: float = 240) -> str:
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _copy_sources(name: str, dest: Path) -> Path:
+    ignore = shutil.ignore_patterns("build", "dist", "*.so", "*.o", "__pycache__", "*.egg-info", ".*cache*")
+    return Path(shutil.copytree(PACKAGES / name, dest / name, ignore=ignore))
+
+
+@pytest.mark.slow
+def test_fresh_venv_gets_core_and_io_without_torch_triton_or_cuda(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    sources = [_copy_sources(n, tmp_path / "src") for n in ("mori-core", "mori-io")]
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", wheels, *sources)
+
+    (core_wheel,) = wheels.glob("mori_core-*.whl")
+    names = zipfile.ZipFile(core_wheel).namelist()
+    assert any(n.startswith("mori/core/_native") and n.endswith(".so") for n in names), names
+    assert "mori/core/include/mori/device/shmem.cuh" in names
+    assert "mori/core/py.typed" in names
+    assert not [n for n in names if n == "mori/__init__.py"], "mori must stay a namespace package"
+    assert not core_wheel.name.endswith("-none-any.whl"), "the native module makes the wheel platform specific"
+
+    env = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", env)
+    py = env / "bin" / "python"
+    assert "include-system-site-packages = false" in (env / "pyvenv.cfg").read_text()
+    _run(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--find-links", wheels, "mori-core", "mori-io")
+
+    installed = {p["name"].lower() for p in json.loads(_run(py, "-m", "pip", "list", "--format=json"))}
+    assert {"mori-core", "mori-io", "msgpack"} <= installed
+    assert not installed & HEAVY, f"heavy packages were installed: {sorted(installed & HEAVY)}"
+
+    report = json.loads(_run(py, "-c", CHECK).strip().splitlines()[-1])
+    site = Path(report["prefix"]).resolve()
+    assert Path(report["core"]).resolve().is_relative_to(site), "mori.core came from outside the fresh venv"
+    assert Path(report["native"]).resolve().is_relative_to(site)
+    include = Path(report["include"]).resolve()
+    assert include.is_relative_to(site) and (include / "mori" / "device" / "shmem.cuh").is_file()
+    assert report["value"] == 42
+    assert "mori-core[cuda]" in report["hint"]
