@@ -27,7 +27,9 @@ def init_from_torch(group: Any = None, timeout: float | None = None) -> Bootstra
     if rank < 0:
         raise RuntimeError("init_from_torch: this process is not a member of the given group")
     box = [get_unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(box, group=group, group_src=0)
+    # src is a global rank; get_global_rank works on every torch 2.x (group_src only on newer ones).
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.broadcast_object_list(box, src=src, group=group)
     return Bootstrap(rank, world, box[0], timeout)  # type: ignore[arg-type]
 
 
