@@ -24,7 +24,7 @@ def _install() -> None:
             return importlib.import_module(f"mori.{name}")
         raise AttributeError(f"module 'mori' has no attribute {name!r}")
 
-    namespace.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    setattr(namespace, "__getattr__", __getattr__)  # noqa: B010 - a module attribute, set by name
 
 
 _install()

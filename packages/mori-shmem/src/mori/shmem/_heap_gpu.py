@@ -96,9 +96,6 @@ class GpuHeap(Heap):
             self.base = own.base
             self.peer_bases = [r.base if r is not None else 0 for r in self._reservations]
             self.ensure_mapped(self.size if mode == "static" else initial)
-            # cuMemCreate memory is not zeroed: clear what is mapped so barrier slots start at 0.
-            cu.call("cuMemsetD8", self.base, 0, self.mapped)
-            ctx.synchronize()
         except BaseException:
             self.close()
             raise
@@ -118,17 +115,18 @@ class GpuHeap(Heap):
             for offset in new_offsets:
                 handle = cu.call("cuMemCreate", self.chunk, self._prop, 0, detail=f"{self.chunk} bytes")
                 own.map(offset, self.chunk, handle, self.ctx.device)
+                # cuMemCreate memory is not zeroed (barrier slots and signals must start at 0).
+                cu.call("cuMemsetD8", self.base + offset, 0, self.chunk)
                 if self._fdx is not None:
                     fds.append(int(cu.call("cuMemExportToShareableHandle", handle,
                                            cu.driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)))
+            # Zeroed before the exchange: no peer can write into a chunk before its owner cleared it.
+            self.ctx.synchronize()
             if self._fdx is not None:
                 self._map_peers(new_offsets, self._fdx.allgather_fds(fds))
         finally:
             for fd in fds:
                 os.close(fd)
-        if self.mapped:
-            # Fresh chunks of a growing heap are zeroed like the first ones.
-            cu.call("cuMemsetD8", self.base + self.mapped, 0, len(new_offsets) * self.chunk)
         self.mapped = new_offsets[-1] + self.chunk
 
     def _map_peers(self, offsets: list[int], peer_fds: list[list[int]]) -> None:

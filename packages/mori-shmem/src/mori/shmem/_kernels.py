@@ -57,11 +57,9 @@ extern "C" __global__ void mori_shmem_barrier_kernel() { ShmemBarrierAllBlock();
 
 def load_module(ctx: Context, source: str, name: str) -> Any:
     """Compiles ``source`` for the context's GPU and loads it; returns the ``CUmodule``."""
-    ptx = nvrtc.compile(source, name=name, arch=ctx.arch)
-    if not ptx.endswith(b"\0"):
-        ptx += b"\0"  # cuModuleLoadData reads PTX as a C string
+    cubin = nvrtc.compile(source, name=name, arch=ctx.arch, output="cubin")
     ctx.make_current()
-    return cu.call("cuModuleLoadData", ptx, detail=name)
+    return cu.call("cuModuleLoadData", cubin, detail=name)
 
 
 def module_handle(module: Any) -> Any:
@@ -98,7 +96,8 @@ class HostOps:
         if int(size) != len(self.states):
             raise RuntimeError(f"globalGpuStates in this module is {int(size)} bytes, expected {len(self.states)}: "
                                "the module was built with another version of mori's device headers")
-        cu.call("cuMemcpyHtoD", ptr, self.states, len(self.states))
+        host = ctypes.create_string_buffer(self.states, len(self.states))
+        cu.call("cuMemcpyHtoD", ptr, ctypes.addressof(host), len(self.states))
 
     def atomic(self, op: str, dest: int, pe: int, value: int, compare: int, width: int) -> int:
         """Runs one atomic on PE ``pe`` (symmetric ``dest``) and returns the old value."""

@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Any
 
 from . import _state
+from ._dlpack import capsule
 from .api import shmem_malloc
 
 __all__ = ["shmem_peer_tensor", "shmem_tensor"]
 
 
-class _CudaMemory:
-    """Exposes a device range through ``__cuda_array_interface__`` so torch can wrap it without copying."""
-
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": (nbytes,), "typestr": "|u1",
-                                         "strides": None, "version": 3}
-
-
 def _wrap(ptr: int, nbytes: int, shape: Any, dtype: Any, device: int | None) -> Any:
-    import torch
 
-    if device is None:
-        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), dtype=torch.uint8) if nbytes \
-            else torch.empty(0, dtype=torch.uint8)
-    else:
-        raw = torch.as_tensor(_CudaMemory(ptr, nbytes), device=f"cuda:{device}")
+    from torch.utils.dlpack import from_dlpack
+
+    raw = from_dlpack(capsule(ptr, nbytes, device))
     return raw.view(dtype).view(shape)
 
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# mori-shmem on the GPU machine (4x H200): install; the memory engineer's VMM check (core.sh) when
+# present; the put/latency benchmark on 2 GPUs; then the GPU tests (device API kernels, host API on
+# the GPU heap, static and vmm heaps, 2 and 4 GPUs, the guide's Quick Reference) under torchrun.
+# Run from the repository root with .devkit carried; logs and JSON go to $OUT.
+# Usage: bash ci/device/shmem.sh [--no-bench] [--no-tests]
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/mori-out}
+mkdir -p "$OUT"
+export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+run_bench=1; run_tests=1
+for a in "$@"; do
+  case $a in --no-bench) run_bench=0 ;; --no-tests) run_tests=0 ;; esac
+done
+status=0
+t0=$(date +%s)
+python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem 2>&1 | tail -5 || exit 1
+echo "== installed in $(( $(date +%s) - t0 ))s"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+repo=$PWD
+if [ -f ci/device/core.sh ]; then
+  echo "== ci/device/core.sh"
+  timeout 60 bash ci/device/core.sh > "$OUT/core.log" 2>&1
+  rc=$?; echo "rc=$rc"; tail -25 "$OUT/core.log"
+  [ $rc = 0 ] || status=1
+fi
+cd /tmp  # import mori from site-packages, not the source tree
+if [ $run_bench = 1 ]; then
+  echo "== benchmark, 2 GPUs"
+  timeout 100 torchrun --standalone --nproc_per_node=2 "$repo/ci/device/bench_shmem.py" --out "$OUT/bench_shmem.json" \
+    > "$OUT/bench.log" 2>&1
+  rc=$?; echo "rc=$rc"
+  sed -n '/mori.shmem put bandwidth/,$p' "$OUT/bench.log"
+  [ $rc = 0 ] || { status=1; grep -v "^\s*$" "$OUT/bench.log" | tail -30; }
+fi
+if [ $run_tests = 1 ]; then
+  echo "== GPU tests (2 and 4 GPUs, static and vmm, quick reference)"
+  timeout 170 python3 -m pytest -q -m gpu -p no:cacheprovider -s "$repo/packages/mori-shmem/tests/test_gpu.py" \
+    > "$OUT/tests.log" 2>&1
+  rc=$?; echo "rc=$rc"
+  grep -E "^ok |quick reference ok|passed|failed|Error|error" "$OUT/tests.log" | sort | uniq -c | sort -rn | head -60
+  [ $rc = 0 ] || { status=1; tail -60 "$OUT/tests.log"; }
+fi
+echo "== done in $(( $(date +%s) - t0 ))s, status $status"
+exit $status
