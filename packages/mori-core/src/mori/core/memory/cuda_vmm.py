@@ -152,13 +152,16 @@ class VmmAllocation:
         return fd
 
     def write(self, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
-        """Copies host bytes into the allocation at ``offset`` (synchronous ``cuMemcpyHtoD``)."""
+        """Copies host bytes into the allocation at ``offset``; returns once they are in GPU memory."""
         self._check_range(offset, len(data))
         if not len(data):
             return
         src = (ctypes.c_char * len(data)).from_buffer_copy(data)
         _cuda.init_device(self.device)
         _cuda.call("cuMemcpyHtoD", self.ptr + offset, ctypes.addressof(src), len(data))
+        # From pageable memory the copy may return before the DMA lands; wait, so a peer told
+        # "written" afterwards really sees the bytes.
+        _cuda.call("cuCtxSynchronize")
 
     def read(self, nbytes: int, offset: int = 0) -> bytes:
         """Copies ``nbytes`` at ``offset`` back to the host (synchronous ``cuMemcpyDtoH``)."""
