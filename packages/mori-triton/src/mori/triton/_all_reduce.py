@@ -85,6 +85,7 @@ class AllReduce:
         self._peer_flags = [self._peer(self._flags, j) for j in range(self.world)]
         shmem.shmem_barrier_all()  # every PE's flags are zero before anyone signals
         self._timeout_ns = int(config.get("MORI_SHMEM_TIMEOUT") * 1e9)
+        self._compiled: dict[tuple[Any, ...], Any] = {}
         self._closed = False
 
     def _peer(self, addr: int, pe: int) -> int:
@@ -136,19 +137,28 @@ class AllReduce:
         return out
 
     def _launch(self, tensor: Any, out: Any, cfg: AllReduceConfig, one_shot: bool) -> None:
+        import torch
+
         n = tensor.numel()
         chunk = _cdiv(_cdiv(n, self.world), _ALIGN) * _ALIGN
         span = n if one_shot else chunk
         grid = (max(1, min(cfg.max_blocks, _MAXB, _cdiv(span, cfg.block))),)
         bufs = tuple(_DevicePointer(p, tensor.dtype) for p in self._peers)
-        import torch
-
         flags = tuple(_DevicePointer(p, torch.uint32) for p in self._peer_flags)
         epochs = _DevicePointer(self._flags + 2 * self.world * _MAXB * 4, torch.uint32)
-        all_reduce_kernel[grid](
-            tensor, out, bufs, flags, bufs[self.rank], flags[self.rank], epochs, self.rank, n, chunk,
-            self._timeout_ns, W=self.world, MAXB=_MAXB, BLOCK=cfg.block, ONE_SHOT=one_shot,
-            num_warps=cfg.num_warps)
+        args = (tensor, out, bufs, flags, bufs[self.rank], flags[self.rank], epochs, self.rank, n, chunk,
+                self._timeout_ns)
+        # Triton's JIT dispatch costs tens of microseconds of Python per launch; once compiled, launch
+        # the cached kernel directly. The key holds everything Triton specialises on that can vary
+        # between calls (dtype, 16-byte alignment of the two tensors, n % 16 and n == 1).
+        key = (tensor.dtype, one_shot, cfg, grid, tensor.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
+               n % 16 == 0, n == 1)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            self._compiled[key] = all_reduce_kernel[grid](*args, W=self.world, MAXB=_MAXB, BLOCK=cfg.block,
+                                                          ONE_SHOT=one_shot, num_warps=cfg.num_warps)
+        else:
+            compiled[grid](*args, self.world, _MAXB, cfg.block, one_shot)
 
     def close(self) -> None:
         """Frees the symmetric buffers (collective: every PE calls it)."""
