@@ -1,0 +1,163 @@
+"""The gather/scatter kernel of the NVLink backend: many small blocks in one launch.
+
+A batch of thousands of small blocks costs thousands of copy-engine commands; one kernel launch
+with a table of ``(src, dst, bytes)`` rows in device memory moves them all. A warp copies one
+row at a time (rows striped over all warps of the grid) with mori's device copy routine
+(``mori::device::detail::GroupCopy``: 16-byte vectors when the pointers are congruent modulo
+16, eight loads in flight per thread to hide NVLink latency). Pointers may be local or peer
+(IPC-opened / VMM-imported) addresses: the SMs of the initiator's GPU load and store across
+NVLink directly.
+
+The kernel is compiled once per architecture by NVRTC (cached on disk by ``mori.core.nvrtc``)
+and loaded once per device. Tables live in pooled pairs of pinned host and device buffers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mori.core import _cuda, nvrtc
+
+__all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuffer", "TablePool"]
+
+KERNEL_NAME = "mori_io_gather_copy"
+ROW_WORDS = 3  # a table row: src, dst, bytes (uint64 each)
+_THREADS = 512  # 16 warps per block
+_BLOCKS_PER_SM = 4
+
+KERNEL_SOURCE = r"""
+#include <mori/device/copy.cuh>
+
+// rows: n rows of {src, dst, bytes}; when rows is null the single row is passed by value
+// (a one-block transfer then needs no table upload).
+extern "C" __global__ void __launch_bounds__(512)
+mori_io_gather_copy(const unsigned long long* rows, unsigned long long n,
+                    unsigned long long src0, unsigned long long dst0, unsigned long long bytes0) {
+  const unsigned int lane = threadIdx.x & 31u;
+  const unsigned long long warp = (static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const unsigned long long warps = (static_cast<unsigned long long>(gridDim.x) * blockDim.x) >> 5;
+  for (unsigned long long i = warp; i < n; i += warps) {
+    unsigned long long src = src0, dst = dst0, bytes = bytes0;
+    if (rows != nullptr) {
+      src = rows[3 * i];
+      dst = rows[3 * i + 1];
+      bytes = rows[3 * i + 2];
+    }
+    mori::device::detail::GroupCopy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+                                    bytes, lane, 32u);
+  }
+}
+"""
+
+
+def compile_cubin(arch: str) -> bytes:
+    """The kernel compiled for ``arch`` (e.g. ``sm_90``); NVRTC needs no GPU."""
+    return nvrtc.compile(KERNEL_SOURCE, name="mori_io_gather_copy.cu", arch=arch, output="cubin")
+
+
+@dataclass
+class TableBuffer:
+    """A pinned host table and its device twin, ``capacity`` rows each."""
+
+    capacity: int
+    host_ptr: int
+    dev_ptr: int
+    rows: np.ndarray  # (capacity, ROW_WORDS) uint64 view of the host buffer
+
+
+class TablePool:
+    """Table buffers of one device, reused once the transfer that used them completes.
+
+    Capacities are powers of two so a buffer fits many batch sizes; at most ``keep`` idle
+    buffers of each capacity are kept.
+    """
+
+    def __init__(self, device: int, keep: int = 8) -> None:
+        self._device = device
+        self._keep = keep
+        self._idle: dict[int, list[TableBuffer]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, rows: int) -> TableBuffer:
+        """A buffer of at least ``rows`` rows (allocated when none is idle)."""
+        cap = max(64, 1 << (rows - 1).bit_length())
+        with self._lock:
+            idle = self._idle.get(cap)
+            if idle:
+                return idle.pop()
+        nbytes = cap * ROW_WORDS * 8
+        host = int(_cuda.call("cuMemHostAlloc", nbytes, 0, detail=f"{nbytes}-byte copy table"))
+        try:
+            dev = int(_cuda.call("cuMemAlloc", nbytes, detail=f"{nbytes}-byte copy table on device {self._device}"))
+        except BaseException:
+            _cuda.call("cuMemFreeHost", host)
+            raise
+        view = np.ctypeslib.as_array((ctypes.c_uint64 * (cap * ROW_WORDS)).from_address(host))
+        return TableBuffer(cap, host, dev, view.reshape(cap, ROW_WORDS))
+
+    def give(self, buf: TableBuffer) -> None:
+        """Returns a buffer whose transfer has completed."""
+        with self._lock:
+            idle = self._idle.setdefault(buf.capacity, [])
+            if len(idle) < self._keep:
+                idle.append(buf)
+                return
+        self._free(buf)
+
+    def _free(self, buf: TableBuffer) -> None:
+        _cuda.call("cuMemFree", buf.dev_ptr)
+        _cuda.call("cuMemFreeHost", buf.host_ptr)
+
+    def close(self) -> None:
+        """Frees every idle buffer (the device's context must be current)."""
+        with self._lock:
+            bufs = [b for idle in self._idle.values() for b in idle]
+            self._idle.clear()
+        for b in bufs:
+            self._free(b)
+
+
+class CopyKernel:
+    """The gather/scatter kernel loaded on one device (whose primary context is current)."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        dev = _cuda.call("cuDeviceGet", device)
+        attr = _cuda.driver().CUdevice_attribute
+        major = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+        minor = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+        self._sms = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+        cubin = compile_cubin(f"sm_{major}{minor}")
+        self._module = _cuda.call("cuModuleLoadData", cubin, detail=f"copy kernel on device {device}")
+        self._function = _cuda.call("cuModuleGetFunction", self._module, KERNEL_NAME.encode())
+        self.tables = TablePool(device)
+
+    def grid(self, rows: int) -> int:
+        """Thread blocks for ``rows`` rows: one warp per row, at most a few blocks per SM."""
+        warps_per_block = _THREADS // 32
+        return max(1, min(-(-rows // warps_per_block), self._sms * _BLOCKS_PER_SM))
+
+    def launch(self, stream: Any, table: TableBuffer | None, rows: int, single: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first), or the one row
+        ``single`` = (src, dst, bytes) when ``table`` is None; asynchronous on ``stream``."""
+        if rows == 0:
+            return
+        table_dev = 0
+        if table is not None:
+            nbytes = rows * ROW_WORDS * 8
+            _cuda.call("cuMemcpyHtoDAsync", table.dev_ptr, table.host_ptr, nbytes, stream)
+            table_dev = table.dev_ptr
+        u64 = ctypes.c_uint64
+        params = ((table_dev, rows, *single), (u64, u64, u64, u64, u64))
+        _cuda.call("cuLaunchKernel", self._function, self.grid(rows), 1, 1, _THREADS, 1, 1, 0, stream, params, 0,
+                   detail=f"{rows}-row copy on device {self.device}")
+
+    def close(self) -> None:
+        """Unloads the module and frees idle tables (the device's context must be current)."""
+        self.tables.close()
+        _cuda.call("cuModuleUnload", self._module)

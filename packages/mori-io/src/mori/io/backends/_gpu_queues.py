@@ -1,0 +1,234 @@
+"""Per-device copy resources of the NVLink backend and the completion object of one transfer.
+
+:class:`DeviceQueues` owns, for one local GPU, a pool of streams (copies of concurrent
+transfers spread over them, and a large transfer over several), a pool of events, and the gather
+kernel. :class:`GpuTransfer` is what a :class:`~mori.io.TransferStatus` polls: it asks CUDA
+whether the transfer's events have fired, so a caller spinning on ``InProgress()`` sees the end
+of the copy at once, without waiting for a background thread to get the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mori.core import _cuda
+
+from ..types import StatusCode
+from ._copy_kernels import CopyKernel, TableBuffer
+from ._nvlink_plan import CopyPlan
+
+__all__ = ["DeviceQueues", "GpuTransfer"]
+
+_SPIN_S = 200e-6  # busy-poll this long before sleeping: small copies finish in microseconds
+
+
+class DeviceQueues:
+    """Streams, events and the gather kernel of one device. Call with its context current."""
+
+    def __init__(self, device: int, num_streams: int, num_events: int) -> None:
+        self.device = device
+        self._drv = _cuda.driver()
+        self._num_streams = num_streams
+        self._num_events = num_events
+        self._streams: list[Any] = []
+        self._next = 0
+        self._events: list[Any] = []
+        self._kernel: CopyKernel | None = None
+        self._lock = threading.Lock()
+        self._attrs: list[Any] | None = None  # cuMemcpyBatchAsync attributes; None = use single copies
+        self._batch_ok = hasattr(self._drv, "cuMemcpyBatchAsync")
+
+    def streams(self, n: int) -> list[Any]:
+        """``n`` streams (fewer if the pool is smaller), round-robin over the pool.
+
+        Streams are blocking ones: work queued earlier on the legacy default stream (where
+        PyTorch runs unless told otherwise) finishes before a transfer's copies start.
+        """
+        n = max(1, min(n, self._num_streams))
+        with self._lock:
+            while len(self._streams) < min(self._num_streams, self._next + n):
+                flags = self._drv.CUstream_flags.CU_STREAM_DEFAULT
+                self._streams.append(_cuda.call("cuStreamCreate", flags, detail=f"device {self.device}"))
+            out = [self._streams[(self._next + i) % len(self._streams)] for i in range(n)]
+            self._next = (self._next + n) % self._num_streams
+        return out
+
+    def event(self) -> Any:
+        """An event from the pool (created when the pool is empty)."""
+        with self._lock:
+            if self._events:
+                return self._events.pop()
+        flags = self._drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        return _cuda.call("cuEventCreate", flags, detail=f"device {self.device}")
+
+    def give_events(self, events: list[Any]) -> None:
+        """Returns fired events; beyond ``num_events`` idle ones they are destroyed."""
+        with self._lock:
+            keep = max(0, self._num_events - len(self._events))
+            self._events.extend(events[:keep])
+            extra = events[keep:]
+        for ev in extra:
+            self._drv.cuEventDestroy(ev)
+
+    @property
+    def kernel(self) -> CopyKernel:
+        """The gather kernel, compiled and loaded on first use."""
+        with self._lock:
+            if self._kernel is None:
+                self._kernel = CopyKernel(self.device)
+            return self._kernel
+
+    def _engine_copy(self, rows: np.ndarray, stream: Any) -> None:
+        """Copies ``rows`` (src, dst, bytes) with the copy engines on ``stream``."""
+        drv = self._drv
+        if len(rows) > 1 and self._batch_ok:
+            if self._attrs is None:
+                attr = drv.CUmemcpyAttributes()
+                attr.srcAccessOrder = drv.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+                self._attrs = [attr]
+            dsts = [drv.CUdeviceptr(v) for v in rows[:, 1].tolist()]
+            srcs = [drv.CUdeviceptr(v) for v in rows[:, 0].tolist()]
+            try:
+                _cuda.check(drv.cuMemcpyBatchAsync(dsts, srcs, rows[:, 2].tolist(), len(rows), self._attrs, [0], 1,
+                                                   stream), "cuMemcpyBatchAsync")
+                return
+            except _cuda.CudaError as err:
+                # Older drivers or copies it does not take: fall back to one command per block.
+                if err.name not in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"):
+                    raise
+                self._batch_ok = False
+        for src, dst, nbytes in rows.tolist():
+            _cuda.check(drv.cuMemcpyAsync(dst, src, nbytes, stream), "cuMemcpyAsync",
+                        f"{nbytes} bytes 0x{src:x} -> 0x{dst:x}")
+
+    def issue(self, plan: CopyPlan) -> tuple[list[Any], list[TableBuffer]]:
+        """Queues every copy of ``plan``; returns the events that fire when they are done and the
+        table buffers to give back then."""
+        lanes = len(plan.engines) + (1 if len(plan.kernel) else 0)
+        if lanes == 0:
+            return [], []
+        streams = self.streams(lanes)
+        events: list[Any] = []
+        tables: list[TableBuffer] = []
+        try:
+            for rows, stream in zip(plan.engines, streams):
+                self._engine_copy(rows, stream)
+                events.append(self._record(stream))
+            if len(plan.kernel):
+                stream, n, kernel = streams[-1], len(plan.kernel), self.kernel
+                if n == 1:
+                    src, dst, nbytes = (int(v) for v in plan.kernel[0])
+                    kernel.launch(stream, None, 1, (src, dst, nbytes))
+                else:
+                    table = kernel.tables.take(n)
+                    tables.append(table)
+                    table.rows[:n] = plan.kernel
+                    kernel.launch(stream, table, n)
+                events.append(self._record(stream))
+        except BaseException:
+            # Copies already queued may still run: wait for them before the events and tables
+            # are reused.
+            for ev in events:
+                self._drv.cuEventSynchronize(ev)
+            self.give_events(events)
+            raise
+        return events, tables
+
+    def _record(self, stream: Any) -> Any:
+        ev = self.event()
+        _cuda.call("cuEventRecord", ev, stream)
+        return ev
+
+    def close(self) -> None:
+        """Destroys streams, events and the kernel (copies must have completed)."""
+        with self._lock:
+            streams, self._streams = self._streams, []
+            events, self._events = self._events, []
+            kernel, self._kernel = self._kernel, None
+        for s in streams:
+            self._drv.cuStreamDestroy(s)
+        for ev in events:
+            self._drv.cuEventDestroy(ev)
+        if kernel is not None:
+            kernel.close()
+
+
+class GpuTransfer:
+    """The outcome of one transfer's GPU copies (the ``Completion`` a TransferStatus polls).
+
+    ``on_done`` runs once, from whichever thread first sees the end (it recycles resources and
+    sends the target its notification).
+    """
+
+    def __init__(self, queues: DeviceQueues, events: list[Any], tables: list[TableBuffer], deadline: float,
+                 on_done: Callable[[GpuTransfer], None]) -> None:
+        self.queues = queues
+        self.events = events
+        self.tables = tables
+        self.deadline = deadline
+        self._on_done = on_done
+        self._final: tuple[StatusCode, str] | None = None if events else (StatusCode.SUCCESS, "")
+        self.abandoned = False  # ended by the timeout: its events and tables may still be in use
+        self._lock = threading.Lock()
+        self._drv = queues._drv
+
+    def _poll(self) -> tuple[StatusCode, str] | None:
+        drv = self._drv
+        for ev in self.events:
+            (res,) = drv.cuEventQuery(ev)
+            if res == drv.CUresult.CUDA_ERROR_NOT_READY:
+                return None
+            if res != drv.CUresult.CUDA_SUCCESS:
+                name, _ = _cuda._describe(res)
+                return StatusCode.ERR_GPU_OP, f"NVLink copy failed on device {self.queues.device}: {name}"
+        return StatusCode.SUCCESS, ""
+
+    def finish(self, code: StatusCode | None = None, message: str = "") -> bool:
+        """Checks the events (or forces ``code``); True once the transfer has ended."""
+        with self._lock:
+            if self._final is not None:
+                return True
+            result = (code, message) if code is not None else self._poll()
+            if result is None:
+                return False
+            self._final = result
+            self.abandoned = code is not None
+        self._on_done(self)
+        return True
+
+    def code(self) -> int:
+        """The transfer's StatusCode (``IN_PROGRESS`` until every copy is done)."""
+        final = self._final
+        if final is None:
+            self.finish()
+            final = self._final
+        return int(final[0] if final is not None else StatusCode.IN_PROGRESS)
+
+    def message(self) -> str:
+        """Why the transfer failed ('' on success or while running)."""
+        final = self._final
+        return final[1] if final is not None else ""
+
+    def wait(self, timeout: float) -> bool:
+        """Polls until the transfer ends or ``timeout`` seconds pass (sleeping, GIL released,
+        after a short spin)."""
+        start = time.monotonic()
+        end = start + timeout
+        pause = 20e-6
+        while not self.finish():
+            now = time.monotonic()
+            if now >= self.deadline:
+                self.finish(StatusCode.ERR_GPU_OP, f"NVLink copy did not complete in time (MORI_IO_TIMEOUT) on "
+                                                   f"device {self.queues.device}")
+                return True
+            if now >= end:
+                return False
+            if now - start > _SPIN_S:
+                time.sleep(min(pause, end - now))
+                pause = min(pause * 2, 1e-3)
+        return True

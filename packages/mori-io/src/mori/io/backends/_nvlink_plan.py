@@ -1,0 +1,94 @@
+"""How the NVLink backend splits a batch between the gather kernel and the copy engines.
+
+Pure array arithmetic (no CUDA), so it is tested on any machine:
+
+1. blocks of zero bytes are dropped; runs of blocks that are contiguous on both sides (the next
+   block starts where the previous ended, locally and remotely) merge into one block;
+2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel; the rest go to
+   the copy engines;
+3. copy-engine blocks larger than ``stripe`` bytes are cut into ``stripe``-sized pieces and all
+   pieces are dealt out over at most ``max_streams`` streams, balancing bytes, so several copy
+   engines work at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["CopyPlan", "plan_copies"]
+
+
+@dataclass
+class CopyPlan:
+    """``kernel``: (k, 3) uint64 rows (src, dst, bytes) for the gather kernel; ``engines``: one
+    (m, 3) array of rows per copy-engine stream."""
+
+    kernel: np.ndarray
+    engines: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the plan moves."""
+        return int(self.kernel[:, 2].sum()) + sum(int(e[:, 2].sum()) for e in self.engines)
+
+
+def _merge(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keep = sizes > 0
+    src, dst, sizes = src[keep], dst[keep], sizes[keep]
+    if len(sizes) < 2:
+        return src, dst, sizes
+    ends_src, ends_dst = src[:-1] + sizes[:-1], dst[:-1] + sizes[:-1]
+    joins = (src[1:] == ends_src) & (dst[1:] == ends_dst)
+    if not joins.any():
+        return src, dst, sizes
+    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
+    return src[starts], dst[starts], np.add.reduceat(sizes, starts)
+
+
+def _stripe(rows: np.ndarray, stripe: int) -> np.ndarray:
+    """Cuts rows larger than ``stripe`` bytes into pieces of at most ``stripe`` bytes."""
+    sizes = rows[:, 2]
+    pieces = (sizes + np.uint64(stripe - 1)) // np.uint64(stripe)
+    if int(pieces.max(initial=1)) <= 1:
+        return rows
+    idx = np.repeat(np.arange(len(rows)), pieces.astype(np.int64))
+    first = np.concatenate(([0], np.cumsum(pieces.astype(np.int64))[:-1]))
+    k = (np.arange(len(idx)) - np.repeat(first, pieces.astype(np.int64))).astype(np.uint64)
+    off = k * np.uint64(stripe)
+    out = np.empty((len(idx), 3), dtype=np.uint64)
+    out[:, 0] = rows[idx, 0] + off
+    out[:, 1] = rows[idx, 1] + off
+    out[:, 2] = np.minimum(sizes[idx] - off, np.uint64(stripe))
+    return out
+
+
+def _deal(rows: np.ndarray, max_streams: int, stripe: int) -> list[np.ndarray]:
+    if len(rows) == 0:
+        return []
+    total = int(rows[:, 2].sum())
+    n = max(1, min(max_streams, len(rows), -(-total // stripe)))
+    if n == 1:
+        return [rows]
+    # Cut the byte-ordered sequence into n runs of about total/n bytes each.
+    cum = np.cumsum(rows[:, 2]) - rows[:, 2]
+    lane = np.minimum((cum * np.uint64(n)) // np.uint64(total), np.uint64(n - 1)).astype(np.int64)
+    return [rows[lane == i] for i in range(n) if (lane == i).any()]
+
+
+def plan_copies(src_base: int, dst_base: int, src_offsets: Sequence[int], dst_offsets: Sequence[int],
+                sizes: Sequence[int], kernel_max: int, stripe: int, max_streams: int) -> CopyPlan:
+    """Plans copies of ``sizes[i]`` bytes from ``src_base + src_offsets[i]`` to ``dst_base +
+    dst_offsets[i]`` (offsets already checked against both regions)."""
+    if kernel_max < 0 or stripe <= 0 or max_streams <= 0:
+        raise ValueError(f"plan_copies: kernel_max={kernel_max}, stripe={stripe}, max_streams={max_streams}")
+    sz = np.asarray(sizes, dtype=np.uint64)
+    src = np.asarray(src_offsets, dtype=np.uint64) + np.uint64(src_base)
+    dst = np.asarray(dst_offsets, dtype=np.uint64) + np.uint64(dst_base)
+    src, dst, sz = _merge(src, dst, sz)
+    rows = np.stack((src, dst, sz), axis=1) if len(sz) else np.empty((0, 3), dtype=np.uint64)
+    small = rows[:, 2] < np.uint64(kernel_max)
+    engine_rows = _stripe(rows[~small], stripe)
+    return CopyPlan(np.ascontiguousarray(rows[small]), _deal(engine_rows, max_streams, stripe))

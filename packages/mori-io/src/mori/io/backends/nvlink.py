@@ -1,0 +1,404 @@
+"""The NVLink backend (MORI's XGMI backend): one-sided copies between GPUs of one host.
+
+Registration exports a handle of each GPU region (``_cuda_ipc``) into ``MemoryDesc.extra``.
+The first transfer towards a remote region asks its owner (control op ``nvlink.open``), which
+checks that the region is registered and that the asking engine is one it registered, answers
+with what it registered (handle, size) and remembers who opened it. The initiator maps the
+region once per (engine, memory id) and from then on copies directly: large blocks with the
+copy engines over a pool of streams, small blocks with one gather-kernel launch (the split is
+``MORI_IO_NVLINK_KERNEL_MAX``, chosen by measurement; see ``_nvlink_plan``).
+
+A transfer completes when its CUDA events fire; the owner of the remote region then gets an
+inbound record (``nvlink.notify``, batched). When the owner deregisters a region, or the engine
+that opened it, it revokes the mapping (``nvlink.revoke``): the initiator drops it after its
+in-flight copies finish, so later transfers fail with ``ERR_NOT_FOUND`` and touch nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mori.core import _cuda
+from mori.core import config as mori_config
+
+from .._control import ControlClient, ControlError
+from ..types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
+from ._cuda_ipc import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, host_id, open_mapping
+from ._gpu_queues import DeviceQueues, GpuTransfer
+from ._nvlink_plan import plan_copies
+from .base import Backend, BackendContext, TransferOp, TransferRequest
+
+__all__ = ["NvlinkBackend"]
+
+_STRIPE = 8 << 20  # copy-engine pieces of a large block
+_ENGINE_STREAMS = 8  # streams one transfer spreads its copy-engine work over
+
+
+@dataclass
+class _Opened:
+    """A remote region usable here: its address in this process and its registered size."""
+
+    mapping_key: tuple[Any, ...]
+    address: int
+    size: int
+
+
+@dataclass
+class _Flight:
+    request: TransferRequest
+    remote: tuple[str, int]
+
+
+class NvlinkBackend(Backend):
+    """Copies between GPU memory of engines on one host over NVLink (``BackendType.XGMI``/``NVLINK``)."""
+
+    kind = BackendType.XGMI
+    priority = 100
+
+    def __init__(self, ctx: BackendContext, config: Any = None) -> None:
+        config = XgmiBackendConfig() if config is None else config
+        if not isinstance(config, XgmiBackendConfig):
+            raise TypeError(f"the XGMI/NVLink backend takes an XgmiBackendConfig, got {type(config).__name__}")
+        for name in ("num_streams", "num_events"):
+            value = getattr(config, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
+                raise ValueError(f"XgmiBackendConfig.{name}={value!r}: expected an int in 1..4096")
+        super().__init__(ctx, config)
+        _cuda.call("cuInit", 0)
+        if int(_cuda.call("cuDeviceGetCount")) == 0:
+            raise RuntimeError("the XGMI/NVLink backend needs CUDA GPUs; this process sees none")
+        self._host = host_id()
+        self._kernel_max = int(mori_config.get("MORI_IO_NVLINK_KERNEL_MAX"))
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._open_lock = threading.Lock()
+        self._exports: dict[int, tuple[MemoryDesc, ExportedRegion]] = {}
+        self._openers: dict[int, set[str]] = {}
+        self._mappings: dict[tuple[Any, ...], list[Any]] = {}  # key -> [Mapping, users]
+        self._opened: dict[tuple[str, int], _Opened] = {}
+        self._revoked: set[tuple[str, int]] = set()
+        self._queues: dict[int, DeviceQueues] = {}
+        self._inflight: dict[GpuTransfer, _Flight] = {}
+        self._unhealthy: set[str] = set()
+        self._fd_server: FdServer | None = None
+        self._notes: queue.SimpleQueue[tuple[str, int, int, str] | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._reap, name="mori-io-nvlink-reaper", daemon=True),
+                         threading.Thread(target=self._notify_loop, name="mori-io-nvlink-notify", daemon=True)]
+        for t in self._threads:
+            t.start()
+        ctx.add_control_handler("nvlink.open", self._handle_open)
+        ctx.add_control_handler("nvlink.revoke", self._handle_revoke)
+        ctx.add_control_handler("nvlink.notify", self._handle_notify)
+
+    # ---- routing -------------------------------------------------------------------------------
+    def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
+        info = remote.extra.get("nvlink")
+        return (local.loc == MemoryLocationType.GPU and remote.loc == MemoryLocationType.GPU
+                and "nvlink" in local.extra and isinstance(info, dict) and info.get("host") == self._host)
+
+    def healthy(self, remote_key: str) -> bool:
+        return remote_key not in self._unhealthy
+
+    # ---- local memory (this engine as target) --------------------------------------------------
+    def register_memory(self, desc: MemoryDesc) -> MemoryDesc:
+        if desc.loc != MemoryLocationType.GPU:
+            return desc
+        exported = export_region(desc.data, desc.size, desc.device_id)
+        # Work queued before registration (e.g. filling the tensor) is done before peers read it.
+        _cuda.call("cuCtxSynchronize")
+        with self._lock:
+            self._exports[desc.id] = (desc, exported)
+        return dataclasses.replace(desc, extra={"nvlink": exported.info})
+
+    def deregister_memory(self, desc: MemoryDesc) -> None:
+        with self._lock:
+            entry = self._exports.pop(desc.id, None)
+            openers = self._openers.pop(desc.id, set())
+        # Our own transfers that use the region locally end first.
+        self._drain(lambda f: f.request.local.id == desc.id, f"memory {desc.id}")
+        for key in sorted(openers):
+            # An engine deregistered meanwhile had its mappings revoked then.
+            with contextlib.suppress(KeyError):
+                self._send_revoke(self.ctx.remote_engine(key), [desc.id])
+        if entry is not None:
+            entry[1].close()
+
+    def _handle_open(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        mem_id = body.get("id")
+        if not isinstance(mem_id, int):
+            raise ControlError(StatusCode.ERR_INVALID_ARGS, f"nvlink.open: memory id {mem_id!r} is not an int")
+        with self._lock:
+            entry = self._exports.get(mem_id)
+            if entry is None:
+                raise ControlError(StatusCode.ERR_NOT_FOUND,
+                                   f"memory {mem_id!r} is not registered with engine {self.ctx.engine_key!r}")
+            self._openers.setdefault(mem_id, set()).add(key)
+            desc, exported = entry
+            reply: dict[str, Any] = {"info": exported.info, "size": desc.size, "data": desc.data}
+            if exported.fd >= 0:
+                if self._fd_server is None:
+                    self._fd_server = FdServer(self.ctx.io_timeout())
+                reply.update(fd_socket=self._fd_server.address, nonce=self._fd_server.grant(exported.fd))
+        return reply
+
+    def _handle_notify(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        for uid, code, message in zip(body["uids"], body["codes"], body["messages"]):
+            self.ctx.record_inbound(key, int(uid), StatusCode(int(code)), str(message))
+        return {}
+
+    def _send_revoke(self, engine: EngineDesc, ids: list[int]) -> None:
+        """Tells ``engine`` to drop its mappings of regions ``ids`` and waits until it has. A
+        fresh connection: the engine may already be deregistered here."""
+        if not ids:
+            return
+        try:
+            client = ControlClient(engine.host, engine.port, self.ctx.engine_key, self.ctx.auth_token(),
+                                   self.ctx.io_timeout())
+            try:
+                client.request("nvlink.revoke", {"ids": ids})
+            finally:
+                client.close()
+        except (ConnectionError, TimeoutError, OSError) as err:
+            self.ctx.log.warning("nvlink: could not revoke memory %s from engine %r: %s", ids, engine.key, err)
+
+    # ---- remote memory (this engine as initiator) ----------------------------------------------
+    def _device(self, device: int) -> DeviceQueues:
+        _cuda.init_device(device)
+        with self._lock:
+            q = self._queues.get(device)
+            if q is None:
+                q = self._queues[device] = DeviceQueues(device, self.config.num_streams, self.config.num_events)
+        return q
+
+    def _open(self, remote: MemoryDesc, device: int) -> _Opened:
+        key = (remote.engine_key, remote.id)
+        opened = self._opened.get(key)
+        if opened is not None:
+            return opened
+        with self._open_lock:
+            opened = self._opened.get(key)
+            if opened is not None:
+                return opened
+            reply = self.ctx.control_request(remote.engine_key, "nvlink.open", {"id": remote.id})
+            info, data, size = reply["info"], int(reply["data"]), int(reply["size"])
+            if info.get("host") != self._host:
+                raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {remote.engine_key!r} is on another host")
+            owner_base = data - int(info["offset"])
+            mkey = (remote.engine_key, info["pid"], owner_base, device if info["kind"] == "vmm" else -1)
+            with self._lock:
+                entry = self._mappings.get(mkey)
+            if entry is None:
+                fd = -1
+                if "nonce" in reply and info["pid"] != os.getpid():
+                    fd = fetch_fd(reply["fd_socket"], reply["nonce"], self.ctx.io_timeout())
+                try:
+                    mapping = open_mapping(info, data, device, fd)
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
+                entry = [mapping, 0]
+            opened = _Opened(mkey, entry[0].base + int(info["offset"]), size)
+            with self._lock:
+                self._mappings[mkey] = entry
+                entry[1] += 1
+                if key in self._revoked:  # revoked while we were opening it
+                    self._release_mapping(mkey)
+                    raise ControlError(StatusCode.ERR_NOT_FOUND, f"memory {remote.id} of engine "
+                                                                 f"{remote.engine_key!r} was deregistered")
+                self._opened[key] = opened
+        return opened
+
+    def _release_mapping(self, mkey: tuple[Any, ...]) -> None:
+        with self._lock:
+            entry = self._mappings.get(mkey)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self._mappings[mkey]
+        mapping: Mapping = entry[0]
+        try:
+            mapping.close()
+        except _cuda.CudaError as err:
+            self.ctx.log.warning("nvlink: closing a peer mapping failed: %s", err)
+
+    def _forget(self, keys: list[tuple[str, int]], revoked: bool) -> None:
+        """Drops the mappings of remote regions ``keys`` once no copy uses them."""
+        with self._lock:
+            if revoked:
+                self._revoked.update(keys)
+            dropped = [self._opened.pop(k) for k in keys if k in self._opened]
+        wanted = set(keys)
+        self._drain(lambda f: f.remote in wanted, f"remote memory {sorted(wanted)}")
+        for opened in dropped:
+            self._release_mapping(opened.mapping_key)
+
+    def _handle_revoke(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._forget([(key, int(i)) for i in body["ids"]], revoked=True)
+        return {}
+
+    def register_remote_engine(self, desc: EngineDesc) -> None:
+        with self._lock:
+            self._unhealthy.discard(desc.key)
+
+    def deregister_remote_engine(self, desc: EngineDesc) -> None:
+        with self._lock:
+            mine = [k for k in self._opened if k[0] == desc.key]
+            theirs = sorted(i for i, keys in self._openers.items() if desc.key in keys)
+            for i in theirs:
+                self._openers[i].discard(desc.key)
+        self._forget(mine, revoked=False)
+        self._send_revoke(desc, theirs)
+
+    # ---- transfers -----------------------------------------------------------------------------
+    def submit(self, request: TransferRequest) -> None:
+        remote, status = request.remote, request.status
+        device = request.local.device_id
+        try:
+            opened = self._open(remote, device)
+        except ControlError as err:
+            status._set(err.code, f"NVLink backend: {err}")
+            return
+        except (TimeoutError, OSError, ValueError, _cuda.CudaError) as err:
+            code = StatusCode.ERR_GPU_OP if isinstance(err, _cuda.CudaError) else StatusCode.ERR_BAD_STATE
+            with self._lock:
+                self._unhealthy.add(remote.engine_key)
+            status._set(code, f"NVLink backend: cannot map memory {remote.id} of engine {remote.engine_key!r}: {err}")
+            return
+        sizes = request.sizes
+        if sizes and max(o + s for o, s in zip(request.remote_offsets, sizes)) > opened.size:
+            status._set(StatusCode.ERR_INVALID_ARGS, f"NVLink backend: a block is out of range of remote memory "
+                                                     f"{remote.id} ({opened.size} bytes registered by its owner)")
+            return
+        local = request.local.data
+        if request.op == TransferOp.READ:
+            src, dst, src_offs, dst_offs = opened.address, local, request.remote_offsets, request.local_offsets
+        else:
+            src, dst, src_offs, dst_offs = local, opened.address, request.local_offsets, request.remote_offsets
+        plan = plan_copies(src, dst, src_offs, dst_offs, sizes, self._kernel_max, _STRIPE, _ENGINE_STREAMS)
+        try:
+            queues = self._device(device)
+            with self._lock:
+                if self._opened.get((remote.engine_key, remote.id)) is not opened:
+                    status._set(StatusCode.ERR_NOT_FOUND, f"NVLink backend: memory {remote.id} of engine "
+                                                          f"{remote.engine_key!r} was deregistered")
+                    return
+                events, tables = queues.issue(plan)
+                transfer = GpuTransfer(queues, events, tables, time.monotonic() + self.ctx.io_timeout(),
+                                       self._on_done)
+                if events:
+                    self._inflight[transfer] = _Flight(request, (remote.engine_key, remote.id))
+                    self._cond.notify_all()
+        except _cuda.CudaError as err:
+            status._set(StatusCode.ERR_GPU_OP, f"NVLink backend: {err}")
+            self._note(request, StatusCode.ERR_GPU_OP, str(err))
+            return
+        if events:
+            status._attach(transfer)
+        else:  # nothing to copy (zero bytes)
+            status._set(StatusCode.SUCCESS)
+            self._note(request, StatusCode.SUCCESS, "")
+
+    def _note(self, request: TransferRequest, code: StatusCode, message: str) -> None:
+        if request.notify:
+            self._notes.put((request.remote.engine_key, request.uid, int(code), message))
+
+    def _on_done(self, transfer: GpuTransfer) -> None:
+        with self._lock:
+            flight = self._inflight.pop(transfer, None)
+            self._cond.notify_all()
+        if not transfer.abandoned:  # a timed-out copy may still use them: leak rather than reuse
+            transfer.queues.give_events(transfer.events)
+            for table in transfer.tables:
+                transfer.queues.kernel.tables.give(table)
+        if flight is not None:
+            self._note(flight.request, StatusCode(transfer.code()), transfer.message())
+
+    def _drain(self, match: Callable[[_Flight], bool], what: str) -> None:
+        """Waits (bounded by MORI_IO_TIMEOUT) until no in-flight transfer matches."""
+        deadline = time.monotonic() + self.ctx.io_timeout()
+        with self._cond:
+            while any(match(f) for f in self._inflight.values()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.ctx.log.warning("nvlink: copies using %s still running after the timeout", what)
+                    return
+                self._cond.wait(min(left, 0.01))
+
+    def _reap(self) -> None:
+        """Finishes transfers nobody polls, so targets get notified and resources come back."""
+        pause = 50e-6
+        while not self._stop.is_set():
+            with self._cond:
+                if not self._inflight:
+                    self._cond.wait(0.2)
+                    pause = 50e-6
+                    continue
+                flights = list(self._inflight)
+            done = sum(1 for t in flights if t.wait(0.0))
+            pause = 50e-6 if done else min(pause * 2, 2e-3)
+            time.sleep(pause)
+
+    def _notify_loop(self) -> None:
+        """Sends inbound records to targets, batching whatever has queued up."""
+        while True:
+            try:
+                first = self._notes.get(timeout=0.2)
+            except queue.Empty:
+                if self._stop.is_set():
+                    return
+                continue
+            batch = [first]
+            while True:
+                try:
+                    batch.append(self._notes.get_nowait())
+                except queue.Empty:
+                    break
+            by_key: dict[str, list[tuple[str, int, int, str]]] = {}
+            for note in batch:
+                if note is not None:
+                    by_key.setdefault(note[0], []).append(note)
+            for key, notes in by_key.items():
+                body = {"uids": [n[1] for n in notes], "codes": [n[2] for n in notes],
+                        "messages": [n[3] for n in notes]}
+                try:
+                    self.ctx.control_request(key, "nvlink.notify", body)
+                except (ConnectionError, TimeoutError, OSError) as err:
+                    self.ctx.log.warning("nvlink: could not notify engine %r of %d transfer(s): %s", key,
+                                         len(notes), err)
+            if None in batch:
+                return
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._drain(lambda f: True, "any memory")
+        self._stop.set()
+        self._notes.put(None)
+        for t in self._threads:
+            t.join(timeout=self.ctx.io_timeout())
+        with self._lock:
+            opened, self._opened = list(self._opened.values()), {}
+            exports, self._exports = [e for _, e in self._exports.values()], {}
+            queues, self._queues = list(self._queues.values()), {}
+            fd_server, self._fd_server = self._fd_server, None
+        for o in opened:
+            self._release_mapping(o.mapping_key)
+        for e in exports:
+            e.close()
+        if fd_server is not None:
+            fd_server.close()
+        for q in queues:
+            _cuda.init_device(q.device)
+            q.close()
+
