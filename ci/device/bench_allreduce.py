@@ -150,7 +150,7 @@ def main() -> None:
     shmem.shmem_torch_process_group_init("default")
     install_hook()
     rank, world = shmem.shmem_mype(), shmem.shmem_npes()
-    op = AllReduce(max_bytes=max(SIZES))
+    op = AllReduce(max_bytes=max(SIZES), one_shot_max_bytes=2 << 20)  # lets the sweep try one-shot to 2 MiB
     rows = [bench_size(s, op, world, rank, dist.group.WORLD.group_name, not args.no_tune) for s in SIZES]
     if rank == 0:
         cols = ["mori_graph", "mori_eager", "kernel_a", "kernel_b_plus_barrier", "nccl_graph", "nccl_eager",
