@@ -215,6 +215,9 @@ class _Server:
         rank, world = hello.get("rank"), hello.get("world")
         if hello.get("nonce") != self.uid.nonce:
             return "its unique id belongs to another job (nonce mismatch)"
+        fields = {"host": str, "port": int, "pid": int, "hostname": str}
+        if any(not isinstance(hello.get(k), t) for k, t in fields.items()):
+            return "its hello lacks a listening address, pid or host name"
         if world != self.world:
             return f"it says world={world} but rank 0 has world={self.world}"
         if not isinstance(rank, int) or not 0 <= rank < self.world:
