@@ -7,11 +7,13 @@ the test checks that the message names the rank that was at fault.
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 from _procs import Died, ProcPool, context
 
 from mori.core.bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, UniqueId, get_unique_id
+from mori.core.bootstrap._wire import Kind, pack_header
 
 SHORT = 1.0
 
@@ -177,3 +179,28 @@ def _slow_but_steady(timeout: float, calls: int) -> list[int]:
 
 def test_timeout_error_is_also_a_python_timeout():
     assert issubclass(BootstrapTimeout, TimeoutError) and issubclass(BootstrapTimeout, BootstrapError)
+
+
+def _with_strangers() -> list[bytes]:
+    """Before anyone joins, strangers connect to rank 0's port: one speaks HTTP, one sends a bad hello."""
+    ctx = context()
+    strangers = []
+    raw = get_unique_id() if ctx.index == 0 else None
+    if raw is not None:
+        uid = UniqueId.from_bytes(raw)
+        for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", pack_header(Kind.HELLO, 3) + b"\x93\x01\x02"):
+            s = socket.create_connection((uid.host, uid.port), timeout=5)
+            s.sendall(junk)
+            strangers.append(s)
+    uid_bytes = ctx.share(raw)
+    with Bootstrap(ctx.index, ctx.size, uid_bytes, timeout=10) as bs:
+        got = bs.allgather(bytes([bs.rank]) * 1000)
+    for s in strangers:
+        s.close()
+    return got
+
+
+def test_strangers_on_rank_0s_port_are_turned_away():
+    with ProcPool(3) as pool:
+        got = pool.run(_with_strangers)
+    assert got == [[bytes([r]) * 1000 for r in range(3)]] * 3
