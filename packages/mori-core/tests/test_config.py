@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -131,3 +132,9 @@ def test_unknown_variable_and_describe(monkeypatch: pytest.MonkeyPatch) -> None:
     table = config.describe()
     assert all(name in table for name in VARIABLES)
     assert any(line.startswith("MORI_SHMEM_HEAP_SIZE") and "3G" in line for line in table.splitlines())
+
+
+def test_every_variable_is_documented() -> None:
+    page = (Path(__file__).resolve().parents[3] / "docs" / "core-config.md").read_text()
+    missing = [name for name in VARIABLES if f"| `{name}` |" not in page]
+    assert not missing, f"add these variables to docs/core-config.md: {missing}"

@@ -4,9 +4,11 @@ Configuration (``MORI_*`` variables), logging, the bootstrap network, host and G
 native host atomics, the NVRTC device-code compiler and the device headers' location.
 """
 
+from . import atomics, memory, nvrtc
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
+from .memory import HostSegment
 
 __version__ = "0.1.0"
 
@@ -15,9 +17,13 @@ __all__ = [
     "BootstrapError",
     "BootstrapTimeout",
     "ConfigError",
+    "HostSegment",
     "__version__",
+    "atomics",
     "get_logger",
     "get_unique_id",
+    "memory",
+    "nvrtc",
     "parse_size",
     "set_log_level",
 ]
