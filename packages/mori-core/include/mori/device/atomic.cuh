@@ -35,7 +35,7 @@ MORI_DEVICE_AMO_TYPE(unsigned long long)
 
 template <class T>
 MORI_DEVICE_INLINE T* AmoAddress(T* sym, int pe, const char* op) {
-  static_assert(IsAmoType<T>::value && (sizeof(T) == 4 || sizeof(T) == 8),
+  static_assert(IsAmoType<typename RemoveConst<T>::type>::value && (sizeof(T) == 4 || sizeof(T) == 8),
                 "mori atomics take 32- or 64-bit integers");
   return PeerAddress(sym, pe, op);
 }

@@ -20,10 +20,14 @@ namespace detail {
 
 constexpr int kCopyUnroll = 8;
 
-struct alignas(16) Vec16 {
-  uint64_t lo;
-  uint64_t hi;
-};
+// A 16-byte element that every compiler moves with one ld.v4/st.v4 (clang splits a 16-byte
+// struct into two 8-byte accesses and spills the unrolled array to local memory).
+#if defined(MORI_DEVICE_CLANG)
+typedef unsigned int Vec16 __attribute__((ext_vector_type(4)));
+#else
+using Vec16 = uint4;
+#endif
+static_assert(sizeof(Vec16) == 16 && alignof(Vec16) == 16, "Vec16 must be 16 aligned bytes");
 
 // Copies n elements of type V, both arrays aligned to sizeof(V).
 template <class V>
@@ -62,8 +66,11 @@ MORI_DEVICE_FUNC void CopyCongruent(char* dst, const char* src, size_t bytes, ui
 }
 
 // Group copy of `bytes` from src to dst by thread `rank` of `size` threads. Every thread of the
-// group must call it with the same arguments; there is no synchronization inside.
-MORI_DEVICE_FUNC void GroupCopy(void* dst, const void* src, size_t bytes, uint32_t rank,
+// group must call it with the same arguments; there is no synchronization inside. Not inlined:
+// with its five alignment paths unrolled it is large, and a kernel that puts from many call sites
+// (or the Triton library, which instantiates every typed put) would otherwise carry one copy per
+// call site and take minutes to compile; a call costs nothing next to a copy over NVLink.
+__device__ __noinline__ inline void GroupCopy(void* dst, const void* src, size_t bytes, uint32_t rank,
                                 uint32_t size) {
   char* d = static_cast<char*>(dst);
   const char* s = static_cast<const char*>(src);

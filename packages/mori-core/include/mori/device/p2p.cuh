@@ -38,19 +38,30 @@ MORI_DEVICE_INLINE void* ShmemPtr(const void* dest, int pe) {
 
 namespace detail {
 
-// Base of PE `pe`'s heap in this process, for the remote operations: reports and aborts the
-// kernel (instead of writing through a wild pointer) when `pe` is out of range or unreachable.
+// Slow path of the remote operations: works out what was wrong with (`sym`, `pe`), reports it
+// and aborts the kernel, instead of letting it write through a wild pointer.
+MORI_DEVICE_COLD void FailRemote(const char* op, const void* sym, int pe) {
+  const GpuStates& s = globalGpuStates;
+  if (pe < 0 || pe >= s.worldSize) {
+    MORI_DEVICE_FAIL("%s: PE %d out of range (world size %d)", op, pe, s.worldSize);
+  }
+  if (reinterpret_cast<uint64_t>(sym) - s.heapBase >= s.heapSize) {
+    MORI_DEVICE_FAIL("%s: address %p is not in the symmetric heap [%p, +%llu)", op, sym,
+                     reinterpret_cast<const void*>(s.heapBase),
+                     static_cast<unsigned long long>(s.heapSize));
+  }
+  MORI_DEVICE_FAIL("%s: PE %d is not reachable by P2P (%s)", op, pe,
+                   (s.flags & kFlagP2pDisabled) ? "MORI_DISABLE_P2P is set" : "heap not mapped");
+}
+
+// Base of PE `pe`'s heap in this process, for the remote operations.
 MORI_DEVICE_INLINE uint64_t PeerHeapBase(int pe, const char* op) {
   const GpuStates& s = globalGpuStates;
   if (pe == s.rank) return s.heapBase;
-  if (MORI_DEVICE_UNLIKELY(pe < 0 || pe >= s.worldSize)) {
-    MORI_DEVICE_FAIL("%s: PE %d out of range (world size %d)", op, pe, s.worldSize);
-  }
+  const void* inHeap = reinterpret_cast<const void*>(s.heapBase);
+  if (MORI_DEVICE_UNLIKELY(pe < 0 || pe >= s.worldSize)) FailRemote(op, inHeap, pe);
   const uint64_t base = reinterpret_cast<const uint64_t*>(s.peerHeapBases)[pe];
-  if (MORI_DEVICE_UNLIKELY(base == 0 || (s.flags & kFlagP2pDisabled))) {
-    MORI_DEVICE_FAIL("%s: PE %d is not reachable by P2P (%s)", op, pe,
-                     (s.flags & kFlagP2pDisabled) ? "MORI_DISABLE_P2P is set" : "heap not mapped");
-  }
+  if (MORI_DEVICE_UNLIKELY(base == 0 || (s.flags & kFlagP2pDisabled))) FailRemote(op, inHeap, pe);
   return base;
 }
 
@@ -58,13 +69,8 @@ MORI_DEVICE_INLINE uint64_t PeerHeapBase(int pe, const char* op) {
 // not inside the symmetric heap or `pe` cannot be reached.
 template <class T>
 MORI_DEVICE_INLINE T* PeerAddress(T* sym, int pe, const char* op) {
-  const GpuStates& s = globalGpuStates;
-  const uint64_t offset = reinterpret_cast<uint64_t>(sym) - s.heapBase;
-  if (MORI_DEVICE_UNLIKELY(offset >= s.heapSize)) {
-    MORI_DEVICE_FAIL("%s: address %p is not in the symmetric heap [%p, +%llu)", op,
-                     static_cast<const void*>(sym), reinterpret_cast<const void*>(s.heapBase),
-                     static_cast<unsigned long long>(s.heapSize));
-  }
+  const uint64_t offset = reinterpret_cast<uint64_t>(sym) - globalGpuStates.heapBase;
+  if (MORI_DEVICE_UNLIKELY(offset >= globalGpuStates.heapSize)) FailRemote(op, sym, pe);
   return reinterpret_cast<T*>(PeerHeapBase(pe, op) + offset);
 }
 

@@ -76,6 +76,14 @@ struct TypeIdentity {
 };
 template <class T>
 using NonDeduced = typename TypeIdentity<T>::type;
+template <class T>
+struct RemoveConst {
+  using type = T;
+};
+template <class T>
+struct RemoveConst<const T> {
+  using type = T;
+};
 }  // namespace detail
 
 // Fixed-width types without <cstdint> (absent under -nocudainc and NVRTC). The 64-bit types

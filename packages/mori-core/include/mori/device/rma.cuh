@@ -27,6 +27,10 @@ constexpr int kSignalAdd = 1;
 
 namespace detail {
 
+MORI_DEVICE_COLD void FailSignalOp(int sigOp) {
+  MORI_DEVICE_FAIL("ShmemPutMemNbiSignal: signal op %d is not SET=0 or ADD=1", sigOp);
+}
+
 template <class G>
 MORI_DEVICE_INLINE void PutMemNbi(void* dest, const void* source, size_t bytes, int pe) {
   GroupCopy(PeerAddress(dest, pe, "ShmemPutMem"), source, bytes, G::Rank(), G::Size());
@@ -40,9 +44,7 @@ MORI_DEVICE_INLINE void GetMemNbi(void* dest, const void* source, size_t bytes, 
 template <class G>
 MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t bytes,
                                         uint64_t* sig, uint64_t sigVal, int sigOp, int pe) {
-  if (MORI_DEVICE_UNLIKELY(sigOp != kSignalSet && sigOp != kSignalAdd)) {
-    MORI_DEVICE_FAIL("ShmemPutMemNbiSignal: signal op %d is not SET=0 or ADD=1", sigOp);
-  }
+  if (MORI_DEVICE_UNLIKELY(sigOp != kSignalSet && sigOp != kSignalAdd)) FailSignalOp(sigOp);
   // Translated before any byte moves, so a bad signal address stops the call untouched.
   uint64_t* remoteSig = PeerAddress(sig, pe, "ShmemPutMemNbiSignal");
   PutMemNbi<G>(dest, source, bytes, pe);

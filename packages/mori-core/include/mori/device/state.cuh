@@ -83,4 +83,9 @@ extern "C" __device__ mori::device::GpuStates globalGpuStates;
     printf("mori device error [pe %d block %u thread %u]: " fmt "\n", globalGpuStates.rank, \
            ::mori::device::BlockIdxX(), ::mori::device::FlatThreadId(), __VA_ARGS__);       \
     ::mori::device::ptx::Trap();                                                            \
+    __builtin_unreachable();                                                                \
   } while (0)
+
+// Functions that only report an error: kept out of line, so that the many checks inlined into
+// kernels cost a compare and a call instead of a printf each.
+#define MORI_DEVICE_COLD __device__ __noinline__ inline

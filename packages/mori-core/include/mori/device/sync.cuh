@@ -41,10 +41,19 @@ MORI_DEVICE_INLINE const char* CmpName(int cmp) {
   }
 }
 
+MORI_DEVICE_COLD void FailCmp(int cmp, const char* op) {
+  MORI_DEVICE_FAIL("%s: comparison %d is not one of EQ=0 NE=1 GT=2 GE=3 LT=4 LE=5", op, cmp);
+}
+
 MORI_DEVICE_INLINE void CheckCmp(int cmp, const char* op) {
-  if (MORI_DEVICE_UNLIKELY(cmp < kCmpEq || cmp > kCmpLe)) {
-    MORI_DEVICE_FAIL("%s: comparison %d is not one of EQ=0 NE=1 GT=2 GE=3 LT=4 LE=5", op, cmp);
-  }
+  if (MORI_DEVICE_UNLIKELY(cmp < kCmpEq || cmp > kCmpLe)) FailCmp(cmp, op);
+}
+
+MORI_DEVICE_COLD void FailTimeout(const char* op, const void* addr, int cmp, long long value,
+                                  long long seen) {
+  MORI_DEVICE_FAIL("%s: timed out after %llu ns waiting for *%p %s %lld (last seen %lld)", op,
+                   static_cast<unsigned long long>(MORI_DEVICE_WAIT_TIMEOUT_NS), addr,
+                   CmpName(cmp), value, seen);
 }
 
 template <class T>
@@ -80,10 +89,7 @@ MORI_DEVICE_FUNC T WaitFor(const T* addr, int cmp, T value, const char* op) {
     if (sleep < kMaxSleepNs) sleep *= 2;
     if (MORI_DEVICE_WAIT_TIMEOUT_NS != 0 &&
         MORI_DEVICE_UNLIKELY(ptx::GlobalTimerNs() - start > MORI_DEVICE_WAIT_TIMEOUT_NS)) {
-      MORI_DEVICE_FAIL("%s: timed out after %llu ns waiting for *%p %s %lld (last seen %lld)", op,
-                       static_cast<unsigned long long>(MORI_DEVICE_WAIT_TIMEOUT_NS),
-                       static_cast<const void*>(addr), CmpName(cmp),
-                       static_cast<long long>(value), static_cast<long long>(seen));
+      FailTimeout(op, addr, cmp, static_cast<long long>(value), static_cast<long long>(seen));
     }
     seen = ptx::LoadAcquireSys(addr);
   }
