@@ -22,7 +22,7 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _torchrun(script: str, nproc: int, env: dict[str, str], timeout: float = 240) -> str:
+def _torchrun(script: str, nproc: int, env: dict[str, str], timeout: float = 90) -> str:
     if _gpus() < nproc:
         pytest.skip(f"needs {nproc} GPUs, this machine has {_gpus()}")
     full_env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
