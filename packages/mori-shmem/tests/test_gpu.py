@@ -6,6 +6,7 @@ Marked ``gpu``: CPU CI deselects them; ``ci/device/shmem.sh`` runs them on the 4
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,13 +30,22 @@ def _torchrun(script: str, nproc: int, env: dict[str, str], timeout: float = 90)
                     NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1", **env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(HERE / script)]
+    # A session of its own, so that a timeout kills torchrun and every PE it started.
+    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE,
+                            start_new_session=True)
     try:
-        done = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=HERE)
-    except subprocess.TimeoutExpired as exc:  # torchrun's children die with it (same process group)
-        raise AssertionError(f"{script} on {nproc} GPUs timed out:\n{exc.stdout}\n{exc.stderr}") from None
-    print(done.stdout)
-    assert done.returncode == 0, f"{script} on {nproc} GPUs failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-    return done.stdout
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{script} on {nproc} GPUs timed out after {timeout} s:\n{out}\n{err[-6000:]}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    print(out)
+    assert proc.returncode == 0, f"{script} on {nproc} GPUs failed:\n{out}\n{err[-6000:]}"
+    return out
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
