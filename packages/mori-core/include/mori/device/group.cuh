@@ -19,11 +19,19 @@ struct ThreadGroup {
   static MORI_DEVICE_INLINE void Sync() {}
 };
 
+// Warps are cut from the block's linear thread index, so only the last warp of a block whose
+// size is not a multiple of 32 has fewer lanes: Size() and the sync mask count those that exist.
 struct WarpGroup {
   static constexpr bool kAlone = false;
   static MORI_DEVICE_INLINE uint32_t Rank() { return ptx::LaneId(); }
-  static MORI_DEVICE_INLINE uint32_t Size() { return kWarpSize; }
-  static MORI_DEVICE_INLINE void Sync() { SyncWarp(kFullWarpMask); }
+  static MORI_DEVICE_INLINE uint32_t Size() {
+    const uint32_t left = BlockThreads() - (FlatThreadId() & ~(kWarpSize - 1));
+    return left < kWarpSize ? left : kWarpSize;
+  }
+  static MORI_DEVICE_INLINE void Sync() {
+    const uint32_t lanes = Size();
+    SyncWarp(lanes == kWarpSize ? kFullWarpMask : (1u << lanes) - 1);
+  }
 };
 
 struct BlockGroup {
