@@ -49,31 +49,18 @@ uint64_t dispatch(uintptr_t addr, int width, Op op) {
     return op(reinterpret_cast<uint64_t*>(addr));
 }
 
-uint64_t fetch_add(uintptr_t addr, uint64_t value, int width) {
-    return dispatch(addr, width, [value](auto* p) -> uint64_t {
-        using T = std::remove_pointer_t<decltype(p)>;
-        return __atomic_fetch_add(p, static_cast<T>(value), __ATOMIC_SEQ_CST);
-    });
-}
+enum FetchOp { kAdd, kAnd, kOr, kXor };
 
-uint64_t fetch_and(uintptr_t addr, uint64_t value, int width) {
+// fetch_add / fetch_and / fetch_or / fetch_xor: apply Op with `value`, return the previous word.
+template <FetchOp Op>
+uint64_t fetch_op(uintptr_t addr, uint64_t value, int width) {
     return dispatch(addr, width, [value](auto* p) -> uint64_t {
         using T = std::remove_pointer_t<decltype(p)>;
-        return __atomic_fetch_and(p, static_cast<T>(value), __ATOMIC_SEQ_CST);
-    });
-}
-
-uint64_t fetch_or(uintptr_t addr, uint64_t value, int width) {
-    return dispatch(addr, width, [value](auto* p) -> uint64_t {
-        using T = std::remove_pointer_t<decltype(p)>;
-        return __atomic_fetch_or(p, static_cast<T>(value), __ATOMIC_SEQ_CST);
-    });
-}
-
-uint64_t fetch_xor(uintptr_t addr, uint64_t value, int width) {
-    return dispatch(addr, width, [value](auto* p) -> uint64_t {
-        using T = std::remove_pointer_t<decltype(p)>;
-        return __atomic_fetch_xor(p, static_cast<T>(value), __ATOMIC_SEQ_CST);
+        const T v = static_cast<T>(value);
+        if constexpr (Op == kAdd) return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+        if constexpr (Op == kAnd) return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST);
+        if constexpr (Op == kOr) return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+        if constexpr (Op == kXor) return __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST);
     });
 }
 
@@ -193,10 +180,10 @@ uint64_t wait_until(uintptr_t addr, int cmp, uint64_t value, double timeout, int
 
 const native::Registration reg([](py::module_& m) {
     auto a = m.def_submodule("atomics", "sequentially consistent host atomics on raw addresses");
-    a.def("fetch_add", &fetch_add, py::arg("addr"), py::arg("value"), py::arg("width"));
-    a.def("fetch_and", &fetch_and, py::arg("addr"), py::arg("value"), py::arg("width"));
-    a.def("fetch_or", &fetch_or, py::arg("addr"), py::arg("value"), py::arg("width"));
-    a.def("fetch_xor", &fetch_xor, py::arg("addr"), py::arg("value"), py::arg("width"));
+    a.def("fetch_add", &fetch_op<kAdd>, py::arg("addr"), py::arg("value"), py::arg("width"));
+    a.def("fetch_and", &fetch_op<kAnd>, py::arg("addr"), py::arg("value"), py::arg("width"));
+    a.def("fetch_or", &fetch_op<kOr>, py::arg("addr"), py::arg("value"), py::arg("width"));
+    a.def("fetch_xor", &fetch_op<kXor>, py::arg("addr"), py::arg("value"), py::arg("width"));
     a.def("swap", &swap, py::arg("addr"), py::arg("value"), py::arg("width"));
     a.def("compare_swap", &compare_swap, py::arg("addr"), py::arg("expected"), py::arg("desired"),
           py::arg("width"));

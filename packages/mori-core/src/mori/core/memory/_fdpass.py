@@ -31,6 +31,17 @@ _BATCH = 253  # SCM_MAX_FD: the kernel takes at most this many descriptors per m
 _MAX_PAYLOAD = 1 << 20
 
 
+def check_fd(fd: object, what: str) -> int:
+    """Returns ``fd`` if it is an open file descriptor; raises :class:`ValueError` naming ``what`` otherwise."""
+    if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
+        raise ValueError(f"{what}: {fd!r} is not a file descriptor")
+    try:
+        os.fstat(fd)
+    except OSError as err:
+        raise ValueError(f"{what}: {fd} is not an open file descriptor ({err.strerror})") from None
+    return fd
+
+
 def _deadline(timeout: float | None) -> float:
     if timeout is None:
         timeout = float(config.get("MORI_BOOTSTRAP_TIMEOUT"))
@@ -54,14 +65,7 @@ def send_fds(sock: socket.socket, fds: Sequence[int], payload: bytes = b"", time
     """
     if sock.family != socket.AF_UNIX:
         raise ValueError(f"send_fds needs an AF_UNIX socket, got {sock.family!r}")
-    fds = list(fds)
-    for fd in fds:
-        if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
-            raise ValueError(f"send_fds: {fd!r} is not a file descriptor")
-        try:
-            os.fstat(fd)
-        except OSError as err:
-            raise ValueError(f"send_fds: {fd} is not an open file descriptor ({err.strerror})") from None
+    fds = [check_fd(fd, "send_fds") for fd in fds]
     if len(payload) > _MAX_PAYLOAD:
         raise ValueError(f"send_fds: payload of {len(payload)} bytes exceeds the {_MAX_PAYLOAD}-byte limit")
     deadline = _deadline(timeout)

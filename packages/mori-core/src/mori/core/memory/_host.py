@@ -14,6 +14,8 @@ import mmap
 import os
 import stat
 
+from ._fdpass import check_fd
+
 __all__ = ["HostSegment"]
 
 
@@ -64,12 +66,7 @@ class HostSegment:
         or is smaller than ``size``.
         """
         _check_size(size)
-        if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
-            raise ValueError(f"attach: fd must be an open file descriptor, got {fd!r}")
-        try:
-            st = os.fstat(fd)
-        except OSError as err:
-            raise ValueError(f"attach: fd {fd} is not an open file descriptor ({err.strerror})") from None
+        st = os.fstat(check_fd(fd, "HostSegment.attach"))
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"attach: fd {fd} is not a shared-memory file (mode {stat.filemode(st.st_mode)})")
         if st.st_size < size:

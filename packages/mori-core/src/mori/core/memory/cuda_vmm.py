@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _cuda
+from ._fdpass import check_fd
 
 __all__ = ["VmmAllocation", "granularity"]
 
@@ -81,11 +82,7 @@ class VmmAllocation:
         peers = _check_devices(peers)
         size = _rounded(size, device)
         handle = _cuda.call("cuMemCreate", size, _prop(device), 0, detail=f"{size} bytes on device {device}")
-        try:
-            return cls._map(handle, size, device, peers, imported=False)
-        except BaseException:
-            _cuda.call("cuMemRelease", handle)
-            raise
+        return cls._map(handle, size, device, peers, imported=False)
 
     @classmethod
     def import_fd(cls, fd: int, size: int, device: int, peers: Sequence[int] = ()) -> VmmAllocation:
@@ -95,36 +92,27 @@ class VmmAllocation:
         one this process computes on) and ``peers``. The caller keeps ownership of ``fd``: the
         import holds its own reference to the memory, so ``fd`` may be closed right after.
         """
-        if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:
-            raise ValueError(f"import_fd: fd must be an open file descriptor, got {fd!r}")
-        try:
-            os.fstat(fd)
-        except OSError as err:
-            raise ValueError(f"import_fd: fd {fd} is not an open file descriptor ({err.strerror})") from None
+        check_fd(fd, "VmmAllocation.import_fd")
         peers = _check_devices(peers)
         size = _rounded(size, device)
         handle = _cuda.call("cuMemImportFromShareableHandle", fd, _fd_handle_type(), detail=f"fd {fd}")
-        try:
-            return cls._map(handle, size, device, peers, imported=True)
-        except BaseException:
-            _cuda.call("cuMemRelease", handle)
-            raise
+        return cls._map(handle, size, device, peers, imported=True)
 
     @classmethod
     def _map(cls, handle: Any, size: int, device: int, peers: list[int], imported: bool) -> VmmAllocation:
-        gran = granularity(device)
-        ptr = int(_cuda.call("cuMemAddressReserve", size, gran, 0, 0, detail=f"{size} bytes"))
+        """Reserves, maps and grants access; on any failure undoes what was done and releases ``handle``."""
+        undo: list[tuple[Any, ...]] = [("cuMemRelease", handle)]
         try:
+            ptr = int(_cuda.call("cuMemAddressReserve", size, granularity(device), 0, 0, detail=f"{size} bytes"))
+            undo.append(("cuMemAddressFree", ptr, size))
             _cuda.call("cuMemMap", ptr, size, 0, handle, 0, detail=f"{size} bytes at 0x{ptr:x}")
-            try:
-                alloc = cls(handle, ptr, size, device, imported)
-                alloc.set_access([device, *peers])
-                return alloc
-            except BaseException:
-                _cuda.call("cuMemUnmap", ptr, size)
-                raise
+            undo.append(("cuMemUnmap", ptr, size))
+            alloc = cls(handle, ptr, size, device, imported)
+            alloc.set_access([device, *peers])
+            return alloc
         except BaseException:
-            _cuda.call("cuMemAddressFree", ptr, size)
+            for call, *args in reversed(undo):
+                _cuda.call(call, *args)
             raise
 
     def set_access(self, devices: Sequence[int]) -> None:
