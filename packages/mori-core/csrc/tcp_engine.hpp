@@ -81,6 +81,9 @@ public:
 
 private:
     void send_loop();
+    // Claims the send side for w (appending it to pending_); false when broken. Holds mu_.
+    bool claim_locked(const std::shared_ptr<Work>& w);
+    void release_send(const std::string& err);
     void recv_loop();
     std::string send_work(const Work& w);
     void mark_broken(const std::string& reason);
@@ -97,6 +100,7 @@ private:
     int64_t pendingSinceNs_ = 0;
     std::string broken_;
     bool stop_ = false;
+    bool sending_ = false;  // one thread owns the socket's send side at a time
     std::thread sender_, receiver_;
 };
 

@@ -13,6 +13,7 @@ namespace mori::tcp {
 namespace {
 
 constexpr int kIovBatch = 1024;
+constexpr uint64_t kInlineSendBytes = 256 * 1024;
 constexpr size_t kSendBatchBytes = 8 << 20;
 
 std::string reason_text(int code, uint64_t reason) {
@@ -95,12 +96,43 @@ bool InitConn::broken() const {
     return !broken_.empty();
 }
 
-void InitConn::enqueue(std::shared_ptr<Work> work) {
+bool InitConn::claim_locked(const std::shared_ptr<Work>& w) {
+    if (!broken_.empty()) return false;
+    sending_ = true;
+    if (w->op != kOpNotify) {
+        if (pending_.empty()) pendingSinceNs_ = now_ns();
+        pending_.push_back(w);
+    }
+    return true;
+}
+
+void InitConn::release_send(const std::string& err) {
     {
         std::lock_guard lk(mu_);
+        sending_ = false;
+    }
+    if (!err.empty()) mark_broken(err);
+    cv_.notify_all();
+}
+
+void InitConn::enqueue(std::shared_ptr<Work> work) {
+    uint64_t bytes = 0;
+    if (work->op == kOpWrite)
+        for (const Block& b : work->blocks) bytes += b.size;
+    {
+        std::unique_lock lk(mu_);
+        // Small work with an idle socket goes out on the caller's thread: no hand-off to the
+        // sender thread (a wake-up that dominates the latency of small transfers). Big work is
+        // queued so that the caller returns at once.
+        if (!sending_ && sendq_.empty() && !stop_ && bytes <= kInlineSendBytes && work->blocks.size() <= 64 &&
+            claim_locked(work)) {
+            lk.unlock();
+            release_send(send_work(*work));
+            return;
+        }
         sendq_.push_back(std::move(work));
     }
-    cv_.notify_one();
+    cv_.notify_all();
 }
 
 void InitConn::enqueue_notify(uint64_t uid, int code) {
@@ -175,15 +207,11 @@ void InitConn::send_loop() {
         std::string broken;
         {
             std::unique_lock lk(mu_);
-            cv_.wait(lk, [this] { return stop_ || !sendq_.empty(); });
+            cv_.wait(lk, [this] { return (stop_ && !sending_) || (!sendq_.empty() && !sending_); });
             if (sendq_.empty()) return;
             w = std::move(sendq_.front());
             sendq_.pop_front();
-            broken = broken_;
-            if (broken.empty() && w->op != kOpNotify) {
-                if (pending_.empty()) pendingSinceNs_ = now_ns();
-                pending_.push_back(w);
-            }
+            if (!claim_locked(w)) broken = broken_;
         }
         if (!broken.empty()) {
             if (w->op == kOpNotify) continue;
@@ -191,8 +219,7 @@ void InitConn::send_loop() {
             fail_rest(one, "TCP connection to " + peer_ + " failed: " + broken);
             continue;
         }
-        std::string e = send_work(*w);
-        if (!e.empty()) mark_broken(e);
+        release_send(send_work(*w));
     }
 }
 

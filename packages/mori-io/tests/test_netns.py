@@ -83,6 +83,9 @@ def test_tcp_between_network_namespaces():
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
+            for stream in (p.stdin, p.stdout):
+                if stream is not None:
+                    stream.close()
         for b in bufs:
             b.unlink()
         for ns in (ns_a, ns_b):

@@ -85,9 +85,8 @@ def export_region(ptr: int, size: int, device: int) -> ExportedRegion:
     if ptr + size > base + base_size:
         raise ValueError(f"region 0x{ptr:x} (+{size} bytes) runs past the end of its allocation "
                          f"0x{base:x} (+{base_size} bytes)")
-    uuid = bytes(_cuda.call("cuDeviceGetUuid", _cuda.call("cuDeviceGet", device)).bytes)
-    info: dict[str, Any] = {"offset": ptr - base, "base_size": base_size, "device": device, "uuid": uuid,
-                            "pid": os.getpid(), "host": host_id()}
+    info: dict[str, Any] = {"offset": ptr - base, "base_size": base_size, "device": device, "pid": os.getpid(),
+                            "host": host_id()}
     if _attr("CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE", ptr):
         handle = _cuda.call("cuIpcGetMemHandle", base, detail=f"allocation 0x{base:x}")
         info.update(kind="ipc", handle=ctypes.string_at(handle.getPtr(), _IPC_HANDLE_BYTES))
@@ -150,7 +149,7 @@ def open_mapping(info: dict[str, Any], remote_data: int, local_device: int, fd: 
         drv = _cuda.driver()
         handle = drv.CUipcMemHandle()
         ctypes.memmove(handle.getPtr(), bytes(info["handle"]), _IPC_HANDLE_BYTES)
-        flags = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+        flags = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS.value
         base = int(_cuda.call("cuIpcOpenMemHandle", handle, flags, detail=f"memory of process {info['pid']}"))
         return Mapping(base, "ipc", local_device, lambda: _cuda.call("cuIpcCloseMemHandle", base))
     alloc = cuda_vmm.VmmAllocation.import_fd(fd, int(info["base_size"]), local_device)

@@ -25,6 +25,7 @@ from ._nvlink_plan import CopyPlan
 __all__ = ["DeviceQueues", "GpuTransfer"]
 
 _SPIN_S = 200e-6  # busy-poll this long before sleeping: small copies finish in microseconds
+_MAX_PAUSE_S = 100e-6  # longest sleep between polls: a waiter oversleeps a transfer's end by at most this
 
 
 class DeviceQueues:
@@ -52,7 +53,7 @@ class DeviceQueues:
         n = max(1, min(n, self._num_streams))
         with self._lock:
             while len(self._streams) < min(self._num_streams, self._next + n):
-                flags = self._drv.CUstream_flags.CU_STREAM_DEFAULT
+                flags = self._drv.CUstream_flags.CU_STREAM_DEFAULT.value
                 self._streams.append(_cuda.call("cuStreamCreate", flags, detail=f"device {self.device}"))
             out = [self._streams[(self._next + i) % len(self._streams)] for i in range(n)]
             self._next = (self._next + n) % self._num_streams
@@ -63,7 +64,7 @@ class DeviceQueues:
         with self._lock:
             if self._events:
                 return self._events.pop()
-        flags = self._drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        flags = self._drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
         return _cuda.call("cuEventCreate", flags, detail=f"device {self.device}")
 
     def give_events(self, events: list[Any]) -> None:
@@ -97,9 +98,11 @@ class DeviceQueues:
                 _cuda.check(drv.cuMemcpyBatchAsync(dsts, srcs, rows[:, 2].tolist(), len(rows), self._attrs, [0], 1,
                                                    stream), "cuMemcpyBatchAsync")
                 return
-            except _cuda.CudaError as err:
-                # Older drivers or copies it does not take: fall back to one command per block.
-                if err.name not in ("CUDA_ERROR_NOT_SUPPORTED", "CUDA_ERROR_INVALID_VALUE"):
+            except (_cuda.CudaError, TypeError) as err:
+                # Older drivers (or bindings with another signature), or copies the batch call
+                # does not take: fall back to one command per block.
+                if isinstance(err, _cuda.CudaError) and err.name not in ("CUDA_ERROR_NOT_SUPPORTED",
+                                                                         "CUDA_ERROR_INVALID_VALUE"):
                     raise
                 self._batch_ok = False
         for src, dst, nbytes in rows.tolist():
@@ -230,5 +233,5 @@ class GpuTransfer:
                 return False
             if now - start > _SPIN_S:
                 time.sleep(min(pause, end - now))
-                pause = min(pause * 2, 1e-3)
+                pause = min(pause * 2, _MAX_PAUSE_S)
         return True

@@ -84,7 +84,9 @@ class NvlinkBackend(Backend):
         self._openers: dict[int, set[str]] = {}
         self._mappings: dict[tuple[Any, ...], list[Any]] = {}  # key -> [Mapping, users]
         self._opened: dict[tuple[str, int], _Opened] = {}
-        self._revoked: set[tuple[str, int]] = set()
+        # Revocation generations: an open that began before a revocation of its region is void.
+        self._revocations = 0
+        self._revoked: dict[tuple[str, int], int] = {}
         self._queues: dict[int, DeviceQueues] = {}
         self._inflight: dict[GpuTransfer, _Flight] = {}
         self._unhealthy: set[str] = set()
@@ -188,6 +190,7 @@ class NvlinkBackend(Backend):
             opened = self._opened.get(key)
             if opened is not None:
                 return opened
+            generation = self._revocations
             reply = self.ctx.control_request(remote.engine_key, "nvlink.open", {"id": remote.id})
             info, data, size = reply["info"], int(reply["data"]), int(reply["size"])
             if info.get("host") != self._host:
@@ -210,7 +213,7 @@ class NvlinkBackend(Backend):
             with self._lock:
                 self._mappings[mkey] = entry
                 entry[1] += 1
-                if key in self._revoked:  # revoked while we were opening it
+                if self._revoked.get(key, -1) > generation:  # revoked while we were opening it
                     self._release_mapping(mkey)
                     raise ControlError(StatusCode.ERR_NOT_FOUND, f"memory {remote.id} of engine "
                                                                  f"{remote.engine_key!r} was deregistered")
@@ -236,7 +239,8 @@ class NvlinkBackend(Backend):
         """Drops the mappings of remote regions ``keys`` once no copy uses them."""
         with self._lock:
             if revoked:
-                self._revoked.update(keys)
+                self._revocations += 1
+                self._revoked.update(dict.fromkeys(keys, self._revocations))
             dropped = [self._opened.pop(k) for k in keys if k in self._opened]
         wanted = set(keys)
         self._drain(lambda f: f.remote in wanted, f"remote memory {sorted(wanted)}")

@@ -1,0 +1,7 @@
+"""``python -m mori.io.bench``."""
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

@@ -1,0 +1,154 @@
+"""``mori-io-bench`` / ``python -m mori.io.bench``: sweeps message and batch sizes like MORI's
+benchmark, prints MaxBW/AvgBW (GB/s) and MinLat/AvgLat (us), optionally beside peers measured in
+the same run, and writes JSON and a bandwidth plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from mori.core.config import parse_size
+
+from ._mori_runner import run_mori
+from ._peers import MARK
+
+__all__ = ["main", "parse_args"]
+
+DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M"
+PEERS = ("mooncake", "nixl")
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        out = [parse_size(t, "size") for t in text.split(",") if t.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive sizes such as 4K,64K,1M")
+    return out
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers such as 1,64,4096") from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers")
+    return out
+
+
+def _peers(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in PEERS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {bad}; available: {', '.join(PEERS)}")
+    return names
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see ``--help``)."""
+    p = argparse.ArgumentParser(prog="mori-io-bench", description=__doc__)
+    p.add_argument("--op", choices=["read", "write"], default="write")
+    p.add_argument("--sizes", type=_sizes, default=_sizes(DEFAULT_SIZES), help=f"block sizes (default {DEFAULT_SIZES})")
+    p.add_argument("--batch-sizes", type=_ints, default=[1], help="blocks per transfer, e.g. 1,64,4096 (default 1)")
+    p.add_argument("--session", action="store_true", help="use an IOEngineSession instead of engine calls")
+    p.add_argument("--iters", type=int, default=50, help="timed transfers per point (default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed transfers first (default 5)")
+    p.add_argument("--host", default="127.0.0.1", help="address both engines use (default loopback)")
+    p.add_argument("--num-connections", type=int, default=4, help="TCP data connections per peer (default 4)")
+    p.add_argument("--max-bytes", type=_sizes, default=[256 << 20],
+                   help="skip points moving more than this per transfer (default 256M)")
+    p.add_argument("--peers", type=_peers, default=[], help="also measure: mooncake,nixl (same sizes, same run)")
+    p.add_argument("--peer-python", default=sys.executable,
+                   help="interpreter where the peers are installed (NIXL pins its own torch)")
+    p.add_argument("--json", type=Path, help="write every row to this JSON file")
+    p.add_argument("--plot", type=Path, help="draw bandwidth against size into this image (matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters must be >= 1 and --warmup >= 0")
+    return args
+
+
+def _run_peer(name: str, args: argparse.Namespace, points: list[tuple[int, int]]) -> tuple[list[dict[str, Any]], str]:
+    script = Path(__file__).with_name("_peers.py")
+    cmd = [args.peer_python, str(script), name, "initiator", args.host, args.op, str(args.iters), str(args.warmup),
+           json.dumps(points)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return [], f"{name}: could not run ({err})"
+    rows = [json.loads(line[len(MARK):]) for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    if len(rows) == len(points) and proc.returncode != 0:
+        return rows, f"{name}: exited with rc={proc.returncode} after reporting every point (teardown crash)"
+    if proc.returncode != 0 or len(rows) != len(points):
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return rows, f"{name}: failed (rc={proc.returncode}): {' | '.join(tail)}"
+    return rows, ""
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'engine':10} {'op':5} {'size':>9} {'batch':>6} {'MaxBW GB/s':>11} {'AvgBW GB/s':>11} " \
+           f"{'MinLat us':>10} {'AvgLat us':>10}"
+    lines = [head, "-" * len(head)]
+    for r in sorted(rows, key=lambda r: (r["batch"], r["size"], r["engine"])):
+        lines.append(f"{r['engine']:10} {r['op']:5} {r['size']:>9} {r['batch']:>6} {r['max_bw_gbs']:>11.3f} "
+                     f"{r['avg_bw_gbs']:>11.3f} {r['min_lat_us']:>10.1f} {r['avg_lat_us']:>10.1f}")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key in sorted({(r["engine"], r["batch"]) for r in rows}):
+        pts = sorted((r["size"], r["avg_bw_gbs"]) for r in rows if (r["engine"], r["batch"]) == key)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{key[0]} batch={key[1]}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("block size (bytes)")
+    ax.set_ylabel("average bandwidth (GB/s)")
+    ax.set_title(f"mori-io {rows[0]['op'] if rows else ''} over TCP")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark; returns the process exit code."""
+    args = parse_args(argv)
+    points = [(s, b) for b in args.batch_sizes for s in args.sizes if s * b <= args.max_bytes[0]]
+    if not points:
+        print("mori-io-bench: every point exceeds --max-bytes", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(points), desc="mori", disable=args.no_progress, file=sys.stderr)
+    rows = []
+    for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, args.num_connections,
+                        lambda: bar.update(1)):
+        rows.append({"engine": "mori", "op": args.op, "session": args.session, **row})
+    bar.close()
+    notes = []
+    for name in args.peers:
+        print(f"measuring peer {name} ...", file=sys.stderr)
+        peer_rows, note = _run_peer(name, args, points)
+        rows += [{"engine": name, "op": args.op, **r} for r in peer_rows]
+        if note:
+            notes.append(note)
+    print(_table(rows))
+    for note in notes:
+        print("note:", note)
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+                                         "notes": notes}, indent=1))
+    if args.plot:
+        _plot(rows, args.plot)
+    return 0

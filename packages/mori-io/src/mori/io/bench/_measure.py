@@ -1,0 +1,28 @@
+"""Shared by every benchmark runner (mori's and the peers'): the sweep points and the statistics.
+
+Kept free of mori imports so a peer runner can run under another interpreter (a venv where the
+peer library is installed) and still report the same numbers the same way.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+__all__ = ["summarize", "block_layout"]
+
+
+def block_layout(size: int, batch: int) -> tuple[list[int], list[int]]:
+    """Local and remote offsets of ``batch`` blocks of ``size`` bytes (remote order reversed so
+    that blocks really scatter)."""
+    local = [i * size for i in range(batch)]
+    return local, local[::-1]
+
+
+def summarize(size: int, batch: int, times: list[float]) -> dict[str, Any]:
+    """MORI's benchmark columns from per-iteration seconds: MaxBW/AvgBW (GB/s, 1e9 bytes), MinLat/AvgLat (us)."""
+    total = size * batch
+    best, mean = min(times), statistics.fmean(times)
+    return {"size": size, "batch": batch, "bytes": total, "iters": len(times),
+            "max_bw_gbs": total / best / 1e9, "avg_bw_gbs": total / mean / 1e9,
+            "min_lat_us": best * 1e6, "avg_lat_us": mean * 1e6, "median_lat_us": statistics.median(times) * 1e6}

@@ -1,0 +1,90 @@
+"""mori's side of the benchmark: a target process and the initiator's timing loop."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing as mp
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .. import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    TcpBackendConfig,
+)
+from ._measure import block_layout, summarize
+
+__all__ = ["run_mori"]
+
+
+def _target(conn: Any, host: str, size: int, nconn: int) -> None:
+    engine = IOEngine("bench-target", IOEngineConfig(host=host, port=0))
+    engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=nconn))
+    buf = np.ones(size, dtype=np.uint8)
+    mem = engine.register_memory(int(buf.ctypes.data), size, -1, MemoryLocationType.CPU)
+    conn.send((engine.get_engine_desc().pack(), mem.pack()))
+    try:
+        engine.register_remote_engine(EngineDesc.unpack(conn.recv()))
+        conn.send("ready")
+        conn.recv()  # stop
+    finally:
+        engine.close()
+
+
+def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, warmup: int, host: str,
+             nconn: int, progress: Callable[[], None]) -> Iterator[dict[str, Any]]:
+    """Yields one result row per (size, batch) point; target and initiator are separate processes."""
+    need = max(s * b for s, b in points)
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_target, args=(child, host, need, nconn), daemon=True)
+    proc.start()
+    try:
+        if not conn.poll(120):
+            raise TimeoutError("benchmark target did not start in 120 s")
+        t_engine, t_mem = conn.recv()
+        engine = IOEngine("bench-initiator", IOEngineConfig(host=host, port=0))
+        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=nconn))
+        engine.register_remote_engine(EngineDesc.unpack(t_engine))
+        conn.send(engine.get_engine_desc().pack())
+        if not conn.poll(60):
+            raise TimeoutError("benchmark target did not register the initiator in 60 s")
+        conn.recv()
+        rmem = MemoryDesc.unpack(t_mem)
+        buf = np.zeros(need, dtype=np.uint8)
+        lmem = engine.register_memory(int(buf.ctypes.data), need, -1, MemoryLocationType.CPU)
+        sess = engine.create_session(lmem, rmem)
+        assert sess is not None
+        for size, batch in points:
+            l_offs, r_offs = block_layout(size, batch)
+            sizes = [size] * batch
+            if session:
+                go: Callable[[int], Any] = functools.partial(
+                    sess.batch_read if op == "read" else sess.batch_write, l_offs, r_offs, sizes)
+            else:
+                go = functools.partial(engine.batch_read if op == "read" else engine.batch_write,
+                                       lmem, l_offs, rmem, r_offs, sizes)
+            times = []
+            for i in range(warmup + iters):
+                t0 = time.perf_counter()
+                st = go(engine.allocate_transfer_uid())
+                if not st.WaitFor(60) or not st.Succeeded():
+                    raise RuntimeError(f"benchmark transfer failed: {st}")
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+            progress()
+            yield summarize(size, batch, times)
+        engine.close()
+        conn.send("stop")
+    finally:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
