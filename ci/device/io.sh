@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# mori-io's NVLink backend on the GPU machine (2 of the 4 H200s): install, GPU tests (two
+# processes), then the NVLink benchmark against the copy-engine peer copy. Run from the
+# repository root with .devkit carried; logs and JSON go to $OUT.
+# Usage: bash ci/device/io.sh [--no-tests] [--quick]
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/mori-out}
+mkdir -p "$OUT"
+run_tests=1; bench_args=()
+for a in "$@"; do
+  case $a in --no-tests) run_tests=0 ;; --quick) bench_args+=(--quick) ;; esac
+done
+status=0
+t0=$(date +%s)
+python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-io 2>&1 | tail -5
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+repo=$PWD
+cd /tmp  # import mori from site-packages, not the source tree
+export MORI_CACHE_DIR=/tmp/mori-cache
+if [ $run_tests = 1 ]; then
+  echo "== NVLink tests (GPU 0 target process, GPU 1 initiator)"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider --rootdir "$repo" \
+    "$repo/packages/mori-io/tests/test_nvlink_gpu.py" "$repo/packages/mori-io/tests/test_nvlink_plan.py" \
+    > "$OUT/io_tests.log" 2>&1
+  rc=$?; echo "rc=$rc (after $(( $(date +%s) - t0 ))s)"
+  grep -E "passed|failed|Error|error|assert" "$OUT/io_tests.log" | tail -25
+  [ $rc = 0 ] || status=1
+fi
+echo "== NVLink benchmark"
+timeout 150 python3 "$repo/ci/device/io_bench.py" --out "$OUT/io_bench.json" "${bench_args[@]}" \
+  > "$OUT/io_bench.log" 2>&1
+rc=$?; echo "rc=$rc"
+cat "$OUT/io_bench.log" | tail -80
+[ $rc = 0 ] || status=1
+echo "== done in $(( $(date +%s) - t0 ))s, status $status"
+exit $status

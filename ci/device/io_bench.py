@@ -1,0 +1,193 @@
+"""NVLink backend benchmark on 2 GPUs: mori-io's XGMI/NVLink backend against the copy-engine
+peer bandwidth measured in the same run.
+
+The target engine runs in its own process on GPU 0; initiators run here on GPU 1 (one per copy
+path: ``auto`` = the backend's choice, ``kernel`` = everything through the gather kernel,
+``engines`` = everything through the copy engines). Each point reports MORI's benchmark columns
+(MaxBW/AvgBW in GB/s = 1e9 bytes/s, MinLat/AvgLat in us) from ``--iters`` timed transfers, each
+timed from the call to the end of ``while status.InProgress()`` (the seed's way of waiting).
+Layouts: ``contig`` (blocks back to back on both sides: the backend merges them) and
+``scatter`` (remote blocks in reverse order: nothing merges). Writes a table and JSON.
+
+Usage: python ci/device/io_bench.py --out io_bench.json [--iters 20] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
+
+TARGET_GPU, LOCAL_GPU = 0, 1
+POOL = 512 << 20
+PATHS = {"auto": None, "kernel": "1T", "engines": "0"}
+
+
+def _target(conn: Any) -> None:
+    torch.cuda.set_device(TARGET_GPU)
+    engine = IOEngine("bench-target", IOEngineConfig(host="127.0.0.1", port=0))
+    engine.create_backend(BackendType.XGMI, XgmiBackendConfig())
+    pool = torch.randint(0, 256, (POOL,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}")
+    mem = engine.register_torch_tensor(pool)
+    conn.send((engine.get_engine_desc().pack(), mem.pack()))
+    try:
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "stop":
+                return
+            engine.register_remote_engine(EngineDesc.unpack(arg))
+            conn.send("ok")
+    finally:
+        engine.close()
+
+
+def peer_copy_gbs(nbytes: int, iters: int) -> float:
+    """Copy-engine peer bandwidth GPU 0 -> GPU 1 (torch copy_, CUDA events, median)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{TARGET_GPU}")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}")
+    times = []
+    with torch.cuda.device(LOCAL_GPU):
+        for i in range(iters + 3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            if i >= 3:
+                times.append(start.elapsed_time(end) / 1e3)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def _layout(size: int, batch: int, layout: str) -> tuple[list[int], list[int]]:
+    local = [i * size for i in range(batch)]
+    return local, (local if layout == "contig" else local[::-1])
+
+
+def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, size: int, batch: int, layout: str,
+            session: bool, iters: int) -> dict[str, Any]:
+    """Times ``iters`` transfers of ``batch`` blocks of ``size`` bytes."""
+    l_offs, r_offs = _layout(size, batch, layout)
+    sizes = [size] * batch
+    sess = engine.create_session(ldesc, rdesc) if session else None
+    times = []
+    for i in range(iters + 3):
+        t0 = time.perf_counter()
+        if sess is not None:
+            st = getattr(sess, f"batch_{op}")(l_offs, r_offs, sizes, sess.allocate_transfer_uid())
+        else:
+            st = getattr(engine, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, engine.allocate_transfer_uid())
+        while st.InProgress():
+            pass
+        t1 = time.perf_counter()
+        if not st.Succeeded():
+            raise RuntimeError(f"{op} {batch}x{size}: {st.Message()}")
+        if i >= 3:
+            times.append(t1 - t0)
+    total = size * batch
+    return {"op": op, "size": size, "batch": batch, "layout": layout, "session": session, "bytes": total,
+            "max_bw_gbs": total / min(times) / 1e9, "avg_bw_gbs": total / statistics.fmean(times) / 1e9,
+            "min_lat_us": min(times) * 1e6, "avg_lat_us": statistics.fmean(times) * 1e6}
+
+
+def _fmt_size(n: int) -> str:
+    for unit, shift in (("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="io_bench.json")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="only the acceptance points")
+    args = ap.parse_args()
+    if torch.cuda.device_count() < 2:
+        print("needs 2 GPUs", file=sys.stderr)
+        return 2
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_target, args=(child,), daemon=True)
+    proc.start()
+    engines: dict[str, IOEngine] = {}
+    try:
+        if not conn.poll(120):
+            raise TimeoutError("target process did not start in 120 s")
+        packed_engine, packed_mem = conn.recv()
+        tdesc, rdesc = EngineDesc.unpack(packed_engine), MemoryDesc.unpack(packed_mem)
+        torch.cuda.set_device(LOCAL_GPU)
+        local = torch.zeros(POOL, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}")
+        ldescs = {}
+        for path, kernel_max in PATHS.items():
+            if kernel_max is None:
+                os.environ.pop("MORI_IO_NVLINK_KERNEL_MAX", None)
+            else:
+                os.environ["MORI_IO_NVLINK_KERNEL_MAX"] = kernel_max
+            eng = engines[path] = IOEngine(f"bench-{path}", IOEngineConfig(host="127.0.0.1", port=0))
+            eng.create_backend(BackendType.XGMI, XgmiBackendConfig())
+            eng.register_remote_engine(tdesc)
+            conn.send(("register", eng.get_engine_desc().pack()))
+            if not conn.poll(60) or conn.recv() != "ok":
+                raise RuntimeError("target did not register the initiator")
+            ldescs[path] = eng.register_torch_tensor(local)
+        os.environ.pop("MORI_IO_NVLINK_KERNEL_MAX", None)
+        peer = peer_copy_gbs(256 << 20, args.iters)
+        print(f"copy-engine peer copy GPU{TARGET_GPU}->GPU{LOCAL_GPU} (torch copy_, 256 MiB, median): "
+              f"{peer:.1f} GB/s")
+        points: list[tuple[str, str, int, int, str, bool]] = []
+        for op in ("read", "write"):
+            points += [(path, op, 256 << 10, 1024, layout, False) for path in ("auto", "engines", "kernel")
+                       for layout in ("contig", "scatter")]
+            points += [(path, op, 4 << 10, 16384, "scatter", False) for path in ("auto", "engines", "kernel")]
+            points += [("auto", op, 4 << 10, 16384, "contig", False)]
+        if not args.quick:
+            for op in ("read", "write"):
+                points += [(path, op, size, 256, "scatter", False) for path in ("kernel", "engines")
+                           for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)]
+                points += [("auto", op, size, 1, "contig", sess) for sess in (False, True)
+                           for size in (8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)]
+        results = []
+        header = (f"{'path':8} {'op':5} {'layout':7} {'sess':4} {'size':>6} {'batch':>6} {'MaxBW':>8} {'AvgBW':>8} "
+                  f"{'MinLat':>10} {'AvgLat':>10}")
+        print(header + "\n" + "-" * len(header))
+        for path, op, size, batch, layout, sess in points:
+            r = measure(engines[path], ldescs[path], rdesc, op, size, batch, layout, sess, args.iters)
+            r["path"] = path
+            r["vs_peer_copy"] = r["max_bw_gbs"] / peer
+            results.append(r)
+            print(f"{path:8} {op:5} {layout:7} {'yes' if sess else 'no':4} {_fmt_size(size):>6} {batch:>6} "
+                  f"{r['max_bw_gbs']:8.1f} {r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f}",
+                  flush=True)
+        print("\nacceptance (GB/s are MaxBW; the ratio is against the peer copy above):")
+        for r in results:
+            if r["path"] == "auto" and r["op"] == "read" and (r["size"], r["batch"]) in ((256 << 10, 1024),
+                                                                                        (4 << 10, 16384)):
+                target = "target >= 90% of peer copy" if r["batch"] == 1024 else "target >= 100 GB/s"
+                print(f"  read {r['batch']} x {_fmt_size(r['size'])} {r['layout']:7}: {r['max_bw_gbs']:.1f} GB/s "
+                      f"({100 * r['vs_peer_copy']:.0f}% of peer copy; {target})")
+        with open(args.out, "w") as f:
+            json.dump({"peer_copy_gbs": peer, "results": results}, f, indent=1)
+        return 0
+    finally:
+        for eng in engines.values():
+            eng.close()
+        with contextlib.suppress(OSError):
+            conn.send(("stop", None))
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
