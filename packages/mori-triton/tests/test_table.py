@@ -41,7 +41,9 @@ def test_bitcode_defines_exactly_the_table_with_matching_llvm_types():
     defined = defined_functions(bundled_bitcode())
     expected = {f.symbol: (_LLVM[f.ret], tuple(_LLVM[t] for _, t in f.args)) for f in DEVICE_FUNCTIONS}
     assert {k: v for k, v in defined.items() if k.startswith("mori_shmem_")} == expected
-    assert set(defined) == set(expected), f"unexpected definitions: {set(defined) - set(expected)}"
+    # Anything else is one of the device API's out-of-line C++ helpers, never an extra C symbol.
+    others = set(defined) - set(expected)
+    assert all(k.startswith("_ZN4mori6device") for k in others), f"unexpected definitions: {others}"
 
 
 def test_bitcode_defines_global_gpu_states():

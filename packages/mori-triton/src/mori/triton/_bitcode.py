@@ -141,7 +141,8 @@ def build_bitcode(out: str | Path | None = None, arch: str = DEFAULT_ARCH, inclu
         _run([link, "wrappers.bc", "state.bc", "-o", "linked.bc"], work)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(work / "linked.bc", out_path)
-    functions = defined_functions(out_path)
+    # The ABI: mori_shmem_* (the device API's own out-of-line helpers are C++-mangled, not listed).
+    functions = {k: v for k, v in defined_functions(out_path).items() if k.startswith("mori_shmem_")}
     sidecar: dict[str, Any] = {
         "arch": arch,
         "input_sha256": input_digest(arch, include_dir),
