@@ -1,0 +1,181 @@
+"""The native TCP data plane (``mori.core._native.TcpTarget/TcpPeer``) on its own, across two
+processes: striping, scatter-gather, region checks, tokens, notifications, dead and hung peers."""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import signal
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from mori.core import _native  # type: ignore[attr-defined]
+
+READ, WRITE = 1, 2
+SIZE = 16 << 20
+
+
+def _serve(conn, path, token, timeout):
+    fd = os.open(path, os.O_RDWR)
+    mm = mmap.mmap(fd, SIZE)
+    os.close(fd)
+    arr = np.frombuffer(mm, dtype=np.uint8)
+    t = _native.TcpTarget("127.0.0.1", 0, token, timeout)
+    t.allow_peer("init")
+    t.register_region(1, int(arr.ctypes.data), SIZE)
+    conn.send(t.port)
+    while True:
+        cmd, *args = conn.recv()
+        if cmd == "stop":
+            t.close()
+            conn.send(None)
+            return
+        if cmd == "pop":
+            deadline = time.monotonic() + 10
+            code = t.pop_inbound(*args)
+            while code is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+                code = t.pop_inbound(*args)
+            conn.send(code)
+        elif cmd == "deregister":
+            conn.send(t.deregister_region(args[0]))
+        elif cmd == "disallow":
+            t.disallow_peer(args[0])
+            conn.send(None)
+        elif cmd == "conns":
+            conn.send(t.connection_count())
+
+
+@pytest.fixture()
+def remote():
+    path = f"/dev/shm/mori-native-test-{os.getpid()}-{time.monotonic_ns()}"
+    with open(path, "wb") as f:
+        f.truncate(SIZE)
+    fd = os.open(path, os.O_RDWR)
+    mm = mmap.mmap(fd, SIZE)
+    os.close(fd)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(child, path, "tok", 2.0), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(60), "target process did not start"
+        port = parent.recv()
+
+        def call(*cmd):
+            parent.send(cmd)
+            assert parent.poll(30), f"target did not answer {cmd[0]}"
+            return parent.recv()
+
+        yield np.frombuffer(mm, dtype=np.uint8), port, call, proc
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(timeout=10)
+        os.unlink(path)
+
+
+def _peer(port, nconn=4, token="tok"):
+    return _native.TcpPeer("target", "127.0.0.1", port, nconn, "init", token, 2.0)
+
+
+@pytest.mark.parametrize("nconn", [1, 3])
+@pytest.mark.parametrize("size,batch", [(1, 1), (7, 4096), (4096, 1000), (3 << 20, 3), (SIZE - 5, 1)])
+def test_write_then_read_striped(remote, nconn, size, batch):
+    arr, port, call, _ = remote
+    rng = np.random.default_rng(size + batch)
+    arr[:] = rng.integers(0, 256, SIZE, dtype=np.uint8)
+    src = rng.integers(0, 256, SIZE, dtype=np.uint8)
+    slots = rng.permutation(batch)
+    lofs = [int(i) * size for i in range(batch)]
+    rofs = [int(j) * size + 5 for j in slots] if size * batch + 5 <= SIZE else [0]
+    expect = arr.copy()
+    for lo, ro in zip(lofs, rofs):
+        expect[ro:ro + size] = src[lo:lo + size]
+    p = _peer(port, nconn)
+    t = p.submit(WRITE, int(src.ctypes.data), lofs, 1, rofs, [size] * batch, 77, True, 1 << 20)
+    assert t.wait(30) and t.code() == 0, t.message()
+    assert np.array_equal(arr, expect)
+    assert call("pop", "init", 77) == 0
+    back = np.zeros(SIZE, dtype=np.uint8)
+    t = p.submit(READ, int(back.ctypes.data), lofs, 1, rofs, [size] * batch, 78, False, 1 << 20)
+    assert t.wait(30) and t.code() == 0, t.message()
+    for lo, ro in zip(lofs, rofs):
+        assert np.array_equal(back[lo:lo + size], arr[ro:ro + size])
+    p.close()
+
+
+def test_rejections_write_nothing(remote):
+    arr, port, call, _ = remote
+    arr[:] = 3
+    src = np.full(4096, 9, dtype=np.uint8)
+    p = _peer(port)
+    cases = [(1, SIZE - 10, 11, 3, "out of range"), (2, 0, 8, 4, "memory is not registered")]
+    for mem, off, n, code, text in cases:
+        t = p.submit(WRITE, int(src.ctypes.data), [0], mem, [off], [n], 1, True, 1 << 20)
+        assert t.wait(10) and t.code() == code and text in t.message()
+        assert call("pop", "init", 1) == code  # the target records the failed outcome too
+    call("disallow", "init")
+    t = p.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [16], 2, False, 1 << 20)
+    assert t.wait(10) and t.code() == 4 and "not registered this engine" in t.message()
+    assert (arr == 3).all()
+    with pytest.raises(ValueError):
+        p.submit(WRITE, int(src.ctypes.data), [0], 1, [0, 1], [1], 3, False, 1 << 20)
+    p.close()
+
+
+def test_deregister_and_token(remote):
+    arr, port, call, _ = remote
+    with pytest.raises(RuntimeError, match="rejected"):
+        _peer(port, token="bad")
+    assert call("deregister", 1) is True and call("deregister", 1) is False
+    src = np.ones(64, dtype=np.uint8)
+    p = _peer(port)
+    t = p.submit(READ, int(src.ctypes.data), [0], 1, [0], [64], 4, False, 1 << 20)
+    assert t.wait(10) and t.code() == 4
+    p.close()
+
+
+def test_garbage_drops_only_that_connection(remote):
+    arr, port, call, _ = remote
+    p = _peer(port, 2)
+    for junk in (b"\x00" * 64, os.urandom(1000), struct.pack("<IHHHH", 0x4F49524D, 9, 1, 0, 0) + b"x"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(junk)
+            s.settimeout(10)
+            try:
+                while s.recv(4096):
+                    pass
+            except ConnectionResetError:
+                pass
+    src = np.arange(256, dtype=np.uint8)
+    t = p.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [256], 5, False, 1 << 20)
+    assert t.wait(10) and t.code() == 0 and np.array_equal(arr[:256], src)
+    p.close()
+
+
+def test_dead_and_hung_target(remote):
+    arr, port, call, proc = remote
+    p = _peer(port, 2)
+    src = np.ones(SIZE, dtype=np.uint8)
+    os.kill(proc.pid, signal.SIGSTOP)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    t = p.submit(READ, int(src.ctypes.data), [0], 1, [0], [4096], 6, False, 1 << 20)
+    assert t.wait(10) and t.code() == 6 and "MORI_IO_TIMEOUT" in t.message()
+    assert 1.5 < time.monotonic() - t0 < 8
+    assert not p.healthy()
+    os.kill(proc.pid, signal.SIGCONT)
+    q = _peer(port, 2)
+    t = q.submit(WRITE, int(src.ctypes.data), [0] * 64, 1, [i * 65536 for i in range(64)], [65536] * 64, 7, False, 1 << 16)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert t.wait(10)  # finished (succeeded before the kill, or failed after it): never hangs
+    t = q.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [64], 8, False, 1 << 20)
+    assert t.wait(10) and t.code() == 6
+    p.close()
+    q.close()
