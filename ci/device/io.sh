@@ -20,7 +20,7 @@ cd /tmp  # import mori from site-packages, not the source tree
 export MORI_CACHE_DIR=/tmp/mori-cache
 if [ $run_tests = 1 ]; then
   echo "== NVLink tests (GPU 0 target process, GPU 1 initiator)"
-  timeout 150 python3 -m pytest -x -q -p no:cacheprovider --rootdir "$repo" \
+  timeout 150 python3 -m pytest --maxfail=4 -q -p no:cacheprovider --rootdir "$repo" \
     "$repo/packages/mori-io/tests/test_nvlink_gpu.py" "$repo/packages/mori-io/tests/test_nvlink_plan.py" \
     > "$OUT/io_tests.log" 2>&1
   rc=$?; echo "rc=$rc (after $(( $(date +%s) - t0 ))s)"
