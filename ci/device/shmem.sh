@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 repo=$PWD
 if [ -f ci/device/core.sh ]; then
   echo "== ci/device/core.sh"
-  timeout 60 bash ci/device/core.sh > "$OUT/core.log" 2>&1
+  timeout 40 bash ci/device/core.sh > "$OUT/core.log" 2>&1
   rc=$?; echo "rc=$rc"; tail -25 "$OUT/core.log"
   [ $rc = 0 ] || status=1
 fi
@@ -36,7 +36,7 @@ if [ $run_bench = 1 ]; then
 fi
 if [ $run_tests = 1 ]; then
   echo "== GPU tests (2 and 4 GPUs, static and vmm, quick reference)"
-  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -s "$repo/packages/mori-shmem/tests/test_gpu.py" \
+  timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider -s "$repo/packages/mori-shmem/tests/test_gpu.py" \
     > "$OUT/tests.log" 2>&1
   rc=$?; echo "rc=$rc"
   grep -E "^ok |quick reference ok|passed|failed|Error|error" "$OUT/tests.log" | sort | uniq -c | sort -rn | head -60

@@ -179,8 +179,9 @@ class GpuHeap(Heap):
             if test(seen, value):
                 return seen
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"shmem_wait_until: word at {self.base + offset:#x} still {seen} after "
-                                   f"{timeout:g} s waiting for '{cmp} {value}'")
+                # Worded like mori.core.atomics.wait_until's, so both heaps report alike.
+                raise TimeoutError(f"wait_until timed out after {timeout:.3f} s: the {width}-bit value at "
+                                   f"{self.base + offset:#x} never became {cmp} {value}; last seen {seen}")
             pause = min(max(pause * 2, 1e-6), 1e-3)  # spin briefly, then back off to 1 ms
             time.sleep(pause)
 
