@@ -352,8 +352,9 @@ def test_errors_change_nothing(initiator, target, local_pool):
         finally:
             target.call("register_engine", initiator.get_engine_desc().pack())
         assert _wait(initiator.write(ldesc, 0, rdesc, 0, 64, initiator.allocate_transfer_uid())).Succeeded()
-        with pytest.raises(ValueError, match="registered with device_id"):
-            initiator.register_memory(local_pool.data_ptr(), 64, TARGET_GPU, MemoryLocationType.GPU)
+        host = np.zeros(64, dtype=np.uint8)
+        with pytest.raises(ValueError, match="not GPU memory"):
+            initiator.register_memory(int(host.ctypes.data), 64, LOCAL_GPU, MemoryLocationType.GPU)
         with pytest.raises(ValueError, match="runs past the end"):
             initiator.register_memory(local_pool.data_ptr() + POOL - 8, 1 << 30, LOCAL_GPU, MemoryLocationType.GPU)
     finally:

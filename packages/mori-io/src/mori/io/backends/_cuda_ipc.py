@@ -68,19 +68,17 @@ class ExportedRegion:
 
 
 def export_region(ptr: int, size: int, device: int) -> ExportedRegion:
-    """Checks that ``[ptr, ptr+size)`` is memory of GPU ``device`` inside one allocation and makes its
-    handle; raises ``ValueError`` naming what is wrong."""
+    """Checks that ``[ptr, ptr+size)`` is GPU memory inside one allocation and makes its handle;
+    raises ``ValueError`` naming what is wrong. ``device`` (the caller's ``device_id``) is the GPU
+    whose streams and kernel copy to and from the region."""
     _cuda.init_device(device)
     drv = _cuda.driver()
     try:
         mem_type = _attr("CU_POINTER_ATTRIBUTE_MEMORY_TYPE", ptr)
-        owner = _attr("CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL", ptr)
     except _cuda.CudaError as err:
         raise ValueError(f"0x{ptr:x} is not GPU memory known to CUDA in this process ({err.name})") from None
     if mem_type != int(drv.CUmemorytype.CU_MEMORYTYPE_DEVICE):
         raise ValueError(f"0x{ptr:x} is not device memory (CUDA memory type {mem_type})")
-    if owner != device:
-        raise ValueError(f"0x{ptr:x} is memory of GPU {owner}, but was registered with device_id={device}")
     base, base_size = (int(v) for v in _cuda.call("cuMemGetAddressRange", ptr, detail=f"pointer 0x{ptr:x}"))
     if ptr + size > base + base_size:
         raise ValueError(f"region 0x{ptr:x} (+{size} bytes) runs past the end of its allocation "
