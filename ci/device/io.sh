@@ -18,6 +18,19 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 repo=$PWD
 cd /tmp  # import mori from site-packages, not the source tree
 export MORI_CACHE_DIR=/tmp/mori-cache
+echo "== GPU ordinals: torch uuid / driver uuid / driver ordinal of a cuda:i pointer"
+python3 - <<'PY' 2>&1 | tail -6
+import torch
+from cuda.bindings import driver as d
+d.cuInit(0)
+for i in range(torch.cuda.device_count()):
+    t = torch.empty(16, device=f"cuda:{i}")
+    _, dev = d.cuDeviceGet(i)
+    _, uuid = d.cuDeviceGetUuid(dev)
+    attr = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    print(i, str(torch.cuda.get_device_properties(i).uuid)[:13], bytes(uuid.bytes).hex()[:12],
+          d.cuPointerGetAttribute(attr, t.data_ptr()))
+PY
 if [ $run_tests = 1 ]; then
   echo "== NVLink tests (GPU 0 target process, GPU 1 initiator)"
   timeout 150 python3 -m pytest --maxfail=4 -q -p no:cacheprovider --rootdir "$repo" \
