@@ -19,7 +19,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
 HEADERS = sorted((INCLUDE / "mori" / "device").glob("*.cuh"))
@@ -448,3 +451,65 @@ def test_misuse_is_a_compile_error_that_says_why(compiler: str, case: str, tmp_p
     )
     ok, log = _try_ptx(compiler, source, tmp_path, nvcc, clang)
     assert not ok and message in log, log
+
+
+# ---------------------------------------------------------------------------------------------
+# The copy engine itself, run on the CPU (copy.cuh is plain C++ under MORI_DEVICE_HOST_TEST)
+# ---------------------------------------------------------------------------------------------
+COPY_HARNESS = r"""
+#define MORI_DEVICE_HOST_TEST
+#include <mori/device/copy.cuh>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+// stdin: dst_off src_off bytes group buflen (5 x uint64), then src and dst (buflen bytes each).
+// Runs GroupCopy for ranks 0..group-1 in turn (exact for a copy: ranks never synchronize) on
+// 64-byte aligned buffers and writes the resulting dst buffer to stdout.
+int main() {
+  std::uint64_t h[5];
+  if (std::fread(h, sizeof h, 1, stdin) != 1) return 2;
+  const std::size_t len = (h[4] + 63) / 64 * 64 + 64;
+  char* src = static_cast<char*>(std::aligned_alloc(64, len));
+  char* dst = static_cast<char*>(std::aligned_alloc(64, len));
+  if (std::fread(src, 1, h[4], stdin) != h[4] || std::fread(dst, 1, h[4], stdin) != h[4]) return 3;
+  for (std::uint32_t rank = 0; rank < h[3]; ++rank) {
+    mori::device::detail::GroupCopy(dst + h[0], src + h[1], h[2], rank, static_cast<std::uint32_t>(h[3]));
+  }
+  std::fwrite(dst, 1, h[4], stdout);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def copy_harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++-19")
+    if cxx is None:
+        pytest.fail("no C++ compiler (c++, g++) on PATH: install g++ (ci/setup.sh does)")
+    d = tmp_path_factory.mktemp("copy")
+    (d / "harness.cpp").write_text(COPY_HARNESS)
+    _run([cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", f"-I{INCLUDE}", d / "harness.cpp", "-o", d / "harness"],
+         "c++ (copy harness)")
+    return d / "harness"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    dst_off=st.integers(0, 63),
+    src_off=st.integers(0, 63),
+    nbytes=st.one_of(st.integers(0, 64), st.integers(0, 4096), st.integers(0, 300_000)),
+    group=st.sampled_from([1, 2, 3, 31, 32, 33, 128, 1000, 1024]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_group_copy_moves_exactly_the_bytes(copy_harness: Path, dst_off: int, src_off: int, nbytes: int,
+                                            group: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    buflen = max(dst_off, src_off) + nbytes + 64  # room for guard bytes past the copy
+    src = rng.integers(0, 256, buflen, dtype=np.uint8).tobytes()
+    dst = rng.integers(0, 256, buflen, dtype=np.uint8).tobytes()
+    header = np.array([dst_off, src_off, nbytes, group, buflen], dtype=np.uint64).tobytes()
+    proc = subprocess.run([copy_harness], input=header + src + dst, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    expected = dst[:dst_off] + src[src_off : src_off + nbytes] + dst[dst_off + nbytes :]
+    assert proc.stdout == expected

@@ -3,7 +3,8 @@
 // A group of `n` threads (one thread, a warp, or a block) copies `bytes` from `src` to `dst`,
 // thread `rank` taking every n-th element. The widest element both pointers can share is used:
 // 16-byte vectors when dst and src are congruent modulo 16, else 8, 4, 2 or 1 bytes; the few
-// bytes before the first aligned element and after the last are copied one by one. The body is
+// bytes before the first aligned element and after the last go as single naturally aligned
+// pieces of 1, 2, 4 or 8 bytes (so an 8-byte put is one 8-byte store). The body is
 // unrolled so each thread issues kUnroll loads before its first store: with 16-byte vectors that
 // is 128 bytes in flight per thread, which is what hides NVLink's latency; the loads of one
 // unrolled step are coalesced across the group (consecutive threads, consecutive elements).
@@ -22,10 +23,10 @@ constexpr int kCopyUnroll = 8;
 
 // A 16-byte element that every compiler moves with one ld.v4/st.v4 (clang splits a 16-byte
 // struct into two 8-byte accesses and spills the unrolled array to local memory).
-#if defined(MORI_DEVICE_CLANG)
-typedef unsigned int Vec16 __attribute__((ext_vector_type(4)));
-#else
+#if defined(MORI_DEVICE_NVCC) || defined(MORI_DEVICE_NVRTC)
 using Vec16 = uint4;
+#else
+typedef unsigned int Vec16 __attribute__((vector_size(16)));
 #endif
 static_assert(sizeof(Vec16) == 16 && alignof(Vec16) == 16, "Vec16 must be 16 aligned bytes");
 
@@ -45,24 +46,48 @@ MORI_DEVICE_FUNC void CopyElements(V* dst, const V* src, size_t n, uint32_t rank
   for (size_t i = whole + rank; i < n; i += stride) dst[i] = src[i];
 }
 
-// Copies bytes one by one over [begin, end).
-MORI_DEVICE_INLINE void CopyBytes(char* dst, const char* src, size_t begin, size_t end,
-                                  uint32_t rank, uint32_t size) {
-  for (size_t i = begin + rank; i < end; i += size) dst[i] = src[i];
+// Copies one naturally aligned piece of `w` (1, 2, 4 or 8) bytes.
+MORI_DEVICE_INLINE void CopyPiece(char* dst, const char* src, size_t w) {
+  switch (w) {
+    case 8: *reinterpret_cast<uint64_t*>(dst) = *reinterpret_cast<const uint64_t*>(src); break;
+    case 4: *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src); break;
+    case 2: *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src); break;
+    default: *dst = *src; break;
+  }
 }
 
-// Copies with elements of type V, given dst and src congruent modulo sizeof(V).
+// Copies with elements of type V, given dst and src congruent modulo sizeof(V). The head (until
+// dst is aligned to V) and the tail (after the last whole V) are at most one piece of each
+// narrower width; piece k is copied by thread k % size of the group.
 template <class V>
 MORI_DEVICE_FUNC void CopyCongruent(char* dst, const char* src, size_t bytes, uint32_t rank,
                                     uint32_t size) {
-  size_t head = (0 - reinterpret_cast<uint64_t>(dst)) & (sizeof(V) - 1);
-  if (head > bytes) head = bytes;
-  const size_t n = (bytes - head) / sizeof(V);
-  const size_t tail = head + n * sizeof(V);
-  CopyBytes(dst, src, 0, head, rank, size);
-  CopyElements(reinterpret_cast<V*>(dst + head), reinterpret_cast<const V*>(src + head), n, rank,
-               size);
-  CopyBytes(dst, src, tail, bytes, rank, size);
+  uint32_t piece = 0;
+#pragma unroll
+  for (size_t w = 1; w < sizeof(V); w *= 2) {
+    // Adding w to an address whose lower bits are already clear clears bit w: after the loop
+    // dst is aligned to sizeof(V), unless the bytes ran out first.
+    if ((reinterpret_cast<uint64_t>(dst) & w) && bytes >= w) {
+      if (piece++ % size == rank) CopyPiece(dst, src, w);
+      dst += w;
+      src += w;
+      bytes -= w;
+    }
+  }
+  const size_t n = bytes / sizeof(V);
+  CopyElements(reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(src), n, rank, size);
+  dst += n * sizeof(V);
+  src += n * sizeof(V);
+  bytes -= n * sizeof(V);
+#pragma unroll
+  for (size_t w = sizeof(V) / 2; w >= 1; w /= 2) {
+    if (bytes >= w) {
+      if (piece++ % size == rank) CopyPiece(dst, src, w);
+      dst += w;
+      src += w;
+      bytes -= w;
+    }
+  }
 }
 
 // Group copy of `bytes` from src to dst by thread `rank` of `size` threads. Every thread of the

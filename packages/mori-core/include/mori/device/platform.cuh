@@ -13,6 +13,13 @@
 #define MORI_DEVICE_NVCC 1
 #elif defined(__clang__) && defined(__CUDA__)
 #define MORI_DEVICE_CLANG 1
+#elif defined(MORI_DEVICE_HOST_TEST)
+// A plain C++ build of the parts that need no GPU (the copy engine), so that the CPU tests can
+// run them on random data; it has no PTX and no thread indices.
+#define MORI_DEVICE_HOST 1
+#define __device__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
 #else
 #error "mori device headers need nvcc, NVRTC or clang in CUDA mode (-x cuda)"
 #endif
@@ -111,7 +118,9 @@ MORI_DEVICE_INLINE To BitCast(From v) {
   return __builtin_bit_cast(To, v);
 }
 
-#if defined(MORI_DEVICE_CLANG)
+#if defined(MORI_DEVICE_HOST)
+// (no thread indices in the host test build)
+#elif defined(MORI_DEVICE_CLANG)
 MORI_DEVICE_INLINE uint32_t ThreadIdxX() { return __nvvm_read_ptx_sreg_tid_x(); }
 MORI_DEVICE_INLINE uint32_t ThreadIdxY() { return __nvvm_read_ptx_sreg_tid_y(); }
 MORI_DEVICE_INLINE uint32_t ThreadIdxZ() { return __nvvm_read_ptx_sreg_tid_z(); }
@@ -131,6 +140,7 @@ MORI_DEVICE_INLINE uint32_t BlockIdxX() { return blockIdx.x; }
 MORI_DEVICE_INLINE void SyncWarp(uint32_t mask) { __syncwarp(mask); }
 #endif
 
+#if !defined(MORI_DEVICE_HOST)
 // __syncthreads is a builtin of all three compilers (bar.sync 0), and marked convergent there.
 MORI_DEVICE_INLINE void SyncBlock() { __syncthreads(); }
 
@@ -139,6 +149,7 @@ MORI_DEVICE_INLINE uint32_t FlatThreadId() {
   return ThreadIdxX() + BlockDimX() * (ThreadIdxY() + BlockDimY() * ThreadIdxZ());
 }
 MORI_DEVICE_INLINE uint32_t BlockThreads() { return BlockDimX() * BlockDimY() * BlockDimZ(); }
+#endif
 
 }  // namespace device
 }  // namespace mori
