@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Generic, TypeVar
 
 from .types import EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
 __all__ = ["MemoryRegistry", "RemoteEngines", "InboundTable", "UidAllocator"]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class UidAllocator:
@@ -27,13 +31,42 @@ class UidAllocator:
             return next(self._next)
 
 
-class MemoryRegistry:
+class _Table(Generic[K, V]):
+    """A dict guarded by a lock (reads of single keys need none under the GIL)."""
+
+    def __init__(self) -> None:
+        self._items: dict[K, V] = {}
+        self._lock = threading.Lock()
+
+    def put(self, key: K, value: V) -> None:
+        """Records (or replaces) ``key``."""
+        with self._lock:
+            self._items[key] = value
+
+    def remove(self, key: K) -> V | None:
+        """Forgets ``key``; returns its value, or None if unknown."""
+        with self._lock:
+            return self._items.pop(key, None)
+
+    def get(self, key: K) -> V | None:
+        """The value of ``key`` or None."""
+        return self._items.get(key)
+
+    def all(self) -> list[V]:
+        """Every value."""
+        with self._lock:
+            return list(self._items.values())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+
+class MemoryRegistry(_Table[int, MemoryDesc]):
     """Local regions by id."""
 
     def __init__(self) -> None:
-        self._by_id: dict[int, MemoryDesc] = {}
+        super().__init__()
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
 
     def new_id(self) -> int:
         """A fresh region id."""
@@ -42,47 +75,15 @@ class MemoryRegistry:
 
     def add(self, desc: MemoryDesc) -> None:
         """Records a region."""
-        with self._lock:
-            self._by_id[desc.id] = desc
-
-    def remove(self, mem_id: int) -> MemoryDesc | None:
-        """Forgets a region; returns it, or None if unknown."""
-        with self._lock:
-            return self._by_id.pop(mem_id, None)
-
-    def get(self, mem_id: int) -> MemoryDesc | None:
-        """The region ``mem_id`` or None."""
-        return self._by_id.get(mem_id)
-
-    def all(self) -> list[MemoryDesc]:
-        """Every registered region."""
-        with self._lock:
-            return list(self._by_id.values())
+        self.put(desc.id, desc)
 
 
-class RemoteEngines:
+class RemoteEngines(_Table[str, EngineDesc]):
     """Registered remote engines by key."""
-
-    def __init__(self) -> None:
-        self._by_key: dict[str, EngineDesc] = {}
-        self._lock = threading.Lock()
 
     def add(self, desc: EngineDesc) -> None:
         """Records (or replaces) a remote engine."""
-        with self._lock:
-            self._by_key[desc.key] = desc
-
-    def remove(self, key: str) -> EngineDesc | None:
-        """Forgets a remote engine."""
-        with self._lock:
-            return self._by_key.pop(key, None)
-
-    def get(self, key: str) -> EngineDesc | None:
-        """The remote engine ``key`` or None."""
-        return self._by_key.get(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._by_key
+        self.put(desc.key, desc)
 
 
 class InboundTable:

@@ -157,10 +157,8 @@ class IOEngine:
             backend = backend_factory(type)(self._ctx, config)
             for mem in self._memory.all():
                 self._memory.add(self._merge_extra(mem, backend.register_memory(mem)))
-            for key in list(self._remotes._by_key):
-                desc = self._remotes.get(key)
-                if desc is not None:
-                    backend.register_remote_engine(desc)
+            for desc in self._remotes.all():
+                backend.register_remote_engine(desc)
             self._backends[type] = backend
 
     def remove_backend(self, type: BackendType) -> None:  # noqa: A002
