@@ -114,3 +114,16 @@ def test_mori_names_are_present():
         assert by_name(name).symbol == f"mori_shmem_{name}"
     with pytest.raises(KeyError, match="not a mori device function"):
         by_name("nope")
+
+
+def test_wheel_ships_the_bitcode(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(WRAPPER_PATH.parents[1])], check=True, timeout=300)
+    (wheel,) = tmp_path.glob("mori_triton-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"mori/triton/lib/libmori_shmem_device.bc", "mori/triton/lib/libmori_shmem_device.json",
+            "mori/ir/triton/__init__.py"} <= names
