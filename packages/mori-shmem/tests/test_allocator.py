@@ -123,6 +123,13 @@ def test_free_of_unknown_offset() -> None:
         alloc.free(off)
 
 
+def test_alignment_beyond_base_refused() -> None:
+    alloc = SymmetricAllocator(HEAP, max_alignment=4096)
+    assert alloc.malloc(10, 4096) % 4096 == 0
+    with pytest.raises(ValueError, match="exceeds 4096"):
+        alloc.malloc(10, 8192)
+
+
 def test_high_water_tracks_live_blocks() -> None:
     alloc = SymmetricAllocator(HEAP)
     assert alloc.high_water == INTERNAL_BYTES

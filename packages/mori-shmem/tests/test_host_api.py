@@ -30,7 +30,8 @@ def test_queries(pool: PePool) -> None:
 
 def pe_malloc_program(program: list[tuple[str, int, int]]) -> list[object]:
     """Runs a malloc/free program; returns heap offsets so PEs can be compared."""
-    base = int(shmem.shmem_heap_info()["base"], 16)
+    info = shmem.shmem_heap_info()
+    base, max_align = int(info["base"], 16), info["max_alignment"]
     live: list[int] = []
     trace: list[object] = []
     try:
@@ -40,6 +41,10 @@ def pe_malloc_program(program: list[tuple[str, int, int]]) -> list[object]:
                     ptr = shmem.shmem_malloc_align(1 << b, a) if b else shmem.shmem_malloc(a)
                 except shmem.ShmemOutOfMemoryError:
                     trace.append("oom")
+                    continue
+                except ValueError:
+                    assert 1 << b > max_align, "only alignments beyond the heap base's are refused"
+                    trace.append("too aligned")
                     continue
                 assert ptr % (1 << b) == 0
                 live.append(ptr)

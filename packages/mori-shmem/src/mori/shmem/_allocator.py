@@ -34,10 +34,11 @@ def _round_up(value: int, granule: int) -> int:
 class SymmetricAllocator:
     """First-fit allocator over ``[reserved, heap_size)`` with coalescing free ranges.
 
-    Offsets are relative to the heap base. Block sizes are rounded up to :data:`MIN_ALIGNMENT`.
+    Offsets are relative to the heap base. Block sizes are rounded up to :data:`MIN_ALIGNMENT`;
+    ``max_alignment`` is the largest alignment a request may ask for.
     """
 
-    def __init__(self, heap_size: int, reserved: int = INTERNAL_BYTES) -> None:
+    def __init__(self, heap_size: int, reserved: int = INTERNAL_BYTES, max_alignment: int = 1 << 30) -> None:
         if not isinstance(heap_size, int) or not isinstance(reserved, int):
             raise TypeError("heap_size and reserved must be int")
         if reserved < 0 or reserved % MIN_ALIGNMENT:
@@ -46,6 +47,9 @@ class SymmetricAllocator:
             raise ValueError(f"heap size {heap_size} bytes leaves nothing after the {reserved}-byte internal area")
         self.heap_size = heap_size
         self.reserved = reserved
+        # Offsets are aligned relative to the heap base, so an address is only as aligned as every
+        # PE's base: larger alignments cannot be symmetric and are refused.
+        self.max_alignment = max_alignment
         # Disjoint, non-adjacent free ranges [start, end), sorted by start.
         self._free_starts: list[int] = [reserved]
         self._free_ends: list[int] = [heap_size]
@@ -72,6 +76,8 @@ class SymmetricAllocator:
             raise ValueError(f"allocation size must be a positive int, got {size!r}")
         if not isinstance(alignment, int) or not _is_power_of_two(alignment):
             raise ValueError(f"alignment must be a power of two, got {alignment!r}")
+        if alignment > self.max_alignment:
+            raise ValueError(f"alignment {alignment} exceeds {self.max_alignment}, the alignment of every PE's heap base")
         alignment = max(alignment, MIN_ALIGNMENT)
         need = _round_up(size, MIN_ALIGNMENT)
         for i, (start, end) in enumerate(zip(self._free_starts, self._free_ends)):

@@ -150,7 +150,10 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
             ops = HostOps(ctx, heap, states)
             heap.ops = ops  # type: ignore[union-attr]
         rma = Rma(heap, bootstrap.rank, bootstrap.world, config.get("MORI_SHMEM_TIMEOUT"))
-        instance = Shmem(bootstrap, owns_bootstrap, heap, SymmetricAllocator(heap.size), rma, states, ctx, ops)
+        # The largest power of two dividing every PE's heap base bounds symmetric alignment.
+        base_align = min(int(b) for b in bootstrap.allgather(str(heap.base & -heap.base).encode()))
+        allocator = SymmetricAllocator(heap.size, max_alignment=base_align)
+        instance = Shmem(bootstrap, owns_bootstrap, heap, allocator, rma, states, ctx, ops)
         bootstrap.barrier()
     except BaseException:
         if heap is not None:

@@ -154,10 +154,11 @@ def shmem_num_qp_per_pe() -> int:
 
 
 def shmem_heap_info() -> dict[str, Any]:
-    """The heap's kind (gpu/cpu), mode, base, size, bytes in use and mapped peers."""
+    """The heap's kind (gpu/cpu), mode, base, size, bytes in use, largest alignment and mapped peers."""
     s = _state.current()
     info = s.heap.describe()
     info.update(mode=getattr(s.heap, "mode", "static"), in_use=s.allocator.in_use,
+                max_alignment=s.allocator.max_alignment,
                 device=s.ctx.device if s.ctx is not None else None)
     return info
 
@@ -171,7 +172,8 @@ def get_gpu_states_bytes() -> bytes:
 def shmem_malloc_align(alignment: int, size: int) -> int:
     """Allocates ``size`` symmetric bytes aligned to ``alignment`` (a power of two); returns the address.
 
-    Size 0 returns 0 (as OpenSHMEM). Raises :class:`ShmemOutOfMemoryError` stating heap size,
+    ``alignment`` may be at most ``shmem_heap_info()["max_alignment"]`` (the alignment of every
+    PE's heap base: 2 MiB on GPU heaps, the page size or more on CPU heaps). Size 0 returns 0 (as OpenSHMEM). Raises :class:`ShmemOutOfMemoryError` stating heap size,
     bytes in use and the request when the heap is full.
     """
     s = _state.current()
