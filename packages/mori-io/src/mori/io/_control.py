@@ -121,6 +121,7 @@ class ControlServer:
         self.handlers: dict[str, Handler] = {}
         self._sock = socket.create_server((host, port), backlog=512, reuse_port=False)
         self.port = self._sock.getsockname()[1]
+        self._sock.settimeout(0.2)  # the accept loop wakes to notice close()
         self._stop = threading.Event()
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -128,7 +129,6 @@ class ControlServer:
         self._thread.start()
 
     def _accept_loop(self) -> None:
-        self._sock.settimeout(0.2)
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
