@@ -8,6 +8,7 @@ the backend unhealthy towards that peer (the router fails over) and is reopened 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
@@ -44,6 +45,8 @@ class TcpBackend(Backend):
         self._target = _native.TcpTarget(ctx.host, 0, ctx.auth_token(), ctx.io_timeout())
         self._peers: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._closed = False
+        self._connector = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mori-io-tcp-connect")
         ctx.add_control_handler("tcp.info", lambda key, body: {"port": self._target.port})
 
     @property
@@ -92,7 +95,20 @@ class TcpBackend(Backend):
             return peer
 
     def submit(self, request: TransferRequest) -> None:
+        peer = self._peers.get(request.remote.engine_key)
+        if peer is not None and peer.healthy():
+            self._start(peer, request)
+        else:
+            # Connecting can take up to MORI_IO_TIMEOUT: do it off the caller's thread so that
+            # submitting stays asynchronous; the status stays IN_PROGRESS meanwhile.
+            request.status._set(StatusCode.IN_PROGRESS)
+            self._connector.submit(self._connect_and_start, request)
+
+    def _connect_and_start(self, request: TransferRequest) -> None:
         key = request.remote.engine_key
+        if self._closed:
+            request.status._set(StatusCode.ERR_BAD_STATE, "TCP backend was closed before the transfer started")
+            return
         try:
             peer = self._peer(key)
         except ControlError as err:
@@ -102,6 +118,9 @@ class TcpBackend(Backend):
             code = StatusCode.ERR_NOT_FOUND if isinstance(err, KeyError) else StatusCode.ERR_BAD_STATE
             request.status._set(code, f"TCP backend: cannot reach engine {key!r}: {err}")
             return
+        self._start(peer, request)
+
+    def _start(self, peer: Any, request: TransferRequest) -> None:
         transfer = peer.submit(_NATIVE_OP[request.op], request.local.data, request.local_offsets, request.remote.id,
                                request.remote_offsets, request.sizes, request.uid,
                                request.notify and self.config.enable_notification, self.config.stripe_bytes)
@@ -112,6 +131,8 @@ class TcpBackend(Backend):
         return None if code is None else TransferStatus(StatusCode(code))
 
     def close(self) -> None:
+        self._closed = True
+        self._connector.shutdown(wait=True)  # queued requests fail fast now that _closed is set
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
