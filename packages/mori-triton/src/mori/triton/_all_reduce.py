@@ -158,7 +158,7 @@ class AllReduce:
             self._compiled[key] = all_reduce_kernel[grid](*args, W=self.world, MAXB=_MAXB, BLOCK=cfg.block,
                                                           ONE_SHOT=one_shot, num_warps=cfg.num_warps)
         else:
-            compiled[grid](*args, self.world, _MAXB, cfg.block, one_shot)
+            compiled[(grid[0], 1, 1)](*args, self.world, _MAXB, cfg.block, one_shot)
 
     def close(self) -> None:
         """Frees the symmetric buffers (collective: every PE calls it)."""

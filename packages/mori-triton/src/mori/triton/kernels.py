@@ -61,7 +61,7 @@ def allreduce_p2p_kernel(sym_in, out, n, BLOCK: tl.constexpr):
     tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # epoch 1 would otherwise become a constant
 def allreduce_put_signal_kernel(sym_in, sym_recv, sig, out, n, epoch, CHUNKS_PER_PE: tl.constexpr,
                                 BLOCK: tl.constexpr):
     """Kernel B: ``sym_recv[p]`` on every PE receives PE p's input; ``out`` gets the fp32-accumulated sum.
