@@ -86,6 +86,13 @@ def _shutdown(backends: dict[BackendType, Backend], server: ControlServer, clien
     server.close()
 
 
+def _span_end(offsets: list[int], sizes: list[int]) -> int:
+    """One past the last byte any block touches (KV batches usually share one block size: fast path)."""
+    if sizes.count(sizes[0]) == len(sizes):
+        return max(offsets) + sizes[0]
+    return max(map(operator.add, offsets, sizes))
+
+
 def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable) -> dict[str, ControlHandler]:
     """Control ops every engine serves: ping, memory-descriptor lookup, inbound notifications."""
 
@@ -102,12 +109,23 @@ def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable)
     return {"ping": lambda key, body: {"key": my_key}, "lookup_mem": lookup_mem, "notify": notify}
 
 
-def _as_offsets(name: str, values: Sequence[int]) -> list[int]:
+def _as_offsets(name: str, values: Sequence[int]) -> Any:
+    """A list of ints, or (for a 1-d numpy integer array: batches of thousands of blocks are
+    checked without a Python loop) an int64 array."""
+    if getattr(values, "ndim", None) == 1 and getattr(getattr(values, "dtype", None), "kind", "") in ("i", "u"):
+        return values.astype("int64", copy=False)  # type: ignore[attr-defined]
     try:
-        out = [operator.index(v) for v in values]
+        out = list(map(operator.index, values))
     except TypeError:
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from None
     return out
+
+
+def _bounds(offsets: Any, sizes: Any) -> tuple[int, int]:
+    """(smallest offset or size, largest end) of a non-empty batch."""
+    if hasattr(offsets, "dtype"):
+        return int(min(offsets.min(), sizes.min())), int((offsets + sizes).max())
+    return min(min(offsets), min(sizes)), max(map(operator.add, offsets, sizes))
 
 
 class IOEngine:
@@ -261,15 +279,18 @@ class IOEngine:
         if not len(l_offs) == len(r_offs) == len(sizes):
             raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
                              f"{len(sizes)} sizes")
+        if len({hasattr(v, "dtype") for v in (l_offs, r_offs, sizes)}) > 1:  # arrays mixed with lists
+            l_offs, r_offs, sizes = (list(map(int, v)) for v in (l_offs, r_offs, sizes))
         status = TransferStatus()
         problem = self._reject(local, remote)
-        if problem is None and sizes:
-            if min(l_offs) < 0 or min(r_offs) < 0 or min(sizes) < 0:
+        if problem is None and len(sizes):
+            (l_low, l_end), (r_low, r_end) = _bounds(l_offs, sizes), _bounds(r_offs, sizes)
+            if min(l_low, r_low) < 0:
                 problem = StatusCode.ERR_INVALID_ARGS, "offsets and sizes must be >= 0"
-            elif max(map(operator.add, l_offs, sizes)) > local.size:
+            elif l_end > local.size:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \
                                                        f"({local.size} bytes)"
-            elif max(map(operator.add, r_offs, sizes)) > remote.size:
+            elif r_end > remote.size:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
                                                        f"({remote.size} bytes)"
         if problem is None and backend is None:
