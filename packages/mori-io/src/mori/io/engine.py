@@ -125,7 +125,7 @@ def _bounds(offsets: Any, sizes: Any) -> tuple[int, int]:
     """(smallest offset or size, largest end) of a non-empty batch."""
     if hasattr(offsets, "dtype"):
         return int(min(offsets.min(), sizes.min())), int((offsets + sizes).max())
-    return min(min(offsets), min(sizes)), max(map(operator.add, offsets, sizes))
+    return min(min(offsets), min(sizes)), _span_end(offsets, sizes)
 
 
 class IOEngine:
