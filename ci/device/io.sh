@@ -41,7 +41,7 @@ if [ $run_tests = 1 ]; then
   [ $rc = 0 ] || status=1
 fi
 echo "== NVLink benchmark"
-timeout 80 python3 "$repo/ci/device/io_bench.py" --out "$OUT/io_bench.json" "${bench_args[@]}" \
+timeout 100 python3 "$repo/ci/device/io_bench.py" --out "$OUT/io_bench.json" "${bench_args[@]}" \
   > "$OUT/io_bench.log" 2>&1
 rc=$?; echo "rc=$rc"
 cat "$OUT/io_bench.log" | tail -80

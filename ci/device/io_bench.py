@@ -9,6 +9,9 @@ timed from the call to the end of ``while status.InProgress()`` (the seed's way 
 Layouts: ``contig`` (blocks back to back on both sides: the backend merges them) and
 ``scatter`` (remote blocks in reverse order: nothing merges). Writes a table and JSON.
 
+Offsets and sizes are passed as numpy int64 arrays (the engine checks them without a Python
+loop) except on the rows marked ``list``; ``CE`` is the copy-engine setting (stripe x streams).
+
 Usage: python ci/device/io_bench.py --out io_bench.json [--iters 20] [--quick]
 """
 
@@ -24,9 +27,11 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
+from mori.io.backends import nvlink
 
 TARGET_GPU, LOCAL_GPU = 0, 1
 POOL = 512 << 20
@@ -68,16 +73,20 @@ def peer_copy_gbs(nbytes: int, iters: int) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
-def _layout(size: int, batch: int, layout: str) -> tuple[list[int], list[int]]:
-    local = [i * size for i in range(batch)]
-    return local, (local if layout == "contig" else local[::-1])
+def _layout(size: int, batch: int, layout: str, lists: bool) -> tuple[Any, Any, Any]:
+    local = np.arange(batch, dtype=np.int64) * size
+    remote = local if layout == "contig" else local[::-1].copy()
+    sizes = np.full(batch, size, dtype=np.int64)
+    if lists:
+        return local.tolist(), remote.tolist(), sizes.tolist()
+    return local, remote, sizes
 
 
 def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, size: int, batch: int, layout: str,
-            session: bool, iters: int) -> dict[str, Any]:
-    """Times ``iters`` transfers of ``batch`` blocks of ``size`` bytes."""
-    l_offs, r_offs = _layout(size, batch, layout)
-    sizes = [size] * batch
+            session: bool, iters: int, lists: bool = False) -> dict[str, Any]:
+    """Times ``iters`` transfers of ``batch`` blocks of ``size`` bytes (offsets as numpy arrays,
+    or as Python lists with ``lists``)."""
+    l_offs, r_offs, sizes = _layout(size, batch, layout, lists)
     sess = engine.create_session(ldesc, rdesc) if session else None
     times = []
     for i in range(iters + 3):
@@ -94,7 +103,8 @@ def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, siz
         if i >= 3:
             times.append(t1 - t0)
     total = size * batch
-    return {"op": op, "size": size, "batch": batch, "layout": layout, "session": session, "bytes": total,
+    return {"op": op, "size": size, "batch": batch, "layout": layout, "session": session, "lists": lists,
+            "bytes": total,
             "max_bw_gbs": total / min(times) / 1e9, "avg_bw_gbs": total / statistics.fmean(times) / 1e9,
             "min_lat_us": min(times) * 1e6, "avg_lat_us": statistics.fmean(times) * 1e6}
 
@@ -144,34 +154,42 @@ def main() -> int:
         peer = peer_copy_gbs(256 << 20, args.iters)
         print(f"copy-engine peer copy GPU{TARGET_GPU}->GPU{LOCAL_GPU} (torch copy_, 256 MiB, median): "
               f"{peer:.1f} GB/s")
-        points: list[tuple[str, str, int, int, str, bool]] = []
+        # (path, op, size, batch, layout, session, lists, stripe MiB, streams)
+        points: list[tuple[str, str, int, int, str, bool, bool, int, int]] = []
+        std = (nvlink.STRIPE >> 20, nvlink.ENGINE_STREAMS)
         for op in ("read", "write"):
-            points += [(path, op, 256 << 10, 1024, layout, False) for path in ("auto", "engines", "kernel")
-                       for layout in ("contig", "scatter")]
-            points += [(path, op, 4 << 10, 16384, "scatter", False) for path in ("auto", "engines", "kernel")]
-            points += [("auto", op, 4 << 10, 16384, "contig", False)]
+            points += [(path, op, 256 << 10, 1024, layout, False, False, *std)
+                       for path in ("auto", "engines", "kernel") for layout in ("contig", "scatter")]
+            points += [(path, op, 4 << 10, 16384, "scatter", False, False, *std) for path in ("auto", "engines", "kernel")]
+            points += [("auto", op, 4 << 10, 16384, "contig", False, False, *std),
+                       ("auto", op, 4 << 10, 16384, "scatter", False, True, *std),
+                       ("auto", op, 4 << 10, 16384, "scatter", True, False, *std)]
         if not args.quick:
+            # Copy-engine settings for one large block (1024 x 256 KiB contiguous = one 256 MiB copy).
+            points += [("engines", "read", 256 << 10, 1024, "contig", False, False, stripe, streams)
+                       for stripe, streams in ((256, 1), (128, 2), (64, 4), (32, 8), (8, 8))]
             for op in ("read", "write"):
-                points += [(path, op, size, 256, "scatter", False) for path in ("kernel", "engines")
-                           for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)]
-                points += [("auto", op, size, 1, "contig", sess) for sess in (False, True)
+                points += [(path, op, size, 256, "scatter", False, False, *std) for path in ("kernel", "engines")
+                           for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20)]
+                points += [("auto", op, size, 1, "contig", sess, False, *std) for sess in (False, True)
                            for size in (8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)]
         results = []
-        header = (f"{'path':8} {'op':5} {'layout':7} {'sess':4} {'size':>6} {'batch':>6} {'MaxBW':>8} {'AvgBW':>8} "
-                  f"{'MinLat':>10} {'AvgLat':>10}")
+        header = (f"{'path':8} {'op':5} {'layout':7} {'sess':4} {'input':5} {'CE':>7} {'size':>6} {'batch':>6} "
+                  f"{'MaxBW':>8} {'AvgBW':>8} {'MinLat':>10} {'AvgLat':>10}")
         print(header + "\n" + "-" * len(header))
-        for path, op, size, batch, layout, sess in points:
-            r = measure(engines[path], ldescs[path], rdesc, op, size, batch, layout, sess, args.iters)
-            r["path"] = path
-            r["vs_peer_copy"] = r["max_bw_gbs"] / peer
+        for path, op, size, batch, layout, sess, lists, stripe, streams in points:
+            nvlink.STRIPE, nvlink.ENGINE_STREAMS = stripe << 20, streams
+            r = measure(engines[path], ldescs[path], rdesc, op, size, batch, layout, sess, args.iters, lists)
+            r.update(path=path, stripe=stripe << 20, streams=streams, vs_peer_copy=r["max_bw_gbs"] / peer)
             results.append(r)
-            print(f"{path:8} {op:5} {layout:7} {'yes' if sess else 'no':4} {_fmt_size(size):>6} {batch:>6} "
-                  f"{r['max_bw_gbs']:8.1f} {r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f}",
-                  flush=True)
+            print(f"{path:8} {op:5} {layout:7} {'yes' if sess else 'no':4} {'list' if lists else 'numpy':5} "
+                  f"{f'{stripe}Mx{streams}':>7} {_fmt_size(size):>6} {batch:>6} {r['max_bw_gbs']:8.1f} "
+                  f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f}", flush=True)
+        nvlink.STRIPE, nvlink.ENGINE_STREAMS = std[0] << 20, std[1]
         print("\nacceptance (GB/s are MaxBW; the ratio is against the peer copy above):")
         for r in results:
-            if r["path"] == "auto" and r["op"] == "read" and (r["size"], r["batch"]) in ((256 << 10, 1024),
-                                                                                        (4 << 10, 16384)):
+            if r["path"] == "auto" and r["op"] == "read" and not r["session"] and not r["lists"] and \
+                    (r["size"], r["batch"]) in ((256 << 10, 1024), (4 << 10, 16384)):
                 target = "target >= 90% of peer copy" if r["batch"] == 1024 else "target >= 100 GB/s"
                 print(f"  read {r['batch']} x {_fmt_size(r['size'])} {r['layout']:7}: {r['max_bw_gbs']:.1f} GB/s "
                       f"({100 * r['vs_peer_copy']:.0f}% of peer copy; {target})")

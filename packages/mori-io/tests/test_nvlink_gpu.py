@@ -290,7 +290,7 @@ def test_sub_tensors_at_odd_offsets(initiator, target, local_pool):
     """Views of one big tensor registered with register_torch_tensor (MORI's #415)."""
     for i, (offset, n) in enumerate([(1, 4096), (4097, 1 << 20), (12345, 777), ((3 << 20) + 11, 5 << 20)]):
         _check_transfer(initiator, target, local_pool, "write" if i % 2 else "read", "engine", [0, n - n // 2],
-                        [n - n // 2, 0], [n - n // 2, n // 2], offset, offset + 7, n, seed=200 + i, as_view=True)
+                        [n // 2, 0], [n - n // 2, n // 2], offset, offset + 7, n, seed=200 + i, as_view=True)
 
 
 def test_vmm_memory(initiator, target, local_pool):

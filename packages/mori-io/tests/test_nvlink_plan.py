@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mori.core import _cuda
 from mori.io import BackendType, IOEngine, IOEngineConfig, XgmiBackendConfig
 from mori.io.backends._copy_kernels import KERNEL_NAME, compile_cubin
-from mori.io.backends._nvlink_plan import plan_copies
+from mori.io.backends._nvlink_plan import KERNEL_PIECE, plan_copies
 
 SRC_BASE, DST_BASE = 1 << 20, 9 << 20  # two disjoint regions of one simulated address space
 MAX_TOTAL = 20 << 20
@@ -59,7 +59,7 @@ def test_plan_moves_exactly_the_blocks(batch, kernel_max, stripe, streams):
     plan = plan_copies(SRC_BASE, DST_BASE, src_offs, dst_offs, sizes, kernel_max, stripe, streams)
     assert np.array_equal(_replay(plan, memory), expect)
     assert plan.total_bytes == sum(sizes)
-    assert all(int(n) < kernel_max for n in plan.kernel[:, 2])
+    assert all(int(n) < kernel_max and int(n) <= KERNEL_PIECE for n in plan.kernel[:, 2])
     assert len(plan.engines) <= streams
     for lane in plan.engines:
         assert len(lane) and (lane[:, 2] > 0).all() and (lane[:, 2] <= stripe).all()
@@ -76,6 +76,8 @@ def test_plan_merges_contiguous_blocks_and_stripes_large_ones():
     shuffled = list(reversed(offs))
     plan = plan_copies(0x1000, 0x8000_0000, offs, shuffled, [4096] * n, 64 << 10, 8 << 20, 8)
     assert len(plan.kernel) == n and not plan.engines
+    plan = plan_copies(0x1000, 0x8000_0000, offs, shuffled, [size] * n, 1 << 20, 8 << 20, 8)
+    assert len(plan.kernel) == n * size // KERNEL_PIECE and not plan.engines
 
 
 def test_plan_rejects_bad_parameters():

@@ -156,7 +156,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_IO_AUTH_TOKEN", _text, None, "Shared secret engines must present to register and transfer.",
                  "any string"),
         Variable("MORI_IO_TIMEOUT", _parse_seconds, 30.0, "Seconds before an unanswered transfer fails.", "seconds > 0"),
-        Variable("MORI_IO_NVLINK_KERNEL_MAX", _size, 64 << 10,
+        Variable("MORI_IO_NVLINK_KERNEL_MAX", _size, 1 << 20,
                  "NVLink backend: blocks smaller than this go to the gather kernel, larger ones to the copy engines.",
                  SIZE_FORMS),
         Variable("MORI_SHMEM_BC", _text, None, "Path of libmori_shmem_device.bc to use instead of the packaged one.",

@@ -4,8 +4,9 @@ Pure array arithmetic (no CUDA), so it is tested on any machine:
 
 1. blocks of zero bytes are dropped; runs of blocks that are contiguous on both sides (the next
    block starts where the previous ended, locally and remotely) merge into one block;
-2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel; the rest go to
-   the copy engines;
+2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel (cut into
+   pieces of at most ``KERNEL_PIECE`` bytes: a warp copies one piece, and many pieces keep all
+   warps busy); the rest go to the copy engines;
 3. copy-engine blocks larger than ``stripe`` bytes are cut into ``stripe``-sized pieces and all
    pieces are dealt out over at most ``max_streams`` streams, balancing bytes, so several copy
    engines work at once.
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["CopyPlan", "plan_copies"]
+__all__ = ["CopyPlan", "plan_copies", "KERNEL_PIECE"]
+
+KERNEL_PIECE = 32 << 10
 
 
 @dataclass
@@ -78,8 +81,11 @@ def _deal(rows: np.ndarray, max_streams: int, stripe: int) -> list[np.ndarray]:
     return [rows[lane == i] for i in range(n) if (lane == i).any()]
 
 
-def plan_copies(src_base: int, dst_base: int, src_offsets: Sequence[int], dst_offsets: Sequence[int],
-                sizes: Sequence[int], kernel_max: int, stripe: int, max_streams: int) -> CopyPlan:
+Offsets = Sequence[int] | np.ndarray
+
+
+def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
+                kernel_max: int, stripe: int, max_streams: int) -> CopyPlan:
     """Plans copies of ``sizes[i]`` bytes from ``src_base + src_offsets[i]`` to ``dst_base +
     dst_offsets[i]`` (offsets already checked against both regions)."""
     if kernel_max < 0 or stripe <= 0 or max_streams <= 0:
@@ -91,4 +97,5 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Sequence[int], dst_of
     rows = np.stack((src, dst, sz), axis=1) if len(sz) else np.empty((0, 3), dtype=np.uint64)
     small = rows[:, 2] < np.uint64(kernel_max)
     engine_rows = _stripe(rows[~small], stripe)
-    return CopyPlan(np.ascontiguousarray(rows[small]), _deal(engine_rows, max_streams, stripe))
+    kernel_rows = _stripe(rows[small], KERNEL_PIECE)
+    return CopyPlan(np.ascontiguousarray(kernel_rows), _deal(engine_rows, max_streams, stripe))

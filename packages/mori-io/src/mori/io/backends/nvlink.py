@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mori.core import _cuda
 from mori.core import config as mori_config
 
@@ -38,8 +40,10 @@ from .base import Backend, BackendContext, TransferOp, TransferRequest
 
 __all__ = ["NvlinkBackend"]
 
-_STRIPE = 8 << 20  # copy-engine pieces of a large block
-_ENGINE_STREAMS = 8  # streams one transfer spreads its copy-engine work over
+# Copy-engine work of one transfer: large blocks cut into STRIPE-byte pieces over at most
+# ENGINE_STREAMS streams (module attributes so the benchmark can compare settings).
+STRIPE = 64 << 20
+ENGINE_STREAMS = 4
 
 
 @dataclass
@@ -279,17 +283,20 @@ class NvlinkBackend(Backend):
                 self._unhealthy.add(remote.engine_key)
             status._set(code, f"NVLink backend: cannot map memory {remote.id} of engine {remote.engine_key!r}: {err}")
             return
-        sizes = request.sizes
-        if sizes and max(o + s for o, s in zip(request.remote_offsets, sizes)) > opened.size:
+        # One conversion for the whole batch (free when the caller passed numpy arrays).
+        sizes = np.asarray(request.sizes, dtype=np.uint64)
+        r_offs = np.asarray(request.remote_offsets, dtype=np.uint64)
+        l_offs = np.asarray(request.local_offsets, dtype=np.uint64)
+        if len(sizes) and int((r_offs + sizes).max()) > opened.size:
             status._set(StatusCode.ERR_INVALID_ARGS, f"NVLink backend: a block is out of range of remote memory "
                                                      f"{remote.id} ({opened.size} bytes registered by its owner)")
             return
         local = request.local.data
         if request.op == TransferOp.READ:
-            src, dst, src_offs, dst_offs = opened.address, local, request.remote_offsets, request.local_offsets
+            src, dst, src_offs, dst_offs = opened.address, local, r_offs, l_offs
         else:
-            src, dst, src_offs, dst_offs = local, opened.address, request.local_offsets, request.remote_offsets
-        plan = plan_copies(src, dst, src_offs, dst_offs, sizes, self._kernel_max, _STRIPE, _ENGINE_STREAMS)
+            src, dst, src_offs, dst_offs = local, opened.address, l_offs, r_offs
+        plan = plan_copies(src, dst, src_offs, dst_offs, sizes, self._kernel_max, STRIPE, ENGINE_STREAMS)
         try:
             queues = self._device(device)
             with self._lock:
