@@ -34,11 +34,15 @@ class AllReduceConfig:
 
 
 def default_config(nbytes: int, world: int) -> AllReduceConfig:
-    """The configuration used for ``nbytes`` on ``world`` PEs (tuned on 4x H200, NVLink)."""
+    """The configuration used for ``nbytes`` on ``world`` PEs.
+
+    From the sweep of ``ci/device/bench_allreduce.py`` on 4x H200 (NVLink): one-shot wins up to
+    512 KiB, two-shot above; block shapes within a size differ by about 1 us.
+    """
     if nbytes <= 256 << 10:
-        return AllReduceConfig(True, 1024, 4, 32)
-    if nbytes <= 4 << 20:
-        return AllReduceConfig(False, 2048, 4, 64)
+        return AllReduceConfig(True, 2048, 8, 64)
+    if nbytes <= 512 << 10:
+        return AllReduceConfig(True, 1024, 4, 64)
     return AllReduceConfig(False, 4096, 8, 128)
 
 
@@ -63,7 +67,7 @@ class AllReduce:
     and calls it with tensors of the same shape and dtype, in the same order.
     """
 
-    def __init__(self, max_bytes: int = 64 << 20, one_shot_max_bytes: int = 256 << 10) -> None:
+    def __init__(self, max_bytes: int = 64 << 20, one_shot_max_bytes: int = 512 << 10) -> None:
         import mori.shmem as shmem
 
         self.rank, self.world = int(shmem.shmem_mype()), int(shmem.shmem_npes())
