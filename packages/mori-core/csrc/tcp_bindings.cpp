@@ -1,5 +1,6 @@
 // Python bindings of the native TCP data plane: TcpTarget, TcpPeer, TcpTransfer.
 // Every call that can block (connect, wait, deregister, close) releases the GIL.
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include "registry.hpp"
@@ -9,6 +10,13 @@ namespace py = pybind11;
 using namespace mori::tcp;
 
 namespace {
+
+using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+std::vector<uint64_t> to_vector(const U64Array& a) {
+    if (a.ndim() != 1) throw std::invalid_argument("offset and size arrays must be 1-d");
+    return std::vector<uint64_t>(a.data(), a.data() + a.shape(0));
+}
 
 mori::native::Registration reg([](py::module_& m) {
     py::class_<Transfer, std::shared_ptr<Transfer>>(m, "TcpTransfer",
@@ -33,6 +41,17 @@ mori::native::Registration reg([](py::module_& m) {
             py::arg("op"), py::arg("local_base"), py::arg("local_offsets"), py::arg("mem_id"),
             py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid"), py::arg("notify"), py::arg("stripe"),
             "Starts a transfer of len(sizes) blocks (op 1 = read, 2 = write); returns its TcpTransfer.")
+        .def(
+            "submit_arrays",
+            [](Peer& p, int op, uint64_t localBase, const U64Array& lofs, uint64_t memId, const U64Array& rofs,
+               const U64Array& sizes, uint64_t uid, bool notify, uint64_t stripe) {
+                auto l = to_vector(lofs), r = to_vector(rofs), s = to_vector(sizes);
+                py::gil_scoped_release release;
+                return p.submit(static_cast<uint8_t>(op), localBase, l, memId, r, s, uid, notify, stripe);
+            },
+            py::arg("op"), py::arg("local_base"), py::arg("local_offsets"), py::arg("mem_id"),
+            py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid"), py::arg("notify"), py::arg("stripe"),
+            "submit() for numpy integer arrays (no per-element conversion); needs numpy.")
         .def("healthy", &Peer::healthy, "False once a connection has failed.")
         .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
 

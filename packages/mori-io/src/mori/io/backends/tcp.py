@@ -121,7 +121,9 @@ class TcpBackend(Backend):
         self._start(peer, request)
 
     def _start(self, peer: Any, request: TransferRequest) -> None:
-        transfer = peer.submit(_NATIVE_OP[request.op], request.local.data, request.local_offsets, request.remote.id,
+        # numpy batches go in as arrays (one memcpy each), lists element by element.
+        submit = peer.submit_arrays if hasattr(request.sizes, "dtype") else peer.submit
+        transfer = submit(_NATIVE_OP[request.op], request.local.data, request.local_offsets, request.remote.id,
                                request.remote_offsets, request.sizes, request.uid,
                                request.notify and self.config.enable_notification, self.config.stripe_bytes)
         request.status._attach(transfer)
