@@ -105,3 +105,28 @@ def test_many_concurrent_transfers(initiator, target, remote_region):
     for uid, _ in statuses:
         assert target.call("pop_inbound", "initiator", uid, 10.0) == StatusCode.SUCCESS
     initiator.deregister_memory(ldesc)
+
+
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_numpy_offset_arrays(initiator, target, remote_region, op):
+    """Offsets and sizes given as numpy arrays (any int dtype) move the same bytes as lists."""
+    buf, rdesc = remote_region
+    rng = np.random.default_rng(17)
+    local = rng.integers(0, 256, 4 << 20, dtype=np.uint8)
+    ldesc = initiator.register_memory(int(local.ctypes.data), local.size, -1, MemoryLocationType.CPU)
+    buf.array[:] = rng.integers(0, 256, buf.size, dtype=np.uint8)
+    l_offs = np.arange(1024, dtype=np.int32) * 4096
+    r_offs = (rng.permutation(1024) * 4096 + 1).astype(np.uint64)
+    sizes = rng.integers(1, 4096, 1024).astype(np.int64)
+    expect_remote, expect_local = buf.array.copy(), local.copy()
+    for lo, ro, n in zip(l_offs.tolist(), r_offs.tolist(), sizes.tolist()):
+        if op == "write":
+            expect_remote[ro:ro + n] = local[lo:lo + n]
+        else:
+            expect_local[lo:lo + n] = buf.array[ro:ro + n]
+    uid = initiator.allocate_transfer_uid()
+    st = getattr(initiator, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, uid)
+    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    assert np.array_equal(buf.array, expect_remote) and np.array_equal(local, expect_local)
+    assert target.call("pop_inbound", "initiator", uid, 10.0) == StatusCode.SUCCESS
+    initiator.deregister_memory(ldesc)
