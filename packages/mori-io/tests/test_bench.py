@@ -1,0 +1,39 @@
+"""The benchmark CLI end to end (two processes over loopback), with tiny sweeps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mori.io.bench import main, parse_args
+
+
+def test_bench_json_plot_and_table(tmp_path, capsys):
+    out, png = tmp_path / "b.json", tmp_path / "b.png"
+    rc = main(["--op", "read", "--session", "--sizes", "4K,64K", "--batch-sizes", "1,8", "--iters", "3",
+               "--warmup", "1", "--num-connections", "2", "--json", str(out), "--plot", str(png), "--no-progress"])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["size"], r["batch"]) for r in rows} == {(4096, 1), (65536, 1), (4096, 8), (65536, 8)}
+    for r in rows:
+        assert r["engine"] == "mori" and r["op"] == "read" and r["iters"] == 3
+        assert r["max_bw_gbs"] >= r["avg_bw_gbs"] > 0 and r["avg_lat_us"] >= r["min_lat_us"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert "MaxBW GB/s" in table and "AvgLat us" in table
+
+
+def test_bench_reports_a_peer_that_cannot_run(tmp_path, capsys):
+    # An interpreter without the peer installed: the row is missing and a note says why.
+    rc = main(["--sizes", "4K", "--iters", "2", "--warmup", "0", "--peers", "mooncake", "--peer-python",
+               "/bin/false", "--no-progress"])
+    assert rc == 0
+    assert "note: mooncake" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--sizes", "0"], ["--sizes", "big"], ["--batch-sizes", "x"], ["--peers", "ucx"],
+                                  ["--iters", "0"]])
+def test_bench_rejects_bad_arguments(argv):
+    with pytest.raises(SystemExit):
+        parse_args(argv)
