@@ -13,6 +13,7 @@ from typing import Any
 
 from mori.core.config import parse_size
 
+from ..types import TcpBackendConfig
 from ._mori_runner import run_mori
 from ._peers import MARK
 
@@ -60,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed transfers per point (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed transfers first (default 5)")
     p.add_argument("--host", default="127.0.0.1", help="address both engines use (default loopback)")
-    p.add_argument("--num-connections", type=int, default=4, help="TCP data connections per peer (default 4)")
+    p.add_argument("--num-connections", type=int, default=TcpBackendConfig().num_connections,
+                   help="TCP data connections per peer (default: TcpBackendConfig's, half the CPUs, 1..4)")
     p.add_argument("--max-bytes", type=_sizes, default=[256 << 20],
                    help="skip points moving more than this per transfer (default 256M)")
     p.add_argument("--peers", type=_peers, default=[], help="also measure: mooncake,nixl (same sizes, same run)")
