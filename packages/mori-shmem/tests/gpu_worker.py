@@ -65,6 +65,10 @@ class Kernels:
 
     def __call__(self, name: str, grid: int, block: int, *args: Any) -> None:
         fn = cu.call("cuModuleGetFunction", self.module, name.encode())
+        # The device API's register use decides how many threads a block may have: stay within it.
+        limit = cu.call("cuFuncGetAttribute",
+                        cu.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
+        block = min(block, int(limit))
         c_args = [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_uint64(a) for a in args]
         launch(fn, grid, block, c_args, torch.cuda.current_stream().cuda_stream)
 
