@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from _peer import PeerProcess, SharedBuffer
 
-from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc
+from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
 
 REGION = (64 << 20) + 4096
 
@@ -15,7 +15,8 @@ REGION = (64 << 20) + 4096
 @pytest.fixture(scope="module")
 def initiator() -> Iterator[IOEngine]:
     engine = IOEngine("initiator", IOEngineConfig(host="127.0.0.1", port=0))
-    engine.create_backend(BackendType.TCP)
+    # Three connections: batches and large blocks are striped (the default may be one).
+    engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=3))
     yield engine
     engine.close()
 
