@@ -12,6 +12,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from mori.triton import DEVICE_FUNCTIONS, BitcodeError, compile_ir, find_bitcode
+from mori.triton._all_reduce import DEFAULT_TABLE, SWEEP_LARGE, SWEEP_SMALL
+from mori.triton._all_reduce_fast import all_reduce_fast_kernel
 from mori.triton._all_reduce_kernels import all_reduce_kernel
 from mori.triton.kernels import (
     PUT_RING_IR,
@@ -105,6 +107,44 @@ def test_all_reduce_kernel_compiles_vectorised(world, one_shot):
     assert {o for o in ops if ".b16" in o} == set(), ops
     assert "st.global.v4.b32" in ops and "ld.global.sys.acquire.b32" in ops
     assert "atom.global.sys.release.exch.b32" in ptx and "%globaltimer" in ptx
+
+
+def _compile_fast(world, one_shot, block, num_warps, dtype="bf16"):
+    """PTX of the v2 all-reduce kernel, specialised as AllReduce's launches are (16-byte alignment, n % 16)."""
+    sig = {"inp": f"*{dtype}", "out": f"*{dtype}", "mine": f"*{dtype}", "my_flags": "*u32", "epochs": "*u32",
+           "deltas": ("i64",) * world, "flag_deltas": ("i64",) * world, "rank": "i32", "n": "i32", "chunk": "i32",
+           "timeout_ns": "i64", "W": "constexpr", "WP": "constexpr", "MAXB": "constexpr", "BLOCK": "constexpr",
+           "ONE_SHOT": "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9)}
+    attrs.update({(a, j): [["tt.divisibility", 16]] for a in (5, 6) for j in range(world)})
+    consts = {(11,): world, (12,): triton.next_power_of_2(world), (13,): 1024, (14,): block, (15,): one_shot}
+    src = triton.compiler.ASTSource(fn=all_reduce_fast_kernel, signature=sig, attrs=attrs, constexprs=consts)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps}).asm["ptx"]
+
+
+def _check_fast_ptx(ptx):
+    ops = set(re.findall(r"(ld\.global[.\w]*|st\.global[.\w]*)", ptx))
+    # data: 16-byte vectors only (the scalar b32 pair is the epoch load/store); flags: parallel
+    # release stores and acquire polls with a deadline, no remote atomics.
+    assert {o for o in ops if "v4" not in o} <= {"ld.global.b32", "st.global.b32"}, ops
+    assert "st.global.v4.b32" in ops and "ld.global.v4.b32" in ops
+    assert "st.release.sys.global.b32" in ptx and "ld.acquire.sys.global.b32" in ptx and "%globaltimer" in ptx
+    assert "atom." not in ptx
+
+
+_SHAPES = sorted({(c.one_shot, c.block, c.num_warps) for c in (*SWEEP_SMALL, *SWEEP_LARGE, *(c for _, c in DEFAULT_TABLE))
+                  if c.kernel == "v2"})
+
+
+@pytest.mark.parametrize("one_shot,block,num_warps", _SHAPES)
+def test_every_swept_fast_all_reduce_compiles_vectorised(one_shot, block, num_warps):
+    _check_fast_ptx(_compile_fast(4, one_shot, block, num_warps))
+
+
+@pytest.mark.parametrize("world,dtype", [(2, "fp16"), (3, "fp32"), (8, "bf16")])
+@pytest.mark.parametrize("one_shot", [True, False])
+def test_fast_all_reduce_compiles_for_other_worlds_and_dtypes(world, dtype, one_shot):
+    _check_fast_ptx(_compile_fast(world, one_shot, 2048, 4, dtype))
 
 
 def test_llvm_ir_path_links_and_assembles():

@@ -2,8 +2,9 @@
 
 An :class:`AllReduce` owns persistent symmetric buffers (allocated once with ``shmem_malloc``,
 reached through peers' NVLink mappings) and launches one Triton kernel per call: one-shot for
-small tensors, two-shot (reduce-scatter + all-gather) above ``one_shot_max_bytes``. The input may
-live anywhere on the GPU; it is read once and pushed straight into peers' buffers.
+small tensors, two-shot (reduce-scatter + all-gather) above. The input may live anywhere on the
+GPU; it is read once and pushed straight into peers' buffers. Which algorithm and shape a size
+gets is :data:`DEFAULT_TABLE`, the one place to change after a benchmark run.
 """
 
 from __future__ import annotations
@@ -11,39 +12,90 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import triton
 from mori.core import config
 
+from ._all_reduce_fast import all_reduce_fast_kernel
 from ._all_reduce_kernels import all_reduce_kernel
 
-__all__ = ["AllReduce", "AllReduceConfig", "all_reduce"]
+__all__ = ["AllReduce", "AllReduceConfig", "DEFAULT_TABLE", "all_reduce", "default_config"]
 
 MAX_WORLD = 8
-_MAXB = 256  # flag slots per (phase, source PE): the most blocks a launch may use
+_MAXB = 1024  # flag slots per (phase, source PE): the most blocks a launch may use
 _ALIGN = 64  # slice lengths are multiples of 64 elements: 16-byte vectors everywhere
 _DTYPES = ("bfloat16", "float16", "float32")
+KERNELS = ("v1", "v2")
 
 
 @dataclasses.dataclass(frozen=True)
 class AllReduceConfig:
-    """How one call runs: algorithm, elements per block iteration, warps, and the block cap."""
+    """How one call runs: algorithm, elements per block iteration, warps, block cap and kernel.
+
+    ``kernel``: ``"v2"`` (``_all_reduce_fast``: all peers signalled and awaited in parallel,
+    2-D tiles) or ``"v1"`` (``_all_reduce_kernels``: the first version, peer after peer).
+    """
 
     one_shot: bool
     block: int
     num_warps: int
     max_blocks: int
+    kernel: str = "v2"
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"AllReduceConfig.kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.block < _ALIGN or self.block & (self.block - 1) or self.num_warps not in (1, 2, 4, 8, 16) \
+                or not 1 <= self.max_blocks <= _MAXB:
+            raise ValueError(f"bad AllReduceConfig {self}: block a power of two >= {_ALIGN}, num_warps 1..16 "
+                             f"(power of two), max_blocks 1..{_MAXB}")
+
+    @property
+    def label(self) -> str:
+        """Short name, e.g. ``2shot-v2 b1024 w4 g128`` (benchmark tables)."""
+        return f"{'1shot' if self.one_shot else '2shot'}-{self.kernel} b{self.block} w{self.num_warps} " \
+               f"g{self.max_blocks}"
+
+
+# Size -> configuration, the one place to change after a run of ci/device/bench_allreduce.py:
+# rows (largest size in bytes, config), first row whose size is >= the tensor's wins. One-shot
+# rows apply only up to AllReduce's one_shot_max_bytes (two-shot with the same shape above it).
+DEFAULT_TABLE: tuple[tuple[int, AllReduceConfig], ...] = (
+    (256 << 10, AllReduceConfig(True, 1024, 4, 64)),
+    (512 << 10, AllReduceConfig(True, 1024, 4, 128)),
+    (4 << 20, AllReduceConfig(False, 1024, 4, 128)),
+    (1 << 62, AllReduceConfig(False, 4096, 8, 132)),
+)
+
+
+def _configs(one_shot: bool, shapes: tuple[tuple[int, int], ...], grids: tuple[int, ...],
+             kernel: str = "v2") -> tuple[AllReduceConfig, ...]:
+    return tuple(AllReduceConfig(one_shot, b, w, g, kernel) for b, w in shapes for g in grids)
+
+
+# Candidates ci/device/bench_allreduce.py times (and checks) per size; the CPU tests compile
+# every one. Kernels compile once per (kernel, one_shot, block, num_warps): grids are free.
+SWEEP_SMALL = (  # up to 2 MiB
+    *_configs(True, ((1024, 4), (2048, 4), (2048, 8)), (32, 64, 128)),
+    *_configs(False, ((1024, 4), (2048, 4), (4096, 8)), (64, 128, 256)),
+    AllReduceConfig(True, 2048, 8, 64, "v1"), AllReduceConfig(False, 4096, 8, 128, "v1"),
+)
+SWEEP_LARGE = (  # from 2 MiB
+    *_configs(False, ((2048, 4), (4096, 8), (8192, 8)), (132, 264, 528)),
+    AllReduceConfig(False, 4096, 8, 128, "v1"),
+)
+
+
+def sweep(nbytes: int) -> tuple[AllReduceConfig, ...]:
+    """The configurations the benchmark tries at ``nbytes``."""
+    return (SWEEP_SMALL if nbytes <= 2 << 20 else ()) + (SWEEP_LARGE if nbytes >= 2 << 20 else ())
 
 
 def default_config(nbytes: int, world: int) -> AllReduceConfig:
-    """The configuration used for ``nbytes`` on ``world`` PEs.
-
-    From the sweep of ``ci/device/bench_allreduce.py`` on 4x H200 (NVLink): one-shot wins up to
-    512 KiB, two-shot above; block shapes within a size differ by about 1 us.
-    """
-    if nbytes <= 256 << 10:
-        return AllReduceConfig(True, 2048, 8, 64)
-    if nbytes <= 512 << 10:
-        return AllReduceConfig(True, 1024, 4, 64)
-    return AllReduceConfig(False, 4096, 8, 128)
+    """The configuration :data:`DEFAULT_TABLE` gives ``nbytes`` (the same for every ``world``)."""
+    for limit, cfg in DEFAULT_TABLE:
+        if nbytes <= limit:
+            return cfg
+    return DEFAULT_TABLE[-1][1]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -68,6 +120,8 @@ class AllReduce:
     """
 
     def __init__(self, max_bytes: int = 64 << 20, one_shot_max_bytes: int = 512 << 10) -> None:
+        import torch
+
         import mori.shmem as shmem
 
         self.rank, self.world = int(shmem.shmem_mype()), int(shmem.shmem_npes())
@@ -90,6 +144,8 @@ class AllReduce:
         shmem.shmem_barrier_all()  # every PE's flags are zero before anyone signals
         self._timeout_ns = int(config.get("MORI_SHMEM_TIMEOUT") * 1e9)
         self._compiled: dict[tuple[Any, ...], Any] = {}
+        self._plans: dict[Any, tuple[Any, tuple[Any, ...]]] = {}  # call key -> (launch, args)
+        self._device = int(torch.cuda.current_device())
         self._closed = False
 
     def _peer(self, addr: int, pe: int) -> int:
@@ -112,6 +168,20 @@ class AllReduce:
 
     def __call__(self, tensor: Any, out: Any = None, cfg: AllReduceConfig | None = None) -> Any:
         """Sums ``tensor`` over all PEs into ``out`` (default: in place); returns the result tensor."""
+        # Fast path: a call like an earlier one (same buffers, size, dtype, config) reuses its
+        # prepared launch; only what a cached plan cannot vouch for is checked again.
+        try:
+            key: tuple[Any, ...] | None = (tensor.data_ptr(), tensor.numel(), tensor.dtype, cfg) if out is None else \
+                (tensor.data_ptr(), tensor.numel(), tensor.dtype, cfg, out.data_ptr(), out.numel(), out.dtype)
+        except AttributeError:  # not a tensor: the full checks below say what is wrong
+            key = None
+        plan = self._plans.get(key)
+        if plan is not None and tensor.is_contiguous() and (out is None or out.is_contiguous()) and not self._closed:
+            plan[0](self._stream(self._device), *plan[1])
+            return tensor if out is None else out
+        return self._call(tensor, out, cfg, key)
+
+    def _call(self, tensor: Any, out: Any, cfg: AllReduceConfig | None, key: tuple[Any, ...] | None) -> Any:
         import torch
 
         if self._closed:
@@ -124,45 +194,76 @@ class AllReduce:
             raise TypeError(f"all_reduce supports {', '.join(_DTYPES)}; got {dtype_name}")
         if not tensor.is_contiguous():
             raise ValueError("all_reduce needs a contiguous tensor (call .contiguous() first)")
-        out = tensor if out is None else out
-        if not isinstance(out, torch.Tensor) or out.shape != tensor.shape or out.dtype != tensor.dtype \
-                or out.device != tensor.device or not out.is_contiguous():
+        result = tensor if out is None else out
+        if not isinstance(result, torch.Tensor) or result.shape != tensor.shape or result.dtype != tensor.dtype \
+                or result.device != tensor.device or not result.is_contiguous():
             raise ValueError("out must be a contiguous tensor of the input's shape, dtype and device")
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes > self.max_bytes:
             raise ValueError(f"tensor of {nbytes} bytes exceeds this AllReduce's max_bytes={self.max_bytes}")
         if tensor.numel() == 0 or self.world == 1:
-            if out.data_ptr() != tensor.data_ptr():
-                out.copy_(tensor)
-            return out
+            if result.data_ptr() != tensor.data_ptr():
+                result.copy_(tensor)
+            return result
+        if tensor.device.index != self._device:
+            raise ValueError(f"tensor is on {tensor.device}, this AllReduce's PE uses cuda:{self._device}")
         cfg = cfg or default_config(nbytes, self.world)
         one_shot = cfg.one_shot and nbytes <= self.one_shot_max_bytes
-        self._launch(tensor, out, cfg, one_shot)
-        return out
+        launch, args = self._plan(tensor, result, cfg, one_shot)
+        if key is not None:
+            if len(self._plans) >= 256:  # many distinct buffers: forget the old plans rather than grow
+                self._plans.clear()
+            self._plans[key] = (launch, args)
+        launch(self._stream(self._device), *args)
+        return result
 
-    def _launch(self, tensor: Any, out: Any, cfg: AllReduceConfig, one_shot: bool) -> None:
+    def _plan(self, tensor: Any, out: Any, cfg: AllReduceConfig, one_shot: bool) -> tuple[Any, tuple[Any, ...]]:
+        """The compiled kernel's launcher and its arguments (plain integers for pointers)."""
         import torch
 
-        n = tensor.numel()
+        n, esize = tensor.numel(), tensor.element_size()
         chunk = _cdiv(_cdiv(n, self.world), _ALIGN) * _ALIGN
-        span = n if one_shot else chunk
-        grid = (max(1, min(cfg.max_blocks, _MAXB, _cdiv(span, cfg.block))),)
-        bufs = tuple(_DevicePointer(p, tensor.dtype) for p in self._peers)
-        flags = tuple(_DevicePointer(p, torch.uint32) for p in self._peer_flags)
-        epochs = _DevicePointer(self._flags + 2 * self.world * _MAXB * 4, torch.uint32)
-        args = (tensor, out, bufs, flags, bufs[self.rank], flags[self.rank], epochs, self.rank, n, chunk,
-                self._timeout_ns)
-        # Triton's JIT dispatch costs tens of microseconds of Python per launch; once compiled, launch
-        # the cached kernel directly. The key holds everything Triton specialises on that can vary
-        # between calls (dtype, 16-byte alignment of the two tensors, n % 16 and n == 1).
-        key = (tensor.dtype, one_shot, cfg, grid, tensor.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0,
-               n % 16 == 0, n == 1)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            self._compiled[key] = all_reduce_kernel[grid](*args, W=self.world, MAXB=_MAXB, BLOCK=cfg.block,
-                                                          ONE_SHOT=one_shot, num_warps=cfg.num_warps)
+        grid = max(1, min(cfg.max_blocks, _MAXB, _cdiv(n if one_shot else chunk, cfg.block)))
+        epochs = self._flags + 2 * self.world * _MAXB * 4
+        wp = triton.next_power_of_2(self.world)
+        if cfg.kernel == "v1":
+            kernel = all_reduce_kernel
+            ptrs: tuple[Any, ...] = (tensor.data_ptr(), out.data_ptr(), tuple(self._peers), tuple(self._peer_flags),
+                                     self._data, self._flags, epochs)
+            consts: tuple[Any, ...] = (self.world, _MAXB, cfg.block, one_shot)
+            names: tuple[str, ...] = ("W", "MAXB", "BLOCK", "ONE_SHOT")
         else:
-            compiled[(grid[0], 1, 1)](*args, self.world, _MAXB, cfg.block, one_shot)
+            kernel = all_reduce_fast_kernel
+            deltas = tuple((p - self._data) // esize for p in self._peers)
+            flag_deltas = tuple((p - self._flags) // 4 for p in self._peer_flags)
+            ptrs = (tensor.data_ptr(), out.data_ptr(), self._data, self._flags, epochs, deltas, flag_deltas)
+            consts = (self.world, wp, _MAXB, cfg.block, one_shot)
+            names = ("W", "WP", "MAXB", "BLOCK", "ONE_SHOT")
+        args = (*ptrs, self.rank, n, chunk, self._timeout_ns)
+        # What Triton specialises on and can vary between calls: dtype, 16-byte alignment of the
+        # two tensors, n % 16 and n == 1 (everything else is fixed for this PE).
+        ckey = (tensor.dtype, one_shot, cfg, tensor.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0, n % 16 == 0,
+                n == 1)
+        compiled = self._compiled.get(ckey)
+        if compiled is None:
+            typed = [_DevicePointer(a, t) if isinstance(a, int) else a
+                     for a, t in zip(ptrs, (tensor.dtype, tensor.dtype, tensor.dtype, torch.uint32, torch.uint32))]
+            if cfg.kernel == "v1":
+                typed[2:4] = [tuple(_DevicePointer(p, tensor.dtype) for p in self._peers),
+                              tuple(_DevicePointer(p, torch.uint32) for p in self._peer_flags)]
+                typed[4:7] = [_DevicePointer(self._data, tensor.dtype), _DevicePointer(self._flags, torch.uint32),
+                              _DevicePointer(epochs, torch.uint32)]
+            # Compile (and run once: this call's launch is the caller's, so compile without launching).
+            compiled = kernel.warmup(*typed, *args[len(ptrs):], grid=(grid,), num_warps=cfg.num_warps,
+                                     **dict(zip(names, consts)))
+            self._compiled[ckey] = compiled
+        return _launcher(compiled, grid), (*args, *consts)
+
+    @staticmethod
+    def _stream(device: int) -> int:
+        import torch
+
+        return int(torch._C._cuda_getCurrentRawStream(device))
 
     def close(self) -> None:
         """Frees the symmetric buffers (collective: every PE calls it)."""
@@ -172,6 +273,26 @@ class AllReduce:
         self._shmem.shmem_barrier_all()
         self._shmem.shmem_free(self._flags)
         self._shmem.shmem_free(self._data)
+
+
+def _launcher(compiled: Any, grid: int) -> Any:
+    """``launch(stream, *args)``: the compiled kernel's C launcher with nothing in between.
+
+    Triton's own ``compiled[grid](...)`` asks the driver for the stream and builds launch
+    metadata on every call; with Triton's launch hooks unset neither is needed. Pointers are
+    plain integers, so the launcher makes no ``cuPointerGetAttribute`` call either.
+    """
+    from triton import knobs
+
+    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        runner = compiled[(grid, 1, 1)]
+        return lambda stream, *args: runner(*args, stream=stream)
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+
+    def launch(stream: int, *args: Any) -> None:
+        run(grid, 1, 1, stream, function, packed, None, None, None, *args)
+
+    return launch
 
 
 _default: AllReduce | None = None
