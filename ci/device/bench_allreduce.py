@@ -5,6 +5,9 @@ PyTorch symmetric memory, measured in the same run.
 
 Times are per call: CUDA events around a CUDA graph of ITERS calls (``graph``), or around ITERS
 eager launches (``eager``: includes Python launch cost), median of REPEATS, max over ranks.
+Every mori configuration (the default and each swept variant) is checked bit for bit against
+the fp32 rank-order sum, before and after its timing runs, on every rank; a wrong one is
+reported as FAILED and never proposed. The last table proposes DEFAULT_TABLE rows.
 """
 
 from __future__ import annotations
@@ -20,14 +23,48 @@ import torch.distributed as dist
 
 import mori.shmem as shmem
 from mori.triton import AllReduce, install_hook, jit
-from mori.triton._all_reduce import AllReduceConfig, default_config
+from mori.triton._all_reduce import AllReduceConfig, default_config, sweep
 from mori.triton.kernels import allreduce_p2p_kernel, allreduce_put_signal_kernel
 
 ITERS, REPEATS = 20, 10
 SIZES = [8 << 10, 32 << 10, 128 << 10, 256 << 10, 512 << 10, 64 * 7168 * 2, 2 << 20, 8 << 20, 32 << 20, 64 << 20]
-VARIANTS = [AllReduceConfig(True, b, w, m) for b, w, ms in [(1024, 4, (16, 32, 64)), (2048, 8, (32, 64))] for m in ms]
-VARIANTS += [AllReduceConfig(False, b, w, m) for b, w, ms in
-             [(1024, 4, (32, 64, 128)), (2048, 4, (32, 64, 128)), (4096, 8, (64, 128, 256))] for m in ms]
+FAILED = "FAILED"
+
+
+def _inputs(seed: int, n: int, world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's random bf16 input and the exact reference (fp32 sum in rank order), no communication."""
+    xs = [torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed * 64 + r))
+          .to(torch.bfloat16) for r in range(world)]
+    acc = xs[0].float()
+    for x in xs[1:]:
+        acc = acc + x.float()
+    return xs[rank], acc.to(torch.bfloat16)
+
+
+def _agree(ok: bool) -> bool:
+    """True when every rank says ok."""
+    flag = torch.tensor([1 if ok else 0], device="cuda")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _checked(results: dict, key: str, op: AllReduce, x, y, ref, cfg: AllReduceConfig | None) -> None:
+    """Times op(x, out=y, cfg) in a graph; FAILED unless y is exact before and after the timing."""
+    error = None
+    try:
+        y.zero_()
+        op(x, out=y, cfg=cfg)
+        torch.cuda.synchronize()
+        ok = torch.equal(y.view(torch.int16), ref.view(torch.int16))
+    except Exception as exc:  # every rank still takes part in _agree below
+        error, ok = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}", False
+    if not _agree(ok):
+        results[key] = error or FAILED
+        return
+    _try(results, key, lambda: op(x, out=y, cfg=cfg), True)
+    torch.cuda.synchronize()
+    if not _agree(torch.equal(y.view(torch.int16), ref.view(torch.int16))):  # the graph's last call
+        results[key] = FAILED
 
 
 def _time(fn, graph: bool) -> float:
@@ -79,17 +116,15 @@ def _try(results: dict, key: str, fn, graph: bool) -> None:
 def bench_size(nbytes: int, op: AllReduce, world: int, rank: int, group_name: str, tune: bool) -> dict:
     n = nbytes // 2
     res: dict = {"bytes": nbytes}
-    x = torch.randn(n, device="cuda").to(torch.bfloat16)
-    _try(res, "mori_graph", lambda: op(x), True)
-    _try(res, "mori_eager", lambda: op(x), False)
-    cfg = default_config(nbytes, world)
-    res["mori_config"] = f"{'1shot' if cfg.one_shot else '2shot'} b{cfg.block} w{cfg.num_warps} g{cfg.max_blocks}"
-    if tune and nbytes <= 8 << 20:
-        for v in VARIANTS:
-            if v.one_shot and nbytes > op.one_shot_max_bytes:
-                continue
-            key = f"{'1shot' if v.one_shot else '2shot'} b{v.block} w{v.num_warps} g{v.max_blocks}"
-            _try(res.setdefault("variants", {}), key, lambda v=v: op(x, cfg=v), True)
+    x, ref = _inputs(nbytes, n, world, rank)
+    y = torch.empty_like(x)
+    _checked(res, "mori_graph", op, x, y, ref, None)
+    _try(res, "mori_eager", lambda: op(x, out=y), False)
+    res["mori_config"] = default_config(nbytes, world).label
+    if tune:
+        for v in sweep(nbytes):
+            if not (v.one_shot and nbytes > op.one_shot_max_bytes):
+                _checked(res.setdefault("variants", {}), v.label, op, x, y, ref, v)
     # Kernel A: inputs already on the symmetric heap, read-only, so back-to-back launches are valid.
     sym = shmem.shmem_tensor((n,), torch.bfloat16)
     sym.copy_(x)
@@ -136,7 +171,29 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _fmt(v) -> str:
-    return f"{v:9.2f}" if isinstance(v, float) else f"{'err':>9}"
+    return f"{v:9.2f}" if isinstance(v, float) else f"{FAILED if v == FAILED else 'err':>9}"
+
+
+def _report(rows: list[dict]) -> None:
+    """Every variant at every size (FAILED/err marked), then the best correct one per size."""
+    labels = list(dict.fromkeys(k for r in rows for k in r.get("variants", {})))
+    if not labels:
+        return
+    swept = [r for r in rows if "variants" in r]
+    print("\nvariants, graph us per call (FAILED: wrong result, never proposed)")
+    print(f"{'variant':>26} " + " ".join(f"{r['bytes']:>9}" for r in swept))
+    for lab in labels:
+        print(f"{lab:>26} " + " ".join(_fmt(r["variants"][lab]) if lab in r["variants"] else f"{'-':>9}"
+                                        for r in swept))
+    print("\nproposed DEFAULT_TABLE rows (best correct variant per size; compare nccl_graph)")
+    for r in swept:
+        best = min(((v, k) for k, v in r["variants"].items() if isinstance(v, float)), default=None)
+        nccl = r.get("nccl_graph")
+        if best:
+            print(f"{r['bytes']:>10}  {best[1]:<26} {best[0]:8.2f} us   nccl {_fmt(nccl)}")
+        failed = [k for k, v in r["variants"].items() if v == FAILED]
+        if failed:
+            print(f"{'':>10}  FAILED: {', '.join(failed)}")
 
 
 def main() -> None:
@@ -156,11 +213,10 @@ def main() -> None:
         cols = ["mori_graph", "mori_eager", "kernel_a", "kernel_b_plus_barrier", "nccl_graph", "nccl_eager",
                 "symm_one_shot", "symm_two_shot"]
         print(f"\nall-reduce bf16 sum, {world} GPUs, microseconds per call (graph = CUDA graph of {ITERS} calls)")
-        print(f"{'bytes':>10} " + " ".join(f"{c[:9]:>9}" for c in cols) + "  mori config / best variant")
+        print(f"{'bytes':>10} " + " ".join(f"{c[:9]:>9}" for c in cols) + "  mori config")
         for r in rows:
-            best = min(((v, k) for k, v in r.get("variants", {}).items() if isinstance(v, float)), default=None)
-            extra = r["mori_config"] + (f" | best {best[1]} {best[0]:.2f}" if best else "")
-            print(f"{r['bytes']:>10} " + " ".join(_fmt(r.get(c)) for c in cols) + "  " + extra)
+            print(f"{r['bytes']:>10} " + " ".join(_fmt(r.get(c)) for c in cols) + "  " + r["mori_config"])
+        _report(rows)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"world": world, "iters": ITERS, "repeats": REPEATS, "rows": rows}, f, indent=1)

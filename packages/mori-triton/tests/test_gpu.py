@@ -134,23 +134,39 @@ def test_kernel_b_put_signal(world, shape):
             shmem.shmem_free(t.data_ptr())
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+# (one_shot, block, num_warps, max_blocks, kernel): v1 and v2 of both algorithms; small grids make
+# every block loop over several tiles, the 132-block one is the large-size shape. Every config
+# runs bf16; the small-grid v2 ones (which cover the most code paths) every dtype.
+_V2_SMALL_GRID = [(True, 1024, 4, 8, "v2"), (False, 1024, 4, 8, "v2")]
+ALL_REDUCE_CASES = [("bfloat16", c) for c in [(True, 2048, 4, 64, "v1"), (False, 2048, 4, 64, "v1"),
+                                              *_V2_SMALL_GRID, (True, 2048, 8, 64, "v2"), (False, 4096, 8, 132, "v2")]]
+ALL_REDUCE_CASES += [(d, c) for d in ("float16", "float32") for c in _V2_SMALL_GRID]
+
+
 @pytest.mark.parametrize("shape", [(64, 7168), (5, 333), (1024, 4096)])
-@pytest.mark.parametrize("one_shot", [True, False])
-def test_all_reduce_exact(world, dtype, shape, one_shot):
+@pytest.mark.parametrize("dtype,config", ALL_REDUCE_CASES,
+                         ids=lambda c: f"{'1shot' if c[0] else '2shot'}-{c[4]}-b{c[1]}w{c[2]}g{c[3]}"
+                         if isinstance(c, tuple) else c)
+def test_all_reduce_exact(world, dtype, shape, config):
     from mori.triton import AllReduce
     from mori.triton._all_reduce import AllReduceConfig
 
     rank, n = world
     op = AllReduce(max_bytes=32 << 20, one_shot_max_bytes=32 << 20)
     try:
-        cfg = AllReduceConfig(one_shot, 2048, 4, 64)
-        for it in range(4):  # repeated calls exercise the epochs and the slot parity
+        cfg = AllReduceConfig(*config)
+        for it in range(4):  # repeated calls exercise the epochs, the slot parity and the cached launch
             x = _input(100 + it, rank, shape, DTYPES[dtype])
             # odd calls in place, even ones into a fresh output
             out = op(x, cfg=cfg) if it % 2 else op(x, out=torch.empty_like(x), cfg=cfg)
             torch.cuda.synchronize()
             _same_bits(out, _reference(100 + it, n, shape, DTYPES[dtype]))
+        # back to back without host synchronisation: a PE may run one call ahead of another
+        xs = [_input(300 + it, rank, shape, DTYPES[dtype]) for it in range(6)]
+        outs = [op(x, out=torch.empty_like(x), cfg=cfg) for x in xs]
+        torch.cuda.synchronize()
+        for it, out in enumerate(outs):
+            _same_bits(out, _reference(300 + it, n, shape, DTYPES[dtype]))
     finally:
         op.close()
 

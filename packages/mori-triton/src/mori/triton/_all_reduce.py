@@ -87,7 +87,8 @@ SWEEP_LARGE = (  # from 2 MiB
 
 def sweep(nbytes: int) -> tuple[AllReduceConfig, ...]:
     """The configurations the benchmark tries at ``nbytes``."""
-    return (SWEEP_SMALL if nbytes <= 2 << 20 else ()) + (SWEEP_LARGE if nbytes >= 2 << 20 else ())
+    both = (SWEEP_SMALL if nbytes <= 2 << 20 else ()) + (SWEEP_LARGE if nbytes >= 2 << 20 else ())
+    return tuple(dict.fromkeys(both))
 
 
 def default_config(nbytes: int, world: int) -> AllReduceConfig:
