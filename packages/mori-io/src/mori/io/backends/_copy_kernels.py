@@ -2,7 +2,8 @@
 
 A batch of thousands of small blocks costs thousands of copy-engine commands; one kernel launch
 with a table of ``(src, dst, bytes)`` rows in device memory moves them all. A warp copies one
-row at a time (rows striped over all warps of the grid) with mori's device copy routine
+row at a time (rows striped over all warps of the grid, which is as large as the GPU holds at
+once) with mori's device copy routine
 (``mori::device::detail::GroupCopy``: 16-byte vectors when the pointers are congruent modulo
 16, eight loads in flight per thread to hide NVLink latency). Pointers may be local or peer
 (IPC-opened / VMM-imported) addresses: the SMs of the initiator's GPU load and store across
@@ -28,25 +29,33 @@ __all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuff
 KERNEL_NAME = "mori_io_gather_copy"
 ROW_WORDS = 3  # a table row: src, dst, bytes (uint64 each)
 _THREADS = 512  # 16 warps per block
-_BLOCKS_PER_SM = 4
+_PARAMS = 6  # rows, n, src0, dst0, bytes0, piece
+# A lone block is cut into pieces of this size, one per warp: a warp moves 4 KiB in one unrolled
+# step of GroupCopy (32 lanes x 8 x 16 bytes), so every piece is a single NVLink round trip.
+_SINGLE_PIECE = 4096
 
 KERNEL_SOURCE = r"""
 #include <mori/device/copy.cuh>
 
-// rows: n rows of {src, dst, bytes}; when rows is null the single row is passed by value
-// (a one-block transfer then needs no table upload).
+// rows: n rows of {src, dst, bytes}, one warp per row. When rows is null there is one block,
+// passed by value (a one-block transfer needs no table upload), cut here into n pieces of
+// `piece` bytes so that n warps share it.
 extern "C" __global__ void __launch_bounds__(512)
-mori_io_gather_copy(const unsigned long long* rows, unsigned long long n,
-                    unsigned long long src0, unsigned long long dst0, unsigned long long bytes0) {
+mori_io_gather_copy(const unsigned long long* rows, unsigned long long n, unsigned long long src0,
+                    unsigned long long dst0, unsigned long long bytes0, unsigned long long piece) {
   const unsigned int lane = threadIdx.x & 31u;
   const unsigned long long warp = (static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const unsigned long long warps = (static_cast<unsigned long long>(gridDim.x) * blockDim.x) >> 5;
   for (unsigned long long i = warp; i < n; i += warps) {
-    unsigned long long src = src0, dst = dst0, bytes = bytes0;
+    unsigned long long src, dst, bytes;
     if (rows != nullptr) {
       src = rows[3 * i];
       dst = rows[3 * i + 1];
       bytes = rows[3 * i + 2];
+    } else {
+      src = src0 + i * piece;
+      dst = dst0 + i * piece;
+      bytes = bytes0 - i * piece < piece ? bytes0 - i * piece : piece;
     }
     mori::device::detail::GroupCopy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
                                     bytes, lane, 32u);
@@ -127,35 +136,58 @@ class CopyKernel:
 
     def __init__(self, device: int) -> None:
         self.device = device
+        drv = _cuda.driver()
         dev = _cuda.call("cuDeviceGet", device)
-        attr = _cuda.driver().CUdevice_attribute
+        attr = drv.CUdevice_attribute
         major = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
         minor = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
-        self._sms = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+        sms = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
         cubin = compile_cubin(f"sm_{major}{minor}")
         self._module = _cuda.call("cuModuleLoadData", cubin, detail=f"copy kernel on device {device}")
         self._function = _cuda.call("cuModuleGetFunction", self._module, KERNEL_NAME.encode())
+        # Rows are striped over the warps of the grid: a grid of exactly the blocks that can be
+        # resident at once keeps every warp busy with no second wave.
+        per_sm = int(_cuda.call("cuOccupancyMaxActiveBlocksPerMultiprocessor", self._function, _THREADS, 0))
+        self._max_blocks = sms * max(1, per_sm)
+        # Launch arguments live in one pre-built buffer (the driver copies them at the launch), so
+        # a launch passes a pointer instead of building ctypes objects per argument.
+        self._args = (ctypes.c_uint64 * _PARAMS)()
+        base = ctypes.addressof(self._args)
+        self._arg_ptrs = (ctypes.c_void_p * _PARAMS)(*(base + 8 * i for i in range(_PARAMS)))
+        self._arg_ptrs_addr = ctypes.addressof(self._arg_ptrs)
+        self._launch = drv.cuLaunchKernel
+        self._upload = drv.cuMemcpyHtoDAsync
+        self._lock = threading.Lock()
         self.tables = TablePool(device)
 
-    def grid(self, rows: int) -> int:
-        """Thread blocks for ``rows`` rows: one warp per row, at most a few blocks per SM."""
-        warps_per_block = _THREADS // 32
-        return max(1, min(-(-rows // warps_per_block), self._sms * _BLOCKS_PER_SM))
+    def grid(self, warps: int) -> int:
+        """Thread blocks for ``warps`` busy warps, at most what the GPU holds at once."""
+        return max(1, min(-(-warps // (_THREADS // 32)), self._max_blocks))
 
     def launch(self, stream: Any, table: TableBuffer | None, rows: int, single: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first), or the one row
-        ``single`` = (src, dst, bytes) when ``table`` is None; asynchronous on ``stream``."""
-        if rows == 0:
-            return
-        table_dev = 0
+        """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first: no host wait), or the
+        one block ``single`` = (src, dst, bytes) when ``table`` is None (``rows`` is ignored then);
+        asynchronous on ``stream``."""
+        args: list[Any]
         if table is not None:
-            nbytes = rows * ROW_WORDS * 8
-            _cuda.call("cuMemcpyHtoDAsync", table.dev_ptr, table.host_ptr, nbytes, stream)
-            table_dev = table.dev_ptr
-        u64 = ctypes.c_uint64
-        params = ((table_dev, rows, *single), (u64, u64, u64, u64, u64))
-        _cuda.call("cuLaunchKernel", self._function, self.grid(rows), 1, 1, _THREADS, 1, 1, 0, stream, params, 0,
-                   detail=f"{rows}-row copy on device {self.device}")
+            if rows == 0:
+                return
+            done = self._upload(table.dev_ptr, table.host_ptr, rows * ROW_WORDS * 8, stream)
+            if done[0]:  # the message is built only on failure: this is the per-transfer path
+                _cuda.check(done, "cuMemcpyHtoDAsync", f"{rows}-row copy table on device {self.device}")
+            args = [table.dev_ptr, rows, 0, 0, 0, 0]
+            warps = rows
+        else:
+            if single[2] == 0:
+                return
+            warps = -(-single[2] // _SINGLE_PIECE)
+            args = [0, warps, *single, _SINGLE_PIECE]
+        with self._lock:
+            self._args[:] = args
+            done = self._launch(self._function, self.grid(warps), 1, 1, _THREADS, 1, 1, 0, stream,
+                                self._arg_ptrs_addr, 0)
+        if done[0]:
+            _cuda.check(done, "cuLaunchKernel", f"{warps}-warp copy on device {self.device}")
 
     def close(self) -> None:
         """Unloads the module and frees idle tables (the device's context must be current)."""

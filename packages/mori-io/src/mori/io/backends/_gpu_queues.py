@@ -24,8 +24,14 @@ from ._nvlink_plan import CopyPlan
 
 __all__ = ["DeviceQueues", "GpuTransfer"]
 
-_SPIN_S = 200e-6  # busy-poll this long before sleeping: small copies finish in microseconds
-_MAX_PAUSE_S = 100e-6  # longest sleep between polls: a waiter oversleeps a transfer's end by at most this
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY: an event that has not fired yet
+_DONE = (StatusCode.SUCCESS, "")
+
+# A waiter polls without sleeping for this long (each poll releases the GIL inside the driver
+# call): a transfer of up to ~1 GiB ends within it, and Linux oversleeps any sleep by ~50 us of
+# timer slack, which would be a large part of a short transfer.
+_SPIN_S = 5e-3
+_MAX_PAUSE_S = 200e-6  # after the spin: longest sleep between polls (a 5 ms+ transfer oversleeps < 4 %)
 
 
 class DeviceQueues:
@@ -33,7 +39,13 @@ class DeviceQueues:
 
     def __init__(self, device: int, num_streams: int, num_events: int) -> None:
         self.device = device
-        self._drv = _cuda.driver()
+        self._drv = drv = _cuda.driver()
+        self._ctx = _cuda.init_device(device)
+        # Driver entry points of the per-transfer path, looked up once.
+        self._set_current = drv.cuCtxSetCurrent
+        self._event_record = drv.cuEventRecord
+        self._memcpy = drv.cuMemcpyAsync
+        self._event_flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
         self._num_streams = num_streams
         self._num_events = num_events
         self._streams: list[Any] = []
@@ -43,6 +55,12 @@ class DeviceQueues:
         self._lock = threading.Lock()
         self._attrs: list[Any] | None = None  # cuMemcpyBatchAsync attributes; None = use single copies
         self._batch_ok = hasattr(self._drv, "cuMemcpyBatchAsync")
+
+    def make_current(self) -> None:
+        """Makes this device's primary context current in the calling thread (one driver call)."""
+        done = self._set_current(self._ctx)
+        if done[0]:
+            _cuda.check(done, "cuCtxSetCurrent", f"device {self.device}")
 
     def streams(self, n: int) -> list[Any]:
         """``n`` streams (fewer if the pool is smaller), round-robin over the pool.
@@ -64,8 +82,7 @@ class DeviceQueues:
         with self._lock:
             if self._events:
                 return self._events.pop()
-        flags = self._drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
-        return _cuda.call("cuEventCreate", flags, detail=f"device {self.device}")
+        return _cuda.call("cuEventCreate", self._event_flags, detail=f"device {self.device}")
 
     def give_events(self, events: list[Any]) -> None:
         """Returns fired events; beyond ``num_events`` idle ones they are destroyed."""
@@ -106,7 +123,7 @@ class DeviceQueues:
                     raise
                 self._batch_ok = False
         for src, dst, nbytes in rows.tolist():
-            _cuda.check(drv.cuMemcpyAsync(dst, src, nbytes, stream), "cuMemcpyAsync",
+            _cuda.check(self._memcpy(dst, src, nbytes, stream), "cuMemcpyAsync",
                         f"{nbytes} bytes 0x{src:x} -> 0x{dst:x}")
 
     def issue(self, plan: CopyPlan) -> tuple[list[Any], list[TableBuffer]]:
@@ -124,8 +141,8 @@ class DeviceQueues:
                 events.append(self._record(stream))
             if len(plan.kernel):
                 stream, n, kernel = streams[-1], len(plan.kernel), self.kernel
-                if n == 1:
-                    src, dst, nbytes = (int(v) for v in plan.kernel[0])
+                if n == 1:  # a lone block: passed by value, cut into pieces by the kernel
+                    src, dst, nbytes = plan.kernel[0].tolist()
                     kernel.launch(stream, None, 1, (src, dst, nbytes))
                 else:
                     table = kernel.tables.take(n)
@@ -144,7 +161,9 @@ class DeviceQueues:
 
     def _record(self, stream: Any) -> Any:
         ev = self.event()
-        _cuda.call("cuEventRecord", ev, stream)
+        done = self._event_record(ev, stream)
+        if done[0]:
+            _cuda.check(done, "cuEventRecord", f"device {self.device}")
         return ev
 
     def close(self) -> None:
@@ -178,18 +197,20 @@ class GpuTransfer:
         self._final: tuple[StatusCode, str] | None = None if events else (StatusCode.SUCCESS, "")
         self.abandoned = False  # ended by the timeout: its events and tables may still be in use
         self._lock = threading.Lock()
-        self._drv = queues._drv
+        self._query = queues._drv.cuEventQuery
+        self._fired = 0  # events[:_fired] are known to have fired
 
     def _poll(self) -> tuple[StatusCode, str] | None:
-        drv = self._drv
-        for ev in self.events:
-            (res,) = drv.cuEventQuery(ev)
-            if res == drv.CUresult.CUDA_ERROR_NOT_READY:
-                return None
-            if res != drv.CUresult.CUDA_SUCCESS:
+        events = self.events
+        while self._fired < len(events):
+            (res,) = self._query(events[self._fired])
+            if res:  # CUresult is an int enum: 0 = success
+                if res == _NOT_READY:
+                    return None
                 name, _ = _cuda._describe(res)
                 return StatusCode.ERR_GPU_OP, f"NVLink copy failed on device {self.queues.device}: {name}"
-        return StatusCode.SUCCESS, ""
+            self._fired += 1
+        return _DONE
 
     def finish(self, code: StatusCode | None = None, message: str = "") -> bool:
         """Checks the events (or forces ``code``); True once the transfer has ended."""
@@ -218,11 +239,11 @@ class GpuTransfer:
         return final[1] if final is not None else ""
 
     def wait(self, timeout: float) -> bool:
-        """Polls until the transfer ends or ``timeout`` seconds pass (sleeping, GIL released,
-        after a short spin)."""
+        """Polls until the transfer ends or ``timeout`` seconds pass: without sleeping for the
+        first ``_SPIN_S`` (the GIL is released in every poll), then sleeping between polls."""
         start = time.monotonic()
         end = start + timeout
-        pause = 20e-6
+        pause = 50e-6
         while not self.finish():
             now = time.monotonic()
             if now >= self.deadline:

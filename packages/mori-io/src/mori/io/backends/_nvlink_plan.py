@@ -6,7 +6,8 @@ Pure array arithmetic (no CUDA), so it is tested on any machine:
    block starts where the previous ended, locally and remotely) merge into one block;
 2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel (cut into
    pieces of at most ``KERNEL_PIECE`` bytes: a warp copies one piece, and many pieces keep all
-   warps busy); the rest go to the copy engines;
+   warps busy; a lone kernel block stays whole: the kernel cuts it itself, so it needs no table);
+   the rest go to the copy engines;
 3. copy-engine blocks larger than ``stripe`` bytes are cut into ``stripe``-sized pieces and all
    pieces are dealt out over at most ``max_streams`` streams, balancing bytes, so several copy
    engines work at once.
@@ -39,14 +40,15 @@ class CopyPlan:
 
 
 def _merge(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # Boolean indexing costs tens of microseconds per 10k rows: only where something is dropped.
-    keep = sizes > 0
-    if not keep.all():
+    # Every pass over a 16k-block batch costs microseconds: boolean indexing only where something
+    # is dropped, and one reduction to learn that nothing is.
+    if not sizes.all():
+        keep = sizes != 0
         src, dst, sizes = src[keep], dst[keep], sizes[keep]
     if len(sizes) < 2:
         return src, dst, sizes
-    ends_src, ends_dst = src[:-1] + sizes[:-1], dst[:-1] + sizes[:-1]
-    joins = (src[1:] == ends_src) & (dst[1:] == ends_dst)
+    joins = src[1:] == src[:-1] + sizes[:-1]
+    joins &= dst[1:] == dst[:-1] + sizes[:-1]
     if not joins.any():
         return src, dst, sizes
     starts = np.flatnonzero(np.concatenate(([True], ~joins)))
@@ -86,24 +88,39 @@ def _deal(rows: np.ndarray, max_streams: int, stripe: int) -> list[np.ndarray]:
 Offsets = Sequence[int] | np.ndarray
 
 
+def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_streams: int) -> CopyPlan:
+    """The plan of one block, without array passes (the latency path of a one-block transfer)."""
+    row = np.array([[src, dst, size]], dtype=np.uint64)
+    if size == 0:
+        return CopyPlan(row[:0])
+    if size < kernel_max:
+        return CopyPlan(row)
+    return CopyPlan(row[:0], _deal(_stripe(row, stripe), max_streams, stripe))
+
+
 def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
                 kernel_max: int, stripe: int, max_streams: int) -> CopyPlan:
     """Plans copies of ``sizes[i]`` bytes from ``src_base + src_offsets[i]`` to ``dst_base +
     dst_offsets[i]`` (offsets already checked against both regions)."""
     if kernel_max < 0 or stripe <= 0 or max_streams <= 0:
         raise ValueError(f"plan_copies: kernel_max={kernel_max}, stripe={stripe}, max_streams={max_streams}")
-    sz = np.asarray(sizes, dtype=np.uint64)
-    src = np.asarray(src_offsets, dtype=np.uint64) + np.uint64(src_base)
-    dst = np.asarray(dst_offsets, dtype=np.uint64) + np.uint64(dst_base)
+    if len(sizes) == 1:
+        return _single(src_base + int(src_offsets[0]), dst_base + int(dst_offsets[0]), int(sizes[0]), kernel_max,
+                       stripe, max_streams)
+    # int64 arithmetic (addresses are below 2**63): numpy int64 offsets from the engine are used
+    # without a conversion copy; the rows are reinterpreted as uint64 at the end.
+    sz = np.asarray(sizes, dtype=np.int64)
+    src = np.add(np.asarray(src_offsets, dtype=np.int64), src_base)
+    dst = np.add(np.asarray(dst_offsets, dtype=np.int64), dst_base)
     src, dst, sz = _merge(src, dst, sz)
-    rows = np.empty((len(sz), 3), dtype=np.uint64)
-    rows[:, 0], rows[:, 1], rows[:, 2] = src, dst, sz
-    small = sz < np.uint64(kernel_max)
-    if small.all():
+    rows = np.stack((src, dst, sz), axis=1).view(np.uint64)
+    if len(sz) == 0 or int(sz.max()) < kernel_max:
         kernel_rows, engine_rows = rows, rows[:0]
-    elif not small.any():
+    elif int(sz.min()) >= kernel_max:
         kernel_rows, engine_rows = rows[:0], rows
     else:
+        small = sz < kernel_max
         kernel_rows, engine_rows = rows[small], rows[~small]
-    kernel_rows = _stripe(kernel_rows, KERNEL_PIECE)
+    if len(kernel_rows) > 1:
+        kernel_rows = _stripe(kernel_rows, KERNEL_PIECE)
     return CopyPlan(np.ascontiguousarray(kernel_rows), _deal(_stripe(engine_rows, stripe), max_streams, stripe))

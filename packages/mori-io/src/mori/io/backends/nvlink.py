@@ -8,8 +8,12 @@ region once per (engine, memory id) and from then on copies directly: large bloc
 copy engines over a pool of streams, small blocks with one gather-kernel launch (the split is
 ``MORI_IO_NVLINK_KERNEL_MAX``, chosen by measurement; see ``_nvlink_plan``).
 
-A transfer completes when its CUDA events fire; the owner of the remote region then gets an
-inbound record (``nvlink.notify``, batched). When the owner deregisters a region, or the engine
+A transfer completes when its CUDA events fire (seen by whoever polls its status); the owner of
+the remote region then gets an inbound record (``nvlink.notify``), sent in batches by a
+housekeeping thread that also finishes transfers nobody polls. That thread ticks every
+millisecond while there is work and sleeps otherwise, and nothing on the transfer path wakes it
+while it ticks: a background thread that wants the GIL while the caller submits or polls
+delays the caller by a thread hand-off each time. When the owner deregisters a region, or the engine
 that opened it, it revokes the mapping (``nvlink.revoke``): the initiator drops it after its
 in-flight copies finish, so later transfers fail with ``ERR_NOT_FOUND`` and touch nothing.
 """
@@ -19,9 +23,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +51,10 @@ __all__ = ["NvlinkBackend"]
 # still serve batches of many large blocks.
 STRIPE = 256 << 20
 ENGINE_STREAMS = 4
+
+_TICK_S = 1e-3  # housekeeping period while transfers run or records wait to be sent
+_NOTIFY_EVERY_S = 2e-3  # inbound records are sent at most this often (batched in between)
+_IDLE_S = 0.05  # with nothing to do for this long, housekeeping sleeps until the next transfer
 
 
 @dataclass
@@ -98,12 +106,13 @@ class NvlinkBackend(Backend):
         self._inflight: dict[GpuTransfer, _Flight] = {}
         self._unhealthy: set[str] = set()
         self._fd_server: FdServer | None = None
-        self._notes: queue.SimpleQueue[tuple[str, int, int, str] | None] = queue.SimpleQueue()
+        # Inbound records to send: (target engine key, uid, code, message); appended without
+        # waking anyone (deque appends are atomic).
+        self._notes: deque[tuple[str, int, int, str]] = deque()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._reap, name="mori-io-nvlink-reaper", daemon=True),
-                         threading.Thread(target=self._notify_loop, name="mori-io-nvlink-notify", daemon=True)]
-        for t in self._threads:
-            t.start()
+        self._asleep = False  # housekeeping waits on _cond until a transfer or record arrives
+        self._thread = threading.Thread(target=self._housekeep, name="mori-io-nvlink", daemon=True)
+        self._thread.start()
         ctx.add_control_handler("nvlink.open", self._handle_open)
         ctx.add_control_handler("nvlink.revoke", self._handle_revoke)
         ctx.add_control_handler("nvlink.notify", self._handle_notify)
@@ -181,11 +190,16 @@ class NvlinkBackend(Backend):
 
     # ---- remote memory (this engine as initiator) ----------------------------------------------
     def _device(self, device: int) -> DeviceQueues:
-        _cuda.init_device(device)
+        """The device's queues, with its context made current in this thread."""
+        q = self._queues.get(device)
+        if q is not None:
+            q.make_current()
+            return q
         with self._lock:
             q = self._queues.get(device)
             if q is None:
                 q = self._queues[device] = DeviceQueues(device, self.config.num_streams, self.config.num_events)
+        q.make_current()
         return q
 
     def _open(self, remote: MemoryDesc, device: int) -> _Opened:
@@ -286,11 +300,11 @@ class NvlinkBackend(Backend):
                 self._unhealthy.add(remote.engine_key)
             status._set(code, f"NVLink backend: cannot map memory {remote.id} of engine {remote.engine_key!r}: {err}")
             return
-        # One conversion for the whole batch (free when the caller passed numpy arrays).
-        sizes = np.asarray(request.sizes, dtype=np.uint64)
-        r_offs = np.asarray(request.remote_offsets, dtype=np.uint64)
-        l_offs = np.asarray(request.local_offsets, dtype=np.uint64)
-        if len(sizes) and int((r_offs + sizes).max()) > opened.size:
+        sizes, r_offs, l_offs = request.sizes, request.remote_offsets, request.local_offsets
+        # The engine checked every block against the descriptor; the owner's registered size
+        # needs its own pass only when the descriptor claims more (a forged or stale one).
+        if remote.size > opened.size and len(sizes) and \
+                int((np.asarray(r_offs, dtype=np.int64) + np.asarray(sizes, dtype=np.int64)).max()) > opened.size:
             status._set(StatusCode.ERR_INVALID_ARGS, f"NVLink backend: a block is out of range of remote memory "
                                                      f"{remote.id} ({opened.size} bytes registered by its owner)")
             return
@@ -312,7 +326,7 @@ class NvlinkBackend(Backend):
                                        self._on_done)
                 if events:
                     self._inflight[transfer] = _Flight(request, (remote.engine_key, remote.id))
-                    self._cond.notify_all()
+                    self._wake()
         except _cuda.CudaError as err:
             status._set(StatusCode.ERR_GPU_OP, f"NVLink backend: {err}")
             self._note(request, StatusCode.ERR_GPU_OP, str(err))
@@ -325,12 +339,20 @@ class NvlinkBackend(Backend):
 
     def _note(self, request: TransferRequest, code: StatusCode, message: str) -> None:
         if request.notify:
-            self._notes.put((request.remote.engine_key, request.uid, int(code), message))
+            self._notes.append((request.remote.engine_key, request.uid, int(code), message))
+            if self._asleep:
+                with self._lock:
+                    self._wake()
+
+    def _wake(self) -> None:
+        """Wakes housekeeping if it sleeps (call with ``_lock`` held); free while it ticks."""
+        if self._asleep:
+            self._asleep = False
+            self._cond.notify()
 
     def _on_done(self, transfer: GpuTransfer) -> None:
         with self._lock:
             flight = self._inflight.pop(transfer, None)
-            self._cond.notify_all()
         if not transfer.abandoned:  # a timed-out copy may still use them: leak rather than reuse
             transfer.queues.give_events(transfer.events)
             for table in transfer.tables:
@@ -339,68 +361,72 @@ class NvlinkBackend(Backend):
             self._note(flight.request, StatusCode(transfer.code()), transfer.message())
 
     def _drain(self, match: Callable[[_Flight], bool], what: str) -> None:
-        """Waits (bounded by MORI_IO_TIMEOUT) until no in-flight transfer matches."""
+        """Finishes (bounded by MORI_IO_TIMEOUT) every in-flight transfer that matches."""
         deadline = time.monotonic() + self.ctx.io_timeout()
-        with self._cond:
-            while any(match(f) for f in self._inflight.values()):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.ctx.log.warning("nvlink: copies using %s still running after the timeout", what)
-                    return
-                self._cond.wait(min(left, 0.01))
-
-    def _reap(self) -> None:
-        """Finishes transfers nobody polls, so targets get notified and resources come back."""
-        pause = 50e-6
-        while not self._stop.is_set():
-            with self._cond:
-                if not self._inflight:
-                    self._cond.wait(0.2)
-                    pause = 50e-6
-                    continue
-                flights = list(self._inflight)
-            done = sum(1 for t in flights if t.wait(0.0))
-            pause = 50e-6 if done else min(pause * 2, 2e-3)
-            time.sleep(pause)
-
-    def _notify_loop(self) -> None:
-        """Sends inbound records to targets, batching whatever has queued up."""
         while True:
-            try:
-                first = self._notes.get(timeout=0.2)
-            except queue.Empty:
-                if self._stop.is_set():
-                    return
-                continue
-            batch = [first]
-            while True:
-                try:
-                    batch.append(self._notes.get_nowait())
-                except queue.Empty:
-                    break
-            by_key: dict[str, list[tuple[str, int, int, str]]] = {}
-            for note in batch:
-                if note is not None:
-                    by_key.setdefault(note[0], []).append(note)
-            for key, notes in by_key.items():
-                body = {"uids": [n[1] for n in notes], "codes": [n[2] for n in notes],
-                        "messages": [n[3] for n in notes]}
-                try:
-                    self.ctx.control_request(key, "nvlink.notify", body)
-                except (ConnectionError, TimeoutError, OSError) as err:
-                    self.ctx.log.warning("nvlink: could not notify engine %r of %d transfer(s): %s", key,
-                                         len(notes), err)
-            if None in batch:
+            with self._lock:
+                pending = [t for t, f in self._inflight.items() if match(f)]
+            if not pending:
                 return
+            for transfer in pending:
+                transfer.wait(0.0)  # ends it if its events fired (or its own deadline passed)
+            if time.monotonic() > deadline:
+                self.ctx.log.warning("nvlink: copies using %s still running after the timeout", what)
+                return
+            time.sleep(200e-6)
+
+    def _housekeep(self) -> None:
+        """Finishes transfers nobody polls (so targets get notified and resources come back) and
+        sends inbound records in batches."""
+        quiet_since = last_sent = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                flights = list(self._inflight)
+            for transfer in flights:
+                transfer.wait(0.0)
+            now = time.monotonic()
+            if self._notes and now - last_sent >= _NOTIFY_EVERY_S:
+                self._send_notes()
+                last_sent = now
+            if flights or self._notes:
+                quiet_since = now
+            elif now - quiet_since > _IDLE_S:
+                with self._cond:
+                    if not self._inflight and not self._notes:
+                        self._asleep = True
+                        # Re-checks the queues: a record appended (lock-free) while we decided
+                        # to sleep waits at most one timeout.
+                        while self._asleep and not self._stop.is_set() and not self._notes and not self._inflight:
+                            self._cond.wait(0.5)
+                        self._asleep = False
+                quiet_since = time.monotonic()
+                continue
+            self._stop.wait(_TICK_S)
+        self._send_notes()
+
+    def _send_notes(self) -> None:
+        """Sends every queued inbound record, one request per target engine."""
+        by_key: dict[str, list[tuple[str, int, int, str]]] = {}
+        while self._notes:
+            note = self._notes.popleft()
+            by_key.setdefault(note[0], []).append(note)
+        for key, notes in by_key.items():
+            body = {"uids": [n[1] for n in notes], "codes": [n[2] for n in notes],
+                    "messages": [n[3] for n in notes]}
+            try:
+                self.ctx.control_request(key, "nvlink.notify", body)
+            except (ConnectionError, TimeoutError, OSError, ControlError) as err:
+                self.ctx.log.warning("nvlink: could not notify engine %r of %d transfer(s): %s", key,
+                                     len(notes), err)
 
     def close(self) -> None:
         if self._stop.is_set():
             return
         self._drain(lambda f: True, "any memory")
         self._stop.set()
-        self._notes.put(None)
-        for t in self._threads:
-            t.join(timeout=self.ctx.io_timeout())
+        with self._lock:
+            self._wake()
+        self._thread.join(timeout=self.ctx.io_timeout())
         with self._lock:
             opened, self._opened = list(self._opened.values()), {}
             exports, self._exports = [e for _, e in self._exports.values()], {}
