@@ -5,7 +5,7 @@ The target engine runs in its own process on GPU 0; initiators run here on GPU 1
 path: ``auto`` = the backend's choice, ``kernel`` = everything through the gather kernel,
 ``engines`` = everything through the copy engines). Each point reports MORI's benchmark columns
 (MaxBW/AvgBW in GB/s = 1e9 bytes/s, MinLat/AvgLat in us) from ``--iters`` timed transfers, each
-timed from the call to the end of ``while status.InProgress()`` (the seed's way of waiting).
+timed as a user sees it: from the call to the return of ``status.Wait()``.
 Layouts: ``contig`` (blocks back to back on both sides: the backend merges them) and
 ``scatter`` (remote blocks in reverse order: nothing merges). Writes a table and JSON.
 
@@ -95,8 +95,7 @@ def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, siz
             st = getattr(sess, f"batch_{op}")(l_offs, r_offs, sizes, sess.allocate_transfer_uid())
         else:
             st = getattr(engine, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, engine.allocate_transfer_uid())
-        while st.InProgress():
-            pass
+        st.Wait()
         t1 = time.perf_counter()
         if not st.Succeeded():
             raise RuntimeError(f"{op} {batch}x{size}: {st.Message()}")
