@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from mori.triton._all_reduce import DEFAULT_TABLE, SWEEP_LARGE, SWEEP_SMALL, AllReduceConfig, default_config, sweep
+from mori.triton._all_reduce import (
+    DEFAULT_TABLE,
+    SWEEP_LARGE,
+    SWEEP_SMALL,
+    AllReduceConfig,
+    default_config,
+    sweep,
+)
 
 
 def test_table_rows_grow_and_cover_every_size():

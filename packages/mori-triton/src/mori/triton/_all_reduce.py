@@ -142,6 +142,8 @@ class AllReduce:
         self._zero(self._flags, flag_bytes)
         self._peers = [self._peer(self._data, j) for j in range(self.world)]
         self._peer_flags = [self._peer(self._flags, j) for j in range(self.world)]
+        if any((p - self._data) % 256 for p in self._peers):  # v2 declares peer offsets multiples of 64 elements
+            raise RuntimeError(f"peer mappings of the all_reduce buffer are not 256-byte aligned: {self._peers}")
         shmem.shmem_barrier_all()  # every PE's flags are zero before anyone signals
         self._timeout_ns = int(config.get("MORI_SHMEM_TIMEOUT") * 1e9)
         self._compiled: dict[tuple[Any, ...], Any] = {}
@@ -247,14 +249,15 @@ class AllReduce:
                 n == 1)
         compiled = self._compiled.get(ckey)
         if compiled is None:
-            typed = [_DevicePointer(a, t) if isinstance(a, int) else a
-                     for a, t in zip(ptrs, (tensor.dtype, tensor.dtype, tensor.dtype, torch.uint32, torch.uint32))]
+            t, u32, ptr = tensor.dtype, torch.uint32, _DevicePointer
+            head = (ptr(tensor.data_ptr(), t), ptr(out.data_ptr(), t))
             if cfg.kernel == "v1":
-                typed[2:4] = [tuple(_DevicePointer(p, tensor.dtype) for p in self._peers),
-                              tuple(_DevicePointer(p, torch.uint32) for p in self._peer_flags)]
-                typed[4:7] = [_DevicePointer(self._data, tensor.dtype), _DevicePointer(self._flags, torch.uint32),
-                              _DevicePointer(epochs, torch.uint32)]
-            # Compile (and run once: this call's launch is the caller's, so compile without launching).
+                typed: tuple[Any, ...] = (*head, tuple(ptr(p, t) for p in self._peers),
+                                          tuple(ptr(p, u32) for p in self._peer_flags), ptr(self._data, t),
+                                          ptr(self._flags, u32), ptr(epochs, u32))
+            else:
+                typed = (*head, ptr(self._data, t), ptr(self._flags, u32), ptr(epochs, u32), *ptrs[5:])
+            # Compile without launching: the caller launches through the plan.
             compiled = kernel.warmup(*typed, *args[len(ptrs):], grid=(grid,), num_warps=cfg.num_warps,
                                      **dict(zip(names, consts)))
             self._compiled[ckey] = compiled
