@@ -159,6 +159,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_IO_NVLINK_KERNEL_MAX", _size, 1 << 20,
                  "NVLink backend: blocks smaller than this go to the gather kernel, larger ones to the copy engines.",
                  SIZE_FORMS),
+        Variable("MORI_IO_TCP_STAGING_SIZE", _size, 64 << 20,
+                 "TCP backend: pinned host memory for staging GPU memory, per side (initiator, target) "
+                 "and engine; buffers of 4 MiB (less when smaller than 8 MiB, at least 128 KiB).", SIZE_FORMS),
         Variable("MORI_SHMEM_BC", _text, None, "Path of libmori_shmem_device.bc to use instead of the packaged one.",
                  "a path"),
     ]

@@ -1,8 +1,10 @@
-"""The TCP backend: host memory over the native data plane of mori-core (``TcpTarget``/``TcpPeer``).
+"""The TCP backend: memory over the native data plane of mori-core (``TcpTarget``/``TcpPeer``).
 
 The data plane listens on its own port, published to peers through the control op
 ``tcp.info``. Connections to a peer are opened at its first transfer; a broken connection makes
 the backend unhealthy towards that peer (the router fails over) and is reopened on next use.
+Host memory moves directly; GPU memory (either side) is staged through pinned host buffers
+(``_tcp_gpu``), which needs cuda-bindings and a GPU where the GPU memory is.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
+from mori.core import config as mori_config
 
 from .._control import ControlError
 from ..types import (
@@ -23,15 +26,18 @@ from ..types import (
     TcpBackendConfig,
     TransferStatus,
 )
+from ._tcp_staging import chunk_bytes_for
 from .base import Backend, BackendContext, TransferOp, TransferRequest
 
 __all__ = ["TcpBackend"]
 
 _NATIVE_OP = {TransferOp.READ: 1, TransferOp.WRITE: 2}
+_GPU_OPS = ("read", "lend", "commit", "return")
 
 
 class TcpBackend(Backend):
-    """Moves host memory over TCP: several connections per peer, batches as one native call."""
+    """Moves memory over TCP: several connections per peer, batches as one native call; GPU
+    memory staged through pinned host buffers."""
 
     kind = BackendType.TCP
     priority = 10
@@ -42,20 +48,48 @@ class TcpBackend(Backend):
         if not isinstance(config, TcpBackendConfig):
             raise TypeError(f"the TCP backend takes a TcpBackendConfig, got {type(config).__name__}")
         super().__init__(ctx, config)
+        self._staging_bytes = int(mori_config.get("MORI_IO_TCP_STAGING_SIZE"))
+        self._chunk = chunk_bytes_for(self._staging_bytes)  # a bad size fails here, not at the first transfer
         self._target = _native.TcpTarget(ctx.host, 0, ctx.auth_token(), ctx.io_timeout())
         self._peers: dict[str, Any] = {}
+        self._remote_chunk: dict[str, int] = {}
+        self._gpu: Any = None  # _tcp_gpu.GpuStaging, made at the first GPU registration or transfer
         self._lock = threading.Lock()
         self._closed = False
         self._connector = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mori-io-tcp-connect")
-        ctx.add_control_handler("tcp.info", lambda key, body: {"port": self._target.port})
+        ctx.add_control_handler("tcp.info", lambda key, body: {"port": self._target.port,
+                                                                "staging_chunk": self._chunk})
+        for op in _GPU_OPS:
+            ctx.add_control_handler(f"tcp.gpu_{op}", self._gpu_handler(op))
 
     @property
     def port(self) -> int:
         """The data-plane port."""
         return int(self._target.port)
 
+    def _staging(self) -> Any:
+        with self._lock:
+            if self._gpu is None:
+                from ._tcp_gpu import GpuStaging  # numpy and cuda-bindings: only for GPU memory
+
+                self._gpu = GpuStaging(self.ctx, self._staging_bytes, self._target.register_region,
+                                       self._target.deregister_region, self.config.stripe_bytes,
+                                       self.config.enable_notification)
+            return self._gpu
+
+    def _gpu_handler(self, op: str) -> Any:
+        def handle(key: str, body: dict[str, Any]) -> dict[str, Any]:
+            if self._gpu is None:
+                raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {self.ctx.engine_key!r} has no GPU memory "
+                                                             "registered with its TCP backend")
+            return dict(getattr(self._gpu, f"handle_{op}")(key, body))
+
+        return handle
+
     def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
-        return local.loc == MemoryLocationType.CPU and remote.loc == MemoryLocationType.CPU
+        # GPU memory is staged at whichever end it lives: a local GPU region exists only if its
+        # registration (which checks CUDA) succeeded; a remote one is checked by its owner.
+        return all(m.loc in (MemoryLocationType.CPU, MemoryLocationType.GPU) for m in (local, remote))
 
     def healthy(self, remote_key: str) -> bool:
         peer = self._peers.get(remote_key)
@@ -64,16 +98,23 @@ class TcpBackend(Backend):
     def register_memory(self, desc: MemoryDesc) -> MemoryDesc:
         if desc.loc == MemoryLocationType.CPU:
             self._target.register_region(desc.id, desc.data, desc.size)
+        elif desc.loc == MemoryLocationType.GPU:
+            self._staging().add_region(desc)
         return desc
 
     def deregister_memory(self, desc: MemoryDesc) -> None:
-        self._target.deregister_region(desc.id)
+        if desc.loc == MemoryLocationType.GPU and self._gpu is not None:
+            self._gpu.remove_region(desc.id)
+        else:
+            self._target.deregister_region(desc.id)
 
     def register_remote_engine(self, desc: EngineDesc) -> None:
         self._target.allow_peer(desc.key)
 
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
         self._target.disallow_peer(desc.key)
+        if self._gpu is not None:
+            self._gpu.leases.release_engine(desc.key)
         with self._lock:
             peer = self._peers.pop(desc.key, None)
         if peer is not None:
@@ -88,7 +129,9 @@ class TcpBackend(Backend):
                 peer.close()
                 del self._peers[remote_key]
             desc = self.ctx.remote_engine(remote_key)
-            port = int(self.ctx.control_request(remote_key, "tcp.info", {})["port"])
+            info = self.ctx.control_request(remote_key, "tcp.info", {})
+            port = int(info["port"])
+            self._remote_chunk[remote_key] = int(info.get("staging_chunk", self._chunk))
             peer = _native.TcpPeer(remote_key, desc.host, port, self.config.num_connections, self.ctx.engine_key,
                                    self.ctx.auth_token(), self.ctx.io_timeout())
             self._peers[remote_key] = peer
@@ -121,6 +164,10 @@ class TcpBackend(Backend):
         self._start(peer, request)
 
     def _start(self, peer: Any, request: TransferRequest) -> None:
+        if request.local.loc == MemoryLocationType.GPU or request.remote.loc == MemoryLocationType.GPU:
+            key = request.remote.engine_key
+            self._staging().submit(peer, request, self._remote_chunk.get(key, self._chunk))
+            return
         # numpy batches go in as arrays (one memcpy each), lists element by element.
         submit = peer.submit_arrays if hasattr(request.sizes, "dtype") else peer.submit
         transfer = submit(_NATIVE_OP[request.op], request.local.data, request.local_offsets, request.remote.id,
@@ -138,6 +185,8 @@ class TcpBackend(Backend):
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
+        if self._gpu is not None:
+            self._gpu.close()  # its transfers end (bounded by MORI_IO_TIMEOUT) before the peers close
         for p in peers:
             p.close()
         self._target.close()

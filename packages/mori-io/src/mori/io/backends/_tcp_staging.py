@@ -1,0 +1,278 @@
+"""Host-side parts of GPU staging for the TCP backend (no CUDA here, so they run in CPU tests).
+
+The native TCP data plane only touches host memory, so GPU memory travels through pinned host
+buffers of a fixed size (a *chunk*): :func:`plan_chunks` cuts a batch into chunks (vectorised,
+no Python per block), :class:`StagingPool` hands out buffers from one allocation of bounded size,
+and :class:`SlotLeases` tracks the buffers a target lends to initiators between the control
+request that fills or lends one and the one that returns it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["CHUNK_BYTES", "MAX_PIECES", "Chunk", "plan_chunks", "chunk_bytes_for", "StagingPool", "SlotLeases",
+           "check_pieces", "pack_array", "unpack_array"]
+
+CHUNK_BYTES = 4 << 20  # one staging buffer; big enough to amortise a control round trip per chunk
+MIN_CHUNK = 64 << 10
+# Pieces per chunk: bounds the control frame that carries their offsets (16 bytes a piece).
+MAX_PIECES = 16384
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Pieces that fit one staging buffer: piece i moves ``sizes[i]`` bytes between local offset
+    ``local[i]`` and remote offset ``remote[i]`` and sits at ``packed[i]`` in the buffer."""
+
+    local: np.ndarray
+    remote: np.ndarray
+    sizes: np.ndarray
+    packed: np.ndarray
+    nbytes: int
+
+
+def chunk_bytes_for(pool_bytes: int) -> int:
+    """The buffer size for a pool of ``pool_bytes``: 4 MiB, less when the pool is too small to
+    hold two buffers (two let a transfer copy one chunk while the other is on the wire)."""
+    size = min(CHUNK_BYTES, pool_bytes // 2)
+    if size < MIN_CHUNK:
+        raise ValueError(f"MORI_IO_TCP_STAGING_SIZE={pool_bytes} is too small: GPU staging needs at least "
+                         f"{2 * MIN_CHUNK} bytes (two buffers of {MIN_CHUNK})")
+    return size
+
+
+def plan_chunks(local_offsets: object, remote_offsets: object, sizes: object, chunk_bytes: int,
+                max_pieces: int = MAX_PIECES) -> list[Chunk]:
+    """Cuts a batch into chunks of at most ``chunk_bytes`` bytes and ``max_pieces`` pieces.
+
+    The blocks are laid end to end and cut at every multiple of ``chunk_bytes`` (a block that
+    crosses a boundary becomes two pieces); zero-byte blocks are dropped and neighbouring pieces
+    contiguous on both sides are merged. Buffer positions restart at 0 in every chunk.
+    """
+    if chunk_bytes <= 0 or max_pieces <= 0:
+        raise ValueError(f"chunk_bytes and max_pieces must be > 0, got {chunk_bytes}, {max_pieces}")
+    lo, ro, sz = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (local_offsets, remote_offsets, sizes))
+    if not len(lo) == len(ro) == len(sz):
+        raise ValueError(f"batch lengths differ: {len(lo)}, {len(ro)}, {len(sz)}")
+    if len(sz) and (sz.min() < 0 or min(lo.min(), ro.min()) < 0):
+        raise ValueError("offsets and sizes must be >= 0")
+    keep = sz > 0
+    lo, ro, sz = lo[keep], ro[keep], sz[keep]
+    if not len(sz):
+        return []
+    end = np.cumsum(sz)
+    start = end - sz
+    first, last = start // chunk_bytes, (end - 1) // chunk_bytes
+    count = last - first + 1
+    block = np.repeat(np.arange(len(sz)), count)
+    chunk = first[block] + (np.arange(len(block)) - np.repeat(np.cumsum(count) - count, count))
+    p_start = np.maximum(start[block], chunk * chunk_bytes)
+    p_size = np.minimum(end[block], (chunk + 1) * chunk_bytes) - p_start
+    p_local, p_remote = lo[block] + (p_start - start[block]), ro[block] + (p_start - start[block])
+    if len(p_size) > 1:
+        head = np.ones(len(p_size), dtype=bool)
+        head[1:] = ((chunk[1:] != chunk[:-1]) | (p_local[1:] != p_local[:-1] + p_size[:-1])
+                    | (p_remote[1:] != p_remote[:-1] + p_size[:-1]))
+        heads = np.flatnonzero(head)
+        p_size = np.add.reduceat(p_size, heads)
+        p_local, p_remote, chunk = p_local[heads], p_remote[heads], chunk[heads]
+    # A chunk with more than max_pieces pieces is split further by count.
+    firsts = np.flatnonzero(np.concatenate(([True], chunk[1:] != chunk[:-1])))
+    rank = np.arange(len(chunk)) - np.repeat(firsts, np.diff(np.append(firsts, len(chunk))))
+    heads = np.flatnonzero(rank % max_pieces == 0).tolist()
+    out = []
+    for h, e in zip(heads, heads[1:] + [len(chunk)]):
+        s = p_size[h:e]
+        packed = np.cumsum(s) - s
+        out.append(Chunk(p_local[h:e], p_remote[h:e], s, packed, int(packed[-1] + s[-1])))
+    return out
+
+
+def pack_array(values: np.ndarray) -> bytes:
+    """int64 little-endian bytes of ``values`` (for a control frame)."""
+    return np.ascontiguousarray(values, dtype="<i8").tobytes()
+
+
+def unpack_array(data: object, name: str) -> np.ndarray:
+    """The int64 array sent by :func:`pack_array`; ``ValueError`` naming ``name`` when malformed."""
+    if not isinstance(data, (bytes, bytearray)) or len(data) % 8:
+        raise ValueError(f"{name} must be int64 bytes")
+    return np.frombuffer(bytes(data), dtype="<i8").astype(np.int64)
+
+
+def check_pieces(offsets: np.ndarray, sizes: np.ndarray, region_size: int, buffer_size: int) -> str:
+    """Why pieces (offsets, sizes) cannot be staged for a region of ``region_size`` bytes through
+    one buffer of ``buffer_size`` bytes, or '' when they can."""
+    if len(offsets) != len(sizes) or not 0 < len(sizes) <= MAX_PIECES:
+        return f"expected 1..{MAX_PIECES} offsets and as many sizes, got {len(offsets)} and {len(sizes)}"
+    if offsets.min() < 0 or sizes.min() <= 0:
+        return "offsets must be >= 0 and sizes > 0"
+    # No overflow: offsets <= region_size is checked before adding.
+    if offsets.max() > region_size or (offsets + sizes).max() > region_size:
+        return f"a piece runs past the end of the region ({region_size} bytes)"
+    if int(sizes.sum()) > buffer_size:
+        return f"pieces of {int(sizes.sum())} bytes exceed a staging buffer ({buffer_size} bytes)"
+    return ""
+
+
+class StagingPool:
+    """``count`` buffers of ``chunk_bytes`` cut from one allocation made on first use.
+
+    ``alloc(nbytes) -> address`` and ``free(address)`` make and release the memory (pinned host
+    memory on a GPU machine; tests pass plain host memory).
+    """
+
+    def __init__(self, total_bytes: int, alloc: Callable[[int], int], free: Callable[[int], None]) -> None:
+        self.chunk_bytes = chunk_bytes_for(total_bytes)
+        self.count = total_bytes // self.chunk_bytes
+        self._alloc, self._free = alloc, free
+        self._base = 0
+        self._idle: list[int] = []
+        self._busy: set[int] = set()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _ready_locked(self) -> None:
+        if self._closed:
+            raise RuntimeError("the staging pool is closed")
+        if not self._base:
+            self._base = int(self._alloc(self.count * self.chunk_bytes))
+            self._idle = [self._base + i * self.chunk_bytes for i in range(self.count)][::-1]
+
+    def try_acquire(self) -> int | None:
+        """A free buffer's address, or None when all are in use."""
+        with self._cond:
+            self._ready_locked()
+            if not self._idle:
+                return None
+            addr = self._idle.pop()
+            self._busy.add(addr)
+            return addr
+
+    def acquire(self, timeout: float) -> int:
+        """A free buffer's address; waits up to ``timeout`` seconds, then raises ``TimeoutError``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._ready_locked()
+                if self._idle:
+                    addr = self._idle.pop()
+                    self._busy.add(addr)
+                    return addr
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no staging buffer free for {timeout:.1f} s: all {self.count} buffers of "
+                                       f"{self.chunk_bytes} bytes in use (MORI_IO_TCP_STAGING_SIZE)")
+                self._cond.wait(left)
+
+    def release(self, addr: int) -> None:
+        """Returns a buffer; ``ValueError`` for an address that is not a buffer in use."""
+        with self._cond:
+            if addr not in self._busy:
+                raise ValueError(f"0x{addr:x} is not a staging buffer in use")
+            self._busy.remove(addr)
+            self._idle.append(addr)
+            self._cond.notify()
+
+    @property
+    def in_use(self) -> int:
+        """Buffers handed out and not yet returned."""
+        with self._cond:
+            return len(self._busy)
+
+    def close(self) -> bool:
+        """Frees the allocation; False (and nothing freed) while buffers are still in use."""
+        with self._cond:
+            self._closed = True
+            if self._busy:
+                return False
+            if self._base:
+                self._free(self._base)
+                self._base = 0
+                self._idle = []
+            return True
+
+
+@dataclass
+class _Lease:
+    key: str
+    addr: int
+    expires: float
+
+
+class SlotLeases:
+    """Buffers a target lends to initiators, each under a random 62-bit id (far from engine
+    memory ids) that the data plane serves while the lease lasts.
+
+    ``expose(id, addr, size)`` / ``hide(id)`` make a buffer reachable by the data plane and
+    take it back (``hide`` waits for requests in flight on it). A lease not returned within
+    ``ttl`` seconds (its initiator died) is reclaimed at the next lease.
+    """
+
+    def __init__(self, pool: StagingPool, ttl: float, expose: Callable[[int, int, int], None],
+                 hide: Callable[[int], None]) -> None:
+        self.pool = pool
+        self._ttl = ttl
+        self._expose, self._hide = expose, hide
+        self._leases: dict[int, _Lease] = {}
+        self._lock = threading.Lock()
+
+    def take_buffer(self) -> int | None:
+        """A pool buffer for a new lease (expired leases reclaimed first), or None when busy."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [i for i, lease in self._leases.items() if lease.expires < now]
+            gone = [(i, self._leases.pop(i)) for i in expired]
+        for i, lease in gone:
+            self._give_back(i, lease.addr)
+        return self.pool.try_acquire()
+
+    def lend(self, key: str, addr: int) -> int:
+        """Lends buffer ``addr`` (from :meth:`take_buffer`) to engine ``key``; returns its id."""
+        slot = secrets.randbits(62) | (1 << 62)
+        self._expose(slot, addr, self.pool.chunk_bytes)
+        with self._lock:
+            self._leases[slot] = _Lease(key, addr, time.monotonic() + self._ttl)
+        return slot
+
+    def take_back(self, key: str, slot: int) -> int:
+        """Ends the lease of ``slot`` held by ``key``: the data plane stops serving it; returns the
+        buffer's address (still out of the pool: hand it to :meth:`return_buffer`). ``KeyError``
+        when ``key`` holds no such lease."""
+        with self._lock:
+            lease = self._leases.get(slot)
+            if lease is None or lease.key != key:
+                raise KeyError(f"no staging slot {slot} lent to engine {key!r} (returned or expired)")
+            del self._leases[slot]
+        self._hide(slot)
+        return lease.addr
+
+    def return_buffer(self, addr: int) -> None:
+        """Puts a buffer back in the pool."""
+        self.pool.release(addr)
+
+    def _give_back(self, slot: int, addr: int) -> None:
+        self._hide(slot)
+        self.pool.release(addr)
+
+    def release_engine(self, key: str) -> None:
+        """Ends every lease held by ``key`` (the engine was deregistered)."""
+        with self._lock:
+            gone = [(i, self._leases.pop(i)) for i, lease in list(self._leases.items()) if lease.key == key]
+        for i, lease in gone:
+            self._give_back(i, lease.addr)
+
+    def close(self) -> None:
+        """Ends every lease."""
+        with self._lock:
+            gone = list(self._leases.items())
+            self._leases.clear()
+        for i, lease in gone:
+            self._give_back(i, lease.addr)
