@@ -293,6 +293,25 @@ def test_sub_tensors_at_odd_offsets(initiator, target, local_pool):
                         [n // 2, 0], [n - n // 2, n // 2], offset, offset + 7, n, seed=200 + i, as_view=True)
 
 
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_lone_blocks_cut_by_the_kernel(initiator, target, local_pool, op):
+    """A lone block below the kernel limit is passed by value and cut into 4 KiB pieces by the
+    kernel itself: sizes around the piece size, at unaligned places."""
+    for i, n in enumerate([4095, 4097, 65536 + 3, (1 << 20) - 1]):
+        _check_transfer(initiator, target, local_pool, op, "engine", [3 + i], [10 + 2 * i], [n], 4096 + 1,
+                        8192 + 6 + i, n + 64, seed=300 + i)
+
+
+@pytest.mark.parametrize("op", ["write", "read"])
+def test_numpy_offsets(initiator, target, local_pool, op):
+    """Offsets and sizes as numpy int64 arrays (the fast path of large batches), scattered."""
+    n, size = 1024, 4096
+    l_offs = np.arange(n, dtype=np.int64) * size
+    r_offs = np.random.default_rng(7).permutation(n).astype(np.int64) * size
+    _check_transfer(initiator, target, local_pool, op, "engine", l_offs, r_offs,
+                    np.full(n, size, dtype=np.int64), 4096 + 16, 8192 + 32, n * size, seed=400)
+
+
 def test_vmm_memory(initiator, target, local_pool):
     n = 3 << 20
     rdesc = MemoryDesc.unpack(target.call("vmm", "vmm", n, 300))
