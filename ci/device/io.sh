@@ -40,6 +40,14 @@ if [ $run_tests = 1 ]; then
   grep -E "passed|failed|Error|error|assert" "$OUT/io_tests.log" | tail -25
   [ $rc = 0 ] || status=1
 fi
+if [ $run_tests = 1 ]; then
+  echo "== TCP backend with GPU memory (pinned staging; TCP-only engines, GPU 0 target process, GPU 1 initiator)"
+  timeout 90 python3 -m pytest --maxfail=4 -q -p no:cacheprovider --rootdir "$repo" \
+    "$repo/packages/mori-io/tests/test_tcp_gpu.py" > "$OUT/io_tcp_gpu_tests.log" 2>&1
+  rc=$?; echo "rc=$rc (after $(( $(date +%s) - t0 ))s)"
+  grep -E "passed|failed|Error|error|assert" "$OUT/io_tcp_gpu_tests.log" | tail -25
+  [ $rc = 0 ] || status=1
+fi
 echo "== NVLink benchmark"
 timeout 100 python3 "$repo/ci/device/io_bench.py" --out "$OUT/io_bench.json" "${bench_args[@]}" \
   > "$OUT/io_bench.log" 2>&1

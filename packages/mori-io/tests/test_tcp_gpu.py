@@ -1,0 +1,184 @@
+"""GPU memory over the TCP backend (staged through pinned host buffers), two processes: the
+target engine (GPU 0) in a spawned process, the initiator (GPU 1 when there is one) here. Both
+engines have only the TCP backend, so GPU pairs that NVLink could serve go over TCP. Random
+bytes, both whole regions compared byte for byte (a byte written outside the blocks fails too);
+regions are sub-tensors at odd offsets of larger allocations."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing as mp
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+from mori.io import (  # noqa: E402
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    TcpBackendConfig,
+)
+
+REGION = 16 << 20
+SKEW = 1001  # the registered view starts this far into its allocation
+TARGET_GPU = 0
+
+
+def _tensors(device: str) -> dict[str, Any]:
+    big = torch.zeros(REGION + 2 * SKEW, dtype=torch.uint8, device=device)
+    return {"GPU": big[SKEW:SKEW + REGION], "CPU": torch.zeros(REGION + SKEW, dtype=torch.uint8)[SKEW:]}
+
+
+def _put(t: Any, data: bytes) -> None:
+    t.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(t.device))
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
+def _get(t: Any) -> np.ndarray:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+    return t.cpu().numpy()
+
+
+def _serve(conn: Any) -> None:
+    """The target process: a TCP-only engine with a GPU and a CPU region, driven over a pipe."""
+    torch.cuda.set_device(TARGET_GPU)
+    engine = IOEngine("target", IOEngineConfig(host="127.0.0.1", port=0))
+    engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
+    tensors = _tensors(f"cuda:{TARGET_GPU}")
+    descs = {k: engine.register_torch_tensor(t).pack() for k, t in tensors.items()}
+    conn.send((engine.get_engine_desc().pack(), descs))
+    while True:
+        cmd, *args = conn.recv()
+        if cmd == "register":
+            engine.register_remote_engine(EngineDesc.unpack(args[0]))
+            conn.send(None)
+        elif cmd == "put":
+            _put(tensors[args[0]], args[1])
+            conn.send(None)
+        elif cmd == "get":
+            conn.send(_get(tensors[args[0]]).tobytes())
+        elif cmd == "pop":
+            st = engine.pop_inbound_transfer_status(args[0], args[1])
+            conn.send(None if st is None else int(st.Code()))
+        else:
+            break
+    engine.close()
+
+
+class _Target:
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc.start()
+        desc, descs = self.recv(120)
+        self.desc = EngineDesc.unpack(desc)
+        self.mems = {k: MemoryDesc.unpack(v) for k, v in descs.items()}
+
+    def recv(self, timeout: float = 60) -> Any:
+        if not self.conn.poll(timeout):
+            raise TimeoutError("the target process did not answer")
+        return self.conn.recv()
+
+    def call(self, *msg: Any) -> Any:
+        self.conn.send(msg)
+        return self.recv()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(("quit",))
+        self.proc.join(20)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[IOEngine, _Target, dict[str, Any], dict[str, MemoryDesc]]]:
+    local_gpu = 1 if torch.cuda.device_count() > 1 else 0
+    torch.cuda.set_device(local_gpu)
+    engine = IOEngine("initiator", IOEngineConfig(host="127.0.0.1", port=0))
+    engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
+    target = _Target()
+    try:
+        target.call("register", engine.get_engine_desc().pack())
+        engine.register_remote_engine(target.desc)
+        tensors = _tensors(f"cuda:{local_gpu}")
+        descs = {k: engine.register_torch_tensor(t) for k, t in tensors.items()}
+        yield engine, target, tensors, descs
+    finally:
+        engine.close()
+        target.close()
+
+
+PAIRS = [("GPU", "GPU"), ("GPU", "CPU"), ("CPU", "GPU")]
+CASES = [(1, 1), (4096, 64), (4096, 4096), (8 << 20, 1), (100_000, 37)]
+
+
+@pytest.mark.parametrize("local,remote", PAIRS)
+@pytest.mark.parametrize("op", ["read", "write"])
+@pytest.mark.parametrize("size,batch", CASES)
+def test_batches_byte_for_byte(pair: Any, local: str, remote: str, op: str, size: int, batch: int) -> None:
+    engine, target, tensors, descs = pair
+    rng = np.random.default_rng(size * 7 + batch)
+    mine, theirs = rng.integers(0, 256, REGION, dtype=np.uint8), rng.integers(0, 256, REGION, dtype=np.uint8)
+    _put(tensors[local], mine.tobytes())
+    target.call("put", remote, theirs.tobytes())
+    slots = REGION // size
+    l_offs = rng.choice(slots, batch, replace=False).astype(np.int64) * size
+    r_offs = rng.choice(slots, batch, replace=False).astype(np.int64) * size
+    sizes = np.full(batch, size, dtype=np.int64)
+    src, dst, s_offs, d_offs = (mine, theirs, l_offs, r_offs) if op == "write" else (theirs, mine, r_offs, l_offs)
+    want = dst.copy()
+    for s, d in zip(s_offs.tolist(), d_offs.tolist()):
+        want[d:d + size] = src[s:s + size]
+    uid = engine.allocate_transfer_uid()
+    lists = batch < 64  # lists for small batches, numpy arrays for the others (both are accepted)
+    args = [v.tolist() if lists else v for v in (l_offs, r_offs, sizes)]
+    fn = engine.batch_write if op == "write" else engine.batch_read
+    st = fn(descs[local], args[0], target.mems[remote], args[1], args[2], uid)
+    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    got = np.frombuffer(target.call("get", remote), dtype=np.uint8) if op == "write" else _get(tensors[local])
+    assert np.array_equal(got, want)
+    untouched = _get(tensors[local]) if op == "write" else np.frombuffer(target.call("get", remote), dtype=np.uint8)
+    assert np.array_equal(untouched, mine if op == "write" else theirs)
+    assert target.call("pop", "initiator", uid) == 0  # inbound record, sent after the last device copy
+
+
+@pytest.mark.parametrize("local,remote", PAIRS)
+def test_session_read_and_write(pair: Any, local: str, remote: str) -> None:
+    engine, target, tensors, descs = pair
+    rng = np.random.default_rng(5)
+    mine, theirs = rng.integers(0, 256, REGION, dtype=np.uint8), rng.integers(0, 256, REGION, dtype=np.uint8)
+    _put(tensors[local], mine.tobytes())
+    target.call("put", remote, theirs.tobytes())
+    sess = engine.create_session(descs[local], target.mems[remote])
+    assert sess is not None
+    st = sess.write(3, 5_000_001, 6_000_007, sess.allocate_transfer_uid())  # odd offsets and size
+    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    theirs[5_000_001:11_000_008] = mine[3:6_000_010]
+    st = sess.read(10_000_000, 1, 4_999_999, sess.allocate_transfer_uid())
+    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    mine[10_000_000:14_999_999] = theirs[1:5_000_000]
+    assert np.array_equal(np.frombuffer(target.call("get", remote), dtype=np.uint8), theirs)
+    assert np.array_equal(_get(tensors[local]), mine)
+
+
+def test_out_of_range_gpu_block_is_rejected_at_the_target(pair: Any) -> None:
+    engine, target, tensors, descs = pair
+    theirs = np.random.default_rng(9).integers(0, 256, REGION, dtype=np.uint8)
+    target.call("put", "GPU", theirs.tobytes())
+    forged = dataclasses.replace(target.mems["GPU"], size=REGION * 2)  # more than the target registered
+    st = engine.write(descs["GPU"], 0, forged, REGION - 4096, 8192, engine.allocate_transfer_uid())
+    assert st.WaitFor(60) and st.Failed() and "past the end" in st.Message(), st.Message()
+    assert np.array_equal(np.frombuffer(target.call("get", "GPU"), dtype=np.uint8), theirs)
