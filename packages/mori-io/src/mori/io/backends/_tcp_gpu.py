@@ -121,9 +121,8 @@ class Copier:
             time.sleep(0 if now < spin_until else 5e-5)
 
     def close(self) -> None:
-        """Destroys the stream and events (after their work is done)."""
+        """Destroys the stream and events (the driver frees them once queued work is done)."""
         _cuda.init_device(self.device)
-        _cuda.call("cuStreamSynchronize", self._stream)
         for ev in self._events:
             _cuda.call("cuEventDestroy", ev)
         _cuda.call("cuStreamDestroy", self._stream)
