@@ -15,7 +15,7 @@ for a in "$@"; do
 done
 status=0
 t0=$(date +%s)
-python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem 2>&1 | tail -5 || exit 1
+[ -n "${MORI_SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem 2>&1 | tail -5 || exit 1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 repo=$PWD

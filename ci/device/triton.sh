@@ -10,13 +10,13 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export MORI_SHMEM_TIMEOUT=${MORI_SHMEM_TIMEOUT:-10}
 OUT=${OUT:-/tmp/mori-out}
 mkdir -p "$OUT"
-run_tests=1; bench_args=()
+run_tests=1; gpu_counts="4 2"; bench_args=()
 for a in "$@"; do
-  case $a in --no-tests) run_tests=0 ;; --no-tune) bench_args+=(--no-tune) ;; esac
+  case $a in --no-tests) run_tests=0 ;; --no-2gpu) gpu_counts="4" ;; --no-tune) bench_args+=(--no-tune) ;; esac
 done
 status=0
 t0=$(date +%s)
-python3 -m pip install -q --no-index --find-links .devkit/wheels \
+[ -n "${MORI_SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --find-links .devkit/wheels \
   ./packages/mori-core ./packages/mori-shmem ./packages/mori-triton 2>&1 | tail -5 || exit 1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
@@ -29,7 +29,7 @@ rc=$?; echo "rc=$rc"
 sed -n '/all-reduce bf16 sum/,$p' "$OUT/bench.log"
 [ $rc = 0 ] || { status=1; grep -v "^\s*$" "$OUT/bench.log" | tail -30; }
 if [ $run_tests = 1 ]; then
-  for n in 4 2; do
+  for n in $gpu_counts; do
     echo "== GPU tests, $n GPUs"
     timeout $(( n == 4 ? 75 : 50 )) torchrun --nproc_per_node=$n -m pytest -q -m gpu -p no:cacheprovider \
       "$repo/packages/mori-triton/tests/test_gpu.py" > "$OUT/tests_$n.log" 2>&1
