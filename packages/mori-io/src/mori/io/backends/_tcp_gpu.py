@@ -129,17 +129,22 @@ class Copier:
 
 
 def gpu_region_check(desc: MemoryDesc) -> None:
-    """Raises (clearly) unless ``desc`` is memory of CUDA device ``desc.device_id`` here."""
+    """Raises (clearly) unless ``desc`` is CUDA device memory that this process can copy from.
+
+    Only the memory type is checked, not the device ordinal: on the H200 machines the driver
+    reports ordinal 0 for memory of every GPU (seen for torch and VMM allocations alike).
+    """
     try:
         _cuda.init_device(desc.device_id)
-        attr = _cuda.driver().CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-        ordinal = int(_cuda.call("cuPointerGetAttribute", attr, desc.data, detail=f"pointer 0x{desc.data:x}"))
+        drv = _cuda.driver()
+        attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+        mem_type = int(_cuda.call("cuPointerGetAttribute", attr, desc.data, detail=f"pointer 0x{desc.data:x}"))
     except (ImportError, _cuda.CudaError, ValueError) as err:
         raise RuntimeError(f"TCP backend: GPU memory (device {desc.device_id}) is staged through pinned host "
                            f"buffers, which needs cuda-bindings and a CUDA GPU: {err}") from None
-    if ordinal != desc.device_id:
-        raise ValueError(f"TCP backend: memory at 0x{desc.data:x} is on CUDA device {ordinal}, "
-                         f"not {desc.device_id} as registered")
+    if mem_type != int(drv.CUmemorytype.CU_MEMORYTYPE_DEVICE):
+        raise ValueError(f"TCP backend: memory at 0x{desc.data:x} registered as GPU memory of device "
+                         f"{desc.device_id} is not CUDA device memory (memory type {mem_type})")
 
 
 class GpuStaging:
