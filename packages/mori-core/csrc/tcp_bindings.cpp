@@ -27,10 +27,15 @@ mori::native::Registration reg([](py::module_& m) {
              "Waits up to timeout seconds; True when finished.");
 
     py::class_<Peer, std::shared_ptr<Peer>>(m, "TcpPeer", "Data connections from this engine to one target.")
-        .def(py::init<const std::string&, const std::string&, int, int, const std::string&, const std::string&,
-                      double>(),
+        // A factory, not py::init with a call guard: connecting releases the GIL, but pybind11
+        // must hold the GIL while it sets up the new instance around the returned holder.
+        .def(py::init([](const std::string& name, const std::string& host, int port, int nconn,
+                         const std::string& myKey, const std::string& token, double ioTimeout) {
+                 py::gil_scoped_release release;
+                 return std::make_shared<Peer>(name, host, port, nconn, myKey, token, ioTimeout);
+             }),
              py::arg("name"), py::arg("host"), py::arg("port"), py::arg("num_connections"), py::arg("my_key"),
-             py::arg("token"), py::arg("io_timeout"), py::call_guard<py::gil_scoped_release>())
+             py::arg("token"), py::arg("io_timeout"))
         .def(
             "submit",
             [](Peer& p, int op, uint64_t localBase, std::vector<uint64_t> lofs, uint64_t memId,
