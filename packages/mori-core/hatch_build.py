@@ -19,7 +19,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 OUT_DIR = HERE / "src" / "mori" / "core"
-BUILD_DIR = HERE / "build" / "native"
+BUILD_DIR = HERE / "build" / "native"  # objects go in a folder per Python ABI (see build_native)
 
 
 class NativeBuildError(RuntimeError):
@@ -54,7 +54,9 @@ def build_native() -> Path:
     cxx = _compiler()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     target = OUT_DIR / f"_native{suffix}"
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    # Objects are compiled against one Python's headers: never reuse them for another.
+    build_dir = BUILD_DIR / suffix.strip(".").removesuffix(".so")
+    build_dir.mkdir(parents=True, exist_ok=True)
     flags = [
         "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
         f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}", f"-I{CSRC}",
@@ -64,7 +66,7 @@ def build_native() -> Path:
     newest_header = max((h.stat().st_mtime for h in headers), default=0.0)
 
     def compile_one(src: Path) -> Path:
-        obj = BUILD_DIR / (src.stem + ".o")
+        obj = build_dir / (src.stem + ".o")
         if not obj.exists() or obj.stat().st_mtime < max(src.stat().st_mtime, newest_header):
             _run([cxx, *flags, "-c", str(src), "-o", str(obj)])
         return obj
@@ -91,10 +93,13 @@ class NativeBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
         if self.target_name not in ("wheel", "editable"):
             return
         try:
-            build_native()
+            target = build_native()
         except NativeBuildError as err:
             print(f"\nerror: {err}\n", file=sys.stderr)
             raise SystemExit(1) from None
+        # Only this interpreter's extension goes into the wheel, not others left in src/ by
+        # builds for other Pythons.
+        build_data["force_include"][str(target)] = f"mori/core/{target.name}"
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
 
