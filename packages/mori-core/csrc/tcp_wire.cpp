@@ -14,17 +14,21 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
 
 namespace mori::tcp {
 
 namespace {
 
+// Reads a number from /proc with plain POSIX calls. Not iostreams: their locale facets crashed
+// (SIGSEGV in codecvt) when the extension shared a process with PyTorch on the GPU machine.
 long read_sysctl(const char* path) {
-    std::ifstream in(path);
-    long v = 0;
-    in >> v;
-    return v;
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[32] = {};
+    ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    return n > 0 ? std::strtol(buf, nullptr, 10) : 0;
 }
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
