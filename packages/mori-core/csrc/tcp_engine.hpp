@@ -27,13 +27,18 @@ namespace mori::tcp {
 // Why a target rejected a block, carried in RepHdr::size of an error reply.
 enum Reason : uint64_t { kReasonEngine = 1, kReasonMemory = 2, kReasonRange = 3 };
 
+class InitConn;
+
 // Outcome of one transfer (all its blocks, on any connection).
 class Transfer {
 public:
     Transfer(int64_t blocks, bool notify, uint64_t uid) : remaining_(blocks), notify_(notify), uid_(uid) {}
     int code() const { return code_.load(std::memory_order_acquire); }
     std::string message() const;
-    bool wait(double timeoutSec);  // true when finished
+    // True when finished. When all blocks went over one connection the waiting thread reads the
+    // replies itself (no hand-off from the receiver thread); otherwise it sleeps until woken.
+    bool wait(double timeoutSec);
+    void set_conn(std::weak_ptr<InitConn> conn) { conn_ = std::move(conn); }
     // Accounts n finished blocks; the first error wins. True when this call finished the last block.
     bool complete_blocks(int64_t n, int code, const std::string& msg);
     // Publishes the final code and wakes waiters (after the notify, if any, is queued).
@@ -51,6 +56,7 @@ private:
     std::condition_variable cv_;
     int errCode_ = 0;
     std::string errMsg_;
+    std::weak_ptr<InitConn> conn_;
 };
 
 struct Block {
@@ -68,10 +74,16 @@ struct Work {
     size_t done = 0;  // blocks answered (guarded by the connection's mutex)
 };
 
-// One initiator-side connection: a sender thread writes request frames, a receiver thread reads
-// the replies (in order) and completes blocks.
+// One initiator-side connection: a sender thread writes request frames; replies (in order) are
+// read by whichever thread owns the receive side: a thread waiting in Transfer::wait when it can
+// take it (leader/follower), otherwise the receiver thread, which steps in when data arrives.
+// The reader's buffer is empty whenever the receive side is free, so polling the socket tells
+// whether replies are waiting.
 class InitConn {
 public:
+    // Reads replies on the caller's thread until t finishes or deadlineNs passes. False when the
+    // receive side was taken (or the connection is down): then the caller waits for t instead.
+    bool lead(const Transfer& t, int64_t deadlineNs);
     InitConn(int fd, std::string peerName, double ioTimeout);
     ~InitConn();
     void enqueue(std::shared_ptr<Work> work);
@@ -85,6 +97,10 @@ private:
     bool claim_locked(const std::shared_ptr<Work>& w);
     void release_send(const std::string& err);
     void recv_loop();
+    // Owning the receive side: read and complete one reply frame; "" or an error text.
+    std::string read_reply();
+    bool claim_recv();
+    void release_recv(const std::string& err);
     std::string send_work(const Work& w);
     void mark_broken(const std::string& reason);
     static void fail_rest(std::vector<std::pair<std::shared_ptr<Work>, size_t>>& failed, const std::string& why);
@@ -94,13 +110,17 @@ private:
     std::string peer_;
     double ioTimeout_;
     mutable std::mutex mu_;
-    std::condition_variable cv_;
+    std::condition_variable cv_;    // send side and shutdown
+    std::condition_variable rxCv_;  // receive side handed back
     std::deque<std::shared_ptr<Work>> sendq_;
     std::deque<std::shared_ptr<Work>> pending_;
     int64_t pendingSinceNs_ = 0;
     std::string broken_;
     bool stop_ = false;
-    bool sending_ = false;  // one thread owns the socket's send side at a time
+    bool sending_ = false;    // one thread owns the socket's send side at a time
+    bool receiving_ = false;  // and one its receive side
+    bool recvWaiting_ = false;  // the receiver thread waits for the receive side
+    Reader rd_;
     std::thread sender_, receiver_;
 };
 
@@ -121,7 +141,7 @@ public:
 
 private:
     std::string name_;
-    std::vector<std::unique_ptr<InitConn>> conns_;
+    std::vector<std::shared_ptr<InitConn>> conns_;  // shared: a waiting Transfer may lead one
     std::atomic<uint64_t> next_{0};
 };
 

@@ -58,15 +58,19 @@ void Transfer::finish() {
 }
 
 bool Transfer::wait(double timeoutSec) {
+    int64_t deadline = now_ns() + static_cast<int64_t>(std::min(std::max(timeoutSec, 0.0), 1e9) * 1e9);
+    if (code() == kInProgress) {
+        if (auto conn = conn_.lock()) conn->lead(*this, deadline);
+    }
     std::unique_lock lk(mu_);
-    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(timeoutSec, 0.0));
+    std::chrono::steady_clock::time_point until{std::chrono::nanoseconds(deadline)};
     return cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
 }
 
 // ---- InitConn ---------------------------------------------------------------------------------
 
 InitConn::InitConn(int fd, std::string peerName, double ioTimeout)
-    : fd_(fd), peer_(std::move(peerName)), ioTimeout_(ioTimeout) {
+    : fd_(fd), peer_(std::move(peerName)), ioTimeout_(ioTimeout), rd_(fd) {
     struct timeval tv {};
     tv.tv_sec = static_cast<time_t>(ioTimeout);
     tv.tv_usec = static_cast<suseconds_t>((ioTimeout - static_cast<double>(tv.tv_sec)) * 1e6);
@@ -85,8 +89,14 @@ void InitConn::close() {
     }
     mark_broken("connection closed by this engine");
     cv_.notify_all();
+    rxCv_.notify_all();
     if (sender_.joinable()) sender_.join();
     if (receiver_.joinable()) receiver_.join();
+    {
+        // A waiter reading replies stops at once: its socket calls fail after the shutdown.
+        std::unique_lock lk(mu_);
+        rxCv_.wait(lk, [this] { return !receiving_; });
+    }
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
 }
@@ -168,6 +178,7 @@ void InitConn::mark_broken(const std::string& reason) {
         pending_.clear();
     }
     cv_.notify_all();
+    rxCv_.notify_all();
     fail_rest(failed, why);
 }
 
@@ -235,60 +246,109 @@ std::string InitConn::abort_check(const Reader& rd) {
     return "";
 }
 
+bool InitConn::claim_recv() {
+    std::lock_guard lk(mu_);
+    if (receiving_ || stop_ || !broken_.empty()) return false;
+    receiving_ = true;
+    return true;
+}
+
+void InitConn::release_recv(const std::string& err) {
+    if (!err.empty()) mark_broken(err);
+    bool wake;
+    {
+        std::lock_guard lk(mu_);
+        receiving_ = false;
+        wake = recvWaiting_ || stop_;
+    }
+    if (wake) rxCv_.notify_all();
+}
+
+bool InitConn::lead(const Transfer& t, int64_t deadlineNs) {
+    if (!claim_recv()) return false;
+    std::string err;
+    // Stop only between frames with the buffer empty: the receive side is handed back clean.
+    while (err.empty() && (t.code() == kInProgress || rd_.buffered() > 0)) {
+        if (rd_.buffered() == 0) {
+            bool ready = rd_.spin_readable(Reader::kSpinNs);
+            while (!ready && err.empty()) {
+                int64_t left = deadlineNs - now_ns();
+                if (left <= 0) break;
+                ready = rd_.readable(static_cast<int>(std::min<int64_t>(left / 1000000 + 1, 100)));
+                if (!ready) err = abort_check(rd_);
+            }
+            if (!ready) break;
+        }
+        err = read_reply();
+    }
+    release_recv(err);
+    return true;
+}
+
 void InitConn::recv_loop() {
-    Reader rd(fd_);
-    AbortCheck check = [this, &rd] { return abort_check(rd); };
+    AbortCheck check = [this] { return abort_check(rd_); };
     for (;;) {
-        std::string e = rd.fill(sizeof(RepHdr), check);
+        // Not owning the receive side: its buffer is empty, so the socket tells whether replies
+        // wait. A waiter may be reading them; then this thread stands by until it is done.
+        std::string e = rd_.wait_readable(check);
         if (!e.empty()) {
             mark_broken(e);
             return;
         }
-        RepHdr h;
-        std::memcpy(&h, rd.data(), sizeof(h));
-        rd.consume(sizeof(h));
-        std::shared_ptr<Work> w;
-        size_t idx = 0;
         {
-            std::lock_guard lk(mu_);
-            if (!pending_.empty()) {
-                w = pending_.front();
-                idx = w->done;
-            }
+            std::unique_lock lk(mu_);
+            recvWaiting_ = true;
+            rxCv_.wait(lk, [this] { return !receiving_ || stop_ || !broken_.empty(); });
+            recvWaiting_ = false;
+            if (stop_ || !broken_.empty()) return;
+            receiving_ = true;
         }
-        if (h.magic != kRepMagic || !w) {
-            mark_broken("protocol error: unexpected reply frame");
-            return;
-        }
-        const Block& b = w->blocks[idx];
-        std::string msg;
-        if (h.code == kSuccess && w->op == kOpRead) {
-            if (h.size != b.size) {
-                mark_broken("protocol error: read reply of wrong size");
-                return;
-            }
-            e = rd.read_into(reinterpret_cast<char*>(b.laddr), b.size, check);
-            if (!e.empty()) {
-                mark_broken(e);
-                return;
-            }
-        } else if (h.code != kSuccess) {
-            msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.offset) +
-                  ", size " + std::to_string(b.size) + "): " + reason_text(h.code, h.size);
-        }
-        bool finished = false;
-        {
-            std::lock_guard lk(mu_);
-            if (w->done != idx) continue;  // already failed by mark_broken
-            if (++w->done == w->blocks.size()) pending_.pop_front();
-            pendingSinceNs_ = now_ns();
-            finished = w->transfer->complete_blocks(1, h.code, msg);
-        }
-        if (finished) {
-            if (w->transfer->notify()) enqueue_notify(w->transfer->uid(), w->transfer->final_code());
-            w->transfer->finish();
+        while (e.empty() && (rd_.buffered() > 0 || rd_.readable(0))) e = read_reply();
+        release_recv(e);
+        if (!e.empty()) return;
+    }
+}
+
+std::string InitConn::read_reply() {
+    AbortCheck check = [this] { return abort_check(rd_); };
+    std::string e = rd_.fill(sizeof(RepHdr), check);
+    if (!e.empty()) return e;
+    RepHdr h;
+    std::memcpy(&h, rd_.data(), sizeof(h));
+    rd_.consume(sizeof(h));
+    std::shared_ptr<Work> w;
+    size_t idx = 0;
+    {
+        std::lock_guard lk(mu_);
+        if (!pending_.empty()) {
+            w = pending_.front();
+            idx = w->done;
         }
     }
+    if (h.magic != kRepMagic || !w) return "protocol error: unexpected reply frame";
+    const Block& b = w->blocks[idx];
+    std::string msg;
+    if (h.code == kSuccess && w->op == kOpRead) {
+        if (h.size != b.size) return "protocol error: read reply of wrong size";
+        e = rd_.read_into(reinterpret_cast<char*>(b.laddr), b.size, check);
+        if (!e.empty()) return e;
+    } else if (h.code != kSuccess) {
+        msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.offset) +
+              ", size " + std::to_string(b.size) + "): " + reason_text(h.code, h.size);
+    }
+    bool finished = false;
+    {
+        std::lock_guard lk(mu_);
+        if (w->done != idx) return "";  // already failed by mark_broken
+        if (++w->done == w->blocks.size()) pending_.pop_front();
+        pendingSinceNs_ = now_ns();
+        finished = w->transfer->complete_blocks(1, h.code, msg);
+    }
+    if (finished) {
+        if (w->transfer->notify()) enqueue_notify(w->transfer->uid(), w->transfer->final_code());
+        w->transfer->finish();
+    }
+    return "";
 }
 
 // ---- Peer -------------------------------------------------------------------------------------
@@ -321,7 +381,7 @@ Peer::Peer(const std::string& name, const std::string& host, int port, int nconn
             ::close(fd);
             throw std::runtime_error(err.rfind("rejected:", 0) == 0 ? err : "handshake with " + name + ": " + err);
         }
-        conns_.push_back(std::make_unique<InitConn>(fd, name, ioTimeout));
+        conns_.push_back(std::make_shared<InitConn>(fd, name, ioTimeout));
     }
 }
 
@@ -365,8 +425,9 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
     // Contiguous runs of about total/n bytes per connection, starting at a rotating connection
     // so that concurrent small transfers spread over all of them.
     uint64_t share = std::max<uint64_t>(total / n, 1);
-    size_t begin = 0, c = first;
+    size_t begin = 0, c = first, used = 0;
     while (begin < pieces.size()) {
+        ++used;
         auto w = std::make_shared<Work>();
         w->transfer = t;
         w->op = op;
@@ -380,6 +441,7 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
         begin = end;
         c = (c + 1) % n;
     }
+    if (used == 1) t->set_conn(conns_[first]);
     return t;
 }
 

@@ -210,7 +210,7 @@ void Target::serve(Conn* conn) {
                 // About to block: answer everything received so far first.
                 if (!out.empty() && !send_bytes(fd, out.data(), out.size()).empty()) break;
                 out.clear();
-                if (!rd.wait_readable(idle).empty()) break;
+                if (!rd.wait_readable(idle, Reader::kSpinNs).empty()) break;
             }
             if (!rd.fill(sizeof(ReqHdr), midFrame).empty()) break;
             ReqHdr h;

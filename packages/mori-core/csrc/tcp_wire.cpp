@@ -134,7 +134,7 @@ std::string Reader::recv_some(char* dst, size_t cap, size_t& got, const AbortChe
         ssize_t r = recv(fd_, dst, cap, MSG_DONTWAIT);
         if (r > 0) {
             got = static_cast<size_t>(r);
-            lastDataNs_ = now_ns();
+            lastDataNs_.store(now_ns(), std::memory_order_relaxed);
             return "";
         }
         if (r == 0) return "connection closed by peer";
@@ -145,7 +145,19 @@ std::string Reader::recv_some(char* dst, size_t cap, size_t& got, const AbortChe
     }
 }
 
-std::string Reader::wait_readable(const AbortCheck& check) {
+bool Reader::readable(int timeoutMs) const {
+    struct pollfd p {fd_, POLLIN, 0};
+    return poll(&p, 1, timeoutMs) != 0;  // errors too: the next recv reports them
+}
+
+bool Reader::spin_readable(int64_t spinNs) const {
+    for (int64_t until = now_ns() + spinNs; now_ns() < until;)
+        if (readable(0)) return true;
+    return false;
+}
+
+std::string Reader::wait_readable(const AbortCheck& check, int64_t spinNs) {
+    if (spinNs > 0 && spin_readable(spinNs)) return "";
     struct pollfd p {fd_, POLLIN, 0};
     for (;;) {
         int rc = poll(&p, 1, 100);

@@ -93,17 +93,26 @@ public:
     void consume(size_t n) { head_ += n; }
     // Reads n bytes into dst (dst == nullptr discards them).
     std::string read_into(char* dst, uint64_t n, const AbortCheck& check);
-    // Waits until at least one byte is readable; "" or an error text.
-    std::string wait_readable(const AbortCheck& check);
+    // Waits until at least one byte is readable; "" or an error text. Polls without sleeping for
+    // up to spinNs first: on an idle core a sleeping thread takes tens of microseconds to wake,
+    // which dominates the round trip of a small transfer.
+    std::string wait_readable(const AbortCheck& check, int64_t spinNs = 0);
+    // Whether a byte is readable now, or readable within timeoutMs; false on timeout. Errors
+    // (a closed or broken socket) count as readable: the next read reports them.
+    bool readable(int timeoutMs) const;
+    // Polls without sleeping for up to spinNs; true as soon as readable.
+    bool spin_readable(int64_t spinNs) const;
     // Seconds since bytes last arrived (or since the reader was made).
     double idle_seconds() const;
+    // How long a thread polls without sleeping before it blocks, waiting for a reply or request.
+    static constexpr int64_t kSpinNs = 50'000;
 
 private:
     std::string recv_some(char* dst, size_t cap, size_t& got, const AbortCheck& check);
     int fd_;
     std::vector<char> buf_;
     size_t head_ = 0, tail_ = 0;
-    int64_t lastDataNs_;
+    std::atomic<int64_t> lastDataNs_;  // read by abort checks of threads that do not own the reader
 };
 
 }  // namespace mori::tcp
