@@ -89,6 +89,7 @@ public:
     void enqueue(std::shared_ptr<Work> work);
     void enqueue_notify(uint64_t uid, int code);
     bool broken() const;
+    bool idle() const;  // nothing queued, being sent or awaiting a reply
     void close();
 
 private:

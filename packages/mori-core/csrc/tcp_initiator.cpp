@@ -101,6 +101,11 @@ void InitConn::close() {
     fd_ = -1;
 }
 
+bool InitConn::idle() const {
+    std::lock_guard lk(mu_);
+    return pending_.empty() && sendq_.empty() && !sending_;
+}
+
 bool InitConn::broken() const {
     std::lock_guard lk(mu_);
     return !broken_.empty();
@@ -416,7 +421,11 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
     }
     auto t = std::make_shared<Transfer>(static_cast<int64_t>(pieces.size()), notify, uid);
     size_t n = conns_.size();
-    size_t first = static_cast<size_t>(next_.fetch_add(1) % n);
+    // Back-to-back transfers stay on one idle connection: its threads at both ends are still
+    // polling (see Reader::kSpinNs) and answer at once, where a rotation would find them asleep.
+    // A busy connection passes the turn on, so concurrent transfers still spread out.
+    size_t first = static_cast<size_t>(next_.load(std::memory_order_relaxed) % n);
+    if (!conns_[first]->idle()) first = static_cast<size_t>((next_.fetch_add(1) + 1) % n);
     if (pieces.empty()) {
         if (notify) conns_[first]->enqueue_notify(uid, kSuccess);
         t->finish();
