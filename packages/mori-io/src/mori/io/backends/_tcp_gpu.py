@@ -71,7 +71,11 @@ class Copier:
         flags = int(self._drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value)
         self._events = [_cuda.call("cuEventCreate", flags) for _ in range(self.LANES)]
         self._batch_attrs: list[Any] | None = None
-        self._batch_ok = hasattr(self._drv, "cuMemcpyBatchAsync")
+        # cuda-bindings 13 calls the CUDA 13 form of cuMemcpyBatchAsync (no failIdx) and asks the
+        # driver for it without checking the driver's version: an older driver would hand back its
+        # 12.8 form, called with the wrong arguments. So batch only on a CUDA 13 driver.
+        self._batch_ok = (hasattr(self._drv, "cuMemcpyBatchAsync")
+                          and int(_cuda.call("cuDriverGetVersion")) >= 13000)
 
     def copy(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, to_host: bool, lane: int) -> None:
         """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` (absolute addresses; device to host
@@ -81,10 +85,12 @@ class Copier:
             try:
                 self._copy_batch(dsts, srcs, sizes)
                 n = 0
-            except (_cuda.CudaError, TypeError) as err:
-                # A driver without batch copies (or one that refuses these): one call per piece.
-                if isinstance(err, _cuda.CudaError) and err.name not in ("CUDA_ERROR_NOT_SUPPORTED",
-                                                                         "CUDA_ERROR_INVALID_VALUE"):
+            except (RuntimeError, TypeError) as err:
+                # A driver without batch copies (cuda-bindings raises FunctionNotFoundError, a
+                # RuntimeError) or one that refuses these: one call per piece.
+                refused = isinstance(err, _cuda.CudaError) and err.name in ("CUDA_ERROR_NOT_SUPPORTED",
+                                                                            "CUDA_ERROR_INVALID_VALUE")
+                if not (refused or isinstance(err, TypeError) or type(err).__name__ == "FunctionNotFoundError"):
                     raise
                 self._batch_ok = False
         one = drv.cuMemcpyDtoHAsync if to_host else drv.cuMemcpyHtoDAsync
