@@ -5,6 +5,7 @@ memory. The same pipeline on real GPUs: test_tcp_gpu.py."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import threading
@@ -202,6 +203,7 @@ def host_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(_tcp_gpu, "_pinned_alloc", mem.alloc)
     monkeypatch.setattr(_tcp_gpu, "_pinned_free", mem.free)
     monkeypatch.setattr(_tcp_gpu, "gpu_region_check", lambda desc: None)
+    monkeypatch.setattr(_tcp_gpu, "_on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(_tcp_gpu, "_cuda", types.SimpleNamespace(init_device=lambda d: None,
                                                                  CudaError=_tcp_gpu._cuda.CudaError))
     yield

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -55,6 +55,19 @@ def _pinned_alloc(nbytes: int) -> int:
 
 def _pinned_free(addr: int) -> None:
     _cuda.call("cuMemFreeHost", addr)
+
+
+@contextlib.contextmanager
+def _on_device(device: int) -> Iterator[None]:
+    """Makes ``device``'s primary context current for the block, then restores the thread's own
+    (the thread may be the user's, whose current device PyTorch reads from that context)."""
+    _cuda.call("cuInit", 0)  # cuCtxGetCurrent needs an initialised driver
+    prev = _cuda.call("cuCtxGetCurrent")
+    _cuda.init_device(device)
+    try:
+        yield
+    finally:
+        _cuda.call("cuCtxSetCurrent", prev)
 
 
 class Copier:
@@ -141,10 +154,10 @@ def gpu_region_check(desc: MemoryDesc) -> None:
     reports ordinal 0 for memory of every GPU (seen for torch and VMM allocations alike).
     """
     try:
-        _cuda.init_device(desc.device_id)
         drv = _cuda.driver()
         attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-        mem_type = int(_cuda.call("cuPointerGetAttribute", attr, desc.data, detail=f"pointer 0x{desc.data:x}"))
+        with _on_device(desc.device_id):
+            mem_type = int(_cuda.call("cuPointerGetAttribute", attr, desc.data, detail=f"pointer 0x{desc.data:x}"))
     except (ImportError, _cuda.CudaError, ValueError) as err:
         raise RuntimeError(f"TCP backend: GPU memory (device {desc.device_id}) is staged through pinned host "
                            f"buffers, which needs cuda-bindings and a CUDA GPU: {err}") from None
@@ -173,6 +186,7 @@ class GpuStaging:
         self._target_lock = threading.Lock()  # target copies share one copier per device
         self._target_copiers: dict[int, Copier] = {}
         self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mori-io-tcp-gpu")
+        self._device: int | None = None  # of the first region: pinned memory is freed in its context
         self.closed = False
 
     # ---- regions (target side) -----------------------------------------------------------------
@@ -181,6 +195,8 @@ class GpuStaging:
         gpu_region_check(desc)
         with self._cond:
             self._regions[desc.id] = desc
+            if self._device is None:
+                self._device = desc.device_id
 
     def remove_region(self, mem_id: int) -> None:
         """Stops serving a region; waits (up to twice MORI_IO_TIMEOUT) for its copies in flight."""
@@ -365,14 +381,17 @@ class GpuStaging:
         self.closed = True
         self._workers.shutdown(wait=True)
         self.leases.close()
-        for pool in (self.pool, self.leases.pool):
-            if not pool.close():
-                self.ctx.log.warning("TCP: staging buffers still in use at close; not freed")
-        for copier in self._copiers:
-            try:
-                copier.close()
-            except Exception as err:  # closing is best effort; the process may be going away
-                self.ctx.log.debug("TCP: staging copier on device %d: %s", copier.device, err)
+        if self._device is None:  # no region was ever registered: nothing was allocated
+            return
+        with _on_device(self._device):  # cuMemFreeHost needs a context current on this (any) thread
+            for pool in (self.pool, self.leases.pool):
+                if not pool.close():
+                    self.ctx.log.warning("TCP: staging buffers still in use at close; not freed")
+            for copier in self._copiers:
+                try:
+                    copier.close()
+                except Exception as err:  # closing is best effort; the process may be going away
+                    self.ctx.log.debug("TCP: staging copier on device %d: %s", copier.device, err)
 
 
 class _Run:
