@@ -1,6 +1,6 @@
 """Helpers for the mori-io tests: shared buffers and an engine running in its own process.
 
-``PeerProcess`` starts a real process (spawn) running an IOEngine with a TCP backend and serves
+``PeerProcess`` (a ``PipeProcess``) starts a real process (spawn) running an IOEngine with a TCP backend and serves
 commands over a pipe; every wait on it has a timeout and the process is always reaped.
 """
 
@@ -10,14 +10,16 @@ import mmap
 import multiprocessing as mp
 import os
 import signal
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType
 
-__all__ = ["SharedBuffer", "PeerProcess"]
+__all__ = ["SharedBuffer", "PeerProcess", "PipeProcess", "engine_commands", "serve_commands"]
 
 
 class SharedBuffer:
@@ -54,9 +56,14 @@ def _serve(conn: Any, key: str, token: str | None) -> None:
         buffers[desc.id], descs[desc.id] = buf, desc
         return desc.pack()
 
-    def pop_inbound(remote_key: str, uid: int, timeout: float) -> int | None:
-        import time
+    serve_commands(conn, engine, {**engine_commands(engine, descs), "register_shm": register_shm})
 
+
+def engine_commands(engine: IOEngine, descs: dict[int, MemoryDesc]) -> dict[str, Callable[..., Any]]:
+    """The commands every test engine process serves: engine (de)registration, memory
+    deregistration by id (``descs`` maps the ids the process registered) and inbound status."""
+
+    def pop_inbound(remote_key: str, uid: int, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
         while True:
             st = engine.pop_inbound_transfer_status(remote_key, uid)
@@ -66,13 +73,17 @@ def _serve(conn: Any, key: str, token: str | None) -> None:
                 return None
             time.sleep(0.001)
 
-    commands = {
+    return {
         "register_engine": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)),
         "deregister_engine": lambda packed: engine.deregister_remote_engine(EngineDesc.unpack(packed)),
-        "register_shm": register_shm,
         "deregister": lambda mem_id: engine.deregister_memory(descs.pop(mem_id)),
         "pop_inbound": pop_inbound,
     }
+
+
+def serve_commands(conn: Any, engine: IOEngine, commands: dict[str, Callable[..., Any]]) -> None:
+    """Announces the engine, then runs ``(cmd, args)`` requests from the pipe until ``stop``;
+    each reply is ``("ok", value)`` or ``("err", repr)``."""
     conn.send(("ready", engine.get_engine_desc().pack()))
     while True:
         cmd, args = conn.recv()
@@ -86,18 +97,21 @@ def _serve(conn: Any, key: str, token: str | None) -> None:
             conn.send(("err", repr(err)))
 
 
-class PeerProcess:
-    """An IOEngine named ``key`` in a separate process."""
+class PipeProcess:
+    """An engine process started with ``serve(child_conn, *args)`` and driven over a pipe (see
+    :func:`serve_commands`); ``name`` labels its errors. Every wait has a timeout and the process
+    is always reaped."""
 
-    def __init__(self, key: str, token: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, serve: Callable[..., None], args: tuple[Any, ...], name: str, timeout: float) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, key, token), daemon=True)
+        self.proc = ctx.Process(target=serve, args=(child, *args), daemon=True)
         self.proc.start()
         child.close()
+        self.name = name
         self.timeout = timeout
         try:
-            tag, packed = self._recv()
+            _, packed = self._recv()
             self.desc = EngineDesc.unpack(packed)
         except BaseException:
             self.kill()
@@ -105,30 +119,30 @@ class PeerProcess:
 
     def _recv(self) -> Any:
         if not self._conn.poll(self.timeout):
-            raise TimeoutError(f"peer process {self.proc.pid} did not answer in {self.timeout} s")
+            raise TimeoutError(f"{self.name} process {self.proc.pid} did not answer in {self.timeout} s")
         return self._conn.recv()
 
     def call(self, cmd: str, *args: Any) -> Any:
-        """Runs a command in the peer; raises RuntimeError with the peer's error."""
+        """Runs a command in the process; raises RuntimeError with its error."""
         self._conn.send((cmd, args))
         tag, value = self._recv()
         if tag != "ok":
-            raise RuntimeError(f"peer {cmd} failed: {value}")
+            raise RuntimeError(f"{self.name} {cmd} failed: {value}")
         return value
 
     def signal(self, sig: int) -> None:
-        """Sends a signal to the peer process."""
+        """Sends a signal to the process."""
         if self.proc.pid is not None and self.proc.is_alive():
             os.kill(self.proc.pid, sig)
 
     def kill(self) -> None:
-        """Kills and reaps the peer."""
+        """Kills and reaps the process."""
         if self.proc.is_alive():
             self.signal(signal.SIGKILL)
         self.proc.join(timeout=10)
 
     def close(self) -> None:
-        """Stops the peer cleanly, killing it if it does not stop in time."""
+        """Stops the process cleanly, killing it if it does not stop in time."""
         try:
             if self.proc.is_alive():
                 self.call("stop")
@@ -137,3 +151,10 @@ class PeerProcess:
         finally:
             self.proc.join(timeout=10)
             self.kill()
+
+
+class PeerProcess(PipeProcess):
+    """An IOEngine named ``key`` with a TCP backend in a separate process."""
+
+    def __init__(self, key: str, token: str | None = None, timeout: float = 60.0) -> None:
+        super().__init__(_serve, (key, token), "peer", timeout)

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import multiprocessing as mp
-import os
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,9 +16,10 @@ import pytest
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
+from _peer import PipeProcess, engine_commands, serve_commands  # noqa: E402
+
 from mori.io import (  # noqa: E402
     BackendType,
-    EngineDesc,
     IOEngine,
     IOEngineConfig,
     MemoryDesc,
@@ -89,79 +87,17 @@ def _serve(conn: Any) -> None:
             return hashlib.sha256(vmms[name].read(n, offset)).hexdigest()
         return hashlib.sha256(_bytes(tensors[name], offset, n).tobytes()).hexdigest()
 
-    def pop_inbound(key: str, uid: int, timeout: float) -> int | None:
-        deadline = time.monotonic() + timeout
-        while True:
-            st = engine.pop_inbound_transfer_status(key, uid)
-            if st is not None:
-                return int(st.Code())
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.001)
-
-    commands = {
-        "alloc": alloc, "register": register, "vmm": vmm, "digest": digest, "pop_inbound": pop_inbound,
+    serve_commands(conn, engine, {
+        **engine_commands(engine, descs), "alloc": alloc, "register": register, "vmm": vmm, "digest": digest,
         "fill": lambda name, offset, n, seed: _fill(tensors[name], offset, n, seed),
-        "deregister": lambda mem_id: engine.deregister_memory(descs.pop(mem_id)),
-        "register_engine": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)),
-        "deregister_engine": lambda packed: engine.deregister_remote_engine(EngineDesc.unpack(packed)),
-    }
-    conn.send(("ready", engine.get_engine_desc().pack()))
-    while True:
-        cmd, args = conn.recv()
-        if cmd == "stop":
-            engine.close()
-            conn.send(("ok", None))
-            return
-        try:
-            conn.send(("ok", commands[cmd](*args)))
-        except Exception as err:  # reported to the test, which fails with it
-            conn.send(("err", repr(err)))
+    })
 
 
-class Target:
+class Target(PipeProcess):
     """The target process; every wait has a timeout and the process is always reaped."""
 
     def __init__(self, timeout: float = 120.0) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-        self.proc.start()
-        child.close()
-        self.timeout = timeout
-        try:
-            _, packed = self._recv()
-            self.desc = EngineDesc.unpack(packed)
-        except BaseException:
-            self.kill()
-            raise
-
-    def _recv(self) -> Any:
-        if not self._conn.poll(self.timeout):
-            raise TimeoutError(f"target process {self.proc.pid} did not answer in {self.timeout} s")
-        return self._conn.recv()
-
-    def call(self, cmd: str, *args: Any) -> Any:
-        self._conn.send((cmd, args))
-        tag, value = self._recv()
-        if tag != "ok":
-            raise RuntimeError(f"target {cmd} failed: {value}")
-        return value
-
-    def kill(self) -> None:
-        if self.proc.is_alive() and self.proc.pid is not None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.join(timeout=10)
-
-    def close(self) -> None:
-        try:
-            if self.proc.is_alive():
-                self.call("stop")
-        except (TimeoutError, OSError, EOFError, RuntimeError):
-            pass
-        finally:
-            self.proc.join(timeout=10)
-            self.kill()
+        super().__init__(_serve, (), "target", timeout)
 
 
 @pytest.fixture(scope="module")
