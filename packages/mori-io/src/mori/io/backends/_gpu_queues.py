@@ -20,6 +20,7 @@ from mori.core import _cuda
 
 from ..types import StatusCode
 from ._copy_kernels import CopyKernel, TableBuffer
+from ._memcpy_batch import BatchMemcpy
 from ._nvlink_plan import CopyPlan
 
 __all__ = ["DeviceQueues", "GpuTransfer"]
@@ -53,8 +54,7 @@ class DeviceQueues:
         self._events: list[Any] = []
         self._kernel: CopyKernel | None = None
         self._lock = threading.Lock()
-        self._attrs: list[Any] | None = None  # cuMemcpyBatchAsync attributes; None = use single copies
-        self._batch_ok = hasattr(self._drv, "cuMemcpyBatchAsync")
+        self._batch = BatchMemcpy()
 
     def make_current(self) -> None:
         """Makes this device's primary context current in the calling thread (one driver call)."""
@@ -103,25 +103,9 @@ class DeviceQueues:
 
     def _engine_copy(self, rows: np.ndarray, stream: Any) -> None:
         """Copies ``rows`` (src, dst, bytes) with the copy engines on ``stream``."""
-        drv = self._drv
-        if len(rows) > 1 and self._batch_ok:
-            if self._attrs is None:
-                attr = drv.CUmemcpyAttributes()
-                attr.srcAccessOrder = drv.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-                self._attrs = [attr]
-            dsts = [drv.CUdeviceptr(v) for v in rows[:, 1].tolist()]
-            srcs = [drv.CUdeviceptr(v) for v in rows[:, 0].tolist()]
-            try:
-                _cuda.check(drv.cuMemcpyBatchAsync(dsts, srcs, rows[:, 2].tolist(), len(rows), self._attrs, [0], 1,
-                                                   stream), "cuMemcpyBatchAsync")
-                return
-            except (_cuda.CudaError, TypeError) as err:
-                # Older drivers (or bindings with another signature), or copies the batch call
-                # does not take: fall back to one command per block.
-                if isinstance(err, _cuda.CudaError) and err.name not in ("CUDA_ERROR_NOT_SUPPORTED",
-                                                                         "CUDA_ERROR_INVALID_VALUE"):
-                    raise
-                self._batch_ok = False
+        if self._batch.try_queue(rows[:, 1].tolist(), rows[:, 0].tolist(), rows[:, 2].tolist(), stream,
+                                 f"{len(rows)} copies on device {self.device}"):
+            return
         for src, dst, nbytes in rows.tolist():
             _cuda.check(self._memcpy(dst, src, nbytes, stream), "cuMemcpyAsync",
                         f"{nbytes} bytes 0x{src:x} -> 0x{dst:x}")

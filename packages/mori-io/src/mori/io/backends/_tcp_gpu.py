@@ -31,6 +31,7 @@ from mori.core import _cuda
 
 from .._control import ControlError
 from ..types import MemoryDesc, MemoryLocationType, StatusCode
+from ._memcpy_batch import BatchMemcpy
 from ._tcp_staging import Chunk, SlotLeases, StagingPool, check_pieces, pack_array, plan_chunks, unpack_array
 from .base import BackendContext, TransferOp, TransferRequest
 
@@ -83,45 +84,20 @@ class Copier:
         self._stream = _cuda.call("cuStreamCreate", int(self._drv.CUstream_flags.CU_STREAM_DEFAULT.value))
         flags = int(self._drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value)
         self._events = [_cuda.call("cuEventCreate", flags) for _ in range(self.LANES)]
-        self._batch_attrs: list[Any] | None = None
-        # cuda-bindings 13 calls the CUDA 13 form of cuMemcpyBatchAsync (no failIdx) and asks the
-        # driver for it without checking the driver's version: an older driver would hand back its
-        # 12.8 form, called with the wrong arguments. So batch only on a CUDA 13 driver.
-        self._batch_ok = (hasattr(self._drv, "cuMemcpyBatchAsync")
-                          and int(_cuda.call("cuDriverGetVersion")) >= 13000)
+        self._batch = BatchMemcpy()
 
     def copy(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, to_host: bool, lane: int) -> None:
         """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` (absolute addresses; device to host
         when ``to_host``) and records ``lane``'s event after them."""
         drv, n = self._drv, len(sizes)
-        if n > 1 and self._batch_ok:
-            try:
-                self._copy_batch(dsts, srcs, sizes)
-                n = 0
-            except (RuntimeError, TypeError) as err:
-                # A driver without batch copies (cuda-bindings raises FunctionNotFoundError, a
-                # RuntimeError) or one that refuses these: one call per piece.
-                refused = isinstance(err, _cuda.CudaError) and err.name in ("CUDA_ERROR_NOT_SUPPORTED",
-                                                                            "CUDA_ERROR_INVALID_VALUE")
-                if not (refused or isinstance(err, TypeError) or type(err).__name__ == "FunctionNotFoundError"):
-                    raise
-                self._batch_ok = False
+        if self._batch.try_queue(dsts.tolist(), srcs.tolist(), sizes.tolist(), self._stream,
+                                 f"{n} staging copies on device {self.device}"):
+            n = 0
         one = drv.cuMemcpyDtoHAsync if to_host else drv.cuMemcpyHtoDAsync
         name = "cuMemcpyDtoHAsync" if to_host else "cuMemcpyHtoDAsync"
         for dst, src, nbytes in zip(dsts[:n].tolist(), srcs[:n].tolist(), sizes[:n].tolist()):
             _cuda.check(one(dst, src, nbytes, self._stream), name, f"{nbytes} bytes 0x{src:x} -> 0x{dst:x}")
         _cuda.call("cuEventRecord", self._events[lane], self._stream)
-
-    def _copy_batch(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray) -> None:
-        drv = self._drv
-        if self._batch_attrs is None:
-            attr = drv.CUmemcpyAttributes()
-            attr.srcAccessOrder = drv.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-            self._batch_attrs = [attr]
-        d = [drv.CUdeviceptr(v) for v in dsts.tolist()]
-        s = [drv.CUdeviceptr(v) for v in srcs.tolist()]
-        _cuda.check(drv.cuMemcpyBatchAsync(d, s, sizes.tolist(), len(d), self._batch_attrs, [0], 1, self._stream),
-                    "cuMemcpyBatchAsync", f"{len(d)} staging copies on device {self.device}")
 
     def wait(self, lane: int, timeout: float) -> None:
         """Waits until the copies before ``lane``'s last record are done; ``TimeoutError`` after
