@@ -60,7 +60,8 @@ def test_plan_moves_exactly_the_blocks(batch, kernel_max, stripe, streams):
     assert np.array_equal(_replay(plan, memory), expect)
     assert plan.total_bytes == sum(sizes)
     assert all(int(n) < kernel_max for n in plan.kernel[:, 2])
-    assert len(plan.kernel) <= 1 or all(int(n) <= KERNEL_PIECE for n in plan.kernel[:, 2])  # a lone row: cut in-kernel
+    # the kernel cuts each row into kernel_per_row pieces (a lone row: as many as it needs)
+    assert len(plan.kernel) <= 1 or all(int(n) <= KERNEL_PIECE * plan.kernel_per_row for n in plan.kernel[:, 2])
     assert len(plan.engines) <= streams
     for lane in plan.engines:
         assert len(lane) and (lane[:, 2] > 0).all() and (lane[:, 2] <= stripe).all()
@@ -78,7 +79,10 @@ def test_plan_merges_contiguous_blocks_and_stripes_large_ones():
     plan = plan_copies(0x1000, 0x8000_0000, offs, shuffled, [4096] * n, 64 << 10, 8 << 20, 8)
     assert len(plan.kernel) == n and not plan.engines
     plan = plan_copies(0x1000, 0x8000_0000, offs, shuffled, [size] * n, 1 << 20, 8 << 20, 8)
-    assert len(plan.kernel) == n * size // KERNEL_PIECE and not plan.engines
+    assert len(plan.kernel) == n and plan.kernel_per_row == size // KERNEL_PIECE and not plan.engines  # cut in-kernel
+    sizes = [size] + [16] * (n - 1)  # one long row and many short ones: cut on the host
+    plan = plan_copies(0x1000, 0x8000_0000, offs, shuffled, sizes, 1 << 20, 8 << 20, 8)
+    assert len(plan.kernel) == n - 1 + size // KERNEL_PIECE and plan.kernel_per_row == 1
 
 
 def test_plan_rejects_bad_parameters():

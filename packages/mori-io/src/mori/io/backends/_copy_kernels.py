@@ -1,9 +1,9 @@
 """The gather/scatter kernel of the NVLink backend: many small blocks in one launch.
 
 A batch of thousands of small blocks costs thousands of copy-engine commands; one kernel launch
-with a table of ``(src, dst, bytes)`` rows in device memory moves them all. A warp copies one
-row at a time (rows striped over all warps of the grid, which is as large as the GPU holds at
-once) with mori's device copy routine
+with a table of ``(src, dst, bytes)`` rows in device memory moves them all. Rows are cut into
+pieces in the kernel; a warp copies one piece at a time (pieces striped over all warps of the
+grid, which is as large as the GPU holds at once) with mori's device copy routine
 (``mori::device::detail::GroupCopy``: 16-byte vectors when the pointers are congruent modulo
 16, eight loads in flight per thread to hide NVLink latency). Pointers may be local or peer
 (IPC-opened / VMM-imported) addresses: the SMs of the initiator's GPU load and store across
@@ -29,7 +29,7 @@ __all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuff
 KERNEL_NAME = "mori_io_gather_copy"
 ROW_WORDS = 3  # a table row: src, dst, bytes (uint64 each)
 _THREADS = 512  # 16 warps per block
-_PARAMS = 6  # rows, n, src0, dst0, bytes0, piece
+_PARAMS = 7  # rows, items, per_row, piece, src0, dst0, bytes0
 # A lone block is cut into pieces of this size, one per warp: a warp moves 4 KiB in one unrolled
 # step of GroupCopy (32 lanes x 8 x 16 bytes), so every piece is a single NVLink round trip.
 _SINGLE_PIECE = 4096
@@ -37,27 +37,30 @@ _SINGLE_PIECE = 4096
 KERNEL_SOURCE = r"""
 #include <mori/device/copy.cuh>
 
-// rows: n rows of {src, dst, bytes}, one warp per row. When rows is null there is one block,
-// passed by value (a one-block transfer needs no table upload), cut here into n pieces of
-// `piece` bytes so that n warps share it.
+// Work item i is piece i % per_row (of `piece` bytes) of row i / per_row; one warp per item.
+// rows: {src, dst, bytes} each. Rows are cut here rather than on the host because a host pass
+// over thousands of pieces costs more than the copy of a 256 MiB batch takes to start; items past
+// the end of a shorter row are skipped. When rows is null there is one row, passed by value (a
+// one-block transfer needs no table upload).
 extern "C" __global__ void __launch_bounds__(512)
-mori_io_gather_copy(const unsigned long long* rows, unsigned long long n, unsigned long long src0,
-                    unsigned long long dst0, unsigned long long bytes0, unsigned long long piece) {
+mori_io_gather_copy(const unsigned long long* rows, unsigned long long items, unsigned long long per_row,
+                    unsigned long long piece, unsigned long long src0, unsigned long long dst0,
+                    unsigned long long bytes0) {
   const unsigned int lane = threadIdx.x & 31u;
   const unsigned long long warp = (static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const unsigned long long warps = (static_cast<unsigned long long>(gridDim.x) * blockDim.x) >> 5;
-  for (unsigned long long i = warp; i < n; i += warps) {
-    unsigned long long src, dst, bytes;
+  for (unsigned long long i = warp; i < items; i += warps) {
+    const unsigned long long row = per_row == 1 ? i : i / per_row;
+    const unsigned long long off = (i - row * per_row) * piece;
+    unsigned long long src = src0, dst = dst0, bytes = bytes0;
     if (rows != nullptr) {
-      src = rows[3 * i];
-      dst = rows[3 * i + 1];
-      bytes = rows[3 * i + 2];
-    } else {
-      src = src0 + i * piece;
-      dst = dst0 + i * piece;
-      bytes = bytes0 - i * piece < piece ? bytes0 - i * piece : piece;
+      src = rows[3 * row];
+      dst = rows[3 * row + 1];
+      bytes = rows[3 * row + 2];
     }
-    mori::device::detail::GroupCopy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+    if (off >= bytes) continue;
+    bytes = bytes - off < piece ? bytes - off : piece;
+    mori::device::detail::GroupCopy(reinterpret_cast<void*>(dst + off), reinterpret_cast<const void*>(src + off),
                                     bytes, lane, 32u);
   }
 }
@@ -164,10 +167,12 @@ class CopyKernel:
         """Thread blocks for ``warps`` busy warps, at most what the GPU holds at once."""
         return max(1, min(-(-warps // (_THREADS // 32)), self._max_blocks))
 
-    def launch(self, stream: Any, table: TableBuffer | None, rows: int, single: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first: no host wait), or the
-        one block ``single`` = (src, dst, bytes) when ``table`` is None (``rows`` is ignored then);
-        asynchronous on ``stream``."""
+    def launch(self, stream: Any, table: TableBuffer | None, rows: int, per_row: int = 1, piece: int = 0,
+               single: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first: no host wait), each cut
+        into ``per_row`` pieces of ``piece`` bytes, or the one block ``single`` = (src, dst, bytes)
+        when ``table`` is None (``rows``, ``per_row`` and ``piece`` are ignored then); asynchronous
+        on ``stream``."""
         args: list[Any]
         if table is not None:
             if rows == 0:
@@ -175,13 +180,13 @@ class CopyKernel:
             done = self._upload(table.dev_ptr, table.host_ptr, rows * ROW_WORDS * 8, stream)
             if done[0]:  # the message is built only on failure: this is the per-transfer path
                 _cuda.check(done, "cuMemcpyHtoDAsync", f"{rows}-row copy table on device {self.device}")
-            args = [table.dev_ptr, rows, 0, 0, 0, 0]
-            warps = rows
+            warps = rows * per_row
+            args = [table.dev_ptr, warps, per_row, piece if per_row > 1 else 1 << 62, 0, 0, 0]
         else:
             if single[2] == 0:
                 return
             warps = -(-single[2] // _SINGLE_PIECE)
-            args = [0, warps, *single, _SINGLE_PIECE]
+            args = [0, warps, warps, _SINGLE_PIECE, *single]
         with self._lock:
             self._args[:] = args
             done = self._launch(self._function, self.grid(warps), 1, 1, _THREADS, 1, 1, 0, stream,

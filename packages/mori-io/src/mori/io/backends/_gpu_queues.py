@@ -21,7 +21,7 @@ from mori.core import _cuda
 from ..types import StatusCode
 from ._copy_kernels import CopyKernel, TableBuffer
 from ._memcpy_batch import BatchMemcpy
-from ._nvlink_plan import CopyPlan
+from ._nvlink_plan import KERNEL_PIECE, CopyPlan
 
 __all__ = ["DeviceQueues", "GpuTransfer"]
 
@@ -127,12 +127,12 @@ class DeviceQueues:
                 stream, n, kernel = streams[-1], len(plan.kernel), self.kernel
                 if n == 1:  # a lone block: passed by value, cut into pieces by the kernel
                     src, dst, nbytes = plan.kernel[0].tolist()
-                    kernel.launch(stream, None, 1, (src, dst, nbytes))
+                    kernel.launch(stream, None, 1, single=(src, dst, nbytes))
                 else:
                     table = kernel.tables.take(n)
                     tables.append(table)
                     table.rows[:n] = plan.kernel
-                    kernel.launch(stream, table, n)
+                    kernel.launch(stream, table, n, plan.kernel_per_row, KERNEL_PIECE)
                 events.append(self._record(stream))
         except BaseException:
             # Copies already queued may still run: wait for them before the events and tables

@@ -4,10 +4,12 @@ Pure array arithmetic (no CUDA), so it is tested on any machine:
 
 1. blocks of zero bytes are dropped; runs of blocks that are contiguous on both sides (the next
    block starts where the previous ended, locally and remotely) merge into one block;
-2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel (cut into
-   pieces of at most ``KERNEL_PIECE`` bytes: a warp copies one piece, and many pieces keep all
-   warps busy; a lone kernel block stays whole: the kernel cuts it itself, so it needs no table);
-   the rest go to the copy engines;
+2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel, which cuts
+   each row into ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes (a warp copies one piece,
+   and many pieces keep all warps busy). Rows of about one size (the KV-cache case) are cut only
+   there; when sizes differ so much that most pieces of the longest row's count would be empty,
+   the host cuts the rows instead (``kernel_per_row`` = 1). A lone kernel block needs no table:
+   the kernel cuts it itself. The rest go to the copy engines;
 3. copy-engine blocks larger than ``stripe`` bytes are cut into ``stripe``-sized pieces and all
    pieces are dealt out over at most ``max_streams`` streams, balancing bytes, so several copy
    engines work at once.
@@ -27,11 +29,13 @@ KERNEL_PIECE = 32 << 10
 
 @dataclass
 class CopyPlan:
-    """``kernel``: (k, 3) uint64 rows (src, dst, bytes) for the gather kernel; ``engines``: one
-    (m, 3) array of rows per copy-engine stream."""
+    """``kernel``: (k, 3) uint64 rows (src, dst, bytes) for the gather kernel, each cut there into
+    ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes; ``engines``: one (m, 3) array of rows
+    per copy-engine stream."""
 
     kernel: np.ndarray
     engines: list[np.ndarray] = field(default_factory=list)
+    kernel_per_row: int = 1
 
     @property
     def total_bytes(self) -> int:
@@ -121,6 +125,12 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     else:
         small = sz < kernel_max
         kernel_rows, engine_rows = rows[small], rows[~small]
+    per_row = 1
     if len(kernel_rows) > 1:
-        kernel_rows = _stripe(kernel_rows, KERNEL_PIECE)
-    return CopyPlan(np.ascontiguousarray(kernel_rows), _deal(_stripe(engine_rows, stripe), max_streams, stripe))
+        per_row = -(-int(kernel_rows[:, 2].max()) // KERNEL_PIECE)
+        if per_row > 1:
+            pieces = int(((kernel_rows[:, 2] + np.uint64(KERNEL_PIECE - 1)) // np.uint64(KERNEL_PIECE)).sum())
+            if per_row * len(kernel_rows) > 2 * pieces:  # mostly empty pieces: cut here instead
+                kernel_rows, per_row = _stripe(kernel_rows, KERNEL_PIECE), 1
+    return CopyPlan(np.ascontiguousarray(kernel_rows), _deal(_stripe(engine_rows, stripe), max_streams, stripe),
+                    per_row)
