@@ -9,24 +9,24 @@ namespace mori {
 namespace device {
 
 // This PE's rank.
-MORI_DEVICE_INLINE int ShmemMyPe() { return globalGpuStates.rank; }
+MORI_DEVICE_INLINE int ShmemMyPe() { return detail::StateRank(); }
 
 // Number of PEs.
-MORI_DEVICE_INLINE int ShmemNPes() { return globalGpuStates.worldSize; }
+MORI_DEVICE_INLINE int ShmemNPes() { return detail::StateWorldSize(); }
 
 // Translates `ptr`, an address in PE `myPe`'s heap as mapped in this process, to the address of
 // the same symmetric object on PE `destPe`, usable with plain loads and stores. Returns 0 when
 // either PE is out of range, `ptr` is not inside that heap, or `destPe` is not reachable by
 // P2P (not mapped here, or MORI_DISABLE_P2P).
 MORI_DEVICE_INLINE uint64_t ShmemPtrP2p(uint64_t ptr, int myPe, int destPe) {
-  const GpuStates& s = globalGpuStates;
-  if (myPe < 0 || myPe >= s.worldSize || destPe < 0 || destPe >= s.worldSize) return 0;
-  const uint64_t* bases = reinterpret_cast<const uint64_t*>(s.peerHeapBases);
-  const uint64_t from = myPe == s.rank ? s.heapBase : bases[myPe];
-  if (from == 0 || ptr < from || ptr - from >= s.heapSize) return 0;
-  if (destPe == s.rank) return s.heapBase + (ptr - from);
-  const uint64_t to = bases[destPe];
-  if (to == 0 || (s.flags & kFlagP2pDisabled)) return 0;
+  const int world = detail::StateWorldSize(), rank = detail::StateRank();
+  if (myPe < 0 || myPe >= world || destPe < 0 || destPe >= world) return 0;
+  const uint64_t heapBase = detail::StateHeapBase();
+  const uint64_t from = myPe == rank ? heapBase : detail::StatePeerBase(myPe);
+  if (from == 0 || ptr < from || ptr - from >= detail::StateHeapSize()) return 0;
+  if (destPe == rank) return heapBase + (ptr - from);
+  const uint64_t to = detail::StatePeerBase(destPe);
+  if (to == 0 || (detail::StateFlags() & kFlagP2pDisabled)) return 0;
   return to + (ptr - from);
 }
 
@@ -56,12 +56,12 @@ MORI_DEVICE_COLD void FailRemote(const char* op, const void* sym, int pe) {
 
 // Base of PE `pe`'s heap in this process, for the remote operations.
 MORI_DEVICE_INLINE uint64_t PeerHeapBase(int pe, const char* op) {
-  const GpuStates& s = globalGpuStates;
-  if (pe == s.rank) return s.heapBase;
-  const void* inHeap = reinterpret_cast<const void*>(s.heapBase);
-  if (MORI_DEVICE_UNLIKELY(pe < 0 || pe >= s.worldSize)) FailRemote(op, inHeap, pe);
-  const uint64_t base = reinterpret_cast<const uint64_t*>(s.peerHeapBases)[pe];
-  if (MORI_DEVICE_UNLIKELY(base == 0 || (s.flags & kFlagP2pDisabled))) FailRemote(op, inHeap, pe);
+  const uint64_t heapBase = StateHeapBase();
+  if (pe == StateRank()) return heapBase;
+  const void* inHeap = reinterpret_cast<const void*>(heapBase);
+  if (MORI_DEVICE_UNLIKELY(pe < 0 || pe >= StateWorldSize())) FailRemote(op, inHeap, pe);
+  const uint64_t base = StatePeerBase(pe);
+  if (MORI_DEVICE_UNLIKELY(base == 0 || (StateFlags() & kFlagP2pDisabled))) FailRemote(op, inHeap, pe);
   return base;
 }
 
@@ -69,8 +69,8 @@ MORI_DEVICE_INLINE uint64_t PeerHeapBase(int pe, const char* op) {
 // not inside the symmetric heap or `pe` cannot be reached.
 template <class T>
 MORI_DEVICE_INLINE T* PeerAddress(T* sym, int pe, const char* op) {
-  const uint64_t offset = reinterpret_cast<uint64_t>(sym) - globalGpuStates.heapBase;
-  if (MORI_DEVICE_UNLIKELY(offset >= globalGpuStates.heapSize)) FailRemote(op, sym, pe);
+  const uint64_t offset = reinterpret_cast<uint64_t>(sym) - StateHeapBase();
+  if (MORI_DEVICE_UNLIKELY(offset >= StateHeapSize())) FailRemote(op, sym, pe);
   return reinterpret_cast<T*>(PeerHeapBase(pe, op) + offset);
 }
 

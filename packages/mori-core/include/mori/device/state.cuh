@@ -77,6 +77,26 @@ __device__ mori::device::GpuStates globalGpuStates;
 extern "C" __device__ mori::device::GpuStates globalGpuStates;
 #endif
 
+namespace mori {
+namespace device {
+namespace detail {
+
+// The fields of globalGpuStates and the peer-base table on the hot paths, read with LoadConst:
+// the host writes both before a launch and never during one.
+MORI_DEVICE_INLINE int32_t StateRank() { return ptx::LoadConst(&globalGpuStates.rank); }
+MORI_DEVICE_INLINE int32_t StateWorldSize() { return ptx::LoadConst(&globalGpuStates.worldSize); }
+MORI_DEVICE_INLINE uint64_t StateHeapBase() { return ptx::LoadConst(&globalGpuStates.heapBase); }
+MORI_DEVICE_INLINE uint64_t StateHeapSize() { return ptx::LoadConst(&globalGpuStates.heapSize); }
+MORI_DEVICE_INLINE uint32_t StateFlags() { return ptx::LoadConst(&globalGpuStates.flags); }
+// PE `pe`'s heap base as mapped here (0: not reachable); `pe` must be in [0, worldSize).
+MORI_DEVICE_INLINE uint64_t StatePeerBase(int pe) {
+  return ptx::LoadConst(reinterpret_cast<const uint64_t*>(ptx::LoadConst(&globalGpuStates.peerHeapBases)) + pe);
+}
+
+}  // namespace detail
+}  // namespace device
+}  // namespace mori
+
 // Longest a device-side wait (wait_until, barrier) polls before it reports and aborts the
 // kernel, in nanoseconds of the global timer. A wait that cannot finish (a peer that never
 // signals) then fails the launch with a message instead of hanging the GPU. Define it to 0

@@ -165,24 +165,24 @@ namespace detail {
 // the same (acquire loads of this heap's slot[pe]). Epochs only grow, so `>=` lets a fast PE run
 // ahead into the next barrier without confusing this one.
 MORI_DEVICE_FUNC void BarrierExchange(uint64_t epoch, uint32_t first, uint32_t step) {
-  const GpuStates& s = globalGpuStates;
-  if (MORI_DEVICE_UNLIKELY(s.worldSize > kMaxPes)) {
-    MORI_DEVICE_FAIL("ShmemBarrierAll: world size %d exceeds kMaxPes %d", s.worldSize, kMaxPes);
+  const int world = StateWorldSize();
+  if (MORI_DEVICE_UNLIKELY(world > kMaxPes)) {
+    MORI_DEVICE_FAIL("ShmemBarrierAll: world size %d exceeds kMaxPes %d", world, kMaxPes);
   }
-  const uint64_t slotOffset = kBarrierSlotsOffset + 8 * static_cast<uint64_t>(s.rank);
-  for (uint32_t pe = first; pe < static_cast<uint32_t>(s.worldSize); pe += step) {
+  const uint64_t slotOffset = kBarrierSlotsOffset + 8 * static_cast<uint64_t>(StateRank());
+  for (uint32_t pe = first; pe < static_cast<uint32_t>(world); pe += step) {
     uint64_t* slot =
         reinterpret_cast<uint64_t*>(PeerHeapBase(static_cast<int>(pe), "ShmemBarrierAll") + slotOffset);
     ptx::StoreReleaseSys(slot, epoch);
   }
-  const uint64_t* mySlots = reinterpret_cast<const uint64_t*>(s.heapBase + kBarrierSlotsOffset);
-  for (uint32_t pe = first; pe < static_cast<uint32_t>(s.worldSize); pe += step) {
+  const uint64_t* mySlots = reinterpret_cast<const uint64_t*>(StateHeapBase() + kBarrierSlotsOffset);
+  for (uint32_t pe = first; pe < static_cast<uint32_t>(world); pe += step) {
     WaitFor<uint64_t>(mySlots + pe, kCmpGe, epoch, "ShmemBarrierAll");
   }
 }
 
 MORI_DEVICE_INLINE uint64_t* BarrierEpoch() {
-  return reinterpret_cast<uint64_t*>(globalGpuStates.heapBase + kBarrierEpochOffset);
+  return reinterpret_cast<uint64_t*>(StateHeapBase() + kBarrierEpochOffset);
 }
 
 }  // namespace detail
