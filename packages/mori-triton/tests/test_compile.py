@@ -15,6 +15,7 @@ from mori.triton import DEVICE_FUNCTIONS, BitcodeError, compile_ir, find_bitcode
 from mori.triton._all_reduce import DEFAULT_TABLE, SWEEP_LARGE, SWEEP_SMALL
 from mori.triton._all_reduce_fast import all_reduce_fast_kernel
 from mori.triton._all_reduce_kernels import all_reduce_kernel
+from mori.triton._all_reduce_lamport import all_reduce_lamport_kernel
 from mori.triton.kernels import (
     PUT_RING_IR,
     allreduce_p2p_kernel,
@@ -145,6 +146,42 @@ def test_every_swept_fast_all_reduce_compiles_vectorised(one_shot, block, num_wa
 @pytest.mark.parametrize("one_shot", [True, False])
 def test_fast_all_reduce_compiles_for_other_worlds_and_dtypes(world, dtype, one_shot):
     _check_fast_ptx(_compile_fast(world, one_shot, 2048, 4, dtype))
+
+
+def _compile_lamport(world, one_shot, block, num_warps, dtype="bf16"):
+    """PTX of the v3 all-reduce kernel, specialised as AllReduce's launches are."""
+    sig = {"inp": f"*{dtype}", "out": f"*{dtype}", "lam": f"*{dtype}", "sets": "*u32", "deltas": ("i64",) * world,
+           "rank": "i32", "n": "i32", "chunk": "i32", "timeout_ns": "i64", "set_elems": "i32", "W": "constexpr",
+           "WP": "constexpr", "BLOCK": "constexpr", "ONE_SHOT": "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 6, 7, 9)}
+    attrs.update({(4, j): [["tt.divisibility", 16]] for j in range(world)})
+    consts = {(10,): world, (11,): triton.next_power_of_2(world), (12,): block, (13,): one_shot}
+    src = triton.compiler.ASTSource(fn=all_reduce_lamport_kernel, signature=sig, attrs=attrs, constexprs=consts)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps}).asm["ptx"]
+
+
+def _check_lamport_ptx(ptx):
+    ops = set(re.findall(r"(ld\.[.\w]*global[.\w]*|st\.global[.\w]*)", ptx))
+    # data: 16-byte vectors, polled with volatile loads; no flags, fences or atomics at all (the
+    # scalar b32 pair is the set counter's load and store).
+    assert {o for o in ops if "v4" not in o} <= {"ld.global.b32", "st.global.b32"}, ops
+    assert "st.global.v4.b32" in ops and "ld.volatile.global.v4.b32" in ops and "%globaltimer" in ptx
+    assert "atom." not in ptx and "fence" not in ptx and "membar" not in ptx and ".release" not in ptx
+
+
+_LAMPORT_SHAPES = sorted({(c.one_shot, c.block, c.num_warps) for c in (*SWEEP_SMALL, *(c for _, c in DEFAULT_TABLE))
+                          if c.kernel == "v3"})
+
+
+@pytest.mark.parametrize("one_shot,block,num_warps", _LAMPORT_SHAPES)
+def test_every_swept_lamport_all_reduce_compiles_vectorised(one_shot, block, num_warps):
+    _check_lamport_ptx(_compile_lamport(4, one_shot, block, num_warps))
+
+
+@pytest.mark.parametrize("world,dtype", [(2, "fp16"), (3, "fp32"), (8, "bf16")])
+@pytest.mark.parametrize("one_shot", [True, False])
+def test_lamport_all_reduce_compiles_for_other_worlds_and_dtypes(world, dtype, one_shot):
+    _check_lamport_ptx(_compile_lamport(world, one_shot, 1024, 4, dtype))
 
 
 def test_llvm_ir_path_links_and_assembles():

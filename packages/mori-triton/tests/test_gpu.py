@@ -137,10 +137,11 @@ def test_kernel_b_put_signal(world, shape):
 # (one_shot, block, num_warps, max_blocks, kernel): v1 and v2 of both algorithms; small grids make
 # every block loop over several tiles, the 132-block one is the large-size shape. Every config
 # runs bf16; the small-grid v2 ones (which cover the most code paths) every dtype.
-_V2_SMALL_GRID = [(True, 1024, 4, 8, "v2"), (False, 1024, 4, 8, "v2")]
+_SMALL_GRID = [(True, 1024, 4, 8, k) for k in ("v2", "v3")] + [(False, 1024, 4, 8, k) for k in ("v2", "v3")]
 ALL_REDUCE_CASES = [("bfloat16", c) for c in [(True, 2048, 4, 64, "v1"), (False, 2048, 4, 64, "v1"),
-                                              *_V2_SMALL_GRID, (True, 2048, 8, 64, "v2"), (False, 4096, 8, 132, "v2")]]
-ALL_REDUCE_CASES += [(d, c) for d in ("float16", "float32") for c in _V2_SMALL_GRID]
+                                              *_SMALL_GRID, (True, 2048, 8, 64, "v2"), (False, 4096, 8, 132, "v2"),
+                                              (True, 2048, 8, 64, "v3"), (False, 1024, 4, 128, "v3")]]
+ALL_REDUCE_CASES += [(d, c) for d in ("float16", "float32") for c in _SMALL_GRID]
 
 
 @pytest.mark.parametrize("shape", [(64, 7168), (5, 333), (1024, 4096)])
@@ -152,7 +153,7 @@ def test_all_reduce_exact(world, dtype, shape, config):
     from mori.triton._all_reduce import AllReduceConfig
 
     rank, n = world
-    op = AllReduce(max_bytes=32 << 20, one_shot_max_bytes=32 << 20)
+    op = AllReduce(max_bytes=32 << 20, one_shot_max_bytes=32 << 20, lamport_max_bytes=32 << 20)
     try:
         cfg = AllReduceConfig(*config)
         for it in range(4):  # repeated calls exercise the epochs, the slot parity and the cached launch
@@ -167,6 +168,43 @@ def test_all_reduce_exact(world, dtype, shape, config):
         torch.cuda.synchronize()
         for it, out in enumerate(outs):
             _same_bits(out, _reference(300 + it, n, shape, DTYPES[dtype]))
+    finally:
+        op.close()
+
+
+def test_all_reduce_v3_mixed_sizes_and_sentinel_inputs(world):
+    """v3 calls of different sizes, algorithms and grids back to back share one slot area (its
+    sets rotate per block); inputs holding the sentinel's bit pattern give NaN there, exact sums
+    elsewhere; a v3 config is refused above lamport_max_bytes."""
+    from mori.triton import AllReduce
+    from mori.triton._all_reduce import AllReduceConfig
+
+    rank, n = world
+    op = AllReduce(max_bytes=8 << 20, one_shot_max_bytes=1 << 20, lamport_max_bytes=2 << 20)
+    try:
+        plan = [((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v3")), ((3, 1000), AllReduceConfig(True, 1024, 4, 3, "v3")),
+                ((256, 4096), AllReduceConfig(False, 2048, 4, 64, "v3")), ((64, 7168), AllReduceConfig(True, 2048, 8, 64, "v3")),
+                ((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v2"))] * 3
+        xs = [_input(500 + i, rank, shape, torch.bfloat16) for i, (shape, _) in enumerate(plan)]
+        outs = [op(x, out=torch.empty_like(x), cfg=cfg) for x, (_, cfg) in zip(xs, plan)]
+        torch.cuda.synchronize()
+        for i, (out, (shape, _)) in enumerate(zip(outs, plan)):
+            _same_bits(out, _reference(500 + i, n, shape, torch.bfloat16))
+        shape, cfg = (64, 7168), AllReduceConfig(False, 1024, 4, 112, "v3")
+        x = _input(600, rank, shape, torch.bfloat16)
+        hit = torch.zeros(shape, dtype=torch.bool, device="cuda").view(-1)
+        hit[rank::97] = True
+        hit = hit.view(shape)
+        x.view(torch.int16)[hit] = -1  # the sentinel's bits
+        out = op(x, out=torch.empty_like(x), cfg=cfg)
+        torch.cuda.synchronize()
+        hits = [torch.zeros(shape, dtype=torch.uint8, device="cuda") for _ in range(n)]
+        torch.distributed.all_gather(hits, hit.to(torch.uint8))
+        nan = torch.stack(hits).bool().any(0)
+        assert torch.isnan(out[nan]).all()
+        assert torch.equal(out[~nan].view(torch.int16), _reference(600, n, shape, torch.bfloat16)[~nan].view(torch.int16))
+        with pytest.raises(ValueError, match="lamport_max_bytes"):
+            op(torch.ones(4 << 20, dtype=torch.bfloat16, device="cuda"), cfg=cfg)
     finally:
         op.close()
 

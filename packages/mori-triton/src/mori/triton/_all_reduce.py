@@ -3,7 +3,9 @@
 An :class:`AllReduce` owns persistent symmetric buffers (allocated once with ``shmem_malloc``,
 reached through peers' NVLink mappings) and launches one Triton kernel per call: one-shot for
 small tensors, two-shot (reduce-scatter + all-gather) above. The input may live anywhere on the
-GPU; it is read once and pushed straight into peers' buffers. Which algorithm and shape a size
+GPU; it is read once and pushed straight into peers' buffers. Up to ``lamport_max_bytes`` the
+flag-free "v3" kernels (``_all_reduce_lamport``) can run: their receive slots hold a sentinel
+between calls, so they need a slot area of their own. Which algorithm and shape a size
 gets is :data:`DEFAULT_TABLE`, the one place to change after a benchmark run.
 """
 
@@ -17,6 +19,7 @@ from mori.core import config
 
 from ._all_reduce_fast import all_reduce_fast_kernel
 from ._all_reduce_kernels import all_reduce_kernel
+from ._all_reduce_lamport import SETS, all_reduce_lamport_kernel
 
 __all__ = ["AllReduce", "AllReduceConfig", "DEFAULT_TABLE", "all_reduce", "default_config"]
 
@@ -24,15 +27,17 @@ MAX_WORLD = 8
 _MAXB = 1024  # flag slots per (phase, source PE): the most blocks a launch may use
 _ALIGN = 64  # slice lengths are multiples of 64 elements: 16-byte vectors everywhere
 _DTYPES = ("bfloat16", "float16", "float32")
-KERNELS = ("v1", "v2")
+KERNELS = ("v1", "v2", "v3")
 
 
 @dataclasses.dataclass(frozen=True)
 class AllReduceConfig:
     """How one call runs: algorithm, elements per block iteration, warps, block cap and kernel.
 
-    ``kernel``: ``"v2"`` (``_all_reduce_fast``: all peers signalled and awaited in parallel,
-    2-D tiles) or ``"v1"`` (``_all_reduce_kernels``: the first version, peer after peer).
+    ``kernel``: ``"v3"`` (``_all_reduce_lamport``: no flags, the receiver polls the data, up to
+    the AllReduce's ``lamport_max_bytes``), ``"v2"`` (``_all_reduce_fast``: all peers signalled
+    and awaited in parallel, 2-D tiles) or ``"v1"`` (``_all_reduce_kernels``: the first version,
+    peer after peer).
     """
 
     one_shot: bool
@@ -81,6 +86,8 @@ SWEEP_SMALL = (  # up to 2 MiB
     *_configs(True, ((1024, 4), (2048, 4), (2048, 8)), (32, 64, 128)),
     *_configs(False, ((1024, 4), (2048, 4), (4096, 8)), (64, 128, 256)),
     AllReduceConfig(True, 2048, 8, 64, "v1"), AllReduceConfig(False, 4096, 8, 128, "v1"),
+    *_configs(True, ((1024, 4), (2048, 8)), (32, 64, 128), "v3"),
+    *_configs(False, ((1024, 4), (2048, 4)), (64, 128, 256), "v3"),
 )
 SWEEP_LARGE = (  # from 2 MiB
     *_configs(False, ((2048, 4), (4096, 8), (8192, 8)), (132, 264, 528)),
@@ -123,7 +130,8 @@ class AllReduce:
     and calls it with tensors of the same shape and dtype, in the same order.
     """
 
-    def __init__(self, max_bytes: int = 64 << 20, one_shot_max_bytes: int = 512 << 10) -> None:
+    def __init__(self, max_bytes: int = 64 << 20, one_shot_max_bytes: int = 512 << 10,
+                 lamport_max_bytes: int = 4 << 20) -> None:
         import torch
 
         import mori.shmem as shmem
@@ -131,23 +139,36 @@ class AllReduce:
         self.rank, self.world = int(shmem.shmem_mype()), int(shmem.shmem_npes())
         if not 1 <= self.world <= MAX_WORLD:
             raise ValueError(f"all_reduce supports 1..{MAX_WORLD} PEs, the world has {self.world}")
-        if max_bytes <= 0 or one_shot_max_bytes < 0:
-            raise ValueError(f"max_bytes={max_bytes} and one_shot_max_bytes={one_shot_max_bytes} must be positive")
+        if max_bytes <= 0 or one_shot_max_bytes < 0 or lamport_max_bytes < 0:
+            raise ValueError(f"max_bytes={max_bytes}, one_shot_max_bytes={one_shot_max_bytes} and "
+                             f"lamport_max_bytes={lamport_max_bytes} must be positive")
         self.max_bytes, self.one_shot_max_bytes = int(max_bytes), int(one_shot_max_bytes)
+        self.lamport_max_bytes = min(int(lamport_max_bytes), self.max_bytes)
         # two-shot: recv + gather slots (W slices each, a slice rounded up by < _ALIGN elements of
         # <= 4 bytes); one-shot: 2 slot sets of W whole inputs.
         padded = self.max_bytes + 4 * self.world * _ALIGN
         data_bytes = max(2 * padded, 2 * self.world * _cdiv(self.one_shot_max_bytes, 256) * 256)
-        flag_bytes = (2 * self.world + 1) * _MAXB * 4  # flags [2][W][MAXB] then epochs [MAXB]
+        # flags [2][W][MAXB], then v1/v2 epochs [MAXB], then v3 set counters [MAXB]
+        flag_bytes = (2 * self.world + 2) * _MAXB * 4
+        # v3: SETS sets, each the larger of one-shot's W inputs and two-shot's recv + gather slots
+        lamport = min(self.lamport_max_bytes, self.one_shot_max_bytes)
+        self._set_bytes = _cdiv(max(2 * (self.lamport_max_bytes + 4 * self.world * _ALIGN), self.world * lamport), 256) \
+            * 256
         self._shmem = shmem
         self._data = int(shmem.shmem_malloc_align(256, data_bytes))
         self._flags = int(shmem.shmem_malloc_align(256, flag_bytes))
-        self._zero(self._flags, flag_bytes)
+        self._lamport = int(shmem.shmem_malloc_align(256, SETS.value * self._set_bytes))
+        self._fill(self._flags, flag_bytes, 0)
+        self._fill(self._lamport, SETS.value * self._set_bytes, 0xFF)  # every v3 slot holds the sentinel
         self._peers = [self._peer(self._data, j) for j in range(self.world)]
         self._peer_flags = [self._peer(self._flags, j) for j in range(self.world)]
-        if any((p - self._data) % 256 for p in self._peers):  # v2 declares peer offsets multiples of 64 elements
-            raise RuntimeError(f"peer mappings of the all_reduce buffer are not 256-byte aligned: {self._peers}")
-        shmem.shmem_barrier_all()  # every PE's flags are zero before anyone signals
+        self._peer_lamport = [self._peer(self._lamport, j) for j in range(self.world)]
+        # v2 and v3 declare peer offsets multiples of 64 elements
+        if any((p - base) % 256 for base, peers in ((self._data, self._peers), (self._lamport, self._peer_lamport))
+               for p in peers):
+            raise RuntimeError(f"peer mappings of the all_reduce buffers are not 256-byte aligned: {self._peers}, "
+                               f"{self._peer_lamport}")
+        shmem.shmem_barrier_all()  # every PE's flags and slots are set before anyone writes
         self._timeout_ns = int(config.get("MORI_SHMEM_TIMEOUT") * 1e9)
         self._compiled: dict[tuple[Any, ...], Any] = {}
         self._plans: dict[Any, tuple[Any, tuple[Any, ...]]] = {}  # call key -> (launch, args)
@@ -162,12 +183,12 @@ class AllReduce:
         return remote
 
     @staticmethod
-    def _zero(addr: int, nbytes: int) -> None:
+    def _fill(addr: int, nbytes: int, byte: int) -> None:
         from cuda.bindings import driver
 
-        (err,) = driver.cuMemsetD8(addr, 0, nbytes)
+        (err,) = driver.cuMemsetD8(addr, byte, nbytes)
         if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuMemsetD8 of the all_reduce flags failed: {err}")
+            raise RuntimeError(f"cuMemsetD8 of the all_reduce buffers failed: {err}")
         (err,) = driver.cuCtxSynchronize()
         if err != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuCtxSynchronize failed: {err}")
@@ -213,7 +234,13 @@ class AllReduce:
             return result
         if tensor.device.index != self._device:
             raise ValueError(f"tensor is on {tensor.device}, this AllReduce's PE uses cuda:{self._device}")
-        cfg = cfg or default_config(nbytes, self.world)
+        if cfg is None:
+            cfg = default_config(nbytes, self.world)
+            if cfg.kernel == "v3" and nbytes > self.lamport_max_bytes:  # this AllReduce has smaller v3 slots
+                cfg = dataclasses.replace(cfg, kernel="v2")
+        elif cfg.kernel == "v3" and nbytes > self.lamport_max_bytes:
+            raise ValueError(f"a v3 config needs tensors of at most lamport_max_bytes={self.lamport_max_bytes} "
+                             f"bytes, got {nbytes}")
         one_shot = cfg.one_shot and nbytes <= self.one_shot_max_bytes
         launch, args = self._plan(tensor, result, cfg, one_shot)
         if key is not None:
@@ -232,20 +259,28 @@ class AllReduce:
         grid = max(1, min(cfg.max_blocks, _MAXB, _cdiv(n if one_shot else chunk, cfg.block)))
         epochs = self._flags + 2 * self.world * _MAXB * 4
         wp = triton.next_power_of_2(self.world)
+        extra: tuple[Any, ...] = ()
         if cfg.kernel == "v1":
             kernel = all_reduce_kernel
             ptrs: tuple[Any, ...] = (tensor.data_ptr(), out.data_ptr(), tuple(self._peers), tuple(self._peer_flags),
                                      self._data, self._flags, epochs)
             consts: tuple[Any, ...] = (self.world, _MAXB, cfg.block, one_shot)
             names: tuple[str, ...] = ("W", "MAXB", "BLOCK", "ONE_SHOT")
-        else:
+        elif cfg.kernel == "v2":
             kernel = all_reduce_fast_kernel
             deltas = tuple((p - self._data) // esize for p in self._peers)
             flag_deltas = tuple((p - self._flags) // 4 for p in self._peer_flags)
             ptrs = (tensor.data_ptr(), out.data_ptr(), self._data, self._flags, epochs, deltas, flag_deltas)
             consts = (self.world, wp, _MAXB, cfg.block, one_shot)
             names = ("W", "WP", "MAXB", "BLOCK", "ONE_SHOT")
-        args = (*ptrs, self.rank, n, chunk, self._timeout_ns)
+        else:
+            kernel = all_reduce_lamport_kernel
+            deltas = tuple((p - self._lamport) // esize for p in self._peer_lamport)
+            ptrs = (tensor.data_ptr(), out.data_ptr(), self._lamport, epochs + _MAXB * 4, deltas)
+            consts = (self.world, wp, cfg.block, one_shot)
+            names = ("W", "WP", "BLOCK", "ONE_SHOT")
+            extra = (self._set_bytes // esize,)
+        args = (*ptrs, self.rank, n, chunk, self._timeout_ns, *extra)
         # What Triton specialises on and can vary between calls: dtype, 16-byte alignment of the
         # two tensors, n % 16 and n == 1 (everything else is fixed for this PE).
         ckey = (tensor.dtype, one_shot, cfg, tensor.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0, n % 16 == 0,
@@ -258,8 +293,10 @@ class AllReduce:
                 typed: tuple[Any, ...] = (*head, tuple(ptr(p, t) for p in self._peers),
                                           tuple(ptr(p, u32) for p in self._peer_flags), ptr(self._data, t),
                                           ptr(self._flags, u32), ptr(epochs, u32))
-            else:
+            elif cfg.kernel == "v2":
                 typed = (*head, ptr(self._data, t), ptr(self._flags, u32), ptr(epochs, u32), *ptrs[5:])
+            else:
+                typed = (*head, ptr(self._lamport, t), ptr(epochs + _MAXB * 4, u32), ptrs[4])
             # Compile without launching: the caller launches through the plan.
             compiled = kernel.warmup(*typed, *args[len(ptrs):], grid=(grid,), num_warps=cfg.num_warps,
                                      **dict(zip(names, consts)))
@@ -278,6 +315,7 @@ class AllReduce:
             return
         self._closed = True
         self._shmem.shmem_barrier_all()
+        self._shmem.shmem_free(self._lamport)
         self._shmem.shmem_free(self._flags)
         self._shmem.shmem_free(self._data)
 
