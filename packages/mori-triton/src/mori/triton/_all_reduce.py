@@ -65,9 +65,11 @@ class AllReduceConfig:
 # rows (largest size in bytes, config), first row whose size is >= the tensor's wins. One-shot
 # rows apply only up to AllReduce's one_shot_max_bytes (two-shot with the same shape above it).
 DEFAULT_TABLE: tuple[tuple[int, AllReduceConfig], ...] = (
-    # From the checked sweep of 2026-11-22 on 4x H200 (docs/triton.md has the table).
-    (256 << 10, AllReduceConfig(True, 2048, 8, 64)),
-    (512 << 10, AllReduceConfig(False, 1024, 4, 64)),
+    # From the checked sweep of 2026-11-22 on 4x H200 (docs/triton.md has the table). v3 rows
+    # fall back to v2 (same shape) above an AllReduce's lamport_max_bytes.
+    (128 << 10, AllReduceConfig(True, 1024, 4, 128, "v3")),
+    (512 << 10, AllReduceConfig(False, 256, 1, 256, "v3")),
+    (2 << 20, AllReduceConfig(False, 256, 1, 512, "v3")),
     (4 << 20, AllReduceConfig(False, 1024, 4, 128)),
     (16 << 20, AllReduceConfig(False, 2048, 4, 132)),
     (48 << 20, AllReduceConfig(False, 4096, 8, 132)),
