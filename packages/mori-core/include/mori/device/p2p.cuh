@@ -22,10 +22,11 @@ MORI_DEVICE_INLINE uint64_t ShmemPtrP2p(uint64_t ptr, int myPe, int destPe) {
   const int world = detail::StateWorldSize(), rank = detail::StateRank();
   if (myPe < 0 || myPe >= world || destPe < 0 || destPe >= world) return 0;
   const uint64_t heapBase = detail::StateHeapBase();
-  const uint64_t from = myPe == rank ? heapBase : detail::StatePeerBase(myPe);
+  const uint64_t* table = detail::StatePeerTable();
+  const uint64_t from = myPe == rank ? heapBase : ptx::LoadConst(table + myPe);
   if (from == 0 || ptr < from || ptr - from >= detail::StateHeapSize()) return 0;
   if (destPe == rank) return heapBase + (ptr - from);
-  const uint64_t to = detail::StatePeerBase(destPe);
+  const uint64_t to = ptx::LoadConst(table + destPe);
   if (to == 0 || (detail::StateFlags() & kFlagP2pDisabled)) return 0;
   return to + (ptr - from);
 }
@@ -54,24 +55,49 @@ MORI_DEVICE_COLD void FailRemote(const char* op, const void* sym, int pe) {
                    (s.flags & kFlagP2pDisabled) ? "MORI_DISABLE_P2P is set" : "heap not mapped");
 }
 
-// Base of PE `pe`'s heap in this process, for the remote operations.
-MORI_DEVICE_INLINE uint64_t PeerHeapBase(int pe, const char* op) {
-  const uint64_t heapBase = StateHeapBase();
-  if (pe == StateRank()) return heapBase;
-  const void* inHeap = reinterpret_cast<const void*>(heapBase);
-  if (MORI_DEVICE_UNLIKELY(pe < 0 || pe >= StateWorldSize())) FailRemote(op, inHeap, pe);
-  const uint64_t base = StatePeerBase(pe);
-  if (MORI_DEVICE_UNLIKELY(base == 0 || (StateFlags() & kFlagP2pDisabled))) FailRemote(op, inHeap, pe);
-  return base;
+// What a remote operation needs to reach PE `pe`. Latency matters here: a remote operation often
+// runs right after a wait, whose acquire loads invalidate L1, so every load is an L2 round trip.
+// All of the state is loaded before any branch, and the table entry (of `pe`, or of entry 0
+// while `pe` is out of range) right after: two round trips in all, whatever the checks.
+struct PeerView {
+  uint64_t heapBase;  // this PE's heap
+  uint64_t heapSize;
+  uint64_t peerBase;  // PE pe's heap as mapped here; meaningful only when reachable
+  bool reachable;     // pe is in range, mapped, and P2P is allowed
+};
+
+MORI_DEVICE_INLINE PeerView ViewPeer(int pe) {
+  PeerView v;
+  v.heapBase = StateHeapBase();
+  v.heapSize = StateHeapSize();
+  const int world = StateWorldSize(), rank = StateRank();
+  const uint32_t flags = StateFlags();
+  const bool inRange = static_cast<uint32_t>(pe) < static_cast<uint32_t>(world);
+  v.peerBase = ptx::LoadConst(StatePeerTable() + (inRange ? pe : 0));
+  // Bitwise, not short-circuit: a branch here would put the rank and flags loads behind it.
+  v.reachable = inRange & (v.peerBase != 0) & ((pe == rank) | ((flags & kFlagP2pDisabled) == 0));
+  return v;
 }
 
-// Symmetric address `sym` (this PE's heap) as seen on PE `pe`; aborts the kernel when `sym` is
-// not inside the symmetric heap or `pe` cannot be reached.
+// Base of PE `pe`'s heap in this process; aborts the kernel when `pe` cannot be reached.
+MORI_DEVICE_INLINE uint64_t PeerHeapBase(int pe, const char* op) {
+  const PeerView v = ViewPeer(pe);
+  if (MORI_DEVICE_UNLIKELY(!v.reachable)) FailRemote(op, reinterpret_cast<const void*>(v.heapBase), pe);
+  return v.peerBase;
+}
+
+// Symmetric address `sym` (this PE's heap) as seen on PE `pe`, translated with `v`; aborts the
+// kernel when `sym` is not inside the symmetric heap or `pe` cannot be reached.
+template <class T>
+MORI_DEVICE_INLINE T* PeerAddress(const PeerView& v, T* sym, int pe, const char* op) {
+  const uint64_t offset = reinterpret_cast<uint64_t>(sym) - v.heapBase;
+  if (MORI_DEVICE_UNLIKELY(offset >= v.heapSize || !v.reachable)) FailRemote(op, sym, pe);
+  return reinterpret_cast<T*>(v.peerBase + offset);
+}
+
 template <class T>
 MORI_DEVICE_INLINE T* PeerAddress(T* sym, int pe, const char* op) {
-  const uint64_t offset = reinterpret_cast<uint64_t>(sym) - StateHeapBase();
-  if (MORI_DEVICE_UNLIKELY(offset >= StateHeapSize())) FailRemote(op, sym, pe);
-  return reinterpret_cast<T*>(PeerHeapBase(pe, op) + offset);
+  return PeerAddress(ViewPeer(pe), sym, pe, op);
 }
 
 }  // namespace detail

@@ -31,8 +31,43 @@ MORI_DEVICE_COLD void FailSignalOp(int sigOp) {
   MORI_DEVICE_FAIL("ShmemPutMemNbiSignal: signal op %d is not SET=0 or ADD=1", sigOp);
 }
 
+// A put of 1, 2, 4 or 8 naturally aligned bytes by one thread (a scalar) is done inline, and its
+// source is loaded before the destination is translated: a scalar put right after a wait is
+// latency-bound, and the load then overlaps the translation's loads instead of following them
+// (see PeerHeapBase). Peer heaps are mapped at aligned bases, so the peer's copy of `dest` is
+// aligned like `dest`.
+MORI_DEVICE_INLINE bool IsScalarPut(const void* dest, const void* source, size_t bytes) {
+  const uint64_t misaligned = (reinterpret_cast<uint64_t>(dest) | reinterpret_cast<uint64_t>(source)) & (bytes - 1);
+  return bytes != 0 && bytes <= 8 && (bytes & (bytes - 1)) == 0 && misaligned == 0;
+}
+
+MORI_DEVICE_INLINE uint64_t LoadScalar(const void* p, size_t bytes) {
+  switch (bytes) {
+    case 8: return *static_cast<const uint64_t*>(p);
+    case 4: return *static_cast<const uint32_t*>(p);
+    case 2: return *static_cast<const uint16_t*>(p);
+    default: return *static_cast<const uint8_t*>(p);
+  }
+}
+
+MORI_DEVICE_INLINE void StoreScalar(void* p, uint64_t v, size_t bytes) {
+  switch (bytes) {
+    case 8: *static_cast<uint64_t*>(p) = v; break;
+    case 4: *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
+    case 2: *static_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
+    default: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v); break;
+  }
+}
+
 template <class G>
 MORI_DEVICE_INLINE void PutMemNbi(void* dest, const void* source, size_t bytes, int pe) {
+  if constexpr (G::kAlone) {
+    if (IsScalarPut(dest, source, bytes)) {
+      const uint64_t v = LoadScalar(source, bytes);
+      StoreScalar(PeerAddress(dest, pe, "ShmemPutMem"), v, bytes);
+      return;
+    }
+  }
   GroupCopy(PeerAddress(dest, pe, "ShmemPutMem"), source, bytes, G::Rank(), G::Size());
 }
 
@@ -45,9 +80,18 @@ template <class G>
 MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t bytes,
                                         uint64_t* sig, uint64_t sigVal, int sigOp, int pe) {
   if (MORI_DEVICE_UNLIKELY(sigOp != kSignalSet && sigOp != kSignalAdd)) FailSignalOp(sigOp);
-  // Translated before any byte moves, so a bad signal address stops the call untouched.
-  uint64_t* remoteSig = PeerAddress(sig, pe, "ShmemPutMemNbiSignal");
-  PutMemNbi<G>(dest, source, bytes, pe);
+  // Both addresses are checked before any byte moves (a bad one stops the call untouched), with
+  // one view of the peer.
+  const bool scalar = G::kAlone && IsScalarPut(dest, source, bytes);
+  const uint64_t value = scalar ? LoadScalar(source, bytes) : 0;
+  const PeerView view = ViewPeer(pe);
+  uint64_t* remoteSig = PeerAddress(view, sig, pe, "ShmemPutMemNbiSignal");
+  void* remoteDest = PeerAddress(view, dest, pe, "ShmemPutMemNbiSignal");
+  if (scalar) {
+    StoreScalar(remoteDest, value, bytes);
+  } else {
+    GroupCopy(remoteDest, source, bytes, G::Rank(), G::Size());
+  }
   if constexpr (!G::kAlone) {
     ptx::FenceAcqRelSys();
     G::Sync();

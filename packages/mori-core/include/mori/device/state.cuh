@@ -88,9 +88,10 @@ MORI_DEVICE_INLINE int32_t StateWorldSize() { return ptx::LoadConst(&globalGpuSt
 MORI_DEVICE_INLINE uint64_t StateHeapBase() { return ptx::LoadConst(&globalGpuStates.heapBase); }
 MORI_DEVICE_INLINE uint64_t StateHeapSize() { return ptx::LoadConst(&globalGpuStates.heapSize); }
 MORI_DEVICE_INLINE uint32_t StateFlags() { return ptx::LoadConst(&globalGpuStates.flags); }
-// PE `pe`'s heap base as mapped here (0: not reachable); `pe` must be in [0, worldSize).
-MORI_DEVICE_INLINE uint64_t StatePeerBase(int pe) {
-  return ptx::LoadConst(reinterpret_cast<const uint64_t*>(ptx::LoadConst(&globalGpuStates.peerHeapBases)) + pe);
+// The peer-base table: entry p is PE p's heap base as mapped here (0: not reachable); the own
+// entry is heapBase.
+MORI_DEVICE_INLINE const uint64_t* StatePeerTable() {
+  return reinterpret_cast<const uint64_t*>(ptx::LoadConst(&globalGpuStates.peerHeapBases));
 }
 
 }  // namespace detail
