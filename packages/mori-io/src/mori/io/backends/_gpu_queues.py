@@ -46,6 +46,7 @@ class DeviceQueues:
         self._set_current = drv.cuCtxSetCurrent
         self._event_record = drv.cuEventRecord
         self._memcpy = drv.cuMemcpyAsync
+        self._stream_query = drv.cuStreamQuery
         self._event_flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
         self._num_streams = num_streams
         self._num_events = num_events
@@ -65,17 +66,27 @@ class DeviceQueues:
     def streams(self, n: int) -> list[Any]:
         """``n`` streams (fewer if the pool is smaller), round-robin over the pool.
 
-        Streams are blocking ones: work queued earlier on the legacy default stream (where
-        PyTorch runs unless told otherwise) finishes before a transfer's copies start.
+        The pool grows only while the streams it would hand out still have work queued (up to
+        ``num_streams``): transfers issued one after another reuse an idle stream instead of
+        paying for a new one (cuStreamCreate costs tens of microseconds), and transfers that
+        overlap get streams of their own. Streams are blocking ones: work queued earlier on the
+        legacy default stream (where PyTorch runs unless told otherwise) finishes before a
+        transfer's copies start.
         """
         n = max(1, min(n, self._num_streams))
         with self._lock:
-            while len(self._streams) < min(self._num_streams, self._next + n):
+            pool = self._streams
+            while len(pool) < n or (len(pool) < self._num_streams and self._busy(pool[self._next % len(pool)])):
                 flags = self._drv.CUstream_flags.CU_STREAM_DEFAULT.value
-                self._streams.append(_cuda.call("cuStreamCreate", flags, detail=f"device {self.device}"))
-            out = [self._streams[(self._next + i) % len(self._streams)] for i in range(n)]
-            self._next = (self._next + n) % self._num_streams
+                pool.insert(self._next % len(pool) if pool else 0,
+                            _cuda.call("cuStreamCreate", flags, detail=f"device {self.device}"))
+            out = [pool[(self._next + i) % len(pool)] for i in range(n)]
+            self._next = (self._next + n) % len(pool)
         return out
+
+    def _busy(self, stream: Any) -> bool:
+        (res,) = self._stream_query(stream)
+        return bool(res)  # CUDA_SUCCESS (0): idle; NOT_READY or an error: do not reuse it now
 
     def event(self) -> Any:
         """An event from the pool (created when the pool is empty)."""

@@ -3,7 +3,9 @@
 Pure array arithmetic (no CUDA), so it is tested on any machine:
 
 1. blocks of zero bytes are dropped; runs of blocks that are contiguous on both sides (the next
-   block starts where the previous ended, locally and remotely) merge into one block;
+   block starts where the previous ended, locally and remotely) merge into one block. A batch of
+   equal blocks of ``KERNEL_PIECE`` bytes up to ``kernel_max`` skips this and step 3: it goes to
+   the kernel as it is;
 2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel, which cuts
    each row into ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes (a warp copies one piece,
    and many pieces keep all warps busy). Rows of about one size (the KV-cache case) are cut only
@@ -102,6 +104,24 @@ def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_str
     return CopyPlan(row[:0], _deal(_stripe(row, stripe), max_streams, stripe))
 
 
+def _uniform_kernel_rows(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sz: np.ndarray,
+                         kernel_max: int) -> CopyPlan | None:
+    """The plan of a batch of equal blocks of KERNEL_PIECE..kernel_max bytes (the KV-cache case),
+    or None. Such blocks go to the kernel as they are: each gives every warp it gets a whole
+    piece, so merging contiguous runs would not make the kernel faster, and skipping the merge
+    and split passes keeps the host's share of a 256 MiB batch to a few microseconds."""
+    if len(sz) < 2:
+        return None
+    size = int(sz[0])
+    if not KERNEL_PIECE <= size < kernel_max or int(sz.min()) != int(sz.max()):
+        return None
+    rows = np.empty((len(sz), 3), dtype=np.int64)
+    np.add(np.asarray(src_offsets, dtype=np.int64), src_base, out=rows[:, 0])
+    np.add(np.asarray(dst_offsets, dtype=np.int64), dst_base, out=rows[:, 1])
+    rows[:, 2] = size
+    return CopyPlan(rows.view(np.uint64), [], -(-size // KERNEL_PIECE))
+
+
 def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
                 kernel_max: int, stripe: int, max_streams: int) -> CopyPlan:
     """Plans copies of ``sizes[i]`` bytes from ``src_base + src_offsets[i]`` to ``dst_base +
@@ -114,6 +134,9 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     # int64 arithmetic (addresses are below 2**63): numpy int64 offsets from the engine are used
     # without a conversion copy; the rows are reinterpreted as uint64 at the end.
     sz = np.asarray(sizes, dtype=np.int64)
+    uniform = _uniform_kernel_rows(src_base, dst_base, src_offsets, dst_offsets, sz, kernel_max)
+    if uniform is not None:
+        return uniform
     src = np.add(np.asarray(src_offsets, dtype=np.int64), src_base)
     dst = np.add(np.asarray(dst_offsets, dtype=np.int64), dst_base)
     src, dst, sz = _merge(src, dst, sz)
