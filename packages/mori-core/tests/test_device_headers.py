@@ -247,6 +247,10 @@ def _check_ptx(ptx: str, compiler: str) -> None:
     assert re.search(r"^\.(visible )?\.?global \.align 8 \.b8 globalGpuStates\[64\];", ptx, re.M), (
         f"{compiler}: PTX defines no 64-byte globalGpuStates"
     )
+    # the hot paths' mirror: in constant memory, 32 bytes of state and 64 peer bases
+    assert re.search(r"^\.(visible )?\.?const \.align 8 \.b8 globalGpuStatesFast\[544\];", ptx, re.M), (
+        f"{compiler}: PTX defines no 544-byte constant globalGpuStatesFast"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +295,7 @@ def test_nvcc_whole_program_cubin_keeps_state_symbol(nvcc: Path, workdir: Path) 
     # cubin's symbol table, which is what cuModuleGetGlobal looks up.
     cubin = workdir / "all.cubin"
     _run([nvcc, f"-arch={ARCH}", "-std=c++17", f"-I{INCLUDE}", "-cubin", "-o", cubin, workdir / "all.cu"], "nvcc -cubin")
-    assert b"globalGpuStates\0" in cubin.read_bytes()
+    assert b"globalGpuStates\0" in cubin.read_bytes() and b"globalGpuStatesFast\0" in cubin.read_bytes()
 
 
 def test_nvrtc_ptx(workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,6 +320,8 @@ def test_clang_bitcode_has_no_unintended_externals(clang: str, workdir: Path) ->
     assert re.search(r"^@globalGpuStates = (dso_local )?addrspace\(1\) externally_initialized global", ir, re.M), (
         "the bitcode does not define an externally visible globalGpuStates"
     )
+    assert re.search(r"^@globalGpuStatesFast = (dso_local )?addrspace\(4\) externally_initialized (global|constant)",
+                     ir, re.M), "the bitcode does not define an externally visible constant globalGpuStatesFast"
 
 
 def test_clang_ptx_assembles(clang: str, nvcc: Path, workdir: Path) -> None:

@@ -10,10 +10,18 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from pe_pool import PePool
 
 import mori.shmem as shmem
-from mori.shmem._gpu_states import GPU_STATES_SIZE, GpuStates
+from mori.shmem._gpu_states import (
+    GPU_FAST_STATES_SIZE,
+    GPU_STATES_SIZE,
+    MAX_PES,
+    GpuFastStates,
+    GpuStates,
+    pack_fast_states,
+)
 
 
 def pe_tensors(seed: int) -> list[bool]:
@@ -75,6 +83,19 @@ def test_gpu_states_layout(pool: PePool) -> None:
         assert (parsed.rank, parsed.worldSize, parsed.heapSize, parsed.flags) == (rank, pool.n, 8 << 20, 0)
         assert parsed.heapBase == int(base, 16) and bases[rank] == parsed.heapBase
         assert all(bases), "every peer is mapped"
+
+
+def test_fast_states_layout() -> None:
+    """The constant-memory mirror: field offsets of the device header's GpuFastStates, the
+    peer-base table padded to MAX_PES, and a clear error past MAX_PES PEs."""
+    bases = [0x7F0000000000 + (i << 32) for i in range(3)]
+    data = pack_fast_states(1, 3, bases[1], 8 << 20, bases, True)
+    assert len(data) == GPU_FAST_STATES_SIZE == 32 + 8 * MAX_PES
+    assert struct.unpack_from("<QQiiII", data) == (bases[1], 8 << 20, 1, 3, 1, 0)
+    assert list(struct.unpack_from(f"<{MAX_PES}Q", data, 32)) == bases + [0] * (MAX_PES - 3)
+    assert GpuFastStates.from_buffer_copy(data).peerBases[2] == bases[2]
+    with pytest.raises(ValueError, match="at most 64"):
+        pack_fast_states(0, MAX_PES + 1, 0, 0, [1] * (MAX_PES + 1), False)
 
 
 def test_p2p_disabled() -> None:

@@ -26,6 +26,7 @@ from mori.triton.kernels import (
 
 TARGET = GPUTarget("cuda", 90, 32)
 STATE_RE = re.compile(r"^\.visible \.global \.align \d+ \.b8 globalGpuStates\[64\];", re.MULTILINE)
+FAST_STATE_RE = re.compile(r"^\.visible \.const \.align \d+ \.b8 globalGpuStatesFast\[544\];", re.MULTILINE)
 # Values for each argument of a generated call: pointers from the kernel's pointer argument,
 # comparison operators in range, everything else a small constant.
 _ARG_VALUES = {"ptr": "p", "i32": "1", "u32": "1", "i64": "1", "u64": "1", "f32": "1.5", "f64": "2.5"}
@@ -40,6 +41,8 @@ def _compile(fn, signature, constexprs=None, num_warps=4):
 
 def _check_linked(ptx: str) -> None:
     assert STATE_RE.search(ptx), "globalGpuStates is not a visible global of the PTX"
+    # the constant-memory mirror, where the kernel uses it, must be visible too (the host writes it)
+    assert "globalGpuStatesFast" not in ptx or FAST_STATE_RE.search(ptx), "globalGpuStatesFast is not visible"
     externs = re.findall(r"^\.extern \.func[^\n]*?(\w+)\(", ptx, re.MULTILINE)
     externs += re.findall(r"^\.extern \.func \([^)]*\) (\w+)", ptx, re.MULTILINE)
     assert set(externs) <= {"vprintf"}, f"unresolved device functions: {externs}"

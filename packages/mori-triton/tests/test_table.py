@@ -52,6 +52,9 @@ def test_bitcode_defines_global_gpu_states():
     text = subprocess.run(["llvm-dis-19", str(bundled_bitcode()), "-o", "-"], capture_output=True, text=True,
                           check=True).stdout
     assert re.search(r"^@globalGpuStates = .*addrspace\(1\).* global %\S+ zeroinitializer", text, re.MULTILINE)
+    # and the hot paths' constant-memory mirror, which shmem_module_init writes too
+    assert re.search(r"^@globalGpuStatesFast = .*addrspace\(4\).* (global|constant) %\S+ zeroinitializer", text,
+                     re.MULTILINE)
 
 
 def test_committed_bitcode_is_up_to_date_with_headers_and_wrappers():

@@ -22,11 +22,10 @@ MORI_DEVICE_INLINE uint64_t ShmemPtrP2p(uint64_t ptr, int myPe, int destPe) {
   const int world = detail::StateWorldSize(), rank = detail::StateRank();
   if (myPe < 0 || myPe >= world || destPe < 0 || destPe >= world) return 0;
   const uint64_t heapBase = detail::StateHeapBase();
-  const uint64_t* table = detail::StatePeerTable();
-  const uint64_t from = myPe == rank ? heapBase : ptx::LoadConst(table + myPe);
+  const uint64_t from = detail::StatePeerBase(myPe);
   if (from == 0 || ptr < from || ptr - from >= detail::StateHeapSize()) return 0;
   if (destPe == rank) return heapBase + (ptr - from);
-  const uint64_t to = ptx::LoadConst(table + destPe);
+  const uint64_t to = detail::StatePeerBase(destPe);
   if (to == 0 || (detail::StateFlags() & kFlagP2pDisabled)) return 0;
   return to + (ptr - from);
 }
@@ -55,10 +54,8 @@ MORI_DEVICE_COLD void FailRemote(const char* op, const void* sym, int pe) {
                    (s.flags & kFlagP2pDisabled) ? "MORI_DISABLE_P2P is set" : "heap not mapped");
 }
 
-// What a remote operation needs to reach PE `pe`. Latency matters here: a remote operation often
-// runs right after a wait, whose acquire loads invalidate L1, so every load is an L2 round trip.
-// All of the state is loaded before any branch, and the table entry (of `pe`, or of entry 0
-// while `pe` is out of range) right after: two round trips in all, whatever the checks.
+// What a remote operation needs to reach PE `pe`, read from the constant-memory state before any
+// branch (the table entry of `pe`, or of entry 0 while `pe` is out of range).
 struct PeerView {
   uint64_t heapBase;  // this PE's heap
   uint64_t heapSize;
@@ -73,7 +70,7 @@ MORI_DEVICE_INLINE PeerView ViewPeer(int pe) {
   const int world = StateWorldSize(), rank = StateRank();
   const uint32_t flags = StateFlags();
   const bool inRange = static_cast<uint32_t>(pe) < static_cast<uint32_t>(world);
-  v.peerBase = ptx::LoadConst(StatePeerTable() + (inRange ? pe : 0));
+  v.peerBase = StatePeerBase(inRange ? pe : 0);
   // Bitwise, not short-circuit: a branch here would put the rank and flags loads behind it.
   v.reachable = inRange & (v.peerBase != 0) & ((pe == rank) | ((flags & kFlagP2pDisabled) == 0));
   return v;

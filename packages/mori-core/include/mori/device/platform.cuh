@@ -38,6 +38,9 @@
 #ifndef __shared__
 #define __shared__ __attribute__((shared))
 #endif
+#ifndef __constant__
+#define __constant__ __attribute__((constant))
+#endif
 #ifndef __forceinline__
 #define __forceinline__ __inline__ __attribute__((always_inline))
 #endif

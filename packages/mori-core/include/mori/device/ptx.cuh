@@ -71,25 +71,6 @@ MORI_PTX_DEFINE_STORE(StoreRelaxedSys, "relaxed")
 #undef MORI_PTX_DEFINE_LOAD
 #undef MORI_PTX_DEFINE_STORE
 
-// Load of data that no thread writes while the kernel runs (the device state, written by the
-// host before launch): through the read-only data path, and as a non-volatile asm without a memory
-// clobber, so the compiler may hoist it out of a polling loop and merge repeated loads. A wait's
-// acquire loads, which must reach L2 on every poll, then do not put the state's loads back on the
-// critical path of the operation that follows the wait.
-template <class T>
-MORI_DEVICE_INLINE T LoadConst(const T* p) {
-  if constexpr (sizeof(T) == 8) {
-    uint64_t r;
-    asm("{ .reg .u64 %%g; cvta.to.global.u64 %%g, %1; ld.global.nc.b64 %0, [%%g]; }" : "=l"(r) : "l"(p));
-    return BitCast<T>(r);
-  } else {
-    static_assert(sizeof(T) == 4, "LoadConst supports 4- and 8-byte types");
-    uint32_t r;
-    asm("{ .reg .u64 %%g; cvta.to.global.u64 %%g, %1; ld.global.nc.b32 %0, [%%g]; }" : "=r"(r) : "l"(p));
-    return BitCast<T>(r);
-  }
-}
-
 // Sequentially consistent system fence (what __threadfence_system() is): everything this thread
 // wrote before it is visible system-wide before anything it does after. Used by quiet.
 MORI_DEVICE_INLINE void FenceScSys() { asm volatile("fence.sc.sys;" ::: "memory"); }

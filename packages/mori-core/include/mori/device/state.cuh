@@ -62,6 +62,27 @@ static_assert(__builtin_offsetof(GpuStates, reserved0) == 36, "GpuStates.reserve
 static_assert(__builtin_offsetof(GpuStates, reserved) == 40, "GpuStates.reserved offset");
 #endif
 
+// What the hot paths read, mirrored from GpuStates and the peer-base table into constant memory
+// (globalGpuStatesFast, written by shmem_module_init next to globalGpuStates). A remote operation
+// often runs right after a wait, whose acquire loads invalidate L1: the state read from global
+// memory then costs L2 round trips, while the constant cache is not invalidated. 544 bytes.
+struct GpuFastStates {
+  uint64_t heapBase;
+  uint64_t heapSize;
+  int32_t rank;
+  int32_t worldSize;
+  uint32_t flags;
+  uint32_t reserved;
+  uint64_t peerBases[kMaxPes];  // PE p's heap base as mapped here; 0 = not reachable; own = heapBase
+};
+
+static_assert(sizeof(GpuFastStates) == 32 + 8 * kMaxPes, "GpuFastStates must be 544 bytes");
+#if !defined(MORI_DEVICE_NO_OFFSETOF)
+static_assert(__builtin_offsetof(GpuFastStates, rank) == 16, "GpuFastStates.rank offset");
+static_assert(__builtin_offsetof(GpuFastStates, flags) == 24, "GpuFastStates.flags offset");
+static_assert(__builtin_offsetof(GpuFastStates, peerBases) == 32, "GpuFastStates.peerBases offset");
+#endif
+
 }  // namespace device
 }  // namespace mori
 
@@ -72,27 +93,25 @@ static_assert(__builtin_offsetof(GpuStates, reserved) == 40, "GpuStates.reserved
 #if defined(MORI_DEVICE_DEFINE_STATE)
 extern "C" {
 __device__ mori::device::GpuStates globalGpuStates;
+__constant__ mori::device::GpuFastStates globalGpuStatesFast;
 }
 #else
 extern "C" __device__ mori::device::GpuStates globalGpuStates;
+extern "C" __constant__ mori::device::GpuFastStates globalGpuStatesFast;
 #endif
 
 namespace mori {
 namespace device {
 namespace detail {
 
-// The fields of globalGpuStates and the peer-base table on the hot paths, read with LoadConst:
-// the host writes both before a launch and never during one.
-MORI_DEVICE_INLINE int32_t StateRank() { return ptx::LoadConst(&globalGpuStates.rank); }
-MORI_DEVICE_INLINE int32_t StateWorldSize() { return ptx::LoadConst(&globalGpuStates.worldSize); }
-MORI_DEVICE_INLINE uint64_t StateHeapBase() { return ptx::LoadConst(&globalGpuStates.heapBase); }
-MORI_DEVICE_INLINE uint64_t StateHeapSize() { return ptx::LoadConst(&globalGpuStates.heapSize); }
-MORI_DEVICE_INLINE uint32_t StateFlags() { return ptx::LoadConst(&globalGpuStates.flags); }
-// The peer-base table: entry p is PE p's heap base as mapped here (0: not reachable); the own
-// entry is heapBase.
-MORI_DEVICE_INLINE const uint64_t* StatePeerTable() {
-  return reinterpret_cast<const uint64_t*>(ptx::LoadConst(&globalGpuStates.peerHeapBases));
-}
+// The state on the hot paths, from the constant-memory mirror.
+MORI_DEVICE_INLINE int32_t StateRank() { return globalGpuStatesFast.rank; }
+MORI_DEVICE_INLINE int32_t StateWorldSize() { return globalGpuStatesFast.worldSize; }
+MORI_DEVICE_INLINE uint64_t StateHeapBase() { return globalGpuStatesFast.heapBase; }
+MORI_DEVICE_INLINE uint64_t StateHeapSize() { return globalGpuStatesFast.heapSize; }
+MORI_DEVICE_INLINE uint32_t StateFlags() { return globalGpuStatesFast.flags; }
+// PE `pe`'s heap base as mapped here (0: not reachable); `pe` must be in [0, kMaxPes).
+MORI_DEVICE_INLINE uint64_t StatePeerBase(int pe) { return globalGpuStatesFast.peerBases[pe]; }
 
 }  // namespace detail
 }  // namespace device

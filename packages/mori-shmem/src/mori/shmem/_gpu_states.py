@@ -1,20 +1,25 @@
-"""Host mirror of the device-side ``mori::device::GpuStates`` (``mori/device/shmem.cuh``).
+"""Host mirrors of the device-side ``mori::device::GpuStates`` and ``GpuFastStates``
+(``mori/device/state.cuh``).
 
-The 64-byte structure is what ``shmem_module_init`` copies into a module's ``globalGpuStates``
-symbol; its layout is fixed by the device header (which static_asserts it) and by this file.
+``shmem_module_init`` copies the 64-byte ``GpuStates`` into a module's ``globalGpuStates`` and the
+544-byte ``GpuFastStates`` (the same state and the peer-base table, in constant memory, for the
+hot paths) into its ``globalGpuStatesFast``; the layouts are fixed by the device header (which
+static_asserts them) and by this file.
 """
 
 from __future__ import annotations
 
 import ctypes
 
-__all__ = ["FLAG_P2P_DISABLED", "GPU_STATES_SIZE", "MAX_PES", "GpuStates", "pack_gpu_states"]
+__all__ = ["FLAG_P2P_DISABLED", "GPU_FAST_STATES_SIZE", "GPU_STATES_SIZE", "MAX_PES", "GpuFastStates", "GpuStates",
+           "pack_fast_states", "pack_gpu_states"]
 
 #: Most PEs the device state describes (``kMaxPes``).
 MAX_PES = 64
 #: ``GpuStates.flags`` bit 0: peers are not mapped (``MORI_DISABLE_P2P``).
 FLAG_P2P_DISABLED = 1
 GPU_STATES_SIZE = 64
+GPU_FAST_STATES_SIZE = 32 + 8 * MAX_PES
 
 
 class GpuStates(ctypes.Structure):
@@ -35,6 +40,23 @@ class GpuStates(ctypes.Structure):
 assert ctypes.sizeof(GpuStates) == GPU_STATES_SIZE, "GpuStates must stay 64 bytes (device header static_asserts it)"
 
 
+class GpuFastStates(ctypes.Structure):
+    """``struct GpuFastStates`` field for field (natural alignment, 544 bytes)."""
+
+    _fields_ = [
+        ("heapBase", ctypes.c_uint64),
+        ("heapSize", ctypes.c_uint64),
+        ("rank", ctypes.c_int32),
+        ("worldSize", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("peerBases", ctypes.c_uint64 * MAX_PES),
+    ]
+
+
+assert ctypes.sizeof(GpuFastStates) == GPU_FAST_STATES_SIZE, "GpuFastStates must match the device header"
+
+
 def pack_gpu_states(
     rank: int, world: int, heap_base: int, heap_size: int, peer_bases_addr: int, p2p_disabled: bool
 ) -> bytes:
@@ -48,3 +70,15 @@ def pack_gpu_states(
         flags=FLAG_P2P_DISABLED if p2p_disabled else 0,
     )
     return bytes(states)
+
+
+def pack_fast_states(rank: int, world: int, heap_base: int, heap_size: int, peer_bases: list[int],
+                     p2p_disabled: bool) -> bytes:
+    """The 544 bytes of a ``GpuFastStates`` (``peer_bases[p]``: PE p's heap as mapped here, 0 if
+    not reachable; at most ``MAX_PES`` entries)."""
+    if len(peer_bases) > MAX_PES:
+        raise ValueError(f"{len(peer_bases)} PEs: the device state describes at most {MAX_PES}")
+    fast = GpuFastStates(heapBase=heap_base, heapSize=heap_size, rank=rank, worldSize=world,
+                         flags=FLAG_P2P_DISABLED if p2p_disabled else 0)
+    fast.peerBases[:len(peer_bases)] = peer_bases
+    return bytes(fast)

@@ -83,29 +83,38 @@ def module_handle(module: Any) -> Any:
 class HostOps:
     """The helper kernels, loaded for one PE with its device state."""
 
-    def __init__(self, ctx: Context, heap: Heap, states: bytes) -> None:
+    def __init__(self, ctx: Context, heap: Heap, states: bytes, fast_states: bytes) -> None:
         self.ctx = ctx
         self.heap = heap
         self.states = states
+        self.fast_states = fast_states
         self.module = load_module(ctx, HOST_OPS_SOURCE, "mori_shmem_host_ops.cu")
         self.module_init(self.module)
         self._atomic = cu.call("cuModuleGetFunction", self.module, b"mori_shmem_host_atomic")
         self._barrier = cu.call("cuModuleGetFunction", self.module, b"mori_shmem_barrier_kernel")
 
     def module_init(self, module: Any) -> None:
-        """Copies the device state into ``globalGpuStates`` of ``module``; a module without it is skipped."""
+        """Copies the device state into ``globalGpuStates`` and its constant-memory mirror into
+        ``globalGpuStatesFast`` of ``module`` (each where the module has it; a module with
+        neither is skipped)."""
         handle = module_handle(module)
         self.ctx.make_current()
+        for symbol, data in ((b"globalGpuStates", self.states), (b"globalGpuStatesFast", self.fast_states)):
+            self._write_global(handle, symbol, data)
+
+    @staticmethod
+    def _write_global(handle: Any, symbol: bytes, data: bytes) -> None:
         drv = cu.driver()
-        err, ptr, size = drv.cuModuleGetGlobal(handle, b"globalGpuStates")
+        err, ptr, size = drv.cuModuleGetGlobal(handle, symbol)
         if err == drv.CUresult.CUDA_ERROR_NOT_FOUND:
             return
-        cu.check((err,), "cuModuleGetGlobal(globalGpuStates)")
-        if int(size) != len(self.states):
-            raise RuntimeError(f"globalGpuStates in this module is {int(size)} bytes, expected {len(self.states)}: "
+        name = symbol.decode()
+        cu.check((err,), f"cuModuleGetGlobal({name})")
+        if int(size) != len(data):
+            raise RuntimeError(f"{name} in this module is {int(size)} bytes, expected {len(data)}: "
                                "the module was built with another version of mori's device headers")
-        host = ctypes.create_string_buffer(self.states, len(self.states))
-        cu.call("cuMemcpyHtoD", ptr, ctypes.addressof(host), len(self.states))
+        host = ctypes.create_string_buffer(data, len(data))
+        cu.call("cuMemcpyHtoD", ptr, ctypes.addressof(host), len(data))
 
     def atomic(self, op: str, dest: int, pe: int, value: int, compare: int, width: int) -> int:
         """Runs one atomic on PE ``pe`` (symmetric ``dest``) and returns the old value."""

@@ -14,7 +14,7 @@ from typing import Any
 from mori.core import config, get_logger
 
 from ._allocator import INTERNAL_BYTES, MIN_ALIGNMENT, SymmetricAllocator
-from ._gpu_states import MAX_PES, pack_gpu_states
+from ._gpu_states import MAX_PES, pack_fast_states, pack_gpu_states
 from ._heap import PEER_BASES_OFFSET, Heap
 from ._rma import Rma
 
@@ -147,7 +147,8 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
         if ctx is not None:
             from ._kernels import HostOps
 
-            ops = HostOps(ctx, heap, states)
+            fast = pack_fast_states(bootstrap.rank, bootstrap.world, heap.base, heap.size, list(heap.peer_bases), p2p_off)
+            ops = HostOps(ctx, heap, states, fast)
             heap.ops = ops  # type: ignore[union-attr]
         rma = Rma(heap, bootstrap.rank, bootstrap.world, config.get("MORI_SHMEM_TIMEOUT"))
         # The largest power of two dividing every PE's heap base bounds symmetric alignment.

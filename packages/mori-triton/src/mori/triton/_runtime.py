@@ -22,7 +22,9 @@ __all__ = ["get_extern_libs", "install_hook", "uninstall_hook", "init_loaded_mod
            "MoriKernel"]
 
 _log = get_logger("shmem")
-_STATE_SYMBOL = b"globalGpuStates"
+# A module that uses mori's device API has at least one of them (the second is the constant-memory
+# mirror the hot paths read).
+_STATE_SYMBOLS = (b"globalGpuStates", b"globalGpuStatesFast")
 _lock = threading.Lock()
 _installed: dict[str, Any] = {}
 _modules: list[tuple[int, int]] = []  # (CUmodule handle, device) of every mori module initialised
@@ -36,8 +38,8 @@ def get_extern_libs() -> dict[str, str]:
 def _has_state(module: int) -> bool:
     from cuda.bindings import driver
 
-    err, _, _ = driver.cuModuleGetGlobal(driver.CUmodule(module), _STATE_SYMBOL)
-    return err == driver.CUresult.CUDA_SUCCESS
+    handle = driver.CUmodule(module)
+    return any(driver.cuModuleGetGlobal(handle, s)[0] == driver.CUresult.CUDA_SUCCESS for s in _STATE_SYMBOLS)
 
 
 def _current_device() -> int:
