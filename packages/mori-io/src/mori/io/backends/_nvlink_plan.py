@@ -3,9 +3,9 @@
 Pure array arithmetic (no CUDA), so it is tested on any machine:
 
 1. blocks of zero bytes are dropped; runs of blocks that are contiguous on both sides (the next
-   block starts where the previous ended, locally and remotely) merge into one block. A batch of
-   equal blocks of ``KERNEL_PIECE`` bytes up to ``kernel_max`` skips this and step 3: it goes to
-   the kernel as it is;
+   block starts where the previous ended, locally and remotely) merge into one block. A
+   scattered batch of equal blocks of ``KERNEL_PIECE`` bytes up to ``kernel_max`` skips this and
+   step 3: it goes to the kernel as it is;
 2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel, which cuts
    each row into ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes (a warp copies one piece,
    and many pieces keep all warps busy). Rows of about one size (the KV-cache case) are cut only
@@ -106,18 +106,24 @@ def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_str
 
 def _uniform_kernel_rows(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sz: np.ndarray,
                          kernel_max: int) -> CopyPlan | None:
-    """The plan of a batch of equal blocks of KERNEL_PIECE..kernel_max bytes (the KV-cache case),
-    or None. Such blocks go to the kernel as they are: each gives every warp it gets a whole
-    piece, so merging contiguous runs would not make the kernel faster, and skipping the merge
-    and split passes keeps the host's share of a 256 MiB batch to a few microseconds."""
+    """The plan of a scattered batch of equal blocks of KERNEL_PIECE..kernel_max bytes (the
+    KV-cache case), or None. Such blocks go to the kernel as they are: each gives every warp it
+    gets a whole piece, so merging contiguous runs would not make the kernel faster, and skipping
+    the merge and split passes keeps the host's share of a 256 MiB batch to a few microseconds.
+    A batch whose first two blocks are contiguous takes the general path (its merged runs may
+    be large enough for the copy engines); either way every block is copied."""
     if len(sz) < 2:
         return None
     size = int(sz[0])
     if not KERNEL_PIECE <= size < kernel_max or int(sz.min()) != int(sz.max()):
         return None
+    src = np.asarray(src_offsets, dtype=np.int64)
+    dst = np.asarray(dst_offsets, dtype=np.int64)
+    if src[1] == src[0] + size and dst[1] == dst[0] + size:
+        return None  # likely contiguous: merged, it may be one copy-engine copy, faster than the kernel
     rows = np.empty((len(sz), 3), dtype=np.int64)
-    np.add(np.asarray(src_offsets, dtype=np.int64), src_base, out=rows[:, 0])
-    np.add(np.asarray(dst_offsets, dtype=np.int64), dst_base, out=rows[:, 1])
+    np.add(src, src_base, out=rows[:, 0])
+    np.add(dst, dst_base, out=rows[:, 1])
     rows[:, 2] = size
     return CopyPlan(rows.view(np.uint64), [], -(-size // KERNEL_PIECE))
 
