@@ -73,7 +73,7 @@ DEFAULT_TABLE: tuple[tuple[int, AllReduceConfig], ...] = (
     (4 << 20, AllReduceConfig(False, 1024, 4, 128)),
     (16 << 20, AllReduceConfig(False, 2048, 4, 132)),
     (48 << 20, AllReduceConfig(False, 4096, 8, 132)),
-    (1 << 62, AllReduceConfig(False, 4096, 8, 264)),
+    (1 << 62, AllReduceConfig(False, 4096, 8, 528)),
 )
 
 
