@@ -98,17 +98,29 @@ def test_seed_allreduce_kernels_compile():
     _check_linked(b)
 
 
+def _compile_all_reduce(fn, sig, aligned, constexprs, num_warps):
+    """PTX of an all-reduce kernel specialised as AllReduce's launches are: the arguments named in
+    ``aligned`` (every element of a tuple argument) 16-byte aligned or divisible by 16."""
+    names = list(sig)
+    attrs = {}
+    for name in aligned:
+        i = names.index(name)
+        keys = [(i, j) for j in range(len(sig[name]))] if isinstance(sig[name], tuple) else [(i,)]
+        attrs.update({k: [["tt.divisibility", 16]] for k in keys})
+    consts = {(names.index(name),): value for name, value in constexprs.items()}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=consts)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps}).asm["ptx"]
+
+
 @pytest.mark.parametrize("world", [2, 4, 8])
 @pytest.mark.parametrize("one_shot", [True, False])
 def test_all_reduce_kernel_compiles_vectorised(world, one_shot):
     sig = {"inp": "*bf16", "out": "*bf16", "bufs": ("*bf16",) * world, "flags": ("*u32",) * world,
            "mine": "*bf16", "my_flags": "*u32", "epochs": "*u32", "rank": "i32", "n": "i32", "chunk": "i32",
            "timeout_ns": "i64", "W": "constexpr", "MAXB": "constexpr", "BLOCK": "constexpr", "ONE_SHOT": "constexpr"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 4, 5, 6, 8, 9)}
-    attrs.update({(a, j): [["tt.divisibility", 16]] for a in (2, 3) for j in range(world)})
-    src = triton.compiler.ASTSource(fn=all_reduce_kernel, signature=sig, attrs=attrs,
-                                    constexprs={(11,): world, (12,): 256, (13,): 2048, (14,): one_shot})
-    ptx = triton.compile(src, target=TARGET, options={"num_warps": 4}).asm["ptx"]
+    ptx = _compile_all_reduce(all_reduce_kernel, sig, ("inp", "out", "bufs", "flags", "mine", "my_flags", "epochs",
+                                                       "n", "chunk"),
+                              {"W": world, "MAXB": 256, "BLOCK": 2048, "ONE_SHOT": one_shot}, 4)
     ops = set(re.findall(r"(ld\.global[.\w]*|st\.global[.\w]*)", ptx))
     # Every data load/store is a 16-byte vector; flags use acquire loads and release exchanges.
     assert {o for o in ops if ".b16" in o} == set(), ops
@@ -122,11 +134,10 @@ def _compile_fast(world, one_shot, block, num_warps, dtype="bf16"):
            "deltas": ("i64",) * world, "flag_deltas": ("i64",) * world, "rank": "i32", "n": "i32", "chunk": "i32",
            "timeout_ns": "i64", "W": "constexpr", "WP": "constexpr", "MAXB": "constexpr", "BLOCK": "constexpr",
            "ONE_SHOT": "constexpr"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 8, 9)}
-    attrs.update({(a, j): [["tt.divisibility", 16]] for a in (5, 6) for j in range(world)})
-    consts = {(11,): world, (12,): triton.next_power_of_2(world), (13,): 1024, (14,): block, (15,): one_shot}
-    src = triton.compiler.ASTSource(fn=all_reduce_fast_kernel, signature=sig, attrs=attrs, constexprs=consts)
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps}).asm["ptx"]
+    return _compile_all_reduce(all_reduce_fast_kernel, sig, ("inp", "out", "mine", "my_flags", "epochs", "deltas",
+                                                            "flag_deltas", "n", "chunk"),
+                               {"W": world, "WP": triton.next_power_of_2(world), "MAXB": 1024, "BLOCK": block,
+                                "ONE_SHOT": one_shot}, num_warps)
 
 
 def _check_fast_ptx(ptx):
@@ -159,11 +170,10 @@ def _compile_lamport(world, one_shot, block, num_warps, dtype="bf16"):
     sig = {"inp": f"*{dtype}", "out": f"*{dtype}", "lam": f"*{dtype}", "sets": "*u32", "deltas": ("i64",) * world,
            "rank": "i32", "n": "i32", "chunk": "i32", "timeout_ns": "i64", "set_elems": "i32", "W": "constexpr",
            "WP": "constexpr", "BLOCK": "constexpr", "ONE_SHOT": "constexpr"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 6, 7, 9)}
-    attrs.update({(4, j): [["tt.divisibility", 16]] for j in range(world)})
-    consts = {(10,): world, (11,): triton.next_power_of_2(world), (12,): block, (13,): one_shot}
-    src = triton.compiler.ASTSource(fn=all_reduce_lamport_kernel, signature=sig, attrs=attrs, constexprs=consts)
-    return triton.compile(src, target=TARGET, options={"num_warps": num_warps}).asm["ptx"]
+    return _compile_all_reduce(all_reduce_lamport_kernel, sig, ("inp", "out", "lam", "sets", "deltas", "n", "chunk",
+                                                               "set_elems"),
+                               {"W": world, "WP": triton.next_power_of_2(world), "BLOCK": block, "ONE_SHOT": one_shot},
+                               num_warps)
 
 
 def _check_lamport_ptx(ptx):
