@@ -46,15 +46,28 @@ MORI_DEVICE_FUNC void CopyElements(V* dst, const V* src, size_t n, uint32_t rank
   for (size_t i = whole + rank; i < n; i += stride) dst[i] = src[i];
 }
 
-// Copies one naturally aligned piece of `w` (1, 2, 4 or 8) bytes.
-MORI_DEVICE_INLINE void CopyPiece(char* dst, const char* src, size_t w) {
+// Loads / stores one naturally aligned scalar of `w` (1, 2, 4 or 8) bytes, zero-extended in a
+// uint64_t: apart so that a caller can issue the load early (see the scalar put in rma.cuh).
+MORI_DEVICE_INLINE uint64_t LoadScalar(const void* p, size_t w) {
   switch (w) {
-    case 8: *reinterpret_cast<uint64_t*>(dst) = *reinterpret_cast<const uint64_t*>(src); break;
-    case 4: *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src); break;
-    case 2: *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src); break;
-    default: *dst = *src; break;
+    case 8: return *static_cast<const uint64_t*>(p);
+    case 4: return *static_cast<const uint32_t*>(p);
+    case 2: return *static_cast<const uint16_t*>(p);
+    default: return *static_cast<const uint8_t*>(p);
   }
 }
+
+MORI_DEVICE_INLINE void StoreScalar(void* p, uint64_t v, size_t w) {
+  switch (w) {
+    case 8: *static_cast<uint64_t*>(p) = v; break;
+    case 4: *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
+    case 2: *static_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
+    default: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v); break;
+  }
+}
+
+// Copies one naturally aligned piece of `w` (1, 2, 4 or 8) bytes.
+MORI_DEVICE_INLINE void CopyPiece(char* dst, const char* src, size_t w) { StoreScalar(dst, LoadScalar(src, w), w); }
 
 // Copies with elements of type V, given dst and src congruent modulo sizeof(V). The head (until
 // dst is aligned to V) and the tail (after the last whole V) are at most one piece of each

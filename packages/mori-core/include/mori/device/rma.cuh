@@ -41,34 +41,22 @@ MORI_DEVICE_INLINE bool IsScalarPut(const void* dest, const void* source, size_t
   return bytes != 0 && bytes <= 8 && (bytes & (bytes - 1)) == 0 && misaligned == 0;
 }
 
-MORI_DEVICE_INLINE uint64_t LoadScalar(const void* p, size_t bytes) {
-  switch (bytes) {
-    case 8: return *static_cast<const uint64_t*>(p);
-    case 4: return *static_cast<const uint32_t*>(p);
-    case 2: return *static_cast<const uint16_t*>(p);
-    default: return *static_cast<const uint8_t*>(p);
-  }
-}
-
-MORI_DEVICE_INLINE void StoreScalar(void* p, uint64_t v, size_t bytes) {
-  switch (bytes) {
-    case 8: *static_cast<uint64_t*>(p) = v; break;
-    case 4: *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v); break;
-    case 2: *static_cast<uint16_t*>(p) = static_cast<uint16_t>(v); break;
-    default: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v); break;
+// The data stores of a put to `remote` (already translated): `value` is the source's scalar,
+// loaded before the translation, when `scalar`; else the group copies.
+template <class G>
+MORI_DEVICE_INLINE void PutData(void* remote, const void* source, size_t bytes, bool scalar, uint64_t value) {
+  if (scalar) {
+    StoreScalar(remote, value, bytes);
+  } else {
+    GroupCopy(remote, source, bytes, G::Rank(), G::Size());
   }
 }
 
 template <class G>
 MORI_DEVICE_INLINE void PutMemNbi(void* dest, const void* source, size_t bytes, int pe) {
-  if constexpr (G::kAlone) {
-    if (IsScalarPut(dest, source, bytes)) {
-      const uint64_t v = LoadScalar(source, bytes);
-      StoreScalar(PeerAddress(dest, pe, "ShmemPutMem"), v, bytes);
-      return;
-    }
-  }
-  GroupCopy(PeerAddress(dest, pe, "ShmemPutMem"), source, bytes, G::Rank(), G::Size());
+  const bool scalar = G::kAlone && IsScalarPut(dest, source, bytes);
+  const uint64_t value = scalar ? LoadScalar(source, bytes) : 0;
+  PutData<G>(PeerAddress(dest, pe, "ShmemPutMem"), source, bytes, scalar, value);
 }
 
 template <class G>
@@ -86,12 +74,7 @@ MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t b
   const uint64_t value = scalar ? LoadScalar(source, bytes) : 0;
   const PeerView view = ViewPeer(pe);
   uint64_t* remoteSig = PeerAddress(view, sig, pe, "ShmemPutMemNbiSignal");
-  void* remoteDest = PeerAddress(view, dest, pe, "ShmemPutMemNbiSignal");
-  if (scalar) {
-    StoreScalar(remoteDest, value, bytes);
-  } else {
-    GroupCopy(remoteDest, source, bytes, G::Rank(), G::Size());
-  }
+  PutData<G>(PeerAddress(view, dest, pe, "ShmemPutMemNbiSignal"), source, bytes, scalar, value);
   if constexpr (!G::kAlone) {
     ptx::FenceAcqRelSys();
     G::Sync();
