@@ -104,12 +104,13 @@ def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_str
     return CopyPlan(row[:0], _deal(_stripe(row, stripe), max_streams, stripe))
 
 
-def _uniform_kernel_rows(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sz: np.ndarray,
+def _uniform_kernel_rows(src_base: int, dst_base: int, src: np.ndarray, dst: np.ndarray, sz: np.ndarray,
                          kernel_max: int) -> CopyPlan | None:
     """The plan of a scattered batch of equal blocks of KERNEL_PIECE..kernel_max bytes (the
-    KV-cache case), or None. Such blocks go to the kernel as they are: each gives every warp it
-    gets a whole piece, so merging contiguous runs would not make the kernel faster, and skipping
-    the merge and split passes keeps the host's share of a 256 MiB batch to a few microseconds.
+    KV-cache case; ``src``/``dst`` are int64 offsets from the bases), or None. Such blocks go to
+    the kernel as they are: each gives every warp it gets a whole piece, so merging contiguous
+    runs would not make the kernel faster, and skipping the merge and split passes keeps the
+    host's share of a 256 MiB batch to a few microseconds.
     A batch whose first two blocks are contiguous takes the general path (its merged runs may
     be large enough for the copy engines); either way every block is copied."""
     if len(sz) < 2:
@@ -117,8 +118,6 @@ def _uniform_kernel_rows(src_base: int, dst_base: int, src_offsets: Offsets, dst
     size = int(sz[0])
     if not KERNEL_PIECE <= size < kernel_max or int(sz.min()) != int(sz.max()):
         return None
-    src = np.asarray(src_offsets, dtype=np.int64)
-    dst = np.asarray(dst_offsets, dtype=np.int64)
     if src[1] == src[0] + size and dst[1] == dst[0] + size:
         return None  # likely contiguous: merged, it may be one copy-engine copy, faster than the kernel
     rows = np.empty((len(sz), 3), dtype=np.int64)
@@ -140,12 +139,11 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     # int64 arithmetic (addresses are below 2**63): numpy int64 offsets from the engine are used
     # without a conversion copy; the rows are reinterpreted as uint64 at the end.
     sz = np.asarray(sizes, dtype=np.int64)
-    uniform = _uniform_kernel_rows(src_base, dst_base, src_offsets, dst_offsets, sz, kernel_max)
+    src_offs, dst_offs = np.asarray(src_offsets, dtype=np.int64), np.asarray(dst_offsets, dtype=np.int64)
+    uniform = _uniform_kernel_rows(src_base, dst_base, src_offs, dst_offs, sz, kernel_max)
     if uniform is not None:
         return uniform
-    src = np.add(np.asarray(src_offsets, dtype=np.int64), src_base)
-    dst = np.add(np.asarray(dst_offsets, dtype=np.int64), dst_base)
-    src, dst, sz = _merge(src, dst, sz)
+    src, dst, sz = _merge(src_offs + src_base, dst_offs + dst_base, sz)
     rows = np.stack((src, dst, sz), axis=1).view(np.uint64)
     if len(sz) == 0 or int(sz.max()) < kernel_max:
         kernel_rows, engine_rows = rows, rows[:0]
