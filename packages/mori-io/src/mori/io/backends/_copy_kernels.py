@@ -148,7 +148,7 @@ class CopyKernel:
         cubin = compile_cubin(f"sm_{major}{minor}")
         self._module = _cuda.call("cuModuleLoadData", cubin, detail=f"copy kernel on device {device}")
         self._function = _cuda.call("cuModuleGetFunction", self._module, KERNEL_NAME.encode())
-        # Rows are striped over the warps of the grid: a grid of exactly the blocks that can be
+        # Pieces are striped over the warps of the grid: a grid of exactly the blocks that can be
         # resident at once keeps every warp busy with no second wave.
         per_sm = int(_cuda.call("cuOccupancyMaxActiveBlocksPerMultiprocessor", self._function, _THREADS, 0))
         self._max_blocks = sms * max(1, per_sm)
