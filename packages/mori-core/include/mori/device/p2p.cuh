@@ -1,6 +1,7 @@
 // The P2P transport: a symmetric address on this PE becomes the same offset in a peer's heap,
-// as that heap is mapped in this process (peerHeapBases[pe] + (addr - heapBase)). Every remote
-// operation of the device API is a load, store or atomic through such a translated address.
+// as that heap is mapped in this process (peerBases[pe] + (addr - heapBase), read from the
+// constant-memory state globalGpuStatesFast). Every remote operation of the device API is a load,
+// store or atomic through such a translated address.
 #pragma once
 
 #include "state.cuh"
