@@ -71,7 +71,8 @@ struct Work {
     uint8_t op;
     uint64_t memId;  // notify: uid
     std::vector<Block> blocks;
-    size_t done = 0;  // blocks answered (guarded by the connection's mutex)
+    bool notify = false;  // the whole transfer: its requests carry the notification (tcp_wire.hpp)
+    size_t done = 0;      // blocks answered (guarded by the connection's mutex)
 };
 
 // One initiator-side connection: a sender thread writes request frames; replies (in order) are
@@ -175,6 +176,8 @@ private:
     int check(const std::string& peerKey, uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr,
               uint64_t& reason);
     void reap(bool all);
+    // Keeps the final status of transfer uid from peerKey for pop_inbound; stateMu_ held.
+    void record_inbound_locked(const std::string& peerKey, uint64_t uid, int code);
 
     int listenFd_ = -1;
     int port_ = 0;

@@ -190,8 +190,9 @@ void InitConn::mark_broken(const std::string& reason) {
 std::string InitConn::send_work(const Work& w) {
     std::vector<ReqHdr> hdrs(w.blocks.size());
     std::vector<struct iovec> iov;
-    iov.reserve(kIovBatch + 2);
+    iov.reserve(kIovBatch + 3);
     size_t bytes = 0;
+    uint64_t uid = w.notify ? w.transfer->uid() : 0;
     for (size_t i = 0; i < w.blocks.size(); ++i) {
         const Block& b = w.blocks[i];
         ReqHdr& h = hdrs[i];
@@ -201,8 +202,14 @@ std::string InitConn::send_work(const Work& w) {
         h.memId = w.memId;
         h.offset = b.offset;
         h.size = b.size;
+        if (w.notify && i == 0) h.flags |= kFlagBegin;
+        if (w.notify && i + 1 == w.blocks.size()) h.flags |= kFlagNotify;
         iov.push_back({&h, sizeof(h)});
         bytes += sizeof(h);
+        if (h.flags & kFlagNotify) {
+            iov.push_back({&uid, sizeof(uid)});
+            bytes += sizeof(uid);
+        }
         if (w.op == kOpWrite && b.size > 0) {
             iov.push_back({reinterpret_cast<void*>(b.laddr), b.size});
             bytes += b.size;
@@ -419,7 +426,6 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
         }
         total += sizes[i];
     }
-    auto t = std::make_shared<Transfer>(static_cast<int64_t>(pieces.size()), notify, uid);
     size_t n = conns_.size();
     // Back-to-back transfers stay on one idle connection: its threads at both ends are still
     // polling (see Reader::kSpinNs) and answer at once, where a rotation would find them asleep.
@@ -428,29 +434,37 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
     if (!conns_[first]->idle()) first = static_cast<size_t>((next_.fetch_add(1) + 1) % n);
     if (pieces.empty()) {
         if (notify) conns_[first]->enqueue_notify(uid, kSuccess);
+        auto t = std::make_shared<Transfer>(0, false, uid);
         t->finish();
         return t;
     }
     // Contiguous runs of about total/n bytes per connection, starting at a rotating connection
     // so that concurrent small transfers spread over all of them.
     uint64_t share = std::max<uint64_t>(total / n, 1);
-    size_t begin = 0, c = first, used = 0;
-    while (begin < pieces.size()) {
-        ++used;
-        auto w = std::make_shared<Work>();
-        w->transfer = t;
-        w->op = op;
-        w->memId = memId;
+    std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) of pieces, one per connection used
+    for (size_t begin = 0, c = first; begin < pieces.size(); c = (c + 1) % n) {
         uint64_t bytes = 0;
         size_t end = begin;
         while (end < pieces.size() && (bytes < share || end == begin)) bytes += pieces[end++].size;
         if (c == (first + n - 1) % n) end = pieces.size();  // last connection takes the rest
-        w->blocks.assign(pieces.begin() + static_cast<long>(begin), pieces.begin() + static_cast<long>(end));
-        conns_[c]->enqueue(std::move(w));
+        runs.emplace_back(begin, end);
         begin = end;
-        c = (c + 1) % n;
     }
-    if (used == 1) t->set_conn(conns_[first]);
+    // On one connection the requests themselves carry the notification (the target records it
+    // before it answers the last); a striped transfer notifies with a frame once it finishes.
+    bool carried = notify && runs.size() == 1;
+    auto t = std::make_shared<Transfer>(static_cast<int64_t>(pieces.size()), notify && !carried, uid);
+    for (size_t r = 0; r < runs.size(); ++r) {
+        auto w = std::make_shared<Work>();
+        w->transfer = t;
+        w->op = op;
+        w->memId = memId;
+        w->notify = carried;
+        w->blocks.assign(pieces.begin() + static_cast<long>(runs[r].first),
+                         pieces.begin() + static_cast<long>(runs[r].second));
+        conns_[(first + r) % n]->enqueue(std::move(w));
+    }
+    if (runs.size() == 1) t->set_conn(conns_[first]);
     return t;
 }
 

@@ -190,6 +190,12 @@ int Target::check(const std::string& peerKey, uint64_t memId, uint64_t off, uint
     return kSuccess;
 }
 
+void Target::record_inbound_locked(const std::string& peerKey, uint64_t uid, int code) {
+    if (allowed_.count(peerKey) == 0) return;  // a deregistered engine leaves no records
+    std::lock_guard lk(inboundMu_);
+    inbound_[{peerKey, uid}] = code;
+}
+
 void Target::serve(Conn* conn) {
     int fd = conn->fd;
     Reader rd(fd);
@@ -202,6 +208,7 @@ void Target::serve(Conn* conn) {
             if (stop_.load()) return "closed";
             return rd.idle_seconds() > ioTimeout_ ? "peer stalled mid-frame" : "";
         };
+        int outcome = kSuccess;  // first failure of the notifying transfer being served
         auto append = [&out](const void* p, size_t n) {
             out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
         };
@@ -216,38 +223,55 @@ void Target::serve(Conn* conn) {
             ReqHdr h;
             std::memcpy(&h, rd.data(), sizeof(h));
             rd.consume(sizeof(h));
-            if (h.magic != kReqMagic || h.size > kMaxBlock) break;  // malformed: drop the connection
+            if (h.magic != kReqMagic || h.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
+                (h.flags != 0 && h.op == kOpNotify))
+                break;  // malformed: drop the connection
+            uint64_t uid = 0;
+            if (h.flags & kFlagNotify) {
+                if (!rd.fill(sizeof(uid), midFrame).empty()) break;
+                std::memcpy(&uid, rd.data(), sizeof(uid));
+                rd.consume(sizeof(uid));
+            }
+            if (h.flags & kFlagBegin) outcome = kSuccess;
             uint64_t addr = 0, reason = 0;
             if (h.op == kOpNotify) {
                 std::shared_lock lk(stateMu_);
-                if (allowed_.count(peerKey) == 0) continue;
-                std::lock_guard ilk(inboundMu_);
-                inbound_[{peerKey, h.memId}] = static_cast<int>(h.offset);
+                record_inbound_locked(peerKey, h.memId, static_cast<int>(h.offset));
                 continue;
             }
+            if (h.op != kOpWrite && h.op != kOpRead) break;
+            std::shared_lock lk(stateMu_);
+            int code = check(peerKey, h.memId, h.offset, h.size, addr, reason);
+            if (outcome == kSuccess) outcome = code;
+            // The outcome of a notifying transfer is recorded once its last block's bytes have
+            // left (or entered) the registered memory, and before the initiator can see the
+            // transfer finish.
+            bool record = (h.flags & kFlagNotify) != 0;
             if (h.op == kOpWrite) {
-                std::shared_lock lk(stateMu_);
-                int code = check(peerKey, h.memId, h.offset, h.size, addr, reason);
                 char* dst = code == kSuccess ? reinterpret_cast<char*>(addr) : nullptr;
                 if (!rd.read_into(dst, h.size, midFrame).empty()) break;
-                lk.unlock();
                 RepHdr rep{kRepMagic, code, reason};
                 append(&rep, sizeof(rep));
-            } else if (h.op == kOpRead) {
-                std::shared_lock lk(stateMu_);
-                int code = check(peerKey, h.memId, h.offset, h.size, addr, reason);
+            } else {
                 RepHdr rep{kRepMagic, code, code == kSuccess ? h.size : reason};
                 append(&rep, sizeof(rep));
                 if (code == kSuccess && h.size <= kInlineRead) {
                     append(reinterpret_cast<const void*>(addr), h.size);
                 } else if (code == kSuccess) {
-                    struct iovec iov[2] = {{out.data(), out.size()}, {reinterpret_cast<void*>(addr), h.size}};
+                    // A notifying read holds its last byte back until the record is made.
+                    uint64_t held = record ? 1 : 0;
+                    struct iovec iov[2] = {{out.data(), out.size()}, {reinterpret_cast<void*>(addr), h.size - held}};
                     if (!send_all(fd, iov, 2).empty()) break;
                     out.clear();
+                    if (record) {
+                        record_inbound_locked(peerKey, uid, outcome);
+                        record = false;
+                        if (!send_bytes(fd, reinterpret_cast<const void*>(addr + h.size - 1), 1).empty()) break;
+                    }
                 }
-            } else {
-                break;
             }
+            if (record) record_inbound_locked(peerKey, uid, outcome);
+            lk.unlock();
             if (out.size() >= kFlushBytes) {
                 if (!send_bytes(fd, out.data(), out.size()).empty()) break;
                 out.clear();

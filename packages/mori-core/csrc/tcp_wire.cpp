@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -151,8 +152,12 @@ bool Reader::readable(int timeoutMs) const {
 }
 
 bool Reader::spin_readable(int64_t spinNs) const {
-    for (int64_t until = now_ns() + spinNs; now_ns() < until;)
+    for (int64_t until = now_ns() + spinNs; now_ns() < until;) {
         if (readable(0)) return true;
+        // A thread this one would wait for may share its core (few cores, or a busy host):
+        // let it run rather than spin through its time slice.
+        sched_yield();
+    }
     return false;
 }
 

@@ -3,7 +3,11 @@
 // One data connection carries, initiator -> target: a Hello, then request frames (a fixed
 // 32-byte header, followed by the payload for writes); target -> initiator: a HelloReply, then
 // one reply frame per read/write request, in request order (16-byte header, followed by the
-// data for a successful read). Notify frames (a transfer finished) get no reply. All integers
+// data for a successful read). A transfer that notifies its target and travels on one connection
+// marks its first request kFlagBegin and its last kFlagNotify (that header is followed by the
+// 8-byte transfer uid): the target records the transfer's outcome as it answers the last one, so
+// the record exists before the initiator sees the transfer finish. Transfers striped over several
+// connections send a Notify frame instead once they finish. Notify frames get no reply. All integers
 // are little-endian (both ends are x86-64/aarch64 Linux). Anything else on the wire is a
 // protocol error and drops the connection.
 #pragma once
@@ -22,7 +26,7 @@ namespace mori::tcp {
 constexpr uint32_t kHelloMagic = 0x4f49524d;  // "MRIO"
 constexpr uint32_t kReqMagic = 0x5145524d;    // "MREQ"
 constexpr uint32_t kRepMagic = 0x5045524d;    // "MREP"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr uint32_t kMaxNameLen = 4096;
 // Largest single block a request may carry; anything bigger is a malformed frame.
 constexpr uint64_t kMaxBlock = 1ull << 40;
@@ -37,6 +41,8 @@ enum Code : int32_t {
 };
 
 enum Op : uint8_t { kOpRead = 1, kOpWrite = 2, kOpNotify = 3 };
+// ReqHdr::flags of read and write requests.
+enum Flag : uint8_t { kFlagBegin = 1, kFlagNotify = 2, kFlagsKnown = 3 };
 
 #pragma pack(push, 1)
 struct Hello {
@@ -53,7 +59,8 @@ struct HelloReply {
 struct ReqHdr {
     uint32_t magic;
     uint8_t op;
-    uint8_t pad[3];
+    uint8_t flags;  // Flag bits (reads and writes)
+    uint8_t pad[2];
     uint64_t memId;   // notify: transfer uid
     uint64_t offset;  // notify: final status code
     uint64_t size;

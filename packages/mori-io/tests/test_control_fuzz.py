@@ -9,7 +9,7 @@ import struct
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from mori.io import MemoryLocationType
@@ -139,13 +139,33 @@ def _data_port(initiator, target) -> int:
 @given(garbage=st.binary(min_size=1, max_size=512))
 def test_malformed_data_frames_drop_connection(initiator, target, garbage):
     port = _data_port(initiator, target)
-    hello = struct.pack("<IHHHH", 0x4F49524D, 1, len("initiator"), 0, 0) + b"initiator"
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(hello)
-        assert sock.recv(8)[4:] == b"\x00\x00\x00\x00"  # accepted
+    with _data_connection(port) as sock:
         # Make sure the request header is invalid: bad magic.
         bad = b"XXXX" + garbage
         sock.sendall(bad + b"\x00" * max(0, 32 - len(bad)))
+        assert _dropped(sock)
+
+
+WIRE_VERSION = 2  # tcp_wire.hpp kVersion
+REQ_MAGIC = 0x5145524D
+
+
+def _data_connection(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(struct.pack("<IHHHH", 0x4F49524D, WIRE_VERSION, len("initiator"), 0, 0) + b"initiator")
+    assert sock.recv(8)[4:] == b"\x00\x00\x00\x00"  # accepted
+    return sock
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(op=st.integers(0, 255), flags=st.integers(0, 255))
+def test_bad_ops_and_flags_drop_connection(initiator, target, op, flags):
+    # Valid magic: only read/write may carry the notify flags (1, 2), a notify frame none, and
+    # no other op exists.
+    assume(not (op in (1, 2) and flags <= 3) and not (op == 3 and flags == 0))
+    port = _data_port(initiator, target)
+    with _data_connection(port) as sock:
+        sock.sendall(struct.pack("<IBB2xQQQ", REQ_MAGIC, op, flags, 1, 0, 0) + b"\x00" * 8)
         assert _dropped(sock)
 
 

@@ -9,18 +9,26 @@ reconnect).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .backends.base import Backend
 from .types import BackendType, MemoryDesc
 
-__all__ = ["choose_backend"]
+__all__ = ["choose_backend", "rank_backends"]
 
 
-def choose_backend(backends: Mapping[BackendType, Backend], local: MemoryDesc, remote: MemoryDesc) -> Backend | None:
-    """The backend to carry a transfer between ``local`` and ``remote``, or None if none can."""
-    able = sorted((b for b in backends.values() if b.can_serve(local, remote)), key=lambda b: -b.priority)
-    for backend in able:
-        if backend.healthy(remote.engine_key):
-            return backend
-    return able[0] if able else None
+def rank_backends(backends: Mapping[BackendType, Backend]) -> tuple[Backend, ...]:
+    """The backends, highest priority first (ranked once when the set changes, not per transfer)."""
+    return tuple(sorted(backends.values(), key=lambda b: -b.priority))
+
+
+def choose_backend(ranked: Iterable[Backend], local: MemoryDesc, remote: MemoryDesc) -> Backend | None:
+    """The backend to carry a transfer between ``local`` and ``remote``, or None if none can;
+    ``ranked`` as :func:`rank_backends` gives them."""
+    fallback = None
+    for backend in ranked:
+        if backend.can_serve(local, remote):
+            if backend.healthy(remote.engine_key):
+                return backend
+            fallback = fallback or backend
+    return fallback

@@ -22,7 +22,7 @@ from mori.core.log import get_logger
 
 from ._control import ControlClient, ControlError, ControlServer
 from ._registry import InboundTable, MemoryRegistry, RemoteEngines, UidAllocator
-from ._router import choose_backend
+from ._router import choose_backend, rank_backends
 from .backends import Backend, BackendContext, ControlHandler, TransferOp, TransferRequest, backend_factory
 from .types import (
     BackendType,
@@ -144,6 +144,7 @@ class IOEngine:
         self._inbound = InboundTable()
         self._uids = UidAllocator()
         self._backends: dict[BackendType, Backend] = {}
+        self._ranked: tuple[Backend, ...] = ()  # _backends by priority, for routing
         self._clients: dict[str, ControlClient] = {}
         self._lock = threading.RLock()
         self._server = ControlServer(config.host, config.port, self._token, _io_timeout(),
@@ -178,11 +179,13 @@ class IOEngine:
             for desc in self._remotes.all():
                 backend.register_remote_engine(desc)
             self._backends[type] = backend
+            self._ranked = rank_backends(self._backends)
 
     def remove_backend(self, type: BackendType) -> None:  # noqa: A002
         """Closes and removes the backend of ``type``; raises ``KeyError`` if there is none."""
         with self._lock:
             backend = self._backends.pop(BackendType(type), None)
+            self._ranked = rank_backends(self._backends)
         if backend is None:
             raise KeyError(f"engine {self._key!r} has no {BackendType(type).name} backend")
         backend.close()
@@ -274,17 +277,25 @@ class IOEngine:
                 r_offs: Sequence[int], sizes: Sequence[int], uid: int, backend: Backend | None = None) -> TransferStatus:
         if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
             raise TypeError("local and remote memory must be MemoryDesc objects")
-        l_offs, r_offs, sizes = _as_offsets("local offsets", l_offs), _as_offsets("remote offsets", r_offs), \
-            _as_offsets("sizes", sizes)
-        if not len(l_offs) == len(r_offs) == len(sizes):
-            raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
-                             f"{len(sizes)} sizes")
-        if len({hasattr(v, "dtype") for v in (l_offs, r_offs, sizes)}) > 1:  # arrays mixed with lists
-            l_offs, r_offs, sizes = (list(map(int, v)) for v in (l_offs, r_offs, sizes))
+        if type(sizes) is list and len(sizes) == 1 and type(l_offs) is list and type(r_offs) is list \
+                and len(l_offs) == len(r_offs) == 1:
+            # One block (read, write, and most small batches): checked without the batch passes.
+            lo, ro, n = operator.index(l_offs[0]), operator.index(r_offs[0]), operator.index(sizes[0])
+            l_offs, r_offs, sizes = [lo], [ro], [n]
+            l_low, l_end, r_low, r_end = min(lo, n), lo + n, ro, ro + n
+        else:
+            l_offs, r_offs, sizes = _as_offsets("local offsets", l_offs), _as_offsets("remote offsets", r_offs), \
+                _as_offsets("sizes", sizes)
+            if not len(l_offs) == len(r_offs) == len(sizes):
+                raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote "
+                                 f"offsets, {len(sizes)} sizes")
+            if len({hasattr(v, "dtype") for v in (l_offs, r_offs, sizes)}) > 1:  # arrays mixed with lists
+                l_offs, r_offs, sizes = (list(map(int, v)) for v in (l_offs, r_offs, sizes))
+            if len(sizes):
+                (l_low, l_end), (r_low, r_end) = _bounds(l_offs, sizes), _bounds(r_offs, sizes)
         status = TransferStatus()
         problem = self._reject(local, remote)
         if problem is None and len(sizes):
-            (l_low, l_end), (r_low, r_end) = _bounds(l_offs, sizes), _bounds(r_offs, sizes)
             if min(l_low, r_low) < 0:
                 problem = StatusCode.ERR_INVALID_ARGS, "offsets and sizes must be >= 0"
             elif l_end > local.size:
@@ -294,7 +305,7 @@ class IOEngine:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
                                                        f"({remote.size} bytes)"
         if problem is None and backend is None:
-            backend = choose_backend(self._backends, local, remote)
+            backend = choose_backend(self._ranked, local, remote)
             if backend is None:
                 problem = StatusCode.ERR_BAD_STATE, (f"no backend of engine {self._key!r} can move {local.loc.name} "
                                                      f"<-> {remote.loc.name} memory (created: "
@@ -330,7 +341,7 @@ class IOEngine:
         """A reusable session between two regions, or None when no backend can serve them."""
         if self._reject(local_mem, remote_mem) is not None:
             return None
-        backend = choose_backend(self._backends, local_mem, remote_mem)
+        backend = choose_backend(self._ranked, local_mem, remote_mem)
         return None if backend is None else IOEngineSession(self, local_mem, remote_mem, backend)
 
     def pop_inbound_transfer_status(self, remote_key: str, transfer_uid: int) -> TransferStatus | None:
@@ -405,7 +416,7 @@ class IOEngineSession:
     def _backend_now(self) -> Backend:
         if self._backend.healthy(self._remote.engine_key):
             return self._backend
-        return choose_backend(self._engine._backends, self._local, self._remote) or self._backend
+        return choose_backend(self._engine._ranked, self._local, self._remote) or self._backend
 
     def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                    transfer_uid: int) -> TransferStatus:

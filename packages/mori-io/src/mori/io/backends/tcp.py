@@ -33,6 +33,7 @@ __all__ = ["TcpBackend"]
 
 _NATIVE_OP = {TransferOp.READ: 1, TransferOp.WRITE: 2}
 _GPU_OPS = ("read", "lend", "commit", "return")
+_SERVED = (MemoryLocationType.CPU, MemoryLocationType.GPU)
 
 
 class TcpBackend(Backend):
@@ -89,7 +90,7 @@ class TcpBackend(Backend):
     def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
         # GPU memory is staged at whichever end it lives: a local GPU region exists only if its
         # registration (which checks CUDA) succeeded; a remote one is checked by its owner.
-        return all(m.loc in (MemoryLocationType.CPU, MemoryLocationType.GPU) for m in (local, remote))
+        return local.loc in _SERVED and remote.loc in _SERVED
 
     def healthy(self, remote_key: str) -> bool:
         peer = self._peers.get(remote_key)
