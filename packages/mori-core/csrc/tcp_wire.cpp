@@ -154,9 +154,12 @@ bool Reader::readable(int timeoutMs) const {
 bool Reader::spin_readable(int64_t spinNs) const {
     for (int64_t until = now_ns() + spinNs; now_ns() < until;) {
         if (readable(0)) return true;
-        // A thread this one would wait for may share its core (few cores, or a busy host):
-        // let it run rather than spin through its time slice.
+        // The thread this one waits for may share its core (few cores, a busy host): yield to
+        // it, and when the yield ran someone else, stop spinning and block instead, which
+        // leaves the core to the thread that has work.
+        int64_t before = now_ns();
         sched_yield();
+        if (now_ns() - before > kSharedCoreNs) return readable(0);
     }
     return false;
 }

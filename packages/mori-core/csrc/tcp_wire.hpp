@@ -113,6 +113,8 @@ public:
     double idle_seconds() const;
     // How long a thread polls without sleeping before it blocks, waiting for a reply or request.
     static constexpr int64_t kSpinNs = 50'000;
+    // A sched_yield that takes longer than this ran another thread: the core is shared.
+    static constexpr int64_t kSharedCoreNs = 3'000;
 
 private:
     std::string recv_some(char* dst, size_t cap, size_t& got, const AbortCheck& check);

@@ -4,8 +4,12 @@ Runs as a script under ``--peer-python`` (an interpreter where the peer is insta
 its own torch, which cannot share mori's environment), so it imports nothing from mori:
 ``python _peers.py ENGINE initiator HOST OP ITERS WARMUP POINTS_JSON`` prints one JSON row per
 point; it starts ``python _peers.py ENGINE target HOST SIZE`` as the other process itself.
-Both peers run over TCP on loopback (Mooncake's ``tcp`` transport; NIXL's UCX backend with
-``UCX_TLS=tcp``) so the comparison with mori's TCP backend is like for like.
+By default both peers move host memory over TCP on loopback (Mooncake's ``tcp`` transport;
+NIXL's UCX backend with ``UCX_TLS=tcp``) so the comparison with mori's TCP backend is like for
+like. With ``MORI_PEER_GPUS=T,I`` they move GPU memory between GPU ``T`` (target) and GPU ``I``
+(initiator) of one host instead, as mori's NVLink backend does: Mooncake's ``nvlink_intra``
+transport and NIXL's UCX backend with its CUDA transports (torch tensors as buffers). There the
+target's memory holds a known pattern and every read point is checked against it after timing.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _measure import block_layout, summarize  # noqa: E402
 
-os.environ.setdefault("UCX_TLS", "tcp,self")
+GPUS = tuple(int(g) for g in os.environ["MORI_PEER_GPUS"].split(",")) if os.environ.get("MORI_PEER_GPUS") else None
+if GPUS is None:
+    os.environ.setdefault("UCX_TLS", "tcp,self")
+else:
+    os.environ.setdefault("MC_INTRANODE_NVLINK", "1")
 os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
 os.environ.setdefault("GLOG_minloglevel", "2")
 
@@ -41,42 +49,91 @@ def read_marked(stream: Any) -> Any:
     return None
 
 
-def _buffer(size: int) -> Any:
-    import numpy as np
+class _Buffer:
+    """Host memory (numpy), or with ``MORI_PEER_GPUS`` GPU memory (torch) of the target's or the
+    initiator's GPU; the target's GPU buffer holds :func:`_pattern`."""
 
-    return np.ones(size, dtype=np.uint8)
+    def __init__(self, size: int, role: str) -> None:
+        self.device = None if GPUS is None else GPUS[0 if role == "target" else 1]
+        self.data: Any
+        if self.device is None:
+            import numpy as np
+
+            self.data = np.ones(size, dtype=np.uint8)
+            self.addr = int(self.data.ctypes.data)
+            return
+        import torch
+
+        torch.cuda.set_device(self.device)
+        self.data = _pattern(size, self.device) if role == "target" else \
+            torch.zeros(size, dtype=torch.uint8, device=f"cuda:{self.device}")
+        torch.cuda.synchronize()
+        self.addr = int(self.data.data_ptr())
+
+    def check_read(self, size: int, batch: int, expect: Any) -> bool:
+        """Whether the blocks of a read point hold the target's bytes (GPU memory only)."""
+        n = size * batch
+        got = self.data[:n].view(batch, size)
+        return bool((got == expect[:n].view(batch, size).flip(0)).all())  # block_layout reverses remote order
+
+
+def _pattern(size: int, device: int) -> Any:
+    import torch
+
+    idx = torch.arange(size, dtype=torch.int64, device=f"cuda:{device}")
+    return ((idx * 131 + 7) % 251).to(torch.uint8)
+
+
+def _checked(buf: _Buffer, op: str, size: int, batch: int, need: int, row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with ``checked``: whether a GPU read point's data matched the target's."""
+    if buf.device is not None and op == "read":
+        row["checked"] = buf.check_read(size, batch, _pattern(need, buf.device))
+    return row
 
 
 # ---- Mooncake ------------------------------------------------------------------------------------
-def mooncake_target(host: str, size: int) -> None:
+def _mooncake_engine(host: str) -> Any:
     from mooncake.engine import TransferEngine
 
     eng = TransferEngine()
-    if eng.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
-        raise SystemExit("mooncake: initialize failed")
-    buf = _buffer(size)
-    eng.register_memory(int(buf.ctypes.data), size)
-    _send({"addr": int(buf.ctypes.data), "name": f"{host}:{eng.get_rpc_port()}"})
+    protocol = "tcp" if GPUS is None else "nvlink_intra"
+    if eng.initialize(host, "P2PHANDSHAKE", protocol, "") != 0:
+        raise SystemExit(f"mooncake: initialize ({protocol}) failed")
+    return eng
+
+
+def _mooncake_location(buf: _Buffer) -> str:
+    return "*" if buf.device is None else f"cuda:{buf.device}"
+
+
+def mooncake_target(host: str, size: int) -> None:
+    eng = _mooncake_engine(host)
+    buf = _Buffer(size, "target")
+    if eng.register_memory(buf.addr, size, _mooncake_location(buf)) != 0:
+        raise SystemExit("mooncake: register_memory failed")
+    _send({"addr": buf.addr, "name": f"{host}:{eng.get_rpc_port()}"})
     sys.stdin.read()
 
 
 def mooncake_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int, warmup: int,
                        target: dict[str, Any]) -> None:
-    from mooncake.engine import TransferEngine
+    import numpy as np
 
-    eng = TransferEngine()
-    if eng.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
-        raise SystemExit("mooncake: initialize failed")
+    eng = _mooncake_engine(host)
     need = max(s * b for s, b in points)
-    buf = _buffer(need)
-    base = int(buf.ctypes.data)
-    eng.register_memory(base, need)
-    fn = eng.batch_transfer_sync_read if op == "read" else eng.batch_transfer_sync_write
+    buf = _Buffer(need, "initiator")
+    if eng.register_memory(buf.addr, need, _mooncake_location(buf)) != 0:
+        raise SystemExit("mooncake: register_memory failed")
+    name = "batch_transfer_sync_read" if op == "read" else "batch_transfer_sync_write"
+    arrays = getattr(eng, name + "_arrays", None)  # newer Mooncake: offsets as arrays, its faster call
+    fn = arrays or getattr(eng, name)
     for size, batch in points:
         l_offs, r_offs = block_layout(size, batch)
-        local = [base + o for o in l_offs]
-        remote = [target["addr"] + o for o in r_offs]
-        sizes = [size] * batch
+        local: Any = np.asarray(l_offs, dtype=np.uint64) + np.uint64(buf.addr)
+        remote: Any = np.asarray(r_offs, dtype=np.uint64) + np.uint64(target["addr"])
+        sizes: Any = np.full(batch, size, dtype=np.uint64)
+        if arrays is None:
+            local, remote, sizes = local.tolist(), remote.tolist(), sizes.tolist()
         times = []
         for i in range(warmup + iters):
             t0 = time.perf_counter()
@@ -84,7 +141,7 @@ def mooncake_initiator(host: str, op: str, points: list[tuple[int, int]], iters:
                 raise SystemExit("mooncake: transfer failed")
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-        _send(summarize(size, batch, times))
+        _send(_checked(buf, op, size, batch, need, summarize(size, batch, times)))
 
 
 # ---- NIXL ----------------------------------------------------------------------------------------
@@ -94,12 +151,17 @@ def _nixl_agent(name: str) -> Any:
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
 
 
+def _nixl_mem(buf: _Buffer) -> tuple[str, int]:
+    return ("DRAM", 0) if buf.device is None else ("VRAM", buf.device)
+
+
 def nixl_target(host: str, size: int) -> None:
     agent = _nixl_agent("nixl-target")
-    buf = _buffer(size)
-    reg = agent.register_memory([(int(buf.ctypes.data), size, 0, "")], "DRAM")
+    buf = _Buffer(size, "target")
+    kind, dev = _nixl_mem(buf)
+    reg = agent.register_memory([(buf.addr, size, dev, "")], kind)
     assert reg is not None
-    _send({"addr": int(buf.ctypes.data), "meta": agent.get_agent_metadata().hex()})
+    _send({"addr": buf.addr, "dev": dev, "meta": agent.get_agent_metadata().hex()})
     sys.stdin.read()
 
 
@@ -108,13 +170,13 @@ def nixl_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int
     agent = _nixl_agent("nixl-initiator")
     peer = agent.add_remote_agent(bytes.fromhex(target["meta"]))
     need = max(s * b for s, b in points)
-    buf = _buffer(need)
-    base = int(buf.ctypes.data)
-    agent.register_memory([(base, need, 0, "")], "DRAM")
+    buf = _Buffer(need, "initiator")
+    kind, dev = _nixl_mem(buf)
+    agent.register_memory([(buf.addr, need, dev, "")], kind)
     for size, batch in points:
         l_offs, r_offs = block_layout(size, batch)
-        local = agent.get_xfer_descs([(base + o, size, 0) for o in l_offs], "DRAM")
-        remote = agent.get_xfer_descs([(target["addr"] + o, size, 0) for o in r_offs], "DRAM")
+        local = agent.get_xfer_descs([(buf.addr + o, size, dev) for o in l_offs], kind)
+        remote = agent.get_xfer_descs([(target["addr"] + o, size, target["dev"]) for o in r_offs], kind)
         handle = agent.initialize_xfer("READ" if op == "read" else "WRITE", local, remote, peer)
         times = []
         for i in range(warmup + iters):
@@ -127,7 +189,7 @@ def nixl_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         agent.release_xfer_handle(handle)
-        _send(summarize(size, batch, times))
+        _send(_checked(buf, op, size, batch, need, summarize(size, batch, times)))
 
 
 ENGINES = {"mooncake": (mooncake_target, mooncake_initiator), "nixl": (nixl_target, nixl_initiator)}
