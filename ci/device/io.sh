@@ -2,6 +2,7 @@
 # mori-io's NVLink backend on the GPU machine (2 of the 4 H200s): install, GPU tests (two
 # processes), then the NVLink benchmark against the copy-engine peer copy. Run from the
 # repository root with .devkit carried; logs and JSON go to $OUT.
+# With .devkit/peers (ci/device/peer_kit.sh) the benchmark also measures NIXL and Mooncake.
 # Usage: bash ci/device/io.sh [--no-tests | --tests-only] [--quick]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -48,12 +49,25 @@ if [ $run_tests = 1 ]; then
   grep -E "passed|failed|Error|error|assert" "$OUT/io_tcp_gpu_tests.log" | tail -25
   [ $rc = 0 ] || status=1
 fi
+if [ $run_bench = 1 ] && ls "$repo"/.devkit/peers/*.whl >/dev/null 2>&1; then
+  # NVLink peers (ci/device/peer_kit.sh): NIXL and Mooncake, measured in the same run.
+  python3 -m pip install -q --no-deps --no-index "$repo"/.devkit/peers/*.whl 2>&1 | tail -3
+  for l in libibverbs.so.1 libmlx5.so.1 libnuma.so.1; do
+    ldconfig -p | grep -q "$l" || export MORI_PEER_LIBDIR="$repo/.devkit/peers/lib"
+  done
+  bench_args+=(--peers nixl,mooncake)
+fi
 if [ $run_bench = 1 ]; then
   echo "== NVLink benchmark"
-  timeout 100 python3 "$repo/ci/device/io_bench.py" --out "$OUT/io_bench.json" "${bench_args[@]}" \
+  timeout 240 python3 "$repo/ci/device/io_bench.py" --out "$OUT/io_bench.json" "${bench_args[@]}" \
     > "$OUT/io_bench.log" 2>&1
   rc=$?; echo "rc=$rc"
-  cat "$OUT/io_bench.log" | tail -80
+  cat "$OUT/io_bench.log" | tail -110
+  [ $rc = 0 ] || status=1
+  echo "== gather kernel alone (piece and grid sweep)"
+  timeout 120 python3 "$repo/ci/device/io_kernel_sweep.py" > "$OUT/io_kernel_sweep.log" 2>&1
+  rc=$?; echo "rc=$rc"
+  cat "$OUT/io_kernel_sweep.log" | tail -70
   [ $rc = 0 ] || status=1
 fi
 echo "== done in $(( $(date +%s) - t0 ))s, status $status"

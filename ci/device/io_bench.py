@@ -12,7 +12,12 @@ Layouts: ``contig`` (blocks back to back on both sides: the backend merges them)
 Offsets and sizes are passed as numpy int64 arrays (the engine checks them without a Python
 loop) except on the rows marked ``list``; ``CE`` is the copy-engine setting (stripe x streams).
 
-Usage: python ci/device/io_bench.py --out io_bench.json [--iters 20] [--quick]
+With ``--peers nixl,mooncake`` the same run also measures NIXL (UCX with its CUDA transports)
+and Mooncake Transfer Engine (``nvlink_intra``) between the same two GPUs, on the acceptance
+points in the ``scatter`` layout (``mori.io.bench._peers`` with ``MORI_PEER_GPUS``; their read
+data is checked), and prints them beside mori's rows.
+
+Usage: python ci/device/io_bench.py --out io_bench.json [--iters 20] [--quick] [--peers nixl,mooncake]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
 from mori.io.backends import nvlink
+from mori.io.bench._cli import run_peer
 
 TARGET_GPU, LOCAL_GPU = 0, 1
 POOL = 512 << 20
@@ -115,11 +121,42 @@ def _fmt_size(n: int) -> str:
     return str(n)
 
 
+PEER_POINTS = [(256 << 10, 1024), (4 << 10, 16384)]
+
+
+def measure_peers(args: argparse.Namespace, results: list[dict[str, Any]], peer_copy: float) -> list[dict[str, Any]]:
+    """Runs each peer on the acceptance points (scatter layout, read and write, GPU 0 -> 1) and
+    prints them beside mori's rows of this run."""
+    env = dict(os.environ, MORI_PEER_GPUS=f"{TARGET_GPU},{LOCAL_GPU}")
+    if os.environ.get("MORI_PEER_LIBDIR"):  # system libraries the device lacks (ci/device/peer_kit.sh)
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [env.get("LD_LIBRARY_PATH"), os.environ["MORI_PEER_LIBDIR"]]))
+    rows: list[dict[str, Any]] = []
+    for name in [p for p in args.peers.split(",") if p]:
+        for op in ("read", "write"):
+            got, note = run_peer(name, args.peer_python, "127.0.0.1", op, args.iters, 3, PEER_POINTS, env)
+            rows += [{"engine": name, "op": op, **r} for r in got]
+            if note:
+                print(f"note: {note}")
+    print("\nNVLink, scatter layout, same run (GB/s are MaxBW / AvgBW; lat in us; % of the peer copy):")
+    print(f"{'engine':9} {'op':5} {'size':>6} {'batch':>6} {'MaxBW':>8} {'AvgBW':>8} {'MinLat':>9} {'AvgLat':>9} "
+          f"{'vs CE':>6} {'data':>6}")
+    mine = [{"engine": "mori", **r} for r in results if r["path"] == "auto" and r["layout"] == "scatter"
+            and not r["session"] and not r["lists"] and (r["size"], r["batch"]) in PEER_POINTS]
+    for r in sorted(mine + rows, key=lambda r: (r["op"], -r["size"], r["engine"])):
+        checked = {True: "ok", False: "WRONG", None: "-"}[r.get("checked")]
+        print(f"{r['engine']:9} {r['op']:5} {_fmt_size(r['size']):>6} {r['batch']:>6} {r['max_bw_gbs']:8.1f} "
+              f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:9.1f} {r['avg_lat_us']:9.1f} "
+              f"{100 * r['max_bw_gbs'] / peer_copy:5.0f}% {checked:>6}")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="io_bench.json")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="only the acceptance points")
+    ap.add_argument("--peers", default="", help="also measure these peers: nixl,mooncake")
+    ap.add_argument("--peer-python", default=sys.executable, help="interpreter where the peers are installed")
     args = ap.parse_args()
     if torch.cuda.device_count() < 2:
         print("needs 2 GPUs", file=sys.stderr)
@@ -192,8 +229,9 @@ def main() -> int:
                 target = "target >= 90% of peer copy" if r["batch"] == 1024 else "target >= 100 GB/s"
                 print(f"  read {r['batch']} x {_fmt_size(r['size'])} {r['layout']:7}: {r['max_bw_gbs']:.1f} GB/s "
                       f"({100 * r['vs_peer_copy']:.0f}% of peer copy; {target})")
+        peer_rows = measure_peers(args, results, peer) if args.peers else []
         with open(args.out, "w") as f:
-            json.dump({"peer_copy_gbs": peer, "results": results}, f, indent=1)
+            json.dump({"peer_copy_gbs": peer, "results": results, "peers": peer_rows}, f, indent=1)
         return 0
     finally:
         for eng in engines.values():

@@ -17,7 +17,7 @@ from ..types import TcpBackendConfig
 from ._mori_runner import run_mori
 from ._peers import MARK
 
-__all__ = ["main", "parse_args"]
+__all__ = ["main", "parse_args", "run_peer"]
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M"
 PEERS = ("mooncake", "nixl")
@@ -77,12 +77,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _run_peer(name: str, args: argparse.Namespace, points: list[tuple[int, int]]) -> tuple[list[dict[str, Any]], str]:
+def run_peer(name: str, python: str, host: str, op: str, iters: int, warmup: int, points: list[tuple[int, int]],
+             env: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Measures peer ``name`` (``_peers.py`` under ``python``, environment ``env``) at ``points``:
+    its rows, and a note when it failed (empty otherwise)."""
     script = Path(__file__).with_name("_peers.py")
-    cmd = [args.peer_python, str(script), name, "initiator", args.host, args.op, str(args.iters), str(args.warmup),
-           json.dumps(points)]
+    cmd = [python, str(script), name, "initiator", host, op, str(iters), str(warmup), json.dumps(points)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     except (OSError, subprocess.TimeoutExpired) as err:
         return [], f"{name}: could not run ({err})"
     rows = [json.loads(line[len(MARK):]) for line in proc.stdout.splitlines() if line.startswith(MARK)]
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = []
     for name in args.peers:
         print(f"measuring peer {name} ...", file=sys.stderr)
-        peer_rows, note = _run_peer(name, args, points)
+        peer_rows, note = run_peer(name, args.peer_python, args.host, args.op, args.iters, args.warmup, points)
         rows += [{"engine": name, "op": args.op, **r} for r in peer_rows]
         if note:
             notes.append(note)

@@ -1,0 +1,111 @@
+"""How fast the NVLink backend's gather kernel moves a scattered batch, kernel time only (CUDA
+events, median), against the copy engine's peer copy of the same bytes in one piece, measured in
+the same run: the ceiling of ``batch_read``/``batch_write`` with the host's share taken out.
+
+Sweeps the piece size a warp copies and the grid, for 1024 x 256 KiB and 16384 x 4 KiB blocks
+(remote blocks in reverse order), reading (GPU 0 -> GPU 1) and writing (GPU 1 -> GPU 0); the
+kernel runs on GPU 1 as in the backend. Checks the copied bytes of every configuration.
+
+Usage: python ci/device/io_kernel_sweep.py [--iters 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+
+import numpy as np
+import torch
+
+from mori.core import _cuda
+from mori.io.backends._copy_kernels import CopyKernel
+
+REMOTE, LOCAL = 0, 1
+
+
+def _enable_peer_access(local: int, remote: int) -> None:
+    ctx_remote = _cuda.init_device(remote)
+    _cuda.init_device(local)  # current: the kernel's device
+    drv = _cuda.driver()
+    err = drv.cuCtxEnablePeerAccess(ctx_remote, 0)[0]
+    if err not in (drv.CUresult.CUDA_SUCCESS, drv.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+        raise RuntimeError(f"cuCtxEnablePeerAccess: {err}")
+
+
+def _time(fn, stream: torch.cuda.Stream, iters: int) -> float:
+    """Median seconds of ``fn()`` queued on ``stream`` (3 untimed first)."""
+    times = []
+    for i in range(iters + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    if torch.cuda.device_count() < 2:
+        print("needs 2 GPUs", file=sys.stderr)
+        return 2
+    total = 256 << 20
+    remote = torch.randint(0, 256, (total,), dtype=torch.uint8, device=f"cuda:{REMOTE}")
+    local = torch.randint(0, 256, (total,), dtype=torch.uint8, device=f"cuda:{LOCAL}")
+    torch.cuda.synchronize(REMOTE)
+    torch.cuda.synchronize(LOCAL)
+    torch.cuda.set_device(LOCAL)
+    _enable_peer_access(LOCAL, REMOTE)
+    kern = CopyKernel(LOCAL)
+    stream = torch.cuda.Stream(device=LOCAL)
+    cu_stream = _cuda.driver().CUstream(stream.cuda_stream)
+    dst_ce = torch.empty_like(local)
+    # torch copies between devices on the source's current stream and makes the destination's
+    # current stream wait for it: events there time the copy.
+    ce = _time(lambda: dst_ce.copy_(remote, non_blocking=True), torch.cuda.current_stream(LOCAL), args.iters)
+    ce_gbs = total / ce / 1e9
+    print(f"copy engine, one 256 MiB peer copy GPU{REMOTE}->GPU{LOCAL}: {ce * 1e6:.1f} us = {ce_gbs:.1f} GB/s")
+    print(f"{'op':5} {'blocks':>12} {'piece':>7} {'grid':>5} {'kernel us':>10} {'GB/s':>7} {'vs CE':>6} {'data':>5}")
+    full_grid = kern._max_blocks
+    for size, batch in ((256 << 10, 1024), (4 << 10, 16384)):
+        offs = np.arange(batch, dtype=np.uint64) * np.uint64(size)
+        for op in ("read", "write"):
+            src, dst = (remote, local) if op == "read" else (local, remote)
+            src_offs, dst_offs = offs[::-1], offs  # the remote side is the scattered one
+            if op == "write":
+                src_offs, dst_offs = offs, offs[::-1]
+            table = kern.tables.take(batch)
+            table.rows[:batch, 0] = np.uint64(src.data_ptr()) + src_offs
+            table.rows[:batch, 1] = np.uint64(dst.data_ptr()) + dst_offs
+            table.rows[:batch, 2] = size
+            pieces = [p for p in (8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10) if p <= size] or [size]
+            for piece in pieces:
+                per_row = -(-size // piece)
+                for grid in sorted({full_grid, full_grid // 2, 264, 132}, reverse=True):
+                    kern._max_blocks = grid
+                    dst[: size * batch].zero_()
+                    torch.cuda.synchronize(REMOTE)
+                    torch.cuda.synchronize(LOCAL)
+                    launch = functools.partial(kern.launch, cu_stream, table, batch, per_row, piece)
+                    t = _time(launch, stream, args.iters)
+                    s_blocks = src[: size * batch].view(batch, size)
+                    d_blocks = dst[: size * batch].view(batch, size)
+                    ok = bool(torch.equal(d_blocks.to(s_blocks.device), s_blocks.flip(0)))
+                    gbs = size * batch / t / 1e9
+                    print(f"{op:5} {f'{batch}x{size >> 10}K':>12} {f'{piece >> 10}K':>7} {grid:5} {t * 1e6:10.1f} "
+                          f"{gbs:7.1f} {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG':>5}", flush=True)
+                    if not ok:
+                        return 1
+            kern._max_blocks = full_grid
+            kern.tables.give(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
