@@ -9,6 +9,7 @@ timed as a user sees it: from the call to the return of ``status.Wait()``.
 Layouts: ``contig`` (blocks back to back on both sides: the backend merges them) and
 ``scatter`` (remote blocks in reverse order: nothing merges). Writes a table and JSON.
 
+``submit`` is the median time until the call returns (the host's share before the copies start).
 Offsets and sizes are passed as numpy int64 arrays (the engine checks them without a Python
 loop) except on the rows marked ``list``; ``CE`` is the copy-engine setting (stripe x streams).
 
@@ -30,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,24 +96,27 @@ def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, siz
     or as Python lists with ``lists``)."""
     l_offs, r_offs, sizes = _layout(size, batch, layout, lists)
     sess = engine.create_session(ldesc, rdesc) if session else None
-    times = []
+    times, submits = [], []
     for i in range(iters + 3):
         t0 = time.perf_counter()
         if sess is not None:
             st = getattr(sess, f"batch_{op}")(l_offs, r_offs, sizes, sess.allocate_transfer_uid())
         else:
             st = getattr(engine, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, engine.allocate_transfer_uid())
+        ts = time.perf_counter()
         st.Wait()
         t1 = time.perf_counter()
         if not st.Succeeded():
             raise RuntimeError(f"{op} {batch}x{size}: {st.Message()}")
         if i >= 3:
             times.append(t1 - t0)
+            submits.append(ts - t0)
     total = size * batch
     return {"op": op, "size": size, "batch": batch, "layout": layout, "session": session, "lists": lists,
             "bytes": total,
             "max_bw_gbs": total / min(times) / 1e9, "avg_bw_gbs": total / statistics.fmean(times) / 1e9,
-            "min_lat_us": min(times) * 1e6, "avg_lat_us": statistics.fmean(times) * 1e6}
+            "min_lat_us": min(times) * 1e6, "avg_lat_us": statistics.fmean(times) * 1e6,
+            "submit_us": statistics.median(submits) * 1e6}
 
 
 def _fmt_size(n: int) -> str:
@@ -133,7 +138,8 @@ def measure_peers(args: argparse.Namespace, results: list[dict[str, Any]], peer_
     rows: list[dict[str, Any]] = []
     for name in [p for p in args.peers.split(",") if p]:
         for op in ("read", "write"):
-            got, note = run_peer(name, args.peer_python, "127.0.0.1", op, args.iters, 3, PEER_POINTS, env)
+            log = Path(args.out).with_name(f"io_peer_{name}_{op}.log")
+            got, note = run_peer(name, args.peer_python, "127.0.0.1", op, args.iters, 3, PEER_POINTS, env, log)
             rows += [{"engine": name, "op": op, **r} for r in got]
             if note:
                 print(f"note: {note}")
@@ -211,7 +217,7 @@ def main() -> int:
                            for size in (8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)]
         results = []
         header = (f"{'path':8} {'op':5} {'layout':7} {'sess':4} {'input':5} {'CE':>7} {'size':>6} {'batch':>6} "
-                  f"{'MaxBW':>8} {'AvgBW':>8} {'MinLat':>10} {'AvgLat':>10}")
+                  f"{'MaxBW':>8} {'AvgBW':>8} {'MinLat':>10} {'AvgLat':>10} {'submit':>7}")
         print(header + "\n" + "-" * len(header))
         for path, op, size, batch, layout, sess, lists, stripe, streams in points:
             nvlink.STRIPE, nvlink.ENGINE_STREAMS = stripe << 20, streams
@@ -220,7 +226,7 @@ def main() -> int:
             results.append(r)
             print(f"{path:8} {op:5} {layout:7} {'yes' if sess else 'no':4} {'list' if lists else 'numpy':5} "
                   f"{f'{stripe}Mx{streams}':>7} {_fmt_size(size):>6} {batch:>6} {r['max_bw_gbs']:8.1f} "
-                  f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f}", flush=True)
+                  f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f} {r['submit_us']:7.1f}", flush=True)
         nvlink.STRIPE, nvlink.ENGINE_STREAMS = std[0] << 20, std[1]
         print("\nacceptance (GB/s are MaxBW; the ratio is against the peer copy above):")
         for r in results:

@@ -21,6 +21,7 @@ import torch
 
 from mori.core import _cuda
 from mori.io.backends._copy_kernels import CopyKernel
+from mori.io.backends._memcpy_batch import BatchMemcpy
 
 REMOTE, LOCAL = 0, 1
 
@@ -103,8 +104,50 @@ def main() -> int:
                     if not ok:
                         return 1
             kern._max_blocks = full_grid
+            if size == 256 << 10:
+                hybrid(kern, table, batch, size, src, dst, stream, ce_gbs, op, args.iters)
             kern.tables.give(table)
     return 0
+
+
+def hybrid(kern: CopyKernel, table, batch: int, size: int, src: torch.Tensor, dst: torch.Tensor,
+           stream: torch.cuda.Stream, ce_gbs: float, op: str, iters: int) -> None:
+    """The first rows by the kernel on ``stream``, the rest by the copy engines
+    (cuMemcpyBatchAsync) on a second stream at the same time: whether SMs and copy engines
+    together move more over NVLink than either alone."""
+    drv = _cuda.driver()
+    other = torch.cuda.Stream(device=LOCAL)
+    cu_other = drv.CUstream(other.cuda_stream)
+    batcher = BatchMemcpy()
+    rows = table.rows[:batch].copy()
+    for share in (0.0, 0.1, 0.2, 0.3, 0.4, 1.0):
+        k = batch - int(round(share * batch))
+        ce_rows = rows[k:]
+
+        def both(k: int, ce_rows: np.ndarray) -> None:
+            fork = torch.cuda.Event()
+            fork.record(stream)
+            other.wait_event(fork)
+            if k:
+                kern.launch(drv.CUstream(stream.cuda_stream), table, k, -(-size // (32 << 10)), 32 << 10)
+            queued = len(ce_rows) == 0 or batcher.try_queue(
+                ce_rows[:, 1].tolist(), ce_rows[:, 0].tolist(), ce_rows[:, 2].tolist(), cu_other, "hybrid")
+            if not queued:
+                for s_, d_, n_ in ce_rows.tolist():
+                    _cuda.check(drv.cuMemcpyAsync(d_, s_, n_, cu_other), "cuMemcpyAsync")
+            join = torch.cuda.Event()
+            join.record(other)
+            stream.wait_event(join)
+
+        dst[: size * batch].zero_()
+        torch.cuda.synchronize(REMOTE)
+        torch.cuda.synchronize(LOCAL)
+        t = _time(functools.partial(both, k, ce_rows), stream, iters)
+        ok = bool(torch.equal(dst[: size * batch].view(batch, size).to(src.device),
+                              src[: size * batch].view(batch, size).flip(0)))
+        gbs = size * batch / t / 1e9
+        print(f"{op:5} {f'{batch}x{size >> 10}K':>12} kernel {k:4} rows + copy engines {len(ce_rows):4} rows: "
+              f"{t * 1e6:8.1f} us {gbs:7.1f} GB/s {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -78,15 +78,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_peer(name: str, python: str, host: str, op: str, iters: int, warmup: int, points: list[tuple[int, int]],
-             env: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], str]:
+             env: dict[str, str] | None = None, log: Path | None = None) -> tuple[list[dict[str, Any]], str]:
     """Measures peer ``name`` (``_peers.py`` under ``python``, environment ``env``) at ``points``:
-    its rows, and a note when it failed (empty otherwise)."""
+    its rows, and a note when it failed (empty otherwise). ``log`` receives its whole output."""
     script = Path(__file__).with_name("_peers.py")
     cmd = [python, str(script), name, "initiator", host, op, str(iters), str(warmup), json.dumps(points)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     except (OSError, subprocess.TimeoutExpired) as err:
         return [], f"{name}: could not run ({err})"
+    if log is not None:
+        log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     rows = [json.loads(line[len(MARK):]) for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if len(rows) == len(points) and proc.returncode != 0:
         return rows, f"{name}: exited with rc={proc.returncode} after reporting every point (teardown crash)"

@@ -51,7 +51,8 @@ def read_marked(stream: Any) -> Any:
 
 class _Buffer:
     """Host memory (numpy), or with ``MORI_PEER_GPUS`` GPU memory (torch) of the target's or the
-    initiator's GPU; the target's GPU buffer holds :func:`_pattern`."""
+    initiator's GPU; the target's GPU buffer holds :func:`_pattern`. Made before the peer's
+    engine: importing torch loads the CUDA runtime that the peers' CUDA transports look for."""
 
     def __init__(self, size: int, role: str) -> None:
         self.device = None if GPUS is None else GPUS[0 if role == "target" else 1]
@@ -107,8 +108,8 @@ def _mooncake_location(buf: _Buffer) -> str:
 
 
 def mooncake_target(host: str, size: int) -> None:
-    eng = _mooncake_engine(host)
     buf = _Buffer(size, "target")
+    eng = _mooncake_engine(host)
     if eng.register_memory(buf.addr, size, _mooncake_location(buf)) != 0:
         raise SystemExit("mooncake: register_memory failed")
     _send({"addr": buf.addr, "name": f"{host}:{eng.get_rpc_port()}"})
@@ -119,9 +120,9 @@ def mooncake_initiator(host: str, op: str, points: list[tuple[int, int]], iters:
                        target: dict[str, Any]) -> None:
     import numpy as np
 
-    eng = _mooncake_engine(host)
     need = max(s * b for s, b in points)
     buf = _Buffer(need, "initiator")
+    eng = _mooncake_engine(host)
     if eng.register_memory(buf.addr, need, _mooncake_location(buf)) != 0:
         raise SystemExit("mooncake: register_memory failed")
     name = "batch_transfer_sync_read" if op == "read" else "batch_transfer_sync_write"
@@ -156,8 +157,8 @@ def _nixl_mem(buf: _Buffer) -> tuple[str, int]:
 
 
 def nixl_target(host: str, size: int) -> None:
-    agent = _nixl_agent("nixl-target")
     buf = _Buffer(size, "target")
+    agent = _nixl_agent("nixl-target")
     kind, dev = _nixl_mem(buf)
     reg = agent.register_memory([(buf.addr, size, dev, "")], kind)
     assert reg is not None
@@ -167,10 +168,10 @@ def nixl_target(host: str, size: int) -> None:
 
 def nixl_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int, warmup: int,
                    target: dict[str, Any]) -> None:
-    agent = _nixl_agent("nixl-initiator")
-    peer = agent.add_remote_agent(bytes.fromhex(target["meta"]))
     need = max(s * b for s, b in points)
     buf = _Buffer(need, "initiator")
+    agent = _nixl_agent("nixl-initiator")
+    peer = agent.add_remote_agent(bytes.fromhex(target["meta"]))
     kind, dev = _nixl_mem(buf)
     agent.register_memory([(buf.addr, need, dev, "")], kind)
     for size, batch in points:
