@@ -2,7 +2,7 @@
 events, median), against the copy engine's peer copy of the same bytes in one piece, measured in
 the same run: the ceiling of ``batch_read``/``batch_write`` with the host's share taken out.
 
-Sweeps the piece size a warp copies and the grid, for 1024 x 256 KiB and 16384 x 4 KiB blocks
+Sweeps the piece size a warp copies, for 1024 x 256 KiB and 16384 x 4 KiB blocks
 (remote blocks in reverse order), reading (GPU 0 -> GPU 1) and writing (GPU 1 -> GPU 0); the
 kernel runs on GPU 1 as in the backend. Checks the copied bytes of every configuration.
 
@@ -73,7 +73,6 @@ def main() -> int:
     ce_gbs = total / ce / 1e9
     print(f"copy engine, one 256 MiB peer copy GPU{REMOTE}->GPU{LOCAL}: {ce * 1e6:.1f} us = {ce_gbs:.1f} GB/s")
     print(f"{'op':5} {'blocks':>12} {'piece':>7} {'grid':>5} {'kernel us':>10} {'GB/s':>7} {'vs CE':>6} {'data':>5}")
-    full_grid = kern._max_blocks
     for size, batch in ((256 << 10, 1024), (4 << 10, 16384)):
         offs = np.arange(batch, dtype=np.uint64) * np.uint64(size)
         for op in ("read", "write"):
@@ -88,22 +87,19 @@ def main() -> int:
             pieces = [p for p in (8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10) if p <= size] or [size]
             for piece in pieces:
                 per_row = -(-size // piece)
-                for grid in sorted({full_grid, full_grid // 2, 264, 132}, reverse=True):
-                    kern._max_blocks = grid
-                    dst[: size * batch].zero_()
-                    torch.cuda.synchronize(REMOTE)
-                    torch.cuda.synchronize(LOCAL)
-                    launch = functools.partial(kern.launch, cu_stream, table, batch, per_row, piece)
-                    t = _time(launch, stream, args.iters)
-                    s_blocks = src[: size * batch].view(batch, size)
-                    d_blocks = dst[: size * batch].view(batch, size)
-                    ok = bool(torch.equal(d_blocks.to(s_blocks.device), s_blocks.flip(0)))
-                    gbs = size * batch / t / 1e9
-                    print(f"{op:5} {f'{batch}x{size >> 10}K':>12} {f'{piece >> 10}K':>7} {grid:5} {t * 1e6:10.1f} "
-                          f"{gbs:7.1f} {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG':>5}", flush=True)
-                    if not ok:
-                        return 1
-            kern._max_blocks = full_grid
+                dst[: size * batch].zero_()
+                torch.cuda.synchronize(REMOTE)
+                torch.cuda.synchronize(LOCAL)
+                launch = functools.partial(kern.launch, cu_stream, table, batch, per_row, piece)
+                t = _time(launch, stream, args.iters)
+                s_blocks = src[: size * batch].view(batch, size)
+                d_blocks = dst[: size * batch].view(batch, size)
+                ok = bool(torch.equal(d_blocks.to(s_blocks.device), s_blocks.flip(0)))
+                gbs = size * batch / t / 1e9
+                print(f"{op:5} {f'{batch}x{size >> 10}K':>12} {f'{piece >> 10}K':>7} {kern.grid(batch * per_row):5} "
+                      f"{t * 1e6:10.1f} {gbs:7.1f} {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG':>5}", flush=True)
+                if not ok:
+                    return 1
             if size == 256 << 10:
                 hybrid(kern, table, batch, size, src, dst, stream, ce_gbs, op, args.iters)
             kern.tables.give(table)

@@ -85,6 +85,25 @@ def test_plan_merges_contiguous_blocks_and_stripes_large_ones():
     assert len(plan.kernel) == n - 1 + size // KERNEL_PIECE and plan.kernel_per_row == 1
 
 
+def test_plan_writes_kernel_rows_into_the_given_table():
+    n, size = 512, 64 << 10
+    src = (n - 1 - np.arange(n, dtype=np.int64)) * size  # reversed: no two blocks merge
+    dst = np.arange(n, dtype=np.int64) * size
+    table = np.zeros((1024, 3), dtype=np.uint64)
+    plan = plan_copies(0x1000, 0x8000_0000, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table)
+    assert plan.in_out and np.shares_memory(plan.kernel, table) and len(plan.kernel) == n
+    assert table[:n, 0].tolist() == (src + 0x1000).tolist() and (table[:n, 2] == size).all()
+    # Rows large enough for the copy engines: the kernel's share is a copy, the table unused.
+    mixed = np.where(np.arange(n) % 2 == 0, size, 4 << 20).astype(np.int64)
+    far = (np.arange(n, dtype=np.int64) * (8 << 20))
+    plan = plan_copies(0x1000, 0x8000_0000, far, far[::-1].copy(), mixed, 1 << 20, 8 << 20, 4, table)
+    assert not plan.in_out and len(plan.kernel) == n // 2 and sum(len(e) for e in plan.engines) == n // 2
+    with pytest.raises(ValueError, match="C-contiguous uint64"):
+        plan_copies(0, 0, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table[:, :2])
+    with pytest.raises(ValueError, match="C-contiguous uint64"):
+        plan_copies(0, 0, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table.astype(np.int64))
+
+
 def test_plan_rejects_bad_parameters():
     with pytest.raises(ValueError, match="stripe=0"):
         plan_copies(0, 0, [0], [0], [1], 1, 0, 1)

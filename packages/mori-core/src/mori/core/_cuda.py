@@ -109,6 +109,17 @@ def call(function: str, *args: Any, detail: str = "") -> Any:
     return check(returned, function, detail)
 
 
+def entry_point(function: str) -> int:
+    """The address of driver function ``function`` (``cuGetProcAddress``), for native code that
+    calls the driver without linking it; raises :class:`CudaError` when the driver lacks it."""
+    drv = driver()
+    flags = drv.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+    address, _ = check(drv.cuGetProcAddress(function.encode(), 12000, flags), "cuGetProcAddress", function)
+    if not address:
+        raise CudaError("cuGetProcAddress", 500, "CUDA_ERROR_NOT_FOUND", f"the driver has no {function}", "")
+    return int(address)
+
+
 _contexts: dict[int, Any] = {}
 
 

@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
 from mori.core import config as mori_config
 from mori.core.log import get_logger
 
@@ -121,11 +122,13 @@ def _as_offsets(name: str, values: Sequence[int]) -> Any:
     return out
 
 
-def _bounds(offsets: Any, sizes: Any) -> tuple[int, int]:
-    """(smallest offset or size, largest end) of a non-empty batch."""
-    if hasattr(offsets, "dtype"):
-        return int(min(offsets.min(), sizes.min())), int((offsets + sizes).max())
-    return min(min(offsets), min(sizes)), _span_end(offsets, sizes)
+def _bounds(l_offs: Any, r_offs: Any, sizes: Any) -> tuple[int, int, int]:
+    """(smallest offset or size, largest local end, largest remote end) of a non-empty batch:
+    numpy batches in one native pass, lists in Python."""
+    if hasattr(sizes, "dtype"):
+        low, l_end, r_end = _native.batch_bounds(l_offs, r_offs, sizes)
+        return int(low), int(l_end), int(r_end)
+    return min(min(l_offs), min(r_offs), min(sizes)), _span_end(l_offs, sizes), _span_end(r_offs, sizes)
 
 
 class IOEngine:
@@ -282,7 +285,7 @@ class IOEngine:
             # One block (read, write, and most small batches): checked without the batch passes.
             lo, ro, n = operator.index(l_offs[0]), operator.index(r_offs[0]), operator.index(sizes[0])
             l_offs, r_offs, sizes = [lo], [ro], [n]
-            l_low, l_end, r_low, r_end = min(lo, n), lo + n, ro, ro + n
+            low, l_end, r_end = min(lo, ro, n), lo + n, ro + n
         else:
             l_offs, r_offs, sizes = _as_offsets("local offsets", l_offs), _as_offsets("remote offsets", r_offs), \
                 _as_offsets("sizes", sizes)
@@ -292,11 +295,11 @@ class IOEngine:
             if len({hasattr(v, "dtype") for v in (l_offs, r_offs, sizes)}) > 1:  # arrays mixed with lists
                 l_offs, r_offs, sizes = (list(map(int, v)) for v in (l_offs, r_offs, sizes))
             if len(sizes):
-                (l_low, l_end), (r_low, r_end) = _bounds(l_offs, sizes), _bounds(r_offs, sizes)
+                low, l_end, r_end = _bounds(l_offs, r_offs, sizes)
         status = TransferStatus()
         problem = self._reject(local, remote)
         if problem is None and len(sizes):
-            if min(l_low, r_low) < 0:
+            if low < 0:
                 problem = StatusCode.ERR_INVALID_ARGS, "offsets and sizes must be >= 0"
             elif l_end > local.size:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \

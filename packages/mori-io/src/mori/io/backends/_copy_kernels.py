@@ -22,14 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from mori.core import _cuda, nvrtc
+from mori.core import _cuda, _native, nvrtc  # type: ignore[attr-defined]
 
 __all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuffer", "TablePool"]
 
 KERNEL_NAME = "mori_io_gather_copy"
 ROW_WORDS = 3  # a table row: src, dst, bytes (uint64 each)
 _THREADS = 512  # 16 warps per block
-_PARAMS = 7  # rows, items, per_row, piece, src0, dst0, bytes0
 # A lone block is cut into pieces of this size, one per warp: a warp moves 4 KiB in one unrolled
 # step of GroupCopy (32 lanes x 8 x 16 bytes), so every piece is a single NVLink round trip.
 _SINGLE_PIECE = 4096
@@ -147,52 +146,33 @@ class CopyKernel:
         sms = int(_cuda.call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
         cubin = compile_cubin(f"sm_{major}{minor}")
         self._module = _cuda.call("cuModuleLoadData", cubin, detail=f"copy kernel on device {device}")
-        self._function = _cuda.call("cuModuleGetFunction", self._module, KERNEL_NAME.encode())
+        function = _cuda.call("cuModuleGetFunction", self._module, KERNEL_NAME.encode())
         # Pieces are striped over the warps of the grid: a grid of exactly the blocks that can be
         # resident at once keeps every warp busy with no second wave.
-        per_sm = int(_cuda.call("cuOccupancyMaxActiveBlocksPerMultiprocessor", self._function, _THREADS, 0))
-        self._max_blocks = sms * max(1, per_sm)
-        # Launch arguments live in one pre-built buffer (the driver copies them at the launch), so
-        # a launch passes a pointer instead of building ctypes objects per argument.
-        self._args = (ctypes.c_uint64 * _PARAMS)()
-        base = ctypes.addressof(self._args)
-        self._arg_ptrs = (ctypes.c_void_p * _PARAMS)(*(base + 8 * i for i in range(_PARAMS)))
-        self._arg_ptrs_addr = ctypes.addressof(self._arg_ptrs)
-        self._launch = drv.cuLaunchKernel
-        self._upload = drv.cuMemcpyHtoDAsync
-        self._lock = threading.Lock()
+        per_sm = int(_cuda.call("cuOccupancyMaxActiveBlocksPerMultiprocessor", function, _THREADS, 0))
+        # Upload, launch and event record happen in native code (one Python call per transfer
+        # instead of three driver calls through the bindings and the argument packing).
+        self._launcher = _native.GatherLauncher(
+            _cuda.entry_point("cuLaunchKernel"), _cuda.entry_point("cuMemcpyHtoDAsync"),
+            _cuda.entry_point("cuEventRecord"), int(function), _THREADS, sms * max(1, per_sm))
+        self._result = drv.CUresult
         self.tables = TablePool(device)
 
     def grid(self, warps: int) -> int:
         """Thread blocks for ``warps`` busy warps, at most what the GPU holds at once."""
-        return max(1, min(-(-warps // (_THREADS // 32)), self._max_blocks))
+        return int(self._launcher.grid(warps))
 
     def launch(self, stream: Any, table: TableBuffer | None, rows: int, per_row: int = 1, piece: int = 0,
-               single: tuple[int, int, int] = (0, 0, 0)) -> None:
+               single: tuple[int, int, int] = (0, 0, 0), event: Any = None) -> None:
         """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first: no host wait), each cut
         into ``per_row`` pieces of ``piece`` bytes, or the one block ``single`` = (src, dst, bytes)
-        when ``table`` is None (``rows``, ``per_row`` and ``piece`` are ignored then); asynchronous
-        on ``stream``."""
-        args: list[Any]
-        if table is not None:
-            if rows == 0:
-                return
-            done = self._upload(table.dev_ptr, table.host_ptr, rows * ROW_WORDS * 8, stream)
-            if done[0]:  # the message is built only on failure: this is the per-transfer path
-                _cuda.check(done, "cuMemcpyHtoDAsync", f"{rows}-row copy table on device {self.device}")
-            warps = rows * per_row
-            args = [table.dev_ptr, warps, per_row, piece if per_row > 1 else 1 << 62, 0, 0, 0]
-        else:
-            if single[2] == 0:
-                return
-            warps = -(-single[2] // _SINGLE_PIECE)
-            args = [0, warps, warps, _SINGLE_PIECE, *single]
-        with self._lock:
-            self._args[:] = args
-            done = self._launch(self._function, self.grid(warps), 1, 1, _THREADS, 1, 1, 0, stream,
-                                self._arg_ptrs_addr, 0)
-        if done[0]:
-            _cuda.check(done, "cuLaunchKernel", f"{warps}-warp copy on device {self.device}")
+        when ``table`` is None (``rows``, ``per_row`` and ``piece`` are ignored then), then records
+        ``event`` if given; asynchronous on ``stream``."""
+        host, dev = (table.host_ptr, table.dev_ptr) if table is not None else (0, 0)
+        code, failed = self._launcher.launch(int(stream), host, dev, rows if table is not None else 0, per_row, piece,
+                                             *single, _SINGLE_PIECE, 0 if event is None else int(event))
+        if code:  # the message is built only on failure: this is the per-transfer path
+            _cuda.check((self._result(code),), failed, f"{rows}-row copy on device {self.device}")
 
     def close(self) -> None:
         """Unloads the module and frees idle tables (the device's context must be current)."""

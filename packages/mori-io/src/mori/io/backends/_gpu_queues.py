@@ -121,37 +121,46 @@ class DeviceQueues:
             _cuda.check(self._memcpy(dst, src, nbytes, stream), "cuMemcpyAsync",
                         f"{nbytes} bytes 0x{src:x} -> 0x{dst:x}")
 
-    def issue(self, plan: CopyPlan) -> tuple[list[Any], list[TableBuffer]]:
+    def issue(self, plan: CopyPlan, table: TableBuffer | None = None) -> tuple[list[Any], list[TableBuffer]]:
         """Queues every copy of ``plan``; returns the events that fire when they are done and the
-        table buffers to give back then."""
+        table buffers to give back then. ``table`` is the buffer the plan was made into (its
+        rows are the kernel's when ``plan.in_out``); it is used, or given back here."""
         lanes = len(plan.engines) + (1 if len(plan.kernel) else 0)
-        if lanes == 0:
-            return [], []
-        streams = self.streams(lanes)
         events: list[Any] = []
         tables: list[TableBuffer] = []
         try:
+            streams = self.streams(lanes) if lanes else []
             for rows, stream in zip(plan.engines, streams):
                 self._engine_copy(rows, stream)
                 events.append(self._record(stream))
             if len(plan.kernel):
                 stream, n, kernel = streams[-1], len(plan.kernel), self.kernel
+                events.append(self.event())
                 if n == 1:  # a lone block: passed by value, cut into pieces by the kernel
                     src, dst, nbytes = plan.kernel[0].tolist()
-                    kernel.launch(stream, None, 1, single=(src, dst, nbytes))
+                    kernel.launch(stream, None, 1, single=(src, dst, nbytes), event=events[-1])
                 else:
-                    table = kernel.tables.take(n)
+                    if table is None or not plan.in_out or table.capacity < n:
+                        if table is None or table.capacity < n:
+                            if table is not None:
+                                kernel.tables.give(table)
+                            table = kernel.tables.take(n)
+                        table.rows[:n] = plan.kernel
                     tables.append(table)
-                    table.rows[:n] = plan.kernel
-                    kernel.launch(stream, table, n, plan.kernel_per_row, KERNEL_PIECE)
-                events.append(self._record(stream))
+                    table = None
+                    kernel.launch(stream, tables[-1], n, plan.kernel_per_row, KERNEL_PIECE, event=events[-1])
         except BaseException:
             # Copies already queued may still run: wait for them before the events and tables
             # are reused.
             for ev in events:
                 self._drv.cuEventSynchronize(ev)
             self.give_events(events)
+            for t in tables:
+                self.kernel.tables.give(t)
             raise
+        finally:
+            if table is not None:  # not needed by this plan
+                self.kernel.tables.give(table)
         return events, tables
 
     def _record(self, stream: Any) -> Any:

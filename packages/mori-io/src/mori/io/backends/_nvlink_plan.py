@@ -1,12 +1,11 @@
 """How the NVLink backend splits a batch between the gather kernel and the copy engines.
 
-Pure array arithmetic (no CUDA), so it is tested on any machine:
+No CUDA here, so it is tested on any machine:
 
-1. blocks of zero bytes are dropped; runs of blocks that are contiguous on both sides (the next
-   block starts where the previous ended, locally and remotely) merge into one block. A
-   scattered batch of equal blocks of ``KERNEL_PIECE`` bytes up to ``kernel_max`` skips this and
-   step 3: it goes to the kernel as it is;
-2. blocks smaller than ``kernel_max`` bytes go to one launch of the gather kernel, which cuts
+1. ``mori.core._native.gather_rows`` writes the batch's rows (src, dst, bytes) in one pass,
+   straight into the caller's buffer (the pinned table the kernel will read): blocks of zero
+   bytes dropped, runs of blocks contiguous on both sides merged into one row;
+2. rows smaller than ``kernel_max`` bytes go to one launch of the gather kernel, which cuts
    each row into ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes (a warp copies one piece,
    and many pieces keep all warps busy). Rows of about one size (the KV-cache case) are cut only
    there; when sizes differ so much that most pieces of the longest row's count would be empty,
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
+
 __all__ = ["CopyPlan", "plan_copies", "KERNEL_PIECE"]
 
 KERNEL_PIECE = 32 << 10
@@ -38,27 +39,12 @@ class CopyPlan:
     kernel: np.ndarray
     engines: list[np.ndarray] = field(default_factory=list)
     kernel_per_row: int = 1
+    in_out: bool = False  # ``kernel`` is the start of the ``out`` array given to plan_copies
 
     @property
     def total_bytes(self) -> int:
         """Bytes the plan moves."""
         return int(self.kernel[:, 2].sum()) + sum(int(e[:, 2].sum()) for e in self.engines)
-
-
-def _merge(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # Every pass over a 16k-block batch costs microseconds: boolean indexing only where something
-    # is dropped, and one reduction to learn that nothing is.
-    if not sizes.all():
-        keep = sizes != 0
-        src, dst, sizes = src[keep], dst[keep], sizes[keep]
-    if len(sizes) < 2:
-        return src, dst, sizes
-    joins = src[1:] == src[:-1] + sizes[:-1]
-    joins &= dst[1:] == dst[:-1] + sizes[:-1]
-    if not joins.any():
-        return src, dst, sizes
-    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
-    return src[starts], dst[starts], np.add.reduceat(sizes, starts)
 
 
 def _stripe(rows: np.ndarray, stripe: int) -> np.ndarray:
@@ -104,60 +90,45 @@ def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_str
     return CopyPlan(row[:0], _deal(_stripe(row, stripe), max_streams, stripe))
 
 
-def _uniform_kernel_rows(src_base: int, dst_base: int, src: np.ndarray, dst: np.ndarray, sz: np.ndarray,
-                         kernel_max: int) -> CopyPlan | None:
-    """The plan of a scattered batch of equal blocks of KERNEL_PIECE..kernel_max bytes (the
-    KV-cache case; ``src``/``dst`` are int64 offsets from the bases), or None. Such blocks go to
-    the kernel as they are: each gives every warp it gets a whole piece, so merging contiguous
-    runs would not make the kernel faster, and skipping the merge and split passes keeps the
-    host's share of a 256 MiB batch to a few microseconds.
-    A batch whose first two blocks are contiguous takes the general path (its merged runs may
-    be large enough for the copy engines); either way every block is copied."""
-    if len(sz) < 2:
-        return None
-    size = int(sz[0])
-    if not KERNEL_PIECE <= size < kernel_max or int(sz.min()) != int(sz.max()):
-        return None
-    if src[1] == src[0] + size and dst[1] == dst[0] + size:
-        return None  # likely contiguous: merged, it may be one copy-engine copy, faster than the kernel
-    rows = np.empty((len(sz), 3), dtype=np.int64)
-    np.add(src, src_base, out=rows[:, 0])
-    np.add(dst, dst_base, out=rows[:, 1])
-    rows[:, 2] = size
-    return CopyPlan(rows.view(np.uint64), [], -(-size // KERNEL_PIECE))
-
-
 def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
-                kernel_max: int, stripe: int, max_streams: int) -> CopyPlan:
+                kernel_max: int, stripe: int, max_streams: int, out: np.ndarray | None = None) -> CopyPlan:
     """Plans copies of ``sizes[i]`` bytes from ``src_base + src_offsets[i]`` to ``dst_base +
-    dst_offsets[i]`` (offsets already checked against both regions)."""
+    dst_offsets[i]`` (offsets already checked against both regions). ``out``, a (capacity >=
+    len(sizes), 3) uint64 array, receives the rows; when every row goes to the kernel, the plan's
+    kernel rows are ``out[:n]`` itself (``CopyPlan.in_out``)."""
     if kernel_max < 0 or stripe <= 0 or max_streams <= 0:
         raise ValueError(f"plan_copies: kernel_max={kernel_max}, stripe={stripe}, max_streams={max_streams}")
     if len(sizes) == 1:
         return _single(src_base + int(src_offsets[0]), dst_base + int(dst_offsets[0]), int(sizes[0]), kernel_max,
                        stripe, max_streams)
-    # int64 arithmetic (addresses are below 2**63): numpy int64 offsets from the engine are used
-    # without a conversion copy; the rows are reinterpreted as uint64 at the end.
-    sz = np.asarray(sizes, dtype=np.int64)
-    src_offs, dst_offs = np.asarray(src_offsets, dtype=np.int64), np.asarray(dst_offsets, dtype=np.int64)
-    uniform = _uniform_kernel_rows(src_base, dst_base, src_offs, dst_offs, sz, kernel_max)
-    if uniform is not None:
-        return uniform
-    src, dst, sz = _merge(src_offs + src_base, dst_offs + dst_base, sz)
-    rows = np.stack((src, dst, sz), axis=1).view(np.uint64)
-    if len(sz) == 0 or int(sz.max()) < kernel_max:
-        kernel_rows, engine_rows = rows, rows[:0]
-    elif int(sz.min()) >= kernel_max:
+    if out is None:
+        out = np.empty((len(sizes), 3), dtype=np.uint64)
+    elif out.dtype != np.uint64 or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("plan_copies: out must be a writable C-contiguous uint64 array")  # else rows land in a copy
+    n, largest, smallest = _native.gather_rows(src_base, dst_base, _int64(src_offsets), _int64(dst_offsets),
+                                               _int64(sizes), out)
+    rows = out[:n]
+    if largest < kernel_max:
+        return _kernel_plan(rows, largest, smallest, [], in_out=True)
+    if smallest >= kernel_max:
         kernel_rows, engine_rows = rows[:0], rows
     else:
-        small = sz < kernel_max
+        small = rows[:, 2] < np.uint64(kernel_max)
         kernel_rows, engine_rows = rows[small], rows[~small]
-    per_row = 1
-    if len(kernel_rows) > 1:
-        per_row = -(-int(kernel_rows[:, 2].max()) // KERNEL_PIECE)
-        if per_row > 1:
-            pieces = int(((kernel_rows[:, 2] + np.uint64(KERNEL_PIECE - 1)) // np.uint64(KERNEL_PIECE)).sum())
-            if per_row * len(kernel_rows) > 2 * pieces:  # mostly empty pieces: cut here instead
-                kernel_rows, per_row = _stripe(kernel_rows, KERNEL_PIECE), 1
-    return CopyPlan(np.ascontiguousarray(kernel_rows), _deal(_stripe(engine_rows, stripe), max_streams, stripe),
-                    per_row)
+    largest_small = int(kernel_rows[:, 2].max(initial=0))
+    return _kernel_plan(kernel_rows, largest_small, int(kernel_rows[:, 2].min(initial=0)),
+                        _deal(_stripe(engine_rows, stripe), max_streams, stripe), in_out=False)
+
+
+def _int64(values: Offsets) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=np.int64)
+
+
+def _kernel_plan(rows: np.ndarray, largest: int, smallest: int, engines: list[np.ndarray], in_out: bool) -> CopyPlan:
+    """The plan whose kernel rows are ``rows`` (their largest and smallest sizes given)."""
+    per_row = -(-largest // KERNEL_PIECE) if len(rows) > 1 else 1
+    if per_row > 1 and largest != smallest:
+        pieces = int(((rows[:, 2] + np.uint64(KERNEL_PIECE - 1)) // np.uint64(KERNEL_PIECE)).sum())
+        if per_row * len(rows) > 2 * pieces:  # mostly empty pieces: cut here instead
+            return CopyPlan(_stripe(rows, KERNEL_PIECE), engines, 1, in_out=False)
+    return CopyPlan(rows, engines, max(per_row, 1), in_out=in_out)

@@ -313,15 +313,25 @@ class NvlinkBackend(Backend):
             src, dst, src_offs, dst_offs = opened.address, local, r_offs, l_offs
         else:
             src, dst, src_offs, dst_offs = local, opened.address, l_offs, r_offs
-        plan = plan_copies(src, dst, src_offs, dst_offs, sizes, self._kernel_max, STRIPE, ENGINE_STREAMS)
         try:
             queues = self._device(device)
+            # A batch is planned straight into the pinned table the gather kernel will read.
+            table = queues.kernel.tables.take(len(sizes)) if len(sizes) > 1 else None
+            try:
+                plan = plan_copies(src, dst, src_offs, dst_offs, sizes, self._kernel_max, STRIPE, ENGINE_STREAMS,
+                                   None if table is None else table.rows)
+            except BaseException:
+                if table is not None:
+                    queues.kernel.tables.give(table)
+                raise
             with self._lock:
                 if self._opened.get((remote.engine_key, remote.id)) is not opened:
+                    if table is not None:
+                        queues.kernel.tables.give(table)
                     status._set(StatusCode.ERR_NOT_FOUND, f"NVLink backend: memory {remote.id} of engine "
                                                           f"{remote.engine_key!r} was deregistered")
                     return
-                events, tables = queues.issue(plan)
+                events, tables = queues.issue(plan, table)
                 transfer = GpuTransfer(queues, events, tables, time.monotonic() + self.ctx.io_timeout(),
                                        self._on_done)
                 if events:

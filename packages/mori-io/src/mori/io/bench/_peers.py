@@ -26,12 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _measure import block_layout, summarize  # noqa: E402
 
 GPUS = tuple(int(g) for g in os.environ["MORI_PEER_GPUS"].split(",")) if os.environ.get("MORI_PEER_GPUS") else None
-if GPUS is None:
-    os.environ.setdefault("UCX_TLS", "tcp,self")
-else:
-    os.environ.setdefault("MC_INTRANODE_NVLINK", "1")
-os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
-os.environ.setdefault("GLOG_minloglevel", "2")
+
+
+def _peer_environment() -> None:
+    """The peers' settings, made in the peer processes only (mori imports this module too)."""
+    if GPUS is None:
+        os.environ.setdefault("UCX_TLS", "tcp,self")
+    else:
+        os.environ.setdefault("MC_INTRANODE_NVLINK", "1")
+    os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("GLOG_minloglevel", "2")
 
 
 MARK = "@@mori-bench "  # peers' libraries log to stdout too: our lines carry this mark
@@ -197,6 +201,7 @@ ENGINES = {"mooncake": (mooncake_target, mooncake_initiator), "nixl": (nixl_targ
 
 
 def main() -> None:
+    _peer_environment()
     engine, role, host = sys.argv[1], sys.argv[2], sys.argv[3]
     target_fn, initiator_fn = ENGINES[engine]
     if role == "target":

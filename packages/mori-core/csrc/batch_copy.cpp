@@ -1,0 +1,193 @@
+// Batch copies on the host side of a GPU transfer: the per-transfer work that would otherwise
+// be several numpy passes and half a dozen Python-level driver calls for every batch.
+//
+// - batch_bounds: one pass over (local offsets, remote offsets, sizes) giving what the engine
+//   checks against both regions.
+// - gather_rows: the rows (src, dst, bytes) of a gather-kernel table, written straight into the
+//   caller's (pinned) buffer, contiguous runs merged.
+// - GatherLauncher: uploads such a table, launches the gather kernel and records an event, on
+//   one stream, in three driver calls. No CUDA headers: the driver's entry points come in as
+//   addresses (cuGetProcAddress through cuda-bindings), so this builds with no toolkit.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "registry.hpp"
+
+namespace py = pybind11;
+
+namespace mori::batch {
+namespace {
+
+using I64Array = py::array_t<int64_t, py::array::c_style>;
+using U64Table = py::array_t<uint64_t, py::array::c_style>;
+
+const int64_t* data_of(const I64Array& a, const char* what, py::ssize_t n) {
+    if (a.ndim() != 1 || a.shape(0) != n)
+        throw py::value_error(std::string(what) + ": expected a 1-d int64 array of " + std::to_string(n) +
+                              " elements");
+    return a.data();
+}
+
+// (smallest offset or size, largest local end, largest remote end); the batch must not be empty.
+py::tuple batch_bounds(const I64Array& local, const I64Array& remote, const I64Array& sizes) {
+    const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
+    if (n <= 0) throw py::value_error("batch_bounds: expected a non-empty 1-d int64 array of sizes");
+    const int64_t* l = data_of(local, "local offsets", n);
+    const int64_t* r = data_of(remote, "remote offsets", n);
+    const int64_t* s = data_of(sizes, "sizes", n);
+    int64_t low = std::numeric_limits<int64_t>::max(), lend = 0, rend = 0;
+    bool overflow = false;
+    {
+        py::gil_scoped_release release;
+        for (py::ssize_t i = 0; i < n; ++i) {
+            low = std::min({low, l[i], r[i], s[i]});
+            int64_t le = 0, re = 0;
+            overflow |= __builtin_add_overflow(l[i], s[i], &le) | __builtin_add_overflow(r[i], s[i], &re);
+            lend = std::max(lend, le);
+            rend = std::max(rend, re);
+        }
+    }
+    if (overflow) lend = rend = std::numeric_limits<int64_t>::max();  // past any region: rejected
+    return py::make_tuple(low, lend, rend);
+}
+
+// Writes rows (src_base + src_offs[i], dst_base + dst_offs[i], sizes[i]) into out (capacity x 3
+// uint64), merging a block into the previous row when it continues it on both sides and
+// dropping empty blocks. Returns (rows, largest row, smallest row) (0, 0, 0 when nothing moves).
+// Offsets were checked by the engine (non-negative, inside their regions).
+py::tuple gather_rows(uint64_t srcBase, uint64_t dstBase, const I64Array& srcOffs, const I64Array& dstOffs,
+                      const I64Array& sizes, U64Table& out) {
+    const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
+    if (n < 0) throw py::value_error("gather_rows: sizes must be a 1-d int64 array");
+    const int64_t* so = data_of(srcOffs, "source offsets", n);
+    const int64_t* dof = data_of(dstOffs, "destination offsets", n);
+    const int64_t* sz = data_of(sizes, "sizes", n);
+    if (out.ndim() != 2 || out.shape(1) != 3 || out.shape(0) < n)
+        throw py::value_error("gather_rows: out must be a (capacity >= " + std::to_string(n) +
+                              ", 3) uint64 array");
+    uint64_t* rows = out.mutable_data();
+    py::ssize_t k = 0;
+    uint64_t largest = 0, smallest = std::numeric_limits<uint64_t>::max();
+    {
+        py::gil_scoped_release release;
+        for (py::ssize_t i = 0; i < n; ++i) {
+            if (sz[i] <= 0) continue;
+            const uint64_t src = srcBase + static_cast<uint64_t>(so[i]);
+            const uint64_t dst = dstBase + static_cast<uint64_t>(dof[i]);
+            uint64_t* prev = rows + 3 * (k - 1);
+            if (k > 0 && prev[0] + prev[2] == src && prev[1] + prev[2] == dst) {
+                prev[2] += static_cast<uint64_t>(sz[i]);
+                continue;
+            }
+            uint64_t* row = rows + 3 * k++;
+            row[0] = src;
+            row[1] = dst;
+            row[2] = static_cast<uint64_t>(sz[i]);
+        }
+        for (py::ssize_t i = 0; i < k; ++i) {
+            largest = std::max(largest, rows[3 * i + 2]);
+            smallest = std::min(smallest, rows[3 * i + 2]);
+        }
+    }
+    if (k == 0) smallest = 0;
+    return py::make_tuple(k, largest, smallest);
+}
+
+// Driver entry points (CUresult is an int; handles are pointers).
+using LaunchFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned shmem, void* stream, void** params, void** extra);
+using HtoDFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
+using RecordFn = int (*)(void* event, void* stream);
+
+constexpr int kParams = 7;  // rows, items, per_row, piece, src0, dst0, bytes0 (see the kernel)
+
+// Launches the NVLink backend's gather kernel (mori.io.backends._copy_kernels) on a stream.
+class GatherLauncher {
+public:
+    GatherLauncher(uintptr_t launch, uintptr_t htod, uintptr_t record, uintptr_t function, unsigned threads,
+                   unsigned maxBlocks)
+        : launch_(reinterpret_cast<LaunchFn>(launch)),
+          htod_(reinterpret_cast<HtoDFn>(htod)),
+          record_(reinterpret_cast<RecordFn>(record)),
+          function_(reinterpret_cast<void*>(function)),
+          threads_(threads),
+          maxBlocks_(maxBlocks) {
+        if (!launch || !htod || !record || !function || threads == 0 || threads % 32 != 0 || maxBlocks == 0)
+            throw py::value_error("GatherLauncher: null driver entry point or kernel, or a bad block shape");
+    }
+
+    unsigned grid(uint64_t warps) const {
+        const uint64_t perBlock = threads_ / 32;
+        return static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>((warps + perBlock - 1) / perBlock,
+                                                                               maxBlocks_)));
+    }
+
+    // Queues on stream: the upload of rows table rows (host -> device; none when rows == 0 and
+    // single bytes > 0: one block passed by value), the kernel, then event (if not null).
+    // Returns (CUresult, which call failed: "" on success).
+    py::tuple launch(uintptr_t stream, uintptr_t tableHost, uint64_t tableDev, uint64_t rows, uint64_t perRow,
+                     uint64_t piece, uint64_t src0, uint64_t dst0, uint64_t bytes0, uint64_t singlePiece,
+                     uintptr_t event) {
+        void* s = reinterpret_cast<void*>(stream);
+        uint64_t args[kParams] = {};
+        uint64_t warps = 0;
+        if (rows > 0) {
+            int rc = htod_(tableDev, reinterpret_cast<const void*>(tableHost), rows * 3 * sizeof(uint64_t), s);
+            if (rc != 0) return py::make_tuple(rc, "cuMemcpyHtoDAsync");
+            warps = rows * perRow;
+            const uint64_t init[kParams] = {tableDev, warps, perRow, perRow > 1 ? piece : (1ull << 62), 0, 0, 0};
+            std::copy(init, init + kParams, args);
+        } else if (bytes0 > 0 && singlePiece > 0) {
+            warps = (bytes0 + singlePiece - 1) / singlePiece;
+            const uint64_t init[kParams] = {0, warps, warps, singlePiece, src0, dst0, bytes0};
+            std::copy(init, init + kParams, args);
+        }
+        if (warps > 0) {  // nothing to copy: only the event
+            void* params[kParams];
+            for (int i = 0; i < kParams; ++i) params[i] = &args[i];
+            int rc = launch_(function_, grid(warps), 1, 1, threads_, 1, 1, 0, s, params, nullptr);
+            if (rc != 0) return py::make_tuple(rc, "cuLaunchKernel");
+        }
+        if (event != 0) {
+            int rc = record_(reinterpret_cast<void*>(event), s);
+            if (rc != 0) return py::make_tuple(rc, "cuEventRecord");
+        }
+        return py::make_tuple(0, "");
+    }
+
+private:
+    LaunchFn launch_;
+    HtoDFn htod_;
+    RecordFn record_;
+    void* function_;
+    unsigned threads_, maxBlocks_;
+};
+
+mori::native::Registration reg([](py::module_& m) {
+    m.def("batch_bounds", &batch_bounds, py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
+          "(smallest offset or size, largest local end, largest remote end) of a non-empty batch of int64 "
+          "arrays, in one pass.");
+    m.def("gather_rows", &gather_rows, py::arg("src_base"), py::arg("dst_base"), py::arg("src_offsets"),
+          py::arg("dst_offsets"), py::arg("sizes"), py::arg("out"),
+          "Writes the gather-kernel rows (src, dst, bytes) of a batch into out, contiguous runs merged and "
+          "empty blocks dropped; returns (rows, largest row, smallest row).");
+    py::class_<GatherLauncher>(m, "GatherLauncher",
+                               "Upload + launch of the NVLink gather kernel + event record, in one call.")
+        .def(py::init<uintptr_t, uintptr_t, uintptr_t, uintptr_t, unsigned, unsigned>(), py::arg("cu_launch_kernel"),
+             py::arg("cu_memcpy_htod_async"), py::arg("cu_event_record"), py::arg("function"), py::arg("threads"),
+             py::arg("max_blocks"))
+        .def("grid", &GatherLauncher::grid, py::arg("warps"), "Thread blocks for that many busy warps.")
+        .def("launch", &GatherLauncher::launch, py::arg("stream"), py::arg("table_host"), py::arg("table_dev"),
+             py::arg("rows"), py::arg("per_row"), py::arg("piece"), py::arg("src0"), py::arg("dst0"),
+             py::arg("bytes0"), py::arg("single_piece"), py::arg("event"),
+             "Queues the table upload, the kernel and the event record; returns (CUresult, failed call).");
+});
+
+}  // namespace
+}  // namespace mori::batch
