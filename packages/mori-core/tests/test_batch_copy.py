@@ -21,12 +21,12 @@ def _arrays(batch):
 @settings(max_examples=200, deadline=None)
 @given(batch=batches)
 def test_batch_bounds_matches_python(batch):
-    l, r, s = _arrays(batch)
-    expect = (min(min(l), min(r), min(s)), max(int(a) + int(b) for a, b in zip(l, s)),
-              max(int(a) + int(b) for a, b in zip(r, s)))
-    assert _native.batch_bounds(l, r, s) == expect
+    loc, rem, siz = _arrays(batch)
+    expect = (min(min(loc), min(rem), min(siz)), max(int(a) + int(b) for a, b in zip(loc, siz)),
+              max(int(a) + int(b) for a, b in zip(rem, siz)))
+    assert _native.batch_bounds(loc, rem, siz) == expect
     # Non-contiguous views give the same answer (pybind11 makes them contiguous).
-    assert _native.batch_bounds(l[::-1], r[::-1], s[::-1]) == expect
+    assert _native.batch_bounds(loc[::-1], rem[::-1], siz[::-1]) == expect
 
 
 def test_batch_bounds_rejects_bad_input():
