@@ -41,20 +41,17 @@ py::tuple batch_bounds(const I64Array& local, const I64Array& remote, const I64A
     const int64_t* l = data_of(local, "local offsets", n);
     const int64_t* r = data_of(remote, "remote offsets", n);
     const int64_t* s = data_of(sizes, "sizes", n);
-    int64_t low = std::numeric_limits<int64_t>::max(), lend = 0, rend = 0;
-    bool overflow = false;
-    {
-        py::gil_scoped_release release;
-        for (py::ssize_t i = 0; i < n; ++i) {
-            low = std::min({low, l[i], r[i], s[i]});
-            int64_t le = 0, re = 0;
-            overflow |= __builtin_add_overflow(l[i], s[i], &le) | __builtin_add_overflow(r[i], s[i], &re);
-            lend = std::max(lend, le);
-            rend = std::max(rend, re);
-        }
-    }
-    if (overflow) lend = rend = std::numeric_limits<int64_t>::max();  // past any region: rejected
-    return py::make_tuple(low, lend, rend);
+    // Simple loops the compiler vectorises. Ends are summed as unsigned: with every value >= 0
+    // they cannot wrap; with a negative one the batch is rejected on `low` whatever they are.
+    int64_t low = std::numeric_limits<int64_t>::max();
+    uint64_t lend = 0, rend = 0;
+    for (py::ssize_t i = 0; i < n; ++i) low = std::min(low, std::min(std::min(l[i], r[i]), s[i]));
+    for (py::ssize_t i = 0; i < n; ++i)
+        lend = std::max(lend, static_cast<uint64_t>(l[i]) + static_cast<uint64_t>(s[i]));
+    for (py::ssize_t i = 0; i < n; ++i)
+        rend = std::max(rend, static_cast<uint64_t>(r[i]) + static_cast<uint64_t>(s[i]));
+    const uint64_t top = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());  // past any region
+    return py::make_tuple(low, static_cast<int64_t>(std::min(lend, top)), static_cast<int64_t>(std::min(rend, top)));
 }
 
 // Writes rows (src_base + src_offs[i], dst_base + dst_offs[i], sizes[i]) into out (capacity x 3
