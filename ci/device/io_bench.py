@@ -228,6 +228,17 @@ def main() -> int:
                   f"{f'{stripe}Mx{streams}':>7} {_fmt_size(size):>6} {batch:>6} {r['max_bw_gbs']:8.1f} "
                   f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f} {r['submit_us']:7.1f}", flush=True)
         nvlink.STRIPE, nvlink.ENGINE_STREAMS = std[0] << 20, std[1]
+        print(f"\ncopy engines beside the kernel (share of rows; default {nvlink.ENGINE_SHARE}), "
+              "1024 x 256K scattered, MaxBW / AvgBW GB/s:")
+        default_share = nvlink.ENGINE_SHARE
+        for share in (0.0, 0.2, 0.3, 0.4, 0.5):
+            nvlink.ENGINE_SHARE = share
+            cells = []
+            for op in ("read", "write"):
+                r = measure(engines["auto"], ldescs["auto"], rdesc, op, 256 << 10, 1024, "scatter", False, args.iters)
+                cells.append(f"{op} {r['max_bw_gbs']:6.1f} / {r['avg_bw_gbs']:6.1f} ({100 * r['max_bw_gbs'] / peer:.0f}%)")
+            print(f"  share {share:.1f}: " + "   ".join(cells), flush=True)
+        nvlink.ENGINE_SHARE = default_share
         print("\nacceptance (GB/s are MaxBW; the ratio is against the peer copy above):")
         for r in results:
             if r["path"] == "auto" and r["op"] == "read" and not r["session"] and not r["lists"] and \

@@ -6,7 +6,7 @@
 // - gather_rows: the rows (src, dst, bytes) of a gather-kernel table, written straight into the
 //   caller's (pinned) buffer, contiguous runs merged.
 // - GatherLauncher: uploads such a table, launches the gather kernel and records an event, on
-//   one stream, in three driver calls. No CUDA headers: the driver's entry points come in as
+//   one stream, in three driver calls; memcpy_batch: many copy-engine copies in one call. No CUDA headers: the driver's entry points come in as
 //   addresses (cuGetProcAddress through cuda-bindings), so this builds with no toolkit.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -97,6 +97,39 @@ py::tuple gather_rows(uint64_t srcBase, uint64_t dstBase, const I64Array& srcOff
 }
 
 // Driver entry points (CUresult is an int; handles are pointers).
+using BatchFn = int (*)(uint64_t* dsts, uint64_t* srcs, size_t* sizes, size_t count, void* attrs, size_t* attrsIdxs,
+                        size_t numAttrs, void* stream);  // cuMemcpyBatchAsync, CUDA 13 form
+
+// CUmemcpyAttributes of cuda.h (CUDA 12.8+): source access order, source and destination
+// location hints (type, id), flags.
+struct MemcpyAttributes {
+    int32_t srcAccessOrder;
+    int32_t srcLocType, srcLocId;
+    int32_t dstLocType, dstLocId;
+    uint32_t flags;
+};
+static_assert(sizeof(MemcpyAttributes) == 24, "CUmemcpyAttributes layout");
+constexpr int32_t kSrcAccessOrderStream = 1;  // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+
+using U64Array = py::array_t<uint64_t, py::array::c_style>;
+
+// Queues dsts[i] <- srcs[i] (sizes[i] bytes) on stream with one cuMemcpyBatchAsync (entry point
+// `entry`); sources are read in stream order. Returns the CUresult.
+int memcpy_batch(uintptr_t entry, const U64Array& dsts, const U64Array& srcs, const U64Array& sizes,
+                 uintptr_t stream) {
+    const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
+    if (entry == 0) throw py::value_error("memcpy_batch: null entry point");
+    if (n < 1 || dsts.ndim() != 1 || srcs.ndim() != 1 || dsts.shape(0) != n || srcs.shape(0) != n)
+        throw py::value_error("memcpy_batch: expected three 1-d uint64 arrays of one non-zero length");
+    MemcpyAttributes attr{kSrcAccessOrderStream, 0, 0, 0, 0, 0};
+    size_t attrIdx = 0;
+    static_assert(sizeof(size_t) == sizeof(uint64_t), "sizes pass as size_t");
+    return reinterpret_cast<BatchFn>(entry)(const_cast<uint64_t*>(dsts.data()), const_cast<uint64_t*>(srcs.data()),
+                                            reinterpret_cast<size_t*>(const_cast<uint64_t*>(sizes.data())),
+                                            static_cast<size_t>(n), &attr, &attrIdx, 1,
+                                            reinterpret_cast<void*>(stream));
+}
+
 using LaunchFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                          unsigned shmem, void* stream, void** params, void** extra);
 using HtoDFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
@@ -170,6 +203,10 @@ mori::native::Registration reg([](py::module_& m) {
     m.def("batch_bounds", &batch_bounds, py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
           "(smallest offset or size, largest local end, largest remote end) of a non-empty batch of int64 "
           "arrays, in one pass.");
+    m.def("memcpy_batch", &memcpy_batch, py::arg("entry"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"),
+          py::arg("stream"),
+          "Queues the copies with one cuMemcpyBatchAsync (CUDA 13 form, entry point from cuGetProcAddress), "
+          "sources read in stream order; returns the CUresult.");
     m.def("gather_rows", &gather_rows, py::arg("src_base"), py::arg("dst_base"), py::arg("src_offsets"),
           py::arg("dst_offsets"), py::arg("sizes"), py::arg("out"),
           "Writes the gather-kernel rows (src, dst, bytes) of a batch into out, contiguous runs merged and "

@@ -92,3 +92,13 @@ def test_gather_launcher_refuses_null_entry_points():
     launcher = _native.GatherLauncher(1, 1, 1, 1, 512, 264)  # never called: addresses are placeholders
     assert launcher.grid(1) == 1 and launcher.grid(16) == 1 and launcher.grid(17) == 2
     assert launcher.grid(10**9) == 264
+
+
+def test_memcpy_batch_checks_its_arguments_before_any_call():
+    a = np.arange(4, dtype=np.uint64)
+    with pytest.raises(ValueError, match="null entry point"):
+        _native.memcpy_batch(0, a, a, a, 0)
+    with pytest.raises(ValueError, match="one non-zero length"):
+        _native.memcpy_batch(1, a[:3], a, a, 0)  # never called: the lengths are checked first
+    with pytest.raises(ValueError, match="one non-zero length"):
+        _native.memcpy_batch(1, a[:0], a[:0], a[:0], 0)

@@ -98,6 +98,22 @@ def test_plan_writes_kernel_rows_into_the_given_table():
     far = (np.arange(n, dtype=np.int64) * (8 << 20))
     plan = plan_copies(0x1000, 0x8000_0000, far, far[::-1].copy(), mixed, 1 << 20, 8 << 20, 4, table)
     assert not plan.in_out and len(plan.kernel) == n // 2 and sum(len(e) for e in plan.engines) == n // 2
+    # A share of a batch of large rows goes to the copy engines beside the kernel: the last rows.
+    big = 256 << 10
+    src_big = (n - 1 - np.arange(n, dtype=np.int64)) * big
+    plan = plan_copies(0x1000, 0x8000_0000, src_big, np.arange(n, dtype=np.int64) * big,
+                       np.full(n, big, dtype=np.int64), 1 << 20, 8 << 20, 4, table, engine_share=0.25)
+    assert plan.in_out and len(plan.kernel) == n - n // 4 and len(plan.engines) == 1
+    assert np.shares_memory(plan.engines[0], table) and len(plan.engines[0]) == n // 4
+    assert plan.total_bytes == n * big
+    assert table[n - n // 4, 0] == 0x1000 + int(src_big[n - n // 4])
+    # ... not for small rows (a copy-engine copy of 64 KiB costs more than it brings) or few rows.
+    plan = plan_copies(0x1000, 0x8000_0000, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table,
+                       engine_share=0.25)
+    assert len(plan.kernel) == n and not plan.engines
+    plan = plan_copies(0x1000, 0x8000_0000, src_big[:8], dst[:8] * 4, np.full(8, big, dtype=np.int64), 1 << 20,
+                       8 << 20, 4, table, engine_share=0.25)
+    assert len(plan.kernel) == 8 and not plan.engines
     with pytest.raises(ValueError, match="C-contiguous uint64"):
         plan_copies(0, 0, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table[:, :2])
     with pytest.raises(ValueError, match="C-contiguous uint64"):

@@ -109,12 +109,13 @@ def call(function: str, *args: Any, detail: str = "") -> Any:
     return check(returned, function, detail)
 
 
-def entry_point(function: str) -> int:
-    """The address of driver function ``function`` (``cuGetProcAddress``), for native code that
-    calls the driver without linking it; raises :class:`CudaError` when the driver lacks it."""
+def entry_point(function: str, version: int = 12000) -> int:
+    """The address of driver function ``function`` in its form of CUDA ``version`` (e.g. 12000
+    for 12.0; ``cuGetProcAddress``), for native code that calls the driver without linking it;
+    raises :class:`CudaError` when the driver lacks it."""
     drv = driver()
     flags = drv.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
-    address, _ = check(drv.cuGetProcAddress(function.encode(), 12000, flags), "cuGetProcAddress", function)
+    address, _ = check(drv.cuGetProcAddress(function.encode(), version, flags), "cuGetProcAddress", function)
     if not address:
         raise CudaError("cuGetProcAddress", 500, "CUDA_ERROR_NOT_FOUND", f"the driver has no {function}", "")
     return int(address)

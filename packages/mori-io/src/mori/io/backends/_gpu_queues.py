@@ -114,7 +114,7 @@ class DeviceQueues:
 
     def _engine_copy(self, rows: np.ndarray, stream: Any) -> None:
         """Copies ``rows`` (src, dst, bytes) with the copy engines on ``stream``."""
-        if self._batch.try_queue(rows[:, 1].tolist(), rows[:, 0].tolist(), rows[:, 2].tolist(), stream,
+        if self._batch.try_queue(rows[:, 1], rows[:, 0], rows[:, 2], stream,
                                  f"{len(rows)} copies on device {self.device}"):
             return
         for src, dst, nbytes in rows.tolist():
@@ -130,9 +130,7 @@ class DeviceQueues:
         tables: list[TableBuffer] = []
         try:
             streams = self.streams(lanes) if lanes else []
-            for rows, stream in zip(plan.engines, streams):
-                self._engine_copy(rows, stream)
-                events.append(self._record(stream))
+            # The kernel first: it starts while the copy engines' copies are being queued.
             if len(plan.kernel):
                 stream, n, kernel = streams[-1], len(plan.kernel), self.kernel
                 events.append(self.event())
@@ -149,6 +147,9 @@ class DeviceQueues:
                     tables.append(table)
                     table = None
                     kernel.launch(stream, tables[-1], n, plan.kernel_per_row, KERNEL_PIECE, event=events[-1])
+            for rows, stream in zip(plan.engines, streams):
+                self._engine_copy(rows, stream)
+                events.append(self._record(stream))
         except BaseException:
             # Copies already queued may still run: wait for them before the events and tables
             # are reused.

@@ -90,7 +90,7 @@ class Copier:
         """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` (absolute addresses; device to host
         when ``to_host``) and records ``lane``'s event after them."""
         drv, n = self._drv, len(sizes)
-        if self._batch.try_queue(dsts.tolist(), srcs.tolist(), sizes.tolist(), self._stream,
+        if self._batch.try_queue(dsts.astype(np.uint64), srcs.astype(np.uint64), sizes.astype(np.uint64), self._stream,
                                  f"{n} staging copies on device {self.device}"):
             n = 0
         one = drv.cuMemcpyDtoHAsync if to_host else drv.cuMemcpyHtoDAsync

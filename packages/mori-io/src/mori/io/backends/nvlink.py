@@ -51,6 +51,9 @@ __all__ = ["NvlinkBackend"]
 # still serve batches of many large blocks.
 STRIPE = 256 << 20
 ENGINE_STREAMS = 4
+# Of a batch of large rows that the gather kernel would take whole, the share of rows the copy
+# engines take beside it (see _nvlink_plan.SHARE_MIN_ROW).
+ENGINE_SHARE = 0.4
 
 _TICK_S = 1e-3  # housekeeping period while transfers run or records wait to be sent
 _NOTIFY_EVERY_S = 2e-3  # inbound records are sent at most this often (batched in between)
@@ -319,7 +322,7 @@ class NvlinkBackend(Backend):
             table = queues.kernel.tables.take(len(sizes)) if len(sizes) > 1 else None
             try:
                 plan = plan_copies(src, dst, src_offs, dst_offs, sizes, self._kernel_max, STRIPE, ENGINE_STREAMS,
-                                   None if table is None else table.rows)
+                                   None if table is None else table.rows, ENGINE_SHARE)
             except BaseException:
                 if table is not None:
                     queues.kernel.tables.give(table)
