@@ -124,6 +124,7 @@ int memcpy_batch(uintptr_t entry, const U64Array& dsts, const U64Array& srcs, co
     MemcpyAttributes attr{kSrcAccessOrderStream, 0, 0, 0, 0, 0};
     size_t attrIdx = 0;
     static_assert(sizeof(size_t) == sizeof(uint64_t), "sizes pass as size_t");
+    py::gil_scoped_release release;  // the driver queues each copy: ~0.5 us a copy on H200 hosts
     return reinterpret_cast<BatchFn>(entry)(const_cast<uint64_t*>(dsts.data()), const_cast<uint64_t*>(srcs.data()),
                                             reinterpret_cast<size_t*>(const_cast<uint64_t*>(sizes.data())),
                                             static_cast<size_t>(n), &attr, &attrIdx, 1,
