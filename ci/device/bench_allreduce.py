@@ -5,6 +5,9 @@ PyTorch symmetric memory, measured in the same run.
 
 Times are per call: CUDA events around a CUDA graph of ITERS calls (``graph``), or around ITERS
 eager launches (``eager``: includes Python launch cost), median of REPEATS, max over ranks.
+ITERS is 100: the ranks leave the barrier before each timed run tens of microseconds apart,
+and the first call of a run absorbs that skew; over 20 calls it added up to ~1 us per call of
+noise at the small sizes.
 Every mori configuration (the default and each swept variant) is checked bit for bit against
 the fp32 rank-order sum, before and after its timing runs, on every rank; a wrong one is
 reported as FAILED and never proposed. The last table proposes DEFAULT_TABLE rows.
@@ -26,7 +29,7 @@ from mori.triton import AllReduce, install_hook, jit
 from mori.triton._all_reduce import AllReduceConfig, default_config, sweep
 from mori.triton.kernels import allreduce_p2p_kernel, allreduce_put_signal_kernel
 
-ITERS, REPEATS = 20, 10
+ITERS, REPEATS = 100, 10
 SIZES = [8 << 10, 32 << 10, 128 << 10, 256 << 10, 512 << 10, 64 * 7168 * 2, 2 << 20, 8 << 20, 32 << 20, 64 << 20]
 FAILED = "FAILED"
 
