@@ -5,9 +5,9 @@ PyTorch symmetric memory, measured in the same run.
 
 Times are per call: CUDA events around a CUDA graph of ITERS calls (``graph``), or around ITERS
 eager launches (``eager``: includes Python launch cost), median of REPEATS, max over ranks.
-ITERS is 100: the ranks leave the barrier before each timed run tens of microseconds apart,
-and the first call of a run absorbs that skew; over 20 calls it added up to ~1 us per call of
-noise at the small sizes.
+ITERS is 100: the ranks leave the barrier before each timed run at different moments and the
+first calls of a run absorb that skew; with graphs of 20 calls, two timings of one configuration
+in one run differed by up to 30 % at the small sizes.
 Every mori configuration (the default and each swept variant) is checked bit for bit against
 the fp32 rank-order sum, before and after its timing runs, on every rank; a wrong one is
 reported as FAILED and never proposed. The last table proposes DEFAULT_TABLE rows.
