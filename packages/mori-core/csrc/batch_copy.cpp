@@ -1,6 +1,7 @@
 // Batch copies on the host side of a GPU transfer: the per-transfer work that would otherwise
 // be several numpy passes and half a dozen Python-level driver calls for every batch.
 //
+// - int64_array: a list batch as an int64 array, in one C loop.
 // - batch_bounds: one pass over (local offsets, remote offsets, sizes) giving what the engine
 //   checks against both regions.
 // - gather_rows: the rows (src, dst, bytes) of a gather-kernel table, written straight into the
@@ -200,7 +201,42 @@ private:
     unsigned threads_, maxBlocks_;
 };
 
+// The ints of a Python sequence as an int64 array, each taken as operator.index takes it (ints,
+// bools, numpy integers; a float or a string is a TypeError naming `what`; a value outside int64
+// an OverflowError). One C loop instead of a Python-level pass per layer over a list batch.
+py::array_t<int64_t> int64_array(const py::sequence& seq, const std::string& what) {
+    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "expected a sequence"));
+    if (!fast) throw py::error_already_set();
+    const py::ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    py::array_t<int64_t> out(n);
+    int64_t* dst = out.mutable_data();
+    for (py::ssize_t i = 0; i < n; ++i) {
+        PyObject* item = items[i];
+        py::object owned;
+        if (!PyLong_Check(item)) {
+            owned = py::reinterpret_steal<py::object>(PyNumber_Index(item));
+            if (!owned) {
+                PyErr_Clear();
+                throw py::type_error(what + " must be a sequence of ints, got " + Py_TYPE(item)->tp_name +
+                                     " at index " + std::to_string(i));
+            }
+            item = owned.ptr();
+        }
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            throw py::value_error(what + "[" + std::to_string(i) + "] does not fit in 64 bits");
+        }
+        dst[i] = static_cast<int64_t>(v);
+    }
+    return out;
+}
+
 mori::native::Registration reg([](py::module_& m) {
+    m.def("int64_array", &int64_array, py::arg("values"), py::arg("what"),
+          "The ints of a sequence as an int64 numpy array (operator.index semantics, errors name `what`).");
     m.def("batch_bounds", &batch_bounds, py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
           "(smallest offset or size, largest local end, largest remote end) of a non-empty batch of int64 "
           "arrays, in one pass.");

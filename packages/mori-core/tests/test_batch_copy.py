@@ -102,3 +102,23 @@ def test_memcpy_batch_checks_its_arguments_before_any_call():
         _native.memcpy_batch(1, a[:3], a, a, 0)  # never called: the lengths are checked first
     with pytest.raises(ValueError, match="one non-zero length"):
         _native.memcpy_batch(1, a[:0], a[:0], a[:0], 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=500))
+def test_int64_array_takes_ints_as_operator_index_does(values):
+    out = _native.int64_array(values, "sizes")
+    assert out.dtype == np.int64 and out.tolist() == values
+    assert _native.int64_array(tuple(values), "sizes").tolist() == values
+
+
+def test_int64_array_names_what_is_wrong():
+    assert _native.int64_array([True, np.int32(-5), np.uint8(7)], "x").tolist() == [1, -5, 7]
+    with pytest.raises(TypeError, match=r"local offsets must be a sequence of ints, got float at index 1"):
+        _native.int64_array([1, 2.0], "local offsets")
+    with pytest.raises(TypeError, match="got str at index 0"):
+        _native.int64_array(["1"], "sizes")
+    with pytest.raises(ValueError, match=r"sizes\[2\] does not fit in 64 bits"):
+        _native.int64_array([0, 1, 2**63], "sizes")
+    with pytest.raises(TypeError):
+        _native.int64_array(5, "sizes")

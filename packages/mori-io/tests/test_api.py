@@ -118,6 +118,17 @@ def test_engine_api_calls():
         s.Wait()
         assert s.Succeeded() and np.array_equal(out, arr)
         assert a.pop_inbound_transfer_status("api-b", uid) is None  # inbound records live at the target
+        # Batches given as lists, short and long (a long one is converted natively): the same
+        # bytes, and the same clear errors for what is not an int.
+        for n in (8, 128):
+            out[:] = 0
+            offs = list(range(0, 1024, 1024 // n))
+            s = sess.batch_read(offs[::-1], offs, [1024 // n] * n, sess.allocate_transfer_uid())
+            s.Wait()
+            expect = np.concatenate([arr[o:o + 1024 // n] for o in offs][::-1])
+            assert s.Succeeded() and np.array_equal(out, expect)
+            with pytest.raises(TypeError, match="sizes must be a sequence of ints"):
+                sess.batch_read(offs, offs, [1024 // n] * (n - 1) + [1.5], 1)
         a.remove_backend(BackendType.TCP)
         with pytest.raises(KeyError):
             a.remove_backend(BackendType.TCP)

@@ -9,6 +9,7 @@ what it really registered.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import operator
 import os
 import socket
@@ -110,11 +111,19 @@ def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable)
     return {"ping": lambda key, body: {"key": my_key}, "lookup_mem": lookup_mem, "notify": notify}
 
 
+# A list batch at least this long becomes an int64 array in one native pass (when numpy is
+# here): every later check and plan then runs without a Python loop over its blocks.
+_LIST_TO_ARRAY = 64
+_HAVE_NUMPY = importlib.util.find_spec("numpy") is not None
+
+
 def _as_offsets(name: str, values: Sequence[int]) -> Any:
-    """A list of ints, or (for a 1-d numpy integer array: batches of thousands of blocks are
-    checked without a Python loop) an int64 array."""
+    """A list of ints, or (for a 1-d numpy integer array, or a long list where numpy is
+    installed: batches of thousands of blocks are checked without a Python loop) an int64 array."""
     if getattr(values, "ndim", None) == 1 and getattr(getattr(values, "dtype", None), "kind", "") in ("i", "u"):
         return values.astype("int64", copy=False)  # type: ignore[attr-defined]
+    if _HAVE_NUMPY and isinstance(values, (list, tuple)) and len(values) >= _LIST_TO_ARRAY:
+        return _native.int64_array(values, name)
     try:
         out = list(map(operator.index, values))
     except TypeError:
