@@ -44,6 +44,9 @@ from mori.io.bench._cli import run_peer
 TARGET_GPU, LOCAL_GPU = 0, 1
 POOL = 512 << 20
 PATHS = {"auto": None, "kernel": "1T", "engines": "0"}
+# Untimed transfers before each point: the first points of a run used to read 3-5 % low (streams,
+# tables and the copy engines' first batches warming up) with 3.
+WARMUP = 10
 
 
 def _target(conn: Any) -> None:
@@ -97,7 +100,7 @@ def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, siz
     l_offs, r_offs, sizes = _layout(size, batch, layout, lists)
     sess = engine.create_session(ldesc, rdesc) if session else None
     times, submits = [], []
-    for i in range(iters + 3):
+    for i in range(iters + WARMUP):
         t0 = time.perf_counter()
         if sess is not None:
             st = getattr(sess, f"batch_{op}")(l_offs, r_offs, sizes, sess.allocate_transfer_uid())
@@ -108,7 +111,7 @@ def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, siz
         t1 = time.perf_counter()
         if not st.Succeeded():
             raise RuntimeError(f"{op} {batch}x{size}: {st.Message()}")
-        if i >= 3:
+        if i >= WARMUP:
             times.append(t1 - t0)
             submits.append(ts - t0)
     total = size * batch
