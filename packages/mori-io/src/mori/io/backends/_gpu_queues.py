@@ -128,6 +128,7 @@ class DeviceQueues:
         lanes = len(plan.engines) + (1 if len(plan.kernel) else 0)
         events: list[Any] = []
         tables: list[TableBuffer] = []
+        streams: list[Any] = []
         try:
             streams = self.streams(lanes) if lanes else []
             # The kernel first: it starts while the copy engines' copies are being queued.
@@ -151,10 +152,10 @@ class DeviceQueues:
                 self._engine_copy(rows, stream)
                 events.append(self._record(stream))
         except BaseException:
-            # Copies already queued may still run: wait for them before the events and tables
-            # are reused.
-            for ev in events:
-                self._drv.cuEventSynchronize(ev)
+            # Copies (and a table upload) already queued may still run: wait for them before the
+            # events and tables are reused.
+            for s in streams:
+                self._drv.cuStreamSynchronize(s)
             self.give_events(events)
             for t in tables:
                 self.kernel.tables.give(t)
