@@ -26,7 +26,7 @@ namespace mori::batch {
 namespace {
 
 using I64Array = py::array_t<int64_t, py::array::c_style>;
-using U64Table = py::array_t<uint64_t, py::array::c_style>;
+using U64Array = py::array_t<uint64_t, py::array::c_style>;
 
 const int64_t* data_of(const I64Array& a, const char* what, py::ssize_t n) {
     if (a.ndim() != 1 || a.shape(0) != n)
@@ -60,7 +60,7 @@ py::tuple batch_bounds(const I64Array& local, const I64Array& remote, const I64A
 // dropping empty blocks. Returns (rows, largest row, smallest row) (0, 0, 0 when nothing moves).
 // Offsets were checked by the engine (non-negative, inside their regions).
 py::tuple gather_rows(uint64_t srcBase, uint64_t dstBase, const I64Array& srcOffs, const I64Array& dstOffs,
-                      const I64Array& sizes, U64Table& out) {
+                      const I64Array& sizes, U64Array& out) {
     const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
     if (n < 0) throw py::value_error("gather_rows: sizes must be a 1-d int64 array");
     const int64_t* so = data_of(srcOffs, "source offsets", n);
@@ -111,8 +111,6 @@ struct MemcpyAttributes {
 };
 static_assert(sizeof(MemcpyAttributes) == 24, "CUmemcpyAttributes layout");
 constexpr int32_t kSrcAccessOrderStream = 1;  // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-
-using U64Array = py::array_t<uint64_t, py::array::c_style>;
 
 // Queues dsts[i] <- srcs[i] (sizes[i] bytes) on stream with one cuMemcpyBatchAsync (entry point
 // `entry`); sources are read in stream order. Returns the CUresult.
