@@ -139,14 +139,8 @@ class DeviceQueues:
                     src, dst, nbytes = plan.kernel[0].tolist()
                     kernel.launch(stream, None, 1, single=(src, dst, nbytes), event=events[-1])
                 else:
-                    if table is None or not plan.in_out or table.capacity < n:
-                        if table is None or table.capacity < n:
-                            if table is not None:
-                                kernel.tables.give(table)
-                            table = kernel.tables.take(n)
-                        table.rows[:n] = plan.kernel
-                    tables.append(table)
-                    table = None
+                    given, table = table, None
+                    tables.append(self._kernel_table(plan, given, n))
                     kernel.launch(stream, tables[-1], n, plan.kernel_per_row, KERNEL_PIECE, event=events[-1])
             for rows, stream in zip(plan.engines, streams):
                 self._engine_copy(rows, stream)
@@ -164,6 +158,20 @@ class DeviceQueues:
             if table is not None:  # not needed by this plan
                 self.kernel.tables.give(table)
         return events, tables
+
+    def _kernel_table(self, plan: CopyPlan, table: TableBuffer | None, n: int) -> TableBuffer:
+        """A table holding the plan's ``n`` kernel rows. Takes over ``table`` (the one the plan
+        was made into, or None): it is returned as is when it holds the rows, filled when it is
+        large enough, or given back."""
+        if plan.in_out and table is not None:
+            return table
+        if table is not None and table.capacity < n:  # rows cut on the host outgrew it
+            self.kernel.tables.give(table)
+            table = None
+        if table is None:
+            table = self.kernel.tables.take(n)
+        table.rows[:n] = plan.kernel
+        return table
 
     def _record(self, stream: Any) -> Any:
         ev = self.event()
