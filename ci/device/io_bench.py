@@ -67,21 +67,28 @@ def _target(conn: Any) -> None:
         engine.close()
 
 
+def event_seconds(fn: Any, stream: torch.cuda.Stream, iters: int) -> float:
+    """Median seconds of ``fn()`` queued on ``stream``, timed by CUDA events (3 untimed first)."""
+    times = []
+    for i in range(iters + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
 def peer_copy_gbs(nbytes: int, iters: int) -> float:
-    """Copy-engine peer bandwidth GPU 0 -> GPU 1 (torch copy_, CUDA events, median)."""
+    """Copy-engine peer bandwidth GPU 0 -> GPU 1 (torch copy_, CUDA events, median). torch copies
+    between devices on the source's current stream and makes the destination's current stream
+    wait for it: events there time the copy."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{TARGET_GPU}")
     dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}")
-    times = []
-    with torch.cuda.device(LOCAL_GPU):
-        for i in range(iters + 3):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src, non_blocking=True)
-            end.record()
-            end.synchronize()
-            if i >= 3:
-                times.append(start.elapsed_time(end) / 1e3)
-    return nbytes / statistics.median(times) / 1e9
+    seconds = event_seconds(lambda: dst.copy_(src, non_blocking=True), torch.cuda.current_stream(LOCAL_GPU), iters)
+    return nbytes / seconds / 1e9
 
 
 def _layout(size: int, batch: int, layout: str, lists: bool) -> tuple[Any, Any, Any]:

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
 
 import numpy as np
 import torch
+from io_bench import LOCAL_GPU, TARGET_GPU, event_seconds, peer_copy_gbs  # the script beside this one
 
 from mori.core import _cuda
 from mori.io.backends._copy_kernels import CopyKernel
 from mori.io.backends._memcpy_batch import BatchMemcpy
 
-REMOTE, LOCAL = 0, 1
+REMOTE, LOCAL = TARGET_GPU, LOCAL_GPU
 
 
 def _enable_peer_access(local: int, remote: int) -> None:
@@ -33,20 +33,6 @@ def _enable_peer_access(local: int, remote: int) -> None:
     err = drv.cuCtxEnablePeerAccess(ctx_remote, 0)[0]
     if err not in (drv.CUresult.CUDA_SUCCESS, drv.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
         raise RuntimeError(f"cuCtxEnablePeerAccess: {err}")
-
-
-def _time(fn, stream: torch.cuda.Stream, iters: int) -> float:
-    """Median seconds of ``fn()`` queued on ``stream`` (3 untimed first)."""
-    times = []
-    for i in range(iters + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        if i >= 3:
-            times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -66,12 +52,9 @@ def main() -> int:
     kern = CopyKernel(LOCAL)
     stream = torch.cuda.Stream(device=LOCAL)
     cu_stream = _cuda.driver().CUstream(stream.cuda_stream)
-    dst_ce = torch.empty_like(local)
-    # torch copies between devices on the source's current stream and makes the destination's
-    # current stream wait for it: events there time the copy.
-    ce = _time(lambda: dst_ce.copy_(remote, non_blocking=True), torch.cuda.current_stream(LOCAL), args.iters)
-    ce_gbs = total / ce / 1e9
-    print(f"copy engine, one 256 MiB peer copy GPU{REMOTE}->GPU{LOCAL}: {ce * 1e6:.1f} us = {ce_gbs:.1f} GB/s")
+    ce_gbs = peer_copy_gbs(total, args.iters)
+    print(f"copy engine, one 256 MiB peer copy GPU{REMOTE}->GPU{LOCAL}: {total / ce_gbs / 1e3:.1f} us = "
+          f"{ce_gbs:.1f} GB/s")
     print(f"{'op':5} {'blocks':>12} {'piece':>7} {'grid':>5} {'kernel us':>10} {'GB/s':>7} {'vs CE':>6} {'data':>5}")
     for size, batch in ((256 << 10, 1024), (4 << 10, 16384)):
         offs = np.arange(batch, dtype=np.uint64) * np.uint64(size)
@@ -91,7 +74,7 @@ def main() -> int:
                 torch.cuda.synchronize(REMOTE)
                 torch.cuda.synchronize(LOCAL)
                 launch = functools.partial(kern.launch, cu_stream, table, batch, per_row, piece)
-                t = _time(launch, stream, args.iters)
+                t = event_seconds(launch, stream, args.iters)
                 s_blocks = src[: size * batch].view(batch, size)
                 d_blocks = dst[: size * batch].view(batch, size)
                 ok = bool(torch.equal(d_blocks.to(s_blocks.device), s_blocks.flip(0)))
@@ -138,7 +121,7 @@ def hybrid(kern: CopyKernel, table, batch: int, size: int, src: torch.Tensor, ds
         dst[: size * batch].zero_()
         torch.cuda.synchronize(REMOTE)
         torch.cuda.synchronize(LOCAL)
-        t = _time(functools.partial(both, k, ce_rows), stream, iters)
+        t = event_seconds(functools.partial(both, k, ce_rows), stream, iters)
         ok = bool(torch.equal(dst[: size * batch].view(batch, size).to(src.device),
                               src[: size * batch].view(batch, size).flip(0)))
         gbs = size * batch / t / 1e9
