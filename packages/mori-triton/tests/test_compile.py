@@ -154,17 +154,6 @@ _SHAPES = sorted({(c.one_shot, c.block, c.num_warps) for c in (*SWEEP_SMALL, *SW
                   if c.kernel == "v2"})
 
 
-@pytest.mark.parametrize("one_shot,block,num_warps", _SHAPES)
-def test_every_swept_fast_all_reduce_compiles_vectorised(one_shot, block, num_warps):
-    _check_fast_ptx(_compile_fast(4, one_shot, block, num_warps))
-
-
-@pytest.mark.parametrize("world,dtype", [(2, "fp16"), (3, "fp32"), (8, "bf16")])
-@pytest.mark.parametrize("one_shot", [True, False])
-def test_fast_all_reduce_compiles_for_other_worlds_and_dtypes(world, dtype, one_shot):
-    _check_fast_ptx(_compile_fast(world, one_shot, 2048, 4, dtype))
-
-
 def _compile_lamport(world, one_shot, block, num_warps, dtype="bf16"):
     """PTX of the v3 all-reduce kernel, specialised as AllReduce's launches are."""
     sig = {"inp": f"*{dtype}", "out": f"*{dtype}", "lam": f"*{dtype}", "sets": "*u32", "deltas": ("i64",) * world,
@@ -189,15 +178,23 @@ _LAMPORT_SHAPES = sorted({(c.one_shot, c.block, c.num_warps) for c in (*SWEEP_SM
                           if c.kernel == "v3"})
 
 
-@pytest.mark.parametrize("one_shot,block,num_warps", _LAMPORT_SHAPES)
-def test_every_swept_lamport_all_reduce_compiles_vectorised(one_shot, block, num_warps):
-    _check_lamport_ptx(_compile_lamport(4, one_shot, block, num_warps))
+# kernel -> (compile, PTX check, block used for other worlds and dtypes)
+_KERNELS = {"v2": (_compile_fast, _check_fast_ptx, 2048), "v3": (_compile_lamport, _check_lamport_ptx, 1024)}
 
 
+@pytest.mark.parametrize("kernel,one_shot,block,num_warps",
+                         [("v2", *shape) for shape in _SHAPES] + [("v3", *shape) for shape in _LAMPORT_SHAPES])
+def test_every_swept_all_reduce_compiles_vectorised(kernel, one_shot, block, num_warps):
+    compile_kernel, check, _ = _KERNELS[kernel]
+    check(compile_kernel(4, one_shot, block, num_warps))
+
+
+@pytest.mark.parametrize("kernel", sorted(_KERNELS))
 @pytest.mark.parametrize("world,dtype", [(2, "fp16"), (3, "fp32"), (8, "bf16")])
 @pytest.mark.parametrize("one_shot", [True, False])
-def test_lamport_all_reduce_compiles_for_other_worlds_and_dtypes(world, dtype, one_shot):
-    _check_lamport_ptx(_compile_lamport(world, one_shot, 1024, 4, dtype))
+def test_all_reduce_compiles_for_other_worlds_and_dtypes(kernel, world, dtype, one_shot):
+    compile_kernel, check, block = _KERNELS[kernel]
+    check(compile_kernel(world, one_shot, block, 4, dtype))
 
 
 def test_llvm_ir_path_links_and_assembles():
