@@ -42,8 +42,8 @@ py::tuple batch_bounds(const I64Array& local, const I64Array& remote, const I64A
     const int64_t* l = data_of(local, "local offsets", n);
     const int64_t* r = data_of(remote, "remote offsets", n);
     const int64_t* s = data_of(sizes, "sizes", n);
-    // Simple loops the compiler vectorises. Ends are summed as unsigned: with every value >= 0
-    // they cannot wrap; with a negative one the batch is rejected on `low` whatever they are.
+    // Ends are summed as unsigned: with every value >= 0 they cannot wrap; with a negative one
+    // the batch is rejected on `low` whatever they are.
     int64_t low = std::numeric_limits<int64_t>::max();
     uint64_t lend = 0, rend = 0;
     for (py::ssize_t i = 0; i < n; ++i) low = std::min(low, std::min(std::min(l[i], r[i]), s[i]));
@@ -78,10 +78,12 @@ py::tuple gather_rows(uint64_t srcBase, uint64_t dstBase, const I64Array& srcOff
             if (sz[i] <= 0) continue;
             const uint64_t src = srcBase + static_cast<uint64_t>(so[i]);
             const uint64_t dst = dstBase + static_cast<uint64_t>(dof[i]);
-            uint64_t* prev = rows + 3 * (k - 1);
-            if (k > 0 && prev[0] + prev[2] == src && prev[1] + prev[2] == dst) {
-                prev[2] += static_cast<uint64_t>(sz[i]);
-                continue;
+            if (k > 0) {
+                uint64_t* prev = rows + 3 * (k - 1);
+                if (prev[0] + prev[2] == src && prev[1] + prev[2] == dst) {
+                    prev[2] += static_cast<uint64_t>(sz[i]);
+                    continue;
+                }
             }
             uint64_t* row = rows + 3 * k++;
             row[0] = src;
