@@ -149,7 +149,7 @@ def measure_peers(args: argparse.Namespace, results: list[dict[str, Any]], peer_
     for name in [p for p in args.peers.split(",") if p]:
         for op in ("read", "write"):
             log = Path(args.out).with_name(f"io_peer_{name}_{op}.log")
-            got, note = run_peer(name, args.peer_python, "127.0.0.1", op, args.iters, 3, PEER_POINTS, env, log)
+            got, note = run_peer(name, args.peer_python, "127.0.0.1", op, args.iters, WARMUP, PEER_POINTS, env, log)
             rows += [{"engine": name, "op": op, **r} for r in got]
             if note:
                 print(f"note: {note}")
