@@ -75,11 +75,13 @@ class _Buffer:
         torch.cuda.synchronize()
         self.addr = int(self.data.data_ptr())
 
-    def check_read(self, size: int, batch: int, expect: Any) -> bool:
+    def check_read(self, size: int, batch: int) -> bool:
         """Whether the blocks of a read point hold the target's bytes (GPU memory only)."""
+        assert self.device is not None, "host buffers hold no pattern"
         n = size * batch
         got = self.data[:n].view(batch, size)
-        return bool((got == expect[:n].view(batch, size).flip(0)).all())  # block_layout reverses remote order
+        expect = _pattern(n, self.device).view(batch, size)
+        return bool((got == expect.flip(0)).all())  # block_layout reverses remote order
 
 
 def _pattern(size: int, device: int) -> Any:
@@ -89,10 +91,10 @@ def _pattern(size: int, device: int) -> Any:
     return ((idx * 131 + 7) % 251).to(torch.uint8)
 
 
-def _checked(buf: _Buffer, op: str, size: int, batch: int, need: int, row: dict[str, Any]) -> dict[str, Any]:
+def _checked(buf: _Buffer, op: str, size: int, batch: int, row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with ``checked``: whether a GPU read point's data matched the target's."""
     if buf.device is not None and op == "read":
-        row["checked"] = buf.check_read(size, batch, _pattern(need, buf.device))
+        row["checked"] = buf.check_read(size, batch)
     return row
 
 
@@ -146,7 +148,7 @@ def mooncake_initiator(host: str, op: str, points: list[tuple[int, int]], iters:
                 raise SystemExit("mooncake: transfer failed")
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-        _send(_checked(buf, op, size, batch, need, summarize(size, batch, times)))
+        _send(_checked(buf, op, size, batch, summarize(size, batch, times)))
 
 
 # ---- NIXL ----------------------------------------------------------------------------------------
@@ -194,7 +196,7 @@ def nixl_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
         agent.release_xfer_handle(handle)
-        _send(_checked(buf, op, size, batch, need, summarize(size, batch, times)))
+        _send(_checked(buf, op, size, batch, summarize(size, batch, times)))
 
 
 ENGINES = {"mooncake": (mooncake_target, mooncake_initiator), "nixl": (nixl_target, nixl_initiator)}
