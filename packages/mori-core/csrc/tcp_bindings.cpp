@@ -69,8 +69,6 @@ mori::native::Registration reg([](py::module_& m) {
         .def("deregister_region", &Target::deregister_region, py::arg("mem_id"),
              py::call_guard<py::gil_scoped_release>(),
              "Removes a region; waits for requests in flight on it. False when unknown.")
-        .def("allow_peer", &Target::allow_peer, py::arg("key"), py::call_guard<py::gil_scoped_release>())
-        .def("disallow_peer", &Target::disallow_peer, py::arg("key"), py::call_guard<py::gil_scoped_release>())
         .def("pop_inbound", &Target::pop_inbound, py::arg("key"), py::arg("uid"),
              "Final StatusCode of transfer uid from engine key, or None (the record is removed).")
         .def("connection_count", &Target::connection_count)

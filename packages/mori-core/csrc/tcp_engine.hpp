@@ -16,7 +16,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -25,7 +24,7 @@
 namespace mori::tcp {
 
 // Why a target rejected a block, carried in RepHdr::size of an error reply.
-enum Reason : uint64_t { kReasonEngine = 1, kReasonMemory = 2, kReasonRange = 3 };
+enum Reason : uint64_t { kReasonMemory = 2, kReasonRange = 3 };
 
 class InitConn;
 
@@ -155,8 +154,6 @@ public:
     int port() const { return port_; }
     void register_region(uint64_t id, uint64_t addr, uint64_t size);
     bool deregister_region(uint64_t id);
-    void allow_peer(const std::string& key);
-    void disallow_peer(const std::string& key);
     std::optional<int> pop_inbound(const std::string& key, uint64_t uid);
     size_t connection_count();
     void close();
@@ -173,11 +170,10 @@ private:
     void accept_loop();
     void serve(Conn* conn);
     bool handshake(int fd, Reader& rd, std::string& peerKey);
-    int check(const std::string& peerKey, uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr,
-              uint64_t& reason);
+    int check(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason);
     void reap(bool all);
-    // Keeps the final status of transfer uid from peerKey for pop_inbound; stateMu_ held.
-    void record_inbound_locked(const std::string& peerKey, uint64_t uid, int code);
+    // Keeps the final status of transfer uid from peerKey for pop_inbound.
+    void record_inbound(const std::string& peerKey, uint64_t uid, int code);
 
     int listenFd_ = -1;
     int port_ = 0;
@@ -185,9 +181,8 @@ private:
     double ioTimeout_;
     std::atomic<bool> stop_{false};
     std::thread acceptThread_;
-    std::shared_mutex stateMu_;  // regions and allowed peers; held shared while memory is touched
+    std::shared_mutex stateMu_;  // regions; held shared while memory is touched
     std::unordered_map<uint64_t, Region> regions_;
-    std::unordered_set<std::string> allowed_;
     std::mutex inboundMu_;
     std::map<std::pair<std::string, uint64_t>, int> inbound_;
     std::mutex connsMu_;

@@ -18,7 +18,6 @@ constexpr size_t kSendBatchBytes = 8 << 20;
 
 std::string reason_text(int code, uint64_t reason) {
     switch (reason) {
-        case kReasonEngine: return "target has not registered this engine (ERR_NOT_FOUND)";
         case kReasonMemory: return "memory is not registered at the target (ERR_NOT_FOUND)";
         case kReasonRange: return "offset/size out of range of the target's region (ERR_INVALID_ARGS)";
         default: return "target rejected the request (code " + std::to_string(code) + ")";

@@ -1,5 +1,6 @@
 // Target side of the native TCP data plane: every request is checked against the registered
-// regions and the allowed engines before a byte of memory is touched.
+// regions before a byte of memory is touched. As in MORI, any engine that presents the auth token
+// is served; registering a remote engine is the initiator's step only.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -81,16 +82,6 @@ bool Target::deregister_region(uint64_t id) {
     return regions_.erase(id) > 0;
 }
 
-void Target::allow_peer(const std::string& key) {
-    std::unique_lock lk(stateMu_);
-    allowed_.insert(key);
-}
-
-void Target::disallow_peer(const std::string& key) {
-    std::unique_lock lk(stateMu_);
-    allowed_.erase(key);
-}
-
 std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) {
     std::lock_guard lk(inboundMu_);
     auto it = inbound_.find({key, uid});
@@ -170,12 +161,7 @@ bool Target::handshake(int fd, Reader& rd, std::string& peerKey) {
     return rep.code == kSuccess;
 }
 
-int Target::check(const std::string& peerKey, uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr,
-                  uint64_t& reason) {
-    if (allowed_.count(peerKey) == 0) {
-        reason = kReasonEngine;
-        return kErrNotFound;
-    }
+int Target::check(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason) {
     auto it = regions_.find(memId);
     if (it == regions_.end()) {
         reason = kReasonMemory;
@@ -190,8 +176,7 @@ int Target::check(const std::string& peerKey, uint64_t memId, uint64_t off, uint
     return kSuccess;
 }
 
-void Target::record_inbound_locked(const std::string& peerKey, uint64_t uid, int code) {
-    if (allowed_.count(peerKey) == 0) return;  // a deregistered engine leaves no records
+void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) {
     std::lock_guard lk(inboundMu_);
     inbound_[{peerKey, uid}] = code;
 }
@@ -235,13 +220,12 @@ void Target::serve(Conn* conn) {
             if (h.flags & kFlagBegin) outcome = kSuccess;
             uint64_t addr = 0, reason = 0;
             if (h.op == kOpNotify) {
-                std::shared_lock lk(stateMu_);
-                record_inbound_locked(peerKey, h.memId, static_cast<int>(h.offset));
+                record_inbound(peerKey, h.memId, static_cast<int>(h.offset));
                 continue;
             }
             if (h.op != kOpWrite && h.op != kOpRead) break;
             std::shared_lock lk(stateMu_);
-            int code = check(peerKey, h.memId, h.offset, h.size, addr, reason);
+            int code = check(h.memId, h.offset, h.size, addr, reason);
             if (outcome == kSuccess) outcome = code;
             // The outcome of a notifying transfer is recorded once its last block's bytes have
             // left (or entered) the registered memory, and before the initiator can see the
@@ -264,13 +248,13 @@ void Target::serve(Conn* conn) {
                     if (!send_all(fd, iov, 2).empty()) break;
                     out.clear();
                     if (record) {
-                        record_inbound_locked(peerKey, uid, outcome);
+                        record_inbound(peerKey, uid, outcome);
                         record = false;
                         if (!send_bytes(fd, reinterpret_cast<const void*>(addr + h.size - 1), 1).empty()) break;
                     }
                 }
             }
-            if (record) record_inbound_locked(peerKey, uid, outcome);
+            if (record) record_inbound(peerKey, uid, outcome);
             lk.unlock();
             if (out.size() >= kFlushBytes) {
                 if (!send_bytes(fd, out.data(), out.size()).empty()) break;

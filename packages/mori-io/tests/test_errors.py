@@ -89,28 +89,42 @@ def test_unknown_and_deregistered_memory(initiator, target, remote_region, local
         extra.unlink()
 
 
-def test_unregistered_engine(initiator, target, remote_region, local):
+def test_target_serves_unregistered_initiators(initiator, target, remote_region, local):
+    """As in MORI, registration is the initiator's step: a target serves an engine it never
+    registered (or deregistered), checks its requests against its memory as for any engine, and
+    keeps inbound records for it."""
     buf, rdesc = remote_region
-    _, ldesc = local
-    # Warm connection first, then the target forgets us: the data plane rejects every block.
+    arr, ldesc = local
     assert _wait(initiator.write(ldesc, 0, rdesc, 0, 8, initiator.allocate_transfer_uid())).Succeeded()
     target.call("deregister_engine", initiator.get_engine_desc().pack())
     try:
-        def attempt():
-            st = _wait(initiator.batch_write(ldesc, [0, 64], rdesc, [0, 64], [64, 64],
-                                             initiator.allocate_transfer_uid()))
-            assert st.Code() == StatusCode.ERR_NOT_FOUND and "not registered this engine" in st.Message(), st
-
-        _unchanged(buf, attempt)
+        uid = initiator.allocate_transfer_uid()
+        assert _wait(initiator.batch_write(ldesc, [0, 64], rdesc, [128, 192], [64, 64], uid)).Succeeded()
+        assert (buf.array[128:256] == arr[:128]).all()
+        assert target.call("pop_inbound", initiator.key, uid, 10) == StatusCode.SUCCESS
     finally:
         target.call("register_engine", initiator.get_engine_desc().pack())
-    # An engine the target never registered is refused at the control plane.
     with IOEngine("stranger", IOEngineConfig()) as stranger:
         stranger.create_backend(BackendType.TCP)
         stranger.register_remote_engine(target.desc)
-        arr = np.ones(64, dtype=np.uint8)
-        sd = stranger.register_memory(int(arr.ctypes.data), 64, -1, MemoryLocationType.CPU)
-        _unchanged(buf, lambda: _check_code(stranger.write(sd, 0, rdesc, 0, 64, 1), StatusCode.ERR_NOT_FOUND))
+        src = np.arange(256, dtype=np.uint8)
+        sd = stranger.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+        assert stranger.lookup_remote_memory(target.desc.key, rdesc.id) == rdesc
+        assert _wait(stranger.write(sd, 0, rdesc, 4096, 256, 7)).Succeeded()
+        assert (buf.array[4096:4352] == src).all()
+        assert target.call("pop_inbound", "stranger", 7, 10) == StatusCode.SUCCESS
+        src[:] = 0
+        assert _wait(stranger.read(sd, 0, rdesc, 4096, 256, 8)).Succeeded()
+        assert (src == np.arange(256, dtype=np.uint8)).all()
+        assert target.call("pop_inbound", "stranger", 8, 10) == StatusCode.SUCCESS
+        # Its requests are checked against the target's memory like anyone's (a forged size
+        # passes the initiator's own check and is refused by the target).
+        forged = dataclasses.replace(rdesc, size=rdesc.size * 2)
+        _unchanged(buf, lambda: _check_code(stranger.write(sd, 0, forged, rdesc.size - 8, 16, 9),
+                                            StatusCode.ERR_INVALID_ARGS))
+        _unchanged(buf, lambda: _check_code(stranger.write(sd, 0, dataclasses.replace(rdesc, id=987654), 0, 16, 10),
+                                            StatusCode.ERR_NOT_FOUND))
+        assert target.call("pop_inbound", "stranger", 9, 10) == StatusCode.ERR_INVALID_ARGS
     # Locally unregistered remote engine: refused before any I/O.
     st = initiator.write(ldesc, 0, dataclasses.replace(rdesc, engine_key="nobody"), 0, 1, 1)
     assert st.Code() == StatusCode.ERR_NOT_FOUND
@@ -126,9 +140,9 @@ def test_wrong_token_rejected(monkeypatch):
     try:
         rdesc = MemoryDesc.unpack(peer.call("register_shm", buf.path, buf.size))
         for token, ok in (("wrong", False), ("", False), ("s3cret", True)):
+            # The target never registers these engines: the token alone decides.
             with IOEngine(f"client-{token or 'none'}", IOEngineConfig(auth_token=token)) as eng:
                 eng.create_backend(BackendType.TCP)
-                peer.call("register_engine", eng.get_engine_desc().pack())
                 eng.register_remote_engine(peer.desc)
                 arr = np.full(256, 9, dtype=np.uint8)
                 ld = eng.register_memory(int(arr.ctypes.data), arr.size, -1, MemoryLocationType.CPU)

@@ -298,12 +298,13 @@ def test_errors_change_nothing(initiator, target, local_pool):
         assert _wait(initiator.write(ldesc, 0, rdesc, 0, 64, initiator.allocate_transfer_uid())).Succeeded()
         target.call("deregister", rdesc.id)
         _unchanged(target, 0, n, lambda: _expect_not_found(initiator.write(ldesc, 0, rdesc, 0, 64, 1)))
-        # Engine deregistered by the target: its mappings are revoked too.
+        # Engine deregistered by the target: its mappings are revoked, and (a target serves
+        # engines it has not registered, as in MORI) its next transfer opens the region again.
         rdesc = MemoryDesc.unpack(target.call("register", "pool", 0, n, False))
         assert _wait(initiator.write(ldesc, 0, rdesc, 0, 64, initiator.allocate_transfer_uid())).Succeeded()
         target.call("deregister_engine", initiator.get_engine_desc().pack())
         try:
-            _unchanged(target, 0, n, lambda: _expect_not_found(initiator.read(ldesc, 0, rdesc, 0, 64, 2)))
+            assert _wait(initiator.read(ldesc, 0, rdesc, 0, 64, 2)).Succeeded()
         finally:
             target.call("register_engine", initiator.get_engine_desc().pack())
         assert _wait(initiator.write(ldesc, 0, rdesc, 0, 64, initiator.allocate_transfer_uid())).Succeeded()

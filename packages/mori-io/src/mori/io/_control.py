@@ -6,6 +6,10 @@ then each request ``{"op": str, "id": int, "body": map}`` gets ``{"id", "ok", "b
 ``{"id", "ok": false, "code": StatusCode, "error": str}``. Anything else (bad length, not
 msgpack, wrong shape, unknown op, wrong token) drops the connection; the server keeps serving
 everyone else.
+
+As in MORI, any engine that presents the auth token is served: registering a remote engine is
+the initiator's step only, and each handler checks the request against what this engine has
+registered (memory ids, offsets, sizes).
 """
 
 from __future__ import annotations
@@ -107,16 +111,14 @@ Handler = Callable[[str, dict[str, Any]], dict[str, Any]]
 class ControlServer:
     """Serves control requests for one engine (a thread per connection).
 
-    ``authorize(key)`` says whether an authenticated engine may send requests (it must be
-    registered); ``handlers`` maps op -> handler(remote key, body) -> reply body. A handler raising
-    :class:`ControlError` answers with its code; any other exception answers ERR_BAD_STATE.
+    ``handlers`` maps op -> handler(remote key, body) -> reply body; the remote key is the one the
+    authenticated peer gave in its hello. A handler raising :class:`ControlError` answers with its
+    code; any other exception answers ERR_BAD_STATE.
     """
 
-    def __init__(self, host: str, port: int, token: str, hello_timeout: float,
-                 authorize: Callable[[str], bool], log: Any) -> None:
+    def __init__(self, host: str, port: int, token: str, hello_timeout: float, log: Any) -> None:
         self._token = token.encode()
         self._hello_timeout = hello_timeout
-        self._authorize = authorize
         self._log = log
         self.handlers: dict[str, Handler] = {}
         self._sock = socket.create_server((host, port), backlog=512, reuse_port=False)
@@ -174,8 +176,6 @@ class ControlServer:
         if handler is None:
             raise ProtocolError(f"unknown op {req.op!r}")
         try:
-            if not self._authorize(key):
-                raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {key!r} is not registered with this engine")
             return {"id": req.id, "ok": True, "body": handler(key, req.body)}
         except ControlError as err:
             return {"id": req.id, "ok": False, "code": int(err.code), "error": str(err)}

@@ -56,6 +56,9 @@ class _Context(BackendContext):
         self.log = _log
         self._token = token
 
+    def engine_desc(self) -> EngineDesc:
+        return self._engine.get_engine_desc()
+
     def io_timeout(self) -> float:
         return _io_timeout()
 
@@ -159,8 +162,7 @@ class IOEngine:
         self._ranked: tuple[Backend, ...] = ()  # _backends by priority, for routing
         self._clients: dict[str, ControlClient] = {}
         self._lock = threading.RLock()
-        self._server = ControlServer(config.host, config.port, self._token, _io_timeout(),
-                                     authorize=self._remotes.__contains__, log=_log)
+        self._server = ControlServer(config.host, config.port, self._token, _io_timeout(), log=_log)
         # Handlers close over the registries, not the engine, so the engine can be collected.
         self._server.handlers.update(_engine_handlers(key, self._memory, self._inbound))
         self._ctx = _Context(self, config.host, self._token)
@@ -203,7 +205,11 @@ class IOEngine:
         backend.close()
 
     def register_remote_engine(self, engine_desc: EngineDesc) -> None:
-        """Allows transfers with the engine of ``engine_desc`` (both directions)."""
+        """Lets this engine start transfers to the engine of ``engine_desc``.
+
+        Registration is the initiator's step only (as in MORI): a target serves any engine that
+        presents its auth token and checks each request against its registered memory.
+        """
         if not isinstance(engine_desc, EngineDesc):
             raise TypeError(f"expected an EngineDesc, got {type(engine_desc).__name__}")
         with self._lock:
@@ -212,7 +218,9 @@ class IOEngine:
                 b.register_remote_engine(engine_desc)
 
     def deregister_remote_engine(self, engine_desc: EngineDesc) -> None:
-        """Forgets a remote engine: its later requests are rejected with ERR_NOT_FOUND."""
+        """Forgets a remote engine: this engine starts no more transfers to it and drops its
+        connections and mappings with it. Its requests to this engine are still served (the auth
+        token gates them, not registration)."""
         if not isinstance(engine_desc, EngineDesc):
             raise TypeError(f"expected an EngineDesc, got {type(engine_desc).__name__}")
         with self._lock:

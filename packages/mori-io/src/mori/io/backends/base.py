@@ -65,6 +65,10 @@ class BackendContext(abc.ABC):
     log: logging.Logger
 
     @abc.abstractmethod
+    def engine_desc(self) -> EngineDesc:
+        """This engine's descriptor (what peers need to reach it)."""
+
+    @abc.abstractmethod
     def io_timeout(self) -> float:
         """Seconds before an unanswered transfer fails (``MORI_IO_TIMEOUT``)."""
 
@@ -87,7 +91,8 @@ class BackendContext(abc.ABC):
     def add_control_handler(self, op: str, handler: ControlHandler) -> None:
         """Serves control-plane requests named ``op`` (e.g. ``"nvlink.open"``) with ``handler``.
 
-        Only authenticated engines that this engine registered reach a handler.
+        Any authenticated engine reaches a handler, registered here or not (as in MORI): the
+        handler checks the request against this engine's registered memory.
         """
 
     @abc.abstractmethod
@@ -126,11 +131,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def register_remote_engine(self, desc: EngineDesc) -> None:
-        """Allows transfers with ``desc.key`` (both directions)."""
+        """This engine may now start transfers to ``desc.key``."""
 
     @abc.abstractmethod
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
-        """Disallows transfers with ``desc.key``; its later requests are rejected."""
+        """Drops this backend's connections, mappings and leases with ``desc.key``."""
 
     @abc.abstractmethod
     def submit(self, request: TransferRequest) -> None:

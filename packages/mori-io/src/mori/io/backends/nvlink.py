@@ -1,9 +1,10 @@
 """The NVLink backend (MORI's XGMI backend): one-sided copies between GPUs of one host.
 
 Registration exports a handle of each GPU region (``_cuda_ipc``) into ``MemoryDesc.extra``.
-The first transfer towards a remote region asks its owner (control op ``nvlink.open``), which
-checks that the region is registered and that the asking engine is one it registered, answers
-with what it registered (handle, size) and remembers who opened it. The initiator maps the
+The first transfer towards a remote region asks its owner (control op ``nvlink.open``, carrying
+the asking engine's descriptor: the owner need not have registered it), which checks that the
+region is registered, answers with what it registered (handle, size) and remembers who opened it
+and where that engine listens. The initiator maps the
 region once per (engine, memory id) and from then on copies directly: large blocks with the
 copy engines over a pool of streams, small blocks with one gather-kernel launch (the split is
 ``MORI_IO_NVLINK_KERNEL_MAX``, chosen by measurement; see ``_nvlink_plan``).
@@ -20,7 +21,6 @@ in-flight copies finish, so later transfers fail with ``ERR_NOT_FOUND`` and touc
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import threading
@@ -99,7 +99,7 @@ class NvlinkBackend(Backend):
         self._cond = threading.Condition(self._lock)
         self._open_lock = threading.Lock()
         self._exports: dict[int, tuple[MemoryDesc, ExportedRegion]] = {}
-        self._openers: dict[int, set[str]] = {}
+        self._openers: dict[int, dict[str, EngineDesc]] = {}  # memory id -> engines that mapped it
         self._mappings: dict[tuple[Any, ...], list[Any]] = {}  # key -> [Mapping, users]
         self._opened: dict[tuple[str, int], _Opened] = {}
         # Revocation generations: an open that began before a revocation of its region is void.
@@ -143,13 +143,11 @@ class NvlinkBackend(Backend):
     def deregister_memory(self, desc: MemoryDesc) -> None:
         with self._lock:
             entry = self._exports.pop(desc.id, None)
-            openers = self._openers.pop(desc.id, set())
+            openers = self._openers.pop(desc.id, {})
         # Our own transfers that use the region locally end first.
         self._drain(lambda f: f.request.local.id == desc.id, f"memory {desc.id}")
         for key in sorted(openers):
-            # An engine deregistered meanwhile had its mappings revoked then.
-            with contextlib.suppress(KeyError):
-                self._send_revoke(self.ctx.remote_engine(key), [desc.id])
+            self._send_revoke(openers[key], [desc.id])
         if entry is not None:
             entry[1].close()
 
@@ -157,12 +155,19 @@ class NvlinkBackend(Backend):
         mem_id = body.get("id")
         if not isinstance(mem_id, int):
             raise ControlError(StatusCode.ERR_INVALID_ARGS, f"nvlink.open: memory id {mem_id!r} is not an int")
+        try:
+            opener = EngineDesc.unpack(body.get("engine", b""))
+        except (TypeError, ValueError) as err:
+            raise ControlError(StatusCode.ERR_INVALID_ARGS, f"nvlink.open: {err}") from None
+        if opener.key != key:
+            raise ControlError(StatusCode.ERR_INVALID_ARGS, f"nvlink.open: engine {key!r} sent the descriptor "
+                                                            f"of {opener.key!r}")
         with self._lock:
             entry = self._exports.get(mem_id)
             if entry is None:
                 raise ControlError(StatusCode.ERR_NOT_FOUND,
                                    f"memory {mem_id!r} is not registered with engine {self.ctx.engine_key!r}")
-            self._openers.setdefault(mem_id, set()).add(key)
+            self._openers.setdefault(mem_id, {})[key] = opener
             desc, exported = entry
             reply: dict[str, Any] = {"info": exported.info, "size": desc.size, "data": desc.data}
             if exported.fd >= 0:
@@ -178,7 +183,7 @@ class NvlinkBackend(Backend):
 
     def _send_revoke(self, engine: EngineDesc, ids: list[int]) -> None:
         """Tells ``engine`` to drop its mappings of regions ``ids`` and waits until it has. A
-        fresh connection: the engine may already be deregistered here."""
+        fresh connection: the engine may be unregistered here."""
         if not ids:
             return
         try:
@@ -215,7 +220,8 @@ class NvlinkBackend(Backend):
             if opened is not None:
                 return opened
             generation = self._revocations
-            reply = self.ctx.control_request(remote.engine_key, "nvlink.open", {"id": remote.id})
+            reply = self.ctx.control_request(remote.engine_key, "nvlink.open",
+                                             {"id": remote.id, "engine": self.ctx.engine_desc().pack()})
             info, data, size = reply["info"], int(reply["data"]), int(reply["size"])
             if info.get("host") != self._host:
                 raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {remote.engine_key!r} is on another host")
@@ -284,7 +290,7 @@ class NvlinkBackend(Backend):
             mine = [k for k in self._opened if k[0] == desc.key]
             theirs = sorted(i for i, keys in self._openers.items() if desc.key in keys)
             for i in theirs:
-                self._openers[i].discard(desc.key)
+                self._openers[i].pop(desc.key)
         self._forget(mine, revoked=False)
         self._send_revoke(desc, theirs)
 

@@ -110,10 +110,9 @@ class TcpBackend(Backend):
             self._target.deregister_region(desc.id)
 
     def register_remote_engine(self, desc: EngineDesc) -> None:
-        self._target.allow_peer(desc.key)
+        pass  # connections are opened at the first transfer
 
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
-        self._target.disallow_peer(desc.key)
         if self._gpu is not None:
             self._gpu.leases.release_engine(desc.key)
         with self._lock:
