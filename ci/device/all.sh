@@ -31,7 +31,7 @@ echo "##### mori-core + mori-shmem (rc=$shmem_rc)"; tail -n 45 "$OUT/shmem.log"
 echo "##### mori-io GPU tests (rc=$io_tests_rc)"; tail -n 30 "$OUT/io_tests.log"
 tar czf "$OUT_FINAL/logs.tgz" -C /tmp mori-work  # again at the end; this one survives a kill
 
-OUT="$OUT/triton" bash ci/device/triton.sh --no-2gpu > "$OUT/triton.log" 2>&1; triton_rc=$?
+OUT="$OUT/triton" bash ci/device/triton.sh --pes 4 --modes static > "$OUT/triton.log" 2>&1; triton_rc=$?
 OUT="$OUT/shmem" MORI_SKIP_CORE=1 bash ci/device/shmem.sh --no-tests > "$OUT/shmem_bench.log" 2>&1; shmem_bench_rc=$?
 OUT="$OUT/io" bash ci/device/io.sh --no-tests > "$OUT/io_bench.log" 2>&1; io_bench_rc=$?
 # Benchmarks last: the caller sees the end of the output first.

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# mori-shmem on the GPU machine (4x H200): install; the memory engineer's VMM check (core.sh) when
-# present; the put/latency benchmark on 2 GPUs; then the GPU tests (device API kernels, host API on
-# the GPU heap, static and vmm heaps, 2 and 4 GPUs, the guide's Quick Reference) under torchrun.
+# mori-shmem on the GPU machine, any number of GPUs: install; the memory engineer's VMM check
+# (core.sh) when present; the put/latency benchmark (2 PEs, one GPU each: skipped on fewer GPUs);
+# then the GPU tests (device API kernels, host API on the GPU heap, static and vmm heaps, the
+# guide's Quick Reference) under torchrun with each PE count of --pes (default "2 4"). PEs beyond
+# the GPU count share GPUs (PE i on GPU i % count, under MPS when it starts: multi_pe.sh).
 # Run from the repository root with .devkit carried; logs and JSON go to $OUT.
-# Usage: bash ci/device/shmem.sh [--no-bench] [--no-tests]   (MORI_SKIP_CORE=1: no core.sh)
+# Usage: bash ci/device/shmem.sh [--no-bench] [--no-tests] [--pes "2 4"] [--no-mps]
+#        (MORI_SKIP_CORE=1: no core.sh)
 set -uo pipefail
+. "$(dirname "$0")/multi_pe.sh"
+pes_parse_args "$@" || exit 2
+trap pes_stop_mps EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mori-out}
 mkdir -p "$OUT"
 export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
 run_bench=1; run_tests=1
-for a in "$@"; do
+for a in "${PES_REST[@]}"; do
   case $a in --no-bench) run_bench=0 ;; --no-tests) run_tests=0 ;; esac
 done
 status=0
@@ -26,7 +32,9 @@ if [ -f ci/device/core.sh ] && [ -z "${MORI_SKIP_CORE:-}" ]; then
   [ $rc = 0 ] || status=1
 fi
 cd /tmp  # import mori from site-packages, not the source tree
-if [ $run_bench = 1 ]; then
+if [ $run_bench = 1 ] && [ "$GPU_COUNT" -lt 2 ]; then
+  echo "== benchmark skipped: it times 2 PEs on a GPU each, this machine has $GPU_COUNT GPU"
+elif [ $run_bench = 1 ]; then
   echo "== benchmark, 2 GPUs"
   timeout 60 torchrun --standalone --nproc_per_node=2 "$repo/ci/device/bench_shmem.py" --out "$OUT/bench_shmem.json" \
     > "$OUT/bench.log" 2>&1
@@ -35,8 +43,10 @@ if [ $run_bench = 1 ]; then
   [ $rc = 0 ] || { status=1; grep -v "^\s*$" "$OUT/bench.log" | tail -30; }
 fi
 if [ $run_tests = 1 ]; then
-  echo "== GPU tests (2 and 4 GPUs, static and vmm, quick reference)"
-  timeout 190 python3 -m pytest -q -m gpu -p no:cacheprovider -s "$repo/packages/mori-shmem/tests/test_gpu.py" \
+  max_pes=$(echo $PES | tr ' ' '\n' | sort -n | tail -1)
+  pes_share_gpus "$max_pes"
+  echo "== GPU tests ($PES PEs on $GPU_COUNT GPUs, static and vmm, quick reference)"
+  MORI_TEST_PES="$PES" timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider -s "$repo/packages/mori-shmem/tests/test_gpu.py" \
     > "$OUT/tests.log" 2>&1
   rc=$?; echo "rc=$rc"
   grep -E "^ok |quick reference ok|passed|failed|Error|error" "$OUT/tests.log" | sort | uniq -c | sort -rn | head -60

@@ -1,19 +1,24 @@
-"""The MORI shmem guide's Method 1 and Quick Reference, as written, under torchrun."""
+"""The MORI shmem guide's Method 1 and Quick Reference, as written, under torchrun.
+
+Two changes let several PEs share a GPU: the device is LOCAL_RANK modulo the GPU count, and the
+backend is gloo when PEs share a GPU (NCCL refuses two ranks on one device): gpu_world.py.
+"""
 
 import os
 
 import torch
 import torch.distributed as dist
+from gpu_world import pe_device, process_group_backend
 
 import mori
 
 rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+torch.cuda.set_device(pe_device())
 size_in_bytes = 1 << 20
 tensor = torch.zeros(1024, 7168, dtype=torch.bfloat16, device="cuda")
 
 # --- Method 1 (guide section 2) ---
-dist.init_process_group(backend="cpu:gloo,cuda:nccl", rank=rank, world_size=world_size)
+dist.init_process_group(backend=process_group_backend(), rank=rank, world_size=world_size)
 world_group = dist.group.WORLD
 torch._C._distributed_c10d._register_process_group("default", world_group)
 

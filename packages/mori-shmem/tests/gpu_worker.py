@@ -1,11 +1,12 @@
-"""GPU checks of mori.shmem: one process per GPU, started by torchrun (see test_gpu.py).
+"""GPU checks of mori.shmem: one process per PE, started by torchrun (see test_gpu.py).
 
-Initializes exactly as the MORI guide's Method 1 (torch process group registered as "default"),
-then runs (1) device-API kernels compiled by NVRTC against mori's headers: put ring, get ring,
-put with signal + wait_until, fetch-add from every PE, device barrier, p/g/ptr and
-shmem_barrier_on_stream; (2) the CPU suite's host-API and RMA checks on the GPU heap; (3) tensors
-on the heap; (4) finalize and init again. Heap mode comes from MORI_SHMEM_MODE. Prints one line
-per passed check on rank 0 and exits non-zero on the first failure.
+Initializes as the MORI guide's Method 1 (torch process group registered as "default"; when PEs
+share a GPU the group is gloo: ci/device/gpu_world.py), then runs (1) device-API kernels compiled
+by NVRTC against mori's headers: put ring, get ring, put with signal + wait_until, fetch-add from
+every PE, device barrier, p/g/ptr and shmem_barrier_on_stream; (2) the CPU suite's host-API and
+RMA checks on the GPU heap; (3) tensors on the heap; (4) finalize and init again. Heap mode comes
+from MORI_SHMEM_MODE. Prints one line per passed check on rank 0 and exits non-zero on the first
+failure.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import test_host_api
 import test_rma
 import torch
 import torch.distributed as dist
+from gpu_world import init_world
 
 import mori.shmem as shmem
 from mori.core import _cuda as cu
@@ -197,10 +199,7 @@ def tensor_checks() -> None:
 
 
 def main() -> int:
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group(backend="cpu:gloo,cuda:nccl")
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    init_world()
     pool = TorchPool()
     pool.init()
     device_api_checks(Kernels(), int(sys.argv[1]) if len(sys.argv) > 1 else (8 << 20) + 13)

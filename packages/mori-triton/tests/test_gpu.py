@@ -1,4 +1,5 @@
-"""GPU tests, run by every rank under torchrun (ci/device/triton.sh): 2 and 4 GPUs.
+"""GPU tests, run by every rank under torchrun (ci/device/triton.sh): any number of PEs on any
+number of GPUs (PEs beyond the GPU count share GPUs: ci/device/gpu_world.py).
 
 Each rank regenerates every rank's random input from (seed, rank), so references need no
 communication: sums are checked bit for bit against an fp32 accumulation in rank order.
@@ -7,6 +8,8 @@ communication: sums are checked bit for bit against an fp32 accumulation in rank
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,9 +28,10 @@ def world():
 
     if "LOCAL_RANK" not in os.environ:
         pytest.fail("GPU tests run under torchrun (ci/device/triton.sh)")
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group(backend="cpu:gloo,cuda:nccl")
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "ci" / "device"))
+    from gpu_world import init_world
+
+    init_world()
     shmem.shmem_torch_process_group_init("default")
     install_hook()
     yield shmem.shmem_mype(), shmem.shmem_npes()
@@ -198,9 +202,10 @@ def test_all_reduce_v3_mixed_sizes_and_sentinel_inputs(world):
         x.view(torch.int16)[hit] = -1  # the sentinel's bits
         out = op(x, out=torch.empty_like(x), cfg=cfg)
         torch.cuda.synchronize()
-        hits = [torch.zeros(shape, dtype=torch.uint8, device="cuda") for _ in range(n)]
-        torch.distributed.all_gather(hits, hit.to(torch.uint8))
-        nan = torch.stack(hits).bool().any(0)
+        # on CPU tensors: PEs sharing a GPU have a gloo group only
+        hits = [torch.zeros(shape, dtype=torch.uint8) for _ in range(n)]
+        torch.distributed.all_gather(hits, hit.to(torch.uint8).cpu())
+        nan = torch.stack(hits).bool().any(0).cuda()
         assert torch.isnan(out[nan]).all()
         assert torch.equal(out[~nan].view(torch.int16), _reference(600, n, shape, torch.bfloat16)[~nan].view(torch.int16))
         with pytest.raises(ValueError, match="lamport_max_bytes"):
