@@ -11,6 +11,8 @@ several PEs on one GPU on a single-GPU host (correctness only there: see docs/sh
   own collectives on CPU tensors, which both choices serve.
 - The world group is registered as ``"default"``, as MORI's guide does, so that
   ``shmem_torch_process_group_init("default")`` finds it.
+- A kernel that waits for its peers' kernels needs all of them resident at once under MPS: with
+  :func:`pes_per_gpu` PEs on a GPU, each may hold only that share of the GPU's blocks.
 
 ``ci/device/*.sh`` choose the PE counts (``--pes "2 4"``) and start MPS when PEs share a GPU
 (``ci/device/multi_pe.sh``). Tests import this module from ``ci/device`` (they put it on
@@ -22,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["CI_DEVICE", "gpus_shared", "init_world", "pe_device", "process_group_backend"]
+__all__ = ["CI_DEVICE", "gpus_shared", "init_world", "pe_device", "pes_per_gpu", "process_group_backend"]
 
 CI_DEVICE = Path(__file__).resolve().parent
 
@@ -44,11 +46,16 @@ def pe_device() -> int:
     return _local()[0] % count
 
 
-def gpus_shared() -> bool:
-    """Whether this host's PEs outnumber its GPUs (some PEs share a GPU)."""
+def pes_per_gpu() -> int:
+    """The most PEs of this host on one GPU (1 with a GPU per PE)."""
     import torch
 
-    return _local()[1] > torch.cuda.device_count()
+    return -(-_local()[1] // max(1, torch.cuda.device_count()))
+
+
+def gpus_shared() -> bool:
+    """Whether this host's PEs outnumber its GPUs (some PEs share a GPU)."""
+    return pes_per_gpu() > 1
 
 
 def process_group_backend() -> str:

@@ -62,9 +62,11 @@ pes_share_gpus() {
       PES_MPS_STARTED=1
     fi
   fi
-  # A client must start under the daemon, or every PE would fail at its first CUDA call.
-  if _pes_mps_answers && timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" \
-      > /dev/null 2>&1; then
+  # A client must start under the daemon, or every PE would fail at its first CUDA call. One retry:
+  # on the H100, a probe started beside another script's first client failed once.
+  local probe="import torch; torch.ones(1, device='cuda').sum().item()"
+  if _pes_mps_answers && { timeout 60 python3 -c "$probe" > /dev/null 2>&1 \
+      || { sleep 2; timeout 60 python3 -c "$probe" > /dev/null 2>&1; }; }; then
     echo "== $n PEs on $GPU_COUNT GPUs (up to $per per GPU): MPS ($CUDA_MPS_PIPE_DIRECTORY)"
   else
     echo "== $n PEs on $GPU_COUNT GPUs (up to $per per GPU): MPS unusable here, driver time-slicing"

@@ -12,8 +12,9 @@ set -uo pipefail
 pes_parse_args "$@" || exit 2
 trap pes_stop_mps EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-# A peer that never signals fails a kernel after 10 s instead of holding the GPUs.
-export MORI_SHMEM_TIMEOUT=${MORI_SHMEM_TIMEOUT:-10}
+# A peer that never signals fails a kernel after 10 s instead of holding the GPUs (30 s when PEs
+# share a GPU: a PE still compiling a kernel its peers already run makes them wait that long).
+user_wait=${MORI_SHMEM_TIMEOUT:-}
 OUT=${OUT:-/tmp/mori-out}
 mkdir -p "$OUT"
 run_tests=1; run_bench=1; modes="static vmm"; bench_args=()
@@ -47,15 +48,18 @@ fi
 if [ $run_tests = 1 ]; then
   for n in $PES; do
     pes_share_gpus "$n"
+    wait_s=${user_wait:-$(( n > GPU_COUNT ? 30 : 10 ))}
     for mode in $modes; do
       echo "== GPU tests, $n PEs, $mode heap"
       t1=$(date +%s)
       # 110 s covered 4 PEs on 4 GPUs; PEs sharing a GPU take longer, so the limit grows with them.
-      MORI_SHMEM_MODE=$mode timeout $(( 60 + 25 * n * (n > GPU_COUNT ? 2 : 1) )) \
+      MORI_SHMEM_MODE=$mode MORI_SHMEM_TIMEOUT=$wait_s timeout $(( 60 + 25 * n * (n > GPU_COUNT ? 2 : 1) )) \
         torchrun --standalone --nproc_per_node=$n -m pytest -q -m gpu -p no:cacheprovider \
         "$repo/packages/mori-triton/tests/test_gpu.py" > "$OUT/tests_${n}_$mode.log" 2>&1
       rc=$?; echo "rc=$rc in $(( $(date +%s) - t1 ))s"
-      grep -E "passed|failed|error|Error" "$OUT/tests_${n}_$mode.log" | sort | uniq -c | sort -rn | head -15
+      # every rank prints pytest's summary: count the identical lines
+      grep -E "^[0-9]+ (passed|failed)|^(FAILED|ERROR) |^E   " "$OUT/tests_${n}_$mode.log" | cut -c1-220 \
+        | sort | uniq -c | sort -rn | head -15
       [ $rc = 0 ] || status=1
     done
   done

@@ -17,6 +17,19 @@ import torch
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+PES_PER_GPU = 1  # set by the world fixture
+
+
+def _fit(cfg):
+    """``cfg`` with its block cap divided among the PEs sharing this GPU.
+
+    The all-reduce kernels wait for their peers' blocks: PEs that share a GPU (under MPS) must
+    all be resident at once, so each gets its share of the GPU (the 132-block configuration of 4
+    PEs on one H100 waited out MORI_SHMEM_TIMEOUT).
+    """
+    import dataclasses
+
+    return dataclasses.replace(cfg, max_blocks=max(1, cfg.max_blocks // PES_PER_GPU))
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +42,10 @@ def world():
     if "LOCAL_RANK" not in os.environ:
         pytest.fail("GPU tests run under torchrun (ci/device/triton.sh)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "ci" / "device"))
-    from gpu_world import init_world
+    from gpu_world import init_world, pes_per_gpu
 
+    global PES_PER_GPU
+    PES_PER_GPU = pes_per_gpu()
     init_world()
     shmem.shmem_torch_process_group_init("default")
     install_hook()
@@ -159,7 +174,7 @@ def test_all_reduce_exact(world, dtype, shape, config):
     rank, n = world
     op = AllReduce(max_bytes=32 << 20, one_shot_max_bytes=32 << 20, lamport_max_bytes=32 << 20)
     try:
-        cfg = AllReduceConfig(*config)
+        cfg = _fit(AllReduceConfig(*config))
         for it in range(4):  # repeated calls exercise the epochs, the slot parity and the cached launch
             x = _input(100 + it, rank, shape, DTYPES[dtype])
             # odd calls in place, even ones into a fresh output
@@ -189,12 +204,13 @@ def test_all_reduce_v3_mixed_sizes_and_sentinel_inputs(world):
         plan = [((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v3")), ((3, 1000), AllReduceConfig(True, 1024, 4, 3, "v3")),
                 ((256, 4096), AllReduceConfig(False, 2048, 4, 64, "v3")), ((64, 7168), AllReduceConfig(True, 2048, 8, 64, "v3")),
                 ((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v2"))] * 3
+        plan = [(shape, _fit(cfg)) for shape, cfg in plan]
         xs = [_input(500 + i, rank, shape, torch.bfloat16) for i, (shape, _) in enumerate(plan)]
         outs = [op(x, out=torch.empty_like(x), cfg=cfg) for x, (_, cfg) in zip(xs, plan)]
         torch.cuda.synchronize()
         for i, (out, (shape, _)) in enumerate(zip(outs, plan)):
             _same_bits(out, _reference(500 + i, n, shape, torch.bfloat16))
-        shape, cfg = (64, 7168), AllReduceConfig(False, 1024, 4, 112, "v3")
+        shape, cfg = (64, 7168), _fit(AllReduceConfig(False, 1024, 4, 112, "v3"))
         x = _input(600, rank, shape, torch.bfloat16)
         hit = torch.zeros(shape, dtype=torch.bool, device="cuda").view(-1)
         hit[rank::97] = True
