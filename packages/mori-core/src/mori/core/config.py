@@ -81,6 +81,15 @@ def _device_list(text: str, name: str) -> tuple[bool, tuple[str, ...]]:
     return exclude, names
 
 
+def _transport_list(text: str, name: str) -> tuple[str, ...]:
+    """``tcp,sm`` -> ("tcp", "sm"): UCX transport names."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or any(not re.fullmatch(r"[a-z][a-z0-9_]*", n) for n in names):
+        raise ConfigError(f"{name}={text!r} is not a transport list; expected UCX transport names such as "
+                          "'rc,dc,self' or 'tcp,sm,self'")
+    return names
+
+
 def _positive_int(text: str, name: str) -> int:
     try:
         value = int(text)
@@ -159,6 +168,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_IO_NVLINK_KERNEL_MAX", _size, 1 << 20,
                  "NVLink backend: blocks smaller than this go to the gather kernel, larger ones to the copy engines.",
                  SIZE_FORMS),
+        Variable("MORI_IO_RDMA_TRANSPORTS", _transport_list, None,
+                 "RDMA backend: the UCX transports it may use (UCX_TLS); unset: UCX's choice, and the backend "
+                 "refuses a host where UCX finds no RDMA NIC.", "'rc,dc,self', 'tcp,sm,self', 'tcp,cuda_copy'"),
         Variable("MORI_IO_TCP_STAGING_SIZE", _size, 64 << 20,
                  "TCP backend: pinned host memory for staging GPU memory, per side (initiator, target) "
                  "and engine; buffers of 4 MiB (less when smaller than 8 MiB, at least 128 KiB).", SIZE_FORMS),

@@ -48,9 +48,9 @@ def _tcp() -> BackendFactory:
 
 
 def _rdma() -> BackendFactory:
-    from .rdma import create_rdma_backend
+    from .rdma import RdmaBackend
 
-    return create_rdma_backend
+    return RdmaBackend
 
 
 def _nvlink() -> BackendFactory:

@@ -1,0 +1,242 @@
+"""The RDMA backend on UCX, two engines in this process over UCX's tcp transport (loopback).
+
+Needs the libucx wheel (ci/setup.sh installs mori-io's rdma extra). Across real network
+namespaces: test_rdma_netns.py; the C-level layout of the ctypes structures: test_ucx_layout.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from mori.io import (
+    BackendType,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    PollCqMode,
+    RdmaBackendConfig,
+    StatusCode,
+)
+from mori.io.backends.rdma import ucx_net_devices
+
+SIZE = 4 << 20
+
+
+@pytest.fixture(autouse=True)
+def _tcp_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
+    monkeypatch.setenv("MORI_IO_TIMEOUT", "10")
+
+
+def _pair(config: RdmaBackendConfig | None = None, tcp: bool = False) -> tuple[IOEngine, IOEngine]:
+    a, b = IOEngine("init", IOEngineConfig()), IOEngine("targ", IOEngineConfig())
+    for e in (a, b):
+        e.create_backend(BackendType.RDMA, config)
+        if tcp:
+            e.create_backend(BackendType.TCP)
+    a.register_remote_engine(b.get_engine_desc())
+    b.register_remote_engine(a.get_engine_desc())
+    return a, b
+
+
+class Pair:
+    def __init__(self, config: RdmaBackendConfig | None = None, tcp: bool = False) -> None:
+        self.a, self.b = _pair(config, tcp)
+        rng = np.random.default_rng(5)
+        self.la = rng.integers(0, 256, SIZE, dtype=np.uint8)
+        self.rb = rng.integers(0, 256, SIZE, dtype=np.uint8)
+        self.ma = self.a.register_memory(int(self.la.ctypes.data), SIZE, -1, MemoryLocationType.CPU)
+        mb = self.b.register_memory(int(self.rb.ctypes.data), SIZE, -1, MemoryLocationType.CPU)
+        self.mb = MemoryDesc.unpack(mb.pack())  # as a peer receives it
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
+    p = Pair(RdmaBackendConfig(qp_per_transfer=2, num_worker_threads=2))
+    mp.undo()
+    yield p
+    p.close()
+
+
+def _done(st: object) -> StatusCode:
+    assert st.WaitFor(30), st  # type: ignore[attr-defined]
+    return st.Code()  # type: ignore[attr-defined,no-any-return]
+
+
+def test_write_read_and_notification(pair: Pair) -> None:
+    uid = pair.a.allocate_transfer_uid()
+    assert _done(pair.a.write(pair.ma, 4096, pair.mb, 8192, 1 << 20, uid)) == StatusCode.SUCCESS
+    assert np.array_equal(pair.rb[8192:8192 + (1 << 20)], pair.la[4096:4096 + (1 << 20)])
+    for _ in range(200):
+        inbound = pair.b.pop_inbound_transfer_status("init", uid)
+        if inbound is not None:
+            break
+        __import__("time").sleep(0.01)
+    assert inbound is not None and inbound.Succeeded()
+    assert pair.b.pop_inbound_transfer_status("init", uid) is None  # popped once
+    uid = pair.a.allocate_transfer_uid()
+    assert _done(pair.a.read(pair.ma, 0, pair.mb, SIZE - 100, 100, uid)) == StatusCode.SUCCESS
+    assert np.array_equal(pair.la[:100], pair.rb[SIZE - 100:])
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_batches_scatter_byte_for_byte(pair: Pair, op: str) -> None:
+    block, n = 3000, 500
+    local = [i * block for i in range(n)]
+    remote = [(n - 1 - i) * block + 17 for i in range(n)]  # reversed, unaligned
+    before_l, before_r = pair.la.copy(), pair.rb.copy()
+    fn = pair.a.batch_read if op == "read" else pair.a.batch_write
+    assert _done(fn(pair.ma, local, pair.mb, remote, [block] * n, pair.a.allocate_transfer_uid())) \
+        == StatusCode.SUCCESS
+    src, dst = (before_r, pair.la) if op == "read" else (before_l, pair.rb)
+    so, do = (remote, local) if op == "read" else (local, remote)
+    expect = (before_l if op == "read" else before_r).copy()
+    for s, d in zip(so, do):
+        expect[d:d + block] = src[s:s + block]
+    assert np.array_equal(dst, expect)
+
+
+def test_numpy_batch_and_contiguous_blocks_merge(pair: Pair) -> None:
+    offs = np.arange(0, 1 << 20, 4096, dtype=np.int64)
+    sizes = np.full(len(offs), 4096, dtype=np.int64)
+    pair.la[: 1 << 20] = 7
+    st = pair.a.batch_write(pair.ma, offs, pair.mb, offs + 4096, sizes, pair.a.allocate_transfer_uid())
+    assert _done(st) == StatusCode.SUCCESS
+    assert (pair.rb[4096:4096 + (1 << 20)] == 7).all()
+
+
+def test_session(pair: Pair) -> None:
+    sess = pair.a.create_session(pair.ma, pair.mb)
+    assert sess is not None and sess.alive()
+    pair.la[:4096] = 42
+    assert _done(sess.write(0, 0, 4096, sess.allocate_transfer_uid())) == StatusCode.SUCCESS
+    assert (pair.rb[:4096] == 42).all()
+    pair.rb[4096:8192] = 9
+    assert _done(sess.batch_read([8192], [4096], [4096], sess.allocate_transfer_uid())) == StatusCode.SUCCESS
+    assert (pair.la[8192:12288] == 9).all()
+
+
+def test_bounds_are_checked_and_nothing_moves(pair: Pair) -> None:
+    before = pair.rb.copy()
+    for args in ((0, 0, SIZE + 1), (-1, 0, 10), (0, SIZE - 10, 11)):
+        st = pair.a.write(pair.ma, args[0], pair.mb, args[1], args[2], pair.a.allocate_transfer_uid())
+        assert _done(st) == StatusCode.ERR_INVALID_ARGS, st
+    assert np.array_equal(pair.rb, before)
+
+
+def test_descriptor_without_key_is_not_served_by_rdma(pair: Pair) -> None:
+    bare = MemoryDesc(pair.mb.engine_key, pair.mb.id, pair.mb.data, pair.mb.size, -1, MemoryLocationType.CPU)
+    st = pair.a.write(pair.ma, 0, bare, 0, 10, pair.a.allocate_transfer_uid())
+    assert _done(st) == StatusCode.ERR_BAD_STATE and "no backend" in st.Message()
+
+
+def test_config_fields_are_validated() -> None:
+    e = IOEngine("cfg", IOEngineConfig())
+    try:
+        for bad in (RdmaBackendConfig(qp_per_transfer=0), RdmaBackendConfig(num_worker_threads=65),
+                    RdmaBackendConfig(post_batch_size=0)):
+            with pytest.raises(ValueError, match="RdmaBackendConfig"):
+                e.create_backend(BackendType.RDMA, bad)
+        with pytest.raises(TypeError, match="RdmaBackendConfig"):
+            e.create_backend(BackendType.RDMA, object())
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("mode", [PollCqMode.POLLING, PollCqMode.EVENT])
+def test_poll_modes_post_batches_and_no_notification(mode: PollCqMode) -> None:
+    p = Pair(RdmaBackendConfig(poll_cq_mode=mode, post_batch_size=7, enable_notification=False))
+    try:
+        uid = p.a.allocate_transfer_uid()
+        offs = list(range(0, 1 << 20, 8192))
+        st = p.a.batch_write(p.ma, offs, p.mb, offs, [4096] * len(offs), uid)
+        assert _done(st) == StatusCode.SUCCESS
+        for o in offs:
+            assert np.array_equal(p.rb[o:o + 4096], p.la[o:o + 4096])
+        __import__("time").sleep(0.3)
+        assert p.b.pop_inbound_transfer_status("init", uid) is None  # enable_notification=False
+    finally:
+        p.close()
+
+
+def test_default_refuses_a_host_without_rdma_nic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MORI_IO_RDMA_TRANSPORTS")
+    e = IOEngine("refuse", IOEngineConfig())
+    try:
+        with pytest.raises(RuntimeError, match="finds no RDMA NIC.*MORI_IO_RDMA_TRANSPORTS"):
+            e.create_backend(BackendType.RDMA)
+    finally:
+        e.close()
+
+
+def test_bad_transport_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp;sm")
+    e = IOEngine("badtl", IOEngineConfig())
+    try:
+        with pytest.raises(ValueError, match="MORI_IO_RDMA_TRANSPORTS='tcp;sm'"):
+            e.create_backend(BackendType.RDMA)
+    finally:
+        e.close()
+
+
+def test_rdma_devices_select_network_devices(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    (tmp_path / "mlx5_0" / "ports" / "1").mkdir(parents=True)
+    (tmp_path / "mlx5_0" / "ports" / "2").mkdir(parents=True)
+    assert ucx_net_devices((False, ("mlx5_0", "mlx5_1:1", "lo")), tmp_path) == "mlx5_0:1,mlx5_0:2,mlx5_1:1,lo"
+    assert ucx_net_devices((True, ("mlx5_0",)), tmp_path) == "^mlx5_0:1,mlx5_0:2"
+    # Over tcp the setting selects interfaces: a device that does not exist leaves UCX nothing to use.
+    monkeypatch.setenv("MORI_RDMA_DEVICES", "nosuchnic0")
+    e = IOEngine("nodev", IOEngineConfig())
+    try:
+        with pytest.raises(RuntimeError, match="no usable transport or device .*NET_DEVICES=nosuchnic0"):
+            e.create_backend(BackendType.RDMA)
+        monkeypatch.setenv("MORI_RDMA_DEVICES", "lo")  # the loopback interface: tcp over it works
+        e.create_backend(BackendType.RDMA)
+    finally:
+        e.close()
+
+
+def test_failover_to_tcp_when_rdma_breaks() -> None:
+    p = Pair(tcp=True)
+    try:
+        p.la[:4096] = 1
+        assert _done(p.a.write(p.ma, 0, p.mb, 0, 4096, p.a.allocate_transfer_uid())) == StatusCode.SUCCESS
+        rdma = p.a._backends[BackendType.RDMA]
+        assert rdma.healthy("targ")
+        p.b.remove_backend(BackendType.RDMA)  # the target's UCX worker goes away
+        codes = []
+        for i in range(3):  # RDMA fails (or is already known broken), then TCP carries the bytes
+            p.la[:4096] = 10 + i
+            codes.append(_done(p.a.write(p.ma, 0, p.mb, 0, 4096, p.a.allocate_transfer_uid())))
+            if codes[-1] == StatusCode.SUCCESS:
+                assert (p.rb[:4096] == 10 + i).all()
+                break
+        assert codes[-1] == StatusCode.SUCCESS, codes
+        assert not rdma.healthy("targ")
+    finally:
+        p.close()
+
+
+def test_deregistered_engine_is_refused(pair: Pair) -> None:
+    st = pair.a.write(pair.ma, 0, pair.mb, 0, 16, pair.a.allocate_transfer_uid())
+    assert _done(st) == StatusCode.SUCCESS
+    pair.b.deregister_remote_engine(pair.a.get_engine_desc())
+    try:
+        # The control plane refuses a fresh connect; the initiator's cached route is its own
+        # affair, so make it ask again.
+        pair.a.deregister_remote_engine(pair.b.get_engine_desc())
+        pair.a.register_remote_engine(pair.b.get_engine_desc())
+        st = pair.a.write(pair.ma, 0, pair.mb, 0, 16, pair.a.allocate_transfer_uid())
+        assert _done(st) == StatusCode.ERR_NOT_FOUND and "not registered" in st.Message()
+    finally:
+        pair.b.register_remote_engine(pair.a.get_engine_desc())
