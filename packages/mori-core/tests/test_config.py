@@ -72,6 +72,7 @@ _BAD_BY_PARSER = {
     "_device_list": ["", "^", ",", "mlx5_0,bad name", "mlx5_0;rm"],
     "_choice.<locals>.parse": ["definitely-not-an-option", "", "st atic"],
     "_host": ["not a host", "bad!host", "-leading-dash", "10.0.0.1/24", "a..b"],
+    "_transport_list": ["", ",", "tcp;sm", "TCP", "rc x", "^tcp"],
 }
 # Free text: any string is a valid value (paths and secrets), so there is no bad form to reject.
 _FREE_FORM = {"_text"}

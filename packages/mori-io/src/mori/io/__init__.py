@@ -1,8 +1,8 @@
 """mori.io: the IOEngine, point-to-point transfers of registered memory (KV cache) between engines.
 
 MORI's Python API: create an :class:`IOEngine`, create a backend (``BackendType.TCP`` on any host,
-``BackendType.XGMI``/``NVLINK`` between GPUs of one host), register remote engines and memory,
-then ``read``/``write``/``batch_read``/``batch_write`` or an :class:`IOEngineSession`; each call
+``BackendType.XGMI``/``NVLINK`` between GPUs of one host, ``BackendType.RDMA`` on UCX), register
+remote engines and memory, then ``read``/``write``/``batch_read``/``batch_write`` or an :class:`IOEngineSession`; each call
 returns a :class:`TransferStatus`.
 """
 

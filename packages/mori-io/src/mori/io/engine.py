@@ -181,7 +181,7 @@ class IOEngine:
         return self._desc
 
     def create_backend(self, type: BackendType, config: Any = None) -> None:  # noqa: A002 (MORI's name)
-        """Creates the backend of ``type`` (TCP, XGMI/NVLINK; RDMA raises: no RDMA device here)."""
+        """Creates the backend of ``type`` (TCP, XGMI/NVLINK, RDMA on UCX) with its config (None: defaults)."""
         if not isinstance(type, BackendType):
             raise TypeError(f"backend type must be a BackendType, got {type!r}")
         with self._lock:

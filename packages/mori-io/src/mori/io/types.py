@@ -82,7 +82,14 @@ class IOEngineConfig:
 
 @dataclass
 class RdmaBackendConfig:
-    """RDMA backend settings (kept for API compatibility; no RDMA device exists on our machines)."""
+    """RDMA backend settings (UCX underneath; docs/io.md says what each field means there).
+
+    ``qp_per_transfer``: endpoints (lanes) per peer and worker, 1..64; ``post_batch_size``:
+    operations posted between two progress calls (-1: a whole transfer); ``num_worker_threads``:
+    UCX workers, each with a progress thread, 1..64; ``poll_cq_mode``: spin while transfers are
+    outstanding (``POLLING``) or sleep on the worker's event fd (``EVENT``);
+    ``enable_notification``: send the target a completion record per transfer.
+    """
 
     qp_per_transfer: int = 1
     post_batch_size: int = -1
