@@ -39,6 +39,7 @@ from .base import Backend, BackendContext, TransferOp, TransferRequest
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 
 _MAX_RKEY = 64 << 10  # a packed remote key larger than this is not one
+_MAX_INITIATORS = 1 << 16  # notification ids kept; the oldest initiator's is dropped beyond this
 _MEM_TYPE = {MemoryLocationType.CPU: U.UCS_MEMORY_TYPE_HOST, MemoryLocationType.GPU: U.UCS_MEMORY_TYPE_CUDA}
 
 
@@ -185,6 +186,9 @@ class RdmaBackend(Backend):
         with self._lock:
             conn = self._issued.get(key)
             if conn is None:
+                if len(self._issued) >= _MAX_INITIATORS:  # any engine with the token may connect: bounded
+                    old_key = next(iter(self._issued))
+                    self._accepted.pop(self._issued.pop(old_key), None)
                 conn = self._issued[key] = secrets.randbits(63) | 1
                 self._accepted[conn] = key
         return {"workers": [w.address for w in self._workers], "conn": conn}
@@ -254,14 +258,14 @@ class RdmaBackend(Backend):
             self._ucx.ucp.ucp_mem_unmap(self._context, memh)
 
     def register_remote_engine(self, desc: EngineDesc) -> None:
-        pass  # endpoints are made at the first transfer; rdma.connect is served to registered engines only
+        pass  # endpoints are made at the first transfer
 
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
+        # As a target this engine serves any engine holding the token, registered or not (as MORI):
+        # the notification id handed to desc.key stays valid.
         with self._lock:
             self._routes.pop(desc.key, None)
             self._unhealthy.pop(desc.key, None)
-            conn = self._issued.pop(desc.key, None)
-            self._accepted.pop(conn or 0, None)
         for w in self._workers:
             w.forget(desc.key)
 
