@@ -1,12 +1,14 @@
-"""The LLVM IR path: kernels written as LLVM IR text that call ``@mori_shmem_*``.
+"""The LLVM IR path (and the MLIR path's back end): kernels that call ``@mori_shmem_*``.
 
-No clang is needed: Triton's own LLVM (``triton._C.libtriton.llvm``) links the device bitcode and
-emits PTX, Triton's ``ptxas`` makes the cubin, and :class:`IrModule` loads it with the CUDA driver
-and writes mori's device state into it with ``shmem_module_init``.
+No clang is needed: Triton's own MLIR and LLVM (``triton._C.libtriton``) translate MLIR to LLVM IR,
+link the device bitcode and emit PTX, Triton's ``ptxas`` makes the cubin, and :class:`IrModule`
+loads it with the CUDA driver and writes mori's device state into it with ``shmem_module_init``.
 
-Linking: Triton's linker pulls in only the library functions a module references, so the library
-part is produced from a declaration-only module (one ``llvm.func`` per symbol the kernel
-declares, from the device-function table), then the kernel's definitions are appended as text.
+Linking: Triton's linker pulls in only the library functions a module declares. An MLIR module
+(path 2, :mod:`mori.triton.mlir`) is linked as it is. LLVM IR text cannot be parsed into a module
+through Triton's bindings, so for it the library part is produced from a declaration-only MLIR
+module (one ``llvm.func`` per symbol the kernel calls, from the device-function table), then the
+kernel's definitions are appended as text.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from typing import Any
 from ._bitcode import DEFAULT_ARCH, BitcodeError, find_bitcode
 from ._table import FUNCTIONS
 
-__all__ = ["declarations", "compile_ir", "IrModule"]
+__all__ = ["declarations", "compile_ir", "compile_mlir_text", "mlir_signature", "IrModule"]
 
 _TRIPLE = "nvptx64-nvidia-cuda"
 _LLVM_TYPES = {"i32": "i32", "u32": "i32", "i64": "i64", "u64": "i64", "f32": "float", "f64": "double", "ptr": "i64"}
+_MLIR_TYPES = {"i32": "i32", "u32": "i32", "i64": "i64", "u64": "i64", "f32": "f32", "f64": "f64", "ptr": "i64"}
 _BY_SYMBOL = {f.symbol: f for f in FUNCTIONS}
 _CALLED_RE = re.compile(r"@(mori_shmem_\w+)")
 _DECLARE_RE = re.compile(r"^\s*declare\b[^\n]*@(mori_shmem_\w+)\([^\n]*$", re.MULTILINE)
@@ -41,24 +44,33 @@ def declarations(symbols: Sequence[str] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mlir_signature(symbol: str) -> tuple[list[str], str]:
+    """``(parameter types, result type)`` of table function ``symbol`` in MLIR's llvm dialect."""
+    f = _BY_SYMBOL[symbol]
+    return [_MLIR_TYPES[t] for _, t in f.args], _MLIR_TYPES[f.ret]
+
+
 def _mlir_declarations(symbols: Sequence[str]) -> str:
     decls = []
     for s in symbols:
-        f = _BY_SYMBOL[s]
-        params = ", ".join(_LLVM_TYPES[t].replace("float", "f32").replace("double", "f64") for _, t in f.args)
-        ret = _LLVM_TYPES[f.ret].replace("float", "f32").replace("double", "f64")
-        decls.append(f"  llvm.func @{s}({params}) -> {ret}")
+        params, ret = mlir_signature(s)
+        decls.append(f"  llvm.func @{s}({', '.join(params)}) -> {ret}")
     return "module {\n" + "\n".join(decls) + "\n}\n"
 
 
-def _library_ir(symbols: Sequence[str], arch: str, bitcode: str) -> str:
-    from triton._C.libtriton import ir, llvm
+def _link_mlir(mlir_text: str, arch: str, bitcode: str) -> str:
+    """Translates MLIR text (llvm and nvvm dialects) with Triton's MLIR and links the bitcode into it.
+
+    The linker pulls in only the library functions the module declares; returns LLVM IR text.
+    """
+    from triton._C.libtriton import ir, llvm, nvidia
 
     context = ir.context()
     ir.load_dialects(context)
+    nvidia.load_dialects(context)  # nvvm ops and the nvvm.kernel marker (-> ptx_kernel) translate
     with tempfile.TemporaryDirectory(prefix="mori-ir-") as tmp:
-        path = Path(tmp) / "decls.mlir"
-        path.write_text(_mlir_declarations(symbols))
+        path = Path(tmp) / "module.mlir"
+        path.write_text(mlir_text)
         mlir_module = ir.parse_mlir_module(str(path), context)
     llvm.init_targets()
     llvm_context = llvm.context()
@@ -85,29 +97,47 @@ def compile_ir(kernel_ir: str, arch: str = DEFAULT_ARCH, bitcode: str | None = N
     Returns ``(ptx, cubin)``. Every ``@mori_shmem_*`` the text calls must be in the table; its own
     ``declare`` lines for them are optional (they are replaced by the definitions).
     """
-    from triton.backends.nvidia.compiler import get_ptxas
-
     called = sorted(set(_CALLED_RE.findall(kernel_ir)))
     unknown = [s for s in called if s not in _BY_SYMBOL]
     if unknown:
         raise BitcodeError(f"kernel IR calls symbols the device library does not define: {', '.join(unknown)}")
-    library = _library_ir(called, arch, bitcode or find_bitcode())
+    library = _link_mlir(_mlir_declarations(called), arch, bitcode or find_bitcode())
     body = _DECLARE_RE.sub("", kernel_ir)
-    # LLVM aborts the process on malformed IR: translate in a child so the caller gets an error.
-    done = subprocess.run([sys.executable, "-m", "mori.triton._llvm_ir", arch, _ptx_features(arch)],
-                          input=library + "\n" + body, capture_output=True, text=True, timeout=300)
+    ptx = _ptx_in_child("llvm", library + "\n" + body, arch, "", "LLVM could not compile the kernel IR")
+    return ptx, _assemble(ptx, arch)
+
+
+def compile_mlir_text(mlir_text: str, arch: str, bitcode: str) -> tuple[str, bytes]:
+    """The MLIR path's back end: MLIR text -> LLVM IR -> linked with ``bitcode`` -> ``(ptx, cubin)``."""
+    ptx = _ptx_in_child("mlir", mlir_text, arch, bitcode, "MLIR could not translate or compile the module")
+    return ptx, _assemble(ptx, arch)
+
+
+_CHILD = "import sys; from mori.triton._llvm_ir import _translate_main; sys.exit(_translate_main(sys.argv[1:]))"
+
+
+def _ptx_in_child(mode: str, text: str, arch: str, bitcode: str, what: str) -> str:
+    # MLIR and LLVM abort the process on some malformed input: run them in a child so the caller
+    # gets an error with their message instead.
+    done = subprocess.run([sys.executable, "-c", _CHILD, mode, arch, _ptx_features(arch), bitcode],
+                          input=text, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        raise BitcodeError(f"LLVM could not compile the kernel IR:\n{done.stderr.strip()[-4000:]}")
-    ptx = done.stdout
+        raise BitcodeError(f"{what}:\n{done.stderr.strip()[-4000:]}")
+    return done.stdout
+
+
+def _assemble(ptx: str, arch: str) -> bytes:
+    from triton.backends.nvidia.compiler import get_ptxas
+
     ptxas = get_ptxas(_capability(arch)).path
     with tempfile.TemporaryDirectory(prefix="mori-ptxas-") as tmp:
         src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
-        src.write_text(str(ptx))
+        src.write_text(ptx)
         done = subprocess.run([ptxas, f"--gpu-name={arch}", str(src), "-o", str(out)],
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise BitcodeError(f"ptxas failed ({done.returncode}): {done.stderr.strip()}")
-        return str(ptx), out.read_bytes()
+        return out.read_bytes()
 
 
 def _check(result: Any, what: str) -> Any:
@@ -151,14 +181,21 @@ class IrModule:
 
 
 def _translate_main(argv: list[str]) -> int:
-    """Child side of :func:`compile_ir`: LLVM IR on stdin -> PTX on stdout (argv: arch, features)."""
+    """Child side of :func:`_ptx_in_child` (argv: mode, arch, features, bitcode): stdin -> PTX on stdout.
+
+    Mode ``llvm``: stdin is linked LLVM IR. Mode ``mlir``: stdin is MLIR, translated and linked first.
+    """
     from triton._C.libtriton import llvm
 
-    arch, features = argv
-    llvm.init_targets()
-    sys.stdout.write(str(llvm.translate_to_asm(sys.stdin.read(), _TRIPLE, arch, features, [], False, False)))
+    mode, arch, features, bitcode = argv
+    text = sys.stdin.read()
+    try:
+        if mode == "mlir":
+            text = _link_mlir(text, arch, bitcode)
+        llvm.init_targets()
+        ptx = str(llvm.translate_to_asm(text, _TRIPLE, arch, features, [], False, False))
+    except (RuntimeError, ValueError) as e:  # MLIR/LLVM printed their diagnostics to stderr already
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(ptx)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_translate_main(sys.argv[1:]))
