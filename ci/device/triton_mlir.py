@@ -1,7 +1,7 @@
 """The seed's MLIR kernels (mori.triton.mlir) on GPUs, one process per PE, under torchrun.
 
-Runs with any GPU count >= 1: PE r uses GPU ``r % device_count``, so several PEs may share one GPU
-(a gloo process group carries the bootstrap; NCCL refuses two ranks on one device). The kernels
+Runs with any GPU count >= 1: PEs start through ``gpu_world.init_world`` (PE r on GPU
+``r % device_count``, gloo when PEs share a GPU), so several PEs may share one GPU. The kernels
 come prebuilt (``python -m mori.triton.mlir --arch sm_90 --out DIR --cubin`` on a machine with the
 [mlir] extra): the GPU machine needs no MLIR. Checks, on every PE:
 
@@ -15,12 +15,12 @@ Usage: torchrun --nproc_per_node=N ci/device/triton_mlir.py --kernels DIR
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gpu_world import init_world  # beside this script (python puts its folder on sys.path)
 
 ROUNDS = 3
 GUARD = 0x5A5A5A5A  # the words around the target: a put that lands one word off shows up
@@ -38,9 +38,7 @@ def main() -> int:
     import mori.shmem as shmem
     from mori.triton.mlir import IrModule
 
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    dist.init_process_group(backend="gloo")
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
+    init_world()
     shmem.shmem_torch_process_group_init("default")
     me, n = shmem.shmem_mype(), shmem.shmem_npes()
     stream = torch.cuda.current_stream().cuda_stream
