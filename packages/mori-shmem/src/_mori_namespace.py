@@ -8,7 +8,7 @@ use. Nothing heavy is imported at start-up.
 
 import importlib
 
-_SUBPACKAGES = ("core", "shmem", "io", "triton")
+_SUBPACKAGES = ("core", "shmem", "ops", "io", "triton")
 
 
 def _install() -> None:

@@ -1,0 +1,330 @@
+// MORI-EP intra-node dispatch and combine: loads and stores on peers' symmetric heaps.
+//
+// Compiled at run time by NVRTC (mori.core.nvrtc) with mori's device headers; mori/ops/_gpu.py
+// prepends the EP_* layout constants and mirrors EpArgs with ctypes. The routing rule is the one
+// of mori/ops/_layout.py (MORI's): expert e lives on PE e / expertsPerRank, invalid ids are
+// dropped, a token goes once to each distinct destination PE, combine sums in float32 in top-k
+// order and rounds once.
+//
+// Every wait on another PE is in a one-block kernel launched after the data kernels, and no data
+// kernel waits on anything: with several PEs sharing one GPU (MPS or time-slicing) the spinning
+// blocks never fill the GPU and so can never keep a peer's data kernel from running.
+#define MORI_DEVICE_DEFINE_STATE
+#include <mori/device/shmem.cuh>
+
+using namespace mori::device;
+
+#ifndef EP_MAX_PES
+#error "EP_* constants must be defined by the host (mori/ops/_gpu.py)"
+#endif
+
+struct EpArgs {
+  // Caller tensors of this call (0 when absent).
+  uint64_t inp, weights, scales, indices;
+  // Op-owned buffers on the symmetric heap.
+  uint64_t dispTok, dispWeights, dispScales, dispIndices, dispSrcPos;
+  uint64_t combInp, combInpWeights, combOut, combOutWeights;
+  uint64_t control, destMap, expertCount;
+  int32_t rank, world, numTokens, k;
+  int32_t expertsPerRank, rowBytes, scaleBytes, hidden;
+  int32_t maxSend, maxRecv, inpRows, weightRows;
+};
+
+namespace {
+
+MORI_DEVICE_INLINE int32_t* Control(const EpArgs& a, int off) { return reinterpret_cast<int32_t*>(a.control) + off; }
+
+template <class T>
+MORI_DEVICE_INLINE T* Peer(T* local, int pe) {
+  return detail::PeerAddress(local, pe, "mori.ops");
+}
+
+// Warp copy of `bytes` (all threads of the warp call it with the same arguments).
+MORI_DEVICE_INLINE void WarpCopy(void* dst, const void* src, size_t bytes, int lane) {
+  detail::GroupCopy(dst, src, bytes, lane, 32);
+}
+
+// Destination PE of top-k entry `lane` of token `t`, -1 when the entry sends nothing (invalid id,
+// or an earlier entry of the row names the same PE). Every lane of the warp must call it.
+MORI_DEVICE_INLINE int SendingPe(const EpArgs& a, const int32_t* indices, int t, int lane) {
+  int pe = -1;
+  if (lane < a.k) {
+    const int32_t e = indices[(size_t)t * a.k + lane];
+    if (e >= 0 && e / a.expertsPerRank < a.world) pe = e / a.expertsPerRank;
+  }
+  bool duplicate = false;
+  for (int m = 0; m < a.k - 1; ++m) {
+    const int other = __shfl_sync(0xffffffffu, pe, m);
+    if (m < lane && pe >= 0 && other == pe) duplicate = true;
+  }
+  return duplicate ? -1 : pe;
+}
+
+MORI_DEVICE_INLINE void FenceSys() { ptx::FenceAcqRelSys(); }
+
+// ---- element conversions (round to nearest even, as torch's casts) ----------------------------
+MORI_DEVICE_INLINE float Bf16ToF32(uint16_t h) { return __uint_as_float(((uint32_t)h) << 16); }
+MORI_DEVICE_INLINE uint16_t F32ToBf16(float f) {
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#if __CUDA_ARCH__ >= 890
+MORI_DEVICE_INLINE float Fp8ToF32(uint8_t b) {
+  uint32_t h2;
+  uint16_t in = b;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((uint16_t)(h2 & 0xffff)));
+  return f;
+}
+MORI_DEVICE_INLINE uint8_t F32ToFp8(float f) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
+  return (uint8_t)(d & 0xff);
+}
+#else
+MORI_DEVICE_INLINE float Fp8ToF32(uint8_t) {
+  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
+}
+MORI_DEVICE_INLINE uint8_t F32ToFp8(float) {
+  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
+}
+#endif
+
+struct Bf16 {
+  using Storage = uint16_t;
+  static MORI_DEVICE_INLINE float Load(Storage v) { return Bf16ToF32(v); }
+  static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToBf16(f); }
+};
+struct F32 {
+  using Storage = float;
+  static MORI_DEVICE_INLINE float Load(Storage v) { return v; }
+  static MORI_DEVICE_INLINE Storage Store(float f) { return f; }
+};
+struct Fp8 {
+  using Storage = uint8_t;
+  static MORI_DEVICE_INLINE float Load(Storage v) { return Fp8ToF32(v); }
+  static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToFp8(f); }
+};
+
+}  // namespace
+
+// ================================ dispatch =====================================================
+// Data kernel: each warp takes tokens; per destination PE a block reserves its slots with one
+// remote atomic, then copies token row, top-k row, weights and scales into the peer's buffers and
+// records where each (token, entry) went in destMap (for combine).
+extern "C" __global__ void ep_dispatch_send(EpArgs a) {
+  __shared__ int32_t sCount[EP_MAX_PES], sBase[EP_MAX_PES], sRun[EP_MAX_PES];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int firstToken = blockIdx.x * warps + warp, tokenStride = gridDim.x * warps;
+  const int32_t* indices = reinterpret_cast<const int32_t*>(a.indices);
+  for (int p = threadIdx.x; p < a.world; p += blockDim.x) sCount[p] = sRun[p] = 0;
+  __syncthreads();
+  for (int t = firstToken; t < a.numTokens; t += tokenStride) {
+    const int pe = SendingPe(a, indices, t, lane);
+    if (pe >= 0) atomicAdd(&sCount[pe], 1);
+  }
+  __syncthreads();
+  int32_t* recvOffset = Control(a, EP_RECV_OFFSET);
+  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+    if (sCount[p] == 0) continue;
+    const int32_t base = ptx::AtomAddSys(Peer(recvOffset, p), sCount[p]);
+    if (base + sCount[p] > a.maxRecv) {
+      MORI_DEVICE_FAIL("dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
+                       "(raise max_total_recv_tokens or leave it 0)", p, a.maxRecv);
+    }
+    sBase[p] = base;
+    atomicAdd(Control(a, EP_SENT_COUNT) + p, sCount[p]);
+  }
+  __syncthreads();
+  int32_t* destMap = reinterpret_cast<int32_t*>(a.destMap);
+  for (int t = firstToken; t < a.numTokens; t += tokenStride) {
+    const int pe = SendingPe(a, indices, t, lane);
+    int slot = -1;
+    if (pe >= 0) slot = sBase[pe] + atomicAdd(&sRun[pe], 1);
+    if (lane < a.k) destMap[(size_t)t * a.k + lane] = pe >= 0 ? pe * a.maxSend + slot : -1;
+    uint32_t senders = __ballot_sync(0xffffffffu, pe >= 0);
+    while (senders) {
+      const int src = __ffs(senders) - 1;
+      senders &= senders - 1;
+      const int destPe = __shfl_sync(0xffffffffu, pe, src);
+      const size_t s = (size_t)__shfl_sync(0xffffffffu, slot, src);
+      if (lane == 0) Peer(reinterpret_cast<int32_t*>(a.dispSrcPos), destPe)[s] = a.rank * a.maxSend + t;
+      if (lane < a.k) {
+        Peer(reinterpret_cast<int32_t*>(a.dispIndices), destPe)[s * a.k + lane] = indices[(size_t)t * a.k + lane];
+        if (a.weights) {
+          Peer(reinterpret_cast<float*>(a.dispWeights), destPe)[s * a.k + lane] =
+              reinterpret_cast<const float*>(a.weights)[(size_t)t * a.k + lane];
+        }
+      }
+      if (a.scales && a.scaleBytes > 0) {
+        WarpCopy(Peer(reinterpret_cast<char*>(a.dispScales), destPe) + s * a.scaleBytes,
+                 reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes, lane);
+      }
+      WarpCopy(Peer(reinterpret_cast<char*>(a.dispTok), destPe) + s * a.rowBytes,
+               reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes, a.rowBytes, lane);
+    }
+  }
+  FenceSys();
+}
+
+// One block, a thread per destination PE: once the previous round's count was consumed there,
+// publish how many tokens this PE sent it (count + 1, so 0 means "nothing yet").
+extern "C" __global__ void ep_dispatch_signal(EpArgs a) {
+  FenceSys();
+  int32_t* signal = Control(a, EP_RECV_SIGNAL) + a.rank;
+  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+    int32_t* sent = Control(a, EP_SENT_COUNT) + p;
+    int32_t* remote = Peer(signal, p);
+    detail::WaitFor<int32_t>(remote, kCmpEq, 0, "dispatch: previous round's count not yet consumed");
+    ptx::StoreReleaseSys(remote, *sent + 1);
+    *sent = 0;
+  }
+}
+
+// One block, a thread per source PE: waits for every PE's count, sums them into totalRecv and
+// clears the slot counter for the next round.
+extern "C" __global__ void ep_dispatch_wait(EpArgs a) {
+  __shared__ int32_t sTotal;
+  if (threadIdx.x == 0) sTotal = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+    int32_t* signal = Control(a, EP_RECV_SIGNAL) + p;
+    const int32_t v = detail::WaitFor<int32_t>(signal, kCmpGt, 0, "dispatch: waiting for a peer's tokens");
+    ptx::StoreRelaxedSys(signal, 0);
+    atomicAdd(&sTotal, v - 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *Control(a, EP_TOTAL_RECV) = sTotal;
+    ptx::StoreRelaxedSys(Control(a, EP_RECV_OFFSET), 0);
+  }
+  FenceSys();
+}
+
+// One block: how many received top-k entries name each of this PE's experts.
+extern "C" __global__ void ep_local_expert_count(EpArgs a) {
+  int32_t* count = reinterpret_cast<int32_t*>(a.expertCount);
+  for (int e = threadIdx.x; e < a.expertsPerRank; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  const int total = *Control(a, EP_TOTAL_RECV);
+  const int32_t* idx = reinterpret_cast<const int32_t*>(a.dispIndices);
+  for (int i = threadIdx.x; i < total * a.k; i += blockDim.x) {
+    const int32_t e = idx[i];
+    if (e >= 0 && e / a.expertsPerRank == a.rank) atomicAdd(&count[e % a.expertsPerRank], 1);
+  }
+}
+
+// ================================ combine ======================================================
+// Data kernel: copies (or casts to fp8) the caller's combine input rows and weights into the
+// registered buffer that peers read. Rows past the caller's tensor are zeros.
+template <class In, class Wire>
+__device__ void CombineStage(const EpArgs& a) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int total = *Control(a, EP_TOTAL_RECV);
+  const int firstRow = blockIdx.x * warps + (threadIdx.x >> 5), rowStride = gridDim.x * warps;
+  for (int r = firstRow; r < total; r += rowStride) {
+    typename Wire::Storage* dst = reinterpret_cast<typename Wire::Storage*>(a.combInp) + (size_t)r * a.hidden;
+    const typename In::Storage* src = reinterpret_cast<const typename In::Storage*>(a.inp) + (size_t)r * a.hidden;
+    if (r >= a.inpRows) {
+      for (int i = lane; i < a.hidden; i += 32) dst[i] = Wire::Store(0.0f);
+    } else if (sizeof(typename In::Storage) == sizeof(typename Wire::Storage)) {
+      if (a.inp != a.combInp) WarpCopy(dst, src, (size_t)a.hidden * sizeof(*src), lane);
+    } else {
+      for (int i = lane; i < a.hidden; i += 32) dst[i] = Wire::Store(In::Load(src[i]));
+    }
+    if (a.weights && lane < a.k) {
+      const float w = r < a.weightRows ? reinterpret_cast<const float*>(a.weights)[(size_t)r * a.k + lane] : 0.0f;
+      reinterpret_cast<float*>(a.combInpWeights)[(size_t)r * a.k + lane] = w;
+    }
+  }
+  FenceSys();
+}
+
+extern "C" __global__ void ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp8>(a); }
+extern "C" __global__ void ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); }
+extern "C" __global__ void ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); }
+extern "C" __global__ void ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); }
+
+// One block: this PE's registered combine input is complete; tell every PE (epoch numbered, so
+// graph replays and repeated calls need no reset).
+extern "C" __global__ void ep_combine_barrier_signal(EpArgs a) {
+  __shared__ uint32_t sEpoch;
+  if (threadIdx.x == 0) {
+    uint32_t* epoch = reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));
+    sEpoch = *epoch + 1;
+    *epoch = sEpoch;
+  }
+  __syncthreads();
+  FenceSys();
+  uint32_t* flag = reinterpret_cast<uint32_t*>(Control(a, EP_BARRIER)) + a.rank;
+  for (int p = threadIdx.x; p < a.world; p += blockDim.x) ptx::StoreReleaseSys(Peer(flag, p), sEpoch);
+}
+
+// One block: waits until every PE's registered combine input of this round is complete.
+extern "C" __global__ void ep_combine_barrier_wait(EpArgs a) {
+  const uint32_t epoch = *reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));
+  uint32_t* flags = reinterpret_cast<uint32_t*>(Control(a, EP_BARRIER));
+  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+    detail::WaitFor<uint32_t>(flags + p, kCmpGe, epoch, "combine: waiting for a peer's expert outputs");
+  }
+  FenceSys();
+}
+
+// Data kernel: for each of this PE's tokens (split along hidden when warps outnumber tokens),
+// reads the rows its destinations hold for it and sums them in float32 in top-k order.
+template <class Out, class Wire>
+__device__ void CombineAccum(const EpArgs& a) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int globalWarp = blockIdx.x * warps + (threadIdx.x >> 5), globalWarps = gridDim.x * warps;
+  if (a.numTokens == 0) return;
+  int parts = globalWarps / a.numTokens;
+  const int maxParts = (a.hidden + 255) / 256;
+  parts = parts < 1 ? 1 : (parts > maxParts ? maxParts : parts);
+  const int chunk = (a.hidden + parts - 1) / parts;
+  const int32_t* destMap = reinterpret_cast<const int32_t*>(a.destMap);
+  for (int item = globalWarp; item < a.numTokens * parts; item += globalWarps) {
+    const int t = item / parts, part = item % parts;
+    const int begin = part * chunk, end = begin + chunk < a.hidden ? begin + chunk : a.hidden;
+    const int32_t d = lane < a.k ? destMap[(size_t)t * a.k + lane] : -1;
+    const typename Wire::Storage* src = nullptr;
+    const float* srcW = nullptr;
+    if (d >= 0) {
+      const int pe = d / a.maxSend;
+      const size_t slot = d % a.maxSend;
+      src = Peer(reinterpret_cast<typename Wire::Storage*>(a.combInp), pe) + slot * a.hidden;
+      srcW = Peer(reinterpret_cast<float*>(a.combInpWeights), pe) + slot * a.k;
+    }
+    const uint32_t valid = __ballot_sync(0xffffffffu, d >= 0);
+    typename Out::Storage* out = reinterpret_cast<typename Out::Storage*>(a.combOut) + (size_t)t * a.hidden;
+    for (int i = begin + lane; i < end; i += 32) {
+      float acc = 0.0f;
+      uint32_t m = valid;
+      while (m) {
+        const int j = __ffs(m) - 1;
+        m &= m - 1;
+        const typename Wire::Storage* row =
+            reinterpret_cast<const typename Wire::Storage*>(__shfl_sync(0xffffffffu, (unsigned long long)src, j));
+        acc += Wire::Load(row[i]);
+      }
+      out[i] = Out::Store(acc);
+    }
+    if (a.weights && part == 0) {
+      float acc = 0.0f;
+      uint32_t m = valid;
+      while (m) {
+        const int j = __ffs(m) - 1;
+        m &= m - 1;
+        const float* row = reinterpret_cast<const float*>(__shfl_sync(0xffffffffu, (unsigned long long)srcW, j));
+        if (lane < a.k) acc += row[lane];
+      }
+      if (lane < a.k) reinterpret_cast<float*>(a.combOutWeights)[(size_t)t * a.k + lane] = acc;
+    }
+  }
+}
+
+extern "C" __global__ void ep_combine_accum_bf16(EpArgs a) { CombineAccum<Bf16, Bf16>(a); }
+extern "C" __global__ void ep_combine_accum_f32(EpArgs a) { CombineAccum<F32, F32>(a); }
+extern "C" __global__ void ep_combine_accum_fp8(EpArgs a) { CombineAccum<Fp8, Fp8>(a); }
+extern "C" __global__ void ep_combine_accum_bf16_fp8(EpArgs a) { CombineAccum<Bf16, Fp8>(a); }

@@ -1,0 +1,129 @@
+"""mori.ops API surface (MORI's names, fields, defaults, enum values) and config validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import mori
+import mori.ops
+from mori.ops import EpDispatchCombineConfig, EpDispatchCombineKernelType, EpDispatchCombineOp
+from mori.ops._config import capacities, normalize_quant_type, validate_config
+
+#: MORI's EpDispatchCombineConfig: (field, default) in declaration order (MISSING: required).
+MORI_FIELDS = [
+    ("data_type", None), ("rank", None), ("world_size", None), ("hidden_dim", None), ("scale_dim", None),
+    ("scale_type_size", None), ("max_token_type_size", None), ("max_num_inp_token_per_rank", None),
+    ("num_experts_per_rank", None), ("num_experts_per_token", None), ("warp_num_per_block", 8),
+    ("block_num", 80), ("max_total_recv_tokens", 0), ("use_external_inp_buf", True),
+    ("kernel_type", EpDispatchCombineKernelType.IntraNode), ("gpu_per_node", 8), ("rdma_block_num", 0),
+    ("num_qp_per_pe", 1), ("quant_type", "none"),
+]
+
+MORI_METHODS = ["dispatch", "combine", "dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "reset",
+                "get_dispatch_src_token_pos", "get_registered_combine_input_buffer", "max_num_tokens_to_recv",
+                "max_num_tokens_to_recv_per_rank", "max_num_tokens_to_send", "max_num_tokens_to_send_per_rank",
+                "decode_send_flat_idx", "get_launch_config"]
+
+
+def base(**kw):
+    args = dict(data_type=torch.bfloat16, rank=0, world_size=8, hidden_dim=7168, scale_dim=0, scale_type_size=4,
+                max_token_type_size=2, max_num_inp_token_per_rank=128, num_experts_per_rank=32,
+                num_experts_per_token=8)
+    args.update(kw)
+    return EpDispatchCombineConfig(**args)
+
+
+def test_namespace_and_exports():
+    assert mori.ops is mori.ops  # the lazy namespace hook knows "ops"
+    for name in ("EpDispatchCombineConfig", "EpDispatchCombineKernelType", "EpDispatchCombineOp"):
+        assert name in mori.ops.__all__ and getattr(mori.ops, name)
+
+
+def test_config_fields_defaults_order():
+    fields = dataclasses.fields(EpDispatchCombineConfig)
+    got = [(f.name, None if f.default is dataclasses.MISSING else f.default) for f in fields]
+    assert got == MORI_FIELDS
+
+
+def test_kernel_type_values():
+    assert {k.name: k.value for k in EpDispatchCombineKernelType} == {
+        "IntraNode": 0, "InterNode": 1, "InterNodeV1": 2, "InterNodeV1LL": 3, "AsyncLL": 4, "IntraNodeLL": 5}
+    assert str(EpDispatchCombineKernelType.AsyncLL) == "AsyncLL"
+
+
+def test_op_methods():
+    for name in MORI_METHODS:
+        assert callable(getattr(EpDispatchCombineOp, name)), name
+
+
+def test_capacities():
+    assert capacities(base()) == {"max_num_tokens_to_send_per_rank": 128, "max_num_tokens_to_send": 1024,
+                                  "max_num_tokens_to_recv_per_rank": 128, "max_num_tokens_to_recv": 1024}
+    capped = capacities(base(max_total_recv_tokens=300))
+    assert capped["max_num_tokens_to_recv_per_rank"] == 38 and capped["max_num_tokens_to_recv"] == 304
+    assert capacities(base(max_total_recv_tokens=10**6))["max_num_tokens_to_recv_per_rank"] == 128
+
+
+@pytest.mark.parametrize("kw, err, match", [
+    ({"rank": 8}, ValueError, "rank=8"),
+    ({"rank": -1}, ValueError, "rank=-1"),
+    ({"world_size": 0}, ValueError, "world_size=0"),
+    ({"world_size": 65, "rank": 0}, ValueError, "world_size=65"),
+    ({"hidden_dim": 0}, ValueError, "hidden_dim=0"),
+    ({"hidden_dim": 7168.0}, TypeError, "hidden_dim must be an int"),
+    ({"num_experts_per_token": 33}, ValueError, "num_experts_per_token=33"),
+    ({"num_experts_per_rank": 0}, ValueError, "num_experts_per_rank=0"),
+    ({"max_token_type_size": 3}, ValueError, "max_token_type_size=3"),
+    ({"scale_dim": 56, "scale_type_size": 3}, ValueError, "scale_type_size=3"),
+    ({"warp_num_per_block": 33}, ValueError, "warp_num_per_block=33"),
+    ({"block_num": 0}, ValueError, "block_num=0"),
+    ({"max_num_inp_token_per_rank": 0}, ValueError, "max_num_inp_token_per_rank=0"),
+    ({"max_total_recv_tokens": -1}, ValueError, "max_total_recv_tokens=-1"),
+    ({"quant_type": "int4"}, ValueError, "quant_type='int4'"),
+    ({"kernel_type": 9}, ValueError, "kernel_type=9"),
+    ({"quant_type": "fp8_direct_cast", "use_external_inp_buf": False}, ValueError, "use_external_inp_buf"),
+])
+def test_config_rejects(kw, err, match):
+    with pytest.raises(err, match=match):
+        validate_config(base(**kw))
+
+
+@pytest.mark.parametrize("kt", ["InterNode", "InterNodeV1", "InterNodeV1LL"])
+def test_rdma_kernel_types_refused(kt):
+    with pytest.raises(NotImplementedError, match="RDMA"):
+        validate_config(base(kernel_type=EpDispatchCombineKernelType[kt]))
+
+
+@pytest.mark.parametrize("q", ["fp8_blockwise", "fp4_blockwise"])
+def test_blockwise_quant_refused(q):
+    with pytest.raises(NotImplementedError, match="blockwise"):
+        validate_config(base(quant_type=q))
+
+
+def test_supported_types_accepted():
+    for kt in ("IntraNode", "IntraNodeLL", "AsyncLL"):
+        assert validate_config(base(kernel_type=EpDispatchCombineKernelType[kt])).name == kt
+    assert normalize_quant_type(" FP8_Direct_Cast ").name == "Fp8DirectCast"
+
+
+def test_op_before_shmem_init():
+    from mori.shmem import ShmemNotInitializedError
+
+    with pytest.raises(ShmemNotInitializedError):
+        EpDispatchCombineOp(base(world_size=1))
+    with pytest.raises(NotImplementedError, match="RDMA"):  # the config is checked first
+        EpDispatchCombineOp(base(kernel_type=EpDispatchCombineKernelType.InterNodeV1))
+
+
+def test_kernels_compile_with_nvrtc():
+    """The intra-node kernels compile for sm_90 (NVRTC needs no GPU) and export every kernel the
+    backend launches."""
+    from mori.core import nvrtc
+    from mori.ops._gpu import _KERNELS, kernel_source
+
+    ptx = nvrtc.compile(kernel_source(), name="ep_intranode.cu", arch="sm_90", output="ptx").decode()
+    for name in _KERNELS:
+        assert f".entry {name}(" in ptx, name

@@ -1,0 +1,141 @@
+"""mori.ops end to end on the CPU heap: real PE processes, every rank's outputs checked against the
+PyTorch reference (ep_cases.check_round) for random routings with repeats and invalid ids."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+from ep_cases import Case, check_round, make_config, pe_round
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mori.shmem as shmem
+
+_ops: dict[str, Any] = {}
+
+
+def _op(case: Case, **overrides: Any) -> Any:
+    import mori.ops
+
+    cfg = make_config(case, shmem.shmem_mype(), **overrides)
+    key = repr((dataclasses.replace(case, seed=0, invalid=0), sorted(overrides.items())))
+    if key not in _ops:
+        _ops[key] = mori.ops.EpDispatchCombineOp(cfg)
+    return _ops[key]
+
+
+def pe_rounds(case: Case, seeds: list[int], overrides: dict[str, Any], split: bool = False,
+              zero_copy: bool = False) -> list[dict[str, Any]]:
+    op = _op(case, **overrides)
+    return [pe_round(dataclasses.replace(case, seed=s), op, split=split, zero_copy=zero_copy) for s in seeds]
+
+
+def run(pool: Any, case: Case, seeds: list[int], wire: Any = None, **kw: Any) -> None:
+    overrides = kw.pop("overrides", {})
+    per_pe = pool.run(pe_rounds, dataclasses.replace(case, world=pool.n), seeds, overrides, *kw.values())
+    for i, seed in enumerate(seeds):
+        check_round(dataclasses.replace(case, world=pool.n, seed=seed), [r[i] for r in per_pe], wire)
+
+
+BF16 = Case(world=0, max_tokens=9, hidden=48, k=4, experts_per_rank=3)
+
+
+def test_bf16_repeated_rounds(pool):
+    run(pool, BF16, [1, 2, 3, 4])
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 10**6), invalid=st.sampled_from([0.0, 0.3, 1.0]), k=st.integers(1, 9))
+def test_bf16_random_routings(pool, seed, invalid, k):
+    run(pool, dataclasses.replace(BF16, k=k, invalid=invalid), [seed])
+
+
+def test_fp8_per_token_scale(pool):
+    run(pool, Case(world=0, max_tokens=8, hidden=64, k=6, experts_per_rank=2, dtype=torch.float8_e4m3fn,
+                   scale_dim=1), [5, 6])
+
+
+def test_fp8_per_128_scales(pool):
+    run(pool, Case(world=0, max_tokens=8, hidden=256, k=8, experts_per_rank=4, dtype=torch.float8_e4m3fn,
+                   scale_dim=2), [7])
+
+
+def test_float32(pool):
+    run(pool, dataclasses.replace(BF16, dtype=torch.float32), [8])
+
+
+def test_async_ll_split(pool):
+    from mori.ops import EpDispatchCombineKernelType
+
+    run(pool, BF16, [9, 10], overrides={"kernel_type": EpDispatchCombineKernelType.AsyncLL}, split=True)
+
+
+def test_zero_copy_combine(pool):
+    run(pool, BF16, [11], overrides={"use_external_inp_buf": False}, split=False, zero_copy=True)
+
+
+def test_fp8_direct_cast_combine(pool):
+    run(pool, BF16, [12], torch.float8_e4m3fn, overrides={"quant_type": "fp8_direct_cast"})
+
+
+def pe_bad_calls() -> list[str]:
+    case = dataclasses.replace(BF16, world=shmem.shmem_npes())
+    op = _op(case)
+    good = make_config(case, shmem.shmem_mype())
+    x = torch.zeros(2, good.hidden_dim, dtype=torch.bfloat16)
+    ids = torch.zeros(2, good.num_experts_per_token, dtype=torch.int32)
+    errors = []
+    for args in ((x, None, None, ids.long()), (x, None, None, ids[:1]), (torch.zeros(99, 48, dtype=torch.bfloat16),
+                 None, None, torch.zeros(99, 4, dtype=torch.int32)), (x, torch.ones(2, 4, dtype=torch.float64), None,
+                 ids), (torch.zeros(2, 200, dtype=torch.bfloat16), None, None, ids)):
+        try:
+            op.dispatch(*args)
+        except (TypeError, ValueError) as exc:
+            errors.append(str(exc).split(":")[0])
+    try:
+        op.combine(x, None, ids)
+    except RuntimeError as exc:
+        errors.append(str(exc))
+    return errors
+
+
+def test_bad_calls_change_nothing(pool):
+    errors = pool.run(pe_bad_calls)
+    assert all(len(e) == 6 for e in errors), errors
+    assert "combine called without a preceding dispatch" in errors[0][-1]
+    run(pool, BF16, [13])  # the op still works after the refused calls
+
+
+def pe_expert_count(case: Case) -> tuple[list[int], list[int]]:
+    from ep_cases import rank_inputs
+
+    op = _op(case)
+    inp = rank_inputs(case, op.config.rank)
+    _, _, _, idx, total = op.dispatch(inp["input"], inp["weights"], None, inp["indices"], call_local_expert_count=True)
+    got = op.local_expert_count.tolist()
+    ids = idx[: int(total)].flatten().tolist()
+    want = [sum(1 for e in ids if e >= 0 and e // case.experts_per_rank == op.config.rank
+                and e % case.experts_per_rank == x) for x in range(case.experts_per_rank)]
+    op.combine(torch.zeros(int(total), case.hidden, dtype=case.dtype), None, inp["indices"])
+    return got, want
+
+
+def test_local_expert_count(pool):
+    for got, want in pool.run(pe_expert_count, dataclasses.replace(BF16, world=pool.n, seed=14)):
+        assert got == want
+
+
+def pe_mismatched_config() -> str:
+    import mori.ops
+
+    case = dataclasses.replace(BF16, world=shmem.shmem_npes() + 1)
+    with pytest.raises(ValueError, match="mori.shmem is PE") as info:
+        mori.ops.EpDispatchCombineOp(make_config(case, shmem.shmem_mype()))
+    return str(info.value)
+
+
+def test_config_must_match_shmem(pool):
+    assert all("build the op with the shmem PE numbering" in m for m in pool.run(pe_mismatched_config))
