@@ -30,6 +30,7 @@ class Case:
     invalid: float = 0.1  # share of top-k entries made invalid (-1 or past the last expert)
     seed: int = 0
     combine_dtype: Any = None  # dtype of the expert outputs (default: dtype, or bf16 for fp8)
+    full: bool = False  # every rank sends max_tokens tokens (fixed shapes, for CUDA graphs)
 
 
 def rank_inputs(case: Case, rank: int, device: Any = "cpu") -> dict[str, Any]:
@@ -37,6 +38,7 @@ def rank_inputs(case: Case, rank: int, device: Any = "cpu") -> dict[str, Any]:
     repeated ranks and invalid ids); the same on every process for the same case."""
     g = torch.Generator().manual_seed(case.seed * 1000 + rank)
     n = int(torch.randint(0, case.max_tokens + 1, (1,), generator=g))
+    n = case.max_tokens if case.full else n
     experts = case.world * case.experts_per_rank
     ids = torch.randint(0, experts, (n, case.k), generator=g, dtype=torch.int64)
     repeat = torch.rand(n, case.k, generator=g) < 0.2  # same expert as the entry before

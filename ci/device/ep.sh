@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# mori.ops (MORI-EP) on the GPU machine: install; the GPU tests (ops_gpu_worker.py: bf16, fp8 with
+# per-token and per-128 scales, float32, AsyncLL, zero copy, fp8 direct cast, CUDA-graph replay,
+# MORI's EP checker) with each PE count of --pes (default "2 4 8"; PEs beyond the GPU count share
+# GPUs, under MPS when it starts: multi_pe.sh); then bench_ep.py on one PE per GPU.
+# Run from the repository root with .devkit carried; logs and JSON go to $OUT.
+# Usage: bash ci/device/ep.sh [--pes "2 4 8"] [--no-mps] [--no-tests] [--no-bench] [-- bench args]
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/mori-out}
+mkdir -p "$OUT"
+export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+MORI_PES=${MORI_PES:-"2 4 8"}
+. "$(dirname "$0")/multi_pe.sh"
+pes_parse_args "$@" || exit 2
+trap pes_stop_mps EXIT
+run_tests=1; run_bench=1; bench_args=(); seen_dashes=0
+for a in "${PES_REST[@]}"; do
+  if [ $seen_dashes = 1 ]; then bench_args+=("$a"); continue; fi
+  case $a in --no-tests) run_tests=0 ;; --no-bench) run_bench=0 ;; --) seen_dashes=1 ;; esac
+done
+status=0
+t0=$(date +%s)
+[ -n "${MORI_SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --find-links .devkit/wheels \
+  ./packages/mori-core ./packages/mori-shmem 2>&1 | tail -5 || exit 1
+echo "== installed in $(( $(date +%s) - t0 ))s"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+repo=$PWD
+cd /tmp  # import mori from site-packages, not the source tree
+if [ $run_tests = 1 ]; then
+  for n in $PES; do
+    pes_share_gpus "$n"
+    echo "== mori.ops GPU tests, $n PEs"
+    t1=$(date +%s)
+    MORI_TEST_PES=$n timeout $(( 90 + 30 * n )) python3 -m pytest -q -m gpu -p no:cacheprovider -s \
+      "$repo/packages/mori-shmem/tests/test_ops_gpu.py" > "$OUT/ops_tests_$n.log" 2>&1
+    rc=$?; echo "rc=$rc in $(( $(date +%s) - t1 ))s"
+    grep -E "^ok |passed|failed|Error|error" "$OUT/ops_tests_$n.log" | cut -c1-200 | head -40
+    [ $rc = 0 ] || { status=1; tail -40 "$OUT/ops_tests_$n.log"; }
+  done
+fi
+if [ $run_bench = 1 ]; then
+  n=$(( GPU_COUNT > 0 ? GPU_COUNT : 1 ))
+  [ "$n" -ge 2 ] || n=2
+  pes_share_gpus "$n"
+  echo "== bench_ep.py, $n PEs on $GPU_COUNT GPUs"
+  MORI_SHMEM_HEAP_SIZE=${MORI_SHMEM_HEAP_SIZE:-3G} timeout 300 torchrun --standalone --nproc_per_node=$n \
+    "$repo/ci/device/bench_ep.py" --out "$OUT/bench_ep.json" "${bench_args[@]}" > "$OUT/bench_ep.log" 2>&1
+  rc=$?; echo "rc=$rc"
+  sed -n '/mori.ops dispatch\/combine/,$p' "$OUT/bench_ep.log"
+  [ $rc = 0 ] || { status=1; grep -v "^\s*$" "$OUT/bench_ep.log" | tail -30; }
+fi
+echo "== done in $(( $(date +%s) - t0 ))s, status $status"
+exit $status
