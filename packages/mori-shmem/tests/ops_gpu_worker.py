@@ -9,19 +9,15 @@ replays with new tokens, then the port of MORI's EP checker. Prints one "ok" lin
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from ep_cases import Case, check_round, expert_output, make_config, pe_round, rank_inputs
+from gpu_world import init_world  # ci/device, on PYTHONPATH (test_gpu._torchrun)
 
-sys.path.insert(0, os.environ.get("MORI_CI_DEVICE", ""))
-from gpu_world import init_world  # noqa: E402
-
-import mori  # noqa: E402
+import mori
 
 
 def gather(obj: Any) -> list[Any] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_gpu import CI_DEVICE, _torchrun
+from test_gpu import _torchrun
 
 PES = [int(n) for n in os.environ.get("MORI_TEST_PES", "2 4 8").split()]
 pytestmark = pytest.mark.gpu
@@ -17,5 +17,5 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("nproc", PES)
 def test_dispatch_combine(nproc: int) -> None:
-    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_CI_DEVICE": str(CI_DEVICE)})
+    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G"})
     assert f"ok  all mori.ops checks with {nproc} PEs" in out
