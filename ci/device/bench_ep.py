@@ -1,0 +1,227 @@
+"""MoE dispatch/combine benchmark: mori.ops beside NCCL all_to_all_single and PyTorch symmetric
+memory's all_to_all_vdev, on the same tokens and routing, in one run.
+
+Shapes: decode (128 tokens per rank) and prefill (4096 tokens per rank), hidden 7168, top-8 of 256
+experts, bf16 tokens and fp8 e4m3 tokens with per-128 float32 scales; combine always moves bf16.
+Times are CUDA-event medians per rank, then the slowest rank; bandwidth counts the token bytes a
+rank sends to other ranks (one copy per distinct destination rank, as every method here sends).
+The peers' times include the layout step they need (sorting tokens by destination, exchanging
+counts, and for NCCL the count read-back that sizes its splits). Runs under torchrun on any number
+of GPUs; NCCL and symmetric memory need a GPU per rank and are reported as not run otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from gpu_world import gpus_shared, init_world
+
+import mori
+
+HIDDEN, TOPK, EXPERTS = 7168, 8, 256
+
+
+def routing(n: int, world: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(EXPERTS, generator=g)[:TOPK] for _ in range(n)]).to(torch.int32)
+
+
+def timed(fn: Any, iters: int, warmup: int) -> list[float]:
+    """Per-iteration milliseconds of ``fn`` (all ranks start each iteration together)."""
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return times
+
+
+def slowest(ms: float) -> float:
+    t = torch.tensor([ms], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def mori_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float]:
+    """Median dispatch and combine times of mori.ops (each call timed alone, in pairs)."""
+    disp, comb = [], []
+    for i in range(warmup + iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        ev[0].record()
+        tokens, _, _, _, _ = op.dispatch(x, w, s, ids)
+        ev[1].record()
+        y = tokens.to(torch.bfloat16) if tokens.dtype != torch.bfloat16 else tokens
+        torch.cuda.synchronize()
+        dist.barrier()
+        ev[2].record()
+        op.combine(y, None, ids)
+        ev[3].record()
+        ev[3].synchronize()
+        if i >= warmup:
+            disp.append(ev[0].elapsed_time(ev[1]))
+            comb.append(ev[2].elapsed_time(ev[3]))
+    return statistics.median(disp), statistics.median(comb)
+
+
+def layout(ids: Any, world: int) -> tuple[Any, Any]:
+    """The peers' layout step: (token, destination) pairs sorted by destination, and counts."""
+    pe = ids.long() // (EXPERTS // world)
+    first = torch.ones_like(pe, dtype=torch.bool)
+    for j in range(1, TOPK):
+        first[:, j] = (pe[:, :j] != pe[:, j : j + 1]).all(dim=1)
+    tok = torch.arange(ids.shape[0], device=ids.device).unsqueeze(1).expand_as(pe)[first]
+    dest = pe[first]
+    order = torch.argsort(dest, stable=True)
+    return tok[order], torch.bincount(dest, minlength=world)
+
+
+def nccl_pair(x: Any, ids: Any, world: int, group: Any, iters: int, warmup: int) -> tuple[float, float]:
+    """NCCL all_to_all_single dispatch (layout + count exchange + tokens) and combine (tokens back
+    + index_add into the source rows)."""
+    row = x.view(torch.uint8).view(x.shape[0], -1)
+    state: dict[str, Any] = {}
+
+    def dispatch() -> None:
+        tok, counts = layout(ids, world)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=group)
+        send_splits, recv_splits = counts.tolist(), recv_counts.tolist()
+        out = torch.empty(sum(recv_splits), row.shape[1], dtype=torch.uint8, device=x.device)
+        dist.all_to_all_single(out, row.index_select(0, tok), recv_splits, send_splits, group=group)
+        state.update(tok=tok, send=send_splits, recv=recv_splits, out=out)
+
+    def combine() -> None:
+        back = torch.empty(len(state["tok"]), HIDDEN, dtype=torch.bfloat16, device=x.device)
+        y = state["y"]
+        dist.all_to_all_single(back, y, state["send"], state["recv"], group=group)
+        acc = torch.zeros(x.shape[0], HIDDEN, dtype=torch.float32, device=x.device)
+        acc.index_add_(0, state["tok"], back.float())
+        state["combined"] = acc.to(torch.bfloat16)
+
+    disp = timed(dispatch, iters, warmup)
+    state["y"] = torch.randn(state["out"].shape[0], HIDDEN, device=x.device).to(torch.bfloat16)
+    comb = timed(combine, iters, warmup)
+    return statistics.median(disp), statistics.median(comb)
+
+
+def symm_mem_pair(x: Any, ids: Any, world: int, iters: int, warmup: int) -> tuple[float, float] | str:
+    """PyTorch symmetric memory all_to_all_vdev (NVSHMEM backend), if this torch has it."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        op = torch.ops.symm_mem.all_to_all_vdev
+        symm_mem.set_backend("NVSHMEM")
+    except (AttributeError, RuntimeError, ImportError) as exc:
+        return f"not run: {type(exc).__name__}: {str(exc)[:80]}"
+    group_name = dist.group.WORLD.group_name
+    row = x.view(torch.uint8).view(x.shape[0], -1)
+    cap = x.shape[0] * world
+    inp = symm_mem.empty(x.shape[0] * TOPK, row.shape[1], dtype=torch.uint8, device=x.device)
+    out = symm_mem.empty(cap, row.shape[1], dtype=torch.uint8, device=x.device)
+    back_in = symm_mem.empty(cap, HIDDEN, dtype=torch.bfloat16, device=x.device)
+    back_out = symm_mem.empty(x.shape[0] * TOPK, HIDDEN, dtype=torch.bfloat16, device=x.device)
+    splits = symm_mem.empty(3, world, dtype=torch.int64, device=x.device)
+    splits2 = symm_mem.empty(3, world, dtype=torch.int64, device=x.device)
+    for t in (inp, out, back_in, back_out, splits, splits2):
+        symm_mem.rendezvous(t, group_name)
+    state: dict[str, Any] = {}
+
+    def dispatch() -> None:
+        tok, counts = layout(ids, world)
+        inp[: len(tok)].copy_(row.index_select(0, tok))
+        splits[0].copy_(counts)
+        op(inp, out, splits, group_name)
+        state["tok"] = tok
+
+    def combine() -> None:
+        splits2[0].copy_(splits[1])
+        op(back_in, back_out, splits2, group_name)
+        acc = torch.zeros(x.shape[0], HIDDEN, dtype=torch.float32, device=x.device)
+        acc.index_add_(0, state["tok"], back_out[: len(state["tok"])].float())
+
+    disp = timed(dispatch, iters, warmup)
+    comb = timed(combine, iters, warmup)
+    return statistics.median(disp), statistics.median(comb)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_ep.json")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--shapes", default="decode,prefill")
+    args = ap.parse_args()
+    rank, world = init_world()
+    mori.shmem.shmem_torch_process_group_init("default")
+    shared = gpus_shared()
+    nccl_group = None if shared else dist.new_group(backend="nccl")
+    rows, shapes = [], {"decode": 128, "prefill": 4096}
+    for shape in args.shapes.split(","):
+        n = shapes[shape]
+        ids = routing(n * world, world, 7)[rank * n : (rank + 1) * n].cuda()
+        _, counts = layout(ids, world)
+        remote = int(counts.sum() - counts[rank])
+        for dtype in ("bf16", "fp8"):
+            torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float8_e4m3fn
+            scale_dim = 0 if dtype == "bf16" else HIDDEN // 128
+            x = torch.randn(n, HIDDEN, device="cuda").to(torch_dtype)
+            w = torch.rand(n, TOPK, device="cuda")
+            s = torch.rand(n, scale_dim, device="cuda") if scale_dim else None
+            cfg = mori.ops.EpDispatchCombineConfig(
+                data_type=torch_dtype, rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=scale_dim,
+                scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=n,
+                num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK, warp_num_per_block=16,
+                block_num=80)
+            op = mori.ops.EpDispatchCombineOp(cfg)
+            d, c = mori_pair(op, x, w, s, ids, args.iters, args.warmup)
+            disp_bytes = remote * x.shape[1] * x.element_size()
+            comb_bytes = remote * HIDDEN * 2
+            peers: dict[str, Any] = {"mori": (slowest(d), slowest(c))}
+            if shared:
+                peers["nccl"] = peers["symm_mem"] = "not run: PEs share a GPU"
+            else:
+                nd, nc = nccl_pair(x, ids, world, nccl_group, args.iters, args.warmup)
+                peers["nccl"] = (slowest(nd), slowest(nc))
+                sm = symm_mem_pair(x, ids, world, args.iters, args.warmup)
+                peers["symm_mem"] = sm if isinstance(sm, str) else (slowest(sm[0]), slowest(sm[1]))
+            for name, res in peers.items():
+                row = {"shape": shape, "tokens_per_rank": n, "dtype": dtype, "method": name, "world": world,
+                       "gpus_shared": shared}
+                if isinstance(res, str):
+                    row["note"] = res
+                else:
+                    row.update(dispatch_us=res[0] * 1e3, combine_us=res[1] * 1e3,
+                               dispatch_GBps=disp_bytes / (res[0] * 1e-3) / 1e9,
+                               combine_GBps=comb_bytes / (res[1] * 1e-3) / 1e9)
+                rows.append(row)
+    if rank == 0:
+        print(f"mori.ops dispatch/combine, {world} ranks{' sharing GPUs (correctness only)' if shared else ''}, "
+              f"hidden {HIDDEN}, top-{TOPK} of {EXPERTS}; slowest rank's median of {args.iters}")
+        print(f"{'shape':8} {'dtype':5} {'method':9} {'dispatch us':>12} {'GB/s':>7} {'combine us':>11} {'GB/s':>7}")
+        for r in rows:
+            if "note" in r:
+                print(f"{r['shape']:8} {r['dtype']:5} {r['method']:9} {r['note']}")
+            else:
+                print(f"{r['shape']:8} {r['dtype']:5} {r['method']:9} {r['dispatch_us']:12.1f} "
+                      f"{r['dispatch_GBps']:7.1f} {r['combine_us']:11.1f} {r['combine_GBps']:7.1f}")
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    mori.shmem.shmem_finalize()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
