@@ -30,12 +30,13 @@ mori::native::Registration reg([](py::module_& m) {
         // A factory, not py::init with a call guard: connecting releases the GIL, but pybind11
         // must hold the GIL while it sets up the new instance around the returned holder.
         .def(py::init([](const std::string& name, const std::string& host, int port, int nconn,
-                         const std::string& myKey, const std::string& token, double ioTimeout) {
+                         const std::string& myKey, const std::string& token, const std::string& ticket,
+                         double ioTimeout) {
                  py::gil_scoped_release release;
-                 return std::make_shared<Peer>(name, host, port, nconn, myKey, token, ioTimeout);
+                 return std::make_shared<Peer>(name, host, port, nconn, myKey, token, ticket, ioTimeout);
              }),
              py::arg("name"), py::arg("host"), py::arg("port"), py::arg("num_connections"), py::arg("my_key"),
-             py::arg("token"), py::arg("io_timeout"))
+             py::arg("token"), py::arg("ticket"), py::arg("io_timeout"))
         .def(
             "submit",
             [](Peer& p, int op, uint64_t localBase, std::vector<uint64_t> lofs, uint64_t memId,
@@ -62,8 +63,24 @@ mori::native::Registration reg([](py::module_& m) {
 
     py::class_<Target, std::shared_ptr<Target>>(m, "TcpTarget",
                                                 "Serves registered memory to authenticated peers.")
-        .def(py::init<const std::string&, int, std::string, double>(), py::arg("host"), py::arg("port"),
-             py::arg("token"), py::arg("io_timeout"))
+        .def(py::init([](const std::string& host, int port, std::string token, double ioTimeout,
+                         size_t maxConnections, size_t maxHandshakes, double helloTimeout, size_t maxInbound,
+                         double inboundTtl) {
+                 TargetLimits lim;
+                 lim.maxConnections = maxConnections;
+                 lim.maxHandshakes = maxHandshakes;
+                 lim.helloTimeout = helloTimeout;
+                 lim.maxInbound = maxInbound;
+                 lim.inboundTtl = inboundTtl;
+                 return std::make_shared<Target>(host, port, std::move(token), ioTimeout, lim);
+             }),
+             py::arg("host"), py::arg("port"), py::arg("token"), py::arg("io_timeout"),
+             py::arg("max_connections") = TargetLimits{}.maxConnections,
+             py::arg("max_handshakes") = TargetLimits{}.maxHandshakes,
+             py::arg("hello_timeout") = TargetLimits{}.helloTimeout,
+             py::arg("max_inbound") = TargetLimits{}.maxInbound,
+             py::arg("inbound_ttl") = TargetLimits{}.inboundTtl,
+             "Listens on host:port; the limits bound what peers can consume (see mori-io's docs).")
         .def_property_readonly("port", &Target::port)
         .def("register_region", &Target::register_region, py::arg("mem_id"), py::arg("addr"), py::arg("size"))
         .def("deregister_region", &Target::deregister_region, py::arg("mem_id"),
@@ -71,7 +88,24 @@ mori::native::Registration reg([](py::module_& m) {
              "Removes a region; waits for requests in flight on it. False when unknown.")
         .def("pop_inbound", &Target::pop_inbound, py::arg("key"), py::arg("uid"),
              "Final StatusCode of transfer uid from engine key, or None (the record is removed).")
-        .def("connection_count", &Target::connection_count)
+        .def("issue_ticket", &Target::issue_ticket, py::arg("key"), py::arg("ticket"),
+             py::call_guard<py::gil_scoped_release>(),
+             "Admits data connections from engine key presenting ticket (64 at most, for 60 s).")
+        .def("connection_count", &Target::connection_count, py::call_guard<py::gil_scoped_release>())
+        .def("inbound_count", &Target::inbound_count, "Completion records kept now.")
+        .def(
+            "stats",
+            [](Target& t) {
+                TargetStats s = t.stats();
+                py::dict d;
+                d["refused"] = s.refused;
+                d["evicted"] = s.evicted;
+                d["accept_errors"] = s.acceptErrors;
+                d["inbound_dropped"] = s.inboundDropped;
+                d["bad_tickets"] = s.badTickets;
+                return d;
+            },
+            "Counts of connections refused or evicted, accept failures, records dropped, bad hellos.")
         .def("close", &Target::close, py::call_guard<py::gil_scoped_release>());
 });
 

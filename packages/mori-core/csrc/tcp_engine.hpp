@@ -128,10 +128,11 @@ private:
 // Connections from this engine to one target engine.
 class Peer {
 public:
-    // Connects nconn data connections and authenticates; throws std::runtime_error on failure
-    // (message starts with "rejected:" when the target refused the token).
+    // Connects nconn data connections and authenticates with the token and a ticket from the
+    // target's control plane; throws std::runtime_error on failure (message starts with
+    // "rejected:" when the target refused the token or ticket).
     Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
-         const std::string& token, double ioTimeout);
+         const std::string& token, const std::string& ticket, double ioTimeout);
     ~Peer();
     std::shared_ptr<Transfer> submit(uint8_t op, uint64_t localBase, const std::vector<uint64_t>& localOffsets,
                                      uint64_t memId, const std::vector<uint64_t>& remoteOffsets,
@@ -146,47 +147,109 @@ private:
     std::atomic<uint64_t> next_{0};
 };
 
+// What one Target lets its peers consume (mori-io fills it from MORI_IO_* settings).
+struct TargetLimits {
+    size_t maxConnections = 1024;  // open data connections, handshaking or serving
+    size_t maxHandshakes = 64;     // connections not yet through their hello; the oldest is dropped
+    double helloTimeout = 10.0;    // seconds from accept to a complete hello
+    size_t maxInbound = 1 << 20;   // completion records kept for pop_inbound; the oldest is dropped
+    double inboundTtl = 3600.0;    // seconds a completion record is kept
+    size_t maxTickets = 4096;      // data-plane tickets outstanding; the oldest is dropped
+    double ticketTtl = 60.0;       // seconds a ticket admits connections
+};
+
+// Counters of what the limits turned away (for logs, tests and benchmarks).
+struct TargetStats {
+    uint64_t refused = 0;         // connections closed at accept: maxConnections reached
+    uint64_t evicted = 0;         // handshaking connections dropped for newer ones
+    uint64_t acceptErrors = 0;    // accept() or thread creation failed (fd or thread exhaustion)
+    uint64_t inboundDropped = 0;  // completion records dropped (count or age)
+    uint64_t badTickets = 0;      // hellos with a wrong token or ticket
+};
+
 // The serving side: accepts data connections and answers requests against registered regions.
+// A connection is admitted by a hello carrying the auth token and a ticket that the control
+// plane issued to the same engine key (issue_ticket), so a key cannot be claimed on the data
+// plane alone.
 class Target {
 public:
-    Target(const std::string& host, int port, std::string token, double ioTimeout);
+    Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits);
     ~Target();
     int port() const { return port_; }
     void register_region(uint64_t id, uint64_t addr, uint64_t size);
+    // Waits for requests in flight on the region (each ends within the I/O timeout).
     bool deregister_region(uint64_t id);
+    // Lets key open connections presenting ticket (up to 64, within ticketTtl seconds).
+    void issue_ticket(const std::string& key, const std::string& ticket);
     std::optional<int> pop_inbound(const std::string& key, uint64_t uid);
     size_t connection_count();
+    size_t inbound_count();
+    TargetStats stats();
     void close();
 
 private:
     struct Region {
         uint64_t addr, size;
     };
+    enum ConnState : int { kHandshaking = 0, kServing = 1, kEvicted = 2 };
     struct Conn {
         int fd;
         std::thread thread;
         std::atomic<bool> done{false};
+        std::atomic<int> state{kHandshaking};
+        int64_t acceptNs = 0;
+    };
+    struct Ticket {
+        std::string key;
+        int64_t expiresNs;
+        int usesLeft;
+    };
+    struct Record {
+        std::string key;
+        uint64_t uid;
+        int code;
+        int64_t atNs;
+    };
+    struct RecordKeyHash {
+        size_t operator()(const std::pair<std::string, uint64_t>& k) const {
+            return std::hash<std::string>()(k.first) ^ (std::hash<uint64_t>()(k.second) * 0x9e3779b97f4a7c15ull);
+        }
     };
     void accept_loop();
+    // Takes one connection off the listen queue; false when accept failed (fd exhaustion...).
+    bool admit();
+    // Drops the oldest connection still in its hello; connsMu_ held. False when there is none.
+    bool evict_oldest_handshake_locked();
     void serve(Conn* conn);
-    bool handshake(int fd, Reader& rd, std::string& peerKey);
+    bool handshake(Conn* conn, Reader& rd, std::string& peerKey);
+    bool take_ticket(const std::string& key, const std::string& ticket);
     int check(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason);
     void reap(bool all);
     // Keeps the final status of transfer uid from peerKey for pop_inbound.
     void record_inbound(const std::string& peerKey, uint64_t uid, int code);
+    void expire_inbound_locked(int64_t nowNs);  // inboundMu_ held
 
     int listenFd_ = -1;
     int port_ = 0;
     std::string token_;
     double ioTimeout_;
+    TargetLimits limits_;
     std::atomic<bool> stop_{false};
     std::thread acceptThread_;
     std::shared_mutex stateMu_;  // regions; held shared while memory is touched
+    std::atomic<int> writersWaiting_{0};  // new requests wait while a deregistration waits for the lock
     std::unordered_map<uint64_t, Region> regions_;
     std::mutex inboundMu_;
-    std::map<std::pair<std::string, uint64_t>, int> inbound_;
+    std::list<Record> inboundOrder_;  // oldest first
+    std::unordered_map<std::pair<std::string, uint64_t>, std::list<Record>::iterator, RecordKeyHash> inbound_;
+    bool inboundWarned_ = false;
+    std::mutex ticketsMu_;
+    std::unordered_map<std::string, Ticket> tickets_;
+    std::deque<std::string> ticketOrder_;  // issue order, for dropping the oldest
     std::mutex connsMu_;
     std::list<Conn> conns_;
+    std::mutex statsMu_;
+    TargetStats stats_;
 };
 
 }  // namespace mori::tcp

@@ -365,19 +365,21 @@ std::string InitConn::read_reply() {
 // ---- Peer -------------------------------------------------------------------------------------
 
 Peer::Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
-           const std::string& token, double ioTimeout)
+           const std::string& token, const std::string& ticket, double ioTimeout)
     : name_(name) {
     if (nconn < 1 || nconn > 64) throw std::invalid_argument("connections per peer must be 1..64");
-    if (myKey.empty() || myKey.size() > kMaxNameLen || token.size() > kMaxNameLen)
-        throw std::invalid_argument("engine key must be 1..4096 bytes and token at most 4096 bytes");
+    if (myKey.empty() || myKey.size() > kMaxNameLen || token.size() > kMaxNameLen || ticket.size() > kMaxTicketLen)
+        throw std::invalid_argument("engine key must be 1..4096 bytes, token at most 4096 bytes, ticket at most 256");
     for (int i = 0; i < nconn; ++i) {
         std::string err;
         int fd = connect_to(host, port, ioTimeout, err);
         if (fd < 0) throw std::runtime_error(err);
-        Hello h{kHelloMagic, kVersion, static_cast<uint16_t>(myKey.size()), static_cast<uint16_t>(token.size()), 0};
+        Hello h{kHelloMagic, kVersion, static_cast<uint16_t>(myKey.size()), static_cast<uint16_t>(token.size()),
+                static_cast<uint16_t>(ticket.size())};
         std::string msg(reinterpret_cast<const char*>(&h), sizeof(h));
         msg += myKey;
         msg += token;
+        msg += ticket;
         err = send_bytes(fd, msg.data(), msg.size());
         Reader rd(fd, 64);
         AbortCheck deadline = [&rd, ioTimeout]() -> std::string {
@@ -387,7 +389,8 @@ Peer::Peer(const std::string& name, const std::string& host, int port, int nconn
         HelloReply rep{0, 0};
         if (err.empty()) std::memcpy(&rep, rd.data(), sizeof(rep));
         if (err.empty() && (rep.magic != kHelloMagic || rep.code != kSuccess))
-            err = rep.code == kErrBadState ? "rejected: auth token mismatch" : "rejected: bad hello reply";
+            err = rep.code == kErrBadState ? "rejected: auth token or data-plane ticket not accepted"
+                                           : "rejected: bad hello reply";
         if (!err.empty()) {
             ::close(fd);
             throw std::runtime_error(err.rfind("rejected:", 0) == 0 ? err : "handshake with " + name + ": " + err);

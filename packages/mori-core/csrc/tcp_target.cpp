@@ -9,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <stdexcept>
+#include <system_error>
 
 #include "tcp_engine.hpp"
 
@@ -36,8 +39,11 @@ bool equal_const_time(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-Target::Target(const std::string& host, int port, std::string token, double ioTimeout)
-    : token_(std::move(token)), ioTimeout_(ioTimeout) {
+Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits)
+    : token_(std::move(token)), ioTimeout_(ioTimeout), limits_(limits) {
+    if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
+        !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
+        throw std::invalid_argument("TCP data plane: every limit must be positive");
     struct addrinfo hints {};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -77,24 +83,65 @@ void Target::register_region(uint64_t id, uint64_t addr, uint64_t size) {
 }
 
 bool Target::deregister_region(uint64_t id) {
-    // Waits for requests in flight on this region (they hold the lock shared).
+    // Waits for requests in flight on this region (they hold the lock shared; each ends within
+    // the I/O timeout, see serve). New requests hold back meanwhile, so a stream of them cannot
+    // keep this waiting.
+    writersWaiting_.fetch_add(1);
     std::unique_lock lk(stateMu_);
+    writersWaiting_.fetch_sub(1);
     return regions_.erase(id) > 0;
+}
+
+void Target::issue_ticket(const std::string& key, const std::string& ticket) {
+    if (ticket.empty() || ticket.size() > kMaxTicketLen) throw std::invalid_argument("ticket must be 1..256 bytes");
+    std::lock_guard lk(ticketsMu_);
+    // The oldest go first: when the table is full, and entries whose ticket was used up already.
+    while (!ticketOrder_.empty() && (tickets_.size() >= limits_.maxTickets || ticketOrder_.size() > 2 * limits_.maxTickets)) {
+        tickets_.erase(ticketOrder_.front());
+        ticketOrder_.pop_front();
+    }
+    auto ttl = static_cast<int64_t>(limits_.ticketTtl * 1e9);
+    if (tickets_.insert_or_assign(ticket, Ticket{key, now_ns() + ttl, 64}).second) ticketOrder_.push_back(ticket);
+}
+
+bool Target::take_ticket(const std::string& key, const std::string& ticket) {
+    std::lock_guard lk(ticketsMu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return false;
+    if (it->second.expiresNs <= now_ns()) {
+        tickets_.erase(it);  // its ticketOrder_ entry goes when it reaches the front
+        return false;
+    }
+    if (!equal_const_time(it->second.key, key)) return false;  // another key's ticket stays valid for it
+    if (--it->second.usesLeft == 0) tickets_.erase(it);
+    return true;
 }
 
 std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) {
     std::lock_guard lk(inboundMu_);
     auto it = inbound_.find({key, uid});
     if (it == inbound_.end()) return std::nullopt;
-    int code = it->second;
+    int code = it->second->code;
+    inboundOrder_.erase(it->second);
     inbound_.erase(it);
     return code;
+}
+
+size_t Target::inbound_count() {
+    std::lock_guard lk(inboundMu_);
+    expire_inbound_locked(now_ns());
+    return inbound_.size();
 }
 
 size_t Target::connection_count() {
     std::lock_guard lk(connsMu_);
     reap(false);
     return conns_.size();
+}
+
+TargetStats Target::stats() {
+    std::lock_guard lk(statsMu_);
+    return stats_;
 }
 
 void Target::close() {
@@ -111,7 +158,7 @@ void Target::close() {
 void Target::reap(bool all) {
     for (auto it = conns_.begin(); it != conns_.end();) {
         if (all || it->done.load()) {
-            it->thread.join();
+            if (it->thread.joinable()) it->thread.join();
             ::close(it->fd);
             it = conns_.erase(it);
         } else {
@@ -120,45 +167,124 @@ void Target::reap(bool all) {
     }
 }
 
-void Target::accept_loop() {
-    struct pollfd p {listenFd_, POLLIN, 0};
-    while (!stop_.load()) {
-        if (poll(&p, 1, 200) <= 0) continue;
-        int fd = accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        tune_socket(fd);
-        set_send_timeout(fd, ioTimeout_);
-        std::lock_guard lk(connsMu_);
-        reap(false);
-        if (stop_.load()) {
-            ::close(fd);
-            break;
+bool Target::evict_oldest_handshake_locked() {
+    for (auto& c : conns_) {  // accept order: the first one handshaking is the oldest
+        int expected = kHandshaking;
+        if (!c.done.load() && c.state.compare_exchange_strong(expected, kEvicted)) {
+            shutdown(c.fd, SHUT_RDWR);  // its thread notices, ends and is reaped
+            std::lock_guard sk(statsMu_);
+            ++stats_.evicted;
+            return true;
         }
+    }
+    return false;
+}
+
+bool Target::admit() {
+    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::lock_guard lk(connsMu_);
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return true;
+        // Out of descriptors (EMFILE/ENFILE), buffers or memory: free what a peer that has not
+        // even said hello holds, and tell the caller to back off (the queued connection stays
+        // readable, so retrying at once would spin).
+        evict_oldest_handshake_locked();
+        std::lock_guard sk(statsMu_);
+        ++stats_.acceptErrors;
+        return false;
+    }
+    reap(false);
+    if (stop_.load() || conns_.size() >= limits_.maxConnections) {
+        ::close(fd);
+        if (!stop_.load()) {
+            std::lock_guard sk(statsMu_);
+            ++stats_.refused;
+        }
+        return true;
+    }
+    size_t handshaking = 0;
+    for (auto& c : conns_) handshaking += c.state.load() == kHandshaking && !c.done.load();
+    if (handshaking >= limits_.maxHandshakes) evict_oldest_handshake_locked();
+    tune_socket(fd);
+    set_send_timeout(fd, ioTimeout_);
+    try {
         Conn& c = conns_.emplace_back();
         c.fd = fd;
-        c.thread = std::thread([this, conn = &c] { serve(conn); });
+        c.acceptNs = now_ns();
+        c.thread = std::thread([this, conn = &c] {
+            try {
+                serve(conn);
+            } catch (const std::exception&) {  // out of memory mid-request: this connection only
+            }
+            shutdown(conn->fd, SHUT_RDWR);
+            conn->done.store(true);
+        });
+    } catch (const std::exception&) {
+        // No thread or memory to be had (RLIMIT_NPROC, RLIMIT_AS): refuse this connection and
+        // keep serving; an escaping exception would terminate the process.
+        ::close(fd);
+        if (!conns_.empty() && conns_.back().fd == fd && !conns_.back().thread.joinable()) conns_.pop_back();
+        std::lock_guard sk(statsMu_);
+        ++stats_.acceptErrors;
+        return false;
+    }
+    return true;
+}
+
+void Target::accept_loop() {
+    struct pollfd p {listenFd_, POLLIN, 0};
+    int backoffMs = 0;
+    while (!stop_.load()) {
+        int ready = poll(&p, 1, backoffMs > 0 ? 0 : 200);
+        if (backoffMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
+        if (ready <= 0) {
+            // Reap finished connections on every wake-up, not only after an accept: their
+            // descriptors and threads are released even when no one connects again.
+            std::lock_guard lk(connsMu_);
+            reap(false);
+            continue;
+        }
+        bool ok = false;
+        try {
+            ok = admit();
+        } catch (const std::exception&) {  // out of memory: back off, keep accepting
+        }
+        backoffMs = ok ? 0 : std::min(std::max(backoffMs * 2, 10), 200);
     }
 }
 
-bool Target::handshake(int fd, Reader& rd, std::string& peerKey) {
-    AbortCheck deadline = [this, &rd]() -> std::string {
+bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
+    // The whole hello must arrive within helloTimeout of the accept: a peer trickling bytes
+    // cannot hold a connection open.
+    int64_t deadlineNs = conn->acceptNs + static_cast<int64_t>(limits_.helloTimeout * 1e9);
+    AbortCheck deadline = [this, deadlineNs]() -> std::string {
         if (stop_.load()) return "closed";
-        return rd.idle_seconds() > ioTimeout_ ? "no hello" : "";
+        return now_ns() > deadlineNs ? "no hello" : "";
     };
     if (!rd.fill(sizeof(Hello), deadline).empty()) return false;
     Hello h;
     std::memcpy(&h, rd.data(), sizeof(h));
     rd.consume(sizeof(h));
     if (h.magic != kHelloMagic || h.version != kVersion || h.keyLen == 0 || h.keyLen > kMaxNameLen ||
-        h.tokenLen > kMaxNameLen)
+        h.tokenLen > kMaxNameLen || h.ticketLen > kMaxTicketLen)
         return false;
-    if (!rd.fill(size_t(h.keyLen) + h.tokenLen, deadline).empty()) return false;
+    size_t rest = size_t(h.keyLen) + h.tokenLen + h.ticketLen;
+    if (!rd.fill(rest, deadline).empty()) return false;
     peerKey.assign(rd.data(), h.keyLen);
     std::string token(rd.data() + h.keyLen, h.tokenLen);
-    rd.consume(size_t(h.keyLen) + h.tokenLen);
-    HelloReply rep{kHelloMagic, equal_const_time(token, token_) ? kSuccess : kErrBadState};
-    if (!send_bytes(fd, &rep, sizeof(rep)).empty()) return false;
-    return rep.code == kSuccess;
+    std::string ticket(rd.data() + h.keyLen + h.tokenLen, h.ticketLen);
+    rd.consume(rest);
+    // Requests may follow only after the reply: anything already buffered is a protocol error.
+    bool ok = rd.buffered() == 0 && equal_const_time(token, token_) && take_ticket(peerKey, ticket);
+    if (!ok) {
+        std::lock_guard sk(statsMu_);
+        ++stats_.badTickets;
+    }
+    int expected = kHandshaking;
+    if (ok && !conn->state.compare_exchange_strong(expected, kServing)) return false;  // evicted meanwhile
+    HelloReply rep{kHelloMagic, ok ? kSuccess : kErrBadState};
+    if (!send_bytes(conn->fd, &rep, sizeof(rep)).empty()) return false;
+    return ok;
 }
 
 int Target::check(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason) {
@@ -176,22 +302,73 @@ int Target::check(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, u
     return kSuccess;
 }
 
+void Target::expire_inbound_locked(int64_t nowNs) {
+    auto ttl = static_cast<int64_t>(limits_.inboundTtl * 1e9);
+    size_t dropped = 0;
+    while (!inboundOrder_.empty() && nowNs - inboundOrder_.front().atNs > ttl) {
+        inbound_.erase({inboundOrder_.front().key, inboundOrder_.front().uid});
+        inboundOrder_.pop_front();
+        ++dropped;
+    }
+    if (dropped == 0) return;
+    std::lock_guard sk(statsMu_);
+    stats_.inboundDropped += dropped;
+}
+
 void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) {
+    int64_t now = now_ns();
     std::lock_guard lk(inboundMu_);
-    inbound_[{peerKey, uid}] = code;
+    expire_inbound_locked(now);
+    auto key = std::make_pair(peerKey, uid);
+    auto it = inbound_.find(key);
+    if (it != inbound_.end()) {  // a repeated uid replaces its record (and counts as new)
+        inboundOrder_.erase(it->second);
+        inbound_.erase(it);
+    }
+    bool dropped = false;
+    while (inbound_.size() >= limits_.maxInbound) {  // the oldest goes first
+        inbound_.erase({inboundOrder_.front().key, inboundOrder_.front().uid});
+        inboundOrder_.pop_front();
+        dropped = true;
+    }
+    inboundOrder_.push_back(Record{peerKey, uid, code, now});
+    inbound_.emplace(std::move(key), std::prev(inboundOrder_.end()));
+    if (!dropped) return;
+    {
+        std::lock_guard sk(statsMu_);
+        ++stats_.inboundDropped;
+    }
+    if (!inboundWarned_) {
+        inboundWarned_ = true;
+        std::fprintf(stderr,
+                     "mori-io: TCP target on port %d keeps at most %zu completion records "
+                     "(MORI_IO_MAX_INBOUND_RECORDS); dropping the oldest (logged once; "
+                     "pop_inbound_transfer_status removes records)\n",
+                     port_, limits_.maxInbound);
+    }
 }
 
 void Target::serve(Conn* conn) {
     int fd = conn->fd;
-    Reader rd(fd);
     std::string peerKey;
-    if (handshake(fd, rd, peerKey)) {
+    bool admitted = false;
+    {
+        // A small buffer until the peer is admitted: handshaking connections cost little memory.
+        Reader hello(fd, sizeof(Hello) + 2 * kMaxNameLen + kMaxTicketLen);
+        admitted = handshake(conn, hello, peerKey);
+    }
+    if (admitted) {
+        Reader rd(fd);
         std::vector<char> out;
         out.reserve(kFlushBytes + kInlineRead + 64);
         AbortCheck idle = [this]() -> std::string { return stop_.load() ? "closed" : ""; };
-        AbortCheck midFrame = [this, &rd]() -> std::string {
+        // A frame (header and payload) must arrive within the I/O timeout of its first byte: a
+        // peer trickling a write cannot hold the region (and its deregistration) indefinitely.
+        int64_t frameStartNs = 0;
+        const auto frameBudgetNs = static_cast<int64_t>(ioTimeout_ * 1e9);
+        AbortCheck midFrame = [this, &frameStartNs, frameBudgetNs]() -> std::string {
             if (stop_.load()) return "closed";
-            return rd.idle_seconds() > ioTimeout_ ? "peer stalled mid-frame" : "";
+            return now_ns() - frameStartNs > frameBudgetNs ? "peer too slow to send a frame (MORI_IO_TIMEOUT)" : "";
         };
         int outcome = kSuccess;  // first failure of the notifying transfer being served
         auto append = [&out](const void* p, size_t n) {
@@ -204,12 +381,13 @@ void Target::serve(Conn* conn) {
                 out.clear();
                 if (!rd.wait_readable(idle, Reader::kSpinNs).empty()) break;
             }
+            frameStartNs = now_ns();
             if (!rd.fill(sizeof(ReqHdr), midFrame).empty()) break;
             ReqHdr h;
             std::memcpy(&h, rd.data(), sizeof(h));
             rd.consume(sizeof(h));
             if (h.magic != kReqMagic || h.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
-                (h.flags != 0 && h.op == kOpNotify))
+                (h.op == kOpNotify && (h.flags != 0 || !is_final_code(static_cast<int64_t>(h.offset)))))
                 break;  // malformed: drop the connection
             uint64_t uid = 0;
             if (h.flags & kFlagNotify) {
@@ -219,6 +397,10 @@ void Target::serve(Conn* conn) {
             }
             if (h.flags & kFlagBegin) outcome = kSuccess;
             uint64_t addr = 0, reason = 0;
+            if (writersWaiting_.load() > 0) {
+                while (writersWaiting_.load() > 0 && !stop_.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+                frameStartNs = now_ns();  // the payload's time starts once this request may go on
+            }
             if (h.op == kOpNotify) {
                 record_inbound(peerKey, h.memId, static_cast<int>(h.offset));
                 continue;
@@ -262,8 +444,6 @@ void Target::serve(Conn* conn) {
             }
         }
     }
-    shutdown(fd, SHUT_RDWR);
-    conn->done.store(true);
 }
 
 }  // namespace mori::tcp

@@ -26,8 +26,9 @@ namespace mori::tcp {
 constexpr uint32_t kHelloMagic = 0x4f49524d;  // "MRIO"
 constexpr uint32_t kReqMagic = 0x5145524d;    // "MREQ"
 constexpr uint32_t kRepMagic = 0x5045524d;    // "MREP"
-constexpr uint16_t kVersion = 2;
+constexpr uint16_t kVersion = 3;
 constexpr uint32_t kMaxNameLen = 4096;
+constexpr uint32_t kMaxTicketLen = 256;
 // Largest single block a request may carry; anything bigger is a malformed frame.
 constexpr uint64_t kMaxBlock = 1ull << 40;
 
@@ -37,8 +38,15 @@ enum Code : int32_t {
     kInProgress = 2,
     kErrInvalidArgs = 3,
     kErrNotFound = 4,
+    kErrRdmaOp = 5,
     kErrBadState = 6,
+    kErrGpuOp = 7,
 };
+
+// A final status a notification may carry; anything else is a malformed frame.
+inline bool is_final_code(int64_t c) {
+    return c == kSuccess || (c >= kErrInvalidArgs && c <= kErrGpuOp);
+}
 
 enum Op : uint8_t { kOpRead = 1, kOpWrite = 2, kOpNotify = 3 };
 // ReqHdr::flags of read and write requests.
@@ -50,11 +58,11 @@ struct Hello {
     uint16_t version;
     uint16_t keyLen;    // followed by keyLen bytes: the initiator's engine key
     uint16_t tokenLen;  // then tokenLen bytes: the auth token
-    uint16_t pad;
+    uint16_t ticketLen;  // then ticketLen bytes: the ticket the target's control plane issued
 };
 struct HelloReply {
     uint32_t magic;
-    int32_t code;  // 0 accepted; kErrBadState: wrong token (then the target closes)
+    int32_t code;  // 0 accepted; kErrBadState: wrong token or ticket (then the target closes)
 };
 struct ReqHdr {
     uint32_t magic;

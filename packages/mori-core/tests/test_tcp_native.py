@@ -18,6 +18,7 @@ from mori.core import _native  # type: ignore[attr-defined]
 
 READ, WRITE = 1, 2
 SIZE = 16 << 20
+TICKET = "t" * 32
 
 
 def _serve(conn, path, token, timeout):
@@ -27,6 +28,7 @@ def _serve(conn, path, token, timeout):
     arr = np.frombuffer(mm, dtype=np.uint8)
     t = _native.TcpTarget("127.0.0.1", 0, token, timeout)
     t.register_region(1, int(arr.ctypes.data), SIZE)
+    t.issue_ticket("init", TICKET)  # what mori-io's control plane hands an authenticated engine
     conn.send(t.port)
     while True:
         cmd, *args = conn.recv()
@@ -79,7 +81,7 @@ def remote():
 
 
 def _peer(port, nconn=4, token="tok"):
-    return _native.TcpPeer("target", "127.0.0.1", port, nconn, "init", token, 2.0)
+    return _native.TcpPeer("target", "127.0.0.1", port, nconn, "init", token, TICKET, 2.0)
 
 
 @pytest.mark.parametrize("nconn", [1, 3])

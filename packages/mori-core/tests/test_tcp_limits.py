@@ -1,0 +1,278 @@
+"""The native TCP data plane under hostile load (issue 11, holes 0, 2, 3, 4, 7 and 8): a target in
+its own process, attacked with raw sockets, must stay up, release what attackers held, bound its
+completion records and keep serving a well-behaved peer. Limits are lowered so each case takes
+seconds."""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import resource
+import signal
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mori.core import _native  # type: ignore[attr-defined]
+
+READ, WRITE = 1, 2
+SIZE = 1 << 20
+TICKET = "ticket-for-init"
+HELLO = struct.Struct("<IHHHH")  # magic, version, key, token and ticket lengths
+REQ = struct.Struct("<IBB2xQQQ")  # magic, op, flags, memory id (notify: uid), offset (notify: code), size
+HELLO_MAGIC, REQ_MAGIC, VERSION = 0x4F49524D, 0x5145524D, 3
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _serve(conn, limits, io_timeout):
+    mm = mmap.mmap(-1, SIZE)
+    arr = np.frombuffer(mm, dtype=np.uint8)
+    t = _native.TcpTarget("127.0.0.1", 0, "tok", io_timeout, **limits)
+    t.register_region(1, int(arr.ctypes.data), SIZE)
+    t.issue_ticket("init", TICKET)
+    conn.send(t.port)
+    while True:
+        cmd, *args = conn.recv()
+        if cmd == "stop":
+            t.close()
+            conn.send(None)
+            return
+        if cmd == "limit_memory":
+            # Address space for what is mapped now plus a little: no room for a thread's stack.
+            with open("/proc/self/statm") as f:
+                vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            resource.setrlimit(resource.RLIMIT_AS, (vm + (4 << 20), resource.RLIM_INFINITY))
+            conn.send(None)
+        elif cmd == "unlimit_memory":
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            conn.send(None)
+        elif cmd == "limit_fds":  # room for args[0] more descriptors
+            resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + args[0], 4096))
+            conn.send(None)
+        elif cmd == "fds":
+            conn.send(_open_fds())
+        elif cmd == "stats":
+            conn.send((t.stats(), t.connection_count(), t.inbound_count()))
+        elif cmd == "pop":
+            conn.send(t.pop_inbound(*args))
+        elif cmd == "deregister":
+            t0 = time.monotonic()
+            t.deregister_region(args[0])
+            conn.send(time.monotonic() - t0)
+        elif cmd == "bytes":
+            conn.send(bytes(arr[args[0]:args[0] + args[1]]))
+
+
+class Target:
+    """A TcpTarget in a spawned process; ``call`` runs a command there."""
+
+    def __init__(self, limits=None, io_timeout=2.0):
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, limits or {}, io_timeout), daemon=True)
+        self.proc.start()
+        assert self._conn.poll(60), "target process did not start"
+        self.port = self._conn.recv()
+
+    def call(self, *cmd):
+        self._conn.send(cmd)
+        assert self._conn.poll(30), f"target did not answer {cmd[0]}"
+        return self._conn.recv()
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self):
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(timeout=10)
+
+
+@pytest.fixture()
+def target_factory():
+    made = []
+
+    def make(limits=None, io_timeout=2.0):
+        made.append(Target(limits, io_timeout))
+        return made[-1]
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def _good_transfer(port: int, fill: int, key="init", ticket=TICKET) -> float:
+    """A well-behaved peer connects and writes 4 KiB; returns the seconds it took."""
+    t0 = time.monotonic()
+    src = np.full(4096, fill, dtype=np.uint8)
+    p = _native.TcpPeer("target", "127.0.0.1", port, 1, key, "tok", ticket, 2.0)
+    try:
+        t = p.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [4096], 1, False, 1 << 20)
+        assert t.wait(10) and t.code() == 0, t.message()
+    finally:
+        p.close()
+    return time.monotonic() - t0
+
+
+def _connect_many(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            break
+    return socks
+
+
+def _closed_by_peer(s: socket.socket, within: float) -> bool:
+    s.settimeout(within)
+    try:
+        return s.recv(64) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _raw_session(port: int, key="init", token="tok", ticket=TICKET) -> tuple[socket.socket, int]:
+    """A hand-made data connection: (socket, the target's hello reply code)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(HELLO.pack(HELLO_MAGIC, VERSION, len(key), len(token), len(ticket)) + (key + token + ticket).encode())
+    reply = s.recv(8, socket.MSG_WAITALL)
+    return s, struct.unpack("<Ii", reply)[1] if len(reply) == 8 else -1
+
+
+def test_thread_exhaustion_refuses_connections_and_keeps_the_process(target_factory):
+    # Hole 0: a failed thread start used to escape the accept loop and abort the process.
+    tgt = target_factory()
+    tgt.call("limit_memory")
+    socks = _connect_many(tgt.port, 12)
+    time.sleep(1.0)
+    assert tgt.proc.is_alive(), f"target died (exit {tgt.proc.exitcode})"
+    stats, _, _ = tgt.call("stats")
+    assert stats["accept_errors"] > 0
+    tgt.call("unlimit_memory")
+    for s in socks:
+        s.close()
+    _good_transfer(tgt.port, 7)
+    assert tgt.call("bytes", 0, 4096) == b"\x07" * 4096
+
+
+def test_closed_connections_are_reaped_without_new_accepts(target_factory):
+    # Hole 2: 120 connections against a descriptor limit of 40, then all closed: the target
+    # releases every descriptor on its own, does not spin, and serves a good peer at once.
+    tgt = target_factory()
+    base = tgt.call("fds")
+    tgt.call("limit_fds", 40)
+    socks = _connect_many(tgt.port, 120)
+    time.sleep(0.5)
+    for s in socks:
+        s.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and tgt.call("stats")[1] > 0:
+        time.sleep(0.05)
+    assert tgt.call("stats")[1] == 0 and tgt.call("fds") <= base + 2
+    cpu = tgt.cpu_seconds()
+    time.sleep(1.0)
+    assert tgt.cpu_seconds() - cpu < 0.3, "the target spins while idle"
+    assert _good_transfer(tgt.port, 9) < 1.0
+
+
+def test_handshakes_are_bounded_in_number_and_time(target_factory):
+    # Hole 3: silent and trickling connections cost a bounded number of slots for a bounded time.
+    tgt = target_factory({"max_handshakes": 4, "hello_timeout": 1.0, "max_connections": 16})
+    silent = _connect_many(tgt.port, 10)
+    assert _good_transfer(tgt.port, 3) < 1.0  # the oldest silent ones made room
+    trickle = socket.create_connection(("127.0.0.1", tgt.port), timeout=5)
+    t0 = time.monotonic()
+    hello = HELLO.pack(HELLO_MAGIC, VERSION, 4, 3, len(TICKET))
+    closed = False
+    for b in hello:  # a byte every 0.2 s: each recv is quick, the whole hello is not
+        try:
+            trickle.send(bytes([b]))
+        except OSError:
+            closed = True
+            break
+        time.sleep(0.2)
+    assert closed or _closed_by_peer(trickle, 3.0)
+    assert time.monotonic() - t0 < 3.5
+    for s in silent:
+        assert _closed_by_peer(s, 3.0), "a silent connection outlived the hello timeout"
+    more = _connect_many(tgt.port, 40)
+    time.sleep(0.3)
+    stats, conns, _ = tgt.call("stats")
+    assert conns <= 16 and stats["refused"] > 0 and stats["evicted"] >= 6
+    for s in more + silent + [trickle]:
+        s.close()
+
+
+def test_completion_records_are_bounded_and_checked(target_factory):
+    # Hole 4: records kept by count (oldest dropped first) and by age; a forged code is refused.
+    tgt = target_factory({"max_inbound": 100, "inbound_ttl": 1.5})
+    src = np.zeros(64, dtype=np.uint8)
+    p = _native.TcpPeer("target", "127.0.0.1", tgt.port, 1, "init", "tok", TICKET, 2.0)
+    for uid in range(1, 1001):
+        t = p.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [64], uid, True, 1 << 20)
+        assert t.wait(10) and t.code() == 0
+    stats, _, kept = tgt.call("stats")
+    assert kept == 100 and stats["inbound_dropped"] == 900
+    assert tgt.call("pop", "init", 1) is None and tgt.call("pop", "init", 1000) == 0
+    s, code = _raw_session(tgt.port)
+    assert code == 0
+    s.sendall(REQ.pack(REQ_MAGIC, 3, 0, 5000, 99, 0))  # a notification with no such status code
+    assert _closed_by_peer(s, 5.0) and tgt.call("pop", "init", 5000) is None
+    time.sleep(1.6)
+    assert tgt.call("stats")[2] == 0  # aged out
+    p.close()
+
+
+def test_trickled_write_cannot_hold_deregistration(target_factory):
+    # Hole 7: a peer sending a write's payload a byte at a time holds the region at most
+    # MORI_IO_TIMEOUT (here 2 s), so deregistration returns in bounded time.
+    tgt = target_factory(io_timeout=2.0)
+    s, code = _raw_session(tgt.port)
+    assert code == 0
+    s.sendall(REQ.pack(REQ_MAGIC, WRITE, 0, 1, 0, 1 << 20))
+    stop = time.monotonic() + 8
+    s.setblocking(False)
+
+    def trickle():  # runs while the target deregisters (the call returns its duration)
+        while time.monotonic() < stop:
+            try:
+                s.send(b"x")
+            except OSError:
+                return
+            time.sleep(0.1)
+
+    th = threading.Thread(target=trickle, daemon=True)
+    th.start()
+    time.sleep(0.3)
+    took = tgt.call("deregister", 1)
+    assert took < 3.5, f"deregistration waited {took:.1f} s for a trickling peer"
+    th.join(timeout=10)
+    s.close()
+
+
+def test_data_connections_need_a_ticket_for_their_key(target_factory):
+    # Hole 8: the token alone does not admit a data connection; the ticket must have been issued
+    # (by the control plane) to the key the connection claims.
+    tgt = target_factory()
+    for key, token, ticket in (("init", "tok", "forged"), ("other", "tok", TICKET), ("init", "bad", TICKET),
+                               ("init", "tok", "")):
+        s, code = _raw_session(tgt.port, key, token, ticket)
+        assert code == 6, (key, token, ticket)
+        s.close()
+        with pytest.raises(RuntimeError, match="rejected"):
+            _native.TcpPeer("target", "127.0.0.1", tgt.port, 1, key, token, ticket, 2.0)
+    assert tgt.call("stats")[0]["bad_tickets"] >= 8
+    _good_transfer(tgt.port, 5)
