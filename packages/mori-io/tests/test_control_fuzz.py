@@ -131,28 +131,30 @@ def test_engine_still_serves_after_fuzz(initiator, target, remote_region, contro
     initiator.deregister_memory(ld)
 
 
-def _data_port(initiator, target) -> int:
-    return int(initiator._ctx.control_request(target.desc.key, "tcp.info", {})["port"])
+def _data_port(initiator, target) -> tuple[int, str]:
+    """The target's data port and a ticket for "initiator" (the control plane hands out both)."""
+    info = initiator._ctx.control_request(target.desc.key, "tcp.info", {})
+    return int(info["port"]), str(info["ticket"])
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(garbage=st.binary(min_size=1, max_size=512))
 def test_malformed_data_frames_drop_connection(initiator, target, garbage):
-    port = _data_port(initiator, target)
-    with _data_connection(port) as sock:
+    with _data_connection(*_data_port(initiator, target)) as sock:
         # Make sure the request header is invalid: bad magic.
         bad = b"XXXX" + garbage
         sock.sendall(bad + b"\x00" * max(0, 32 - len(bad)))
         assert _dropped(sock)
 
 
-WIRE_VERSION = 2  # tcp_wire.hpp kVersion
+WIRE_VERSION = 3  # tcp_wire.hpp kVersion
 REQ_MAGIC = 0x5145524D
 
 
-def _data_connection(port: int) -> socket.socket:
+def _data_connection(port: int, ticket: str) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(struct.pack("<IHHHH", 0x4F49524D, WIRE_VERSION, len("initiator"), 0, 0) + b"initiator")
+    sock.sendall(struct.pack("<IHHHH", 0x4F49524D, WIRE_VERSION, len("initiator"), 0, len(ticket)) + b"initiator"
+                 + ticket.encode())
     assert sock.recv(8)[4:] == b"\x00\x00\x00\x00"  # accepted
     return sock
 
@@ -163,8 +165,7 @@ def test_bad_ops_and_flags_drop_connection(initiator, target, op, flags):
     # Valid magic: only read/write may carry the notify flags (1, 2), a notify frame none, and
     # no other op exists.
     assume(not (op in (1, 2) and flags <= 3) and not (op == 3 and flags == 0))
-    port = _data_port(initiator, target)
-    with _data_connection(port) as sock:
+    with _data_connection(*_data_port(initiator, target)) as sock:
         sock.sendall(struct.pack("<IBB2xQQQ", REQ_MAGIC, op, flags, 1, 0, 0) + b"\x00" * 8)
         assert _dropped(sock)
 

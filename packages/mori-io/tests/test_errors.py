@@ -153,10 +153,14 @@ def test_wrong_token_rejected(monkeypatch):
                     assert "rejected" in st.Message() and not buf.array.any()
                 else:
                     assert (buf.array[:256] == 9).all()
-        # The data plane enforces the token on its own too.
+        # The data plane enforces the token on its own too, and the ticket its control plane
+        # issued to the key the connection claims.
         port = _native.TcpTarget("127.0.0.1", 0, "s3cret", 5.0)
-        with pytest.raises(RuntimeError, match="rejected: auth token mismatch"):
-            _native.TcpPeer("t", "127.0.0.1", port.port, 1, "x", "nope", 5.0)
+        port.issue_ticket("x", "ticket-x")
+        for key, token in (("x", "nope"), ("y", "s3cret")):
+            with pytest.raises(RuntimeError, match="rejected: auth token or data-plane ticket"):
+                _native.TcpPeer("t", "127.0.0.1", port.port, 1, key, token, "ticket-x", 5.0)
+        _native.TcpPeer("t", "127.0.0.1", port.port, 1, "x", "s3cret", "ticket-x", 5.0).close()
         port.close()
     finally:
         peer.close()

@@ -19,18 +19,21 @@ import hmac
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from ._limits import Limits
 from .types import StatusCode
 
 __all__ = ["ProtocolError", "ControlError", "Request", "decode_request", "encode_frame", "ControlServer",
-           "ControlClient", "MAX_FRAME"]
+           "ControlClient", "ServerStats", "MAX_FRAME"]
 
 MAX_FRAME = 4 << 20
+_HELLO_MAX = 16 << 10  # a hello holds a key and a token of at most 4096 characters each
 _LEN = struct.Struct(">I")
 _MAX_OP = 64
 
@@ -88,79 +91,202 @@ def decode_request(data: bytes) -> Request:
     return Request(op, rid, body)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes, all before ``deadline`` (monotonic): a peer trickling bytes cannot stretch it."""
     buf = bytearray()
     while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("control frame not received in time")
+        sock.settimeout(left)
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise ConnectionError("control connection closed by peer")
         buf += chunk
     return bytes(buf)
 
 
-def _recv_frame(sock: socket.socket) -> bytes:
-    (length,) = _LEN.unpack(_recv_exact(sock, 4))
-    if not 0 < length <= MAX_FRAME:
-        raise ProtocolError(f"frame length {length} outside 1..{MAX_FRAME}")
-    return _recv_exact(sock, length)
+def _recv_frame(sock: socket.socket, deadline: float, max_len: int = MAX_FRAME,
+                budget: _ByteBudget | None = None) -> bytes:
+    """One frame, complete before ``deadline``; its length is charged to ``budget`` while it arrives."""
+    (length,) = _LEN.unpack(_recv_exact(sock, 4, deadline))
+    if not 0 < length <= max_len:
+        raise ProtocolError(f"frame length {length} outside 1..{max_len}")
+    if budget is None:
+        return _recv_exact(sock, length, deadline)
+    if not budget.take(length):
+        raise ProtocolError(f"{length}-byte frame exceeds what the engine buffers now (MORI_IO_CONTROL_BUFFER)")
+    try:
+        return _recv_exact(sock, length, deadline)
+    finally:
+        budget.give(length)
+
+
+class _ByteBudget:
+    """Bytes of frames being received at once, over every connection of a server."""
+
+    def __init__(self, total: int) -> None:
+        self._left = total
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self._left:
+                return False
+            self._left -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self._left += n
+
+
+def _wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether a byte (or the peer's close) arrives within ``timeout`` seconds."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) is not None
+    except TimeoutError:
+        return False
 
 
 Handler = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
+@dataclass
+class _Conn:
+    sock: socket.socket
+    accepted: float
+    authenticated: bool = False
+    evicted: bool = False
+
+
+@dataclass
+class ServerStats:
+    """What a server's limits turned away (see ``docs/io.md``, "Limits and hardening")."""
+
+    refused: int = 0  # closed at accept: MORI_IO_MAX_CONNECTIONS reached
+    evicted: int = 0  # dropped in their hello for newer connections (MORI_IO_MAX_HANDSHAKES)
+    accept_errors: int = 0  # accept or thread start failed (descriptors, threads, memory)
+
+
 class ControlServer:
-    """Serves control requests for one engine (a thread per connection).
+    """Serves control requests for one engine (a thread per connection, within ``limits``).
 
     ``handlers`` maps op -> handler(remote key, body) -> reply body; the remote key is the one the
     authenticated peer gave in its hello. A handler raising :class:`ControlError` answers with its
     code; any other exception answers ERR_BAD_STATE.
+    Connections beyond ``limits.max_connections`` are closed at once; past
+    ``limits.max_handshakes`` connections in their hello, the oldest is dropped; a hello must
+    arrive within ``limits.hello_timeout`` of the accept, each later frame within
+    ``limits.io_timeout`` of its first byte, and a connection silent for ``limits.idle_timeout``
+    is closed. Running out of descriptors or threads refuses connections until some close; the
+    server never stops accepting.
     """
 
-    def __init__(self, host: str, port: int, token: str, hello_timeout: float, log: Any) -> None:
+    def __init__(self, host: str, port: int, token: str, limits: Limits, log: Any) -> None:
         self._token = token.encode()
-        self._hello_timeout = hello_timeout
+        self._limits = limits
         self._log = log
         self.handlers: dict[str, Handler] = {}
+        self.stats = ServerStats()
+        self._budget = _ByteBudget(limits.control_buffer)
         self._sock = socket.create_server((host, port), backlog=512, reuse_port=False)
         self.port = self._sock.getsockname()[1]
         self._sock.settimeout(0.2)  # the accept loop wakes to notice close()
         self._stop = threading.Event()
-        self._conns: set[socket.socket] = set()
+        self._conns: dict[socket.socket, _Conn] = {}  # accept order
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._accept_loop, name=f"mori-io-control:{self.port}", daemon=True)
         self._thread.start()
 
+    def connection_count(self) -> int:
+        """Connections open now (handshaking or authenticated)."""
+        with self._lock:
+            return len(self._conns)
+
+    def _evict_oldest_handshake(self) -> None:
+        """Drops the oldest connection still in its hello (its thread then ends); lock held."""
+        for entry in self._conns.values():
+            if not entry.authenticated and not entry.evicted:
+                entry.evicted = True
+                self.stats.evicted += 1
+                with contextlib.suppress(OSError):
+                    entry.sock.shutdown(socket.SHUT_RDWR)
+                return
+
     def _accept_loop(self) -> None:
+        backoff = 0.0
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                return
-            with self._lock:
+            except OSError as err:
                 if self._stop.is_set():
-                    conn.close()
                     return
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+                # Out of descriptors (EMFILE/ENFILE), buffers or memory: free what a peer still in
+                # its hello holds and back off (the queued connection stays, so a retry at once
+                # would spin); keep accepting afterwards.
+                with self._lock:
+                    self._evict_oldest_handshake()
+                    self.stats.accept_errors += 1
+                self._log.debug("control: accept failed (%s); backing off", err)
+                backoff = min(max(backoff * 2, 0.01), 0.2)
+                time.sleep(backoff)
+                continue
+            backoff = 0.0
+            self._admit(conn)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _admit(self, conn: socket.socket) -> None:
+        with self._lock:
+            if self._stop.is_set() or len(self._conns) >= self._limits.max_connections:
+                self.stats.refused += not self._stop.is_set()
+                conn.close()
+                return
+            if sum(not c.authenticated for c in self._conns.values()) >= self._limits.max_handshakes:
+                self._evict_oldest_handshake()
+            entry = _Conn(conn, time.monotonic())
+            self._conns[conn] = entry
+        try:
+            threading.Thread(target=self._serve, args=(entry,), daemon=True).start()
+        except RuntimeError:  # no thread to be had: refuse this one, keep serving
+            with self._lock:
+                self._conns.pop(conn, None)
+                self.stats.accept_errors += 1
+            conn.close()
+
+    def _hello(self, entry: _Conn) -> str:
+        """Checks the hello; returns the authenticated key."""
+        conn = entry.sock
+        hello = decode_request(_recv_frame(conn, entry.accepted + self._limits.hello_timeout, _HELLO_MAX))
+        if hello.op != "hello":
+            raise ProtocolError("first frame is not hello")
+        if not hmac.compare_digest(hello.body["token"].encode(), self._token):
+            conn.sendall(encode_frame({"ok": False, "code": int(StatusCode.ERR_BAD_STATE),
+                                       "error": "rejected: auth token mismatch"}))
+            raise ProtocolError(f"engine {hello.body['key']!r} presented a wrong auth token")
+        with self._lock:
+            if entry.evicted:
+                raise ConnectionError("dropped during its hello")
+            entry.authenticated = True
+        conn.settimeout(self._limits.io_timeout)
+        conn.sendall(encode_frame({"ok": True}))
+        return str(hello.body["key"])
+
+    def _serve(self, entry: _Conn) -> None:
+        conn = entry.sock
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(self._hello_timeout)
-            hello = decode_request(_recv_frame(conn))
-            if hello.op != "hello":
-                raise ProtocolError("first frame is not hello")
-            if not hmac.compare_digest(hello.body["token"].encode(), self._token):
-                conn.sendall(encode_frame({"ok": False, "code": int(StatusCode.ERR_BAD_STATE),
-                                           "error": "rejected: auth token mismatch"}))
-                raise ProtocolError(f"engine {hello.body['key']!r} presented a wrong auth token")
-            key = hello.body["key"]
-            conn.sendall(encode_frame({"ok": True}))
-            conn.settimeout(None)
+            key = self._hello(entry)
             while not self._stop.is_set():
-                req = decode_request(_recv_frame(conn))
+                if not _wait_readable(conn, self._limits.idle_timeout):
+                    self._log.debug("control: closing connection of %r idle for %.0f s", key,
+                                    self._limits.idle_timeout)
+                    return
+                req = decode_request(_recv_frame(conn, time.monotonic() + self._limits.io_timeout,
+                                                 budget=self._budget))
+                conn.settimeout(self._limits.io_timeout)
                 conn.sendall(encode_frame(self._answer(key, req)))
         except ProtocolError as err:
             self._log.debug("control: dropping connection: %s", err)
@@ -168,7 +294,7 @@ class ControlServer:
             pass
         finally:
             with self._lock:
-                self._conns.discard(conn)
+                self._conns.pop(conn, None)
             conn.close()
 
     def _answer(self, key: str, req: Request) -> dict[str, Any]:
@@ -213,8 +339,9 @@ class ControlClient:
 
     def _exchange(self, msg: dict[str, Any]) -> dict[str, Any]:
         try:
+            self._sock.settimeout(self._timeout)
             self._sock.sendall(encode_frame(msg))
-            reply = msgpack.unpackb(_recv_frame(self._sock), raw=False)
+            reply = msgpack.unpackb(_recv_frame(self._sock, time.monotonic() + self._timeout), raw=False)
         except TimeoutError:
             raise TimeoutError(f"control request {msg.get('op')!r} got no answer in {self._timeout} s "
                                "(MORI_IO_TIMEOUT)") from None

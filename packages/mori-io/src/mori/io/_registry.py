@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Generic, TypeVar
+import time
+from collections import OrderedDict
+from typing import Any, Generic, TypeVar
 
+from mori.core.log import get_logger
+
+from ._control import ControlError
 from .types import EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
-__all__ = ["MemoryRegistry", "RemoteEngines", "InboundTable", "UidAllocator"]
+__all__ = ["MemoryRegistry", "RemoteEngines", "InboundTable", "InFlight", "UidAllocator", "check_notify"]
+
+_log = get_logger("io")
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -86,20 +93,87 @@ class RemoteEngines(_Table[str, EngineDesc]):
         self.put(desc.key, desc)
 
 
-class InboundTable:
-    """Completion records of transfers other engines ran into this one (pop once)."""
+_FINAL_CODES = frozenset(int(c) for c in StatusCode) - {int(StatusCode.INIT), int(StatusCode.IN_PROGRESS)}
+_MAX_MESSAGE = 4096
 
-    def __init__(self) -> None:
-        self._records: dict[tuple[str, int], tuple[StatusCode, str]] = {}
+
+def check_notify(body: dict[str, Any]) -> tuple[int, StatusCode, str]:
+    """(uid, code, message) of a peer's completion notification; ``ControlError`` when malformed."""
+    uid, code, message = body.get("uid"), body.get("code"), body.get("message", "")
+    if type(uid) is not int or not 0 <= uid < 1 << 64:
+        raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notification uid {uid!r} is not an int in 0..2**64-1")
+    if type(code) is not int or code not in _FINAL_CODES:
+        raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notification code {code!r} is not a final StatusCode")
+    if not isinstance(message, str) or len(message) > _MAX_MESSAGE:
+        raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notification message must be a str of at most "
+                                                        f"{_MAX_MESSAGE} characters")
+    return uid, StatusCode(code), message
+
+
+class InboundTable:
+    """Completion records of transfers other engines ran into this one (pop once).
+
+    At most ``max_records`` are kept, each for at most ``ttl`` seconds; past either bound the
+    oldest is dropped, counted in ``dropped`` and logged once.
+    """
+
+    def __init__(self, max_records: int, ttl: float) -> None:
+        self._records: OrderedDict[tuple[str, int], tuple[StatusCode, str, float]] = OrderedDict()
+        self._max = max_records
+        self._ttl = ttl
         self._lock = threading.Lock()
+        self.dropped = 0
 
     def record(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
         """Stores the outcome of transfer ``uid`` from ``remote_key``."""
+        now = time.monotonic()
         with self._lock:
-            self._records[(remote_key, uid)] = (StatusCode(code), message)
+            before = self.dropped
+            self._records.pop((remote_key, uid), None)
+            while self._records and (len(self._records) >= self._max or next(iter(self._records.values()))[2] < now - self._ttl):
+                self._records.popitem(last=False)
+                self.dropped += 1
+            self._records[(remote_key, uid)] = (StatusCode(code), message, now)
+        if before == 0 and self.dropped:
+            _log.warning("engine keeps at most %d completion records for %.0f s (MORI_IO_MAX_INBOUND_RECORDS, "
+                         "MORI_IO_INBOUND_RECORD_TTL): dropping the oldest (logged once)", self._max, self._ttl)
 
     def pop(self, remote_key: str, uid: int) -> TransferStatus | None:
         """Removes and returns the record, or None when there is none (yet)."""
         with self._lock:
             rec = self._records.pop((remote_key, uid), None)
-        return None if rec is None else TransferStatus(*rec)
+        return None if rec is None else TransferStatus(rec[0], rec[1])
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+class InFlight:
+    """This engine's transfers by local memory id, so that deregistering waits for them."""
+
+    _PRUNE = 64  # finished entries are dropped each time a region's list grows by this many
+
+    def __init__(self) -> None:
+        self._by_mem: dict[int, list[tuple[TransferStatus, Any, str]]] = {}
+
+    def add(self, mem_id: int, status: TransferStatus, backend: Any, remote_key: str) -> None:
+        """Notes a transfer using local region ``mem_id`` through ``backend``."""
+        entries = self._by_mem.setdefault(mem_id, [])
+        entries.append((status, backend, remote_key))
+        if len(entries) % self._PRUNE == 0:
+            entries[:] = [e for e in entries if e[0].InProgress()]
+
+    def drain(self, mem_id: int, timeout: float) -> None:
+        """Waits up to ``timeout`` for the transfers of ``mem_id``; then has their backends fail the
+        rest (``Backend.abort``) and waits for those to stop."""
+        entries = list(self._by_mem.pop(mem_id, ()))
+        deadline = time.monotonic() + timeout
+        for status, _, _ in entries:
+            status.WaitFor(max(deadline - time.monotonic(), 0.0))
+        late = {(id(b), key): (b, key) for status, b, key in entries if status.InProgress()}
+        for backend, key in late.values():
+            _log.warning("deregister_memory: failing transfers to %r still using memory %d after %.0f s",
+                         key, mem_id, timeout)
+            backend.abort(key)
+        for status, _, _ in entries:
+            status.WaitFor(timeout)

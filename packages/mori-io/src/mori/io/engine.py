@@ -23,7 +23,8 @@ from mori.core import config as mori_config
 from mori.core.log import get_logger
 
 from ._control import ControlClient, ControlError, ControlServer
-from ._registry import InboundTable, MemoryRegistry, RemoteEngines, UidAllocator
+from ._limits import Limits
+from ._registry import InboundTable, InFlight, MemoryRegistry, RemoteEngines, UidAllocator, check_notify
 from ._router import choose_backend, rank_backends
 from .backends import Backend, BackendContext, ControlHandler, TransferOp, TransferRequest, backend_factory
 from .types import (
@@ -51,6 +52,7 @@ class _Context(BackendContext):
     def __init__(self, engine: IOEngine, host: str, token: str) -> None:
         self._engine = weakref.proxy(engine)
         self.engine_key = engine._key
+        self.limits = engine._limits
         self.host = host
         self.hostname = socket.gethostname()
         self.log = _log
@@ -108,7 +110,7 @@ def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable)
         return {"desc": desc.pack()}
 
     def notify(key: str, body: dict[str, Any]) -> dict[str, Any]:
-        inbound.record(key, int(body["uid"]), StatusCode(int(body["code"])), str(body.get("message", "")))
+        inbound.record(key, *check_notify(body))
         return {}
 
     return {"ping": lambda key, body: {"key": my_key}, "lookup_mem": lookup_mem, "notify": notify}
@@ -120,17 +122,35 @@ _LIST_TO_ARRAY = 64
 _HAVE_NUMPY = importlib.util.find_spec("numpy") is not None
 
 
+_UID_END = 1 << 64  # uids travel as unsigned 64-bit integers
+
+
+def _int(name: str, value: Any) -> int:
+    """``value`` as an int; bools and non-integers raise ``TypeError`` naming ``name``."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(value)
+    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
 def _as_offsets(name: str, values: Sequence[int]) -> Any:
     """A list of ints, or (for a 1-d numpy integer array, or a long list where numpy is
-    installed: batches of thousands of blocks are checked without a Python loop) an int64 array."""
+    installed: batches of thousands of blocks are checked without a Python loop) an int64 array.
+    Mappings, sets, strings and bools are refused."""
     if getattr(values, "ndim", None) == 1 and getattr(getattr(values, "dtype", None), "kind", "") in ("i", "u"):
         return values.astype("int64", copy=False)  # type: ignore[attr-defined]
+    if not isinstance(values, (list, tuple, range)) and not hasattr(values, "dtype"):
+        raise TypeError(f"{name} must be a list, tuple or 1-d integer array, got {type(values).__name__}")
     if _HAVE_NUMPY and isinstance(values, (list, tuple)) and len(values) >= _LIST_TO_ARRAY:
         return _native.int64_array(values, name)
     try:
         out = list(map(operator.index, values))
     except TypeError:
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from None
+    if bool in set(map(type, values)):
+        raise TypeError(f"{name} must be ints, got a bool")
     return out
 
 
@@ -156,13 +176,15 @@ class IOEngine:
         self._token = token or ""
         self._memory = MemoryRegistry()
         self._remotes = RemoteEngines()
-        self._inbound = InboundTable()
+        self._limits = Limits.from_config()
+        self._inbound = InboundTable(self._limits.max_inbound, self._limits.inbound_ttl)
+        self._inflight = InFlight()
         self._uids = UidAllocator()
         self._backends: dict[BackendType, Backend] = {}
         self._ranked: tuple[Backend, ...] = ()  # _backends by priority, for routing
         self._clients: dict[str, ControlClient] = {}
         self._lock = threading.RLock()
-        self._server = ControlServer(config.host, config.port, self._token, _io_timeout(), log=_log)
+        self._server = ControlServer(config.host, config.port, self._token, self._limits, log=_log)
         # Handlers close over the registries, not the engine, so the engine can be collected.
         self._server.handlers.update(_engine_handlers(key, self._memory, self._inbound))
         self._ctx = _Context(self, config.host, self._token)
@@ -269,7 +291,14 @@ class IOEngine:
                                     -1 if index is None else index, loc)
 
     def deregister_memory(self, mem_desc: MemoryDesc) -> None:
-        """Deregisters a region; after this returns no remote request touches it."""
+        """Deregisters a region; after this returns no transfer touches it, so it may be freed.
+
+        Remote engines' requests are refused from the start of the call (one already being served
+        ends within ``MORI_IO_TIMEOUT``, which bounds every frame). This engine's own transfers
+        that use the region as local memory are waited for, up to ``MORI_IO_TIMEOUT``; any still
+        running then are failed with ``ERR_BAD_STATE`` by closing the connections that carry them,
+        and this returns once they have stopped.
+        """
         if not isinstance(mem_desc, MemoryDesc):
             raise TypeError(f"expected a MemoryDesc, got {type(mem_desc).__name__}")
         if mem_desc.engine_key != self._key:
@@ -280,6 +309,7 @@ class IOEngine:
                 raise KeyError(f"memory {mem_desc.id} is not registered with engine {self._key!r}")
             for b in self._backends.values():
                 b.deregister_memory(desc)
+        self._inflight.drain(desc.id, self._limits.io_timeout)
 
     # ---- transfers --------------------------------------------------------------------------------
     def allocate_transfer_uid(self) -> int:
@@ -287,8 +317,13 @@ class IOEngine:
         return self._uids.allocate()
 
     def _reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
-        if local.engine_key != self._key or self._memory.get(local.id) is None:
+        live = self._memory.get(local.id) if local.engine_key == self._key else None
+        if live is None:
             return StatusCode.ERR_NOT_FOUND, f"local memory {local.id} is not registered with engine {self._key!r}"
+        if live is not local and live != local:
+            return StatusCode.ERR_INVALID_ARGS, (f"local memory descriptor {local.id} does not match its registration "
+                                                 f"with engine {self._key!r} (address, size or location differ: "
+                                                 "stale or altered)")
         if remote.engine_key not in self._remotes:
             return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
         return None
@@ -300,7 +335,7 @@ class IOEngine:
         if type(sizes) is list and len(sizes) == 1 and type(l_offs) is list and type(r_offs) is list \
                 and len(l_offs) == len(r_offs) == 1:
             # One block (read, write, and most small batches): checked without the batch passes.
-            lo, ro, n = operator.index(l_offs[0]), operator.index(r_offs[0]), operator.index(sizes[0])
+            lo, ro, n = _int("local offset", l_offs[0]), _int("remote offset", r_offs[0]), _int("size", sizes[0])
             l_offs, r_offs, sizes = [lo], [ro], [n]
             low, l_end, r_end = min(lo, ro, n), lo + n, ro + n
         else:
@@ -313,8 +348,11 @@ class IOEngine:
                 l_offs, r_offs, sizes = (list(map(int, v)) for v in (l_offs, r_offs, sizes))
             if len(sizes):
                 low, l_end, r_end = _bounds(l_offs, r_offs, sizes)
+        uid = _int("transfer uid", uid)
         status = TransferStatus()
         problem = self._reject(local, remote)
+        if problem is None and not 0 <= uid < _UID_END:
+            problem = StatusCode.ERR_INVALID_ARGS, f"transfer uid {uid} outside 0..2**64-1"
         if problem is None and len(sizes):
             if low < 0:
                 problem = StatusCode.ERR_INVALID_ARGS, "offsets and sizes must be >= 0"
@@ -334,7 +372,12 @@ class IOEngine:
             status._set(*problem)
             return status
         assert backend is not None
-        backend.submit(TransferRequest(op, local, remote, l_offs, r_offs, sizes, operator.index(uid), status))
+        # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
+        self._inflight.add(local.id, status, backend, remote.engine_key)
+        if self._memory.get(local.id) is None:
+            status._set(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered")
+            return status
+        backend.submit(TransferRequest(op, local, remote, l_offs, r_offs, sizes, uid, status))
         return status
 
     def read(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,

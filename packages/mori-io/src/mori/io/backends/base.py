@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._limits import Limits
 from ..types import BackendType, EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
 __all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "ControlHandler"]
@@ -61,6 +62,7 @@ class BackendContext(abc.ABC):
 
     engine_key: str
     host: str  # address the engine listens on (data planes bind here too)
+    limits: Limits  # what peers may consume (connections, hello time, completion records)
     hostname: str
     log: logging.Logger
 
@@ -140,6 +142,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def submit(self, request: TransferRequest) -> None:
         """Starts the transfer asynchronously; finishes ``request.status`` when it ends."""
+
+    def abort(self, remote_key: str) -> None:  # noqa: B027 (an optional hook: by default nothing to do)
+        """Fails this backend's transfers to ``remote_key`` that are still running, and returns once
+        none of them touches memory any more (``deregister_memory`` calls it for transfers that
+        outlived ``MORI_IO_TIMEOUT``). The default does nothing: transfers that always end in
+        bounded time need no more."""
 
     def pop_inbound(self, remote_key: str, uid: int) -> TransferStatus | None:
         """An inbound completion recorded by this backend itself (not through the context)."""

@@ -36,6 +36,7 @@ from mori.core import _cuda
 from mori.core import config as mori_config
 
 from .._control import ControlClient, ControlError
+from .._registry import check_notify
 from ..types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
 from ._cuda_ipc import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, host_id, open_mapping
 from ._gpu_queues import DeviceQueues, GpuTransfer
@@ -177,8 +178,14 @@ class NvlinkBackend(Backend):
         return reply
 
     def _handle_notify(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
-        for uid, code, message in zip(body["uids"], body["codes"], body["messages"]):
-            self.ctx.record_inbound(key, int(uid), StatusCode(int(code)), str(message))
+        uids, codes, messages = body.get("uids"), body.get("codes"), body.get("messages")
+        if not (isinstance(uids, list) and isinstance(codes, list) and isinstance(messages, list)
+                and len(uids) == len(codes) == len(messages)):
+            raise ControlError(StatusCode.ERR_INVALID_ARGS, "nvlink.notify: uids, codes and messages must be "
+                                                            "lists of one length")
+        records = [check_notify({"uid": u, "code": c, "message": m}) for u, c, m in zip(uids, codes, messages)]
+        for record in records:  # all checked first: a malformed batch records nothing
+            self.ctx.record_inbound(key, *record)
         return {}
 
     def _send_revoke(self, engine: EngineDesc, ids: list[int]) -> None:

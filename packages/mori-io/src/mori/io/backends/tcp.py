@@ -9,8 +9,8 @@ Host memory moves directly; GPU memory (either side) is staged through pinned ho
 
 from __future__ import annotations
 
+import secrets
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
@@ -51,17 +51,29 @@ class TcpBackend(Backend):
         super().__init__(ctx, config)
         self._staging_bytes = int(mori_config.get("MORI_IO_TCP_STAGING_SIZE"))
         self._chunk = chunk_bytes_for(self._staging_bytes)  # a bad size fails here, not at the first transfer
-        self._target = _native.TcpTarget(ctx.host, 0, ctx.auth_token(), ctx.io_timeout())
+        lim = ctx.limits
+        self._target = _native.TcpTarget(ctx.host, 0, ctx.auth_token(), ctx.io_timeout(),
+                                         max_connections=lim.max_connections, max_handshakes=lim.max_handshakes,
+                                         hello_timeout=lim.hello_timeout, max_inbound=lim.max_inbound,
+                                         inbound_ttl=lim.inbound_ttl)
         self._peers: dict[str, Any] = {}
+        # Transfers waiting for a peer being connected, by peer: one connecting thread each, so a
+        # peer that does not answer delays only its own transfers.
+        self._connecting: dict[str, list[TransferRequest]] = {}
         self._remote_chunk: dict[str, int] = {}
         self._gpu: Any = None  # _tcp_gpu.GpuStaging, made at the first GPU registration or transfer
         self._lock = threading.Lock()
         self._closed = False
-        self._connector = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mori-io-tcp-connect")
-        ctx.add_control_handler("tcp.info", lambda key, body: {"port": self._target.port,
-                                                                "staging_chunk": self._chunk})
+        ctx.add_control_handler("tcp.info", self._handle_info)
         for op in _GPU_OPS:
             ctx.add_control_handler(f"tcp.gpu_{op}", self._gpu_handler(op))
+
+    def _handle_info(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        # The ticket admits data connections claiming the key this control session authenticated
+        # as: a key cannot be claimed on the data plane alone.
+        ticket = secrets.token_hex(16)
+        self._target.issue_ticket(key, ticket)
+        return {"port": self._target.port, "staging_chunk": self._chunk, "ticket": ticket}
 
     @property
     def port(self) -> int:
@@ -120,48 +132,91 @@ class TcpBackend(Backend):
         if peer is not None:
             peer.close()
 
-    def _peer(self, remote_key: str) -> Any:
+    def _open_peer(self, remote_key: str) -> Any:
+        """Connects to ``remote_key``'s data plane (no lock held: this can take MORI_IO_TIMEOUT)."""
+        desc = self.ctx.remote_engine(remote_key)
+        info = self.ctx.control_request(remote_key, "tcp.info", {})
+        chunk = int(info.get("staging_chunk", self._chunk))
+        peer = _native.TcpPeer(remote_key, desc.host, int(info["port"]), self.config.num_connections,
+                               self.ctx.engine_key, self.ctx.auth_token(), str(info.get("ticket", "")),
+                               self.ctx.io_timeout())
         with self._lock:
-            peer = self._peers.get(remote_key)
-            if peer is not None and peer.healthy():
-                return peer
-            if peer is not None:
-                peer.close()
-                del self._peers[remote_key]
-            desc = self.ctx.remote_engine(remote_key)
-            info = self.ctx.control_request(remote_key, "tcp.info", {})
-            port = int(info["port"])
-            self._remote_chunk[remote_key] = int(info.get("staging_chunk", self._chunk))
-            peer = _native.TcpPeer(remote_key, desc.host, port, self.config.num_connections, self.ctx.engine_key,
-                                   self.ctx.auth_token(), self.ctx.io_timeout())
-            self._peers[remote_key] = peer
-            return peer
+            self._remote_chunk[remote_key] = chunk
+        return peer
 
     def submit(self, request: TransferRequest) -> None:
-        peer = self._peers.get(request.remote.engine_key)
+        key = request.remote.engine_key
+        peer = self._peers.get(key)
         if peer is not None and peer.healthy():
             self._start(peer, request)
-        else:
-            # Connecting can take up to MORI_IO_TIMEOUT: do it off the caller's thread so that
-            # submitting stays asynchronous; the status stays IN_PROGRESS meanwhile.
-            request.status._set(StatusCode.IN_PROGRESS)
-            self._connector.submit(self._connect_and_start, request)
-
-    def _connect_and_start(self, request: TransferRequest) -> None:
-        key = request.remote.engine_key
-        if self._closed:
-            request.status._set(StatusCode.ERR_BAD_STATE, "TCP backend was closed before the transfer started")
+            return
+        # Connecting can take up to MORI_IO_TIMEOUT: it runs on a thread of its own per peer, so
+        # submitting stays asynchronous and other peers' transfers go on; the status stays
+        # IN_PROGRESS meanwhile.
+        request.status._set(StatusCode.IN_PROGRESS)
+        with self._lock:
+            peer = self._peers.get(key)
+            waiting = self._connecting.get(key)
+            if peer is None or not peer.healthy():
+                if waiting is not None:
+                    waiting.append(request)
+                    return
+                self._connecting[key] = [request]
+        if peer is not None and peer.healthy():
+            self._start_or_fail(peer, request)
             return
         try:
-            peer = self._peer(key)
-        except ControlError as err:
-            request.status._set(err.code, f"TCP backend: {err}")
-            return
-        except (KeyError, TimeoutError, RuntimeError, OSError) as err:
-            code = StatusCode.ERR_NOT_FOUND if isinstance(err, KeyError) else StatusCode.ERR_BAD_STATE
-            request.status._set(code, f"TCP backend: cannot reach engine {key!r}: {err}")
-            return
-        self._start(peer, request)
+            threading.Thread(target=self._connect, args=(key,), name="mori-io-tcp-connect", daemon=True).start()
+        except RuntimeError as err:  # no thread to be had
+            self._fail_waiting(key, StatusCode.ERR_BAD_STATE, f"TCP backend: cannot start connecting: {err}")
+
+    def _fail_waiting(self, key: str, code: StatusCode, message: str) -> None:
+        with self._lock:
+            requests = self._connecting.pop(key, [])
+        for r in requests:
+            r.status._set(code, message)
+
+    def _connect(self, key: str) -> None:
+        code, message, peer = StatusCode.ERR_BAD_STATE, "", None
+        if self._closed:
+            message = "TCP backend was closed before the transfer started"
+        else:
+            try:
+                peer = self._open_peer(key)
+            except ControlError as err:
+                code, message = err.code, f"TCP backend: {err}"
+            except KeyError as err:
+                code, message = StatusCode.ERR_NOT_FOUND, f"TCP backend: cannot reach engine {key!r}: {err}"
+            except Exception as err:  # any failure ends the waiting transfers: none may hang
+                message = f"TCP backend: cannot reach engine {key!r}: {err}"
+        with self._lock:
+            requests = self._connecting.pop(key, [])
+            old = None
+            if peer is not None and self._closed:
+                peer.close()
+                peer, message = None, "TCP backend was closed before the transfer started"
+            if peer is not None:
+                old = self._peers.get(key)
+                self._peers[key] = peer
+        if old is not None:
+            old.close()
+        for r in requests:
+            if peer is None:
+                r.status._set(code, message)
+            else:
+                self._start_or_fail(peer, r)
+
+    def _start_or_fail(self, peer: Any, request: TransferRequest) -> None:
+        try:
+            self._start(peer, request)
+        except Exception as err:  # off the caller's thread: an exception must end the transfer
+            request.status._set(StatusCode.ERR_BAD_STATE, f"TCP backend: transfer {request.uid} could not start: {err}")
+
+    def abort(self, remote_key: str) -> None:
+        with self._lock:
+            peer = self._peers.pop(remote_key, None)
+        if peer is not None:
+            peer.close()  # its transfers fail; its threads have stopped when this returns
 
     def _start(self, peer: Any, request: TransferRequest) -> None:
         if request.local.loc == MemoryLocationType.GPU or request.remote.loc == MemoryLocationType.GPU:
@@ -180,8 +235,7 @@ class TcpBackend(Backend):
         return None if code is None else TransferStatus(StatusCode(code))
 
     def close(self) -> None:
-        self._closed = True
-        self._connector.shutdown(wait=True)  # queued requests fail fast now that _closed is set
+        self._closed = True  # connecting threads fail their transfers from now on
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
