@@ -1,0 +1,349 @@
+"""mori-io under hostile load (issue 11): each test reproduces one numbered hole of the issue and
+checks that it is closed. Targets run in their own processes with lowered limits (``MORI_IO_*``
+set before they start) so every case takes seconds; the data plane's own cases are in
+mori-core's ``test_tcp_limits.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import socket
+import struct
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+from _peer import PipeProcess, engine_commands, serve_commands
+
+from mori.core import _native  # type: ignore[attr-defined]
+from mori.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    StatusCode,
+)
+from mori.io._control import ControlClient, ControlError, encode_frame
+from mori.io.backends.tcp import TcpBackend
+
+REGION = 1 << 20
+
+
+def _serve(conn, key: str, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    engine = IOEngine(key, IOEngineConfig(host="127.0.0.1", port=0))
+    engine.create_backend(BackendType.TCP)
+    arr = np.zeros(REGION, dtype=np.uint8)
+    desc = engine.register_memory(int(arr.ctypes.data), REGION, -1, MemoryLocationType.CPU)
+
+    def limit_fds(extra: int) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + extra, 4096))
+
+    def probe() -> dict[str, int]:
+        threads = fds = -1  # unknown while descriptors are used up
+        try:
+            with open("/proc/self/status") as f:
+                threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+            fds = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            pass
+        return {"threads": threads, "fds": fds,
+                "conns": engine._server.connection_count(), "inbound": len(engine._inbound),
+                **dataclasses.asdict(engine._server.stats)}
+
+    serve_commands(conn, engine, {**engine_commands(engine, {desc.id: desc}), "desc": desc.pack,
+                                  "limit_fds": limit_fds, "probe": probe,
+                                  "bytes": lambda off, n: bytes(arr[off:off + n])})
+
+
+class Target(PipeProcess):
+    """An engine with a TCP backend and one 1 MiB region, in its own process, under ``env``."""
+
+    def __init__(self, env: dict[str, str] | None = None, key: str = "target") -> None:
+        super().__init__(_serve, (key, env or {}), "target", 60.0)
+        self.region = MemoryDesc.unpack(self.call("desc"))
+
+
+@pytest.fixture()
+def make_target():
+    made: list[Target] = []
+
+    def make(env: dict[str, str] | None = None) -> Target:
+        made.append(Target(env))
+        return made[-1]
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def _good_write(target: Target, fill: int, key: str = "good") -> float:
+    """A fresh, well-behaved engine writes 4 KiB to the target; returns the seconds it took."""
+    src = np.full(4096, fill, dtype=np.uint8)
+    t0 = time.monotonic()
+    with IOEngine(key, IOEngineConfig()) as eng:
+        eng.create_backend(BackendType.TCP)
+        eng.register_remote_engine(target.desc)
+        ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+        st = eng.write(ld, 0, target.region, 0, 4096, 1)
+        assert st.WaitFor(10) and st.Succeeded(), st
+        took = time.monotonic() - t0
+    assert target.call("bytes", 0, 4096) == bytes([fill]) * 4096
+    return took
+
+
+def _connect_many(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        except OSError:
+            break
+    return socks
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    s.settimeout(seconds)
+    try:
+        while s.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _hello(s: socket.socket, key: str = "raw", token: str = "") -> None:
+    s.sendall(encode_frame({"op": "hello", "key": key, "token": token}))
+    (n,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
+    assert msgpack.unpackb(s.recv(n, socket.MSG_WAITALL))["ok"]
+
+
+def test_control_plane_survives_fd_exhaustion(make_target):
+    # Hole 1: with its descriptors used up by silent connections, the control plane's accept
+    # loop used to die for good; now it backs off and serves again once they close.
+    target = make_target()
+    target.call("limit_fds", 24)
+    socks = _connect_many(target.desc.port, 150)
+    time.sleep(1.0)
+    assert target.call("probe")["accept_errors"] > 0
+    for s in socks:
+        s.close()
+    time.sleep(0.5)
+    assert _good_write(target, 5) < 1.0
+
+
+def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
+    # Hole 3: threads, time and bytes that unauthenticated or idle peers hold are bounded.
+    target = make_target({"MORI_IO_MAX_HANDSHAKES": "4", "MORI_IO_HELLO_TIMEOUT": "1", "MORI_IO_MAX_CONNECTIONS": "40",
+                          "MORI_IO_IDLE_TIMEOUT": "1.5", "MORI_IO_CONTROL_BUFFER": "1M"})
+    base = target.call("probe")["threads"]
+    silent = _connect_many(target.desc.port, 200)
+    time.sleep(0.5)
+    probe = target.call("probe")
+    assert probe["threads"] <= base + 6 and probe["conns"] <= 40, probe
+    assert probe["refused"] + probe["evicted"] >= 150
+    assert _good_write(target, 6) < 1.0  # a newcomer's hello pushes the oldest silent one out
+    for s in silent:
+        assert _closed_within(s, 3.0)
+    # A hello trickled a byte at a time is cut at the hello timeout, however often bytes come.
+    trickle = socket.create_connection(("127.0.0.1", target.desc.port), timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises(OSError):
+        for b in encode_frame({"op": "hello", "key": "k" * 100, "token": ""}):
+            trickle.send(bytes([b]))
+            time.sleep(0.2)
+    assert time.monotonic() - t0 < 3.0
+    # An authenticated connection that stays silent is closed after the idle timeout.
+    idle = socket.create_connection(("127.0.0.1", target.desc.port), timeout=5)
+    _hello(idle)
+    assert _closed_within(idle, 4.0)
+    # Frames being received share one budget: a second 900 KB frame in flight is refused.
+    first, second = (socket.create_connection(("127.0.0.1", target.desc.port), timeout=5) for _ in range(2))
+    for s in (first, second):
+        _hello(s)
+        s.sendall(struct.pack(">I", 900_000) + b"\x00" * 1000)
+        time.sleep(0.2)
+    assert _closed_within(second, 2.0) and not _closed_within(first, 0.3)
+    for s in (first, second, trickle):
+        s.close()
+
+
+def test_notifications_bounded_and_checked(make_target):
+    # Hole 4: completion records are bounded (oldest dropped), and a forged code is refused
+    # instead of making pop_inbound_transfer_status raise later.
+    target = make_target({"MORI_IO_MAX_INBOUND_RECORDS": "50"})
+    client = ControlClient("127.0.0.1", target.desc.port, "flooder", "", 10)
+    for uid in range(200):
+        client.request("notify", {"uid": uid, "code": 0})
+    for body in ({"uid": 1, "code": 99}, {"uid": -1, "code": 0}, {"uid": -(2**63), "code": 0}, {"uid": True, "code": 0},
+                 {"uid": 1, "code": 2}, {"uid": 1, "code": 0, "message": "x" * 5000}):
+        with pytest.raises(ControlError) as err:
+            client.request("notify", body)
+        assert err.value.code == StatusCode.ERR_INVALID_ARGS
+    client.close()
+    assert target.call("probe")["inbound"] == 50
+    assert target.call("pop_inbound", "flooder", 0, 0) is None  # the oldest went first
+    assert target.call("pop_inbound", "flooder", 199, 0) == StatusCode.SUCCESS
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = Target()
+    engine = IOEngine("hostile-init", IOEngineConfig())
+    engine.create_backend(BackendType.TCP)
+    engine.register_remote_engine(target.desc)
+    src = np.arange(REGION, dtype=np.uint64).view(np.uint8)[:REGION].copy()
+    ld = engine.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+    yield target, engine, src, ld
+    engine.close()
+    target.close()
+
+
+@pytest.mark.parametrize("uid", [-1, 2**64, 2**70])
+def test_out_of_range_uid_fails_at_once(pair, uid):
+    # Hole 5: such a uid used to leave the transfer IN_PROGRESS forever.
+    target, engine, _, ld = pair
+    st = engine.write(ld, 0, target.region, 0, 64, uid)
+    assert not st.InProgress() and st.Code() == StatusCode.ERR_INVALID_ARGS and "uid" in st.Message()
+    with pytest.raises(TypeError, match="uid"):
+        engine.write(ld, 0, target.region, 0, 64, True)
+
+
+def test_failure_on_the_connecting_thread_ends_the_transfer(make_target, monkeypatch):
+    # Hole 5: any exception while starting a transfer after connecting finishes it.
+    target = make_target()
+
+    def broken_start(self, peer, request):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(TcpBackend, "_start", broken_start)
+    src = np.zeros(64, dtype=np.uint8)
+    with IOEngine("unlucky", IOEngineConfig()) as eng:
+        eng.create_backend(BackendType.TCP)
+        eng.register_remote_engine(target.desc)
+        ld = eng.register_memory(int(src.ctypes.data), 64, -1, MemoryLocationType.CPU)
+        st = eng.write(ld, 0, target.region, 0, 64, 1)
+        assert st.WaitFor(10) and st.Code() == StatusCode.ERR_BAD_STATE and "injected" in st.Message()
+
+
+def test_local_descriptor_must_match_a_live_registration(pair):
+    # Hole 6: forged or stale local descriptors and wrongly typed offsets move nothing.
+    target, engine, src, ld = pair
+    before = target.call("bytes", 0, 4096)
+    for forged in (dataclasses.replace(ld, size=ld.size * 4), dataclasses.replace(ld, data=ld.data + 4096)):
+        st = engine.write(forged, ld.size - 64, target.region, 0, 64, 2)
+        assert st.Code() == StatusCode.ERR_INVALID_ARGS and "does not match" in st.Message()
+    with IOEngine("hostile-init-2", IOEngineConfig()) as other:
+        stale = other.register_memory(ld.data, 64, -1, MemoryLocationType.CPU)
+    with IOEngine("hostile-init-2", IOEngineConfig()) as reborn:  # same key, the id is reused
+        reborn.create_backend(BackendType.TCP)
+        reborn.register_remote_engine(target.desc)
+        buf = np.zeros(128, dtype=np.uint8)
+        fresh = reborn.register_memory(int(buf.ctypes.data), 128, -1, MemoryLocationType.CPU)
+        assert fresh.id == stale.id
+        st = reborn.write(stale, 0, target.region, 0, 64, 3)
+        assert st.Code() == StatusCode.ERR_INVALID_ARGS
+    for bad in ({0: 0}, {0}, [True], "0"):
+        with pytest.raises(TypeError):
+            engine.batch_write(ld, bad, target.region, [0], [8], 4)
+    with pytest.raises(TypeError):
+        engine.write(ld, False, target.region, 0, 8, 5)
+    assert target.call("bytes", 0, 4096) == before
+
+
+def test_deregister_memory_waits_for_transfers_on_it(make_target):
+    # Hole 6: deregister_memory used to return while a read was still landing in the region.
+    target = make_target()
+    dst = np.zeros(REGION, dtype=np.uint8)
+    with IOEngine("reader", IOEngineConfig()) as eng:
+        eng.create_backend(BackendType.TCP)
+        eng.register_remote_engine(target.desc)
+        ld = eng.register_memory(int(dst.ctypes.data), REGION, -1, MemoryLocationType.CPU)
+        warm = eng.read(ld, 0, target.region, 0, 64, 1)
+        assert warm.WaitFor(10) and warm.Succeeded()
+        statuses = [eng.read(ld, 0, target.region, 0, REGION, uid) for uid in range(2, 34)]  # 32 MiB
+        eng.deregister_memory(ld)
+        assert not any(st.InProgress() for st in statuses), "deregister_memory returned while reads ran"
+        snapshot = dst.copy()
+        time.sleep(0.3)
+        assert np.array_equal(dst, snapshot)
+        late = eng.read(ld, 0, target.region, 0, 64, 40)
+        assert late.Code() == StatusCode.ERR_NOT_FOUND
+
+
+def test_unreachable_peer_does_not_delay_others(make_target, monkeypatch):
+    # Hole 7: while a connect to a peer that never answers waits out its timeout, a healthy
+    # peer's first transfer goes ahead at once.
+    monkeypatch.setenv("MORI_IO_TIMEOUT", "4")
+    target = make_target()
+    black_hole = socket.create_server(("127.0.0.1", 0))  # accepts into the backlog, never answers
+    try:
+        with IOEngine("hol", IOEngineConfig()) as eng:
+            eng.create_backend(BackendType.TCP)
+            stuck_desc = EngineDesc("stuck", "127.0.0.1", black_hole.getsockname()[1])
+            eng.register_remote_engine(stuck_desc)
+            eng.register_remote_engine(target.desc)
+            src = np.full(4096, 8, dtype=np.uint8)
+            ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+            stuck_region = dataclasses.replace(target.region, engine_key="stuck")
+            stuck = eng.write(ld, 0, stuck_region, 0, 64, 1)
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            st = eng.write(ld, 0, target.region, 0, 4096, 2)
+            assert st.WaitFor(10) and st.Succeeded(), st
+            assert time.monotonic() - t0 < 1.0 and stuck.InProgress()
+            assert stuck.WaitFor(15) and stuck.Code() != StatusCode.SUCCESS
+    finally:
+        black_hole.close()
+
+
+def test_data_plane_key_needs_the_control_session(pair):
+    # Hole 8: a token holder claiming another engine's key on the data plane is refused; the
+    # ticket a control session gets admits only that session's own key.
+    target, engine, _, _ = pair
+    client = ControlClient("127.0.0.1", target.desc.port, "mallory", "", 10)
+    info = client.request("tcp.info", {})
+    client.close()
+    with pytest.raises(RuntimeError, match="rejected"):
+        _native.TcpPeer("t", "127.0.0.1", info["port"], 1, "hostile-init", "", info["ticket"], 5.0)
+    with pytest.raises(RuntimeError, match="rejected"):
+        _native.TcpPeer("t", "127.0.0.1", info["port"], 1, "hostile-init", "", "", 5.0)
+    _native.TcpPeer("t", "127.0.0.1", info["port"], 1, "mallory", "", info["ticket"], 5.0).close()
+
+
+def test_good_peer_keeps_working_during_attack(make_target):
+    # The hostile mix at once (silent connections on both planes, a trickler) while a peer that
+    # already has its connections keeps transferring.
+    target = make_target({"MORI_IO_MAX_HANDSHAKES": "8", "MORI_IO_HELLO_TIMEOUT": "2"})
+    src = np.full(4096, 4, dtype=np.uint8)
+    with IOEngine("steady", IOEngineConfig()) as eng:
+        eng.create_backend(BackendType.TCP)
+        eng.register_remote_engine(target.desc)
+        ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+        assert eng.write(ld, 0, target.region, 0, 4096, 1).WaitFor(10)  # connected from now on
+        stop = threading.Event()
+        held: list[socket.socket] = []
+
+        def attack():
+            while not stop.is_set():
+                held.extend(_connect_many(target.desc.port, 20))
+                time.sleep(0.05)
+
+        th = threading.Thread(target=attack, daemon=True)
+        th.start()
+        try:
+            for uid in range(2, 200):
+                st = eng.write(ld, 0, target.region, 0, 4096, uid)
+                assert st.WaitFor(5) and st.Succeeded(), st
+        finally:
+            stop.set()
+            th.join(timeout=10)
+            for s in held:
+                s.close()
