@@ -111,9 +111,8 @@ def target_factory():
         t.close()
 
 
-def _good_transfer(port: int, fill: int, key="init", ticket=TICKET) -> float:
-    """A well-behaved peer connects and writes 4 KiB; returns the seconds it took."""
-    t0 = time.monotonic()
+def _good_transfer(port: int, fill: int, key="init", ticket=TICKET) -> None:
+    """A well-behaved peer connects and writes 4 KiB."""
     src = np.full(4096, fill, dtype=np.uint8)
     p = _native.TcpPeer("target", "127.0.0.1", port, 1, key, "tok", ticket, 2.0)
     try:
@@ -121,7 +120,6 @@ def _good_transfer(port: int, fill: int, key="init", ticket=TICKET) -> float:
         assert t.wait(10) and t.code() == 0, t.message()
     finally:
         p.close()
-    return time.monotonic() - t0
 
 
 def _connect_many(port: int, n: int) -> list[socket.socket]:
@@ -186,29 +184,29 @@ def test_closed_connections_are_reaped_without_new_accepts(target_factory):
         time.sleep(0.05)
     assert tgt.call("stats")[1] == 0 and tgt.call("fds") <= base + 2
     cpu = tgt.cpu_seconds()
-    time.sleep(1.0)
-    assert tgt.cpu_seconds() - cpu < 0.3, "the target spins while idle"
-    assert _good_transfer(tgt.port, 9) < 1.0
+    time.sleep(2.0)
+    assert tgt.cpu_seconds() - cpu < 0.5, "the target spins while idle"  # a spin takes a core
+    _good_transfer(tgt.port, 9)
 
 
 def test_handshakes_are_bounded_in_number_and_time(target_factory):
     # Hole 3: silent and trickling connections cost a bounded number of slots for a bounded time.
     tgt = target_factory({"max_handshakes": 4, "hello_timeout": 1.0, "max_connections": 16})
     silent = _connect_many(tgt.port, 10)
-    assert _good_transfer(tgt.port, 3) < 1.0  # the oldest silent ones made room
+    _good_transfer(tgt.port, 3)  # the oldest silent ones made room
+    # A hello of 34 bytes sent a byte every 0.2 s: each wait is short, the whole hello is not.
     trickle = socket.create_connection(("127.0.0.1", tgt.port), timeout=5)
+    hello = HELLO.pack(HELLO_MAGIC, VERSION, 4, 3, len(TICKET)) + ("init" + "tok" + TICKET).encode()
     t0 = time.monotonic()
-    hello = HELLO.pack(HELLO_MAGIC, VERSION, 4, 3, len(TICKET))
-    closed = False
-    for b in hello:  # a byte every 0.2 s: each recv is quick, the whole hello is not
+    for b in hello[:-1]:
         try:
             trickle.send(bytes([b]))
         except OSError:
-            closed = True
             break
         time.sleep(0.2)
-    assert closed or _closed_by_peer(trickle, 3.0)
-    assert time.monotonic() - t0 < 3.5
+        if _closed_by_peer(trickle, 0.001):
+            break
+    assert time.monotonic() - t0 < 4.0, "the trickled hello was not cut at the hello timeout"
     for s in silent:
         assert _closed_by_peer(s, 3.0), "a silent connection outlived the hello timeout"
     more = _connect_many(tgt.port, 40)
