@@ -20,10 +20,15 @@ from gpu_world import init_world  # ci/device, on PYTHONPATH (test_gpu._torchrun
 import mori
 
 
-def gather(obj: Any) -> list[Any] | None:
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
-    return out
+def gather(obj: dict[str, Any]) -> list[Any] | None:
+    """Every PE's results on rank 0. Tensors travel as uint8 bytes with their dtype (torch cannot
+    unpickle float8 storages)."""
+    packed = {k: (v.view(torch.uint8), v.dtype) if isinstance(v, torch.Tensor) else v for k, v in obj.items()}
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(packed, out, dst=0)
+    if out is None:
+        return None
+    return [{k: v[0].view(v[1]) if isinstance(v, tuple) else v for k, v in o.items()} for o in out]
 
 
 def report(rank: int, what: str, results: list[Any] | None, case: Case, wire: Any = None) -> None:
