@@ -68,7 +68,10 @@ def combine_dtype(case: Case) -> Any:
 def expert_output(case: Case, received: Any, pe: int) -> Any:
     """What PE ``pe``'s "experts" return for its received rows: a deterministic function of the row
     and the PE, so that combine sums different values per destination."""
-    return (received.to(torch.float32) * (0.5 + pe) + pe).to(combine_dtype(case))
+    out = combine_dtype(case)
+    if out.itemsize == 1:  # fp8 sums stay below e4m3's 448, so the check is about rounding, not overflow
+        return (received.to(torch.float32) * 0.25 + pe * 0.125).to(out)
+    return (received.to(torch.float32) * (0.5 + pe) + pe).to(out)
 
 
 def check_round(case: Case, results: list[dict[str, Any]], wire_dtype: Any = None) -> int:

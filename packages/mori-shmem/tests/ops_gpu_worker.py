@@ -34,7 +34,11 @@ def gather(obj: dict[str, Any]) -> list[Any] | None:
 def report(rank: int, what: str, results: list[Any] | None, case: Case, wire: Any = None) -> None:
     if rank == 0:
         assert results is not None
-        n = check_round(case, results, wire)
+        try:
+            n = check_round(case, results, wire)
+        except AssertionError as exc:
+            print(f"FAILED  {what}: {exc}", flush=True)
+            raise
         print(f"ok  {what}: {n} tokens received in all", flush=True)
     dist.barrier()
 
