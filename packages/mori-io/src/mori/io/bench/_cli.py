@@ -5,7 +5,9 @@ the same run, and writes JSON and a bandwidth plot."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +45,13 @@ def _ints(text: str) -> list[int]:
     return out
 
 
+def _backends(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names or any(n not in ("tcp", "rdma") for n in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected backends among tcp,rdma")
+    return names
+
+
 def _peers(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in PEERS]
@@ -61,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed transfers per point (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed transfers first (default 5)")
     p.add_argument("--host", default="127.0.0.1", help="address both engines use (default loopback)")
+    p.add_argument("--backend", type=_backends, default=["tcp"],
+                   help="mori backends to measure, e.g. tcp,rdma (rdma: UCX over MORI_IO_RDMA_TRANSPORTS; "
+                        "default tcp)")
+    p.add_argument("--target-host", help="address of the target engines (default --host)")
+    p.add_argument("--target-netns", help="network namespace the targets run in (ip netns; needs root): with "
+                                          "--target-host, initiator and targets are two 'hosts'")
     p.add_argument("--num-connections", type=int, default=TcpBackendConfig().num_connections,
                    help="TCP data connections per peer (default: TcpBackendConfig's, half the CPUs, 1..4)")
     p.add_argument("--max-bytes", type=_sizes, default=[256 << 20],
@@ -136,16 +151,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tqdm import tqdm
 
-    bar = tqdm(total=len(points), desc="mori", disable=args.no_progress, file=sys.stderr)
     rows = []
-    for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, args.num_connections,
-                        lambda: bar.update(1)):
-        rows.append({"engine": "mori", "op": args.op, "session": args.session, **row})
-    bar.close()
+    for backend in args.backend:
+        label = "mori" if backend == "tcp" else f"mori-{backend}"
+        bar = tqdm(total=len(points), desc=label, disable=args.no_progress, file=sys.stderr)
+        for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, args.num_connections,
+                            functools.partial(bar.update, 1), backend, args.target_host, args.target_netns):
+            rows.append({"engine": label, "op": args.op, "session": args.session, **row})
+        bar.close()
     notes = []
     for name in args.peers:
         print(f"measuring peer {name} ...", file=sys.stderr)
-        peer_rows, note = run_peer(name, args.peer_python, args.host, args.op, args.iters, args.warmup, points)
+        env = dict(os.environ)
+        if args.target_netns:
+            env.update(MORI_PEER_TARGET_NETNS=args.target_netns, MORI_PEER_TARGET_HOST=args.target_host or args.host)
+        peer_rows, note = run_peer(name, args.peer_python, args.host, args.op, args.iters, args.warmup, points, env)
         rows += [{"engine": name, "op": args.op, **r} for r in peer_rows]
         if note:
             notes.append(note)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
+import os
+import shlex
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,9 +28,16 @@ from ._measure import block_layout, summarize
 __all__ = ["run_mori"]
 
 
-def _target(conn: Any, host: str, size: int, nconn: int) -> None:
+def _create_backend(engine: IOEngine, backend: str, nconn: int) -> None:
+    if backend == "rdma":
+        engine.create_backend(BackendType.RDMA)
+    else:
+        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=nconn))
+
+
+def _target(conn: Any, host: str, size: int, nconn: int, backend: str) -> None:
     engine = IOEngine("bench-target", IOEngineConfig(host=host, port=0))
-    engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=nconn))
+    _create_backend(engine, backend, nconn)
     buf = np.ones(size, dtype=np.uint8)
     mem = engine.register_memory(int(buf.ctypes.data), size, -1, MemoryLocationType.CPU)
     conn.send((engine.get_engine_desc().pack(), mem.pack()))
@@ -39,19 +50,36 @@ def _target(conn: Any, host: str, size: int, nconn: int) -> None:
 
 
 def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, warmup: int, host: str,
-             nconn: int, progress: Callable[[], None]) -> Iterator[dict[str, Any]]:
-    """Yields one result row per (size, batch) point; target and initiator are separate processes."""
+             nconn: int, progress: Callable[[], None], backend: str = "tcp", target_host: str | None = None,
+             target_netns: str | None = None) -> Iterator[dict[str, Any]]:
+    """Yields one result row per (size, batch) point; target and initiator are separate processes,
+    the target in network namespace ``target_netns`` on ``target_host`` when given."""
     need = max(s * b for s, b in points)
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(child, host, need, nconn), daemon=True)
-    proc.start()
+    proc = ctx.Process(target=_target, args=(child, target_host or host, need, nconn, backend), daemon=True)
+    if target_netns:
+        # `ip netns exec` (not setns in the child): it also remounts /sys for the namespace, where
+        # UCX and others look up network interfaces.
+        with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+            f.write(f'#!/bin/sh\nexec ip netns exec {shlex.quote(target_netns)} {shlex.quote(sys.executable)} "$@"\n')
+        os.chmod(f.name, 0o755)
+        ctx.set_executable(f.name)
+        try:
+            proc.start()
+        finally:
+            ctx.set_executable(sys.executable)
+        if not conn.poll(120):
+            proc.kill()
+        os.unlink(f.name)  # the child's shell has read it once the target answered
+    else:
+        proc.start()
     try:
         if not conn.poll(120):
             raise TimeoutError("benchmark target did not start in 120 s")
         t_engine, t_mem = conn.recv()
         engine = IOEngine("bench-initiator", IOEngineConfig(host=host, port=0))
-        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=nconn))
+        _create_backend(engine, backend, nconn)
         engine.register_remote_engine(EngineDesc.unpack(t_engine))
         conn.send(engine.get_engine_desc().pack())
         if not conn.poll(60):

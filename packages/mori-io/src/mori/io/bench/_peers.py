@@ -31,7 +31,8 @@ GPUS = tuple(int(g) for g in os.environ["MORI_PEER_GPUS"].split(",")) if os.envi
 def _peer_environment() -> None:
     """The peers' settings, made in the peer processes only (mori imports this module too)."""
     if GPUS is None:
-        os.environ.setdefault("UCX_TLS", "tcp,self")
+        # Against mori's RDMA backend: the transports it is allowed (same UCX transports both sides).
+        os.environ.setdefault("UCX_TLS", os.environ.get("MORI_IO_RDMA_TRANSPORTS", "tcp,self"))
     else:
         os.environ.setdefault("MC_INTRANODE_NVLINK", "1")
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
@@ -212,7 +213,11 @@ def main() -> None:
     op, iters, warmup = sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
     points = [tuple(p) for p in json.loads(sys.argv[7])]
     need = max(s * b for s, b in points)
-    proc = subprocess.Popen([sys.executable, __file__, engine, "target", host, str(need)], stdin=subprocess.PIPE,
+    # MORI_PEER_TARGET_NETNS/HOST: the target runs in that network namespace on that address.
+    netns = os.environ.get("MORI_PEER_TARGET_NETNS")
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*prefix, sys.executable, __file__, engine, "target",
+                             os.environ.get("MORI_PEER_TARGET_HOST", host), str(need)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
