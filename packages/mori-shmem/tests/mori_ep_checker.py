@@ -46,15 +46,19 @@ def check(op: Any, seed: int, sentinel: str | None = None) -> int:
     assert len(pos) == int(total[0]) and len(set(pos)) == len(pos), "received positions"
     for i, p in enumerate(pos):
         r, t = op.decode_send_flat_idx(p)
-        assert torch.equal(xs[r][t], out[i]) and torch.equal(ids[r][t], out_i[i]) and torch.equal(ws[r][t], out_w[i])
+        assert torch.equal(xs[r][t], out[i]), f"row {i} from rank {r} token {t}: token"
+        assert torch.equal(ids[r][t], out_i[i]), f"row {i} from rank {r} token {t}: indices"
+        assert torch.equal(ws[r][t], out_w[i]), f"row {i} from rank {r} token {t}: weights"
         if out_s is not None:
-            assert torch.equal(ss[r][t], out_s[i])
+            assert torch.equal(ss[r][t], out_s[i]), f"row {i}: scales"
     comb, comb_w = op.combine(out, out_w, ids[me])
     torch.cuda.synchronize()
     dist.barrier()
     for t in range(xs[me].shape[0]):
         pes = {e // cfg.num_experts_per_rank for e in ids[me][t].tolist() if e >= 0}
         want = (xs[me][t].float() * len(pes)).to(cfg.data_type)
-        assert torch.allclose(comb[t].float(), want.float(), atol=1e-2, rtol=1e-2), f"token {t}"
-        assert torch.allclose(comb_w[t], ws[me][t] * len(pes), atol=1e-5, rtol=1e-5), f"weights {t}"
+        assert torch.allclose(comb[t].float(), want.float(), atol=1e-2, rtol=1e-2), \
+            f"token {t} ({len(pes)} ranks): max diff {(comb[t].float() - want.float()).abs().max().item()}"
+        assert torch.allclose(comb_w[t], ws[me][t] * len(pes), atol=1e-5, rtol=1e-5), \
+            f"weights {t}: {comb_w[t].tolist()} vs {(ws[me][t] * len(pes)).tolist()}"
     return len(pos)

@@ -107,7 +107,11 @@ def main() -> None:
                       max_token_type_size=4)
     op = mori.ops.EpDispatchCombineOp(cfg)
     for seed, sentinel in ((123, None), (124, None), (125, "every_other"), (126, "first_only")):
-        n = mori_ep_checker.check(op, seed, sentinel)
+        try:
+            n = mori_ep_checker.check(op, seed, sentinel)
+        except AssertionError as exc:
+            print(f"FAILED  MORI EP checker seed {seed} sentinel {sentinel} on rank {rank}: {exc!r}", flush=True)
+            raise
         if rank == 0:
             print(f"ok  MORI EP checker seed {seed} sentinel {sentinel}: rank 0 received {n}", flush=True)
     dist.barrier()
