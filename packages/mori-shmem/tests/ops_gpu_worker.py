@@ -109,8 +109,11 @@ def main() -> None:
     for seed, sentinel in ((123, None), (124, None), (125, "every_other"), (126, "first_only")):
         try:
             n = mori_ep_checker.check(op, seed, sentinel)
-        except AssertionError as exc:
-            print(f"FAILED  MORI EP checker seed {seed} sentinel {sentinel} on rank {rank}: {exc!r}", flush=True)
+        except Exception as exc:
+            import traceback
+
+            print(f"FAILED  MORI EP checker seed {seed} sentinel {sentinel} on rank {rank}: {exc!r} "
+                  f"{traceback.format_exc()[-600:]}", flush=True)
             raise
         if rank == 0:
             print(f"ok  MORI EP checker seed {seed} sentinel {sentinel}: rank 0 received {n}", flush=True)
