@@ -20,7 +20,7 @@ BACKENDS = {"tcp": BackendType.TCP, "rdma": BackendType.RDMA}
 
 
 def _report(st) -> None:  # type: ignore[no-untyped-def]
-    finished = st.WaitFor(60)
+    finished = st.WaitFor(60_000) != StatusCode.IN_PROGRESS
     print(st.Code().name if finished else "HUNG", st.Message().replace("\n", " ") or "-", flush=True)
 
 
@@ -52,7 +52,7 @@ def main() -> None:
                 continue
             quarter = size // 4
             st = sess.write(0, quarter, quarter, sess.allocate_transfer_uid())
-            st.WaitFor(60)
+            st.WaitFor(60_000)
             if not st.Succeeded():
                 _report(st)
                 continue

@@ -53,17 +53,18 @@ def test_seed_names_and_enums():
 
 
 @given(key=st.text(min_size=1, max_size=40), host=st.text(max_size=20), port=st.integers(0, 65535),
-       pid=st.integers(0, 2**31))
-def test_engine_desc_pack_roundtrip(key, host, port, pid):
-    d = EngineDesc(key, host, port, "h", pid)
+       pid=st.integers(0, 2**31), node_id=st.text(max_size=40))
+def test_engine_desc_pack_roundtrip(key, host, port, pid, node_id):
+    d = EngineDesc(key, host, port, "h", pid, node_id)
     assert EngineDesc.unpack(d.pack()) == d
 
 
 @given(mem_id=st.integers(0, 2**63), data=st.integers(1, 2**64 - 1), size=st.integers(1, 2**48),
        dev=st.integers(-1, 64), loc=st.sampled_from(list(MemoryLocationType)),
-       extra=st.dictionaries(st.text(max_size=5), st.binary(max_size=16), max_size=3))
-def test_memory_desc_pack_roundtrip(mem_id, data, size, dev, loc, extra):
-    d = MemoryDesc("e", mem_id, data, size, dev, loc, "host", extra)
+       extra=st.dictionaries(st.text(max_size=5), st.binary(max_size=16), max_size=3),
+       bus=st.text(max_size=16), numa=st.integers(-1, 8))
+def test_memory_desc_pack_roundtrip(mem_id, data, size, dev, loc, extra, bus, numa):
+    d = MemoryDesc("e", mem_id, data, size, dev, loc, "host", extra, bus, numa)
     back = MemoryDesc.unpack(d.pack())
     assert back == d and back.extra == extra
 
@@ -77,12 +78,20 @@ def test_desc_unpack_rejects_junk(junk):
 
 def test_transfer_status_wait_and_waitfor():
     st_ = TransferStatus()
-    assert st_.InProgress() and not st_.Failed() and not st_.Succeeded() and st_.Code() == StatusCode.INIT
+    # MORI: INIT is neither in progress nor failed, and waiting on it returns at once.
+    assert not st_.InProgress() and st_.Init() and not st_.Failed() and st_.Code() == StatusCode.INIT
+    assert st_.WaitFor(1000) == StatusCode.INIT
+    st_.SetCode(StatusCode.IN_PROGRESS)
     t0 = time.monotonic()
-    assert st_.WaitFor(0.2) is False and time.monotonic() - t0 >= 0.19
-    threading.Timer(0.1, lambda: st_._set(StatusCode.ERR_GPU_OP, "boom")).start()
+    assert st_.WaitFor(200) == StatusCode.IN_PROGRESS and time.monotonic() - t0 >= 0.19
+    assert st_.WaitFor(0) == StatusCode.IN_PROGRESS
+    threading.Timer(0.1, lambda: st_.Update(StatusCode.ERR_GPU_OP, "boom")).start()
     st_.Wait()
     assert st_.Failed() and st_.Message() == "boom" and st_.Code() == StatusCode.ERR_GPU_OP
+    st_.Update(StatusCode.SUCCESS, "")  # a failure sticks
+    assert st_.Code() == StatusCode.ERR_GPU_OP
+    with pytest.raises(TypeError, match="timeout_ms"):
+        st_.WaitFor("1")
 
 
 def test_engine_api_calls():

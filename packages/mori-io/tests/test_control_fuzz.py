@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mori.io import MemoryLocationType
+from mori.io import MemoryLocationType, StatusCode
 from mori.io._control import MAX_FRAME, ControlClient, ProtocolError, decode_request, encode_frame
 
 FRAMES_PER_CONNECTION = 100
@@ -126,7 +126,7 @@ def test_engine_still_serves_after_fuzz(initiator, target, remote_region, contro
     arr = np.random.default_rng(9).integers(0, 256, 4096, dtype=np.uint8)
     ld = initiator.register_memory(int(arr.ctypes.data), arr.size, -1, MemoryLocationType.CPU)
     st_ = initiator.write(ld, 0, rdesc, 0, 4096, initiator.allocate_transfer_uid())
-    assert st_.WaitFor(30) and st_.Succeeded(), st_.Message()
+    assert st_.WaitFor(30_000) != StatusCode.IN_PROGRESS and st_.Succeeded(), st_.Message()
     assert np.array_equal(buf.array[:4096], arr)
     initiator.deregister_memory(ld)
 
@@ -175,6 +175,6 @@ def test_data_plane_still_serves(initiator, target, remote_region):
     arr = np.random.default_rng(10).integers(0, 256, 1 << 16, dtype=np.uint8)
     ld = initiator.register_memory(int(arr.ctypes.data), arr.size, -1, MemoryLocationType.CPU)
     st_ = initiator.read(ld, 0, rdesc, 0, arr.size, initiator.allocate_transfer_uid())
-    assert st_.WaitFor(30) and st_.Succeeded(), st_.Message()
+    assert st_.WaitFor(30_000) != StatusCode.IN_PROGRESS and st_.Succeeded(), st_.Message()
     assert np.array_equal(buf.array[: arr.size], arr)
     initiator.deregister_memory(ld)

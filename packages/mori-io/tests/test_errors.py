@@ -34,7 +34,7 @@ def local(initiator):
 
 
 def _wait(st: TransferStatus) -> TransferStatus:
-    assert st.WaitFor(30), "transfer did not finish"
+    assert st.WaitFor(30_000) != StatusCode.IN_PROGRESS, "transfer did not finish"
     return st
 
 
@@ -185,7 +185,7 @@ def test_peer_killed_mid_batch_fails_in_time(initiator):
         assert st.InProgress()
         t0 = time.monotonic()
         peer.kill()
-        assert st.WaitFor(35), "no failure within MORI_IO_TIMEOUT after the peer died"
+        assert st.WaitFor(35_000) != StatusCode.IN_PROGRESS, "no failure within MORI_IO_TIMEOUT after the peer died"
         assert st.Failed() and st.Code() == StatusCode.ERR_BAD_STATE, st
         assert time.monotonic() - t0 < 30
         # The next transfer to the dead engine fails too (reconnect refused), without hanging.
@@ -215,7 +215,7 @@ def test_hung_peer_times_out(monkeypatch):
             time.sleep(0.2)  # SIGSTOP is delivered asynchronously
             t0 = time.monotonic()
             st = eng.read(ld, 0, rdesc, 0, 1024, 2)
-            assert st.WaitFor(10)
+            assert st.WaitFor(10_000) != StatusCode.IN_PROGRESS
             elapsed = time.monotonic() - t0
             assert st.Failed() and "MORI_IO_TIMEOUT" in st.Message(), st
             assert 1.5 < elapsed < 8, elapsed

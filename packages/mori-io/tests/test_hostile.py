@@ -90,7 +90,7 @@ def _good_write(target: Target, fill: int, key: str = "good") -> None:
         eng.register_remote_engine(target.desc)
         ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
         st = eng.write(ld, 0, target.region, 0, 4096, 1)
-        assert st.WaitFor(10) and st.Succeeded(), st
+        assert st.WaitFor(10_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st
     assert target.call("bytes", 0, 4096) == bytes([fill]) * 4096
 
 
@@ -227,7 +227,7 @@ def test_failure_on_the_connecting_thread_ends_the_transfer(make_target, monkeyp
         eng.register_remote_engine(target.desc)
         ld = eng.register_memory(int(src.ctypes.data), 64, -1, MemoryLocationType.CPU)
         st = eng.write(ld, 0, target.region, 0, 64, 1)
-        assert st.WaitFor(10) and st.Code() == StatusCode.ERR_BAD_STATE and "injected" in st.Message()
+        assert st.WaitFor(10_000) != StatusCode.IN_PROGRESS and st.Code() == StatusCode.ERR_BAD_STATE and "injected" in st.Message()
 
 
 def test_local_descriptor_must_match_a_live_registration(pair):
@@ -264,7 +264,7 @@ def test_deregister_memory_waits_for_transfers_on_it(make_target):
         eng.register_remote_engine(target.desc)
         ld = eng.register_memory(int(dst.ctypes.data), REGION, -1, MemoryLocationType.CPU)
         warm = eng.read(ld, 0, target.region, 0, 64, 1)
-        assert warm.WaitFor(10) and warm.Succeeded()
+        assert warm.WaitFor(10_000) != StatusCode.IN_PROGRESS and warm.Succeeded()
         statuses = [eng.read(ld, 0, target.region, 0, REGION, uid) for uid in range(2, 34)]  # 32 MiB
         eng.deregister_memory(ld)
         assert not any(st.InProgress() for st in statuses), "deregister_memory returned while reads ran"
@@ -293,9 +293,9 @@ def test_unreachable_peer_does_not_delay_others(make_target, monkeypatch):
             stuck = eng.write(ld, 0, stuck_region, 0, 64, 1)
             time.sleep(0.2)
             st = eng.write(ld, 0, target.region, 0, 4096, 2)
-            assert st.WaitFor(10) and st.Succeeded(), st
+            assert st.WaitFor(10_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st
             assert stuck.InProgress()  # the healthy peer did not wait for the stuck connect
-            assert stuck.WaitFor(15) and stuck.Code() != StatusCode.SUCCESS
+            assert stuck.WaitFor(15_000) != StatusCode.IN_PROGRESS and stuck.Code() != StatusCode.SUCCESS
     finally:
         black_hole.close()
 
@@ -323,7 +323,7 @@ def test_good_peer_keeps_working_during_attack(make_target):
         eng.create_backend(BackendType.TCP)
         eng.register_remote_engine(target.desc)
         ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
-        assert eng.write(ld, 0, target.region, 0, 4096, 1).WaitFor(10)  # connected from now on
+        assert eng.write(ld, 0, target.region, 0, 4096, 1).WaitFor(10_000) != StatusCode.IN_PROGRESS  # connected from now on
         stop = threading.Event()
         held: list[socket.socket] = []
 
@@ -337,7 +337,7 @@ def test_good_peer_keeps_working_during_attack(make_target):
         try:
             for uid in range(2, 200):
                 st = eng.write(ld, 0, target.region, 0, 4096, uid)
-                assert st.WaitFor(5) and st.Succeeded(), st
+                assert st.WaitFor(5_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st
         finally:
             stop.set()
             th.join(timeout=10)

@@ -133,7 +133,7 @@ def _register_local(engine: IOEngine, pool: Any, offset: int, n: int) -> MemoryD
 
 
 def _wait(st: TransferStatus) -> TransferStatus:
-    assert st.WaitFor(60), "transfer did not finish in 60 s"
+    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS, "transfer did not finish in 60 s"
     return st
 
 

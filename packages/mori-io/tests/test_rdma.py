@@ -69,7 +69,7 @@ def pair() -> Iterator[Pair]:
 
 
 def _done(st: object) -> StatusCode:
-    assert st.WaitFor(30), st  # type: ignore[attr-defined]
+    assert st.WaitFor(30_000) != StatusCode.IN_PROGRESS, st  # type: ignore[attr-defined]
     return st.Code()  # type: ignore[attr-defined,no-any-return]
 
 

@@ -24,6 +24,7 @@ from mori.io import (  # noqa: E402
     IOEngine,
     IOEngineConfig,
     MemoryDesc,
+    StatusCode,
     TcpBackendConfig,
 )
 
@@ -147,7 +148,7 @@ def test_batches_byte_for_byte(pair: Any, local: str, remote: str, op: str, size
     args = [v.tolist() if lists else v for v in (l_offs, r_offs, sizes)]
     fn = engine.batch_write if op == "write" else engine.batch_read
     st = fn(descs[local], args[0], target.mems[remote], args[1], args[2], uid)
-    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
     got = np.frombuffer(target.call("get", remote), dtype=np.uint8) if op == "write" else _get(tensors[local])
     assert np.array_equal(got, want)
     untouched = _get(tensors[local]) if op == "write" else np.frombuffer(target.call("get", remote), dtype=np.uint8)
@@ -165,10 +166,10 @@ def test_session_read_and_write(pair: Any, local: str, remote: str) -> None:
     sess = engine.create_session(descs[local], target.mems[remote])
     assert sess is not None
     st = sess.write(3, 5_000_001, 6_000_007, sess.allocate_transfer_uid())  # odd offsets and size
-    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
     theirs[5_000_001:11_000_008] = mine[3:6_000_010]
     st = sess.read(10_000_000, 1, 4_999_999, sess.allocate_transfer_uid())
-    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
     mine[10_000_000:14_999_999] = theirs[1:5_000_000]
     assert np.array_equal(np.frombuffer(target.call("get", remote), dtype=np.uint8), theirs)
     assert np.array_equal(_get(tensors[local]), mine)
@@ -180,5 +181,5 @@ def test_out_of_range_gpu_block_is_rejected_at_the_target(pair: Any) -> None:
     target.call("put", "GPU", theirs.tobytes())
     forged = dataclasses.replace(target.mems["GPU"], size=REGION * 2)  # more than the target registered
     st = engine.write(descs["GPU"], 0, forged, REGION - 4096, 8192, engine.allocate_transfer_uid())
-    assert st.WaitFor(60) and st.Failed() and "past the end" in st.Message(), st.Message()
+    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Failed() and "past the end" in st.Message(), st.Message()
     assert np.array_equal(np.frombuffer(target.call("get", "GPU"), dtype=np.uint8), theirs)

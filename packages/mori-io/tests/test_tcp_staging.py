@@ -245,7 +245,7 @@ def test_staged_pipeline_byte_for_byte(host_gpu: None, local_loc: str, remote_lo
             for s, d, n in zip(sofs, dofs, sz):
                 want[dbase + d:dbase + d + n] = src[sbase + s:sbase + s + n]
             st_ = op(ld, lo, rd, ro, sz, 100 + i)
-            assert st_.WaitFor(30) and st_.Succeeded(), st_.Message()
+            assert st_.WaitFor(30_000) != StatusCode.IN_PROGRESS and st_.Succeeded(), st_.Message()
             assert np.array_equal(dst, want), f"case {i}"
             deadline = time.monotonic() + 10
             while (rec := b.pop_inbound_transfer_status("ini", 100 + i)) is None and time.monotonic() < deadline:
@@ -254,7 +254,7 @@ def test_staged_pipeline_byte_for_byte(host_gpu: None, local_loc: str, remote_lo
         sess = a.create_session(ld, rd)
         assert sess is not None
         st_ = (sess.write if write else sess.read)(100, 200, 300_000, 999)
-        assert st_.WaitFor(30) and st_.Succeeded(), st_.Message()
+        assert st_.WaitFor(30_000) != StatusCode.IN_PROGRESS and st_.Succeeded(), st_.Message()
         s, d = (mine[103:300_103], theirs[205:300_205]) if write else (theirs[205:300_205], mine[103:300_103])
         assert np.array_equal(s, d)
     finally:
@@ -271,9 +271,9 @@ def test_target_checks_gpu_pieces_before_any_byte_lands(host_gpu: None) -> None:
         rd = b.register_memory(theirs.ctypes.data, 4096, 0, MemoryLocationType.GPU)
         forged = dataclasses.replace(rd, size=1 << 20)  # claims more than the target registered
         st_ = a.write(ld, 0, forged, 0, 8192, 1)
-        assert st_.WaitFor(30) and st_.Code() == StatusCode.ERR_INVALID_ARGS, st_
+        assert st_.WaitFor(30_000) != StatusCode.IN_PROGRESS and st_.Code() == StatusCode.ERR_INVALID_ARGS, st_
         st_ = a.write(ld, 0, dataclasses.replace(rd, id=rd.id + 77), 0, 100, 2)
-        assert st_.WaitFor(30) and st_.Code() == StatusCode.ERR_NOT_FOUND, st_
+        assert st_.WaitFor(30_000) != StatusCode.IN_PROGRESS and st_.Code() == StatusCode.ERR_NOT_FOUND, st_
         assert not theirs.any()
         rec = None
         deadline = time.monotonic() + 10
@@ -282,7 +282,7 @@ def test_target_checks_gpu_pieces_before_any_byte_lands(host_gpu: None) -> None:
         assert rec is not None and rec.Code() == StatusCode.ERR_INVALID_ARGS
         b.deregister_memory(rd)
         st_ = a.read(ld, 0, rd, 0, 100, 3)
-        assert st_.WaitFor(30) and st_.Code() == StatusCode.ERR_NOT_FOUND, st_
+        assert st_.WaitFor(30_000) != StatusCode.IN_PROGRESS and st_.Code() == StatusCode.ERR_NOT_FOUND, st_
     finally:
         a.close()
         b.close()

@@ -57,7 +57,7 @@ def _run(initiator: IOEngine, target: PeerProcess, remote_region: tuple[SharedBu
                 st = getattr(initiator, op)(ldesc, l_offs[0], rdesc, r_offs[0], size, uid)
             else:
                 st = getattr(initiator, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, uid)
-        assert st.WaitFor(60), "transfer did not finish in 60 s"
+        assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS, "transfer did not finish in 60 s"
         assert st.Succeeded(), st.Message()
         assert st.Code() == StatusCode.SUCCESS and not st.Failed() and not st.InProgress()
         assert np.array_equal(buf.array, expect_remote)
@@ -83,7 +83,7 @@ def test_zero_length_and_empty_batch(initiator, target, remote_region):
     for sizes in ([0], []):
         uid = initiator.allocate_transfer_uid()
         st = initiator.batch_write(ldesc, [0] * len(sizes), rdesc, [0] * len(sizes), sizes, uid)
-        assert st.WaitFor(10) and st.Succeeded(), st.Message()
+        assert st.WaitFor(10_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
         assert target.call("pop_inbound", "initiator", uid, 10.0) == StatusCode.SUCCESS
     assert np.array_equal(buf.array, before)
     initiator.deregister_memory(ldesc)
@@ -100,7 +100,7 @@ def test_many_concurrent_transfers(initiator, target, remote_region):
         uid = initiator.allocate_transfer_uid()
         statuses.append((uid, initiator.write(ldesc, i * 4096, rdesc, i * 4096, 4096, uid)))
     for _, st in statuses:
-        assert st.WaitFor(30) and st.Succeeded(), st.Message()
+        assert st.WaitFor(30_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
     assert np.array_equal(buf.array[: 1 << 20], local)
     for uid, _ in statuses:
         assert target.call("pop_inbound", "initiator", uid, 10.0) == StatusCode.SUCCESS
@@ -126,7 +126,7 @@ def test_numpy_offset_arrays(initiator, target, remote_region, op):
             expect_local[lo:lo + n] = buf.array[ro:ro + n]
     uid = initiator.allocate_transfer_uid()
     st = getattr(initiator, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, uid)
-    assert st.WaitFor(60) and st.Succeeded(), st.Message()
+    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
     assert np.array_equal(buf.array, expect_remote) and np.array_equal(local, expect_local)
     assert target.call("pop_inbound", "initiator", uid, 10.0) == StatusCode.SUCCESS
     initiator.deregister_memory(ldesc)

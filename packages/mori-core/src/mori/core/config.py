@@ -164,6 +164,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_CACHE_DIR", _text, None, "Where compiled device code is cached (default ~/.cache/mori).", "a path"),
         Variable("MORI_IO_AUTH_TOKEN", _text, None, "Shared secret engines must present to register and transfer.",
                  "any string"),
+        Variable("MORI_NODE_ID", _text, None,
+                 "This machine's identity in mori-io's EngineDesc.node_id (default: the kernel's boot id, "
+                 "else the hostname).", "any string"),
         Variable("MORI_IO_TIMEOUT", _parse_seconds, 30.0, "Seconds before an unanswered transfer fails.", "seconds > 0"),
         Variable("MORI_IO_MAX_CONNECTIONS", _positive_int, 1024,
                  "Connections an engine keeps open on each of its listening planes (control, TCP data); "

@@ -169,11 +169,11 @@ class InFlight:
         entries = list(self._by_mem.pop(mem_id, ()))
         deadline = time.monotonic() + timeout
         for status, _, _ in entries:
-            status.WaitFor(max(deadline - time.monotonic(), 0.0))
+            status.WaitFor(max(deadline - time.monotonic(), 0.0) * 1000.0)
         late = {(id(b), key): (b, key) for status, b, key in entries if status.InProgress()}
         for backend, key in late.values():
             _log.warning("deregister_memory: failing transfers to %r still using memory %d after %.0f s",
                          key, mem_id, timeout)
             backend.abort(key)
         for status, _, _ in entries:
-            status.WaitFor(timeout)
+            status.WaitFor(timeout * 1000.0)

@@ -9,11 +9,13 @@ what it really registered.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import operator
 import os
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +46,30 @@ _log = get_logger("io")
 
 def _io_timeout() -> float:
     return float(mori_config.get("MORI_IO_TIMEOUT"))
+
+
+def _node_id(hostname: str) -> str:
+    """This machine's identity, as MORI resolves it: MORI_NODE_ID, the boot id, the hostname."""
+    override = mori_config.get("MORI_NODE_ID")
+    if override:
+        return str(override)
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or hostname
+    except OSError:
+        return hostname
+
+
+def _device_bus_id(device_id: int) -> str:
+    """The PCI bus id of CUDA device ``device_id``, or "" where CUDA cannot tell (no driver here:
+    the region was registered by no backend that needs CUDA)."""
+    from mori.core import _cuda  # cuda-bindings itself is imported at the first call
+
+    try:
+        raw = _cuda.call("cuDeviceGetPCIBusId", 32, _cuda.call("cuDeviceGet", device_id))
+    except (ImportError, _cuda.CudaError):  # CudaUnavailableError is an ImportError
+        return ""
+    return (raw.decode() if isinstance(raw, bytes) else str(raw)).rstrip("\x00")
 
 
 class _Context(BackendContext):
@@ -188,7 +214,11 @@ class IOEngine:
         # Handlers close over the registries, not the engine, so the engine can be collected.
         self._server.handlers.update(_engine_handlers(key, self._memory, self._inbound))
         self._ctx = _Context(self, config.host, self._token)
-        self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid())
+        self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(),
+                                _node_id(self._ctx.hostname))
+        # Per remote engine, the newest transfer started towards it (TransferStatus's order).
+        self._last_status: dict[str, TransferStatus] = {}
+        self._order_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _shutdown, self._backends, self._server, self._clients)
         _log.info("engine %r: control plane on %s:%d", key, config.host, self._server.port)
 
@@ -251,6 +281,8 @@ class IOEngine:
             for b in self._backends.values():
                 b.deregister_remote_engine(engine_desc)
             client = self._clients.pop(engine_desc.key, None)
+        with self._order_lock:
+            self._last_status.pop(engine_desc.key, None)
         if client is not None:
             client.close()
 
@@ -275,6 +307,8 @@ class IOEngine:
         with self._lock:
             for b in self._backends.values():
                 desc = self._merge_extra(desc, b.register_memory(desc))
+            if loc == MemoryLocationType.GPU:
+                desc = dataclasses.replace(desc, device_bus_id=_device_bus_id(device_id))
             self._memory.add(desc)
         return desc
 
@@ -372,6 +406,10 @@ class IOEngine:
             status._set(*problem)
             return status
         assert backend is not None
+        with self._order_lock:
+            status._after(self._last_status.get(remote.engine_key))
+            self._last_status[remote.engine_key] = status
+            status._set(StatusCode.IN_PROGRESS)
         # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
         self._inflight.add(local.id, status, backend, remote.engine_key)
         if self._memory.get(local.id) is None:
@@ -390,15 +428,66 @@ class IOEngine:
         """One-sided write of ``size`` bytes: local ``l_offset`` -> remote ``r_offset``."""
         return self._submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
 
-    def batch_read(self, local_mem: MemoryDesc, local_offsets: Sequence[int], remote_mem: MemoryDesc,
-                   remote_offsets: Sequence[int], sizes: Sequence[int], uid: int) -> TransferStatus:
-        """Reads ``len(sizes)`` blocks as one transfer (one status, one inbound record)."""
-        return self._submit(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+    def _batch(self, op: TransferOp, local_mem: Any, local_offsets: Any, remote_mem: Any, remote_offsets: Any,
+               sizes: Any, uid: Any) -> Any:
+        if not isinstance(local_mem, (list, tuple)):
+            return self._submit(op, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        # MORI's engine-level form: one list entry per descriptor pair, one status each.
+        columns = {"local memory": local_mem, "local offsets": local_offsets, "remote memory": remote_mem,
+                   "remote offsets": remote_offsets, "sizes": sizes, "uids": uid}
+        for name, column in columns.items():
+            if not isinstance(column, (list, tuple)):
+                raise TypeError(f"batch with a list of descriptors: {name} must be a list too, got "
+                                f"{type(column).__name__}")
+        if len({len(c) for c in columns.values()}) > 1:
+            raise ValueError("batch with a list of descriptors: lengths differ (" +
+                             ", ".join(f"{len(c)} {name}" for name, c in columns.items()) + ")")
+        for lm, rm in zip(local_mem, remote_mem):
+            if not isinstance(lm, MemoryDesc) or not isinstance(rm, MemoryDesc):
+                raise TypeError("local and remote memory must be MemoryDesc objects")
+        return [self._submit(op, *pair) for pair in zip(local_mem, local_offsets, remote_mem, remote_offsets,
+                                                        sizes, uid)]
 
-    def batch_write(self, local_mem: MemoryDesc, local_offsets: Sequence[int], remote_mem: MemoryDesc,
-                    remote_offsets: Sequence[int], sizes: Sequence[int], uid: int) -> TransferStatus:
-        """Writes ``len(sizes)`` blocks as one transfer (one status, one inbound record)."""
-        return self._submit(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+    def batch_read(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
+                   remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
+                   sizes: Sequence[Any], uid: int | Sequence[int]) -> Any:
+        """Reads ``len(sizes)`` blocks as one transfer (one status, one inbound record).
+
+        MORI's engine-level form takes lists instead, one entry per descriptor pair:
+        ``batch_read([local], [l_offs], [remote], [r_offs], [sizes], [uid])`` returns a list with one
+        :class:`TransferStatus` per pair.
+        """
+        return self._batch(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+
+    def batch_write(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
+                    remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
+                    sizes: Sequence[Any], uid: int | Sequence[int]) -> Any:
+        """Writes ``len(sizes)`` blocks as one transfer; with lists of descriptors (MORI's
+        engine-level form, see :meth:`batch_read`) one transfer and one status per pair."""
+        return self._batch(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+
+    @staticmethod
+    def wait_all(statuses: Sequence[TransferStatus], timeout_ms: float = -1) -> StatusCode:
+        """Waits for every status, MORI's way: the first error code found wins; ``IN_PROGRESS`` when
+        ``timeout_ms`` (< 0: no limit, 0: only look) ran out first; ``SUCCESS`` for an empty list."""
+        if timeout_ms == 0:
+            codes = [s.WaitFor(0) for s in statuses]
+            for code in codes:
+                if code not in (StatusCode.SUCCESS, StatusCode.IN_PROGRESS):
+                    return code
+            return StatusCode.IN_PROGRESS if StatusCode.IN_PROGRESS in codes else StatusCode.SUCCESS
+        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
+        first_error: StatusCode = StatusCode.SUCCESS
+        for status in statuses:
+            left = -1.0 if deadline is None else (deadline - time.monotonic()) * 1000.0
+            if deadline is not None and left <= 0:
+                return first_error if first_error != StatusCode.SUCCESS else StatusCode.IN_PROGRESS
+            code = status.WaitFor(left)
+            if code == StatusCode.IN_PROGRESS:
+                return first_error if first_error != StatusCode.SUCCESS else StatusCode.IN_PROGRESS
+            if code != StatusCode.SUCCESS and first_error == StatusCode.SUCCESS:
+                first_error = code
+        return first_error
 
     def create_session(self, local_mem: MemoryDesc, remote_mem: MemoryDesc) -> IOEngineSession | None:
         """A reusable session between two regions, or None when no backend can serve them."""

@@ -10,7 +10,7 @@ import enum
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from typing import Any, Protocol
 
 import msgpack
@@ -82,13 +82,16 @@ class IOEngineConfig:
 
 @dataclass
 class RdmaBackendConfig:
-    """RDMA backend settings (UCX underneath; docs/io.md says what each field means there).
+    """RDMA backend settings (UCX underneath; docs/io.md says what each field means there), with
+    MORI's fields in MORI's positional order (vLLM and SGLang build it positionally).
 
     ``qp_per_transfer``: endpoints (lanes) per peer and worker, 1..64; ``post_batch_size``:
     operations posted between two progress calls (-1: a whole transfer); ``num_worker_threads``:
     UCX workers, each with a progress thread, 1..64; ``poll_cq_mode``: spin while transfers are
     outstanding (``POLLING``) or sleep on the worker's event fd (``EVENT``);
-    ``enable_notification``: send the target a completion record per transfer.
+    ``enable_notification``: send the target a completion record per transfer. The fields after
+    these (``notif_per_qp`` ... ``max_msg_sge``) tune MORI's own verbs code; they are accepted and
+    kept so that code setting them runs, and UCX does not use them.
     """
 
     qp_per_transfer: int = 1
@@ -96,6 +99,14 @@ class RdmaBackendConfig:
     num_worker_threads: int = 1
     poll_cq_mode: PollCqMode = PollCqMode.POLLING
     enable_notification: bool = True
+    notif_per_qp: int = 1024
+    enable_transfer_chunking: bool = False
+    chunk_bytes: int = 65536
+    max_chunks_per_transfer: int = 64
+    num_nics_per_transfer: int = 1
+    max_send_wr: int = 0
+    max_cqe_num: int = 0
+    max_msg_sge: int = 0
 
 
 @dataclass
@@ -106,26 +117,51 @@ class XgmiBackendConfig:
     num_events: int = 64
 
 
+def _default_connections() -> int:
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
 @dataclass
 class TcpBackendConfig:
     """TCP backend settings.
 
     ``num_connections``: data connections per peer (large transfers and batches are striped over
-    them; each costs a sender and a receiver thread here and a thread at the target, so the
-    default is half the CPUs, 1 to 4 — on a 2-CPU host one connection moves batches fastest);
-    ``stripe_bytes``: a single transfer above this size is split into pieces of this size;
-    ``enable_notification``: send the target a completion record per transfer.
+    them; each costs a sender and a receiver thread here and a thread at the target). ``None``
+    (the default) means half the CPUs, 1 to 4: on a 2-CPU host one connection moves batches
+    fastest. ``stripe_bytes``: a single transfer above this size is split into pieces of this
+    size; ``enable_notification``: send the target a completion record per transfer.
+
+    MORI's TCP backend names two of these differently; they are accepted as keywords:
+    ``num_data_conns`` (= ``num_connections``) and ``striping_threshold_bytes``
+    (= ``stripe_bytes``). Its socket-buffer, keep-alive and per-operation-timeout settings have
+    no counterpart here (the timeout is ``MORI_IO_TIMEOUT``) and are refused.
     """
 
-    num_connections: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)))
+    num_connections: int | None = None
     stripe_bytes: int = 1 << 20
     enable_notification: bool = True
+    num_data_conns: InitVar[int | None] = None
+    striping_threshold_bytes: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.num_connections, int) or not 1 <= self.num_connections <= 64:
-            raise ValueError(f"TcpBackendConfig.num_connections={self.num_connections!r}: expected 1..64")
-        if not isinstance(self.stripe_bytes, int) or self.stripe_bytes < 4096:
+    def __post_init__(self, num_data_conns: int | None, striping_threshold_bytes: int | None) -> None:
+        if num_data_conns is not None:
+            self.num_connections = num_data_conns
+        if striping_threshold_bytes is not None:
+            self.stripe_bytes = striping_threshold_bytes
+        if self.num_connections is None:
+            self.num_connections = _default_connections()
+        n = self.num_connections
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
+            raise ValueError(f"TcpBackendConfig.num_connections={n!r}: expected 1..64")
+        if not isinstance(self.stripe_bytes, int) or isinstance(self.stripe_bytes, bool) or self.stripe_bytes < 4096:
             raise ValueError(f"TcpBackendConfig.stripe_bytes={self.stripe_bytes!r}: expected an int >= 4096")
+
+
+# MORI's names read back as ours (the dataclass keeps them as init-only arguments).
+TcpBackendConfig.num_data_conns = property(  # type: ignore[attr-defined]
+    lambda self: self.num_connections, doc="MORI's name of :attr:`num_connections`.")
+TcpBackendConfig.striping_threshold_bytes = property(  # type: ignore[attr-defined]
+    lambda self: self.stripe_bytes, doc="MORI's name of :attr:`stripe_bytes`.")
 
 
 def _unpack_fields(cls_name: str, data: bytes, expected: set[str]) -> dict[str, Any]:
@@ -142,13 +178,15 @@ def _unpack_fields(cls_name: str, data: bytes, expected: set[str]) -> dict[str, 
 
 @dataclass(frozen=True)
 class EngineDesc:
-    """What a peer needs to reach an engine: its key and control-plane address."""
+    """What a peer needs to reach an engine: its key and control-plane address. ``node_id`` names
+    the machine (as MORI: ``MORI_NODE_ID`` if set, else the kernel's boot id, else the hostname)."""
 
     key: str
     host: str
     port: int
     hostname: str = ""
     pid: int = 0
+    node_id: str = ""
 
     def pack(self) -> bytes:
         """Serializes the descriptor (msgpack) for sending to a peer."""
@@ -157,14 +195,17 @@ class EngineDesc:
     @classmethod
     def unpack(cls, data: bytes) -> EngineDesc:
         """Rebuilds a descriptor made by :meth:`pack`; raises ``ValueError`` on anything else."""
-        f = _unpack_fields("EngineDesc", data, {"key", "host", "port", "hostname", "pid"})
-        return cls(str(f["key"]), str(f["host"]), int(f["port"]), str(f["hostname"]), int(f["pid"]))
+        f = _unpack_fields("EngineDesc", data, {"key", "host", "port", "hostname", "pid", "node_id"})
+        return cls(str(f["key"]), str(f["host"]), int(f["port"]), str(f["hostname"]), int(f["pid"]),
+                   str(f["node_id"]))
 
 
 @dataclass(frozen=True)
 class MemoryDesc:
     """A registered memory region: owner engine, id unique within it, address, size and location.
 
+    ``device_bus_id`` is the PCI bus id of a GPU region's device (``""`` for host memory) and
+    ``numa_node`` the NUMA node of host memory where known (-1 otherwise), as in MORI.
     ``extra`` carries backend data (e.g. an IPC handle for the NVLink backend), keyed by backend.
     """
 
@@ -176,6 +217,8 @@ class MemoryDesc:
     loc: MemoryLocationType = MemoryLocationType.CPU
     hostname: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    device_bus_id: str = ""
+    numa_node: int = -1
 
     def pack(self) -> bytes:
         """Serializes the descriptor (msgpack) for sending to a peer."""
@@ -186,10 +229,12 @@ class MemoryDesc:
     @classmethod
     def unpack(cls, data: bytes) -> MemoryDesc:
         """Rebuilds a descriptor made by :meth:`pack`; raises ``ValueError`` on anything else."""
-        keys = {"engine_key", "id", "data", "size", "device_id", "loc", "hostname", "extra"}
+        keys = {"engine_key", "id", "data", "size", "device_id", "loc", "hostname", "extra", "device_bus_id",
+                "numa_node"}
         f = _unpack_fields("MemoryDesc", data, keys)
         return cls(str(f["engine_key"]), int(f["id"]), int(f["data"]), int(f["size"]), int(f["device_id"]),
-                   MemoryLocationType(f["loc"]), str(f["hostname"]), dict(f["extra"]))
+                   MemoryLocationType(f["loc"]), str(f["hostname"]), dict(f["extra"]), str(f["device_bus_id"]),
+                   int(f["numa_node"]))
 
 
 class Completion(Protocol):
@@ -202,19 +247,42 @@ class Completion(Protocol):
     def wait(self, timeout: float) -> bool: ...
 
 
-class TransferStatus:
-    """The state of one transfer (MORI's method names). ``Wait`` blocks until it finishes;
-    ``WaitFor(timeout)`` returns ``False`` if it has not finished by then."""
+_PENDING = StatusCode.IN_PROGRESS
 
-    __slots__ = ("_code", "_message", "_completion", "_cond")
+
+def _is_error(code: StatusCode) -> bool:
+    return code not in (StatusCode.SUCCESS, StatusCode.INIT, StatusCode.IN_PROGRESS)
+
+
+class TransferStatus:
+    """The state of one transfer, with MORI's methods.
+
+    ``Code()`` is ``INIT`` until the transfer is submitted, ``IN_PROGRESS`` while it runs, then
+    ``SUCCESS`` or an error code. ``WaitFor(timeout_ms)`` waits (GIL released) and returns the code,
+    which is still ``IN_PROGRESS`` when the wait timed out; ``timeout_ms < 0`` waits until the end,
+    ``0`` only looks. ``Wait()`` is ``WaitFor(-1)``: backends fail a transfer after
+    ``MORI_IO_TIMEOUT``, so it returns in bounded time.
+
+    **Order.** A transfer reports that it has finished only once every transfer its engine started
+    before it towards the same remote engine has finished too (on any session or backend), so the
+    last status of a request stands for all of them, as vLLM's MoRIIO connector reads it. Its code
+    is its own: an earlier transfer's failure shows in that transfer's status only.
+
+    ``TransferStatus()``, ``SetCode``, ``SetMessage`` and ``Update`` let callers make statuses of
+    their own, as MORI's tests do; ``Update`` leaves a status that already failed unchanged.
+    """
+
+    __slots__ = ("_code", "_message", "_completion", "_cond", "_prev")
 
     def __init__(self, code: StatusCode = StatusCode.INIT, message: str = "") -> None:
-        self._code = code
+        self._code = StatusCode(code)
         self._message = message
         self._completion: Completion | None = None
         self._cond = threading.Condition()
+        # The newest earlier transfer to the same remote engine that may still run (see Order).
+        self._prev: TransferStatus | None = None
 
-    # -- backend side -------------------------------------------------------------------------
+    # -- engine and backend side ----------------------------------------------------------------
     def _set(self, code: StatusCode, message: str = "") -> None:
         """Finishes (or updates) the status from Python; wakes waiters."""
         with self._cond:
@@ -230,22 +298,68 @@ class TransferStatus:
             self._code = StatusCode.IN_PROGRESS
             self._cond.notify_all()
 
+    def _after(self, earlier: TransferStatus | None) -> None:
+        """Reports this transfer finished only after ``earlier`` (and its predecessors) did."""
+        self._prev = None if earlier is None else earlier._pending_self_or_before()
+
+    def _own(self) -> StatusCode:
+        c = self._completion
+        return StatusCode(c.code()) if c is not None else self._code
+
+    def _pending_self_or_before(self) -> TransferStatus | None:
+        return self if self._own() == _PENDING else self._pending_before()
+
+    def _pending_before(self) -> TransferStatus | None:
+        """The newest earlier transfer still running, or None; finished links are dropped."""
+        p = self._prev
+        while p is not None:
+            if p._own() == _PENDING:
+                self._prev = p
+                return p
+            p = p._prev
+        self._prev = None
+        return None
+
+    def _wait_own(self, deadline: float | None) -> StatusCode:
+        """Waits for this transfer itself until ``deadline`` (monotonic; None: no limit)."""
+        while True:
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            c = self._completion
+            if c is not None:
+                if c.wait(max(min(left, 3600.0), 0.0)):
+                    return StatusCode(c.code())
+                if self._completion is c and left <= 0:
+                    return _PENDING
+                continue
+            with self._cond:
+                if self._code != _PENDING:
+                    return self._code
+                if left <= 0:
+                    return _PENDING
+                if self._completion is None:
+                    self._cond.wait(min(left, 0.05))
+
     # -- user side ------------------------------------------------------------------------------
     def Code(self) -> StatusCode:  # noqa: N802 (MORI's name)
-        """The status code (``IN_PROGRESS`` until the transfer ends)."""
-        c = self._completion
-        if c is not None:
-            return StatusCode(c.code())
-        return self._code
+        """The status code (``IN_PROGRESS`` until the transfer, and every earlier one to the same
+        engine, has ended)."""
+        code = self._own()
+        if code != _PENDING and self._prev is not None and self._pending_before() is not None:
+            return _PENDING
+        return code
 
     def Message(self) -> str:  # noqa: N802
         """Why the transfer failed (empty on success)."""
         c = self._completion
         return c.message() if c is not None else self._message
 
+    def Init(self) -> bool:  # noqa: N802
+        """True before the transfer is submitted."""
+        return self.Code() == StatusCode.INIT
+
     def InProgress(self) -> bool:  # noqa: N802
-        """True while the transfer is running (or not yet started)."""
-        return self.Code() in (StatusCode.IN_PROGRESS, StatusCode.INIT)
+        """True while the transfer runs (False before it is submitted, as in MORI)."""
+        return self.Code() == _PENDING
 
     def Succeeded(self) -> bool:  # noqa: N802
         """True when the transfer finished successfully."""
@@ -253,33 +367,43 @@ class TransferStatus:
 
     def Failed(self) -> bool:  # noqa: N802
         """True when the transfer finished with an error."""
-        return not self.InProgress() and not self.Succeeded()
+        return _is_error(self.Code())
 
-    def WaitFor(self, timeout: float) -> bool:  # noqa: N802
-        """Waits up to ``timeout`` seconds (GIL released); True when the transfer has finished."""
-        deadline = time.monotonic() + timeout
-        while True:
-            c = self._completion
-            left = deadline - time.monotonic()
-            if c is not None:
-                if c.wait(max(left, 0.0)):
-                    return True
-                if self._completion is c:
-                    return False
-                continue
-            with self._cond:
-                if not self.InProgress():
-                    return True
-                if left <= 0:
-                    return False
-                if self._completion is None:
-                    self._cond.wait(min(left, 0.05))
+    def SetCode(self, code: StatusCode) -> None:  # noqa: N802
+        """Sets the code (waiters wake when it is no longer ``IN_PROGRESS``)."""
+        with self._cond:
+            message = self.Message()
+            self._set(StatusCode(code), message)
+
+    def SetMessage(self, message: str) -> None:  # noqa: N802
+        """Sets the message."""
+        with self._cond:
+            self._set(self._own(), str(message))
+
+    def Update(self, code: StatusCode, message: str) -> None:  # noqa: N802
+        """Sets code and message, unless the status has already failed."""
+        with self._cond:
+            if not _is_error(self._own()):
+                self._set(StatusCode(code), str(message))
+
+    def WaitFor(self, timeout_ms: float = -1) -> StatusCode:  # noqa: N802
+        """Waits up to ``timeout_ms`` milliseconds (< 0: until the end; 0: only looks) with the GIL
+        released and returns ``Code()``: ``IN_PROGRESS`` if the wait timed out."""
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
+            raise TypeError(f"WaitFor: timeout_ms must be a number, got {type(timeout_ms).__name__}")
+        if self._own() == StatusCode.INIT:
+            return StatusCode.INIT
+        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
+        if self._wait_own(deadline) == _PENDING:
+            return _PENDING
+        while (earlier := self._pending_before()) is not None:
+            if earlier._wait_own(deadline) == _PENDING:
+                return _PENDING
+        return self._own()
 
     def Wait(self) -> None:  # noqa: N802
-        """Blocks until the transfer finishes. Backends fail transfers after ``MORI_IO_TIMEOUT``, so
-        this returns in bounded time."""
-        while not self.WaitFor(3600.0):
-            pass
+        """Blocks until the transfer finishes (``WaitFor(-1)``)."""
+        self.WaitFor(-1)
 
     def __repr__(self) -> str:
         msg = self.Message()

@@ -21,6 +21,7 @@ from .. import (
     IOEngineConfig,
     MemoryDesc,
     MemoryLocationType,
+    StatusCode,
     TcpBackendConfig,
 )
 from ._measure import block_layout, summarize
@@ -103,7 +104,7 @@ def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, 
             for i in range(warmup + iters):
                 t0 = time.perf_counter()
                 st = go(engine.allocate_transfer_uid())
-                if not st.WaitFor(60) or not st.Succeeded():
+                if st.WaitFor(60_000) != StatusCode.SUCCESS:
                     raise RuntimeError(f"benchmark transfer failed: {st}")
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
