@@ -94,6 +94,25 @@ def test_transfer_status_wait_and_waitfor():
         st_.WaitFor("1")
 
 
+def test_transfer_status_finishes_in_submission_order():
+    """A status reports finished only once the earlier transfers to the same engine have (what
+    the engine links at submission); its own code stays its own."""
+    first, second, third = TransferStatus(), TransferStatus(), TransferStatus()
+    for st_, earlier in ((first, None), (second, first), (third, second)):
+        st_._after(earlier)
+        st_._set(StatusCode.IN_PROGRESS)
+    third._set(StatusCode.SUCCESS)
+    second._set(StatusCode.ERR_NOT_FOUND, "gone")
+    assert third.InProgress() and second.InProgress() and third.WaitFor(50) == StatusCode.IN_PROGRESS
+    threading.Timer(0.1, lambda: first._set(StatusCode.SUCCESS)).start()
+    assert third.WaitFor(10_000) == StatusCode.SUCCESS and third._prev is None
+    assert second.Code() == StatusCode.ERR_NOT_FOUND and first.Succeeded()
+    # Linking to a finished chain keeps nothing alive.
+    fourth = TransferStatus()
+    fourth._after(third)
+    assert fourth._prev is None
+
+
 def test_engine_api_calls():
     with IOEngine("api-a", IOEngineConfig(port=0)) as a, IOEngine("api-b", IOEngineConfig(port=0)) as b:
         assert a.get_engine_desc().port > 0 and a.key == "api-a"

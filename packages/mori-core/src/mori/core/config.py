@@ -162,7 +162,7 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_LOG_LEVEL", _choice("trace", "debug", "info", "warning", "error", "critical"), "warning",
                  "Default log level of every mori logger.", "trace | debug | info | warning | error | critical"),
         Variable("MORI_CACHE_DIR", _text, None, "Where compiled device code is cached (default ~/.cache/mori).", "a path"),
-        Variable("MORI_IO_AUTH_TOKEN", _text, None, "Shared secret engines must present to register and transfer.",
+        Variable("MORI_IO_AUTH_TOKEN", _text, None, "Shared secret every control and data connection must present.",
                  "any string"),
         Variable("MORI_NODE_ID", _text, None,
                  "This machine's identity in mori-io's EngineDesc.node_id (default: the kernel's boot id, "
