@@ -14,7 +14,15 @@ import time
 
 from _peer import SharedBuffer
 
-from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
+from mori.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    StatusCode,
+)
 
 BACKENDS = {"tcp": BackendType.TCP, "rdma": BackendType.RDMA}
 
