@@ -67,7 +67,7 @@ def main() -> int:
     os.environ.setdefault("MORI_IO_RDMA_TRANSPORTS", "tcp,cuda_copy")
     import torch
 
-    from mori.io import EngineDesc, MemoryDesc
+    from mori.io import EngineDesc, MemoryDesc, StatusCode
 
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
@@ -101,7 +101,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 fn = engine.batch_write if op == "write" else engine.batch_read
                 st = fn(local[lw], l_offs, remote[rw], r_offs, sizes, engine.allocate_transfer_uid())
-                done = st.WaitFor(60)
+                done = st.WaitFor(60_000) != StatusCode.IN_PROGRESS
                 dt = time.perf_counter() - t0
                 ok = done and st.Succeeded()
                 if ok:
