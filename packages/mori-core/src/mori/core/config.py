@@ -150,6 +150,9 @@ VARIABLES: dict[str, Variable] = {
                  "Where the heap lives: 'gpu' (CUDA VMM), 'cpu' (host shared memory) or 'auto' (GPU when CUDA sees one).",
                  "auto | gpu | cpu"),
         Variable("MORI_DISABLE_P2P", _bool, False, "Do not map peers' heaps; shmem_ptr_p2p returns 0.", BOOL_FORMS),
+        Variable("MORI_SHMEM_DEBUG", _bool, False,
+                 "Check at every shmem_malloc/shmem_free that all PEs make the same call (a collective "
+                 "each); shmem_barrier_all checks the whole history either way.", BOOL_FORMS),
         Variable("MORI_SHMEM_TIMEOUT", _parse_seconds, 120.0,
                  "Seconds a host-side shmem wait (shmem_wait_until) waits before failing.", "seconds > 0"),
         Variable("MORI_RDMA_DEVICES", _device_list, None, "RDMA NIC selection: 'mlx5_0,mlx5_1' or '^mlx5_2'.",

@@ -10,6 +10,7 @@ merged with their neighbours on ``free``, so fragmentation from interleaved free
 from __future__ import annotations
 
 import bisect
+import hashlib
 
 __all__ = ["INTERNAL_BYTES", "MIN_ALIGNMENT", "ShmemOutOfMemoryError", "SymmetricAllocator"]
 
@@ -25,6 +26,10 @@ class ShmemOutOfMemoryError(MemoryError):
 
 def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
+
+
+def _block_hash(offset: int, size: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{offset}:{size}".encode(), digest_size=8).digest(), "little")
 
 
 def _round_up(value: int, granule: int) -> int:
@@ -54,7 +59,12 @@ class SymmetricAllocator:
         self._free_starts: list[int] = [reserved]
         self._free_ends: list[int] = [heap_size]
         self._blocks: dict[int, int] = {}  # start -> end of every live block
+        self._starts: list[int] = []  # the keys of _blocks, sorted (to find the block of an offset)
+        self._asked: dict[int, int] = {}  # start -> the size the caller asked for (before rounding)
         self._in_use = 0
+        # An order-free digest of the live blocks (XOR of each block's hash): equal on every PE
+        # exactly when their live blocks, hence their free ranges and later offsets, are equal.
+        self._layout = 0
 
     @property
     def in_use(self) -> int:
@@ -84,6 +94,9 @@ class SymmetricAllocator:
             offset = _round_up(start, alignment)
             if offset + need <= end:
                 self._take(i, offset, offset + need)
+                self._asked[offset] = size
+                bisect.insort(self._starts, offset)
+                self._layout ^= _block_hash(offset, size)
                 return offset
         raise ShmemOutOfMemoryError(
             f"symmetric heap exhausted: requested {size} bytes (alignment {alignment}); heap size "
@@ -107,6 +120,8 @@ class SymmetricAllocator:
         end = self._blocks.pop(offset, None)
         if end is None:
             raise ValueError(f"offset {offset:#x} is not the start of a live symmetric allocation")
+        self._layout ^= _block_hash(offset, self._asked.pop(offset))
+        del self._starts[bisect.bisect_left(self._starts, offset)]
         self._in_use -= end - offset
         i = bisect.bisect_left(self._free_starts, offset)
         start = offset
@@ -121,6 +136,20 @@ class SymmetricAllocator:
         self._free_starts.insert(i, start)
         self._free_ends.insert(i, end)
         return end - offset
+
+    def layout(self) -> str:
+        """A digest of the live blocks (offsets and sizes asked for), for comparing PEs."""
+        return f"{len(self._blocks)} blocks, {self._in_use} bytes, digest {self._layout:016x}"
+
+    def block_of(self, offset: int, nbytes: int) -> tuple[int, int] | None:
+        """``(start, requested size)`` of the live block holding ``[offset, offset + nbytes)``
+        whole, or None when no single block does."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i < 0:
+            return None
+        start = self._starts[i]
+        size = self._asked[start]
+        return (start, size) if offset + nbytes <= start + size else None
 
     def blocks(self) -> dict[int, int]:
         """A copy of the live blocks, ``start -> end``."""

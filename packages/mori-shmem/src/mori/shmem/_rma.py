@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._allocator import INTERNAL_BYTES, SymmetricAllocator
 from ._buffers import as_span
 from ._heap import Heap
 
@@ -36,15 +37,18 @@ def _cmp_name(cmp: int | str) -> str:
 class Rma:
     """Bounds-checked remote memory access over one PE's :class:`Heap`."""
 
-    def __init__(self, heap: Heap, my_pe: int, npes: int, default_timeout: float) -> None:
+    def __init__(self, heap: Heap, my_pe: int, npes: int, default_timeout: float,
+                 allocator: SymmetricAllocator) -> None:
         self.heap = heap
+        self.allocator = allocator
         self.my_pe = my_pe
         self.npes = npes
         self.default_timeout = default_timeout
 
     # -- checks ---------------------------------------------------------------------------
-    def offset(self, addr: int, nbytes: int, what: str, align: int = 1) -> int:
-        """The heap offset of ``[addr, addr + nbytes)``; raises unless it lies inside the heap."""
+    def offset(self, addr: int, nbytes: int, what: str, align: int = 1, write: bool = False) -> int:
+        """The heap offset of ``[addr, addr + nbytes)``; raises unless it lies inside the heap and,
+        for a write, inside one live ``shmem_malloc`` block (never in the reserved area)."""
         if not isinstance(addr, int) or isinstance(addr, bool):
             raise TypeError(f"{what}: address must be an int, got {type(addr).__name__}")
         base, size = self.heap.base, self.heap.size
@@ -53,7 +57,18 @@ class Rma:
                                     f"the symmetric heap {base:#x}..{base + size:#x}")
         if addr % align:
             raise ShmemAddressError(f"{what}: address {addr:#x} is not {align}-byte aligned")
-        return addr - base
+        off = addr - base
+        if not write:
+            return off
+        if off < INTERNAL_BYTES:
+            raise ShmemAddressError(f"{what}: address {addr:#x} is in the heap's first {INTERNAL_BYTES} bytes, "
+                                    "reserved for mori (device barrier, peer table)")
+        if self.allocator.block_of(off, nbytes) is None:
+            owner = self.allocator.block_of(off, 1)  # the block its first byte is in, if any
+            where = (f"past the end of the {owner[1]}-byte block at {base + owner[0]:#x}" if owner is not None
+                     else "outside every live shmem_malloc block")
+            raise ShmemAddressError(f"{what}: range {addr:#x}..{addr + nbytes:#x} ({nbytes} bytes) runs {where}")
+        return off
 
     def target(self, pe: int) -> int:
         """Checks ``pe`` and returns the base address of its heap in this process."""
@@ -80,7 +95,7 @@ class Rma:
     def _put_target(self, dest: int, data: Any, pe: int) -> tuple[int, Any]:
         span = as_span(data, "put source", writable=False)
         self._check_span(span.on_gpu, "put source")
-        off = self.offset(dest, span.nbytes, "put destination")
+        off = self.offset(dest, span.nbytes, "put destination", write=True)
         return self.target(pe) + off, span
 
     def put(self, dest: int, data: Any, pe: int) -> None:
@@ -100,8 +115,9 @@ class Rma:
 
     def get(self, src: int, nbytes: int, pe: int) -> bytes:
         """Returns ``nbytes`` read from ``src`` on PE ``pe``."""
-        if not isinstance(nbytes, int) or nbytes < 0:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        self.offset(src, nbytes, "get source")  # before allocating: a huge nbytes fails here, clearly
         out = bytearray(nbytes)
         self.get_into(out, src, pe)
         return bytes(out)
@@ -110,7 +126,7 @@ class Rma:
         """Puts ``data``, then sets (``SIGNAL_SET``) or adds to (``SIGNAL_ADD``) the 64-bit signal."""
         if sig_op not in (SIGNAL_SET, SIGNAL_ADD):
             raise ValueError(f"sig_op must be SIGNAL_SET (0) or SIGNAL_ADD (1), got {sig_op!r}")
-        self.offset(sig_addr, 8, "signal address", align=8)
+        self.offset(sig_addr, 8, "signal address", align=8, write=True)
         self._word(signal, 64, "signal")
         self.put(dest, data, pe)
         # The data copy is complete before the signal moves: a waiter that sees it sees the data.
@@ -120,7 +136,7 @@ class Rma:
         """Runs atomic ``op`` on the ``width``-bit word at ``dest`` on PE ``pe``; returns the old value."""
         value = self._word(value, width, "value")
         compare = self._word(compare, width, "compare")
-        off = self.offset(dest, width // 8, "atomic address", align=width // 8)
+        off = self.offset(dest, width // 8, "atomic address", align=width // 8, write=True)
         self.target(pe)
         return self.heap.atomic(op, pe, off, value, compare, width)
 

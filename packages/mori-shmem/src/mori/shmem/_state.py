@@ -89,6 +89,19 @@ def _agree(bootstrap: Any, what: str, mine: str) -> None:
         raise ShmemError(f"PEs disagree on {what}: {listing}")
 
 
+def check_symmetric(s: Shmem, call: str) -> None:
+    """Collective: fails on every PE, naming what each holds, unless all PEs hold the same live
+    symmetric blocks and (when ``call`` is given) are making the same call now. Without this, an
+    asymmetric ``shmem_malloc``/``shmem_free`` sequence gives PEs different addresses for "the
+    same" buffer, and puts land in the wrong place."""
+    mine = f"{s.allocator.layout()}" + (f"; now {call}" if call else "")
+    values = [v.decode() for v in s.bootstrap.allgather(mine.encode())]
+    if len(set(values)) != 1:
+        listing = "; ".join(f"PE {pe}: {v}" for pe, v in enumerate(values))
+        raise ShmemError(f"asymmetric symmetric-heap allocation ({listing}): every PE must allocate and free "
+                         "the same sizes in the same order")
+
+
 def _resolve_backend() -> str:
     from ._cuda import cuda_device_count
 
@@ -150,10 +163,10 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
             fast = pack_fast_states(bootstrap.rank, bootstrap.world, heap.base, heap.size, list(heap.peer_bases), p2p_off)
             ops = HostOps(ctx, heap, states, fast)
             heap.ops = ops  # type: ignore[union-attr]
-        rma = Rma(heap, bootstrap.rank, bootstrap.world, config.get("MORI_SHMEM_TIMEOUT"))
         # The largest power of two dividing every PE's heap base bounds symmetric alignment.
         base_align = min(int(b) for b in bootstrap.allgather(str(heap.base & -heap.base).encode()))
         allocator = SymmetricAllocator(heap.size, max_alignment=base_align)
+        rma = Rma(heap, bootstrap.rank, bootstrap.world, config.get("MORI_SHMEM_TIMEOUT"), allocator)
         instance = Shmem(bootstrap, owns_bootstrap, heap, allocator, rma, states, ctx, ops)
         bootstrap.barrier()
     except BaseException:

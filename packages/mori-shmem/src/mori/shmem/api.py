@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from mori.core import bootstrap as _bootstrap
+from mori.core import config
 
 from . import _state
 from ._allocator import MIN_ALIGNMENT
@@ -147,8 +148,6 @@ def shmem_npes() -> int:
 
 def shmem_num_qp_per_pe() -> int:
     """RDMA queue pairs per PE (``MORI_NUM_QP_PER_PE``; P2P peers use none)."""
-    from mori.core import config
-
     _state.current()
     return int(config.get("MORI_NUM_QP_PER_PE"))
 
@@ -179,6 +178,8 @@ def shmem_malloc_align(alignment: int, size: int) -> int:
     s = _state.current()
     if size == 0 and isinstance(size, int):
         return 0
+    if config.get("MORI_SHMEM_DEBUG"):
+        _state.check_symmetric(s, f"shmem_malloc_align({alignment}, {size})")
     offset = s.allocator.malloc(size, alignment)
     try:
         s.heap.ensure_mapped(offset + size)
@@ -211,6 +212,8 @@ def shmem_free(ptr: int) -> None:
         return
     if not isinstance(ptr, int) or not s.heap.base <= ptr < s.heap.base + s.heap.size:
         raise ValueError(f"shmem_free: {ptr!r} is not an address in the symmetric heap")
+    if config.get("MORI_SHMEM_DEBUG"):
+        _state.check_symmetric(s, f"shmem_free(heap offset {ptr - s.heap.base:#x})")
     s.allocator.free(ptr - s.heap.base)
 
 
@@ -251,10 +254,15 @@ def shmem_ptr_p2p(dest_ptr: int, my_pe: int, dest_pe: int) -> int:
 
 # -- synchronization --------------------------------------------------------------------------
 def shmem_barrier_all() -> None:
-    """Completes this PE's outstanding operations, then waits for every PE."""
+    """Completes this PE's outstanding operations, then waits for every PE.
+
+    The barrier also compares every PE's live ``shmem_malloc`` blocks and raises
+    :class:`ShmemError` on every PE when they differ (an asymmetric allocation sequence); with
+    ``MORI_SHMEM_DEBUG`` set each allocation call is checked as it is made.
+    """
     s = _state.current()
     s.rma.quiet()
-    s.bootstrap.barrier()
+    _state.check_symmetric(s, "")  # an allgather: it waits for every PE as a barrier does
 
 
 def shmem_barrier_on_stream(stream: Any = None) -> None:
