@@ -14,12 +14,24 @@ from __future__ import annotations
 import resource
 import selectors
 import socket
+import time
 from collections.abc import Collection, Mapping
 
 from .. import log
 from ._errors import BootstrapError, BootstrapTimeout
 from ._rendezvous import RankInfo, connect, set_nodelay
-from ._wire import Deadline, FrameReader, Kind, Op, encode, pack_header, raise_peer_error, send_frame
+from ._wire import (
+    HELLO_MAX_PAYLOAD,
+    MAX_PENDING_HELLOS,
+    Deadline,
+    FrameReader,
+    Kind,
+    Op,
+    encode,
+    pack_header,
+    raise_peer_error,
+    send_frame,
+)
 
 __all__ = ["Mesh"]
 
@@ -196,10 +208,24 @@ class Mesh:
             conn, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        except OSError as err:  # out of descriptors: strays make room, the collective's deadline bounds the rest
+            _log.warning("bootstrap: rank %d cannot accept (%s)", self.rank, err)
+            self._drop_oldest_pending(sel)
+            time.sleep(0.01)
+            return
+        if len(self._pending) >= MAX_PENDING_HELLOS:
+            self._drop_oldest_pending(sel)
         conn.setblocking(False)
         set_nodelay(conn)
-        self._pending[conn] = FrameReader()
+        self._pending[conn] = FrameReader(HELLO_MAX_PAYLOAD)
         sel.register(conn, selectors.EVENT_READ, ("hello", conn))
+
+    def _drop_oldest_pending(self, sel: selectors.BaseSelector) -> None:
+        for conn in self._pending:
+            del self._pending[conn]
+            sel.unregister(conn)
+            conn.close()
+            return
 
     def _progress_hello(self, conn: socket.socket, sel: selectors.BaseSelector) -> int | None:
         """Reads an accepted connection's hello; returns the rank it came from once known."""

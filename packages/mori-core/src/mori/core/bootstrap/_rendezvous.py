@@ -20,7 +20,17 @@ from dataclasses import dataclass
 from .. import log
 from ._errors import BootstrapError, BootstrapTimeout
 from ._uid import UniqueId, listen
-from ._wire import Deadline, FrameReader, Kind, encode, raise_peer_error, recv_frame, send_frame
+from ._wire import (
+    HELLO_MAX_PAYLOAD,
+    MAX_PENDING_HELLOS,
+    Deadline,
+    FrameReader,
+    Kind,
+    encode,
+    raise_peer_error,
+    recv_frame,
+    send_frame,
+)
 
 __all__ = ["RankInfo", "serve", "join", "connect", "set_nodelay"]
 
@@ -169,9 +179,24 @@ class _Server:
             conn, _ = self.listener.accept()
         except BlockingIOError:
             return
+        except OSError as err:  # out of descriptors: strays make room, the deadline bounds the rest
+            _log.warning("bootstrap: rank 0 cannot accept (%s)", err)
+            self._drop_oldest_stray()
+            time.sleep(0.01)
+            return
+        strays = [k.fileobj for k in self.sel.get_map().values() if isinstance(k.data, FrameReader)]
+        if len(strays) >= MAX_PENDING_HELLOS:
+            self._drop_oldest_stray()
         conn.setblocking(False)
         set_nodelay(conn)
-        self.sel.register(conn, selectors.EVENT_READ, FrameReader())
+        self.sel.register(conn, selectors.EVENT_READ, FrameReader(HELLO_MAX_PAYLOAD))
+
+    def _drop_oldest_stray(self) -> None:
+        """Closes the longest-waiting connection that has not sent its hello yet (accept order)."""
+        for key in list(self.sel.get_map().values()):
+            if isinstance(key.data, FrameReader):
+                self._drop(key.fileobj)  # type: ignore[arg-type]
+                return
 
     def _drop(self, conn: socket.socket) -> None:
         self.sel.unregister(conn)

@@ -23,6 +23,8 @@ import msgpack
 from ._errors import BootstrapError, BootstrapTimeout
 
 __all__ = [
+    "HELLO_MAX_PAYLOAD",
+    "MAX_PENDING_HELLOS",
     "HEADER",
     "Kind",
     "Op",
@@ -40,6 +42,10 @@ __all__ = [
 HEADER = struct.Struct("!BBHIQ")
 # A length this large can only be a stream that lost its place (or a stranger's bytes).
 _MAX_PAYLOAD = 1 << 40
+#: Largest hello a listener reads from a connection that has not introduced itself yet.
+HELLO_MAX_PAYLOAD = 64 << 10
+#: Connections a listener keeps while their hello arrives; a newer one drops the oldest.
+MAX_PENDING_HELLOS = 64
 
 
 class Kind(enum.IntEnum):
@@ -116,7 +122,8 @@ class FrameReader:
     ``bytes`` object, which the collectives hand to the caller without another copy.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_payload: int = _MAX_PAYLOAD) -> None:
+        self._max_payload = max_payload
         self._header = bytearray(HEADER.size)
         self._filled = 0
         self._length: int | None = None
@@ -134,14 +141,15 @@ class FrameReader:
                 if self._filled < HEADER.size:
                     continue
                 self._kind, self._op, _, self._seq, length = HEADER.unpack(self._header)
-                if length > _MAX_PAYLOAD or self._kind not in Kind.__members__.values():
+                if length > self._max_payload or self._kind not in Kind.__members__.values():
                     raise BootstrapError(f"stream out of step: header kind={self._kind} length={length}")
                 self._length, self._filled = length, 0
                 if length == 0:
                     return self._finish(b"")
             elif self._payload is None:
                 try:
-                    chunk = sock.recv(self._length)
+                    # At most 1 MiB up front: recv allocates what it is asked for before data comes.
+                    chunk = sock.recv(min(self._length, 1 << 20))
                 except (BlockingIOError, InterruptedError):
                     return None
                 if not chunk:

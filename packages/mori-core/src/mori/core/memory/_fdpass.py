@@ -29,6 +29,7 @@ _MAGIC = b"MFD1"
 _HEADER = struct.Struct("<4sII")  # magic, number of fds, payload length
 _BATCH = 253  # SCM_MAX_FD: the kernel takes at most this many descriptors per message
 _MAX_PAYLOAD = 1 << 20
+_STRAY_WAIT_S = 0.5  # how long an accepted connection may take to deliver its message
 
 
 def check_fd(fd: object, what: str) -> int:
@@ -241,8 +242,11 @@ class FdExchange:
             raise TimeoutError(f"FdExchange: timed out waiting for descriptors from rank(s) {pending}") from None
         with conn:
             try:
-                payload, fds = recv_fds(conn, timeout=_remaining(deadline, f"receiving descriptors from {pending}"))
-            except (ValueError, ConnectionError) as err:
+                # Peers send the moment they connect: a silent stranger gets half a second, not the
+                # whole deadline, so it cannot make this exchange miss the ranks behind it.
+                wait = min(_STRAY_WAIT_S, _remaining(deadline, f"receiving descriptors from {pending}"))
+                payload, fds = recv_fds(conn, timeout=wait)
+            except (ValueError, ConnectionError, TimeoutError) as err:
                 # Not from a peer rank (they always send whole messages): ignore, keep waiting.
                 _log.warning("FdExchange: dropped a malformed descriptor message: %s", err)
                 return

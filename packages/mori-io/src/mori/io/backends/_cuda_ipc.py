@@ -35,6 +35,8 @@ __all__ = ["host_id", "export_region", "ExportedRegion", "Mapping", "open_mappin
 
 _IPC_HANDLE_BYTES = 64
 _NONCE_BYTES = 32
+_NONCE_WAIT_S = 1.0  # a peer sends its nonce the moment it connects
+_MAX_GRANTS = 4096
 
 
 def host_id() -> str:
@@ -158,7 +160,9 @@ class FdServer:
     """Hands VMM file descriptors to local peers that present a nonce issued by :meth:`grant`.
 
     Listens on an abstract Unix socket (no file to clean up); nonces are single use and expire
-    after ``ttl`` seconds.
+    after ``ttl`` seconds, and at most ``_MAX_GRANTS`` are outstanding (the oldest goes first). A
+    connection must deliver its nonce within ``_NONCE_WAIT_S``, so a silent local process holds
+    the server up briefly at most; running out of descriptors pauses accepting, never ends it.
     """
 
     def __init__(self, ttl: float) -> None:
@@ -181,6 +185,8 @@ class FdServer:
         with self._lock:
             for n in [n for n, (_, t) in self._grants.items() if t < now]:
                 del self._grants[n]
+            while len(self._grants) >= _MAX_GRANTS:
+                del self._grants[next(iter(self._grants))]
             self._grants[nonce] = (fd, now + self._ttl)
         return nonce
 
@@ -191,10 +197,13 @@ class FdServer:
             except TimeoutError:
                 continue
             except OSError:
-                return
+                if self._stop.is_set():
+                    return
+                time.sleep(0.05)  # out of descriptors: back off, then accept again
+                continue
             with conn:
                 try:
-                    conn.settimeout(self._ttl)
+                    conn.settimeout(min(self._ttl, _NONCE_WAIT_S))
                     nonce = conn.recv(_NONCE_BYTES, socket.MSG_WAITALL)
                     with self._lock:
                         fd, expiry = self._grants.pop(nonce, (-1, 0.0))
