@@ -204,3 +204,30 @@ def test_strangers_on_rank_0s_port_are_turned_away():
     with ProcPool(3) as pool:
         got = pool.run(_with_strangers)
     assert got == [[bytes([r]) * 1000 for r in range(3)]] * 3
+
+
+def _with_crowd() -> list[bytes]:
+    """Before anyone joins, 150 silent connections and a hello claiming 512 GiB hit rank 0's port."""
+    ctx = context()
+    strangers = []
+    raw = get_unique_id() if ctx.index == 0 else None
+    if raw is not None:
+        uid = UniqueId.from_bytes(raw)
+        huge = socket.create_connection((uid.host, uid.port), timeout=5)
+        huge.sendall(pack_header(Kind.HELLO, 1 << 39) + b"\x00" * 1024)
+        strangers.append(huge)
+        strangers += [socket.create_connection((uid.host, uid.port), timeout=5) for _ in range(150)]
+    uid_bytes = ctx.share(raw)
+    with Bootstrap(ctx.index, ctx.size, uid_bytes, timeout=20) as bs:
+        got = bs.allgather(bytes([bs.rank]) * 100)
+    for s in strangers:
+        s.close()
+    return got
+
+
+def test_a_crowd_of_strangers_costs_little_and_blocks_nothing():
+    # Issue 11: a stranger's hello is read up to 64 KiB (a 512 GiB claim is refused before any
+    # buffer is made) and at most 64 strangers wait for theirs (the oldest is dropped).
+    with ProcPool(2) as pool:
+        got = pool.run(_with_crowd)
+    assert got == [[bytes([r]) * 100 for r in range(2)]] * 2

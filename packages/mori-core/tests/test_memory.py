@@ -289,6 +289,30 @@ def test_fd_exchange_ignores_messages_without_the_rank_secret() -> None:
     assert run_procs(_intruder_worker, [(r, 7) for r in range(2)]) == [True, True]
 
 
+def _silent_stranger_worker(rank: int, seed: int) -> bool:
+    with _bootstrap(rank, 2) as bs, FdExchange(bs, timeout=10) as ex:
+        seg = HostSegment.create(4096)
+        seg.view()[:] = np.random.default_rng([seed, rank]).bytes(4096)
+        silent = []
+        if rank == 0:  # connections that never send a word, queued before rank 0's real message
+            silent = [_connect(ex._peers[1]["name"], 10) for _ in range(3)]
+        bs.barrier()
+        fds = ex.allgather_fds([seg.fd])
+        with HostSegment.attach(fds[1 - rank][0], 4096) as peer:
+            ok = bytes(peer.view()) == np.random.default_rng([seed, 1 - rank]).bytes(4096)
+        for fd in (f for entry in fds for f in entry):
+            os.close(fd)
+        for s in silent:
+            s.close()
+        seg.close()
+        return ok
+
+
+def test_fd_exchange_is_not_held_up_by_silent_connections() -> None:
+    # Issue 11: each gets half a second, not the exchange's whole deadline.
+    assert run_procs(_silent_stranger_worker, [(r, 8) for r in range(2)]) == [True, True]
+
+
 class _OneRank:
     """A bootstrap of one rank: enough to test FdExchange's own timeouts and argument checks."""
 

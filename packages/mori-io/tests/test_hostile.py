@@ -343,3 +343,31 @@ def test_good_peer_keeps_working_during_attack(make_target):
             th.join(timeout=10)
             for s in held:
                 s.close()
+
+
+def test_nvlink_fd_server_is_not_held_up_by_silent_connections(tmp_path):
+    # The NVLink backend's descriptor server: a local process that connects and says nothing
+    # holds it a second at most; a peer with a valid nonce then gets its descriptor.
+    from mori.io.backends._cuda_ipc import FdServer, fetch_fd
+
+    server = FdServer(ttl=30.0)
+    path = tmp_path / "region"
+    path.write_bytes(b"mori")
+    fd = os.open(path, os.O_RDONLY)
+    silent = []
+    try:
+        nonce = server.grant(fd)
+        for _ in range(2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(server.address)
+            silent.append(s)
+        got = fetch_fd(server.address, nonce, timeout=10)
+        assert os.pread(got, 4, 0) == b"mori"
+        os.close(got)
+        with pytest.raises(ConnectionError):  # single use
+            fetch_fd(server.address, nonce, timeout=10)
+    finally:
+        for s in silent:
+            s.close()
+        os.close(fd)
+        server.close()
