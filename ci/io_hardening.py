@@ -30,7 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType
+from mori.io import (
+    BackendType,
+    EngineDesc,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    StatusCode,
+)
 from mori.io._control import encode_frame
 
 REGION = 1 << 20
@@ -128,7 +136,7 @@ def soak(transfers: int, warmup: int, size: int, window: int) -> dict[str, Any]:
             inflight.append(session.write(off, off, size, uid))
             if len(inflight) == window or i == count - 1:
                 for st in inflight:
-                    if not st.WaitFor(60) or not st.Succeeded():
+                    if st.WaitFor(60_000) != StatusCode.SUCCESS:
                         raise RuntimeError(f"transfer failed: {st!r}")
                 inflight.clear()
 
@@ -213,13 +221,13 @@ def hostile(idle: int) -> dict[str, Any]:
             uid += 1
             t0 = time.monotonic()
             st = steady.write(sld, 0, target.region, 0, 4096, uid)
-            if st.WaitFor(30) and st.Succeeded():
+            if st.WaitFor(30_000) == StatusCode.SUCCESS:
                 latencies.append(time.monotonic() - t0)
             else:
                 failures.append(st.Message())
             time.sleep(0.01)
 
-    assert steady.write(sld, 0, target.region, 0, 4096, 0).WaitFor(30)
+    assert steady.write(sld, 0, target.region, 0, 4096, 0).WaitFor(30_000) == StatusCode.SUCCESS
     peer_thread = threading.Thread(target=steady_peer, daemon=True)
     peer_thread.start()
     cut: list[float] = []
@@ -249,7 +257,7 @@ def hostile(idle: int) -> dict[str, Any]:
     t0 = time.monotonic()
     fresh, src, fld = _initiator(target, "fresh")
     st = fresh.write(fld, 0, target.region, 4096, 4096, 1)
-    ok = st.WaitFor(30) and st.Succeeded()
+    ok = st.WaitFor(30_000) == StatusCode.SUCCESS
     first = time.monotonic() - t0
     rows.append(("after", target.probe()))
     fresh.close()
