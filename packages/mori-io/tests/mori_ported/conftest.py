@@ -1,0 +1,17 @@
+"""Marks the ported cases that cannot pass reliably over TCP (README.md says why), leaving
+MORI's test files as MORI wrote them apart from the substitutions listed there."""
+
+from __future__ import annotations
+
+import pytest
+
+_RACE = ("MORI's check compares the whole buffer after waiting for the first of 64 separate transfers; "
+         "it holds on MORI only when RDMA has finished the other 63 by then (timing, not an API guarantee)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if item.originalname == "test_rdma_backend_ops" and params is not None \
+                and not params.params["enable_batch"] and params.params["batch_size"] > 1:
+            item.add_marker(pytest.mark.xfail(reason=_RACE, strict=False))
