@@ -66,8 +66,12 @@ class GpuKernels:
         self._functions = {name: cu.call("cuModuleGetFunction", self._module, name.encode()) for name in _KERNELS}
 
     def launch(self, name: str, grid: int, threads: int, args: EpArgs, stream: int) -> None:
-        """Enqueues kernel ``name`` on ``stream`` (returns at once)."""
-        launch(self._functions[name], grid, threads, [args], stream)
+        """Enqueues kernel ``name`` on ``stream`` (returns at once). A launch error names the kernel
+        (the error may stem from an earlier kernel of this context: launches are asynchronous)."""
+        try:
+            launch(self._functions[name], grid, threads, [args], stream)
+        except RuntimeError as exc:
+            raise RuntimeError(f"mori.ops: launching {name} (grid {grid}, {threads} threads) failed: {exc}") from exc
 
     def sync_launch(self, name: str, args: EpArgs, stream: int) -> None:
         """Enqueues a one-block signal/wait kernel."""
