@@ -51,6 +51,21 @@ def check(op: Any, seed: int, sentinel: str | None = None) -> int:
         assert torch.equal(ws[r][t], out_w[i]), f"row {i} from rank {r} token {t}: weights"
         if out_s is not None:
             assert torch.equal(ss[r][t], out_s[i]), f"row {i}: scales"
+    # Beyond MORI's checks: every (token, top-k entry) that sent points at a slot its destination
+    # received (what combine will read), and the others are -1.
+    totals = [torch.zeros(1, dtype=torch.int64) for _ in range(cfg.world_size)]
+    dist.all_gather(totals, total.cpu().to(torch.int64))
+    from mori.ops._layout import plan_routing
+
+    n, k, stride = xs[me].shape[0], cfg.num_experts_per_token, op.max_num_tokens_to_send()
+    dest_map = op._bufs.dest_map[: n * k].view(n, k).cpu()
+    want = plan_routing(ids[me].cpu(), cfg.num_experts_per_rank, cfg.world_size)
+    for t in range(n):
+        for j in range(k):
+            d = int(dest_map[t, j])
+            pe, slot = divmod(d, stride) if d >= 0 else (-1, -1)
+            assert pe == int(want[t, j]) and (pe < 0 or slot < int(totals[pe])), \
+                f"rank {me} token {t} entry {j}: recorded {d} (pe {pe} slot {slot}), want pe {int(want[t, j])}"
     comb, comb_w = op.combine(out, out_w, ids[me])
     torch.cuda.synchronize()
     dist.barrier()
