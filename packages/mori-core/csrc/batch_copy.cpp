@@ -214,6 +214,8 @@ py::array_t<int64_t> int64_array(const py::sequence& seq, const std::string& wha
     for (py::ssize_t i = 0; i < n; ++i) {
         PyObject* item = items[i];
         py::object owned;
+        if (PyBool_Check(item))  // an int to Python, but never a meaningful offset or size
+            throw py::type_error(what + " must be ints, got bool at index " + std::to_string(i));
         if (!PyLong_Check(item)) {
             owned = py::reinterpret_steal<py::object>(PyNumber_Index(item));
             if (!owned) {
@@ -236,7 +238,7 @@ py::array_t<int64_t> int64_array(const py::sequence& seq, const std::string& wha
 
 mori::native::Registration reg([](py::module_& m) {
     m.def("int64_array", &int64_array, py::arg("values"), py::arg("what"),
-          "The ints of a sequence as an int64 numpy array (operator.index semantics, errors name `what`).");
+          "The ints of a sequence as an int64 numpy array (operator.index semantics, bools refused, errors name `what`).");
     m.def("batch_bounds", &batch_bounds, py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
           "(smallest offset or size, largest local end, largest remote end) of a non-empty batch of int64 "
           "arrays, in one pass.");

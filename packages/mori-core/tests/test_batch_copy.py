@@ -113,7 +113,9 @@ def test_int64_array_takes_ints_as_operator_index_does(values):
 
 
 def test_int64_array_names_what_is_wrong():
-    assert _native.int64_array([True, np.int32(-5), np.uint8(7)], "x").tolist() == [1, -5, 7]
+    assert _native.int64_array([1, np.int32(-5), np.uint8(7)], "x").tolist() == [1, -5, 7]
+    with pytest.raises(TypeError, match="offsets must be ints, got bool at index 1"):  # issue 11
+        _native.int64_array([0, True], "offsets")
     with pytest.raises(TypeError, match=r"local offsets must be a sequence of ints, got float at index 1"):
         _native.int64_array([1, 2.0], "local offsets")
     with pytest.raises(TypeError, match="got str at index 0"):

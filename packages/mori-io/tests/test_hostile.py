@@ -247,7 +247,7 @@ def test_local_descriptor_must_match_a_live_registration(pair):
         assert fresh.id == stale.id
         st = reborn.write(stale, 0, target.region, 0, 64, 3)
         assert st.Code() == StatusCode.ERR_INVALID_ARGS
-    for bad in ({0: 0}, {0}, [True], "0"):
+    for bad in ({0: 0}, {0}, [True], "0", [0] * 99 + [True]):  # 100 blocks: the native conversion
         with pytest.raises(TypeError):
             engine.batch_write(ld, bad, target.region, [0], [8], 4)
     with pytest.raises(TypeError):
