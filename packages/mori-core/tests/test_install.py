@@ -1,4 +1,5 @@
-"""Installing mori-core and mori-io into a fresh virtual environment pulls nothing heavy.
+"""Installing mori-core and mori-io into a fresh virtual environment pulls nothing heavy, and the
+TCP backend moves bytes there (no numpy).
 
 The wheels are built from copies of the package sources with this environment's build tools
 (hatchling, pybind11, the C++ compiler), then installed into a new venv without system site
@@ -33,8 +34,25 @@ try:
     hint = "no error"
 except _cuda.CudaUnavailableError as err:
     hint = str(err)
+# mori-io's TCP path without numpy: two engines, host memory as bytearrays, one batch.
+import ctypes
+from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryLocationType, StatusCode
+a, b = IOEngine("a", IOEngineConfig("127.0.0.1", 0)), IOEngine("b", IOEngineConfig("127.0.0.1", 0))
+for e in (a, b):
+    e.create_backend(BackendType.TCP)
+a.register_remote_engine(b.get_engine_desc())
+src, dst = bytearray(range(256)) * 256, bytearray(65536)
+def addr(buf):
+    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+ms = a.register_memory(addr(src), len(src), -1, MemoryLocationType.CPU)
+md = b.register_memory(addr(dst), len(dst), -1, MemoryLocationType.CPU)
+offs = list(range(0, 65536, 512))
+st = a.batch_write(ms, offs[::-1], md, offs, [512] * len(offs), a.allocate_transfer_uid())
+moved = st.WaitFor(30000) == StatusCode.SUCCESS and all(
+    dst[o:o + 512] == src[r:r + 512] for o, r in zip(offs, offs[::-1]))
 print(json.dumps({"include": str(inc), "value": value, "hint": hint, "core": mori.core.__file__,
-                  "native": mori.core._native.__file__, "prefix": sys.prefix}))
+                  "native": mori.core._native.__file__, "prefix": sys.prefix, "moved": moved,
+                  "numpy": "numpy" in sys.modules}))
 """
 
 
@@ -80,4 +98,5 @@ def test_fresh_venv_gets_core_and_io_without_torch_triton_or_cuda(tmp_path: Path
     include = Path(report["include"]).resolve()
     assert include.is_relative_to(site) and (include / "mori" / "device" / "shmem.cuh").is_file()
     assert report["value"] == 42
+    assert report["moved"] and not report["numpy"], "mori-io's TCP path must move bytes without numpy"
     assert "mori-core[cuda]" in report["hint"]

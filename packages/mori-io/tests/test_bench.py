@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -22,6 +23,26 @@ def test_bench_json_plot_and_table(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert "MaxBW GB/s" in table and "AvgLat us" in table
+
+
+def test_bench_without_tqdm_reports_skipped_points_and_typed_json(tmp_path, capsys, monkeypatch):
+    """A plain mori-io install: no tqdm (``--no-progress`` must not need it); points over
+    ``--max-bytes`` are named; the JSON keeps numbers as numbers."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
+    out = tmp_path / "b.json"
+    rc = main(["--sizes", "4K,64K", "--batch-sizes", "1,4", "--max-bytes", "64K", "--iters", "2", "--warmup", "0",
+               "--json", str(out), "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "note: skipped (size x batch over --max-bytes 65536): 65536x4" in printed
+    report = json.loads(out.read_text())
+    assert {(r["size"], r["batch"]) for r in report["rows"]} == {(4096, 1), (65536, 1), (4096, 4)}
+    assert report["args"]["sizes"] == [4096, 65536] and report["args"]["iters"] == 2
+    assert report["args"]["no_progress"] is True and report["args"]["json"] == str(out)
+    assert any("65536x4" in n for n in report["notes"])
+    # Progress wanted but tqdm missing: the run goes on without a bar and says why.
+    assert main(["--sizes", "4K", "--iters", "1", "--warmup", "0"]) == 0
+    assert "tqdm is not installed" in capsys.readouterr().err
 
 
 def test_bench_reports_a_peer_that_cannot_run(tmp_path, capsys):

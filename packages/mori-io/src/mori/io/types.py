@@ -34,39 +34,39 @@ class BackendType(enum.IntEnum):
     """A transfer medium. ``XGMI`` is MORI's name for the intra-node GPU link; on NVIDIA GPUs it
     is NVLink, so ``NVLINK`` is the same member."""
 
-    Unknown = 0
-    XGMI = 1
-    NVLINK = 1
-    RDMA = 2
-    TCP = 3
+    Unknown = 0  #: no backend
+    XGMI = 1  #: GPUs of one host (MORI's name; NVLink here)
+    NVLINK = 1  #: the same member as ``XGMI``
+    RDMA = 2  #: RDMA NICs, on UCX
+    TCP = 3  #: any host, host memory (GPU memory staged through pinned buffers)
 
 
 class MemoryLocationType(enum.IntEnum):
     """Where registered memory lives."""
 
-    Unknown = 0
-    CPU = 1
-    GPU = 2
+    Unknown = 0  #: not a valid location for registration
+    CPU = 1  #: host memory (register it with ``device_id=-1``)
+    GPU = 2  #: CUDA device memory
 
 
 class StatusCode(enum.IntEnum):
     """Result of a transfer, as reported by :meth:`TransferStatus.Code`."""
 
-    SUCCESS = 0
-    INIT = 1
-    IN_PROGRESS = 2
-    ERR_INVALID_ARGS = 3
-    ERR_NOT_FOUND = 4
-    ERR_RDMA_OP = 5
-    ERR_BAD_STATE = 6
-    ERR_GPU_OP = 7
+    SUCCESS = 0  #: the transfer finished and every byte moved
+    INIT = 1  #: not submitted yet
+    IN_PROGRESS = 2  #: running (or, from ``WaitFor``, the wait timed out)
+    ERR_INVALID_ARGS = 3  #: an offset or size outside a region, or a bad argument
+    ERR_NOT_FOUND = 4  #: memory not registered (here or at the target), or engine unknown here
+    ERR_RDMA_OP = 5  #: the RDMA backend (UCX) reported an error
+    ERR_BAD_STATE = 6  #: peer unreachable or lost, timeout, token refused, no backend
+    ERR_GPU_OP = 7  #: a CUDA operation failed
 
 
 class PollCqMode(enum.IntEnum):
     """How an RDMA backend waits for completions."""
 
-    POLLING = 0
-    EVENT = 1
+    POLLING = 0  #: spin while transfers are outstanding
+    EVENT = 1  #: sleep on the worker's event file descriptor
 
 
 @dataclass

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._staging_size import CHUNK_BYTES, chunk_bytes_for
+
 __all__ = ["CHUNK_BYTES", "MAX_PIECES", "Chunk", "plan_chunks", "chunk_bytes_for", "StagingPool", "SlotLeases",
            "check_pieces", "pack_array", "unpack_array"]
 
-CHUNK_BYTES = 4 << 20  # one staging buffer; big enough to amortise a control round trip per chunk
-MIN_CHUNK = 64 << 10
 # Pieces per chunk: bounds the control frame that carries their offsets (16 bytes a piece).
 MAX_PIECES = 16384
 
@@ -36,16 +36,6 @@ class Chunk:
     sizes: np.ndarray
     packed: np.ndarray
     nbytes: int
-
-
-def chunk_bytes_for(pool_bytes: int) -> int:
-    """The buffer size for a pool of ``pool_bytes``: 4 MiB, less when the pool is too small to
-    hold two buffers (two let a transfer copy one chunk while the other is on the wire)."""
-    size = min(CHUNK_BYTES, pool_bytes // 2)
-    if size < MIN_CHUNK:
-        raise ValueError(f"MORI_IO_TCP_STAGING_SIZE={pool_bytes} is too small: GPU staging needs at least "
-                         f"{2 * MIN_CHUNK} bytes (two buffers of {MIN_CHUNK})")
-    return size
 
 
 def plan_chunks(local_offsets: object, remote_offsets: object, sizes: object, chunk_bytes: int,

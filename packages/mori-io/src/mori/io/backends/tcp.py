@@ -26,7 +26,7 @@ from ..types import (
     TcpBackendConfig,
     TransferStatus,
 )
-from ._tcp_staging import chunk_bytes_for
+from ._staging_size import chunk_bytes_for
 from .base import Backend, BackendContext, TransferOp, TransferRequest
 
 __all__ = ["TcpBackend"]

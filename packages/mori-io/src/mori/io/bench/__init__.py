@@ -1,9 +1,7 @@
-"""The mori-io benchmark (``mori-io-bench`` / ``python -m mori.io.bench``); needs the ``bench``
-extra (``pip install 'mori-io[bench]'``: numpy, tqdm, matplotlib)."""
+"""The mori-io benchmark (``mori-io-bench`` / ``python -m mori.io.bench``). It runs on a plain
+mori-io install; the ``bench`` extra (``pip install 'mori-io[bench]'``: tqdm, matplotlib, numpy)
+adds the progress bar, ``--plot`` and the peers' buffers."""
 
-try:
-    from ._cli import main, parse_args
-except ImportError as err:  # a missing extra: say which one
-    raise ImportError(f"mori-io-bench needs the 'bench' extra (pip install 'mori-io[bench]'): {err}") from err
+from ._cli import main, parse_args
 
 __all__ = ["main", "parse_args"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -89,7 +90,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        p.error("--plot needs matplotlib: pip install 'mori-io[bench]'")
     return args
+
+
+class _NoBar:
+    """Stands in for a tqdm bar when there is none."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, label: str, disabled: bool) -> Any:
+    """A tqdm bar on stderr, or none with ``--no-progress`` (then tqdm is not needed)."""
+    if disabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        print("mori-io-bench: no progress bar (tqdm is not installed: pip install 'mori-io[bench]', "
+              "or pass --no-progress)", file=sys.stderr)
+        return _NoBar()
+    return tqdm(total=total, desc=label, file=sys.stderr)
+
+
+def _json_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments as JSON values: numbers stay numbers, lists lists, paths strings."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
 def run_peer(name: str, python: str, host: str, op: str, iters: int, warmup: int, points: list[tuple[int, int]],
@@ -146,20 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the process exit code."""
     args = parse_args(argv)
     points = [(s, b) for b in args.batch_sizes for s in args.sizes if s * b <= args.max_bytes[0]]
+    skipped = [(s, b) for b in args.batch_sizes for s in args.sizes if s * b > args.max_bytes[0]]
+    notes = [f"skipped (size x batch over --max-bytes {args.max_bytes[0]}): "
+             + ", ".join(f"{s}x{b}" for s, b in skipped)] if skipped else []
     if not points:
-        print("mori-io-bench: every point exceeds --max-bytes", file=sys.stderr)
+        print(f"mori-io-bench: every point exceeds --max-bytes ({notes[0]})", file=sys.stderr)
         return 2
-    from tqdm import tqdm
-
     rows = []
     for backend in args.backend:
         label = "mori" if backend == "tcp" else f"mori-{backend}"
-        bar = tqdm(total=len(points), desc=label, disable=args.no_progress, file=sys.stderr)
+        bar = _progress(len(points), label, args.no_progress)
         for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, args.num_connections,
                             functools.partial(bar.update, 1), backend, args.target_host, args.target_netns):
             rows.append({"engine": label, "op": args.op, "session": args.session, **row})
         bar.close()
-    notes = []
     for name in args.peers:
         print(f"measuring peer {name} ...", file=sys.stderr)
         env = dict(os.environ)
@@ -173,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print("note:", note)
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-                                         "notes": notes}, indent=1))
+        args.json.write_text(json.dumps({"args": _json_args(args), "rows": rows, "notes": notes}, indent=1))
     if args.plot:
         _plot(rows, args.plot)
     return 0

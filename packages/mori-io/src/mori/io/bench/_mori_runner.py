@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
 import multiprocessing as mp
 import os
 import shlex
@@ -11,8 +13,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
-
-import numpy as np
 
 from .. import (
     BackendType,
@@ -36,11 +36,17 @@ def _create_backend(engine: IOEngine, backend: str, nconn: int) -> None:
         engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=nconn))
 
 
+def _host_buffer(size: int) -> tuple[mmap.mmap, int]:
+    """``size`` bytes of page-aligned host memory and their address (no numpy needed)."""
+    buf = mmap.mmap(-1, size)
+    return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
 def _target(conn: Any, host: str, size: int, nconn: int, backend: str) -> None:
     engine = IOEngine("bench-target", IOEngineConfig(host=host, port=0))
     _create_backend(engine, backend, nconn)
-    buf = np.ones(size, dtype=np.uint8)
-    mem = engine.register_memory(int(buf.ctypes.data), size, -1, MemoryLocationType.CPU)
+    buf, addr = _host_buffer(size)
+    mem = engine.register_memory(addr, size, -1, MemoryLocationType.CPU)
     conn.send((engine.get_engine_desc().pack(), mem.pack()))
     try:
         engine.register_remote_engine(EngineDesc.unpack(conn.recv()))
@@ -87,8 +93,8 @@ def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, 
             raise TimeoutError("benchmark target did not register the initiator in 60 s")
         conn.recv()
         rmem = MemoryDesc.unpack(t_mem)
-        buf = np.zeros(need, dtype=np.uint8)
-        lmem = engine.register_memory(int(buf.ctypes.data), need, -1, MemoryLocationType.CPU)
+        buf, addr = _host_buffer(need)
+        lmem = engine.register_memory(addr, need, -1, MemoryLocationType.CPU)
         sess = engine.create_session(lmem, rmem)
         assert sess is not None
         for size, batch in points:
