@@ -89,23 +89,27 @@ def group_contiguous(src: list[int], dst: list[int]) -> tuple[list[list[int]], l
     return src_groups, dst_groups
 
 
-def make_engine(key: str) -> IOEngine:
+def make_engine(key: str, backend: str) -> IOEngine:
     """An engine built as both clients build theirs: ``IOEngineConfig`` and ``RdmaBackendConfig``
-    positional, notifications off (both pass ``False``). The one change: the TCP backend instead
-    of RDMA (no RDMA device here), with the same notification choice and three connections so
-    that transfers can overtake each other."""
+    positional, notifications off (both pass ``False``). ``backend`` "rdma" then creates the RDMA
+    backend exactly as they do (UCX, over its tcp transport here: ``MORI_IO_RDMA_TRANSPORTS``);
+    "tcp" creates the TCP backend instead, with the same notification choice and three
+    connections, so that transfers can overtake each other."""
     engine = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
     rdma_cfg = RdmaBackendConfig(4, -1, 4, PollCqMode.POLLING, False)
     assert not rdma_cfg.enable_notification and rdma_cfg.poll_cq_mode.name == "POLLING"
-    engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=3,
-                                                            enable_notification=rdma_cfg.enable_notification))
+    if backend == "rdma":
+        engine.create_backend(BackendType.RDMA, rdma_cfg)
+    else:
+        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=3,
+                                                                enable_notification=rdma_cfg.enable_notification))
     assert engine.get_engine_desc().port > 0
     return engine
 
 
-def serve_vllm_target(conn: Any, key: str, layout: Layout, seed: int) -> None:
+def serve_vllm_target(conn: Any, key: str, backend: str, layout: Layout, seed: int) -> None:
     """vLLM's side that is read from (prefill, READ mode) or written to (decode, WRITE mode)."""
-    engine = make_engine(key)
+    engine = make_engine(key, backend)
     caches = {}
     metadata: dict[str, list[bytes]] = {}
     for layer in range(layout.layers):
@@ -129,9 +133,9 @@ def serve_vllm_target(conn: Any, key: str, layout: Layout, seed: int) -> None:
     serve_commands(conn, engine, {**engine_commands(engine, {}), "handshake": handshake, "cache": cache_bytes})
 
 
-def serve_sglang_target(conn: Any, key: str, layout: Layout, seed: int, aux_lens: list[int]) -> None:
+def serve_sglang_target(conn: Any, key: str, backend: str, layout: Layout, seed: int, aux_lens: list[int]) -> None:
     """SGLang's decode side: K and V buffers per layer and aux buffers, written by prefill."""
-    engine = make_engine(key)
+    engine = make_engine(key, backend)
     half = layout.layer_bytes // 2
     kv = [fill(seed + i, half) for i in range(2 * layout.layers)]  # K of every layer, then V
     aux = [fill(seed + 1000 + i, n * 8) for i, n in enumerate(aux_lens)]  # 8 slots each

@@ -4,7 +4,8 @@ Each test runs the two sides as two processes: the side that transfers (here) an
 whose memory is read or written (a child process that registers its caches as that client does
 and never registers the other engine, as neither client does on that side). Descriptors travel
 as the bytes the clients send (``EngineDesc.pack()``, ``MemoryDesc.pack()`` inside msgpack). The
-only change from the clients: the TCP backend instead of RDMA. Requests pick random block
+clients' RDMA backend runs on UCX's tcp transport (there is no RDMA NIC here), and every test runs
+again with the TCP backend instead. Requests pick random block
 subsets of paged, multi-layer caches, and after each request every byte of every cache is
 compared with what it must hold.
 """
@@ -39,9 +40,17 @@ REQUESTS = 6
 DEADLINE_S = 60.0
 
 
+@pytest.fixture(params=["rdma", "tcp"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The clients' own backend (RDMA, on UCX's tcp transport: no NIC here) or the TCP backend.
+    The child processes inherit the environment."""
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
+    return str(request.param)
+
+
 @pytest.fixture()
-def engine() -> Iterator[IOEngine]:
-    eng = make_engine("initiator-0")
+def engine(backend: str) -> Iterator[IOEngine]:
+    eng = make_engine("initiator-0", backend)
     yield eng
     eng.close()
 
@@ -86,10 +95,10 @@ def _requests(seed: int) -> Iterator[tuple[list[int], list[int]]]:
         yield rng.sample(range(LAYOUT.num_blocks), n), rng.sample(range(LAYOUT.num_blocks), n)
 
 
-def test_vllm_read_mode_decode_reads_from_prefill(engine: IOEngine) -> None:
+def test_vllm_read_mode_decode_reads_from_prefill(engine: IOEngine, backend: str) -> None:
     """READ mode: decode reads each layer through its own session and, as vLLM does, polls only
     the request's last status; prefill never registers decode."""
-    target = PipeProcess(serve_vllm_target, ("prefill-0", LAYOUT, TARGET_SEED), "vLLM prefill", 60.0)
+    target = PipeProcess(serve_vllm_target, ("prefill-0", backend, LAYOUT, TARGET_SEED), "vLLM prefill", 60.0)
     try:
         remote_layers = _vllm_handshake(engine, target)
         caches = _vllm_caches(LOCAL_SEED)
@@ -119,10 +128,10 @@ def test_vllm_read_mode_decode_reads_from_prefill(engine: IOEngine) -> None:
         target.close()
 
 
-def test_vllm_write_mode_prefill_writes_to_decode(engine: IOEngine) -> None:
+def test_vllm_write_mode_prefill_writes_to_decode(engine: IOEngine, backend: str) -> None:
     """WRITE mode: prefill writes each layer through its session, waits for every status as
     vLLM's writer does, then notifies decode (which never registered prefill)."""
-    target = PipeProcess(serve_vllm_target, ("decode-0", LAYOUT, TARGET_SEED), "vLLM decode", 60.0)
+    target = PipeProcess(serve_vllm_target, ("decode-0", backend, LAYOUT, TARGET_SEED), "vLLM decode", 60.0)
     try:
         remote_layers = _vllm_handshake(engine, target)
         caches = _vllm_caches(LOCAL_SEED)
@@ -148,12 +157,12 @@ def test_vllm_write_mode_prefill_writes_to_decode(engine: IOEngine) -> None:
         target.close()
 
 
-def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine) -> None:
+def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine, backend: str) -> None:
     """SGLang: per layer one engine-level ``batch_write([src], [offs], [dst], [offs], [sizes], [uid])``
     for K and one for V, the aux buffers in one multi-descriptor call, then ``wait_all`` polled
     with a short timeout until it is no longer IN_PROGRESS."""
     aux_lens = [64, 24]
-    target = PipeProcess(serve_sglang_target, ("decode-sg", LAYOUT, TARGET_SEED, aux_lens), "SGLang decode", 60.0)
+    target = PipeProcess(serve_sglang_target, ("decode-sg", backend, LAYOUT, TARGET_SEED, aux_lens), "SGLang decode", 60.0)
     try:
         desc_bytes, kv_blob, aux_blob = target.call("handshake")
         engine.register_remote_engine(EngineDesc.unpack(desc_bytes))
@@ -198,9 +207,9 @@ def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine) -> No
         target.close()
 
 
-def test_sglang_batch_errors_fail_their_own_status(engine: IOEngine) -> None:
+def test_sglang_batch_errors_fail_their_own_status(engine: IOEngine, backend: str) -> None:
     """A bad pair in an engine-level batch fails its own status; ``wait_all`` reports it."""
-    target = PipeProcess(serve_sglang_target, ("decode-bad", LAYOUT, TARGET_SEED, [8]), "SGLang decode", 60.0)
+    target = PipeProcess(serve_sglang_target, ("decode-bad", backend, LAYOUT, TARGET_SEED, [8]), "SGLang decode", 60.0)
     try:
         desc_bytes, kv_blob, _ = target.call("handshake")
         engine.register_remote_engine(EngineDesc.unpack(desc_bytes))
