@@ -195,7 +195,10 @@ def main() -> None:
             else:
                 nd, nc = nccl_pair(x, ids, world, nccl_group, args.iters, args.warmup)
                 peers["nccl"] = (slowest(nd), slowest(nc))
-                sm = symm_mem_pair(x, ids, world, args.iters, args.warmup)
+                try:
+                    sm = symm_mem_pair(x, ids, world, args.iters, args.warmup)
+                except Exception as exc:  # a peer that fails is reported, the run goes on
+                    sm = f"failed: {type(exc).__name__}: {str(exc)[:100]}"
                 peers["symm_mem"] = sm if isinstance(sm, str) else (slowest(sm[0]), slowest(sm[1]))
             for name, res in peers.items():
                 row = {"shape": shape, "tokens_per_rank": n, "dtype": dtype, "method": name, "world": world,

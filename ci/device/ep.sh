@@ -2,7 +2,8 @@
 # mori.ops (MORI-EP) on the GPU machine: install; the GPU tests (ops_gpu_worker.py: bf16, fp8 with
 # per-token and per-128 scales, float32, AsyncLL, zero copy, fp8 direct cast, CUDA-graph replay,
 # MORI's EP checker) with each PE count of --pes (default "2 4 8"; PEs beyond the GPU count share
-# GPUs, under MPS when it starts: multi_pe.sh); then bench_ep.py on one PE per GPU.
+# GPUs, under MPS when it starts: multi_pe.sh); then bench_ep.py on one PE per GPU
+# (MORI_BENCH_PES overrides the count).
 # Run from the repository root with .devkit carried; logs and JSON go to $OUT.
 # Usage: bash ci/device/ep.sh [--pes "2 4 8"] [--no-mps] [--no-tests] [--no-bench] [-- bench args]
 set -uo pipefail
@@ -40,8 +41,9 @@ if [ $run_tests = 1 ]; then
   done
 fi
 if [ $run_bench = 1 ]; then
-  n=$(( GPU_COUNT > 0 ? GPU_COUNT : 1 ))
-  [ "$n" -ge 2 ] || n=2
+  # One PE per GPU; on one GPU two PEs share it (MORI_BENCH_PES=1: a single PE, which exercises
+  # the NCCL and symmetric-memory paths against itself).
+  n=${MORI_BENCH_PES:-$(( GPU_COUNT >= 2 ? GPU_COUNT : 2 ))}
   pes_share_gpus "$n"
   echo "== bench_ep.py, $n PEs on $GPU_COUNT GPUs"
   MORI_SHMEM_HEAP_SIZE=${MORI_SHMEM_HEAP_SIZE:-3G} timeout 300 torchrun --standalone --nproc_per_node=$n \
