@@ -76,6 +76,7 @@ class EpDispatchCombineOp:
         self._pending: str | None = None  # "dispatch" / "combine" between an AsyncLL send and recv
         self._args: Any = None
         self._call: dict[str, Any] = {}
+        self._views: dict[tuple[Any, ...], Any] = {}
 
     # -- capacity queries (MORI's) --------------------------------------------------------------
     def max_num_tokens_to_recv(self) -> int:
@@ -108,14 +109,27 @@ class EpDispatchCombineOp:
                 warp_per_block if warp_per_block > 0 else cfg.warp_num_per_block)
 
     # -- views ----------------------------------------------------------------------------------
+    def _view(self, name: str, rows: int, cols: int, dtype: Any) -> Any:
+        """``[rows, cols]`` view of buffer ``name``; made once per shape (a view costs ~20 us of
+        Python, which a decode step would feel), then handed out again."""
+        key = (name, rows, cols, dtype)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = view_rows(getattr(self._bufs, name), rows, cols, dtype)
+        return view
+
     def _total(self) -> Any:
-        return self._bufs.control[CONTROL["EP_TOTAL_RECV"]: CONTROL["EP_TOTAL_RECV"] + 1]
+        total = self._views.get(("total",))
+        if total is None:
+            at = CONTROL["EP_TOTAL_RECV"]
+            total = self._views[("total",)] = self._bufs.control[at: at + 1]
+        return total
 
     def get_registered_combine_input_buffer(self, dtype: Any, hidden_dim: int = -1) -> Any:
         """The registered combine input ``[max_num_tokens_to_recv, hidden]`` of ``dtype``: write expert
         outputs here and pass it to ``combine`` to skip combine's copy (``use_external_inp_buf=False``)."""
         hidden = self.config.hidden_dim if hidden_dim is None or hidden_dim <= 0 else hidden_dim
-        return view_rows(self._bufs.comb_inp, self.max_num_tokens_to_recv(), hidden, dtype)
+        return self._view("comb_inp", self.max_num_tokens_to_recv(), hidden, dtype)
 
     def get_dispatch_src_token_pos(self) -> Any:
         """For each received token (dispatch output row), where it came from: ``src_rank *
@@ -211,11 +225,11 @@ class EpDispatchCombineOp:
             self._cpu.dispatch(inp, weights, scales, indices)
         self._dispatched = inp.shape[0]
         self._pending = "dispatch"
-        recv, cfg, bufs = self.max_num_tokens_to_recv(), self.config, self._bufs
-        out_scales = view_rows(bufs.disp_scales, recv, cfg.scale_dim, scales.dtype) if scales is not None else None
-        return (view_rows(bufs.disp_tok, recv, inp.shape[1], inp.dtype),
-                view_rows(bufs.disp_weights, recv, cfg.num_experts_per_token, torch.float32), out_scales,
-                view_rows(bufs.disp_indices, recv, cfg.num_experts_per_token, torch.int32), self._total())
+        recv, cfg = self.max_num_tokens_to_recv(), self.config
+        out_scales = self._view("disp_scales", recv, cfg.scale_dim, scales.dtype) if scales is not None else None
+        return (self._view("disp_tok", recv, inp.shape[1], inp.dtype),
+                self._view("disp_weights", recv, cfg.num_experts_per_token, torch.float32), out_scales,
+                self._view("disp_indices", recv, cfg.num_experts_per_token, torch.int32), self._total())
 
     def _dispatch_recv(self, count: bool) -> None:
         self._expect("dispatch", "dispatch_recv")
@@ -303,8 +317,8 @@ class EpDispatchCombineOp:
         import torch
 
         rows, k = self.config.max_num_inp_token_per_rank, self.config.num_experts_per_token
-        out = view_rows(self._bufs.comb_out, rows, inp.shape[1], inp.dtype)
-        out_w = view_rows(self._bufs.comb_out_weights, rows, k, torch.float32) if weights is not None else None
+        out = self._view("comb_out", rows, inp.shape[1], inp.dtype)
+        out_w = self._view("comb_out_weights", rows, k, torch.float32) if weights is not None else None
         return out, out_w
 
     def _combine_recv(self) -> tuple[Any, Any]:
