@@ -5,8 +5,8 @@ notifying the target, and nobody ever pops a notification; the target's resident
 sampled after a warm-up and along the run. Passes when it stays within +10 % of the warm-up size.
 
 ``hostile``: a target engine (default limits, its descriptor limit lowered so that exhaustion is
-reachable) is hit on both planes at once with connections until its descriptors run out, slow
-hellos and frames, and 1,000 idle connections, while an already connected peer keeps
+reachable) is hit on both planes at once with 1,000 idle connections, connections until its
+descriptors run out, and slow hellos, control requests and data-plane writes, while an already connected peer keeps
 transferring; then everything closes and a fresh peer's first transfer (connect, hello, ticket,
 write) is timed. Passes when that takes under 1 s.
 
@@ -23,6 +23,7 @@ import os
 import resource
 import socket
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -39,7 +40,7 @@ from mori.io import (
     MemoryLocationType,
     StatusCode,
 )
-from mori.io._control import encode_frame
+from mori.io._control import ControlClient, encode_frame
 
 REGION = 1 << 20
 
@@ -189,11 +190,17 @@ def _open(port: int, n: int, held: list[socket.socket]) -> int:
     return opened
 
 
-def _trickle(port: int, payload: bytes, stop: threading.Event, closed: list[float]) -> None:
-    """Sends ``payload`` a byte every 0.5 s until the target closes the connection."""
+def _trickle(port: int, payload: bytes, stop: threading.Event, closed: list[float], hello: bytes = b"",
+             reply: int = 0, header: bytes = b"") -> None:
+    """Sends ``hello`` at once and reads ``reply`` bytes back, then ``header`` at once, then
+    ``payload`` a byte every 0.5 s until the target closes the connection."""
     t0 = time.monotonic()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(hello)
+            if reply:
+                s.recv(reply, socket.MSG_WAITALL)
+            s.sendall(header)
             for b in payload:
                 if stop.is_set():
                     return
@@ -237,11 +244,20 @@ def hostile(idle: int) -> dict[str, Any]:
         n_idle = _open(target.desc.port, idle, held)
         n_flood = _open(target.data_port, 1500, held) + _open(target.desc.port, 1500, held)
         rows.append(("fd exhaustion", target.probe()))
-        # Slow frames: hellos trickled a byte every 0.5 s on both planes.
+        # Slow frames: hellos trickled a byte every 0.5 s on both planes, and, after a complete
+        # hello, a 1 MiB control request and a 1 MiB data-plane write into the region trickled
+        # the same way (cut at MORI_IO_TIMEOUT, 30 s, after this phase: the probe sees them open).
         hello = encode_frame({"op": "hello", "key": "slow" * 8, "token": ""})
-        for port in (target.desc.port, target.data_port):
-            for _ in range(20):
-                th = threading.Thread(target=_trickle, args=(port, hello, stop, cut), daemon=True)
+        ticket = ControlClient("127.0.0.1", target.desc.port, "slow", "", 10).request("tcp.info", {})["ticket"]
+        data_hello = struct.pack("<IHHHH", 0x4F49524D, 3, 4, 0, len(ticket)) + b"slow" + ticket.encode()
+        write_hdr = struct.pack("<IBB2xQQQ", 0x5145524D, 2, 0, target.region.id, 0, REGION)
+        slow = [(target.desc.port, hello, b"", 0, b""), (target.data_port, hello, b"", 0, b""),
+                (target.desc.port, b"\x00" * (1 << 20), hello, 0, struct.pack(">I", 1 << 20)),
+                (target.data_port, b"\x00" * REGION, data_hello, 8, write_hdr)]
+        for port, payload, first, reply, header in slow:
+            for _ in range(10):
+                th = threading.Thread(target=_trickle, args=(port, payload, stop, cut, first, reply, header),
+                                      daemon=True)
                 th.start()
                 trickles.append(th)
         time.sleep(12)  # past the hello timeout (10 s)
@@ -263,8 +279,9 @@ def hostile(idle: int) -> dict[str, Any]:
     fresh.close()
     steady.close()
     target.close()
-    print(f"hostile: {n_idle} idle connections, {n_flood} more until descriptors ran out, 40 trickled hellos "
-          f"({len(cut)} cut by the target after {statistics.median(cut) if cut else float('nan'):.1f} s median)")
+    print(f"hostile: {n_idle} idle connections, {n_flood} more until descriptors ran out, 20 trickled hellos, "
+          f"10 trickled control requests, 10 trickled data-plane writes ({len(cut)} cut by the target, "
+          f"after {statistics.median(cut) if cut else float('nan'):.1f} s median)")
     print(f"{'phase':<14} {'RSS MiB':>8} {'threads':>8} {'fds':>6} {'ctl refused':>12} {'ctl evicted':>12} "
           f"{'ctl acc.err':>12} {'data refused':>13} {'data evicted':>13} {'data acc.err':>13}")
     for name, p in rows:
@@ -273,8 +290,8 @@ def hostile(idle: int) -> dict[str, Any]:
               f"{c['evicted']:>12} {c['accept_errors']:>12} {d['refused']:>13} {d['evicted']:>13} "
               f"{d['accept_errors']:>13}")
     lat = sorted(latencies)
-    print(f"steady peer during the attack: {len(lat)} transfers, {len(failures)} failed "
-          f"{'(first: ' + failures[0] + ')' if failures else ''}, median "
+    print(f"steady peer during the attack: {len(lat)} transfers, {len(failures)} failed"
+          f"{' (first: ' + failures[0] + ')' if failures else ''}, median "
           f"{statistics.median(lat) * 1e3:.2f} ms, max {lat[-1] * 1e3:.1f} ms" if lat else "steady peer: none")
     print(f"fresh peer after the attack: first transfer (connect + hello + ticket + 4 KiB write) "
           f"{'succeeded' if ok else 'FAILED'} in {first * 1e3:.0f} ms: {'PASS' if ok and first < 1.0 else 'FAIL'} "
