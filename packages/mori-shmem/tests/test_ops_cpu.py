@@ -139,3 +139,27 @@ def pe_mismatched_config() -> str:
 
 def test_config_must_match_shmem(pool):
     assert all("build the op with the shmem PE numbering" in m for m in pool.run(pe_mismatched_config))
+
+
+def pe_overflow(case: Case) -> str:
+    op = _op(case, max_total_recv_tokens=case.world)  # one token from each rank at most
+    n = case.max_tokens
+    x = torch.zeros(n, case.hidden, dtype=case.dtype)
+    ids = torch.zeros(n, case.k, dtype=torch.int32)  # every token to expert 0, on PE 0
+    try:
+        op.dispatch(x, None, None, ids)
+    except RuntimeError as exc:
+        message = str(exc)
+    else:
+        message = "no error"
+    # The op is usable again: a dispatch within the cap, then its combine.
+    few = ids[:1]
+    tokens, _, _, _, total = op.dispatch(x[:1], None, None, few)
+    op.combine(tokens[: int(total)].clone(), None, few)
+    return message
+
+
+def test_receive_cap_overflow_fails_cleanly(pool):
+    messages = pool.run(pe_overflow, dataclasses.replace(BF16, world=pool.n))
+    assert all("max_num_tokens_to_recv" in m for m in messages[:1]), messages
+    assert all("would receive more than" in m or m == "no error" for m in messages)

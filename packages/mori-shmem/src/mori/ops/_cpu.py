@@ -37,14 +37,15 @@ class CpuBackend:
         dest_map = bufs.dest_map[: dest.numel()].view(dest.shape)
         dest_map.fill_(-1)
         row_bytes = inp.shape[1] * inp.element_size()
+        overflow = []
         for pe in range(cfg.world_size):
             tokens, slots = (dest == pe).nonzero(as_tuple=True)
             if tokens.numel() == 0:
                 continue
             base = shmem_atomic_fetch_add(bufs.control_address("EP_RECV_OFFSET"), tokens.numel(), pe, width=32)
             if base + tokens.numel() > self.max_recv:
-                raise RuntimeError(f"dispatch: PE {pe} would receive more than max_num_tokens_to_recv="
-                                   f"{self.max_recv} tokens (raise max_total_recv_tokens or leave it 0)")
+                overflow.append(pe)  # nothing written there; every PE still joins the barriers below
+                continue
             rows = slice(base, base + tokens.numel())
             view_rows(self._peer("disp_tok", pe), self.max_recv, row_bytes, torch.uint8)[rows] = \
                 inp.view(torch.uint8).view(inp.shape[0], row_bytes)[tokens]
@@ -59,9 +60,14 @@ class CpuBackend:
             dest_map[tokens, slots] = (pe * self.max_send + torch.arange(base, base + tokens.numel())).to(torch.int32)
         shmem_barrier_all()  # every PE's tokens and slot reservations are in
         control = bufs.control
-        control[CONTROL["EP_TOTAL_RECV"]] = control[CONTROL["EP_RECV_OFFSET"]]
+        received = int(control[CONTROL["EP_RECV_OFFSET"]])
+        control[CONTROL["EP_TOTAL_RECV"]] = received if received <= self.max_recv else 0
         shmem_barrier_all()  # every PE read its count before any counter is cleared
         control[CONTROL["EP_RECV_OFFSET"]] = 0
+        if overflow or received > self.max_recv:
+            raise RuntimeError(f"dispatch: PE {overflow[0] if overflow else cfg.rank} would receive more than "
+                               f"max_num_tokens_to_recv={self.max_recv} tokens (raise max_total_recv_tokens or "
+                               "leave it 0); this dispatch delivered nothing there")
 
     def count_experts(self, out: Any) -> None:
         cfg = self.cfg
