@@ -163,3 +163,52 @@ def test_receive_cap_overflow_fails_cleanly(pool):
     messages = pool.run(pe_overflow, dataclasses.replace(BF16, world=pool.n))
     assert all("max_num_tokens_to_recv" in m for m in messages[:1]), messages
     assert all("would receive more than" in m or m == "no error" for m in messages)
+
+
+def pe_client_calls(case: Case) -> list[bool]:
+    """The calls vLLM's MoriPrepareAndFinalize and SGLang's MoriEPDispatcher make, with their
+    keyword names and config kwargs; identity experts, so each token comes back times the number
+    of distinct ranks it went to."""
+    from ep_cases import rank_inputs
+
+    import mori.ops
+
+    rank, world = shmem.shmem_mype(), shmem.shmem_npes()
+    inp = rank_inputs(case, rank)
+    x, w, ids = inp["input"], inp["weights"], inp["indices"]
+    pes = [len({e // case.experts_per_rank for e in row if 0 <= e < case.experts_per_rank * world})
+           for row in ids.tolist()]
+    want = torch.stack([(x[t].float() * n).to(x.dtype) for t, n in enumerate(pes)]) if len(pes) else x
+    common = dict(rank=rank, world_size=world, data_type=x.dtype, hidden_dim=case.hidden, scale_dim=0,
+                  scale_type_size=4, max_token_type_size=x.dtype.itemsize,
+                  max_num_inp_token_per_rank=case.max_tokens, num_experts_per_rank=case.experts_per_rank,
+                  num_experts_per_token=case.k, warp_num_per_block=16, block_num=80)
+    ok = []
+    # vLLM: MoriAll2AllManager's kwargs, prepare() and finalize().
+    vllm = mori.ops.EpDispatchCombineOp(mori.ops.EpDispatchCombineConfig(
+        **common, kernel_type=mori.ops.EpDispatchCombineKernelType.IntraNode, rdma_block_num=0,
+        gpu_per_node=min(8, world)))
+    out, out_w, out_s, out_i, count = vllm.dispatch(input=x, weights=w, scales=None, indices=ids)
+    combined, _ = vllm.combine(input=out, weights=w, indices=ids)
+    output = torch.empty_like(x)
+    output.copy_(combined[: x.shape[0]])
+    ok.append(torch.equal(output, want) and out_s is None)
+    # SGLang: init_mori_op's kwargs (AsyncLL for low latency), dispatch_a/b and combine_a/b.
+    sglang = mori.ops.EpDispatchCombineOp(mori.ops.EpDispatchCombineConfig(
+        **common, max_total_recv_tokens=0, use_external_inp_buf=True,
+        kernel_type=mori.ops.EpDispatchCombineKernelType.AsyncLL, gpu_per_node=world, rdma_block_num=32,
+        num_qp_per_pe=2, quant_type="none"))
+    hidden, _, _, recv_ids, count = sglang.dispatch_send(x, w, None, ids)
+    sglang.dispatch_recv(call_local_expert_count=True)
+    mine = recv_ids[: int(count)].flatten()
+    mine = mine[(mine >= 0) & (mine // case.experts_per_rank == rank)] % case.experts_per_rank
+    counted = torch.equal(sglang.local_expert_count, mine.bincount(minlength=case.experts_per_rank).int())
+    result = sglang.combine_send(hidden, None, ids)
+    sglang.combine_recv()
+    ok.append(torch.equal(result[0][: x.shape[0]], want) and counted)
+    return ok
+
+
+def test_vllm_and_sglang_call_patterns(pool):
+    for ok in pool.run(pe_client_calls, dataclasses.replace(BF16, world=pool.n, seed=21)):
+        assert ok == [True, True]
