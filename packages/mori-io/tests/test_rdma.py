@@ -6,6 +6,8 @@ namespaces: test_rdma_netns.py; the C-level layout of the ctypes structures: tes
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 from collections.abc import Iterator
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 
 from mori.io import (
     BackendType,
+    EngineDesc,
     IOEngine,
     IOEngineConfig,
     MemoryDesc,
@@ -236,3 +239,27 @@ def test_deregistered_engine_is_dropped_and_reconnects(pair: Pair) -> None:
     pair.la[:16] = 99
     assert _done(pair.a.write(pair.ma, 0, pair.mb, 0, 16, pair.a.allocate_transfer_uid())) == StatusCode.SUCCESS
     assert (pair.rb[:16] == 99).all()
+
+
+def test_unreachable_peers_do_not_delay_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 11, hole 7: while connects to three peers that never answer wait out their timeout,
+    # a healthy peer's first transfer goes ahead (each peer is reached on a thread of its own).
+    monkeypatch.setenv("MORI_IO_TIMEOUT", "4")
+    pair = Pair()
+    holes = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]  # accept, never answer
+    try:
+        stuck = []
+        for i, hole in enumerate(holes):
+            pair.a.register_remote_engine(EngineDesc(f"stuck{i}", "127.0.0.1", hole.getsockname()[1]))
+            region = dataclasses.replace(pair.mb, engine_key=f"stuck{i}")
+            stuck.append(pair.a.write(pair.ma, 0, region, 0, 64, 100 + i))
+        st = pair.a.write(pair.ma, 0, pair.mb, 0, 4096, 1)
+        assert st.WaitFor(10_000) == StatusCode.SUCCESS, st
+        assert all(s.InProgress() for s in stuck)  # the healthy peer did not wait for them
+        assert np.array_equal(pair.rb[:4096], pair.la[:4096])
+        for s in stuck:
+            assert s.WaitFor(15_000) not in (StatusCode.SUCCESS, StatusCode.IN_PROGRESS)
+    finally:
+        for hole in holes:
+            hole.close()
+        pair.close()

@@ -16,7 +16,6 @@ import os
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from ..types import (
     StatusCode,
 )
 from . import _ucx as U
+from ._connect import PeerConnector
 from ._ucx_worker import Job, PeerRoute, UcxWorker
 from .base import Backend, BackendContext, TransferOp, TransferRequest
 
@@ -146,7 +146,7 @@ class RdmaBackend(Backend):
         except BaseException:
             self._destroy()
             raise
-        self._connector = ThreadPoolExecutor(max_workers=2, thread_name_prefix="mori-io-rdma-connect")
+        self._connector = PeerConnector("RDMA", self._route_or_fail, self._start_routed)
         ctx.add_control_handler("rdma.connect", self._handle_connect)
         ctx.log.info("RDMA backend on %s (UCX %s, transports %s)", self._ucx.where,
                      ".".join(map(str, self._ucx.version)), ",".join(transports) if transports else "UCX's choice")
@@ -269,42 +269,41 @@ class RdmaBackend(Backend):
         for w in self._workers:
             w.forget(desc.key)
 
-    def submit(self, request: TransferRequest) -> None:
-        key = request.remote.engine_key
+    def _keys(self, request: TransferRequest) -> tuple[int, bytes] | None:
+        """(local memory handle, remote key) of a request; None after failing it when either is missing."""
         rkey = request.remote.extra.get("rdma", {}).get("rkey")
         memh = self._memh.get(request.local.id)
         if not isinstance(rkey, bytes) or not 0 < len(rkey) <= _MAX_RKEY or memh is None:
             request.status._set(StatusCode.ERR_INVALID_ARGS, "RDMA backend: the remote memory descriptor carries "
                                 "no RDMA key, or the local memory is not registered with this backend")
-            return
-        route = self._routes.get(key)
-        if route is not None:
-            self._dispatch(route, request, memh, rkey)
-            return
-        # Asking the peer for its addresses can take up to MORI_IO_TIMEOUT: off the caller's thread.
-        request.status._set(StatusCode.IN_PROGRESS)
-        try:
-            self._connector.submit(self._connect_and_dispatch, request, memh, rkey)
-        except RuntimeError:  # closed meanwhile
-            request.status._set(StatusCode.ERR_BAD_STATE, "RDMA backend is closed")
+            return None
+        return memh, rkey
 
-    def _connect_and_dispatch(self, request: TransferRequest, memh: int, rkey: bytes) -> None:
-        key = request.remote.engine_key
-        if self._closed:
-            request.status._set(StatusCode.ERR_BAD_STATE, "RDMA backend was closed before the transfer started")
+    def submit(self, request: TransferRequest) -> None:
+        keys = self._keys(request)
+        if keys is None:
             return
+        route = self._routes.get(request.remote.engine_key)
+        if route is not None:
+            self._dispatch(route, request, *keys)
+        elif self._closed:
+            request.status._set(StatusCode.ERR_BAD_STATE, "RDMA backend is closed")
+        else:
+            # Asking the peer for its addresses can take up to MORI_IO_TIMEOUT: on that peer's
+            # own thread, so an unreachable peer delays no other.
+            self._connector.submit(request)
+
+    def _route_or_fail(self, key: str) -> PeerRoute:
         try:
-            route = self._route(key)
-        except ControlError as err:
+            return self._route(key)
+        except Exception as err:
             self._failed(key, str(err))
-            request.status._set(err.code, f"RDMA backend: {err}")
-            return
-        except (KeyError, TimeoutError, OSError) as err:
-            self._failed(key, str(err))
-            code = StatusCode.ERR_NOT_FOUND if isinstance(err, KeyError) else StatusCode.ERR_BAD_STATE
-            request.status._set(code, f"RDMA backend: cannot reach engine {key!r}: {err}")
-            return
-        self._dispatch(route, request, memh, rkey)
+            raise
+
+    def _start_routed(self, route: PeerRoute, request: TransferRequest) -> None:
+        keys = self._keys(request)
+        if keys is not None:
+            self._dispatch(route, request, *keys)
 
     def _dispatch(self, route: PeerRoute, request: TransferRequest, memh: int, rkey: bytes) -> None:
         lanes = self.config.qp_per_transfer
@@ -320,8 +319,7 @@ class RdmaBackend(Backend):
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        self._connector.shutdown(wait=True)  # queued requests fail fast now that _closed is set
+        self._closed = self._connector.closed = True  # transfers still connecting fail from now on
         self._destroy()
 
     def _destroy(self) -> None:

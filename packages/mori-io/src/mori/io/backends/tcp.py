@@ -26,6 +26,7 @@ from ..types import (
     TcpBackendConfig,
     TransferStatus,
 )
+from ._connect import PeerConnector
 from ._staging_size import chunk_bytes_for
 from .base import Backend, BackendContext, TransferOp, TransferRequest
 
@@ -57,9 +58,7 @@ class TcpBackend(Backend):
                                          hello_timeout=lim.hello_timeout, max_inbound=lim.max_inbound,
                                          inbound_ttl=lim.inbound_ttl)
         self._peers: dict[str, Any] = {}
-        # Transfers waiting for a peer being connected, by peer: one connecting thread each, so a
-        # peer that does not answer delays only its own transfers.
-        self._connecting: dict[str, list[TransferRequest]] = {}
+        self._connector = PeerConnector("TCP", self._connect_peer, self._start)
         self._remote_chunk: dict[str, int] = {}
         self._gpu: Any = None  # _tcp_gpu.GpuStaging, made at the first GPU registration or transfer
         self._lock = threading.Lock()
@@ -144,73 +143,27 @@ class TcpBackend(Backend):
             self._remote_chunk[remote_key] = chunk
         return peer
 
-    def submit(self, request: TransferRequest) -> None:
-        key = request.remote.engine_key
-        peer = self._peers.get(key)
-        if peer is not None and peer.healthy():
-            self._start(peer, request)
-            return
-        # Connecting can take up to MORI_IO_TIMEOUT: it runs on a thread of its own per peer, so
-        # submitting stays asynchronous and other peers' transfers go on; the status stays
-        # IN_PROGRESS meanwhile.
-        request.status._set(StatusCode.IN_PROGRESS)
+    def _connect_peer(self, key: str) -> Any:
+        """Opens the peer's connections and publishes them (run by the connector's thread)."""
+        peer = self._open_peer(key)
         with self._lock:
-            peer = self._peers.get(key)
-            waiting = self._connecting.get(key)
-            if peer is None or not peer.healthy():
-                if waiting is not None:
-                    waiting.append(request)
-                    return
-                self._connecting[key] = [request]
-        if peer is not None and peer.healthy():
-            self._start_or_fail(peer, request)
-            return
-        try:
-            threading.Thread(target=self._connect, args=(key,), name="mori-io-tcp-connect", daemon=True).start()
-        except RuntimeError as err:  # no thread to be had
-            self._fail_waiting(key, StatusCode.ERR_BAD_STATE, f"TCP backend: cannot start connecting: {err}")
-
-    def _fail_waiting(self, key: str, code: StatusCode, message: str) -> None:
-        with self._lock:
-            requests = self._connecting.pop(key, [])
-        for r in requests:
-            r.status._set(code, message)
-
-    def _connect(self, key: str) -> None:
-        code, message, peer = StatusCode.ERR_BAD_STATE, "", None
-        if self._closed:
-            message = "TCP backend was closed before the transfer started"
-        else:
-            try:
-                peer = self._open_peer(key)
-            except ControlError as err:
-                code, message = err.code, f"TCP backend: {err}"
-            except KeyError as err:
-                code, message = StatusCode.ERR_NOT_FOUND, f"TCP backend: cannot reach engine {key!r}: {err}"
-            except Exception as err:  # any failure ends the waiting transfers: none may hang
-                message = f"TCP backend: cannot reach engine {key!r}: {err}"
-        with self._lock:
-            requests = self._connecting.pop(key, [])
-            old = None
-            if peer is not None and self._closed:
-                peer.close()
-                peer, message = None, "TCP backend was closed before the transfer started"
-            if peer is not None:
-                old = self._peers.get(key)
+            closed = self._closed
+            old = None if closed else self._peers.get(key)
+            if not closed:
                 self._peers[key] = peer
+        if closed:
+            peer.close()
+            raise RuntimeError("TCP backend was closed before the transfer started")
         if old is not None:
             old.close()
-        for r in requests:
-            if peer is None:
-                r.status._set(code, message)
-            else:
-                self._start_or_fail(peer, r)
+        return peer
 
-    def _start_or_fail(self, peer: Any, request: TransferRequest) -> None:
-        try:
+    def submit(self, request: TransferRequest) -> None:
+        peer = self._peers.get(request.remote.engine_key)
+        if peer is not None and peer.healthy():
             self._start(peer, request)
-        except Exception as err:  # off the caller's thread: an exception must end the transfer
-            request.status._set(StatusCode.ERR_BAD_STATE, f"TCP backend: transfer {request.uid} could not start: {err}")
+        else:
+            self._connector.submit(request)  # on the peer's own thread: see _connect
 
     def abort(self, remote_key: str) -> None:
         with self._lock:
@@ -235,7 +188,7 @@ class TcpBackend(Backend):
         return None if code is None else TransferStatus(StatusCode(code))
 
     def close(self) -> None:
-        self._closed = True  # connecting threads fail their transfers from now on
+        self._closed = self._connector.closed = True  # connecting threads fail their transfers from now on
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
