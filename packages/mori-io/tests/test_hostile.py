@@ -5,6 +5,7 @@ mori-core's ``test_tcp_limits.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
@@ -371,3 +372,70 @@ def test_nvlink_fd_server_is_not_held_up_by_silent_connections(tmp_path):
             s.close()
         os.close(fd)
         server.close()
+
+
+class _TricklingTarget:
+    """A fake engine whose data plane answers a read and then sends its bytes one every 50 ms:
+    the transfer never times out (data keeps coming) and never ends by itself."""
+
+    def __init__(self) -> None:
+        import logging
+
+        from mori.io._control import ControlServer
+        from mori.io._limits import Limits
+
+        self._data = socket.create_server(("127.0.0.1", 0))
+        self.control = ControlServer("127.0.0.1", 0, "", Limits.from_config(), logging.getLogger("fake"))
+        port = self._data.getsockname()[1]
+        self.control.handlers["tcp.info"] = lambda key, body: {"port": port, "staging_chunk": 4 << 20, "ticket": "t"}
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self._data.accept()
+        with conn:
+            magic, _, key_len, token_len, ticket_len = struct.unpack("<IHHHH", conn.recv(12, socket.MSG_WAITALL))
+            conn.recv(key_len + token_len + ticket_len, socket.MSG_WAITALL)
+            conn.sendall(struct.pack("<Ii", magic, 0))
+            _, op, _, _, _, size = struct.unpack("<IBB2xQQQ", conn.recv(32, socket.MSG_WAITALL))
+            conn.sendall(struct.pack("<IiQ", 0x5045524D, 0, size))
+            with contextlib.suppress(OSError):
+                for _ in range(size):
+                    if self._stop.is_set():
+                        return
+                    conn.sendall(b"\x07")
+                    time.sleep(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.control.close()
+        self._data.close()
+
+
+def test_deregister_memory_fails_transfers_that_outlive_the_timeout(monkeypatch):
+    # Hole 6: a read that keeps receiving (slowly) past MORI_IO_TIMEOUT is failed by
+    # deregister_memory, which returns once nothing writes into the region any more.
+    monkeypatch.setenv("MORI_IO_TIMEOUT", "2")
+    fake = _TricklingTarget()
+    dst = np.zeros(1 << 16, dtype=np.uint8)
+    try:
+        with IOEngine("victim", IOEngineConfig()) as eng:
+            eng.create_backend(BackendType.TCP)
+            eng.register_remote_engine(EngineDesc("fake", "127.0.0.1", fake.control.port))
+            ld = eng.register_memory(int(dst.ctypes.data), dst.size, -1, MemoryLocationType.CPU)
+            remote = MemoryDesc("fake", 1, 1 << 20, dst.size)
+            st = eng.read(ld, 0, remote, 0, dst.size, 1)
+            deadline = time.monotonic() + 10
+            while not dst.any() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert dst.any() and st.InProgress()  # bytes are landing, slowly
+            t0 = time.monotonic()
+            eng.deregister_memory(ld)
+            took = time.monotonic() - t0
+            assert st.Code() == StatusCode.ERR_BAD_STATE, st
+            snapshot = dst.copy()
+            time.sleep(0.3)
+            assert np.array_equal(dst, snapshot), "bytes landed after deregister_memory returned"
+            assert 1.5 < took < 10, took  # it waited the timeout (2 s), then failed the transfer
+    finally:
+        fake.close()
