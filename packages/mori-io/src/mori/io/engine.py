@@ -66,6 +66,7 @@ def _device_bus_id(device_id: int) -> str:
     from mori.core import _cuda  # cuda-bindings itself is imported at the first call
 
     try:
+        _cuda.call("cuInit", 0)  # idempotent; a TCP-only engine may not have initialised CUDA yet
         raw = _cuda.call("cuDeviceGetPCIBusId", 32, _cuda.call("cuDeviceGet", device_id))
     except (ImportError, _cuda.CudaError):  # CudaUnavailableError is an ImportError
         return ""
