@@ -1,8 +1,10 @@
 """One UCX worker and the thread that drives it: endpoints to peers, one-sided puts and gets, the
 flushes that complete a transfer, notifications (active messages) and deadlines.
 
-Every call on a worker happens on its own thread (``UCS_THREAD_MODE_SINGLE``); other threads hand
-it transfers through a queue and a wake-up pipe. Requests are posted without callbacks and freed at
+Calls on a worker are serialized by its lock (``UCS_THREAD_MODE_SERIALIZED``): a caller whose
+worker is free posts its transfer itself (no thread hand-off on the latency path), otherwise it
+queues the transfer for the worker's thread; that thread progresses the worker, completes
+transfers and sleeps on the worker's event fd and a wake-up pipe when there is nothing to do. Requests are posted without callbacks and freed at
 once (UCX releases them when they complete); a transfer completes when the flush of each endpoint
 it used completes, which UCX reports only after every earlier operation on that endpoint finished.
 """
@@ -87,6 +89,8 @@ class UcxWorker:
         self._ep_owner: dict[int, str] = {}
         self._broken: set[str] = set()
         self._stop = False
+        self._dead = False  # set under _lock once the worker is destroyed
+        self._lock = threading.Lock()  # serializes every call on the UCX worker
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # ctypes callbacks must outlive the worker: kept on the instance.
         self._err_cb = U.ERR_HANDLER(self._ep_error)
@@ -110,8 +114,20 @@ class UcxWorker:
             if isinstance(item, Job):
                 item.status._set(StatusCode.ERR_BAD_STATE, "RDMA backend is closed")
             return
-        self._jobs.append(item)
-        with contextlib.suppress(BlockingIOError):
+        if isinstance(item, Job) and not self._jobs and self._lock.acquire(blocking=False):
+            try:  # the worker is free: post here, the worker's thread completes it
+                if self._dead:
+                    item.status._set(StatusCode.ERR_BAD_STATE, "RDMA backend is closed")
+                    return
+                self._start(item)
+            finally:
+                self._lock.release()
+        else:
+            self._jobs.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"\0")
 
     def forget(self, key: str) -> None:
@@ -122,8 +138,7 @@ class UcxWorker:
         """Stops the thread: transfers still running are cancelled and fail; idempotent."""
         if not self._stop:
             self._stop = True
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"\0")
+            self._wake()
             self._thread.join(timeout=_CLOSE_WAIT + 30)
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -131,7 +146,7 @@ class UcxWorker:
     # ---- the worker thread ---------------------------------------------------------------------
     def _create(self) -> None:
         params = U.UcpWorkerParams(field_mask=U.UCP_WORKER_PARAM_FIELD_THREAD_MODE | U.UCP_WORKER_PARAM_FIELD_EVENTS,
-                                   thread_mode=U.UCS_THREAD_MODE_SINGLE,
+                                   thread_mode=U.UCS_THREAD_MODE_SERIALIZED,
                                    events=U.UCP_WAKEUP_RMA | U.UCP_WAKEUP_TX | U.UCP_WAKEUP_RX)
         self._ucx.check("ucp_worker_create", self._ucp.ucp_worker_create(self._context, C.byref(params),
                                                                            C.byref(self._worker)))
@@ -161,29 +176,36 @@ class UcxWorker:
         progress = self._ucp.ucp_worker_progress
         try:
             while not self._stop:
-                while self._jobs:
-                    item = self._jobs.popleft()
-                    if isinstance(item, Job):
-                        self._start(item)
-                    else:
-                        item()
-                busy = progress(self._worker)
-                if self._active or self._broken:
-                    self._reap()
-                if busy or (self._polling and self._active):
+                with self._lock:
+                    while self._jobs:
+                        item = self._jobs.popleft()
+                        if isinstance(item, Job):
+                            self._start(item)
+                        else:
+                            item()
+                    busy = progress(self._worker)
+                    if self._active or self._broken:
+                        self._reap()
+                    active = bool(self._active)
+                if busy or (self._polling and active):
                     continue
                 self._wait()
         finally:
-            self._teardown()
+            with self._lock:
+                self._teardown()
+                self._dead = True
 
     def _wait(self) -> None:
         """Sleeps until UCX or another thread has something for us (or the next deadline)."""
-        status = self._ucp.ucp_worker_arm(self._worker)
-        if status == U.UCS_ERR_BUSY:
-            return  # events arrived meanwhile: progress again
-        timeout = 1.0
-        if self._active:
-            timeout = max(0.0, min(timeout, min(j.deadline for j in self._active) - time.monotonic()))
+        with self._lock:
+            if self._jobs:
+                return
+            status = self._ucp.ucp_worker_arm(self._worker)
+            if status == U.UCS_ERR_BUSY:
+                return  # events arrived meanwhile: progress again
+            timeout = 1.0
+            if self._active:
+                timeout = max(0.0, min(timeout, min(j.deadline for j in self._active) - time.monotonic()))
         ready, _, _ = select.select([self._efd, self._wake_r], [], [], timeout)
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
