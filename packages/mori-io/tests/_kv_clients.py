@@ -11,6 +11,7 @@ seed, so either side can say what any byte must be.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ from mori.io import (
     TcpBackendConfig,
 )
 
-__all__ = ["Layout", "fill", "merge_contiguous", "group_contiguous", "serve_vllm_target", "serve_sglang_target",
+__all__ = ["Layout", "fill", "merge_contiguous", "group_contiguous", "serve_vllm_target", "serve_sglang_target", "TARGET_NETNS",
            "make_engine"]
 
 
@@ -89,13 +90,19 @@ def group_contiguous(src: list[int], dst: list[int]) -> tuple[list[list[int]], l
     return src_groups, dst_groups
 
 
-def make_engine(key: str, backend: str) -> IOEngine:
+# Where the two sides listen: loopback, unless test_rdma_netns.py puts the transferring side and
+# the targets on their own addresses in two network namespaces.
+TARGET_NETNS = os.environ.get("MORI_TEST_REPLAY_TARGET_NETNS") or None
+
+
+def make_engine(key: str, backend: str, target: bool = False) -> IOEngine:
     """An engine built as both clients build theirs: ``IOEngineConfig`` and ``RdmaBackendConfig``
     positional, notifications off (both pass ``False``). ``backend`` "rdma" then creates the RDMA
     backend exactly as they do (UCX, over its tcp transport here: ``MORI_IO_RDMA_TRANSPORTS``);
     "tcp" creates the TCP backend instead, with the same notification choice and three
     connections, so that transfers can overtake each other."""
-    engine = IOEngine(key, IOEngineConfig("127.0.0.1", 0))
+    host = os.environ.get("MORI_TEST_REPLAY_TARGET_HOST" if target else "MORI_TEST_REPLAY_HOST", "127.0.0.1")
+    engine = IOEngine(key, IOEngineConfig(host, 0))
     rdma_cfg = RdmaBackendConfig(4, -1, 4, PollCqMode.POLLING, False)
     assert not rdma_cfg.enable_notification and rdma_cfg.poll_cq_mode.name == "POLLING"
     if backend == "rdma":
@@ -109,7 +116,7 @@ def make_engine(key: str, backend: str) -> IOEngine:
 
 def serve_vllm_target(conn: Any, key: str, backend: str, layout: Layout, seed: int) -> None:
     """vLLM's side that is read from (prefill, READ mode) or written to (decode, WRITE mode)."""
-    engine = make_engine(key, backend)
+    engine = make_engine(key, backend, target=True)
     caches = {}
     metadata: dict[str, list[bytes]] = {}
     for layer in range(layout.layers):
@@ -135,7 +142,7 @@ def serve_vllm_target(conn: Any, key: str, backend: str, layout: Layout, seed: i
 
 def serve_sglang_target(conn: Any, key: str, backend: str, layout: Layout, seed: int, aux_lens: list[int]) -> None:
     """SGLang's decode side: K and V buffers per layer and aux buffers, written by prefill."""
-    engine = make_engine(key, backend)
+    engine = make_engine(key, backend, target=True)
     half = layout.layer_bytes // 2
     kv = [fill(seed + i, half) for i in range(2 * layout.layers)]  # K of every layer, then V
     aux = [fill(seed + 1000 + i, n * 8) for i, n in enumerate(aux_lens)]  # 8 slots each

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType
+from mori.io.bench._mori_runner import start_in_netns
 
 __all__ = ["SharedBuffer", "PeerProcess", "PipeProcess", "engine_commands", "serve_commands"]
 
@@ -102,11 +103,12 @@ class PipeProcess:
     :func:`serve_commands`); ``name`` labels its errors. Every wait has a timeout and the process
     is always reaped."""
 
-    def __init__(self, serve: Callable[..., None], args: tuple[Any, ...], name: str, timeout: float) -> None:
+    def __init__(self, serve: Callable[..., None], args: tuple[Any, ...], name: str, timeout: float,
+                 netns: str | None = None) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=serve, args=(child, *args), daemon=True)
-        self.proc.start()
+        start_in_netns(self.proc, netns)  # in network namespace ``netns`` when given
         child.close()
         self.name = name
         self.timeout = timeout

@@ -5,7 +5,8 @@ whose memory is read or written (a child process that registers its caches as th
 and never registers the other engine, as neither client does on that side). Descriptors travel
 as the bytes the clients send (``EngineDesc.pack()``, ``MemoryDesc.pack()`` inside msgpack). The
 clients' RDMA backend runs on UCX's tcp transport (there is no RDMA NIC here), and every test runs
-again with the TCP backend instead. Requests pick random block
+again with the TCP backend instead; test_rdma_netns.py runs the RDMA cases once more with the two
+sides in two network namespaces. Requests pick random block
 subsets of paged, multi-layer caches, and after each request every byte of every cache is
 compared with what it must hold.
 """
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from _kv_clients import (
+    TARGET_NETNS,
     Layout,
     fill,
     group_contiguous,
@@ -98,7 +100,7 @@ def _requests(seed: int) -> Iterator[tuple[list[int], list[int]]]:
 def test_vllm_read_mode_decode_reads_from_prefill(engine: IOEngine, backend: str) -> None:
     """READ mode: decode reads each layer through its own session and, as vLLM does, polls only
     the request's last status; prefill never registers decode."""
-    target = PipeProcess(serve_vllm_target, ("prefill-0", backend, LAYOUT, TARGET_SEED), "vLLM prefill", 60.0)
+    target = PipeProcess(serve_vllm_target, ("prefill-0", backend, LAYOUT, TARGET_SEED), "vLLM prefill", 60.0, TARGET_NETNS)
     try:
         remote_layers = _vllm_handshake(engine, target)
         caches = _vllm_caches(LOCAL_SEED)
@@ -131,7 +133,7 @@ def test_vllm_read_mode_decode_reads_from_prefill(engine: IOEngine, backend: str
 def test_vllm_write_mode_prefill_writes_to_decode(engine: IOEngine, backend: str) -> None:
     """WRITE mode: prefill writes each layer through its session, waits for every status as
     vLLM's writer does, then notifies decode (which never registered prefill)."""
-    target = PipeProcess(serve_vllm_target, ("decode-0", backend, LAYOUT, TARGET_SEED), "vLLM decode", 60.0)
+    target = PipeProcess(serve_vllm_target, ("decode-0", backend, LAYOUT, TARGET_SEED), "vLLM decode", 60.0, TARGET_NETNS)
     try:
         remote_layers = _vllm_handshake(engine, target)
         caches = _vllm_caches(LOCAL_SEED)
@@ -162,7 +164,7 @@ def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine, backe
     for K and one for V, the aux buffers in one multi-descriptor call, then ``wait_all`` polled
     with a short timeout until it is no longer IN_PROGRESS."""
     aux_lens = [64, 24]
-    target = PipeProcess(serve_sglang_target, ("decode-sg", backend, LAYOUT, TARGET_SEED, aux_lens), "SGLang decode", 60.0)
+    target = PipeProcess(serve_sglang_target, ("decode-sg", backend, LAYOUT, TARGET_SEED, aux_lens), "SGLang decode", 60.0, TARGET_NETNS)
     try:
         desc_bytes, kv_blob, aux_blob = target.call("handshake")
         engine.register_remote_engine(EngineDesc.unpack(desc_bytes))
@@ -209,7 +211,7 @@ def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine, backe
 
 def test_sglang_batch_errors_fail_their_own_status(engine: IOEngine, backend: str) -> None:
     """A bad pair in an engine-level batch fails its own status; ``wait_all`` reports it."""
-    target = PipeProcess(serve_sglang_target, ("decode-bad", backend, LAYOUT, TARGET_SEED, [8]), "SGLang decode", 60.0)
+    target = PipeProcess(serve_sglang_target, ("decode-bad", backend, LAYOUT, TARGET_SEED, [8]), "SGLang decode", 60.0, TARGET_NETNS)
     try:
         desc_bytes, kv_blob, _ = target.call("handshake")
         engine.register_remote_engine(EngineDesc.unpack(desc_bytes))

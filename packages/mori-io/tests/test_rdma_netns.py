@@ -4,13 +4,16 @@ Each engine has the RDMA backend alone, so nothing else can have carried the byt
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from _netns import HOST_A, HOST_B, ask, quit_peer, start_peer, stop_peer, two_namespaces
+from _netns import HERE, HOST_A, HOST_B, ask, quit_peer, start_peer, stop_peer, two_namespaces
 from _peer import SharedBuffer
 
 SIZE = 8 << 20
@@ -101,3 +104,19 @@ def test_peer_death_fails_transfers_in_bounded_time(hosts: Hosts) -> None:
     assert time.monotonic() - t0 < 30
     assert ask(init, f"read {t_mem}")[0] not in ("SUCCESS", "HUNG")
     quit_peer(init)  # closing an engine whose peer died does not hang
+
+
+def test_vllm_and_sglang_sequences_over_rdma_between_namespaces() -> None:
+    """test_client_replays.py (vLLM's MoRIIO READ and WRITE modes, SGLang's MORI backend) with the
+    RDMA backend created from the clients' own RdmaBackendConfig: the transferring side in
+    namespace B, every target process in namespace A."""
+    with two_namespaces() as (ns_a, ns_b):
+        env = {**os.environ, **ENV, "MORI_TEST_REPLAY_HOST": HOST_B,
+               "MORI_TEST_REPLAY_TARGET_HOST": HOST_A, "MORI_TEST_REPLAY_TARGET_NETNS": ns_a,
+               "MORI_IO_TIMEOUT": "30"}
+        run = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-m", "pytest", "-q", "-p",
+                              "no:cacheprovider", "-k", "rdma", "test_client_replays.py"], cwd=HERE, env=env,
+                             capture_output=True, text=True, timeout=600)
+    tail = run.stdout[-4000:] + run.stderr[-2000:]
+    counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", run.stdout))
+    assert run.returncode == 0 and counts.get("passed", 0) >= 4 and set(counts) == {"passed"}, tail
