@@ -130,3 +130,23 @@ def test_numpy_offset_arrays(initiator, target, remote_region, op):
     assert np.array_equal(buf.array, expect_remote) and np.array_equal(local, expect_local)
     assert target.call("pop_inbound", "initiator", uid, 10.0) == StatusCode.SUCCESS
     initiator.deregister_memory(ldesc)
+
+
+def test_a_later_transfer_reports_finished_only_after_earlier_ones(initiator, target, remote_region):
+    """A large write striped over every connection, then a small one: when the small one reports
+    SUCCESS, the large one has finished too (and its bytes are there), whichever ended first on
+    the wire. This is what lets vLLM poll only the last status of a request."""
+    buf, rdesc = remote_region
+    src = np.random.default_rng(11).integers(0, 256, 32 << 20, dtype=np.uint8)
+    ldesc = initiator.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+    try:
+        for _ in range(5):
+            buf.array[:] = 0
+            big = initiator.write(ldesc, 0, rdesc, 0, 32 << 20, initiator.allocate_transfer_uid())
+            small = initiator.write(ldesc, 0, rdesc, 40 << 20, 64, initiator.allocate_transfer_uid())
+            assert small.WaitFor(60_000) == StatusCode.SUCCESS, small
+            assert big.Code() == StatusCode.SUCCESS, big
+            assert np.array_equal(buf.array[:32 << 20], src) and np.array_equal(buf.array[40 << 20:(40 << 20) + 64],
+                                                                                 src[:64])
+    finally:
+        initiator.deregister_memory(ldesc)
