@@ -238,8 +238,9 @@ class IOEngine:
         if not isinstance(type, BackendType):
             raise TypeError(f"backend type must be a BackendType, got {type!r}")
         with self._lock:
-            if type in self._backends:
-                raise ValueError(f"engine {self._key!r} already has a {type.name} backend")
+            if type in self._backends:  # as MORI: the first one stays
+                _log.warning("engine %r already has a %s backend; create_backend ignored", self._key, type.name)
+                return
             backend = backend_factory(type)(self._ctx, config)
             for mem in self._memory.all():
                 self._memory.add(self._merge_extra(mem, backend.register_memory(mem)))
