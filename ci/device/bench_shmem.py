@@ -249,7 +249,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--no-nvshmem", action="store_true")
     args = parser.parse_args()
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     dist.init_process_group(backend="cpu:gloo,cuda:nccl")
     if dist.get_world_size() != 2:
         raise SystemExit("run on exactly 2 GPUs: torchrun --nproc_per_node=2")

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The GPU checks that fit a one-GPU machine, in one lease: install mori-core, mori-shmem and
+# mori-io; the shmem GPU tests with 2 PEs sharing the GPU (static and vmm heaps, the guide's Quick
+# Reference); mori-io's TCP backend with GPU memory (target and initiator processes on the GPU);
+# the shmem put/latency benchmark with 2 PEs on the GPU (a PE's "peer" heap is then on the same
+# device, so the numbers are same-GPU copies, not NVLink). Logs and JSON go to $OUT.
+# Usage (repository root, .devkit carried): bash ci/device/one_gpu.sh
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/mori-out}
+mkdir -p "$OUT"
+export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+kit=${MORI_DEVKIT:-.devkit}
+status=0
+t0=$(date +%s)
+python3 -m pip install -q --no-index --find-links "$kit/wheels" ./packages/mori-core ./packages/mori-shmem \
+  ./packages/mori-io 2>&1 | tail -5
+echo "== installed in $(( $(date +%s) - t0 ))s"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+repo=$PWD
+cd /tmp  # import mori from site-packages, not the source tree
+step() {  # step NAME LIMIT COMMAND...: runs it with a time limit, log in $OUT/NAME.log, summary here
+  local name=$1 limit=$2; shift 2
+  local s=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $(( $(date +%s) - s ))s"
+  [ $rc = 0 ] || status=1
+  return $rc
+}
+step shmem_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not 4" -s \
+  "$repo/packages/mori-shmem/tests/test_gpu.py"
+grep -E "^ok |quick reference ok|passed|failed|Error" "$OUT/shmem_tests.log" | sort | uniq -c | sort -rn | head -30
+step io_tcp_gpu_tests 90 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
+  "$repo/packages/mori-io/tests/test_tcp_gpu.py"
+grep -E "passed|failed|Error|s call" "$OUT/io_tcp_gpu_tests.log" | tail -12
+step shmem_bench 60 torchrun --standalone --nproc_per_node=2 "$repo/ci/device/bench_shmem.py" --no-nvshmem \
+  --out "$OUT/bench_shmem.json"
+sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_bench.log"
+[ $status = 0 ] || tail -40 "$OUT"/*.log
+echo "== done in $(( $(date +%s) - t0 ))s, status $status"
+exit $status
