@@ -4,13 +4,15 @@ Configuration (``MORI_*`` variables), logging, the bootstrap network, host and G
 native host atomics, the NVRTC device-code compiler and the device headers' location.
 """
 
+from importlib import metadata as _metadata
+
 from . import atomics, memory, nvrtc
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
 from .memory import HostSegment
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("mori-core")
 
 __all__ = [
     "Bootstrap",

@@ -6,6 +6,8 @@ remote engines and memory, then ``read``/``write``/``batch_read``/``batch_write`
 returns a :class:`TransferStatus`.
 """
 
+from importlib import metadata as _metadata
+
 from mori.core.log import set_log_level as _set_level
 
 from .engine import IOEngine, IOEngineSession
@@ -23,7 +25,7 @@ from .types import (
     XgmiBackendConfig,
 )
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("mori-io")
 
 
 def set_log_level(level: str | int) -> None:

@@ -6,6 +6,8 @@ atomics, ``shmem_wait_until``), and tensors on the heap. ``import mori.shmem`` a
 ``from mori import shmem`` both work.
 """
 
+from importlib import metadata as _metadata
+
 from ._allocator import ShmemOutOfMemoryError
 from ._rma import ShmemAddressError
 from ._state import ShmemError, ShmemNotInitializedError
@@ -57,7 +59,7 @@ from .api import (
     shmem_wait_until,
 )
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("mori-shmem")
 
 __all__ = [
     "MORI_SHMEM_INIT_WITH_MPI_COMM",

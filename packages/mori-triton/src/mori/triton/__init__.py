@@ -8,6 +8,8 @@
 - :func:`all_reduce` -- a one-launch NVLink all-reduce for bf16/fp16/fp32 tensors.
 """
 
+from importlib import metadata as _metadata
+
 from . import shmem
 from ._all_reduce import AllReduce, all_reduce
 from ._bitcode import BitcodeError, build_bitcode, find_bitcode
@@ -16,7 +18,7 @@ from ._runtime import MoriKernel, get_extern_libs, init_loaded_modules, install_
 from ._table import FUNCTIONS as DEVICE_FUNCTIONS
 from ._table import SIGNAL_ADD, SIGNAL_SET, DeviceFunction
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("mori-triton")
 
 __all__ = [
     "AllReduce",
