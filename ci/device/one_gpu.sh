@@ -18,6 +18,11 @@ python3 -m pip install -q --no-index --find-links "$kit/wheels" ./packages/mori-
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 repo=$PWD
+# Two PEs on one GPU wait on each other inside kernels (the ping-pong): without MPS their kernels
+# only time-slice, so every round trip costs a slice. MPS runs them side by side.
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mori-mps CUDA_MPS_LOG_DIRECTORY=/tmp/mori-mps-log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+nvidia-cuda-mps-control -d && trap 'echo quit | nvidia-cuda-mps-control' EXIT
 cd /tmp  # import mori from site-packages, not the source tree
 step() {  # step NAME LIMIT COMMAND...: runs it with a time limit, log in $OUT/NAME.log, summary here
   local name=$1 limit=$2; shift 2
@@ -34,9 +39,16 @@ grep -E "^ok |quick reference ok|passed|failed|Error" "$OUT/shmem_tests.log" | s
 step io_tcp_gpu_tests 90 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
   "$repo/packages/mori-io/tests/test_tcp_gpu.py"
 grep -E "passed|failed|Error|s call" "$OUT/io_tcp_gpu_tests.log" | tail -12
+# MORI_BASELINE_PYTHONPATH: a tree of another version's mori Python packages, benchmarked first
+# in the same lease (the "before" of a change).
+if [ -n "${MORI_BASELINE_PYTHONPATH:-}" ]; then
+  PYTHONPATH=$MORI_BASELINE_PYTHONPATH step shmem_bench_baseline 60 torchrun --standalone --nproc_per_node=2 \
+    "$repo/ci/device/bench_shmem.py" --no-nvshmem --out "$OUT/bench_shmem_baseline.json"
+  sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_bench_baseline.log"
+fi
 step shmem_bench 60 torchrun --standalone --nproc_per_node=2 "$repo/ci/device/bench_shmem.py" --no-nvshmem \
   --out "$OUT/bench_shmem.json"
 sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_bench.log"
-[ $status = 0 ] || tail -40 "$OUT"/*.log
+[ $status = 0 ] || for f in "$OUT"/*.log; do echo "-- $f"; tail -n 30 "$f"; done
 echo "== done in $(( $(date +%s) - t0 ))s, status $status"
 exit $status

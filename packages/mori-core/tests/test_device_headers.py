@@ -24,6 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mori.core.codes import Cmp, SignalOp
+
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
 HEADERS = sorted((INCLUDE / "mori" / "device").glob("*.cuh"))
 ARCH = "sm_90"
@@ -154,7 +156,7 @@ def _rma_kernel(scope: str) -> str:
         f"ShmemPutType{scope}<float>(reinterpret_cast<float*>(sym), reinterpret_cast<const float*>(local), n, pe);",
         f"ShmemGetTypeNbi{scope}<float>(reinterpret_cast<float*>(sym), reinterpret_cast<const float*>(local), n, pe);",
         f"ShmemGetType{scope}<float>(reinterpret_cast<float*>(sym), reinterpret_cast<const float*>(local), n, pe);",
-        f"ShmemPutTypeNbiSignal{scope}<float>(reinterpret_cast<float*>(sym), reinterpret_cast<const float*>(local), n, {sig}, 2, cmp & 1, pe);",
+        f"ShmemPutTypeNbiSignal{scope}<float>(reinterpret_cast<float*>(sym), reinterpret_cast<const float*>(local), n, {sig}, 2, kSignalSet + (cmp & 1), pe);",
     ]
     for name, ctype in RMA_TYPES:
         d, s = f"reinterpret_cast<{ctype}*>(sym)", f"reinterpret_cast<const {ctype}*>(local)"
@@ -373,8 +375,9 @@ CONTRACT_LAYOUT = {
     "__builtin_offsetof(GpuStates, reserved)": 40, "sizeof(GpuStates::reserved)": 24,
     "kMaxPes": 64, "kInternalBytes": 64 * 1024, "kBarrierEpochOffset": 0, "kBarrierSlotsOffset": 64,
     "kScratchOffset": 4096, "kFlagP2pDisabled": 1,
-    "kCmpEq": 0, "kCmpNe": 1, "kCmpGt": 2, "kCmpGe": 3, "kCmpLt": 4, "kCmpLe": 5,
-    "kSignalSet": 0, "kSignalAdd": 1,
+    # The codes' one definition is mori.core.codes: the headers must agree with it.
+    **{f"kCmp{c.name.capitalize()}": c.value for c in Cmp},
+    **{f"kSignal{op.name.capitalize()}": op.value for op in SignalOp},
 }
 
 

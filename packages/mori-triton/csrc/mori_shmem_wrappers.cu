@@ -1084,19 +1084,19 @@ MORI_WRAPPER int32_t mori_shmem_get_bfloat16_block(uint64_t dest, uint64_t sourc
 
 MORI_WRAPPER int32_t mori_shmem_putmem_nbi_signal_thread(uint64_t dest, uint64_t source, uint64_t bytes, uint64_t sig_addr, uint64_t sig_value, int32_t sig_op, int32_t pe, int32_t qp_id) {
   (void)qp_id;
-  ShmemPutMemNbiSignalThread((void*)dest, (const void*)source, bytes, (uint64_t*)sig_addr, sig_value, (sig_op == 9 ? 0 : sig_op == 10 ? 1 : sig_op), pe);
+  ShmemPutMemNbiSignalThread((void*)dest, (const void*)source, bytes, (uint64_t*)sig_addr, sig_value, sig_op, pe);
   return 0;
 }
 
 MORI_WRAPPER int32_t mori_shmem_putmem_nbi_signal_warp(uint64_t dest, uint64_t source, uint64_t bytes, uint64_t sig_addr, uint64_t sig_value, int32_t sig_op, int32_t pe, int32_t qp_id) {
   (void)qp_id;
-  ShmemPutMemNbiSignalWarp((void*)dest, (const void*)source, bytes, (uint64_t*)sig_addr, sig_value, (sig_op == 9 ? 0 : sig_op == 10 ? 1 : sig_op), pe);
+  ShmemPutMemNbiSignalWarp((void*)dest, (const void*)source, bytes, (uint64_t*)sig_addr, sig_value, sig_op, pe);
   return 0;
 }
 
 MORI_WRAPPER int32_t mori_shmem_putmem_nbi_signal_block(uint64_t dest, uint64_t source, uint64_t bytes, uint64_t sig_addr, uint64_t sig_value, int32_t sig_op, int32_t pe, int32_t qp_id) {
   (void)qp_id;
-  ShmemPutMemNbiSignalBlock((void*)dest, (const void*)source, bytes, (uint64_t*)sig_addr, sig_value, (sig_op == 9 ? 0 : sig_op == 10 ? 1 : sig_op), pe);
+  ShmemPutMemNbiSignalBlock((void*)dest, (const void*)source, bytes, (uint64_t*)sig_addr, sig_value, sig_op, pe);
   return 0;
 }
 

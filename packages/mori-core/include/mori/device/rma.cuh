@@ -22,13 +22,14 @@ namespace mori {
 namespace device {
 
 // Signal operations of put-with-signal: the signal word is set to, or increased by, the value.
-constexpr int kSignalSet = 0;
-constexpr int kSignalAdd = 1;
+// MORI's atomicType values; mori.core.codes.SignalOp defines them for the host (a test checks both).
+constexpr int kSignalSet = 9;
+constexpr int kSignalAdd = 10;
 
 namespace detail {
 
 MORI_DEVICE_COLD void FailSignalOp(int sigOp) {
-  MORI_DEVICE_FAIL("ShmemPutMemNbiSignal: signal op %d is not SET=0 or ADD=1", sigOp);
+  MORI_DEVICE_FAIL("ShmemPutMemNbiSignal: signal op %d is not SET=9 or ADD=10", sigOp);
 }
 
 // A put of 1, 2, 4 or 8 naturally aligned bytes by one thread (a scalar) is done inline, and its

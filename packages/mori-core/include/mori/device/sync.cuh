@@ -18,8 +18,8 @@
 namespace mori {
 namespace device {
 
-// Comparisons of wait_until and test. OpenSHMEM's order; the numbers are mori's contract with the
-// host API and the Triton externs (EQ=0, NE=1, GT=2, GE=3, LT=4, LE=5).
+// Comparisons of wait_until and test (EQ=0, NE=1, GT=2, GE=3, LT=4, LE=5): mori.core.codes.Cmp
+// defines them for the host API and the Triton externs (a test checks both agree).
 constexpr int kCmpEq = 0;
 constexpr int kCmpNe = 1;
 constexpr int kCmpGt = 2;

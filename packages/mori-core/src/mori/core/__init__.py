@@ -6,7 +6,7 @@ native host atomics, the NVRTC device-code compiler and the device headers' loca
 
 from importlib import metadata as _metadata
 
-from . import atomics, memory, nvrtc
+from . import atomics, codes, memory, nvrtc
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
@@ -22,6 +22,7 @@ __all__ = [
     "HostSegment",
     "__version__",
     "atomics",
+    "codes",
     "get_logger",
     "get_unique_id",
     "memory",

@@ -19,9 +19,9 @@ Example::
 from __future__ import annotations
 
 from ._native import atomics as _atomics  # type: ignore[attr-defined]
+from .codes import Cmp
 
 __all__ = [
-    "CMP",
     "fetch_add",
     "fetch_and",
     "fetch_or",
@@ -32,10 +32,6 @@ __all__ = [
     "store",
     "wait_until",
 ]
-
-#: Comparison names accepted by :func:`wait_until`, with NVSHMEM's numeric codes.
-CMP = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
-
 
 def _check_width(width: int) -> None:
     if width not in (32, 64) or isinstance(width, bool):
@@ -100,19 +96,19 @@ def store(addr: int, value: int, width: int = 64) -> None:
     _atomics.store(addr, _word(value, width, "value"), width)
 
 
-def wait_until(addr: int, cmp: str, value: int, timeout: float, width: int = 64, *, signed: bool = False) -> int:
+def wait_until(addr: int, cmp: Cmp | str, value: int, timeout: float, width: int = 64, *, signed: bool = False) -> int:
     """Blocks until the word at ``addr`` compares ``cmp`` to ``value``; returns the word then seen.
 
-    ``cmp`` is one of ``eq ne gt ge lt le`` (see :data:`CMP`); ordered comparisons are signed
+    ``cmp`` is a :class:`mori.core.codes.Cmp` or its name (``eq ne gt ge lt le``); ordered comparisons are signed
     when ``signed=True``. Spins briefly, then yields and sleeps with back-off; releases the GIL.
     Raises :class:`TimeoutError` naming the address, the condition and the last value seen if
     the condition does not hold within ``timeout`` seconds (0 checks once).
     """
     try:
-        code = CMP[cmp]
-    except (KeyError, TypeError):
-        raise ValueError(f"wait_until: cmp={cmp!r} is not one of {', '.join(CMP)}") from None
+        code = Cmp.parse(cmp)
+    except ValueError as exc:
+        raise ValueError(f"wait_until: {exc}") from None
     word = _word(value, width, "value")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"wait_until: timeout must be a number of seconds, got {type(timeout).__name__}")
-    return _result(_atomics.wait_until(addr, code, word, float(timeout), width, signed), width, signed)
+    return _result(_atomics.wait_until(addr, int(code), word, float(timeout), width, signed), width, signed)

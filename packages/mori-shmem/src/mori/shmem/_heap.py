@@ -13,6 +13,8 @@ import abc
 import ctypes
 from typing import Any
 
+from mori.core.codes import Cmp
+
 from ._allocator import INTERNAL_BYTES
 
 __all__ = ["BARRIER_SLOTS_OFFSET", "Heap", "INTERNAL_BYTES", "PEER_BASES_OFFSET", "RESULT_OFFSET"]
@@ -54,7 +56,7 @@ class Heap(abc.ABC):
         """
 
     @abc.abstractmethod
-    def wait_until(self, offset: int, cmp: str, value: int, timeout: float, width: int) -> int:
+    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
         """Waits until this PE's word at ``offset`` compares ``cmp`` to ``value``; returns it.
 
         Raises TimeoutError naming the address, condition and last value after ``timeout`` s.

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from mori.core import atomics
+from mori.core.codes import Cmp
 from mori.core.memory import FdExchange, HostSegment
 
 from ._heap import Heap
@@ -67,7 +68,7 @@ class CpuHeap(Heap):
             return atomics.swap(addr, value, width=width)
         raise ValueError(f"unknown atomic operation {op!r}")
 
-    def wait_until(self, offset: int, cmp: str, value: int, timeout: float, width: int) -> int:
+    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
         """The native wait (spins, then sleeps with back-off, without the GIL)."""
         return atomics.wait_until(self.base + offset, cmp, value, timeout, width=width)
 

@@ -11,22 +11,18 @@ that peer's reservation, so ``peer_bases`` never change and device state stays v
 from __future__ import annotations
 
 import ctypes
-import operator
 import os
 import time
 from typing import Any
 
 from mori.core import _cuda as cu
+from mori.core.codes import Cmp
 from mori.core.memory import FdExchange
 
 from ._cuda import Context
 from ._heap import Heap
 
 __all__ = ["GpuHeap"]
-
-
-_COMPARE = {"eq": operator.eq, "ne": operator.ne, "gt": operator.gt, "ge": operator.ge,
-            "lt": operator.lt, "le": operator.le}
 
 
 def _round_up(value: int, granule: int) -> int:
@@ -160,7 +156,7 @@ class GpuHeap(Heap):
             raise RuntimeError("GPU heap atomics need the helper kernels (HostOps) loaded first")
         return int(self.ops.atomic(op, self.base + offset, pe, value, compare, width))
 
-    def wait_until(self, offset: int, cmp: str, value: int, timeout: float, width: int) -> int:
+    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
         """Polls the word with small device-to-host copies on a stream of its own.
 
         The copies run on a non-blocking stream so that a kernel still running on the default
@@ -168,7 +164,6 @@ class GpuHeap(Heap):
         """
         nbytes = width // 8
         word = ctypes.create_string_buffer(nbytes)
-        test = _COMPARE[cmp]
         deadline = time.monotonic() + timeout
         pause = 0.0
         self.ctx.make_current()
@@ -176,12 +171,12 @@ class GpuHeap(Heap):
             cu.call("cuMemcpyDtoHAsync", ctypes.addressof(word), self.base + offset, nbytes, self._poll_stream)
             cu.call("cuStreamSynchronize", self._poll_stream)
             seen = int.from_bytes(word.raw, "little")
-            if test(seen, value):
+            if cmp.holds(seen, value):
                 return seen
             if time.monotonic() >= deadline:
                 # Worded like mori.core.atomics.wait_until's, so both heaps report alike.
                 raise TimeoutError(f"wait_until timed out after {timeout:.3f} s: the {width}-bit value at "
-                                   f"{self.base + offset:#x} never became {cmp} {value}; last seen {seen}")
+                                   f"{self.base + offset:#x} never became {cmp.name.lower()} {value}; last seen {seen}")
             pause = min(max(pause * 2, 1e-6), 1e-3)  # spin briefly, then back off to 1 ms
             time.sleep(pause)
 

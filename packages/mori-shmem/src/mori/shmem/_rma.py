@@ -10,28 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from mori.core.codes import Cmp, SignalOp
+
 from ._allocator import INTERNAL_BYTES, SymmetricAllocator
 from ._buffers import as_span
 from ._heap import Heap
 
-__all__ = ["CMP_NAMES", "SIGNAL_ADD", "SIGNAL_SET", "Rma", "ShmemAddressError"]
-
-#: Comparison codes of wait-until, NVSHMEM's values (``SHMEM_CMP_EQ`` = 0 ... ``SHMEM_CMP_LE`` = 5).
-CMP_NAMES = ("eq", "ne", "gt", "ge", "lt", "le")
-SIGNAL_SET = 0
-SIGNAL_ADD = 1
+__all__ = ["Rma", "ShmemAddressError"]
 
 
 class ShmemAddressError(ValueError):
     """An address (or range) does not lie inside the symmetric heap, or is misaligned."""
-
-
-def _cmp_name(cmp: int | str) -> str:
-    if isinstance(cmp, str) and cmp.lower() in CMP_NAMES:
-        return cmp.lower()
-    if isinstance(cmp, int) and not isinstance(cmp, bool) and 0 <= cmp < len(CMP_NAMES):
-        return CMP_NAMES[cmp]
-    raise ValueError(f"comparison {cmp!r} is not one of {', '.join(CMP_NAMES)} (or 0..5)")
 
 
 class Rma:
@@ -123,14 +112,13 @@ class Rma:
         return bytes(out)
 
     def put_signal(self, dest: int, data: Any, sig_addr: int, signal: int, sig_op: int, pe: int) -> None:
-        """Puts ``data``, then sets (``SIGNAL_SET``) or adds to (``SIGNAL_ADD``) the 64-bit signal."""
-        if sig_op not in (SIGNAL_SET, SIGNAL_ADD):
-            raise ValueError(f"sig_op must be SIGNAL_SET (0) or SIGNAL_ADD (1), got {sig_op!r}")
+        """Puts ``data``, then sets (``SignalOp.SET``) or adds to (``SignalOp.ADD``) the 64-bit signal."""
+        op = SignalOp.parse(sig_op)
         self.offset(sig_addr, 8, "signal address", align=8, write=True)
         self._word(signal, 64, "signal")
         self.put(dest, data, pe)
         # The data copy is complete before the signal moves: a waiter that sees it sees the data.
-        self.atomic("fetch_add" if sig_op == SIGNAL_ADD else "store", sig_addr, signal, pe)
+        self.atomic("fetch_add" if op is SignalOp.ADD else "store", sig_addr, signal, pe)
 
     def atomic(self, op: str, dest: int, value: int, pe: int, compare: int = 0, width: int = 64) -> int:
         """Runs atomic ``op`` on the ``width``-bit word at ``dest`` on PE ``pe``; returns the old value."""
@@ -142,13 +130,13 @@ class Rma:
 
     def wait_until(self, ivar: int, cmp: int | str, value: int, timeout: float | None, width: int = 64) -> int:
         """Waits until the local word at ``ivar`` compares true against ``value``; returns what it read."""
-        name = _cmp_name(cmp)
+        code = Cmp.parse(cmp)
         value = self._word(value, width, "value")
         off = self.offset(ivar, width // 8, "wait address", align=width // 8)
         limit = self.default_timeout if timeout is None else timeout
         if not limit > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        return self.heap.wait_until(off, name, value, limit, width)
+        return self.heap.wait_until(off, code, value, limit, width)
 
     def quiet(self) -> None:
         """Completes every RMA this PE issued (they complete on return already; this also drains the device)."""

@@ -12,10 +12,10 @@ from typing import Any
 
 from mori.core import bootstrap as _bootstrap
 from mori.core import config
+from mori.core.codes import Cmp, SignalOp
 
 from . import _state
 from ._allocator import MIN_ALIGNMENT
-from ._rma import SIGNAL_ADD, SIGNAL_SET
 
 __all__ = [
     "MORI_SHMEM_INIT_WITH_MPI_COMM", "MORI_SHMEM_INIT_WITH_UNIQUEID", "SHMEM_CMP_EQ", "SHMEM_CMP_NE",
@@ -34,9 +34,10 @@ __all__ = [
 MORI_SHMEM_INIT_WITH_MPI_COMM = 0
 #: ``shmem_init_attr`` flag: bootstrap through a unique id from :func:`shmem_get_unique_id`.
 MORI_SHMEM_INIT_WITH_UNIQUEID = 1
-SHMEM_CMP_EQ, SHMEM_CMP_NE, SHMEM_CMP_GT, SHMEM_CMP_GE, SHMEM_CMP_LT, SHMEM_CMP_LE = range(6)
-SHMEM_SIGNAL_SET = SIGNAL_SET
-SHMEM_SIGNAL_ADD = SIGNAL_ADD
+#: Comparison codes of :func:`shmem_wait_until` (:class:`mori.core.codes.Cmp`).
+SHMEM_CMP_EQ, SHMEM_CMP_NE, SHMEM_CMP_GT, SHMEM_CMP_GE, SHMEM_CMP_LT, SHMEM_CMP_LE = Cmp
+#: Signal updates of :func:`shmem_putmem_signal` (:class:`mori.core.codes.SignalOp`: MORI's 9 and 10).
+SHMEM_SIGNAL_SET, SHMEM_SIGNAL_ADD = SignalOp
 #: Environment variables :func:`shmem_init_from_env` reads (set by ``python -m mori.shmem.run``).
 ENV_RANK, ENV_WORLD, ENV_UID = "MORI_SHMEM_RANK", "MORI_SHMEM_WORLD", "MORI_SHMEM_UNIQUE_ID"
 

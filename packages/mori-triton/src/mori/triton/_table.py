@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mori.core.codes import Cmp, SignalOp
+
 __all__ = ["SIGNAL_SET", "SIGNAL_ADD", "CMP", "TYPES", "DeviceFunction", "FUNCTIONS", "by_name"]
 
-# MORI's atomicType values (the NVSHMEM AMO numbering), so kernels written for MORI pass the same constants.
-SIGNAL_SET = 9
-SIGNAL_ADD = 10
-# Comparison operators of wait_until/test, NVSHMEM's numbering (the device headers use the same).
-CMP = {"EQ": 0, "NE": 1, "GT": 2, "GE": 3, "LT": 4, "LE": 5}
+# Signal ops and comparison codes as plain ints (Triton constants), from their one definition.
+SIGNAL_SET, SIGNAL_ADD = (op.value for op in SignalOp)
+CMP = {c.name: c.value for c in Cmp}
 # Type string -> C type of the wrapper's parameter.
 TYPES = {
     "i32": "int32_t",
@@ -64,9 +64,6 @@ def _f(name: str, args: str, ret: str, call: str, doc: str, *, pure: bool = Fals
 
 
 _SCOPES = ("thread", "warp", "block")
-# MORI's SIGNAL_SET/SIGNAL_ADD (9/10) become the device API's 0/1; 0/1 pass as they are and any
-# other value reaches the device API, which reports it.
-_SIG_OP = f"({{sig_op}} == {SIGNAL_SET} ? 0 : {{sig_op}} == {SIGNAL_ADD} ? 1 : {{sig_op}})"
 # (table name, C element type, C++ name fragment) of the typed RMA variants: the device API's types
 # (MORI's eleven plus half and bfloat16, which move as 16-bit storage).
 _RMA_TYPES = (
@@ -135,7 +132,7 @@ def _rma() -> list[DeviceFunction]:
             f"putmem_nbi_signal_{scope}",
             "dest:ptr source:ptr bytes:u64 sig_addr:ptr sig_value:u64 sig_op:i32 pe:i32 qp_id:i32", "i32",
             f"ShmemPutMemNbiSignal{scope.capitalize()}((void*){{dest}}, (const void*){{source}}, {{bytes}}, "
-            f"(uint64_t*){{sig_addr}}, {{sig_value}}, {_SIG_OP}, {{pe}})",
+            f"(uint64_t*){{sig_addr}}, {{sig_value}}, {{sig_op}}, {{pe}})",
             f"{scope}-scope put, then SIGNAL_SET/SIGNAL_ADD of `sig_value` on `sig_addr` at `pe` after the data."))
     return rows
 

@@ -1,0 +1,69 @@
+"""The numeric codes every mori layer shares, defined once.
+
+* :class:`Cmp`: the comparison of wait-until and test, ``EQ=0 NE=1 GT=2 GE=3 LT=4 LE=5``. The host
+  atomics, both shmem heaps, the device headers (``kCmpEq`` ... in ``sync.cuh``) and the Triton
+  externs take these values. They are not NVSHMEM's numbering (there ``EQ`` is 0 but the order
+  of the others differs): pass the names, not literals.
+* :class:`SignalOp`: the signal update of put-with-signal, MORI's ``SIGNAL_SET=9`` and
+  ``SIGNAL_ADD=10`` (its ``atomicType`` values), so kernels written for MORI pass the same
+  constants. The device headers (``kSignalSet``/``kSignalAdd`` in ``rma.cuh``) use the same values;
+  a test compiles the headers against this module.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Cmp", "SignalOp"]
+
+
+class Cmp(enum.IntEnum):
+    """Comparison code of wait-until/test: ``seen <op> value``."""
+
+    EQ = 0
+    NE = 1
+    GT = 2
+    GE = 3
+    LT = 4
+    LE = 5
+
+    @classmethod
+    def parse(cls, cmp: int | str) -> Cmp:
+        """The comparison named by a code (``Cmp.GE``, ``3``) or a name (``"ge"``, any case).
+
+        Raises :class:`ValueError` naming the accepted spellings for anything else (bools included).
+        """
+        if isinstance(cmp, str) and cmp.upper() in cls.__members__:
+            return cls[cmp.upper()]
+        if isinstance(cmp, int) and not isinstance(cmp, bool) and cmp in cls._value2member_map_:
+            return cls(cmp)
+        names = ", ".join(m.name.lower() for m in cls)
+        raise ValueError(f"comparison {cmp!r} is not one of {names} (or their codes 0..{len(cls) - 1})")
+
+    def holds(self, seen: int, value: int) -> bool:
+        """Whether ``seen`` compares true against ``value``."""
+        if self is Cmp.EQ:
+            return seen == value
+        if self is Cmp.NE:
+            return seen != value
+        if self is Cmp.GT:
+            return seen > value
+        if self is Cmp.GE:
+            return seen >= value
+        if self is Cmp.LT:
+            return seen < value
+        return seen <= value
+
+
+class SignalOp(enum.IntEnum):
+    """How put-with-signal updates the 64-bit signal word (MORI's ``atomicType`` values)."""
+
+    SET = 9
+    ADD = 10
+
+    @classmethod
+    def parse(cls, op: int) -> SignalOp:
+        """The operation for a code; :class:`ValueError` naming both codes for anything else."""
+        if isinstance(op, int) and not isinstance(op, bool) and op in cls._value2member_map_:
+            return cls(op)
+        raise ValueError(f"signal op {op!r} is not SIGNAL_SET ({cls.SET.value}) or SIGNAL_ADD ({cls.ADD.value})")
