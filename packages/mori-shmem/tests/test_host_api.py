@@ -9,7 +9,7 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pe_pool import PeError, PePool, set_env
+from pe_pool import PeError, PePool, make_uid, set_env
 
 import mori.shmem as shmem
 from mori import shmem as shmem_from
@@ -272,6 +272,46 @@ def test_settings_mismatch_fails_on_every_pe() -> None:
         assert "cpu 1048576 static" in str(info.value) and "cpu 2097152 static" in str(info.value)
     finally:
         pool.close()
+
+
+def pe_init_in_own_netns(rank: int, world: int, uid: bytes, move: bool) -> str:
+    """Joins the bootstrap, then (``move``) enters a network namespace of its own, then inits shmem.
+
+    The bootstrap's TCP connections were made before the move and keep working (a socket stays in
+    the namespace it was made in), as between containers that reach each other over a bridge.
+    """
+    import ctypes
+
+    from mori.core import Bootstrap
+    from mori.shmem import _state
+
+    bootstrap = Bootstrap(rank, world, uid)
+    if move:
+        clone_newuser, clone_newnet = 0x10000000, 0x40000000
+        flags = clone_newnet if os.geteuid() == 0 else clone_newnet | clone_newuser
+        if ctypes.CDLL(None, use_errno=True).unshare(flags) != 0:
+            bootstrap.close()
+            return f"unshare: {os.strerror(ctypes.get_errno())}"
+    try:
+        _state.initialize(bootstrap, owns_bootstrap=True)
+    except shmem.ShmemError as exc:
+        return str(exc)
+    return "initialized"
+
+
+def test_pes_in_two_network_namespaces_fail_at_init_on_every_pe() -> None:
+    # Before: init passed (same boot id) and the CPU heap crashed with IndexError mapping peers.
+    pool = PePool(2, {"MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_HEAP_SIZE": "1M"}, init=False, timeout=60)
+    try:
+        uid = pool.run_on(0, make_uid)
+        results = pool.run_each(pe_init_in_own_netns, [(0, 2, uid, False), (1, 2, uid, True)])
+    finally:
+        pool.close()
+    if results[1].startswith("unshare:"):
+        pytest.skip(f"this kernel refuses a network namespace to this user ({results[1]})")
+    for msg in results:
+        assert "one machine but in 2 network namespaces" in msg, msg
+        assert "PEs 0 on " in msg and "PEs 1 on " in msg and "host networking" in msg, msg
 
 
 def test_import_mori_then_attribute() -> None:

@@ -6,7 +6,7 @@ native host atomics, the NVRTC device-code compiler and the device headers' loca
 
 from importlib import metadata as _metadata
 
-from . import atomics, codes, memory, nvrtc
+from . import atomics, codes, host, memory, nvrtc
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
@@ -25,6 +25,7 @@ __all__ = [
     "codes",
     "get_logger",
     "get_unique_id",
+    "host",
     "memory",
     "nvrtc",
     "parse_size",

@@ -7,11 +7,11 @@ when ``shmem_init_*`` returns every PE can already reach every other PE's heap.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from mori.core import config, get_logger
+from mori.core.host import HostIdentity, one_host_error, this_host
 
 from ._allocator import INTERNAL_BYTES, MIN_ALIGNMENT, SymmetricAllocator
 from ._gpu_states import MAX_PES, pack_fast_states, pack_gpu_states
@@ -70,15 +70,6 @@ def current() -> Shmem:
 def is_initialized() -> bool:
     """Whether this process holds an initialized shmem instance."""
     return _current is not None
-
-
-def _host_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
 
 
 def _agree(bootstrap: Any, what: str, mine: str) -> None:
@@ -142,7 +133,11 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
         chunk = config.get("MORI_SHMEM_VMM_CHUNK_SIZE")
         _agree(bootstrap, "the heap settings (backend, MORI_SHMEM_HEAP_SIZE, MORI_SHMEM_MODE, chunk, P2P)",
                f"{kind} {size} {mode} {chunk} p2p={'off' if p2p_off else 'on'}")
-        _agree(bootstrap, "the host (every PE must run on one host until an RDMA transport exists)", _host_id())
+        hosts = [HostIdentity.from_key(k.decode()) for k in bootstrap.allgather(this_host().key.encode())]
+        problem = one_host_error(hosts, "PE")
+        if problem is not None:
+            raise ShmemError(f"mori.shmem needs every PE on one host in one network namespace until an RDMA "
+                             f"transport exists: {problem}")
         ctx = ops = None
         if kind == "gpu":
             from ._cuda import Context

@@ -20,6 +20,7 @@ from typing import Protocol
 import msgpack
 
 from .. import config
+from ..host import this_host
 from ..log import get_logger
 
 __all__ = ["send_fds", "recv_fds", "FdExchange"]
@@ -153,17 +154,6 @@ class Collective(Protocol):
     def allgather(self, data: bytes) -> list[bytes]: ...
 
 
-def _host_identity() -> str:
-    """Processes that can reach each other's abstract Unix sockets share boot id and network namespace."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        netns = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        boot, netns = "", 0
-    return f"{socket.gethostname()}/{boot}/{netns}"
-
-
 class FdExchange:
     """All-gather of file descriptors among the ranks of a bootstrap that run on this host.
 
@@ -185,7 +175,7 @@ class FdExchange:
             self._listener.bind(name)
             # A rank is at most one exchange ahead of another, so 2 * world pending connections suffice.
             self._listener.listen(2 * self.world + 8)
-            mine = {"host": _host_identity(), "name": name, "secret": self._secret}
+            mine = {"host": this_host().key, "name": name, "secret": self._secret}
             self._peers = [msgpack.unpackb(b) for b in bootstrap.allgather(msgpack.packb(mine))]
         except BaseException:
             self._listener.close()

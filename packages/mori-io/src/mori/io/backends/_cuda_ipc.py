@@ -28,24 +28,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from mori.core import _cuda
+from mori.core.host import this_host
 from mori.core.memory import cuda_vmm, recv_fds, send_fds
 
-__all__ = ["host_id", "export_region", "ExportedRegion", "Mapping", "open_mapping", "enable_peer_access",
+__all__ = ["export_region", "ExportedRegion", "Mapping", "open_mapping", "enable_peer_access",
            "FdServer", "fetch_fd"]
 
 _IPC_HANDLE_BYTES = 64
 _NONCE_BYTES = 32
 _NONCE_WAIT_S = 1.0  # a peer sends its nonce the moment it connects
 _MAX_GRANTS = 4096
-
-
-def host_id() -> str:
-    """Identifies this host's running kernel: engines with equal ids share GPUs (and can use IPC)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return socket.gethostname()
 
 
 def _attr(name: str, ptr: int) -> int:
@@ -86,7 +78,7 @@ def export_region(ptr: int, size: int, device: int) -> ExportedRegion:
         raise ValueError(f"region 0x{ptr:x} (+{size} bytes) runs past the end of its allocation "
                          f"0x{base:x} (+{base_size} bytes)")
     info: dict[str, Any] = {"offset": ptr - base, "base_size": base_size, "device": device, "pid": os.getpid(),
-                            "host": host_id()}
+                            "host": this_host().key}
     if _attr("CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE", ptr):
         handle = _cuda.call("cuIpcGetMemHandle", base, detail=f"allocation 0x{base:x}")
         info.update(kind="ipc", handle=ctypes.string_at(handle.getPtr(), _IPC_HANDLE_BYTES))
@@ -142,7 +134,7 @@ def open_mapping(info: dict[str, Any], remote_data: int, local_device: int, fd: 
     is this process); ``fd`` is the VMM descriptor fetched from the owner (closed by the caller).
     """
     _cuda.init_device(local_device)
-    if info["pid"] == os.getpid() and info["host"] == host_id():
+    if info["pid"] == os.getpid() and info["host"] == this_host().key:
         enable_peer_access(local_device, int(info["device"]))
         return Mapping(remote_data - int(info["offset"]), "local", local_device)
     if info["kind"] == "ipc":

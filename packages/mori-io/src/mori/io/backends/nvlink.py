@@ -34,11 +34,12 @@ import numpy as np
 
 from mori.core import _cuda
 from mori.core import config as mori_config
+from mori.core.host import this_host
 
 from .._control import ControlClient, ControlError
 from .._registry import check_notify
 from ..types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
-from ._cuda_ipc import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, host_id, open_mapping
+from ._cuda_ipc import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, open_mapping
 from ._gpu_queues import DeviceQueues, GpuTransfer
 from ._nvlink_plan import plan_copies
 from .base import Backend, BackendContext, TransferOp, TransferRequest
@@ -94,7 +95,8 @@ class NvlinkBackend(Backend):
         _cuda.call("cuInit", 0)
         if int(_cuda.call("cuDeviceGetCount")) == 0:
             raise RuntimeError("the XGMI/NVLink backend needs CUDA GPUs; this process sees none")
-        self._host = host_id()
+        # Engines with equal keys share GPUs and reach each other's abstract Unix sockets (fd passing).
+        self._host = this_host().key
         self._kernel_max = int(mori_config.get("MORI_IO_NVLINK_KERNEL_MAX"))
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
