@@ -10,6 +10,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 
 echo "== lint (ruff)"
 ruff check packages ci docs
+echo "== layers (no private mori.core name outside mori-core)"
+python ci/check_layers.py
 echo "== types (mypy, public modules)"
 mypy packages/mori-core/src packages/mori-shmem/src packages/mori-io/src packages/mori-triton/src
 echo "== tests"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mori.core import _native  # type: ignore[attr-defined]
+from mori.core import _native
 
 batches = st.lists(st.tuples(st.integers(0, 1 << 40), st.integers(0, 1 << 40), st.integers(0, 1 << 20)),
                    min_size=1, max_size=300)

@@ -23,7 +23,7 @@ HEAVY = {"torch", "triton", "cuda-bindings", "cuda-python", "nvidia-cuda-nvrtc",
 CHECK = r"""
 import json, sys
 import mori.core, mori.io
-from mori.core import atomics, nvrtc, _cuda
+from mori.core import atomics, cuda, nvrtc
 from mori.core.memory import HostSegment, cuda_vmm
 inc = nvrtc.device_include_dir()
 with HostSegment.create(4096) as seg:
@@ -32,7 +32,7 @@ with HostSegment.create(4096) as seg:
 try:
     cuda_vmm.granularity(0)
     hint = "no error"
-except _cuda.CudaUnavailableError as err:
+except cuda.CudaUnavailableError as err:
     hint = str(err)
 # mori-io's TCP path without numpy: two engines, host memory as bytearrays, one batch.
 import ctypes

@@ -17,7 +17,8 @@ from _procs import context, run_procs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mori.core import _cuda, atomics
+from mori.core import atomics
+from mori.core import cuda as _cuda
 from mori.core.bootstrap import Bootstrap, get_unique_id
 from mori.core.memory import FdExchange, HostSegment, cuda_vmm, recv_fds, send_fds
 

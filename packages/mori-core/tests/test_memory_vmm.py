@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mori.core import _cuda
+from mori.core import cuda as _cuda
 from mori.core.memory import HostSegment, cuda_vmm
 
 pytestmark = pytest.mark.gpu

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from _peer import PeerProcess, SharedBuffer
 
-from mori.core import _native  # type: ignore[attr-defined]
+from mori.core import native as _native
 from mori.io import (
     BackendType,
     IOEngine,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mori.core import _cuda
+from mori.core import cuda as _cuda
 from mori.io import BackendType, IOEngine, IOEngineConfig, XgmiBackendConfig
 from mori.io.backends._copy_kernels import KERNEL_NAME, compile_cubin
 from mori.io.backends._nvlink_plan import KERNEL_PIECE, plan_copies

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from gpu_world import init_world
 
 import mori.shmem as shmem
-from mori.core import _cuda as cu
+from mori.core import cuda as cu
 from mori.shmem import _state
 from mori.shmem._cuda import launch
 from mori.shmem._kernels import load_module

@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from ._native import atomics as _atomics  # type: ignore[attr-defined]
+from ._native import atomics as _atomics
 from .codes import Cmp
 
 __all__ = [

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _cuda, config
+from . import config
+from . import cuda as _cuda
 from .log import get_logger
 
 __all__ = ["NvrtcError", "CacheInfo", "compile", "cache_dir", "cache_info", "device_include_dir", "version"]

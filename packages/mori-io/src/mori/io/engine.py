@@ -20,8 +20,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
 from mori.core import config as mori_config
+from mori.core import native as _native
 from mori.core.log import get_logger
 
 from ._control import ControlClient, ControlError, ControlServer

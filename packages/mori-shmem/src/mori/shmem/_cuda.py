@@ -1,6 +1,6 @@
 """The CUDA side of a PE: which device and context it works in, stream handles, kernel launches.
 
-Driver calls go through ``mori.core._cuda`` (lazy ``cuda-bindings`` import, errors that name the
+Driver calls go through ``mori.core.cuda`` (lazy ``cuda-bindings`` import, errors that name the
 call), so CPU-only machines import ``mori.shmem`` without a driver.
 """
 
@@ -10,7 +10,7 @@ import ctypes
 import os
 from typing import Any
 
-from mori.core import _cuda as cu
+from mori.core import cuda as cu
 
 __all__ = ["Context", "cuda_device_count", "launch", "stream_handle"]
 

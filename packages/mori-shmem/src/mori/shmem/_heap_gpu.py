@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from mori.core import _cuda as cu
+from mori.core import cuda as cu
 from mori.core.codes import Cmp
 from mori.core.memory import FdExchange
 

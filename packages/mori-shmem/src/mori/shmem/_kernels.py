@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from mori.core import _cuda as cu
+from mori.core import cuda as cu
 from mori.core import nvrtc
 
 from ._cuda import Context, launch

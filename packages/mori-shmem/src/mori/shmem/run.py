@@ -14,8 +14,7 @@ import subprocess
 import sys
 import time
 
-from mori.core.bootstrap import UniqueId, get_unique_id
-from mori.core.bootstrap._uid import take_listener
+from mori.core.bootstrap import UniqueId, get_unique_id, take_listener
 
 from .api import ENV_RANK, ENV_UID, ENV_WORLD
 

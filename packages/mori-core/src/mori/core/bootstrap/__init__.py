@@ -9,13 +9,14 @@
         bs.barrier()
 
 :func:`init_from_torch` and :func:`init_from_mpi` hand out the id through an existing
-``torch.distributed`` process group or MPI communicator.
+``torch.distributed`` process group or MPI communicator. :func:`take_listener` hands rank 0's
+listening socket to a launcher whose rank 0 is another process.
 """
 
 from ._bootstrap import Bootstrap
 from ._errors import BootstrapError, BootstrapTimeout
 from ._launchers import init_from_mpi, init_from_torch
-from ._uid import UNIQUE_ID_BYTES, UniqueId, get_unique_id
+from ._uid import UNIQUE_ID_BYTES, UniqueId, get_unique_id, take_listener
 
 __all__ = [
     "UNIQUE_ID_BYTES",
@@ -26,4 +27,5 @@ __all__ = [
     "get_unique_id",
     "init_from_mpi",
     "init_from_torch",
+    "take_listener",
 ]

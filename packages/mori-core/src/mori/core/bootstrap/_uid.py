@@ -161,7 +161,12 @@ def get_unique_id() -> bytes:
 
 
 def take_listener(uid: UniqueId) -> socket.socket:
-    """Rank 0's listening socket: the one get_unique_id opened here, else a fresh bind to the id's port."""
+    """Rank 0's listening socket: the one :func:`get_unique_id` opened here, else a fresh bind to the id's port.
+
+    The caller owns the socket. :class:`Bootstrap` takes it for rank 0; a launcher whose rank 0 is
+    another process (``python -m mori.shmem.run``) takes it and closes it, so that rank 0 binds the
+    same port. Raises :class:`BootstrapError` naming the address when that port cannot be bound.
+    """
     with _listeners_lock:
         sock = _listeners.pop(uid.nonce, None)
     if sock is not None:

@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _cuda
+from .. import cuda as _cuda
 from ._fdpass import check_fd
 
 __all__ = ["VmmAllocation", "granularity"]

@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from mori.core import _cuda, _native, nvrtc  # type: ignore[attr-defined]
+from mori.core import cuda as _cuda
+from mori.core import native as _native
+from mori.core import nvrtc
 
 __all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuffer", "TablePool"]
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mori.core import _cuda
+from mori.core import cuda as _cuda
 from mori.core.host import this_host
 from mori.core.memory import cuda_vmm, recv_fds, send_fds
 

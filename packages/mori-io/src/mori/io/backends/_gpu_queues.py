@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mori.core import _cuda
+from mori.core import cuda as _cuda
 
 from ..types import StatusCode
 from ._copy_kernels import CopyKernel, TableBuffer
@@ -221,7 +221,7 @@ class GpuTransfer:
             if res:  # CUresult is an int enum: 0 = success
                 if res == _NOT_READY:
                     return None
-                name, _ = _cuda._describe(res)
+                name, _ = _cuda.describe(res)
                 return StatusCode.ERR_GPU_OP, f"NVLink copy failed on device {self.queues.device}: {name}"
             self._fired += 1
         return _DONE

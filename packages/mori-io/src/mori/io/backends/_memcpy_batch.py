@@ -1,6 +1,6 @@
 """Many copies on one stream in one driver call, shared by the NVLink copy queues and the TCP
 staging copier: ``cuMemcpyBatchAsync`` (its CUDA 13 form, called natively by
-``mori.core._native.memcpy_batch``) where the driver has it, else the caller copies block by
+``mori.core.native.memcpy_batch``) where the driver has it, else the caller copies block by
 block."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from mori.core import _cuda, _native  # type: ignore[attr-defined]
+from mori.core import cuda as _cuda
+from mori.core import native as _native
 
 __all__ = ["BatchMemcpy"]
 

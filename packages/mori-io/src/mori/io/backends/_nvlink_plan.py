@@ -2,7 +2,7 @@
 
 No CUDA here, so it is tested on any machine:
 
-1. ``mori.core._native.gather_rows`` writes the batch's rows (src, dst, bytes) in one pass,
+1. ``mori.core.native.gather_rows`` writes the batch's rows (src, dst, bytes) in one pass,
    straight into the caller's buffer (the pinned table the kernel will read): blocks of zero
    bytes dropped, runs of blocks contiguous on both sides merged into one row;
 2. rows smaller than ``kernel_max`` bytes go to one launch of the gather kernel (in a large
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
+from mori.core import native as _native
 
 __all__ = ["CopyPlan", "plan_copies", "KERNEL_PIECE", "SHARE_MIN_ROW", "SHARE_MIN_ROWS"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mori.core import _cuda
+from mori.core import cuda as _cuda
 
 from .._control import ControlError
 from ..types import MemoryDesc, MemoryLocationType, StatusCode
@@ -146,7 +146,7 @@ class GpuStaging:
     """Both sides of GPU staging for one TCP backend; pools of ``pool_bytes`` per side."""
 
     def __init__(self, ctx: BackendContext, pool_bytes: int, expose: Callable[[int, int, int], None],
-                 hide: Callable[[int], None], stripe: int, notify: bool) -> None:
+                 hide: Callable[[int], object], stripe: int, notify: bool) -> None:
         self.ctx = ctx
         self._stripe = stripe
         self._notify = notify

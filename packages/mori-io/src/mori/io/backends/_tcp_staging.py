@@ -207,7 +207,7 @@ class SlotLeases:
     """
 
     def __init__(self, pool: StagingPool, ttl: float, expose: Callable[[int, int, int], None],
-                 hide: Callable[[int], None]) -> None:
+                 hide: Callable[[int], object]) -> None:
         self.pool = pool
         self._ttl = ttl
         self._expose, self._hide = expose, hide

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from mori.core import _cuda
 from mori.core import config as mori_config
+from mori.core import cuda as _cuda
 from mori.core.host import this_host
 
 from .._control import ControlClient, ControlError

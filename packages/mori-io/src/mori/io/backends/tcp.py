@@ -13,8 +13,8 @@ import secrets
 import threading
 from typing import Any
 
-from mori.core import _native  # type: ignore[attr-defined]  # compiled, no stubs
 from mori.core import config as mori_config
+from mori.core import native as _native
 
 from .._control import ControlError
 from ..types import (

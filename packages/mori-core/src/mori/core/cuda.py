@@ -9,8 +9,8 @@ Every mori module that talks to the CUDA driver or NVRTC goes through here, so t
 
 Usage::
 
-    drv = _cuda.driver()
-    ptr = _cuda.check(drv.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
+    drv = cuda.driver()
+    ptr = cuda.check(drv.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CudaError", "CudaUnavailableError", "driver", "nvrtc", "check", "call", "init_device"]
+__all__ = ["CudaError", "CudaUnavailableError", "call", "check", "describe", "driver", "entry_point", "init_device", "nvrtc"]
 
 _INSTALL_HINT = "install the CUDA extra: pip install 'mori-core[cuda]' (cuda-bindings and NVRTC)"
 
@@ -58,7 +58,7 @@ def nvrtc() -> ModuleType:
     return _load("nvrtc")
 
 
-def _describe(result: Any) -> tuple[str, str]:
+def describe(result: Any) -> tuple[str, str]:
     """(name, description) of a CUresult or nvrtcResult, without ever raising."""
     name = getattr(result, "name", str(result))
     try:
@@ -82,7 +82,7 @@ def check(returned: Any, call: str, detail: str = "") -> Any:
     """
     result, *values = returned
     if int(result) != 0:
-        name, description = _describe(result)
+        name, description = describe(result)
         raise CudaError(call, int(result), name, description, detail)
     if not values:
         return None
