@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks that fit a one-GPU machine, in one lease: install mori-core, mori-shmem and
-# mori-io; the shmem GPU tests with 2 PEs sharing the GPU (static and vmm heaps, the guide's Quick
+# mori-io; mori-core's VMM tests; the shmem GPU tests with 2 PEs sharing the GPU (static and vmm heaps, the guide's Quick
 # Reference); mori-io's TCP backend with GPU memory (target and initiator processes on the GPU);
 # the shmem put/latency benchmark with 2 PEs on the GPU (a PE's "peer" heap is then on the same
 # device, so the numbers are same-GPU copies, not NVLink). Logs and JSON go to $OUT.
@@ -33,6 +33,8 @@ step() {  # step NAME LIMIT COMMAND...: runs it with a time limit, log in $OUT/N
   [ $rc = 0 ] || status=1
   return $rc
 }
+step core_vmm_tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider "$repo/packages/mori-core/tests/test_memory_vmm.py"
+grep -E "passed|failed|Error" "$OUT/core_vmm_tests.log" | tail -5
 step shmem_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not 4" -s \
   "$repo/packages/mori-shmem/tests/test_gpu.py"
 grep -E "^ok |quick reference ok|passed|failed|Error" "$OUT/shmem_tests.log" | sort | uniq -c | sort -rn | head -30

@@ -349,3 +349,14 @@ def test_cuda_vmm_rejects_bad_arguments_before_touching_the_driver() -> None:
         cuda_vmm.VmmAllocation.create(1 << 20, 0, peers=[-2])
     with pytest.raises(ValueError, match="import_fd: -1 is not a file descriptor"):
         cuda_vmm.VmmAllocation.import_fd(-1, 1 << 20, 0)
+
+
+@pytest.mark.parametrize("size,device,alignment,match", [
+    (0, 0, 4096, "size must be an int > 0"), (4096, 0, 0, "alignment must be an int > 0"),
+    (6000, 0, 4096, "not a multiple of its alignment"), (4096, -1, 4096, "device ordinals"),
+    (4096.0, 0, 4096, "size must be an int"),
+])
+def test_vmm_reservation_rejects_bad_arguments_before_any_cuda_call(size: object, device: object, alignment: object,
+                                                                    match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        cuda_vmm.VmmReservation(size, device, alignment)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@ ci/device/core_vmm_check.py). Every test here needs at least one GPU, some two."
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import pytest
@@ -80,3 +81,33 @@ def test_errors_name_the_failing_call() -> None:
         cuda_vmm.VmmAllocation.import_fd(seg.fd, 1 << 21, 0)  # a memfd is not a CUDA allocation
     with pytest.raises(_cuda.CudaError, match="cuMemCreate failed: CUDA_ERROR_"):
         cuda_vmm.VmmAllocation.create(1 << 50, 0)
+
+
+def test_reservation_grows_by_chunks_and_imports_a_peer_chunk_at_the_same_offset() -> None:
+    gran = cuda_vmm.granularity(0, recommended=True)
+    assert gran % cuda_vmm.granularity(0) == 0
+    with cuda_vmm.VmmReservation(4 * gran, 0, gran) as own, cuda_vmm.VmmReservation(4 * gran, 0, gran) as peer:
+        base = own.base
+        own.create_chunk(0, gran)
+        own.create_chunk(2 * gran, 2 * gran)  # a hole at [gran, 2 gran) is allowed
+        assert own.base == base and own.mapped == [(0, gran), (2 * gran, 2 * gran)]
+        data = os.urandom(2 * gran)
+        src = (ctypes.c_char * len(data)).from_buffer_copy(data)
+        _cuda.call("cuMemcpyHtoD", own.base + 2 * gran, ctypes.addressof(src), len(data))
+        fd = own.export_chunk(2 * gran)
+        try:
+            peer.import_chunk(2 * gran, 2 * gran, fd)
+        finally:
+            os.close(fd)
+        out = (ctypes.c_char * len(data))()
+        _cuda.call("cuMemcpyDtoH", ctypes.addressof(out), peer.base + 2 * gran, len(data))
+        assert out.raw == data  # the peer's mapping aliases the owner's chunk
+        for args, match in (((0, gran), "overlaps"), ((3 * gran, gran), "overlaps"), ((gran + 1, gran), "multiple"),
+                            ((gran, 0), "empty"), ((3 * gran, 2 * gran), "past")):
+            with pytest.raises(ValueError, match=match):
+                own.create_chunk(*args)
+        with pytest.raises(ValueError, match="no chunk"):
+            own.export_chunk(gran)
+    assert own.base == 0 and own.mapped == []
+    with pytest.raises(ValueError, match="freed"):
+        own.create_chunk(0, gran)

@@ -1,7 +1,7 @@
 """The GPU heap: CUDA VMM memory per PE, exported as POSIX file descriptors and mapped by every PE.
 
-Each PE reserves virtual addresses for its own heap and for every peer's, then backs them in
-chunks: ``static`` mode maps the whole heap at init (one chunk), ``vmm`` mode maps
+Each PE reserves virtual addresses for its own heap and for every peer's
+(:class:`mori.core.memory.cuda_vmm.VmmReservation`), then backs them in chunks: ``static`` mode maps the whole heap at init (one chunk), ``vmm`` mode maps
 ``MORI_SHMEM_VMM_CHUNK_SIZE`` chunks as the allocator's high-water mark grows. Growing is
 collective: every PE creates its next chunk, the chunks' descriptors are exchanged through
 :class:`mori.core.memory.FdExchange`, and every PE maps every peer's chunk at the same offset of
@@ -17,7 +17,7 @@ from typing import Any
 
 from mori.core import cuda as cu
 from mori.core.codes import Cmp
-from mori.core.memory import FdExchange
+from mori.core.memory import FdExchange, cuda_vmm
 
 from ._cuda import Context
 from ._heap import Heap
@@ -29,32 +29,6 @@ def _round_up(value: int, granule: int) -> int:
     return (value + granule - 1) // granule * granule
 
 
-class _Reservation:
-    """A reserved virtual range and the chunks mapped into it."""
-
-    def __init__(self, size: int, alignment: int) -> None:
-        self.size = size
-        self.base = int(cu.call("cuMemAddressReserve", size, alignment, 0, 0))
-        self.chunks: list[tuple[int, int, Any]] = []  # (offset, size, CUmemGenericAllocationHandle)
-
-    def map(self, offset: int, size: int, handle: Any, device: int) -> None:
-        drv = cu.driver()
-        cu.call("cuMemMap", self.base + offset, size, 0, handle, 0, detail=f"offset {offset:#x}")
-        self.chunks.append((offset, size, handle))
-        access = drv.CUmemAccessDesc()
-        access.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        access.location.id = device
-        access.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        cu.call("cuMemSetAccess", self.base + offset, size, [access], 1, detail=f"device {device}")
-
-    def release(self) -> None:
-        for offset, size, handle in self.chunks:
-            cu.call("cuMemUnmap", self.base + offset, size)
-            cu.call("cuMemRelease", handle)
-        self.chunks.clear()
-        cu.call("cuMemAddressFree", self.base, self.size)
-
-
 class GpuHeap(Heap):
     """CUDA VMM heap; ``mode`` is ``static`` or ``vmm`` (grown in ``chunk_size`` steps)."""
 
@@ -63,30 +37,23 @@ class GpuHeap(Heap):
 
     def __init__(self, bootstrap: Any, ctx: Context, size: int, mode: str, chunk_size: int,
                  p2p_disabled: bool, initial: int) -> None:
-        drv = cu.driver()
         self.ctx = ctx
         self.mode = mode
         self.p2p_disabled = p2p_disabled
         self._rank, self._world = bootstrap.rank, bootstrap.world
         self._fdx = FdExchange(bootstrap) if bootstrap.world > 1 and not p2p_disabled else None
-        prop = drv.CUmemAllocationProp()
-        prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = ctx.device
-        prop.requestedHandleTypes = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        self._prop = prop
-        granule = int(cu.call("cuMemGetAllocationGranularity", prop,
-                              drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        granule = cuda_vmm.granularity(ctx.device, recommended=True)
+        ctx.make_current()  # granularity() made the device's primary context current; the PE may use another
         self.chunk = _round_up(size if mode == "static" else chunk_size, granule)
         self.size = _round_up(size, self.chunk)
         self.mapped = 0
-        self._reservations: list[_Reservation | None] = [None] * self._world
+        self._reservations: list[cuda_vmm.VmmReservation | None] = [None] * self._world
         self._poll_stream: Any = None
         try:
-            self._poll_stream = cu.call("cuStreamCreate", drv.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+            self._poll_stream = cu.call("cuStreamCreate", cu.driver().CUstream_flags.CU_STREAM_NON_BLOCKING.value)
             for pe in range(self._world):
                 if pe == self._rank or not p2p_disabled:
-                    self._reservations[pe] = _Reservation(self.size, granule)
+                    self._reservations[pe] = cuda_vmm.VmmReservation(self.size, ctx.device, granule)
             own = self._reservations[self._rank]
             assert own is not None
             self.base = own.base
@@ -109,13 +76,11 @@ class GpuHeap(Heap):
         fds = []
         try:
             for offset in new_offsets:
-                handle = cu.call("cuMemCreate", self.chunk, self._prop, 0, detail=f"{self.chunk} bytes")
-                own.map(offset, self.chunk, handle, self.ctx.device)
+                own.create_chunk(offset, self.chunk)
                 # cuMemCreate memory is not zeroed (barrier slots and signals must start at 0).
                 cu.call("cuMemsetD8", self.base + offset, 0, self.chunk)
                 if self._fdx is not None:
-                    fds.append(int(cu.call("cuMemExportToShareableHandle", handle,
-                                           cu.driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)))
+                    fds.append(own.export_chunk(offset))
             # Zeroed before the exchange: no peer can write into a chunk before its owner cleared it.
             self.ctx.synchronize()
             if self._fdx is not None:
@@ -126,8 +91,6 @@ class GpuHeap(Heap):
         self.mapped = new_offsets[-1] + self.chunk
 
     def _map_peers(self, offsets: list[int], peer_fds: list[list[int]]) -> None:
-        drv = cu.driver()
-        posix = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         try:
             for pe, fds in enumerate(peer_fds):
                 reservation = self._reservations[pe]
@@ -137,8 +100,7 @@ class GpuHeap(Heap):
                     raise RuntimeError(f"PE {pe} sent {len(fds)} heap chunks, expected {len(offsets)}: "
                                        "shmem_malloc/shmem_free sequences differ between PEs")
                 for offset, fd in zip(offsets, fds):
-                    handle = cu.call("cuMemImportFromShareableHandle", fd, posix, detail=f"PE {pe}")
-                    reservation.map(offset, self.chunk, handle, self.ctx.device)
+                    reservation.import_chunk(offset, self.chunk, fd)
         finally:
             for fds in peer_fds:
                 for fd in fds:
@@ -196,5 +158,5 @@ class GpuHeap(Heap):
         for pe in order:
             reservation = self._reservations[pe]
             if reservation is not None:
-                reservation.release()
+                reservation.free()
                 self._reservations[pe] = None

@@ -6,8 +6,13 @@ devices. ``export_fd()`` gives a descriptor another process receives over a Unix
 (:func:`mori.core.memory.send_fds`) and maps with :meth:`VmmAllocation.import_fd`: over NVLink
 the importer's loads and stores reach the exporter's GPU memory directly.
 
+A :class:`VmmReservation` is a fixed virtual range that grows by chunks mapped at offsets, its
+own (:meth:`~VmmReservation.create_chunk`) or a peer's (:meth:`~VmmReservation.import_chunk`):
+the base address never moves, so pointers handed out before a growth stay valid (the symmetric
+heap of mori.shmem is one reservation per PE).
+
 Needs the ``mori-core[cuda]`` extra (``cuda-bindings``); importing this module does not, and
-every call without it raises :class:`mori.core._cuda.CudaUnavailableError` saying what to
+every call without it raises :class:`mori.core.cuda.CudaUnavailableError` saying what to
 install. Multicast objects are deliberately never created here.
 """
 
@@ -21,7 +26,7 @@ from typing import Any
 from .. import cuda as _cuda
 from ._fdpass import check_fd
 
-__all__ = ["VmmAllocation", "granularity"]
+__all__ = ["VmmAllocation", "VmmReservation", "granularity"]
 
 
 def _prop(device: int) -> Any:
@@ -38,10 +43,15 @@ def _fd_handle_type() -> Any:
     return _cuda.driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 
 
-def granularity(device: int) -> int:
-    """The minimum granularity (bytes) of VMM allocations on ``device``; sizes round up to it."""
+def granularity(device: int, recommended: bool = False) -> int:
+    """The granularity (bytes) of VMM allocations on ``device``: sizes round up to it.
+
+    ``recommended=True`` gives the driver's recommended granularity (for performance) instead of
+    the minimum. Makes ``device``'s primary context current.
+    """
     _cuda.init_device(device)
-    flag = _cuda.driver().CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    flags = _cuda.driver().CUmemAllocationGranularity_flags
+    flag = flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED if recommended else flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
     return int(_cuda.call("cuMemGetAllocationGranularity", _prop(device), flag, detail=f"device {device}"))
 
 
@@ -50,6 +60,18 @@ def _rounded(size: int, device: int) -> int:
         raise ValueError(f"VMM allocation size must be an int > 0 bytes, got {size!r}")
     gran = granularity(device)
     return -(-size // gran) * gran
+
+
+def _access(devices: Sequence[int]) -> list[Any]:
+    drv = _cuda.driver()
+    descs = []
+    for d in devices:
+        desc = drv.CUmemAccessDesc()
+        desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = d
+        desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        descs.append(desc)
+    return descs
 
 
 def _check_devices(devices: Sequence[int]) -> list[int]:
@@ -121,14 +143,7 @@ class VmmAllocation:
         devices = _check_devices(devices)
         if not devices:
             raise ValueError("set_access: name at least one device")
-        drv = _cuda.driver()
-        descs = []
-        for d in devices:
-            desc = drv.CUmemAccessDesc()
-            desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            desc.location.id = d
-            desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            descs.append(desc)
+        descs = _access(devices)
         _cuda.call("cuMemSetAccess", self.ptr, self.size, descs, len(descs),
                    detail=f"devices {devices} on 0x{self.ptr:x} (+{self.size} bytes)")
 
@@ -193,3 +208,100 @@ class VmmAllocation:
     def __repr__(self) -> str:
         state = "freed" if self._handle is None else f"ptr=0x{self.ptr:x}"
         return f"VmmAllocation({state}, size={self.size}, device={self.device}, imported={self.imported})"
+
+
+class VmmReservation:
+    """A reserved virtual range (``base``, ``size`` bytes) backed chunk by chunk, used from ``device``.
+
+    Chunks are mapped at ``offset`` (a multiple of ``alignment``), readable and writable from
+    ``device``: :meth:`create_chunk` makes new memory on ``device`` (not zeroed), and
+    :meth:`import_chunk` maps a peer's chunk from the fd its :meth:`export_chunk` gave. Offsets
+    already mapped are refused. :meth:`free` unmaps every chunk, then frees the range; it is
+    idempotent, and a context manager frees on exit.
+    """
+
+    def __init__(self, size: int, device: int, alignment: int) -> None:
+        (device,) = _check_devices([device])
+        for what, value in (("size", size), ("alignment", alignment)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"VmmReservation {what} must be an int > 0 bytes, got {value!r}")
+        if size % alignment:
+            raise ValueError(f"VmmReservation size {size} is not a multiple of its alignment {alignment}")
+        self.size, self.device, self.alignment = size, device, alignment
+        self.base = int(_cuda.call("cuMemAddressReserve", size, alignment, 0, 0, detail=f"{size} bytes"))
+        self._chunks: dict[int, tuple[int, Any]] = {}  # offset -> (size, CUmemGenericAllocationHandle)
+
+    @property
+    def mapped(self) -> list[tuple[int, int]]:
+        """``(offset, size)`` of every mapped chunk, in mapping order."""
+        return [(offset, size) for offset, (size, _) in self._chunks.items()]
+
+    def create_chunk(self, offset: int, size: int) -> None:
+        """Backs ``[offset, offset + size)`` with new memory on ``device`` (not zeroed)."""
+        self._check_free_range(offset, size)
+        handle = _cuda.call("cuMemCreate", size, _prop(self.device), 0, detail=f"{size} bytes on device {self.device}")
+        self._map(offset, size, handle)
+
+    def import_chunk(self, offset: int, size: int, fd: int) -> None:
+        """Maps a peer's chunk, received as ``fd``, at ``offset``; the caller keeps ``fd``."""
+        check_fd(fd, "VmmReservation.import_chunk")
+        self._check_free_range(offset, size)
+        handle = _cuda.call("cuMemImportFromShareableHandle", fd, _fd_handle_type(), detail=f"fd {fd}")
+        self._map(offset, size, handle)
+
+    def export_chunk(self, offset: int) -> int:
+        """A new fd for the chunk mapped at ``offset``, for a peer's :meth:`import_chunk`; the caller owns it."""
+        if offset not in self._chunks:
+            raise ValueError(f"no chunk is mapped at offset {offset:#x} of this reservation")
+        fd = int(_cuda.call("cuMemExportToShareableHandle", self._chunks[offset][1], _fd_handle_type(), 0))
+        os.set_inheritable(fd, False)
+        return fd
+
+    def _check_free_range(self, offset: int, size: int) -> None:
+        if self.base == 0:
+            raise ValueError("VmmReservation has been freed")
+        for what, value in (("offset", offset), ("size", size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value % self.alignment:
+                raise ValueError(f"chunk {what} {value!r} is not a multiple of the alignment {self.alignment}")
+        if size == 0 or offset + size > self.size:
+            raise ValueError(f"chunk [{offset:#x}, {offset + size:#x}) is empty or past the {self.size}-byte reservation")
+        for start, (length, _) in self._chunks.items():
+            if offset < start + length and start < offset + size:
+                raise ValueError(f"chunk [{offset:#x}, {offset + size:#x}) overlaps the one mapped at {start:#x}")
+
+    def _map(self, offset: int, size: int, handle: Any) -> None:
+        """Maps ``handle`` and grants ``device`` access; on failure undoes that and releases ``handle``."""
+        addr = self.base + offset
+        try:
+            _cuda.call("cuMemMap", addr, size, 0, handle, 0, detail=f"offset {offset:#x}")
+            try:
+                descs = _access([self.device])
+                _cuda.call("cuMemSetAccess", addr, size, descs, 1, detail=f"device {self.device}")
+            except BaseException:
+                _cuda.call("cuMemUnmap", addr, size)
+                raise
+        except BaseException:
+            _cuda.call("cuMemRelease", handle)
+            raise
+        self._chunks[offset] = (size, handle)
+
+    def free(self) -> None:
+        """Unmaps and releases every chunk, then frees the range. Idempotent."""
+        if self.base == 0:
+            return
+        for offset, (size, handle) in self._chunks.items():
+            _cuda.call("cuMemUnmap", self.base + offset, size)
+            _cuda.call("cuMemRelease", handle)
+        self._chunks.clear()
+        base, self.base = self.base, 0
+        _cuda.call("cuMemAddressFree", base, self.size)
+
+    def __enter__(self) -> VmmReservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self.base == 0 else f"base=0x{self.base:x}, {len(self._chunks)} chunks"
+        return f"VmmReservation({state}, size={self.size}, device={self.device})"
