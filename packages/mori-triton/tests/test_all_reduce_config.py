@@ -25,7 +25,7 @@ def test_table_rows_grow_and_cover_every_size():
 def test_sweep_holds_every_kernel_and_the_defaults():
     for size in (8 << 10, 64 * 7168 * 2, 2 << 20, 64 << 20):
         configs = sweep(size)
-        kernels = {"v1", "v2", "v3"} if size <= 2 << 20 else {"v1", "v2"}  # v3 has slots up to a few MiB
+        kernels = {"v2", "v3"} if size <= 2 << 20 else {"v2"}  # v3 has slots up to a few MiB
         assert {c.kernel for c in configs} == kernels and len(set(configs)) == len(configs)
         assert default_config(size, 4) in configs, f"the default at {size} bytes is not benchmarked"
     assert set(sweep(2 << 20)) == set(SWEEP_SMALL) | set(SWEEP_LARGE)
@@ -33,10 +33,10 @@ def test_sweep_holds_every_kernel_and_the_defaults():
 
 def test_labels_name_every_field():
     assert AllReduceConfig(False, 4096, 8, 132).label == "2shot-v2 b4096 w8 g132"
-    assert AllReduceConfig(True, 2048, 8, 64, "v1").label == "1shot-v1 b2048 w8 g64"
+    assert AllReduceConfig(True, 2048, 8, 64, "v3").label == "1shot-v3 b2048 w8 g64"
 
 
-@pytest.mark.parametrize("args,match", [((True, 1024, 4, 64, "v4"), "kernel"), ((True, 1000, 4, 64), "block"),
+@pytest.mark.parametrize("args,match", [((True, 1024, 4, 64, "v4"), "kernel"), ((True, 1024, 4, 64, "v1"), "kernel"), ((True, 1000, 4, 64), "block"),
                                         ((True, 1024, 3, 64), "num_warps"), ((True, 1024, 4, 0), "max_blocks"),
                                         ((True, 1024, 4, 4096), "max_blocks")])
 def test_bad_configs_are_refused(args, match):

@@ -14,7 +14,6 @@ from triton.backends.compiler import GPUTarget
 from mori.triton import DEVICE_FUNCTIONS, BitcodeError, compile_ir, find_bitcode
 from mori.triton._all_reduce import DEFAULT_TABLE, SWEEP_LARGE, SWEEP_SMALL
 from mori.triton._all_reduce_fast import all_reduce_fast_kernel
-from mori.triton._all_reduce_kernels import all_reduce_kernel
 from mori.triton._all_reduce_lamport import all_reduce_lamport_kernel
 from mori.triton.kernels import (
     PUT_RING_IR,
@@ -110,22 +109,6 @@ def _compile_all_reduce(fn, sig, aligned, constexprs, num_warps):
     consts = {(names.index(name),): value for name, value in constexprs.items()}
     src = triton.compiler.ASTSource(fn=fn, signature=sig, attrs=attrs, constexprs=consts)
     return triton.compile(src, target=TARGET, options={"num_warps": num_warps}).asm["ptx"]
-
-
-@pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("one_shot", [True, False])
-def test_all_reduce_kernel_compiles_vectorised(world, one_shot):
-    sig = {"inp": "*bf16", "out": "*bf16", "bufs": ("*bf16",) * world, "flags": ("*u32",) * world,
-           "mine": "*bf16", "my_flags": "*u32", "epochs": "*u32", "rank": "i32", "n": "i32", "chunk": "i32",
-           "timeout_ns": "i64", "W": "constexpr", "MAXB": "constexpr", "BLOCK": "constexpr", "ONE_SHOT": "constexpr"}
-    ptx = _compile_all_reduce(all_reduce_kernel, sig, ("inp", "out", "bufs", "flags", "mine", "my_flags", "epochs",
-                                                       "n", "chunk"),
-                              {"W": world, "MAXB": 256, "BLOCK": 2048, "ONE_SHOT": one_shot}, 4)
-    ops = set(re.findall(r"(ld\.global[.\w]*|st\.global[.\w]*)", ptx))
-    # Every data load/store is a 16-byte vector; flags use acquire loads and release exchanges.
-    assert {o for o in ops if ".b16" in o} == set(), ops
-    assert "st.global.v4.b32" in ops and "ld.global.sys.acquire.b32" in ops
-    assert "atom.global.sys.release.exch.b32" in ptx and "%globaltimer" in ptx
 
 
 def _compile_fast(world, one_shot, block, num_warps, dtype="bf16"):

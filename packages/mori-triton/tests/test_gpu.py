@@ -153,12 +153,11 @@ def test_kernel_b_put_signal(world, shape):
             shmem.shmem_free(t.data_ptr())
 
 
-# (one_shot, block, num_warps, max_blocks, kernel): v1 and v2 of both algorithms; small grids make
+# (one_shot, block, num_warps, max_blocks, kernel): v2 and v3 of both algorithms; small grids make
 # every block loop over several tiles, the 132-block one is the large-size shape. Every config
 # runs bf16; the small-grid v2 ones (which cover the most code paths) every dtype.
 _SMALL_GRID = [(True, 1024, 4, 8, k) for k in ("v2", "v3")] + [(False, 1024, 4, 8, k) for k in ("v2", "v3")]
-ALL_REDUCE_CASES = [("bfloat16", c) for c in [(True, 2048, 4, 64, "v1"), (False, 2048, 4, 64, "v1"),
-                                              *_SMALL_GRID, (True, 2048, 8, 64, "v2"), (False, 4096, 8, 132, "v2"),
+ALL_REDUCE_CASES = [("bfloat16", c) for c in [*_SMALL_GRID, (True, 2048, 8, 64, "v2"), (False, 4096, 8, 132, "v2"),
                                               (True, 2048, 8, 64, "v3"), (False, 1024, 4, 128, "v3")]]
 ALL_REDUCE_CASES += [(d, c) for d in ("float16", "float32") for c in _SMALL_GRID]
 

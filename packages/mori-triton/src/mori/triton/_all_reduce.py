@@ -18,7 +18,6 @@ import triton
 from mori.core import config
 
 from ._all_reduce_fast import all_reduce_fast_kernel
-from ._all_reduce_kernels import all_reduce_kernel
 from ._all_reduce_lamport import SETS, all_reduce_lamport_kernel
 
 __all__ = ["AllReduce", "AllReduceConfig", "DEFAULT_TABLE", "all_reduce", "default_config"]
@@ -27,7 +26,7 @@ MAX_WORLD = 8
 _MAXB = 1024  # flag slots per (phase, source PE): the most blocks a launch may use
 _ALIGN = 64  # slice lengths are multiples of 64 elements: 16-byte vectors everywhere
 _DTYPES = ("bfloat16", "float16", "float32")
-KERNELS = ("v1", "v2", "v3")
+KERNELS = ("v2", "v3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +34,8 @@ class AllReduceConfig:
     """How one call runs: algorithm, elements per block iteration, warps, block cap and kernel.
 
     ``kernel``: ``"v3"`` (``_all_reduce_lamport``: no flags, the receiver polls the data, up to
-    the AllReduce's ``lamport_max_bytes``), ``"v2"`` (``_all_reduce_fast``: all peers signalled
-    and awaited in parallel, 2-D tiles) or ``"v1"`` (``_all_reduce_kernels``: the first version,
-    peer after peer).
+    the AllReduce's ``lamport_max_bytes``) or ``"v2"`` (``_all_reduce_fast``: all peers signalled
+    and awaited in parallel, 2-D tiles).
     """
 
     one_shot: bool
@@ -87,13 +85,11 @@ def _configs(one_shot: bool, shapes: tuple[tuple[int, int], ...], grids: tuple[i
 SWEEP_SMALL = (  # up to 2 MiB
     *_configs(True, ((1024, 4), (2048, 4), (2048, 8)), (32, 64, 128)),
     *_configs(False, ((1024, 4), (2048, 4), (4096, 8)), (64, 128, 256)),
-    AllReduceConfig(True, 2048, 8, 64, "v1"), AllReduceConfig(False, 4096, 8, 128, "v1"),
     *_configs(True, ((512, 2), (1024, 4), (2048, 8)), (32, 64, 128, 256), "v3"),
     *_configs(False, ((256, 1), (512, 2), (1024, 4), (2048, 4)), (64, 128, 256, 512), "v3"),
 )
 SWEEP_LARGE = (  # from 2 MiB
     *_configs(False, ((2048, 4), (4096, 8), (8192, 8)), (132, 264, 528)),
-    AllReduceConfig(False, 4096, 8, 128, "v1"),
 )
 
 
@@ -150,7 +146,7 @@ class AllReduce:
         # <= 4 bytes); one-shot: 2 slot sets of W whole inputs.
         padded = self.max_bytes + 4 * self.world * _ALIGN
         data_bytes = max(2 * padded, 2 * self.world * _cdiv(self.one_shot_max_bytes, 256) * 256)
-        # flags [2][W][MAXB], then v1/v2 epochs [MAXB], then v3 set counters [MAXB]
+        # flags [2][W][MAXB], then v2 epochs [MAXB], then v3 set counters [MAXB]
         flag_bytes = (2 * self.world + 2) * _MAXB * 4
         # v3: SETS sets, each the larger of one-shot's W inputs and two-shot's recv + gather slots
         lamport = min(self.lamport_max_bytes, self.one_shot_max_bytes)
@@ -262,19 +258,14 @@ class AllReduce:
         epochs = self._flags + 2 * self.world * _MAXB * 4
         wp = triton.next_power_of_2(self.world)
         extra: tuple[Any, ...] = ()
-        if cfg.kernel == "v1":
-            kernel = all_reduce_kernel
-            ptrs: tuple[Any, ...] = (tensor.data_ptr(), out.data_ptr(), tuple(self._peers), tuple(self._peer_flags),
-                                     self._data, self._flags, epochs)
-            consts: tuple[Any, ...] = (self.world, _MAXB, cfg.block, one_shot)
-            names: tuple[str, ...] = ("W", "MAXB", "BLOCK", "ONE_SHOT")
-        elif cfg.kernel == "v2":
+        if cfg.kernel == "v2":
             kernel = all_reduce_fast_kernel
             deltas = tuple((p - self._data) // esize for p in self._peers)
             flag_deltas = tuple((p - self._flags) // 4 for p in self._peer_flags)
-            ptrs = (tensor.data_ptr(), out.data_ptr(), self._data, self._flags, epochs, deltas, flag_deltas)
-            consts = (self.world, wp, _MAXB, cfg.block, one_shot)
-            names = ("W", "WP", "MAXB", "BLOCK", "ONE_SHOT")
+            ptrs: tuple[Any, ...] = (tensor.data_ptr(), out.data_ptr(), self._data, self._flags, epochs, deltas,
+                                     flag_deltas)
+            consts: tuple[Any, ...] = (self.world, wp, _MAXB, cfg.block, one_shot)
+            names: tuple[str, ...] = ("W", "WP", "MAXB", "BLOCK", "ONE_SHOT")
         else:
             kernel = all_reduce_lamport_kernel
             deltas = tuple((p - self._lamport) // esize for p in self._peer_lamport)
@@ -291,12 +282,9 @@ class AllReduce:
         if compiled is None:
             t, u32, ptr = tensor.dtype, torch.uint32, _DevicePointer
             head = (ptr(tensor.data_ptr(), t), ptr(out.data_ptr(), t))
-            if cfg.kernel == "v1":
-                typed: tuple[Any, ...] = (*head, tuple(ptr(p, t) for p in self._peers),
-                                          tuple(ptr(p, u32) for p in self._peer_flags), ptr(self._data, t),
-                                          ptr(self._flags, u32), ptr(epochs, u32))
-            elif cfg.kernel == "v2":
-                typed = (*head, ptr(self._data, t), ptr(self._flags, u32), ptr(epochs, u32), *ptrs[5:])
+            if cfg.kernel == "v2":
+                typed: tuple[Any, ...] = (*head, ptr(self._data, t), ptr(self._flags, u32), ptr(epochs, u32),
+                                          *ptrs[5:])
             else:
                 typed = (*head, ptr(self._lamport, t), ptr(epochs + _MAXB * 4, u32), ptrs[4])
             # Compile without launching: the caller launches through the plan.

@@ -1,28 +1,28 @@
-"""Latency-first kernels of :func:`mori.triton.all_reduce` ("v2"; the first version stays in
-``_all_reduce_kernels`` and is selectable through :class:`AllReduceConfig`).
+"""Latency-first kernels of :func:`mori.triton.all_reduce` ("v2").
 
-Same protocol as v1 (one flag per (phase, source PE, block), epochs that only grow, two
-one-shot slot sets), but every step that v1 did peer after peer runs for all peers at once:
+One flag per (phase, source PE, block), epochs that only grow, two one-shot slot sets; every
+step runs for all peers at once:
 
 - **signals** are ``st.release.sys`` stores issued by W lanes of warp 0 in parallel, after a
-  ``bar.sync``; v1 sent W-1 ``atom.exch.release.sys`` one after the other, and each one's fence
-  waited for the previous atomic's NVLink round trip;
+  ``bar.sync`` (one ``atom.exch.release.sys`` per peer in turn would wait for each previous
+  atomic's NVLink round trip at its fence);
 - **waits** spin inside one inline-PTX loop per lane (``ld.acquire.sys`` + ``%globaltimer``
-  deadline), all peers' flags at once, then meet at one ``bar.sync``; v1 polled flag after flag
-  with a block barrier per poll;
+  deadline), all peers' flags at once, then meet at one ``bar.sync``;
 - **data** moves as 2-D tiles ``[WP, BLOCK]`` (row j = peer j): one tile of loads is issued
   before any of its stores, so W-1 peers' worth of 16-byte accesses are in flight per thread.
   Peer addresses are a typed base pointer (``mine``) plus per-row element offsets
   (``deltas``) declared ``tl.multiple_of``, which keeps Triton's 16-byte vectorisation.
 
 Sums are fp32 in rank order (row j is added as ``sum(where(row == j, tile, -0.0))``, which is
-exact), so results are bit-identical to v1 and to ``sum(x_r.float() for r in ranks)``.
+exact), so results are bit-identical to ``sum(x_r.float() for r in ranks)``.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._all_reduce_parts import per_lane, rank_order_sum
 
 __all__ = ["all_reduce_fast_kernel"]
 
@@ -64,15 +64,6 @@ def _thread_id(like):
 
 
 @triton.jit
-def _per_lane(values, lanes, W: tl.constexpr):
-    """The int64 tensor ``[values[0], ..., values[W-1], 0, ...]`` over ``lanes`` (no memory access)."""
-    out = tl.zeros(lanes.shape, tl.int64)
-    for j in tl.static_range(W):
-        out = tl.where(lanes == j, values[j], out)
-    return out
-
-
-@triton.jit
 def _signal_peers(flag_addr, active, epoch):
     tl.debug_barrier()  # every thread's stores precede the release (cumulative through bar.sync)
     tl.inline_asm_elementwise(_SIGNAL_PTX, "=r,l,r,r",
@@ -90,15 +81,6 @@ def _wait_peers(flag_addr, active, epoch, timeout_ns):
         tl.device_print("mori all_reduce: timed out waiting for a peer's flag; epoch", epoch)
         tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
     tl.debug_barrier()  # the acquiring lanes' view reaches every thread of the block
-
-
-@triton.jit
-def _rank_order_sum(tile, rows, W: tl.constexpr):
-    """fp32 sum of the W rows of ``tile`` in row order (``-0.0`` is the exact identity)."""
-    acc = tl.full([tile.shape[1]], -0.0, tl.float32)
-    for j in tl.static_range(W):
-        acc += tl.sum(tl.where(rows == j, tile, -0.0), axis=0)
-    return acc
 
 
 @triton.jit
@@ -120,7 +102,7 @@ def _one_shot(inp, out, mine, rows, deltas, n, rank, epoch, pid, nblocks, flag_o
         m = idx < n
         tile = tl.load(mine + slots + rows * n + idx, mask=m & peers, other=-0.0).to(tl.float32)
         tile += tl.load(inp + idx + 0 * rows, mask=m & (rows == rank), other=-0.0).to(tl.float32)
-        acc = _rank_order_sum(tile, rows, W)
+        acc = rank_order_sum(tile, rows, W)
         tl.store(out + idx, acc[None, :].to(out.dtype.element_ty), mask=m)
 
 
@@ -146,7 +128,7 @@ def _two_shot(inp, out, mine, rows, deltas, n, chunk, rank, epoch, pid, nblocks,
         tile = tl.load(mine + rows * chunk + idx, mask=m & peers, other=-0.0).to(tl.float32)
         # the slice's tail past n holds zeros on every PE
         tile += tl.load(inp + g + 0 * rows, mask=m & (g < n) & (rows == rank), other=-0.0).to(tl.float32)
-        r = _rank_order_sum(tile, rows, W)[None, :].to(out.dtype.element_ty)
+        r = rank_order_sum(tile, rows, W)[None, :].to(out.dtype.element_ty)
         tl.store(out + g, r, mask=m & (g < n))
         tl.store(mine + deltas + gather + rank * chunk + idx, tl.broadcast_to(r, (rows.shape[0], BLOCK)),
                  mask=m & peers)
@@ -176,9 +158,9 @@ def all_reduce_fast_kernel(inp, out, mine, my_flags, epochs, deltas, flag_deltas
     epoch = tl.load(epochs + pid).to(tl.int32, bitcast=True) + 1  # wraps; compared as signed differences
     lanes = tl.arange(0, WP)
     rows = lanes[:, None]
-    deltas2 = tl.multiple_of(_per_lane(deltas, lanes, W), 64)[:, None]
+    deltas2 = tl.multiple_of(per_lane(deltas, lanes, W), 64)[:, None]
     # Flag of this block in phase 0: mine from PE j at [j][pid], mine at PE j at [rank][pid].
-    fdeltas = _per_lane(flag_deltas, lanes, W)
+    fdeltas = per_lane(flag_deltas, lanes, W)
     flag_out = (my_flags + fdeltas + rank * MAXB + pid).to(tl.int64)
     flag_in = (my_flags + lanes * MAXB + pid).to(tl.int64)
     # Lanes of warp 0 talk to the peers, one lane each.

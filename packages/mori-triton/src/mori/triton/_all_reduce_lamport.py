@@ -1,6 +1,6 @@
 """Flag-free kernels of :func:`mori.triton.all_reduce` ("v3"): the data is its own signal.
 
-v1 and v2 hand data over with a flag: the writer's release store must wait until every earlier
+v2 hands data over with a flag: the writer's release store must wait until every earlier
 store of its block has reached the peer (an NVLink round trip), and only then does the flag
 start its own one-way trip. v3 removes both from the critical path, the way a Lamport clock
 needs no lock: every receive slot holds a *sentinel* (all bits set: a NaN no input can hold)
@@ -20,7 +20,7 @@ the sentinel is final. After reading, the receiver writes the sentinel back.
 One-shot: every PE pushes its whole input into slot ``rank`` of every peer's set, then sums the W
 slots of its own set. Two-shot: chunk j of every input goes to PE j (reduce-scatter), PE j sums
 it and pushes the result into every peer's gather slot (all-gather). Sums are fp32 in rank
-order, bit-identical to v1 and v2.
+order, bit-identical to v2.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._all_reduce_fast import _per_lane, _rank_order_sum
-from ._all_reduce_kernels import _globaltimer
+from ._all_reduce_parts import globaltimer, per_lane, rank_order_sum
 
 __all__ = ["all_reduce_lamport_kernel", "SETS"]
 
@@ -68,12 +67,12 @@ def _poll(ptrs, mask, timeout_ns):
     tile = tl.load(ptrs, mask=mask, other=-0.0, volatile=True)
     missing = tl.max((mask & (_bits(tile) == -1)).to(tl.int32))
     if missing != 0:
-        start = _globaltimer()
+        start = globaltimer()
         late = 0
         while (missing != 0) & (late == 0):
             tile = tl.load(ptrs, mask=mask, other=-0.0, volatile=True)
             missing = tl.max((mask & (_bits(tile) == -1)).to(tl.int32))
-            late = (_globaltimer() - start > timeout_ns).to(tl.int32)
+            late = (globaltimer() - start > timeout_ns).to(tl.int32)
         if missing != 0:
             tl.device_print("mori all_reduce: timed out waiting for a peer's data (v3)", missing)
             tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
@@ -98,7 +97,7 @@ def _one_shot(inp, out, slots, rows, deltas, n, rank, pid, nblocks, timeout_ns, 
         tile = _poll(slots + rows * n + idx, m & peers, timeout_ns)
         acc = tile.to(tl.float32)
         acc += tl.load(inp + idx + 0 * rows, mask=m & (rows == rank), other=-0.0).to(tl.float32)
-        tl.store(out + idx, _rank_order_sum(acc, rows, W)[None, :].to(out.dtype.element_ty), mask=m)
+        tl.store(out + idx, rank_order_sum(acc, rows, W)[None, :].to(out.dtype.element_ty), mask=m)
         tl.store(slots + rows * n + idx, _sentinel_like(tile), mask=m & peers)
 
 
@@ -124,7 +123,7 @@ def _two_shot(inp, out, recv, rows, deltas, n, chunk, rank, pid, nblocks, timeou
         tile = _poll(recv + rows * chunk + idx, m & peers, timeout_ns)
         acc = tile.to(tl.float32)
         acc += tl.load(inp + g + 0 * rows, mask=m & (g < n) & (rows == rank), other=-0.0).to(tl.float32)
-        r = _not_sentinel(_rank_order_sum(acc, rows, W)[None, :].to(out.dtype.element_ty))
+        r = _not_sentinel(rank_order_sum(acc, rows, W)[None, :].to(out.dtype.element_ty))
         tl.store(out + g, r, mask=m & (g < n))
         tl.store(gather + deltas + rank * chunk + idx, tl.broadcast_to(r, (rows.shape[0], BLOCK)), mask=m & peers)
         tl.store(recv + rows * chunk + idx, _sentinel_like(tile), mask=m & peers)
@@ -154,7 +153,7 @@ def all_reduce_lamport_kernel(inp, out, lam, sets, deltas, rank, n, chunk, timeo
     slots = lam + s * set_elems
     lanes = tl.arange(0, WP)
     rows = lanes[:, None]
-    deltas2 = tl.multiple_of(_per_lane(deltas, lanes, W), 64)[:, None]
+    deltas2 = tl.multiple_of(per_lane(deltas, lanes, W), 64)[:, None]
     if ONE_SHOT:
         _one_shot(inp, out, slots, rows, deltas2, n, rank, pid, nblocks, timeout_ns, W, BLOCK)
     else:
