@@ -433,7 +433,7 @@ def _in_order(body: str, *patterns: str) -> bool:
 def test_ordering_instructions_come_in_order(compiler: str, tmp_path: Path, nvcc: Path, clang: str) -> None:
     ok, ptx = _try_ptx(compiler, ORDERING_SOURCE, tmp_path, nvcc, clang)
     assert ok, ptx
-    copy = r"call(\.uni)?\s*(\(\w+\),\s*)?\s*_ZN4mori6device6detail9GroupCopy"
+    copy = r"call(\.uni)?\s*(\(\w+\),\s*)?\s*_ZN4mori6device9GroupCopy"
     # Block signal: copy, every thread fences, the block syncs, then one release store.
     assert _in_order(_kernel_body(ptx, "signal_block"), copy, r"fence\.acq_rel\.sys;", r"bar\.sync", r"st\.release\.sys\.b64")
     # Thread signal ADD: copy, then the release reduction (the release orders the copy before it).
@@ -483,7 +483,7 @@ int main() {
   char* dst = static_cast<char*>(std::aligned_alloc(64, len));
   if (std::fread(src, 1, h[4], stdin) != h[4] || std::fread(dst, 1, h[4], stdin) != h[4]) return 3;
   for (std::uint32_t rank = 0; rank < h[3]; ++rank) {
-    mori::device::detail::GroupCopy(dst + h[0], src + h[1], h[2], rank, static_cast<std::uint32_t>(h[3]));
+    mori::device::GroupCopy(dst + h[0], src + h[1], h[2], rank, static_cast<std::uint32_t>(h[3]));
   }
   std::fwrite(dst, 1, h[4], stdout);
   return 0;

@@ -103,8 +103,12 @@ MORI_DEVICE_FUNC void CopyCongruent(char* dst, const char* src, size_t bytes, ui
   }
 }
 
-// Group copy of `bytes` from src to dst by thread `rank` of `size` threads. Every thread of the
-// group must call it with the same arguments; there is no synchronization inside. Not inlined:
+}  // namespace detail
+
+// Public device API: the group copy every put and get uses, for kernels of other packages (the
+// NVLink backend's gather kernel). Copies `bytes` from src to dst by thread `rank` of `size`
+// threads. Every thread of the group must call it with the same arguments; there is no
+// synchronization inside, and the stores are weak (order them with a fence). Not inlined:
 // with its five alignment paths unrolled it is large, and a kernel that puts from many call sites
 // (or the Triton library, which instantiates every typed put) would otherwise carry one copy per
 // call site and take minutes to compile; a call costs nothing next to a copy over NVLink.
@@ -114,18 +118,17 @@ __device__ __noinline__ inline void GroupCopy(void* dst, const void* src, size_t
   const char* s = static_cast<const char*>(src);
   const uint64_t skew = reinterpret_cast<uint64_t>(d) ^ reinterpret_cast<uint64_t>(s);
   if ((skew & 15) == 0) {
-    CopyCongruent<Vec16>(d, s, bytes, rank, size);
+    detail::CopyCongruent<detail::Vec16>(d, s, bytes, rank, size);
   } else if ((skew & 7) == 0) {
-    CopyCongruent<uint64_t>(d, s, bytes, rank, size);
+    detail::CopyCongruent<uint64_t>(d, s, bytes, rank, size);
   } else if ((skew & 3) == 0) {
-    CopyCongruent<uint32_t>(d, s, bytes, rank, size);
+    detail::CopyCongruent<uint32_t>(d, s, bytes, rank, size);
   } else if ((skew & 1) == 0) {
-    CopyCongruent<uint16_t>(d, s, bytes, rank, size);
+    detail::CopyCongruent<uint16_t>(d, s, bytes, rank, size);
   } else {
-    CopyCongruent<uint8_t>(d, s, bytes, rank, size);
+    detail::CopyCongruent<uint8_t>(d, s, bytes, rank, size);
   }
 }
 
-}  // namespace detail
 }  // namespace device
 }  // namespace mori

@@ -4,7 +4,7 @@ A batch of thousands of small blocks costs thousands of copy-engine commands; on
 with a table of ``(src, dst, bytes)`` rows in device memory moves them all. Rows are cut into
 pieces in the kernel; a warp copies one piece at a time (pieces striped over all warps of the
 grid, which is as large as the GPU holds at once) with mori's device copy routine
-(``mori::device::detail::GroupCopy``: 16-byte vectors when the pointers are congruent modulo
+(``mori::device::GroupCopy``: 16-byte vectors when the pointers are congruent modulo
 16, eight loads in flight per thread to hide NVLink latency). Pointers may be local or peer
 (IPC-opened / VMM-imported) addresses: the SMs of the initiator's GPU load and store across
 NVLink directly.
@@ -61,7 +61,7 @@ mori_io_gather_copy(const unsigned long long* rows, unsigned long long items, un
     }
     if (off >= bytes) continue;
     bytes = bytes - off < piece ? bytes - off : piece;
-    mori::device::detail::GroupCopy(reinterpret_cast<void*>(dst + off), reinterpret_cast<const void*>(src + off),
+    mori::device::GroupCopy(reinterpret_cast<void*>(dst + off), reinterpret_cast<const void*>(src + off),
                                     bytes, lane, 32u);
   }
 }
