@@ -41,11 +41,14 @@ grep -E "^ok |quick reference ok|passed|failed|Error" "$OUT/shmem_tests.log" | s
 step io_tcp_gpu_tests 90 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
   "$repo/packages/mori-io/tests/test_tcp_gpu.py"
 grep -E "passed|failed|Error|s call" "$OUT/io_tcp_gpu_tests.log" | tail -12
-# MORI_BASELINE_PYTHONPATH: a tree of another version's mori Python packages, benchmarked first
-# in the same lease (the "before" of a change).
-if [ -n "${MORI_BASELINE_PYTHONPATH:-}" ]; then
-  PYTHONPATH=$MORI_BASELINE_PYTHONPATH step shmem_bench_baseline 60 torchrun --standalone --nproc_per_node=2 \
-    "$repo/ci/device/bench_shmem.py" --no-nvshmem --out "$OUT/bench_shmem_baseline.json"
+# MORI_BASELINE=DIR: another version's Python sources (DIR/mori/{core,shmem}, the device headers
+# in DIR/mori/core/include, its DIR/bench_shmem.py), benchmarked first in the same lease (the
+# "before" of a change). Its native module is this build's: valid while csrc/ is unchanged.
+if [ -n "${MORI_BASELINE:-}" ]; then
+  base=$(cd "$repo/$MORI_BASELINE" && pwd)
+  cp "$(python3 -c 'import mori.core._native as n; print(n.__file__)')" "$base/mori/core/"
+  PYTHONPATH=$base step shmem_bench_baseline 60 torchrun --standalone --nproc_per_node=2 \
+    "$base/bench_shmem.py" --no-nvshmem --out "$OUT/bench_shmem_baseline.json"
   sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_bench_baseline.log"
 fi
 step shmem_bench 60 torchrun --standalone --nproc_per_node=2 "$repo/ci/device/bench_shmem.py" --no-nvshmem \
