@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from _peer import PipeProcess, engine_commands, serve_commands
 
-from mori.core import _native  # type: ignore[attr-defined]
+from mori.core import native as _native
 from mori.io import (
     BackendType,
     EngineDesc,

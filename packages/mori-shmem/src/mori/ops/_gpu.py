@@ -57,7 +57,7 @@ class GpuKernels:
     """The loaded module of one op, and launches of its kernels."""
 
     def __init__(self) -> None:
-        from mori.core import _cuda as cu
+        from mori.core import cuda as cu
 
         s = _state.current()
         self._ctx = s.ctx
