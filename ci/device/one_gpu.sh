@@ -18,11 +18,11 @@ python3 -m pip install -q --no-index --find-links "$kit/wheels" ./packages/mori-
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 repo=$PWD
-# Two PEs on one GPU wait on each other inside kernels (the ping-pong): without MPS their kernels
-# only time-slice, so every round trip costs a slice. MPS runs them side by side.
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/mori-mps CUDA_MPS_LOG_DIRECTORY=/tmp/mori-mps-log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-nvidia-cuda-mps-control -d && trap 'echo quit | nvidia-cuda-mps-control' EXIT
+# Two PEs on one GPU wait on each other inside kernels (the ping-pong): multi_pe.sh runs them under
+# MPS so that their kernels run side by side instead of time-slicing.
+. "$repo/ci/device/multi_pe.sh"
+trap pes_stop_mps EXIT
+pes_share_gpus 2
 cd /tmp  # import mori from site-packages, not the source tree
 step() {  # step NAME LIMIT COMMAND...: runs it with a time limit, log in $OUT/NAME.log, summary here
   local name=$1 limit=$2; shift 2
