@@ -64,6 +64,8 @@ def _run(*cmd: str | Path, timeout: float = 240) -> str:
 
 def _copy_sources(name: str, dest: Path) -> Path:
     ignore = shutil.ignore_patterns("build", "dist", "*.so", "*.o", "__pycache__", "*.egg-info", ".*cache*")
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(PACKAGES / "version.py", dest / "version.py")  # the one version, beside the packages
     return Path(shutil.copytree(PACKAGES / name, dest / name, ignore=ignore))
 
 
@@ -74,6 +76,8 @@ def test_fresh_venv_gets_core_and_io_without_torch_triton_or_cuda(tmp_path: Path
     _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", wheels, *sources)
 
     (core_wheel,) = wheels.glob("mori_core-*.whl")
+    version = (PACKAGES / "version.py").read_text().split('__version__ = "')[1].split('"')[0]
+    assert core_wheel.name.startswith(f"mori_core-{version}-") and (wheels / f"mori_io-{version}-py3-none-any.whl").exists()
     names = zipfile.ZipFile(core_wheel).namelist()
     assert any(n.startswith("mori/core/_native") and n.endswith(".so") for n in names), names
     assert "mori/core/include/mori/device/shmem.cuh" in names
