@@ -41,7 +41,7 @@ MORI_DEVICE_INLINE T* Peer(T* local, int pe) {
 
 // Warp copy of `bytes` (all threads of the warp call it with the same arguments).
 MORI_DEVICE_INLINE void WarpCopy(void* dst, const void* src, size_t bytes, int lane) {
-  detail::GroupCopy(dst, src, bytes, lane, 32);
+  GroupCopy(dst, src, bytes, lane, 32);
 }
 
 // Destination PE of top-k entry `lane` of token `t`, -1 when the entry sends nothing (invalid id,
