@@ -9,12 +9,12 @@ import time
 from collections import Counter
 
 import pytest
-from _procs import run_procs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mori.core import atomics
 from mori.core.memory import HostSegment
+from mori.core.testing import run_procs
 
 N_PROCS = 4
 

@@ -15,11 +15,11 @@ import time
 
 import numpy as np
 import pytest
-from _procs import ProcPool, context
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mori.core.bootstrap import Bootstrap, get_unique_id
+from mori.core.testing import ProcPool, context
 
 WORLDS = [1, 2, 4, 8]
 MAX_BYTES = 4 << 20

@@ -10,10 +10,9 @@ import os
 import socket
 import time
 
-from _procs import Died, ProcPool, context
-
 from mori.core.bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, UniqueId, get_unique_id
 from mori.core.bootstrap._wire import Kind, pack_header
+from mori.core.testing import Died, ProcPool, context
 
 SHORT = 1.0
 

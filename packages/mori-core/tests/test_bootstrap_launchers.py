@@ -14,9 +14,9 @@ import sys
 import tempfile
 
 import pytest
-from _procs import ProcPool
 
 from mori.core.bootstrap import Bootstrap, init_from_mpi, init_from_torch
+from mori.core.testing import ProcPool
 
 
 def _exercise(bs: Bootstrap, gather, seed: int) -> None:

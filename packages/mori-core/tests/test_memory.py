@@ -13,7 +13,6 @@ import time
 import msgpack
 import numpy as np
 import pytest
-from _procs import context, run_procs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +20,7 @@ from mori.core import atomics
 from mori.core import cuda as _cuda
 from mori.core.bootstrap import Bootstrap, get_unique_id
 from mori.core.memory import FdExchange, HostSegment, cuda_vmm, recv_fds, send_fds
+from mori.core.testing import context, run_procs
 
 
 def _open_fds() -> int:

@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
-from _procs import run_procs
 
 from mori.core import nvrtc
+from mori.core.testing import run_procs
 
 KERNEL = r"""
 extern "C" __global__ void scale(float* out, const float* in, float factor, int n) {

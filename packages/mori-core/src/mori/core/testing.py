@@ -1,4 +1,4 @@
-"""Runs test bodies in real, separately spawned processes and always reaps them.
+"""The multi-process test harness of every mori package: test bodies in real, spawned processes.
 
 ``run_procs(fn, [args0, args1, ...])`` starts one spawned process per argument tuple, returns
 ``[fn(*args0), fn(*args1), ...]`` in order, and fails with the child's traceback (or exit code)
@@ -10,20 +10,26 @@ worker, :func:`context` gives its index, the pool size, a ``state`` dict that su
 calls (a bootstrap, say) and ``share(value)``, which hands worker 0's value to every worker
 (a unique id, say) through the parent once all of them have asked: a start line, so that no
 rank's timeout starts while another is still importing.
+
+``ProcPool(n, env=..., label="PE", keep_on_error=True)`` is the form mori.shmem's tests use: each
+worker starts with ``env`` in its environment, and a function that raises in some workers raises
+:class:`WorkerError` naming them (``PE 1: ShmemError: ...``) once every worker has answered,
+leaving the pool usable. A death or a timeout always closes the pool.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import time
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-__all__ = ["Died", "ProcPool", "WorkerContext", "context", "run_procs"]
+__all__ = ["Died", "ProcPool", "WorkerContext", "WorkerError", "context", "run_procs"]
 
 
 @dataclass
@@ -51,18 +57,27 @@ class Died:
     exitcode: int | None
 
 
+class WorkerError(AssertionError):
+    """A function raised in some workers; ``failures`` maps each worker to its message and traceback."""
+
+    def __init__(self, failures: dict[int, str]) -> None:
+        super().__init__("\n".join(failures.values()))
+        self.failures = failures
+
+
 _context: WorkerContext | None = None
 
 
 def context() -> WorkerContext:
     """This worker's context; only inside a function a pool runs."""
     if _context is None:
-        raise RuntimeError("_procs.context() is only available inside a ProcPool worker")
+        raise RuntimeError("mori.core.testing.context() is only available inside a ProcPool worker")
     return _context
 
 
-def _worker(index: int, size: int, conn: Connection) -> None:
+def _worker(index: int, size: int, conn: Connection, env: dict[str, str], label: str) -> None:
     global _context
+    os.environ.update(env)
     _context = WorkerContext(index, size, conn)
     while True:
         try:
@@ -76,8 +91,8 @@ def _worker(index: int, size: int, conn: Connection) -> None:
         _, fn, args = msg
         try:
             reply: tuple[str, Any] = ("done", fn(*args))
-        except BaseException:
-            reply = ("error", traceback.format_exc())
+        except BaseException as exc:  # reported, the parent decides
+            reply = ("error", f"{label} {index}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         try:
             conn.send(reply)
         except Exception as exc:
@@ -87,20 +102,25 @@ def _worker(index: int, size: int, conn: Connection) -> None:
 class ProcPool:
     """``n`` spawned worker processes that run functions on request, reused across calls.
 
-    A failure, a death or a timeout in any worker kills them all and raises ``AssertionError``
-    naming the worker; the pool is then closed.
+    A death or a timeout in any worker kills them all and raises ``AssertionError`` naming the
+    worker; the pool is then closed. A function that raises does the same, unless
+    ``keep_on_error``: then the call waits for every worker's answer and raises
+    :class:`WorkerError`, and the pool stays open. Workers start with ``env`` added to their
+    environment; messages name a worker as ``f"{label} {index}"``.
     """
 
-    def __init__(self, n: int, timeout: float = 120.0) -> None:
+    def __init__(self, n: int, timeout: float = 120.0, env: Mapping[str, str] | None = None,
+                 label: str = "process", keep_on_error: bool = False) -> None:
         ctx = mp.get_context("spawn")
-        self.timeout = timeout
+        self.timeout, self.label, self.keep_on_error = timeout, label, keep_on_error
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         self._closed = False
         try:
             for i in range(n):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(i, n, child), daemon=True, name=f"mori-test-{i}")
+                proc = ctx.Process(target=_worker, args=(i, n, child, dict(env or {}), label), daemon=True,
+                                   name=f"mori-test-{i}")
                 proc.start()
                 child.close()
                 self._conns.append(parent)
@@ -124,37 +144,50 @@ class ProcPool:
         """Runs ``fn(*args)`` in every worker; returns the results in worker order."""
         return self.map(fn, [args] * len(self._procs), timeout=timeout)
 
+    def run_on(self, index: int, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        """Runs ``fn(*args)`` in worker ``index`` alone; returns its result."""
+        return self._call({index: args}, fn, timeout, ())[index]
+
     def map(self, fn: Callable[..., Any], arg_lists: Sequence[tuple[Any, ...]], timeout: float | None = None,
             may_die: Collection[int] = ()) -> list[Any]:
         """Runs ``fn(*arg_lists[i])`` in worker i; returns the results in order.
 
         Workers listed in ``may_die`` may exit instead of answering: their result is :class:`Died`.
         """
-        if self._closed:
-            raise RuntimeError("this ProcPool is closed (an earlier call failed)")
         if len(arg_lists) != len(self._procs):
             raise ValueError(f"{len(arg_lists)} argument tuples for {len(self._procs)} workers")
+        out = self._call(dict(enumerate(arg_lists)), fn, timeout, may_die)
+        return [out[i] for i in range(len(self._procs))]
+
+    def _call(self, calls: dict[int, tuple[Any, ...]], fn: Callable[..., Any], timeout: float | None,
+              may_die: Collection[int]) -> dict[int, Any]:
+        if self._closed:
+            raise RuntimeError("this ProcPool is closed (an earlier call failed)")
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        for conn, args in zip(self._conns, arg_lists):
-            conn.send(("call", fn, tuple(args)))
+        for i, args in calls.items():
+            self._conns[i].send(("call", fn, tuple(args)))
         out: dict[int, Any] = {}
+        failures: dict[int, str] = {}
         self._shares: list[tuple[Any, bool]] = []
         try:
-            while len(out) < len(self._procs):
-                pending = [c for i, c in enumerate(self._conns) if i not in out]
+            while len(out) + len(failures) < len(calls):
+                pending = [self._conns[i] for i in calls if i not in out and i not in failures]
                 ready = wait(pending, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    missing = sorted(set(range(len(self._procs))) - set(out))
-                    raise AssertionError(f"processes {missing} did not finish within {limit} s")
+                    missing = sorted(set(calls) - set(out) - set(failures))
+                    raise AssertionError(f"{self.label} {missing} did not finish within {limit} s")
                 for conn in ready:
-                    self._take(self._conns.index(conn), out, may_die)  # type: ignore[arg-type]
+                    self._take(self._conns.index(conn), out, failures, may_die, len(calls))  # type: ignore[arg-type]
         except BaseException:
             self.kill()
             raise
-        return [out[i] for i in range(len(self._procs))]
+        if failures:
+            raise WorkerError(failures)
+        return out
 
-    def _take(self, i: int, out: dict[int, Any], may_die: Collection[int]) -> None:
+    def _take(self, i: int, out: dict[int, Any], failures: dict[int, str], may_die: Collection[int],
+              calls: int) -> None:
         try:
             kind, value, *rest = self._conns[i].recv()
         except (EOFError, OSError):
@@ -162,19 +195,21 @@ class ProcPool:
             if i in may_die:
                 out[i] = Died(self._procs[i].exitcode)
                 return
-            raise AssertionError(f"process {i} died with exit code {self._procs[i].exitcode} before reporting") from None
+            raise AssertionError(f"{self.label} {i} died with exit code {self._procs[i].exitcode} before reporting") from None
         if kind == "share":
             self._shares.append((value, rest[0]))
-            if len(self._shares) == len(self._procs) - len(out):
+            if len(self._shares) == calls - len(out) - len(failures):
                 shared = [v for v, from_root in self._shares if from_root]
                 if len(shared) != 1:
                     raise AssertionError(f"share(): {len(shared)} workers said they were the root, expected 1")
                 for j, conn in enumerate(self._conns):
-                    if j not in out:
+                    if j not in out and j not in failures:
                         conn.send(("shared", shared[0]))
                 self._shares = []
         elif kind == "error":
-            raise AssertionError(f"process {i} failed:\n{value}")
+            failures[i] = value
+            if not self.keep_on_error:
+                raise WorkerError(failures)
         else:
             out[i] = value
 
