@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from mori.core import _native  # type: ignore[attr-defined]
+from mori.core import _native
 
 READ, WRITE = 1, 2
 SIZE = 1 << 20

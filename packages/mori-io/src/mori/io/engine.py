@@ -63,7 +63,7 @@ def _node_id(hostname: str) -> str:
 def _device_bus_id(device_id: int) -> str:
     """The PCI bus id of CUDA device ``device_id``, or "" where CUDA cannot tell (no driver here:
     the region was registered by no backend that needs CUDA)."""
-    from mori.core import _cuda  # cuda-bindings itself is imported at the first call
+    from mori.core import cuda as _cuda  # cuda-bindings itself is imported at the first call
 
     try:
         _cuda.call("cuInit", 0)  # idempotent; a TCP-only engine may not have initialised CUDA yet
