@@ -103,6 +103,13 @@ class _Context(BackendContext):
     def control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         return self._engine._control_request(remote_key, op, payload)
 
+    def control_request_to(self, engine: EngineDesc, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        client = ControlClient(engine.host, engine.port, self.engine_key, self._token, _io_timeout())
+        try:
+            return client.request(op, payload)
+        finally:
+            client.close()
+
     def add_control_handler(self, op: str, handler: ControlHandler) -> None:
         self._engine._server.handlers[op] = handler
 

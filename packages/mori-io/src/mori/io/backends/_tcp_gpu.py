@@ -29,11 +29,10 @@ import numpy as np
 
 from mori.core import cuda as _cuda
 
-from .._control import ControlError
 from ..types import MemoryDesc, MemoryLocationType, StatusCode
 from ._memcpy_batch import BatchMemcpy
 from ._tcp_staging import Chunk, SlotLeases, StagingPool, check_pieces, pack_array, plan_chunks, unpack_array
-from .base import BackendContext, TransferOp, TransferRequest
+from .base import BackendContext, ControlError, TransferOp, TransferRequest
 
 __all__ = ["GpuStaging", "Copier", "TransferFailed"]
 

@@ -6,6 +6,9 @@ backend can carry a (local memory, remote memory) pair, and hands it :class:`Tra
 A backend never raises for a failed transfer: it finishes ``request.status`` with an error code
 (``ERR_INVALID_ARGS``/``ERR_NOT_FOUND`` for a rejected request, ``ERR_BAD_STATE`` for a broken
 peer, ``ERR_GPU_OP`` for a CUDA error). ``healthy(peer)`` going False makes the router fail over.
+
+Backends reach the engine only through :class:`BackendContext` (and this module): a control
+handler refuses a request by raising :class:`ControlError` with a status code.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._control import ControlError
 from .._limits import Limits
 from ..types import BackendType, EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
-__all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "ControlHandler"]
+__all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "ControlError", "ControlHandler"]
 
 # A control-plane request handler: (remote engine key, request payload) -> reply payload.
 ControlHandler = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -87,6 +91,13 @@ class BackendContext(abc.ABC):
         """Sends one control-plane request to a registered remote engine and returns its reply.
 
         Raises ``ConnectionError`` (peer unreachable, rejected token) or ``TimeoutError``.
+        """
+
+    @abc.abstractmethod
+    def control_request_to(self, engine: EngineDesc, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The same for an engine that need not be registered here, over a connection of its own.
+
+        Raises ``ConnectionError``, ``TimeoutError`` or ``OSError``.
         """
 
     @abc.abstractmethod

@@ -36,13 +36,12 @@ from mori.core import config as mori_config
 from mori.core import cuda as _cuda
 from mori.core.host import this_host
 
-from .._control import ControlClient, ControlError
 from .._registry import check_notify
 from ..types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
 from ._cuda_ipc import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, open_mapping
 from ._gpu_queues import DeviceQueues, GpuTransfer
 from ._nvlink_plan import plan_copies
-from .base import Backend, BackendContext, TransferOp, TransferRequest
+from .base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
 
 __all__ = ["NvlinkBackend"]
 
@@ -196,12 +195,7 @@ class NvlinkBackend(Backend):
         if not ids:
             return
         try:
-            client = ControlClient(engine.host, engine.port, self.ctx.engine_key, self.ctx.auth_token(),
-                                   self.ctx.io_timeout())
-            try:
-                client.request("nvlink.revoke", {"ids": ids})
-            finally:
-                client.close()
+            self.ctx.control_request_to(engine, "nvlink.revoke", {"ids": ids})
         except (ConnectionError, TimeoutError, OSError) as err:
             self.ctx.log.warning("nvlink: could not revoke memory %s from engine %r: %s", ids, engine.key, err)
 

@@ -21,7 +21,6 @@ from typing import Any
 
 from mori.core import config as mori_config
 
-from .._control import ControlError
 from ..types import (
     BackendType,
     EngineDesc,
@@ -34,7 +33,7 @@ from ..types import (
 from . import _ucx as U
 from ._connect import PeerConnector
 from ._ucx_worker import Job, PeerRoute, UcxWorker
-from .base import Backend, BackendContext, TransferOp, TransferRequest
+from .base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 

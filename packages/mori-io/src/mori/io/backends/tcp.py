@@ -16,7 +16,6 @@ from typing import Any
 from mori.core import config as mori_config
 from mori.core import native as _native
 
-from .._control import ControlError
 from ..types import (
     BackendType,
     EngineDesc,
@@ -28,7 +27,7 @@ from ..types import (
 )
 from ._connect import PeerConnector
 from ._staging_size import chunk_bytes_for
-from .base import Backend, BackendContext, TransferOp, TransferRequest
+from .base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
 
 __all__ = ["TcpBackend"]
 
