@@ -2,7 +2,8 @@
 # mori-io's NVLink backend on the GPU machine (2 of the 4 H200s): install, GPU tests (two
 # processes), then the NVLink benchmark against the copy-engine peer copy. Run from the
 # repository root with .devkit carried; logs and JSON go to $OUT.
-# With .devkit/peers (ci/device/peer_kit.sh) the benchmark also measures NIXL and Mooncake.
+# With .devkit/peers (ci/device/peer_kit.sh) the benchmark also measures NIXL and Mooncake; with
+# .devkit/ucx (ci/device/ucx_kit.sh) the RDMA backend moves GPU memory through UCX (rdma_gpu.py).
 # Usage: bash ci/device/io.sh [--no-tests | --tests-only] [--quick]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -47,6 +48,15 @@ if [ $run_tests = 1 ]; then
     "$repo/packages/mori-io/tests/test_tcp_gpu.py" > "$OUT/io_tcp_gpu_tests.log" 2>&1
   rc=$?; echo "rc=$rc (after $(( $(date +%s) - t0 ))s)"
   grep -E "passed|failed|Error|error|assert" "$OUT/io_tcp_gpu_tests.log" | tail -25
+  [ $rc = 0 ] || status=1
+fi
+if [ $run_tests = 1 ] && ls "$repo"/.devkit/ucx/*.whl >/dev/null 2>&1; then
+  # UCX for the RDMA backend (ci/device/ucx_kit.sh); no RDMA NIC here: tcp + cuda_copy transports.
+  echo "== RDMA backend with GPU memory (UCX tcp,cuda_copy; two processes on the last GPU)"
+  python3 -m pip install -q --no-deps --no-index "$repo"/.devkit/ucx/*.whl 2>&1 | tail -3
+  timeout 120 python3 "$repo/ci/device/rdma_gpu.py" > "$OUT/io_rdma_gpu.log" 2>&1
+  rc=$?; echo "rc=$rc"
+  grep -v "^\[" "$OUT/io_rdma_gpu.log" | tail -16
   [ $rc = 0 ] || status=1
 fi
 if [ $run_bench = 1 ] && ls "$repo"/.devkit/peers/*.whl >/dev/null 2>&1; then
