@@ -16,10 +16,12 @@ Usage::
 from __future__ import annotations
 
 import importlib
+import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CudaError", "CudaUnavailableError", "call", "check", "describe", "driver", "entry_point", "init_device", "nvrtc"]
+__all__ = ["CudaError", "CudaUnavailableError", "call", "check", "describe", "driver", "entry_point", "init_device", "nvrtc", "poll"]
 
 _INSTALL_HINT = "install the CUDA extra: pip install 'mori-core[cuda]' (cuda-bindings and NVRTC)"
 
@@ -144,3 +146,28 @@ def init_device(device: int) -> Any:
         _contexts[device] = ctx
     call("cuCtxSetCurrent", ctx, detail=f"device {device}")
     return ctx
+
+
+def poll(ready: Callable[[], bool], timeout: float, *, spin: float, pause: float, max_pause: float,
+         yield_while_spinning: bool = False) -> bool:
+    """The one completion wait of mori's GPU code: calls ``ready()`` until it returns True.
+
+    ``ready`` is a non-blocking check (``cuEventQuery`` releases the GIL while it runs). For the
+    first ``spin`` seconds the calls follow each other without sleeping (with ``time.sleep(0)``
+    between them when ``yield_while_spinning``): a short copy ends in less than Linux's ~50 us
+    oversleep. Then they are ``pause`` seconds apart, doubling up to ``max_pause``. Returns True
+    once ready, False when ``timeout`` seconds passed first (it never sleeps past the timeout).
+    """
+    start = time.monotonic()
+    end = start + timeout
+    while not ready():
+        now = time.monotonic()
+        if now >= end:
+            return False
+        if now - start < spin:
+            if yield_while_spinning:
+                time.sleep(0)
+        else:
+            time.sleep(min(pause, end - now))
+            pause = min(pause * 2, max_pause)
+    return True

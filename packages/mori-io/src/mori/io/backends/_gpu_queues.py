@@ -255,18 +255,12 @@ class GpuTransfer:
     def wait(self, timeout: float) -> bool:
         """Polls until the transfer ends or ``timeout`` seconds pass: without sleeping for the
         first ``_SPIN_S`` (the GIL is released in every poll), then sleeping between polls."""
-        start = time.monotonic()
-        end = start + timeout
-        pause = 50e-6
-        while not self.finish():
-            now = time.monotonic()
-            if now >= self.deadline:
-                self.finish(StatusCode.ERR_GPU_OP, f"NVLink copy did not complete in time (MORI_IO_TIMEOUT) on "
-                                                   f"device {self.queues.device}")
+        def ended() -> bool:
+            if self.finish():
                 return True
-            if now >= end:
+            if time.monotonic() < self.deadline:
                 return False
-            if now - start > _SPIN_S:
-                time.sleep(min(pause, end - now))
-                pause = min(pause * 2, _MAX_PAUSE_S)
-        return True
+            return self.finish(StatusCode.ERR_GPU_OP, f"NVLink copy did not complete in time (MORI_IO_TIMEOUT) on "
+                                                      f"device {self.queues.device}")
+
+        return _cuda.poll(ended, timeout, spin=_SPIN_S, pause=50e-6, max_pause=_MAX_PAUSE_S)
