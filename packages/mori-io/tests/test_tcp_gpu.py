@@ -116,8 +116,10 @@ def pair() -> Iterator[tuple[IOEngine, _Target, dict[str, Any], dict[str, Memory
         engine.register_remote_engine(target.desc)
         tensors = _tensors(f"cuda:{local_gpu}")
         descs = {k: engine.register_torch_tensor(t) for k, t in tensors.items()}
-        # MORI's MemoryDesc fields for GPU memory: the device's PCI bus id, no NUMA node.
-        assert all(d.device_bus_id.count(":") == 2 and d.numa_node == -1 for d in descs.values()), descs
+        # MORI's MemoryDesc fields for GPU memory: the device's PCI bus id, no NUMA node (host memory has
+        # no bus id).
+        assert descs["GPU"].device_bus_id.count(":") == 2 and descs["GPU"].numa_node == -1, descs["GPU"]
+        assert descs["CPU"].device_bus_id == "", descs["CPU"]
         yield engine, target, tensors, descs
     finally:
         engine.close()
