@@ -22,6 +22,7 @@ from typing import Any
 
 from mori.core import config as mori_config
 from mori.core import native as _native
+from mori.core.host import this_host
 from mori.core.log import get_logger
 
 from ._control import ControlClient, ControlError, ControlServer
@@ -48,16 +49,11 @@ def _io_timeout() -> float:
     return float(mori_config.get("MORI_IO_TIMEOUT"))
 
 
-def _node_id(hostname: str) -> str:
-    """This machine's identity, as MORI resolves it: MORI_NODE_ID, the boot id, the hostname."""
+def _node_id() -> str:
+    """This machine's identity, as MORI resolves it: MORI_NODE_ID, else the boot id (else the
+    hostname), which is mori.core.host's machine."""
     override = mori_config.get("MORI_NODE_ID")
-    if override:
-        return str(override)
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or hostname
-    except OSError:
-        return hostname
+    return str(override) if override else this_host().machine
 
 
 def _device_bus_id(device_id: int) -> str:
@@ -223,7 +219,7 @@ class IOEngine:
         self._server.handlers.update(_engine_handlers(key, self._memory, self._inbound))
         self._ctx = _Context(self, config.host, self._token)
         self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(),
-                                _node_id(self._ctx.hostname))
+                                _node_id())
         # Per remote engine, the newest transfer started towards it (TransferStatus's order).
         self._last_status: dict[str, TransferStatus] = {}
         self._order_lock = threading.Lock()
