@@ -7,11 +7,11 @@ the test checks that the message names the rank that was at fault.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 from mori.core.bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, UniqueId, get_unique_id
-from mori.core.bootstrap._wire import Kind, pack_header
+from mori.core.bootstrap._rendezvous import connect
+from mori.core.bootstrap._wire import Deadline, Kind, pack_header
 from mori.core.testing import Died, ProcPool, context
 
 SHORT = 1.0
@@ -181,17 +181,17 @@ def test_timeout_error_is_also_a_python_timeout():
 
 
 def _with_strangers() -> list[bytes]:
-    """Before anyone joins, strangers connect to rank 0's port: one speaks HTTP, one sends a bad hello."""
+    """While rank 0 waits for the others, strangers connect to its port: one speaks HTTP, one sends
+    a bad hello. Rank 1 sends them (retrying until rank 0 listens) before it joins itself."""
     ctx = context()
     strangers = []
-    raw = get_unique_id() if ctx.index == 0 else None
-    if raw is not None:
-        uid = UniqueId.from_bytes(raw)
+    uid_bytes = ctx.share(get_unique_id() if ctx.index == 0 else None)
+    if ctx.index == 1:
+        uid = UniqueId.from_bytes(uid_bytes)
         for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", pack_header(Kind.HELLO, 3) + b"\x93\x01\x02"):
-            s = socket.create_connection((uid.host, uid.port), timeout=5)
+            s = connect(uid.host, uid.port, Deadline(10), retry_refused=True)
             s.sendall(junk)
             strangers.append(s)
-    uid_bytes = ctx.share(raw)
     with Bootstrap(ctx.index, ctx.size, uid_bytes, timeout=10) as bs:
         got = bs.allgather(bytes([bs.rank]) * 1000)
     for s in strangers:

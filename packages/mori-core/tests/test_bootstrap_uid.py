@@ -40,22 +40,25 @@ def test_id_round_trips_through_bytes(addr, port, nonce):
     assert UniqueId.from_bytes(memoryview(raw)) == uid
 
 
-def test_get_unique_id_listens_where_it_says(monkeypatch):
+def test_get_unique_id_reserves_where_it_says_and_rank_0_listens_there(monkeypatch):
     monkeypatch.setenv("MORI_BOOTSTRAP_HOST", "127.0.0.1")
     raw = get_unique_id()
     assert isinstance(raw, bytes) and len(raw) == UNIQUE_ID_BYTES
     uid = UniqueId.from_bytes(raw)
     assert uid.host == "127.0.0.1"
-    with socket.create_connection((uid.host, uid.port), timeout=5):
+    with socket.socket() as other, pytest.raises(OSError):  # no other program can take the port
+        other.bind((uid.host, uid.port))
+    with Bootstrap(0, 1, raw, timeout=5), socket.create_connection((uid.host, uid.port), timeout=5):
         pass
     assert UniqueId.from_bytes(get_unique_id()).nonce != uid.nonce
 
 
 def test_get_unique_id_defaults_to_an_address_of_this_host(monkeypatch):
     monkeypatch.delenv("MORI_BOOTSTRAP_HOST", raising=False)
-    uid = UniqueId.from_bytes(get_unique_id())
+    raw = get_unique_id()
+    uid = UniqueId.from_bytes(raw)
     # Whatever address was picked, this host must be able to reach rank 0 there.
-    with socket.create_connection((uid.host, uid.port), timeout=5):
+    with Bootstrap(0, 1, raw, timeout=5), socket.create_connection((uid.host, uid.port), timeout=5):
         pass
 
 

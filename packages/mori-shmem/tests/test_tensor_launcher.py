@@ -119,6 +119,7 @@ shmem.shmem_barrier_all()
 got = shmem.shmem_getmem(buf, 64, me)
 assert got == bytes([(me - 1) % n + 1]) * 64, got
 print(f"PE {me}/{n} ok", flush=True)
+print("a line written in parts " * 200, end="", flush=True)  # long and unterminated: still whole
 shmem.shmem_finalize()
 if me == int(sys.argv[1]):
     sys.exit(3)
@@ -136,13 +137,18 @@ def _run_launcher(tmp_path: Path, n: int, fail_rank: int) -> subprocess.Complete
 def test_launcher_runs_pes(tmp_path: Path) -> None:
     done = _run_launcher(tmp_path, 3, -1)
     assert done.returncode == 0, done.stderr
-    # The PEs share one stdout pipe, so their lines may interleave: match the reports anywhere.
-    assert sorted(re.findall(r"PE \d/3 ok", done.stdout)) == [f"PE {r}/3 ok" for r in range(3)]
+    # Every line comes out whole, prefixed with the rank that wrote it.
+    lines = done.stdout.splitlines()
+    assert sorted(line for line in lines if line.endswith(" ok")) == [f"[PE {r}] PE {r}/3 ok" for r in range(3)]
+    parts = "a line written in parts " * 200
+    assert sorted(line for line in lines if "parts" in line) == [f"[PE {r}] {parts}" for r in range(3)]
+    assert len(lines) == 6
 
 
-def test_launcher_reports_failure(tmp_path: Path) -> None:
+def test_launcher_names_the_pe_that_failed(tmp_path: Path) -> None:
     done = _run_launcher(tmp_path, 2, 1)
     assert done.returncode == 3
+    assert re.search(r"mori.shmem.run: PE 1 \(pid \d+\) exited with status 3", done.stderr), done.stderr
 
 
 def test_init_from_env_without_launcher() -> None:

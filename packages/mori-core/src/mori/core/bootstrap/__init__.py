@@ -3,14 +3,14 @@
 ::
 
     from mori.core.bootstrap import Bootstrap, get_unique_id
-    uid = get_unique_id()                      # in rank 0's process; send the bytes to the others
+    uid = get_unique_id()                      # in any process (rank 0's or a launcher's); send it to the ranks
     with Bootstrap(rank, world, uid) as bs:    # every rank; returns once all have joined
         blobs = bs.allgather(b"my address")    # list indexed by rank
         bs.barrier()
 
 :func:`init_from_torch` and :func:`init_from_mpi` hand out the id through an existing
-``torch.distributed`` process group or MPI communicator. :func:`take_listener` hands rank 0's
-listening socket to a launcher whose rank 0 is another process.
+``torch.distributed`` process group or MPI communicator. :func:`take_listener` gives rank 0 its
+listening socket on the id's port, in the id maker's process or in any other.
 """
 
 from ._bootstrap import Bootstrap

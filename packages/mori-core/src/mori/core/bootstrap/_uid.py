@@ -12,8 +12,12 @@ Layout (network byte order)::
     [42, 124)  reserved, 0
     [124, 128) CRC-32 of bytes [0, 124)
 
-As in NCCL, the process that makes the id also opens rank 0's listening socket, so the port is
-taken before the id travels; rank 0's :class:`~mori.core.bootstrap.Bootstrap` adopts it.
+Any process may make the id, as in MORI and NCCL: rank 0 itself, a launcher that is no rank, or
+the main thread of a process whose threads are the ranks. The maker binds the port (without
+listening) before the id travels, so no other program can take it; rank 0 then listens on it:
+the same socket when rank 0 runs in the maker's process, else a socket of its own bound to the
+same port beside the reservation (``SO_REUSEPORT``; only listening sockets receive connections,
+so every rank reaches rank 0). Ranks that arrive before rank 0 listens are refused and retry.
 """
 
 from __future__ import annotations
@@ -37,10 +41,13 @@ _VERSION = 1
 _HEAD = struct.Struct("!4sHBBH16s16s")
 _BODY = UNIQUE_ID_BYTES - 4
 _BACKLOG = 4096
+# Reservations kept per process: a launcher that makes ids in a loop holds at most this many
+# ports (the oldest is released first; its rank 0 then binds the port afresh).
+_MAX_RESERVED = 64
 
-# Listening sockets made by get_unique_id in this process, waiting for rank 0 to adopt them.
-_listeners: dict[bytes, socket.socket] = {}
-_listeners_lock = threading.Lock()
+# Sockets bound by get_unique_id in this process, waiting for rank 0 to adopt them (insertion order).
+_reserved: dict[bytes, socket.socket] = {}
+_reserved_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -127,14 +134,25 @@ def _host_address() -> str:
     return str(infos[0][4][0])
 
 
-def listen(host: str, port: int = 0) -> socket.socket:
-    """A TCP listening socket bound to ``host:port`` (port 0: any free port)."""
+def _bound(host: str, port: int, share: bool) -> socket.socket:
     family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        if port:
+        if share:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        elif port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def listen(host: str, port: int = 0) -> socket.socket:
+    """A TCP listening socket bound to ``host:port`` (port 0: any free port)."""
+    sock = _bound(host, port, share=False)
+    try:
         sock.listen(_BACKLOG)
     except OSError:
         sock.close()
@@ -143,38 +161,54 @@ def listen(host: str, port: int = 0) -> socket.socket:
 
 
 def get_unique_id() -> bytes:
-    """Makes a new job's 128-byte unique id and opens rank 0's listening socket in this process.
+    """Makes a new job's 128-byte unique id and reserves rank 0's port in this process.
 
-    Call it in the process that will be rank 0 and send the bytes to the other ranks by any means
-    (a launcher, ``torch.distributed``, MPI, a file). The address is ``MORI_BOOTSTRAP_HOST`` or the
-    host's outward address (loopback when it has none).
+    Any process may call it: rank 0's, a launcher's that is no rank, or a process whose threads
+    are the ranks. Send the bytes to the ranks by any means (a launcher, ``torch.distributed``,
+    MPI, a file); keep this process alive until rank 0 has initialized, or the reservation lapses
+    (rank 0 still binds the port then, unless another program took it meanwhile). The address is
+    ``MORI_BOOTSTRAP_HOST`` or the host's outward address (loopback when it has none).
     """
     host = _host_address()
     try:
-        sock = listen(host)
+        sock = _bound(host, 0, share=True)
     except OSError as exc:
-        raise BootstrapError(f"cannot listen on {host} for the bootstrap: {exc}") from exc
+        raise BootstrapError(f"cannot bind a port on {host} for the bootstrap: {exc}") from exc
     uid = UniqueId(host, sock.getsockname()[1], os.urandom(16))
-    with _listeners_lock:
-        _listeners[uid.nonce] = sock
+    with _reserved_lock:
+        _reserved[uid.nonce] = sock
+        while len(_reserved) > _MAX_RESERVED:
+            _reserved.pop(next(iter(_reserved))).close()
     return uid.to_bytes()
 
 
-def take_listener(uid: UniqueId) -> socket.socket:
-    """Rank 0's listening socket: the one :func:`get_unique_id` opened here, else a fresh bind to the id's port.
-
-    The caller owns the socket. :class:`Bootstrap` takes it for rank 0; a launcher whose rank 0 is
-    another process (``python -m mori.shmem.run``) takes it and closes it, so that rank 0 binds the
-    same port. Raises :class:`BootstrapError` naming the address when that port cannot be bound.
-    """
-    with _listeners_lock:
-        sock = _listeners.pop(uid.nonce, None)
-    if sock is not None:
-        return sock
+def _someone_listens(uid: UniqueId) -> bool:
     try:
-        return listen(uid.host, uid.port)
+        with socket.create_connection((uid.host, uid.port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def take_listener(uid: UniqueId) -> socket.socket:
+    """Rank 0's listening socket on the id's port: the reservation :func:`get_unique_id` made in
+    this process, else a socket of its own bound beside the reservation of the process that made
+    the id. The caller owns the socket (:class:`Bootstrap` takes it for rank 0). Raises
+    :class:`BootstrapError` naming the address when something already listens there or the port
+    cannot be bound."""
+    with _reserved_lock:
+        sock = _reserved.pop(uid.nonce, None)
+    try:
+        if sock is None:
+            if _someone_listens(uid):  # another rank 0 of this id, or an unrelated server
+                raise OSError(f"another process already listens on port {uid.port}")
+            sock = _bound(uid.host, uid.port, share=True)
+        sock.listen(_BACKLOG)
+        return sock
     except OSError as exc:
+        if sock is not None:
+            sock.close()
         raise BootstrapError(
             f"rank 0 cannot listen on {uid.host}:{uid.port} named by the unique id ({exc}); "
-            "call get_unique_id() in rank 0's process, or free that port"
+            "make a new id with get_unique_id(), or free that port"
         ) from exc
