@@ -109,6 +109,8 @@ def test_bad_values_are_rejected_with_the_variables_name(name: str, monkeypatch:
     [
         ("MORI_SHMEM_HEAP_SIZE", "6G", 6 << 30),
         ("MORI_SHMEM_MODE", "VMM", "vmm"),
+        ("MORI_SHMEM_MODE", "VMM_HEAP", "vmm"),  # MORI's spellings
+        ("MORI_SHMEM_MODE", "static_heap", "static"),
         ("MORI_DISABLE_P2P", "On", True),
         ("MORI_DISABLE_P2P", "0", False),
         ("MORI_BOOTSTRAP_TIMEOUT", "2.5", 2.5),

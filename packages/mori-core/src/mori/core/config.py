@@ -62,11 +62,15 @@ def _parse_seconds(text: str, name: str) -> float:
     return value
 
 
-def _choice(*options: str) -> Callable[[str, str], str]:
+def _choice(*options: str, aliases: dict[str, str] | None = None) -> Callable[[str, str], str]:
+    """Parses one of ``options`` (any case); ``aliases`` maps other spellings onto them."""
+    spellings = dict(aliases or {})
+
     def parse(text: str, name: str) -> str:
         low = text.strip().lower()
+        low = spellings.get(low, low)
         if low not in options:
-            raise ConfigError(f"{name}={text!r} is not accepted; expected one of: {', '.join(options)}")
+            raise ConfigError(f"{name}={text!r} is not accepted; expected one of: {', '.join([*options, *spellings])}")
         return low
 
     return parse
@@ -142,9 +146,9 @@ VARIABLES: dict[str, Variable] = {
     v.name: v
     for v in [
         Variable("MORI_SHMEM_HEAP_SIZE", _size, 2 << 30, "Symmetric heap size per PE; set before shmem init.", SIZE_FORMS),
-        Variable("MORI_SHMEM_MODE", _choice("static", "vmm"), "static",
-                 "GPU heap mode: 'static' maps the whole heap at init, 'vmm' maps it in chunks as it grows.",
-                 "static | vmm"),
+        Variable("MORI_SHMEM_MODE", _choice("static", "vmm", aliases={"static_heap": "static", "vmm_heap": "vmm"}),
+                 "static", "GPU heap mode: 'static' maps the whole heap at init, 'vmm' maps it in chunks as it grows.",
+                 "static | vmm (MORI's STATIC_HEAP | VMM_HEAP too, any case)"),
         Variable("MORI_SHMEM_VMM_CHUNK_SIZE", _size, 512 << 20, "Granule by which a vmm heap grows.", SIZE_FORMS),
         Variable("MORI_SHMEM_BACKEND", _choice("auto", "gpu", "cpu"), "auto",
                  "Where the heap lives: 'gpu' (CUDA VMM), 'cpu' (host shared memory) or 'auto' (GPU when CUDA sees one).",
