@@ -2,8 +2,9 @@
 
 MORI's host API (``shmem_init_attr``, ``shmem_malloc``, ``shmem_ptr_p2p``, ``shmem_barrier_all``,
 ``shmem_module_init`` ...), host-initiated RMA for Python (``shmem_putmem``, ``shmem_getmem``,
-atomics, ``shmem_wait_until``), and tensors on the heap. ``import mori.shmem`` and
-``from mori import shmem`` both work.
+atomics, ``shmem_wait_until``), tensors on the heap (``shmem_tensor`` and MORI's
+``mori_shmem_create_tensor`` family), and one PE per thread (MORI's SPMT mode) as well as one per
+process. ``import mori.shmem`` and ``from mori import shmem`` both work.
 """
 
 from importlib import metadata as _metadata
@@ -48,6 +49,7 @@ from .api import (
     shmem_malloc,
     shmem_malloc_align,
     shmem_module_init,
+    shmem_mpi_init,
     shmem_mype,
     shmem_npes,
     shmem_num_qp_per_pe,
@@ -58,12 +60,20 @@ from .api import (
     shmem_torch_process_group_init,
     shmem_wait_until,
 )
+from .tensor_utils import (
+    MoriShmemBuffer,
+    mori_shmem_create_tensor,
+    mori_shmem_create_tensor_list_intra_node,
+    mori_shmem_free_tensor,
+    symm_mori_shmem_tensor,
+)
 
 __version__ = _metadata.version("mori-shmem")
 
 __all__ = [
     "MORI_SHMEM_INIT_WITH_MPI_COMM",
     "MORI_SHMEM_INIT_WITH_UNIQUEID",
+    "MoriShmemBuffer",
     "SHMEM_CMP_EQ",
     "SHMEM_CMP_GE",
     "SHMEM_CMP_GT",
@@ -78,6 +88,9 @@ __all__ = [
     "ShmemOutOfMemoryError",
     "__version__",
     "get_gpu_states_bytes",
+    "mori_shmem_create_tensor",
+    "mori_shmem_create_tensor_list_intra_node",
+    "mori_shmem_free_tensor",
     "shmem_atomic_add",
     "shmem_atomic_compare_swap",
     "shmem_atomic_fetch",
@@ -102,6 +115,7 @@ __all__ = [
     "shmem_malloc",
     "shmem_malloc_align",
     "shmem_module_init",
+    "shmem_mpi_init",
     "shmem_mype",
     "shmem_npes",
     "shmem_num_qp_per_pe",
@@ -113,4 +127,5 @@ __all__ = [
     "shmem_tensor",
     "shmem_torch_process_group_init",
     "shmem_wait_until",
+    "symm_mori_shmem_tensor",
 ]

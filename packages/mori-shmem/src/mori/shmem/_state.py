@@ -1,4 +1,9 @@
-"""The one shmem instance of a process: init, finalize, and access for the public API.
+"""The shmem instances of a process: init, finalize, and access for the public API.
+
+A process is usually one PE. MORI's single-process-multi-thread mode (SPMT: one PE per thread,
+each thread initializing with its own rank) works too: an instance belongs to the thread that
+initialized it. A call from any thread reaches that thread's PE, else the process's only PE;
+in a process of several PEs a thread that is none of them gets an error saying so.
 
 Init agrees on the heap settings with every PE (a mismatch fails on every PE with the same
 message), builds the heap (GPU or CPU), publishes the device state, and ends with a barrier, so
@@ -7,6 +12,7 @@ when ``shmem_init_*`` returns every PE can already reach every other PE's heap.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,21 +61,43 @@ class Shmem:
         return int(self.bootstrap.world)
 
 
-_current: Shmem | None = None
+class _ThreadPe(threading.local):
+    instance: Shmem | None = None
+
+
+_mine = _ThreadPe()  # the PE the calling thread initialized
+_all: list[Shmem] = []  # every PE of this process, in order of init
+_all_lock = threading.Lock()
+
+
+def _find() -> Shmem | None:
+    if _mine.instance is not None:
+        return _mine.instance
+    with _all_lock:
+        if len(_all) > 1:
+            ranks = ", ".join(str(s.rank) for s in _all)
+            raise ShmemError(f"this thread is none of the {len(_all)} PEs of this process (PEs {ranks}, one per "
+                             "thread): call mori.shmem from the thread that initialized the PE")
+        return _all[0] if _all else None
 
 
 def current() -> Shmem:
-    """The initialized instance; raises :class:`ShmemNotInitializedError` otherwise."""
-    if _current is None:
+    """The calling thread's PE, else the process's only PE; raises :class:`ShmemNotInitializedError`
+    when there is none (and :class:`ShmemError` from a thread that is none of several PEs)."""
+    instance = _find()
+    if instance is None:
         raise ShmemNotInitializedError(
             "mori.shmem is not initialized: call shmem_init_attr(...), shmem_torch_process_group_init(name) "
             "or shmem_init_from_env() first")
-    return _current
+    return instance
 
 
 def is_initialized() -> bool:
-    """Whether this process holds an initialized shmem instance."""
-    return _current is not None
+    """Whether a call from this thread reaches an initialized PE."""
+    try:
+        return _find() is not None
+    except ShmemError:
+        return False
 
 
 def _agree(bootstrap: Any, what: str, mine: str) -> None:
@@ -106,15 +134,15 @@ def _resolve_backend() -> str:
 
 
 def ensure_uninitialized() -> None:
-    """Raises :class:`ShmemError` when this process is already an initialized PE."""
-    if _current is not None:
-        raise ShmemError(f"mori.shmem is already initialized (PE {_current.rank} of {_current.world}); "
+    """Raises :class:`ShmemError` when the calling thread already initialized a PE."""
+    mine = _mine.instance
+    if mine is not None:
+        raise ShmemError(f"mori.shmem is already initialized (PE {mine.rank} of {mine.world}); "
                          "call shmem_finalize() before initializing again")
 
 
 def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
-    """Builds the heap over ``bootstrap`` and makes it the process's instance (collective)."""
-    global _current
+    """Builds the heap over ``bootstrap`` and makes it the calling thread's PE (collective)."""
     try:
         ensure_uninitialized()
     except ShmemError:
@@ -170,20 +198,24 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
         if owns_bootstrap:
             bootstrap.close()
         raise
-    _current = instance
+    _mine.instance = instance
+    with _all_lock:
+        _all.append(instance)
     log.info("PE %d/%d initialized: %s", instance.rank, instance.world, heap.describe())
     return instance
 
 
 def finalize() -> None:
     """Tears the instance down after a barrier (no PE unmaps while a peer may still write)."""
-    global _current
     instance = current()
     try:
         instance.heap.synchronize()
         instance.bootstrap.barrier()
     finally:
-        _current = None
+        if _mine.instance is instance:
+            _mine.instance = None
+        with _all_lock:
+            _all.remove(instance)
         try:
             if instance.ops is not None:
                 instance.ops.close()

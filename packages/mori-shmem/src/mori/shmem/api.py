@@ -20,7 +20,7 @@ from ._allocator import MIN_ALIGNMENT
 __all__ = [
     "MORI_SHMEM_INIT_WITH_MPI_COMM", "MORI_SHMEM_INIT_WITH_UNIQUEID", "SHMEM_CMP_EQ", "SHMEM_CMP_NE",
     "SHMEM_CMP_GT", "SHMEM_CMP_GE", "SHMEM_CMP_LT", "SHMEM_CMP_LE", "SHMEM_SIGNAL_SET", "SHMEM_SIGNAL_ADD",
-    "shmem_torch_process_group_init", "shmem_get_unique_id", "shmem_init_attr", "shmem_init_from_env",
+    "shmem_torch_process_group_init", "shmem_mpi_init", "shmem_get_unique_id", "shmem_init_attr", "shmem_init_from_env",
     "shmem_finalize", "shmem_is_initialized", "shmem_mype", "shmem_npes", "shmem_num_qp_per_pe",
     "shmem_malloc", "shmem_malloc_align", "shmem_ext_malloc_with_flags", "shmem_free",
     "shmem_buffer_register", "shmem_buffer_deregister", "shmem_ptr_p2p", "shmem_barrier_all",
@@ -44,7 +44,8 @@ ENV_RANK, ENV_WORLD, ENV_UID = "MORI_SHMEM_RANK", "MORI_SHMEM_WORLD", "MORI_SHME
 
 # -- initialization ---------------------------------------------------------------------------
 def shmem_get_unique_id() -> bytes:
-    """A 128-byte unique id; rank 0 creates it and shares it with the others by any means."""
+    """A 128-byte unique id; any process makes it (rank 0, or a launcher or main thread that is no
+    PE) and shares it with the PEs by any means. The maker must outlive rank 0's init."""
     return bytes(_bootstrap.get_unique_id())
 
 
@@ -105,6 +106,13 @@ def shmem_torch_process_group_init(group_name: str) -> int:
             raise ValueError(f"no torch process group is registered under {group_name!r}") from None
         group = dist.group.WORLD
     _state.initialize(_bootstrap.init_from_torch(group), owns_bootstrap=True)
+    return 0
+
+
+def shmem_mpi_init() -> int:
+    """Initializes every rank of ``MPI.COMM_WORLD`` as a PE (mpi4py; collective). Returns 0."""
+    _state.ensure_uninitialized()
+    _state.initialize(_bootstrap.init_from_mpi(None), owns_bootstrap=True)
     return 0
 
 

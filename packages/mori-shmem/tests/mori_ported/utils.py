@@ -1,0 +1,44 @@
+"""Port of the two helpers of ROCm/mori ``tests/python/utils.py`` that the shmem tests use.
+
+What the port changed: ``TorchDistContext`` selects no CUDA device and passes no ``device_id``
+(GPU->CPU), and its default backend is ``gloo`` instead of ``cpu:gloo,cuda:nccl`` (no NCCL
+without GPUs). Everything else is as in MORI.
+"""
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def get_free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class TorchDistContext:
+    def __init__(self, rank, world_size, master_addr="localhost", master_port="12335", device_id=None,
+                 backend="gloo"):
+        self.rank = rank
+        self.world_size = world_size
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.device_id = device_id if device_id is not None else self.rank
+        self.backend = backend
+
+    def __enter__(self):
+        if self.master_addr is not None:
+            os.environ["MASTER_ADDR"] = self.master_addr
+        if self.master_port is not None:
+            os.environ["MASTER_PORT"] = str(self.master_port)
+        dist.init_process_group(backend=self.backend, rank=self.rank, world_size=self.world_size)
+        world_group = torch.distributed.group.WORLD
+        assert world_group is not None
+        torch._C._distributed_c10d._register_process_group("default", world_group)
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
