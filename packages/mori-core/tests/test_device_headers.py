@@ -181,6 +181,7 @@ def _pg_kernel() -> str:
             f"out[1] += (uint64_t)Shmem{name}G({p}, pe);",
             f"ShmemPut{name}ImmNbiThread({p}, static_cast<{ctype}>(n), pe);",
         ]
+    body.append("ShmemPutSizeImmNbiThread(sym + 64, local, n, pe);")
     return _kernel("pg", body)
 
 
@@ -201,9 +202,14 @@ def _amo_kernel() -> str:
                 f"out[{i}] += (uint64_t)ShmemAtomicFetch{op}<{ctype}>({p}, 5, pe);",
                 f"ShmemAtomic{op}<{ctype}>({p}, 5, pe);",
             ]
+        body += [
+            f"ShmemAtomicNonFetchThread<{ctype}>({p}, 5, kAmoAdd, pe);",
+            f"out[{i}] += (uint64_t)ShmemAtomicFetchThread<{ctype}>({p}, 5, 7, cmp + kAmoFetch, pe);",
+        ]
     for name, ctype in (("Uint32", "uint32_t"), ("Int32", "int32_t"), ("Uint64", "uint64_t"), ("Int64", "int64_t")):
         p = f"reinterpret_cast<{ctype}*>(sym + 192)"
         body += [f"Shmem{name}AtomicAddThread({p}, 1, pe);", f"out[6] += (uint64_t)Shmem{name}AtomicFetchAddThread({p}, 1, pe);"]
+    body.append("ShmemAtomicSizeNonFetchThread(sym + 192, local, 4 + (cmp & 4), cmp, pe);")
     return _kernel("amo", body)
 
 

@@ -1106,6 +1106,12 @@ MORI_WRAPPER int32_t mori_shmem_int_p(uint64_t dest, int32_t value, int32_t pe, 
   return 0;
 }
 
+MORI_WRAPPER int32_t mori_shmem_put_size_imm_nbi_thread(uint64_t dest, uint64_t value, uint64_t bytes, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  ShmemPutSizeImmNbiThread((void*)dest, (const void*)value, bytes, pe);
+  return 0;
+}
+
 MORI_WRAPPER int32_t mori_shmem_int32_p(uint64_t dest, int32_t value, int32_t pe, int32_t qp_id) {
   (void)qp_id;
   ShmemP<int32_t>((int32_t*)dest, value, pe);
@@ -1474,6 +1480,56 @@ MORI_WRAPPER uint64_t mori_shmem_uint64_atomic_swap_thread(uint64_t dest, uint64
 MORI_WRAPPER uint64_t mori_shmem_uint64_atomic_compare_swap_thread(uint64_t dest, uint64_t compare, uint64_t value, int32_t pe, int32_t qp_id) {
   (void)qp_id;
   return (uint64_t)ShmemAtomicCompareSwap<uint64_t>((uint64_t*)dest, compare, value, pe);
+}
+
+MORI_WRAPPER int32_t mori_shmem_atomic_int32_nonfetch_thread(uint64_t dest, int32_t value, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  ShmemAtomicNonFetchThread<int32_t>((int32_t*)dest, value, amo_type, pe);
+  return 0;
+}
+
+MORI_WRAPPER int32_t mori_shmem_atomic_int32_fetch_thread(uint64_t dest, int32_t value, int32_t compare, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  return (int32_t)ShmemAtomicFetchThread<int32_t>((int32_t*)dest, value, compare, amo_type, pe);
+}
+
+MORI_WRAPPER int32_t mori_shmem_atomic_int64_nonfetch_thread(uint64_t dest, int64_t value, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  ShmemAtomicNonFetchThread<int64_t>((int64_t*)dest, value, amo_type, pe);
+  return 0;
+}
+
+MORI_WRAPPER int64_t mori_shmem_atomic_int64_fetch_thread(uint64_t dest, int64_t value, int64_t compare, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  return (int64_t)ShmemAtomicFetchThread<int64_t>((int64_t*)dest, value, compare, amo_type, pe);
+}
+
+MORI_WRAPPER int32_t mori_shmem_atomic_uint32_nonfetch_thread(uint64_t dest, uint32_t value, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  ShmemAtomicNonFetchThread<uint32_t>((uint32_t*)dest, value, amo_type, pe);
+  return 0;
+}
+
+MORI_WRAPPER uint32_t mori_shmem_atomic_uint32_fetch_thread(uint64_t dest, uint32_t value, uint32_t compare, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  return (uint32_t)ShmemAtomicFetchThread<uint32_t>((uint32_t*)dest, value, compare, amo_type, pe);
+}
+
+MORI_WRAPPER int32_t mori_shmem_atomic_uint64_nonfetch_thread(uint64_t dest, uint64_t value, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  ShmemAtomicNonFetchThread<uint64_t>((uint64_t*)dest, value, amo_type, pe);
+  return 0;
+}
+
+MORI_WRAPPER uint64_t mori_shmem_atomic_uint64_fetch_thread(uint64_t dest, uint64_t value, uint64_t compare, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  return (uint64_t)ShmemAtomicFetchThread<uint64_t>((uint64_t*)dest, value, compare, amo_type, pe);
+}
+
+MORI_WRAPPER int32_t mori_shmem_atomic_size_nonfetch_thread(uint64_t dest, uint64_t value, uint64_t bytes, int32_t amo_type, int32_t pe, int32_t qp_id) {
+  (void)qp_id;
+  ShmemAtomicSizeNonFetchThread((void*)dest, (const void*)value, bytes, amo_type, pe);
+  return 0;
 }
 
 MORI_WRAPPER int32_t mori_shmem_int32_wait_until_equals(uint64_t addr, int32_t value) {

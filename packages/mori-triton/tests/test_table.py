@@ -119,6 +119,30 @@ def test_mori_names_are_present():
         by_name("nope")
 
 
+def test_moris_generic_atomics_and_immediate_put():
+    """The entries of MORI's MORI_DEVICE_FUNCTIONS that take MORI's atomicType or a byte count,
+    with MORI's argument and return types."""
+    view = mori.ir.MORI_DEVICE_FUNCTIONS
+    for t in ("uint32", "uint64", "int64"):
+        assert view[f"atomic_{t}_nonfetch_thread"] == {
+            "symbol": f"mori_shmem_atomic_{t}_nonfetch_thread", "args": ["uint64", t, "int32", "int32", "int32"],
+            "ret": "int32", "pure": False}
+        assert view[f"atomic_{t}_fetch_thread"] == {
+            "symbol": f"mori_shmem_atomic_{t}_fetch_thread", "args": ["uint64", t, t, "int32", "int32", "int32"],
+            "ret": t, "pure": False}
+    assert view["atomic_size_nonfetch_thread"]["args"] == ["uint64", "uint64", "uint64", "int32", "int32", "int32"]
+    assert view["put_size_imm_nbi_thread"]["args"] == ["uint64", "uint64", "uint64", "int32", "int32"]
+
+
+def test_bitcode_path_as_mori_asks_for_it():
+    path = str(bundled_bitcode())
+    assert mori.ir.find_bitcode() == mori.ir.get_bitcode_path() == path
+    assert mori.ir.find_bitcode(cov=5) == mori.ir.get_bitcode_path(cov=6) == find_bitcode(arch="sm_90") == path
+    for bad in (0, "5", True):
+        with pytest.raises(ValueError, match="cov must be"):
+            mori.ir.find_bitcode(cov=bad)
+
+
 def test_wheel_ships_the_bitcode(tmp_path):
     import subprocess
     import sys

@@ -110,5 +110,73 @@ MORI_DEVICE_DEFINE_TYPED_ADD(Uint64, uint64_t)
 MORI_DEVICE_DEFINE_TYPED_ADD(Int64, int64_t)
 #undef MORI_DEVICE_DEFINE_TYPED_ADD
 
+// MORI's atomicType values (the NVSHMEM AMO numbering), taken by the generic forms below.
+enum AmoType : int {
+  kAmoInc = 2,
+  kAmoSet = 3,
+  kAmoAdd = 4,
+  kAmoAnd = 5,
+  kAmoOr = 6,
+  kAmoXor = 7,
+  kAmoSignalSet = 9,
+  kAmoSignalAdd = 10,
+  kAmoFetch = 12,
+  kAmoFetchInc = 13,
+  kAmoFetchAdd = 14,
+  kAmoFetchAnd = 15,
+  kAmoFetchOr = 16,
+  kAmoFetchXor = 17,
+  kAmoSwap = 18,
+  kAmoCompareSwap = 19,
+};
+
+// MORI's generic non-fetching atomic: `op` is inc, set, add, and, or, xor, or signal set/add
+// (set/add); any other value aborts the kernel naming it.
+template <class T>
+MORI_DEVICE_INLINE void ShmemAtomicNonFetchThread(T* dest, detail::NonDeduced<T> value, int op, int pe,
+                                                  int = 0) {
+  switch (op) {
+    case kAmoInc: ShmemAtomicInc<T>(dest, pe); return;
+    case kAmoSet: case kAmoSignalSet: ShmemAtomicSet<T>(dest, value, pe); return;
+    case kAmoAdd: case kAmoSignalAdd: ShmemAtomicAdd<T>(dest, value, pe); return;
+    case kAmoAnd: ShmemAtomicAnd<T>(dest, value, pe); return;
+    case kAmoOr: ShmemAtomicOr<T>(dest, value, pe); return;
+    case kAmoXor: ShmemAtomicXor<T>(dest, value, pe); return;
+    default: MORI_DEVICE_FAIL("ShmemAtomicNonFetchThread: atomic type %d is not a non-fetching one", op);
+  }
+}
+
+// MORI's generic fetching atomic: `op` is fetch, fetch-inc/add/and/or/xor, swap or compare-swap
+// (which stores `value` where `dest` holds `compare`); returns the old value.
+template <class T>
+MORI_DEVICE_INLINE T ShmemAtomicFetchThread(T* dest, detail::NonDeduced<T> value, detail::NonDeduced<T> compare,
+                                            int op, int pe, int = 0) {
+  switch (op) {
+    case kAmoFetch: return ShmemAtomicFetch<T>(dest, pe);
+    case kAmoFetchInc: return ShmemAtomicFetchInc<T>(dest, pe);
+    case kAmoFetchAdd: return ShmemAtomicFetchAdd<T>(dest, value, pe);
+    case kAmoFetchAnd: return ShmemAtomicFetchAnd<T>(dest, value, pe);
+    case kAmoFetchOr: return ShmemAtomicFetchOr<T>(dest, value, pe);
+    case kAmoFetchXor: return ShmemAtomicFetchXor<T>(dest, value, pe);
+    case kAmoSwap: return ShmemAtomicSwap<T>(dest, value, pe);
+    case kAmoCompareSwap: return ShmemAtomicCompareSwap<T>(dest, compare, value, pe);
+    default: MORI_DEVICE_FAIL("ShmemAtomicFetchThread: atomic type %d is not a fetching one", op);
+  }
+}
+
+// MORI's size-generic non-fetching atomic: `bytes` (4 or 8) is the width of `dest` and of the
+// operand `*value`.
+MORI_DEVICE_INLINE void ShmemAtomicSizeNonFetchThread(void* dest, const void* value, size_t bytes, int op,
+                                                      int pe, int = 0) {
+  if (bytes == 4) {
+    ShmemAtomicNonFetchThread<uint32_t>(static_cast<uint32_t*>(dest), *static_cast<const uint32_t*>(value), op, pe);
+  } else if (bytes == 8) {
+    ShmemAtomicNonFetchThread<uint64_t>(static_cast<uint64_t*>(dest), *static_cast<const uint64_t*>(value), op, pe);
+  } else {
+    MORI_DEVICE_FAIL("ShmemAtomicSizeNonFetchThread: %llu bytes; atomics are 4 or 8 bytes wide",
+                     static_cast<unsigned long long>(bytes));
+  }
+}
+
 }  // namespace device
 }  // namespace mori

@@ -230,5 +230,28 @@ MORI_DEVICE_INLINE T ShmemG(const T* source, int pe) {
 MORI_DEVICE_FOR_EACH_RMA_TYPE(MORI_DEVICE_DEFINE_TYPED_PG, Thread)
 #undef MORI_DEVICE_DEFINE_TYPED_PG
 
+// MORI's put of one immediate of `bytes` bytes (1, 2, 4, 8 or 16) read from `value`: one
+// single-copy-atomic store up to 8 bytes, one 16-byte vector store at 16 (both addresses aligned
+// to the size). Ordered by fence/quiet like any put; other sizes abort the kernel.
+MORI_DEVICE_INLINE void ShmemPutSizeImmNbiThread(void* dest, const void* value, size_t bytes, int pe, int = 0) {
+  struct alignas(16) Bytes16 {
+    uint64_t lo, hi;
+  };
+  switch (bytes) {
+    case 1: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint8_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                                 *static_cast<const uint8_t*>(value)); return;
+    case 2: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint16_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                                 *static_cast<const uint16_t*>(value)); return;
+    case 4: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint32_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                                 *static_cast<const uint32_t*>(value)); return;
+    case 8: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint64_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                                 *static_cast<const uint64_t*>(value)); return;
+    case 16: *detail::PeerAddress(static_cast<Bytes16*>(dest), pe, "ShmemPutSizeImmNbiThread") =
+                 *static_cast<const Bytes16*>(value); return;
+    default: MORI_DEVICE_FAIL("ShmemPutSizeImmNbiThread: %llu bytes; immediates are 1, 2, 4, 8 or 16 bytes",
+                              static_cast<unsigned long long>(bytes));
+  }
+}
+
 }  // namespace device
 }  // namespace mori

@@ -6,7 +6,7 @@ implementation is :mod:`mori.triton`.
 
 from mori.triton._table import SIGNAL_ADD, SIGNAL_SET
 
-from .bitcode import find_bitcode
+from .bitcode import find_bitcode, get_bitcode_path
 from .ops import MORI_DEVICE_FUNCTIONS
 
-__all__ = ["MORI_DEVICE_FUNCTIONS", "SIGNAL_ADD", "SIGNAL_SET", "find_bitcode"]
+__all__ = ["MORI_DEVICE_FUNCTIONS", "SIGNAL_ADD", "SIGNAL_SET", "find_bitcode", "get_bitcode_path"]

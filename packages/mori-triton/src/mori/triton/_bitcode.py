@@ -53,8 +53,14 @@ def bundled_bitcode(arch: str = DEFAULT_ARCH) -> Path:
     return _LIB_DIR / name
 
 
-def find_bitcode(arch: str = DEFAULT_ARCH) -> str:
-    """Path of the device bitcode to link: ``MORI_SHMEM_BC`` if set, else the packaged one."""
+def find_bitcode(arch: str = DEFAULT_ARCH, *, cov: int | None = None) -> str:
+    """Path of the device bitcode to link: ``MORI_SHMEM_BC`` if set, else the packaged one for ``arch``.
+
+    ``cov`` is MORI's keyword (the AMDGPU code-object version, 5 for Triton, 6 for FlyDSL): CUDA
+    bitcode has no code-object version, so any int (or None) gives the same file.
+    """
+    if cov is not None and (isinstance(cov, bool) or not isinstance(cov, int) or cov < 1):
+        raise ValueError(f"cov must be a positive int (an AMDGPU code-object version) or None, got {cov!r}")
     override = config.get("MORI_SHMEM_BC")
     if override:
         if not Path(override).is_file():

@@ -139,7 +139,10 @@ def _rma() -> list[DeviceFunction]:
 
 def _scalar() -> list[DeviceFunction]:
     rows = [_f("int_p", "dest:ptr value:i32 pe:i32 qp_id:i32", "i32", "ShmemP<int32_t>((int32_t*){dest}, {value}, {pe})",
-               "Store one int at `dest` on `pe`.")]
+               "Store one int at `dest` on `pe`."),
+            _f("put_size_imm_nbi_thread", "dest:ptr value:ptr bytes:u64 pe:i32 qp_id:i32", "i32",
+               "ShmemPutSizeImmNbiThread((void*){dest}, (const void*){value}, {bytes}, {pe})",
+               "Store the `bytes` (1, 2, 4, 8 or 16) bytes at `value` to `dest` on `pe`, one store.")]
     for tname, t, ctype in _SCALARS:
         rows.append(_f(f"{tname}_p", f"dest:ptr value:{t} pe:i32 qp_id:i32", "i32",
                        f"ShmemP<{ctype}>(({ctype}*){{dest}}, {{value}}, {{pe}})", f"Store one {tname} at `dest` on `pe`."))
@@ -179,6 +182,19 @@ def _atomics() -> list[DeviceFunction]:
         rows.append(_f(f"{tname}_atomic_compare_swap_thread", f"dest:ptr compare:{t} value:{t} pe:i32 qp_id:i32", t,
                        f"ShmemAtomicCompareSwap<{ctype}>({d}, {{compare}}, {{value}}, {{pe}})",
                        "Store `value` if `dest` holds `compare`; returns the old value.", returns=True))
+    # MORI's generic forms: the operation is an `amo_type` value (MORI's atomicType numbering).
+    for tname, t, ctype in _ATOMIC_TYPES:
+        d = f"({ctype}*){{dest}}"
+        rows.append(_f(f"atomic_{tname}_nonfetch_thread", f"dest:ptr value:{t} amo_type:i32 pe:i32 qp_id:i32", "i32",
+                       f"ShmemAtomicNonFetchThread<{ctype}>({d}, {{value}}, {{amo_type}}, {{pe}})",
+                       "Atomic `amo_type` (inc, set, add, and, or, xor, signal set/add) of `value` at `dest` on `pe`."))
+        rows.append(_f(f"atomic_{tname}_fetch_thread", f"dest:ptr value:{t} compare:{t} amo_type:i32 pe:i32 qp_id:i32",
+                       t, f"ShmemAtomicFetchThread<{ctype}>({d}, {{value}}, {{compare}}, {{amo_type}}, {{pe}})",
+                       "Atomic `amo_type` (fetch, fetch-inc/add/and/or/xor, swap, compare-swap) at `dest` on `pe`; "
+                       "returns the old value.", returns=True))
+    rows.append(_f("atomic_size_nonfetch_thread", "dest:ptr value:ptr bytes:u64 amo_type:i32 pe:i32 qp_id:i32", "i32",
+                   "ShmemAtomicSizeNonFetchThread((void*){dest}, (const void*){value}, {bytes}, {amo_type}, {pe})",
+                   "Atomic `amo_type` of the `bytes`-wide (4 or 8) operand at `value` on `dest` at `pe`."))
     return rows
 
 
