@@ -11,7 +11,7 @@
 from importlib import metadata as _metadata
 
 from . import shmem
-from ._all_reduce import AllReduce, all_reduce
+from ._all_reduce import AllReduce, AllReduceConfig, all_reduce
 from ._bitcode import BitcodeError, build_bitcode, find_bitcode
 from ._llvm_ir import IrModule, compile_ir, declarations
 from ._runtime import MoriKernel, get_extern_libs, init_loaded_modules, install_hook, jit, uninstall_hook
@@ -22,6 +22,7 @@ __version__ = _metadata.version("mori-triton")
 
 __all__ = [
     "AllReduce",
+    "AllReduceConfig",
     "BitcodeError",
     "DEVICE_FUNCTIONS",
     "DeviceFunction",
