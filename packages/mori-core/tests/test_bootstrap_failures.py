@@ -206,17 +206,17 @@ def test_strangers_on_rank_0s_port_are_turned_away():
 
 
 def _with_crowd() -> list[bytes]:
-    """Before anyone joins, 150 silent connections and a hello claiming 512 GiB hit rank 0's port."""
+    """While rank 0 waits for rank 1, 150 silent connections and a hello claiming 512 GiB hit its
+    port. Rank 1 makes them (retrying until rank 0 listens) before it joins itself."""
     ctx = context()
     strangers = []
-    raw = get_unique_id() if ctx.index == 0 else None
-    if raw is not None:
-        uid = UniqueId.from_bytes(raw)
-        huge = socket.create_connection((uid.host, uid.port), timeout=5)
+    uid_bytes = ctx.share(get_unique_id() if ctx.index == 0 else None)
+    if ctx.index == 1:
+        uid = UniqueId.from_bytes(uid_bytes)
+        huge = connect(uid.host, uid.port, Deadline(10), retry_refused=True)
         huge.sendall(pack_header(Kind.HELLO, 1 << 39) + b"\x00" * 1024)
         strangers.append(huge)
-        strangers += [socket.create_connection((uid.host, uid.port), timeout=5) for _ in range(150)]
-    uid_bytes = ctx.share(raw)
+        strangers += [connect(uid.host, uid.port, Deadline(5), retry_refused=False) for _ in range(150)]
     with Bootstrap(ctx.index, ctx.size, uid_bytes, timeout=20) as bs:
         got = bs.allgather(bytes([bs.rank]) * 100)
     for s in strangers:
