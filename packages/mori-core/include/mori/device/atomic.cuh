@@ -9,6 +9,7 @@
 #pragma once
 
 #include "p2p.cuh"
+#include "rma.cuh"
 
 namespace mori {
 namespace device {
@@ -110,7 +111,8 @@ MORI_DEVICE_DEFINE_TYPED_ADD(Uint64, uint64_t)
 MORI_DEVICE_DEFINE_TYPED_ADD(Int64, int64_t)
 #undef MORI_DEVICE_DEFINE_TYPED_ADD
 
-// MORI's atomicType values (the NVSHMEM AMO numbering), taken by the generic forms below.
+// MORI's atomicType values (the NVSHMEM AMO numbering), taken by the generic forms below; its
+// signal set/add (9/10) are rma.cuh's kSignalSet/kSignalAdd.
 enum AmoType : int {
   kAmoInc = 2,
   kAmoSet = 3,
@@ -118,8 +120,6 @@ enum AmoType : int {
   kAmoAnd = 5,
   kAmoOr = 6,
   kAmoXor = 7,
-  kAmoSignalSet = 9,
-  kAmoSignalAdd = 10,
   kAmoFetch = 12,
   kAmoFetchInc = 13,
   kAmoFetchAdd = 14,
@@ -137,8 +137,8 @@ MORI_DEVICE_INLINE void ShmemAtomicNonFetchThread(T* dest, detail::NonDeduced<T>
                                                   int = 0) {
   switch (op) {
     case kAmoInc: ShmemAtomicInc<T>(dest, pe); return;
-    case kAmoSet: case kAmoSignalSet: ShmemAtomicSet<T>(dest, value, pe); return;
-    case kAmoAdd: case kAmoSignalAdd: ShmemAtomicAdd<T>(dest, value, pe); return;
+    case kAmoSet: case kSignalSet: ShmemAtomicSet<T>(dest, value, pe); return;
+    case kAmoAdd: case kSignalAdd: ShmemAtomicAdd<T>(dest, value, pe); return;
     case kAmoAnd: ShmemAtomicAnd<T>(dest, value, pe); return;
     case kAmoOr: ShmemAtomicOr<T>(dest, value, pe); return;
     case kAmoXor: ShmemAtomicXor<T>(dest, value, pe); return;
