@@ -35,3 +35,15 @@ def test_an_error_closes_the_pool_by_default() -> None:
             pool.run(_fail_on_odd)
         with pytest.raises(RuntimeError, match="closed"):
             pool.run(_fail_on_odd)
+
+
+def test_start_hook_and_pids() -> None:
+    started: list[int | None] = []
+
+    def start(proc) -> None:  # runs here, in the parent, in place of proc.start()
+        proc.start()
+        started.append(proc.pid)
+
+    with ProcPool(2, timeout=60, start=start) as pool:
+        assert pool.pids == started and len(set(started)) == 2
+        assert pool.run(os.getpid) == started

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 import numpy as np
@@ -114,7 +113,7 @@ def make_engine(key: str, backend: str, target: bool = False) -> IOEngine:
     return engine
 
 
-def serve_vllm_target(conn: Any, key: str, backend: str, layout: Layout, seed: int) -> None:
+def serve_vllm_target(key: str, backend: str, layout: Layout, seed: int) -> bytes:
     """vLLM's side that is read from (prefill, READ mode) or written to (decode, WRITE mode)."""
     engine = make_engine(key, backend, target=True)
     caches = {}
@@ -137,10 +136,10 @@ def serve_vllm_target(conn: Any, key: str, backend: str, layout: Layout, seed: i
     def cache_bytes() -> bytes:
         return b"".join(t.view(torch.uint8).numpy().tobytes() for t in caches.values())
 
-    serve_commands(conn, engine, {**engine_commands(engine, {}), "handshake": handshake, "cache": cache_bytes})
+    return serve_commands(engine, {**engine_commands(engine, {}), "handshake": handshake, "cache": cache_bytes})
 
 
-def serve_sglang_target(conn: Any, key: str, backend: str, layout: Layout, seed: int, aux_lens: list[int]) -> None:
+def serve_sglang_target(key: str, backend: str, layout: Layout, seed: int, aux_lens: list[int]) -> bytes:
     """SGLang's decode side: K and V buffers per layer and aux buffers, written by prefill."""
     engine = make_engine(key, backend, target=True)
     half = layout.layer_bytes // 2
@@ -159,4 +158,4 @@ def serve_sglang_target(conn: Any, key: str, backend: str, layout: Layout, seed:
         return [a.tobytes() for a in kv + aux]
 
     descs: dict[int, MemoryDesc] = {}
-    serve_commands(conn, engine, {**engine_commands(engine, descs), "handshake": handshake, "buffers": buffers})
+    return serve_commands(engine, {**engine_commands(engine, descs), "handshake": handshake, "buffers": buffers})

@@ -1,15 +1,15 @@
 """Helpers for the mori-io tests: shared buffers and an engine running in its own process.
 
-``PeerProcess`` (a ``PipeProcess``) starts a real process (spawn) running an IOEngine with a TCP backend and serves
-commands over a pipe; every wait on it has a timeout and the process is always reaped.
+``PeerProcess`` (a ``PipeProcess``) starts a real process (spawn, through mori.core.testing's ``ProcPool``)
+running an IOEngine with a TCP backend and serves commands; every wait on it has a timeout and the process is
+always reaped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
-import multiprocessing as mp
 import os
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from mori.core.testing import ProcPool, WorkerError, context
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType
 from mori.io.bench._mori_runner import start_in_netns
 
@@ -45,7 +46,7 @@ class SharedBuffer:
             os.unlink(self.path)
 
 
-def _serve(conn: Any, key: str, token: str | None) -> None:
+def _serve(key: str, token: str | None) -> bytes:
     engine = IOEngine(key, IOEngineConfig(host="127.0.0.1", port=0, auth_token=token))
     engine.create_backend(BackendType.TCP)
     buffers: dict[int, SharedBuffer] = {}
@@ -57,7 +58,7 @@ def _serve(conn: Any, key: str, token: str | None) -> None:
         buffers[desc.id], descs[desc.id] = buf, desc
         return desc.pack()
 
-    serve_commands(conn, engine, {**engine_commands(engine, descs), "register_shm": register_shm})
+    return serve_commands(engine, {**engine_commands(engine, descs), "register_shm": register_shm})
 
 
 def engine_commands(engine: IOEngine, descs: dict[int, MemoryDesc]) -> dict[str, Callable[..., Any]]:
@@ -82,77 +83,65 @@ def engine_commands(engine: IOEngine, descs: dict[int, MemoryDesc]) -> dict[str,
     }
 
 
-def serve_commands(conn: Any, engine: IOEngine, commands: dict[str, Callable[..., Any]]) -> None:
-    """Announces the engine, then runs ``(cmd, args)`` requests from the pipe until ``stop``;
-    each reply is ``("ok", value)`` or ``("err", repr)``."""
-    conn.send(("ready", engine.get_engine_desc().pack()))
-    while True:
-        cmd, args = conn.recv()
-        if cmd == "stop":
-            engine.close()
-            conn.send(("ok", None))
-            return
-        try:
-            conn.send(("ok", commands[cmd](*args)))
-        except Exception as err:  # reported to the test, which fails with it
-            conn.send(("err", repr(err)))
+def serve_commands(engine: IOEngine, commands: dict[str, Callable[..., Any]]) -> bytes:
+    """Keeps ``engine`` and its ``commands`` in this worker for :meth:`PipeProcess.call`; returns
+    the packed engine descriptor (what a serve function returns)."""
+    context().state.update(engine=engine, commands=commands)
+    return engine.get_engine_desc().pack()
+
+
+def _run_command(cmd: str, args: tuple[Any, ...]) -> Any:
+    return context().state["commands"][cmd](*args)
+
+
+def _close_engine() -> None:
+    context().state["engine"].close()
 
 
 class PipeProcess:
-    """An engine process started with ``serve(child_conn, *args)`` and driven over a pipe (see
-    :func:`serve_commands`); ``name`` labels its errors. Every wait has a timeout and the process
-    is always reaped."""
+    """An engine process: a one-worker :class:`mori.core.testing.ProcPool` that ran
+    ``serve(*args)`` (which ends with :func:`serve_commands`), driven with :meth:`call`; ``name``
+    labels its errors and ``netns`` names the network namespace it runs in. Every wait has a
+    timeout and the process is always reaped."""
 
-    def __init__(self, serve: Callable[..., None], args: tuple[Any, ...], name: str, timeout: float,
+    def __init__(self, serve: Callable[..., bytes], args: tuple[Any, ...], name: str, timeout: float,
                  netns: str | None = None) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=serve, args=(child, *args), daemon=True)
-        start_in_netns(self.proc, netns)  # in network namespace ``netns`` when given
-        child.close()
         self.name = name
         self.timeout = timeout
+        self._pool = ProcPool(1, timeout=timeout, label=name, keep_on_error=True,
+                              start=lambda proc: start_in_netns(proc, netns))
         try:
-            _, packed = self._recv()
-            self.desc = EngineDesc.unpack(packed)
+            self.desc = EngineDesc.unpack(self._pool.run_on(0, serve, *args))
         except BaseException:
             self.kill()
             raise
 
-    def _recv(self) -> Any:
-        if not self._conn.poll(self.timeout):
-            raise TimeoutError(f"{self.name} process {self.proc.pid} did not answer in {self.timeout} s")
-        return self._conn.recv()
-
     def call(self, cmd: str, *args: Any) -> Any:
         """Runs a command in the process; raises RuntimeError with its error."""
-        self._conn.send((cmd, args))
-        tag, value = self._recv()
-        if tag != "ok":
-            raise RuntimeError(f"{self.name} {cmd} failed: {value}")
-        return value
+        try:
+            return self._pool.run_on(0, _run_command, cmd, args)
+        except WorkerError as err:
+            raise RuntimeError(f"{self.name} {cmd} failed: {err}") from None
 
     def signal(self, sig: int) -> None:
-        """Sends a signal to the process."""
-        if self.proc.pid is not None and self.proc.is_alive():
-            os.kill(self.proc.pid, sig)
+        """Sends a signal to the process (nothing once it is gone)."""
+        pid = self._pool.pids[0]
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def kill(self) -> None:
         """Kills and reaps the process."""
-        if self.proc.is_alive():
-            self.signal(signal.SIGKILL)
-        self.proc.join(timeout=10)
+        self._pool.kill()
 
     def close(self) -> None:
-        """Stops the process cleanly, killing it if it does not stop in time."""
+        """Closes the engine and stops the process, killing it if it does not stop in time."""
         try:
-            if self.proc.is_alive():
-                self.call("stop")
-        except (TimeoutError, OSError, EOFError, RuntimeError):
-            pass
+            self._pool.run_on(0, _close_engine)
+        except (AssertionError, RuntimeError, OSError):
+            pass  # a dead or failed process: the pool is killed below
         finally:
-            self.proc.join(timeout=10)
-            self.kill()
+            self._pool.close()
 
 
 class PeerProcess(PipeProcess):

@@ -35,7 +35,7 @@ from mori.io.backends.tcp import TcpBackend
 REGION = 1 << 20
 
 
-def _serve(conn, key: str, env: dict[str, str]) -> None:
+def _serve(key: str, env: dict[str, str]) -> bytes:
     os.environ.update(env)
     engine = IOEngine(key, IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.TCP)
@@ -57,9 +57,9 @@ def _serve(conn, key: str, env: dict[str, str]) -> None:
                 "conns": engine._server.connection_count(), "inbound": len(engine._inbound),
                 **dataclasses.asdict(engine._server.stats)}
 
-    serve_commands(conn, engine, {**engine_commands(engine, {desc.id: desc}), "desc": desc.pack,
-                                  "limit_fds": limit_fds, "probe": probe,
-                                  "bytes": lambda off, n: bytes(arr[off:off + n])})
+    return serve_commands(engine, {**engine_commands(engine, {desc.id: desc}), "desc": desc.pack,
+                                   "limit_fds": limit_fds, "probe": probe,
+                                   "bytes": lambda off, n: bytes(arr[off:off + n])})
 
 
 class Target(PipeProcess):

@@ -51,8 +51,8 @@ def _bytes(t: Any, offset: int, n: int) -> np.ndarray:
     return t[offset:offset + n].cpu().numpy()
 
 
-def _serve(conn: Any) -> None:
-    """The target process: an engine with the NVLink backend on GPU 0, driven over a pipe."""
+def _serve() -> bytes:
+    """The target process: an engine with the NVLink backend on GPU 0, driven by PipeProcess.call."""
     from mori.core.memory import cuda_vmm
 
     torch.cuda.set_device(TARGET_GPU)
@@ -87,7 +87,7 @@ def _serve(conn: Any) -> None:
             return hashlib.sha256(vmms[name].read(n, offset)).hexdigest()
         return hashlib.sha256(_bytes(tensors[name], offset, n).tobytes()).hexdigest()
 
-    serve_commands(conn, engine, {
+    return serve_commands(engine, {
         **engine_commands(engine, descs), "alloc": alloc, "register": register, "vmm": vmm, "digest": digest,
         "fill": lambda name, offset, n, seed: _fill(tensors[name], offset, n, seed),
     })

@@ -15,6 +15,10 @@ rank's timeout starts while another is still importing.
 worker starts with ``env`` in its environment, and a function that raises in some workers raises
 :class:`WorkerError` naming them (``PE 1: ShmemError: ...``) once every worker has answered,
 leaving the pool usable. A death or a timeout always closes the pool.
+
+``ProcPool(1, start=...)`` hands each worker process to ``start`` instead of starting it (mori.io's
+tests start their engine processes inside a network namespace that way); ``pids`` lets a test
+signal a worker (SIGSTOP a peer, say).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import traceback
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 __all__ = ["Died", "ProcPool", "WorkerContext", "WorkerError", "context", "run_procs"]
@@ -106,11 +111,13 @@ class ProcPool:
     worker; the pool is then closed. A function that raises does the same, unless
     ``keep_on_error``: then the call waits for every worker's answer and raises
     :class:`WorkerError`, and the pool stays open. Workers start with ``env`` added to their
-    environment; messages name a worker as ``f"{label} {index}"``.
+    environment; messages name a worker as ``f"{label} {index}"``. ``start``, when given, is called
+    with each new (spawn-context) process in place of ``process.start()``.
     """
 
     def __init__(self, n: int, timeout: float = 120.0, env: Mapping[str, str] | None = None,
-                 label: str = "process", keep_on_error: bool = False) -> None:
+                 label: str = "process", keep_on_error: bool = False,
+                 start: Callable[[BaseProcess], None] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.timeout, self.label, self.keep_on_error = timeout, label, keep_on_error
         self._conns: list[Connection] = []
@@ -121,7 +128,10 @@ class ProcPool:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_worker, args=(i, n, child, dict(env or {}), label), daemon=True,
                                    name=f"mori-test-{i}")
-                proc.start()
+                if start is None:
+                    proc.start()
+                else:
+                    start(proc)
                 child.close()
                 self._conns.append(parent)
                 self._procs.append(proc)
@@ -133,6 +143,11 @@ class ProcPool:
     def size(self) -> int:
         """How many workers the pool has."""
         return len(self._procs)
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The workers' process ids, in worker order."""
+        return [proc.pid for proc in self._procs]
 
     def __enter__(self) -> ProcPool:
         return self
