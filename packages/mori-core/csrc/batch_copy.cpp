@@ -1,5 +1,7 @@
-// Batch copies on the host side of a GPU transfer: the per-transfer work that would otherwise
-// be several numpy passes and half a dozen Python-level driver calls for every batch.
+// mori-core's generic batch copy between GPU memory regions, host side: the per-batch work that
+// would otherwise be several numpy passes and half a dozen Python-level driver calls. A batch is
+// a gather table, one row (src, dst, bytes) per contiguous run, that a caller-compiled kernel
+// with the parameters below copies; or a list of copy-engine copies.
 //
 // - int64_array: a list batch as an int64 array, in one C loop.
 // - batch_bounds: one pass over (local offsets, remote offsets, sizes) giving what the engine
@@ -137,9 +139,10 @@ using LaunchFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigne
 using HtoDFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
 using RecordFn = int (*)(void* event, void* stream);
 
-constexpr int kParams = 7;  // rows, items, per_row, piece, src0, dst0, bytes0 (see the kernel)
+constexpr int kParams = 7;  // rows, items, per_row, piece, src0, dst0, bytes0: the kernel's parameters
 
-// Launches the NVLink backend's gather kernel (mori.io.backends._copy_kernels) on a stream.
+// Launches a gather-table kernel on a stream: the caller compiles it (with NVRTC, say), taking
+// (rows, items, per_row, piece, src0, dst0, bytes0) as its parameters.
 class GatherLauncher {
 public:
     GatherLauncher(uintptr_t launch, uintptr_t htod, uintptr_t record, uintptr_t function, unsigned threads,
@@ -251,7 +254,7 @@ mori::native::Registration reg([](py::module_& m) {
           "Writes the gather-kernel rows (src, dst, bytes) of a batch into out, contiguous runs merged and "
           "empty blocks dropped; returns (rows, largest row, smallest row).");
     py::class_<GatherLauncher>(m, "GatherLauncher",
-                               "Upload + launch of the NVLink gather kernel + event record, in one call.")
+                               "Upload of a gather table + launch of the caller's gather kernel + event record, in one call.")
         .def(py::init<uintptr_t, uintptr_t, uintptr_t, uintptr_t, unsigned, unsigned>(), py::arg("cu_launch_kernel"),
              py::arg("cu_memcpy_htod_async"), py::arg("cu_event_record"), py::arg("function"), py::arg("threads"),
              py::arg("max_blocks"))

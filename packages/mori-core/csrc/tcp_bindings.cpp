@@ -1,4 +1,4 @@
-// Python bindings of the native TCP data plane: TcpTarget, TcpPeer, TcpTransfer.
+// Python bindings of the native TCP data plane: TcpTarget, TcpPeer, TcpTransfer, TRANSFER_CODES.
 // Every call that can block (connect, wait, deregister, close) releases the GIL.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -19,9 +19,20 @@ std::vector<uint64_t> to_vector(const U64Array& a) {
 }
 
 mori::native::Registration reg([](py::module_& m) {
+    py::dict codes;  // tcp_wire.hpp's Code by mori.core.codes.TransferCode's names
+    codes["SUCCESS"] = static_cast<int>(kSuccess);
+    codes["NOT_STARTED"] = static_cast<int>(kNotStarted);
+    codes["IN_PROGRESS"] = static_cast<int>(kInProgress);
+    codes["ERR_INVALID_ARGS"] = static_cast<int>(kErrInvalidArgs);
+    codes["ERR_NOT_FOUND"] = static_cast<int>(kErrNotFound);
+    codes["ERR_TRANSPORT"] = static_cast<int>(kErrTransport);
+    codes["ERR_BAD_STATE"] = static_cast<int>(kErrBadState);
+    codes["ERR_DEVICE"] = static_cast<int>(kErrDevice);
+    m.attr("TRANSFER_CODES") = codes;
+
     py::class_<Transfer, std::shared_ptr<Transfer>>(m, "TcpTransfer",
                                                     "Completion of one native TCP transfer.")
-        .def("code", &Transfer::code, "StatusCode value (IN_PROGRESS=2 until finished).")
+        .def("code", &Transfer::code, "TransferCode value (IN_PROGRESS=2 until finished).")
         .def("message", &Transfer::message, "Why it failed ('' on success).")
         .def("wait", &Transfer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
              "Waits up to timeout seconds; True when finished.");
@@ -31,12 +42,14 @@ mori::native::Registration reg([](py::module_& m) {
         // must hold the GIL while it sets up the new instance around the returned holder.
         .def(py::init([](const std::string& name, const std::string& host, int port, int nconn,
                          const std::string& myKey, const std::string& token, const std::string& ticket,
-                         double ioTimeout) {
+                         double ioTimeout, const std::string& timeoutSetting) {
                  py::gil_scoped_release release;
-                 return std::make_shared<Peer>(name, host, port, nconn, myKey, token, ticket, ioTimeout);
+                 return std::make_shared<Peer>(name, host, port, nconn, myKey, token, ticket, ioTimeout,
+                                               timeoutSetting);
              }),
              py::arg("name"), py::arg("host"), py::arg("port"), py::arg("num_connections"), py::arg("my_key"),
-             py::arg("token"), py::arg("ticket"), py::arg("io_timeout"))
+             py::arg("token"), py::arg("ticket"), py::arg("io_timeout"), py::arg("timeout_setting") = "io_timeout",
+             "Connects to a target; timeout messages name timeout_setting (the caller's setting for io_timeout).")
         .def(
             "submit",
             [](Peer& p, int op, uint64_t localBase, std::vector<uint64_t> lofs, uint64_t memId,
@@ -65,29 +78,30 @@ mori::native::Registration reg([](py::module_& m) {
                                                 "Serves registered memory to authenticated peers.")
         .def(py::init([](const std::string& host, int port, std::string token, double ioTimeout,
                          size_t maxConnections, size_t maxHandshakes, double helloTimeout, size_t maxInbound,
-                         double inboundTtl) {
+                         double inboundTtl, std::string timeoutSetting) {
                  TargetLimits lim;
                  lim.maxConnections = maxConnections;
                  lim.maxHandshakes = maxHandshakes;
                  lim.helloTimeout = helloTimeout;
                  lim.maxInbound = maxInbound;
                  lim.inboundTtl = inboundTtl;
-                 return std::make_shared<Target>(host, port, std::move(token), ioTimeout, lim);
+                 return std::make_shared<Target>(host, port, std::move(token), ioTimeout, lim, std::move(timeoutSetting));
              }),
              py::arg("host"), py::arg("port"), py::arg("token"), py::arg("io_timeout"),
              py::arg("max_connections") = TargetLimits{}.maxConnections,
              py::arg("max_handshakes") = TargetLimits{}.maxHandshakes,
              py::arg("hello_timeout") = TargetLimits{}.helloTimeout,
              py::arg("max_inbound") = TargetLimits{}.maxInbound,
-             py::arg("inbound_ttl") = TargetLimits{}.inboundTtl,
-             "Listens on host:port; the limits bound what peers can consume (see mori-io's docs).")
+             py::arg("inbound_ttl") = TargetLimits{}.inboundTtl, py::arg("timeout_setting") = "io_timeout",
+             "Listens on host:port; the limits bound what peers can consume; timeout messages name "
+             "timeout_setting.")
         .def_property_readonly("port", &Target::port)
         .def("register_region", &Target::register_region, py::arg("mem_id"), py::arg("addr"), py::arg("size"))
         .def("deregister_region", &Target::deregister_region, py::arg("mem_id"),
              py::call_guard<py::gil_scoped_release>(),
              "Removes a region; waits for requests in flight on it. False when unknown.")
         .def("pop_inbound", &Target::pop_inbound, py::arg("key"), py::arg("uid"),
-             "Final StatusCode of transfer uid from engine key, or None (the record is removed).")
+             "Final TransferCode of transfer uid from engine key, or None (the record is removed).")
         .def("issue_ticket", &Target::issue_ticket, py::arg("key"), py::arg("ticket"),
              py::call_guard<py::gil_scoped_release>(),
              "Admits data connections from engine key presenting ticket (64 at most, for 60 s).")

@@ -1,5 +1,6 @@
-// Native TCP data plane of mori-io: a Target serves registered memory to authenticated peers; a
+// mori-core's native TCP data plane: a Target serves registered memory to authenticated peers; a
 // Peer holds several connections to one Target and runs transfers (batches striped over them).
+// Timeout messages name the caller's setting for the I/O timeout (timeoutSetting).
 // No Python here: the bindings (tcp_bindings.cpp) release the GIL around every blocking call.
 #pragma once
 
@@ -84,7 +85,7 @@ public:
     // Reads replies on the caller's thread until t finishes or deadlineNs passes. False when the
     // receive side was taken (or the connection is down): then the caller waits for t instead.
     bool lead(const Transfer& t, int64_t deadlineNs);
-    InitConn(int fd, std::string peerName, double ioTimeout);
+    InitConn(int fd, std::string peerName, double ioTimeout, std::string timeoutSetting);
     ~InitConn();
     void enqueue(std::shared_ptr<Work> work);
     void enqueue_notify(uint64_t uid, int code);
@@ -110,6 +111,7 @@ private:
     int fd_;
     std::string peer_;
     double ioTimeout_;
+    std::string timeoutSetting_;
     mutable std::mutex mu_;
     std::condition_variable cv_;    // send side and shutdown
     std::condition_variable rxCv_;  // receive side handed back
@@ -132,7 +134,7 @@ public:
     // target's control plane; throws std::runtime_error on failure (message starts with
     // "rejected:" when the target refused the token or ticket).
     Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
-         const std::string& token, const std::string& ticket, double ioTimeout);
+         const std::string& token, const std::string& ticket, double ioTimeout, const std::string& timeoutSetting);
     ~Peer();
     std::shared_ptr<Transfer> submit(uint8_t op, uint64_t localBase, const std::vector<uint64_t>& localOffsets,
                                      uint64_t memId, const std::vector<uint64_t>& remoteOffsets,
@@ -147,7 +149,7 @@ private:
     std::atomic<uint64_t> next_{0};
 };
 
-// What one Target lets its peers consume (mori-io fills it from MORI_IO_* settings).
+// What one Target lets its peers consume (the transport fills it from its own settings).
 struct TargetLimits {
     size_t maxConnections = 1024;  // open data connections, handshaking or serving
     size_t maxHandshakes = 64;     // connections not yet through their hello; the oldest is dropped
@@ -173,7 +175,8 @@ struct TargetStats {
 // plane alone.
 class Target {
 public:
-    Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits);
+    Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
+           std::string timeoutSetting);
     ~Target();
     int port() const { return port_; }
     void register_region(uint64_t id, uint64_t addr, uint64_t size);
@@ -234,6 +237,7 @@ private:
     std::string token_;
     double ioTimeout_;
     TargetLimits limits_;
+    std::string timeoutSetting_;
     std::atomic<bool> stop_{false};
     std::thread acceptThread_;
     std::shared_mutex stateMu_;  // regions; held shared while memory is touched

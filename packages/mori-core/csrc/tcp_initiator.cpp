@@ -68,8 +68,8 @@ bool Transfer::wait(double timeoutSec) {
 
 // ---- InitConn ---------------------------------------------------------------------------------
 
-InitConn::InitConn(int fd, std::string peerName, double ioTimeout)
-    : fd_(fd), peer_(std::move(peerName)), ioTimeout_(ioTimeout), rd_(fd) {
+InitConn::InitConn(int fd, std::string peerName, double ioTimeout, std::string timeoutSetting)
+    : fd_(fd), peer_(std::move(peerName)), ioTimeout_(ioTimeout), timeoutSetting_(std::move(timeoutSetting)), rd_(fd) {
     struct timeval tv {};
     tv.tv_sec = static_cast<time_t>(ioTimeout);
     tv.tv_usec = static_cast<suseconds_t>((ioTimeout - static_cast<double>(tv.tv_sec)) * 1e6);
@@ -252,7 +252,7 @@ std::string InitConn::abort_check(const Reader& rd) {
     if (!pending_.empty()) {
         double since = std::min(rd.idle_seconds(), static_cast<double>(now_ns() - pendingSinceNs_) * 1e-9);
         if (since > ioTimeout_)
-            return "no reply for " + std::to_string(static_cast<int>(ioTimeout_)) + " s (MORI_IO_TIMEOUT)";
+            return "no reply for " + std::to_string(static_cast<int>(ioTimeout_)) + " s (" + timeoutSetting_ + ")";
     }
     return "";
 }
@@ -365,7 +365,7 @@ std::string InitConn::read_reply() {
 // ---- Peer -------------------------------------------------------------------------------------
 
 Peer::Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
-           const std::string& token, const std::string& ticket, double ioTimeout)
+           const std::string& token, const std::string& ticket, double ioTimeout, const std::string& timeoutSetting)
     : name_(name) {
     if (nconn < 1 || nconn > 64) throw std::invalid_argument("connections per peer must be 1..64");
     if (myKey.empty() || myKey.size() > kMaxNameLen || token.size() > kMaxNameLen || ticket.size() > kMaxTicketLen)
@@ -382,8 +382,8 @@ Peer::Peer(const std::string& name, const std::string& host, int port, int nconn
         msg += ticket;
         err = send_bytes(fd, msg.data(), msg.size());
         Reader rd(fd, 64);
-        AbortCheck deadline = [&rd, ioTimeout]() -> std::string {
-            return rd.idle_seconds() > ioTimeout ? "no answer to hello (MORI_IO_TIMEOUT)" : "";
+        AbortCheck deadline = [&rd, ioTimeout, &timeoutSetting]() -> std::string {
+            return rd.idle_seconds() > ioTimeout ? "no answer to hello (" + timeoutSetting + ")" : "";
         };
         if (err.empty()) err = rd.fill(sizeof(HelloReply), deadline);
         HelloReply rep{0, 0};
@@ -395,7 +395,7 @@ Peer::Peer(const std::string& name, const std::string& host, int port, int nconn
             ::close(fd);
             throw std::runtime_error(err.rfind("rejected:", 0) == 0 ? err : "handshake with " + name + ": " + err);
         }
-        conns_.push_back(std::make_shared<InitConn>(fd, name, ioTimeout));
+        conns_.push_back(std::make_shared<InitConn>(fd, name, ioTimeout, timeoutSetting));
     }
 }
 

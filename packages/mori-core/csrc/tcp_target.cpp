@@ -39,8 +39,9 @@ bool equal_const_time(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits)
-    : token_(std::move(token)), ioTimeout_(ioTimeout), limits_(limits) {
+Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
+               std::string timeoutSetting)
+    : token_(std::move(token)), ioTimeout_(ioTimeout), limits_(limits), timeoutSetting_(std::move(timeoutSetting)) {
     if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
         !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
         throw std::invalid_argument("TCP data plane: every limit must be positive");
@@ -341,9 +342,8 @@ void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) 
     if (!inboundWarned_) {
         inboundWarned_ = true;
         std::fprintf(stderr,
-                     "mori-io: TCP target on port %d keeps at most %zu completion records "
-                     "(MORI_IO_MAX_INBOUND_RECORDS); dropping the oldest (logged once; "
-                     "pop_inbound_transfer_status removes records)\n",
+                     "mori TCP data plane: the target on port %d keeps at most %zu completion records "
+                     "(max_inbound); dropping the oldest (logged once; pop_inbound removes records)\n",
                      port_, limits_.maxInbound);
     }
 }
@@ -368,7 +368,7 @@ void Target::serve(Conn* conn) {
         const auto frameBudgetNs = static_cast<int64_t>(ioTimeout_ * 1e9);
         AbortCheck midFrame = [this, &frameStartNs, frameBudgetNs]() -> std::string {
             if (stop_.load()) return "closed";
-            return now_ns() - frameStartNs > frameBudgetNs ? "peer too slow to send a frame (MORI_IO_TIMEOUT)" : "";
+            return now_ns() - frameStartNs > frameBudgetNs ? "peer too slow to send a frame (" + timeoutSetting_ + ")" : "";
         };
         int outcome = kSuccess;  // first failure of the notifying transfer being served
         auto append = [&out](const void* p, size_t n) {

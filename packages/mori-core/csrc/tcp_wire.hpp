@@ -1,4 +1,4 @@
-// Wire format and socket helpers of the native TCP data plane (mori-io's TCP backend).
+// Wire format and socket helpers of mori-core's native TCP data plane (TcpTarget, TcpPeer).
 //
 // One data connection carries, initiator -> target: a Hello, then request frames (a fixed
 // 32-byte header, followed by the payload for writes); target -> initiator: a HelloReply, then
@@ -32,20 +32,23 @@ constexpr uint32_t kMaxTicketLen = 256;
 // Largest single block a request may carry; anything bigger is a malformed frame.
 constexpr uint64_t kMaxBlock = 1ull << 40;
 
-// StatusCode values shared with mori.io.types.StatusCode.
+// A transfer's outcome: the values of mori.core.codes.TransferCode (the bindings export this
+// enum as TRANSFER_CODES and a test compares the two), which transports built on this data plane
+// report under their own names.
 enum Code : int32_t {
     kSuccess = 0,
+    kNotStarted = 1,
     kInProgress = 2,
     kErrInvalidArgs = 3,
     kErrNotFound = 4,
-    kErrRdmaOp = 5,
+    kErrTransport = 5,
     kErrBadState = 6,
-    kErrGpuOp = 7,
+    kErrDevice = 7,
 };
 
 // A final status a notification may carry; anything else is a malformed frame.
 inline bool is_final_code(int64_t c) {
-    return c == kSuccess || (c >= kErrInvalidArgs && c <= kErrGpuOp);
+    return c == kSuccess || (c >= kErrInvalidArgs && c <= kErrDevice);
 }
 
 enum Op : uint8_t { kOpRead = 1, kOpWrite = 2, kOpNotify = 3 };

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from mori.core.codes import Cmp, SignalOp
+from mori.core import native
+from mori.core.codes import Cmp, SignalOp, TransferCode
 
 
 def test_values_are_the_contract() -> None:
@@ -37,3 +38,9 @@ def test_signal_op_parse_rejects_anything_else(bad: object) -> None:
     with pytest.raises(ValueError, match=r"not SIGNAL_SET \(9\) or SIGNAL_ADD \(10\)"):
         SignalOp.parse(bad)  # type: ignore[arg-type]
     assert SignalOp.parse(10) is SignalOp.ADD
+
+
+def test_transfer_codes_are_the_native_data_plane_s() -> None:
+    # tcp_wire.hpp's Code, exported by the bindings, against the enum (names and values).
+    assert {code.name: code.value for code in TransferCode} == native.TRANSFER_CODES
+    assert list(TransferCode) == [TransferCode(v) for v in range(8)]

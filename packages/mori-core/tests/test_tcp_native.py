@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mori.core import _native
+from mori.core.codes import TransferCode
 
 READ, WRITE = 1, 2
 SIZE = 16 << 20
@@ -80,8 +81,8 @@ def remote():
         os.unlink(path)
 
 
-def _peer(port, nconn=4, token="tok"):
-    return _native.TcpPeer("target", "127.0.0.1", port, nconn, "init", token, TICKET, 2.0)
+def _peer(port, nconn=4, token="tok", **kw):
+    return _native.TcpPeer("target", "127.0.0.1", port, nconn, "init", token, TICKET, 2.0, **kw)
 
 
 @pytest.mark.parametrize("nconn", [1, 3])
@@ -193,13 +194,13 @@ def test_garbage_drops_only_that_connection(remote):
 
 def test_dead_and_hung_target(remote):
     arr, port, call, proc = remote
-    p = _peer(port, 2)
+    p = _peer(port, 2, timeout_setting="TEST_IO_TIMEOUT")  # the caller's name for io_timeout
     src = np.ones(SIZE, dtype=np.uint8)
     os.kill(proc.pid, signal.SIGSTOP)
     time.sleep(0.2)
     t0 = time.monotonic()
     t = p.submit(READ, int(src.ctypes.data), [0], 1, [0], [4096], 6, False, 1 << 20)
-    assert t.wait(10) and t.code() == 6 and "MORI_IO_TIMEOUT" in t.message()
+    assert t.wait(10) and t.code() == TransferCode.ERR_BAD_STATE and "(TEST_IO_TIMEOUT)" in t.message()
     assert 1.5 < time.monotonic() - t0 < 8
     assert not p.healthy()
     os.kill(proc.pid, signal.SIGCONT)

@@ -9,6 +9,7 @@ from numpy.typing import ArrayLike, NDArray
 _Int = SupportsIndex
 
 ABI_VERSION: int
+TRANSFER_CODES: dict[str, int]
 
 class _Atomics:
     """The submodule ``atomics`` (csrc/atomics.cpp): sequentially consistent words at raw addresses."""
@@ -54,7 +55,7 @@ class TcpTransfer:
 
 class TcpPeer:
     def __init__(self, name: str, host: str, port: _Int, num_connections: _Int, my_key: str, token: str,
-                 ticket: str, io_timeout: SupportsFloat) -> None: ...
+                 ticket: str, io_timeout: SupportsFloat, timeout_setting: str = "io_timeout") -> None: ...
     def submit(self, op: _Int, local_base: _Int, local_offsets: list[int], mem_id: _Int, remote_offsets: list[int],
                sizes: list[int], uid: _Int, notify: bool, stripe: _Int) -> TcpTransfer: ...
     def submit_arrays(self, op: _Int, local_base: _Int, local_offsets: ArrayLike, mem_id: _Int,
@@ -65,7 +66,7 @@ class TcpPeer:
 class TcpTarget:
     def __init__(self, host: str, port: _Int, token: str, io_timeout: SupportsFloat, max_connections: _Int = 1024,
                  max_handshakes: _Int = 64, hello_timeout: SupportsFloat = 10.0, max_inbound: _Int = 1048576,
-                 inbound_ttl: SupportsFloat = 3600.0) -> None: ...
+                 inbound_ttl: SupportsFloat = 3600.0, timeout_setting: str = "io_timeout") -> None: ...
     @property
     def port(self) -> int: ...
     def register_region(self, mem_id: _Int, addr: _Int, size: _Int) -> None: ...

@@ -8,13 +8,16 @@
   ``SIGNAL_ADD=10`` (its ``atomicType`` values), so kernels written for MORI pass the same
   constants. The device headers (``kSignalSet``/``kSignalAdd`` in ``rma.cuh``) use the same values;
   a test compiles the headers against this module.
+* :class:`TransferCode`: the outcome of a transfer on a transport built from mori-core (the native
+  TCP data plane reports these values; a test compares its table, ``native.TRANSFER_CODES``, with
+  this enum). Transports name them their own way (mori.io's ``StatusCode`` is MORI's names).
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Cmp", "SignalOp"]
+__all__ = ["Cmp", "SignalOp", "TransferCode"]
 
 
 class Cmp(enum.IntEnum):
@@ -67,3 +70,16 @@ class SignalOp(enum.IntEnum):
         if isinstance(op, int) and not isinstance(op, bool) and op in cls._value2member_map_:
             return cls(op)
         raise ValueError(f"signal op {op!r} is not SIGNAL_SET ({cls.SET.value}) or SIGNAL_ADD ({cls.ADD.value})")
+
+
+class TransferCode(enum.IntEnum):
+    """Outcome of a transfer: success, not started, in progress, or why it failed."""
+
+    SUCCESS = 0  #: every byte moved
+    NOT_STARTED = 1  #: not submitted yet
+    IN_PROGRESS = 2  #: running
+    ERR_INVALID_ARGS = 3  #: an offset or size outside a region, or a bad argument
+    ERR_NOT_FOUND = 4  #: the memory (or the peer) is not registered
+    ERR_TRANSPORT = 5  #: the transport's own library reported an error
+    ERR_BAD_STATE = 6  #: peer unreachable or lost, timeout, credentials refused
+    ERR_DEVICE = 7  #: a GPU operation failed

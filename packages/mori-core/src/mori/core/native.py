@@ -3,14 +3,18 @@
 Typed by ``_native.pyi``.
 
 * :func:`batch_bounds`, :func:`gather_rows`, :func:`int64_array`: one-pass host work on the
-  ``int64`` offset/size arrays of a batch (bounds, the gather kernel's rows, list conversion);
+  ``int64`` offset/size arrays of a batch (bounds, a gather table's rows, list conversion);
 * :func:`memcpy_batch`: one ``cuMemcpyBatchAsync`` for many copies;
-* :class:`GatherLauncher`: the gather kernel's table upload, launch and event in one call;
-* :class:`TcpTarget`, :class:`TcpPeer`, :class:`TcpTransfer`: the TCP data plane.
+* :class:`GatherLauncher`: a gather table's upload, the launch of the caller's gather kernel and an
+  event, in one call;
+* :class:`TcpTarget`, :class:`TcpPeer`, :class:`TcpTransfer`: the TCP data plane; its transfers end
+  with a :class:`mori.core.codes.TransferCode` value (``TRANSFER_CODES``: the data plane's own
+  table of them, which a test compares with that enum).
 """
 
 from ._native import (
     ABI_VERSION,
+    TRANSFER_CODES,
     GatherLauncher,
     TcpPeer,
     TcpTarget,
@@ -21,5 +25,5 @@ from ._native import (
     memcpy_batch,
 )
 
-__all__ = ["ABI_VERSION", "GatherLauncher", "TcpPeer", "TcpTarget", "TcpTransfer", "batch_bounds", "gather_rows",
+__all__ = ["ABI_VERSION", "TRANSFER_CODES", "GatherLauncher", "TcpPeer", "TcpTarget", "TcpTransfer", "batch_bounds", "gather_rows",
            "int64_array", "memcpy_batch"]

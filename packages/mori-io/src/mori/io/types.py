@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import msgpack
 
+from mori.core.codes import TransferCode
+
 __all__ = [
     "BackendType",
     "MemoryLocationType",
@@ -50,16 +52,17 @@ class MemoryLocationType(enum.IntEnum):
 
 
 class StatusCode(enum.IntEnum):
-    """Result of a transfer, as reported by :meth:`TransferStatus.Code`."""
+    """Result of a transfer, as reported by :meth:`TransferStatus.Code`: MORI's names for
+    :class:`mori.core.codes.TransferCode`'s values (0 ... 7)."""
 
-    SUCCESS = 0  #: the transfer finished and every byte moved
-    INIT = 1  #: not submitted yet
-    IN_PROGRESS = 2  #: running (or, from ``WaitFor``, the wait timed out)
-    ERR_INVALID_ARGS = 3  #: an offset or size outside a region, or a bad argument
-    ERR_NOT_FOUND = 4  #: memory not registered (here or at the target), or engine unknown here
-    ERR_RDMA_OP = 5  #: the RDMA backend (UCX) reported an error
-    ERR_BAD_STATE = 6  #: peer unreachable or lost, timeout, token refused, no backend
-    ERR_GPU_OP = 7  #: a CUDA operation failed
+    SUCCESS = int(TransferCode.SUCCESS)  #: the transfer finished and every byte moved
+    INIT = int(TransferCode.NOT_STARTED)  #: not submitted yet
+    IN_PROGRESS = int(TransferCode.IN_PROGRESS)  #: running (or, from ``WaitFor``, the wait timed out)
+    ERR_INVALID_ARGS = int(TransferCode.ERR_INVALID_ARGS)  #: an offset or size outside a region, or a bad argument
+    ERR_NOT_FOUND = int(TransferCode.ERR_NOT_FOUND)  #: memory not registered (here or at the target), or engine unknown here
+    ERR_RDMA_OP = int(TransferCode.ERR_TRANSPORT)  #: the RDMA backend (UCX) reported an error
+    ERR_BAD_STATE = int(TransferCode.ERR_BAD_STATE)  #: peer unreachable or lost, timeout, token refused, no backend
+    ERR_GPU_OP = int(TransferCode.ERR_DEVICE)  #: a CUDA operation failed
 
 
 class PollCqMode(enum.IntEnum):

@@ -55,7 +55,7 @@ class TcpBackend(Backend):
         self._target = _native.TcpTarget(ctx.host, 0, ctx.auth_token(), ctx.io_timeout(),
                                          max_connections=lim.max_connections, max_handshakes=lim.max_handshakes,
                                          hello_timeout=lim.hello_timeout, max_inbound=lim.max_inbound,
-                                         inbound_ttl=lim.inbound_ttl)
+                                         inbound_ttl=lim.inbound_ttl, timeout_setting="MORI_IO_TIMEOUT")
         self._peers: dict[str, Any] = {}
         self._connector = PeerConnector("TCP", self._connect_peer, self._start)
         self._remote_chunk: dict[str, int] = {}
@@ -137,7 +137,7 @@ class TcpBackend(Backend):
         chunk = int(info.get("staging_chunk", self._chunk))
         peer = _native.TcpPeer(remote_key, desc.host, int(info["port"]), self.config.num_connections,
                                self.ctx.engine_key, self.ctx.auth_token(), str(info.get("ticket", "")),
-                               self.ctx.io_timeout())
+                               self.ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT")
         with self._lock:
             self._remote_chunk[remote_key] = chunk
         return peer
