@@ -26,7 +26,7 @@ from typing import Any
 from .. import cuda as _cuda
 from ._fdpass import check_fd
 
-__all__ = ["VmmAllocation", "VmmReservation", "granularity"]
+__all__ = ["VmmAllocation", "VmmReservation", "export_allocation_fd", "granularity"]
 
 
 def _prop(device: int) -> Any:
@@ -41,6 +41,25 @@ def _prop(device: int) -> Any:
 
 def _fd_handle_type() -> Any:
     return _cuda.driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+def _export(handle: Any) -> int:
+    fd = int(_cuda.call("cuMemExportToShareableHandle", handle, _fd_handle_type(), 0))
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def export_allocation_fd(ptr: int) -> int:
+    """A new file descriptor for the VMM allocation that holds address ``ptr`` in this process,
+    whoever made it (``cuMemCreate`` with the POSIX-fd handle type, mapped here); the caller owns
+    it. The allocation's handle is retained for the export and released after it, failed or not.
+    Raises :class:`mori.core.cuda.CudaError` when ``ptr`` is not in such an allocation.
+    """
+    handle = _cuda.call("cuMemRetainAllocationHandle", ptr, detail=f"pointer 0x{ptr:x}")
+    try:
+        return _export(handle)
+    finally:
+        _cuda.call("cuMemRelease", handle)
 
 
 def granularity(device: int, recommended: bool = False) -> int:
@@ -150,9 +169,7 @@ class VmmAllocation:
     def export_fd(self) -> int:
         """A new file descriptor for this allocation, to pass to another process; the caller owns it."""
         self._check_live()
-        fd = int(_cuda.call("cuMemExportToShareableHandle", self._handle, _fd_handle_type(), 0))
-        os.set_inheritable(fd, False)
-        return fd
+        return _export(self._handle)
 
     def write(self, data: bytes | bytearray | memoryview, offset: int = 0) -> None:
         """Copies host bytes into the allocation at ``offset``; returns once they are in GPU memory."""
@@ -253,9 +270,7 @@ class VmmReservation:
         """A new fd for the chunk mapped at ``offset``, for a peer's :meth:`import_chunk`; the caller owns it."""
         if offset not in self._chunks:
             raise ValueError(f"no chunk is mapped at offset {offset:#x} of this reservation")
-        fd = int(_cuda.call("cuMemExportToShareableHandle", self._chunks[offset][1], _fd_handle_type(), 0))
-        os.set_inheritable(fd, False)
-        return fd
+        return _export(self._chunks[offset][1])
 
     def _check_free_range(self, offset: int, size: int) -> None:
         if self.base == 0:

@@ -7,7 +7,8 @@ Two kinds of memory, two kinds of handle (carried in ``MemoryDesc.extra["nvlink"
   plus the region's offset inside it. A tensor sub-allocated from a larger block (MORI's bug
   #415) therefore maps correctly: the importer opens the whole block and adds the offset.
 * ``vmm`` — memory from ``cuMemCreate`` with the POSIX-fd handle type (``mori.core.memory
-  .cuda_vmm``): file descriptors cannot travel in msgpack, so the owner serves them over an
+  .cuda_vmm``), exported as a file descriptor by ``cuda_vmm.export_allocation_fd``; file
+  descriptors cannot travel in msgpack, so the owner serves them over an
   abstract Unix socket (:class:`FdServer`) to whoever presents a one-time nonce obtained over the
   authenticated control plane; the importer maps the allocation with ``VmmAllocation.import_fd``.
 
@@ -84,17 +85,11 @@ def export_region(ptr: int, size: int, device: int) -> ExportedRegion:
         info.update(kind="ipc", handle=ctypes.string_at(handle.getPtr(), _IPC_HANDLE_BYTES))
         return ExportedRegion(info)
     try:
-        alloc = _cuda.call("cuMemRetainAllocationHandle", ptr)
-        try:
-            posix = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            fd = int(_cuda.call("cuMemExportToShareableHandle", alloc, posix, 0))
-        finally:
-            _cuda.call("cuMemRelease", alloc)
+        fd = cuda_vmm.export_allocation_fd(ptr)
     except _cuda.CudaError as err:
         raise ValueError(f"GPU memory at 0x{ptr:x} is neither cudaMalloc memory (legacy IPC) nor a VMM allocation "
                          f"exportable as a POSIX fd ({err.name}); allocate it with cudaMalloc/torch or "
                          "mori.core.memory.cuda_vmm") from None
-    os.set_inheritable(fd, False)
     info.update(kind="vmm")
     return ExportedRegion(info, fd)
 
