@@ -62,8 +62,10 @@ class CpuBackend:
         control = bufs.control
         received = int(control[CONTROL["EP_RECV_OFFSET"]])
         control[CONTROL["EP_TOTAL_RECV"]] = received if received <= self.max_recv else 0
-        shmem_barrier_all()  # every PE read its count before any counter is cleared
         control[CONTROL["EP_RECV_OFFSET"]] = 0
+        # Every counter is cleared before any PE leaves: a PE that went on to its next dispatch
+        # first would otherwise reserve slots that a slower receiver's clear then wipes.
+        shmem_barrier_all()
         if overflow or received > self.max_recv:
             raise RuntimeError(f"dispatch: PE {overflow[0] if overflow else cfg.rank} would receive more than "
                                f"max_num_tokens_to_recv={self.max_recv} tokens (raise max_total_recv_tokens or "
