@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mori.core.testing import connect_many
 from mori.io import (
     BackendType,
     EngineDesc,
@@ -179,15 +180,9 @@ def soak(transfers: int, warmup: int, size: int, window: int) -> dict[str, Any]:
 
 # ---- hostile ----------------------------------------------------------------------------------------------
 def _open(port: int, n: int, held: list[socket.socket]) -> int:
-    opened = 0
-    for _ in range(n):
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=2)
-        except OSError:
-            break
-        held.append(s)
-        opened += 1
-    return opened
+    socks = connect_many(port, n, timeout=2)
+    held.extend(socks)
+    return len(socks)
 
 
 def _trickle(port: int, payload: bytes, stop: threading.Event, closed: list[float], hello: bytes = b"",

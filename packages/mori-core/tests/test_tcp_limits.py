@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from mori.core import _native
+from mori.core.testing import connect_many
 
 READ, WRITE = 1, 2
 SIZE = 1 << 20
@@ -122,16 +123,6 @@ def _good_transfer(port: int, fill: int, key="init", ticket=TICKET) -> None:
         p.close()
 
 
-def _connect_many(port: int, n: int) -> list[socket.socket]:
-    socks = []
-    for _ in range(n):
-        try:
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
-        except OSError:
-            break
-    return socks
-
-
 def _closed_by_peer(s: socket.socket, within: float) -> bool:
     s.settimeout(within)
     try:
@@ -157,7 +148,7 @@ def test_thread_exhaustion_refuses_connections_and_keeps_the_process(target_fact
     # Hole 0: a failed thread start used to escape the accept loop and abort the process.
     tgt = target_factory()
     tgt.call("limit_memory")
-    socks = _connect_many(tgt.port, 12)
+    socks = connect_many(tgt.port, 12)
     time.sleep(1.0)
     assert tgt.proc.is_alive(), f"target died (exit {tgt.proc.exitcode})"
     stats, _, _ = tgt.call("stats")
@@ -175,7 +166,7 @@ def test_closed_connections_are_reaped_without_new_accepts(target_factory):
     tgt = target_factory()
     base = tgt.call("fds")
     tgt.call("limit_fds", 40)
-    socks = _connect_many(tgt.port, 120)
+    socks = connect_many(tgt.port, 120)
     time.sleep(0.5)
     for s in socks:
         s.close()
@@ -192,7 +183,7 @@ def test_closed_connections_are_reaped_without_new_accepts(target_factory):
 def test_handshakes_are_bounded_in_number_and_time(target_factory):
     # Hole 3: silent and trickling connections cost a bounded number of slots for a bounded time.
     tgt = target_factory({"max_handshakes": 4, "hello_timeout": 1.0, "max_connections": 16})
-    silent = _connect_many(tgt.port, 10)
+    silent = connect_many(tgt.port, 10)
     _good_transfer(tgt.port, 3)  # the oldest silent ones made room
     # A hello of 34 bytes sent a byte every 0.2 s: each wait is short, the whole hello is not.
     trickle = socket.create_connection(("127.0.0.1", tgt.port), timeout=5)
@@ -209,7 +200,7 @@ def test_handshakes_are_bounded_in_number_and_time(target_factory):
     assert time.monotonic() - t0 < 4.0, "the trickled hello was not cut at the hello timeout"
     for s in silent:
         assert _closed_by_peer(s, 3.0), "a silent connection outlived the hello timeout"
-    more = _connect_many(tgt.port, 40)
+    more = connect_many(tgt.port, 40)
     time.sleep(0.3)
     stats = tgt.call("stats")[0]
     # Past 4 in their hello, each newcomer pushed out the oldest (or, while those were still

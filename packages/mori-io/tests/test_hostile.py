@@ -20,6 +20,7 @@ import pytest
 from _peer import PipeProcess, engine_commands, serve_commands
 
 from mori.core import native as _native
+from mori.core.testing import connect_many
 from mori.io import (
     BackendType,
     EngineDesc,
@@ -95,16 +96,6 @@ def _good_write(target: Target, fill: int, key: str = "good") -> None:
     assert target.call("bytes", 0, 4096) == bytes([fill]) * 4096
 
 
-def _connect_many(port: int, n: int) -> list[socket.socket]:
-    socks = []
-    for _ in range(n):
-        try:
-            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
-        except OSError:
-            break
-    return socks
-
-
 def _closed_within(s: socket.socket, seconds: float) -> bool:
     s.settimeout(seconds)
     try:
@@ -128,7 +119,7 @@ def test_control_plane_survives_fd_exhaustion(make_target):
     # loop used to die for good; now it backs off and serves again once they close.
     target = make_target()
     target.call("limit_fds", 24)
-    socks = _connect_many(target.desc.port, 150)
+    socks = connect_many(target.desc.port, 150)
     time.sleep(1.0)
     assert target.call("probe")["accept_errors"] > 0
     for s in socks:
@@ -142,7 +133,7 @@ def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
     target = make_target({"MORI_IO_MAX_HANDSHAKES": "4", "MORI_IO_HELLO_TIMEOUT": "1", "MORI_IO_MAX_CONNECTIONS": "40",
                           "MORI_IO_IDLE_TIMEOUT": "1.5", "MORI_IO_CONTROL_BUFFER": "1M"})
     base = target.call("probe")["threads"]
-    silent = _connect_many(target.desc.port, 200)
+    silent = connect_many(target.desc.port, 200)
     time.sleep(0.5)
     probe = target.call("probe")
     assert probe["threads"] <= base + 6 and probe["conns"] <= 40, probe
@@ -330,7 +321,7 @@ def test_good_peer_keeps_working_during_attack(make_target):
 
         def attack():
             while not stop.is_set():
-                held.extend(_connect_many(target.desc.port, 20))
+                held.extend(connect_many(target.desc.port, 20))
                 time.sleep(0.05)
 
         th = threading.Thread(target=attack, daemon=True)

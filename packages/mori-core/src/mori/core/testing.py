@@ -19,6 +19,9 @@ leaving the pool usable. A death or a timeout always closes the pool.
 ``ProcPool(1, start=...)`` hands each worker process to ``start`` instead of starting it (mori.io's
 tests start their engine processes inside a network namespace that way); ``pids`` lets a test
 signal a worker (SIGSTOP a peer, say).
+
+``connect_many(port, n)`` opens up to ``n`` silent connections to a listener, stopping at the first
+refusal (the hostile-peer tests of core and io, and ``ci/io_hardening.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import socket
 import time
 import traceback
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -34,7 +38,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-__all__ = ["Died", "ProcPool", "WorkerContext", "WorkerError", "context", "run_procs"]
+__all__ = ["Died", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context", "run_procs"]
 
 
 @dataclass
@@ -255,3 +259,15 @@ def run_procs(fn: Callable[..., Any], arg_lists: Sequence[tuple[Any, ...]], time
     """Runs ``fn(*args)`` for each ``args`` in its own spawned process; returns the results in order."""
     with ProcPool(len(arg_lists), timeout=timeout) as pool:
         return pool.map(fn, arg_lists)
+
+
+def connect_many(port: int, n: int, host: str = "127.0.0.1", timeout: float = 5.0) -> list[socket.socket]:
+    """Opens up to ``n`` TCP connections to ``host:port`` and returns them; stops at the first one
+    that fails (refused, timed out, or this process out of descriptors)."""
+    socks: list[socket.socket] = []
+    for _ in range(n):
+        try:
+            socks.append(socket.create_connection((host, port), timeout=timeout))
+        except OSError:
+            break
+    return socks
