@@ -1,5 +1,6 @@
 """Two network namespaces joined by a veth pair: two "hosts" with their own addresses on this
-machine (a real network path through the kernel, not loopback), and engine processes in them.
+machine (a real network path through the kernel, not loopback), and engine processes in them
+(:class:`NetnsPeer`, a ``PipeProcess``: a mori.core.testing worker started through ``ip netns exec``).
 
 Needs root and iproute2, which CI has (ci/setup.sh installs iproute2; CI runs as root). Without
 them the tests fail loudly rather than skipping, so a CI change that loses them is noticed.
@@ -11,14 +12,27 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["HOST_A", "HOST_B", "two_namespaces", "start_peer", "ask", "quit_peer", "stop_peer"]
+from _peer import PipeProcess, SharedBuffer, engine_commands, serve_commands
+
+from mori.core.testing import context
+from mori.io import (
+    BackendType,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    StatusCode,
+    TransferStatus,
+)
+
+__all__ = ["HERE", "HOST_A", "HOST_B", "NetnsPeer", "two_namespaces"]
 
 HERE = Path(__file__).resolve().parent
 HOST_A, HOST_B = "10.231.7.1", "10.231.7.2"
+BLOCK = 65536
 
 
 def _ip(*args: str) -> None:
@@ -48,38 +62,54 @@ def two_namespaces() -> Iterator[tuple[str, str]]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
-def start_peer(ns: str, role: str, host: str, shm: str, size: int,
-               env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """``_netns_peer.py`` in namespace ``ns``; ``env`` is added to this process's environment."""
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, str(HERE / "_netns_peer.py"), role, host,
-                             shm, str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE,
-                            env={**os.environ, **(env or {})})
+def _outcome(st: TransferStatus) -> tuple[str, str]:
+    """(code name, or HUNG when unfinished after 60 s; message) of a transfer."""
+    finished = st.WaitFor(60_000) != StatusCode.IN_PROGRESS
+    return (st.Code().name if finished else "HUNG"), st.Message()
 
 
-def ask(proc: subprocess.Popen[str], line: str | None = None) -> list[str]:
-    """Sends a command line (if any) and returns the peer's answer split into words."""
-    assert proc.stdin is not None and proc.stdout is not None
-    if line is not None:
-        proc.stdin.write(line + "\n")
-        proc.stdin.flush()
-    out = proc.stdout.readline().split()
-    assert out, f"peer {proc.args} exited (rc={proc.poll()})"
-    return out
+def _serve(role: str, host: str, shm: str, size: int, backends: Sequence[str]) -> bytes:
+    """An engine named ``role`` on ``host`` with ``backends`` and the shared file ``shm`` registered."""
+    engine = IOEngine(role, IOEngineConfig(host=host, port=0))
+    for name in backends:
+        engine.create_backend({"tcp": BackendType.TCP, "rdma": BackendType.RDMA}[name])
+    buf = SharedBuffer(size, shm)
+    context().state["buffer"] = buf  # mapped as long as the worker lives, not just this call
+    mem = engine.register_memory(buf.addr, size, -1, MemoryLocationType.CPU)
+    half, quarter = size // 2, size // 4
+
+    def transfer(op: str, remote: bytes, uid: int | None = None) -> tuple[str, str]:
+        """64 KiB blocks: a write sends [0, half) there, a read brings its [0, half) into [half, size)."""
+        offs = list(range(0, half, BLOCK))
+        fn = engine.batch_write if op == "write" else engine.batch_read
+        l_offs = offs if op == "write" else [o + half for o in offs]
+        uid = engine.allocate_transfer_uid() if uid is None else uid
+        return _outcome(fn(mem, l_offs, MemoryDesc.unpack(remote), offs, [BLOCK] * len(offs), uid))
+
+    def session(remote: bytes) -> tuple[str, str]:
+        """Through a session: writes [0, quarter) to [quarter, half) there, reads that back into [3 quarter, size)."""
+        sess = engine.create_session(mem, MemoryDesc.unpack(remote))
+        if sess is None:
+            return "NO_SESSION", ""
+        outcome = _outcome(sess.write(0, quarter, quarter, sess.allocate_transfer_uid()))
+        if outcome[0] != "SUCCESS":
+            return outcome
+        return _outcome(sess.read(3 * quarter, quarter, quarter, sess.allocate_transfer_uid()))
+
+    return serve_commands(engine, {**engine_commands(engine, {}), "mem": mem.pack, "transfer": transfer,
+                                   "session": session, "close_engine": engine.close})
 
 
-def quit_peer(proc: subprocess.Popen[str]) -> None:
-    """Asks the peer to close its engine and exit; it must within 30 s."""
-    assert proc.stdin is not None
-    proc.stdin.write("quit\n")
-    proc.stdin.flush()
-    assert proc.wait(timeout=30) == 0
+class NetnsPeer(PipeProcess):
+    """An engine named ``role`` in namespace ``ns`` at ``host`` with ``backends``, ``buf``
+    registered (``mem``: its packed descriptor); ``env`` is added to its environment."""
 
+    def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, backends: Sequence[str] = ("tcp",),
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(_serve, (role, host, buf.path, buf.size, tuple(backends)), role, 90.0, ns, env)
+        self.mem: bytes = self.call("mem")
 
-def stop_peer(proc: subprocess.Popen[str]) -> None:
-    """Kills the peer if it still runs and closes its pipes."""
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
-    for stream in (proc.stdin, proc.stdout):
-        if stream is not None:
-            stream.close()
+    def connect(self, other: NetnsPeer) -> None:
+        """Each of the two engines registers the other."""
+        self.call("register_engine", other.desc.pack())
+        other.call("register_engine", self.desc.pack())

@@ -101,14 +101,15 @@ def _close_engine() -> None:
 class PipeProcess:
     """An engine process: a one-worker :class:`mori.core.testing.ProcPool` that ran
     ``serve(*args)`` (which ends with :func:`serve_commands`), driven with :meth:`call`; ``name``
-    labels its errors and ``netns`` names the network namespace it runs in. Every wait has a
-    timeout and the process is always reaped."""
+    labels its errors, ``netns`` names the network namespace it runs in and ``env`` is added to
+    its environment before anything runs in it. Every wait has a timeout and the process is
+    always reaped."""
 
     def __init__(self, serve: Callable[..., bytes], args: tuple[Any, ...], name: str, timeout: float,
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.timeout = timeout
-        self._pool = ProcPool(1, timeout=timeout, label=name, keep_on_error=True,
+        self._pool = ProcPool(1, timeout=timeout, env=env, label=name, keep_on_error=True,
                               start=lambda proc: start_in_netns(proc, netns))
         try:
             self.desc = EngineDesc.unpack(self._pool.run_on(0, serve, *args))

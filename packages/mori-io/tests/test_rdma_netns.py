@@ -13,11 +13,13 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from _netns import HERE, HOST_A, HOST_B, ask, quit_peer, start_peer, stop_peer, two_namespaces
+from _netns import HERE, HOST_A, HOST_B, NetnsPeer, two_namespaces
 from _peer import SharedBuffer
 
+from mori.io import StatusCode
+
 SIZE = 8 << 20
-ENV = {"MORI_TEST_BACKENDS": "rdma", "MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_IO_TIMEOUT": "5"}
+ENV = {"MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_IO_TIMEOUT": "5"}
 
 
 class Hosts:
@@ -25,17 +27,17 @@ class Hosts:
 
     def __init__(self, ns_a: str, ns_b: str) -> None:
         self.ns = {"A": ns_a, "B": ns_b}
-        self.procs: list[subprocess.Popen[str]] = []
+        self.peers: list[NetnsPeer] = []
         self.bufs: list[SharedBuffer] = []
 
-    def engine(self, where: str, role: str, **env: str) -> tuple[subprocess.Popen[str], SharedBuffer, str, str]:
+    def engine(self, where: str, role: str, **env: str) -> tuple[NetnsPeer, SharedBuffer]:
+        """An engine with the RDMA backend alone in namespace ``where``, over a shared file of random bytes."""
         buf = SharedBuffer(SIZE)
         buf.array[:] = np.random.default_rng(len(self.bufs)).integers(0, 256, SIZE, dtype=np.uint8)
         self.bufs.append(buf)
-        proc = start_peer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf.path, SIZE, {**ENV, **env})
-        self.procs.append(proc)
-        engine, mem = ask(proc)
-        return proc, buf, engine, mem
+        peer = NetnsPeer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**ENV, **env})
+        self.peers.append(peer)
+        return peer, buf
 
 
 @pytest.fixture
@@ -45,65 +47,59 @@ def hosts() -> Iterator[Hosts]:
         try:
             yield h
         finally:
-            for p in h.procs:
-                stop_peer(p)
+            for p in h.peers:
+                p.close()
             for b in h.bufs:
                 b.unlink()
 
 
-def _connect(target: subprocess.Popen[str], t_engine: str, init: subprocess.Popen[str], i_engine: str) -> None:
-    assert ask(target, f"register {i_engine}") == ["ok"]
-    assert ask(init, f"register {t_engine}") == ["ok"]
-
-
 def test_every_operation_with_notifications(hosts: Hosts) -> None:
-    target, t_buf, t_engine, t_mem = hosts.engine("A", "target")
-    init, i_buf, i_engine, _ = hosts.engine("B", "initiator")
-    _connect(target, t_engine, init, i_engine)
+    target, t_buf = hosts.engine("A", "target")
+    init, i_buf = hosts.engine("B", "initiator")
+    target.connect(init)
     expect_t, expect_i = t_buf.array.copy(), i_buf.array.copy()
     half, quarter = SIZE // 2, SIZE // 4
-    assert ask(init, f"write {t_mem} 77")[0] == "SUCCESS"
+    assert init.call("transfer", "write", target.mem, 77)[0] == "SUCCESS"
     expect_t[:half] = expect_i[:half]
-    assert ask(target, "inbound initiator 77") == ["SUCCESS"]
-    assert ask(target, "inbound initiator 77") == ["NONE"]  # a record is popped once
-    assert ask(init, f"read {t_mem} 78")[0] == "SUCCESS"
+    assert target.call("pop_inbound", "initiator", 77, 10.0) == StatusCode.SUCCESS
+    assert target.call("pop_inbound", "initiator", 77, 2.0) is None  # a record is popped once
+    assert init.call("transfer", "read", target.mem, 78)[0] == "SUCCESS"
     expect_i[half:] = expect_t[:half]
-    assert ask(target, "inbound initiator 78") == ["SUCCESS"]
-    assert ask(init, f"session {t_mem}")[0] == "SUCCESS"
+    assert target.call("pop_inbound", "initiator", 78, 10.0) == StatusCode.SUCCESS
+    assert init.call("session", target.mem)[0] == "SUCCESS"
     expect_t[quarter:half] = expect_i[:quarter]
     expect_i[3 * quarter:] = expect_t[quarter:half]
     assert np.array_equal(t_buf.array, expect_t)
     assert np.array_equal(i_buf.array, expect_i)
-    quit_peer(init)
-    quit_peer(target)
+    init.call("close_engine")
+    target.call("close_engine")
 
 
 def test_wrong_token_gets_nothing(hosts: Hosts) -> None:
-    target, t_buf, t_engine, t_mem = hosts.engine("A", "target", MORI_IO_AUTH_TOKEN="s3cret")
-    intruder, _, x_engine, _ = hosts.engine("B", "intruder", MORI_IO_AUTH_TOKEN="guess")
-    _connect(target, t_engine, intruder, x_engine)
+    target, t_buf = hosts.engine("A", "target", MORI_IO_AUTH_TOKEN="s3cret")
+    intruder, _ = hosts.engine("B", "intruder", MORI_IO_AUTH_TOKEN="guess")
+    target.connect(intruder)
     before = t_buf.array.copy()
-    code, *why = ask(intruder, f"write {t_mem}")
-    assert code == "ERR_BAD_STATE" and "auth token mismatch" in " ".join(why)
+    code, why = intruder.call("transfer", "write", target.mem)
+    assert code == "ERR_BAD_STATE" and "auth token mismatch" in why
     assert np.array_equal(t_buf.array, before)
-    friend, _, f_engine, _ = hosts.engine("B", "friend", MORI_IO_AUTH_TOKEN="s3cret")
-    _connect(target, t_engine, friend, f_engine)
-    assert ask(friend, f"write {t_mem}")[0] == "SUCCESS"
+    friend, _ = hosts.engine("B", "friend", MORI_IO_AUTH_TOKEN="s3cret")
+    target.connect(friend)
+    assert friend.call("transfer", "write", target.mem)[0] == "SUCCESS"
 
 
 def test_peer_death_fails_transfers_in_bounded_time(hosts: Hosts) -> None:
-    target, _, t_engine, t_mem = hosts.engine("A", "target")
-    init, _, i_engine, _ = hosts.engine("B", "initiator")
-    _connect(target, t_engine, init, i_engine)
-    assert ask(init, f"write {t_mem}")[0] == "SUCCESS"
+    target, _ = hosts.engine("A", "target")
+    init, _ = hosts.engine("B", "initiator")
+    target.connect(init)
+    assert init.call("transfer", "write", target.mem)[0] == "SUCCESS"
     target.kill()
-    target.wait(timeout=10)
     t0 = time.monotonic()
-    code, *_ = ask(init, f"write {t_mem}")
+    code, _ = init.call("transfer", "write", target.mem)
     assert code not in ("SUCCESS", "HUNG"), code
     assert time.monotonic() - t0 < 30
-    assert ask(init, f"read {t_mem}")[0] not in ("SUCCESS", "HUNG")
-    quit_peer(init)  # closing an engine whose peer died does not hang
+    assert init.call("transfer", "read", target.mem)[0] not in ("SUCCESS", "HUNG")
+    init.call("close_engine")  # closing an engine whose peer died does not hang
 
 
 def test_vllm_and_sglang_sequences_over_rdma_between_namespaces() -> None:

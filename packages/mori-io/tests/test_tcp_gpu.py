@@ -6,9 +6,7 @@ regions are sub-tensors at odd offsets of larger allocations."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import multiprocessing as mp
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,9 +16,10 @@ import pytest
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
+from _peer import PipeProcess, engine_commands, serve_commands  # noqa: E402
+
 from mori.io import (  # noqa: E402
     BackendType,
-    EngineDesc,
     IOEngine,
     IOEngineConfig,
     MemoryDesc,
@@ -50,58 +49,25 @@ def _get(t: Any) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def _serve(conn: Any) -> None:
-    """The target process: a TCP-only engine with a GPU and a CPU region, driven over a pipe."""
+def _serve() -> bytes:
+    """The target process: a TCP-only engine with a GPU and a CPU region, driven by PipeProcess.call."""
     torch.cuda.set_device(TARGET_GPU)
     engine = IOEngine("target", IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
     tensors = _tensors(f"cuda:{TARGET_GPU}")
     descs = {k: engine.register_torch_tensor(t).pack() for k, t in tensors.items()}
-    conn.send((engine.get_engine_desc().pack(), descs))
-    while True:
-        cmd, *args = conn.recv()
-        if cmd == "register":
-            engine.register_remote_engine(EngineDesc.unpack(args[0]))
-            conn.send(None)
-        elif cmd == "put":
-            _put(tensors[args[0]], args[1])
-            conn.send(None)
-        elif cmd == "get":
-            conn.send(_get(tensors[args[0]]).tobytes())
-        elif cmd == "pop":
-            st = engine.pop_inbound_transfer_status(args[0], args[1])
-            conn.send(None if st is None else int(st.Code()))
-        else:
-            break
-    engine.close()
+    return serve_commands(engine, {
+        **engine_commands(engine, {}), "descs": lambda: descs,
+        "put": lambda name, data: _put(tensors[name], data), "get": lambda name: _get(tensors[name]).tobytes(),
+    })
 
 
-class _Target:
+class _Target(PipeProcess):
+    """The target process; every wait has a timeout and the process is always reaped."""
+
     def __init__(self) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child,), daemon=True)
-        self.proc.start()
-        desc, descs = self.recv(120)
-        self.desc = EngineDesc.unpack(desc)
-        self.mems = {k: MemoryDesc.unpack(v) for k, v in descs.items()}
-
-    def recv(self, timeout: float = 60) -> Any:
-        if not self.conn.poll(timeout):
-            raise TimeoutError("the target process did not answer")
-        return self.conn.recv()
-
-    def call(self, *msg: Any) -> Any:
-        self.conn.send(msg)
-        return self.recv()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send(("quit",))
-        self.proc.join(20)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
+        super().__init__(_serve, (), "target", 120.0)
+        self.mems = {k: MemoryDesc.unpack(v) for k, v in self.call("descs").items()}
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +78,7 @@ def pair() -> Iterator[tuple[IOEngine, _Target, dict[str, Any], dict[str, Memory
     engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
     target = _Target()
     try:
-        target.call("register", engine.get_engine_desc().pack())
+        target.call("register_engine", engine.get_engine_desc().pack())
         engine.register_remote_engine(target.desc)
         tensors = _tensors(f"cuda:{local_gpu}")
         descs = {k: engine.register_torch_tensor(t) for k, t in tensors.items()}
@@ -157,7 +123,7 @@ def test_batches_byte_for_byte(pair: Any, local: str, remote: str, op: str, size
     assert np.array_equal(got, want)
     untouched = _get(tensors[local]) if op == "write" else np.frombuffer(target.call("get", remote), dtype=np.uint8)
     assert np.array_equal(untouched, mine if op == "write" else theirs)
-    assert target.call("pop", "initiator", uid) == 0  # inbound record, sent after the last device copy
+    assert target.call("pop_inbound", "initiator", uid, 0) == 0  # inbound record, sent after the last device copy
 
 
 @pytest.mark.parametrize("local,remote", PAIRS)
