@@ -31,6 +31,7 @@ from mori.io import (
     StatusCode,
 )
 from mori.io._control import ControlClient, ControlError, encode_frame
+from mori.io._registry import MAX_NOTIFY_BATCH, check_notify, notify_bodies
 from mori.io.backends.tcp import TcpBackend
 
 REGION = 1 << 20
@@ -164,22 +165,85 @@ def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
         s.close()
 
 
+def _notify(client: ControlClient, uids: list, codes: list, messages: list | None = None) -> None:
+    client.request("notify", {"uids": uids, "codes": codes, "messages": [""] * len(uids) if messages is None else messages})
+
+
 def test_notifications_bounded_and_checked(make_target):
     # Hole 4: completion records are bounded (oldest dropped), and a forged code is refused
     # instead of making pop_inbound_transfer_status raise later.
     target = make_target({"MORI_IO_MAX_INBOUND_RECORDS": "50"})
     client = ControlClient("127.0.0.1", target.desc.port, "flooder", "", 10)
-    for uid in range(200):
-        client.request("notify", {"uid": uid, "code": 0})
-    for body in ({"uid": 1, "code": 99}, {"uid": -1, "code": 0}, {"uid": -(2**63), "code": 0}, {"uid": True, "code": 0},
-                 {"uid": 1, "code": 2}, {"uid": 1, "code": 0, "message": "x" * 5000}):
+    for first in range(0, 200, 20):
+        _notify(client, list(range(first, first + 20)), [0] * 20)
+    for uid, code, message in ((1, 99, ""), (-1, 0, ""), (-(2**63), 0, ""), (True, 0, ""), (1, 2, ""),
+                               (1, 0, "x" * 5000), (1, 0, None), (1.0, 0, "")):
         with pytest.raises(ControlError) as err:
-            client.request("notify", body)
+            _notify(client, [uid], [code], [message])
         assert err.value.code == StatusCode.ERR_INVALID_ARGS
     client.close()
     assert target.call("probe")["inbound"] == 50
     assert target.call("pop_inbound", "flooder", 0, 0) is None  # the oldest went first
     assert target.call("pop_inbound", "flooder", 199, 0) == StatusCode.SUCCESS
+
+
+def test_malformed_notify_batch_records_nothing(make_target):
+    # A batch is checked whole before any record is kept: one bad record, lists of different
+    # lengths, or not lists at all, and none of the batch's records is recorded.
+    target = make_target()
+    client = ControlClient("127.0.0.1", target.desc.port, "forger", "", 10)
+    for body in ({"uids": [1, 2, 3], "codes": [0, 0, 99], "messages": ["", "", ""]},
+                 {"uids": [1, 2, 3], "codes": [0, 0, 0], "messages": ["", "", "x" * 5000]},
+                 {"uids": [1, 2, -5], "codes": [0, 0, 0], "messages": ["", "", ""]},
+                 {"uids": [1, 2], "codes": [0, 0, 0], "messages": ["", "", ""]},
+                 {"uids": [1, 2], "codes": [0, 0]},
+                 {"uids": 1, "codes": 0, "messages": ""},
+                 {"uid": 1, "code": 0}):  # a single record is a batch of one, not this form
+        with pytest.raises(ControlError) as err:
+            client.request("notify", body)
+        assert err.value.code == StatusCode.ERR_INVALID_ARGS and "notif" in str(err.value), err.value
+    assert target.call("probe")["inbound"] == 0
+    for uid in (1, 2, 3):
+        assert target.call("pop_inbound", "forger", uid, 0) is None
+    # The engine still serves the same connection.
+    _notify(client, [1, 2, 3], [0, 0, 0])
+    client.close()
+    assert [target.call("pop_inbound", "forger", uid, 0) for uid in (1, 2, 3)] == [StatusCode.SUCCESS] * 3
+
+
+def test_over_long_notify_batch_is_refused(make_target):
+    target = make_target()
+    client = ControlClient("127.0.0.1", target.desc.port, "flooder", "", 10)
+    n = MAX_NOTIFY_BATCH + 1
+    with pytest.raises(ControlError) as err:
+        _notify(client, list(range(n)), [0] * n)
+    assert err.value.code == StatusCode.ERR_INVALID_ARGS and f"at most {MAX_NOTIFY_BATCH}" in str(err.value)
+    assert target.call("probe")["inbound"] == 0
+    _notify(client, list(range(MAX_NOTIFY_BATCH)), [0] * MAX_NOTIFY_BATCH)  # the bound itself is allowed
+    client.close()
+    assert target.call("probe")["inbound"] == MAX_NOTIFY_BATCH
+    assert target.call("pop_inbound", "flooder", MAX_NOTIFY_BATCH - 1, 0) == StatusCode.SUCCESS
+
+
+def test_send_completions_delivers_any_batch_in_requests_a_target_accepts(make_target):
+    # BackendContext.send_completions (what NVLink and TCP GPU staging report with) cuts a batch
+    # into requests within the bound and the control frame, and never raises.
+    target = make_target()
+    long = "\u00e9\U0001f600" * 3000  # 6000 characters, up to 4 UTF-8 bytes each: cut to 4096
+    records = [(uid, StatusCode.SUCCESS if uid % 3 else StatusCode.ERR_BAD_STATE, long if uid % 7 == 0 else f"m{uid}")
+               for uid in range(2 * MAX_NOTIFY_BATCH + 5)]
+    bodies = list(notify_bodies(records))
+    assert len(bodies) >= 3 and all(len(b["uids"]) <= MAX_NOTIFY_BATCH for b in bodies)
+    for body in bodies:
+        encode_frame({"op": "notify", "id": 1, "body": body})  # fits a control frame (raises if not)
+    assert [r for b in bodies for r in check_notify(b)] == [(u, c, m[:4096]) for u, c, m in records]
+    with IOEngine("sender", IOEngineConfig()) as eng:
+        eng.register_remote_engine(target.desc)
+        eng._ctx.send_completions("target", records)
+        eng._ctx.send_completions("nobody", records[:3])  # not registered: logged, not raised
+    assert target.call("probe")["inbound"] == len(records)
+    for uid in (0, 7, 8, len(records) - 1):
+        assert target.call("pop_inbound", "sender", uid, 0) == records[uid][1]
 
 
 @pytest.fixture(scope="module")

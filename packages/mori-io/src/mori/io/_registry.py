@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from mori.core.log import get_logger
@@ -17,7 +18,8 @@ from mori.core.log import get_logger
 from ._control import ControlError
 from .types import EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
-__all__ = ["MemoryRegistry", "RemoteEngines", "InboundTable", "InFlight", "UidAllocator", "check_notify"]
+__all__ = ["MemoryRegistry", "RemoteEngines", "InboundTable", "InFlight", "UidAllocator", "MAX_NOTIFY_BATCH",
+           "Completion", "check_notify", "notify_bodies"]
 
 _log = get_logger("io")
 
@@ -95,11 +97,28 @@ class RemoteEngines(_Table[str, EngineDesc]):
 
 _FINAL_CODES = frozenset(int(c) for c in StatusCode) - {int(StatusCode.INIT), int(StatusCode.IN_PROGRESS)}
 _MAX_MESSAGE = 4096
+MAX_NOTIFY_BATCH = 1024  # completion records one notify request may carry
+_NOTIFY_MESSAGE_BYTES = 1 << 20  # messages one request carries at most (UTF-8), well inside a control frame
+
+# A completion record: (transfer uid, final status code, message).
+Completion = tuple[int, int, str]
 
 
-def check_notify(body: dict[str, Any]) -> tuple[int, StatusCode, str]:
-    """(uid, code, message) of a peer's completion notification; ``ControlError`` when malformed."""
-    uid, code, message = body.get("uid"), body.get("code"), body.get("message", "")
+def check_notify(body: dict[str, Any]) -> list[tuple[int, StatusCode, str]]:
+    """The records of a peer's ``notify`` request: lists ``uids``, ``codes`` and ``messages`` of
+    one length, at most :data:`MAX_NOTIFY_BATCH`. ``ControlError`` naming the first fault when
+    any is malformed (then the caller records none)."""
+    uids, codes, messages = body.get("uids"), body.get("codes"), body.get("messages")
+    if not (isinstance(uids, list) and isinstance(codes, list) and isinstance(messages, list)
+            and len(uids) == len(codes) == len(messages)):
+        raise ControlError(StatusCode.ERR_INVALID_ARGS, "notify: uids, codes and messages must be lists of one length")
+    if len(uids) > MAX_NOTIFY_BATCH:
+        raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notify: {len(uids)} records in one request, at most "
+                                                        f"{MAX_NOTIFY_BATCH} allowed")
+    return [_check_record(u, c, m) for u, c, m in zip(uids, codes, messages)]
+
+
+def _check_record(uid: Any, code: Any, message: Any) -> tuple[int, StatusCode, str]:
     if type(uid) is not int or not 0 <= uid < 1 << 64:
         raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notification uid {uid!r} is not an int in 0..2**64-1")
     if type(code) is not int or code not in _FINAL_CODES:
@@ -108,6 +127,24 @@ def check_notify(body: dict[str, Any]) -> tuple[int, StatusCode, str]:
         raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notification message must be a str of at most "
                                                         f"{_MAX_MESSAGE} characters")
     return uid, StatusCode(code), message
+
+
+def notify_bodies(records: Sequence[Completion]) -> Iterator[dict[str, list[Any]]]:
+    """The ``notify`` requests that carry ``records`` in order, each one :func:`check_notify`
+    accepts from a well-behaved sender: at most :data:`MAX_NOTIFY_BATCH` records and about 1 MiB
+    of messages, each message cut to the length a record may have."""
+    start = 0
+    while start < len(records):
+        end, size = start, 0
+        while end < len(records) and end - start < MAX_NOTIFY_BATCH:
+            size += 4 * min(len(records[end][2]), _MAX_MESSAGE)  # at most 4 UTF-8 bytes a character
+            if size > _NOTIFY_MESSAGE_BYTES and end > start:
+                break
+            end += 1
+        batch = records[start:end]
+        yield {"uids": [r[0] for r in batch], "codes": [int(r[1]) for r in batch],
+               "messages": [r[2][:_MAX_MESSAGE] for r in batch]}
+        start = end
 
 
 class InboundTable:

@@ -27,7 +27,16 @@ from mori.core.log import get_logger
 
 from ._control import ControlClient, ControlError, ControlServer
 from ._limits import Limits
-from ._registry import InboundTable, InFlight, MemoryRegistry, RemoteEngines, UidAllocator, check_notify
+from ._registry import (
+    Completion,
+    InboundTable,
+    InFlight,
+    MemoryRegistry,
+    RemoteEngines,
+    UidAllocator,
+    check_notify,
+    notify_bodies,
+)
 from ._router import choose_backend, rank_backends
 from .backends import Backend, BackendContext, ControlHandler, TransferOp, TransferRequest, backend_factory
 from .types import (
@@ -112,6 +121,14 @@ class _Context(BackendContext):
     def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
         self._engine._inbound.record(remote_key, uid, code, message)
 
+    def send_completions(self, remote_key: str, records: Sequence[Completion]) -> None:
+        for body in notify_bodies(records):
+            try:
+                self._engine._control_request(remote_key, "notify", body)
+            except Exception as err:  # a lost record is logged; it must never keep a transfer from finishing
+                self.log.warning("cannot notify engine %r of %d finished transfer(s): %s", remote_key,
+                                 len(body["uids"]), err)
+
 
 def _shutdown(backends: dict[BackendType, Backend], server: ControlServer, clients: dict[str, ControlClient]) -> None:
     for b in list(backends.values()):
@@ -140,7 +157,8 @@ def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable)
         return {"desc": desc.pack()}
 
     def notify(key: str, body: dict[str, Any]) -> dict[str, Any]:
-        inbound.record(key, *check_notify(body))
+        for record in check_notify(body):  # all checked first: a malformed batch records nothing
+            inbound.record(key, *record)
         return {}
 
     return {"ping": lambda key, body: {"key": my_key}, "lookup_mem": lookup_mem, "notify": notify}

@@ -293,11 +293,7 @@ class GpuStaging:
         except Exception as err:  # timeouts, a lost control connection, a closed pool
             code, msg = StatusCode.ERR_BAD_STATE, f"TCP (GPU staging): {err!r}"
         if req.notify and self._notify:
-            try:
-                self.ctx.control_request(req.remote.engine_key, "notify",
-                                         {"uid": req.uid, "code": int(code), "message": msg})
-            except Exception as err:
-                self.ctx.log.warning("TCP: cannot notify %r of transfer %d: %s", req.remote.engine_key, req.uid, err)
+            self.ctx.send_completions(req.remote.engine_key, [(req.uid, code, msg)])
         req.status._set(code, msg)
 
     def _move(self, peer: Any, req: TransferRequest, remote_chunk: int) -> None:

@@ -113,6 +113,15 @@ class BackendContext(abc.ABC):
         """Records that a transfer ``uid`` from ``remote_key`` into this engine finished, for
         :meth:`IOEngine.pop_inbound_transfer_status`."""
 
+    @abc.abstractmethod
+    def send_completions(self, remote_key: str, records: Sequence[tuple[int, int, str]]) -> None:
+        """Tells the registered remote engine ``remote_key`` that transfers from this engine into
+        it finished: ``records`` are (uid, final ``StatusCode``, message), which it records for
+        :meth:`IOEngine.pop_inbound_transfer_status`. Sent over the control plane (its ``notify``
+        op, in as few requests as its batch bound allows) after the caller's bytes have landed;
+        a backend whose data plane orders the record after the bytes records in-band instead.
+        Never raises: records that cannot be delivered are logged, and the target finds none."""
+
 
 class Backend(abc.ABC):
     """One transfer medium. Subclasses set ``kind`` and implement the abstract methods."""

@@ -10,7 +10,7 @@ copy engines over a pool of streams, small blocks with one gather-kernel launch 
 ``MORI_IO_NVLINK_KERNEL_MAX``, chosen by measurement; see ``_nvlink_plan``).
 
 A transfer completes when its CUDA events fire (seen by whoever polls its status); the owner of
-the remote region then gets an inbound record (``nvlink.notify``), sent in batches by a
+the remote region then gets an inbound record (``BackendContext.send_completions``), sent in batches by a
 housekeeping thread that also finishes transfers nobody polls. That thread ticks every
 millisecond while there is work and sleeps otherwise, and nothing on the transfer path wakes it
 while it ticks: a background thread that wants the GIL while the caller submits or polls
@@ -36,7 +36,6 @@ from mori.core import config as mori_config
 from mori.core import cuda as _cuda
 from mori.core.host import this_host
 
-from .._registry import check_notify
 from ..types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
 from ._cuda_ipc import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, open_mapping
 from ._gpu_queues import DeviceQueues, GpuTransfer
@@ -120,7 +119,6 @@ class NvlinkBackend(Backend):
         self._thread.start()
         ctx.add_control_handler("nvlink.open", self._handle_open)
         ctx.add_control_handler("nvlink.revoke", self._handle_revoke)
-        ctx.add_control_handler("nvlink.notify", self._handle_notify)
 
     # ---- routing -------------------------------------------------------------------------------
     def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
@@ -177,17 +175,6 @@ class NvlinkBackend(Backend):
                     self._fd_server = FdServer(self.ctx.io_timeout())
                 reply.update(fd_socket=self._fd_server.address, nonce=self._fd_server.grant(exported.fd))
         return reply
-
-    def _handle_notify(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
-        uids, codes, messages = body.get("uids"), body.get("codes"), body.get("messages")
-        if not (isinstance(uids, list) and isinstance(codes, list) and isinstance(messages, list)
-                and len(uids) == len(codes) == len(messages)):
-            raise ControlError(StatusCode.ERR_INVALID_ARGS, "nvlink.notify: uids, codes and messages must be "
-                                                            "lists of one length")
-        records = [check_notify({"uid": u, "code": c, "message": m}) for u, c, m in zip(uids, codes, messages)]
-        for record in records:  # all checked first: a malformed batch records nothing
-            self.ctx.record_inbound(key, *record)
-        return {}
 
     def _send_revoke(self, engine: EngineDesc, ids: list[int]) -> None:
         """Tells ``engine`` to drop its mappings of regions ``ids`` and waits until it has. A
@@ -427,19 +414,13 @@ class NvlinkBackend(Backend):
         self._send_notes()
 
     def _send_notes(self) -> None:
-        """Sends every queued inbound record, one request per target engine."""
-        by_key: dict[str, list[tuple[str, int, int, str]]] = {}
+        """Sends every queued inbound record, one batch per target engine."""
+        by_key: dict[str, list[tuple[int, int, str]]] = {}
         while self._notes:
-            note = self._notes.popleft()
-            by_key.setdefault(note[0], []).append(note)
-        for key, notes in by_key.items():
-            body = {"uids": [n[1] for n in notes], "codes": [n[2] for n in notes],
-                    "messages": [n[3] for n in notes]}
-            try:
-                self.ctx.control_request(key, "nvlink.notify", body)
-            except (ConnectionError, TimeoutError, OSError, ControlError) as err:
-                self.ctx.log.warning("nvlink: could not notify engine %r of %d transfer(s): %s", key,
-                                     len(notes), err)
+            key, uid, code, message = self._notes.popleft()
+            by_key.setdefault(key, []).append((uid, code, message))
+        for key, records in by_key.items():
+            self.ctx.send_completions(key, records)
 
     def close(self) -> None:
         if self._stop.is_set():
