@@ -18,15 +18,8 @@ from pathlib import Path
 from _peer import PipeProcess, SharedBuffer, engine_commands, serve_commands
 
 from mori.core.testing import context
-from mori.io import (
-    BackendType,
-    IOEngine,
-    IOEngineConfig,
-    MemoryDesc,
-    MemoryLocationType,
-    StatusCode,
-    TransferStatus,
-)
+from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
+from mori.io.types import TransferStatus
 
 __all__ = ["HERE", "HOST_A", "HOST_B", "NetnsPeer", "two_namespaces"]
 
