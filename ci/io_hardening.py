@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import resource
 import socket
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mori.core.testing import connect_many
+from mori.core.testing import CommandProcess, connect_many, serve_commands
 from mori.io import (
     BackendType,
     EngineDesc,
@@ -59,7 +58,7 @@ def _proc_status(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
-def _target_main(conn: Any, nofile_room: int) -> None:
+def _target_main(nofile_room: int) -> tuple[bytes, bytes, int]:
     engine = IOEngine("target", IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.TCP)
     arr = np.zeros(REGION, dtype=np.uint8)
@@ -68,47 +67,28 @@ def _target_main(conn: Any, nofile_room: int) -> None:
     if nofile_room:
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + nofile_room,
                                                     resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-    conn.send((engine.get_engine_desc().pack(), desc.pack(), tcp.port))
-    while True:
-        cmd = conn.recv()
-        if cmd == "stop":
-            engine.close()
-            conn.send(None)
-            return
-        if cmd == "probe":
-            conn.send({"control": dict(vars(engine._server.stats)), "data": dict(tcp._target.stats()),
-                       "records_native": tcp._target.inbound_count(), "records_control": len(engine._inbound)})
+
+    def probe() -> dict[str, Any]:
+        return {"control": dict(vars(engine._server.stats)), "data": dict(tcp._target.stats()),
+                "records_native": tcp._target.inbound_count(), "records_control": len(engine._inbound)}
+
+    serve_commands({"probe": probe, "close": engine.close}, arr)
+    return engine.get_engine_desc().pack(), desc.pack(), tcp.port
 
 
-class Target:
+class Target(CommandProcess):
     """The target engine's process; ``probe()`` adds its RSS, threads and descriptors."""
 
     def __init__(self, nofile_room: int = 0) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_target_main, args=(child, nofile_room), daemon=True)
-        self.proc.start()
-        if not self._conn.poll(120):
-            raise TimeoutError("target process did not start")
-        packed, region, self.data_port = self._conn.recv()
+        super().__init__(_target_main, (nofile_room,), "target", timeout=120.0)
+        packed, region, self.data_port = self.ready
         self.desc, self.region = EngineDesc.unpack(packed), MemoryDesc.unpack(region)
 
     def probe(self) -> dict[str, Any]:
-        out = _proc_status(self.proc.pid)
-        self._conn.send("probe")
-        if not self._conn.poll(60):
-            raise TimeoutError("target did not answer a probe")
-        out.update(self._conn.recv())
+        assert self.pid is not None
+        out: dict[str, Any] = dict(_proc_status(self.pid))
+        out.update(self.call("probe"))
         return out
-
-    def close(self) -> None:
-        try:
-            self._conn.send("stop")
-            self._conn.poll(30)
-        finally:
-            self.proc.join(timeout=10)
-            if self.proc.is_alive():
-                self.proc.kill()
 
 
 def _initiator(target: Target, key: str) -> tuple[IOEngine, np.ndarray, MemoryDesc]:

@@ -6,10 +6,8 @@ seconds."""
 from __future__ import annotations
 
 import mmap
-import multiprocessing as mp
 import os
 import resource
-import signal
 import socket
 import struct
 import threading
@@ -19,7 +17,7 @@ import numpy as np
 import pytest
 
 from mori.core import _native
-from mori.core.testing import connect_many
+from mori.core.testing import CommandProcess, connect_many, serve_commands
 
 READ, WRITE = 1, 2
 SIZE = 1 << 20
@@ -33,70 +31,50 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _serve(conn, limits, io_timeout):
+def _serve(limits, io_timeout):
+    """The target process: a TcpTarget with ``limits`` serving 1 MiB as region 1."""
     mm = mmap.mmap(-1, SIZE)
     arr = np.frombuffer(mm, dtype=np.uint8)
     t = _native.TcpTarget("127.0.0.1", 0, "tok", io_timeout, **limits)
     t.register_region(1, int(arr.ctypes.data), SIZE)
     t.issue_ticket("init", TICKET)
-    conn.send(t.port)
-    while True:
-        cmd, *args = conn.recv()
-        if cmd == "stop":
-            t.close()
-            conn.send(None)
-            return
-        if cmd == "limit_memory":
-            # Address space for what is mapped now plus a little: no room for a thread's stack.
-            with open("/proc/self/statm") as f:
-                vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-            resource.setrlimit(resource.RLIMIT_AS, (vm + (4 << 20), resource.RLIM_INFINITY))
-            conn.send(None)
-        elif cmd == "unlimit_memory":
-            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-            conn.send(None)
-        elif cmd == "limit_fds":  # room for args[0] more descriptors
-            resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + args[0], 4096))
-            conn.send(None)
-        elif cmd == "fds":
-            conn.send(_open_fds())
-        elif cmd == "stats":
-            conn.send((t.stats(), t.connection_count(), t.inbound_count()))
-        elif cmd == "pop":
-            conn.send(t.pop_inbound(*args))
-        elif cmd == "deregister":
-            t0 = time.monotonic()
-            t.deregister_region(args[0])
-            conn.send(time.monotonic() - t0)
-        elif cmd == "bytes":
-            conn.send(bytes(arr[args[0]:args[0] + args[1]]))
+
+    def limit_memory():
+        # Address space for what is mapped now plus a little: no room for a thread's stack.
+        with open("/proc/self/statm") as f:
+            vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (4 << 20), resource.RLIM_INFINITY))
+
+    def deregister(region):  # how long it took
+        t0 = time.monotonic()
+        t.deregister_region(region)
+        return time.monotonic() - t0
+
+    serve_commands({
+        "limit_memory": limit_memory,
+        "unlimit_memory": lambda: resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY,) * 2),
+        "limit_fds": lambda room: resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + room, 4096)),
+        "fds": _open_fds,
+        "stats": lambda: (t.stats(), t.connection_count(), t.inbound_count()),
+        "pop": t.pop_inbound,
+        "deregister": deregister,
+        "bytes": lambda off, n: bytes(arr[off:off + n]),
+        "close": t.close,
+    }, mm)
+    return t.port
 
 
-class Target:
+class Target(CommandProcess):
     """A TcpTarget in a spawned process; ``call`` runs a command there."""
 
     def __init__(self, limits=None, io_timeout=2.0):
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, limits or {}, io_timeout), daemon=True)
-        self.proc.start()
-        assert self._conn.poll(60), "target process did not start"
-        self.port = self._conn.recv()
-
-    def call(self, *cmd):
-        self._conn.send(cmd)
-        assert self._conn.poll(30), f"target did not answer {cmd[0]}"
-        return self._conn.recv()
+        super().__init__(_serve, (limits or {}, io_timeout), "target", timeout=60.0)
+        self.port = self.ready
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
+        with open(f"/proc/{self.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def close(self):
-        if self.proc.is_alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.join(timeout=10)
 
 
 @pytest.fixture()
@@ -109,7 +87,7 @@ def target_factory():
 
     yield make
     for t in made:
-        t.close()
+        t.kill()
 
 
 def _good_transfer(port: int, fill: int, key="init", ticket=TICKET) -> None:
@@ -150,7 +128,7 @@ def test_thread_exhaustion_refuses_connections_and_keeps_the_process(target_fact
     tgt.call("limit_memory")
     socks = connect_many(tgt.port, 12)
     time.sleep(1.0)
-    assert tgt.proc.is_alive(), f"target died (exit {tgt.proc.exitcode})"
+    assert tgt.exitcode is None, f"target died (exit {tgt.exitcode})"
     stats, _, _ = tgt.call("stats")
     assert stats["accept_errors"] > 0
     tgt.call("unlimit_memory")

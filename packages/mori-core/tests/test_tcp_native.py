@@ -4,7 +4,6 @@ processes: striping, scatter-gather, region checks, tokens, notifications, dead 
 from __future__ import annotations
 
 import mmap
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -16,13 +15,15 @@ import pytest
 
 from mori.core import _native
 from mori.core.codes import TransferCode
+from mori.core.testing import CommandProcess, serve_commands
 
 READ, WRITE = 1, 2
 SIZE = 16 << 20
 TICKET = "t" * 32
 
 
-def _serve(conn, path, token, timeout):
+def _serve(path, token, timeout):
+    """The target process: a TcpTarget serving the shared file ``path`` as region 1."""
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, SIZE)
     os.close(fd)
@@ -30,26 +31,18 @@ def _serve(conn, path, token, timeout):
     t = _native.TcpTarget("127.0.0.1", 0, token, timeout)
     t.register_region(1, int(arr.ctypes.data), SIZE)
     t.issue_ticket("init", TICKET)  # what mori-io's control plane hands an authenticated engine
-    conn.send(t.port)
-    while True:
-        cmd, *args = conn.recv()
-        if cmd == "stop":
-            t.close()
-            conn.send(None)
-            return
-        if cmd == "pop_now":
-            conn.send(t.pop_inbound(*args))
-        elif cmd == "pop":
-            deadline = time.monotonic() + 10
-            code = t.pop_inbound(*args)
-            while code is None and time.monotonic() < deadline:
-                time.sleep(0.001)
-                code = t.pop_inbound(*args)
-            conn.send(code)
-        elif cmd == "deregister":
-            conn.send(t.deregister_region(args[0]))
-        elif cmd == "conns":
-            conn.send(t.connection_count())
+
+    def pop(key, uid):  # the record, waiting for it at most 10 s
+        deadline = time.monotonic() + 10
+        code = t.pop_inbound(key, uid)
+        while code is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+            code = t.pop_inbound(key, uid)
+        return code
+
+    serve_commands({"pop_now": t.pop_inbound, "pop": pop, "deregister": t.deregister_region,
+                    "conns": t.connection_count, "close": t.close}, mm)
+    return t.port
 
 
 @pytest.fixture()
@@ -60,24 +53,13 @@ def remote():
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, SIZE)
     os.close(fd)
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(child, path, "tok", 2.0), daemon=True)
-    proc.start()
     try:
-        assert parent.poll(60), "target process did not start"
-        port = parent.recv()
-
-        def call(*cmd):
-            parent.send(cmd)
-            assert parent.poll(30), f"target did not answer {cmd[0]}"
-            return parent.recv()
-
-        yield np.frombuffer(mm, dtype=np.uint8), port, call, proc
+        target = CommandProcess(_serve, (path, "tok", 2.0), "target", timeout=60.0)
+        try:
+            yield np.frombuffer(mm, dtype=np.uint8), target.ready, target.call, target
+        finally:
+            target.kill()
     finally:
-        if proc.is_alive():
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.join(timeout=10)
         os.unlink(path)
 
 
@@ -193,20 +175,20 @@ def test_garbage_drops_only_that_connection(remote):
 
 
 def test_dead_and_hung_target(remote):
-    arr, port, call, proc = remote
+    arr, port, call, target = remote
     p = _peer(port, 2, timeout_setting="TEST_IO_TIMEOUT")  # the caller's name for io_timeout
     src = np.ones(SIZE, dtype=np.uint8)
-    os.kill(proc.pid, signal.SIGSTOP)
+    target.signal(signal.SIGSTOP)
     time.sleep(0.2)
     t0 = time.monotonic()
     t = p.submit(READ, int(src.ctypes.data), [0], 1, [0], [4096], 6, False, 1 << 20)
     assert t.wait(10) and t.code() == TransferCode.ERR_BAD_STATE and "(TEST_IO_TIMEOUT)" in t.message()
     assert 1.5 < time.monotonic() - t0 < 8
     assert not p.healthy()
-    os.kill(proc.pid, signal.SIGCONT)
+    target.signal(signal.SIGCONT)
     q = _peer(port, 2)
     t = q.submit(WRITE, int(src.ctypes.data), [0] * 64, 1, [i * 65536 for i in range(64)], [65536] * 64, 7, False, 1 << 16)
-    os.kill(proc.pid, signal.SIGKILL)
+    target.signal(signal.SIGKILL)
     assert t.wait(10)  # finished (succeeded before the kill, or failed after it): never hangs
     t = q.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [64], 8, False, 1 << 20)
     assert t.wait(10) and t.code() == 6

@@ -1,12 +1,15 @@
-"""mori.core.testing's ProcPool: environment, one-worker calls, and failures with and without keep_on_error."""
+"""mori.core.testing's ProcPool (environment, one-worker calls, failures with and without
+keep_on_error) and CommandProcess (commands, their errors, close, timeouts)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import pytest
 
-from mori.core.testing import ProcPool, WorkerError, context
+from mori.core.testing import CommandProcess, ProcPool, WorkerError, context, serve_commands
 
 
 def _env_and_index(name: str) -> tuple[int, str | None]:
@@ -47,3 +50,52 @@ def test_start_hook_and_pids() -> None:
     with ProcPool(2, timeout=60, start=start) as pool:
         assert pool.pids == started and len(set(started)) == 2
         assert pool.run(os.getpid) == started
+
+
+def _counter_setup(start: int, closed_flag: str) -> int:
+    """A CommandProcess setup: a counter, a buffer only ``keep`` holds, and a close that leaves a mark."""
+    buf = bytearray(b"kept")
+    state = {"n": start}
+
+    def add(k: int) -> int:
+        state["n"] += k
+        return state["n"]
+
+    def close() -> None:
+        with open(closed_flag, "w") as f:
+            f.write(str(state["n"]))
+
+    def fail() -> None:
+        raise ValueError("refused on purpose")
+
+    serve_commands({"add": add, "fail": fail, "close": close, "pid": os.getpid,
+                    "kept": lambda: bytes(context().state["keep"][0]), "sleep": time.sleep}, buf)
+    return start * 10
+
+
+def test_command_process_calls_errors_and_close(tmp_path) -> None:
+    flag = tmp_path / "closed"
+    proc = CommandProcess(_counter_setup, (5, str(flag)), "target", timeout=30)
+    try:
+        assert proc.ready == 50 and proc.exitcode is None
+        assert proc.call("add", 2) == 7 and proc.call("add", 3) == 10  # state lives across calls
+        assert proc.call("pid") == proc.pid and proc.call("kept") == b"kept"
+        with pytest.raises(RuntimeError, match="target fail failed: target 0: ValueError: refused on purpose"):
+            proc.call("fail")
+        with pytest.raises(RuntimeError, match=r"no command 'nope' \(this process serves \['add', "):
+            proc.call("nope")
+        assert proc.call("add", 1) == 11  # a command that raised leaves the process serving
+    finally:
+        proc.close()
+    assert flag.read_text() == "11" and proc.exitcode == 0  # close ran the close command, then stopped
+
+
+def test_command_process_timeout_kills_and_signal_after_death(tmp_path) -> None:
+    proc = CommandProcess(_counter_setup, (0, str(tmp_path / "closed")), "slow", timeout=30)
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match=r"slow \[0\] did not finish within 0.5 s"):
+        proc.call("sleep", 60, timeout=0.5)
+    assert time.monotonic() - t0 < 10 and proc.exitcode is not None  # killed, not waited for
+    proc.signal(signal.SIGKILL)  # a no-op once it is gone
+    proc.close()
+    assert not (tmp_path / "closed").exists()

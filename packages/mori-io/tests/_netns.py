@@ -17,7 +17,6 @@ from pathlib import Path
 
 from _peer import PipeProcess, SharedBuffer, engine_commands, serve_commands
 
-from mori.core.testing import context
 from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
 from mori.io.types import TransferStatus
 
@@ -67,7 +66,6 @@ def _serve(role: str, host: str, shm: str, size: int, backends: Sequence[str]) -
     for name in backends:
         engine.create_backend({"tcp": BackendType.TCP, "rdma": BackendType.RDMA}[name])
     buf = SharedBuffer(size, shm)
-    context().state["buffer"] = buf  # mapped as long as the worker lives, not just this call
     mem = engine.register_memory(buf.addr, size, -1, MemoryLocationType.CPU)
     half, quarter = size // 2, size // 4
 
@@ -90,7 +88,7 @@ def _serve(role: str, host: str, shm: str, size: int, backends: Sequence[str]) -
         return _outcome(sess.read(3 * quarter, quarter, quarter, sess.allocate_transfer_uid()))
 
     return serve_commands(engine, {**engine_commands(engine, {}), "mem": mem.pack, "transfer": transfer,
-                                   "session": session, "close_engine": engine.close})
+                                   "session": session}, buf)
 
 
 class NetnsPeer(PipeProcess):

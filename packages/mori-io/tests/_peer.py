@@ -1,13 +1,12 @@
 """Helpers for the mori-io tests: shared buffers and an engine running in its own process.
 
-``PeerProcess`` (a ``PipeProcess``) starts a real process (spawn, through mori.core.testing's ``ProcPool``)
+``PeerProcess`` (a ``PipeProcess``) starts a real process (spawn, a mori.core.testing ``CommandProcess``)
 running an IOEngine with a TCP backend and serves commands; every wait on it has a timeout and the process is
 always reaped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import time
@@ -17,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mori.core.testing import ProcPool, WorkerError, context
+from mori.core import testing
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType
 from mori.io.bench._mori_runner import start_in_netns
 
@@ -83,66 +82,29 @@ def engine_commands(engine: IOEngine, descs: dict[int, MemoryDesc]) -> dict[str,
     }
 
 
-def serve_commands(engine: IOEngine, commands: dict[str, Callable[..., Any]]) -> bytes:
-    """Keeps ``engine`` and its ``commands`` in this worker for :meth:`PipeProcess.call`; returns
-    the packed engine descriptor (what a serve function returns)."""
-    context().state.update(engine=engine, commands=commands)
+def serve_commands(engine: IOEngine, commands: dict[str, Callable[..., Any]], *keep: Any) -> bytes:
+    """Serves ``engine``'s ``commands`` (and ``close``, which closes it) to :meth:`PipeProcess.call`
+    through mori.core.testing's ``serve_commands`` (``keep`` as there); returns the packed engine
+    descriptor (what a serve function returns)."""
+    testing.serve_commands({**commands, "close": engine.close}, engine, *keep)
     return engine.get_engine_desc().pack()
 
 
-def _run_command(cmd: str, args: tuple[Any, ...]) -> Any:
-    return context().state["commands"][cmd](*args)
-
-
-def _close_engine() -> None:
-    context().state["engine"].close()
-
-
-class PipeProcess:
-    """An engine process: a one-worker :class:`mori.core.testing.ProcPool` that ran
-    ``serve(*args)`` (which ends with :func:`serve_commands`), driven with :meth:`call`; ``name``
-    labels its errors, ``netns`` names the network namespace it runs in and ``env`` is added to
-    its environment before anything runs in it. Every wait has a timeout and the process is
-    always reaped."""
+class PipeProcess(testing.CommandProcess):
+    """An engine process: a :class:`mori.core.testing.CommandProcess` that ran ``serve(*args)``
+    (which ends with :func:`serve_commands`); ``desc`` is its engine's descriptor. ``name`` labels
+    its errors, ``netns`` names the network namespace it runs in and ``env`` is added to its
+    environment before anything runs in it. Every wait has a timeout and the process is always
+    reaped; ``close()`` closes the engine first."""
 
     def __init__(self, serve: Callable[..., bytes], args: tuple[Any, ...], name: str, timeout: float,
                  netns: str | None = None, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.timeout = timeout
-        self._pool = ProcPool(1, timeout=timeout, env=env, label=name, keep_on_error=True,
-                              start=lambda proc: start_in_netns(proc, netns))
+        super().__init__(serve, args, name, timeout, env, start=lambda proc: start_in_netns(proc, netns))
         try:
-            self.desc = EngineDesc.unpack(self._pool.run_on(0, serve, *args))
+            self.desc = EngineDesc.unpack(self.ready)
         except BaseException:
             self.kill()
             raise
-
-    def call(self, cmd: str, *args: Any) -> Any:
-        """Runs a command in the process; raises RuntimeError with its error."""
-        try:
-            return self._pool.run_on(0, _run_command, cmd, args)
-        except WorkerError as err:
-            raise RuntimeError(f"{self.name} {cmd} failed: {err}") from None
-
-    def signal(self, sig: int) -> None:
-        """Sends a signal to the process (nothing once it is gone)."""
-        pid = self._pool.pids[0]
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-    def kill(self) -> None:
-        """Kills and reaps the process."""
-        self._pool.kill()
-
-    def close(self) -> None:
-        """Closes the engine and stops the process, killing it if it does not stop in time."""
-        try:
-            self._pool.run_on(0, _close_engine)
-        except (AssertionError, RuntimeError, OSError):
-            pass  # a dead or failed process: the pool is killed below
-        finally:
-            self._pool.close()
 
 
 class PeerProcess(PipeProcess):

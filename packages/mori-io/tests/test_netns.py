@@ -33,7 +33,7 @@ def test_tcp_between_network_namespaces():
             assert np.array_equal(target_buf.array, expect_target)
             assert np.array_equal(init_buf.array, expect_init)
             for p in peers:
-                p.call("close_engine")
+                p.call("close")
     finally:
         for p in peers:
             p.close()

@@ -71,8 +71,8 @@ def test_every_operation_with_notifications(hosts: Hosts) -> None:
     expect_i[3 * quarter:] = expect_t[quarter:half]
     assert np.array_equal(t_buf.array, expect_t)
     assert np.array_equal(i_buf.array, expect_i)
-    init.call("close_engine")
-    target.call("close_engine")
+    init.call("close")
+    target.call("close")
 
 
 def test_wrong_token_gets_nothing(hosts: Hosts) -> None:
@@ -99,7 +99,7 @@ def test_peer_death_fails_transfers_in_bounded_time(hosts: Hosts) -> None:
     assert code not in ("SUCCESS", "HUNG"), code
     assert time.monotonic() - t0 < 30
     assert init.call("transfer", "read", target.mem)[0] not in ("SUCCESS", "HUNG")
-    init.call("close_engine")  # closing an engine whose peer died does not hang
+    init.call("close")  # closing an engine whose peer died does not hang
 
 
 def test_vllm_and_sglang_sequences_over_rdma_between_namespaces() -> None:

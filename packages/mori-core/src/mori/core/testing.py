@@ -20,6 +20,13 @@ leaving the pool usable. A death or a timeout always closes the pool.
 tests start their engine processes inside a network namespace that way); ``pids`` lets a test
 signal a worker (SIGSTOP a peer, say).
 
+``CommandProcess(setup, args)`` is one worker driven by named commands, the form of a test's
+target or peer process: ``setup(*args)`` builds what the process serves (an engine, a native
+target), hands its commands to :func:`serve_commands` and returns what the test needs (a port, a
+descriptor: ``ready``); ``call(name, *args)`` then runs one command there. mori-io's
+``PipeProcess`` (every engine process of its tests), mori-core's data-plane tests and
+``ci/io_hardening.py`` drive their processes this way.
+
 ``connect_many(port, n)`` opens up to ``n`` silent connections to a listener, stopping at the first
 refusal (the hostile-peer tests of core and io, and ``ci/io_hardening.py``).
 """
@@ -38,7 +45,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-__all__ = ["Died", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context", "run_procs"]
+__all__ = ["CommandProcess", "Died", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context", "run_procs",
+           "serve_commands"]
 
 
 @dataclass
@@ -259,6 +267,86 @@ def run_procs(fn: Callable[..., Any], arg_lists: Sequence[tuple[Any, ...]], time
     """Runs ``fn(*args)`` for each ``args`` in its own spawned process; returns the results in order."""
     with ProcPool(len(arg_lists), timeout=timeout) as pool:
         return pool.map(fn, arg_lists)
+
+
+def serve_commands(commands: Mapping[str, Callable[..., Any]], *keep: Any) -> None:
+    """Inside a :class:`CommandProcess`'s setup: serves ``commands`` (name -> function) to
+    :meth:`CommandProcess.call`, a command named ``close`` also to :meth:`CommandProcess.close`.
+    ``keep`` are objects that must live as long as the process (memory that a registration points
+    at, which nothing else may reference once setup returns)."""
+    context().state.update(commands=dict(commands), keep=keep)
+
+
+def _run_command(name: str, args: tuple[Any, ...]) -> Any:
+    commands = context().state.get("commands", {})
+    if name not in commands:
+        raise KeyError(f"no command {name!r} (this process serves {sorted(commands)})")
+    return commands[name](*args)
+
+
+def _run_close() -> None:
+    close = context().state.get("commands", {}).get("close")
+    if close is not None:
+        close()
+
+
+class CommandProcess:
+    """One spawned worker that ran ``setup(*args)`` (which ends with :func:`serve_commands`;
+    what it returned is ``ready``) and runs its commands on request.
+
+    Every call is bounded by ``timeout`` seconds. A command that raises raises ``RuntimeError``
+    with the process's traceback and the process stays; one that dies or does not answer in time
+    raises ``AssertionError`` and the process is killed. ``name`` labels the messages; ``env``
+    and ``start`` are :class:`ProcPool`'s.
+    """
+
+    def __init__(self, setup: Callable[..., Any], args: Sequence[Any] = (), name: str = "process",
+                 timeout: float = 60.0, env: Mapping[str, str] | None = None,
+                 start: Callable[[BaseProcess], None] | None = None) -> None:
+        self.name = name
+        self._pool = ProcPool(1, timeout=timeout, env=env, label=name, keep_on_error=True, start=start)
+        try:
+            self.ready: Any = self._pool.run_on(0, setup, *args)
+        except BaseException:
+            self._pool.kill()
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        """The process id."""
+        return self._pool.pids[0]
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while the process runs; then its exit code (negative: the signal that ended it)."""
+        return self._pool._procs[0].exitcode
+
+    def call(self, name: str, *args: Any, timeout: float | None = None) -> Any:
+        """Runs command ``name`` with ``args`` in the process and returns its result."""
+        try:
+            return self._pool.run_on(0, _run_command, name, args, timeout=timeout)
+        except WorkerError as err:
+            raise RuntimeError(f"{self.name} {name} failed: {err}") from None
+
+    def signal(self, sig: int) -> None:
+        """Sends signal ``sig`` to the process (nothing once it is gone)."""
+        if self.pid is not None and self.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """Kills and reaps the process."""
+        self._pool.kill()
+
+    def close(self) -> None:
+        """Runs the ``close`` command where there is one, then stops the process (killed if it
+        does not stop within 5 s). A process that died, hangs or fails to close is killed."""
+        try:
+            self._pool.run_on(0, _run_close)
+        except (AssertionError, RuntimeError, OSError):
+            pass  # dead, hung or failed: killed below
+        finally:
+            self._pool.close()
 
 
 def connect_many(port: int, n: int, host: str = "127.0.0.1", timeout: float = 5.0) -> list[socket.socket]:
