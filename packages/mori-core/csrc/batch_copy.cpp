@@ -6,10 +6,8 @@
 // - int64_array: a list batch as an int64 array, in one C loop.
 // - batch_bounds: one pass over (local offsets, remote offsets, sizes) giving what the engine
 //   checks against both regions.
-// - gather_rows: the rows (src, dst, bytes) of a gather-kernel table, written straight into the
-//   caller's (pinned) buffer, contiguous runs merged.
-// - GatherLauncher: uploads such a table, launches the gather kernel and records an event, on
-//   one stream, in three driver calls; memcpy_batch: many copy-engine copies in one call. No CUDA headers: the driver's entry points come in as
+// - GatherLauncher: uploads such a table (rows from the batch planner, batch_plan.hpp), launches
+//   the gather kernel and records an event, on one stream, in three driver calls; memcpy_batch: many copy-engine copies in one call. No CUDA headers: the driver's entry points come in as
 //   addresses (cuGetProcAddress through cuda-bindings), so this builds with no toolkit.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -55,50 +53,6 @@ py::tuple batch_bounds(const I64Array& local, const I64Array& remote, const I64A
         rend = std::max(rend, static_cast<uint64_t>(r[i]) + static_cast<uint64_t>(s[i]));
     const uint64_t top = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());  // past any region
     return py::make_tuple(low, static_cast<int64_t>(std::min(lend, top)), static_cast<int64_t>(std::min(rend, top)));
-}
-
-// Writes rows (src_base + src_offs[i], dst_base + dst_offs[i], sizes[i]) into out (capacity x 3
-// uint64), merging a block into the previous row when it continues it on both sides and
-// dropping empty blocks. Returns (rows, largest row, smallest row) (0, 0, 0 when nothing moves).
-// Offsets were checked by the engine (non-negative, inside their regions).
-py::tuple gather_rows(uint64_t srcBase, uint64_t dstBase, const I64Array& srcOffs, const I64Array& dstOffs,
-                      const I64Array& sizes, U64Array& out) {
-    const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
-    if (n < 0) throw py::value_error("gather_rows: sizes must be a 1-d int64 array");
-    const int64_t* so = data_of(srcOffs, "source offsets", n);
-    const int64_t* dof = data_of(dstOffs, "destination offsets", n);
-    const int64_t* sz = data_of(sizes, "sizes", n);
-    if (out.ndim() != 2 || out.shape(1) != 3 || out.shape(0) < n)
-        throw py::value_error("gather_rows: out must be a (capacity >= " + std::to_string(n) +
-                              ", 3) uint64 array");
-    uint64_t* rows = out.mutable_data();
-    py::ssize_t k = 0;
-    uint64_t largest = 0, smallest = std::numeric_limits<uint64_t>::max();
-    {
-        py::gil_scoped_release release;
-        for (py::ssize_t i = 0; i < n; ++i) {
-            if (sz[i] <= 0) continue;
-            const uint64_t src = srcBase + static_cast<uint64_t>(so[i]);
-            const uint64_t dst = dstBase + static_cast<uint64_t>(dof[i]);
-            if (k > 0) {
-                uint64_t* prev = rows + 3 * (k - 1);
-                if (prev[0] + prev[2] == src && prev[1] + prev[2] == dst) {
-                    prev[2] += static_cast<uint64_t>(sz[i]);
-                    continue;
-                }
-            }
-            uint64_t* row = rows + 3 * k++;
-            row[0] = src;
-            row[1] = dst;
-            row[2] = static_cast<uint64_t>(sz[i]);
-        }
-        for (py::ssize_t i = 0; i < k; ++i) {
-            largest = std::max(largest, rows[3 * i + 2]);
-            smallest = std::min(smallest, rows[3 * i + 2]);
-        }
-    }
-    if (k == 0) smallest = 0;
-    return py::make_tuple(k, largest, smallest);
 }
 
 // Driver entry points (CUresult is an int; handles are pointers).
@@ -249,10 +203,6 @@ mori::native::Registration reg([](py::module_& m) {
           py::arg("stream"),
           "Queues the copies with one cuMemcpyBatchAsync (CUDA 13 form, entry point from cuGetProcAddress), "
           "sources read in stream order; returns the CUresult.");
-    m.def("gather_rows", &gather_rows, py::arg("src_base"), py::arg("dst_base"), py::arg("src_offsets"),
-          py::arg("dst_offsets"), py::arg("sizes"), py::arg("out"),
-          "Writes the gather-kernel rows (src, dst, bytes) of a batch into out, contiguous runs merged and "
-          "empty blocks dropped; returns (rows, largest row, smallest row).");
     py::class_<GatherLauncher>(m, "GatherLauncher",
                                "Upload of a gather table + launch of the caller's gather kernel + event record, in one call.")
         .def(py::init<uintptr_t, uintptr_t, uintptr_t, uintptr_t, unsigned, unsigned>(), py::arg("cu_launch_kernel"),

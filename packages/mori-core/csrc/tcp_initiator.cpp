@@ -6,6 +6,7 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "batch_plan.hpp"
 #include "tcp_engine.hpp"
 
 namespace mori::tcp {
@@ -418,16 +419,15 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
     if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
     stripe = std::max<uint64_t>(stripe, 4096);
     // Pieces: blocks with large ones cut at the stripe size; empty blocks move nothing.
-    std::vector<Block> pieces;
-    pieces.reserve(sizes.size());
-    uint64_t total = 0;
+    std::vector<plan::Row> blocks(sizes.size());
     for (size_t i = 0; i < sizes.size(); ++i) {
-        for (uint64_t done = 0; done < sizes[i]; done += stripe) {
-            uint64_t n = std::min(stripe, sizes[i] - done);
-            pieces.push_back(Block{localBase + localOffsets[i] + done, remoteOffsets[i] + done, n});
-        }
-        total += sizes[i];
+        if (__builtin_add_overflow(localBase, localOffsets[i], &blocks[i].src))
+            throw std::invalid_argument("block " + std::to_string(i) + ": local address past 2^64");
+        blocks[i].dst = remoteOffsets[i];
+        blocks[i].bytes = sizes[i];
     }
+    std::vector<plan::Row> pieces(plan::count_pieces(blocks.data(), blocks.size(), stripe));
+    plan::stripe_rows(blocks.data(), blocks.size(), stripe, pieces.data());
     size_t n = conns_.size();
     // Back-to-back transfers stay on one idle connection: its threads at both ends are still
     // polling (see Reader::kSpinNs) and answer at once, where a rotation would find them asleep.
@@ -440,33 +440,26 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
         t->finish();
         return t;
     }
-    // Contiguous runs of about total/n bytes per connection, starting at a rotating connection
+    // Contiguous runs of about equal bytes, one per connection, starting at a rotating connection
     // so that concurrent small transfers spread over all of them.
-    uint64_t share = std::max<uint64_t>(total / n, 1);
-    std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) of pieces, one per connection used
-    for (size_t begin = 0, c = first; begin < pieces.size(); c = (c + 1) % n) {
-        uint64_t bytes = 0;
-        size_t end = begin;
-        while (end < pieces.size() && (bytes < share || end == begin)) bytes += pieces[end++].size;
-        if (c == (first + n - 1) % n) end = pieces.size();  // last connection takes the rest
-        runs.emplace_back(begin, end);
-        begin = end;
-    }
+    const std::vector<size_t> bounds = plan::deal_rows(pieces.data(), pieces.size(), n, 1);
+    const size_t runs = bounds.size() - 1;
     // On one connection the requests themselves carry the notification (the target records it
     // before it answers the last); a striped transfer notifies with a frame once it finishes.
-    bool carried = notify && runs.size() == 1;
+    bool carried = notify && runs == 1;
     auto t = std::make_shared<Transfer>(static_cast<int64_t>(pieces.size()), notify && !carried, uid);
-    for (size_t r = 0; r < runs.size(); ++r) {
+    for (size_t r = 0; r < runs; ++r) {
         auto w = std::make_shared<Work>();
         w->transfer = t;
         w->op = op;
         w->memId = memId;
         w->notify = carried;
-        w->blocks.assign(pieces.begin() + static_cast<long>(runs[r].first),
-                         pieces.begin() + static_cast<long>(runs[r].second));
+        w->blocks.reserve(bounds[r + 1] - bounds[r]);
+        for (size_t i = bounds[r]; i < bounds[r + 1]; ++i)
+            w->blocks.push_back(Block{pieces[i].src, pieces[i].dst, pieces[i].bytes});
         conns_[(first + r) % n]->enqueue(std::move(w));
     }
-    if (runs.size() == 1) t->set_conn(conns_[first]);
+    if (runs == 1) t->set_conn(conns_[first]);
     return t;
 }
 

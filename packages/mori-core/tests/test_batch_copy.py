@@ -1,5 +1,6 @@
-"""The native batch helpers of GPU transfers (``batch_bounds``, ``gather_rows``, and the checks
-of ``GatherLauncher``), against plain-Python references on random batches."""
+"""The native batch helpers of GPU transfers (``batch_bounds``, ``int64_array``, and the checks
+of ``GatherLauncher`` and ``memcpy_batch``), against plain-Python references on random batches.
+The batch planner (``gather_rows`` and the rest): test_batch_plan.py."""
 
 from __future__ import annotations
 
@@ -38,50 +39,6 @@ def test_batch_bounds_rejects_bad_input():
     big = np.array([2**62], dtype=np.int64)
     low, l_end, r_end = _native.batch_bounds(big, big, big)  # ends overflow int64: reported as past anything
     assert low == 2**62 and l_end == r_end == 2**63 - 1
-
-
-def _reference_rows(src_base, dst_base, so, do, sz):
-    rows = []
-    for s, d, n in zip(so, do, sz):
-        if n <= 0:
-            continue
-        s, d = src_base + int(s), dst_base + int(d)
-        if rows and rows[-1][0] + rows[-1][2] == s and rows[-1][1] + rows[-1][2] == d:
-            rows[-1][2] += int(n)
-        else:
-            rows.append([s, d, int(n)])
-    return rows
-
-
-@settings(max_examples=200, deadline=None)
-@given(data=st.data(), n=st.integers(1, 200), contiguous=st.floats(0, 1))
-def test_gather_rows_matches_python(data, n, contiguous):
-    # Blocks that often continue the previous one on both sides, sometimes on one side only.
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    sz = rng.integers(0, 5, n).astype(np.int64) * rng.choice([1, 4096], n)
-    so, do = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    for i in range(1, n):
-        joined = rng.random() < contiguous
-        so[i] = so[i - 1] + sz[i - 1] if joined else rng.integers(0, 1 << 30)
-        do[i] = do[i - 1] + sz[i - 1] if joined and rng.random() < 0.9 else rng.integers(0, 1 << 30)
-    out = np.full((n + 3, 3), 7, dtype=np.uint64)
-    k, largest, smallest = _native.gather_rows(1 << 40, 2 << 40, so, do, sz, out)
-    expect = _reference_rows(1 << 40, 2 << 40, so, do, sz)
-    assert k == len(expect)
-    assert out[:k].tolist() == expect
-    assert (out[k:] == 7).all()  # nothing written past the rows
-    sizes = [r[2] for r in expect]
-    assert (largest, smallest) == ((max(sizes), min(sizes)) if sizes else (0, 0))
-
-
-def test_gather_rows_rejects_a_short_or_wrong_table():
-    a = np.arange(4, dtype=np.int64)
-    with pytest.raises(ValueError, match="capacity"):
-        _native.gather_rows(0, 0, a, a, a, np.zeros((3, 3), dtype=np.uint64))
-    with pytest.raises(ValueError, match="capacity"):
-        _native.gather_rows(0, 0, a, a, a, np.zeros((4, 2), dtype=np.uint64))
-    with pytest.raises(ValueError, match="4 elements"):
-        _native.gather_rows(0, 0, a[:3], a, a, np.zeros((4, 3), dtype=np.uint64))
 
 
 def test_gather_launcher_refuses_null_entry_points():

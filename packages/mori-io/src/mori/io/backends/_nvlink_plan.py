@@ -15,6 +15,9 @@ No CUDA here, so it is tested on any machine:
 3. copy-engine blocks larger than ``stripe`` bytes are cut into ``stripe``-sized pieces and all
    pieces are dealt out over at most ``max_streams`` streams, balancing bytes, so several copy
    engines work at once.
+
+Every cut, merge and deal is mori-core's batch planner (``gather_rows``, ``stripe_rows``,
+``count_pieces``, ``deal_rows`` of :mod:`mori.core.native`); this module holds only the policy.
 """
 
 from __future__ import annotations
@@ -53,34 +56,12 @@ class CopyPlan:
         return int(self.kernel[:, 2].sum()) + sum(int(e[:, 2].sum()) for e in self.engines)
 
 
-def _stripe(rows: np.ndarray, stripe: int) -> np.ndarray:
-    """Cuts rows larger than ``stripe`` bytes into pieces of at most ``stripe`` bytes."""
-    sizes = rows[:, 2]
-    if int(sizes.max(initial=0)) <= stripe:
-        return rows
-    pieces = (sizes + np.uint64(stripe - 1)) // np.uint64(stripe)
-    idx = np.repeat(np.arange(len(rows)), pieces.astype(np.int64))
-    first = np.concatenate(([0], np.cumsum(pieces.astype(np.int64))[:-1]))
-    k = (np.arange(len(idx)) - np.repeat(first, pieces.astype(np.int64))).astype(np.uint64)
-    off = k * np.uint64(stripe)
-    out = np.empty((len(idx), 3), dtype=np.uint64)
-    out[:, 0] = rows[idx, 0] + off
-    out[:, 1] = rows[idx, 1] + off
-    out[:, 2] = np.minimum(sizes[idx] - off, np.uint64(stripe))
-    return out
-
-
 def _deal(rows: np.ndarray, max_streams: int, stripe: int) -> list[np.ndarray]:
-    if len(rows) == 0:
-        return []
-    total = int(rows[:, 2].sum())
-    n = max(1, min(max_streams, len(rows), -(-total // stripe)))
-    if n == 1:
-        return [rows]
-    # Cut the byte-ordered sequence into n runs of about total/n bytes each.
-    cum = np.cumsum(rows[:, 2]) - rows[:, 2]
-    lane = np.minimum((cum * np.uint64(n)) // np.uint64(total), np.uint64(n - 1)).astype(np.int64)
-    return [rows[lane == i] for i in range(n) if (lane == i).any()]
+    """Rows cut at ``stripe`` bytes and dealt over at most ``max_streams`` streams (runs of about
+    equal bytes, none under ``stripe`` bytes unless it is the only one)."""
+    rows = _native.stripe_rows(rows, stripe)
+    bounds = _native.deal_rows(rows, max_streams, stripe).tolist()
+    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 Offsets = Sequence[int] | np.ndarray
@@ -93,7 +74,7 @@ def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_str
         return CopyPlan(row[:0])
     if size < kernel_max:
         return CopyPlan(row)
-    return CopyPlan(row[:0], _deal(_stripe(row, stripe), max_streams, stripe))
+    return CopyPlan(row[:0], _deal(row, max_streams, stripe))
 
 
 def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
@@ -127,7 +108,7 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
         kernel_rows, engine_rows = rows[small], rows[~small]
     largest_small = int(kernel_rows[:, 2].max(initial=0))
     return _kernel_plan(kernel_rows, largest_small, int(kernel_rows[:, 2].min(initial=0)),
-                        _deal(_stripe(engine_rows, stripe), max_streams, stripe), in_out=False)
+                        _deal(engine_rows, max_streams, stripe), in_out=False)
 
 
 def _int64(values: Offsets) -> np.ndarray:
@@ -137,8 +118,7 @@ def _int64(values: Offsets) -> np.ndarray:
 def _kernel_plan(rows: np.ndarray, largest: int, smallest: int, engines: list[np.ndarray], in_out: bool) -> CopyPlan:
     """The plan whose kernel rows are ``rows`` (their largest and smallest sizes given)."""
     per_row = -(-largest // KERNEL_PIECE) if len(rows) > 1 else 1
-    if per_row > 1 and largest != smallest:
-        pieces = int(((rows[:, 2] + np.uint64(KERNEL_PIECE - 1)) // np.uint64(KERNEL_PIECE)).sum())
-        if per_row * len(rows) > 2 * pieces:  # mostly empty pieces: cut here instead
-            return CopyPlan(_stripe(rows, KERNEL_PIECE), engines, 1, in_out=False)
+    # Mostly empty pieces: cut on the host instead.
+    if per_row > 1 and largest != smallest and per_row * len(rows) > 2 * _native.count_pieces(rows, KERNEL_PIECE):
+        return CopyPlan(_native.stripe_rows(rows, KERNEL_PIECE), engines, 1, in_out=False)
     return CopyPlan(rows, engines, max(per_row, 1), in_out=in_out)

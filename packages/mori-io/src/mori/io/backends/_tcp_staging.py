@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mori.core import native as _native
+
 from ._staging_size import CHUNK_BYTES, chunk_bytes_for
 
 __all__ = ["CHUNK_BYTES", "MAX_PIECES", "Chunk", "plan_chunks", "chunk_bytes_for", "StagingPool", "SlotLeases",
@@ -40,49 +42,18 @@ class Chunk:
 
 def plan_chunks(local_offsets: object, remote_offsets: object, sizes: object, chunk_bytes: int,
                 max_pieces: int = MAX_PIECES) -> list[Chunk]:
-    """Cuts a batch into chunks of at most ``chunk_bytes`` bytes and ``max_pieces`` pieces.
+    """Cuts a batch into chunks of at most ``chunk_bytes`` bytes and ``max_pieces`` pieces
+    (mori-core's planner, :func:`mori.core.native.cut_chunks`).
 
     The blocks are laid end to end and cut at every multiple of ``chunk_bytes`` (a block that
     crosses a boundary becomes two pieces); zero-byte blocks are dropped and neighbouring pieces
     contiguous on both sides are merged. Buffer positions restart at 0 in every chunk.
     """
-    if chunk_bytes <= 0 or max_pieces <= 0:
-        raise ValueError(f"chunk_bytes and max_pieces must be > 0, got {chunk_bytes}, {max_pieces}")
     lo, ro, sz = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (local_offsets, remote_offsets, sizes))
-    if not len(lo) == len(ro) == len(sz):
-        raise ValueError(f"batch lengths differ: {len(lo)}, {len(ro)}, {len(sz)}")
-    if len(sz) and (sz.min() < 0 or min(lo.min(), ro.min()) < 0):
-        raise ValueError("offsets and sizes must be >= 0")
-    keep = sz > 0
-    lo, ro, sz = lo[keep], ro[keep], sz[keep]
-    if not len(sz):
-        return []
-    end = np.cumsum(sz)
-    start = end - sz
-    first, last = start // chunk_bytes, (end - 1) // chunk_bytes
-    count = last - first + 1
-    block = np.repeat(np.arange(len(sz)), count)
-    chunk = first[block] + (np.arange(len(block)) - np.repeat(np.cumsum(count) - count, count))
-    p_start = np.maximum(start[block], chunk * chunk_bytes)
-    p_size = np.minimum(end[block], (chunk + 1) * chunk_bytes) - p_start
-    p_local, p_remote = lo[block] + (p_start - start[block]), ro[block] + (p_start - start[block])
-    if len(p_size) > 1:
-        head = np.ones(len(p_size), dtype=bool)
-        head[1:] = ((chunk[1:] != chunk[:-1]) | (p_local[1:] != p_local[:-1] + p_size[:-1])
-                    | (p_remote[1:] != p_remote[:-1] + p_size[:-1]))
-        heads = np.flatnonzero(head)
-        p_size = np.add.reduceat(p_size, heads)
-        p_local, p_remote, chunk = p_local[heads], p_remote[heads], chunk[heads]
-    # A chunk with more than max_pieces pieces is split further by count.
-    firsts = np.flatnonzero(np.concatenate(([True], chunk[1:] != chunk[:-1])))
-    rank = np.arange(len(chunk)) - np.repeat(firsts, np.diff(np.append(firsts, len(chunk))))
-    heads = np.flatnonzero(rank % max_pieces == 0).tolist()
-    out = []
-    for h, e in zip(heads, heads[1:] + [len(chunk)]):
-        s = p_size[h:e]
-        packed = np.cumsum(s) - s
-        out.append(Chunk(p_local[h:e], p_remote[h:e], s, packed, int(packed[-1] + s[-1])))
-    return out
+    local, remote, p_sizes, packed, bounds = _native.cut_chunks(lo, ro, sz, chunk_bytes, max_pieces)
+    cuts = bounds.tolist()
+    return [Chunk(local[h:e], remote[h:e], p_sizes[h:e], packed[h:e], int(packed[e - 1] + p_sizes[e - 1]))
+            for h, e in zip(cuts[:-1], cuts[1:])]
 
 
 def pack_array(values: np.ndarray) -> bytes:

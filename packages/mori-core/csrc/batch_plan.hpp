@@ -1,0 +1,225 @@
+// mori-core's batch planner: how a batch of copies is cut into pieces and shared out, as plain
+// functions over rows (src, dst, bytes), for every transport (the TCP data plane calls them
+// directly; batch_plan.cpp binds them for mori-io's NVLink and GPU-staging planners):
+//
+// - merge_rows: a batch (base + offset, base + offset, size) as rows, empty blocks dropped and
+//   runs contiguous on both sides merged into one row;
+// - stripe_rows: rows cut into pieces of at most `piece` bytes;
+// - deal_rows: a row sequence split into at most `runs` contiguous runs of about equal bytes;
+// - plan_chunks: blocks laid end to end and cut at every multiple of a chunk size, each chunk's
+//   pieces packed from offset 0 of a buffer, at most max_pieces pieces a chunk.
+//
+// No Python here. Bad input throws std::invalid_argument before anything is allocated (what an
+// output buffer holds after a throw is unspecified); no function reads or writes the memory the
+// rows describe.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mori::plan {
+
+// One copy: `bytes` bytes from address (or offset) src to dst. The layout of a row of an (n, 3)
+// uint64 numpy array.
+struct Row {
+    uint64_t src, dst, bytes;
+};
+static_assert(sizeof(Row) == 3 * sizeof(uint64_t), "Row is three packed uint64");
+
+// The most pieces one call may produce (3 GiB of rows): a larger count comes from a piece size
+// far too small for the batch, and would exhaust memory instead of failing.
+constexpr uint64_t kMaxPieces = 1ull << 27;
+
+inline std::invalid_argument bad(const std::string& msg) { return std::invalid_argument(msg); }
+
+struct Merged {
+    size_t rows;
+    uint64_t largest, smallest;  // row sizes (0, 0 when no row)
+};
+
+// Why block i of a batch cannot be planned ("" when it can); see merge_rows.
+inline std::string block_error(uint64_t srcBase, uint64_t dstBase, int64_t so, int64_t dof, int64_t size, size_t i) {
+    uint64_t end;
+    if ((so | dof | size) < 0)
+        return "source offsets, destination offsets and sizes must be >= 0 (block " + std::to_string(i) + ")";
+    if (__builtin_add_overflow(srcBase, static_cast<uint64_t>(so) + static_cast<uint64_t>(size), &end) ||
+        __builtin_add_overflow(dstBase, static_cast<uint64_t>(dof) + static_cast<uint64_t>(size), &end))
+        return "block " + std::to_string(i) + " runs past the 64-bit address space";
+    return "";
+}
+
+// Writes rows (srcBase + srcOffs[i], dstBase + dstOffs[i], sizes[i]) into out (capacity >= n),
+// dropping empty blocks and merging a block into the previous row when it continues that row on
+// both sides. Throws when an offset or size is negative or a block runs past 2^64 (out then
+// holds rows of no meaning).
+inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const int64_t* srcOffs, const int64_t* dstOffs,
+                         const int64_t* sizes, size_t n, Row* out) {
+    size_t k = 0;
+    uint64_t largest = 0, smallest = std::numeric_limits<uint64_t>::max();
+    // The row being extended stays in registers until the next one starts.
+    uint64_t rowSrc = 0, rowDst = 0, rowBytes = 0;
+    uint64_t bits = 0;  // every offset and size ORed: see the check below
+    for (size_t i = 0; i < n; ++i) {
+        bits |= static_cast<uint64_t>(srcOffs[i]) | static_cast<uint64_t>(dstOffs[i]) | static_cast<uint64_t>(sizes[i]);
+        if (sizes[i] <= 0) continue;
+        const uint64_t size = static_cast<uint64_t>(sizes[i]);
+        const uint64_t src = srcBase + static_cast<uint64_t>(srcOffs[i]);
+        const uint64_t dst = dstBase + static_cast<uint64_t>(dstOffs[i]);
+        if (rowBytes > 0 && rowSrc + rowBytes == src && rowDst + rowBytes == dst) {
+            rowBytes += size;
+            continue;
+        }
+        if (rowBytes > 0) {
+            out[k++] = Row{rowSrc, rowDst, rowBytes};
+            largest = std::max(largest, rowBytes);
+            smallest = std::min(smallest, rowBytes);
+        }
+        rowSrc = src, rowDst = dst, rowBytes = size;
+    }
+    if (rowBytes > 0) {
+        out[k++] = Row{rowSrc, rowDst, rowBytes};
+        largest = std::max(largest, rowBytes);
+        smallest = std::min(smallest, rowBytes);
+    }
+    // When every offset and size is below 2^62 and both bases below 2^63 (any user-space
+    // address), no block was negative or wrapped; only otherwise is each block checked (one OR
+    // a block instead of branches: the planner is on the latency path of every NVLink transfer).
+    if ((bits >> 62) != 0 || ((srcBase | dstBase) >> 63) != 0)
+        for (size_t i = 0; i < n; ++i) {
+            const std::string why = block_error(srcBase, dstBase, srcOffs[i], dstOffs[i], sizes[i], i);
+            if (!why.empty()) throw bad(why);
+        }
+    return Merged{k, largest, k ? smallest : 0};
+}
+
+// Pieces of at most `piece` bytes that rows cut into (empty rows give none). Throws when a row
+// runs past 2^64 on either side or the count passes kMaxPieces.
+inline uint64_t count_pieces(const Row* rows, size_t n, uint64_t piece) {
+    if (piece == 0) throw bad("piece must be > 0");
+    uint64_t count = 0, end;
+    for (size_t i = 0; i < n; ++i) {
+        if (__builtin_add_overflow(rows[i].src, rows[i].bytes, &end) ||
+            __builtin_add_overflow(rows[i].dst, rows[i].bytes, &end))
+            throw bad("row " + std::to_string(i) + " runs past the 64-bit address space");
+        count += rows[i].bytes / piece + (rows[i].bytes % piece != 0);
+        if (count > kMaxPieces)
+            throw bad("cutting the rows into pieces of " + std::to_string(piece) + " bytes gives more than " +
+                      std::to_string(kMaxPieces) + " pieces");
+    }
+    return count;
+}
+
+// Writes the pieces of rows (count_pieces(rows, n, piece) of them) into out, in order; a row of
+// b bytes becomes ceil(b / piece) pieces, all but the last of `piece` bytes.
+inline void stripe_rows(const Row* rows, size_t n, uint64_t piece, Row* out) {
+    for (size_t i = 0; i < n; ++i) {
+        const Row& r = rows[i];
+        for (uint64_t done = 0; done < r.bytes; done += std::min(piece, r.bytes - done))
+            *out++ = Row{r.src + done, r.dst + done, std::min(piece, r.bytes - done)};
+    }
+}
+
+// Splits rows into at most `runs` contiguous runs of about total/runs bytes each, and no more
+// runs than total/minRunBytes rounded up (at least one). Run r takes its first row, then every
+// next row whose middle lies at or before (r + 1) * total / runs bytes of the whole sequence; the
+// last run takes the rest. Returns the run boundaries: b[0] = 0 < b[1] < ... < b[k] = n (just
+// {0} for no rows).
+inline std::vector<size_t> deal_rows(const Row* rows, size_t n, uint64_t runs, uint64_t minRunBytes) {
+    if (runs == 0) throw bad("runs must be > 0");
+    if (minRunBytes == 0) throw bad("min_run_bytes must be > 0");
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; ++i)
+        if (__builtin_add_overflow(total, rows[i].bytes, &total))
+            throw bad("the rows hold more than 2^64 bytes");
+    runs = std::max<uint64_t>(1, std::min(runs, total / minRunBytes + (total % minRunBytes != 0)));
+    std::vector<size_t> bounds{0};
+    // 128-bit: 2 * (bytes so far) + row < 2^66, times runs < 2^64.
+    using U128 = unsigned __int128;
+    U128 before = 0;  // bytes of the rows placed so far
+    size_t i = 0;
+    for (uint64_t r = 0; i < n; ++r) {
+        if (r + 1 == runs) {
+            i = n;
+        } else {
+            const U128 target = 2 * static_cast<U128>(total) * (r + 1);  // 2 * runs * (r + 1) * total / runs
+            before += rows[i++].bytes;
+            while (i < n && (2 * before + rows[i].bytes) * runs <= target) before += rows[i++].bytes;
+        }
+        bounds.push_back(i);
+    }
+    return bounds;
+}
+
+// One piece of a chunk: `size` bytes between local and remote offsets, at `packed` in the buffer.
+struct Piece {
+    int64_t local, remote, size, packed;
+};
+
+struct Chunks {
+    std::vector<Piece> pieces;
+    std::vector<size_t> bounds;  // chunk c is pieces [bounds[c], bounds[c + 1])
+};
+
+// Cuts a batch of blocks (local offset, remote offset, size) into chunks of at most chunkBytes
+// bytes and maxPieces pieces. The blocks are laid end to end and cut at every multiple of
+// chunkBytes (a block that crosses one becomes two pieces); empty blocks are dropped and pieces
+// of one chunk contiguous on both sides are merged; a chunk of more pieces is split by count.
+// Packed positions restart at 0 in every chunk.
+inline Chunks plan_chunks(const int64_t* local, const int64_t* remote, const int64_t* sizes, size_t n,
+                          int64_t chunkBytes, int64_t maxPieces) {
+    if (chunkBytes <= 0) throw bad("chunk_bytes must be > 0, got " + std::to_string(chunkBytes));
+    if (maxPieces <= 0) throw bad("max_pieces must be > 0, got " + std::to_string(maxPieces));
+    const uint64_t cb = static_cast<uint64_t>(chunkBytes);
+    uint64_t total = 0, count = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if ((local[i] | remote[i] | sizes[i]) < 0)
+            throw bad("offsets and sizes must be >= 0 (block " + std::to_string(i) + ")");
+        int64_t end;
+        if (__builtin_add_overflow(local[i], sizes[i], &end) || __builtin_add_overflow(remote[i], sizes[i], &end))
+            throw bad("block " + std::to_string(i) + " ends past 2^63 bytes");
+        if (sizes[i] == 0) continue;
+        const uint64_t size = static_cast<uint64_t>(sizes[i]);
+        if (total + size > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+            throw bad("the blocks hold more than 2^63 bytes");
+        count += (total + size - 1) / cb - total / cb + 1;
+        total += size;
+        if (count > kMaxPieces)
+            throw bad("cutting the batch at every " + std::to_string(cb) + " bytes gives more than " +
+                      std::to_string(kMaxPieces) + " pieces");
+    }
+    Chunks out;
+    out.pieces.reserve(count);
+    uint64_t pos = 0, chunk = 0;  // bytes laid so far; the chunk the last piece is in
+    size_t inGroup = 0;            // pieces of the current output chunk
+    for (size_t i = 0; i < n; ++i) {
+        for (uint64_t done = 0, size = static_cast<uint64_t>(sizes[i]); done < size;) {
+            const uint64_t c = pos / cb;
+            const int64_t len = static_cast<int64_t>(std::min(size - done, (c + 1) * cb - pos));
+            const int64_t lo = local[i] + static_cast<int64_t>(done), ro = remote[i] + static_cast<int64_t>(done);
+            Piece* prev = out.pieces.empty() ? nullptr : &out.pieces.back();
+            if (prev && c == chunk && prev->local + prev->size == lo && prev->remote + prev->size == ro) {
+                prev->size += len;
+            } else {
+                if (!prev || c != chunk || inGroup == static_cast<size_t>(maxPieces)) {
+                    out.bounds.push_back(out.pieces.size());
+                    inGroup = 0;
+                }
+                const int64_t packed = inGroup ? prev->packed + prev->size : 0;
+                out.pieces.push_back(Piece{lo, ro, len, packed});
+                ++inGroup;
+                chunk = c;
+            }
+            pos += static_cast<uint64_t>(len);
+            done += static_cast<uint64_t>(len);
+        }
+    }
+    out.bounds.push_back(out.pieces.size());
+    return out;
+}
+
+}  // namespace mori::plan
