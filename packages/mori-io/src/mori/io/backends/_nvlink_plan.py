@@ -57,8 +57,8 @@ class CopyPlan:
 
 
 def _deal(rows: np.ndarray, max_streams: int, stripe: int) -> list[np.ndarray]:
-    """Rows cut at ``stripe`` bytes and dealt over at most ``max_streams`` streams (runs of about
-    equal bytes, none under ``stripe`` bytes unless it is the only one)."""
+    """Rows cut at ``stripe`` bytes and dealt over at most ``max_streams`` streams in runs of about
+    equal bytes, no more runs than the bytes hold stripes."""
     rows = _native.stripe_rows(rows, stripe)
     bounds = _native.deal_rows(rows, max_streams, stripe).tolist()
     return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
