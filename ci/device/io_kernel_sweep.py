@@ -20,8 +20,8 @@ import torch
 from io_bench import LOCAL_GPU, TARGET_GPU, event_seconds, peer_copy_gbs  # the script beside this one
 
 from mori.core import cuda as _cuda
+from mori.core.gpu import BatchMemcpy
 from mori.io.backends._copy_kernels import CopyKernel
-from mori.io.backends._memcpy_batch import BatchMemcpy
 
 REMOTE, LOCAL = TARGET_GPU, LOCAL_GPU
 

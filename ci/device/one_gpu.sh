@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks that fit a one-GPU machine, in one lease: install mori-core, mori-shmem and
-# mori-io; mori-core's VMM tests; the shmem GPU tests with 2 PEs sharing the GPU (static and vmm heaps, the guide's Quick
+# mori-io; mori-core's VMM tests and its streams/events/pinned-pool tests; the shmem GPU tests with 2 PEs sharing the GPU (static and vmm heaps, the guide's Quick
 # Reference); mori-io's TCP backend with GPU memory (target and initiator processes on the GPU);
-# the shmem put/latency benchmark with 2 PEs on the GPU (a PE's "peer" heap is then on the same
+# mori-io's NVLink backend tests and benchmark with target and initiator processes both on the GPU (IPC/VMM
+# import across processes, but same-GPU copies, not NVLink); the shmem put/latency benchmark with 2 PEs on the GPU (a PE's "peer" heap is then on the same
 # device, so the numbers are same-GPU copies, not NVLink). Logs and JSON go to $OUT.
 # Usage (repository root, .devkit carried): bash ci/device/one_gpu.sh
+# MORI_STEPS="core_gpu_tests io_nvlink_tests ...": run only the named steps (default: all).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mori-out}
@@ -26,6 +28,9 @@ pes_share_gpus 2
 cd /tmp  # import mori from site-packages, not the source tree
 step() {  # step NAME LIMIT COMMAND...: runs it with a time limit, log in $OUT/NAME.log, summary here
   local name=$1 limit=$2; shift 2
+  if [ -n "${MORI_STEPS:-}" ] && [[ " $MORI_STEPS " != *" $name "* ]]; then
+    : > "$OUT/$name.log"; echo "== $name: not in MORI_STEPS"; return 0
+  fi
   local s=$(date +%s)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
@@ -36,12 +41,19 @@ step() {  # step NAME LIMIT COMMAND...: runs it with a time limit, log in $OUT/N
 step core_vmm_tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not second_gpu" \
   "$repo/packages/mori-core/tests/test_memory_vmm.py"  # the second-GPU test needs 2 GPUs
 grep -E "passed|failed|Error" "$OUT/core_vmm_tests.log" | tail -5
+step core_gpu_tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider "$repo/packages/mori-core/tests/test_gpu_device.py"
+grep -E "passed|failed|Error" "$OUT/core_gpu_tests.log" | tail -5
 step shmem_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not 4" -s \
   "$repo/packages/mori-shmem/tests/test_gpu.py"
 grep -E "^ok |quick reference ok|passed|failed|Error" "$OUT/shmem_tests.log" | sort | uniq -c | sort -rn | head -30
 step io_tcp_gpu_tests 90 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
   "$repo/packages/mori-io/tests/test_tcp_gpu.py"
 grep -E "passed|failed|Error|s call" "$OUT/io_tcp_gpu_tests.log" | tail -12
+step io_nvlink_tests 240 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
+  "$repo/packages/mori-io/tests/test_nvlink_gpu.py" "$repo/packages/mori-io/tests/test_gpu_wait.py"
+grep -E "passed|failed|Error|s call" "$OUT/io_nvlink_tests.log" | tail -12
+step io_nvlink_bench 120 python3 "$repo/ci/device/io_bench.py" --iters 20 --out "$OUT/io_bench.json"
+grep -vE "^\s*$" "$OUT/io_nvlink_bench.log" | tail -70
 # MORI_BASELINE=DIR: another version's Python sources (DIR/mori/{core,shmem}, the device headers
 # in DIR/mori/core/include, its DIR/bench_shmem.py), benchmarked first in the same lease (the
 # "before" of a change). Its native module is this build's: valid while csrc/ is unchanged.

@@ -1,5 +1,5 @@
-"""GpuTransfer.wait (the NVLink backend's completion) over mori.core.cuda.poll, with the event query
-replaced by a scripted one: the GPU runs of this path need two GPUs (ci/device/io.sh)."""
+"""GpuTransfer.wait (the NVLink backend's completion) over mori.core.gpu.Completion, with the event
+query replaced by a scripted one: the GPU runs of this path are test_nvlink_gpu.py (ci/device)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 import types
 from typing import Any
 
+from mori.core.gpu import Completion
 from mori.io.backends._gpu_queues import GpuTransfer
 from mori.io.types import StatusCode
 
@@ -22,9 +23,10 @@ def _transfer(results: list[int], deadline: float) -> tuple[GpuTransfer, list[An
         queries.append(event)
         return (next(answers, 0),)
 
-    queues = types.SimpleNamespace(_drv=types.SimpleNamespace(cuEventQuery=query), device=3)
+    queues = types.SimpleNamespace(device=3)
     done: list[GpuTransfer] = []
-    return GpuTransfer(queues, ["ev0", "ev1"], [], deadline, done.append), done  # type: ignore[arg-type]
+    completion = Completion(["ev0", "ev1"], query, "NVLink copy on device 3")
+    return GpuTransfer(queues, completion, [], deadline, done.append), done  # type: ignore[arg-type]
 
 
 def test_wait_ends_when_every_event_fired_and_runs_on_done_once() -> None:

@@ -1,12 +1,12 @@
 """mori.core: the runtime every mori package stands on.
 
 Configuration (``MORI_*`` variables), logging, the bootstrap network, host and GPU memory,
-native host atomics, the NVRTC device-code compiler and the device headers' location.
+native host atomics, per-device streams and events (``gpu``), the NVRTC device-code compiler and the device headers' location.
 """
 
 from importlib import metadata as _metadata
 
-from . import atomics, codes, host, memory, nvrtc
+from . import atomics, codes, gpu, host, memory, nvrtc
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
@@ -25,6 +25,7 @@ __all__ = [
     "codes",
     "get_logger",
     "get_unique_id",
+    "gpu",
     "host",
     "memory",
     "nvrtc",

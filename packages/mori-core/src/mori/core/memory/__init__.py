@@ -3,6 +3,8 @@
 * :class:`HostSegment` — host shared memory (``memfd``) that peer processes on this host map;
 * :func:`send_fds` / :func:`recv_fds` — file descriptors over Unix sockets, with timeouts;
 * :class:`FdExchange` — an all-gather of descriptors among the local ranks of a bootstrap;
+* :class:`PinnedPool` — page-locked host memory for GPU copies, in reused blocks
+  (:func:`pinned_alloc` / :func:`pinned_free` underneath; needs the ``mori-core[cuda]`` extra when used);
 * :mod:`~mori.core.memory.cuda_vmm` — GPU memory through CUDA VMM, exported and imported as
   POSIX fds (needs the ``mori-core[cuda]`` extra when used, not when imported).
 """
@@ -10,5 +12,6 @@
 from . import cuda_vmm
 from ._fdpass import FdExchange, recv_fds, send_fds
 from ._host import HostSegment
+from ._pinned import PinnedPool, pinned_alloc, pinned_free
 
-__all__ = ["FdExchange", "HostSegment", "cuda_vmm", "recv_fds", "send_fds"]
+__all__ = ["FdExchange", "HostSegment", "PinnedPool", "cuda_vmm", "pinned_alloc", "pinned_free", "recv_fds", "send_fds"]

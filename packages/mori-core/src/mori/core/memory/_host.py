@@ -19,11 +19,12 @@ from ._fdpass import check_fd
 __all__ = ["HostSegment"]
 
 
-def _check_size(size: int) -> int:
+def check_size(size: int, what: str = "segment size") -> int:
+    """``size`` if it is an int > 0 (bytes), else ``TypeError``/``ValueError`` naming ``what``."""
     if not isinstance(size, int) or isinstance(size, bool):
-        raise TypeError(f"segment size must be an int, got {type(size).__name__}")
+        raise TypeError(f"{what} must be an int, got {type(size).__name__}")
     if size <= 0:
-        raise ValueError(f"segment size must be > 0 bytes, got {size}")
+        raise ValueError(f"{what} must be > 0 bytes, got {size}")
     return size
 
 
@@ -46,7 +47,7 @@ class HostSegment:
     @classmethod
     def create(cls, size: int, name: str = "mori") -> HostSegment:
         """Creates a zero-filled segment of ``size`` bytes (``name`` shows in ``/proc/<pid>/maps``)."""
-        _check_size(size)
+        check_size(size)
         fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
@@ -65,7 +66,7 @@ class HostSegment:
         its own duplicate. Raises :class:`ValueError` when ``fd`` is not a regular memory file
         or is smaller than ``size``.
         """
-        _check_size(size)
+        check_size(size)
         st = os.fstat(check_fd(fd, "HostSegment.attach"))
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"attach: fd {fd} is not a shared-memory file (mode {stat.filemode(st.st_mode)})")

@@ -10,13 +10,12 @@ grid, which is as large as the GPU holds at once) with mori's device copy routin
 NVLink directly.
 
 The kernel is compiled once per architecture by NVRTC (cached on disk by ``mori.core.nvrtc``)
-and loaded once per device. Tables live in pooled pairs of pinned host and device buffers.
+and loaded once per device. Tables are pinned host blocks of a ``PinnedPool`` with device twins.
 """
 
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 from mori.core import cuda as _cuda
 from mori.core import native as _native
 from mori.core import nvrtc
+from mori.core.memory import PinnedPool, pinned_alloc, pinned_free
 
 __all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuffer", "TablePool"]
 
@@ -86,53 +86,48 @@ class TableBuffer:
 class TablePool:
     """Table buffers of one device, reused once the transfer that used them completes.
 
-    Capacities are powers of two so a buffer fits many batch sizes; at most ``keep`` idle
-    buffers of each capacity are kept.
+    The host tables are blocks of a :class:`mori.core.memory.PinnedPool` (at most ``keep`` idle
+    of each capacity); each block's device twin is allocated and freed with it. Capacities are
+    powers of two so a buffer fits many batch sizes. Use with the device's context current.
     """
 
     def __init__(self, device: int, keep: int = 8) -> None:
         self._device = device
-        self._keep = keep
-        self._idle: dict[int, list[TableBuffer]] = {}
-        self._lock = threading.Lock()
+        self._buffers: dict[int, TableBuffer] = {}  # host address -> its buffer (twin, row view)
+        self._pinned = PinnedPool(max_idle=keep, name=f"copy tables of device {device}", alloc=self._alloc,
+                                  free=self._free)
+
+    def _alloc(self, nbytes: int) -> int:
+        host = pinned_alloc(nbytes)
+        try:
+            dev = int(_cuda.call("cuMemAlloc", nbytes, detail=f"{nbytes}-byte copy table on device {self._device}"))
+        except BaseException:
+            pinned_free(host)
+            raise
+        cap = nbytes // (ROW_WORDS * 8)
+        view = np.ctypeslib.as_array((ctypes.c_uint64 * (cap * ROW_WORDS)).from_address(host))
+        self._buffers[host] = TableBuffer(cap, host, dev, view.reshape(cap, ROW_WORDS))
+        return host
+
+    def _free(self, host: int) -> None:
+        buf = self._buffers.pop(host)
+        _cuda.call("cuMemFree", buf.dev_ptr)
+        pinned_free(host)
 
     def take(self, rows: int) -> TableBuffer:
         """A buffer of at least ``rows`` rows (allocated when none is idle)."""
         cap = max(64, 1 << (rows - 1).bit_length())
-        with self._lock:
-            idle = self._idle.get(cap)
-            if idle:
-                return idle.pop()
-        nbytes = cap * ROW_WORDS * 8
-        host = int(_cuda.call("cuMemHostAlloc", nbytes, 0, detail=f"{nbytes}-byte copy table"))
-        try:
-            dev = int(_cuda.call("cuMemAlloc", nbytes, detail=f"{nbytes}-byte copy table on device {self._device}"))
-        except BaseException:
-            _cuda.call("cuMemFreeHost", host)
-            raise
-        view = np.ctypeslib.as_array((ctypes.c_uint64 * (cap * ROW_WORDS)).from_address(host))
-        return TableBuffer(cap, host, dev, view.reshape(cap, ROW_WORDS))
+        host = self._pinned.try_acquire(cap * ROW_WORDS * 8)
+        assert host is not None  # the pool has no limit
+        return self._buffers[host]
 
     def give(self, buf: TableBuffer) -> None:
         """Returns a buffer whose transfer has completed."""
-        with self._lock:
-            idle = self._idle.setdefault(buf.capacity, [])
-            if len(idle) < self._keep:
-                idle.append(buf)
-                return
-        self._free(buf)
-
-    def _free(self, buf: TableBuffer) -> None:
-        _cuda.call("cuMemFree", buf.dev_ptr)
-        _cuda.call("cuMemFreeHost", buf.host_ptr)
+        self._pinned.release(buf.host_ptr)
 
     def close(self) -> None:
         """Frees every idle buffer (the device's context must be current)."""
-        with self._lock:
-            bufs = [b for idle in self._idle.values() for b in idle]
-            self._idle.clear()
-        for b in bufs:
-            self._free(b)
+        self._pinned.close()
 
 
 class CopyKernel:

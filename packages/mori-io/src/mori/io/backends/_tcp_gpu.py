@@ -21,22 +21,27 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from mori.core import cuda as _cuda
+from mori.core.gpu import BatchMemcpy, Completion, EventPool, StreamPool, on_device
+from mori.core.memory import pinned_alloc, pinned_free
 
 from ..types import MemoryDesc, MemoryLocationType, StatusCode
-from ._memcpy_batch import BatchMemcpy
 from ._tcp_staging import Chunk, SlotLeases, StagingPool, check_pieces, pack_array, plan_chunks, unpack_array
 from .base import BackendContext, ControlError, TransferOp, TransferRequest
 
-__all__ = ["GpuStaging", "Copier", "TransferFailed"]
+__all__ = ["DeviceCopies", "GpuStaging", "TransferFailed"]
 
 _NATIVE_READ, _NATIVE_WRITE = 1, 2
+# Per device: streams for the copies in flight at once (4 transfer workers with 2 buffers each,
+# and target requests), and idle events kept.
+_MAX_STREAMS = 8
+_IDLE_EVENTS = 16
 
 
 class TransferFailed(Exception):
@@ -47,79 +52,39 @@ class TransferFailed(Exception):
         self.code = code
 
 
-def _pinned_alloc(nbytes: int) -> int:
-    """Page-locked host memory usable from every context (call with a context current)."""
-    flags = int(_cuda.driver().CU_MEMHOSTALLOC_PORTABLE)
-    return int(_cuda.call("cuMemHostAlloc", nbytes, flags, detail=f"{nbytes} bytes of staging memory"))
-
-
-def _pinned_free(addr: int) -> None:
-    _cuda.call("cuMemFreeHost", addr)
-
-
-@contextlib.contextmanager
-def _on_device(device: int) -> Iterator[None]:
-    """Makes ``device``'s primary context current for the block, then restores the thread's own
-    (the thread may be the user's, whose current device PyTorch reads from that context)."""
-    _cuda.call("cuInit", 0)  # cuCtxGetCurrent needs an initialised driver
-    prev = _cuda.call("cuCtxGetCurrent")
-    _cuda.init_device(device)
-    try:
-        yield
-    finally:
-        _cuda.call("cuCtxSetCurrent", prev)
-
-
-class Copier:
-    """One blocking stream (work queued earlier on the legacy default stream, where PyTorch runs,
-    finishes first) and one event per buffer lane, on one device. Use with its context current."""
-
-    LANES = 2
+class DeviceCopies:
+    """The staging copies of one device, on mori-core's pieces: each batch of copies goes on a
+    stream of a :class:`~mori.core.gpu.StreamPool` (blocking streams: work queued earlier on the
+    legacy default stream, where PyTorch runs, finishes first; copies that overlap get streams of
+    their own) and ends with an event of an :class:`~mori.core.gpu.EventPool`. Use with the
+    device's context current."""
 
     def __init__(self, device: int) -> None:
         self.device = device
-        self._drv = _cuda.driver()
-        _cuda.init_device(device)
-        self._stream = _cuda.call("cuStreamCreate", int(self._drv.CUstream_flags.CU_STREAM_DEFAULT.value))
-        flags = int(self._drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value)
-        self._events = [_cuda.call("cuEventCreate", flags) for _ in range(self.LANES)]
+        self.streams = StreamPool(device, _MAX_STREAMS)
+        self.events = EventPool(device, _IDLE_EVENTS)
         self._batch = BatchMemcpy()
+        self._what = f"staging copy on device {device}"
 
-    def copy(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, to_host: bool, lane: int) -> None:
-        """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` (absolute addresses; device to host
-        when ``to_host``) and records ``lane``'s event after them."""
-        drv, n = self._drv, len(sizes)
-        if self._batch.try_queue(dsts.astype(np.uint64), srcs.astype(np.uint64), sizes.astype(np.uint64), self._stream,
-                                 f"{n} staging copies on device {self.device}"):
-            n = 0
-        one = drv.cuMemcpyDtoHAsync if to_host else drv.cuMemcpyHtoDAsync
-        name = "cuMemcpyDtoHAsync" if to_host else "cuMemcpyHtoDAsync"
-        for dst, src, nbytes in zip(dsts[:n].tolist(), srcs[:n].tolist(), sizes[:n].tolist()):
-            _cuda.check(one(dst, src, nbytes, self._stream), name, f"{nbytes} bytes 0x{src:x} -> 0x{dst:x}")
-        _cuda.call("cuEventRecord", self._events[lane], self._stream)
+    def copy(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray) -> Completion:
+        """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` (absolute addresses, GPU or pinned
+        host memory); the completion to :meth:`wait` for."""
+        stream = self.streams.take(1)[0]
+        self._batch.copy(dsts, srcs, sizes, stream, self._what)
+        return self.events.completion([self.events.record(stream)], self._what)
 
-    def wait(self, lane: int, timeout: float) -> None:
-        """Waits until the copies before ``lane``'s last record are done; ``TimeoutError`` after
-        ``timeout`` seconds, :class:`CudaError` when a copy failed."""
-        drv, ev = self._drv, self._events[lane]
-
-        def fired() -> bool:
-            (res,) = drv.cuEventQuery(ev)
-            if res == drv.CUresult.CUDA_ERROR_NOT_READY:
-                return False
-            _cuda.check((res,), "cuEventQuery", f"staging copy on device {self.device}")
-            return True
-
+    def wait(self, done: Completion, timeout: float) -> None:
+        """Waits for the copies of ``done``; ``TimeoutError`` after ``timeout`` seconds,
+        :class:`CudaError` when a copy failed (its event is then not reused)."""
         # 0.2 ms of polls with a yield between them, then one every 50 us.
-        if not _cuda.poll(fired, timeout, spin=2e-4, pause=5e-5, max_pause=5e-5, yield_while_spinning=True):
-            raise TimeoutError(f"staging copy on device {self.device} not done after {timeout:.1f} s")
+        if not done.wait(timeout, spin=2e-4, pause=5e-5, max_pause=5e-5, yield_while_spinning=True):
+            raise TimeoutError(f"{self._what} not done after {timeout:.1f} s")
+        self.events.give(done.events)
 
     def close(self) -> None:
-        """Destroys the stream and events (the driver frees them once queued work is done)."""
-        _cuda.init_device(self.device)
-        for ev in self._events:
-            _cuda.call("cuEventDestroy", ev)
-        _cuda.call("cuStreamDestroy", self._stream)
+        """Destroys the streams and idle events (the driver frees them once queued work is done)."""
+        self.streams.close()
+        self.events.close()
 
 
 def gpu_region_check(desc: MemoryDesc) -> None:
@@ -131,7 +96,7 @@ def gpu_region_check(desc: MemoryDesc) -> None:
     try:
         drv = _cuda.driver()
         attr = drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-        with _on_device(desc.device_id):
+        with on_device(desc.device_id):
             mem_type = int(_cuda.call("cuPointerGetAttribute", attr, desc.data, detail=f"pointer 0x{desc.data:x}"))
     except (ImportError, _cuda.CudaError, ValueError) as err:
         raise RuntimeError(f"TCP backend: GPU memory (device {desc.device_id}) is staged through pinned host "
@@ -149,19 +114,16 @@ class GpuStaging:
         self.ctx = ctx
         self._stripe = stripe
         self._notify = notify
-        self.pool = StagingPool(pool_bytes, _pinned_alloc, _pinned_free)
+        self.pool = StagingPool(pool_bytes, pinned_alloc, pinned_free)
         self.chunk_bytes = self.pool.chunk_bytes
-        self.leases = SlotLeases(StagingPool(pool_bytes, _pinned_alloc, _pinned_free), 2 * ctx.io_timeout(),
+        self.leases = SlotLeases(StagingPool(pool_bytes, pinned_alloc, pinned_free), 2 * ctx.io_timeout(),
                                  expose, hide)
         self._regions: dict[int, MemoryDesc] = {}
         self._busy: dict[int, int] = {}  # region id -> target copies in flight
         self._cond = threading.Condition()
-        self._copiers: list[Copier] = []
-        self._local = threading.local()
-        self._target_lock = threading.Lock()  # target copies share one copier per device
-        self._target_copiers: dict[int, Copier] = {}
+        self._copies: dict[int, DeviceCopies] = {}
         self._workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mori-io-tcp-gpu")
-        self._device: int | None = None  # of the first region: pinned memory is freed in its context
+        self._first_device: int | None = None  # of the first region: pinned memory is freed in its context
         self.closed = False
 
     # ---- regions (target side) -----------------------------------------------------------------
@@ -170,8 +132,8 @@ class GpuStaging:
         gpu_region_check(desc)
         with self._cond:
             self._regions[desc.id] = desc
-            if self._device is None:
-                self._device = desc.device_id
+            if self._first_device is None:
+                self._first_device = desc.device_id
 
     def remove_region(self, mem_id: int) -> None:
         """Stops serving a region; waits (up to twice MORI_IO_TIMEOUT) for its copies in flight."""
@@ -180,15 +142,14 @@ class GpuStaging:
             if not self._cond.wait_for(lambda: not self._busy.get(mem_id), 2 * self.ctx.io_timeout()):
                 self.ctx.log.warning("TCP: GPU region %d deregistered with staging copies still running", mem_id)
 
-    def _copier(self, device: int, target: bool) -> Copier:
-        pool = self._target_copiers if target else self._local.__dict__.setdefault("copiers", {})
-        copier = pool.get(device)
-        if copier is None:
-            copier = pool[device] = Copier(device)
-            with self._cond:
-                self._copiers.append(copier)
+    def _device(self, device: int) -> DeviceCopies:
+        """The device's copies, with its context made current in this thread."""
         _cuda.init_device(device)
-        return copier
+        with self._cond:
+            copies = self._copies.get(device)
+            if copies is None:
+                copies = self._copies[device] = DeviceCopies(device)
+        return copies
 
     def _target_copy(self, key: str, body: dict[str, Any], addr: int, to_host: bool) -> None:
         """Checks ``body``'s pieces against its region and copies them (buffer at ``addr``)."""
@@ -209,10 +170,9 @@ class GpuStaging:
         try:
             packed = addr + np.cumsum(sizes) - sizes
             gpu = region.data + offs
-            with self._target_lock:
-                copier = self._copier(region.device_id, target=True)
-                copier.copy(packed if to_host else gpu, gpu if to_host else packed, sizes, to_host, 0)
-                copier.wait(0, self.ctx.io_timeout())
+            copies = self._device(region.device_id)
+            copies.wait(copies.copy(packed if to_host else gpu, gpu if to_host else packed, sizes),
+                        self.ctx.io_timeout())
         except (_cuda.CudaError, TimeoutError) as err:
             raise ControlError(StatusCode.ERR_GPU_OP, f"staging copy for engine {key!r} failed: {err}") from None
         finally:
@@ -305,13 +265,13 @@ class GpuStaging:
             return
         timeout = self.ctx.io_timeout()
         bufs: list[int] = []
-        copier = None
+        copies = None
         if local_gpu:
-            copier = self._copier(req.local.device_id, target=False)
+            copies = self._device(req.local.device_id)
             bufs.append(self.pool.acquire(timeout))
             extra = self.pool.try_acquire() if len(chunks) > 1 else None
             bufs += [] if extra is None else [extra]
-        run = _Run(self, peer, req, chunks, bufs, copier, timeout)
+        run = _Run(self, peer, req, chunks, bufs, copies, timeout)
         try:
             if req.op == TransferOp.WRITE:
                 run.write()
@@ -352,45 +312,46 @@ class GpuStaging:
         self.closed = True
         self._workers.shutdown(wait=True)
         self.leases.close()
-        if self._device is None:  # no region was ever registered: nothing was allocated
+        if self._first_device is None:  # no region was ever registered: nothing was allocated
             return
-        with _on_device(self._device):  # cuMemFreeHost needs a context current on this (any) thread
+        with on_device(self._first_device):  # cuMemFreeHost needs a context current on this (any) thread
             for pool in (self.pool, self.leases.pool):
                 if not pool.close():
                     self.ctx.log.warning("TCP: staging buffers still in use at close; not freed")
-            for copier in self._copiers:
-                try:
-                    copier.close()
-                except Exception as err:  # closing is best effort; the process may be going away
-                    self.ctx.log.debug("TCP: staging copier on device %d: %s", copier.device, err)
+        for copies in self._copies.values():
+            try:
+                with on_device(copies.device):
+                    copies.close()
+            except Exception as err:  # closing is best effort; the process may be going away
+                self.ctx.log.debug("TCP: staging copies on device %d: %s", copies.device, err)
 
 
 class _Run:
     """One staged transfer: its chunks, its local buffers (0, 1 or 2) and its remote slot."""
 
     def __init__(self, st: GpuStaging, peer: Any, req: TransferRequest, chunks: list[Chunk], bufs: list[int],
-                 copier: Copier | None, timeout: float) -> None:
+                 copies: DeviceCopies | None, timeout: float) -> None:
         self.st, self.peer, self.req, self.chunks, self.bufs = st, peer, req, chunks, bufs
-        self.copier, self.timeout = copier, timeout
+        self.copies, self.timeout = copies, timeout
         self.remote_gpu = req.remote.loc == MemoryLocationType.GPU
         self.slot: int | None = None
-        self.pending = [False] * len(bufs)  # lane has copies queued
+        self.pending: list[Completion | None] = [None] * len(bufs)  # a lane's copies in flight
 
     def _buf(self, k: int) -> int | None:
         return self.bufs[k % len(self.bufs)] if self.bufs else None
 
     def _copy(self, k: int, to_host: bool) -> None:
         c, lane, buf = self.chunks[k], k % len(self.bufs), self._buf(k)
-        assert self.copier is not None and buf is not None
+        assert self.copies is not None and buf is not None
         gpu, host = self.req.local.data + c.local, buf + c.packed
-        self.copier.copy(host if to_host else gpu, gpu if to_host else host, c.sizes, to_host, lane)
-        self.pending[lane] = True
+        self.pending[lane] = self.copies.copy(host if to_host else gpu, gpu if to_host else host, c.sizes)
 
     def _settle(self, lane: int) -> None:
-        if self.pending[lane]:
-            assert self.copier is not None
-            self.copier.wait(lane, self.timeout)
-            self.pending[lane] = False
+        done = self.pending[lane]
+        if done is not None:
+            assert self.copies is not None
+            self.copies.wait(done, self.timeout)
+            self.pending[lane] = None
 
     def _remote_body(self, c: Chunk) -> dict[str, Any]:
         return {"mem": self.req.remote.id, "offs": pack_array(c.remote), "sizes": pack_array(c.sizes)}

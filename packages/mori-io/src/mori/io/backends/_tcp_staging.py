@@ -2,7 +2,7 @@
 
 The native TCP data plane only touches host memory, so GPU memory travels through pinned host
 buffers of a fixed size (a *chunk*): :func:`plan_chunks` cuts a batch into chunks (vectorised,
-no Python per block), :class:`StagingPool` hands out buffers from one allocation of bounded size,
+no Python per block), :class:`StagingPool` hands out pinned buffers (mori-core's pool) up to a bound,
 and :class:`SlotLeases` tracks the buffers a target lends to initiators between the control
 request that fills or lends one and the one that returns it.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mori.core import native as _native
+from mori.core.memory import PinnedPool
 
 from ._staging_size import CHUNK_BYTES, chunk_bytes_for
 
@@ -84,7 +85,9 @@ def check_pieces(offsets: np.ndarray, sizes: np.ndarray, region_size: int, buffe
 
 
 class StagingPool:
-    """``count`` buffers of ``chunk_bytes`` cut from one allocation made on first use.
+    """``count`` buffers of ``chunk_bytes`` each: fixed-size blocks of a
+    :class:`mori.core.memory.PinnedPool` bounded to ``count`` buffers, allocated on first use and
+    kept until :meth:`close`.
 
     ``alloc(nbytes) -> address`` and ``free(address)`` make and release the memory (pinned host
     memory on a GPU machine; tests pass plain host memory).
@@ -93,72 +96,37 @@ class StagingPool:
     def __init__(self, total_bytes: int, alloc: Callable[[int], int], free: Callable[[int], None]) -> None:
         self.chunk_bytes = chunk_bytes_for(total_bytes)
         self.count = total_bytes // self.chunk_bytes
-        self._alloc, self._free = alloc, free
-        self._base = 0
-        self._idle: list[int] = []
-        self._busy: set[int] = set()
-        self._cond = threading.Condition()
-        self._closed = False
-
-    def _ready_locked(self) -> None:
-        if self._closed:
-            raise RuntimeError("the staging pool is closed")
-        if not self._base:
-            self._base = int(self._alloc(self.count * self.chunk_bytes))
-            self._idle = [self._base + i * self.chunk_bytes for i in range(self.count)][::-1]
+        self._pinned = PinnedPool(self.count * self.chunk_bytes, max_idle=self.count, name="the staging pool",
+                                  alloc=alloc, free=free)
 
     def try_acquire(self) -> int | None:
         """A free buffer's address, or None when all are in use."""
-        with self._cond:
-            self._ready_locked()
-            if not self._idle:
-                return None
-            addr = self._idle.pop()
-            self._busy.add(addr)
-            return addr
+        return self._pinned.try_acquire(self.chunk_bytes)
 
     def acquire(self, timeout: float) -> int:
         """A free buffer's address; waits up to ``timeout`` seconds, then raises ``TimeoutError``."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                self._ready_locked()
-                if self._idle:
-                    addr = self._idle.pop()
-                    self._busy.add(addr)
-                    return addr
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no staging buffer free for {timeout:.1f} s: all {self.count} buffers of "
-                                       f"{self.chunk_bytes} bytes in use (MORI_IO_TCP_STAGING_SIZE)")
-                self._cond.wait(left)
+        try:
+            return self._pinned.acquire(self.chunk_bytes, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no staging buffer free for {timeout:.1f} s: all {self.count} buffers of "
+                               f"{self.chunk_bytes} bytes in use (MORI_IO_TCP_STAGING_SIZE)") from None
 
     def release(self, addr: int) -> None:
         """Returns a buffer; ``ValueError`` for an address that is not a buffer in use."""
-        with self._cond:
-            if addr not in self._busy:
-                raise ValueError(f"0x{addr:x} is not a staging buffer in use")
-            self._busy.remove(addr)
-            self._idle.append(addr)
-            self._cond.notify()
+        try:
+            self._pinned.release(addr)
+        except ValueError:
+            raise ValueError(f"0x{addr:x} is not a staging buffer in use") from None
 
     @property
     def in_use(self) -> int:
         """Buffers handed out and not yet returned."""
-        with self._cond:
-            return len(self._busy)
+        return self._pinned.in_use
 
     def close(self) -> bool:
-        """Frees the allocation; False (and nothing freed) while buffers are still in use."""
-        with self._cond:
-            self._closed = True
-            if self._busy:
-                return False
-            if self._base:
-                self._free(self._base)
-                self._base = 0
-                self._idle = []
-            return True
+        """Frees the buffers; False (and nothing freed) while buffers are still in use (each is
+        freed when it comes back)."""
+        return self._pinned.close()
 
 
 @dataclass

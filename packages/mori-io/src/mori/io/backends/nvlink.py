@@ -331,8 +331,7 @@ class NvlinkBackend(Backend):
                                                           f"{remote.engine_key!r} was deregistered")
                     return
                 events, tables = queues.issue(plan, table)
-                transfer = GpuTransfer(queues, events, tables, time.monotonic() + self.ctx.io_timeout(),
-                                       self._on_done)
+                transfer = queues.transfer(events, tables, time.monotonic() + self.ctx.io_timeout(), self._on_done)
                 if events:
                     self._inflight[transfer] = _Flight(request, (remote.engine_key, remote.id))
                     self._wake()
@@ -363,7 +362,7 @@ class NvlinkBackend(Backend):
         with self._lock:
             flight = self._inflight.pop(transfer, None)
         if not transfer.abandoned:  # a timed-out copy may still use them: leak rather than reuse
-            transfer.queues.give_events(transfer.events)
+            transfer.queues.events.give(transfer.events)
             for table in transfer.tables:
                 transfer.queues.kernel.tables.give(table)
         if flight is not None:
