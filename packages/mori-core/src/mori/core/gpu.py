@@ -263,8 +263,8 @@ class BatchMemcpy:
         return bool(self._entry)
 
     def try_queue(self, dsts: Any, srcs: Any, sizes: Any, stream: Any, detail: str = "") -> bool:
-        """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` on ``stream`` in one call (arrays
-        of uint64 or anything numpy converts). False when there are fewer than two copies or the
+        """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` on ``stream`` in one call (numpy
+        uint64 arrays, or lists of ints; other dtypes raise ``TypeError``). False when there are fewer than two copies or the
         driver has no usable batch call (then, and from then on, nothing was queued); any other
         failure raises :class:`~mori.core.cuda.CudaError` with ``detail``."""
         if len(sizes) < 2 or not self._entry:

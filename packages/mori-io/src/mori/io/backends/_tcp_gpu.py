@@ -70,7 +70,8 @@ class DeviceCopies:
         """Queues ``sizes[i]`` bytes ``srcs[i]`` -> ``dsts[i]`` (absolute addresses, GPU or pinned
         host memory); the completion to :meth:`wait` for."""
         stream = self.streams.take(1)[0]
-        self._batch.copy(dsts, srcs, sizes, stream, self._what)
+        u64 = np.uint64  # the batch call takes uint64 arrays; chunks are planned in int64
+        self._batch.copy(dsts.astype(u64), srcs.astype(u64), sizes.astype(u64), stream, self._what)
         return self.events.completion([self.events.record(stream)], self._what)
 
     def wait(self, done: Completion, timeout: float) -> None:
