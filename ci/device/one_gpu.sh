@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks that fit a one-GPU machine, in one lease: install mori-core, mori-shmem and
 # mori-io; mori-core's VMM tests and its streams/events/pinned-pool tests; the shmem GPU tests with 2 PEs sharing the GPU (static and vmm heaps, the guide's Quick
-# Reference); mori-io's TCP backend with GPU memory (target and initiator processes on the GPU);
+# Reference); mori-io's TCP backend with GPU memory (target and initiator processes on the GPU: tests and a benchmark);
 # mori-io's NVLink backend tests and benchmark with target and initiator processes both on the GPU (IPC/VMM
 # import across processes, but same-GPU copies, not NVLink); the shmem put/latency benchmark with 2 PEs on the GPU (a PE's "peer" heap is then on the same
 # device, so the numbers are same-GPU copies, not NVLink). Logs and JSON go to $OUT.
@@ -49,6 +49,8 @@ grep -E "^ok |quick reference ok|passed|failed|Error" "$OUT/shmem_tests.log" | s
 step io_tcp_gpu_tests 90 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
   "$repo/packages/mori-io/tests/test_tcp_gpu.py"
 grep -E "passed|failed|Error|s call" "$OUT/io_tcp_gpu_tests.log" | tail -12
+step io_tcp_gpu_bench 120 python3 "$repo/ci/device/io_tcp_gpu_bench.py" --out "$OUT/io_tcp_gpu_bench.json"
+tail -n 40 "$OUT/io_tcp_gpu_bench.log"
 step io_nvlink_tests 240 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
   "$repo/packages/mori-io/tests/test_nvlink_gpu.py" "$repo/packages/mori-io/tests/test_gpu_wait.py"
 grep -E "passed|failed|Error|s call" "$OUT/io_nvlink_tests.log" | tail -12
