@@ -18,7 +18,8 @@ NOT_READY, ILLEGAL_ADDRESS = 600, 700
 class _Driver:
     """The driver calls mori.core.gpu makes, answered from scripted state."""
 
-    CUstream_flags = types.SimpleNamespace(CU_STREAM_DEFAULT=types.SimpleNamespace(value=0))
+    CUstream_flags = types.SimpleNamespace(CU_STREAM_DEFAULT=types.SimpleNamespace(value=0),
+                                           CU_STREAM_NON_BLOCKING=types.SimpleNamespace(value=1))
     CUevent_flags = types.SimpleNamespace(CU_EVENT_DISABLE_TIMING=types.SimpleNamespace(value=2))
     CUdriverProcAddress_flags = types.SimpleNamespace(CU_GET_PROC_ADDRESS_DEFAULT=0)
     CUresult = int
@@ -100,6 +101,8 @@ def test_stream_pool_grows_only_while_busy_and_goes_round_robin(drv: _Driver) ->
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="max_streams"):
             gpu.StreamPool(0, bad)  # type: ignore[arg-type]
+    polls = gpu.StreamPool(0, 1, blocking=False)
+    assert polls.take() == polls.take() and drv.named("cuStreamCreate")[-1][1] == 1  # CU_STREAM_NON_BLOCKING
 
 
 def test_event_pool_reuses_up_to_its_bound(drv: _Driver) -> None:

@@ -5,8 +5,8 @@ its TCP backend):
 
 * :func:`on_device` — a device's primary context current for a block, the caller's restored after;
 * :class:`PrimaryContext` — a device's primary context, made current with one driver call;
-* :class:`StreamPool` — blocking streams of one device, handed out round-robin, more created
-  only while the ones that would be handed out are busy;
+* :class:`StreamPool` — streams of one device (blocking ones by default), handed out
+  round-robin, more created only while the ones that would be handed out are busy;
 * :class:`EventPool` — events of one device, reused up to a bound; ``record(stream)``;
 * :class:`Completion` — the end of the work recorded by a list of events: a non-blocking
   :meth:`~Completion.poll` and a :meth:`~Completion.wait` built on :func:`mori.core.cuda.poll`;
@@ -44,10 +44,6 @@ def _check_count(value: object, name: str, low: int) -> int:
     return value
 
 
-def _driver_on(device: int) -> Any:
-    """The driver module, with ``device``'s primary context current."""
-    cuda.init_device(device)
-    return cuda.driver()
 
 
 @contextlib.contextmanager
@@ -80,20 +76,25 @@ class PrimaryContext:
 
 
 class StreamPool:
-    """Up to ``max_streams`` blocking streams of one device, handed out round-robin.
+    """Up to ``max_streams`` streams of one device, handed out round-robin.
 
-    Blocking streams: work queued earlier on the legacy default stream (where PyTorch runs unless
-    told otherwise) finishes before their work starts. The pool grows only while the streams it
-    would hand out still have work queued: work issued one piece after another reuses an idle
-    stream instead of paying for a new one (``cuStreamCreate`` costs tens of microseconds), and
-    work that overlaps gets streams of its own. Create and use with the device's context current.
+    Blocking streams (the default): work queued earlier on the legacy default stream (where
+    PyTorch runs unless told otherwise) finishes before their work starts. ``blocking=False``
+    makes non-blocking ones, which do not wait for it (for a poll that must not queue behind a
+    running kernel). The pool grows only while the streams it would hand out still have work
+    queued: work issued one piece after another reuses an idle stream instead of paying for a new
+    one (``cuStreamCreate`` costs tens of microseconds), and work that overlaps gets streams of
+    its own. Streams are made in the context current when :meth:`take` creates them: use the pool
+    with the device's context current (:func:`on_device`, :class:`PrimaryContext`, or the
+    caller's own context of that device); ``device`` names it in errors.
     """
 
-    def __init__(self, device: int, max_streams: int) -> None:
+    def __init__(self, device: int, max_streams: int, *, blocking: bool = True) -> None:
         self.device = device
         self.max_streams = _check_count(max_streams, "max_streams", 1)
-        drv = _driver_on(device)
-        self._flags = drv.CUstream_flags.CU_STREAM_DEFAULT.value
+        drv = cuda.driver()
+        flags = drv.CUstream_flags
+        self._flags = (flags.CU_STREAM_DEFAULT if blocking else flags.CU_STREAM_NON_BLOCKING).value
         self._query = drv.cuStreamQuery
         self._synchronize = drv.cuStreamSynchronize
         self._destroy = drv.cuStreamDestroy
@@ -182,14 +183,15 @@ class Completion:
 
 class EventPool:
     """Events of one device (timing disabled), reused: at most ``max_idle`` returned events are
-    kept, the others destroyed. Create and use with the device's context current."""
+    kept, the others destroyed. Use with the device's context current (events are made in the
+    context current when :meth:`take` creates them)."""
 
     def __init__(self, device: int, max_idle: int) -> None:
         self.device = device
         self.max_idle = _check_count(max_idle, "max_idle", 0)
         self._idle: list[Any] = []
         self._lock = threading.Lock()
-        drv = _driver_on(device)
+        drv = cuda.driver()
         self._flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING.value
         self._record, self._query, self._destroy = drv.cuEventRecord, drv.cuEventQuery, drv.cuEventDestroy
         self._what = f"GPU work on device {device}"

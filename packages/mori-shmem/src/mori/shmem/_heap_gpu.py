@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import time
 from typing import Any
 
 from mori.core import cuda as cu
+from mori.core import gpu
 from mori.core.codes import Cmp
 from mori.core.memory import FdExchange, cuda_vmm
 
@@ -48,9 +48,10 @@ class GpuHeap(Heap):
         self.size = _round_up(size, self.chunk)
         self.mapped = 0
         self._reservations: list[cuda_vmm.VmmReservation | None] = [None] * self._world
-        self._poll_stream: Any = None
+        # wait_until's copies: a non-blocking stream, so that a kernel still running on the legacy
+        # default stream (say, the one that will write the word) does not hold the poll back.
+        self._poll_streams = gpu.StreamPool(ctx.device, 1, blocking=False)
         try:
-            self._poll_stream = cu.call("cuStreamCreate", cu.driver().CUstream_flags.CU_STREAM_NON_BLOCKING.value)
             for pe in range(self._world):
                 if pe == self._rank or not p2p_disabled:
                     self._reservations[pe] = cuda_vmm.VmmReservation(self.size, ctx.device, granule)
@@ -119,28 +120,25 @@ class GpuHeap(Heap):
         return int(self.ops.atomic(op, self.base + offset, pe, value, compare, width))
 
     def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
-        """Polls the word with small device-to-host copies on a stream of its own.
-
-        The copies run on a non-blocking stream so that a kernel still running on the default
-        stream (say, the one that will write this word) does not hold the poll back.
-        """
+        """Polls the word with small device-to-host copies on a non-blocking stream, through
+        mori-core's completion wait (pauses from 1 us doubling up to 1 ms)."""
         nbytes = width // 8
         word = ctypes.create_string_buffer(nbytes)
-        deadline = time.monotonic() + timeout
-        pause = 0.0
         self.ctx.make_current()
-        while True:
-            cu.call("cuMemcpyDtoHAsync", ctypes.addressof(word), self.base + offset, nbytes, self._poll_stream)
-            cu.call("cuStreamSynchronize", self._poll_stream)
-            seen = int.from_bytes(word.raw, "little")
-            if cmp.holds(seen, value):
-                return seen
-            if time.monotonic() >= deadline:
-                # Worded like mori.core.atomics.wait_until's, so both heaps report alike.
-                raise TimeoutError(f"wait_until timed out after {timeout:.3f} s: the {width}-bit value at "
-                                   f"{self.base + offset:#x} never became {cmp.name.lower()} {value}; last seen {seen}")
-            pause = min(max(pause * 2, 1e-6), 1e-3)  # spin briefly, then back off to 1 ms
-            time.sleep(pause)
+        stream = self._poll_streams.take()[0]
+        seen = [0]
+
+        def holds() -> bool:
+            cu.call("cuMemcpyDtoHAsync", ctypes.addressof(word), self.base + offset, nbytes, stream)
+            cu.call("cuStreamSynchronize", stream)
+            seen[0] = int.from_bytes(word.raw, "little")
+            return cmp.holds(seen[0], value)
+
+        if cu.poll(holds, timeout, spin=0.0, pause=1e-6, max_pause=1e-3):
+            return seen[0]
+        # Worded like mori.core.atomics.wait_until's, so both heaps report alike.
+        raise TimeoutError(f"wait_until timed out after {timeout:.3f} s: the {width}-bit value at "
+                           f"{self.base + offset:#x} never became {cmp.name.lower()} {value}; last seen {seen[0]}")
 
     def synchronize(self) -> None:
         """Waits for the device (every copy and kernel mori or the caller issued)."""
@@ -151,9 +149,7 @@ class GpuHeap(Heap):
         self.ctx.make_current()
         if self._fdx is not None:
             self._fdx.close()
-        if self._poll_stream is not None:
-            cu.call("cuStreamDestroy", self._poll_stream)
-            self._poll_stream = None
+        self._poll_streams.close()
         order = [pe for pe in range(self._world) if pe != self._rank] + [self._rank]
         for pe in order:
             reservation = self._reservations[pe]

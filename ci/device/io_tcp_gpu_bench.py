@@ -1,0 +1,127 @@
+"""TCP backend with GPU memory (staged through pinned host buffers): time per transfer and
+bandwidth, GPU<->GPU, GPU<->CPU and CPU<->GPU, read and write, on one GPU or two.
+
+The target engine runs in a spawned process on GPU 0, the initiator here (GPU 1 when there is
+one); both have only the TCP backend. Each point is the median of ``--iters`` transfers (after
+``--warmup`` untimed ones), each timed from the call to the return of ``status.Wait()``; the bytes
+of the last transfer of each point are checked against the target's. Run it twice in one lease (``PYTHONPATH`` set to
+another version's mori-io sources for the other run) to compare versions.
+
+Usage: python ci/device/io_tcp_gpu_bench.py [--iters 10] [--out tcp_gpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
+
+TARGET_GPU = 0
+LOCAL_GPU = 1 if torch.cuda.device_count() >= 2 else 0
+REGION = 64 << 20
+POINTS = [(4 << 20, 16), (64 << 10, 64), (4 << 10, 1024), (4 << 10, 1)]  # (block bytes, blocks)
+
+
+def _target(conn: Any) -> None:
+    torch.cuda.set_device(TARGET_GPU)
+    engine = IOEngine("tcp-gpu-target", IOEngineConfig(host="127.0.0.1", port=0))
+    engine.create_backend(BackendType.TCP, TcpBackendConfig())
+    gpu = torch.randint(0, 256, (REGION,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}")
+    cpu = torch.randint(0, 256, (REGION,), dtype=torch.uint8)
+    torch.cuda.synchronize()
+    descs = {"GPU": engine.register_torch_tensor(gpu).pack(), "CPU": engine.register_torch_tensor(cpu).pack()}
+    conn.send((engine.get_engine_desc().pack(), descs))
+    try:
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "stop":
+                return
+            if cmd == "register":
+                engine.register_remote_engine(EngineDesc.unpack(arg))
+                conn.send("ok")
+            else:  # "bytes": the first arg[1] bytes of region arg[0], for the check
+                t = gpu if arg[0] == "GPU" else cpu
+                torch.cuda.synchronize()
+                conn.send(t[:arg[1]].cpu().numpy().tobytes())
+    finally:
+        engine.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    if torch.cuda.device_count() < 1:
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=_target, args=(child,), daemon=True)
+    proc.start()
+    rows: list[dict[str, Any]] = []
+    try:
+        if not conn.poll(120):
+            raise TimeoutError("target process did not start in 120 s")
+        packed, packed_descs = conn.recv()
+        remote = {k: MemoryDesc.unpack(v) for k, v in packed_descs.items()}
+        torch.cuda.set_device(LOCAL_GPU)
+        engine = IOEngine("tcp-gpu-initiator", IOEngineConfig(host="127.0.0.1", port=0))
+        engine.create_backend(BackendType.TCP, TcpBackendConfig())
+        engine.register_remote_engine(EngineDesc.unpack(packed))
+        conn.send(("register", engine.get_engine_desc().pack()))
+        if not conn.poll(60) or conn.recv() != "ok":
+            raise RuntimeError("the target did not register the initiator")
+        local_t = {"GPU": torch.zeros(REGION, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}"),
+                   "CPU": torch.zeros(REGION, dtype=torch.uint8)}
+        local = {k: engine.register_torch_tensor(t) for k, t in local_t.items()}
+        print(f"TCP backend, GPU memory staged: target GPU {TARGET_GPU}, initiator GPU {LOCAL_GPU}; "
+              f"median of {args.iters}")
+        print(f"{'local':5} {'remote':6} {'op':5} {'block':>6} {'blocks':>6} {'median us':>10} {'GB/s':>7}")
+        for lk, rk in (("GPU", "GPU"), ("GPU", "CPU"), ("CPU", "GPU")):
+            for op in ("read", "write"):
+                for size, n in POINTS:
+                    offs = [i * size for i in range(n)]
+                    sizes = [size] * n
+                    times = []
+                    for i in range(args.warmup + args.iters):
+                        t0 = time.perf_counter()
+                        st = getattr(engine, f"batch_{op}")(local[lk], offs, remote[rk], offs, sizes,
+                                                            engine.allocate_transfer_uid())
+                        st.Wait()
+                        if not st.Succeeded():
+                            raise RuntimeError(f"{op} {lk}<-{rk} {n}x{size}: {st.Message()}")
+                        if i >= args.warmup:
+                            times.append(time.perf_counter() - t0)
+                    total = size * n
+                    conn.send(("bytes", (rk, total)))  # after a read or a write both sides hold the same bytes
+                    if not conn.poll(60) or conn.recv() != local_t[lk][:total].cpu().numpy().tobytes():
+                        raise RuntimeError(f"{op} {lk}<-{rk} {n}x{size}: bytes differ")
+                    med = statistics.median(times)
+                    rows.append({"local": lk, "remote": rk, "op": op, "size": size, "blocks": n,
+                                 "median_s": med, "gbs": total / med / 1e9})
+                    print(f"{lk:5} {rk:6} {op:5} {size >> 10:>5}K {n:>6} {med * 1e6:10.1f} {total / med / 1e9:7.2f}",
+                          flush=True)
+        engine.close()
+    finally:
+        conn.send(("stop", None))
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
