@@ -70,6 +70,19 @@ def _target(conn: Any) -> None:
         engine.close()
 
 
+def start_target(target: Any) -> tuple[Any, Any, Any]:
+    """Runs ``target(conn)`` in a spawned process (a GPU process of its own); returns the process,
+    this side's end of the pipe and the first thing the target sends (within 120 s)."""
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child,), daemon=True)
+    proc.start()
+    if not conn.poll(120):
+        proc.kill()
+        raise TimeoutError("target process did not start in 120 s")
+    return proc, conn, conn.recv()
+
+
 def event_seconds(fn: Any, stream: torch.cuda.Stream, iters: int) -> float:
     """Median seconds of ``fn()`` queued on ``stream``, timed by CUDA events (3 untimed first)."""
     times = []
@@ -180,15 +193,9 @@ def main() -> int:
     if torch.cuda.device_count() < 1:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(child,), daemon=True)
-    proc.start()
+    proc, conn, (packed_engine, packed_mem) = start_target(_target)
     engines: dict[str, IOEngine] = {}
     try:
-        if not conn.poll(120):
-            raise TimeoutError("target process did not start in 120 s")
-        packed_engine, packed_mem = conn.recv()
         tdesc, rdesc = EngineDesc.unpack(packed_engine), MemoryDesc.unpack(packed_mem)
         torch.cuda.set_device(LOCAL_GPU)
         local = torch.zeros(POOL, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}")

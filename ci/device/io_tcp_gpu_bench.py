@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import statistics
 import sys
 import time
 from typing import Any
 
 import torch
+from io_bench import start_target  # the script beside this one
 
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
 
@@ -64,15 +64,9 @@ def main() -> int:
     if torch.cuda.device_count() < 1:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(child,), daemon=True)
-    proc.start()
+    proc, conn, (packed, packed_descs) = start_target(_target)
     rows: list[dict[str, Any]] = []
     try:
-        if not conn.poll(120):
-            raise TimeoutError("target process did not start in 120 s")
-        packed, packed_descs = conn.recv()
         remote = {k: MemoryDesc.unpack(v) for k, v in packed_descs.items()}
         torch.cuda.set_device(LOCAL_GPU)
         engine = IOEngine("tcp-gpu-initiator", IOEngineConfig(host="127.0.0.1", port=0))
