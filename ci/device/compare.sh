@@ -4,7 +4,8 @@
 # native module) — base into a folder of its own put first on PYTHONPATH (its mori.core, mori.io
 # and mori.shmem then shadow this tree's; the other requirements are the system's). Runs the TCP
 # backend with GPU memory (ci/device/io_tcp_gpu_bench.py, this tree's script for both) and the
-# shmem put/latency benchmark (each tree's own bench_shmem.py, 2 PEs under MPS), alternating
+# shmem put/latency benchmark (each tree's own bench_shmem.py, 2 PEs under MPS) and the NVLink
+# backend's (this tree's ci/device/io_bench.py; one GPU: same-GPU copies, not NVLink), alternating
 # mine/base ROUNDS times so that neither always runs first. Logs and JSON go to $OUT.
 # Usage (repository root, .devkit carried): bash ci/device/compare.sh BASE_DIR [ROUNDS] [ITERS]
 set -uo pipefail
@@ -43,6 +44,10 @@ run() {  # run VERSION ROUND: both benchmarks with VERSION's install
     --out "$OUT/shmem_${v}_$r.json" > "$OUT/shmem_${v}_$r.log" 2>&1 || { echo "shmem $v $r failed"; status=1; }
   echo "== shmem bench, $v, round $r"
   sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_${v}_$r.log"
+  PYTHONPATH=$path timeout 180 python3 "$repo/ci/device/io_bench.py" --iters 20 --out "$OUT/nvlink_${v}_$r.json" \
+    > "$OUT/nvlink_${v}_$r.log" 2>&1 || { echo "nvlink $v $r failed"; status=1; }
+  echo "== NVLink backend (io_bench.py), $v, round $r"
+  grep -vE "^\s*$" "$OUT/nvlink_${v}_$r.log" | tail -n 75
 }
 pes_share_gpus 2  # the shmem bench's 2 PEs share the GPU under MPS; both versions run under it
 for r in $(seq 1 "$rounds"); do
