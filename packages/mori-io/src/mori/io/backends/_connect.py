@@ -14,9 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._control import ControlError
 from ..types import StatusCode
-from .base import TransferRequest
+from .base import ControlError, TransferRequest
 
 __all__ = ["PeerConnector"]
 
