@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue
 import random
 import secrets
 import socket
@@ -108,51 +106,19 @@ def importer(name: str, seed: int, device: int) -> dict[str, Any]:
             "read_back": result}
 
 
-def _entry(results: Any, role: str, fn: Any, args: tuple[Any, ...]) -> None:
-    try:
-        results.put((role, True, fn(*args)))
-    except BaseException as err:
-        import traceback
-
-        results.put((role, False, f"{err!r}\n{traceback.format_exc()}"))
+def _role(role: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    return {"exporter": exporter, "importer": importer}[role](*args)
 
 
 def run_pair(size: int, importer_device: int) -> dict[str, Any]:
     """Runs A (GPU 0) and B (``importer_device``) as spawned processes; kills both on failure."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    from mori.core.testing import run_procs
+
     name = f"\0mori-vmm-check-{secrets.token_hex(8)}"
     seed = secrets.randbits(32)
-    procs = {
-        "exporter": ctx.Process(target=_entry, args=(results, "exporter", exporter, (name, size, seed, 0))),
-        "importer": ctx.Process(target=_entry, args=(results, "importer", importer, (name, seed, importer_device))),
-    }
-    out: dict[str, Any] = {}
-    deadline = time.monotonic() + 2 * TIMEOUT
-    try:
-        for p in procs.values():
-            p.start()
-        while len(out) < len(procs):
-            try:
-                role, ok, value = results.get(timeout=0.5)
-            except queue.Empty:
-                dead = [r for r, p in procs.items() if r not in out and p.exitcode is not None]
-                if dead and results.empty():
-                    codes = [procs[r].exitcode for r in dead]
-                    raise RuntimeError(f"{dead} exited (codes {codes}) without a result") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{sorted(set(procs) - set(out))} did not finish in time") from None
-                continue
-            if not ok:
-                raise RuntimeError(f"{role} failed: {value}")
-            out[role] = value
-    finally:
-        for p in procs.values():
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-    return out
+    exported, imported = run_procs(_role, [("exporter", (name, size, seed, 0)),
+                                           ("importer", (name, seed, importer_device))], timeout=2 * TIMEOUT)
+    return {"exporter": exported, "importer": imported}
 
 
 def main() -> int:

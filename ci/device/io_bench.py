@@ -26,9 +26,7 @@ Usage: python ci/device/io_bench.py --out io_bench.json [--iters 20] [--quick] [
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -39,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mori.core.testing import CommandProcess, serve_commands
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
 from mori.io.backends import nvlink
 from mori.io.bench._cli import run_peer
@@ -52,35 +51,17 @@ PATHS = {"auto": None, "kernel": "1T", "engines": "0"}
 WARMUP = 10
 
 
-def _target(conn: Any) -> None:
+def _target() -> tuple[bytes, bytes]:
+    """The target's process (a GPU process of its own): serves ``register`` (an initiator's packed
+    engine descriptor); returns its own engine's and its pool's packed descriptors."""
     torch.cuda.set_device(TARGET_GPU)
     engine = IOEngine("bench-target", IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.XGMI, XgmiBackendConfig())
     pool = torch.randint(0, 256, (POOL,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}")
     mem = engine.register_torch_tensor(pool)
-    conn.send((engine.get_engine_desc().pack(), mem.pack()))
-    try:
-        while True:
-            cmd, arg = conn.recv()
-            if cmd == "stop":
-                return
-            engine.register_remote_engine(EngineDesc.unpack(arg))
-            conn.send("ok")
-    finally:
-        engine.close()
-
-
-def start_target(target: Any) -> tuple[Any, Any, Any]:
-    """Runs ``target(conn)`` in a spawned process (a GPU process of its own); returns the process,
-    this side's end of the pipe and the first thing the target sends (within 120 s)."""
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(child,), daemon=True)
-    proc.start()
-    if not conn.poll(120):
-        proc.kill()
-        raise TimeoutError("target process did not start in 120 s")
-    return proc, conn, conn.recv()
+    serve_commands({"register": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)),
+                    "close": engine.close}, pool)
+    return engine.get_engine_desc().pack(), mem.pack()
 
 
 def event_seconds(fn: Any, stream: torch.cuda.Stream, iters: int) -> float:
@@ -193,7 +174,8 @@ def main() -> int:
     if torch.cuda.device_count() < 1:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    proc, conn, (packed_engine, packed_mem) = start_target(_target)
+    target = CommandProcess(_target, name="target", timeout=120)  # 120 s to start, 60 s a command
+    packed_engine, packed_mem = target.ready
     engines: dict[str, IOEngine] = {}
     try:
         tdesc, rdesc = EngineDesc.unpack(packed_engine), MemoryDesc.unpack(packed_mem)
@@ -208,9 +190,7 @@ def main() -> int:
             eng = engines[path] = IOEngine(f"bench-{path}", IOEngineConfig(host="127.0.0.1", port=0))
             eng.create_backend(BackendType.XGMI, XgmiBackendConfig())
             eng.register_remote_engine(tdesc)
-            conn.send(("register", eng.get_engine_desc().pack()))
-            if not conn.poll(60) or conn.recv() != "ok":
-                raise RuntimeError("target did not register the initiator")
+            target.call("register", eng.get_engine_desc().pack(), timeout=60)
             ldescs[path] = eng.register_torch_tensor(local)
         os.environ.pop("MORI_IO_NVLINK_KERNEL_MAX", None)
         peer = peer_copy_gbs(256 << 20, args.iters)
@@ -273,12 +253,7 @@ def main() -> int:
     finally:
         for eng in engines.values():
             eng.close()
-        with contextlib.suppress(OSError):
-            conn.send(("stop", None))
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10)
+        target.close()
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import time
 from typing import Any
 
 import torch
-from io_bench import start_target  # the script beside this one
 
+from mori.core.testing import CommandProcess, serve_commands
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
 
 TARGET_GPU = 0
@@ -30,29 +30,25 @@ REGION = 64 << 20
 POINTS = [(4 << 20, 16), (64 << 10, 64), (4 << 10, 1024), (4 << 10, 1)]  # (block bytes, blocks)
 
 
-def _target(conn: Any) -> None:
+def _target() -> tuple[bytes, dict[str, bytes]]:
+    """The target's process: serves ``register`` (an initiator's packed engine descriptor) and
+    ``bytes`` (the first ``n`` bytes of region ``where``, for the check); returns its engine's and
+    regions' packed descriptors."""
     torch.cuda.set_device(TARGET_GPU)
     engine = IOEngine("tcp-gpu-target", IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.TCP, TcpBackendConfig())
-    gpu = torch.randint(0, 256, (REGION,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}")
-    cpu = torch.randint(0, 256, (REGION,), dtype=torch.uint8)
+    regions = {"GPU": torch.randint(0, 256, (REGION,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}"),
+               "CPU": torch.randint(0, 256, (REGION,), dtype=torch.uint8)}
     torch.cuda.synchronize()
-    descs = {"GPU": engine.register_torch_tensor(gpu).pack(), "CPU": engine.register_torch_tensor(cpu).pack()}
-    conn.send((engine.get_engine_desc().pack(), descs))
-    try:
-        while True:
-            cmd, arg = conn.recv()
-            if cmd == "stop":
-                return
-            if cmd == "register":
-                engine.register_remote_engine(EngineDesc.unpack(arg))
-                conn.send("ok")
-            else:  # "bytes": the first arg[1] bytes of region arg[0], for the check
-                t = gpu if arg[0] == "GPU" else cpu
-                torch.cuda.synchronize()
-                conn.send(t[:arg[1]].cpu().numpy().tobytes())
-    finally:
-        engine.close()
+    descs = {k: engine.register_torch_tensor(t).pack() for k, t in regions.items()}
+
+    def region_bytes(where: str, n: int) -> bytes:
+        torch.cuda.synchronize()
+        return regions[where][:n].cpu().numpy().tobytes()
+
+    serve_commands({"register": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)),
+                    "bytes": region_bytes, "close": engine.close}, regions)
+    return engine.get_engine_desc().pack(), descs
 
 
 def main() -> int:
@@ -64,7 +60,8 @@ def main() -> int:
     if torch.cuda.device_count() < 1:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    proc, conn, (packed, packed_descs) = start_target(_target)
+    target = CommandProcess(_target, name="target", timeout=120)  # 120 s to start, 60 s a command
+    packed, packed_descs = target.ready
     rows: list[dict[str, Any]] = []
     try:
         remote = {k: MemoryDesc.unpack(v) for k, v in packed_descs.items()}
@@ -72,9 +69,7 @@ def main() -> int:
         engine = IOEngine("tcp-gpu-initiator", IOEngineConfig(host="127.0.0.1", port=0))
         engine.create_backend(BackendType.TCP, TcpBackendConfig())
         engine.register_remote_engine(EngineDesc.unpack(packed))
-        conn.send(("register", engine.get_engine_desc().pack()))
-        if not conn.poll(60) or conn.recv() != "ok":
-            raise RuntimeError("the target did not register the initiator")
+        target.call("register", engine.get_engine_desc().pack(), timeout=60)
         local_t = {"GPU": torch.zeros(REGION, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}"),
                    "CPU": torch.zeros(REGION, dtype=torch.uint8)}
         local = {k: engine.register_torch_tensor(t) for k, t in local_t.items()}
@@ -97,8 +92,8 @@ def main() -> int:
                         if i >= args.warmup:
                             times.append(time.perf_counter() - t0)
                     total = size * n
-                    conn.send(("bytes", (rk, total)))  # after a read or a write both sides hold the same bytes
-                    if not conn.poll(60) or conn.recv() != local_t[lk][:total].cpu().numpy().tobytes():
+                    # after a read or a write both sides hold the same bytes
+                    if target.call("bytes", rk, total, timeout=60) != local_t[lk][:total].cpu().numpy().tobytes():
                         raise RuntimeError(f"{op} {lk}<-{rk} {n}x{size}: bytes differ")
                     med = statistics.median(times)
                     rows.append({"local": lk, "remote": rk, "op": op, "size": size, "blocks": n,
@@ -107,10 +102,7 @@ def main() -> int:
                           flush=True)
         engine.close()
     finally:
-        conn.send(("stop", None))
-        proc.join(30)
-        if proc.is_alive():
-            proc.kill()
+        target.close()
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

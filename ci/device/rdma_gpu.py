@@ -10,7 +10,6 @@ prints one line per case; exits non-zero if any case fails. Works with any GPU c
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -47,17 +46,16 @@ def _regions(engine: Any, seed: int) -> tuple[dict[str, Any], dict[str, bytes]]:
     return bufs, descs
 
 
-def _target(conn: Any, host: str) -> None:
+def _target(host: str) -> tuple[bytes, dict[str, bytes]]:
+    """The target's process: serves ``bytes`` (``n`` bytes of region ``where`` from ``start``, for
+    the initiator to compare); returns its engine's and regions' packed descriptors."""
+    from mori.core.testing import serve_commands
+
     engine = _engine("target", host)
     bufs, descs = _regions(engine, 1)
-    conn.send((engine.get_engine_desc().pack(), descs))
-    while True:
-        cmd = conn.recv()
-        if cmd == "stop":
-            break
-        where, start, n = cmd  # the initiator asks for bytes to compare
-        conn.send(bufs[where][start:start + n].cpu().clone())
-    engine.close()
+    serve_commands({"bytes": lambda where, start, n: bufs[where][start:start + n].cpu().clone(),
+                    "close": engine.close}, bufs)
+    return engine.get_engine_desc().pack(), descs
 
 
 def main() -> int:
@@ -67,17 +65,13 @@ def main() -> int:
     os.environ.setdefault("MORI_IO_RDMA_TRANSPORTS", "tcp,cuda_copy")
     import torch
 
+    from mori.core.testing import CommandProcess
     from mori.io import EngineDesc, MemoryDesc, StatusCode
 
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(child, args.host), daemon=True)
-    proc.start()
+    target = CommandProcess(_target, (args.host,), name="target", timeout=120)  # 120 s to start and a command
+    t_engine, t_descs = target.ready
     failures = 0
     try:
-        if not conn.poll(120):
-            raise TimeoutError("target did not start in 120 s")
-        t_engine, t_descs = conn.recv()
         engine = _engine("initiator", args.host)
         engine.register_remote_engine(EngineDesc.unpack(t_engine))
         remote = {k: MemoryDesc.unpack(v) for k, v in t_descs.items()}
@@ -107,8 +101,7 @@ def main() -> int:
                 if ok:
                     torch.cuda.synchronize()
                     for lo, ro, sz in zip(l_offs, r_offs, sizes):
-                        conn.send((rw, ro, sz))
-                        theirs = conn.recv()
+                        theirs = target.call("bytes", rw, ro, sz)
                         mine = bufs[lw][lo:lo + sz].cpu()
                         if not torch.equal(mine, theirs):
                             ok = False
@@ -118,11 +111,8 @@ def main() -> int:
                 print(f"{'PASS' if ok else 'FAIL'} {op:5} local {lw} <-> remote {rw} {kind:5} "
                       f"{total >> 20} MiB in {dt * 1e3:.1f} ms ({total / dt / 1e9:.2f} GB/s) {st}", flush=True)
         engine.close()
-        conn.send("stop")
     finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
+        target.close()
     print("rdma_gpu:", "all passed" if failures == 0 else f"{failures} case(s) failed", flush=True)
     return 1 if failures else 0
 
