@@ -107,7 +107,7 @@ def importer(name: str, seed: int, device: int) -> dict[str, Any]:
 
 
 def _role(role: str, args: tuple[Any, ...]) -> dict[str, Any]:
-    return {"exporter": exporter, "importer": importer}[role](*args)
+    return exporter(*args) if role == "exporter" else importer(*args)
 
 
 def run_pair(size: int, importer_device: int) -> dict[str, Any]:

@@ -243,9 +243,9 @@ def main() -> int:
         for r in results:
             if r["path"] == "auto" and r["op"] == "read" and not r["session"] and not r["lists"] and \
                     (r["size"], r["batch"]) in ((256 << 10, 1024), (4 << 10, 16384)):
-                target = "target >= 90% of peer copy" if r["batch"] == 1024 else "target >= 100 GB/s"
+                goal = "target >= 90% of peer copy" if r["batch"] == 1024 else "target >= 100 GB/s"
                 print(f"  read {r['batch']} x {_fmt_size(r['size'])} {r['layout']:7}: {r['max_bw_gbs']:.1f} GB/s "
-                      f"({100 * r['vs_peer_copy']:.0f}% of peer copy; {target})")
+                      f"({100 * r['vs_peer_copy']:.0f}% of peer copy; {goal})")
         peer_rows = measure_peers(args, results, peer) if args.peers else []
         with open(args.out, "w") as f:
             json.dump({"peer_copy_gbs": peer, "results": results, "peers": peer_rows}, f, indent=1)
