@@ -44,8 +44,6 @@ def _check_count(value: object, name: str, low: int) -> int:
     return value
 
 
-
-
 @contextlib.contextmanager
 def on_device(device: int) -> Iterator[Any]:
     """Makes ``device``'s primary context current for the block (yields the ``CUcontext``), then

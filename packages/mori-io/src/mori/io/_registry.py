@@ -19,7 +19,7 @@ from ._control import ControlError
 from .types import EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
 __all__ = ["MemoryRegistry", "RemoteEngines", "InboundTable", "InFlight", "UidAllocator", "MAX_NOTIFY_BATCH",
-           "Completion", "check_notify", "notify_bodies"]
+           "CompletionRecord", "check_notify", "notify_bodies"]
 
 _log = get_logger("io")
 
@@ -101,7 +101,7 @@ MAX_NOTIFY_BATCH = 1024  # completion records one notify request may carry
 _NOTIFY_MESSAGE_BYTES = 1 << 20  # messages one request carries at most (UTF-8), well inside a control frame
 
 # A completion record: (transfer uid, final status code, message).
-Completion = tuple[int, int, str]
+CompletionRecord = tuple[int, int, str]
 
 
 def check_notify(body: dict[str, Any]) -> list[tuple[int, StatusCode, str]]:
@@ -129,7 +129,7 @@ def _check_record(uid: Any, code: Any, message: Any) -> tuple[int, StatusCode, s
     return uid, StatusCode(code), message
 
 
-def notify_bodies(records: Sequence[Completion]) -> Iterator[dict[str, list[Any]]]:
+def notify_bodies(records: Sequence[CompletionRecord]) -> Iterator[dict[str, list[Any]]]:
     """The ``notify`` requests that carry ``records`` in order, each one :func:`check_notify`
     accepts from a well-behaved sender: at most :data:`MAX_NOTIFY_BATCH` records and about 1 MiB
     of messages, each message cut to the length a record may have."""

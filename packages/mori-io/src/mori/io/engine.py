@@ -28,7 +28,7 @@ from mori.core.log import get_logger
 from ._control import ControlClient, ControlError, ControlServer
 from ._limits import Limits
 from ._registry import (
-    Completion,
+    CompletionRecord,
     InboundTable,
     InFlight,
     MemoryRegistry,
@@ -121,7 +121,7 @@ class _Context(BackendContext):
     def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
         self._engine._inbound.record(remote_key, uid, code, message)
 
-    def send_completions(self, remote_key: str, records: Sequence[Completion]) -> None:
+    def send_completions(self, remote_key: str, records: Sequence[CompletionRecord]) -> None:
         for body in notify_bodies(records):
             try:
                 self._engine._control_request(remote_key, "notify", body)

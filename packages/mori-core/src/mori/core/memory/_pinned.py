@@ -110,12 +110,10 @@ class PinnedPool:
     def try_acquire(self, nbytes: int) -> int | None:
         """A block of ``nbytes`` (its address), or None when the limit leaves no room now."""
         with self._cond:
-            idle = self._idle.get(nbytes)
-            if idle and not self._closed and type(nbytes) is int:  # the per-transfer path: one dict lookup
-                reused = idle.pop()
-                self._out[reused] = nbytes
-                return reused
-            self._check_size(nbytes)
+            # A size with an idle block was checked when that block was made: the per-transfer
+            # path (a reused block) skips the check.
+            if type(nbytes) is not int or not self._idle.get(nbytes):
+                self._check_size(nbytes)
             found, evicted, allocate = self._take_locked(nbytes)
         if found is not None:
             return found

@@ -1,8 +1,8 @@
 """Host-side parts of GPU staging for the TCP backend (no CUDA here, so they run in CPU tests).
 
 The native TCP data plane only touches host memory, so GPU memory travels through pinned host
-buffers of a fixed size (a *chunk*): :func:`plan_chunks` cuts a batch into chunks (vectorised,
-no Python per block), :class:`StagingPool` hands out pinned buffers (mori-core's pool) up to a bound,
+buffers of a fixed size (a *chunk*): :func:`plan_chunks` cuts a batch into chunks (mori-core's
+native planner, no Python per block), :class:`StagingPool` hands out pinned buffers (mori-core's pool) up to a bound,
 and :class:`SlotLeases` tracks the buffers a target lends to initiators between the control
 request that fills or lends one and the one that returns it.
 """
