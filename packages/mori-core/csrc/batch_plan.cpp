@@ -84,14 +84,14 @@ py::tuple gather_rows(uint64_t srcBase, uint64_t dstBase, const py::object& srcO
     const py::ssize_t n = sz.shape(0);
     I64Array so = int64_arg(fn, srcOffs, "src_offsets", n), dof = int64_arg(fn, dstOffs, "dst_offsets", n);
     // out is written in place: no conversion (a converted copy would take the rows).
-    if (!py::isinstance<U64Array>(out) || !(py::array(out).flags() & py::array::c_style) ||
-        !py::array(out).writeable())
+    // out is written in place (the caller's pinned table): never converted, so checked as it is.
+    const bool usable = py::isinstance<U64Array>(out) && (py::array(out).flags() & py::array::c_style) &&
+                        py::array(out).writeable() && py::array(out).ndim() == 2 && py::array(out).shape(1) == 3 &&
+                        py::array(out).shape(0) >= n;
+    if (!usable)
         throw py::value_error("gather_rows: out must be a writable C-contiguous (capacity >= " + std::to_string(n) +
                               ", 3) uint64 array");
     U64Array table = py::reinterpret_borrow<U64Array>(out);
-    if (table.ndim() != 2 || table.shape(1) != 3 || table.shape(0) < n)
-        throw py::value_error("gather_rows: out must be a writable C-contiguous (capacity >= " + std::to_string(n) +
-                              ", 3) uint64 array");
     Row* dst = reinterpret_cast<Row*>(table.mutable_data());
     const Merged m = checked(fn, [&] {
         return maybe_without_gil(n, [&] {
