@@ -3,9 +3,10 @@
 # ("base", e.g. `git archive OLD | tar -x -C .wt/base`, carried), each installed whole (its own
 # native module) — base into a folder of its own put first on PYTHONPATH (its mori.core, mori.io
 # and mori.shmem then shadow this tree's; the other requirements are the system's). Runs the TCP
-# backend with GPU memory (ci/device/io_tcp_gpu_bench.py, this tree's script for both) and the
+# backend with GPU memory (ci/device/io_tcp_gpu_bench.py) and the
 # shmem put/latency benchmark (each tree's own bench_shmem.py, 2 PEs under MPS) and the NVLink
-# backend's (this tree's ci/device/io_bench.py; one GPU: same-GPU copies, not NVLink), alternating
+# backend's (ci/device/io_bench.py; one GPU: same-GPU copies, not NVLink), each version with its own
+# scripts (a script the base tree lacks is reported and skipped), alternating
 # mine/base ROUNDS times so that neither always runs first. Logs and JSON go to $OUT.
 # Usage (repository root, .devkit carried): bash ci/device/compare.sh BASE_DIR [ROUNDS] [ITERS]
 set -uo pipefail
@@ -32,22 +33,27 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 trap pes_stop_mps EXIT
 cd /tmp  # import mori from site-packages, not a source tree
 status=0
-run() {  # run VERSION ROUND: both benchmarks with VERSION's install
-  local v=$1 r=$2 path= bench=$repo/ci/device/bench_shmem.py
-  if [ "$v" = base ]; then path=/tmp/mori-base; bench=$base/ci/device/bench_shmem.py; fi
+run() {  # run VERSION ROUND: the benchmarks with VERSION's install and VERSION's own scripts
+  local v=$1 r=$2 path= tree=$repo
+  if [ "$v" = base ]; then path=/tmp/mori-base; tree=$base; fi
   PYTHONPATH=$path python3 -c "import mori.core, mori.io, mori.shmem as s; print('$v:', mori.core.__file__, mori.io.__file__, s.__file__)"
-  PYTHONPATH=$path timeout 240 python3 "$repo/ci/device/io_tcp_gpu_bench.py" --iters "$iters" --out "$OUT/tcp_gpu_${v}_$r.json" \
-    > "$OUT/tcp_gpu_${v}_$r.log" 2>&1 || { echo "tcp_gpu $v $r failed"; status=1; }
-  echo "== TCP with GPU memory, $v, round $r"
-  tail -n 30 "$OUT/tcp_gpu_${v}_$r.log"
-  PYTHONPATH=$path timeout 120 python3 -m torch.distributed.run --standalone --nproc_per_node=2 "$bench" --no-nvshmem \
-    --out "$OUT/shmem_${v}_$r.json" > "$OUT/shmem_${v}_$r.log" 2>&1 || { echo "shmem $v $r failed"; status=1; }
-  echo "== shmem bench, $v, round $r"
-  sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_${v}_$r.log"
-  PYTHONPATH=$path timeout 180 python3 "$repo/ci/device/io_bench.py" --iters 20 --out "$OUT/nvlink_${v}_$r.json" \
-    > "$OUT/nvlink_${v}_$r.log" 2>&1 || { echo "nvlink $v $r failed"; status=1; }
-  echo "== NVLink backend (io_bench.py), $v, round $r"
-  grep -vE "^\s*$" "$OUT/nvlink_${v}_$r.log" | tail -n 75
+  bench "$v" "$r" tcp_gpu "TCP with GPU memory" 240 "$tree/ci/device/io_tcp_gpu_bench.py" --iters "$iters" \
+    && tail -n 30 "$OUT/tcp_gpu_${v}_$r.log"
+  launch="-m torch.distributed.run --standalone --nproc_per_node=2" \
+    bench "$v" "$r" shmem "shmem bench" 120 "$tree/ci/device/bench_shmem.py" --no-nvshmem \
+    && sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_${v}_$r.log"
+  bench "$v" "$r" nvlink "NVLink backend (io_bench.py)" 180 "$tree/ci/device/io_bench.py" --iters 20 \
+    && grep -vE "^\s*$" "$OUT/nvlink_${v}_$r.log" | tail -n 75
+}
+bench() {  # bench VERSION ROUND NAME TITLE LIMIT SCRIPT ARGS...: python3 [$launch] SCRIPT ARGS, log in $OUT
+  local v=$1 r=$2 name=$3 title=$4 limit=$5 script=$6 path=
+  shift 6
+  [ "$v" = base ] && path=/tmp/mori-base
+  echo "== $title, $v, round $r"
+  if [ ! -f "$script" ]; then echo "(not in $v's tree: $script)"; return 1; fi
+  # shellcheck disable=SC2086  # $launch is words
+  PYTHONPATH=$path timeout "$limit" python3 ${launch:-} "$script" "$@" --out "$OUT/${name}_${v}_$r.json" \
+    > "$OUT/${name}_${v}_$r.log" 2>&1 || { echo "$name $v $r failed"; status=1; return 1; }
 }
 pes_share_gpus 2  # the shmem bench's 2 PEs share the GPU under MPS; both versions run under it
 for r in $(seq 1 "$rounds"); do
