@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from mori.core.testing import CommandProcess, connect_many, serve_commands
@@ -40,7 +41,6 @@ from mori.io import (
     MemoryLocationType,
     StatusCode,
 )
-from mori.io._control import ControlClient, encode_frame
 
 REGION = 1 << 20
 
@@ -159,6 +159,31 @@ def soak(transfers: int, warmup: int, size: int, window: int) -> dict[str, Any]:
 
 
 # ---- hostile ----------------------------------------------------------------------------------------------
+# ---- the attacker's side of the wire (docs/io.md, "Control plane"), written here as any client would --
+def _frame(obj: dict[str, Any]) -> bytes:
+    """One control frame: a 4-byte big-endian length, then msgpack."""
+    data = msgpack.packb(obj, use_bin_type=True)
+    return struct.pack(">I", len(data)) + data
+
+
+def _read_frame(sock: socket.socket) -> dict[str, Any]:
+    (length,) = struct.unpack(">I", sock.recv(4, socket.MSG_WAITALL))
+    return msgpack.unpackb(sock.recv(length, socket.MSG_WAITALL), raw=False)
+
+
+def _ticket(port: int, key: str) -> str:
+    """A data-plane ticket for ``key``: hello, then a ``tcp.info`` request, on a control connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(_frame({"op": "hello", "key": key, "token": ""}))
+        if not _read_frame(s).get("ok"):
+            raise SystemExit(f"the target refused the hello of {key!r}")
+        s.sendall(_frame({"op": "tcp.info", "id": 1, "body": {}}))
+        reply = _read_frame(s)
+    if not reply.get("ok"):
+        raise SystemExit(f"tcp.info refused: {reply.get('error')}")
+    return reply["body"]["ticket"]
+
+
 def _open(port: int, n: int, held: list[socket.socket]) -> int:
     socks = connect_many(port, n, timeout=2)
     held.extend(socks)
@@ -222,8 +247,8 @@ def hostile(idle: int) -> dict[str, Any]:
         # Slow frames: hellos trickled a byte every 0.5 s on both planes, and, after a complete
         # hello, a 1 MiB control request and a 1 MiB data-plane write into the region trickled
         # the same way (cut at MORI_IO_TIMEOUT, 30 s, after this phase: the probe sees them open).
-        hello = encode_frame({"op": "hello", "key": "slow" * 8, "token": ""})
-        ticket = ControlClient("127.0.0.1", target.desc.port, "slow", "", 10).request("tcp.info", {})["ticket"]
+        hello = _frame({"op": "hello", "key": "slow" * 8, "token": ""})
+        ticket = _ticket(target.desc.port, "slow")
         data_hello = struct.pack("<IHHHH", 0x4F49524D, 3, 4, 0, len(ticket)) + b"slow" + ticket.encode()
         write_hdr = struct.pack("<IBB2xQQQ", 0x5145524D, 2, 0, target.region.id, 0, REGION)
         slow = [(target.desc.port, hello, b"", 0, b""), (target.data_port, hello, b"", 0, b""),

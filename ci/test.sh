@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 
 echo "== lint (ruff)"
 ruff check packages ci docs
-echo "== layers (no private mori.core name outside mori-core)"
+echo "== layers (no private name outside the distribution that ships it)"
 python ci/check_layers.py
 echo "== types (mypy, public modules)"
 mypy packages/mori-core/src packages/mori-shmem/src packages/mori-io/src packages/mori-triton/src
@@ -21,6 +21,8 @@ for pkg in mori-core mori-shmem mori-io mori-triton; do
   echo "-- $pkg"
   python -m pytest -m "not gpu" -p no:cacheprovider "packages/$pkg/tests" "$@"
 done
+echo "== repository checks (ci/tests)"
+python -m pytest -m "not gpu" -p no:cacheprovider ci/tests "$@"
 echo "== docs"
 bash ci/docs.sh
 echo "== all CPU checks passed"

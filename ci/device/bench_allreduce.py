@@ -25,8 +25,14 @@ import torch
 import torch.distributed as dist
 
 import mori.shmem as shmem
-from mori.triton import AllReduce, install_hook, jit
-from mori.triton._all_reduce import AllReduceConfig, default_config, sweep
+from mori.triton import (
+    AllReduce,
+    AllReduceConfig,
+    all_reduce_sweep,
+    default_all_reduce_config,
+    install_hook,
+    jit,
+)
 from mori.triton.kernels import allreduce_p2p_kernel, allreduce_put_signal_kernel
 
 ITERS, REPEATS = 100, 10
@@ -123,9 +129,9 @@ def bench_size(nbytes: int, op: AllReduce, world: int, rank: int, group_name: st
     y = torch.empty_like(x)
     _checked(res, "mori_graph", op, x, y, ref, None)
     _try(res, "mori_eager", lambda: op(x, out=y), False)
-    res["mori_config"] = default_config(nbytes, world).label
+    res["mori_config"] = default_all_reduce_config(nbytes, world).label
     if tune:
-        for v in sweep(nbytes):
+        for v in all_reduce_sweep(nbytes):
             if not (v.one_shot and nbytes > op.one_shot_max_bytes):
                 _checked(res.setdefault("variants", {}), v.label, op, x, y, ref, v)
     # Kernel A: inputs already on the symmetric heap, read-only, so back-to-back launches are valid.

@@ -75,7 +75,7 @@ if [ $run_bench = 1 ]; then
   cat "$OUT/io_bench.log" | tail -110
   [ $rc = 0 ] || status=1
   echo "== gather kernel alone (piece sweep, copy engines beside it)"
-  timeout 120 python3 "$repo/ci/device/io_kernel_sweep.py" > "$OUT/io_kernel_sweep.log" 2>&1
+  timeout 120 python3 "$repo/packages/mori-io/tests/gpu_kernel_sweep.py" > "$OUT/io_kernel_sweep.log" 2>&1
   rc=$?; echo "rc=$rc"
   cat "$OUT/io_kernel_sweep.log" | tail -70
   [ $rc = 0 ] || status=1

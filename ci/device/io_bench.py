@@ -40,7 +40,7 @@ import torch
 from mori.core.testing import CommandProcess, serve_commands
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
 from mori.io.backends import nvlink
-from mori.io.bench._cli import run_peer
+from mori.io.bench import run_peer
 
 TARGET_GPU = 0
 LOCAL_GPU = 1 if torch.cuda.device_count() >= 2 else 0  # one GPU: same-GPU copies, not NVLink

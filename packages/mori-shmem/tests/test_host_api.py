@@ -184,18 +184,23 @@ def test_barrier_ordering(pool: PePool) -> None:
         assert seen == [pool.n * (k + 1) for k in range(20)]
 
 
-def pe_barrier_on_stream_and_module_init() -> tuple[str, int]:
+def pe_barrier_on_stream_and_module_init() -> tuple[list[str], int]:
     shmem.shmem_barrier_on_stream(None)  # CPU heap: a host barrier
-    try:
-        shmem.shmem_module_init(1)
-        return "accepted", 0
-    except shmem.ShmemError as exc:
-        return str(exc), len(shmem.get_gpu_states_bytes())
+    refusals = []
+    for call in (lambda: shmem.shmem_module_init(1), lambda: shmem.shmem_load_module("", "empty.cu")):
+        try:
+            call()
+            refusals.append("accepted")
+        except shmem.ShmemError as exc:
+            refusals.append(str(exc))
+    return refusals, len(shmem.get_gpu_states_bytes())
 
 
 def test_stream_barrier_and_module_init_on_cpu(pool: PePool) -> None:
-    for msg, nstates in pool.run(pe_barrier_on_stream_and_module_init):
-        assert "GPU heap" in msg and nstates == 64
+    for refusals, nstates in pool.run(pe_barrier_on_stream_and_module_init):
+        assert nstates == 64
+        assert refusals[0].startswith("shmem_module_init needs a GPU heap"), refusals
+        assert refusals[1].startswith("shmem_load_module needs a GPU heap"), refusals
 
 
 def pe_double_init() -> str:

@@ -9,8 +9,8 @@ from mori.triton._all_reduce import (
     SWEEP_LARGE,
     SWEEP_SMALL,
     AllReduceConfig,
-    default_config,
-    sweep,
+    all_reduce_sweep,
+    default_all_reduce_config,
 )
 
 
@@ -18,17 +18,17 @@ def test_table_rows_grow_and_cover_every_size():
     limits = [limit for limit, _ in DEFAULT_TABLE]
     assert limits == sorted(limits) and limits[-1] >= 64 << 20
     for size in (1, 8 << 10, 64 * 7168 * 2, 64 << 20):
-        cfg = default_config(size, 4)
+        cfg = default_all_reduce_config(size, 4)
         assert cfg == next(c for limit, c in DEFAULT_TABLE if size <= limit)
 
 
 def test_sweep_holds_every_kernel_and_the_defaults():
     for size in (8 << 10, 64 * 7168 * 2, 2 << 20, 64 << 20):
-        configs = sweep(size)
+        configs = all_reduce_sweep(size)
         kernels = {"v2", "v3"} if size <= 2 << 20 else {"v2"}  # v3 has slots up to a few MiB
         assert {c.kernel for c in configs} == kernels and len(set(configs)) == len(configs)
-        assert default_config(size, 4) in configs, f"the default at {size} bytes is not benchmarked"
-    assert set(sweep(2 << 20)) == set(SWEEP_SMALL) | set(SWEEP_LARGE)
+        assert default_all_reduce_config(size, 4) in configs, f"the default at {size} bytes is not benchmarked"
+    assert set(all_reduce_sweep(2 << 20)) == set(SWEEP_SMALL) | set(SWEEP_LARGE)
 
 
 def test_labels_name_every_field():

@@ -24,7 +24,7 @@ __all__ = [
     "shmem_finalize", "shmem_is_initialized", "shmem_mype", "shmem_npes", "shmem_num_qp_per_pe",
     "shmem_malloc", "shmem_malloc_align", "shmem_ext_malloc_with_flags", "shmem_free",
     "shmem_buffer_register", "shmem_buffer_deregister", "shmem_ptr_p2p", "shmem_barrier_all",
-    "shmem_barrier_on_stream", "shmem_module_init", "shmem_putmem", "shmem_getmem", "shmem_getmem_into",
+    "shmem_barrier_on_stream", "shmem_module_init", "shmem_load_module", "shmem_putmem", "shmem_getmem", "shmem_getmem_into",
     "shmem_putmem_signal", "shmem_atomic_fetch_add", "shmem_atomic_add", "shmem_atomic_compare_swap",
     "shmem_atomic_swap", "shmem_atomic_set", "shmem_atomic_fetch", "shmem_wait_until", "shmem_quiet",
     "shmem_fence", "get_gpu_states_bytes", "shmem_heap_info",
@@ -300,6 +300,27 @@ def shmem_module_init(module: Any) -> int:
         raise _state.ShmemError("shmem_module_init needs a GPU heap; this PE's heap is in host memory")
     s.ops.module_init(module)
     return 0
+
+
+def shmem_load_module(source: str, name: str = "module.cu") -> Any:
+    """Compiles and loads a CUDA module written against mori's device API, ready to launch.
+
+    ``source`` is CUDA C++ that includes ``<mori/device/shmem.cuh>`` (with
+    ``MORI_DEVICE_DEFINE_STATE`` in it); ``name`` names it in compiler errors. NVRTC compiles it
+    for this PE's GPU (cached on disk, :mod:`mori.core.nvrtc`), the module is loaded into this PE's
+    CUDA context, and :func:`shmem_module_init` gives it this PE's state. Returns the
+    ``cuda.bindings.driver.CUmodule``: get a kernel with ``cuModuleGetFunction`` and launch it
+    with ``cuLaunchKernel``. Raises :class:`ShmemError` on a CPU heap and
+    :class:`mori.core.nvrtc.NvrtcError` with the compiler's log when ``source`` does not compile.
+    """
+    s = _state.current()
+    if s.ops is None:
+        raise _state.ShmemError("shmem_load_module needs a GPU heap; this PE's heap is in host memory")
+    from ._kernels import load_module
+
+    module = load_module(s.ctx, source, name)
+    s.ops.module_init(module)
+    return module
 
 
 # -- host-initiated RMA -----------------------------------------------------------------------

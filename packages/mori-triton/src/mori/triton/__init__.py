@@ -5,13 +5,14 @@
 - :func:`find_bitcode` / :func:`get_extern_libs` -- the device library ``libmori_shmem_device.bc``;
 - :func:`install_hook` / :func:`jit` -- module initialisation and launching without ``extern_libs``;
 - :func:`compile_ir` / :class:`IrModule` -- kernels written as LLVM IR text;
-- :func:`all_reduce` -- a one-launch NVLink all-reduce for bf16/fp16/fp32 tensors.
+- :func:`all_reduce` -- a one-launch NVLink all-reduce for bf16/fp16/fp32 tensors
+  (:func:`default_all_reduce_config` and :func:`all_reduce_sweep` when tuning it).
 """
 
 from importlib import metadata as _metadata
 
 from . import shmem
-from ._all_reduce import AllReduce, AllReduceConfig, all_reduce
+from ._all_reduce import AllReduce, AllReduceConfig, all_reduce, all_reduce_sweep, default_all_reduce_config
 from ._bitcode import BitcodeError, build_bitcode, find_bitcode
 from ._llvm_ir import IrModule, compile_ir, declarations
 from ._runtime import MoriKernel, get_extern_libs, init_loaded_modules, install_hook, jit, uninstall_hook
@@ -32,9 +33,11 @@ __all__ = [
     "SIGNAL_SET",
     "__version__",
     "all_reduce",
+    "all_reduce_sweep",
     "build_bitcode",
     "compile_ir",
     "declarations",
+    "default_all_reduce_config",
     "find_bitcode",
     "get_extern_libs",
     "init_loaded_modules",

@@ -20,7 +20,7 @@ from mori.core import config
 from ._all_reduce_fast import all_reduce_fast_kernel
 from ._all_reduce_lamport import SETS, all_reduce_lamport_kernel
 
-__all__ = ["AllReduce", "AllReduceConfig", "DEFAULT_TABLE", "all_reduce", "default_config"]
+__all__ = ["AllReduce", "AllReduceConfig", "DEFAULT_TABLE", "all_reduce", "all_reduce_sweep", "default_all_reduce_config"]
 
 MAX_WORLD = 8
 _MAXB = 1024  # flag slots per (phase, source PE): the most blocks a launch may use
@@ -93,14 +93,19 @@ SWEEP_LARGE = (  # from 2 MiB
 )
 
 
-def sweep(nbytes: int) -> tuple[AllReduceConfig, ...]:
-    """The configurations the benchmark tries at ``nbytes``."""
+def all_reduce_sweep(nbytes: int) -> tuple[AllReduceConfig, ...]:
+    """The configurations worth timing for tensors of ``nbytes`` bytes, each distinct once: the
+    candidates ``ci/device/bench_allreduce.py`` checks and times per size when it proposes rows for
+    :data:`DEFAULT_TABLE`. Pass one to :class:`AllReduce` as ``cfg`` to run a call with it."""
     both = (SWEEP_SMALL if nbytes <= 2 << 20 else ()) + (SWEEP_LARGE if nbytes >= 2 << 20 else ())
     return tuple(dict.fromkeys(both))
 
 
-def default_config(nbytes: int, world: int) -> AllReduceConfig:
-    """The configuration :data:`DEFAULT_TABLE` gives ``nbytes`` (the same for every ``world``)."""
+def default_all_reduce_config(nbytes: int, world: int) -> AllReduceConfig:
+    """The configuration a call without ``cfg`` starts from for ``nbytes`` bytes on ``world`` PEs:
+    the first row of :data:`DEFAULT_TABLE` whose limit is at least ``nbytes`` (the same for every
+    ``world`` today). An :class:`AllReduce` whose ``lamport_max_bytes`` is below ``nbytes`` runs a
+    ``"v3"`` row as ``"v2"``."""
     for limit, cfg in DEFAULT_TABLE:
         if nbytes <= limit:
             return cfg
@@ -233,7 +238,7 @@ class AllReduce:
         if tensor.device.index != self._device:
             raise ValueError(f"tensor is on {tensor.device}, this AllReduce's PE uses cuda:{self._device}")
         if cfg is None:
-            cfg = default_config(nbytes, self.world)
+            cfg = default_all_reduce_config(nbytes, self.world)
             if cfg.kernel == "v3" and nbytes > self.lamport_max_bytes:  # this AllReduce has smaller v3 slots
                 cfg = dataclasses.replace(cfg, kernel="v2")
         elif cfg.kernel == "v3" and nbytes > self.lamport_max_bytes:

@@ -125,8 +125,13 @@ def _json_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_peer(name: str, python: str, host: str, op: str, iters: int, warmup: int, points: list[tuple[int, int]],
              env: dict[str, str] | None = None, log: Path | None = None) -> tuple[list[dict[str, Any]], str]:
-    """Measures peer ``name`` (``_peers.py`` under ``python``, environment ``env``) at ``points``:
-    its rows, and a note when it failed (empty otherwise). ``log`` receives its whole output."""
+    """Measures another transfer engine, ``name`` (``"mooncake"`` or ``"nixl"``), as the benchmark's
+    ``--peers`` does: its initiator and target run under the interpreter ``python`` (one where
+    that engine is installed), on ``host``, with environment ``env`` (``MORI_PEER_GPUS=T,I``: GPU
+    memory of GPUs ``T`` and ``I`` instead of host memory). ``op`` is ``"read"`` or ``"write"``,
+    ``points`` the (block size, blocks per transfer) pairs, each timed ``iters`` times after
+    ``warmup`` untimed transfers. Returns its rows (the keys of mori's rows) and a note saying why
+    it failed, empty when it did not; ``log`` receives the peer's whole output."""
     script = Path(__file__).with_name("_peers.py")
     cmd = [python, str(script), name, "initiator", host, op, str(iters), str(warmup), json.dumps(points)]
     try:

@@ -6,7 +6,12 @@ Sweeps the piece size a warp copies, for 1024 x 256 KiB and 16384 x 4 KiB blocks
 (remote blocks in reverse order), reading (GPU 0 -> GPU 1) and writing (GPU 1 -> GPU 0); the
 kernel runs on GPU 1 as in the backend. Checks the copied bytes of every configuration.
 
-Usage: python ci/device/io_kernel_sweep.py [--iters 20]
+A benchmark, not a test (pytest does not collect it): it lives with mori-io's tests because it
+drives the backend's private kernel (``_copy_kernels.CopyKernel``), which only mori-io's own tree
+may import (``ci/check_layers.py``). ``ci/device/io.sh`` runs it after ``ci/device/io_bench.py``,
+whose GPU choice and timing helpers it shares.
+
+Usage: python packages/mori-io/tests/gpu_kernel_sweep.py [--iters 20]
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
-from io_bench import LOCAL_GPU, TARGET_GPU, event_seconds, peer_copy_gbs  # the script beside this one
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "ci" / "device"))
+from io_bench import LOCAL_GPU, TARGET_GPU, event_seconds, peer_copy_gbs  # noqa: E402
 
 from mori.core import cuda as _cuda
 from mori.core.gpu import BatchMemcpy

@@ -1,0 +1,106 @@
+"""ci/check_layers.py over planted trees: what it reports, what it lets through, and this checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK = REPO / "ci" / "check_layers.py"
+
+# A tree shaped like this one: four distributions, each shipping its mori.<pkg> modules.
+SHIPPED = {
+    "packages/mori-core/src/mori/core/__init__.py": "",
+    "packages/mori-core/src/mori/core/_native.py": "",
+    "packages/mori-shmem/src/mori/shmem/__init__.py": "",
+    "packages/mori-shmem/src/mori/shmem/_state.py": "",
+    "packages/mori-shmem/src/mori/ops/__init__.py": "",
+    "packages/mori-shmem/src/mori/ops/_config.py": "",
+    "packages/mori-io/src/mori/io/__init__.py": "",
+    "packages/mori-io/src/mori/io/_control.py": "",
+    "packages/mori-io/src/mori/io/backends/__init__.py": "",
+    "packages/mori-io/src/mori/io/backends/base.py": "",
+    "packages/mori-io/src/mori/cpp.py": "",
+    "packages/mori-triton/src/mori/triton/__init__.py": "",
+    "packages/mori-triton/src/mori/triton/_all_reduce.py": "",
+}
+
+
+def check(tree: Path, files: dict[str, str]) -> tuple[int, list[str]]:
+    for rel, text in {**SHIPPED, **files}.items():
+        path = tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if not (tree / ".git").exists():
+        subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    proc = subprocess.run([sys.executable, str(CHECK), "--root", str(tree)], capture_output=True, text=True,
+                          timeout=60)
+    assert not proc.stderr, proc.stderr
+    return proc.returncode, proc.stdout.splitlines()
+
+
+def test_private_import_in_ci_is_reported(tmp_path: Path) -> None:
+    rc, out = check(tmp_path, {"ci/bench.py": "from mori.io._control import ControlClient\n"})
+    assert rc == 1
+    assert out[0] == "ci/bench.py:1: from mori.io._control import ControlClient"
+    assert out[-1].startswith("1 layer offence(s)")
+
+
+@pytest.mark.parametrize("source, offence", [
+    ("from mori.shmem import _state\n", "from mori.shmem import _state"),
+    ("import mori.triton._all_reduce as ar\n", "import mori.triton._all_reduce"),
+    ("from mori.triton._all_reduce import sweep, default_config\n",
+     "from mori.triton._all_reduce import sweep, default_config"),
+    ("import mori.shmem\nmori.shmem._state.current()\n", "mori.shmem._state (a private name of mori.shmem)"),
+    ("from mori.io import backends\nbackends._FACTORIES.clear()\n",
+     "backends._FACTORIES (a private name of mori.io.backends)"),
+    ("from mori.core import _native\n", "from mori.core import _native"),
+])
+def test_every_spelling_of_a_private_name_is_reported(tmp_path: Path, source: str, offence: str) -> None:
+    rc, out = check(tmp_path, {"ci/device/bench.py": source})
+    assert rc == 1
+    line = 2 if "\n" in source.rstrip("\n") else 1
+    assert f"ci/device/bench.py:{line}: {offence}" in out
+
+
+def test_a_package_uses_its_own_private_names_and_no_other(tmp_path: Path) -> None:
+    rc, out = check(tmp_path, {
+        # mori-shmem ships mori.shmem and mori.ops: its sources and tests may use both.
+        "packages/mori-shmem/src/mori/ops/_gpu.py": "from mori.shmem import _state\nfrom ._config import X\n",
+        "packages/mori-shmem/tests/test_ops.py": "from mori.ops._config import X\nfrom mori.shmem import _state\n",
+        # ... but not mori-io's, nor mori-core's (relative imports are resolved too).
+        "packages/mori-shmem/tests/test_io.py": "import os\nfrom mori.io._control import encode_frame\n",
+        "packages/mori-io/src/mori/io/engine.py": "from ..core import _native\nfrom ._control import C\n",
+        "packages/mori-io/tests/test_cpp.py": "from mori.cpp import IOEngine\nfrom mori.io._control import C\n",
+        "docs/conf.py": "import mori.shmem._state\n",
+    })
+    assert rc == 1
+    assert out[:-1] == [
+        "docs/conf.py:1: import mori.shmem._state",
+        "packages/mori-io/src/mori/io/engine.py:1: from mori.core import _native",
+        "packages/mori-shmem/tests/test_io.py:2: from mori.io._control import encode_frame",
+    ]
+
+
+def test_public_names_and_ignored_files_pass(tmp_path: Path) -> None:
+    rc, out = check(tmp_path, {
+        ".gitignore": "build/\n",
+        "build/lib/old.py": "from mori.io._control import ControlClient\n",  # ignored by git: not checked
+        "ci/ok.py": "import mori.shmem as shmem\nfrom mori.io.bench import run_peer\nprint(shmem.__version__)\n",
+    })
+    assert rc == 0, out
+    assert "no private name used outside the distribution that ships it" in out[-1]
+
+
+def test_a_backend_reaching_past_base_is_reported(tmp_path: Path) -> None:
+    rc, out = check(tmp_path, {"packages/mori-io/src/mori/io/backends/tcp.py": "from ..engine import IOEngine\n"})
+    assert rc == 1
+    assert out[0].startswith("packages/mori-io/src/mori/io/backends/tcp.py:1: from ..engine import ...")
+
+
+def test_this_checkout_passes() -> None:
+    proc = subprocess.run([sys.executable, str(CHECK)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
