@@ -39,11 +39,11 @@ enum Code : int32_t {
     kSuccess = 0,
     kNotStarted = 1,
     kInProgress = 2,
-    kErrInvalidArgs = 3,
-    kErrNotFound = 4,
-    kErrTransport = 5,
-    kErrBadState = 6,
-    kErrDevice = 7,
+    kErrInvalidArgs = 11,
+    kErrNotFound = 12,
+    kErrTransport = 13,
+    kErrBadState = 14,
+    kErrDevice = 15,
 };
 
 // A final status a notification may carry; anything else is a malformed frame.

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from mori.core import _native
+from mori.core.codes import TransferCode
 from mori.core.testing import CommandProcess, connect_many, serve_commands
 
 READ, WRITE = 1, 2
@@ -253,7 +254,7 @@ def test_data_connections_need_a_ticket_for_their_key(target_factory):
     for key, token, ticket in (("init", "tok", "forged"), ("other", "tok", TICKET), ("init", "bad", TICKET),
                                ("init", "tok", "")):
         s, code = _raw_session(tgt.port, key, token, ticket)
-        assert code == 6, (key, token, ticket)
+        assert code == TransferCode.ERR_BAD_STATE, (key, token, ticket)
         s.close()
         with pytest.raises(RuntimeError, match="rejected"):
             _native.TcpPeer("target", "127.0.0.1", tgt.port, 1, key, token, ticket, 2.0)

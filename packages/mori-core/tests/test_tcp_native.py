@@ -120,8 +120,8 @@ def test_notification_recorded_before_finish(remote, size, batch):
     bad = list(rofs)
     bad[len(bad) // 2] = SIZE
     t = p.submit(WRITE, int(src.ctypes.data), lofs, 1, bad, [size] * batch, 92, True, 1 << 20)
-    assert t.wait(30) and t.code() == 3
-    assert call("pop_now", "init", 92) == 3
+    assert t.wait(30) and t.code() == TransferCode.ERR_INVALID_ARGS
+    assert call("pop_now", "init", 92) == TransferCode.ERR_INVALID_ARGS
     # Back-to-back transfers on the connection keep their own outcomes.
     t = p.submit(READ, int(back.ctypes.data), lofs, 1, rofs, [size] * batch, 93, True, 1 << 20)
     assert t.wait(30) and t.code() == 0 and call("pop_now", "init", 93) == 0
@@ -133,7 +133,8 @@ def test_rejections_write_nothing(remote):
     arr[:] = 3
     src = np.full(4096, 9, dtype=np.uint8)
     p = _peer(port)
-    cases = [(1, SIZE - 10, 11, 3, "out of range"), (2, 0, 8, 4, "memory is not registered")]
+    cases = [(1, SIZE - 10, 11, TransferCode.ERR_INVALID_ARGS, "out of range"),
+             (2, 0, 8, TransferCode.ERR_NOT_FOUND, "memory is not registered")]
     for mem, off, n, code, text in cases:
         t = p.submit(WRITE, int(src.ctypes.data), [0], mem, [off], [n], 1, True, 1 << 20)
         assert t.wait(10) and t.code() == code and text in t.message()
@@ -152,7 +153,7 @@ def test_deregister_and_token(remote):
     src = np.ones(64, dtype=np.uint8)
     p = _peer(port)
     t = p.submit(READ, int(src.ctypes.data), [0], 1, [0], [64], 4, False, 1 << 20)
-    assert t.wait(10) and t.code() == 4
+    assert t.wait(10) and t.code() == TransferCode.ERR_NOT_FOUND
     p.close()
 
 
@@ -191,6 +192,6 @@ def test_dead_and_hung_target(remote):
     target.signal(signal.SIGKILL)
     assert t.wait(10)  # finished (succeeded before the kill, or failed after it): never hangs
     t = q.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [64], 8, False, 1 << 20)
-    assert t.wait(10) and t.code() == 6
+    assert t.wait(10) and t.code() == TransferCode.ERR_BAD_STATE
     p.close()
     q.close()

@@ -37,12 +37,14 @@ def test_seed_names_and_enums():
     assert {m.name for m in BackendType} >= {"Unknown", "XGMI", "RDMA", "TCP"}
     assert BackendType.NVLINK is BackendType.XGMI
     assert [m.name for m in MemoryLocationType] == ["Unknown", "CPU", "GPU"]
-    assert {m.name for m in StatusCode} == {"SUCCESS", "INIT", "IN_PROGRESS", "ERR_INVALID_ARGS", "ERR_NOT_FOUND",
-                                            "ERR_RDMA_OP", "ERR_BAD_STATE", "ERR_GPU_OP"}
-    assert {m.name for m in PollCqMode} == {"POLLING", "EVENT"}
-    r = RdmaBackendConfig()
-    assert (r.qp_per_transfer, r.poll_cq_mode, r.enable_notification) == (1, PollCqMode.POLLING, True)
-    assert hasattr(r, "post_batch_size") and hasattr(r, "num_worker_threads")
+    # MORI's names and integers (include/mori/io/enum.hpp): clients may compare with literals.
+    assert {m.name: int(m) for m in StatusCode} == {"SUCCESS": 0, "INIT": 1, "IN_PROGRESS": 2, "ERR_INVALID_ARGS": 11,
+                                                    "ERR_NOT_FOUND": 12, "ERR_RDMA_OP": 13, "ERR_BAD_STATE": 14,
+                                                    "ERR_GPU_OP": 15}
+    assert {m.name: int(m) for m in PollCqMode} == {"POLLING": 0, "EVENT": 1}
+    r = RdmaBackendConfig()  # MORI's defaults (src/pybind/pybind_io.cpp), num_worker_threads -1 ("auto") too
+    assert (r.qp_per_transfer, r.post_batch_size, r.num_worker_threads, r.poll_cq_mode, r.enable_notification) == \
+        (1, -1, -1, PollCqMode.POLLING, True)
     x = XgmiBackendConfig()
     assert (x.num_streams, x.num_events) == (64, 64)
     with pytest.raises(ValueError, match="num_connections"):

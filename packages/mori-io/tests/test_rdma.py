@@ -147,6 +147,7 @@ def test_config_fields_are_validated() -> None:
     e = IOEngine("cfg", IOEngineConfig())
     try:
         for bad in (RdmaBackendConfig(qp_per_transfer=0), RdmaBackendConfig(num_worker_threads=65),
+                    RdmaBackendConfig(num_worker_threads=0), RdmaBackendConfig(qp_per_transfer=-1),
                     RdmaBackendConfig(post_batch_size=0)):
             with pytest.raises(ValueError, match="RdmaBackendConfig"):
                 e.create_backend(BackendType.RDMA, bad)

@@ -10,7 +10,9 @@
   a test compiles the headers against this module.
 * :class:`TransferCode`: the outcome of a transfer on a transport built from mori-core (the native
   TCP data plane reports these values; a test compares its table, ``native.TRANSFER_CODES``, with
-  this enum). Transports name them their own way (mori.io's ``StatusCode`` is MORI's names).
+  this enum). The values are MORI-IO's ``StatusCode`` numbers (``SUCCESS=0 INIT=1 IN_PROGRESS=2``,
+  errors from 11), so a code compared with a literal means the same as in MORI; transports name
+  them their own way (mori.io's ``StatusCode`` is MORI's names).
 """
 
 from __future__ import annotations
@@ -73,13 +75,14 @@ class SignalOp(enum.IntEnum):
 
 
 class TransferCode(enum.IntEnum):
-    """Outcome of a transfer: success, not started, in progress, or why it failed."""
+    """Outcome of a transfer: success, not started, in progress, or why it failed (errors are
+    the values above 10, as in MORI-IO)."""
 
     SUCCESS = 0  #: every byte moved
     NOT_STARTED = 1  #: not submitted yet
     IN_PROGRESS = 2  #: running
-    ERR_INVALID_ARGS = 3  #: an offset or size outside a region, or a bad argument
-    ERR_NOT_FOUND = 4  #: the memory (or the peer) is not registered
-    ERR_TRANSPORT = 5  #: the transport's own library reported an error
-    ERR_BAD_STATE = 6  #: peer unreachable or lost, timeout, credentials refused
-    ERR_DEVICE = 7  #: a GPU operation failed
+    ERR_INVALID_ARGS = 11  #: an offset or size outside a region, or a bad argument
+    ERR_NOT_FOUND = 12  #: the memory (or the peer) is not registered
+    ERR_TRANSPORT = 13  #: the transport's own library reported an error
+    ERR_BAD_STATE = 14  #: peer unreachable or lost, timeout, credentials refused
+    ERR_DEVICE = 15  #: a GPU operation failed

@@ -1,7 +1,10 @@
 """Public value types of mori-io: enums, configurations, descriptors and :class:`TransferStatus`.
 
-Names follow MORI's Python API (``BackendType.XGMI``, ``StatusCode.ERR_NOT_FOUND``,
-``TransferStatus.Succeeded()``...) so code written for MORI runs unchanged.
+Names and values follow MORI's Python API (``BackendType.XGMI``, ``StatusCode.ERR_NOT_FOUND`` = 12,
+``TransferStatus.Succeeded()``, ``RdmaBackendConfig`` with MORI's defaults...) so code written for
+MORI runs with at most an import change, except where it touches ``MemoryDesc.ipc_handle`` (MORI's
+HIP IPC handle; the NVLink backend's export is in ``MemoryDesc.extra``) or MORI's fabric backend
+(``BackendType.FABRIC``, ``FabricBackendConfig``), which mori-io does not have.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ class MemoryLocationType(enum.IntEnum):
 
 
 class StatusCode(enum.IntEnum):
-    """Result of a transfer, as reported by :meth:`TransferStatus.Code`: MORI's names for
-    :class:`mori.core.codes.TransferCode`'s values (0 ... 7)."""
+    """Result of a transfer, as reported by :meth:`TransferStatus.Code`: MORI's names and integer
+    values (``SUCCESS=0 INIT=1 IN_PROGRESS=2``, errors 11 ... 15), which are
+    :class:`mori.core.codes.TransferCode`'s."""
 
     SUCCESS = int(TransferCode.SUCCESS)  #: the transfer finished and every byte moved
     INIT = int(TransferCode.NOT_STARTED)  #: not submitted yet
@@ -90,7 +94,8 @@ class RdmaBackendConfig:
 
     ``qp_per_transfer``: endpoints (lanes) per peer and worker, 1..64; ``post_batch_size``:
     operations posted between two progress calls (-1: a whole transfer); ``num_worker_threads``:
-    UCX workers, each with a progress thread, 1..64; ``poll_cq_mode``: spin while transfers are
+    UCX workers, each with a progress thread, 1..64, or -1 (MORI's default, "auto"): one worker,
+    as MORI posts on the caller's thread for any value below 2; ``poll_cq_mode``: spin while transfers are
     outstanding (``POLLING``) or sleep on the worker's event fd (``EVENT``);
     ``enable_notification``: send the target a completion record per transfer. The fields after
     these (``notif_per_qp`` ... ``max_msg_sge``) tune MORI's own verbs code; they are accepted and
@@ -99,7 +104,7 @@ class RdmaBackendConfig:
 
     qp_per_transfer: int = 1
     post_batch_size: int = -1
-    num_worker_threads: int = 1
+    num_worker_threads: int = -1
     poll_cq_mode: PollCqMode = PollCqMode.POLLING
     enable_notification: bool = True
     notif_per_qp: int = 1024

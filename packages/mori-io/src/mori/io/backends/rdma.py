@@ -67,14 +67,21 @@ def _check_config(config: Any) -> RdmaBackendConfig:
         return RdmaBackendConfig()
     if not isinstance(config, RdmaBackendConfig):
         raise TypeError(f"the RDMA backend takes an RdmaBackendConfig, got {type(config).__name__}")
-    for name, low, high in (("qp_per_transfer", 1, 64), ("num_worker_threads", 1, 64)):
+    for name, auto in (("qp_per_transfer", False), ("num_worker_threads", True)):
         value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            raise ValueError(f"RdmaBackendConfig.{name}={value!r}: expected an int in {low}..{high}")
+        if not isinstance(value, int) or isinstance(value, bool) or not (1 <= value <= 64 or (auto and value == -1)):
+            raise ValueError(f"RdmaBackendConfig.{name}={value!r}: expected an int in 1..64"
+                             + (" or -1 (auto)" if auto else ""))
     if not isinstance(config.post_batch_size, int) or config.post_batch_size == 0 or config.post_batch_size < -1:
         raise ValueError(f"RdmaBackendConfig.post_batch_size={config.post_batch_size!r}: expected -1 (all) or > 0")
     PollCqMode(config.poll_cq_mode)  # ValueError names a bad mode
     return config
+
+
+def _worker_count(config: RdmaBackendConfig) -> int:
+    """UCX workers of a checked config: -1 ("auto", MORI's default) is one, since MORI posts on the
+    caller's thread, with no worker pool, for any value below 2."""
+    return 1 if config.num_worker_threads == -1 else config.num_worker_threads
 
 
 def _coalesce(l_offs: Any, r_offs: Any, sizes: Any) -> list[tuple[int, int, int]]:
@@ -138,7 +145,7 @@ class RdmaBackend(Backend):
         polling = PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING
         self._workers: list[UcxWorker] = []
         try:
-            for i in range(config.num_worker_threads):
+            for i in range(_worker_count(config)):
                 self._workers.append(UcxWorker(self._ucx, self._context, i, config.qp_per_transfer, polling,
                                                config.post_batch_size, f"{ctx.engine_key}:{i}", self._failed,
                                                self._inbound))
