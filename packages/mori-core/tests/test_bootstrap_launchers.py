@@ -97,7 +97,13 @@ def _mpi_main() -> None:
     with init_from_mpi(timeout=30) as bs:
         assert (bs.rank, bs.world) == (comm.Get_rank(), comm.Get_size())
         _exercise(bs, comm.allgather, 5)
+    # The communicator's MPI_Comm handle (what MORI's C API takes), here of a duplicate.
+    dup = comm.Dup()
+    with init_from_mpi(MPI._handleof(dup), timeout=30) as bs:
+        assert (bs.rank, bs.world) == (dup.Get_rank(), dup.Get_size())
+        _exercise(bs, dup.allgather, 6)
         print(f"mpi rank {bs.rank} of {bs.world}: ok", flush=True)
+    dup.Free()
 
 
 if __name__ == "__main__":

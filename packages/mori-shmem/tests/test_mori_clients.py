@@ -118,19 +118,42 @@ def test_one_pe_per_thread_and_a_thread_that_is_none(monkeypatch: pytest.MonkeyP
 
 
 MPI_SCRIPT = """
+import pytest
+from mpi4py import MPI
 import mori.shmem as shmem
+
+def ring(how):
+    me, n = shmem.shmem_mype(), shmem.shmem_npes()
+    ptr = shmem.shmem_malloc(16)
+    shmem.shmem_putmem(ptr, bytes([me + 1]) * 16, (me + 1) % n)
+    shmem.shmem_barrier_all()
+    assert shmem.shmem_getmem(ptr, 16, me) == bytes([(me - 1) % n + 1]) * 16, how
+    shmem.shmem_finalize()
+
 assert shmem.shmem_mpi_init() == 0
-me, n = shmem.shmem_mype(), shmem.shmem_npes()
-ptr = shmem.shmem_malloc(16)
-shmem.shmem_putmem(ptr, bytes([me + 1]) * 16, (me + 1) % n)
-shmem.shmem_barrier_all()
-assert shmem.shmem_getmem(ptr, 16, me) == bytes([(me - 1) % n + 1]) * 16
-shmem.shmem_finalize()
-print(f"mpi pe {me} of {n} ok", flush=True)
+ring("shmem_mpi_init")
+rank, n = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+dup = MPI.COMM_WORLD.Dup()
+# MORI_SHMEM_INIT_WITH_MPI_COMM with the communicator as MORI's docs pass it (its MPI_Comm handle,
+# here mpi4py's int for it), and as the mpi4py object.
+for how, comm in (("COMM_WORLD handle", MPI._handleof(MPI.COMM_WORLD)), ("Dup handle", MPI._handleof(dup)),
+                  ("Dup object", dup)):
+    assert shmem.shmem_init_attr(shmem.MORI_SHMEM_INIT_WITH_MPI_COMM, rank, n, comm) == 0, how
+    ring(how)
+for bad in (b"x" * 128, "COMM_WORLD"):
+    with pytest.raises(TypeError, match="MPI_Comm handle"):
+        shmem.shmem_init_attr(shmem.MORI_SHMEM_INIT_WITH_MPI_COMM, rank, n, bad)
+with pytest.raises(ValueError, match="MPI_COMM_NULL"):
+    shmem.shmem_init_attr(shmem.MORI_SHMEM_INIT_WITH_MPI_COMM, rank, n, MPI._handleof(MPI.COMM_NULL))
+assert not shmem.shmem_is_initialized()
+dup.Free()
+print(f"mpi pe {rank} of {n} ok", flush=True)
 """
 
 
 def test_shmem_mpi_init(tmp_path: Path) -> None:
+    """``shmem_mpi_init``, then ``shmem_init_attr(MORI_SHMEM_INIT_WITH_MPI_COMM, ...)`` with an
+    ``MPI_Comm`` handle (the form MORI's docs and C API take) and with an mpi4py communicator."""
     mpirun = shutil.which("mpirun")
     assert mpirun, "mpirun not found: ci/setup.sh installs Open MPI (openmpi-bin) and mpi4py"
     script = tmp_path / "pe.py"

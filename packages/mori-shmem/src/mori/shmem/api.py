@@ -62,8 +62,9 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id: Any = None) -
 
     ``flags`` = :data:`MORI_SHMEM_INIT_WITH_UNIQUEID`: ``unique_id`` is the 128-byte id of
     :func:`shmem_get_unique_id`. ``flags`` = :data:`MORI_SHMEM_INIT_WITH_MPI_COMM`: ``unique_id``
-    is an mpi4py communicator (None: ``MPI.COMM_WORLD``) whose rank and size must equal
-    ``rank`` and ``nranks``.
+    is the communicator: its ``MPI_Comm`` handle as an int (what MORI's C API takes; mpi4py's
+    ``MPI._handleof(comm)``), an mpi4py communicator, or None for ``MPI.COMM_WORLD``; its rank and
+    size must equal ``rank`` and ``nranks``.
     """
     _check_rank(rank, nranks)
     if flags == MORI_SHMEM_INIT_WITH_UNIQUEID:

@@ -33,13 +33,33 @@ def init_from_torch(group: Any = None, timeout: float | None = None) -> Bootstra
     return Bootstrap(rank, world, box[0], timeout)  # type: ignore[arg-type]
 
 
+def _communicator(mpi: Any, comm: Any) -> Any:
+    """``comm`` as an mpi4py communicator: None is ``COMM_WORLD``; an int is a C ``MPI_Comm``
+    handle, the form MORI's C API and docs take (mpi4py gives it as ``MPI._handleof(comm)``)."""
+    if comm is None:
+        return mpi.COMM_WORLD
+    if isinstance(comm, mpi.Comm):
+        return comm
+    if isinstance(comm, int) and not isinstance(comm, bool):
+        if comm == mpi._handleof(mpi.COMM_NULL):
+            raise ValueError("init_from_mpi: the MPI_Comm handle is MPI_COMM_NULL")
+        if not hasattr(mpi.Comm, "fromhandle"):
+            raise ImportError("init_from_mpi: an MPI_Comm handle needs mpi4py >= 4.0 (Comm.fromhandle); pass the "
+                              "mpi4py communicator itself instead")
+        return mpi.Comm.fromhandle(comm)
+    raise TypeError(f"init_from_mpi: comm must be an mpi4py communicator, an MPI_Comm handle (int, as "
+                    f"MPI._handleof(comm) gives it) or None for MPI.COMM_WORLD, got {type(comm).__name__}")
+
+
 def init_from_mpi(comm: Any = None, timeout: float | None = None) -> Bootstrap:
-    """A :class:`Bootstrap` over the ranks of an mpi4py communicator (default: ``MPI.COMM_WORLD``)."""
+    """A :class:`Bootstrap` over the ranks of an MPI communicator: an mpi4py ``Comm``, its C
+    ``MPI_Comm`` handle as an int (``MPI._handleof(comm)``: what MORI's C API takes), or None for
+    ``MPI.COMM_WORLD``."""
     try:
         from mpi4py import MPI
     except ImportError as exc:
         raise ImportError("init_from_mpi needs mpi4py and an MPI library: pip install 'mori-core[mpi]'") from exc
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = _communicator(MPI, comm)
     rank, world = comm.Get_rank(), comm.Get_size()
     uid = comm.bcast(get_unique_id() if rank == 0 else None, root=0)
     return Bootstrap(rank, world, uid, timeout)
