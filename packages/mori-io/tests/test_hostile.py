@@ -269,6 +269,58 @@ def test_out_of_range_uid_fails_at_once(pair, uid):
         engine.write(ld, 0, target.region, 0, 64, True)
 
 
+@pytest.mark.parametrize("forged", [{"id": -1}, {"id": 2**64}, {"size": 2**65}, {"data": -1},
+                                    {"data": 2**64 - 8, "size": 64}, {"id": 1.0}])
+def test_unencodable_remote_descriptor_fails_without_wedging_the_peer(pair, forged):
+    # Issue 23: a remote descriptor whose id or offset does not fit 64 bits made read() raise
+    # TypeError after the transfer had joined the peer's completion order, so every later
+    # transfer and session to that peer stayed IN_PROGRESS.
+    target, engine, src, ld = pair
+    warm = engine.write(ld, 0, target.region, 0, 64, 10)  # connected: the next submit goes straight to the peer
+    assert warm.WaitFor(10_000) == StatusCode.SUCCESS, warm
+    bad = dataclasses.replace(target.region, **forged)
+    offset = 2**64 if forged.get("size") == 2**65 else 0  # an offset past 64 bits, inside the forged size
+    st = engine.read(ld, 0, bad, offset, 64, 11)
+    assert st.Code() == StatusCode.ERR_INVALID_ARGS and "remote memory descriptor" in st.Message(), st
+    assert engine.create_session(ld, bad) is None
+    later = engine.write(ld, 64, target.region, 64, 64, 12)
+    assert later.WaitFor(10_000) == StatusCode.SUCCESS, later
+    session = engine.create_session(ld, target.region)
+    assert session is not None and session.write(128, 128, 64, 13).WaitFor(10_000) == StatusCode.SUCCESS
+    assert target.call("bytes", 0, 192) == bytes(src[:192])
+
+
+def test_backend_raising_after_queuing_does_not_wedge_the_order(make_target, monkeypatch):
+    # Issue 23: whatever fails between joining the completion order and posting finishes the
+    # transfer, so the peer's later transfers, Wait() and deregister_memory are not held up.
+    monkeypatch.setenv("MORI_IO_TIMEOUT", "5")
+    target = make_target()
+    src = np.full(4096, 9, dtype=np.uint8)
+    real_submit = TcpBackend.submit
+    calls = []
+
+    def flaky_submit(self, request):
+        calls.append(request.uid)
+        if len(calls) == 2:
+            raise OverflowError("injected")
+        real_submit(self, request)
+
+    monkeypatch.setattr(TcpBackend, "submit", flaky_submit)
+    with IOEngine("flaky", IOEngineConfig()) as eng:
+        eng.create_backend(BackendType.TCP)
+        eng.register_remote_engine(target.desc)
+        ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+        assert eng.write(ld, 0, target.region, 0, 64, 1).WaitFor(10_000) == StatusCode.SUCCESS
+        broken = eng.write(ld, 0, target.region, 0, 64, 2)
+        assert broken.Code() == StatusCode.ERR_BAD_STATE and "injected" in broken.Message(), broken
+        after = eng.write(ld, 0, target.region, 0, 4096, 3)
+        assert after.WaitFor(10_000) == StatusCode.SUCCESS, after
+        t0 = time.monotonic()
+        eng.deregister_memory(ld)
+        assert time.monotonic() - t0 < 4.0  # nothing left in flight: no wait for MORI_IO_TIMEOUT (5 s)
+    assert target.call("bytes", 0, 4096) == bytes(src)
+
+
 def test_failure_on_the_connecting_thread_ends_the_transfer(make_target, monkeypatch):
     # Hole 5: any exception while starting a transfer after connecting finishes it.
     target = make_target()

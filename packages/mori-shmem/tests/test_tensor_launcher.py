@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,52 @@ def test_launcher_names_the_pe_that_failed(tmp_path: Path) -> None:
     done = _run_launcher(tmp_path, 2, 1)
     assert done.returncode == 3
     assert re.search(r"mori.shmem.run: PE 1 \(pid \d+\) exited with status 3", done.stderr), done.stderr
+
+
+HANG_SCRIPT = """
+import os, sys, time
+import mori.shmem as shmem
+shmem.shmem_init_from_env()
+me = shmem.shmem_mype()
+with open(os.path.join(sys.argv[1], f"pid.{me}.tmp"), "w") as f:
+    f.write(str(os.getpid()))
+os.rename(os.path.join(sys.argv[1], f"pid.{me}.tmp"), os.path.join(sys.argv[1], f"pid.{me}"))
+time.sleep(600)  # busy with its own work: only the launcher can stop it
+"""
+
+
+@pytest.mark.parametrize("victim", range(4))
+def test_launcher_stops_the_job_when_any_pe_dies(tmp_path: Path, victim: int) -> None:
+    # Issue 23: the wait loop polled PEs through any(), which stops at the first PE still
+    # running, so a PE other than 0 that died went unseen until every PE before it ended.
+    n = 4
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent(HANG_SCRIPT))
+    env = dict(os.environ, MORI_SHMEM_BACKEND="cpu", MORI_SHMEM_HEAP_SIZE="1M")
+    launcher = subprocess.Popen([sys.executable, "-m", "mori.shmem.run", "-n", str(n), "--timeout", "300",
+                                 str(script), str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"pid.{r}").exists() for r in range(n)):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the PEs did not start"
+            time.sleep(0.1)
+        pids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(n)]
+        os.kill(pids[victim], signal.SIGKILL)
+        try:
+            _, err = launcher.communicate(timeout=60)  # generous: the launcher polls every 50 ms
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the launcher still waits after PE {victim} was killed")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == -signal.SIGKILL % 256, err
+    others = [r for r in range(n) if r != victim]
+    assert f"PE {victim} (pid {pids[victim]}) exited with status -9; stopping PEs {others}" in err, err
+    for r in others:  # stopped and reaped by the launcher, not left waiting
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[r], 0)
 
 
 def test_init_from_env_without_launcher() -> None:

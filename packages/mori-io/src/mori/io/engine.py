@@ -211,6 +211,20 @@ def _bounds(l_offs: Any, r_offs: Any, sizes: Any) -> tuple[int, int, int]:
     return min(min(l_offs), min(r_offs), min(sizes)), _span_end(l_offs, sizes), _span_end(r_offs, sizes)
 
 
+def _remote_fields_problem(remote: MemoryDesc) -> tuple[StatusCode, str] | None:
+    """What makes a remote descriptor unusable on the wire (its id, address and size travel as
+    unsigned 64-bit integers), or None. Checked before a transfer is queued anywhere: a value a
+    backend cannot encode must fail the transfer, not the call that queued it."""
+    for name in ("id", "data", "size"):
+        value = getattr(remote, name)
+        if type(value) is not int or not 0 <= value < _UID_END:
+            return StatusCode.ERR_INVALID_ARGS, (f"remote memory descriptor: {name} {value!r} is not an int in "
+                                                 "0..2**64-1")
+    if remote.data + remote.size > _UID_END:
+        return StatusCode.ERR_INVALID_ARGS, "remote memory descriptor: data + size exceeds 2**64"
+    return None
+
+
 class IOEngine:
     """A transfer engine named ``key`` whose control plane listens on ``config.host:config.port``."""
 
@@ -383,7 +397,7 @@ class IOEngine:
                                                  "stale or altered)")
         if remote.engine_key not in self._remotes:
             return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
-        return None
+        return _remote_fields_problem(remote)
 
     def _submit(self, op: TransferOp, local: MemoryDesc, l_offs: Sequence[int], remote: MemoryDesc,
                 r_offs: Sequence[int], sizes: Sequence[int], uid: int, backend: Backend | None = None) -> TransferStatus:
@@ -438,7 +452,15 @@ class IOEngine:
         if self._memory.get(local.id) is None:
             status._set(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered")
             return status
-        backend.submit(TransferRequest(op, local, remote, l_offs, r_offs, sizes, uid, status))
+        try:
+            backend.submit(TransferRequest(op, local, remote, l_offs, r_offs, sizes, uid, status))
+        except Exception as err:  # queued above: whatever went wrong must finish the status
+            # A backend must not raise (base.py), but if one does, the transfer is already in this
+            # peer's completion order: left IN_PROGRESS it would hold back every later status.
+            _log.error("engine %r: %s backend raised while starting transfer %d: %r", self._key,
+                       backend.kind.name, uid, err)
+            status._set(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the transfer: "
+                                                  f"{err!r}")
         return status
 
     def read(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,

@@ -84,15 +84,17 @@ def _say(message: str) -> None:
 
 def _wait_all(procs: list[subprocess.Popen[bytes]], timeout: float | None) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
-    while any(p.poll() is None for p in procs):
-        failed = [(rank, p) for rank, p in enumerate(procs) if p.returncode not in (None, 0)]
+    # Every PE is polled on every round (a list, not any(), which would stop at the first PE
+    # still running and leave a later PE's exit unseen until the earlier ones end).
+    while None in (codes := [p.poll() for p in procs]):
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            rank, p = failed[0]
-            running = [r for r, q in enumerate(procs) if q.poll() is None]
+            rank, p = failed[0], procs[failed[0]]
+            running = [r for r, code in enumerate(codes) if code is None]
             _say(f"PE {rank} (pid {p.pid}) exited with status {p.returncode}; stopping PEs {running}")
             return int(p.returncode)
         if deadline is not None and time.monotonic() > deadline:
-            running = [r for r, q in enumerate(procs) if q.poll() is None]
+            running = [r for r, code in enumerate(codes) if code is None]
             _say(f"PEs {running} still running after {timeout} s; stopping them")
             return 124
         time.sleep(0.05)
