@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # mori.ops (MORI-EP) on the GPU machine: install; the GPU tests (ops_gpu_worker.py: bf16, fp8 with
 # per-token and per-128 scales, float32, AsyncLL, zero copy, fp8 direct cast, CUDA-graph replay,
-# MORI's EP checker) with each PE count of --pes (default "2 4 8"; PEs beyond the GPU count share
-# GPUs, under MPS when it starts: multi_pe.sh); then bench_ep.py on one PE per GPU
-# (MORI_BENCH_PES overrides the count).
+# MORI's EP checker; hot experts and refused second dispatches; a dispatch graph replayed twice,
+# which ends its PEs with a device trap) with each PE count of --pes (default "2 4 8"; PEs beyond
+# the GPU count share GPUs, under MPS when it starts: multi_pe.sh, a fresh daemon per count); then
+# bench_ep.py on one PE per GPU (MORI_BENCH_PES overrides the count).
 # Run from the repository root with .devkit carried; logs and JSON go to $OUT.
-# Usage: bash ci/device/ep.sh [--pes "2 4 8"] [--no-mps] [--no-tests] [--no-bench] [-- bench args]
+# Usage: bash ci/device/ep.sh [--pes "2 4 8"] [--no-mps] [--no-tests] [--no-bench] [-k EXPR] [-- bench args]
+#   -k EXPR: only the GPU tests pytest's -k selects (e.g. "hot or graph").
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mori-out}
@@ -15,10 +17,11 @@ MORI_PES=${MORI_PES:-"2 4 8"}
 . "$(dirname "$0")/multi_pe.sh"
 pes_parse_args "$@" || exit 2
 trap pes_stop_mps EXIT
-run_tests=1; run_bench=1; bench_args=(); seen_dashes=0
+run_tests=1; run_bench=1; bench_args=(); select=(); seen_dashes=0; want_k=0
 for a in "${PES_REST[@]}"; do
   if [ $seen_dashes = 1 ]; then bench_args+=("$a"); continue; fi
-  case $a in --no-tests) run_tests=0 ;; --no-bench) run_bench=0 ;; --) seen_dashes=1 ;; esac
+  if [ $want_k = 1 ]; then select=(-k "$a"); want_k=0; continue; fi
+  case $a in --no-tests) run_tests=0 ;; --no-bench) run_bench=0 ;; -k) want_k=1 ;; --) seen_dashes=1 ;; esac
 done
 status=0
 t0=$(date +%s)
@@ -30,13 +33,14 @@ repo=$PWD
 cd /tmp  # import mori from site-packages, not the source tree
 if [ $run_tests = 1 ]; then
   for n in $PES; do
+    pes_stop_mps  # the last test of a count ends in device traps: each count starts a fresh daemon
     pes_share_gpus "$n"
     echo "== mori.ops GPU tests, $n PEs"
     t1=$(date +%s)
-    MORI_TEST_PES=$n timeout $(( 90 + 30 * n )) python3 -m pytest -q -m gpu -p no:cacheprovider -s \
+    MORI_TEST_PES=$n timeout $(( 120 + 45 * n )) python3 -m pytest -q -m gpu -p no:cacheprovider -s "${select[@]}" \
       "$repo/packages/mori-shmem/tests/test_ops_gpu.py" > "$OUT/ops_tests_$n.log" 2>&1
     rc=$?; echo "rc=$rc in $(( $(date +%s) - t1 ))s"
-    grep -E "^ok |passed|failed|Error|error" "$OUT/ops_tests_$n.log" | cut -c1-200 | head -40
+    grep -E "^ok |passed|failed|Error|error" "$OUT/ops_tests_$n.log" | cut -c1-200 | head -80
     [ $rc = 0 ] || { status=1; tail -40 "$OUT/ops_tests_$n.log"; }
   done
 fi
@@ -44,6 +48,7 @@ if [ $run_bench = 1 ]; then
   # One PE per GPU; on one GPU two PEs share it (MORI_BENCH_PES=1: a single PE, which exercises
   # the NCCL and symmetric-memory paths against itself).
   n=${MORI_BENCH_PES:-$(( GPU_COUNT >= 2 ? GPU_COUNT : 2 ))}
+  pes_stop_mps
   pes_share_gpus "$n"
   echo "== bench_ep.py, $n PEs on $GPU_COUNT GPUs"
   MORI_SHMEM_HEAP_SIZE=${MORI_SHMEM_HEAP_SIZE:-3G} timeout 300 torchrun --standalone --nproc_per_node=$n \

@@ -31,6 +31,7 @@ class Case:
     seed: int = 0
     combine_dtype: Any = None  # dtype of the expert outputs (default: dtype, or bf16 for fp8)
     full: bool = False  # every rank sends max_tokens tokens (fixed shapes, for CUDA graphs)
+    hot: tuple[int, ...] = ()  # if given, every top-k id names an expert of one of these ranks
 
 
 def rank_inputs(case: Case, rank: int, device: Any = "cpu") -> dict[str, Any]:
@@ -41,6 +42,9 @@ def rank_inputs(case: Case, rank: int, device: Any = "cpu") -> dict[str, Any]:
     n = case.max_tokens if case.full else n
     experts = case.world * case.experts_per_rank
     ids = torch.randint(0, experts, (n, case.k), generator=g, dtype=torch.int64)
+    if case.hot:  # hot experts: these ranks receive every token, the others none
+        pick = torch.randint(0, len(case.hot), (n, case.k), generator=g)
+        ids = torch.tensor(case.hot, dtype=torch.int64)[pick] * case.experts_per_rank + ids % case.experts_per_rank
     repeat = torch.rand(n, case.k, generator=g) < 0.2  # same expert as the entry before
     ids[:, 1:] = torch.where(repeat[:, 1:], ids[:, :-1], ids[:, 1:])
     bad = torch.rand(n, case.k, generator=g) < case.invalid
@@ -77,7 +81,8 @@ def expert_output(case: Case, received: Any, pe: int) -> Any:
 def check_round(case: Case, results: list[dict[str, Any]], wire_dtype: Any = None) -> int:
     """Checks one dispatch + combine round; ``results[p]`` holds PE p's outputs as CPU tensors
     (``src_pos``, ``tokens``, ``weights``, ``scales``, ``indices``, ``total``, ``combine_in``,
-    ``combined``, ``combined_weights``). Returns how many tokens were received in all."""
+    ``combined``, ``combined_weights`` and ``combine_weights``, the weights mode of
+    :func:`pe_round`). Returns how many tokens were received in all."""
     world = case.world
     inputs = [rank_inputs(case, r) for r in range(world)]
     all_ids = [i["indices"] for i in inputs]
@@ -104,9 +109,16 @@ def check_round(case: Case, results: list[dict[str, Any]], wire_dtype: Any = Non
         got = res["combined"][:n]
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), \
             f"PE {r}: combine differs in {(got.float() != want.float()).sum().item()} elements"
-        w_stage = [res["weights"][: int(res["total"])] for res in results]
+        mode = res.get("combine_weights", "view")
+        if mode == "none":
+            assert res["combined_weights"] is None, f"PE {r}: combine without weights returned weights"
+            continue
+        # "empty": every PE gave weights with no rows, which count as zeros.
+        w_stage = [res["weights"][: int(res["total"])] * (mode != "empty") for res in results]
         want_w = reference_combine(all_ids[r], r, case.experts_per_rank, w_stage, src_pos, max_send, torch.float32)
-        assert torch.equal(res["combined_weights"][:n], want_w), f"PE {r}: combined weights"
+        got_w = res["combined_weights"][:n]
+        assert torch.equal(got_w, want_w), \
+            f"PE {r}: combined weights differ for {(got_w != want_w).any(dim=1).sum().item()} of {n} tokens"
     return received
 
 
@@ -123,18 +135,40 @@ def make_config(case: Case, rank: int, **overrides: Any) -> Any:
     return mori.ops.EpDispatchCombineConfig(**kw)
 
 
-def pe_round(case: Case, op: Any, device: Any = "cpu", split: bool = False, zero_copy: bool = False) -> dict[str, Any]:
-    """One dispatch + combine on this PE (``split``: the AsyncLL send/recv calls); CPU copies of
-    everything :func:`check_round` needs."""
+#: How :func:`pe_round` passes weights to combine: dispatch's whole weights view, a copy of the
+#: received rows only (no rows, data_ptr() 0 on the GPU, where nothing was received), a tensor of
+#: no rows, or None.
+COMBINE_WEIGHTS = ("view", "rows", "empty", "none")
+
+
+def _refused(call: Any, *args: Any) -> str:
+    """The message of the RuntimeError ``call(*args)`` raises ("no error" if it returns)."""
+    try:
+        call(*args)
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def pe_round(case: Case, op: Any, device: Any = "cpu", split: bool = False, zero_copy: bool = False,
+             combine_weights: str = "view", second_dispatch: bool = False) -> dict[str, Any]:
+    """One dispatch + combine on this PE (``split``: the AsyncLL send/recv calls; ``combine_weights``:
+    one of :data:`COMBINE_WEIGHTS`); CPU copies of everything :func:`check_round` needs.
+    ``second_dispatch``: a second dispatch is tried before the combine (also between the AsyncLL send
+    and recv), and what it raised is returned as ``refusals``."""
     rank = op.config.rank
     inp = rank_inputs(case, rank, device)
+    args = (inp["input"], inp["weights"], inp["scales"], inp["indices"])
+    refusals = []
     if split:
-        tokens, weights, scales, indices, total = op.dispatch_send(inp["input"], inp["weights"], inp["scales"],
-                                                                    inp["indices"])
+        tokens, weights, scales, indices, total = op.dispatch_send(*args)
+        if second_dispatch:
+            refusals.append(_refused(op.dispatch_send, *args))
         op.dispatch_recv()
     else:
-        tokens, weights, scales, indices, total = op.dispatch(inp["input"], inp["weights"], inp["scales"],
-                                                              inp["indices"])
+        tokens, weights, scales, indices, total = op.dispatch(*args)
+    if second_dispatch:
+        refusals.append(_refused(op.dispatch_send if split else op.dispatch, *args))
     n = int(total.item())
     # Dispatch outputs are copied before combine: once this rank combined, its peers' next dispatch
     # may overwrite them.
@@ -147,11 +181,14 @@ def pe_round(case: Case, op: Any, device: Any = "cpu", split: bool = False, zero
         buf[:n].copy_(y)
         y = buf
     kwargs = {"use_external_inp_buf": 0} if zero_copy else {}
+    w = {"view": weights, "rows": weights[:n].clone(), "none": None,
+         "empty": torch.empty(0, case.k, dtype=torch.float32, device=weights.device)}[combine_weights]
     if split:
-        combined, combined_w = op.combine_send(y, weights, inp["indices"])
+        combined, combined_w = op.combine_send(y, w, inp["indices"])
         op.combine_recv()
     else:
-        combined, combined_w = op.combine(y, weights, inp["indices"], **kwargs)
-    out.update(combine_in=y[:n].cpu().clone(), combined=combined.cpu().clone(),
-               combined_weights=combined_w.cpu().clone())
+        combined, combined_w = op.combine(y, w, inp["indices"], **kwargs)
+    out.update(combine_in=y[:n].cpu().clone(), combined=combined.cpu().clone(), combine_weights=combine_weights,
+               refusals=refusals,
+               combined_weights=combined_w.cpu().clone() if combined_w is not None else None)
     return out

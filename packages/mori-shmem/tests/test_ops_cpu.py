@@ -27,17 +27,18 @@ def _op(case: Case, **overrides: Any) -> Any:
     return _ops[key]
 
 
-def pe_rounds(case: Case, seeds: list[int], overrides: dict[str, Any], split: bool = False,
-              zero_copy: bool = False) -> list[dict[str, Any]]:
+def pe_rounds(case: Case, seeds: list[int], overrides: dict[str, Any], kw: dict[str, Any]) -> list[dict[str, Any]]:
     op = _op(case, **overrides)
-    return [pe_round(dataclasses.replace(case, seed=s), op, split=split, zero_copy=zero_copy) for s in seeds]
+    return [pe_round(dataclasses.replace(case, seed=s), op, **kw) for s in seeds]
 
 
-def run(pool: Any, case: Case, seeds: list[int], wire: Any = None, **kw: Any) -> None:
-    overrides = kw.pop("overrides", {})
-    per_pe = pool.run(pe_rounds, dataclasses.replace(case, world=pool.n), seeds, overrides, *kw.values())
+def run(pool: Any, case: Case, seeds: list[int], wire: Any = None, overrides: Any = None,
+        **kw: Any) -> list[list[dict[str, Any]]]:
+    """Rounds of ``case`` on every PE (``kw``: pe_round's options), each checked; returns the results."""
+    per_pe = pool.run(pe_rounds, dataclasses.replace(case, world=pool.n), seeds, overrides or {}, kw)
     for i, seed in enumerate(seeds):
         check_round(dataclasses.replace(case, world=pool.n, seed=seed), [r[i] for r in per_pe], wire)
+    return per_pe
 
 
 BF16 = Case(world=0, max_tokens=9, hidden=48, k=4, experts_per_rank=3)
@@ -74,11 +75,44 @@ def test_async_ll_split(pool):
 
 
 def test_zero_copy_combine(pool):
-    run(pool, BF16, [11], overrides={"use_external_inp_buf": False}, split=False, zero_copy=True)
+    run(pool, BF16, [11], overrides={"use_external_inp_buf": False}, zero_copy=True)
 
 
 def test_fp8_direct_cast_combine(pool):
     run(pool, BF16, [12], torch.float8_e4m3fn, overrides={"quant_type": "fp8_direct_cast"})
+
+
+HOT = Case(world=0, max_tokens=6, hidden=32, k=4, experts_per_rank=2, invalid=0.0, full=True, hot=(0,))
+
+
+@pytest.mark.parametrize("combine_weights", ["rows", "empty", "none"])
+def test_hot_expert_rank(pool, combine_weights):
+    """Every token to rank 0, which receives world_size * max_num_inp_token_per_rank rows; the others
+    receive none and combine empty expert outputs (and weights of no rows, or none)."""
+    run(pool, HOT, [41, 42], combine_weights=combine_weights)
+
+
+def test_hot_expert_ranks_async_ll(pool):
+    from mori.ops import EpDispatchCombineKernelType
+
+    run(pool, dataclasses.replace(HOT, hot=(pool.n - 1, 0)), [43],
+        overrides={"kernel_type": EpDispatchCombineKernelType.AsyncLL}, split=True, combine_weights="rows")
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["IntraNode", "AsyncLL"])
+def test_second_dispatch_refused(pool, split):
+    """A second dispatch before the combine raises and changes nothing: the combine then completes
+    the first dispatch's round correctly."""
+    from mori.ops import EpDispatchCombineKernelType
+
+    overrides = {"kernel_type": EpDispatchCombineKernelType.AsyncLL} if split else {}
+    per_pe = run(pool, BF16, [44], overrides=overrides, split=split, second_dispatch=True)
+    refusals = [m for r in per_pe for m in r[0]["refusals"]]
+    assert len(refusals) == pool.n * (2 if split else 1)
+    after_recv = refusals[1::2] if split else refusals  # AsyncLL: each PE tried before and after dispatch_recv
+    assert all(m.startswith("dispatch called twice without a combine") for m in after_recv), refusals
+    if split:
+        assert all("dispatch_send without its dispatch_recv" in m for m in refusals[::2]), refusals
 
 
 def pe_bad_calls() -> list[str]:

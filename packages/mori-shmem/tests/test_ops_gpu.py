@@ -19,3 +19,24 @@ pytestmark = pytest.mark.gpu
 def test_dispatch_combine(nproc: int) -> None:
     out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G"})
     assert f"ok  all mori.ops checks with {nproc} PEs" in out
+
+
+@pytest.mark.parametrize("nproc", PES)
+def test_hot_experts_and_refused_second_dispatch(nproc: int) -> None:
+    """Every token to one or two ranks (they receive more than max_num_inp_token_per_rank rows, the
+    others none and combine empty expert outputs and weights), and second dispatches refused."""
+    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "edge"})
+    assert out.count("ok  hot ") == 7 and out.count(" second dispatches refused") == 2, out
+    assert f"ok  all mori.ops checks with {nproc} PEs" in out
+
+
+# Last of the file: the PEs end with their CUDA contexts unusable (a device trap).
+@pytest.mark.parametrize("nproc", PES)
+def test_dispatch_graph_replayed_twice_stops_on_device(nproc: int) -> None:
+    """Two dispatches with no combine between them that bypass the host's check (CUDA graph
+    replays) stop on the device with a message instead of racing on the peers' counters."""
+    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G",
+                                                 "MORI_OPS_CHECKS": "graph_double_dispatch"})
+    assert "ok  dispatch and combine as two CUDA graphs" in out, out
+    assert all(f"ok  rank {r}: dispatch graph replayed twice stopped on the device" in out for r in range(nproc)), out
+    assert "dispatch called twice without a combine in between" in out, out

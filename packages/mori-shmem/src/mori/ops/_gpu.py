@@ -35,7 +35,7 @@ class EpArgs(ctypes.Structure):
         "combInp", "combInpWeights", "combOut", "combOutWeights", "control", "destMap", "expertCount")] + [
         (name, ctypes.c_int32) for name in (
             "rank", "world", "numTokens", "k", "expertsPerRank", "rowBytes", "scaleBytes", "hidden",
-            "maxSend", "maxRecv", "inpRows", "weightRows")]
+            "maxSend", "maxRecv", "inpRows", "weightRows", "hasWeights")]
 
 
 def kernel_source() -> str:

@@ -301,7 +301,10 @@ class EpDispatchCombineOp:
 
             a = EpArgs.from_buffer_copy(self._args)
             a.inp, a.indices = int(inp.data_ptr()), int(indices.data_ptr())
+            # Whether weights are combined is said apart from their pointer: a tensor with no rows
+            # (a rank that received no tokens) may have data_ptr() 0 and must still be combined.
             a.weights = int(weights.data_ptr()) if weights is not None else 0
+            a.hasWeights = int(weights is not None)
             a.numTokens, a.hidden = self._dispatched, inp.shape[1]
             a.inpRows, a.weightRows = inp.shape[0], weights.shape[0] if weights is not None else 0
             stream = self._stream()

@@ -28,6 +28,8 @@ struct EpArgs {
   int32_t rank, world, numTokens, k;
   int32_t expertsPerRank, rowBytes, scaleBytes, hidden;
   int32_t maxSend, maxRecv, inpRows, weightRows;
+  // Combine: 1 when the caller gave weights (even with no rows, whose data pointer may be 0).
+  int32_t hasWeights;
 };
 
 namespace {
@@ -116,6 +118,16 @@ struct Fp8 {
 // records where each (token, entry) went in destMap (for combine).
 extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   __shared__ int32_t sCount[EP_MAX_PES], sBase[EP_MAX_PES], sRun[EP_MAX_PES];
+  // A second dispatch before this round's combine would reserve slots on peers whose counters
+  // are still being cleared and overwrite rows they may still read: refused before any write.
+  // (The host refuses it too; this catches CUDA graph replays, which bypass the host.)
+  if (*Control(a, EP_PHASE) != 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      MORI_DEVICE_FAIL("%s", "dispatch called twice without a combine in between: every dispatch must be "
+                       "followed by one combine on every rank (a CUDA graph replayed a dispatch without its combine?)");
+    }
+    return;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int firstToken = blockIdx.x * warps + warp, tokenStride = gridDim.x * warps;
   const int32_t* indices = reinterpret_cast<const int32_t*>(a.indices);
@@ -170,9 +182,11 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
 }
 
 // One block, a thread per destination PE: once the previous round's count was consumed there,
-// publish how many tokens this PE sent it (count + 1, so 0 means "nothing yet").
+// publish how many tokens this PE sent it (count + 1, so 0 means "nothing yet"). Marks the round
+// dispatched until its combine.
 extern "C" __global__ void ep_dispatch_signal(EpArgs a) {
   FenceSys();
+  if (threadIdx.x == 0) *Control(a, EP_PHASE) = 1;
   int32_t* signal = Control(a, EP_RECV_SIGNAL) + a.rank;
   for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
     int32_t* sent = Control(a, EP_SENT_COUNT) + p;
@@ -234,7 +248,7 @@ __device__ void CombineStage(const EpArgs& a) {
     } else {
       for (int i = lane; i < a.hidden; i += 32) dst[i] = Wire::Store(In::Load(src[i]));
     }
-    if (a.weights && lane < a.k) {
+    if (a.hasWeights && lane < a.k) {
       const float w = r < a.weightRows ? reinterpret_cast<const float*>(a.weights)[(size_t)r * a.k + lane] : 0.0f;
       reinterpret_cast<float*>(a.combInpWeights)[(size_t)r * a.k + lane] = w;
     }
@@ -252,6 +266,10 @@ extern "C" __global__ void ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf
 extern "C" __global__ void ep_combine_barrier_signal(EpArgs a) {
   __shared__ uint32_t sEpoch;
   if (threadIdx.x == 0) {
+    if (*Control(a, EP_PHASE) != 1) {
+      MORI_DEVICE_FAIL("%s", "combine called without a preceding dispatch (a CUDA graph replayed a combine "
+                       "without its dispatch?)");
+    }
     uint32_t* epoch = reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));
     sEpoch = *epoch + 1;
     *epoch = sEpoch;
@@ -262,13 +280,15 @@ extern "C" __global__ void ep_combine_barrier_signal(EpArgs a) {
   for (int p = threadIdx.x; p < a.world; p += blockDim.x) ptx::StoreReleaseSys(Peer(flag, p), sEpoch);
 }
 
-// One block: waits until every PE's registered combine input of this round is complete.
+// One block: waits until every PE's registered combine input of this round is complete; the
+// round is then combined (peers may send the next dispatch once they passed this barrier too).
 extern "C" __global__ void ep_combine_barrier_wait(EpArgs a) {
   const uint32_t epoch = *reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));
   uint32_t* flags = reinterpret_cast<uint32_t*>(Control(a, EP_BARRIER));
   for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
     detail::WaitFor<uint32_t>(flags + p, kCmpGe, epoch, "combine: waiting for a peer's expert outputs");
   }
+  if (threadIdx.x == 0) *Control(a, EP_PHASE) = 0;
   FenceSys();
 }
 
@@ -334,7 +354,7 @@ __device__ void CombineAccum(const EpArgs& a) {
         out[u] = Out::Store(acc);
       }
     }
-    if (a.weights && part == 0 && lane < a.k) {
+    if (a.hasWeights && part == 0 && lane < a.k) {
       float acc = 0.0f;
       for (int p = 0; p < count; ++p) acc += sWeights[warp][p][lane];
       reinterpret_cast<float*>(a.combOutWeights)[(size_t)t * a.k + lane] = acc;
