@@ -21,7 +21,7 @@ for pkg in mori-core mori-shmem mori-io mori-triton; do
   echo "-- $pkg"
   python -m pytest -m "not gpu" -p no:cacheprovider "packages/$pkg/tests" "$@"
 done
-echo "== repository checks (ci/tests)"
+echo "== repository checks (ci/tests: the layer check, every example of the docs)"
 python -m pytest -m "not gpu" -p no:cacheprovider ci/tests "$@"
 echo "== docs"
 bash ci/docs.sh
