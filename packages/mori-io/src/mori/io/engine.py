@@ -211,20 +211,6 @@ def _bounds(l_offs: Any, r_offs: Any, sizes: Any) -> tuple[int, int, int]:
     return min(min(l_offs), min(r_offs), min(sizes)), _span_end(l_offs, sizes), _span_end(r_offs, sizes)
 
 
-def _remote_fields_problem(remote: MemoryDesc) -> tuple[StatusCode, str] | None:
-    """What makes a remote descriptor unusable on the wire (its id, address and size travel as
-    unsigned 64-bit integers), or None. Checked before a transfer is queued anywhere: a value a
-    backend cannot encode must fail the transfer, not the call that queued it."""
-    for name in ("id", "data", "size"):
-        value = getattr(remote, name)
-        if type(value) is not int or not 0 <= value < _UID_END:
-            return StatusCode.ERR_INVALID_ARGS, (f"remote memory descriptor: {name} {value!r} is not an int in "
-                                                 "0..2**64-1")
-    if remote.data + remote.size > _UID_END:
-        return StatusCode.ERR_INVALID_ARGS, "remote memory descriptor: data + size exceeds 2**64"
-    return None
-
-
 class IOEngine:
     """A transfer engine named ``key`` whose control plane listens on ``config.host:config.port``."""
 
@@ -397,7 +383,10 @@ class IOEngine:
                                                  "stale or altered)")
         if remote.engine_key not in self._remotes:
             return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
-        return _remote_fields_problem(remote)
+        # Checked before a transfer is queued anywhere: a value a backend cannot encode must fail
+        # the transfer, not the call that queued it.
+        problem = remote._wire_problem()
+        return None if problem is None else (StatusCode.ERR_INVALID_ARGS, f"remote memory descriptor: {problem}")
 
     def _submit(self, op: TransferOp, local: MemoryDesc, l_offs: Sequence[int], remote: MemoryDesc,
                 r_offs: Sequence[int], sizes: Sequence[int], uid: int, backend: Backend | None = None) -> TransferStatus:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import os
+import reprlib
 import threading
 import time
 from dataclasses import InitVar, asdict, dataclass, field
@@ -172,15 +173,46 @@ TcpBackendConfig.striping_threshold_bytes = property(  # type: ignore[attr-defin
     lambda self: self.stripe_bytes, doc="MORI's name of :attr:`stripe_bytes`.")
 
 
-def _unpack_fields(cls_name: str, data: bytes, expected: set[str]) -> dict[str, Any]:
+_U64_MAX = (1 << 64) - 1  # ids, addresses and sizes travel as unsigned 64-bit integers
+_I32_MAX = (1 << 31) - 1
+_MAX_TEXT = 4096  # characters of any text field (an engine key has at most this many too)
+
+# A descriptor field's rule: str (with its least length), int (with its range) or dict.
+_Rule = tuple[type, int, int]
+_TEXT: _Rule = (str, 0, _MAX_TEXT)
+_NAME: _Rule = (str, 1, _MAX_TEXT)
+
+
+def _field_problem(name: str, value: Any, rule: _Rule) -> str | None:
+    """Why ``value`` breaks ``rule`` (a sentence naming the field), or None."""
+    kind, lo, hi = rule
+    if kind is str:
+        if type(value) is not str or not lo <= len(value) <= hi:
+            return f"{name} must be a str of {lo}..{hi} characters, got {reprlib.repr(value)}"
+    elif kind is dict:
+        if type(value) is not dict or not all(type(k) is str for k in value):
+            return f"{name} must be a map with str keys, got {reprlib.repr(value)}"
+    elif not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        return f"{name} must be an int in {lo}..{hi}, got {reprlib.repr(value)}"
+    return None
+
+
+def _unpack_fields(cls_name: str, data: bytes, rules: dict[str, _Rule]) -> dict[str, Any]:
+    """The fields of a packed descriptor, each checked against its rule: ``ValueError`` naming
+    the first fault for anything :meth:`pack` would not have made (``TypeError`` when ``data``
+    is not bytes at all)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"{cls_name}.unpack expects bytes, got {type(data).__name__}")
     try:
         fields = msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
     except Exception as err:
         raise ValueError(f"{cls_name}.unpack: not a packed {cls_name} ({err})") from None
-    if not isinstance(fields, dict) or set(fields) != expected:
-        raise ValueError(f"{cls_name}.unpack: not a packed {cls_name} (fields {sorted(expected)} expected)")
+    if not isinstance(fields, dict) or set(fields) != set(rules):
+        raise ValueError(f"{cls_name}.unpack: not a packed {cls_name} (fields {sorted(rules)} expected)")
+    for name, rule in rules.items():
+        problem = _field_problem(name, fields[name], rule)
+        if problem is not None:
+            raise ValueError(f"{cls_name}.unpack: {problem}")
     return fields
 
 
@@ -202,10 +234,10 @@ class EngineDesc:
 
     @classmethod
     def unpack(cls, data: bytes) -> EngineDesc:
-        """Rebuilds a descriptor made by :meth:`pack`; raises ``ValueError`` on anything else."""
-        f = _unpack_fields("EngineDesc", data, {"key", "host", "port", "hostname", "pid", "node_id"})
-        return cls(str(f["key"]), str(f["host"]), int(f["port"]), str(f["hostname"]), int(f["pid"]),
-                   str(f["node_id"]))
+        """Rebuilds a descriptor made by :meth:`pack`; raises ``ValueError`` naming the field on
+        anything else (a key of 1..4096 characters, text of at most 4096, a port in 0..65535, a
+        pid in 0..2**63-1), ``TypeError`` when ``data`` is not bytes."""
+        return cls(**_unpack_fields("EngineDesc", data, _ENGINE_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -236,13 +268,36 @@ class MemoryDesc:
 
     @classmethod
     def unpack(cls, data: bytes) -> MemoryDesc:
-        """Rebuilds a descriptor made by :meth:`pack`; raises ``ValueError`` on anything else."""
-        keys = {"engine_key", "id", "data", "size", "device_id", "loc", "hostname", "extra", "device_bus_id",
-                "numa_node"}
-        f = _unpack_fields("MemoryDesc", data, keys)
-        return cls(str(f["engine_key"]), int(f["id"]), int(f["data"]), int(f["size"]), int(f["device_id"]),
-                   MemoryLocationType(f["loc"]), str(f["hostname"]), dict(f["extra"]), str(f["device_bus_id"]),
-                   int(f["numa_node"]))
+        """Rebuilds a descriptor made by :meth:`pack`; raises ``ValueError`` naming the field on
+        anything else (id, address and size in 0..2**64-1 with address + size <= 2**64, device
+        id and NUMA node in -1..2**31-1, a known location, text of at most 4096 characters,
+        ``extra`` a map with str keys), ``TypeError`` when ``data`` is not bytes."""
+        f = _unpack_fields("MemoryDesc", data, _MEMORY_FIELDS)
+        f["loc"] = MemoryLocationType(f["loc"])
+        desc = cls(**f)
+        problem = desc._wire_problem()
+        if problem is not None:
+            raise ValueError(f"MemoryDesc.unpack: {problem}")
+        return desc
+
+    def _wire_problem(self) -> str | None:
+        """Why this descriptor's id, address or size cannot travel as unsigned 64-bit integers
+        (what a peer's data plane takes), or None."""
+        for name in ("id", "data", "size"):
+            problem = _field_problem(name, getattr(self, name), _MEMORY_FIELDS[name])
+            if problem is not None:
+                return problem
+        if self.data + self.size > _U64_MAX + 1:
+            return f"data + size must be at most 2**64, got {self.data:#x} + {self.size:#x}"
+        return None
+
+
+_ENGINE_FIELDS: dict[str, _Rule] = {"key": _NAME, "host": _TEXT, "port": (int, 0, 65535), "hostname": _TEXT,
+                                    "pid": (int, 0, (1 << 63) - 1), "node_id": _TEXT}
+_MEMORY_FIELDS: dict[str, _Rule] = {
+    "engine_key": _NAME, "id": (int, 0, _U64_MAX), "data": (int, 0, _U64_MAX), "size": (int, 0, _U64_MAX),
+    "device_id": (int, -1, _I32_MAX), "loc": (int, int(min(MemoryLocationType)), int(max(MemoryLocationType))),
+    "hostname": _TEXT, "extra": (dict, 0, 0), "device_bus_id": _TEXT, "numa_node": (int, -1, _I32_MAX)}
 
 
 class Completion(Protocol):
