@@ -1,10 +1,12 @@
-"""Fixtures: a long-lived target engine process per module and an initiator engine here."""
+"""Fixtures: a long-lived target engine process per module and an initiator engine here; for the
+client replays (test_client_replays*.py), the backend they run on and their initiator engine."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from _kv_clients import make_engine
 from _peer import PeerProcess, SharedBuffer
 
 from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
@@ -40,3 +42,19 @@ def remote_region(target: PeerProcess) -> Iterator[tuple[SharedBuffer, MemoryDes
         yield buf, desc
     finally:
         buf.unlink()
+
+
+@pytest.fixture(params=["rdma", "tcp"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The clients' own backend (RDMA, on UCX's tcp transport: no NIC here) or the TCP backend.
+    The child processes inherit the environment."""
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
+    return str(request.param)
+
+
+@pytest.fixture()
+def engine(backend: str) -> Iterator[IOEngine]:
+    """The replays' transferring engine, built as the clients build theirs (``make_engine``)."""
+    eng = make_engine("initiator-0", backend)
+    yield eng
+    eng.close()

@@ -26,7 +26,6 @@ from _kv_clients import (
     Layout,
     fill,
     group_contiguous,
-    make_engine,
     merge_contiguous,
     serve_sglang_target,
     serve_vllm_target,
@@ -40,21 +39,6 @@ LAYOUT = Layout()
 TARGET_SEED, LOCAL_SEED = 100, 200
 REQUESTS = 6
 DEADLINE_S = 60.0
-
-
-@pytest.fixture(params=["rdma", "tcp"])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The clients' own backend (RDMA, on UCX's tcp transport: no NIC here) or the TCP backend.
-    The child processes inherit the environment."""
-    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
-    return str(request.param)
-
-
-@pytest.fixture()
-def engine(backend: str) -> Iterator[IOEngine]:
-    eng = make_engine("initiator-0", backend)
-    yield eng
-    eng.close()
 
 
 def _layer_names() -> list[str]:

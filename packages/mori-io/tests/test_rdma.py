@@ -148,7 +148,7 @@ def test_config_fields_are_validated() -> None:
     try:
         for bad in (RdmaBackendConfig(qp_per_transfer=0), RdmaBackendConfig(num_worker_threads=65),
                     RdmaBackendConfig(num_worker_threads=0), RdmaBackendConfig(qp_per_transfer=-1),
-                    RdmaBackendConfig(post_batch_size=0)):
+                    RdmaBackendConfig(post_batch_size=0), RdmaBackendConfig(max_send_wr=-1)):
             with pytest.raises(ValueError, match="RdmaBackendConfig"):
                 e.create_backend(BackendType.RDMA, bad)
         with pytest.raises(TypeError, match="RdmaBackendConfig"):

@@ -200,6 +200,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_IO_RDMA_TRANSPORTS", _transport_list, None,
                  "RDMA backend: the UCX transports it may use (UCX_TLS); unset: UCX's choice, and the backend "
                  "refuses a host where UCX finds no RDMA NIC.", "'rc,dc,self', 'tcp,sm,self', 'tcp,cuda_copy'"),
+        Variable("MORI_IO_SQ_BACKOFF_TIMEOUT_US", _positive_int, 5_000_000,
+                 "RDMA backend: microseconds a transfer waits for room in a full send queue before it fails "
+                 "with 'SQ full' (MORI's setting and default).", "a positive integer (microseconds)"),
         Variable("MORI_IO_TCP_STAGING_SIZE", _size, 64 << 20,
                  "TCP backend: pinned host memory for staging GPU memory, per side (initiator, target) "
                  "and engine; buffers of 4 MiB (less when smaller than 8 MiB, at least 128 KiB).", SIZE_FORMS),

@@ -432,6 +432,9 @@ class IOEngine:
             status._set(*problem)
             return status
         assert backend is not None
+        request = TransferRequest(op, local, remote, l_offs, r_offs, sizes, uid, status)
+        if not backend.admit(request):  # refused on the spot ("SQ full"): failed now, outside the order
+            return status
         with self._order_lock:
             status._after(self._last_status.get(remote.engine_key))
             self._last_status[remote.engine_key] = status
@@ -442,7 +445,7 @@ class IOEngine:
             status._set(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered")
             return status
         try:
-            backend.submit(TransferRequest(op, local, remote, l_offs, r_offs, sizes, uid, status))
+            backend.submit(request)
         except Exception as err:  # queued above: whatever went wrong must finish the status
             # A backend must not raise (base.py), but if one does, the transfer is already in this
             # peer's completion order: left IN_PROGRESS it would hold back every later status.

@@ -98,9 +98,11 @@ class RdmaBackendConfig:
     UCX workers, each with a progress thread, 1..64, or -1 (MORI's default, "auto"): one worker,
     as MORI posts on the caller's thread for any value below 2; ``poll_cq_mode``: spin while transfers are
     outstanding (``POLLING``) or sleep on the worker's event fd (``EVENT``);
-    ``enable_notification``: send the target a completion record per transfer. The fields after
-    these (``notif_per_qp`` ... ``max_msg_sge``) tune MORI's own verbs code; they are accepted and
-    kept so that code setting them runs, and UCX does not use them.
+    ``enable_notification``: send the target a completion record per transfer; ``max_send_wr``:
+    operations in flight per lane and peer (0: MORI's 8192), beyond which a transfer waits and then
+    fails with "SQ full" as in MORI. The other fields (``notif_per_qp`` ... ``max_msg_sge``) tune
+    MORI's own verbs code; they are accepted and kept so that code setting them runs, and UCX does
+    not use them.
     """
 
     qp_per_transfer: int = 1
@@ -329,7 +331,9 @@ class TransferStatus:
     **Order.** A transfer reports that it has finished only once every transfer its engine started
     before it towards the same remote engine has finished too (on any session or backend), so the
     last status of a request stands for all of them, as vLLM's MoRIIO connector reads it. Its code
-    is its own: an earlier transfer's failure shows in that transfer's status only.
+    is its own: an earlier transfer's failure shows in that transfer's status only. A transfer
+    refused in the call that starts it (bad arguments, the RDMA backend's "SQ full") is failed at
+    once and takes no place in that order.
 
     ``TransferStatus()``, ``SetCode``, ``SetMessage`` and ``Update`` let callers make statuses of
     their own, as MORI's tests do; ``Update`` leaves a status that already failed unchanged.

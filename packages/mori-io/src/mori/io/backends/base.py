@@ -159,9 +159,16 @@ class Backend(abc.ABC):
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
         """Drops this backend's connections, mappings and leases with ``desc.key``."""
 
+    def admit(self, request: TransferRequest) -> bool:
+        """Takes what ``request`` needs before the engine orders it among its transfers, on the
+        caller's thread; False after failing ``request.status`` (the RDMA backend's "SQ full"),
+        which the caller then sees at once, as in MORI. The default admits every request."""
+        return True
+
     @abc.abstractmethod
     def submit(self, request: TransferRequest) -> None:
-        """Starts the transfer asynchronously; finishes ``request.status`` when it ends."""
+        """Starts the transfer asynchronously (after :meth:`admit`); finishes ``request.status``
+        when it ends."""
 
     def abort(self, remote_key: str) -> None:  # noqa: B027 (an optional hook: by default nothing to do)
         """Fails this backend's transfers to ``remote_key`` that are still running, and returns once

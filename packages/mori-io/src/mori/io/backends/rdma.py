@@ -29,6 +29,7 @@ from ..types import (
     PollCqMode,
     RdmaBackendConfig,
     StatusCode,
+    TransferStatus,
 )
 from . import _ucx as U
 from ._connect import PeerConnector
@@ -38,6 +39,8 @@ from .base import Backend, BackendContext, ControlError, TransferOp, TransferReq
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 
 _MAX_RKEY = 64 << 10  # a packed remote key larger than this is not one
+_SEND_WR_DEFAULT = 8192  # MORI's send queue depth per queue pair when max_send_wr is 0
+_UNFINISHED = (StatusCode.INIT, StatusCode.IN_PROGRESS)
 _MAX_INITIATORS = 1 << 16  # notification ids kept; the oldest initiator's is dropped beyond this
 _MEM_TYPE = {MemoryLocationType.CPU: U.UCS_MEMORY_TYPE_HOST, MemoryLocationType.GPU: U.UCS_MEMORY_TYPE_CUDA}
 
@@ -74,6 +77,8 @@ def _check_config(config: Any) -> RdmaBackendConfig:
                              + (" or -1 (auto)" if auto else ""))
     if not isinstance(config.post_batch_size, int) or config.post_batch_size == 0 or config.post_batch_size < -1:
         raise ValueError(f"RdmaBackendConfig.post_batch_size={config.post_batch_size!r}: expected -1 (all) or > 0")
+    if not isinstance(config.max_send_wr, int) or isinstance(config.max_send_wr, bool) or config.max_send_wr < 0:
+        raise ValueError(f"RdmaBackendConfig.max_send_wr={config.max_send_wr!r}: expected 0 (MORI's 8192) or > 0")
     PollCqMode(config.poll_cq_mode)  # ValueError names a bad mode
     return config
 
@@ -82,6 +87,47 @@ def _worker_count(config: RdmaBackendConfig) -> int:
     """UCX workers of a checked config: -1 ("auto", MORI's default) is one, since MORI posts on the
     caller's thread, with no worker pool, for any value below 2."""
     return 1 if config.num_worker_threads == -1 else config.num_worker_threads
+
+
+class _SendQueues:
+    """MORI's send-queue admission: each UCX worker's endpoints to one peer hold at most
+    ``depth`` operations (``max_send_wr`` per lane, as MORI's per queue pair). A transfer waits up to
+    ``MORI_IO_SQ_BACKOFF_TIMEOUT_US`` for room, then fails with ``ERR_RDMA_OP`` and a message
+    starting ``SQ full`` (MORI's words, which vLLM's MoRIIO connector matches to re-post). A transfer
+    larger than the whole queue takes all of it. Room frees when a transfer's own outcome is final."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self._cond = threading.Condition()
+        self._queues: dict[tuple[int, str], list[tuple[TransferStatus, int]]] = {}
+
+    def admit(self, worker: int, key: str, status: TransferStatus, ops: int, op: str) -> bool:
+        """Reserves room for ``ops`` operations of ``status``; False after failing it with SQ full."""
+        need = min(ops, self.depth)
+        deadline = time.monotonic() + int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6
+        with self._cond:
+            queue = self._queues.setdefault((worker, key), [])
+            while True:
+                # Its own code, not Code(): a finished transfer frees its operations even while an
+                # earlier transfer to the same engine keeps its status IN_PROGRESS. INIT is one
+                # admitted and not submitted yet.
+                queue[:] = [(st, n) for st, n in queue if st._own() in _UNFINISHED]
+                used = sum(n for _, n in queue)
+                if used + need <= self.depth:
+                    queue.append((status, need))
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    status._set(StatusCode.ERR_RDMA_OP, f"SQ full ({op}): engine={key} worker={worker} depth={used} "
+                                                        f"requested={need} max={self.depth}")
+                    return False
+                self._cond.wait(min(left, 0.001))  # finished transfers do not notify: look again soon
+
+    def forget(self, key: str) -> None:
+        """Drops the queues to engine ``key`` (its transfers have been failed or finished)."""
+        with self._cond:
+            for k in [k for k in self._queues if k[1] == key]:
+                del self._queues[k]
 
 
 def _coalesce(l_offs: Any, r_offs: Any, sizes: Any) -> list[tuple[int, int, int]]:
@@ -142,6 +188,7 @@ class RdmaBackend(Backend):
         self._accepted: dict[int, str] = {}  # notification id -> remote key
         self._unhealthy: dict[str, str] = {}
         self._closed = False
+        self._send_queues = _SendQueues((config.max_send_wr or _SEND_WR_DEFAULT) * config.qp_per_transfer)
         polling = PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING
         self._workers: list[UcxWorker] = []
         try:
@@ -274,6 +321,7 @@ class RdmaBackend(Backend):
             self._unhealthy.pop(desc.key, None)
         for w in self._workers:
             w.forget(desc.key)
+        self._send_queues.forget(desc.key)
 
     def _keys(self, request: TransferRequest) -> tuple[int, bytes] | None:
         """(local memory handle, remote key) of a request; None after failing it when either is missing."""
@@ -284,6 +332,13 @@ class RdmaBackend(Backend):
                                 "no RDMA key, or the local memory is not registered with this backend")
             return None
         return memh, rkey
+
+    def admit(self, request: TransferRequest) -> bool:
+        if self._closed:
+            return True  # submit fails it
+        # One operation per block (merging and cutting only change that where it matters little).
+        return self._send_queues.admit(request.uid % len(self._workers), request.remote.engine_key, request.status,
+                                       max(len(request.sizes), 1), request.op.name.lower())
 
     def submit(self, request: TransferRequest) -> None:
         keys = self._keys(request)
