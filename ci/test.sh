@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CPU test job (the README's second command, and what .ci/run calls): set up, lint, type
-# check, run every package's tests, build the docs with warnings as errors.
+# check, run every package's tests, build the docs with warnings as errors, then test the
+# installed wheels with the newest torch and Triton.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -25,4 +26,6 @@ echo "== repository checks (ci/tests: the layer check, every example of the docs
 python -m pytest -m "not gpu" -p no:cacheprovider ci/tests "$@"
 echo "== docs"
 bash ci/docs.sh
+echo "== newest torch and Triton (a second environment, installed from wheels: ci/newest.sh)"
+bash ci/newest.sh
 echo "== all CPU checks passed"

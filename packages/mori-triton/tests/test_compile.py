@@ -15,6 +15,7 @@ from mori.triton import DEVICE_FUNCTIONS, BitcodeError, compile_ir, find_bitcode
 from mori.triton._all_reduce import DEFAULT_TABLE, SWEEP_LARGE, SWEEP_SMALL
 from mori.triton._all_reduce_fast import all_reduce_fast_kernel
 from mori.triton._all_reduce_lamport import all_reduce_lamport_kernel
+from mori.triton._llvm_ir import _binding_parameters, _translate_to_asm
 from mori.triton.kernels import (
     PUT_RING_IR,
     allreduce_p2p_kernel,
@@ -196,3 +197,70 @@ def test_llvm_ir_path_rejects_unknown_symbols():
 def test_llvm_ir_path_reports_bad_ir():
     with pytest.raises(BitcodeError, match="LLVM could not compile"):
         compile_ir("define ptx_kernel void @k() { call i32 @mori_shmem_my_pe( }")
+
+
+class _Binding:
+    """A stand-in for a compiled binding: only its docstring, as pybind11 or nanobind writes it."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+
+# translate_to_asm's docstring in Triton 3.6 (pybind11) and in Triton 3.9 (nanobind).
+_ASM_DOC_PYBIND11 = ("translate_to_asm(arg0: str, arg1: str, arg2: str, arg3: str, arg4: collections.abc.Sequence[str], "
+                     "arg5: bool, arg6: bool) -> object\n")
+_ASM_DOC_NANOBIND = ("translate_to_asm(llvm_ir: str, triple: str, proc: str, features: str, "
+                     "flags: collections.abc.Sequence[str], enable_fp_fusion: bool, is_object: bool, "
+                     "canonicalize_gep: bool, sched4reg: bool = False) -> object")
+
+
+def test_binding_parameters_are_read_from_either_bindings_docstring():
+    assert _binding_parameters(_Binding(_ASM_DOC_PYBIND11)) == [(f"arg{i}", False) for i in range(7)]
+    assert _binding_parameters(_Binding(_ASM_DOC_NANOBIND)) == [
+        ("llvm_ir", False), ("triple", False), ("proc", False), ("features", False), ("flags", False),
+        ("enable_fp_fusion", False), ("is_object", False), ("canonicalize_gep", False), ("sched4reg", True)]
+    assert _binding_parameters(_Binding("f(a: dict[str, tuple[int, int]], b: int = 3) -> None")) == [
+        ("a", False), ("b", True)]
+    with pytest.raises(BitcodeError, match="cannot read the parameters"):
+        _binding_parameters(_Binding("no signature here"))
+
+
+@pytest.mark.parametrize("doc,extra", [(_ASM_DOC_PYBIND11, {}), (_ASM_DOC_NANOBIND, {"canonicalize_gep": False})])
+def test_translate_to_asm_gets_the_parameters_its_triton_takes(doc, extra):
+    calls = []
+
+    class FakeLlvm:
+        @staticmethod
+        def translate_to_asm(*args, **kwargs):
+            calls.append((args, kwargs))
+            return ".version 8.6"
+
+    FakeLlvm.translate_to_asm.__doc__ = doc
+    assert _translate_to_asm(FakeLlvm, "ir", "sm_90", "+ptx86") == ".version 8.6"
+    assert calls == [(("ir", "nvptx64-nvidia-cuda", "sm_90", "+ptx86", [], False, False), extra)]
+
+
+def test_translate_to_asm_names_a_parameter_it_does_not_know():
+    class FakeLlvm:
+        @staticmethod
+        def translate_to_asm(*args, **kwargs):
+            raise AssertionError("must not be called")
+
+    FakeLlvm.translate_to_asm.__doc__ = _ASM_DOC_NANOBIND.replace("canonicalize_gep", "new_flag")
+    with pytest.raises(BitcodeError, match="new_flag"):
+        _translate_to_asm(FakeLlvm, "ir", "sm_90", "+ptx86")
+
+
+
+def test_declared_triton_minimum_is_the_release_ci_pins():
+    """mori-triton declares only the Triton it is tested with: its minimum is the main CI job's pin
+    (ci/newest.sh tests the newest release)."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    (declared,) = [req for req in map(Requirement, requires("mori-triton") or []) if req.name == "triton"]
+    pins = (Path(__file__).resolve().parents[3] / "ci" / "requirements-dev.txt").read_text()
+    pinned = re.search(r"^triton==(\d+\.\d+)\.", pins, re.MULTILINE)
+    assert pinned, "ci/requirements-dev.txt pins no triton release"
+    assert [s.version for s in declared.specifier if s.operator == ">="] == [pinned.group(1)]

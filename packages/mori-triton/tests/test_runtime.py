@@ -47,23 +47,6 @@ def test_hook_chains_and_uninstalls_only_itself():
         uninstall_hook()
 
 
-def test_post_compile_fallback_chains_previous_hook():
-    calls = []
-
-    def previous(*args, **kwargs):
-        calls.append("previous")
-        return "kept"
-
-    hook = _runtime._make_post_compile_hook(previous)
-
-    class Fn:
-        class jit_function:
-            device_caches = {0: ({},)}
-
-    assert hook(key="k", fn=Fn, compile={"device": 0}) == "kept"  # kernel not cached: nothing to init
-    assert calls == ["previous"]
-
-
 def test_jit_wraps_and_fills_extern_libs():
     kernel = jit(_tiny)
     assert isinstance(kernel, MoriKernel) and jit(kernel) is kernel

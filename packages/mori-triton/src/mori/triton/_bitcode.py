@@ -1,7 +1,9 @@
 """Finding and building ``libmori_shmem_device.bc``, the device library Triton kernels link.
 
 The bitcode is built on a machine with clang-19 (the GPU machines have none) from mori-core's
-device headers and the generated wrapper file, and shipped inside the wheel. Beside it lies
+device headers and the generated wrapper file, and shipped inside the wheel. Both inputs ship in
+the wheels too (mori-core's headers, ``mori/triton/csrc/``), so an installed mori-triton can
+rebuild it: ``python -m mori.triton._bitcode``. Beside it lies
 ``libmori_shmem_device.json``: the sha256 of every input (wrapper, headers, flags), the defined
 symbols and the compiler that built it, so a test can tell whether the committed file is stale
 without demanding byte-identical output from another clang build.
@@ -19,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mori.core import config
+from mori.core import config, nvrtc
 
 from ._gen import WRAPPER_PATH
 
@@ -74,13 +76,9 @@ def find_bitcode(arch: str = DEFAULT_ARCH, *, cov: int | None = None) -> str:
 
 
 def device_include_dir() -> Path:
-    """mori-core's device-header directory (the one containing ``mori/device/shmem.cuh``)."""
-    try:
-        from mori.core import nvrtc
-
-        return Path(nvrtc.device_include_dir())
-    except ImportError:  # mori.core.nvrtc not importable here: fall back to the source checkout
-        return WRAPPER_PATH.parents[2] / "mori-core" / "include"
+    """mori-core's device-header directory (the one containing ``mori/device/shmem.cuh``): inside
+    its installed wheel, or its source tree in an editable install."""
+    return Path(nvrtc.device_include_dir())
 
 
 def input_digest(arch: str = DEFAULT_ARCH, include_dir: Path | None = None) -> str:

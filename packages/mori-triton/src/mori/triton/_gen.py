@@ -3,7 +3,8 @@
 ``python -m mori.triton._gen`` rewrites them; ``python -m mori.triton._gen --check`` fails when a
 committed copy differs from what the table gives (the CI test does the same):
 
-- ``csrc/mori_shmem_wrappers.cu``: the ``extern "C"`` wrappers compiled into the bitcode;
+- ``src/mori/triton/csrc/mori_shmem_wrappers.cu``: the ``extern "C"`` wrappers compiled into the
+  bitcode (shipped in the wheel, so an install can rebuild it);
 - ``src/mori/triton/shmem.pyi``: the type stub of :mod:`mori.triton.shmem`;
 - the extern reference table inside ``docs/triton.md`` (between two marker comments).
 """
@@ -18,10 +19,12 @@ from ._table import CMP, FUNCTIONS, SIGNAL_ADD, SIGNAL_SET, TYPES, DeviceFunctio
 
 __all__ = ["wrapper_source", "stub_source", "docs_table", "generated_files", "main"]
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # packages/mori-triton
-WRAPPER_PATH = PACKAGE_ROOT / "csrc" / "mori_shmem_wrappers.cu"
-STUB_PATH = Path(__file__).resolve().parent / "shmem.pyi"
-DOCS_PATH = PACKAGE_ROOT.parents[1] / "docs" / "triton.md"
+_HERE = Path(__file__).resolve().parent
+# Inside the package, so that an installed wheel can rebuild the bitcode (python -m mori.triton._bitcode).
+WRAPPER_PATH = _HERE / "csrc" / "mori_shmem_wrappers.cu"
+STUB_PATH = _HERE / "shmem.pyi"
+# The repository's docs/ (packages/mori-triton/src/mori/triton -> the root); an installed wheel has none.
+DOCS_PATH = _HERE.parents[4] / "docs" / "triton.md"
 DOCS_BEGIN = "<!-- BEGIN generated extern table (python -m mori.triton._gen) -->"
 DOCS_END = "<!-- END generated extern table -->"
 
@@ -101,7 +104,7 @@ def _docs_with_table(current: str) -> str:
 def generated_files() -> dict[Path, str]:
     """Every generated path and the text the table gives it."""
     files = {WRAPPER_PATH: wrapper_source(), STUB_PATH: stub_source()}
-    if DOCS_PATH.exists():  # absent in an installed wheel; present in the repository
+    if DOCS_PATH.exists():  # the repository's docs; an installed wheel has none
         files[DOCS_PATH] = _docs_with_table(DOCS_PATH.read_text())
     return files
 

@@ -180,6 +180,50 @@ class IrModule:
         _check(driver.cuModuleUnload(self.module), "cuModuleUnload")
 
 
+# Parameters that Triton's translate_to_asm gained after the seven (llvm_ir, triple, proc, features,
+# flags, enable_fp_fusion, is_object) of every supported release, with the value mori passes: Triton
+# 3.9 added canonicalize_gep, which its own compiler sets only for its float sanitizer.
+_ASM_ADDED = {"canonicalize_gep": False}
+_ASM_BASE_ARGS = 7
+
+
+def _binding_parameters(fn: Any) -> list[tuple[str, bool]]:
+    """``[(name, has_default), ...]`` of a pybind11 or nanobind function.
+
+    Neither kind of binding gives :func:`inspect.signature` anything to read; both write the
+    signature as the first line of the docstring, ``name(a: T, b: U = x) -> R``, which is parsed here.
+    """
+    line = (getattr(fn, "__doc__", None) or "").lstrip().split("\n", 1)[0]
+    start, end = line.find("("), line.rfind(") ->")
+    if start < 0 or end < start:
+        raise BitcodeError(f"cannot read the parameters of {fn!r} from its docstring {line!r}")
+    params, depth, current = [], 0, ""
+    for ch in line[start + 1:end] + ",":
+        if ch == "," and depth == 0:
+            if current.strip():
+                params.append(current.strip())
+            current = ""
+            continue
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        current += ch
+    return [(p.split(":", 1)[0].split("=", 1)[0].strip(), "=" in p) for p in params]
+
+
+def _translate_to_asm(llvm: Any, text: str, arch: str, features: str) -> str:
+    """Triton's LLVM IR -> PTX, called with the parameters this Triton release takes (read off its signature)."""
+    params = _binding_parameters(llvm.translate_to_asm)
+    added = [name for name, has_default in params[_ASM_BASE_ARGS:] if not has_default]
+    unknown = [name for name in added if name not in _ASM_ADDED]
+    if len(params) < _ASM_BASE_ARGS or unknown:
+        raise BitcodeError(f"this Triton's llvm.translate_to_asm takes parameters mori does not know: "
+                           f"{llvm.translate_to_asm.__doc__.splitlines()[0]}")
+    return str(llvm.translate_to_asm(text, _TRIPLE, arch, features, [], False, False,
+                                     **{name: _ASM_ADDED[name] for name in added}))
+
+
 def _translate_main(argv: list[str]) -> int:
     """Child side of :func:`_ptx_in_child` (argv: mode, arch, features, bitcode): stdin -> PTX on stdout.
 
@@ -193,7 +237,7 @@ def _translate_main(argv: list[str]) -> int:
         if mode == "mlir":
             text = _link_mlir(text, arch, bitcode)
         llvm.init_targets()
-        ptx = str(llvm.translate_to_asm(text, _TRIPLE, arch, features, [], False, False))
+        ptx = _translate_to_asm(llvm, text, arch, features)
     except (RuntimeError, ValueError) as e:  # MLIR/LLVM printed their diagnostics to stderr already
         print(f"error: {e}", file=sys.stderr)
         return 1

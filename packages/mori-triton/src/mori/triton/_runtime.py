@@ -65,19 +65,13 @@ def _on_kernel_load(module: Any, function: Any, name: str, metadata_group: Any, 
     _init_module(int(module) if module is not None else 0)
 
 
-def _make_post_compile_hook(previous: Callable[..., Any] | None) -> Callable[..., Any]:
-    # Triton < 3.5 has no load hook: load the just-compiled kernel's module and init it here.
-    def hook(*args: Any, **kwargs: Any) -> Any:
-        result = previous(*args, **kwargs) if previous is not None else None
-        jit_function = kwargs["fn"].jit_function
-        device = kwargs["compile"]["device"]
-        kernel = jit_function.device_caches[device][0].get(kwargs["key"])
-        if kernel is not None:
-            kernel._init_handles()
-            _init_module(int(kernel.module))
-        return result
-
-    return hook
+def _load_end_hooks() -> Any:
+    """Triton's chain of kernel-load hooks (``knobs.runtime.kernel_load_end_hook``, Triton 3.5 and later)."""
+    chain = getattr(triton.knobs.runtime, "kernel_load_end_hook", None)
+    if chain is None or not hasattr(chain, "add"):
+        raise RuntimeError(f"Triton {triton.__version__} has no knobs.runtime.kernel_load_end_hook chain "
+                           "to initialise mori's kernel modules from (mori-triton needs Triton 3.6 or later)")
+    return chain
 
 
 def install_hook() -> None:
@@ -86,31 +80,18 @@ def install_hook() -> None:
     Chains with hooks others installed; never replaces them. Modules without ``globalGpuStates``
     are skipped, so ordinary kernels are unaffected.
     """
-    knobs = triton.knobs
     with _lock:
         if _installed:
             return
-        chain = getattr(knobs.runtime, "kernel_load_end_hook", None)
-        if chain is not None and hasattr(chain, "add"):
-            chain.add(_on_kernel_load)
-            _installed["load_end"] = _on_kernel_load
-        else:
-            previous = knobs.runtime.jit_post_compile_hook
-            hook = _make_post_compile_hook(previous)
-            knobs.runtime.jit_post_compile_hook = hook
-            _installed["post_compile"] = (hook, previous)
+        _load_end_hooks().add(_on_kernel_load)
+        _installed["load_end"] = _on_kernel_load
 
 
 def uninstall_hook() -> None:
     """Removes what :func:`install_hook` added, leaving other hooks in place."""
-    knobs = triton.knobs
     with _lock:
         if "load_end" in _installed:
-            knobs.runtime.kernel_load_end_hook.remove(_installed.pop("load_end"))
-        if "post_compile" in _installed:
-            hook, previous = _installed.pop("post_compile")
-            if knobs.runtime.jit_post_compile_hook is hook:
-                knobs.runtime.jit_post_compile_hook = previous
+            _load_end_hooks().remove(_installed.pop("load_end"))
 
 
 def loaded_modules() -> list[tuple[int, int]]:

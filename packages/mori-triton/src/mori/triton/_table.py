@@ -2,7 +2,7 @@
 
 Every row names a C symbol of ``libmori_shmem_device.bc`` (MORI's ``mori_shmem_*`` ABI), its
 arguments, its return type, whether it is pure, and the C++ device-API call its wrapper makes.
-From this table come the ``extern "C"`` wrapper file (``csrc/mori_shmem_wrappers.cu``), the
+From this table come the ``extern "C"`` wrapper file (``mori/triton/csrc/mori_shmem_wrappers.cu``), the
 Triton ``@core.extern`` functions of :mod:`mori.triton.shmem`, their type stub, MORI's
 ``mori.ir.ops.MORI_DEVICE_FUNCTIONS`` view and the reference table in the docs.
 
