@@ -22,6 +22,7 @@ echo "-- wheels"
 .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w "$wheels" \
   packages/mori-core packages/mori-shmem packages/mori-io packages/mori-triton
 one() { local found=("$wheels"/"$1"-*.whl); echo "${found[0]}"; }
+wheels_built=$((SECONDS - start))
 
 echo "-- environment"
 python3 -m venv "$env"
@@ -31,7 +32,7 @@ python3 -m venv "$env"
 # find-links) still apply, and nothing outside this script is changed.
 export PIP_CONSTRAINT=/dev/null
 "$env/bin/python" -m pip install -q --upgrade pip
-# --no-compile: torch's ~20k modules are byte-compiled when imported, not all at install.
+# --no-compile: torch's Python files are byte-compiled as they are imported, not all at install.
 "$env/bin/python" -m pip install -q --no-compile -r ci/requirements-newest.txt \
   "$(one mori_core)[cuda]" "$(one mori_shmem)" "$(one mori_io)[torch]" "$(one mori_triton)[torch,mlir]"
 "$env/bin/python" -m pip check
@@ -51,7 +52,7 @@ for module in (mori.core, mori.io, mori.ops, mori.shmem, mori.triton):
 names = ("torch", "triton", "xtc-mlir-python-bindings", "cuda-bindings")
 print("newest: " + ", ".join(f"{name} {version(name)}" for name in names))
 PY
-echo "newest: environment built in ${built} s"
+echo "newest: wheels built in ${wheels_built} s, environment installed in $((built - wheels_built)) s"
 
 run_tests() { "$env/bin/python" -m pytest -c "$root/pyproject.toml" -m "not gpu" -p no:cacheprovider "$@"; }
 echo "-- mori-triton (installed)"
@@ -62,4 +63,4 @@ mapfile -t io_tests < <(grep -rlE --include='test_*.py' '^(import torch|torch = 
 run_tests "${io_tests[@]}"
 echo "-- mori.ops: CPU tests"
 run_tests "$root"/packages/mori-shmem/tests/test_ops_*.py
-echo "newest: passed in $((SECONDS - start)) s"
+echo "newest: passed in $((SECONDS - start)) s (the environment's removal follows)"
