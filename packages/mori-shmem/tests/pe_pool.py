@@ -1,6 +1,7 @@
 """A pool of real PE processes for tests: mori.core.testing's ProcPool, with shmem initialized.
 
-``PePool(n, env)`` spawns ``n`` processes with ``env`` in their environment. Rank 0 makes the
+``PePool(n, env)`` spawns ``n`` processes with ``env`` in their environment; ``netns[r]`` names
+the network namespace PE r starts in (``mori.core.testing.network_namespaces``; None: this one). Rank 0 makes the
 unique id, every PE calls ``shmem_init_attr`` and then waits for work: ``pool.run(fn, *args)``
 sends a module-level function to every PE and returns the list of results indexed by rank. A
 function that raises on some PEs raises :class:`PeError` naming them once all answered, and the
@@ -10,8 +11,9 @@ pool stays usable; a PE that dies or hangs stops the pool, and ``close()`` alway
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
-from mori.core.testing import ProcPool, WorkerError
+from mori.core.testing import ProcPool, WorkerError, start_in_netns
 
 __all__ = ["PeError", "PePool"]
 
@@ -41,8 +43,11 @@ def make_uid() -> bytes:
 class PePool(ProcPool):
     """``n`` PE processes; ``init=True`` initializes shmem on them at start."""
 
-    def __init__(self, n: int, env: dict[str, str] | None = None, init: bool = True, timeout: float = 60.0):
-        super().__init__(n, timeout=timeout, env=env, label="PE", keep_on_error=True)
+    def __init__(self, n: int, env: dict[str, str] | None = None, init: bool = True, timeout: float = 60.0,
+                 netns: Sequence[str | None] | None = None):
+        starts = iter([start_in_netns(ns) for ns in netns] if netns is not None else [])
+        super().__init__(n, timeout=timeout, env=env, label="PE", keep_on_error=True,
+                         start=(lambda proc: next(starts)(proc)) if netns is not None else None)
         self.n = n
         if init:
             try:

@@ -153,7 +153,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_SHMEM_BACKEND", _choice("auto", "gpu", "cpu"), "auto",
                  "Where the heap lives: 'gpu' (CUDA VMM), 'cpu' (host shared memory) or 'auto' (GPU when CUDA sees one).",
                  "auto | gpu | cpu"),
-        Variable("MORI_DISABLE_P2P", _bool, False, "Do not map peers' heaps; shmem_ptr_p2p returns 0.", BOOL_FORMS),
+        Variable("MORI_DISABLE_P2P", _bool, False,
+                 "Reach every peer through mori.shmem's remote transport, on one host too: peers' heaps are not "
+                 "mapped and shmem_ptr_p2p returns 0 for them.", BOOL_FORMS),
         Variable("MORI_SHMEM_DEBUG", _bool, False,
                  "Check at every shmem_malloc/shmem_free that all PEs make the same call (a collective "
                  "each); shmem_barrier_all checks the whole history either way.", BOOL_FORMS),

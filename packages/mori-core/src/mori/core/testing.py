@@ -29,24 +29,35 @@ descriptor: ``ready``); ``call(name, *args)`` then runs one command there. mori-
 
 ``connect_many(port, n)`` opens up to ``n`` silent connections to a listener, stopping at the first
 refusal (the hostile-peer tests of core and io, and ``ci/io_hardening.py``).
+
+``network_namespaces()`` makes two network namespaces joined by a veth pair (two "hosts" on one
+machine; needs root and iproute2) and removes them after; ``start_in_netns(ns)`` is a ``start``
+hook that starts a worker inside one (``CommandProcess(..., start=start_in_netns(ns))``).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
 import os
+import shlex
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing import spawn as mp_spawn
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-__all__ = ["CommandProcess", "Died", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context", "run_procs",
-           "serve_commands"]
+__all__ = ["CommandProcess", "Died", "Namespace", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context",
+           "network_namespaces", "run_procs", "serve_commands", "start_in_netns"]
 
 
 @dataclass
@@ -359,3 +370,73 @@ def connect_many(port: int, n: int, host: str = "127.0.0.1", timeout: float = 5.
         except OSError:
             break
     return socks
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A network namespace made by :func:`network_namespaces`: its name, its end of the veth
+    pair and that end's IPv4 address."""
+
+    name: str
+    device: str
+    address: str
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def network_namespaces(subnet: str = "10.231.9") -> Iterator[tuple[Namespace, Namespace]]:
+    """Two network namespaces joined by a veth pair, at ``subnet``.1 and ``subnet``.2 (a real
+    network path through the kernel, not loopback); removed on exit. Needs root and iproute2: a
+    test that uses it fails, never skips, without them."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        raise RuntimeError("network namespaces need root and iproute2 (ci/setup.sh installs iproute2; CI runs as root)")
+    tag = f"{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
+    ends = (Namespace(f"mori_c{tag}a", f"mc{tag}a", f"{subnet}.1"), Namespace(f"mori_c{tag}b", f"mc{tag}b", f"{subnet}.2"))
+    try:
+        for ns in ends:
+            _ip("netns", "add", ns.name)
+        _ip("link", "add", ends[0].device, "type", "veth", "peer", "name", ends[1].device)
+        for ns in ends:
+            _ip("link", "set", ns.device, "netns", ns.name)
+            _ip("-n", ns.name, "addr", "add", f"{ns.address}/24", "dev", ns.device)
+            _ip("-n", ns.name, "link", "set", ns.device, "up")
+            _ip("-n", ns.name, "link", "set", "lo", "up")
+        yield ends
+    finally:
+        for ns in ends:
+            subprocess.run(["ip", "netns", "del", ns.name], capture_output=True, timeout=30)
+
+
+_NETNS_PYTHON: dict[str, str] = {}
+
+
+def start_in_netns(netns: str | None) -> Callable[[BaseProcess], None]:
+    """A ``start`` hook for :class:`ProcPool`/:class:`CommandProcess`: starts the worker inside
+    network namespace ``netns`` (``None``: here). Through ``ip netns exec``, which also mounts the
+    namespace's /sys, where UCX and others look up network interfaces."""
+
+    def start(proc: BaseProcess) -> None:
+        if netns is None:
+            proc.start()
+            return
+        path = _NETNS_PYTHON.get(netns)
+        if path is None:
+            fd, path = tempfile.mkstemp(prefix="mori-netns-", suffix=".sh")
+            with os.fdopen(fd, "w") as f:
+                f.write(f'#!/bin/sh\nexec ip netns exec {shlex.quote(netns)} {shlex.quote(sys.executable)} "$@"\n')
+            os.chmod(path, 0o755)
+            atexit.register(os.unlink, path)
+            _NETNS_PYTHON[netns] = path
+        before = mp_spawn.get_executable()
+        mp_spawn.set_executable(path)
+        try:
+            proc.start()
+        finally:
+            mp_spawn.set_executable(before)
+
+    return start

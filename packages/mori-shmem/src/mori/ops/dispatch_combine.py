@@ -51,8 +51,9 @@ class EpDispatchCombineOp:
                              f"{shmem_mype()} of {shmem_npes()}: build the op with the shmem PE numbering")
         unreachable = sorted(set(range(config.world_size)) - set(info["reachable"]))
         if unreachable:
-            raise ValueError(f"PEs {unreachable} are not reachable by loads and stores from PE {config.rank}; "
-                             f"{self.kernel_type.name} needs every PE in one node (no RDMA transport in mori)")
+            raise ValueError(f"PEs {unreachable} are not mapped in PE {config.rank} (another host, or "
+                             f"MORI_DISABLE_P2P): {self.kernel_type.name} needs every PE's heap mapped; mori.ops "
+                             "has no inter-node kernels yet")
         self._quant = normalize_quant_type(config.quant_type)
         self._cap = capacities(config)
         self._gpu = info["kind"] == "gpu"

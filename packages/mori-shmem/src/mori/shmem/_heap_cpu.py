@@ -17,30 +17,32 @@ from mori.core.codes import Cmp
 from mori.core.memory import FdExchange, HostSegment
 
 from ._heap import Heap
+from ._reach import Reach
 
 __all__ = ["CpuHeap"]
 
 
 class CpuHeap(Heap):
-    """Host shared-memory heap of ``size`` bytes; peers mapped unless ``p2p_disabled``."""
+    """Host shared-memory heap of ``size`` bytes; the peers of ``reach.mapped`` mapped."""
 
     kind = "cpu"
 
-    def __init__(self, bootstrap: Any, size: int, p2p_disabled: bool) -> None:
+    def __init__(self, bootstrap: Any, size: int, reach: Reach) -> None:
         self.size = size
-        self.p2p_disabled = p2p_disabled
+        self.p2p_disabled = reach.p2p_disabled
         self._segment = HostSegment.create(size)
         self._peers: list[Any] = []
         self.base = self._segment.addr
         self.peer_bases = [0] * bootstrap.world
         self.peer_bases[bootstrap.rank] = self.base
         try:
-            if not p2p_disabled and bootstrap.world > 1:
+            # Collective on every PE alike (p2p_disabled is agreed); only this host's PEs send fds.
+            if not reach.p2p_disabled and bootstrap.world > 1:
                 with FdExchange(bootstrap) as fdx:
                     peer_fds = fdx.allgather_fds([self._segment.fd])
                 for pe, fds in enumerate(peer_fds):
                     try:
-                        if pe != bootstrap.rank:
+                        if pe != bootstrap.rank and pe in reach.mapped:
                             peer = HostSegment.attach(fds[0], size)
                             self._peers.append(peer)
                             self.peer_bases[pe] = peer.addr

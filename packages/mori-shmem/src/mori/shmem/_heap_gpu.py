@@ -21,6 +21,7 @@ from mori.core.memory import FdExchange, cuda_vmm
 
 from ._cuda import Context
 from ._heap import Heap
+from ._reach import Reach
 
 __all__ = ["GpuHeap"]
 
@@ -36,12 +37,13 @@ class GpuHeap(Heap):
     ops: Any = None  # HostOps (helper kernels), attached once the device state exists
 
     def __init__(self, bootstrap: Any, ctx: Context, size: int, mode: str, chunk_size: int,
-                 p2p_disabled: bool, initial: int) -> None:
+                 reach: Reach, initial: int) -> None:
         self.ctx = ctx
         self.mode = mode
-        self.p2p_disabled = p2p_disabled
+        self.p2p_disabled = reach.p2p_disabled
         self._rank, self._world = bootstrap.rank, bootstrap.world
-        self._fdx = FdExchange(bootstrap) if bootstrap.world > 1 and not p2p_disabled else None
+        # Collective on every PE alike (p2p_disabled is agreed); only this host's PEs send fds.
+        self._fdx = FdExchange(bootstrap) if bootstrap.world > 1 and not reach.p2p_disabled else None
         granule = cuda_vmm.granularity(ctx.device, recommended=True)
         ctx.make_current()  # granularity() made the device's primary context current; the PE may use another
         self.chunk = _round_up(size if mode == "static" else chunk_size, granule)
@@ -52,9 +54,8 @@ class GpuHeap(Heap):
         # default stream (say, the one that will write the word) does not hold the poll back.
         self._poll_streams = gpu.StreamPool(ctx.device, 1, blocking=False)
         try:
-            for pe in range(self._world):
-                if pe == self._rank or not p2p_disabled:
-                    self._reservations[pe] = cuda_vmm.VmmReservation(self.size, ctx.device, granule)
+            for pe in reach.mapped:
+                self._reservations[pe] = cuda_vmm.VmmReservation(self.size, ctx.device, granule)
             own = self._reservations[self._rank]
             assert own is not None
             self.base = own.base

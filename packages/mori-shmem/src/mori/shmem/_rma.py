@@ -1,8 +1,9 @@
 """Host-initiated RMA for Python callers: put, get, put with signal, atomics, wait-until, quiet, fence.
 
 Every symmetric address is checked against the heap before anything moves (a bad one raises
-:class:`ShmemAddressError` and changes nothing), and every target PE must be reachable through a
-peer mapping. Atomic values are ``width``-bit unsigned words: negative inputs wrap as two's
+:class:`ShmemAddressError` and changes nothing). Then each call goes by its target PE's reach
+(:mod:`._reach`): a PE whose heap is mapped here through the heap's copies and atomics, any other
+PE through the remote transport (:mod:`._remote`), with the same checks and errors. Atomic values are ``width``-bit unsigned words: negative inputs wrap as two's
 complement and results come back unsigned.
 """
 
@@ -15,6 +16,8 @@ from mori.core.codes import Cmp, SignalOp
 from ._allocator import INTERNAL_BYTES, SymmetricAllocator
 from ._buffers import as_span
 from ._heap import Heap
+from ._reach import Reach
+from ._remote import RemoteTransport
 
 __all__ = ["Rma", "ShmemAddressError"]
 
@@ -24,14 +27,16 @@ class ShmemAddressError(ValueError):
 
 
 class Rma:
-    """Bounds-checked remote memory access over one PE's :class:`Heap`."""
+    """Bounds-checked remote memory access over one PE's :class:`Heap` and its remote transport."""
 
-    def __init__(self, heap: Heap, my_pe: int, npes: int, default_timeout: float,
+    def __init__(self, heap: Heap, reach: Reach, remote: RemoteTransport, default_timeout: float,
                  allocator: SymmetricAllocator) -> None:
         self.heap = heap
+        self.reach = reach
+        self.remote = remote
         self.allocator = allocator
-        self.my_pe = my_pe
-        self.npes = npes
+        self.my_pe = reach.rank
+        self.npes = reach.world
         self.default_timeout = default_timeout
 
     # -- checks ---------------------------------------------------------------------------
@@ -59,13 +64,20 @@ class Rma:
             raise ShmemAddressError(f"{what}: range {addr:#x}..{addr + nbytes:#x} ({nbytes} bytes) runs {where}")
         return off
 
-    def target(self, pe: int) -> int:
-        """Checks ``pe`` and returns the base address of its heap in this process."""
+    def route(self, pe: int) -> int:
+        """Checks ``pe``; returns the base of its heap as mapped here, or 0 when ``pe`` is reached
+        through the remote transport."""
         if not isinstance(pe, int) or isinstance(pe, bool) or not 0 <= pe < self.npes:
             raise ValueError(f"PE {pe!r} is out of range: there are {self.npes} PEs (0..{self.npes - 1})")
-        base = self.heap.peer_bases[pe]
+        return self.heap.peer_bases[pe]
+
+    def target(self, pe: int) -> int:
+        """Checks ``pe`` and returns the base address of its heap as mapped in this process; raises
+        ``ValueError`` for a PE reached remotely (nothing of its heap is mapped here)."""
+        base = self.route(pe)
         if base == 0:
-            raise ValueError(f"PE {pe} is not reachable from PE {self.my_pe} (P2P disabled or another host)")
+            raise ValueError(f"PE {pe} is not mapped in PE {self.my_pe} ({self.reach.why_remote(pe)}): it is "
+                             "reached through the remote transport; use shmem_getmem/shmem_putmem")
         return base
 
     @staticmethod
@@ -81,26 +93,35 @@ class Rma:
             raise TypeError(f"{what}: a CUDA tensor cannot be used with the CPU heap")
 
     # -- data movement ----------------------------------------------------------------------
-    def _put_target(self, dest: int, data: Any, pe: int) -> tuple[int, Any]:
+    def _put_source(self, dest: int, data: Any, pe: int) -> tuple[int, int, Any]:
+        """(heap offset of ``dest``, ``pe``'s mapped base or 0, the source span), all checked."""
         span = as_span(data, "put source", writable=False)
         self._check_span(span.on_gpu, "put source")
         off = self.offset(dest, span.nbytes, "put destination", write=True)
-        return self.target(pe) + off, span
+        return off, self.route(pe), span
 
     def put(self, dest: int, data: Any, pe: int) -> None:
         """Copies ``data`` to symmetric address ``dest`` on PE ``pe``; complete on return."""
-        addr, span = self._put_target(dest, data, pe)
-        if span.nbytes:
-            self.heap.copy(addr, span.addr, span.nbytes)
+        off, base, span = self._put_source(dest, data, pe)
+        if not span.nbytes:
+            return
+        if base:
+            self.heap.copy(base + off, span.addr, span.nbytes)
+        else:
+            self.remote.put(pe, off, span.addr, span.nbytes)
 
     def get_into(self, out: Any, src: int, pe: int) -> None:
         """Fills ``out`` (writable buffer, array or tensor) from ``src`` on PE ``pe``."""
         span = as_span(out, "get destination", writable=True)
         self._check_span(span.on_gpu, "get destination")
         off = self.offset(src, span.nbytes, "get source")
-        base = self.target(pe)
-        if span.nbytes:
+        base = self.route(pe)
+        if not span.nbytes:
+            return
+        if base:
             self.heap.copy(span.addr, base + off, span.nbytes)
+        else:
+            self.remote.get(pe, off, span.addr, span.nbytes)
 
     def get(self, src: int, nbytes: int, pe: int) -> bytes:
         """Returns ``nbytes`` read from ``src`` on PE ``pe``."""
@@ -114,19 +135,25 @@ class Rma:
     def put_signal(self, dest: int, data: Any, sig_addr: int, signal: int, sig_op: int, pe: int) -> None:
         """Puts ``data``, then sets (``SignalOp.SET``) or adds to (``SignalOp.ADD``) the 64-bit signal."""
         op = SignalOp.parse(sig_op)
-        self.offset(sig_addr, 8, "signal address", align=8, write=True)
-        self._word(signal, 64, "signal")
-        self.put(dest, data, pe)
+        sig_off = self.offset(sig_addr, 8, "signal address", align=8, write=True)
+        signal = self._word(signal, 64, "signal")
+        off, base, span = self._put_source(dest, data, pe)
+        if not base:
+            self.remote.put_signal(pe, off, span.addr, span.nbytes, sig_off, signal, op is SignalOp.ADD)
+            return
+        if span.nbytes:
+            self.heap.copy(base + off, span.addr, span.nbytes)
         # The data copy is complete before the signal moves: a waiter that sees it sees the data.
-        self.atomic("fetch_add" if op is SignalOp.ADD else "store", sig_addr, signal, pe)
+        self.heap.atomic("fetch_add" if op is SignalOp.ADD else "store", pe, sig_off, signal, 0, 64)
 
     def atomic(self, op: str, dest: int, value: int, pe: int, compare: int = 0, width: int = 64) -> int:
         """Runs atomic ``op`` on the ``width``-bit word at ``dest`` on PE ``pe``; returns the old value."""
         value = self._word(value, width, "value")
         compare = self._word(compare, width, "compare")
         off = self.offset(dest, width // 8, "atomic address", align=width // 8, write=True)
-        self.target(pe)
-        return self.heap.atomic(op, pe, off, value, compare, width)
+        if self.route(pe):
+            return self.heap.atomic(op, pe, off, value, compare, width)
+        return self.remote.atomic(pe, op, off, value, compare, width)
 
     def wait_until(self, ivar: int, cmp: int | str, value: int, timeout: float | None, width: int = 64) -> int:
         """Waits until the local word at ``ivar`` compares true against ``value``; returns what it read."""
@@ -141,7 +168,9 @@ class Rma:
     def quiet(self) -> None:
         """Completes every RMA this PE issued (they complete on return already; this also drains the device)."""
         self.heap.synchronize()
+        self.remote.quiet()
 
     def fence(self) -> None:
         """Orders this PE's earlier puts before later ones (host RMA is complete in order, so quiet suffices)."""
         self.heap.synchronize()
+        self.remote.fence()

@@ -17,25 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mori.core import config, get_logger
-from mori.core.host import HostIdentity, one_host_error, this_host
+from mori.core.host import HostIdentity, this_host
 
 from ._allocator import INTERNAL_BYTES, MIN_ALIGNMENT, SymmetricAllocator
+from ._errors import ShmemError, ShmemNotInitializedError
 from ._gpu_states import MAX_PES, pack_fast_states, pack_gpu_states
 from ._heap import PEER_BASES_OFFSET, Heap
+from ._reach import Reach
+from ._remote import RemoteTransport, open_remote
 from ._rma import Rma
 
 __all__ = ["ShmemError", "ShmemNotInitializedError", "Shmem", "current", "ensure_uninitialized", "finalize", "initialize",
            "is_initialized"]
 
 log = get_logger("shmem")
-
-
-class ShmemError(RuntimeError):
-    """mori.shmem cannot do what was asked in its current state (e.g. init twice, PEs disagree)."""
-
-
-class ShmemNotInitializedError(ShmemError):
-    """A shmem call was made before ``shmem_init_attr``/``shmem_torch_process_group_init`` (or after finalize)."""
 
 
 @dataclass
@@ -150,6 +145,7 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
             bootstrap.close()
         raise
     heap: Heap | None = None
+    remote: RemoteTransport | None = None
     try:
         if bootstrap.world > MAX_PES:
             raise ShmemError(f"{bootstrap.world} PEs exceed the device state's limit of {MAX_PES}")
@@ -162,21 +158,19 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
         _agree(bootstrap, "the heap settings (backend, MORI_SHMEM_HEAP_SIZE, MORI_SHMEM_MODE, chunk, P2P)",
                f"{kind} {size} {mode} {chunk} p2p={'off' if p2p_off else 'on'}")
         hosts = [HostIdentity.from_key(k.decode()) for k in bootstrap.allgather(this_host().key.encode())]
-        problem = one_host_error(hosts, "PE")
-        if problem is not None:
-            raise ShmemError(f"mori.shmem needs every PE on one host in one network namespace until an RDMA "
-                             f"transport exists: {problem}")
+        reach = Reach.of(bootstrap.rank, hosts, p2p_off)
+        remote = open_remote(bootstrap, reach)
         ctx = ops = None
         if kind == "gpu":
             from ._cuda import Context
             from ._heap_gpu import GpuHeap
 
             ctx = Context(bootstrap.rank)
-            heap = GpuHeap(bootstrap, ctx, size, mode, chunk, p2p_off, initial=INTERNAL_BYTES)
+            heap = GpuHeap(bootstrap, ctx, size, mode, chunk, reach, initial=INTERNAL_BYTES)
         else:
             from ._heap_cpu import CpuHeap
 
-            heap = CpuHeap(bootstrap, size, p2p_off)
+            heap = CpuHeap(bootstrap, size, reach)
         heap.publish_peer_bases()
         states = pack_gpu_states(bootstrap.rank, bootstrap.world, heap.base, heap.size,
                                  heap.base + PEER_BASES_OFFSET, p2p_off)
@@ -189,10 +183,12 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
         # The largest power of two dividing every PE's heap base bounds symmetric alignment.
         base_align = min(int(b) for b in bootstrap.allgather(str(heap.base & -heap.base).encode()))
         allocator = SymmetricAllocator(heap.size, max_alignment=base_align)
-        rma = Rma(heap, bootstrap.rank, bootstrap.world, config.get("MORI_SHMEM_TIMEOUT"), allocator)
+        rma = Rma(heap, reach, remote, config.get("MORI_SHMEM_TIMEOUT"), allocator)
         instance = Shmem(bootstrap, owns_bootstrap, heap, allocator, rma, states, ctx, ops)
         bootstrap.barrier()
     except BaseException:
+        if remote is not None:
+            remote.close()
         if heap is not None:
             heap.close()
         if owns_bootstrap:
@@ -219,6 +215,7 @@ def finalize() -> None:
         try:
             if instance.ops is not None:
                 instance.ops.close()
+            instance.rma.remote.close()
             instance.heap.close()
         finally:
             if instance.owns_bootstrap:

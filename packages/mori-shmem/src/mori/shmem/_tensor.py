@@ -39,7 +39,8 @@ def shmem_peer_tensor(tensor: Any, pe: int) -> Any:
     """A view of PE ``pe``'s copy of a symmetric ``tensor`` (same shape and dtype, no copy).
 
     Reads and writes through it go straight to the peer's heap. Raises ShmemAddressError when
-    ``tensor`` is not on the heap and ValueError when ``pe`` is not reachable.
+    ``tensor`` is not on the heap and ValueError when ``pe``'s heap is not mapped here (another
+    host, or ``MORI_DISABLE_P2P``).
     """
     s = _state.current()
     if not tensor.is_contiguous():

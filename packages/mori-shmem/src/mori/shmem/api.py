@@ -163,10 +163,11 @@ def shmem_num_qp_per_pe() -> int:
 
 
 def shmem_heap_info() -> dict[str, Any]:
-    """The heap's kind (gpu/cpu), mode, base, size, bytes in use, largest alignment and mapped peers."""
+    """The heap's kind (gpu/cpu), mode, base, size, bytes in use, largest alignment, the PEs whose
+    heaps are mapped here (``reachable``) and those reached through the remote transport (``remote``)."""
     s = _state.current()
     info = s.heap.describe()
-    info.update(mode=getattr(s.heap, "mode", "static"), in_use=s.allocator.in_use,
+    info.update(mode=getattr(s.heap, "mode", "static"), in_use=s.allocator.in_use, remote=list(s.rma.reach.remote),
                 max_alignment=s.allocator.max_alignment,
                 device=s.ctx.device if s.ctx is not None else None)
     return info
@@ -251,7 +252,8 @@ def shmem_buffer_deregister(ptr: int, size: int) -> int:
 def shmem_ptr_p2p(dest_ptr: int, my_pe: int, dest_pe: int) -> int:
     """The address at which this process reaches ``dest_pe``'s copy of ``dest_ptr``; 0 when it cannot.
 
-    0 also for an address outside the heap or a PE out of range, as in MORI.
+    0 for a PE reached through the remote transport (another host, or ``MORI_DISABLE_P2P``), and
+    for an address outside the heap or a PE out of range, as in MORI.
     """
     s = _state.current()
     if not isinstance(dest_ptr, int) or not s.heap.base <= dest_ptr < s.heap.base + s.heap.size:

@@ -1,0 +1,117 @@
+"""The remote transport: how host calls reach a PE whose heap is not mapped here (:mod:`._reach`).
+
+:class:`RemoteTransport` is the one interface the host API routes remote PEs through (:mod:`._rma`
+checks every address and argument first, exactly as for mapped PEs, and passes heap offsets).
+Each operation is complete when it returns, as host RMA to mapped PEs is: a put's bytes are in
+the target's heap, an atomic has been applied there.
+
+:func:`open_remote` (collective, at init) sets it up on every PE. Where it cannot run, PEs on
+several hosts are refused at init, and with ``MORI_DISABLE_P2P`` on one host every call to a
+peer raises :class:`ShmemError` saying why.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from ._errors import ShmemError
+from ._reach import Reach
+
+__all__ = ["RemoteTransport", "Unavailable", "open_remote"]
+
+class RemoteTransport(abc.ABC):
+    """Host-initiated RMA on the heaps of remote PEs. Offsets are heap offsets (the heap is
+    symmetric), local buffers host addresses; the caller has checked both."""
+
+    @abc.abstractmethod
+    def put(self, pe: int, offset: int, src: int, nbytes: int) -> None:
+        """Writes ``nbytes`` from local ``src`` at ``offset`` of PE ``pe``'s heap."""
+
+    @abc.abstractmethod
+    def get(self, pe: int, offset: int, dst: int, nbytes: int) -> None:
+        """Reads ``nbytes`` at ``offset`` of PE ``pe``'s heap into local ``dst``."""
+
+    @abc.abstractmethod
+    def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
+                   add: bool) -> None:
+        """A put, then the 64-bit word at ``sig_offset`` set to (or increased by) ``signal``: a PE
+        that sees the signal sees the data."""
+
+    @abc.abstractmethod
+    def atomic(self, pe: int, op: str, offset: int, value: int, compare: int, width: int) -> int:
+        """Applies ``op`` (``fetch_add``, ``compare_swap``, ``swap`` or ``store``) to the ``width``-bit word at ``offset``; returns the old value."""
+
+    @abc.abstractmethod
+    def quiet(self) -> None:
+        """Completes every operation this PE issued to remote PEs."""
+
+    @abc.abstractmethod
+    def fence(self) -> None:
+        """Orders this PE's earlier operations to each remote PE before its later ones."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Releases the transport (collective, at finalize)."""
+
+
+class Unavailable(RemoteTransport):
+    """No remote transport: every operation on a remote PE raises :class:`ShmemError` saying why."""
+
+    def __init__(self, reach: Reach, reason: str) -> None:
+        self.reach, self.reason = reach, reason
+
+    def _refuse(self, pe: int) -> ShmemError:
+        return ShmemError(f"PE {pe} is reached through mori.shmem's remote transport ({self.reach.why_remote(pe)}), "
+                          f"which is not available: {self.reason}")
+
+    def put(self, pe: int, offset: int, src: int, nbytes: int) -> None:
+        """Raises :class:`ShmemError`."""
+        raise self._refuse(pe)
+
+    def get(self, pe: int, offset: int, dst: int, nbytes: int) -> None:
+        """Raises :class:`ShmemError`."""
+        raise self._refuse(pe)
+
+    def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
+                   add: bool) -> None:
+        """Raises :class:`ShmemError`."""
+        raise self._refuse(pe)
+
+    def atomic(self, pe: int, op: str, offset: int, value: int, compare: int, width: int) -> int:
+        """Raises :class:`ShmemError`."""
+        raise self._refuse(pe)
+
+    def quiet(self) -> None:
+        """Nothing was issued."""
+
+    def fence(self) -> None:
+        """Nothing was issued."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _why_unavailable() -> str:
+    """Why this process cannot run the remote transport ("" when it can)."""
+    return "mori.shmem has no remote transport yet (it is being built on mori-core's UCX engine)"
+
+
+def open_remote(bootstrap: Any, reach: Reach) -> RemoteTransport:
+    """Sets up the remote transport on every PE (collective: every PE calls it at init).
+
+    Raises :class:`ShmemError` on every PE, naming the hosts and why, when PEs on several hosts
+    need it and some PE cannot run it.
+    """
+    if not reach.any_remote:
+        return Unavailable(reach, "no PE is remote")
+    reasons: dict[str, list[int]] = {}
+    for pe, reason in enumerate(bootstrap.allgather(_why_unavailable().encode())):
+        if reason:
+            reasons.setdefault(reason.decode(), []).append(pe)
+    missing = "; ".join(f"{r} (PEs {', '.join(map(str, pes))})" for r, pes in reasons.items())
+    problem = reach.hosts_problem()
+    if problem is not None and missing:
+        raise ShmemError(f"mori.shmem reaches PEs on other hosts through its remote transport, which is not "
+                         f"available ({missing}): {problem}")
+    return Unavailable(reach, missing)
