@@ -159,7 +159,8 @@ def test_config_fields_are_validated() -> None:
 
 @pytest.mark.parametrize("mode", [PollCqMode.POLLING, PollCqMode.EVENT])
 def test_poll_modes_post_batches_and_no_notification(mode: PollCqMode) -> None:
-    p = Pair(RdmaBackendConfig(poll_cq_mode=mode, post_batch_size=7, enable_notification=False))
+    # num_worker_threads=-1: MORI's default ("auto"), which raised 'expected an int in 1..64'.
+    p = Pair(RdmaBackendConfig(poll_cq_mode=mode, post_batch_size=7, num_worker_threads=-1, enable_notification=False))
     try:
         uid = p.a.allocate_transfer_uid()
         offs = list(range(0, 1 << 20, 8192))

@@ -104,17 +104,17 @@ def test_peer_death_fails_transfers_in_bounded_time(hosts: Hosts) -> None:
 
 def test_vllm_and_sglang_sequences_over_rdma_between_namespaces() -> None:
     """test_client_replays*.py (vLLM's MoRIIO READ and WRITE modes, vLLM 0.33's hybrid-model reads,
-    re-posts on a full send queue and reads between TP sizes, SGLang's MORI backend) with the RDMA
-    backend created from the clients' own RdmaBackendConfig: the transferring side in namespace B,
-    every target process in namespace A."""
+    re-posts on a full send queue and reads between TP sizes, SGLang's MORI backend and 0.5.23's
+    shard threads and teardown) with the RDMA backend created from the clients' own
+    RdmaBackendConfig: the transferring side in namespace B, every target process in namespace A."""
     with two_namespaces() as (ns_a, ns_b):
         env = {**os.environ, **ENV, "MORI_TEST_REPLAY_HOST": HOST_B,
                "MORI_TEST_REPLAY_TARGET_HOST": HOST_A, "MORI_TEST_REPLAY_TARGET_NETNS": ns_a,
                "MORI_IO_TIMEOUT": "30"}
         run = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-m", "pytest", "-q", "-p",
                               "no:cacheprovider", "-k", "rdma or send_queue", "test_client_replays.py",
-                              "test_client_replays_vllm.py"], cwd=HERE, env=env,
-                             capture_output=True, text=True, timeout=600)
+                              "test_client_replays_vllm.py", "test_client_replays_sglang.py"], cwd=HERE, env=env,
+                             capture_output=True, text=True, timeout=900)
     tail = run.stdout[-4000:] + run.stderr[-2000:]
     counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", run.stdout))
     assert run.returncode == 0 and counts.get("passed", 0) >= 4 and set(counts) == {"passed"}, tail
