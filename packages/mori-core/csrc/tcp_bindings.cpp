@@ -78,8 +78,9 @@ mori::native::Registration reg([](py::module_& m) {
                                                 "Serves registered memory to authenticated peers.")
         .def(py::init([](const std::string& host, int port, std::string token, double ioTimeout,
                          size_t maxConnections, size_t maxHandshakes, double helloTimeout, size_t maxInbound,
-                         double inboundTtl, std::string timeoutSetting) {
+                         double inboundTtl, std::string timeoutSetting, size_t maxPerKey) {
                  TargetLimits lim;
+                 lim.maxPerKey = maxPerKey;
                  lim.maxConnections = maxConnections;
                  lim.maxHandshakes = maxHandshakes;
                  lim.helloTimeout = helloTimeout;
@@ -93,13 +94,15 @@ mori::native::Registration reg([](py::module_& m) {
              py::arg("hello_timeout") = TargetLimits{}.helloTimeout,
              py::arg("max_inbound") = TargetLimits{}.maxInbound,
              py::arg("inbound_ttl") = TargetLimits{}.inboundTtl, py::arg("timeout_setting") = "io_timeout",
+             py::arg("max_per_key") = TargetLimits{}.maxPerKey,
              "Listens on host:port; the limits bound what peers can consume; timeout messages name "
              "timeout_setting.")
         .def_property_readonly("port", &Target::port)
         .def("register_region", &Target::register_region, py::arg("mem_id"), py::arg("addr"), py::arg("size"))
         .def("deregister_region", &Target::deregister_region, py::arg("mem_id"),
              py::call_guard<py::gil_scoped_release>(),
-             "Removes a region; waits for requests in flight on it. False when unknown.")
+             "Stops serving a region: waits up to io_timeout for requests in flight on it, then cuts "
+             "their connections; no byte of it is touched once this returns. False when unknown.")
         .def("pop_inbound", &Target::pop_inbound, py::arg("key"), py::arg("uid"),
              "Final TransferCode of transfer uid from engine key, or None (the record is removed).")
         .def("issue_ticket", &Target::issue_ticket, py::arg("key"), py::arg("ticket"),
@@ -117,9 +120,13 @@ mori::native::Registration reg([](py::module_& m) {
                 d["accept_errors"] = s.acceptErrors;
                 d["inbound_dropped"] = s.inboundDropped;
                 d["bad_tickets"] = s.badTickets;
+                d["idle_evicted"] = s.idleEvicted;
+                d["cut"] = s.cut;
                 return d;
             },
-            "Counts of connections refused or evicted, accept failures, records dropped, bad hellos.")
+            "Counts of connections refused or evicted (in their hello; admitted ones over max_per_key or "
+            "idle while descriptors ran out), accept failures, records dropped, bad hellos, and "
+            "connections cut by a deregistration that outwaited io_timeout.")
         .def("close", &Target::close, py::call_guard<py::gil_scoped_release>());
 });
 

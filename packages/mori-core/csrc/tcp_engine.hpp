@@ -13,7 +13,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -158,6 +157,7 @@ struct TargetLimits {
     double inboundTtl = 3600.0;    // seconds a completion record is kept
     size_t maxTickets = 4096;      // data-plane tickets outstanding; the oldest is dropped
     double ticketTtl = 60.0;       // seconds a ticket admits connections
+    size_t maxPerKey = 64;         // admitted connections of one engine key; its oldest is dropped
 };
 
 // Counters of what the limits turned away (for logs, tests and benchmarks).
@@ -167,6 +167,8 @@ struct TargetStats {
     uint64_t acceptErrors = 0;    // accept() or thread creation failed (fd or thread exhaustion)
     uint64_t inboundDropped = 0;  // completion records dropped (count or age)
     uint64_t badTickets = 0;      // hellos with a wrong token or ticket
+    uint64_t idleEvicted = 0;     // admitted connections dropped: over maxPerKey, or idle while fds ran out
+    uint64_t cut = 0;             // connections cut because a deregistration outwaited the I/O timeout
 };
 
 // The serving side: accepts data connections and answers requests against registered regions.
@@ -180,7 +182,10 @@ public:
     ~Target();
     int port() const { return port_; }
     void register_region(uint64_t id, uint64_t addr, uint64_t size);
-    // Waits for requests in flight on the region (each ends within the I/O timeout).
+    // Stops serving the region at once (new requests get ERR_NOT_FOUND; other regions are not
+    // held up). Waits up to the I/O timeout for requests being served on it, then cuts the
+    // connections still touching it, and returns once none does: after this no byte of the
+    // region is read or written. False when no such region was registered.
     bool deregister_region(uint64_t id);
     // Lets key open connections presenting ticket (up to 64, within ticketTtl seconds).
     void issue_ticket(const std::string& key, const std::string& ticket);
@@ -191,8 +196,10 @@ public:
     void close();
 
 private:
+    // A registered region; requests being served on it are its users (guarded by regionsMu_).
     struct Region {
         uint64_t addr, size;
+        int users = 0;
     };
     enum ConnState : int { kHandshaking = 0, kServing = 1, kEvicted = 2 };
     struct Conn {
@@ -201,6 +208,23 @@ private:
         std::atomic<bool> done{false};
         std::atomic<int> state{kHandshaking};
         int64_t acceptNs = 0;
+        std::string key;                           // once admitted (set under connsMu_)
+        std::atomic<int64_t> idleSinceNs{0};       // waiting for a request since; 0 while serving one
+        std::atomic<const Region*> using_{nullptr};  // the region a request of it touches now
+    };
+    // A request's hold on a region: memory stays valid (deregistration waits) while it lives.
+    class RegionUse {
+    public:
+        RegionUse(Target& t, Conn* c) : t_(t), c_(c) {}
+        ~RegionUse() { release(); }
+        // Looks the block up and holds its region; the code (and reason) of check otherwise.
+        int acquire(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason);
+        void release();
+
+    private:
+        Target& t_;
+        Conn* c_;
+        std::shared_ptr<Region> region_;
     };
     struct Ticket {
         std::string key;
@@ -223,10 +247,17 @@ private:
     bool admit();
     // Drops the oldest connection still in its hello; connsMu_ held. False when there is none.
     bool evict_oldest_handshake_locked();
+    // Out of descriptors with no handshake to drop: drops the admitted connection idle longest,
+    // if it has been idle for helloTimeout at least; connsMu_ held.
+    bool evict_idlest_locked();
+    // Admits conn under key; past maxPerKey connections of that key its oldest is dropped.
+    void bind_key(Conn* conn, const std::string& key);
+    void drop_locked(Conn& c);  // shuts a connection down; its thread ends and is reaped
     void serve(Conn* conn);
     bool handshake(Conn* conn, Reader& rd, std::string& peerKey);
     bool take_ticket(const std::string& key, const std::string& ticket);
-    int check(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason);
+    // Cuts the connections whose request touches region r; the count of them.
+    size_t cut_users(const Region* r);
     void reap(bool all);
     // Keeps the final status of transfer uid from peerKey for pop_inbound.
     void record_inbound(const std::string& peerKey, uint64_t uid, int code);
@@ -240,9 +271,9 @@ private:
     std::string timeoutSetting_;
     std::atomic<bool> stop_{false};
     std::thread acceptThread_;
-    std::shared_mutex stateMu_;  // regions; held shared while memory is touched
-    std::atomic<int> writersWaiting_{0};  // new requests wait while a deregistration waits for the lock
-    std::unordered_map<uint64_t, Region> regions_;
+    std::mutex regionsMu_;
+    std::condition_variable regionsCv_;  // a region's last user left
+    std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
     std::mutex inboundMu_;
     std::list<Record> inboundOrder_;  // oldest first
     std::unordered_map<std::pair<std::string, uint64_t>, std::list<Record>::iterator, RecordKeyHash> inbound_;

@@ -43,6 +43,7 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
                std::string timeoutSetting)
     : token_(std::move(token)), ioTimeout_(ioTimeout), limits_(limits), timeoutSetting_(std::move(timeoutSetting)) {
     if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
+        limits_.maxPerKey < 1 ||
         !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
         throw std::invalid_argument("TCP data plane: every limit must be positive");
     struct addrinfo hints {};
@@ -79,18 +80,80 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
 Target::~Target() { close(); }
 
 void Target::register_region(uint64_t id, uint64_t addr, uint64_t size) {
-    std::unique_lock lk(stateMu_);
-    regions_[id] = Region{addr, size};
+    std::lock_guard lk(regionsMu_);
+    regions_[id] = std::make_shared<Region>(Region{addr, size});
 }
 
 bool Target::deregister_region(uint64_t id) {
-    // Waits for requests in flight on this region (they hold the lock shared; each ends within
-    // the I/O timeout, see serve). New requests hold back meanwhile, so a stream of them cannot
-    // keep this waiting.
-    writersWaiting_.fetch_add(1);
-    std::unique_lock lk(stateMu_);
-    writersWaiting_.fetch_sub(1);
-    return regions_.erase(id) > 0;
+    std::shared_ptr<Region> r;
+    {
+        std::lock_guard lk(regionsMu_);
+        auto it = regions_.find(id);
+        if (it == regions_.end()) return false;
+        r = std::move(it->second);
+        regions_.erase(it);  // new requests find no region from here on
+    }
+    // Requests being served on it end by themselves within the I/O timeout unless a peer reads
+    // (or writes) slowly but steadily; such a peer's connection is cut after the timeout, so the
+    // wait is bounded whatever it does. Cutting makes its blocked send or receive fail at once.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(ioTimeout_ * 1e9));
+    std::unique_lock lk(regionsMu_);
+    if (regionsCv_.wait_until(lk, deadline, [&] { return r->users == 0; })) return true;
+    while (r->users > 0) {
+        lk.unlock();
+        size_t n = cut_users(r.get());
+        lk.lock();
+        if (n > 0) {
+            std::lock_guard sk(statsMu_);
+            stats_.cut += n;
+        }
+        regionsCv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return r->users == 0; });
+    }
+    return true;
+}
+
+size_t Target::cut_users(const Region* r) {
+    size_t n = 0;
+    std::lock_guard lk(connsMu_);
+    for (auto& c : conns_) {
+        if (c.using_.load() == r) {
+            // Reset rather than close: what the kernel still holds for the peer is dropped too,
+            // so a slow reader sees the cut at once.
+            struct linger reset {1, 0};
+            setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+            shutdown(c.fd, SHUT_RDWR);
+            ++n;
+        }
+    }
+    return n;
+}
+
+int Target::RegionUse::acquire(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason) {
+    std::lock_guard lk(t_.regionsMu_);
+    auto it = t_.regions_.find(memId);
+    if (it == t_.regions_.end()) {
+        reason = kReasonMemory;
+        return kErrNotFound;
+    }
+    const Region& r = *it->second;
+    if (off > r.size || size > r.size - off) {
+        reason = kReasonRange;
+        return kErrInvalidArgs;
+    }
+    addr = r.addr + off;
+    reason = 0;
+    region_ = it->second;
+    ++region_->users;
+    c_->using_.store(region_.get());
+    return kSuccess;
+}
+
+void Target::RegionUse::release() {
+    if (!region_) return;
+    std::lock_guard lk(t_.regionsMu_);
+    c_->using_.store(nullptr);
+    if (--region_->users == 0) t_.regionsCv_.notify_all();
+    region_.reset();
 }
 
 void Target::issue_ticket(const std::string& key, const std::string& ticket) {
@@ -181,15 +244,58 @@ bool Target::evict_oldest_handshake_locked() {
     return false;
 }
 
+bool Target::evict_idlest_locked() {
+    const int64_t now = now_ns(), least = static_cast<int64_t>(limits_.helloTimeout * 1e9);
+    Conn* idlest = nullptr;
+    int64_t since = now - least;  // idle at least helloTimeout: a pool that is in use keeps its connections
+    for (auto& c : conns_) {
+        int64_t idleSince = c.idleSinceNs.load();
+        if (!c.done.load() && c.state.load() == kServing && idleSince != 0 && idleSince <= since) {
+            idlest = &c;
+            since = idleSince;
+        }
+    }
+    if (idlest == nullptr) return false;
+    drop_locked(*idlest);
+    return true;
+}
+
+void Target::drop_locked(Conn& c) {
+    c.state.store(kEvicted);
+    shutdown(c.fd, SHUT_RDWR);
+    std::lock_guard sk(statsMu_);
+    ++stats_.idleEvicted;
+}
+
+void Target::bind_key(Conn* conn, const std::string& key) {
+    std::lock_guard lk(connsMu_);
+    conn->key = key;
+    size_t held = 0;
+    for (auto& c : conns_) held += &c != conn && !c.done.load() && c.state.load() == kServing && c.key == key;
+    // Over the bound, the key's oldest connections go (accept order): a peer that reconnects
+    // replaces its old pool, and one key cannot take every descriptor.
+    for (auto it = conns_.begin(); held >= limits_.maxPerKey && it != conns_.end(); ++it) {
+        if (&*it != conn && !it->done.load() && it->state.load() == kServing && it->key == key) {
+            drop_locked(*it);
+            --held;
+        }
+    }
+}
+
 bool Target::admit() {
     int fd = accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
     std::lock_guard lk(connsMu_);
     if (fd < 0) {
         if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return true;
-        // Out of descriptors (EMFILE/ENFILE), buffers or memory: free what a peer that has not
-        // even said hello holds, and tell the caller to back off (the queued connection stays
-        // readable, so retrying at once would spin).
-        evict_oldest_handshake_locked();
+        // Out of descriptors (EMFILE/ENFILE), buffers or memory. Finished connections are reaped
+        // first: while accepts keep failing this is the only place that happens, and peers that
+        // vanished hold descriptors until it does. Nothing to reap: free what a peer that has not
+        // even said hello holds (else an admitted connection idle for a while), and tell the
+        // caller to back off (the queued connection stays readable, so retrying would spin).
+        size_t before = conns_.size();
+        reap(false);
+        if (conns_.size() < before) return true;
+        if (!evict_oldest_handshake_locked()) evict_idlest_locked();
         std::lock_guard sk(statsMu_);
         ++stats_.acceptErrors;
         return false;
@@ -283,24 +389,10 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
     }
     int expected = kHandshaking;
     if (ok && !conn->state.compare_exchange_strong(expected, kServing)) return false;  // evicted meanwhile
+    if (ok) bind_key(conn, peerKey);
     HelloReply rep{kHelloMagic, ok ? kSuccess : kErrBadState};
     if (!send_bytes(conn->fd, &rep, sizeof(rep)).empty()) return false;
     return ok;
-}
-
-int Target::check(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason) {
-    auto it = regions_.find(memId);
-    if (it == regions_.end()) {
-        reason = kReasonMemory;
-        return kErrNotFound;
-    }
-    if (off > it->second.size || size > it->second.size - off) {
-        reason = kReasonRange;
-        return kErrInvalidArgs;
-    }
-    addr = it->second.addr + off;
-    reason = 0;
-    return kSuccess;
 }
 
 void Target::expire_inbound_locked(int64_t nowNs) {
@@ -379,7 +471,9 @@ void Target::serve(Conn* conn) {
                 // About to block: answer everything received so far first.
                 if (!out.empty() && !send_bytes(fd, out.data(), out.size()).empty()) break;
                 out.clear();
+                conn->idleSinceNs.store(now_ns());
                 if (!rd.wait_readable(idle, Reader::kSpinNs).empty()) break;
+                conn->idleSinceNs.store(0);
             }
             frameStartNs = now_ns();
             if (!rd.fill(sizeof(ReqHdr), midFrame).empty()) break;
@@ -397,17 +491,13 @@ void Target::serve(Conn* conn) {
             }
             if (h.flags & kFlagBegin) outcome = kSuccess;
             uint64_t addr = 0, reason = 0;
-            if (writersWaiting_.load() > 0) {
-                while (writersWaiting_.load() > 0 && !stop_.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
-                frameStartNs = now_ns();  // the payload's time starts once this request may go on
-            }
             if (h.op == kOpNotify) {
                 record_inbound(peerKey, h.memId, static_cast<int>(h.offset));
                 continue;
             }
             if (h.op != kOpWrite && h.op != kOpRead) break;
-            std::shared_lock lk(stateMu_);
-            int code = check(h.memId, h.offset, h.size, addr, reason);
+            RegionUse use(*this, conn);  // the region's memory stays valid until use is released
+            int code = use.acquire(h.memId, h.offset, h.size, addr, reason);
             if (outcome == kSuccess) outcome = code;
             // The outcome of a notifying transfer is recorded once its last block's bytes have
             // left (or entered) the registered memory, and before the initiator can see the
@@ -437,7 +527,7 @@ void Target::serve(Conn* conn) {
                 }
             }
             if (record) record_inbound(peerKey, uid, outcome);
-            lk.unlock();
+            use.release();
             if (out.size() >= kFlushBytes) {
                 if (!send_bytes(fd, out.data(), out.size()).empty()) break;
                 out.clear();

@@ -58,6 +58,7 @@ def _serve(limits, io_timeout):
         "fds": _open_fds,
         "stats": lambda: (t.stats(), t.connection_count(), t.inbound_count()),
         "pop": t.pop_inbound,
+        "ticket": t.issue_ticket,
         "deregister": deregister,
         "bytes": lambda off, n: bytes(arr[off:off + n]),
         "close": t.close,
@@ -260,3 +261,78 @@ def test_data_connections_need_a_ticket_for_their_key(target_factory):
             _native.TcpPeer("target", "127.0.0.1", tgt.port, 1, key, token, ticket, 2.0)
     assert tgt.call("stats")[0]["bad_tickets"] >= 8
     _good_transfer(tgt.port, 5)
+
+
+def _ticketed_flood(tgt: Target, n: int) -> tuple[list[socket.socket], list[socket.socket]]:
+    """``n`` token holders, each with its own key and ticket, open a data connection and say a
+    valid hello: (admitted, left waiting in the listen queue) once every answer that comes in
+    half a second has come."""
+    socks = []
+    for i in range(n):
+        key, ticket = f"client-{i}", f"ticket-{i}"
+        tgt.call("ticket", key, ticket)
+        s = socket.create_connection(("127.0.0.1", tgt.port), timeout=5)
+        s.sendall(HELLO.pack(HELLO_MAGIC, VERSION, len(key), 3, len(ticket)) + (key + "tok" + ticket).encode())
+        socks.append(s)
+    admitted, waiting = [], []
+    for s in socks:
+        s.settimeout(0.5)
+        try:
+            reply = s.recv(8, socket.MSG_WAITALL)
+        except TimeoutError:
+            reply = b""
+        (admitted if len(reply) == 8 and struct.unpack("<Ii", reply)[1] == 0 else waiting).append(s)
+    return admitted, waiting
+
+
+def test_ticketed_connections_that_vanish_are_reaped_while_accepts_fail(target_factory):
+    # Issue 23: admitted (ticketed) connections filled the descriptors, more waited in the
+    # listen queue, then all vanished. Accepts kept failing, and finished connections were reaped
+    # only after a successful accept: the target stayed at its descriptor limit and a good peer
+    # was refused. Now a failed accept reaps first.
+    tgt = target_factory()
+    base = tgt.call("fds")
+    tgt.call("limit_fds", 30)
+    admitted, waiting = _ticketed_flood(tgt, 50)
+    assert len(admitted) >= 10 and len(waiting) >= 10, (len(admitted), len(waiting))
+    assert tgt.call("stats")[0]["accept_errors"] > 0
+    for s in admitted + waiting:
+        s.close()
+    _good_transfer(tgt.port, 11)
+    deadline = time.monotonic() + 5
+    while tgt.call("stats")[1] > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tgt.call("stats")[1] == 0 and tgt.call("fds") <= base + 2
+
+
+def test_idle_ticketed_connections_make_room_when_descriptors_run_out(target_factory):
+    # Issue 23: admitted connections that stay open and silent held every descriptor; only
+    # connections still in their hello were dropped for newcomers. Now, with nothing else to
+    # free, the connection idle longest (at least hello_timeout) is dropped.
+    tgt = target_factory({"hello_timeout": 1.0})
+    tgt.call("limit_fds", 30)
+    admitted, waiting = _ticketed_flood(tgt, 40)
+    for s in waiting:  # nothing left in the listen queue: the good peer is next
+        s.close()
+    time.sleep(1.5)  # past hello_timeout: the silent ones count as idle
+    _good_transfer(tgt.port, 12)
+    assert tgt.call("stats")[0]["idle_evicted"] >= 1
+    assert sum(_closed_by_peer(s, 0.2) for s in admitted) >= 1
+    for s in admitted:
+        s.close()
+
+
+def test_one_key_holds_a_bounded_number_of_connections(target_factory):
+    # Issue 23: one key can hold at most max_per_key admitted connections; its oldest go first.
+    tgt = target_factory({"max_per_key": 8})
+    sessions = [_raw_session(tgt.port) for _ in range(12)]
+    assert all(code == 0 for _, code in sessions)
+    closed = [_closed_by_peer(s, 2.0 if i < 4 else 0.2) for i, (s, _) in enumerate(sessions)]
+    assert closed == [True] * 4 + [False] * 8
+    stats, conns, _ = tgt.call("stats")
+    assert conns == 8 and stats["idle_evicted"] == 4
+    tgt.call("ticket", "other", "ticket-other")
+    _good_transfer(tgt.port, 13, key="other", ticket="ticket-other")  # other keys are not affected
+    for s, _ in sessions:
+        s.close()
+

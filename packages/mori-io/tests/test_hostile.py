@@ -6,7 +6,9 @@ mori-core's ``test_tcp_limits.py``."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import mmap
 import os
 import resource
 import socket
@@ -59,9 +61,34 @@ def _serve(key: str, env: dict[str, str]) -> bytes:
                 "conns": engine._server.connection_count(), "inbound": len(engine._inbound),
                 **dataclasses.asdict(engine._server.stats)}
 
+    extra: dict[int, MemoryDesc] = {}
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+    def add_region(size: int) -> bytes:
+        """Registers ``size`` bytes mapped here (no Python object owns them: see drop_region)."""
+        addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        ctypes.memset(addr, 0x5A, size)
+        d = engine.register_memory(addr, size, -1, MemoryLocationType.CPU)
+        extra[d.id] = d
+        return d.pack()
+
+    def drop_region(mem_id: int) -> float:
+        """Deregisters a region of add_region, then unmaps it: a byte of it touched after
+        deregister_memory returned kills this process. Returns how long deregistering took."""
+        d = extra.pop(mem_id)
+        t0 = time.monotonic()
+        engine.deregister_memory(d)
+        took = time.monotonic() - t0
+        assert libc.munmap(d.data, d.size) == 0
+        return took
+
     return serve_commands(engine, {**engine_commands(engine, {desc.id: desc}), "desc": desc.pack,
-                                   "limit_fds": limit_fds, "probe": probe,
-                                   "bytes": lambda off, n: bytes(arr[off:off + n])})
+                                   "limit_fds": limit_fds, "probe": probe, "add_region": add_region,
+                                   "drop_region": drop_region, "bytes": lambda off, n: bytes(arr[off:off + n])})
 
 
 class Target(PipeProcess):
@@ -381,6 +408,79 @@ def test_deregister_memory_waits_for_transfers_on_it(make_target):
         assert np.array_equal(dst, snapshot)
         late = eng.read(ld, 0, target.region, 0, 64, 40)
         assert late.Code() == StatusCode.ERR_NOT_FOUND
+
+
+def _data_session(control_port: int, key: str, rcvbuf: int = 0) -> socket.socket:
+    """A hand-made data connection of a token holder named ``key`` (ticket from tcp.info)."""
+    client = ControlClient("127.0.0.1", control_port, key, "", 10)
+    info = client.request("tcp.info", {})
+    client.close()
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", info["port"]))
+    ticket = info["ticket"].encode()
+    s.sendall(struct.pack("<IHHHH", 0x4F49524D, 3, len(key), 0, len(ticket)) + key.encode() + ticket)
+    assert struct.unpack("<Ii", s.recv(8, socket.MSG_WAITALL))[1] == 0
+    return s
+
+
+def test_slow_reader_cannot_hold_deregister_memory_or_stall_other_peers(make_target, monkeypatch):
+    # Issue 23: a token holder reading 64 MiB at 256 KiB/s held the target's deregister_memory
+    # until it disconnected, and every other peer's requests (any region) waited meanwhile. Now
+    # the deregistration waits MORI_IO_TIMEOUT (2 s here), cuts the slow reader and returns, no
+    # byte of the region is touched afterwards (the target unmaps it at once), and an unrelated
+    # peer's reads of another region all succeed throughout.
+    monkeypatch.setenv("MORI_IO_TIMEOUT", "2")
+    target = make_target({"MORI_IO_TIMEOUT": "2"})
+    big = MemoryDesc.unpack(target.call("add_region", 64 << 20))
+    slow = _data_session(target.desc.port, "slow-reader", rcvbuf=64 << 10)
+    slow.sendall(struct.pack("<IBB2xQQQ", 0x5145524D, 1, 0, big.id, 0, big.size))  # one read of 64 MiB
+    received, ended = [0], threading.Event()
+
+    def read_slowly():  # 64 KiB every 0.25 s: 256 KiB/s, steady, so no send on the target times out
+        stop = time.monotonic() + 20
+        with contextlib.suppress(OSError):
+            while time.monotonic() < stop:
+                chunk = slow.recv(64 << 10)
+                if not chunk:
+                    break
+                received[0] += len(chunk)
+                time.sleep(0.25)
+        ended.set()
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    dst = np.zeros(4096, dtype=np.uint8)
+    with IOEngine("bystander", IOEngineConfig()) as eng:
+        eng.create_backend(BackendType.TCP)
+        eng.register_remote_engine(target.desc)
+        ld = eng.register_memory(int(dst.ctypes.data), dst.size, -1, MemoryLocationType.CPU)
+        assert eng.read(ld, 0, target.region, 0, 4096, 1).WaitFor(10_000) == StatusCode.SUCCESS
+        deadline = time.monotonic() + 10
+        while received[0] < 256 << 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert received[0] >= 256 << 10 and not ended.is_set()  # the slow read is under way
+        outcomes: list[StatusCode] = []
+
+        def bystander():  # 12 reads of another region while the target deregisters
+            for uid in range(2, 14):
+                outcomes.append(eng.read(ld, 0, target.region, 0, 4096, uid).WaitFor(10_000))
+                time.sleep(0.25)
+
+        th = threading.Thread(target=bystander, daemon=True)
+        th.start()
+        took = target.call("drop_region", big.id)
+        th.join(timeout=60)
+    assert took < 6.0, f"deregister_memory took {took:.1f} s with MORI_IO_TIMEOUT=2"
+    assert ended.wait(10), "the slow reader was not cut"
+    reader.join(timeout=10)
+    slow.close()
+    assert received[0] < big.size
+    assert outcomes == [StatusCode.SUCCESS] * 12, outcomes
+    assert target.exitcode is None and target.call("probe")["conns"] >= 0  # alive after the unmap
+    _good_write(target, 3)
 
 
 def test_unreachable_peer_does_not_delay_others(make_target, monkeypatch):

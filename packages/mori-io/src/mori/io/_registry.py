@@ -200,17 +200,17 @@ class InFlight:
         if len(entries) % self._PRUNE == 0:
             entries[:] = [e for e in entries if e[0].InProgress()]
 
-    def drain(self, mem_id: int, timeout: float) -> None:
-        """Waits up to ``timeout`` for the transfers of ``mem_id``; then has their backends fail the
-        rest (``Backend.abort``) and waits for those to stop."""
+    def drain(self, mem_id: int, deadline: float, grace: float) -> None:
+        """Waits until ``deadline`` (monotonic) for the transfers of ``mem_id``; then has their
+        backends fail the rest (``Backend.abort``) and waits up to ``grace`` seconds more for
+        those to report it."""
         entries = list(self._by_mem.pop(mem_id, ()))
-        deadline = time.monotonic() + timeout
         for status, _, _ in entries:
             status.WaitFor(max(deadline - time.monotonic(), 0.0) * 1000.0)
         late = {(id(b), key): (b, key) for status, b, key in entries if status.InProgress()}
         for backend, key in late.values():
-            _log.warning("deregister_memory: failing transfers to %r still using memory %d after %.0f s",
-                         key, mem_id, timeout)
+            _log.warning("deregister_memory: failing transfers to %r still using memory %d (MORI_IO_TIMEOUT)",
+                         key, mem_id)
             backend.abort(key)
         for status, _, _ in entries:
-            status.WaitFor(timeout * 1000.0)
+            status.WaitFor(grace * 1000.0)

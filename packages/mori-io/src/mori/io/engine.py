@@ -350,23 +350,29 @@ class IOEngine:
     def deregister_memory(self, mem_desc: MemoryDesc) -> None:
         """Deregisters a region; after this returns no transfer touches it, so it may be freed.
 
-        Remote engines' requests are refused from the start of the call (one already being served
-        ends within ``MORI_IO_TIMEOUT``, which bounds every frame). This engine's own transfers
-        that use the region as local memory are waited for, up to ``MORI_IO_TIMEOUT``; any still
-        running then are failed with ``ERR_BAD_STATE`` by closing the connections that carry them,
-        and this returns once they have stopped.
+        Remote engines' new requests on the region are refused from the start of the call; those
+        already being served, and this engine's own transfers that use the region as local
+        memory, are waited for up to ``MORI_IO_TIMEOUT`` (one wait for both). Any still running
+        then are failed by closing the connections that carry them (a remote peer's request is
+        cut; an own transfer ends with ``ERR_BAD_STATE``), and this returns once none touches the
+        region. Requests on other regions, and other peers, are not held up meanwhile.
         """
         if not isinstance(mem_desc, MemoryDesc):
             raise TypeError(f"expected a MemoryDesc, got {type(mem_desc).__name__}")
         if mem_desc.engine_key != self._key:
             raise ValueError(f"memory {mem_desc.id} belongs to engine {mem_desc.engine_key!r}, not {self._key!r}")
+        deadline = time.monotonic() + self._limits.io_timeout
         with self._lock:
             desc = self._memory.remove(mem_desc.id)
             if desc is None:
                 raise KeyError(f"memory {mem_desc.id} is not registered with engine {self._key!r}")
-            for b in self._backends.values():
-                b.deregister_memory(desc)
-        self._inflight.drain(desc.id, self._limits.io_timeout)
+            backends = list(self._backends.values())
+        # Outside the engine's lock: the backends wait (up to MORI_IO_TIMEOUT) for remote requests
+        # on the region, and meanwhile this engine's other work (connects, notifications) goes on.
+        # A backend created from here on never sees the region: it is out of the registry.
+        for b in backends:
+            b.deregister_memory(desc)
+        self._inflight.drain(desc.id, deadline, self._limits.io_timeout)
 
     # ---- transfers --------------------------------------------------------------------------------
     def allocate_transfer_uid(self) -> int:
