@@ -4,7 +4,8 @@
 # mori's four packages installed from wheels built from this checkout. From outside the source
 # tree, so that every import is of the installed packages, it runs:
 #   - mori-triton's CPU tests: Triton, LLVM IR and MLIR to PTX, the bitcode and its rebuild;
-#   - mori-io's tests that take torch tensors (every io test file that imports torch);
+#   - mori-io's tests that take torch tensors (the io test files that use torch, directly or
+#     through the client replays' helpers);
 #   - mori.ops's CPU tests (mori-shmem's test_ops_*.py).
 # The environment lives in a temporary folder, built anew each run (about 6 GB: torch's CUDA
 # wheels, which torch needs to import even on a CPU), and is removed at exit.
@@ -58,8 +59,9 @@ run_tests() { "$env/bin/python" -m pytest -c "$root/pyproject.toml" -m "not gpu"
 echo "-- mori-triton (installed)"
 run_tests "$root/packages/mori-triton/tests"
 echo "-- mori-io: the tests that take torch tensors"
-mapfile -t io_tests < <(grep -rlE --include='test_*.py' '^(import torch|torch = pytest.importorskip)' \
-  "$root/packages/mori-io/tests" | sort)
+# every test file that imports torch, or the client replays' helpers (_kv_clients: caches as tensors)
+mapfile -t io_tests < <(grep -rlE --include='test_*.py' \
+  '^(import torch|torch = pytest.importorskip|from _kv_clients import)' "$root/packages/mori-io/tests" | sort)
 run_tests "${io_tests[@]}"
 echo "-- mori.ops: CPU tests"
 run_tests "$root"/packages/mori-shmem/tests/test_ops_*.py
