@@ -4,8 +4,8 @@
 # mori's four packages installed from wheels built from this checkout. From outside the source
 # tree, so that every import is of the installed packages, it runs:
 #   - mori-triton's CPU tests: Triton, LLVM IR and MLIR to PTX, the bitcode and its rebuild;
-#   - mori-io's tests that take torch tensors (the io test files that use torch, directly or
-#     through the client replays' helpers);
+#   - mori-io's tests that take torch tensors (the io test files that import torch or the client
+#     replays' helpers, _kv_clients, whose caches are torch tensors);
 #   - mori.ops's CPU tests (mori-shmem's test_ops_*.py).
 # The environment lives in a temporary folder, built anew each run (about 6 GB: torch's CUDA
 # wheels, which torch needs to import even on a CPU), and is removed at exit.
@@ -59,7 +59,7 @@ run_tests() { "$env/bin/python" -m pytest -c "$root/pyproject.toml" -m "not gpu"
 echo "-- mori-triton (installed)"
 run_tests "$root/packages/mori-triton/tests"
 echo "-- mori-io: the tests that take torch tensors"
-# every test file that imports torch, or the client replays' helpers (_kv_clients: caches as tensors)
+# every test file that imports torch or the client replays' helpers (_kv_clients: caches as tensors)
 mapfile -t io_tests < <(grep -rlE --include='test_*.py' \
   '^(import torch|torch = pytest.importorskip|from _kv_clients import)' "$root/packages/mori-io/tests" | sort)
 run_tests "${io_tests[@]}"
