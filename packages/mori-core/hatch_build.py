@@ -2,7 +2,7 @@
 
 Run by hatchling for wheels and editable installs; ``python hatch_build.py`` rebuilds the
 extension in place for development. No CUDA toolkit is needed: the native module holds only
-host code (TCP data plane, host atomics).
+host code (TCP data plane, UCX engine with UCX opened at run time, host atomics).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def build_native() -> Path:
     jobs = int(os.environ.get("MORI_BUILD_JOBS", os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         objects = list(pool.map(compile_one, sources))
-    _run([cxx, "-shared", *[str(o) for o in objects], "-o", str(target), "-pthread"])
+    _run([cxx, "-shared", *[str(o) for o in objects], "-o", str(target), "-pthread", "-ldl"])
     return target
 
 

@@ -7,6 +7,7 @@
 #include "tcp_engine.hpp"
 
 namespace py = pybind11;
+using namespace mori;
 using namespace mori::tcp;
 
 namespace {
@@ -19,7 +20,7 @@ std::vector<uint64_t> to_vector(const U64Array& a) {
 }
 
 mori::native::Registration reg([](py::module_& m) {
-    py::dict codes;  // tcp_wire.hpp's Code by mori.core.codes.TransferCode's names
+    py::dict codes;  // transfer.hpp's Code by mori.core.codes.TransferCode's names
     codes["SUCCESS"] = static_cast<int>(kSuccess);
     codes["NOT_STARTED"] = static_cast<int>(kNotStarted);
     codes["IN_PROGRESS"] = static_cast<int>(kInProgress);

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "inbound.hpp"
 #include "tcp_wire.hpp"
 
 namespace mori::tcp {
@@ -231,17 +232,6 @@ private:
         int64_t expiresNs;
         int usesLeft;
     };
-    struct Record {
-        std::string key;
-        uint64_t uid;
-        int code;
-        int64_t atNs;
-    };
-    struct RecordKeyHash {
-        size_t operator()(const std::pair<std::string, uint64_t>& k) const {
-            return std::hash<std::string>()(k.first) ^ (std::hash<uint64_t>()(k.second) * 0x9e3779b97f4a7c15ull);
-        }
-    };
     void accept_loop();
     // Takes one connection off the listen queue; false when accept failed (fd exhaustion...).
     bool admit();
@@ -261,7 +251,6 @@ private:
     void reap(bool all);
     // Keeps the final status of transfer uid from peerKey for pop_inbound.
     void record_inbound(const std::string& peerKey, uint64_t uid, int code);
-    void expire_inbound_locked(int64_t nowNs);  // inboundMu_ held
 
     int listenFd_ = -1;
     int port_ = 0;
@@ -274,10 +263,8 @@ private:
     std::mutex regionsMu_;
     std::condition_variable regionsCv_;  // a region's last user left
     std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
-    std::mutex inboundMu_;
-    std::list<Record> inboundOrder_;  // oldest first
-    std::unordered_map<std::pair<std::string, uint64_t>, std::list<Record>::iterator, RecordKeyHash> inbound_;
-    bool inboundWarned_ = false;
+    InboundRecords inbound_;
+    std::atomic<bool> inboundWarned_{false};
     std::mutex ticketsMu_;
     std::unordered_map<std::string, Ticket> tickets_;
     std::deque<std::string> ticketOrder_;  // issue order, for dropping the oldest

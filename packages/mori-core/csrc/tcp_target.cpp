@@ -41,7 +41,11 @@ bool equal_const_time(const std::string& a, const std::string& b) {
 
 Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
                std::string timeoutSetting)
-    : token_(std::move(token)), ioTimeout_(ioTimeout), limits_(limits), timeoutSetting_(std::move(timeoutSetting)) {
+    : token_(std::move(token)),
+      ioTimeout_(ioTimeout),
+      limits_(limits),
+      timeoutSetting_(std::move(timeoutSetting)),
+      inbound_(limits.maxInbound, limits.inboundTtl) {
     if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
         limits_.maxPerKey < 1 ||
         !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
@@ -181,21 +185,9 @@ bool Target::take_ticket(const std::string& key, const std::string& ticket) {
     return true;
 }
 
-std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) {
-    std::lock_guard lk(inboundMu_);
-    auto it = inbound_.find({key, uid});
-    if (it == inbound_.end()) return std::nullopt;
-    int code = it->second->code;
-    inboundOrder_.erase(it->second);
-    inbound_.erase(it);
-    return code;
-}
+std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) { return inbound_.pop(key, uid); }
 
-size_t Target::inbound_count() {
-    std::lock_guard lk(inboundMu_);
-    expire_inbound_locked(now_ns());
-    return inbound_.size();
-}
+size_t Target::inbound_count() { return inbound_.count(); }
 
 size_t Target::connection_count() {
     std::lock_guard lk(connsMu_);
@@ -204,8 +196,11 @@ size_t Target::connection_count() {
 }
 
 TargetStats Target::stats() {
+    uint64_t dropped = inbound_.dropped();
     std::lock_guard lk(statsMu_);
-    return stats_;
+    TargetStats s = stats_;
+    s.inboundDropped = dropped;
+    return s;
 }
 
 void Target::close() {
@@ -395,49 +390,12 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
     return ok;
 }
 
-void Target::expire_inbound_locked(int64_t nowNs) {
-    auto ttl = static_cast<int64_t>(limits_.inboundTtl * 1e9);
-    size_t dropped = 0;
-    while (!inboundOrder_.empty() && nowNs - inboundOrder_.front().atNs > ttl) {
-        inbound_.erase({inboundOrder_.front().key, inboundOrder_.front().uid});
-        inboundOrder_.pop_front();
-        ++dropped;
-    }
-    if (dropped == 0) return;
-    std::lock_guard sk(statsMu_);
-    stats_.inboundDropped += dropped;
-}
-
 void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) {
-    int64_t now = now_ns();
-    std::lock_guard lk(inboundMu_);
-    expire_inbound_locked(now);
-    auto key = std::make_pair(peerKey, uid);
-    auto it = inbound_.find(key);
-    if (it != inbound_.end()) {  // a repeated uid replaces its record (and counts as new)
-        inboundOrder_.erase(it->second);
-        inbound_.erase(it);
-    }
-    bool dropped = false;
-    while (inbound_.size() >= limits_.maxInbound) {  // the oldest goes first
-        inbound_.erase({inboundOrder_.front().key, inboundOrder_.front().uid});
-        inboundOrder_.pop_front();
-        dropped = true;
-    }
-    inboundOrder_.push_back(Record{peerKey, uid, code, now});
-    inbound_.emplace(std::move(key), std::prev(inboundOrder_.end()));
-    if (!dropped) return;
-    {
-        std::lock_guard sk(statsMu_);
-        ++stats_.inboundDropped;
-    }
-    if (!inboundWarned_) {
-        inboundWarned_ = true;
-        std::fprintf(stderr,
-                     "mori TCP data plane: the target on port %d keeps at most %zu completion records "
-                     "(max_inbound); dropping the oldest (logged once; pop_inbound removes records)\n",
-                     port_, limits_.maxInbound);
-    }
+    if (inbound_.record(peerKey, uid, code) == 0 || inboundWarned_.exchange(true)) return;
+    std::fprintf(stderr,
+                 "mori TCP data plane: the target on port %d keeps at most %zu completion records "
+                 "(max_inbound) for at most %g s; dropping the oldest (logged once; pop_inbound removes records)\n",
+                 port_, limits_.maxInbound, limits_.inboundTtl);
 }
 
 void Target::serve(Conn* conn) {

@@ -36,11 +36,6 @@ std::string errno_text(const char* what) { return std::string(what) + ": " + std
 
 }  // namespace
 
-int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
 Reader::Reader(int fd, size_t cap) : fd_(fd), buf_(cap), lastDataNs_(now_ns()) {}
 
 double Reader::idle_seconds() const { return static_cast<double>(now_ns() - lastDataNs_) * 1e-9; }

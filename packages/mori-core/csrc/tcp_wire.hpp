@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "transfer.hpp"
+
 namespace mori::tcp {
 
 constexpr uint32_t kHelloMagic = 0x4f49524d;  // "MRIO"
@@ -31,25 +33,6 @@ constexpr uint32_t kMaxNameLen = 4096;
 constexpr uint32_t kMaxTicketLen = 256;
 // Largest single block a request may carry; anything bigger is a malformed frame.
 constexpr uint64_t kMaxBlock = 1ull << 40;
-
-// A transfer's outcome: the values of mori.core.codes.TransferCode (the bindings export this
-// enum as TRANSFER_CODES and a test compares the two), which transports built on this data plane
-// report under their own names.
-enum Code : int32_t {
-    kSuccess = 0,
-    kNotStarted = 1,
-    kInProgress = 2,
-    kErrInvalidArgs = 11,
-    kErrNotFound = 12,
-    kErrTransport = 13,
-    kErrBadState = 14,
-    kErrDevice = 15,
-};
-
-// A final status a notification may carry; anything else is a malformed frame.
-inline bool is_final_code(int64_t c) {
-    return c == kSuccess || (c >= kErrInvalidArgs && c <= kErrDevice);
-}
 
 enum Op : uint8_t { kOpRead = 1, kOpWrite = 2, kOpNotify = 3 };
 // ReqHdr::flags of read and write requests.
@@ -86,8 +69,6 @@ static_assert(sizeof(ReqHdr) == 32 && sizeof(RepHdr) == 16 && sizeof(Hello) == 1
 
 // Returns an error text, or "" to keep waiting; polled while a blocking read waits.
 using AbortCheck = std::function<std::string()>;
-
-int64_t now_ns();
 
 // Socket options every data connection gets: no Nagle, big buffers where the kernel allows.
 void tune_socket(int fd);

@@ -46,17 +46,18 @@ def test_every_public_name_is_in_the_stub_and_back() -> None:
     top, classes = _stub()
     assert _public(_native) == {n for n in top if not n.startswith("_")}
     assert _public(_native.atomics) == {k.split(".")[1] for k in classes if k.startswith("_Atomics.")}
-    for cls in ("GatherLauncher", "TcpPeer", "TcpTarget", "TcpTransfer"):
+    for cls in ("GatherLauncher", "TcpPeer", "TcpTarget", "TcpTransfer", "UcxEngine", "UcxPeer", "UcxTransfer"):
         assert _public(getattr(_native, cls)) == {k.split(".")[1] for k in classes
                                                    if k.startswith(f"{cls}.") and not k.endswith(".__init__")}
 
 
-@pytest.mark.parametrize("owner", ["", "atomics", "GatherLauncher", "TcpPeer", "TcpTarget", "TcpTransfer"])
+@pytest.mark.parametrize("owner", ["", "atomics", "GatherLauncher", "TcpPeer", "TcpTarget", "TcpTransfer", "UcxEngine",
+                                   "UcxPeer", "UcxTransfer"])
 def test_parameter_names_match(owner: str) -> None:
     top, classes = _stub()
     obj = getattr(_native, owner) if owner else _native
     stub_owner = "_Atomics" if owner == "atomics" else owner
-    for name in sorted(_public(obj) | ({"__init__"} if owner.startswith(("Gather", "TcpP", "TcpTa")) else set())):
+    for name in sorted(_public(obj) | ({"__init__"} if owner.startswith(("Gather", "TcpP", "TcpTa", "UcxE")) else set())):
         member = getattr(obj, name)
         if not callable(member) or isinstance(member, type):
             continue

@@ -1,12 +1,12 @@
 """mori.core: the runtime every mori package stands on.
 
 Configuration (``MORI_*`` variables), logging, the bootstrap network, host and GPU memory,
-native host atomics, per-device streams and events (``gpu``), the NVRTC device-code compiler and the device headers' location.
+native host atomics, per-device streams and events (``gpu``), the UCX engine (``ucx``), the NVRTC device-code compiler and the device headers' location.
 """
 
 from importlib import metadata as _metadata
 
-from . import atomics, codes, gpu, host, memory, nvrtc
+from . import atomics, codes, gpu, host, memory, nvrtc, ucx
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
@@ -31,4 +31,5 @@ __all__ = [
     "nvrtc",
     "parse_size",
     "set_log_level",
+    "ucx",
 ]

@@ -199,6 +199,10 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_IO_NVLINK_KERNEL_MAX", _size, 1 << 20,
                  "NVLink backend: blocks smaller than this go to the gather kernel, larger ones to the copy engines.",
                  SIZE_FORMS),
+        Variable("MORI_UCX_LIB", _text, None,
+                 "The UCX that mori.core.ucx loads: a libucp.so or its folder. Unset: a system UCX with verbs "
+                 "(its ucx/ folder holds libuct_ib), else the libucx wheel, else a system UCX without verbs.",
+                 "a path, e.g. /usr/lib/x86_64-linux-gnu or /opt/ucx/lib/libucp.so.0"),
         Variable("MORI_IO_RDMA_TRANSPORTS", _transport_list, None,
                  "RDMA backend: the UCX transports it may use (UCX_TLS); unset: UCX's choice, and the backend "
                  "refuses a host where UCX finds no RDMA NIC.", "'rc,dc,self', 'tcp,sm,self', 'tcp,cuda_copy'"),

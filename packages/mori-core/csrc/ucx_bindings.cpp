@@ -1,0 +1,170 @@
+// Python bindings of the UCX engine: ucx_load/ucx_library/ucx_components, UcxEngine, UcxPeer,
+// UcxTransfer (typed in _native.pyi, presented by mori.core.ucx). Every call that can block
+// (connect, submit, wait, deregister, close) releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "registry.hpp"
+#include "ucx_engine.hpp"
+
+namespace py = pybind11;
+using namespace mori::ucx;
+
+namespace {
+
+using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+py::dict library_dict(const Library& lib) {
+    py::dict d;
+    d["path"] = lib.path;
+    d["source"] = lib.source;
+    d["version"] = py::make_tuple(lib.major, lib.minor, lib.release);
+    return d;
+}
+
+std::vector<uint64_t> checked(const U64Array& a, const char* name) {
+    if (a.ndim() != 1) throw std::invalid_argument(std::string(name) + " must be a 1-d array");
+    return std::vector<uint64_t>(a.data(), a.data() + a.shape(0));
+}
+
+std::shared_ptr<Transfer> submit(Peer& p, int op, uint64_t localId, const std::vector<uint64_t>& lofs,
+                                 uint64_t remoteId, const std::vector<uint64_t>& rofs,
+                                 const std::vector<uint64_t>& sizes, uint64_t uid, bool notify, bool remoteGpu) {
+    if (lofs.size() != sizes.size() || rofs.size() != sizes.size())
+        throw std::invalid_argument("offsets and sizes must have the same length");
+    py::gil_scoped_release release;
+    return p.submit(static_cast<Op>(op), localId, lofs.data(), remoteId, rofs.data(), sizes.data(), sizes.size(), uid,
+                    notify, remoteGpu);
+}
+
+mori::native::Registration reg([](py::module_& m) {
+    py::register_exception<LoadError>(m, "UcxLoadError", PyExc_RuntimeError);
+
+    m.def(
+        "ucx_load",
+        [](const std::vector<std::pair<std::string, std::string>>& candidates) {
+            std::vector<Candidate> cs;
+            for (const auto& [path, source] : candidates) cs.push_back(Candidate{path, source});
+            const Library* lib;
+            {
+                py::gil_scoped_release release;
+                lib = &load(cs);
+            }
+            return library_dict(*lib);
+        },
+        py::arg("candidates"),
+        "Loads UCX from the first (libucp path, source label) that opens, or uses the one already in "
+        "this process; returns {path, source, version}. Raises UcxLoadError listing what was tried.");
+    m.def("ucx_library", [] { return library_dict(library()); }, "The loaded UCX; UcxLoadError before ucx_load.");
+    m.def("ucx_components", &components, "UCX's components and the devices (memory domains) each one found.");
+
+    py::class_<Transfer, std::shared_ptr<Transfer>>(m, "UcxTransfer", "Completion of one UCX engine transfer.")
+        .def("code", &Transfer::code, "TransferCode value (IN_PROGRESS=2 until finished).")
+        .def("message", &Transfer::message, "Why it failed ('' on success).")
+        .def("wait", &Transfer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+             "Waits up to timeout seconds (progressing the worker on this thread first); True when finished.");
+
+    py::class_<Peer, std::shared_ptr<Peer>>(m, "UcxPeer", "Endpoints from a UCX engine to one peer engine.")
+        .def_property_readonly("key", &Peer::key)
+        .def("submit", &submit, py::arg("op"), py::arg("local_id"), py::arg("local_offsets"), py::arg("remote_id"),
+             py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid") = 0, py::arg("notify") = false,
+             py::arg("remote_gpu") = false,
+             "Starts a transfer of len(sizes) blocks (op 1 = read, 2 = write); returns its UcxTransfer.")
+        .def(
+            "submit_arrays",
+            [](Peer& p, int op, uint64_t localId, const U64Array& lofs, uint64_t remoteId, const U64Array& rofs,
+               const U64Array& sizes, uint64_t uid, bool notify, bool remoteGpu) {
+                return submit(p, op, localId, checked(lofs, "local_offsets"), remoteId, checked(rofs, "remote_offsets"),
+                              checked(sizes, "sizes"), uid, notify, remoteGpu);
+            },
+            py::arg("op"), py::arg("local_id"), py::arg("local_offsets"), py::arg("remote_id"),
+            py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid") = 0, py::arg("notify") = false,
+            py::arg("remote_gpu") = false, "submit() for numpy integer arrays; needs numpy.")
+        .def("healthy", &Peer::healthy, "False once the peer failed or was closed.")
+        .def("failure", &Peer::failure, "Why the peer failed ('' while healthy).")
+        .def("describe", &Peer::describe, py::call_guard<py::gil_scoped_release>(),
+             "UCX's description of the endpoints: the transports and devices of each lane.")
+        .def("fail", &Peer::fail, py::arg("why"), py::call_guard<py::gil_scoped_release>(),
+             "Fails the peer: its transfers in flight end with why, its endpoints close.")
+        .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
+
+    py::class_<Engine, std::shared_ptr<Engine>>(m, "UcxEngine", "mori-core's UCX engine (see mori.core.ucx).")
+        .def(py::init([](const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings,
+                         int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
+                         bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets) {
+                 EngineOptions o;
+                 o.name = name;
+                 o.settings = settings;
+                 o.workers = workers;
+                 o.lanes = lanes;
+                 o.polling = polling;
+                 o.timeout = timeout;
+                 o.timeoutSetting = timeoutSetting;
+                 o.rma = rma;
+                 o.maxInbound = maxInbound;
+                 o.inboundTtl = inboundTtl;
+                 o.maxTickets = maxTickets;
+                 py::gil_scoped_release release;
+                 return std::make_shared<Engine>(std::move(o));
+             }),
+             py::arg("name") = "mori", py::arg("settings") = std::vector<std::pair<std::string, std::string>>{},
+             py::arg("workers") = 1, py::arg("lanes") = 1, py::arg("polling") = true, py::arg("timeout") = 30.0,
+             py::arg("timeout_setting") = "timeout", py::arg("rma") = false,
+             py::arg("max_inbound") = EngineOptions{}.maxInbound, py::arg("inbound_ttl") = EngineOptions{}.inboundTtl,
+             py::arg("max_tickets") = EngineOptions{}.maxTickets)
+        .def_property_readonly(
+            "addresses",
+            [](const Engine& e) {
+                py::list out;
+                for (const auto& a : e.addresses()) out.append(py::bytes(a));
+                return out;
+            },
+            "The UCX address of each worker, for peers to connect to.")
+        .def_property_readonly("cuda_supported", &Engine::cuda_supported)
+        .def(
+            "register_memory",
+            [](Engine& e, uint64_t id, uint64_t addr, uint64_t size, bool gpu) {
+                std::string rkey;
+                {
+                    py::gil_scoped_release release;
+                    rkey = e.register_region(id, addr, size, gpu);
+                }
+                return py::bytes(rkey);
+            },
+            py::arg("mem_id"), py::arg("addr"), py::arg("size"), py::arg("gpu") = false,
+            "Registers memory as mem_id; returns its packed remote key.")
+        .def("deregister_memory", &Engine::deregister_region, py::arg("mem_id"),
+             py::call_guard<py::gil_scoped_release>(),
+             "Refuses new accesses to mem_id, waits for those in flight; False when unknown.")
+        .def("admit", &Engine::admit, py::arg("key"), "The ticket engine key must present (issued once per key).")
+        .def(
+            "connect",
+            [](Engine& e, const std::string& key, const std::vector<py::bytes>& addresses, uint64_t ticket) {
+                std::vector<std::string> addrs;
+                for (const auto& a : addresses) addrs.emplace_back(a);
+                py::gil_scoped_release release;
+                return e.connect(key, addrs, ticket);
+            },
+            py::arg("key"), py::arg("addresses"), py::arg("ticket"),
+            "Endpoints to the engine with these worker addresses, presenting the ticket it issued.")
+        .def("fail_peer", &Engine::fail_peer, py::arg("key"), py::arg("why"), py::call_guard<py::gil_scoped_release>())
+        .def("pop_inbound", &Engine::pop_inbound, py::arg("key"), py::arg("uid"),
+             "Final TransferCode of transfer uid from engine key, or None (the record is removed).")
+        .def("inbound_count", &Engine::inbound_count, "Notification records kept now.")
+        .def(
+            "stats",
+            [](const Engine& e) {
+                EngineStats s = e.stats();
+                py::dict d;
+                d["bad_tickets"] = s.badTickets;
+                d["refused"] = s.refused;
+                d["malformed"] = s.malformed;
+                d["late_replies"] = s.lateReplies;
+                return d;
+            },
+            "Counts of messages with no valid ticket, refused requests, malformed messages, late replies.")
+        .def("describe", &Engine::describe, "UCX's description of the context: its transports and devices.")
+        .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+});
+
+}  // namespace

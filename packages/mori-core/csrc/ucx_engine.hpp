@@ -1,0 +1,326 @@
+// mori-core's UCX engine: one UCX context, its workers (each driven by a native progress thread
+// and by callers waiting on their transfers), registered memory, endpoints to peer engines, and
+// transfers (batches of blocks between local and remote registered memory) posted in one call.
+//
+// Two data paths, chosen per engine (EngineOptions::rma):
+// - checked (the default): blocks travel as UCX active messages whose header names (remote
+//   memory id, offset, size); the target checks each against its live registrations before a
+//   byte of its memory is touched, then UCX moves the bytes (eager copies for small blocks,
+//   zero-copy rendezvous for large ones: cma on one host, tcp across hosts). This is the only
+//   safe path on transports where UCX does not enforce remote keys (tcp, sm, cma).
+// - RMA: one-sided puts and gets with remote keys the target sent (never keys from a descriptor),
+//   completed by a flush of each endpoint. For transports whose hardware enforces remote keys
+//   (InfiniBand/RoCE verbs).
+//
+// Peers authenticate with tickets: the target issues a 64-bit secret to each peer engine through
+// the owner's authenticated control plane (admit), and every request carries it. Nothing here
+// calls Python; the bindings (ucx_bindings.cpp) release the GIL around every call that can block.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "inbound.hpp"
+#include "transfer.hpp"
+#include "ucx_api.hpp"
+#include "ucx_lib.hpp"
+
+namespace mori::ucx {
+
+enum Op : uint8_t { kOpRead = 1, kOpWrite = 2, kOpRegion = 3 };
+
+struct EngineOptions {
+    std::string name = "mori";
+    std::vector<std::pair<std::string, std::string>> settings;  // UCX settings (TLS, NET_DEVICES, ...)
+    int workers = 1;      // UCX workers, each with its progress thread
+    int lanes = 1;        // endpoints per peer on each worker; a transfer's blocks are dealt over them
+    bool polling = true;  // progress threads spin briefly after activity (POLLING) or only sleep (EVENT)
+    double timeout = 30.0;              // seconds before an unfinished transfer fails
+    std::string timeoutSetting = "timeout";  // the caller's name for it, in messages
+    bool rma = false;                   // the RMA data path (see above)
+    size_t maxInbound = 1 << 20;        // notification records kept
+    double inboundTtl = 3600.0;         // seconds a notification record is kept
+    size_t maxTickets = 1 << 16;        // peer engines admitted at once; the oldest is dropped
+};
+
+// Counters of what the engine refused (for logs, tests and benchmarks).
+struct EngineStats {
+    uint64_t badTickets = 0;     // messages carrying no valid ticket: dropped unread
+    uint64_t refused = 0;        // requests refused by the region checks
+    uint64_t malformed = 0;      // messages of the wrong shape: dropped
+    uint64_t lateReplies = 0;    // replies for a transfer that had already ended
+};
+
+// Memory registered with the engine. Accesses in flight hold a pin; deregistration waits for them.
+struct Region {
+    uint64_t id = 0, addr = 0, size = 0;
+    int memType = api::kMemoryHost;
+    api::MemHandle* memh = nullptr;
+    std::string rkey;  // packed remote key (RMA path)
+    std::atomic<int64_t> pins{0};
+    bool contains(uint64_t off, uint64_t len) const { return off <= size && len <= size - off; }
+};
+
+class Engine;
+class Worker;
+struct Part;
+
+// What a peer engine's endpoints share: its key, the ticket it issued to us, and whether it failed.
+struct PeerState {
+    PeerState(std::string k, uint64_t t) : key(std::move(k)), ticket(t) {}
+    const std::string key;
+    const uint64_t ticket;
+    void fail(const std::string& why) {
+        std::lock_guard lk(mu);
+        if (failed.empty()) failed = why;
+    }
+    std::string failure() const {
+        std::lock_guard lk(mu);
+        return failed;
+    }
+
+private:
+    mutable std::mutex mu;
+    std::string failed;
+};
+
+// What the target told us about one of its regions (the RMA path's keys unpacked per endpoint).
+struct RemoteRegion {
+    uint64_t addr = 0, size = 0;
+    int memType = api::kMemoryHost;
+    std::vector<api::RemoteKey*> keys;  // per lane
+};
+
+// Endpoints from one worker to one peer engine (one per lane). Owned by the worker: freed once
+// closed and no operation in flight refers to it.
+struct Link {
+    std::shared_ptr<PeerState> peer;
+    Worker* worker = nullptr;
+    std::vector<api::Endpoint*> eps;
+    std::unordered_map<uint64_t, RemoteRegion> regions;  // remote memory id -> what its target said
+    std::string failed;  // why the endpoints failed or closed ("" while usable)
+    uint64_t next = 0;   // rotates the first lane of successive transfers
+};
+
+// The outcome of one transfer: a completion slot its owner reads without running any code per
+// block (code() is one atomic load), as TcpTransfer.
+class Transfer {
+public:
+    Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
+             uint64_t uid);
+    int code() const { return code_.load(std::memory_order_acquire); }
+    std::string message() const;
+    // True when finished within timeout seconds. A waiter whose worker is free progresses it
+    // itself (a small transfer then costs no thread hand-off).
+    bool wait(double timeoutSec);
+    // Accounts one finished part; the first error wins. Worker lock held.
+    void part_done(int code, const std::string& msg);
+    // Fails the whole transfer now (deadline, peer failure); later part results are ignored.
+    // Worker lock held.
+    void fail(int code, const std::string& msg);
+    int64_t deadline_ns() const { return deadlineNs_; }
+    bool finished() const { return code() != kInProgress; }
+    Link* link() const { return link_; }  // valid while unfinished
+
+private:
+    void finish(int code, const std::string& msg);  // worker lock held
+    std::weak_ptr<Worker> worker_;
+    Link* link_;
+    std::atomic<int64_t> remaining_;
+    std::atomic<int> code_{kInProgress};
+    int64_t deadlineNs_;
+    bool notify_;
+    uint64_t uid_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    int err_ = 0;
+    std::string msg_;
+};
+
+// A peer engine as this engine's initiator sees it: the endpoints to it on each of our workers.
+class Peer {
+public:
+    Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links);
+    ~Peer();
+    const std::string& key() const { return state_->key; }
+    // Starts a transfer of blocks (local memory id + offsets, remote memory id + offsets, sizes).
+    // remoteGpu says the remote memory is GPU memory (it then travels by rendezvous only).
+    std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
+                                     const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
+                                     bool notify, bool remoteGpu);
+    bool healthy() const;
+    std::string failure() const { return state_->failure(); }
+    // UCX's description of the endpoints (transports and devices of each lane).
+    std::string describe();
+    // Fails the peer: its transfers in flight end with why, its endpoints close.
+    void fail(const std::string& why);
+    void close();
+
+private:
+    std::shared_ptr<Engine> engine_;
+    std::shared_ptr<PeerState> state_;
+    std::vector<Link*> links_;  // per worker
+    std::atomic<uint64_t> next_{0};
+    std::atomic<bool> closed_{false};
+};
+
+// One UCX worker and its progress thread.
+class Worker : public std::enable_shared_from_this<Worker> {
+public:
+    Worker(Engine& engine, int index);
+    ~Worker();
+    void start();  // creates the UCX worker and its thread
+    const std::string& address() const { return address_; }
+    int index() const { return index_; }
+
+    // Every UCX call on this worker holds its lock (the worker is created SERIALIZED).
+    std::mutex& mutex() { return mu_; }
+    bool alive() const { return w_ != nullptr; }
+    // Progresses once and runs what callbacks deferred; lock held. Returns UCX's event count.
+    unsigned progress_locked();
+    // Progresses on the caller's thread until done() or spinNs pass; false when destroyed.
+    template <typename Done>
+    bool lead(Done&& done, int64_t spinNs);
+    void wake();  // wakes the progress thread if it sleeps
+
+    // Initiator side (lock held).
+    Link* connect_locked(const std::shared_ptr<PeerState>& peer, const std::string& address, int lanes);
+    void close_link_locked(Link& link, const std::string& why);
+    // A UCX operation on link failed: the peer is failed, its parts fail, its endpoints close.
+    void link_failed_locked(Link& link, const std::string& why);
+    void track_locked(const std::shared_ptr<Transfer>& t);
+    Part& add_part_locked(std::unique_ptr<Part> part);
+    void retire_part_locked(Part& part);  // its outcome is known and its last UCX operation called back
+    Part* find_part_locked(uint64_t id);
+    void fail_parts_locked(const Link* link, int code, const std::string& why);
+    // The target's description of its region id (one round trip on the caller's thread, then
+    // cached on the link); throws std::runtime_error.
+    RemoteRegion& remote_region_locked(Link& link, uint64_t id);
+
+    Engine& engine() { return engine_; }
+    api::Worker* handle() { return w_; }
+    size_t max_header() const { return maxHeader_; }
+    void stop();     // ends the progress thread
+    void destroy();  // fails what is in flight, closes every link, destroys the UCX worker
+
+private:
+    void run();
+    void expire_locked(int64_t now);
+    void reap_links_locked();
+    void sweep_parts_locked();  // frees failed parts whose UCX operations all called back
+    static void on_ep_error(void* arg, api::Endpoint* ep, api::Status status);
+
+    Engine& engine_;
+    int index_;
+    api::Worker* w_ = nullptr;
+    std::string address_;
+    size_t maxHeader_ = 0;
+    int efd_ = -1, wakeFd_ = -1, epollFd_ = -1;
+    std::mutex mu_;
+    std::thread thread_;
+    std::atomic<bool> stop_{false};
+    std::atomic<bool> sleeping_{false};
+    std::atomic<int> leaders_{0};  // callers progressing this worker now
+    std::mutex leadMu_;
+    std::condition_variable leadCv_;
+    std::unordered_map<uint64_t, std::unique_ptr<Part>> parts_;
+    uint64_t nextPart_ = 1;
+    std::vector<std::unique_ptr<Link>> links_;
+    std::vector<std::shared_ptr<Transfer>> inflight_;
+    int64_t nextDeadlineNs_ = INT64_MAX;
+    std::vector<Link*> failedLinks_;  // endpoint errors seen in callbacks, closed after progress
+    std::vector<void*> closing_;      // endpoint close requests still running
+    bool sweep_ = false;              // parts failed: sweep them after progress
+};
+
+class Engine : public std::enable_shared_from_this<Engine> {
+public:
+    explicit Engine(EngineOptions opts);
+    ~Engine();
+    const EngineOptions& options() const { return opts_; }
+    std::vector<std::string> addresses() const;
+    // Registers [addr, addr + size) as memory id; returns the packed remote key.
+    std::string register_region(uint64_t id, uint64_t addr, uint64_t size, bool cuda);
+    // Refuses new accesses to id at once, then waits up to the timeout for those in flight.
+    // False when id is unknown; throws when accesses are still running at the timeout.
+    bool deregister_region(uint64_t id);
+    std::shared_ptr<Region> region(uint64_t id) const;
+    // The region with one more pin (the caller drops it with --pins), or null; a deregistration
+    // that has begun refuses it.
+    std::shared_ptr<Region> pin_region(uint64_t id) const;
+    // The ticket engine key presents in its requests (issued once per key, kept until dropped).
+    uint64_t admit(const std::string& key);
+    std::string admitted(uint64_t ticket) const;  // the key holding ticket, or ""
+    // Endpoints to the engine whose workers have these addresses, presenting its ticket.
+    std::shared_ptr<Peer> connect(const std::string& key, const std::vector<std::string>& addresses, uint64_t ticket);
+    void fail_peer(const std::string& key, const std::string& why);
+    std::optional<int> pop_inbound(const std::string& key, uint64_t uid) { return inbound_.pop(key, uid); }
+    size_t inbound_count() { return inbound_.count(); }
+    void record_inbound(const std::string& key, uint64_t uid, int code) { inbound_.record(key, uid, code); }
+    EngineStats stats() const;
+    void count(uint64_t EngineStats::*field);
+    // Transports UCX found for this context (ucp_context_print_info).
+    std::string describe() const;
+    bool cuda_supported() const { return cuda_; }
+    bool closed() const { return closed_.load(); }
+    Worker& worker(size_t i) { return *workers_[i]; }
+    std::shared_ptr<Worker> worker_ptr(size_t i) { return workers_[i]; }
+    size_t worker_count() const { return workers_.size(); }
+    api::Context* context() { return ctx_; }
+    void close();
+
+private:
+    void release_region(Region& r);
+    EngineOptions opts_;
+    api::Context* ctx_ = nullptr;
+    bool cuda_ = false;
+    std::vector<std::shared_ptr<Worker>> workers_;
+    mutable std::shared_mutex regionsMu_;
+    std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
+    std::vector<std::shared_ptr<Region>> zombies_;  // deregistered with accesses still in flight
+    mutable std::mutex ticketsMu_;
+    std::unordered_map<uint64_t, std::string> tickets_;  // ticket -> engine key
+    std::unordered_map<std::string, uint64_t> ticketOf_;
+    std::deque<uint64_t> ticketOrder_;
+    mutable std::mutex peersMu_;
+    std::unordered_map<std::string, std::weak_ptr<Peer>> peers_;
+    InboundRecords inbound_;
+    mutable std::mutex statsMu_;
+    EngineStats stats_;
+    std::atomic<bool> closed_{false};
+};
+
+template <typename Done>
+bool Worker::lead(Done&& done, int64_t spinNs) {
+    // While a caller leads, the progress thread stands aside (see run): two threads polling one
+    // worker only take turns on its lock and cores.
+    leaders_.fetch_add(1, std::memory_order_acq_rel);
+    bool alive;
+    {
+        std::unique_lock lk(mu_);
+        alive = w_ != nullptr;
+        const int64_t until = now_ns() + spinNs;
+        while (alive && !done()) {
+            if (progress_locked() == 0 && now_ns() > until) break;
+        }
+    }
+    if (leaders_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard lk(leadMu_);
+        leadCv_.notify_all();
+    }
+    return alive;
+}
+
+}  // namespace mori::ucx

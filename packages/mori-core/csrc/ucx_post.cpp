@@ -1,0 +1,468 @@
+// The initiator side of the UCX engine: a transfer's blocks planned by mori-core's batch planner
+// (batch_plan.hpp), dealt over the lanes of one worker and posted in one call by the calling
+// thread; their completions (send and flush callbacks, the target's replies) fill the transfer's
+// completion slot (see ucx_engine.hpp).
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "batch_plan.hpp"
+#include "ucx_wire.hpp"
+
+namespace mori::ucx {
+
+namespace {
+
+// A waiter progresses its worker itself for this long before it hands over to the progress
+// thread and sleeps: long enough for a small transfer's round trip on one host.
+constexpr int64_t kLeadSpinNs = 100'000;
+// Blocks of at least this size travel in a message of their own (UCX picks eager or zero-copy
+// rendezvous); smaller ones are grouped, up to kGroupBytes, into one eager message.
+constexpr uint64_t kOwnMessageBytes = 16 << 10;
+constexpr uint64_t kGroupBytes = 64 << 10;
+constexpr size_t kMaxEntries = 256;
+// With several lanes, a transfer of fewer blocks than lanes is cut into pieces of at least this.
+constexpr uint64_t kMinLanePiece = 256 << 10;
+// Transfers this large wake the progress thread at once: their later steps need progress while
+// the caller is away.
+constexpr uint64_t kWakeBytes = 256 << 10;
+
+void on_send(void* request, api::Status status, void* user) {
+    auto* part = static_cast<Part*>(user);
+    fn().request_free(request);
+    --part->ops;
+    Worker& w = *part->link->worker;
+    // A message's outcome is the target's reply; only a failed send decides it here.
+    if (status != api::kOk)
+        w.link_failed_locked(*part->link, "sending to engine '" + part->link->peer->key + "' failed: " + status_text(status));
+    w.retire_part_locked(*part);
+}
+
+void on_flush(void* request, api::Status status, void* user) {
+    auto* part = static_cast<Part*>(user);
+    fn().request_free(request);
+    --part->ops;
+    Worker& w = *part->link->worker;
+    if (status == api::kOk)
+        part->finish(kSuccess, "");
+    else
+        w.link_failed_locked(*part->link, std::string(part->op == kOpWrite ? "put" : "get") + " to engine '" +
+                                              part->link->peer->key + "' failed: " + status_text(status));
+    w.retire_part_locked(*part);
+}
+
+void on_note_sent(void* request, api::Status, void* user) {
+    fn().request_free(request);
+    delete static_cast<NoteHeader*>(user);
+}
+
+std::string seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", s);
+    return buf;
+}
+
+}  // namespace
+
+// ---- Part and Transfer -------------------------------------------------------------------------
+
+void Part::finish(int c, const std::string& msg) {
+    if (done) return;
+    done = true;
+    if (answer != nullptr) {
+        answer->code = c;
+        answer->message = msg;
+        answer = nullptr;
+    } else if (transfer) {
+        transfer->part_done(c, msg);
+    }
+}
+
+Transfer::Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
+                   uint64_t uid)
+    : worker_(worker), link_(link), remaining_(parts), deadlineNs_(deadlineNs), notify_(notify), uid_(uid) {}
+
+std::string Transfer::message() const {
+    std::lock_guard lk(mu_);
+    return msg_;
+}
+
+void Transfer::part_done(int c, const std::string& msg) {
+    if (c != kSuccess) {
+        std::lock_guard lk(mu_);
+        if (err_ == 0) {
+            err_ = c;
+            msg_ = msg;
+        }
+    }
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        int final;
+        std::string text;
+        {
+            std::lock_guard lk(mu_);
+            final = err_ != 0 ? err_ : kSuccess;
+            text = msg_;
+        }
+        finish(final, text);
+    }
+}
+
+void Transfer::fail(int c, const std::string& msg) { finish(c, msg); }
+
+void Transfer::finish(int c, const std::string& msg) {
+    {
+        std::lock_guard lk(mu_);
+        if (code_.load() != kInProgress) return;
+        err_ = c == kSuccess ? 0 : c;
+        msg_ = msg;
+    }
+    // The target hears the outcome after every byte (a message behind the transfer's last
+    // reply); a transport failure is not sent (the link is gone).
+    if (notify_ && (c == kSuccess || c == kErrInvalidArgs || c == kErrNotFound) && !link_->eps.empty()) {
+        auto* note = new NoteHeader{kMagic, c, link_->peer->ticket, uid_};
+        api::RequestParam p{};
+        p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
+        p.flags = api::kAmSendEager;
+        p.cb = reinterpret_cast<void*>(&on_note_sent);
+        p.userData = note;
+        api::StatusPtr r = fn().am_send_nbx(link_->eps[0], kAmNote, note, sizeof(*note), nullptr, 0, &p);
+        if (r == nullptr || api::is_error_ptr(r)) delete note;
+    }
+    std::lock_guard lk(mu_);
+    code_.store(c, std::memory_order_release);
+    cv_.notify_all();
+}
+
+bool Transfer::wait(double timeoutSec) {
+    const int64_t deadline = now_ns() + static_cast<int64_t>(std::clamp(timeoutSec, 0.0, 1e9) * 1e9);
+    if (finished()) return true;
+    if (auto w = worker_.lock()) {
+        w->lead([this] { return finished(); }, std::min<int64_t>(kLeadSpinNs, deadline - now_ns()));
+        if (finished()) return true;
+        w->wake();  // what is left needs the progress thread
+    }
+    std::unique_lock lk(mu_);
+    std::chrono::steady_clock::time_point until{std::chrono::nanoseconds(deadline)};
+    return cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
+}
+
+// ---- Peer --------------------------------------------------------------------------------------
+
+Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links)
+    : engine_(std::move(engine)), state_(std::move(state)), links_(std::move(links)) {}
+
+Peer::~Peer() { close(); }
+
+bool Peer::healthy() const { return !closed_.load() && state_->failure().empty(); }
+
+void Peer::fail(const std::string& why) {
+    state_->fail(why);
+    close();
+}
+
+void Peer::close() {
+    if (closed_.exchange(true) || engine_->closed()) return;
+    for (size_t i = 0; i < links_.size(); ++i) {
+        Worker& w = engine_->worker(i);
+        std::lock_guard lk(w.mutex());
+        if (w.alive() && !links_[i]->eps.empty()) {
+            std::string why = state_->failure();
+            w.close_link_locked(*links_[i], why.empty() ? "the peer was closed by this engine" : why);
+        }
+    }
+}
+
+std::string Peer::describe() {
+    std::string out;
+    for (size_t i = 0; i < links_.size(); ++i) {
+        Worker& w = engine_->worker(i);
+        std::lock_guard lk(w.mutex());
+        for (api::Endpoint* ep : links_[i]->eps)
+            out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
+    }
+    return out;
+}
+
+RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
+    auto found = link.regions.find(id);
+    if (found != link.regions.end()) return found->second;
+    const auto& f = fn();
+    Part::Answer answer;
+    auto owned = std::make_unique<Part>();
+    owned->op = kOpRegion;
+    owned->link = &link;
+    owned->ticket = link.peer->ticket;
+    owned->header.resize(sizeof(RequestHeader) + sizeof(Entry));
+    owned->answer = &answer;
+    Part& part = add_part_locked(std::move(owned));
+    const uint64_t partId = part.id;
+    RequestHeader h{kMagic, kOpRegion, 0, 1, part.ticket, part.id};
+    Entry e{id, 0, 0};
+    std::memcpy(part.header.data(), &h, sizeof(h));
+    std::memcpy(part.header.data() + sizeof(h), &e, sizeof(e));
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
+    p.flags = api::kAmSendReply | api::kAmSendEager;
+    p.cb = reinterpret_cast<void*>(&on_send);
+    p.userData = &part;
+    api::StatusPtr r = f.am_send_nbx(link.eps[0], kAmRequest, part.header.data(), part.header.size(), nullptr, 0, &p);
+    if (api::is_error_ptr(r))
+        link_failed_locked(link, "asking engine '" + link.peer->key + "' about its memory failed: " +
+                                     status_text(api::ptr_status(r)));
+    else if (r != nullptr)
+        ++part.ops;
+    const int64_t deadline = now_ns() + static_cast<int64_t>(engine_.options().timeout * 1e9);
+    while (answer.code == kInProgress && now_ns() < deadline) progress_locked();
+    if (answer.code == kInProgress) {  // no answer in time: the part stays until its send ends
+        if (Part* still = find_part_locked(partId)) {
+            still->answer = nullptr;
+            still->done = true;
+            retire_part_locked(*still);
+        }
+        throw std::runtime_error("engine '" + link.peer->key + "' did not describe its memory id " +
+                                 std::to_string(id) + " within " + seconds(engine_.options().timeout) + " s (" +
+                                 engine_.options().timeoutSetting + ")");
+    }
+    if (answer.code != kSuccess) throw std::invalid_argument(answer.message);
+    RemoteRegion& rr = link.regions[id];
+    rr = answer.region;
+    rr.keys.assign(link.eps.size(), nullptr);
+    for (size_t lane = 0; lane < link.eps.size(); ++lane) {
+        // The key comes from the target itself (its reply on our endpoint, to our ticket), never
+        // from a descriptor: a malformed key cannot reach UCX's parser.
+        api::Status s = f.ep_rkey_unpack(link.eps[lane], answer.rkey.data(), &rr.keys[lane]);
+        if (s != api::kOk) {
+            for (api::RemoteKey* k : rr.keys)
+                if (k != nullptr) f.rkey_destroy(k);
+            link.regions.erase(id);
+            throw UcxError("ucp_ep_rkey_unpack (memory id " + std::to_string(id) + " of engine '" + link.peer->key + "')", s);
+        }
+    }
+    return rr;
+}
+
+namespace {
+
+// Posts the puts or gets of one lane and the flush that completes them.
+void post_rma(Part& part, api::Endpoint* ep, api::RemoteKey* key, uint64_t remoteBase, const plan::Row* rows,
+              size_t n) {
+    const auto& f = fn();
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpMemh;
+    p.memh = part.memh;
+    for (size_t i = 0; i < n; ++i) {
+        void* local = reinterpret_cast<void*>(rows[i].src);
+        api::StatusPtr r = part.op == kOpWrite ? f.put_nbx(ep, local, rows[i].bytes, remoteBase + rows[i].dst, key, &p)
+                                               : f.get_nbx(ep, local, rows[i].bytes, remoteBase + rows[i].dst, key, &p);
+        if (api::is_error_ptr(r)) {
+            part.link->worker->link_failed_locked(*part.link, std::string(part.op == kOpWrite ? "put" : "get") +
+                                                                  " to engine '" + part.link->peer->key +
+                                                                  "' failed: " + status_text(api::ptr_status(r)));
+            break;  // what was posted still drains through the flush below
+        }
+        if (r != nullptr) f.request_free(r);  // released by UCX when done; the flush waits for it
+    }
+    api::RequestParam fp{};
+    fp.opAttrMask = api::kOpCallback | api::kOpUserData;
+    fp.cb = reinterpret_cast<void*>(&on_flush);
+    fp.userData = &part;
+    api::StatusPtr r = f.ep_flush_nbx(ep, &fp);
+    if (r == nullptr)
+        part.finish(kSuccess, "");
+    else if (api::is_error_ptr(r))
+        part.link->worker->link_failed_locked(*part.link, "flush to engine '" + part.link->peer->key + "' failed: " +
+                                                              status_text(api::ptr_status(r)));
+    else
+        ++part.ops;
+}
+
+// Posts one checked message: a write carries its blocks, a read asks for them.
+void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped) {
+    const auto& f = fn();
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags | api::kOpDatatype;
+    p.flags = api::kAmSendReply | (grouped ? api::kAmSendEager : 0) | (gpu && part.op == kOpWrite ? api::kAmSendRndv : 0);
+    p.cb = reinterpret_cast<void*>(&on_send);
+    p.userData = &part;
+    const void* data = nullptr;
+    size_t count = 0;
+    p.datatype = api::kDatatypeBytes;
+    if (part.op == kOpWrite) {
+        if (part.iov.size() == 1) {
+            data = part.iov[0].buffer;
+            count = part.iov[0].length;
+            if (part.memh != nullptr) {
+                p.opAttrMask |= api::kOpMemh;
+                p.memh = part.memh;
+            }
+            if (part.memType != api::kMemoryHost) {
+                p.opAttrMask |= api::kOpMemoryType;
+                p.memoryType = part.memType;
+            }
+        } else {
+            data = part.iov.data();
+            count = part.iov.size();
+            p.datatype = api::kDatatypeIov;
+        }
+    }
+    api::StatusPtr r = f.am_send_nbx(ep, kAmRequest, part.header.data(), part.header.size(), data, count, &p);
+    if (api::is_error_ptr(r))
+        part.link->worker->link_failed_locked(*part.link, "sending to engine '" + part.link->peer->key +
+                                                              "' failed: " + status_text(api::ptr_status(r)));
+    else if (r != nullptr)
+        ++part.ops;
+}
+
+}  // namespace
+
+std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
+                                       const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
+                                       bool notify, bool remoteGpu) {
+    if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
+    std::shared_ptr<Region> local = engine_->pin_region(localId);
+    if (!local) throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+    // Held while the parts are made (each takes a pin of its own): a deregistration waits.
+    struct Unpin {
+        Region& r;
+        ~Unpin() { --r.pins; }
+    } unpin{*local};
+    for (size_t i = 0; i < n; ++i)
+        if (!local->contains(localOffs[i], sizes[i]))
+            throw std::invalid_argument("block " + std::to_string(i) + ": local offset " + std::to_string(localOffs[i]) +
+                                        " + size " + std::to_string(sizes[i]) + " is outside local memory id " +
+                                        std::to_string(localId) + " (" + std::to_string(local->size) + " bytes)");
+    // The planner: blocks as rows (local address, remote offset, bytes), empty ones dropped and
+    // runs contiguous on both sides merged (offsets of 2^63 or more are refused there).
+    std::vector<plan::Row> rows(n);
+    plan::Merged merged = plan::merge_rows(local->addr, 0, reinterpret_cast<const int64_t*>(localOffs),
+                                           reinterpret_cast<const int64_t*>(remoteOffs),
+                                           reinterpret_cast<const int64_t*>(sizes), n, rows.data());
+    rows.resize(merged.rows);
+    const size_t w = static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size());
+    Worker& worker = engine_->worker(w);
+    Link& link = *links_[w];
+    const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
+    const bool rma = engine_->options().rma;
+    const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
+
+    std::unique_lock lk(worker.mutex());
+    if (!worker.alive()) throw std::runtime_error("the UCX engine is closed");
+    const size_t lanes = std::max<size_t>(1, link.eps.size());
+    if (link.eps.empty() || !state_->failure().empty()) {
+        auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link, 1, deadline, false, uid);
+        std::string why = state_->failure();
+        t->fail(kErrTransport, why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why);
+        return t;
+    }
+    // With several lanes a transfer of few blocks is cut so that every lane gets a share; then
+    // the rows are dealt over the lanes in contiguous runs of about equal bytes.
+    std::vector<plan::Row> pieces;
+    const plan::Row* use = rows.data();
+    size_t count = rows.size();
+    if (lanes > 1 && count < lanes && count > 0) {
+        uint64_t piece = std::max(kMinLanePiece, (merged.largest + lanes - 1) / lanes);
+        pieces.resize(plan::count_pieces(rows.data(), rows.size(), piece));
+        plan::stripe_rows(rows.data(), rows.size(), piece, pieces.data());
+        use = pieces.data();
+        count = pieces.size();
+    }
+    const std::vector<size_t> bounds = plan::deal_rows(use, count, lanes, kMinLanePiece);
+    const size_t firstLane = static_cast<size_t>(link.next++ % lanes);
+    RemoteRegion* rr = nullptr;
+    if (rma && count > 0) {
+        try {
+            rr = &worker.remote_region_locked(link, remoteId);
+        } catch (const std::invalid_argument& e) {
+            auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link, 1, deadline, false, uid);
+            t->fail(kErrNotFound, e.what());
+            return t;
+        }
+        for (size_t i = 0; i < count; ++i)
+            if (use[i].dst > rr->size || use[i].bytes > rr->size - use[i].dst)
+                throw std::invalid_argument("remote offset " + std::to_string(use[i].dst) + " + size " +
+                                            std::to_string(use[i].bytes) + " is outside memory id " +
+                                            std::to_string(remoteId) + " of engine '" + key() + "' (" +
+                                            std::to_string(rr->size) + " bytes)");
+    }
+    // Parts: one per lane (RMA), or one per message (checked path).
+    struct Planned {
+        std::unique_ptr<Part> part;
+        size_t lane;
+        size_t first, last;  // rows
+        bool grouped;
+    };
+    std::vector<Planned> planned;
+    const size_t maxEntries = std::max<size_t>(
+        1, std::min(kMaxEntries, (worker.max_header() - sizeof(RequestHeader)) / sizeof(Entry)));
+    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+        const size_t lane = (firstLane + r) % lanes;
+        for (size_t i = bounds[r]; i < bounds[r + 1];) {
+            size_t j = i + 1;
+            bool grouped = false;
+            if (rma) {
+                j = bounds[r + 1];
+            } else if (!gpu && use[i].bytes < kOwnMessageBytes) {
+                uint64_t bytes = use[i].bytes;
+                while (j < bounds[r + 1] && j - i < maxEntries && use[j].bytes < kOwnMessageBytes &&
+                       bytes + use[j].bytes <= kGroupBytes)
+                    bytes += use[j++].bytes;
+                grouped = j - i > 1;
+            }
+            planned.push_back(Planned{std::make_unique<Part>(), lane, i, j, grouped});
+            i = j;
+        }
+    }
+    auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link,
+                                        std::max<int64_t>(1, static_cast<int64_t>(planned.size())), deadline, notify, uid);
+    if (planned.empty()) {
+        t->part_done(kSuccess, "");  // nothing to move; the notification still goes
+        return t;
+    }
+    uint64_t total = 0;
+    for (Planned& pl : planned) {
+        Part& part = worker.add_part_locked(std::move(pl.part));
+        part.op = op;
+        part.transfer = t;
+        part.link = &link;
+        part.lane = pl.lane;
+        part.ticket = state_->ticket;
+        part.pins.push_back(local);
+        part.memType = local->memType;
+        const size_t m = pl.last - pl.first;
+        if (rma || m == 1) part.memh = local->memh;
+        ++local->pins;
+        if (!link.failed.empty()) {  // an earlier part found the link broken
+            part.finish(kErrTransport, link.failed);
+            worker.retire_part_locked(part);
+            continue;
+        }
+        if (rma) {
+            for (size_t i = pl.first; i < pl.last; ++i) part.bytes += use[i].bytes;
+            total += part.bytes;
+            post_rma(part, link.eps[pl.lane], rr->keys[pl.lane], rr->addr, use + pl.first, m);
+            worker.retire_part_locked(part);  // finished at once when the flush was immediate
+            continue;
+        }
+        RequestHeader h{kMagic, op, static_cast<uint8_t>(gpu ? kFlagRndvReply : 0), static_cast<uint16_t>(m),
+                        part.ticket, part.id};
+        part.header.resize(sizeof(h) + m * sizeof(Entry));
+        std::memcpy(part.header.data(), &h, sizeof(h));
+        auto* entries = reinterpret_cast<Entry*>(part.header.data() + sizeof(h));
+        part.iov.resize(m);
+        for (size_t i = 0; i < m; ++i) {
+            const plan::Row& row = use[pl.first + i];
+            entries[i] = Entry{remoteId, row.dst, row.bytes};
+            part.iov[i] = api::Iov{reinterpret_cast<void*>(row.src), row.bytes};
+            part.bytes += row.bytes;
+        }
+        total += part.bytes;
+        post_message(part, link.eps[pl.lane], gpu, pl.grouped);
+        worker.retire_part_locked(part);  // finished at once when sending failed
+    }
+    worker.track_locked(t);
+    lk.unlock();
+    if (total >= kWakeBytes) worker.wake();
+    return t;
+}
+
+}  // namespace mori::ucx

@@ -1,0 +1,359 @@
+// The UCX engine's active-message handlers: the target checks every request against its live
+// registrations before its memory is touched, then moves the bytes (eager copy, or UCX's
+// zero-copy rendezvous); the initiator matches replies to its messages in flight.
+// Handlers run inside ucp_worker_progress, with the worker lock held.
+#include <cstring>
+#include <stdexcept>
+
+#include "ucx_wire.hpp"
+
+namespace mori::ucx {
+
+std::string reason_text(uint32_t reason) {
+    switch (reason) {
+        case kReasonMemory: return "memory is not registered at the target (ERR_NOT_FOUND)";
+        case kReasonRange: return "offset/size out of range of the target's region (ERR_INVALID_ARGS)";
+        case kReasonShape: return "the message's data does not match its blocks (ERR_INVALID_ARGS)";
+        case kReasonGpu:
+            return "the target's memory is GPU memory: say so when submitting (remote_gpu) (ERR_INVALID_ARGS)";
+        case kReasonFailed: return "UCX failed to move the data (ERR_TRANSPORT)";
+        default: return "the target refused the request";
+    }
+}
+
+namespace {
+
+int code_of(uint32_t reason) {
+    switch (reason) {
+        case kReasonNone: return kSuccess;
+        case kReasonMemory: return kErrNotFound;
+        case kReasonFailed: return kErrTransport;
+        default: return kErrInvalidArgs;
+    }
+}
+
+void on_serve_sent(void* request, api::Status, void* user) {
+    fn().request_free(request);
+    delete static_cast<Serve*>(user);  // unpins what the reply read
+}
+
+// Sends s's reply (with data: iov or s.body) on its reply endpoint; s is freed when UCX is done.
+void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
+    const auto& f = fn();
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpDatatype | api::kOpFlags;
+    p.cb = reinterpret_cast<void*>(&on_serve_sent);
+    p.userData = s.get();
+    p.datatype = api::kDatatypeBytes;
+    p.flags = rndv ? api::kAmSendRndv : 0;
+    const void* data = nullptr;
+    size_t count = 0;
+    if (!s->body.empty()) {
+        data = s->body.data();
+        count = s->body.size();
+        p.flags = api::kAmSendEager;
+    } else if (s->iov.size() == 1) {
+        data = s->iov[0].buffer;
+        count = s->iov[0].length;
+        if (memType != api::kMemoryHost) {
+            p.opAttrMask |= api::kOpMemoryType;
+            p.memoryType = memType;
+        }
+    } else if (!s->iov.empty()) {
+        data = s->iov.data();
+        count = s->iov.size();
+        p.datatype = api::kDatatypeIov;
+        if (!rndv) p.flags = api::kAmSendEager;
+    }
+    api::StatusPtr r = f.am_send_nbx(s->replyEp, kAmReply, &s->reply, sizeof(s->reply), data, count, &p);
+    if (r != nullptr && !api::is_error_ptr(r)) s.release();  // on_serve_sent frees it
+}
+
+void refuse(Worker& w, api::Endpoint* ep, const RequestHeader& h, uint32_t reason, uint32_t entry) {
+    w.engine().count(&EngineStats::refused);
+    auto s = std::make_unique<Serve>();
+    s->worker = &w;
+    s->replyEp = ep;
+    s->reply = ReplyHeader{kMagic, code_of(reason), h.ticket, h.part, reason, entry};
+    send_reply(std::move(s), false, api::kMemoryHost);
+}
+
+void on_written(void* request, api::Status status, size_t, void* user) {
+    fn().request_free(request);
+    std::unique_ptr<Serve> s(static_cast<Serve*>(user));
+    if (status != api::kOk) return;  // the initiator's endpoint failed: it has failed the part
+    s->unpin();  // the bytes are in: the regions are free before the initiator hears so
+    send_reply(std::move(s), false, api::kMemoryHost);
+}
+
+void on_read_data(void* request, api::Status status, size_t, void* user) {
+    fn().request_free(request);
+    auto* part = static_cast<Part*>(user);
+    --part->ops;
+    Worker& w = *part->link->worker;
+    if (status == api::kOk)
+        part->finish(kSuccess, "");
+    else
+        w.link_failed_locked(*part->link, "receiving from engine '" + part->link->peer->key + "' failed: " + status_text(status));
+    w.retire_part_locked(*part);
+}
+
+}  // namespace
+
+api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
+                              const api::AmRecvParam* param) {
+    Engine& eng = w.engine();
+    RequestHeader h;
+    if (headerLength < sizeof(h) || (param->recvAttr & api::kAmRecvReplyEp) == 0 || param->replyEp == nullptr) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;  // dropped (rendezvous data too)
+    }
+    std::memcpy(&h, header, sizeof(h));
+    const size_t n = h.count;
+    if (h.magic != kMagic || (h.flags & ~kFlagsKnown) != 0 || headerLength != sizeof(h) + n * sizeof(Entry) || n == 0 ||
+        (h.op != kOpRead && h.op != kOpWrite && h.op != kOpRegion)) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    if (eng.admitted(h.ticket).empty()) {
+        eng.count(&EngineStats::badTickets);
+        return api::kOk;
+    }
+    const bool rndv = (param->recvAttr & api::kAmRecvRndv) != 0;
+    const auto* entries = reinterpret_cast<const uint8_t*>(header) + sizeof(h);
+    auto s = std::make_unique<Serve>();
+    s->worker = &w;
+    s->replyEp = param->replyEp;
+    s->reply = ReplyHeader{kMagic, kSuccess, h.ticket, h.part, kReasonNone, 0};
+    if (h.op == kOpRegion) {
+        Entry e;
+        std::memcpy(&e, entries, sizeof(e));
+        std::shared_ptr<Region> r = eng.region(e.memId);
+        if (!r || n != 1 || length != 0) {
+            refuse(w, param->replyEp, h, r ? kReasonShape : kReasonMemory, 0);
+            return api::kOk;
+        }
+        RegionInfo info{r->addr, r->size, r->memType, static_cast<uint32_t>(r->rkey.size())};
+        s->body.assign(reinterpret_cast<const char*>(&info), sizeof(info));
+        s->body += r->rkey;
+        send_reply(std::move(s), false, api::kMemoryHost);
+        return api::kOk;
+    }
+    // Every entry is checked against the live registrations before any byte moves; the regions
+    // stay pinned (deregistration waits) until UCX has finished with them.
+    uint64_t total = 0;
+    int memType = api::kMemoryHost;
+    s->iov.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        Entry e;
+        std::memcpy(&e, entries + i * sizeof(Entry), sizeof(e));
+        std::shared_ptr<Region> r = eng.pin_region(e.memId);
+        if (r) s->pins.push_back(r);  // unpinned when s goes
+        uint32_t reason = !r ? kReasonMemory : !r->contains(e.offset, e.size) ? kReasonRange : kReasonNone;
+        if (reason == kReasonNone && r->memType != api::kMemoryHost) {
+            // GPU memory moves only by rendezvous (UCX's copy engines); a copy-in message would
+            // have the target's CPU write it.
+            if ((h.op == kOpWrite && !rndv) || (h.op == kOpRead && !(h.flags & kFlagRndvReply)) || n != 1)
+                reason = kReasonGpu;
+            memType = r->memType;
+        }
+        if (reason != kReasonNone) {
+            refuse(w, param->replyEp, h, reason, static_cast<uint32_t>(i));
+            return api::kOk;
+        }
+        s->iov[i] = api::Iov{reinterpret_cast<void*>(r->addr + e.offset), e.size};
+        total += e.size;
+    }
+    if (h.op == kOpRead) {
+        if (length != 0) {
+            refuse(w, param->replyEp, h, kReasonShape, 0);
+            return api::kOk;
+        }
+        send_reply(std::move(s), (h.flags & kFlagRndvReply) != 0, memType);
+        return api::kOk;
+    }
+    if (length != total) {
+        refuse(w, param->replyEp, h, kReasonShape, 0);
+        return api::kOk;
+    }
+    if (!rndv) {
+        const auto* src = static_cast<const uint8_t*>(data);
+        for (const api::Iov& v : s->iov) {
+            std::memcpy(v.buffer, src, v.length);
+            src += v.length;
+        }
+        s->unpin();
+        send_reply(std::move(s), false, api::kMemoryHost);
+        return api::kOk;
+    }
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpDatatype;
+    p.cb = reinterpret_cast<void*>(&on_written);
+    p.userData = s.get();
+    void* buffer = s->iov.data();
+    size_t count = s->iov.size();
+    p.datatype = api::kDatatypeIov;
+    if (n == 1) {
+        buffer = s->iov[0].buffer;
+        count = s->iov[0].length;
+        p.datatype = api::kDatatypeBytes;
+        std::shared_ptr<Region>& r = s->pins[0];
+        if (r->memh != nullptr) {
+            p.opAttrMask |= api::kOpMemh;
+            p.memh = r->memh;
+        }
+        if (memType != api::kMemoryHost) {
+            p.opAttrMask |= api::kOpMemoryType;
+            p.memoryType = memType;
+        }
+    }
+    api::StatusPtr r = fn().am_recv_data_nbx(w.handle(), data, buffer, count, &p);
+    if (api::is_error_ptr(r)) {
+        s->reply.code = kErrTransport;
+        s->reply.reason = kReasonFailed;
+        s->unpin();
+        send_reply(std::move(s), false, api::kMemoryHost);
+        return api::kOk;
+    }
+    if (r == nullptr) {  // received at once (no callback)
+        s->unpin();
+        send_reply(std::move(s), false, api::kMemoryHost);
+        return api::kOk;
+    }
+    s.release();  // on_written owns it
+    return api::kInProgress;
+}
+
+api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
+                            const api::AmRecvParam* param) {
+    Engine& eng = w.engine();
+    ReplyHeader h;
+    if (headerLength != sizeof(h)) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    Part* part = h.magic == kMagic ? w.find_part_locked(h.part) : nullptr;
+    if (part == nullptr || part->done) {
+        eng.count(&EngineStats::lateReplies);
+        return api::kOk;
+    }
+    if (h.ticket != part->ticket) {  // not from the engine we asked
+        eng.count(&EngineStats::badTickets);
+        return api::kOk;
+    }
+    const bool rndv = (param->recvAttr & api::kAmRecvRndv) != 0;
+    const std::string& peer = part->link->peer->key;
+    if (h.code != kSuccess) {
+        std::string what = "engine '" + peer + "' refused";
+        if (part->op != kOpRegion && h.entry < part->entries()) {
+            const Entry& e = part->entry(h.entry);
+            what = "block (remote memory id " + std::to_string(e.memId) + ", offset " + std::to_string(e.offset) +
+                   ", size " + std::to_string(e.size) + ") at engine '" + peer + "'";
+        } else if (part->op == kOpRegion) {
+            what = "memory id " + std::to_string(part->entry(0).memId) + " at engine '" + peer + "'";
+        }
+        part->finish(is_final_code(h.code) && h.code != kSuccess ? h.code : kErrBadState,
+                     what + ": " + reason_text(h.reason));
+        w.retire_part_locked(*part);
+        return api::kOk;
+    }
+    if (part->op == kOpWrite) {
+        part->finish(kSuccess, "");
+        w.retire_part_locked(*part);
+        return api::kOk;
+    }
+    if (part->op == kOpRegion) {
+        RegionInfo info;
+        if (rndv || length < sizeof(info)) {
+            eng.count(&EngineStats::malformed);
+            return api::kOk;
+        }
+        std::memcpy(&info, data, sizeof(info));
+        if (info.rkeyLen != length - sizeof(info) || info.rkeyLen == 0) {
+            part->finish(kErrBadState, "engine '" + peer + "' sent a malformed description of its memory");
+        } else if (part->answer != nullptr) {
+            part->answer->region.addr = info.addr;
+            part->answer->region.size = info.size;
+            part->answer->region.memType = info.memType;
+            part->answer->rkey.assign(static_cast<const char*>(data) + sizeof(info), info.rkeyLen);
+            part->finish(kSuccess, "");
+        }
+        w.retire_part_locked(*part);
+        return api::kOk;
+    }
+    // A read's bytes: exactly what the part asked for, into its own buffers.
+    if (length != part->bytes) {
+        part->finish(kErrBadState, "engine '" + peer + "' sent " + std::to_string(length) + " bytes for a read of " +
+                                       std::to_string(part->bytes));
+        w.retire_part_locked(*part);
+        return api::kOk;
+    }
+    if (!rndv) {
+        if (part->memType != api::kMemoryHost) {
+            part->finish(kErrBadState, "engine '" + peer + "' copied GPU-bound data in a message");
+        } else {
+            const auto* src = static_cast<const uint8_t*>(data);
+            for (const api::Iov& v : part->iov) {
+                std::memcpy(v.buffer, src, v.length);
+                src += v.length;
+            }
+            part->finish(kSuccess, "");
+        }
+        w.retire_part_locked(*part);
+        return api::kOk;
+    }
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpDatatype;
+    p.cb = reinterpret_cast<void*>(&on_read_data);
+    p.userData = part;
+    void* buffer = part->iov.data();
+    size_t count = part->iov.size();
+    p.datatype = api::kDatatypeIov;
+    if (part->iov.size() == 1) {
+        buffer = part->iov[0].buffer;
+        count = part->iov[0].length;
+        p.datatype = api::kDatatypeBytes;
+        if (part->memh != nullptr) {
+            p.opAttrMask |= api::kOpMemh;
+            p.memh = part->memh;
+        }
+        if (part->memType != api::kMemoryHost) {
+            p.opAttrMask |= api::kOpMemoryType;
+            p.memoryType = part->memType;
+        }
+    }
+    api::StatusPtr r = fn().am_recv_data_nbx(w.handle(), data, buffer, count, &p);
+    if (api::is_error_ptr(r)) {
+        w.link_failed_locked(*part->link, "receiving from engine '" + peer + "' failed: " + status_text(api::ptr_status(r)));
+    } else if (r == nullptr) {
+        part->finish(kSuccess, "");
+    } else {
+        ++part->ops;
+        return api::kInProgress;
+    }
+    w.retire_part_locked(*part);
+    return api::kOk;
+}
+
+void Serve::on_note(Worker& w, const void* header, size_t headerLength) {
+    Engine& eng = w.engine();
+    NoteHeader h;
+    if (headerLength != sizeof(h)) {
+        eng.count(&EngineStats::malformed);
+        return;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    if (h.magic != kMagic || !is_final_code(h.code)) {
+        eng.count(&EngineStats::malformed);
+        return;
+    }
+    std::string key = eng.admitted(h.ticket);
+    if (key.empty()) {
+        eng.count(&EngineStats::badTickets);
+        return;
+    }
+    eng.record_inbound(key, h.uid, h.code);
+}
+
+}  // namespace mori::ucx

@@ -1,0 +1,146 @@
+"""mori-core's UCX engine: one native engine for every transport built on UCX (mori-io's RDMA
+backend, mori.shmem's remote transport).
+
+UCX is opened at run time (:func:`load`), never linked: mori-core builds and imports with no UCX
+present. Which UCX: ``MORI_UCX_LIB`` (a ``libucp.so`` or its folder) when set; otherwise a system
+UCX that has verbs transports (its ``ucx/`` module folder holds ``libuct_ib``), then the
+``libucx`` wheel, then a system UCX without verbs. :func:`library_info` says which one was loaded,
+its version, components and transports.
+
+:class:`UcxEngine` holds a UCX context, its workers (each driven by a native progress thread, and
+by callers waiting on their transfers) and registered memory. A target engine hands each peer
+engine a ticket (:meth:`UcxEngine.admit`) over its own authenticated channel; the peer connects
+with the target's worker addresses and that ticket (:meth:`UcxEngine.connect`) and gets a
+:class:`UcxPeer`, whose :meth:`~UcxPeer.submit` posts a whole batch of blocks in one call (GIL
+released) and returns a :class:`UcxTransfer`, a completion slot read with ``code()`` and
+``wait()`` as :class:`mori.core.native.TcpTransfer`. By default blocks travel as active messages
+that the target checks against its registrations before touching memory (safe on every UCX
+transport); ``rma=True`` uses one-sided puts and gets, for transports whose hardware enforces
+remote keys (InfiniBand/RoCE). See docs/core-ucx.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import config
+from ._native import UcxEngine, UcxLoadError, UcxPeer, UcxTransfer, ucx_components, ucx_library, ucx_load
+
+__all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "candidates", "has_verbs",
+           "library_info", "load", "make_engine", "transports"]
+
+READ, WRITE = 1, 2  # UcxPeer.submit's op
+
+# UCX components whose devices are RDMA NICs driven through verbs (InfiniBand, RoCE).
+VERBS_COMPONENTS = ("ib",)
+_LIBUCP = "libucp.so.0"
+_load_lock = threading.Lock()
+
+
+def has_verbs(folder: str | Path) -> bool:
+    """Whether the UCX in ``folder`` (the one holding ``libucp.so.0``) was built with verbs:
+    its module folder ``ucx/`` holds ``libuct_ib``."""
+    return any((Path(folder) / "ucx").glob("libuct_ib.so*"))
+
+
+def _system_folders() -> list[Path]:
+    """Folders of the dynamic loader that hold a ``libucp.so.0``, in search order."""
+    found: list[Path] = []
+    names = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    names += [f"/usr/lib/{multiarch}" if multiarch else "", "/usr/lib64", "/usr/lib", "/usr/local/lib",
+              "/opt/ucx/lib"]
+    ldconfig = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
+    if ldconfig is not None:
+        try:
+            out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        names += [str(Path(m).parent) for m in re.findall(r"libucp\.so\.0 .*=> (\S+)", out)]
+    for name in names:
+        folder = Path(name)
+        if name and (folder / _LIBUCP).exists() and folder.resolve() not in [f.resolve() for f in found]:
+            found.append(folder)
+    return found
+
+
+def _wheel_folder() -> Path | None:
+    """The ``lib`` folder of the ``libucx`` wheel, without importing it (its import loads UCX)."""
+    spec = importlib.util.find_spec("libucx")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return folder if (folder / _LIBUCP).exists() or (folder / "libucp.so").exists() else None
+
+
+def candidates() -> list[tuple[str, str]]:
+    """The UCX libraries :func:`load` tries, in order: ``(libucp path, where it came from)``."""
+    setting = config.get("MORI_UCX_LIB")
+    if setting is not None:
+        path = Path(setting)
+        if path.is_dir() or ".so" not in path.name:  # a folder (or what would be one)
+            path = path / ("libucp.so" if (path / "libucp.so").exists() and not (path / _LIBUCP).exists() else _LIBUCP)
+        return [(str(path), "MORI_UCX_LIB")]
+    system = _system_folders()
+    out = [(str(f / _LIBUCP), "system UCX with verbs") for f in system if has_verbs(f)]
+    wheel = _wheel_folder()
+    if wheel is not None:
+        out.append((str(wheel / (_LIBUCP if (wheel / _LIBUCP).exists() else "libucp.so")), "libucx wheel"))
+    out += [(str(f / _LIBUCP), "system UCX without verbs") for f in system if not has_verbs(f)]
+    return out
+
+
+def load() -> dict[str, Any]:
+    """Loads UCX once per process (see the module docstring) and returns :func:`library_info`.
+    Raises :class:`UcxLoadError` naming every library tried and how to install one."""
+    with _load_lock:
+        ucx_load(candidates())
+    return library_info()
+
+
+def transports(description: str) -> list[str]:
+    """The ``transport/device`` pairs in UCX's description of a context or endpoint."""
+    found = re.findall(r"\b([a-z][a-z0-9_]*/[A-Za-z0-9_.:\-]+)", description)
+    return sorted({t for t in found if not t.startswith(("md/", "component/"))})
+
+
+def library_info() -> dict[str, Any]:
+    """The loaded UCX: ``path``, ``source`` (why it was chosen), ``version`` (a tuple),
+    ``components`` (UCX's components and the devices each found, e.g. ``{"ib": [], "tcp": [...]}``),
+    ``verbs`` (whether a verbs component is built in), ``rdma_devices`` (the NICs it found) and
+    ``transports`` (what a context opened with UCX's defaults can use, as ``transport/device``)."""
+    info = dict(ucx_library())
+    comps = {name: list(devices) for name, devices in ucx_components()}
+    info["components"] = comps
+    info["verbs"] = any(c in comps for c in VERBS_COMPONENTS)
+    info["rdma_devices"] = sorted({d for c in VERBS_COMPONENTS for d in comps.get(c, [])})
+    probe = UcxEngine("mori-probe", workers=1)
+    try:
+        info["transports"] = transports(probe.describe())
+    finally:
+        probe.close()
+    return info
+
+
+def make_engine(name: str = "mori", settings: Mapping[str, str] | None = None, **options: Any) -> UcxEngine:
+    """Loads UCX if needed, then builds a :class:`UcxEngine` (``options`` as its constructor's)."""
+    load_once()
+    return UcxEngine(name, list((settings or {}).items()), **options)
+
+
+def load_once() -> None:
+    """:func:`load` without the report: a no-op once UCX is loaded."""
+    try:
+        ucx_library()
+    except UcxLoadError:
+        with _load_lock:
+            ucx_load(candidates())

@@ -1,0 +1,165 @@
+"""mori-core's UCX engine between two real processes: on one host (UCX's shared-memory
+transports) and between two network namespaces joined by a veth pair (UCX's tcp transport), with
+Debian's UCX (1.13, built with verbs) and the libucx wheel's. Every byte is checked, the guard
+bytes around the target's region too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _ucx_procs import GUARD, SIZE, EngineProcess, Pair, engine_pair, fill
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mori.core.ucx import READ, WRITE
+
+PARAMS = [(lib, where) for lib in ("debian", "wheel") for where in ("host", "netns")]
+
+
+@pytest.fixture(scope="module", params=PARAMS, ids=[f"{lib}-{where}" for lib, where in PARAMS])
+def pair(request: pytest.FixtureRequest):
+    with engine_pair(*request.param, timeout=3.0) as p:
+        yield p
+
+
+def test_library_and_lanes(pair: Pair) -> None:
+    """The UCX asked for was loaded; on one host the lanes are shared memory (with peer-failure
+    detection on), between namespaces tcp over the veth pair."""
+    lib = pair.init.library
+    assert (lib["version"][:2] == (1, 13)) == (pair.lib == "debian"), lib
+    lanes = [line for line in pair.init.call("describe", "target").splitlines() if "lane[" in line]
+    assert lanes, "UCX described no lane"
+    if pair.where == "host":
+        assert all("tcp/" not in line for line in lanes), lanes
+        assert any(t in line for line in lanes for t in ("sysv/", "posix/", "cma/")), lanes
+    else:
+        assert all("tcp/" in line for line in lanes), lanes
+        assert all(any(ns.device in line for ns in pair.namespaces) for line in lanes), lanes
+
+
+@pytest.mark.parametrize("size,batch", [(1, 1), (7, 999), (4096, 1000), (65536, 64), (3 << 20, 2), (SIZE - 5, 1)])
+def test_write_then_read(pair: Pair, size: int, batch: int) -> None:
+    fill(pair.init.arr, size)
+    fill(pair.target.arr, batch)
+    rng = np.random.default_rng(size * batch)
+    lofs = [i * size for i in range(batch)]
+    rofs = [int(j) * size + 5 for j in rng.permutation(batch)]
+    expect = pair.target.arr.copy()
+    for lo, ro in zip(lofs, rofs):
+        expect[GUARD + ro:GUARD + ro + size] = pair.init.region[lo:lo + size]
+    code, msg, _ = pair.transfer(WRITE, lofs, rofs, [size] * batch)
+    assert code == "SUCCESS", msg
+    assert np.array_equal(pair.target.arr, expect)
+    back = pair.init.arr.copy()
+    pair.init.region[:size * batch] = 0
+    code, msg, _ = pair.transfer(READ, lofs, rofs, [size] * batch)
+    assert code == "SUCCESS", msg
+    assert np.array_equal(pair.init.arr, back)
+
+
+def test_empty_and_zero_sized_blocks(pair: Pair) -> None:
+    before = pair.target.arr.copy()
+    assert pair.transfer(WRITE, [], [], [])[0] == "SUCCESS"
+    assert pair.transfer(WRITE, [0, 10], [0, 20], [0, 0])[0] == "SUCCESS"
+    assert np.array_equal(pair.target.arr, before)
+
+
+def test_notifications(pair: Pair) -> None:
+    fill(pair.init.arr, 3)
+    assert pair.transfer(WRITE, [0], [0], [4096], uid=11, notify=True)[0] == "SUCCESS"
+    assert pair.target.call("pop", "initiator", 11) == 0
+    assert pair.target.call("pop", "initiator", 11, 0.0) is None  # popped
+    assert pair.transfer(READ, [0, 8192], [0, 65536], [4096, 1 << 20], uid=12, notify=True)[0] == "SUCCESS"
+    assert pair.target.call("pop", "initiator", 12) == 0
+    # A refused transfer notifies its outcome too; one that does not ask leaves no record.
+    assert pair.transfer(WRITE, [0], [SIZE], [1], uid=13, notify=True)[0] == "ERR_INVALID_ARGS"
+    assert pair.target.call("pop", "initiator", 13) == 3
+    assert pair.transfer(WRITE, [0], [0], [1], uid=14)[0] == "SUCCESS"
+    assert pair.target.call("pop", "initiator", 14, 0.5) is None
+
+
+@pytest.mark.parametrize("op", [WRITE, READ])
+def test_out_of_range_refused(pair: Pair, op: int) -> None:
+    fill(pair.init.arr, 5)
+    fill(pair.target.arr, 6)
+    before_t, before_i = pair.target.arr.copy(), pair.init.arr.copy()
+    for rofs, sizes in (([SIZE - 10], [20]), ([SIZE], [1]), ([2**62], [1]), ([0, SIZE - 1], [4096, 2])):
+        code, msg, _ = pair.transfer(op, [0] * len(rofs), rofs, sizes)
+        assert code == "ERR_INVALID_ARGS", (rofs, code, msg)
+        assert "out of range" in msg and "'target'" in msg, msg
+    assert np.array_equal(pair.target.arr[:GUARD], before_t[:GUARD])
+    assert np.array_equal(pair.target.arr[GUARD + SIZE:], before_t[GUARD + SIZE:])
+    if op == READ:  # no refused read delivers a byte
+        assert np.array_equal(pair.init.arr, before_i)
+    code, msg, _ = pair.transfer(op, [0], [0], [1], remote_id=99)
+    assert code == "ERR_NOT_FOUND" and "not registered" in msg, msg
+
+
+def test_local_range_checked(pair: Pair) -> None:
+    with pytest.raises(RuntimeError, match="outside local memory id 1"):
+        pair.transfer(WRITE, [SIZE - 1], [0], [2])
+
+
+def test_deregistered_region_refused(pair: Pair) -> None:
+    fill(pair.init.arr, 8)
+    pair.target.arr[:] = 0
+    pair.target.call("register", 2, GUARD + 4096, 8192)
+    assert pair.transfer(WRITE, [0], [0], [8192], remote_id=2)[0] == "SUCCESS"
+    assert np.array_equal(pair.target.region[4096:4096 + 8192], pair.init.region[:8192])
+    assert pair.target.call("deregister", 2) is True
+    assert pair.target.call("deregister", 2) is False
+    before = pair.target.arr.copy()
+    fill(pair.init.arr, 9)
+    for op in (WRITE, READ):
+        code, msg, _ = pair.transfer(op, [0], [0], [8192], remote_id=2)
+        assert code == "ERR_NOT_FOUND", msg
+    assert np.array_equal(pair.target.arr, before)
+
+
+def test_wrong_ticket_never_served(pair: Pair) -> None:
+    """An engine presenting a ticket the target never issued is ignored: its transfers fail at
+    the deadline, the target's memory is untouched."""
+    intruder = EngineProcess("intruder", pair.lib, pair.namespaces[0].name if pair.namespaces else None,
+                             pair.settings, timeout=1.0)
+    try:
+        pair.target.arr[:] = 7
+        before = pair.target.arr.copy()
+        stats = pair.target.call("stats")
+        intruder.call("connect", "target", pair.target.addresses, 12345)
+        fill(intruder.arr, 1)
+        code, msg, secs = intruder.call("transfer", "target", WRITE, [0], [0], [4096])
+        assert code == "ERR_TRANSPORT" and "within 1 s" in msg, msg
+        assert secs < 10
+        assert np.array_equal(pair.target.arr, before)
+        assert pair.target.call("stats")["bad_tickets"] > stats["bad_tickets"]
+    finally:
+        intruder.remove()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(blocks=st.lists(st.tuples(st.integers(0, SIZE + 100), st.integers(0, 70000), st.sampled_from([1, 1, 1, 2])),
+                       min_size=1, max_size=40),
+       op=st.sampled_from([WRITE, READ]))
+def test_fuzzed_blocks(pair: Pair, blocks: list[tuple[int, int, int]], op: int) -> None:
+    """Random blocks, some outside the region or in unknown memory: the transfer succeeds
+    exactly when every block is valid, and nothing outside the region changes."""
+    fill(pair.init.arr, len(blocks))
+    fill(pair.target.arr, op)
+    before_t, before_i = pair.target.arr.copy(), pair.init.arr.copy()
+    valid = all(mem == 1 and off + size <= SIZE for off, size, mem in blocks)
+    lofs = [min(i * 70000, SIZE - 70000) for i in range(len(blocks))]
+    for mem in {m for _, _, m in blocks}:
+        sel = [i for i, b in enumerate(blocks) if b[2] == mem]
+        code, msg, _ = pair.transfer(op, [lofs[i] for i in sel], [blocks[i][0] for i in sel],
+                                     [blocks[i][1] for i in sel], remote_id=mem)
+        ok = all(blocks[i][2] == 1 and blocks[i][0] + blocks[i][1] <= SIZE for i in sel)
+        nonempty = any(blocks[i][1] for i in sel)
+        assert (code == "SUCCESS") == (ok or not nonempty), (code, msg)
+    assert np.array_equal(pair.target.arr[:GUARD], before_t[:GUARD])
+    assert np.array_equal(pair.target.arr[GUARD + SIZE:], before_t[GUARD + SIZE:])
+    assert np.array_equal(pair.init.arr[:GUARD], before_i[:GUARD])
+    if valid and op == WRITE and len({b[0] for b in blocks}) == len(blocks):
+        for (off, size, _), lo in zip(blocks, lofs):
+            overlap = any(o != off and o < off + size and off < o + s for o, s, _ in blocks)
+            if not overlap:
+                assert np.array_equal(pair.target.region[off:off + size], pair.init.region[lo:lo + size])

@@ -1,0 +1,99 @@
+"""Which UCX mori.core.ucx loads: Debian's verbs-enabled UCX by default (ci/setup.sh installs
+it), the one MORI_UCX_LIB names, or a clear error naming what was tried. Each case runs in a fresh
+process: a process holds one UCX."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _ucx_procs import DEBIAN_UCX, wheel_ucx
+
+from mori.core import ucx
+
+REPORT = """
+import json
+from mori.core import ucx
+info = ucx.load()
+print(json.dumps(info))
+"""
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("MORI_UCX", "UCX_"))}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=full)
+
+
+def _report(**env: str) -> dict:
+    proc = _run(REPORT, **env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_debian_ucx_is_installed_with_verbs() -> None:
+    assert (Path(DEBIAN_UCX) / "libucp.so.0").exists(), "ci/setup.sh installs Debian's libucx0"
+    assert ucx.has_verbs(DEBIAN_UCX)
+    assert not ucx.has_verbs(wheel_ucx()), "PyPI's libucx is built without verbs"
+
+
+def test_candidates_prefer_a_system_ucx_with_verbs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MORI_UCX_LIB", raising=False)
+    found = ucx.candidates()
+    assert found[0] == (f"{DEBIAN_UCX}/libucp.so.0", "system UCX with verbs")
+    assert [src for _, src in found].index("libucx wheel") == 1
+    monkeypatch.setenv("MORI_UCX_LIB", "/opt/elsewhere/lib")
+    assert ucx.candidates() == [("/opt/elsewhere/lib/libucp.so.0", "MORI_UCX_LIB")]
+    monkeypatch.setenv("MORI_UCX_LIB", "/opt/elsewhere/lib/libucp.so")
+    assert ucx.candidates() == [("/opt/elsewhere/lib/libucp.so", "MORI_UCX_LIB")]
+
+
+def test_default_loads_debian_ucx_and_reports_its_verbs_components() -> None:
+    info = _report()
+    assert info["path"] == f"{DEBIAN_UCX}/libucp.so.0" and info["source"] == "system UCX with verbs"
+    assert info["version"][:2] == [1, 13]
+    assert info["verbs"] is True and "ib" in info["components"]
+    assert info["rdma_devices"] == []  # no NIC on this machine: verbs built in, no device
+    assert any(t.startswith("tcp/") for t in info["transports"]), info["transports"]
+
+
+@pytest.mark.parametrize("as_file", [False, True])
+def test_mori_ucx_lib_is_honoured(as_file: bool) -> None:
+    folder = wheel_ucx()
+    info = _report(MORI_UCX_LIB=f"{folder}/libucp.so.0" if as_file else folder)
+    assert Path(info["path"]).resolve() == (Path(folder) / "libucp.so.0").resolve()
+    assert info["source"] == "MORI_UCX_LIB"
+    assert tuple(info["version"][:2]) >= (1, 19)
+    assert info["verbs"] is False and info["rdma_devices"] == []
+
+
+def test_no_ucx_found_is_a_clear_error() -> None:
+    proc = _run(REPORT, MORI_UCX_LIB="/nonexistent/ucx")
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "UcxLoadError" in err and "/nonexistent/ucx/libucp.so" in err and "MORI_UCX_LIB" in err, err
+    assert "apt-get install libucx0" in err and "pip install libucx" in err, err
+    proc = _run("from mori.core import _native\n_native.ucx_load([])")
+    assert "no usable UCX found (no candidate)" in proc.stderr, proc.stderr
+
+
+def test_a_second_ucx_in_one_process_is_refused() -> None:
+    code = f"""
+from mori.core import _native, ucx
+ucx.load()
+try:
+    _native.ucx_load([({wheel_ucx()!r} + "/libucp.so.0", "MORI_UCX_LIB")])
+except _native.UcxLoadError as e:
+    print("refused:", e)
+"""
+    proc = _run(code)
+    assert "refused:" in proc.stdout and "a process holds one UCX" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_engine_needs_a_loaded_ucx() -> None:
+    proc = _run("from mori.core import ucx\nucx.UcxEngine('x')")
+    assert "UCX is not loaded" in proc.stderr, proc.stderr
