@@ -11,6 +11,7 @@ from _ucx_procs import GUARD, SIZE, EngineProcess, Pair, engine_pair, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mori.core.codes import TransferCode
 from mori.core.ucx import READ, WRITE
 
 PARAMS = [(lib, where) for lib in ("debian", "wheel") for where in ("host", "netns")]
@@ -73,7 +74,7 @@ def test_notifications(pair: Pair) -> None:
     assert pair.target.call("pop", "initiator", 12) == 0
     # A refused transfer notifies its outcome too; one that does not ask leaves no record.
     assert pair.transfer(WRITE, [0], [SIZE], [1], uid=13, notify=True)[0] == "ERR_INVALID_ARGS"
-    assert pair.target.call("pop", "initiator", 13) == 3
+    assert pair.target.call("pop", "initiator", 13) == TransferCode.ERR_INVALID_ARGS
     assert pair.transfer(WRITE, [0], [0], [1], uid=14)[0] == "SUCCESS"
     assert pair.target.call("pop", "initiator", 14, 0.5) is None
 
