@@ -1,15 +1,19 @@
 """Fixtures: a long-lived target engine process per module and an initiator engine here; for the
-client replays (test_client_replays*.py), the backend they run on and their initiator engine."""
+client replays (test_client_replays*.py), the backend they run on and their initiator engine; for
+the hostile-load tests (test_hostile*.py), targets under lowered limits."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import pytest
+from _hostile import REGION as HOSTILE_REGION
+from _hostile import Target
 from _kv_clients import make_engine
 from _peer import PeerProcess, SharedBuffer
 
-from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, TcpBackendConfig
+from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, TcpBackendConfig
 
 REGION = (64 << 20) + 4096
 
@@ -58,3 +62,31 @@ def engine(backend: str) -> Iterator[IOEngine]:
     eng = make_engine("initiator-0", backend)
     yield eng
     eng.close()
+
+
+@pytest.fixture()
+def make_target() -> Iterator[Callable[..., Target]]:
+    """Makes hostile-load targets (``_hostile.Target``) under the given env; closes them after."""
+    made: list[Target] = []
+
+    def make(env: dict[str, str] | None = None) -> Target:
+        made.append(Target(env))
+        return made[-1]
+
+    yield make
+    for t in made:
+        t.close()
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[Target, IOEngine, np.ndarray, MemoryDesc]]:
+    """One hostile-load target per module and an engine here with a region to send from."""
+    target = Target()
+    engine = IOEngine("hostile-init", IOEngineConfig())
+    engine.create_backend(BackendType.TCP)
+    engine.register_remote_engine(target.desc)
+    src = np.arange(HOSTILE_REGION, dtype=np.uint64).view(np.uint8)[:HOSTILE_REGION].copy()
+    ld = engine.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+    yield target, engine, src, ld
+    engine.close()
+    target.close()

@@ -6,11 +6,8 @@ mori-core's ``test_tcp_limits.py``."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import mmap
 import os
-import resource
 import socket
 import struct
 import threading
@@ -19,7 +16,7 @@ import time
 import msgpack
 import numpy as np
 import pytest
-from _peer import PipeProcess, engine_commands, serve_commands
+from _hostile import REGION, good_write
 
 from mori.core import native as _native
 from mori.core.testing import connect_many
@@ -35,93 +32,6 @@ from mori.io import (
 from mori.io._control import ControlClient, ControlError, encode_frame
 from mori.io._registry import MAX_NOTIFY_BATCH, check_notify, notify_bodies
 from mori.io.backends.tcp import TcpBackend
-
-REGION = 1 << 20
-
-
-def _serve(key: str, env: dict[str, str]) -> bytes:
-    os.environ.update(env)
-    engine = IOEngine(key, IOEngineConfig(host="127.0.0.1", port=0))
-    engine.create_backend(BackendType.TCP)
-    arr = np.zeros(REGION, dtype=np.uint8)
-    desc = engine.register_memory(int(arr.ctypes.data), REGION, -1, MemoryLocationType.CPU)
-
-    def limit_fds(extra: int) -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + extra, 4096))
-
-    def probe() -> dict[str, int]:
-        threads = fds = -1  # unknown while descriptors are used up
-        try:
-            with open("/proc/self/status") as f:
-                threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-            fds = len(os.listdir("/proc/self/fd"))
-        except OSError:
-            pass
-        return {"threads": threads, "fds": fds,
-                "conns": engine._server.connection_count(), "inbound": len(engine._inbound),
-                **dataclasses.asdict(engine._server.stats)}
-
-    extra: dict[int, MemoryDesc] = {}
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-
-    def add_region(size: int) -> bytes:
-        """Registers ``size`` bytes mapped here (no Python object owns them: see drop_region)."""
-        addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
-        ctypes.memset(addr, 0x5A, size)
-        d = engine.register_memory(addr, size, -1, MemoryLocationType.CPU)
-        extra[d.id] = d
-        return d.pack()
-
-    def drop_region(mem_id: int) -> float:
-        """Deregisters a region of add_region, then unmaps it: a byte of it touched after
-        deregister_memory returned kills this process. Returns how long deregistering took."""
-        d = extra.pop(mem_id)
-        t0 = time.monotonic()
-        engine.deregister_memory(d)
-        took = time.monotonic() - t0
-        assert libc.munmap(d.data, d.size) == 0
-        return took
-
-    return serve_commands(engine, {**engine_commands(engine, {desc.id: desc}), "desc": desc.pack,
-                                   "limit_fds": limit_fds, "probe": probe, "add_region": add_region,
-                                   "drop_region": drop_region, "bytes": lambda off, n: bytes(arr[off:off + n])})
-
-
-class Target(PipeProcess):
-    """An engine with a TCP backend and one 1 MiB region, in its own process, under ``env``."""
-
-    def __init__(self, env: dict[str, str] | None = None, key: str = "target") -> None:
-        super().__init__(_serve, (key, env or {}), "target", 60.0)
-        self.region = MemoryDesc.unpack(self.call("desc"))
-
-
-@pytest.fixture()
-def make_target():
-    made: list[Target] = []
-
-    def make(env: dict[str, str] | None = None) -> Target:
-        made.append(Target(env))
-        return made[-1]
-
-    yield make
-    for t in made:
-        t.close()
-
-
-def _good_write(target: Target, fill: int, key: str = "good") -> None:
-    """A fresh, well-behaved engine writes 4 KiB to the target."""
-    src = np.full(4096, fill, dtype=np.uint8)
-    with IOEngine(key, IOEngineConfig()) as eng:
-        eng.create_backend(BackendType.TCP)
-        eng.register_remote_engine(target.desc)
-        ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
-        st = eng.write(ld, 0, target.region, 0, 4096, 1)
-        assert st.WaitFor(10_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st
-    assert target.call("bytes", 0, 4096) == bytes([fill]) * 4096
 
 
 def _closed_within(s: socket.socket, seconds: float) -> bool:
@@ -153,7 +63,7 @@ def test_control_plane_survives_fd_exhaustion(make_target):
     for s in socks:
         s.close()
     time.sleep(0.5)
-    _good_write(target, 5)
+    good_write(target, 5)
 
 
 def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
@@ -166,7 +76,7 @@ def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
     probe = target.call("probe")
     assert probe["threads"] <= base + 6 and probe["conns"] <= 40, probe
     assert probe["refused"] + probe["evicted"] >= 150
-    _good_write(target, 6)  # a newcomer's hello pushes the oldest silent one out
+    good_write(target, 6)  # a newcomer's hello pushes the oldest silent one out
     for s in silent:
         assert _closed_within(s, 3.0)
     # A hello trickled a byte at a time is cut at the hello timeout, however often bytes come.
@@ -273,19 +183,6 @@ def test_send_completions_delivers_any_batch_in_requests_a_target_accepts(make_t
         assert target.call("pop_inbound", "sender", uid, 0) == records[uid][1]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = Target()
-    engine = IOEngine("hostile-init", IOEngineConfig())
-    engine.create_backend(BackendType.TCP)
-    engine.register_remote_engine(target.desc)
-    src = np.arange(REGION, dtype=np.uint64).view(np.uint8)[:REGION].copy()
-    ld = engine.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
-    yield target, engine, src, ld
-    engine.close()
-    target.close()
-
-
 @pytest.mark.parametrize("uid", [-1, 2**64, 2**70])
 def test_out_of_range_uid_fails_at_once(pair, uid):
     # Hole 5: such a uid used to leave the transfer IN_PROGRESS forever.
@@ -294,58 +191,6 @@ def test_out_of_range_uid_fails_at_once(pair, uid):
     assert not st.InProgress() and st.Code() == StatusCode.ERR_INVALID_ARGS and "uid" in st.Message()
     with pytest.raises(TypeError, match="uid"):
         engine.write(ld, 0, target.region, 0, 64, True)
-
-
-@pytest.mark.parametrize("forged", [{"id": -1}, {"id": 2**64}, {"size": 2**65}, {"data": -1},
-                                    {"data": 2**64 - 8, "size": 64}, {"id": 1.0}])
-def test_unencodable_remote_descriptor_fails_without_wedging_the_peer(pair, forged):
-    # Issue 23: a remote descriptor whose id or offset does not fit 64 bits made read() raise
-    # TypeError after the transfer had joined the peer's completion order, so every later
-    # transfer and session to that peer stayed IN_PROGRESS.
-    target, engine, src, ld = pair
-    warm = engine.write(ld, 0, target.region, 0, 64, 10)  # connected: the next submit goes straight to the peer
-    assert warm.WaitFor(10_000) == StatusCode.SUCCESS, warm
-    bad = dataclasses.replace(target.region, **forged)
-    offset = 2**64 if forged.get("size") == 2**65 else 0  # an offset past 64 bits, inside the forged size
-    st = engine.read(ld, 0, bad, offset, 64, 11)
-    assert st.Code() == StatusCode.ERR_INVALID_ARGS and "remote memory descriptor" in st.Message(), st
-    assert engine.create_session(ld, bad) is None
-    later = engine.write(ld, 64, target.region, 64, 64, 12)
-    assert later.WaitFor(10_000) == StatusCode.SUCCESS, later
-    session = engine.create_session(ld, target.region)
-    assert session is not None and session.write(128, 128, 64, 13).WaitFor(10_000) == StatusCode.SUCCESS
-    assert target.call("bytes", 0, 192) == bytes(src[:192])
-
-
-def test_backend_raising_after_queuing_does_not_wedge_the_order(make_target, monkeypatch):
-    # Issue 23: whatever fails between joining the completion order and posting finishes the
-    # transfer, so the peer's later transfers, Wait() and deregister_memory are not held up.
-    monkeypatch.setenv("MORI_IO_TIMEOUT", "5")
-    target = make_target()
-    src = np.full(4096, 9, dtype=np.uint8)
-    real_submit = TcpBackend.submit
-    calls = []
-
-    def flaky_submit(self, request):
-        calls.append(request.uid)
-        if len(calls) == 2:
-            raise OverflowError("injected")
-        real_submit(self, request)
-
-    monkeypatch.setattr(TcpBackend, "submit", flaky_submit)
-    with IOEngine("flaky", IOEngineConfig()) as eng:
-        eng.create_backend(BackendType.TCP)
-        eng.register_remote_engine(target.desc)
-        ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
-        assert eng.write(ld, 0, target.region, 0, 64, 1).WaitFor(10_000) == StatusCode.SUCCESS
-        broken = eng.write(ld, 0, target.region, 0, 64, 2)
-        assert broken.Code() == StatusCode.ERR_BAD_STATE and "injected" in broken.Message(), broken
-        after = eng.write(ld, 0, target.region, 0, 4096, 3)
-        assert after.WaitFor(10_000) == StatusCode.SUCCESS, after
-        t0 = time.monotonic()
-        eng.deregister_memory(ld)
-        assert time.monotonic() - t0 < 4.0  # nothing left in flight: no wait for MORI_IO_TIMEOUT (5 s)
-    assert target.call("bytes", 0, 4096) == bytes(src)
 
 
 def test_failure_on_the_connecting_thread_ends_the_transfer(make_target, monkeypatch):
@@ -408,79 +253,6 @@ def test_deregister_memory_waits_for_transfers_on_it(make_target):
         assert np.array_equal(dst, snapshot)
         late = eng.read(ld, 0, target.region, 0, 64, 40)
         assert late.Code() == StatusCode.ERR_NOT_FOUND
-
-
-def _data_session(control_port: int, key: str, rcvbuf: int = 0) -> socket.socket:
-    """A hand-made data connection of a token holder named ``key`` (ticket from tcp.info)."""
-    client = ControlClient("127.0.0.1", control_port, key, "", 10)
-    info = client.request("tcp.info", {})
-    client.close()
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if rcvbuf:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    s.settimeout(10)
-    s.connect(("127.0.0.1", info["port"]))
-    ticket = info["ticket"].encode()
-    s.sendall(struct.pack("<IHHHH", 0x4F49524D, 3, len(key), 0, len(ticket)) + key.encode() + ticket)
-    assert struct.unpack("<Ii", s.recv(8, socket.MSG_WAITALL))[1] == 0
-    return s
-
-
-def test_slow_reader_cannot_hold_deregister_memory_or_stall_other_peers(make_target, monkeypatch):
-    # Issue 23: a token holder reading 64 MiB at 256 KiB/s held the target's deregister_memory
-    # until it disconnected, and every other peer's requests (any region) waited meanwhile. Now
-    # the deregistration waits MORI_IO_TIMEOUT (2 s here), cuts the slow reader and returns, no
-    # byte of the region is touched afterwards (the target unmaps it at once), and an unrelated
-    # peer's reads of another region all succeed throughout.
-    monkeypatch.setenv("MORI_IO_TIMEOUT", "2")
-    target = make_target({"MORI_IO_TIMEOUT": "2"})
-    big = MemoryDesc.unpack(target.call("add_region", 64 << 20))
-    slow = _data_session(target.desc.port, "slow-reader", rcvbuf=64 << 10)
-    slow.sendall(struct.pack("<IBB2xQQQ", 0x5145524D, 1, 0, big.id, 0, big.size))  # one read of 64 MiB
-    received, ended = [0], threading.Event()
-
-    def read_slowly():  # 64 KiB every 0.25 s: 256 KiB/s, steady, so no send on the target times out
-        stop = time.monotonic() + 20
-        with contextlib.suppress(OSError):
-            while time.monotonic() < stop:
-                chunk = slow.recv(64 << 10)
-                if not chunk:
-                    break
-                received[0] += len(chunk)
-                time.sleep(0.25)
-        ended.set()
-
-    reader = threading.Thread(target=read_slowly, daemon=True)
-    reader.start()
-    dst = np.zeros(4096, dtype=np.uint8)
-    with IOEngine("bystander", IOEngineConfig()) as eng:
-        eng.create_backend(BackendType.TCP)
-        eng.register_remote_engine(target.desc)
-        ld = eng.register_memory(int(dst.ctypes.data), dst.size, -1, MemoryLocationType.CPU)
-        assert eng.read(ld, 0, target.region, 0, 4096, 1).WaitFor(10_000) == StatusCode.SUCCESS
-        deadline = time.monotonic() + 10
-        while received[0] < 256 << 10 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert received[0] >= 256 << 10 and not ended.is_set()  # the slow read is under way
-        outcomes: list[StatusCode] = []
-
-        def bystander():  # 12 reads of another region while the target deregisters
-            for uid in range(2, 14):
-                outcomes.append(eng.read(ld, 0, target.region, 0, 4096, uid).WaitFor(10_000))
-                time.sleep(0.25)
-
-        th = threading.Thread(target=bystander, daemon=True)
-        th.start()
-        took = target.call("drop_region", big.id)
-        th.join(timeout=60)
-    assert took < 6.0, f"deregister_memory took {took:.1f} s with MORI_IO_TIMEOUT=2"
-    assert ended.wait(10), "the slow reader was not cut"
-    reader.join(timeout=10)
-    slow.close()
-    assert received[0] < big.size
-    assert outcomes == [StatusCode.SUCCESS] * 12, outcomes
-    assert target.exitcode is None and target.call("probe")["conns"] >= 0  # alive after the unmap
-    _good_write(target, 3)
 
 
 def test_unreachable_peer_does_not_delay_others(make_target, monkeypatch):

@@ -9,13 +9,15 @@ everyone else.
 
 As in MORI, any engine that presents the auth token is served: registering a remote engine is
 the initiator's step only, and each handler checks the request against what this engine has
-registered (memory ids, offsets, sizes).
+registered (memory ids, offsets, sizes). The key a hello claims is bound to the engine that
+proved it first (``_keys``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import secrets
 import socket
 import struct
 import threading
@@ -26,6 +28,7 @@ from typing import Any
 
 import msgpack
 
+from ._keys import MAX_PROOF, Identity, KeyBindings, Reach, challenge_answer, reach_hosts
 from ._limits import Limits
 from .types import StatusCode
 
@@ -80,15 +83,27 @@ def decode_request(data: bytes) -> Request:
     if not isinstance(op, str) or not 0 < len(op) <= _MAX_OP:
         raise ProtocolError("frame has no valid 'op'")
     if op == "hello":
-        if set(obj) != {"op", "key", "token"} or not isinstance(obj["key"], str) or not obj["key"] \
-                or not isinstance(obj["token"], str):
-            raise ProtocolError("malformed hello")
-        return Request("hello", 0, {"key": obj["key"], "token": obj["token"]})
+        return Request("hello", 0, _check_hello(obj))
     rid, body = obj.get("id"), obj.get("body")
     if set(obj) != {"op", "id", "body"} or not isinstance(rid, int) or isinstance(rid, bool) \
             or not 0 < rid < 1 << 63 or not isinstance(body, dict):
         raise ProtocolError("malformed request")
     return Request(op, rid, body)
+
+
+def _check_hello(obj: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a hello: ``key`` and ``token``, optionally the ``proof`` of the key
+    (``_keys``) and ``reach``, ``{"host", "port"}`` of the claimant's own control plane."""
+    proof, reach = obj.get("proof", ""), obj.get("reach")
+    if not {"op", "key", "token"} <= set(obj) <= {"op", "key", "token", "proof", "reach"} \
+            or not isinstance(obj["key"], str) or not obj["key"] or not isinstance(obj["token"], str) \
+            or not isinstance(proof, str) or len(proof) > MAX_PROOF:
+        raise ProtocolError("malformed hello")
+    if reach is not None and not (isinstance(reach, dict) and set(reach) == {"host", "port"}
+                                  and isinstance(reach["host"], str) and len(reach["host"]) <= 255
+                                  and type(reach["port"]) is int and 0 < reach["port"] < 65536):
+        raise ProtocolError("malformed hello (reach)")
+    return {"key": obj["key"], "token": obj["token"], "proof": proof, "reach": reach}
 
 
 def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
@@ -184,7 +199,8 @@ class ControlServer:
     server never stops accepting.
     """
 
-    def __init__(self, host: str, port: int, token: str, limits: Limits, log: Any) -> None:
+    def __init__(self, host: str, port: int, token: str, limits: Limits, log: Any,
+                 identity: Identity | None = None) -> None:
         self._token = token.encode()
         self._limits = limits
         self._log = log
@@ -193,6 +209,11 @@ class ControlServer:
         self._budget = _ByteBudget(limits.control_buffer)
         self._sock = socket.create_server((host, port), backlog=512, reuse_port=False)
         self.port = self._sock.getsockname()[1]
+        self._identity = identity
+        self._host = host
+        # Keys are bound to the first engine that proves them; without an identity of its own
+        # this server cannot challenge a holder, so a holder with no connection counts as gone.
+        self.bindings = KeyBindings(self._holder_answers if identity is not None else None)
         self._sock.settimeout(0.2)  # the accept loop wakes to notice close()
         self._stop = threading.Event()
         self._conns: dict[socket.socket, _Conn] = {}  # accept order
@@ -256,29 +277,64 @@ class ControlServer:
                 self.stats.accept_errors += 1
             conn.close()
 
-    def _hello(self, entry: _Conn) -> str:
-        """Checks the hello; returns the authenticated key."""
+    def _hello(self, entry: _Conn) -> tuple[str, str]:
+        """Checks the hello (token, then the key's proof); returns the authenticated key and its
+        proof, which hold a claim on the key until :meth:`KeyBindings.release`."""
         conn = entry.sock
         hello = decode_request(_recv_frame(conn, entry.accepted + self._limits.hello_timeout, _HELLO_MAX))
         if hello.op != "hello":
             raise ProtocolError("first frame is not hello")
+        key, proof, reach = hello.body["key"], hello.body["proof"], hello.body["reach"]
+        refusal = None
         if not hmac.compare_digest(hello.body["token"].encode(), self._token):
-            conn.sendall(encode_frame({"ok": False, "code": int(StatusCode.ERR_BAD_STATE),
-                                       "error": "rejected: auth token mismatch"}))
-            raise ProtocolError(f"engine {hello.body['key']!r} presented a wrong auth token")
+            refusal = "rejected: auth token mismatch"
+        else:
+            peer = conn.getpeername()[0]
+            refusal = self.bindings.claim(key, proof, None if reach is None else
+                                          Reach(tuple(reach_hosts(reach["host"], peer)), reach["port"]))
+        if refusal is not None:
+            conn.sendall(encode_frame({"ok": False, "code": int(StatusCode.ERR_BAD_STATE), "error": refusal}))
+            raise ProtocolError(f"engine {key!r}: {refusal}")
         with self._lock:
-            if entry.evicted:
-                raise ConnectionError("dropped during its hello")
-            entry.authenticated = True
+            evicted = entry.evicted
+            entry.authenticated = not evicted
+        if evicted:
+            self.bindings.release(key, proof)
+            raise ConnectionError("dropped during its hello")
         conn.settimeout(self._limits.io_timeout)
         conn.sendall(encode_frame({"ok": True}))
-        return str(hello.body["key"])
+        return key, proof
+
+    def _holder_answers(self, key: str, proof: str, reach: Reach) -> bool:
+        """Whether the engine holding ``key`` with ``proof`` answers a challenge at ``reach``
+        (each host tried within a third of the hello timeout)."""
+        assert self._identity is not None
+        nonce = secrets.token_hex(16)
+        timeout = max(0.5, min(self._limits.hello_timeout, self._limits.io_timeout) / 3)
+        for host in reach.hosts:
+            try:
+                client = ControlClient(host, reach.port, self._identity.key, self._token.decode(), timeout,
+                                       proof=self._identity.proof_for(key), reach=(self._host, self.port))
+            except (OSError, TimeoutError):
+                continue
+            try:
+                reply = client.request("ping", {"nonce": nonce})
+            except (OSError, TimeoutError):
+                continue
+            finally:
+                client.close()
+            if reply.get("key") == key and hmac.compare_digest(str(reply.get("answer", "")),
+                                                               challenge_answer(proof, nonce)):
+                return True
+        return False
 
     def _serve(self, entry: _Conn) -> None:
         conn = entry.sock
+        claim: tuple[str, str] | None = None
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            key = self._hello(entry)
+            claim = self._hello(entry)
+            key = claim[0]
             while not self._stop.is_set():
                 if not _wait_readable(conn, self._limits.idle_timeout):
                     self._log.debug("control: closing connection of %r idle for %.0f s", key,
@@ -293,6 +349,8 @@ class ControlServer:
         except (OSError, ConnectionError):
             pass
         finally:
+            if claim is not None:
+                self.bindings.release(*claim)
             with self._lock:
                 self._conns.pop(conn, None)
             conn.close()
@@ -323,7 +381,11 @@ class ControlServer:
 class ControlClient:
     """One authenticated control connection to a remote engine; requests are serialized."""
 
-    def __init__(self, host: str, port: int, my_key: str, token: str, timeout: float) -> None:
+    def __init__(self, host: str, port: int, my_key: str, token: str, timeout: float, proof: str = "",
+                 reach: tuple[str, int] | None = None) -> None:
+        """Connects and says hello as ``my_key``, with the key's ``proof`` at that engine (see
+        ``_keys``; "" claims the key unproven) and ``reach``, (host, port) of this engine's own
+        control plane, where the target may challenge it if another engine claims its key."""
         self._timeout = timeout
         self._lock = threading.Lock()
         self._next_id = 1
@@ -332,7 +394,10 @@ class ControlClient:
         except OSError as err:
             raise ControlError(StatusCode.ERR_BAD_STATE, f"cannot reach engine at {host}:{port}: {err}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        reply = self._exchange({"op": "hello", "key": my_key, "token": token})
+        hello: dict[str, Any] = {"op": "hello", "key": my_key, "token": token, "proof": proof}
+        if reach is not None:
+            hello["reach"] = {"host": reach[0], "port": reach[1]}
+        reply = self._exchange(hello)
         if not reply.get("ok"):
             self.close()
             raise ControlError(StatusCode.ERR_BAD_STATE, str(reply.get("error", "hello rejected")))

@@ -26,6 +26,7 @@ from mori.core.host import this_host
 from mori.core.log import get_logger
 
 from ._control import ControlClient, ControlError, ControlServer
+from ._keys import MAX_NONCE, Identity
 from ._limits import Limits
 from ._registry import (
     CompletionRecord,
@@ -109,7 +110,7 @@ class _Context(BackendContext):
         return self._engine._control_request(remote_key, op, payload)
 
     def control_request_to(self, engine: EngineDesc, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        client = ControlClient(engine.host, engine.port, self.engine_key, self._token, _io_timeout())
+        client = self._engine._control_client(engine)
         try:
             return client.request(op, payload)
         finally:
@@ -147,8 +148,16 @@ def _span_end(offsets: list[int], sizes: list[int]) -> int:
     return max(map(operator.add, offsets, sizes))
 
 
-def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable) -> dict[str, ControlHandler]:
-    """Control ops every engine serves: ping, memory-descriptor lookup, inbound notifications."""
+def _engine_handlers(identity: Identity, memory: MemoryRegistry, inbound: InboundTable) -> dict[str, ControlHandler]:
+    """Control ops every engine serves: ping (with a nonce: also the answer that proves this
+    engine holds its key, see ``_keys``), memory-descriptor lookup, inbound notifications."""
+    my_key = identity.key
+
+    def ping(key: str, body: dict[str, Any]) -> dict[str, Any]:
+        nonce = body.get("nonce")
+        if isinstance(nonce, str) and 0 < len(nonce) <= MAX_NONCE:
+            return {"key": my_key, "answer": identity.answer(key, nonce)}
+        return {"key": my_key}
 
     def lookup_mem(key: str, body: dict[str, Any]) -> dict[str, Any]:
         desc = memory.get(int(body.get("id", -1)))
@@ -161,7 +170,7 @@ def _engine_handlers(my_key: str, memory: MemoryRegistry, inbound: InboundTable)
             inbound.record(key, *record)
         return {}
 
-    return {"ping": lambda key, body: {"key": my_key}, "lookup_mem": lookup_mem, "notify": notify}
+    return {"ping": ping, "lookup_mem": lookup_mem, "notify": notify}
 
 
 # A list batch at least this long becomes an int64 array in one native pass (when numpy is
@@ -232,9 +241,11 @@ class IOEngine:
         self._ranked: tuple[Backend, ...] = ()  # _backends by priority, for routing
         self._clients: dict[str, ControlClient] = {}
         self._lock = threading.RLock()
-        self._server = ControlServer(config.host, config.port, self._token, self._limits, log=_log)
+        self._identity = Identity(key)  # proves this engine's key to its peers (_keys)
+        self._server = ControlServer(config.host, config.port, self._token, self._limits, log=_log,
+                                     identity=self._identity)
         # Handlers close over the registries, not the engine, so the engine can be collected.
-        self._server.handlers.update(_engine_handlers(key, self._memory, self._inbound))
+        self._server.handlers.update(_engine_handlers(self._identity, self._memory, self._inbound))
         self._ctx = _Context(self, config.host, self._token)
         self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(),
                                 _node_id())
@@ -558,7 +569,7 @@ class IOEngine:
             with self._lock:
                 client = self._clients.get(remote_key)
             if client is None:
-                client = ControlClient(desc.host, desc.port, self._key, self._token, _io_timeout())
+                client = self._control_client(desc)
                 with self._lock:
                     self._clients[remote_key] = client
             try:
@@ -570,6 +581,11 @@ class IOEngine:
                     self._clients.pop(remote_key, None)
                 client.close()
         raise AssertionError("unreachable")
+
+    def _control_client(self, desc: EngineDesc) -> ControlClient:
+        """A control connection to ``desc``'s engine, proving this engine's key there."""
+        return ControlClient(desc.host, desc.port, self._key, self._token, _io_timeout(),
+                             proof=self._identity.proof_for(desc.key), reach=(self._desc.host, self._desc.port))
 
     def lookup_remote_memory(self, remote_key: str, mem_id: int) -> MemoryDesc:
         """Fetches the descriptor of memory ``mem_id`` from a registered remote engine."""
