@@ -162,6 +162,8 @@ public:
                                      bool notify, bool remoteGpu);
     bool healthy() const;
     std::string failure() const { return state_->failure(); }
+    // The endpoints to the peer on worker i (owned by that worker: use them under its lock).
+    Link* link(size_t worker) const { return links_.at(worker); }
     // UCX's description of the endpoints (transports and devices of each lane).
     std::string describe();
     // Fails the peer: its transfers in flight end with why, its endpoints close.

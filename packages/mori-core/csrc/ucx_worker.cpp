@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ucx_atomic.hpp"
 #include "ucx_wire.hpp"
 
 namespace mori::ucx {
@@ -58,7 +59,8 @@ void Worker::start() {
     maxHeader_ = attr.maxAmHeader;
     check("ucp_worker_get_efd", f.worker_get_efd(w_, &efd_));
     for (auto [id, cb] : {std::pair<unsigned, api::AmRecvCallback>{kAmRequest, dispatch_request},
-                          {kAmReply, dispatch_reply}, {kAmNote, dispatch_note}}) {
+                          {kAmReply, dispatch_reply}, {kAmNote, dispatch_note},
+                          {kAmAtomic, on_atomic_request}, {kAmAtomicReply, on_atomic_reply}}) {
         api::AmHandlerParam h{};
         h.fieldMask = api::kAmHandlerId | api::kAmHandlerFlags | api::kAmHandlerCb | api::kAmHandlerArg;
         h.id = id;

@@ -1,23 +1,30 @@
-"""PEs reached through the remote transport: on another host (two network namespaces joined by a
-veth pair stand in for two hosts), or every peer with ``MORI_DISABLE_P2P``.
+"""PEs reached through the remote transport (mori-core's UCX engine): on another host (two network
+namespaces joined by a veth pair stand in for two hosts), or every peer with ``MORI_DISABLE_P2P``.
 
-Until the transport runs on mori-core's UCX engine it is unavailable: PEs on several hosts are
-refused at init on every PE, naming the hosts; ``MORI_DISABLE_P2P`` on one host initializes and
-every call to a peer raises ``ShmemError`` saying why, after the same address checks as always.
+Every host RMA op to and from every PE with every byte checked (remote_suite.py), launched with
+the unique id and with a torch process group across the namespaces, the seed guide's Quick
+Reference, 1,000 barriers in a row, a PE killed mid-run; and, where UCX cannot start, the clear
+refusals.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
-import torch
 from pe_pool import PeError, PePool
+from remote_suite import pe_barriers, pe_die_or_reach, pe_reach_hung, pe_ready, pe_rma_everywhere
 
 import mori.shmem as shmem
 from mori.core.host import HostIdentity
-from mori.core.testing import network_namespaces
+from mori.core.testing import Died, network_namespaces
 from mori.shmem._reach import Reach
 
-CPU_ENV = {"MORI_SHMEM_HEAP_SIZE": "1M", "MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_TIMEOUT": "30"}
+CPU_ENV = {"MORI_SHMEM_HEAP_SIZE": "16M", "MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_TIMEOUT": "30"}
+#: A UCX that cannot be loaded: the remote transport is unavailable.
+NO_UCX = {"MORI_UCX_LIB": "/nonexistent/libucp.so.0"}
 
 
 def test_reach_by_host_and_p2p_setting() -> None:
@@ -34,19 +41,147 @@ def test_reach_by_host_and_p2p_setting() -> None:
     assert not Reach.of(2, [a, a, a], p2p_disabled=False).any_remote
 
 
-def pe_view() -> dict[str, object]:
-    """What this PE maps and reaches remotely, and shmem_ptr_p2p towards every PE."""
-    me, n = shmem.shmem_mype(), shmem.shmem_npes()
-    buf = shmem.shmem_malloc(256)
+#: Two namespaces of one machine still share SysV/POSIX shared memory, which UCX would use between
+#: them; real hosts share none, so UCX is held to what crosses hosts here.
+HOSTS_UCX = {"UCX_TLS": "tcp,self"}
+
+
+def _across(n_per_host: int, env: dict[str, str], init: bool = True, timeout: float = 120.0):  # type: ignore[no-untyped-def]
+    """(namespaces context, pool of 2 * n_per_host PEs, the first half in namespace A; UCX on tcp)."""
+    spaces = network_namespaces()
+    a, b = spaces.__enter__()
     try:
-        info = shmem.shmem_heap_info()
-        ptrs = [shmem.shmem_ptr_p2p(buf, me, pe) for pe in range(n)]
-        return {"reachable": info["reachable"], "remote": info["remote"], "p2p": [p != 0 for p in ptrs],
-                "own": ptrs[me] == buf}
+        pool = PePool(2 * n_per_host, {**CPU_ENV, **HOSTS_UCX, "MORI_BOOTSTRAP_HOST": a.address, **env}, init=init,
+                      timeout=timeout, netns=[a.name] * n_per_host + [b.name] * n_per_host)
+    except BaseException:
+        spaces.__exit__(None, None, None)
+        raise
+    return spaces, (a, b), pool
+
+
+def _remote_of(pe: int, hosts: list[int]) -> list[int]:
+    return [q for q in range(len(hosts)) if hosts[q] != hosts[pe]]
+
+
+def test_two_hosts_every_op_every_pe_unique_id() -> None:
+    """2 + 2 CPU PEs in two namespaces, launched with the unique id (MORI_BOOTSTRAP_HOST set):
+    every op to and from every PE, bytes checked; 1,000 barriers in a row."""
+    spaces, _, pool = _across(2, {})
+    try:
+        hosts = [0, 0, 1, 1]
+        results = pool.run_each(pe_rma_everywhere, [(_remote_of(pe, hosts),) for pe in range(4)])
+        for pe, seen in enumerate(results):
+            assert seen["p2p"] == [hosts[q] == hosts[pe] for q in range(4)]
+        # The fetch-adds of all PEs on each target gave distinct old values summing right.
+        for target in range(4):
+            olds = sorted(r["olds"][target] for r in results)  # type: ignore[index]
+            assert len(set(olds)) == 4 and max(olds) <= 10
+        assert pool.run(pe_barriers, 1000) == [10] * 4
     finally:
-        shmem.shmem_free(buf)
+        pool.close()
+        spaces.__exit__(None, None, None)
 
 
+def test_disable_p2p_on_one_host_every_op_every_pe() -> None:
+    """MORI_DISABLE_P2P (ON, 1, true) on one host: every peer goes through the remote transport."""
+    for n, value in ((2, "ON"), (4, "1"), (2, "true")):
+        pool = PePool(n, {**CPU_ENV, "MORI_DISABLE_P2P": value}, timeout=120)
+        try:
+            results = pool.run_each(pe_rma_everywhere, [([q for q in range(n) if q != pe],) for pe in range(n)])
+            assert [r["p2p"] for r in results] == [[q == pe for q in range(n)] for pe in range(n)]
+            if value == "ON":
+                assert pool.run(pe_barriers, 1000) == [10] * n
+        finally:
+            pool.close()
+
+
+def pe_quick_reference(rank: int, world: int, init_method: str, ifname: str, remote: list[int]) -> list[int]:
+    """The seed guide's Quick Reference, on a CPU tensor and a gloo group across the namespaces,
+    with the RMA suite before the cleanup; returns shmem_ptr_p2p towards every PE."""
+    import torch
+    import torch.distributed as dist
+
+    import mori
+
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname  # the namespace's end of the veth pair
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
+    world_group = dist.group.WORLD
+    torch._C._distributed_c10d._register_process_group("default", world_group)  # type: ignore[attr-defined]
+    mori.shmem.shmem_torch_process_group_init("default")
+    my_rank = mori.shmem.shmem_mype()
+    num_ranks = mori.shmem.shmem_npes()
+    assert (my_rank, num_ranks) == (rank, world)
+    size_in_bytes = 1 << 16
+    ptr = mori.shmem.shmem_malloc(size_in_bytes)
+    tensor = torch.zeros(1024, 16, dtype=torch.bfloat16)
+    mori.shmem.shmem_buffer_register(tensor.data_ptr(), tensor.nbytes)
+    my_pe = my_rank
+    remote_ptrs = [mori.shmem.shmem_ptr_p2p(ptr, my_pe, dest_pe) for dest_pe in range(num_ranks)]
+    mori.shmem.shmem_barrier_all()
+    pe_rma_everywhere(remote)
+    mori.shmem.shmem_buffer_deregister(tensor.data_ptr(), tensor.nbytes)
+    mori.shmem.shmem_free(ptr)
+    mori.shmem.shmem_finalize()
+    dist.destroy_process_group()
+    return remote_ptrs
+
+
+def test_two_hosts_torch_process_group_quick_reference() -> None:
+    spaces, (a, b), pool = _across(2, {}, init=False)
+    try:
+        init_method = f"tcp://{a.address}:{29500 + os.getpid() % 1000}"
+        hosts = [0, 0, 1, 1]
+        args = [(pe, 4, init_method, (a if hosts[pe] == 0 else b).device, _remote_of(pe, hosts)) for pe in range(4)]
+        for pe, ptrs in enumerate(pool.run_each(pe_quick_reference, args)):
+            assert [p != 0 for p in ptrs] == [hosts[q] == hosts[pe] for q in range(4)], (pe, ptrs)
+    finally:
+        pool.close()
+        spaces.__exit__(None, None, None)
+
+
+def test_a_dead_pe_is_named_within_the_timeout() -> None:
+    """PE 3 exits mid-run: the PEs of the other host fail their put/atomic to it naming PE 3, and
+    every survivor's barrier fails naming rank 3, well within MORI_SHMEM_TIMEOUT."""
+    spaces, _, pool = _across(2, {"MORI_SHMEM_TIMEOUT": "10", "MORI_BOOTSTRAP_TIMEOUT": "10"})
+    try:
+        start = time.monotonic()
+        results = pool.map(pe_die_or_reach, [(3,)] * 4, may_die=[3])
+        elapsed = time.monotonic() - start
+    finally:
+        pool.close()
+        spaces.__exit__(None, None, None)
+    assert isinstance(results[3], Died) and results[3].exitcode == 7
+    for pe in (0, 1):
+        assert "rma: " in results[pe] and "PE 3" in results[pe], results[pe]
+    for pe in (0, 1, 2):
+        assert "barrier: " in results[pe] and "3" in results[pe].split("barrier: ")[1], results[pe]
+    assert elapsed < 10 + 15, elapsed
+
+
+def test_a_hung_pe_is_named_within_the_timeout() -> None:
+    """PE 3 stopped (SIGSTOP): a put to it from the other host fails after MORI_SHMEM_TIMEOUT (3 s
+    here) naming PE 3 and the setting, never hangs; the engine then holds PE 3 failed, so the
+    atomic that follows fails at once with the same reason."""
+    spaces, _, pool = _across(2, {"MORI_SHMEM_TIMEOUT": "3"})
+    try:
+        buf = pool.run(pe_ready, 3)[0]
+        pid = pool.pids[3]
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            report, seconds = pool.run_on(0, pe_reach_hung, buf, 3, timeout=60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        pool.kill()
+        spaces.__exit__(None, None, None)
+    put, atomic = report.split(" | ")
+    assert put.startswith("put of 4096 bytes to PE 3 failed: ") and "MORI_SHMEM_TIMEOUT" in put, put
+    assert atomic.startswith("atomic fetch_add on PE 3 failed: ") and "MORI_SHMEM_TIMEOUT" in atomic, atomic
+    assert 3 <= seconds < 3 + 10, seconds
+
+
+# -- where the remote transport cannot run ------------------------------------------------------
 def _refusal(fn: object, *args: object) -> str:
     try:
         fn(*args)  # type: ignore[operator]
@@ -58,6 +193,8 @@ def _refusal(fn: object, *args: object) -> str:
 def pe_calls_to_peer() -> list[str]:
     """Every host RMA call to the other PE: the address checks first, then the remote refusal;
     the PE's own heap still works and nothing was written anywhere."""
+    import torch
+
     me = shmem.shmem_mype()
     other = 1 - me
     buf, sig = shmem.shmem_malloc(4096), shmem.shmem_malloc(8)
@@ -98,38 +235,33 @@ def pe_calls_to_peer() -> list[str]:
         shmem.shmem_free(sig)
 
 
-def test_disable_p2p_on_one_host_refuses_calls_to_peers_clearly() -> None:
+def test_without_ucx_disable_p2p_refuses_calls_to_peers_clearly() -> None:
     # Before: every call raised ValueError "PE 1 is not reachable from PE 0 (P2P disabled or another host)".
-    for value in ("ON", "1", "true"):
-        pool = PePool(2, {**CPU_ENV, "MORI_DISABLE_P2P": value})
-        try:
-            views = pool.run(pe_view)
-            assert views == [{"reachable": [pe], "remote": [1 - pe], "p2p": [pe == 0, pe == 1], "own": True}
-                             for pe in range(2)]
-            for pe, messages in enumerate(pool.run(pe_calls_to_peer)):
-                assert len(messages) == 10
-                for msg in messages:
-                    assert msg.startswith(f"PE {1 - pe} is reached through mori.shmem's remote transport "
-                                          "(MORI_DISABLE_P2P is set), which is not available: "), msg
-        finally:
-            pool.close()
+    pool = PePool(2, {**CPU_ENV, **NO_UCX, "MORI_DISABLE_P2P": "ON"})
+    try:
+        for pe, messages in enumerate(pool.run(pe_calls_to_peer)):
+            assert len(messages) == 10
+            for msg in messages:
+                assert msg.startswith(f"PE {1 - pe} is reached through mori.shmem's remote transport "
+                                      "(MORI_DISABLE_P2P is set), which is not available: mori-core's UCX engine "
+                                      "cannot start: UcxLoadError: "), msg
+                assert "(PEs 0, 1)" in msg, msg
+    finally:
+        pool.close()
 
 
-def test_pes_on_two_hosts_are_refused_at_init_on_every_pe() -> None:
-    """2 + 2 PEs in two network namespaces, the unique id advertising host A: every PE's init
-    raises ShmemError naming the unavailable transport and the PEs of each host."""
-    with network_namespaces() as (a, b):
-        env = {**CPU_ENV, "MORI_BOOTSTRAP_HOST": a.address}
-        pool = PePool(4, env, init=False, netns=[a.name, a.name, b.name, b.name])
-        try:
-            with pytest.raises(PeError) as info:
-                pool.init()
-        finally:
-            pool.close()
+def test_without_ucx_pes_on_two_hosts_are_refused_at_init_on_every_pe() -> None:
+    spaces, _, pool = _across(2, NO_UCX, init=False)
+    try:
+        with pytest.raises(PeError) as info:
+            pool.init()
+    finally:
+        pool.close()
+        spaces.__exit__(None, None, None)
     failures = info.value.failures
     assert sorted(failures) == [0, 1, 2, 3]
     for text in failures.values():
         assert "ShmemError: mori.shmem reaches PEs on other hosts through its remote transport, which is not " \
-               "available" in text, text
+               "available (mori-core's UCX engine cannot start: UcxLoadError: " in text, text
         assert "one machine but in 2 network namespaces" in text and "PEs 0, 1 on " in text \
                and "PEs 2, 3 on " in text, text

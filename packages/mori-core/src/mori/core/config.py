@@ -160,7 +160,8 @@ VARIABLES: dict[str, Variable] = {
                  "Check at every shmem_malloc/shmem_free that all PEs make the same call (a collective "
                  "each); shmem_barrier_all checks the whole history either way.", BOOL_FORMS),
         Variable("MORI_SHMEM_TIMEOUT", _parse_seconds, 120.0,
-                 "Seconds a host-side shmem wait (shmem_wait_until) waits before failing.", "seconds > 0"),
+                 "Seconds a host-side shmem wait (shmem_wait_until), and a host call to a remote PE, wait "
+                 "before failing.", "seconds > 0"),
         Variable("MORI_RDMA_DEVICES", _device_list, None, "RDMA NIC selection: 'mlx5_0,mlx5_1' or '^mlx5_2'.",
                  "'mlx5_0,mlx5_1' or '^mlx5_2,mlx5_3'"),
         Variable("MORI_NUM_QP_PER_PE", _positive_int, 1,

@@ -16,6 +16,7 @@ import abc
 from typing import Any
 
 from ._errors import ShmemError
+from ._heap import Heap
 from ._reach import Reach
 
 __all__ = ["RemoteTransport", "Unavailable", "open_remote"]
@@ -92,21 +93,20 @@ class Unavailable(RemoteTransport):
         """Nothing to release."""
 
 
-def _why_unavailable() -> str:
-    """Why this process cannot run the remote transport ("" when it can)."""
-    return "mori.shmem has no remote transport yet (it is being built on mori-core's UCX engine)"
-
-
-def open_remote(bootstrap: Any, reach: Reach) -> RemoteTransport:
-    """Sets up the remote transport on every PE (collective: every PE calls it at init).
+def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float) -> RemoteTransport:
+    """Sets up the remote transport on every PE (collective: every PE calls it at init, after
+    building its heap): mori-core's UCX engine (:mod:`._remote_ucx`) where every PE can run it.
 
     Raises :class:`ShmemError` on every PE, naming the hosts and why, when PEs on several hosts
-    need it and some PE cannot run it.
+    need it and some PE cannot run it; with ``MORI_DISABLE_P2P`` on one host the PE initializes
+    and calls to peers raise instead.
     """
+    from ._remote_ucx import UcxTransport, why_unavailable
+
     if not reach.any_remote:
         return Unavailable(reach, "no PE is remote")
     reasons: dict[str, list[int]] = {}
-    for pe, reason in enumerate(bootstrap.allgather(_why_unavailable().encode())):
+    for pe, reason in enumerate(bootstrap.allgather(why_unavailable(heap.kind).encode())):
         if reason:
             reasons.setdefault(reason.decode(), []).append(pe)
     missing = "; ".join(f"{r} (PEs {', '.join(map(str, pes))})" for r, pes in reasons.items())
@@ -114,4 +114,6 @@ def open_remote(bootstrap: Any, reach: Reach) -> RemoteTransport:
     if problem is not None and missing:
         raise ShmemError(f"mori.shmem reaches PEs on other hosts through its remote transport, which is not "
                          f"available ({missing}): {problem}")
-    return Unavailable(reach, missing)
+    if missing:
+        return Unavailable(reach, missing)
+    return UcxTransport(bootstrap, heap, reach, timeout)

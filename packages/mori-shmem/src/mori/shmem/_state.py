@@ -159,7 +159,6 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
                f"{kind} {size} {mode} {chunk} p2p={'off' if p2p_off else 'on'}")
         hosts = [HostIdentity.from_key(k.decode()) for k in bootstrap.allgather(this_host().key.encode())]
         reach = Reach.of(bootstrap.rank, hosts, p2p_off)
-        remote = open_remote(bootstrap, reach)
         ctx = ops = None
         if kind == "gpu":
             from ._cuda import Context
@@ -171,6 +170,7 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
             from ._heap_cpu import CpuHeap
 
             heap = CpuHeap(bootstrap, size, reach)
+        remote = open_remote(bootstrap, heap, reach, config.get("MORI_SHMEM_TIMEOUT"))
         heap.publish_peer_bases()
         states = pack_gpu_states(bootstrap.rank, bootstrap.world, heap.base, heap.size,
                                  heap.base + PEER_BASES_OFFSET, p2p_off)

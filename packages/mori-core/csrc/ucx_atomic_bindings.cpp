@@ -1,0 +1,31 @@
+// Python binding of the UCX engine's remote atomics (ucx_atomic.hpp): ucx_atomic, typed in
+// _native.pyi and presented by mori.core.ucx.atomic.
+#include <pybind11/pybind11.h>
+
+#include "registry.hpp"
+#include "ucx_atomic.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+mori::native::Registration reg([](py::module_& m) {
+    m.def(
+        "ucx_atomic",
+        [](mori::ucx::Engine& engine, mori::ucx::Peer& peer, int op, uint64_t memId, uint64_t offset, uint64_t value,
+           uint64_t compare, int width, double timeout) {
+            if (op < mori::ucx::kAtomicFetchAdd || op > mori::ucx::kAtomicStore)
+                throw std::invalid_argument("op must be 1 (fetch_add), 2 (compare_swap), 3 (swap) or 4 (store), got " +
+                                            std::to_string(op));
+            py::gil_scoped_release release;
+            return mori::ucx::remote_atomic(engine, peer, static_cast<mori::ucx::AtomicOp>(op), memId, offset, value,
+                                            compare, width, timeout);
+        },
+        py::arg("engine"), py::arg("peer"), py::arg("op"), py::arg("mem_id"), py::arg("offset"), py::arg("value"),
+        py::arg("compare"), py::arg("width"), py::arg("timeout"),
+        "Applies op (1 fetch_add, 2 compare_swap, 3 swap, 4 store) to the width-bit word at offset of the peer's "
+        "memory mem_id; returns its old value. ValueError when the target refused, RuntimeError when the peer "
+        "failed or did not answer within timeout seconds.");
+});
+
+}  // namespace

@@ -1,0 +1,114 @@
+"""The UCX engine's remote atomics (csrc/ucx_atomic.cpp, mori.core.ucx_atomic): every operation at
+both widths against a second engine's registered memory, the old values and the words checked;
+the target's refusals (outside the region, misaligned, unknown or deregistered memory) change no
+byte; bad arguments and a closed peer fail clearly. Across processes and network namespaces they
+run under mori.shmem's remote transport (packages/mori-shmem/tests/test_remote.py)."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+
+import pytest
+
+from mori.core import ucx
+from mori.core.ucx_atomic import OPS, atomic
+
+
+class Pair:
+    """Initiator engine ``a`` connected to target engine ``b``, which registers ``words`` as id 1."""
+
+    def __init__(self) -> None:
+        self.a = ucx.make_engine("atomic-a", timeout=10.0)
+        self.b = ucx.make_engine("atomic-b", timeout=10.0)
+        self.words = (ctypes.c_uint64 * 8)()
+        self.addr = ctypes.addressof(self.words)
+        self.b.register_memory(1, self.addr, ctypes.sizeof(self.words))
+        self.peer = self.a.connect("b", self.b.addresses, self.b.admit("a"))
+
+    def __call__(self, op: str, offset: int, value: int, compare: int = 0, width: int = 64, mem_id: int = 1) -> int:
+        return atomic(self.a, self.peer, op, mem_id, offset, value, compare, width, 10.0)
+
+    def close(self) -> None:
+        self.peer.close()
+        self.a.close()
+        self.b.close()
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Pair]:
+    p = Pair()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_every_operation_at_both_widths(pair: Pair) -> None:
+    w = pair.words
+    w[0] = 0
+    assert pair("fetch_add", 0, 5) == 0 and pair("fetch_add", 0, 7) == 5 and w[0] == 12
+    assert pair("compare_swap", 0, 99, compare=1) == 12 and w[0] == 12  # no match: unchanged
+    assert pair("compare_swap", 0, 99, compare=12) == 12 and w[0] == 99
+    assert pair("swap", 0, (1 << 64) - 1) == 99 and w[0] == (1 << 64) - 1
+    assert pair("fetch_add", 0, 2) == (1 << 64) - 1 and w[0] == 1  # wraps
+    assert pair("store", 0, 42) == 1 and w[0] == 42
+    w[1] = 0
+    # 32-bit words at offsets 8 and 12: each changes alone.
+    assert pair("store", 8, 0xFFFFFFFF, width=32) == 0
+    assert pair("fetch_add", 8, 3, width=32) == 0xFFFFFFFF and pair("fetch_add", 12, 1, width=32) == 0
+    assert w[1] == (1 << 32) | 2
+    assert pair("compare_swap", 12, 9, compare=1, width=32) == 1 and w[1] == (9 << 32) | 2
+    assert set(OPS) == {"fetch_add", "compare_swap", "swap", "store"}
+
+
+@pytest.mark.parametrize(("offset", "width", "mem_id", "reason"), [
+    (64, 64, 1, "out of range"),            # one word past the region
+    (60, 64, 1, "out of range"),            # straddles its end
+    (4, 64, 1, "not aligned"),
+    (2, 32, 1, "not aligned"),
+    (0, 64, 2, "not registered"),
+    ((1 << 64) - 8, 64, 1, "out of range"),  # offset arithmetic must not wrap
+])
+def test_refusals_change_nothing(pair: Pair, offset: int, width: int, mem_id: int, reason: str) -> None:
+    before = bytes(pair.words)
+    refused = pair.b.stats()["refused"]
+    with pytest.raises(ValueError, match=reason):
+        pair("store", offset, 0xABCD, width=width, mem_id=mem_id)
+    assert bytes(pair.words) == before and pair.b.stats()["refused"] == refused + 1
+
+
+def test_deregistered_memory_is_refused() -> None:
+    p = Pair()
+    try:
+        p("store", 0, 7)
+        assert p.b.deregister_memory(1)
+        with pytest.raises(ValueError, match="not registered"):
+            p("store", 0, 8)
+        assert p.words[0] == 7
+    finally:
+        p.close()
+
+
+def test_bad_arguments_and_a_closed_peer() -> None:
+    p = Pair()
+    try:
+        with pytest.raises(ValueError, match="op must be one of"):
+            p("add", 0, 1)
+        with pytest.raises(ValueError, match="width must be 32 or 64"):
+            p("store", 0, 1, width=16)
+        with pytest.raises(ValueError, match="fit in 32 bits"):
+            p("store", 0, 1 << 32, width=32)
+        with pytest.raises(ValueError, match="timeout must be > 0"):
+            atomic(p.a, p.peer, "store", 1, 0, 1, timeout=0)
+        other = ucx.make_engine("atomic-other")
+        try:
+            with pytest.raises(ValueError, match="belongs to another engine"):
+                atomic(other, p.peer, "store", 1, 0, 1)
+        finally:
+            other.close()
+        p.peer.close()
+        with pytest.raises(RuntimeError, match="cannot be reached"):
+            p("store", 0, 1)
+    finally:
+        p.close()
