@@ -15,6 +15,10 @@
 2. mori-io's backends reach the engine only through ``backends/base.py`` (``BackendContext``):
    a backend module other than ``base.py`` imports nothing of the ``mori.io`` package above
    ``backends`` but ``types`` (the public value types).
+3. No backend reaches another backend's files: each transport is a folder of ``backends/``
+   (``tcp/``, ``nvlink/``, ``rdma/``), and a module in one imports nothing of another; the shared
+   modules directly in ``backends/`` (``base.py``, the connector) import no transport, except
+   ``backends/__init__.py``, whose factory table loads them.
 
 Prints each offence as ``path:line: what``; exit 1 when any. ``--root DIR`` checks another tree
 (the tests plant offences in a temporary one).
@@ -115,18 +119,46 @@ def offences(path: Path, root: Path = ROOT, owners: dict[str, str] | None = None
     return [f"{rel}:{line}: {what}" for line, what in sorted(found)]
 
 
+def _absolute(node: ast.ImportFrom, package: list[str] | None) -> str:
+    """The absolute module an ``import from`` names (relative ones resolved inside ``package``)."""
+    if not node.level:
+        return node.module or ""
+    if package is None or node.level > len(package):
+        return ""
+    return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+
+
 def backend_offences(path: Path, root: Path = ROOT) -> list[str]:
-    """The engine internals a mori-io backend module imports past ``base.py``, one line each."""
+    """What a mori-io backend module imports past ``base.py`` (engine internals) or of another
+    transport's folder, one line each."""
     rel = path.relative_to(root)
+    below = rel.relative_to(BACKENDS).parts
+    own = below[0] if len(below) > 1 else None  # the transport folder holding this file; None: shared
+    transports = {d.name for d in (root / BACKENDS).iterdir() if d.is_dir() and d.name != "__pycache__"}
+    package = _module_of(rel)
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module != "types":
-            found.append(f"{rel}:{node.lineno}: from ..{node.module or ''} import ... "
-                         "(a backend reaches the engine through backends/base.py)")
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("mori.io") \
-                and not (node.module or "").startswith(("mori.io.types", "mori.io.backends")):
-            found.append(f"{rel}:{node.lineno}: from {node.module} import ... "
-                         "(a backend reaches the engine through backends/base.py)")
+        if isinstance(node, ast.Import):
+            targets = [(alias.name, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = _absolute(node, package)
+            shown = "." * node.level + (node.module or "")
+            targets = [(module, shown)] + [(f"{module}.{a.name}", shown) for a in node.names if a.name != "*"]
+        else:
+            continue
+        for module, shown in targets:
+            parts = module.split(".")
+            if parts[:2] != ["mori", "io"] or len(parts) < 3:
+                continue
+            if parts[2] not in ("types", "backends") and below != ("base.py",):
+                found.append(f"{rel}:{node.lineno}: from {shown} import ... "
+                             "(a backend reaches the engine through backends/base.py)")
+                break
+            if parts[2] == "backends" and len(parts) > 3 and parts[3] in transports and parts[3] != own \
+                    and below != ("__init__.py",):
+                found.append(f"{rel}:{node.lineno}: {module} (a backend reaches no other backend's files; "
+                             "shared pieces live in backends/)")
+                break
     return found
 
 
@@ -151,16 +183,15 @@ def main(argv: list[str]) -> int:
     owners = shipped_by(root)
     bad = [line for path in files for line in offences(path, root, owners)]
     backends = root / BACKENDS
-    bad += [line for path in files if path.parent == backends and path.name != "base.py"
-            for line in backend_offences(path, root)]
+    bad += [line for path in files if backends in path.parents for line in backend_offences(path, root)]
     for line in bad:
         print(line)
     if bad:
         print(f"{len(bad)} layer offence(s): outside the distribution that ships it, use a package's public API; "
-              "in mori-io's backends, BackendContext")
+              "in mori-io's backends, BackendContext and no other backend's files")
         return 1
     print(f"{len(files)} Python files: no private name used outside the distribution that ships it; "
-          "mori-io's backends import only types and base of mori.io")
+          "mori-io's backends import only types and base of mori.io, and no other backend's files")
     return 0
 
 

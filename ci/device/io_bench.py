@@ -39,7 +39,7 @@ import torch
 
 from mori.core.testing import CommandProcess, serve_commands
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, XgmiBackendConfig
-from mori.io.backends import nvlink
+from mori.io.backends.nvlink import backend as nvlink
 from mori.io.bench import run_peer
 
 TARGET_GPU = 0

@@ -95,10 +95,47 @@ def test_public_names_and_ignored_files_pass(tmp_path: Path) -> None:
     assert "no private name used outside the distribution that ships it" in out[-1]
 
 
-def test_a_backend_reaching_past_base_is_reported(tmp_path: Path) -> None:
-    rc, out = check(tmp_path, {"packages/mori-io/src/mori/io/backends/tcp.py": "from ..engine import IOEngine\n"})
+@pytest.mark.parametrize("rel, source", [
+    ("backends/tcp/backend.py", "from ...engine import IOEngine\n"),
+    ("backends/_connect.py", "from .._registry import InFlight\n"),
+    ("backends/nvlink/_queues.py", "from mori.io import IOEngine\n"),
+    ("backends/rdma/backend.py", "from mori.io._control import ControlClient\n"),
+])
+def test_a_backend_reaching_past_base_is_reported(tmp_path: Path, rel: str, source: str) -> None:
+    rc, out = check(tmp_path, {f"packages/mori-io/src/mori/io/{rel}": source})
     assert rc == 1
-    assert out[0].startswith("packages/mori-io/src/mori/io/backends/tcp.py:1: from ..engine import ...")
+    assert out[0].startswith(f"packages/mori-io/src/mori/io/{rel}:1: from ")
+    assert out[0].endswith("(a backend reaches the engine through backends/base.py)")
+
+
+TRANSPORTS = {f"packages/mori-io/src/mori/io/backends/{t}/__init__.py": "" for t in ("tcp", "nvlink", "rdma")}
+
+
+@pytest.mark.parametrize("rel, source, reached", [
+    ("tcp/_gpu.py", "from ..nvlink._queues import DeviceQueues\n", "mori.io.backends.nvlink._queues"),
+    ("tcp/backend.py", "from .. import rdma\n", "mori.io.backends.rdma"),
+    ("nvlink/backend.py", "from mori.io.backends.tcp import _staging\n", "mori.io.backends.tcp"),
+    ("rdma/backend.py", "import mori.io.backends.tcp.backend\n", "mori.io.backends.tcp.backend"),
+    ("_connect.py", "from .tcp.backend import TcpBackend\n", "mori.io.backends.tcp.backend"),
+])
+def test_a_backend_reaching_another_backends_files_is_reported(tmp_path: Path, rel: str, source: str,
+                                                               reached: str) -> None:
+    rc, out = check(tmp_path, {**TRANSPORTS, f"packages/mori-io/src/mori/io/backends/{rel}": source})
+    assert rc == 1, out
+    assert out[0] == (f"packages/mori-io/src/mori/io/backends/{rel}:1: {reached} (a backend reaches no other "
+                      "backend's files; shared pieces live in backends/)")
+
+
+def test_a_backend_uses_its_own_folder_the_shared_modules_and_the_factory_table_loads_all(tmp_path: Path) -> None:
+    rc, out = check(tmp_path, {
+        **TRANSPORTS,
+        "packages/mori-io/src/mori/io/backends/tcp/backend.py":
+            "from ...types import MemoryDesc\nfrom .._connect import PeerConnector\nfrom ..base import Backend\n"
+            "from ._staging import plan\nfrom mori.io.backends.tcp import _gpu\n",
+        "packages/mori-io/src/mori/io/backends/base.py": "from .._control import ControlError\n",
+        "packages/mori-io/src/mori/io/backends/__init__.py": "from .tcp import TcpBackend\nfrom .rdma import x\n",
+    })
+    assert rc == 0, out
 
 
 def test_this_checkout_passes() -> None:

@@ -7,7 +7,7 @@ Sweeps the piece size a warp copies, for 1024 x 256 KiB and 16384 x 4 KiB blocks
 kernel runs on GPU 1 as in the backend. Checks the copied bytes of every configuration.
 
 A benchmark, not a test (pytest does not collect it): it lives with mori-io's tests because it
-drives the backend's private kernel (``_copy_kernels.CopyKernel``), which only mori-io's own tree
+drives the backend's private kernel (``nvlink._kernels.CopyKernel``), which only mori-io's own tree
 may import (``ci/check_layers.py``). ``ci/device/io.sh`` runs it after ``ci/device/io_bench.py``,
 whose GPU choice and timing helpers it shares.
 
@@ -29,7 +29,7 @@ from io_bench import LOCAL_GPU, TARGET_GPU, event_seconds, peer_copy_gbs  # noqa
 
 from mori.core import cuda as _cuda
 from mori.core.gpu import BatchMemcpy
-from mori.io.backends._copy_kernels import CopyKernel
+from mori.io.backends.nvlink._kernels import CopyKernel
 
 REMOTE, LOCAL = TARGET_GPU, LOCAL_GPU
 

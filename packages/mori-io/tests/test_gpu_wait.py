@@ -8,7 +8,7 @@ import types
 from typing import Any
 
 from mori.core.gpu import Completion
-from mori.io.backends._gpu_queues import GpuTransfer
+from mori.io.backends.nvlink._queues import GpuTransfer
 from mori.io.types import StatusCode
 
 NOT_READY = 600  # CUDA_ERROR_NOT_READY

@@ -328,7 +328,7 @@ def test_good_peer_keeps_working_during_attack(make_target):
 def test_nvlink_fd_server_is_not_held_up_by_silent_connections(tmp_path):
     # The NVLink backend's descriptor server: a local process that connects and says nothing
     # holds it a second at most; a peer with a valid nonce then gets its descriptor.
-    from mori.io.backends._cuda_ipc import FdServer, fetch_fd
+    from mori.io.backends.nvlink._peer_memory import FdServer, fetch_fd
 
     server = FdServer(ttl=30.0)
     path = tmp_path / "region"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from mori.core import cuda as _cuda
 from mori.io import BackendType, IOEngine, IOEngineConfig, XgmiBackendConfig
-from mori.io.backends._copy_kernels import KERNEL_NAME, compile_cubin
-from mori.io.backends._nvlink_plan import KERNEL_PIECE, plan_copies
+from mori.io.backends.nvlink._kernels import KERNEL_NAME, compile_cubin
+from mori.io.backends.nvlink.plan import KERNEL_PIECE, plan_copies
 
 SRC_BASE, DST_BASE = 1 << 20, 9 << 20  # two disjoint regions of one simulated address space
 MAX_TOTAL = 20 << 20

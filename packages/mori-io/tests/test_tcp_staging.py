@@ -27,8 +27,8 @@ from mori.io import (
     StatusCode,
     TcpBackendConfig,
 )
-from mori.io.backends import _tcp_gpu
-from mori.io.backends._tcp_staging import (
+from mori.io.backends.tcp import _gpu as _tcp_gpu
+from mori.io.backends.tcp._staging import (
     SlotLeases,
     StagingPool,
     check_pieces,

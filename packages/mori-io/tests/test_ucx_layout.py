@@ -1,4 +1,4 @@
-"""The ctypes structures and constants of mori.io.backends._ucx against UCX's own headers.
+"""The ctypes structures and constants of mori.io.backends.rdma._ucx against UCX's own headers.
 
 A C file built from the headers the libucx wheel ships prints every size, offset and constant the
 backend uses; each must equal what ctypes computes. A UCX release that moves a field fails here.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import libucx  # type: ignore[import-not-found]
 
-from mori.io.backends import _ucx as U
+from mori.io.backends.rdma import _ucx as U
 
 # (C type, ctypes class, {ctypes field: C member expression} where they differ)
 STRUCTS = [

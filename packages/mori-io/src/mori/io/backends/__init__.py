@@ -54,9 +54,9 @@ def _rdma() -> BackendFactory:
 
 
 def _nvlink() -> BackendFactory:
-    from .nvlink import NvlinkBackend  # type: ignore[import-not-found,unused-ignore]
+    from .nvlink import NvlinkBackend
 
-    return NvlinkBackend  # type: ignore[no-any-return,unused-ignore]
+    return NvlinkBackend
 
 
 register_backend_factory(BackendType.TCP, _tcp)

@@ -19,9 +19,9 @@ from typing import Any
 from mori.core import cuda as _cuda
 from mori.core.gpu import BatchMemcpy, Completion, EventPool, PrimaryContext, StreamPool
 
-from ..types import StatusCode
-from ._copy_kernels import CopyKernel, TableBuffer
-from ._nvlink_plan import KERNEL_PIECE, CopyPlan
+from ...types import StatusCode
+from ._kernels import CopyKernel, TableBuffer
+from .plan import KERNEL_PIECE, CopyPlan
 
 __all__ = ["DeviceQueues", "GpuTransfer"]
 

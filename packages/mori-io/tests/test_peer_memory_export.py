@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mori.core import cuda as _cuda
-from mori.io.backends import _cuda_ipc
+from mori.io.backends.nvlink import _peer_memory
 
 BASE, SIZE = 0x7000_0000, 1 << 21
 
@@ -50,7 +50,7 @@ def driver(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> _
 
 @pytest.mark.parametrize("driver", [True], indirect=True)
 def test_vmm_memory_is_exported_as_an_fd(driver: _Driver) -> None:
-    region = _cuda_ipc.export_region(BASE + 4096, 8192, 0)
+    region = _peer_memory.export_region(BASE + 4096, 8192, 0)
     try:
         assert region.info["kind"] == "vmm" and region.info["offset"] == 4096 and region.info["base_size"] == SIZE
         assert region.fd >= 0 and not os.get_inheritable(region.fd)
@@ -63,5 +63,5 @@ def test_vmm_memory_is_exported_as_an_fd(driver: _Driver) -> None:
 @pytest.mark.parametrize("driver", [False], indirect=True)
 def test_memory_neither_ipc_nor_exportable_is_refused(driver: _Driver) -> None:
     with pytest.raises(ValueError, match="neither cudaMalloc memory .* nor a VMM allocation .*INVALID_DEVICE"):
-        _cuda_ipc.export_region(BASE, 4096, 0)
+        _peer_memory.export_region(BASE, 4096, 0)
     assert driver.calls[-1] == "cuMemRelease"

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..types import StatusCode, TransferStatus
+from ...types import StatusCode, TransferStatus
 from . import _ucx as U
 
 __all__ = ["PeerRoute", "Job", "UcxWorker", "NOTIFY_AM_ID", "NOTE"]

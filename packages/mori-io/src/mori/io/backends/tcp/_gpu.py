@@ -1,7 +1,7 @@
 """GPU memory over the TCP backend: the native data plane moves pinned host buffers, CUDA copies
 move the bytes between those buffers and GPU memory, on both sides.
 
-Initiator: a transfer runs on a worker thread chunk by chunk (``_tcp_staging.plan_chunks``). A
+Initiator: a transfer runs on a worker thread chunk by chunk (``_staging.plan_chunks``). A
 write copies chunk k+1 GPU -> pinned while chunk k is on the wire; a read copies chunk k pinned
 -> GPU while chunk k+1 is received. Target: the native server only serves host memory, so GPU
 regions are reached through control requests:
@@ -31,9 +31,9 @@ from mori.core import cuda as _cuda
 from mori.core.gpu import BatchMemcpy, Completion, EventPool, StreamPool, on_device
 from mori.core.memory import pinned_alloc, pinned_free
 
-from ..types import MemoryDesc, MemoryLocationType, StatusCode
-from ._tcp_staging import Chunk, SlotLeases, StagingPool, check_pieces, pack_array, plan_chunks, unpack_array
-from .base import BackendContext, ControlError, TransferOp, TransferRequest
+from ...types import MemoryDesc, MemoryLocationType, StatusCode
+from ..base import BackendContext, ControlError, TransferOp, TransferRequest
+from ._staging import Chunk, SlotLeases, StagingPool, check_pieces, pack_array, plan_chunks, unpack_array
 
 __all__ = ["DeviceCopies", "GpuStaging", "TransferFailed"]
 

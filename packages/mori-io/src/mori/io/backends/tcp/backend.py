@@ -4,7 +4,7 @@ The data plane listens on its own port, published to peers through the control o
 ``tcp.info``. Connections to a peer are opened at its first transfer; a broken connection makes
 the backend unhealthy towards that peer (the router fails over) and is reopened on next use.
 Host memory moves directly; GPU memory (either side) is staged through pinned host buffers
-(``_tcp_gpu``), which needs cuda-bindings and a GPU where the GPU memory is.
+(``_gpu``), which needs cuda-bindings and a GPU where the GPU memory is.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from mori.core import config as mori_config
 from mori.core import native as _native
 
-from ..types import (
+from ...types import (
     BackendType,
     EngineDesc,
     MemoryDesc,
@@ -25,9 +25,9 @@ from ..types import (
     TcpBackendConfig,
     TransferStatus,
 )
-from ._connect import PeerConnector
+from .._connect import PeerConnector
+from ..base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
 from ._staging_size import chunk_bytes_for
-from .base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
 
 __all__ = ["TcpBackend"]
 
@@ -59,7 +59,7 @@ class TcpBackend(Backend):
         self._peers: dict[str, Any] = {}
         self._connector = PeerConnector("TCP", self._connect_peer, self._start)
         self._remote_chunk: dict[str, int] = {}
-        self._gpu: Any = None  # _tcp_gpu.GpuStaging, made at the first GPU registration or transfer
+        self._gpu: Any = None  # _gpu.GpuStaging, made at the first GPU registration or transfer
         self._lock = threading.Lock()
         self._closed = False
         ctx.add_control_handler("tcp.info", self._handle_info)
@@ -81,7 +81,7 @@ class TcpBackend(Backend):
     def _staging(self) -> Any:
         with self._lock:
             if self._gpu is None:
-                from ._tcp_gpu import GpuStaging  # numpy and cuda-bindings: only for GPU memory
+                from ._gpu import GpuStaging  # numpy and cuda-bindings: only for GPU memory
 
                 self._gpu = GpuStaging(self.ctx, self._staging_bytes, self._target.register_region,
                                        self._target.deregister_region, self.config.stripe_bytes,

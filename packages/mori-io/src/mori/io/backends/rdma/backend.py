@@ -21,7 +21,7 @@ from typing import Any
 
 from mori.core import config as mori_config
 
-from ..types import (
+from ...types import (
     BackendType,
     EngineDesc,
     MemoryDesc,
@@ -31,10 +31,10 @@ from ..types import (
     StatusCode,
     TransferStatus,
 )
+from .._connect import PeerConnector
+from ..base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
 from . import _ucx as U
-from ._connect import PeerConnector
-from ._ucx_worker import Job, PeerRoute, UcxWorker
-from .base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
+from ._worker import Job, PeerRoute, UcxWorker
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 

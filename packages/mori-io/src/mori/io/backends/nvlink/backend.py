@@ -1,13 +1,13 @@
 """The NVLink backend (MORI's XGMI backend): one-sided copies between GPUs of one host.
 
-Registration exports a handle of each GPU region (``_cuda_ipc``) into ``MemoryDesc.extra``.
+Registration exports a handle of each GPU region (``_peer_memory``) into ``MemoryDesc.extra``.
 The first transfer towards a remote region asks its owner (control op ``nvlink.open``, carrying
 the asking engine's descriptor: the owner need not have registered it), which checks that the
 region is registered, answers with what it registered (handle, size) and remembers who opened it
 and where that engine listens. The initiator maps the
 region once per (engine, memory id) and from then on copies directly: large blocks with the
 copy engines over a pool of streams, small blocks with one gather-kernel launch (the split is
-``MORI_IO_NVLINK_KERNEL_MAX``, chosen by measurement; see ``_nvlink_plan``).
+``MORI_IO_NVLINK_KERNEL_MAX``, chosen by measurement; see ``plan``).
 
 A transfer completes when its CUDA events fire (seen by whoever polls its status); the owner of
 the remote region then gets an inbound record (``BackendContext.send_completions``), sent in batches by a
@@ -36,11 +36,11 @@ from mori.core import config as mori_config
 from mori.core import cuda as _cuda
 from mori.core.host import this_host
 
-from ..types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
-from ._cuda_ipc import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, open_mapping
-from ._gpu_queues import DeviceQueues, GpuTransfer
-from ._nvlink_plan import plan_copies
-from .base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
+from ...types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
+from ..base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
+from ._peer_memory import ExportedRegion, FdServer, Mapping, export_region, fetch_fd, open_mapping
+from ._queues import DeviceQueues, GpuTransfer
+from .plan import plan_copies
 
 __all__ = ["NvlinkBackend"]
 
@@ -52,7 +52,7 @@ __all__ = ["NvlinkBackend"]
 STRIPE = 256 << 20
 ENGINE_STREAMS = 4
 # Of a batch of large rows that the gather kernel would take whole, the share of rows the copy
-# engines take beside it (see _nvlink_plan.SHARE_MIN_ROW).
+# engines take beside it (see plan.SHARE_MIN_ROW).
 ENGINE_SHARE = 0.4
 
 _TICK_S = 1e-3  # housekeeping period while transfers run or records wait to be sent
