@@ -63,7 +63,7 @@ def test_engine_desc_pack_roundtrip(key, host, port, pid, node_id):
 
 
 @settings(deadline=None)
-@given(mem_id=st.integers(0, 2**63), data=st.integers(1, 2**64 - 1), size=st.integers(1, 2**48),
+@given(mem_id=st.integers(0, 2**63), data=st.integers(1, 2**64 - 2**48), size=st.integers(1, 2**48),
        dev=st.integers(-1, 64), loc=st.sampled_from(list(MemoryLocationType)),
        extra=st.dictionaries(st.text(max_size=5), st.binary(max_size=16), max_size=3),
        bus=st.text(max_size=16), numa=st.integers(-1, 8))
