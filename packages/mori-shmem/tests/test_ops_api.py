@@ -91,10 +91,6 @@ def test_config_rejects(kw, err, match):
         validate_config(base(**kw))
 
 
-@pytest.mark.parametrize("kt", ["InterNode", "InterNodeV1", "InterNodeV1LL"])
-def test_rdma_kernel_types_refused(kt):
-    with pytest.raises(NotImplementedError, match="RDMA"):
-        validate_config(base(kernel_type=EpDispatchCombineKernelType[kt]))
 
 
 @pytest.mark.parametrize("q", ["fp8_blockwise", "fp4_blockwise"])
@@ -104,7 +100,7 @@ def test_blockwise_quant_refused(q):
 
 
 def test_supported_types_accepted():
-    for kt in ("IntraNode", "IntraNodeLL", "AsyncLL"):
+    for kt in ("IntraNode", "IntraNodeLL", "AsyncLL", "InterNode", "InterNodeV1", "InterNodeV1LL"):
         assert validate_config(base(kernel_type=EpDispatchCombineKernelType[kt])).name == kt
     assert normalize_quant_type(" FP8_Direct_Cast ").name == "Fp8DirectCast"
 
@@ -114,8 +110,8 @@ def test_op_before_shmem_init():
 
     with pytest.raises(ShmemNotInitializedError):
         EpDispatchCombineOp(base(world_size=1))
-    with pytest.raises(NotImplementedError, match="RDMA"):  # the config is checked first
-        EpDispatchCombineOp(base(kernel_type=EpDispatchCombineKernelType.InterNodeV1))
+    with pytest.raises(NotImplementedError, match="blockwise"):  # the config is checked first
+        EpDispatchCombineOp(base(quant_type="fp8_blockwise"))
 
 
 def test_kernels_compile_with_nvrtc():

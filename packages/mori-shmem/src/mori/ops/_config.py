@@ -17,7 +17,8 @@ __all__ = [
     "EpDispatchCombineKernelType",
     "EpDispatchCombineQuantType",
     "MAX_EXPERTS_PER_TOKEN",
-    "SUPPORTED_KERNEL_TYPES",
+    "INTER_NODE_KERNEL_TYPES",
+    "INTRA_NODE_KERNEL_TYPES",
     "capacities",
     "normalize_quant_type",
     "validate_config",
@@ -62,12 +63,18 @@ _QUANT_NAMES = {
     "fp4_blockwise": EpDispatchCombineQuantType.Fp4BlockwiseQuant,
 }
 
-#: Kernel types mori runs: all of one node's PEs reach each other by loads and stores (NVLink,
-#: or several PEs on one GPU). The inter-node types need an RDMA transport, which mori lacks.
-SUPPORTED_KERNEL_TYPES = (
+#: Kernel types that need every PE's heap mapped (one node: NVLink, or several PEs on one GPU).
+INTRA_NODE_KERNEL_TYPES = (
     EpDispatchCombineKernelType.IntraNode,
     EpDispatchCombineKernelType.IntraNodeLL,
     EpDispatchCombineKernelType.AsyncLL,
+)
+#: Kernel types that also reach PEs of other nodes (through mori.shmem's remote transport); mori
+#: runs them on the CPU heap so far.
+INTER_NODE_KERNEL_TYPES = (
+    EpDispatchCombineKernelType.InterNode,
+    EpDispatchCombineKernelType.InterNodeV1,
+    EpDispatchCombineKernelType.InterNodeV1LL,
 )
 
 
@@ -97,9 +104,11 @@ class EpDispatchCombineConfig:
         use_external_inp_buf: combine copies its input into the op's registered buffer (True),
             or the caller wrote it there already (False, zero copy: see
             ``get_registered_combine_input_buffer``).
-        kernel_type: ``IntraNode``, ``IntraNodeLL`` or ``AsyncLL`` (the inter-node types need
-            RDMA and are refused).
-        gpu_per_node: GPUs per node (MORI uses it for inter-node layouts; kept, not used).
+        kernel_type: ``IntraNode``, ``IntraNodeLL`` or ``AsyncLL`` (every PE's heap mapped), or
+            ``InterNode``, ``InterNodeV1``, ``InterNodeV1LL`` (PEs of other nodes too, through
+            mori.shmem's remote transport; CPU heap only so far).
+        gpu_per_node: GPUs per node (MORI uses it for inter-node layouts; kept, not used: which
+            PEs are remote comes from mori.shmem's topology).
         rdma_block_num: blocks for RDMA (inter-node only; kept, not used).
         num_qp_per_pe: RDMA queue pairs per PE (inter-node only; kept, not used).
         quant_type: combine transport: ``"none"`` or ``"fp8_direct_cast"`` (bf16 combine input
@@ -155,7 +164,7 @@ def _int_field(config: EpDispatchCombineConfig, name: str, low: int, high: int |
 
 def validate_config(config: EpDispatchCombineConfig) -> EpDispatchCombineKernelType:
     """Checks every field; returns the kernel type. Raises TypeError/ValueError naming the field,
-    NotImplementedError for the RDMA kernel types and the blockwise combine quantizations."""
+    NotImplementedError for the blockwise combine quantizations."""
     if not isinstance(config, EpDispatchCombineConfig):
         raise TypeError(f"expected an EpDispatchCombineConfig, got {type(config).__name__}")
     world = _int_field(config, "world_size", 1, MAX_WORLD_SIZE)
@@ -180,10 +189,6 @@ def validate_config(config: EpDispatchCombineConfig) -> EpDispatchCombineKernelT
     if not isinstance(config.use_external_inp_buf, (bool, int)):
         raise TypeError("EpDispatchCombineConfig.use_external_inp_buf must be a bool")
     kernel_type = _kernel_type(config.kernel_type)
-    if kernel_type not in SUPPORTED_KERNEL_TYPES:
-        raise NotImplementedError(
-            f"kernel_type={kernel_type.name} moves tokens between nodes over RDMA, which mori does not have "
-            "(no RDMA transport): use IntraNode, IntraNodeLL or AsyncLL with every rank in one node")
     quant = normalize_quant_type(config.quant_type)
     if quant in (EpDispatchCombineQuantType.Fp8BlockwiseQuant, EpDispatchCombineQuantType.Fp4BlockwiseQuant):
         raise NotImplementedError(f"quant_type={config.quant_type!r} (blockwise combine quantization) is not "

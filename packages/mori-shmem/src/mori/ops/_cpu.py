@@ -1,16 +1,26 @@
 """The CPU backend: the same buffers and routing rule on a host-memory heap (no GPU).
 
-Each PE writes the tokens it sends straight into its peers' buffers (views of their heap segments)
-after reserving slots with a host atomic on the receiver's counter, exactly as the GPU kernels do;
-host barriers stand in for the device signals. It makes the whole op run, and be tested, with
-real processes on a CPU-only machine.
+Each PE writes the tokens it sends into its peers' buffers after reserving slots with an atomic
+on the receiver's counter, exactly as the GPU kernels do; host barriers stand in for the device
+signals. A peer whose heap is mapped here is written and read through views of its segment; any
+other (another node, or ``MORI_DISABLE_P2P``: the inter-node kernel types) through mori.shmem's
+host RMA, the same rows as contiguous puts and gets, so both give the same bytes. It makes the
+whole op run, and be tested, with real processes on CPU-only machines.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mori.shmem import shmem_atomic_fetch_add, shmem_barrier_all, shmem_peer_tensor
+from mori.shmem import (
+    shmem_atomic_fetch_add,
+    shmem_barrier_all,
+    shmem_getmem_into,
+    shmem_mype,
+    shmem_peer_tensor,
+    shmem_ptr_p2p,
+    shmem_putmem,
+)
 
 from ._buffers import CONTROL, EpBuffers, view_rows
 from ._config import EpDispatchCombineConfig
@@ -25,9 +35,33 @@ class CpuBackend:
     def __init__(self, cfg: EpDispatchCombineConfig, bufs: EpBuffers, max_send: int, max_recv: int) -> None:
         self.cfg, self.bufs, self.max_send, self.max_recv = cfg, bufs, max_send, max_recv
 
+    def _mapped(self, pe: int) -> bool:
+        t = self.bufs.disp_tok
+        return pe == self.cfg.rank or shmem_ptr_p2p(int(t.data_ptr()), shmem_mype(), pe) != 0
+
     def _peer(self, name: str, pe: int) -> Any:
         t = getattr(self.bufs, name)
         return t if pe == self.cfg.rank else shmem_peer_tensor(t, pe)
+
+    def _write_rows(self, name: str, pe: int, start: int, rows: Any, cols: int, dtype: Any) -> None:
+        """Rows ``[start, start + len(rows))`` of buffer ``name`` (seen as ``[max_recv, cols]`` of
+        ``dtype``) on PE ``pe`` become ``rows``."""
+        if self._mapped(pe):
+            view_rows(self._peer(name, pe), self.max_recv, cols, dtype)[start:start + rows.shape[0]] = rows
+            return
+        local = view_rows(getattr(self.bufs, name), self.max_recv, cols, dtype)  # the symmetric address
+        shmem_putmem(int(local[start].data_ptr()), rows.to(dtype).contiguous(), pe)
+
+    def _read_rows(self, name: str, pe: int, count: int, cols: int, dtype: Any) -> Any:
+        """The first ``count`` rows of buffer ``name`` on PE ``pe`` (a view where it is mapped)."""
+        import torch
+
+        if self._mapped(pe):
+            return view_rows(self._peer(name, pe), self.max_recv, cols, dtype)
+        out = torch.empty((count, cols), dtype=dtype)
+        if count:
+            shmem_getmem_into(out, getattr(self.bufs, name).data_ptr(), pe)
+        return out
 
     def dispatch(self, inp: Any, weights: Any, scales: Any, indices: Any) -> None:
         import torch
@@ -46,17 +80,17 @@ class CpuBackend:
             if base + tokens.numel() > self.max_recv:
                 overflow.append(pe)  # nothing written there; every PE still joins the barriers below
                 continue
-            rows = slice(base, base + tokens.numel())
-            view_rows(self._peer("disp_tok", pe), self.max_recv, row_bytes, torch.uint8)[rows] = \
-                inp.view(torch.uint8).view(inp.shape[0], row_bytes)[tokens]
-            view_rows(self._peer("disp_indices", pe), self.max_recv, k, torch.int32)[rows] = indices[tokens]
+            self._write_rows("disp_tok", pe, base, inp.view(torch.uint8).view(inp.shape[0], row_bytes)[tokens],
+                             row_bytes, torch.uint8)
+            self._write_rows("disp_indices", pe, base, indices[tokens], k, torch.int32)
             if weights is not None:
-                view_rows(self._peer("disp_weights", pe), self.max_recv, k, torch.float32)[rows] = weights[tokens]
+                self._write_rows("disp_weights", pe, base, weights[tokens], k, torch.float32)
             if scales is not None:
                 sb = scales.shape[1] * scales.element_size()
-                view_rows(self._peer("disp_scales", pe), self.max_recv, sb, torch.uint8)[rows] = \
-                    scales.view(torch.uint8).view(scales.shape[0], sb)[tokens]
-            self._peer("disp_src_pos", pe)[rows] = (cfg.rank * self.max_send + tokens).to(torch.int32)
+                self._write_rows("disp_scales", pe, base, scales.view(torch.uint8).view(scales.shape[0], sb)[tokens],
+                                 sb, torch.uint8)
+            self._write_rows("disp_src_pos", pe, base, (cfg.rank * self.max_send + tokens).to(torch.int32)[:, None],
+                             1, torch.int32)
             dest_map[tokens, slots] = (pe * self.max_send + torch.arange(base, base + tokens.numel())).to(torch.int32)
         shmem_barrier_all()  # every PE's tokens and slot reservations are in
         control = bufs.control
@@ -102,11 +136,17 @@ class CpuBackend:
         dest = self.bufs.dest_map[: num_tokens * k].view(num_tokens, k).tolist()
         out = view_rows(self.bufs.comb_out, cfg.max_num_inp_token_per_rank, hidden, inp.dtype)
         out_w = view_rows(self.bufs.comb_out_weights, cfg.max_num_inp_token_per_rank, k, torch.float32)
-        staged = [view_rows(self._peer("comb_inp", pe), self.max_recv, hidden, wire) for pe in range(cfg.world_size)]
-        staged_w = [view_rows(self._peer("comb_inp_weights", pe), self.max_recv, k, torch.float32)
-                    for pe in range(cfg.world_size)]
+        # Rows needed from each PE: up to the highest slot this PE's tokens were given there.
+        need = [0] * cfg.world_size
+        for row in dest:
+            for d in row:
+                if d >= 0:
+                    need[d // self.max_send] = max(need[d // self.max_send], d % self.max_send + 1)
+        staged = [self._read_rows("comb_inp", pe, need[pe], hidden, wire) for pe in range(cfg.world_size)]
+        staged_w = [self._read_rows("comb_inp_weights", pe, need[pe], k, torch.float32) if weights is not None
+                    else None for pe in range(cfg.world_size)]
         for t, row in enumerate(dest):
             places = [(d // self.max_send, d % self.max_send) for d in row if d >= 0]
             out[t] = accumulate_rows([staged[pe][s] for pe, s in places], out[t])
             if weights is not None:
-                out_w[t] = accumulate_rows([staged_w[pe][s] for pe, s in places], out_w[t])
+                out_w[t] = accumulate_rows([staged_w[pe][s] for pe, s in places], out_w[t])  # type: ignore[index]

@@ -20,6 +20,8 @@ from typing import Any
 from . import _checks
 from ._buffers import CONTROL, EpBuffers, view_rows
 from ._config import (
+    INTER_NODE_KERNEL_TYPES,
+    INTRA_NODE_KERNEL_TYPES,
     EpDispatchCombineConfig,
     EpDispatchCombineKernelType,
     EpDispatchCombineQuantType,
@@ -31,11 +33,14 @@ from ._config import (
 __all__ = ["EpDispatchCombineOp"]
 
 class EpDispatchCombineOp:
-    """MoE token dispatch/combine between the PEs of one node (MORI's ``EpDispatchCombineOp``).
+    """MoE token dispatch/combine between PEs (MORI's ``EpDispatchCombineOp``): of one node with
+    the intra-node kernel types, across nodes with ``InterNode``/``InterNodeV1``/``InterNodeV1LL``
+    (CPU heap so far).
 
     Construction is collective (every rank of ``config.world_size``, same config except ``rank``)
-    and raises before allocating anything when the config is invalid, names an RDMA kernel type,
-    or does not match the initialized mori.shmem (rank, world size, reachable peers).
+    and raises before allocating anything when the config is invalid, names an inter-node kernel
+    type on a GPU heap, or does not match the initialized mori.shmem (rank, world size, and for
+    the intra-node types every peer mapped).
     """
 
     def __init__(self, config: EpDispatchCombineConfig) -> None:
@@ -50,10 +55,14 @@ class EpDispatchCombineOp:
             raise ValueError(f"config says rank {config.rank} of {config.world_size}, but mori.shmem is PE "
                              f"{shmem_mype()} of {shmem_npes()}: build the op with the shmem PE numbering")
         unreachable = sorted(set(range(config.world_size)) - set(info["reachable"]))
-        if unreachable:
+        if self.kernel_type in INTER_NODE_KERNEL_TYPES and info["kind"] != "cpu":
+            raise NotImplementedError(f"kernel_type={self.kernel_type.name} runs on the CPU heap only so far: "
+                                      "mori's GPU kernels reach peers by loads and stores (use IntraNode, "
+                                      "IntraNodeLL or AsyncLL with every rank in one node)")
+        if unreachable and self.kernel_type in INTRA_NODE_KERNEL_TYPES:
             raise ValueError(f"PEs {unreachable} are not mapped in PE {config.rank} (another host, or "
-                             f"MORI_DISABLE_P2P): {self.kernel_type.name} needs every PE's heap mapped; mori.ops "
-                             "has no inter-node kernels yet")
+                             f"MORI_DISABLE_P2P): {self.kernel_type.name} needs every PE's heap mapped; "
+                             "InterNodeV1 or InterNodeV1LL reach them (CPU heap)")
         self._quant = normalize_quant_type(config.quant_type)
         self._cap = capacities(config)
         self._gpu = info["kind"] == "gpu"

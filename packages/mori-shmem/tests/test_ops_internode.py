@@ -1,0 +1,111 @@
+"""mori.ops' inter-node kernel types on CPU PEs across two hosts (two network namespaces joined by a
+veth pair, UCX on tcp), and on one host with MORI_DISABLE_P2P: the checks of the IntraNode CPU tests
+(random routings with repeated and invalid expert ids, ranks that receive nothing, one rank
+receiving every token, fp8 with scales), each round byte for byte against the reference, and the
+same rounds byte-identical to IntraNode's on one host."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from ep_cases import Case, rank_inputs
+from pe_pool import PeError, PePool
+from test_ops_cpu import BF16, HOT, _op, run
+from test_remote import CPU_ENV, _across
+
+import mori.shmem as shmem
+
+CASES = {
+    "bf16": (BF16, [1, 2]),
+    "random-k7-invalid": (dataclasses.replace(BF16, k=7, invalid=0.3), [11]),
+    "all-invalid": (dataclasses.replace(BF16, invalid=1.0), [12]),
+    "hot-rank0": (HOT, [41]),
+    "fp8-scales": (Case(world=0, max_tokens=8, hidden=64, k=6, experts_per_rank=2, dtype=torch.float8_e4m3fn,
+                        scale_dim=1), [5]),
+}
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[PePool]:
+    """2 + 2 CPU PEs in two namespaces."""
+    spaces, _, pool = _across(2, {"MORI_SHMEM_HEAP_SIZE": "64M"})
+    try:
+        yield pool
+    finally:
+        pool.close()
+        spaces.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def one_host() -> Iterator[PePool]:
+    pool = PePool(4, {**CPU_ENV, "MORI_SHMEM_HEAP_SIZE": "64M"}, timeout=120)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _same(case: Case, seeds: list[int], a: list[list[dict[str, Any]]], b: list[list[dict[str, Any]]]) -> None:
+    """Two runs' outputs, PE by PE and round by round, byte for byte. A receiver's slots are handed
+    out in the order senders reserve them, which no run fixes (IntraNode's own runs differ there),
+    so dispatch outputs are compared token by token, ordered by source position; combine outputs
+    over the PE's own tokens (the rows past them are the op's, left as they were)."""
+    for pe, (ra, rb) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(ra, rb)):
+            assert x["total"] == y["total"], (pe, i)
+            order = [r["src_pos"][: r["total"]].argsort() for r in (x, y)]
+            for key in ("src_pos", "tokens", "weights", "indices", "scales"):
+                u, v = x[key], y[key]
+                if u is None or v is None:
+                    assert u is None and v is None, (pe, i, key)
+                else:
+                    assert torch.equal(u[order[0]].view(torch.uint8), v[order[1]].view(torch.uint8)), (pe, i, key)
+            n = rank_inputs(dataclasses.replace(case, world=len(a), seed=seeds[i]), pe)["input"].shape[0]
+            for key in ("combined", "combined_weights"):
+                u, v = x[key], y[key]
+                assert torch.equal(u[:n].view(torch.uint8), v[:n].view(torch.uint8)), (pe, i, key)
+
+
+@pytest.mark.parametrize("kernel", ["InterNodeV1", "InterNodeV1LL", "InterNode"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_across_hosts_byte_identical_to_intranode(hosts: PePool, one_host: PePool, kernel: str, name: str) -> None:
+    from mori.ops import EpDispatchCombineKernelType
+
+    case, seeds = CASES[name]
+    inter = run(hosts, case, seeds, overrides={"kernel_type": EpDispatchCombineKernelType[kernel]})
+    intra = run(one_host, case, seeds)
+    _same(case, seeds, inter, intra)
+
+
+def pe_intranode_refused() -> str:
+    from ep_cases import make_config
+
+    import mori.ops
+
+    try:
+        mori.ops.EpDispatchCombineOp(make_config(dataclasses.replace(BF16, world=shmem.shmem_npes()),
+                                                 shmem.shmem_mype()))
+    except ValueError as exc:
+        return str(exc)
+    return "built"
+
+
+def test_intranode_across_hosts_refused(hosts: PePool) -> None:
+    for pe, msg in enumerate(hosts.run(pe_intranode_refused)):
+        assert "needs every PE's heap mapped; InterNodeV1 or InterNodeV1LL reach them" in msg, (pe, msg)
+
+
+def test_disable_p2p_on_one_host_internode() -> None:
+    from mori.ops import EpDispatchCombineKernelType
+
+    pool = PePool(2, {**CPU_ENV, "MORI_SHMEM_HEAP_SIZE": "64M", "MORI_DISABLE_P2P": "ON"}, timeout=120)
+    try:
+        run(pool, BF16, [3, 4], overrides={"kernel_type": EpDispatchCombineKernelType.InterNodeV1LL})
+        with pytest.raises(PeError, match="InterNodeV1 or InterNodeV1LL reach them"):
+            pool.run(_op, dataclasses.replace(BF16, world=2))
+    finally:
+        pool.close()
