@@ -4,6 +4,7 @@ sent to PE processes by PePool."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 
@@ -11,7 +12,8 @@ import numpy as np
 
 import mori.shmem as shmem
 
-#: Put/get sizes: one byte, a page, a large odd size (a rendezvous transfer on UCX's tcp).
+#: Put/get sizes: one byte and a page (staged through the heap), and a large odd size (registered
+#: for the call, two blocks, rendezvous on UCX's tcp).
 SIZES = (1, 4096, (1 << 20) + 3)
 
 
@@ -64,6 +66,16 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
                 shmem.shmem_getmem_into(arr, at(i, me), source)
                 assert arr.tobytes() == want
         shmem.shmem_barrier_all()
+        # A put whose source is this PE's own heap (sent as is, neither staged nor registered).
+        scratch = shmem.shmem_malloc(70000)
+        shmem.shmem_putmem(scratch, _pattern(me, -1, 70000), me)
+        for target in range(n):
+            shmem.shmem_putmem(at(2, me), (ctypes.c_char * 70000).from_address(scratch), target)
+        shmem.shmem_barrier_all()
+        for writer in range(n):
+            assert shmem.shmem_getmem(at(2, writer), 70000, me) == _pattern(writer, -1, 70000), f"heap put {writer}"
+        shmem.shmem_barrier_all()
+        shmem.shmem_free(scratch)
         # Signal puts: each PE sends a fresh block to every PE and adds 1 to its counter.
         for target in range(n):
             shmem.shmem_putmem_signal(at(0, me), _pattern(me + n, target, SIZES[1]), counter, 1,

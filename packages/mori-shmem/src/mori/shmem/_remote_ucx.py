@@ -6,7 +6,10 @@ PEs hand each other, over the bootstrap, their workers' addresses and a ticket p
 
 - puts and gets are engine transfers between the caller's buffer and the peer's heap, on the
   engine's checked path (the target checks every block against its registrations). A buffer
-  inside the local heap goes as is; any other is registered for the call and released after.
+  inside the local heap goes as is; a small one elsewhere is staged through mori's part of the
+  heap (:data:`STAGING_OFFSET`, one call at a time); a larger one is registered for the call and
+  released after (which waits for UCX to let go of it). Large transfers go as 1 MiB blocks of
+  one batch, which the engine pipelines.
 - atomics are the engine's remote atomics (:mod:`mori.core.ucx_atomic`), checked the same way
   and applied with sequentially consistent atomics, so they mix with the target's own.
 - a signal put is the put, complete (the target has written the bytes when it answers), then
@@ -19,12 +22,14 @@ A peer that died or hangs fails the operation within ``MORI_SHMEM_TIMEOUT`` with
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import struct
+import threading
 from typing import Any
 
 from ._errors import ShmemError
-from ._heap import Heap
+from ._heap import INTERNAL_BYTES, STAGING_OFFSET, Heap
 from ._reach import Reach
 from ._remote import RemoteTransport
 
@@ -33,6 +38,8 @@ __all__ = ["HEAP_ID", "UcxTransport", "why_unavailable"]
 #: The memory id of every PE's heap in its engine.
 HEAP_ID = 1
 _FIRST_BUFFER_ID = 1 << 32  # ids of buffers registered for one call
+_STAGING_BYTES = INTERNAL_BYTES - STAGING_OFFSET
+_BLOCK = 1 << 20  # a large transfer's blocks
 
 
 def why_unavailable(heap_kind: str) -> str:
@@ -75,6 +82,7 @@ class UcxTransport(RemoteTransport):
 
         self.reach, self.heap, self.timeout = reach, heap, timeout
         self._ids = itertools.count(_FIRST_BUFFER_ID)
+        self._staging = threading.Lock()
         self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", timeout=timeout,
                                        timeout_setting="MORI_SHMEM_TIMEOUT")
         self._peers: dict[int, Any] = {}
@@ -92,28 +100,40 @@ class UcxTransport(RemoteTransport):
             raise
 
     # -- data movement -------------------------------------------------------------------------
-    def _local(self, addr: int, nbytes: int) -> tuple[int, int, bool]:
-        """(memory id, offset, registered for this call) of a local buffer."""
-        heap = self.heap
-        if heap.base <= addr and addr + nbytes <= heap.base + heap.size:
-            return HEAP_ID, addr - heap.base, False
-        mem_id = next(self._ids)
-        self._engine.register_memory(mem_id, addr, nbytes)
-        return mem_id, 0, True
+    def _run(self, op: int, what: str, pe: int, offset: int, mem_id: int, local_off: int, nbytes: int) -> None:
+        """One transfer between local memory ``mem_id`` and PE ``pe``'s heap, waited for."""
+        starts = list(range(0, nbytes, _BLOCK))
+        sizes = [min(_BLOCK, nbytes - s) for s in starts]
+        done = self._peers[pe].submit(op, mem_id, [local_off + s for s in starts], HEAP_ID,
+                                      [offset + s for s in starts], sizes)
+        # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin lets
+        # its message, which names what was missing, arrive first.
+        if not done.wait(self.timeout + 5.0):
+            raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
+                             "(MORI_SHMEM_TIMEOUT)")
+        if done.code() != 0:
+            raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {done.message()}")
 
     def _transfer(self, op: int, what: str, pe: int, offset: int, addr: int, nbytes: int) -> None:
-        mem_id, local_off, temporary = self._local(addr, nbytes)
-        try:
-            done = self._peers[pe].submit(op, mem_id, [local_off], HEAP_ID, [offset], [nbytes])
-            # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin
-            # lets its message, which names what was missing, arrive first.
-            if not done.wait(self.timeout + 5.0):
-                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
-                                 "(MORI_SHMEM_TIMEOUT)")
-            if done.code() != 0:
-                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {done.message()}")
-        finally:
-            if temporary:
+        from mori.core.ucx import WRITE
+
+        heap = self.heap
+        if heap.base <= addr and addr + nbytes <= heap.base + heap.size:
+            self._run(op, what, pe, offset, HEAP_ID, addr - heap.base, nbytes)
+        elif nbytes <= _STAGING_BYTES:
+            stage = heap.base + STAGING_OFFSET
+            with self._staging:
+                if op == WRITE:
+                    ctypes.memmove(stage, addr, nbytes)
+                self._run(op, what, pe, offset, HEAP_ID, STAGING_OFFSET, nbytes)
+                if op != WRITE:
+                    ctypes.memmove(addr, stage, nbytes)
+        else:
+            mem_id = next(self._ids)
+            self._engine.register_memory(mem_id, addr, nbytes)
+            try:
+                self._run(op, what, pe, offset, mem_id, 0, nbytes)
+            finally:
                 self._engine.deregister_memory(mem_id)
 
     def put(self, pe: int, offset: int, src: int, nbytes: int) -> None:
