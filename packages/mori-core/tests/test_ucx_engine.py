@@ -164,3 +164,40 @@ def test_fuzzed_blocks(pair: Pair, blocks: list[tuple[int, int, int]], op: int) 
             overlap = any(o != off and o < off + size and off < o + s for o, s, _ in blocks)
             if not overlap:
                 assert np.array_equal(pair.target.region[off:off + size], pair.init.region[lo:lo + size])
+
+
+@pytest.fixture(scope="module", params=PARAMS, ids=[f"{lib}-{where}" for lib, where in PARAMS])
+def rma_pair(request: pytest.FixtureRequest):
+    with engine_pair(*request.param, timeout=3.0, rma=True, lanes=2) as p:
+        yield p
+
+
+@pytest.mark.parametrize("size,batch", [(1, 1), (4096, 300), (3 << 20, 2)])
+def test_rma_path_write_then_read(rma_pair: Pair, size: int, batch: int) -> None:
+    """rma=True: one-sided puts and gets with the key the target sent, dealt over two lanes."""
+    pair = rma_pair
+    fill(pair.init.arr, size + 1)
+    fill(pair.target.arr, batch + 1)
+    rng = np.random.default_rng(size)
+    lofs = [i * size for i in range(batch)]
+    rofs = [int(j) * size + 3 for j in rng.permutation(batch)]
+    expect = pair.target.arr.copy()
+    for lo, ro in zip(lofs, rofs):
+        expect[GUARD + ro:GUARD + ro + size] = pair.init.region[lo:lo + size]
+    code, msg, _ = pair.transfer(WRITE, lofs, rofs, [size] * batch, uid=21, notify=True)
+    assert code == "SUCCESS", msg
+    assert np.array_equal(pair.target.arr, expect)
+    assert pair.target.call("pop", "initiator", 21) == TransferCode.SUCCESS
+    back = pair.init.arr.copy()
+    pair.init.region[:size * batch] = 0
+    code, msg, _ = pair.transfer(READ, lofs, rofs, [size] * batch)
+    assert code == "SUCCESS", msg
+    assert np.array_equal(pair.init.arr, back)
+
+
+def test_rma_path_refuses_what_the_target_did_not_describe(rma_pair: Pair) -> None:
+    pair = rma_pair
+    code, msg, _ = pair.transfer(WRITE, [0], [0], [8], remote_id=42)
+    assert code == "ERR_NOT_FOUND" and "memory id 42" in msg and "not registered" in msg, msg
+    with pytest.raises(RuntimeError, match="outside memory id 1 of engine 'target'"):
+        pair.transfer(WRITE, [0], [SIZE - 4], [8])
