@@ -4,7 +4,9 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <stdexcept>
 #include <thread>
 
@@ -12,10 +14,17 @@ namespace mori::ucx {
 
 namespace {
 
-// UCX settings the engine adds unless the caller sets them: shared-memory transports (posix,
+// UCX settings the engine adds unless the caller sets them. Shared-memory transports (posix,
 // sysv) declare peer-failure support, so that endpoints created with peer-failure detection
-// keep using them (without it UCX leaves them out and one host talks over tcp).
-const std::pair<const char*, const char*> kDefaultSettings[] = {{"MM_ERROR_HANDLING", "y"}};
+// keep using them (without it UCX leaves them out and one host talks over tcp). Dead peers are
+// found by keepalive (on shared memory: the peer's pid), every third of the engine's timeout
+// (1 to 20 s; UCX's default is 20 s), so that what a dead peer left in flight (a reply a target
+// was sending it) ends well within the timeout, and with it the pins on registered memory.
+struct DefaultSetting {
+    const char* name;
+    std::string value;
+    bool sharedMemoryOnly;
+};
 
 uint64_t random_ticket() {
     uint64_t t = 0;
@@ -52,10 +61,13 @@ Engine::Engine(EngineOptions opts) : opts_(std::move(opts)), inbound_(opts_.maxI
     const bool sharedMemory = tls.find("sm") != std::string::npos || tls.find("posix") != std::string::npos ||
                               tls.find("sysv") != std::string::npos || tls.find("all") != std::string::npos ||
                               tls[0] == '^';
-    for (const auto& [k, v] : kDefaultSettings) {
-        bool set = !sharedMemory;
-        for (const auto& kv : opts_.settings) set = set || kv.first == k;
-        if (!set) f.config_modify(cfg, k, v);
+    char keepalive[32];
+    std::snprintf(keepalive, sizeof(keepalive), "%.3fs", std::clamp(opts_.timeout / 3, 1.0, 20.0));
+    const DefaultSetting defaults[] = {{"MM_ERROR_HANDLING", "y", true}, {"KEEPALIVE_INTERVAL", keepalive, false}};
+    for (const DefaultSetting& d : defaults) {
+        bool skip = d.sharedMemoryOnly && !sharedMemory;
+        for (const auto& kv : opts_.settings) skip = skip || kv.first == d.name;
+        if (!skip) f.config_modify(cfg, d.name, d.value.c_str());
     }
     api::Params p{};
     p.fieldMask = api::kParamFeatures | api::kParamMtWorkersShared | api::kParamName;

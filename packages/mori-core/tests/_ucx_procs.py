@@ -111,7 +111,7 @@ class EngineProcess(testing.CommandProcess):
         with open(self.path, "wb") as f:
             f.truncate(SIZE + 2 * GUARD)
         self.mm, self.arr = map_file(self.path, SIZE + 2 * GUARD)
-        env = {"MORI_UCX_LIB": lib_path(lib), "UCX_LOG_LEVEL": "error"}
+        env = {"MORI_UCX_LIB": lib_path(lib), "UCX_LOG_LEVEL": os.environ.get("UCX_LOG_LEVEL", "error")}
         try:
             super().__init__(_serve, (role, self.path, list((settings or {}).items()), options), role, call_timeout, env,
                              start=testing.start_in_netns(netns))
@@ -162,13 +162,14 @@ def settings_for(where: str, namespaces: tuple[testing.Namespace, ...] = ()) -> 
 
 
 @contextlib.contextmanager
-def engine_pair(lib: str, where: str, **options: Any) -> Iterator[Pair]:
-    """Target and initiator processes (UCX ``lib``, ``where`` = "host" or "netns"), connected."""
+def engine_pair(lib: str, where: str, settings: dict[str, str] | None = None, **options: Any) -> Iterator[Pair]:
+    """Target and initiator processes (UCX ``lib``, ``where`` = "host" or "netns", UCX
+    ``settings`` added to those of ``where``), connected."""
     with contextlib.ExitStack() as stack:
         namespaces: tuple[testing.Namespace, ...] = ()
         if where == "netns":
             namespaces = stack.enter_context(testing.network_namespaces())
-        settings = settings_for(where, namespaces)
+        settings = {**settings_for(where, namespaces), **(settings or {})}
         ns_target = namespaces[1].name if namespaces else None
         ns_init = namespaces[0].name if namespaces else None
         target = EngineProcess("target", lib, ns_target, settings, **options)
