@@ -1,8 +1,5 @@
-"""The RDMA backend on UCX, two engines in this process over UCX's tcp transport (loopback).
-
-Needs the libucx wheel (ci/setup.sh installs mori-io's rdma extra). Across real network
-namespaces: test_rdma_netns.py; the C-level layout of the ctypes structures: test_ucx_layout.py.
-"""
+"""The RDMA backend on mori-core's UCX engine, two engines in this process over UCX's tcp
+transport (loopback). Across real network namespaces: test_rdma_netns.py."""
 
 from __future__ import annotations
 
@@ -137,7 +134,7 @@ def test_bounds_are_checked_and_nothing_moves(pair: Pair) -> None:
     assert np.array_equal(pair.rb, before)
 
 
-def test_descriptor_without_key_is_not_served_by_rdma(pair: Pair) -> None:
+def test_descriptor_not_registered_with_rdma_is_not_served_by_it(pair: Pair) -> None:
     bare = MemoryDesc(pair.mb.engine_key, pair.mb.id, pair.mb.data, pair.mb.size, -1, MemoryLocationType.CPU)
     st = pair.a.write(pair.ma, 0, bare, 0, 10, pair.a.allocate_transfer_uid())
     assert _done(st) == StatusCode.ERR_BAD_STATE and "no backend" in st.Message()

@@ -1,5 +1,5 @@
-"""The RDMA transport on UCX: :class:`RdmaBackend` (``backend``), and its pieces (``_worker``: one
-UCX worker and its progress thread; ``_ucx``: the ctypes bindings of libucp)."""
+"""The RDMA transport on mori-core's UCX engine: :class:`RdmaBackend` (``backend``) and MORI's
+send-queue admission (``_send_queues``)."""
 
 from .backend import RdmaBackend, ucx_net_devices
 

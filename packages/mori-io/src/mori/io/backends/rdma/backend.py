@@ -1,25 +1,29 @@
-"""The RDMA backend, on UCX: one-sided puts and gets of registered memory (host or GPU).
+"""The RDMA backend, on mori-core's native UCX engine (:mod:`mori.core.ucx`).
 
 UCX moves the bytes: over an InfiniBand/RoCE NIC with its verbs transports (GPUDirect RDMA for GPU
-memory), or over the transports named by ``MORI_IO_RDMA_TRANSPORTS`` (``tcp``, ``sm``...) where
-no NIC exists. Registration maps memory with UCX and carries the packed remote key in
-``MemoryDesc.extra["rdma"]``; UCX worker addresses travel over mori's authenticated control plane
-(op ``rdma.connect``), which also hands each initiator the id under which its completion
-notifications (UCX active messages) are accepted. See docs/io.md for what each
-:class:`RdmaBackendConfig` field means here.
+memory), shared memory and ``cma`` between engines of one host, or the transports named by
+``MORI_IO_RDMA_TRANSPORTS`` (``tcp``, ``sm``...) where no NIC exists. The engine posts each
+transfer's whole batch in one call with the GIL released and completes it into a slot that the
+transfer's :class:`~mori.io.TransferStatus` reads; no Python runs per block.
+
+Blocks travel on the engine's checked path: the target checks every access against its live
+registrations before a byte of its memory moves, on every transport (UCX's tcp, sm and cma do not
+enforce remote keys). No remote key travels in a descriptor: ``MemoryDesc.extra["rdma"]`` only
+says that the region is registered with an RDMA backend. The target's worker addresses and the
+ticket its engine admits the initiator with travel over mori's authenticated control plane (op
+``rdma.connect``), so only the key that authenticated there reaches its memory. See docs/io.md for
+what each :class:`RdmaBackendConfig` field means here.
 """
 
 from __future__ import annotations
 
-import ctypes as C
 import os
-import secrets
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from mori.core import config as mori_config
+from mori.core import ucx
 
 from ...types import (
     BackendType,
@@ -33,16 +37,12 @@ from ...types import (
 )
 from .._connect import PeerConnector
 from ..base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
-from . import _ucx as U
-from ._worker import Job, PeerRoute, UcxWorker
+from ._send_queues import SEND_WR_DEFAULT, SendQueues
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 
-_MAX_RKEY = 64 << 10  # a packed remote key larger than this is not one
-_SEND_WR_DEFAULT = 8192  # MORI's send queue depth per queue pair when max_send_wr is 0
-_UNFINISHED = (StatusCode.INIT, StatusCode.IN_PROGRESS)
-_MAX_INITIATORS = 1 << 16  # notification ids kept; the oldest initiator's is dropped beyond this
-_MEM_TYPE = {MemoryLocationType.CPU: U.UCS_MEMORY_TYPE_HOST, MemoryLocationType.GPU: U.UCS_MEMORY_TYPE_CUDA}
+_ENGINE_OP = {TransferOp.READ: ucx.READ, TransferOp.WRITE: ucx.WRITE}
+_SERVED = (MemoryLocationType.CPU, MemoryLocationType.GPU)
 
 
 def ucx_net_devices(selection: tuple[bool, tuple[str, ...]], sysfs: Path = Path("/sys/class/infiniband")) -> str:
@@ -89,76 +89,17 @@ def _worker_count(config: RdmaBackendConfig) -> int:
     return 1 if config.num_worker_threads == -1 else config.num_worker_threads
 
 
-class _SendQueues:
-    """MORI's send-queue admission: each UCX worker's endpoints to one peer hold at most
-    ``depth`` operations (``max_send_wr`` per lane, as MORI's per queue pair). A transfer waits up to
-    ``MORI_IO_SQ_BACKOFF_TIMEOUT_US`` for room, then fails with ``ERR_RDMA_OP`` and a message
-    starting ``SQ full`` (MORI's words, which vLLM's MoRIIO connector matches to re-post). A transfer
-    larger than the whole queue takes all of it. Room frees when a transfer's own outcome is final."""
-
-    def __init__(self, depth: int) -> None:
-        self.depth = depth
-        self._cond = threading.Condition()
-        self._queues: dict[tuple[int, str], list[tuple[TransferStatus, int]]] = {}
-
-    def admit(self, worker: int, key: str, status: TransferStatus, ops: int, op: str) -> bool:
-        """Reserves room for ``ops`` operations of ``status``; False after failing it with SQ full."""
-        need = min(ops, self.depth)
-        deadline = time.monotonic() + int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6
-        with self._cond:
-            queue = self._queues.setdefault((worker, key), [])
-            while True:
-                # Its own code, not Code(): a finished transfer frees its operations even while an
-                # earlier transfer to the same engine keeps its status IN_PROGRESS. INIT is one
-                # admitted and not submitted yet.
-                queue[:] = [(st, n) for st, n in queue if st._own() in _UNFINISHED]
-                used = sum(n for _, n in queue)
-                if used + need <= self.depth:
-                    queue.append((status, need))
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    status._set(StatusCode.ERR_RDMA_OP, f"SQ full ({op}): engine={key} worker={worker} depth={used} "
-                                                        f"requested={need} max={self.depth}")
-                    return False
-                self._cond.wait(min(left, 0.001))  # finished transfers do not notify: look again soon
-
-    def forget(self, key: str) -> None:
-        """Drops the queues to engine ``key`` (its transfers have been failed or finished)."""
-        with self._cond:
-            for k in [k for k in self._queues if k[1] == key]:
-                del self._queues[k]
-
-
-def _coalesce(l_offs: Any, r_offs: Any, sizes: Any) -> list[tuple[int, int, int]]:
-    """Blocks as (local, remote, size), neighbours that are contiguous on both sides merged."""
-    if hasattr(sizes, "tolist"):
-        l_offs, r_offs, sizes = l_offs.tolist(), r_offs.tolist(), sizes.tolist()
-    out: list[tuple[int, int, int]] = []
-    for lo, ro, n in zip(l_offs, r_offs, sizes):
-        if n == 0:
-            continue
-        if out and out[-1][0] + out[-1][2] == lo and out[-1][1] + out[-1][2] == ro:
-            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + n)
-        else:
-            out.append((lo, ro, n))
-    return out
-
-
-def _split(blocks: list[tuple[int, int, int]], lanes: int, piece: int = 1 << 20) -> list[tuple[int, int, int]]:
-    """With several lanes, a transfer of fewer blocks than lanes is cut so that every lane gets a
-    share (pieces of at least ``piece`` bytes)."""
-    if lanes <= 1 or len(blocks) >= lanes:
-        return blocks
-    out = []
-    for lo, ro, n in blocks:
-        step = max(piece, -(-n // lanes))
-        out += [(lo + at, ro + at, min(step, n - at)) for at in range(0, n, step)]
-    return out
+def _settings(transports: tuple[str, ...] | None, devices: Any) -> list[tuple[str, str]]:
+    settings = []
+    if transports is not None:
+        settings.append(("TLS", ",".join(transports)))
+    if devices is not None:
+        settings.append(("NET_DEVICES", ucx_net_devices(devices)))
+    return settings
 
 
 class RdmaBackend(Backend):
-    """Moves registered memory with UCX one-sided operations (see the module docstring)."""
+    """Moves registered memory with mori-core's UCX engine (see the module docstring)."""
 
     kind = BackendType.RDMA
     priority = 50  # above TCP (10), below NVLink (100)
@@ -166,232 +107,161 @@ class RdmaBackend(Backend):
     def __init__(self, ctx: BackendContext, config: Any = None) -> None:
         config = _check_config(config)
         super().__init__(ctx, config)
-        self._ucx = U.load()
+        info = ucx.load()
         transports = mori_config.get("MORI_IO_RDMA_TRANSPORTS")
         devices = mori_config.get("MORI_RDMA_DEVICES")
         if transports is None:
-            found = self._ucx.rdma_devices()
+            found = list(info["rdma_devices"])
             if not _selected(found, devices):
-                why = (f"UCX ({self._ucx.where}) finds no RDMA NIC" if not found else
+                why = (f"UCX ({info['path']}, {info['source']}) finds no RDMA NIC" if not found else
                        f"MORI_RDMA_DEVICES={os.environ.get('MORI_RDMA_DEVICES')!r} selects none of the "
                        f"RDMA NICs UCX finds ({', '.join(found)})")
                 raise RuntimeError(
                     f"BackendType.RDMA refused: {why}. The libucx wheels from PyPI are built without verbs, so "
-                    "they never find one: use a UCX built with verbs (the system's, with "
-                    "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true), or allow other UCX transports with "
-                    "MORI_IO_RDMA_TRANSPORTS (e.g. 'tcp,sm,self' to run the RDMA backend over TCP).")
-        self._context = self._create_context(transports, devices)
+                    "they never find one: install a UCX built with verbs (Debian's libucx0, or name one with "
+                    "MORI_UCX_LIB), or allow other UCX transports with MORI_IO_RDMA_TRANSPORTS (e.g. "
+                    "'tcp,sm,self' to run the RDMA backend over TCP).")
+        settings = _settings(transports, devices)
+        lim = ctx.limits
+        try:
+            self._engine = ucx.UcxEngine(
+                f"mori-io:{ctx.engine_key}"[:31], settings, workers=_worker_count(config),
+                lanes=config.qp_per_transfer, polling=PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING,
+                timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT", max_inbound=lim.max_inbound,
+                inbound_ttl=lim.inbound_ttl)
+        except (RuntimeError, ValueError) as err:
+            chosen = ", ".join(f"{n}={v}" for n, v in settings) or "UCX's defaults"
+            raise RuntimeError(f"BackendType.RDMA: UCX finds no usable transport or device ({chosen}: {err}); "
+                               "check MORI_IO_RDMA_TRANSPORTS and MORI_RDMA_DEVICES") from err
         self._lock = threading.Lock()
-        self._memh: dict[int, int] = {}
-        self._routes: dict[str, PeerRoute] = {}
-        self._issued: dict[str, int] = {}  # remote key -> the notification id we gave it
-        self._accepted: dict[int, str] = {}  # notification id -> remote key
-        self._unhealthy: dict[str, str] = {}
+        self._registered: set[int] = set()
+        self._peers: dict[str, Any] = {}  # remote key -> ucx.UcxPeer
         self._closed = False
-        self._send_queues = _SendQueues((config.max_send_wr or _SEND_WR_DEFAULT) * config.qp_per_transfer)
-        polling = PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING
-        self._workers: list[UcxWorker] = []
-        try:
-            for i in range(_worker_count(config)):
-                self._workers.append(UcxWorker(self._ucx, self._context, i, config.qp_per_transfer, polling,
-                                               config.post_batch_size, f"{ctx.engine_key}:{i}", self._failed,
-                                               self._inbound))
-        except BaseException:
-            self._destroy()
-            raise
-        self._connector = PeerConnector("RDMA", self._route_or_fail, self._start_routed)
+        self._send_queues = SendQueues((config.max_send_wr or SEND_WR_DEFAULT) * config.qp_per_transfer)
+        self._workers = _worker_count(config)
+        self._notify = bool(config.enable_notification)
+        self._connector = PeerConnector("RDMA", self._connect_peer, self._start)
         ctx.add_control_handler("rdma.connect", self._handle_connect)
-        ctx.log.info("RDMA backend on %s (UCX %s, transports %s)", self._ucx.where,
-                     ".".join(map(str, self._ucx.version)), ",".join(transports) if transports else "UCX's choice")
-
-    def _create_context(self, transports: tuple[str, ...] | None, devices: Any) -> int:
-        ucp, cfg = self._ucx.ucp, C.c_void_p()
-        self._ucx.check("ucp_config_read", ucp.ucp_config_read(None, None, C.byref(cfg)))
-        try:
-            settings = []
-            if transports is not None:
-                settings.append(("TLS", ",".join(transports)))
-            if devices is not None:
-                settings.append(("NET_DEVICES", ucx_net_devices(devices)))
-            for name, value in settings:
-                self._ucx.check(f"setting UCX {name}={value}", ucp.ucp_config_modify(cfg, name.encode(),
-                                                                                    value.encode()))
-            params = U.UcpParams(field_mask=U.UCP_PARAM_FIELD_FEATURES | U.UCP_PARAM_FIELD_MT_WORKERS_SHARED
-                                 | U.UCP_PARAM_FIELD_NAME,
-                                 features=U.UCP_FEATURE_RMA | U.UCP_FEATURE_AM | U.UCP_FEATURE_WAKEUP,
-                                 mt_workers_shared=1, name=f"mori-io:{self.ctx.engine_key}"[:31].encode())
-            context = C.c_void_p()
-            major, minor, _ = self._ucx.version
-            status = ucp.ucp_init_version(major, min(minor, 22), C.byref(params), cfg, C.byref(context))
-            if status != U.UCS_OK:
-                chosen = ", ".join(f"{n}={v}" for n, v in settings) or "UCX's defaults"
-                raise RuntimeError(f"BackendType.RDMA: UCX finds no usable transport or device ({chosen}: "
-                                   f"{self._ucx.status_text(status)}); check MORI_IO_RDMA_TRANSPORTS and "
-                                   "MORI_RDMA_DEVICES")
-            return int(context.value or 0)
-        finally:
-            ucp.ucp_config_release(cfg)
+        ctx.log.info("RDMA backend on UCX %s (%s, %s), transports %s", ".".join(map(str, info["version"])),
+                     info["path"], info["source"], ",".join(transports) if transports else "UCX's choice")
 
     # ---- control plane ---------------------------------------------------------------------------
     def _handle_connect(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
         if self._closed:  # the handler outlives a removed backend
             raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {self.ctx.engine_key!r} has no RDMA backend")
-        with self._lock:
-            conn = self._issued.get(key)
-            if conn is None:
-                if len(self._issued) >= _MAX_INITIATORS:  # any engine with the token may connect: bounded
-                    old_key = next(iter(self._issued))
-                    self._accepted.pop(self._issued.pop(old_key), None)
-                conn = self._issued[key] = secrets.randbits(63) | 1
-                self._accepted[conn] = key
-        return {"workers": [w.address for w in self._workers], "conn": conn}
+        # The ticket admits UCX requests from the key this control session authenticated as (any
+        # engine with the token may connect, as in MORI; the engine bounds the tickets it keeps).
+        return {"workers": list(self._engine.addresses), "ticket": int(self._engine.admit(key))}
 
-    def _route(self, key: str) -> PeerRoute:
-        route = self._routes.get(key)
-        if route is not None:
-            return route
+    def _connect_peer(self, key: str) -> Any:
+        """Endpoints to ``key``'s engine, published for later transfers (on the connector's thread:
+        asking the peer can take up to ``MORI_IO_TIMEOUT``)."""
         reply = self.ctx.control_request(key, "rdma.connect", {})
-        workers, conn = reply.get("workers"), reply.get("conn")
+        workers, ticket = reply.get("workers"), reply.get("ticket")
         if not isinstance(workers, list) or not workers or not all(isinstance(a, bytes) for a in workers) \
-                or not isinstance(conn, int):
+                or not isinstance(ticket, int) or isinstance(ticket, bool) or not 0 < ticket < 1 << 64:
             raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {key!r} sent a malformed rdma.connect reply")
-        route = PeerRoute(key, tuple(workers), conn)
+        peer = self._engine.connect(key, workers, ticket)
         with self._lock:
-            self._routes[key] = route
-        return route
-
-    def _failed(self, key: str, why: str) -> None:
-        with self._lock:
-            self._unhealthy[key] = why
-            self._routes.pop(key, None)  # the peer may have restarted: ask for its addresses again
-
-    def _healed(self, key: str) -> None:
-        with self._lock:
-            self._unhealthy.pop(key, None)
-
-    def _inbound(self, conn: int, uid: int, code: int) -> None:
-        key = self._accepted.get(conn)
-        if key is not None:
-            self.ctx.record_inbound(key, uid, StatusCode(code) if code in StatusCode._value2member_map_
-                                    else StatusCode.ERR_BAD_STATE)
+            if self._closed:
+                peer.close()
+                raise RuntimeError("RDMA backend was closed before the transfer started")
+            self._peers[key] = peer
+        return peer
 
     # ---- Backend -----------------------------------------------------------------------------------
     def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
-        extra = remote.extra.get("rdma")
-        return local.id in self._memh and isinstance(extra, dict) and isinstance(extra.get("rkey"), bytes)
+        return (local.id in self._registered and remote.loc in _SERVED
+                and isinstance(remote.extra.get("rdma"), dict))
 
     def healthy(self, remote_key: str) -> bool:
-        return remote_key not in self._unhealthy
+        peer = self._peers.get(remote_key)
+        return peer is None or bool(peer.healthy())
 
     def register_memory(self, desc: MemoryDesc) -> MemoryDesc:
-        ucp = self._ucx.ucp
-        params = U.UcpMemMapParams(field_mask=U.UCP_MEM_MAP_PARAM_FIELD_ADDRESS | U.UCP_MEM_MAP_PARAM_FIELD_LENGTH
-                                   | U.UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE, address=desc.data, length=desc.size,
-                                   memory_type=_MEM_TYPE[desc.loc])
-        memh = C.c_void_p()
-        self._ucx.check(f"registering {desc.loc.name} memory {desc.data:#x} (+{desc.size})",
-                        ucp.ucp_mem_map(self._context, C.byref(params), C.byref(memh)))
-        buf, size = C.c_void_p(), C.c_size_t()
-        try:
-            self._ucx.check("ucp_rkey_pack", ucp.ucp_rkey_pack(self._context, memh, C.byref(buf), C.byref(size)))
-        except U.UcxError:
-            ucp.ucp_mem_unmap(self._context, memh)
-            raise
-        rkey = C.string_at(buf, size.value)
-        ucp.ucp_rkey_buffer_release(buf)
+        if desc.loc not in _SERVED:
+            raise ValueError(f"the RDMA backend cannot register {desc.loc.name} memory")
+        gpu = desc.loc == MemoryLocationType.GPU
+        if gpu and not self._engine.cuda_supported:
+            raise RuntimeError("the RDMA backend's UCX has no CUDA support: GPU memory cannot be registered "
+                               "(install the libucx wheel for your CUDA, or a UCX built with CUDA)")
+        self._engine.register_memory(desc.id, desc.data, desc.size, gpu)
         with self._lock:
-            self._memh[desc.id] = int(memh.value or 0)
+            self._registered.add(desc.id)
+        # No key travels: the target checks every access itself (see the module docstring).
         return MemoryDesc(desc.engine_key, desc.id, desc.data, desc.size, desc.device_id, desc.loc, desc.hostname,
-                          {"rdma": {"rkey": rkey}})
+                          {"rdma": {}})
 
     def deregister_memory(self, desc: MemoryDesc) -> None:
         with self._lock:
-            memh = self._memh.pop(desc.id, None)
-        if memh is not None:
-            self._ucx.ucp.ucp_mem_unmap(self._context, memh)
+            self._registered.discard(desc.id)
+        # Refuses new accesses at once; waits (each ends within MORI_IO_TIMEOUT) for those in flight,
+        # remote requests and this engine's own transfers alike.
+        self._engine.deregister_memory(desc.id)
 
     def register_remote_engine(self, desc: EngineDesc) -> None:
         pass  # endpoints are made at the first transfer
 
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
         # As a target this engine serves any engine holding the token, registered or not (as MORI):
-        # the notification id handed to desc.key stays valid.
+        # the ticket issued to desc.key stays valid.
         with self._lock:
-            self._routes.pop(desc.key, None)
-            self._unhealthy.pop(desc.key, None)
-        for w in self._workers:
-            w.forget(desc.key)
+            peer = self._peers.pop(desc.key, None)
+        if peer is not None:
+            peer.close()
         self._send_queues.forget(desc.key)
-
-    def _keys(self, request: TransferRequest) -> tuple[int, bytes] | None:
-        """(local memory handle, remote key) of a request; None after failing it when either is missing."""
-        rkey = request.remote.extra.get("rdma", {}).get("rkey")
-        memh = self._memh.get(request.local.id)
-        if not isinstance(rkey, bytes) or not 0 < len(rkey) <= _MAX_RKEY or memh is None:
-            request.status._set(StatusCode.ERR_INVALID_ARGS, "RDMA backend: the remote memory descriptor carries "
-                                "no RDMA key, or the local memory is not registered with this backend")
-            return None
-        return memh, rkey
 
     def admit(self, request: TransferRequest) -> bool:
         if self._closed:
             return True  # submit fails it
-        # One operation per block (merging and cutting only change that where it matters little).
-        return self._send_queues.admit(request.uid % len(self._workers), request.remote.engine_key, request.status,
+        # One operation per block (the engine's merging and cutting change that little).
+        return self._send_queues.admit(request.uid % self._workers, request.remote.engine_key, request.status,
                                        max(len(request.sizes), 1), request.op.name.lower())
 
     def submit(self, request: TransferRequest) -> None:
-        keys = self._keys(request)
-        if keys is None:
-            return
-        route = self._routes.get(request.remote.engine_key)
-        if route is not None:
-            self._dispatch(route, request, *keys)
+        peer = self._peers.get(request.remote.engine_key)
+        if peer is not None and peer.healthy():
+            self._start(peer, request)
         elif self._closed:
             request.status._set(StatusCode.ERR_BAD_STATE, "RDMA backend is closed")
         else:
-            # Asking the peer for its addresses can take up to MORI_IO_TIMEOUT: on that peer's
-            # own thread, so an unreachable peer delays no other.
-            self._connector.submit(request)
+            self._connector.submit(request)  # on the peer's own thread: an unreachable peer delays no other
 
-    def _route_or_fail(self, key: str) -> PeerRoute:
+    def _start(self, peer: Any, request: TransferRequest) -> None:
+        # One native call: the engine plans, posts and completes the whole batch (GIL released).
+        submit = peer.submit_arrays if hasattr(request.sizes, "dtype") else peer.submit
         try:
-            return self._route(key)
-        except Exception as err:
-            self._failed(key, str(err))
-            raise
+            transfer = submit(_ENGINE_OP[request.op], request.local.id, request.local_offsets, request.remote.id,
+                              request.remote_offsets, request.sizes, request.uid, request.notify and self._notify,
+                              request.remote.loc == MemoryLocationType.GPU)
+        except ValueError as err:  # a block outside the local registration, an offset past 2**63
+            request.status._set(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
+            return
+        except RuntimeError as err:  # the engine closed meanwhile
+            request.status._set(StatusCode.ERR_BAD_STATE, f"RDMA backend: {err}")
+            return
+        request.status._attach(transfer)
 
-    def _start_routed(self, route: PeerRoute, request: TransferRequest) -> None:
-        keys = self._keys(request)
-        if keys is not None:
-            self._dispatch(route, request, *keys)
+    def abort(self, remote_key: str) -> None:
+        with self._lock:
+            peer = self._peers.pop(remote_key, None)
+        if peer is not None:
+            # Forced close: the peer's transfers fail and UCX cancels what they had posted.
+            peer.fail(f"transfers to engine {remote_key!r} were aborted (MORI_IO_TIMEOUT)")
 
-    def _dispatch(self, route: PeerRoute, request: TransferRequest, memh: int, rkey: bytes) -> None:
-        lanes = self.config.qp_per_transfer
-        blocks = _split(_coalesce(request.local_offsets, request.remote_offsets, request.sizes), lanes)
-        job = Job(request.status, request.uid, route, request.op == TransferOp.WRITE, blocks, request.local.data,
-                  memh, request.remote.data, rkey, request.notify and self.config.enable_notification,
-                  time.monotonic() + self.ctx.io_timeout())
-        if route.key in self._unhealthy:  # a retry after a failure: success makes the backend healthy again
-            job.on_success = lambda: self._healed(route.key)
-        request.status._set(StatusCode.IN_PROGRESS)
-        self._workers[request.uid % len(self._workers)].post(job)
+    def pop_inbound(self, remote_key: str, uid: int) -> TransferStatus | None:
+        code = self._engine.pop_inbound(remote_key, uid)
+        if code is None:
+            return None
+        return TransferStatus(StatusCode(code) if code in StatusCode._value2member_map_ else StatusCode.ERR_BAD_STATE)
 
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = self._connector.closed = True  # transfers still connecting fail from now on
-        self._destroy()
-
-    def _destroy(self) -> None:
-        for w in self._workers:
-            w.close()
-        self._workers = []
         with self._lock:
-            handles = list(self._memh.values())
-            self._memh.clear()
-        for memh in handles:
-            self._ucx.ucp.ucp_mem_unmap(self._context, memh)
-        if self._context:
-            self._ucx.ucp.ucp_cleanup(self._context)
-            self._context = 0
+            self._closed = self._connector.closed = True  # transfers still connecting fail from now on
+            peers = list(self._peers.values())
+            self._peers.clear()
+        for p in peers:
+            p.close()
+        self._engine.close()

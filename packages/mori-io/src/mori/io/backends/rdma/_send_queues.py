@@ -1,0 +1,57 @@
+"""MORI's send-queue admission for the RDMA backend ("SQ full"), checked before a transfer is
+ordered among its engine's transfers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from mori.core import config as mori_config
+
+from ...types import StatusCode, TransferStatus
+
+__all__ = ["SEND_WR_DEFAULT", "SendQueues"]
+
+SEND_WR_DEFAULT = 8192  # MORI's send queue depth per queue pair when max_send_wr is 0
+_UNFINISHED = (StatusCode.INIT, StatusCode.IN_PROGRESS)
+
+
+class SendQueues:
+    """Each worker's endpoints to one peer hold at most ``depth`` operations (``max_send_wr`` per
+    lane, as MORI's per queue pair). A transfer waits up to ``MORI_IO_SQ_BACKOFF_TIMEOUT_US`` for
+    room, then fails with ``ERR_RDMA_OP`` and a message starting ``SQ full`` (MORI's words, which
+    vLLM's MoRIIO connector matches to re-post). A transfer larger than the whole queue takes all
+    of it. Room frees when a transfer's own outcome is final (read from its completion slot)."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self._cond = threading.Condition()
+        self._queues: dict[tuple[int, str], list[tuple[TransferStatus, int]]] = {}
+
+    def admit(self, worker: int, key: str, status: TransferStatus, ops: int, op: str) -> bool:
+        """Reserves room for ``ops`` operations of ``status``; False after failing it with SQ full."""
+        need = min(ops, self.depth)
+        deadline = time.monotonic() + int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6
+        with self._cond:
+            queue = self._queues.setdefault((worker, key), [])
+            while True:
+                # Its own code, not Code(): a finished transfer frees its operations even while an
+                # earlier transfer to the same engine keeps its status IN_PROGRESS. INIT is one
+                # admitted and not submitted yet.
+                queue[:] = [(st, n) for st, n in queue if st._own() in _UNFINISHED]
+                used = sum(n for _, n in queue)
+                if used + need <= self.depth:
+                    queue.append((status, need))
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    status._set(StatusCode.ERR_RDMA_OP, f"SQ full ({op}): engine={key} worker={worker} depth={used} "
+                                                        f"requested={need} max={self.depth}")
+                    return False
+                self._cond.wait(min(left, 0.001))  # finished transfers do not notify: look again soon
+
+    def forget(self, key: str) -> None:
+        """Drops the queues to engine ``key`` (its transfers have been failed or finished)."""
+        with self._cond:
+            for k in [k for k in self._queues if k[1] == key]:
+                del self._queues[k]
