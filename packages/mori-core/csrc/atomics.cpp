@@ -179,7 +179,7 @@ uint64_t wait_until(uintptr_t addr, int cmp, uint64_t value, double timeout, int
 }
 
 const native::Registration reg([](py::module_& m) {
-    auto a = m.def_submodule("atomics", "sequentially consistent host atomics on raw addresses");
+    auto a = native::submodule(m, "atomics", "sequentially consistent host atomics on raw addresses");
     a.def("fetch_add", &fetch_op<kAdd>, py::arg("addr"), py::arg("value"), py::arg("width"));
     a.def("fetch_and", &fetch_op<kAnd>, py::arg("addr"), py::arg("value"), py::arg("width"));
     a.def("fetch_or", &fetch_op<kOr>, py::arg("addr"), py::arg("value"), py::arg("width"));

@@ -1,13 +1,13 @@
 // mori-core's batch planner: how a batch of copies is cut into pieces and shared out, as plain
-// functions over rows (src, dst, bytes), for every transport (the TCP data plane calls them
-// directly; batch_plan.cpp binds them for mori-io's NVLink and GPU-staging planners):
+// functions over rows (src, dst, bytes), for every transport, and the Batch value built on them
+// (batch_bindings.cpp gives it to Python as mori.core.batch.Batch; the TCP data plane takes one):
 //
 // - merge_rows: a batch (base + offset, base + offset, size) as rows, empty blocks dropped and
 //   runs contiguous on both sides merged into one row;
 // - stripe_rows: rows cut into pieces of at most `piece` bytes;
 // - deal_rows: a row sequence split into at most `runs` contiguous runs of about equal bytes;
-// - plan_chunks: blocks laid end to end and cut at every multiple of a chunk size, each chunk's
-//   pieces packed from offset 0 of a buffer, at most max_pieces pieces a chunk.
+// - cut_chunks: rows laid end to end and cut at every multiple of a chunk size, at most
+//   max_pieces pieces a chunk (a chunk's pieces are packed from offset 0 of a buffer).
 //
 // No Python here. Bad input throws std::invalid_argument before anything is allocated (what an
 // output buffer holds after a throw is unspecified); no function reads or writes the memory the
@@ -20,6 +20,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mori::plan {
@@ -42,23 +43,35 @@ struct Merged {
     uint64_t largest, smallest;  // row sizes (0, 0 when no row)
 };
 
-// Why block i of a batch cannot be planned ("" when it can); see merge_rows.
-inline std::string block_error(uint64_t srcBase, uint64_t dstBase, int64_t so, int64_t dof, int64_t size, size_t i) {
+// Why block i of a batch cannot be planned ("" when it can); see merge_rows. Names the block's
+// values as the Python arguments name them (src_offsets[i], dst_offsets[i], sizes[i]).
+template <class Int>
+inline std::string block_error(uint64_t srcBase, uint64_t dstBase, Int so, Int dof, Int size, size_t i) {
+    static_assert(std::is_same_v<Int, int64_t> || std::is_same_v<Int, uint64_t>, "int64 or uint64 offsets");
+    const std::string at = "[" + std::to_string(i) + "]";
+    if constexpr (std::is_signed_v<Int>) {
+        if (so < 0) return "src_offsets" + at + " is negative (" + std::to_string(so) + ")";
+        if (dof < 0) return "dst_offsets" + at + " is negative (" + std::to_string(dof) + ")";
+        if (size < 0) return "sizes" + at + " is negative (" + std::to_string(size) + ")";
+    }
     uint64_t end;
-    if ((so | dof | size) < 0)
-        return "source offsets, destination offsets and sizes must be >= 0 (block " + std::to_string(i) + ")";
-    if (__builtin_add_overflow(srcBase, static_cast<uint64_t>(so) + static_cast<uint64_t>(size), &end) ||
-        __builtin_add_overflow(dstBase, static_cast<uint64_t>(dof) + static_cast<uint64_t>(size), &end))
-        return "block " + std::to_string(i) + " runs past the 64-bit address space";
+    const uint64_t n = static_cast<uint64_t>(size);
+    if (__builtin_add_overflow(srcBase, static_cast<uint64_t>(so), &end) || __builtin_add_overflow(end, n, &end))
+        return "block " + std::to_string(i) + " (src_base + src_offsets" + at + " + sizes" + at +
+               ") runs past the 64-bit address space";
+    if (__builtin_add_overflow(dstBase, static_cast<uint64_t>(dof), &end) || __builtin_add_overflow(end, n, &end))
+        return "block " + std::to_string(i) + " (dst_base + dst_offsets" + at + " + sizes" + at +
+               ") runs past the 64-bit address space";
     return "";
 }
 
 // Writes rows (srcBase + srcOffs[i], dstBase + dstOffs[i], sizes[i]) into out (capacity >= n),
 // dropping empty blocks and merging a block into the previous row when it continues that row on
-// both sides. Throws when an offset or size is negative or a block runs past 2^64 (out then
-// holds rows of no meaning).
-inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const int64_t* srcOffs, const int64_t* dstOffs,
-                         const int64_t* sizes, size_t n, Row* out) {
+// both sides. Offsets and sizes are int64 or uint64. Throws when an offset or size is negative
+// or a block runs past 2^64 (out then holds rows of no meaning).
+template <class Int>
+inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs, const Int* dstOffs,
+                         const Int* sizes, size_t n, Row* out) {
     size_t k = 0;
     uint64_t largest = 0, smallest = std::numeric_limits<uint64_t>::max();
     // The row being extended stays in registers until the next one starts.
@@ -66,7 +79,7 @@ inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const int64_t* srcO
     uint64_t bits = 0;  // every offset and size ORed: see the check below
     for (size_t i = 0; i < n; ++i) {
         bits |= static_cast<uint64_t>(srcOffs[i]) | static_cast<uint64_t>(dstOffs[i]) | static_cast<uint64_t>(sizes[i]);
-        if (sizes[i] <= 0) continue;
+        if (!(sizes[i] > 0)) continue;
         const uint64_t size = static_cast<uint64_t>(sizes[i]);
         const uint64_t src = srcBase + static_cast<uint64_t>(srcOffs[i]);
         const uint64_t dst = dstBase + static_cast<uint64_t>(dstOffs[i]);
@@ -88,7 +101,7 @@ inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const int64_t* srcO
     }
     // When every offset and size is below 2^62 and both bases below 2^63 (any user-space
     // address), no block was negative or wrapped; only otherwise is each block checked (one OR
-    // a block instead of branches: the planner is on the latency path of every NVLink transfer).
+    // a block instead of branches: the planner is on the latency path of every transfer).
     if ((bits >> 62) != 0 || ((srcBase | dstBase) >> 63) != 0)
         for (size_t i = 0; i < n; ++i) {
             const std::string why = block_error(srcBase, dstBase, srcOffs[i], dstOffs[i], sizes[i], i);
@@ -155,41 +168,31 @@ inline std::vector<size_t> deal_rows(const Row* rows, size_t n, uint64_t runs, u
     return bounds;
 }
 
-// One piece of a chunk: `size` bytes between local and remote offsets, at `packed` in the buffer.
-struct Piece {
-    int64_t local, remote, size, packed;
-};
-
+// Pieces of rows laid end to end and cut into chunks: chunk c is pieces[bounds[c], bounds[c + 1]).
 struct Chunks {
-    std::vector<Piece> pieces;
-    std::vector<size_t> bounds;  // chunk c is pieces [bounds[c], bounds[c + 1])
+    std::vector<Row> pieces;
+    std::vector<size_t> bounds;
 };
 
-// Cuts a batch of blocks (local offset, remote offset, size) into chunks of at most chunkBytes
-// bytes and maxPieces pieces. The blocks are laid end to end and cut at every multiple of
-// chunkBytes (a block that crosses one becomes two pieces); empty blocks are dropped and pieces
-// of one chunk contiguous on both sides are merged; a chunk of more pieces is split by count.
-// Packed positions restart at 0 in every chunk.
-inline Chunks plan_chunks(const int64_t* local, const int64_t* remote, const int64_t* sizes, size_t n,
-                          int64_t chunkBytes, int64_t maxPieces) {
-    if (chunkBytes <= 0) throw bad("chunk_bytes must be > 0, got " + std::to_string(chunkBytes));
-    if (maxPieces <= 0) throw bad("max_pieces must be > 0, got " + std::to_string(maxPieces));
-    const uint64_t cb = static_cast<uint64_t>(chunkBytes);
+// Cuts rows into chunks of at most chunkBytes bytes and maxPieces pieces. The rows are laid end
+// to end and cut at every multiple of chunkBytes (a row that crosses one becomes two pieces);
+// empty rows are dropped and pieces of one chunk contiguous on both sides are merged; a chunk
+// of more pieces is split by count. A chunk's pieces are packed in a buffer in order from
+// offset 0 (piece j at the sum of the sizes before it). Throws when the rows hold more than
+// 2^64 bytes or the pieces would be more than kMaxPieces.
+inline Chunks cut_chunks(const Row* rows, size_t n, uint64_t chunkBytes, uint64_t maxPieces) {
+    if (chunkBytes == 0) throw bad("chunk_bytes must be > 0");
+    if (maxPieces == 0) throw bad("max_pieces must be > 0");
+    const uint64_t cb = chunkBytes;
     uint64_t total = 0, count = 0;
     for (size_t i = 0; i < n; ++i) {
-        if ((local[i] | remote[i] | sizes[i]) < 0)
-            throw bad("offsets and sizes must be >= 0 (block " + std::to_string(i) + ")");
-        int64_t end;
-        if (__builtin_add_overflow(local[i], sizes[i], &end) || __builtin_add_overflow(remote[i], sizes[i], &end))
-            throw bad("block " + std::to_string(i) + " ends past 2^63 bytes");
-        if (sizes[i] == 0) continue;
-        const uint64_t size = static_cast<uint64_t>(sizes[i]);
-        if (total + size > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-            throw bad("the blocks hold more than 2^63 bytes");
-        count += (total + size - 1) / cb - total / cb + 1;
-        total += size;
+        if (rows[i].bytes == 0) continue;
+        uint64_t end;
+        if (__builtin_add_overflow(total, rows[i].bytes, &end)) throw bad("the rows hold more than 2^64 bytes");
+        count += (end - 1) / cb - total / cb + 1;
+        total = end;
         if (count > kMaxPieces)
-            throw bad("cutting the batch at every " + std::to_string(cb) + " bytes gives more than " +
+            throw bad("cutting the rows at every " + std::to_string(cb) + " bytes gives more than " +
                       std::to_string(kMaxPieces) + " pieces");
     }
     Chunks out;
@@ -197,25 +200,24 @@ inline Chunks plan_chunks(const int64_t* local, const int64_t* remote, const int
     uint64_t pos = 0, chunk = 0;  // bytes laid so far; the chunk the last piece is in
     size_t inGroup = 0;            // pieces of the current output chunk
     for (size_t i = 0; i < n; ++i) {
-        for (uint64_t done = 0, size = static_cast<uint64_t>(sizes[i]); done < size;) {
+        for (uint64_t done = 0, size = rows[i].bytes; done < size;) {
             const uint64_t c = pos / cb;
-            const int64_t len = static_cast<int64_t>(std::min(size - done, (c + 1) * cb - pos));
-            const int64_t lo = local[i] + static_cast<int64_t>(done), ro = remote[i] + static_cast<int64_t>(done);
-            Piece* prev = out.pieces.empty() ? nullptr : &out.pieces.back();
-            if (prev && c == chunk && prev->local + prev->size == lo && prev->remote + prev->size == ro) {
-                prev->size += len;
+            const uint64_t len = std::min(size - done, cb - pos % cb);
+            const uint64_t src = rows[i].src + done, dst = rows[i].dst + done;
+            Row* prev = out.pieces.empty() ? nullptr : &out.pieces.back();
+            if (prev && c == chunk && prev->src + prev->bytes == src && prev->dst + prev->bytes == dst) {
+                prev->bytes += len;
             } else {
-                if (!prev || c != chunk || inGroup == static_cast<size_t>(maxPieces)) {
+                if (!prev || c != chunk || inGroup == maxPieces) {
                     out.bounds.push_back(out.pieces.size());
                     inGroup = 0;
                 }
-                const int64_t packed = inGroup ? prev->packed + prev->size : 0;
-                out.pieces.push_back(Piece{lo, ro, len, packed});
+                out.pieces.push_back(Row{src, dst, len});
                 ++inGroup;
                 chunk = c;
             }
-            pos += static_cast<uint64_t>(len);
-            done += static_cast<uint64_t>(len);
+            pos += len;
+            done += len;
         }
     }
     out.bounds.push_back(out.pieces.size());

@@ -4,7 +4,7 @@
 #include "registry.hpp"
 
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "mori native host runtime (host atomics, TCP data plane)";
+    m.doc() = "mori native host runtime: submodules atomics, batch, gpu, tcp (see mori.core's modules of those names)";
     m.attr("ABI_VERSION") = 1;
     for (const auto& reg : mori::native::registrations()) reg(m);
 }

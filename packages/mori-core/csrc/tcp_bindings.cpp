@@ -1,6 +1,6 @@
-// Python bindings of the native TCP data plane: TcpTarget, TcpPeer, TcpTransfer, TRANSFER_CODES.
-// Every call that can block (connect, wait, deregister, close) releases the GIL.
-#include <pybind11/numpy.h>
+// mori.core._native.tcp: the native TCP data plane for Python (Target, Peer, Transfer,
+// TRANSFER_CODES). Every call that can block (connect, submit, wait, deregister, close) releases
+// the GIL.
 #include <pybind11/stl.h>
 
 #include "registry.hpp"
@@ -12,14 +12,8 @@ using namespace mori::tcp;
 
 namespace {
 
-using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
-
-std::vector<uint64_t> to_vector(const U64Array& a) {
-    if (a.ndim() != 1) throw std::invalid_argument("offset and size arrays must be 1-d");
-    return std::vector<uint64_t>(a.data(), a.data() + a.shape(0));
-}
-
-mori::native::Registration reg([](py::module_& m) {
+mori::native::Registration reg([](py::module_& root) {
+    py::module_ m = mori::native::submodule(root, "tcp", "the native TCP data plane");
     py::dict codes;  // transfer.hpp's Code by mori.core.codes.TransferCode's names
     codes["SUCCESS"] = static_cast<int>(kSuccess);
     codes["NOT_STARTED"] = static_cast<int>(kNotStarted);
@@ -31,14 +25,14 @@ mori::native::Registration reg([](py::module_& m) {
     codes["ERR_DEVICE"] = static_cast<int>(kErrDevice);
     m.attr("TRANSFER_CODES") = codes;
 
-    py::class_<Transfer, std::shared_ptr<Transfer>>(m, "TcpTransfer",
+    py::class_<Transfer, std::shared_ptr<Transfer>>(m, "Transfer",
                                                     "Completion of one native TCP transfer.")
         .def("code", &Transfer::code, "TransferCode value (IN_PROGRESS=2 until finished).")
         .def("message", &Transfer::message, "Why it failed ('' on success).")
         .def("wait", &Transfer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
              "Waits up to timeout seconds; True when finished.");
 
-    py::class_<Peer, std::shared_ptr<Peer>>(m, "TcpPeer", "Data connections from this engine to one target.")
+    py::class_<Peer, std::shared_ptr<Peer>>(m, "Peer", "Data connections from this engine to one target.")
         // A factory, not py::init with a call guard: connecting releases the GIL, but pybind11
         // must hold the GIL while it sets up the new instance around the returned holder.
         .def(py::init([](const std::string& name, const std::string& host, int port, int nconn,
@@ -53,29 +47,19 @@ mori::native::Registration reg([](py::module_& m) {
              "Connects to a target; timeout messages name timeout_setting (the caller's setting for io_timeout).")
         .def(
             "submit",
-            [](Peer& p, int op, uint64_t localBase, std::vector<uint64_t> lofs, uint64_t memId,
-               std::vector<uint64_t> rofs, std::vector<uint64_t> sizes, uint64_t uid, bool notify, uint64_t stripe) {
+            [](Peer& p, int op, const mori::plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
+               uint64_t stripe) {
                 py::gil_scoped_release release;
-                return p.submit(static_cast<uint8_t>(op), localBase, lofs, memId, rofs, sizes, uid, notify, stripe);
+                return p.submit(static_cast<uint8_t>(op), batch, memId, uid, notify, stripe);
             },
-            py::arg("op"), py::arg("local_base"), py::arg("local_offsets"), py::arg("mem_id"),
-            py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid"), py::arg("notify"), py::arg("stripe"),
-            "Starts a transfer of len(sizes) blocks (op 1 = read, 2 = write); returns its TcpTransfer.")
-        .def(
-            "submit_arrays",
-            [](Peer& p, int op, uint64_t localBase, const U64Array& lofs, uint64_t memId, const U64Array& rofs,
-               const U64Array& sizes, uint64_t uid, bool notify, uint64_t stripe) {
-                auto l = to_vector(lofs), r = to_vector(rofs), s = to_vector(sizes);
-                py::gil_scoped_release release;
-                return p.submit(static_cast<uint8_t>(op), localBase, l, memId, r, s, uid, notify, stripe);
-            },
-            py::arg("op"), py::arg("local_base"), py::arg("local_offsets"), py::arg("mem_id"),
-            py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid"), py::arg("notify"), py::arg("stripe"),
-            "submit() for numpy integer arrays (no per-element conversion); needs numpy.")
+            py::arg("op"), py::arg("batch"), py::arg("mem_id"), py::arg("uid"), py::arg("notify"), py::arg("stripe"),
+            "Starts moving a mori.core.batch.Batch of rows (local address, offset in the target's region mem_id, "
+            "bytes): op 1 = read, 2 = write; rows cut at `stripe` bytes (at least 4096) and dealt over the "
+            "connections; the target records uid's outcome when notify is set. Returns its Transfer.")
         .def("healthy", &Peer::healthy, "False once a connection has failed.")
         .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
 
-    py::class_<Target, std::shared_ptr<Target>>(m, "TcpTarget",
+    py::class_<Target, std::shared_ptr<Target>>(m, "Target",
                                                 "Serves registered memory to authenticated peers.")
         .def(py::init([](const std::string& host, int port, std::string token, double ioTimeout,
                          size_t maxConnections, size_t maxHandshakes, double helloTimeout, size_t maxInbound,

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch.hpp"
 #include "inbound.hpp"
 #include "tcp_wire.hpp"
 
@@ -59,18 +60,13 @@ private:
     std::weak_ptr<InitConn> conn_;
 };
 
-struct Block {
-    uint64_t laddr;   // local address
-    uint64_t offset;  // offset in the remote region (notify: status code)
-    uint64_t size;
-};
-
-// Blocks of one transfer assigned to one connection, in send order.
+// Blocks of one transfer assigned to one connection, in send order: rows (local address, offset
+// in the remote region, bytes); a notify frame is one row (0, status code, 0).
 struct Work {
     std::shared_ptr<Transfer> transfer;
     uint8_t op;
     uint64_t memId;  // notify: uid
-    std::vector<Block> blocks;
+    std::vector<plan::Row> rows;
     bool notify = false;  // the whole transfer: its requests carry the notification (tcp_wire.hpp)
     size_t done = 0;      // blocks answered (guarded by the connection's mutex)
 };
@@ -136,9 +132,10 @@ public:
     Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
          const std::string& token, const std::string& ticket, double ioTimeout, const std::string& timeoutSetting);
     ~Peer();
-    std::shared_ptr<Transfer> submit(uint8_t op, uint64_t localBase, const std::vector<uint64_t>& localOffsets,
-                                     uint64_t memId, const std::vector<uint64_t>& remoteOffsets,
-                                     const std::vector<uint64_t>& sizes, uint64_t uid, bool notify,
+    // Starts moving a batch of rows (local address, offset in region memId, bytes): op is
+    // kOpRead or kOpWrite; rows are cut at `stripe` bytes (at least 4096) and dealt over the
+    // connections; uid names the transfer at the target, which records it when notify is set.
+    std::shared_ptr<Transfer> submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
                                      uint64_t stripe);
     bool healthy() const;
     void close();

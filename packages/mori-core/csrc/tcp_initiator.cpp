@@ -6,7 +6,6 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "batch_plan.hpp"
 #include "tcp_engine.hpp"
 
 namespace mori::tcp {
@@ -133,13 +132,13 @@ void InitConn::release_send(const std::string& err) {
 void InitConn::enqueue(std::shared_ptr<Work> work) {
     uint64_t bytes = 0;
     if (work->op == kOpWrite)
-        for (const Block& b : work->blocks) bytes += b.size;
+        for (const plan::Row& r : work->rows) bytes += r.bytes;
     {
         std::unique_lock lk(mu_);
         // Small work with an idle socket goes out on the caller's thread: no hand-off to the
         // sender thread (a wake-up that dominates the latency of small transfers). Big work is
         // queued so that the caller returns at once.
-        if (!sending_ && sendq_.empty() && !stop_ && bytes <= kInlineSendBytes && work->blocks.size() <= 64 &&
+        if (!sending_ && sendq_.empty() && !stop_ && bytes <= kInlineSendBytes && work->rows.size() <= 64 &&
             claim_locked(work)) {
             lk.unlock();
             release_send(send_work(*work));
@@ -154,7 +153,7 @@ void InitConn::enqueue_notify(uint64_t uid, int code) {
     auto w = std::make_shared<Work>();
     w->op = kOpNotify;
     w->memId = uid;
-    w->blocks.push_back(Block{0, static_cast<uint64_t>(code), 0});
+    w->rows.push_back(plan::Row{0, static_cast<uint64_t>(code), 0});
     enqueue(std::move(w));
 }
 
@@ -177,8 +176,8 @@ void InitConn::mark_broken(const std::string& reason) {
         why = "TCP connection to " + peer_ + " failed: " + broken_;
         // Claim every unanswered block so the receiver cannot complete it a second time.
         for (auto& w : pending_) {
-            failed.emplace_back(w, w->blocks.size() - w->done);
-            w->done = w->blocks.size();
+            failed.emplace_back(w, w->rows.size() - w->done);
+            w->done = w->rows.size();
         }
         pending_.clear();
     }
@@ -188,33 +187,33 @@ void InitConn::mark_broken(const std::string& reason) {
 }
 
 std::string InitConn::send_work(const Work& w) {
-    std::vector<ReqHdr> hdrs(w.blocks.size());
+    std::vector<ReqHdr> hdrs(w.rows.size());
     std::vector<struct iovec> iov;
     iov.reserve(kIovBatch + 3);
     size_t bytes = 0;
     uint64_t uid = w.notify ? w.transfer->uid() : 0;
-    for (size_t i = 0; i < w.blocks.size(); ++i) {
-        const Block& b = w.blocks[i];
+    for (size_t i = 0; i < w.rows.size(); ++i) {
+        const plan::Row& b = w.rows[i];
         ReqHdr& h = hdrs[i];
         std::memset(&h, 0, sizeof(h));
         h.magic = kReqMagic;
         h.op = w.op;
         h.memId = w.memId;
-        h.offset = b.offset;
-        h.size = b.size;
+        h.offset = b.dst;
+        h.size = b.bytes;
         if (w.notify && i == 0) h.flags |= kFlagBegin;
-        if (w.notify && i + 1 == w.blocks.size()) h.flags |= kFlagNotify;
+        if (w.notify && i + 1 == w.rows.size()) h.flags |= kFlagNotify;
         iov.push_back({&h, sizeof(h)});
         bytes += sizeof(h);
         if (h.flags & kFlagNotify) {
             iov.push_back({&uid, sizeof(uid)});
             bytes += sizeof(uid);
         }
-        if (w.op == kOpWrite && b.size > 0) {
-            iov.push_back({reinterpret_cast<void*>(b.laddr), b.size});
-            bytes += b.size;
+        if (w.op == kOpWrite && b.bytes > 0) {
+            iov.push_back({reinterpret_cast<void*>(b.src), b.bytes});
+            bytes += b.bytes;
         }
-        if (static_cast<int>(iov.size()) >= kIovBatch || bytes >= kSendBatchBytes || i + 1 == w.blocks.size()) {
+        if (static_cast<int>(iov.size()) >= kIovBatch || bytes >= kSendBatchBytes || i + 1 == w.rows.size()) {
             std::string e = send_all(fd_, iov.data(), static_cast<int>(iov.size()));
             if (!e.empty()) return e;
             iov.clear();
@@ -238,7 +237,7 @@ void InitConn::send_loop() {
         }
         if (!broken.empty()) {
             if (w->op == kOpNotify) continue;
-            std::vector<std::pair<std::shared_ptr<Work>, size_t>> one{{w, w->blocks.size()}};
+            std::vector<std::pair<std::shared_ptr<Work>, size_t>> one{{w, w->rows.size()}};
             fail_rest(one, "TCP connection to " + peer_ + " failed: " + broken);
             continue;
         }
@@ -338,21 +337,21 @@ std::string InitConn::read_reply() {
         }
     }
     if (h.magic != kRepMagic || !w) return "protocol error: unexpected reply frame";
-    const Block& b = w->blocks[idx];
+    const plan::Row& b = w->rows[idx];
     std::string msg;
     if (h.code == kSuccess && w->op == kOpRead) {
-        if (h.size != b.size) return "protocol error: read reply of wrong size";
-        e = rd_.read_into(reinterpret_cast<char*>(b.laddr), b.size, check);
+        if (h.size != b.bytes) return "protocol error: read reply of wrong size";
+        e = rd_.read_into(reinterpret_cast<char*>(b.src), b.bytes, check);
         if (!e.empty()) return e;
     } else if (h.code != kSuccess) {
-        msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.offset) +
-              ", size " + std::to_string(b.size) + "): " + reason_text(h.code, h.size);
+        msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) +
+              ", size " + std::to_string(b.bytes) + "): " + reason_text(h.code, h.size);
     }
     bool finished = false;
     {
         std::lock_guard lk(mu_);
         if (w->done != idx) return "";  // already failed by mark_broken
-        if (++w->done == w->blocks.size()) pending_.pop_front();
+        if (++w->done == w->rows.size()) pending_.pop_front();
         pendingSinceNs_ = now_ns();
         finished = w->transfer->complete_blocks(1, h.code, msg);
     }
@@ -410,24 +409,11 @@ bool Peer::healthy() const {
     return std::none_of(conns_.begin(), conns_.end(), [](const auto& c) { return c->broken(); });
 }
 
-std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std::vector<uint64_t>& localOffsets,
-                                       uint64_t memId, const std::vector<uint64_t>& remoteOffsets,
-                                       const std::vector<uint64_t>& sizes, uint64_t uid, bool notify,
+std::shared_ptr<Transfer> Peer::submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
                                        uint64_t stripe) {
-    if (localOffsets.size() != sizes.size() || remoteOffsets.size() != sizes.size())
-        throw std::invalid_argument("offsets and sizes must have the same length");
     if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
-    stripe = std::max<uint64_t>(stripe, 4096);
-    // Pieces: blocks with large ones cut at the stripe size; empty blocks move nothing.
-    std::vector<plan::Row> blocks(sizes.size());
-    for (size_t i = 0; i < sizes.size(); ++i) {
-        if (__builtin_add_overflow(localBase, localOffsets[i], &blocks[i].src))
-            throw std::invalid_argument("block " + std::to_string(i) + ": local address past 2^64");
-        blocks[i].dst = remoteOffsets[i];
-        blocks[i].bytes = sizes[i];
-    }
-    std::vector<plan::Row> pieces(plan::count_pieces(blocks.data(), blocks.size(), stripe));
-    plan::stripe_rows(blocks.data(), blocks.size(), stripe, pieces.data());
+    // Pieces: rows cut at the stripe size (a Batch holds no empty row).
+    const plan::Batch pieces = batch.stripe(std::max<uint64_t>(stripe, 4096));
     size_t n = conns_.size();
     // Back-to-back transfers stay on one idle connection: its threads at both ends are still
     // polling (see Reader::kSpinNs) and answer at once, where a rotation would find them asleep.
@@ -442,24 +428,21 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, uint64_t localBase, const std
     }
     // Contiguous runs of about equal bytes, one per connection, starting at a rotating connection
     // so that concurrent small transfers spread over all of them.
-    const std::vector<size_t> bounds = plan::deal_rows(pieces.data(), pieces.size(), n, 1);
-    const size_t runs = bounds.size() - 1;
+    std::vector<plan::Batch> runs = pieces.deal(n, 1);
     // On one connection the requests themselves carry the notification (the target records it
     // before it answers the last); a striped transfer notifies with a frame once it finishes.
-    bool carried = notify && runs == 1;
+    bool carried = notify && runs.size() == 1;
     auto t = std::make_shared<Transfer>(static_cast<int64_t>(pieces.size()), notify && !carried, uid);
-    for (size_t r = 0; r < runs; ++r) {
+    for (size_t r = 0; r < runs.size(); ++r) {
         auto w = std::make_shared<Work>();
         w->transfer = t;
         w->op = op;
         w->memId = memId;
         w->notify = carried;
-        w->blocks.reserve(bounds[r + 1] - bounds[r]);
-        for (size_t i = bounds[r]; i < bounds[r + 1]; ++i)
-            w->blocks.push_back(Block{pieces[i].src, pieces[i].dst, pieces[i].bytes});
+        w->rows.assign(runs[r].begin(), runs[r].end());
         conns_[(first + r) % n]->enqueue(std::move(w));
     }
-    if (runs == 1) t->set_conn(conns_[first]);
+    if (runs.size() == 1) t->set_conn(conns_[first]);
     return t;
 }
 

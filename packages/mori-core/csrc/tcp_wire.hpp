@@ -1,4 +1,4 @@
-// Wire format and socket helpers of mori-core's native TCP data plane (TcpTarget, TcpPeer).
+// Wire format and socket helpers of mori-core's native TCP data plane (tcp::Target, tcp::Peer).
 //
 // One data connection carries, initiator -> target: a Hello, then request frames (a fixed
 // 32-byte header, followed by the payload for writes); target -> initiator: a HelloReply, then

@@ -1,5 +1,5 @@
-// Python binding of the UCX engine's remote atomics (ucx_atomic.hpp): ucx_atomic, typed in
-// _native.pyi and presented by mori.core.ucx.atomic.
+// Python binding of the UCX engine's remote atomics (ucx_atomic.hpp): ucx_atomic in the ucx
+// submodule, typed in _native/ucx.pyi and presented by mori.core.ucx_atomic.
 #include <pybind11/pybind11.h>
 
 #include "registry.hpp"
@@ -9,7 +9,8 @@ namespace py = pybind11;
 
 namespace {
 
-mori::native::Registration reg([](py::module_& m) {
+mori::native::Registration reg([](py::module_& root) {
+    py::module_ m = mori::native::submodule(root, "ucx", "mori-core's UCX engine");
     m.def(
         "ucx_atomic",
         [](mori::ucx::Engine& engine, mori::ucx::Peer& peer, int op, uint64_t memId, uint64_t offset, uint64_t value,

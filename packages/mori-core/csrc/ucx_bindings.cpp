@@ -37,7 +37,8 @@ std::shared_ptr<Transfer> submit(Peer& p, int op, uint64_t localId, const std::v
                     notify, remoteGpu);
 }
 
-mori::native::Registration reg([](py::module_& m) {
+mori::native::Registration reg([](py::module_& root) {
+    py::module_ m = mori::native::submodule(root, "ucx", "mori-core's UCX engine");
     py::register_exception<LoadError>(m, "UcxLoadError", PyExc_RuntimeError);
 
     m.def(

@@ -157,7 +157,7 @@ def test_batch_memcpy_uses_one_call_then_falls_back(drv: _Driver, monkeypatch: p
         batches.append((entry, list(dsts), list(srcs), list(sizes), stream))
         return answers.pop(0)
 
-    monkeypatch.setattr(gpu, "_native", types.SimpleNamespace(memcpy_batch=memcpy_batch))
+    monkeypatch.setattr(gpu, "_native_gpu", types.SimpleNamespace(memcpy_batch=memcpy_batch))
     batch = gpu.BatchMemcpy()
     assert batch.batched
     batch.copy([10, 20], [1, 2], [5, 6], 7)  # one batch call
@@ -170,7 +170,7 @@ def test_batch_memcpy_uses_one_call_then_falls_back(drv: _Driver, monkeypatch: p
     batch.copy([60, 70], [6, 7], [2, 3], 7)  # ... and from then on without asking again
     assert len(batches) == 2 and len(drv.named("cuMemcpyAsync")) == 5
     failing = gpu.BatchMemcpy()
-    monkeypatch.setattr(gpu, "_native", types.SimpleNamespace(memcpy_batch=lambda *a: ILLEGAL_ADDRESS))
+    monkeypatch.setattr(gpu, "_native_gpu", types.SimpleNamespace(memcpy_batch=lambda *a: ILLEGAL_ADDRESS))
     with pytest.raises(cuda.CudaError, match="cuMemcpyBatchAsync failed.*(700).*two blocks"):
         failing.copy([1, 2], [3, 4], [5, 6], 7, "two blocks")
 

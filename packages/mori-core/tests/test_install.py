@@ -50,7 +50,11 @@ offs = list(range(0, 65536, 512))
 st = a.batch_write(ms, offs[::-1], md, offs, [512] * len(offs), a.allocate_transfer_uid())
 moved = st.WaitFor(30000) == StatusCode.SUCCESS and all(
     dst[o:o + 512] == src[r:r + 512] for o, r in zip(offs, offs[::-1]))
-print(json.dumps({"include": str(inc), "value": value, "hint": hint, "core": mori.core.__file__,
+# MORI's idiom on the namespace package: mori-core's start-up hook, with no mori-shmem installed.
+import subprocess
+hook = subprocess.run([sys.executable, "-c", "import mori; print(mori.io.IOEngine.__name__)"],
+                      capture_output=True, text=True).stdout.strip()
+print(json.dumps({"include": str(inc), "value": value, "hint": hint, "core": mori.core.__file__, "hook": hook,
                   "native": mori.core._native.__file__, "prefix": sys.prefix, "moved": moved,
                   "numpy": "numpy" in sys.modules}))
 """
@@ -82,6 +86,8 @@ def test_fresh_venv_gets_core_and_io_without_torch_triton_or_cuda(tmp_path: Path
     assert any(n.startswith("mori/core/_native") and n.endswith(".so") for n in names), names
     assert "mori/core/include/mori/device/shmem.cuh" in names
     assert "mori/core/py.typed" in names
+    assert {"mori/core/_native/__init__.pyi", "mori/core/_native/batch.pyi", "mori/core/_native/tcp.pyi"} <= set(names)
+    assert {"_mori_namespace.py", "mori_core.pth"} <= set(names)  # the namespace hook ships with mori-core
     assert not [n for n in names if n == "mori/__init__.py"], "mori must stay a namespace package"
     assert not core_wheel.name.endswith("-none-any.whl"), "the native module makes the wheel platform specific"
 
@@ -104,3 +110,4 @@ def test_fresh_venv_gets_core_and_io_without_torch_triton_or_cuda(tmp_path: Path
     assert report["value"] == 42
     assert report["moved"] and not report["numpy"], "mori-io's TCP path must move bytes without numpy"
     assert "mori-core[cuda]" in report["hint"]
+    assert report["hook"] == "IOEngine", "import mori; mori.io... must work with mori-core and mori-io alone"

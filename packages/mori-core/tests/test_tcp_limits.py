@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from mori.core import _native
+from mori.core import tcp
+from mori.core.batch import Batch
 from mori.core.codes import TransferCode
 from mori.core.testing import CommandProcess, connect_many, serve_commands
 
@@ -33,10 +34,10 @@ def _open_fds() -> int:
 
 
 def _serve(limits, io_timeout):
-    """The target process: a TcpTarget with ``limits`` serving 1 MiB as region 1."""
+    """The target process: a tcp.Target with ``limits`` serving 1 MiB as region 1."""
     mm = mmap.mmap(-1, SIZE)
     arr = np.frombuffer(mm, dtype=np.uint8)
-    t = _native.TcpTarget("127.0.0.1", 0, "tok", io_timeout, **limits)
+    t = tcp.Target("127.0.0.1", 0, "tok", io_timeout, **limits)
     t.register_region(1, int(arr.ctypes.data), SIZE)
     t.issue_ticket("init", TICKET)
 
@@ -67,7 +68,7 @@ def _serve(limits, io_timeout):
 
 
 class Target(CommandProcess):
-    """A TcpTarget in a spawned process; ``call`` runs a command there."""
+    """A tcp.Target in a spawned process; ``call`` runs a command there."""
 
     def __init__(self, limits=None, io_timeout=2.0):
         super().__init__(_serve, (limits or {}, io_timeout), "target", timeout=60.0)
@@ -95,9 +96,9 @@ def target_factory():
 def _good_transfer(port: int, fill: int, key="init", ticket=TICKET) -> None:
     """A well-behaved peer connects and writes 4 KiB."""
     src = np.full(4096, fill, dtype=np.uint8)
-    p = _native.TcpPeer("target", "127.0.0.1", port, 1, key, "tok", ticket, 2.0)
+    p = tcp.Peer("target", "127.0.0.1", port, 1, key, "tok", ticket, 2.0)
     try:
-        t = p.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [4096], 1, False, 1 << 20)
+        t = p.submit(WRITE, Batch([0], [0], [4096], int(src.ctypes.data)), 1, 1, False, 1 << 20)
         assert t.wait(10) and t.code() == 0, t.message()
     finally:
         p.close()
@@ -205,9 +206,9 @@ def test_completion_records_are_bounded_and_checked(target_factory):
     # Hole 4: records kept by count (oldest dropped first) and by age; a forged code is refused.
     tgt = target_factory({"max_inbound": 100, "inbound_ttl": 1.5})
     src = np.zeros(64, dtype=np.uint8)
-    p = _native.TcpPeer("target", "127.0.0.1", tgt.port, 1, "init", "tok", TICKET, 2.0)
+    p = tcp.Peer("target", "127.0.0.1", tgt.port, 1, "init", "tok", TICKET, 2.0)
     for uid in range(1, 1001):
-        t = p.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [64], uid, True, 1 << 20)
+        t = p.submit(WRITE, Batch([0], [0], [64], int(src.ctypes.data)), 1, uid, True, 1 << 20)
         assert t.wait(10) and t.code() == 0
     stats, _, kept = tgt.call("stats")
     assert kept == 100 and stats["inbound_dropped"] == 900
@@ -258,7 +259,7 @@ def test_data_connections_need_a_ticket_for_their_key(target_factory):
         assert code == TransferCode.ERR_BAD_STATE, (key, token, ticket)
         s.close()
         with pytest.raises(RuntimeError, match="rejected"):
-            _native.TcpPeer("target", "127.0.0.1", tgt.port, 1, key, token, ticket, 2.0)
+            tcp.Peer("target", "127.0.0.1", tgt.port, 1, key, token, ticket, 2.0)
     assert tgt.call("stats")[0]["bad_tickets"] >= 8
     _good_transfer(tgt.port, 5)
 

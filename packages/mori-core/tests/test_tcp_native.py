@@ -1,4 +1,4 @@
-"""The native TCP data plane (``mori.core._native.TcpTarget/TcpPeer``) on its own, across two
+"""The native TCP data plane (``mori.core.tcp.Target/Peer``) on its own, across two
 processes: striping, scatter-gather, region checks, tokens, notifications, dead and hung peers."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from mori.core import _native
+from mori.core import tcp
+from mori.core.batch import Batch
 from mori.core.codes import TransferCode
 from mori.core.testing import CommandProcess, serve_commands
 
@@ -23,12 +24,12 @@ TICKET = "t" * 32
 
 
 def _serve(path, token, timeout):
-    """The target process: a TcpTarget serving the shared file ``path`` as region 1."""
+    """The target process: a tcp.Target serving the shared file ``path`` as region 1."""
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, SIZE)
     os.close(fd)
     arr = np.frombuffer(mm, dtype=np.uint8)
-    t = _native.TcpTarget("127.0.0.1", 0, token, timeout)
+    t = tcp.Target("127.0.0.1", 0, token, timeout)
     t.register_region(1, int(arr.ctypes.data), SIZE)
     t.issue_ticket("init", TICKET)  # what mori-io's control plane hands an authenticated engine
 
@@ -64,7 +65,7 @@ def remote():
 
 
 def _peer(port, nconn=4, token="tok", **kw):
-    return _native.TcpPeer("target", "127.0.0.1", port, nconn, "init", token, TICKET, 2.0, **kw)
+    return tcp.Peer("target", "127.0.0.1", port, nconn, "init", token, TICKET, 2.0, **kw)
 
 
 @pytest.mark.parametrize("nconn", [1, 3])
@@ -81,12 +82,12 @@ def test_write_then_read_striped(remote, nconn, size, batch):
     for lo, ro in zip(lofs, rofs):
         expect[ro:ro + size] = src[lo:lo + size]
     p = _peer(port, nconn)
-    t = p.submit(WRITE, int(src.ctypes.data), lofs, 1, rofs, [size] * batch, 77, True, 1 << 20)
+    t = p.submit(WRITE, Batch(lofs, rofs, [size] * batch, int(src.ctypes.data)), 1, 77, True, 1 << 20)
     assert t.wait(30) and t.code() == 0, t.message()
     assert np.array_equal(arr, expect)
     assert call("pop", "init", 77) == 0
     back = np.zeros(SIZE, dtype=np.uint8)
-    t = p.submit(READ, int(back.ctypes.data), lofs, 1, rofs, [size] * batch, 78, False, 1 << 20)
+    t = p.submit(READ, Batch(lofs, rofs, [size] * batch, int(back.ctypes.data)), 1, 78, False, 1 << 20)
     assert t.wait(30) and t.code() == 0, t.message()
     for lo, ro in zip(lofs, rofs):
         assert np.array_equal(back[lo:lo + size], arr[ro:ro + size])
@@ -106,24 +107,24 @@ def test_notification_recorded_before_finish(remote, size, batch):
     rofs = [int(j) * size for j in rng.permutation(batch)]
     lofs = [i * size for i in range(batch)]
     p = _peer(port, 1)
-    t = p.submit(WRITE, int(src.ctypes.data), lofs, 1, rofs, [size] * batch, 90, True, 1 << 20)
+    t = p.submit(WRITE, Batch(lofs, rofs, [size] * batch, int(src.ctypes.data)), 1, 90, True, 1 << 20)
     assert t.wait(30) and t.code() == 0, t.message()
     assert call("pop_now", "init", 90) == 0 and call("pop_now", "init", 90) is None
     for lo, ro in zip(lofs, rofs):
         assert np.array_equal(arr[ro:ro + size], src[lo:lo + size])
     back = np.zeros_like(src)
-    t = p.submit(READ, int(back.ctypes.data), lofs, 1, rofs, [size] * batch, 91, True, 1 << 20)
+    t = p.submit(READ, Batch(lofs, rofs, [size] * batch, int(back.ctypes.data)), 1, 91, True, 1 << 20)
     assert t.wait(30) and t.code() == 0, t.message()
     assert call("pop_now", "init", 91) == 0
     assert np.array_equal(back, src)
     # A transfer whose middle block is out of range: the others land, the record says why not all.
     bad = list(rofs)
     bad[len(bad) // 2] = SIZE
-    t = p.submit(WRITE, int(src.ctypes.data), lofs, 1, bad, [size] * batch, 92, True, 1 << 20)
+    t = p.submit(WRITE, Batch(lofs, bad, [size] * batch, int(src.ctypes.data)), 1, 92, True, 1 << 20)
     assert t.wait(30) and t.code() == TransferCode.ERR_INVALID_ARGS
     assert call("pop_now", "init", 92) == TransferCode.ERR_INVALID_ARGS
     # Back-to-back transfers on the connection keep their own outcomes.
-    t = p.submit(READ, int(back.ctypes.data), lofs, 1, rofs, [size] * batch, 93, True, 1 << 20)
+    t = p.submit(READ, Batch(lofs, rofs, [size] * batch, int(back.ctypes.data)), 1, 93, True, 1 << 20)
     assert t.wait(30) and t.code() == 0 and call("pop_now", "init", 93) == 0
     p.close()
 
@@ -136,12 +137,12 @@ def test_rejections_write_nothing(remote):
     cases = [(1, SIZE - 10, 11, TransferCode.ERR_INVALID_ARGS, "out of range"),
              (2, 0, 8, TransferCode.ERR_NOT_FOUND, "memory is not registered")]
     for mem, off, n, code, text in cases:
-        t = p.submit(WRITE, int(src.ctypes.data), [0], mem, [off], [n], 1, True, 1 << 20)
+        t = p.submit(WRITE, Batch([0], [off], [n], int(src.ctypes.data)), mem, 1, True, 1 << 20)
         assert t.wait(10) and t.code() == code and text in t.message()
         assert call("pop", "init", 1) == code  # the target records the failed outcome too
     assert (arr == 3).all()
     with pytest.raises(ValueError):
-        p.submit(WRITE, int(src.ctypes.data), [0], 1, [0, 1], [1], 3, False, 1 << 20)
+        p.submit(WRITE, Batch([0], [0, 1], [1], int(src.ctypes.data)), 1, 3, False, 1 << 20)
     p.close()
 
 
@@ -152,7 +153,7 @@ def test_deregister_and_token(remote):
     assert call("deregister", 1) is True and call("deregister", 1) is False
     src = np.ones(64, dtype=np.uint8)
     p = _peer(port)
-    t = p.submit(READ, int(src.ctypes.data), [0], 1, [0], [64], 4, False, 1 << 20)
+    t = p.submit(READ, Batch([0], [0], [64], int(src.ctypes.data)), 1, 4, False, 1 << 20)
     assert t.wait(10) and t.code() == TransferCode.ERR_NOT_FOUND
     p.close()
 
@@ -170,7 +171,7 @@ def test_garbage_drops_only_that_connection(remote):
             except ConnectionResetError:
                 pass
     src = np.arange(256, dtype=np.uint8)
-    t = p.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [256], 5, False, 1 << 20)
+    t = p.submit(WRITE, Batch([0], [0], [256], int(src.ctypes.data)), 1, 5, False, 1 << 20)
     assert t.wait(10) and t.code() == 0 and np.array_equal(arr[:256], src)
     p.close()
 
@@ -182,16 +183,17 @@ def test_dead_and_hung_target(remote):
     target.signal(signal.SIGSTOP)
     time.sleep(0.2)
     t0 = time.monotonic()
-    t = p.submit(READ, int(src.ctypes.data), [0], 1, [0], [4096], 6, False, 1 << 20)
+    t = p.submit(READ, Batch([0], [0], [4096], int(src.ctypes.data)), 1, 6, False, 1 << 20)
     assert t.wait(10) and t.code() == TransferCode.ERR_BAD_STATE and "(TEST_IO_TIMEOUT)" in t.message()
     assert 1.5 < time.monotonic() - t0 < 8
     assert not p.healthy()
     target.signal(signal.SIGCONT)
     q = _peer(port, 2)
-    t = q.submit(WRITE, int(src.ctypes.data), [0] * 64, 1, [i * 65536 for i in range(64)], [65536] * 64, 7, False, 1 << 16)
+    scattered = Batch([0] * 64, [i * 65536 for i in range(64)], [65536] * 64, int(src.ctypes.data))
+    t = q.submit(WRITE, scattered, 1, 7, False, 1 << 16)
     target.signal(signal.SIGKILL)
     assert t.wait(10)  # finished (succeeded before the kill, or failed after it): never hangs
-    t = q.submit(WRITE, int(src.ctypes.data), [0], 1, [0], [64], 8, False, 1 << 20)
+    t = q.submit(WRITE, Batch([0], [0], [64], int(src.ctypes.data)), 1, 8, False, 1 << 20)
     assert t.wait(10) and t.code() == TransferCode.ERR_BAD_STATE
     p.close()
     q.close()

@@ -77,17 +77,18 @@ def test_no_ucx_found_is_a_clear_error() -> None:
     err = proc.stderr
     assert "UcxLoadError" in err and "/nonexistent/ucx/libucp.so" in err and "MORI_UCX_LIB" in err, err
     assert "apt-get install libucx0" in err and "pip install libucx" in err, err
-    proc = _run("from mori.core import _native\n_native.ucx_load([])")
+    proc = _run("from mori.core._native import ucx\nucx.ucx_load([])")
     assert "no usable UCX found (no candidate)" in proc.stderr, proc.stderr
 
 
 def test_a_second_ucx_in_one_process_is_refused() -> None:
     code = f"""
-from mori.core import _native, ucx
+from mori.core import ucx
+from mori.core._native import ucx as native_ucx
 ucx.load()
 try:
-    _native.ucx_load([({wheel_ucx()!r} + "/libucp.so.0", "MORI_UCX_LIB")])
-except _native.UcxLoadError as e:
+    native_ucx.ucx_load([({wheel_ucx()!r} + "/libucp.so.0", "MORI_UCX_LIB")])
+except native_ucx.UcxLoadError as e:
     print("refused:", e)
 """
     proc = _run(code)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from _peer import PeerProcess, SharedBuffer
 
-from mori.core import native as _native
+from mori.core import tcp as _tcp
 from mori.io import (
     BackendType,
     IOEngine,
@@ -155,12 +155,12 @@ def test_wrong_token_rejected(monkeypatch):
                     assert (buf.array[:256] == 9).all()
         # The data plane enforces the token on its own too, and the ticket its control plane
         # issued to the key the connection claims.
-        port = _native.TcpTarget("127.0.0.1", 0, "s3cret", 5.0)
+        port = _tcp.Target("127.0.0.1", 0, "s3cret", 5.0)
         port.issue_ticket("x", "ticket-x")
         for key, token in (("x", "nope"), ("y", "s3cret")):
             with pytest.raises(RuntimeError, match="rejected: auth token or data-plane ticket"):
-                _native.TcpPeer("t", "127.0.0.1", port.port, 1, key, token, "ticket-x", 5.0)
-        _native.TcpPeer("t", "127.0.0.1", port.port, 1, "x", "s3cret", "ticket-x", 5.0).close()
+                _tcp.Peer("t", "127.0.0.1", port.port, 1, key, token, "ticket-x", 5.0)
+        _tcp.Peer("t", "127.0.0.1", port.port, 1, "x", "s3cret", "ticket-x", 5.0).close()
         port.close()
     finally:
         peer.close()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from _hostile import REGION, good_write
 
-from mori.core import native as _native
+from mori.core import tcp as _tcp
 from mori.core.testing import connect_many
 from mori.io import (
     BackendType,
@@ -288,10 +288,10 @@ def test_data_plane_key_needs_the_control_session(pair):
     info = client.request("tcp.info", {})
     client.close()
     with pytest.raises(RuntimeError, match="rejected"):
-        _native.TcpPeer("t", "127.0.0.1", info["port"], 1, "hostile-init", "", info["ticket"], 5.0)
+        _tcp.Peer("t", "127.0.0.1", info["port"], 1, "hostile-init", "", info["ticket"], 5.0)
     with pytest.raises(RuntimeError, match="rejected"):
-        _native.TcpPeer("t", "127.0.0.1", info["port"], 1, "hostile-init", "", "", 5.0)
-    _native.TcpPeer("t", "127.0.0.1", info["port"], 1, "mallory", "", info["ticket"], 5.0).close()
+        _tcp.Peer("t", "127.0.0.1", info["port"], 1, "hostile-init", "", "", 5.0)
+    _tcp.Peer("t", "127.0.0.1", info["port"], 1, "mallory", "", info["ticket"], 5.0).close()
 
 
 def test_good_peer_keeps_working_during_attack(make_target):

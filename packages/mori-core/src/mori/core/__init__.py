@@ -1,12 +1,14 @@
 """mori.core: the runtime every mori package stands on.
 
 Configuration (``MORI_*`` variables), logging, the bootstrap network, host and GPU memory,
-native host atomics, per-device streams and events (``gpu``), the UCX engine (``ucx``), the NVRTC device-code compiler and the device headers' location.
+native host atomics, a batch of copies and its planner (``batch``), the native TCP data plane
+(``tcp``), per-device streams and events (``gpu``), the UCX engine (``ucx``), the NVRTC
+device-code compiler and the device headers' location.
 """
 
 from importlib import metadata as _metadata
 
-from . import atomics, codes, gpu, host, memory, nvrtc, ucx
+from . import atomics, batch, codes, gpu, host, memory, nvrtc, tcp, ucx
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
@@ -22,6 +24,7 @@ __all__ = [
     "HostSegment",
     "__version__",
     "atomics",
+    "batch",
     "codes",
     "get_logger",
     "get_unique_id",
@@ -31,5 +34,6 @@ __all__ = [
     "nvrtc",
     "parse_size",
     "set_log_level",
+    "tcp",
     "ucx",
 ]

@@ -11,7 +11,10 @@ its TCP backend):
 * :class:`Completion` — the end of the work recorded by a list of events: a non-blocking
   :meth:`~Completion.poll` and a :meth:`~Completion.wait` built on :func:`mori.core.cuda.poll`;
 * :class:`BatchMemcpy` — many copies on one stream in one ``cuMemcpyBatchAsync``, or one
-  ``cuMemcpyAsync`` per copy where the driver has no batch call.
+  ``cuMemcpyAsync`` per copy where the driver has no batch call;
+* :class:`GatherLauncher` (native) — a gather table's upload (rows (src, dst, bytes), say a
+  :class:`mori.core.batch.Batch`'s), the launch of the caller's gather kernel and an event, in one
+  call through driver entry points.
 
 Host memory these copies use comes from :class:`mori.core.memory.PinnedPool`. Everything here needs
 the ``mori-core[cuda]`` extra when used, not when imported. The driver entry points that a
@@ -28,9 +31,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import cuda
-from . import native as _native
+from ._native import gpu as _native_gpu
+from ._native.gpu import GatherLauncher
 
-__all__ = ["BatchMemcpy", "Completion", "EventPool", "PrimaryContext", "StreamPool", "on_device"]
+__all__ = ["BatchMemcpy", "Completion", "EventPool", "GatherLauncher", "PrimaryContext", "StreamPool", "on_device"]
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY: an event or stream with work still queued
 # Answers of cuMemcpyBatchAsync that mean "this driver will not take these as a batch", not "the
@@ -269,7 +273,7 @@ class BatchMemcpy:
         failure raises :class:`~mori.core.cuda.CudaError` with ``detail``."""
         if len(sizes) < 2 or not self._entry:
             return False
-        code = _native.memcpy_batch(self._entry, dsts, srcs, sizes, int(stream))
+        code = _native_gpu.memcpy_batch(self._entry, dsts, srcs, sizes, int(stream))
         if code == 0:
             return True
         if code in _BATCH_REFUSALS:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config
-from ._native import UcxEngine, UcxLoadError, UcxPeer, UcxTransfer, ucx_components, ucx_library, ucx_load
+from ._native.ucx import UcxEngine, UcxLoadError, UcxPeer, UcxTransfer, ucx_components, ucx_library, ucx_load
 
 __all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "candidates", "has_verbs",
            "library_info", "load", "make_engine", "transports"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import SupportsFloat
 
-from ._native import UcxEngine, UcxPeer, ucx_atomic
+from ._native.ucx import UcxEngine, UcxPeer, ucx_atomic
 
 __all__ = ["OPS", "atomic"]
 

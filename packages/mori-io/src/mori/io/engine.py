@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mori.core import config as mori_config
-from mori.core import native as _native
+from mori.core.batch import batch_bounds, int64_array
 from mori.core.host import this_host
 from mori.core.log import get_logger
 
@@ -201,7 +201,7 @@ def _as_offsets(name: str, values: Sequence[int]) -> Any:
     if not isinstance(values, (list, tuple, range)) and not hasattr(values, "dtype"):
         raise TypeError(f"{name} must be a list, tuple or 1-d integer array, got {type(values).__name__}")
     if _HAVE_NUMPY and isinstance(values, (list, tuple)) and len(values) >= _LIST_TO_ARRAY:
-        return _native.int64_array(values, name)
+        return int64_array(values, name)
     try:
         out = list(map(operator.index, values))
     except TypeError:
@@ -215,7 +215,7 @@ def _bounds(l_offs: Any, r_offs: Any, sizes: Any) -> tuple[int, int, int]:
     """(smallest offset or size, largest local end, largest remote end) of a non-empty batch:
     numpy batches in one native pass, lists in Python."""
     if hasattr(sizes, "dtype"):
-        low, l_end, r_end = _native.batch_bounds(l_offs, r_offs, sizes)
+        low, l_end, r_end = batch_bounds(l_offs, r_offs, sizes)
         return int(low), int(l_end), int(r_end)
     return min(min(l_offs), min(r_offs), min(sizes)), _span_end(l_offs, sizes), _span_end(r_offs, sizes)
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from mori.core import cuda as _cuda
-from mori.core import native as _native
 from mori.core import nvrtc
+from mori.core.gpu import GatherLauncher
 from mori.core.memory import PinnedPool, pinned_alloc, pinned_free
 
 __all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuffer", "TablePool"]
@@ -149,7 +149,7 @@ class CopyKernel:
         per_sm = int(_cuda.call("cuOccupancyMaxActiveBlocksPerMultiprocessor", function, _THREADS, 0))
         # Upload, launch and event record happen in native code (one Python call per transfer
         # instead of three driver calls through the bindings and the argument packing).
-        self._launcher = _native.GatherLauncher(
+        self._launcher = GatherLauncher(
             _cuda.entry_point("cuLaunchKernel"), _cuda.entry_point("cuMemcpyHtoDAsync"),
             _cuda.entry_point("cuEventRecord"), int(function), _THREADS, sms * max(1, per_sm))
         self._result = drv.CUresult

@@ -2,9 +2,9 @@
 
 No CUDA here, so it is tested on any machine:
 
-1. ``mori.core.native.gather_rows`` writes the batch's rows (src, dst, bytes) in one pass,
-   straight into the caller's buffer (the pinned table the kernel will read): blocks of zero
-   bytes dropped, runs of blocks contiguous on both sides merged into one row;
+1. the batch is built once as a :class:`mori.core.batch.Batch`, its rows (src, dst, bytes)
+   written straight into the caller's buffer (the pinned table the kernel will read): blocks of
+   zero bytes dropped, runs of blocks contiguous on both sides merged into one row;
 2. rows smaller than ``kernel_max`` bytes go to one launch of the gather kernel (in a large
    batch of large rows, a share of them to the copy engines beside it), which cuts
    each row into ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes (a warp copies one piece,
@@ -16,8 +16,8 @@ No CUDA here, so it is tested on any machine:
    pieces are dealt out over at most ``max_streams`` streams, balancing bytes, so several copy
    engines work at once.
 
-Every cut, merge and deal is mori-core's batch planner (``gather_rows``, ``stripe_rows``,
-``count_pieces``, ``deal_rows`` of :mod:`mori.core.native`); this module holds only the policy.
+Every cut, merge and deal is mori-core's batch planner (``Batch`` and its ``stripe``,
+``count_pieces`` and ``deal``, :mod:`mori.core.batch`); this module holds only the policy.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mori.core import native as _native
+from mori.core.batch import Batch
 
 __all__ = ["CopyPlan", "plan_copies", "KERNEL_PIECE", "SHARE_MIN_ROW", "SHARE_MIN_ROWS"]
 
@@ -56,12 +56,15 @@ class CopyPlan:
         return int(self.kernel[:, 2].sum()) + sum(int(e[:, 2].sum()) for e in self.engines)
 
 
-def _deal(rows: np.ndarray, max_streams: int, stripe: int) -> list[np.ndarray]:
+def _deal(rows: Batch, max_streams: int, stripe: int) -> list[np.ndarray]:
     """Rows cut at ``stripe`` bytes and dealt over at most ``max_streams`` streams in runs of about
     equal bytes, no more runs than the bytes hold stripes."""
-    rows = _native.stripe_rows(rows, stripe)
-    bounds = _native.deal_rows(rows, max_streams, stripe).tolist()
-    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    pieces = rows.stripe(stripe)
+    table, lanes, at = np.asarray(pieces), [], 0
+    for run in pieces.deal(max_streams, stripe):
+        lanes.append(table[at:at + len(run)])
+        at += len(run)
+    return lanes
 
 
 Offsets = Sequence[int] | np.ndarray
@@ -74,7 +77,7 @@ def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_str
         return CopyPlan(row[:0])
     if size < kernel_max:
         return CopyPlan(row)
-    return CopyPlan(row[:0], _deal(row, max_streams, stripe))
+    return CopyPlan(row[:0], _deal(Batch.one(src, dst, size), max_streams, stripe))
 
 
 def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
@@ -91,34 +94,33 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     if len(sizes) == 1:
         return _single(src_base + int(src_offsets[0]), dst_base + int(dst_offsets[0]), int(sizes[0]), kernel_max,
                        stripe, max_streams)
+    given = out is not None
     if out is None:
         out = np.empty((len(sizes), 3), dtype=np.uint64)
-    elif out.dtype != np.uint64 or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("plan_copies: out must be a writable C-contiguous uint64 array")  # else rows land in a copy
-    n, largest, smallest = _native.gather_rows(src_base, dst_base, _int64(src_offsets), _int64(dst_offsets),
-                                               _int64(sizes), out)
+    batch = Batch(src_offsets, dst_offsets, sizes, src_base, dst_base, out)  # rows written into out
+    n = len(batch)
     rows = out[:n]
-    if largest < kernel_max:
-        shared = int(n * engine_share) if n >= SHARE_MIN_ROWS and smallest >= SHARE_MIN_ROW else 0
-        return _kernel_plan(rows[:n - shared], largest, smallest, [rows[n - shared:]] if shared else [], in_out=True)
-    if smallest >= kernel_max:
-        kernel_rows, engine_rows = rows[:0], rows
-    else:
-        small = rows[:, 2] < np.uint64(kernel_max)
-        kernel_rows, engine_rows = rows[small], rows[~small]
-    largest_small = int(kernel_rows[:, 2].max(initial=0))
-    return _kernel_plan(kernel_rows, largest_small, int(kernel_rows[:, 2].min(initial=0)),
-                        _deal(engine_rows, max_streams, stripe), in_out=False)
+    if batch.largest < kernel_max:
+        shared = int(n * engine_share) if n >= SHARE_MIN_ROWS and batch.smallest >= SHARE_MIN_ROW else 0
+        kernel = batch[:n - shared] if shared else batch
+        return _kernel_plan(kernel, rows[:n - shared], [rows[n - shared:]] if shared else [], given)
+    if batch.smallest >= kernel_max:
+        return _kernel_plan(batch[:0], rows[:0], _deal(batch, max_streams, stripe), False)
+    small = rows[:, 2] < np.uint64(kernel_max)
+    kernel = _batch_of(rows[small])
+    return _kernel_plan(kernel, np.asarray(kernel), _deal(_batch_of(rows[~small]), max_streams, stripe), False)
 
 
-def _int64(values: Offsets) -> np.ndarray:
-    return np.ascontiguousarray(values, dtype=np.int64)
+def _batch_of(rows: np.ndarray) -> Batch:
+    """The Batch of (n, 3) rows taken from a Batch (so already checked)."""
+    return Batch(rows[:, 0], rows[:, 1], rows[:, 2])
 
 
-def _kernel_plan(rows: np.ndarray, largest: int, smallest: int, engines: list[np.ndarray], in_out: bool) -> CopyPlan:
-    """The plan whose kernel rows are ``rows`` (their largest and smallest sizes given)."""
-    per_row = -(-largest // KERNEL_PIECE) if len(rows) > 1 else 1
+def _kernel_plan(kernel: Batch, rows: np.ndarray, engines: list[np.ndarray], in_out: bool) -> CopyPlan:
+    """The plan whose kernel rows are ``kernel`` (``rows``: the same rows as an array)."""
+    per_row = -(-kernel.largest // KERNEL_PIECE) if len(kernel) > 1 else 1
     # Mostly empty pieces: cut on the host instead.
-    if per_row > 1 and largest != smallest and per_row * len(rows) > 2 * _native.count_pieces(rows, KERNEL_PIECE):
-        return CopyPlan(_native.stripe_rows(rows, KERNEL_PIECE), engines, 1, in_out=False)
+    if per_row > 1 and kernel.largest != kernel.smallest and per_row * len(kernel) > 2 * kernel.count_pieces(
+            KERNEL_PIECE):
+        return CopyPlan(np.asarray(kernel.stripe(KERNEL_PIECE)), engines, 1, in_out=False)
     return CopyPlan(rows, engines, max(per_row, 1), in_out=in_out)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from mori.core import cuda as _cuda
+from mori.core.batch import Batch
 from mori.core.gpu import BatchMemcpy, Completion, EventPool, StreamPool, on_device
 from mori.core.memory import pinned_alloc, pinned_free
 
@@ -302,7 +303,7 @@ class GpuStaging:
         base, lofs = (req.local.data, c.local) if buf is None else (buf, c.packed)
         mem, rofs = (req.remote.id, c.remote) if slot is None else (slot, c.packed)
         op = _NATIVE_WRITE if req.op == TransferOp.WRITE else _NATIVE_READ
-        t = peer.submit_arrays(op, base, lofs, mem, rofs, c.sizes, req.uid, False, self._stripe)
+        t = peer.submit(op, Batch(lofs, rofs, c.sizes, base), mem, req.uid, False, self._stripe)
         if not t.wait(2 * timeout):
             raise TimeoutError(f"a {c.nbytes}-byte chunk got no answer in {2 * timeout:.1f} s")
         if t.code() != StatusCode.SUCCESS:

@@ -2,9 +2,10 @@
 
 The native TCP data plane only touches host memory, so GPU memory travels through pinned host
 buffers of a fixed size (a *chunk*): :func:`plan_chunks` cuts a batch into chunks (mori-core's
-native planner, no Python per block), :class:`StagingPool` hands out pinned buffers (mori-core's pool) up to a bound,
-and :class:`SlotLeases` tracks the buffers a target lends to initiators between the control
-request that fills or lends one and the one that returns it.
+:meth:`~mori.core.batch.Batch.cut_chunks`, no Python per block), :class:`StagingPool` hands out
+pinned buffers (mori-core's pool) up to a bound, and :class:`SlotLeases` tracks the buffers a
+target lends to initiators between the control request that fills or lends one and the one that
+returns it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mori.core import native as _native
+from mori.core.batch import Batch
 from mori.core.memory import PinnedPool
 
 from ._staging_size import CHUNK_BYTES, chunk_bytes_for
@@ -44,17 +45,19 @@ class Chunk:
 def plan_chunks(local_offsets: object, remote_offsets: object, sizes: object, chunk_bytes: int,
                 max_pieces: int = MAX_PIECES) -> list[Chunk]:
     """Cuts a batch into chunks of at most ``chunk_bytes`` bytes and ``max_pieces`` pieces
-    (mori-core's planner, :func:`mori.core.native.cut_chunks`).
+    (mori-core's planner, :meth:`mori.core.batch.Batch.cut_chunks`).
 
     The blocks are laid end to end and cut at every multiple of ``chunk_bytes`` (a block that
     crosses a boundary becomes two pieces); zero-byte blocks are dropped and neighbouring pieces
     contiguous on both sides are merged. Buffer positions restart at 0 in every chunk.
     """
-    lo, ro, sz = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (local_offsets, remote_offsets, sizes))
-    local, remote, p_sizes, packed, bounds = _native.cut_chunks(lo, ro, sz, chunk_bytes, max_pieces)
-    cuts = bounds.tolist()
-    return [Chunk(local[h:e], remote[h:e], p_sizes[h:e], packed[h:e], int(packed[e - 1] + p_sizes[e - 1]))
-            for h, e in zip(cuts[:-1], cuts[1:])]
+    chunks = []
+    for c in Batch(local_offsets, remote_offsets, sizes).cut_chunks(chunk_bytes, max_pieces):
+        rows = np.asarray(c)  # the pieces, read in place: columns are uint64 views
+        packed = np.add.accumulate(rows[:, 2])
+        packed -= rows[:, 2]
+        chunks.append(Chunk(rows[:, 0], rows[:, 1], rows[:, 2], packed, c.total_bytes))
+    return chunks
 
 
 def pack_array(values: np.ndarray) -> bytes:

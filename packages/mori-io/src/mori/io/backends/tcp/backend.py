@@ -1,4 +1,4 @@
-"""The TCP backend: memory over the native data plane of mori-core (``TcpTarget``/``TcpPeer``).
+"""The TCP backend: memory over the native data plane of mori-core (:mod:`mori.core.tcp`).
 
 The data plane listens on its own port, published to peers through the control op
 ``tcp.info``. Connections to a peer are opened at its first transfer; a broken connection makes
@@ -14,7 +14,8 @@ import threading
 from typing import Any
 
 from mori.core import config as mori_config
-from mori.core import native as _native
+from mori.core import tcp as _tcp
+from mori.core.batch import Batch
 
 from ...types import (
     BackendType,
@@ -52,10 +53,10 @@ class TcpBackend(Backend):
         self._staging_bytes = int(mori_config.get("MORI_IO_TCP_STAGING_SIZE"))
         self._chunk = chunk_bytes_for(self._staging_bytes)  # a bad size fails here, not at the first transfer
         lim = ctx.limits
-        self._target = _native.TcpTarget(ctx.host, 0, ctx.auth_token(), ctx.io_timeout(),
-                                         max_connections=lim.max_connections, max_handshakes=lim.max_handshakes,
-                                         hello_timeout=lim.hello_timeout, max_inbound=lim.max_inbound,
-                                         inbound_ttl=lim.inbound_ttl, timeout_setting="MORI_IO_TIMEOUT")
+        self._target = _tcp.Target(ctx.host, 0, ctx.auth_token(), ctx.io_timeout(),
+                                   max_connections=lim.max_connections, max_handshakes=lim.max_handshakes,
+                                   hello_timeout=lim.hello_timeout, max_inbound=lim.max_inbound,
+                                   inbound_ttl=lim.inbound_ttl, timeout_setting="MORI_IO_TIMEOUT")
         self._peers: dict[str, Any] = {}
         self._connector = PeerConnector("TCP", self._connect_peer, self._start)
         self._remote_chunk: dict[str, int] = {}
@@ -135,9 +136,9 @@ class TcpBackend(Backend):
         desc = self.ctx.remote_engine(remote_key)
         info = self.ctx.control_request(remote_key, "tcp.info", {})
         chunk = int(info.get("staging_chunk", self._chunk))
-        peer = _native.TcpPeer(remote_key, desc.host, int(info["port"]), self.config.num_connections,
-                               self.ctx.engine_key, self.ctx.auth_token(), str(info.get("ticket", "")),
-                               self.ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT")
+        peer = _tcp.Peer(remote_key, desc.host, int(info["port"]), self.config.num_connections,
+                         self.ctx.engine_key, self.ctx.auth_token(), str(info.get("ticket", "")),
+                         self.ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT")
         with self._lock:
             self._remote_chunk[remote_key] = chunk
         return peer
@@ -175,10 +176,9 @@ class TcpBackend(Backend):
             key = request.remote.engine_key
             self._staging().submit(peer, request, self._remote_chunk.get(key, self._chunk))
             return
-        # numpy batches go in as arrays (one memcpy each), lists element by element.
-        submit = peer.submit_arrays if hasattr(request.sizes, "dtype") else peer.submit
-        transfer = submit(_NATIVE_OP[request.op], request.local.data, request.local_offsets, request.remote.id,
-                               request.remote_offsets, request.sizes, request.uid,
+        # Rows (local address, remote offset, bytes); the engine checked every block already.
+        batch = Batch(request.local_offsets, request.remote_offsets, request.sizes, request.local.data)
+        transfer = peer.submit(_NATIVE_OP[request.op], batch, request.remote.id, request.uid,
                                request.notify and self.config.enable_notification, self.config.stripe_bytes)
         request.status._attach(transfer)
 

@@ -1,20 +1,20 @@
-// mori-core's generic batch copy between GPU memory regions, host side: the per-batch work that
-// would otherwise be several numpy passes and half a dozen Python-level driver calls. A batch is
-// a gather table, one row (src, dst, bytes) per contiguous run, that a caller-compiled kernel
-// with the parameters below copies; or a list of copy-engine copies.
+// mori.core._native.gpu: the host side of mori-core's generic batch copies between GPU memory
+// regions, the per-batch work that would otherwise be several numpy passes and half a dozen
+// Python-level driver calls. A batch is a gather table, one row (src, dst, bytes) per
+// contiguous run (rows from mori.core.batch.Batch), that a caller-compiled kernel with the
+// parameters below copies; or a list of copy-engine copies.
 //
-// - int64_array: a list batch as an int64 array, in one C loop.
-// - batch_bounds: one pass over (local offsets, remote offsets, sizes) giving what the engine
-//   checks against both regions.
-// - GatherLauncher: uploads such a table (rows from the batch planner, batch_plan.hpp), launches
-//   the gather kernel and records an event, on one stream, in three driver calls; memcpy_batch: many copy-engine copies in one call. No CUDA headers: the driver's entry points come in as
-//   addresses (cuGetProcAddress through cuda-bindings), so this builds with no toolkit.
+// - GatherLauncher: uploads such a table, launches the gather kernel and records an event, on
+//   one stream, in three driver calls;
+// - memcpy_batch: many copy-engine copies in one call.
+//
+// No CUDA headers: the driver's entry points come in as addresses (cuGetProcAddress through
+// cuda-bindings), so this builds with no toolkit.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -22,38 +22,10 @@
 
 namespace py = pybind11;
 
-namespace mori::batch {
+namespace mori::gpu {
 namespace {
 
-using I64Array = py::array_t<int64_t, py::array::c_style>;
 using U64Array = py::array_t<uint64_t, py::array::c_style>;
-
-const int64_t* data_of(const I64Array& a, const char* what, py::ssize_t n) {
-    if (a.ndim() != 1 || a.shape(0) != n)
-        throw py::value_error(std::string(what) + ": expected a 1-d int64 array of " + std::to_string(n) +
-                              " elements");
-    return a.data();
-}
-
-// (smallest offset or size, largest local end, largest remote end); the batch must not be empty.
-py::tuple batch_bounds(const I64Array& local, const I64Array& remote, const I64Array& sizes) {
-    const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
-    if (n <= 0) throw py::value_error("batch_bounds: expected a non-empty 1-d int64 array of sizes");
-    const int64_t* l = data_of(local, "local offsets", n);
-    const int64_t* r = data_of(remote, "remote offsets", n);
-    const int64_t* s = data_of(sizes, "sizes", n);
-    // Ends are summed as unsigned: with every value >= 0 they cannot wrap; with a negative one
-    // the batch is rejected on `low` whatever they are.
-    int64_t low = std::numeric_limits<int64_t>::max();
-    uint64_t lend = 0, rend = 0;
-    for (py::ssize_t i = 0; i < n; ++i) low = std::min(low, std::min(std::min(l[i], r[i]), s[i]));
-    for (py::ssize_t i = 0; i < n; ++i)
-        lend = std::max(lend, static_cast<uint64_t>(l[i]) + static_cast<uint64_t>(s[i]));
-    for (py::ssize_t i = 0; i < n; ++i)
-        rend = std::max(rend, static_cast<uint64_t>(r[i]) + static_cast<uint64_t>(s[i]));
-    const uint64_t top = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());  // past any region
-    return py::make_tuple(low, static_cast<int64_t>(std::min(lend, top)), static_cast<int64_t>(std::min(rend, top)));
-}
 
 // Driver entry points (CUresult is an int; handles are pointers).
 using BatchFn = int (*)(uint64_t* dsts, uint64_t* srcs, size_t* sizes, size_t count, void* attrs, size_t* attrsIdxs,
@@ -158,47 +130,8 @@ private:
     unsigned threads_, maxBlocks_;
 };
 
-// The ints of a Python sequence as an int64 array, each taken as operator.index takes it (ints,
-// bools, numpy integers; a float or a string is a TypeError naming `what`; a value outside int64
-// an OverflowError). One C loop instead of a Python-level pass per layer over a list batch.
-py::array_t<int64_t> int64_array(const py::sequence& seq, const std::string& what) {
-    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "expected a sequence"));
-    if (!fast) throw py::error_already_set();
-    const py::ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
-    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    py::array_t<int64_t> out(n);
-    int64_t* dst = out.mutable_data();
-    for (py::ssize_t i = 0; i < n; ++i) {
-        PyObject* item = items[i];
-        py::object owned;
-        if (PyBool_Check(item))  // an int to Python, but never a meaningful offset or size
-            throw py::type_error(what + " must be ints, got bool at index " + std::to_string(i));
-        if (!PyLong_Check(item)) {
-            owned = py::reinterpret_steal<py::object>(PyNumber_Index(item));
-            if (!owned) {
-                PyErr_Clear();
-                throw py::type_error(what + " must be a sequence of ints, got " + Py_TYPE(item)->tp_name +
-                                     " at index " + std::to_string(i));
-            }
-            item = owned.ptr();
-        }
-        int overflow = 0;
-        const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-        if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            throw py::value_error(what + "[" + std::to_string(i) + "] does not fit in 64 bits");
-        }
-        dst[i] = static_cast<int64_t>(v);
-    }
-    return out;
-}
-
-mori::native::Registration reg([](py::module_& m) {
-    m.def("int64_array", &int64_array, py::arg("values"), py::arg("what"),
-          "The ints of a sequence as an int64 numpy array (operator.index semantics, bools refused, errors name `what`).");
-    m.def("batch_bounds", &batch_bounds, py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
-          "(smallest offset or size, largest local end, largest remote end) of a non-empty batch of int64 "
-          "arrays, in one pass.");
+mori::native::Registration reg([](py::module_& root) {
+    py::module_ m = mori::native::submodule(root, "gpu", "host side of GPU batch copies");
     m.def("memcpy_batch", &memcpy_batch, py::arg("entry"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"),
           py::arg("stream"),
           "Queues the copies with one cuMemcpyBatchAsync (CUDA 13 form, entry point from cuGetProcAddress), "
@@ -216,4 +149,4 @@ mori::native::Registration reg([](py::module_& m) {
 });
 
 }  // namespace
-}  // namespace mori::batch
+}  // namespace mori::gpu

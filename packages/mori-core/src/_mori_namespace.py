@@ -1,9 +1,10 @@
-"""Makes ``import mori`` followed by ``mori.shmem.…`` work, as MORI's own package does.
+"""Makes ``import mori`` followed by ``mori.shmem.…`` or ``mori.io.…`` work, as MORI's own package does.
 
 ``mori`` is a PEP 420 namespace shared by four distributions, so it has no ``__init__`` that could
-import its subpackages. mori-shmem's ``mori_shmem.pth`` imports this module at interpreter start;
-it gives the namespace module a PEP 562 ``__getattr__`` that imports ``mori.<name>`` on first
-use. Nothing heavy is imported at start-up.
+import its subpackages. mori-core, which every other package depends on, ships this module and
+``mori_core.pth``, which imports it at interpreter start; it gives the namespace module a PEP 562
+``__getattr__`` that imports ``mori.<name>`` on first use (so ``import mori; mori.io.IOEngine``
+works with mori-io alone). Nothing heavy is imported at start-up.
 """
 
 import importlib

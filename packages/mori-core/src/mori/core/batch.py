@@ -1,0 +1,30 @@
+"""A batch of copies as one value, and the planner that cuts it (C++ ``csrc/batch.hpp`` and
+``csrc/batch_plan.hpp``; the TCP data plane uses the same C++ in-process).
+
+:class:`Batch` is built once from the caller's columns, ``Batch(src_offsets, dst_offsets, sizes,
+src_base=0, dst_base=0)``: each column a sequence of ints or any 1-d integer buffer (a numpy
+array, ``array.array``, a ``memoryview``; numpy is not needed). Its rows are ``(src_base +
+src_offsets[i], dst_base + dst_offsets[i], sizes[i])`` as uint64, with empty blocks dropped and a
+block that continues the previous row on both sides merged into it. Every column is checked first
+(``TypeError`` for what is not integers; ``ValueError`` naming the column and index for a negative
+value or one past 64 bits, for a block that runs past 2^64, or for columns of different lengths).
+``Batch.one(src, dst, bytes)`` is the batch of one block, the cheapest to build.
+
+A batch is immutable. ``len(batch)`` rows, ``batch[i]`` is the tuple ``(src, dst, bytes)``,
+``batch[a:b]`` a Batch (a view of the same rows); ``largest`` and ``smallest`` (row sizes) are
+kept from the build, ``total_bytes``, ``src_end`` and ``dst_end`` counted when asked; the rows
+read in place through the buffer protocol as an ``(n, 3)`` uint64 array (``numpy.asarray(batch)``,
+``memoryview(batch)``). ``Batch(..., out=table)`` writes the rows into a caller's writable
+``(>= n, 3)`` uint64 array (a pinned table a kernel reads, say) and reads them there. The planner's verbs are its
+methods and return Batch values: :meth:`Batch.stripe` (rows cut into pieces of at most a size),
+:meth:`Batch.count_pieces`, :meth:`Batch.deal` (contiguous runs of about equal bytes, one per
+stream or connection) and :meth:`Batch.cut_chunks` (staging-buffer chunks; a chunk's pieces are
+packed from offset 0 of a buffer in order).
+
+Also the engine's one-pass host work on a batch's ``int64`` columns: :func:`int64_array` (a list
+as an int64 array) and :func:`batch_bounds` (the smallest value and the largest end on each side).
+"""
+
+from ._native.batch import Batch, batch_bounds, int64_array
+
+__all__ = ["Batch", "batch_bounds", "int64_array"]

@@ -1,0 +1,14 @@
+"""The native TCP data plane (C++ ``csrc/tcp_*``): a :class:`Target` serves registered host memory
+to authenticated peers; a :class:`Peer` holds several connections to one target and moves a
+:class:`mori.core.batch.Batch` with one call, :meth:`Peer.submit` (rows cut at a stripe size
+and dealt over the connections, the GIL released); a :class:`Transfer` is its completion, whose
+code is a :class:`mori.core.codes.TransferCode` value (``TRANSFER_CODES``: the data plane's own
+table of them by name, which a test compares with that enum).
+
+Every limit on what peers may consume is a :class:`Target` argument; timeout messages name the
+caller's setting for the I/O timeout (``timeout_setting``).
+"""
+
+from ._native.tcp import TRANSFER_CODES, Peer, Target, Transfer
+
+__all__ = ["TRANSFER_CODES", "Peer", "Target", "Transfer"]
