@@ -9,6 +9,7 @@
 # scripts (a script the base tree lacks is reported and skipped), alternating
 # mine/base ROUNDS times so that neither always runs first. Logs and JSON go to $OUT.
 # Usage (repository root, .devkit carried): bash ci/device/compare.sh BASE_DIR [ROUNDS] [ITERS]
+# MORI_BENCHES="tcp_gpu shmem nvlink": run only the named benchmarks (default: all three).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mori-out}
@@ -37,14 +38,15 @@ run() {  # run VERSION ROUND: the benchmarks with VERSION's install and VERSION'
   local v=$1 r=$2 path= tree=$repo
   if [ "$v" = base ]; then path=/tmp/mori-base; tree=$base; fi
   PYTHONPATH=$path python3 -c "import mori.core, mori.io, mori.shmem as s; print('$v:', mori.core.__file__, mori.io.__file__, s.__file__)"
-  bench "$v" "$r" tcp_gpu "TCP with GPU memory" 240 "$tree/ci/device/io_tcp_gpu_bench.py" --iters "$iters" \
+  want tcp_gpu && bench "$v" "$r" tcp_gpu "TCP with GPU memory" 240 "$tree/ci/device/io_tcp_gpu_bench.py" --iters "$iters" \
     && tail -n 30 "$OUT/tcp_gpu_${v}_$r.log"
-  launch="-m torch.distributed.run --standalone --nproc_per_node=2" \
+  want shmem && launch="-m torch.distributed.run --standalone --nproc_per_node=2" \
     bench "$v" "$r" shmem "shmem bench" 120 "$tree/ci/device/bench_shmem.py" --no-nvshmem \
     && sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_${v}_$r.log"
-  bench "$v" "$r" nvlink "NVLink backend (io_bench.py)" 180 "$tree/ci/device/io_bench.py" --iters 20 \
+  want nvlink && bench "$v" "$r" nvlink "NVLink backend (io_bench.py)" 180 "$tree/ci/device/io_bench.py" --iters 20 \
     && grep -vE "^\s*$" "$OUT/nvlink_${v}_$r.log" | tail -n 75
 }
+want() { [ -z "${MORI_BENCHES:-}" ] || [[ " $MORI_BENCHES " == *" $1 "* ]]; }
 bench() {  # bench VERSION ROUND NAME TITLE LIMIT SCRIPT ARGS...: python3 [$launch] SCRIPT ARGS, log in $OUT
   local v=$1 r=$2 name=$3 title=$4 limit=$5 script=$6 path=
   shift 6

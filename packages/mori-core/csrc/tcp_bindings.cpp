@@ -1,5 +1,5 @@
 // mori.core._native.tcp: the native TCP data plane for Python (Target, Peer, Transfer,
-// TRANSFER_CODES). Every call that can block (connect, submit, wait, deregister, close) releases
+// TRANSFER_CODES, OP_CODES). Every call that can block (connect, submit, wait, deregister, close) releases
 // the GIL.
 #include <pybind11/stl.h>
 
@@ -24,6 +24,10 @@ mori::native::Registration reg([](py::module_& root) {
     codes["ERR_BAD_STATE"] = static_cast<int>(kErrBadState);
     codes["ERR_DEVICE"] = static_cast<int>(kErrDevice);
     m.attr("TRANSFER_CODES") = codes;
+    py::dict ops;  // the wire's op codes: mori.core.codes.TransferOp takes them (a test compares)
+    ops["READ"] = static_cast<int>(kOpRead);
+    ops["WRITE"] = static_cast<int>(kOpWrite);
+    m.attr("OP_CODES") = ops;
 
     py::class_<Transfer, std::shared_ptr<Transfer>>(m, "Transfer",
                                                     "Completion of one native TCP transfer.")

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from mori.core import tcp
-from mori.core.codes import Cmp, SignalOp, TransferCode
+from mori.core.codes import Cmp, SignalOp, TransferCode, TransferOp
 
 
 def test_values_are_the_contract() -> None:
@@ -45,3 +45,8 @@ def test_transfer_codes_are_the_native_data_plane_s() -> None:
     assert {code.name: code.value for code in TransferCode} == tcp.TRANSFER_CODES
     # MORI-IO's StatusCode numbers: code written against MORI's literals means the same here.
     assert [int(c) for c in TransferCode] == [0, 1, 2, 11, 12, 13, 14, 15]
+
+
+def test_transfer_ops_are_the_native_data_planes() -> None:
+    # tcp_wire.hpp's Op (read and write), exported by the bindings, against the enum.
+    assert {op.name: op.value for op in TransferOp} == tcp.OP_CODES

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mori.core import cuda as _cuda
+from mori.core.batch import Batch
 from mori.io import BackendType, IOEngine, IOEngineConfig, XgmiBackendConfig
 from mori.io.backends.nvlink._kernels import KERNEL_NAME, compile_cubin
-from mori.io.backends.nvlink.plan import KERNEL_PIECE, plan_copies
+from mori.io.backends.nvlink.plan import KERNEL_PIECE, plan_batch, plan_copies
 
 SRC_BASE, DST_BASE = 1 << 20, 9 << 20  # two disjoint regions of one simulated address space
 MAX_TOTAL = 20 << 20
@@ -65,6 +66,25 @@ def test_plan_moves_exactly_the_blocks(batch, kernel_max, stripe, streams):
     assert len(plan.engines) <= streams
     for lane in plan.engines:
         assert len(lane) and (lane[:, 2] > 0).all() and (lane[:, 2] <= stripe).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=_batches(), kernel_max=st.sampled_from([0, 65536, 1 << 40]), read=st.booleans())
+def test_a_transfers_rows_plan_as_its_columns(batch, kernel_max, read):
+    """A transfer's rows (local address, remote offset, bytes), the remote region mapped at some
+    address: a write copies local -> remote, a read remote -> local, as plan_copies of the columns."""
+    local_offs, remote_offs, sizes = batch
+    if read:  # the source is the remote region
+        local_offs, remote_offs = remote_offs, local_offs
+    local_base, remote_base = (DST_BASE, SRC_BASE) if read else (SRC_BASE, DST_BASE)
+    rows = Batch(local_offs, remote_offs, sizes, local_base)
+    plan = plan_batch(rows, remote_base, read, kernel_max, 1 << 20, 4)
+    expect = MEMORY.copy()
+    for lo, ro, n in zip(local_offs, remote_offs, sizes):
+        src, dst = (remote_base + ro, local_base + lo) if read else (local_base + lo, remote_base + ro)
+        expect[dst:dst + n] = MEMORY[src:src + n]
+    assert np.array_equal(_replay(plan, MEMORY), expect)
+    assert plan.total_bytes == sum(sizes)
 
 
 def test_plan_merges_contiguous_blocks_and_stripes_large_ones():

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mori.core.batch import Batch
 from mori.io import (
     BackendType,
     IOEngine,
@@ -28,20 +29,15 @@ from mori.io import (
     TcpBackendConfig,
 )
 from mori.io.backends.tcp import _gpu as _tcp_gpu
-from mori.io.backends.tcp._staging import (
-    SlotLeases,
-    StagingPool,
-    check_pieces,
-    chunk_bytes_for,
-    plan_chunks,
-)
+from mori.io.backends.tcp._staging import SlotLeases, StagingPool, check_pieces, chunk_bytes_for
+from mori.io.backends.tcp.plan import plan_chunks
 
 
 def _replay(src: np.ndarray, dst: np.ndarray, l_offs: list[int], r_offs: list[int], sizes: list[int],
             chunk: int, max_pieces: int) -> None:
     """A write (local src -> remote dst) through one staging buffer per chunk, as the backend does."""
     buf = np.zeros(chunk, dtype=np.uint8)
-    for c in plan_chunks(l_offs, r_offs, sizes, chunk, max_pieces):
+    for c in plan_chunks(Batch(l_offs, r_offs, sizes), chunk, max_pieces):
         assert 0 < c.nbytes <= chunk and 0 < len(c.sizes) <= max_pieces
         assert (c.packed == np.cumsum(c.sizes) - c.sizes).all() and (c.sizes > 0).all()
         buf[:] = 0
@@ -72,14 +68,10 @@ def test_plan_moves_every_byte_once(blocks: list[tuple[int, int, int]], chunk: i
 
 
 def test_plan_merges_contiguous_blocks_and_cuts_big_ones() -> None:
-    chunks = plan_chunks(np.arange(1000) * 4096, np.arange(1000) * 4096, np.full(1000, 4096), 1 << 20)
+    chunks = plan_chunks(Batch(np.arange(1000) * 4096, np.arange(1000) * 4096, np.full(1000, 4096)), 1 << 20)
     assert [len(c.sizes) for c in chunks] == [1, 1, 1, 1] and [c.nbytes for c in chunks] == [1 << 20] * 3 + [
         4096 * 1000 - 3 * (1 << 20)]
-    assert plan_chunks([0, 5], [0, 9], [0, 0], 4096) == []
-    with pytest.raises(ValueError, match="lengths differ"):
-        plan_chunks([0], [0, 1], [1], 4096)
-    with pytest.raises(ValueError, match=r"src_offsets\[0\] is negative"):
-        plan_chunks([-1], [0], [1], 4096)
+    assert plan_chunks(Batch([0, 5], [0, 9], [0, 0]), 4096) == []
 
 
 def test_check_pieces_names_the_problem() -> None:

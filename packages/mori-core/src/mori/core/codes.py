@@ -13,13 +13,16 @@
   this enum). The values are MORI-IO's ``StatusCode`` numbers (``SUCCESS=0 INIT=1 IN_PROGRESS=2``,
   errors from 11), so a code compared with a literal means the same as in MORI; transports name
   them their own way (mori.io's ``StatusCode`` is MORI's names).
+* :class:`TransferOp`: the direction of a one-sided transfer, ``READ=1 WRITE=2``, the values the
+  native TCP data plane carries on its wire (a test compares its table, ``tcp.OP_CODES``, with
+  this enum); mori.io's backends take them as they are.
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Cmp", "SignalOp", "TransferCode"]
+__all__ = ["Cmp", "SignalOp", "TransferCode", "TransferOp"]
 
 
 class Cmp(enum.IntEnum):
@@ -86,3 +89,10 @@ class TransferCode(enum.IntEnum):
     ERR_TRANSPORT = 13  #: the transport's own library reported an error
     ERR_BAD_STATE = 14  #: peer unreachable or lost, timeout, credentials refused
     ERR_DEVICE = 15  #: a GPU operation failed
+
+
+class TransferOp(enum.IntEnum):
+    """Direction of a one-sided transfer, seen from the initiator."""
+
+    READ = 1  #: remote -> local
+    WRITE = 2  #: local -> remote

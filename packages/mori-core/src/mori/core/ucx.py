@@ -34,11 +34,12 @@ from typing import Any
 
 from . import config
 from ._native.ucx import UcxEngine, UcxLoadError, UcxPeer, UcxTransfer, ucx_components, ucx_library, ucx_load
+from .codes import TransferOp
 
 __all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "candidates", "has_verbs",
            "library_info", "load", "make_engine", "transports"]
 
-READ, WRITE = 1, 2  # UcxPeer.submit's op
+READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values
 
 # UCX components whose devices are RDMA NICs driven through verbs (InfiniBand, RoCE).
 VERBS_COMPONENTS = ("ib",)

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import operator
 import os
-import socket
 import threading
 import time
 import weakref
@@ -21,25 +19,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from mori.core import config as mori_config
-from mori.core.batch import batch_bounds, int64_array
+from mori.core.batch import Batch
 from mori.core.host import this_host
 from mori.core.log import get_logger
 
+from ._context import EngineContext, engine_handlers, io_timeout
 from ._control import ControlClient, ControlError, ControlServer
-from ._keys import MAX_NONCE, Identity
+from ._keys import Identity
 from ._limits import Limits
 from ._registry import (
-    CompletionRecord,
     InboundTable,
     InFlight,
     MemoryRegistry,
     RemoteEngines,
     UidAllocator,
-    check_notify,
-    notify_bodies,
 )
 from ._router import choose_backend, rank_backends
-from .backends import Backend, BackendContext, ControlHandler, TransferOp, TransferRequest, backend_factory
+from .backends import Backend, TransferOp, TransferRequest, backend_factory
 from .types import (
     BackendType,
     EngineDesc,
@@ -53,10 +49,6 @@ from .types import (
 __all__ = ["IOEngine", "IOEngineSession"]
 
 _log = get_logger("io")
-
-
-def _io_timeout() -> float:
-    return float(mori_config.get("MORI_IO_TIMEOUT"))
 
 
 def _node_id() -> str:
@@ -79,58 +71,6 @@ def _device_bus_id(device_id: int) -> str:
     return (raw.decode() if isinstance(raw, bytes) else str(raw)).rstrip("\x00")
 
 
-class _Context(BackendContext):
-    """What backends see of their engine."""
-
-    def __init__(self, engine: IOEngine, host: str, token: str) -> None:
-        self._engine = weakref.proxy(engine)
-        self.engine_key = engine._key
-        self.limits = engine._limits
-        self.host = host
-        self.hostname = socket.gethostname()
-        self.log = _log
-        self._token = token
-
-    def engine_desc(self) -> EngineDesc:
-        return self._engine.get_engine_desc()
-
-    def io_timeout(self) -> float:
-        return _io_timeout()
-
-    def auth_token(self) -> str:
-        return self._token
-
-    def remote_engine(self, key: str) -> EngineDesc:
-        desc = self._engine._remotes.get(key)
-        if desc is None:
-            raise KeyError(f"engine {key!r} is not registered with engine {self.engine_key!r}")
-        return desc
-
-    def control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._engine._control_request(remote_key, op, payload)
-
-    def control_request_to(self, engine: EngineDesc, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        client = self._engine._control_client(engine)
-        try:
-            return client.request(op, payload)
-        finally:
-            client.close()
-
-    def add_control_handler(self, op: str, handler: ControlHandler) -> None:
-        self._engine._server.handlers[op] = handler
-
-    def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
-        self._engine._inbound.record(remote_key, uid, code, message)
-
-    def send_completions(self, remote_key: str, records: Sequence[CompletionRecord]) -> None:
-        for body in notify_bodies(records):
-            try:
-                self._engine._control_request(remote_key, "notify", body)
-            except Exception as err:  # a lost record is logged; it must never keep a transfer from finishing
-                self.log.warning("cannot notify engine %r of %d finished transfer(s): %s", remote_key,
-                                 len(body["uids"]), err)
-
-
 def _shutdown(backends: dict[BackendType, Backend], server: ControlServer, clients: dict[str, ControlClient]) -> None:
     for b in list(backends.values()):
         b.close()
@@ -141,45 +81,9 @@ def _shutdown(backends: dict[BackendType, Backend], server: ControlServer, clien
     server.close()
 
 
-def _span_end(offsets: list[int], sizes: list[int]) -> int:
-    """One past the last byte any block touches (KV batches usually share one block size: fast path)."""
-    if sizes.count(sizes[0]) == len(sizes):
-        return max(offsets) + sizes[0]
-    return max(map(operator.add, offsets, sizes))
-
-
-def _engine_handlers(identity: Identity, memory: MemoryRegistry, inbound: InboundTable) -> dict[str, ControlHandler]:
-    """Control ops every engine serves: ping (with a nonce: also the answer that proves this
-    engine holds its key, see ``_keys``), memory-descriptor lookup, inbound notifications."""
-    my_key = identity.key
-
-    def ping(key: str, body: dict[str, Any]) -> dict[str, Any]:
-        nonce = body.get("nonce")
-        if isinstance(nonce, str) and 0 < len(nonce) <= MAX_NONCE:
-            return {"key": my_key, "answer": identity.answer(key, nonce)}
-        return {"key": my_key}
-
-    def lookup_mem(key: str, body: dict[str, Any]) -> dict[str, Any]:
-        desc = memory.get(int(body.get("id", -1)))
-        if desc is None:
-            raise ControlError(StatusCode.ERR_NOT_FOUND, f"memory {body.get('id')!r} is not registered with {my_key!r}")
-        return {"desc": desc.pack()}
-
-    def notify(key: str, body: dict[str, Any]) -> dict[str, Any]:
-        for record in check_notify(body):  # all checked first: a malformed batch records nothing
-            inbound.record(key, *record)
-        return {}
-
-    return {"ping": ping, "lookup_mem": lookup_mem, "notify": notify}
-
-
-# A list batch at least this long becomes an int64 array in one native pass (when numpy is
-# here): every later check and plan then runs without a Python loop over its blocks.
-_LIST_TO_ARRAY = 64
-_HAVE_NUMPY = importlib.util.find_spec("numpy") is not None
-
-
-_UID_END = 1 << 64  # uids travel as unsigned 64-bit integers
+_U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
+# Batch's own names of its columns, as the engine's callers know them.
+_COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
 
 
 def _int(name: str, value: Any) -> int:
@@ -192,32 +96,34 @@ def _int(name: str, value: Any) -> int:
     raise TypeError(f"{name} must be an int, got {type(value).__name__}")
 
 
-def _as_offsets(name: str, values: Sequence[int]) -> Any:
-    """A list of ints, or (for a 1-d numpy integer array, or a long list where numpy is
-    installed: batches of thousands of blocks are checked without a Python loop) an int64 array.
-    Mappings, sets, strings and bools are refused."""
-    if getattr(values, "ndim", None) == 1 and getattr(getattr(values, "dtype", None), "kind", "") in ("i", "u"):
-        return values.astype("int64", copy=False)  # type: ignore[attr-defined]
-    if not isinstance(values, (list, tuple, range)) and not hasattr(values, "dtype"):
-        raise TypeError(f"{name} must be a list, tuple or 1-d integer array, got {type(values).__name__}")
-    if _HAVE_NUMPY and isinstance(values, (list, tuple)) and len(values) >= _LIST_TO_ARRAY:
-        return int64_array(values, name)
+def _named(err: Exception) -> str:
+    """A message of :class:`Batch` in the words of the engine's caller (local/remote offsets)."""
+    text = str(err).removeprefix("Batch: ")
+    for column, name in _COLUMNS:
+        text = text.replace(column, name)
+    return text
+
+
+def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> Batch | str:
+    """The rows (``base`` + local offset, remote offset, bytes) of a transfer, built once, or why
+    its values cannot be (a negative value, one past 64 bits). ``TypeError`` for what is not
+    integers, ``ValueError`` for columns of different lengths. One block of plain ints (read,
+    write, most small batches) takes the short way."""
+    if type(sizes) is list and type(l_offs) is list and type(r_offs) is list and len(sizes) == 1 \
+            and len(l_offs) == len(r_offs) == 1:
+        lo, ro, n = l_offs[0], r_offs[0], sizes[0]
+        if type(lo) is int and type(ro) is int and type(n) is int and lo >= 0 and ro >= 0 and n >= 0 \
+                and base + lo + n <= _U64_END and ro + n <= _U64_END:
+            return Batch.one(base + lo, ro, n)
     try:
-        out = list(map(operator.index, values))
-    except TypeError:
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}") from None
-    if bool in set(map(type, values)):
-        raise TypeError(f"{name} must be ints, got a bool")
-    return out
-
-
-def _bounds(l_offs: Any, r_offs: Any, sizes: Any) -> tuple[int, int, int]:
-    """(smallest offset or size, largest local end, largest remote end) of a non-empty batch:
-    numpy batches in one native pass, lists in Python."""
-    if hasattr(sizes, "dtype"):
-        low, l_end, r_end = batch_bounds(l_offs, r_offs, sizes)
-        return int(low), int(l_end), int(r_end)
-    return min(min(l_offs), min(r_offs), min(sizes)), _span_end(l_offs, sizes), _span_end(r_offs, sizes)
+        return Batch(l_offs, r_offs, sizes, base)
+    except TypeError as err:
+        raise TypeError(_named(err)) from None
+    except ValueError as err:  # the columns were read, so they have lengths
+        if not len(l_offs) == len(r_offs) == len(sizes):
+            raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
+                             f"{len(sizes)} sizes") from None
+        return _named(err)
 
 
 class IOEngine:
@@ -245,8 +151,8 @@ class IOEngine:
         self._server = ControlServer(config.host, config.port, self._token, self._limits, log=_log,
                                      identity=self._identity)
         # Handlers close over the registries, not the engine, so the engine can be collected.
-        self._server.handlers.update(_engine_handlers(self._identity, self._memory, self._inbound))
-        self._ctx = _Context(self, config.host, self._token)
+        self._server.handlers.update(engine_handlers(self._identity, self._memory, self._inbound))
+        self._ctx = EngineContext(self, config.host, self._token)
         self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(),
                                 _node_id())
         # Per remote engine, the newest transfer started towards it (TransferStatus's order).
@@ -405,38 +311,23 @@ class IOEngine:
         problem = remote._wire_problem()
         return None if problem is None else (StatusCode.ERR_INVALID_ARGS, f"remote memory descriptor: {problem}")
 
-    def _submit(self, op: TransferOp, local: MemoryDesc, l_offs: Sequence[int], remote: MemoryDesc,
-                r_offs: Sequence[int], sizes: Sequence[int], uid: int, backend: Backend | None = None) -> TransferStatus:
+    def _submit(self, op: TransferOp, local: MemoryDesc, l_offs: Any, remote: MemoryDesc, r_offs: Any, sizes: Any,
+                uid: int, backend: Backend | None = None) -> TransferStatus:
         if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
             raise TypeError("local and remote memory must be MemoryDesc objects")
-        if type(sizes) is list and len(sizes) == 1 and type(l_offs) is list and type(r_offs) is list \
-                and len(l_offs) == len(r_offs) == 1:
-            # One block (read, write, and most small batches): checked without the batch passes.
-            lo, ro, n = _int("local offset", l_offs[0]), _int("remote offset", r_offs[0]), _int("size", sizes[0])
-            l_offs, r_offs, sizes = [lo], [ro], [n]
-            low, l_end, r_end = min(lo, ro, n), lo + n, ro + n
-        else:
-            l_offs, r_offs, sizes = _as_offsets("local offsets", l_offs), _as_offsets("remote offsets", r_offs), \
-                _as_offsets("sizes", sizes)
-            if not len(l_offs) == len(r_offs) == len(sizes):
-                raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote "
-                                 f"offsets, {len(sizes)} sizes")
-            if len({hasattr(v, "dtype") for v in (l_offs, r_offs, sizes)}) > 1:  # arrays mixed with lists
-                l_offs, r_offs, sizes = (list(map(int, v)) for v in (l_offs, r_offs, sizes))
-            if len(sizes):
-                low, l_end, r_end = _bounds(l_offs, r_offs, sizes)
+        batch = _batch(local.data, l_offs, r_offs, sizes)
         uid = _int("transfer uid", uid)
         status = TransferStatus()
         problem = self._reject(local, remote)
-        if problem is None and not 0 <= uid < _UID_END:
+        if problem is None and not 0 <= uid < _U64_END:
             problem = StatusCode.ERR_INVALID_ARGS, f"transfer uid {uid} outside 0..2**64-1"
-        if problem is None and len(sizes):
-            if low < 0:
-                problem = StatusCode.ERR_INVALID_ARGS, "offsets and sizes must be >= 0"
-            elif l_end > local.size:
+        if problem is None and isinstance(batch, str):
+            problem = StatusCode.ERR_INVALID_ARGS, batch
+        elif problem is None and isinstance(batch, Batch) and len(batch):
+            if batch.src_end - local.data > local.size:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \
                                                        f"({local.size} bytes)"
-            elif r_end > remote.size:
+            elif batch.dst_end > remote.size:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
                                                        f"({remote.size} bytes)"
         if problem is None and backend is None:
@@ -448,8 +339,8 @@ class IOEngine:
         if problem is not None:
             status._set(*problem)
             return status
-        assert backend is not None
-        request = TransferRequest(op, local, remote, l_offs, r_offs, sizes, uid, status)
+        assert backend is not None and not isinstance(batch, str)
+        request = TransferRequest(op, local, remote, batch, uid, status)
         if not backend.admit(request):  # refused on the spot ("SQ full"): failed now, outside the order
             return status
         with self._order_lock:
@@ -584,7 +475,7 @@ class IOEngine:
 
     def _control_client(self, desc: EngineDesc) -> ControlClient:
         """A control connection to ``desc``'s engine, proving this engine's key there."""
-        return ControlClient(desc.host, desc.port, self._key, self._token, _io_timeout(),
+        return ControlClient(desc.host, desc.port, self._key, self._token, io_timeout(),
                              proof=self._identity.proof_for(desc.key), reach=(self._desc.host, self._desc.port))
 
     def lookup_remote_memory(self, remote_key: str, mem_id: int) -> MemoryDesc:

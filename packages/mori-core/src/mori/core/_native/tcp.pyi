@@ -6,6 +6,7 @@ from .batch import Batch
 _Int = SupportsIndex
 
 TRANSFER_CODES: dict[str, int]
+OP_CODES: dict[str, int]
 
 class Transfer:
     def code(self) -> int: ...

@@ -1,7 +1,8 @@
-"""Connecting to remote engines off the caller's thread, one thread per engine being connected.
+"""First contact with a remote engine, off the caller's thread, one thread per peer being reached:
+every transport's way (TCP and RDMA per engine, NVLink per remote region it maps).
 
-Reaching a peer (a control request, then the backend's own connections) can take up to
-``MORI_IO_TIMEOUT``. Transfers submitted meanwhile wait in that peer's queue with their status
+Reaching a peer (a control request, then the backend's own connections or mappings) can take up
+to ``MORI_IO_TIMEOUT``. Transfers submitted meanwhile wait in that peer's queue with their status
 ``IN_PROGRESS``; a peer that does not answer delays only its own transfers, never another
 peer's (a shared pool of connecting threads would let a few dead peers hold everyone up). Any
 exception while connecting or starting a transfer finishes that transfer's status: none is left
@@ -11,7 +12,7 @@ waiting.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from ..types import StatusCode
@@ -20,21 +21,30 @@ from .base import ControlError, TransferRequest
 __all__ = ["PeerConnector"]
 
 
-class PeerConnector:
-    """Runs ``connect(key) -> route`` once per waiting peer on its own thread, then
-    ``start(route, request)`` for each transfer that waited; ``name`` prefixes the messages."""
+def _engine(request: TransferRequest) -> str:
+    return request.remote.engine_key
 
-    def __init__(self, name: str, connect: Callable[[str], Any], start: Callable[[Any, TransferRequest], None]) -> None:
+
+class PeerConnector:
+    """Runs ``connect(request) -> route`` once per waiting peer on its own thread (with the first
+    request waiting for it), then ``start(route, request)`` for each transfer that waited;
+    ``peer(request)`` names the peer a request waits for (by default its remote engine's key),
+    ``name`` prefixes the messages."""
+
+    def __init__(self, name: str, connect: Callable[[TransferRequest], Any],
+                 start: Callable[[Any, TransferRequest], None],
+                 peer: Callable[[TransferRequest], Hashable] = _engine) -> None:
         self._name = name
         self._connect = connect
         self._start = start
-        self._waiting: dict[str, list[TransferRequest]] = {}
+        self._peer = peer
+        self._waiting: dict[Hashable, list[TransferRequest]] = {}
         self._lock = threading.Lock()
         self.closed = False
 
     def submit(self, request: TransferRequest) -> None:
         """Queues ``request`` until its peer is reached (starting the connect if none runs)."""
-        key = request.remote.engine_key
+        key = self._peer(request)
         request.status._set(StatusCode.IN_PROGRESS)
         with self._lock:
             if key in self._waiting:
@@ -42,26 +52,28 @@ class PeerConnector:
                 return
             self._waiting[key] = [request]
         try:
-            threading.Thread(target=self._run, args=(key,), name=f"mori-io-{self._name}-connect", daemon=True).start()
+            threading.Thread(target=self._run, args=(key, request), name=f"mori-io-{self._name}-connect",
+                             daemon=True).start()
         except RuntimeError as err:  # no thread to be had
             self._finish(key, None, StatusCode.ERR_BAD_STATE, f"{self._name} backend: cannot start connecting: {err}")
 
-    def _run(self, key: str) -> None:
+    def _run(self, key: Hashable, first: TransferRequest) -> None:
         route, code, message = None, StatusCode.ERR_BAD_STATE, ""
+        engine = first.remote.engine_key
         if self.closed:
             message = f"{self._name} backend was closed before the transfer started"
         else:
             try:
-                route = self._connect(key)
+                route = self._connect(first)
             except ControlError as err:
                 code, message = err.code, f"{self._name} backend: {err}"
             except KeyError as err:
-                code, message = StatusCode.ERR_NOT_FOUND, f"{self._name} backend: cannot reach engine {key!r}: {err}"
+                code, message = StatusCode.ERR_NOT_FOUND, f"{self._name} backend: cannot reach engine {engine!r}: {err}"
             except Exception as err:  # any failure ends the waiting transfers: none may hang
-                message = f"{self._name} backend: cannot reach engine {key!r}: {err}"
+                message = f"{self._name} backend: cannot reach engine {engine!r}: {err}"
         self._finish(key, route, code, message)
 
-    def _finish(self, key: str, route: Any, code: StatusCode, message: str) -> None:
+    def _finish(self, key: Hashable, route: Any, code: StatusCode, message: str) -> None:
         with self._lock:
             requests = self._waiting.pop(key, [])
         for r in requests:

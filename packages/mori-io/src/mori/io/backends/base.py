@@ -14,11 +14,13 @@ handler refuses a request by raising :class:`ControlError` with a status code.
 from __future__ import annotations
 
 import abc
-import enum
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from mori.core.batch import Batch
+from mori.core.codes import TransferOp
 
 from .._control import ControlError
 from .._limits import Limits
@@ -30,35 +32,24 @@ __all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "Contro
 ControlHandler = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
-class TransferOp(enum.IntEnum):
-    """Direction of a one-sided transfer, seen from the initiator."""
-
-    READ = 0  # remote -> local
-    WRITE = 1  # local -> remote
-
-
 @dataclass
 class TransferRequest:
-    """One read/write or batch: ``len(sizes)`` blocks between ``local`` and ``remote``.
+    """One read/write or batch between ``local`` and ``remote``: ``batch`` (a
+    :class:`mori.core.batch.Batch`, built once by the engine from the caller's lists or arrays)
+    holds its rows (local address, remote offset, bytes), zero-byte blocks dropped and runs
+    contiguous on both sides merged.
 
-    Offsets are validated against both descriptors by the engine before a backend sees them;
-    the target side validates again against what it actually registered.
+    The engine checked every row against both descriptors before a backend sees them; the target
+    side checks again against what it actually registered.
     """
 
     op: TransferOp
     local: MemoryDesc
     remote: MemoryDesc
-    local_offsets: Sequence[int]
-    remote_offsets: Sequence[int]
-    sizes: Sequence[int]
+    batch: Batch
     uid: int
     status: TransferStatus
     notify: bool = True
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes moved by the whole request."""
-        return sum(self.sizes)
 
 
 class BackendContext(abc.ABC):

@@ -29,7 +29,7 @@ import numpy as np
 
 from mori.core.batch import Batch
 
-__all__ = ["CopyPlan", "plan_copies", "KERNEL_PIECE", "SHARE_MIN_ROW", "SHARE_MIN_ROWS"]
+__all__ = ["CopyPlan", "plan_batch", "plan_copies", "KERNEL_PIECE", "SHARE_MIN_ROW", "SHARE_MIN_ROWS"]
 
 KERNEL_PIECE = 32 << 10
 # The copy engines and the kernel pull over NVLink at once: measured on 2 H200s, 1024 x 256 KiB
@@ -124,3 +124,20 @@ def _kernel_plan(kernel: Batch, rows: np.ndarray, engines: list[np.ndarray], in_
             KERNEL_PIECE):
         return CopyPlan(np.asarray(kernel.stripe(KERNEL_PIECE)), engines, 1, in_out=False)
     return CopyPlan(rows, engines, max(per_row, 1), in_out=in_out)
+
+def plan_batch(batch: Batch, remote_base: int, read: bool, kernel_max: int, stripe: int, max_streams: int,
+               out: np.ndarray | None = None, engine_share: float = 0.0) -> CopyPlan:
+    """:func:`plan_copies` of a transfer's rows (local address, remote offset, bytes), the remote
+    region mapped at ``remote_base``; ``read`` copies remote -> local. A one-row batch is read
+    without an array pass (the latency path)."""
+    if len(batch) == 1:
+        local, remote, size = batch[0]
+        cols: tuple[Offsets, Offsets, Offsets] = ([local], [remote], [size])
+    else:
+        rows = np.asarray(batch)  # the rows in place, (n, 3) uint64
+        cols = rows[:, 0], rows[:, 1], rows[:, 2]
+    if read:
+        return plan_copies(remote_base, 0, cols[1], cols[0], cols[2], kernel_max, stripe, max_streams, out,
+                           engine_share)
+    return plan_copies(0, remote_base, cols[0], cols[1], cols[2], kernel_max, stripe, max_streams, out, engine_share)
+

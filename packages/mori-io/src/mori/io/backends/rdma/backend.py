@@ -36,12 +36,11 @@ from ...types import (
     TransferStatus,
 )
 from .._connect import PeerConnector
-from ..base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
+from ..base import Backend, BackendContext, ControlError, TransferRequest
 from ._send_queues import SEND_WR_DEFAULT, SendQueues
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 
-_ENGINE_OP = {TransferOp.READ: ucx.READ, TransferOp.WRITE: ucx.WRITE}
 _SERVED = (MemoryLocationType.CPU, MemoryLocationType.GPU)
 
 
@@ -153,9 +152,10 @@ class RdmaBackend(Backend):
         # engine with the token may connect, as in MORI; the engine bounds the tickets it keeps).
         return {"workers": list(self._engine.addresses), "ticket": int(self._engine.admit(key))}
 
-    def _connect_peer(self, key: str) -> Any:
-        """Endpoints to ``key``'s engine, published for later transfers (on the connector's thread:
-        asking the peer can take up to ``MORI_IO_TIMEOUT``)."""
+    def _connect_peer(self, request: TransferRequest) -> Any:
+        """Endpoints to the request's engine, published for later transfers (on the connector's
+        thread: asking the peer can take up to ``MORI_IO_TIMEOUT``)."""
+        key = request.remote.engine_key
         reply = self.ctx.control_request(key, "rdma.connect", {})
         workers, ticket = reply.get("workers"), reply.get("ticket")
         if not isinstance(workers, list) or not workers or not all(isinstance(a, bytes) for a in workers) \
@@ -214,9 +214,9 @@ class RdmaBackend(Backend):
     def admit(self, request: TransferRequest) -> bool:
         if self._closed:
             return True  # submit fails it
-        # One operation per block (the engine's merging and cutting change that little).
+        # One operation per row (the native engine's cutting for lanes changes that little).
         return self._send_queues.admit(request.uid % self._workers, request.remote.engine_key, request.status,
-                                       max(len(request.sizes), 1), request.op.name.lower())
+                                       max(len(request.batch), 1), request.op.name.lower())
 
     def submit(self, request: TransferRequest) -> None:
         peer = self._peers.get(request.remote.engine_key)
@@ -229,11 +229,15 @@ class RdmaBackend(Backend):
 
     def _start(self, peer: Any, request: TransferRequest) -> None:
         # One native call: the engine plans, posts and completes the whole batch (GIL released).
-        submit = peer.submit_arrays if hasattr(request.sizes, "dtype") else peer.submit
+        # It takes the rows as local offsets (it checks them against the local registration).
+        base = request.local.data
+        l_offs = [local - base for local, _, _ in request.batch]
+        r_offs = [remote for _, remote, _ in request.batch]
+        sizes = [n for _, _, n in request.batch]
         try:
-            transfer = submit(_ENGINE_OP[request.op], request.local.id, request.local_offsets, request.remote.id,
-                              request.remote_offsets, request.sizes, request.uid, request.notify and self._notify,
-                              request.remote.loc == MemoryLocationType.GPU)
+            transfer = peer.submit(request.op, request.local.id, l_offs, request.remote.id, r_offs, sizes,
+                                   request.uid, request.notify and self._notify,
+                                   request.remote.loc == MemoryLocationType.GPU)
         except ValueError as err:  # a block outside the local registration, an offset past 2**63
             request.status._set(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
             return

@@ -1,7 +1,7 @@
 """GPU memory over the TCP backend: the native data plane moves pinned host buffers, CUDA copies
 move the bytes between those buffers and GPU memory, on both sides.
 
-Initiator: a transfer runs on a worker thread chunk by chunk (``_staging.plan_chunks``). A
+Initiator: a transfer runs on a worker thread chunk by chunk (``plan.plan_chunks``). A
 write copies chunk k+1 GPU -> pinned while chunk k is on the wire; a read copies chunk k pinned
 -> GPU while chunk k+1 is received. Target: the native server only serves host memory, so GPU
 regions are reached through control requests:
@@ -34,11 +34,11 @@ from mori.core.memory import pinned_alloc, pinned_free
 
 from ...types import MemoryDesc, MemoryLocationType, StatusCode
 from ..base import BackendContext, ControlError, TransferOp, TransferRequest
-from ._staging import Chunk, SlotLeases, StagingPool, check_pieces, pack_array, plan_chunks, unpack_array
+from ._staging import SlotLeases, StagingPool, check_pieces, pack_array, unpack_array
+from .plan import Chunk, plan_chunks
 
 __all__ = ["DeviceCopies", "GpuStaging", "TransferFailed"]
 
-_NATIVE_READ, _NATIVE_WRITE = 1, 2
 # Per device: streams for the copies in flight at once (4 transfer workers with 2 buffers each,
 # and target requests), and idle events kept.
 _MAX_STREAMS = 8
@@ -262,7 +262,7 @@ class GpuStaging:
         local_gpu = req.local.loc == MemoryLocationType.GPU
         remote_gpu = req.remote.loc == MemoryLocationType.GPU
         size = min(self.chunk_bytes if local_gpu else remote_chunk, remote_chunk if remote_gpu else self.chunk_bytes)
-        chunks = plan_chunks(req.local_offsets, req.remote_offsets, req.sizes, size)
+        chunks = plan_chunks(req.batch, size)
         if not chunks:
             return
         timeout = self.ctx.io_timeout()
@@ -300,10 +300,9 @@ class GpuStaging:
                timeout: float) -> None:
         """Moves chunk ``c`` with the data plane (local side: ``buf`` or the region; remote side:
         a lent ``slot`` or the region) and waits for it."""
-        base, lofs = (req.local.data, c.local) if buf is None else (buf, c.packed)
+        base, lofs = (0, c.local) if buf is None else (buf, c.packed)
         mem, rofs = (req.remote.id, c.remote) if slot is None else (slot, c.packed)
-        op = _NATIVE_WRITE if req.op == TransferOp.WRITE else _NATIVE_READ
-        t = peer.submit(op, Batch(lofs, rofs, c.sizes, base), mem, req.uid, False, self._stripe)
+        t = peer.submit(req.op, Batch(lofs, rofs, c.sizes, base), mem, req.uid, False, self._stripe)
         if not t.wait(2 * timeout):
             raise TimeoutError(f"a {c.nbytes}-byte chunk got no answer in {2 * timeout:.1f} s")
         if t.code() != StatusCode.SUCCESS:
@@ -345,7 +344,7 @@ class _Run:
     def _copy(self, k: int, to_host: bool) -> None:
         c, lane, buf = self.chunks[k], k % len(self.bufs), self._buf(k)
         assert self.copies is not None and buf is not None
-        gpu, host = self.req.local.data + c.local, buf + c.packed
+        gpu, host = c.local, buf + c.packed
         self.pending[lane] = self.copies.copy(host if to_host else gpu, gpu if to_host else host, c.sizes)
 
     def _settle(self, lane: int) -> None:

@@ -1,11 +1,9 @@
 """Host-side parts of GPU staging for the TCP backend (no CUDA here, so they run in CPU tests).
 
 The native TCP data plane only touches host memory, so GPU memory travels through pinned host
-buffers of a fixed size (a *chunk*): :func:`plan_chunks` cuts a batch into chunks (mori-core's
-:meth:`~mori.core.batch.Batch.cut_chunks`, no Python per block), :class:`StagingPool` hands out
-pinned buffers (mori-core's pool) up to a bound, and :class:`SlotLeases` tracks the buffers a
-target lends to initiators between the control request that fills or lends one and the one that
-returns it.
+buffers of a fixed size (a *chunk*, cut by ``plan.plan_chunks``): :class:`StagingPool` hands out
+pinned buffers (mori-core's pool) up to a bound, and :class:`SlotLeases` tracks the buffers a target lends to initiators between the control
+request that fills or lends one and the one that returns it.
 """
 
 from __future__ import annotations
@@ -18,47 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mori.core.batch import Batch
 from mori.core.memory import PinnedPool
 
 from ._staging_size import CHUNK_BYTES, chunk_bytes_for
+from .plan import MAX_PIECES
 
-__all__ = ["CHUNK_BYTES", "MAX_PIECES", "Chunk", "plan_chunks", "chunk_bytes_for", "StagingPool", "SlotLeases",
+__all__ = ["CHUNK_BYTES", "chunk_bytes_for", "StagingPool", "SlotLeases",
            "check_pieces", "pack_array", "unpack_array"]
-
-# Pieces per chunk: bounds the control frame that carries their offsets (16 bytes a piece).
-MAX_PIECES = 16384
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Pieces that fit one staging buffer: piece i moves ``sizes[i]`` bytes between local offset
-    ``local[i]`` and remote offset ``remote[i]`` and sits at ``packed[i]`` in the buffer."""
-
-    local: np.ndarray
-    remote: np.ndarray
-    sizes: np.ndarray
-    packed: np.ndarray
-    nbytes: int
-
-
-def plan_chunks(local_offsets: object, remote_offsets: object, sizes: object, chunk_bytes: int,
-                max_pieces: int = MAX_PIECES) -> list[Chunk]:
-    """Cuts a batch into chunks of at most ``chunk_bytes`` bytes and ``max_pieces`` pieces
-    (mori-core's planner, :meth:`mori.core.batch.Batch.cut_chunks`).
-
-    The blocks are laid end to end and cut at every multiple of ``chunk_bytes`` (a block that
-    crosses a boundary becomes two pieces); zero-byte blocks are dropped and neighbouring pieces
-    contiguous on both sides are merged. Buffer positions restart at 0 in every chunk.
-    """
-    chunks = []
-    for c in Batch(local_offsets, remote_offsets, sizes).cut_chunks(chunk_bytes, max_pieces):
-        rows = np.asarray(c)  # the pieces, read in place: columns are uint64 views
-        packed = np.add.accumulate(rows[:, 2])
-        packed -= rows[:, 2]
-        chunks.append(Chunk(rows[:, 0], rows[:, 1], rows[:, 2], packed, c.total_bytes))
-    return chunks
-
 
 def pack_array(values: np.ndarray) -> bytes:
     """int64 little-endian bytes of ``values`` (for a control frame)."""

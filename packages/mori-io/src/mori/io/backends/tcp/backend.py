@@ -15,7 +15,6 @@ from typing import Any
 
 from mori.core import config as mori_config
 from mori.core import tcp as _tcp
-from mori.core.batch import Batch
 
 from ...types import (
     BackendType,
@@ -27,12 +26,11 @@ from ...types import (
     TransferStatus,
 )
 from .._connect import PeerConnector
-from ..base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
+from ..base import Backend, BackendContext, ControlError, TransferRequest
 from ._staging_size import chunk_bytes_for
 
 __all__ = ["TcpBackend"]
 
-_NATIVE_OP = {TransferOp.READ: 1, TransferOp.WRITE: 2}
 _GPU_OPS = ("read", "lend", "commit", "return")
 _SERVED = (MemoryLocationType.CPU, MemoryLocationType.GPU)
 
@@ -143,8 +141,9 @@ class TcpBackend(Backend):
             self._remote_chunk[remote_key] = chunk
         return peer
 
-    def _connect_peer(self, key: str) -> Any:
+    def _connect_peer(self, request: TransferRequest) -> Any:
         """Opens the peer's connections and publishes them (run by the connector's thread)."""
+        key = request.remote.engine_key
         peer = self._open_peer(key)
         with self._lock:
             closed = self._closed
@@ -176,9 +175,7 @@ class TcpBackend(Backend):
             key = request.remote.engine_key
             self._staging().submit(peer, request, self._remote_chunk.get(key, self._chunk))
             return
-        # Rows (local address, remote offset, bytes); the engine checked every block already.
-        batch = Batch(request.local_offsets, request.remote_offsets, request.sizes, request.local.data)
-        transfer = peer.submit(_NATIVE_OP[request.op], batch, request.remote.id, request.uid,
+        transfer = peer.submit(request.op, request.batch, request.remote.id, request.uid,
                                request.notify and self.config.enable_notification, self.config.stripe_bytes)
         request.status._attach(transfer)
 

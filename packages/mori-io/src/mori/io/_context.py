@@ -1,0 +1,107 @@
+"""What an engine gives its backends (:class:`EngineContext`, the engine's
+:class:`~mori.io.backends.BackendContext`) and the control ops every engine serves."""
+
+from __future__ import annotations
+
+import socket
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from mori.core import config as mori_config
+from mori.core.log import get_logger
+
+from ._control import ControlError
+from ._keys import MAX_NONCE, Identity
+from ._registry import CompletionRecord, InboundTable, MemoryRegistry, check_notify, notify_bodies
+from .backends import BackendContext, ControlHandler
+from .types import EngineDesc, StatusCode
+
+if TYPE_CHECKING:
+    from .engine import IOEngine
+
+__all__ = ["EngineContext", "engine_handlers", "io_timeout"]
+
+_log = get_logger("io")
+
+
+def io_timeout() -> float:
+    """Seconds before an unanswered transfer or control request fails (``MORI_IO_TIMEOUT``)."""
+    return float(mori_config.get("MORI_IO_TIMEOUT"))
+
+
+class EngineContext(BackendContext):
+    """What backends see of their engine."""
+
+    def __init__(self, engine: IOEngine, host: str, token: str) -> None:
+        self._engine = weakref.proxy(engine)
+        self.engine_key = engine._key
+        self.limits = engine._limits
+        self.host = host
+        self.hostname = socket.gethostname()
+        self.log = _log
+        self._token = token
+
+    def engine_desc(self) -> EngineDesc:
+        return self._engine.get_engine_desc()
+
+    def io_timeout(self) -> float:
+        return io_timeout()
+
+    def auth_token(self) -> str:
+        return self._token
+
+    def remote_engine(self, key: str) -> EngineDesc:
+        desc = self._engine._remotes.get(key)
+        if desc is None:
+            raise KeyError(f"engine {key!r} is not registered with engine {self.engine_key!r}")
+        return desc
+
+    def control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._engine._control_request(remote_key, op, payload)
+
+    def control_request_to(self, engine: EngineDesc, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        client = self._engine._control_client(engine)
+        try:
+            return client.request(op, payload)
+        finally:
+            client.close()
+
+    def add_control_handler(self, op: str, handler: ControlHandler) -> None:
+        self._engine._server.handlers[op] = handler
+
+    def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
+        self._engine._inbound.record(remote_key, uid, code, message)
+
+    def send_completions(self, remote_key: str, records: Sequence[CompletionRecord]) -> None:
+        for body in notify_bodies(records):
+            try:
+                self._engine._control_request(remote_key, "notify", body)
+            except Exception as err:  # a lost record is logged; it must never keep a transfer from finishing
+                self.log.warning("cannot notify engine %r of %d finished transfer(s): %s", remote_key,
+                                 len(body["uids"]), err)
+
+
+def engine_handlers(identity: Identity, memory: MemoryRegistry, inbound: InboundTable) -> dict[str, ControlHandler]:
+    """Control ops every engine serves: ping (with a nonce: also the answer that proves this
+    engine holds its key, see ``_keys``), memory-descriptor lookup, inbound notifications."""
+    my_key = identity.key
+
+    def ping(key: str, body: dict[str, Any]) -> dict[str, Any]:
+        nonce = body.get("nonce")
+        if isinstance(nonce, str) and 0 < len(nonce) <= MAX_NONCE:
+            return {"key": my_key, "answer": identity.answer(key, nonce)}
+        return {"key": my_key}
+
+    def lookup_mem(key: str, body: dict[str, Any]) -> dict[str, Any]:
+        desc = memory.get(int(body.get("id", -1)))
+        if desc is None:
+            raise ControlError(StatusCode.ERR_NOT_FOUND, f"memory {body.get('id')!r} is not registered with {my_key!r}")
+        return {"desc": desc.pack()}
+
+    def notify(key: str, body: dict[str, Any]) -> dict[str, Any]:
+        for record in check_notify(body):  # all checked first: a malformed batch records nothing
+            inbound.record(key, *record)
+        return {}
+
+    return {"ping": ping, "lookup_mem": lookup_mem, "notify": notify}
