@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 #include "ucx_wire.hpp"
 
@@ -40,9 +41,17 @@ struct AtomicReply {
 #pragma pack(pop)
 static_assert(sizeof(AtomicRequest) == 56 && sizeof(AtomicReply) == 40, "wire layout");
 
+// A signal put: the data's place (its bytes are the message's data), then the signal's atomic.
+struct SignalPutRequest {
+    AtomicRequest signal;  // the atomic applied after the data is written (op store or fetch_add)
+    uint64_t dataMemId, dataOffset, dataSize;
+};
+static_assert(sizeof(SignalPutRequest) == 80, "wire layout");
+
 // One request in flight, shared by its waiter and the reply handler.
 struct Pending {
-    AtomicRequest request{};  // sent from here: alive until the send completes
+    SignalPutRequest request{};  // sent from here (an atomic sends its first part): alive until the send completes
+    std::vector<uint8_t> data;   // a signal put's bytes, likewise
     std::mutex mu;
     std::condition_variable cv;
     std::atomic<bool> done{false};
@@ -93,55 +102,116 @@ std::string seconds(double s) {
 
 }  // namespace
 
-api::Status on_atomic_request(void* arg, const void* header, size_t headerLength, void*, size_t length,
-                              const api::AmRecvParam* param) {
-    Worker& w = *static_cast<Worker*>(arg);
-    Engine& eng = w.engine();
-    AtomicRequest h;
-    if (headerLength != sizeof(h) || length != 0 || (param->recvAttr & api::kAmRecvReplyEp) == 0 ||
-        param->replyEp == nullptr) {
-        eng.count(&EngineStats::malformed);
-        return api::kOk;
-    }
-    std::memcpy(&h, header, sizeof(h));
-    if (h.magic != kMagic || h.op < kAtomicFetchAdd || h.op > kAtomicStore || (h.width != 32 && h.width != 64) ||
-        h.reserved != 0) {
-        eng.count(&EngineStats::malformed);
-        return api::kOk;
-    }
-    if (eng.admitted(h.ticket).empty()) {
-        eng.count(&EngineStats::badTickets);
-        return api::kOk;
-    }
-    auto reply = std::make_unique<AtomicReply>(AtomicReply{kMagic, kSuccess, h.ticket, h.id, 0, kReasonNone, 0});
+namespace {
+
+// Checks a request's atomic (magic, op, width) without touching memory; false when malformed.
+bool well_formed(const AtomicRequest& h) {
+    return h.magic == kMagic && h.op >= kAtomicFetchAdd && h.op <= kAtomicStore && (h.width == 32 || h.width == 64) &&
+           h.reserved == 0;
+}
+
+// Why the word of h may not be touched (kReasonNone when it may), r its pinned region or null.
+uint32_t word_reason(const std::shared_ptr<Region>& r, const AtomicRequest& h) {
     const uint64_t bytes = h.width / 8;
-    if (std::shared_ptr<Region> r = eng.pin_region(h.memId)) {
-        // Checked while pinned: a deregistration waits for the operation.
-        const uint64_t addr = r->addr + h.offset;
-        reply->reason = !r->contains(h.offset, bytes)    ? kReasonRange
-                        : addr % bytes != 0              ? kReasonAlign
-                        : r->memType != api::kMemoryHost ? kReasonGpu
-                                                         : kReasonNone;
-        if (reply->reason == kReasonNone) {
-            reply->old = h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.value, h.compare)
-                                       : apply(reinterpret_cast<uint32_t*>(addr), h.op, static_cast<uint32_t>(h.value),
-                                               static_cast<uint32_t>(h.compare));
-        }
-        --r->pins;
-    } else {
-        reply->reason = kReasonMemory;
-    }
-    if (reply->reason != kReasonNone) {
+    if (!r) return kReasonMemory;
+    if (!r->contains(h.offset, bytes)) return kReasonRange;
+    if ((r->addr + h.offset) % bytes != 0) return kReasonAlign;
+    return r->memType != api::kMemoryHost ? kReasonGpu : kReasonNone;
+}
+
+uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h) {
+    const uint64_t addr = r->addr + h.offset;
+    return h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.value, h.compare)
+                         : apply(reinterpret_cast<uint32_t*>(addr), h.op, static_cast<uint32_t>(h.value),
+                                 static_cast<uint32_t>(h.compare));
+}
+
+void unpin(const std::shared_ptr<Region>& r) {
+    if (r) --r->pins;
+}
+
+// Answers on the request's endpoint pair; a refusal is counted.
+void answer(Engine& eng, api::Endpoint* ep, const AtomicRequest& h, uint32_t reason, uint64_t old) {
+    auto reply = std::make_unique<AtomicReply>(AtomicReply{kMagic, kSuccess, h.ticket, h.id, old, reason, 0});
+    if (reason != kReasonNone) {
         eng.count(&EngineStats::refused);
-        reply->code = reply->reason == kReasonMemory ? kErrNotFound : kErrInvalidArgs;
+        reply->code = reason == kReasonMemory ? kErrNotFound : kErrInvalidArgs;
     }
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
     p.flags = api::kAmSendEager;
     p.cb = reinterpret_cast<void*>(&on_reply_sent);
     p.userData = reply.get();
-    api::StatusPtr s = fn().am_send_nbx(param->replyEp, kAmAtomicReply, reply.get(), sizeof(AtomicReply), nullptr, 0, &p);
+    api::StatusPtr s = fn().am_send_nbx(ep, kAmAtomicReply, reply.get(), sizeof(AtomicReply), nullptr, 0, &p);
     if (s != nullptr && !api::is_error_ptr(s)) reply.release();  // on_reply_sent frees it
+}
+
+// The shape and ticket checks every request passes first; false (counted) when it is dropped.
+bool admitted(Engine& eng, const AtomicRequest& h, const api::AmRecvParam* param) {
+    if (!well_formed(h) || (param->recvAttr & api::kAmRecvReplyEp) == 0 || param->replyEp == nullptr) {
+        eng.count(&EngineStats::malformed);
+        return false;
+    }
+    if (eng.admitted(h.ticket).empty()) {
+        eng.count(&EngineStats::badTickets);
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+api::Status on_atomic_request(void* arg, const void* header, size_t headerLength, void*, size_t length,
+                              const api::AmRecvParam* param) {
+    Engine& eng = static_cast<Worker*>(arg)->engine();
+    AtomicRequest h;
+    if (headerLength != sizeof(h) || length != 0) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    if (!admitted(eng, h, param)) return api::kOk;
+    // Checked while pinned: a deregistration waits for the operation.
+    std::shared_ptr<Region> r = eng.pin_region(h.memId);
+    const uint32_t reason = word_reason(r, h);
+    const uint64_t old = reason == kReasonNone ? apply_word(r, h) : 0;
+    unpin(r);
+    answer(eng, param->replyEp, h, reason, old);
+    return api::kOk;
+}
+
+api::Status on_signal_put_request(void* arg, const void* header, size_t headerLength, void* data, size_t length,
+                                  const api::AmRecvParam* param) {
+    Engine& eng = static_cast<Worker*>(arg)->engine();
+    SignalPutRequest h;
+    // The data travels eagerly (the initiator asks so and bounds it): here it is, whole.
+    if (headerLength != sizeof(h) || (param->recvAttr & api::kAmRecvRndv) != 0) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    if (!admitted(eng, h.signal, param)) return api::kOk;
+    if (h.signal.op != kAtomicStore && h.signal.op != kAtomicFetchAdd) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    // Both places are checked, and pinned, before either is touched: a refusal writes nothing.
+    std::shared_ptr<Region> dr = eng.pin_region(h.dataMemId);
+    std::shared_ptr<Region> sr = eng.pin_region(h.signal.memId);
+    uint32_t reason = !dr                                      ? kReasonMemory
+                      : !dr->contains(h.dataOffset, h.dataSize) ? kReasonRange
+                      : dr->memType != api::kMemoryHost        ? kReasonGpu
+                      : length != h.dataSize                   ? kReasonShape
+                                                               : kReasonNone;
+    if (reason == kReasonNone) reason = word_reason(sr, h.signal);
+    uint64_t old = 0;
+    if (reason == kReasonNone) {
+        if (length != 0) std::memcpy(reinterpret_cast<void*>(dr->addr + h.dataOffset), data, length);
+        old = apply_word(sr, h.signal);  // sequentially consistent: after the data for any observer
+    }
+    unpin(dr);
+    unpin(sr);
+    answer(eng, param->replyEp, h.signal, reason, old);
     return api::kOk;
 }
 
@@ -164,7 +234,7 @@ api::Status on_atomic_reply(void* arg, const void* header, size_t headerLength, 
         eng.count(&EngineStats::lateReplies);
         return api::kOk;
     }
-    if (h.ticket != pending->request.ticket) {  // not from the engine we asked
+    if (h.ticket != pending->request.signal.ticket) {  // not from the engine we asked
         eng.count(&EngineStats::badTickets);
         return api::kOk;
     }
@@ -179,16 +249,14 @@ api::Status on_atomic_reply(void* arg, const void* header, size_t headerLength, 
     return api::kOk;
 }
 
-uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
-                       uint64_t compare, int width, double timeout) {
-    if (width != 32 && width != 64) throw std::invalid_argument("width must be 32 or 64, got " + std::to_string(width));
-    if (op < kAtomicFetchAdd || op > kAtomicStore)
-        throw std::invalid_argument("unknown atomic operation " + std::to_string(op));
+namespace {
+
+// Sends pending's request (an atomic; with signalPut, a signal put and its data) to the peer and
+// waits for the answer; throws std::runtime_error when the peer failed or did not answer in time.
+void exchange(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pending, bool signalPut, double timeout,
+              const char* what) {
     if (!(timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
     if (engine.worker_count() == 0) throw std::runtime_error("the engine is closed");
-    if (width == 32 && (value >> 32 != 0 || compare >> 32 != 0))
-        throw std::invalid_argument("value and compare must fit in 32 bits");
-    auto pending = std::make_shared<Pending>();
     const uint64_t id = gNextId.fetch_add(1);
     Worker& w = engine.worker(0);
     {
@@ -203,8 +271,8 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
         Link* link = peer.link(0);
         if (link->worker != &w) throw std::invalid_argument("the peer '" + peer.key() + "' belongs to another engine");
         if (link->eps.empty()) throw std::runtime_error("engine '" + peer.key() + "' has no endpoint");
-        pending->request = AtomicRequest{kMagic, static_cast<uint8_t>(op), static_cast<uint8_t>(width), 0,
-                                         link->peer->ticket, id, memId, offset, value, compare};
+        pending->request.signal.ticket = link->peer->ticket;
+        pending->request.signal.id = id;
         {
             std::lock_guard pk(gPendingMu);
             gPending[id] = pending;
@@ -216,7 +284,10 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
         p.cb = reinterpret_cast<void*>(&on_request_sent);
         p.userData = hold.get();
         api::StatusPtr s =
-            fn().am_send_nbx(link->eps[0], kAmAtomic, &pending->request, sizeof(AtomicRequest), nullptr, 0, &p);
+            signalPut ? fn().am_send_nbx(link->eps[0], kAmSignalPut, &pending->request, sizeof(SignalPutRequest),
+                                         pending->data.data(), pending->data.size(), &p)
+                      : fn().am_send_nbx(link->eps[0], kAmAtomic, &pending->request.signal, sizeof(AtomicRequest),
+                                         nullptr, 0, &p);
         if (api::is_error_ptr(s)) {
             w.link_failed_locked(*link, "sending to engine '" + peer.key() + "' failed: " +
                                             status_text(api::ptr_status(s)));
@@ -238,7 +309,7 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
         }
         if (now_ns() >= deadline) {
             forget();
-            throw std::runtime_error("engine '" + peer.key() + "' did not answer an atomic operation within " +
+            throw std::runtime_error("engine '" + peer.key() + "' did not answer " + what + " within " +
                                      seconds(timeout) + " s (" + engine.options().timeoutSetting + ")");
         }
         w.wake();
@@ -246,11 +317,46 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
         pending->cv.wait_for(lk, std::chrono::milliseconds(2), [&] { return pending->done.load(); });
     }
     forget();
+}
+
+}  // namespace
+
+uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
+                       uint64_t compare, int width, double timeout) {
+    if (width != 32 && width != 64) throw std::invalid_argument("width must be 32 or 64, got " + std::to_string(width));
+    if (op < kAtomicFetchAdd || op > kAtomicStore)
+        throw std::invalid_argument("unknown atomic operation " + std::to_string(op));
+    if (width == 32 && (value >> 32 != 0 || compare >> 32 != 0))
+        throw std::invalid_argument("value and compare must fit in 32 bits");
+    auto pending = std::make_shared<Pending>();
+    pending->request.signal = AtomicRequest{kMagic, static_cast<uint8_t>(op), static_cast<uint8_t>(width), 0, 0, 0,
+                                            memId, offset, value, compare};
+    exchange(engine, peer, pending, false, timeout, "an atomic operation");
     if (pending->code != kSuccess)
         throw std::invalid_argument("atomic on memory id " + std::to_string(memId) + ", offset " +
                                     std::to_string(offset) + " at engine '" + peer.key() +
                                     "': " + refusal(pending->reason));
     return pending->old;
+}
+
+void remote_signal_put(Engine& engine, Peer& peer, uint64_t memId, uint64_t offset, const void* src, size_t size,
+                       uint64_t sigMemId, uint64_t sigOffset, AtomicOp op, uint64_t value, double timeout) {
+    if (op != kAtomicStore && op != kAtomicFetchAdd)
+        throw std::invalid_argument("a signal put's signal is set (store) or added to (fetch_add)");
+    if (size > kMaxSignalPutBytes)
+        throw std::invalid_argument("a signal put carries at most " + std::to_string(kMaxSignalPutBytes) +
+                                    " bytes, got " + std::to_string(size));
+    auto pending = std::make_shared<Pending>();
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    pending->data.assign(bytes, bytes + size);
+    pending->request = SignalPutRequest{
+        AtomicRequest{kMagic, static_cast<uint8_t>(op), 64, 0, 0, 0, sigMemId, sigOffset, value, 0}, memId, offset, size};
+    exchange(engine, peer, pending, true, timeout, "a signal put");
+    if (pending->code != kSuccess)
+        throw std::invalid_argument("signal put of " + std::to_string(size) + " bytes at memory id " +
+                                    std::to_string(memId) + ", offset " + std::to_string(offset) +
+                                    " (signal at offset " + std::to_string(sigOffset) + ") at engine '" + peer.key() +
+                                    "': " + refusal(pending->reason));
 }
 
 }  // namespace mori::ucx

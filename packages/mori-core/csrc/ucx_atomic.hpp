@@ -1,6 +1,7 @@
 // Remote atomics on the UCX engine (what OpenSHMEM-style callers need beyond bulk puts and gets):
 // fetch-add, compare-swap, swap and store on a 32- or 64-bit word of a peer engine's registered
-// host memory, each returning the word's old value.
+// host memory, each returning the word's old value; and signal puts (a small put, then an atomic on
+// a signal word, in one message).
 //
 // They travel on the engine's checked path: an active message (kAmAtomic) names (remote memory
 // id, offset, width) and carries the ticket the target issued; the target checks it against its
@@ -11,13 +12,17 @@
 // the one that is safe on every transport (tcp, sm, cma).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "ucx_engine.hpp"
 
 namespace mori::ucx {
 
-constexpr unsigned kAmAtomic = 0x4d38, kAmAtomicReply = 0x4d39;
+constexpr unsigned kAmAtomic = 0x4d38, kAmAtomicReply = 0x4d39, kAmSignalPut = 0x4d3a;
+// Most bytes a signal put carries: they travel in the request itself (eagerly); larger puts go
+// as an engine transfer followed by the signal's atomic.
+constexpr size_t kMaxSignalPutBytes = 16 << 10;
 
 enum AtomicOp : uint8_t { kAtomicFetchAdd = 1, kAtomicCompareSwap = 2, kAtomicSwap = 3, kAtomicStore = 4 };
 
@@ -28,9 +33,18 @@ enum AtomicOp : uint8_t { kAtomicFetchAdd = 1, kAtomicCompareSwap = 2, kAtomicSw
 uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
                        uint64_t compare, int width, double timeout);
 
+// Writes size bytes from src (host memory, kept by the call) at offset of the peer's memory memId,
+// then applies op (store or fetch_add) with value to the 64-bit signal word at sigOffset of its
+// memory sigMemId: one message, so a PE that sees the signal sees the data. The target checks both
+// places before it touches either. Errors as remote_atomic's; size at most kMaxSignalPutBytes.
+void remote_signal_put(Engine& engine, Peer& peer, uint64_t memId, uint64_t offset, const void* src, size_t size,
+                       uint64_t sigMemId, uint64_t sigOffset, AtomicOp op, uint64_t value, double timeout);
+
 // The active-message handlers (registered on every worker; worker lock held).
 api::Status on_atomic_request(void* worker, const void* header, size_t headerLength, void* data, size_t length,
                               const api::AmRecvParam* param);
+api::Status on_signal_put_request(void* worker, const void* header, size_t headerLength, void* data, size_t length,
+                                  const api::AmRecvParam* param);
 api::Status on_atomic_reply(void* worker, const void* header, size_t headerLength, void* data, size_t length,
                             const api::AmRecvParam* param);
 

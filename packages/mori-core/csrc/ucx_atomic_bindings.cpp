@@ -27,6 +27,20 @@ mori::native::Registration reg([](py::module_& root) {
         "Applies op (1 fetch_add, 2 compare_swap, 3 swap, 4 store) to the width-bit word at offset of the peer's "
         "memory mem_id; returns its old value. ValueError when the target refused, RuntimeError when the peer "
         "failed or did not answer within timeout seconds.");
+    m.attr("UCX_MAX_SIGNAL_PUT_BYTES") = mori::ucx::kMaxSignalPutBytes;
+    m.def(
+        "ucx_signal_put",
+        [](mori::ucx::Engine& engine, mori::ucx::Peer& peer, uint64_t memId, uint64_t offset, uintptr_t src,
+           size_t size, uint64_t sigMemId, uint64_t sigOffset, int op, uint64_t value, double timeout) {
+            py::gil_scoped_release release;
+            mori::ucx::remote_signal_put(engine, peer, memId, offset, reinterpret_cast<const void*>(src), size,
+                                         sigMemId, sigOffset, static_cast<mori::ucx::AtomicOp>(op), value, timeout);
+        },
+        py::arg("engine"), py::arg("peer"), py::arg("mem_id"), py::arg("offset"), py::arg("src"), py::arg("size"),
+        py::arg("sig_mem_id"), py::arg("sig_offset"), py::arg("op"), py::arg("value"), py::arg("timeout"),
+        "Writes size bytes from host address src at offset of the peer's memory mem_id, then applies op (1 "
+        "fetch_add, 4 store) with value to the 64-bit word at sig_offset of its memory sig_mem_id, in one message; "
+        "errors as ucx_atomic's. size is at most UCX_MAX_SIGNAL_PUT_BYTES.");
 });
 
 }  // namespace

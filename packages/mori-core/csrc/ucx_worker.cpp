@@ -60,7 +60,8 @@ void Worker::start() {
     check("ucp_worker_get_efd", f.worker_get_efd(w_, &efd_));
     for (auto [id, cb] : {std::pair<unsigned, api::AmRecvCallback>{kAmRequest, dispatch_request},
                           {kAmReply, dispatch_reply}, {kAmNote, dispatch_note},
-                          {kAmAtomic, on_atomic_request}, {kAmAtomicReply, on_atomic_reply}}) {
+                          {kAmAtomic, on_atomic_request}, {kAmAtomicReply, on_atomic_reply},
+                          {kAmSignalPut, on_signal_put_request}}) {
         api::AmHandlerParam h{};
         h.fieldMask = api::kAmHandlerId | api::kAmHandlerFlags | api::kAmHandlerCb | api::kAmHandlerArg;
         h.id = id;

@@ -1,7 +1,7 @@
-"""The UCX engine's remote atomics (csrc/ucx_atomic.cpp, mori.core.ucx_atomic): every operation at
-both widths against a second engine's registered memory, the old values and the words checked;
-the target's refusals (outside the region, misaligned, unknown or deregistered memory) change no
-byte; bad arguments and a closed peer fail clearly. Across processes and network namespaces they
+"""The UCX engine's remote atomics and signal puts (csrc/ucx_atomic.cpp, mori.core.ucx_atomic): every
+operation at both widths against a second engine's registered memory, the old values and the words
+checked; signal puts' data and signal; the target's refusals (outside the region, misaligned,
+unknown or deregistered memory) change no byte; bad arguments and a closed peer fail clearly. Across processes and network namespaces they
 run under mori.shmem's remote transport (packages/mori-shmem/tests/test_remote.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from mori.core import ucx
-from mori.core.ucx_atomic import OPS, atomic
+from mori.core.ucx_atomic import MAX_SIGNAL_PUT_BYTES, OPS, atomic, signal_put
 
 
 class Pair:
@@ -112,3 +112,31 @@ def test_bad_arguments_and_a_closed_peer() -> None:
             p("store", 0, 1)
     finally:
         p.close()
+
+
+def test_signal_put_writes_then_signals(pair: Pair) -> None:
+    w = pair.words
+    w[0], w[7] = 0, 5
+    data = (ctypes.c_uint64 * 3)(11, 12, 13)
+    signal_put(pair.a, pair.peer, 1, 8, ctypes.addressof(data), 24, 1, 56, "fetch_add", 2, 10.0)
+    assert list(w[1:4]) == [11, 12, 13] and w[7] == 7
+    signal_put(pair.a, pair.peer, 1, 32, ctypes.addressof(data), 0, 1, 56, "store", 99, 10.0)  # no data
+    assert w[7] == 99 and w[4] == 0
+    big = (ctypes.c_char * MAX_SIGNAL_PUT_BYTES)()
+    with pytest.raises(ValueError, match="at most"):
+        signal_put(pair.a, pair.peer, 1, 0, ctypes.addressof(big), MAX_SIGNAL_PUT_BYTES + 1, 1, 56, "store", 1)
+    with pytest.raises(ValueError, match="store or fetch_add"):
+        signal_put(pair.a, pair.peer, 1, 0, ctypes.addressof(data), 8, 1, 56, "swap", 1)
+
+
+@pytest.mark.parametrize(("offset", "size", "sig_offset", "reason"), [
+    (48, 24, 56, "out of range"),     # the data runs past the region
+    (0, 8, 52, "not aligned"),        # the signal is misaligned: the data is not written either
+    (0, 8, 64, "out of range"),       # the signal is outside the region
+])
+def test_signal_put_refusals_write_nothing(pair: Pair, offset: int, size: int, sig_offset: int, reason: str) -> None:
+    data = (ctypes.c_char * 24)(*b"Z" * 24)
+    before = bytes(pair.words)
+    with pytest.raises(ValueError, match=reason):
+        signal_put(pair.a, pair.peer, 1, offset, ctypes.addressof(data), size, 1, sig_offset, "store", 1, 10.0)
+    assert bytes(pair.words) == before

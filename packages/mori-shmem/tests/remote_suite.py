@@ -90,6 +90,12 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
         assert shmem.shmem_wait_until(counter, shmem.SHMEM_CMP_EQ, 1000 + left, timeout=60) == 1000 + left
         assert shmem.shmem_getmem(at(1, left), 3, me) == b"set"
         shmem.shmem_barrier_all()
+        # A signal put larger than one message carries (the put, then the signal).
+        shmem.shmem_putmem_signal(at(2, me), _pattern(me, -2, 70000), counter, 2000 + me, shmem.SHMEM_SIGNAL_SET,
+                                  (me + 1) % n)
+        assert shmem.shmem_wait_until(counter, shmem.SHMEM_CMP_EQ, 2000 + left, timeout=60) == 2000 + left
+        assert shmem.shmem_getmem(at(2, left), 70000, me) == _pattern(left, -2, 70000)
+        shmem.shmem_barrier_all()
         # Atomics on every PE: fetch-add from every PE (old values distinct, the sum exact), then
         # compare-swap, swap, set and fetch on this PE's own words there, 64- and 32-bit.
         olds = [shmem.shmem_atomic_fetch_add(words + 16 * n, me + 1, target) for target in range(n)]
@@ -141,8 +147,9 @@ def pe_barriers(count: int) -> int:
 
 
 def pe_die_or_reach(victim: int) -> str:
-    """The victim PE exits at once; every other PE then puts to it and enters a barrier, and
-    reports what each raised."""
+    """The victim PE exits at once; every other PE enters a barrier (which cannot complete without
+    the victim: when it fails, the victim is gone), then puts to it and applies an atomic there,
+    and reports what each raised."""
     me = shmem.shmem_mype()
     buf = shmem.shmem_malloc(4096)
     shmem.shmem_barrier_all()
@@ -150,16 +157,16 @@ def pe_die_or_reach(victim: int) -> str:
         os._exit(7)
     report = []
     try:
+        shmem.shmem_barrier_all()
+        report.append("barrier returned")
+    except Exception as exc:
+        report.append(f"barrier: {type(exc).__name__}: {exc}")
+    try:
         shmem.shmem_putmem(buf, b"x" * 4096, victim)
         shmem.shmem_atomic_fetch_add(buf, 1, victim)
         report.append("put and atomic to the dead PE returned")
     except shmem.ShmemError as exc:
         report.append(f"rma: {exc}")
-    try:
-        shmem.shmem_barrier_all()
-        report.append("barrier returned")
-    except Exception as exc:
-        report.append(f"barrier: {type(exc).__name__}: {exc}")
     return " | ".join(report)
 
 

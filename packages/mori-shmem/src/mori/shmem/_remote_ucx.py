@@ -12,8 +12,10 @@ PEs hand each other, over the bootstrap, their workers' addresses and a ticket p
   one batch, which the engine pipelines.
 - atomics are the engine's remote atomics (:mod:`mori.core.ucx_atomic`), checked the same way
   and applied with sequentially consistent atomics, so they mix with the target's own.
-- a signal put is the put, complete (the target has written the bytes when it answers), then
-  the signal's atomic: a PE that sees the signal sees the data.
+- a signal put of up to 16 KiB is one message (the engine's signal put: the target writes the
+  bytes, then applies the signal's atomic); a larger one is the put, complete (the target has
+  written the bytes when it answers), then the signal's atomic. Either way a PE that sees the
+  signal sees the data.
 
 Every operation is complete when it returns, so quiet and fence have nothing left to wait for.
 A peer that died or hangs fails the operation within ``MORI_SHMEM_TIMEOUT`` with a
@@ -150,10 +152,20 @@ class UcxTransport(RemoteTransport):
 
     def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
                    add: bool) -> None:
-        """The put, complete, then the signal's atomic."""
-        if nbytes:
+        """Up to the engine's signal-put size, one message (the target writes the bytes, then
+        applies the signal's atomic); beyond it, the put, complete, then the signal's atomic."""
+        from mori.core.ucx_atomic import MAX_SIGNAL_PUT_BYTES, signal_put
+
+        op = "fetch_add" if add else "store"
+        if nbytes > MAX_SIGNAL_PUT_BYTES:
             self.put(pe, offset, src, nbytes)
-        self.atomic(pe, "fetch_add" if add else "store", sig_offset, signal, 0, 64)
+            self.atomic(pe, op, sig_offset, signal, 0, 64)
+            return
+        try:
+            signal_put(self._engine, self._peers[pe], HEAP_ID, offset, src, nbytes, HEAP_ID, sig_offset, op, signal,
+                       self.timeout)
+        except (RuntimeError, ValueError) as exc:
+            raise ShmemError(f"signal put of {nbytes} bytes to PE {pe} failed: {exc}") from None
 
     def atomic(self, pe: int, op: str, offset: int, value: int, compare: int, width: int) -> int:
         """The engine's remote atomic on PE ``pe``'s heap."""

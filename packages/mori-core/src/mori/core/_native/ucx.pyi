@@ -52,3 +52,8 @@ class UcxEngine:
 
 def ucx_atomic(engine: UcxEngine, peer: UcxPeer, op: _Int, mem_id: _Int, offset: _Int, value: _Int, compare: _Int,
                width: _Int, timeout: SupportsFloat) -> int: ...
+
+UCX_MAX_SIGNAL_PUT_BYTES: int
+
+def ucx_signal_put(engine: UcxEngine, peer: UcxPeer, mem_id: _Int, offset: _Int, src: _Int, size: _Int,
+                   sig_mem_id: _Int, sig_offset: _Int, op: _Int, value: _Int, timeout: SupportsFloat) -> None: ...
