@@ -17,6 +17,8 @@
 // calls Python; the bindings (ucx_bindings.cpp) release the GIL around every call that can block.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -315,7 +317,12 @@ bool Worker::lead(Done&& done, int64_t spinNs) {
         alive = w_ != nullptr;
         const int64_t until = now_ns() + spinNs;
         while (alive && !done()) {
-            if (progress_locked() == 0 && now_ns() > until) break;
+            if (progress_locked() != 0) continue;
+            if (now_ns() > until) break;
+            // Nothing yet: let other threads run (on one host the peer's progress thread may
+            // need this core to answer; spinning without yielding made a 4 KiB read wait for
+            // the whole spin).
+            sched_yield();
         }
     }
     if (leaders_.fetch_sub(1, std::memory_order_acq_rel) == 1) {

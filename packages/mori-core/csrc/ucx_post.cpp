@@ -13,9 +13,9 @@ namespace mori::ucx {
 
 namespace {
 
-// A waiter progresses its worker itself for this long before it hands over to the progress
-// thread and sleeps: long enough for a small transfer's round trip on one host.
-constexpr int64_t kLeadSpinNs = 100'000;
+// A waiter progresses its worker itself (yielding between empty polls) for this long before it
+// hands over to the progress thread and sleeps: a small transfer, or a 1 MiB one over tcp.
+constexpr int64_t kLeadSpinNs = 1'000'000;
 // Blocks of at least this size travel in a message of their own (UCX picks eager or zero-copy
 // rendezvous); smaller ones are grouped, up to kGroupBytes, into one eager message.
 constexpr uint64_t kOwnMessageBytes = 16 << 10;
