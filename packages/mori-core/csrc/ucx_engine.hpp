@@ -106,7 +106,7 @@ struct RemoteRegion {
 };
 
 // Endpoints from one worker to one peer engine (one per lane). Owned by the worker: freed once
-// closed and no operation in flight refers to it.
+// closed, its Peer has let go (held) and no operation in flight refers to it.
 struct Link {
     std::shared_ptr<PeerState> peer;
     Worker* worker = nullptr;
@@ -114,6 +114,7 @@ struct Link {
     std::unordered_map<uint64_t, RemoteRegion> regions;  // remote memory id -> what its target said
     std::string failed;  // why the endpoints failed or closed ("" while usable)
     uint64_t next = 0;   // rotates the first lane of successive transfers
+    bool held = true;    // its Peer refers to it: not freed before the Peer closes (even once failed)
 };
 
 // The outcome of one transfer: a completion slot its owner reads without running any code per

@@ -165,10 +165,12 @@ void Peer::close() {
     for (size_t i = 0; i < links_.size(); ++i) {
         Worker& w = engine_->worker(i);
         std::lock_guard lk(w.mutex());
-        if (w.alive() && !links_[i]->eps.empty()) {
+        if (!w.alive()) continue;
+        if (!links_[i]->eps.empty()) {
             std::string why = state_->failure();
             w.close_link_locked(*links_[i], why.empty() ? "the peer was closed by this engine" : why);
         }
+        links_[i]->held = false;  // the worker frees it once nothing in flight refers to it
     }
 }
 
@@ -177,6 +179,7 @@ std::string Peer::describe() {
     for (size_t i = 0; i < links_.size(); ++i) {
         Worker& w = engine_->worker(i);
         std::lock_guard lk(w.mutex());
+        if (closed_.load() || !w.alive()) break;  // the links may be freed
         for (api::Endpoint* ep : links_[i]->eps)
             out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
     }
@@ -347,13 +350,14 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* 
 
     std::unique_lock lk(worker.mutex());
     if (!worker.alive()) throw std::runtime_error("the UCX engine is closed");
-    const size_t lanes = std::max<size_t>(1, link.eps.size());
-    if (link.eps.empty() || !state_->failure().empty()) {
+    // Closed: its links may be freed (checked under the worker's lock, which close takes too).
+    if (closed_.load() || link.eps.empty() || !state_->failure().empty()) {
         auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link, 1, deadline, false, uid);
         std::string why = state_->failure();
         t->fail(kErrTransport, why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why);
         return t;
     }
+    const size_t lanes = std::max<size_t>(1, link.eps.size());
     // With several lanes a transfer of few blocks is cut so that every lane gets a share; then
     // the rows are dealt over the lanes in contiguous runs of about equal bytes.
     std::vector<plan::Row> pieces;

@@ -259,7 +259,7 @@ void Worker::reap_links_locked() {
     // A closed link is freed once no operation in flight refers to it.
     links_.erase(std::remove_if(links_.begin(), links_.end(),
                                 [this](const std::unique_ptr<Link>& l) {
-                                    if (!l->eps.empty() || l->failed.empty()) return false;
+                                    if (l->held || !l->eps.empty() || l->failed.empty()) return false;
                                     for (auto& [id, p] : parts_)
                                         if (p->link == l.get()) return false;
                                     return true;

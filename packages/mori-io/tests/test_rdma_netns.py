@@ -1,6 +1,9 @@
 """The RDMA backend between two network namespaces ("hosts" joined by a veth pair), over UCX's tcp
 transport: every operation with byte checks, notifications, authentication and a peer's death.
-Each engine has the RDMA backend alone, so nothing else can have carried the bytes."""
+Each engine has the RDMA backend alone, so nothing else can have carried the bytes. Every test runs
+on each UCX CI installs (the libucx wheel's, Debian's verbs-enabled libucx0), named to the engine
+processes by ``MORI_UCX_LIB``. Peers killed mid-transfer, forged and fuzzed descriptors:
+test_rdma_hostile_netns.py."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 from _netns import HERE, HOST_A, HOST_B, NetnsPeer, two_namespaces
 from _peer import SharedBuffer
+from _rdma_peers import UCX_LIBS, ucx_lib
 
 from mori.io import StatusCode
 
@@ -25,8 +29,9 @@ ENV = {"MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_IO_TIMEOUT": "5"}
 class Hosts:
     """Namespaces A and B, a shared file per engine, and the engine processes started so far."""
 
-    def __init__(self, ns_a: str, ns_b: str) -> None:
+    def __init__(self, ns_a: str, ns_b: str, lib: str) -> None:
         self.ns = {"A": ns_a, "B": ns_b}
+        self.env = {**ENV, "MORI_UCX_LIB": ucx_lib(lib)}
         self.peers: list[NetnsPeer] = []
         self.bufs: list[SharedBuffer] = []
 
@@ -35,15 +40,15 @@ class Hosts:
         buf = SharedBuffer(SIZE)
         buf.array[:] = np.random.default_rng(len(self.bufs)).integers(0, 256, SIZE, dtype=np.uint8)
         self.bufs.append(buf)
-        peer = NetnsPeer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**ENV, **env})
+        peer = NetnsPeer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**self.env, **env})
         self.peers.append(peer)
         return peer, buf
 
 
-@pytest.fixture
-def hosts() -> Iterator[Hosts]:
+@pytest.fixture(params=UCX_LIBS)
+def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
     with two_namespaces() as (ns_a, ns_b):
-        h = Hosts(ns_a, ns_b)
+        h = Hosts(ns_a, ns_b, request.param)
         try:
             yield h
         finally:
@@ -102,7 +107,8 @@ def test_peer_death_fails_transfers_in_bounded_time(hosts: Hosts) -> None:
     init.call("close")  # closing an engine whose peer died does not hang
 
 
-def test_vllm_and_sglang_sequences_over_rdma_between_namespaces() -> None:
+@pytest.mark.parametrize("lib", UCX_LIBS)
+def test_vllm_and_sglang_sequences_over_rdma_between_namespaces(lib: str) -> None:
     """test_client_replays*.py (vLLM's MoRIIO READ and WRITE modes, vLLM 0.33's hybrid-model reads,
     re-posts on a full send queue and reads between TP sizes, SGLang's MORI backend and 0.5.23's
     shard threads and teardown) with the RDMA backend created from the clients' own
@@ -110,7 +116,7 @@ def test_vllm_and_sglang_sequences_over_rdma_between_namespaces() -> None:
     with two_namespaces() as (ns_a, ns_b):
         env = {**os.environ, **ENV, "MORI_TEST_REPLAY_HOST": HOST_B,
                "MORI_TEST_REPLAY_TARGET_HOST": HOST_A, "MORI_TEST_REPLAY_TARGET_NETNS": ns_a,
-               "MORI_IO_TIMEOUT": "30"}
+               "MORI_IO_TIMEOUT": "30", "MORI_UCX_LIB": ucx_lib(lib)}
         run = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-m", "pytest", "-q", "-p",
                               "no:cacheprovider", "-k", "rdma or send_queue", "test_client_replays.py",
                               "test_client_replays_vllm.py", "test_client_replays_sglang.py"], cwd=HERE, env=env,
