@@ -81,6 +81,17 @@ mori::native::Registration reg([](py::module_& root) {
             py::arg("op"), py::arg("local_id"), py::arg("local_offsets"), py::arg("remote_id"),
             py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid") = 0, py::arg("notify") = false,
             py::arg("remote_gpu") = false, "submit() for numpy integer arrays; needs numpy.")
+        .def(
+            "submit_batch",
+            [](Peer& p, int op, uint64_t localId, const mori::plan::Batch& batch, uint64_t remoteId, uint64_t uid,
+               bool notify, bool remoteGpu) {
+                py::gil_scoped_release release;
+                return p.submit_batch(static_cast<Op>(op), localId, batch, remoteId, uid, notify, remoteGpu);
+            },
+            py::arg("op"), py::arg("local_id"), py::arg("batch"), py::arg("remote_id"), py::arg("uid") = 0,
+            py::arg("notify") = false, py::arg("remote_gpu") = false,
+            "submit() for a mori.core.batch.Batch of rows (local address inside local_id, offset in remote_id, "
+            "bytes): no per-block conversion.")
         .def("healthy", &Peer::healthy, "False once the peer failed or was closed.")
         .def("failure", &Peer::failure, "Why the peer failed ('' while healthy).")
         .def("describe", &Peer::describe, py::call_guard<py::gil_scoped_release>(),

@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch.hpp"
 #include "inbound.hpp"
 #include "transfer.hpp"
 #include "ucx_api.hpp"
@@ -163,6 +164,10 @@ public:
     std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
                                      const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
                                      bool notify, bool remoteGpu);
+    // The same for a batch of rows (local address, remote offset, bytes), merged already: every
+    // row must lie in local memory localId (checked here).
+    std::shared_ptr<Transfer> submit_batch(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
+                                           uint64_t uid, bool notify, bool remoteGpu);
     bool healthy() const;
     std::string failure() const { return state_->failure(); }
     // The endpoints to the peer on worker i (owned by that worker: use them under its lock).
@@ -174,6 +179,9 @@ public:
     void close();
 
 private:
+    // Deals rows over a worker's lanes and posts them (local pinned by the caller).
+    std::shared_ptr<Transfer> post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows, size_t n,
+                                   uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu);
     std::shared_ptr<Engine> engine_;
     std::shared_ptr<PeerState> state_;
     std::vector<Link*> links_;  // per worker

@@ -341,6 +341,34 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* 
                                            reinterpret_cast<const int64_t*>(remoteOffs),
                                            reinterpret_cast<const int64_t*>(sizes), n, rows.data());
     rows.resize(merged.rows);
+    return post(op, local, rows.data(), rows.size(), merged.largest, remoteId, uid, notify, remoteGpu);
+}
+
+std::shared_ptr<Transfer> Peer::submit_batch(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
+                                             uint64_t uid, bool notify, bool remoteGpu) {
+    if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
+    std::shared_ptr<Region> local = engine_->pin_region(localId);
+    if (!local) throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+    struct Unpin {
+        Region& r;
+        ~Unpin() { --r.pins; }
+    } unpin{*local};
+    // The rows are merged already (the batch is built once); each must lie in the local region.
+    for (size_t i = 0; i < batch.size(); ++i) {
+        const plan::Row& r = batch[i];
+        if (r.src < local->addr || !local->contains(r.src - local->addr, r.bytes))
+            throw std::invalid_argument("row " + std::to_string(i) + ": local address " + std::to_string(r.src) +
+                                        " + size " + std::to_string(r.bytes) + " is outside local memory id " +
+                                        std::to_string(localId) + " (" + std::to_string(local->size) + " bytes)");
+        if (r.dst >= (uint64_t{1} << 63))
+            throw std::invalid_argument("row " + std::to_string(i) + ": remote offset " + std::to_string(r.dst) +
+                                        " is 2^63 or more");
+    }
+    return post(op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify, remoteGpu);
+}
+
+std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows, size_t nrows,
+                                     uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu) {
     const size_t w = static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size());
     Worker& worker = engine_->worker(w);
     Link& link = *links_[w];
@@ -361,12 +389,12 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* 
     // With several lanes a transfer of few blocks is cut so that every lane gets a share; then
     // the rows are dealt over the lanes in contiguous runs of about equal bytes.
     std::vector<plan::Row> pieces;
-    const plan::Row* use = rows.data();
-    size_t count = rows.size();
+    const plan::Row* use = rows;
+    size_t count = nrows;
     if (lanes > 1 && count < lanes && count > 0) {
-        uint64_t piece = std::max(kMinLanePiece, (merged.largest + lanes - 1) / lanes);
-        pieces.resize(plan::count_pieces(rows.data(), rows.size(), piece));
-        plan::stripe_rows(rows.data(), rows.size(), piece, pieces.data());
+        uint64_t piece = std::max(kMinLanePiece, (largest + lanes - 1) / lanes);
+        pieces.resize(plan::count_pieces(rows, nrows, piece));
+        plan::stripe_rows(rows, nrows, piece, pieces.data());
         use = pieces.data();
         count = pieces.size();
     }

@@ -228,16 +228,12 @@ class RdmaBackend(Backend):
             self._connector.submit(request)  # on the peer's own thread: an unreachable peer delays no other
 
     def _start(self, peer: Any, request: TransferRequest) -> None:
-        # One native call: the engine plans, posts and completes the whole batch (GIL released).
-        # It takes the rows as local offsets (it checks them against the local registration).
-        base = request.local.data
-        l_offs = [local - base for local, _, _ in request.batch]
-        r_offs = [remote for _, remote, _ in request.batch]
-        sizes = [n for _, _, n in request.batch]
+        # One native call: the engine checks the rows against the local registration, plans, posts
+        # and completes the whole batch (GIL released); no Python runs per block.
         try:
-            transfer = peer.submit(request.op, request.local.id, l_offs, request.remote.id, r_offs, sizes,
-                                   request.uid, request.notify and self._notify,
-                                   request.remote.loc == MemoryLocationType.GPU)
+            transfer = peer.submit_batch(request.op, request.local.id, request.batch, request.remote.id,
+                                         request.uid, request.notify and self._notify,
+                                         request.remote.loc == MemoryLocationType.GPU)
         except ValueError as err:  # a block outside the local registration, an offset past 2**63
             request.status._set(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
             return
