@@ -119,16 +119,17 @@ def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, 
             else:
                 go = functools.partial(engine.batch_read if op == "read" else engine.batch_write,
                                        lmem, l_offs, rmem, r_offs, sizes)
-            times = []
+            times, cpu = [], 0.0
             for i in range(warmup + iters):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 st = go(engine.allocate_transfer_uid())
                 if st.WaitFor(60_000) != StatusCode.SUCCESS:
                     raise RuntimeError(f"benchmark transfer failed: {st}")
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
+                    cpu += time.process_time() - c0
             progress()
-            yield summarize(size, batch, times)
+            yield summarize(size, batch, times, cpu)
         engine.close()
         conn.send("stop")
     finally:

@@ -142,14 +142,15 @@ def mooncake_initiator(host: str, op: str, points: list[tuple[int, int]], iters:
         sizes: Any = np.full(batch, size, dtype=np.uint64)
         if arrays is None:
             local, remote, sizes = local.tolist(), remote.tolist(), sizes.tolist()
-        times = []
+        times, cpu = [], 0.0
         for i in range(warmup + iters):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if fn(target["name"], local, remote, sizes) != 0:
                 raise SystemExit("mooncake: transfer failed")
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
-        _send(_checked(buf, op, size, batch, summarize(size, batch, times)))
+                cpu += time.process_time() - c0
+        _send(_checked(buf, op, size, batch, summarize(size, batch, times, cpu)))
 
 
 # ---- NIXL ----------------------------------------------------------------------------------------
@@ -186,9 +187,9 @@ def nixl_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int
         local = agent.get_xfer_descs([(buf.addr + o, size, dev) for o in l_offs], kind)
         remote = agent.get_xfer_descs([(target["addr"] + o, size, target["dev"]) for o in r_offs], kind)
         handle = agent.initialize_xfer("READ" if op == "read" else "WRITE", local, remote, peer)
-        times = []
+        times, cpu = [], 0.0
         for i in range(warmup + iters):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             state = agent.transfer(handle)
             while state not in ("DONE", "ERR"):
                 state = agent.check_xfer_state(handle)
@@ -196,8 +197,9 @@ def nixl_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int
                 raise SystemExit("nixl: transfer failed")
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
+                cpu += time.process_time() - c0
         agent.release_xfer_handle(handle)
-        _send(_checked(buf, op, size, batch, summarize(size, batch, times)))
+        _send(_checked(buf, op, size, batch, summarize(size, batch, times, cpu)))
 
 
 ENGINES = {"mooncake": (mooncake_target, mooncake_initiator), "nixl": (nixl_target, nixl_initiator)}

@@ -31,7 +31,7 @@ class SendQueues:
     def admit(self, worker: int, key: str, status: TransferStatus, ops: int, op: str) -> bool:
         """Reserves room for ``ops`` operations of ``status``; False after failing it with SQ full."""
         need = min(ops, self.depth)
-        deadline = time.monotonic() + int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6
+        deadline = None  # read when the queue is full: the common case costs no setting lookup
         with self._cond:
             queue = self._queues.setdefault((worker, key), [])
             while True:
@@ -43,6 +43,8 @@ class SendQueues:
                 if used + need <= self.depth:
                     queue.append((status, need))
                     return True
+                if deadline is None:
+                    deadline = time.monotonic() + int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6
                 left = deadline - time.monotonic()
                 if left <= 0:
                     status._set(StatusCode.ERR_RDMA_OP, f"SQ full ({op}): engine={key} worker={worker} depth={used} "

@@ -1,0 +1,52 @@
+"""Issue 21's acceptance benchmark: ``ci/rdma_bench.sh`` (mori RDMA, NIXL, mori TCP between two
+network namespaces on UCX's tcp transport) in alternating rounds, write then read, and the median
+over rounds of each point's per-round median latency, bandwidth and initiator CPU seconds per GB.
+
+    python ci/rdma_bench_rounds.py PEER_PYTHON [--rounds 3] [--iters 30] [--out DIR]
+
+PEER_PYTHON has ``nixl`` installed (``pip install nixl==1.5.1``). Needs root and iproute2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+POINTS = ["--sizes", "4K,1M", "--batch-sizes", "1,64,1024", "--max-bytes", "64M"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("peer_python")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--out", type=Path, default=Path("/tmp/rdma_bench_rounds"))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: dict[tuple[str, str, int, int], list[dict]] = {}
+    for r in range(args.rounds):
+        for op in ("write", "read"):
+            out = args.out / f"{op}{r}.json"
+            subprocess.run(["bash", str(HERE / "rdma_bench.sh"), args.peer_python, "--op", op, *POINTS,
+                            "--iters", str(args.iters), "--json", str(out)], check=True, capture_output=True,
+                           timeout=1800)
+            for row in json.loads(out.read_text())["rows"]:
+                rows.setdefault((row["op"], row["engine"], row["size"], row["batch"]), []).append(row)
+    print(f"medians of {args.rounds} alternating rounds ({args.iters} timed transfers per point and round)")
+    head = f"{'op':5} {'size':>8} {'batch':>5} {'engine':10} {'lat us':>9} {'min us':>8} {'GB/s':>7} {'CPU s/GB':>9}"
+    print(head)
+    print("-" * len(head))
+    for key in sorted(rows, key=lambda k: (k[0], k[3], k[2], k[1])):
+        got = rows[key]
+        med = {f: statistics.median(x[f] for x in got) for f in ("median_lat_us", "min_lat_us", "median_bw_gbs")}
+        cpu = [x["cpu_s_per_gb"] for x in got if "cpu_s_per_gb" in x]
+        print(f"{key[0]:5} {key[2]:>8} {key[3]:>5} {key[1]:10} {med['median_lat_us']:>9.1f} {med['min_lat_us']:>8.1f} "
+              f"{med['median_bw_gbs']:>7.3f} {statistics.median(cpu) if cpu else float('nan'):>9.3f}")
+
+
+if __name__ == "__main__":
+    main()
