@@ -190,3 +190,41 @@ def pe_reach_hung(buf: int, victim: int) -> tuple[str, float]:
         except shmem.ShmemError as exc:
             errors.append(str(exc))
     return " | ".join(errors), time.monotonic() - start
+
+
+def pe_threads_put(threads: int) -> None:
+    """``threads`` threads of this PE put to the next PE at once (small puts share the staging
+    area, larger ones are registered each), and get back; every byte checked after a barrier."""
+    import threading
+
+    me, n = shmem.shmem_mype(), shmem.shmem_npes()
+    right, left = (me + 1) % n, (me - 1) % n
+    sizes = (100, 70000)
+    slot = sum(sizes)
+    area = shmem.shmem_malloc(slot * threads * n)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            pos = area + (me * threads + t) * slot
+            for i in range(20):
+                for size, off in zip(sizes, (0, sizes[0])):
+                    data = _pattern(me * 1000 + t, i, size)
+                    shmem.shmem_putmem(pos + off, data, right)
+                    assert shmem.shmem_getmem(pos + off, size, right) == data
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert not errors, errors
+    shmem.shmem_barrier_all()
+    for t in range(threads):
+        pos = area + (left * threads + t) * slot
+        assert shmem.shmem_getmem(pos, sizes[0], me) == _pattern(left * 1000 + t, 19, sizes[0])
+        assert shmem.shmem_getmem(pos + sizes[0], sizes[1], me) == _pattern(left * 1000 + t, 19, sizes[1])
+    shmem.shmem_barrier_all()
+    shmem.shmem_free(area)

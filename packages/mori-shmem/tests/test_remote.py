@@ -15,7 +15,7 @@ import time
 
 import pytest
 from pe_pool import PeError, PePool
-from remote_suite import pe_barriers, pe_die_or_reach, pe_reach_hung, pe_ready, pe_rma_everywhere
+from remote_suite import pe_barriers, pe_die_or_reach, pe_reach_hung, pe_ready, pe_rma_everywhere, pe_threads_put
 
 import mori.shmem as shmem
 from mori.core.host import HostIdentity
@@ -91,6 +91,7 @@ def test_disable_p2p_on_one_host_every_op_every_pe() -> None:
             assert [r["p2p"] for r in results] == [[q == pe for q in range(n)] for pe in range(n)]
             if value == "ON":
                 assert pool.run(pe_barriers, 1000) == [10] * n
+                pool.run(pe_threads_put, 4)
         finally:
             pool.close()
 
