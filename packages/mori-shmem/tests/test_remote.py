@@ -15,7 +15,14 @@ import time
 
 import pytest
 from pe_pool import PeError, PePool
-from remote_suite import pe_barriers, pe_die_or_reach, pe_reach_hung, pe_ready, pe_rma_everywhere, pe_threads_put
+from remote_suite import (
+    pe_barriers,
+    pe_die_or_reach,
+    pe_reach_hung,
+    pe_ready,
+    pe_rma_everywhere,
+    pe_threads_put,
+)
 
 import mori.shmem as shmem
 from mori.core.host import HostIdentity
