@@ -4,7 +4,6 @@
 // a ValueError naming the column and index for a negative value, one past 64 bits, a block past
 // 2^64 or columns of different lengths. Large batches are merged without the GIL; small ones
 // keep it (handing it back and forth would cost more than the work when other threads want it).
-// Also the engine's one-pass host work on a batch's columns (int64_array, batch_bounds).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -12,7 +11,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -322,72 +320,6 @@ std::string repr(const Batch& b) {
 
 uint64_t kEmptyRow[3] = {0, 0, 0};  // where an empty batch's buffer points (never read)
 
-// ---- the engine's host work on a batch's int64 columns --------------------------------------------
-
-using I64Array = py::array_t<int64_t, py::array::c_style>;
-
-const int64_t* data_of(const I64Array& a, const char* what, py::ssize_t n) {
-    if (a.ndim() != 1 || a.shape(0) != n)
-        throw py::value_error(std::string(what) + ": expected a 1-d int64 array of " + std::to_string(n) +
-                              " elements");
-    return a.data();
-}
-
-// (smallest offset or size, largest local end, largest remote end); the batch must not be empty.
-py::tuple batch_bounds(const I64Array& local, const I64Array& remote, const I64Array& sizes) {
-    const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
-    if (n <= 0) throw py::value_error("batch_bounds: expected a non-empty 1-d int64 array of sizes");
-    const int64_t* l = data_of(local, "local offsets", n);
-    const int64_t* r = data_of(remote, "remote offsets", n);
-    const int64_t* s = data_of(sizes, "sizes", n);
-    // Ends are summed as unsigned: with every value >= 0 they cannot wrap; with a negative one
-    // the batch is rejected on `low` whatever they are.
-    int64_t low = std::numeric_limits<int64_t>::max();
-    uint64_t lend = 0, rend = 0;
-    for (py::ssize_t i = 0; i < n; ++i) low = std::min(low, std::min(std::min(l[i], r[i]), s[i]));
-    for (py::ssize_t i = 0; i < n; ++i)
-        lend = std::max(lend, static_cast<uint64_t>(l[i]) + static_cast<uint64_t>(s[i]));
-    for (py::ssize_t i = 0; i < n; ++i)
-        rend = std::max(rend, static_cast<uint64_t>(r[i]) + static_cast<uint64_t>(s[i]));
-    const uint64_t top = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());  // past any region
-    return py::make_tuple(low, static_cast<int64_t>(std::min(lend, top)), static_cast<int64_t>(std::min(rend, top)));
-}
-
-// The ints of a Python sequence as an int64 array, each taken as operator.index takes it (ints,
-// bools, numpy integers; a float or a string is a TypeError naming `what`; a value outside int64
-// an OverflowError). One C loop instead of a Python-level pass per layer over a list batch.
-py::array_t<int64_t> int64_array(const py::sequence& seq, const std::string& what) {
-    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "expected a sequence"));
-    if (!fast) throw py::error_already_set();
-    const py::ssize_t n = PySequence_Fast_GET_SIZE(fast.ptr());
-    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-    py::array_t<int64_t> out(n);
-    int64_t* dst = out.mutable_data();
-    for (py::ssize_t i = 0; i < n; ++i) {
-        PyObject* item = items[i];
-        py::object owned;
-        if (PyBool_Check(item))  // an int to Python, but never a meaningful offset or size
-            throw py::type_error(what + " must be ints, got bool at index " + std::to_string(i));
-        if (!PyLong_Check(item)) {
-            owned = py::reinterpret_steal<py::object>(PyNumber_Index(item));
-            if (!owned) {
-                PyErr_Clear();
-                throw py::type_error(what + " must be a sequence of ints, got " + Py_TYPE(item)->tp_name +
-                                     " at index " + std::to_string(i));
-            }
-            item = owned.ptr();
-        }
-        int overflow = 0;
-        const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-        if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            throw py::value_error(what + "[" + std::to_string(i) + "] does not fit in 64 bits");
-        }
-        dst[i] = static_cast<int64_t>(v);
-    }
-    return out;
-}
-
 mori::native::Registration reg([](py::module_& root) {
     py::module_ m = mori::native::submodule(root, "batch", "a batch of copies as one value, and its planner");
     py::class_<Batch>(m, "Batch", py::buffer_protocol(),
@@ -497,11 +429,6 @@ mori::native::Registration reg([](py::module_& root) {
             "each of at most max_pieces rows): a row that crosses a multiple becomes two pieces, pieces of one "
             "chunk contiguous on both sides are merged, a chunk of more pieces is split by count. A chunk's "
             "pieces are packed from offset 0 of a buffer, in order.");
-    m.def("int64_array", &int64_array, py::arg("values"), py::arg("what"),
-          "The ints of a sequence as an int64 numpy array (operator.index semantics, bools refused, errors name `what`).");
-    m.def("batch_bounds", &batch_bounds, py::arg("local_offsets"), py::arg("remote_offsets"), py::arg("sizes"),
-          "(smallest offset or size, largest local end, largest remote end) of a non-empty batch of int64 "
-          "arrays, in one pass.");
 });
 
 }  // namespace

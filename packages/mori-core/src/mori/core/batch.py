@@ -20,11 +20,8 @@ methods and return Batch values: :meth:`Batch.stripe` (rows cut into pieces of a
 :meth:`Batch.count_pieces`, :meth:`Batch.deal` (contiguous runs of about equal bytes, one per
 stream or connection) and :meth:`Batch.cut_chunks` (staging-buffer chunks; a chunk's pieces are
 packed from offset 0 of a buffer in order).
-
-Also the engine's one-pass host work on a batch's ``int64`` columns: :func:`int64_array` (a list
-as an int64 array) and :func:`batch_bounds` (the smallest value and the largest end on each side).
 """
 
-from ._native.batch import Batch, batch_bounds, int64_array
+from ._native.batch import Batch
 
-__all__ = ["Batch", "batch_bounds", "int64_array"]
+__all__ = ["Batch"]

@@ -1,10 +1,7 @@
 # mori.core._native.batch (csrc/batch_bindings.cpp over batch.hpp and batch_plan.hpp): the Batch
-# value and its planner; the engine's one-pass work on a batch's int64 columns.
+# value and its planner.
 from collections.abc import Iterator, Sequence
 from typing import Any, SupportsIndex, overload
-
-import numpy as np
-from numpy.typing import ArrayLike, NDArray
 
 _Int = SupportsIndex
 # A column: a sequence of ints, or a 1-d integer buffer (numpy array, array.array, memoryview).
@@ -38,5 +35,3 @@ class Batch:
     def deal(self, runs: _Int, min_run_bytes: _Int = 1) -> list[Batch]: ...
     def cut_chunks(self, chunk_bytes: _Int, max_pieces: _Int) -> list[Batch]: ...
 
-def int64_array(values: object, what: str) -> NDArray[np.int64]: ...
-def batch_bounds(local_offsets: ArrayLike, remote_offsets: ArrayLike, sizes: ArrayLike) -> tuple[int, int, int]: ...
