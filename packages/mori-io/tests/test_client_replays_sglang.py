@@ -228,7 +228,10 @@ def test_sglang_shards_write_kv_state_and_aux_on_one_engine(backend: str, monkey
     """Sixteen rooms sent in two chunks each through eight shard threads at once, on an engine
     built in another thread; then SGLang's teardown while a second round is still being written,
     after which both sides register fresh buffers and a new round moves every byte."""
-    monkeypatch.delenv("MORI_RDMA_DEVICES", raising=False)  # sglang_engine sets it, as SGLang does
+    # sglang_engine sets MORI_RDMA_DEVICES process-wide, as SGLang does. setenv records the value
+    # this test found, so teardown restores it (delenv of an absent name records nothing, and the
+    # interface list leaked into later tests' processes: in another namespace it names no device).
+    monkeypatch.setenv("MORI_RDMA_DEVICES", "")
     monkeypatch.setenv("MORI_IO_TIMEOUT", "10")  # bounds the teardown's waits (the decode inherits it)
     decode = PipeProcess(serve_sglang_decode, ("decode-sg", backend, LAYOUT, DECODE_SEED, HOST_CHUNK),
                          "SGLang decode", 90.0, TARGET_NETNS)
