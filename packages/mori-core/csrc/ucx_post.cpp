@@ -316,19 +316,28 @@ void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped) {
         ++part.ops;
 }
 
+// A transfer's local region, pinned while its parts are made (each part takes a pin of its own):
+// a deregistration waits. Throws for a bad op or an unregistered id.
+struct PinnedLocal {
+    PinnedLocal(Engine& engine, Op op, uint64_t localId) {
+        if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
+        region = engine.pin_region(localId);
+        if (!region)
+            throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+    }
+    PinnedLocal(const PinnedLocal&) = delete;
+    PinnedLocal& operator=(const PinnedLocal&) = delete;
+    ~PinnedLocal() { --region->pins; }
+    std::shared_ptr<Region> region;
+};
+
 }  // namespace
 
 std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
                                        const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
                                        bool notify, bool remoteGpu) {
-    if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
-    std::shared_ptr<Region> local = engine_->pin_region(localId);
-    if (!local) throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
-    // Held while the parts are made (each takes a pin of its own): a deregistration waits.
-    struct Unpin {
-        Region& r;
-        ~Unpin() { --r.pins; }
-    } unpin{*local};
+    const PinnedLocal pinned(*engine_, op, localId);
+    const std::shared_ptr<Region>& local = pinned.region;
     for (size_t i = 0; i < n; ++i)
         if (!local->contains(localOffs[i], sizes[i]))
             throw std::invalid_argument("block " + std::to_string(i) + ": local offset " + std::to_string(localOffs[i]) +
@@ -346,13 +355,8 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* 
 
 std::shared_ptr<Transfer> Peer::submit_batch(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
                                              uint64_t uid, bool notify, bool remoteGpu) {
-    if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
-    std::shared_ptr<Region> local = engine_->pin_region(localId);
-    if (!local) throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
-    struct Unpin {
-        Region& r;
-        ~Unpin() { --r.pins; }
-    } unpin{*local};
+    const PinnedLocal pinned(*engine_, op, localId);
+    const std::shared_ptr<Region>& local = pinned.region;
     // The rows are merged already (the batch is built once); each must lie in the local region.
     for (size_t i = 0; i < batch.size(); ++i) {
         const plan::Row& r = batch[i];
