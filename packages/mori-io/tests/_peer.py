@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from mori.core import testing
+from mori.core.testing import start_in_netns
 from mori.io import BackendType, EngineDesc, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType
-from mori.io.bench._mori_runner import start_in_netns
 
 __all__ = ["SharedBuffer", "PeerProcess", "PipeProcess", "engine_commands", "serve_commands"]
 
@@ -99,7 +99,7 @@ class PipeProcess(testing.CommandProcess):
 
     def __init__(self, serve: Callable[..., bytes], args: tuple[Any, ...], name: str, timeout: float,
                  netns: str | None = None, env: dict[str, str] | None = None) -> None:
-        super().__init__(serve, args, name, timeout, env, start=lambda proc: start_in_netns(proc, netns))
+        super().__init__(serve, args, name, timeout, env, start=start_in_netns(netns))
         try:
             self.desc = EngineDesc.unpack(self.ready)
         except BaseException:

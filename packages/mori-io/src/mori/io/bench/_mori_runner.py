@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import mmap
 import multiprocessing as mp
-import multiprocessing.spawn as mp_spawn
-import os
-import shlex
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from mori.core.testing import start_in_netns
 
 from .. import (
     BackendType,
@@ -28,7 +24,7 @@ from .. import (
 )
 from ._measure import block_layout, summarize
 
-__all__ = ["run_mori", "start_in_netns"]
+__all__ = ["run_mori"]
 
 
 def _create_backend(engine: IOEngine, backend: str, nconn: int) -> None:
@@ -58,32 +54,6 @@ def _target(conn: Any, host: str, size: int, nconn: int, backend: str) -> None:
         engine.close()
 
 
-_WRAPPERS: dict[str, str] = {}  # network namespace -> the interpreter wrapper that enters it
-
-
-def start_in_netns(proc: mp.process.BaseProcess, netns: str | None) -> None:
-    """Starts a spawn-context process, inside network namespace ``netns`` (``ip netns``; needs
-    root) when given. Through ``ip netns exec``, not setns in the child: it also remounts /sys
-    for the namespace, where UCX and others look up network interfaces."""
-    if not netns:
-        proc.start()
-        return
-    path = _WRAPPERS.get(netns)
-    if path is None:
-        fd, path = tempfile.mkstemp(prefix="mori-netns-", suffix=".sh")
-        with os.fdopen(fd, "w") as f:
-            f.write(f'#!/bin/sh\nexec ip netns exec {shlex.quote(netns)} {shlex.quote(sys.executable)} "$@"\n')
-        os.chmod(path, 0o755)
-        atexit.register(os.unlink, path)
-        _WRAPPERS[netns] = path
-    before = mp_spawn.get_executable()
-    mp_spawn.set_executable(path)
-    try:
-        proc.start()
-    finally:
-        mp_spawn.set_executable(before)
-
-
 def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, warmup: int, host: str,
              nconn: int, progress: Callable[[], None], backend: str = "tcp", target_host: str | None = None,
              target_netns: str | None = None) -> Iterator[dict[str, Any]]:
@@ -93,7 +63,7 @@ def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, 
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
     proc = ctx.Process(target=_target, args=(child, target_host or host, need, nconn, backend), daemon=True)
-    start_in_netns(proc, target_netns)
+    start_in_netns(target_netns)(proc)
     try:
         if not conn.poll(120):
             raise TimeoutError("benchmark target did not start in 120 s")
