@@ -22,7 +22,7 @@ from mori.io import (
     TransferStatus,
 )
 from mori.io import backends as io_backends
-from mori.io.backends import Backend
+from mori.io.backends import Backend, Outcome
 
 
 @pytest.fixture()
@@ -261,7 +261,7 @@ class _Flaky(Backend):
     def submit(self, request):
         self.used += 1
         self.broken = True
-        request.status._set(StatusCode.ERR_BAD_STATE, "flaky link went down")
+        return Outcome(StatusCode.ERR_BAD_STATE, "flaky link went down")
 
     def close(self):
         pass

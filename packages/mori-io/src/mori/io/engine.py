@@ -35,7 +35,7 @@ from ._registry import (
     UidAllocator,
 )
 from ._router import choose_backend, rank_backends
-from .backends import Backend, TransferOp, TransferRequest, backend_factory
+from .backends import Backend, Outcome, TransferOp, TransferRequest, backend_factory
 from .types import (
     BackendType,
     EngineDesc,
@@ -317,7 +317,6 @@ class IOEngine:
             raise TypeError("local and remote memory must be MemoryDesc objects")
         batch = _batch(local.data, l_offs, r_offs, sizes)
         uid = _int("transfer uid", uid)
-        status = TransferStatus()
         problem = self._reject(local, remote)
         if problem is None and not 0 <= uid < _U64_END:
             problem = StatusCode.ERR_INVALID_ARGS, f"transfer uid {uid} outside 0..2**64-1"
@@ -337,11 +336,13 @@ class IOEngine:
                                                      f"<-> {remote.loc.name} memory (created: "
                                                      f"{[b.name for b in self._backends] or 'none'})")
         if problem is not None:
-            status._set(*problem)
-            return status
+            return TransferStatus(*problem)
         assert backend is not None and not isinstance(batch, str)
+        status = TransferStatus()
         request = TransferRequest(op, local, remote, batch, uid, status)
-        if not backend.admit(request):  # refused on the spot ("SQ full"): failed now, outside the order
+        refusal = backend.admit(request)
+        if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
+            status._attach(refusal)
             return status
         with self._order_lock:
             status._after(self._last_status.get(remote.engine_key))
@@ -350,17 +351,18 @@ class IOEngine:
         # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
         self._inflight.add(local.id, status, backend, remote.engine_key)
         if self._memory.get(local.id) is None:
-            status._set(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered")
+            status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
             return status
         try:
-            backend.submit(request)
+            completion = backend.submit(request)
         except Exception as err:  # queued above: whatever went wrong must finish the status
             # A backend must not raise (base.py), but if one does, the transfer is already in this
             # peer's completion order: left IN_PROGRESS it would hold back every later status.
             _log.error("engine %r: %s backend raised while starting transfer %d: %r", self._key,
                        backend.kind.name, uid, err)
-            status._set(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the transfer: "
-                                                  f"{err!r}")
+            completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the "
+                                                          f"transfer: {err!r}")
+        status._attach(completion)
         return status
 
     def read(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,

@@ -15,11 +15,13 @@ import reprlib
 import threading
 import time
 from dataclasses import InitVar, asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import msgpack
 
 from mori.core.codes import TransferCode
+
+from ._completion import Completion
 
 __all__ = [
     "BackendType",
@@ -302,16 +304,6 @@ _MEMORY_FIELDS: dict[str, _Rule] = {
     "hostname": _TEXT, "extra": (dict, 0, 0), "device_bus_id": _TEXT, "numa_node": (int, -1, _I32_MAX)}
 
 
-class Completion(Protocol):
-    """What a backend attaches to a :class:`TransferStatus` to report a transfer's outcome."""
-
-    def code(self) -> int: ...
-
-    def message(self) -> str: ...
-
-    def wait(self, timeout: float) -> bool: ...
-
-
 _PENDING = StatusCode.IN_PROGRESS
 
 
@@ -351,7 +343,8 @@ class TransferStatus:
 
     # -- engine and backend side ----------------------------------------------------------------
     def _set(self, code: StatusCode, message: str = "") -> None:
-        """Finishes (or updates) the status from Python; wakes waiters."""
+        """Sets code and message itself (the engine marks a submitted transfer ``IN_PROGRESS``;
+        ``SetCode`` and the like); wakes waiters."""
         with self._cond:
             self._code = StatusCode(code)
             self._message = message
@@ -359,7 +352,8 @@ class TransferStatus:
             self._cond.notify_all()
 
     def _attach(self, completion: Completion) -> None:
-        """Hands the status to a native completion object that reports its outcome."""
+        """Reports what ``completion`` (what the backend's ``submit`` returned) reports; the
+        engine attaches it once."""
         with self._cond:
             self._completion = completion
             self._code = StatusCode.IN_PROGRESS

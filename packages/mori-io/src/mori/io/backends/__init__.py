@@ -1,4 +1,5 @@
-"""mori-io backends: the :class:`Backend` interface and the factory table the engine uses.
+"""mori-io backends: the :class:`Backend` interface, the completions its ``submit`` returns
+(:class:`Completion`, :class:`Outcome`, :class:`Deferred`) and the factory table the engine uses.
 
 A backend module registers its factory with :func:`register_backend_factory`; the engine's
 ``create_backend(type, config)`` looks it up here.
@@ -10,12 +11,24 @@ from collections.abc import Callable
 from typing import Any
 
 from ..types import BackendType
-from .base import Backend, BackendContext, ControlHandler, TransferOp, TransferRequest
+from .base import (
+    Backend,
+    BackendContext,
+    Completion,
+    ControlHandler,
+    Deferred,
+    Outcome,
+    TransferOp,
+    TransferRequest,
+)
 
 __all__ = [
     "Backend",
     "BackendContext",
+    "Completion",
     "ControlHandler",
+    "Deferred",
+    "Outcome",
     "TransferOp",
     "TransferRequest",
     "BackendFactory",

@@ -3,9 +3,13 @@
 A backend moves bytes for one medium (TCP, NVLink, RDMA). The engine owns registration and
 routing; it tells each backend about local memory and remote engines, asks ``can_serve`` which
 backend can carry a (local memory, remote memory) pair, and hands it :class:`TransferRequest`s.
-A backend never raises for a failed transfer: it finishes ``request.status`` with an error code
-(``ERR_INVALID_ARGS``/``ERR_NOT_FOUND`` for a rejected request, ``ERR_BAD_STATE`` for a broken
-peer, ``ERR_GPU_OP`` for a CUDA error). ``healthy(peer)`` going False makes the router fail over.
+``submit`` returns the transfer's :class:`~mori.io.backends.Completion` (a native transfer, an
+:class:`~mori.io.backends.Outcome` for one refused or already done, a
+:class:`~mori.io.backends.Deferred` that a thread of the backend settles later), which the engine
+attaches to the transfer's status once. A backend never raises for a failed transfer: its
+completion ends with an error code (``ERR_INVALID_ARGS``/``ERR_NOT_FOUND`` for a rejected request,
+``ERR_BAD_STATE`` for a broken peer, ``ERR_GPU_OP`` for a CUDA error). ``healthy(peer)`` going
+False makes the router fail over.
 
 Backends reach the engine only through :class:`BackendContext` (and this module): a control
 handler refuses a request by raising :class:`ControlError` with a status code.
@@ -22,11 +26,13 @@ from typing import Any
 from mori.core.batch import Batch
 from mori.core.codes import TransferOp
 
+from .._completion import Completion, Deferred, Outcome
 from .._control import ControlError
 from .._limits import Limits
 from ..types import BackendType, EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
-__all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "ControlError", "ControlHandler"]
+__all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "Completion", "ControlError", "ControlHandler",
+           "Deferred", "Outcome"]
 
 # A control-plane request handler: (remote engine key, request payload) -> reply payload.
 ControlHandler = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -40,7 +46,9 @@ class TransferRequest:
     contiguous on both sides merged.
 
     The engine checked every row against both descriptors before a backend sees them; the target
-    side checks again against what it actually registered.
+    side checks again against what it actually registered. ``status`` is the transfer's status,
+    for a backend to read (the RDMA backend's send queues watch it), never to set: the
+    completion ``submit`` returns reports the outcome.
     """
 
     op: TransferOp
@@ -150,16 +158,17 @@ class Backend(abc.ABC):
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
         """Drops this backend's connections, mappings and leases with ``desc.key``."""
 
-    def admit(self, request: TransferRequest) -> bool:
+    def admit(self, request: TransferRequest) -> Completion | None:
         """Takes what ``request`` needs before the engine orders it among its transfers, on the
-        caller's thread; False after failing ``request.status`` (the RDMA backend's "SQ full"),
-        which the caller then sees at once, as in MORI. The default admits every request."""
-        return True
+        caller's thread: None when admitted, else the refusal's ended completion (the RDMA
+        backend's "SQ full"), which the caller then sees at once, as in MORI. The default admits
+        every request."""
+        return None
 
     @abc.abstractmethod
-    def submit(self, request: TransferRequest) -> None:
-        """Starts the transfer asynchronously (after :meth:`admit`); finishes ``request.status``
-        when it ends."""
+    def submit(self, request: TransferRequest) -> Completion:
+        """Starts the transfer asynchronously (after :meth:`admit`) and returns its completion,
+        which ends when the transfer does."""
 
     def abort(self, remote_key: str) -> None:  # noqa: B027 (an optional hook: by default nothing to do)
         """Fails this backend's transfers to ``remote_key`` that are still running, and returns once

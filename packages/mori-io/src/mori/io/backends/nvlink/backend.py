@@ -34,7 +34,7 @@ from mori.core.host import this_host
 
 from ...types import BackendType, EngineDesc, MemoryDesc, MemoryLocationType, StatusCode, XgmiBackendConfig
 from .._connect import PeerConnector
-from ..base import Backend, BackendContext, ControlError, TransferOp, TransferRequest
+from ..base import Backend, BackendContext, Completion, ControlError, Outcome, TransferOp, TransferRequest
 from ._exports import Exports
 from ._housekeeping import Flight, Housekeeping
 from ._queues import DeviceQueues
@@ -149,14 +149,13 @@ class NvlinkBackend(Backend):
         self._exports.revoke(desc, theirs)
 
     # ---- transfers -----------------------------------------------------------------------------
-    def submit(self, request: TransferRequest) -> None:
+    def submit(self, request: TransferRequest) -> Completion:
         opened = self._regions.get((request.remote.engine_key, request.remote.id))
         if opened is None:
             # First contact with the region (ask its owner, map it: up to MORI_IO_TIMEOUT) on
             # that region's own thread, never the caller's.
-            self._connector.submit(request)
-        else:
-            self._start(opened, request)
+            return self._connector.submit(request)
+        return self._start(opened, request)
 
     def _map(self, request: TransferRequest) -> Opened:
         """Opens the request's remote region (run by the connector's thread)."""
@@ -171,15 +170,14 @@ class NvlinkBackend(Backend):
                 self._unhealthy.add(remote.engine_key)
             raise ControlError(code, f"cannot map memory {remote.id} of engine {remote.engine_key!r}: {err}") from err
 
-    def _start(self, opened: Opened, request: TransferRequest) -> None:
-        remote, status, device = request.remote, request.status, request.local.device_id
+    def _start(self, opened: Opened, request: TransferRequest) -> Completion:
+        remote, device = request.remote, request.local.device_id
         batch = request.batch
         # The engine checked every block against the descriptor; the owner's registered size
         # needs its own check only when the descriptor claims more (a forged or stale one).
         if remote.size > opened.size and batch.dst_end > opened.size:
-            status._set(StatusCode.ERR_INVALID_ARGS, f"NVLink backend: a block is out of range of remote memory "
-                                                     f"{remote.id} ({opened.size} bytes registered by its owner)")
-            return
+            return Outcome(StatusCode.ERR_INVALID_ARGS, f"NVLink backend: a block is out of range of remote memory "
+                                                        f"{remote.id} ({opened.size} bytes registered by its owner)")
         try:
             queues = self._device(device)
             # A batch is planned straight into the pinned table the gather kernel will read.
@@ -195,23 +193,20 @@ class NvlinkBackend(Backend):
                 if self._regions.get((remote.engine_key, remote.id)) is not opened:
                     if table is not None:
                         queues.kernel.tables.give(table)
-                    status._set(StatusCode.ERR_NOT_FOUND, f"NVLink backend: memory {remote.id} of engine "
-                                                          f"{remote.engine_key!r} was deregistered")
-                    return
+                    return Outcome(StatusCode.ERR_NOT_FOUND, f"NVLink backend: memory {remote.id} of engine "
+                                                             f"{remote.engine_key!r} was deregistered")
                 events, tables = queues.issue(plan, table)
                 transfer = queues.transfer(events, tables, time.monotonic() + self.ctx.io_timeout(),
                                            self._work.on_done)
                 if events:
                     self._work.add(transfer, Flight(request, (remote.engine_key, remote.id)))
         except _cuda.CudaError as err:
-            status._set(StatusCode.ERR_GPU_OP, f"NVLink backend: {err}")
             self._work.note(request, StatusCode.ERR_GPU_OP, str(err))
-            return
+            return Outcome(StatusCode.ERR_GPU_OP, f"NVLink backend: {err}")
         if events:
-            status._attach(transfer)
-        else:  # nothing to copy (zero bytes)
-            status._set(StatusCode.SUCCESS)
-            self._work.note(request, StatusCode.SUCCESS, "")
+            return transfer
+        self._work.note(request, StatusCode.SUCCESS, "")  # nothing to copy (zero bytes)
+        return Outcome(StatusCode.SUCCESS)
 
     def close(self) -> None:
         if self._closed:

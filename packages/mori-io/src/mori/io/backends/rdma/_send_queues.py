@@ -9,6 +9,7 @@ import time
 from mori.core import config as mori_config
 
 from ...types import StatusCode, TransferStatus
+from ..base import Outcome
 
 __all__ = ["SEND_WR_DEFAULT", "SendQueues"]
 
@@ -28,8 +29,8 @@ class SendQueues:
         self._cond = threading.Condition()
         self._queues: dict[tuple[int, str], list[tuple[TransferStatus, int]]] = {}
 
-    def admit(self, worker: int, key: str, status: TransferStatus, ops: int, op: str) -> bool:
-        """Reserves room for ``ops`` operations of ``status``; False after failing it with SQ full."""
+    def admit(self, worker: int, key: str, status: TransferStatus, ops: int, op: str) -> Outcome | None:
+        """Reserves room for ``ops`` operations of ``status`` (None), or refuses: SQ full."""
         need = min(ops, self.depth)
         deadline = None  # read when the queue is full: the common case costs no setting lookup
         with self._cond:
@@ -42,14 +43,13 @@ class SendQueues:
                 used = sum(n for _, n in queue)
                 if used + need <= self.depth:
                     queue.append((status, need))
-                    return True
+                    return None
                 if deadline is None:
                     deadline = time.monotonic() + int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    status._set(StatusCode.ERR_RDMA_OP, f"SQ full ({op}): engine={key} worker={worker} depth={used} "
-                                                        f"requested={need} max={self.depth}")
-                    return False
+                    return Outcome(StatusCode.ERR_RDMA_OP, f"SQ full ({op}): engine={key} worker={worker} "
+                                                           f"depth={used} requested={need} max={self.depth}")
                 self._cond.wait(min(left, 0.001))  # finished transfers do not notify: look again soon
 
     def forget(self, key: str) -> None:

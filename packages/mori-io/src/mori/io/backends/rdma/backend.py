@@ -36,7 +36,7 @@ from ...types import (
     TransferStatus,
 )
 from .._connect import PeerConnector
-from ..base import Backend, BackendContext, ControlError, TransferRequest
+from ..base import Backend, BackendContext, Completion, ControlError, Outcome, TransferRequest
 from ._send_queues import SEND_WR_DEFAULT, SendQueues
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
@@ -211,36 +211,31 @@ class RdmaBackend(Backend):
             peer.close()
         self._send_queues.forget(desc.key)
 
-    def admit(self, request: TransferRequest) -> bool:
+    def admit(self, request: TransferRequest) -> Completion | None:
         if self._closed:
-            return True  # submit fails it
+            return None  # submit fails it
         # One operation per row (the native engine's cutting for lanes changes that little).
         return self._send_queues.admit(request.uid % self._workers, request.remote.engine_key, request.status,
                                        max(len(request.batch), 1), request.op.name.lower())
 
-    def submit(self, request: TransferRequest) -> None:
+    def submit(self, request: TransferRequest) -> Completion:
         peer = self._peers.get(request.remote.engine_key)
         if peer is not None and peer.healthy():
-            self._start(peer, request)
-        elif self._closed:
-            request.status._set(StatusCode.ERR_BAD_STATE, "RDMA backend is closed")
-        else:
-            self._connector.submit(request)  # on the peer's own thread: an unreachable peer delays no other
+            return self._start(peer, request)
+        if self._closed:
+            return Outcome(StatusCode.ERR_BAD_STATE, "RDMA backend is closed")
+        return self._connector.submit(request)  # on the peer's own thread: an unreachable peer delays no other
 
-    def _start(self, peer: Any, request: TransferRequest) -> None:
+    def _start(self, peer: Any, request: TransferRequest) -> Completion:
         # One native call: the engine checks the rows against the local registration, plans, posts
         # and completes the whole batch (GIL released); no Python runs per block.
         try:
-            transfer = peer.submit_batch(request.op, request.local.id, request.batch, request.remote.id,
-                                         request.uid, request.notify and self._notify,
-                                         request.remote.loc == MemoryLocationType.GPU)
+            return peer.submit_batch(request.op, request.local.id, request.batch, request.remote.id, request.uid,
+                                     request.notify and self._notify, request.remote.loc == MemoryLocationType.GPU)
         except ValueError as err:  # a block outside the local registration, an offset past 2**63
-            request.status._set(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
-            return
+            return Outcome(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
         except RuntimeError as err:  # the engine closed meanwhile
-            request.status._set(StatusCode.ERR_BAD_STATE, f"RDMA backend: {err}")
-            return
-        request.status._attach(transfer)
+            return Outcome(StatusCode.ERR_BAD_STATE, f"RDMA backend: {err}")
 
     def abort(self, remote_key: str) -> None:
         with self._lock:

@@ -33,7 +33,7 @@ from mori.core.gpu import BatchMemcpy, Completion, EventPool, StreamPool, on_dev
 from mori.core.memory import pinned_alloc, pinned_free
 
 from ...types import MemoryDesc, MemoryLocationType, StatusCode
-from ..base import BackendContext, ControlError, TransferOp, TransferRequest
+from ..base import BackendContext, ControlError, Deferred, Outcome, TransferOp, TransferRequest
 from ._staging import SlotLeases, StagingPool, check_pieces, pack_array, unpack_array
 from .plan import Chunk, plan_chunks
 
@@ -236,15 +236,15 @@ class GpuStaging:
         return {}
 
     # ---- transfers (initiator side) --------------------------------------------------------------
-    def submit(self, peer: Any, request: TransferRequest, remote_chunk: int) -> None:
-        """Runs ``request`` (one side or both on a GPU) on a worker thread."""
+    def submit(self, peer: Any, request: TransferRequest, remote_chunk: int) -> Outcome | Deferred:
+        """Runs ``request`` (one side or both on a GPU) on a worker thread; its completion."""
         if self.closed:
-            request.status._set(StatusCode.ERR_BAD_STATE, "TCP backend was closed before the transfer started")
-            return
-        request.status._set(StatusCode.IN_PROGRESS)
-        self._workers.submit(self._run, peer, request, remote_chunk)
+            return Outcome(StatusCode.ERR_BAD_STATE, "TCP backend was closed before the transfer started")
+        completion = Deferred()
+        self._workers.submit(self._run, peer, request, remote_chunk, completion)
+        return completion
 
-    def _run(self, peer: Any, req: TransferRequest, remote_chunk: int) -> None:
+    def _run(self, peer: Any, req: TransferRequest, remote_chunk: int, completion: Deferred) -> None:
         code, msg = StatusCode.SUCCESS, ""
         try:
             self._move(peer, req, remote_chunk)
@@ -256,7 +256,7 @@ class GpuStaging:
             code, msg = StatusCode.ERR_BAD_STATE, f"TCP (GPU staging): {err!r}"
         if req.notify and self._notify:
             self.ctx.send_completions(req.remote.engine_key, [(req.uid, code, msg)])
-        req.status._set(code, msg)
+        completion.finish(code, msg)
 
     def _move(self, peer: Any, req: TransferRequest, remote_chunk: int) -> None:
         local_gpu = req.local.loc == MemoryLocationType.GPU

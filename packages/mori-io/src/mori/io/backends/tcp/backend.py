@@ -26,7 +26,7 @@ from ...types import (
     TransferStatus,
 )
 from .._connect import PeerConnector
-from ..base import Backend, BackendContext, ControlError, TransferRequest
+from ..base import Backend, BackendContext, Completion, ControlError, TransferRequest
 from ._staging_size import chunk_bytes_for
 
 __all__ = ["TcpBackend"]
@@ -157,12 +157,11 @@ class TcpBackend(Backend):
             old.close()
         return peer
 
-    def submit(self, request: TransferRequest) -> None:
+    def submit(self, request: TransferRequest) -> Completion:
         peer = self._peers.get(request.remote.engine_key)
         if peer is not None and peer.healthy():
-            self._start(peer, request)
-        else:
-            self._connector.submit(request)  # on the peer's own thread: see _connect
+            return self._start(peer, request)
+        return self._connector.submit(request)  # on the peer's own thread: see _connect
 
     def abort(self, remote_key: str) -> None:
         with self._lock:
@@ -170,14 +169,12 @@ class TcpBackend(Backend):
         if peer is not None:
             peer.close()  # its transfers fail; its threads have stopped when this returns
 
-    def _start(self, peer: Any, request: TransferRequest) -> None:
+    def _start(self, peer: Any, request: TransferRequest) -> Completion:
         if request.local.loc == MemoryLocationType.GPU or request.remote.loc == MemoryLocationType.GPU:
             key = request.remote.engine_key
-            self._staging().submit(peer, request, self._remote_chunk.get(key, self._chunk))
-            return
-        transfer = peer.submit(request.op, request.batch, request.remote.id, request.uid,
-                               request.notify and self.config.enable_notification, self.config.stripe_bytes)
-        request.status._attach(transfer)
+            return self._staging().submit(peer, request, self._remote_chunk.get(key, self._chunk))
+        return peer.submit(request.op, request.batch, request.remote.id, request.uid,
+                           request.notify and self.config.enable_notification, self.config.stripe_bytes)
 
     def pop_inbound(self, remote_key: str, uid: int) -> TransferStatus | None:
         code = self._target.pop_inbound(remote_key, uid)
