@@ -26,6 +26,7 @@ from mori.io import (
     TransferStatus,
     XgmiBackendConfig,
 )
+from mori.io.backends import Deferred, Outcome
 
 SEED_NAMES = ["IOEngine", "IOEngineSession", "IOEngineConfig", "BackendType", "MemoryLocationType", "StatusCode",
               "PollCqMode", "RdmaBackendConfig", "XgmiBackendConfig", "EngineDesc", "MemoryDesc", "set_log_level"]
@@ -115,6 +116,27 @@ def test_transfer_status_finishes_in_submission_order():
     fourth = TransferStatus()
     fourth._after(third)
     assert fourth._prev is None
+
+
+def test_status_reads_the_completion_a_backend_returns():
+    """What Backend.submit returns (mori.io.backends): an Outcome ends at once with its code and
+    message; a Deferred is IN_PROGRESS until a thread settles it, then reports what it follows."""
+    refused = TransferStatus()
+    refused._attach(Outcome(StatusCode.ERR_RDMA_OP, "SQ full (write)"))
+    assert refused.Failed() and refused.Code() == StatusCode.ERR_RDMA_OP and refused.Message() == "SQ full (write)"
+    assert refused.WaitFor(0) == StatusCode.ERR_RDMA_OP
+
+    later, inner = Deferred(), Deferred()
+    status = TransferStatus()
+    status._set(StatusCode.IN_PROGRESS)
+    status._attach(later)
+    assert later.wait(0.02) is False and status.WaitFor(20) == StatusCode.IN_PROGRESS and status.Message() == ""
+    later.follow(inner)  # settled, but what it follows still runs
+    assert status.InProgress() and later.wait(0.02) is False
+    threading.Timer(0.1, lambda: inner.finish(StatusCode.ERR_BAD_STATE, "peer lost")).start()
+    t0 = time.monotonic()
+    assert status.WaitFor(10_000) == StatusCode.ERR_BAD_STATE and time.monotonic() - t0 < 5
+    assert status.Message() == "peer lost" and later.wait(0) and inner.code() == StatusCode.ERR_BAD_STATE
 
 
 def test_engine_api_calls():
