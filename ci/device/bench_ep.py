@@ -8,6 +8,10 @@ rank sends to other ranks (one copy per distinct destination rank, as every meth
 The peers' times include the layout step they need (sorting tokens by destination, exchanging
 counts, and for NCCL the count read-back that sizes its splits). Runs under torchrun on any number
 of GPUs; NCCL and symmetric memory need a GPU per rank and are reported as not run otherwise.
+Rows ``mori-v1`` and ``mori-v1ll``: the InterNodeV1 and InterNodeV1LL kernels with the ranks split
+into two nodes (``gpu_per_node = world / 2``; one rank a node with two ranks), the other node's
+ranks reached through the device API's put-with-signal (a copy where their heap is mapped, mori.shmem's
+remote transport where not: ``MORI_DISABLE_P2P``, another host).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from gpu_world import gpus_shared, init_world
 import mori
 
 HIDDEN, TOPK, EXPERTS = 7168, 8, 256
+#: The mori.ops rows: method name -> kernel type.
+MORI_KINDS = {"mori": "IntraNode", "mori-v1": "InterNodeV1", "mori-v1ll": "InterNodeV1LL"}
 
 
 def routing(n: int, world: int, seed: int) -> torch.Tensor:
@@ -163,6 +169,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="decode,prefill")
+    ap.add_argument("--methods", default=",".join(MORI_KINDS), help="mori.ops rows to run (of %(default)s)")
     args = ap.parse_args()
     rank, world = init_world()
     mori.shmem.shmem_torch_process_group_init("default")
@@ -180,16 +187,19 @@ def main() -> None:
             x = torch.randn(n, HIDDEN, device="cuda").to(torch_dtype)
             w = torch.rand(n, TOPK, device="cuda")
             s = torch.rand(n, scale_dim, device="cuda") if scale_dim else None
-            cfg = mori.ops.EpDispatchCombineConfig(
-                data_type=torch_dtype, rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=scale_dim,
-                scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=n,
-                num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK, warp_num_per_block=16,
-                block_num=80)
-            op = mori.ops.EpDispatchCombineOp(cfg)
-            d, c = mori_pair(op, x, w, s, ids, args.iters, args.warmup)
+            peers: dict[str, Any] = {}
+            for method in args.methods.split(","):
+                cfg = mori.ops.EpDispatchCombineConfig(
+                    data_type=torch_dtype, rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=scale_dim,
+                    scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=n,
+                    num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK, warp_num_per_block=16,
+                    block_num=80, kernel_type=mori.ops.EpDispatchCombineKernelType[MORI_KINDS[method]],
+                    gpu_per_node=max(1, world // 2))
+                op = mori.ops.EpDispatchCombineOp(cfg)
+                d, c = mori_pair(op, x, w, s, ids, args.iters, args.warmup)
+                peers[method] = (slowest(d), slowest(c))
             disp_bytes = remote * x.shape[1] * x.element_size()
             comb_bytes = remote * HIDDEN * 2
-            peers: dict[str, Any] = {"mori": (slowest(d), slowest(c))}
             if shared:
                 peers["nccl"] = peers["symm_mem"] = "not run: PEs share a GPU"
             else:

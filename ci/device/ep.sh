@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # mori.ops (MORI-EP) on the GPU machine: install; the GPU tests (ops_gpu_worker.py: bf16, fp8 with
 # per-token and per-128 scales, float32, AsyncLL, zero copy, fp8 direct cast, CUDA-graph replay,
-# MORI's EP checker; hot experts and refused second dispatches; a dispatch graph replayed twice,
+# MORI's EP checker; hot experts and refused second dispatches; InterNodeV1 and InterNodeV1LL with
+# the PEs split into nodes, byte for byte against IntraNode; a dispatch graph replayed twice,
 # which ends its PEs with a device trap) with each PE count of --pes (default "2 4 8"; PEs beyond
 # the GPU count share GPUs, under MPS when it starts: multi_pe.sh, a fresh daemon per count); then
-# bench_ep.py on one PE per GPU (MORI_BENCH_PES overrides the count).
+# bench_ep.py on one PE per GPU (MORI_BENCH_PES overrides the count; 16G heaps: ops are never freed,
+# and with 8 PEs the prefill shape's ops take about 12 GB, the inter-node rows' staging and return
+# blocks included).
 # Run from the repository root with .devkit carried; logs and JSON go to $OUT.
 # Usage: bash ci/device/ep.sh [--pes "2 4 8"] [--no-mps] [--no-tests] [--no-bench] [-k EXPR] [-- bench args]
 #   -k EXPR: only the GPU tests pytest's -k selects (e.g. "hot or graph").
@@ -51,7 +54,7 @@ if [ $run_bench = 1 ]; then
   pes_stop_mps
   pes_share_gpus "$n"
   echo "== bench_ep.py, $n PEs on $GPU_COUNT GPUs"
-  MORI_SHMEM_HEAP_SIZE=${MORI_SHMEM_HEAP_SIZE:-3G} timeout 300 torchrun --standalone --nproc_per_node=$n \
+  MORI_SHMEM_HEAP_SIZE=${MORI_SHMEM_HEAP_SIZE:-16G} timeout 300 torchrun --standalone --nproc_per_node=$n \
     "$repo/ci/device/bench_ep.py" --out "$OUT/bench_ep.json" "${bench_args[@]}" > "$OUT/bench_ep.log" 2>&1
   rc=$?; echo "rc=$rc"
   sed -n '/mori.ops dispatch\/combine/,$p' "$OUT/bench_ep.log"

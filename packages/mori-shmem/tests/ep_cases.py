@@ -9,6 +9,7 @@ exactly as the reference rounds.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,30 @@ def check_round(case: Case, results: list[dict[str, Any]], wire_dtype: Any = Non
         assert torch.equal(got_w, want_w), \
             f"PE {r}: combined weights differ for {(got_w != want_w).any(dim=1).sum().item()} of {n} tokens"
     return received
+
+
+def same_outputs(case: Case, seeds: list[int], a: list[list[dict[str, Any]]], b: list[list[dict[str, Any]]]) -> None:
+    """Two runs' outputs, PE by PE and round by round, byte for byte. A receiver's slots are handed
+    out in the order senders reserve them, which no run fixes (IntraNode's own runs differ there),
+    so dispatch outputs are compared token by token, ordered by source position; combine outputs
+    over the PE's own tokens (the rows past them are the op's, left as they were)."""
+    for pe, (ra, rb) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(ra, rb)):
+            assert x["total"] == y["total"], (pe, i)
+            order = [r["src_pos"][: r["total"]].argsort() for r in (x, y)]
+            for key in ("src_pos", "tokens", "weights", "indices", "scales"):
+                u, v = x[key], y[key]
+                if u is None or v is None:
+                    assert u is None and v is None, (pe, i, key)
+                else:
+                    assert torch.equal(u[order[0]].view(torch.uint8), v[order[1]].view(torch.uint8)), (pe, i, key)
+            n = rank_inputs(dataclasses.replace(case, world=len(a), seed=seeds[i]), pe)["input"].shape[0]
+            for key in ("combined", "combined_weights"):
+                u, v = x[key], y[key]
+                if u is None or v is None:
+                    assert u is None and v is None, (pe, i, key)
+                else:
+                    assert torch.equal(u[:n].view(torch.uint8), v[:n].view(torch.uint8)), (pe, i, key)
 
 
 def make_config(case: Case, rank: int, **overrides: Any) -> Any:

@@ -5,7 +5,9 @@ op), gathers every PE's outputs on rank 0 and checks them there against the PyTo
 (ep_cases.check_round: byte for byte; fp8 wires as the reference rounds them). Then CUDA-graph
 replays with new tokens, then the port of MORI's EP checker. Prints one "ok" line per check.
 ``MORI_OPS_CHECKS`` picks what runs: ``all`` (the default: the cases and the checker), ``checker``,
-``edge`` (hot experts, refused second dispatches) or ``graph_double_dispatch`` (ends the process).
+``edge`` (hot experts, refused second dispatches), ``internode`` (InterNodeV1 and InterNodeV1LL with
+several ``gpu_per_node`` splits, byte for byte against IntraNode) or ``graph_double_dispatch``
+(ends the process).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ep_cases import Case, check_round, expert_output, make_config, pe_round, rank_inputs
+from ep_cases import Case, check_round, expert_output, make_config, pe_round, rank_inputs, same_outputs
 from gpu_world import init_world  # ci/device, on PYTHONPATH (test_gpu._torchrun)
 
 import mori
@@ -74,9 +76,10 @@ def rounds(rank: int, world: int, name: str, case: Case, seeds: list[int], split
     return ok
 
 
-def graph_rounds(rank: int, world: int, case: Case, seeds: list[int]) -> None:
+def graph_rounds(rank: int, world: int, case: Case, seeds: list[int], name: str = "CUDA graph replay",
+                 **overrides: Any) -> None:
     """Captures dispatch + experts + combine once, then replays it with each seed's tokens."""
-    op = mori.ops.EpDispatchCombineOp(make_config(case, rank))
+    op = mori.ops.EpDispatchCombineOp(make_config(case, rank, **overrides))
     first = rank_inputs(dataclasses.replace(case, seed=seeds[0]), rank, "cuda")
     static = {k: v.clone() for k, v in first.items() if v is not None}
     stream = torch.cuda.Stream()
@@ -98,7 +101,7 @@ def graph_rounds(rank: int, world: int, case: Case, seeds: list[int]) -> None:
                "tokens": tokens[:n].cpu(), "weights": weights[:n].cpu(), "indices": indices[:n].cpu(), "scales": None,
                "combine_in": y[:n].cpu(), "combined": combined.cpu(), "combined_weights": combined_w.cpu()}
         dist.barrier()  # every PE read its outputs before any replays the next round
-        report(rank, f"CUDA graph replay, seed {seed}", gather(res), c)
+        report(rank, f"{name}, seed {seed}", gather(res), c)
 
 
 def edge_cases(rank: int, world: int) -> None:
@@ -166,6 +169,79 @@ def graph_double_dispatch(rank: int, world: int) -> None:
     raise AssertionError(f"rank {rank}: the dispatch graph replayed twice without a combine ran without an error")
 
 
+def internode_cases(world: int) -> list[tuple[str, Case, list[int], dict[str, Any]]]:
+    """(name, case, seeds, pe_round / config options) of the inter-node comparison: the CPU tests'
+    edge cases (random, repeated and invalid ids, ranks receiving nothing, one rank receiving every
+    token), fp8 with scales, bf16 and fp8 combine wires, zero copy."""
+    bf16 = Case(world=world, max_tokens=48, hidden=1024, k=8, experts_per_rank=max(1, 256 // world), invalid=0.1)
+    hot = Case(world=world, max_tokens=32, hidden=7168, k=8, experts_per_rank=4, invalid=0.0, full=True, hot=(0,))
+    return [
+        ("bf16", bf16, [1, 2], {}),
+        ("bf16 top-7, 30% invalid ids", dataclasses.replace(bf16, k=7, invalid=0.3), [3], {}),
+        ("every id invalid (no rank receives)", dataclasses.replace(bf16, invalid=1.0), [4], {}),
+        ("fp8 e4m3 + per-128 fp32 scales", dataclasses.replace(bf16, dtype=torch.float8_e4m3fn, scale_dim=8), [5], {}),
+        ("hot rank 0 (hidden 7168), combine weights = received rows", hot, [6], {"combine_weights": "rows"}),
+        ("hot last rank, combine weights with no rows", dataclasses.replace(hot, hot=(world - 1,)), [7],
+         {"combine_weights": "empty"}),
+        ("hot ranks 0 and last, no combine weights", dataclasses.replace(hot, hot=(0, world - 1)), [8],
+         {"combine_weights": "none"}),
+        ("bf16 fp8_direct_cast combine", bf16, [9], {"quant_type": "fp8_direct_cast"}),
+        ("bf16 zero-copy combine", bf16, [10], {"zero_copy": True, "use_external_inp_buf": False}),
+    ]
+
+
+def _round_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` split into pe_round's keywords and config overrides."""
+    round_keys = ("combine_weights", "zero_copy")
+    return ({k: v for k, v in options.items() if k in round_keys},
+            {k: v for k, v in options.items() if k not in round_keys})
+
+
+def internode(rank: int, world: int) -> None:
+    """InterNodeV1 and InterNodeV1LL with each ``gpu_per_node`` split of the world into two or more
+    nodes: every round checked against the reference and byte for byte against IntraNode's round
+    with the same inputs; then CUDA-graph replays. PEs of other nodes are reached through the device
+    API's put-with-signal (a copy where their heap is mapped, the remote transport where not)."""
+    kinds = [mori.ops.EpDispatchCombineKernelType.InterNodeV1, mori.ops.EpDispatchCombineKernelType.InterNodeV1LL]
+    p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
+    sizes = [g for g in (world // 2, world // 4) if g >= 1 and p2p] or [1]
+    intra: dict[tuple[str, int], Any] = {}
+    for name, case, seeds, options in internode_cases(world):
+        round_kw, overrides = _round_options(options)
+        op = mori.ops.EpDispatchCombineOp(make_config(case, rank, **overrides))
+        for seed in seeds:
+            intra[name, seed] = gather(pe_round(dataclasses.replace(case, seed=seed), op, "cuda", **round_kw))
+    failed = 0
+    for kind in kinds:
+        for g in sizes:
+            for name, case, seeds, options in internode_cases(world):
+                round_kw, overrides = _round_options(options)
+                wire = torch.float8_e4m3fn if overrides.get("quant_type") == "fp8_direct_cast" else None
+                op = mori.ops.EpDispatchCombineOp(make_config(case, rank, kernel_type=kind, gpu_per_node=g,
+                                                              **overrides))
+                for seed in seeds:
+                    c = dataclasses.replace(case, seed=seed)
+                    res = gather(pe_round(c, op, "cuda", **round_kw))
+                    what = f"{kind.name} gpu_per_node={g} ({world // g} nodes) {name} seed {seed}"
+                    ok = report(rank, what, res, c, wire, keep_going=True)
+                    if rank != 0:
+                        continue
+                    try:
+                        assert ok, "the reference check failed"
+                        same_outputs(case, [seed], [[r] for r in res], [[r] for r in intra[name, seed]])
+                        print(f"ok  {what}: byte for byte as IntraNode", flush=True)
+                    except AssertionError as exc:
+                        print(f"FAILED  {what}: not as IntraNode: {exc}", flush=True)
+                        failed += 1
+            graph_rounds(rank, world, Case(world=world, max_tokens=48, hidden=1024, k=8,
+                                           experts_per_rank=max(1, 256 // world), full=True), [15, 16],
+                         f"{kind.name} gpu_per_node={g} CUDA graph replay", kernel_type=kind, gpu_per_node=g)
+    flag = [failed]
+    dist.broadcast_object_list(flag, src=0)
+    if flag[0]:
+        raise AssertionError(f"{flag[0]} inter-node rounds failed")
+
+
 def main() -> None:
     rank, world = init_world()
     mori.shmem.shmem_torch_process_group_init("default")
@@ -175,6 +251,8 @@ def main() -> None:
         graph_double_dispatch(rank, world)
     if checks == "edge":
         edge_cases(rank, world)
+    if checks == "internode":
+        internode(rank, world)
     if checks == "all":
         cases(rank, world)
     if checks in ("all", "checker"):

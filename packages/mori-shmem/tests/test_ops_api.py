@@ -115,11 +115,41 @@ def test_op_before_shmem_init():
 
 
 def test_kernels_compile_with_nvrtc():
-    """The intra-node kernels compile for sm_90 (NVRTC needs no GPU) and export every kernel the
-    backend launches."""
-    from mori.core import nvrtc
-    from mori.ops._gpu import _KERNELS, kernel_source
+    """The kernels compile for sm_90 (NVRTC needs no GPU), export every kernel the backend launches,
+    and lay out EpArgs as its ctypes mirror does."""
+    import ctypes
 
-    ptx = nvrtc.compile(kernel_source(), name="ep_intranode.cu", arch="sm_90", output="ptx").decode()
+    from mori.core import nvrtc
+    from mori.ops._gpu import _KERNELS, EpArgs, kernel_source
+
+    checks = [f"static_assert(sizeof(EpArgs) == {ctypes.sizeof(EpArgs)}, \"EpArgs size\");"] + [
+        f"static_assert(__builtin_offsetof(EpArgs, {name}) == {getattr(EpArgs, name).offset}, \"{name}\");"
+        for name, _ in EpArgs._fields_]
+    source = kernel_source() + "\n" + "\n".join(checks)
+    ptx = nvrtc.compile(source, name="mori_ops_ep.cu", arch="sm_90", output="ptx").decode()
     for name in _KERNELS:
         assert f".entry {name}(" in ptx, name
+
+
+def test_node_plan_of_the_inter_node_kernel_types():
+    """gpu_per_node splits the world into nodes (capped at the world), must divide it, and every PE of
+    this PE's node must be mapped here; the payload layouts keep their rows aligned."""
+    from mori.ops._internode import node_plan, payload_layout
+
+    plan = node_plan(base(rank=5, gpu_per_node=4), range(8))
+    assert (plan.size, plan.node, plan.nodes, plan.first) == (4, 1, 2, 4)
+    assert node_plan(base(rank=5, gpu_per_node=1), [5]).nodes == 8  # only itself mapped: fine with 1 a node
+    assert node_plan(base(gpu_per_node=16), range(8)).nodes == 1
+    with pytest.raises(ValueError, match="gpu_per_node=3: world_size=8 is not a whole number of nodes"):
+        node_plan(base(gpu_per_node=3), range(8))
+    with pytest.raises(ValueError, match="gpu_per_node=0"):
+        node_plan(base(gpu_per_node=0), range(8))
+    with pytest.raises(ValueError, match=r"PEs \[6\] share PE 5's node \(gpu_per_node=4\)"):
+        node_plan(base(rank=5, gpu_per_node=4), [0, 1, 2, 3, 4, 5, 7])
+    for cfg in (base(), base(hidden_dim=7, max_token_type_size=1, scale_dim=3, scale_type_size=1,
+                             num_experts_per_token=7)):
+        lay = payload_layout(cfg)
+        row = cfg.hidden_dim * cfg.max_token_type_size
+        assert lay.scale_off >= 32 + row and lay.idx_off >= lay.scale_off + cfg.scale_dim * cfg.scale_type_size
+        assert lay.xfer % 16 == 0 and lay.xfer >= lay.w_off + 4 * cfg.num_experts_per_token
+        assert lay.comb_xfer % 32 == 0 and lay.comb_w_off >= row

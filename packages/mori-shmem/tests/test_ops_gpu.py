@@ -30,6 +30,16 @@ def test_hot_experts_and_refused_second_dispatch(nproc: int) -> None:
     assert f"ok  all mori.ops checks with {nproc} PEs" in out
 
 
+@pytest.mark.parametrize("nproc", PES)
+def test_internode_byte_identical_to_intranode(nproc: int) -> None:
+    """InterNodeV1 and InterNodeV1LL with the PEs split into nodes by gpu_per_node (the other
+    nodes' PEs reached through the device API's put-with-signal): every round as IntraNode's."""
+    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "internode"})
+    assert "FAILED" not in out, out
+    assert out.count("byte for byte as IntraNode") >= 20, out
+    assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
+
+
 # Last of the file: the PEs end with their CUDA contexts unusable (a device trap).
 @pytest.mark.parametrize("nproc", PES)
 def test_dispatch_graph_replayed_twice_stops_on_device(nproc: int) -> None:

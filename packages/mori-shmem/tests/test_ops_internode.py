@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
-from ep_cases import Case, rank_inputs
+from ep_cases import Case, same_outputs
 from pe_pool import PeError, PePool
 from test_ops_cpu import BF16, HOT, _op, run
 from test_remote import CPU_ENV, _across
@@ -49,27 +48,6 @@ def one_host() -> Iterator[PePool]:
         pool.close()
 
 
-def _same(case: Case, seeds: list[int], a: list[list[dict[str, Any]]], b: list[list[dict[str, Any]]]) -> None:
-    """Two runs' outputs, PE by PE and round by round, byte for byte. A receiver's slots are handed
-    out in the order senders reserve them, which no run fixes (IntraNode's own runs differ there),
-    so dispatch outputs are compared token by token, ordered by source position; combine outputs
-    over the PE's own tokens (the rows past them are the op's, left as they were)."""
-    for pe, (ra, rb) in enumerate(zip(a, b)):
-        for i, (x, y) in enumerate(zip(ra, rb)):
-            assert x["total"] == y["total"], (pe, i)
-            order = [r["src_pos"][: r["total"]].argsort() for r in (x, y)]
-            for key in ("src_pos", "tokens", "weights", "indices", "scales"):
-                u, v = x[key], y[key]
-                if u is None or v is None:
-                    assert u is None and v is None, (pe, i, key)
-                else:
-                    assert torch.equal(u[order[0]].view(torch.uint8), v[order[1]].view(torch.uint8)), (pe, i, key)
-            n = rank_inputs(dataclasses.replace(case, world=len(a), seed=seeds[i]), pe)["input"].shape[0]
-            for key in ("combined", "combined_weights"):
-                u, v = x[key], y[key]
-                assert torch.equal(u[:n].view(torch.uint8), v[:n].view(torch.uint8)), (pe, i, key)
-
-
 @pytest.mark.parametrize("kernel", ["InterNodeV1", "InterNodeV1LL", "InterNode"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_across_hosts_byte_identical_to_intranode(hosts: PePool, one_host: PePool, kernel: str, name: str) -> None:
@@ -78,7 +56,7 @@ def test_across_hosts_byte_identical_to_intranode(hosts: PePool, one_host: PePoo
     case, seeds = CASES[name]
     inter = run(hosts, case, seeds, overrides={"kernel_type": EpDispatchCombineKernelType[kernel]})
     intra = run(one_host, case, seeds)
-    _same(case, seeds, inter, intra)
+    same_outputs(case, seeds, inter, intra)
 
 
 def pe_intranode_refused() -> str:

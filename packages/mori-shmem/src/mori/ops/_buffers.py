@@ -24,9 +24,20 @@ CONTROL = {
     "EP_RECV_SIGNAL": 64,  # [src PE] tokens src sent here + 1; 0 once consumed
     "EP_SENT_COUNT": 128,  # [dest PE] tokens this PE sent there this round
     "EP_BARRIER": 192,  # [src PE] last combine epoch whose input src had staged
+    # Inter-node kernel types (GPU; see _internode.py):
+    "EP_ROUND": 4,  # dispatches done (tags the signals between nodes)
+    "EP_NODE_TOKENS": 256,  # [dest node] tokens staged for that node this round
+    "EP_NODE_ROWS": 320,  # [dest node] combine rows that node will send back
+    "EP_INBOX_COUNT": 384,  # [src node] tokens in the inbox from that node this round
+    "EP_RETURN_ROWS": 448,  # [src node] combine rows to send back to that node
+    "EP_INBOX_SIGNAL": 512,  # [src node] uint64: round << 32 | tokens put into the inbox
+    "EP_RETURN_SIGNAL": 640,  # [src node] uint64: round << 32 | combine rows put back
 }
-CONTROL_WORDS = 256
-assert max(CONTROL.values()) + MAX_WORLD_SIZE <= CONTROL_WORDS
+CONTROL_WORDS = 768
+#: Control arrays of uint64 words (two int32 words per entry, 8-byte aligned).
+CONTROL_WIDE = ("EP_INBOX_SIGNAL", "EP_RETURN_SIGNAL")
+assert all(CONTROL[k] % 2 == 0 for k in CONTROL_WIDE)
+assert max(v + (2 if k in CONTROL_WIDE else 1) * MAX_WORLD_SIZE for k, v in CONTROL.items() if v >= 64) <= CONTROL_WORDS
 
 
 def view_rows(flat: Any, rows: int, cols: int, dtype: Any) -> Any:

@@ -69,8 +69,7 @@ INTRA_NODE_KERNEL_TYPES = (
     EpDispatchCombineKernelType.IntraNodeLL,
     EpDispatchCombineKernelType.AsyncLL,
 )
-#: Kernel types that also reach PEs of other nodes (through mori.shmem's remote transport); mori
-#: runs them on the CPU heap so far.
+#: Kernel types that also reach PEs of other nodes (through mori.shmem's remote transport).
 INTER_NODE_KERNEL_TYPES = (
     EpDispatchCombineKernelType.InterNode,
     EpDispatchCombineKernelType.InterNodeV1,
@@ -106,11 +105,15 @@ class EpDispatchCombineConfig:
             ``get_registered_combine_input_buffer``).
         kernel_type: ``IntraNode``, ``IntraNodeLL`` or ``AsyncLL`` (every PE's heap mapped), or
             ``InterNode``, ``InterNodeV1``, ``InterNodeV1LL`` (PEs of other nodes too, through
-            mori.shmem's remote transport; CPU heap only so far).
-        gpu_per_node: GPUs per node (MORI uses it for inter-node layouts; kept, not used: which
-            PEs are remote comes from mori.shmem's topology).
-        rdma_block_num: blocks for RDMA (inter-node only; kept, not used).
-        num_qp_per_pe: RDMA queue pairs per PE (inter-node only; kept, not used).
+            mori.shmem's device put-with-signal on GPUs, its host RMA on the CPU heap;
+            ``InterNode`` runs the ``InterNodeV1`` kernels).
+        gpu_per_node: PEs per node for the inter-node kernel types on GPUs: ranks
+            ``[n * gpu_per_node, (n + 1) * gpu_per_node)`` form node ``n`` and must reach each other
+            by P2P (capped at ``world_size``, which it must divide; 1 under ``MORI_DISABLE_P2P``).
+            The CPU heap takes which PEs are remote from mori.shmem's topology instead.
+        rdma_block_num: blocks of the inter-node kernels that forward received tokens and gather
+            combine rows (0: ``block_num``).
+        num_qp_per_pe: RDMA queue pairs per PE (kept for MORI; the transport picks its own).
         quant_type: combine transport: ``"none"`` or ``"fp8_direct_cast"`` (bf16 combine input
             sent as fp8 e4m3 and summed in float32); the blockwise kinds are refused.
     """

@@ -1,5 +1,6 @@
-"""The GPU backend: the intra-node kernels (kernels/ep_intranode.cu) compiled by NVRTC, loaded with
-this PE's shmem device state, launched on the caller's current torch stream.
+"""The GPU backend: the kernels (kernels/ep_common.cuh, ep_internode.cu, ep_intranode.cu) compiled
+by NVRTC as one source, loaded with this PE's shmem device state, launched on the caller's current
+torch stream. The inter-node kernel types add the kernels between nodes (_internode.py).
 
 Why NVRTC CUDA C++ rather than Triton: dispatch needs warp votes and shuffles to deduplicate a
 top-k row, per-block shared-memory slot counters reserved on a peer with one system-scope atomic,
@@ -20,29 +21,37 @@ from mori.shmem._kernels import load_module
 
 from ._buffers import CONTROL, EpBuffers
 from ._config import MAX_WORLD_SIZE
+from ._internode import InterNodeBuffers, NodePlan, payload_layout
 
-__all__ = ["EpArgs", "GpuKernels", "kernel_source"]
+__all__ = ["EpArgs", "GpuKernels", "kernel_source", "make_args"]
 
 #: Threads of the one-block signal/wait kernels (one per PE).
 _SYNC_THREADS = MAX_WORLD_SIZE
 
 
 class EpArgs(ctypes.Structure):
-    """Mirror of ``struct EpArgs`` in kernels/ep_intranode.cu (same order, same types)."""
+    """Mirror of ``struct EpArgs`` in kernels/ep_common.cuh (same order, same types)."""
 
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "inp", "weights", "scales", "indices", "dispTok", "dispWeights", "dispScales", "dispIndices", "dispSrcPos",
-        "combInp", "combInpWeights", "combOut", "combOutWeights", "control", "destMap", "expertCount")] + [
+        "combInp", "combInpWeights", "combOut", "combOutWeights", "control", "destMap", "expertCount",
+        "stage", "inbox", "retStage", "retInbox", "fwdMap")] + [
         (name, ctypes.c_int32) for name in (
             "rank", "world", "numTokens", "k", "expertsPerRank", "rowBytes", "scaleBytes", "hidden",
-            "maxSend", "maxRecv", "inpRows", "weightRows", "hasWeights")]
+            "maxSend", "maxRecv", "inpRows", "weightRows", "hasWeights",
+            "nodeFirst", "nodeSize", "myNode", "nNodes", "lowLatency", "tokCap",
+            "xferBytes", "scaleOff", "idxOff", "wOff", "combXferBytes", "combWOff", "combRowBytes")]
+
+
+#: The parts of the CUDA source, in the order they are compiled as one.
+_SOURCES = ("ep_common.cuh", "ep_internode.cu", "ep_intranode.cu")
 
 
 def kernel_source() -> str:
     """The CUDA source with the layout constants prepended."""
-    body = resources.files("mori.ops").joinpath("kernels/ep_intranode.cu").read_text()
+    parts = [resources.files("mori.ops").joinpath(f"kernels/{name}").read_text() for name in _SOURCES]
     defines = [f"#define EP_MAX_PES {MAX_WORLD_SIZE}"] + [f"#define {k} {v}" for k, v in CONTROL.items()]
-    return "\n".join(defines) + "\n" + body
+    return "\n".join(defines + parts)
 
 
 _KERNELS = (
@@ -50,18 +59,24 @@ _KERNELS = (
     "ep_combine_stage_bf16", "ep_combine_stage_f32", "ep_combine_stage_fp8", "ep_combine_stage_bf16_fp8",
     "ep_combine_barrier_signal", "ep_combine_barrier_wait",
     "ep_combine_accum_bf16", "ep_combine_accum_f32", "ep_combine_accum_fp8", "ep_combine_accum_bf16_fp8",
+    "ep_internode_put", "ep_internode_inbox_wait", "ep_internode_forward",
+    "ep_internode_return", "ep_internode_return_put", "ep_internode_return_wait",
 )
 
 
 class GpuKernels:
-    """The loaded module of one op, and launches of its kernels."""
+    """The loaded module of one op, and the launch sequence of each call. With ``plan`` naming
+    several nodes, the kernels between nodes run in it (``forward_grid`` blocks for the data
+    kernels between nodes: MORI's ``rdma_block_num``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, plan: NodePlan | None = None, forward_grid: int = 0) -> None:
         from mori.core import cuda as cu
 
         s = _state.current()
         self._ctx = s.ctx
-        self._module = load_module(s.ctx, kernel_source(), "mori_ops_ep_intranode.cu")
+        self._nodes = plan.nodes if plan is not None else 1
+        self._forward_grid = forward_grid
+        self._module = load_module(s.ctx, kernel_source(), "mori_ops_ep.cu")
         shmem_module_init(self._module)
         self._functions = {name: cu.call("cuModuleGetFunction", self._module, name.encode()) for name in _KERNELS}
 
@@ -77,9 +92,35 @@ class GpuKernels:
         """Enqueues a one-block signal/wait kernel."""
         self.launch(name, 1, _SYNC_THREADS, args, stream)
 
+    def _between_nodes(self, grid: int) -> int:
+        return self._forward_grid if self._forward_grid > 0 else grid
 
-def make_args(bufs: EpBuffers, cfg: Any, expert_count: Any, max_send: int, max_recv: int) -> EpArgs:
-    """The per-op part of the kernel arguments (buffers and sizes); calls fill in their tensors."""
+    def dispatch_send(self, a: EpArgs, grid: int, threads: int, stream: int) -> None:
+        """This PE's tokens sent; with several nodes, the other nodes' tokens received and
+        forwarded within this node; then this node's PEs told how many they got from here."""
+        self.launch("ep_dispatch_send", grid, threads, a, stream)
+        if self._nodes > 1:
+            self.launch("ep_internode_put", self._nodes, threads, a, stream)
+            self.sync_launch("ep_internode_inbox_wait", a, stream)
+            self.launch("ep_internode_forward", self._between_nodes(grid), threads, a, stream)
+        self.sync_launch("ep_dispatch_signal", a, stream)
+
+    def combine_recv(self, a: EpArgs, suffix: str, grid: int, threads: int, stream: int) -> None:
+        """Waits for this node's expert outputs; with several nodes, sends the rows of the tokens
+        forwarded here back to their nodes and waits for theirs; then sums."""
+        self.sync_launch("ep_combine_barrier_wait", a, stream)
+        if self._nodes > 1:
+            self.launch("ep_internode_return", self._between_nodes(grid), threads, a, stream)
+            self.launch("ep_internode_return_put", self._nodes, threads, a, stream)
+            self.sync_launch("ep_internode_return_wait", a, stream)
+        self.launch("ep_combine_accum_" + suffix, grid, threads, a, stream)
+
+
+def make_args(bufs: EpBuffers, cfg: Any, expert_count: Any, max_send: int, max_recv: int,
+              plan: NodePlan | None = None, inter: InterNodeBuffers | None = None,
+              low_latency: bool = False) -> EpArgs:
+    """The per-op part of the kernel arguments (buffers and sizes); calls fill in their tensors.
+    Without ``plan`` every PE is in this PE's node (IntraNode)."""
     a = EpArgs()
     for field, tensor in (("dispTok", bufs.disp_tok), ("dispWeights", bufs.disp_weights),
                           ("dispScales", bufs.disp_scales), ("dispIndices", bufs.disp_indices),
@@ -90,4 +131,14 @@ def make_args(bufs: EpBuffers, cfg: Any, expert_count: Any, max_send: int, max_r
         setattr(a, field, int(tensor.data_ptr()))
     a.rank, a.world, a.k = cfg.rank, cfg.world_size, cfg.num_experts_per_token
     a.expertsPerRank, a.maxSend, a.maxRecv = cfg.num_experts_per_rank, max_send, max_recv
+    a.nodeFirst, a.nodeSize, a.myNode, a.nNodes = 0, cfg.world_size, 0, 1
+    if plan is not None and inter is not None:
+        a.nodeFirst, a.nodeSize, a.myNode, a.nNodes = plan.first, plan.size, plan.node, plan.nodes
+        for field, tensor in (("stage", inter.stage), ("inbox", inter.inbox), ("retStage", inter.ret_stage),
+                              ("retInbox", inter.ret_inbox), ("fwdMap", inter.fwd_map)):
+            setattr(a, field, int(tensor.data_ptr()))
+        lay = payload_layout(cfg)
+        a.lowLatency, a.tokCap = int(low_latency), cfg.max_num_inp_token_per_rank
+        a.xferBytes, a.scaleOff, a.idxOff, a.wOff = lay.xfer, lay.scale_off, lay.idx_off, lay.w_off
+        a.combXferBytes, a.combWOff = lay.comb_xfer, lay.comb_w_off
     return a

@@ -34,13 +34,12 @@ __all__ = ["EpDispatchCombineOp"]
 
 class EpDispatchCombineOp:
     """MoE token dispatch/combine between PEs (MORI's ``EpDispatchCombineOp``): of one node with
-    the intra-node kernel types, across nodes with ``InterNode``/``InterNodeV1``/``InterNodeV1LL``
-    (CPU heap so far).
+    the intra-node kernel types, across nodes with ``InterNode``/``InterNodeV1``/``InterNodeV1LL``.
 
     Construction is collective (every rank of ``config.world_size``, same config except ``rank``)
-    and raises before allocating anything when the config is invalid, names an inter-node kernel
-    type on a GPU heap, or does not match the initialized mori.shmem (rank, world size, and for
-    the intra-node types every peer mapped).
+    and raises before allocating anything when the config is invalid or does not match the
+    initialized mori.shmem (rank, world size; for the intra-node types every peer mapped, for the
+    inter-node types on GPUs every PE of this rank's ``gpu_per_node`` node mapped).
     """
 
     def __init__(self, config: EpDispatchCombineConfig) -> None:
@@ -55,26 +54,32 @@ class EpDispatchCombineOp:
             raise ValueError(f"config says rank {config.rank} of {config.world_size}, but mori.shmem is PE "
                              f"{shmem_mype()} of {shmem_npes()}: build the op with the shmem PE numbering")
         unreachable = sorted(set(range(config.world_size)) - set(info["reachable"]))
-        if self.kernel_type in INTER_NODE_KERNEL_TYPES and info["kind"] != "cpu":
-            raise NotImplementedError(f"kernel_type={self.kernel_type.name} runs on the CPU heap only so far: "
-                                      "mori's GPU kernels reach peers by loads and stores (use IntraNode, "
-                                      "IntraNodeLL or AsyncLL with every rank in one node)")
         if unreachable and self.kernel_type in INTRA_NODE_KERNEL_TYPES:
             raise ValueError(f"PEs {unreachable} are not mapped in PE {config.rank} (another host, or "
                              f"MORI_DISABLE_P2P): {self.kernel_type.name} needs every PE's heap mapped; "
-                             "InterNodeV1 or InterNodeV1LL reach them (CPU heap)")
+                             "InterNodeV1 or InterNodeV1LL reach them")
+        self._gpu = info["kind"] == "gpu"
+        plan = None
+        if self._gpu and self.kernel_type in INTER_NODE_KERNEL_TYPES:
+            from ._internode import node_plan
+
+            plan = node_plan(config, info["reachable"])
+            plan = plan if plan.nodes > 1 else None  # one node: the IntraNode kernels alone
         self._quant = normalize_quant_type(config.quant_type)
         self._cap = capacities(config)
-        self._gpu = info["kind"] == "gpu"
         self._device = torch.device("cuda", info["device"]) if self._gpu else torch.device("cpu")
         self.local_expert_count = torch.zeros(config.num_experts_per_rank, dtype=torch.int32, device=self._device)
         self._bufs = EpBuffers.allocate(config)
         max_send, max_recv = self._cap["max_num_tokens_to_send"], self._cap["max_num_tokens_to_recv"]
         if self._gpu:
             from ._gpu import GpuKernels, make_args
+            from ._internode import InterNodeBuffers
 
-            self._kernels = GpuKernels()
-            self._base_args = make_args(self._bufs, config, self.local_expert_count, max_send, max_recv)
+            low_latency = self.kernel_type == EpDispatchCombineKernelType.InterNodeV1LL
+            inter = InterNodeBuffers.allocate(config, plan, low_latency) if plan is not None else None
+            self._kernels = GpuKernels(plan, config.rdma_block_num)
+            self._base_args = make_args(self._bufs, config, self.local_expert_count, max_send, max_recv, plan,
+                                        inter, low_latency)
             torch.cuda.synchronize(self._device)
         else:
             from ._cpu import CpuBackend
@@ -227,9 +232,7 @@ class EpDispatchCombineOp:
             a.scales = int(scales.data_ptr()) if scales is not None else 0
             a.numTokens, a.rowBytes = inp.shape[0], inp.shape[1] * inp.element_size()
             a.scaleBytes = scales.shape[1] * scales.element_size() if scales is not None else 0
-            stream = self._stream()
-            self._kernels.launch("ep_dispatch_send", grid, threads, a, stream)
-            self._kernels.sync_launch("ep_dispatch_signal", a, stream)
+            self._kernels.dispatch_send(a, grid, threads, self._stream())
             self._args = a
         else:
             self._cpu.dispatch(inp, weights, scales, indices)
@@ -317,6 +320,7 @@ class EpDispatchCombineOp:
             a.hasWeights = int(weights is not None)
             a.numTokens, a.hidden = self._dispatched, inp.shape[1]
             a.inpRows, a.weightRows = inp.shape[0], weights.shape[0] if weights is not None else 0
+            a.combRowBytes = inp.shape[1] * wire.itemsize
             stream = self._stream()
             self._kernels.launch("ep_combine_stage_" + self._call["suffix"], grid, threads, a, stream)
             self._kernels.sync_launch("ep_combine_barrier_signal", a, stream)
@@ -338,9 +342,7 @@ class EpDispatchCombineOp:
         self._expect("combine", "combine_recv")
         c = self._call
         if self._gpu:
-            stream = self._stream()
-            self._kernels.sync_launch("ep_combine_barrier_wait", self._args, stream)
-            self._kernels.launch("ep_combine_accum_" + c["suffix"], c["grid"], c["threads"], self._args, stream)
+            self._kernels.combine_recv(self._args, c["suffix"], c["grid"], c["threads"], self._stream())
         else:
             self._cpu.combine_accumulate(c["inp"], c["weights"], self._dispatched or 0, c["wire"])
         self._pending, self._dispatched = None, None

@@ -1,121 +1,10 @@
-// MORI-EP intra-node dispatch and combine: loads and stores on peers' symmetric heaps.
-//
-// Compiled at run time by NVRTC (mori.core.nvrtc) with mori's device headers; mori/ops/_gpu.py
-// prepends the EP_* layout constants and mirrors EpArgs with ctypes. The routing rule is the one
-// of mori/ops/_layout.py (MORI's): expert e lives on PE e / expertsPerRank, invalid ids are
-// dropped, a token goes once to each distinct destination PE, combine sums in float32 in top-k
-// order and rounds once.
-//
-// Every wait on another PE is in a one-block kernel launched after the data kernels, and no data
-// kernel waits on anything: with several PEs sharing one GPU (MPS or time-slicing) the spinning
-// blocks never fill the GPU and so can never keep a peer's data kernel from running.
-#define MORI_DEVICE_DEFINE_STATE
-#include <mori/device/shmem.cuh>
-
-using namespace mori::device;
-
-#ifndef EP_MAX_PES
-#error "EP_* constants must be defined by the host (mori/ops/_gpu.py)"
-#endif
-
-struct EpArgs {
-  // Caller tensors of this call (0 when absent).
-  uint64_t inp, weights, scales, indices;
-  // Op-owned buffers on the symmetric heap.
-  uint64_t dispTok, dispWeights, dispScales, dispIndices, dispSrcPos;
-  uint64_t combInp, combInpWeights, combOut, combOutWeights;
-  uint64_t control, destMap, expertCount;
-  int32_t rank, world, numTokens, k;
-  int32_t expertsPerRank, rowBytes, scaleBytes, hidden;
-  int32_t maxSend, maxRecv, inpRows, weightRows;
-  // Combine: 1 when the caller gave weights (even with no rows, whose data pointer may be 0).
-  int32_t hasWeights;
-};
-
-namespace {
-
-MORI_DEVICE_INLINE int32_t* Control(const EpArgs& a, int off) { return reinterpret_cast<int32_t*>(a.control) + off; }
-
-template <class T>
-MORI_DEVICE_INLINE T* Peer(T* local, int pe) {
-  return detail::PeerAddress(local, pe, "mori.ops");
-}
-
-// Warp copy of `bytes` (all threads of the warp call it with the same arguments).
-MORI_DEVICE_INLINE void WarpCopy(void* dst, const void* src, size_t bytes, int lane) {
-  GroupCopy(dst, src, bytes, lane, 32);
-}
-
-// Destination PE of top-k entry `lane` of token `t`, -1 when the entry sends nothing (invalid id,
-// or an earlier entry of the row names the same PE). Every lane of the warp must call it.
-MORI_DEVICE_INLINE int SendingPe(const EpArgs& a, const int32_t* indices, int t, int lane) {
-  int pe = -1;
-  if (lane < a.k) {
-    const int32_t e = indices[(size_t)t * a.k + lane];
-    if (e >= 0 && e / a.expertsPerRank < a.world) pe = e / a.expertsPerRank;
-  }
-  bool duplicate = false;
-  for (int m = 0; m < a.k - 1; ++m) {
-    const int other = __shfl_sync(0xffffffffu, pe, m);
-    if (m < lane && pe >= 0 && other == pe) duplicate = true;
-  }
-  return duplicate ? -1 : pe;
-}
-
-MORI_DEVICE_INLINE void FenceSys() { ptx::FenceAcqRelSys(); }
-
-// ---- element conversions (round to nearest even, as torch's casts) ----------------------------
-MORI_DEVICE_INLINE float Bf16ToF32(uint16_t h) { return __uint_as_float(((uint32_t)h) << 16); }
-MORI_DEVICE_INLINE uint16_t F32ToBf16(float f) {
-  uint16_t h;
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
-#if __CUDA_ARCH__ >= 890
-MORI_DEVICE_INLINE float Fp8ToF32(uint8_t b) {
-  uint32_t h2;
-  uint16_t in = b;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((uint16_t)(h2 & 0xffff)));
-  return f;
-}
-MORI_DEVICE_INLINE uint8_t F32ToFp8(float f) {
-  uint16_t d;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
-  return (uint8_t)(d & 0xff);
-}
-#else
-MORI_DEVICE_INLINE float Fp8ToF32(uint8_t) {
-  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
-}
-MORI_DEVICE_INLINE uint8_t F32ToFp8(float) {
-  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
-}
-#endif
-
-struct Bf16 {
-  using Storage = uint16_t;
-  static MORI_DEVICE_INLINE float Load(Storage v) { return Bf16ToF32(v); }
-  static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToBf16(f); }
-};
-struct F32 {
-  using Storage = float;
-  static MORI_DEVICE_INLINE float Load(Storage v) { return v; }
-  static MORI_DEVICE_INLINE Storage Store(float f) { return f; }
-};
-struct Fp8 {
-  using Storage = uint8_t;
-  static MORI_DEVICE_INLINE float Load(Storage v) { return Fp8ToF32(v); }
-  static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToFp8(f); }
-};
-
-}  // namespace
-
+// MORI-EP dispatch and combine on the GPU heap, part 3 of 3 (see ep_common.cuh): the kernels of
+// IntraNode, IntraNodeLL and AsyncLL, which also move the inter-node types' tokens within a node.
 // ================================ dispatch =====================================================
-// Data kernel: each warp takes tokens; per destination PE a block reserves its slots with one
-// remote atomic, then copies token row, top-k row, weights and scales into the peer's buffers and
-// records where each (token, entry) went in destMap (for combine).
+// Data kernel: each warp takes tokens; per destination PE of this node a block reserves its slots
+// with one remote atomic, then copies token row, top-k row, weights and scales into the peer's
+// buffers and records where each (token, entry) went in destMap (for combine). Tokens for other
+// nodes are staged for ep_internode_put; their destMap entries name the combine row coming back.
 extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   __shared__ int32_t sCount[EP_MAX_PES], sBase[EP_MAX_PES], sRun[EP_MAX_PES];
   // A second dispatch before this round's combine would reserve slots on peers whose counters
@@ -135,11 +24,11 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   __syncthreads();
   for (int t = firstToken; t < a.numTokens; t += tokenStride) {
     const int pe = SendingPe(a, indices, t, lane);
-    if (pe >= 0) atomicAdd(&sCount[pe], 1);
+    if (pe >= 0 && OnMyNode(a, pe)) atomicAdd(&sCount[pe], 1);
   }
   __syncthreads();
   int32_t* recvOffset = Control(a, EP_RECV_OFFSET);
-  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
     if (sCount[p] == 0) continue;
     const int32_t base = ptx::AtomAddSys(Peer(recvOffset, p), sCount[p]);
     if (base + sCount[p] > a.maxRecv) {
@@ -153,10 +42,14 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   int32_t* destMap = reinterpret_cast<int32_t*>(a.destMap);
   for (int t = firstToken; t < a.numTokens; t += tokenStride) {
     const int pe = SendingPe(a, indices, t, lane);
+    const bool local = pe >= 0 && OnMyNode(a, pe);
     int slot = -1;
-    if (pe >= 0) slot = sBase[pe] + atomicAdd(&sRun[pe], 1);
+    if (local) slot = sBase[pe] + atomicAdd(&sRun[pe], 1);
+    // Other nodes' PEs: the token is staged for their node's proxy; slot is then its combine row.
+    const uint32_t remote = __ballot_sync(0xffffffffu, pe >= 0 && !local);
+    if (remote || a.lowLatency) slot = StageForNodes(a, t, pe, remote, lane, slot);
     if (lane < a.k) destMap[(size_t)t * a.k + lane] = pe >= 0 ? pe * a.maxSend + slot : -1;
-    uint32_t senders = __ballot_sync(0xffffffffu, pe >= 0);
+    uint32_t senders = __ballot_sync(0xffffffffu, local);
     while (senders) {
       const int src = __ffs(senders) - 1;
       senders &= senders - 1;
@@ -188,7 +81,7 @@ extern "C" __global__ void ep_dispatch_signal(EpArgs a) {
   FenceSys();
   if (threadIdx.x == 0) *Control(a, EP_PHASE) = 1;
   int32_t* signal = Control(a, EP_RECV_SIGNAL) + a.rank;
-  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
     int32_t* sent = Control(a, EP_SENT_COUNT) + p;
     int32_t* remote = Peer(signal, p);
     detail::WaitFor<int32_t>(remote, kCmpEq, 0, "dispatch: previous round's count not yet consumed");
@@ -203,7 +96,7 @@ extern "C" __global__ void ep_dispatch_wait(EpArgs a) {
   __shared__ int32_t sTotal;
   if (threadIdx.x == 0) sTotal = 0;
   __syncthreads();
-  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
     int32_t* signal = Control(a, EP_RECV_SIGNAL) + p;
     const int32_t v = detail::WaitFor<int32_t>(signal, kCmpGt, 0, "dispatch: waiting for a peer's tokens");
     ptx::StoreRelaxedSys(signal, 0);
@@ -277,7 +170,9 @@ extern "C" __global__ void ep_combine_barrier_signal(EpArgs a) {
   __syncthreads();
   FenceSys();
   uint32_t* flag = reinterpret_cast<uint32_t*>(Control(a, EP_BARRIER)) + a.rank;
-  for (int p = threadIdx.x; p < a.world; p += blockDim.x) ptx::StoreReleaseSys(Peer(flag, p), sEpoch);
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
+    ptx::StoreReleaseSys(Peer(flag, p), sEpoch);
+  }
 }
 
 // One block: waits until every PE's registered combine input of this round is complete; the
@@ -285,7 +180,7 @@ extern "C" __global__ void ep_combine_barrier_signal(EpArgs a) {
 extern "C" __global__ void ep_combine_barrier_wait(EpArgs a) {
   const uint32_t epoch = *reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));
   uint32_t* flags = reinterpret_cast<uint32_t*>(Control(a, EP_BARRIER));
-  for (int p = threadIdx.x; p < a.world; p += blockDim.x) {
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
     detail::WaitFor<uint32_t>(flags + p, kCmpGe, epoch, "combine: waiting for a peer's expert outputs");
   }
   if (threadIdx.x == 0) *Control(a, EP_PHASE) = 0;
@@ -330,8 +225,14 @@ __device__ void CombineAccum(const EpArgs& a) {
       const int pe = d / a.maxSend;
       const size_t slot = d % a.maxSend;
       const int pos = __popc(valid & ((1u << lane) - 1));  // keeps top-k order
-      sRows[warp][pos] = Peer(reinterpret_cast<WS*>(a.combInp), pe) + slot * a.hidden;
-      sWeights[warp][pos] = Peer(reinterpret_cast<float*>(a.combInpWeights), pe) + slot * a.k;
+      if (OnMyNode(a, pe)) {
+        sRows[warp][pos] = Peer(reinterpret_cast<WS*>(a.combInp), pe) + slot * a.hidden;
+        sWeights[warp][pos] = Peer(reinterpret_cast<float*>(a.combInpWeights), pe) + slot * a.k;
+      } else {  // sent back by pe's node proxy: row `slot` of that node's block
+        const char* row = ReturnedRow(a, pe / a.nodeSize, slot);
+        sRows[warp][pos] = reinterpret_cast<const WS*>(row);
+        sWeights[warp][pos] = reinterpret_cast<const float*>(row + a.combWOff);
+      }
     }
     __syncwarp();
     OS* out = reinterpret_cast<OS*>(a.combOut) + (size_t)t * a.hidden;

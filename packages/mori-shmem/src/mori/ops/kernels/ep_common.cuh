@@ -1,0 +1,126 @@
+// MORI-EP dispatch and combine on the GPU heap, part 1 of 3: the kernel arguments and helpers
+// shared by ep_internode.cu (tokens between nodes) and ep_intranode.cu (loads and stores on the
+// symmetric heaps of one node's PEs; every PE with IntraNode).
+//
+// mori/ops/_gpu.py compiles the three parts as one NVRTC source (mori.core.nvrtc, mori's device
+// headers), with the EP_* layout constants prepended, and mirrors EpArgs with ctypes. The routing
+// rule is the one of mori/ops/_layout.py (MORI's): expert e lives on PE e / expertsPerRank, invalid
+// ids are dropped, a token goes once to each distinct destination PE, combine sums in float32 in
+// top-k order and rounds once.
+//
+// Every wait on another PE is in a one-block kernel launched after the data kernels, and no data
+// kernel waits on anything: with several PEs sharing one GPU (MPS or time-slicing) the spinning
+// blocks never fill the GPU and so can never keep a peer's data kernel from running.
+#define MORI_DEVICE_DEFINE_STATE
+#include <mori/device/shmem.cuh>
+
+using namespace mori::device;
+
+#ifndef EP_MAX_PES
+#error "EP_* constants must be defined by the host (mori/ops/_gpu.py)"
+#endif
+
+struct EpArgs {
+  // Caller tensors of this call (0 when absent).
+  uint64_t inp, weights, scales, indices;
+  // Op-owned buffers on the symmetric heap.
+  uint64_t dispTok, dispWeights, dispScales, dispIndices, dispSrcPos;
+  uint64_t combInp, combInpWeights, combOut, combOutWeights;
+  uint64_t control, destMap, expertCount;
+  // Inter-node kernel types (0 otherwise): mori/ops/_internode.py's InterNodeBuffers.
+  uint64_t stage, inbox, retStage, retInbox, fwdMap;
+  int32_t rank, world, numTokens, k;
+  int32_t expertsPerRank, rowBytes, scaleBytes, hidden;
+  int32_t maxSend, maxRecv, inpRows, weightRows;
+  // Combine: 1 when the caller gave weights (even with no rows, whose data pointer may be 0).
+  int32_t hasWeights;
+  // This PE's node: PEs [nodeFirst, nodeFirst + nodeSize) (the whole world for IntraNode), node
+  // myNode of nNodes; lowLatency: InterNodeV1LL's staging. Token payload layout (_internode.py).
+  int32_t nodeFirst, nodeSize, myNode, nNodes, lowLatency, tokCap;
+  int32_t xferBytes, scaleOff, idxOff, wOff, combXferBytes, combWOff, combRowBytes;
+};
+
+namespace {
+
+MORI_DEVICE_INLINE int32_t* Control(const EpArgs& a, int off) { return reinterpret_cast<int32_t*>(a.control) + off; }
+
+// Whether PE `pe` is in this PE's node (reached by P2P stores; every PE with IntraNode).
+MORI_DEVICE_INLINE bool OnMyNode(const EpArgs& a, int pe) {
+  return pe >= a.nodeFirst && pe < a.nodeFirst + a.nodeSize;
+}
+
+template <class T>
+MORI_DEVICE_INLINE T* Peer(T* local, int pe) {
+  return detail::PeerAddress(local, pe, "mori.ops");
+}
+
+// Warp copy of `bytes` (all threads of the warp call it with the same arguments).
+MORI_DEVICE_INLINE void WarpCopy(void* dst, const void* src, size_t bytes, int lane) {
+  GroupCopy(dst, src, bytes, lane, 32);
+}
+
+// Destination PE of top-k entry `lane` of token `t`, -1 when the entry sends nothing (invalid id,
+// or an earlier entry of the row names the same PE). Every lane of the warp must call it.
+MORI_DEVICE_INLINE int SendingPe(const EpArgs& a, const int32_t* indices, int t, int lane) {
+  int pe = -1;
+  if (lane < a.k) {
+    const int32_t e = indices[(size_t)t * a.k + lane];
+    if (e >= 0 && e / a.expertsPerRank < a.world) pe = e / a.expertsPerRank;
+  }
+  bool duplicate = false;
+  for (int m = 0; m < a.k - 1; ++m) {
+    const int other = __shfl_sync(0xffffffffu, pe, m);
+    if (m < lane && pe >= 0 && other == pe) duplicate = true;
+  }
+  return duplicate ? -1 : pe;
+}
+
+MORI_DEVICE_INLINE void FenceSys() { ptx::FenceAcqRelSys(); }
+
+// ---- element conversions (round to nearest even, as torch's casts) ----------------------------
+MORI_DEVICE_INLINE float Bf16ToF32(uint16_t h) { return __uint_as_float(((uint32_t)h) << 16); }
+MORI_DEVICE_INLINE uint16_t F32ToBf16(float f) {
+  uint16_t h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+#if __CUDA_ARCH__ >= 890
+MORI_DEVICE_INLINE float Fp8ToF32(uint8_t b) {
+  uint32_t h2;
+  uint16_t in = b;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((uint16_t)(h2 & 0xffff)));
+  return f;
+}
+MORI_DEVICE_INLINE uint8_t F32ToFp8(float f) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
+  return (uint8_t)(d & 0xff);
+}
+#else
+MORI_DEVICE_INLINE float Fp8ToF32(uint8_t) {
+  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
+}
+MORI_DEVICE_INLINE uint8_t F32ToFp8(float) {
+  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
+}
+#endif
+
+struct Bf16 {
+  using Storage = uint16_t;
+  static MORI_DEVICE_INLINE float Load(Storage v) { return Bf16ToF32(v); }
+  static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToBf16(f); }
+};
+struct F32 {
+  using Storage = float;
+  static MORI_DEVICE_INLINE float Load(Storage v) { return v; }
+  static MORI_DEVICE_INLINE Storage Store(float f) { return f; }
+};
+struct Fp8 {
+  using Storage = uint8_t;
+  static MORI_DEVICE_INLINE float Load(Storage v) { return Fp8ToF32(v); }
+  static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToFp8(f); }
+};
+
+}  // namespace

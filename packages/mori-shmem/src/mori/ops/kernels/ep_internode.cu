@@ -1,0 +1,267 @@
+// MORI-EP dispatch and combine on the GPU heap, part 2 of 3 (see ep_common.cuh): the inter-node
+// kernel types' path between nodes (the design: mori/ops/_internode.py).
+//
+// Dispatch: ep_dispatch_send stages each token once for each other node it names
+// (StageForNodes); ep_internode_put moves each node's block with one put-with-signal of the device
+// API to that node's proxy (the PE with this PE's local index there); ep_internode_inbox_wait
+// waits for every other node's block; ep_internode_forward hands the tokens received to this
+// node's PEs by P2P stores, as ep_dispatch_send does with its own. Combine, after this node's
+// barrier: ep_internode_return gathers, for every token forwarded, the rows this node's PEs
+// produced for it; ep_internode_return_put sends them back in one block per node;
+// ep_internode_return_wait waits for every node's block; the accumulate kernel reads them there.
+//
+// The signals between nodes carry round << 32 | count (round: dispatches done, EP_ROUND): never
+// reset (a PE cannot clear a remote word without a round trip), and CUDA-graph replays need
+// nothing from the host. No buffer is rewritten before its reader is done with it: a sender's next
+// block to a proxy follows the sender's combine, which waited for that proxy's rows, which the
+// proxy sends after its last read of the inbox; puts end with quiet before their source is reused.
+
+namespace {
+
+// The head of a staged token (PayloadLayout in _internode.py: the row starts at byte 32).
+struct TokenHeader {
+  int32_t srcPos;      // rank * maxSend + token, as dispSrcPos records it
+  int32_t rowBase;     // first of the combine rows the sender expects back from the node
+  int32_t rowBytes;    // bytes of the token row
+  int32_t scaleBytes;  // bytes of its scales (0: none)
+  int32_t hasWeights;  // 1 when the sender gave weights
+  int32_t pad[3];
+};
+static_assert(sizeof(TokenHeader) == 32, "a staged token's row starts at byte 32");
+
+constexpr uint32_t kFullMask = 0xffffffffu;
+
+MORI_DEVICE_INLINE uint64_t* Signal64(const EpArgs& a, int off) { return reinterpret_cast<uint64_t*>(Control(a, off)); }
+
+MORI_DEVICE_INLINE uint32_t LanesBelow(int lane) { return (1u << lane) - 1; }
+
+// Staged token j of block `block` in `buf` (stage: one block per destination node; inbox: one per
+// source node).
+MORI_DEVICE_INLINE char* Payload(uint64_t buf, const EpArgs& a, int block, int j) {
+  return reinterpret_cast<char*>(buf) + ((size_t)block * a.tokCap + j) * a.xferBytes;
+}
+
+// Combine row `row` of node `node`'s block in `buf` (retStage or retInbox).
+MORI_DEVICE_INLINE char* CombineRow(uint64_t buf, const EpArgs& a, int node, int row) {
+  return reinterpret_cast<char*>(buf) + ((size_t)node * a.tokCap * a.nodeSize + row) * a.combXferBytes;
+}
+
+MORI_DEVICE_INLINE const char* ReturnedRow(const EpArgs& a, int node, int row) {
+  return CombineRow(a.retInbox, a, node, row);
+}
+
+MORI_DEVICE_INLINE int32_t* ForwardSlots(const EpArgs& a, int node, int j) {
+  return reinterpret_cast<int32_t*>(a.fwdMap) + ((size_t)node * a.tokCap + j) * a.nodeSize;
+}
+
+// The whole warp writes token t's payload (header, row, scales, top-k ids, weights) at `dst`.
+MORI_DEVICE_INLINE void StageToken(const EpArgs& a, char* dst, int t, int rowBase, int lane) {
+  const bool scales = a.scales && a.scaleBytes > 0;
+  if (lane == 0) {
+    *reinterpret_cast<TokenHeader*>(dst) =
+        TokenHeader{a.rank * a.maxSend + t, rowBase, a.rowBytes, scales ? a.scaleBytes : 0, a.weights != 0, {0, 0, 0}};
+  }
+  WarpCopy(dst + sizeof(TokenHeader), reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes, a.rowBytes,
+           lane);
+  if (scales) {
+    WarpCopy(dst + a.scaleOff, reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes,
+             lane);
+  }
+  if (lane < a.k) {
+    const size_t e = (size_t)t * a.k + lane;
+    reinterpret_cast<int32_t*>(dst + a.idxOff)[lane] = reinterpret_cast<const int32_t*>(a.indices)[e];
+    reinterpret_cast<float*>(dst + a.wOff)[lane] = a.weights ? reinterpret_cast<const float*>(a.weights)[e] : 0.0f;
+  }
+}
+
+// Token t (every lane of the warp calls) names, in the lanes of `remote`, PEs of other nodes (the
+// lane's `pe`, each PE once): stages the token for each of those nodes and returns, in those lanes,
+// the combine row the node's proxy will send back for that PE; other lanes get `slot` back.
+// InterNodeV1LL stages every token once, at its own index, with rows t * nodeSize + position.
+MORI_DEVICE_INLINE int StageForNodes(const EpArgs& a, int t, int pe, uint32_t remote, int lane, int slot) {
+  const bool mine = (remote >> lane) & 1u;
+  const int node = mine ? pe / a.nodeSize : -1;
+  const uint32_t members = __match_any_sync(kFullMask, node) & remote;  // this lane's node's PEs
+  const int position = __popc(members & LanesBelow(lane));              // in top-k order
+  if (a.lowLatency) {
+    StageToken(a, Payload(a.stage, a, 0, t), t, t * a.nodeSize, lane);
+    return mine ? t * a.nodeSize + position : slot;
+  }
+  const bool leader = mine && position == 0;
+  int j = 0, rowBase = 0;
+  if (leader) {
+    j = atomicAdd(Control(a, EP_NODE_TOKENS) + node, 1);
+    rowBase = atomicAdd(Control(a, EP_NODE_ROWS) + node, __popc(members));
+  }
+  const int leaderLane = mine ? __ffs(members) - 1 : lane;
+  j = __shfl_sync(kFullMask, j, leaderLane);
+  rowBase = __shfl_sync(kFullMask, rowBase, leaderLane);
+  uint32_t leaders = __ballot_sync(kFullMask, leader);
+  while (leaders) {
+    const int l = __ffs(leaders) - 1;
+    leaders &= leaders - 1;
+    StageToken(a, Payload(a.stage, a, __shfl_sync(kFullMask, node, l), __shfl_sync(kFullMask, j, l)), t,
+               __shfl_sync(kFullMask, rowBase, l), lane);
+  }
+  return mine ? rowBase + position : slot;
+}
+
+// The PEs of this node a received token goes to: the lanes whose entry names one (each PE once).
+MORI_DEVICE_INLINE uint32_t NodeTargets(const EpArgs& a, const char* tok, int lane, int* pe) {
+  *pe = SendingPe(a, reinterpret_cast<const int32_t*>(tok + a.idxOff), 0, lane);
+  return __ballot_sync(kFullMask, *pe >= 0 && OnMyNode(a, *pe));
+}
+
+// Waits (one block, a thread per other node) for the signal `off` of this round; returns nothing,
+// leaves each node's count in `countOff` when it is >= 0.
+MORI_DEVICE_INLINE void WaitNodes(const EpArgs& a, int off, uint32_t round, int countOff, const char* what) {
+  for (int n = threadIdx.x; n < a.nNodes; n += blockDim.x) {
+    if (n == a.myNode) continue;
+    const uint64_t v = detail::WaitFor<uint64_t>(Signal64(a, off) + n, kCmpGe, (uint64_t)round << 32, what);
+    if ((v >> 32) != round) {
+      MORI_DEVICE_FAIL("%s: node %d signalled round %u during round %u (a dispatch or combine missing on some PE?)",
+                       what, n, (uint32_t)(v >> 32), round);
+    }
+    if (countOff >= 0) Control(a, countOff)[n] = (int32_t)(uint32_t)v;
+  }
+}
+
+}  // namespace
+
+// ================================ dispatch between nodes =======================================
+// A block per node (this node's block does nothing): one put-with-signal of the tokens staged for
+// that node into this PE's block of its proxy's inbox, then quiet (the stage is rewritten next round).
+extern "C" __global__ void ep_internode_put(EpArgs a) {
+  const int n = blockIdx.x;
+  if (n == a.myNode) return;
+  __shared__ int32_t sCount;
+  if (threadIdx.x == 0) sCount = a.lowLatency ? a.numTokens : Control(a, EP_NODE_TOKENS)[n];
+  __syncthreads();
+  const uint64_t round = (uint32_t)*Control(a, EP_ROUND) + 1u;
+  const int proxy = n * a.nodeSize + (a.rank - a.nodeFirst);
+  ShmemPutMemNbiSignalBlock(Payload(a.inbox, a, a.myNode, 0), Payload(a.stage, a, a.lowLatency ? 0 : n, 0),
+                            (size_t)sCount * a.xferBytes, Signal64(a, EP_INBOX_SIGNAL) + a.myNode,
+                            round << 32 | (uint32_t)sCount, kSignalSet, proxy);
+  ShmemQuietBlock();
+  if (threadIdx.x == 0) Control(a, EP_NODE_TOKENS)[n] = Control(a, EP_NODE_ROWS)[n] = 0;
+}
+
+// One block: waits for every other node's tokens of this round, then counts the round done.
+extern "C" __global__ void ep_internode_inbox_wait(EpArgs a) {
+  const uint32_t round = (uint32_t)*Control(a, EP_ROUND) + 1u;
+  WaitNodes(a, EP_INBOX_SIGNAL, round, EP_INBOX_COUNT, "dispatch: waiting for another node's tokens");
+  __syncthreads();
+  if (threadIdx.x == 0) *Control(a, EP_ROUND) = (int32_t)round;
+  FenceSys();
+}
+
+// Data kernel: a warp per received token hands it to each PE of this node it names (slot reserved
+// with an atomic on that PE's counter, as ep_dispatch_send does), counts it in EP_SENT_COUNT for
+// ep_dispatch_signal, and records where it went (fwdMap) and how many rows go back (EP_RETURN_ROWS).
+extern "C" __global__ void ep_internode_forward(EpArgs a) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int firstWarp = blockIdx.x * warps + (threadIdx.x >> 5), warpStride = gridDim.x * warps;
+  int32_t* recvOffset = Control(a, EP_RECV_OFFSET);
+  for (int n = 0; n < a.nNodes; ++n) {
+    if (n == a.myNode) continue;
+    const int count = Control(a, EP_INBOX_COUNT)[n];
+    for (int j = firstWarp; j < count; j += warpStride) {
+      const char* tok = Payload(a.inbox, a, n, j);
+      const TokenHeader h = *reinterpret_cast<const TokenHeader*>(tok);
+      int pe;
+      const uint32_t targets = NodeTargets(a, tok, lane, &pe);
+      if (!targets) continue;
+      int slot = -1;
+      if ((targets >> lane) & 1u) {
+        slot = ptx::AtomAddSys(Peer(recvOffset, pe), 1);
+        if (slot >= a.maxRecv) {
+          MORI_DEVICE_FAIL("dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
+                           "(raise max_total_recv_tokens or leave it 0)", pe, a.maxRecv);
+        }
+        atomicAdd(Control(a, EP_SENT_COUNT) + pe, 1);
+        ForwardSlots(a, n, j)[__popc(targets & LanesBelow(lane))] = pe * a.maxRecv + slot;
+      }
+      if (lane == 0) atomicMax(Control(a, EP_RETURN_ROWS) + n, h.rowBase + __popc(targets));
+      uint32_t left = targets;
+      while (left) {
+        const int src = __ffs(left) - 1;
+        left &= left - 1;
+        const int destPe = __shfl_sync(kFullMask, pe, src);
+        const size_t s = (size_t)__shfl_sync(kFullMask, slot, src);
+        if (lane == 0) Peer(reinterpret_cast<int32_t*>(a.dispSrcPos), destPe)[s] = h.srcPos;
+        if (lane < a.k) {
+          Peer(reinterpret_cast<int32_t*>(a.dispIndices), destPe)[s * a.k + lane] =
+              reinterpret_cast<const int32_t*>(tok + a.idxOff)[lane];
+          if (h.hasWeights) {
+            Peer(reinterpret_cast<float*>(a.dispWeights), destPe)[s * a.k + lane] =
+                reinterpret_cast<const float*>(tok + a.wOff)[lane];
+          }
+        }
+        if (h.scaleBytes > 0) {
+          WarpCopy(Peer(reinterpret_cast<char*>(a.dispScales), destPe) + s * h.scaleBytes, tok + a.scaleOff,
+                   h.scaleBytes, lane);
+        }
+        WarpCopy(Peer(reinterpret_cast<char*>(a.dispTok), destPe) + s * h.rowBytes, tok + sizeof(TokenHeader),
+                 h.rowBytes, lane);
+      }
+    }
+  }
+  FenceSys();
+}
+
+// ================================ combine between nodes ========================================
+// Data kernel, after this node's combine barrier: a warp per token forwarded this round copies the
+// combine input row (and weights) of each PE it went to into the block going back to its sender,
+// at the rows the sender expects (rowBase + position among the node's PEs, in top-k order).
+extern "C" __global__ void ep_internode_return(EpArgs a) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int firstWarp = blockIdx.x * warps + (threadIdx.x >> 5), warpStride = gridDim.x * warps;
+  for (int n = 0; n < a.nNodes; ++n) {
+    if (n == a.myNode) continue;
+    const int count = Control(a, EP_INBOX_COUNT)[n];
+    for (int j = firstWarp; j < count; j += warpStride) {
+      const char* tok = Payload(a.inbox, a, n, j);
+      const int rowBase = reinterpret_cast<const TokenHeader*>(tok)->rowBase;
+      int pe;
+      const int targets = __popc(NodeTargets(a, tok, lane, &pe));
+      const int32_t* slots = ForwardSlots(a, n, j);
+      for (int pos = 0; pos < targets; ++pos) {
+        const int32_t d = slots[pos];
+        const int destPe = d / a.maxRecv;
+        const size_t s = d % a.maxRecv;
+        char* dst = CombineRow(a.retStage, a, n, rowBase + pos);
+        WarpCopy(dst, Peer(reinterpret_cast<const char*>(a.combInp), destPe) + s * a.combRowBytes, a.combRowBytes,
+                 lane);
+        if (lane < a.k) {
+          reinterpret_cast<float*>(dst + a.combWOff)[lane] =
+              Peer(reinterpret_cast<const float*>(a.combInpWeights), destPe)[s * a.k + lane];
+        }
+      }
+    }
+  }
+  FenceSys();
+}
+
+// A block per node: one put-with-signal of the rows gathered for that node into this node's block
+// of the return inbox of the PE there with this PE's local index (the sender), then quiet.
+extern "C" __global__ void ep_internode_return_put(EpArgs a) {
+  const int n = blockIdx.x;
+  if (n == a.myNode) return;
+  __shared__ int32_t sRows;
+  if (threadIdx.x == 0) sRows = Control(a, EP_RETURN_ROWS)[n];
+  __syncthreads();
+  const uint64_t round = (uint32_t)*Control(a, EP_ROUND);
+  const int sender = n * a.nodeSize + (a.rank - a.nodeFirst);
+  ShmemPutMemNbiSignalBlock(CombineRow(a.retInbox, a, a.myNode, 0), CombineRow(a.retStage, a, n, 0),
+                            (size_t)sRows * a.combXferBytes, Signal64(a, EP_RETURN_SIGNAL) + a.myNode,
+                            round << 32 | (uint32_t)sRows, kSignalSet, sender);
+  ShmemQuietBlock();
+  if (threadIdx.x == 0) Control(a, EP_RETURN_ROWS)[n] = 0;
+}
+
+// One block: waits for every other node's combine rows of this round.
+extern "C" __global__ void ep_internode_return_wait(EpArgs a) {
+  WaitNodes(a, EP_RETURN_SIGNAL, (uint32_t)*Control(a, EP_ROUND), -1,
+            "combine: waiting for another node's expert outputs");
+  FenceSys();
+}
