@@ -362,6 +362,8 @@ class IOEngine:
                        backend.kind.name, uid, err)
             completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the "
                                                           f"transfer: {err!r}")
+        if completion is None:  # a backend breaking its contract must not wedge the order either
+            completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend returned no completion")
         status._attach(completion)
         return status
 
