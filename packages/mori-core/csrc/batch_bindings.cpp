@@ -1,9 +1,11 @@
 // mori.core._native.batch: the Batch value (batch.hpp) for Python, built from Python sequences of
 // ints or anything with the buffer protocol (numpy arrays, array.array, memoryview; no numpy
-// needed), every column checked before a row is written: a TypeError for what is not integers,
+// needed), every value checked before a row holds it: a TypeError for what is not integers,
 // a ValueError naming the column and index for a negative value, one past 64 bits, a block past
-// 2^64 or columns of different lengths. Large batches are merged without the GIL; small ones
-// keep it (handing it back and forth would cost more than the work when other threads want it).
+// 2^64 or columns of different lengths. Lists and tuples of ints are read straight into the rows
+// (no column copies); buffers of 64-bit integers are read in place, strided or not. Large
+// batches from buffers are merged without the GIL; small ones keep it (handing it back and forth
+// would cost more than the work when other threads want it).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -54,8 +56,88 @@ std::optional<py::array> numpy_ints(const py::handle& obj) {
     return a;
 }
 
+// Python int `obj` (or anything operator.index takes, but not a bool), item i of column `name`,
+// as a uint64; TypeError or ValueError (negative, past 64 bits) naming both otherwise.
+[[gnu::noinline]] uint64_t int_item_slow(PyObject* obj, const char* name, size_t i) {
+    const py::object held = py::reinterpret_borrow<py::object>(obj);  // __index__ may drop it from its list
+    py::object owned;
+    if (!PyLong_CheckExact(obj)) {
+        if (PyBool_Check(obj))  // an int to Python, but never a meaningful offset or size
+            fail(PyExc_TypeError, std::string(name) + " must be ints, got bool at index " + std::to_string(i));
+        owned = py::reinterpret_steal<py::object>(PyNumber_Index(obj));
+        if (!owned) {
+            PyErr_Clear();
+            fail(PyExc_TypeError, std::string(name) + " must be a sequence of ints, got " + Py_TYPE(obj)->tp_name +
+                                      " at index " + std::to_string(i));
+        }
+        obj = owned.ptr();
+    }
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow == 0 && v >= 0) return static_cast<uint64_t>(v);
+    if (overflow <= 0)
+        fail(PyExc_ValueError, std::string(name) + "[" + std::to_string(i) + "] is negative (" +
+                                   py::str(obj).cast<std::string>() + ")");
+    const unsigned long long u = PyLong_AsUnsignedLongLong(obj);  // overflow > 0: at least 2^63
+    if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        fail(PyExc_ValueError, std::string(name) + "[" + std::to_string(i) + "] = " + py::str(obj).cast<std::string>() +
+                                   " does not fit in 64 bits");
+    }
+    return static_cast<uint64_t>(u);
+}
+
+// Columns of n items each, every one a list or tuple (exactly: read in place), their items read
+// as uint64: an int of 0..2^63 - 1 (every offset and size of a real batch) inline, the per-item
+// cost of a list batch; anything else through int_item_slow, after which every column's items
+// are found afresh (an __index__ method may have changed a list): ValueError when a length
+// changed.
+class ItemColumns {
+public:
+    static constexpr int kMax = 3;
+
+    ItemColumns(const py::handle* cols, const char* const* names, int count, size_t n) : count_(count), n_(n) {
+        for (int c = 0; c < count; ++c) seqs_[c] = cols[c].ptr(), names_[c] = names[c];
+        refresh();
+    }
+
+    uint64_t at(int c, size_t i) {
+        PyObject* obj = items_[c][i];
+        if (PyLong_CheckExact(obj)) {
+#if PY_VERSION_HEX >= 0x030C0000
+            if (PyUnstable_Long_IsCompact(reinterpret_cast<PyLongObject*>(obj))) {  // below 2^30: no call
+                const Py_ssize_t v = PyUnstable_Long_CompactValue(reinterpret_cast<PyLongObject*>(obj));
+                if (v >= 0) return static_cast<uint64_t>(v);
+            }
+#endif
+            int overflow = 0;
+            const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+            if (overflow == 0 && v >= 0) return static_cast<uint64_t>(v);
+        }
+        const uint64_t v = int_item_slow(obj, names_[c], i);
+        refresh();
+        return v;
+    }
+
+private:
+    void refresh() {
+        for (int c = 0; c < count_; ++c) {
+            if (static_cast<size_t>(PySequence_Fast_GET_SIZE(seqs_[c])) != n_)
+                fail(PyExc_ValueError, std::string(names_[c]) + " changed length while it was read");
+            items_[c] = PySequence_Fast_ITEMS(seqs_[c]);
+        }
+    }
+
+    PyObject* seqs_[kMax] = {};
+    PyObject** items_[kMax] = {};
+    const char* names_[kMax] = {};
+    int count_;
+    size_t n_;
+};
+
 // One column of a batch: borrowed from a caller's buffer of 64-bit integers (int64 or uint64,
-// contiguous) or converted into `owned` (uint64, every value checked >= 0).
+// read in place at its stride when that is a whole number of items) or converted into `owned`
+// (uint64, contiguous, every value checked >= 0).
 class Column {
 public:
     Column(const py::handle& obj, const char* name) : name_(name) {
@@ -83,6 +165,7 @@ public:
     Column& operator=(const Column&) = delete;
 
     size_t size() const { return n_; }
+    ptrdiff_t stride() const { return stride_; }  // in items
     bool is_int64() const { return signed_; }
     const int64_t* int64s() const { return static_cast<const int64_t*>(data_); }
     const uint64_t* uint64s() const { return static_cast<const uint64_t*>(data_); }
@@ -91,12 +174,15 @@ public:
     void to_uint64() {
         if (!signed_) return;
         const int64_t* v = int64s();
-        owned_.resize(n_);
+        std::vector<uint64_t> out(n_);
         for (size_t i = 0; i < n_; ++i) {
-            if (v[i] < 0) negative(i, std::to_string(v[i]));
-            owned_[i] = static_cast<uint64_t>(v[i]);
+            const int64_t x = v[static_cast<ptrdiff_t>(i) * stride_];
+            if (x < 0) negative(i, std::to_string(x));
+            out[i] = static_cast<uint64_t>(x);
         }
+        owned_ = std::move(out);
         data_ = owned_.data();
+        stride_ = 1;
         signed_ = false;
     }
 
@@ -107,37 +193,10 @@ private:
 
     void from_items(const py::handle& seq) {
         n_ = static_cast<size_t>(PySequence_Fast_GET_SIZE(seq.ptr()));
-        PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+        ItemColumns items(&seq, &name_, 1, n_);
         owned_.resize(n_);
-        for (size_t i = 0; i < n_; ++i) owned_[i] = item(items[i], i);
+        for (size_t i = 0; i < n_; ++i) owned_[i] = items.at(0, i);
         data_ = owned_.data();
-    }
-
-    // An int (or anything operator.index takes, but not a bool) as a uint64.
-    uint64_t item(PyObject* obj, size_t i) const {
-        py::object owned;
-        if (!PyLong_CheckExact(obj)) {
-            if (PyBool_Check(obj))  // an int to Python, but never a meaningful offset or size
-                fail(PyExc_TypeError, std::string(name_) + " must be ints, got bool at index " + std::to_string(i));
-            owned = py::reinterpret_steal<py::object>(PyNumber_Index(obj));
-            if (!owned) {
-                PyErr_Clear();
-                fail(PyExc_TypeError, std::string(name_) + " must be a sequence of ints, got " +
-                                          Py_TYPE(obj)->tp_name + " at index " + std::to_string(i));
-            }
-            obj = owned.ptr();
-        }
-        int overflow = 0;
-        const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        if (overflow == 0 && v >= 0) return static_cast<uint64_t>(v);
-        if (overflow <= 0) negative(i, py::str(obj).cast<std::string>());
-        const unsigned long long u = PyLong_AsUnsignedLongLong(obj);  // overflow > 0: at least 2^63
-        if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
-            PyErr_Clear();
-            fail(PyExc_ValueError, std::string(name_) + "[" + std::to_string(i) + "] = " +
-                                       py::str(obj).cast<std::string>() + " does not fit in 64 bits");
-        }
-        return static_cast<uint64_t>(u);
     }
 
     void from_buffer(const py::handle& obj) {
@@ -164,12 +223,13 @@ private:
     }
 
     // n integers of `width` bytes, `stride` bytes apart from buf: borrowed when they are 64-bit
-    // and contiguous, else copied into owned_ as uint64 (a negative value refused).
+    // and aligned to their stride, else copied into owned_ as uint64 (a negative value refused).
     void read(const void* buf, size_t n, Py_ssize_t stride, Py_ssize_t width, bool isSigned) {
         n_ = n;
         signed_ = isSigned;
-        if (width == 8 && (stride == 8 || n_ <= 1)) {  // borrowed: no copy
+        if (width == 8 && (n_ <= 1 || stride % 8 == 0) && reinterpret_cast<uintptr_t>(buf) % 8 == 0) {  // no copy
             data_ = buf;
+            stride_ = n_ <= 1 ? 1 : stride / 8;
             return;
         }
         owned_.resize(n_);
@@ -203,26 +263,9 @@ private:
     std::vector<uint64_t> owned_;
     const void* data_ = nullptr;
     size_t n_ = 0;
-    bool signed_ = false;  // data_ holds int64 (else uint64)
+    ptrdiff_t stride_ = 1;  // items between one value and the next
+    bool signed_ = false;   // data_ holds int64 (else uint64)
 };
-
-// The one-block case of Batch(...): three one-element lists of ints (a single read or write);
-// nullopt when the arguments are anything else.
-std::optional<Batch> one_block(const py::handle& so, const py::handle& dof, const py::handle& sz, uint64_t srcBase,
-                               uint64_t dstBase) {
-    if (!PyList_CheckExact(so.ptr()) || !PyList_CheckExact(dof.ptr()) || !PyList_CheckExact(sz.ptr()) ||
-        PyList_GET_SIZE(so.ptr()) != 1 || PyList_GET_SIZE(dof.ptr()) != 1 || PyList_GET_SIZE(sz.ptr()) != 1)
-        return std::nullopt;
-    int64_t v[3];
-    PyObject* items[3] = {PyList_GET_ITEM(so.ptr(), 0), PyList_GET_ITEM(dof.ptr(), 0), PyList_GET_ITEM(sz.ptr(), 0)};
-    for (int k = 0; k < 3; ++k) {
-        int overflow = 0;
-        if (!PyLong_CheckExact(items[k])) return std::nullopt;
-        v[k] = PyLong_AsLongLongAndOverflow(items[k], &overflow);
-        if (overflow != 0 || v[k] < 0) return std::nullopt;  // the general path says what is wrong
-    }
-    return checked("Batch", [&] { return Batch::merge<int64_t>(srcBase, dstBase, &v[0], &v[1], &v[2], 1); });
-}
 
 // Runs f holding the GIL: a batch may be dropped by C++ code that released it (taking it is a
 // thread-state lookup, skipped where this thread holds it already, the usual case).
@@ -276,14 +319,49 @@ std::shared_ptr<Row[]> table_store(const py::handle& out, size_t n) {
     return std::shared_ptr<Row[]>(held, static_cast<Row*>(held->view.buf));
 }
 
+// Whether obj is a list or tuple (exactly: PySequence_Fast reads it in place).
+bool is_items(const py::handle& obj) { return PyList_CheckExact(obj.ptr()) || PyTuple_CheckExact(obj.ptr()); }
+
+[[noreturn]] void lengths_differ(size_t s, size_t d, size_t z) {
+    fail(PyExc_ValueError, "lengths differ: " + std::to_string(s) + " src_offsets, " + std::to_string(d) +
+                               " dst_offsets, " + std::to_string(z) + " sizes");
+}
+
+// Three lists or tuples of ints of n items (the batch Python code writes): each block read and
+// written as a row at once, no column copied. Blocks are checked as they are read (a block past
+// 2^64 named by its index, as merge_rows does).
+Batch read_items(const py::handle& so, const py::handle& dof, const py::handle& sz, size_t n, uint64_t srcBase,
+                 uint64_t dstBase, std::shared_ptr<Row[]> store) {
+    if (!store && n) store.reset(new Row[n]);  // not zeroed: the writer writes what is read
+    RowWriter rows(store.get());
+    const py::handle cols[] = {so, dof, sz};
+    const char* const names[] = {"src_offsets", "dst_offsets", "sizes"};
+    ItemColumns items(cols, names, 3, n);
+    const bool highBases = ((srcBase | dstBase) >> 63) != 0;
+    for (size_t i = 0; i < n; ++i) {
+        const uint64_t s = items.at(0, i), d = items.at(1, i), z = items.at(2, i);
+        if (((s | d | z) >> 62) != 0 || highBases) {  // rare: only then can the block wrap
+            const std::string why = block_error(srcBase, dstBase, s, d, z, i);
+            if (!why.empty()) fail(PyExc_ValueError, why);
+        }
+        rows.add(srcBase + s, dstBase + d, z);
+    }
+    try {
+        return Batch::written(std::move(store), rows.finish());
+    } catch (const std::invalid_argument& e) {
+        fail(PyExc_ValueError, e.what());
+    }
+}
+
 Batch build(const py::object& so, const py::object& dof, const py::object& sz, uint64_t srcBase, uint64_t dstBase,
             const py::object& out) {
-    if (out.is_none())
-        if (auto one = one_block(so, dof, sz, srcBase, dstBase)) return std::move(*one);
+    if (is_items(so) && is_items(dof) && is_items(sz)) {
+        const size_t ns = py::len(so), nd = py::len(dof), nz = py::len(sz);
+        if (ns != nd || ns != nz) lengths_differ(ns, nd, nz);
+        return read_items(so, dof, sz, nz, srcBase, dstBase, out.is_none() ? nullptr : table_store(out, nz));
+    }
     Column s(so, "src_offsets"), d(dof, "dst_offsets"), z(sz, "sizes");
-    if (s.size() != d.size() || s.size() != z.size())
-        fail(PyExc_ValueError, "lengths differ: " + std::to_string(s.size()) + " src_offsets, " +
-                                   std::to_string(d.size()) + " dst_offsets, " + std::to_string(z.size()) + " sizes");
+    if (s.size() != d.size() || s.size() != z.size()) lengths_differ(s.size(), d.size(), z.size());
     const size_t n = z.size();
     std::shared_ptr<Row[]> store = out.is_none() ? nullptr : table_store(out, n);
     const bool int64 = s.is_int64() && d.is_int64() && z.is_int64();
@@ -295,8 +373,10 @@ Batch build(const py::object& so, const py::object& dof, const py::object& sz, u
     std::optional<py::gil_scoped_release> release;
     if (n >= kReleaseGilRows) release.emplace();
     try {
-        return int64 ? Batch::merge(srcBase, dstBase, s.int64s(), d.int64s(), z.int64s(), n, std::move(store))
-                     : Batch::merge(srcBase, dstBase, s.uint64s(), d.uint64s(), z.uint64s(), n, std::move(store));
+        return int64 ? Batch::merge(srcBase, dstBase, s.int64s(), d.int64s(), z.int64s(), n, std::move(store),
+                                    s.stride(), d.stride(), z.stride())
+                     : Batch::merge(srcBase, dstBase, s.uint64s(), d.uint64s(), z.uint64s(), n, std::move(store),
+                                    s.stride(), d.stride(), z.stride());
     } catch (const std::invalid_argument& e) {
         release.reset();
         fail(PyExc_ValueError, e.what());
@@ -395,6 +475,20 @@ mori::native::Registration reg([](py::module_& root) {
             },
             py::arg("piece"), "A Batch: each row cut into pieces of at most `piece` bytes, in order (the batch itself "
                               "when no row is longer); ValueError past 2^27 pieces.")
+        .def(
+            "rebased",
+            [](const Batch& b, uint64_t srcBy, uint64_t dstBy, bool reverse, const py::object& out) {
+                std::shared_ptr<Row[]> store = out.is_none() ? nullptr : table_store(out, b.size());
+                std::optional<py::gil_scoped_release> release;
+                if (b.size() >= kReleaseGilRows) release.emplace();
+                Batch moved = checked("Batch.rebased", [&] { return b.rebased(srcBy, dstBy, reverse, std::move(store)); });
+                release.reset();
+                return moved;
+            },
+            py::arg("src_by") = 0, py::arg("dst_by") = 0, py::arg("reverse") = false, py::arg("out") = py::none(),
+            "A Batch of the same copies with src_by added to every src and dst_by to every dst; with reverse, src and "
+            "dst are swapped first (the copies run the other way). One pass over the rows, which stay merged. out: "
+            "as for Batch(...), the table the rows are written into. ValueError when a row would run past 2^64.")
         .def(
             "count_pieces",
             [](const Batch& b, int64_t piece) {

@@ -41,6 +41,7 @@ inline std::invalid_argument bad(const std::string& msg) { return std::invalid_a
 struct Merged {
     size_t rows;
     uint64_t largest, smallest;  // row sizes (0, 0 when no row)
+    uint64_t srcEnd, dstEnd;     // the largest src + bytes and dst + bytes of a row (0 when no row)
 };
 
 // Why block i of a batch cannot be planned ("" when it can); see merge_rows. Names the block's
@@ -65,49 +66,90 @@ inline std::string block_error(uint64_t srcBase, uint64_t dstBase, Int so, Int d
     return "";
 }
 
-// Writes rows (srcBase + srcOffs[i], dstBase + dstOffs[i], sizes[i]) into out (capacity >= n),
-// dropping empty blocks and merging a block into the previous row when it continues that row on
-// both sides. Offsets and sizes are int64 or uint64. Throws when an offset or size is negative
-// or a block runs past 2^64 (out then holds rows of no meaning).
-template <class Int>
-inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs, const Int* dstOffs,
-                         const Int* sizes, size_t n, Row* out) {
-    size_t k = 0;
-    uint64_t largest = 0, smallest = std::numeric_limits<uint64_t>::max();
-    // The row being extended stays in registers until the next one starts.
-    uint64_t rowSrc = 0, rowDst = 0, rowBytes = 0;
+// Rows written one block at a time into out (room for as many rows as blocks): an empty block
+// is dropped, a block that continues the row being extended on both sides is merged into it.
+// The one merge of the planner: merge_rows feeds it columns, Batch's list reader Python ints.
+// Blocks must lie within 2^64 on both sides (what the rows hold is of no meaning otherwise).
+class RowWriter {
+public:
+    explicit RowWriter(Row* out) : out_(out), next_(out) {}
+
+    [[gnu::always_inline]] void add(uint64_t src, uint64_t dst, uint64_t bytes) {
+        if (bytes == 0) return;
+        if (rowBytes_ > 0 && rowSrc_ + rowBytes_ == src && rowDst_ + rowBytes_ == dst) {
+            rowBytes_ += bytes;  // the row being extended stays in registers until the next starts
+            return;
+        }
+        flush();
+        rowSrc_ = src, rowDst_ = dst, rowBytes_ = bytes;
+    }
+
+    // The rows written and what they hold.
+    [[gnu::always_inline]] Merged finish() {
+        flush();
+        rowBytes_ = 0;
+        const size_t rows = static_cast<size_t>(next_ - out_);
+        return Merged{rows, largest_, rows ? smallest_ : 0, srcEnd_, dstEnd_};
+    }
+
+private:
+    [[gnu::always_inline]] void flush() {
+        if (rowBytes_ == 0) return;
+        *next_++ = Row{rowSrc_, rowDst_, rowBytes_};
+        largest_ = std::max(largest_, rowBytes_);
+        smallest_ = std::min(smallest_, rowBytes_);
+        srcEnd_ = std::max(srcEnd_, rowSrc_ + rowBytes_);
+        dstEnd_ = std::max(dstEnd_, rowDst_ + rowBytes_);
+    }
+
+    Row* out_;
+    Row* next_;  // where the next row goes
+    uint64_t rowSrc_ = 0, rowDst_ = 0, rowBytes_ = 0;
+    uint64_t largest_ = 0, smallest_ = std::numeric_limits<uint64_t>::max(), srcEnd_ = 0, dstEnd_ = 0;
+};
+
+namespace detail {
+// merge_rows' loop; Strided false: every stride is 1 (fewer registers live: the common case).
+template <bool Strided, class Int>
+inline Merged merge_loop(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs, const Int* dstOffs, const Int* sizes,
+                         size_t n, Row* out, ptrdiff_t srcStride, ptrdiff_t dstStride, ptrdiff_t sizeStride) {
+    RowWriter rows(out);
     uint64_t bits = 0;  // every offset and size ORed: see the check below
     for (size_t i = 0; i < n; ++i) {
-        bits |= static_cast<uint64_t>(srcOffs[i]) | static_cast<uint64_t>(dstOffs[i]) | static_cast<uint64_t>(sizes[i]);
-        if (!(sizes[i] > 0)) continue;
-        const uint64_t size = static_cast<uint64_t>(sizes[i]);
-        const uint64_t src = srcBase + static_cast<uint64_t>(srcOffs[i]);
-        const uint64_t dst = dstBase + static_cast<uint64_t>(dstOffs[i]);
-        if (rowBytes > 0 && rowSrc + rowBytes == src && rowDst + rowBytes == dst) {
-            rowBytes += size;
-            continue;
-        }
-        if (rowBytes > 0) {
-            out[k++] = Row{rowSrc, rowDst, rowBytes};
-            largest = std::max(largest, rowBytes);
-            smallest = std::min(smallest, rowBytes);
-        }
-        rowSrc = src, rowDst = dst, rowBytes = size;
-    }
-    if (rowBytes > 0) {
-        out[k++] = Row{rowSrc, rowDst, rowBytes};
-        largest = std::max(largest, rowBytes);
-        smallest = std::min(smallest, rowBytes);
+        const ptrdiff_t at = static_cast<ptrdiff_t>(i);
+        const Int so = srcOffs[Strided ? at * srcStride : at], dof = dstOffs[Strided ? at * dstStride : at],
+                  size = sizes[Strided ? at * sizeStride : at];
+        bits |= static_cast<uint64_t>(so) | static_cast<uint64_t>(dof) | static_cast<uint64_t>(size);
+        if (!(size > 0)) continue;
+        rows.add(srcBase + static_cast<uint64_t>(so), dstBase + static_cast<uint64_t>(dof), static_cast<uint64_t>(size));
     }
     // When every offset and size is below 2^62 and both bases below 2^63 (any user-space
     // address), no block was negative or wrapped; only otherwise is each block checked (one OR
     // a block instead of branches: the planner is on the latency path of every transfer).
     if ((bits >> 62) != 0 || ((srcBase | dstBase) >> 63) != 0)
         for (size_t i = 0; i < n; ++i) {
-            const std::string why = block_error(srcBase, dstBase, srcOffs[i], dstOffs[i], sizes[i], i);
+            const ptrdiff_t at = static_cast<ptrdiff_t>(i);
+            const std::string why = block_error(srcBase, dstBase, srcOffs[at * srcStride], dstOffs[at * dstStride],
+                                                sizes[at * sizeStride], i);
             if (!why.empty()) throw bad(why);
         }
-    return Merged{k, largest, k ? smallest : 0};
+    return rows.finish();
+}
+}  // namespace detail
+
+// Writes rows (srcBase + srcOffs[i], dstBase + dstOffs[i], sizes[i]) into out (capacity >= n),
+// dropping empty blocks and merging a block into the previous row when it continues that row on
+// both sides. Offsets and sizes are int64 or uint64, column c's element i at c[i * stride] (a
+// column of an (n, k) array reads in place). Throws when an offset or size is negative or a
+// block runs past 2^64 (out then holds rows of no meaning).
+template <class Int>
+inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs, const Int* dstOffs,
+                         const Int* sizes, size_t n, Row* out, ptrdiff_t srcStride = 1, ptrdiff_t dstStride = 1,
+                         ptrdiff_t sizeStride = 1) {
+    if (srcStride == 1 && dstStride == 1 && sizeStride == 1)
+        return detail::merge_loop<false>(srcBase, dstBase, srcOffs, dstOffs, sizes, n, out, 1, 1, 1);
+    return detail::merge_loop<true>(srcBase, dstBase, srcOffs, dstOffs, sizes, n, out, srcStride, dstStride,
+                                    sizeStride);
 }
 
 // Pieces of at most `piece` bytes that rows cut into (empty rows give none). Throws when a row

@@ -1,6 +1,7 @@
 """mori.core.batch.Batch (csrc/batch.hpp, batch_plan.hpp, batch_bindings.cpp) against
 plain-Python references on random batches: built from lists, tuples, numpy arrays of every integer
-width and other buffers, merged; every verb (stripe, count_pieces, deal, cut_chunks); rows read
+width (strided views too) and other buffers, merged; every verb (rebased, stripe, count_pieces,
+deal, cut_chunks); rows read
 in place; every bad input refused with an error naming it; the TCP data plane's use of it."""
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ FORMS = {
     "int32": lambda v: np.array(v, dtype=np.int32),
     "uint16": lambda v: np.array(v, dtype=np.uint16),
     "strided": lambda v: np.repeat(np.array(v, dtype=np.int64), 2)[::2],  # a view, not contiguous
+    "reversed": lambda v: np.array(v[::-1], dtype=np.uint64)[::-1],  # a negative stride
+    "row column": lambda v: np.stack([v, v, v], axis=1).astype(np.int64)[:, 1],  # a column of (n, 3) rows
     "array.array": lambda v: array.array("q", v),
     "memoryview": lambda v: memoryview(array.array("Q", v)),
 }
@@ -187,12 +190,70 @@ def test_one_block_forms_agree():
     assert Batch(range(0, 300, 100), range(3), [100, 100, 100])[0] == (0, 0, 100)  # any sequence
 
 
+class _Shrinking:
+    """An int whose __index__ empties a list (the batch's own column, say) when called."""
+
+    def __init__(self, value: int, victim: list[int]) -> None:
+        self.value, self.victim = value, victim
+
+    def __index__(self) -> int:
+        self.victim.clear()
+        return self.value
+
+
+def test_lists_of_any_ints_are_read_as_rows():
+    # Ints past 2^62 and objects with __index__ (numpy scalars) take the slow path, in lists too.
+    big = 2**63 + 5
+    assert list(Batch([np.int64(4), big], [0, np.uint64(8)], (np.int32(4), 3))) == [(4, 0, 4), (big, 8, 3)]
+    # A column that an __index__ method changes while the batch is read: refused, never read past.
+    for column in range(3):
+        cols: list[list] = [[0, 8, 16], [0, 8, 16], [8, 8, 8]]
+        cols[column][1] = _Shrinking(8, cols[(column + 1) % 3])
+        with pytest.raises(ValueError, match=r"changed length while it was read"):
+            Batch(*cols)
+    mixed = [0, _Shrinking(8, []), 16]
+    assert list(Batch(mixed, mixed, [8, 8, 8])) == [(0, 0, 24)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(0, 60), reverse=st.booleans(), into=st.booleans(),
+       by=st.tuples(st.integers(0, 1 << 48), st.integers(0, 1 << 48)))
+def test_rebased_matches_python(data, n, reverse, into, by):
+    so, do, sz = _blocks(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), n, 0.5, small=True)
+    b = Batch(so, do, sz, 4096, 0)
+    table = np.full((n + 2, 3), 7, dtype=np.uint64)
+    moved = b.rebased(*by, reverse, table if into else None)
+    expect = [[(d if reverse else s) + by[0], (s if reverse else d) + by[1], k] for s, d, k in _rows(b)]
+    assert _rows(moved) == expect and _rows(b) == _merged(4096, 0, so, do, sz)  # b unchanged
+    assert (moved.largest, moved.smallest, moved.total_bytes) == (b.largest, b.smallest, b.total_bytes)
+    assert moved.src_end == max((s + k for s, _, k in expect), default=0)
+    assert moved.dst_end == max((d + k for _, d, k in expect), default=0)
+    if into:  # written into the table, read there; nothing past the rows
+        assert np.shares_memory(np.asarray(moved), table) or not expect
+        assert table[:len(expect)].tolist() == expect and (table[len(expect):] == 7).all()
+    assert moved == Batch([r[0] for r in expect], [r[1] for r in expect], [r[2] for r in expect])
+
+
+def test_rebased_refuses_rows_past_2_64():
+    b = Batch([0, 100], [50, 0], [10, 20])
+    assert b.rebased(U64_MAX - 120, U64_MAX - 60)[1] == (U64_MAX - 20, U64_MAX - 60, 20)  # ends at 2^64 - 1
+    for args in ((U64_MAX - 119, 0), (0, U64_MAX - 59), (U64_MAX - 59, 0, True)):
+        with pytest.raises(ValueError, match="^Batch.rebased: the rows, rebased, run past the 64-bit address space$"):
+            b.rebased(*args)
+    with pytest.raises(ValueError, match=r"^Batch: out must be a writable C-contiguous uint64 array of \(>= 2, 3\)"):
+        b.rebased(1, 1, False, np.zeros((1, 3), dtype=np.uint64))
+    with pytest.raises(TypeError):
+        b.rebased(-1)
+    assert Batch([], [], []).rebased(U64_MAX, U64_MAX, True) == Batch([], [], [])
+
+
 def test_large_batch_is_planned_like_a_small_one():
     # 20000 rows: merged without the GIL (from 16384 rows), the same rows as the reference.
     rng = np.random.default_rng(5)
     so, do, sz = _blocks(rng, 20000, 0.3, small=False)
     b = Batch(np.array(so), np.array(do), np.array(sz))
-    assert _rows(b) == _merged(0, 0, so, do, sz)
+    assert _rows(b) == _merged(0, 0, so, do, sz) and b == Batch(so, do, sz)
+    assert b.rebased(1, 2, True) == Batch(do, so, sz, 1, 2)
     assert b.stripe(4096).count_pieces(4096) == len(b.stripe(4096)) == b.count_pieces(4096)
 
 

@@ -11,12 +11,19 @@ value or one past 64 bits, for a block that runs past 2^64, or for columns of di
 ``Batch.one(src, dst, bytes)`` is the batch of one block, the cheapest to build.
 
 A batch is immutable. ``len(batch)`` rows, ``batch[i]`` is the tuple ``(src, dst, bytes)``,
-``batch[a:b]`` a Batch (a view of the same rows); ``largest`` and ``smallest`` (row sizes) are
-kept from the build, ``total_bytes``, ``src_end`` and ``dst_end`` counted when asked; the rows
-read in place through the buffer protocol as an ``(n, 3)`` uint64 array (``numpy.asarray(batch)``,
-``memoryview(batch)``). ``Batch(..., out=table)`` writes the rows into a caller's writable
-``(>= n, 3)`` uint64 array (a pinned table a kernel reads, say) and reads them there. The planner's verbs are its
-methods and return Batch values: :meth:`Batch.stripe` (rows cut into pieces of at most a size),
+``batch[a:b]`` a Batch (a view of the same rows); ``largest`` and ``smallest`` (row sizes),
+``src_end`` and ``dst_end`` (the largest ``src + bytes`` and ``dst + bytes``) are kept from the
+build, ``total_bytes`` is counted when asked; the rows read in place through the buffer protocol
+as an ``(n, 3)`` uint64 array (``numpy.asarray(batch)``, ``memoryview(batch)``).
+``Batch(..., out=table)`` writes the rows into a caller's writable ``(>= n, 3)`` uint64 array (a
+pinned table a kernel reads, say) and reads them there.
+
+Lists and tuples of ints are read straight into the rows; integer buffers of 64-bit items are read
+in place (strided views included), other widths converted first.
+
+The planner's verbs are its methods and return Batch values: :meth:`Batch.rebased` (the same
+copies moved by a base on each side, or run the other way: a kernel's table from a transfer's
+rows, one pass), :meth:`Batch.stripe` (rows cut into pieces of at most a size),
 :meth:`Batch.count_pieces`, :meth:`Batch.deal` (contiguous runs of about equal bytes, one per
 stream or connection) and :meth:`Batch.cut_chunks` (staging-buffer chunks; a chunk's pieces are
 packed from offset 0 of a buffer in order).

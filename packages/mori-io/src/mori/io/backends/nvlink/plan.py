@@ -2,9 +2,9 @@
 
 No CUDA here, so it is tested on any machine:
 
-1. the batch is built once as a :class:`mori.core.batch.Batch`, its rows (src, dst, bytes)
-   written straight into the caller's buffer (the pinned table the kernel will read): blocks of
-   zero bytes dropped, runs of blocks contiguous on both sides merged into one row;
+1. the transfer's :class:`mori.core.batch.Batch` (built once by the engine: blocks of zero bytes
+   dropped, runs of blocks contiguous on both sides merged into one row) is rebased in one pass
+   into the caller's buffer (the pinned table the kernel will read) as rows (src, dst, bytes);
 2. rows smaller than ``kernel_max`` bytes go to one launch of the gather kernel (in a large
    batch of large rows, a share of them to the copy engines beside it), which cuts
    each row into ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes (a warp copies one piece,
@@ -16,7 +16,7 @@ No CUDA here, so it is tested on any machine:
    pieces are dealt out over at most ``max_streams`` streams, balancing bytes, so several copy
    engines work at once.
 
-Every cut, merge and deal is mori-core's batch planner (``Batch`` and its ``stripe``,
+Every cut, merge and deal is mori-core's batch planner (``Batch`` and its ``rebased``, ``stripe``,
 ``count_pieces`` and ``deal``, :mod:`mori.core.batch`); this module holds only the policy.
 """
 
@@ -80,6 +80,11 @@ def _single(src: int, dst: int, size: int, kernel_max: int, stripe: int, max_str
     return CopyPlan(row[:0], _deal(Batch.one(src, dst, size), max_streams, stripe))
 
 
+def _check(kernel_max: int, stripe: int, max_streams: int) -> None:
+    if kernel_max < 0 or stripe <= 0 or max_streams <= 0:
+        raise ValueError(f"plan_copies: kernel_max={kernel_max}, stripe={stripe}, max_streams={max_streams}")
+
+
 def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
                 kernel_max: int, stripe: int, max_streams: int, out: np.ndarray | None = None,
                 engine_share: float = 0.0) -> CopyPlan:
@@ -89,8 +94,7 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     the plan's kernel rows are a view of it (``CopyPlan.in_out``). ``engine_share``: of a batch
     the kernel would take whole, the fraction of rows the copy engines take beside it (rows of
     ``SHARE_MIN_ROW`` bytes or more, batches of ``SHARE_MIN_ROWS`` rows or more)."""
-    if kernel_max < 0 or stripe <= 0 or max_streams <= 0:
-        raise ValueError(f"plan_copies: kernel_max={kernel_max}, stripe={stripe}, max_streams={max_streams}")
+    _check(kernel_max, stripe, max_streams)
     if len(sizes) == 1:
         return _single(src_base + int(src_offsets[0]), dst_base + int(dst_offsets[0]), int(sizes[0]), kernel_max,
                        stripe, max_streams)
@@ -98,6 +102,32 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     if out is None:
         out = np.empty((len(sizes), 3), dtype=np.uint64)
     batch = Batch(src_offsets, dst_offsets, sizes, src_base, dst_base, out)  # rows written into out
+    return _plan(batch, out, given, kernel_max, stripe, max_streams, engine_share)
+
+
+def plan_batch(batch: Batch, remote_base: int, read: bool, kernel_max: int, stripe: int, max_streams: int,
+               out: np.ndarray | None = None, engine_share: float = 0.0) -> CopyPlan:
+    """:func:`plan_copies` of a transfer's rows (local address, remote offset, bytes), the remote
+    region mapped at ``remote_base``; ``read`` copies remote -> local. The rows are rebased into
+    ``out`` in one pass (they are merged already); a one-row batch is read without an array
+    (the latency path)."""
+    _check(kernel_max, stripe, max_streams)
+    if len(batch) == 1:
+        local, remote, size = batch[0]
+        if read:
+            return _single(remote_base + remote, local, size, kernel_max, stripe, max_streams)
+        return _single(local, remote_base + remote, size, kernel_max, stripe, max_streams)
+    given = out is not None
+    if out is None:
+        out = np.empty((len(batch), 3), dtype=np.uint64)
+    # Copies run src -> dst: a read's rows swapped (remote first), the remote side moved to its mapping.
+    rows = batch.rebased(remote_base, 0, True, out) if read else batch.rebased(0, remote_base, False, out)
+    return _plan(rows, out, given, kernel_max, stripe, max_streams, engine_share)
+
+
+def _plan(batch: Batch, out: np.ndarray, given: bool, kernel_max: int, stripe: int, max_streams: int,
+          engine_share: float) -> CopyPlan:
+    """The plan of ``batch``, whose rows lie at the start of ``out`` (``given``: the caller's table)."""
     n = len(batch)
     rows = out[:n]
     if batch.largest < kernel_max:
@@ -112,7 +142,7 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
 
 
 def _batch_of(rows: np.ndarray) -> Batch:
-    """The Batch of (n, 3) rows taken from a Batch (so already checked)."""
+    """The Batch of (n, 3) rows taken from a Batch (so already checked), read in place."""
     return Batch(rows[:, 0], rows[:, 1], rows[:, 2])
 
 
@@ -124,22 +154,3 @@ def _kernel_plan(kernel: Batch, rows: np.ndarray, engines: list[np.ndarray], in_
             KERNEL_PIECE):
         return CopyPlan(np.asarray(kernel.stripe(KERNEL_PIECE)), engines, 1, in_out=False)
     return CopyPlan(rows, engines, max(per_row, 1), in_out=in_out)
-
-def plan_batch(batch: Batch, remote_base: int, read: bool, kernel_max: int, stripe: int, max_streams: int,
-               out: np.ndarray | None = None, engine_share: float = 0.0) -> CopyPlan:
-    """:func:`plan_copies` of a transfer's rows (local address, remote offset, bytes), the remote
-    region mapped at ``remote_base``; ``read`` copies remote -> local. A one-row batch is read
-    without an array pass (the latency path)."""
-    if len(batch) == 1:
-        local, remote, size = batch[0]
-        cols: tuple[Offsets, Offsets, Offsets] = ([local], [remote], [size])
-    else:
-        # The columns as contiguous arrays (one copy of the rows): a Batch reads strided columns
-        # several times slower (16384 rows: 74 us against 45 us with the copy).
-        local_col, remote_col, sizes = np.asarray(batch).T.copy()
-        cols = local_col, remote_col, sizes
-    if read:
-        return plan_copies(remote_base, 0, cols[1], cols[0], cols[2], kernel_max, stripe, max_streams, out,
-                           engine_share)
-    return plan_copies(0, remote_base, cols[0], cols[1], cols[2], kernel_max, stripe, max_streams, out, engine_share)
-
