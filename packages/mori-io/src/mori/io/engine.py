@@ -338,7 +338,8 @@ class IOEngine:
         if problem is not None:
             return TransferStatus(*problem)
         assert backend is not None and not isinstance(batch, str)
-        status = TransferStatus()
+        # IN_PROGRESS from the start: no one sees the status before the order below publishes it.
+        status = TransferStatus(StatusCode.IN_PROGRESS)
         request = TransferRequest(op, local, remote, batch, uid, status)
         refusal = backend.admit(request)
         if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
@@ -347,7 +348,6 @@ class IOEngine:
         with self._order_lock:
             status._after(self._last_status.get(remote.engine_key))
             self._last_status[remote.engine_key] = status
-            status._set(StatusCode.IN_PROGRESS)
         # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
         self._inflight.add(local.id, status, backend, remote.engine_key)
         if self._memory.get(local.id) is None:

@@ -287,6 +287,10 @@ class MemoryDesc:
     def _wire_problem(self) -> str | None:
         """Why this descriptor's id, address or size cannot travel as unsigned 64-bit integers
         (what a peer's data plane takes), or None."""
+        i, data, size = self.id, self.data, self.size
+        if type(i) is int and type(data) is int and type(size) is int and 0 <= i <= _U64_MAX and data >= 0 \
+                and size >= 0 and data + size <= _U64_MAX + 1:
+            return None  # the common case, checked at every transfer: one expression
         for name in ("id", "data", "size"):
             problem = _field_problem(name, getattr(self, name), _MEMORY_FIELDS[name])
             if problem is not None:
@@ -305,6 +309,14 @@ _MEMORY_FIELDS: dict[str, _Rule] = {
 
 
 _PENDING = StatusCode.IN_PROGRESS
+_CODES = {int(c): c for c in StatusCode}
+
+
+def _status_code(code: int) -> StatusCode:
+    """``StatusCode(code)`` by a dict lookup: a status reads its completion's code several times
+    per transfer, and the enum's own call costs about half a microsecond."""
+    known = _CODES.get(code)
+    return known if known is not None else StatusCode(code)  # ValueError for an unknown code
 
 
 def _is_error(code: StatusCode) -> bool:
@@ -334,7 +346,7 @@ class TransferStatus:
     __slots__ = ("_code", "_message", "_completion", "_cond", "_prev")
 
     def __init__(self, code: StatusCode = StatusCode.INIT, message: str = "") -> None:
-        self._code = StatusCode(code)
+        self._code = _status_code(code)
         self._message = message
         self._completion: Completion | None = None
         self._cond = threading.Condition()
@@ -346,7 +358,7 @@ class TransferStatus:
         """Sets code and message itself (the engine marks a submitted transfer ``IN_PROGRESS``;
         ``SetCode`` and the like); wakes waiters."""
         with self._cond:
-            self._code = StatusCode(code)
+            self._code = _status_code(code)
             self._message = message
             self._completion = None
             self._cond.notify_all()
@@ -365,7 +377,7 @@ class TransferStatus:
 
     def _own(self) -> StatusCode:
         c = self._completion
-        return StatusCode(c.code()) if c is not None else self._code
+        return _status_code(c.code()) if c is not None else self._code
 
     def _pending_self_or_before(self) -> TransferStatus | None:
         return self if self._own() == _PENDING else self._pending_before()
@@ -388,7 +400,7 @@ class TransferStatus:
             c = self._completion
             if c is not None:
                 if c.wait(max(min(left, 3600.0), 0.0)):
-                    return StatusCode(c.code())
+                    return _status_code(c.code())
                 if self._completion is c and left <= 0:
                     return _PENDING
                 continue

@@ -37,8 +37,8 @@ class SendQueues:
             queue = self._queues.setdefault((worker, key), [])
             while True:
                 # Its own code, not Code(): a finished transfer frees its operations even while an
-                # earlier transfer to the same engine keeps its status IN_PROGRESS. INIT is one
-                # admitted and not submitted yet.
+                # earlier transfer to the same engine keeps its status IN_PROGRESS (one admitted
+                # and not submitted yet is IN_PROGRESS already; INIT, a status never submitted).
                 queue[:] = [(st, n) for st, n in queue if st._own() in _UNFINISHED]
                 used = sum(n for _, n in queue)
                 if used + need <= self.depth:
