@@ -139,6 +139,15 @@ def test_status_reads_the_completion_a_backend_returns():
     assert status.Message() == "peer lost" and later.wait(0) and inner.code() == StatusCode.ERR_BAD_STATE
 
 
+def test_a_waiter_before_the_completion_is_attached_gets_its_outcome():
+    """The engine's status is IN_PROGRESS before the backend's completion is attached: a thread
+    waiting then (a later transfer's wait, deregister_memory) sees the completion's outcome."""
+    for delay in (0.0, 0.05):
+        status = TransferStatus(StatusCode.IN_PROGRESS)
+        threading.Timer(delay, lambda st=status: st._attach(Outcome(StatusCode.ERR_NOT_FOUND, "gone"))).start()
+        assert status.WaitFor(10_000) == StatusCode.ERR_NOT_FOUND and status.Message() == "gone"
+
+
 def test_engine_api_calls():
     with IOEngine("api-a", IOEngineConfig(port=0)) as a, IOEngine("api-b", IOEngineConfig(port=0)) as b:
         assert a.get_engine_desc().port > 0 and a.key == "api-a"

@@ -309,6 +309,7 @@ _MEMORY_FIELDS: dict[str, _Rule] = {
 
 
 _PENDING = StatusCode.IN_PROGRESS
+_MAKING_CONDITIONS = threading.Lock()  # a status makes its condition once (TransferStatus._condition)
 _CODES = {int(c): c for c in StatusCode}
 
 
@@ -349,27 +350,44 @@ class TransferStatus:
         self._code = _status_code(code)
         self._message = message
         self._completion: Completion | None = None
-        self._cond = threading.Condition()
+        # Made when first needed (_condition): a transfer's status is read through its completion,
+        # so most never wait on their own code, and a Condition costs about 1 us to make.
+        self._cond: threading.Condition | None = None
         # The newest earlier transfer to the same remote engine that may still run (see Order).
         self._prev: TransferStatus | None = None
 
     # -- engine and backend side ----------------------------------------------------------------
+    def _condition(self) -> threading.Condition:
+        """The status's condition (made once, at its first use)."""
+        cond = self._cond
+        if cond is None:
+            with _MAKING_CONDITIONS:
+                cond = self._cond
+                if cond is None:
+                    cond = self._cond = threading.Condition()
+        return cond
+
     def _set(self, code: StatusCode, message: str = "") -> None:
-        """Sets code and message itself (the engine marks a submitted transfer ``IN_PROGRESS``;
-        ``SetCode`` and the like); wakes waiters."""
-        with self._cond:
+        """Sets code and message itself (``SetCode`` and the like); wakes waiters."""
+        cond = self._condition()
+        with cond:
             self._code = _status_code(code)
             self._message = message
             self._completion = None
-            self._cond.notify_all()
+            cond.notify_all()
 
     def _attach(self, completion: Completion) -> None:
         """Reports what ``completion`` (what the backend's ``submit`` returned) reports; the
         engine attaches it once."""
-        with self._cond:
-            self._completion = completion
-            self._code = StatusCode.IN_PROGRESS
-            self._cond.notify_all()
+        self._completion = completion
+        self._code = StatusCode.IN_PROGRESS
+        # Waiters wait on the condition only while no completion is attached, and check that
+        # under it: one that made it after this line looked sees the completion; one that made
+        # it before is woken here.
+        cond = self._cond
+        if cond is not None:
+            with cond:
+                cond.notify_all()
 
     def _after(self, earlier: TransferStatus | None) -> None:
         """Reports this transfer finished only after ``earlier`` (and its predecessors) did."""
@@ -404,13 +422,15 @@ class TransferStatus:
                 if self._completion is c and left <= 0:
                     return _PENDING
                 continue
-            with self._cond:
+            cond = self._condition()
+            with cond:
+                if self._completion is not None:
+                    continue
                 if self._code != _PENDING:
                     return self._code
                 if left <= 0:
                     return _PENDING
-                if self._completion is None:
-                    self._cond.wait(min(left, 0.05))
+                cond.wait(min(left, 0.05))
 
     # -- user side ------------------------------------------------------------------------------
     def Code(self) -> StatusCode:  # noqa: N802 (MORI's name)
@@ -444,18 +464,18 @@ class TransferStatus:
 
     def SetCode(self, code: StatusCode) -> None:  # noqa: N802
         """Sets the code (waiters wake when it is no longer ``IN_PROGRESS``)."""
-        with self._cond:
+        with self._condition():
             message = self.Message()
             self._set(StatusCode(code), message)
 
     def SetMessage(self, message: str) -> None:  # noqa: N802
         """Sets the message."""
-        with self._cond:
+        with self._condition():
             self._set(self._own(), str(message))
 
     def Update(self, code: StatusCode, message: str) -> None:  # noqa: N802
         """Sets code and message, unless the status has already failed."""
-        with self._cond:
+        with self._condition():
             if not _is_error(self._own()):
                 self._set(StatusCode(code), str(message))
 
