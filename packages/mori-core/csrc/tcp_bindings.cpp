@@ -67,7 +67,8 @@ mori::native::Registration reg([](py::module_& root) {
                                                 "Serves registered memory to authenticated peers.")
         .def(py::init([](const std::string& host, int port, std::string token, double ioTimeout,
                          size_t maxConnections, size_t maxHandshakes, double helloTimeout, size_t maxInbound,
-                         double inboundTtl, std::string timeoutSetting, size_t maxPerKey) {
+                         double inboundTtl, std::string timeoutSetting, size_t maxPerKey,
+                         std::shared_ptr<InboundRecords> inbound) {
                  TargetLimits lim;
                  lim.maxPerKey = maxPerKey;
                  lim.maxConnections = maxConnections;
@@ -75,7 +76,8 @@ mori::native::Registration reg([](py::module_& root) {
                  lim.helloTimeout = helloTimeout;
                  lim.maxInbound = maxInbound;
                  lim.inboundTtl = inboundTtl;
-                 return std::make_shared<Target>(host, port, std::move(token), ioTimeout, lim, std::move(timeoutSetting));
+                 return std::make_shared<Target>(host, port, std::move(token), ioTimeout, lim, std::move(timeoutSetting),
+                                                 std::move(inbound));
              }),
              py::arg("host"), py::arg("port"), py::arg("token"), py::arg("io_timeout"),
              py::arg("max_connections") = TargetLimits{}.maxConnections,
@@ -83,9 +85,10 @@ mori::native::Registration reg([](py::module_& root) {
              py::arg("hello_timeout") = TargetLimits{}.helloTimeout,
              py::arg("max_inbound") = TargetLimits{}.maxInbound,
              py::arg("inbound_ttl") = TargetLimits{}.inboundTtl, py::arg("timeout_setting") = "io_timeout",
-             py::arg("max_per_key") = TargetLimits{}.maxPerKey,
+             py::arg("max_per_key") = TargetLimits{}.maxPerKey, py::arg("inbound") = nullptr,
              "Listens on host:port; the limits bound what peers can consume; timeout messages name "
-             "timeout_setting.")
+             "timeout_setting. Completion records go to `inbound` (a mori.core.inbound.InboundRecords shared with "
+             "the caller's other channels), else to a table of its own bounded by max_inbound and inbound_ttl.")
         .def_property_readonly("port", &Target::port)
         .def("register_region", &Target::register_region, py::arg("mem_id"), py::arg("addr"), py::arg("size"))
         .def("deregister_region", &Target::deregister_region, py::arg("mem_id"),

@@ -151,8 +151,8 @@ struct TargetLimits {
     size_t maxConnections = 1024;  // open data connections, handshaking or serving
     size_t maxHandshakes = 64;     // connections not yet through their hello; the oldest is dropped
     double helloTimeout = 10.0;    // seconds from accept to a complete hello
-    size_t maxInbound = 1 << 20;   // completion records kept for pop_inbound; the oldest is dropped
-    double inboundTtl = 3600.0;    // seconds a completion record is kept
+    size_t maxInbound = 1 << 20;   // completion records kept for pop_inbound (a table of its own); the
+    double inboundTtl = 3600.0;    // oldest is dropped; seconds a completion record is kept
     size_t maxTickets = 4096;      // data-plane tickets outstanding; the oldest is dropped
     double ticketTtl = 60.0;       // seconds a ticket admits connections
     size_t maxPerKey = 64;         // admitted connections of one engine key; its oldest is dropped
@@ -175,8 +175,10 @@ struct TargetStats {
 // plane alone.
 class Target {
 public:
+    // inbound: the completion-record table to write (shared with the caller's other channels);
+    // null: one of its own, bounded by limits.maxInbound and limits.inboundTtl.
     Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
-           std::string timeoutSetting);
+           std::string timeoutSetting, std::shared_ptr<InboundRecords> inbound = nullptr);
     ~Target();
     int port() const { return port_; }
     void register_region(uint64_t id, uint64_t addr, uint64_t size);
@@ -260,8 +262,7 @@ private:
     std::mutex regionsMu_;
     std::condition_variable regionsCv_;  // a region's last user left
     std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
-    InboundRecords inbound_;
-    std::atomic<bool> inboundWarned_{false};
+    std::shared_ptr<InboundRecords> inbound_;
     std::mutex ticketsMu_;
     std::unordered_map<std::string, Ticket> tickets_;
     std::deque<std::string> ticketOrder_;  // issue order, for dropping the oldest

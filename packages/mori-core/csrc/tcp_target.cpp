@@ -40,12 +40,12 @@ bool equal_const_time(const std::string& a, const std::string& b) {
 }  // namespace
 
 Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
-               std::string timeoutSetting)
+               std::string timeoutSetting, std::shared_ptr<InboundRecords> inbound)
     : token_(std::move(token)),
       ioTimeout_(ioTimeout),
       limits_(limits),
       timeoutSetting_(std::move(timeoutSetting)),
-      inbound_(limits.maxInbound, limits.inboundTtl) {
+      inbound_(inbound_table(std::move(inbound), limits.maxInbound, limits.inboundTtl)) {
     if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
         limits_.maxPerKey < 1 ||
         !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
@@ -185,9 +185,9 @@ bool Target::take_ticket(const std::string& key, const std::string& ticket) {
     return true;
 }
 
-std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) { return inbound_.pop(key, uid); }
+std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) { return inbound_->pop_code(key, uid); }
 
-size_t Target::inbound_count() { return inbound_.count(); }
+size_t Target::inbound_count() { return inbound_->count(); }
 
 size_t Target::connection_count() {
     std::lock_guard lk(connsMu_);
@@ -196,7 +196,7 @@ size_t Target::connection_count() {
 }
 
 TargetStats Target::stats() {
-    uint64_t dropped = inbound_.dropped();
+    uint64_t dropped = inbound_->dropped();
     std::lock_guard lk(statsMu_);
     TargetStats s = stats_;
     s.inboundDropped = dropped;
@@ -390,13 +390,7 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
     return ok;
 }
 
-void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) {
-    if (inbound_.record(peerKey, uid, code) == 0 || inboundWarned_.exchange(true)) return;
-    std::fprintf(stderr,
-                 "mori TCP data plane: the target on port %d keeps at most %zu completion records "
-                 "(max_inbound) for at most %g s; dropping the oldest (logged once; pop_inbound removes records)\n",
-                 port_, limits_.maxInbound, limits_.inboundTtl);
-}
+void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) { inbound_->record(peerKey, uid, code); }
 
 void Target::serve(Conn* conn) {
     int fd = conn->fd;

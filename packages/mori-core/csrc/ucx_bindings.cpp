@@ -103,7 +103,8 @@ mori::native::Registration reg([](py::module_& root) {
     py::class_<Engine, std::shared_ptr<Engine>>(m, "UcxEngine", "mori-core's UCX engine (see mori.core.ucx).")
         .def(py::init([](const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings,
                          int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
-                         bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets) {
+                         bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets,
+                         std::shared_ptr<mori::InboundRecords> inbound) {
                  EngineOptions o;
                  o.name = name;
                  o.settings = settings;
@@ -116,6 +117,7 @@ mori::native::Registration reg([](py::module_& root) {
                  o.maxInbound = maxInbound;
                  o.inboundTtl = inboundTtl;
                  o.maxTickets = maxTickets;
+                 o.inbound = std::move(inbound);
                  py::gil_scoped_release release;
                  return std::make_shared<Engine>(std::move(o));
              }),
@@ -123,7 +125,9 @@ mori::native::Registration reg([](py::module_& root) {
              py::arg("workers") = 1, py::arg("lanes") = 1, py::arg("polling") = true, py::arg("timeout") = 30.0,
              py::arg("timeout_setting") = "timeout", py::arg("rma") = false,
              py::arg("max_inbound") = EngineOptions{}.maxInbound, py::arg("inbound_ttl") = EngineOptions{}.inboundTtl,
-             py::arg("max_tickets") = EngineOptions{}.maxTickets)
+             py::arg("max_tickets") = EngineOptions{}.maxTickets, py::arg("inbound") = nullptr,
+             "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
+             "other channels), else to a table of its own bounded by max_inbound and inbound_ttl.")
         .def_property_readonly(
             "addresses",
             [](const Engine& e) {

@@ -36,7 +36,8 @@ uint64_t random_ticket() {
 
 }  // namespace
 
-Engine::Engine(EngineOptions opts) : opts_(std::move(opts)), inbound_(opts_.maxInbound, opts_.inboundTtl) {
+Engine::Engine(EngineOptions opts)
+    : opts_(std::move(opts)), inbound_(inbound_table(opts_.inbound, opts_.maxInbound, opts_.inboundTtl)) {
     if (opts_.workers < 1 || opts_.workers > 64) throw std::invalid_argument("workers must be 1..64");
     if (opts_.lanes < 1 || opts_.lanes > 64) throw std::invalid_argument("lanes must be 1..64");
     if (!(opts_.timeout > 0) || opts_.timeout > 1e6) throw std::invalid_argument("timeout must be > 0 seconds");

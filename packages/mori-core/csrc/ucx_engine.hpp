@@ -53,8 +53,9 @@ struct EngineOptions {
     double timeout = 30.0;              // seconds before an unfinished transfer fails
     std::string timeoutSetting = "timeout";  // the caller's name for it, in messages
     bool rma = false;                   // the RMA data path (see above)
-    size_t maxInbound = 1 << 20;        // notification records kept
-    double inboundTtl = 3600.0;         // seconds a notification record is kept
+    size_t maxInbound = 1 << 20;        // notification records kept (a table of its own)
+    double inboundTtl = 3600.0;         // seconds a notification record is kept (a table of its own)
+    std::shared_ptr<InboundRecords> inbound;  // the table to write, shared with the caller; null: its own
     size_t maxTickets = 1 << 16;        // peer engines admitted at once; the oldest is dropped
 };
 
@@ -279,9 +280,9 @@ public:
     // Endpoints to the engine whose workers have these addresses, presenting its ticket.
     std::shared_ptr<Peer> connect(const std::string& key, const std::vector<std::string>& addresses, uint64_t ticket);
     void fail_peer(const std::string& key, const std::string& why);
-    std::optional<int> pop_inbound(const std::string& key, uint64_t uid) { return inbound_.pop(key, uid); }
-    size_t inbound_count() { return inbound_.count(); }
-    void record_inbound(const std::string& key, uint64_t uid, int code) { inbound_.record(key, uid, code); }
+    std::optional<int> pop_inbound(const std::string& key, uint64_t uid) { return inbound_->pop_code(key, uid); }
+    size_t inbound_count() { return inbound_->count(); }
+    void record_inbound(const std::string& key, uint64_t uid, int code) { inbound_->record(key, uid, code); }
     EngineStats stats() const;
     void count(uint64_t EngineStats::*field);
     // Transports UCX found for this context (ucp_context_print_info).
@@ -309,7 +310,7 @@ private:
     std::deque<uint64_t> ticketOrder_;
     mutable std::mutex peersMu_;
     std::unordered_map<std::string, std::weak_ptr<Peer>> peers_;
-    InboundRecords inbound_;
+    std::shared_ptr<InboundRecords> inbound_;
     mutable std::mutex statsMu_;
     EngineStats stats_;
     std::atomic<bool> closed_{false};

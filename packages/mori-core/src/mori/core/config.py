@@ -193,8 +193,8 @@ VARIABLES: dict[str, Variable] = {
                  "Bytes of control frames being received that an engine holds at once, over all connections.",
                  SIZE_FORMS),
         Variable("MORI_IO_MAX_INBOUND_RECORDS", _positive_int, 100_000,
-                 "Completion records (pop_inbound_transfer_status) kept per engine and backend; the oldest "
-                 "is dropped first.", "a positive integer"),
+                 "Completion records (pop_inbound_transfer_status) kept per engine, in one table every channel "
+                 "writes; the oldest is dropped first.", "a positive integer"),
         Variable("MORI_IO_INBOUND_RECORD_TTL", _parse_seconds, 600.0,
                  "Seconds a completion record is kept before it is dropped.", "seconds > 0"),
         Variable("MORI_IO_NVLINK_KERNEL_MAX", _size, 1 << 20,

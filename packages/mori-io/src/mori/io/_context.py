@@ -1,5 +1,6 @@
 """What an engine gives its backends (:class:`EngineContext`, the engine's
-:class:`~mori.io.backends.BackendContext`) and the control ops every engine serves."""
+:class:`~mori.io.backends.BackendContext`), the control ops every engine serves, and how an
+engine names itself to its peers (its node id)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mori.core import config as mori_config
+from mori.core.host import this_host
+from mori.core.inbound import InboundRecords
 from mori.core.log import get_logger
 
 from ._control import ControlError
 from ._keys import MAX_NONCE, Identity
-from ._registry import CompletionRecord, InboundTable, MemoryRegistry, check_notify, notify_bodies
+from ._registry import CompletionRecord, MemoryRegistry, check_notify, notify_bodies
 from .backends import BackendContext, ControlHandler
 from .types import EngineDesc, StatusCode
 
 if TYPE_CHECKING:
     from .engine import IOEngine
 
-__all__ = ["EngineContext", "engine_handlers", "io_timeout"]
+__all__ = ["EngineContext", "engine_handlers", "io_timeout", "node_id"]
 
 _log = get_logger("io")
 
@@ -30,6 +33,13 @@ def io_timeout() -> float:
     return float(mori_config.get("MORI_IO_TIMEOUT"))
 
 
+def node_id() -> str:
+    """This machine's identity, as MORI resolves it: MORI_NODE_ID, else the boot id (else the
+    hostname), which is mori.core.host's machine."""
+    override = mori_config.get("MORI_NODE_ID")
+    return str(override) if override else this_host().machine
+
+
 class EngineContext(BackendContext):
     """What backends see of their engine."""
 
@@ -37,6 +47,7 @@ class EngineContext(BackendContext):
         self._engine = weakref.proxy(engine)
         self.engine_key = engine._key
         self.limits = engine._limits
+        self.inbound = engine._inbound
         self.host = host
         self.hostname = socket.gethostname()
         self.log = _log
@@ -58,10 +69,10 @@ class EngineContext(BackendContext):
         return desc
 
     def control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._engine._control_request(remote_key, op, payload)
+        return self._engine._clients.request(remote_key, op, payload)
 
     def control_request_to(self, engine: EngineDesc, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        client = self._engine._control_client(engine)
+        client = self._engine._clients.connect(engine)
         try:
             return client.request(op, payload)
         finally:
@@ -70,19 +81,16 @@ class EngineContext(BackendContext):
     def add_control_handler(self, op: str, handler: ControlHandler) -> None:
         self._engine._server.handlers[op] = handler
 
-    def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
-        self._engine._inbound.record(remote_key, uid, code, message)
-
     def send_completions(self, remote_key: str, records: Sequence[CompletionRecord]) -> None:
         for body in notify_bodies(records):
             try:
-                self._engine._control_request(remote_key, "notify", body)
+                self._engine._clients.request(remote_key, "notify", body)
             except Exception as err:  # a lost record is logged; it must never keep a transfer from finishing
                 self.log.warning("cannot notify engine %r of %d finished transfer(s): %s", remote_key,
                                  len(body["uids"]), err)
 
 
-def engine_handlers(identity: Identity, memory: MemoryRegistry, inbound: InboundTable) -> dict[str, ControlHandler]:
+def engine_handlers(identity: Identity, memory: MemoryRegistry, inbound: InboundRecords) -> dict[str, ControlHandler]:
     """Control ops every engine serves: ping (with a nonce: also the answer that proves this
     engine holds its key, see ``_keys``), memory-descriptor lookup, inbound notifications."""
     my_key = identity.key
@@ -101,7 +109,8 @@ def engine_handlers(identity: Identity, memory: MemoryRegistry, inbound: Inbound
 
     def notify(key: str, body: dict[str, Any]) -> dict[str, Any]:
         for record in check_notify(body):  # all checked first: a malformed batch records nothing
-            inbound.record(key, *record)
+            uid, code, message = record
+            inbound.record(key, uid, int(code), message)
         return {}
 
     return {"ping": ping, "lookup_mem": lookup_mem, "notify": notify}

@@ -1,4 +1,5 @@
-"""Per-engine metadata: local memory regions, remote engines, transfer uids, inbound records.
+"""Per-engine metadata: local memory regions, remote engines, transfer uids, transfers in flight,
+and the checks of the completion records peers send (``notify``).
 
 Each engine keeps its own (MORI's "metadata store": no central store); every table is guarded
 by a lock because transfers, the control plane and user calls run on different threads.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -18,7 +18,7 @@ from mori.core.log import get_logger
 from ._control import ControlError
 from .types import EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
-__all__ = ["MemoryRegistry", "RemoteEngines", "InboundTable", "InFlight", "UidAllocator", "MAX_NOTIFY_BATCH",
+__all__ = ["MemoryRegistry", "RemoteEngines", "InFlight", "UidAllocator", "MAX_NOTIFY_BATCH",
            "CompletionRecord", "check_notify", "notify_bodies"]
 
 _log = get_logger("io")
@@ -145,44 +145,6 @@ def notify_bodies(records: Sequence[CompletionRecord]) -> Iterator[dict[str, lis
         yield {"uids": [r[0] for r in batch], "codes": [int(r[1]) for r in batch],
                "messages": [r[2][:_MAX_MESSAGE] for r in batch]}
         start = end
-
-
-class InboundTable:
-    """Completion records of transfers other engines ran into this one (pop once).
-
-    At most ``max_records`` are kept, each for at most ``ttl`` seconds; past either bound the
-    oldest is dropped, counted in ``dropped`` and logged once.
-    """
-
-    def __init__(self, max_records: int, ttl: float) -> None:
-        self._records: OrderedDict[tuple[str, int], tuple[StatusCode, str, float]] = OrderedDict()
-        self._max = max_records
-        self._ttl = ttl
-        self._lock = threading.Lock()
-        self.dropped = 0
-
-    def record(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
-        """Stores the outcome of transfer ``uid`` from ``remote_key``."""
-        now = time.monotonic()
-        with self._lock:
-            before = self.dropped
-            self._records.pop((remote_key, uid), None)
-            while self._records and (len(self._records) >= self._max or next(iter(self._records.values()))[2] < now - self._ttl):
-                self._records.popitem(last=False)
-                self.dropped += 1
-            self._records[(remote_key, uid)] = (StatusCode(code), message, now)
-        if before == 0 and self.dropped:
-            _log.warning("engine keeps at most %d completion records for %.0f s (MORI_IO_MAX_INBOUND_RECORDS, "
-                         "MORI_IO_INBOUND_RECORD_TTL): dropping the oldest (logged once)", self._max, self._ttl)
-
-    def pop(self, remote_key: str, uid: int) -> TransferStatus | None:
-        """Removes and returns the record, or None when there is none (yet)."""
-        with self._lock:
-            rec = self._records.pop((remote_key, uid), None)
-        return None if rec is None else TransferStatus(rec[0], rec[1])
-
-    def __len__(self) -> int:
-        return len(self._records)
 
 
 class InFlight:

@@ -3,7 +3,9 @@
 The engine owns its control-plane server, its registries and its backends; transfers are checked
 here against the descriptors (so obvious errors fail fast without touching the network), routed
 to a backend (``_router``) and run asynchronously; the target checks every request again against
-what it really registered.
+what it really registered. The class is thin: its parts live in private modules (``_router`` the
+backends, ``_clients`` the control connections, ``_regions`` what registration checks, ``_order``
+the completion order and ``wait_all``, ``_session`` the session, ``_context`` what backends see).
 """
 
 from __future__ import annotations
@@ -20,21 +22,24 @@ from typing import Any
 
 from mori.core import config as mori_config
 from mori.core.batch import Batch
-from mori.core.host import this_host
+from mori.core.inbound import InboundRecords
 from mori.core.log import get_logger
 
-from ._context import EngineContext, engine_handlers, io_timeout
-from ._control import ControlClient, ControlError, ControlServer
+from ._clients import ControlClients
+from ._context import EngineContext, engine_handlers, node_id
+from ._control import ControlServer
 from ._keys import Identity
 from ._limits import Limits
+from ._order import PeerOrder, wait_all
+from ._regions import checked_region, device_bus_id, merge_extra, tensor_region
 from ._registry import (
-    InboundTable,
     InFlight,
     MemoryRegistry,
     RemoteEngines,
     UidAllocator,
 )
-from ._router import choose_backend, rank_backends
+from ._router import Router
+from ._session import IOEngineSession
 from .backends import Backend, Outcome, TransferOp, TransferRequest, backend_factory
 from .types import (
     BackendType,
@@ -51,33 +56,9 @@ __all__ = ["IOEngine", "IOEngineSession"]
 _log = get_logger("io")
 
 
-def _node_id() -> str:
-    """This machine's identity, as MORI resolves it: MORI_NODE_ID, else the boot id (else the
-    hostname), which is mori.core.host's machine."""
-    override = mori_config.get("MORI_NODE_ID")
-    return str(override) if override else this_host().machine
-
-
-def _device_bus_id(device_id: int) -> str:
-    """The PCI bus id of CUDA device ``device_id``, or "" where CUDA cannot tell (no driver here:
-    the region was registered by no backend that needs CUDA)."""
-    from mori.core import cuda as _cuda  # cuda-bindings itself is imported at the first call
-
-    try:
-        _cuda.call("cuInit", 0)  # idempotent; a TCP-only engine may not have initialised CUDA yet
-        raw = _cuda.call("cuDeviceGetPCIBusId", 32, _cuda.call("cuDeviceGet", device_id))
-    except (ImportError, _cuda.CudaError):  # CudaUnavailableError is an ImportError
-        return ""
-    return (raw.decode() if isinstance(raw, bytes) else str(raw)).rstrip("\x00")
-
-
-def _shutdown(backends: dict[BackendType, Backend], server: ControlServer, clients: dict[str, ControlClient]) -> None:
-    for b in list(backends.values()):
-        b.close()
-    backends.clear()
-    for c in list(clients.values()):
-        c.close()
-    clients.clear()
+def _shutdown(backends: Router, server: ControlServer, clients: ControlClients) -> None:
+    backends.close()
+    clients.close()
     server.close()
 
 
@@ -140,12 +121,12 @@ class IOEngine:
         self._memory = MemoryRegistry()
         self._remotes = RemoteEngines()
         self._limits = Limits.from_config()
-        self._inbound = InboundTable(self._limits.max_inbound, self._limits.inbound_ttl)
+        # The one table of completion records every channel writes (control plane, native TCP and UCX).
+        self._inbound = InboundRecords(self._limits.max_inbound, self._limits.inbound_ttl,
+                                       "MORI_IO_MAX_INBOUND_RECORDS, MORI_IO_INBOUND_RECORD_TTL")
         self._inflight = InFlight()
         self._uids = UidAllocator()
-        self._backends: dict[BackendType, Backend] = {}
-        self._ranked: tuple[Backend, ...] = ()  # _backends by priority, for routing
-        self._clients: dict[str, ControlClient] = {}
+        self._backends = Router()
         self._lock = threading.RLock()
         self._identity = Identity(key)  # proves this engine's key to its peers (_keys)
         self._server = ControlServer(config.host, config.port, self._token, self._limits, log=_log,
@@ -153,11 +134,9 @@ class IOEngine:
         # Handlers close over the registries, not the engine, so the engine can be collected.
         self._server.handlers.update(engine_handlers(self._identity, self._memory, self._inbound))
         self._ctx = EngineContext(self, config.host, self._token)
-        self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(),
-                                _node_id())
-        # Per remote engine, the newest transfer started towards it (TransferStatus's order).
-        self._last_status: dict[str, TransferStatus] = {}
-        self._order_lock = threading.Lock()
+        self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(), node_id())
+        self._clients = ControlClients(self._identity, self._token, self._remotes, (config.host, self._server.port))
+        self._order = PeerOrder()  # TransferStatus's order per remote engine
         self._finalizer = weakref.finalize(self, _shutdown, self._backends, self._server, self._clients)
         _log.info("engine %r: control plane on %s:%d", key, config.host, self._server.port)
 
@@ -181,17 +160,15 @@ class IOEngine:
                 return
             backend = backend_factory(type)(self._ctx, config)
             for mem in self._memory.all():
-                self._memory.add(self._merge_extra(mem, backend.register_memory(mem)))
+                self._memory.add(merge_extra(mem, backend.register_memory(mem)))
             for desc in self._remotes.all():
                 backend.register_remote_engine(desc)
-            self._backends[type] = backend
-            self._ranked = rank_backends(self._backends)
+            self._backends.add(type, backend)
 
     def remove_backend(self, type: BackendType) -> None:  # noqa: A002
         """Closes and removes the backend of ``type``; raises ``KeyError`` if there is none."""
         with self._lock:
-            backend = self._backends.pop(BackendType(type), None)
-            self._ranked = rank_backends(self._backends)
+            backend = self._backends.remove(BackendType(type))
         if backend is None:
             raise KeyError(f"engine {self._key!r} has no {BackendType(type).name} backend")
         backend.close()
@@ -206,7 +183,7 @@ class IOEngine:
             raise TypeError(f"expected an EngineDesc, got {type(engine_desc).__name__}")
         with self._lock:
             self._remotes.add(engine_desc)
-            for b in self._backends.values():
+            for b in self._backends:
                 b.register_remote_engine(engine_desc)
 
     def deregister_remote_engine(self, engine_desc: EngineDesc) -> None:
@@ -218,51 +195,27 @@ class IOEngine:
         with self._lock:
             if self._remotes.remove(engine_desc.key) is None:
                 raise KeyError(f"engine {engine_desc.key!r} is not registered with engine {self._key!r}")
-            for b in self._backends.values():
+            for b in self._backends:
                 b.deregister_remote_engine(engine_desc)
-            client = self._clients.pop(engine_desc.key, None)
-        with self._order_lock:
-            self._last_status.pop(engine_desc.key, None)
-        if client is not None:
-            client.close()
+        self._order.forget(engine_desc.key)
+        self._clients.drop(engine_desc.key)
 
     # ---- memory -----------------------------------------------------------------------------------
-    @staticmethod
-    def _merge_extra(desc: MemoryDesc, from_backend: MemoryDesc | None) -> MemoryDesc:
-        if from_backend is not None and from_backend.extra:
-            desc.extra.update(from_backend.extra)
-        return desc
-
     def register_memory(self, ptr: int, size: int, device_id: int, mem_loc: MemoryLocationType) -> MemoryDesc:
         """Registers ``size`` bytes at address ``ptr`` (``device_id`` -1 for host memory)."""
-        for name, v in (("ptr", ptr), ("size", size), ("device_id", device_id)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"register_memory: {name} must be an int, got {type(v).__name__}")
-        if ptr <= 0 or size <= 0 or ptr + size > 1 << 64:
-            raise ValueError(f"register_memory: invalid region ptr={ptr:#x} size={size}")
-        loc = MemoryLocationType(mem_loc)
-        if loc == MemoryLocationType.Unknown:
-            raise ValueError("register_memory: mem_loc must be CPU or GPU")
+        loc = checked_region(ptr, size, device_id, mem_loc)
         desc = MemoryDesc(self._key, self._memory.new_id(), ptr, size, device_id, loc, self._ctx.hostname)
         with self._lock:
-            for b in self._backends.values():
-                desc = self._merge_extra(desc, b.register_memory(desc))
+            for b in self._backends:
+                desc = merge_extra(desc, b.register_memory(desc))
             if loc == MemoryLocationType.GPU:
-                desc = dataclasses.replace(desc, device_bus_id=_device_bus_id(device_id))
+                desc = dataclasses.replace(desc, device_bus_id=device_bus_id(device_id))
             self._memory.add(desc)
         return desc
 
     def register_torch_tensor(self, tensor: Any) -> MemoryDesc:
         """Registers the storage of a contiguous torch tensor (CPU or CUDA)."""
-        if not tensor.is_contiguous():
-            raise ValueError("register_torch_tensor: the tensor must be contiguous")
-        kind = tensor.device.type
-        if kind not in ("cpu", "cuda"):
-            raise ValueError(f"register_torch_tensor: unsupported device {tensor.device}")
-        loc = MemoryLocationType.GPU if kind == "cuda" else MemoryLocationType.CPU
-        index = tensor.device.index
-        return self.register_memory(tensor.data_ptr(), tensor.numel() * tensor.element_size(),
-                                    -1 if index is None else index, loc)
+        return self.register_memory(*tensor_region(tensor))
 
     def deregister_memory(self, mem_desc: MemoryDesc) -> None:
         """Deregisters a region; after this returns no transfer touches it, so it may be freed.
@@ -283,7 +236,7 @@ class IOEngine:
             desc = self._memory.remove(mem_desc.id)
             if desc is None:
                 raise KeyError(f"memory {mem_desc.id} is not registered with engine {self._key!r}")
-            backends = list(self._backends.values())
+            backends = list(self._backends)
         # Outside the engine's lock: the backends wait (up to MORI_IO_TIMEOUT) for remote requests
         # on the region, and meanwhile this engine's other work (connects, notifications) goes on.
         # A backend created from here on never sees the region: it is out of the registry.
@@ -330,11 +283,11 @@ class IOEngine:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
                                                        f"({remote.size} bytes)"
         if problem is None and backend is None:
-            backend = choose_backend(self._ranked, local, remote)
+            backend = self._backends.choose(local, remote)
             if backend is None:
                 problem = StatusCode.ERR_BAD_STATE, (f"no backend of engine {self._key!r} can move {local.loc.name} "
                                                      f"<-> {remote.loc.name} memory (created: "
-                                                     f"{[b.name for b in self._backends] or 'none'})")
+                                                     f"{self._backends.names() or 'none'})")
         if problem is not None:
             return TransferStatus(*problem)
         assert backend is not None and not isinstance(batch, str)
@@ -345,9 +298,7 @@ class IOEngine:
         if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
             status._attach(refusal)
             return status
-        with self._order_lock:
-            status._after(self._last_status.get(remote.engine_key))
-            self._last_status[remote.engine_key] = status
+        self._order.join(remote.engine_key, status)
         # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
         self._inflight.add(local.id, status, backend, remote.engine_key)
         if self._memory.get(local.id) is None:
@@ -419,72 +370,25 @@ class IOEngine:
     def wait_all(statuses: Sequence[TransferStatus], timeout_ms: float = -1) -> StatusCode:
         """Waits for every status, MORI's way: the first error code found wins; ``IN_PROGRESS`` when
         ``timeout_ms`` (< 0: no limit, 0: only look) ran out first; ``SUCCESS`` for an empty list."""
-        if timeout_ms == 0:
-            codes = [s.WaitFor(0) for s in statuses]
-            for code in codes:
-                if code not in (StatusCode.SUCCESS, StatusCode.IN_PROGRESS):
-                    return code
-            return StatusCode.IN_PROGRESS if StatusCode.IN_PROGRESS in codes else StatusCode.SUCCESS
-        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
-        first_error: StatusCode = StatusCode.SUCCESS
-        for status in statuses:
-            left = -1.0 if deadline is None else (deadline - time.monotonic()) * 1000.0
-            if deadline is not None and left <= 0:
-                return first_error if first_error != StatusCode.SUCCESS else StatusCode.IN_PROGRESS
-            code = status.WaitFor(left)
-            if code == StatusCode.IN_PROGRESS:
-                return first_error if first_error != StatusCode.SUCCESS else StatusCode.IN_PROGRESS
-            if code != StatusCode.SUCCESS and first_error == StatusCode.SUCCESS:
-                first_error = code
-        return first_error
+        return wait_all(statuses, timeout_ms)
 
     def create_session(self, local_mem: MemoryDesc, remote_mem: MemoryDesc) -> IOEngineSession | None:
         """A reusable session between two regions, or None when no backend can serve them."""
         if self._reject(local_mem, remote_mem) is not None:
             return None
-        backend = choose_backend(self._ranked, local_mem, remote_mem)
+        backend = self._backends.choose(local_mem, remote_mem)
         return None if backend is None else IOEngineSession(self, local_mem, remote_mem, backend)
 
     def pop_inbound_transfer_status(self, remote_key: str, transfer_uid: int) -> TransferStatus | None:
         """The outcome of transfer ``transfer_uid`` that engine ``remote_key`` ran into this engine,
         removed on return; None while no record has arrived."""
-        status = self._inbound.pop(remote_key, transfer_uid)
-        for b in list(self._backends.values()):
-            if status is not None:
-                break
-            status = b.pop_inbound(remote_key, transfer_uid)
-        return status
+        record = self._inbound.pop(remote_key, transfer_uid)
+        return None if record is None else TransferStatus(StatusCode(record[0]), record[1])
 
     # ---- control plane ------------------------------------------------------------------------------
-    def _control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        desc = self._remotes.get(remote_key)
-        if desc is None:
-            raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {remote_key!r} is not registered")
-        for attempt in range(2):
-            with self._lock:
-                client = self._clients.get(remote_key)
-            if client is None:
-                client = self._control_client(desc)
-                with self._lock:
-                    self._clients[remote_key] = client
-            try:
-                return client.request(op, payload)
-            except ControlError as err:
-                if err.code != StatusCode.ERR_BAD_STATE or attempt == 1:
-                    raise
-                with self._lock:  # a stale connection: reconnect once
-                    self._clients.pop(remote_key, None)
-                client.close()
-        raise AssertionError("unreachable")
-
-    def _control_client(self, desc: EngineDesc) -> ControlClient:
-        """A control connection to ``desc``'s engine, proving this engine's key there."""
-        return ControlClient(desc.host, desc.port, self._key, self._token, io_timeout(),
-                             proof=self._identity.proof_for(desc.key), reach=(self._desc.host, self._desc.port))
-
     def lookup_remote_memory(self, remote_key: str, mem_id: int) -> MemoryDesc:
         """Fetches the descriptor of memory ``mem_id`` from a registered remote engine."""
-        reply = self._control_request(remote_key, "lookup_mem", {"id": int(mem_id)})
+        reply = self._clients.request(remote_key, "lookup_mem", {"id": int(mem_id)})
         return MemoryDesc.unpack(reply["desc"])
 
     def close(self) -> None:
@@ -497,48 +401,3 @@ class IOEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-class IOEngineSession:
-    """A pre-resolved pair of regions: transfers skip routing and registration lookups."""
-
-    def __init__(self, engine: IOEngine, local: MemoryDesc, remote: MemoryDesc, backend: Backend) -> None:
-        self._engine = engine
-        self._local = local
-        self._remote = remote
-        self._backend = backend
-
-    def allocate_transfer_uid(self) -> int:
-        """A transfer id from the owning engine."""
-        return self._engine.allocate_transfer_uid()
-
-    def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
-        """Reads ``size`` bytes from the remote region into the local one."""
-        return self.batch_read([local_offset], [remote_offset], [size], transfer_uid)
-
-    def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
-        """Writes ``size`` bytes from the local region into the remote one."""
-        return self.batch_write([local_offset], [remote_offset], [size], transfer_uid)
-
-    def _backend_now(self) -> Backend:
-        if self._backend.healthy(self._remote.engine_key):
-            return self._backend
-        return choose_backend(self._engine._ranked, self._local, self._remote) or self._backend
-
-    def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                   transfer_uid: int) -> TransferStatus:
-        """Reads many blocks as one transfer."""
-        return self._engine._submit(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets,
-                                    sizes, transfer_uid, self._backend_now())
-
-    def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                    transfer_uid: int) -> TransferStatus:
-        """Writes many blocks as one transfer."""
-        return self._engine._submit(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets,
-                                    sizes, transfer_uid, self._backend_now())
-
-    def alive(self) -> bool:
-        """Whether both regions and the remote engine are still registered and a backend is healthy."""
-        with contextlib.suppress(Exception):
-            return (self._engine._reject(self._local, self._remote) is None
-                    and self._backend_now().healthy(self._remote.engine_key))
-        return False

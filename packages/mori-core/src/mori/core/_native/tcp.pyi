@@ -2,6 +2,7 @@
 from typing import SupportsFloat, SupportsIndex
 
 from .batch import Batch
+from .inbound import InboundRecords
 
 _Int = SupportsIndex
 
@@ -24,7 +25,7 @@ class Target:
     def __init__(self, host: str, port: _Int, token: str, io_timeout: SupportsFloat, max_connections: _Int = 1024,
                  max_handshakes: _Int = 64, hello_timeout: SupportsFloat = 10.0, max_inbound: _Int = 1048576,
                  inbound_ttl: SupportsFloat = 3600.0, timeout_setting: str = "io_timeout",
-                 max_per_key: _Int = 64) -> None: ...
+                 max_per_key: _Int = 64, inbound: InboundRecords | None = None) -> None: ...
     @property
     def port(self) -> int: ...
     def register_region(self, mem_id: _Int, addr: _Int, size: _Int) -> None: ...

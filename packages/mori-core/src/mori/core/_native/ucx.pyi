@@ -4,6 +4,7 @@ from typing import SupportsFloat, SupportsIndex
 from numpy.typing import ArrayLike
 
 from .batch import Batch
+from .inbound import InboundRecords
 
 _Int = SupportsIndex
 
@@ -38,7 +39,7 @@ class UcxEngine:
     def __init__(self, name: str = "mori", settings: list[tuple[str, str]] = [], workers: _Int = 1, lanes: _Int = 1,
                  polling: bool = True, timeout: SupportsFloat = 30.0, timeout_setting: str = "timeout",
                  rma: bool = False, max_inbound: _Int = 1048576, inbound_ttl: SupportsFloat = 3600.0,
-                 max_tickets: _Int = 65536) -> None: ...
+                 max_tickets: _Int = 65536, inbound: InboundRecords | None = None) -> None: ...
     @property
     def addresses(self) -> list[bytes]: ...
     @property

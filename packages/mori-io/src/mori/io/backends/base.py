@@ -25,11 +25,12 @@ from typing import Any
 
 from mori.core.batch import Batch
 from mori.core.codes import TransferOp
+from mori.core.inbound import InboundRecords
 
 from .._completion import Completion, Deferred, Outcome
 from .._control import ControlError
 from .._limits import Limits
-from ..types import BackendType, EngineDesc, MemoryDesc, StatusCode, TransferStatus
+from ..types import BackendType, EngineDesc, MemoryDesc, TransferStatus
 
 __all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "Completion", "ControlError", "ControlHandler",
            "Deferred", "Outcome"]
@@ -66,6 +67,10 @@ class BackendContext(abc.ABC):
     engine_key: str
     host: str  # address the engine listens on (data planes bind here too)
     limits: Limits  # what peers may consume (connections, hello time, completion records)
+    # The engine's one table of completion records (IOEngine.pop_inbound_transfer_status reads
+    # it): a data plane that orders a record after the bytes writes into it in-band (hand it to
+    # the native TCP target or UCX engine; a Python backend calls its ``record``).
+    inbound: InboundRecords
     hostname: str
     log: logging.Logger
 
@@ -108,17 +113,13 @@ class BackendContext(abc.ABC):
         """
 
     @abc.abstractmethod
-    def record_inbound(self, remote_key: str, uid: int, code: StatusCode, message: str = "") -> None:
-        """Records that a transfer ``uid`` from ``remote_key`` into this engine finished, for
-        :meth:`IOEngine.pop_inbound_transfer_status`."""
-
-    @abc.abstractmethod
     def send_completions(self, remote_key: str, records: Sequence[tuple[int, int, str]]) -> None:
         """Tells the registered remote engine ``remote_key`` that transfers from this engine into
         it finished: ``records`` are (uid, final ``StatusCode``, message), which it records for
         :meth:`IOEngine.pop_inbound_transfer_status`. Sent over the control plane (its ``notify``
         op, in as few requests as its batch bound allows) after the caller's bytes have landed;
-        a backend whose data plane orders the record after the bytes records in-band instead.
+        a backend whose data plane orders the record after the bytes records in-band instead
+        (into :attr:`inbound`).
         Never raises: records that cannot be delivered are logged, and the target finds none."""
 
 
@@ -175,10 +176,6 @@ class Backend(abc.ABC):
         none of them touches memory any more (``deregister_memory`` calls it for transfers that
         outlived ``MORI_IO_TIMEOUT``). The default does nothing: transfers that always end in
         bounded time need no more."""
-
-    def pop_inbound(self, remote_key: str, uid: int) -> TransferStatus | None:
-        """An inbound completion recorded by this backend itself (not through the context)."""
-        return None
 
     @abc.abstractmethod
     def close(self) -> None:

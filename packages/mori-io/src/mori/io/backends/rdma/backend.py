@@ -33,7 +33,6 @@ from ...types import (
     PollCqMode,
     RdmaBackendConfig,
     StatusCode,
-    TransferStatus,
 )
 from .._connect import PeerConnector
 from ..base import Backend, BackendContext, Completion, ControlError, Outcome, TransferRequest
@@ -121,13 +120,11 @@ class RdmaBackend(Backend):
                     "MORI_UCX_LIB), or allow other UCX transports with MORI_IO_RDMA_TRANSPORTS (e.g. "
                     "'tcp,sm,self' to run the RDMA backend over TCP).")
         settings = _settings(transports, devices)
-        lim = ctx.limits
         try:
             self._engine = ucx.UcxEngine(
                 f"mori-io:{ctx.engine_key}"[:31], settings, workers=_worker_count(config),
                 lanes=config.qp_per_transfer, polling=PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING,
-                timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT", max_inbound=lim.max_inbound,
-                inbound_ttl=lim.inbound_ttl)
+                timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT", inbound=ctx.inbound)
         except (RuntimeError, ValueError) as err:
             chosen = ", ".join(f"{n}={v}" for n, v in settings) or "UCX's defaults"
             raise RuntimeError(f"BackendType.RDMA: UCX finds no usable transport or device ({chosen}: {err}); "
@@ -243,12 +240,6 @@ class RdmaBackend(Backend):
         if peer is not None:
             # Forced close: the peer's transfers fail and UCX cancels what they had posted.
             peer.fail(f"transfers to engine {remote_key!r} were aborted (MORI_IO_TIMEOUT)")
-
-    def pop_inbound(self, remote_key: str, uid: int) -> TransferStatus | None:
-        code = self._engine.pop_inbound(remote_key, uid)
-        if code is None:
-            return None
-        return TransferStatus(StatusCode(code) if code in StatusCode._value2member_map_ else StatusCode.ERR_BAD_STATE)
 
     def close(self) -> None:
         if self._closed:

@@ -23,7 +23,6 @@ from ...types import (
     MemoryLocationType,
     StatusCode,
     TcpBackendConfig,
-    TransferStatus,
 )
 from .._connect import PeerConnector
 from ..base import Backend, BackendContext, Completion, ControlError, TransferRequest
@@ -53,8 +52,8 @@ class TcpBackend(Backend):
         lim = ctx.limits
         self._target = _tcp.Target(ctx.host, 0, ctx.auth_token(), ctx.io_timeout(),
                                    max_connections=lim.max_connections, max_handshakes=lim.max_handshakes,
-                                   hello_timeout=lim.hello_timeout, max_inbound=lim.max_inbound,
-                                   inbound_ttl=lim.inbound_ttl, timeout_setting="MORI_IO_TIMEOUT")
+                                   hello_timeout=lim.hello_timeout, timeout_setting="MORI_IO_TIMEOUT",
+                                   inbound=ctx.inbound)
         self._peers: dict[str, Any] = {}
         self._connector = PeerConnector("TCP", self._connect_peer, self._start)
         self._remote_chunk: dict[str, int] = {}
@@ -175,10 +174,6 @@ class TcpBackend(Backend):
             return self._staging().submit(peer, request, self._remote_chunk.get(key, self._chunk))
         return peer.submit(request.op, request.batch, request.remote.id, request.uid,
                            request.notify and self.config.enable_notification, self.config.stripe_bytes)
-
-    def pop_inbound(self, remote_key: str, uid: int) -> TransferStatus | None:
-        code = self._target.pop_inbound(remote_key, uid)
-        return None if code is None else TransferStatus(StatusCode(code))
 
     def close(self) -> None:
         self._closed = self._connector.closed = True  # connecting threads fail their transfers from now on

@@ -1,0 +1,58 @@
+"""MORI's ``IOEngineSession``: a pre-resolved pair of regions of an :class:`~mori.io.IOEngine`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .backends import Backend, TransferOp
+from .types import MemoryDesc, TransferStatus
+
+if TYPE_CHECKING:
+    from .engine import IOEngine
+
+__all__ = ["IOEngineSession"]
+
+
+class IOEngineSession:
+    """A pre-resolved pair of regions: transfers skip routing and registration lookups."""
+
+    def __init__(self, engine: IOEngine, local: MemoryDesc, remote: MemoryDesc, backend: Backend) -> None:
+        self._engine, self._local, self._remote, self._backend = engine, local, remote, backend
+
+    def allocate_transfer_uid(self) -> int:
+        """A transfer id from the owning engine."""
+        return self._engine.allocate_transfer_uid()
+
+    def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+        """Reads ``size`` bytes from the remote region into the local one."""
+        return self.batch_read([local_offset], [remote_offset], [size], transfer_uid)
+
+    def write(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
+        """Writes ``size`` bytes from the local region into the remote one."""
+        return self.batch_write([local_offset], [remote_offset], [size], transfer_uid)
+
+    def _backend_now(self) -> Backend:
+        if self._backend.healthy(self._remote.engine_key):
+            return self._backend
+        return self._engine._backends.choose(self._local, self._remote) or self._backend
+
+    def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+                   transfer_uid: int) -> TransferStatus:
+        """Reads many blocks as one transfer."""
+        return self._engine._submit(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets,
+                                    sizes, transfer_uid, self._backend_now())
+
+    def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
+                    transfer_uid: int) -> TransferStatus:
+        """Writes many blocks as one transfer."""
+        return self._engine._submit(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets,
+                                    sizes, transfer_uid, self._backend_now())
+
+    def alive(self) -> bool:
+        """Whether both regions and the remote engine are still registered and a backend is healthy."""
+        with contextlib.suppress(Exception):
+            return (self._engine._reject(self._local, self._remote) is None
+                    and self._backend_now().healthy(self._remote.engine_key))
+        return False
