@@ -5,12 +5,16 @@
 # ships a third copy of each), stripped of symbols, without headers, static libraries and the
 # ucx_* binaries. Output: .devkit/ucx/*.whl, installed by ci/device/io.sh, which then runs
 # ci/device/rdma_gpu.py. Run from the repository root.
+# `bash ci/device/ucx_kit.sh cu12` makes .devkit/ucx-cu12 from libucx-cu12 instead, for a device
+# whose driver predates CUDA 13 (its UCX cannot load the cu13 build's CUDA transports);
+# ci/device/shmem_proxy.sh picks the one that matches the driver.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
-out="$root/.devkit/ucx"
+cuda=${1:-cu13}
+case $cuda in cu12) out="$root/.devkit/ucx-cu12" ;; cu13) out="$root/.devkit/ucx" ;; *) echo "usage: $0 [cu12|cu13]" >&2; exit 2 ;; esac
 rm -rf "$out"
 mkdir -p "$out/download"
-python3 -m pip download -q --no-deps --only-binary=:all: -d "$out/download" libucx-cu13
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$out/download" "libucx-$cuda"
 python3 - "$out" <<'PY'
 import base64
 import hashlib

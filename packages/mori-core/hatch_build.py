@@ -18,6 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
+INCLUDE = HERE / "include"
 OUT_DIR = HERE / "src" / "mori" / "core"
 BUILD_DIR = HERE / "build" / "native"  # objects go in a folder per Python ABI (see build_native)
 
@@ -59,10 +60,10 @@ def build_native() -> Path:
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = [
         "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
-        f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}", f"-I{CSRC}",
+        f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}", f"-I{CSRC}", f"-I{INCLUDE}",
     ]
     sources = sorted(CSRC.glob("*.cpp"))
-    headers = list(CSRC.glob("*.hpp"))
+    headers = [*CSRC.glob("*.hpp"), INCLUDE / "mori" / "device" / "proxy_ring.cuh"]  # the layout shared with device code
     newest_header = max((h.stat().st_mtime for h in headers), default=0.0)
 
     def compile_one(src: Path) -> Path:

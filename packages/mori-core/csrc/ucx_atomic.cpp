@@ -75,6 +75,9 @@ T apply(T* word, uint8_t op, T value, T compare) {
         case kAtomicCompareSwap:
             __atomic_compare_exchange_n(word, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
             return compare;  // the old value, whether or not it was replaced
+        case kAtomicFetchAnd: return __atomic_fetch_and(word, value, __ATOMIC_SEQ_CST);
+        case kAtomicFetchOr: return __atomic_fetch_or(word, value, __ATOMIC_SEQ_CST);
+        case kAtomicFetchXor: return __atomic_fetch_xor(word, value, __ATOMIC_SEQ_CST);
         default: return __atomic_exchange_n(word, value, __ATOMIC_SEQ_CST);  // swap, store
     }
 }
@@ -106,21 +109,34 @@ namespace {
 
 // Checks a request's atomic (magic, op, width) without touching memory; false when malformed.
 bool well_formed(const AtomicRequest& h) {
-    return h.magic == kMagic && h.op >= kAtomicFetchAdd && h.op <= kAtomicStore && (h.width == 32 || h.width == 64) &&
+    return h.magic == kMagic && h.op >= kAtomicFetchAdd && h.op <= kAtomicLast && (h.width == 32 || h.width == 64) &&
            h.reserved == 0;
 }
 
-// Why the word of h may not be touched (kReasonNone when it may), r its pinned region or null.
-uint32_t word_reason(const std::shared_ptr<Region>& r, const AtomicRequest& h) {
+// Why the word of h may not be touched (kReasonNone when it may), r its pinned region or null;
+// GPU memory only where the engine serves it (gpu).
+uint32_t word_reason(const std::shared_ptr<Region>& r, const AtomicRequest& h, const GpuWords* gpu) {
     const uint64_t bytes = h.width / 8;
     if (!r) return kReasonMemory;
     if (!r->contains(h.offset, bytes)) return kReasonRange;
     if ((r->addr + h.offset) % bytes != 0) return kReasonAlign;
-    return r->memType != api::kMemoryHost ? kReasonGpu : kReasonNone;
+    return r->memType != api::kMemoryHost && gpu == nullptr ? kReasonGpu : kReasonNone;
 }
 
-uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h) {
+// Applies h to its word (checked by word_reason): on GPU memory through the engine's GPU
+// operations, after copying a signal put's bytes (data, bytes) to device address dst when given.
+// A driver failure sets reason to kReasonFailed.
+uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
+                    uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
     const uint64_t addr = r->addr + h.offset;
+    if (r->memType != api::kMemoryHost) {
+        try {
+            return gpu->apply(addr, h.op, h.width, h.value, h.compare, dst, data, bytes);
+        } catch (const std::exception&) {
+            reason = kReasonFailed;
+            return 0;
+        }
+    }
     return h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.value, h.compare)
                          : apply(reinterpret_cast<uint32_t*>(addr), h.op, static_cast<uint32_t>(h.value),
                                  static_cast<uint32_t>(h.compare));
@@ -173,8 +189,9 @@ api::Status on_atomic_request(void* arg, const void* header, size_t headerLength
     if (!admitted(eng, h, param)) return api::kOk;
     // Checked while pinned: a deregistration waits for the operation.
     std::shared_ptr<Region> r = eng.pin_region(h.memId);
-    const uint32_t reason = word_reason(r, h);
-    const uint64_t old = reason == kReasonNone ? apply_word(r, h) : 0;
+    const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
+    uint32_t reason = word_reason(r, h, gpu.get());
+    const uint64_t old = reason == kReasonNone ? apply_word(r, h, gpu.get(), reason) : 0;
     unpin(r);
     answer(eng, param->replyEp, h, reason, old);
     return api::kOk;
@@ -198,16 +215,30 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
     // Both places are checked, and pinned, before either is touched: a refusal writes nothing.
     std::shared_ptr<Region> dr = eng.pin_region(h.dataMemId);
     std::shared_ptr<Region> sr = eng.pin_region(h.signal.memId);
-    uint32_t reason = !dr                                      ? kReasonMemory
-                      : !dr->contains(h.dataOffset, h.dataSize) ? kReasonRange
-                      : dr->memType != api::kMemoryHost        ? kReasonGpu
-                      : length != h.dataSize                   ? kReasonShape
-                                                               : kReasonNone;
-    if (reason == kReasonNone) reason = word_reason(sr, h.signal);
+    const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
+    uint32_t reason = !dr                                                   ? kReasonMemory
+                      : !dr->contains(h.dataOffset, h.dataSize)              ? kReasonRange
+                      : dr->memType != api::kMemoryHost && gpu == nullptr   ? kReasonGpu
+                      : length != h.dataSize                                ? kReasonShape
+                                                                            : kReasonNone;
+    if (reason == kReasonNone) reason = word_reason(sr, h.signal, gpu.get());
     uint64_t old = 0;
     if (reason == kReasonNone) {
-        if (length != 0) std::memcpy(reinterpret_cast<void*>(dr->addr + h.dataOffset), data, length);
-        old = apply_word(sr, h.signal);  // sequentially consistent: after the data for any observer
+        const uint64_t dst = dr->addr + h.dataOffset;
+        if (dr->memType == api::kMemoryHost) {
+            if (length != 0) std::memcpy(reinterpret_cast<void*>(dst), data, length);
+            // sequentially consistent (host) or after the copy's end (GPU): after the data for any observer
+            old = apply_word(sr, h.signal, gpu.get(), reason);
+        } else if (sr->memType != api::kMemoryHost) {
+            old = apply_word(sr, h.signal, gpu.get(), reason, dst, data, length);  // the copy, then the kernel
+        } else {
+            try {
+                gpu->apply(0, 0, 0, 0, 0, dst, data, length);
+                old = apply_word(sr, h.signal, gpu.get(), reason);
+            } catch (const std::exception&) {
+                reason = kReasonFailed;
+            }
+        }
     }
     unpin(dr);
     unpin(sr);
@@ -324,7 +355,7 @@ void exchange(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pendin
 uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
                        uint64_t compare, int width, double timeout) {
     if (width != 32 && width != 64) throw std::invalid_argument("width must be 32 or 64, got " + std::to_string(width));
-    if (op < kAtomicFetchAdd || op > kAtomicStore)
+    if (op < kAtomicFetchAdd || op > kAtomicLast)
         throw std::invalid_argument("unknown atomic operation " + std::to_string(op));
     if (width == 32 && (value >> 32 != 0 || compare >> 32 != 0))
         throw std::invalid_argument("value and compare must fit in 32 bits");

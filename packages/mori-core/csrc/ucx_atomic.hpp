@@ -1,15 +1,16 @@
 // Remote atomics on the UCX engine (what OpenSHMEM-style callers need beyond bulk puts and gets):
-// fetch-add, compare-swap, swap and store on a 32- or 64-bit word of a peer engine's registered
-// host memory, each returning the word's old value; and signal puts (a small put, then an atomic on
-// a signal word, in one message).
+// fetch-add, compare-swap, swap, store, fetch-and, fetch-or and fetch-xor on a 32- or 64-bit word
+// of a peer engine's registered memory, each returning the word's old value; and signal puts (a
+// small put, then an atomic on a signal word, in one message).
 //
 // They travel on the engine's checked path: an active message (kAmAtomic) names (remote memory
 // id, offset, width) and carries the ticket the target issued; the target checks it against its
-// live registrations (the region pinned meanwhile, the word inside it and aligned, host memory)
-// before it touches a byte, applies the operation with a sequentially consistent atomic, and
-// answers on the same endpoint pair (kAmAtomicReply) with the old value, or why it refused.
-// Transports whose NICs do atomics in hardware could use UCX's own AMOs instead; this path is
-// the one that is safe on every transport (tcp, sm, cma).
+// live registrations (the region pinned meanwhile, the word inside it and aligned) before it
+// touches a byte, applies the operation with a sequentially consistent atomic (host memory) or a
+// system-scope atomic on the device (GPU memory, where the engine serves it: ucx_gpu.hpp; else
+// refused), and answers on the same endpoint pair (kAmAtomicReply) with the old value, or why it
+// refused. Transports whose NICs do atomics in hardware could use UCX's own AMOs instead; this
+// path is the one that is safe on every transport (tcp, sm, cma).
 #pragma once
 
 #include <cstddef>
@@ -24,7 +25,16 @@ constexpr unsigned kAmAtomic = 0x4d38, kAmAtomicReply = 0x4d39, kAmSignalPut = 0
 // as an engine transfer followed by the signal's atomic.
 constexpr size_t kMaxSignalPutBytes = 16 << 10;
 
-enum AtomicOp : uint8_t { kAtomicFetchAdd = 1, kAtomicCompareSwap = 2, kAtomicSwap = 3, kAtomicStore = 4 };
+enum AtomicOp : uint8_t {
+    kAtomicFetchAdd = 1,
+    kAtomicCompareSwap = 2,
+    kAtomicSwap = 3,
+    kAtomicStore = 4,
+    kAtomicFetchAnd = 5,
+    kAtomicFetchOr = 6,
+    kAtomicFetchXor = 7,
+    kAtomicLast = kAtomicFetchXor,
+};
 
 // Applies op to the width-bit (32 or 64) word at offset of the peer's memory memId and returns
 // its old value. Blocks the caller (GIL released by the bindings) until the target answered,

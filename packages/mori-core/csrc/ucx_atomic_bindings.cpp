@@ -15,8 +15,9 @@ mori::native::Registration reg([](py::module_& root) {
         "ucx_atomic",
         [](mori::ucx::Engine& engine, mori::ucx::Peer& peer, int op, uint64_t memId, uint64_t offset, uint64_t value,
            uint64_t compare, int width, double timeout) {
-            if (op < mori::ucx::kAtomicFetchAdd || op > mori::ucx::kAtomicStore)
-                throw std::invalid_argument("op must be 1 (fetch_add), 2 (compare_swap), 3 (swap) or 4 (store), got " +
+            if (op < mori::ucx::kAtomicFetchAdd || op > mori::ucx::kAtomicLast)
+                throw std::invalid_argument("op must be 1 (fetch_add), 2 (compare_swap), 3 (swap), 4 (store), "
+                                            "5 (fetch_and), 6 (fetch_or) or 7 (fetch_xor), got " +
                                             std::to_string(op));
             py::gil_scoped_release release;
             return mori::ucx::remote_atomic(engine, peer, static_cast<mori::ucx::AtomicOp>(op), memId, offset, value,
@@ -24,7 +25,7 @@ mori::native::Registration reg([](py::module_& root) {
         },
         py::arg("engine"), py::arg("peer"), py::arg("op"), py::arg("mem_id"), py::arg("offset"), py::arg("value"),
         py::arg("compare"), py::arg("width"), py::arg("timeout"),
-        "Applies op (1 fetch_add, 2 compare_swap, 3 swap, 4 store) to the width-bit word at offset of the peer's "
+        "Applies op (1 fetch_add, 2 compare_swap, 3 swap, 4 store, 5 fetch_and, 6 fetch_or, 7 fetch_xor) to the width-bit word at offset of the peer's "
         "memory mem_id; returns its old value. ValueError when the target refused, RuntimeError when the peer "
         "failed or did not answer within timeout seconds.");
     m.attr("UCX_MAX_SIGNAL_PUT_BYTES") = mori::ucx::kMaxSignalPutBytes;
@@ -41,6 +42,24 @@ mori::native::Registration reg([](py::module_& root) {
         "Writes size bytes from host address src at offset of the peer's memory mem_id, then applies op (1 "
         "fetch_add, 4 store) with value to the 64-bit word at sig_offset of its memory sig_mem_id, in one message; "
         "errors as ucx_atomic's. size is at most UCX_MAX_SIGNAL_PUT_BYTES.");
+    m.def(
+        "ucx_serve_gpu",
+        [](mori::ucx::Engine& engine, uintptr_t context, uintptr_t function, uintptr_t stream, uintptr_t result,
+           uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t launchKernel, uintptr_t streamSynchronize,
+           uintptr_t memcpyHtoDAsync) {
+            mori::ucx::GpuWordsConfig c{context,       function,     stream,           result,
+                                        resultDev,     ctxSetCurrent, launchKernel,    streamSynchronize,
+                                        memcpyHtoDAsync};
+            engine.set_gpu_words(std::make_shared<mori::ucx::GpuWords>(c));
+        },
+        py::arg("engine"), py::arg("context"), py::arg("function"), py::arg("stream"), py::arg("result"),
+        py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("launch_kernel"), py::arg("stream_synchronize"),
+        py::arg("memcpy_htod_async"),
+        "Serves remote atomics and signal puts on the engine's GPU regions with this kernel, stream and result "
+        "word (handles and driver entry points as addresses; see mori.core.ucx_atomic.serve_gpu).");
+    m.def(
+        "ucx_stop_serving_gpu", [](mori::ucx::Engine& engine) { engine.set_gpu_words(nullptr); }, py::arg("engine"),
+        "Refuses remote atomics and signal puts on GPU regions again (before their resources are freed).");
 });
 
 }  // namespace

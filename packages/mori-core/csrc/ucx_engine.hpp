@@ -38,6 +38,7 @@
 #include "inbound.hpp"
 #include "transfer.hpp"
 #include "ucx_api.hpp"
+#include "ucx_gpu.hpp"
 #include "ucx_lib.hpp"
 
 namespace mori::ucx {
@@ -288,6 +289,16 @@ public:
     // Transports UCX found for this context (ucp_context_print_info).
     std::string describe() const;
     bool cuda_supported() const { return cuda_; }
+    // How remote atomics and signal puts reach this engine's GPU regions (ucx_gpu.hpp); without
+    // it they are refused (kReasonGpu).
+    void set_gpu_words(std::shared_ptr<GpuWords> g) {
+        std::lock_guard lk(gpuMu_);
+        gpu_ = std::move(g);
+    }
+    std::shared_ptr<GpuWords> gpu_words() const {
+        std::lock_guard lk(gpuMu_);
+        return gpu_;
+    }
     bool closed() const { return closed_.load(); }
     Worker& worker(size_t i) { return *workers_[i]; }
     std::shared_ptr<Worker> worker_ptr(size_t i) { return workers_[i]; }
@@ -300,6 +311,8 @@ private:
     EngineOptions opts_;
     api::Context* ctx_ = nullptr;
     bool cuda_ = false;
+    mutable std::mutex gpuMu_;
+    std::shared_ptr<GpuWords> gpu_;
     std::vector<std::shared_ptr<Worker>> workers_;
     mutable std::shared_mutex regionsMu_;
     std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;

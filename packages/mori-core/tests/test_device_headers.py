@@ -378,9 +378,13 @@ CONTRACT_LAYOUT = {
     "__builtin_offsetof(GpuStates, peerHeapBases)": 24, "sizeof(GpuStates::peerHeapBases)": 8,
     "__builtin_offsetof(GpuStates, flags)": 32, "sizeof(GpuStates::flags)": 4,
     "__builtin_offsetof(GpuStates, reserved0)": 36,
-    "__builtin_offsetof(GpuStates, reserved)": 40, "sizeof(GpuStates::reserved)": 24,
+    "__builtin_offsetof(GpuStates, proxyRing)": 40, "sizeof(GpuStates::proxyRing)": 8,
+    "__builtin_offsetof(GpuStates, proxyTickets)": 48, "sizeof(GpuStates::proxyTickets)": 8,
+    "__builtin_offsetof(GpuStates, reserved)": 56, "sizeof(GpuStates::reserved)": 8,
     "kMaxPes": 64, "kInternalBytes": 64 * 1024, "kBarrierEpochOffset": 0, "kBarrierSlotsOffset": 64,
-    "kScratchOffset": 4096, "kFlagP2pDisabled": 1,
+    "kScratchOffset": 4096, "kFlagP2pDisabled": 1, "kFlagProxy": 2,
+    # The proxy ring's layout, shared with mori-core's native proxy.
+    "sizeof(ProxySlot)": 64, "sizeof(ProxyHeader)": 64, "kProxySlots": 1024,
     # The codes' one definition is mori.core.codes: the headers must agree with it.
     **{f"kCmp{c.name.capitalize()}": c.value for c in Cmp},
     **{f"kSignal{op.name.capitalize()}": op.value for op in SignalOp},

@@ -59,7 +59,15 @@ def test_every_operation_at_both_widths(pair: Pair) -> None:
     assert pair("fetch_add", 8, 3, width=32) == 0xFFFFFFFF and pair("fetch_add", 12, 1, width=32) == 0
     assert w[1] == (1 << 32) | 2
     assert pair("compare_swap", 12, 9, compare=1, width=32) == 1 and w[1] == (9 << 32) | 2
-    assert set(OPS) == {"fetch_add", "compare_swap", "swap", "store"}
+    w[0] = 0b1100
+    assert pair("fetch_and", 0, 0b1010) == 0b1100 and w[0] == 0b1000
+    assert pair("fetch_or", 0, 0b0011) == 0b1000 and w[0] == 0b1011
+    assert pair("fetch_xor", 0, 0b1111) == 0b1011 and w[0] == 0b0100
+    w[1] = (7 << 32) | 0xF0
+    assert pair("fetch_xor", 8, 0xFF, width=32) == 0xF0 and w[1] == (7 << 32) | 0x0F  # the other half unchanged
+    assert pair("fetch_and", 12, 2, width=32) == 7 and pair("fetch_or", 12, 8, width=32) == 2
+    assert w[1] == (10 << 32) | 0x0F
+    assert set(OPS) == {"fetch_add", "compare_swap", "swap", "store", "fetch_and", "fetch_or", "fetch_xor"}
 
 
 @pytest.mark.parametrize(("offset", "width", "mem_id", "reason"), [

@@ -6,7 +6,9 @@ by NVRTC against mori's headers: put ring, get ring, put with signal + wait_unti
 every PE, device barrier, p/g/ptr and shmem_barrier_on_stream; (2) the CPU suite's host-API and
 RMA checks on the GPU heap; (3) tensors on the heap; (4) finalize and init again. Heap mode comes
 from MORI_SHMEM_MODE. Prints one line per passed check on rank 0 and exits non-zero on the first
-failure.
+failure. With MORI_DISABLE_P2P set, every peer is reached through the remote transport: the same
+kernels go through the device proxy, host calls through the UCX engine, and the checks of what
+P2P alone gives (peer pointers and tensors) expect their refusals instead.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from mori.shmem._cuda import launch
 from mori.shmem._kernels import load_module
 
 RANK = int(os.environ["RANK"])
+# MORI_DISABLE_P2P: every peer is reached through the remote transport (kernels: the device proxy).
+REMOTE = os.environ.get("MORI_DISABLE_P2P", "").lower() in ("on", "1", "true")
 
 
 class TorchPool:
@@ -145,8 +149,9 @@ def device_api_checks(k: Kernels, nbytes: int) -> None:
     sync_all()
     k("p_g_ptr", 1, 1, word.data_ptr(), pg.data_ptr())
     sync_all()
-    expect("p/g/ptr", pg.tolist() == [left + 1, (me - 2) % n + 1], pg.tolist())
-    ok("device p, g, ShmemPtr")
+    # Through the proxy ShmemPtr has no address for a peer: the kernel reads ~0 instead.
+    expect("p/g/ptr", pg.tolist() == [left + 1, -1 if REMOTE else (me - 2) % n + 1], pg.tolist())
+    ok("device p, g, ShmemPtr" + (" (0 for every peer: all through the proxy)" if REMOTE else ""))
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -185,12 +190,19 @@ def tensor_checks() -> None:
     src = torch.full((64, 7168), float(me + 10), dtype=torch.bfloat16, device=t.device)
     sync_all()
     for pe in range(n):
+        if REMOTE and pe != me:
+            try:
+                shmem.shmem_peer_tensor(t, pe)
+            except ValueError:
+                continue
+            raise AssertionError(f"shmem_peer_tensor of PE {pe} on PE {me} did not refuse a PE reached remotely")
         expect("peer tensor", bool(torch.all(shmem.shmem_peer_tensor(t, pe) == float(pe))), pe)
     sync_all()
     shmem.shmem_putmem(t, src, (me + 1) % n)  # a CUDA tensor as the source of a host put
     sync_all()
     expect("put from CUDA tensor", bool(torch.all(t == float((me - 1) % n + 10))))
-    expect("ptr_p2p", all(shmem.shmem_ptr_p2p(t.data_ptr(), me, pe) != 0 for pe in range(n)))
+    expect("ptr_p2p", all((shmem.shmem_ptr_p2p(t.data_ptr(), me, pe) != 0) == (pe == me or not REMOTE)
+                          for pe in range(n)))
     info = shmem.shmem_heap_info()
     expect("heap kind", info["kind"] == "gpu" and info["mode"] == os.environ.get("MORI_SHMEM_MODE", "static"), info)
     sync_all()

@@ -59,6 +59,17 @@ def test_device_api_and_host_api(nproc: int, mode: str) -> None:
 
 
 @pytest.mark.parametrize("nproc", PES)
+@pytest.mark.parametrize("mode", ["static", "vmm"])
+def test_every_peer_through_the_proxy(nproc: int, mode: str) -> None:
+    """The same checks with MORI_DISABLE_P2P=ON: kernels reach every peer through the device proxy,
+    host calls through the UCX engine (TCP and UCX's CUDA copies, as between hosts)."""
+    out = _torchrun("gpu_worker.py", nproc, {"MORI_SHMEM_MODE": mode, "MORI_SHMEM_HEAP_SIZE": "512M",
+                                             "MORI_SHMEM_VMM_CHUNK_SIZE": "4M", "MORI_DISABLE_P2P": "ON",
+                                             "UCX_TLS": "tcp,cuda_copy,self", "MORI_SHMEM_TIMEOUT": "30"})
+    assert "ok  finalize, then init again" in out and "all through the proxy" in out
+
+
+@pytest.mark.parametrize("nproc", PES)
 def test_quick_reference_as_written(nproc: int) -> None:
     out = _torchrun("gpu_quickref.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "256M"})
     assert out.count("quick reference ok") == nproc

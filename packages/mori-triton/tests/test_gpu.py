@@ -132,8 +132,12 @@ def test_kernel_b_put_signal(world, shape):
     from mori.triton.kernels import allreduce_put_signal_kernel
 
     rank, n = world
-    cpp = 8
     sym_in = shmem.shmem_tensor(shape, torch.bfloat16)
+    # The seed's grid choice: P2P peers take 8 chunks each (grid 8 n); when the host sees no P2P
+    # address for a peer (another host, or MORI_DISABLE_P2P: "IBGDA mode", here the device proxy)
+    # one block per PE (CHUNKS_PER_PE=1, grid n).
+    p2p = all(shmem.shmem_ptr_p2p(sym_in.data_ptr(), rank, pe) != 0 for pe in range(n))
+    cpp = 8 if p2p else 1
     recv = shmem.shmem_tensor((n, *shape), torch.bfloat16)
     sig = shmem.shmem_tensor((1,), torch.uint64)
     try:

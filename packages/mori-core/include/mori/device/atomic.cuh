@@ -1,5 +1,7 @@
-// Remote atomics over P2P (NVLink carries them natively): fetching and non-fetching add, inc,
-// and, or, xor; swap, compare-swap, fetch and set, on 32- and 64-bit integers.
+// Remote atomics over P2P (NVLink carries them natively), or through the proxy for PEs that are
+// not mapped here (proxy.cuh: a fetching atomic waits for the proxy's answer, a non-fetching one is
+// complete after quiet): fetching and non-fetching add, inc, and, or, xor; swap, compare-swap,
+// fetch and set, on 32- and 64-bit integers.
 //
 // All are relaxed at system scope: atomic with respect to every other mori atomic on the same
 // word from any PE, but unordered with respect to puts; order them with ShmemFence/ShmemQuiet,
@@ -9,6 +11,7 @@
 #pragma once
 
 #include "p2p.cuh"
+#include "proxy.cuh"
 #include "rma.cuh"
 
 namespace mori {
@@ -34,6 +37,9 @@ MORI_DEVICE_AMO_TYPE(long long)
 MORI_DEVICE_AMO_TYPE(unsigned long long)
 #undef MORI_DEVICE_AMO_TYPE
 
+// Whether PE pe is reached through the proxy (not mapped here, and a proxy serves it).
+MORI_DEVICE_INLINE bool ViaProxy(int pe) { return !ViewPeer(pe).reachable && HasProxy(); }
+
 template <class T>
 MORI_DEVICE_INLINE T* AmoAddress(T* sym, int pe, const char* op) {
   static_assert(IsAmoType<typename RemoveConst<T>::type>::value && (sizeof(T) == 4 || sizeof(T) == 8),
@@ -46,18 +52,28 @@ MORI_DEVICE_INLINE T* AmoAddress(T* sym, int pe, const char* op) {
 // Reads symmetric `source` on PE `pe` atomically.
 template <class T>
 MORI_DEVICE_INLINE T ShmemAtomicFetch(const T* source, int pe, int = 0) {
+  if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {
+    return detail::ProxyAtomic<T>(const_cast<T*>(source), pe, kProxyAmoFetchAdd, T(0), T(0), true, "ShmemAtomicFetch");
+  }
   return ptx::LoadRelaxedSys(detail::AmoAddress(source, pe, "ShmemAtomicFetch"));
 }
 
 // Writes `value` to symmetric `dest` on PE `pe` atomically.
 template <class T>
 MORI_DEVICE_INLINE void ShmemAtomicSet(T* dest, detail::NonDeduced<T> value, int pe, int = 0) {
+  if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {
+    detail::ProxyAtomic<T>(dest, pe, kProxyAmoStore, value, T(0), false, "ShmemAtomicSet");
+    return;
+  }
   ptx::StoreRelaxedSys(detail::AmoAddress(dest, pe, "ShmemAtomicSet"), value);
 }
 
 // Replaces `dest` on PE `pe` with `value`; returns the old value.
 template <class T>
 MORI_DEVICE_INLINE T ShmemAtomicSwap(T* dest, detail::NonDeduced<T> value, int pe, int = 0) {
+  if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {
+    return detail::ProxyAtomic<T>(dest, pe, kProxyAmoSwap, value, T(0), true, "ShmemAtomicSwap");
+  }
   return ptx::AtomExchSys(detail::AmoAddress(dest, pe, "ShmemAtomicSwap"), value);
 }
 
@@ -65,36 +81,53 @@ MORI_DEVICE_INLINE T ShmemAtomicSwap(T* dest, detail::NonDeduced<T> value, int p
 template <class T>
 MORI_DEVICE_INLINE T ShmemAtomicCompareSwap(T* dest, detail::NonDeduced<T> cond,
                                             detail::NonDeduced<T> value, int pe, int = 0) {
+  if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {
+    return detail::ProxyAtomic<T>(dest, pe, kProxyAmoCompareSwap, value, cond, true, "ShmemAtomicCompareSwap");
+  }
   return ptx::AtomCasSys(detail::AmoAddress(dest, pe, "ShmemAtomicCompareSwap"), cond, value);
 }
 
 // Adds 1 to `dest` on PE `pe`; the Fetch form returns the old value.
 template <class T>
 MORI_DEVICE_INLINE T ShmemAtomicFetchInc(T* dest, int pe, int = 0) {
+  if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {
+    return detail::ProxyAtomic<T>(dest, pe, kProxyAmoFetchAdd, T(1), T(0), true, "ShmemAtomicFetchInc");
+  }
   return ptx::AtomAddSys(detail::AmoAddress(dest, pe, "ShmemAtomicFetchInc"), T(1));
 }
 template <class T>
 MORI_DEVICE_INLINE void ShmemAtomicInc(T* dest, int pe, int = 0) {
+  if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {
+    detail::ProxyAtomic<T>(dest, pe, kProxyAmoFetchAdd, T(1), T(0), false, "ShmemAtomicInc");
+    return;
+  }
   ptx::RedAddSys(detail::AmoAddress(dest, pe, "ShmemAtomicInc"), T(1));
 }
 
 // ShmemAtomicFetch<Op> returns the old value of `dest` on PE `pe` and stores old <op> value;
 // ShmemAtomic<Op> does the same without the result.
-#define MORI_DEVICE_DEFINE_AMO(Op, atom, red)                                                   \
+#define MORI_DEVICE_DEFINE_AMO(Op, atom, red, amo)                                              \
   template <class T>                                                                            \
   MORI_DEVICE_INLINE T ShmemAtomicFetch##Op(T* dest, detail::NonDeduced<T> value, int pe,       \
                                             int = 0) {                                          \
+    if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {                                           \
+      return detail::ProxyAtomic<T>(dest, pe, amo, value, T(0), true, "ShmemAtomicFetch" #Op);  \
+    }                                                                                           \
     return ptx::atom(detail::AmoAddress(dest, pe, "ShmemAtomicFetch" #Op), value);              \
   }                                                                                             \
   template <class T>                                                                            \
   MORI_DEVICE_INLINE void ShmemAtomic##Op(T* dest, detail::NonDeduced<T> value, int pe,         \
                                           int = 0) {                                            \
+    if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {                                           \
+      detail::ProxyAtomic<T>(dest, pe, amo, value, T(0), false, "ShmemAtomic" #Op);             \
+      return;                                                                                   \
+    }                                                                                           \
     ptx::red(detail::AmoAddress(dest, pe, "ShmemAtomic" #Op), value);                           \
   }
-MORI_DEVICE_DEFINE_AMO(Add, AtomAddSys, RedAddSys)
-MORI_DEVICE_DEFINE_AMO(And, AtomAndSys, RedAndSys)
-MORI_DEVICE_DEFINE_AMO(Or, AtomOrSys, RedOrSys)
-MORI_DEVICE_DEFINE_AMO(Xor, AtomXorSys, RedXorSys)
+MORI_DEVICE_DEFINE_AMO(Add, AtomAddSys, RedAddSys, kProxyAmoFetchAdd)
+MORI_DEVICE_DEFINE_AMO(And, AtomAndSys, RedAndSys, kProxyAmoFetchAnd)
+MORI_DEVICE_DEFINE_AMO(Or, AtomOrSys, RedOrSys, kProxyAmoFetchOr)
+MORI_DEVICE_DEFINE_AMO(Xor, AtomXorSys, RedXorSys, kProxyAmoFetchXor)
 #undef MORI_DEVICE_DEFINE_AMO
 
 // MORI's typed add conveniences: Shmem<Type>AtomicAddThread and Shmem<Type>AtomicFetchAddThread.

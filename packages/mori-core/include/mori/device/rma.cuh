@@ -17,6 +17,7 @@
 #include "copy.cuh"
 #include "group.cuh"
 #include "p2p.cuh"
+#include "proxy.cuh"
 
 namespace mori {
 namespace device {
@@ -53,16 +54,28 @@ MORI_DEVICE_INLINE void PutData(void* remote, const void* source, size_t bytes, 
   }
 }
 
-template <class G>
+// A PE that is not mapped here goes through the proxy (proxy.cuh) when there is one; kWait makes
+// that path wait for completion (the blocking forms).
+template <class G, bool kWait = false>
 MORI_DEVICE_INLINE void PutMemNbi(void* dest, const void* source, size_t bytes, int pe) {
   const bool scalar = G::kAlone && IsScalarPut(dest, source, bytes);
   const uint64_t value = scalar ? LoadScalar(source, bytes) : 0;
-  PutData<G>(PeerAddress(dest, pe, "ShmemPutMem"), source, bytes, scalar, value);
+  const PeerView v = ViewPeer(pe);
+  if (MORI_DEVICE_UNLIKELY(!v.reachable && HasProxy())) {
+    ProxyTransfer<G>(true, const_cast<void*>(source), dest, bytes, pe, kWait, "ShmemPutMem");
+    return;
+  }
+  PutData<G>(PeerAddress(v, dest, pe, "ShmemPutMem"), source, bytes, scalar, value);
 }
 
-template <class G>
+template <class G, bool kWait = false>
 MORI_DEVICE_INLINE void GetMemNbi(void* dest, const void* source, size_t bytes, int pe) {
-  GroupCopy(dest, PeerAddress(source, pe, "ShmemGetMem"), bytes, G::Rank(), G::Size());
+  const PeerView v = ViewPeer(pe);
+  if (MORI_DEVICE_UNLIKELY(!v.reachable && HasProxy())) {
+    ProxyTransfer<G>(false, dest, source, bytes, pe, kWait, "ShmemGetMem");
+    return;
+  }
+  GroupCopy(dest, PeerAddress(v, source, pe, "ShmemGetMem"), bytes, G::Rank(), G::Size());
 }
 
 template <class G>
@@ -74,6 +87,10 @@ MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t b
   const bool scalar = G::kAlone && IsScalarPut(dest, source, bytes);
   const uint64_t value = scalar ? LoadScalar(source, bytes) : 0;
   const PeerView view = ViewPeer(pe);
+  if (MORI_DEVICE_UNLIKELY(!view.reachable && HasProxy())) {
+    ProxyPutSignal<G>(dest, source, bytes, sig, sigVal, sigOp == kSignalAdd, pe, "ShmemPutMemNbiSignal");
+    return;
+  }
   uint64_t* remoteSig = PeerAddress(view, sig, pe, "ShmemPutMemNbiSignal");
   PutData<G>(PeerAddress(view, dest, pe, "ShmemPutMemNbiSignal"), source, bytes, scalar, value);
   if constexpr (!G::kAlone) {
@@ -101,7 +118,7 @@ MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t b
   /* Put; returns when every thread of the group has issued its stores. */                         \
   MORI_DEVICE_INLINE void ShmemPutMem##Scope(void* dest, const void* source, size_t bytes, int pe, \
                                              int = 0) {                                            \
-    detail::PutMemNbi<detail::Scope##Group>(dest, source, bytes, pe);                              \
+    detail::PutMemNbi<detail::Scope##Group, true>(dest, source, bytes, pe);                        \
     detail::Scope##Group::Sync();                                                                  \
   }                                                                                                \
   /* Copies `bytes` from symmetric `source` on PE `pe` to local `dest`. */                         \
@@ -112,7 +129,7 @@ MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t b
   /* Get; `dest` holds the data for every thread of the group on return. */                        \
   MORI_DEVICE_INLINE void ShmemGetMem##Scope(void* dest, const void* source, size_t bytes, int pe, \
                                              int = 0) {                                            \
-    detail::GetMemNbi<detail::Scope##Group>(dest, source, bytes, pe);                              \
+    detail::GetMemNbi<detail::Scope##Group, true>(dest, source, bytes, pe);                        \
     detail::Scope##Group::Sync();                                                                  \
   }                                                                                                \
   /* Put, then signal word `sig` on PE `pe` set to (kSignalSet) or increased by (kSignalAdd)       \
@@ -208,14 +225,21 @@ MORI_DEVICE_FOR_EACH_RMA_TYPE(MORI_DEVICE_DEFINE_TYPED_RMA, Block)
 // fence/quiet like any put.
 template <class T>
 MORI_DEVICE_INLINE void ShmemP(T* dest, detail::NonDeduced<T> value, int pe) {
-  *detail::PeerAddress(dest, pe, "ShmemP") = value;
+  const detail::PeerView v = detail::ViewPeer(pe);
+  if (MORI_DEVICE_UNLIKELY(!v.reachable && detail::HasProxy())) {
+    detail::ProxyTransfer<detail::ThreadGroup>(true, &value, dest, sizeof(T), pe, false, "ShmemP");
+    return;
+  }
+  *detail::PeerAddress(v, dest, pe, "ShmemP") = value;
 }
 
 // Reads one value of symmetric `source` on PE `pe` (OpenSHMEM g): a relaxed system-scope load, so
 // it returns the peer's current value rather than a line cached earlier.
 template <class T>
 MORI_DEVICE_INLINE T ShmemG(const T* source, int pe) {
-  return ptx::LoadRelaxedSys(detail::PeerAddress(source, pe, "ShmemG"));
+  const detail::PeerView v = detail::ViewPeer(pe);
+  if (MORI_DEVICE_UNLIKELY(!v.reachable && detail::HasProxy())) return detail::ProxyG(source, pe, "ShmemG");
+  return ptx::LoadRelaxedSys(detail::PeerAddress(v, source, pe, "ShmemG"));
 }
 
 // Typed p and g (Shmem<Type>P, Shmem<Type>G), and MORI's name for a one-element put,
@@ -237,6 +261,12 @@ MORI_DEVICE_INLINE void ShmemPutSizeImmNbiThread(void* dest, const void* value, 
   struct alignas(16) Bytes16 {
     uint64_t lo, hi;
   };
+  if (MORI_DEVICE_UNLIKELY(!detail::ViewPeer(pe).reachable && detail::HasProxy()) &&
+      (bytes == 1 || bytes == 2 || bytes == 4 || bytes == 8 || bytes == 16)) {
+    detail::ProxyTransfer<detail::ThreadGroup>(true, const_cast<void*>(value), dest, bytes, pe, false,
+                                               "ShmemPutSizeImmNbiThread");
+    return;
+  }
   switch (bytes) {
     case 1: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint8_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
                                  *static_cast<const uint8_t*>(value)); return;

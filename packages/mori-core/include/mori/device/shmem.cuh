@@ -12,6 +12,7 @@
 #include "ptx.cuh"
 #include "state.cuh"
 #include "p2p.cuh"
+#include "proxy.cuh"
 #include "group.cuh"
 #include "copy.cuh"
 #include "rma.cuh"

@@ -29,6 +29,9 @@ static_assert(kScratchOffset + 8 * kMaxPes <= kInternalBytes, "internal area ove
 
 // GpuStates.flags bit 0: MORI_DISABLE_P2P is set, so no peer heap may be reached by load/store.
 constexpr uint32_t kFlagP2pDisabled = 1u << 0;
+// GpuStates.flags bit 1: a proxy serves the PEs that are not mapped here (proxy.cuh): proxyRing
+// and proxyTickets are set, and quiet, fence and the barrier also wait for the proxy's commands.
+constexpr uint32_t kFlagProxy = 1u << 1;
 
 // Everything device code knows about the symmetric heap. 64 bytes, 64-bit layout.
 struct GpuStates {
@@ -40,7 +43,10 @@ struct GpuStates {
                            // in this process; 0 = not reachable by P2P; own entry = heapBase
   uint32_t flags;          // kFlag* bits
   uint32_t reserved0;
-  uint64_t reserved[3];
+  uint64_t proxyRing;      // device address of the proxy's ring (proxy_ring.cuh's ProxyHeader, then
+                           // its slots) in host-mapped memory; 0 = no proxy
+  uint64_t proxyTickets;   // device address of the ring's ticket counter (GPU memory)
+  uint64_t reserved;
 };
 
 static_assert(sizeof(GpuStates) == 64, "GpuStates must be 64 bytes");
@@ -59,7 +65,9 @@ static_assert(__builtin_offsetof(GpuStates, heapSize) == 16, "GpuStates.heapSize
 static_assert(__builtin_offsetof(GpuStates, peerHeapBases) == 24, "GpuStates.peerHeapBases offset");
 static_assert(__builtin_offsetof(GpuStates, flags) == 32, "GpuStates.flags offset");
 static_assert(__builtin_offsetof(GpuStates, reserved0) == 36, "GpuStates.reserved0 offset");
-static_assert(__builtin_offsetof(GpuStates, reserved) == 40, "GpuStates.reserved offset");
+static_assert(__builtin_offsetof(GpuStates, proxyRing) == 40, "GpuStates.proxyRing offset");
+static_assert(__builtin_offsetof(GpuStates, proxyTickets) == 48, "GpuStates.proxyTickets offset");
+static_assert(__builtin_offsetof(GpuStates, reserved) == 56, "GpuStates.reserved offset");
 #endif
 
 // What the hot paths read, mirrored from GpuStates and the peer-base table into constant memory

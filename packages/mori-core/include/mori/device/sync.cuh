@@ -14,6 +14,7 @@
 
 #include "group.cuh"
 #include "p2p.cuh"
+#include "proxy.cuh"
 
 namespace mori {
 namespace device {
@@ -133,30 +134,47 @@ MORI_DEVICE_DEFINE_WAITS(Uint64, uint64_t)
 MORI_DEVICE_DEFINE_WAITS(Int64, int64_t)
 #undef MORI_DEVICE_DEFINE_WAITS
 
-// Orders the calling thread's earlier puts, atomics and signals to each PE before its later ones.
-MORI_DEVICE_INLINE void ShmemFenceThread() { ptx::FenceAcqRelSys(); }
-// Same; the PE argument is MORI's per-destination form (one fence covers every PE on P2P).
-MORI_DEVICE_INLINE void ShmemFenceThread(int) { ptx::FenceAcqRelSys(); }
-// OpenSHMEM's name for ShmemFenceThread.
-MORI_DEVICE_INLINE void ShmemFence() { ptx::FenceAcqRelSys(); }
-
-// Completes the calling thread's earlier puts: visible at every PE and the host on return.
-MORI_DEVICE_INLINE void ShmemQuietThread() { ptx::FenceScSys(); }
-// Same; the PE argument is MORI's per-destination form.
-MORI_DEVICE_INLINE void ShmemQuietThread(int) { ptx::FenceScSys(); }
-// OpenSHMEM's name for ShmemQuietThread.
-MORI_DEVICE_INLINE void ShmemQuiet() { ptx::FenceScSys(); }
-// Completes the earlier puts of every lane of the warp (all lanes call).
-MORI_DEVICE_INLINE void ShmemQuietWarp() {
-  ptx::FenceScSys();
-  detail::WarpGroup::Sync();
+// Orders the calling thread's earlier puts, atomics and signals to each PE before its later ones
+// (with a proxy, also posts a fence command: the proxy starts nothing later before they complete).
+MORI_DEVICE_INLINE void ShmemFenceThread() {
+  ptx::FenceAcqRelSys();
+  if (MORI_DEVICE_UNLIKELY(detail::HasProxy())) detail::ProxyFence("ShmemFence");
 }
+// Same; the PE argument is MORI's per-destination form (one fence covers every PE).
+MORI_DEVICE_INLINE void ShmemFenceThread(int) { ShmemFenceThread(); }
+// OpenSHMEM's name for ShmemFenceThread.
+MORI_DEVICE_INLINE void ShmemFence() { ShmemFenceThread(); }
+
+// Completes the calling thread's earlier puts: visible at every PE and the host on return (with
+// a proxy, every command this PE posted is complete too).
+MORI_DEVICE_INLINE void ShmemQuietThread() {
+  ptx::FenceScSys();
+  if (MORI_DEVICE_UNLIKELY(detail::HasProxy())) detail::ProxyQuiet("ShmemQuiet");
+}
+// Same; the PE argument is MORI's per-destination form.
+MORI_DEVICE_INLINE void ShmemQuietThread(int) { ShmemQuietThread(); }
+// OpenSHMEM's name for ShmemQuietThread.
+MORI_DEVICE_INLINE void ShmemQuiet() { ShmemQuietThread(); }
+
+namespace detail {
+// Quiet of a group: each thread fences its own stores; one thread waits for the proxy once every
+// thread of the group has posted.
+template <class G>
+MORI_DEVICE_INLINE void GroupQuiet() {
+  ptx::FenceScSys();
+  G::Sync();
+  if (MORI_DEVICE_UNLIKELY(HasProxy())) {
+    if (G::Rank() == 0) ProxyQuiet("ShmemQuiet");
+    G::Sync();
+  }
+}
+}  // namespace detail
+
+// Completes the earlier puts of every lane of the warp (all lanes call).
+MORI_DEVICE_INLINE void ShmemQuietWarp() { detail::GroupQuiet<detail::WarpGroup>(); }
 // Completes the earlier puts of every thread of the block (all threads call). Each thread fences
 // its own stores, so the result does not rest on fence cumulativity across warps.
-MORI_DEVICE_INLINE void ShmemQuietBlock() {
-  ptx::FenceScSys();
-  detail::BlockGroup::Sync();
-}
+MORI_DEVICE_INLINE void ShmemQuietBlock() { detail::GroupQuiet<detail::BlockGroup>(); }
 
 namespace detail {
 
@@ -171,6 +189,10 @@ MORI_DEVICE_FUNC void BarrierExchange(uint64_t epoch, uint32_t first, uint32_t s
   }
   const uint64_t slotOffset = kBarrierSlotsOffset + 8 * static_cast<uint64_t>(StateRank());
   for (uint32_t pe = first; pe < static_cast<uint32_t>(world); pe += step) {
+    if (MORI_DEVICE_UNLIKELY(!ViewPeer(static_cast<int>(pe)).reachable && HasProxy())) {
+      ProxyArrive(static_cast<int>(pe), slotOffset, epoch, "ShmemBarrierAll");  // a remote PE: through the proxy
+      continue;
+    }
     uint64_t* slot =
         reinterpret_cast<uint64_t*>(PeerHeapBase(static_cast<int>(pe), "ShmemBarrierAll") + slotOffset);
     ptx::StoreReleaseSys(slot, epoch);
@@ -191,6 +213,7 @@ MORI_DEVICE_INLINE uint64_t* BarrierEpoch() {
 // includes quiet: the arrival is a release store, so every earlier put of this thread is visible
 // at each PE before that PE leaves the barrier.
 MORI_DEVICE_INLINE void ShmemBarrierAllThread() {
+  if (MORI_DEVICE_UNLIKELY(detail::HasProxy())) detail::ProxyQuiet("ShmemBarrierAll");
   uint64_t* epochWord = detail::BarrierEpoch();
   const uint64_t epoch = *epochWord + 1;
   *epochWord = epoch;
@@ -207,6 +230,10 @@ MORI_DEVICE_INLINE void ShmemBarrierAllBlock() {
   uint64_t* epochWord = detail::BarrierEpoch();
   ptx::FenceAcqRelSys();
   G::Sync();
+  if (MORI_DEVICE_UNLIKELY(detail::HasProxy())) {  // the proxy's commands complete before any arrival
+    if (G::Rank() == 0) detail::ProxyQuiet("ShmemBarrierAll");
+    G::Sync();
+  }
   const uint64_t epoch = *epochWord + 1;
   detail::BarrierExchange(epoch, G::Rank(), G::Size());
   G::Sync();

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["FLAG_P2P_DISABLED", "GPU_FAST_STATES_SIZE", "GPU_STATES_SIZE", "MAX_PES", "GpuFastStates", "GpuStates",
+__all__ = ["FLAG_P2P_DISABLED", "FLAG_PROXY", "GPU_FAST_STATES_SIZE", "GPU_STATES_SIZE", "MAX_PES", "GpuFastStates", "GpuStates",
            "pack_fast_states", "pack_gpu_states"]
 
 #: Most PEs the device state describes (``kMaxPes``).
 MAX_PES = 64
 #: ``GpuStates.flags`` bit 0: peers are not mapped (``MORI_DISABLE_P2P``).
 FLAG_P2P_DISABLED = 1
+#: ``GpuStates.flags`` bit 1: a proxy serves the PEs that are not mapped (``proxyRing`` is set).
+FLAG_PROXY = 2
 GPU_STATES_SIZE = 64
 GPU_FAST_STATES_SIZE = 32 + 8 * MAX_PES
 
@@ -33,7 +35,9 @@ class GpuStates(ctypes.Structure):
         ("peerHeapBases", ctypes.c_uint64),
         ("flags", ctypes.c_uint32),
         ("reserved0", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 3),
+        ("proxyRing", ctypes.c_uint64),
+        ("proxyTickets", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64),
     ]
 
 
@@ -57,28 +61,36 @@ class GpuFastStates(ctypes.Structure):
 assert ctypes.sizeof(GpuFastStates) == GPU_FAST_STATES_SIZE, "GpuFastStates must match the device header"
 
 
+def _flags(p2p_disabled: bool, proxy: bool) -> int:
+    return (FLAG_P2P_DISABLED if p2p_disabled else 0) | (FLAG_PROXY if proxy else 0)
+
+
 def pack_gpu_states(
-    rank: int, world: int, heap_base: int, heap_size: int, peer_bases_addr: int, p2p_disabled: bool
+    rank: int, world: int, heap_base: int, heap_size: int, peer_bases_addr: int, p2p_disabled: bool,
+    proxy_ring: int = 0, proxy_tickets: int = 0,
 ) -> bytes:
-    """The 64 bytes of a ``GpuStates`` with these values (``peer_bases_addr``: device array address)."""
+    """The 64 bytes of a ``GpuStates`` with these values (``peer_bases_addr``: device array address;
+    ``proxy_ring``/``proxy_tickets``: the device proxy's ring and ticket counter, 0 without one)."""
     states = GpuStates(
         rank=rank,
         worldSize=world,
         heapBase=heap_base,
         heapSize=heap_size,
         peerHeapBases=peer_bases_addr,
-        flags=FLAG_P2P_DISABLED if p2p_disabled else 0,
+        flags=_flags(p2p_disabled, proxy_ring != 0),
+        proxyRing=proxy_ring,
+        proxyTickets=proxy_tickets,
     )
     return bytes(states)
 
 
 def pack_fast_states(rank: int, world: int, heap_base: int, heap_size: int, peer_bases: list[int],
-                     p2p_disabled: bool) -> bytes:
+                     p2p_disabled: bool, proxy: bool = False) -> bytes:
     """The 544 bytes of a ``GpuFastStates`` (``peer_bases[p]``: PE p's heap as mapped here, 0 if
-    not reachable; at most ``MAX_PES`` entries)."""
+    not reachable; at most ``MAX_PES`` entries; ``proxy``: a device proxy serves the others)."""
     if len(peer_bases) > MAX_PES:
         raise ValueError(f"{len(peer_bases)} PEs: the device state describes at most {MAX_PES}")
     fast = GpuFastStates(heapBase=heap_base, heapSize=heap_size, rank=rank, worldSize=world,
-                         flags=FLAG_P2P_DISABLED if p2p_disabled else 0)
+                         flags=_flags(p2p_disabled, proxy))
     fast.peerBases[:len(peer_bases)] = peer_bases
     return bytes(fast)

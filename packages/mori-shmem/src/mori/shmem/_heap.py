@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 from mori.core.codes import Cmp
@@ -35,14 +36,19 @@ class Heap(abc.ABC):
     """One PE's symmetric heap and its mappings of every reachable peer's heap.
 
     ``base``/``size``: the local heap; ``peer_bases[pe]``: where PE ``pe``'s heap is mapped in
-    this process (0 when not reachable; own entry = ``base``).
+    this process (0 when not reachable; own entry = ``base``); ``chunk``: the bytes mapped at a
+    time (the whole heap when it is mapped at once); ``mapped``: the bytes mapped so far, from
+    offset 0; ``on_grow``: called with the new ``mapped`` after the heap grew (collective).
     """
 
     kind: str
     base: int
     size: int
+    chunk: int
+    mapped: int
     peer_bases: list[int]
     p2p_disabled: bool
+    on_grow: Callable[[int], None] | None = None
 
     def ensure_mapped(self, end: int) -> None:  # noqa: B027 - static heaps are mapped whole
         """Makes ``[0, end)`` of every heap usable. Collective where mapping grows (vmm mode)."""

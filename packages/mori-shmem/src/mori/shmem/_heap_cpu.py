@@ -28,7 +28,7 @@ class CpuHeap(Heap):
     kind = "cpu"
 
     def __init__(self, bootstrap: Any, size: int, reach: Reach) -> None:
-        self.size = size
+        self.size = self.chunk = self.mapped = size  # mapped whole, at once
         self.p2p_disabled = reach.p2p_disabled
         self._segment = HostSegment.create(size)
         self._peers: list[Any] = []

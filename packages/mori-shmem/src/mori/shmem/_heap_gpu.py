@@ -91,6 +91,8 @@ class GpuHeap(Heap):
             for fd in fds:
                 os.close(fd)
         self.mapped = new_offsets[-1] + self.chunk
+        if self.on_grow is not None:
+            self.on_grow(self.mapped)
 
     def _map_peers(self, offsets: list[int], peer_fds: list[list[int]]) -> None:
         try:

@@ -26,16 +26,16 @@ class RemoteTransport(abc.ABC):
     symmetric), local buffers host addresses; the caller has checked both."""
 
     @abc.abstractmethod
-    def put(self, pe: int, offset: int, src: int, nbytes: int) -> None:
-        """Writes ``nbytes`` from local ``src`` at ``offset`` of PE ``pe``'s heap."""
+    def put(self, pe: int, offset: int, src: int, nbytes: int, local_gpu: bool = False) -> None:
+        """Writes ``nbytes`` from local ``src`` (GPU memory when ``local_gpu``) at ``offset`` of PE ``pe``'s heap."""
 
     @abc.abstractmethod
-    def get(self, pe: int, offset: int, dst: int, nbytes: int) -> None:
-        """Reads ``nbytes`` at ``offset`` of PE ``pe``'s heap into local ``dst``."""
+    def get(self, pe: int, offset: int, dst: int, nbytes: int, local_gpu: bool = False) -> None:
+        """Reads ``nbytes`` at ``offset`` of PE ``pe``'s heap into local ``dst`` (GPU memory when ``local_gpu``)."""
 
     @abc.abstractmethod
     def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
-                   add: bool) -> None:
+                   add: bool, local_gpu: bool = False) -> None:
         """A put, then the 64-bit word at ``sig_offset`` set to (or increased by) ``signal``: a PE
         that sees the signal sees the data."""
 
@@ -43,9 +43,15 @@ class RemoteTransport(abc.ABC):
     def atomic(self, pe: int, op: str, offset: int, value: int, compare: int, width: int) -> int:
         """Applies ``op`` (``fetch_add``, ``compare_swap``, ``swap`` or ``store``) to the ``width``-bit word at ``offset``; returns the old value."""
 
+    @property
+    def device_proxy(self) -> tuple[int, int]:
+        """Where kernels post to remote PEs: the device addresses of the proxy's ring and ticket
+        counter (``GpuStates.proxyRing``/``proxyTickets``), or (0, 0) without a proxy."""
+        return 0, 0
+
     @abc.abstractmethod
     def quiet(self) -> None:
-        """Completes every operation this PE issued to remote PEs."""
+        """Completes every operation this PE issued to remote PEs (kernels' included)."""
 
     @abc.abstractmethod
     def fence(self) -> None:
@@ -66,16 +72,16 @@ class Unavailable(RemoteTransport):
         return ShmemError(f"PE {pe} is reached through mori.shmem's remote transport ({self.reach.why_remote(pe)}), "
                           f"which is not available: {self.reason}")
 
-    def put(self, pe: int, offset: int, src: int, nbytes: int) -> None:
+    def put(self, pe: int, offset: int, src: int, nbytes: int, local_gpu: bool = False) -> None:
         """Raises :class:`ShmemError`."""
         raise self._refuse(pe)
 
-    def get(self, pe: int, offset: int, dst: int, nbytes: int) -> None:
+    def get(self, pe: int, offset: int, dst: int, nbytes: int, local_gpu: bool = False) -> None:
         """Raises :class:`ShmemError`."""
         raise self._refuse(pe)
 
     def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
-                   add: bool) -> None:
+                   add: bool, local_gpu: bool = False) -> None:
         """Raises :class:`ShmemError`."""
         raise self._refuse(pe)
 

@@ -1,8 +1,13 @@
 """The remote transport on mori-core's UCX engine (:mod:`mori.core.ucx`).
 
-Each PE runs one engine and registers its heap with it as memory id :data:`HEAP_ID`. At init the
-PEs hand each other, over the bootstrap, their workers' addresses and a ticket per remote PE
-(``admit``), and connect to every PE they reach remotely. Then:
+Each PE runs one engine and registers its heap with it, one memory id per chunk of the heap
+(:data:`HEAP_ID` + k for the chunk at ``k * heap.chunk``: the whole heap at once when it is
+mapped at once; a ``vmm`` GPU heap's chunks as it grows, each growth ending in a barrier so that
+no PE reaches a chunk before its owner registered it). A GPU heap is registered as GPU memory
+(UCX's CUDA support moves its bytes), and the engine serves atomics and signal puts on it with
+device kernels (:func:`mori.core.ucx_atomic.serve_gpu`). At init the PEs hand each other, over the
+bootstrap, their workers' addresses and a ticket per remote PE (``admit``), and connect to every PE
+they reach remotely. Then:
 
 - puts and gets are engine transfers between the caller's buffer and the peer's heap, on the
   engine's checked path (the target checks every block against its registrations). A buffer
@@ -10,6 +15,9 @@ PEs hand each other, over the bootstrap, their workers' addresses and a ticket p
   heap (:data:`STAGING_OFFSET`, one call at a time); a larger one is registered for the call and
   released after (which waits for UCX to let go of it). Large transfers go as 1 MiB blocks of
   one batch, which the engine pipelines.
+- on a GPU heap, kernels reach remote PEs through the device proxy
+  (:class:`mori.core.ucx_proxy.DeviceProxy`) on the same engine and endpoints; host quiet and
+  fence also wait for the commands kernels posted.
 - atomics are the engine's remote atomics (:mod:`mori.core.ucx_atomic`), checked the same way
   and applied with sequentially consistent atomics, so they mix with the target's own.
 - a signal put of up to 16 KiB is one message (the engine's signal put: the target writes the
@@ -17,9 +25,8 @@ PEs hand each other, over the bootstrap, their workers' addresses and a ticket p
   written the bytes when it answers), then the signal's atomic. Either way a PE that sees the
   signal sees the data.
 
-Every operation is complete when it returns, so quiet and fence have nothing left to wait for.
-A peer that died or hangs fails the operation within ``MORI_SHMEM_TIMEOUT`` with a
-:class:`ShmemError` naming it. Only the CPU heap is served so far.
+Every host operation is complete when it returns. A peer that died or hangs fails the operation
+within ``MORI_SHMEM_TIMEOUT`` with a :class:`ShmemError` naming it.
 """
 
 from __future__ import annotations
@@ -40,18 +47,26 @@ __all__ = ["HEAP_ID", "UcxTransport", "why_unavailable"]
 #: The memory id of every PE's heap in its engine.
 HEAP_ID = 1
 _FIRST_BUFFER_ID = 1 << 32  # ids of buffers registered for one call
+_BOUNCE_ID = 1 << 40  # the device proxy's bounce area
 _STAGING_BYTES = INTERNAL_BYTES - STAGING_OFFSET
 _BLOCK = 1 << 20  # a large transfer's blocks
 
 
 def why_unavailable(heap_kind: str) -> str:
     """Why this process cannot run the UCX transport for a ``heap_kind`` heap ("" when it can)."""
-    if heap_kind != "cpu":
-        return "the remote transport serves the CPU heap only so far (MORI_SHMEM_BACKEND=cpu)"
     try:
         from mori.core import ucx
 
         ucx.load_once()
+        if heap_kind == "gpu":
+            probe = ucx.make_engine("mori-shmem-probe")
+            try:
+                cuda = probe.cuda_supported
+            finally:
+                probe.close()
+            if not cuda:
+                return (f"the UCX loaded ({ucx.library_info()['path']}) has no CUDA support, which the GPU heap "
+                        "needs (install the libucx-cu13 wheel, or point MORI_UCX_LIB at a UCX built with CUDA)")
     except Exception as exc:  # no mori.core.ucx, or no UCX to load: say which
         return f"mori-core's UCX engine cannot start: {type(exc).__name__}: {exc}"
     return ""
@@ -77,19 +92,30 @@ def _unpack_contact(data: bytes) -> tuple[list[bytes], int]:
 
 
 class UcxTransport(RemoteTransport):
-    """Host RMA to the PEs of ``reach.remote`` through one UCX engine (collective construction)."""
+    """Host RMA to the PEs of ``reach.remote`` through one UCX engine, and on a GPU heap the
+    device proxy for kernels (collective construction)."""
 
     def __init__(self, bootstrap: Any, heap: Heap, reach: Reach, timeout: float) -> None:
         from mori.core import ucx
 
         self.reach, self.heap, self.timeout = reach, heap, timeout
+        self._bootstrap = bootstrap
+        self._gpu = heap.kind == "gpu"
         self._ids = itertools.count(_FIRST_BUFFER_ID)
         self._staging = threading.Lock()
         self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", timeout=timeout,
                                        timeout_setting="MORI_SHMEM_TIMEOUT")
         self._peers: dict[int, Any] = {}
+        self._registered = 0  # heap bytes registered, from offset 0
+        self._words: Any = None
+        self._proxy: Any = None
         try:
-            self._engine.register_memory(HEAP_ID, heap.base, heap.size)
+            self._register(heap.mapped)
+            if self._gpu:
+                from mori.core.ucx_atomic import serve_gpu
+
+                ctx = heap.ctx  # type: ignore[attr-defined]
+                self._words = serve_gpu(self._engine, ctx.ctx, ctx.arch)
             tickets = {pe: self._engine.admit(_key(pe)) for pe in reach.remote}
             addresses = list(self._engine.addresses)
             sent = [_pack_contact(addresses, tickets[pe]) if pe in tickets else b"" for pe in range(reach.world)]
@@ -97,72 +123,138 @@ class UcxTransport(RemoteTransport):
             for pe in reach.remote:
                 their_addresses, ticket = _unpack_contact(got[pe])
                 self._peers[pe] = self._engine.connect(_key(pe), their_addresses, ticket)
+            if self._gpu:
+                from mori.core.ucx_proxy import DeviceProxy
+
+                heap.ctx.make_current()  # type: ignore[attr-defined]
+                self._proxy = DeviceProxy(self._engine, [self._peers.get(pe) for pe in range(reach.world)],
+                                          heap_id=HEAP_ID, heap_base=heap.base, heap_size=heap.size, chunk=heap.chunk,
+                                          heap_gpu=True, bounce_id=_BOUNCE_ID, timeout=timeout,
+                                          timeout_setting="MORI_SHMEM_TIMEOUT")
+            heap.on_grow = self._grown
         except BaseException:
             self.close()
             raise
 
-    # -- data movement -------------------------------------------------------------------------
-    def _run(self, op: int, what: str, pe: int, offset: int, mem_id: int, local_off: int, nbytes: int) -> None:
-        """One transfer between local memory ``mem_id`` and PE ``pe``'s heap, waited for."""
-        starts = list(range(0, nbytes, _BLOCK))
-        sizes = [min(_BLOCK, nbytes - s) for s in starts]
-        done = self._peers[pe].submit(op, mem_id, [local_off + s for s in starts], HEAP_ID,
-                                      [offset + s for s in starts], sizes)
-        # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin lets
-        # its message, which names what was missing, arrive first.
-        if not done.wait(self.timeout + 5.0):
-            raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
-                             "(MORI_SHMEM_TIMEOUT)")
-        if done.code() != 0:
-            raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {done.message()}")
+    # -- the heap's registration ---------------------------------------------------------------
+    def _register(self, end: int) -> None:
+        """Registers the heap's chunks in ``[self._registered, end)``, one memory id each."""
+        heap = self.heap
+        while self._registered < end:
+            offset = self._registered
+            self._engine.register_memory(HEAP_ID + offset // heap.chunk, heap.base + offset, heap.chunk, gpu=self._gpu)
+            self._registered = offset + heap.chunk
 
-    def _transfer(self, op: int, what: str, pe: int, offset: int, addr: int, nbytes: int) -> None:
+    def _grown(self, end: int) -> None:
+        """The heap grew to ``end`` on every PE (collective): registers the new chunks, then waits
+        for every PE to have done so before any PE can reach them."""
+        self._register(end)
+        self._bootstrap.barrier()
+
+    @property
+    def device_proxy(self) -> tuple[int, int]:
+        """The device proxy's ring and ticket counter (device addresses), or (0, 0)."""
+        if self._proxy is None:
+            return 0, 0
+        return self._proxy.ring_device, self._proxy.tickets_device
+
+    def _pieces(self, mem_id: int | None, local_off: int, offset: int,
+                nbytes: int) -> list[tuple[int, int, list[int], list[int], list[int]]]:
+        """The blocks of a transfer, grouped by (local id, remote id): at most 1 MiB each, and
+        none crossing a heap chunk (local when ``mem_id`` is None, i.e. the local heap)."""
+        chunk = self.heap.chunk
+        groups: list[tuple[int, int, list[int], list[int], list[int]]] = []
+        done = 0
+        while done < nbytes:
+            r_in = (offset + done) % chunk
+            r_id = HEAP_ID + (offset + done) // chunk
+            if mem_id is None:
+                l_in = (local_off + done) % chunk
+                l_id, l_left = HEAP_ID + (local_off + done) // chunk, chunk - l_in
+            else:
+                l_id, l_in, l_left = mem_id, local_off + done, nbytes
+            n = min(nbytes - done, chunk - r_in, l_left, _BLOCK)
+            if groups and groups[-1][0] == l_id and groups[-1][1] == r_id:
+                groups[-1][2].append(l_in)
+                groups[-1][3].append(r_in)
+                groups[-1][4].append(n)
+            else:
+                groups.append((l_id, r_id, [l_in], [r_in], [n]))
+            done += n
+        return groups
+
+    # -- data movement -------------------------------------------------------------------------
+    def _run(self, op: int, what: str, pe: int, offset: int, mem_id: int | None, local_off: int, nbytes: int) -> None:
+        """One transfer between local memory (``mem_id``, or the local heap when None) and PE
+        ``pe``'s heap, waited for."""
+        done = [self._peers[pe].submit(op, l_id, l_offs, r_id, r_offs, sizes, remote_gpu=self._gpu)
+                for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes)]
+        for transfer in done:
+            # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin lets
+            # its message, which names what was missing, arrive first.
+            if not transfer.wait(self.timeout + 5.0):
+                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
+                                 "(MORI_SHMEM_TIMEOUT)")
+            if transfer.code() != 0:
+                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {transfer.message()}")
+
+    def _in_heap(self, addr: int, nbytes: int) -> bool:
+        return self.heap.base <= addr and addr + nbytes <= self.heap.base + self.heap.size
+
+    def _transfer(self, op: int, what: str, pe: int, offset: int, addr: int, nbytes: int, local_gpu: bool) -> None:
         from mori.core.ucx import WRITE
 
         heap = self.heap
-        if heap.base <= addr and addr + nbytes <= heap.base + heap.size:
-            self._run(op, what, pe, offset, HEAP_ID, addr - heap.base, nbytes)
+        if self._in_heap(addr, nbytes):
+            self._run(op, what, pe, offset, None, addr - heap.base, nbytes)
         elif nbytes <= _STAGING_BYTES:
             stage = heap.base + STAGING_OFFSET
             with self._staging:
                 if op == WRITE:
-                    ctypes.memmove(stage, addr, nbytes)
-                self._run(op, what, pe, offset, HEAP_ID, STAGING_OFFSET, nbytes)
+                    heap.copy(stage, addr, nbytes)
+                self._run(op, what, pe, offset, None, STAGING_OFFSET, nbytes)
                 if op != WRITE:
-                    ctypes.memmove(addr, stage, nbytes)
+                    heap.copy(addr, stage, nbytes)
         else:
             mem_id = next(self._ids)
-            self._engine.register_memory(mem_id, addr, nbytes)
+            self._engine.register_memory(mem_id, addr, nbytes, gpu=local_gpu)
             try:
                 self._run(op, what, pe, offset, mem_id, 0, nbytes)
             finally:
                 self._engine.deregister_memory(mem_id)
 
-    def put(self, pe: int, offset: int, src: int, nbytes: int) -> None:
+    def put(self, pe: int, offset: int, src: int, nbytes: int, local_gpu: bool = False) -> None:
         """An engine write of ``nbytes`` from ``src`` into PE ``pe``'s heap."""
         from mori.core.ucx import WRITE
 
-        self._transfer(WRITE, "put", pe, offset, src, nbytes)
+        self._transfer(WRITE, "put", pe, offset, src, nbytes, local_gpu)
 
-    def get(self, pe: int, offset: int, dst: int, nbytes: int) -> None:
+    def get(self, pe: int, offset: int, dst: int, nbytes: int, local_gpu: bool = False) -> None:
         """An engine read of ``nbytes`` of PE ``pe``'s heap into ``dst``."""
         from mori.core.ucx import READ
 
-        self._transfer(READ, "get", pe, offset, dst, nbytes)
+        self._transfer(READ, "get", pe, offset, dst, nbytes, local_gpu)
 
     def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
-                   add: bool) -> None:
+                   add: bool, local_gpu: bool = False) -> None:
         """Up to the engine's signal-put size, one message (the target writes the bytes, then
         applies the signal's atomic); beyond it, the put, complete, then the signal's atomic."""
         from mori.core.ucx_atomic import MAX_SIGNAL_PUT_BYTES, signal_put
 
         op = "fetch_add" if add else "store"
         if nbytes > MAX_SIGNAL_PUT_BYTES:
-            self.put(pe, offset, src, nbytes)
+            self.put(pe, offset, src, nbytes, local_gpu)
             self.atomic(pe, op, sig_offset, signal, 0, 64)
             return
+        host = None
+        if nbytes and (local_gpu or (self._gpu and self._in_heap(src, nbytes))):
+            # The message carries host bytes: GPU memory is copied out first.
+            host = ctypes.create_string_buffer(nbytes)
+            self.heap.copy(ctypes.addressof(host), src, nbytes)
+            src = ctypes.addressof(host)
         try:
-            signal_put(self._engine, self._peers[pe], HEAP_ID, offset, src, nbytes, HEAP_ID, sig_offset, op, signal,
+            signal_put(self._engine, self._peers[pe], HEAP_ID + offset // self.heap.chunk, offset % self.heap.chunk,
+                       src, nbytes, HEAP_ID + sig_offset // self.heap.chunk, sig_offset % self.heap.chunk, op, signal,
                        self.timeout)
         except (RuntimeError, ValueError) as exc:
             raise ShmemError(f"signal put of {nbytes} bytes to PE {pe} failed: {exc}") from None
@@ -171,20 +263,44 @@ class UcxTransport(RemoteTransport):
         """The engine's remote atomic on PE ``pe``'s heap."""
         from mori.core.ucx_atomic import atomic
 
+        chunk = self.heap.chunk
         try:
-            return atomic(self._engine, self._peers[pe], op, HEAP_ID, offset, value, compare, width, self.timeout)
+            return atomic(self._engine, self._peers[pe], op, HEAP_ID + offset // chunk, offset % chunk, value,
+                          compare, width, self.timeout)
         except (RuntimeError, ValueError) as exc:
             raise ShmemError(f"atomic {op} on PE {pe} failed: {exc}") from None
 
+    def _wait_proxy(self, what: str) -> None:
+        """Waits until every command kernels posted is complete; raises naming the PE a failed one went to."""
+        if self._proxy is None:
+            return
+        idle = self._proxy.wait_idle(self.timeout + 5.0)
+        failure = self._proxy.failure()
+        if failure:
+            raise ShmemError(f"{what}: a device-initiated operation to {failure}")
+        if not idle:
+            raise ShmemError(f"{what}: the device proxy did not complete the commands kernels posted within "
+                             f"{self.timeout:g} s (MORI_SHMEM_TIMEOUT)")
+
     def quiet(self) -> None:
-        """Nothing is outstanding: every operation completed before it returned."""
+        """Host operations are complete when they return; waits for the device proxy's commands."""
+        self._wait_proxy("shmem_quiet")
 
     def fence(self) -> None:
-        """Nothing is outstanding: every operation completed before it returned."""
+        """As quiet (host operations are complete in order)."""
+        self._wait_proxy("shmem_fence")
 
     def close(self) -> None:
-        """Closes the endpoints and the engine (after finalize's barrier: no peer is mid-access)."""
+        """Stops the device proxy, closes the endpoints and the engine (after finalize's barrier:
+        no peer is mid-access), then frees what served GPU atomics."""
+        if self._proxy is not None:
+            self.heap.ctx.make_current()  # type: ignore[attr-defined]
+            self._proxy.close()
+            self._proxy = None
         for peer in self._peers.values():
             peer.close()
         self._peers.clear()
         self._engine.close()
+        if self._words is not None:
+            self._words.close()
+            self._words = None

@@ -108,7 +108,7 @@ class Rma:
         if base:
             self.heap.copy(base + off, span.addr, span.nbytes)
         else:
-            self.remote.put(pe, off, span.addr, span.nbytes)
+            self.remote.put(pe, off, span.addr, span.nbytes, span.on_gpu)
 
     def get_into(self, out: Any, src: int, pe: int) -> None:
         """Fills ``out`` (writable buffer, array or tensor) from ``src`` on PE ``pe``."""
@@ -121,7 +121,7 @@ class Rma:
         if base:
             self.heap.copy(span.addr, base + off, span.nbytes)
         else:
-            self.remote.get(pe, off, span.addr, span.nbytes)
+            self.remote.get(pe, off, span.addr, span.nbytes, span.on_gpu)
 
     def get(self, src: int, nbytes: int, pe: int) -> bytes:
         """Returns ``nbytes`` read from ``src`` on PE ``pe``."""
@@ -139,7 +139,7 @@ class Rma:
         signal = self._word(signal, 64, "signal")
         off, base, span = self._put_source(dest, data, pe)
         if not base:
-            self.remote.put_signal(pe, off, span.addr, span.nbytes, sig_off, signal, op is SignalOp.ADD)
+            self.remote.put_signal(pe, off, span.addr, span.nbytes, sig_off, signal, op is SignalOp.ADD, span.on_gpu)
             return
         if span.nbytes:
             self.heap.copy(base + off, span.addr, span.nbytes)
@@ -166,7 +166,8 @@ class Rma:
         return self.heap.wait_until(off, code, value, limit, width)
 
     def quiet(self) -> None:
-        """Completes every RMA this PE issued (they complete on return already; this also drains the device)."""
+        """Completes every RMA this PE issued (host calls complete on return already; this also
+        drains the device, and the proxy's commands that its kernels posted to remote PEs)."""
         self.heap.synchronize()
         self.remote.quiet()
 

@@ -172,12 +172,14 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
             heap = CpuHeap(bootstrap, size, reach)
         remote = open_remote(bootstrap, heap, reach, config.get("MORI_SHMEM_TIMEOUT"))
         heap.publish_peer_bases()
+        ring, tickets = remote.device_proxy  # kernels reach remote PEs through it (0, 0: none)
         states = pack_gpu_states(bootstrap.rank, bootstrap.world, heap.base, heap.size,
-                                 heap.base + PEER_BASES_OFFSET, p2p_off)
+                                 heap.base + PEER_BASES_OFFSET, p2p_off, ring, tickets)
         if ctx is not None:
             from ._kernels import HostOps
 
-            fast = pack_fast_states(bootstrap.rank, bootstrap.world, heap.base, heap.size, list(heap.peer_bases), p2p_off)
+            fast = pack_fast_states(bootstrap.rank, bootstrap.world, heap.base, heap.size, list(heap.peer_bases), p2p_off,
+                                    proxy=ring != 0)
             ops = HostOps(ctx, heap, states, fast)
             heap.ops = ops  # type: ignore[union-attr]
         # The largest power of two dividing every PE's heap base bounds symmetric alignment.
@@ -205,7 +207,7 @@ def finalize() -> None:
     """Tears the instance down after a barrier (no PE unmaps while a peer may still write)."""
     instance = current()
     try:
-        instance.heap.synchronize()
+        instance.rma.quiet()  # the device, and the proxy's commands to remote PEs, drained first
         instance.bootstrap.barrier()
     finally:
         if _mine.instance is instance:

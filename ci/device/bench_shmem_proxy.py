@@ -1,0 +1,161 @@
+"""mori.shmem through its remote transport: host-initiated against device-initiated (the device
+proxy), run under torchrun --nproc_per_node=2 with MORI_DISABLE_P2P=ON (every peer remote, as on
+another host; UCX_TLS decides the transport, tcp,cuda_copy here).
+
+* put bandwidth, PE 0 into PE 1's heap, 4 KiB .. 64 MiB, from PE 0's heap: ``shmem_putmem``
+  (host), and a kernel whose block issues ``ShmemPutMemNbiBlock`` then ``ShmemQuietBlock``
+  (device, through the proxy), `reps` back to back;
+* put+signal ping-pong, 8 bytes, one-way latency: host ``shmem_putmem_signal`` +
+  ``shmem_wait_until`` on both PEs, and a one-thread kernel on each PE doing the same with
+  ``ShmemPutMemNbiSignalThread`` + ``ShmemWaitUntil``.
+
+Wall-clock medians of `trials`, rounds alternating host and device. Prints a table on rank 0 and
+writes JSON (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import mori.shmem as shmem
+from mori.core import cuda as cu
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_world import init_world  # noqa: E402
+
+KERNELS = r"""
+#define MORI_DEVICE_DEFINE_STATE
+#include <mori/device/shmem.cuh>
+using namespace mori::device;
+
+extern "C" __global__ void put_bw(char* dest, const char* src, unsigned long long bytes, int pe, int reps) {
+  for (int r = 0; r < reps; ++r) ShmemPutMemNbiBlock(dest, src, bytes, pe);
+  ShmemQuietBlock();
+}
+
+// PE 0 starts: round i sends i + 1 and waits for the peer's i + 1.
+extern "C" __global__ void ping_pong(char* buf, uint64_t* sig, int iters, int me) {
+  const int peer = 1 - me;
+  for (int i = 1; i <= iters; ++i) {
+    if (me == 0) {
+      ShmemPutMemNbiSignalThread(buf, buf + 64, 8, sig, (uint64_t)i, kSignalSet, peer);
+      ShmemWaitUntil<uint64_t>(sig, kCmpEq, (uint64_t)i);
+    } else {
+      ShmemWaitUntil<uint64_t>(sig, kCmpEq, (uint64_t)i);
+      ShmemPutMemNbiSignalThread(buf, buf + 64, 8, sig, (uint64_t)i, kSignalSet, peer);
+    }
+  }
+  ShmemQuietThread();
+}
+"""
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+
+
+def launch(fn: object, grid: int, block: int, args: list[ctypes._SimpleCData]) -> None:
+    """Launches ``fn`` on the default stream with ctypes-typed arguments (does not wait)."""
+    params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+    cu.call("cuLaunchKernel", fn, grid, 1, 1, block, 1, 1, 0, cu.driver().CUstream(0), ctypes.addressof(params), 0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_shmem_proxy.json"))
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=200)
+    args = parser.parse_args()
+    init_world()
+    shmem.shmem_torch_process_group_init("default")
+    me, n = shmem.shmem_mype(), shmem.shmem_npes()
+    assert n == 2, "run with 2 PEs"
+    module = shmem.shmem_load_module(KERNELS, "bench_shmem_proxy.cu")
+    put_bw = cu.call("cuModuleGetFunction", module, b"put_bw")
+    # The device API's register use decides how many threads a block may have.
+    block = min(1024, int(cu.call("cuFuncGetAttribute",
+                                  cu.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, put_bw)))
+    ping = cu.call("cuModuleGetFunction", module, b"ping_pong")
+    big = shmem.shmem_tensor(max(SIZES), torch.uint8)
+    dst = shmem.shmem_tensor(max(SIZES), torch.uint8)
+    big.fill_(7)
+    results: dict[str, list[dict[str, float]]] = {"put": [], "latency": []}
+
+    def sync() -> None:
+        torch.cuda.synchronize()
+        shmem.shmem_barrier_all()
+
+    for size in SIZES:
+        reps = max(1, min(50, (256 << 20) // size // 4))
+        host_t, dev_t = [], []
+        for _ in range(args.trials):
+            sync()
+            if me == 0:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    shmem.shmem_putmem(dst.data_ptr(), big[:size], 1)
+                host_t.append((time.perf_counter() - t0) / reps)
+            sync()
+            if me == 0:
+                t0 = time.perf_counter()
+                launch(put_bw, 1, block, [ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(big.data_ptr()),
+                                         ctypes.c_uint64(size), ctypes.c_int(1), ctypes.c_int(reps)])
+                cu.call("cuCtxSynchronize")
+                dev_t.append((time.perf_counter() - t0) / reps)
+        sync()
+        row = {"bytes": size, "host_gbps": size / statistics.median(host_t) / 1e9 if me == 0 else 0.0,
+               "device_gbps": size / statistics.median(dev_t) / 1e9 if me == 0 else 0.0}
+        results["put"].append(row)
+
+    sig = shmem.shmem_tensor(1, torch.int64)
+    buf = shmem.shmem_tensor(128, torch.uint8)
+    host_l, dev_l = [], []
+    for _ in range(args.trials):
+        sig.zero_()
+        sync()
+        t0 = time.perf_counter()
+        for i in range(1, args.iters + 1):
+            if me == 0:
+                shmem.shmem_putmem_signal(buf.data_ptr(), buf[64:72], sig.data_ptr(), i, shmem.SHMEM_SIGNAL_SET, 1)
+                shmem.shmem_wait_until(sig.data_ptr(), shmem.SHMEM_CMP_EQ, i)
+            else:
+                shmem.shmem_wait_until(sig.data_ptr(), shmem.SHMEM_CMP_EQ, i)
+                shmem.shmem_putmem_signal(buf.data_ptr(), buf[64:72], sig.data_ptr(), i, shmem.SHMEM_SIGNAL_SET, 0)
+        host_l.append((time.perf_counter() - t0) / (2 * args.iters))
+        sig.zero_()
+        sync()
+        t0 = time.perf_counter()
+        launch(ping, 1, 1, [ctypes.c_uint64(buf.data_ptr()), ctypes.c_uint64(sig.data_ptr()),
+                            ctypes.c_int(args.iters), ctypes.c_int(me)])
+        cu.call("cuCtxSynchronize")
+        dev_l.append((time.perf_counter() - t0) / (2 * args.iters))
+    sync()
+    results["latency"].append({"bytes": 8, "host_us": statistics.median(host_l) * 1e6,
+                               "device_us": statistics.median(dev_l) * 1e6})
+    if me == 0:
+        print(f"mori.shmem remote put bandwidth, PE 0 -> PE 1 (MORI_DISABLE_P2P, UCX_TLS={os.environ.get('UCX_TLS')}), "
+              f"median of {args.trials}")
+        print(f"{'size':>10} {'host GB/s':>10} {'device GB/s':>12} {'device/host':>12}")
+        for r in results["put"]:
+            print(f"{r['bytes']:>10} {r['host_gbps']:>10.3f} {r['device_gbps']:>12.3f} "
+                  f"{r['device_gbps'] / r['host_gbps']:>11.0%}")
+        lat = results["latency"][0]
+        print(f"put+signal ping-pong, 8 B, one way: host {lat['host_us']:.1f} us, device {lat['device_us']:.1f} us")
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    for t in (buf, sig, dst, big):
+        shmem.shmem_free(t.data_ptr())
+    shmem.shmem_finalize()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+// The proxy of device-initiated RMA (see ucx_proxy.hpp).
+#include "ucx_proxy.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "mori/device/proxy_ring.cuh"
+#include "ucx_atomic.hpp"
+
+namespace mori::ucx {
+
+using device::kProxySlots;
+using device::ProxyHeader;
+using device::ProxySlot;
+
+namespace {
+
+constexpr uint64_t kBlock = 1 << 20;           // a large transfer's blocks, which the engine pipelines
+constexpr uint64_t kFirstAdhoc = 1ull << 48;   // memory ids registered for one command
+constexpr uint64_t kInlineBytes = 16;          // bounce bytes per slot
+
+template <class T>
+T load(const T* p) {
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+template <class T>
+void store(T* p, T v) {
+    __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+void pause(int idle) {
+    // Busy while commands keep coming, then short sleeps: a kernel's next command is usually
+    // microseconds behind, and a proxy that sleeps long adds that to every put.
+    if (idle < 2000) {
+        std::this_thread::yield();
+    } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(idle < 20000 ? 5 : 50));
+    }
+}
+
+}  // namespace
+
+Proxy::Proxy(std::shared_ptr<Engine> engine, std::vector<std::shared_ptr<Peer>> peers, const ProxyConfig& cfg)
+    : engine_(std::move(engine)),
+      peers_(std::move(peers)),
+      cfg_(cfg),
+      header_(reinterpret_cast<ProxyHeader*>(cfg.ring)),
+      nextAdhoc_(kFirstAdhoc) {
+    if (!engine_ || cfg.ring == 0 || cfg.bounce == 0 || cfg.heapSize == 0)
+        throw std::invalid_argument("the proxy needs an engine, a ring, a bounce area and a heap");
+    if (cfg.chunk == 0 || cfg.heapSize % cfg.chunk != 0)
+        throw std::invalid_argument("the heap's chunk must divide its size");
+    if (!(cfg.timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
+    engine_->register_region(cfg.bounceId, cfg.bounce, kProxySlots * kInlineBytes, false);
+    std::memset(header_, 0, sizeof(ProxyHeader));
+    header_->slots = kProxySlots;
+    for (uint64_t t = 0; t < kProxySlots; ++t) {
+        std::memset(slot(t), 0, sizeof(ProxySlot));
+        slot(t)->seq = 4 * t;  // free for ticket t
+    }
+    thread_ = std::thread([this] { run(); });
+}
+
+Proxy::~Proxy() { stop(); }
+
+ProxySlot* Proxy::slot(uint64_t ticket) const {
+    return reinterpret_cast<ProxySlot*>(cfg_.ring + sizeof(ProxyHeader)) + (ticket & (kProxySlots - 1));
+}
+
+void Proxy::stop() {
+    stop_.store(true);
+    if (!thread_.joinable()) return;
+    thread_.join();
+    try {
+        engine_->deregister_region(cfg_.bounceId);
+    } catch (const std::exception&) {
+        // the engine was closed first: its registrations went with it
+    }
+}
+
+std::string Proxy::failure() const {
+    std::lock_guard lk(failMu_);
+    return failure_;
+}
+
+bool Proxy::wait_idle(double timeout) {
+    const int64_t deadline = now_ns() + static_cast<int64_t>(timeout * 1e9);
+    int idle = 0;
+    for (;;) {
+        const uint64_t taken = load(&header_->taken);
+        const bool posted = load(&slot(taken)->seq) == 4 * taken + 1;
+        if (!posted && load(&header_->completed) == taken) return true;
+        if (!thread_.joinable() || now_ns() >= deadline) return false;
+        pause(idle += 100);
+    }
+}
+
+void Proxy::fail(int pe, const std::string& why) {
+    std::lock_guard lk(failMu_);
+    if (!failure_.empty()) return;
+    failure_ = "PE " + std::to_string(pe) + ": " + why;
+    store(&header_->failed, static_cast<unsigned long long>(pe + 1));
+    std::fprintf(stderr, "mori proxy: a device-initiated operation to %s\n", failure_.c_str());
+}
+
+void Proxy::free_slot(uint64_t ticket) {
+    store(&slot(ticket)->seq, static_cast<unsigned long long>(4 * (ticket + kProxySlots)));
+}
+
+void Proxy::answer(uint64_t ticket, uint64_t value) {
+    ProxySlot* s = slot(ticket);
+    s->value = value;
+    store(&s->seq, static_cast<unsigned long long>(4 * ticket + 2));
+}
+
+std::shared_ptr<Peer> Proxy::peer(int pe, const char* what) {
+    if (pe < 0 || static_cast<size_t>(pe) >= peers_.size() || !peers_[pe])
+        throw std::invalid_argument(std::string(what) + " names PE " + std::to_string(pe) +
+                                    ", which is not reached through the proxy");
+    return peers_[pe];
+}
+
+uint64_t Proxy::heap_id(uint64_t off, uint64_t& inId, uint64_t& left) const {
+    const uint64_t k = off / cfg_.chunk;
+    inId = off - k * cfg_.chunk;
+    left = cfg_.chunk - inId;
+    return cfg_.heapId + k;
+}
+
+void Proxy::transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_t bytes) {
+    const char* what = op == kOpWrite ? "a put" : "a get";
+    std::shared_ptr<Peer> to = peer(p.pe, what);
+    if (remote > cfg_.heapSize || bytes > cfg_.heapSize - remote)
+        throw std::invalid_argument(std::string(what) + " of " + std::to_string(bytes) + " bytes at heap offset " +
+                                    std::to_string(remote) + " runs past the heap");
+    const bool inHeap = local >= cfg_.heapBase && local - cfg_.heapBase < cfg_.heapSize &&
+                        bytes <= cfg_.heapSize - (local - cfg_.heapBase);
+    const bool inBounce = local >= cfg_.bounce && local + bytes <= cfg_.bounce + kProxySlots * kInlineBytes;
+    uint64_t fixedId = cfg_.bounceId, fixedOff = local - cfg_.bounce;
+    if (!inHeap && !inBounce) {
+        // Memory outside the heap: registered for this command (GPU memory first, the usual
+        // buffer of a kernel; host memory if UCX says it is not).
+        fixedId = nextAdhoc_++;
+        fixedOff = 0;
+        try {
+            engine_->register_region(fixedId, local, bytes, cfg_.heapGpu);
+        } catch (const std::exception&) {
+            engine_->register_region(fixedId, local, bytes, !cfg_.heapGpu);
+        }
+        p.adhoc.push_back(fixedId);
+    }
+    std::vector<uint64_t> lofs, rofs, sizes;
+    uint64_t groupL = 0, groupR = 0;
+    auto flush = [&] {
+        if (sizes.empty()) return;
+        p.transfers.push_back(to->submit(op, groupL, lofs.data(), groupR, rofs.data(), sizes.data(), sizes.size(), 0,
+                                         false, cfg_.heapGpu));
+        lofs.clear();
+        rofs.clear();
+        sizes.clear();
+    };
+    for (uint64_t done = 0; done < bytes;) {
+        uint64_t rIn, rLeft, lId, lIn, lLeft = bytes;
+        const uint64_t rId = heap_id(remote + done, rIn, rLeft);
+        if (inHeap) {
+            lId = heap_id(local - cfg_.heapBase + done, lIn, lLeft);
+        } else {
+            lId = fixedId;
+            lIn = fixedOff + done;
+        }
+        const uint64_t n = std::min({bytes - done, rLeft, lLeft, kBlock});
+        if (!sizes.empty() && (lId != groupL || rId != groupR)) flush();
+        groupL = lId;
+        groupR = rId;
+        lofs.push_back(lIn);
+        rofs.push_back(rIn);
+        sizes.push_back(n);
+        done += n;
+    }
+    flush();
+}
+
+uint64_t Proxy::atomic(int pe, uint8_t op, uint64_t remote, uint64_t value, uint64_t compare, int width) {
+    std::shared_ptr<Peer> to = peer(pe, "an atomic");
+    uint64_t inId, left;
+    const uint64_t id = heap_id(remote, inId, left);
+    if (remote >= cfg_.heapSize) throw std::invalid_argument("an atomic at heap offset " + std::to_string(remote) +
+                                                             " is past the heap");
+    return remote_atomic(*engine_, *to, static_cast<AtomicOp>(op), id, inId, value, compare, width, cfg_.timeout);
+}
+
+void Proxy::execute(const ProxySlot& c, uint64_t ticket) {
+    const bool reply = (c.flags & device::kProxyFlagReply) != 0;
+    if ((c.flags & device::kProxyFlagOrdered) != 0 || c.command == device::kProxyFence) drain();
+    uint64_t result = 0;
+    try {
+        switch (c.command) {
+            case device::kProxyPut:
+            case device::kProxyGet:
+            case device::kProxyPutInline: {
+                Pending p;
+                p.ticket = ticket;
+                p.pe = c.pe;
+                if (c.command == device::kProxyPutInline) {
+                    if (c.bytes == 0 || c.bytes > kInlineBytes) throw std::invalid_argument("an inline put of " +
+                                                                   std::to_string(c.bytes) + " bytes");
+                    // The bytes wait in the slot's bounce area, which the slot keeps until they are written.
+                    const uint64_t bounce = cfg_.bounce + (ticket & (kProxySlots - 1)) * kInlineBytes;
+                    const uint64_t words[2] = {c.value, c.compare};
+                    std::memcpy(reinterpret_cast<void*>(bounce), words, kInlineBytes);
+                    p.freeSlot = true;
+                    pending_.push_back(std::move(p));
+                    transfer(pending_.back(), kOpWrite, bounce, c.remote, c.bytes);
+                    break;
+                }
+                if ((c.flags & device::kProxyFlagSignal) != 0) {
+                    p.signal = true;
+                    p.sigOffset = c.compare;
+                    p.sigValue = c.value;
+                    p.sigOp = c.op;
+                }
+                pending_.push_back(std::move(p));
+                free_slot(ticket);  // the command is copied out; its memory is the kernel's until quiet
+                transfer(pending_.back(), c.command == device::kProxyPut ? kOpWrite : kOpRead, c.local, c.remote,
+                         c.bytes);
+                break;
+            }
+            case device::kProxyGetInline: {
+                if (c.bytes == 0 || c.bytes > 8) throw std::invalid_argument("an inline get of " +
+                                                                            std::to_string(c.bytes) + " bytes");
+                const uint64_t bounce = cfg_.bounce + (ticket & (kProxySlots - 1)) * kInlineBytes;
+                pending_.push_back(Pending{});
+                pending_.back().ticket = ticket;
+                pending_.back().pe = c.pe;
+                transfer(pending_.back(), kOpRead, bounce, c.remote, c.bytes);
+                drain();
+                std::memcpy(&result, reinterpret_cast<const void*>(bounce), c.bytes);
+                break;
+            }
+            case device::kProxyAtomic:
+                result = atomic(c.pe, c.op, c.remote, c.value, c.compare, c.width);
+                break;
+            case device::kProxyFence:
+                break;
+            default:
+                throw std::invalid_argument("unknown command " + std::to_string(c.command));
+        }
+    } catch (const std::exception& e) {
+        fail(c.pe, e.what());
+        // A command posted but not started is dropped from the in-flight list (its transfers,
+        // if any started, still finish on their own deadline).
+        if (!pending_.empty() && pending_.back().ticket == ticket && !pending_.back().done) {
+            Pending& p = pending_.back();
+            p.signal = false;
+            if (p.transfers.empty()) finish(p);
+        }
+    }
+    const bool freedEarly = c.command == device::kProxyPut || c.command == device::kProxyGet;
+    if (reply) {
+        answer(ticket, result);
+    } else if (!freedEarly && c.command != device::kProxyPutInline) {
+        free_slot(ticket);  // (an inline put's slot is freed when its bytes are written)
+    }
+    executed_.fetch_add(1);
+}
+
+void Proxy::finish(Pending& p) {
+    for (uint64_t id : p.adhoc) {
+        try {
+            engine_->deregister_region(id);
+        } catch (const std::exception& e) {
+            fail(p.pe, std::string("releasing a buffer registered for a command: ") + e.what());
+        }
+    }
+    p.adhoc.clear();
+    if (p.freeSlot) free_slot(p.ticket);
+    p.done = true;
+}
+
+bool Proxy::reap() {
+    bool any = false;
+    for (Pending& p : pending_) {
+        if (p.done) continue;
+        bool finished = true;
+        for (const auto& t : p.transfers) finished = finished && t->finished();
+        if (!finished) continue;
+        bool ok = true;
+        for (const auto& t : p.transfers) {
+            if (t->code() != kSuccess) {
+                fail(p.pe, t->message());
+                ok = false;
+                break;
+            }
+        }
+        if (ok && p.signal) {
+            try {
+                atomic(p.pe, p.sigOp, p.sigOffset, p.sigValue, 0, 64);
+            } catch (const std::exception& e) {
+                fail(p.pe, std::string("the signal of a put with signal: ") + e.what());
+            }
+        }
+        finish(p);
+        any = true;
+    }
+    while (!pending_.empty() && pending_.front().done) pending_.pop_front();
+    return any;
+}
+
+void Proxy::drain() {
+    int idle = 0;
+    while (!pending_.empty()) {
+        if (reap()) {
+            idle = 0;
+            publish();
+        } else {
+            pause(++idle);
+        }
+    }
+    publish();
+}
+
+void Proxy::publish() {
+    const uint64_t completed = pending_.empty() ? tail_ : pending_.front().ticket;
+    const uint64_t waiting = pending_.empty() ? 0 : static_cast<uint64_t>(pending_.front().pe + 1);
+    store(&header_->waitingPe, static_cast<unsigned long long>(waiting));
+    store(&header_->completed, static_cast<unsigned long long>(completed));
+    published_.store(completed);
+}
+
+void Proxy::run() {
+    int idle = 0;
+    for (;;) {
+        bool work = false;
+        for (int n = 0; n < 256; ++n) {
+            ProxySlot* s = slot(tail_);
+            if (load(&s->seq) != 4 * tail_ + 1) break;
+            ProxySlot c;
+            std::memcpy(&c, s, sizeof(c));
+            execute(c, tail_);
+            ++tail_;
+            store(&header_->taken, static_cast<unsigned long long>(tail_));
+            work = true;
+        }
+        work = reap() || work;
+        publish();
+        if (work) {
+            idle = 0;
+            continue;
+        }
+        if (stop_.load() && pending_.empty()) break;
+        pause(++idle);
+    }
+}
+
+}  // namespace mori::ucx
