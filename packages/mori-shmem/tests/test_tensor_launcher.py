@@ -17,12 +17,15 @@ from pe_pool import PePool
 
 import mori.shmem as shmem
 from mori.shmem._gpu_states import (
+    FLAG_P2P_DISABLED,
+    FLAG_PROXY,
     GPU_FAST_STATES_SIZE,
     GPU_STATES_SIZE,
     MAX_PES,
     GpuFastStates,
     GpuStates,
     pack_fast_states,
+    pack_gpu_states,
 )
 
 
@@ -100,11 +103,25 @@ def test_fast_states_layout() -> None:
         pack_fast_states(0, MAX_PES + 1, 0, 0, [1] * (MAX_PES + 1), False)
 
 
+def test_proxy_fields() -> None:
+    """The device proxy's ring and ticket counter at offsets 40 and 48 of GpuStates, and flag bit 1
+    (kFlagProxy) in both states; without a proxy they are 0 and the bit is clear."""
+    ring, tickets = 0x7F12_0000_1000, 0x7F34_0000_2000
+    data = pack_gpu_states(0, 2, 1 << 40, 8 << 20, (1 << 40) + 8192, True, ring, tickets)
+    assert struct.unpack_from("<IIQQQ", data, 32) == (FLAG_P2P_DISABLED | FLAG_PROXY, 0, ring, tickets, 0)
+    parsed = GpuStates.from_buffer_copy(data)
+    assert (parsed.proxyRing, parsed.proxyTickets, parsed.flags) == (ring, tickets, 3)
+    assert struct.unpack_from("<IIQQQ", pack_gpu_states(0, 2, 1 << 40, 8 << 20, 0, False), 32) == (0, 0, 0, 0, 0)
+    fast = pack_fast_states(0, 2, 1 << 40, 8 << 20, [1 << 40, 0], True, proxy=True)
+    assert struct.unpack_from("<I", fast, 24) == (FLAG_P2P_DISABLED | FLAG_PROXY,)
+
+
 def test_p2p_disabled() -> None:
     pool = PePool(2, {"MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_HEAP_SIZE": "1M", "MORI_DISABLE_P2P": "1"})
     try:
         for rank, (states, _, bases) in enumerate(pool.run(pe_states)):
-            assert GpuStates.from_buffer_copy(states).flags == 1
+            parsed = GpuStates.from_buffer_copy(states)
+            assert parsed.flags == 1 and parsed.proxyRing == parsed.proxyTickets == 0  # no device proxy on CPU
             assert [b != 0 for b in bases] == [pe == rank for pe in range(2)]
     finally:
         pool.close()

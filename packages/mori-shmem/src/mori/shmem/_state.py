@@ -204,10 +204,16 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
 
 
 def finalize() -> None:
-    """Tears the instance down after a barrier (no PE unmaps while a peer may still write)."""
+    """Tears the instance down after a barrier (no PE unmaps while a peer may still write). A
+    failed device-initiated operation found while draining is raised after the teardown: this PE
+    still joins the barrier, so its peers do not wait for it."""
     instance = current()
+    failed: ShmemError | None = None
     try:
-        instance.rma.quiet()  # the device, and the proxy's commands to remote PEs, drained first
+        try:
+            instance.rma.quiet()  # the device, and the proxy's commands to remote PEs, drained first
+        except ShmemError as exc:
+            failed = exc
         instance.bootstrap.barrier()
     finally:
         if _mine.instance is instance:
@@ -222,3 +228,5 @@ def finalize() -> None:
         finally:
             if instance.owns_bootstrap:
                 instance.bootstrap.close()
+    if failed is not None:
+        raise failed
