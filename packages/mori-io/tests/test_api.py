@@ -180,6 +180,11 @@ def test_engine_api_calls():
         s.Wait()
         assert s.Succeeded() and np.array_equal(out, arr)
         assert a.pop_inbound_transfer_status("api-b", uid) is None  # inbound records live at the target
+        # A record sent over the control plane keeps its message in the target's one table.
+        a._ctx.send_completions("api-b", [(77, StatusCode.ERR_GPU_OP, "copy failed on device 3")])
+        inbound = b.pop_inbound_transfer_status("api-a", 77)
+        assert inbound is not None and inbound.Code() == StatusCode.ERR_GPU_OP
+        assert inbound.Message() == "copy failed on device 3" and b.pop_inbound_transfer_status("api-a", 77) is None
         # Batches given as lists, short and long (a long one is converted natively): the same
         # bytes, and the same clear errors for what is not an int.
         for n in (8, 128):

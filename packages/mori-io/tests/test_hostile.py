@@ -124,6 +124,28 @@ def test_notifications_bounded_and_checked(make_target):
     assert target.call("pop_inbound", "flooder", 199, 0) == StatusCode.SUCCESS
 
 
+def test_every_channel_writes_one_bounded_table(make_target):
+    # Issue 20: the TCP data plane's in-band records (written natively, no Python per record) and
+    # the control plane's notify records go to the engine's one table, under its one bound.
+    target = make_target({"MORI_IO_MAX_INBOUND_RECORDS": "50"})
+    src = np.arange(64, dtype=np.uint8)
+    with IOEngine("writer", IOEngineConfig()) as eng:
+        eng.create_backend(BackendType.TCP)
+        eng.register_remote_engine(target.desc)
+        ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+        statuses = [eng.write(ld, 0, target.region, 64 * uid, 64, uid) for uid in range(30)]
+        assert IOEngine.wait_all(statuses, 10_000) == StatusCode.SUCCESS
+        assert target.call("probe")["inbound"] == 30  # recorded before each write finished
+        client = ControlClient("127.0.0.1", target.desc.port, "notifier", "", 10)
+        _notify(client, list(range(40)), [int(StatusCode.ERR_NOT_FOUND)] * 40, ["from the control plane"] * 40)
+        client.close()
+        assert target.call("probe")["inbound"] == 50  # 70 records, one bound: the 20 oldest went
+        assert target.call("pop_inbound", "writer", 19, 0) is None
+        assert target.call("pop_inbound", "writer", 20, 0) == StatusCode.SUCCESS
+        assert target.call("pop_inbound", "notifier", 0, 0) == StatusCode.ERR_NOT_FOUND
+    assert target.call("bytes", 0, 64 * 30) == src.tobytes() * 30
+
+
 def test_malformed_notify_batch_records_nothing(make_target):
     # A batch is checked whole before any record is kept: one bad record, lists of different
     # lengths, or not lists at all, and none of the batch's records is recorded.

@@ -24,7 +24,7 @@ class Limits:
     hello_timeout: float
     idle_timeout: float  # authenticated control connections
     control_buffer: int  # bytes of control frames being received, over all connections
-    max_inbound: int  # completion records kept (per table)
+    max_inbound: int  # completion records kept (the engine's one table, every channel together)
     inbound_ttl: float
 
     @classmethod
