@@ -251,7 +251,7 @@ def test_local_descriptor_must_match_a_live_registration(pair):
         assert st.Code() == StatusCode.ERR_INVALID_ARGS
     for bad in ({0: 0}, {0}, [True], "0", [0] * 99 + [True]):  # 100 blocks: the native conversion
         with pytest.raises(TypeError):
-            engine.batch_write(ld, bad, target.region, [0], [8], 4)
+            engine.batch_write(ld, bad, target.region, [0] * len(bad), [8] * len(bad), 4)
     with pytest.raises(TypeError):
         engine.write(ld, False, target.region, 0, 8, 5)
     assert target.call("bytes", 0, 4096) == before
