@@ -69,6 +69,15 @@ def test_every_peer_through_the_proxy(nproc: int, mode: str) -> None:
     assert "ok  finalize, then init again" in out and "all through the proxy" in out
 
 
+def test_proxy_reports_a_dead_pe() -> None:
+    """PE 1 dies: PE 0's host quiet raises naming it, and a kernel waiting on the proxy fails its
+    launch with a device report naming it (no hang)."""
+    out = _torchrun("gpu_proxy_failure.py", 2, {"MORI_DISABLE_P2P": "ON", "UCX_TLS": "tcp,cuda_copy,self",
+                                                "MORI_SHMEM_TIMEOUT": "10", "MORI_SHMEM_HEAP_SIZE": "64M"})
+    assert "ok  host shmem_quiet names the dead PE" in out and "ok  a kernel's quiet failed its launch" in out
+    assert "the proxy's operation to PE 1 failed" in out
+
+
 @pytest.mark.parametrize("nproc", PES)
 def test_quick_reference_as_written(nproc: int) -> None:
     out = _torchrun("gpu_quickref.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "256M"})
