@@ -1,18 +1,17 @@
 """The public engine: :class:`IOEngine` and :class:`IOEngineSession` (MORI's API).
 
 The engine owns its control-plane server, its registries and its backends; transfers are checked
-here against the descriptors (so obvious errors fail fast without touching the network), routed
-to a backend (``_router``) and run asynchronously; the target checks every request again against
-what it really registered. The class is thin: its parts live in private modules (``_router`` the
-backends, ``_clients`` the control connections, ``_regions`` what registration checks, ``_order``
-the completion order and ``wait_all``, ``_session`` the session, ``_context`` what backends see).
+against the descriptors (so obvious errors fail fast without touching the network), routed to a
+backend and run asynchronously; the target checks every request again against what it really
+registered. The class is thin: its parts live in private modules (``_transfers`` the transfers,
+``_router`` the backends, ``_clients`` the control connections, ``_regions`` what registration
+checks, ``_order`` the completion order and ``wait_all``, ``_session`` the session, ``_context``
+what backends see).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import operator
 import os
 import threading
 import time
@@ -21,7 +20,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from mori.core import config as mori_config
-from mori.core.batch import Batch
 from mori.core.inbound import InboundRecords
 from mori.core.log import get_logger
 
@@ -40,7 +38,8 @@ from ._registry import (
 )
 from ._router import Router
 from ._session import IOEngineSession
-from .backends import Backend, Outcome, TransferOp, TransferRequest, backend_factory
+from ._transfers import Transfers
+from .backends import TransferOp, backend_factory
 from .types import (
     BackendType,
     EngineDesc,
@@ -60,51 +59,6 @@ def _shutdown(backends: Router, server: ControlServer, clients: ControlClients) 
     backends.close()
     clients.close()
     server.close()
-
-
-_U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
-# Batch's own names of its columns, as the engine's callers know them.
-_COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
-
-
-def _int(name: str, value: Any) -> int:
-    """``value`` as an int; bools and non-integers raise ``TypeError`` naming ``name``."""
-    if type(value) is int:
-        return value
-    if not isinstance(value, bool):
-        with contextlib.suppress(TypeError):
-            return operator.index(value)
-    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-
-
-def _named(err: Exception) -> str:
-    """A message of :class:`Batch` in the words of the engine's caller (local/remote offsets)."""
-    text = str(err).removeprefix("Batch: ")
-    for column, name in _COLUMNS:
-        text = text.replace(column, name)
-    return text
-
-
-def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> Batch | str:
-    """The rows (``base`` + local offset, remote offset, bytes) of a transfer, built once, or why
-    its values cannot be (a negative value, one past 64 bits). ``TypeError`` for what is not
-    integers, ``ValueError`` for columns of different lengths. One block of plain ints (read,
-    write, most small batches) takes the short way."""
-    if type(sizes) is list and type(l_offs) is list and type(r_offs) is list and len(sizes) == 1 \
-            and len(l_offs) == len(r_offs) == 1:
-        lo, ro, n = l_offs[0], r_offs[0], sizes[0]
-        if type(lo) is int and type(ro) is int and type(n) is int and lo >= 0 and ro >= 0 and n >= 0 \
-                and base + lo + n <= _U64_END and ro + n <= _U64_END:
-            return Batch.one(base + lo, ro, n)
-    try:
-        return Batch(l_offs, r_offs, sizes, base)
-    except TypeError as err:
-        raise TypeError(_named(err)) from None
-    except ValueError as err:  # the columns were read, so they have lengths
-        if not len(l_offs) == len(r_offs) == len(sizes):
-            raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
-                             f"{len(sizes)} sizes") from None
-        return _named(err)
 
 
 class IOEngine:
@@ -137,6 +91,7 @@ class IOEngine:
         self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(), node_id())
         self._clients = ControlClients(self._identity, self._token, self._remotes, (config.host, self._server.port))
         self._order = PeerOrder()  # TransferStatus's order per remote engine
+        self._transfers = Transfers(key, self._memory, self._remotes, self._backends, self._order, self._inflight)
         self._finalizer = weakref.finalize(self, _shutdown, self._backends, self._server, self._clients)
         _log.info("engine %r: control plane on %s:%d", key, config.host, self._server.port)
 
@@ -249,104 +204,15 @@ class IOEngine:
         """A transfer id unique within this engine."""
         return self._uids.allocate()
 
-    def _reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
-        live = self._memory.get(local.id) if local.engine_key == self._key else None
-        if live is None:
-            return StatusCode.ERR_NOT_FOUND, f"local memory {local.id} is not registered with engine {self._key!r}"
-        if live is not local and live != local:
-            return StatusCode.ERR_INVALID_ARGS, (f"local memory descriptor {local.id} does not match its registration "
-                                                 f"with engine {self._key!r} (address, size or location differ: "
-                                                 "stale or altered)")
-        if remote.engine_key not in self._remotes:
-            return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
-        # Checked before a transfer is queued anywhere: a value a backend cannot encode must fail
-        # the transfer, not the call that queued it.
-        problem = remote._wire_problem()
-        return None if problem is None else (StatusCode.ERR_INVALID_ARGS, f"remote memory descriptor: {problem}")
-
-    def _submit(self, op: TransferOp, local: MemoryDesc, l_offs: Any, remote: MemoryDesc, r_offs: Any, sizes: Any,
-                uid: int, backend: Backend | None = None) -> TransferStatus:
-        if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
-            raise TypeError("local and remote memory must be MemoryDesc objects")
-        batch = _batch(local.data, l_offs, r_offs, sizes)
-        uid = _int("transfer uid", uid)
-        problem = self._reject(local, remote)
-        if problem is None and not 0 <= uid < _U64_END:
-            problem = StatusCode.ERR_INVALID_ARGS, f"transfer uid {uid} outside 0..2**64-1"
-        if problem is None and isinstance(batch, str):
-            problem = StatusCode.ERR_INVALID_ARGS, batch
-        elif problem is None and isinstance(batch, Batch) and len(batch):
-            if batch.src_end - local.data > local.size:
-                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \
-                                                       f"({local.size} bytes)"
-            elif batch.dst_end > remote.size:
-                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
-                                                       f"({remote.size} bytes)"
-        if problem is None and backend is None:
-            backend = self._backends.choose(local, remote)
-            if backend is None:
-                problem = StatusCode.ERR_BAD_STATE, (f"no backend of engine {self._key!r} can move {local.loc.name} "
-                                                     f"<-> {remote.loc.name} memory (created: "
-                                                     f"{self._backends.names() or 'none'})")
-        if problem is not None:
-            return TransferStatus(*problem)
-        assert backend is not None and not isinstance(batch, str)
-        # IN_PROGRESS from the start: no one sees the status before the order below publishes it.
-        status = TransferStatus(StatusCode.IN_PROGRESS)
-        request = TransferRequest(op, local, remote, batch, uid, status)
-        refusal = backend.admit(request)
-        if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
-            status._attach(refusal)
-            return status
-        self._order.join(remote.engine_key, status)
-        # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
-        self._inflight.add(local.id, status, backend, remote.engine_key)
-        if self._memory.get(local.id) is None:
-            status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
-            return status
-        try:
-            completion = backend.submit(request)
-        except Exception as err:  # queued above: whatever went wrong must finish the status
-            # A backend must not raise (base.py), but if one does, the transfer is already in this
-            # peer's completion order: left IN_PROGRESS it would hold back every later status.
-            _log.error("engine %r: %s backend raised while starting transfer %d: %r", self._key,
-                       backend.kind.name, uid, err)
-            completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the "
-                                                          f"transfer: {err!r}")
-        if completion is None:  # a backend breaking its contract must not wedge the order either
-            completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend returned no completion")
-        status._attach(completion)
-        return status
-
     def read(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
              uid: int) -> TransferStatus:
         """One-sided read of ``size`` bytes: remote ``r_offset`` -> local ``l_offset``."""
-        return self._submit(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
+        return self._transfers.submit(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
 
     def write(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
               uid: int) -> TransferStatus:
         """One-sided write of ``size`` bytes: local ``l_offset`` -> remote ``r_offset``."""
-        return self._submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
-
-    def _batch(self, op: TransferOp, local_mem: Any, local_offsets: Any, remote_mem: Any, remote_offsets: Any,
-               sizes: Any, uid: Any) -> Any:
-        if not isinstance(local_mem, (list, tuple)):
-            return self._submit(op, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
-        # MORI's engine-level form: one list entry per descriptor pair, one status each.
-        columns = {"local memory": local_mem, "local offsets": local_offsets, "remote memory": remote_mem,
-                   "remote offsets": remote_offsets, "sizes": sizes, "uids": uid}
-        for name, column in columns.items():
-            if not isinstance(column, (list, tuple)):
-                raise TypeError(f"batch with a list of descriptors: {name} must be a list too, got "
-                                f"{type(column).__name__}")
-        if len({len(c) for c in columns.values()}) > 1:
-            raise ValueError("batch with a list of descriptors: lengths differ (" +
-                             ", ".join(f"{len(c)} {name}" for name, c in columns.items()) + ")")
-        for lm, rm in zip(local_mem, remote_mem):
-            if not isinstance(lm, MemoryDesc) or not isinstance(rm, MemoryDesc):
-                raise TypeError("local and remote memory must be MemoryDesc objects")
-        return [self._submit(op, *pair) for pair in zip(local_mem, local_offsets, remote_mem, remote_offsets,
-                                                        sizes, uid)]
+        return self._transfers.submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
 
     def batch_read(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
                    remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
@@ -357,14 +223,14 @@ class IOEngine:
         ``batch_read([local], [l_offs], [remote], [r_offs], [sizes], [uid])`` returns a list with one
         :class:`TransferStatus` per pair.
         """
-        return self._batch(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        return self._transfers.batch(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
 
     def batch_write(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
                     remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
                     sizes: Sequence[Any], uid: int | Sequence[int]) -> Any:
         """Writes ``len(sizes)`` blocks as one transfer; with lists of descriptors (MORI's
         engine-level form, see :meth:`batch_read`) one transfer and one status per pair."""
-        return self._batch(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        return self._transfers.batch(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
 
     @staticmethod
     def wait_all(statuses: Sequence[TransferStatus], timeout_ms: float = -1) -> StatusCode:
@@ -374,7 +240,7 @@ class IOEngine:
 
     def create_session(self, local_mem: MemoryDesc, remote_mem: MemoryDesc) -> IOEngineSession | None:
         """A reusable session between two regions, or None when no backend can serve them."""
-        if self._reject(local_mem, remote_mem) is not None:
+        if self._transfers.reject(local_mem, remote_mem) is not None:
             return None
         backend = self._backends.choose(local_mem, remote_mem)
         return None if backend is None else IOEngineSession(self, local_mem, remote_mem, backend)

@@ -1,0 +1,173 @@
+"""An engine's transfers: each one checked against both descriptors (so obvious errors fail
+fast without touching the network), its blocks built into one :class:`mori.core.batch.Batch`,
+routed to a backend, joined to its peer's completion order and started; the status it returns
+reads the completion the backend's ``submit`` returned."""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any
+
+from mori.core.batch import Batch
+from mori.core.log import get_logger
+
+from ._order import PeerOrder
+from ._registry import InFlight, MemoryRegistry, RemoteEngines
+from ._router import Router
+from .backends import Backend, Outcome, TransferOp, TransferRequest
+from .types import MemoryDesc, StatusCode, TransferStatus
+
+__all__ = ["Transfers"]
+
+_log = get_logger("io")
+
+_U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
+# Batch's own names of its columns, as the engine's callers know them.
+_COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
+
+
+def _int(name: str, value: Any) -> int:
+    """``value`` as an int; bools and non-integers raise ``TypeError`` naming ``name``."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(value)
+    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def _named(err: Exception) -> str:
+    """A message of :class:`Batch` in the words of the engine's caller (local/remote offsets)."""
+    text = str(err).removeprefix("Batch: ")
+    for column, name in _COLUMNS:
+        text = text.replace(column, name)
+    return text
+
+
+def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> Batch | str:
+    """The rows (``base`` + local offset, remote offset, bytes) of a transfer, built once, or why
+    its values cannot be (a negative value, one past 64 bits). ``TypeError`` for what is not
+    integers, ``ValueError`` for columns of different lengths. One block of plain ints (read,
+    write, most small batches) takes the short way."""
+    if type(sizes) is list and type(l_offs) is list and type(r_offs) is list and len(sizes) == 1 \
+            and len(l_offs) == len(r_offs) == 1:
+        lo, ro, n = l_offs[0], r_offs[0], sizes[0]
+        if type(lo) is int and type(ro) is int and type(n) is int and lo >= 0 and ro >= 0 and n >= 0 \
+                and base + lo + n <= _U64_END and ro + n <= _U64_END:
+            return Batch.one(base + lo, ro, n)
+    try:
+        return Batch(l_offs, r_offs, sizes, base)
+    except TypeError as err:
+        raise TypeError(_named(err)) from None
+    except ValueError as err:  # the columns were read, so they have lengths
+        if not len(l_offs) == len(r_offs) == len(sizes):
+            raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
+                             f"{len(sizes)} sizes") from None
+        return _named(err)
+
+
+class Transfers:
+    """The transfers of the engine ``key``, over its registries, backends and completion order."""
+
+    def __init__(self, key: str, memory: MemoryRegistry, remotes: RemoteEngines, backends: Router,
+                 order: PeerOrder, inflight: InFlight) -> None:
+        self._key = key
+        self._memory = memory
+        self._remotes = remotes
+        self._backends = backends
+        self._order = order
+        self._inflight = inflight
+
+    def reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
+        """Why a transfer between ``local`` and ``remote`` cannot start (code, message), or None."""
+        live = self._memory.get(local.id) if local.engine_key == self._key else None
+        if live is None:
+            return StatusCode.ERR_NOT_FOUND, f"local memory {local.id} is not registered with engine {self._key!r}"
+        if live is not local and live != local:
+            return StatusCode.ERR_INVALID_ARGS, (f"local memory descriptor {local.id} does not match its registration "
+                                                 f"with engine {self._key!r} (address, size or location differ: "
+                                                 "stale or altered)")
+        if remote.engine_key not in self._remotes:
+            return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
+        # Checked before a transfer is queued anywhere: a value a backend cannot encode must fail
+        # the transfer, not the call that queued it.
+        problem = remote._wire_problem()
+        return None if problem is None else (StatusCode.ERR_INVALID_ARGS, f"remote memory descriptor: {problem}")
+
+    def submit(self, op: TransferOp, local: MemoryDesc, l_offs: Any, remote: MemoryDesc, r_offs: Any, sizes: Any,
+                uid: int, backend: Backend | None = None) -> TransferStatus:
+        """Checks, routes (unless ``backend`` is given) and starts one transfer; its status."""
+        if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
+            raise TypeError("local and remote memory must be MemoryDesc objects")
+        batch = _batch(local.data, l_offs, r_offs, sizes)
+        uid = _int("transfer uid", uid)
+        problem = self.reject(local, remote)
+        if problem is None and not 0 <= uid < _U64_END:
+            problem = StatusCode.ERR_INVALID_ARGS, f"transfer uid {uid} outside 0..2**64-1"
+        if problem is None and isinstance(batch, str):
+            problem = StatusCode.ERR_INVALID_ARGS, batch
+        elif problem is None and isinstance(batch, Batch) and len(batch):
+            if batch.src_end - local.data > local.size:
+                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \
+                                                       f"({local.size} bytes)"
+            elif batch.dst_end > remote.size:
+                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
+                                                       f"({remote.size} bytes)"
+        if problem is None and backend is None:
+            backend = self._backends.choose(local, remote)
+            if backend is None:
+                problem = StatusCode.ERR_BAD_STATE, (f"no backend of engine {self._key!r} can move {local.loc.name} "
+                                                     f"<-> {remote.loc.name} memory (created: "
+                                                     f"{self._backends.names() or 'none'})")
+        if problem is not None:
+            return TransferStatus(*problem)
+        assert backend is not None and not isinstance(batch, str)
+        # IN_PROGRESS from the start: no one sees the status before the order below publishes it.
+        status = TransferStatus(StatusCode.IN_PROGRESS)
+        request = TransferRequest(op, local, remote, batch, uid, status)
+        refusal = backend.admit(request)
+        if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
+            status._attach(refusal)
+            return status
+        self._order.join(remote.engine_key, status)
+        # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
+        self._inflight.add(local.id, status, backend, remote.engine_key)
+        if self._memory.get(local.id) is None:
+            status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
+            return status
+        try:
+            completion = backend.submit(request)
+        except Exception as err:  # queued above: whatever went wrong must finish the status
+            # A backend must not raise (base.py), but if one does, the transfer is already in this
+            # peer's completion order: left IN_PROGRESS it would hold back every later status.
+            _log.error("engine %r: %s backend raised while starting transfer %d: %r", self._key,
+                       backend.kind.name, uid, err)
+            completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the "
+                                                          f"transfer: {err!r}")
+        if completion is None:  # a backend breaking its contract must not wedge the order either
+            completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend returned no completion")
+        status._attach(completion)
+        return status
+
+    def batch(self, op: TransferOp, local_mem: Any, local_offsets: Any, remote_mem: Any, remote_offsets: Any,
+               sizes: Any, uid: Any) -> Any:
+        """``batch_read``/``batch_write``: one transfer, or MORI's engine-level form (lists of
+        descriptor pairs) with one transfer and one status per pair."""
+        if not isinstance(local_mem, (list, tuple)):
+            return self.submit(op, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        # MORI's engine-level form: one list entry per descriptor pair, one status each.
+        columns = {"local memory": local_mem, "local offsets": local_offsets, "remote memory": remote_mem,
+                   "remote offsets": remote_offsets, "sizes": sizes, "uids": uid}
+        for name, column in columns.items():
+            if not isinstance(column, (list, tuple)):
+                raise TypeError(f"batch with a list of descriptors: {name} must be a list too, got "
+                                f"{type(column).__name__}")
+        if len({len(c) for c in columns.values()}) > 1:
+            raise ValueError("batch with a list of descriptors: lengths differ (" +
+                             ", ".join(f"{len(c)} {name}" for name, c in columns.items()) + ")")
+        for lm, rm in zip(local_mem, remote_mem):
+            if not isinstance(lm, MemoryDesc) or not isinstance(rm, MemoryDesc):
+                raise TypeError("local and remote memory must be MemoryDesc objects")
+        return [self.submit(op, *pair) for pair in zip(local_mem, local_offsets, remote_mem, remote_offsets,
+                                                        sizes, uid)]
