@@ -105,6 +105,17 @@ class GpuKernels:
             self.launch("ep_internode_forward", self._between_nodes(grid), threads, a, stream)
         self.sync_launch("ep_dispatch_signal", a, stream)
 
+    def dispatch_recv(self, a: EpArgs, count_experts: bool, stream: int) -> None:
+        """Waits for this node's PEs' counts; then fills the local expert count if asked."""
+        self.sync_launch("ep_dispatch_wait", a, stream)
+        if count_experts:
+            self.launch("ep_local_expert_count", 1, 1024, a, stream)
+
+    def combine_send(self, a: EpArgs, suffix: str, grid: int, threads: int, stream: int) -> None:
+        """Stages this PE's expert outputs and tells this node's PEs (``suffix``: the dtype pair)."""
+        self.launch("ep_combine_stage_" + suffix, grid, threads, a, stream)
+        self.sync_launch("ep_combine_barrier_signal", a, stream)
+
     def combine_recv(self, a: EpArgs, suffix: str, grid: int, threads: int, stream: int) -> None:
         """Waits for this node's expert outputs; with several nodes, sends the rows of the tokens
         forwarded here back to their nodes and waits for theirs; then sums."""

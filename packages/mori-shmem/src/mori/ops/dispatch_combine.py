@@ -247,10 +247,7 @@ class EpDispatchCombineOp:
     def _dispatch_recv(self, count: bool) -> None:
         self._expect("dispatch", "dispatch_recv")
         if self._gpu:
-            stream = self._stream()
-            self._kernels.sync_launch("ep_dispatch_wait", self._args, stream)
-            if count:
-                self._kernels.launch("ep_local_expert_count", 1, 1024, self._args, stream)
+            self._kernels.dispatch_recv(self._args, count, self._stream())
         elif count:
             self._cpu.count_experts(self.local_expert_count)
         self._pending = None
@@ -321,9 +318,7 @@ class EpDispatchCombineOp:
             a.numTokens, a.hidden = self._dispatched, inp.shape[1]
             a.inpRows, a.weightRows = inp.shape[0], weights.shape[0] if weights is not None else 0
             a.combRowBytes = inp.shape[1] * wire.itemsize
-            stream = self._stream()
-            self._kernels.launch("ep_combine_stage_" + self._call["suffix"], grid, threads, a, stream)
-            self._kernels.sync_launch("ep_combine_barrier_signal", a, stream)
+            self._kernels.combine_send(a, self._call["suffix"], grid, threads, self._stream())
             self._args = a
         else:
             self._cpu.combine_stage(inp, weights, wire)
