@@ -1,8 +1,11 @@
 """Issue 21's acceptance benchmark: ``ci/rdma_bench.sh`` (mori RDMA, NIXL, mori TCP between two
 network namespaces on UCX's tcp transport) in alternating rounds, write then read, and the median
 over rounds of each point's per-round median latency, bandwidth and initiator CPU seconds per GB.
+With ``--same-host``: mori-io-bench's RDMA backend beside NIXL on one host instead (CPU memory,
+UCX's defaults for both; mori takes its UCX engine's same-host path), 4 KiB and 1 MiB single and
+1024 x 1 MiB scattered.
 
-    python ci/rdma_bench_rounds.py PEER_PYTHON [--rounds 3] [--iters 30] [--out DIR]
+    python ci/rdma_bench_rounds.py PEER_PYTHON [--same-host] [--rounds 3] [--iters 30] [--out DIR]
 
 PEER_PYTHON has ``nixl`` installed (``pip install nixl==1.5.1``). Needs root and iproute2.
 """
@@ -11,12 +14,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 POINTS = ["--sizes", "4K,1M", "--batch-sizes", "1,64,1024", "--max-bytes", "64M"]
+SAME_HOST_POINTS = ["--sizes", "4K,1M", "--batch-sizes", "1,1024", "--max-bytes", "1G"]
+
+
+def _command(args: argparse.Namespace, op: str, out: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The benchmark run of one round and op, and its environment (None: this one)."""
+    if not args.same_host:
+        return ["bash", str(HERE / "rdma_bench.sh"), args.peer_python, "--op", op, *POINTS, "--iters",
+                str(args.iters), "--json", str(out)], None
+    env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "all"}  # UCX's defaults; no NIC needed here
+    return [sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--peers", "nixl", "--peer-python",
+            args.peer_python, "--op", op, *SAME_HOST_POINTS, "--iters", str(args.iters), "--no-progress",
+            "--json", str(out)], env
 
 
 def main() -> None:
@@ -25,15 +42,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", type=Path, default=Path("/tmp/rdma_bench_rounds"))
+    p.add_argument("--same-host", action="store_true", help="mori RDMA beside NIXL on one host (see above)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: dict[tuple[str, str, int, int], list[dict]] = {}
     for r in range(args.rounds):
         for op in ("write", "read"):
             out = args.out / f"{op}{r}.json"
-            subprocess.run(["bash", str(HERE / "rdma_bench.sh"), args.peer_python, "--op", op, *POINTS,
-                            "--iters", str(args.iters), "--json", str(out)], check=True, capture_output=True,
-                           timeout=1800)
+            command, env = _command(args, op, out)
+            subprocess.run(command, env=env, check=True, capture_output=True, timeout=1800)
             for row in json.loads(out.read_text())["rows"]:
                 rows.setdefault((row["op"], row["engine"], row["size"], row["batch"]), []).append(row)
     print(f"medians of {args.rounds} alternating rounds ({args.iters} timed transfers per point and round)")

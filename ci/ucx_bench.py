@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mori.core import testing, ucx
+from mori.core.batch import Batch
 
 SIZE = 80 << 20
 POINTS = [  # (name, op, block size, blocks)
@@ -52,6 +53,7 @@ def _target(settings: dict[str, str], options: dict[str, Any]) -> dict[str, Any]
 
 def _initiator(settings: dict[str, str], options: dict[str, Any]) -> None:
     eng, buf = _engine("initiator", settings, options)
+    base = int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
 
     def run(addresses: list[bytes], ticket: int, iters: int, points: list[str]) -> list[dict[str, Any]]:
         peer = eng.connect("target", addresses, ticket)
@@ -64,12 +66,13 @@ def _initiator(settings: dict[str, str], options: dict[str, Any]) -> None:
             offs = np.arange(batch, dtype=np.uint64) * np.uint64(size)
             roffs = np.random.default_rng(batch).permutation(offs)
             sizes = np.full(batch, size, dtype=np.uint64)
+            rows = Batch(offs, roffs, sizes, src_base=base)
             times = []
             n = max(3, iters if size * batch <= 1 << 20 else iters // 4)
             for i in range(n + n // 5 + 2):
                 c0 = os.times()
                 t0 = time.perf_counter()
-                t = peer.submit_arrays(op, 1, offs, 1, roffs, sizes)
+                t = peer.submit(op, 1, rows, 1)
                 t.wait(60)
                 dt = time.perf_counter() - t0
                 c1 = os.times()

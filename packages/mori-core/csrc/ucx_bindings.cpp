@@ -1,7 +1,6 @@
 // Python bindings of the UCX engine: ucx_load/ucx_library/ucx_components, UcxEngine, UcxPeer,
 // UcxTransfer (typed in _native.pyi, presented by mori.core.ucx). Every call that can block
 // (connect, submit, wait, deregister, close) releases the GIL.
-#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include "registry.hpp"
@@ -12,29 +11,12 @@ using namespace mori::ucx;
 
 namespace {
 
-using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
-
 py::dict library_dict(const Library& lib) {
     py::dict d;
     d["path"] = lib.path;
     d["source"] = lib.source;
     d["version"] = py::make_tuple(lib.major, lib.minor, lib.release);
     return d;
-}
-
-std::vector<uint64_t> checked(const U64Array& a, const char* name) {
-    if (a.ndim() != 1) throw std::invalid_argument(std::string(name) + " must be a 1-d array");
-    return std::vector<uint64_t>(a.data(), a.data() + a.shape(0));
-}
-
-std::shared_ptr<Transfer> submit(Peer& p, int op, uint64_t localId, const std::vector<uint64_t>& lofs,
-                                 uint64_t remoteId, const std::vector<uint64_t>& rofs,
-                                 const std::vector<uint64_t>& sizes, uint64_t uid, bool notify, bool remoteGpu) {
-    if (lofs.size() != sizes.size() || rofs.size() != sizes.size())
-        throw std::invalid_argument("offsets and sizes must have the same length");
-    py::gil_scoped_release release;
-    return p.submit(static_cast<Op>(op), localId, lofs.data(), remoteId, rofs.data(), sizes.data(), sizes.size(), uid,
-                    notify, remoteGpu);
 }
 
 mori::native::Registration reg([](py::module_& root) {
@@ -67,31 +49,21 @@ mori::native::Registration reg([](py::module_& root) {
 
     py::class_<Peer, std::shared_ptr<Peer>>(m, "UcxPeer", "Endpoints from a UCX engine to one peer engine.")
         .def_property_readonly("key", &Peer::key)
-        .def("submit", &submit, py::arg("op"), py::arg("local_id"), py::arg("local_offsets"), py::arg("remote_id"),
-             py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid") = 0, py::arg("notify") = false,
-             py::arg("remote_gpu") = false,
-             "Starts a transfer of len(sizes) blocks (op 1 = read, 2 = write); returns its UcxTransfer.")
         .def(
-            "submit_arrays",
-            [](Peer& p, int op, uint64_t localId, const U64Array& lofs, uint64_t remoteId, const U64Array& rofs,
-               const U64Array& sizes, uint64_t uid, bool notify, bool remoteGpu) {
-                return submit(p, op, localId, checked(lofs, "local_offsets"), remoteId, checked(rofs, "remote_offsets"),
-                              checked(sizes, "sizes"), uid, notify, remoteGpu);
-            },
-            py::arg("op"), py::arg("local_id"), py::arg("local_offsets"), py::arg("remote_id"),
-            py::arg("remote_offsets"), py::arg("sizes"), py::arg("uid") = 0, py::arg("notify") = false,
-            py::arg("remote_gpu") = false, "submit() for numpy integer arrays; needs numpy.")
-        .def(
-            "submit_batch",
+            "submit",
             [](Peer& p, int op, uint64_t localId, const mori::plan::Batch& batch, uint64_t remoteId, uint64_t uid,
                bool notify, bool remoteGpu) {
                 py::gil_scoped_release release;
-                return p.submit_batch(static_cast<Op>(op), localId, batch, remoteId, uid, notify, remoteGpu);
+                return p.submit(static_cast<Op>(op), localId, batch, remoteId, uid, notify, remoteGpu);
             },
             py::arg("op"), py::arg("local_id"), py::arg("batch"), py::arg("remote_id"), py::arg("uid") = 0,
             py::arg("notify") = false, py::arg("remote_gpu") = false,
-            "submit() for a mori.core.batch.Batch of rows (local address inside local_id, offset in remote_id, "
-            "bytes): no per-block conversion.")
+            "Starts a transfer (op 1 = read, 2 = write) of a mori.core.batch.Batch of rows (local address inside "
+            "local_id, offset in remote_id, bytes; Batch.one for one block); returns its UcxTransfer.")
+        .def_property_readonly("same_host", &Peer::same_host,
+                               "True when host-memory transfers take the same-host path (process_vm_readv/writev).")
+        .def_property_readonly("same_host_refusal", &Peer::same_host_refusal,
+                               "Why a same-host peer could not use that path ('' when it was not offered or works).")
         .def("healthy", &Peer::healthy, "False once the peer failed or was closed.")
         .def("failure", &Peer::failure, "Why the peer failed ('' while healthy).")
         .def("describe", &Peer::describe, py::call_guard<py::gil_scoped_release>(),
@@ -104,7 +76,7 @@ mori::native::Registration reg([](py::module_& root) {
         .def(py::init([](const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings,
                          int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
                          bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets,
-                         std::shared_ptr<mori::InboundRecords> inbound) {
+                         std::shared_ptr<mori::InboundRecords> inbound, bool sameHost) {
                  EngineOptions o;
                  o.name = name;
                  o.settings = settings;
@@ -118,6 +90,9 @@ mori::native::Registration reg([](py::module_& root) {
                  o.inboundTtl = inboundTtl;
                  o.maxTickets = maxTickets;
                  o.inbound = std::move(inbound);
+                 // One definition of "this host": mori.core.host's key (machine and network namespace).
+                 o.hostKey = py::module_::import("mori.core.host").attr("this_host")().attr("key").cast<std::string>();
+                 o.sameHost = sameHost && !o.hostKey.empty();
                  py::gil_scoped_release release;
                  return std::make_shared<Engine>(std::move(o));
              }),
@@ -126,8 +101,10 @@ mori::native::Registration reg([](py::module_& root) {
              py::arg("timeout_setting") = "timeout", py::arg("rma") = false,
              py::arg("max_inbound") = EngineOptions{}.maxInbound, py::arg("inbound_ttl") = EngineOptions{}.inboundTtl,
              py::arg("max_tickets") = EngineOptions{}.maxTickets, py::arg("inbound") = nullptr,
+             py::arg("same_host") = true,
              "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
-             "other channels), else to a table of its own bounded by max_inbound and inbound_ttl.")
+             "other channels), else to a table of its own bounded by max_inbound and inbound_ttl. same_host: offer "
+             "and take the same-host path.")
         .def_property_readonly(
             "addresses",
             [](const Engine& e) {
@@ -136,6 +113,9 @@ mori::native::Registration reg([](py::module_& root) {
                 return out;
             },
             "The UCX address of each worker, for peers to connect to.")
+        .def_property_readonly(
+            "same_host_address", [](const Engine& e) { return py::bytes(e.same_host_address()); },
+            "What a peer on this host passes to connect(same_host=...) to take the same-host path (b'' when off).")
         .def_property_readonly("cuda_supported", &Engine::cuda_supported)
         .def(
             "register_memory",
@@ -155,14 +135,27 @@ mori::native::Registration reg([](py::module_& root) {
         .def("admit", &Engine::admit, py::arg("key"), "The ticket engine key must present (issued once per key).")
         .def(
             "connect",
-            [](Engine& e, const std::string& key, const std::vector<py::bytes>& addresses, uint64_t ticket) {
+            [](Engine& e, const std::string& key, const std::vector<py::bytes>& addresses, uint64_t ticket,
+               const py::bytes& sameHost) {
                 std::vector<std::string> addrs;
                 for (const auto& a : addresses) addrs.emplace_back(a);
-                py::gil_scoped_release release;
-                return e.connect(key, addrs, ticket);
+                std::shared_ptr<Peer> peer;
+                {
+                    py::gil_scoped_release release;
+                    peer = e.connect(key, addrs, ticket, std::string(sameHost));
+                }
+                static bool told = false;  // said once per process: the reason is the host's, not the peer's
+                if (!peer->same_host_refusal().empty() && !told) {
+                    told = true;
+                    py::module_::import("mori.core.log").attr("get_logger")("core").attr("warning")(
+                        "UCX engine: same-host transfers go through UCX instead of process_vm_readv/writev: " +
+                        peer->same_host_refusal());
+                }
+                return peer;
             },
-            py::arg("key"), py::arg("addresses"), py::arg("ticket"),
-            "Endpoints to the engine with these worker addresses, presenting the ticket it issued.")
+            py::arg("key"), py::arg("addresses"), py::arg("ticket"), py::arg("same_host") = py::bytes(),
+            "Endpoints to the engine with these worker addresses, presenting the ticket it issued; same_host: "
+            "its same_host_address (the same-host path when it names this host).")
         .def("fail_peer", &Engine::fail_peer, py::arg("key"), py::arg("why"), py::call_guard<py::gil_scoped_release>())
         .def("pop_inbound", &Engine::pop_inbound, py::arg("key"), py::arg("uid"),
              "Final TransferCode of transfer uid from engine key, or None (the record is removed).")

@@ -88,6 +88,7 @@ Engine::Engine(EngineOptions opts)
             workers_.push_back(std::make_shared<Worker>(*this, i));
             workers_.back()->start();
         }
+        if (opts_.sameHost) sameHost_ = std::make_unique<SameHostService>(*this);
     } catch (...) {
         close();
         throw;
@@ -98,6 +99,7 @@ Engine::~Engine() { close(); }
 
 void Engine::close() {
     if (closed_.exchange(true)) return;
+    if (sameHost_) sameHost_->stop();  // its links' transfers fail; the connections it served close
     for (auto& w : workers_) w->destroy();
     std::unique_lock lk(regionsMu_);
     for (auto& [id, r] : regions_) release_region(*r);
@@ -240,8 +242,12 @@ std::string Engine::admitted(uint64_t ticket) const {
     return it == tickets_.end() ? std::string() : it->second;
 }
 
+std::string Engine::same_host_address() const {
+    return sameHost_ ? same_host::contact(opts_.hostKey, sameHost_->socket_name()) : std::string();
+}
+
 std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<std::string>& addresses,
-                                      uint64_t ticket) {
+                                      uint64_t ticket, const std::string& sameHost) {
     if (closed_.load()) throw std::runtime_error("the UCX engine is closed");
     if (key.empty()) throw std::invalid_argument("engine key must not be empty");
     if (addresses.empty()) throw std::invalid_argument("the peer engine sent no worker address");
@@ -263,7 +269,16 @@ std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<
         }
         throw;
     }
-    auto peer = std::make_shared<Peer>(shared_from_this(), state, std::move(links));
+    // The same-host path, when the peer offers it and runs on this host: the UCX endpoints stay
+    // for what it does not carry (GPU memory, atomics) and for a peer that refuses it.
+    std::shared_ptr<SameHostLink> local;
+    std::string refusal;
+    const std::string socket = sameHost_ ? same_host::reachable_socket(sameHost, opts_.hostKey) : std::string();
+    if (!socket.empty()) {
+        local = SameHostLink::open(*this, state, socket, refusal);
+        if (local) sameHost_->add_link(local);
+    }
+    auto peer = std::make_shared<Peer>(shared_from_this(), state, std::move(links), local, refusal);
     std::shared_ptr<Peer> old;
     {
         std::lock_guard lk(peersMu_);

@@ -36,6 +36,7 @@
 
 #include "batch.hpp"
 #include "inbound.hpp"
+#include "same_host.hpp"
 #include "transfer.hpp"
 #include "ucx_api.hpp"
 #include "ucx_gpu.hpp"
@@ -58,6 +59,8 @@ struct EngineOptions {
     double inboundTtl = 3600.0;         // seconds a notification record is kept (a table of its own)
     std::shared_ptr<InboundRecords> inbound;  // the table to write, shared with the caller; null: its own
     size_t maxTickets = 1 << 16;        // peer engines admitted at once; the oldest is dropped
+    bool sameHost = true;               // the same-host path (same_host.hpp) for peers that offer it
+    std::string hostKey;                // this process's host identity (mori.core.host): machine/netns
 };
 
 // Counters of what the engine refused (for logs, tests and benchmarks).
@@ -139,10 +142,18 @@ public:
     int64_t deadline_ns() const { return deadlineNs_; }
     bool finished() const { return code() != kInProgress; }
     Link* link() const { return link_; }  // valid while unfinished
+    // The transfer travels on the same-host path: its waiter reads that link, its notification
+    // goes there. Set before it is posted.
+    void carried_by(std::shared_ptr<SameHostLink> link, int64_t spinNs) {
+        sameHost_ = std::move(link);
+        spinNs_ = spinNs;
+    }
 
 private:
     void finish(int code, const std::string& msg);  // worker lock held
     std::weak_ptr<Worker> worker_;
+    std::shared_ptr<SameHostLink> sameHost_;
+    int64_t spinNs_ = 0;  // how long its waiter polls the same-host link
     Link* link_;
     std::atomic<int64_t> remaining_;
     std::atomic<int> code_{kInProgress};
@@ -158,20 +169,26 @@ private:
 // A peer engine as this engine's initiator sees it: the endpoints to it on each of our workers.
 class Peer {
 public:
-    Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links);
+    Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links,
+         std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal);
     ~Peer();
     const std::string& key() const { return state_->key; }
-    // Starts a transfer of blocks (local memory id + offsets, remote memory id + offsets, sizes).
-    // remoteGpu says the remote memory is GPU memory (it then travels by rendezvous only).
+    // Starts a transfer of a batch of rows (local address, remote offset, bytes; merged already):
+    // every row must lie in local memory localId (checked here). remoteGpu says the remote memory
+    // is GPU memory (it then travels by rendezvous only).
+    std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
+                                     uint64_t uid, bool notify, bool remoteGpu);
+    // The same for blocks given as offsets into local memory localId and remote memory remoteId
+    // (merged here; C++ callers such as the device proxy).
     std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
                                      const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
                                      bool notify, bool remoteGpu);
-    // The same for a batch of rows (local address, remote offset, bytes), merged already: every
-    // row must lie in local memory localId (checked here).
-    std::shared_ptr<Transfer> submit_batch(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
-                                           uint64_t uid, bool notify, bool remoteGpu);
     bool healthy() const;
     std::string failure() const { return state_->failure(); }
+    // Whether host-memory transfers take the same-host path; else why the peer refused it ("" when
+    // it did not offer it: another host, or the path is off on either side).
+    bool same_host() const { return sameHost_ != nullptr; }
+    const std::string& same_host_refusal() const { return sameHostRefusal_; }
     // The endpoints to the peer on worker i (owned by that worker: use them under its lock).
     Link* link(size_t worker) const { return links_.at(worker); }
     // UCX's description of the endpoints (transports and devices of each lane).
@@ -187,6 +204,8 @@ private:
     std::shared_ptr<Engine> engine_;
     std::shared_ptr<PeerState> state_;
     std::vector<Link*> links_;  // per worker
+    std::shared_ptr<SameHostLink> sameHost_;
+    std::string sameHostRefusal_;
     std::atomic<uint64_t> next_{0};
     std::atomic<bool> closed_{false};
 };
@@ -279,7 +298,12 @@ public:
     uint64_t admit(const std::string& key);
     std::string admitted(uint64_t ticket) const;  // the key holding ticket, or ""
     // Endpoints to the engine whose workers have these addresses, presenting its ticket.
-    std::shared_ptr<Peer> connect(const std::string& key, const std::vector<std::string>& addresses, uint64_t ticket);
+    // sameHost: the peer's same_host_address() ("" for none); used when it names this host.
+    std::shared_ptr<Peer> connect(const std::string& key, const std::vector<std::string>& addresses, uint64_t ticket,
+                                  const std::string& sameHost = "");
+    // What same-host peers connect with ("" when the path is off).
+    std::string same_host_address() const;
+    SameHostService* same_host() { return sameHost_.get(); }
     void fail_peer(const std::string& key, const std::string& why);
     std::optional<int> pop_inbound(const std::string& key, uint64_t uid) { return inbound_->pop_code(key, uid); }
     size_t inbound_count() { return inbound_->count(); }
@@ -314,6 +338,7 @@ private:
     mutable std::mutex gpuMu_;
     std::shared_ptr<GpuWords> gpu_;
     std::vector<std::shared_ptr<Worker>> workers_;
+    std::unique_ptr<SameHostService> sameHost_;
     mutable std::shared_mutex regionsMu_;
     std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
     std::vector<std::shared_ptr<Region>> zombies_;  // deregistered with accesses still in flight

@@ -118,7 +118,10 @@ void Transfer::finish(int c, const std::string& msg) {
     }
     // The target hears the outcome after every byte (a message behind the transfer's last
     // reply); a transport failure is not sent (the link is gone).
-    if (notify_ && (c == kSuccess || c == kErrInvalidArgs || c == kErrNotFound) && !link_->eps.empty()) {
+    const bool told = notify_ && (c == kSuccess || c == kErrInvalidArgs || c == kErrNotFound);
+    if (told && sameHost_) {
+        sameHost_->send_note(uid_, c);
+    } else if (told && !link_->eps.empty()) {
         auto* note = new NoteHeader{kMagic, c, link_->peer->ticket, uid_};
         api::RequestParam p{};
         p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
@@ -136,7 +139,9 @@ void Transfer::finish(int c, const std::string& msg) {
 bool Transfer::wait(double timeoutSec) {
     const int64_t deadline = now_ns() + static_cast<int64_t>(std::clamp(timeoutSec, 0.0, 1e9) * 1e9);
     if (finished()) return true;
-    if (auto w = worker_.lock()) {
+    if (sameHost_) {
+        sameHost_->lead(*this, deadline, spinNs_);
+    } else if (auto w = worker_.lock()) {
         w->lead([this] { return finished(); }, std::min<int64_t>(kLeadSpinNs, deadline - now_ns()));
         if (finished()) return true;
         w->wake();  // what is left needs the progress thread
@@ -148,8 +153,13 @@ bool Transfer::wait(double timeoutSec) {
 
 // ---- Peer --------------------------------------------------------------------------------------
 
-Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links)
-    : engine_(std::move(engine)), state_(std::move(state)), links_(std::move(links)) {}
+Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links,
+           std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal)
+    : engine_(std::move(engine)),
+      state_(std::move(state)),
+      links_(std::move(links)),
+      sameHost_(std::move(sameHost)),
+      sameHostRefusal_(std::move(sameHostRefusal)) {}
 
 Peer::~Peer() { close(); }
 
@@ -162,6 +172,11 @@ void Peer::fail(const std::string& why) {
 
 void Peer::close() {
     if (closed_.exchange(true) || engine_->closed()) return;
+    if (sameHost_) {
+        std::string why = state_->failure();
+        sameHost_->fail(why.empty() ? "the peer was closed by this engine" : why);
+        engine_->same_host()->remove_link(sameHost_.get());
+    }
     for (size_t i = 0; i < links_.size(); ++i) {
         Worker& w = engine_->worker(i);
         std::lock_guard lk(w.mutex());
@@ -336,25 +351,18 @@ struct PinnedLocal {
 std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
                                        const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
                                        bool notify, bool remoteGpu) {
-    const PinnedLocal pinned(*engine_, op, localId);
-    const std::shared_ptr<Region>& local = pinned.region;
-    for (size_t i = 0; i < n; ++i)
-        if (!local->contains(localOffs[i], sizes[i]))
-            throw std::invalid_argument("block " + std::to_string(i) + ": local offset " + std::to_string(localOffs[i]) +
-                                        " + size " + std::to_string(sizes[i]) + " is outside local memory id " +
-                                        std::to_string(localId) + " (" + std::to_string(local->size) + " bytes)");
-    // The planner: blocks as rows (local address, remote offset, bytes), empty ones dropped and
-    // runs contiguous on both sides merged (offsets of 2^63 or more are refused there).
-    std::vector<plan::Row> rows(n);
-    plan::Merged merged = plan::merge_rows(local->addr, 0, reinterpret_cast<const int64_t*>(localOffs),
-                                           reinterpret_cast<const int64_t*>(remoteOffs),
-                                           reinterpret_cast<const int64_t*>(sizes), n, rows.data());
-    rows.resize(merged.rows);
-    return post(op, local, rows.data(), rows.size(), merged.largest, remoteId, uid, notify, remoteGpu);
+    std::shared_ptr<Region> local = engine_->region(localId);
+    if (!local)
+        throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+    // Offsets of 2^63 or more are refused by the merge; the rows are checked against the region
+    // (pinned) by the batch form.
+    auto i64 = [](const uint64_t* p) { return reinterpret_cast<const int64_t*>(p); };
+    return submit(op, localId, plan::Batch::merge(local->addr, 0, i64(localOffs), i64(remoteOffs), i64(sizes), n),
+                  remoteId, uid, notify, remoteGpu);
 }
 
-std::shared_ptr<Transfer> Peer::submit_batch(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
-                                             uint64_t uid, bool notify, bool remoteGpu) {
+std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
+                                       uint64_t uid, bool notify, bool remoteGpu) {
     const PinnedLocal pinned(*engine_, op, localId);
     const std::shared_ptr<Region>& local = pinned.region;
     // The rows are merged already (the batch is built once); each must lie in the local region.
@@ -380,6 +388,16 @@ std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local
     const bool rma = engine_->options().rma;
     const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
 
+    if (sameHost_ && !gpu) {
+        if (engine_->closed()) throw std::runtime_error("the UCX engine is closed");
+        if (closed_.load() || !state_->failure().empty()) {
+            auto t = std::make_shared<Transfer>(nullptr, &link, 1, deadline, false, uid);
+            std::string why = state_->failure();
+            t->fail(kErrTransport, why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why);
+            return t;
+        }
+        return sameHost_->post(op, local, rows, nrows, remoteId, uid, notify, deadline, &link);
+    }
     std::unique_lock lk(worker.mutex());
     if (!worker.alive()) throw std::runtime_error("the UCX engine is closed");
     // Closed: its links may be freed (checked under the worker's lock, which close takes too).

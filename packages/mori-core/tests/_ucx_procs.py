@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import mmap
 import os
 import time
@@ -21,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from mori.core import testing, ucx
+from mori.core.batch import Batch
 from mori.core.codes import TransferCode
+from mori.core.log import get_logger
 
 SIZE = 8 << 20
 GUARD = 1 << 16
@@ -53,21 +56,33 @@ def map_file(path: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
 
 
 def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[str, Any]) -> dict[str, Any]:
-    """The engine process: region 1 is the middle of the shared file at ``path``."""
+    """The engine process: region 1 is the middle of the shared file at ``path``. ``run_as`` in
+    options: the user id the process switches to once the file is mapped."""
     mm, arr = map_file(path, SIZE + 2 * GUARD)
     base = int(arr.ctypes.data)
+    run_as = options.pop("run_as", None)
+    if run_as is not None:
+        os.setgid(run_as)
+        os.setuid(run_as)
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    get_logger("core").addHandler(Keep(logging.WARNING))
     eng = ucx.make_engine(role, dict(settings), **options)
     eng.register_memory(1, base + GUARD, SIZE)
     peers: dict[str, ucx.UcxPeer] = {}
     started: dict[int, tuple[ucx.UcxTransfer, float]] = {}
 
-    def connect(key: str, addresses: list[bytes], ticket: int) -> None:
-        peers[key] = eng.connect(key, addresses, ticket)
+    def connect(key: str, addresses: list[bytes], ticket: int, same_host: bytes = b"") -> tuple[bool, str]:
+        peers[key] = eng.connect(key, addresses, ticket, same_host)
+        return peers[key].same_host, peers[key].same_host_refusal
 
     def start(key: str, op: int, lofs: Any, rofs: Any, sizes: Any, uid: int = 0, notify: bool = False,
               remote_id: int = 1) -> int:
-        t = peers[key].submit_arrays(op, 1, np.asarray(lofs, np.uint64), remote_id, np.asarray(rofs, np.uint64),
-                                     np.asarray(sizes, np.uint64), uid, notify)
+        t = peers[key].submit(op, 1, Batch(lofs, rofs, sizes, src_base=base + GUARD), remote_id, uid, notify)
         started[id(t)] = (t, time.monotonic())
         return id(t)
 
@@ -97,9 +112,10 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
         "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "transfer": transfer, "pop": pop,
         "register": register, "deregister": eng.deregister_memory, "stats": eng.stats,
         "describe": lambda key: peers[key].describe(), "healthy": lambda key: peers[key].healthy(),
-        "close": eng.close,
+        "close": eng.close, "warnings": lambda: list(warnings),
     }, mm, eng)
-    return {"addresses": list(eng.addresses), "library": dict(ucx.ucx_library())}
+    return {"addresses": list(eng.addresses), "library": dict(ucx.ucx_library()),
+            "same_host": eng.same_host_address}
 
 
 class EngineProcess(testing.CommandProcess):
@@ -120,6 +136,7 @@ class EngineProcess(testing.CommandProcess):
             raise
         self.addresses: list[bytes] = self.ready["addresses"]
         self.library: dict[str, Any] = self.ready["library"]
+        self.same_host: bytes = self.ready["same_host"]
 
     @property
     def region(self) -> np.ndarray:
@@ -155,7 +172,9 @@ class Pair:
 
 def settings_for(where: str, namespaces: tuple[testing.Namespace, ...] = ()) -> dict[str, str]:
     """UCX settings: between namespaces, tcp over the veth pair only (both namespaces share a
-    machine, so UCX would otherwise find shared memory); on one host, UCX's defaults."""
+    machine, so UCX would otherwise find shared memory); on one host ("host": UCX's path, the
+    initiator not offered the same-host path; "same-host": the engine's same-host path),
+    UCX's defaults."""
     if where == "netns":
         return {"TLS": "tcp", "NET_DEVICES": ",".join(ns.device for ns in namespaces)}
     return {}
@@ -163,8 +182,9 @@ def settings_for(where: str, namespaces: tuple[testing.Namespace, ...] = ()) -> 
 
 @contextlib.contextmanager
 def engine_pair(lib: str, where: str, settings: dict[str, str] | None = None, **options: Any) -> Iterator[Pair]:
-    """Target and initiator processes (UCX ``lib``, ``where`` = "host" or "netns", UCX
-    ``settings`` added to those of ``where``), connected."""
+    """Target and initiator processes (UCX ``lib``, ``where`` = "host", "same-host" or "netns",
+    UCX ``settings`` added to those of ``where``), connected: with "same-host" the initiator
+    takes the target's same-host path (asserted)."""
     with contextlib.ExitStack() as stack:
         namespaces: tuple[testing.Namespace, ...] = ()
         if where == "netns":
@@ -177,7 +197,9 @@ def engine_pair(lib: str, where: str, settings: dict[str, str] | None = None, **
         init = EngineProcess("initiator", lib, ns_init, settings, **options)
         stack.callback(init.remove)
         ticket = target.call("admit", "initiator")
-        init.call("connect", "target", target.addresses, ticket)
+        offer = target.same_host if where == "same-host" else b""
+        same_host, refusal = init.call("connect", "target", target.addresses, ticket, offer)
+        assert same_host == (where == "same-host"), refusal
         yield Pair(init, target, lib, where, namespaces, settings)
 
 

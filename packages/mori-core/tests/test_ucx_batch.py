@@ -1,4 +1,4 @@
-"""UcxPeer.submit_batch: a transfer from a mori.core.batch.Batch (rows: local address, remote
+"""UcxPeer.submit: a transfer from a mori.core.batch.Batch (rows: local address, remote
 offset, bytes), two engines in this process over UCX's tcp transport; bytes checked, and rows
 outside the local registration refused in the call with nothing moved."""
 
@@ -38,12 +38,12 @@ def test_rows_move_byte_for_byte(engines: tuple[ucx.UcxPeer, np.ndarray, np.ndar
     base = int(local.ctypes.data)
     l_offs, r_offs = [0, 8192, 40000], [4096, 100, 70000]
     sizes = [4096, 3000, 65536]
-    t = peer.submit_batch(ucx.WRITE, 1, Batch(l_offs, r_offs, sizes, src_base=base), 7, uid=1)
+    t = peer.submit(ucx.WRITE, 1, Batch(l_offs, r_offs, sizes, src_base=base), 7, uid=1)
     assert t.wait(10.0) and t.code() == TransferCode.SUCCESS, t.message()
     for lo, ro, n in zip(l_offs, r_offs, sizes):
         assert np.array_equal(remote[ro:ro + n], local[lo:lo + n])
     remote[200000:200000 + 5000] = 9
-    t = peer.submit_batch(ucx.READ, 1, Batch.one(base + 300000, 200000, 5000), 7, uid=2)
+    t = peer.submit(ucx.READ, 1, Batch.one(base + 300000, 200000, 5000), 7, uid=2)
     assert t.wait(10.0) and t.code() == TransferCode.SUCCESS, t.message()
     assert (local[300000:305000] == 9).all()
 
@@ -55,7 +55,7 @@ def test_rows_outside_the_local_region_are_refused(engines: tuple[ucx.UcxPeer, n
     before = remote.copy()
     src = int(local.ctypes.data) + row[0]
     with pytest.raises(ValueError, match="outside local memory id 1"):
-        peer.submit_batch(ucx.WRITE, 1, Batch.one(src, row[1], row[2]), 7)
+        peer.submit(ucx.WRITE, 1, Batch.one(src, row[1], row[2]), 7)
     with pytest.raises(ValueError, match="not registered"):
-        peer.submit_batch(ucx.WRITE, 2, Batch.one(int(local.ctypes.data), 0, 16), 7)
+        peer.submit(ucx.WRITE, 2, Batch.one(int(local.ctypes.data), 0, 16), 7)
     assert np.array_equal(remote, before)

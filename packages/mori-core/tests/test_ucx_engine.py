@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from mori.core.codes import TransferCode
 from mori.core.ucx import READ, WRITE
 
-PARAMS = [(lib, where) for lib in ("debian", "wheel") for where in ("host", "netns")]
+# "same-host": the engine's same-host path (process_vm_readv/writev, checked by the target), which
+# does not depend on the UCX loaded.
+PARAMS = [(lib, where) for lib in ("debian", "wheel") for where in ("host", "netns")] + [("wheel", "same-host")]
 
 
 @pytest.fixture(scope="module", params=PARAMS, ids=[f"{lib}-{where}" for lib, where in PARAMS])
@@ -25,12 +27,13 @@ def pair(request: pytest.FixtureRequest):
 
 def test_library_and_lanes(pair: Pair) -> None:
     """The UCX asked for was loaded; on one host the lanes are shared memory (with peer-failure
-    detection on), between namespaces tcp over the veth pair."""
+    detection on), between namespaces tcp over the veth pair. (The same-host path keeps UCX's
+    endpoints for what it does not carry.)"""
     lib = pair.init.library
     assert (lib["version"][:2] == (1, 13)) == (pair.lib == "debian"), lib
     lanes = [line for line in pair.init.call("describe", "target").splitlines() if "lane[" in line]
     assert lanes, "UCX described no lane"
-    if pair.where == "host":
+    if pair.where != "netns":
         assert all("tcp/" not in line for line in lanes), lanes
         assert any(t in line for line in lanes for t in ("sysv/", "posix/", "cma/")), lanes
     else:
@@ -126,7 +129,9 @@ def test_wrong_ticket_never_served(pair: Pair) -> None:
         pair.target.arr[:] = 7
         before = pair.target.arr.copy()
         stats = pair.target.call("stats")
-        intruder.call("connect", "target", pair.target.addresses, 12345)
+        offer = pair.target.same_host if pair.where == "same-host" else b""
+        same_host, refusal = intruder.call("connect", "target", pair.target.addresses, 12345, offer)
+        assert not same_host and (not offer or "closed its same-host socket" in refusal), refusal
         fill(intruder.arr, 1)
         code, msg, secs = intruder.call("transfer", "target", WRITE, [0], [0], [4096])
         assert code == "ERR_TRANSPORT" and "within 1 s" in msg, msg
@@ -166,7 +171,10 @@ def test_fuzzed_blocks(pair: Pair, blocks: list[tuple[int, int, int]], op: int) 
                 assert np.array_equal(pair.target.region[off:off + size], pair.init.region[lo:lo + size])
 
 
-@pytest.fixture(scope="module", params=PARAMS, ids=[f"{lib}-{where}" for lib, where in PARAMS])
+UCX_PARAMS = [p for p in PARAMS if p[1] != "same-host"]  # the RMA path is UCX's
+
+
+@pytest.fixture(scope="module", params=UCX_PARAMS, ids=[f"{lib}-{where}" for lib, where in UCX_PARAMS])
 def rma_pair(request: pytest.FixtureRequest):
     with engine_pair(*request.param, timeout=3.0, rma=True, lanes=2) as p:
         yield p

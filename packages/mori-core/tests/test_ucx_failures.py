@@ -14,7 +14,7 @@ from _ucx_procs import GUARD, SIZE, EngineProcess, engine_pair, fill
 
 from mori.core.ucx import READ, WRITE
 
-PARAMS = [(lib, where) for lib in ("debian", "wheel") for where in ("host", "netns")]
+PARAMS = [(lib, where) for lib in ("debian", "wheel") for where in ("host", "netns")] + [("wheel", "same-host")]
 IDS = [f"{lib}-{where}" for lib, where in PARAMS]
 TIMEOUT = 6.0
 BLOCK = 1 << 20
@@ -81,7 +81,8 @@ def test_killed_initiator_leaves_the_target_serving_others(lib: str, where: str,
         ns = pair.namespaces[0].name if pair.namespaces else None
         other = EngineProcess("other", lib, ns, pair.settings, timeout=TIMEOUT)
         try:
-            other.call("connect", "target", pair.target.addresses, pair.target.call("admit", "other"))
+            offer = pair.target.same_host if where == "same-host" else b""
+            other.call("connect", "target", pair.target.addresses, pair.target.call("admit", "other"), offer)
             n = SIZE // BLOCK
             offs = [i * BLOCK for i in range(n)]
             for _ in range(2):

@@ -121,7 +121,14 @@ def _serve_initiator(role: str, host: str, shm: str, size: int) -> bytes:
             out[code] = out.get(code, 0) + 1
         return out
 
-    commands = {**engine_commands(engine, {}), "start": start, "finish": finish, "raw": raw, "fuzz": fuzz}
+    def same_host(key: str) -> tuple[bool, str]:
+        """Whether the RDMA backend reaches engine ``key`` on the UCX engine's same-host path (and
+        why not, when refused): read from the backend's peer (a test's look inside)."""
+        peer = engine._backends[BackendType.RDMA]._peers[key]  # type: ignore[attr-defined]
+        return peer.same_host, peer.same_host_refusal
+
+    commands = {**engine_commands(engine, {}), "start": start, "finish": finish, "raw": raw, "fuzz": fuzz,
+                "same_host": same_host}
     return serve_commands(engine, commands, buf)
 
 

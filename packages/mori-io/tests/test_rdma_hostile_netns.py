@@ -1,6 +1,7 @@
 """The RDMA backend under hostile conditions between two network namespaces (UCX's tcp transport
 over a veth pair), on each UCX CI installs (the libucx wheel's and Debian's verbs-enabled
-libucx0, through ``MORI_UCX_LIB``):
+libucx0, through ``MORI_UCX_LIB``), and with every engine in one namespace ("same-host": the UCX
+engine's same-host path, process_vm_readv/writev after the target's checks):
 
 - peers killed during large reads and writes while another peer is served: a transfer never
   reports SUCCESS with a byte missing, and the other peer's transfers all succeed, byte-checked;
@@ -32,8 +33,12 @@ RUNS = 50  # victims killed
 class Net:
     """Namespaces A (targets) and B (the initiator), the UCX every engine loads, and what was started."""
 
-    def __init__(self, ns_a: str, ns_b: str, lib: str) -> None:
-        self.ns_a, self.ns_b = ns_a, ns_b
+    def __init__(self, ns_a: str, ns_b: str, lib: str, same_host: bool = False) -> None:
+        self.same_host = same_host
+        self.ns_a, self.ns_b = ns_a, (ns_a if same_host else ns_b)
+        self.host_b = HOST_A if same_host else HOST_B
+        # A kill lands within this of a transfer's start (same-host transfers take milliseconds).
+        self.kill_window = 0.003 if same_host else 0.03
         self.env = {"MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_IO_TIMEOUT": "10", "MORI_UCX_LIB": ucx_lib(lib)}
         self.procs: list[RdmaTarget | RdmaInitiator] = []
         self.bufs: list[SharedBuffer] = []
@@ -52,15 +57,22 @@ class Net:
 
     def initiator(self, size: int) -> tuple[RdmaInitiator, SharedBuffer]:
         buf = self.buffer(size, 1)
-        i = RdmaInitiator(self.ns_b, "initiator", HOST_B, buf, self.env)
+        i = RdmaInitiator(self.ns_b, "initiator", self.host_b, buf, self.env)
         self.procs.append(i)
         return i, buf
 
+    def meet(self, init: RdmaInitiator, target: RdmaTarget) -> None:
+        """Connects the two (a first transfer) and checks the path the placement promises."""
+        init.meet(target)
+        assert init.call("raw", "read", target.mem, 0, 0, 1) == ("SUCCESS", "")
+        assert init.call("same_host", target.desc.key) == (self.same_host, ""), target.desc.key
 
-@pytest.fixture(params=UCX_LIBS)
+
+@pytest.fixture(params=[*UCX_LIBS, "same-host"])
 def net(request: pytest.FixtureRequest) -> Iterator[Net]:
     with two_namespaces() as (ns_a, ns_b):
-        n = Net(ns_a, ns_b, request.param)
+        same_host = request.param == "same-host"
+        n = Net(ns_a, ns_b, "wheel" if same_host else request.param, same_host)
         try:
             yield n
         finally:
@@ -73,7 +85,7 @@ def net(request: pytest.FixtureRequest) -> Iterator[Net]:
 def test_killed_peers_never_report_missing_bytes_while_another_is_served(net: Net) -> None:
     init, i_buf = net.initiator(VICTIM + 2 * SERVED)
     served, s_buf = net.target("served", 2 * SERVED, 0, 2 * SERVED, 2)
-    init.meet(served)
+    net.meet(init, served)
     rng = random.Random(21)
     outcomes: dict[str, int] = {}
     batch = 5  # victims started at once (a process start is the slow part)
@@ -81,7 +93,7 @@ def test_killed_peers_never_report_missing_bytes_while_another_is_served(net: Ne
         victims = [net.target(f"victim{first + k}", VICTIM, 0, VICTIM, 100 + first + k) for k in range(batch)]
         for k, (victim, v_buf) in enumerate(victims):
             run = first + k
-            init.meet(victim)
+            net.meet(init, victim)
             op = "write" if run % 2 else "read"
             i_buf.array[:VICTIM] = np.random.default_rng(run).integers(0, 256, VICTIM, dtype=np.uint8)
             source = (i_buf.array[:VICTIM] if op == "write" else v_buf.array).copy()
@@ -89,7 +101,7 @@ def test_killed_peers_never_report_missing_bytes_while_another_is_served(net: Ne
             i_buf.array[VICTIM:VICTIM + SERVED] = run % 251
             uid = init.call("start", op, victim.mem, 0, 0, MIB, VICTIM // MIB)
             other = init.call("start", "write", served.mem, VICTIM, (run % 2) * SERVED, MIB, SERVED // MIB)
-            time.sleep(rng.uniform(0.0, 0.03))
+            time.sleep(rng.uniform(0.0, net.kill_window))
             victim.signal(signal.SIGKILL)
             code, why = init.call("finish", uid)
             outcomes[code] = outcomes.get(code, 0) + 1
@@ -123,7 +135,7 @@ def test_forged_offsets_and_deregistered_regions_are_refused(net: Net) -> None:
     size, lo, hi = 4 * MIB, MIB, 3 * MIB  # the target registers the middle half of its file
     target, t_buf = net.target("target", size, lo, hi, 3)
     init, i_buf = net.initiator(size)
-    init.meet(target)
+    net.meet(init, target)
     real = MemoryDesc.unpack(target.mem)
     before = t_buf.array.copy()
     # The initiator checks offsets against the descriptor: a forged, larger size passes it, and
@@ -157,7 +169,7 @@ def test_fuzzed_descriptors_are_errors_never_crashes(net: Net) -> None:
     size, lo, hi = 2 * MIB, MIB // 2, 3 * MIB // 2
     target, t_buf = net.target("target", size, lo, hi, 4)
     init, _ = net.initiator(size)
-    init.meet(target)
+    net.meet(init, target)
     before = t_buf.array.copy()
     counts = init.call("fuzz", 7, 300, target.mem, timeout=600)
     assert sum(counts.values()) == 300 and "HUNG" not in counts, counts

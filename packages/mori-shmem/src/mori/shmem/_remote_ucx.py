@@ -184,11 +184,17 @@ class UcxTransport(RemoteTransport):
         return groups
 
     # -- data movement -------------------------------------------------------------------------
-    def _run(self, op: int, what: str, pe: int, offset: int, mem_id: int | None, local_off: int, nbytes: int) -> None:
-        """One transfer between local memory (``mem_id``, or the local heap when None) and PE
-        ``pe``'s heap, waited for."""
-        done = [self._peers[pe].submit(op, l_id, l_offs, r_id, r_offs, sizes, remote_gpu=self._gpu)
-                for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes)]
+    def _run(self, op: int, what: str, pe: int, offset: int, mem_id: int | None, local_off: int, nbytes: int,
+             local_base: int = 0) -> None:
+        """One transfer between local memory (``mem_id`` registered at ``local_base``, or the local
+        heap when None) and PE ``pe``'s heap, waited for."""
+        from mori.core.batch import Batch
+
+        done = []
+        for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes):
+            base = self.heap.base + (l_id - HEAP_ID) * self.heap.chunk if mem_id is None else local_base
+            done.append(self._peers[pe].submit(op, l_id, Batch(l_offs, r_offs, sizes, src_base=base), r_id,
+                                               remote_gpu=self._gpu))
         for transfer in done:
             # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin lets
             # its message, which names what was missing, arrive first.
@@ -219,7 +225,7 @@ class UcxTransport(RemoteTransport):
             mem_id = next(self._ids)
             self._engine.register_memory(mem_id, addr, nbytes, gpu=local_gpu)
             try:
-                self._run(op, what, pe, offset, mem_id, 0, nbytes)
+                self._run(op, what, pe, offset, mem_id, 0, nbytes, addr)
             finally:
                 self._engine.deregister_memory(mem_id)
 

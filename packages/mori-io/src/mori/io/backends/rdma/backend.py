@@ -147,18 +147,20 @@ class RdmaBackend(Backend):
             raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {self.ctx.engine_key!r} has no RDMA backend")
         # The ticket admits UCX requests from the key this control session authenticated as (any
         # engine with the token may connect, as in MORI; the engine bounds the tickets it keeps).
-        return {"workers": list(self._engine.addresses), "ticket": int(self._engine.admit(key))}
+        return {"workers": list(self._engine.addresses), "ticket": int(self._engine.admit(key)),
+                "same_host": self._engine.same_host_address}
 
     def _connect_peer(self, request: TransferRequest) -> Any:
         """Endpoints to the request's engine, published for later transfers (on the connector's
         thread: asking the peer can take up to ``MORI_IO_TIMEOUT``)."""
         key = request.remote.engine_key
         reply = self.ctx.control_request(key, "rdma.connect", {})
-        workers, ticket = reply.get("workers"), reply.get("ticket")
+        workers, ticket, same_host = reply.get("workers"), reply.get("ticket"), reply.get("same_host", b"")
         if not isinstance(workers, list) or not workers or not all(isinstance(a, bytes) for a in workers) \
-                or not isinstance(ticket, int) or isinstance(ticket, bool) or not 0 < ticket < 1 << 64:
+                or not isinstance(ticket, int) or isinstance(ticket, bool) or not 0 < ticket < 1 << 64 \
+                or not isinstance(same_host, bytes) or len(same_host) > 4096:
             raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {key!r} sent a malformed rdma.connect reply")
-        peer = self._engine.connect(key, workers, ticket)
+        peer = self._engine.connect(key, workers, ticket, same_host)
         with self._lock:
             if self._closed:
                 peer.close()
@@ -227,8 +229,8 @@ class RdmaBackend(Backend):
         # One native call: the engine checks the rows against the local registration, plans, posts
         # and completes the whole batch (GIL released); no Python runs per block.
         try:
-            return peer.submit_batch(request.op, request.local.id, request.batch, request.remote.id, request.uid,
-                                     request.notify and self._notify, request.remote.loc == MemoryLocationType.GPU)
+            return peer.submit(request.op, request.local.id, request.batch, request.remote.id, request.uid,
+                               request.notify and self._notify, request.remote.loc == MemoryLocationType.GPU)
         except ValueError as err:  # a block outside the local registration, an offset past 2**63
             return Outcome(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
         except RuntimeError as err:  # the engine closed meanwhile

@@ -1,0 +1,352 @@
+// The initiator side of the same-host path (see same_host.hpp): connecting and the probe,
+// requests, replies, notifications and deadlines.
+#include <poll.h>
+#include <sched.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "same_host.hpp"
+#include "ucx_engine.hpp"
+#include "ucx_wire.hpp"
+
+namespace mori::ucx {
+
+namespace {
+
+// A waiter reads its link's replies, yielding between empty reads, for about as long as its
+// copy should take (kLeadSpinNs plus its bytes at kSpinBytesPerNs), at most kMaxLeadSpinNs; then
+// it sleeps on the socket. A 4 KiB round trip takes a few µs, a 1 MiB copy 60-100.
+constexpr int64_t kLeadSpinNs = 50'000, kMaxLeadSpinNs = 1'000'000;
+constexpr uint64_t kSpinBytesPerNs = 8;
+
+std::string pid_namespace() {
+    struct stat st {};
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? std::to_string(st.st_ino) : std::string();
+}
+
+sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    if (name.size() + 1 > sizeof(a.sun_path)) throw std::invalid_argument("same-host socket name too long");
+    a.sun_path[0] = '\0';  // abstract: no file, gone with the process
+    std::memcpy(a.sun_path + 1, name.data(), name.size());
+    len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    return a;
+}
+
+std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
+
+}  // namespace
+
+namespace same_host {
+
+std::string contact(const std::string& hostKey, const std::string& socketName) {
+    return "mori-same-host/1 " + hostKey + " " + pid_namespace() + " " + socketName;
+}
+
+std::string reachable_socket(const std::string& contact, const std::string& hostKey) {
+    std::istringstream in(contact);
+    std::string tag, host, pidns, name, extra;
+    if (!(in >> tag >> host >> pidns >> name) || (in >> extra) || tag != "mori-same-host/1") return "";
+    if (host != hostKey || pidns != pid_namespace() || pidns.empty()) return "";
+    return name;
+}
+
+}  // namespace same_host
+
+bool Outbox::send(int fd, const void* msg, size_t len, int& err) {
+    if (queued.empty()) {
+        ssize_t n = ::send(fd, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n == static_cast<ssize_t>(len)) return true;
+        if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+            err = n >= 0 ? EMSGSIZE : errno;
+            return false;
+        }
+    }
+    queued.emplace_back(static_cast<const char*>(msg), len);
+    return true;
+}
+
+bool Outbox::flush(int fd, int& err) {
+    while (!queued.empty()) {
+        const std::string& m = queued.front();
+        ssize_t n = ::send(fd, m.data(), m.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+        if (n != static_cast<ssize_t>(m.size())) {
+            err = n >= 0 ? EMSGSIZE : errno;
+            return false;
+        }
+        queued.pop_front();
+    }
+    return true;
+}
+
+SameHostLink::SameHostLink(Engine& engine, std::shared_ptr<PeerState> peer, int fd)
+    : engine_(engine), peer_(std::move(peer)), fd_(fd) {}
+
+SameHostLink::~SameHostLink() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shared_ptr<PeerState>& peer,
+                                                 const std::string& socketName, std::string& why) {
+    const std::string who = "engine '" + peer->key + "'";
+    int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        why = "socket: " + errno_text(errno);
+        return nullptr;
+    }
+    auto link = std::make_shared<SameHostLink>(engine, peer, fd);  // closes fd if we give up
+    const int buffer = 4 << 20;  // requests of many blocks queue in the kernel, not in the outbox
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
+    socklen_t len;
+    sockaddr_un a = abstract_address(socketName, len);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+        why = "connecting to " + who + "'s same-host socket: " + errno_text(errno);
+        return nullptr;
+    }
+    // The nonce the target must read from this process's memory: it proves that process_vm_*
+    // works between the two (ptrace rules allow it) and that the kernel's pid is ours.
+    same_host::Hello h{same_host::kMagic, same_host::kHello, {}, peer->ticket, 0, {}};
+    if (getrandom(h.nonce, sizeof(h.nonce), 0) != sizeof(h.nonce)) {
+        why = "getrandom failed";
+        return nullptr;
+    }
+    static thread_local uint8_t probe[sizeof(h.nonce)];
+    std::memcpy(probe, h.nonce, sizeof(probe));
+    h.probe = reinterpret_cast<uint64_t>(probe);
+    if (::send(fd, &h, sizeof(h), MSG_NOSIGNAL) != sizeof(h)) {
+        why = "sending to " + who + "'s same-host socket: " + errno_text(errno);
+        return nullptr;
+    }
+    const int64_t deadline = now_ns() + static_cast<int64_t>(engine.options().timeout * 1e9);
+    same_host::HelloReply r{};
+    for (;;) {
+        struct pollfd p {fd, POLLIN, 0};
+        int64_t left = deadline - now_ns();
+        if (left <= 0) {
+            why = who + " did not answer on its same-host socket within " + std::to_string(engine.options().timeout) +
+                  " s (" + engine.options().timeoutSetting + ")";
+            return nullptr;
+        }
+        if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000))) <= 0) continue;
+        ssize_t n = ::recv(fd, &r, sizeof(r), 0);
+        if (n == sizeof(r) && r.magic == same_host::kMagic && r.type == same_host::kHelloReply) break;
+        why = who + " closed its same-host socket (it refused our ticket, or is not a mori engine)";
+        return nullptr;
+    }
+    std::memset(probe, 0, sizeof(probe));
+    if (r.err != 0) {
+        why = who + " cannot reach this process's memory with process_vm_readv/writev: " + errno_text(r.err);
+        return nullptr;
+    }
+    return link;
+}
+
+std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
+                                             size_t n, uint64_t remoteId, uint64_t uid, bool notify, int64_t deadlineNs,
+                                             Link* ucxLink) {
+    const size_t parts = (n + same_host::kMaxEntries - 1) / same_host::kMaxEntries;
+    auto t = std::make_shared<Transfer>(nullptr, ucxLink, std::max<int64_t>(1, static_cast<int64_t>(parts)), deadlineNs,
+                                        notify, uid);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) bytes += rows[i].bytes;
+    t->carried_by(shared_from_this(),
+                  std::min<int64_t>(kMaxLeadSpinNs, kLeadSpinNs + static_cast<int64_t>(bytes / kSpinBytesPerNs)));
+    if (parts == 0) {
+        t->part_done(kSuccess, "");  // nothing to move; the notification still goes
+        return t;
+    }
+    std::vector<std::string> requests(parts);
+    std::vector<uint64_t> ids(parts);
+    {
+        std::lock_guard lk(mu_);
+        if (!failure_.empty()) {
+            t->fail(kErrTransport, failure_);
+            return t;
+        }
+        for (size_t p = 0; p < parts; ++p) {
+            const size_t first = p * same_host::kMaxEntries, m = std::min(n - first, same_host::kMaxEntries);
+            std::string& msg = requests[p];
+            msg.resize(sizeof(same_host::Request) + m * sizeof(same_host::Entry));
+            ids[p] = next_++;
+            same_host::Request h{same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op),
+                                 static_cast<uint16_t>(m), 0, ids[p]};
+            std::memcpy(msg.data(), &h, sizeof(h));
+            auto* e = reinterpret_cast<same_host::Entry*>(msg.data() + sizeof(h));
+            for (size_t i = 0; i < m; ++i) {
+                const plan::Row& r = rows[first + i];
+                e[i] = same_host::Entry{remoteId, r.dst, r.bytes, r.src};
+            }
+            ++local->pins;  // dropped at the reply: a deregistration of the local memory waits
+            pending_.emplace(ids[p], Pending{t, local, msg});
+        }
+        nextDeadlineNs_ = std::min(nextDeadlineNs_, deadlineNs);
+    }
+    for (const std::string& msg : requests) send(msg.data(), msg.size());
+    return t;
+}
+
+void SameHostLink::send(const void* msg, size_t len) {
+    int err = 0;
+    bool ok, queued;
+    {
+        std::lock_guard lk(sendMu_);
+        ok = outbox_.send(fd_, msg, len, err);
+        queued = !outbox_.queued.empty();
+    }
+    if (!ok)
+        fail("connection to engine '" + peer_->key + "' failed: same-host socket: " + errno_text(err));
+    else if (queued)
+        engine_.same_host()->want_write(fd_);
+}
+
+void SameHostLink::send_note(uint64_t uid, int code) {
+    if (!usable()) return;  // the peer is gone: it hears nothing
+    same_host::Note note{same_host::kMagic, same_host::kNote, {}, code, 0, uid};
+    send(&note, sizeof(note));
+}
+
+void SameHostLink::on_writable() {
+    int err = 0;
+    bool ok;
+    {
+        std::lock_guard lk(sendMu_);
+        ok = outbox_.flush(fd_, err);
+    }
+    if (!ok) fail("connection to engine '" + peer_->key + "' failed: same-host socket: " + errno_text(err));
+}
+
+void SameHostLink::fail(const std::string& why) {
+    std::unordered_map<uint64_t, Pending> failed;
+    {
+        std::lock_guard lk(mu_);
+        if (failure_.empty()) failure_ = why;
+        failed.swap(pending_);
+        failed_.store(true, std::memory_order_release);
+    }
+    peer_->fail(why);
+    ::shutdown(fd_, SHUT_RDWR);  // the target stops serving us; the fd closes with the link
+    for (auto& [id, p] : failed) {
+        --p.local->pins;
+        p.transfer->fail(kErrTransport, why);
+    }
+}
+
+void SameHostLink::handle(const same_host::Reply& r) {
+    Pending p;
+    {
+        std::lock_guard lk(mu_);
+        auto it = pending_.find(r.id);
+        if (it == pending_.end()) {
+            engine_.count(&EngineStats::lateReplies);
+            return;
+        }
+        p = std::move(it->second);
+        pending_.erase(it);
+    }
+    --p.local->pins;
+    if (r.code == kSuccess) {
+        p.transfer->part_done(kSuccess, "");
+        return;
+    }
+    const std::string who = "engine '" + peer_->key + "'";
+    std::string what = who + " refused";
+    const size_t entries = (p.request.size() - sizeof(same_host::Request)) / sizeof(same_host::Entry);
+    if (r.entry < entries) {
+        same_host::Entry e;
+        std::memcpy(&e, p.request.data() + sizeof(same_host::Request) + r.entry * sizeof(e), sizeof(e));
+        what = "block (remote memory id " + std::to_string(e.memId) + ", offset " + std::to_string(e.offset) +
+               ", size " + std::to_string(e.size) + ") at " + who;
+    }
+    std::string reason = reason_text(r.reason);
+    if (r.reason == kReasonFailed)
+        reason = "the target could not copy " + std::string(r.err == ESRCH ? "(this process is gone for it)" : "") +
+                 "to or from this process's memory: " + errno_text(r.err) + " (ERR_TRANSPORT)";
+    p.transfer->part_done(is_final_code(r.code) ? r.code : kErrBadState, what + ": " + reason);
+}
+
+size_t SameHostLink::read_locked() {
+    size_t handled = 0;
+    same_host::Reply r;
+    for (int i = 0; i < 256; ++i) {
+        ssize_t n = ::recv(fd_, &r, sizeof(r), MSG_DONTWAIT | MSG_TRUNC);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+        if (n <= 0) {
+            if (usable())
+                fail("connection to engine '" + peer_->key + "' failed: " +
+                     (n == 0 ? std::string("it closed its same-host socket (the process ended?)") : errno_text(errno)));
+            break;
+        }
+        if (n != sizeof(r) || r.magic != same_host::kMagic || r.type != same_host::kReply) {
+            engine_.count(&EngineStats::malformed);
+            fail("engine '" + peer_->key + "' sent a malformed message on its same-host socket");
+            break;
+        }
+        handle(r);
+        ++handled;
+    }
+    return handled;
+}
+
+void SameHostLink::on_readable() {
+    std::unique_lock rl(readMu_, std::try_to_lock);
+    if (rl.owns_lock())
+        read_locked();
+    else
+        sched_yield();  // a waiting caller reads now
+}
+
+void SameHostLink::lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs) {
+    const int64_t spinUntil = std::min(deadlineNs, now_ns() + spinNs);
+    while (!t.finished() && usable()) {
+        const int64_t now = now_ns();
+        if (now >= deadlineNs) return;
+        std::unique_lock rl(readMu_, std::try_to_lock);
+        if (!rl.owns_lock()) {  // another thread reads: it finishes t as well
+            if (now >= spinUntil) return;
+            sched_yield();
+            continue;
+        }
+        if (read_locked() > 0) continue;
+        if (now < spinUntil) {
+            rl.unlock();
+            sched_yield();
+            continue;
+        }
+        // Sleep on the socket (the kernel wakes this thread with the reply), a slice at a time.
+        struct pollfd p {fd_, POLLIN, 0};
+        ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>((deadlineNs - now) / 1'000'000 + 1, 1, 100)));
+    }
+}
+
+void SameHostLink::expire(int64_t now) {
+    std::string why;
+    {
+        std::lock_guard lk(mu_);
+        if (now < nextDeadlineNs_) return;
+        nextDeadlineNs_ = INT64_MAX;
+        bool late = false;
+        for (auto& [id, p] : pending_) {
+            if (p.transfer->deadline_ns() <= now) late = true;
+            nextDeadlineNs_ = std::min(nextDeadlineNs_, p.transfer->deadline_ns());
+        }
+        if (!late) return;
+        const auto& o = engine_.options();
+        char secs[32];
+        std::snprintf(secs, sizeof(secs), "%g", o.timeout);
+        why = "no completion from engine '" + peer_->key + "' within " + secs + " s (" + o.timeoutSetting + ")";
+    }
+    fail(why);  // the peer stopped answering: the owner connects anew
+}
+
+}  // namespace mori::ucx

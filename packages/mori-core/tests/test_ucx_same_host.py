@@ -1,0 +1,191 @@
+"""The UCX engine's same-host path (process_vm_readv/writev, each request checked by the target):
+who may use it, what it refuses, and the fall back to UCX where the kernel does not allow it.
+The data path itself runs in test_ucx_engine.py and test_ucx_failures.py ("same-host" cases).
+
+Hostile clients here speak to the target's socket directly, as a process on the host could."""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+import time
+
+import numpy as np
+from _ucx_procs import EngineProcess, fill
+
+from mori.core import ucx
+from mori.core.batch import Batch
+
+MAGIC = 0x4D534830
+HELLO, HELLO_REPLY, REQUEST, REPLY = 1, 2, 3, 4
+
+
+def _socket_of(engine: ucx.UcxEngine) -> bytes:
+    tag, _host, _pidns, name = engine.same_host_address.split(b" ")
+    assert tag == b"mori-same-host/1"
+    return b"\0" + name
+
+
+def _client(engine: ucx.UcxEngine) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    s.connect(_socket_of(engine))
+    return s
+
+
+def _hello(ticket: int, probe: int, nonce: bytes) -> bytes:
+    return struct.pack("<IB3xQQ16s", MAGIC, HELLO, ticket, probe, nonce)
+
+
+def _request(op: int, rid: int, entries: list[tuple[int, int, int, int]]) -> bytes:
+    return struct.pack("<IBBHIQ", MAGIC, REQUEST, op, len(entries), 0, rid) + b"".join(
+        struct.pack("<QQQQ", *e) for e in entries)
+
+
+def _closed(s: socket.socket) -> bool:
+    try:
+        return s.recv(64) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def _engines() -> tuple[ucx.UcxEngine, ucx.UcxEngine]:
+    return ucx.make_engine("target", timeout=3.0), ucx.make_engine("initiator", timeout=3.0)
+
+
+def test_only_this_host_and_pid_namespace_are_offered() -> None:
+    target, init = _engines()
+    try:
+        assert target.same_host_address.startswith(b"mori-same-host/1 ")
+        assert ucx.make_engine("off", same_host=False).same_host_address == b""
+        ticket = target.admit("initiator")
+        tag, host, pidns, name = target.same_host_address.split(b" ")
+        for other in (b" ".join([tag, b"another-machine/1", pidns, name]), b" ".join([tag, host, b"1", name]),
+                      b"garbage", b"mori-same-host/2 " + host + b" " + pidns + b" " + name):
+            peer = init.connect("target", target.addresses, ticket, other)
+            assert not peer.same_host and peer.same_host_refusal == "", other  # not offered: UCX, silently
+            peer.close()
+        peer = init.connect("target", target.addresses, ticket, target.same_host_address)
+        assert peer.same_host and peer.same_host_refusal == ""
+    finally:
+        init.close()
+        target.close()
+
+
+def test_hostile_clients_are_dropped_and_move_nothing() -> None:
+    """Garbage, requests before hello, a ticket the target never issued, and a probe naming
+    another process's memory: each connection is closed and no byte of the target changes."""
+    target, init = _engines()
+    buf = np.zeros(1 << 16, np.uint8)
+    buf[:] = 0x5A
+    target.register_memory(1, int(buf.ctypes.data), buf.nbytes)
+    mine = np.arange(4096, dtype=np.uint8)
+    try:
+        ticket = target.admit("initiator")
+        before = target.stats()
+        nonce = bytes(range(16))
+        probe = ctypes.create_string_buffer(nonce, 16)
+        cases = [
+            b"\x00" * 40,                                                            # no magic
+            _request(2, 1, [(1, 0, 4096, int(mine.ctypes.data))]),                   # no hello first
+            _hello(ticket ^ 1, ctypes.addressof(probe), nonce),                      # ticket never issued
+            _hello(ticket, ctypes.addressof(probe), b"\xff" * 16),                   # probe does not match
+            struct.pack("<IB", MAGIC, HELLO) + b"\x00" * 100,                        # wrong size
+        ]
+        for msg in cases:
+            s = _client(target)
+            s.send(msg)
+            reply = s.recv(64)
+            if reply:  # the probe's verdict, then the connection closes
+                magic, kind, err = struct.unpack("<IB3xi", reply)
+                assert (magic, kind) == (MAGIC, HELLO_REPLY) and err != 0
+                assert _closed(s)
+            s.close()
+        assert (buf == 0x5A).all()
+        after = target.stats()
+        assert after["malformed"] >= before["malformed"] + 3 and after["bad_tickets"] == before["bad_tickets"] + 1
+        # A proven client still cannot reach outside a live registration.
+        s = _client(target)
+        s.send(_hello(ticket, ctypes.addressof(probe), nonce))
+        assert struct.unpack("<IB3xi", s.recv(64))[2] == 0
+        for rid, entry, code in ((1, (1, 1 << 16, 1, 0), 11), (2, (1, (1 << 16) - 4095, 4096, 0), 11),
+                                 (3, (2, 0, 1, 0), 12), (4, (1, 2**64 - 1, 2, 0), 11)):
+            s.send(_request(2, rid, [(1, 0, 16, int(mine.ctypes.data)), (entry[0], entry[1], entry[2],
+                                                                        int(mine.ctypes.data))]))
+            magic, kind, got, reason, which, err, echoed = struct.unpack("<IB3xiIIi4xQ", s.recv(64))
+            assert (magic, kind, got, which, echoed) == (MAGIC, REPLY, code, 1, rid), (rid, got, which)
+        assert (buf == 0x5A).all()  # the valid first block of each refused request did not move either
+        s.send(_request(9, 5, [(1, 0, 16, 0)]))  # an op that does not exist: dropped
+        assert _closed(s)
+        s.close()
+    finally:
+        init.close()
+        target.close()
+
+
+def test_deregistration_waits_and_then_refuses() -> None:
+    target, init = _engines()
+    src, dst = np.ones(8 << 20, np.uint8), np.zeros(8 << 20, np.uint8)
+    target.register_memory(1, int(dst.ctypes.data), dst.nbytes)
+    init.register_memory(1, int(src.ctypes.data), src.nbytes)
+    try:
+        peer = init.connect("target", target.addresses, target.admit("initiator"), target.same_host_address)
+        assert peer.same_host
+        transfers = [peer.submit(ucx.WRITE, 1, Batch.one(int(src.ctypes.data), 0, src.nbytes), 1)
+                     for _ in range(4)]
+        assert target.deregister_memory(1)
+        for t in transfers:  # finished, each all or refused
+            assert t.wait(5) and t.code() in (0, 12), t.message()
+        dst[:] = 7
+        t = peer.submit(ucx.WRITE, 1, Batch.one(int(src.ctypes.data), 0, 4096), 1)
+        assert t.wait(5) and t.code() == 12 and "not registered" in t.message()
+        assert (dst == 7).all()
+    finally:
+        init.close()
+        target.close()
+
+
+def test_refused_by_the_kernel_falls_back_to_ucx_and_says_so_once() -> None:
+    """A target running as another user may not read this process's memory (EPERM): the peer
+    stays on UCX, logs why once, and moves every byte there."""
+    target = EngineProcess("target", "wheel", None, {"TLS": "tcp"}, run_as=65534)
+    init = EngineProcess("initiator", "wheel", None, {"TLS": "tcp"})
+    try:
+        for key in ("target", "target-again"):
+            ticket = target.call("admit", "initiator")
+            same_host, refusal = init.call("connect", key, target.addresses, ticket, target.same_host)
+            assert not same_host
+            assert "process_vm_readv" in refusal and "errno 1" in refusal, refusal
+        warnings = init.call("warnings")
+        assert len([w for w in warnings if "same-host" in w]) == 1, warnings
+        fill(init.arr, 4)
+        code, msg, _ = init.call("transfer", "target", ucx.WRITE, [0, 8192], [4096, 1 << 20], [4096, 1 << 20])
+        assert code == "SUCCESS", msg
+        assert np.array_equal(target.region[4096:8192], init.region[:4096])
+        assert np.array_equal(target.region[1 << 20:2 << 20], init.region[8192:8192 + (1 << 20)])
+    finally:
+        init.remove()
+        target.remove()
+
+
+def test_peer_closed_mid_transfer_fails_it() -> None:
+    target, init = _engines()
+    src = np.ones(64 << 20, np.uint8)
+    dst = np.zeros(64 << 20, np.uint8)
+    target.register_memory(1, int(dst.ctypes.data), dst.nbytes)
+    init.register_memory(1, int(src.ctypes.data), src.nbytes)
+    try:
+        peer = init.connect("target", target.addresses, target.admit("initiator"), target.same_host_address)
+        rows = Batch([i << 20 for i in range(64)], [i << 20 for i in range(64)], [1 << 20] * 64,
+                     int(src.ctypes.data))
+        transfers = [peer.submit(ucx.WRITE, 1, rows, 1) for _ in range(8)]
+        peer.close()
+        time.sleep(0.01)
+        for t in transfers:
+            assert t.wait(5)
+            assert t.code() in (0, 13), t.message()  # done before the close, or failed by it
+        assert not peer.healthy()
+    finally:
+        init.close()
+        target.close()
