@@ -25,11 +25,13 @@ namespace mori {
 namespace device {
 namespace detail {
 
-// The unsigned integer of N bytes (1, 2, 4 or 8): the bits of an operand or of g's value.
-template <int N>
+// The unsigned integer of kBytes bytes (1, 2, 4 or 8): the bits of an operand or of g's value.
+// (Not named N: a user's kernel source may #define N before including the headers.)
+template <int kBytes>
 using UintOf = typename Conditional<
-    N == 1, uint8_t,
-    typename Conditional<N == 2, uint16_t, typename Conditional<N == 4, uint32_t, uint64_t>::type>::type>::type;
+    kBytes == 1, uint8_t,
+    typename Conditional<kBytes == 2, uint16_t,
+                         typename Conditional<kBytes == 4, uint32_t, uint64_t>::type>::type>::type;
 template <class T>
 MORI_DEVICE_INLINE uint64_t BitsOf(T v) {
   return static_cast<uint64_t>(BitCast<UintOf<sizeof(T)>>(v));
