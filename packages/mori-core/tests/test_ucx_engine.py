@@ -152,15 +152,16 @@ def test_fuzzed_blocks(pair: Pair, blocks: list[tuple[int, int, int]], op: int) 
     fill(pair.init.arr, len(blocks))
     fill(pair.target.arr, op)
     before_t, before_i = pair.target.arr.copy(), pair.init.arr.copy()
-    valid = all(mem == 1 and off + size <= SIZE for off, size, mem in blocks)
+    valid = all(mem == 1 and off + size <= SIZE for off, size, mem in blocks if size)
     lofs = [min(i * 70000, SIZE - 70000) for i in range(len(blocks))]
     for mem in {m for _, _, m in blocks}:
         sel = [i for i, b in enumerate(blocks) if b[2] == mem]
         code, msg, _ = pair.transfer(op, [lofs[i] for i in sel], [blocks[i][0] for i in sel],
                                      [blocks[i][1] for i in sel], remote_id=mem)
-        ok = all(blocks[i][2] == 1 and blocks[i][0] + blocks[i][1] <= SIZE for i in sel)
-        nonempty = any(blocks[i][1] for i in sel)
-        assert (code == "SUCCESS") == (ok or not nonempty), (code, msg)
+        # A Batch drops zero-byte blocks before anything is sent, so only blocks with bytes are
+        # checked against the target's region (a group of zero-byte blocks moves nothing).
+        ok = all(blocks[i][2] == 1 and blocks[i][0] + blocks[i][1] <= SIZE for i in sel if blocks[i][1])
+        assert (code == "SUCCESS") == ok, (code, msg)
     assert np.array_equal(pair.target.arr[:GUARD], before_t[:GUARD])
     assert np.array_equal(pair.target.arr[GUARD + SIZE:], before_t[GUARD + SIZE:])
     assert np.array_equal(pair.init.arr[:GUARD], before_i[:GUARD])
