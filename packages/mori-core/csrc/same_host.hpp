@@ -63,9 +63,15 @@ struct Request {  // followed by count Entries
     uint32_t magic;
     uint8_t type, op;
     uint16_t count;
-    uint32_t pad;
-    uint64_t id;  // the initiator's, echoed in the reply
+    uint32_t flags;  // kNotify, kLast
+    uint64_t id;     // the initiator's, echoed in the reply
+    uint64_t uid;    // the transfer's, for its notification
 };
+// Request::flags. A transfer that notifies marks each of its requests kNotify and its last one
+// kLast: the target records the transfer's outcome (its first refusal, else success) once it has
+// served that one, after every byte of the transfer (a connection's requests are served in order).
+constexpr uint32_t kNotify = 1, kLast = 2;
+constexpr size_t kMaxOpenNotes = 1 << 16;  // notifying transfers of one connection not finished yet
 struct Entry {
     uint64_t memId, offset, size;  // the target's memory
     uint64_t addr;                 // the initiator's memory
@@ -79,7 +85,7 @@ struct Reply {
     uint32_t pad2;
     uint64_t id;
 };
-struct Note {
+struct Note {  // the notification of a transfer that moved nothing (no request carried it)
     uint32_t magic;
     uint8_t type, pad[3];
     int32_t code;
@@ -87,7 +93,7 @@ struct Note {
     uint64_t uid;
 };
 #pragma pack(pop)
-static_assert(sizeof(Hello) == 40 && sizeof(HelloReply) == 12 && sizeof(Request) == 20 && sizeof(Entry) == 32 &&
+static_assert(sizeof(Hello) == 40 && sizeof(HelloReply) == 12 && sizeof(Request) == 28 && sizeof(Entry) == 32 &&
                   sizeof(Reply) == 36 && sizeof(Note) == 24,
               "same-host wire layout");
 constexpr size_t kMaxMessage = sizeof(Request) + kMaxEntries * sizeof(Entry);
@@ -125,7 +131,6 @@ public:
     // Reads replies on the caller's thread until t finished or the deadline passes: polling for
     // spinNs, then asleep on the socket.
     void lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs);
-    void send_note(uint64_t uid, int code);
     bool usable() const { return !failed_.load(std::memory_order_acquire); }
     int fd() const { return fd_; }
     // Fails what is in flight with why and shuts the socket (the peer sees it closed).

@@ -162,8 +162,12 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
     for (size_t i = 0; i < n; ++i) bytes += rows[i].bytes;
     t->carried_by(shared_from_this(),
                   std::min<int64_t>(kMaxLeadSpinNs, kLeadSpinNs + static_cast<int64_t>(bytes / kSpinBytesPerNs)));
-    if (parts == 0) {
-        t->part_done(kSuccess, "");  // nothing to move; the notification still goes
+    if (parts == 0) {  // nothing to move; the notification still goes
+        if (notify) {
+            same_host::Note note{same_host::kMagic, same_host::kNote, {}, kSuccess, 0, uid};
+            send(&note, sizeof(note));
+        }
+        t->part_done(kSuccess, "");
         return t;
     }
     std::vector<std::string> requests(parts);
@@ -179,8 +183,9 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
             std::string& msg = requests[p];
             msg.resize(sizeof(same_host::Request) + m * sizeof(same_host::Entry));
             ids[p] = next_++;
+            const uint32_t flags = notify ? same_host::kNotify | (p + 1 == parts ? same_host::kLast : 0) : 0;
             same_host::Request h{same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op),
-                                 static_cast<uint16_t>(m), 0, ids[p]};
+                                 static_cast<uint16_t>(m), flags, ids[p], uid};
             std::memcpy(msg.data(), &h, sizeof(h));
             auto* e = reinterpret_cast<same_host::Entry*>(msg.data() + sizeof(h));
             for (size_t i = 0; i < m; ++i) {
@@ -208,12 +213,6 @@ void SameHostLink::send(const void* msg, size_t len) {
         fail("connection to engine '" + peer_->key + "' failed: same-host socket: " + errno_text(err));
     else if (queued)
         engine_.same_host()->want_write(fd_);
-}
-
-void SameHostLink::send_note(uint64_t uid, int code) {
-    if (!usable()) return;  // the peer is gone: it hears nothing
-    same_host::Note note{same_host::kMagic, same_host::kNote, {}, code, 0, uid};
-    send(&note, sizeof(note));
 }
 
 void SameHostLink::on_writable() {

@@ -72,6 +72,7 @@ struct SameHostService::Conn {
     std::string key;      // the engine its ticket admitted
     uint64_t order = 0;   // accept order, to drop the oldest unproven first
     Outbox out;
+    std::unordered_map<uint64_t, int> refused;  // notifying transfers in flight with a refusal: uid -> code
 };
 
 SameHostService::SameHostService(Engine& engine) : engine_(engine), buf_(same_host::kMaxMessage + 1) {
@@ -276,6 +277,23 @@ void SameHostService::copy(Conn& c, const same_host::Request& h, const uint8_t* 
              : r.reason == kReasonMemory ? kErrNotFound
              : r.reason == kReasonFailed ? kErrTransport
                                          : kErrInvalidArgs;
+    if (h.flags & same_host::kNotify) {
+        // The transfer's outcome: its first refusal, else success; recorded with its last request,
+        // as the initiator reports it (a transport failure is not recorded: it reports that).
+        int outcome = r.code;
+        auto it = c.refused.find(h.uid);
+        if (it != c.refused.end()) outcome = it->second;
+        if (h.flags & same_host::kLast) {
+            if (it != c.refused.end()) c.refused.erase(it);
+            if (outcome != kErrTransport) engine_.record_inbound(c.key, h.uid, outcome);
+        } else if (outcome != kSuccess && it == c.refused.end()) {
+            if (c.refused.size() >= same_host::kMaxOpenNotes) {
+                drop(c.fd);
+                return;
+            }
+            c.refused.emplace(h.uid, outcome);
+        }
+    }
     reply(c, &r, sizeof(r));
 }
 
@@ -315,6 +333,7 @@ void SameHostService::serve(Conn& c, const uint8_t* msg, size_t len) {
     }
     std::memcpy(&h, msg, sizeof(h));
     if ((h.op != kOpRead && h.op != kOpWrite) || h.count == 0 || h.count > same_host::kMaxEntries ||
+        (h.flags & ~(same_host::kNotify | same_host::kLast)) != 0 ||
         len != sizeof(h) + h.count * sizeof(same_host::Entry)) {
         engine_.count(&EngineStats::malformed);
         drop(c.fd);

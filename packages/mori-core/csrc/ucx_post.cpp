@@ -117,11 +117,10 @@ void Transfer::finish(int c, const std::string& msg) {
         msg_ = msg;
     }
     // The target hears the outcome after every byte (a message behind the transfer's last
-    // reply); a transport failure is not sent (the link is gone).
-    const bool told = notify_ && (c == kSuccess || c == kErrInvalidArgs || c == kErrNotFound);
-    if (told && sameHost_) {
-        sameHost_->send_note(uid_, c);
-    } else if (told && !link_->eps.empty()) {
+    // reply); a transport failure is not sent (the link is gone). On the same-host path the
+    // target records it itself, with the transfer's last request.
+    if (notify_ && !sameHost_ && (c == kSuccess || c == kErrInvalidArgs || c == kErrNotFound) &&
+        !link_->eps.empty()) {
         auto* note = new NoteHeader{kMagic, c, link_->peer->ticket, uid_};
         api::RequestParam p{};
         p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;

@@ -39,7 +39,7 @@ def _hello(ticket: int, probe: int, nonce: bytes) -> bytes:
 
 
 def _request(op: int, rid: int, entries: list[tuple[int, int, int, int]]) -> bytes:
-    return struct.pack("<IBBHIQ", MAGIC, REQUEST, op, len(entries), 0, rid) + b"".join(
+    return struct.pack("<IBBHIQQ", MAGIC, REQUEST, op, len(entries), 0, rid, 0) + b"".join(
         struct.pack("<QQQQ", *e) for e in entries)
 
 
@@ -141,6 +141,35 @@ def test_deregistration_waits_and_then_refuses() -> None:
         t = peer.submit(ucx.WRITE, 1, Batch.one(int(src.ctypes.data), 0, 4096), 1)
         assert t.wait(5) and t.code() == 12 and "not registered" in t.message()
         assert (dst == 7).all()
+    finally:
+        init.close()
+        target.close()
+
+
+def test_notification_of_a_transfer_of_several_requests() -> None:
+    """A transfer cut into several requests (1024 blocks each) is recorded once at the target,
+    after its last request: success, or the first refusal among its requests."""
+    target, init = _engines()
+    src, dst = np.arange(1 << 20, dtype=np.uint32).view(np.uint8)[: 1 << 20], np.zeros(1 << 20, np.uint8)
+    target.register_memory(1, int(dst.ctypes.data), dst.nbytes)
+    init.register_memory(1, int(src.ctypes.data), src.nbytes)
+    try:
+        peer = init.connect("target", target.addresses, target.admit("initiator"), target.same_host_address)
+        n = 3000  # three requests; blocks of 64 bytes, every other one, so that none merge
+        offs = [2 * 64 * i for i in range(n)]
+        t = peer.submit(ucx.WRITE, 1, Batch(offs, offs, [64] * n, int(src.ctypes.data)), 1, uid=7, notify=True)
+        assert t.wait(5) and t.code() == 0, t.message()
+        bad = offs.copy()
+        bad[1500] = 1 << 20  # in the second request
+        t = peer.submit(ucx.WRITE, 1, Batch(offs, bad, [64] * n, int(src.ctypes.data)), 1, uid=8, notify=True)
+        assert t.wait(5) and t.code() == 11, t.message()
+        deadline = time.monotonic() + 5
+        while target.inbound_count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert target.pop_inbound("initiator", 7) == 0
+        assert target.pop_inbound("initiator", 8) == 11
+        assert target.inbound_count() == 0
+        assert all(np.array_equal(dst[o:o + 64], src[o:o + 64]) for o in offs[::97])
     finally:
         init.close()
         target.close()
