@@ -277,24 +277,31 @@ void SameHostService::copy(Conn& c, const same_host::Request& h, const uint8_t* 
              : r.reason == kReasonMemory ? kErrNotFound
              : r.reason == kReasonFailed ? kErrTransport
                                          : kErrInvalidArgs;
-    if (h.flags & same_host::kNotify) {
-        // The transfer's outcome: its first refusal, else success; recorded with its last request,
-        // as the initiator reports it (a transport failure is not recorded: it reports that).
-        int outcome = r.code;
-        auto it = c.refused.find(h.uid);
-        if (it != c.refused.end()) outcome = it->second;
-        if (h.flags & same_host::kLast) {
-            if (it != c.refused.end()) c.refused.erase(it);
-            if (outcome != kErrTransport) engine_.record_inbound(c.key, h.uid, outcome);
-        } else if (outcome != kSuccess && it == c.refused.end()) {
+    if (!(h.flags & same_host::kNotify)) {
+        reply(c, &r, sizeof(r));
+        return;
+    }
+    // The transfer's outcome: its first refusal, else success; recorded with its last request (after
+    // the reply: the initiator does not wait for it), as the initiator reports it (a transport
+    // failure is not recorded: it reports that).
+    int outcome = r.code;
+    auto it = c.refused.find(h.uid);
+    if (it != c.refused.end()) outcome = it->second;
+    if (!(h.flags & same_host::kLast)) {
+        if (outcome != kSuccess && it == c.refused.end()) {
             if (c.refused.size() >= same_host::kMaxOpenNotes) {
                 drop(c.fd);
                 return;
             }
             c.refused.emplace(h.uid, outcome);
         }
+        reply(c, &r, sizeof(r));
+        return;
     }
+    if (it != c.refused.end()) c.refused.erase(it);
+    const std::string key = c.key;  // c goes if the reply fails
     reply(c, &r, sizeof(r));
+    if (outcome != kErrTransport) engine_.record_inbound(key, h.uid, outcome);
 }
 
 void SameHostService::serve(Conn& c, const uint8_t* msg, size_t len) {
