@@ -9,8 +9,12 @@
 # and with 8 PEs the prefill shape's ops take about 12 GB, the inter-node rows' staging and return
 # blocks included).
 # Run from the repository root with .devkit carried; logs and JSON go to $OUT.
-# Usage: bash ci/device/ep.sh [--pes "2 4 8"] [--no-mps] [--no-tests] [--no-bench] [-k EXPR] [-- bench args]
+# Usage: bash ci/device/ep.sh [--pes "2 4 8"] [--no-mps] [--no-tests] [--no-bench] [--proxy] [-k EXPR]
+#                             [-- bench args]
 #   -k EXPR: only the GPU tests pytest's -k selects (e.g. "hot or graph").
+#   --proxy: InterNodeV1 and InterNodeV1LL through the device proxy (MORI_DISABLE_P2P, UCX on
+#            tcp + cuda_copy from the libucx wheel of .devkit: ucx_wheel.sh), byte for byte
+#            against IntraNode with P2P (test_internode_through_the_proxy...); no benchmark.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mori-out}
@@ -20,16 +24,25 @@ MORI_PES=${MORI_PES:-"2 4 8"}
 . "$(dirname "$0")/multi_pe.sh"
 pes_parse_args "$@" || exit 2
 trap pes_stop_mps EXIT
-run_tests=1; run_bench=1; bench_args=(); select=(); seen_dashes=0; want_k=0
+run_tests=1; run_bench=1; bench_args=(); select=(); seen_dashes=0; want_k=0; proxy=0
 for a in "${PES_REST[@]}"; do
   if [ $seen_dashes = 1 ]; then bench_args+=("$a"); continue; fi
   if [ $want_k = 1 ]; then select=(-k "$a"); want_k=0; continue; fi
-  case $a in --no-tests) run_tests=0 ;; --no-bench) run_bench=0 ;; -k) want_k=1 ;; --) seen_dashes=1 ;; esac
+  case $a in
+    --no-tests) run_tests=0 ;; --no-bench) run_bench=0 ;; --proxy) proxy=1; run_bench=0 ;; -k) want_k=1 ;;
+    --) seen_dashes=1 ;;
+  esac
 done
+if [ $proxy = 1 ] && [ ${#select[@]} = 0 ]; then select=(-k through_the_proxy); fi
 status=0
 t0=$(date +%s)
 [ -n "${MORI_SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --find-links .devkit/wheels \
   ./packages/mori-core ./packages/mori-shmem 2>&1 | tail -5 || exit 1
+if [ $proxy = 1 ]; then
+  . "$(dirname "$0")/ucx_wheel.sh"
+  use_ucx_wheel
+  export UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self} MORI_SHMEM_TIMEOUT=${MORI_SHMEM_TIMEOUT:-30}
+fi
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 repo=$PWD

@@ -31,24 +31,16 @@ done
 status=0
 t0=$(date +%s)
 repo=$PWD
-# The UCX build for the driver: libucx-cu13's CUDA transports need a CUDA 13 driver; an older one
-# takes libucx-cu12 (ci/device/ucx_kit.sh cu12).
-driver_cuda=$(nvidia-smi | grep -o "CUDA Version: [0-9]*" | grep -o "[0-9]*$")
-ucx_kit=.devkit/ucx
-if [ "${driver_cuda:-13}" -lt 13 ] && ls .devkit/ucx-cu12/*.whl >/dev/null 2>&1; then ucx_kit=.devkit/ucx-cu12; fi
-echo "driver: CUDA ${driver_cuda:-?}; UCX from $ucx_kit"
+. "$(dirname "$0")/ucx_wheel.sh"
 if [ -z "${MORI_SKIP_INSTALL:-}" ]; then
   python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
     ./packages/mori-triton 2>&1 | tail -5 || exit 1
   python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-io 2>&1 | tail -3
-  python3 -m pip install -q --no-deps --no-index $ucx_kit/*.whl 2>&1 | tail -3
 fi
+use_ucx_wheel
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 cd /tmp  # import mori from site-packages, not the source tree
-# The wheel's UCX, not a system one (the device machine has a UCX 1.16 without CUDA, which
-# mori-core's loader would take first for its verbs).
-export MORI_UCX_LIB=$(python3 -c "import importlib.util, os; s = importlib.util.find_spec('libucx'); print(os.path.join(list(s.submodule_search_locations)[0], 'lib'))")
 python3 -c "from mori.core import ucx; i = ucx.load(); print('UCX', i['version'], i['source'], i['transports'])"
 export MORI_DISABLE_P2P=ON UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self} MORI_SHMEM_TIMEOUT=${MORI_SHMEM_TIMEOUT:-30}
 max_pes=$(echo $PES | tr ' ' '\n' | sort -n | tail -1)

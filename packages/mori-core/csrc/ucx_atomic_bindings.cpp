@@ -45,15 +45,17 @@ mori::native::Registration reg([](py::module_& root) {
     m.def(
         "ucx_serve_gpu",
         [](mori::ucx::Engine& engine, uintptr_t context, uintptr_t function, uintptr_t stream, uintptr_t result,
-           uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t launchKernel, uintptr_t streamSynchronize,
+           uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t launchKernel, uintptr_t streamQuery,
            uintptr_t memcpyHtoDAsync) {
-            mori::ucx::GpuWordsConfig c{context,       function,     stream,           result,
-                                        resultDev,     ctxSetCurrent, launchKernel,    streamSynchronize,
+            mori::ucx::GpuWordsConfig c{context,       function,      stream,       result,
+                                        resultDev,     ctxSetCurrent, launchKernel, streamQuery,
                                         memcpyHtoDAsync};
+            c.timeout = engine.options().timeout;  // the engine's: every wait of its handlers is bounded alike
+            c.timeoutSetting = engine.options().timeoutSetting;
             engine.set_gpu_words(std::make_shared<mori::ucx::GpuWords>(c));
         },
         py::arg("engine"), py::arg("context"), py::arg("function"), py::arg("stream"), py::arg("result"),
-        py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("launch_kernel"), py::arg("stream_synchronize"),
+        py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("launch_kernel"), py::arg("stream_query"),
         py::arg("memcpy_htod_async"),
         "Serves remote atomics and signal puts on the engine's GPU regions with this kernel, stream and result "
         "word (handles and driver entry points as addresses; see mori.core.ucx_atomic.serve_gpu).");

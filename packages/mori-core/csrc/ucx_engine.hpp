@@ -252,6 +252,7 @@ public:
 private:
     void run();
     void expire_locked(int64_t now);
+    std::string stall_locked(const Transfer& t) const;  // where an expired transfer stopped, for its message
     void reap_links_locked();
     void sweep_parts_locked();  // frees failed parts whose UCX operations all called back
     static void on_ep_error(void* arg, api::Endpoint* ep, api::Status status);

@@ -1,8 +1,13 @@
 // The UCX engine's target-side operations on GPU memory (see ucx_gpu.hpp).
 #include "ucx_gpu.hpp"
 
+#include <chrono>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <thread>
+
+#include "ucx_engine.hpp"
 
 namespace mori::ucx {
 
@@ -12,7 +17,8 @@ namespace {
 using CtxSetCurrentFn = int (*)(void* ctx);
 using LaunchKernelFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned shared, void* stream, void** params, void** extra);
-using StreamSynchronizeFn = int (*)(void* stream);
+using StreamQueryFn = int (*)(void* stream);
+constexpr int kNotReady = 600;  // CUDA_ERROR_NOT_READY
 using MemcpyHtoDAsyncFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
 
 void check(int result, const char* call) {
@@ -25,19 +31,50 @@ void check(int result, const char* call) {
 
 GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
     if (!c.context || !c.function || !c.result || !c.resultDev || !c.ctxSetCurrent || !c.launchKernel ||
-        !c.streamSynchronize || !c.memcpyHtoDAsync)
+        !c.streamQuery || !c.memcpyHtoDAsync)
         throw std::invalid_argument("GPU word operations need a context, a kernel, a result word and four entry points");
+    if (!(c.timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
+}
+
+void GpuWords::wait(const char* what) {
+    void* stream = reinterpret_cast<void*>(c_.stream);
+    const int64_t start = now_ns();
+    bool told = false;
+    for (int polls = 0;; ++polls) {
+        const int r = reinterpret_cast<StreamQueryFn>(c_.streamQuery)(stream);
+        if (r == 0) break;
+        if (r != kNotReady) check(r, "cuStreamQuery");
+        const double waited = (now_ns() - start) * 1e-9;
+        if (waited >= c_.timeout) {
+            char secs[32];
+            std::snprintf(secs, sizeof(secs), "%g", c_.timeout);
+            broken_ = std::string(what) + " did not finish on the target's GPU within " + secs + " s (" +
+                      c_.timeoutSetting + "): GPU work ahead of it never ended";
+            throw std::runtime_error(broken_);
+        }
+        if (!told && waited >= 1.0) {
+            told = true;
+            std::fprintf(stderr, "mori UCX engine: %s for a peer has waited 1 s for this GPU (every peer of the "
+                                 "engine waits meanwhile)\n", what);
+        }
+        // An operation takes microseconds: poll, then nap so a stalled GPU costs no core.
+        if (polls < 200)
+            std::this_thread::yield();
+        else
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
 }
 
 uint64_t GpuWords::apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst,
                          const void* src, size_t bytes) {
     std::lock_guard lk(mu_);
+    if (!broken_.empty()) throw std::runtime_error("an earlier GPU operation never finished: " + broken_);
     void* stream = reinterpret_cast<void*>(c_.stream);
     check(reinterpret_cast<CtxSetCurrentFn>(c_.ctxSetCurrent)(reinterpret_cast<void*>(c_.context)), "cuCtxSetCurrent");
     if (bytes != 0)
         check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.memcpyHtoDAsync)(dst, src, bytes, stream), "cuMemcpyHtoDAsync");
     if (addr == 0) {  // the copy alone
-        check(reinterpret_cast<StreamSynchronizeFn>(c_.streamSynchronize)(stream), "cuStreamSynchronize");
+        wait("a signal put's copy");
         return 0;
     }
     // The kernel's parameters: (addr, op, width, value, compare, result), as mori.core.ucx_atomic's source.
@@ -47,7 +84,7 @@ uint64_t GpuWords::apply(uint64_t addr, uint8_t op, int width, uint64_t value, u
     check(reinterpret_cast<LaunchKernelFn>(c_.launchKernel)(reinterpret_cast<void*>(c_.function), 1, 1, 1, 1, 1, 1, 0,
                                                             stream, params, nullptr),
           "cuLaunchKernel");
-    check(reinterpret_cast<StreamSynchronizeFn>(c_.streamSynchronize)(stream), "cuStreamSynchronize");
+    wait("an atomic's kernel");
     return *reinterpret_cast<volatile uint64_t*>(c_.result);
 }
 

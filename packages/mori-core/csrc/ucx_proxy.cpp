@@ -136,6 +136,10 @@ void Proxy::transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_
     if (remote > cfg_.heapSize || bytes > cfg_.heapSize - remote)
         throw std::invalid_argument(std::string(what) + " of " + std::to_string(bytes) + " bytes at heap offset " +
                                     std::to_string(remote) + " runs past the heap");
+    // Nothing to move (a put with signal of no rows: its signal still follows): no transfer, and
+    // no registration, which UCX refuses for an empty range (the command failed and its signal
+    // was lost when its source lay outside the heap).
+    if (bytes == 0) return;
     const bool inHeap = local >= cfg_.heapBase && local - cfg_.heapBase < cfg_.heapSize &&
                         bytes <= cfg_.heapSize - (local - cfg_.heapBase);
     const bool inBounce = local >= cfg_.bounce && local + bytes <= cfg_.bounce + kProxySlots * kInlineBytes;

@@ -291,7 +291,7 @@ void Worker::expire_locked(int64_t now) {
         char secs[32];
         std::snprintf(secs, sizeof(secs), "%g", o.timeout);
         std::string why = "no completion from engine '" + link->peer->key + "' within " + secs + " s (" +
-                          o.timeoutSetting + ")";
+                          o.timeoutSetting + ")" + stall_locked(*t);
         link->peer->fail(why);  // before the transfer: its waiter may ask at once
         t->fail(kErrTransport, why);
         expired.emplace_back(link, why);
@@ -301,6 +301,23 @@ void Worker::expire_locked(int64_t now) {
     // cancelled (no late bytes), and the owner connects anew.
     for (auto& [link, why] : expired)
         if (!link->eps.empty()) close_link_locked(*link, why);
+}
+
+std::string Worker::stall_locked(const Transfer& t) const {
+    // Where the transfer stopped: messages whose UCX operation has not ended (a send, with
+    // rendezvous until the target has the data; a read's incoming data), or messages done moving
+    // their data that the target never answered.
+    size_t open = 0, unsent = 0;
+    for (const auto& [id, p] : parts_) {
+        if (p->transfer.get() != &t || p->done) continue;
+        ++open;
+        if (p->ops > 0) ++unsent;
+    }
+    if (open == 0) return "";
+    return "; " + std::to_string(open) + (open == 1 ? " message" : " messages") + " unanswered, " +
+           (unsent == 0 ? std::string("every one sent")
+                        : std::to_string(unsent) + " not completed by UCX here (a rendezvous send completes once the "
+                                                   "target has its data)");
 }
 
 Part& Worker::add_part_locked(std::unique_ptr<Part> part) {

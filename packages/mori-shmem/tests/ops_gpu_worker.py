@@ -205,12 +205,23 @@ def internode(rank: int, world: int) -> None:
     kinds = [mori.ops.EpDispatchCombineKernelType.InterNodeV1, mori.ops.EpDispatchCombineKernelType.InterNodeV1LL]
     p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
     sizes = [g for g in (world // 2, world // 4) if g >= 1 and p2p] or [1]
-    intra: dict[tuple[str, int], Any] = {}
-    for name, case, seeds, options in internode_cases(world):
+    # IntraNode needs every PE mapped: through the proxy (MORI_DISABLE_P2P) its rounds come from
+    # the file an earlier run with P2P wrote (MORI_OPS_INTRA_REFERENCE; checks "intra_reference").
+    reference = os.environ.get("MORI_OPS_INTRA_REFERENCE", "")
+    if not p2p and not reference:
+        raise RuntimeError("with MORI_DISABLE_P2P the inter-node check compares against IntraNode rounds "
+                           "saved by a P2P run: set MORI_OPS_INTRA_REFERENCE (see test_ops_gpu.py)")
+    intra: dict[tuple[str, int], Any] = _load_intra(reference) if not p2p and rank == 0 else {}
+    for name, case, seeds, options in internode_cases(world) if p2p else []:
         round_kw, overrides = _round_options(options)
         op = mori.ops.EpDispatchCombineOp(make_config(case, rank, **overrides))
         for seed in seeds:
             intra[name, seed] = gather(pe_round(dataclasses.replace(case, seed=seed), op, "cuda", **round_kw))
+    if os.environ.get("MORI_OPS_CHECKS") == "intra_reference":
+        if rank == 0:
+            _save_intra(reference, intra)
+            print(f"ok  IntraNode rounds of the inter-node cases saved to {reference}", flush=True)
+        return
     failed = 0
     for kind in kinds:
         for g in sizes:
@@ -242,6 +253,26 @@ def internode(rank: int, world: int) -> None:
         raise AssertionError(f"{flag[0]} inter-node rounds failed")
 
 
+def _save_intra(path: str, intra: dict[tuple[str, int], Any]) -> None:
+    """Rank 0's gathered IntraNode rounds, tensors as uint8 bytes with their dtype's name (torch
+    cannot unpickle float8 storages)."""
+    def pack(v: Any) -> Any:
+        return ("tensor", v.contiguous().view(torch.uint8).cpu(), str(v.dtype)) if isinstance(v, torch.Tensor) else v
+
+    torch.save({key: [{k: pack(v) for k, v in pe.items()} for pe in pes] for key, pes in intra.items()}, path)
+
+
+def _load_intra(path: str) -> dict[tuple[str, int], Any]:
+    """What :func:`_save_intra` wrote."""
+    def unpack(v: Any) -> Any:
+        if isinstance(v, tuple) and len(v) == 3 and v[0] == "tensor":
+            return v[1].view(getattr(torch, v[2].removeprefix("torch.")))
+        return v
+
+    saved = torch.load(path, weights_only=False)
+    return {key: [{k: unpack(v) for k, v in pe.items()} for pe in pes] for key, pes in saved.items()}
+
+
 def main() -> None:
     rank, world = init_world()
     mori.shmem.shmem_torch_process_group_init("default")
@@ -251,7 +282,7 @@ def main() -> None:
         graph_double_dispatch(rank, world)
     if checks == "edge":
         edge_cases(rank, world)
-    if checks == "internode":
+    if checks in ("internode", "intra_reference"):
         internode(rank, world)
     if checks == "all":
         cases(rank, world)

@@ -7,6 +7,7 @@ Marked ``gpu``: CPU CI deselects them; ``ci/device/ep.sh`` runs them. The PE cou
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from test_gpu import _torchrun
@@ -35,6 +36,23 @@ def test_internode_byte_identical_to_intranode(nproc: int) -> None:
     """InterNodeV1 and InterNodeV1LL with the PEs split into nodes by gpu_per_node (the other
     nodes' PEs reached through the device API's put-with-signal): every round as IntraNode's."""
     out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "internode"})
+    assert "FAILED" not in out, out
+    assert out.count("byte for byte as IntraNode") >= 20, out
+    assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
+
+
+@pytest.mark.parametrize("nproc", PES)
+def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp_path: Any) -> None:
+    """InterNodeV1 and InterNodeV1LL with MORI_DISABLE_P2P (gpu_per_node=1: every other PE reached
+    through the device proxy on UCX, as on other hosts), every round byte for byte as IntraNode's
+    with P2P for the same inputs (saved by a first run). Needs a UCX with CUDA support
+    (MORI_UCX_LIB: ci/device/ep.sh --proxy sets it)."""
+    reference = str(tmp_path / f"intra_{nproc}.pt")
+    env = {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_INTRA_REFERENCE": reference}
+    out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "intra_reference", "MORI_DISABLE_P2P": "0"})
+    assert f"ok  IntraNode rounds of the inter-node cases saved to {reference}" in out, out
+    out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "internode", "MORI_DISABLE_P2P": "ON",
+                                                 "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")})
     assert "FAILED" not in out, out
     assert out.count("byte for byte as IntraNode") >= 20, out
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out

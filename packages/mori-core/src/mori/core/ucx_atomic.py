@@ -122,7 +122,7 @@ class GpuWordServer:
         ctypes.c_uint64.from_address(self.result).value = 0
         ucx_serve_gpu(engine, int(context), int(self.function), int(self.stream), self.result, result_dev,
                       cuda.entry_point("cuCtxSetCurrent"), cuda.entry_point("cuLaunchKernel"),
-                      cuda.entry_point("cuStreamSynchronize"), cuda.entry_point("cuMemcpyHtoDAsync"))
+                      cuda.entry_point("cuStreamQuery"), cuda.entry_point("cuMemcpyHtoDAsync"))
 
     def close(self) -> None:
         """Refuses GPU atomics and signal puts again, then frees the kernel, stream and word."""
