@@ -319,11 +319,19 @@ public:
     void set_gpu_words(std::shared_ptr<GpuWords> g) {
         std::lock_guard lk(gpuMu_);
         gpu_ = std::move(g);
+        gpuEpoch_.fetch_add(1, std::memory_order_release);
     }
     std::shared_ptr<GpuWords> gpu_words() const {
         std::lock_guard lk(gpuMu_);
         return gpu_;
     }
+    // Makes the CUDA context of the engine's GPU memory (set_gpu_words) current on the calling
+    // thread, once per thread and setting (`seen`: the thread's own record, 0 at its start). The
+    // engine's own threads (progress threads, the device proxy) call it before they drive UCX:
+    // UCX's CUDA transports act in the calling thread's current context (cuda_copy's copies and
+    // the cuEventQuery of their completions and of ucp_worker_arm); with none they depend on
+    // UCX finding a context itself.
+    void apply_cuda_context(uint64_t& seen) const;
     bool closed() const { return closed_.load(); }
     Worker& worker(size_t i) { return *workers_[i]; }
     std::shared_ptr<Worker> worker_ptr(size_t i) { return workers_[i]; }
@@ -338,6 +346,7 @@ private:
     bool cuda_ = false;
     mutable std::mutex gpuMu_;
     std::shared_ptr<GpuWords> gpu_;
+    std::atomic<uint64_t> gpuEpoch_{1};  // changes with every set_gpu_words
     std::vector<std::shared_ptr<Worker>> workers_;
     std::unique_ptr<SameHostService> sameHost_;
     mutable std::shared_mutex regionsMu_;

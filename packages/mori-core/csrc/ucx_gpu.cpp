@@ -36,6 +36,23 @@ GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
     if (!(c.timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
 }
 
+bool GpuWords::make_current(std::string& why) const {
+    const int r = reinterpret_cast<CtxSetCurrentFn>(c_.ctxSetCurrent)(reinterpret_cast<void*>(c_.context));
+    if (r != 0) why = "cuCtxSetCurrent failed (CUresult " + std::to_string(r) + ")";
+    return r == 0;
+}
+
+void Engine::apply_cuda_context(uint64_t& seen) const {
+    const uint64_t epoch = gpuEpoch_.load(std::memory_order_acquire);
+    if (epoch == seen) return;
+    seen = epoch;
+    const std::shared_ptr<GpuWords> g = gpu_words();
+    std::string why;
+    if (g && !g->make_current(why))
+        std::fprintf(stderr, "mori UCX engine '%s': a thread of the engine cannot use the GPU's context: %s\n",
+                     opts_.name.c_str(), why.c_str());
+}
+
 void GpuWords::wait(const char* what) {
     void* stream = reinterpret_cast<void*>(c_.stream);
     const int64_t start = now_ns();

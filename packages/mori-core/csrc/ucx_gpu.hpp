@@ -43,6 +43,9 @@ public:
     uint64_t apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst = 0,
                    const void* src = nullptr, size_t bytes = 0);
 
+    // Makes the context current on the calling thread; false (and why, in `why`) if the driver refused.
+    bool make_current(std::string& why) const;
+
 private:
     void wait(const char* what);  // until the stream is idle (bounded, see above)
     GpuWordsConfig c_;

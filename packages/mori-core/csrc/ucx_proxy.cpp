@@ -336,7 +336,11 @@ void Proxy::publish() {
 
 void Proxy::run() {
     int idle = 0;
+    uint64_t cudaSeen = 0;
     for (;;) {
+        // This thread posts the transfers and leads the worker while it waits for a signal's
+        // answer: UCX then moves GPU memory here, in this thread's context.
+        engine_->apply_cuda_context(cudaSeen);
         bool work = false;
         for (int n = 0; n < 256; ++n) {
             ProxySlot* s = slot(tail_);

@@ -120,7 +120,9 @@ void Worker::run() {
     const auto& f = fn();
     const bool polling = engine_.options().polling;
     int64_t lastBusy = now_ns();
+    uint64_t cudaSeen = 0;
     for (;;) {
+        engine_.apply_cuda_context(cudaSeen);
         if (leaders_.load(std::memory_order_acquire) > 0) {
             std::unique_lock lk(leadMu_);
             leadCv_.wait_for(lk, std::chrono::milliseconds(kMaxSleepMs),
