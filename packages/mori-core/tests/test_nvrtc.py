@@ -36,6 +36,17 @@ def test_compiles_ptx_for_the_requested_arch() -> None:
         assert "mul.f32" in ptx and "\0" not in ptx
 
 
+def test_a_clean_compile_leaves_python_constants_alone() -> None:
+    """A kernel with no diagnostics has a log of one NUL byte: NVRTC writes it into a buffer of
+    ours, never into CPython's shared one-byte ``b" "`` (which once turned every b" " of the
+    process into b"\\0", and broke later code splitting on spaces)."""
+    space = bytes([32])
+    nvrtc.compile(KERNEL + "\n// clean log\n", arch="sm_90", output="cubin")
+    nvrtc.compile(KERNEL + "\n// clean log, ptx\n", arch="sm_90")
+    assert space == b" " and b"a b".split(b" ") == [b"a", b"b"]
+    assert " ".join(["a", "b"]) == "a b"
+
+
 def test_second_compile_is_a_cache_hit_and_options_change_the_key(cache_root: Path) -> None:
     before = nvrtc.cache_info()
     first = nvrtc.compile(KERNEL)

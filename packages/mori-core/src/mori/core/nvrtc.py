@@ -146,22 +146,25 @@ def _run_nvrtc(source: str, name: str, arch: str, options: Sequence[str], output
         opts = [f"--gpu-architecture={arch}".encode(), *(o.encode() for o in options)]
         (result,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
         log_size = _cuda.check(nv.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        log = b" " * log_size
+        # NVRTC writes into the buffers it is given: always a fresh bytearray, never ``b" " * n``,
+        # which for n == 1 is CPython's shared one-byte ``b" "`` (a log of one NUL turned every
+        # b" " of the process into b"\0").
+        log = bytearray(log_size)
         _cuda.check(nv.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
-        log_text = log.rstrip(b"\0").decode(errors="replace")
+        log_text = bytes(log).rstrip(b"\0").decode(errors="replace")
         if int(result) != 0:
             raise NvrtcError(name, arch, log_text)
         if log_text.strip():
             _log.debug("NVRTC messages for %s:\n%s", name, log_text)
         if output == "ptx":
             size = _cuda.check(nv.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-            buf = b" " * size
+            buf = bytearray(size)
             _cuda.check(nv.nvrtcGetPTX(prog, buf), "nvrtcGetPTX")
-            return buf.rstrip(b"\0")
+            return bytes(buf).rstrip(b"\0")
         size = _cuda.check(nv.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        buf = b" " * size
+        buf = bytearray(size)
         _cuda.check(nv.nvrtcGetCUBIN(prog, buf), "nvrtcGetCUBIN")
-        return buf
+        return bytes(buf)
     finally:
         nv.nvrtcDestroyProgram(prog)
 
