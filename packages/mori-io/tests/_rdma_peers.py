@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 from _netns import NetnsPeer
 from _peer import PipeProcess, SharedBuffer, engine_commands, serve_commands
 
@@ -19,10 +20,31 @@ from mori.core import ucx
 from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
 from mori.io.types import TransferStatus
 
-__all__ = ["UCX_LIBS", "RdmaInitiator", "RdmaTarget", "ucx_lib"]
+__all__ = ["UCX_LIBS", "RdmaInitiator", "RdmaTarget", "Started", "ucx_lib"]
 
 UCX_LIBS = ("wheel", "debian")  # the libucx wheel's UCX (no verbs), Debian's libucx0 (verbs)
 _SOURCES = {"wheel": "libucx wheel", "debian": "system UCX with verbs"}
+
+
+class Started:
+    """What a namespace test started: engine processes and shared buffers of random bytes, all
+    closed and unlinked by :meth:`close` at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+        self.bufs: list[SharedBuffer] = []
+
+    def random_buffer(self, size: int, seed: int) -> SharedBuffer:
+        buf = SharedBuffer(size)
+        buf.array[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+        self.bufs.append(buf)
+        return buf
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.close()
+        for b in self.bufs:
+            b.unlink()
 
 
 def ucx_lib(name: str) -> str:

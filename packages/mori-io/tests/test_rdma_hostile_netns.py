@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from _netns import HOST_A, HOST_B, two_namespaces
 from _peer import SharedBuffer
-from _rdma_peers import UCX_LIBS, RdmaInitiator, RdmaTarget, ucx_lib
+from _rdma_peers import UCX_LIBS, RdmaInitiator, RdmaTarget, Started, ucx_lib
 
 MIB = 1 << 20
 VICTIM = 16 * MIB  # bytes a victim's transfer moves (16 blocks of 1 MiB)
@@ -30,33 +30,26 @@ SERVED = 4 * MIB  # bytes each transfer to the served peer moves
 RUNS = 50  # victims killed
 
 
-class Net:
+class Net(Started):
     """Namespaces A (targets) and B (the initiator), the UCX every engine loads, and what was started."""
 
     def __init__(self, ns_a: str, ns_b: str, lib: str, same_host: bool = False) -> None:
+        super().__init__()
         self.same_host = same_host
         self.ns_a, self.ns_b = ns_a, (ns_a if same_host else ns_b)
         self.host_b = HOST_A if same_host else HOST_B
         # A kill lands within this of a transfer's start (same-host transfers take milliseconds).
         self.kill_window = 0.003 if same_host else 0.03
         self.env = {"MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_IO_TIMEOUT": "10", "MORI_UCX_LIB": ucx_lib(lib)}
-        self.procs: list[RdmaTarget | RdmaInitiator] = []
-        self.bufs: list[SharedBuffer] = []
-
-    def buffer(self, size: int, seed: int) -> SharedBuffer:
-        buf = SharedBuffer(size)
-        buf.array[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
-        self.bufs.append(buf)
-        return buf
 
     def target(self, role: str, size: int, lo: int, hi: int, seed: int) -> tuple[RdmaTarget, SharedBuffer]:
-        buf = self.buffer(size, seed)
+        buf = self.random_buffer(size, seed)
         t = RdmaTarget(self.ns_a, role, HOST_A, buf, lo, hi, self.env)
         self.procs.append(t)
         return t, buf
 
     def initiator(self, size: int) -> tuple[RdmaInitiator, SharedBuffer]:
-        buf = self.buffer(size, 1)
+        buf = self.random_buffer(size, 1)
         i = RdmaInitiator(self.ns_b, "initiator", self.host_b, buf, self.env)
         self.procs.append(i)
         return i, buf
@@ -76,10 +69,7 @@ def net(request: pytest.FixtureRequest) -> Iterator[Net]:
         try:
             yield n
         finally:
-            for p in n.procs:
-                p.close()
-            for b in n.bufs:
-                b.unlink()
+            n.close()
 
 
 def test_killed_peers_never_report_missing_bytes_while_another_is_served(net: Net) -> None:

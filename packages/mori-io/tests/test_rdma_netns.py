@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from _netns import HERE, HOST_A, HOST_B, NetnsPeer, two_namespaces
 from _peer import SharedBuffer
-from _rdma_peers import UCX_LIBS, ucx_lib
+from _rdma_peers import UCX_LIBS, Started, ucx_lib
 
 from mori.io import StatusCode
 
@@ -26,22 +26,19 @@ SIZE = 8 << 20
 ENV = {"MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_IO_TIMEOUT": "5"}
 
 
-class Hosts:
+class Hosts(Started):
     """Namespaces A and B, a shared file per engine, and the engine processes started so far."""
 
     def __init__(self, ns_a: str, ns_b: str, lib: str) -> None:
+        super().__init__()
         self.ns = {"A": ns_a, "B": ns_b}
         self.env = {**ENV, "MORI_UCX_LIB": ucx_lib(lib)}
-        self.peers: list[NetnsPeer] = []
-        self.bufs: list[SharedBuffer] = []
 
     def engine(self, where: str, role: str, **env: str) -> tuple[NetnsPeer, SharedBuffer]:
         """An engine with the RDMA backend alone in namespace ``where``, over a shared file of random bytes."""
-        buf = SharedBuffer(SIZE)
-        buf.array[:] = np.random.default_rng(len(self.bufs)).integers(0, 256, SIZE, dtype=np.uint8)
-        self.bufs.append(buf)
+        buf = self.random_buffer(SIZE, len(self.bufs))
         peer = NetnsPeer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**self.env, **env})
-        self.peers.append(peer)
+        self.procs.append(peer)
         return peer, buf
 
 
@@ -52,10 +49,7 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
         try:
             yield h
         finally:
-            for p in h.peers:
-                p.close()
-            for b in h.bufs:
-                b.unlink()
+            h.close()
 
 
 def test_every_operation_with_notifications(hosts: Hosts) -> None:
