@@ -10,6 +10,9 @@
 #                         time-slicing. Prints which. A daemon already answering on the pipe
 #                         directory (started by an outer script) is reused and left running.
 #   pes_stop_mps          stops the daemon this script started (the scripts trap EXIT with it).
+#   pes_script_start "$@" the opening of a multi-PE script (shmem.sh, shmem_proxy.sh): pes_parse_args,
+#                         pes_stop_mps trapped on EXIT, NVLink multicast off, unbuffered Python,
+#                         $OUT (default /tmp/mori-out) made, MORI_CACHE_DIR defaulted.
 #
 # PE i uses GPU i % GPU_COUNT (ci/device/gpu_world.py) and PEs that share a GPU talk through a gloo
 # process group. Why MPS: docs/shmem.md, "Several PEs on one GPU".
@@ -80,4 +83,13 @@ pes_stop_mps() {
     echo quit | timeout 30 nvidia-cuda-mps-control > /dev/null 2>&1
     PES_MPS_STARTED=0
   fi
+}
+
+pes_script_start() {
+  pes_parse_args "$@" || return 2
+  trap pes_stop_mps EXIT
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+  OUT=${OUT:-/tmp/mori-out}
+  mkdir -p "$OUT"
+  export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
 }

@@ -9,12 +9,7 @@
 #        (MORI_SKIP_CORE=1: no core.sh)
 set -uo pipefail
 . "$(dirname "$0")/multi_pe.sh"
-pes_parse_args "$@" || exit 2
-trap pes_stop_mps EXIT
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/mori-out}
-mkdir -p "$OUT"
-export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+pes_script_start "$@" || exit 2
 run_bench=1; run_tests=1
 for a in "${PES_REST[@]}"; do
   case $a in --no-bench) run_bench=0 ;; --no-tests) run_tests=0 ;; esac

@@ -15,12 +15,7 @@
 #        (MORI_PROXY_MODES=static: the static heap only)
 set -uo pipefail
 . "$(dirname "$0")/multi_pe.sh"
-pes_parse_args "$@" || exit 2
-trap pes_stop_mps EXIT
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/mori-out}
-mkdir -p "$OUT"
-export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+pes_script_start "$@" || exit 2
 run_bench=1; run_triton=1; run_tests=1
 for a in "${PES_REST[@]}"; do
   case $a in
