@@ -35,12 +35,12 @@ def as_span(obj: Any, what: str, writable: bool) -> Span:
     with the buffer protocol (bytes, bytearray, memoryview, array.array). ``writable`` rejects
     read-only objects (the destination of a get).
     """
-    if _is_tensor(obj):
+    if isinstance(obj, np.ndarray):  # first: the cheapest test, on the commonest argument
+        arr = obj
+    elif _is_tensor(obj):
         if not obj.is_contiguous():
             raise ValueError(f"{what}: tensor must be contiguous (call .contiguous() first)")
         return Span(int(obj.data_ptr()), int(obj.numel()) * int(obj.element_size()), bool(obj.is_cuda), obj)
-    if isinstance(obj, np.ndarray):
-        arr = obj
     else:
         try:
             arr = np.frombuffer(memoryview(obj).cast("B"), dtype=np.uint8)
