@@ -1,17 +1,26 @@
-"""mori.shmem between two "hosts": host-initiated remote put bandwidth and put-with-signal latency
-between two PEs in two network namespaces joined by a veth pair (UCX on tcp), beside mori-core's
-UCX engine moving the same sizes between the same namespaces in the same run (the transport the
-remote PEs go through), and optionally mori-io's RDMA backend and NIXL (mori-io-bench). Needs root
-and iproute2. Prints a table and writes JSON.
+"""mori.shmem between two "hosts": remote put bandwidth and put-with-signal latency between two
+PEs in two network namespaces joined by a veth pair (UCX on tcp), beside mori-core's UCX engine
+moving the same sizes between the same namespaces in the same run (the transport the remote PEs
+go through), and with ``--io`` mori-io's RDMA backend and NIXL (mori-io-bench) too. Needs root
+and ``ip`` (iproute2, or ``ci/device/netns_ip.py`` on a machine without it). Prints a table and
+writes JSON.
 
     python ci/shmem_remote_bench.py [--sizes 4K,64K,1M,16M,64M] [--iters 20] [--rounds 3] [--json out.json]
-                                    [--io] [--peer-python PYTHON_WITH_NIXL]
+                                    [--io] [--peer-python PYTHON_WITH_NIXL] [--device]
 
 put: PE 0 (namespace A) puts from its own heap into PE 1's (namespace B) with shmem_putmem, one
 call at a time (each is complete when it returns); engine: the same bytes as one UCX engine write
-between two processes in the same namespaces (submit + wait). Rounds alternate which runs first;
-each point is the median over rounds of the median over iterations. put+signal latency: a ping-pong
-of 8 bytes with a SHMEM_SIGNAL_SET signal, one-way time = round trip / 2.
+between two processes in the same namespaces (submit + wait); mori-io-bench: its RDMA backend
+(``MORI_IO_RDMA_TRANSPORTS=tcp``) and, with ``--peer-python``, NIXL 1.5.1's UCX backend
+(``UCX_TLS=tcp``), one block a transfer, host memory. Every round runs each of them, rotating
+which goes first; each point is the median over rounds of the median over iterations.
+put+signal latency: a ping-pong of 8 bytes with a SHMEM_SIGNAL_SET signal, one-way time = round
+trip / 2.
+
+``--device`` (a GPU machine; UCX with CUDA support, e.g. ``MORI_UCX_LIB`` at the libucx-cu13
+wheel): GPU heaps (``UCX_TLS=tcp,cuda_copy,self``), both PEs on GPU 0 unless there are two;
+the put and the ping-pong are also timed from a kernel through the device proxy
+(``ci/device/bench_shmem_proxy.py``'s kernels), and the engine moves GPU memory.
 """
 
 from __future__ import annotations
@@ -26,38 +35,81 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from mori.core import config, testing, ucx
 
+CI_DEVICE = Path(__file__).resolve().parent / "device"
 UCX_ENV = {"UCX_TLS": "tcp,self"}  # two namespaces of one machine share its shared memory; hosts do not
+GPU_UCX_ENV = {"UCX_TLS": "tcp,cuda_copy,self"}
 
 
-def _pe(rank: int, uid: bytes, sizes: list[int], iters: int) -> dict[str, Any]:
-    import numpy as np
+_STATE: dict[str, Any] = {}  # a worker's objects between calls (each worker is its own process)
 
+
+def _pin(side: int) -> None:
+    """Pins this process's threads made from now on (UCX's included) to one CPU per side (0: the
+    initiator in A, 1: the target in B). Processes that live for the whole run otherwise keep
+    whatever placement the scheduler first gave them, and on a 2-core machine whether sender and
+    receiver share a core doubles or halves a pair's bandwidth for the whole run."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[side % len(cpus)]})
+
+
+def _pe_init(rank: int, uid: bytes, big: int, device: bool) -> None:
+    """Makes this worker PE ``rank`` (collective), with a source and a destination of ``big`` bytes."""
     import mori.shmem as shmem
 
+    _pin(rank)
+    if device:
+        import torch
+
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     shmem.shmem_init_attr(shmem.MORI_SHMEM_INIT_WITH_UNIQUEID, rank, 2, uid)
-    big = max(sizes)
+    if device:
+        sys.path.insert(0, str(CI_DEVICE))
+        from bench_shmem_proxy import ProxyBench
+
+        _STATE["bench"] = ProxyBench(big)
+        return
+    import numpy as np
+
     src, dst, sig = shmem.shmem_malloc(big), shmem.shmem_malloc(big), shmem.shmem_malloc(8)
+    _STATE.update(src=src, dst=dst, sig=sig, view=np.ctypeslib.as_array((ctypes.c_ubyte * big).from_address(src)))
+    shmem.shmem_barrier_all()
+
+
+def _pe_puts(rank: int, size: int, iters: int) -> dict[str, float]:
+    """Both PEs (a GPU heap's timing is collective): PE 0's seconds per put of ``size`` bytes into
+    PE 1's heap (median of ``iters`` after a warm-up; with a GPU heap the mean of ``iters``, also
+    from a kernel: ProxyBench.put)."""
+    import mori.shmem as shmem
+
+    if "bench" in _STATE:
+        _STATE["bench"].put(size, 1)  # warm-up
+        return dict(zip(("put", "device_put"), _STATE["bench"].put(size, iters), strict=True))
+    if rank != 0:
+        return {}
+    chunk, dst = _STATE["view"][:size], _STATE["dst"]
+    shmem.shmem_putmem(dst, chunk, 1)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        shmem.shmem_putmem(dst, chunk, 1)
+        times.append(time.perf_counter() - start)
+    return {"put": statistics.median(times)}
+
+
+def _pe_ping_pong(rank: int, rounds: int) -> dict[str, float]:
+    """Both PEs: one-way seconds of an 8-byte put+signal ping-pong (PE 0 sends round i, waits for answer i)."""
+    import mori.shmem as shmem
+
+    if "bench" in _STATE:
+        return dict(zip(("signal", "device_signal"), _STATE["bench"].ping_pong(rounds), strict=True))
+    sig, dst = _STATE["sig"], _STATE["dst"]
     shmem.shmem_atomic_set(sig, 0, rank)
     shmem.shmem_barrier_all()
-    out: dict[str, Any] = {"put": {}}
-    view = np.ctypeslib.as_array((ctypes.c_ubyte * big).from_address(src))  # the source, in PE 0's heap
-    if rank == 0:
-        for size in sizes:
-            chunk = view[:size]
-            shmem.shmem_putmem(dst, chunk, 1)  # warm-up
-            times = []
-            for _ in range(iters):
-                start = time.perf_counter()
-                shmem.shmem_putmem(dst, chunk, 1)
-                times.append(time.perf_counter() - start)
-            out["put"][size] = statistics.median(times)
-    shmem.shmem_barrier_all()
-    # Ping-pong: PE 0 sends round i and waits for PE 1's answer i.
-    rounds = 200
     payload = b"x" * 8
     start = time.perf_counter()
     for i in range(1, rounds + 1):
@@ -67,12 +119,20 @@ def _pe(rank: int, uid: bytes, sizes: list[int], iters: int) -> dict[str, Any]:
         else:
             shmem.shmem_wait_until(sig, shmem.SHMEM_CMP_EQ, i, timeout=60)
             shmem.shmem_putmem_signal(dst, payload, sig, i, shmem.SHMEM_SIGNAL_SET, 0)
-    out["signal_one_way"] = (time.perf_counter() - start) / rounds / 2
+    one_way = (time.perf_counter() - start) / rounds / 2
     shmem.shmem_barrier_all()
-    for ptr in (src, dst, sig):
-        shmem.shmem_free(ptr)
+    return {"signal": one_way}
+
+
+def _pe_finalize() -> None:
+    import mori.shmem as shmem
+
+    if "bench" in _STATE:
+        _STATE.pop("bench").close()
+    else:
+        for name in ("src", "dst", "sig"):
+            shmem.shmem_free(_STATE.pop(name))
     shmem.shmem_finalize()
-    return out
 
 
 def _uid() -> bytes:
@@ -81,75 +141,118 @@ def _uid() -> bytes:
     return shmem.shmem_get_unique_id()
 
 
-def _engine_target(size: int) -> Any:
-    engine = ucx.make_engine("bench-target")
+def _buffer(size: int, gpu: bool) -> tuple[Any, int]:
+    """Memory for an engine side: (what keeps it alive, its address); GPU memory of GPU 0 with ``gpu``."""
+    if gpu:
+        import torch
+
+        t = torch.empty(size, dtype=torch.uint8, device="cuda")
+        return t, int(t.data_ptr())
     buf = mmap.mmap(-1, size)
-    engine.register_memory(1, ctypes.addressof(ctypes.c_char.from_buffer(buf)), size)
+    return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def _engine_target(size: int, gpu: bool) -> Any:
+    _pin(1)
+    engine = ucx.make_engine("bench-target")
+    buf, addr = _buffer(size, gpu)
+    engine.register_memory(1, addr, size, gpu)
     testing.serve_commands({"admit": engine.admit, "close": engine.close}, buf)
     return list(engine.addresses)
 
 
-def _engine_initiator(addresses: list[bytes], ticket: int, sizes: list[int], iters: int) -> dict[int, float]:
+def _engine_connect(addresses: list[bytes], ticket: int, big: int, gpu: bool) -> None:
+    _pin(0)
+    engine = ucx.make_engine("bench-initiator")
+    buf, base = _buffer(big, gpu)
+    engine.register_memory(1, base, big, gpu)
+    _STATE.update(engine=engine, buf=buf, base=base, gpu=gpu, peer=engine.connect("target", addresses, ticket))
+
+
+def _engine_writes(size: int, iters: int) -> float:
+    """Seconds per engine write of ``size`` bytes, one batch of one row as mori.shmem's transport
+    posts it (submit + wait; median of ``iters`` after a warm-up)."""
     from mori.core.batch import Batch
 
-    engine = ucx.make_engine("bench-initiator")
-    big = max(sizes)
-    buf = mmap.mmap(-1, big)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    engine.register_memory(1, base, big)
-    peer = engine.connect("target", addresses, ticket)
-    out = {}
-    try:
-        for size in sizes:
-            rows = Batch.one(base, 0, size)  # as mori.shmem's remote transport posts it: one batch
-            times = []
-            for i in range(iters + 1):
-                start = time.perf_counter()
-                done = peer.submit(ucx.WRITE, 1, rows, 1)
-                assert done.wait(60) and done.code() == 0, done.message()
-                if i:
-                    times.append(time.perf_counter() - start)
-            out[size] = statistics.median(times)
-    finally:
-        peer.close()
-        engine.close()
-    return out
+    peer, rows, gpu = _STATE["peer"], Batch.one(_STATE["base"], 0, size), _STATE["gpu"]
+    times = []
+    for i in range(iters + 1):
+        start = time.perf_counter()
+        done = peer.submit(ucx.WRITE, 1, rows, 1, 0, False, gpu)
+        assert done.wait(60) and done.code() == 0, done.message()
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
-def measure_shmem(a: Any, b: Any, sizes: list[int], iters: int) -> dict[str, Any]:
-    env = {**UCX_ENV, "MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_HEAP_SIZE": str(2 * max(sizes) + (4 << 20)),
-           "MORI_BOOTSTRAP_HOST": a.address}
-    starts = iter([testing.start_in_netns(a.name), testing.start_in_netns(b.name)])
-    with testing.ProcPool(2, timeout=600, env=env, label="PE", start=lambda p: next(starts)(p)) as pool:
-        uid = pool.run_on(0, _uid)
-        return pool.map(_pe, [(0, uid, sizes, iters), (1, uid, sizes, iters)])[0]
+def _engine_close() -> None:
+    _STATE.pop("peer").close()
+    _STATE.pop("engine").close()
+    _STATE.pop("buf")
 
 
-def measure_engine(a: Any, b: Any, sizes: list[int], iters: int) -> dict[int, float]:
-    target = testing.CommandProcess(_engine_target, (max(sizes),), "engine target", 120, UCX_ENV,
-                                    start=testing.start_in_netns(a.name))
-    try:
-        ticket = target.call("admit", "initiator")
-        with testing.ProcPool(1, timeout=600, env=UCX_ENV, start=testing.start_in_netns(b.name)) as pool:
-            return pool.run_on(0, _engine_initiator, target.ready, ticket, sizes, iters)
-    finally:
-        target.close()
+class Pairs:
+    """Two PEs (namespaces A and B) and an engine pair (target in A, initiator in B), alive for
+    the whole run, so that their measurements alternate size by size in the same minutes."""
+
+    def __init__(self, a: Any, b: Any, big: int, device: bool) -> None:
+        ucx_env = GPU_UCX_ENV if device else UCX_ENV
+        env = {**ucx_env, "MORI_SHMEM_BACKEND": "gpu" if device else "cpu",
+               "MORI_SHMEM_HEAP_SIZE": str(2 * big + (8 << 20)), "MORI_BOOTSTRAP_HOST": a.address}
+        starts = iter([testing.start_in_netns(a.name), testing.start_in_netns(b.name)])
+        self.pes = testing.ProcPool(2, timeout=600, env=env, label="PE", start=lambda p: next(starts)(p))
+        # The engine moves bytes the same way, from A into B.
+        self.target = testing.CommandProcess(_engine_target, (big, device), "engine target", 120, ucx_env,
+                                             start=testing.start_in_netns(b.name))
+        self.initiator = testing.ProcPool(1, timeout=600, env=ucx_env, label="engine initiator",
+                                          start=testing.start_in_netns(a.name))
+        uid = self.pes.run_on(0, _uid)
+        self.pes.map(_pe_init, [(0, uid, big, device), (1, uid, big, device)])
+        self.initiator.run_on(0, _engine_connect, self.target.ready, self.target.call("admit", "initiator"), big,
+                              device)
+
+    def puts(self, size: int, iters: int) -> dict[str, float]:
+        return self.pes.map(_pe_puts, [(0, size, iters), (1, size, iters)])[0]  # type: ignore[no-any-return]
+
+    def engine(self, size: int, iters: int) -> float:
+        return self.initiator.run_on(0, _engine_writes, size, iters)  # type: ignore[no-any-return]
+
+    def ping_pong(self, rounds: int) -> dict[str, float]:
+        return self.pes.map(_pe_ping_pong, [(0, rounds), (1, rounds)])[0]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.initiator.run_on(0, _engine_close)
+        self.initiator.close()
+        self.target.close()
+        self.pes.run(_pe_finalize)
+        self.pes.close()
 
 
 def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | None) -> list[dict[str, Any]]:
     """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "io.json")
-        cmd = ["ip", "netns", "exec", b.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
-               "write", "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters), "--host", b.address,
-               "--target-host", a.address, "--target-netns", a.name, "--max-bytes", str(max(sizes)), "--json", out,
+        # Initiators in A, targets in B: the bytes go from A into B, as PE 0's puts do.
+        cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
+               "write", "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters), "--host", a.address,
+               "--target-host", b.address, "--target-netns", b.name, "--max-bytes", str(max(sizes)), "--json", out,
                "--no-progress"]
         if peer_python:
             cmd += ["--peers", "nixl", "--peer-python", peer_python]
-        subprocess.run(cmd, check=True, env={**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp"}, timeout=1800)
+        subprocess.run(cmd, check=True, env={**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp"}, timeout=1800,
+                       stdout=subprocess.DEVNULL)
         with open(out) as f:
             rows: list[dict[str, Any]] = json.load(f)["rows"]
     return rows
+
+
+def _take_io(io_lat: dict[tuple[str, int], list[float]], rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        io_lat.setdefault((row["engine"], row["size"]), []).append(row["median_lat_us"])
+
+
+def _load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -158,46 +261,62 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--io", action="store_true", help="also run mori-io-bench's RDMA backend")
+    parser.add_argument("--io", action="store_true", help="also run mori-io-bench's RDMA backend every round")
     parser.add_argument("--peer-python", default=None, help="with --io: an interpreter with nixl installed")
+    parser.add_argument("--device", action="store_true", help="GPU heaps, and device-initiated puts (see above)")
     args = parser.parse_args()
     sizes = [config.parse_size(s, "--sizes") for s in args.sizes.split(",")]
-    put: dict[int, list[float]] = {s: [] for s in sizes}
-    eng: dict[int, list[float]] = {s: [] for s in sizes}
-    signal: list[float] = []
-    io_rows: list[dict[str, Any]] = []
+    names = ["put", "engine"] + (["device_put"] if args.device else [])
+    times: dict[str, dict[int, list[float]]] = {n: {s: [] for s in sizes} for n in names}
+    signal: dict[str, list[float]] = {}
+    io_lat: dict[tuple[str, int], list[float]] = {}
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_before = _load()
     with testing.network_namespaces() as (a, b):
-        for r in range(args.rounds):
-            order = ["shmem", "engine"] if r % 2 == 0 else ["engine", "shmem"]
-            for what in order:
-                if what == "shmem":
-                    res = measure_shmem(a, b, sizes, args.iters)
-                    for s in sizes:
-                        put[s].append(res["put"][s])
-                    signal.append(res["signal_one_way"])
-                else:
-                    for s, t in measure_engine(a, b, sizes, args.iters).items():
-                        eng[s].append(t)
-        if args.io:
-            io_rows = measure_io(a, b, sizes, args.iters, args.peer_python)
+        pairs = Pairs(a, b, max(sizes), args.device)
+        try:
+            for r in range(args.rounds):
+                if args.io and r % 2 == 0:
+                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python))
+                for s in sizes:  # shmem and the engine alternate, size by size, which goes first too
+                    for what in ("shmem", "engine") if (r + sizes.index(s)) % 2 == 0 else ("engine", "shmem"):
+                        if what == "shmem":
+                            for n, t in pairs.puts(s, args.iters).items():
+                                times[n][s].append(t)
+                        else:
+                            times["engine"][s].append(pairs.engine(s, args.iters))
+                for n, t in pairs.ping_pong(200).items():
+                    signal.setdefault(n, []).append(t)
+                if args.io and r % 2 == 1:
+                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python))
+        finally:
+            pairs.close()
+    others = sorted({e for e, _ in io_lat})
+    print(f"{started}, load average {load_before} before, {_load()} after; {args.rounds} rounds of {args.iters}, "
+          f"medians; {'GPU heaps' if args.device else 'host memory'}; mori-io-bench: host memory")
+    cols = ["shmem put"] + (["device put"] if args.device else []) + ["engine write", "put/engine"] \
+        + (["device/engine"] if args.device else []) + others
+    print(f"{'size':>10} " + " ".join(f"{c + (' GB/s' if '/' not in c else ''):>16}" for c in cols))
     rows = []
-    # mori-io-bench's engines (mori-rdma, nixl), GB/s from their median latency like ours.
-    others = sorted({r["engine"] for r in io_rows})
-    io_gbps = {(r["engine"], r["size"]): r["bytes"] / r["median_lat_us"] / 1e3 for r in io_rows}
-    print(f"{'size':>10} {'shmem put GB/s':>15} {'engine write GB/s':>18} {'put/engine':>11}"
-          + "".join(f" {name + ' GB/s':>16}" for name in others))
     for s in sizes:
-        p, e = statistics.median(put[s]), statistics.median(eng[s])
-        rows.append({"size": s, "shmem_put_gbps": s / p / 1e9, "engine_write_gbps": s / e / 1e9,
-                     "shmem_put_us": p * 1e6, "engine_write_us": e * 1e6,
-                     **{f"{name}_gbps": io_gbps.get((name, s)) for name in others}})
-        print(f"{s:>10} {s / p / 1e9:>15.3f} {s / e / 1e9:>18.3f} {e / p:>10.0%}"
-              + "".join(f" {io_gbps.get((name, s), float('nan')):>16.3f}" for name in others))
-    one_way = statistics.median(signal) * 1e6
-    print(f"put+signal (8 B) ping-pong, one-way: {one_way:.1f} us")
+        med = {n: statistics.median(times[n][s]) for n in names}
+        gbps = {n: s / med[n] / 1e9 for n in names}
+        io = {e: s / statistics.median(io_lat[(e, s)]) / 1e3 if (e, s) in io_lat else None for e in others}
+        rows.append({"size": s, **{f"{n}_gbps": gbps[n] for n in names}, **{f"{n}_us": med[n] * 1e6 for n in names},
+                     **{f"{e}_gbps": v for e, v in io.items()}})
+        cells = [f"{gbps['put']:.3f}"] + ([f"{gbps['device_put']:.3f}"] if args.device else []) \
+            + [f"{gbps['engine']:.3f}", f"{gbps['put'] / gbps['engine']:.0%}"] \
+            + ([f"{gbps['device_put'] / gbps['engine']:.0%}"] if args.device else []) \
+            + [f"{v:.3f}" if v is not None else "-" for v in io.values()]
+        print(f"{s:>10} " + " ".join(f"{c:>16}" for c in cells))
+    one_way = {k: statistics.median(v) * 1e6 for k, v in signal.items() if v}
+    print("put+signal (8 B) ping-pong, one-way: " + ", ".join(f"{k.replace('signal', 'shmem')} {v:.1f} us"
+                                                               for k, v in one_way.items()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"put": rows, "signal_one_way_us": one_way, "io": io_rows}, f, indent=1)
+            json.dump({"started": started, "load": [load_before, _load()], "put": rows,
+                       "signal_one_way_us": one_way, "io_median_lat_us": {f"{e} {s}": v for (e, s), v in io_lat.items()}},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,6 @@ import torch.distributed as dist
 import mori.shmem as shmem
 from mori.core import cuda as cu
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_world import init_world  # noqa: E402
-
 KERNELS = r"""
 #define MORI_DEVICE_DEFINE_STATE
 #include <mori/device/shmem.cuh>
@@ -62,10 +59,88 @@ extern "C" __global__ void ping_pong(char* buf, uint64_t* sig, int iters, int me
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 
 
+def reps(size: int) -> int:
+    """Puts per timed round of ``size`` bytes: 50 small ones, fewer large ones (64 MiB once)."""
+    return max(1, min(50, (256 << 20) // size // 4))
+
+
 def launch(fn: object, grid: int, block: int, args: list[ctypes._SimpleCData]) -> None:
     """Launches ``fn`` on the default stream with ctypes-typed arguments (does not wait)."""
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     cu.call("cuLaunchKernel", fn, grid, 1, 1, block, 1, 1, 0, cu.driver().CUstream(0), ctypes.addressof(params), 0)
+
+
+def _sync() -> None:
+    torch.cuda.synchronize()
+    shmem.shmem_barrier_all()
+
+
+class ProxyBench:
+    """The kernels and buffers of one PE (collective: every PE makes one), and one timed round of
+    each measurement; ``ci/shmem_remote_bench.py --device`` uses it between two network namespaces."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.me = shmem.shmem_mype()
+        module = shmem.shmem_load_module(KERNELS, "bench_shmem_proxy.cu")
+        self.put_bw = cu.call("cuModuleGetFunction", module, b"put_bw")
+        # The device API's register use decides how many threads a block may have.
+        attr = cu.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+        self.block = min(1024, int(cu.call("cuFuncGetAttribute", attr, self.put_bw)))
+        self.ping = cu.call("cuModuleGetFunction", module, b"ping_pong")
+        self.big = shmem.shmem_tensor(max_bytes, torch.uint8)
+        self.dst = shmem.shmem_tensor(max_bytes, torch.uint8)
+        self.big.fill_(7)
+        self.sig = shmem.shmem_tensor(1, torch.int64)
+        self.buf = shmem.shmem_tensor(128, torch.uint8)
+
+    def put(self, size: int, reps: int) -> tuple[float, float]:
+        """Seconds per put of ``size`` bytes, PE 0 into PE 1: host ``shmem_putmem`` and the device
+        kernel (``reps`` each); (0, 0) on the other PE."""
+        host = dev = 0.0
+        _sync()
+        if self.me == 0:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                shmem.shmem_putmem(self.dst.data_ptr(), self.big[:size], 1)
+            host = (time.perf_counter() - t0) / reps
+        _sync()
+        if self.me == 0:
+            t0 = time.perf_counter()
+            launch(self.put_bw, 1, self.block, [ctypes.c_uint64(self.dst.data_ptr()),
+                                                ctypes.c_uint64(self.big.data_ptr()), ctypes.c_uint64(size),
+                                                ctypes.c_int(1), ctypes.c_int(reps)])
+            cu.call("cuCtxSynchronize")
+            dev = (time.perf_counter() - t0) / reps
+        _sync()
+        return host, dev
+
+    def ping_pong(self, iters: int) -> tuple[float, float]:
+        """One-way seconds of an 8-byte put+signal ping-pong: host calls, then a one-thread kernel on each PE."""
+        sig, buf, me = self.sig, self.buf, self.me
+        sig.zero_()
+        _sync()
+        t0 = time.perf_counter()
+        for i in range(1, iters + 1):
+            if me == 0:
+                shmem.shmem_putmem_signal(buf.data_ptr(), buf[64:72], sig.data_ptr(), i, shmem.SHMEM_SIGNAL_SET, 1)
+                shmem.shmem_wait_until(sig.data_ptr(), shmem.SHMEM_CMP_EQ, i)
+            else:
+                shmem.shmem_wait_until(sig.data_ptr(), shmem.SHMEM_CMP_EQ, i)
+                shmem.shmem_putmem_signal(buf.data_ptr(), buf[64:72], sig.data_ptr(), i, shmem.SHMEM_SIGNAL_SET, 0)
+        host = (time.perf_counter() - t0) / (2 * iters)
+        sig.zero_()
+        _sync()
+        t0 = time.perf_counter()
+        launch(self.ping, 1, 1, [ctypes.c_uint64(buf.data_ptr()), ctypes.c_uint64(sig.data_ptr()),
+                                 ctypes.c_int(iters), ctypes.c_int(me)])
+        cu.call("cuCtxSynchronize")
+        dev = (time.perf_counter() - t0) / (2 * iters)
+        _sync()
+        return host, dev
+
+    def close(self) -> None:
+        for t in (self.buf, self.sig, self.dst, self.big):
+            shmem.shmem_free(t.data_ptr())
 
 
 def main() -> int:
@@ -74,72 +149,24 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--iters", type=int, default=200)
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_world import init_world
+
     init_world()
     shmem.shmem_torch_process_group_init("default")
     me, n = shmem.shmem_mype(), shmem.shmem_npes()
     assert n == 2, "run with 2 PEs"
-    module = shmem.shmem_load_module(KERNELS, "bench_shmem_proxy.cu")
-    put_bw = cu.call("cuModuleGetFunction", module, b"put_bw")
-    # The device API's register use decides how many threads a block may have.
-    block = min(1024, int(cu.call("cuFuncGetAttribute",
-                                  cu.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, put_bw)))
-    ping = cu.call("cuModuleGetFunction", module, b"ping_pong")
-    big = shmem.shmem_tensor(max(SIZES), torch.uint8)
-    dst = shmem.shmem_tensor(max(SIZES), torch.uint8)
-    big.fill_(7)
+    bench = ProxyBench(max(SIZES))
     results: dict[str, list[dict[str, float]]] = {"put": [], "latency": []}
-
-    def sync() -> None:
-        torch.cuda.synchronize()
-        shmem.shmem_barrier_all()
-
     for size in SIZES:
-        reps = max(1, min(50, (256 << 20) // size // 4))
-        host_t, dev_t = [], []
-        for _ in range(args.trials):
-            sync()
-            if me == 0:
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    shmem.shmem_putmem(dst.data_ptr(), big[:size], 1)
-                host_t.append((time.perf_counter() - t0) / reps)
-            sync()
-            if me == 0:
-                t0 = time.perf_counter()
-                launch(put_bw, 1, block, [ctypes.c_uint64(dst.data_ptr()), ctypes.c_uint64(big.data_ptr()),
-                                         ctypes.c_uint64(size), ctypes.c_int(1), ctypes.c_int(reps)])
-                cu.call("cuCtxSynchronize")
-                dev_t.append((time.perf_counter() - t0) / reps)
-        sync()
+        times = [bench.put(size, reps(size)) for _ in range(args.trials)]
+        host_t, dev_t = [t[0] for t in times], [t[1] for t in times]
         row = {"bytes": size, "host_gbps": size / statistics.median(host_t) / 1e9 if me == 0 else 0.0,
                "device_gbps": size / statistics.median(dev_t) / 1e9 if me == 0 else 0.0}
         results["put"].append(row)
-
-    sig = shmem.shmem_tensor(1, torch.int64)
-    buf = shmem.shmem_tensor(128, torch.uint8)
-    host_l, dev_l = [], []
-    for _ in range(args.trials):
-        sig.zero_()
-        sync()
-        t0 = time.perf_counter()
-        for i in range(1, args.iters + 1):
-            if me == 0:
-                shmem.shmem_putmem_signal(buf.data_ptr(), buf[64:72], sig.data_ptr(), i, shmem.SHMEM_SIGNAL_SET, 1)
-                shmem.shmem_wait_until(sig.data_ptr(), shmem.SHMEM_CMP_EQ, i)
-            else:
-                shmem.shmem_wait_until(sig.data_ptr(), shmem.SHMEM_CMP_EQ, i)
-                shmem.shmem_putmem_signal(buf.data_ptr(), buf[64:72], sig.data_ptr(), i, shmem.SHMEM_SIGNAL_SET, 0)
-        host_l.append((time.perf_counter() - t0) / (2 * args.iters))
-        sig.zero_()
-        sync()
-        t0 = time.perf_counter()
-        launch(ping, 1, 1, [ctypes.c_uint64(buf.data_ptr()), ctypes.c_uint64(sig.data_ptr()),
-                            ctypes.c_int(args.iters), ctypes.c_int(me)])
-        cu.call("cuCtxSynchronize")
-        dev_l.append((time.perf_counter() - t0) / (2 * args.iters))
-    sync()
-    results["latency"].append({"bytes": 8, "host_us": statistics.median(host_l) * 1e6,
-                               "device_us": statistics.median(dev_l) * 1e6})
+    lat = [bench.ping_pong(args.iters) for _ in range(args.trials)]
+    results["latency"].append({"bytes": 8, "host_us": statistics.median(t[0] for t in lat) * 1e6,
+                               "device_us": statistics.median(t[1] for t in lat) * 1e6})
     if me == 0:
         print(f"mori.shmem remote put bandwidth, PE 0 -> PE 1 (MORI_DISABLE_P2P, UCX_TLS={os.environ.get('UCX_TLS')}), "
               f"median of {args.trials}")
@@ -147,11 +174,10 @@ def main() -> int:
         for r in results["put"]:
             print(f"{r['bytes']:>10} {r['host_gbps']:>10.3f} {r['device_gbps']:>12.3f} "
                   f"{r['device_gbps'] / r['host_gbps']:>11.0%}")
-        lat = results["latency"][0]
-        print(f"put+signal ping-pong, 8 B, one way: host {lat['host_us']:.1f} us, device {lat['device_us']:.1f} us")
+        lat0 = results["latency"][0]
+        print(f"put+signal ping-pong, 8 B, one way: host {lat0['host_us']:.1f} us, device {lat0['device_us']:.1f} us")
         Path(args.out).write_text(json.dumps(results, indent=1))
-    for t in (buf, sig, dst, big):
-        shmem.shmem_free(t.data_ptr())
+    bench.close()
     shmem.shmem_finalize()
     dist.destroy_process_group()
     return 0
