@@ -58,7 +58,7 @@ def as_span(obj: Any, what: str, writable: bool) -> Span:
     if flags.writeable and arr.nbytes:
         # A quarter of the cost of arr.ctypes.data, which a small put feels (the ctypes view is
         # released at once: it holds the buffer only while the address is read).
-        return Span(ctypes.addressof(ctypes.c_char.from_buffer(arr)), arr.nbytes, False, arr)
+        return Span(ctypes.addressof(ctypes.c_char.from_buffer(arr)), arr.nbytes, False, arr)  # type: ignore[arg-type]
     if writable and not flags.writeable:
         raise ValueError(f"{what}: array is read-only")
     return Span(int(arr.ctypes.data), int(arr.nbytes), False, arr)
