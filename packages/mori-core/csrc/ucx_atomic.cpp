@@ -282,78 +282,92 @@ api::Status on_atomic_reply(void* arg, const void* header, size_t headerLength, 
 
 namespace {
 
-// Sends pending's request (an atomic; with signalPut, a signal put and its data) to the peer and
-// waits for the answer; throws std::runtime_error when the peer failed or did not answer in time.
-void exchange(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pending, bool signalPut, double timeout,
-              const char* what) {
+// Sends pending's request (an atomic; with signalPut, a signal put and its data) to the peer;
+// returns the request's id. Throws std::runtime_error when the peer cannot be reached.
+uint64_t send_request(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pending, bool signalPut,
+                      double timeout) {
     if (!(timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
     if (engine.worker_count() == 0) throw std::runtime_error("the engine is closed");
     const uint64_t id = gNextId.fetch_add(1);
     Worker& w = engine.worker(0);
-    {
-        std::lock_guard lk(w.mutex());
-        // A peer that failed or closed may have had its link freed: ask the peer, under the lock
-        // that its link's failure and reaping take.
-        if (!w.alive() || !peer.healthy()) {
-            const std::string why = peer.failure();
-            throw std::runtime_error("engine '" + peer.key() + "' cannot be reached: " +
-                                     (why.empty() ? std::string("the engine or the peer was closed") : why));
-        }
-        Link* link = peer.link(0);
-        if (link->worker != &w) throw std::invalid_argument("the peer '" + peer.key() + "' belongs to another engine");
-        if (link->eps.empty()) throw std::runtime_error("engine '" + peer.key() + "' has no endpoint");
-        pending->request.signal.ticket = link->peer->ticket;
-        pending->request.signal.id = id;
-        {
-            std::lock_guard pk(gPendingMu);
-            gPending[id] = pending;
-        }
-        auto hold = std::make_unique<SendHold>(SendHold{pending});
-        api::RequestParam p{};
-        p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
-        p.flags = api::kAmSendReply | api::kAmSendEager;
-        p.cb = reinterpret_cast<void*>(&on_request_sent);
-        p.userData = hold.get();
-        api::StatusPtr s =
-            signalPut ? fn().am_send_nbx(link->eps[0], kAmSignalPut, &pending->request, sizeof(SignalPutRequest),
-                                         pending->data.data(), pending->data.size(), &p)
-                      : fn().am_send_nbx(link->eps[0], kAmAtomic, &pending->request.signal, sizeof(AtomicRequest),
-                                         nullptr, 0, &p);
-        if (api::is_error_ptr(s)) {
-            w.link_failed_locked(*link, "sending to engine '" + peer.key() + "' failed: " +
-                                            status_text(api::ptr_status(s)));
-        } else if (s != nullptr) {
-            hold.release();  // on_request_sent frees it
-        }
+    std::lock_guard lk(w.mutex());
+    // A peer that failed or closed may have had its link freed: ask the peer, under the lock
+    // that its link's failure and reaping take.
+    if (!w.alive() || !peer.healthy()) {
+        const std::string why = peer.failure();
+        throw std::runtime_error("engine '" + peer.key() + "' cannot be reached: " +
+                                 (why.empty() ? std::string("the engine or the peer was closed") : why));
     }
-    auto forget = [&] {
+    Link* link = peer.link(0);
+    if (link->worker != &w) throw std::invalid_argument("the peer '" + peer.key() + "' belongs to another engine");
+    if (link->eps.empty()) throw std::runtime_error("engine '" + peer.key() + "' has no endpoint");
+    pending->request.signal.ticket = link->peer->ticket;
+    pending->request.signal.id = id;
+    {
         std::lock_guard pk(gPendingMu);
-        gPending.erase(id);
-    };
+        gPending[id] = pending;
+    }
+    auto hold = std::make_unique<SendHold>(SendHold{pending});
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
+    p.flags = api::kAmSendReply | api::kAmSendEager;
+    p.cb = reinterpret_cast<void*>(&on_request_sent);
+    p.userData = hold.get();
+    api::StatusPtr s =
+        signalPut ? fn().am_send_nbx(link->eps[0], kAmSignalPut, &pending->request, sizeof(SignalPutRequest),
+                                     pending->data.data(), pending->data.size(), &p)
+                  : fn().am_send_nbx(link->eps[0], kAmAtomic, &pending->request.signal, sizeof(AtomicRequest), nullptr,
+                                     0, &p);
+    if (api::is_error_ptr(s)) {
+        w.link_failed_locked(*link, "sending to engine '" + peer.key() + "' failed: " + status_text(api::ptr_status(s)));
+    } else if (s != nullptr) {
+        hold.release();  // on_request_sent frees it
+    }
+    return id;
+}
+
+void forget(uint64_t id) {
+    std::lock_guard pk(gPendingMu);
+    gPending.erase(id);
+}
+
+std::string no_answer(Engine& engine, Peer& peer, const char* what, double timeout) {
+    return "engine '" + peer.key() + "' did not answer " + what + " within " + seconds(timeout) + " s (" +
+           engine.options().timeoutSetting + ")";
+}
+
+// Sends pending's request and waits for the answer; throws std::runtime_error when the peer
+// failed or did not answer in time.
+void exchange(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pending, bool signalPut, double timeout,
+              const char* what) {
+    const uint64_t id = send_request(engine, peer, pending, signalPut, timeout);
+    Worker& w = engine.worker(0);
     const int64_t deadline = now_ns() + static_cast<int64_t>(timeout * 1e9);
     // A small round trip is answered while the caller progresses the worker itself.
     w.lead([&] { return pending->done.load() || !peer.healthy(); }, 100'000);
     while (!pending->done.load()) {
         if (!peer.healthy()) {
-            forget();
+            forget(id);
             throw std::runtime_error("engine '" + peer.key() + "' failed: " + peer.failure());
         }
         if (now_ns() >= deadline) {
-            forget();
-            throw std::runtime_error("engine '" + peer.key() + "' did not answer " + what + " within " +
-                                     seconds(timeout) + " s (" + engine.options().timeoutSetting + ")");
+            forget(id);
+            throw std::runtime_error(no_answer(engine, peer, what, timeout));
         }
         w.wake();
         std::unique_lock lk(pending->mu);
         pending->cv.wait_for(lk, std::chrono::milliseconds(2), [&] { return pending->done.load(); });
     }
-    forget();
+    forget(id);
 }
 
-}  // namespace
+std::string atomic_refusal(uint64_t memId, uint64_t offset, const std::string& key, uint32_t reason) {
+    return "atomic on memory id " + std::to_string(memId) + ", offset " + std::to_string(offset) + " at engine '" +
+           key + "': " + refusal(reason);
+}
 
-uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
-                       uint64_t compare, int width, double timeout) {
+std::shared_ptr<Pending> atomic_request(AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
+                                        uint64_t compare, int width) {
     if (width != 32 && width != 64) throw std::invalid_argument("width must be 32 or 64, got " + std::to_string(width));
     if (op < kAtomicFetchAdd || op > kAtomicLast)
         throw std::invalid_argument("unknown atomic operation " + std::to_string(op));
@@ -362,11 +376,55 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
     auto pending = std::make_shared<Pending>();
     pending->request.signal = AtomicRequest{kMagic, static_cast<uint8_t>(op), static_cast<uint8_t>(width), 0, 0, 0,
                                             memId, offset, value, compare};
+    return pending;
+}
+
+}  // namespace
+
+// ---- AtomicInFlight ----------------------------------------------------------------------------
+
+struct AtomicInFlight::State {
+    std::shared_ptr<Pending> pending;
+    uint64_t id = 0;
+};
+
+AtomicInFlight::AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, AtomicOp op, uint64_t memId,
+                               uint64_t offset, uint64_t value, uint64_t compare, int width, double timeout)
+    : engine_(engine), peer_(std::move(peer)), memId_(memId), offset_(offset), timeout_(timeout),
+      deadlineNs_(now_ns() + static_cast<int64_t>(timeout * 1e9)), state_(std::make_shared<State>()) {
+    state_->pending = atomic_request(op, memId, offset, value, compare, width);
+    state_->id = send_request(engine, *peer_, state_->pending, false, timeout);
+    // Its answer wakes the progress thread (an event on the worker), which records it.
+    engine.worker(0).wake();
+}
+
+AtomicInFlight::~AtomicInFlight() {
+    if (!finished_) forget(state_->id);
+}
+
+bool AtomicInFlight::poll() {
+    if (finished_) return true;
+    const Pending& p = *state_->pending;
+    if (p.done.load()) {
+        if (p.code != kSuccess) error_ = atomic_refusal(memId_, offset_, peer_->key(), p.reason);
+        old_ = p.old;
+    } else if (!peer_->healthy()) {
+        error_ = "engine '" + peer_->key() + "' failed: " + peer_->failure();
+    } else if (now_ns() >= deadlineNs_) {
+        error_ = no_answer(engine_, *peer_, "an atomic operation", timeout_);
+    } else {
+        return false;
+    }
+    forget(state_->id);
+    finished_ = true;
+    return true;
+}
+
+uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
+                       uint64_t compare, int width, double timeout) {
+    auto pending = atomic_request(op, memId, offset, value, compare, width);
     exchange(engine, peer, pending, false, timeout, "an atomic operation");
-    if (pending->code != kSuccess)
-        throw std::invalid_argument("atomic on memory id " + std::to_string(memId) + ", offset " +
-                                    std::to_string(offset) + " at engine '" + peer.key() +
-                                    "': " + refusal(pending->reason));
+    if (pending->code != kSuccess) throw std::invalid_argument(atomic_refusal(memId, offset, peer.key(), pending->reason));
     return pending->old;
 }
 

@@ -15,6 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "ucx_engine.hpp"
 
@@ -42,6 +44,35 @@ enum AtomicOp : uint8_t {
 // refused (the message names the reason) and std::runtime_error on failure or timeout.
 uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
                        uint64_t compare, int width, double timeout);
+
+// A remote atomic sent and not waited for (what the device proxy keeps in flight beside its
+// puts): the constructor sends the request (throwing as remote_atomic does when the peer cannot
+// be reached or the arguments are wrong); poll() is true once the answer came, the peer failed or
+// timeout seconds passed, and then error() says why it failed ("" when it did not) and old() is
+// the word's old value. Only the answer's arrival needs the worker's progress thread.
+class AtomicInFlight {
+public:
+    AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, AtomicOp op, uint64_t memId, uint64_t offset,
+                   uint64_t value, uint64_t compare, int width, double timeout);
+    ~AtomicInFlight();
+    AtomicInFlight(const AtomicInFlight&) = delete;
+    AtomicInFlight& operator=(const AtomicInFlight&) = delete;
+    bool poll();
+    const std::string& error() const { return error_; }
+    uint64_t old() const { return old_; }
+
+private:
+    struct State;
+    Engine& engine_;
+    std::shared_ptr<Peer> peer_;
+    uint64_t memId_, offset_;
+    double timeout_;
+    int64_t deadlineNs_;
+    std::shared_ptr<State> state_;
+    bool finished_ = false;
+    std::string error_;
+    uint64_t old_ = 0;
+};
 
 // Writes size bytes from src (host memory, kept by the call) at offset of the peer's memory memId,
 // then applies op (store or fetch_add) with value to the 64-bit signal word at sigOffset of its

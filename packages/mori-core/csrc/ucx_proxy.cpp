@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "mori/device/proxy_ring.cuh"
-#include "ucx_atomic.hpp"
 
 namespace mori::ucx {
 
@@ -18,7 +17,6 @@ using device::ProxySlot;
 
 namespace {
 
-constexpr uint64_t kBlock = 1 << 20;           // a large transfer's blocks, which the engine pipelines
 constexpr uint64_t kFirstAdhoc = 1ull << 48;   // memory ids registered for one command
 constexpr uint64_t kInlineBytes = 16;          // bounce bytes per slot
 
@@ -130,6 +128,32 @@ uint64_t Proxy::heap_id(uint64_t off, uint64_t& inId, uint64_t& left) const {
     return cfg_.heapId + k;
 }
 
+uint64_t Proxy::bounce(uint64_t ticket) const { return cfg_.bounce + (ticket & (kProxySlots - 1)) * kInlineBytes; }
+
+uint64_t Proxy::adhoc(Pending& p, uint64_t local, uint64_t bytes, uint64_t& base) {
+    // A kernel's buffer stays the kernel's until its commands are complete (quiet): while one
+    // registration of it is in use, later commands in the same range share it.
+    for (Adhoc& a : adhoc_) {
+        if (local >= a.addr && bytes <= a.bytes && local - a.addr <= a.bytes - bytes) {
+            ++a.uses;
+            p.adhoc.push_back(a.id);
+            base = a.addr;
+            return a.id;
+        }
+    }
+    // GPU memory first, the usual buffer of a kernel; host memory if UCX says it is not.
+    const uint64_t id = nextAdhoc_++;
+    try {
+        engine_->register_region(id, local, bytes, cfg_.heapGpu);
+    } catch (const std::exception&) {
+        engine_->register_region(id, local, bytes, !cfg_.heapGpu);
+    }
+    adhoc_.push_back(Adhoc{id, local, bytes, 1});
+    p.adhoc.push_back(id);
+    base = local;
+    return id;
+}
+
 void Proxy::transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_t bytes) {
     const char* what = op == kOpWrite ? "a put" : "a get";
     std::shared_ptr<Peer> to = peer(p.pe, what);
@@ -145,17 +169,12 @@ void Proxy::transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_
     const bool inBounce = local >= cfg_.bounce && local + bytes <= cfg_.bounce + kProxySlots * kInlineBytes;
     uint64_t fixedId = cfg_.bounceId, fixedOff = local - cfg_.bounce;
     if (!inHeap && !inBounce) {
-        // Memory outside the heap: registered for this command (GPU memory first, the usual
-        // buffer of a kernel; host memory if UCX says it is not).
-        fixedId = nextAdhoc_++;
-        fixedOff = 0;
-        try {
-            engine_->register_region(fixedId, local, bytes, cfg_.heapGpu);
-        } catch (const std::exception&) {
-            engine_->register_region(fixedId, local, bytes, !cfg_.heapGpu);
-        }
-        p.adhoc.push_back(fixedId);
+        uint64_t base = 0;
+        fixedId = adhoc(p, local, bytes, base);
+        fixedOff = local - base;
     }
+    // One batch per pair of memory ids: the rows split only where a heap chunk ends (the engine
+    // moves each row as one message, pipelined with the rest of the batch).
     std::vector<uint64_t> lofs, rofs, sizes;
     uint64_t groupL = 0, groupR = 0;
     auto flush = [&] {
@@ -175,7 +194,7 @@ void Proxy::transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_
             lId = fixedId;
             lIn = fixedOff + done;
         }
-        const uint64_t n = std::min({bytes - done, rLeft, lLeft, kBlock});
+        const uint64_t n = std::min({bytes - done, rLeft, lLeft});
         if (!sizes.empty() && (lId != groupL || rId != groupR)) flush();
         groupL = lId;
         groupR = rId;
@@ -187,85 +206,103 @@ void Proxy::transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_
     flush();
 }
 
-uint64_t Proxy::atomic(int pe, uint8_t op, uint64_t remote, uint64_t value, uint64_t compare, int width) {
+std::unique_ptr<AtomicInFlight> Proxy::start_atomic(int pe, uint8_t op, uint64_t remote, uint64_t value,
+                                                    uint64_t compare, int width) {
     std::shared_ptr<Peer> to = peer(pe, "an atomic");
-    uint64_t inId, left;
-    const uint64_t id = heap_id(remote, inId, left);
     if (remote >= cfg_.heapSize) throw std::invalid_argument("an atomic at heap offset " + std::to_string(remote) +
                                                              " is past the heap");
-    return remote_atomic(*engine_, *to, static_cast<AtomicOp>(op), id, inId, value, compare, width, cfg_.timeout);
+    uint64_t inId, left;
+    const uint64_t id = heap_id(remote, inId, left);
+    return std::make_unique<AtomicInFlight>(*engine_, to, static_cast<AtomicOp>(op), id, inId, value, compare, width,
+                                            cfg_.timeout);
 }
 
 void Proxy::execute(const ProxySlot& c, uint64_t ticket) {
     const bool reply = (c.flags & device::kProxyFlagReply) != 0;
-    if ((c.flags & device::kProxyFlagOrdered) != 0 || c.command == device::kProxyFence) drain();
-    uint64_t result = 0;
+    if ((c.flags & device::kProxyFlagOrdered) != 0) {
+        drain();
+        fenced_.clear();  // nothing is in flight
+    } else if (c.command != device::kProxyFence) {
+        auto f = std::find(fenced_.begin(), fenced_.end(), c.pe);
+        if (f != fenced_.end()) {  // a fence came after this PE's commands in flight
+            fenced_.erase(f);
+            drain_pe(c.pe);
+        }
+    }
+    Pending* started = nullptr;  // the command's entry in pending_, once it has one
+    auto track = [&]() -> Pending& {
+        pending_.push_back(Pending{});
+        started = &pending_.back();
+        started->ticket = ticket;
+        started->pe = c.pe;
+        started->reply = reply;
+        return *started;
+    };
     try {
         switch (c.command) {
             case device::kProxyPut:
             case device::kProxyGet:
             case device::kProxyPutInline: {
-                Pending p;
-                p.ticket = ticket;
-                p.pe = c.pe;
                 if (c.command == device::kProxyPutInline) {
                     if (c.bytes == 0 || c.bytes > kInlineBytes) throw std::invalid_argument("an inline put of " +
                                                                    std::to_string(c.bytes) + " bytes");
                     // The bytes wait in the slot's bounce area, which the slot keeps until they are written.
-                    const uint64_t bounce = cfg_.bounce + (ticket & (kProxySlots - 1)) * kInlineBytes;
                     const uint64_t words[2] = {c.value, c.compare};
-                    std::memcpy(reinterpret_cast<void*>(bounce), words, kInlineBytes);
+                    std::memcpy(reinterpret_cast<void*>(bounce(ticket)), words, kInlineBytes);
+                    Pending& p = track();
                     p.freeSlot = true;
-                    pending_.push_back(std::move(p));
-                    transfer(pending_.back(), kOpWrite, bounce, c.remote, c.bytes);
+                    transfer(p, kOpWrite, bounce(ticket), c.remote, c.bytes);
                     break;
                 }
+                Pending& p = track();
                 if ((c.flags & device::kProxyFlagSignal) != 0) {
                     p.signal = true;
                     p.sigOffset = c.compare;
                     p.sigValue = c.value;
                     p.sigOp = c.op;
                 }
-                pending_.push_back(std::move(p));
                 free_slot(ticket);  // the command is copied out; its memory is the kernel's until quiet
-                transfer(pending_.back(), c.command == device::kProxyPut ? kOpWrite : kOpRead, c.local, c.remote,
-                         c.bytes);
+                transfer(p, c.command == device::kProxyPut ? kOpWrite : kOpRead, c.local, c.remote, c.bytes);
                 break;
             }
             case device::kProxyGetInline: {
                 if (c.bytes == 0 || c.bytes > 8) throw std::invalid_argument("an inline get of " +
                                                                             std::to_string(c.bytes) + " bytes");
-                const uint64_t bounce = cfg_.bounce + (ticket & (kProxySlots - 1)) * kInlineBytes;
-                pending_.push_back(Pending{});
-                pending_.back().ticket = ticket;
-                pending_.back().pe = c.pe;
-                transfer(pending_.back(), kOpRead, bounce, c.remote, c.bytes);
-                drain();
-                std::memcpy(&result, reinterpret_cast<const void*>(bounce), c.bytes);
+                Pending& p = track();
+                p.inlineGet = c.bytes;  // answered with the bytes once they are in the bounce area
+                transfer(p, kOpRead, bounce(ticket), c.remote, c.bytes);
                 break;
             }
-            case device::kProxyAtomic:
-                result = atomic(c.pe, c.op, c.remote, c.value, c.compare, c.width);
+            case device::kProxyAtomic: {
+                Pending& p = track();
+                p.atomic = start_atomic(c.pe, c.op, c.remote, c.value, c.compare, c.width);
                 break;
+            }
             case device::kProxyFence:
+                // Ordering per PE: the next command to each PE (value - 1 alone when value != 0)
+                // with commands in flight waits for them; nothing waits now.
+                for (const Pending& p : pending_)
+                    if (!p.done && (c.value == 0 || static_cast<uint64_t>(p.pe) + 1 == c.value) &&
+                        std::find(fenced_.begin(), fenced_.end(), p.pe) == fenced_.end())
+                        fenced_.push_back(p.pe);
                 break;
             default:
                 throw std::invalid_argument("unknown command " + std::to_string(c.command));
         }
     } catch (const std::exception& e) {
         fail(c.pe, e.what());
-        // A command posted but not started is dropped from the in-flight list (its transfers,
+        // A command that failed before anything of it started completes at once (its transfers,
         // if any started, still finish on their own deadline).
-        if (!pending_.empty() && pending_.back().ticket == ticket && !pending_.back().done) {
-            Pending& p = pending_.back();
-            p.signal = false;
-            if (p.transfers.empty()) finish(p);
+        if (started != nullptr && started->transfers.empty() && !started->atomic) {
+            started->signal = false;
+            finish(*started);
+            started = nullptr;
         }
     }
     const bool freedEarly = c.command == device::kProxyPut || c.command == device::kProxyGet;
-    if (reply) {
-        answer(ticket, result);
-    } else if (!freedEarly && c.command != device::kProxyPutInline) {
+    if (reply && started == nullptr) {
+        answer(ticket, 0);  // failed at once; the kernel finds `failed` set
+    } else if (!reply && !freedEarly && c.command != device::kProxyPutInline) {
         free_slot(ticket);  // (an inline put's slot is freed when its bytes are written)
     }
     executed_.fetch_add(1);
@@ -273,6 +310,9 @@ void Proxy::execute(const ProxySlot& c, uint64_t ticket) {
 
 void Proxy::finish(Pending& p) {
     for (uint64_t id : p.adhoc) {
+        auto a = std::find_if(adhoc_.begin(), adhoc_.end(), [id](const Adhoc& x) { return x.id == id; });
+        if (a == adhoc_.end() || --a->uses > 0) continue;
+        adhoc_.erase(a);
         try {
             engine_->deregister_region(id);
         } catch (const std::exception& e) {
@@ -280,35 +320,49 @@ void Proxy::finish(Pending& p) {
         }
     }
     p.adhoc.clear();
+    p.atomic.reset();
     if (p.freeSlot) free_slot(p.ticket);
     p.done = true;
 }
 
-bool Proxy::reap() {
-    bool any = false;
-    for (Pending& p : pending_) {
-        if (p.done) continue;
-        bool finished = true;
-        for (const auto& t : p.transfers) finished = finished && t->finished();
-        if (!finished) continue;
-        bool ok = true;
+bool Proxy::advance(Pending& p) {
+    for (const auto& t : p.transfers)
+        if (!t->finished()) return false;
+    if (!p.transfers.empty()) {
         for (const auto& t : p.transfers) {
             if (t->code() != kSuccess) {
                 fail(p.pe, t->message());
-                ok = false;
+                p.signal = false;
                 break;
             }
         }
-        if (ok && p.signal) {
-            try {
-                atomic(p.pe, p.sigOp, p.sigOffset, p.sigValue, 0, 64);
-            } catch (const std::exception& e) {
-                fail(p.pe, std::string("the signal of a put with signal: ") + e.what());
-            }
-        }
-        finish(p);
-        any = true;
+        p.transfers.clear();
     }
+    if (p.signal) {  // the bytes are written: now the signal, in flight like any atomic
+        p.signal = false;
+        try {
+            p.atomic = start_atomic(p.pe, p.sigOp, p.sigOffset, p.sigValue, 0, 64);
+        } catch (const std::exception& e) {
+            fail(p.pe, std::string("the signal of a put with signal: ") + e.what());
+        }
+    }
+    uint64_t value = 0;
+    if (p.atomic) {
+        if (!p.atomic->poll()) return false;
+        if (!p.atomic->error().empty()) fail(p.pe, p.atomic->error());
+        value = p.atomic->old();
+    } else if (p.inlineGet != 0) {
+        std::memcpy(&value, reinterpret_cast<const void*>(bounce(p.ticket)), p.inlineGet);
+    }
+    if (p.reply) answer(p.ticket, value);
+    finish(p);
+    return true;
+}
+
+bool Proxy::reap() {
+    bool any = false;
+    for (Pending& p : pending_)
+        if (!p.done) any = advance(p) || any;
     while (!pending_.empty() && pending_.front().done) pending_.pop_front();
     return any;
 }
@@ -324,6 +378,23 @@ void Proxy::drain() {
         }
     }
     publish();
+}
+
+void Proxy::drain_pe(int pe) {
+    int idle = 0;
+    auto busy = [&] {
+        for (const Pending& p : pending_)
+            if (!p.done && p.pe == pe) return true;
+        return false;
+    };
+    while (busy()) {
+        if (reap()) {
+            idle = 0;
+            publish();
+        } else {
+            pause(++idle);
+        }
+    }
 }
 
 void Proxy::publish() {

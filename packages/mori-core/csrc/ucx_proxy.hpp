@@ -8,10 +8,14 @@
 // the local heap it travels as is; elsewhere it is registered for the command (as GPU memory,
 // else as host memory) and released once the command is complete.
 //
-// Commands are taken in ticket order. Puts and gets are posted and complete in the background
-// (completed advances past a ticket once it and every earlier one are complete); a put with
-// signal applies its signal once its bytes are written; atomics, g, fences and ordered commands
-// run to completion before the next command is taken. Failures (a dead or hung PE, a refusal)
+// Commands are taken in ticket order. Puts, gets, g and atomics (fetching or not) are posted and
+// complete in the background (completed advances past a ticket once it and every earlier one
+// are complete; a command with a reply is answered in its slot when its answer arrives); a put
+// with signal sends its signal's atomic once its bytes are written. A fence makes the next
+// command to each PE that has commands in flight wait until those are complete; an ordered
+// command (the barrier's arrival) waits until every earlier command is. Memory outside the heap
+// registered for commands is shared by the commands in flight that lie in it and released when
+// the last of them completes. Failures (a dead or hung PE, a refusal)
 // are recorded: `failed` names the first PE in the ring's header, failure() says why, and the
 // commands still complete, so no kernel waits forever; the kernels report it. No Python is
 // called: the thread runs free of the GIL.
@@ -26,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "ucx_atomic.hpp"
 #include "ucx_engine.hpp"
 
 namespace mori::device {
@@ -60,39 +65,55 @@ public:
     void stop();
 
 private:
+    // Memory outside the heap registered for the commands in flight that lie in it.
+    struct Adhoc {
+        uint64_t id, addr, bytes;
+        int uses;
+    };
     struct Pending {
         uint64_t ticket = 0;
         int pe = -1;
         std::vector<std::shared_ptr<Transfer>> transfers;
-        std::vector<uint64_t> adhoc;  // memory ids registered for this command
+        std::vector<uint64_t> adhoc;  // ids of the Adhoc registrations this command uses
+        std::unique_ptr<AtomicInFlight> atomic;  // an atomic, or a put's signal once sent
         bool signal = false;  // a put with signal: its atomic follows the bytes
         uint64_t sigOffset = 0, sigValue = 0;
         uint8_t sigOp = 0;
+        bool reply = false;       // answered in its slot on completion (the atomic's old value, or g's bytes)
+        uint64_t inlineGet = 0;   // g: bytes read into the slot's bounce area
         bool freeSlot = false;  // the slot (an inline put's bytes) is freed on completion
         bool done = false;
     };
     void run();
     void execute(const device::ProxySlot& c, uint64_t ticket);
     bool reap();                // finishes what completed; true when something did
+    bool advance(Pending& p);   // moves p on; true once it is complete
     void drain();               // waits until nothing is in flight
+    void drain_pe(int pe);      // waits until nothing to pe is in flight
     void publish();
     void finish(Pending& p);
     void fail(int pe, const std::string& why);
     void free_slot(uint64_t ticket);
     void answer(uint64_t ticket, uint64_t value);
     device::ProxySlot* slot(uint64_t ticket) const;
+    uint64_t bounce(uint64_t ticket) const;
     std::shared_ptr<Peer> peer(int pe, const char* what);
     // The memory id and offset in it of heap offset off (and bytes to the end of its chunk).
     uint64_t heap_id(uint64_t off, uint64_t& inId, uint64_t& left) const;
     // Posts an engine transfer of bytes between local address `local` and heap offset `remote` of pe.
     void transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_t bytes);
-    uint64_t atomic(int pe, uint8_t op, uint64_t remote, uint64_t value, uint64_t compare, int width);
+    // The memory id of [local, local + bytes) outside the heap (registered at base), shared while in flight.
+    uint64_t adhoc(Pending& p, uint64_t local, uint64_t bytes, uint64_t& base);
+    std::unique_ptr<AtomicInFlight> start_atomic(int pe, uint8_t op, uint64_t remote, uint64_t value,
+                                                 uint64_t compare, int width);
 
     std::shared_ptr<Engine> engine_;
     std::vector<std::shared_ptr<Peer>> peers_;
     ProxyConfig cfg_;
     device::ProxyHeader* header_;
     std::deque<Pending> pending_;
+    std::vector<Adhoc> adhoc_;
+    std::vector<int> fenced_;  // PEs whose next command waits for their commands in flight (a fence)
     uint64_t tail_ = 0;
     uint64_t nextAdhoc_;
     std::atomic<uint64_t> executed_{0};

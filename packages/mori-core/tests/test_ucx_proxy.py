@@ -3,7 +3,8 @@ this test plays the kernels' part, writing commands into a ring in host memory e
 mori/device/proxy.cuh does (a slot free for ticket t holds seq 4t; its fields, then seq 4t + 1),
 and checks what the proxy did on a second engine's registered "heap" byte for byte: puts and gets
 (from the local heap, from memory outside it, across heap chunks), inline puts, g, every atomic
-with its reply, puts with signal, fences, completion (``completed``), backpressure over a full
+with its reply (atomics in flight beside each other), puts with signal, fences (ordering per PE),
+buffers outside the heap shared by the commands in flight, completion (``completed``), backpressure over a full
 ring, a failed command naming its PE, and a clean stop. On GPUs the same proxy runs under
 mori.shmem (ci/device/shmem_proxy.sh)."""
 
@@ -168,13 +169,56 @@ def test_put_with_signal_and_fence_order(rig: Rig) -> None:
             assert time.monotonic() < deadline
         assert rig.heaps[1].raw[CHUNK + 1000:CHUNK + 1000 + len(data)] == data
     assert sig.value == sum(range(1, 6))
-    # Fence: the put before it is complete before the store after it starts.
+    # Fence: the put before it is complete at the target before the store after it starts, so
+    # whoever sees the flag sees the bytes (the store alone, a small message, would overtake them).
     flag = ctypes.c_uint64.from_address(rig.base(1) + 3 * CHUNK)
-    rig.post(PUT, remote=0, local=rig.base(0) + 8192, nbytes=len(data))
-    rig.post(FENCE)
-    rig.post(ATOMIC, remote=3 * CHUNK, value=1, op=STORE, flags=ORDERED)
+    big = 2 * CHUNK + 4096
+    for rnd in range(1, 4):
+        pattern = bytes((i * rnd) % 251 for i in range(big))
+        ctypes.memmove(rig.base(0) + CHUNK, pattern, big)
+        rig.post(PUT, remote=0, local=rig.base(0) + CHUNK, nbytes=big)
+        rig.post(FENCE, value=2 if rnd % 2 else 0)  # for PE 1 alone (value = 1 + PE), or for every PE
+        rig.post(ATOMIC, remote=3 * CHUNK, value=rnd, op=STORE)
+        deadline = time.monotonic() + 10
+        while flag.value != rnd:
+            assert time.monotonic() < deadline, f"flag {flag.value}, round {rnd}"
+        assert rig.heaps[1].raw[:big] == pattern
     rig.quiet()
-    assert flag.value == 1 and rig.heaps[1].raw[:len(data)] == data
+    assert rig.proxy.failure() == ""
+
+
+def test_atomics_complete_in_the_background_and_quiet_waits_for_them(rig: Rig) -> None:
+    # Non-fetching atomics and fetching ones interleaved: the proxy keeps them in flight beside
+    # each other; quiet (completed) covers every one, and each answer is its own old value.
+    word = ctypes.c_uint64.from_address(rig.base(1) + 640)
+    answers = []
+    for i in range(200):
+        rig.post(ATOMIC, remote=640, value=1, op=FETCH_ADD)
+        if i % 50 == 49:
+            answers.append(rig.answer(rig.post(ATOMIC, remote=640, value=0, op=FETCH_ADD, flags=REPLY)))
+    rig.quiet()
+    assert word.value == 200
+    # An answer is at least every add posted before it (the adds of one PE arrive in order).
+    assert answers == sorted(answers) and all(a >= 50 * (k + 1) for k, a in enumerate(answers))
+    assert rig.header.completed == rig.ticket and rig.proxy.failure() == ""
+
+
+def test_commands_in_one_outside_buffer_share_its_registration(rig: Rig) -> None:
+    # Puts from sub-ranges of a buffer outside the heap while the whole buffer's put is in flight
+    # (one registration, released with the last of them), and one that reaches past it.
+    src = bytes(random.Random(9).randrange(256) for _ in range(CHUNK))
+    outside = ctypes.create_string_buffer(src + bytes(4096), CHUNK + 4096)
+    base = ctypes.addressof(outside)
+    rig.post(PUT, remote=0, local=base, nbytes=CHUNK)
+    for k in range(8):
+        rig.post(PUT, remote=CHUNK + k * 4096, local=base + k * 8192, nbytes=4096)
+    rig.post(PUT, remote=2 * CHUNK, local=base + CHUNK - 100, nbytes=4196)  # past the first registration
+    rig.quiet()
+    far = rig.heaps[1].raw
+    assert far[:CHUNK] == src
+    assert all(far[CHUNK + k * 4096:CHUNK + (k + 1) * 4096] == src[k * 8192:k * 8192 + 4096] for k in range(8))
+    assert far[2 * CHUNK:2 * CHUNK + 4196] == src[CHUNK - 100:] + bytes(4096)
+    assert rig.proxy.failure() == "" and rig.proxy.wait_idle(5.0)
 
 
 def test_full_ring_backpressure_loses_nothing(rig: Rig) -> None:

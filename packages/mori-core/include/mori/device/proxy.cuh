@@ -9,8 +9,9 @@
 // - blocking put/get, p, atomics, g: the calling group waits until the proxy completed it.
 // - put with signal: the proxy applies the signal once the target has the bytes.
 // - quiet: waits until every command this PE posted is complete; fence: a command after which
-//   the proxy starts nothing until every earlier one is complete; the barrier's arrival at a
-//   remote PE is an atomic store that the proxy orders after every earlier command.
+//   the proxy starts nothing to a PE until that PE's earlier commands are complete (none when
+//   nothing is in flight); the barrier's arrival at a remote PE is an atomic store that the
+//   proxy orders after every earlier command.
 // Waits poll the header in host-mapped memory, fail the kernel with a report naming the PE when
 // the proxy reports a failed operation, and give up after MORI_DEVICE_WAIT_TIMEOUT_NS.
 // This is the one place a GPU-initiated RDMA provider (IBGDA) would replace: the posting
@@ -205,9 +206,15 @@ MORI_DEVICE_FUNC T ProxyG(const T* sym, int pe, const char* op) {
   return BitCast<T>(static_cast<UintOf<sizeof(T)>>(bits));
 }
 
-// A fence command: the proxy starts later commands once every earlier one is complete.
-MORI_DEVICE_FUNC void ProxyFence(const char* op) {
-  ProxyRequest r{kProxyFence, StateRank(), 0, 0, 0, 0, 0, 0, 0, 0};
+// A fence: the proxy makes the next command to each PE (to `pe` alone when pe >= 0) that has
+// commands in flight wait until they are complete. Commands of one PE to another do not keep
+// their order on the wire (a small put overtakes a large one), so a fence with commands in flight
+// must reach the proxy; with none in flight (every ticket taken is complete) there is nothing to
+// order and no command is posted.
+MORI_DEVICE_FUNC void ProxyFence(const char* op, int pe = -1) {
+  const uint64_t posted = ptx::LoadRelaxedSys(reinterpret_cast<const uint64_t*>(globalGpuStates.proxyTickets));
+  if (ptx::LoadRelaxedSys(&ProxyRingHeader()->completed) >= posted) return;
+  ProxyRequest r{kProxyFence, StateRank(), 0, 0, 0, pe < 0 ? 0 : uint64_t(pe) + 1, 0, 0, 0, 0};
   ProxyPost(r, op);
 }
 

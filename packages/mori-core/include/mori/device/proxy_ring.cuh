@@ -25,7 +25,8 @@ enum ProxyCommand : unsigned int {
   kProxyPutInline = 3,  // up to 16 bytes carried in `value` then `compare` (p, immediates)
   kProxyGetInline = 4,  // up to 8 bytes into the reply (g)
   kProxyAtomic = 5,     // op `op` (mori-core's UCX atomic codes) of `width` bits at `remote`
-  kProxyFence = 6,      // later commands start once every earlier one is complete
+  kProxyFence = 6,      // the next command to a PE with commands in flight waits for them:
+                        // every PE, or PE `value` - 1 alone when value != 0
 };
 
 // ProxySlot::flags

@@ -135,13 +135,18 @@ MORI_DEVICE_DEFINE_WAITS(Int64, int64_t)
 #undef MORI_DEVICE_DEFINE_WAITS
 
 // Orders the calling thread's earlier puts, atomics and signals to each PE before its later ones
-// (with a proxy, also posts a fence command: the proxy starts nothing later before they complete).
+// (with a proxy and commands in flight, also posts a fence command: the proxy starts nothing
+// more to a PE before that PE's earlier commands are complete).
 MORI_DEVICE_INLINE void ShmemFenceThread() {
   ptx::FenceAcqRelSys();
   if (MORI_DEVICE_UNLIKELY(detail::HasProxy())) detail::ProxyFence("ShmemFence");
 }
-// Same; the PE argument is MORI's per-destination form (one fence covers every PE).
-MORI_DEVICE_INLINE void ShmemFenceThread(int) { ShmemFenceThread(); }
+// Same for the operations to PE `pe` (MORI's per-destination form; over P2P one fence covers
+// every PE, through the proxy only commands to `pe` wait).
+MORI_DEVICE_INLINE void ShmemFenceThread(int pe) {
+  ptx::FenceAcqRelSys();
+  if (MORI_DEVICE_UNLIKELY(detail::HasProxy())) detail::ProxyFence("ShmemFence", pe);
+}
 // OpenSHMEM's name for ShmemFenceThread.
 MORI_DEVICE_INLINE void ShmemFence() { ShmemFenceThread(); }
 
