@@ -3,23 +3,30 @@
 // done by the target after it checked every block against its live registrations.
 //
 // Each engine listens on an abstract Unix socket (SOCK_SEQPACKET: one message per send). An
-// initiator's link connects, presents the ticket the target issued to it, and proves the path
-// works: the target reads a nonce from the initiator's memory with process_vm_readv (the kernel
-// names the initiator's pid: SO_PEERCRED). A refused probe (EPERM: ptrace rules, another user)
-// leaves the peer on the UCX path. A request names, per block, the target's (memory id, offset,
-// size) and the initiator's address; the target pins the regions, refuses anything outside a live
-// registration before a byte moves, copies, and replies. A peer that dies closes its socket: the
-// other side sees it at once, at no cost to the copies.
+// initiator's link connects, presents the ticket the target issued to it with its request ring
+// (a sealed memfd passed with SCM_RIGHTS), and proves the path works: the target reads a nonce
+// from the initiator's memory with process_vm_readv (the kernel names the initiator's pid:
+// SO_PEERCRED). A refused probe (EPERM: ptrace rules, another user) leaves the peer on the UCX path.
 //
-// One thread per engine (SameHostService) serves requests and reads its own links' replies, with
-// a short spin after activity; a caller waiting on its transfer reads its link's replies itself
-// first. Nothing blocks on a peer that does not read: messages that find its socket full wait in
-// an outbox that the service thread flushes. Nothing here calls Python.
+// Requests travel through the ring, not the socket: the initiator writes a slot (per block the
+// target's memory id, offset and size, and its own address) and marks it posted; the target
+// copies the slot out of the shared memory, pins the regions, refuses anything outside a live
+// registration before a byte moves, copies, writes the reply into the slot and marks it done.
+// Neither side makes a system call for a request while the other polls: the socket carries only
+// doorbells (a request for a target that went to sleep, completions for an initiator that is not
+// polling), the notes of empty transfers, and the end of the connection. A peer that dies closes
+// its socket: the other side sees it at once, at no cost to the copies.
+//
+// One thread per engine (SameHostService) serves the rings of its connections and reads its own
+// links' doorbells, polling after activity; a caller waiting on its transfer polls its link's ring
+// itself first. Nothing blocks on a peer that does not read: doorbells that find its socket full
+// wait in an outbox that the service thread flushes. Nothing here calls Python.
 #pragma once
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -43,11 +50,13 @@ enum Op : uint8_t;
 namespace same_host {
 
 constexpr uint32_t kMagic = 0x4d534830;  // "0HSM"
-enum Type : uint8_t { kHello = 1, kHelloReply = 2, kRequest = 3, kReply = 4, kNote = 5 };
+// kRequest/kReply name what a ring slot holds; kBell is a doorbell (either way).
+enum Type : uint8_t { kHello = 1, kHelloReply = 2, kRequest = 3, kReply = 4, kNote = 5, kBell = 6 };
 constexpr size_t kMaxEntries = 1024;  // IOV_MAX: one process_vm call per request
+constexpr size_t kRingSlots = 32;     // requests in flight per link; a full ring makes the poster wait
 
 #pragma pack(push, 1)
-struct Hello {  // initiator -> target, first message
+struct Hello {  // initiator -> target, first message, with the ring's memfd (SCM_RIGHTS)
     uint32_t magic;
     uint8_t type, pad[3];
     uint64_t ticket;
@@ -59,7 +68,7 @@ struct HelloReply {
     uint8_t type, pad[3];
     int32_t err;  // 0: the path works; else the errno of the target's probe
 };
-struct Request {  // followed by count Entries
+struct Request {  // in a ring slot, followed by count Entries
     uint32_t magic;
     uint8_t type, op;
     uint16_t count;
@@ -92,11 +101,72 @@ struct Note {  // the notification of a transfer that moved nothing (no request 
     uint32_t pad2;
     uint64_t uid;
 };
+struct Bell {  // a doorbell: "look at the ring"
+    uint32_t magic;
+    uint8_t type, pad[3];
+};
 #pragma pack(pop)
 static_assert(sizeof(Hello) == 40 && sizeof(HelloReply) == 12 && sizeof(Request) == 28 && sizeof(Entry) == 32 &&
-                  sizeof(Reply) == 36 && sizeof(Note) == 24,
+                  sizeof(Reply) == 36 && sizeof(Note) == 24 && sizeof(Bell) == 8,
               "same-host wire layout");
-constexpr size_t kMaxMessage = sizeof(Request) + kMaxEntries * sizeof(Entry);
+constexpr size_t kMaxMessage = sizeof(Hello);  // the largest message on the socket
+
+// The ring, in memory both processes map. Each side treats what the other wrote as untrusted:
+// the target copies a slot out before it checks it, the initiator takes nothing from a reply but
+// its code, reason, entry and errno.
+// The initiator posts a free slot; the target claims it (kServing) before it copies, then marks it
+// done; the initiator frees it. An initiator that gives up takes back what is not claimed yet
+// (kPosted -> kFree): nothing of a transfer it failed moves after that.
+enum SlotState : uint32_t { kFree = 0, kPosted = 1, kDone = 2, kServing = 3 };
+struct Slot {
+    std::atomic<uint32_t> state;  // SlotState
+    uint32_t pad;
+    Reply reply;  // the target's
+    uint8_t pad2[4];
+    Request request;  // the initiator's
+    uint8_t pad3[4];
+    Entry entries[kMaxEntries];
+};
+struct RingHeader {
+    std::atomic<uint32_t> targetAsleep;  // the target sleeps: a poster rings the socket (and clears it)
+    uint8_t pad[60];
+    std::atomic<uint32_t> spinning;  // initiator threads polling the ring: no completion doorbell needed
+    uint8_t pad2[60];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "the ring's words are shared between processes");
+static_assert(offsetof(Slot, reply) == 8 && offsetof(Slot, request) == 48 && offsetof(Slot, entries) == 80 &&
+                  sizeof(Slot) == 80 + kMaxEntries * sizeof(Entry) && sizeof(RingHeader) == 128,
+              "same-host ring layout");
+constexpr size_t kRingBytes = sizeof(RingHeader) + kRingSlots * sizeof(Slot);
+
+// A ring mapped into this process (either side). Unmapped when destroyed.
+class Ring {
+public:
+    Ring() = default;
+    ~Ring();
+    Ring(const Ring&) = delete;
+    Ring& operator=(const Ring&) = delete;
+    // The initiator's: a new sealed memfd (its fd, to send, in fd; closed by the caller). False
+    // with errno set when the kernel refused.
+    bool create(int& fd);
+    // The target's: maps fd when it is a memfd of the ring's size that can no longer shrink. False
+    // otherwise (the fd is not closed here).
+    bool attach(int fd);
+    RingHeader& header() const { return *reinterpret_cast<RingHeader*>(base_); }
+    Slot& slot(uint64_t seq) const {
+        return reinterpret_cast<Slot*>(base_ + sizeof(RingHeader))[seq % kRingSlots];
+    }
+
+private:
+    uint8_t* base_ = nullptr;
+};
+
+// One empty poll of a ring: a pause, and every kPollPauses polls a yield of the CPU. Yielding
+// often matters on a busy host: when initiator and target share a core, each waits for the
+// other's yield (measured on a 2-core VM: a 4 KiB round trip of 10 µs with a yield every 64
+// polls, 8 every 8, 3 when they run on two cores).
+constexpr int kPollPauses = 8;
+void relax(int& polls);
 
 // What an engine publishes for same-host peers: "mori-same-host/1 <host key> <pid ns> <socket>".
 std::string contact(const std::string& hostKey, const std::string& socketName);
@@ -115,21 +185,23 @@ struct Outbox {
     bool flush(int fd, int& err);
 };
 
-// An initiator's channel to one same-host peer engine. Shared by its Peer, its transfers in flight
-// and the service thread, which reads its replies when no caller does.
+// An initiator's channel to one same-host peer engine: its socket and its request ring. Shared by
+// its Peer, its transfers in flight and the service thread, which harvests completions when no
+// caller does.
 class SameHostLink : public std::enable_shared_from_this<SameHostLink> {
 public:
     SameHostLink(Engine& engine, std::shared_ptr<PeerState> peer, int fd);
     ~SameHostLink();
-    // Connects to the target's socket and runs the probe (within the engine's timeout). Null with
-    // why set when the path cannot be used.
+    // Connects to the target's socket, hands it the ring and runs the probe (within the engine's
+    // timeout). Null with why set when the path cannot be used.
     static std::shared_ptr<SameHostLink> open(Engine& engine, const std::shared_ptr<PeerState>& peer,
                                               const std::string& socketName, std::string& why);
-    // Posts rows (local address, remote offset, bytes) of local memory to remote memory id.
+    // Posts rows (local address, remote offset, bytes) of local memory to remote memory id. With
+    // the ring full it waits for room until the deadline (the transfer then fails).
     std::shared_ptr<Transfer> post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows, size_t n,
                                    uint64_t remoteId, uint64_t uid, bool notify, int64_t deadlineNs, Link* ucxLink);
-    // Reads replies on the caller's thread until t finished or the deadline passes: polling for
-    // spinNs, then asleep on the socket.
+    // Polls the ring on the caller's thread until t finished or the deadline passes: for spinNs,
+    // then asleep on the socket (the target rings it).
     void lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs);
     bool usable() const { return !failed_.load(std::memory_order_acquire); }
     int fd() const { return fd_; }
@@ -142,24 +214,29 @@ public:
     void expire(int64_t now);
 
 private:
-    size_t read_locked();  // readMu_ held; returns replies handled
-    void handle(const same_host::Reply& r);
+    size_t read_locked();  // readMu_ held: drains the doorbells, harvests the ring; returns replies handled
+    size_t harvest();      // readMu_ held: the completions the target marked done, in order
+    // Waits (polling, then asleep on the socket) until the slot of sequence seq is free; false at
+    // the deadline or when the link failed.
+    bool wait_for_room(uint64_t seq, int64_t deadlineNs);
+    void handle(uint64_t seq, const same_host::Reply& r);
     void send(const void* msg, size_t len);
     struct Pending {
         std::shared_ptr<Transfer> transfer;
         std::shared_ptr<Region> local;  // pinned until the reply
-        std::string request;            // for naming a refused block
     };
     Engine& engine_;
     std::shared_ptr<PeerState> peer_;
     int fd_;
+    same_host::Ring ring_;
     std::atomic<bool> failed_{false};
-    std::mutex mu_;  // pending_, next_, failure_
-    std::unordered_map<uint64_t, Pending> pending_;
-    uint64_t next_ = 1;
+    std::mutex mu_;  // pending_, head_, failure_
+    std::unordered_map<uint64_t, Pending> pending_;  // by ring sequence
+    uint64_t head_ = 0;  // the next sequence to post
+    uint64_t done_ = 0;  // the next sequence to harvest (readMu_)
     int64_t nextDeadlineNs_ = INT64_MAX;
     std::string failure_;
-    std::mutex readMu_;  // one reader of the socket at a time
+    std::mutex readMu_;  // one harvester of the ring and reader of the socket at a time
     std::mutex sendMu_;  // outbox_
     Outbox outbox_;
 };
@@ -180,10 +257,16 @@ private:
     struct Conn;
     void run();
     void accept_all();
-    void serve(Conn& c, const uint8_t* msg, size_t len);
-    void hello(Conn& c, const same_host::Hello& h);
-    void copy(Conn& c, const same_host::Request& h, const uint8_t* entries);
+    void serve(Conn& c, const uint8_t* msg, size_t len, int passedFd);
+    void hello(Conn& c, const same_host::Hello& h, int ringFd);
+    // Serves the posted slots of c's ring, in order (a few per call: one peer cannot hold the
+    // thread); true when it served any.
+    bool serve_ring(Conn& c);
+    void copy(Conn& c, const same_host::Request& h, const same_host::Entry* entries, same_host::Reply& r);
+    bool poll_rings();  // serve_ring on every proven connection; true when any was served
+    bool any_posted();  // after telling every ring's initiator that the thread goes to sleep
     void reply(Conn& c, const void* msg, size_t len);
+    ssize_t receive(int fd, bool hello, int& passedFd);
     void drop(int fd);
     void watch(int fd, uint32_t events, bool add);
 
@@ -196,6 +279,8 @@ private:
     std::mutex linksMu_;
     std::unordered_map<int, std::shared_ptr<SameHostLink>> links_;  // by socket
     std::vector<uint8_t> buf_;
+    std::vector<same_host::Entry> entries_;  // a request copied out of its ring before it is checked
+    std::vector<int> ready_;                 // poll_rings' list of connections
     int64_t listenPausedUntil_ = 0;
 };
 

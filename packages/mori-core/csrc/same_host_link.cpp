@@ -1,7 +1,9 @@
-// The initiator side of the same-host path (see same_host.hpp): connecting and the probe,
-// requests, replies, notifications and deadlines.
+// The initiator side of the same-host path (see same_host.hpp): the ring, connecting and the
+// probe, requests, completions, notifications and deadlines.
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -22,9 +24,9 @@ namespace mori::ucx {
 
 namespace {
 
-// A waiter reads its link's replies, yielding between empty reads, for about as long as its
-// copy should take (kLeadSpinNs plus its bytes at kSpinBytesPerNs), at most kMaxLeadSpinNs; then
-// it sleeps on the socket. A 4 KiB round trip takes a few µs, a 1 MiB copy 60-100.
+// A waiter polls its link's ring for about as long as its copy should take (kLeadSpinNs plus its
+// bytes at kSpinBytesPerNs), at most kMaxLeadSpinNs; then it sleeps on the socket. A 4 KiB round
+// trip takes a few µs, a 1 MiB copy 60-100.
 constexpr int64_t kLeadSpinNs = 50'000, kMaxLeadSpinNs = 1'000'000;
 constexpr uint64_t kSpinBytesPerNs = 8;
 
@@ -46,6 +48,56 @@ sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
 std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
 
 }  // namespace
+
+namespace same_host {
+
+void relax(int& polls) {
+    if (++polls % kPollPauses != 0) {
+        __builtin_ia32_pause();
+        return;
+    }
+    sched_yield();
+}
+
+Ring::~Ring() {
+    if (base_ != nullptr) ::munmap(base_, kRingBytes);
+}
+
+bool Ring::create(int& fd) {
+    fd = memfd_create("mori-same-host-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return false;
+    // Sealed so that it can never shrink: the target maps it and must not fault on it.
+    if (::ftruncate(fd, kRingBytes) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        const int err = errno;
+        ::close(fd);
+        errno = err;
+        return false;
+    }
+    void* p = ::mmap(nullptr, kRingBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        const int err = errno;
+        ::close(fd);
+        errno = err;
+        return false;
+    }
+    base_ = static_cast<uint8_t*>(p);  // zeroed: every slot free
+    return true;
+}
+
+bool Ring::attach(int fd) {
+    struct stat st {};
+    const int seals = fcntl(fd, F_GET_SEALS);
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != static_cast<off_t>(kRingBytes) ||
+        seals < 0 || !(seals & F_SEAL_SHRINK))
+        return false;
+    void* p = ::mmap(nullptr, kRingBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return false;
+    base_ = static_cast<uint8_t*>(p);
+    return true;
+}
+
+}  // namespace same_host
 
 namespace same_host {
 
@@ -106,11 +158,15 @@ std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shar
         return nullptr;
     }
     auto link = std::make_shared<SameHostLink>(engine, peer, fd);  // closes fd if we give up
-    const int buffer = 4 << 20;  // requests of many blocks queue in the kernel, not in the outbox
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof(buffer));
+    int ringFd = -1;
+    if (!link->ring_.create(ringFd)) {
+        why = "the request ring (memfd): " + errno_text(errno);
+        return nullptr;
+    }
     socklen_t len;
     sockaddr_un a = abstract_address(socketName, len);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), len) != 0) {
+        ::close(ringFd);
         why = "connecting to " + who + "'s same-host socket: " + errno_text(errno);
         return nullptr;
     }
@@ -118,14 +174,30 @@ std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shar
     // works between the two (ptrace rules allow it) and that the kernel's pid is ours.
     same_host::Hello h{same_host::kMagic, same_host::kHello, {}, peer->ticket, 0, {}};
     if (getrandom(h.nonce, sizeof(h.nonce), 0) != sizeof(h.nonce)) {
+        ::close(ringFd);
         why = "getrandom failed";
         return nullptr;
     }
     static thread_local uint8_t probe[sizeof(h.nonce)];
     std::memcpy(probe, h.nonce, sizeof(probe));
     h.probe = reinterpret_cast<uint64_t>(probe);
-    if (::send(fd, &h, sizeof(h), MSG_NOSIGNAL) != sizeof(h)) {
-        why = "sending to " + who + "'s same-host socket: " + errno_text(errno);
+    iovec v{&h, sizeof(h)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &ringFd, sizeof(int));
+    const ssize_t sent = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    const int sendErr = errno;
+    ::close(ringFd);  // the target holds its own copy now; the mapping keeps ours
+    if (sent != sizeof(h)) {
+        why = "sending to " + who + "'s same-host socket: " + errno_text(sendErr);
         return nullptr;
     }
     const int64_t deadline = now_ns() + static_cast<int64_t>(engine.options().timeout * 1e9);
@@ -141,7 +213,7 @@ std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shar
         if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000))) <= 0) continue;
         ssize_t n = ::recv(fd, &r, sizeof(r), 0);
         if (n == sizeof(r) && r.magic == same_host::kMagic && r.type == same_host::kHelloReply) break;
-        why = who + " closed its same-host socket (it refused our ticket, or is not a mori engine)";
+        why = who + " closed its same-host socket (it refused our ticket or ring, or is not a mori engine)";
         return nullptr;
     }
     std::memset(probe, 0, sizeof(probe));
@@ -170,35 +242,74 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
         t->part_done(kSuccess, "");
         return t;
     }
-    std::vector<std::string> requests(parts);
-    std::vector<uint64_t> ids(parts);
-    {
-        std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
+    for (size_t p = 0; p < parts; ++p) {
         if (!failure_.empty()) {
             t->fail(kErrTransport, failure_);
             return t;
         }
-        for (size_t p = 0; p < parts; ++p) {
-            const size_t first = p * same_host::kMaxEntries, m = std::min(n - first, same_host::kMaxEntries);
-            std::string& msg = requests[p];
-            msg.resize(sizeof(same_host::Request) + m * sizeof(same_host::Entry));
-            ids[p] = next_++;
-            const uint32_t flags = notify ? same_host::kNotify | (p + 1 == parts ? same_host::kLast : 0) : 0;
-            same_host::Request h{same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op),
-                                 static_cast<uint16_t>(m), flags, ids[p], uid};
-            std::memcpy(msg.data(), &h, sizeof(h));
-            auto* e = reinterpret_cast<same_host::Entry*>(msg.data() + sizeof(h));
-            for (size_t i = 0; i < m; ++i) {
-                const plan::Row& r = rows[first + i];
-                e[i] = same_host::Entry{remoteId, r.dst, r.bytes, r.src};
+        const uint64_t seq = head_;
+        same_host::Slot& s = ring_.slot(seq);
+        if (s.state.load(std::memory_order_acquire) != same_host::kFree) {
+            // The ring is full: wait for the target to finish the oldest request (a caller
+            // posting meanwhile takes its turn after this one).
+            lk.unlock();
+            const bool room = wait_for_room(seq, deadlineNs);
+            lk.lock();
+            if (!room || head_ != seq) {
+                if (failure_.empty() && !room) {
+                    char secs[32];
+                    std::snprintf(secs, sizeof(secs), "%g", engine_.options().timeout);
+                    t->fail(kErrTransport, "engine '" + peer_->key + "' left its same-host request ring full for " +
+                                               secs + " s (" + engine_.options().timeoutSetting + ")");
+                    return t;
+                }
+                --p;  // failed meanwhile (reported above), or another caller took the slot: look again
+                continue;
             }
-            ++local->pins;  // dropped at the reply: a deregistration of the local memory waits
-            pending_.emplace(ids[p], Pending{t, local, msg});
         }
+        const size_t first = p * same_host::kMaxEntries, m = std::min(n - first, same_host::kMaxEntries);
+        const uint32_t flags = notify ? same_host::kNotify | (p + 1 == parts ? same_host::kLast : 0) : 0;
+        s.request = same_host::Request{same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op),
+                                       static_cast<uint16_t>(m), flags, seq, uid};
+        for (size_t i = 0; i < m; ++i) {
+            const plan::Row& r = rows[first + i];
+            s.entries[i] = same_host::Entry{remoteId, r.dst, r.bytes, r.src};
+        }
+        ++local->pins;  // dropped at the reply: a deregistration of the local memory waits
+        pending_.emplace(seq, Pending{t, local});
+        ++head_;
         nextDeadlineNs_ = std::min(nextDeadlineNs_, deadlineNs);
+        // Posted, then the target's sleep flag read (both sequentially consistent): a target
+        // going to sleep rechecks the ring after it set the flag, so one of the two sees the other.
+        s.state.store(same_host::kPosted, std::memory_order_seq_cst);
     }
-    for (const std::string& msg : requests) send(msg.data(), msg.size());
+    lk.unlock();
+    if (ring_.header().targetAsleep.exchange(0, std::memory_order_seq_cst) != 0) {
+        const same_host::Bell bell{same_host::kMagic, same_host::kBell, {}};
+        send(&bell, sizeof(bell));
+    }
     return t;
+}
+
+bool SameHostLink::wait_for_room(uint64_t seq, int64_t deadlineNs) {
+    int polls = 0;
+    while (usable()) {
+        if (ring_.slot(seq).state.load(std::memory_order_acquire) == same_host::kFree) return true;
+        const int64_t now = now_ns();
+        if (now >= deadlineNs) return false;
+        {
+            std::unique_lock rl(readMu_, std::try_to_lock);
+            if (rl.owns_lock() && read_locked() > 0) continue;
+        }
+        if (polls < same_host::kPollPauses * 16) {
+            same_host::relax(polls);
+            continue;
+        }
+        struct pollfd p {fd_, POLLIN, 0};  // the target rings when it completes a request
+        ::poll(&p, 1, 1);
+    }
+    return false;
 }
 
 void SameHostLink::send(const void* msg, size_t len) {
@@ -235,17 +346,19 @@ void SameHostLink::fail(const std::string& why) {
     }
     peer_->fail(why);
     ::shutdown(fd_, SHUT_RDWR);  // the target stops serving us; the fd closes with the link
-    for (auto& [id, p] : failed) {
+    for (auto& [seq, p] : failed) {
+        uint32_t posted = same_host::kPosted;  // not claimed by the target yet: taken back
+        ring_.slot(seq).state.compare_exchange_strong(posted, same_host::kFree, std::memory_order_acq_rel);
         --p.local->pins;
         p.transfer->fail(kErrTransport, why);
     }
 }
 
-void SameHostLink::handle(const same_host::Reply& r) {
+void SameHostLink::handle(uint64_t seq, const same_host::Reply& r) {
     Pending p;
     {
         std::lock_guard lk(mu_);
-        auto it = pending_.find(r.id);
+        auto it = pending_.find(seq);
         if (it == pending_.end()) {
             engine_.count(&EngineStats::lateReplies);
             return;
@@ -260,10 +373,9 @@ void SameHostLink::handle(const same_host::Reply& r) {
     }
     const std::string who = "engine '" + peer_->key + "'";
     std::string what = who + " refused";
-    const size_t entries = (p.request.size() - sizeof(same_host::Request)) / sizeof(same_host::Entry);
-    if (r.entry < entries) {
-        same_host::Entry e;
-        std::memcpy(&e, p.request.data() + sizeof(same_host::Request) + r.entry * sizeof(e), sizeof(e));
+    const same_host::Slot& s = ring_.slot(seq);  // still ours: freed after this
+    if (r.entry < s.request.count && r.entry < same_host::kMaxEntries) {
+        const same_host::Entry e = s.entries[r.entry];
         what = "block (remote memory id " + std::to_string(e.memId) + ", offset " + std::to_string(e.offset) +
                ", size " + std::to_string(e.size) + ") at " + who;
     }
@@ -274,58 +386,88 @@ void SameHostLink::handle(const same_host::Reply& r) {
     p.transfer->part_done(is_final_code(r.code) ? r.code : kErrBadState, what + ": " + reason);
 }
 
-size_t SameHostLink::read_locked() {
+size_t SameHostLink::harvest() {
     size_t handled = 0;
-    same_host::Reply r;
-    for (int i = 0; i < 256; ++i) {
-        ssize_t n = ::recv(fd_, &r, sizeof(r), MSG_DONTWAIT | MSG_TRUNC);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-        if (n <= 0) {
-            if (usable())
-                fail("connection to engine '" + peer_->key + "' failed: " +
-                     (n == 0 ? std::string("it closed its same-host socket (the process ended?)") : errno_text(errno)));
-            break;
+    for (;;) {
+        {
+            std::lock_guard lk(mu_);
+            if (done_ == head_) break;  // nothing posted is unfinished
         }
-        if (n != sizeof(r) || r.magic != same_host::kMagic || r.type != same_host::kReply) {
-            engine_.count(&EngineStats::malformed);
-            fail("engine '" + peer_->key + "' sent a malformed message on its same-host socket");
-            break;
-        }
-        handle(r);
+        same_host::Slot& s = ring_.slot(done_);
+        if (s.state.load(std::memory_order_acquire) != same_host::kDone) break;
+        same_host::Reply r;
+        std::memcpy(&r, &s.reply, sizeof(r));
+        handle(done_, r);
+        ++done_;
+        s.state.store(same_host::kFree, std::memory_order_release);
         ++handled;
     }
     return handled;
 }
 
+size_t SameHostLink::read_locked() {
+    same_host::Bell b;
+    for (int i = 0; i < 256; ++i) {
+        ssize_t n = ::recv(fd_, &b, sizeof(b), MSG_DONTWAIT | MSG_TRUNC);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+        if (n <= 0) {
+            harvest();  // what the target finished before it went
+            if (usable())
+                fail("connection to engine '" + peer_->key + "' failed: " +
+                     (n == 0 ? std::string("it closed its same-host socket (the process ended?)") : errno_text(errno)));
+            return 0;
+        }
+        if (n != sizeof(b) || b.magic != same_host::kMagic || b.type != same_host::kBell) {
+            engine_.count(&EngineStats::malformed);
+            fail("engine '" + peer_->key + "' sent a malformed message on its same-host socket");
+            return 0;
+        }
+    }
+    return harvest();
+}
+
 void SameHostLink::on_readable() {
-    std::unique_lock rl(readMu_, std::try_to_lock);
-    if (rl.owns_lock())
-        read_locked();
-    else
-        sched_yield();  // a waiting caller reads now
+    // A waiting caller holds the lock for one poll at a time, and drains no doorbell while it
+    // polls the ring: take it, or the doorbell keeps the service thread awake.
+    std::lock_guard rl(readMu_);
+    read_locked();
 }
 
 void SameHostLink::lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs) {
     const int64_t spinUntil = std::min(deadlineNs, now_ns() + spinNs);
+    std::atomic<uint32_t>& spinning = ring_.header().spinning;
+    // While this thread polls the target needs not ring the socket for completions.
+    spinning.fetch_add(1, std::memory_order_seq_cst);
+    bool polling = true;
+    int polls = 0;
     while (!t.finished() && usable()) {
         const int64_t now = now_ns();
-        if (now >= deadlineNs) return;
+        if (now >= deadlineNs) break;
         std::unique_lock rl(readMu_, std::try_to_lock);
-        if (!rl.owns_lock()) {  // another thread reads: it finishes t as well
-            if (now >= spinUntil) return;
-            sched_yield();
+        if (!rl.owns_lock()) {  // another thread harvests: it finishes t as well
+            if (now >= spinUntil) break;
+            same_host::relax(polls);
             continue;
         }
-        if (read_locked() > 0) continue;
+        if ((polling ? harvest() : read_locked()) > 0) continue;
         if (now < spinUntil) {
             rl.unlock();
-            sched_yield();
+            same_host::relax(polls);
             continue;
         }
-        // Sleep on the socket (the kernel wakes this thread with the reply), a slice at a time.
+        if (polling) {
+            // From now on the target rings: stop polling, then look once more (a completion
+            // marked before the target read the counter is in the ring).
+            polling = false;
+            spinning.fetch_sub(1, std::memory_order_seq_cst);
+            continue;
+        }
+        // Sleep on the socket (the kernel wakes this thread with the doorbell), a slice at a time.
+        rl.unlock();
         struct pollfd p {fd_, POLLIN, 0};
         ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>((deadlineNs - now) / 1'000'000 + 1, 1, 100)));
     }
+    if (polling) spinning.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void SameHostLink::expire(int64_t now) {

@@ -1,6 +1,6 @@
 // The target side of the same-host path and the engine's same-host thread (see same_host.hpp):
-// accepting peers, the probe, checking each request against the live registrations, the copies
-// (process_vm_readv/writev), and the replies of the engine's own links.
+// accepting peers, their rings and the probe, checking each request against the live
+// registrations, the copies (process_vm_readv/writev), and the doorbells of the engine's own links.
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -29,7 +29,6 @@ constexpr int64_t kSpinNs = 200'000;
 constexpr int kMaxSleepMs = 100;
 constexpr int64_t kExpiryEveryNs = 10'000'000;
 constexpr size_t kMaxUnproven = 64;  // connections that have not said hello yet
-constexpr int kSocketBuffer = 4 << 20;
 // The epoll tags of the two fds that are neither connections nor links.
 constexpr uint64_t kTagListen = ~uint64_t{0}, kTagWake = ~uint64_t{0} - 1;
 
@@ -68,14 +67,17 @@ int copy_all(pid_t pid, bool intoLocal, std::vector<iovec>& local, std::vector<i
 struct SameHostService::Conn {
     int fd = -1;
     pid_t pid = 0;
-    bool proven = false;  // said hello with a valid ticket and passed the probe
+    bool proven = false;  // said hello with a valid ticket and ring, and passed the probe
+    same_host::Ring ring;
+    uint64_t tail = 0;    // the next slot to serve (this side's count: the ring's words are the peer's too)
     std::string key;      // the engine its ticket admitted
     uint64_t order = 0;   // accept order, to drop the oldest unproven first
     Outbox out;
     std::unordered_map<uint64_t, int> refused;  // notifying transfers in flight with a refusal: uid -> code
 };
 
-SameHostService::SameHostService(Engine& engine) : engine_(engine), buf_(same_host::kMaxMessage + 1) {
+SameHostService::SameHostService(Engine& engine)
+    : engine_(engine), buf_(same_host::kMaxMessage + 1), entries_(same_host::kMaxEntries) {
     uint64_t r[2];
     if (getrandom(r, sizeof(r), 0) != sizeof(r)) throw std::runtime_error("getrandom failed");
     char name[64];
@@ -202,7 +204,6 @@ void SameHostService::accept_all() {
             ::close(fd);
             continue;
         }
-        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &kSocketBuffer, sizeof(kSocketBuffer));
         auto c = std::make_unique<Conn>();
         c->fd = fd;
         c->pid = cred.pid;
@@ -218,14 +219,20 @@ void SameHostService::reply(Conn& c, const void* msg, size_t len) {
         drop(c.fd);
         return;
     }
-    // The initiator does not read its replies: read no more of its requests until it does.
+    // The initiator does not read its doorbells: serve no more of its requests until it does.
     if (!c.out.queued.empty()) watch(c.fd, EPOLLOUT | EPOLLRDHUP, false);
 }
 
-void SameHostService::hello(Conn& c, const same_host::Hello& h) {
+void SameHostService::hello(Conn& c, const same_host::Hello& h, int ringFd) {
     c.key = engine_.admitted(h.ticket);
     if (c.key.empty()) {
         engine_.count(&EngineStats::badTickets);
+        drop(c.fd);
+        return;
+    }
+    // A memfd of the ring's size, sealed against shrinking (or the target could fault on it).
+    if (ringFd < 0 || !c.ring.attach(ringFd)) {
+        engine_.count(&EngineStats::malformed);
         drop(c.fd);
         return;
     }
@@ -244,15 +251,14 @@ void SameHostService::hello(Conn& c, const same_host::Hello& h) {
     else if (conns_.count(fd)) c.proven = true;
 }
 
-void SameHostService::copy(Conn& c, const same_host::Request& h, const uint8_t* entries) {
-    same_host::Reply r{same_host::kMagic, same_host::kReply, {}, kSuccess, kReasonNone, 0, 0, 0, h.id};
+void SameHostService::copy(Conn& c, const same_host::Request& h, const same_host::Entry* entries,
+                           same_host::Reply& r) {
     std::vector<std::shared_ptr<Region>> pins;
     std::vector<iovec> local(h.count), remote(h.count);
     // Every block is checked against the live registrations (and pinned: a deregistration waits)
     // before any byte moves.
     for (size_t i = 0; i < h.count && r.reason == kReasonNone; ++i) {
-        same_host::Entry e;
-        std::memcpy(&e, entries + i * sizeof(e), sizeof(e));
+        const same_host::Entry& e = entries[i];
         std::shared_ptr<Region> reg = engine_.pin_region(e.memId);
         if (reg) pins.push_back(reg);
         uint64_t end;
@@ -277,34 +283,88 @@ void SameHostService::copy(Conn& c, const same_host::Request& h, const uint8_t* 
              : r.reason == kReasonMemory ? kErrNotFound
              : r.reason == kReasonFailed ? kErrTransport
                                          : kErrInvalidArgs;
-    if (!(h.flags & same_host::kNotify)) {
-        reply(c, &r, sizeof(r));
-        return;
-    }
-    // The transfer's outcome: its first refusal, else success; recorded with its last request (after
-    // the reply: the initiator does not wait for it), as the initiator reports it (a transport
-    // failure is not recorded: it reports that).
-    int outcome = r.code;
-    auto it = c.refused.find(h.uid);
-    if (it != c.refused.end()) outcome = it->second;
-    if (!(h.flags & same_host::kLast)) {
-        if (outcome != kSuccess && it == c.refused.end()) {
-            if (c.refused.size() >= same_host::kMaxOpenNotes) {
-                drop(c.fd);
-                return;
-            }
-            c.refused.emplace(h.uid, outcome);
-        }
-        reply(c, &r, sizeof(r));
-        return;
-    }
-    if (it != c.refused.end()) c.refused.erase(it);
-    const std::string key = c.key;  // c goes if the reply fails
-    reply(c, &r, sizeof(r));
-    if (outcome != kErrTransport) engine_.record_inbound(key, h.uid, outcome);
 }
 
-void SameHostService::serve(Conn& c, const uint8_t* msg, size_t len) {
+bool SameHostService::serve_ring(Conn& c) {
+    // An initiator that does not read its doorbells gets no more served until it does.
+    if (!c.proven || !c.out.queued.empty()) return false;
+    const int fd = c.fd;
+    int served = 0;
+    for (; served < 16; ++served) {  // a few per call: one peer cannot hold the thread
+        same_host::Slot& s = c.ring.slot(c.tail);
+        uint32_t posted = same_host::kPosted;
+        if (!s.state.compare_exchange_strong(posted, same_host::kServing, std::memory_order_acq_rel)) break;
+        // Copied out before it is checked: the initiator can write the slot at any time.
+        same_host::Request h;
+        std::memcpy(&h, &s.request, sizeof(h));
+        if (h.magic != same_host::kMagic || h.type != same_host::kRequest || (h.op != kOpRead && h.op != kOpWrite) ||
+            h.count == 0 || h.count > same_host::kMaxEntries ||
+            (h.flags & ~(same_host::kNotify | same_host::kLast)) != 0) {
+            engine_.count(&EngineStats::malformed);
+            drop(fd);
+            return true;
+        }
+        std::memcpy(entries_.data(), s.entries, h.count * sizeof(same_host::Entry));
+        same_host::Reply r{same_host::kMagic, same_host::kReply, {}, kSuccess, kReasonNone, 0, 0, 0, h.id};
+        copy(c, h, entries_.data(), r);
+        // The transfer's outcome, when it notifies: its first refusal, else success; recorded
+        // with its last request, as the initiator reports it (a transport failure is not
+        // recorded: it reports that).
+        int outcome = r.code;
+        if (h.flags & same_host::kNotify) {
+            auto it = c.refused.find(h.uid);
+            if (it != c.refused.end()) outcome = it->second;
+            if (h.flags & same_host::kLast) {
+                if (it != c.refused.end()) c.refused.erase(it);
+            } else if (outcome != kSuccess && it == c.refused.end()) {
+                if (c.refused.size() >= same_host::kMaxOpenNotes) {
+                    drop(fd);
+                    return true;
+                }
+                c.refused.emplace(h.uid, outcome);
+            }
+        }
+        std::memcpy(&s.reply, &r, sizeof(r));
+        // Done, then the initiator's polling count read (both sequentially consistent): an
+        // initiator that stops polling looks at the ring once more after it said so.
+        s.state.store(same_host::kDone, std::memory_order_seq_cst);
+        ++c.tail;
+        if ((h.flags & (same_host::kNotify | same_host::kLast)) == (same_host::kNotify | same_host::kLast) &&
+            outcome != kErrTransport)
+            engine_.record_inbound(c.key, h.uid, outcome);
+    }
+    if (served == 0) return false;
+    c.ring.header().targetAsleep.store(0, std::memory_order_relaxed);  // awake: posters need not ring
+    if (c.ring.header().spinning.load(std::memory_order_seq_cst) == 0 && c.out.queued.empty()) {
+        const same_host::Bell bell{same_host::kMagic, same_host::kBell, {}};
+        reply(c, &bell, sizeof(bell));
+    }
+    return true;
+}
+
+bool SameHostService::poll_rings() {
+    ready_.clear();
+    for (auto& [fd, c] : conns_)
+        if (c->proven) ready_.push_back(fd);
+    bool served = false;
+    for (int fd : ready_) {
+        auto it = conns_.find(fd);  // serving a connection drops at most that one
+        if (it != conns_.end()) served = serve_ring(*it->second) || served;
+    }
+    return served;
+}
+
+bool SameHostService::any_posted() {
+    bool posted = false;
+    for (auto& [fd, c] : conns_) {
+        if (!c->proven) continue;
+        c->ring.header().targetAsleep.store(1, std::memory_order_seq_cst);
+        if (c->ring.slot(c->tail).state.load(std::memory_order_seq_cst) == same_host::kPosted) posted = true;
+    }
+    return posted;
+}
+
+void SameHostService::serve(Conn& c, const uint8_t* msg, size_t len, int passedFd) {
     uint32_t magic;
     if (len < 5 || (std::memcpy(&magic, msg, 4), magic != same_host::kMagic)) {
         engine_.count(&EngineStats::malformed);
@@ -320,7 +380,7 @@ void SameHostService::serve(Conn& c, const uint8_t* msg, size_t len) {
         }
         same_host::Hello h;
         std::memcpy(&h, msg, sizeof(h));
-        hello(c, h);
+        hello(c, h, passedFd);
         return;
     }
     if (type == same_host::kNote && len == sizeof(same_host::Note)) {
@@ -332,21 +392,41 @@ void SameHostService::serve(Conn& c, const uint8_t* msg, size_t len) {
             engine_.count(&EngineStats::malformed);
         return;
     }
-    same_host::Request h;
-    if (type != same_host::kRequest || len < sizeof(h)) {
+    if (type != same_host::kBell || len != sizeof(same_host::Bell)) {
         engine_.count(&EngineStats::malformed);
         drop(c.fd);
         return;
     }
-    std::memcpy(&h, msg, sizeof(h));
-    if ((h.op != kOpRead && h.op != kOpWrite) || h.count == 0 || h.count > same_host::kMaxEntries ||
-        (h.flags & ~(same_host::kNotify | same_host::kLast)) != 0 ||
-        len != sizeof(h) + h.count * sizeof(same_host::Entry)) {
-        engine_.count(&EngineStats::malformed);
-        drop(c.fd);
-        return;
+    serve_ring(c);
+}
+
+// One message of connection fd into buf_, with the descriptor a hello passes (-1 for none; a
+// message that is not a hello never installs one: recv drops what a peer attaches). The length,
+// 0 when the peer closed, < 0 with errno set.
+ssize_t SameHostService::receive(int fd, bool hello, int& passedFd) {
+    passedFd = -1;
+    if (!hello) return ::recv(fd, buf_.data(), buf_.size(), MSG_DONTWAIT | MSG_TRUNC);
+    iovec v{buf_.data(), buf_.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd, &m, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
+    for (cmsghdr* cm = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; cm != nullptr; cm = CMSG_NXTHDR(&m, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+            int got;
+            std::memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (passedFd < 0 && !(m.msg_flags & MSG_CTRUNC))
+                passedFd = got;
+            else
+                ::close(got);
+        }
     }
-    copy(c, h, msg + sizeof(h));
+    return n;
 }
 
 void SameHostService::run() {
@@ -355,7 +435,10 @@ void SameHostService::run() {
     epoll_event evs[64];
     while (!stop_.load(std::memory_order_acquire)) {
         int64_t now = now_ns();
-        const bool spin = polling && now - lastBusy < kSpinNs;
+        bool spin = polling && now - lastBusy < kSpinNs;
+        // About to sleep: every ring's initiator is told to ring the socket from now on, then the
+        // rings are looked at once more (a request posted before the flag was seen is there).
+        if (!spin && any_posted()) spin = true;
         if (listenPausedUntil_ != 0 && now >= listenPausedUntil_) {
             listenPausedUntil_ = 0;
             epoll_event ev{};
@@ -412,17 +495,27 @@ void SameHostService::run() {
                 }
                 // A few messages per wake and connection: one peer cannot hold the thread.
                 for (int k = 0; k < 16 && conns_.count(static_cast<int>(tag)) && c.out.queued.empty(); ++k) {
-                    ssize_t len = ::recv(c.fd, buf_.data(), buf_.size(), MSG_DONTWAIT | MSG_TRUNC);
+                    int passedFd;
+                    ssize_t len = receive(c.fd, !c.proven, passedFd);
                     if (len < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
                     if (len <= 0 || static_cast<size_t>(len) > same_host::kMaxMessage) {
+                        if (passedFd >= 0) ::close(passedFd);
                         if (len > 0) engine_.count(&EngineStats::malformed);
                         drop(c.fd);  // the peer left (or sent what no peer sends)
                         break;
                     }
-                    serve(c, buf_.data(), static_cast<size_t>(len));
+                    serve(c, buf_.data(), static_cast<size_t>(len), passedFd);
+                    if (passedFd >= 0) ::close(passedFd);  // a ring stays mapped without it
                 }
             }
         }
+        // Awake: the rings are polled a little (a pause each time) before the sockets again.
+        bool served = poll_rings();
+        for (int k = 0; spin && !served && k < same_host::kPollPauses; ++k) {
+            __builtin_ia32_pause();
+            served = poll_rings();
+        }
+        if (served) lastBusy = now;
         if (now < nextExpiry) {
             if (n == 0 && spin) sched_yield();
             continue;

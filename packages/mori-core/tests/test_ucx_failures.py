@@ -4,15 +4,13 @@ failed. Two real processes, on one host and between two network namespaces, with
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import signal
 import time
 
 import numpy as np
 import pytest
-from _ucx_procs import GUARD, SIZE, EngineProcess, engine_pair, fill
+from _ucx_procs import GUARD, SIZE, EngineProcess, engine_pair, fill, wait_stopped
 
 from mori.core.ucx import READ, WRITE
 
@@ -46,21 +44,6 @@ def test_killed_target_fails_transfers_never_success_with_missing_bytes(lib: str
             assert not pair.init.call("healthy", "target") or code == "SUCCESS", msg
 
 
-def _wait_stopped(pid: int | None) -> None:
-    """Waits until every thread of process ``pid`` is stopped (SIGSTOP), at most 5 s."""
-    assert pid is not None
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        states = []
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        if states and all(st in "Tt" for st in states):
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"process {pid} did not stop within 5 s")
-
-
 @pytest.mark.parametrize("lib,where", PARAMS, ids=IDS)
 def test_hung_target_fails_at_the_deadline_and_no_byte_lands_after(lib: str, where: str) -> None:
     with engine_pair(lib, where, timeout=TIMEOUT) as pair:
@@ -68,7 +51,7 @@ def test_hung_target_fails_at_the_deadline_and_no_byte_lands_after(lib: str, whe
         fill(pair.target.arr, 4)
         assert pair.transfer(READ, [0], [0], [4096])[0] == "SUCCESS"  # connected
         pair.target.signal(signal.SIGSTOP)
-        _wait_stopped(pair.target.pid)  # a stop lands asynchronously: a fast path could still serve
+        wait_stopped(pair.target.pid)  # a stop lands asynchronously: a fast path could still serve
         try:
             n = 8
             offs = [i * BLOCK for i in range(n)]

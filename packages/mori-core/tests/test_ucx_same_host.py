@@ -2,52 +2,23 @@
 who may use it, what it refuses, and the fall back to UCX where the kernel does not allow it.
 The data path itself runs in test_ucx_engine.py and test_ucx_failures.py ("same-host" cases).
 
-Hostile clients here speak to the target's socket directly, as a process on the host could."""
+Hostile clients here speak to the target's socket and ring directly, as a process on the host could
+(_same_host_client); the ring's own tests are in test_ucx_same_host_ring.py."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 import struct
 import time
 
+import _same_host_client as sh
 import numpy as np
 from _ucx_procs import EngineProcess, fill
 
 from mori.core import ucx
 from mori.core.batch import Batch
-
-MAGIC = 0x4D534830
-HELLO, HELLO_REPLY, REQUEST, REPLY = 1, 2, 3, 4
-
-
-def _socket_of(engine: ucx.UcxEngine) -> bytes:
-    tag, _host, _pidns, name = engine.same_host_address.split(b" ")
-    assert tag == b"mori-same-host/1"
-    return b"\0" + name
-
-
-def _client(engine: ucx.UcxEngine) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.settimeout(5)
-    s.connect(_socket_of(engine))
-    return s
-
-
-def _hello(ticket: int, probe: int, nonce: bytes) -> bytes:
-    return struct.pack("<IB3xQQ16s", MAGIC, HELLO, ticket, probe, nonce)
-
-
-def _request(op: int, rid: int, entries: list[tuple[int, int, int, int]]) -> bytes:
-    return struct.pack("<IBBHIQQ", MAGIC, REQUEST, op, len(entries), 0, rid, 0) + b"".join(
-        struct.pack("<QQQQ", *e) for e in entries)
-
-
-def _closed(s: socket.socket) -> bool:
-    try:
-        return s.recv(64) == b""
-    except (ConnectionResetError, BrokenPipeError):
-        return True
 
 
 def _engines() -> tuple[ucx.UcxEngine, ucx.UcxEngine]:
@@ -74,8 +45,9 @@ def test_only_this_host_and_pid_namespace_are_offered() -> None:
 
 
 def test_hostile_clients_are_dropped_and_move_nothing() -> None:
-    """Garbage, requests before hello, a ticket the target never issued, and a probe naming
-    another process's memory: each connection is closed and no byte of the target changes."""
+    """Garbage, a bell before hello, a ticket the target never issued, a probe naming another
+    process's memory, and rings the target must not map (none, unsealed, the wrong size): each
+    connection is closed and no byte of the target changes."""
     target, init = _engines()
     buf = np.zeros(1 << 16, np.uint8)
     buf[:] = 0x5A
@@ -86,39 +58,51 @@ def test_hostile_clients_are_dropped_and_move_nothing() -> None:
         before = target.stats()
         nonce = bytes(range(16))
         probe = ctypes.create_string_buffer(nonce, 16)
+        good = sh.hello(ticket, ctypes.addressof(probe), nonce)
         cases = [
-            b"\x00" * 40,                                                            # no magic
-            _request(2, 1, [(1, 0, 4096, int(mine.ctypes.data))]),                   # no hello first
-            _hello(ticket ^ 1, ctypes.addressof(probe), nonce),                      # ticket never issued
-            _hello(ticket, ctypes.addressof(probe), b"\xff" * 16),                   # probe does not match
-            struct.pack("<IB", MAGIC, HELLO) + b"\x00" * 100,                        # wrong size
+            (b"\x00" * 40, None),                                                     # no magic
+            (struct.pack("<IB3x", sh.MAGIC, sh.BELL), None),                          # no hello first
+            (sh.hello(ticket ^ 1, ctypes.addressof(probe), nonce), sh.ring_fd()),     # ticket never issued
+            (sh.hello(ticket, ctypes.addressof(probe), b"\xff" * 16), sh.ring_fd()),  # probe does not match
+            (struct.pack("<IB", sh.MAGIC, sh.HELLO) + b"\x00" * 100, sh.ring_fd()),   # wrong size
+            (good, None),                                                             # no ring
+            (good, sh.ring_fd(seals=0)),                                              # a ring that could shrink
+            (good, sh.ring_fd(size=sh.RING_BYTES - 4096)),                            # the wrong size
         ]
-        for msg in cases:
-            s = _client(target)
-            s.send(msg)
+        for msg, fd in cases:
+            s = sh.client(target)
+            if fd is None:
+                s.send(msg)
+            else:
+                socket.send_fds(s, [msg], [fd])
+                os.close(fd)
             reply = s.recv(64)
             if reply:  # the probe's verdict, then the connection closes
                 magic, kind, err = struct.unpack("<IB3xi", reply)
-                assert (magic, kind) == (MAGIC, HELLO_REPLY) and err != 0
-                assert _closed(s)
+                assert (magic, kind) == (sh.MAGIC, sh.HELLO_REPLY) and err != 0
+                assert s.recv(64) == b""
             s.close()
         assert (buf == 0x5A).all()
         after = target.stats()
-        assert after["malformed"] >= before["malformed"] + 3 and after["bad_tickets"] == before["bad_tickets"] + 1
+        assert after["malformed"] >= before["malformed"] + 6 and after["bad_tickets"] == before["bad_tickets"] + 1
         # A proven client still cannot reach outside a live registration.
-        s = _client(target)
-        s.send(_hello(ticket, ctypes.addressof(probe), nonce))
-        assert struct.unpack("<IB3xi", s.recv(64))[2] == 0
+        ring = sh.Ring(target, ticket, ctypes.addressof(probe), nonce)
+        assert ring.verdict == (sh.MAGIC, sh.HELLO_REPLY, 0)
         for rid, entry, code in ((1, (1, 1 << 16, 1, 0), 11), (2, (1, (1 << 16) - 4095, 4096, 0), 11),
                                  (3, (2, 0, 1, 0), 12), (4, (1, 2**64 - 1, 2, 0), 11)):
-            s.send(_request(2, rid, [(1, 0, 16, int(mine.ctypes.data)), (entry[0], entry[1], entry[2],
-                                                                        int(mine.ctypes.data))]))
-            magic, kind, got, reason, which, err, echoed = struct.unpack("<IB3xiIIi4xQ", s.recv(64))
-            assert (magic, kind, got, which, echoed) == (MAGIC, REPLY, code, 1, rid), (rid, got, which)
+            seq = ring.post(2, rid, [(1, 0, 16, int(mine.ctypes.data)), (entry[0], entry[1], entry[2],
+                                                                          int(mine.ctypes.data))])
+            magic, kind, got, reason, which, err, echoed = ring.reply(seq)
+            assert (magic, kind, got, which, echoed) == (sh.MAGIC, sh.REPLY, code, 1, rid), (rid, got, which)
         assert (buf == 0x5A).all()  # the valid first block of each refused request did not move either
-        s.send(_request(9, 5, [(1, 0, 16, 0)]))  # an op that does not exist: dropped
-        assert _closed(s)
-        s.close()
+        ring.post(9, 5, [(1, 0, 16, 0)])  # an op that does not exist: dropped
+        assert ring.closed()
+        ring.close()
+        ring = sh.Ring(target, ticket, ctypes.addressof(probe), nonce)
+        ring.post(2, 6, [(1, 0, 16, int(mine.ctypes.data))], count=sh.MAX_ENTRIES + 1)  # more than a slot holds
+        assert ring.closed()
+        ring.close()
+        assert (buf == 0x5A).all()
     finally:
         init.close()
         target.close()
