@@ -411,10 +411,11 @@ size_t SameHostLink::read_locked() {
         ssize_t n = ::recv(fd_, &b, sizeof(b), MSG_DONTWAIT | MSG_TRUNC);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
         if (n <= 0) {
+            // A peer that ended with our doorbells unread resets the connection instead of closing it.
+            const bool ended = n == 0 || errno == ECONNRESET;
+            const std::string how = ended ? "it closed its same-host socket (the process ended?)" : errno_text(errno);
             harvest();  // what the target finished before it went
-            if (usable())
-                fail("connection to engine '" + peer_->key + "' failed: " +
-                     (n == 0 ? std::string("it closed its same-host socket (the process ended?)") : errno_text(errno)));
+            if (usable()) fail("connection to engine '" + peer_->key + "' failed: " + how);
             return 0;
         }
         if (n != sizeof(b) || b.magic != same_host::kMagic || b.type != same_host::kBell) {
