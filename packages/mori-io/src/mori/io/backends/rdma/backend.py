@@ -215,7 +215,7 @@ class RdmaBackend(Backend):
             return None  # submit fails it
         # One operation per row (the native engine's cutting for lanes changes that little).
         return self._send_queues.admit(request.uid % self._workers, request.remote.engine_key, request.status,
-                                       max(len(request.batch), 1), request.op.name.lower())
+                                       len(request.batch) or 1, request.op)
 
     def submit(self, request: TransferRequest) -> Completion:
         peer = self._peers.get(request.remote.engine_key)
