@@ -142,13 +142,22 @@ def _uid() -> bytes:
 
 
 def _buffer(size: int, gpu: bool) -> tuple[Any, int]:
-    """Memory for an engine side: (what keeps it alive, its address); GPU memory of GPU 0 with ``gpu``."""
+    """Memory for an engine side: (what keeps it alive, its address). Host memory of the CPU
+    heap's kind, a shared mapping of a memfd, so that both sides of the comparison copy the same
+    kind of memory (an anonymous shared mapping moved 16 and 64 MiB about 10 % faster in runs
+    here; mori-io-bench's and NIXL's buffers are private memory with huge pages advised, another
+    kind again); GPU memory of this process's GPU with ``gpu``."""
     if gpu:
         import torch
 
         t = torch.empty(size, dtype=torch.uint8, device="cuda")
         return t, int(t.data_ptr())
-    buf = mmap.mmap(-1, size)
+    fd = os.memfd_create("mori-bench-engine")
+    try:
+        os.ftruncate(fd, size)
+        buf = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
     return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
