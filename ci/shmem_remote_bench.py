@@ -241,15 +241,17 @@ def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | 
     """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "io.json")
-        # Initiators in A, targets in B: the bytes go from A into B, as PE 0's puts do.
-        cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
+        # Initiators in A on CPU 0, targets in B on CPU 1 (_pin): the bytes go from A into B, as
+        # PE 0's puts do, between the same CPUs.
+        cpus = sorted(os.sched_getaffinity(0))
+        cmd = ["taskset", "-c", str(cpus[0]), "ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
                "write", "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters), "--host", a.address,
                "--target-host", b.address, "--target-netns", b.name, "--max-bytes", str(max(sizes)), "--json", out,
                "--no-progress"]
         if peer_python:
             cmd += ["--peers", "nixl", "--peer-python", peer_python]
-        subprocess.run(cmd, check=True, env={**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp"}, timeout=1800,
-                       stdout=subprocess.DEVNULL)
+        env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_BENCH_TARGET_CPUS": str(cpus[1 % len(cpus)])}
+        subprocess.run(cmd, check=True, env=env, timeout=1800, stdout=subprocess.DEVNULL)
         with open(out) as f:
             rows: list[dict[str, Any]] = json.load(f)["rows"]
     return rows

@@ -58,3 +58,18 @@ def test_bench_reports_a_peer_that_cannot_run(tmp_path, capsys):
 def test_bench_rejects_bad_arguments(argv):
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+def test_targets_pin_themselves_to_mori_bench_target_cpus():
+    # In a child process, as a target runs: pinned to the listed CPU; without the setting, untouched.
+    import os
+    import subprocess
+
+    cpu = max(os.sched_getaffinity(0))
+    probe = "import os; from mori.io.bench._measure import pin_target; pin_target(); print(sorted(os.sched_getaffinity(0)))"
+    pinned = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "MORI_BENCH_TARGET_CPUS": str(cpu)},
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert pinned.stdout.strip() == f"[{cpu}]"
+    env = {k: v for k, v in os.environ.items() if k != "MORI_BENCH_TARGET_CPUS"}
+    free = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert free.stdout.strip() == str(sorted(os.sched_getaffinity(0)))

@@ -6,10 +6,21 @@ peer library is installed) and still report the same numbers the same way.
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
-__all__ = ["summarize", "block_layout"]
+__all__ = ["summarize", "block_layout", "pin_target"]
+
+
+def pin_target() -> None:
+    """In a target process: pins it (and the threads it starts from now on) to the CPUs listed in
+    ``MORI_BENCH_TARGET_CPUS`` (e.g. ``1``), when set. A caller that pins the initiator
+    (``taskset -c 0 ...``) then keeps the two sides on their own CPUs, as on two hosts, for
+    mori's targets and the peers' alike."""
+    cpus = os.environ.get("MORI_BENCH_TARGET_CPUS")
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
 def block_layout(size: int, batch: int) -> tuple[list[int], list[int]]:

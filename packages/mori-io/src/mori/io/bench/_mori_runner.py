@@ -22,7 +22,7 @@ from .. import (
     StatusCode,
     TcpBackendConfig,
 )
-from ._measure import block_layout, summarize
+from ._measure import block_layout, pin_target, summarize
 
 __all__ = ["run_mori"]
 
@@ -46,6 +46,7 @@ def _host_buffer(size: int) -> tuple[mmap.mmap, int]:
 
 
 def _target(conn: Any, host: str, size: int, nconn: int, backend: str) -> None:
+    pin_target()
     engine = IOEngine("bench-target", IOEngineConfig(host=host, port=0))
     _create_backend(engine, backend, nconn)
     buf, addr = _host_buffer(size)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import block_layout, summarize  # noqa: E402
+from _measure import block_layout, pin_target, summarize  # noqa: E402
 
 GPUS = tuple(int(g) for g in os.environ["MORI_PEER_GPUS"].split(",")) if os.environ.get("MORI_PEER_GPUS") else None
 
@@ -210,6 +210,7 @@ def main() -> None:
     engine, role, host = sys.argv[1], sys.argv[2], sys.argv[3]
     target_fn, initiator_fn = ENGINES[engine]
     if role == "target":
+        pin_target()
         target_fn(host, int(sys.argv[4]))
         return
     op, iters, warmup = sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
