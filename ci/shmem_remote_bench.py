@@ -10,10 +10,12 @@ writes JSON.
 
 put: PE 0 (namespace A) puts from its own heap into PE 1's (namespace B) with shmem_putmem, one
 call at a time (each is complete when it returns); engine: the same bytes as one UCX engine write
-between two processes in the same namespaces (submit + wait); mori-io-bench: its RDMA backend
-(``MORI_IO_RDMA_TRANSPORTS=tcp``) and, with ``--peer-python``, NIXL 1.5.1's UCX backend
-(``UCX_TLS=tcp``), one block a transfer, host memory. Every round runs each of them, rotating
-which goes first; each point is the median over rounds of the median over iterations.
+between two processes in the same namespaces (submit + wait), on memory of the heap's kind; the
+PEs and the engine pair live for the whole run and take turns every few transfers; mori-io-bench:
+its RDMA backend (``MORI_IO_RDMA_TRANSPORTS=tcp``) and, with ``--peer-python``, NIXL 1.5.1's UCX
+backend (``UCX_TLS=tcp``), one block a transfer, host memory, once a round. Every process of the
+initiating side runs on CPU 0, of the target side on CPU 1, as on two hosts. Each point is the
+median over rounds of the round's median.
 put+signal latency: a ping-pong of 8 bytes with a SHMEM_SIGNAL_SET signal, one-way time = round
 trip / 2.
 
@@ -80,15 +82,16 @@ def _pe_init(rank: int, uid: bytes, big: int, device: bool) -> None:
     shmem.shmem_barrier_all()
 
 
-def _pe_puts(rank: int, size: int, iters: int) -> dict[str, float]:
+def _pe_puts(rank: int, size: int, iters: int) -> dict[str, list[float]]:
     """Both PEs (a GPU heap's timing is collective): PE 0's seconds per put of ``size`` bytes into
-    PE 1's heap (median of ``iters`` after a warm-up; with a GPU heap the mean of ``iters``, also
+    PE 1's heap, each of ``iters`` after a warm-up (with a GPU heap one mean of ``iters``, also
     from a kernel: ProxyBench.put)."""
     import mori.shmem as shmem
 
     if "bench" in _STATE:
         _STATE["bench"].put(size, 1)  # warm-up
-        return dict(zip(("put", "device_put"), _STATE["bench"].put(size, iters), strict=True))
+        host, device = _STATE["bench"].put(size, iters)
+        return {"put": [host], "device_put": [device]}
     if rank != 0:
         return {}
     chunk, dst = _STATE["view"][:size], _STATE["dst"]
@@ -98,7 +101,7 @@ def _pe_puts(rank: int, size: int, iters: int) -> dict[str, float]:
         start = time.perf_counter()
         shmem.shmem_putmem(dst, chunk, 1)
         times.append(time.perf_counter() - start)
-    return {"put": statistics.median(times)}
+    return {"put": times}
 
 
 def _pe_ping_pong(rank: int, rounds: int) -> dict[str, float]:
@@ -178,9 +181,9 @@ def _engine_connect(addresses: list[bytes], ticket: int, big: int, gpu: bool) ->
     _STATE.update(engine=engine, buf=buf, base=base, gpu=gpu, peer=engine.connect("target", addresses, ticket))
 
 
-def _engine_writes(size: int, iters: int) -> float:
+def _engine_writes(size: int, iters: int) -> list[float]:
     """Seconds per engine write of ``size`` bytes, one batch of one row as mori.shmem's transport
-    posts it (submit + wait; median of ``iters`` after a warm-up)."""
+    posts it (submit + wait), each of ``iters`` after a warm-up."""
     from mori.core.batch import Batch
 
     peer, rows, gpu = _STATE["peer"], Batch.one(_STATE["base"], 0, size), _STATE["gpu"]
@@ -191,7 +194,7 @@ def _engine_writes(size: int, iters: int) -> float:
         assert done.wait(60) and done.code() == 0, done.message()
         if i:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def _engine_close() -> None:
@@ -220,10 +223,10 @@ class Pairs:
         self.initiator.run_on(0, _engine_connect, self.target.ready, self.target.call("admit", "initiator"), big,
                               device)
 
-    def puts(self, size: int, iters: int) -> dict[str, float]:
+    def puts(self, size: int, iters: int) -> dict[str, list[float]]:
         return self.pes.map(_pe_puts, [(0, size, iters), (1, size, iters)])[0]  # type: ignore[no-any-return]
 
-    def engine(self, size: int, iters: int) -> float:
+    def engine(self, size: int, iters: int) -> list[float]:
         return self.initiator.run_on(0, _engine_writes, size, iters)  # type: ignore[no-any-return]
 
     def ping_pong(self, rounds: int) -> dict[str, float]:
@@ -289,13 +292,23 @@ def main() -> None:
             for r in range(args.rounds):
                 if args.io and r % 2 == 0:
                     _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python))
-                for s in sizes:  # shmem and the engine alternate, size by size, which goes first too
-                    for what in ("shmem", "engine") if (r + sizes.index(s)) % 2 == 0 else ("engine", "shmem"):
-                        if what == "shmem":
-                            for n, t in pairs.puts(s, args.iters).items():
-                                times[n][s].append(t)
-                        else:
-                            times["engine"][s].append(pairs.engine(s, args.iters))
+                for s in sizes:
+                    # shmem and the engine take turns every few transfers (a GPU heap's in one
+                    # turn), which one goes first alternating too: the VM's load, which swings
+                    # within seconds, falls on both alike. Each round's point is its median.
+                    turn = args.iters if args.device else max(1, args.iters // 6)
+                    got: dict[str, list[float]] = {n: [] for n in names}
+                    for k in range(0, args.iters, turn):
+                        n_k = min(turn, args.iters - k)
+                        first = (r + sizes.index(s) + k // turn) % 2 == 0
+                        for what in ("shmem", "engine") if first else ("engine", "shmem"):
+                            if what == "shmem":
+                                for n, ts in pairs.puts(s, n_k).items():
+                                    got[n] += ts
+                            else:
+                                got["engine"] += pairs.engine(s, n_k)
+                    for n in names:
+                        times[n][s].append(statistics.median(got[n]))
                 for n, t in pairs.ping_pong(200).items():
                     signal.setdefault(n, []).append(t)
                 if args.io and r % 2 == 1:
