@@ -27,6 +27,7 @@ namespace {
 // After activity the thread polls this long before it sleeps: back-to-back requests find it awake.
 constexpr int64_t kSpinNs = 200'000;
 constexpr int kMaxSleepMs = 100;
+constexpr int64_t kRingsOnlyNs = 20'000;  // while awake, the sockets are looked at this often
 constexpr int64_t kExpiryEveryNs = 10'000'000;
 constexpr size_t kMaxUnproven = 64;  // connections that have not said hello yet
 // The epoll tags of the two fds that are neither connections nor links.
@@ -509,17 +510,20 @@ void SameHostService::run() {
                 }
             }
         }
-        // Awake: the rings are polled a little (a pause each time) before the sockets again.
-        bool served = poll_rings();
-        for (int k = 0; spin && !served && k < same_host::kPollPauses; ++k) {
-            __builtin_ia32_pause();
-            served = poll_rings();
+        // Awake: only the rings are polled for a while (no system call but the yields of relax)
+        // before the sockets are looked at again; what comes by socket waits up to that long.
+        if (poll_rings()) lastBusy = now;
+        if (spin) {
+            int polls = 0;
+            for (int64_t t = now_ns(), until = t + kRingsOnlyNs; t < until && !stop_.load(std::memory_order_relaxed);
+                 t = now_ns()) {
+                if (poll_rings())
+                    lastBusy = t;
+                else
+                    same_host::relax(polls);
+            }
         }
-        if (served) lastBusy = now;
-        if (now < nextExpiry) {
-            if (n == 0 && spin) sched_yield();
-            continue;
-        }
+        if (now < nextExpiry) continue;
         // Deadlines of the engine's own links, every few milliseconds.
         nextExpiry = now + kExpiryEveryNs;
         std::vector<std::shared_ptr<SameHostLink>> links;
@@ -531,7 +535,6 @@ void SameHostService::run() {
             l->expire(now);
             if (!l->usable()) remove_link(l.get());
         }
-        if (n == 0 && spin) sched_yield();
     }
 }
 
