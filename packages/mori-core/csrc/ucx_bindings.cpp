@@ -60,6 +60,25 @@ mori::native::Registration reg([](py::module_& root) {
             py::arg("notify") = false, py::arg("remote_gpu") = false,
             "Starts a transfer (op 1 = read, 2 = write) of a mori.core.batch.Batch of rows (local address inside "
             "local_id, offset in remote_id, bytes; Batch.one for one block); returns its UcxTransfer.")
+        .def(
+            "run_one",
+            [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,
+               bool remoteGpu, double timeout) {
+                std::shared_ptr<Transfer> t;
+                {
+                    py::gil_scoped_release release;
+                    t = p.submit(static_cast<Op>(op), localId, mori::plan::Batch::one(src, dst, bytes), remoteId, 0,
+                                 false, remoteGpu);
+                    t->wait(timeout);
+                }
+                const int code = t->code();
+                return py::make_tuple(code, code == mori::kSuccess ? std::string() : t->message());
+            },
+            py::arg("op"), py::arg("local_id"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("remote_id"),
+            py::arg("remote_gpu"), py::arg("timeout"),
+            "submit of Batch.one(src, dst, bytes), wait(timeout) and code() in one call, for a caller that waits at "
+            "once (a host put or get of mori.shmem: on a fast transport a 4 KiB one feels every Python step): "
+            "(code, message), code IN_PROGRESS (2) when it did not finish within timeout seconds.")
         .def_property_readonly("same_host", &Peer::same_host,
                                "True when host-memory transfers take the same-host path (process_vm_readv/writev).")
         .def_property_readonly("same_host_refusal", &Peer::same_host_refusal,

@@ -97,6 +97,9 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
                  remote_id: int = 1, wait: float = 60.0) -> tuple[str, str, float]:
         return finish(start(key, op, lofs, rofs, sizes, uid, notify, remote_id), wait)
 
+    def run_one(key: str, op: int, lo: int, ro: int, size: int, remote_id: int = 1, wait: float = 60.0) -> tuple[int, str]:
+        return tuple(peers[key].run_one(op, 1, base + GUARD + lo, ro, size, remote_id, False, wait))  # type: ignore[return-value]
+
     def pop(key: str, uid: int, wait: float = 10.0) -> int | None:
         deadline = time.monotonic() + wait
         code = eng.pop_inbound(key, uid)
@@ -109,7 +112,7 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
         return bytes(eng.register_memory(mem_id, base + offset, size))
 
     testing.serve_commands({
-        "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "transfer": transfer, "pop": pop,
+        "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "transfer": transfer, "run_one": run_one, "pop": pop,
         "register": register, "deregister": eng.deregister_memory, "stats": eng.stats,
         "describe": lambda key: peers[key].describe(), "healthy": lambda key: peers[key].healthy(),
         "close": eng.close, "warnings": lambda: list(warnings),

@@ -99,6 +99,24 @@ def test_out_of_range_refused(pair: Pair, op: int) -> None:
     assert code == "ERR_NOT_FOUND" and "not registered" in msg, msg
 
 
+def test_run_one_moves_one_block_and_reports_as_a_transfer(pair: Pair) -> None:
+    """UcxPeer.run_one: submit of one block, wait and code in one call (mori.shmem's host puts)."""
+    fill(pair.init.arr, 9)
+    fill(pair.target.arr, 10)
+    expect = pair.target.arr.copy()
+    expect[GUARD + 777:GUARD + 777 + 4096] = pair.init.region[100:4196]
+    assert pair.init.call("run_one", "target", WRITE, 100, 777, 4096) == (0, "")
+    assert np.array_equal(pair.target.arr, expect)
+    pair.init.region[:8192] = 0
+    assert pair.init.call("run_one", "target", READ, 5000, 777, 3 << 10) == (0, "")
+    assert np.array_equal(pair.init.region[5000:5000 + (3 << 10)], expect[GUARD + 777:GUARD + 777 + (3 << 10)])
+    code, msg = pair.init.call("run_one", "target", WRITE, 0, SIZE - 10, 20)
+    assert code == TransferCode.ERR_INVALID_ARGS and "out of range" in msg, msg
+    code, msg = pair.init.call("run_one", "target", READ, 0, 0, 1, 99)
+    assert code == TransferCode.ERR_NOT_FOUND and "not registered" in msg, msg
+    assert np.array_equal(pair.target.arr, expect)
+
+
 def test_local_range_checked(pair: Pair) -> None:
     with pytest.raises(RuntimeError, match="outside local memory id 1"):
         pair.transfer(WRITE, [SIZE - 1], [0], [2])

@@ -39,6 +39,7 @@ import threading
 from typing import Any
 
 from mori.core.batch import Batch
+from mori.core.codes import TransferCode
 from mori.core.ucx import READ, WRITE
 
 from ._errors import ShmemError
@@ -53,6 +54,7 @@ HEAP_ID = 1
 _FIRST_BUFFER_ID = 1 << 32  # ids of buffers registered for one call
 _BOUNCE_ID = 1 << 40  # the device proxy's bounce area
 _STAGING_BYTES = INTERNAL_BYTES - STAGING_OFFSET
+_IN_PROGRESS = int(TransferCode.IN_PROGRESS)  # a transfer that did not finish in time
 
 
 def why_unavailable(heap_kind: str) -> str:
@@ -201,22 +203,25 @@ class UcxTransport(RemoteTransport):
         else:
             l_id, l_in, l_base = mem_id, local_off, local_base
             one = r_in + nbytes <= chunk
-        if one:  # the usual case: one row (a 4 KiB put is dominated by Python steps)
-            done = [peer.submit(op, l_id, Batch.one(l_base + l_in, r_in, nbytes), HEAP_ID + r_id, 0, False, self._gpu)]
+        # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin lets
+        # its message, which names what was missing, arrive first.
+        if one:  # the usual case: one row, posted and waited for in one native call
+            code, message = peer.run_one(op, l_id, l_base + l_in, r_in, nbytes, HEAP_ID + r_id, self._gpu,
+                                         self.timeout + 5.0)
+            outcomes = [(code, message)]
         else:
             done = []
             for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes):
                 base = heap.base + (l_id - HEAP_ID) * chunk if mem_id is None else local_base
                 done.append(peer.submit(op, l_id, Batch(l_offs, r_offs, sizes, src_base=base), r_id, 0, False,
                                         self._gpu))
-        for transfer in done:
-            # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin lets
-            # its message, which names what was missing, arrive first.
-            if not transfer.wait(self.timeout + 5.0):
+            outcomes = [(t.code() if t.wait(self.timeout + 5.0) else _IN_PROGRESS, t.message()) for t in done]
+        for code, message in outcomes:
+            if code == _IN_PROGRESS:
                 raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
                                  "(MORI_SHMEM_TIMEOUT)")
-            if transfer.code() != 0:
-                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {transfer.message()}")
+            if code != 0:
+                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {message}")
 
     def _in_heap(self, addr: int, nbytes: int) -> bool:
         return self.heap.base <= addr and addr + nbytes <= self.heap.base + self.heap.size
