@@ -1,24 +1,23 @@
 // The proxy of device-initiated RMA: a native thread that executes the commands a GPU's kernels
 // post into a ring in host-mapped memory (mori/device/proxy_ring.cuh) on the UCX engine, and
-// publishes their completion there for the kernels' quiet, fence and barrier to wait on.
+// publishes their completion there for the kernels' quiet and barrier to wait on.
 //
 // The ring serves one symmetric heap: a command names a PE and an offset in that PE's heap, which
 // every PE registered with its engine as memory ids heapId, heapId + 1, ... (one per `chunk`
 // bytes; one id when chunk is the whole heap). The local side of a put or get is an address: in
-// the local heap it travels as is; elsewhere it is registered for the command (as GPU memory,
-// else as host memory) and released once the command is complete.
+// the local heap it travels as is; elsewhere it is registered (as GPU memory, else as host
+// memory) once for the commands in flight that lie in it, and released when the last of them is
+// complete.
 //
 // Commands are taken in ticket order. Puts, gets, g and atomics (fetching or not) are posted and
 // complete in the background (completed advances past a ticket once it and every earlier one
 // are complete; a command with a reply is answered in its slot when its answer arrives); a put
 // with signal sends its signal's atomic once its bytes are written. A fence makes the next
 // command to each PE that has commands in flight wait until those are complete; an ordered
-// command (the barrier's arrival) waits until every earlier command is. Memory outside the heap
-// registered for commands is shared by the commands in flight that lie in it and released when
-// the last of them completes. Failures (a dead or hung PE, a refusal)
-// are recorded: `failed` names the first PE in the ring's header, failure() says why, and the
-// commands still complete, so no kernel waits forever; the kernels report it. No Python is
-// called: the thread runs free of the GIL.
+// command (the barrier's arrival) waits until every earlier command is. Failures (a dead or hung
+// PE, a refusal) are recorded: `failed` names the first PE in the ring's header, failure() says
+// why, and the commands still complete, so no kernel waits forever; the kernels report it. No
+// Python is called: the thread runs free of the GIL.
 #pragma once
 
 #include <atomic>
