@@ -45,20 +45,37 @@ mori::native::Registration reg([](py::module_& root) {
     m.def(
         "ucx_serve_gpu",
         [](mori::ucx::Engine& engine, uintptr_t context, uintptr_t function, uintptr_t stream, uintptr_t result,
-           uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t launchKernel, uintptr_t streamQuery,
-           uintptr_t memcpyHtoDAsync) {
-            mori::ucx::GpuWordsConfig c{context,       function,      stream,       result,
-                                        resultDev,     ctxSetCurrent, launchKernel, streamQuery,
-                                        memcpyHtoDAsync};
+           uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t ctxPushCurrent, uintptr_t ctxPopCurrent,
+           uintptr_t launchKernel, uintptr_t streamQuery,
+           uintptr_t memcpyHtoDAsync, uintptr_t memcpyDtoHAsync, uintptr_t bounce, size_t bounceBytes, bool stage) {
+            mori::ucx::GpuWordsConfig c;
+            c.context = context;
+            c.function = function;
+            c.stream = stream;
+            c.result = result;
+            c.resultDev = resultDev;
+            c.ctxSetCurrent = ctxSetCurrent;
+            c.ctxPushCurrent = ctxPushCurrent;
+            c.ctxPopCurrent = ctxPopCurrent;
+            c.launchKernel = launchKernel;
+            c.streamQuery = streamQuery;
+            c.memcpyHtoDAsync = memcpyHtoDAsync;
+            c.memcpyDtoHAsync = memcpyDtoHAsync;
+            c.bounce = bounce;
+            c.bounceBytes = bounceBytes;
+            c.stage = stage;
             c.timeout = engine.options().timeout;  // the engine's: every wait of its handlers is bounded alike
             c.timeoutSetting = engine.options().timeoutSetting;
             engine.set_gpu_words(std::make_shared<mori::ucx::GpuWords>(c));
         },
         py::arg("engine"), py::arg("context"), py::arg("function"), py::arg("stream"), py::arg("result"),
-        py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("launch_kernel"), py::arg("stream_query"),
-        py::arg("memcpy_htod_async"),
+        py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("ctx_push_current"), py::arg("ctx_pop_current"),
+        py::arg("launch_kernel"), py::arg("stream_query"),
+        py::arg("memcpy_htod_async"), py::arg("memcpy_dtoh_async"), py::arg("bounce"), py::arg("bounce_bytes"),
+        py::arg("stage"),
         "Serves remote atomics and signal puts on the engine's GPU regions with this kernel, stream and result "
-        "word (handles and driver entry points as addresses; see mori.core.ucx_atomic.serve_gpu).");
+        "word, copying through the pinned bounce buffer; with stage, every transfer of GPU memory is staged "
+        "through it too (handles and driver entry points as addresses; see mori.core.ucx_atomic.serve_gpu).");
     m.def(
         "ucx_stop_serving_gpu", [](mori::ucx::Engine& engine) { engine.set_gpu_words(nullptr); }, py::arg("engine"),
         "Refuses remote atomics and signal puts on GPU regions again (before their resources are freed).");

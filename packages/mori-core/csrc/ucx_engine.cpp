@@ -145,18 +145,23 @@ std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, b
     p.address = reinterpret_cast<void*>(addr);
     p.length = size;
     p.memoryType = r->memType;
-    check("ucp_mem_map (" + std::string(cuda ? "GPU" : "host") + " memory at " + std::to_string(addr) + ", " +
-              std::to_string(size) + " bytes)",
-          f.mem_map(ctx_, &p, &r->memh));
-    void* buf = nullptr;
-    size_t len = 0;
-    api::Status s = f.rkey_pack(ctx_, r->memh, &buf, &len);
-    if (s != api::kOk) {
-        release_region(*r);
-        throw UcxError("ucp_rkey_pack", s);
+    // GPU memory the engine stages (ucx_gpu.hpp) is never handed to UCX: not registered with it
+    // either (its CUDA support would query the memory in the application's context).
+    const std::shared_ptr<GpuWords> stager = cuda ? gpu_words() : nullptr;
+    if (!stager || !stager->stages()) {
+        check("ucp_mem_map (" + std::string(cuda ? "GPU" : "host") + " memory at " + std::to_string(addr) + ", " +
+                  std::to_string(size) + " bytes)",
+              f.mem_map(ctx_, &p, &r->memh));
+        void* buf = nullptr;
+        size_t len = 0;
+        api::Status s = f.rkey_pack(ctx_, r->memh, &buf, &len);
+        if (s != api::kOk) {
+            release_region(*r);
+            throw UcxError("ucp_rkey_pack", s);
+        }
+        r->rkey.assign(static_cast<const char*>(buf), len);
+        f.rkey_buffer_release(buf);
     }
-    r->rkey.assign(static_cast<const char*>(buf), len);
-    f.rkey_buffer_release(buf);
     std::unique_lock lk(regionsMu_);
     if (!regions_.emplace(id, r).second) {
         lk.unlock();

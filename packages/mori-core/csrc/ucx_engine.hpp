@@ -325,12 +325,11 @@ public:
         std::lock_guard lk(gpuMu_);
         return gpu_;
     }
-    // Makes the CUDA context of the engine's GPU memory (set_gpu_words) current on the calling
+    // Makes the CUDA context of set_gpu_words (mori's own, ucx_gpu.hpp) current on the calling
     // thread, once per thread and setting (`seen`: the thread's own record, 0 at its start). The
-    // engine's own threads (progress threads, the device proxy) call it before they drive UCX:
-    // UCX's CUDA transports act in the calling thread's current context (cuda_copy's copies and
-    // the cuEventQuery of their completions and of ucp_worker_arm); with none they depend on
-    // UCX finding a context itself.
+    // engine's own threads (progress threads, the device proxy) call it before they drive UCX, so
+    // that any CUDA call they make is in that context (UCX's CUDA transports, where GPU memory is
+    // left to them, act in the calling thread's current context).
     void apply_cuda_context(uint64_t& seen) const;
     bool closed() const { return closed_.load(); }
     Worker& worker(size_t i) { return *workers_[i]; }

@@ -1,7 +1,9 @@
 // The UCX engine's target-side operations on GPU memory (see ucx_gpu.hpp).
 #include "ucx_gpu.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -15,11 +17,13 @@ namespace {
 
 // Driver entry points (CUresult is an int; handles are pointers).
 using CtxSetCurrentFn = int (*)(void* ctx);
+using CtxPopCurrentFn = int (*)(void** ctx);
 using LaunchKernelFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned shared, void* stream, void** params, void** extra);
 using StreamQueryFn = int (*)(void* stream);
 constexpr int kNotReady = 600;  // CUDA_ERROR_NOT_READY
 using MemcpyHtoDAsyncFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
+using MemcpyDtoHAsyncFn = int (*)(void* dst, uint64_t src, size_t bytes, void* stream);
 
 void check(int result, const char* call) {
     if (result != 0)
@@ -31,8 +35,10 @@ void check(int result, const char* call) {
 
 GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
     if (!c.context || !c.function || !c.result || !c.resultDev || !c.ctxSetCurrent || !c.launchKernel ||
-        !c.streamQuery || !c.memcpyHtoDAsync)
-        throw std::invalid_argument("GPU word operations need a context, a kernel, a result word and four entry points");
+        !c.ctxPushCurrent || !c.ctxPopCurrent || !c.streamQuery || !c.memcpyHtoDAsync || !c.memcpyDtoHAsync ||
+        !c.bounce || c.bounceBytes == 0)
+        throw std::invalid_argument("GPU word operations need a context, a kernel, a result word, a bounce buffer "
+                                    "and seven entry points");
     if (!(c.timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
 }
 
@@ -82,24 +88,63 @@ void GpuWords::wait(const char* what) {
     }
 }
 
+GpuWords::Current::Current(const GpuWords& g) : g_(g) {
+    if (!g.broken_.empty()) throw std::runtime_error("an earlier GPU operation never finished: " + g.broken_);
+    check(reinterpret_cast<CtxSetCurrentFn>(g.c_.ctxPushCurrent)(reinterpret_cast<void*>(g.c_.context)),
+          "cuCtxPushCurrent");
+}
+
+GpuWords::Current::~Current() {
+    void* popped = nullptr;
+    reinterpret_cast<CtxPopCurrentFn>(g_.c_.ctxPopCurrent)(&popped);
+}
+
+void GpuWords::copy_in(uint64_t dst, const void* src, size_t bytes, bool waitLast) {
+    const auto* from = static_cast<const uint8_t*>(src);
+    for (size_t done = 0; done < bytes;) {
+        const size_t n = std::min(bytes - done, c_.bounceBytes);
+        std::memcpy(reinterpret_cast<void*>(c_.bounce), from + done, n);
+        check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.memcpyHtoDAsync)(dst + done, reinterpret_cast<void*>(c_.bounce),
+                                                                      n, reinterpret_cast<void*>(c_.stream)),
+              "cuMemcpyHtoDAsync");
+        done += n;
+        if (done < bytes || waitLast) wait("a copy to the GPU");  // the bounce buffer is reused
+    }
+}
+
+void GpuWords::to_device(uint64_t dst, const void* src, size_t bytes) {
+    std::lock_guard lk(mu_);
+    const Current current(*this);
+    copy_in(dst, src, bytes, true);
+}
+
+void GpuWords::to_host(void* dst, uint64_t src, size_t bytes) {
+    std::lock_guard lk(mu_);
+    const Current current(*this);
+    auto* to = static_cast<uint8_t*>(dst);
+    for (size_t done = 0; done < bytes;) {
+        const size_t n = std::min(bytes - done, c_.bounceBytes);
+        check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.memcpyDtoHAsync)(reinterpret_cast<void*>(c_.bounce), src + done,
+                                                                      n, reinterpret_cast<void*>(c_.stream)),
+              "cuMemcpyDtoHAsync");
+        wait("a copy from the GPU");
+        std::memcpy(to + done, reinterpret_cast<const void*>(c_.bounce), n);
+        done += n;
+    }
+}
+
 uint64_t GpuWords::apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst,
                          const void* src, size_t bytes) {
     std::lock_guard lk(mu_);
-    if (!broken_.empty()) throw std::runtime_error("an earlier GPU operation never finished: " + broken_);
-    void* stream = reinterpret_cast<void*>(c_.stream);
-    check(reinterpret_cast<CtxSetCurrentFn>(c_.ctxSetCurrent)(reinterpret_cast<void*>(c_.context)), "cuCtxSetCurrent");
-    if (bytes != 0)
-        check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.memcpyHtoDAsync)(dst, src, bytes, stream), "cuMemcpyHtoDAsync");
-    if (addr == 0) {  // the copy alone
-        wait("a signal put's copy");
-        return 0;
-    }
+    const Current current(*this);
+    copy_in(dst, src, bytes, addr == 0);  // before the kernel on the same stream
+    if (addr == 0) return 0;              // the copy alone
     // The kernel's parameters: (addr, op, width, value, compare, result), as mori.core.ucx_atomic's source.
     uint64_t a = addr, v = value, cmp = compare, res = c_.resultDev;
     int o = op, w = width;
     void* params[] = {&a, &o, &w, &v, &cmp, &res};
     check(reinterpret_cast<LaunchKernelFn>(c_.launchKernel)(reinterpret_cast<void*>(c_.function), 1, 1, 1, 1, 1, 1, 0,
-                                                            stream, params, nullptr),
+                                                            reinterpret_cast<void*>(c_.stream), params, nullptr),
           "cuLaunchKernel");
     wait("an atomic's kernel");
     return *reinterpret_cast<volatile uint64_t*>(c_.result);

@@ -1,14 +1,21 @@
-// How the UCX engine's target touches GPU memory on its checked path where UCX does not move the
-// bytes itself: remote atomics and signal puts on a region registered as GPU memory.
+// How the UCX engine touches GPU memory on its checked path where UCX does not move the bytes
+// itself: remote atomics and signal puts on a region registered as GPU memory, and, when it
+// stages GPU memory (GpuWordsConfig::stage), every byte of it that a transfer moves.
 //
 // - an atomic is a one-thread kernel (the caller compiles it: mori.core.ucx_atomic) that applies
 //   the operation with a system-scope atomic on the device, so it is atomic with the device's own
 //   atomics and with peers' over P2P, as a host atomic on host memory is with host code; it leaves
 //   the old value in host-mapped memory;
 // - a signal put's bytes are a copy-engine copy on the same stream, before that kernel, so whoever
-//   sees the signal sees the data.
-// Both run on one non-blocking stream of the target's context (a kernel of the target that spins
-// on the word, on any stream, does not hold them back) and are waited for before the answer is
+//   sees the signal sees the data;
+// - staged bytes are copy-engine copies between the GPU and a pinned bounce buffer: UCX then moves
+//   host memory only.
+// All of it runs in a CUDA context of mori's own (not the device's primary context, which the
+// application's kernels use), on one non-blocking stream, through pinned memory: the primary
+// context's lock is held while its thread lazily loads a kernel or copies to pageable memory
+// behind a running kernel, and a kernel of the application that waits on this engine (a device
+// proxy's put) would then never see its data if the engine needed that lock (seen on the H100:
+// mori.ops' InterNodeV1 through the proxy). Each operation is waited for before the answer is
 // sent: at most `timeout` seconds (the engine's), as every wait of the engine. The handler that
 // waits holds its worker, so GPU work that never finishes would stall every peer of this engine;
 // after a second the wait says so on stderr, after the timeout the operation fails (and every
@@ -28,7 +35,11 @@ struct GpuWordsConfig {
     uintptr_t context = 0, function = 0, stream = 0;
     uintptr_t result = 0;     // 8 bytes of host-mapped pinned memory: host address
     uintptr_t resultDev = 0;  // its device address (the kernel's last argument)
-    uintptr_t ctxSetCurrent = 0, launchKernel = 0, streamQuery = 0, memcpyHtoDAsync = 0;
+    uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0;
+    uintptr_t launchKernel = 0, streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0;
+    uintptr_t bounce = 0;    // pinned host memory of the context: every copy goes through it
+    size_t bounceBytes = 0;
+    bool stage = false;      // transfers of GPU memory go through here, UCX sees host memory only
     double timeout = 30.0;  // seconds an operation may wait for the GPU
     std::string timeoutSetting = "timeout";
 };
@@ -43,11 +54,31 @@ public:
     uint64_t apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst = 0,
                    const void* src = nullptr, size_t bytes = 0);
 
+    // Copies bytes from host src to device address dst, or from device address src to host dst,
+    // and waits for the copy. Throws as apply.
+    void to_device(uint64_t dst, const void* src, size_t bytes);
+    void to_host(void* dst, uint64_t src, size_t bytes);
+    bool stages() const { return c_.stage; }
+
     // Makes the context current on the calling thread; false (and why, in `why`) if the driver refused.
     bool make_current(std::string& why) const;
 
 private:
+    // For one operation (lock held): refuses after a failed wait, else pushes the context on the
+    // calling thread (any thread that progresses the engine, an application's too) and pops it after.
+    class Current {
+    public:
+        explicit Current(const GpuWords& g);
+        ~Current();
+        Current(const Current&) = delete;
+        Current& operator=(const Current&) = delete;
+
+    private:
+        const GpuWords& g_;
+    };
     void wait(const char* what);  // until the stream is idle (bounded, see above)
+    // Host to device through the bounce buffer; the last piece is left in flight when !waitLast.
+    void copy_in(uint64_t dst, const void* src, size_t bytes, bool waitLast);
     GpuWordsConfig c_;
     std::mutex mu_;       // one operation at a time: they share the result word and the stream
     std::string broken_;  // why an earlier operation never finished ("" while none did)

@@ -312,7 +312,9 @@ void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped) {
                 p.opAttrMask |= api::kOpMemh;
                 p.memh = part.memh;
             }
-            if (part.memType != api::kMemoryHost) {
+            // A staged part's bytes are host memory: said so, UCX does not ask the driver (whose
+            // application context must not be needed, ucx_gpu.hpp).
+            if (part.memType != api::kMemoryHost || !part.staged.empty()) {
                 p.opAttrMask |= api::kOpMemoryType;
                 p.memoryType = part.memType;
             }
@@ -472,6 +474,13 @@ std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local
         return t;
     }
     uint64_t total = 0;
+    // A write from GPU memory, when the engine stages it: each part's bytes are copied to host
+    // memory here (in the engine's own CUDA context, ucx_gpu.hpp) and UCX sends those.
+    std::shared_ptr<GpuWords> stager;
+    if (!rma && op == kOpWrite && local->memType != api::kMemoryHost) {
+        stager = engine_->gpu_words();
+        if (stager && !stager->stages()) stager = nullptr;
+    }
     for (Planned& pl : planned) {
         Part& part = worker.add_part_locked(std::move(pl.part));
         part.op = op;
@@ -509,6 +518,19 @@ std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local
             part.bytes += row.bytes;
         }
         total += part.bytes;
+        if (stager) {  // one block per part: GPU memory is never grouped
+            try {
+                part.staged.resize(part.bytes);
+                stager->to_host(part.staged.data(), reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes);
+            } catch (const std::exception& e) {
+                part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
+                worker.retire_part_locked(part);
+                continue;
+            }
+            part.iov[0].buffer = part.staged.data();
+            part.memType = api::kMemoryHost;
+            part.memh = nullptr;
+        }
         post_message(part, link.eps[pl.lane], gpu, pl.grouped);
         worker.retire_part_locked(part);  // finished at once when sending failed
     }

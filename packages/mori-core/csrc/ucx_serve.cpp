@@ -2,6 +2,7 @@
 // registrations before its memory is touched, then moves the bytes (eager copy, or UCX's
 // zero-copy rendezvous); the initiator matches replies to its messages in flight.
 // Handlers run inside ucp_worker_progress, with the worker lock held.
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -55,7 +56,7 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
     } else if (s->iov.size() == 1) {
         data = s->iov[0].buffer;
         count = s->iov[0].length;
-        if (memType != api::kMemoryHost) {
+        if (memType != api::kMemoryHost || s->stager) {  // staged bytes: host, said so (ucx_gpu.hpp)
             p.opAttrMask |= api::kOpMemoryType;
             p.memoryType = memType;
         }
@@ -78,12 +79,46 @@ void refuse(Worker& w, api::Endpoint* ep, const RequestHeader& h, uint32_t reaso
     send_reply(std::move(s), false, api::kMemoryHost);
 }
 
+// A staged write's bytes, received in host memory, copied to their place on the GPU (a failure is
+// the initiator's answer).
+void land(Serve& s) {
+    if (!s.stager) return;
+    try {
+        s.stager->to_device(reinterpret_cast<uint64_t>(s.iov[0].buffer), s.staged.data(), s.staged.size());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "mori UCX engine: a write into GPU memory failed: %s\n", e.what());
+        s.reply.code = kErrTransport;
+        s.reply.reason = kReasonFailed;
+    }
+}
+
+// Answers a write once its bytes are in (a staged write's copied to the GPU first). The answer
+// carries no data: the blocks are dropped from it first (send_reply would send them back).
+void answer_write(std::unique_ptr<Serve> s) {
+    if (s->reply.code == kSuccess) land(*s);
+    s->unpin();  // the bytes are in: the regions are free before the initiator hears so
+    s->iov.clear();
+    s->staged.clear();
+    send_reply(std::move(s), false, api::kMemoryHost);
+}
+
 void on_written(void* request, api::Status status, size_t, void* user) {
     fn().request_free(request);
     std::unique_ptr<Serve> s(static_cast<Serve*>(user));
     if (status != api::kOk) return;  // the initiator's endpoint failed: it has failed the part
-    s->unpin();  // the bytes are in: the regions are free before the initiator hears so
-    send_reply(std::move(s), false, api::kMemoryHost);
+    answer_write(std::move(s));
+}
+
+// A staged read's bytes, received in host memory, copied to the part's GPU memory.
+void land(Part& part) {
+    if (part.staged.empty()) return;
+    try {
+        part.link->worker->engine().gpu_words()->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer),
+                                                          part.staged.data(), part.staged.size());
+        part.finish(kSuccess, "");
+    } catch (const std::exception& e) {
+        part.finish(kErrTransport, std::string("copying what was read into GPU memory: ") + e.what());
+    }
 }
 
 void on_read_data(void* request, api::Status status, size_t, void* user) {
@@ -91,10 +126,12 @@ void on_read_data(void* request, api::Status status, size_t, void* user) {
     auto* part = static_cast<Part*>(user);
     --part->ops;
     Worker& w = *part->link->worker;
-    if (status == api::kOk)
+    if (status == api::kOk) {
+        land(*part);
         part->finish(kSuccess, "");
-    else
+    } else {
         w.link_failed_locked(*part->link, "receiving from engine '" + part->link->peer->key + "' failed: " + status_text(status));
+    }
     w.retire_part_locked(*part);
 }
 
@@ -164,10 +201,27 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         s->iov[i] = api::Iov{reinterpret_cast<void*>(r->addr + e.offset), e.size};
         total += e.size;
     }
+    // GPU memory (one block) through host memory, when the engine stages it (ucx_gpu.hpp).
+    if (memType != api::kMemoryHost) {
+        s->stager = eng.gpu_words();
+        if (s->stager && !s->stager->stages()) s->stager = nullptr;
+        if (s->stager) s->staged.resize(total);
+    }
     if (h.op == kOpRead) {
         if (length != 0) {
             refuse(w, param->replyEp, h, kReasonShape, 0);
             return api::kOk;
+        }
+        if (s->stager) {
+            try {
+                s->stager->to_host(s->staged.data(), reinterpret_cast<uint64_t>(s->iov[0].buffer), total);
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "mori UCX engine: a read of GPU memory failed: %s\n", e.what());
+                refuse(w, param->replyEp, h, kReasonFailed, 0);
+                return api::kOk;
+            }
+            s->iov[0].buffer = s->staged.data();
+            memType = api::kMemoryHost;
         }
         send_reply(std::move(s), (h.flags & kFlagRndvReply) != 0, memType);
         return api::kOk;
@@ -182,8 +236,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
             std::memcpy(v.buffer, src, v.length);
             src += v.length;
         }
-        s->unpin();
-        send_reply(std::move(s), false, api::kMemoryHost);
+        answer_write(std::move(s));
         return api::kOk;
     }
     api::RequestParam p{};
@@ -193,7 +246,13 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     void* buffer = s->iov.data();
     size_t count = s->iov.size();
     p.datatype = api::kDatatypeIov;
-    if (n == 1) {
+    if (s->stager) {
+        buffer = s->staged.data();
+        count = s->staged.size();
+        p.datatype = api::kDatatypeBytes;
+        p.opAttrMask |= api::kOpMemoryType;
+        p.memoryType = api::kMemoryHost;
+    } else if (n == 1) {
         buffer = s->iov[0].buffer;
         count = s->iov[0].length;
         p.datatype = api::kDatatypeBytes;
@@ -211,13 +270,11 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     if (api::is_error_ptr(r)) {
         s->reply.code = kErrTransport;
         s->reply.reason = kReasonFailed;
-        s->unpin();
-        send_reply(std::move(s), false, api::kMemoryHost);
+        answer_write(std::move(s));
         return api::kOk;
     }
     if (r == nullptr) {  // received at once (no callback)
-        s->unpin();
-        send_reply(std::move(s), false, api::kMemoryHost);
+        answer_write(std::move(s));
         return api::kOk;
     }
     s.release();  // on_written owns it
@@ -310,7 +367,15 @@ api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, 
     void* buffer = part->iov.data();
     size_t count = part->iov.size();
     p.datatype = api::kDatatypeIov;
-    if (part->iov.size() == 1) {
+    const std::shared_ptr<GpuWords> stager = part->memType != api::kMemoryHost ? eng.gpu_words() : nullptr;
+    if (stager && stager->stages() && part->iov.size() == 1) {  // into host memory, then the GPU (land)
+        part->staged.resize(length);
+        buffer = part->staged.data();
+        count = length;
+        p.datatype = api::kDatatypeBytes;
+        p.opAttrMask |= api::kOpMemoryType;
+        p.memoryType = api::kMemoryHost;
+    } else if (part->iov.size() == 1) {
         buffer = part->iov[0].buffer;
         count = part->iov[0].length;
         p.datatype = api::kDatatypeBytes;
@@ -327,6 +392,7 @@ api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, 
     if (api::is_error_ptr(r)) {
         w.link_failed_locked(*part->link, "receiving from engine '" + peer + "' failed: " + status_text(api::ptr_status(r)));
     } else if (r == nullptr) {
+        land(*part);
         part->finish(kSuccess, "");
     } else {
         ++part->ops;

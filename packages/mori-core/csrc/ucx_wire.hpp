@@ -93,6 +93,7 @@ struct Part {
     std::vector<std::shared_ptr<Region>> pins;  // local memory in use
     int memType = api::kMemoryHost;
     api::MemHandle* memh = nullptr;  // set when the part is one contiguous local block
+    std::vector<uint8_t> staged;     // its GPU bytes in host memory, when the engine stages them
     int ops = 0;                     // UCX operations that will still call back
     bool done = false;               // its outcome is known (reported to the transfer)
     struct Answer {  // a region request's outcome, where its caller waits for it
@@ -124,6 +125,8 @@ struct Serve {
     std::vector<std::shared_ptr<Region>> pins;
     std::vector<api::Iov> iov;
     std::string body;  // region replies: RegionInfo + key
+    std::shared_ptr<GpuWords> stager;  // set when the GPU bytes go through staged (ucx_gpu.hpp)
+    std::vector<uint8_t> staged;
 
     static api::Status on_request(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
                                   const api::AmRecvParam* param);

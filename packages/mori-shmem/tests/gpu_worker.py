@@ -4,7 +4,9 @@ Initializes as the MORI guide's Method 1 (torch process group registered as "def
 share a GPU the group is gloo: ci/device/gpu_world.py), then runs (1) device-API kernels compiled
 by NVRTC against mori's headers: put ring, get ring, put with signal + wait_until, fetch-add from
 every PE, device barrier, p/g/ptr and shmem_barrier_on_stream; (2) the CPU suite's host-API and
-RMA checks on the GPU heap; (3) tensors on the heap; (4) finalize and init again. Heap mode comes
+RMA checks on the GPU heap; (3) tensors on the heap; (4) finalize and init again. One
+put-with-signal waits on the device while the host thread lazily loads a kernel and reads a
+tensor behind it (the deadlock the remote transport's own CUDA context avoids). Heap mode comes
 from MORI_SHMEM_MODE. Prints one line per passed check on rank 0 and exits non-zero on the first
 failure. With MORI_DISABLE_P2P set, every peer is reached through the remote transport: the same
 kernels go through the device proxy, host calls through the UCX engine, and the checks of what
@@ -121,6 +123,21 @@ def device_api_checks(k: Kernels, nbytes: int) -> None:
         sync_all()
         expect("put with signal", torch.equal(got, rand_bytes(msg_bytes, 300 * rnd + left, dev)), f"round {rnd}")
     ok("device put-with-signal + wait_until, 3 rounds")
+
+    # The kernel waits for the left PE's put (its proxy and this PE's engine move the bytes) while
+    # this host thread holds the primary context's lock: a torch kernel used for the first time
+    # (its lazy load waits for the GPU to drain) and a copy to pageable memory behind the kernel
+    # (.item()). The engine's copies run in a context of their own: before, this deadlocked.
+    heap_src = shmem.shmem_tensor(msg_bytes, torch.uint8)
+    heap_src.copy_(rand_bytes(msg_bytes, 999 + me, dev))
+    got = torch.zeros(msg_bytes, dtype=torch.uint8, device=dev)
+    sync_all()
+    k("put_signal_ring", 1, 1024, buf.data_ptr(), heap_src.data_ptr(), msg_bytes, sig.data_ptr(), 4, got.data_ptr())
+    j0 = torch.special.bessel_j0(torch.zeros(4, device=dev)).sum().item()
+    sync_all()
+    expect("put with signal behind a lazy load", torch.equal(got, rand_bytes(msg_bytes, 999 + left, dev)) and j0 == 4.0)
+    ok("device put-with-signal while the host lazily loads a kernel and reads behind it")
+    shmem.shmem_free(heap_src.data_ptr())
 
     counters = shmem.shmem_tensor(2, torch.int64)
     counters.zero_()

@@ -156,6 +156,9 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_DISABLE_P2P", _bool, False,
                  "Reach every peer through mori.shmem's remote transport, on one host too: peers' heaps are not "
                  "mapped and shmem_ptr_p2p returns 0 for them.", BOOL_FORMS),
+        Variable("MORI_SHMEM_GPU_DIRECT", _bool, False,
+                 "GPU heap with remote PEs: let UCX move GPU memory itself (GPUDirect RDMA on a NIC) instead of "
+                 "staging it through pinned host memory in a CUDA context of mori's own.", BOOL_FORMS),
         Variable("MORI_SHMEM_DEBUG", _bool, False,
                  "Check at every shmem_malloc/shmem_free that all PEs make the same call (a collective "
                  "each); shmem_barrier_all checks the whole history either way.", BOOL_FORMS),

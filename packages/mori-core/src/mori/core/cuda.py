@@ -148,6 +148,17 @@ def init_device(device: int) -> Any:
     return ctx
 
 
+def create_context(device: Any) -> Any:
+    """A new CUDA context of its own on ``device`` (a ``CUdevice``), not the primary one, for
+    native threads that must never wait for the primary context's lock (see ``csrc/ucx_gpu.hpp``).
+    It becomes current on the calling thread; destroy it with ``cuCtxDestroy``. cuda-bindings 13
+    takes creation parameters first, 12 does not."""
+    try:
+        return call("cuCtxCreate", None, 0, device)
+    except TypeError:
+        return call("cuCtxCreate", 0, device)
+
+
 def poll(ready: Callable[[], bool], timeout: float, *, spin: float, pause: float, max_pause: float,
          yield_while_spinning: bool = False) -> bool:
     """The one completion wait of mori's GPU code: calls ``ready()`` until it returns True.

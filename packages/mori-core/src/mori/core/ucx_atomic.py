@@ -35,7 +35,7 @@ from ._native.ucx import (
     ucx_stop_serving_gpu,
 )
 
-__all__ = ["GPU_WORD_KERNEL", "HOST_MAPPED", "MAX_SIGNAL_PUT_BYTES", "OPS", "GpuWordServer", "atomic", "serve_gpu", "signal_put"]
+__all__ = ["BOUNCE_BYTES", "GPU_WORD_KERNEL", "HOST_MAPPED", "MAX_SIGNAL_PUT_BYTES", "OPS", "GpuWordServer", "atomic", "serve_gpu", "signal_put"]
 
 #: Most bytes one :func:`signal_put` carries (they travel in its message).
 MAX_SIGNAL_PUT_BYTES = UCX_MAX_SIGNAL_PUT_BYTES
@@ -103,43 +103,67 @@ def signal_put(engine: UcxEngine, peer: UcxPeer, mem_id: int, offset: int, src: 
     ucx_signal_put(engine, peer, mem_id, offset, src, size, sig_mem_id, sig_offset, OPS[op], value, timeout)
 
 
-class GpuWordServer:
-    """What :func:`serve_gpu` set up (module, stream, host-mapped result word); :meth:`close`
-    stops the engine serving GPU memory, then frees them."""
+#: Bytes of the pinned bounce buffer every GPU copy of :func:`serve_gpu` goes through.
+BOUNCE_BYTES = 1 << 20
 
-    def __init__(self, engine: UcxEngine, context: Any, arch: str) -> None:
+
+class GpuWordServer:
+    """What :func:`serve_gpu` set up (a CUDA context of its own, with the kernel's module, a
+    stream, a host-mapped result word and a pinned bounce buffer); :meth:`close` stops the engine
+    serving GPU memory, then frees them."""
+
+    def __init__(self, engine: UcxEngine, context: Any, arch: str, stage: bool) -> None:
         from . import cuda, nvrtc
 
-        self.engine, self.context = engine, context
+        self.engine, self.caller = engine, context
         cuda.call("cuCtxSetCurrent", context)
-        cubin = nvrtc.compile(GPU_WORD_KERNEL, name="mori_ucx_word_op.cu", arch=arch, output="cubin")
-        self.module = cuda.call("cuModuleLoadData", cubin, detail="mori_ucx_word_op")
-        drv = cuda.driver()
-        self.function = cuda.call("cuModuleGetFunction", self.module, b"mori_ucx_word_op")
-        self.stream = cuda.call("cuStreamCreate", drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
-        self.result = int(cuda.call("cuMemHostAlloc", 8, HOST_MAPPED))
-        result_dev = int(cuda.call("cuMemHostGetDevicePointer", self.result, 0))
-        ctypes.c_uint64.from_address(self.result).value = 0
-        ucx_serve_gpu(engine, int(context), int(self.function), int(self.stream), self.result, result_dev,
-                      cuda.entry_point("cuCtxSetCurrent"), cuda.entry_point("cuLaunchKernel"),
-                      cuda.entry_point("cuStreamQuery"), cuda.entry_point("cuMemcpyHtoDAsync"))
+        self.context = cuda.create_context(cuda.call("cuCtxGetDevice"))
+        try:
+            cubin = nvrtc.compile(GPU_WORD_KERNEL, name="mori_ucx_word_op.cu", arch=arch, output="cubin")
+            self.module = cuda.call("cuModuleLoadData", cubin, detail="mori_ucx_word_op")
+            drv = cuda.driver()
+            self.function = cuda.call("cuModuleGetFunction", self.module, b"mori_ucx_word_op")
+            # Loaded now, while nothing runs in this context (a lazy load would wait for the GPU).
+            cuda.call("cuFuncGetAttribute", drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+                      self.function)
+            self.stream = cuda.call("cuStreamCreate", drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            self.result = int(cuda.call("cuMemHostAlloc", 8, HOST_MAPPED))
+            self.bounce = int(cuda.call("cuMemHostAlloc", BOUNCE_BYTES, HOST_MAPPED))
+            result_dev = int(cuda.call("cuMemHostGetDevicePointer", self.result, 0))
+            ctypes.c_uint64.from_address(self.result).value = 0
+            ucx_serve_gpu(engine, int(self.context), int(self.function), int(self.stream), self.result, result_dev,
+                          cuda.entry_point("cuCtxSetCurrent"), cuda.entry_point("cuCtxPushCurrent"),
+                          cuda.entry_point("cuCtxPopCurrent"), cuda.entry_point("cuLaunchKernel"),
+                          cuda.entry_point("cuStreamQuery"), cuda.entry_point("cuMemcpyHtoDAsync"),
+                          cuda.entry_point("cuMemcpyDtoHAsync"), self.bounce, BOUNCE_BYTES, stage)
+        finally:
+            cuda.call("cuCtxSetCurrent", context)
 
     def close(self) -> None:
-        """Refuses GPU atomics and signal puts again, then frees the kernel, stream and word."""
+        """Refuses GPU atomics and signal puts again, then frees the context and what it holds."""
         from . import cuda
 
         ucx_stop_serving_gpu(self.engine)
-        cuda.call("cuCtxSetCurrent", self.context)
-        cuda.call("cuStreamDestroy", self.stream)
-        cuda.call("cuModuleUnload", self.module)
-        cuda.call("cuMemFreeHost", self.result)
+        cuda.call("cuCtxDestroy", self.context)  # its stream, module and pinned memory with it
+        cuda.call("cuCtxSetCurrent", self.caller)
 
 
-def serve_gpu(engine: UcxEngine, context: Any, arch: str) -> GpuWordServer:
+def serve_gpu(engine: UcxEngine, context: Any, arch: str, stage: bool = True) -> GpuWordServer:
     """Makes ``engine`` apply remote atomics and signal puts that reach its GPU regions (memory
     registered with ``gpu=True``) on the device of CUDA ``context`` (compute capability ``arch``,
     ``"sm_90"``): the atomic by a one-thread kernel with a system-scope atomic (so it is atomic
     with the device's own atomics and with peers' over P2P), a signal put's bytes by a copy before
-    it on the same non-blocking stream. Needs the ``mori-core[cuda]`` extra. Close the returned
-    server before the context goes (after the engine stops serving peers)."""
-    return GpuWordServer(engine, context, arch)
+    it on the same non-blocking stream.
+
+    With ``stage`` (the default), every transfer of GPU memory on the engine's checked path goes
+    through host memory too: this server copies it between the GPU and a pinned bounce buffer,
+    and UCX moves host memory only. All of it runs in a CUDA context of its own, never in
+    ``context``: a kernel of the application waiting on the engine (a device proxy's put) then
+    cannot deadlock with the application's host thread holding the primary context's lock (a
+    lazily loaded kernel, a copy to pageable memory behind a running kernel). ``stage=False``
+    leaves GPU memory to UCX's CUDA support (GPUDirect RDMA on a NIC), in the primary context.
+
+    Needs the ``mori-core[cuda]`` extra and GPU memory that every context of the device reaches
+    (CUDA VMM mappings, as mori.shmem's heap). Close the returned server before ``context`` goes
+    (after the engine stops serving peers)."""
+    return GpuWordServer(engine, context, arch, stage)

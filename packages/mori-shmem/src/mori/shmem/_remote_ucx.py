@@ -3,9 +3,10 @@
 Each PE runs one engine and registers its heap with it, one memory id per chunk of the heap
 (:data:`HEAP_ID` + k for the chunk at ``k * heap.chunk``: the whole heap at once when it is
 mapped at once; a ``vmm`` GPU heap's chunks as it grows, each growth ending in a barrier so that
-no PE reaches a chunk before its owner registered it). A GPU heap is registered as GPU memory
-(UCX's CUDA support moves its bytes), and the engine serves atomics and signal puts on it with
-device kernels (:func:`mori.core.ucx_atomic.serve_gpu`). At init the PEs hand each other, over the
+no PE reaches a chunk before its owner registered it). A GPU heap is registered as GPU memory;
+the engine serves atomics and signal puts on it with device kernels, and stages its bytes
+through pinned host memory, in a CUDA context of its own (:func:`mori.core.ucx_atomic.serve_gpu`;
+``MORI_SHMEM_GPU_DIRECT`` leaves them to UCX's CUDA support instead). At init the PEs hand each other, over the
 bootstrap, their workers' addresses and a ticket per remote PE (``admit``), and connect to every PE
 they reach remotely. Then:
 
@@ -115,12 +116,13 @@ class UcxTransport(RemoteTransport):
         self._words: Any = None
         self._proxy: Any = None
         try:
-            self._register(heap.mapped)
-            if self._gpu:
+            if self._gpu:  # first: whether UCX registers the heap depends on it
+                from mori.core import config
                 from mori.core.ucx_atomic import serve_gpu
 
                 ctx = heap.ctx  # type: ignore[attr-defined]
-                self._words = serve_gpu(self._engine, ctx.ctx, ctx.arch)
+                self._words = serve_gpu(self._engine, ctx.ctx, ctx.arch, stage=not config.get("MORI_SHMEM_GPU_DIRECT"))
+            self._register(heap.mapped)
             tickets = {pe: self._engine.admit(_key(pe)) for pe in reach.remote}
             addresses = list(self._engine.addresses)
             sent = [_pack_contact(addresses, tickets[pe]) if pe in tickets else b"" for pe in range(reach.world)]
