@@ -5,7 +5,12 @@ With ``--same-host``: mori-io-bench's RDMA backend beside NIXL on one host inste
 UCX's defaults for both; mori takes its UCX engine's same-host path), 4 KiB and 1 MiB single and
 1024 x 1 MiB scattered.
 
-    python ci/rdma_bench_rounds.py PEER_PYTHON [--same-host] [--rounds 3] [--iters 30] [--out DIR]
+    python ci/rdma_bench_rounds.py PEER_PYTHON [--same-host] [--rounds 3] [--iters 30] [--warmup 5] [--out DIR]
+
+``--warmup``: untimed transfers per point first (mori-io-bench's default, 5). On one host mori's
+initiator and target threads hand each request to each other, and the kernel takes some hundred
+transfers to settle where they run (their first 30 on the 2-core VM took 5-7 µs longer each);
+NIXL's initiator works alone. A longer warm-up (``--warmup 200``) shows the settled state.
 
 PEER_PYTHON has ``nixl`` installed (``pip install nixl==1.5.1``). Needs root and iproute2.
 """
@@ -29,10 +34,11 @@ def _command(args: argparse.Namespace, op: str, out: Path) -> tuple[list[str], d
     """The benchmark run of one round and op, and its environment (None: this one)."""
     if not args.same_host:
         return ["bash", str(HERE / "rdma_bench.sh"), args.peer_python, "--op", op, *POINTS, "--iters",
-                str(args.iters), "--json", str(out)], None
+                str(args.iters), "--warmup", str(args.warmup), "--json", str(out)], None
     env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "all"}  # UCX's defaults; no NIC needed here
     return [sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--peers", "nixl", "--peer-python",
-            args.peer_python, "--op", op, *SAME_HOST_POINTS, "--iters", str(args.iters), "--no-progress",
+            args.peer_python, "--op", op, *SAME_HOST_POINTS, "--iters", str(args.iters), "--warmup",
+            str(args.warmup), "--no-progress",
             "--json", str(out)], env
 
 
@@ -41,6 +47,7 @@ def main() -> None:
     p.add_argument("peer_python")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5, help="untimed transfers per point first (see above)")
     p.add_argument("--out", type=Path, default=Path("/tmp/rdma_bench_rounds"))
     p.add_argument("--same-host", action="store_true", help="mori RDMA beside NIXL on one host (see above)")
     args = p.parse_args()
@@ -53,7 +60,8 @@ def main() -> None:
             subprocess.run(command, env=env, check=True, capture_output=True, timeout=1800)
             for row in json.loads(out.read_text())["rows"]:
                 rows.setdefault((row["op"], row["engine"], row["size"], row["batch"]), []).append(row)
-    print(f"medians of {args.rounds} alternating rounds ({args.iters} timed transfers per point and round)")
+    print(f"medians of {args.rounds} alternating rounds ({args.iters} timed transfers per point and round, "
+          f"{args.warmup} untimed first)")
     head = f"{'op':5} {'size':>8} {'batch':>5} {'engine':10} {'lat us':>9} {'min us':>8} {'GB/s':>7} {'CPU s/GB':>9}"
     print(head)
     print("-" * len(head))
