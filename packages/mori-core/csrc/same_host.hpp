@@ -200,8 +200,9 @@ public:
     // the ring full it waits for room until the deadline (the transfer then fails).
     std::shared_ptr<Transfer> post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows, size_t n,
                                    uint64_t remoteId, uint64_t uid, bool notify, int64_t deadlineNs, Link* ucxLink);
-    // Polls the ring on the caller's thread until t finished or the deadline passes: for spinNs,
-    // then asleep on the socket (the target rings it).
+    // Polls the ring on the caller's thread for up to spinNs (until t finished or the link
+    // failed); the caller then sleeps on t, which the service thread finishes when the target
+    // rings.
     void lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs);
     bool usable() const { return !failed_.load(std::memory_order_acquire); }
     int fd() const { return fd_; }

@@ -25,7 +25,7 @@ namespace mori::ucx {
 namespace {
 
 // A waiter polls its link's ring for about as long as its copy should take (kLeadSpinNs plus its
-// bytes at kSpinBytesPerNs), at most kMaxLeadSpinNs; then it sleeps on the socket. A 4 KiB round
+// bytes at kSpinBytesPerNs), at most kMaxLeadSpinNs; then it sleeps on its transfer. A 4 KiB round
 // trip takes a few µs, a 1 MiB copy 60-100.
 constexpr int64_t kLeadSpinNs = 50'000, kMaxLeadSpinNs = 1'000'000;
 constexpr uint64_t kSpinBytesPerNs = 8;
@@ -439,36 +439,20 @@ void SameHostLink::lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs) {
     std::atomic<uint32_t>& spinning = ring_.header().spinning;
     // While this thread polls the target needs not ring the socket for completions.
     spinning.fetch_add(1, std::memory_order_seq_cst);
-    bool polling = true;
     int polls = 0;
-    while (!t.finished() && usable()) {
-        const int64_t now = now_ns();
-        if (now >= deadlineNs) break;
-        std::unique_lock rl(readMu_, std::try_to_lock);
-        if (!rl.owns_lock()) {  // another thread harvests: it finishes t as well
-            if (now >= spinUntil) break;
-            same_host::relax(polls);
-            continue;
-        }
-        if ((polling ? harvest() : read_locked()) > 0) continue;
-        if (now < spinUntil) {
-            rl.unlock();
-            same_host::relax(polls);
-            continue;
-        }
-        if (polling) {
-            // From now on the target rings: stop polling, then look once more (a completion
-            // marked before the target read the counter is in the ring).
-            polling = false;
-            spinning.fetch_sub(1, std::memory_order_seq_cst);
-            continue;
-        }
-        // Sleep on the socket (the kernel wakes this thread with the doorbell), a slice at a time.
-        rl.unlock();
-        struct pollfd p {fd_, POLLIN, 0};
-        ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>((deadlineNs - now) / 1'000'000 + 1, 1, 100)));
+    while (!t.finished() && usable() && now_ns() < spinUntil) {
+        std::unique_lock rl(readMu_, std::try_to_lock);  // else another thread harvests: t as well
+        if (rl.owns_lock() && harvest() > 0) continue;
+        if (rl.owns_lock()) rl.unlock();
+        same_host::relax(polls);
     }
-    if (polling) spinning.fetch_sub(1, std::memory_order_seq_cst);
+    // From now on the target rings the socket, which wakes the service thread: it harvests and
+    // finishes t while the caller sleeps on t. (Sleeping on the socket here would race the service
+    // thread for the doorbell.) One more look finds a completion marked before the target read
+    // the counter.
+    spinning.fetch_sub(1, std::memory_order_seq_cst);
+    std::lock_guard rl(readMu_);
+    read_locked();
 }
 
 void SameHostLink::expire(int64_t now) {

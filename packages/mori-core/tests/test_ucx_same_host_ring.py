@@ -64,8 +64,11 @@ def test_a_ring_that_stays_full_fails_the_poster_at_the_deadline_and_nothing_lan
             before = pair.target.arr.copy()
         finally:
             pair.target.signal(signal.SIGCONT)
+        # The poster waiting for room fails at its deadline, or just before it when the earlier
+        # transfers' deadlines (a few ms earlier) fail the link first.
         code, msg, _ = codes[-1]
-        assert code == "ERR_TRANSPORT" and "left its same-host request ring full for 3 s (timeout)" in msg, msg
+        assert code == "ERR_TRANSPORT" and ("left its same-host request ring full for 3 s (timeout)" in msg or
+                                            "no completion from engine 'target' within 3 s" in msg), msg
         for code, msg, _ in codes[:-1]:
             assert code == "ERR_TRANSPORT" and "'target'" in msg, msg
         assert not pair.init.call("healthy", "target")
