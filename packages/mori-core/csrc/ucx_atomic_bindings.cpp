@@ -46,7 +46,7 @@ mori::native::Registration reg([](py::module_& root) {
         "ucx_serve_gpu",
         [](mori::ucx::Engine& engine, uintptr_t context, uintptr_t function, uintptr_t stream, uintptr_t result,
            uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t ctxPushCurrent, uintptr_t ctxPopCurrent,
-           uintptr_t launchKernel, uintptr_t streamQuery,
+           uintptr_t exchangeCaptureMode, uintptr_t launchKernel, uintptr_t streamQuery,
            uintptr_t memcpyHtoDAsync, uintptr_t memcpyDtoHAsync, uintptr_t bounce, size_t bounceBytes, bool stage) {
             mori::ucx::GpuWordsConfig c;
             c.context = context;
@@ -57,6 +57,7 @@ mori::native::Registration reg([](py::module_& root) {
             c.ctxSetCurrent = ctxSetCurrent;
             c.ctxPushCurrent = ctxPushCurrent;
             c.ctxPopCurrent = ctxPopCurrent;
+            c.exchangeCaptureMode = exchangeCaptureMode;
             c.launchKernel = launchKernel;
             c.streamQuery = streamQuery;
             c.memcpyHtoDAsync = memcpyHtoDAsync;
@@ -70,7 +71,7 @@ mori::native::Registration reg([](py::module_& root) {
         },
         py::arg("engine"), py::arg("context"), py::arg("function"), py::arg("stream"), py::arg("result"),
         py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("ctx_push_current"), py::arg("ctx_pop_current"),
-        py::arg("launch_kernel"), py::arg("stream_query"),
+        py::arg("exchange_capture_mode"), py::arg("launch_kernel"), py::arg("stream_query"),
         py::arg("memcpy_htod_async"), py::arg("memcpy_dtoh_async"), py::arg("bounce"), py::arg("bounce_bytes"),
         py::arg("stage"),
         "Serves remote atomics and signal puts on the engine's GPU regions with this kernel, stream and result "

@@ -18,6 +18,8 @@ namespace {
 // Driver entry points (CUresult is an int; handles are pointers).
 using CtxSetCurrentFn = int (*)(void* ctx);
 using CtxPopCurrentFn = int (*)(void** ctx);
+using ExchangeCaptureModeFn = int (*)(int* mode);
+constexpr int kCaptureRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
 using LaunchKernelFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned shared, void* stream, void** params, void** extra);
 using StreamQueryFn = int (*)(void* stream);
@@ -35,16 +37,22 @@ void check(int result, const char* call) {
 
 GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
     if (!c.context || !c.function || !c.result || !c.resultDev || !c.ctxSetCurrent || !c.launchKernel ||
-        !c.ctxPushCurrent || !c.ctxPopCurrent || !c.streamQuery || !c.memcpyHtoDAsync || !c.memcpyDtoHAsync ||
-        !c.bounce || c.bounceBytes == 0)
+        !c.ctxPushCurrent || !c.ctxPopCurrent || !c.exchangeCaptureMode || !c.streamQuery || !c.memcpyHtoDAsync ||
+        !c.memcpyDtoHAsync || !c.bounce || c.bounceBytes == 0)
         throw std::invalid_argument("GPU word operations need a context, a kernel, a result word, a bounce buffer "
-                                    "and seven entry points");
+                                    "and eight entry points");
     if (!(c.timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
 }
 
 bool GpuWords::make_current(std::string& why) const {
-    const int r = reinterpret_cast<CtxSetCurrentFn>(c_.ctxSetCurrent)(reinterpret_cast<void*>(c_.context));
-    if (r != 0) why = "cuCtxSetCurrent failed (CUresult " + std::to_string(r) + ")";
+    int r = reinterpret_cast<CtxSetCurrentFn>(c_.ctxSetCurrent)(reinterpret_cast<void*>(c_.context));
+    if (r != 0) {
+        why = "cuCtxSetCurrent failed (CUresult " + std::to_string(r) + ")";
+        return false;
+    }
+    int mode = kCaptureRelaxed;
+    r = reinterpret_cast<ExchangeCaptureModeFn>(c_.exchangeCaptureMode)(&mode);
+    if (r != 0) why = "cuThreadExchangeStreamCaptureMode failed (CUresult " + std::to_string(r) + ")";
     return r == 0;
 }
 
@@ -88,15 +96,20 @@ void GpuWords::wait(const char* what) {
     }
 }
 
-GpuWords::Current::Current(const GpuWords& g) : g_(g) {
+GpuWords::Current::Current(const GpuWords& g) : g_(g), mode_(kCaptureRelaxed) {
     if (!g.broken_.empty()) throw std::runtime_error("an earlier GPU operation never finished: " + g.broken_);
-    check(reinterpret_cast<CtxSetCurrentFn>(g.c_.ctxPushCurrent)(reinterpret_cast<void*>(g.c_.context)),
-          "cuCtxPushCurrent");
+    check(reinterpret_cast<ExchangeCaptureModeFn>(g.c_.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
+    const int r = reinterpret_cast<CtxSetCurrentFn>(g.c_.ctxPushCurrent)(reinterpret_cast<void*>(g.c_.context));
+    if (r != 0) {
+        reinterpret_cast<ExchangeCaptureModeFn>(g.c_.exchangeCaptureMode)(&mode_);
+        check(r, "cuCtxPushCurrent");
+    }
 }
 
 GpuWords::Current::~Current() {
     void* popped = nullptr;
     reinterpret_cast<CtxPopCurrentFn>(g_.c_.ctxPopCurrent)(&popped);
+    reinterpret_cast<ExchangeCaptureModeFn>(g_.c_.exchangeCaptureMode)(&mode_);  // the thread's own again
 }
 
 void GpuWords::copy_in(uint64_t dst, const void* src, size_t bytes, bool waitLast) {

@@ -35,7 +35,7 @@ struct GpuWordsConfig {
     uintptr_t context = 0, function = 0, stream = 0;
     uintptr_t result = 0;     // 8 bytes of host-mapped pinned memory: host address
     uintptr_t resultDev = 0;  // its device address (the kernel's last argument)
-    uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0;
+    uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0, exchangeCaptureMode = 0;
     uintptr_t launchKernel = 0, streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0;
     uintptr_t bounce = 0;    // pinned host memory of the context: every copy goes through it
     size_t bounceBytes = 0;
@@ -60,12 +60,17 @@ public:
     void to_host(void* dst, uint64_t src, size_t bytes);
     bool stages() const { return c_.stage; }
 
-    // Makes the context current on the calling thread; false (and why, in `why`) if the driver refused.
+    // Makes the context current on the calling thread (one of the engine's own), with its
+    // stream-capture mode relaxed (see Current); false (and why, in `why`) if the driver refused.
     bool make_current(std::string& why) const;
 
 private:
     // For one operation (lock held): refuses after a failed wait, else pushes the context on the
-    // calling thread (any thread that progresses the engine, an application's too) and pops it after.
+    // calling thread (any thread that progresses the engine, an application's too) and pops it
+    // after, with the thread's stream-capture mode relaxed meanwhile: while the application
+    // captures a CUDA graph in the default (global) mode, the driver refuses these calls from any
+    // other thread of the process (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and invalidates the
+    // capture (seen: mori.ops' graph replays through the proxy).
     class Current {
     public:
         explicit Current(const GpuWords& g);
@@ -75,6 +80,7 @@ private:
 
     private:
         const GpuWords& g_;
+        int mode_;  // the thread's capture mode before
     };
     void wait(const char* what);  // until the stream is idle (bounded, see above)
     // Host to device through the bounce buffer; the last piece is left in flight when !waitLast.

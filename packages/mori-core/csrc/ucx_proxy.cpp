@@ -410,7 +410,7 @@ void Proxy::run() {
     uint64_t cudaSeen = 0;
     for (;;) {
         // This thread posts the transfers and leads the worker while it waits for a signal's
-        // answer: UCX then moves GPU memory here, in this thread's context.
+        // answer: the engine's GPU copies and UCX's CUDA calls then run here, in the engine's context.
         engine_->apply_cuda_context(cudaSeen);
         bool work = false;
         for (int n = 0; n < 256; ++n) {
@@ -418,9 +418,13 @@ void Proxy::run() {
             if (load(&s->seq) != 4 * tail_ + 1) break;
             ProxySlot c;
             std::memcpy(&c, s, sizeof(c));
+            // Taken before it runs: execute frees a put's slot early, and wait_idle, seeing that
+            // slot free while `taken` still named it and every earlier ticket complete, returned
+            // with the put in flight (host quiet passed a put to a dead PE once staging made
+            // execute take microseconds).
+            store(&header_->taken, static_cast<unsigned long long>(tail_ + 1));
             execute(c, tail_);
             ++tail_;
-            store(&header_->taken, static_cast<unsigned long long>(tail_));
             work = true;
         }
         work = reap() || work;

@@ -133,7 +133,8 @@ class GpuWordServer:
             ctypes.c_uint64.from_address(self.result).value = 0
             ucx_serve_gpu(engine, int(self.context), int(self.function), int(self.stream), self.result, result_dev,
                           cuda.entry_point("cuCtxSetCurrent"), cuda.entry_point("cuCtxPushCurrent"),
-                          cuda.entry_point("cuCtxPopCurrent"), cuda.entry_point("cuLaunchKernel"),
+                          cuda.entry_point("cuCtxPopCurrent"), cuda.entry_point("cuThreadExchangeStreamCaptureMode"),
+                          cuda.entry_point("cuLaunchKernel"),
                           cuda.entry_point("cuStreamQuery"), cuda.entry_point("cuMemcpyHtoDAsync"),
                           cuda.entry_point("cuMemcpyDtoHAsync"), self.bounce, BOUNCE_BYTES, stage)
         finally:

@@ -64,7 +64,8 @@ def ucx_signal_put(engine: UcxEngine, peer: UcxPeer, mem_id: _Int, offset: _Int,
                    sig_mem_id: _Int, sig_offset: _Int, op: _Int, value: _Int, timeout: SupportsFloat) -> None: ...
 
 def ucx_serve_gpu(engine: UcxEngine, context: _Int, function: _Int, stream: _Int, result: _Int, result_dev: _Int,
-                  ctx_set_current: _Int, ctx_push_current: _Int, ctx_pop_current: _Int, launch_kernel: _Int,
+                  ctx_set_current: _Int, ctx_push_current: _Int, ctx_pop_current: _Int,
+                  exchange_capture_mode: _Int, launch_kernel: _Int,
                   stream_query: _Int, memcpy_htod_async: _Int, memcpy_dtoh_async: _Int, bounce: _Int,
                   bounce_bytes: _Int, stage: bool) -> None: ...
 def ucx_stop_serving_gpu(engine: UcxEngine) -> None: ...
