@@ -13,7 +13,8 @@ call at a time (each is complete when it returns); engine: the same bytes as one
 between two processes in the same namespaces (submit + wait), on memory of the heap's kind; the
 PEs and the engine pair live for the whole run and take turns every few transfers; mori-io-bench:
 its RDMA backend (``MORI_IO_RDMA_TRANSPORTS=tcp``) and, with ``--peer-python``, NIXL 1.5.1's UCX
-backend (``UCX_TLS=tcp``), one block a transfer, host memory, once a round. Every process of the
+backend (``UCX_TLS=tcp``), one block a transfer, host memory (private, huge pages advised), at
+the start and at the end of every round. Every process of the
 initiating side runs on CPU 0, of the target side on CPU 1, as on two hosts. Each point is the
 median over rounds of the round's median.
 put+signal latency: a ping-pong of 8 bytes with a SHMEM_SIGNAL_SET signal, one-way time = round
@@ -290,7 +291,7 @@ def main() -> None:
         pairs = Pairs(a, b, max(sizes), args.device)
         try:
             for r in range(args.rounds):
-                if args.io and r % 2 == 0:
+                if args.io:  # before and after the round's turns: its share of the round's load
                     _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python))
                 for s in sizes:
                     # shmem and the engine take turns every few transfers (a GPU heap's in one
@@ -311,7 +312,7 @@ def main() -> None:
                         times[n][s].append(statistics.median(got[n]))
                 for n, t in pairs.ping_pong(200).items():
                     signal.setdefault(n, []).append(t)
-                if args.io and r % 2 == 1:
+                if args.io:
                     _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python))
         finally:
             pairs.close()
