@@ -409,8 +409,8 @@ void Proxy::run() {
     int idle = 0;
     uint64_t cudaSeen = 0;
     for (;;) {
-        // This thread posts the transfers and leads the worker while it waits for a signal's
-        // answer: the engine's GPU copies and UCX's CUDA calls then run here, in the engine's context.
+        // This thread posts the transfers and atomics: the engine's GPU copies and UCX's CUDA
+        // calls for them run here, in the engine's context.
         engine_->apply_cuda_context(cudaSeen);
         bool work = false;
         for (int n = 0; n < 256; ++n) {
