@@ -11,7 +11,7 @@
 #     python3 -m pip download --no-deps --only-binary=:all: -d .devkit/wheels pyroute2==0.9.7
 # and .devkit/ucx (the libucx-cu13 wheel, ci/device/ucx_kit.sh) for UCX with CUDA support.
 #
-# Steps: install mori-core, mori-shmem (and pyroute2 when `ip` is missing); check that two
+# Steps: install mori-core, mori-shmem, mori-io (--io runs mori-io-bench) (and pyroute2 when `ip` is missing); check that two
 # namespaces can be made and reach each other (a TCP connection from one to the other, and /sys
 # showing each one's devices); then the benchmark. Logs and JSON go to $OUT.
 # Usage: bash ci/device/netns_bench.sh [--check-only] [shmem_remote_bench.py args, e.g. --rounds 3 --iters 20]
@@ -26,7 +26,7 @@ done
 repo=$PWD
 t0=$(date +%s)
 if [ -z "${MORI_SKIP_INSTALL:-}" ]; then
-  python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
+  python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem ./packages/mori-io \
     2>&1 | tail -5 || exit 1
 fi
 . "$(dirname "$0")/ucx_wheel.sh"
