@@ -15,7 +15,8 @@ PEs and the engine pair live for the whole run and take turns every few transfer
 its RDMA backend (``MORI_IO_RDMA_TRANSPORTS=tcp``) and, with ``--peer-python``, NIXL 1.5.1's UCX
 backend (``UCX_TLS=tcp``), one block a transfer, host memory (private, huge pages advised), at
 the start and at the end of every round. Every process of the
-initiating side runs on CPU 0, of the target side on CPU 1, as on two hosts. Each point is the
+initiating side runs on every other CPU from the first, of the target side on the others (CPU 0
+and CPU 1 on a 2-core machine), as on two hosts. Each point is the
 median over rounds of the round's median.
 put+signal latency: a ping-pong of 8 bytes with a SHMEM_SIGNAL_SET signal, one-way time = round
 trip / 2.
@@ -51,13 +52,21 @@ GPU_UCX_ENV = {"UCX_TLS": "tcp,cuda_copy,self"}
 _STATE: dict[str, Any] = {}  # a worker's objects between calls (each worker is its own process)
 
 
-def _pin(side: int) -> None:
-    """Pins this process's threads made from now on (UCX's included) to one CPU per side (0: the
-    initiator in A, 1: the target in B). Processes that live for the whole run otherwise keep
-    whatever placement the scheduler first gave them, and on a 2-core machine whether sender and
-    receiver share a core doubles or halves a pair's bandwidth for the whole run."""
+def _side_cpus(side: int) -> list[int]:
+    """The CPUs of one side (0: the initiator in A, 1: the target in B): every other CPU of this
+    process's, so one each on a 2-core machine, half of a GPU machine's each. One CPU per side on
+    a large machine starves a GPU PE: its main thread spins in the CUDA synchronize while its
+    proxy and progress threads wait for the same CPU (a device put took ~4 ms there)."""
     cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cpus[side % len(cpus)]})
+    return cpus[side % 2::2] or cpus
+
+
+def _pin(side: int) -> None:
+    """Pins this process's threads made from now on (UCX's included) to its side's CPUs.
+    Processes that live for the whole run otherwise keep whatever placement the scheduler first
+    gave them, and on a 2-core machine whether sender and receiver share a core doubles or halves
+    a pair's bandwidth for the whole run."""
+    os.sched_setaffinity(0, set(_side_cpus(side)))
 
 
 def _pe_init(rank: int, uid: bytes, big: int, device: bool) -> None:
@@ -245,16 +254,16 @@ def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | 
     """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "io.json")
-        # Initiators in A on CPU 0, targets in B on CPU 1 (_pin): the bytes go from A into B, as
-        # PE 0's puts do, between the same CPUs.
-        cpus = sorted(os.sched_getaffinity(0))
-        cmd = ["taskset", "-c", str(cpus[0]), "ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
+        # Initiators in A on side 0's CPUs, targets in B on side 1's (_pin): the bytes go from A
+        # into B, as PE 0's puts do, between the same CPUs.
+        initiator, target = (",".join(map(str, _side_cpus(side))) for side in (0, 1))
+        cmd = ["taskset", "-c", initiator, "ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
                "write", "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters), "--host", a.address,
                "--target-host", b.address, "--target-netns", b.name, "--max-bytes", str(max(sizes)), "--json", out,
                "--no-progress"]
         if peer_python:
             cmd += ["--peers", "nixl", "--peer-python", peer_python]
-        env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_BENCH_TARGET_CPUS": str(cpus[1 % len(cpus)])}
+        env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_BENCH_TARGET_CPUS": target}
         subprocess.run(cmd, check=True, env=env, timeout=1800, stdout=subprocess.DEVNULL)
         with open(out) as f:
             rows: list[dict[str, Any]] = json.load(f)["rows"]
