@@ -22,6 +22,7 @@ __all__ = ["Transfers"]
 
 _log = get_logger("io")
 
+_IN_PROGRESS = StatusCode.IN_PROGRESS
 _U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
 # Batch's own names of its columns, as the engine's callers know them.
 _COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
@@ -45,19 +46,20 @@ def _named(err: Exception) -> str:
     return text
 
 
-def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> Batch | str:
-    """The rows (``base`` + local offset, remote offset, bytes) of a transfer, built once, or why
-    its values cannot be (a negative value, one past 64 bits). ``TypeError`` for what is not
-    integers, ``ValueError`` for columns of different lengths. One block of plain ints (read,
-    write, most small batches) takes the short way."""
+def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> tuple[Batch, int, int] | str:
+    """The rows (``base`` + local offset, remote offset, bytes) of a transfer, built once, with
+    where they end in the local region (bytes past ``base``) and in the remote one (0, 0 when no
+    bytes move), or why its values cannot be (a negative value, one past 64 bits). ``TypeError``
+    for what is not integers, ``ValueError`` for columns of different lengths. One block of plain
+    ints (read, write, most small batches) takes the short way."""
     if type(sizes) is list and type(l_offs) is list and type(r_offs) is list and len(sizes) == 1 \
             and len(l_offs) == len(r_offs) == 1:
         lo, ro, n = l_offs[0], r_offs[0], sizes[0]
         if type(lo) is int and type(ro) is int and type(n) is int and lo >= 0 and ro >= 0 and n >= 0 \
                 and base + lo + n <= _U64_END and ro + n <= _U64_END:
-            return Batch.one(base + lo, ro, n)
+            return Batch.one(base + lo, ro, n), lo + n if n else 0, ro + n if n else 0
     try:
-        return Batch(l_offs, r_offs, sizes, base)
+        batch = Batch(l_offs, r_offs, sizes, base)
     except TypeError as err:
         raise TypeError(_named(err)) from None
     except ValueError as err:  # the columns were read, so they have lengths
@@ -65,6 +67,7 @@ def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> Batch | str:
             raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
                              f"{len(sizes)} sizes") from None
         return _named(err)
+    return (batch, batch.src_end - base, batch.dst_end) if len(batch) else (batch, 0, 0)
 
 
 class Transfers:
@@ -88,7 +91,7 @@ class Transfers:
             return StatusCode.ERR_INVALID_ARGS, (f"local memory descriptor {local.id} does not match its registration "
                                                  f"with engine {self._key!r} (address, size or location differ: "
                                                  "stale or altered)")
-        if remote.engine_key not in self._remotes:
+        if self._remotes.get(remote.engine_key) is None:
             return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
         # Checked before a transfer is queued anywhere: a value a backend cannot encode must fail
         # the transfer, not the call that queued it.
@@ -100,18 +103,19 @@ class Transfers:
         """Checks, routes (unless ``backend`` is given) and starts one transfer; its status."""
         if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
             raise TypeError("local and remote memory must be MemoryDesc objects")
-        batch = _batch(local.data, l_offs, r_offs, sizes)
-        uid = _int("transfer uid", uid)
+        rows = _batch(local.data, l_offs, r_offs, sizes)
+        if type(uid) is not int:
+            uid = _int("transfer uid", uid)
         problem = self.reject(local, remote)
         if problem is None and not 0 <= uid < _U64_END:
             problem = StatusCode.ERR_INVALID_ARGS, f"transfer uid {uid} outside 0..2**64-1"
-        if problem is None and isinstance(batch, str):
-            problem = StatusCode.ERR_INVALID_ARGS, batch
-        elif problem is None and isinstance(batch, Batch) and len(batch):
-            if batch.src_end - local.data > local.size:
+        if problem is None:
+            if isinstance(rows, str):
+                problem = StatusCode.ERR_INVALID_ARGS, rows
+            elif rows[1] > local.size:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \
                                                        f"({local.size} bytes)"
-            elif batch.dst_end > remote.size:
+            elif rows[2] > remote.size:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
                                                        f"({remote.size} bytes)"
         if problem is None and backend is None:
@@ -122,10 +126,10 @@ class Transfers:
                                                      f"{self._backends.names() or 'none'})")
         if problem is not None:
             return TransferStatus(*problem)
-        assert backend is not None and not isinstance(batch, str)
+        assert backend is not None and not isinstance(rows, str)
         # IN_PROGRESS from the start: no one sees the status before the order below publishes it.
-        status = TransferStatus(StatusCode.IN_PROGRESS)
-        request = TransferRequest(op, local, remote, batch, uid, status)
+        status = TransferStatus(_IN_PROGRESS)
+        request = TransferRequest(op, local, remote, rows[0], uid, status)
         refusal = backend.admit(request)
         if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
             status._attach(refusal)

@@ -309,6 +309,7 @@ _MEMORY_FIELDS: dict[str, _Rule] = {
 
 
 _PENDING = StatusCode.IN_PROGRESS
+_PENDING_INT = int(_PENDING)
 _MAKING_CONDITIONS = threading.Lock()  # a status makes its condition once (TransferStatus._condition)
 _CODES = {int(c): c for c in StatusCode}
 
@@ -347,7 +348,7 @@ class TransferStatus:
     __slots__ = ("_code", "_message", "_completion", "_cond", "_prev")
 
     def __init__(self, code: StatusCode = StatusCode.INIT, message: str = "") -> None:
-        self._code = _status_code(code)
+        self._code = code if type(code) is StatusCode else _status_code(code)
         self._message = message
         self._completion: Completion | None = None
         # Made when first needed (_condition): a transfer's status is read through its completion,
@@ -391,20 +392,24 @@ class TransferStatus:
 
     def _after(self, earlier: TransferStatus | None) -> None:
         """Reports this transfer finished only after ``earlier`` (and its predecessors) did."""
-        self._prev = None if earlier is None else earlier._pending_self_or_before()
+        if earlier is not None and not earlier._running():
+            earlier = earlier._pending_before()
+        self._prev = earlier
 
     def _own(self) -> StatusCode:
         c = self._completion
         return _status_code(c.code()) if c is not None else self._code
 
-    def _pending_self_or_before(self) -> TransferStatus | None:
-        return self if self._own() == _PENDING else self._pending_before()
+    def _running(self) -> bool:
+        """``_own() == IN_PROGRESS`` without making the enum (the order asks it at every transfer)."""
+        c = self._completion
+        return (c.code() if c is not None else self._code) == _PENDING_INT
 
     def _pending_before(self) -> TransferStatus | None:
         """The newest earlier transfer still running, or None; finished links are dropped."""
         p = self._prev
         while p is not None:
-            if p._own() == _PENDING:
+            if p._running():
                 self._prev = p
                 return p
             p = p._prev
@@ -482,6 +487,14 @@ class TransferStatus:
     def WaitFor(self, timeout_ms: float = -1) -> StatusCode:  # noqa: N802
         """Waits up to ``timeout_ms`` milliseconds (< 0: until the end; 0: only looks) with the GIL
         released and returns ``Code()``: ``IN_PROGRESS`` if the wait timed out."""
+        c = self._completion
+        if c is not None and self._prev is None and (type(timeout_ms) is int or type(timeout_ms) is float):
+            # The common case, a transfer that no earlier one holds back: one native wait and one
+            # code (about 1 us less per transfer than the general loop below, which ends the same).
+            if c.wait(timeout_ms / 1000.0 if timeout_ms >= 0 else 3600.0):
+                return _status_code(c.code())
+            if timeout_ms >= 0:
+                return _PENDING
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
             raise TypeError(f"WaitFor: timeout_ms must be a number, got {type(timeout_ms).__name__}")
         if self._own() == StatusCode.INIT:

@@ -39,7 +39,7 @@ __all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "Comple
 ControlHandler = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
-@dataclass
+@dataclass(slots=True)
 class TransferRequest:
     """One read/write or batch between ``local`` and ``remote``: ``batch`` (a
     :class:`mori.core.batch.Batch`, built once by the engine from the caller's lists or arrays)

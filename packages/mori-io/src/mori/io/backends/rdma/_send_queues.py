@@ -52,13 +52,14 @@ class SendQueues:
 
     def admit(self, worker: int, key: str, status: TransferStatus, ops: int, op: TransferOp) -> Outcome | None:
         """Reserves room for ``ops`` operations of ``status`` (None), or refuses: SQ full (naming ``op``)."""
-        need = min(ops, self.depth)
+        need = ops if ops < self.depth else self.depth
+        where = (worker, key)
         deadline = None  # read when the queue is full: the common case costs no setting lookup
         while True:
             with self._lock:
-                queue = self._queues.get((worker, key))
+                queue = self._queues.get(where)
                 if queue is None:
-                    queue = self._queues[(worker, key)] = _Queue()
+                    queue = self._queues[where] = _Queue()
                 if queue.used + need > self.depth:
                     queue.prune()
                 if queue.used + need <= self.depth:
