@@ -216,3 +216,44 @@ def test_engine_api_calls():
             a.deregister_memory(mb)
         uids = {a.allocate_transfer_uid() for _ in range(1000)}
         assert len(uids) == 1000
+
+
+def test_a_reused_descriptor_pair_is_checked_again_after_any_registration_change():
+    """A transfer on the pair of descriptors the last one used skips the registration checks only
+    while nothing was registered or removed since: each change below fails the same pair at once."""
+    with IOEngine("pair-a", IOEngineConfig(port=0)) as a, IOEngine("pair-b", IOEngineConfig(port=0)) as b:
+        for e in (a, b):
+            e.create_backend(BackendType.TCP)
+        src, out = np.arange(256, dtype=np.uint8), np.zeros(256, dtype=np.uint8)
+        mb = b.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
+        ma = a.register_memory(int(out.ctypes.data), out.size, -1, MemoryLocationType.CPU)
+        a.register_remote_engine(b.get_engine_desc())
+
+        def read() -> TransferStatus:
+            s = a.read(ma, 0, mb, 0, 256, a.allocate_transfer_uid())
+            assert s.WaitFor(30_000) != StatusCode.IN_PROGRESS
+            return s
+
+        for _ in range(3):
+            assert read().Succeeded() and np.array_equal(out, src)
+        a.remove_backend(BackendType.TCP)
+        s = read()
+        assert s.Code() == StatusCode.ERR_BAD_STATE and "no backend" in s.Message()
+        a.create_backend(BackendType.TCP)
+        out[:] = 0
+        assert read().Succeeded() and np.array_equal(out, src)
+        a.deregister_remote_engine(b.get_engine_desc())
+        s = read()
+        assert s.Code() == StatusCode.ERR_NOT_FOUND and "pair-b" in s.Message()
+        a.register_remote_engine(b.get_engine_desc())
+        assert read().Succeeded()
+        a.deregister_memory(ma)
+        s = read()
+        assert s.Code() == StatusCode.ERR_NOT_FOUND and f"local memory {ma.id}" in s.Message()
+        # A transfer past the end is refused on the cached pair too (rows are checked every time).
+        ma2 = a.register_memory(int(out.ctypes.data), out.size, -1, MemoryLocationType.CPU)
+        assert a.read(ma2, 0, mb, 0, 256, 1).WaitFor(30_000) == StatusCode.SUCCESS
+        s = a.read(ma2, 8, mb, 0, 256, 2)
+        assert s.Code() == StatusCode.ERR_INVALID_ARGS and "past the end of local memory" in s.Message()
+        s = a.read(ma2, 0, mb, 8, 256, 3)
+        assert s.Code() == StatusCode.ERR_INVALID_ARGS and "past the end of remote memory" in s.Message()

@@ -39,11 +39,13 @@ class UidAllocator:
 
 
 class _Table(Generic[K, V]):
-    """A dict guarded by a lock (reads of single keys need none under the GIL)."""
+    """A dict guarded by a lock (reads of single keys need none under the GIL), and ``changes``,
+    a count of its changes (each counted after it is made) for checks that cache what they found."""
 
     def __init__(self) -> None:
         self._items: dict[K, V] = {}
         self._lock = threading.Lock()
+        self.changes = 0
         # The value of a key or None: the dict's own get, with no Python frame around it (every
         # transfer reads its local region and remote engine here).
         self.get: Callable[[K], V | None] = self._items.get
@@ -52,11 +54,14 @@ class _Table(Generic[K, V]):
         """Records (or replaces) ``key``."""
         with self._lock:
             self._items[key] = value
+            self.changes += 1
 
     def remove(self, key: K) -> V | None:
         """Forgets ``key``; returns its value, or None if unknown."""
         with self._lock:
-            return self._items.pop(key, None)
+            value = self._items.pop(key, None)
+            self.changes += 1
+            return value
 
     def all(self) -> list[V]:
         """Every value."""
@@ -157,7 +162,7 @@ class InFlight:
         entries = self._by_mem.setdefault(mem_id, [])
         entries.append((status, backend, remote_key))
         if len(entries) % self._PRUNE == 0:
-            entries[:] = [e for e in entries if e[0].InProgress()]
+            entries[:] = [e for e in entries if e[0]._running()]  # its own transfer: the memory it uses
 
     def drain(self, mem_id: int, deadline: float, grace: float) -> None:
         """Waits until ``deadline`` (monotonic) for the transfers of ``mem_id``; then has their

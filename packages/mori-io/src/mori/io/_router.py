@@ -19,11 +19,13 @@ __all__ = ["Router"]
 
 class Router:
     """Backends by type, ranked by priority once when the set changes (not per transfer).
-    Changes are made under the engine's lock; reads need none."""
+    Changes are made under the engine's lock; reads need none. ``changes`` counts them (each
+    counted after it is made)."""
 
     def __init__(self) -> None:
         self._by_type: dict[BackendType, Backend] = {}
         self._ranked: tuple[Backend, ...] = ()
+        self.changes = 0
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._by_type
@@ -52,6 +54,12 @@ class Router:
 
     def _rank(self) -> None:
         self._ranked = tuple(sorted(self._by_type.values(), key=lambda b: -b.priority))
+        self.changes += 1
+
+    def preferred(self, local: MemoryDesc, remote: MemoryDesc) -> Backend | None:
+        """The highest-priority backend that can serve the pair, healthy or not: :meth:`choose`
+        returns it whenever it is healthy."""
+        return next((b for b in self._ranked if b.can_serve(local, remote)), None)
 
     def choose(self, local: MemoryDesc, remote: MemoryDesc) -> Backend | None:
         """The backend to carry a transfer between ``local`` and ``remote``, or None if none can."""
@@ -66,5 +74,6 @@ class Router:
     def close(self) -> None:
         """Closes and forgets every backend."""
         backends, self._by_type, self._ranked = self._ranked, {}, ()
+        self.changes += 1
         for b in backends:
             b.close()

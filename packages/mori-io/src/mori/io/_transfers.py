@@ -81,6 +81,11 @@ class Transfers:
         self._backends = backends
         self._order = order
         self._inflight = inflight
+        # The last pair of descriptors that passed reject(), with the registries' and backends'
+        # change counts then and the backend preferred for it: a transfer on the same two
+        # descriptor objects, nothing registered or removed since, skips those checks and the
+        # routing (its own rows are checked every time).
+        self._route: tuple[MemoryDesc, MemoryDesc, int, Backend | None] | None = None
 
     def reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
         """Why a transfer between ``local`` and ``remote`` cannot start (code, message), or None."""
@@ -106,7 +111,15 @@ class Transfers:
         rows = _batch(local.data, l_offs, r_offs, sizes)
         if type(uid) is not int:
             uid = _int("transfer uid", uid)
-        problem = self.reject(local, remote)
+        changes = self._memory.changes + self._remotes.changes + self._backends.changes  # counts only grow
+        route = self._route
+        if route is not None and route[0] is local and route[1] is remote and route[2] == changes:
+            problem, preferred = None, route[3]
+        else:
+            problem, preferred = self.reject(local, remote), None
+            if problem is None:
+                preferred = self._backends.preferred(local, remote)
+                self._route = (local, remote, changes, preferred)
         if problem is None and not 0 <= uid < _U64_END:
             problem = StatusCode.ERR_INVALID_ARGS, f"transfer uid {uid} outside 0..2**64-1"
         if problem is None:
@@ -119,7 +132,10 @@ class Transfers:
                 problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
                                                        f"({remote.size} bytes)"
         if problem is None and backend is None:
-            backend = self._backends.choose(local, remote)
+            if preferred is not None and preferred.healthy(remote.engine_key):
+                backend = preferred  # what choose() returns while it is healthy
+            else:
+                backend = self._backends.choose(local, remote)
             if backend is None:
                 problem = StatusCode.ERR_BAD_STATE, (f"no backend of engine {self._key!r} can move {local.loc.name} "
                                                      f"<-> {remote.loc.name} memory (created: "

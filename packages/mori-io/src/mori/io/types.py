@@ -393,7 +393,7 @@ class TransferStatus:
     def _after(self, earlier: TransferStatus | None) -> None:
         """Reports this transfer finished only after ``earlier`` (and its predecessors) did."""
         if earlier is not None and not earlier._running():
-            earlier = earlier._pending_before()
+            earlier = None if earlier._prev is None else earlier._pending_before()
         self._prev = earlier
 
     def _own(self) -> StatusCode:
