@@ -115,10 +115,14 @@ void Transfer::finish(int c, const std::string& msg) {
         if (code_.load() != kInProgress) return;
         err_ = c == kSuccess ? 0 : c;
         msg_ = msg;
+        // Published before the note goes: a waiter blocked on cv_ need not wait for its send.
+        code_.store(c, std::memory_order_release);
+        cv_.notify_all();
     }
     // The target hears the outcome after every byte (a message behind the transfer's last
-    // reply); a transport failure is not sent (the link is gone). On the same-host path the
-    // target records it itself, with the transfer's last request.
+    // reply); a transport failure is not sent (the link is gone). On the same-host path, and for
+    // a transfer of one message (kFlagNotify), the target records it itself. The worker lock is
+    // held: link_ is still valid though the owner may have seen the code.
     if (notify_ && !sameHost_ && (c == kSuccess || c == kErrInvalidArgs || c == kErrNotFound) &&
         !link_->eps.empty()) {
         auto* note = new NoteHeader{kMagic, c, link_->peer->ticket, uid_};
@@ -130,9 +134,6 @@ void Transfer::finish(int c, const std::string& msg) {
         api::StatusPtr r = fn().am_send_nbx(link_->eps[0], kAmNote, note, sizeof(*note), nullptr, 0, &p);
         if (r == nullptr || api::is_error_ptr(r)) delete note;
     }
-    std::lock_guard lk(mu_);
-    code_.store(c, std::memory_order_release);
-    cv_.notify_all();
 }
 
 bool Transfer::wait(double timeoutSec) {
@@ -213,7 +214,7 @@ RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
     owned->answer = &answer;
     Part& part = add_part_locked(std::move(owned));
     const uint64_t partId = part.id;
-    RequestHeader h{kMagic, kOpRegion, 0, 1, part.ticket, part.id};
+    RequestHeader h{kMagic, kOpRegion, 0, 1, part.ticket, part.id, 0};
     Entry e{id, 0, 0};
     std::memcpy(part.header.data(), &h, sizeof(h));
     std::memcpy(part.header.data() + sizeof(h), &e, sizeof(e));
@@ -467,8 +468,11 @@ std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local
             i = j;
         }
     }
+    // A transfer of one message asks its target to record the outcome (kFlagNotify): no note follows.
+    const bool targetNotes = notify && !rma && planned.size() == 1;
     auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link,
-                                        std::max<int64_t>(1, static_cast<int64_t>(planned.size())), deadline, notify, uid);
+                                        std::max<int64_t>(1, static_cast<int64_t>(planned.size())), deadline,
+                                        notify && !targetNotes, uid);
     if (planned.empty()) {
         t->part_done(kSuccess, "");  // nothing to move; the notification still goes
         return t;
@@ -505,8 +509,8 @@ std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local
             worker.retire_part_locked(part);  // finished at once when the flush was immediate
             continue;
         }
-        RequestHeader h{kMagic, op, static_cast<uint8_t>(gpu ? kFlagRndvReply : 0), static_cast<uint16_t>(m),
-                        part.ticket, part.id};
+        const uint8_t flags = (gpu ? kFlagRndvReply : 0) | (targetNotes ? kFlagNotify : 0);
+        RequestHeader h{kMagic, op, flags, static_cast<uint16_t>(m), part.ticket, part.id, targetNotes ? uid : 0};
         part.header.resize(sizeof(h) + m * sizeof(Entry));
         std::memcpy(part.header.data(), &h, sizeof(h));
         auto* entries = reinterpret_cast<Entry*>(part.header.data() + sizeof(h));

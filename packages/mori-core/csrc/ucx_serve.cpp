@@ -33,9 +33,10 @@ int code_of(uint32_t reason) {
     }
 }
 
-void on_serve_sent(void* request, api::Status, void* user) {
+void on_serve_sent(void* request, api::Status status, void* user) {
     fn().request_free(request);
-    delete static_cast<Serve*>(user);  // unpins what the reply read
+    std::unique_ptr<Serve> s(static_cast<Serve*>(user));  // unpins what the reply read
+    if (status == api::kOk) s->record(s->reply.code);    // a read's bytes have left
 }
 
 // Sends s's reply (with data: iov or s.body) on its reply endpoint; s is freed when UCX is done.
@@ -67,15 +68,19 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
         if (!rndv) p.flags = api::kAmSendEager;
     }
     api::StatusPtr r = f.am_send_nbx(s->replyEp, kAmReply, &s->reply, sizeof(s->reply), data, count, &p);
-    if (r != nullptr && !api::is_error_ptr(r)) s.release();  // on_serve_sent frees it
+    if (r == nullptr) s->record(s->reply.code);   // sent at once
+    else if (!api::is_error_ptr(r)) s.release();  // on_serve_sent frees it
 }
 
-void refuse(Worker& w, api::Endpoint* ep, const RequestHeader& h, uint32_t reason, uint32_t entry) {
-    w.engine().count(&EngineStats::refused);
-    auto s = std::make_unique<Serve>();
-    s->worker = &w;
-    s->replyEp = ep;
+// Answers h with a refusal instead of what s (made for h) would have sent; its outcome is
+// recorded if h asked.
+void refuse(std::unique_ptr<Serve> s, const RequestHeader& h, uint32_t reason, uint32_t entry) {
+    s->worker->engine().count(&EngineStats::refused);
+    s->unpin();
+    s->iov.clear();
+    s->staged.clear();
     s->reply = ReplyHeader{kMagic, code_of(reason), h.ticket, h.part, reason, entry};
+    s->record(s->reply.code);
     send_reply(std::move(s), false, api::kMemoryHost);
 }
 
@@ -96,6 +101,7 @@ void land(Serve& s) {
 // carries no data: the blocks are dropped from it first (send_reply would send them back).
 void answer_write(std::unique_ptr<Serve> s) {
     if (s->reply.code == kSuccess) land(*s);
+    s->record(s->reply.code);  // the bytes are in (or the write failed)
     s->unpin();  // the bytes are in: the regions are free before the initiator hears so
     s->iov.clear();
     s->staged.clear();
@@ -152,7 +158,8 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         eng.count(&EngineStats::malformed);
         return api::kOk;
     }
-    if (eng.admitted(h.ticket).empty()) {
+    std::string key = eng.admitted(h.ticket);
+    if (key.empty()) {
         eng.count(&EngineStats::badTickets);
         return api::kOk;
     }
@@ -162,12 +169,16 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     s->worker = &w;
     s->replyEp = param->replyEp;
     s->reply = ReplyHeader{kMagic, kSuccess, h.ticket, h.part, kReasonNone, 0};
+    if ((h.flags & kFlagNotify) != 0 && h.op != kOpRegion) {
+        s->noteKey = std::move(key);
+        s->noteUid = h.uid;
+    }
     if (h.op == kOpRegion) {
         Entry e;
         std::memcpy(&e, entries, sizeof(e));
         std::shared_ptr<Region> r = eng.region(e.memId);
         if (!r || n != 1 || length != 0) {
-            refuse(w, param->replyEp, h, r ? kReasonShape : kReasonMemory, 0);
+            refuse(std::move(s), h, r ? kReasonShape : kReasonMemory, 0);
             return api::kOk;
         }
         RegionInfo info{r->addr, r->size, r->memType, static_cast<uint32_t>(r->rkey.size())};
@@ -195,7 +206,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
             memType = r->memType;
         }
         if (reason != kReasonNone) {
-            refuse(w, param->replyEp, h, reason, static_cast<uint32_t>(i));
+            refuse(std::move(s), h, reason, static_cast<uint32_t>(i));
             return api::kOk;
         }
         s->iov[i] = api::Iov{reinterpret_cast<void*>(r->addr + e.offset), e.size};
@@ -209,7 +220,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     }
     if (h.op == kOpRead) {
         if (length != 0) {
-            refuse(w, param->replyEp, h, kReasonShape, 0);
+            refuse(std::move(s), h, kReasonShape, 0);
             return api::kOk;
         }
         if (s->stager) {
@@ -217,7 +228,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
                 s->stager->to_host(s->staged.data(), reinterpret_cast<uint64_t>(s->iov[0].buffer), total);
             } catch (const std::exception& e) {
                 std::fprintf(stderr, "mori UCX engine: a read of GPU memory failed: %s\n", e.what());
-                refuse(w, param->replyEp, h, kReasonFailed, 0);
+                refuse(std::move(s), h, kReasonFailed, 0);
                 return api::kOk;
             }
             s->iov[0].buffer = s->staged.data();
@@ -227,7 +238,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         return api::kOk;
     }
     if (length != total) {
-        refuse(w, param->replyEp, h, kReasonShape, 0);
+        refuse(std::move(s), h, kReasonShape, 0);
         return api::kOk;
     }
     if (!rndv) {
@@ -400,6 +411,13 @@ api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, 
     }
     w.retire_part_locked(*part);
     return api::kOk;
+}
+
+void Serve::record(int code) {
+    if (noteKey.empty()) return;
+    if (code == kSuccess || code == kErrInvalidArgs || code == kErrNotFound)
+        worker->engine().record_inbound(noteKey, noteUid, code);
+    noteKey.clear();
 }
 
 void Serve::on_note(Worker& w, const void* header, size_t headerLength) {

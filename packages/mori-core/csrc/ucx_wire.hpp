@@ -5,7 +5,8 @@
 // order. Sent with the reply flag: the target answers on the same endpoint pair.
 // Target -> initiator, kAmReply: a ReplyHeader; a successful read carries the bytes, a region
 // request a RegionInfo and the packed remote key.
-// Initiator -> target, kAmNote: a NoteHeader, the final status of a transfer that asked to notify.
+// Initiator -> target, kAmNote: a NoteHeader, the final status of a transfer that asked to notify
+// (unless its only request carried kFlagNotify: the target then records the outcome itself).
 // Every message carries the ticket its target issued; anything malformed is dropped unread.
 // Integers are little-endian (both ends x86-64 or aarch64 Linux).
 #pragma once
@@ -24,7 +25,11 @@ constexpr uint32_t kMagic = 0x4d435530;  // "0UCM"
 
 // RequestHeader::flags
 constexpr uint8_t kFlagRndvReply = 1;  // the initiator's memory is GPU memory: reply by rendezvous
-constexpr uint8_t kFlagsKnown = 1;
+// The transfer's only request, asking to notify: the target records its outcome under uid once
+// it has served it (a write's bytes landed, a read's reply sent), and no note follows. That saves
+// a message per transfer, and its send on the initiator's waiting thread.
+constexpr uint8_t kFlagNotify = 2;
+constexpr uint8_t kFlagsKnown = 3;
 
 // Why a target refused (ReplyHeader::reason).
 enum Reason : uint32_t {
@@ -44,6 +49,7 @@ struct RequestHeader {
     uint16_t count;  // entries following
     uint64_t ticket;
     uint64_t part;  // the initiator's id of this message, echoed in the reply
+    uint64_t uid;   // the transfer's (kFlagNotify), else 0
 };
 struct Entry {
     uint64_t memId, offset, size;
@@ -68,7 +74,7 @@ struct NoteHeader {
     uint64_t uid;
 };
 #pragma pack(pop)
-static_assert(sizeof(RequestHeader) == 24 && sizeof(Entry) == 24 && sizeof(ReplyHeader) == 32 &&
+static_assert(sizeof(RequestHeader) == 32 && sizeof(Entry) == 24 && sizeof(ReplyHeader) == 32 &&
                   sizeof(NoteHeader) == 24 && sizeof(RegionInfo) == 24,
               "wire layout");
 
@@ -127,6 +133,11 @@ struct Serve {
     std::string body;  // region replies: RegionInfo + key
     std::shared_ptr<GpuWords> stager;  // set when the GPU bytes go through staged (ucx_gpu.hpp)
     std::vector<uint8_t> staged;
+    std::string noteKey;  // the initiator's key while the outcome is still to record (kFlagNotify)
+    uint64_t noteUid = 0;
+    // Records the request's outcome for its initiator (kFlagNotify; once): a success or a refusal
+    // a note would carry; a transport failure is not recorded (as no note is sent for one).
+    void record(int code);
 
     static api::Status on_request(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
                                   const api::AmRecvParam* param);

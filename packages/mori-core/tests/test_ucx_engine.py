@@ -80,6 +80,12 @@ def test_notifications(pair: Pair) -> None:
     assert pair.target.call("pop", "initiator", 13) == TransferCode.ERR_INVALID_ARGS
     assert pair.transfer(WRITE, [0], [0], [1], uid=14)[0] == "SUCCESS"
     assert pair.target.call("pop", "initiator", 14, 0.5) is None
+    # A transfer of one message asks its target to record the outcome (no note follows): a read
+    # once its reply has gone, a refusal naming unknown memory.
+    assert pair.transfer(READ, [0], [4096], [4096], uid=15, notify=True)[0] == "SUCCESS"
+    assert pair.target.call("pop", "initiator", 15) == 0
+    assert pair.transfer(READ, [0], [0], [1], uid=16, notify=True, remote_id=99)[0] == "ERR_NOT_FOUND"
+    assert pair.target.call("pop", "initiator", 16) == TransferCode.ERR_NOT_FOUND
 
 
 @pytest.mark.parametrize("op", [WRITE, READ])
