@@ -150,7 +150,6 @@ class Transfers:
         if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
             status._attach(refusal)
             return status
-        self._order.join(remote.engine_key, status)
         # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
         self._inflight.add(local.id, status, backend, remote.engine_key)
         if self._memory.get(local.id) is None:
@@ -158,15 +157,17 @@ class Transfers:
             return status
         try:
             completion = backend.submit(request)
-        except Exception as err:  # queued above: whatever went wrong must finish the status
-            # A backend must not raise (base.py), but if one does, the transfer is already in this
-            # peer's completion order: left IN_PROGRESS it would hold back every later status.
+        except Exception as err:  # admitted above: whatever went wrong must finish the status
+            # A backend must not raise (base.py); if one does, the status still ends.
             _log.error("engine %r: %s backend raised while starting transfer %d: %r", self._key,
                        backend.kind.name, uid, err)
             completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the "
                                                           f"transfer: {err!r}")
-        if completion is None:  # a backend breaking its contract must not wedge the order either
+        if completion is None:  # a backend breaking its contract must not leave it running either
             completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend returned no completion")
+        # Joined to the order once the transfer is on its way (its bytes move meanwhile), before
+        # the caller holds the status: no one sees it out of order.
+        self._order.join(remote.engine_key, status)
         status._attach(completion)
         return status
 

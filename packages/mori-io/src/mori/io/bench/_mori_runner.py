@@ -97,7 +97,9 @@ def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, 
                                        lmem, l_offs, rmem, r_offs, sizes)
             times, cpu = [], 0.0
             for i in range(warmup + iters):
-                t0, c0 = time.perf_counter(), time.process_time()
+                # The CPU clock first: reading it takes a system call (about 0.6 us), not part of the transfer.
+                c0 = time.process_time()
+                t0 = time.perf_counter()
                 st = go(engine.allocate_transfer_uid())
                 if st.WaitFor(60_000) != StatusCode.SUCCESS:
                     raise RuntimeError(f"benchmark transfer failed: {st}")

@@ -14,7 +14,6 @@ from ..base import Outcome, TransferOp
 __all__ = ["SEND_WR_DEFAULT", "SendQueues"]
 
 SEND_WR_DEFAULT = 8192  # MORI's send queue depth per queue pair when max_send_wr is 0
-_UNFINISHED = (StatusCode.INIT, StatusCode.IN_PROGRESS)
 
 
 class _Queue:
@@ -30,9 +29,10 @@ class _Queue:
     def prune(self) -> None:
         """Drops the finished transfers. Their own codes, not Code(): a finished transfer frees
         its operations even while an earlier transfer to the same engine keeps its status
-        IN_PROGRESS (one admitted and not submitted yet is IN_PROGRESS already; INIT, a status
-        never submitted)."""
-        self.entries = [(st, n) for st, n in self.entries if st._own() in _UNFINISHED]
+        IN_PROGRESS (one admitted and not submitted yet is IN_PROGRESS already: the engine
+        admits only statuses made so). ``_running`` reads the code without making the enum: a
+        full queue's prune looks at every entry."""
+        self.entries = [e for e in self.entries if e[0]._running()]
         self.used = sum(n for _, n in self.entries)
 
 
