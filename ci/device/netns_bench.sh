@@ -5,11 +5,9 @@
 # GPU memory, all over UCX tcp + cuda_copy between the namespaces). Both PEs share GPU 0 under
 # MPS on a one-GPU machine (multi_pe.sh). Needs root and `unshare` (util-linux).
 #
-# Without `ip` on the machine, ci/device/netns_ip.py (pyroute2) stands in for it, first on PATH:
-# it needs the pyroute2 wheel in .devkit/wheels, fetched beside the other wheels on a machine with
-# PyPI (pure Python, any platform):
-#     python3 -m pip download --no-deps --only-binary=:all: -d .devkit/wheels pyroute2==0.9.7
-# and .devkit/ucx (the libucx-cu13 wheel, ci/device/ucx_kit.sh) for UCX with CUDA support.
+# Without `ip` on the machine, ci/device/netns_ip.py (pyroute2) stands in for it (ip_shim.sh says
+# how to fetch its wheel into .devkit/wheels), and .devkit/ucx (the libucx-cu13 wheel,
+# ci/device/ucx_kit.sh) for UCX with CUDA support.
 #
 # Steps: install mori-core, mori-shmem, mori-io (--io runs mori-io-bench) (and pyroute2 when `ip` is missing); check that two
 # namespaces can be made and reach each other (a TCP connection from one to the other, and /sys
@@ -30,21 +28,9 @@ if [ -z "${MORI_SKIP_INSTALL:-}" ]; then
     2>&1 | tail -5 || exit 1
 fi
 . "$(dirname "$0")/ucx_wheel.sh"
+. "$(dirname "$0")/ip_shim.sh"
 use_ucx_wheel
-if ! command -v ip > /dev/null; then
-  whl=$(ls .devkit/wheels/pyroute2-*.whl 2>/dev/null | head -1)
-  if [ -z "$whl" ]; then
-    echo "no ip (iproute2) and no .devkit/wheels/pyroute2-*.whl: see this script's header" >&2
-    exit 1
-  fi
-  python3 -m pip install -q --no-deps --no-index "$whl" 2>&1 | tail -3
-  shim=$(mktemp -d /tmp/mori-ip.XXXXXX)
-  ln -s "$repo/ci/device/netns_ip.py" "$shim/ip"
-  export PATH="$shim:$PATH"
-  echo "== ip: ci/device/netns_ip.py (pyroute2 $(python3 -c 'import importlib.metadata as m; print(m.version("pyroute2"))'))"
-else
-  echo "== ip: $(command -v ip)"
-fi
+use_ip_shim || exit 1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 cd /tmp  # import mori from site-packages, not the source tree
 echo "== two network namespaces joined by a veth pair"

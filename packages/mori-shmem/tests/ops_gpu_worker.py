@@ -205,19 +205,22 @@ def internode(rank: int, world: int) -> None:
     kinds = [mori.ops.EpDispatchCombineKernelType.InterNodeV1, mori.ops.EpDispatchCombineKernelType.InterNodeV1LL]
     p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
     sizes = [g for g in (world // 2, world // 4) if g >= 1 and p2p] or [1]
-    # IntraNode needs every PE mapped: through the proxy (MORI_DISABLE_P2P) its rounds come from
-    # the file an earlier run with P2P wrote (MORI_OPS_INTRA_REFERENCE; checks "intra_reference").
+    # IntraNode needs every PE mapped: through the proxy (MORI_DISABLE_P2P), or with PEs on two
+    # hosts, its rounds come from the file an earlier run with P2P on one host wrote
+    # (MORI_OPS_INTRA_REFERENCE; checks "intra_reference").
+    saving = os.environ.get("MORI_OPS_CHECKS") == "intra_reference"
     reference = os.environ.get("MORI_OPS_INTRA_REFERENCE", "")
     if not p2p and not reference:
         raise RuntimeError("with MORI_DISABLE_P2P the inter-node check compares against IntraNode rounds "
                            "saved by a P2P run: set MORI_OPS_INTRA_REFERENCE (see test_ops_gpu.py)")
-    intra: dict[tuple[str, int], Any] = _load_intra(reference) if not p2p and rank == 0 else {}
-    for name, case, seeds, options in internode_cases(world) if p2p else []:
+    from_file = bool(reference) and not saving
+    intra: dict[tuple[str, int], Any] = _load_intra(reference) if from_file and rank == 0 else {}
+    for name, case, seeds, options in internode_cases(world) if not from_file else []:
         round_kw, overrides = _round_options(options)
         op = mori.ops.EpDispatchCombineOp(make_config(case, rank, **overrides))
         for seed in seeds:
             intra[name, seed] = gather(pe_round(dataclasses.replace(case, seed=seed), op, "cuda", **round_kw))
-    if os.environ.get("MORI_OPS_CHECKS") == "intra_reference":
+    if saving:
         if rank == 0:
             _save_intra(reference, intra)
             print(f"ok  IntraNode rounds of the inter-node cases saved to {reference}", flush=True)

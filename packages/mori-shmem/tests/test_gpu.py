@@ -2,6 +2,9 @@
 
 Marked ``gpu``: CPU CI deselects them; ``ci/device/shmem.sh`` runs them. The PE counts come from
 ``MORI_TEST_PES`` (default "2 4"); PEs beyond the GPU count share GPUs (ci/device/gpu_world.py).
+With ``MORI_TEST_NETNS=1`` the tests that reach peers through the remote transport start half of
+their PEs in each of two network namespaces, as on two hosts (ci/device/netns_torchrun.py;
+ci/device/netns_gpu.sh runs them).
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ PES = [int(n) for n in os.environ.get("MORI_TEST_PES", "2 4").split()]
 pytestmark = pytest.mark.gpu
 
 
-def _torchrun(script: str, nproc: int, env: dict[str, str]) -> str:
+#: Whether the remote-transport tests run across two network namespaces (see the module docstring).
+TWO_HOSTS = os.environ.get("MORI_TEST_NETNS") == "1"
+
+
+def _torchrun(script: str, nproc: int, env: dict[str, str], two_hosts: bool = False) -> str:
+    """Runs ``script`` as ``nproc`` PEs under torchrun; ``two_hosts``: half in each of two network
+    namespaces (netns_torchrun.py). Its stdout, or an assertion with its stderr."""
     import torch
 
     if not torch.cuda.is_available():
@@ -30,6 +39,14 @@ def _torchrun(script: str, nproc: int, env: dict[str, str]) -> str:
     path = os.pathsep.join(p for p in (str(CI_DEVICE), os.environ.get("PYTHONPATH")) if p)
     full_env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                     NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1", PYTHONPATH=path, **env)
+    if two_hosts:
+        sys.path.insert(0, str(CI_DEVICE))
+        from netns_torchrun import torchrun_two_hosts
+
+        rc, out, err = torchrun_two_hosts(str(HERE / script), nproc, full_env, str(HERE), timeout)
+        print(out)
+        assert rc == 0, f"{script} with {nproc} PEs on two hosts failed (status {rc}):\n{out}\n{err[-8000:]}"
+        return out
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(HERE / script)]
     # A session of its own, so that a timeout kills torchrun and every PE it started.
@@ -65,7 +82,8 @@ def test_every_peer_through_the_proxy(nproc: int, mode: str) -> None:
     host calls through the UCX engine (TCP and UCX's CUDA copies, as between hosts)."""
     out = _torchrun("gpu_worker.py", nproc, {"MORI_SHMEM_MODE": mode, "MORI_SHMEM_HEAP_SIZE": "512M",
                                              "MORI_SHMEM_VMM_CHUNK_SIZE": "4M", "MORI_DISABLE_P2P": "ON",
-                                             "UCX_TLS": "tcp,cuda_copy,self", "MORI_SHMEM_TIMEOUT": "30"})
+                                             "UCX_TLS": "tcp,cuda_copy,self", "MORI_SHMEM_TIMEOUT": "30"},
+                    two_hosts=TWO_HOSTS)
     assert "ok  finalize, then init again" in out and "all through the proxy" in out
 
 
@@ -73,7 +91,8 @@ def test_proxy_reports_a_dead_pe() -> None:
     """PE 1 dies: PE 0's host quiet raises naming it, and a kernel waiting on the proxy fails its
     launch with a device report naming it (no hang)."""
     out = _torchrun("gpu_proxy_failure.py", 2, {"MORI_DISABLE_P2P": "ON", "UCX_TLS": "tcp,cuda_copy,self",
-                                                "MORI_SHMEM_TIMEOUT": "10", "MORI_SHMEM_HEAP_SIZE": "64M"})
+                                                "MORI_SHMEM_TIMEOUT": "10", "MORI_SHMEM_HEAP_SIZE": "64M"},
+                    two_hosts=TWO_HOSTS)
     assert "ok  host shmem_quiet names the dead PE" in out and "ok  a kernel's quiet failed its launch" in out
     assert "the proxy's operation to PE 1 failed" in out
 

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 import pytest
-from test_gpu import _torchrun
+from test_gpu import TWO_HOSTS, _torchrun
 
 PES = [int(n) for n in os.environ.get("MORI_TEST_PES", "2 4 8").split()]
 pytestmark = pytest.mark.gpu
@@ -52,10 +52,20 @@ def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp
     out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "intra_reference", "MORI_DISABLE_P2P": "0"})
     assert f"ok  IntraNode rounds of the inter-node cases saved to {reference}" in out, out
     out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "internode", "MORI_DISABLE_P2P": "ON",
-                                                 "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")})
+                                                 "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")},
+                    two_hosts=TWO_HOSTS)
     assert "FAILED" not in out, out
     assert out.count("byte for byte as IntraNode") >= 20, out
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
+    if TWO_HOSTS:
+        # P2P within each namespace, the remote transport across: gpu_per_node of half the world
+        # (the namespaces) and of a quarter (nodes inside a namespace, whose PEs are still mapped).
+        out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "internode",
+                                                     "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")},
+                        two_hosts=True)
+        assert "FAILED" not in out, out
+        assert out.count("byte for byte as IntraNode") >= 20, out
+        assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
 # Last of the file: the PEs end with their CUDA contexts unusable (a device trap).
