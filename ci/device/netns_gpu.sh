@@ -9,13 +9,14 @@
 #      -k through_the_proxy): with MORI_DISABLE_P2P (every peer through the proxy), then with P2P
 #      inside each namespace and the remote transport across, each PE count of --ops-pes.
 # Needs root and `ip` (iproute2, else ci/device/netns_ip.py: ip_shim.sh), .devkit/ucx (ucx_kit.sh).
-# Usage: bash ci/device/netns_gpu.sh [--pes "2 4"] [--ops-pes "2 4 8"] [--no-mps]
+# Usage: bash ci/device/netns_gpu.sh [--pes "2 4"] [--ops-pes "2 4 8"] [--only shmem|ops] [--no-mps]
 set -uo pipefail
 . "$(dirname "$0")/multi_pe.sh"
 ops_pes="2 4 8"
+only=""
 args=()
 while [ $# -gt 0 ]; do
-  case $1 in --ops-pes) ops_pes=$2; shift 2 ;; *) args+=("$1"); shift ;; esac
+  case $1 in --ops-pes) ops_pes=$2; shift 2 ;; --only) only=$2; shift 2 ;; *) args+=("$1"); shift ;; esac
 done
 pes_script_start "${args[@]}" || exit 2
 [ ${#PES_REST[@]} = 0 ] || { echo "unknown argument: ${PES_REST[*]}" >&2; exit 2; }
@@ -35,17 +36,23 @@ cd /tmp  # import mori from site-packages, not the source tree
 export MORI_TEST_NETNS=1 UCX_TLS=${UCX_TLS:-tcp,cuda_copy,self} MORI_SHMEM_TIMEOUT=${MORI_SHMEM_TIMEOUT:-30}
 max_pes=$(echo $PES $ops_pes | tr ' ' '\n' | sort -n | tail -1)
 pes_share_gpus "$max_pes"
+if [ "$only" != ops ]; then
 echo "== mori.shmem GPU tests through the proxy, PEs on two hosts ($PES PEs on $GPU_COUNT GPUs)"
 MORI_TEST_PES="$PES" timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -s -k proxy \
   "$repo/packages/mori-shmem/tests/test_gpu.py" > "$OUT/netns_shmem.log" 2>&1
 rc=$?; echo "rc=$rc"
 grep -E "^ok |passed|failed|Error|error" "$OUT/netns_shmem.log" | sort | uniq -c | sort -rn | head -40
 [ $rc = 0 ] || { status=1; tail -60 "$OUT/netns_shmem.log"; }
+grep "^node " "$OUT/netns_shmem.log" | sort | uniq -c
+fi
+if [ "$only" != shmem ]; then
 echo "== mori.ops InterNodeV1/V1LL, PEs on two hosts ($ops_pes PEs)"
 MORI_TEST_PES="$ops_pes" timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -s -k through_the_proxy \
   "$repo/packages/mori-shmem/tests/test_ops_gpu.py" > "$OUT/netns_ops.log" 2>&1
 rc=$?; echo "rc=$rc"
 grep -E "byte for byte|^ok |passed|failed|Error" "$OUT/netns_ops.log" | sed 's/seed [0-9]*//' | sort | uniq -c | sort -rn | head -30
 [ $rc = 0 ] || { status=1; tail -60 "$OUT/netns_ops.log"; }
+grep "^node " "$OUT/netns_ops.log" | sort | uniq -c
+fi
 echo "== done in $(( $(date +%s) - t0 ))s, status $status"
 exit $status

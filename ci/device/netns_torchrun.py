@@ -45,6 +45,9 @@ def torchrun_two_hosts(script: str, nproc: int, env: Mapping[str, str], cwd: str
             cmd = ["ip", "netns", "exec", ns.name, sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                    f"--node_rank={rank}", f"--nproc_per_node={nproc // 2}", f"--master_addr={spaces[0].address}",
                    f"--master_port={_PORT}", script]
+            first = rank * (nproc // 2)
+            print(f"node {rank}: PEs {first}-{first + nproc // 2 - 1} in network namespace {ns.name} ({ns.address})",
+                  flush=True)
             # A session of its own per node, so that a timeout kills its torchrun and every PE.
             procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, cwd=cwd, start_new_session=True))
