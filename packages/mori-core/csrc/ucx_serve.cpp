@@ -57,6 +57,15 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
     } else if (s->iov.size() == 1) {
         data = s->iov[0].buffer;
         count = s->iov[0].length;
+        // The registration's own handle. Without one UCX takes a handle from its registration
+        // cache, which for registered memory is the registration's own: a rendezvous send whose
+        // peer fails before it answers then completes only once that handle is released (UCX
+        // invalidates it first), i.e. when the memory is unmapped. The reply, and its pin, never
+        // ended, and at close UCX completed it on the destroyed worker (heap corruption).
+        if (!s->stager && s->pins[0]->memh != nullptr) {
+            p.opAttrMask |= api::kOpMemh;
+            p.memh = s->pins[0]->memh;
+        }
         if (memType != api::kMemoryHost || s->stager) {  // staged bytes: host, said so (ucx_gpu.hpp)
             p.opAttrMask |= api::kOpMemoryType;
             p.memoryType = memType;

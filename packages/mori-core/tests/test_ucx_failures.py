@@ -113,3 +113,25 @@ def test_killed_initiator_leaves_the_target_serving_others(lib: str, where: str,
             assert pair.target.call("deregister", 1, timeout=TIMEOUT + 30) is True
         finally:
             other.remove()
+
+
+@pytest.mark.parametrize("lib", ["debian", "wheel"])
+def test_initiator_killed_while_a_read_reply_waits_for_it_leaves_the_region_free(lib: str) -> None:
+    """The moment test_killed_initiator_leaves_the_target_serving_others hits only now and then,
+    made certain: the target has announced a large read's reply (UCX's rendezvous) to an initiator
+    that never answers, then the initiator dies. The reply must end with the endpoint, so that the
+    region can be deregistered at once (UCX 1.22 held such a reply, sent without the registration's
+    own handle, until the memory was unmapped: deregistration gave up after the timeout)."""
+    with engine_pair(lib, "host", timeout=TIMEOUT, settings={"MM_ERROR_HANDLING": "n"}) as pair:
+        assert pair.transfer(READ, [0], [0], [4096])[0] == "SUCCESS"  # wired up
+        pair.target.signal(signal.SIGSTOP)  # the request waits in its socket
+        wait_stopped(pair.target.pid)
+        pair.init.call("start", "target", READ, [0], [0], [SIZE])  # one block: one reply of SIZE bytes
+        pair.init.signal(signal.SIGSTOP)  # never answers the announcement
+        wait_stopped(pair.init.pid)
+        pair.target.signal(signal.SIGCONT)
+        time.sleep(0.5)  # the target takes the request and announces its reply (well under 1 ms)
+        pair.init.kill()
+        assert pair.target.call("deregister", 1, timeout=TIMEOUT + 30) is True
+        pair.target.call("register", 1, GUARD, SIZE)
+        assert pair.target.call("deregister", 1) is True
