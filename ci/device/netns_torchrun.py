@@ -13,7 +13,10 @@ pair) to the other namespace. The torch process group (gloo) and mori's bootstra
 veth pair too: ``GLOO_SOCKET_IFNAME`` names each namespace's end, ``MORI_BOOTSTRAP_HOST`` the
 address of the namespace of rank 0.
 
-Needs root and ``ip`` (iproute2, or ci/device/netns_ip.py on PATH: see netns_bench.sh).
+Needs root and ``ip`` (iproute2, or ci/device/netns_ip.py on PATH: see ip_shim.sh). From the
+command line it runs torchrun's own arguments after the rendezvous ones, e.g. the Triton tests:
+
+    python3 ci/device/netns_torchrun.py 2 -m pytest -q -m gpu -s packages/mori-triton/tests/test_gpu.py
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from mori.core.testing import network_namespaces
 
@@ -31,11 +34,12 @@ __all__ = ["torchrun_two_hosts"]
 _PORT = 29561  # torchrun's static rendezvous, at the first namespace's address
 
 
-def torchrun_two_hosts(script: str, nproc: int, env: Mapping[str, str], cwd: str,
+def torchrun_two_hosts(args: Sequence[str], nproc: int, env: Mapping[str, str], cwd: str,
                        timeout: float) -> tuple[int, str, str]:
-    """Runs ``script`` as ``nproc`` PEs (an even number), half in each of two new network
-    namespaces; returns the worst exit status, both nodes' stdout (node 0's first) and stderr.
-    Every process of both nodes is killed at ``timeout`` (status 124 then)."""
+    """Runs torchrun's ``args`` (a script and its arguments, or ``-m module ...``) as ``nproc`` PEs
+    (an even number), half in each of two new network namespaces; returns the worst exit status,
+    both nodes' stdout (node 0's first) and stderr. Every process of both nodes is killed at
+    ``timeout`` (status 124 then)."""
     if nproc < 2 or nproc % 2:
         raise ValueError(f"two hosts need an even number of PEs (2 or more), got {nproc}")
     with network_namespaces("10.231.29") as spaces:
@@ -44,7 +48,7 @@ def torchrun_two_hosts(script: str, nproc: int, env: Mapping[str, str], cwd: str
             node_env = dict(env, GLOO_SOCKET_IFNAME=ns.device, MORI_BOOTSTRAP_HOST=spaces[0].address)
             cmd = ["ip", "netns", "exec", ns.name, sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                    f"--node_rank={rank}", f"--nproc_per_node={nproc // 2}", f"--master_addr={spaces[0].address}",
-                   f"--master_port={_PORT}", script]
+                   f"--master_port={_PORT}", *args]
             first = rank * (nproc // 2)
             print(f"node {rank}: PEs {first}-{first + nproc // 2 - 1} in network namespace {ns.name} ({ns.address})",
                   flush=True)
@@ -66,3 +70,18 @@ def torchrun_two_hosts(script: str, nproc: int, env: Mapping[str, str], cwd: str
             errs.append(err)
         rc = next((c for c in codes if c != 0), 0)
         return rc, "".join(outs), "".join(f"--- node {i} ---\n{e}" for i, e in enumerate(errs))
+
+
+def main() -> int:
+    if len(sys.argv) < 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    rc, out, err = torchrun_two_hosts(sys.argv[2:], int(sys.argv[1]), os.environ, os.getcwd(), 540.0)
+    print(out, end="")
+    if rc:
+        print(err[-8000:], file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

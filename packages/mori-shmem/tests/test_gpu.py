@@ -43,7 +43,7 @@ def _torchrun(script: str, nproc: int, env: dict[str, str], two_hosts: bool = Fa
         sys.path.insert(0, str(CI_DEVICE))
         from netns_torchrun import torchrun_two_hosts
 
-        rc, out, err = torchrun_two_hosts(str(HERE / script), nproc, full_env, str(HERE), timeout)
+        rc, out, err = torchrun_two_hosts([str(HERE / script)], nproc, full_env, str(HERE), timeout)
         print(out)
         assert rc == 0, f"{script} with {nproc} PEs on two hosts failed (status {rc}):\n{out}\n{err[-8000:]}"
         return out
