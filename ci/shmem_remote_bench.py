@@ -250,8 +250,11 @@ class Pairs:
         self.pes.close()
 
 
-def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | None) -> list[dict[str, Any]]:
-    """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces."""
+def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | None,
+               gpus: bool = False) -> list[dict[str, Any]]:
+    """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces.
+    ``gpus``: the machine has GPUs, where NIXL's UCX backend refuses ``UCX_TLS=tcp`` without
+    ``cuda_copy`` (which moves no host memory: the bytes still go over tcp, as mori's)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "io.json")
         # Initiators in A on side 0's CPUs, targets in B on side 1's (_pin): the bytes go from A
@@ -264,6 +267,8 @@ def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | 
         if peer_python:
             cmd += ["--peers", "nixl", "--peer-python", peer_python]
         env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_BENCH_TARGET_CPUS": target}
+        if gpus:
+            env["UCX_TLS"] = "tcp,cuda_copy"  # the peers' (mori's RDMA backend names its transports itself)
         subprocess.run(cmd, check=True, env=env, timeout=1800, stdout=subprocess.DEVNULL)
         with open(out) as f:
             rows: list[dict[str, Any]] = json.load(f)["rows"]
@@ -301,7 +306,7 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 if args.io:  # before and after the round's turns: its share of the round's load
-                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python))
+                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python, args.device))
                 for s in sizes:
                     # shmem and the engine take turns every few transfers (a GPU heap's in one
                     # turn), which one goes first alternating too: the VM's load, which swings
@@ -322,7 +327,7 @@ def main() -> None:
                 for n, t in pairs.ping_pong(200).items():
                     signal.setdefault(n, []).append(t)
                 if args.io:
-                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python))
+                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python, args.device))
         finally:
             pairs.close()
     others = sorted({e for e, _ in io_lat})

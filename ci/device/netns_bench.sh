@@ -12,6 +12,8 @@
 # Steps: install mori-core, mori-shmem, mori-io (--io runs mori-io-bench) (and pyroute2 when `ip` is missing); check that two
 # namespaces can be made and reach each other (a TCP connection from one to the other, and /sys
 # showing each one's devices); then the benchmark. Logs and JSON go to $OUT.
+# With NIXL in the run (--io --peer-python python3): install it on the device first from
+# .devkit/nixl (ci/device/nixl_kit.py): python3 -m pip install --no-deps --no-index .devkit/nixl/*.whl
 # Usage: bash ci/device/netns_bench.sh [--check-only] [shmem_remote_bench.py args, e.g. --rounds 3 --iters 20]
 set -uo pipefail
 . "$(dirname "$0")/multi_pe.sh"
