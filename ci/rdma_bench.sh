@@ -4,6 +4,7 @@
 # backend, and NIXL's UCX backend on the same UCX transports, in one run. Needs root and iproute2.
 # Usage: ci/rdma_bench.sh [PEER_PYTHON] [extra mori-io-bench args]; PEER_PYTHON has nixl installed
 # (default: no NIXL). Example: bash ci/rdma_bench.sh /tmp/nixl-venv/bin/python --op read
+# MORI_PYTHON: the interpreter with mori-io (default: the checkout's .venv; python3 on the device).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 peer_python=${1:-}
@@ -25,5 +26,5 @@ ip -n "$ns_i" link set "vbi$tag" up
 export MORI_IO_RDMA_TRANSPORTS=${MORI_IO_RDMA_TRANSPORTS:-tcp}
 peers=()
 [ -n "$peer_python" ] && peers=(--peers nixl --peer-python "$peer_python")
-ip netns exec "$ns_i" "$root/.venv/bin/python" -m mori.io.bench --backend rdma,tcp --host 10.231.9.2 \
+ip netns exec "$ns_i" "${MORI_PYTHON:-$root/.venv/bin/python}" -m mori.io.bench --backend rdma,tcp --host 10.231.9.2 \
   --target-host 10.231.9.1 --target-netns "$ns_t" --no-progress "${peers[@]}" "$@"
