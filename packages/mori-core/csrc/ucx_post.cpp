@@ -123,7 +123,7 @@ void Transfer::finish(int c, const std::string& msg) {
     // reply); a transport failure is not sent (the link is gone). On the same-host path, and for
     // a transfer of one message (kFlagNotify), the target records it itself. The worker lock is
     // held: link_ is still valid though the owner may have seen the code.
-    if (notify_ && !sameHost_ && (c == kSuccess || c == kErrInvalidArgs || c == kErrNotFound) &&
+    if (notify_ && !sameHost_ && recorded_outcome(c) &&
         !link_->eps.empty()) {
         auto* note = new NoteHeader{kMagic, c, link_->peer->ticket, uid_};
         api::RequestParam p{};

@@ -424,8 +424,7 @@ api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, 
 
 void Serve::record(int code) {
     if (noteKey.empty()) return;
-    if (code == kSuccess || code == kErrInvalidArgs || code == kErrNotFound)
-        worker->engine().record_inbound(noteKey, noteUid, code);
+    if (recorded_outcome(code)) worker->engine().record_inbound(noteKey, noteUid, code);
     noteKey.clear();
 }
 

@@ -80,6 +80,10 @@ static_assert(sizeof(RequestHeader) == 32 && sizeof(Entry) == 24 && sizeof(Reply
 
 std::string reason_text(uint32_t reason);
 
+// The outcomes a target records for a transfer that notifies (a note, or kFlagNotify): success
+// and the target's refusals. A transport failure is not recorded: the link it needed is gone.
+inline bool recorded_outcome(int code) { return code == kSuccess || code == kErrInvalidArgs || code == kErrNotFound; }
+
 // One message (checked path) or one lane's run of puts/gets and its flush (RMA path) of a
 // transfer, or a region request. Owned by its worker until its last UCX operation has called
 // back and its outcome is known.
@@ -135,8 +139,7 @@ struct Serve {
     std::vector<uint8_t> staged;
     std::string noteKey;  // the initiator's key while the outcome is still to record (kFlagNotify)
     uint64_t noteUid = 0;
-    // Records the request's outcome for its initiator (kFlagNotify; once): a success or a refusal
-    // a note would carry; a transport failure is not recorded (as no note is sent for one).
+    // Records the request's outcome for its initiator (kFlagNotify; once), if recorded_outcome.
     void record(int code);
 
     static api::Status on_request(Worker& w, const void* header, size_t headerLength, void* data, size_t length,

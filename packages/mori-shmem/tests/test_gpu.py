@@ -25,6 +25,8 @@ pytestmark = pytest.mark.gpu
 
 #: Whether the remote-transport tests run across two network namespaces (see the module docstring).
 TWO_HOSTS = os.environ.get("MORI_TEST_NETNS") == "1"
+if TWO_HOSTS:
+    sys.path.insert(0, str(CI_DEVICE))  # netns_torchrun.py
 
 
 def _torchrun(script: str, nproc: int, env: dict[str, str], two_hosts: bool = False) -> str:
@@ -40,7 +42,6 @@ def _torchrun(script: str, nproc: int, env: dict[str, str], two_hosts: bool = Fa
     full_env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                     NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1", PYTHONPATH=path, **env)
     if two_hosts:
-        sys.path.insert(0, str(CI_DEVICE))
         from netns_torchrun import torchrun_two_hosts
 
         rc, out, err = torchrun_two_hosts([str(HERE / script)], nproc, full_env, str(HERE), timeout)
