@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from mori.core import atomics
 from mori.core import cuda as _cuda
 from mori.core.bootstrap import Bootstrap, get_unique_id
-from mori.core.memory import FdExchange, HostSegment, cuda_vmm, recv_fds, send_fds
+from mori.core.memory import FdExchange, HostSegment, buffer_span, cuda_vmm, recv_fds, send_fds
 from mori.core.testing import context, run_procs
 
 
@@ -360,3 +360,46 @@ def test_vmm_reservation_rejects_bad_arguments_before_any_cuda_call(size: object
                                                                     match: str) -> None:
     with pytest.raises(ValueError, match=match):
         cuda_vmm.VmmReservation(size, device, alignment)  # type: ignore[arg-type]
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.binary(max_size=4096), start=st.integers(0, 64))
+def test_buffer_span_is_the_address_and_size_of_every_buffer_kind(data: bytes, start: int) -> None:
+    import array
+    import ctypes
+    import mmap
+
+    arr = np.frombuffer(data, dtype=np.uint8).copy()
+    words = array.array("B", data)
+    mm = mmap.mmap(-1, max(1, len(data)))
+    mm[: len(data)] = data
+    raw = bytearray(data)
+    for obj, writable in [(data, False), (raw, True), (memoryview(raw)[start:], True), (arr, True), (words, True),
+                          (mm, True), (arr[start:], False)]:
+        addr, nbytes = buffer_span(obj, writable)
+        assert nbytes == memoryview(obj).nbytes
+        assert ctypes.string_at(addr, nbytes) == bytes(memoryview(obj).cast("B"))
+    assert buffer_span(arr)[0] == arr.ctypes.data
+    mm.close()
+
+
+def test_buffer_span_refuses_what_has_no_usable_buffer_and_names_its_type() -> None:
+    read_only = np.zeros(8, dtype=np.uint8)
+    read_only.flags.writeable = False
+    with pytest.raises(TypeError, match="^int has no buffer protocol$"):
+        buffer_span(3)
+    with pytest.raises(TypeError, match="list has no buffer protocol"):
+        buffer_span([1, 2])
+    with pytest.raises(ValueError, match="numpy.ndarray buffer is not C-contiguous"):
+        buffer_span(np.zeros(8)[::2])
+    with pytest.raises(ValueError, match="numpy.ndarray buffer is not C-contiguous"):
+        buffer_span(np.zeros((4, 4)).T)
+    with pytest.raises(ValueError, match="bytes buffer is read-only"):
+        buffer_span(b"abc", writable=True)
+    with pytest.raises(ValueError, match="numpy.ndarray buffer is read-only"):
+        buffer_span(read_only, writable=True)
+    assert buffer_span(read_only)[1] == 8  # reading it is fine
+    raw = bytearray(8)
+    buffer_span(raw, True)
+    raw.extend(b"x" * 8)  # buffer_span holds no export once it returns: the owner may resize
+    assert buffer_span(raw)[1] == 16

@@ -6,11 +6,10 @@ methods, so mori.shmem works without it installed.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from mori.core.memory import buffer_span
 
 __all__ = ["Span", "as_span"]
 
@@ -25,8 +24,17 @@ class Span:
     keep: Any
 
 
-def _is_tensor(obj: Any) -> bool:
-    return type(obj).__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "element_size")
+_tensor_types: dict[type, bool] = {}  # type -> whether it is torch's tensor (types are few: asked once each)
+
+
+def _is_tensor_type(cls: type) -> bool:
+    """Whether objects of ``cls`` are torch tensors (looked up, not recomputed: a small put feels it)."""
+    known = _tensor_types.get(cls)
+    if known is None:
+        known = cls.__module__.startswith("torch") and hasattr(cls, "data_ptr") and hasattr(cls, "element_size")
+        if len(_tensor_types) < 256:
+            _tensor_types[cls] = known
+    return known
 
 
 def as_span(obj: Any, what: str, writable: bool) -> Span:
@@ -36,29 +44,16 @@ def as_span(obj: Any, what: str, writable: bool) -> Span:
     with the buffer protocol (bytes, bytearray, memoryview, array.array). ``writable`` rejects
     read-only objects (the destination of a get).
     """
-    if isinstance(obj, np.ndarray):  # first: the cheapest test, on the commonest argument
-        arr = obj
-    elif _is_tensor(obj):
+    if _is_tensor_type(type(obj)):
         if not obj.is_contiguous():
             raise ValueError(f"{what}: tensor must be contiguous (call .contiguous() first)")
         return Span(int(obj.data_ptr()), int(obj.numel()) * int(obj.element_size()), bool(obj.is_cuda), obj)
-    else:
-        try:
-            arr = np.frombuffer(memoryview(obj).cast("B"), dtype=np.uint8)
-        except TypeError:
-            raise TypeError(f"{what}: expected bytes-like data, a numpy array or a torch tensor, "
-                            f"got {type(obj).__name__}") from None
-        except ValueError:
-            raise ValueError(f"{what}: buffer must be C-contiguous") from None
-        if writable and memoryview(obj).readonly:
-            raise ValueError(f"{what}: buffer is read-only ({type(obj).__name__}); pass a bytearray or array")
-    flags = arr.flags
-    if not flags.c_contiguous:
-        raise ValueError(f"{what}: array must be C-contiguous (np.ascontiguousarray)")
-    if flags.writeable and arr.nbytes:
-        # A quarter of the cost of arr.ctypes.data, which a small put feels (the ctypes view is
-        # released at once: it holds the buffer only while the address is read).
-        return Span(ctypes.addressof(ctypes.c_char.from_buffer(arr)), arr.nbytes, False, arr)  # type: ignore[arg-type]
-    if writable and not flags.writeable:
-        raise ValueError(f"{what}: array is read-only")
-    return Span(int(arr.ctypes.data), int(arr.nbytes), False, arr)
+    try:
+        addr, nbytes = buffer_span(obj, writable)  # one native call: a 4 KiB put feels every step here
+    except TypeError:
+        raise TypeError(f"{what}: expected bytes-like data, a numpy array or a torch tensor, "
+                        f"got {type(obj).__name__}") from None
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc} (np.ascontiguousarray makes a C-contiguous copy; a get needs a "
+                         "writable destination such as a bytearray)") from None
+    return Span(addr, nbytes, False, obj)

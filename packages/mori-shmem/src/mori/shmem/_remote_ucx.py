@@ -210,28 +210,29 @@ class UcxTransport(RemoteTransport):
         if one:  # the usual case: one row, posted and waited for in one native call
             code, message = peer.run_one(op, l_id, l_base + l_in, r_in, nbytes, HEAP_ID + r_id, self._gpu,
                                          self.timeout + 5.0)
-            outcomes = [(code, message)]
-        else:
-            done = []
-            for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes):
-                base = heap.base + (l_id - HEAP_ID) * chunk if mem_id is None else local_base
-                done.append(peer.submit(op, l_id, Batch(l_offs, r_offs, sizes, src_base=base), r_id, 0, False,
-                                        self._gpu))
-            outcomes = [(t.code() if t.wait(self.timeout + 5.0) else _IN_PROGRESS, t.message()) for t in done]
-        for code, message in outcomes:
-            if code == _IN_PROGRESS:
-                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
-                                 "(MORI_SHMEM_TIMEOUT)")
-            if code != 0:
-                raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {message}")
+            if code:
+                self._failed(what, pe, nbytes, code, message)
+            return
+        done = []
+        for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes):
+            base = heap.base + (l_id - HEAP_ID) * chunk if mem_id is None else local_base
+            done.append(peer.submit(op, l_id, Batch(l_offs, r_offs, sizes, src_base=base), r_id, 0, False, self._gpu))
+        for t in done:
+            code = t.code() if t.wait(self.timeout + 5.0) else _IN_PROGRESS
+            if code:
+                self._failed(what, pe, nbytes, code, t.message())
 
-    def _in_heap(self, addr: int, nbytes: int) -> bool:
-        return self.heap.base <= addr and addr + nbytes <= self.heap.base + self.heap.size
+    def _failed(self, what: str, pe: int, nbytes: int, code: int, message: str) -> None:
+        if code == _IN_PROGRESS:
+            raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
+                             "(MORI_SHMEM_TIMEOUT)")
+        raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {message}")
 
     def _transfer(self, op: int, what: str, pe: int, offset: int, addr: int, nbytes: int, local_gpu: bool) -> None:
         heap = self.heap
-        if self._in_heap(addr, nbytes):
-            self._run(op, what, pe, offset, None, addr - heap.base, nbytes)
+        local = addr - heap.base
+        if 0 <= local <= heap.size - nbytes:  # inside the local heap: goes as is
+            self._run(op, what, pe, offset, None, local, nbytes)
         elif nbytes <= _STAGING_BYTES:
             stage = heap.base + STAGING_OFFSET
             with self._staging:
@@ -268,7 +269,7 @@ class UcxTransport(RemoteTransport):
             self.atomic(pe, op, sig_offset, signal, 0, 64)
             return
         host = None
-        if nbytes and (local_gpu or (self._gpu and self._in_heap(src, nbytes))):
+        if nbytes and (local_gpu or (self._gpu and 0 <= src - self.heap.base <= self.heap.size - nbytes)):
             # The message carries host bytes: GPU memory is copied out first.
             host = ctypes.create_string_buffer(nbytes)
             self.heap.copy(ctypes.addressof(host), src, nbytes)

@@ -1,5 +1,6 @@
 """Memory that several processes share.
 
+* :func:`buffer_span` — the address and size of a Python object's memory (buffer protocol);
 * :class:`HostSegment` — host shared memory (``memfd``) that peer processes on this host map;
 * :func:`send_fds` / :func:`recv_fds` — file descriptors over Unix sockets, with timeouts;
 * :class:`FdExchange` — an all-gather of descriptors among the local ranks of a bootstrap;
@@ -10,8 +11,9 @@
 """
 
 from . import cuda_vmm
+from ._buffer import buffer_span
 from ._fdpass import FdExchange, recv_fds, send_fds
 from ._host import HostSegment
 from ._pinned import PinnedPool, pinned_alloc, pinned_free
 
-__all__ = ["FdExchange", "HostSegment", "PinnedPool", "cuda_vmm", "pinned_alloc", "pinned_free", "recv_fds", "send_fds"]
+__all__ = ["FdExchange", "HostSegment", "buffer_span", "PinnedPool", "cuda_vmm", "pinned_alloc", "pinned_free", "recv_fds", "send_fds"]

@@ -1,0 +1,3 @@
+# mori.core._native.memory (csrc/memory_bindings.cpp): memory of Python objects.
+
+def buffer_span(obj: object, writable: bool) -> tuple[int, int]: ...
