@@ -23,6 +23,12 @@ ip -n "$ns_i" addr add 10.231.9.2/24 dev "vbi$tag"
 for ns in "$ns_t" "$ns_i"; do ip -n "$ns" link set lo up; done
 ip -n "$ns_t" link set "vbt$tag" up
 ip -n "$ns_i" link set "vbi$tag" up
+# TCP between the "hosts" as between real ones: CUBIC, on the route (why: mori.core.testing's
+# host_congestion_control; a machine defaulting to BBR halves connections' bandwidth at random).
+if grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null; then
+  ip -n "$ns_t" route replace 10.231.9.0/24 dev "vbt$tag" congctl cubic
+  ip -n "$ns_i" route replace 10.231.9.0/24 dev "vbi$tag" congctl cubic
+fi
 export MORI_IO_RDMA_TRANSPORTS=${MORI_IO_RDMA_TRANSPORTS:-tcp}
 peers=()
 [ -n "$peer_python" ] && peers=(--peers nixl --peer-python "$peer_python")

@@ -8,6 +8,7 @@ benchmarks make two network namespaces joined by a veth pair and run processes i
     ip link add DEV type veth peer name PEER
     ip [-n NS] link set DEV netns NS | ip [-n NS] link set DEV up
     ip [-n NS] addr add ADDRESS/PREFIX dev DEV
+    ip [-n NS] route replace PREFIX/LENGTH dev DEV congctl ALGORITHM
 
 ``ci/device/netns_bench.sh`` puts it first on PATH under the name ``ip``. ``netns exec`` does what
 iproute2's does: enters the namespace (setns), then in a mount namespace of its own remounts
@@ -98,6 +99,12 @@ def main(args: list[str]) -> None:
         address, prefix = args[2].split("/", 1)
         with IPRoute(**({"netns": ns} if ns else {})) as ipr:
             ipr.addr("add", index=_index(ipr, args[4]), address=address, prefixlen=int(prefix))
+    elif args[:2] == ["route", "replace"] and len(args) == 7 and args[3] == "dev" and args[5] == "congctl" \
+            and "/" in args[2]:
+        prefix, length = args[2].split("/", 1)
+        with IPRoute(**({"netns": ns} if ns else {})) as ipr:
+            ipr.route("replace", dst=prefix, dst_len=int(length), oif=_index(ipr, args[4]), scope=253,  # link
+                      metrics={"RTAX_CC_ALGO": args[6]})
     else:
         _fail(f"'ip {('-n ' + ns + ' ') if ns else ''}{words}' is not one of the commands this stand-in does "
               "(see ci/device/netns_ip.py)", 2)

@@ -6,10 +6,20 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
-from mori.core.testing import CommandProcess, ProcPool, WorkerError, context, serve_commands
+from mori.core.testing import (
+    CommandProcess,
+    ProcPool,
+    WorkerError,
+    context,
+    host_congestion_control,
+    network_namespaces,
+    serve_commands,
+    start_in_netns,
+)
 
 
 def _env_and_index(name: str) -> tuple[int, str | None]:
@@ -99,3 +109,53 @@ def test_command_process_timeout_kills_and_signal_after_death(tmp_path) -> None:
     proc.signal(signal.SIGKILL)  # a no-op once it is gone
     proc.close()
     assert not (tmp_path / "closed").exists()
+
+
+def _congestion_control(sock: Any) -> str:
+    import socket
+
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+
+
+def _listen(host: str) -> int:
+    """In namespace B: listens on ``host``, serves ``accepted`` (the congestion control of the
+    next connection accepted); returns the port."""
+    import socket
+
+    listener = socket.create_server((host, 0))
+    listener.settimeout(30)
+
+    def accepted() -> str:
+        conn, _ = listener.accept()
+        with conn:
+            return _congestion_control(conn)
+
+    serve_commands({"accepted": accepted, "close": listener.close})
+    return int(listener.getsockname()[1])
+
+
+def _connect_to(host: str, port: int) -> str:
+    import socket
+
+    with socket.create_connection((host, port), timeout=30) as s:
+        return _congestion_control(s)
+
+
+def test_network_namespaces_talk_tcp_with_the_hosts_congestion_control() -> None:
+    """Both ends of a connection between the namespaces (the connecting side's route and the
+    accepting side's) run host_congestion_control's algorithm: CUBIC wherever the kernel has it."""
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        has_cubic = "cubic" in f.read().split()
+    assert host_congestion_control() == ("cubic" if has_cubic else "")
+    with network_namespaces("10.231.6") as (a, b):
+        server = CommandProcess(_listen, (b.address,), "listener", 60, start=start_in_netns(b.name))
+        client = ProcPool(1, timeout=60, start=start_in_netns(a.name))
+        try:
+            used = client.run_on(0, _connect_to, b.address, server.ready)
+            accepted = server.call("accepted")
+        finally:
+            client.close()
+            server.close()
+    assert used == accepted
+    if has_cubic:
+        assert used == "cubic"

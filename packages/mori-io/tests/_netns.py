@@ -9,14 +9,12 @@ them the tests fail loudly rather than skipping, so a CI change that loses them 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from _peer import PipeProcess, SharedBuffer, engine_commands, serve_commands
 
+from mori.core import testing
 from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
 from mori.io.types import TransferStatus
 
@@ -27,31 +25,12 @@ HOST_A, HOST_B = "10.231.7.1", "10.231.7.2"
 BLOCK = 65536
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @contextlib.contextmanager
 def two_namespaces() -> Iterator[tuple[str, str]]:
-    """Creates namespaces A (``HOST_A``) and B (``HOST_B``) joined by a veth pair; removes them after."""
-    assert os.geteuid() == 0 and shutil.which("ip"), \
-        "these tests need root and iproute2 (ci/setup.sh installs iproute2; CI runs as root)"
-    tag = f"{os.getpid() % 100000}"
-    ns_a, ns_b, veth_a, veth_b = f"mori_a{tag}", f"mori_b{tag}", f"mva{tag}", f"mvb{tag}"
-    try:
-        _ip("netns", "add", ns_a)
-        _ip("netns", "add", ns_b)
-        _ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
-        _ip("link", "set", veth_a, "netns", ns_a)
-        _ip("link", "set", veth_b, "netns", ns_b)
-        for ns, dev, addr in ((ns_a, veth_a, HOST_A), (ns_b, veth_b, HOST_B)):
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield ns_a, ns_b
-    finally:
-        for ns in (ns_a, ns_b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+    """Namespaces A (``HOST_A``) and B (``HOST_B``) joined by a veth pair (mori.core.testing's,
+    TCP between them as between real hosts); removed after."""
+    with testing.network_namespaces(HOST_A.rpartition(".")[0]) as (a, b):
+        yield a.name, b.name
 
 
 def _outcome(st: TransferStatus) -> tuple[str, str]:

@@ -57,7 +57,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 __all__ = ["CommandProcess", "Died", "Namespace", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context",
-           "network_namespaces", "run_procs", "serve_commands", "start_in_netns"]
+           "host_congestion_control", "network_namespaces", "run_procs", "serve_commands", "start_in_netns"]
 
 
 @dataclass
@@ -388,13 +388,31 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)} failed: {proc.stderr.strip()}")
 
 
+def host_congestion_control() -> str:
+    """The TCP congestion control that namespaces standing in for hosts use: ``cubic`` (Linux's
+    default) when this kernel has it, else "" (the kernel's default). Set on the namespaces'
+    route, as ``ip route ... congctl`` (a namespace's sysctl may refuse an algorithm the host did
+    not allow). Why: a machine that defaults to BBR paces each connection over the veth pair at a
+    bandwidth estimated from application-limited samples; a connection that leaves BBR's start-up
+    phase then moves 1 MiB at half speed and delays small messages, at random and for the rest of
+    its life, which no transfer between real hosts on a NIC's bandwidth shows."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return "cubic" if "cubic" in f.read().split() else ""
+    except OSError:
+        return ""
+
+
 @contextlib.contextmanager
 def network_namespaces(subnet: str = "10.231.9") -> Iterator[tuple[Namespace, Namespace]]:
     """Two network namespaces joined by a veth pair, at ``subnet``.1 and ``subnet``.2 (a real
     network path through the kernel, not loopback); removed on exit. Needs root and iproute2: a
-    test that uses it fails, never skips, without them."""
+    test that uses it fails, never skips, without them.
+
+    TCP between them runs CUBIC (:func:`host_congestion_control`), set on the route."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         raise RuntimeError("network namespaces need root and iproute2 (ci/setup.sh installs iproute2; CI runs as root)")
+    congestion = host_congestion_control()
     tag = f"{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
     ends = (Namespace(f"mori_c{tag}a", f"mc{tag}a", f"{subnet}.1"), Namespace(f"mori_c{tag}b", f"mc{tag}b", f"{subnet}.2"))
     try:
@@ -406,6 +424,8 @@ def network_namespaces(subnet: str = "10.231.9") -> Iterator[tuple[Namespace, Na
             _ip("-n", ns.name, "addr", "add", f"{ns.address}/24", "dev", ns.device)
             _ip("-n", ns.name, "link", "set", ns.device, "up")
             _ip("-n", ns.name, "link", "set", "lo", "up")
+            if congestion:
+                _ip("-n", ns.name, "route", "replace", f"{subnet}.0/24", "dev", ns.device, "congctl", congestion)
         yield ends
     finally:
         for ns in ends:
