@@ -4,7 +4,8 @@
 # then the GPU tests (device API kernels, host API on the GPU heap, static and vmm heaps, the
 # guide's Quick Reference) under torchrun with each PE count of --pes (default "2 4"). PEs beyond
 # the GPU count share GPUs (PE i on GPU i % count, under MPS when it starts: multi_pe.sh).
-# Run from the repository root with .devkit carried; logs and JSON go to $OUT.
+# Run from the repository root with .devkit carried (its UCX wheel too: ci/device/ucx_kit.sh);
+# logs and JSON go to $OUT.
 # Usage: bash ci/device/shmem.sh [--no-bench] [--no-tests] [--pes "2 4"] [--no-mps]
 #        (MORI_SKIP_CORE=1: no core.sh)
 set -uo pipefail
@@ -17,6 +18,9 @@ done
 status=0
 t0=$(date +%s)
 [ -n "${MORI_SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem 2>&1 | tail -5 || exit 1
+# The proxy tests of test_gpu.py need a UCX with CUDA support (the system's has none): the wheel's.
+. "$(dirname "$0")/ucx_wheel.sh"
+use_ucx_wheel
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 repo=$PWD

@@ -1,5 +1,5 @@
 # Sourced by the ci/device scripts whose PEs reach each other through UCX on the GPU machine
-# (shmem_proxy.sh, ep.sh --proxy). Not run on its own.
+# (shmem.sh, shmem_proxy.sh, ep.sh --proxy). Not run on its own.
 #
 #   use_ucx_wheel   installs the libucx wheel of .devkit (unless MORI_SKIP_INSTALL is set) and
 #                   exports MORI_UCX_LIB at its libraries. libucx-cu13's CUDA transports need a
