@@ -37,7 +37,7 @@ import ctypes
 import itertools
 import struct
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from mori.core.batch import Batch
 from mori.core.codes import TransferCode
@@ -217,12 +217,15 @@ class UcxTransport(RemoteTransport):
         for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes):
             base = heap.base + (l_id - HEAP_ID) * chunk if mem_id is None else local_base
             done.append(peer.submit(op, l_id, Batch(l_offs, r_offs, sizes, src_base=base), r_id, 0, False, self._gpu))
-        for t in done:
-            code = t.code() if t.wait(self.timeout + 5.0) else _IN_PROGRESS
+        # Every part is waited for before any failure is raised: none may still read the staging
+        # area or a buffer registered for this call once it returns.
+        outcomes = [(t.code() if t.wait(self.timeout + 5.0) else _IN_PROGRESS, t) for t in done]
+        for code, t in outcomes:
             if code:
                 self._failed(what, pe, nbytes, code, t.message())
 
-    def _failed(self, what: str, pe: int, nbytes: int, code: int, message: str) -> None:
+    def _failed(self, what: str, pe: int, nbytes: int, code: int, message: str) -> NoReturn:
+        """Raises the ShmemError of a failed transfer (code IN_PROGRESS: no answer in time)."""
         if code == _IN_PROGRESS:
             raise ShmemError(f"{what} of {nbytes} bytes to PE {pe}: no answer within {self.timeout:g} s "
                              "(MORI_SHMEM_TIMEOUT)")
