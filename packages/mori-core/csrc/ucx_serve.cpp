@@ -85,9 +85,7 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
 // recorded if h asked.
 void refuse(std::unique_ptr<Serve> s, const RequestHeader& h, uint32_t reason, uint32_t entry) {
     s->worker->engine().count(&EngineStats::refused);
-    s->unpin();
-    s->iov.clear();
-    s->staged.clear();
+    s->drop_blocks();
     s->reply = ReplyHeader{kMagic, code_of(reason), h.ticket, h.part, reason, entry};
     s->record(s->reply.code);
     send_reply(std::move(s), false, api::kMemoryHost);
@@ -111,9 +109,7 @@ void land(Serve& s) {
 void answer_write(std::unique_ptr<Serve> s) {
     if (s->reply.code == kSuccess) land(*s);
     s->record(s->reply.code);  // the bytes are in (or the write failed)
-    s->unpin();  // the bytes are in: the regions are free before the initiator hears so
-    s->iov.clear();
-    s->staged.clear();
+    s->drop_blocks();  // the bytes are in: the regions are free before the initiator hears so
     send_reply(std::move(s), false, api::kMemoryHost);
 }
 

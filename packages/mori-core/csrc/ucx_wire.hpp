@@ -129,6 +129,13 @@ struct Serve {
         for (auto& r : pins) --r->pins;
         pins.clear();
     }
+    // An answer without data (a refusal, a write's reply): its blocks unpinned and dropped, so
+    // that send_reply sends none back.
+    void drop_blocks() {
+        unpin();
+        iov.clear();
+        staged.clear();
+    }
     Worker* worker = nullptr;
     api::Endpoint* replyEp = nullptr;
     ReplyHeader reply{};

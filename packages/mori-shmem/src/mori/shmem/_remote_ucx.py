@@ -231,11 +231,13 @@ class UcxTransport(RemoteTransport):
                              "(MORI_SHMEM_TIMEOUT)")
         raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {message}")
 
+    def _in_heap(self, addr: int, nbytes: int) -> bool:
+        return self.heap.base <= addr and addr + nbytes <= self.heap.base + self.heap.size
+
     def _transfer(self, op: int, what: str, pe: int, offset: int, addr: int, nbytes: int, local_gpu: bool) -> None:
         heap = self.heap
-        local = addr - heap.base
-        if 0 <= local <= heap.size - nbytes:  # inside the local heap: goes as is
-            self._run(op, what, pe, offset, None, local, nbytes)
+        if self._in_heap(addr, nbytes):  # inside the local heap: goes as is
+            self._run(op, what, pe, offset, None, addr - heap.base, nbytes)
         elif nbytes <= _STAGING_BYTES:
             stage = heap.base + STAGING_OFFSET
             with self._staging:
@@ -272,7 +274,7 @@ class UcxTransport(RemoteTransport):
             self.atomic(pe, op, sig_offset, signal, 0, 64)
             return
         host = None
-        if nbytes and (local_gpu or (self._gpu and 0 <= src - self.heap.base <= self.heap.size - nbytes)):
+        if nbytes and (local_gpu or (self._gpu and self._in_heap(src, nbytes))):
             # The message carries host bytes: GPU memory is copied out first.
             host = ctypes.create_string_buffer(nbytes)
             self.heap.copy(ctypes.addressof(host), src, nbytes)

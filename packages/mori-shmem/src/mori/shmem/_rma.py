@@ -43,7 +43,7 @@ class Rma:
     def offset(self, addr: int, nbytes: int, what: str, align: int = 1, write: bool = False) -> int:
         """The heap offset of ``[addr, addr + nbytes)``; raises unless it lies inside the heap and,
         for a write, inside one live ``shmem_malloc`` block (never in the reserved area)."""
-        if type(addr) is not int and (not isinstance(addr, int) or isinstance(addr, bool)):  # exact int first: cheap
+        if not isinstance(addr, int) or isinstance(addr, bool):
             raise TypeError(f"{what}: address must be an int, got {type(addr).__name__}")
         base, size = self.heap.base, self.heap.size
         if addr < base or addr + nbytes > base + size:
@@ -67,7 +67,7 @@ class Rma:
     def route(self, pe: int) -> int:
         """Checks ``pe``; returns the base of its heap as mapped here, or 0 when ``pe`` is reached
         through the remote transport."""
-        if (type(pe) is not int and (not isinstance(pe, int) or isinstance(pe, bool))) or not 0 <= pe < self.npes:
+        if not isinstance(pe, int) or isinstance(pe, bool) or not 0 <= pe < self.npes:
             raise ValueError(f"PE {pe!r} is out of range: there are {self.npes} PEs (0..{self.npes - 1})")
         return self.heap.peer_bases[pe]
 
@@ -88,16 +88,15 @@ class Rma:
             raise ValueError(f"{what}={value!r} does not fit in {width} bits")
         return value & ((1 << width) - 1)
 
-    def _check_gpu_span(self, what: str) -> None:
-        if self.heap.kind != "gpu":
+    def _check_span(self, span_on_gpu: bool, what: str) -> None:
+        if span_on_gpu and self.heap.kind != "gpu":
             raise TypeError(f"{what}: a CUDA tensor cannot be used with the CPU heap")
 
     # -- data movement ----------------------------------------------------------------------
     def _put_source(self, dest: int, data: Any, pe: int) -> tuple[int, int, Any]:
         """(heap offset of ``dest``, ``pe``'s mapped base or 0, the source span), all checked."""
         span = as_span(data, "put source", writable=False)
-        if span.on_gpu:
-            self._check_gpu_span("put source")
+        self._check_span(span.on_gpu, "put source")
         off = self.offset(dest, span.nbytes, "put destination", write=True)
         return off, self.route(pe), span
 
@@ -114,8 +113,7 @@ class Rma:
     def get_into(self, out: Any, src: int, pe: int) -> None:
         """Fills ``out`` (writable buffer, array or tensor) from ``src`` on PE ``pe``."""
         span = as_span(out, "get destination", writable=True)
-        if span.on_gpu:
-            self._check_gpu_span("get destination")
+        self._check_span(span.on_gpu, "get destination")
         off = self.offset(src, span.nbytes, "get source")
         base = self.route(pe)
         if not span.nbytes:
