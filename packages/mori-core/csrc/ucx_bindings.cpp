@@ -136,6 +136,9 @@ mori::native::Registration reg([](py::module_& root) {
             "same_host_address", [](const Engine& e) { return py::bytes(e.same_host_address()); },
             "What a peer on this host passes to connect(same_host=...) to take the same-host path (b'' when off).")
         .def_property_readonly("cuda_supported", &Engine::cuda_supported)
+        .def_property_readonly("settings", &Engine::settings,
+                               "The UCX settings the context was made with: the caller's, then the defaults the engine "
+                               "added, as (name, value) pairs.")
         .def(
             "register_memory",
             [](Engine& e, uint64_t id, uint64_t addr, uint64_t size, bool gpu) {

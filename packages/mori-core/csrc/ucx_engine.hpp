@@ -314,6 +314,9 @@ public:
     // Transports UCX found for this context (ucp_context_print_info).
     std::string describe() const;
     bool cuda_supported() const { return cuda_; }
+    // The UCX settings this engine's context was made with: the caller's, then the defaults the
+    // engine added (ucx_engine.cpp), as (name, value).
+    const std::vector<std::pair<std::string, std::string>>& settings() const { return settings_; }
     // How remote atomics and signal puts reach this engine's GPU regions (ucx_gpu.hpp); without
     // it they are refused (kReasonGpu).
     void set_gpu_words(std::shared_ptr<GpuWords> g) {
@@ -343,6 +346,7 @@ private:
     EngineOptions opts_;
     api::Context* ctx_ = nullptr;
     bool cuda_ = false;
+    std::vector<std::pair<std::string, std::string>> settings_;
     mutable std::mutex gpuMu_;
     std::shared_ptr<GpuWords> gpu_;
     std::atomic<uint64_t> gpuEpoch_{1};  // changes with every set_gpu_words
