@@ -15,23 +15,12 @@ namespace mori::ucx {
 
 namespace {
 
-// UCX settings the engine adds unless the caller sets them (in `settings` or as UCX_<name> in the
-// environment). Shared-memory transports (posix, sysv) declare peer-failure support, so that
-// endpoints created with peer-failure detection keep using them (without it UCX leaves them out
-// and one host talks over tcp). Dead peers are found by keepalive (on shared memory: the peer's
-// pid), every third of the engine's timeout (1 to 20 s; UCX's default is 20 s), so that what a
-// dead peer left in flight (a reply a target was sending it) ends well within the timeout, and
-// with it the pins on registered memory. tcp cuts a message into fragments of its receive
-// segment; at UCX's 64 KiB a 1 MiB block is 17 messages, each received, reassembled and handled
-// on its own, and 512 KiB segments move it about 1.8x as fast over a veth pair (docs/io.md).
-// Both ends must agree: a segment is what the receiver takes in one piece. Set from UCX 1.19 (the
-// oldest mori measures it on): UCX 1.13 gains nothing from it and warns that every transport
-// other than tcp lacks the setting.
+// A UCX setting the engine adds when `wanted`, unless the caller sets it (in `settings` or as
+// UCX_<name> in the environment). Each one's reason is beside it in Engine::Engine.
 struct DefaultSetting {
     const char* name;
     std::string value;
-    bool sharedMemoryOnly;
-    unsigned sinceMinor = 0;  // UCX 1.x: set only from this minor version on
+    bool wanted;
 };
 
 uint64_t random_ticket() {
@@ -73,18 +62,36 @@ Engine::Engine(EngineOptions opts)
                               tls[0] == '^';
     char keepalive[32];
     std::snprintf(keepalive, sizeof(keepalive), "%.3fs", std::clamp(opts_.timeout / 3, 1.0, 20.0));
-    const DefaultSetting defaults[] = {{"MM_ERROR_HANDLING", "y", true},
-                                       {"KEEPALIVE_INTERVAL", keepalive, false},
-                                       {"TCP_RX_SEG_SIZE", "512K", false, 19}};
+    // UCX 1.13 applies a transport's setting to every transport and warns for each one that lacks it.
+    const bool tcpSettings = lib.major > 1 || lib.minor >= 19;
+    const DefaultSetting defaults[] = {
+        // Shared-memory transports (posix, sysv) declare peer-failure support, so that endpoints
+        // created with peer-failure detection keep using them (without it UCX leaves them out and
+        // one host talks over tcp).
+        {"MM_ERROR_HANDLING", "y", sharedMemory},
+        // Dead peers are found by keepalive (on shared memory: the peer's pid) every third of the
+        // timeout (1 to 20 s; UCX's default is 20 s), so that what a dead peer left in flight (a
+        // reply a target was sending it) ends well within the timeout, and with it its pins.
+        {"KEEPALIVE_INTERVAL", keepalive, true},
+        // tcp cuts a message into fragments of the receiver's segment; at UCX's 64 KiB a 1 MiB
+        // block is 17 of them, each received, reassembled and handled on its own, and 512 KiB
+        // moves it about 1.8x as fast over a veth pair. Both ends must agree.
+        {"TCP_RX_SEG_SIZE", "512K", tcpSettings},
+        // tcp carries raw puts to any address a peer names (it has no remote keys): a checked
+        // engine's memory is reached only through its own checks.
+        {"TCP_PUT_ENABLE", "n", tcpSettings && !opts_.rma},
+    };
     for (const DefaultSetting& d : defaults) {
-        bool skip = (d.sharedMemoryOnly && !sharedMemory) || (lib.major == 1 && lib.minor < d.sinceMinor) ||
-                    std::getenv(("UCX_" + std::string(d.name)).c_str()) != nullptr;
+        bool skip = !d.wanted || std::getenv(("UCX_" + std::string(d.name)).c_str()) != nullptr;
         for (const auto& kv : opts_.settings) skip = skip || kv.first == d.name;
         if (!skip && f.config_modify(cfg, d.name, d.value.c_str()) == api::kOk) settings_.emplace_back(d.name, d.value);
     }
     api::Params p{};
     p.fieldMask = api::kParamFeatures | api::kParamMtWorkersShared | api::kParamName;
-    p.features = api::kFeatureRma | api::kFeatureAm | api::kFeatureWakeup;
+    // Without UCP_FEATURE_RMA UCX installs no handlers for its emulated puts and gets (which
+    // write and read any address a peer names over tcp and shared memory): a checked engine is
+    // reached only through its own active messages.
+    p.features = api::kFeatureAm | api::kFeatureWakeup | (opts_.rma ? api::kFeatureRma : 0);
     p.mtWorkersShared = 1;
     p.name = opts_.name.c_str();
     api::Status s = f.init_version(1, 13, &p, cfg, &ctx_);

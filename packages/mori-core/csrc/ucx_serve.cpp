@@ -18,6 +18,9 @@ std::string reason_text(uint32_t reason) {
         case kReasonGpu:
             return "the target's memory is GPU memory: say so when submitting (remote_gpu) (ERR_INVALID_ARGS)";
         case kReasonFailed: return "UCX failed to move the data (ERR_TRANSPORT)";
+        case kReasonChecked:
+            return "the target's engine checks every access (rma=False) and serves no one-sided RMA: "
+                   "make both engines with rma=True, between trusted peers only (ERR_NOT_FOUND)";
         default: return "the target refused the request";
     }
 }
@@ -27,7 +30,8 @@ namespace {
 int code_of(uint32_t reason) {
     switch (reason) {
         case kReasonNone: return kSuccess;
-        case kReasonMemory: return kErrNotFound;
+        case kReasonMemory:
+        case kReasonChecked: return kErrNotFound;
         case kReasonFailed: return kErrTransport;
         default: return kErrInvalidArgs;
     }
@@ -182,8 +186,8 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         Entry e;
         std::memcpy(&e, entries, sizeof(e));
         std::shared_ptr<Region> r = eng.region(e.memId);
-        if (!r || n != 1 || length != 0) {
-            refuse(std::move(s), h, r ? kReasonShape : kReasonMemory, 0);
+        if (!eng.options().rma || !r || n != 1 || length != 0) {
+            refuse(std::move(s), h, !eng.options().rma ? kReasonChecked : r ? kReasonShape : kReasonMemory, 0);
             return api::kOk;
         }
         RegionInfo info{r->addr, r->size, r->memType, static_cast<uint32_t>(r->rkey.size())};

@@ -39,6 +39,7 @@ enum Reason : uint32_t {
     kReasonShape = 3,   // data length differs from the entries' sizes
     kReasonGpu = 4,     // GPU memory reached by a copy-in message: the initiator must say it is GPU memory
     kReasonFailed = 5,  // UCX failed to move the data
+    kReasonChecked = 6, // a region's key asked of a checked engine (rma=False): it serves no one-sided RMA
 };
 
 #pragma pack(push, 1)

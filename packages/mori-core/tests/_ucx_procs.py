@@ -115,7 +115,7 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
         "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "transfer": transfer, "run_one": run_one, "pop": pop,
         "register": register, "deregister": eng.deregister_memory, "stats": eng.stats,
         "describe": lambda key: peers[key].describe(), "healthy": lambda key: peers[key].healthy(),
-        "close": eng.close, "warnings": lambda: list(warnings),
+        "close": eng.close, "warnings": lambda: list(warnings), "settings": lambda: dict(eng.settings),
     }, mm, eng)
     return {"addresses": list(eng.addresses), "library": dict(ucx.ucx_library()),
             "same_host": eng.same_host_address}

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _ucx_procs import GUARD, SIZE, EngineProcess, Pair, engine_pair, fill
+from _ucx_procs import GUARD, SIZE, EngineProcess, Pair, engine_pair, fill, settings_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mori.core import testing
 from mori.core.codes import TransferCode
 from mori.core.ucx import READ, WRITE
 
@@ -234,3 +235,33 @@ def test_rma_path_refuses_what_the_target_did_not_describe(rma_pair: Pair) -> No
     assert code == "ERR_NOT_FOUND" and "memory id 42" in msg and "not registered" in msg, msg
     with pytest.raises(RuntimeError, match="outside memory id 1 of engine 'target'"):
         pair.transfer(WRITE, [0], [SIZE - 4], [8])
+
+
+@pytest.mark.parametrize("lib", ["debian", "wheel"])
+def test_a_checked_target_refuses_rma_peers(lib: str) -> None:
+    """The target decides whether its memory is open to one-sided RMA: a checked engine
+    (rma=False) answers no request for a region's key, and its UCX context has no RMA feature
+    (UCX installs no handlers for emulated puts and gets) nor, from UCX 1.19, tcp's raw puts."""
+    with testing.network_namespaces() as ns:
+        settings = settings_for("netns", ns)
+        target = EngineProcess("target", lib, ns[1].name, settings, timeout=3.0)
+        try:
+            init = EngineProcess("initiator", lib, ns[0].name, settings, timeout=3.0, rma=True)
+            try:
+                fill(target.arr, 5)
+                before = target.arr.copy()
+                fill(init.arr, 6)
+                ticket = target.call("admit", "initiator")
+                init.call("connect", "target", target.addresses, ticket, b"")
+                pair = Pair(init, target, lib, "netns", ns, settings)
+                for op in (WRITE, READ):
+                    code, msg, _ = pair.transfer(op, [0], [0], [4096])
+                    assert code == "ERR_NOT_FOUND", msg
+                    assert "checks every access (rma=False) and serves no one-sided RMA" in msg, msg
+                assert np.array_equal(target.arr, before)
+                assert target.call("settings").get("TCP_PUT_ENABLE") == (None if lib == "debian" else "n")
+                assert "TCP_PUT_ENABLE" not in init.call("settings")  # an RMA engine keeps tcp's puts
+            finally:
+                init.remove()
+        finally:
+            target.remove()
