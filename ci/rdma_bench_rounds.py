@@ -42,6 +42,15 @@ def _command(args: argparse.Namespace, op: str, out: Path) -> tuple[list[str], d
             "--json", str(out)], env
 
 
+def _mori_ucx(args: argparse.Namespace) -> str:
+    """Which UCX mori's engines load (ucx.load's choice, or MORI_UCX_LIB's), for the table's head."""
+    python = sys.executable if args.same_host else os.environ.get("MORI_PYTHON", str(HERE.parent / ".venv/bin/python"))
+    code = ("from mori.core import ucx; i = ucx.load(); "
+            "print('.'.join(map(str, i['version'])), i['path'], '(' + i['source'] + ')')")
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    return done.stdout.strip() or f"unknown ({done.stderr.strip().splitlines()[-1:]})"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("peer_python")
@@ -61,7 +70,7 @@ def main() -> None:
             for row in json.loads(out.read_text())["rows"]:
                 rows.setdefault((row["op"], row["engine"], row["size"], row["batch"]), []).append(row)
     print(f"medians of {args.rounds} alternating rounds ({args.iters} timed transfers per point and round, "
-          f"{args.warmup} untimed first)")
+          f"{args.warmup} untimed first); mori's UCX: {_mori_ucx(args)}")
     head = f"{'op':5} {'size':>8} {'batch':>5} {'engine':10} {'lat us':>9} {'min us':>8} {'GB/s':>7} {'CPU s/GB':>9}"
     print(head)
     print("-" * len(head))
