@@ -73,10 +73,6 @@ Engine::Engine(EngineOptions opts)
         // timeout (1 to 20 s; UCX's default is 20 s), so that what a dead peer left in flight (a
         // reply a target was sending it) ends well within the timeout, and with it its pins.
         {"KEEPALIVE_INTERVAL", keepalive, true},
-        // tcp cuts a message into fragments of the receiver's segment; at UCX's 64 KiB a 1 MiB
-        // block is 17 of them, each received, reassembled and handled on its own; 512 KiB moved
-        // it about 1.8x as fast over a veth pair on a 2-core VM (docs/io.md). Both ends must agree.
-        {"TCP_RX_SEG_SIZE", "512K", tcpSettings},
         // tcp carries raw puts to any address a peer names (it has no remote keys): a checked
         // engine's memory is reached only through its own checks.
         {"TCP_PUT_ENABLE", "n", tcpSettings && !opts_.rma},

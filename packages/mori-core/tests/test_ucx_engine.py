@@ -237,6 +237,36 @@ def test_rma_path_refuses_what_the_target_did_not_describe(rma_pair: Pair) -> No
         pair.transfer(WRITE, [0], [SIZE - 4], [8])
 
 
+@pytest.mark.parametrize("target_lib,init_lib", [("debian", "wheel"), ("wheel", "debian")])
+def test_engines_on_two_ucx_versions_move_large_blocks(target_lib: str, init_lib: str) -> None:
+    """Hosts need not run one UCX: Debian's 1.13 and the wheel's 1.22, each with the engine's
+    defaults, move blocks of several tcp fragments both ways, byte for byte. (A default that only
+    one version takes, such as a larger tcp receive segment, breaks this: the 1.13 end aborts on
+    an assertion when a fragment exceeds its segment.)"""
+    with testing.network_namespaces() as ns:
+        settings = settings_for("netns", ns)
+        target = EngineProcess("target", target_lib, ns[1].name, settings, timeout=5.0)
+        try:
+            init = EngineProcess("initiator", init_lib, ns[0].name, settings, timeout=5.0)
+            try:
+                init.call("connect", "target", target.addresses, target.call("admit", "initiator"), b"")
+                pair = Pair(init, target, init_lib, "netns", ns, settings)
+                for size in (4096, 1 << 20, 3 << 20):
+                    fill(init.arr, size)
+                    fill(target.arr, size + 1)
+                    code, msg, _ = pair.transfer(WRITE, [0], [7], [size])
+                    assert code == "SUCCESS", msg
+                    assert np.array_equal(target.region[7:7 + size], init.region[:size])
+                    fill(target.arr, size + 2)
+                    code, msg, _ = pair.transfer(READ, [5], [0], [size])
+                    assert code == "SUCCESS", msg
+                    assert np.array_equal(init.region[5:5 + size], target.region[:size])
+            finally:
+                init.remove()
+        finally:
+            target.remove()
+
+
 @pytest.mark.parametrize("lib", ["debian", "wheel"])
 def test_a_checked_target_refuses_rma_peers(lib: str) -> None:
     """The target decides whether its memory is open to one-sided RMA: a checked engine

@@ -111,15 +111,16 @@ engine.close()
 
 
 @pytest.mark.parametrize("lib", ["wheel", "debian"])
-def test_engine_reports_its_settings_and_adds_the_tcp_segment_only_where_ucx_takes_it(lib: str) -> None:
+def test_engine_reports_its_settings_and_closes_tcp_puts_where_ucx_takes_it(lib: str) -> None:
     folder = wheel_ucx() if lib == "wheel" else DEBIAN_UCX
     proc = _run(SETTINGS, MORI_UCX_LIB=folder)
-    assert proc.returncode == 0 and "WARN" not in proc.stderr, proc.stderr  # UCX 1.13 warns on the segment
+    assert proc.returncode == 0 and "WARN" not in proc.stderr, proc.stderr  # UCX 1.13 warns on tcp's settings
     settings = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert list(settings)[0] == "TLS" and settings["TLS"] == "tcp"  # the caller's first
     assert "MM_ERROR_HANDLING" not in settings  # shared memory only, and TLS has none
-    assert settings.get("TCP_RX_SEG_SIZE") == ("512K" if lib == "wheel" else None)
+    assert settings.get("TCP_PUT_ENABLE") == ("n" if lib == "wheel" else None)
+    assert "TCP_RX_SEG_SIZE" not in settings  # both ends must agree on it: UCX's default, or the user's
     # The environment wins over a default, as a setting does.
-    proc = _run(SETTINGS, MORI_UCX_LIB=folder, UCX_TCP_RX_SEG_SIZE="64K", UCX_KEEPALIVE_INTERVAL="5s")
+    proc = _run(SETTINGS, MORI_UCX_LIB=folder, UCX_TCP_PUT_ENABLE="y", UCX_KEEPALIVE_INTERVAL="5s")
     settings = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert "TCP_RX_SEG_SIZE" not in settings and "KEEPALIVE_INTERVAL" not in settings, settings
+    assert "TCP_PUT_ENABLE" not in settings and "KEEPALIVE_INTERVAL" not in settings, settings
