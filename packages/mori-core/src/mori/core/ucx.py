@@ -16,7 +16,8 @@ released) and returns a :class:`UcxTransfer`, a completion slot read with ``code
 ``wait()`` as :class:`mori.core.native.TcpTransfer`. By default blocks travel as active messages
 that the target checks against its registrations before touching memory (safe on every UCX
 transport); ``rma=True`` uses one-sided puts and gets, for transports whose hardware enforces
-remote keys (InfiniBand/RoCE). Between engines of one host, host memory takes the same-host
+remote keys (InfiniBand/RoCE), and only between engines that both have it: a checked target
+refuses one-sided access. Between engines of one host, host memory takes the same-host
 path instead (``connect(..., same_host=target.same_host_address)``: the target checks each block,
 then copies with ``process_vm_readv``/``writev``). See docs/core-ucx.md.
 """
