@@ -63,7 +63,7 @@ Engine::Engine(EngineOptions opts)
     char keepalive[32];
     std::snprintf(keepalive, sizeof(keepalive), "%.3fs", std::clamp(opts_.timeout / 3, 1.0, 20.0));
     // UCX 1.13 applies a transport's setting to every transport and warns for each one that lacks it.
-    const bool tcpSettings = lib.major > 1 || lib.minor >= 19;
+    const bool takesTransportSettings = lib.major > 1 || lib.minor >= 19;
     const DefaultSetting defaults[] = {
         // Shared-memory transports (posix, sysv) declare peer-failure support, so that endpoints
         // created with peer-failure detection keep using them (without it UCX leaves them out and
@@ -75,7 +75,7 @@ Engine::Engine(EngineOptions opts)
         {"KEEPALIVE_INTERVAL", keepalive, true},
         // tcp carries raw puts to any address a peer names (it has no remote keys): a checked
         // engine's memory is reached only through its own checks.
-        {"TCP_PUT_ENABLE", "n", tcpSettings && !opts_.rma},
+        {"TCP_PUT_ENABLE", "n", takesTransportSettings && !opts_.rma},
     };
     for (const DefaultSetting& d : defaults) {
         bool skip = !d.wanted || std::getenv(("UCX_" + std::string(d.name)).c_str()) != nullptr;

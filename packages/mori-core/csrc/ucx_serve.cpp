@@ -182,12 +182,16 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         s->noteKey = std::move(key);
         s->noteUid = h.uid;
     }
+    if (h.op == kOpRegion && !eng.options().rma) {  // a checked engine gives no key for one-sided RMA
+        refuse(std::move(s), h, kReasonChecked, 0);
+        return api::kOk;
+    }
     if (h.op == kOpRegion) {
         Entry e;
         std::memcpy(&e, entries, sizeof(e));
         std::shared_ptr<Region> r = eng.region(e.memId);
-        if (!eng.options().rma || !r || n != 1 || length != 0) {
-            refuse(std::move(s), h, !eng.options().rma ? kReasonChecked : r ? kReasonShape : kReasonMemory, 0);
+        if (!r || n != 1 || length != 0) {
+            refuse(std::move(s), h, r ? kReasonShape : kReasonMemory, 0);
             return api::kOk;
         }
         RegionInfo info{r->addr, r->size, r->memType, static_cast<uint32_t>(r->rkey.size())};

@@ -184,10 +184,12 @@ def settings_for(where: str, namespaces: tuple[testing.Namespace, ...] = ()) -> 
 
 
 @contextlib.contextmanager
-def engine_pair(lib: str, where: str, settings: dict[str, str] | None = None, **options: Any) -> Iterator[Pair]:
+def engine_pair(lib: str, where: str, settings: dict[str, str] | None = None, init_lib: str | None = None,
+                init_options: dict[str, Any] | None = None, **options: Any) -> Iterator[Pair]:
     """Target and initiator processes (UCX ``lib``, ``where`` = "host", "same-host" or "netns",
     UCX ``settings`` added to those of ``where``), connected: with "same-host" the initiator
-    takes the target's same-host path (asserted)."""
+    takes the target's same-host path (asserted). The initiator may run another UCX
+    (``init_lib``) and take other engine options (``init_options``, over ``options``)."""
     with contextlib.ExitStack() as stack:
         namespaces: tuple[testing.Namespace, ...] = ()
         if where == "netns":
@@ -197,13 +199,13 @@ def engine_pair(lib: str, where: str, settings: dict[str, str] | None = None, **
         ns_init = namespaces[0].name if namespaces else None
         target = EngineProcess("target", lib, ns_target, settings, **options)
         stack.callback(target.remove)
-        init = EngineProcess("initiator", lib, ns_init, settings, **options)
+        init = EngineProcess("initiator", init_lib or lib, ns_init, settings, **{**options, **(init_options or {})})
         stack.callback(init.remove)
         ticket = target.call("admit", "initiator")
         offer = target.same_host if where == "same-host" else b""
         same_host, refusal = init.call("connect", "target", target.addresses, ticket, offer)
         assert same_host == (where == "same-host"), refusal
-        yield Pair(init, target, lib, where, namespaces, settings)
+        yield Pair(init, target, init_lib or lib, where, namespaces, settings)
 
 
 def fill(arr: np.ndarray, seed: int) -> None:

@@ -125,7 +125,6 @@ def _raw_session(port: int, key="init", token="tok", ticket=TICKET) -> tuple[soc
     return s, struct.unpack("<Ii", reply)[1] if len(reply) == 8 else -1
 
 
-
 def _accept_queue(port: int) -> int:
     """Connections waiting in the accept queue of the listener on 127.0.0.1:``port`` (the
     rx_queue that /proc/net/tcp shows for a listening socket)."""
@@ -148,6 +147,7 @@ def _wait_reaped(tgt: CommandProcess, base: int) -> None:
                                            or tgt.call("fds") > base + 2):
         time.sleep(0.05)
     assert tgt.call("stats")[1] == 0 and tgt.call("fds") <= base + 2
+
 
 def test_thread_exhaustion_refuses_connections_and_keeps_the_process(target_factory):
     # Hole 0: a failed thread start used to escape the accept loop and abort the process.

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _ucx_procs import GUARD, SIZE, EngineProcess, Pair, engine_pair, fill, settings_for
+from _ucx_procs import GUARD, SIZE, EngineProcess, Pair, engine_pair, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mori.core import testing
 from mori.core.codes import TransferCode
 from mori.core.ucx import READ, WRITE
 
@@ -243,28 +242,18 @@ def test_engines_on_two_ucx_versions_move_large_blocks(target_lib: str, init_lib
     defaults, move blocks of several tcp fragments both ways, byte for byte. (A default that only
     one version takes, such as a larger tcp receive segment, breaks this: the 1.13 end aborts on
     an assertion when a fragment exceeds its segment.)"""
-    with testing.network_namespaces() as ns:
-        settings = settings_for("netns", ns)
-        target = EngineProcess("target", target_lib, ns[1].name, settings, timeout=5.0)
-        try:
-            init = EngineProcess("initiator", init_lib, ns[0].name, settings, timeout=5.0)
-            try:
-                init.call("connect", "target", target.addresses, target.call("admit", "initiator"), b"")
-                pair = Pair(init, target, init_lib, "netns", ns, settings)
-                for size in (4096, 1 << 20, 3 << 20):
-                    fill(init.arr, size)
-                    fill(target.arr, size + 1)
-                    code, msg, _ = pair.transfer(WRITE, [0], [7], [size])
-                    assert code == "SUCCESS", msg
-                    assert np.array_equal(target.region[7:7 + size], init.region[:size])
-                    fill(target.arr, size + 2)
-                    code, msg, _ = pair.transfer(READ, [5], [0], [size])
-                    assert code == "SUCCESS", msg
-                    assert np.array_equal(init.region[5:5 + size], target.region[:size])
-            finally:
-                init.remove()
-        finally:
-            target.remove()
+    with engine_pair(target_lib, "netns", init_lib=init_lib, timeout=5.0) as pair:
+        init, target = pair.init, pair.target
+        for size in (4096, 1 << 20, 3 << 20):
+            fill(init.arr, size)
+            fill(target.arr, size + 1)
+            code, msg, _ = pair.transfer(WRITE, [0], [7], [size])
+            assert code == "SUCCESS", msg
+            assert np.array_equal(target.region[7:7 + size], init.region[:size])
+            fill(target.arr, size + 2)
+            code, msg, _ = pair.transfer(READ, [5], [0], [size])
+            assert code == "SUCCESS", msg
+            assert np.array_equal(init.region[5:5 + size], target.region[:size])
 
 
 @pytest.mark.parametrize("lib", ["debian", "wheel"])
@@ -272,26 +261,15 @@ def test_a_checked_target_refuses_rma_peers(lib: str) -> None:
     """The target decides whether its memory is open to one-sided RMA: a checked engine
     (rma=False) answers no request for a region's key, and its UCX context has no RMA feature
     (UCX installs no handlers for emulated puts and gets) nor, from UCX 1.19, tcp's raw puts."""
-    with testing.network_namespaces() as ns:
-        settings = settings_for("netns", ns)
-        target = EngineProcess("target", lib, ns[1].name, settings, timeout=3.0)
-        try:
-            init = EngineProcess("initiator", lib, ns[0].name, settings, timeout=3.0, rma=True)
-            try:
-                fill(target.arr, 5)
-                before = target.arr.copy()
-                fill(init.arr, 6)
-                ticket = target.call("admit", "initiator")
-                init.call("connect", "target", target.addresses, ticket, b"")
-                pair = Pair(init, target, lib, "netns", ns, settings)
-                for op in (WRITE, READ):
-                    code, msg, _ = pair.transfer(op, [0], [0], [4096])
-                    assert code == "ERR_NOT_FOUND", msg
-                    assert "checks every access (rma=False) and serves no one-sided RMA" in msg, msg
-                assert np.array_equal(target.arr, before)
-                assert target.call("settings").get("TCP_PUT_ENABLE") == (None if lib == "debian" else "n")
-                assert "TCP_PUT_ENABLE" not in init.call("settings")  # an RMA engine keeps tcp's puts
-            finally:
-                init.remove()
-        finally:
-            target.remove()
+    with engine_pair(lib, "netns", init_options={"rma": True}, timeout=3.0) as pair:
+        init, target = pair.init, pair.target
+        fill(target.arr, 5)
+        before = target.arr.copy()
+        fill(init.arr, 6)
+        for op in (WRITE, READ):
+            code, msg, _ = pair.transfer(op, [0], [0], [4096])
+            assert code == "ERR_NOT_FOUND", msg
+            assert "checks every access (rma=False) and serves no one-sided RMA" in msg, msg
+        assert np.array_equal(target.arr, before)
+        assert target.call("settings").get("TCP_PUT_ENABLE") == (None if lib == "debian" else "n")
+        assert "TCP_PUT_ENABLE" not in init.call("settings")  # an RMA engine keeps tcp's puts
