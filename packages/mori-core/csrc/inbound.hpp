@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
-#include <list>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +17,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "transfer.hpp"
 
@@ -33,26 +34,28 @@ public:
     }
 
     // Keeps (code, message) for (key, uid); a repeated uid replaces its record. Returns how many
-    // records were dropped to make room (count or age).
+    // records were dropped to make room (count or age). A target calls this for every transfer
+    // (for a write before it answers), so it allocates nothing in the common case: keys are
+    // interned, records sit in a deque, and only the index takes a node.
     size_t record(const std::string& key, uint64_t uid, int code, std::string message = "") {
         const int64_t now = now_ns();
         size_t dropped;
         {
             std::lock_guard lk(mu_);
             dropped = expire_locked(now);
-            auto id = std::make_pair(key, uid);
+            const Id id{uid, intern_locked(key)};
             auto it = index_.find(id);
             if (it != index_.end()) {
-                order_.erase(it->second);
+                bury_locked(it->second);
                 index_.erase(it);
+                trim_locked();
             }
-            while (!order_.empty() && index_.size() >= max_) {
-                index_.erase({order_.front().key, order_.front().uid});
-                order_.pop_front();
+            while (index_.size() >= max_) {
+                drop_oldest_locked();
                 ++dropped;
             }
-            order_.push_back(Record{key, uid, code, std::move(message), now});
-            index_.emplace(std::move(id), std::prev(order_.end()));
+            index_.emplace(id, first_ + records_.size());
+            records_.push_back(Record{id, code, now, std::move(message)});
             dropped_ += dropped;
         }
         if (dropped != 0 && !warned_.exchange(true))
@@ -66,11 +69,15 @@ public:
     // The (code, message) recorded for (key, uid), removing the record; nullopt when there is none.
     std::optional<std::pair<int, std::string>> pop(const std::string& key, uint64_t uid) {
         std::lock_guard lk(mu_);
-        auto it = index_.find({key, uid});
+        auto k = keyIds_.find(key);
+        if (k == keyIds_.end()) return std::nullopt;
+        auto it = index_.find(Id{uid, k->second});
         if (it == index_.end()) return std::nullopt;
-        std::pair<int, std::string> out{it->second->code, std::move(it->second->message)};
-        order_.erase(it->second);
+        Record& r = records_[it->second - first_];
+        std::pair<int, std::string> out{r.code, std::move(r.message)};
+        bury_locked(it->second);
         index_.erase(it);
+        trim_locked();
         return out;
     }
 
@@ -93,23 +100,90 @@ public:
     }
 
 private:
-    struct Record {
-        std::string key;
+    static constexpr uint32_t kBuried = UINT32_MAX;  // a record popped or replaced, still in the deque
+    static constexpr size_t kPackAfter = 4096;       // buried records tolerated before packing
+    struct Id {
         uint64_t uid;
+        uint32_t key;  // interned (keyNames_)
+        bool operator==(const Id& o) const { return uid == o.uid && key == o.key; }
+    };
+    struct IdHash {
+        size_t operator()(const Id& id) const { return (id.uid ^ (uint64_t{id.key} << 40)) * 0x9e3779b97f4a7c15ull; }
+    };
+    struct Record {
+        Id id;
         int code;
-        std::string message;
         int64_t atNs;
+        std::string message;  // "" unless a failure says why (no allocation)
     };
-    struct KeyHash {
-        size_t operator()(const std::pair<std::string, uint64_t>& k) const {
-            return std::hash<std::string>()(k.first) ^ (std::hash<uint64_t>()(k.second) * 0x9e3779b97f4a7c15ull);
+
+    // The key's number; a key no record refers to any more is forgotten (trim_locked), so the
+    // table stays as small as the records it keeps.
+    uint32_t intern_locked(const std::string& key) {
+        auto it = keyIds_.find(key);
+        uint32_t id;
+        if (it != keyIds_.end()) {
+            id = it->second;
+        } else if (!freeKeys_.empty()) {
+            id = freeKeys_.back();
+            freeKeys_.pop_back();
+            keyNames_[id] = key;
+            keyIds_.emplace(key, id);
+        } else {
+            id = static_cast<uint32_t>(keyNames_.size());
+            keyNames_.push_back(key);
+            keyUses_.push_back(0);
+            keyIds_.emplace(key, id);
         }
-    };
+        ++keyUses_[id];
+        return id;
+    }
+    void release_key_locked(uint32_t id) {
+        if (--keyUses_[id] != 0) return;
+        keyIds_.erase(keyNames_[id]);
+        keyNames_[id].clear();
+        freeKeys_.push_back(id);
+    }
+    // Marks record seq gone (its index entry is the caller's to erase).
+    void bury_locked(uint64_t seq) {
+        Record& r = records_[seq - first_];
+        release_key_locked(r.id.key);
+        r.id.key = kBuried;
+        r.message.clear();
+        ++buried_;
+    }
+    // Drops buried records from the front; when more are buried behind a live one than there
+    // are live ones (records popped out of order behind one never popped), packs the deque so
+    // that it stays within twice the records kept.
+    void trim_locked() {
+        while (!records_.empty() && records_.front().id.key == kBuried) {
+            records_.pop_front();
+            ++first_;
+            --buried_;
+        }
+        if (buried_ <= kPackAfter || buried_ <= index_.size()) return;
+        std::deque<Record> live;
+        for (Record& r : records_) {
+            if (r.id.key == kBuried) continue;
+            index_[r.id] = first_ + live.size();
+            live.push_back(std::move(r));
+        }
+        records_.swap(live);
+        buried_ = 0;
+    }
+    void drop_oldest_locked() {
+        trim_locked();
+        if (records_.empty()) return;
+        Record& r = records_.front();
+        index_.erase(r.id);
+        bury_locked(first_);
+        trim_locked();
+    }
     size_t expire_locked(int64_t nowNs) {
         size_t n = 0;
-        while (!order_.empty() && nowNs - order_.front().atNs > ttlNs_) {
-            index_.erase({order_.front().key, order_.front().uid});
-            order_.pop_front();
+        trim_locked();
+        while (!records_.empty() && nowNs - records_.front().atNs > ttlNs_) {
+            drop_oldest_locked();
             ++n;
         }
         return n;
@@ -120,8 +194,14 @@ private:
     int64_t ttlNs_;
     std::string settings_;
     std::mutex mu_;
-    std::list<Record> order_;  // oldest first
-    std::unordered_map<std::pair<std::string, uint64_t>, std::list<Record>::iterator, KeyHash> index_;
+    std::deque<Record> records_;  // oldest first; record seq is at records_[seq - first_]
+    uint64_t first_ = 0;          // seq of records_.front()
+    size_t buried_ = 0;           // buried records still in the deque
+    std::unordered_map<Id, uint64_t, IdHash> index_;  // live records -> seq
+    std::unordered_map<std::string, uint32_t> keyIds_;
+    std::vector<std::string> keyNames_;
+    std::vector<uint32_t> keyUses_;  // live records per key
+    std::vector<uint32_t> freeKeys_;
     uint64_t dropped_ = 0;
     std::atomic<bool> warned_{false};
 };

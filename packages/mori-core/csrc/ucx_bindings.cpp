@@ -95,7 +95,8 @@ mori::native::Registration reg([](py::module_& root) {
         .def(py::init([](const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings,
                          int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
                          bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets,
-                         std::shared_ptr<mori::InboundRecords> inbound, bool sameHost) {
+                         std::shared_ptr<mori::InboundRecords> inbound, bool sameHost, uint64_t sendQueue,
+                         double sendQueueWait) {
                  EngineOptions o;
                  o.name = name;
                  o.settings = settings;
@@ -109,6 +110,8 @@ mori::native::Registration reg([](py::module_& root) {
                  o.inboundTtl = inboundTtl;
                  o.maxTickets = maxTickets;
                  o.inbound = std::move(inbound);
+                 o.sendQueue = sendQueue;
+                 o.sendQueueWait = sendQueueWait;
                  // One definition of "this host": mori.core.host's key (machine and network namespace).
                  o.hostKey = py::module_::import("mori.core.host").attr("this_host")().attr("key").cast<std::string>();
                  o.sameHost = sameHost && !o.hostKey.empty();
@@ -120,10 +123,12 @@ mori::native::Registration reg([](py::module_& root) {
              py::arg("timeout_setting") = "timeout", py::arg("rma") = false,
              py::arg("max_inbound") = EngineOptions{}.maxInbound, py::arg("inbound_ttl") = EngineOptions{}.inboundTtl,
              py::arg("max_tickets") = EngineOptions{}.maxTickets, py::arg("inbound") = nullptr,
-             py::arg("same_host") = true,
+             py::arg("same_host") = true, py::arg("send_queue") = EngineOptions{}.sendQueue,
+             py::arg("send_queue_wait") = EngineOptions{}.sendQueueWait,
              "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
              "other channels), else to a table of its own bounded by max_inbound and inbound_ttl. same_host: offer "
-             "and take the same-host path.")
+             "and take the same-host path. send_queue: operations (rows) in flight per worker and peer, 0 for no "
+             "bound; a transfer that finds no room waits up to send_queue_wait seconds, then fails 'SQ full'.")
         .def_property_readonly(
             "addresses",
             [](const Engine& e) {

@@ -61,6 +61,11 @@ struct EngineOptions {
     size_t maxTickets = 1 << 16;        // peer engines admitted at once; the oldest is dropped
     bool sameHost = true;               // the same-host path (same_host.hpp) for peers that offer it
     std::string hostKey;                // this process's host identity (mori.core.host): machine/netns
+    // MORI's send queue: operations (rows) in flight from one worker to one peer, at most this
+    // many (0: no bound). A transfer that finds no room waits up to sendQueueWait seconds in the
+    // call that starts it, then fails "SQ full" (SendQueue).
+    uint64_t sendQueue = 0;
+    double sendQueueWait = 5.0;
 };
 
 // Counters of what the engine refused (for logs, tests and benchmarks).
@@ -123,6 +128,19 @@ struct Link {
     bool held = true;    // its Peer refers to it: not freed before the Peer closes (even once failed)
 };
 
+// Room in MORI's send queue from one worker to one peer (EngineOptions::sendQueue): a transfer
+// holds as many operations as it has rows (at most the whole queue) until it finishes.
+struct SendQueue {
+    std::atomic<uint64_t> used{0};
+    // Takes need operations of a queue of depth; false when there is no room.
+    bool take(uint64_t need, uint64_t depth) {
+        uint64_t u = used.load(std::memory_order_relaxed);
+        while (u + need <= depth)
+            if (used.compare_exchange_weak(u, u + need, std::memory_order_acq_rel)) return true;
+        return false;
+    }
+};
+
 // The outcome of one transfer: a completion slot its owner reads without running any code per
 // block (code() is one atomic load), as TcpTransfer.
 class Transfer {
@@ -148,12 +166,16 @@ public:
         sameHost_ = std::move(link);
         spinNs_ = spinNs;
     }
+    // Gives back ops operations of queue when the transfer finishes (at once if it has).
+    void holds(std::shared_ptr<SendQueue> queue, uint64_t ops);
 
 private:
     void finish(int code, const std::string& msg);  // worker lock held
     std::weak_ptr<Worker> worker_;
     std::shared_ptr<SameHostLink> sameHost_;
     int64_t spinNs_ = 0;  // how long its waiter polls the same-host link
+    std::shared_ptr<SendQueue> queue_;  // the send-queue room it holds (holds), given back at finish
+    uint64_t queueOps_ = 0;
     Link* link_;
     std::atomic<int64_t> remaining_;
     std::atomic<int> code_{kInProgress};
@@ -198,12 +220,17 @@ public:
     void close();
 
 private:
-    // Deals rows over a worker's lanes and posts them (local pinned by the caller).
-    std::shared_ptr<Transfer> post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows, size_t n,
-                                   uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu);
+    // Deals rows over worker w's lanes and posts them (local pinned by the caller).
+    std::shared_ptr<Transfer> post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
+                                   size_t n, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
+                                   bool remoteGpu);
+    // A transfer failed now with code and why (it was never posted).
+    std::shared_ptr<Transfer> failed(size_t w, uint64_t uid, int code, const std::string& why);
+    std::string closed_why() const;  // why a failed or closed peer takes no transfer
     std::shared_ptr<Engine> engine_;
     std::shared_ptr<PeerState> state_;
     std::vector<Link*> links_;  // per worker
+    std::vector<std::shared_ptr<SendQueue>> queues_;  // per worker
     std::shared_ptr<SameHostLink> sameHost_;
     std::string sameHostRefusal_;
     std::atomic<uint64_t> next_{0};

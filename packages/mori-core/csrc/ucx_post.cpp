@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "batch_plan.hpp"
 #include "ucx_wire.hpp"
@@ -26,6 +27,9 @@ constexpr uint64_t kMinLanePiece = 256 << 10;
 // Transfers this large wake the progress thread at once: their later steps need progress while
 // the caller is away.
 constexpr uint64_t kWakeBytes = 256 << 10;
+// A transfer waiting for room in a full send queue looks again this often (finishing transfers
+// do not signal it: the wait is rare and bounded).
+constexpr auto kSendQueueLook = std::chrono::microseconds(200);
 
 void on_send(void* request, api::Status status, void* user) {
     auto* part = static_cast<Part*>(user);
@@ -115,6 +119,10 @@ void Transfer::finish(int c, const std::string& msg) {
         if (code_.load() != kInProgress) return;
         err_ = c == kSuccess ? 0 : c;
         msg_ = msg;
+        // The room is free before anyone sees the code: a caller that saw one transfer end finds
+        // its room for the next.
+        if (queue_) queue_->used.fetch_sub(queueOps_, std::memory_order_acq_rel);
+        queue_.reset();
         // Published before the note goes: a waiter blocked on cv_ need not wait for its send.
         code_.store(c, std::memory_order_release);
         cv_.notify_all();
@@ -134,6 +142,16 @@ void Transfer::finish(int c, const std::string& msg) {
         api::StatusPtr r = fn().am_send_nbx(link_->eps[0], kAmNote, note, sizeof(*note), nullptr, 0, &p);
         if (r == nullptr || api::is_error_ptr(r)) delete note;
     }
+}
+
+void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
+    std::lock_guard lk(mu_);
+    if (code_.load() != kInProgress) {
+        queue->used.fetch_sub(ops, std::memory_order_acq_rel);
+        return;
+    }
+    queue_ = std::move(queue);
+    queueOps_ = ops;
 }
 
 bool Transfer::wait(double timeoutSec) {
@@ -159,7 +177,9 @@ Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std
       state_(std::move(state)),
       links_(std::move(links)),
       sameHost_(std::move(sameHost)),
-      sameHostRefusal_(std::move(sameHostRefusal)) {}
+      sameHostRefusal_(std::move(sameHostRefusal)) {
+    for (size_t i = 0; i < links_.size(); ++i) queues_.push_back(std::make_shared<SendQueue>());
+}
 
 Peer::~Peer() { close(); }
 
@@ -378,12 +398,49 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const plan::Batc
             throw std::invalid_argument("row " + std::to_string(i) + ": remote offset " + std::to_string(r.dst) +
                                         " is 2^63 or more");
     }
-    return post(op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify, remoteGpu);
+    const size_t w = static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size());
+    const uint64_t depth = engine_->options().sendQueue;
+    if (depth == 0) return post(w, op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify,
+                                remoteGpu);
+    // MORI's send queue: one operation per row, a transfer larger than the queue takes all of it.
+    SendQueue& queue = *queues_[w];
+    const uint64_t need = std::min<uint64_t>(std::max<size_t>(batch.size(), 1), depth);
+    if (!queue.take(need, depth)) {
+        const int64_t until = now_ns() + static_cast<int64_t>(engine_->options().sendQueueWait * 1e9);
+        while (!queue.take(need, depth)) {
+            if (now_ns() >= until || closed_.load())
+                return failed(w, uid, kErrTransport,
+                              std::string("SQ full (") + (op == kOpWrite ? "write" : "read") + "): engine=" + key() +
+                                  " worker=" + std::to_string(w) + " depth=" + std::to_string(queue.used.load()) +
+                                  " requested=" + std::to_string(need) + " max=" + std::to_string(depth));
+            std::this_thread::sleep_for(kSendQueueLook);
+        }
+    }
+    std::shared_ptr<Transfer> t;
+    try {
+        t = post(w, op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify, remoteGpu);
+    } catch (...) {
+        queue.used.fetch_sub(need, std::memory_order_acq_rel);
+        throw;
+    }
+    t->holds(queues_[w], need);
+    return t;
 }
 
-std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows, size_t nrows,
-                                     uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu) {
-    const size_t w = static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size());
+std::string Peer::closed_why() const {
+    std::string why = state_->failure();
+    return why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why;
+}
+
+std::shared_ptr<Transfer> Peer::failed(size_t w, uint64_t uid, int code, const std::string& why) {
+    auto t = std::make_shared<Transfer>(nullptr, links_[w], 1, now_ns(), false, uid);
+    t->fail(code, why);
+    return t;
+}
+
+std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
+                                     size_t nrows, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
+                                     bool remoteGpu) {
     Worker& worker = engine_->worker(w);
     Link& link = *links_[w];
     const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
@@ -392,23 +449,14 @@ std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local
 
     if (sameHost_ && !gpu) {
         if (engine_->closed()) throw std::runtime_error("the UCX engine is closed");
-        if (closed_.load() || !state_->failure().empty()) {
-            auto t = std::make_shared<Transfer>(nullptr, &link, 1, deadline, false, uid);
-            std::string why = state_->failure();
-            t->fail(kErrTransport, why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why);
-            return t;
-        }
+        if (closed_.load() || !state_->failure().empty()) return failed(w, uid, kErrTransport, closed_why());
         return sameHost_->post(op, local, rows, nrows, remoteId, uid, notify, deadline, &link);
     }
     std::unique_lock lk(worker.mutex());
     if (!worker.alive()) throw std::runtime_error("the UCX engine is closed");
     // Closed: its links may be freed (checked under the worker's lock, which close takes too).
-    if (closed_.load() || link.eps.empty() || !state_->failure().empty()) {
-        auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link, 1, deadline, false, uid);
-        std::string why = state_->failure();
-        t->fail(kErrTransport, why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why);
-        return t;
-    }
+    if (closed_.load() || link.eps.empty() || !state_->failure().empty())
+        return failed(w, uid, kErrTransport, closed_why());
     const size_t lanes = std::max<size_t>(1, link.eps.size());
     // With several lanes a transfer of few blocks is cut so that every lane gets a share; then
     // the rows are dealt over the lanes in contiguous runs of about equal bytes.
@@ -429,9 +477,7 @@ std::shared_ptr<Transfer> Peer::post(Op op, const std::shared_ptr<Region>& local
         try {
             rr = &worker.remote_region_locked(link, remoteId);
         } catch (const std::invalid_argument& e) {
-            auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link, 1, deadline, false, uid);
-            t->fail(kErrNotFound, e.what());
-            return t;
+            return failed(w, uid, kErrNotFound, e.what());
         }
         for (size_t i = 0; i < count; ++i)
             if (use[i].dst > rr->size || use[i].bytes > rr->size - use[i].dst)

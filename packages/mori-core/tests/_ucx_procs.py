@@ -93,6 +93,14 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
         name = TransferCode(code).name if code != TransferCode.IN_PROGRESS else "HUNG"
         return name, t.message(), time.monotonic() - t0
 
+    def poll(tid: int, wait: float = 10.0) -> tuple[str, float]:
+        """Reads the transfer's code (never waits on it) until it ends or ``wait`` seconds pass."""
+        t, t0 = started.pop(tid)
+        while t.code() == TransferCode.IN_PROGRESS and time.monotonic() - t0 < wait:
+            time.sleep(0.0001)
+        code = t.code()
+        return (TransferCode(code).name if code != TransferCode.IN_PROGRESS else "HUNG"), time.monotonic() - t0
+
     def transfer(key: str, op: int, lofs: Any, rofs: Any, sizes: Any, uid: int = 0, notify: bool = False,
                  remote_id: int = 1, wait: float = 60.0) -> tuple[str, str, float]:
         return finish(start(key, op, lofs, rofs, sizes, uid, notify, remote_id), wait)
@@ -112,7 +120,7 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
         return bytes(eng.register_memory(mem_id, base + offset, size))
 
     testing.serve_commands({
-        "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "transfer": transfer, "run_one": run_one, "pop": pop,
+        "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "poll": poll, "transfer": transfer, "run_one": run_one, "pop": pop,
         "register": register, "deregister": eng.deregister_memory, "stats": eng.stats,
         "describe": lambda key: peers[key].describe(), "healthy": lambda key: peers[key].healthy(),
         "close": eng.close, "warnings": lambda: list(warnings), "settings": lambda: dict(eng.settings),

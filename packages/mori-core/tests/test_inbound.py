@@ -44,6 +44,37 @@ def test_bounded_in_count_and_age_and_codes_checked():
             InboundRecords(*bounds)
 
 
+def test_records_popped_out_of_order_behind_an_old_one_keep_the_table_exact():
+    """Many keys, records popped and replaced out of order behind one that is never popped (the
+    table then packs what it buried): the count, every pop and the oldest-first drop stay exact,
+    checked against a plain model of the table."""
+    table = InboundRecords(5000, 60.0)
+    model: dict[tuple[str, int], int] = {}
+    table.record("old", 0, 0)
+    model["old", 0] = 0
+    for uid in range(1, 20_000):
+        key = f"engine-{uid % 7}"
+        code = int(TransferCode.ERR_NOT_FOUND) if uid % 3 else 0
+        table.record(key, uid, code)
+        model[key, uid] = code
+        if uid % 5:  # most are popped, newest first within each group of five
+            for back in range(min(uid % 5, uid)):
+                k = (f"engine-{(uid - back) % 7}", uid - back)
+                got = table.pop(*k)
+                assert (got[0] if got else None) == model.pop(k, None)
+        if uid % 11 == 0:  # a repeated uid replaces its record
+            table.record(key, uid, 0)
+            model[key, uid] = 0
+    assert len(table) == len(model) < 5000
+    for k, code in model.items():
+        assert table.pop(*k) == (code, "")
+    assert len(table) == 0 and table.dropped == 0
+    for uid in range(6000):  # over the bound: the oldest go first
+        table.record("k", uid, 0)
+    assert len(table) == 5000 and table.dropped == 1000
+    assert table.pop("k", 999) is None and table.pop("k", 1000) == (0, "")
+
+
 def test_native_target_writes_into_the_table_it_was_given():
     table = InboundRecords(16, 60.0)
     target = tcp.Target("127.0.0.1", 0, "tok", 5.0, inbound=table)

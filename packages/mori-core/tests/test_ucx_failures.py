@@ -135,3 +135,36 @@ def test_initiator_killed_while_a_read_reply_waits_for_it_leaves_the_region_free
         assert pair.target.call("deregister", 1, timeout=TIMEOUT + 30) is True
         pair.target.call("register", 1, GUARD, SIZE)
         assert pair.target.call("deregister", 1) is True
+
+
+@pytest.mark.parametrize("where", ["host", "same-host"])
+def test_a_full_send_queue_refuses_after_its_wait_and_frees_when_transfers_end(where: str) -> None:
+    """MORI's send queue (``send_queue`` operations per worker and peer): with the target stopped a
+    transfer of 4 rows fills a queue of 4; the next waits ``send_queue_wait`` seconds and fails
+    "SQ full" naming the queue, as does one larger than the whole queue (it asks for all of it).
+    Once the target runs again the first transfer succeeds and its room is free for the next."""
+    with engine_pair("wheel", where, timeout=TIMEOUT, send_queue=4, send_queue_wait=0.3) as pair:
+        fill(pair.target.arr, 5)
+        offs = [i * BLOCK for i in range(4)]
+        assert pair.transfer(READ, [0], [0], [4096])[0] == "SUCCESS"  # connected
+        pair.target.signal(signal.SIGSTOP)
+        wait_stopped(pair.target.pid)
+        try:
+            held = pair.init.call("start", "target", READ, offs, offs[::-1], [BLOCK] * 4)
+            for rows, want in ((1, 1), (6, 4)):
+                began = time.monotonic()  # the wait is in the call that starts the transfer
+                code, msg, _ = pair.transfer(WRITE, [i * 4096 for i in range(rows)],
+                                             [SIZE - (i + 1) * 8192 for i in range(rows)], [4096] * rows)
+                assert code == "ERR_TRANSPORT", (code, msg)
+                assert msg == f"SQ full (write): engine=target worker=0 depth=4 requested={want} max=4", msg
+                assert 0.25 < time.monotonic() - began < 5
+        finally:
+            pair.target.signal(signal.SIGCONT)
+        code, msg, _ = pair.init.call("finish", held, 30.0)
+        assert code == "SUCCESS", msg
+        for i, o in enumerate(offs):
+            assert np.array_equal(pair.init.region[o:o + BLOCK], pair.target.region[offs[3 - i]:offs[3 - i] + BLOCK])
+        fill(pair.init.arr, 6)
+        code, msg, _ = pair.transfer(WRITE, offs, offs, [BLOCK] * 4)
+        assert code == "SUCCESS", msg
+        assert np.array_equal(pair.target.region[:4 * BLOCK], pair.init.region[:4 * BLOCK])

@@ -15,10 +15,12 @@ import time
 
 import _same_host_client as sh
 import numpy as np
-from _ucx_procs import EngineProcess, fill
+import pytest
+from _ucx_procs import EngineProcess, engine_pair, fill
 
 from mori.core import ucx
 from mori.core.batch import Batch
+from mori.core.ucx import READ, WRITE
 
 
 def _engines() -> tuple[ucx.UcxEngine, ucx.UcxEngine]:
@@ -202,3 +204,21 @@ def test_peer_closed_mid_transfer_fails_it() -> None:
     finally:
         init.close()
         target.close()
+
+
+@pytest.mark.parametrize("polling", [True, False], ids=["polling", "event"])
+def test_a_transfer_no_one_waits_for_ends_on_its_own(polling: bool) -> None:
+    """A caller that never waits (it only reads the code, as a status's Code() does) still sees
+    its transfers end: the target rings the initiator's socket for every completion no caller of
+    it polls for, with progress threads that poll and with ones that only sleep. Every byte
+    checked."""
+    with engine_pair("wheel", "same-host", polling=polling) as pair:
+        fill(pair.init.arr, 21)
+        fill(pair.target.arr, 22)
+        for op, size in ((WRITE, 4096), (READ, 4096), (WRITE, 1 << 20), (READ, 1 << 20)):
+            for _ in range(20):
+                tid = pair.init.call("start", "target", op, [0], [size], [size])
+                code, secs = pair.init.call("poll", tid, 10.0)
+                assert code == "SUCCESS" and secs < 10
+            # Either way the initiator's first `size` bytes and the target's next `size` are one copy.
+            assert np.array_equal(pair.init.region[:size], pair.target.region[size:2 * size])

@@ -23,6 +23,7 @@ __all__ = ["Transfers"]
 _log = get_logger("io")
 
 _IN_PROGRESS = StatusCode.IN_PROGRESS
+_IN_PROGRESS_INT = int(_IN_PROGRESS)  # codes up to it (SUCCESS, INIT) are not failures
 _U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
 # Batch's own names of its columns, as the engine's callers know them.
 _COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
@@ -145,11 +146,7 @@ class Transfers:
         assert backend is not None and not isinstance(rows, str)
         # IN_PROGRESS from the start: no one sees the status before the order below publishes it.
         status = TransferStatus(_IN_PROGRESS)
-        request = TransferRequest(op, local, remote, rows[0], uid, status)
-        refusal = backend.admit(request)
-        if refusal is not None:  # refused on the spot ("SQ full"): failed now, outside the order
-            status._attach(refusal)
-            return status
+        request = TransferRequest(op, local, remote, rows[0], uid)
         # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
         self._inflight.add(local.id, status, backend, remote.engine_key)
         if self._memory.get(local.id) is None:
@@ -166,8 +163,10 @@ class Transfers:
         if completion is None:  # a backend breaking its contract must not leave it running either
             completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend returned no completion")
         # Joined to the order once the transfer is on its way (its bytes move meanwhile), before
-        # the caller holds the status: no one sees it out of order.
-        self._order.join(remote.engine_key, status)
+        # the caller holds the status: no one sees it out of order. One refused in the call
+        # ("SQ full", rows its transport cannot move) has failed already and holds no one back.
+        if completion.code() <= _IN_PROGRESS_INT:
+            self._order.join(remote.engine_key, status)
         status._attach(completion)
         return status
 

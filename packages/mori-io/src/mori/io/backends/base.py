@@ -30,7 +30,7 @@ from mori.core.inbound import InboundRecords
 from .._completion import Completion, Deferred, Outcome
 from .._control import ControlError
 from .._limits import Limits
-from ..types import BackendType, EngineDesc, MemoryDesc, TransferStatus
+from ..types import BackendType, EngineDesc, MemoryDesc
 
 __all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "Completion", "ControlError", "ControlHandler",
            "Deferred", "Outcome"]
@@ -47,9 +47,8 @@ class TransferRequest:
     contiguous on both sides merged.
 
     The engine checked every row against both descriptors before a backend sees them; the target
-    side checks again against what it actually registered. ``status`` is the transfer's status,
-    for a backend to read (the RDMA backend's send queues watch it), never to set: the
-    completion ``submit`` returns reports the outcome.
+    side checks again against what it actually registered. The completion ``submit`` returns
+    reports the outcome.
     """
 
     op: TransferOp
@@ -57,7 +56,6 @@ class TransferRequest:
     remote: MemoryDesc
     batch: Batch
     uid: int
-    status: TransferStatus
     notify: bool = True
 
 
@@ -159,17 +157,12 @@ class Backend(abc.ABC):
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
         """Drops this backend's connections, mappings and leases with ``desc.key``."""
 
-    def admit(self, request: TransferRequest) -> Completion | None:
-        """Takes what ``request`` needs before the engine orders it among its transfers, on the
-        caller's thread: None when admitted, else the refusal's ended completion (the RDMA
-        backend's "SQ full"), which the caller then sees at once, as in MORI. The default admits
-        every request."""
-        return None
-
     @abc.abstractmethod
     def submit(self, request: TransferRequest) -> Completion:
-        """Starts the transfer asynchronously (after :meth:`admit`) and returns its completion,
-        which ends when the transfer does."""
+        """Starts the transfer asynchronously and returns its completion, which ends when the
+        transfer does. A transfer refused in this call (the RDMA backend's "SQ full", rows its
+        transport cannot move) comes back failed already: the caller sees that at once, as in
+        MORI, and the engine gives it no place in its completion order."""
 
     def abort(self, remote_key: str) -> None:  # noqa: B027 (an optional hook: by default nothing to do)
         """Fails this backend's transfers to ``remote_key`` that are still running, and returns once

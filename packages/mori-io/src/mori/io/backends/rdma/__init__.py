@@ -1,5 +1,4 @@
-"""The RDMA transport on mori-core's UCX engine: :class:`RdmaBackend` (``backend``) and MORI's
-send-queue admission (``_send_queues``)."""
+"""The RDMA transport on mori-core's UCX engine: :class:`RdmaBackend` (``backend``)."""
 
 from .backend import RdmaBackend, ucx_net_devices
 

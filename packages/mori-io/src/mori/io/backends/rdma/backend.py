@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,11 @@ from ...types import (
 )
 from .._connect import PeerConnector
 from ..base import Backend, BackendContext, Completion, ControlError, Outcome, TransferRequest
-from ._send_queues import SEND_WR_DEFAULT, SendQueues
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 
 _SERVED = (MemoryLocationType.CPU, MemoryLocationType.GPU)
+SEND_WR_DEFAULT = 8192  # MORI's send queue depth per queue pair when max_send_wr is 0
 
 
 def ucx_net_devices(selection: tuple[bool, tuple[str, ...]], sysfs: Path = Path("/sys/class/infiniband")) -> str:
@@ -124,7 +125,11 @@ class RdmaBackend(Backend):
             self._engine = ucx.UcxEngine(
                 f"mori-io:{ctx.engine_key}"[:31], settings, workers=_worker_count(config),
                 lanes=config.qp_per_transfer, polling=PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING,
-                timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT", inbound=ctx.inbound)
+                timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT", inbound=ctx.inbound,
+                # MORI's send queue per queue pair, over the lanes: the engine refuses "SQ full"
+                # after MORI_IO_SQ_BACKOFF_TIMEOUT_US in the call that starts a transfer.
+                send_queue=(config.max_send_wr or SEND_WR_DEFAULT) * config.qp_per_transfer,
+                send_queue_wait=int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6)
         except (RuntimeError, ValueError) as err:
             chosen = ", ".join(f"{n}={v}" for n, v in settings) or "UCX's defaults"
             raise RuntimeError(f"BackendType.RDMA: UCX finds no usable transport or device ({chosen}: {err}); "
@@ -133,10 +138,8 @@ class RdmaBackend(Backend):
         self._registered: set[int] = set()
         self._peers: dict[str, Any] = {}  # remote key -> ucx.UcxPeer
         self._closed = False
-        self._send_queues = SendQueues((config.max_send_wr or SEND_WR_DEFAULT) * config.qp_per_transfer)
-        self._workers = _worker_count(config)
         self._notify = bool(config.enable_notification)
-        self._connector = PeerConnector("RDMA", self._connect_peer, self._start)
+        self._connector = PeerConnector("RDMA", self._connect_peer, self._start_accepted)
         ctx.add_control_handler("rdma.connect", self._handle_connect)
         ctx.log.info("RDMA backend on UCX %s (%s, %s), transports %s", ".".join(map(str, info["version"])),
                      info["path"], info["source"], ",".join(transports) if transports else "UCX's choice")
@@ -208,14 +211,6 @@ class RdmaBackend(Backend):
             peer = self._peers.pop(desc.key, None)
         if peer is not None:
             peer.close()
-        self._send_queues.forget(desc.key)
-
-    def admit(self, request: TransferRequest) -> Completion | None:
-        if self._closed:
-            return None  # submit fails it
-        # One operation per row (the native engine's cutting for lanes changes that little).
-        return self._send_queues.admit(request.uid % self._workers, request.remote.engine_key, request.status,
-                                       len(request.batch) or 1, request.op)
 
     def submit(self, request: TransferRequest) -> Completion:
         peer = self._peers.get(request.remote.engine_key)
@@ -235,6 +230,17 @@ class RdmaBackend(Backend):
             return Outcome(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
         except RuntimeError as err:  # the engine closed meanwhile
             return Outcome(StatusCode.ERR_BAD_STATE, f"RDMA backend: {err}")
+
+    def _start_accepted(self, peer: Any, request: TransferRequest) -> Completion:
+        """Starts a transfer that waited for its peer's first contact (on the connector's thread).
+        Its caller holds it as running already, so a full send queue cannot refuse it any more:
+        it waits for room until ``MORI_IO_TIMEOUT``, as long as the queue keeps refusing."""
+        deadline = time.monotonic() + self.ctx.io_timeout()
+        while True:
+            completion = self._start(peer, request)
+            if completion.code() != StatusCode.ERR_RDMA_OP or not completion.message().startswith("SQ full") \
+                    or time.monotonic() >= deadline:
+                return completion
 
     def abort(self, remote_key: str) -> None:
         with self._lock:
