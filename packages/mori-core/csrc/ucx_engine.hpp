@@ -139,6 +139,7 @@ struct SendQueue {
             if (used.compare_exchange_weak(u, u + need, std::memory_order_acq_rel)) return true;
         return false;
     }
+    void give(uint64_t n) { used.fetch_sub(n, std::memory_order_acq_rel); }
 };
 
 // The outcome of one transfer: a completion slot its owner reads without running any code per

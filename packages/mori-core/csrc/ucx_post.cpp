@@ -121,7 +121,7 @@ void Transfer::finish(int c, const std::string& msg) {
         msg_ = msg;
         // The room is free before anyone sees the code: a caller that saw one transfer end finds
         // its room for the next.
-        if (queue_) queue_->used.fetch_sub(queueOps_, std::memory_order_acq_rel);
+        if (queue_) queue_->give(queueOps_);
         queue_.reset();
         // Published before the note goes: a waiter blocked on cv_ need not wait for its send.
         code_.store(c, std::memory_order_release);
@@ -147,7 +147,7 @@ void Transfer::finish(int c, const std::string& msg) {
 void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
     std::lock_guard lk(mu_);
     if (code_.load() != kInProgress) {
-        queue->used.fetch_sub(ops, std::memory_order_acq_rel);
+        queue->give(ops);
         return;
     }
     queue_ = std::move(queue);
@@ -399,13 +399,12 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const plan::Batc
                                         " is 2^63 or more");
     }
     const size_t w = static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size());
+    // MORI's send queue (none when its depth is 0): one operation per row, a transfer larger than
+    // the queue takes all of it.
     const uint64_t depth = engine_->options().sendQueue;
-    if (depth == 0) return post(w, op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify,
-                                remoteGpu);
-    // MORI's send queue: one operation per row, a transfer larger than the queue takes all of it.
     SendQueue& queue = *queues_[w];
-    const uint64_t need = std::min<uint64_t>(std::max<size_t>(batch.size(), 1), depth);
-    if (!queue.take(need, depth)) {
+    const uint64_t need = depth == 0 ? 0 : std::min<uint64_t>(std::max<size_t>(batch.size(), 1), depth);
+    if (need != 0 && !queue.take(need, depth)) {
         const int64_t until = now_ns() + static_cast<int64_t>(engine_->options().sendQueueWait * 1e9);
         while (!queue.take(need, depth)) {
             if (now_ns() >= until || closed_.load())
@@ -420,10 +419,10 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const plan::Batc
     try {
         t = post(w, op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify, remoteGpu);
     } catch (...) {
-        queue.used.fetch_sub(need, std::memory_order_acq_rel);
+        queue.give(need);
         throw;
     }
-    t->holds(queues_[w], need);
+    if (need != 0) t->holds(queues_[w], need);
     return t;
 }
 

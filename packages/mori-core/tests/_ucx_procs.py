@@ -55,6 +55,11 @@ def map_file(path: str, size: int) -> tuple[mmap.mmap, np.ndarray]:
     return mm, np.frombuffer(mm, dtype=np.uint8)
 
 
+def _code_name(code: int) -> str:
+    """A transfer's code by name; HUNG while it is still in progress."""
+    return TransferCode(code).name if code != TransferCode.IN_PROGRESS else "HUNG"
+
+
 def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[str, Any]) -> dict[str, Any]:
     """The engine process: region 1 is the middle of the shared file at ``path``. ``run_as`` in
     options: the user id the process switches to once the file is mapped."""
@@ -89,17 +94,14 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
     def finish(tid: int, wait: float = 60.0) -> tuple[str, str, float]:
         t, t0 = started.pop(tid)
         t.wait(wait)
-        code = t.code()
-        name = TransferCode(code).name if code != TransferCode.IN_PROGRESS else "HUNG"
-        return name, t.message(), time.monotonic() - t0
+        return _code_name(t.code()), t.message(), time.monotonic() - t0
 
     def poll(tid: int, wait: float = 10.0) -> tuple[str, float]:
         """Reads the transfer's code (never waits on it) until it ends or ``wait`` seconds pass."""
         t, t0 = started.pop(tid)
         while t.code() == TransferCode.IN_PROGRESS and time.monotonic() - t0 < wait:
             time.sleep(0.0001)
-        code = t.code()
-        return (TransferCode(code).name if code != TransferCode.IN_PROGRESS else "HUNG"), time.monotonic() - t0
+        return _code_name(t.code()), time.monotonic() - t0
 
     def transfer(key: str, op: int, lofs: Any, rofs: Any, sizes: Any, uid: int = 0, notify: bool = False,
                  remote_id: int = 1, wait: float = 60.0) -> tuple[str, str, float]:
