@@ -196,9 +196,11 @@ mori::native::Registration reg([](py::module_& root) {
                 d["refused"] = s.refused;
                 d["malformed"] = s.malformed;
                 d["late_replies"] = s.lateReplies;
+                d["spread"] = s.spread;
                 return d;
             },
-            "Counts of messages with no valid ticket, refused requests, malformed messages, late replies.")
+            "Counts of messages with no valid ticket, refused requests, malformed messages, late replies, and of "
+            "transfers spread over several workers.")
         .def("describe", &Engine::describe, "UCX's description of the context: its transports and devices.")
         .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
 });

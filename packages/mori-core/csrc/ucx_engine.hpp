@@ -74,6 +74,7 @@ struct EngineStats {
     uint64_t refused = 0;        // requests refused by the region checks
     uint64_t malformed = 0;      // messages of the wrong shape: dropped
     uint64_t lateReplies = 0;    // replies for a transfer that had already ended
+    uint64_t spread = 0;         // transfers this initiator dealt over several workers (Peer::spread)
 };
 
 // Memory registered with the engine. Accesses in flight hold a pin; deregistration waits for them.
@@ -153,8 +154,9 @@ public:
     // True when finished within timeout seconds. A waiter whose worker is free progresses it
     // itself (a small transfer then costs no thread hand-off).
     bool wait(double timeoutSec);
-    // Accounts one finished part; the first error wins. Worker lock held.
-    void part_done(int code, const std::string& msg);
+    // Accounts one finished part; the first error wins. Worker lock held, of via's worker when
+    // given (a spread transfer's note then leaves on via: its own link_ is null).
+    void part_done(int code, const std::string& msg, Link* via = nullptr);
     // Fails the whole transfer now (deadline, peer failure); later part results are ignored.
     // Worker lock held.
     void fail(int code, const std::string& msg);
@@ -169,15 +171,22 @@ public:
     }
     // Gives back ops operations of queue when the transfer finishes (at once if it has).
     void holds(std::shared_ptr<SendQueue> queue, uint64_t ops);
+    // A transfer spread over several workers (Peer::spread) is the parent of one transfer per
+    // worker: each reports its outcome to it as a part. Set before the child is posted.
+    void reports_to(std::shared_ptr<Transfer> parent) { parent_ = std::move(parent); }
+    void spread_over(std::vector<std::weak_ptr<Transfer>> children) { children_ = std::move(children); }
 
 private:
-    void finish(int code, const std::string& msg);  // worker lock held
+    void finish(int code, const std::string& msg, Link* via = nullptr);  // worker lock held
     std::weak_ptr<Worker> worker_;
     std::shared_ptr<SameHostLink> sameHost_;
     int64_t spinNs_ = 0;  // how long its waiter polls the same-host link
     std::shared_ptr<SendQueue> queue_;  // the send-queue room it holds (holds), given back at finish
     uint64_t queueOps_ = 0;
+    std::shared_ptr<Transfer> parent_;             // the spread transfer it is a part of
+    std::vector<std::weak_ptr<Transfer>> children_;  // its parts on each worker, when spread
     Link* link_;
+    const bool onWorker_;  // posted on a worker (not failed before): it finishes under that worker's lock
     std::atomic<int64_t> remaining_;
     std::atomic<int> code_{kInProgress};
     int64_t deadlineNs_;
@@ -224,9 +233,15 @@ private:
     // Deals rows over worker w's lanes and posts them (local pinned by the caller).
     std::shared_ptr<Transfer> post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
                                    size_t n, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
-                                   bool remoteGpu);
+                                   bool remoteGpu, const std::shared_ptr<Transfer>& parent = nullptr);
+    // A batch of rows of at least kSpreadBytes dealt over several workers (each a thread of
+    // its own at both ends), one child transfer each, under one parent; null when the engine
+    // has one worker or the batch is smaller.
+    std::shared_ptr<Transfer> spread(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Batch& batch,
+                                     uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu);
     // A transfer failed now with code and why (it was never posted).
-    std::shared_ptr<Transfer> failed(size_t w, uint64_t uid, int code, const std::string& why);
+    std::shared_ptr<Transfer> failed(size_t w, uint64_t uid, int code, const std::string& why,
+                                     const std::shared_ptr<Transfer>& parent = nullptr);
     std::string closed_why() const;  // why a failed or closed peer takes no transfer
     std::shared_ptr<Engine> engine_;
     std::shared_ptr<PeerState> state_;

@@ -27,6 +27,9 @@ constexpr uint64_t kMinLanePiece = 256 << 10;
 // Transfers this large wake the progress thread at once: their later steps need progress while
 // the caller is away.
 constexpr uint64_t kWakeBytes = 256 << 10;
+// A batch of at least twice this many bytes is spread over the engine's workers (Peer::spread),
+// each worker's share at least this large.
+constexpr uint64_t kSpreadPiece = 256 << 10;
 // A transfer waiting for room in a full send queue looks again this often (finishing transfers
 // do not signal it: the wait is rare and bounded).
 constexpr auto kSendQueueLook = std::chrono::microseconds(200);
@@ -84,14 +87,15 @@ void Part::finish(int c, const std::string& msg) {
 
 Transfer::Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
                    uint64_t uid)
-    : worker_(worker), link_(link), remaining_(parts), deadlineNs_(deadlineNs), notify_(notify), uid_(uid) {}
+    : worker_(worker), link_(link), onWorker_(worker != nullptr), remaining_(parts), deadlineNs_(deadlineNs),
+      notify_(notify), uid_(uid) {}
 
 std::string Transfer::message() const {
     std::lock_guard lk(mu_);
     return msg_;
 }
 
-void Transfer::part_done(int c, const std::string& msg) {
+void Transfer::part_done(int c, const std::string& msg, Link* via) {
     if (c != kSuccess) {
         std::lock_guard lk(mu_);
         if (err_ == 0) {
@@ -107,13 +111,13 @@ void Transfer::part_done(int c, const std::string& msg) {
             final = err_ != 0 ? err_ : kSuccess;
             text = msg_;
         }
-        finish(final, text);
+        finish(final, text, via);
     }
 }
 
 void Transfer::fail(int c, const std::string& msg) { finish(c, msg); }
 
-void Transfer::finish(int c, const std::string& msg) {
+void Transfer::finish(int c, const std::string& msg, Link* via) {
     {
         std::lock_guard lk(mu_);
         if (code_.load() != kInProgress) return;
@@ -130,18 +134,22 @@ void Transfer::finish(int c, const std::string& msg) {
     // The target hears the outcome after every byte (a message behind the transfer's last
     // reply); a transport failure is not sent (the link is gone). On the same-host path, and for
     // a transfer of one message (kFlagNotify), the target records it itself. The worker lock is
-    // held: link_ is still valid though the owner may have seen the code.
-    if (notify_ && !sameHost_ && recorded_outcome(c) &&
-        !link_->eps.empty()) {
-        auto* note = new NoteHeader{kMagic, c, link_->peer->ticket, uid_};
+    // held: link_ is still valid though the owner may have seen the code. A spread transfer's
+    // note leaves on the link of the child that finished last (its worker's lock is held), none
+    // when that child was never posted (its link is gone).
+    Link* link = via != nullptr ? via : link_;
+    if (notify_ && !sameHost_ && recorded_outcome(c) && link != nullptr && !link->eps.empty()) {
+        auto* note = new NoteHeader{kMagic, c, link->peer->ticket, uid_};
         api::RequestParam p{};
         p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
         p.flags = api::kAmSendEager;
         p.cb = reinterpret_cast<void*>(&on_note_sent);
         p.userData = note;
-        api::StatusPtr r = fn().am_send_nbx(link_->eps[0], kAmNote, note, sizeof(*note), nullptr, 0, &p);
+        api::StatusPtr r = fn().am_send_nbx(link->eps[0], kAmNote, note, sizeof(*note), nullptr, 0, &p);
         if (r == nullptr || api::is_error_ptr(r)) delete note;
     }
+    // A child of a spread transfer finishes under its worker's lock when it was posted.
+    if (parent_) std::exchange(parent_, nullptr)->part_done(c, msg, onWorker_ ? link_ : nullptr);
 }
 
 void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
@@ -157,6 +165,8 @@ void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
 bool Transfer::wait(double timeoutSec) {
     const int64_t deadline = now_ns() + static_cast<int64_t>(std::clamp(timeoutSec, 0.0, 1e9) * 1e9);
     if (finished()) return true;
+    for (const std::weak_ptr<Transfer>& child : children_)  // spread: each leads its own worker
+        if (auto t = child.lock()) t->wait(std::max<int64_t>(deadline - now_ns(), 0) / 1e9);
     if (sameHost_) {
         sameHost_->lead(*this, deadline, spinNs_);
     } else if (auto w = worker_.lock()) {
@@ -417,7 +427,8 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const plan::Batc
     }
     std::shared_ptr<Transfer> t;
     try {
-        t = post(w, op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify, remoteGpu);
+        t = spread(w, op, local, batch, remoteId, uid, notify, remoteGpu);
+        if (!t) t = post(w, op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify, remoteGpu);
     } catch (...) {
         queue.give(need);
         throw;
@@ -431,15 +442,55 @@ std::string Peer::closed_why() const {
     return why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why;
 }
 
-std::shared_ptr<Transfer> Peer::failed(size_t w, uint64_t uid, int code, const std::string& why) {
+std::shared_ptr<Transfer> Peer::failed(size_t w, uint64_t uid, int code, const std::string& why,
+                                       const std::shared_ptr<Transfer>& parent) {
     auto t = std::make_shared<Transfer>(nullptr, links_[w], 1, now_ns(), false, uid);
+    if (parent) t->reports_to(parent);
     t->fail(code, why);
     return t;
 }
 
+std::shared_ptr<Transfer> Peer::spread(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Batch& batch,
+                                       uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu) {
+    // Not on the RMA path (its rows are checked per worker as they are posted: a bad one would
+    // leave the others posted) nor the same-host path (one copy per transfer at the target).
+    const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
+    if (links_.size() < 2 || engine_->options().rma || (sameHost_ && !gpu)) return nullptr;
+    uint64_t total = 0;
+    for (size_t i = 0; i < batch.size(); ++i) total += batch[i].bytes;
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(links_.size(), total / kSpreadPiece));
+    if (k < 2) return nullptr;
+    // Rows fewer than workers are cut first, then dealt in contiguous runs of about equal bytes.
+    std::vector<plan::Row> pieces;
+    const plan::Row* use = batch.begin();
+    size_t count = batch.size();
+    if (count < k) {
+        const uint64_t piece = std::max(kSpreadPiece, (batch.largest() + k - 1) / k);
+        pieces.resize(plan::count_pieces(use, count, piece));
+        plan::stripe_rows(use, count, piece, pieces.data());
+        use = pieces.data();
+        count = pieces.size();
+    }
+    const std::vector<size_t> bounds = plan::deal_rows(use, count, k, kSpreadPiece);
+    if (bounds.size() < 3) return nullptr;
+    const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
+    auto parent = std::make_shared<Transfer>(nullptr, nullptr, static_cast<int64_t>(bounds.size() - 1), deadline,
+                                             notify, uid);
+    std::vector<std::weak_ptr<Transfer>> children;
+    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+        uint64_t largest = 0;
+        for (size_t i = bounds[r]; i < bounds[r + 1]; ++i) largest = std::max(largest, use[i].bytes);
+        children.push_back(post((w + r) % links_.size(), op, local, use + bounds[r], bounds[r + 1] - bounds[r], largest,
+                                remoteId, uid, false, remoteGpu, parent));
+    }
+    parent->spread_over(std::move(children));
+    engine_->count(&EngineStats::spread);
+    return parent;
+}
+
 std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
                                      size_t nrows, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
-                                     bool remoteGpu) {
+                                     bool remoteGpu, const std::shared_ptr<Transfer>& parent) {
     Worker& worker = engine_->worker(w);
     Link& link = *links_[w];
     const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
@@ -448,14 +499,14 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
 
     if (sameHost_ && !gpu) {
         if (engine_->closed()) throw std::runtime_error("the UCX engine is closed");
-        if (closed_.load() || !state_->failure().empty()) return failed(w, uid, kErrTransport, closed_why());
+        if (closed_.load() || !state_->failure().empty()) return failed(w, uid, kErrTransport, closed_why(), parent);
         return sameHost_->post(op, local, rows, nrows, remoteId, uid, notify, deadline, &link);
     }
     std::unique_lock lk(worker.mutex());
     if (!worker.alive()) throw std::runtime_error("the UCX engine is closed");
     // Closed: its links may be freed (checked under the worker's lock, which close takes too).
     if (closed_.load() || link.eps.empty() || !state_->failure().empty())
-        return failed(w, uid, kErrTransport, closed_why());
+        return failed(w, uid, kErrTransport, closed_why(), parent);
     const size_t lanes = std::max<size_t>(1, link.eps.size());
     // With several lanes a transfer of few blocks is cut so that every lane gets a share; then
     // the rows are dealt over the lanes in contiguous runs of about equal bytes.
@@ -476,7 +527,7 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         try {
             rr = &worker.remote_region_locked(link, remoteId);
         } catch (const std::invalid_argument& e) {
-            return failed(w, uid, kErrNotFound, e.what());
+            return failed(w, uid, kErrNotFound, e.what(), parent);
         }
         for (size_t i = 0; i < count; ++i)
             if (use[i].dst > rr->size || use[i].bytes > rr->size - use[i].dst)
@@ -518,6 +569,7 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
     auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link,
                                         std::max<int64_t>(1, static_cast<int64_t>(planned.size())), deadline,
                                         notify && !targetNotes, uid);
+    if (parent) t->reports_to(parent);
     if (planned.empty()) {
         t->part_done(kSuccess, "");  // nothing to move; the notification still goes
         return t;
