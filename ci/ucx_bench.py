@@ -4,7 +4,7 @@ process_vm_readv/writev after the target's checks), and between two network name
 a veth pair (UCX's tcp transport; needs root and iproute2). Prints a table and writes JSON.
 
     python ci/ucx_bench.py [--lib debian|wheel|PATH] [--where host,same-host,netns] [--iters 200] [--json out.json]
-                           [--set MM_ERROR_HANDLING=n] [--points 'write 4 KiB,write 1 MiB'] [--rma] [--lanes 1]
+                           [--set MM_ERROR_HANDLING=n] [--points 'write 4 KiB,write 1 MiB'] [--rma] [--lanes 1] [--workers 1]
 
 Each point is timed in the initiator process (submit + wait, one transfer at a time): medians and
 minimums of ``--iters`` runs after a warm-up; a batch's blocks land in shuffled order at the target. CPU is the initiator's user + system seconds per GB
@@ -127,12 +127,14 @@ def main() -> None:
     ap.add_argument("--event", action="store_true", help="progress threads only sleep (PollCqMode.EVENT)")
     ap.add_argument("--rma", action="store_true", help="the RMA data path (trusted peers: no target-side checks)")
     ap.add_argument("--lanes", type=int, default=1, help="endpoints per worker and peer (MORI's qp_per_transfer)")
+    ap.add_argument("--workers", type=int, default=1, help="UCX workers, each with its progress thread; a transfer "
+                                                          "of 512 KiB or more is spread over them")
     ap.add_argument("--set", action="append", default=[], help="a UCX setting NAME=VALUE (repeatable)")
     ap.add_argument("--points", default="", help="comma-separated point names (default: all)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     extra = dict(kv.split("=", 1) for kv in args.set)
-    options = {"polling": not args.event, "rma": args.rma, "lanes": args.lanes}
+    options = {"polling": not args.event, "rma": args.rma, "lanes": args.lanes, "workers": args.workers}
     points = [p for p in args.points.split(",") if p]
     lib = {"debian": "/usr/lib/x86_64-linux-gnu", "wheel": ""}.get(args.lib, args.lib)
     if args.lib == "wheel":
@@ -146,7 +148,7 @@ def main() -> None:
         library, rows = bench(lib, where, args.iters, options, extra, points)
         print(f"\n{where}: UCX {'.'.join(map(str, library['version']))} ({library['path']}), "
               f"{'event' if args.event else 'polling'} progress, {'RMA' if args.rma else 'checked'} path, "
-              f"{args.lanes} lane(s), "
+              f"{args.workers} worker(s), {args.lanes} lane(s), "
               f"settings {extra or 'default'}")
         print("\n".join(rows[0]["lanes"]))
         print(f"{'point':<22}{'median us':>12}{'min us':>10}{'GB/s':>9}{'CPU s/GB':>10}")

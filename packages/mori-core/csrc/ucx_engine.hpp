@@ -51,6 +51,7 @@ struct EngineOptions {
     std::vector<std::pair<std::string, std::string>> settings;  // UCX settings (TLS, NET_DEVICES, ...)
     int workers = 1;      // UCX workers, each with its progress thread
     int lanes = 1;        // endpoints per peer on each worker; a transfer's blocks are dealt over them
+    bool roundRobin = true;  // transfers start on the workers in turn; false: on the first (Peer::submit)
     bool polling = true;  // progress threads spin briefly after activity (POLLING) or only sleep (EVENT)
     double timeout = 30.0;              // seconds before an unfinished transfer fails
     std::string timeoutSetting = "timeout";  // the caller's name for it, in messages

@@ -27,6 +27,11 @@ constexpr uint64_t kMinLanePiece = 256 << 10;
 // Transfers this large wake the progress thread at once: their later steps need progress while
 // the caller is away.
 constexpr uint64_t kWakeBytes = 256 << 10;
+// A write of at least this many bytes goes by rendezvous: UCX then moves it as data of its own
+// instead of one message in fragments put back together at the target, and writes spread over
+// several workers scale with them (2-4 times the bandwidth on 2-4 workers between namespaces
+// on a 16-core machine, where eager writes stayed at one worker's, ci/ucx_bench.py --workers).
+constexpr uint64_t kRndvWriteBytes = 256 << 10;
 // A batch of at least twice this many bytes is spread over the engine's workers (Peer::spread),
 // each worker's share at least this large.
 constexpr uint64_t kSpreadPiece = 256 << 10;
@@ -329,7 +334,7 @@ void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped) {
     const auto& f = fn();
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags | api::kOpDatatype;
-    p.flags = api::kAmSendReply | (grouped ? api::kAmSendEager : 0) | (gpu && part.op == kOpWrite ? api::kAmSendRndv : 0);
+    p.flags = api::kAmSendReply | (grouped ? api::kAmSendEager : 0) | ((gpu || part.bytes >= kRndvWriteBytes) && part.op == kOpWrite ? api::kAmSendRndv : 0);
     p.cb = reinterpret_cast<void*>(&on_send);
     p.userData = &part;
     const void* data = nullptr;
@@ -408,7 +413,11 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const plan::Batc
             throw std::invalid_argument("row " + std::to_string(i) + ": remote offset " + std::to_string(r.dst) +
                                         " is 2^63 or more");
     }
-    const size_t w = static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size());
+    // Transfers take the workers in turn, or all start on the first (round_robin off: the others
+    // then carry shares of spread transfers only, and a small transfer wakes no second thread).
+    const size_t w = engine_->options().roundRobin
+                         ? static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size())
+                         : 0;
     // MORI's send queue (none when its depth is 0): one operation per row, a transfer larger than
     // the queue takes all of it.
     const uint64_t depth = engine_->options().sendQueue;

@@ -129,3 +129,17 @@ def test_a_hung_target_fails_a_spread_transfer_at_the_deadline() -> None:
         time.sleep(1.0)  # whatever the target still sends must not land
         assert np.array_equal(pair.init.arr, after)
         assert pair.init.call("stats")["spread"] == 1
+
+
+def test_with_round_robin_off_large_transfers_still_spread() -> None:
+    """round_robin=False (mori-io's "auto" workers): every transfer starts on the first worker,
+    and one of 512 KiB or more is still spread over all of them."""
+    with engine_pair("wheel", "netns", timeout=TIMEOUT, workers=2, round_robin=False) as pair:
+        fill(pair.init.arr, 41)
+        for _ in range(3):
+            assert pair.transfer(WRITE, [0], [0], [4096])[0] == "SUCCESS"
+        assert pair.init.call("stats")["spread"] == 0
+        code, msg, _ = pair.transfer(WRITE, [0], [0], [2 * MIB])
+        assert code == "SUCCESS", msg
+        assert pair.init.call("stats")["spread"] == 1
+        assert np.array_equal(pair.target.region[:2 * MIB], pair.init.region[:2 * MIB])

@@ -25,6 +25,23 @@ def test_bench_json_plot_and_table(tmp_path, capsys):
     assert "MaxBW GB/s" in table and "AvgLat us" in table
 
 
+def test_bench_rdma_backend_takes_mori_s_qp_and_worker_arguments(tmp_path, monkeypatch):
+    """``--num-qp-per-transfer`` and ``--num-worker-threads`` reach the RDMA backend of both
+    processes (MORI's benchmark's names); 1 MiB reads spread over two workers, over UCX's tcp."""
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
+    out = tmp_path / "b.json"
+    rc = main(["--backend", "rdma", "--op", "read", "--sizes", "1M", "--batch-sizes", "1,3", "--iters", "3",
+               "--warmup", "1", "--num-qp-per-transfer", "2", "--num-worker-threads", "2", "--json", str(out),
+               "--no-progress"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["args"]["num_qp_per_transfer"] == 2 and report["args"]["num_worker_threads"] == 2
+    assert {(r["engine"], r["size"], r["batch"]) for r in report["rows"]} == {("mori-rdma", 1 << 20, 1),
+                                                                               ("mori-rdma", 1 << 20, 3)}
+    with pytest.raises(SystemExit):
+        parse_args(["--num-worker-threads", "x"])
+
+
 def test_bench_without_tqdm_reports_skipped_points_and_typed_json(tmp_path, capsys, monkeypatch):
     """A plain mori-io install: no tqdm (``--no-progress`` must not need it); points over
     ``--max-bytes`` are named; the JSON keeps numbers as numbers."""

@@ -171,6 +171,26 @@ def test_poll_modes_post_batches_and_no_notification(mode: PollCqMode) -> None:
         p.close()
 
 
+@pytest.mark.parametrize("cores,threads,workers", [(2, -1, 1), (8, -1, 2), (64, -1, 2), (2, 3, 3)])
+def test_worker_count_auto_by_cores_and_transfers_over_them(monkeypatch: pytest.MonkeyPatch, cores: int,
+                                                            threads: int, workers: int) -> None:
+    """num_worker_threads=-1: two workers from 8 cores, one below; N: N. Small and large (spread,
+    mori-core's test_ucx_spread.py) transfers land byte for byte with their record. (These two
+    engines share a process, so they meet on the same-host path; spreading is UCX's.)"""
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    p = Pair(RdmaBackendConfig(num_worker_threads=threads))
+    try:
+        engine = p.a._backends._by_type[BackendType.RDMA]._engine  # private: this package's own test
+        assert len(engine.addresses) == workers  # one UCX worker address each
+        for size, uid in ((4096, 1), (3 << 20, 2)):
+            st = p.a.batch_write(p.ma, [0], p.mb, [512 << 10], [size], uid)
+            assert _done(st) == StatusCode.SUCCESS, st.Message()
+            assert np.array_equal(p.rb[512 << 10:(512 << 10) + size], p.la[:size])
+            assert p.b.pop_inbound_transfer_status("init", uid) is not None
+    finally:
+        p.close()
+
+
 def test_default_refuses_a_host_without_rdma_nic(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MORI_IO_RDMA_TRANSPORTS")
     e = IOEngine("refuse", IOEngineConfig())

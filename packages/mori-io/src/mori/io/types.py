@@ -97,8 +97,10 @@ class RdmaBackendConfig:
 
     ``qp_per_transfer``: endpoints (lanes) per peer and worker, 1..64; ``post_batch_size``:
     operations posted between two progress calls (-1: a whole transfer); ``num_worker_threads``:
-    UCX workers, each with a progress thread, 1..64, or -1 (MORI's default, "auto"): one worker,
-    as MORI posts on the caller's thread for any value below 2; ``poll_cq_mode``: spin while transfers are
+    UCX workers, each with a progress thread, 1..64, taken by transfers in turn, or -1 (MORI's
+    default, "auto"): two workers on a machine of 8 cores or more (else one), every transfer
+    starting on the first; either way a transfer of 512 KiB or more is spread over the workers
+    (each a thread of its own at both ends); ``poll_cq_mode``: spin while transfers are
     outstanding (``POLLING``) or sleep on the worker's event fd (``EVENT``);
     ``enable_notification``: send the target a completion record per transfer; ``max_send_wr``:
     operations in flight per lane and peer (0: MORI's 8192), beyond which a transfer waits and then

@@ -39,7 +39,8 @@ class UcxEngine:
                  polling: bool = True, timeout: SupportsFloat = 30.0, timeout_setting: str = "timeout",
                  rma: bool = False, max_inbound: _Int = 1048576, inbound_ttl: SupportsFloat = 3600.0,
                  max_tickets: _Int = 65536, inbound: InboundRecords | None = None,
-                 same_host: bool = True, send_queue: _Int = 0, send_queue_wait: SupportsFloat = 5.0) -> None: ...
+                 same_host: bool = True, send_queue: _Int = 0, send_queue_wait: SupportsFloat = 5.0,
+                 round_robin: bool = True) -> None: ...
     @property
     def addresses(self) -> list[bytes]: ...
     @property

@@ -16,7 +16,7 @@ from typing import Any
 
 from mori.core.config import parse_size
 
-from ..types import TcpBackendConfig
+from ..types import RdmaBackendConfig, TcpBackendConfig
 from ._mori_runner import run_mori
 from ._peers import MARK
 
@@ -79,6 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                           "--target-host, initiator and targets are two 'hosts'")
     p.add_argument("--num-connections", type=int, default=TcpBackendConfig().num_connections,
                    help="TCP data connections per peer (default: TcpBackendConfig's, half the CPUs, 1..4)")
+    p.add_argument("--num-qp-per-transfer", type=int, default=RdmaBackendConfig().qp_per_transfer,
+                   help="RDMA: lanes (queue pairs) per peer and worker (default: RdmaBackendConfig's, 1)")
+    p.add_argument("--num-worker-threads", type=int, default=RdmaBackendConfig().num_worker_threads,
+                   help="RDMA: UCX workers, each with its progress thread; a transfer of 512 KiB or more is "
+                        "spread over them (default: RdmaBackendConfig's, -1: one)")
     p.add_argument("--max-bytes", type=_sizes, default=[256 << 20],
                    help="skip points moving more than this per transfer (default 256M)")
     p.add_argument("--peers", type=_peers, default=[], help="also measure: mooncake,nixl (same sizes, same run)")
@@ -192,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backend:
         label = "mori" if backend == "tcp" else f"mori-{backend}"
         bar = _progress(len(points), label, args.no_progress)
-        for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, args.num_connections,
+        config = RdmaBackendConfig(qp_per_transfer=args.num_qp_per_transfer,
+                                   num_worker_threads=args.num_worker_threads) if backend == "rdma" \
+            else TcpBackendConfig(num_connections=args.num_connections)
+        for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, config,
                             functools.partial(bar.update, 1), backend, args.target_host, args.target_netns):
             rows.append({"engine": label, "op": args.op, "session": args.session, **row})
         bar.close()

@@ -19,6 +19,7 @@ from .. import (
     IOEngineConfig,
     MemoryDesc,
     MemoryLocationType,
+    RdmaBackendConfig,
     StatusCode,
     TcpBackendConfig,
 )
@@ -27,11 +28,8 @@ from ._measure import block_layout, pin_target, summarize
 __all__ = ["run_mori"]
 
 
-def _create_backend(engine: IOEngine, backend: str, nconn: int) -> None:
-    if backend == "rdma":
-        engine.create_backend(BackendType.RDMA)
-    else:
-        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=nconn))
+def _create_backend(engine: IOEngine, backend: str, config: TcpBackendConfig | RdmaBackendConfig) -> None:
+    engine.create_backend(BackendType.RDMA if backend == "rdma" else BackendType.TCP, config)
 
 
 def _host_buffer(size: int) -> tuple[mmap.mmap, int]:
@@ -45,10 +43,10 @@ def _host_buffer(size: int) -> tuple[mmap.mmap, int]:
     return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
-def _target(conn: Any, host: str, size: int, nconn: int, backend: str) -> None:
+def _target(conn: Any, host: str, size: int, config: TcpBackendConfig | RdmaBackendConfig, backend: str) -> None:
     pin_target()
     engine = IOEngine("bench-target", IOEngineConfig(host=host, port=0))
-    _create_backend(engine, backend, nconn)
+    _create_backend(engine, backend, config)
     buf, addr = _host_buffer(size)
     mem = engine.register_memory(addr, size, -1, MemoryLocationType.CPU)
     conn.send((engine.get_engine_desc().pack(), mem.pack()))
@@ -61,21 +59,22 @@ def _target(conn: Any, host: str, size: int, nconn: int, backend: str) -> None:
 
 
 def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, warmup: int, host: str,
-             nconn: int, progress: Callable[[], None], backend: str = "tcp", target_host: str | None = None,
+             config: TcpBackendConfig | RdmaBackendConfig, progress: Callable[[], None], backend: str = "tcp",
+             target_host: str | None = None,
              target_netns: str | None = None) -> Iterator[dict[str, Any]]:
     """Yields one result row per (size, batch) point; target and initiator are separate processes,
     the target in network namespace ``target_netns`` on ``target_host`` when given."""
     need = max(s * b for s, b in points)
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(child, target_host or host, need, nconn, backend), daemon=True)
+    proc = ctx.Process(target=_target, args=(child, target_host or host, need, config, backend), daemon=True)
     start_in_netns(target_netns)(proc)
     try:
         if not conn.poll(120):
             raise TimeoutError("benchmark target did not start in 120 s")
         t_engine, t_mem = conn.recv()
         engine = IOEngine("bench-initiator", IOEngineConfig(host=host, port=0))
-        _create_backend(engine, backend, nconn)
+        _create_backend(engine, backend, config)
         engine.register_remote_engine(EngineDesc.unpack(t_engine))
         conn.send(engine.get_engine_desc().pack())
         if not conn.poll(60):

@@ -82,10 +82,19 @@ def _check_config(config: Any) -> RdmaBackendConfig:
     return config
 
 
-def _worker_count(config: RdmaBackendConfig) -> int:
-    """UCX workers of a checked config: -1 ("auto", MORI's default) is one, since MORI posts on the
-    caller's thread, with no worker pool, for any value below 2."""
-    return 1 if config.num_worker_threads == -1 else config.num_worker_threads
+# Workers that "auto" (-1) gives a machine of at least AUTO_CORES cores: transfers of 512 KiB or
+# more are spread over them (a thread of its own at each end), every other one starts on the
+# first, so a small transfer costs what it costs on one worker.
+AUTO_WORKERS, AUTO_CORES = 2, 8
+
+
+def _workers(config: RdmaBackendConfig) -> tuple[int, bool]:
+    """UCX workers of a config, and whether transfers take them in turn: -1 ("auto", MORI's
+    default) is AUTO_WORKERS on a machine of AUTO_CORES cores or more (else one) with every
+    transfer starting on the first; N is N workers taken in turn."""
+    if config.num_worker_threads != -1:
+        return config.num_worker_threads, True
+    return (AUTO_WORKERS if (os.cpu_count() or 1) >= AUTO_CORES else 1), False
 
 
 def _settings(transports: tuple[str, ...] | None, devices: Any) -> list[tuple[str, str]]:
@@ -121,9 +130,10 @@ class RdmaBackend(Backend):
                     "MORI_UCX_LIB), or allow other UCX transports with MORI_IO_RDMA_TRANSPORTS (e.g. "
                     "'tcp,sm,self' to run the RDMA backend over TCP).")
         settings = _settings(transports, devices)
+        workers, round_robin = _workers(config)
         try:
             self._engine = ucx.UcxEngine(
-                f"mori-io:{ctx.engine_key}"[:31], settings, workers=_worker_count(config),
+                f"mori-io:{ctx.engine_key}"[:31], settings, workers=workers, round_robin=round_robin,
                 lanes=config.qp_per_transfer, polling=PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING,
                 timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT", inbound=ctx.inbound,
                 # MORI's send queue per queue pair, over the lanes: the engine refuses "SQ full"
