@@ -28,7 +28,7 @@ import mori.shmem as shmem
 from mori.core.host import HostIdentity
 from mori.core.testing import Died, network_namespaces
 from mori.shmem._reach import Reach
-from mori.shmem._remote_ucx import HEAP_ID, UcxTransport
+from mori.shmem._remote_ucx import HEAP_ID, UcxTransport, _warn_without_nic
 
 CPU_ENV = {"MORI_SHMEM_HEAP_SIZE": "16M", "MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_TIMEOUT": "30"}
 #: A UCX that cannot be loaded: the remote transport is unavailable.
@@ -49,6 +49,19 @@ def test_pieces_cut_at_every_heap_chunk() -> None:
     # A buffer registered for the call (id 7) is one region: only the remote side is cut.
     assert transport._pieces(7, 30, 250, 200) == [(7, h + 2, [30], [50], [50]), (7, h + 3, [80], [0], [100]),
                                                   (7, h + 4, [180], [0], [50])]
+
+
+def test_gpu_direct_without_a_nic_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """MORI_SHMEM_GPU_DIRECT=1 where UCX has no verbs transport: one warning saying why kernels
+    that wait on remote PEs stall (seen on the H200, 2026-11-28 08:35 UTC); none with a NIC."""
+    with caplog.at_level("WARNING", logger="mori.shmem"):
+        _warn_without_nic("# lane[0]: 0:tcp/veth0.0 md[0]  3:cuda_copy/cuda.0")
+        assert len(caplog.records) == 1
+        text = caplog.records[0].getMessage()
+        assert "no RDMA NIC (UCX transports: cuda_copy/cuda.0, tcp/veth0.0)" in text and "stalls" in text, text
+        caplog.clear()
+        _warn_without_nic("rc_mlx5/mlx5_0:1 dc_mlx5/mlx5_0:1 cuda_copy/cuda tcp/eth0")
+        assert not caplog.records
 
 
 def test_reach_by_host_and_p2p_setting() -> None:
