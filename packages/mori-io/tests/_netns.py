@@ -15,7 +15,15 @@ from pathlib import Path
 from _peer import PipeProcess, SharedBuffer, engine_commands, serve_commands
 
 from mori.core import testing
-from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
+from mori.io import (
+    BackendType,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    RdmaBackendConfig,
+    StatusCode,
+)
 from mori.io.types import TransferStatus
 
 __all__ = ["HERE", "HOST_A", "HOST_B", "NetnsPeer", "two_namespaces"]
@@ -39,11 +47,15 @@ def _outcome(st: TransferStatus) -> tuple[str, str]:
     return (st.Code().name if finished else "HUNG"), st.Message()
 
 
-def _serve(role: str, host: str, shm: str, size: int, backends: Sequence[str]) -> bytes:
-    """An engine named ``role`` on ``host`` with ``backends`` and the shared file ``shm`` registered."""
+def _serve(role: str, host: str, shm: str, size: int, backends: Sequence[str], rdma_workers: int) -> bytes:
+    """An engine named ``role`` on ``host`` with ``backends`` (RDMA with ``rdma_workers`` UCX
+    workers) and the shared file ``shm`` registered."""
     engine = IOEngine(role, IOEngineConfig(host=host, port=0))
     for name in backends:
-        engine.create_backend({"tcp": BackendType.TCP, "rdma": BackendType.RDMA}[name])
+        if name == "rdma":
+            engine.create_backend(BackendType.RDMA, RdmaBackendConfig(num_worker_threads=rdma_workers))
+        else:
+            engine.create_backend(BackendType.TCP)
     buf = SharedBuffer(size, shm)
     mem = engine.register_memory(buf.addr, size, -1, MemoryLocationType.CPU)
     half, quarter = size // 2, size // 4
@@ -66,17 +78,23 @@ def _serve(role: str, host: str, shm: str, size: int, backends: Sequence[str]) -
             return outcome
         return _outcome(sess.read(3 * quarter, quarter, quarter, sess.allocate_transfer_uid()))
 
+    def spread() -> int:
+        """Transfers the RDMA backend's UCX engine spread over its workers (private: this package's test)."""
+        return int(engine._backends._by_type[BackendType.RDMA]._engine.stats()["spread"])
+
     return serve_commands(engine, {**engine_commands(engine, {}), "mem": mem.pack, "transfer": transfer,
-                                   "session": session}, buf)
+                                   "session": session, "spread": spread}, buf)
 
 
 class NetnsPeer(PipeProcess):
     """An engine named ``role`` in namespace ``ns`` at ``host`` with ``backends``, ``buf``
-    registered (``mem``: its packed descriptor); ``env`` is added to its environment."""
+    registered (``mem``: its packed descriptor); ``env`` is added to its environment;
+    ``rdma_workers`` is the RDMA backend's ``num_worker_threads``."""
 
     def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, backends: Sequence[str] = ("tcp",),
-                 env: dict[str, str] | None = None) -> None:
-        super().__init__(_serve, (role, host, buf.path, buf.size, tuple(backends)), role, 90.0, ns, env)
+                 env: dict[str, str] | None = None, rdma_workers: int = -1) -> None:
+        super().__init__(_serve, (role, host, buf.path, buf.size, tuple(backends), rdma_workers), role, 90.0, ns,
+                         env)
         self.mem: bytes = self.call("mem")
 
     def connect(self, other: NetnsPeer) -> None:

@@ -17,7 +17,15 @@ from _netns import NetnsPeer
 from _peer import PipeProcess, SharedBuffer, engine_commands, serve_commands
 
 from mori.core import ucx
-from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
+from mori.io import (
+    BackendType,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    RdmaBackendConfig,
+    StatusCode,
+)
 from mori.io.types import TransferStatus
 
 __all__ = ["UCX_LIBS", "RdmaInitiator", "RdmaTarget", "Started", "ucx_lib"]
@@ -55,14 +63,14 @@ def ucx_lib(name: str) -> str:
     return found[_SOURCES[name]]
 
 
-def _engine(role: str, host: str) -> IOEngine:
+def _engine(role: str, host: str, workers: int) -> IOEngine:
     engine = IOEngine(role, IOEngineConfig(host=host, port=0))
-    engine.create_backend(BackendType.RDMA)
+    engine.create_backend(BackendType.RDMA, RdmaBackendConfig(num_worker_threads=workers))
     return engine
 
 
-def _serve_target(role: str, host: str, shm: str, size: int, lo: int, hi: int) -> bytes:
-    engine = _engine(role, host)
+def _serve_target(role: str, host: str, shm: str, size: int, lo: int, hi: int, workers: int) -> bytes:
+    engine = _engine(role, host, workers)
     buf = SharedBuffer(size, shm)
     mem = engine.register_memory(buf.addr + lo, hi - lo, -1, MemoryLocationType.CPU)
     return serve_commands(engine, {**engine_commands(engine, {mem.id: mem}), "mem": mem.pack}, buf)
@@ -99,8 +107,8 @@ def _forged(rng: random.Random, desc: MemoryDesc) -> Any:
     return MemoryDesc(**fields)
 
 
-def _serve_initiator(role: str, host: str, shm: str, size: int) -> bytes:
-    engine = _engine(role, host)
+def _serve_initiator(role: str, host: str, shm: str, size: int, workers: int) -> bytes:
+    engine = _engine(role, host, workers)
     buf = SharedBuffer(size, shm)
     mem = engine.register_memory(buf.addr, size, -1, MemoryLocationType.CPU)
     started: dict[int, TransferStatus] = {}
@@ -156,19 +164,21 @@ def _serve_initiator(role: str, host: str, shm: str, size: int) -> bytes:
 
 class RdmaTarget(PipeProcess):
     """A target engine in namespace ``ns`` with the window ``[lo, hi)`` of ``buf`` registered
-    (``mem``: its packed descriptor)."""
+    (``mem``: its packed descriptor); ``workers``: its RDMA backend's num_worker_threads."""
 
     def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, lo: int, hi: int,
-                 env: dict[str, str]) -> None:
-        super().__init__(_serve_target, (role, host, buf.path, buf.size, lo, hi), role, 90.0, ns, env)
+                 env: dict[str, str], workers: int = -1) -> None:
+        super().__init__(_serve_target, (role, host, buf.path, buf.size, lo, hi, workers), role, 90.0, ns, env)
         self.mem: bytes = self.call("mem")
 
 
 class RdmaInitiator(PipeProcess):
-    """An initiator engine in namespace ``ns`` with all of ``buf`` registered."""
+    """An initiator engine in namespace ``ns`` with all of ``buf`` registered; ``workers``: its
+    RDMA backend's num_worker_threads."""
 
-    def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, env: dict[str, str]) -> None:
-        super().__init__(_serve_initiator, (role, host, buf.path, buf.size), role, 90.0, ns, env)
+    def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, env: dict[str, str],
+                 workers: int = -1) -> None:
+        super().__init__(_serve_initiator, (role, host, buf.path, buf.size, workers), role, 90.0, ns, env)
 
     def meet(self, other: PipeProcess | NetnsPeer) -> None:
         """Each of the two engines registers the other."""

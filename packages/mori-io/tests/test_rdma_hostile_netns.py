@@ -33,9 +33,9 @@ RUNS = 50  # victims killed
 class Net(Started):
     """Namespaces A (targets) and B (the initiator), the UCX every engine loads, and what was started."""
 
-    def __init__(self, ns_a: str, ns_b: str, lib: str, same_host: bool = False) -> None:
+    def __init__(self, ns_a: str, ns_b: str, lib: str, same_host: bool = False, workers: int = -1) -> None:
         super().__init__()
-        self.same_host = same_host
+        self.same_host, self.workers = same_host, workers
         self.ns_a, self.ns_b = ns_a, (ns_a if same_host else ns_b)
         self.host_b = HOST_A if same_host else HOST_B
         # A kill lands within this of a transfer's start (same-host transfers take milliseconds).
@@ -44,13 +44,13 @@ class Net(Started):
 
     def target(self, role: str, size: int, lo: int, hi: int, seed: int) -> tuple[RdmaTarget, SharedBuffer]:
         buf = self.random_buffer(size, seed)
-        t = RdmaTarget(self.ns_a, role, HOST_A, buf, lo, hi, self.env)
+        t = RdmaTarget(self.ns_a, role, HOST_A, buf, lo, hi, self.env, self.workers)
         self.procs.append(t)
         return t, buf
 
     def initiator(self, size: int) -> tuple[RdmaInitiator, SharedBuffer]:
         buf = self.random_buffer(size, 1)
-        i = RdmaInitiator(self.ns_b, "initiator", self.host_b, buf, self.env)
+        i = RdmaInitiator(self.ns_b, "initiator", self.host_b, buf, self.env, self.workers)
         self.procs.append(i)
         return i, buf
 
@@ -73,13 +73,29 @@ def net(request: pytest.FixtureRequest) -> Iterator[Net]:
 
 
 def test_killed_peers_never_report_missing_bytes_while_another_is_served(net: Net) -> None:
+    _kill_victims(net, RUNS)
+
+
+def test_killed_peers_of_spread_transfers_never_report_missing_bytes() -> None:
+    """The same with three UCX workers a side: every transfer here (16 and 4 MiB) is spread over
+    them, one child each, and a child's failure must fail its parent."""
+    with two_namespaces() as (ns_a, ns_b):
+        n = Net(ns_a, ns_b, "wheel", workers=3)
+        try:
+            _kill_victims(n, 20)
+        finally:
+            n.close()
+
+
+def _kill_victims(net: Net, runs: int) -> None:
+    """``runs`` victims killed mid-transfer, half reads and half writes, while another peer is served."""
     init, i_buf = net.initiator(VICTIM + 2 * SERVED)
     served, s_buf = net.target("served", 2 * SERVED, 0, 2 * SERVED, 2)
     net.meet(init, served)
     rng = random.Random(21)
     outcomes: dict[str, int] = {}
     batch = 5  # victims started at once (a process start is the slow part)
-    for first in range(0, RUNS, batch):
+    for first in range(0, runs, batch):
         victims = [net.target(f"victim{first + k}", VICTIM, 0, VICTIM, 100 + first + k) for k in range(batch)]
         for k, (victim, v_buf) in enumerate(victims):
             run = first + k
@@ -106,9 +122,9 @@ def test_killed_peers_never_report_missing_bytes_while_another_is_served(net: Ne
             s_before[at:at + SERVED] = run % 251
             assert np.array_equal(s_buf.array, s_before), f"run {run}: the served peer's bytes differ"
             victim.kill()
-    assert sum(outcomes.values()) == RUNS
+    assert sum(outcomes.values()) == runs
     # The kill must have landed mid-transfer in some runs, or this tested nothing.
-    assert outcomes.get("SUCCESS", 0) < RUNS, outcomes
+    assert outcomes.get("SUCCESS", 0) < runs, outcomes
     assert init.call("raw", "read", *_whole(served), 0) == ("SUCCESS", "")  # the initiator still works
 
 

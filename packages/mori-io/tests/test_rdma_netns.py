@@ -34,10 +34,12 @@ class Hosts(Started):
         self.ns = {"A": ns_a, "B": ns_b}
         self.env = {**ENV, "MORI_UCX_LIB": ucx_lib(lib)}
 
-    def engine(self, where: str, role: str, **env: str) -> tuple[NetnsPeer, SharedBuffer]:
-        """An engine with the RDMA backend alone in namespace ``where``, over a shared file of random bytes."""
+    def engine(self, where: str, role: str, workers: int = -1, **env: str) -> tuple[NetnsPeer, SharedBuffer]:
+        """An engine with the RDMA backend alone (``workers``: its num_worker_threads) in namespace
+        ``where``, over a shared file of random bytes."""
         buf = self.random_buffer(SIZE, len(self.bufs))
-        peer = NetnsPeer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**self.env, **env})
+        peer = NetnsPeer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**self.env, **env},
+                         workers)
         self.procs.append(peer)
         return peer, buf
 
@@ -52,9 +54,12 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
             h.close()
 
 
-def test_every_operation_with_notifications(hosts: Hosts) -> None:
-    target, t_buf = hosts.engine("A", "target")
-    init, i_buf = hosts.engine("B", "initiator")
+@pytest.mark.parametrize("workers", [-1, 3], ids=["auto-workers", "3-workers"])
+def test_every_operation_with_notifications(hosts: Hosts, workers: int) -> None:
+    """With three workers each transfer here (4 MiB of 64 KiB blocks, a 2 MiB block) is spread
+    over them; bytes and one record per transfer either way."""
+    target, t_buf = hosts.engine("A", "target", workers)
+    init, i_buf = hosts.engine("B", "initiator", workers)
     target.connect(init)
     expect_t, expect_i = t_buf.array.copy(), i_buf.array.copy()
     half, quarter = SIZE // 2, SIZE // 4
@@ -70,6 +75,8 @@ def test_every_operation_with_notifications(hosts: Hosts) -> None:
     expect_i[3 * quarter:] = expect_t[quarter:half]
     assert np.array_equal(t_buf.array, expect_t)
     assert np.array_equal(i_buf.array, expect_i)
+    if workers == 3:  # the write, the read and the session's two
+        assert init.call("spread") == 4
     init.call("close")
     target.call("close")
 
