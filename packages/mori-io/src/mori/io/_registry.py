@@ -152,23 +152,28 @@ def notify_bodies(records: Sequence[CompletionRecord]) -> Iterator[dict[str, lis
 class InFlight:
     """This engine's transfers by local memory id, so that deregistering waits for them."""
 
-    _PRUNE = 64  # finished entries are dropped each time a region's list grows by this many
+    _PRUNE = 64  # a region's list is first pruned of finished entries at this length
 
     def __init__(self) -> None:
         self._by_mem: dict[int, list[tuple[TransferStatus, Any, str]]] = {}
+        self._prune_at: dict[int, int] = {}  # per region: the length of its next pruning
 
     def add(self, mem_id: int, status: TransferStatus, backend: Any, remote_key: str) -> None:
         """Notes a transfer using local region ``mem_id`` through ``backend``."""
         entries = self._by_mem.setdefault(mem_id, [])
         entries.append((status, backend, remote_key))
-        if len(entries) % self._PRUNE == 0:
+        if len(entries) >= self._prune_at.get(mem_id, self._PRUNE):
             entries[:] = [e for e in entries if e[0]._running()]  # its own transfer: the memory it uses
+            # Pruned again once it has doubled: with many transfers running, each one costs a
+            # constant share of the scans (pruning every 64 transfers scanned them all each time).
+            self._prune_at[mem_id] = max(self._PRUNE, 2 * len(entries))
 
     def drain(self, mem_id: int, deadline: float, grace: float) -> None:
         """Waits until ``deadline`` (monotonic) for the transfers of ``mem_id``; then has their
         backends fail the rest (``Backend.abort``) and waits up to ``grace`` seconds more for
         those to report it."""
         entries = list(self._by_mem.pop(mem_id, ()))
+        self._prune_at.pop(mem_id, None)
         for status, _, _ in entries:
             status.WaitFor(max(deadline - time.monotonic(), 0.0) * 1000.0)
         late = {(id(b), key): (b, key) for status, b, key in entries if status.InProgress()}
