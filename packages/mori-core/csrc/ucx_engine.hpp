@@ -318,6 +318,7 @@ private:
     uint64_t nextPart_ = 1;
     std::vector<std::unique_ptr<Link>> links_;
     std::vector<std::shared_ptr<Transfer>> inflight_;
+    size_t pruneAt_ = 64;  // inflight_'s length at which finished transfers are next dropped
     int64_t nextDeadlineNs_ = INT64_MAX;
     std::vector<Link*> failedLinks_;  // endpoint errors seen in callbacks, closed after progress
     std::vector<void*> closing_;      // endpoint close requests still running

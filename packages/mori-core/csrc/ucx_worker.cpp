@@ -270,9 +270,13 @@ void Worker::reap_links_locked() {
 }
 
 void Worker::track_locked(const std::shared_ptr<Transfer>& t) {
-    if (inflight_.size() >= 64 && inflight_.size() % 64 == 0)
+    // Finished transfers are dropped once the list has doubled since the last time: however many
+    // run at once, each transfer costs a constant share of the scans.
+    if (inflight_.size() >= pruneAt_) {
         inflight_.erase(std::remove_if(inflight_.begin(), inflight_.end(), [](auto& x) { return x->finished(); }),
                         inflight_.end());
+        pruneAt_ = std::max<size_t>(64, 2 * inflight_.size());
+    }
     inflight_.push_back(t);
     nextDeadlineNs_ = std::min(nextDeadlineNs_, t->deadline_ns());
 }
