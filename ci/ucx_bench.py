@@ -32,8 +32,8 @@ POINTS = [  # (name, op, block size, blocks)
     ("write 4 KiB", ucx.WRITE, 4096, 1), ("read 4 KiB", ucx.READ, 4096, 1),
     ("write 1 MiB", ucx.WRITE, 1 << 20, 1), ("read 1 MiB", ucx.READ, 1 << 20, 1),
     ("write 64 x 1 MiB", ucx.WRITE, 1 << 20, 64), ("read 64 x 1 MiB", ucx.READ, 1 << 20, 64),
-    ("write 64 x 4 KiB", ucx.WRITE, 4096, 64), ("write 1024 x 4 KiB", ucx.WRITE, 4096, 1024),
-    ("read 1024 x 4 KiB", ucx.READ, 4096, 1024),
+    ("write 64 x 4 KiB", ucx.WRITE, 4096, 64), ("read 64 x 4 KiB", ucx.READ, 4096, 64),
+    ("write 1024 x 4 KiB", ucx.WRITE, 4096, 1024), ("read 1024 x 4 KiB", ucx.READ, 4096, 1024),
 ]
 
 
