@@ -235,8 +235,8 @@ private:
     std::shared_ptr<Transfer> post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
                                    size_t n, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
                                    bool remoteGpu, const std::shared_ptr<Transfer>& parent = nullptr);
-    // A batch of rows of at least kSpreadBytes dealt over several workers (each a thread of
-    // its own at both ends), one child transfer each, under one parent; null when the engine
+    // A batch of at least two shares (kSpreadPiece) dealt over several workers (each a thread
+    // of its own at both ends), one child transfer each, under one parent; null when the engine
     // has one worker or the batch is smaller.
     std::shared_ptr<Transfer> spread(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Batch& batch,
                                      uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu);

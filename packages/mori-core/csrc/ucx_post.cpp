@@ -388,6 +388,28 @@ struct PinnedLocal {
     std::shared_ptr<Region> region;
 };
 
+// Rows dealt into at most `runs` contiguous runs of about equal bytes, each at least minBytes
+// (plan::deal_rows). Rows fewer than the runs are cut first (into `pieces`, at least minBytes
+// each), so that every run gets a share. A worker's lanes and a spread transfer's workers are
+// dealt this way.
+struct Dealt {
+    const plan::Row* rows;
+    size_t count;
+    std::vector<size_t> bounds;
+};
+
+Dealt deal(const plan::Row* rows, size_t n, uint64_t largest, size_t runs, uint64_t minBytes,
+           std::vector<plan::Row>& pieces) {
+    if (runs > 1 && n < runs && n > 0) {
+        const uint64_t piece = std::max(minBytes, (largest + runs - 1) / runs);
+        pieces.resize(plan::count_pieces(rows, n, piece));
+        plan::stripe_rows(rows, n, piece, pieces.data());
+        rows = pieces.data();
+        n = pieces.size();
+    }
+    return Dealt{rows, n, plan::deal_rows(rows, n, runs, minBytes)};
+}
+
 }  // namespace
 
 std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
@@ -470,22 +492,10 @@ std::shared_ptr<Transfer> Peer::spread(size_t w, Op op, const std::shared_ptr<Re
     // leave the others posted) nor the same-host path (one copy per transfer at the target).
     const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
     if (links_.size() < 2 || engine_->options().rma || (sameHost_ && !gpu)) return nullptr;
-    uint64_t total = 0;
-    for (size_t i = 0; i < batch.size(); ++i) total += batch[i].bytes;
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(links_.size(), total / kSpreadPiece));
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(links_.size(), batch.total_bytes() / kSpreadPiece));
     if (k < 2) return nullptr;
-    // Rows fewer than workers are cut first, then dealt in contiguous runs of about equal bytes.
     std::vector<plan::Row> pieces;
-    const plan::Row* use = batch.begin();
-    size_t count = batch.size();
-    if (count < k) {
-        const uint64_t piece = std::max(kSpreadPiece, (batch.largest() + k - 1) / k);
-        pieces.resize(plan::count_pieces(use, count, piece));
-        plan::stripe_rows(use, count, piece, pieces.data());
-        use = pieces.data();
-        count = pieces.size();
-    }
-    const std::vector<size_t> bounds = plan::deal_rows(use, count, k, kSpreadPiece);
+    const auto [use, count, bounds] = deal(batch.begin(), batch.size(), batch.largest(), k, kSpreadPiece, pieces);
     if (bounds.size() < 3) return nullptr;
     const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
     auto parent = std::make_shared<Transfer>(nullptr, nullptr, static_cast<int64_t>(bounds.size() - 1), deadline,
@@ -522,19 +532,9 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
     if (closed_.load() || link.eps.empty() || !state_->failure().empty())
         return failed(w, uid, kErrTransport, closed_why(), parent);
     const size_t lanes = std::max<size_t>(1, link.eps.size());
-    // With several lanes a transfer of few blocks is cut so that every lane gets a share; then
-    // the rows are dealt over the lanes in contiguous runs of about equal bytes.
+    // The rows dealt over the lanes (a transfer of few blocks cut so that every lane gets a share).
     std::vector<plan::Row> pieces;
-    const plan::Row* use = rows;
-    size_t count = nrows;
-    if (lanes > 1 && count < lanes && count > 0) {
-        uint64_t piece = std::max(kMinLanePiece, (largest + lanes - 1) / lanes);
-        pieces.resize(plan::count_pieces(rows, nrows, piece));
-        plan::stripe_rows(rows, nrows, piece, pieces.data());
-        use = pieces.data();
-        count = pieces.size();
-    }
-    const std::vector<size_t> bounds = plan::deal_rows(use, count, lanes, kMinLanePiece);
+    const auto [use, count, bounds] = deal(rows, nrows, largest, lanes, kMinLanePiece, pieces);
     const size_t firstLane = static_cast<size_t>(link.next++ % lanes);
     RemoteRegion* rr = nullptr;
     if (rma && count > 0) {

@@ -37,12 +37,13 @@ import ctypes
 import itertools
 import struct
 import threading
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from mori.core.batch import Batch
 from mori.core.codes import TransferCode
 from mori.core.log import get_logger
-from mori.core.ucx import READ, WRITE, transports
+from mori.core.ucx import READ, WRITE, library_info, transports
 
 from ._errors import ShmemError
 from ._heap import INTERNAL_BYTES, STAGING_OFFSET, Heap
@@ -57,15 +58,15 @@ _FIRST_BUFFER_ID = 1 << 32  # ids of buffers registered for one call
 _BOUNCE_ID = 1 << 40  # the device proxy's bounce area
 _STAGING_BYTES = INTERNAL_BYTES - STAGING_OFFSET
 _IN_PROGRESS = int(TransferCode.IN_PROGRESS)  # a transfer that did not finish in time
-# UCX's verbs transports: with one of them (and GPUDirect RDMA) a NIC moves GPU memory itself.
-_VERBS = ("rc_", "dc_", "ud_")
 _log = get_logger("shmem")
 
 
-def _warn_without_nic(described: str) -> None:
-    """MORI_SHMEM_GPU_DIRECT=1 where UCX has no verbs transport: said once at init, with why."""
-    found = transports(described)
-    if not any(t.startswith(_VERBS) for t in found):
+def _warn_without_nic(nics: Sequence[str], described: str) -> None:
+    """MORI_SHMEM_GPU_DIRECT=1 where UCX finds no RDMA NIC (``nics``: mori.core.ucx's
+    ``rdma_devices``, as mori-io's RDMA backend reads them): said once at init, with why, naming
+    the transports of the engine's description ``described``."""
+    if not nics:
+        found = transports(described)
         _log.warning("MORI_SHMEM_GPU_DIRECT=1 with no RDMA NIC (UCX transports: %s): UCX copies GPU memory with "
                      "cuda_copy in the device's primary context, where a copy waits behind a running kernel, so a "
                      "kernel that waits for a remote PE's data (a barrier, wait_until) stalls until "
@@ -139,7 +140,7 @@ class UcxTransport(RemoteTransport):
                 ctx = heap.ctx  # type: ignore[attr-defined]
                 direct = bool(config.get("MORI_SHMEM_GPU_DIRECT"))
                 if direct:
-                    _warn_without_nic(self._engine.describe())
+                    _warn_without_nic(library_info()["rdma_devices"], self._engine.describe())
                 self._words = serve_gpu(self._engine, ctx.ctx, ctx.arch, stage=not direct)
             self._register(heap.mapped)
             tickets = {pe: self._engine.admit(_key(pe)) for pe in reach.remote}
