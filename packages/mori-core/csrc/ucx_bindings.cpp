@@ -61,6 +61,18 @@ mori::native::Registration reg([](py::module_& root) {
             "Starts a transfer (op 1 = read, 2 = write) of a mori.core.batch.Batch of rows (local address inside "
             "local_id, offset in remote_id, bytes; Batch.one for one block); returns its UcxTransfer.")
         .def(
+            "submit_one",
+            [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,
+               uint64_t uid, bool notify, bool remoteGpu) {
+                py::gil_scoped_release release;
+                return p.submit(static_cast<Op>(op), localId, mori::plan::Batch::one(src, dst, bytes), remoteId, uid,
+                                notify, remoteGpu);
+            },
+            py::arg("op"), py::arg("local_id"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("remote_id"),
+            py::arg("uid"), py::arg("notify"), py::arg("remote_gpu"),
+            "submit of Batch.one(src, dst, bytes) with no Batch object made: for a caller that starts one block "
+            "at a time (mori-io's read and write), where building the Batch is a large share of the call.")
+        .def(
             "run_one",
             [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,
                bool remoteGpu, double timeout) {

@@ -282,3 +282,126 @@ def test_unreachable_peers_do_not_delay_others(monkeypatch: pytest.MonkeyPatch) 
         for hole in holes:
             hole.close()
         pair.close()
+
+
+# ---- single blocks through the backend's lane (Backend.lane) ---------------------------------------
+class Counted(Pair):
+    """A fresh pair whose initiator counts the transfers its RDMA backend's submit started (the
+    lane's are not counted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rdma = self.a._backends[BackendType.RDMA]
+        self.full_way = 0
+        submit = self.rdma.submit
+
+        def counted(request):  # type: ignore[no-untyped-def]
+            self.full_way += 1
+            return submit(request)
+
+        self.rdma.submit = counted
+
+
+@pytest.fixture
+def counted() -> Iterator[Counted]:
+    p = Counted()
+    yield p
+    p.close()
+
+
+def _warm(p: Counted) -> None:
+    """The pair's first transfers: the first connects, the second leaves the lane."""
+    for _ in range(2):
+        assert _done(p.a.write(p.ma, 0, p.mb, 0, 8, p.a.allocate_transfer_uid())) == StatusCode.SUCCESS
+    p.full_way = 0
+
+
+def test_single_blocks_take_the_lane_byte_for_byte(counted: Counted) -> None:
+    _warm(counted)
+    rng = np.random.default_rng(3)
+    sess = counted.a.create_session(counted.ma, counted.mb)
+    assert sess is not None
+    for i in range(300):
+        size = int(rng.integers(1, 20_000))
+        lo, ro = int(rng.integers(0, SIZE - size)), int(rng.integers(0, SIZE - size))
+        uid = counted.a.allocate_transfer_uid()
+        op = ("read", "write")[i % 2]
+        before_l, before_r = counted.la.copy(), counted.rb.copy()
+        if i % 3 == 0:
+            st = getattr(counted.a, op)(counted.ma, lo, counted.mb, ro, size, uid)
+        elif i % 3 == 1:
+            st = getattr(counted.a, f"batch_{op}")(counted.ma, [lo], counted.mb, [ro], [size], uid)
+        else:
+            st = getattr(sess, op)(lo, ro, size, uid)
+        assert _done(st) == StatusCode.SUCCESS, st
+        if op == "read":
+            before_l[lo:lo + size] = before_r[ro:ro + size]
+        else:
+            before_r[ro:ro + size] = before_l[lo:lo + size]
+        assert np.array_equal(counted.la, before_l) and np.array_equal(counted.rb, before_r)
+    assert counted.full_way == 0
+    # What the lane does not take goes the full way: numpy offsets, two blocks, zero bytes.
+    for st in (counted.a.batch_write(counted.ma, np.array([0]), counted.mb, np.array([0]), np.array([8]), 1),
+               counted.a.batch_write(counted.ma, [0, 64], counted.mb, [0, 64], [8, 8], 2),
+               counted.a.write(counted.ma, 0, counted.mb, 0, 0, 3)):
+        assert _done(st) == StatusCode.SUCCESS
+    assert counted.full_way == 3
+
+
+def test_bad_blocks_and_uids_fail_as_before_and_nothing_moves(counted: Counted) -> None:
+    _warm(counted)
+    before = counted.rb.copy()
+    for lo, ro, size, uid in ((0, 0, SIZE + 1, 1), (-1, 0, 10, 1), (0, SIZE - 10, 11, 1), (0, 0, 10, -1),
+                              (0, 0, 10, 1 << 64), (SIZE - 4, 0, 8, 1)):
+        st = counted.a.write(counted.ma, lo, counted.mb, ro, size, uid)
+        assert _done(st) == StatusCode.ERR_INVALID_ARGS, (lo, ro, size, uid, st)
+    assert np.array_equal(counted.rb, before)
+    with pytest.raises(TypeError):
+        counted.a.write(counted.ma, 0, counted.mb, 0, "8", 1)  # type: ignore[arg-type]
+
+
+def test_changes_and_failures_leave_the_lane(counted: Counted) -> None:
+    _warm(counted)
+    # A failed connection: the lane is unhealthy, the full way reconnects.
+    counted.rdma.abort("targ")
+    counted.la[:64] = 5
+    assert _done(counted.a.write(counted.ma, 0, counted.mb, 0, 64, 1)) == StatusCode.SUCCESS
+    assert (counted.rb[:64] == 5).all() and counted.full_way == 1
+    # A new registration: the counts changed, one transfer goes the full way, then the lane again.
+    extra = np.zeros(64, dtype=np.uint8)
+    counted.a.register_memory(int(extra.ctypes.data), 64, -1, MemoryLocationType.CPU)
+    for _ in range(3):
+        assert _done(counted.a.write(counted.ma, 0, counted.mb, 0, 64, 1)) == StatusCode.SUCCESS
+    assert counted.full_way == 2
+    # The remote engine deregistered, then the local memory: refused with the full way's words.
+    counted.a.deregister_remote_engine(counted.b.get_engine_desc())
+    st = counted.a.write(counted.ma, 0, counted.mb, 0, 64, 1)
+    assert _done(st) == StatusCode.ERR_NOT_FOUND and "not registered" in st.Message()
+    counted.a.register_remote_engine(counted.b.get_engine_desc())
+    for _ in range(2):
+        assert _done(counted.a.write(counted.ma, 0, counted.mb, 0, 64, 1)) == StatusCode.SUCCESS
+    counted.a.deregister_memory(counted.ma)
+    st = counted.a.write(counted.ma, 0, counted.mb, 0, 64, 1)
+    assert _done(st) == StatusCode.ERR_NOT_FOUND and "not registered" in st.Message()
+
+
+def test_a_single_block_reports_after_the_transfers_before_it(counted: Counted) -> None:
+    _warm(counted)
+    offs = list(range(0, SIZE, 4096))
+    for _ in range(5):
+        big = counted.a.batch_write(counted.ma, offs, counted.mb, offs, [4096] * len(offs), 1)
+        small = counted.a.read(counted.ma, 0, counted.mb, 0, 8, 2)
+        assert _done(small) == StatusCode.SUCCESS
+        assert big.Code() == StatusCode.SUCCESS  # done no later than the one started after it
+    assert counted.full_way == 5  # the batches; the reads took the lane
+
+
+def test_deregistering_waits_for_the_lanes_transfers(counted: Counted) -> None:
+    _warm(counted)
+    statuses = [counted.a.write(counted.ma, i * 8192, counted.mb, i * 8192, 8192, i) for i in range(100)]
+    assert counted.full_way == 0
+    counted.a.deregister_memory(counted.ma)  # the engine keeps no record of these: the backend waits
+    assert all(st.WaitFor(0) == StatusCode.SUCCESS for st in statuses)
+    assert np.array_equal(counted.rb[:100 * 8192], counted.la[:100 * 8192])
+    last = statuses[-1]
+    assert last.Succeeded() and last.Message() == "" and "SUCCESS" in repr(last)

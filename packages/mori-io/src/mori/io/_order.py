@@ -23,8 +23,12 @@ class PeerOrder:
         """Makes ``status`` the newest transfer to ``remote_key``: it reports finished only after
         every transfer joined before it did."""
         with self._lock:
-            status._after(self._last.get(remote_key))
+            earlier = self._last.get(remote_key)
             self._last[remote_key] = status
+        # Outside the lock: until the caller attaches its completion, status reads as running,
+        # so a transfer joined after it meanwhile links to it whatever it links to itself.
+        if earlier is not None:
+            status._after(earlier)
 
     def forget(self, remote_key: str) -> None:
         """Drops the order towards ``remote_key`` (deregistered)."""

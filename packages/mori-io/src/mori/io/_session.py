@@ -41,14 +41,20 @@ class IOEngineSession:
     def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                    transfer_uid: int) -> TransferStatus:
         """Reads many blocks as one transfer."""
-        return self._engine._transfers.submit(TransferOp.READ, self._local, local_offsets, self._remote,
-                                              remote_offsets, sizes, transfer_uid, self._backend_now())
+        transfers = self._engine._transfers
+        return transfers.single(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets, sizes,
+                                transfer_uid, self._backend) \
+            or transfers.submit(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets, sizes,
+                                transfer_uid, self._backend_now())
 
     def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                     transfer_uid: int) -> TransferStatus:
         """Writes many blocks as one transfer."""
-        return self._engine._transfers.submit(TransferOp.WRITE, self._local, local_offsets, self._remote,
-                                              remote_offsets, sizes, transfer_uid, self._backend_now())
+        transfers = self._engine._transfers
+        return transfers.single(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets, sizes,
+                                transfer_uid, self._backend) \
+            or transfers.submit(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets, sizes,
+                                transfer_uid, self._backend_now())
 
     def alive(self) -> bool:
         """Whether both regions and the remote engine are still registered and a backend is healthy."""

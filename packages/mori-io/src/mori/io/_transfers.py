@@ -15,7 +15,7 @@ from mori.core.log import get_logger
 from ._order import PeerOrder
 from ._registry import InFlight, MemoryRegistry, RemoteEngines
 from ._router import Router
-from .backends import Backend, Outcome, TransferOp, TransferRequest
+from .backends import Backend, Lane, Outcome, TransferOp, TransferRequest
 from .types import MemoryDesc, StatusCode, TransferStatus
 
 __all__ = ["Transfers"]
@@ -87,6 +87,10 @@ class Transfers:
         # descriptor objects, nothing registered or removed since, skips those checks and the
         # routing (its own rows are checked every time).
         self._route: tuple[MemoryDesc, MemoryDesc, int, Backend | None] | None = None
+        # The preferred backend's Lane for that pair (with the backend), made by the last transfer
+        # that took the full way: a single block on the same pair, nothing changed since, starts
+        # through it (single).
+        self._lane: tuple[MemoryDesc, MemoryDesc, int, Lane, Backend] | None = None
 
     def reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
         """Why a transfer between ``local`` and ``remote`` cannot start (code, message), or None."""
@@ -103,6 +107,37 @@ class Transfers:
         # the transfer, not the call that queued it.
         problem = remote._wire_problem()
         return None if problem is None else (StatusCode.ERR_INVALID_ARGS, f"remote memory descriptor: {problem}")
+
+    def single(self, op: TransferOp, local: Any, l_offs: Any, remote: Any, r_offs: Any, sizes: Any, uid: Any,
+               backend: Backend | None = None) -> TransferStatus | None:
+        """A transfer of one block (lists of one: ``read``, ``write``, a batch of one) started
+        through the lane the last transfer on the same pair left, when nothing changed since and
+        its backend (``backend`` when given, as a session's) is healthy; None otherwise (then
+        :meth:`submit` or :meth:`batch`, which end the same)."""
+        lane = self._lane
+        if lane is None or lane[0] is not local or lane[1] is not remote or type(sizes) is not list \
+                or type(l_offs) is not list or type(r_offs) is not list or len(sizes) != 1 or len(l_offs) != 1 \
+                or len(r_offs) != 1 or (backend is not None and backend is not lane[4]):
+            return None
+        l_off, r_off, size = l_offs[0], r_offs[0], sizes[0]
+        if not (type(l_off) is int and type(r_off) is int and type(size) is int and type(uid) is int and size > 0
+                and 0 <= l_off <= local.size - size and 0 <= r_off <= remote.size - size and 0 <= uid < _U64_END
+                and lane[2] == self._memory.changes + self._remotes.changes + self._backends.changes
+                and lane[3].healthy()):
+            return None
+        # Everything submit() checks holds (both descriptors as they were, the block inside both,
+        # a valid uid) and the backend it would pick is healthy: what follows is its last part.
+        status = TransferStatus(_IN_PROGRESS)
+        if not lane[3].drained:
+            self._inflight.add(local.id, status, lane[4], remote.engine_key)
+        if self._memory.get(local.id) is None:
+            status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
+            return status
+        completion = lane[3].start(op, local.data + l_off, r_off, size, uid)
+        if completion.code() <= _IN_PROGRESS_INT:
+            self._order.join(remote.engine_key, status)
+        status._attach(completion)
+        return status
 
     def submit(self, op: TransferOp, local: MemoryDesc, l_offs: Any, remote: MemoryDesc, r_offs: Any, sizes: Any,
                 uid: int, backend: Backend | None = None) -> TransferStatus:
@@ -167,8 +202,18 @@ class Transfers:
         # ("SQ full", rows its transport cannot move) has failed already and holds no one back.
         if completion.code() <= _IN_PROGRESS_INT:
             self._order.join(remote.engine_key, status)
+            if backend is preferred:
+                self._keep_lane(local, remote, changes, backend)
         status._attach(completion)
         return status
+
+    def _keep_lane(self, local: MemoryDesc, remote: MemoryDesc, changes: int, backend: Backend) -> None:
+        """Asks ``backend`` for the pair's lane unless the one kept is still good for it."""
+        lane = self._lane
+        if lane is None or lane[0] is not local or lane[1] is not remote or lane[2] != changes \
+                or lane[4] is not backend or not lane[3].healthy():
+            made = backend.lane(local, remote)
+            self._lane = None if made is None else (local, remote, changes, made, backend)
 
     def batch(self, op: TransferOp, local_mem: Any, local_offsets: Any, remote_mem: Any, remote_offsets: Any,
                sizes: Any, uid: Any) -> Any:

@@ -207,12 +207,16 @@ class IOEngine:
     def read(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
              uid: int) -> TransferStatus:
         """One-sided read of ``size`` bytes: remote ``r_offset`` -> local ``l_offset``."""
-        return self._transfers.submit(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
+        transfers = self._transfers
+        return transfers.single(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid) \
+            or transfers.submit(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
 
     def write(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
               uid: int) -> TransferStatus:
         """One-sided write of ``size`` bytes: local ``l_offset`` -> remote ``r_offset``."""
-        return self._transfers.submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
+        transfers = self._transfers
+        return transfers.single(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid) \
+            or transfers.submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
 
     def batch_read(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
                    remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
@@ -223,14 +227,18 @@ class IOEngine:
         ``batch_read([local], [l_offs], [remote], [r_offs], [sizes], [uid])`` returns a list with one
         :class:`TransferStatus` per pair.
         """
-        return self._transfers.batch(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        transfers = self._transfers
+        return transfers.single(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid) \
+            or transfers.batch(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
 
     def batch_write(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
                     remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
                     sizes: Sequence[Any], uid: int | Sequence[int]) -> Any:
         """Writes ``len(sizes)`` blocks as one transfer; with lists of descriptors (MORI's
         engine-level form, see :meth:`batch_read`) one transfer and one status per pair."""
-        return self._transfers.batch(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        transfers = self._transfers
+        return transfers.single(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid) \
+            or transfers.batch(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
 
     @staticmethod
     def wait_all(statuses: Sequence[TransferStatus], timeout_ms: float = -1) -> StatusCode:

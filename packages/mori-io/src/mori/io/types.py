@@ -494,7 +494,14 @@ class TransferStatus:
             # The common case, a transfer that no earlier one holds back: one native wait and one
             # code (about 1 us less per transfer than the general loop below, which ends the same).
             if c.wait(timeout_ms / 1000.0 if timeout_ms >= 0 else 3600.0):
-                return _status_code(c.code())
+                code = _status_code(c.code())
+                if code is StatusCode.SUCCESS:
+                    # Kept in Python from now on, the completion let go (the code first: a reader
+                    # sees one or the other): the order asks every next transfer's predecessor
+                    # whether it still runs, and reading the native completion costs more.
+                    self._code, self._message = code, ""
+                    self._completion = None
+                return code
             if timeout_ms >= 0:
                 return _PENDING
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):

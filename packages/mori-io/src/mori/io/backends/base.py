@@ -33,7 +33,7 @@ from .._limits import Limits
 from ..types import BackendType, EngineDesc, MemoryDesc
 
 __all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "Completion", "ControlError", "ControlHandler",
-           "Deferred", "Outcome"]
+           "Deferred", "Lane", "Outcome"]
 
 # A control-plane request handler: (remote engine key, request payload) -> reply payload.
 ControlHandler = Callable[[str, dict[str, Any]], dict[str, Any]]
@@ -57,6 +57,24 @@ class TransferRequest:
     batch: Batch
     uid: int
     notify: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """What :meth:`Backend.lane` returns: ``start(op, local_address, remote_offset, size, uid)``
+    starts one block exactly as :meth:`Backend.submit` would start a request with that one row
+    (notification included) and returns its completion; the engine calls it only after
+    ``healthy()`` said True, and only with a block it checked against both descriptors. Neither
+    raises. ``healthy`` goes False for good when the connection it uses fails or closes: the
+    engine then returns to :meth:`Backend.submit` (which may reconnect) and the router (which
+    may fail over). ``drained``: the backend's :meth:`Backend.deregister_memory` itself waits for
+    the transfers ``start`` began on the region (failing those past ``MORI_IO_TIMEOUT``), so the
+    engine keeps no in-flight record of its own for them; a region deregistered while such a
+    transfer starts fails it with ``ERR_INVALID_ARGS`` naming the region instead of ``ERR_NOT_FOUND``."""
+
+    healthy: Callable[[], bool]
+    start: Callable[[TransferOp, int, int, int, int], Completion]
+    drained: bool = False
 
 
 class BackendContext(abc.ABC):
@@ -163,6 +181,13 @@ class Backend(abc.ABC):
         transfer does. A transfer refused in this call (the RDMA backend's "SQ full", rows its
         transport cannot move) comes back failed already: the caller sees that at once, as in
         MORI, and the engine gives it no place in its completion order."""
+
+    def lane(self, local: MemoryDesc, remote: MemoryDesc) -> Lane | None:
+        """A short way to start single blocks between ``local`` and ``remote`` while the
+        backend's connection to their engine stays up, or None (the default) when there is none
+        now. The engine keeps it for as long as nothing is registered, removed or created (see
+        :class:`Lane`), and otherwise uses :meth:`submit`."""
+        return None
 
     def abort(self, remote_key: str) -> None:  # noqa: B027 (an optional hook: by default nothing to do)
         """Fails this backend's transfers to ``remote_key`` that are still running, and returns once

@@ -36,7 +36,16 @@ from ...types import (
     StatusCode,
 )
 from .._connect import PeerConnector
-from ..base import Backend, BackendContext, Completion, ControlError, Outcome, TransferRequest
+from ..base import (
+    Backend,
+    BackendContext,
+    Completion,
+    ControlError,
+    Lane,
+    Outcome,
+    TransferOp,
+    TransferRequest,
+)
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 
@@ -104,6 +113,13 @@ def _settings(transports: tuple[str, ...] | None, devices: Any) -> list[tuple[st
     if devices is not None:
         settings.append(("NET_DEVICES", ucx_net_devices(devices)))
     return settings
+
+
+def _refused(err: ValueError | RuntimeError) -> Outcome:
+    """The completion of a transfer the engine refused to start: a block outside the local
+    registration or an offset past 2**63 (ValueError), the engine closed meanwhile (RuntimeError)."""
+    code = StatusCode.ERR_INVALID_ARGS if isinstance(err, ValueError) else StatusCode.ERR_BAD_STATE
+    return Outcome(code, f"RDMA backend: {err}")
 
 
 class RdmaBackend(Backend):
@@ -236,10 +252,25 @@ class RdmaBackend(Backend):
         try:
             return peer.submit(request.op, request.local.id, request.batch, request.remote.id, request.uid,
                                request.notify and self._notify, request.remote.loc == MemoryLocationType.GPU)
-        except ValueError as err:  # a block outside the local registration, an offset past 2**63
-            return Outcome(StatusCode.ERR_INVALID_ARGS, f"RDMA backend: {err}")
-        except RuntimeError as err:  # the engine closed meanwhile
-            return Outcome(StatusCode.ERR_BAD_STATE, f"RDMA backend: {err}")
+        except (ValueError, RuntimeError) as err:
+            return _refused(err)
+
+    def lane(self, local: MemoryDesc, remote: MemoryDesc) -> Lane | None:
+        peer = self._peers.get(remote.engine_key)
+        if peer is None or not peer.healthy():
+            return None
+        submit_one, local_id, remote_id = peer.submit_one, local.id, remote.id
+        notify, gpu = self._notify, remote.loc == MemoryLocationType.GPU
+
+        def start(op: TransferOp, src: int, dst: int, size: int, uid: int) -> Completion:
+            try:  # as _start, with no Batch made for the one row
+                return submit_one(op, local_id, src, dst, size, remote_id, uid, notify, gpu)
+            except (ValueError, RuntimeError) as err:
+                return _refused(err)
+
+        # The engine's deregister_memory waits for its own transfers on the region (each ends
+        # within MORI_IO_TIMEOUT) and refuses new ones at once.
+        return Lane(peer.healthy, start, drained=True)
 
     def _start_accepted(self, peer: Any, request: TransferRequest) -> Completion:
         """Starts a transfer that waited for its peer's first contact (on the connector's thread).
