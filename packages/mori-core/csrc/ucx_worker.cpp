@@ -127,7 +127,11 @@ void Worker::run() {
             std::unique_lock lk(leadMu_);
             leadCv_.wait_for(lk, std::chrono::milliseconds(kMaxSleepMs),
                              [this] { return leaders_.load() == 0 || stop_.load(); });
-            lastBusy = now_ns();
+            // The caller that led polls for its transfers, and will again for its next one:
+            // this thread progresses once, then sleeps on the worker's events unless that found
+            // work, instead of spinning beside it (a 4 KiB loop between namespaces on the H200
+            // machine: initiator CPU per GB 4.5-4.6 against 6.2-7.8 with the spin, latency lower).
+            lastBusy = now_ns() - kSpinNs;
             continue;
         }
         unsigned n;
