@@ -65,13 +65,15 @@ mori::native::Registration reg([](py::module_& root) {
             [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,
                uint64_t uid, bool notify, bool remoteGpu) {
                 py::gil_scoped_release release;
+                if (!p.healthy()) return std::shared_ptr<Transfer>();
                 return p.submit(static_cast<Op>(op), localId, mori::plan::Batch::one(src, dst, bytes), remoteId, uid,
                                 notify, remoteGpu);
             },
             py::arg("op"), py::arg("local_id"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("remote_id"),
             py::arg("uid"), py::arg("notify"), py::arg("remote_gpu"),
-            "submit of Batch.one(src, dst, bytes) with no Batch object made: for a caller that starts one block "
-            "at a time (mori-io's read and write), where building the Batch is a large share of the call.")
+            "submit of Batch.one(src, dst, bytes) with no Batch object made, or None (nothing started) when the "
+            "peer has failed or was closed: for a caller that starts one block at a time (mori-io's read and "
+            "write), where building the Batch and asking healthy() are a large share of the call.")
         .def(
             "run_one",
             [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,

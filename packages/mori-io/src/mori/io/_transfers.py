@@ -111,9 +111,9 @@ class Transfers:
     def single(self, op: TransferOp, local: Any, l_offs: Any, remote: Any, r_offs: Any, sizes: Any, uid: Any,
                backend: Backend | None = None) -> TransferStatus | None:
         """A transfer of one block (lists of one: ``read``, ``write``, a batch of one) started
-        through the lane the last transfer on the same pair left, when nothing changed since and
-        its backend (``backend`` when given, as a session's) is healthy; None otherwise (then
-        :meth:`submit` or :meth:`batch`, which end the same)."""
+        through the lane the last transfer on the same pair left, when nothing changed since, its
+        backend is ``backend`` (when given, as a session's) and its connection has not failed;
+        None otherwise, with nothing started (then :meth:`submit` or :meth:`batch`)."""
         lane = self._lane
         if lane is None or lane[0] is not local or lane[1] is not remote or type(sizes) is not list \
                 or type(l_offs) is not list or type(r_offs) is not list or len(sizes) != 1 or len(l_offs) != 1 \
@@ -122,18 +122,22 @@ class Transfers:
         l_off, r_off, size = l_offs[0], r_offs[0], sizes[0]
         if not (type(l_off) is int and type(r_off) is int and type(size) is int and type(uid) is int and size > 0
                 and 0 <= l_off <= local.size - size and 0 <= r_off <= remote.size - size and 0 <= uid < _U64_END
-                and lane[2] == self._memory.changes + self._remotes.changes + self._backends.changes
-                and lane[3].healthy()):
+                and lane[2] == self._memory.changes + self._remotes.changes + self._backends.changes):
             return None
         # Everything submit() checks holds (both descriptors as they were, the block inside both,
-        # a valid uid) and the backend it would pick is healthy: what follows is its last part.
+        # a valid uid): what follows is its last part, unless the lane's connection has failed.
         status = TransferStatus(_IN_PROGRESS)
-        if not lane[3].drained:
+        drained = lane[3].drained
+        if not drained:
             self._inflight.add(local.id, status, lane[4], remote.engine_key)
         if self._memory.get(local.id) is None:
             status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
             return status
         completion = lane[3].start(op, local.data + l_off, r_off, size, uid)
+        if completion is None:  # nothing started: submit() reconnects or fails over
+            if not drained:
+                status._attach(Outcome(StatusCode.ERR_BAD_STATE, "not started (its lane had failed)"))
+            return None
         if completion.code() <= _IN_PROGRESS_INT:
             self._order.join(remote.engine_key, status)
         status._attach(completion)

@@ -262,9 +262,9 @@ class RdmaBackend(Backend):
         submit_one, local_id, remote_id = peer.submit_one, local.id, remote.id
         notify, gpu = self._notify, remote.loc == MemoryLocationType.GPU
 
-        def start(op: TransferOp, src: int, dst: int, size: int, uid: int) -> Completion:
-            try:  # as _start, with no Batch made for the one row
-                return submit_one(op, local_id, src, dst, size, remote_id, uid, notify, gpu)
+        def start(op: TransferOp, src: int, dst: int, size: int, uid: int) -> Completion | None:
+            try:  # as _start, with no Batch made for the one row; None once the peer has failed
+                return submit_one(op, local_id, src, dst, size, remote_id, uid, notify, gpu)  # type: ignore[no-any-return]
             except (ValueError, RuntimeError) as err:
                 return _refused(err)
 
