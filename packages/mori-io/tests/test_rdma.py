@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -81,7 +82,7 @@ def test_write_read_and_notification(pair: Pair) -> None:
         inbound = pair.b.pop_inbound_transfer_status("init", uid)
         if inbound is not None:
             break
-        __import__("time").sleep(0.01)
+        time.sleep(0.01)
     assert inbound is not None and inbound.Succeeded()
     assert pair.b.pop_inbound_transfer_status("init", uid) is None  # popped once
     uid = pair.a.allocate_transfer_uid()
@@ -340,6 +341,13 @@ def test_single_blocks_take_the_lane_byte_for_byte(counted: Counted) -> None:
             before_r[ro:ro + size] = before_l[lo:lo + size]
         assert np.array_equal(counted.la, before_l) and np.array_equal(counted.rb, before_r)
     assert counted.full_way == 0
+    # The target records the outcome of a lane's transfer as of any other (notification on).
+    uid = counted.a.allocate_transfer_uid()
+    assert _done(counted.a.write(counted.ma, 0, counted.mb, 0, 64, uid)) == StatusCode.SUCCESS
+    deadline = time.monotonic() + 10
+    while (inbound := counted.b.pop_inbound_transfer_status("init", uid)) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert inbound is not None and inbound.Succeeded() and counted.full_way == 0
     # What the lane does not take goes the full way: numpy offsets, two blocks, zero bytes.
     for st in (counted.a.batch_write(counted.ma, np.array([0]), counted.mb, np.array([0]), np.array([8]), 1),
                counted.a.batch_write(counted.ma, [0, 64], counted.mb, [0, 64], [8, 8], 2),
