@@ -448,9 +448,11 @@ void SameHostLink::lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs) {
     }
     // From now on the target rings the socket, which wakes the service thread: it harvests and
     // finishes t while the caller sleeps on t. (Sleeping on the socket here would race the service
-    // thread for the doorbell.) One more look finds a completion marked before the target read
-    // the counter.
+    // thread for the doorbell.) When t is still running, one more look finds a completion marked
+    // before the target read the counter; a finished t needs none (the service thread drains
+    // any doorbell: no system call on the caller's way back).
     spinning.fetch_sub(1, std::memory_order_seq_cst);
+    if (t.finished()) return;
     std::lock_guard rl(readMu_);
     read_locked();
 }
