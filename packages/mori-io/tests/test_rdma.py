@@ -413,3 +413,18 @@ def test_deregistering_waits_for_the_lanes_transfers(counted: Counted) -> None:
     assert np.array_equal(counted.rb[:100 * 8192], counted.la[:100 * 8192])
     last = statuses[-1]
     assert last.Succeeded() and last.Message() == "" and "SUCCESS" in repr(last)
+
+
+def test_pairs_in_turn_each_keep_their_lane(counted: Counted) -> None:
+    other = np.zeros(SIZE, dtype=np.uint8)
+    m_other = counted.a.register_memory(int(other.ctypes.data), SIZE, -1, MemoryLocationType.CPU)
+    pairs = [(counted.ma, counted.la), (m_other, other)]
+    for local, _ in pairs * 2:  # the full way: the first connects, then each pair leaves its lane
+        assert _done(counted.a.write(local, 0, counted.mb, 0, 8, 1)) == StatusCode.SUCCESS
+    counted.full_way = 0
+    for i in range(100):
+        local, buf = pairs[i % 2]
+        buf[:4096] = i
+        assert _done(counted.a.write(local, 0, counted.mb, i * 4096, 4096, i)) == StatusCode.SUCCESS
+        assert (counted.rb[i * 4096:(i + 1) * 4096] == i).all()
+    assert counted.full_way == 0

@@ -25,6 +25,7 @@ _log = get_logger("io")
 _IN_PROGRESS = StatusCode.IN_PROGRESS
 _IN_PROGRESS_INT = int(_IN_PROGRESS)  # codes up to it (SUCCESS, INIT) are not failures
 _U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
+_MAX_LANES = 1024  # pairs of descriptors whose Lane a Transfers keeps (see __init__)
 # Batch's own names of its columns, as the engine's callers know them.
 _COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
 
@@ -87,10 +88,13 @@ class Transfers:
         # descriptor objects, nothing registered or removed since, skips those checks and the
         # routing (its own rows are checked every time).
         self._route: tuple[MemoryDesc, MemoryDesc, int, Backend | None] | None = None
-        # The preferred backend's Lane for that pair (with the backend), made by the last transfer
-        # that took the full way: a single block on the same pair, nothing changed since, starts
-        # through it (single).
-        self._lane: tuple[MemoryDesc, MemoryDesc, int, Lane, Backend] | None = None
+        # Per pair of descriptor objects (by identity; the entry holds both, so neither id is
+        # reused while it is kept), the preferred backend's Lane with the change counts when it
+        # was made and the backend: made by a transfer that took the full way, then a single
+        # block on the same pair, nothing changed since, starts through it (single). At most
+        # _MAX_LANES pairs; all are dropped when one more comes (a KV cache has one pair a layer
+        # and peer, far fewer).
+        self._lanes: dict[tuple[int, int], tuple[MemoryDesc, MemoryDesc, int, Lane, Backend]] = {}
 
     def reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
         """Why a transfer between ``local`` and ``remote`` cannot start (code, message), or None."""
@@ -111,10 +115,10 @@ class Transfers:
     def single(self, op: TransferOp, local: Any, l_offs: Any, remote: Any, r_offs: Any, sizes: Any, uid: Any,
                backend: Backend | None = None) -> TransferStatus | None:
         """A transfer of one block (lists of one: ``read``, ``write``, a batch of one) started
-        through the lane the last transfer on the same pair left, when nothing changed since, its
+        through the lane a transfer on the same pair left, when nothing changed since, its
         backend is ``backend`` (when given, as a session's) and its connection has not failed;
         None otherwise, with nothing started (then :meth:`submit` or :meth:`batch`)."""
-        lane = self._lane
+        lane = self._lanes.get((id(local), id(remote)))
         if lane is None or lane[0] is not local or lane[1] is not remote or type(sizes) is not list \
                 or type(l_offs) is not list or type(r_offs) is not list or len(sizes) != 1 or len(l_offs) != 1 \
                 or len(r_offs) != 1 or (backend is not None and backend is not lane[4]):
@@ -213,11 +217,17 @@ class Transfers:
 
     def _keep_lane(self, local: MemoryDesc, remote: MemoryDesc, changes: int, backend: Backend) -> None:
         """Asks ``backend`` for the pair's lane unless the one kept is still good for it."""
-        lane = self._lane
+        key = (id(local), id(remote))
+        lane = self._lanes.get(key)
         if lane is None or lane[0] is not local or lane[1] is not remote or lane[2] != changes \
                 or lane[4] is not backend or not lane[3].healthy():
             made = backend.lane(local, remote)
-            self._lane = None if made is None else (local, remote, changes, made, backend)
+            if made is None:
+                self._lanes.pop(key, None)
+                return
+            if len(self._lanes) >= _MAX_LANES:
+                self._lanes.clear()
+            self._lanes[key] = (local, remote, changes, made, backend)
 
     def batch(self, op: TransferOp, local_mem: Any, local_offsets: Any, remote_mem: Any, remote_offsets: Any,
                sizes: Any, uid: Any) -> Any:
