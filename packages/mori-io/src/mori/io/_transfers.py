@@ -118,7 +118,8 @@ class Transfers:
         through the lane a transfer on the same pair left, when nothing changed since, its
         backend is ``backend`` (when given, as a session's) and its connection has not failed;
         None otherwise, with nothing started (then :meth:`submit` or :meth:`batch`)."""
-        lane = self._lanes.get((id(local), id(remote)))
+        key = (id(local), id(remote))
+        lane = self._lanes.get(key)
         if lane is None or lane[0] is not local or lane[1] is not remote or type(sizes) is not list \
                 or type(l_offs) is not list or type(r_offs) is not list or len(sizes) != 1 or len(l_offs) != 1 \
                 or len(r_offs) != 1 or (backend is not None and backend is not lane[4]):
@@ -139,6 +140,8 @@ class Transfers:
             return status
         completion = lane[3].start(op, local.data + l_off, r_off, size, uid)
         if completion is None:  # nothing started: submit() reconnects or fails over
+            if self._lanes.get(key) is lane:  # and keeps a new lane once its backend has one
+                del self._lanes[key]
             if not drained:
                 status._attach(Outcome(StatusCode.ERR_BAD_STATE, "not started (its lane had failed)"))
             return None
@@ -216,11 +219,13 @@ class Transfers:
         return status
 
     def _keep_lane(self, local: MemoryDesc, remote: MemoryDesc, changes: int, backend: Backend) -> None:
-        """Asks ``backend`` for the pair's lane unless the one kept is still good for it."""
+        """Asks ``backend`` for the pair's lane unless the one kept was made for it as things are
+        now. (A lane whose connection failed is dropped by the single() that finds it so: no
+        transfer, batches included, asks its health here.)"""
         key = (id(local), id(remote))
         lane = self._lanes.get(key)
         if lane is None or lane[0] is not local or lane[1] is not remote or lane[2] != changes \
-                or lane[4] is not backend or not lane[3].healthy():
+                or lane[4] is not backend:
             made = backend.lane(local, remote)
             if made is None:
                 self._lanes.pop(key, None)

@@ -66,10 +66,9 @@ class Lane:
     ``start(op, local_address, remote_offset, size, uid)`` starts one block exactly as
     :meth:`Backend.submit` would start a request with that one row (notification included) and
     returns its completion, or None, with nothing started, once the connection it uses has failed
-    or closed; the engine calls it only with a block it checked against both descriptors.
-    ``healthy()`` goes False for good at that point too (the engine asks it before keeping a
-    lane). Neither raises. After a None the engine returns to :meth:`Backend.submit` (which may
-    reconnect) and the router (which may fail over).
+    or closed; the engine calls it only with a block it checked against both descriptors. It
+    never raises. After a None the engine drops the lane and returns to :meth:`Backend.submit`
+    (which may reconnect, and then give a new lane) and the router (which may fail over).
 
     ``drained``: the backend's :meth:`Backend.deregister_memory` itself waits for the transfers
     ``start`` began on the region (failing those past ``MORI_IO_TIMEOUT``), so the engine keeps
@@ -77,7 +76,6 @@ class Lane:
     fails it with ``ERR_INVALID_ARGS`` naming the region instead of ``ERR_NOT_FOUND``.
     """
 
-    healthy: Callable[[], bool]
     start: Callable[[TransferOp, int, int, int, int], Completion | None]
     drained: bool = False
 

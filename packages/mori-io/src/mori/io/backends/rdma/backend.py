@@ -270,7 +270,7 @@ class RdmaBackend(Backend):
 
         # The engine's deregister_memory waits for its own transfers on the region (each ends
         # within MORI_IO_TIMEOUT) and refuses new ones at once.
-        return Lane(peer.healthy, start, drained=True)
+        return Lane(start, drained=True)
 
     def _start_accepted(self, peer: Any, request: TransferRequest) -> Completion:
         """Starts a transfer that waited for its peer's first contact (on the connector's thread).
