@@ -6,6 +6,7 @@ UCX's defaults for both; mori takes its UCX engine's same-host path), 4 KiB and 
 1024 x 1 MiB scattered.
 
     python ci/rdma_bench_rounds.py PEER_PYTHON [--same-host] [--rounds 3] [--iters 30] [--warmup 5] [--out DIR]
+                                   [--num-worker-threads N]
 
 ``--warmup``: untimed transfers per point first (mori-io-bench's default, 5). On one host mori's
 initiator and target threads hand each request to each other, and the kernel takes some hundred
@@ -32,13 +33,14 @@ SAME_HOST_POINTS = ["--sizes", "4K,1M", "--batch-sizes", "1,1024", "--max-bytes"
 
 def _command(args: argparse.Namespace, op: str, out: Path) -> tuple[list[str], dict[str, str] | None]:
     """The benchmark run of one round and op, and its environment (None: this one)."""
+    workers = ["--num-worker-threads", str(args.num_worker_threads)]
     if not args.same_host:
         return ["bash", str(HERE / "rdma_bench.sh"), args.peer_python, "--op", op, *POINTS, "--iters",
-                str(args.iters), "--warmup", str(args.warmup), "--json", str(out)], None
+                str(args.iters), "--warmup", str(args.warmup), *workers, "--json", str(out)], None
     env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "all"}  # UCX's defaults; no NIC needed here
     return [sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--peers", "nixl", "--peer-python",
             args.peer_python, "--op", op, *SAME_HOST_POINTS, "--iters", str(args.iters), "--warmup",
-            str(args.warmup), "--no-progress",
+            str(args.warmup), *workers, "--no-progress",
             "--json", str(out)], env
 
 
@@ -59,6 +61,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed transfers per point first (see above)")
     p.add_argument("--out", type=Path, default=Path("/tmp/rdma_bench_rounds"))
     p.add_argument("--same-host", action="store_true", help="mori RDMA beside NIXL on one host (see above)")
+    p.add_argument("--num-worker-threads", type=int, default=-1,
+                   help="mori RDMA's RdmaBackendConfig.num_worker_threads (-1, MORI's default: auto)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: dict[tuple[str, str, int, int], list[dict]] = {}
@@ -70,7 +74,7 @@ def main() -> None:
             for row in json.loads(out.read_text())["rows"]:
                 rows.setdefault((row["op"], row["engine"], row["size"], row["batch"]), []).append(row)
     print(f"medians of {args.rounds} alternating rounds ({args.iters} timed transfers per point and round, "
-          f"{args.warmup} untimed first); mori's UCX: {_mori_ucx(args)}")
+          f"{args.warmup} untimed first; num_worker_threads {args.num_worker_threads}); mori's UCX: {_mori_ucx(args)}")
     head = f"{'op':5} {'size':>8} {'batch':>5} {'engine':10} {'lat us':>9} {'min us':>8} {'GB/s':>7} {'CPU s/GB':>9}"
     print(head)
     print("-" * len(head))

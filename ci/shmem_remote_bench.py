@@ -46,7 +46,7 @@ from mori.core import config, testing, ucx
 
 CI_DEVICE = Path(__file__).resolve().parent / "device"
 UCX_ENV = {"UCX_TLS": "tcp,self"}  # two namespaces of one machine share its shared memory; hosts do not
-GPU_UCX_ENV = {"UCX_TLS": "tcp,cuda_copy,self"}
+GPU_UCX_ENV = {"UCX_TLS": os.environ.get("MORI_BENCH_GPU_UCX_TLS", "tcp,cuda_copy,self")}
 
 
 _STATE: dict[str, Any] = {}  # a worker's objects between calls (each worker is its own process)

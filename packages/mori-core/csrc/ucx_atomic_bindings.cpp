@@ -47,7 +47,8 @@ mori::native::Registration reg([](py::module_& root) {
         [](mori::ucx::Engine& engine, uintptr_t context, uintptr_t function, uintptr_t stream, uintptr_t result,
            uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t ctxPushCurrent, uintptr_t ctxPopCurrent,
            uintptr_t exchangeCaptureMode, uintptr_t launchKernel, uintptr_t streamQuery,
-           uintptr_t memcpyHtoDAsync, uintptr_t memcpyDtoHAsync, uintptr_t bounce, size_t bounceBytes, bool stage) {
+           uintptr_t memcpyHtoDAsync, uintptr_t memcpyDtoHAsync, uintptr_t memHostAlloc, uintptr_t memFreeHost,
+           uintptr_t bounce, size_t bounceBytes, bool stage) {
             mori::ucx::GpuWordsConfig c;
             c.context = context;
             c.function = function;
@@ -62,6 +63,8 @@ mori::native::Registration reg([](py::module_& root) {
             c.streamQuery = streamQuery;
             c.memcpyHtoDAsync = memcpyHtoDAsync;
             c.memcpyDtoHAsync = memcpyDtoHAsync;
+            c.memHostAlloc = memHostAlloc;
+            c.memFreeHost = memFreeHost;
             c.bounce = bounce;
             c.bounceBytes = bounceBytes;
             c.stage = stage;
@@ -72,14 +75,26 @@ mori::native::Registration reg([](py::module_& root) {
         py::arg("engine"), py::arg("context"), py::arg("function"), py::arg("stream"), py::arg("result"),
         py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("ctx_push_current"), py::arg("ctx_pop_current"),
         py::arg("exchange_capture_mode"), py::arg("launch_kernel"), py::arg("stream_query"),
-        py::arg("memcpy_htod_async"), py::arg("memcpy_dtoh_async"), py::arg("bounce"), py::arg("bounce_bytes"),
+        py::arg("memcpy_htod_async"), py::arg("memcpy_dtoh_async"), py::arg("mem_host_alloc"),
+        py::arg("mem_free_host"), py::arg("bounce"), py::arg("bounce_bytes"),
         py::arg("stage"),
         "Serves remote atomics and signal puts on the engine's GPU regions with this kernel, stream and result "
-        "word, copying through the pinned bounce buffer; with stage, every transfer of GPU memory is staged "
-        "through it too (handles and driver entry points as addresses; see mori.core.ucx_atomic.serve_gpu).");
+        "word, copying small blocks through the pinned bounce buffer; with stage, every transfer of GPU memory is "
+        "staged through pinned host memory of the context, kept for reuse (handles and driver entry points as "
+        "addresses; see mori.core.ucx_atomic.serve_gpu).");
     m.def(
-        "ucx_stop_serving_gpu", [](mori::ucx::Engine& engine) { engine.set_gpu_words(nullptr); }, py::arg("engine"),
-        "Refuses remote atomics and signal puts on GPU regions again (before their resources are freed).");
+        "ucx_stop_serving_gpu",
+        [](mori::ucx::Engine& engine) {
+            const std::shared_ptr<mori::ucx::GpuWords> g = engine.gpu_words();
+            engine.set_gpu_words(nullptr);
+            if (g) {
+                py::gil_scoped_release nogil;
+                g->close_staging();
+            }
+        },
+        py::arg("engine"),
+        "Refuses remote atomics and signal puts on GPU regions again and frees the staging memory (waiting, at "
+        "most the engine's timeout, for transfers still using it), before the context goes.");
 });
 
 }  // namespace

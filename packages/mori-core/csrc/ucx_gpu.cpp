@@ -3,11 +3,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ucx_engine.hpp"
 
@@ -26,6 +29,19 @@ using StreamQueryFn = int (*)(void* stream);
 constexpr int kNotReady = 600;  // CUDA_ERROR_NOT_READY
 using MemcpyHtoDAsyncFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
 using MemcpyDtoHAsyncFn = int (*)(void* dst, uint64_t src, size_t bytes, void* stream);
+using MemHostAllocFn = int (*)(void** p, size_t bytes, unsigned flags);
+using MemFreeHostFn = int (*)(void* p);
+
+// Staged memory comes in powers of two from 64 KiB, so that transfers of about one size reuse
+// it; the pool keeps at most kStagingCacheBytes of it between transfers (more is freed).
+constexpr size_t kStagingMinBytes = size_t{64} << 10;
+constexpr size_t kStagingCacheBytes = size_t{256} << 20;
+
+size_t staging_capacity(size_t bytes) {
+    size_t c = kStagingMinBytes;
+    while (c < bytes) c <<= 1;
+    return c;
+}
 
 void check(int result, const char* call) {
     if (result != 0)
@@ -35,13 +51,105 @@ void check(int result, const char* call) {
 
 }  // namespace
 
+// Pinned host memory of the engine's context for staged bytes, lent by capacity and kept for
+// the next transfer up to kStagingCacheBytes. Allocated and freed with the context pushed (any
+// thread may give memory back: a UCX callback, a part that goes).
+class StagingPool {
+public:
+    explicit StagingPool(const GpuWordsConfig& c) : c_(c) {}
+
+    // Memory of `capacity` bytes, or null when pinning failed (context current).
+    uint8_t* take(size_t capacity) {
+        {
+            std::lock_guard lk(mu_);
+            if (closed_) return nullptr;
+            ++lent_;
+            auto it = cached_.find(capacity);
+            if (it != cached_.end() && !it->second.empty()) {
+                uint8_t* p = it->second.back();
+                it->second.pop_back();
+                cachedBytes_ -= capacity;
+                return p;
+            }
+        }
+        void* p = nullptr;
+        if (reinterpret_cast<MemHostAllocFn>(c_.memHostAlloc)(&p, capacity, 0) == 0) return static_cast<uint8_t*>(p);
+        std::lock_guard lk(mu_);
+        --lent_;
+        back_.notify_all();
+        return nullptr;
+    }
+
+    void give_back(uint8_t* p, size_t capacity) {
+        std::unique_lock lk(mu_);
+        --lent_;
+        back_.notify_all();
+        if (closed_) return;  // the context's destruction frees it
+        if (cachedBytes_ + capacity <= kStagingCacheBytes) {
+            cached_[capacity].push_back(p);
+            cachedBytes_ += capacity;
+            return;
+        }
+        lk.unlock();
+        free({p});
+    }
+
+    void close() {
+        std::vector<uint8_t*> all;
+        {
+            std::unique_lock lk(mu_);
+            if (closed_) return;
+            closed_ = true;
+            if (!back_.wait_for(lk, std::chrono::duration<double>(c_.timeout), [&] { return lent_ == 0; }))
+                std::fprintf(stderr, "mori UCX engine: staged GPU bytes of %zu transfers were still in use when the "
+                                     "GPU's context was about to go\n", lent_);
+            for (auto& [capacity, ps] : cached_) all.insert(all.end(), ps.begin(), ps.end());
+            cached_.clear();
+            cachedBytes_ = 0;
+        }
+        free(all);
+    }
+
+private:
+    void free(const std::vector<uint8_t*>& ps) {
+        if (ps.empty()) return;
+        try {
+            const GpuWords::Current current(c_);
+            for (uint8_t* p : ps) reinterpret_cast<MemFreeHostFn>(c_.memFreeHost)(p);
+        } catch (const std::exception&) {  // the context is gone: it freed them
+        }
+    }
+    const GpuWordsConfig c_;  // a copy: memory given back may outlive the GpuWords
+    std::mutex mu_;
+    std::condition_variable back_;
+    std::map<size_t, std::vector<uint8_t*>> cached_;  // by capacity
+    size_t cachedBytes_ = 0, lent_ = 0;
+    bool closed_ = false;
+};
+
+void Staged::swap(Staged& o) noexcept {
+    std::swap(pool_, o.pool_);
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(capacity_, o.capacity_);
+}
+
+void Staged::clear() {
+    if (pool_) pool_->give_back(data_, capacity_);
+    else delete[] data_;
+    pool_.reset();
+    data_ = nullptr;
+    size_ = capacity_ = 0;
+}
+
 GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
     if (!c.context || !c.function || !c.result || !c.resultDev || !c.ctxSetCurrent || !c.launchKernel ||
         !c.ctxPushCurrent || !c.ctxPopCurrent || !c.exchangeCaptureMode || !c.streamQuery || !c.memcpyHtoDAsync ||
-        !c.memcpyDtoHAsync || !c.bounce || c.bounceBytes == 0)
+        !c.memcpyDtoHAsync || !c.memHostAlloc || !c.memFreeHost || !c.bounce || c.bounceBytes == 0)
         throw std::invalid_argument("GPU word operations need a context, a kernel, a result word, a bounce buffer "
-                                    "and eight entry points");
+                                    "and ten entry points");
     if (!(c.timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
+    pool_ = std::make_shared<StagingPool>(c_);
 }
 
 bool GpuWords::make_current(std::string& why) const {
@@ -96,20 +204,23 @@ void GpuWords::wait(const char* what) {
     }
 }
 
-GpuWords::Current::Current(const GpuWords& g) : g_(g), mode_(kCaptureRelaxed) {
-    if (!g.broken_.empty()) throw std::runtime_error("an earlier GPU operation never finished: " + g.broken_);
-    check(reinterpret_cast<ExchangeCaptureModeFn>(g.c_.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
-    const int r = reinterpret_cast<CtxSetCurrentFn>(g.c_.ctxPushCurrent)(reinterpret_cast<void*>(g.c_.context));
+void GpuWords::check_healthy() const {
+    if (!broken_.empty()) throw std::runtime_error("an earlier GPU operation never finished: " + broken_);
+}
+
+GpuWords::Current::Current(const GpuWordsConfig& c) : c_(c), mode_(kCaptureRelaxed) {
+    check(reinterpret_cast<ExchangeCaptureModeFn>(c.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
+    const int r = reinterpret_cast<CtxSetCurrentFn>(c.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
     if (r != 0) {
-        reinterpret_cast<ExchangeCaptureModeFn>(g.c_.exchangeCaptureMode)(&mode_);
+        reinterpret_cast<ExchangeCaptureModeFn>(c.exchangeCaptureMode)(&mode_);
         check(r, "cuCtxPushCurrent");
     }
 }
 
 GpuWords::Current::~Current() {
     void* popped = nullptr;
-    reinterpret_cast<CtxPopCurrentFn>(g_.c_.ctxPopCurrent)(&popped);
-    reinterpret_cast<ExchangeCaptureModeFn>(g_.c_.exchangeCaptureMode)(&mode_);  // the thread's own again
+    reinterpret_cast<CtxPopCurrentFn>(c_.ctxPopCurrent)(&popped);
+    reinterpret_cast<ExchangeCaptureModeFn>(c_.exchangeCaptureMode)(&mode_);  // the thread's own again
 }
 
 void GpuWords::copy_in(uint64_t dst, const void* src, size_t bytes, bool waitLast) {
@@ -125,31 +236,71 @@ void GpuWords::copy_in(uint64_t dst, const void* src, size_t bytes, bool waitLas
     }
 }
 
-void GpuWords::to_device(uint64_t dst, const void* src, size_t bytes) {
-    std::lock_guard lk(mu_);
-    const Current current(*this);
-    copy_in(dst, src, bytes, true);
+Staged GpuWords::staging(size_t bytes) {
+    Staged s;
+    const size_t capacity = staging_capacity(bytes);
+    s.data_ = pool_->take(capacity);
+    if (s.data_ != nullptr) {
+        s.pool_ = pool_;
+        s.capacity_ = capacity;
+    } else {
+        s.data_ = new uint8_t[bytes];
+        s.capacity_ = bytes;
+    }
+    s.size_ = bytes;
+    return s;
 }
 
-void GpuWords::to_host(void* dst, uint64_t src, size_t bytes) {
+Staged GpuWords::landing(size_t bytes) {
     std::lock_guard lk(mu_);
-    const Current current(*this);
-    auto* to = static_cast<uint8_t*>(dst);
-    for (size_t done = 0; done < bytes;) {
-        const size_t n = std::min(bytes - done, c_.bounceBytes);
-        check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.memcpyDtoHAsync)(reinterpret_cast<void*>(c_.bounce), src + done,
-                                                                      n, reinterpret_cast<void*>(c_.stream)),
-              "cuMemcpyDtoHAsync");
+    check_healthy();
+    const Current current(c_);
+    return staging(bytes);
+}
+
+void GpuWords::to_device(uint64_t dst, const Staged& src) {
+    std::lock_guard lk(mu_);
+    check_healthy();
+    const Current current(c_);
+    if (!src.pool_) {
+        copy_in(dst, src.data(), src.size(), true);
+        return;
+    }
+    check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.memcpyHtoDAsync)(dst, src.data(), src.size(),
+                                                                  reinterpret_cast<void*>(c_.stream)),
+          "cuMemcpyHtoDAsync");
+    wait("a copy to the GPU");
+}
+
+Staged GpuWords::to_host(uint64_t src, size_t bytes) {
+    std::lock_guard lk(mu_);
+    check_healthy();
+    const Current current(c_);
+    Staged s = staging(bytes);
+    void* stream = reinterpret_cast<void*>(c_.stream);
+    const auto dtoh = reinterpret_cast<MemcpyDtoHAsyncFn>(c_.memcpyDtoHAsync);
+    if (s.pool_) {
+        check(dtoh(s.data(), src, bytes, stream), "cuMemcpyDtoHAsync");
         wait("a copy from the GPU");
-        std::memcpy(to + done, reinterpret_cast<const void*>(c_.bounce), n);
+        return s;
+    }
+    for (size_t done = 0; done < bytes;) {  // heap memory: through the bounce buffer
+        const size_t n = std::min(bytes - done, c_.bounceBytes);
+        check(dtoh(reinterpret_cast<void*>(c_.bounce), src + done, n, stream), "cuMemcpyDtoHAsync");
+        wait("a copy from the GPU");
+        std::memcpy(s.data() + done, reinterpret_cast<const void*>(c_.bounce), n);
         done += n;
     }
+    return s;
 }
+
+void GpuWords::close_staging() { pool_->close(); }
 
 uint64_t GpuWords::apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst,
                          const void* src, size_t bytes) {
     std::lock_guard lk(mu_);
-    const Current current(*this);
+    check_healthy();
+    const Current current(c_);
     copy_in(dst, src, bytes, addr == 0);  // before the kernel on the same stream
     if (addr == 0) return 0;              // the copy alone
     // The kernel's parameters: (addr, op, width, value, compare, result), as mori.core.ucx_atomic's source.

@@ -8,8 +8,8 @@
 //   the old value in host-mapped memory;
 // - a signal put's bytes are a copy-engine copy on the same stream, before that kernel, so whoever
 //   sees the signal sees the data;
-// - staged bytes are copy-engine copies between the GPU and a pinned bounce buffer: UCX then moves
-//   host memory only.
+// - staged bytes are one copy-engine copy between the GPU and pinned host memory of a pool
+//   (Staged), which UCX then sends from or receives into: UCX moves host memory only.
 // All of it runs in a CUDA context of mori's own (not the device's primary context, which the
 // application's kernels use), on one non-blocking stream, through pinned memory: the primary
 // context's lock is held while its thread lazily loads a kernel or copies to pageable memory
@@ -25,8 +25,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace mori::ucx {
 
@@ -37,11 +39,45 @@ struct GpuWordsConfig {
     uintptr_t resultDev = 0;  // its device address (the kernel's last argument)
     uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0, exchangeCaptureMode = 0;
     uintptr_t launchKernel = 0, streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0;
-    uintptr_t bounce = 0;    // pinned host memory of the context: every copy goes through it
+    uintptr_t memHostAlloc = 0, memFreeHost = 0;
+    uintptr_t bounce = 0;    // pinned host memory of the context: small copies go through it
     size_t bounceBytes = 0;
     bool stage = false;      // transfers of GPU memory go through here, UCX sees host memory only
     double timeout = 30.0;  // seconds an operation may wait for the GPU
     std::string timeoutSetting = "timeout";
+};
+
+class StagingPool;
+
+// Host memory that one transfer's staged bytes pass through, what UCX sends from or receives into:
+// pinned memory of the engine's context lent by a pool (GpuWords::to_host, landing) and given back
+// when this goes, so that one copy-engine copy moves the bytes between it and the GPU. Before the
+// pool, each transfer filled a fresh zeroed vector and copied through the 1 MiB bounce buffer:
+// at each end an allocation, its page faults and two more passes over the bytes (64 MiB puts of
+// mori.shmem's GPU heap moved 0.6 GB/s where host memory moved 4.5). Heap memory, copied through
+// the bounce buffer, when pinning fails.
+class Staged {
+public:
+    Staged() = default;
+    Staged(Staged&& o) noexcept { swap(o); }
+    Staged& operator=(Staged&& o) noexcept {
+        Staged(std::move(o)).swap(*this);
+        return *this;
+    }
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
+    ~Staged() { clear(); }
+    uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    void clear();  // gives the memory back
+
+private:
+    friend class GpuWords;
+    void swap(Staged& o) noexcept;
+    std::shared_ptr<StagingPool> pool_;  // set while the memory is the pool's (pinned)
+    uint8_t* data_ = nullptr;
+    size_t size_ = 0, capacity_ = 0;
 };
 
 class GpuWords {
@@ -54,11 +90,16 @@ public:
     uint64_t apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst = 0,
                    const void* src = nullptr, size_t bytes = 0);
 
-    // Copies bytes from host src to device address dst, or from device address src to host dst,
-    // and waits for the copy. Throws as apply.
-    void to_device(uint64_t dst, const void* src, size_t bytes);
-    void to_host(void* dst, uint64_t src, size_t bytes);
+    // Staged host memory holding bytes copied from device address src (waited for); host memory
+    // to receive bytes into (landing); those bytes copied to device address dst (waited for).
+    // Throw as apply.
+    Staged to_host(uint64_t src, size_t bytes);
+    Staged landing(size_t bytes);
+    void to_device(uint64_t dst, const Staged& src);
     bool stages() const { return c_.stage; }
+    // Before the context goes: waits (at most the timeout) for staged memory still lent, frees the
+    // pool's. Memory given back later is left to the context's destruction.
+    void close_staging();
 
     // Makes the context current on the calling thread (one of the engine's own), with its
     // stream-capture mode relaxed (see Current); false (and why, in `why`) if the driver refused.
@@ -73,19 +114,23 @@ private:
     // capture (seen: mori.ops' graph replays through the proxy).
     class Current {
     public:
-        explicit Current(const GpuWords& g);
+        explicit Current(const GpuWordsConfig& c);
         ~Current();
         Current(const Current&) = delete;
         Current& operator=(const Current&) = delete;
 
     private:
-        const GpuWords& g_;
+        const GpuWordsConfig& c_;
         int mode_;  // the thread's capture mode before
     };
+    friend class StagingPool;
+    void check_healthy() const;  // throws after a wait that timed out (lock held)
+    Staged staging(size_t bytes);  // lock held, context current
     void wait(const char* what);  // until the stream is idle (bounded, see above)
     // Host to device through the bounce buffer; the last piece is left in flight when !waitLast.
     void copy_in(uint64_t dst, const void* src, size_t bytes, bool waitLast);
     GpuWordsConfig c_;
+    std::shared_ptr<StagingPool> pool_;
     std::mutex mu_;       // one operation at a time: they share the result word and the stream
     std::string broken_;  // why an earlier operation never finished ("" while none did)
 };

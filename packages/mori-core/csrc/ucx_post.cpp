@@ -635,8 +635,7 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         total += part.bytes;
         if (stager) {  // one block per part: GPU memory is never grouped
             try {
-                part.staged.resize(part.bytes);
-                stager->to_host(part.staged.data(), reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes);
+                part.staged = stager->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes);
             } catch (const std::exception& e) {
                 part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
                 worker.retire_part_locked(part);

@@ -19,6 +19,11 @@ namespace {
 
 constexpr uint64_t kFirstAdhoc = 1ull << 48;   // memory ids registered for one command
 constexpr uint64_t kInlineBytes = 16;          // bounce bytes per slot
+// Bytes of puts and gets in flight before the next one waits for earlier ones to complete. A
+// staged transfer holds its bytes in pinned host memory until it completes (ucx_gpu.hpp), so a
+// kernel's burst of large nbi puts would otherwise hold all of them at once, more than the staging
+// pool keeps between transfers, and every further one paid for pinning fresh memory.
+constexpr uint64_t kBytesInFlight = uint64_t{128} << 20;
 
 template <class T>
 T load(const T* p) {
@@ -254,7 +259,10 @@ void Proxy::execute(const ProxySlot& c, uint64_t ticket) {
                     transfer(p, kOpWrite, bounce(ticket), c.remote, c.bytes);
                     break;
                 }
+                make_room(c.bytes);
                 Pending& p = track();
+                p.bytes = c.bytes;
+                bytesInFlight_ += c.bytes;
                 if ((c.flags & device::kProxyFlagSignal) != 0) {
                     p.signal = true;
                     p.sigOffset = c.compare;
@@ -322,6 +330,8 @@ void Proxy::finish(Pending& p) {
     p.adhoc.clear();
     p.atomic.reset();
     if (p.freeSlot) free_slot(p.ticket);
+    bytesInFlight_ -= p.bytes;
+    p.bytes = 0;
     p.done = true;
 }
 
@@ -378,6 +388,18 @@ void Proxy::drain() {
         }
     }
     publish();
+}
+
+void Proxy::make_room(uint64_t bytes) {
+    int idle = 0;
+    while (bytesInFlight_ > 0 && bytesInFlight_ + bytes > kBytesInFlight) {
+        if (reap()) {
+            idle = 0;
+            publish();
+        } else {
+            pause(++idle);
+        }
+    }
 }
 
 void Proxy::drain_pe(int pe) {

@@ -81,6 +81,7 @@ private:
         bool reply = false;       // answered in its slot on completion (the atomic's old value, or g's bytes)
         uint64_t inlineGet = 0;   // g: bytes read into the slot's bounce area
         bool freeSlot = false;  // the slot (an inline put's bytes) is freed on completion
+        uint64_t bytes = 0;     // a put's or get's, counted in bytesInFlight_ until it completes
         bool done = false;
     };
     void run();
@@ -89,6 +90,7 @@ private:
     bool advance(Pending& p);   // moves p on; true once it is complete
     void drain();               // waits until nothing is in flight
     void drain_pe(int pe);      // waits until nothing to pe is in flight
+    void make_room(uint64_t bytes);  // waits until bytes more fit in kBytesInFlight (or none are in flight)
     void publish();
     void finish(Pending& p);
     void fail(int pe, const std::string& why);
@@ -114,6 +116,7 @@ private:
     std::vector<Adhoc> adhoc_;
     std::vector<int> fenced_;  // PEs whose next command waits for their commands in flight (a fence)
     uint64_t tail_ = 0;
+    uint64_t bytesInFlight_ = 0;  // of the puts and gets in pending_
     uint64_t nextAdhoc_;
     std::atomic<uint64_t> executed_{0};
     std::atomic<uint64_t> published_{0};

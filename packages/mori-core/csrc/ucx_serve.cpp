@@ -100,7 +100,7 @@ void refuse(std::unique_ptr<Serve> s, const RequestHeader& h, uint32_t reason, u
 void land(Serve& s) {
     if (!s.stager) return;
     try {
-        s.stager->to_device(reinterpret_cast<uint64_t>(s.iov[0].buffer), s.staged.data(), s.staged.size());
+        s.stager->to_device(reinterpret_cast<uint64_t>(s.iov[0].buffer), s.staged);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "mori UCX engine: a write into GPU memory failed: %s\n", e.what());
         s.reply.code = kErrTransport;
@@ -128,8 +128,9 @@ void on_written(void* request, api::Status status, size_t, void* user) {
 void land(Part& part) {
     if (part.staged.empty()) return;
     try {
-        part.link->worker->engine().gpu_words()->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer),
-                                                          part.staged.data(), part.staged.size());
+        const std::shared_ptr<GpuWords> stager = part.link->worker->engine().gpu_words();
+        if (!stager) throw std::runtime_error("the engine no longer serves GPU memory");
+        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged);
         part.finish(kSuccess, "");
     } catch (const std::exception& e) {
         part.finish(kErrTransport, std::string("copying what was read into GPU memory: ") + e.what());
@@ -229,7 +230,6 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     if (memType != api::kMemoryHost) {
         s->stager = eng.gpu_words();
         if (s->stager && !s->stager->stages()) s->stager = nullptr;
-        if (s->stager) s->staged.resize(total);
     }
     if (h.op == kOpRead) {
         if (length != 0) {
@@ -238,7 +238,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         }
         if (s->stager) {
             try {
-                s->stager->to_host(s->staged.data(), reinterpret_cast<uint64_t>(s->iov[0].buffer), total);
+                s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total);
             } catch (const std::exception& e) {
                 std::fprintf(stderr, "mori UCX engine: a read of GPU memory failed: %s\n", e.what());
                 refuse(std::move(s), h, kReasonFailed, 0);
@@ -262,6 +262,15 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         }
         answer_write(std::move(s));
         return api::kOk;
+    }
+    if (s->stager) {
+        try {
+            s->staged = s->stager->landing(total);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "mori UCX engine: a write into GPU memory failed: %s\n", e.what());
+            refuse(std::move(s), h, kReasonFailed, 0);
+            return api::kOk;
+        }
     }
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpDatatype;
@@ -393,7 +402,13 @@ api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, 
     p.datatype = api::kDatatypeIov;
     const std::shared_ptr<GpuWords> stager = part->memType != api::kMemoryHost ? eng.gpu_words() : nullptr;
     if (stager && stager->stages() && part->iov.size() == 1) {  // into host memory, then the GPU (land)
-        part->staged.resize(length);
+        try {
+            part->staged = stager->landing(length);
+        } catch (const std::exception& e) {
+            part->finish(kErrTransport, std::string("taking host memory for what is read into GPU memory: ") + e.what());
+            w.retire_part_locked(*part);
+            return api::kOk;
+        }
         buffer = part->staged.data();
         count = length;
         p.datatype = api::kDatatypeBytes;

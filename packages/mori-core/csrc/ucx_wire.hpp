@@ -104,7 +104,7 @@ struct Part {
     std::vector<std::shared_ptr<Region>> pins;  // local memory in use
     int memType = api::kMemoryHost;
     api::MemHandle* memh = nullptr;  // set when the part is one contiguous local block
-    std::vector<uint8_t> staged;     // its GPU bytes in host memory, when the engine stages them
+    Staged staged;                   // its GPU bytes in host memory, when the engine stages them
     int ops = 0;                     // UCX operations that will still call back
     bool done = false;               // its outcome is known (reported to the transfer)
     struct Answer {  // a region request's outcome, where its caller waits for it
@@ -144,7 +144,7 @@ struct Serve {
     std::vector<api::Iov> iov;
     std::string body;  // region replies: RegionInfo + key
     std::shared_ptr<GpuWords> stager;  // set when the GPU bytes go through staged (ucx_gpu.hpp)
-    std::vector<uint8_t> staged;
+    Staged staged;
     std::string noteKey;  // the initiator's key while the outcome is still to record (kFlagNotify)
     uint64_t noteUid = 0;
     // Records the request's outcome for its initiator (kFlagNotify; once), if recorded_outcome.

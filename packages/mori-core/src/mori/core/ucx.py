@@ -39,10 +39,24 @@ from . import config
 from ._native.ucx import UcxEngine, UcxLoadError, UcxPeer, UcxTransfer, ucx_components, ucx_library, ucx_load
 from .codes import TransferOp
 
-__all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "candidates", "has_verbs",
-           "library_info", "load", "make_engine", "transports"]
+__all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "auto_workers", "candidates",
+           "has_verbs", "library_info", "load", "make_engine", "transports"]
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values
+
+# Workers that auto_workers gives a machine of at least AUTO_CORES cores.
+AUTO_WORKERS, AUTO_CORES = 2, 8
+
+
+def auto_workers() -> int:
+    """Workers of an engine whose user left it to mori (mori-io's ``num_worker_threads=-1``,
+    mori.shmem's engine): 2 on a machine of 8 cores or more, else 1. Over TCP one worker moves
+    3-4 GB/s whatever the transfer (its thread at each end does the copies); with two, a transfer
+    of 512 KiB or more is spread over both, a thread of its own at each end. Build the engine with
+    ``round_robin=False`` so that every other transfer starts on the first worker and a small one
+    costs what it costs on one."""
+    return AUTO_WORKERS if (os.cpu_count() or 1) >= AUTO_CORES else 1
+
 
 # UCX components whose devices are RDMA NICs driven through verbs (InfiniBand, RoCE).
 VERBS_COMPONENTS = ("ib",)

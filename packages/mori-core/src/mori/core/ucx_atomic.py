@@ -103,7 +103,8 @@ def signal_put(engine: UcxEngine, peer: UcxPeer, mem_id: int, offset: int, src: 
     ucx_signal_put(engine, peer, mem_id, offset, src, size, sig_mem_id, sig_offset, OPS[op], value, timeout)
 
 
-#: Bytes of the pinned bounce buffer every GPU copy of :func:`serve_gpu` goes through.
+#: Bytes of the pinned bounce buffer the small GPU copies of :func:`serve_gpu` (a signal put's
+#: bytes) go through.
 BOUNCE_BYTES = 1 << 20
 
 
@@ -136,7 +137,8 @@ class GpuWordServer:
                           cuda.entry_point("cuCtxPopCurrent"), cuda.entry_point("cuThreadExchangeStreamCaptureMode"),
                           cuda.entry_point("cuLaunchKernel"),
                           cuda.entry_point("cuStreamQuery"), cuda.entry_point("cuMemcpyHtoDAsync"),
-                          cuda.entry_point("cuMemcpyDtoHAsync"), self.bounce, BOUNCE_BYTES, stage)
+                          cuda.entry_point("cuMemcpyDtoHAsync"), cuda.entry_point("cuMemHostAlloc"),
+                          cuda.entry_point("cuMemFreeHost"), self.bounce, BOUNCE_BYTES, stage)
         finally:
             cuda.call("cuCtxSetCurrent", context)
 

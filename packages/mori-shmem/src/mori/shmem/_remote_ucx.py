@@ -126,8 +126,10 @@ class UcxTransport(RemoteTransport):
         self._gpu = heap.kind == "gpu"
         self._ids = itertools.count(_FIRST_BUFFER_ID)
         self._staging = threading.Lock()
-        self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", timeout=timeout,
-                                       timeout_setting="MORI_SHMEM_TIMEOUT")
+        # As many workers as mori-io's RDMA backend takes by default: a put of 512 KiB or more is
+        # spread over them, every other transfer starts on the first.
+        self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", workers=ucx.auto_workers(), round_robin=False,
+                                       timeout=timeout, timeout_setting="MORI_SHMEM_TIMEOUT")
         self._peers: dict[int, Any] = {}
         self._registered = 0  # heap bytes registered, from offset 0
         self._words: Any = None

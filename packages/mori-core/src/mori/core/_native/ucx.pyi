@@ -73,8 +73,8 @@ def ucx_signal_put(engine: UcxEngine, peer: UcxPeer, mem_id: _Int, offset: _Int,
 def ucx_serve_gpu(engine: UcxEngine, context: _Int, function: _Int, stream: _Int, result: _Int, result_dev: _Int,
                   ctx_set_current: _Int, ctx_push_current: _Int, ctx_pop_current: _Int,
                   exchange_capture_mode: _Int, launch_kernel: _Int,
-                  stream_query: _Int, memcpy_htod_async: _Int, memcpy_dtoh_async: _Int, bounce: _Int,
-                  bounce_bytes: _Int, stage: bool) -> None: ...
+                  stream_query: _Int, memcpy_htod_async: _Int, memcpy_dtoh_async: _Int, mem_host_alloc: _Int,
+                  mem_free_host: _Int, bounce: _Int, bounce_bytes: _Int, stage: bool) -> None: ...
 def ucx_stop_serving_gpu(engine: UcxEngine) -> None: ...
 
 PROXY_SLOTS: int

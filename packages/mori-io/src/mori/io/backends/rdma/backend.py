@@ -91,19 +91,13 @@ def _check_config(config: Any) -> RdmaBackendConfig:
     return config
 
 
-# Workers that "auto" (-1) gives a machine of at least AUTO_CORES cores: transfers of 512 KiB or
-# more are spread over them (a thread of its own at each end), every other one starts on the
-# first, so a small transfer costs what it costs on one worker.
-AUTO_WORKERS, AUTO_CORES = 2, 8
-
-
 def _workers(config: RdmaBackendConfig) -> tuple[int, bool]:
     """UCX workers of a config, and whether transfers take them in turn: -1 ("auto", MORI's
-    default) is AUTO_WORKERS on a machine of AUTO_CORES cores or more (else one) with every
-    transfer starting on the first; N is N workers taken in turn."""
+    default) is mori-core's :func:`~mori.core.ucx.auto_workers` with every transfer starting on
+    the first; N is N workers taken in turn."""
     if config.num_worker_threads != -1:
         return config.num_worker_threads, True
-    return (AUTO_WORKERS if (os.cpu_count() or 1) >= AUTO_CORES else 1), False
+    return ucx.auto_workers(), False
 
 
 def _settings(transports: tuple[str, ...] | None, devices: Any) -> list[tuple[str, str]]:
