@@ -267,6 +267,10 @@ private:
     bool poll_rings();  // serve_ring on every proven connection; true when any was served
     bool any_posted();  // after telling every ring's initiator that the thread goes to sleep
     void reply(Conn& c, const void* msg, size_t len);
+    void ring_bell(Conn& c);  // tells c's initiator that completions wait in its ring
+    // Rings the bells held back whose time came (all of them with `all`), drops those whose
+    // completions were reaped meanwhile.
+    void ring_bells(bool all);
     ssize_t receive(int fd, bool hello, int& passedFd);
     void drop(int fd);
     void watch(int fd, uint32_t events, bool add);
@@ -282,6 +286,7 @@ private:
     std::vector<uint8_t> buf_;
     std::vector<same_host::Entry> entries_;  // a request copied out of its ring before it is checked
     std::vector<int> ready_;                 // poll_rings' list of connections
+    std::vector<int> bells_;                 // connections with a bell held back (Conn::bellAt)
     int64_t listenPausedUntil_ = 0;
 };
 

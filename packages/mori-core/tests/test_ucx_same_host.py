@@ -210,8 +210,9 @@ def test_peer_closed_mid_transfer_fails_it() -> None:
 def test_a_transfer_no_one_waits_for_ends_on_its_own(polling: bool) -> None:
     """A caller that never waits (it only reads the code, as a status's Code() does) still sees
     its transfers end: the target rings the initiator's socket for every completion no caller of
-    it polls for, with progress threads that poll and with ones that only sleep. Every byte
-    checked."""
+    it reaped (while its thread polls, 20 µs later unless one reaped it meanwhile; before that
+    thread sleeps, at once), with progress threads that poll and with ones that only sleep. Every
+    byte checked."""
     with engine_pair("wheel", "same-host", polling=polling) as pair:
         fill(pair.init.arr, 21)
         fill(pair.target.arr, 22)
