@@ -100,10 +100,13 @@ def _remote_of(pe: int, hosts: list[int]) -> list[int]:
     return [q for q in range(len(hosts)) if hosts[q] != hosts[pe]]
 
 
-def test_two_hosts_every_op_every_pe_unique_id() -> None:
+@pytest.mark.parametrize("workers", ["auto", "2"])
+def test_two_hosts_every_op_every_pe_unique_id(workers: str) -> None:
     """2 + 2 CPU PEs in two namespaces, launched with the unique id (MORI_BOOTSTRAP_HOST set):
-    every op to and from every PE, bytes checked; 1,000 barriers in a row."""
-    spaces, _, pool = _across(2, {})
+    every op to and from every PE, bytes checked; 1,000 barriers in a row. With two UCX workers
+    too (MORI_SHMEM_UCX_WORKERS; "auto" is one on a machine of fewer than 8 cores, as CI's), so
+    that the 1 MiB + 3 puts and gets are spread over both."""
+    spaces, _, pool = _across(2, {} if workers == "auto" else {"MORI_SHMEM_UCX_WORKERS": workers})
     try:
         hosts = [0, 0, 1, 1]
         results = pool.run_each(pe_rma_everywhere, [(_remote_of(pe, hosts),) for pe in range(4)])

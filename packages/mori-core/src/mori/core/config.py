@@ -162,6 +162,10 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_SHMEM_DEBUG", _bool, False,
                  "Check at every shmem_malloc/shmem_free that all PEs make the same call (a collective "
                  "each); shmem_barrier_all checks the whole history either way.", BOOL_FORMS),
+        Variable("MORI_SHMEM_UCX_WORKERS", _positive_int, None,
+                 "UCX workers of mori.shmem's remote transport, each with a native progress thread (a put or get "
+                 "of 512 KiB or more is spread over them); unset: mori.core.ucx.auto_workers() (2 on a machine of "
+                 "8 cores or more, else 1).", "a positive integer"),
         Variable("MORI_SHMEM_TIMEOUT", _parse_seconds, 120.0,
                  "Seconds a host-side shmem wait (shmem_wait_until), and a host call to a remote PE, wait "
                  "before failing.", "seconds > 0"),

@@ -126,9 +126,12 @@ class UcxTransport(RemoteTransport):
         self._gpu = heap.kind == "gpu"
         self._ids = itertools.count(_FIRST_BUFFER_ID)
         self._staging = threading.Lock()
-        # As many workers as mori-io's RDMA backend takes by default: a put of 512 KiB or more is
+        from mori.core import config
+
+        # By default as many workers as mori-io's RDMA backend takes: a put of 512 KiB or more is
         # spread over them, every other transfer starts on the first.
-        self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", workers=ucx.auto_workers(), round_robin=False,
+        workers = config.get("MORI_SHMEM_UCX_WORKERS") or ucx.auto_workers()
+        self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", workers=workers, round_robin=False,
                                        timeout=timeout, timeout_setting="MORI_SHMEM_TIMEOUT")
         self._peers: dict[int, Any] = {}
         self._registered = 0  # heap bytes registered, from offset 0
@@ -136,7 +139,6 @@ class UcxTransport(RemoteTransport):
         self._proxy: Any = None
         try:
             if self._gpu:  # first: whether UCX registers the heap depends on it
-                from mori.core import config
                 from mori.core.ucx_atomic import serve_gpu
 
                 ctx = heap.ctx  # type: ignore[attr-defined]
