@@ -110,7 +110,7 @@ mori::native::Registration reg([](py::module_& root) {
                          int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
                          bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets,
                          std::shared_ptr<mori::InboundRecords> inbound, bool sameHost, uint64_t sendQueue,
-                         double sendQueueWait, bool roundRobin) {
+                         double sendQueueWait, bool roundRobin, bool standAside) {
                  EngineOptions o;
                  o.name = name;
                  o.settings = settings;
@@ -127,6 +127,7 @@ mori::native::Registration reg([](py::module_& root) {
                  o.sendQueue = sendQueue;
                  o.sendQueueWait = sendQueueWait;
                  o.roundRobin = roundRobin;
+                 o.standAside = standAside;
                  // One definition of "this host": mori.core.host's key (machine and network namespace).
                  o.hostKey = py::module_::import("mori.core.host").attr("this_host")().attr("key").cast<std::string>();
                  o.sameHost = sameHost && !o.hostKey.empty();
@@ -140,12 +141,14 @@ mori::native::Registration reg([](py::module_& root) {
              py::arg("max_tickets") = EngineOptions{}.maxTickets, py::arg("inbound") = nullptr,
              py::arg("same_host") = true, py::arg("send_queue") = EngineOptions{}.sendQueue,
              py::arg("send_queue_wait") = EngineOptions{}.sendQueueWait, py::arg("round_robin") = true,
+             py::arg("stand_aside") = true,
              "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
              "other channels), else to a table of its own bounded by max_inbound and inbound_ttl. same_host: offer "
              "and take the same-host path. send_queue: operations (rows) in flight per worker and peer, 0 for no "
              "bound; a transfer that finds no room waits up to send_queue_wait seconds, then fails 'SQ full'. A transfer of "
              "512 KiB or more is spread over the workers; the others start on the workers in turn (round_robin) or "
-             "on the first.")
+             "on the first. stand_aside: once a caller that led a worker is done, its progress thread sleeps at once; "
+             "False: it polls on as after any activity.")
         .def_property_readonly(
             "addresses",
             [](const Engine& e) {

@@ -53,6 +53,10 @@ struct EngineOptions {
     int lanes = 1;        // endpoints per peer on each worker; a transfer's blocks are dealt over them
     bool roundRobin = true;  // transfers start on the workers in turn; false: on the first (Peer::submit)
     bool polling = true;  // progress threads spin briefly after activity (POLLING) or only sleep (EVENT)
+    // Once a caller that led a worker is done, its progress thread sleeps at once (the caller polls
+    // again for its next transfer), or, false, polls as after any activity (a caller that waits
+    // elsewhere next, as a shmem PE on a signal, leaves the peer's next message to that thread).
+    bool standAside = true;
     double timeout = 30.0;              // seconds before an unfinished transfer fails
     std::string timeoutSetting = "timeout";  // the caller's name for it, in messages
     bool rma = false;                   // the RMA data path (see above)

@@ -131,7 +131,8 @@ void Worker::run() {
             // this thread progresses once, then sleeps on the worker's events unless that found
             // work, instead of spinning beside it (a 4 KiB loop between namespaces on the H200
             // machine: initiator CPU per GB 4.5-4.6 against 6.2-7.8 with the spin, latency lower).
-            lastBusy = now_ns() - kSpinNs;
+            // Without standAside it polls on: the peer's next message is this thread's to take.
+            lastBusy = engine_.options().standAside ? now_ns() - kSpinNs : now_ns();
             continue;
         }
         unsigned n;

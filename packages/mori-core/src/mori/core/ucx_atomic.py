@@ -159,7 +159,8 @@ def serve_gpu(engine: UcxEngine, context: Any, arch: str, stage: bool = True) ->
     it on the same non-blocking stream.
 
     With ``stage`` (the default), every transfer of GPU memory on the engine's checked path goes
-    through host memory too: this server copies it between the GPU and a pinned bounce buffer,
+    through host memory too: one copy per block between the GPU and pinned host memory of this
+    server's context, which the engine lends each transfer and keeps for reuse (up to 256 MiB),
     and UCX moves host memory only. All of it runs in a CUDA context of its own, never in
     ``context``: a kernel of the application waiting on the engine (a device proxy's put) then
     cannot deadlock with the application's host thread holding the primary context's lock (a
@@ -168,5 +169,6 @@ def serve_gpu(engine: UcxEngine, context: Any, arch: str, stage: bool = True) ->
 
     Needs the ``mori-core[cuda]`` extra and GPU memory that every context of the device reaches
     (CUDA VMM mappings, as mori.shmem's heap). Close the returned server before ``context`` goes
-    (after the engine stops serving peers)."""
+    (after the engine stops serving peers): closing waits, at most the engine's timeout, for staged
+    memory still in use, then frees it."""
     return GpuWordServer(engine, context, arch, stage)
