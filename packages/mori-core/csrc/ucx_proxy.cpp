@@ -377,38 +377,9 @@ bool Proxy::reap() {
     return any;
 }
 
-void Proxy::drain() {
+template <class Busy>
+void Proxy::reap_while(Busy busy) {
     int idle = 0;
-    while (!pending_.empty()) {
-        if (reap()) {
-            idle = 0;
-            publish();
-        } else {
-            pause(++idle);
-        }
-    }
-    publish();
-}
-
-void Proxy::make_room(uint64_t bytes) {
-    int idle = 0;
-    while (bytesInFlight_ > 0 && bytesInFlight_ + bytes > kBytesInFlight) {
-        if (reap()) {
-            idle = 0;
-            publish();
-        } else {
-            pause(++idle);
-        }
-    }
-}
-
-void Proxy::drain_pe(int pe) {
-    int idle = 0;
-    auto busy = [&] {
-        for (const Pending& p : pending_)
-            if (!p.done && p.pe == pe) return true;
-        return false;
-    };
     while (busy()) {
         if (reap()) {
             idle = 0;
@@ -417,6 +388,23 @@ void Proxy::drain_pe(int pe) {
             pause(++idle);
         }
     }
+}
+
+void Proxy::drain() {
+    reap_while([this] { return !pending_.empty(); });
+    publish();
+}
+
+void Proxy::make_room(uint64_t bytes) {
+    reap_while([&] { return bytesInFlight_ > 0 && bytesInFlight_ + bytes > kBytesInFlight; });
+}
+
+void Proxy::drain_pe(int pe) {
+    reap_while([&] {
+        for (const Pending& p : pending_)
+            if (!p.done && p.pe == pe) return true;
+        return false;
+    });
 }
 
 void Proxy::publish() {

@@ -87,6 +87,8 @@ private:
     void run();
     void execute(const device::ProxySlot& c, uint64_t ticket);
     bool reap();                // finishes what completed; true when something did
+    template <class Busy>
+    void reap_while(Busy busy);  // reaps (publishing progress) while busy() holds
     bool advance(Pending& p);   // moves p on; true once it is complete
     void drain();               // waits until nothing is in flight
     void drain_pe(int pe);      // waits until nothing to pe is in flight
