@@ -24,7 +24,10 @@ trip / 2.
 ``--device`` (a GPU machine; UCX with CUDA support, e.g. ``MORI_UCX_LIB`` at the libucx-cu13
 wheel): GPU heaps (``UCX_TLS=tcp,cuda_copy,self``), both PEs on GPU 0 unless there are two;
 the put and the ping-pong are also timed from a kernel through the device proxy
-(``ci/device/bench_shmem_proxy.py``'s kernels), and the engine moves GPU memory.
+(``ci/device/bench_shmem_proxy.py``'s kernels), and the engine moves GPU memory of the heap's
+kind (a CUDA VMM allocation), staged through pinned host memory as mori.shmem's engine stages
+its heap (``serve_gpu``), with the workers that engine has: "put/engine" is then what mori.shmem
+costs over the engine moving the same memory.
 """
 
 from __future__ import annotations
@@ -154,17 +157,24 @@ def _uid() -> bytes:
     return shmem.shmem_get_unique_id()
 
 
-def _buffer(size: int, gpu: bool) -> tuple[Any, int]:
+def _buffer(size: int, gpu: bool, engine: Any) -> tuple[Any, int]:
     """Memory for an engine side: (what keeps it alive, its address). Host memory of the CPU
     heap's kind, a shared mapping of a memfd, so that both sides of the comparison copy the same
     kind of memory (an anonymous shared mapping moved 16 and 64 MiB about 10 % faster in runs
     here; mori-io-bench's and NIXL's buffers are private memory with huge pages advised, another
-    kind again); GPU memory of this process's GPU with ``gpu``."""
+    kind again); with ``gpu``, GPU memory of the GPU heap's kind (a CUDA VMM allocation on GPU 0),
+    which ``engine`` stages through pinned host memory as mori.shmem's does (serve_gpu)."""
     if gpu:
         import torch
 
-        t = torch.empty(size, dtype=torch.uint8, device="cuda")
-        return t, int(t.data_ptr())
+        from mori.core import cuda
+        from mori.core.memory.cuda_vmm import VmmAllocation
+        from mori.core.ucx_atomic import serve_gpu
+
+        context = cuda.init_device(0)
+        alloc = VmmAllocation.create(size, 0)
+        major, minor = torch.cuda.get_device_capability(0)
+        return (alloc, serve_gpu(engine, context, f"sm_{major}{minor}")), alloc.ptr
     fd = os.memfd_create("mori-bench-engine")
     try:
         os.ftruncate(fd, size)
@@ -174,10 +184,16 @@ def _buffer(size: int, gpu: bool) -> tuple[Any, int]:
     return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
+def _make_engine(name: str) -> Any:
+    """An engine as mori.shmem's remote transport makes it (workers, their order, polling)."""
+    workers = config.get("MORI_SHMEM_UCX_WORKERS") or ucx.auto_workers()
+    return ucx.make_engine(name, workers=workers, round_robin=False, stand_aside=False)
+
+
 def _engine_target(size: int, gpu: bool) -> Any:
     _pin(1)
-    engine = ucx.make_engine("bench-target")
-    buf, addr = _buffer(size, gpu)
+    engine = _make_engine("bench-target")
+    buf, addr = _buffer(size, gpu, engine)
     engine.register_memory(1, addr, size, gpu)
     testing.serve_commands({"admit": engine.admit, "close": engine.close}, buf)
     return list(engine.addresses)
@@ -185,10 +201,11 @@ def _engine_target(size: int, gpu: bool) -> Any:
 
 def _engine_connect(addresses: list[bytes], ticket: int, big: int, gpu: bool) -> None:
     _pin(0)
-    engine = ucx.make_engine("bench-initiator")
-    buf, base = _buffer(big, gpu)
+    engine = _make_engine("bench-initiator")
+    buf, base = _buffer(big, gpu, engine)
     engine.register_memory(1, base, big, gpu)
-    _STATE.update(engine=engine, buf=buf, base=base, gpu=gpu, peer=engine.connect("target", addresses, ticket))
+    _STATE.update(engine=engine, buf=buf, base=base, gpu=gpu,
+                  peer=engine.connect("target", addresses, ticket, stages_gpu=gpu))
 
 
 def _engine_writes(size: int, iters: int) -> list[float]:

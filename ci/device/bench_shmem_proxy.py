@@ -94,15 +94,18 @@ class ProxyBench:
         self.buf = shmem.shmem_tensor(128, torch.uint8)
 
     def put(self, size: int, reps: int) -> tuple[float, float]:
-        """Seconds per put of ``size`` bytes, PE 0 into PE 1: host ``shmem_putmem`` and the device
-        kernel (``reps`` each); (0, 0) on the other PE."""
+        """Seconds per put of ``size`` bytes, PE 0 into PE 1: host ``shmem_putmem`` (the median of
+        ``reps`` calls, each timed; the source view made once, as a caller's buffer) and the device
+        kernel (the mean of its ``reps`` puts, one launch); (0, 0) on the other PE."""
         host = dev = 0.0
         _sync()
         if self.me == 0:
-            t0 = time.perf_counter()
+            src, dst, times = self.big[:size], self.dst.data_ptr(), []
             for _ in range(reps):
-                shmem.shmem_putmem(self.dst.data_ptr(), self.big[:size], 1)
-            host = (time.perf_counter() - t0) / reps
+                t0 = time.perf_counter()
+                shmem.shmem_putmem(dst, src, 1)
+                times.append(time.perf_counter() - t0)
+            host = statistics.median(times)
         _sync()
         if self.me == 0:
             t0 = time.perf_counter()

@@ -1,6 +1,10 @@
 // Python binding of the UCX engine's remote atomics (ucx_atomic.hpp): ucx_atomic in the ucx
 // submodule, typed in _native/ucx.pyi and presented by mori.core.ucx_atomic.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <string>
 
 #include "registry.hpp"
 #include "ucx_atomic.hpp"
@@ -42,29 +46,26 @@ mori::native::Registration reg([](py::module_& root) {
         "Writes size bytes from host address src at offset of the peer's memory mem_id, then applies op (1 "
         "fetch_add, 4 store) with value to the 64-bit word at sig_offset of its memory sig_mem_id, in one message; "
         "errors as ucx_atomic's. size is at most UCX_MAX_SIGNAL_PUT_BYTES.");
+    py::list entryPoints;
+    for (const auto& [name, field] : mori::ucx::kGpuEntryPoints) entryPoints.append(name);
+    m.attr("UCX_GPU_ENTRY_POINTS") = py::tuple(entryPoints);
     m.def(
         "ucx_serve_gpu",
         [](mori::ucx::Engine& engine, uintptr_t context, uintptr_t function, uintptr_t stream, uintptr_t result,
-           uintptr_t resultDev, uintptr_t ctxSetCurrent, uintptr_t ctxPushCurrent, uintptr_t ctxPopCurrent,
-           uintptr_t exchangeCaptureMode, uintptr_t launchKernel, uintptr_t streamQuery,
-           uintptr_t memcpyHtoDAsync, uintptr_t memcpyDtoHAsync, uintptr_t memHostAlloc, uintptr_t memFreeHost,
-           uintptr_t bounce, size_t bounceBytes, bool stage) {
+           uintptr_t resultDev, const std::map<std::string, uintptr_t>& entryPoints, uintptr_t bounce,
+           size_t bounceBytes, bool stage) {
             mori::ucx::GpuWordsConfig c;
             c.context = context;
             c.function = function;
             c.stream = stream;
             c.result = result;
             c.resultDev = resultDev;
-            c.ctxSetCurrent = ctxSetCurrent;
-            c.ctxPushCurrent = ctxPushCurrent;
-            c.ctxPopCurrent = ctxPopCurrent;
-            c.exchangeCaptureMode = exchangeCaptureMode;
-            c.launchKernel = launchKernel;
-            c.streamQuery = streamQuery;
-            c.memcpyHtoDAsync = memcpyHtoDAsync;
-            c.memcpyDtoHAsync = memcpyDtoHAsync;
-            c.memHostAlloc = memHostAlloc;
-            c.memFreeHost = memFreeHost;
+            for (const auto& [name, field] : mori::ucx::kGpuEntryPoints) {
+                const auto it = entryPoints.find(name);
+                if (it == entryPoints.end())
+                    throw std::invalid_argument(std::string("entry_points has no ") + name + " (UCX_GPU_ENTRY_POINTS)");
+                c.*field = it->second;
+            }
             c.bounce = bounce;
             c.bounceBytes = bounceBytes;
             c.stage = stage;
@@ -73,15 +74,12 @@ mori::native::Registration reg([](py::module_& root) {
             engine.set_gpu_words(std::make_shared<mori::ucx::GpuWords>(c));
         },
         py::arg("engine"), py::arg("context"), py::arg("function"), py::arg("stream"), py::arg("result"),
-        py::arg("result_dev"), py::arg("ctx_set_current"), py::arg("ctx_push_current"), py::arg("ctx_pop_current"),
-        py::arg("exchange_capture_mode"), py::arg("launch_kernel"), py::arg("stream_query"),
-        py::arg("memcpy_htod_async"), py::arg("memcpy_dtoh_async"), py::arg("mem_host_alloc"),
-        py::arg("mem_free_host"), py::arg("bounce"), py::arg("bounce_bytes"),
-        py::arg("stage"),
+        py::arg("result_dev"), py::arg("entry_points"), py::arg("bounce"), py::arg("bounce_bytes"), py::arg("stage"),
         "Serves remote atomics and signal puts on the engine's GPU regions with this kernel, stream and result "
         "word, copying small blocks through the pinned bounce buffer; with stage, every transfer of GPU memory is "
-        "staged through pinned host memory of the context, kept for reuse (handles and driver entry points as "
-        "addresses; see mori.core.ucx_atomic.serve_gpu).");
+        "staged through pinned host memory of the context, kept for reuse (handles as addresses, entry_points "
+        "the address of each driver function of UCX_GPU_ENTRY_POINTS by name; see "
+        "mori.core.ucx_atomic.serve_gpu).");
     m.def(
         "ucx_stop_serving_gpu",
         [](mori::ucx::Engine& engine) {

@@ -183,13 +183,13 @@ mori::native::Registration reg([](py::module_& root) {
         .def(
             "connect",
             [](Engine& e, const std::string& key, const std::vector<py::bytes>& addresses, uint64_t ticket,
-               const py::bytes& sameHost) {
+               const py::bytes& sameHost, bool stagesGpu) {
                 std::vector<std::string> addrs;
                 for (const auto& a : addresses) addrs.emplace_back(a);
                 std::shared_ptr<Peer> peer;
                 {
                     py::gil_scoped_release release;
-                    peer = e.connect(key, addrs, ticket, std::string(sameHost));
+                    peer = e.connect(key, addrs, ticket, std::string(sameHost), stagesGpu);
                 }
                 static bool told = false;  // said once per process: the reason is the host's, not the peer's
                 if (!peer->same_host_refusal().empty() && !told) {
@@ -201,8 +201,10 @@ mori::native::Registration reg([](py::module_& root) {
                 return peer;
             },
             py::arg("key"), py::arg("addresses"), py::arg("ticket"), py::arg("same_host") = py::bytes(),
+            py::arg("stages_gpu") = false,
             "Endpoints to the engine with these worker addresses, presenting the ticket it issued; same_host: "
-            "its same_host_address (the same-host path when it names this host).")
+            "its same_host_address (the same-host path when it names this host); stages_gpu: it stages its GPU "
+            "memory (serve_gpu with stage), so small writes from GPU memory this engine stages go to it eager.")
         .def("fail_peer", &Engine::fail_peer, py::arg("key"), py::arg("why"), py::call_guard<py::gil_scoped_release>())
         .def("pop_inbound", &Engine::pop_inbound, py::arg("key"), py::arg("uid"),
              "Final TransferCode of transfer uid from engine key, or None (the record is removed).")

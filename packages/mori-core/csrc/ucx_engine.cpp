@@ -267,7 +267,7 @@ std::string Engine::same_host_address() const {
 }
 
 std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<std::string>& addresses,
-                                      uint64_t ticket, const std::string& sameHost) {
+                                      uint64_t ticket, const std::string& sameHost, bool stagesGpu) {
     if (closed_.load()) throw std::runtime_error("the UCX engine is closed");
     if (key.empty()) throw std::invalid_argument("engine key must not be empty");
     if (addresses.empty()) throw std::invalid_argument("the peer engine sent no worker address");
@@ -298,7 +298,7 @@ std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<
         local = SameHostLink::open(*this, state, socket, refusal);
         if (local) sameHost_->add_link(local);
     }
-    auto peer = std::make_shared<Peer>(shared_from_this(), state, std::move(links), local, refusal);
+    auto peer = std::make_shared<Peer>(shared_from_this(), state, std::move(links), local, refusal, stagesGpu);
     std::shared_ptr<Peer> old;
     {
         std::lock_guard lk(peersMu_);

@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -207,7 +208,7 @@ private:
 class Peer {
 public:
     Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links,
-         std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal);
+         std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal, bool stagesGpu = false);
     ~Peer();
     const std::string& key() const { return state_->key; }
     // Starts a transfer of a batch of rows (local address, remote offset, bytes; merged already):
@@ -254,6 +255,7 @@ private:
     std::vector<std::shared_ptr<SendQueue>> queues_;  // per worker
     std::shared_ptr<SameHostLink> sameHost_;
     std::string sameHostRefusal_;
+    const bool stagesGpu_;  // the peer stages its GPU memory: small staged writes into it go eager
     std::atomic<uint64_t> next_{0};
     std::atomic<bool> closed_{false};
 };
@@ -290,6 +292,10 @@ public:
     // The target's description of its region id (one round trip on the caller's thread, then
     // cached on the link); throws std::runtime_error.
     RemoteRegion& remote_region_locked(Link& link, uint64_t id);
+    // Staged bytes being copied on the GPU (started with wait false, ucx_gpu.hpp): then runs, under
+    // the lock, once the copy ended ("") or failed (why), from a later progress; the progress
+    // thread polls while any is pending. Lock held; staged lives until then runs.
+    void after_copy_locked(Staged& staged, std::function<void(const std::string& error)> then);
 
     Engine& engine() { return engine_; }
     api::Worker* handle() { return w_; }
@@ -303,6 +309,7 @@ private:
     std::string stall_locked(const Transfer& t) const;  // where an expired transfer stopped, for its message
     void reap_links_locked();
     void sweep_parts_locked();  // frees failed parts whose UCX operations all called back
+    unsigned finish_copies_locked();  // runs what follows the copies that ended; their count
     static void on_ep_error(void* arg, api::Endpoint* ep, api::Status status);
 
     Engine& engine_;
@@ -327,6 +334,12 @@ private:
     std::vector<Link*> failedLinks_;  // endpoint errors seen in callbacks, closed after progress
     std::vector<void*> closing_;      // endpoint close requests still running
     bool sweep_ = false;              // parts failed: sweep them after progress
+    struct CopyWait {
+        Staged* staged;
+        std::function<void(const std::string&)> then;
+    };
+    std::deque<CopyWait> copies_;      // in the order started: copies on one stream end in it
+    std::atomic<size_t> copying_{0};   // copies_.size(), read by the progress thread unlocked
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -349,8 +362,11 @@ public:
     std::string admitted(uint64_t ticket) const;  // the key holding ticket, or ""
     // Endpoints to the engine whose workers have these addresses, presenting its ticket.
     // sameHost: the peer's same_host_address() ("" for none); used when it names this host.
+    // stagesGpu: the peer stages its GPU memory (ucx_gpu.hpp), so a write from GPU memory this
+    // engine stages, below kRndvWriteBytes, goes to it as host memory would (eager for small
+    // ones) instead of by rendezvous, which GPU memory left to UCX needs.
     std::shared_ptr<Peer> connect(const std::string& key, const std::vector<std::string>& addresses, uint64_t ticket,
-                                  const std::string& sameHost = "");
+                                  const std::string& sameHost = "", bool stagesGpu = false);
     // What same-host peers connect with ("" when the path is off).
     std::string same_host_address() const;
     SameHostService* same_host() { return sameHost_.get(); }

@@ -31,6 +31,11 @@ using MemcpyHtoDAsyncFn = int (*)(uint64_t dst, const void* src, size_t bytes, v
 using MemcpyDtoHAsyncFn = int (*)(void* dst, uint64_t src, size_t bytes, void* stream);
 using MemHostAllocFn = int (*)(void** p, size_t bytes, unsigned flags);
 using MemFreeHostFn = int (*)(void* p);
+using EventCreateFn = int (*)(void** event, unsigned flags);
+using EventRecordFn = int (*)(void* event, void* stream);
+using EventQueryFn = int (*)(void* event);
+using EventDestroyFn = int (*)(void* event);
+constexpr unsigned kEventDisableTiming = 2;  // CU_EVENT_DISABLE_TIMING
 
 // Staged memory comes in powers of two from 64 KiB, so that transfers of about one size reuse
 // it; the pool keeps at most kStagingCacheBytes of it between transfers (more is freed).
@@ -42,6 +47,11 @@ size_t staging_capacity(size_t bytes) {
     while (c < bytes) c <<= 1;
     return c;
 }
+
+// The context an engine thread made current for good (GpuWords::make_current, with its
+// stream-capture mode relaxed): event queries there need no push (a worker polls one each
+// progress while a copy runs; a push and a pop around it slowed the progress it shares a thread with).
+thread_local uintptr_t tlsContext = 0;
 
 void check(int result, const char* call) {
     if (result != 0)
@@ -94,8 +104,50 @@ public:
         free({p});
     }
 
+    // Memory lent whose copy may still run: never lent again (the context's destruction frees it).
+    void abandon() {
+        std::lock_guard lk(mu_);
+        --lent_;
+        back_.notify_all();
+    }
+
+    // An event to record after one copy (context current), and given back once that ended.
+    void* take_event() {
+        {
+            std::lock_guard lk(mu_);
+            if (!events_.empty()) {
+                void* e = events_.back();
+                events_.pop_back();
+                return e;
+            }
+        }
+        void* e = nullptr;
+        check(reinterpret_cast<EventCreateFn>(c_.eventCreate)(&e, kEventDisableTiming), "cuEventCreate");
+        return e;
+    }
+    void give_event(void* e) {
+        std::lock_guard lk(mu_);
+        if (!closed_) events_.push_back(e);  // else the context's destruction frees it
+    }
+    // 0 once the copy event follows has ended, kNotReady before, else the CUresult of its failure.
+    int query(void* event) const {
+        const auto eventQuery = reinterpret_cast<EventQueryFn>(c_.eventQuery);
+        if (tlsContext == c_.context) return eventQuery(event);
+        const GpuWords::Current current(c_);
+        return eventQuery(event);
+    }
+    // Why a copy that started at `since` has not ended, once the timeout passed; "" before.
+    std::string late(int64_t since) const {
+        if (now_ns() - since < static_cast<int64_t>(c_.timeout * 1e9)) return "";
+        char secs[32];
+        std::snprintf(secs, sizeof(secs), "%g", c_.timeout);
+        return std::string("a copy of staged bytes did not finish on the GPU within ") + secs + " s (" +
+               c_.timeoutSetting + "): GPU work ahead of it never ended";
+    }
+
     void close() {
         std::vector<uint8_t*> all;
+        std::vector<void*> events;
         {
             std::unique_lock lk(mu_);
             if (closed_) return;
@@ -106,16 +158,18 @@ public:
             for (auto& [capacity, ps] : cached_) all.insert(all.end(), ps.begin(), ps.end());
             cached_.clear();
             cachedBytes_ = 0;
+            events.swap(events_);
         }
-        free(all);
+        free(all, events);
     }
 
 private:
-    void free(const std::vector<uint8_t*>& ps) {
-        if (ps.empty()) return;
+    void free(const std::vector<uint8_t*>& ps, const std::vector<void*>& events = {}) {
+        if (ps.empty() && events.empty()) return;
         try {
             const GpuWords::Current current(c_);
             for (uint8_t* p : ps) reinterpret_cast<MemFreeHostFn>(c_.memFreeHost)(p);
+            for (void* e : events) reinterpret_cast<EventDestroyFn>(c_.eventDestroy)(e);
         } catch (const std::exception&) {  // the context is gone: it freed them
         }
     }
@@ -123,6 +177,7 @@ private:
     std::mutex mu_;
     std::condition_variable back_;
     std::map<size_t, std::vector<uint8_t*>> cached_;  // by capacity
+    std::vector<void*> events_;                       // events free for the next copy
     size_t cachedBytes_ = 0, lent_ = 0;
     bool closed_ = false;
 };
@@ -132,27 +187,57 @@ void Staged::swap(Staged& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     std::swap(capacity_, o.capacity_);
+    std::swap(event_, o.event_);
+    std::swap(since_, o.since_);
+}
+
+bool Staged::copied() {
+    if (event_ == nullptr) return true;
+    const int r = pool_->query(event_);
+    if (r == kNotReady) {
+        const std::string late = pool_->late(since_);
+        if (late.empty()) return false;
+        throw std::runtime_error(late);
+    }
+    pool_->give_event(event_);
+    event_ = nullptr;
+    check(r, "a copy of staged bytes (cuEventQuery)");
+    return true;
 }
 
 void Staged::clear() {
-    if (pool_) pool_->give_back(data_, capacity_);
-    else delete[] data_;
+    if (pool_) {
+        int r = 0;  // the copy's state: 0 (none, or ended), kNotReady (may still run into or out of it)
+        if (event_ != nullptr) {
+            try {
+                r = pool_->query(event_);
+            } catch (const std::exception&) {
+                r = kNotReady;
+            }
+            if (r != kNotReady) pool_->give_event(event_);  // else the context's destruction frees it
+        }
+        if (r == kNotReady) pool_->abandon();
+        else pool_->give_back(data_, capacity_);
+    } else {
+        delete[] data_;
+    }
     pool_.reset();
     data_ = nullptr;
+    event_ = nullptr;
     size_ = capacity_ = 0;
 }
 
 GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
-    if (!c.context || !c.function || !c.result || !c.resultDev || !c.ctxSetCurrent || !c.launchKernel ||
-        !c.ctxPushCurrent || !c.ctxPopCurrent || !c.exchangeCaptureMode || !c.streamQuery || !c.memcpyHtoDAsync ||
-        !c.memcpyDtoHAsync || !c.memHostAlloc || !c.memFreeHost || !c.bounce || c.bounceBytes == 0)
-        throw std::invalid_argument("GPU word operations need a context, a kernel, a result word, a bounce buffer "
-                                    "and ten entry points");
+    if (!c.context || !c.function || !c.result || !c.resultDev || !c.bounce || c.bounceBytes == 0)
+        throw std::invalid_argument("GPU word operations need a context, a kernel, a result word and a bounce buffer");
+    for (const auto& [name, field] : kGpuEntryPoints)
+        if (c.*field == 0) throw std::invalid_argument(std::string("GPU word operations need the driver's ") + name);
     if (!(c.timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
     pool_ = std::make_shared<StagingPool>(c_);
 }
 
 bool GpuWords::make_current(std::string& why) const {
+    tlsContext = 0;
     int r = reinterpret_cast<CtxSetCurrentFn>(c_.ctxSetCurrent)(reinterpret_cast<void*>(c_.context));
     if (r != 0) {
         why = "cuCtxSetCurrent failed (CUresult " + std::to_string(r) + ")";
@@ -161,6 +246,7 @@ bool GpuWords::make_current(std::string& why) const {
     int mode = kCaptureRelaxed;
     r = reinterpret_cast<ExchangeCaptureModeFn>(c_.exchangeCaptureMode)(&mode);
     if (r != 0) why = "cuThreadExchangeStreamCaptureMode failed (CUresult " + std::to_string(r) + ")";
+    else tlsContext = c_.context;
     return r == 0;
 }
 
@@ -170,6 +256,7 @@ void Engine::apply_cuda_context(uint64_t& seen) const {
     seen = epoch;
     const std::shared_ptr<GpuWords> g = gpu_words();
     std::string why;
+    if (!g) tlsContext = 0;
     if (g && !g->make_current(why))
         std::fprintf(stderr, "mori UCX engine '%s': a thread of the engine cannot use the GPU's context: %s\n",
                      opts_.name.c_str(), why.c_str());
@@ -258,7 +345,22 @@ Staged GpuWords::landing(size_t bytes) {
     return staging(bytes);
 }
 
-void GpuWords::to_device(uint64_t dst, const Staged& src) {
+void GpuWords::follow(Staged& s, bool waitNow, const char* what) {
+    if (waitNow) {
+        wait(what);
+        return;
+    }
+    void* event = pool_->take_event();
+    const int r = reinterpret_cast<EventRecordFn>(c_.eventRecord)(event, reinterpret_cast<void*>(c_.stream));
+    if (r != 0) {
+        pool_->give_event(event);
+        check(r, "cuEventRecord");
+    }
+    s.event_ = event;
+    s.since_ = now_ns();
+}
+
+void GpuWords::to_device(uint64_t dst, Staged& src, bool wait) {
     std::lock_guard lk(mu_);
     check_healthy();
     const Current current(c_);
@@ -269,10 +371,10 @@ void GpuWords::to_device(uint64_t dst, const Staged& src) {
     check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.memcpyHtoDAsync)(dst, src.data(), src.size(),
                                                                   reinterpret_cast<void*>(c_.stream)),
           "cuMemcpyHtoDAsync");
-    wait("a copy to the GPU");
+    follow(src, wait, "a copy to the GPU");
 }
 
-Staged GpuWords::to_host(uint64_t src, size_t bytes) {
+Staged GpuWords::to_host(uint64_t src, size_t bytes, bool wait) {
     std::lock_guard lk(mu_);
     check_healthy();
     const Current current(c_);
@@ -281,13 +383,13 @@ Staged GpuWords::to_host(uint64_t src, size_t bytes) {
     const auto dtoh = reinterpret_cast<MemcpyDtoHAsyncFn>(c_.memcpyDtoHAsync);
     if (s.pool_) {
         check(dtoh(s.data(), src, bytes, stream), "cuMemcpyDtoHAsync");
-        wait("a copy from the GPU");
+        follow(s, wait, "a copy from the GPU");
         return s;
     }
     for (size_t done = 0; done < bytes;) {  // heap memory: through the bounce buffer
         const size_t n = std::min(bytes - done, c_.bounceBytes);
         check(dtoh(reinterpret_cast<void*>(c_.bounce), src + done, n, stream), "cuMemcpyDtoHAsync");
-        wait("a copy from the GPU");
+        this->wait("a copy from the GPU");
         std::memcpy(s.data() + done, reinterpret_cast<const void*>(c_.bounce), n);
         done += n;
     }

@@ -9,7 +9,9 @@
 // - a signal put's bytes are a copy-engine copy on the same stream, before that kernel, so whoever
 //   sees the signal sees the data;
 // - staged bytes are one copy-engine copy between the GPU and pinned host memory of a pool
-//   (Staged), which UCX then sends from or receives into: UCX moves host memory only.
+//   (Staged), which UCX then sends from or receives into: UCX moves host memory only. A transfer's
+//   pieces are copied asynchronously (an event after each), so that the copy of one piece runs
+//   while the network moves another (the worker polls Staged::copied, Worker::after_copy_locked).
 // All of it runs in a CUDA context of mori's own (not the device's primary context, which the
 // application's kernels use), on one non-blocking stream, through pinned memory: the primary
 // context's lock is held while its thread lazily loads a kernel or copies to pageable memory
@@ -40,11 +42,31 @@ struct GpuWordsConfig {
     uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0, exchangeCaptureMode = 0;
     uintptr_t launchKernel = 0, streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0;
     uintptr_t memHostAlloc = 0, memFreeHost = 0;
+    uintptr_t eventCreate = 0, eventRecord = 0, eventQuery = 0, eventDestroy = 0;
     uintptr_t bounce = 0;    // pinned host memory of the context: small copies go through it
     size_t bounceBytes = 0;
     bool stage = false;      // transfers of GPU memory go through here, UCX sees host memory only
     double timeout = 30.0;  // seconds an operation may wait for the GPU
     std::string timeoutSetting = "timeout";
+};
+
+// Every driver entry point of GpuWordsConfig by its driver name: mori.core.ucx_atomic passes each
+// one's address (cuGetProcAddress) under that name (UCX_GPU_ENTRY_POINTS).
+inline constexpr std::pair<const char*, uintptr_t GpuWordsConfig::*> kGpuEntryPoints[] = {
+    {"cuCtxSetCurrent", &GpuWordsConfig::ctxSetCurrent},
+    {"cuCtxPushCurrent", &GpuWordsConfig::ctxPushCurrent},
+    {"cuCtxPopCurrent", &GpuWordsConfig::ctxPopCurrent},
+    {"cuThreadExchangeStreamCaptureMode", &GpuWordsConfig::exchangeCaptureMode},
+    {"cuLaunchKernel", &GpuWordsConfig::launchKernel},
+    {"cuStreamQuery", &GpuWordsConfig::streamQuery},
+    {"cuMemcpyHtoDAsync", &GpuWordsConfig::memcpyHtoDAsync},
+    {"cuMemcpyDtoHAsync", &GpuWordsConfig::memcpyDtoHAsync},
+    {"cuMemHostAlloc", &GpuWordsConfig::memHostAlloc},
+    {"cuMemFreeHost", &GpuWordsConfig::memFreeHost},
+    {"cuEventCreate", &GpuWordsConfig::eventCreate},
+    {"cuEventRecord", &GpuWordsConfig::eventRecord},
+    {"cuEventQuery", &GpuWordsConfig::eventQuery},
+    {"cuEventDestroy", &GpuWordsConfig::eventDestroy},
 };
 
 class StagingPool;
@@ -70,7 +92,11 @@ public:
     uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
     bool empty() const { return size_ == 0; }
-    void clear();  // gives the memory back
+    // Whether the copy started with it (GpuWords::to_host/to_device, wait false) has ended: at
+    // once for memory copied as it was staged. Throws when the copy failed, or has not ended
+    // within the engine's timeout since it started (its memory is then never lent again).
+    bool copied();
+    void clear();  // gives the memory back (kept from reuse while its copy may still run)
 
 private:
     friend class GpuWords;
@@ -78,6 +104,8 @@ private:
     std::shared_ptr<StagingPool> pool_;  // set while the memory is the pool's (pinned)
     uint8_t* data_ = nullptr;
     size_t size_ = 0, capacity_ = 0;
+    void* event_ = nullptr;  // recorded after its copy while that may still run (CUevent)
+    int64_t since_ = 0;      // when that copy started (now_ns)
 };
 
 class GpuWords {
@@ -90,12 +118,12 @@ public:
     uint64_t apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst = 0,
                    const void* src = nullptr, size_t bytes = 0);
 
-    // Staged host memory holding bytes copied from device address src (waited for); host memory
-    // to receive bytes into (landing); those bytes copied to device address dst (waited for).
-    // Throw as apply.
-    Staged to_host(uint64_t src, size_t bytes);
+    // Staged host memory holding bytes copied from device address src; host memory to receive
+    // bytes into (landing); those bytes copied to device address dst. With wait, the copy is
+    // waited for; else it runs on while the caller polls the Staged's copied(). Throw as apply.
+    Staged to_host(uint64_t src, size_t bytes, bool wait = true);
     Staged landing(size_t bytes);
-    void to_device(uint64_t dst, const Staged& src);
+    void to_device(uint64_t dst, Staged& src, bool wait = true);
     bool stages() const { return c_.stage; }
     // Before the context goes: waits (at most the timeout) for staged memory still lent, frees the
     // pool's. Memory given back later is left to the context's destruction.
@@ -126,6 +154,9 @@ private:
     friend class StagingPool;
     void check_healthy() const;  // throws after a wait that timed out (lock held)
     Staged staging(size_t bytes);  // lock held, context current
+    // After a copy into or out of s (pool memory) was queued: waits for it, or records an event
+    // after it for s.copied() (lock held, context current).
+    void follow(Staged& s, bool waitNow, const char* what);
     void wait(const char* what);  // until the stream is idle (bounded, see above)
     // Host to device through the bounce buffer; the last piece is left in flight when !waitLast.
     void copy_in(uint64_t dst, const void* src, size_t bytes, bool waitLast);

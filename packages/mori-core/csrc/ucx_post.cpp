@@ -37,6 +37,15 @@ constexpr uint64_t kRndvWriteBytes = 256 << 10;
 // A batch of at least twice this many bytes is spread over the engine's workers (Peer::spread),
 // each worker's share at least this large.
 constexpr uint64_t kSpreadPiece = 256 << 10;
+// GPU memory that the engine stages (ucx_gpu.hpp) travels in pieces, each a message of its own,
+// so that at each end the copy of one piece between the GPU and host memory runs while the
+// network moves the others: a block's first piece is 1 MiB (its copy all that a send waits for), each
+// next twice the one before, up to 4 MiB. One copy of a whole block, then its send, then its
+// copy at the target had left mori.shmem's GPU heap at 27-75 % of host memory's bandwidth
+// between namespaces on the H200 machine; pieces of 256 KiB were slower still (a message each),
+// 1 and 4 MiB alike at 16 MiB, 4 MiB ahead at 64 MiB (ci/device/netns_bench.sh, 2026-11-28).
+constexpr uint64_t kStageFirstPiece = 1 << 20;
+constexpr uint64_t kStagePiece = 4 << 20;
 // A transfer waiting for room in a full send queue looks again this often (finishing transfers
 // do not signal it: the wait is rare and bounded).
 constexpr auto kSendQueueLook = std::chrono::microseconds(200);
@@ -189,12 +198,13 @@ bool Transfer::wait(double timeoutSec) {
 // ---- Peer --------------------------------------------------------------------------------------
 
 Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links,
-           std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal)
+           std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal, bool stagesGpu)
     : engine_(std::move(engine)),
       state_(std::move(state)),
       links_(std::move(links)),
       sameHost_(std::move(sameHost)),
-      sameHostRefusal_(std::move(sameHostRefusal)) {
+      sameHostRefusal_(std::move(sameHostRefusal)),
+      stagesGpu_(stagesGpu) {
     for (size_t i = 0; i < links_.size(); ++i) queues_.push_back(std::make_shared<SendQueue>());
 }
 
@@ -410,6 +420,26 @@ Dealt deal(const plan::Row* rows, size_t n, uint64_t largest, size_t runs, uint6
     return Dealt{rows, n, plan::deal_rows(rows, n, runs, minBytes)};
 }
 
+// Each row of each run of d cut into pieces (into `pieces`), the runs kept: the first of a row
+// `first` bytes, each next twice the one before up to `most`.
+void cut_runs(Dealt& d, uint64_t first, uint64_t most, std::vector<plan::Row>& pieces) {
+    pieces.clear();
+    std::vector<size_t> bounds{0};
+    for (size_t r = 0; r + 1 < d.bounds.size(); ++r) {
+        for (size_t i = d.bounds[r]; i < d.bounds[r + 1]; ++i) {
+            const plan::Row& row = d.rows[i];
+            uint64_t piece = first;
+            for (uint64_t done = 0; done < row.bytes; piece = std::min(2 * piece, most)) {
+                const uint64_t n = std::min(piece, row.bytes - done);
+                pieces.push_back(plan::Row{row.src + done, row.dst + done, n});
+                done += n;
+            }
+        }
+        bounds.push_back(pieces.size());
+    }
+    d = Dealt{pieces.data(), pieces.size(), std::move(bounds)};
+}
+
 }  // namespace
 
 std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
@@ -533,8 +563,14 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         return failed(w, uid, kErrTransport, closed_why(), parent);
     const size_t lanes = std::max<size_t>(1, link.eps.size());
     // The rows dealt over the lanes (a transfer of few blocks cut so that every lane gets a share).
-    std::vector<plan::Row> pieces;
-    const auto [use, count, bounds] = deal(rows, nrows, largest, lanes, kMinLanePiece, pieces);
+    std::vector<plan::Row> pieces, stagePieces;
+    Dealt dealt = deal(rows, nrows, largest, lanes, kMinLanePiece, pieces);
+    // GPU memory this engine stages: in pieces (kStagePiece); a write's are copied out here.
+    std::shared_ptr<GpuWords> stager = gpu && !rma ? engine_->gpu_words() : nullptr;
+    if (stager && !stager->stages()) stager = nullptr;
+    if (stager) cut_runs(dealt, kStageFirstPiece, kStagePiece, stagePieces);
+    if (op != kOpWrite || local->memType == api::kMemoryHost) stager = nullptr;
+    const auto& [use, count, bounds] = dealt;
     const size_t firstLane = static_cast<size_t>(link.next++ % lanes);
     RemoteRegion* rr = nullptr;
     if (rma && count > 0) {
@@ -589,13 +625,6 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         return t;
     }
     uint64_t total = 0;
-    // A write from GPU memory, when the engine stages it: each part's bytes are copied to host
-    // memory here (in the engine's own CUDA context, ucx_gpu.hpp) and UCX sends those.
-    std::shared_ptr<GpuWords> stager;
-    if (!rma && op == kOpWrite && local->memType != api::kMemoryHost) {
-        stager = engine_->gpu_words();
-        if (stager && !stager->stages()) stager = nullptr;
-    }
     for (Planned& pl : planned) {
         Part& part = worker.add_part_locked(std::move(pl.part));
         part.op = op;
@@ -634,8 +663,10 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         }
         total += part.bytes;
         if (stager) {  // one block per part: GPU memory is never grouped
+            // Its bytes are copied to host memory (in the engine's own CUDA context, ucx_gpu.hpp)
+            // and sent once there, while the network moves the parts before it.
             try {
-                part.staged = stager->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes);
+                part.staged = stager->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, false);
             } catch (const std::exception& e) {
                 part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
                 worker.retire_part_locked(part);
@@ -644,6 +675,20 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
             part.iov[0].buffer = part.staged.data();
             part.memType = api::kMemoryHost;
             part.memh = nullptr;
+            ++part.ops;  // the copy: the part stays until it ended
+            Part* p = &part;
+            // Into a peer that stages too, a small one goes as host memory would (eager).
+            const bool asHost = stagesGpu_ && part.bytes < kRndvWriteBytes;
+            worker.after_copy_locked(part.staged, [p, gpu, asHost, grouped = pl.grouped](const std::string& error) {
+                Worker& on = *p->link->worker;
+                --p->ops;
+                if (!error.empty())
+                    p->finish(kErrTransport, "copying GPU memory to send it: " + error);
+                else if (!p->done && p->link->failed.empty())
+                    post_message(*p, p->link->eps[p->lane], gpu && !asHost, grouped);
+                on.retire_part_locked(*p);
+            });
+            continue;
         }
         post_message(part, link.eps[pl.lane], gpu, pl.grouped);
         worker.retire_part_locked(part);  // finished at once when sending failed

@@ -95,26 +95,51 @@ void refuse(std::unique_ptr<Serve> s, const RequestHeader& h, uint32_t reason, u
     send_reply(std::move(s), false, api::kMemoryHost);
 }
 
-// A staged write's bytes, received in host memory, copied to their place on the GPU (a failure is
-// the initiator's answer).
-void land(Serve& s) {
-    if (!s.stager) return;
-    try {
-        s.stager->to_device(reinterpret_cast<uint64_t>(s.iov[0].buffer), s.staged);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "mori UCX engine: a write into GPU memory failed: %s\n", e.what());
-        s.reply.code = kErrTransport;
-        s.reply.reason = kReasonFailed;
-    }
+// Refuses a read of GPU memory whose copy to host memory failed (why).
+void refuse_read(std::unique_ptr<Serve> s, const RequestHeader& h, const std::string& why) {
+    std::fprintf(stderr, "mori UCX engine: a read of GPU memory failed: %s\n", why.c_str());
+    refuse(std::move(s), h, kReasonFailed, 0);
 }
 
-// Answers a write once its bytes are in (a staged write's copied to the GPU first). The answer
-// carries no data: the blocks are dropped from it first (send_reply would send them back).
-void answer_write(std::unique_ptr<Serve> s) {
-    if (s->reply.code == kSuccess) land(*s);
-    s->record(s->reply.code);  // the bytes are in (or the write failed)
+// Answers a write (its outcome recorded first) once its bytes are in. The answer carries no
+// data: the blocks are dropped from it first (send_reply would send them back).
+void reply_written(std::unique_ptr<Serve> s) {
+    s->record(s->reply.code);
     s->drop_blocks();  // the bytes are in: the regions are free before the initiator hears so
     send_reply(std::move(s), false, api::kMemoryHost);
+}
+
+void say_write_failed(const std::string& why) {
+    std::fprintf(stderr, "mori UCX engine: a write into GPU memory failed: %s\n", why.c_str());
+}
+
+void write_failed(Serve& s, const std::string& why) {
+    say_write_failed(why);
+    s.reply.code = kErrTransport;
+    s.reply.reason = kReasonFailed;
+}
+
+// Answers a write once its bytes are in: a staged write's, received in host memory, once copied
+// to their place on the GPU, a copy that runs while the worker takes the next pieces
+// (Worker::after_copy_locked). Worker lock held.
+void answer_write(std::unique_ptr<Serve> s) {
+    if (s->reply.code == kSuccess && s->stager) {
+        try {
+            s->stager->to_device(reinterpret_cast<uint64_t>(s->iov[0].buffer), s->staged, false);
+            Worker& w = *s->worker;
+            Staged& staged = s->staged;
+            auto held = std::make_shared<std::unique_ptr<Serve>>(std::move(s));  // std::function copies
+            w.after_copy_locked(staged, [held](const std::string& error) {
+                std::unique_ptr<Serve> s = std::move(*held);
+                if (!error.empty()) write_failed(*s, error);
+                reply_written(std::move(s));
+            });
+            return;
+        } catch (const std::exception& e) {
+            write_failed(*s, e.what());
+        }
+    }
+    reply_written(std::move(s));
 }
 
 void on_written(void* request, api::Status status, size_t, void* user) {
@@ -124,14 +149,25 @@ void on_written(void* request, api::Status status, size_t, void* user) {
     answer_write(std::move(s));
 }
 
-// A staged read's bytes, received in host memory, copied to the part's GPU memory.
+// A read's bytes are in: the part ends, a staged read's once they are copied from host memory
+// to the part's GPU memory, a copy that runs while the worker takes the next pieces. Lock held.
 void land(Part& part) {
-    if (part.staged.empty()) return;
+    if (part.staged.empty()) {
+        part.finish(kSuccess, "");
+        return;
+    }
     try {
         const std::shared_ptr<GpuWords> stager = part.link->worker->engine().gpu_words();
         if (!stager) throw std::runtime_error("the engine no longer serves GPU memory");
-        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged);
-        part.finish(kSuccess, "");
+        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged, false);
+        ++part.ops;  // the copy: the part stays until it ended
+        Part* p = &part;
+        part.link->worker->after_copy_locked(part.staged, [p](const std::string& error) {
+            --p->ops;
+            if (error.empty()) p->finish(kSuccess, "");
+            else p->finish(kErrTransport, "copying what was read into GPU memory: " + error);
+            p->link->worker->retire_part_locked(*p);
+        });
     } catch (const std::exception& e) {
         part.finish(kErrTransport, std::string("copying what was read into GPU memory: ") + e.what());
     }
@@ -144,7 +180,6 @@ void on_read_data(void* request, api::Status status, size_t, void* user) {
     Worker& w = *part->link->worker;
     if (status == api::kOk) {
         land(*part);
-        part->finish(kSuccess, "");
     } else {
         w.link_failed_locked(*part->link, "receiving from engine '" + part->link->peer->key + "' failed: " + status_text(status));
     }
@@ -205,6 +240,10 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     // stay pinned (deregistration waits) until UCX has finished with them.
     uint64_t total = 0;
     int memType = api::kMemoryHost;
+    // GPU memory this engine stages (ucx_gpu.hpp) is received in host memory: a write into it may
+    // come eager as well (its bytes are copied to staged memory, then to the GPU).
+    std::shared_ptr<GpuWords> stager = eng.gpu_words();
+    if (stager && !stager->stages()) stager = nullptr;
     s->iov.resize(n);
     for (size_t i = 0; i < n; ++i) {
         Entry e;
@@ -213,9 +252,9 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         if (r) s->pins.push_back(r);  // unpinned when s goes
         uint32_t reason = !r ? kReasonMemory : !r->contains(e.offset, e.size) ? kReasonRange : kReasonNone;
         if (reason == kReasonNone && r->memType != api::kMemoryHost) {
-            // GPU memory moves only by rendezvous (UCX's copy engines); a copy-in message would
-            // have the target's CPU write it.
-            if ((h.op == kOpWrite && !rndv) || (h.op == kOpRead && !(h.flags & kFlagRndvReply)) || n != 1)
+            // GPU memory left to UCX moves only by rendezvous (UCX's copy engines): a copy-in
+            // message would have the target's CPU write it. Staged, a write may come eager.
+            if ((h.op == kOpWrite && !rndv && !stager) || (h.op == kOpRead && !(h.flags & kFlagRndvReply)) || n != 1)
                 reason = kReasonGpu;
             memType = r->memType;
         }
@@ -226,51 +265,59 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         s->iov[i] = api::Iov{reinterpret_cast<void*>(r->addr + e.offset), e.size};
         total += e.size;
     }
-    // GPU memory (one block) through host memory, when the engine stages it (ucx_gpu.hpp).
-    if (memType != api::kMemoryHost) {
-        s->stager = eng.gpu_words();
-        if (s->stager && !s->stager->stages()) s->stager = nullptr;
-    }
+    // GPU memory (one block) through host memory, when the engine stages it.
+    if (memType != api::kMemoryHost) s->stager = std::move(stager);
     if (h.op == kOpRead) {
         if (length != 0) {
             refuse(std::move(s), h, kReasonShape, 0);
             return api::kOk;
         }
-        if (s->stager) {
+        const bool rndvReply = (h.flags & kFlagRndvReply) != 0;
+        if (s->stager) {  // the bytes leave once copied to host memory, while others are sent
             try {
-                s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total);
+                s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, false);
             } catch (const std::exception& e) {
-                std::fprintf(stderr, "mori UCX engine: a read of GPU memory failed: %s\n", e.what());
-                refuse(std::move(s), h, kReasonFailed, 0);
+                refuse_read(std::move(s), h, e.what());
                 return api::kOk;
             }
             s->iov[0].buffer = s->staged.data();
-            memType = api::kMemoryHost;
+            Staged& staged = s->staged;
+            auto held = std::make_shared<std::unique_ptr<Serve>>(std::move(s));  // std::function copies
+            w.after_copy_locked(staged, [held, h, rndvReply](const std::string& error) {
+                std::unique_ptr<Serve> s = std::move(*held);
+                if (error.empty()) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
+                refuse_read(std::move(s), h, error);
+            });
+            return api::kOk;
         }
-        send_reply(std::move(s), (h.flags & kFlagRndvReply) != 0, memType);
+        send_reply(std::move(s), rndvReply, memType);
         return api::kOk;
     }
     if (length != total) {
         refuse(std::move(s), h, kReasonShape, 0);
         return api::kOk;
     }
-    if (!rndv) {
-        const auto* src = static_cast<const uint8_t*>(data);
-        for (const api::Iov& v : s->iov) {
-            std::memcpy(v.buffer, src, v.length);
-            src += v.length;
-        }
-        answer_write(std::move(s));
-        return api::kOk;
-    }
-    if (s->stager) {
+    if (s->stager) {  // staged: received in host memory, copied to the GPU before the answer
         try {
             s->staged = s->stager->landing(total);
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "mori UCX engine: a write into GPU memory failed: %s\n", e.what());
+            say_write_failed(e.what());
             refuse(std::move(s), h, kReasonFailed, 0);
             return api::kOk;
         }
+    }
+    if (!rndv) {  // eager: the bytes are here
+        if (s->stager) {
+            std::memcpy(s->staged.data(), data, total);
+        } else {
+            const auto* src = static_cast<const uint8_t*>(data);
+            for (const api::Iov& v : s->iov) {
+                std::memcpy(v.buffer, src, v.length);
+                src += v.length;
+            }
+        }
+        answer_write(std::move(s));
+        return api::kOk;
     }
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpDatatype;
@@ -432,7 +479,6 @@ api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, 
         w.link_failed_locked(*part->link, "receiving from engine '" + peer + "' failed: " + status_text(api::ptr_status(r)));
     } else if (r == nullptr) {
         land(*part);
-        part->finish(kSuccess, "");
     } else {
         ++part->ops;
         return api::kInProgress;

@@ -99,6 +99,7 @@ unsigned Worker::progress_locked() {
         failedLinks_.pop_back();
         close_link_locked(*link, link->failed);
     }
+    if (!copies_.empty()) n += finish_copies_locked();
     if (sweep_) sweep_parts_locked();
     if (!closing_.empty()) {
         closing_.erase(std::remove_if(closing_.begin(), closing_.end(),
@@ -146,6 +147,11 @@ void Worker::run() {
             lastBusy = now;
             continue;
         }
+        if (copying_.load(std::memory_order_acquire) > 0) {  // a GPU copy ends with no event to wake us
+            lastBusy = now;
+            sched_yield();
+            continue;
+        }
         if (polling && now - lastBusy < kSpinNs) {
             sched_yield();  // polite: a busy machine's other threads (the peer's, say) still run
             continue;
@@ -170,6 +176,30 @@ void Worker::run() {
     }
 }
 
+void Worker::after_copy_locked(Staged& staged, std::function<void(const std::string& error)> then) {
+    copies_.push_back(CopyWait{&staged, std::move(then)});
+    copying_.store(copies_.size(), std::memory_order_release);
+    if (sleeping_.load(std::memory_order_acquire)) wake();
+}
+
+unsigned Worker::finish_copies_locked() {
+    unsigned ended = 0;
+    while (!copies_.empty()) {
+        std::string error;
+        try {
+            if (!copies_.front().staged->copied()) break;
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        CopyWait c = std::move(copies_.front());
+        copies_.pop_front();
+        copying_.store(copies_.size(), std::memory_order_release);
+        c.then(error);
+        ++ended;
+    }
+    return ended;
+}
+
 void Worker::stop() {
     if (stop_.exchange(true) || !thread_.joinable()) return;
     sleeping_.store(true);
@@ -185,6 +215,17 @@ void Worker::destroy() {
     stop();
     std::lock_guard lk(mu_);
     if (w_ == nullptr) return;
+    // GPU copies of staged bytes still running: let them end (bounded, else their memory is never
+    // lent again) and drop what would follow them (the transfers fail here; no answer leaves).
+    const int64_t copiesUntil = now_ns() + 2'000'000'000;
+    for (CopyWait& c : copies_) {
+        try {
+            while (!c.staged->copied() && now_ns() < copiesUntil) sched_yield();
+        } catch (const std::exception&) {
+        }
+    }
+    copies_.clear();
+    copying_.store(0, std::memory_order_release);
     for (auto& t : inflight_)
         if (!t->finished()) t->fail(kErrBadState, "the UCX engine was closed during the transfer");
     inflight_.clear();

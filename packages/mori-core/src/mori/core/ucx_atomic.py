@@ -26,6 +26,7 @@ import ctypes
 from typing import Any, SupportsFloat
 
 from ._native.ucx import (
+    UCX_GPU_ENTRY_POINTS,
     UCX_MAX_SIGNAL_PUT_BYTES,
     UcxEngine,
     UcxPeer,
@@ -132,13 +133,9 @@ class GpuWordServer:
             self.bounce = int(cuda.call("cuMemHostAlloc", BOUNCE_BYTES, HOST_MAPPED))
             result_dev = int(cuda.call("cuMemHostGetDevicePointer", self.result, 0))
             ctypes.c_uint64.from_address(self.result).value = 0
+            entry_points = {name: cuda.entry_point(name) for name in UCX_GPU_ENTRY_POINTS}
             ucx_serve_gpu(engine, int(self.context), int(self.function), int(self.stream), self.result, result_dev,
-                          cuda.entry_point("cuCtxSetCurrent"), cuda.entry_point("cuCtxPushCurrent"),
-                          cuda.entry_point("cuCtxPopCurrent"), cuda.entry_point("cuThreadExchangeStreamCaptureMode"),
-                          cuda.entry_point("cuLaunchKernel"),
-                          cuda.entry_point("cuStreamQuery"), cuda.entry_point("cuMemcpyHtoDAsync"),
-                          cuda.entry_point("cuMemcpyDtoHAsync"), cuda.entry_point("cuMemHostAlloc"),
-                          cuda.entry_point("cuMemFreeHost"), self.bounce, BOUNCE_BYTES, stage)
+                          entry_points, self.bounce, BOUNCE_BYTES, stage)
         finally:
             cuda.call("cuCtxSetCurrent", context)
 
@@ -159,9 +156,10 @@ def serve_gpu(engine: UcxEngine, context: Any, arch: str, stage: bool = True) ->
     it on the same non-blocking stream.
 
     With ``stage`` (the default), every transfer of GPU memory on the engine's checked path goes
-    through host memory too: one copy per block between the GPU and pinned host memory of this
-    server's context, which the engine lends each transfer and keeps for reuse (up to 256 MiB),
-    and UCX moves host memory only. All of it runs in a CUDA context of its own, never in
+    through host memory too: blocks go in pieces (1 MiB, doubling up to 4 MiB), each copied
+    asynchronously between the GPU and pinned host memory of this server's context, which the
+    engine lends each transfer and keeps for reuse (up to 256 MiB), so that the copies of some
+    pieces overlap the network moving others; UCX moves host memory only. All of it runs in a CUDA context of its own, never in
     ``context``: a kernel of the application waiting on the engine (a device proxy's put) then
     cannot deadlock with the application's host thread holding the primary context's lock (a
     lazily loaded kernel, a copy to pageable memory behind a running kernel). ``stage=False``

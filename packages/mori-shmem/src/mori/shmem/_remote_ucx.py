@@ -99,19 +99,21 @@ def _key(pe: int) -> str:
     return f"PE {pe}"
 
 
-def _pack_contact(addresses: list[bytes], ticket: int) -> bytes:
-    """A PE's worker addresses and the ticket it issued to the receiving PE."""
-    return struct.pack("<QI", ticket, len(addresses)) + b"".join(struct.pack("<I", len(a)) + a for a in addresses)
+def _pack_contact(addresses: list[bytes], ticket: int, stages_gpu: bool) -> bytes:
+    """A PE's worker addresses, the ticket it issued to the receiving PE, and whether its engine
+    stages its GPU heap (small staged puts then go to it eager)."""
+    return struct.pack("<QIB", ticket, len(addresses), stages_gpu) + b"".join(
+        struct.pack("<I", len(a)) + a for a in addresses)
 
 
-def _unpack_contact(data: bytes) -> tuple[list[bytes], int]:
-    ticket, count = struct.unpack_from("<QI", data)
-    pos, addresses = 12, []
+def _unpack_contact(data: bytes) -> tuple[list[bytes], int, bool]:
+    ticket, count, stages_gpu = struct.unpack_from("<QIB", data)
+    pos, addresses = struct.calcsize("<QIB"), []
     for _ in range(count):
         (length,) = struct.unpack_from("<I", data, pos)
         addresses.append(data[pos + 4:pos + 4 + length])
         pos += 4 + length
-    return addresses, ticket
+    return addresses, ticket, bool(stages_gpu)
 
 
 class UcxTransport(RemoteTransport):
@@ -140,23 +142,25 @@ class UcxTransport(RemoteTransport):
         self._registered = 0  # heap bytes registered, from offset 0
         self._words: Any = None
         self._proxy: Any = None
+        direct = self._gpu and bool(config.get("MORI_SHMEM_GPU_DIRECT"))
         try:
             if self._gpu:  # first: whether UCX registers the heap depends on it
                 from mori.core.ucx_atomic import serve_gpu
 
                 ctx = heap.ctx  # type: ignore[attr-defined]
-                direct = bool(config.get("MORI_SHMEM_GPU_DIRECT"))
                 if direct:
                     _warn_without_nic(library_info()["rdma_devices"], self._engine.describe())
                 self._words = serve_gpu(self._engine, ctx.ctx, ctx.arch, stage=not direct)
             self._register(heap.mapped)
             tickets = {pe: self._engine.admit(_key(pe)) for pe in reach.remote}
             addresses = list(self._engine.addresses)
-            sent = [_pack_contact(addresses, tickets[pe]) if pe in tickets else b"" for pe in range(reach.world)]
+            stages = self._gpu and not direct
+            sent = [_pack_contact(addresses, tickets[pe], stages) if pe in tickets else b""
+                    for pe in range(reach.world)]
             got = bootstrap.alltoall(sent)
             for pe in reach.remote:
-                their_addresses, ticket = _unpack_contact(got[pe])
-                self._peers[pe] = self._engine.connect(_key(pe), their_addresses, ticket)
+                their_addresses, ticket, they_stage = _unpack_contact(got[pe])
+                self._peers[pe] = self._engine.connect(_key(pe), their_addresses, ticket, stages_gpu=they_stage)
             if self._gpu:
                 from mori.core.ucx_proxy import DeviceProxy
 
