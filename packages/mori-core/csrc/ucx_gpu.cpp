@@ -53,6 +53,14 @@ size_t staging_capacity(size_t bytes) {
 // progress while a copy runs; a push and a pop around it slowed the progress it shares a thread with).
 thread_local uintptr_t tlsContext = 0;
 
+// Why an operation (what) failed: the GPU did not finish it within the timeout.
+std::string never_ended(const std::string& what, const GpuWordsConfig& c) {
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%g", c.timeout);
+    return what + " did not finish on the GPU within " + secs + " s (" + c.timeoutSetting +
+           "): GPU work ahead of it never ended";
+}
+
 void check(int result, const char* call) {
     if (result != 0)
         throw std::runtime_error(std::string(call) + " failed on the target's GPU (CUresult " + std::to_string(result) +
@@ -139,10 +147,7 @@ public:
     // Why a copy that started at `since` has not ended, once the timeout passed; "" before.
     std::string late(int64_t since) const {
         if (now_ns() - since < static_cast<int64_t>(c_.timeout * 1e9)) return "";
-        char secs[32];
-        std::snprintf(secs, sizeof(secs), "%g", c_.timeout);
-        return std::string("a copy of staged bytes did not finish on the GPU within ") + secs + " s (" +
-               c_.timeoutSetting + "): GPU work ahead of it never ended";
+        return never_ended("a copy of staged bytes", c_);
     }
 
     void close() {
@@ -272,10 +277,7 @@ void GpuWords::wait(const char* what) {
         if (r != kNotReady) check(r, "cuStreamQuery");
         const double waited = (now_ns() - start) * 1e-9;
         if (waited >= c_.timeout) {
-            char secs[32];
-            std::snprintf(secs, sizeof(secs), "%g", c_.timeout);
-            broken_ = std::string(what) + " did not finish on the target's GPU within " + secs + " s (" +
-                      c_.timeoutSetting + "): GPU work ahead of it never ended";
+            broken_ = never_ended(what, c_);
             throw std::runtime_error(broken_);
         }
         if (!told && waited >= 1.0) {

@@ -565,11 +565,13 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
     // The rows dealt over the lanes (a transfer of few blocks cut so that every lane gets a share).
     std::vector<plan::Row> pieces, stagePieces;
     Dealt dealt = deal(rows, nrows, largest, lanes, kMinLanePiece, pieces);
-    // GPU memory this engine stages: in pieces (kStagePiece); a write's are copied out here.
+    // GPU memory this engine stages goes in pieces (kStagePiece); a write's from local GPU memory
+    // are copied out here (copyOut).
     std::shared_ptr<GpuWords> stager = gpu && !rma ? engine_->gpu_words() : nullptr;
     if (stager && !stager->stages()) stager = nullptr;
     if (stager) cut_runs(dealt, kStageFirstPiece, kStagePiece, stagePieces);
-    if (op != kOpWrite || local->memType == api::kMemoryHost) stager = nullptr;
+    const std::shared_ptr<GpuWords> copyOut =
+        op == kOpWrite && local->memType != api::kMemoryHost ? stager : nullptr;
     const auto& [use, count, bounds] = dealt;
     const size_t firstLane = static_cast<size_t>(link.next++ % lanes);
     RemoteRegion* rr = nullptr;
@@ -662,11 +664,11 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
             part.bytes += row.bytes;
         }
         total += part.bytes;
-        if (stager) {  // one block per part: GPU memory is never grouped
+        if (copyOut) {  // one block per part: GPU memory is never grouped
             // Its bytes are copied to host memory (in the engine's own CUDA context, ucx_gpu.hpp)
             // and sent once there, while the network moves the parts before it.
             try {
-                part.staged = stager->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, false);
+                part.staged = copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, false);
             } catch (const std::exception& e) {
                 part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
                 worker.retire_part_locked(part);

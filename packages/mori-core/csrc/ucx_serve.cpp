@@ -95,6 +95,16 @@ void refuse(std::unique_ptr<Serve> s, const RequestHeader& h, uint32_t reason, u
     send_reply(std::move(s), false, api::kMemoryHost);
 }
 
+// Runs then(s, error) once the copy into or out of s's staged memory ended ("") or failed (why),
+// from a later progress of s's worker (Worker::after_copy_locked). Worker lock held.
+template <class Then>
+void after_copy(std::unique_ptr<Serve> s, Then then) {
+    Worker& w = *s->worker;
+    Staged& staged = s->staged;
+    auto held = std::make_shared<std::unique_ptr<Serve>>(std::move(s));  // std::function copies
+    w.after_copy_locked(staged, [held, then](const std::string& error) { then(std::move(*held), error); });
+}
+
 // Refuses a read of GPU memory whose copy to host memory failed (why).
 void refuse_read(std::unique_ptr<Serve> s, const RequestHeader& h, const std::string& why) {
     std::fprintf(stderr, "mori UCX engine: a read of GPU memory failed: %s\n", why.c_str());
@@ -126,11 +136,7 @@ void answer_write(std::unique_ptr<Serve> s) {
     if (s->reply.code == kSuccess && s->stager) {
         try {
             s->stager->to_device(reinterpret_cast<uint64_t>(s->iov[0].buffer), s->staged, false);
-            Worker& w = *s->worker;
-            Staged& staged = s->staged;
-            auto held = std::make_shared<std::unique_ptr<Serve>>(std::move(s));  // std::function copies
-            w.after_copy_locked(staged, [held](const std::string& error) {
-                std::unique_ptr<Serve> s = std::move(*held);
+            after_copy(std::move(s), [](std::unique_ptr<Serve> s, const std::string& error) {
                 if (!error.empty()) write_failed(*s, error);
                 reply_written(std::move(s));
             });
@@ -281,10 +287,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
                 return api::kOk;
             }
             s->iov[0].buffer = s->staged.data();
-            Staged& staged = s->staged;
-            auto held = std::make_shared<std::unique_ptr<Serve>>(std::move(s));  // std::function copies
-            w.after_copy_locked(staged, [held, h, rndvReply](const std::string& error) {
-                std::unique_ptr<Serve> s = std::move(*held);
+            after_copy(std::move(s), [h, rndvReply](std::unique_ptr<Serve> s, const std::string& error) {
                 if (error.empty()) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
                 refuse_read(std::move(s), h, error);
             });
