@@ -268,10 +268,12 @@ class Pairs:
 
 
 def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | None,
-               gpus: bool = False) -> list[dict[str, Any]]:
-    """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces.
+               gpus: bool = False, mem_type: str = "cpu") -> list[dict[str, Any]]:
+    """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces,
+    moving memory of ``mem_type`` (``cpu`` or ``gpu``: its ``--mem-type``, GPU 0 on a one-GPU machine).
     ``gpus``: the machine has GPUs, where NIXL's UCX backend refuses ``UCX_TLS=tcp`` without
-    ``cuda_copy`` (which moves no host memory: the bytes still go over tcp, as mori's)."""
+    ``cuda_copy`` (which moves no host memory: the bytes still go over tcp, as mori's), and where
+    mori-io's RDMA backend needs ``cuda_copy`` to register GPU memory."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "io.json")
         # Initiators in A on side 0's CPUs, targets in B on side 1's (_pin): the bytes go from A
@@ -280,10 +282,11 @@ def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | 
         cmd = ["taskset", "-c", initiator, "ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
                "write", "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters), "--host", a.address,
                "--target-host", b.address, "--target-netns", b.name, "--max-bytes", str(max(sizes)), "--json", out,
-               "--no-progress"]
+               "--no-progress", "--mem-type", mem_type]
         if peer_python:
             cmd += ["--peers", "nixl", "--peer-python", peer_python]
-        env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_BENCH_TARGET_CPUS": target}
+        env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp,cuda_copy" if gpus else "tcp",
+               "MORI_BENCH_TARGET_CPUS": target}
         if gpus:
             env["UCX_TLS"] = "tcp,cuda_copy"  # the peers' (mori's RDMA backend names its transports itself)
         subprocess.run(cmd, check=True, env=env, timeout=1800, stdout=subprocess.DEVNULL)
@@ -292,9 +295,9 @@ def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | 
     return rows
 
 
-def _take_io(io_lat: dict[tuple[str, int], list[float]], rows: list[dict[str, Any]]) -> None:
+def _take_io(io_lat: dict[tuple[str, int], list[float]], rows: list[dict[str, Any]], label: str = "") -> None:
     for row in rows:
-        io_lat.setdefault((row["engine"], row["size"]), []).append(row["median_lat_us"])
+        io_lat.setdefault((row["engine"] + label, row["size"]), []).append(row["median_lat_us"])
 
 
 def _load() -> str:
@@ -310,7 +313,15 @@ def main() -> None:
     parser.add_argument("--io", action="store_true", help="also run mori-io-bench's RDMA backend every round")
     parser.add_argument("--peer-python", default=None, help="with --io: an interpreter with nixl installed")
     parser.add_argument("--device", action="store_true", help="GPU heaps, and device-initiated puts (see above)")
+    parser.add_argument("--io-mem", default=None,
+                        help="with --io: the memory mori-io-bench moves, cpu and/or gpu (e.g. gpu,cpu; default: "
+                             "the heap's kind); columns of the other kind are marked (cpu) or (gpu)")
     args = parser.parse_args()
+    heap_mem = "gpu" if args.device else "cpu"
+    io_mems = (args.io_mem or heap_mem).split(",")
+    if any(m not in ("cpu", "gpu") for m in io_mems):
+        parser.error(f"--io-mem {args.io_mem!r}: cpu and/or gpu")
+    gpu_machine = args.device or os.path.exists("/dev/nvidiactl")  # where NIXL needs cuda_copy
     sizes = [config.parse_size(s, "--sizes") for s in args.sizes.split(",")]
     names = ["put", "engine"] + (["device_put"] if args.device else [])
     times: dict[str, dict[int, list[float]]] = {n: {s: [] for s in sizes} for n in names}
@@ -319,11 +330,17 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = _load()
     with testing.network_namespaces() as (a, b):
+
+        def io_round() -> None:
+            for m in io_mems:
+                _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python, gpu_machine, m),
+                         "" if m == heap_mem else f" ({m})")
+
         pairs = Pairs(a, b, max(sizes), args.device)
         try:
             for r in range(args.rounds):
                 if args.io:  # before and after the round's turns: its share of the round's load
-                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python, args.device))
+                    io_round()
                 for s in sizes:
                     # shmem and the engine take turns every few transfers (a GPU heap's in one
                     # turn), which one goes first alternating too: the VM's load, which swings
@@ -344,15 +361,23 @@ def main() -> None:
                 for n, t in pairs.ping_pong(200).items():
                     signal.setdefault(n, []).append(t)
                 if args.io:
-                    _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python, args.device))
+                    io_round()
         finally:
             pairs.close()
     others = sorted({e for e, _ in io_lat})
     print(f"{started}, load average {load_before} before, {_load()} after; {args.rounds} rounds of {args.iters}, "
-          f"medians; {'GPU heaps' if args.device else 'host memory'}; mori-io-bench: host memory")
+          f"medians; {'GPU heaps' if args.device else 'host memory'}; mori-io-bench: "
+          + " and ".join({"cpu": "host memory", "gpu": "GPU memory"}[m] for m in io_mems))
     cols = ["shmem put"] + (["device put"] if args.device else []) + ["engine write", "put/engine"] \
         + (["device/engine"] if args.device else []) + others
-    print(f"{'size':>10} " + " ".join(f"{c + (' GB/s' if '/' not in c else ''):>16}" for c in cols))
+    # The issue's target: within 10 % of mori-io's RDMA backend moving memory of the heap's kind.
+    versus_io = "mori-rdma" in others
+    shmem_names = ["put"] + (["device_put"] if args.device else [])
+    if versus_io:
+        cols += [f"{n.replace('_put', '')}/mori-rdma" for n in shmem_names]
+    heads = [c + (" GB/s" if "/" not in c else "") for c in cols]
+    widths = [max(16, len(h)) for h in heads]
+    print(f"{'size':>10} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths, strict=True)))
     rows = []
     for s in sizes:
         med = {n: statistics.median(times[n][s]) for n in names}
@@ -364,7 +389,9 @@ def main() -> None:
             + [f"{gbps['engine']:.3f}", f"{gbps['put'] / gbps['engine']:.0%}"] \
             + ([f"{gbps['device_put'] / gbps['engine']:.0%}"] if args.device else []) \
             + [f"{v:.3f}" if v is not None else "-" for v in io.values()]
-        print(f"{s:>10} " + " ".join(f"{c:>16}" for c in cells))
+        if versus_io:
+            cells += [f"{gbps[n] / io['mori-rdma']:.0%}" if io["mori-rdma"] else "-" for n in shmem_names]
+        print(f"{s:>10} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
     one_way = {k: statistics.median(v) * 1e6 for k, v in signal.items() if v}
     print("put+signal (8 B) ping-pong, one-way: " + ", ".join(f"{k.replace('signal', 'shmem')} {v:.1f} us"
                                                                for k, v in one_way.items()))

@@ -14,14 +14,17 @@
 # showing each one's devices); then the benchmark. Logs and JSON go to $OUT.
 # With NIXL in the run (--io --peer-python python3): install it on the device first from
 # .devkit/nixl (ci/device/nixl_kit.py): python3 -m pip install --no-deps --no-index .devkit/nixl/*.whl
-# Usage: bash ci/device/netns_bench.sh [--check-only] [shmem_remote_bench.py args, e.g. --rounds 3 --iters 20]
+# --cpu-heap first runs the same benchmark on CPU heaps (host memory against mori-io-bench's host
+# memory: the like-for-like comparison the 2-core CI VM also makes), then the GPU heaps' run.
+# Usage: bash ci/device/netns_bench.sh [--check-only] [--cpu-heap] [shmem_remote_bench.py args, e.g. --rounds 3 --iters 20]
 set -uo pipefail
 . "$(dirname "$0")/multi_pe.sh"
 pes_script_start --pes 2 "$@" || exit 2
 check_only=0
+cpu_heap=0
 bench_args=()
 for a in "${PES_REST[@]}"; do
-  case $a in --check-only) check_only=1 ;; *) bench_args+=("$a") ;; esac
+  case $a in --check-only) check_only=1 ;; --cpu-heap) cpu_heap=1 ;; *) bench_args+=("$a") ;; esac
 done
 repo=$PWD
 t0=$(date +%s)
@@ -57,9 +60,16 @@ EOF
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || { echo "== namespace check failed (rc=$rc)"; exit 1; }
 [ $check_only = 1 ] && { echo "== done (check only)"; exit 0; }
+if [ $cpu_heap = 1 ]; then
+  echo "== shmem_remote_bench.py (CPU heaps) ${bench_args[*]}"
+  timeout 240 python3 "$repo/ci/shmem_remote_bench.py" --json "$OUT/shmem_remote_cpu.json" "${bench_args[@]}" --io-mem cpu \
+    > "$OUT/shmem_remote_cpu.log" 2>&1
+  echo "rc=$?"
+  grep -v "^\[" "$OUT/shmem_remote_cpu.log" | tail -9
+fi
 pes_share_gpus 2
 echo "== shmem_remote_bench.py --device ${bench_args[*]}"
-timeout 540 python3 "$repo/ci/shmem_remote_bench.py" --device --json "$OUT/shmem_remote_device.json" "${bench_args[@]}" \
+timeout $(( cpu_heap ? 330 : 540 )) python3 "$repo/ci/shmem_remote_bench.py" --device --json "$OUT/shmem_remote_device.json" "${bench_args[@]}" \
   > "$OUT/shmem_remote_device.log" 2>&1
 rc=$?
 echo "rc=$rc"

@@ -90,3 +90,24 @@ def test_targets_pin_themselves_to_mori_bench_target_cpus():
     env = {k: v for k, v in os.environ.items() if k != "MORI_BENCH_TARGET_CPUS"}
     free = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert free.stdout.strip() == str(sorted(os.sched_getaffinity(0)))
+
+
+
+def test_bench_gpu_memory_without_a_gpu_says_so_before_starting_anything(monkeypatch):
+    """``--mem-type gpu`` (MORI's flag) where torch sees no GPU, or is missing: one clear message,
+    before any process starts."""
+    import importlib.util
+
+    argv = ["--mem-type", "gpu", "--sizes", "4K", "--iters", "1", "--no-progress"]
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        with pytest.raises(SystemExit, match="--mem-type gpu: torch sees no CUDA GPU"):
+            main(argv)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    with pytest.raises(SystemExit, match="--mem-type gpu needs torch"):
+        main(argv)
+    assert parse_args(["--mem-type", "gpu"]).mem_type == "gpu" and parse_args([]).mem_type == "cpu"
+    with pytest.raises(SystemExit):
+        parse_args(["--mem-type", "hbm"])

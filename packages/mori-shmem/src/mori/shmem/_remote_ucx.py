@@ -124,6 +124,7 @@ class UcxTransport(RemoteTransport):
         from mori.core import ucx
 
         self.reach, self.heap, self.timeout = reach, heap, timeout
+        self._base, self._size, self._chunk = heap.base, heap.size, heap.chunk  # read by every call
         self._bootstrap = bootstrap
         self._gpu = heap.kind == "gpu"
         self._ids = itertools.count(_FIRST_BUFFER_ID)
@@ -226,13 +227,12 @@ class UcxTransport(RemoteTransport):
              local_base: int = 0) -> None:
         """One transfer between local memory (``mem_id`` registered at ``local_base``, or the local
         heap when None) and PE ``pe``'s heap, waited for."""
-        heap, peer = self.heap, self._peers[pe]
-        chunk = heap.chunk
+        peer, chunk = self._peers[pe], self._chunk
         r_id, r_in = divmod(offset, chunk)
         if mem_id is None:
             l_id, l_in = divmod(local_off, chunk)
             one = r_in + nbytes <= chunk and l_in + nbytes <= chunk
-            l_id, l_base = HEAP_ID + l_id, heap.base + l_id * chunk
+            l_id, l_base = HEAP_ID + l_id, self._base + l_id * chunk
         else:
             l_id, l_in, l_base = mem_id, local_off, local_base
             one = r_in + nbytes <= chunk
@@ -246,7 +246,7 @@ class UcxTransport(RemoteTransport):
             return
         done = []
         for l_id, r_id, l_offs, r_offs, sizes in self._pieces(mem_id, local_off, offset, nbytes):
-            base = heap.base + (l_id - HEAP_ID) * chunk if mem_id is None else local_base
+            base = self._base + (l_id - HEAP_ID) * chunk if mem_id is None else local_base
             done.append(peer.submit(op, l_id, Batch(l_offs, r_offs, sizes, src_base=base), r_id, 0, False, self._gpu))
         # Every part is waited for before any failure is raised: none may still read the staging
         # area or a buffer registered for this call once it returns.
@@ -263,12 +263,12 @@ class UcxTransport(RemoteTransport):
         raise ShmemError(f"{what} of {nbytes} bytes to PE {pe} failed: {message}")
 
     def _in_heap(self, addr: int, nbytes: int) -> bool:
-        return self.heap.base <= addr and addr + nbytes <= self.heap.base + self.heap.size
+        return self._base <= addr and addr + nbytes <= self._base + self._size
 
     def _transfer(self, op: int, what: str, pe: int, offset: int, addr: int, nbytes: int, local_gpu: bool) -> None:
         heap = self.heap
         if self._in_heap(addr, nbytes):  # inside the local heap: goes as is
-            self._run(op, what, pe, offset, None, addr - heap.base, nbytes)
+            self._run(op, what, pe, offset, None, addr - self._base, nbytes)
         elif nbytes <= _STAGING_BYTES:
             stage = heap.base + STAGING_OFFSET
             with self._staging:

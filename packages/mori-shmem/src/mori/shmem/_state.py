@@ -79,7 +79,7 @@ def _find() -> Shmem | None:
 def current() -> Shmem:
     """The calling thread's PE, else the process's only PE; raises :class:`ShmemNotInitializedError`
     when there is none (and :class:`ShmemError` from a thread that is none of several PEs)."""
-    instance = _find()
+    instance = _mine.instance or _find()  # the first: a put's every call asks
     if instance is None:
         raise ShmemNotInitializedError(
             "mori.shmem is not initialized: call shmem_init_attr(...), shmem_torch_process_group_init(name) "

@@ -17,7 +17,7 @@ from typing import Any
 from mori.core.config import parse_size
 
 from ..types import RdmaBackendConfig, TcpBackendConfig
-from ._mori_runner import run_mori
+from ._mori_runner import gpu_of, run_mori
 from ._peers import MARK
 
 __all__ = ["main", "parse_args", "run_peer"]
@@ -84,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-worker-threads", type=int, default=RdmaBackendConfig().num_worker_threads,
                    help="RDMA: UCX workers, each with its progress thread; a transfer of 512 KiB or more is "
                         "spread over them (default: RdmaBackendConfig's, -1: one)")
+    p.add_argument("--mem-type", choices=["cpu", "gpu"], default="cpu",
+                   help="memory of both sides, as MORI's benchmark: cpu (host memory) or gpu (torch tensors; the "
+                        "target on GPU 0, the initiator on the last GPU; the peers too) (default cpu)")
     p.add_argument("--max-bytes", type=_sizes, default=[256 << 20],
                    help="skip points moving more than this per transfer (default 256M)")
     p.add_argument("--peers", type=_peers, default=[], help="also measure: mooncake,nixl (same sizes, same run)")
@@ -193,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         print(f"mori-io-bench: every point exceeds --max-bytes ({notes[0]})", file=sys.stderr)
         return 2
+    peer_gpus = f"{gpu_of('target')},{gpu_of('initiator')}" if args.mem_type == "gpu" else ""
     rows = []
     for backend in args.backend:
         label = "mori" if backend == "tcp" else f"mori-{backend}"
@@ -201,12 +205,15 @@ def main(argv: list[str] | None = None) -> int:
                                    num_worker_threads=args.num_worker_threads) if backend == "rdma" \
             else TcpBackendConfig(num_connections=args.num_connections)
         for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, config,
-                            functools.partial(bar.update, 1), backend, args.target_host, args.target_netns):
+                            functools.partial(bar.update, 1), backend, args.target_host, args.target_netns,
+                            args.mem_type):
             rows.append({"engine": label, "op": args.op, "session": args.session, **row})
         bar.close()
     for name in args.peers:
         print(f"measuring peer {name} ...", file=sys.stderr)
         env = dict(os.environ)
+        if peer_gpus:
+            env["MORI_PEER_GPUS"] = peer_gpus
         if args.target_netns:
             env.update(MORI_PEER_TARGET_NETNS=args.target_netns, MORI_PEER_TARGET_HOST=args.target_host or args.host)
         peer_rows, note = run_peer(name, args.peer_python, args.host, args.op, args.iters, args.warmup, points, env)

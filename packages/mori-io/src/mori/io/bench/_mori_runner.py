@@ -25,7 +25,7 @@ from .. import (
 )
 from ._measure import block_layout, pin_target, summarize
 
-__all__ = ["run_mori"]
+__all__ = ["gpu_of", "run_mori"]
 
 
 def _create_backend(engine: IOEngine, backend: str, config: TcpBackendConfig | RdmaBackendConfig) -> None:
@@ -43,12 +43,40 @@ def _host_buffer(size: int) -> tuple[mmap.mmap, int]:
     return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
-def _target(conn: Any, host: str, size: int, config: TcpBackendConfig | RdmaBackendConfig, backend: str) -> None:
+def gpu_of(role: str) -> int:
+    """The GPU of a side with ``--mem-type gpu``: the target's is GPU 0, the initiator's the last
+    one (GPU 0 too on a one-GPU machine). The peers get the same pair (``MORI_PEER_GPUS``)."""
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("mori-io-bench --mem-type gpu needs torch (its tensors are the GPU buffers)") from None
+    if not torch.cuda.is_available():
+        raise SystemExit("mori-io-bench --mem-type gpu: torch sees no CUDA GPU here")
+    return 0 if role == "target" else torch.cuda.device_count() - 1
+
+
+def _buffer(size: int, mem_type: str, role: str) -> tuple[Any, int, int, MemoryLocationType]:
+    """What keeps ``size`` bytes alive, their address, device and location: host memory, or with
+    ``mem_type`` "gpu" a torch tensor on the side's GPU (made before the engine: importing torch
+    loads the CUDA runtime that UCX's CUDA transports look for)."""
+    if mem_type == "cpu":
+        buf, addr = _host_buffer(size)
+        return buf, addr, -1, MemoryLocationType.CPU
+    import torch
+
+    device = gpu_of(role)
+    tensor = torch.ones(size, dtype=torch.uint8, device=f"cuda:{device}")
+    torch.cuda.synchronize(device)
+    return tensor, int(tensor.data_ptr()), device, MemoryLocationType.GPU
+
+
+def _target(conn: Any, host: str, size: int, config: TcpBackendConfig | RdmaBackendConfig, backend: str,
+            mem_type: str) -> None:
     pin_target()
+    buf, addr, device, loc = _buffer(size, mem_type, "target")
     engine = IOEngine("bench-target", IOEngineConfig(host=host, port=0))
     _create_backend(engine, backend, config)
-    buf, addr = _host_buffer(size)
-    mem = engine.register_memory(addr, size, -1, MemoryLocationType.CPU)
+    mem = engine.register_memory(addr, size, device, loc)
     conn.send((engine.get_engine_desc().pack(), mem.pack()))
     try:
         engine.register_remote_engine(EngineDesc.unpack(conn.recv()))
@@ -61,18 +89,25 @@ def _target(conn: Any, host: str, size: int, config: TcpBackendConfig | RdmaBack
 def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, warmup: int, host: str,
              config: TcpBackendConfig | RdmaBackendConfig, progress: Callable[[], None], backend: str = "tcp",
              target_host: str | None = None,
-             target_netns: str | None = None) -> Iterator[dict[str, Any]]:
+             target_netns: str | None = None, mem_type: str = "cpu") -> Iterator[dict[str, Any]]:
     """Yields one result row per (size, batch) point; target and initiator are separate processes,
-    the target in network namespace ``target_netns`` on ``target_host`` when given."""
+    the target in network namespace ``target_netns`` on ``target_host`` when given, moving host
+    memory or, with ``mem_type`` "gpu", GPU memory (:func:`gpu_of`)."""
     need = max(s * b for s, b in points)
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(child, target_host or host, need, config, backend), daemon=True)
+    proc = ctx.Process(target=_target, args=(child, target_host or host, need, config, backend, mem_type),
+                       daemon=True)
     start_in_netns(target_netns)(proc)
     try:
-        if not conn.poll(120):
-            raise TimeoutError("benchmark target did not start in 120 s")
+        deadline = time.monotonic() + 120
+        while not conn.poll(0.2):
+            if not proc.is_alive():
+                raise RuntimeError(f"benchmark target exited (code {proc.exitcode}) before it started")
+            if time.monotonic() > deadline:
+                raise TimeoutError("benchmark target did not start in 120 s")
         t_engine, t_mem = conn.recv()
+        buf, addr, device, loc = _buffer(need, mem_type, "initiator")
         engine = IOEngine("bench-initiator", IOEngineConfig(host=host, port=0))
         _create_backend(engine, backend, config)
         engine.register_remote_engine(EngineDesc.unpack(t_engine))
@@ -81,8 +116,7 @@ def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, 
             raise TimeoutError("benchmark target did not register the initiator in 60 s")
         conn.recv()
         rmem = MemoryDesc.unpack(t_mem)
-        buf, addr = _host_buffer(need)
-        lmem = engine.register_memory(addr, need, -1, MemoryLocationType.CPU)
+        lmem = engine.register_memory(addr, need, device, loc)
         sess = engine.create_session(lmem, rmem)
         assert sess is not None
         for size, batch in points:

@@ -10,6 +10,8 @@ like. With ``MORI_PEER_GPUS=T,I`` they move GPU memory between GPU ``T`` (target
 (initiator) of one host instead, as mori's NVLink backend does: Mooncake's ``nvlink_intra``
 transport and NIXL's UCX backend with its CUDA transports (torch tensors as buffers). There the
 target's memory holds a known pattern and every read point is checked against it after timing.
+Wherever ``MORI_IO_RDMA_TRANSPORTS`` is set (against mori's RDMA backend, e.g. ``mori-io-bench
+--mem-type gpu`` between two network namespaces), NIXL's UCX gets those transports, as that backend does.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ GPUS = tuple(int(g) for g in os.environ["MORI_PEER_GPUS"].split(",")) if os.envi
 
 def _peer_environment() -> None:
     """The peers' settings, made in the peer processes only (mori imports this module too)."""
-    if GPUS is None:
+    rdma_transports = os.environ.get("MORI_IO_RDMA_TRANSPORTS")
+    if GPUS is None or rdma_transports:
         # Against mori's RDMA backend: the transports it is allowed (same UCX transports both sides).
-        os.environ.setdefault("UCX_TLS", os.environ.get("MORI_IO_RDMA_TRANSPORTS", "tcp,self"))
-    else:
+        os.environ.setdefault("UCX_TLS", rdma_transports or "tcp,self")
+    if GPUS is not None:
         os.environ.setdefault("MC_INTRANODE_NVLINK", "1")
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
     os.environ.setdefault("GLOG_minloglevel", "2")
