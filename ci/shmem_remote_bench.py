@@ -6,7 +6,7 @@ and ``ip`` (iproute2, or ``ci/device/netns_ip.py`` on a machine without it). Pri
 writes JSON.
 
     python ci/shmem_remote_bench.py [--sizes 4K,64K,1M,16M,64M] [--iters 20] [--rounds 3] [--json out.json]
-                                    [--io] [--peer-python PYTHON_WITH_NIXL] [--device]
+                                    [--io] [--peer-python PYTHON_WITH_NIXL] [--io-mem cpu,gpu] [--device]
 
 put: PE 0 (namespace A) puts from its own heap into PE 1's (namespace B) with shmem_putmem, one
 call at a time (each is complete when it returns); engine: the same bytes as one UCX engine write
@@ -14,7 +14,10 @@ between two processes in the same namespaces (submit + wait), on memory of the h
 PEs and the engine pair live for the whole run and take turns every few transfers; mori-io-bench:
 its RDMA backend (``MORI_IO_RDMA_TRANSPORTS=tcp``) and, with ``--peer-python``, NIXL 1.5.1's UCX
 backend (``UCX_TLS=tcp``), one block a transfer, host memory (private, huge pages advised), at
-the start and at the end of every round. Every process of the
+the start and at the end of every round, moving memory of the heap's kind (``--io-mem``: host
+memory, GPU memory (``mori-io-bench --mem-type gpu``) or both; columns of the other kind are
+marked), and the ``put/mori-rdma`` (and ``device/mori-rdma``) columns compare the puts with
+mori-io's RDMA backend moving memory of the heap's kind. Every process of the
 initiating side runs on every other CPU from the first, of the target side on the others (CPU 0
 and CPU 1 on a 2-core machine), as on two hosts. Each point is the
 median over rounds of the round's median.

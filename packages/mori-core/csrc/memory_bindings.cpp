@@ -1,12 +1,16 @@
 // The address and size of a Python object's memory through the buffer protocol: memory in the
-// memory submodule, presented by mori.core.memory.buffer_span. One native call replaces the
-// several Python steps (memoryview, numpy, ctypes) that a small transfer otherwise spends more
-// time in than in moving its bytes.
+// memory submodule, presented by mori.core.memory: buffer_span and LiveRanges. One native call
+// replaces the several Python steps (memoryview, numpy, ctypes) that a small transfer otherwise
+// spends more time in than in moving its bytes.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
 
 #include <cstdint>
 #include <string>
 
+#include "live_ranges.hpp"
 #include "registry.hpp"
 
 namespace py = pybind11;
@@ -48,6 +52,19 @@ mori::native::Registration reg([](py::module_& root) {
     m.def("buffer_span", &buffer_span, py::arg("obj"), py::arg("writable"),
           "(address, size in bytes) of obj's C-contiguous buffer; TypeError when obj has no buffer protocol, "
           "ValueError when its buffer is not C-contiguous or, with writable, read-only.");
+    py::class_<LiveRanges, std::shared_ptr<LiveRanges>>(
+        m, "LiveRanges",
+        "The live blocks of a symmetric heap by offset, each with the size its caller asked for (used under the "
+        "GIL). mori.shmem's allocator keeps its live blocks here, and mori.core.ucx.UcxWindow checks a put against "
+        "them in the native call that moves its bytes.")
+        .def(py::init<>())
+        .def("add", &LiveRanges::add, py::arg("start"), py::arg("size"),
+             "Adds the block [start, start + size); False (nothing changed) when one starts there already.")
+        .def("remove", &LiveRanges::remove, py::arg("start"),
+             "Removes the block that starts at start; its size, or None when none does.")
+        .def("find", &LiveRanges::find, py::arg("offset"), py::arg("nbytes"),
+             "(start, size) of the block holding [offset, offset + nbytes) whole, or None.")
+        .def("__len__", &LiveRanges::count);
 });
 
 }  // namespace

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from mori.core import atomics
 from mori.core import cuda as _cuda
 from mori.core.bootstrap import Bootstrap, get_unique_id
-from mori.core.memory import FdExchange, HostSegment, buffer_span, cuda_vmm, recv_fds, send_fds
+from mori.core.memory import FdExchange, HostSegment, LiveRanges, buffer_span, cuda_vmm, recv_fds, send_fds
 from mori.core.testing import context, run_procs
 
 
@@ -403,3 +403,38 @@ def test_buffer_span_refuses_what_has_no_usable_buffer_and_names_its_type() -> N
     buffer_span(raw, True)
     raw.extend(b"x" * 8)  # buffer_span holds no export once it returns: the owner may resize
     assert buffer_span(raw)[1] == 16
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "find"]), st.integers(0, 4096), st.integers(0, 512)),
+                max_size=60))
+def test_live_ranges_match_a_model(steps: list[tuple[str, int, int]]) -> None:
+    """LiveRanges against a dict model: add refuses a start already live, remove returns the
+    size asked for, find returns the block that holds the range whole (blocks never overlap
+    here, as an allocator's do not)."""
+    live, model = LiveRanges(), {}
+    for op, a, b in steps:
+        if op == "add":
+            overlaps = any(s < a + b and a < s + n for s, n in model.items()) or a in model
+            if overlaps:
+                continue  # an allocator never adds an overlapping block
+            assert live.add(a, b) is True
+            model[a] = b
+            assert live.add(a, 1) is False and live.find(a, b) == (a, b)
+        elif op == "remove":
+            assert live.remove(a) == model.pop(a, None)
+        else:
+            last = max((s for s in model if s <= a), default=None)  # the only block that can hold a
+            want = (last, model[last]) if last is not None and a + b <= last + model[last] else None
+            assert live.find(a, b) == want, (a, b, model)
+        assert len(live) == len(model)
+
+
+def test_ucx_window_refuses_a_layout_that_cannot_be() -> None:
+    from mori.core.ucx import UcxWindow
+
+    for size, reserved, chunk, why in ((4096, 0, 0, "chunk"), (4096, 0, 1000, "chunk"), (4096, 8192, 4096, "reserved")):
+        with pytest.raises(ValueError, match=why):
+            UcxWindow(LiveRanges(), 1 << 20, size, reserved, chunk, 1, False, [None], 1.0)
+    window = UcxWindow(LiveRanges(), 1 << 20, 4096, 0, 4096, 1, False, [None, None], 1.0)
+    assert window.put((1 << 20) + 8, 1 << 20, 8, 0) is None  # no peer for any rank: nothing to do here

@@ -123,6 +123,25 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
                 pass
             else:
                 raise AssertionError("an out-of-block put was not refused")
+        # The same from a source in this PE's heap, the put that one native call moves when it is
+        # plain (UcxWindow): a wrong one still gets the checked path's error, and nothing moves.
+        in_heap = (ctypes.c_char * 16).from_address(area)
+        heap_base = int(info["base"], 16)
+        for target in range(n):
+            for dest, why in ((counter, "past the end of the 8-byte block"), (heap_base + 64, "reserved for mori"),
+                              (heap_base - 16, "outside the symmetric heap")):
+                try:
+                    shmem.shmem_putmem(dest, in_heap, target)
+                except shmem.ShmemAddressError as err:
+                    assert why in str(err), (why, str(err))
+                else:
+                    raise AssertionError(f"a put from the heap to {dest:#x} ({why}) was not refused")
+            try:
+                shmem.shmem_putmem(area, in_heap, n)
+            except ValueError as err:
+                assert f"there are {n} PEs" in str(err), str(err)
+            else:
+                raise AssertionError("a put to PE n was not refused")
         return {"olds": olds, "p2p": p2p}
     finally:
         shmem.shmem_barrier_all()

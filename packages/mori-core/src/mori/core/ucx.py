@@ -19,7 +19,9 @@ transport); ``rma=True`` uses one-sided puts and gets, for transports whose hard
 remote keys (InfiniBand/RoCE), and only between engines that both have it: a checked target
 refuses one-sided access. Between engines of one host, host memory takes the same-host
 path instead (``connect(..., same_host=target.same_host_address)``: the target checks each block,
-then copies with ``process_vm_readv``/``writev``). See docs/core-ucx.md.
+then copies with ``process_vm_readv``/``writev``). :class:`UcxWindow` is a symmetric window
+over such peers: a host put into another rank's copy of a region registered alike everywhere,
+checked, posted and waited for in one native call. See docs/core-ucx.md.
 """
 
 from __future__ import annotations
@@ -36,10 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from . import config
-from ._native.ucx import UcxEngine, UcxLoadError, UcxPeer, UcxTransfer, ucx_components, ucx_library, ucx_load
+from ._native.ucx import (
+    UcxEngine,
+    UcxLoadError,
+    UcxPeer,
+    UcxTransfer,
+    UcxWindow,
+    ucx_components,
+    ucx_library,
+    ucx_load,
+)
 from .codes import TransferOp
 
-__all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "auto_workers", "candidates",
+__all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "UcxWindow", "auto_workers", "candidates",
            "has_verbs", "library_info", "load", "make_engine", "transports"]
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values

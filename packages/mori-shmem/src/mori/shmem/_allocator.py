@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 
+from mori.core.memory import LiveRanges
+
 __all__ = ["INTERNAL_BYTES", "MIN_ALIGNMENT", "ShmemOutOfMemoryError", "SymmetricAllocator"]
 
 #: Bytes at the start of every heap reserved for mori's own use (mirrors ``kInternalBytes``).
@@ -59,8 +61,9 @@ class SymmetricAllocator:
         self._free_starts: list[int] = [reserved]
         self._free_ends: list[int] = [heap_size]
         self._blocks: dict[int, int] = {}  # start -> end of every live block
-        self._starts: list[int] = []  # the keys of _blocks, sorted (to find the block of an offset)
-        self._asked: dict[int, int] = {}  # start -> the size the caller asked for (before rounding)
+        # start -> the size the caller asked for (before rounding): where a put may write. Native,
+        # so that a remote put checks against it in the call that moves its bytes (UcxWindow).
+        self.live = LiveRanges()
         self._in_use = 0
         # An order-free digest of the live blocks (XOR of each block's hash): equal on every PE
         # exactly when their live blocks, hence their free ranges and later offsets, are equal.
@@ -94,8 +97,7 @@ class SymmetricAllocator:
             offset = _round_up(start, alignment)
             if offset + need <= end:
                 self._take(i, offset, offset + need)
-                self._asked[offset] = size
-                bisect.insort(self._starts, offset)
+                self.live.add(offset, size)
                 self._layout ^= _block_hash(offset, size)
                 return offset
         raise ShmemOutOfMemoryError(
@@ -120,8 +122,9 @@ class SymmetricAllocator:
         end = self._blocks.pop(offset, None)
         if end is None:
             raise ValueError(f"offset {offset:#x} is not the start of a live symmetric allocation")
-        self._layout ^= _block_hash(offset, self._asked.pop(offset))
-        del self._starts[bisect.bisect_left(self._starts, offset)]
+        asked = self.live.remove(offset)
+        assert asked is not None, "a live block without its asked size"
+        self._layout ^= _block_hash(offset, asked)
         self._in_use -= end - offset
         i = bisect.bisect_left(self._free_starts, offset)
         start = offset
@@ -144,12 +147,7 @@ class SymmetricAllocator:
     def block_of(self, offset: int, nbytes: int) -> tuple[int, int] | None:
         """``(start, requested size)`` of the live block holding ``[offset, offset + nbytes)``
         whole, or None when no single block does."""
-        i = bisect.bisect_right(self._starts, offset) - 1
-        if i < 0:
-            return None
-        start = self._starts[i]
-        size = self._asked[start]
-        return (start, size) if offset + nbytes <= start + size else None
+        return self.live.find(offset, nbytes)
 
     def blocks(self) -> dict[int, int]:
         """A copy of the live blocks, ``start -> end``."""

@@ -43,6 +43,12 @@ class RemoteTransport(abc.ABC):
     def atomic(self, pe: int, op: str, offset: int, value: int, compare: int, width: int) -> int:
         """Applies ``op`` (``fetch_add``, ``compare_swap``, ``swap`` or ``store``) to the ``width``-bit word at ``offset``; returns the old value."""
 
+    def quick_put(self, dest: int, src: int, nbytes: int, pe: int) -> bool:
+        """A put in one native step when it is the plain case (``dest`` inside one live block of
+        the heap and one chunk, ``src`` inside the local heap, ``pe`` remote): True once done,
+        complete. False, with nothing done, for any other call (the caller's checked path)."""
+        return False
+
     @property
     def device_proxy(self) -> tuple[int, int]:
         """Where kernels post to remote PEs: the device addresses of the proxy's ring and ticket
@@ -99,9 +105,11 @@ class Unavailable(RemoteTransport):
         """Nothing to release."""
 
 
-def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float) -> RemoteTransport:
+def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: Any) -> RemoteTransport:
     """Sets up the remote transport on every PE (collective: every PE calls it at init, after
     building its heap): mori-core's UCX engine (:mod:`._remote_ucx`) where every PE can run it.
+    ``live``: the allocator's live blocks (:class:`mori.core.memory.LiveRanges`), which
+    :meth:`RemoteTransport.quick_put` checks a put against.
 
     Raises :class:`ShmemError` on every PE, naming the hosts and why, when PEs on several hosts
     need it and some PE cannot run it; with ``MORI_DISABLE_P2P`` on one host the PE initializes
@@ -122,4 +130,4 @@ def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float) -> Rem
                          f"available ({missing}): {problem}")
     if missing:
         return Unavailable(reach, missing)
-    return UcxTransport(bootstrap, heap, reach, timeout)
+    return UcxTransport(bootstrap, heap, reach, timeout, live)

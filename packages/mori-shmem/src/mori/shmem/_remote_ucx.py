@@ -16,7 +16,10 @@ they reach remotely. Then:
   heap (:data:`STAGING_OFFSET`, one call at a time); a larger one is registered for the call and
   released after (which waits for UCX to let go of it). A transfer is one batch of one row per
   heap chunk it touches (one row unless it crosses a ``vmm`` chunk), posted and waited for in
-  as few Python steps as possible: a 4 KiB put is dominated by them on a fast transport.
+  as few Python steps as possible: a 4 KiB put is dominated by them on a fast transport. The
+  usual put, from the local heap into one live block of a remote PE's (one chunk each), is one
+  native call that checks, posts and waits (:class:`mori.core.ucx.UcxWindow` over the
+  allocator's live blocks); any other call, and every wrong one, takes the checked path.
 - on a GPU heap, kernels reach remote PEs through the device proxy
   (:class:`mori.core.ucx_proxy.DeviceProxy`) on the same engine and endpoints; host quiet and
   fence also wait for the commands kernels posted.
@@ -120,10 +123,13 @@ class UcxTransport(RemoteTransport):
     """Host RMA to the PEs of ``reach.remote`` through one UCX engine, and on a GPU heap the
     device proxy for kernels (collective construction)."""
 
-    def __init__(self, bootstrap: Any, heap: Heap, reach: Reach, timeout: float) -> None:
+    def __init__(self, bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: Any) -> None:
         from mori.core import ucx
 
         self.reach, self.heap, self.timeout = reach, heap, timeout
+        # How long a caller waits for a transfer: the engine fails one at its own deadline
+        # (MORI_SHMEM_TIMEOUT), and the margin lets its message, which names what was missing, arrive first.
+        self._wait_for = timeout + 5.0
         self._base, self._size, self._chunk = heap.base, heap.size, heap.chunk  # read by every call
         self._bootstrap = bootstrap
         self._gpu = heap.kind == "gpu"
@@ -143,6 +149,7 @@ class UcxTransport(RemoteTransport):
         self._registered = 0  # heap bytes registered, from offset 0
         self._words: Any = None
         self._proxy: Any = None
+        self._window: Any = None
         direct = self._gpu and bool(config.get("MORI_SHMEM_GPU_DIRECT"))
         try:
             if self._gpu:  # first: whether UCX registers the heap depends on it
@@ -170,6 +177,8 @@ class UcxTransport(RemoteTransport):
                                           heap_id=HEAP_ID, heap_base=heap.base, heap_size=heap.size, chunk=heap.chunk,
                                           heap_gpu=True, bounce_id=_BOUNCE_ID, timeout=timeout,
                                           timeout_setting="MORI_SHMEM_TIMEOUT")
+            self._window = ucx.UcxWindow(live, heap.base, heap.size, INTERNAL_BYTES, heap.chunk, HEAP_ID, self._gpu,
+                                         [self._peers.get(pe) for pe in range(reach.world)], self._wait_for)
             heap.on_grow = self._grown
         except BaseException:
             self.close()
@@ -236,11 +245,9 @@ class UcxTransport(RemoteTransport):
         else:
             l_id, l_in, l_base = mem_id, local_off, local_base
             one = r_in + nbytes <= chunk
-        # The engine fails a transfer at its own deadline (MORI_SHMEM_TIMEOUT); the margin lets
-        # its message, which names what was missing, arrive first.
         if one:  # the usual case: one row, posted and waited for in one native call
             code, message = peer.run_one(op, l_id, l_base + l_in, r_in, nbytes, HEAP_ID + r_id, self._gpu,
-                                         self.timeout + 5.0)
+                                         self._wait_for)
             if code:
                 self._failed(what, pe, nbytes, code, message)
             return
@@ -250,7 +257,7 @@ class UcxTransport(RemoteTransport):
             done.append(peer.submit(op, l_id, Batch(l_offs, r_offs, sizes, src_base=base), r_id, 0, False, self._gpu))
         # Every part is waited for before any failure is raised: none may still read the staging
         # area or a buffer registered for this call once it returns.
-        outcomes = [(t.code() if t.wait(self.timeout + 5.0) else _IN_PROGRESS, t) for t in done]
+        outcomes = [(t.code() if t.wait(self._wait_for) else _IN_PROGRESS, t) for t in done]
         for code, t in outcomes:
             if code:
                 self._failed(what, pe, nbytes, code, t.message())
@@ -284,6 +291,16 @@ class UcxTransport(RemoteTransport):
                 self._run(op, what, pe, offset, mem_id, 0, nbytes, addr)
             finally:
                 self._engine.deregister_memory(mem_id)
+
+    def quick_put(self, dest: int, src: int, nbytes: int, pe: int) -> bool:
+        """The plain put in one native call (:class:`mori.core.ucx.UcxWindow`: checks, posts and
+        waits with no Python step between); False, with nothing done, for any other call."""
+        done = self._window.put(dest, src, nbytes, pe)
+        if done is None:
+            return False
+        if done[0]:
+            self._failed("put", pe, nbytes, done[0], done[1])
+        return True
 
     def put(self, pe: int, offset: int, src: int, nbytes: int, local_gpu: bool = False) -> None:
         """An engine write of ``nbytes`` from ``src`` into PE ``pe``'s heap."""
@@ -332,7 +349,7 @@ class UcxTransport(RemoteTransport):
         """Waits until every command kernels posted is complete; raises naming the PE a failed one went to."""
         if self._proxy is None:
             return
-        idle = self._proxy.wait_idle(self.timeout + 5.0)
+        idle = self._proxy.wait_idle(self._wait_for)
         failure = self._proxy.failure()
         if failure:
             raise ShmemError(f"{what}: a device-initiated operation to {failure}")

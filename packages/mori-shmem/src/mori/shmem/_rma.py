@@ -90,9 +90,8 @@ class Rma:
             raise ValueError(f"{what}={value!r} does not fit in {width} bits")
         return value & ((1 << width) - 1)
 
-    def _span(self, obj: Any, what: str, writable: bool) -> tuple[int, int, bool]:
-        """``obj``'s (address, size, on a GPU), refusing GPU memory beside a CPU heap."""
-        span = as_span(obj, what, writable)
+    def _usable(self, span: tuple[int, int, bool], what: str) -> tuple[int, int, bool]:
+        """``span`` (address, size, on a GPU), refusing GPU memory beside a CPU heap."""
         if span[2] and self.heap.kind != "gpu":
             raise TypeError(f"{what}: a CUDA tensor cannot be used with the CPU heap")
         return span
@@ -100,7 +99,12 @@ class Rma:
     # -- data movement ----------------------------------------------------------------------
     def put(self, dest: int, data: Any, pe: int) -> None:
         """Copies ``data`` to symmetric address ``dest`` on PE ``pe``; complete on return."""
-        addr, nbytes, on_gpu = self._span(data, "put source", False)
+        span = as_span(data, "put source", False)
+        # The plain remote put (a source in the heap: the usual one) in one native step; every
+        # other call, and every wrong one, takes the checked path below.
+        if self.remote.quick_put(dest, span[0], span[1], pe):
+            return
+        addr, nbytes, on_gpu = self._usable(span, "put source")
         off = self.offset(dest, nbytes, "put destination", write=True)
         base = self.route(pe)
         if not nbytes:
@@ -112,7 +116,7 @@ class Rma:
 
     def get_into(self, out: Any, src: int, pe: int) -> None:
         """Fills ``out`` (writable buffer, array or tensor) from ``src`` on PE ``pe``."""
-        addr, nbytes, on_gpu = self._span(out, "get destination", True)
+        addr, nbytes, on_gpu = self._usable(as_span(out, "get destination", True), "get destination")
         off = self.offset(src, nbytes, "get source")
         base = self.route(pe)
         if not nbytes:
@@ -136,7 +140,7 @@ class Rma:
         op = SignalOp.parse(sig_op)
         sig_off = self.offset(sig_addr, 8, "signal address", align=8, write=True)
         signal = self._word(signal, 64, "signal")
-        addr, nbytes, on_gpu = self._span(data, "put source", False)
+        addr, nbytes, on_gpu = self._usable(as_span(data, "put source", False), "put source")
         off = self.offset(dest, nbytes, "put destination", write=True)
         base = self.route(pe)
         if not base:

@@ -170,7 +170,10 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
             from ._heap_cpu import CpuHeap
 
             heap = CpuHeap(bootstrap, size, reach)
-        remote = open_remote(bootstrap, heap, reach, config.get("MORI_SHMEM_TIMEOUT"))
+        # The largest power of two dividing every PE's heap base bounds symmetric alignment.
+        base_align = min(int(b) for b in bootstrap.allgather(str(heap.base & -heap.base).encode()))
+        allocator = SymmetricAllocator(heap.size, max_alignment=base_align)
+        remote = open_remote(bootstrap, heap, reach, config.get("MORI_SHMEM_TIMEOUT"), allocator.live)
         heap.publish_peer_bases()
         ring, tickets = remote.device_proxy  # kernels reach remote PEs through it (0, 0: none)
         states = pack_gpu_states(bootstrap.rank, bootstrap.world, heap.base, heap.size,
@@ -182,9 +185,6 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
                                     proxy=ring != 0)
             ops = HostOps(ctx, heap, states, fast)
             heap.ops = ops  # type: ignore[union-attr]
-        # The largest power of two dividing every PE's heap base bounds symmetric alignment.
-        base_align = min(int(b) for b in bootstrap.allgather(str(heap.base & -heap.base).encode()))
-        allocator = SymmetricAllocator(heap.size, max_alignment=base_align)
         rma = Rma(heap, reach, remote, config.get("MORI_SHMEM_TIMEOUT"), allocator)
         instance = Shmem(bootstrap, owns_bootstrap, heap, allocator, rma, states, ctx, ops)
         bootstrap.barrier()

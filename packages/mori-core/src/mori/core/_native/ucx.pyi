@@ -3,6 +3,7 @@ from typing import SupportsFloat, SupportsIndex
 
 from .batch import Batch
 from .inbound import InboundRecords
+from .memory import LiveRanges
 
 _Int = SupportsIndex
 
@@ -35,6 +36,11 @@ class UcxPeer:
     def describe(self) -> str: ...
     def fail(self, why: str) -> None: ...
     def close(self) -> None: ...
+
+class UcxWindow:
+    def __init__(self, live: LiveRanges, base: _Int, size: _Int, reserved: _Int, chunk: _Int, first_id: _Int,
+                 gpu: bool, peers: list[UcxPeer | None], timeout: SupportsFloat) -> None: ...
+    def put(self, dest: int, src: _Int, nbytes: _Int, rank: int) -> tuple[int, str] | None: ...
 
 class UcxEngine:
     def __init__(self, name: str = "mori", settings: list[tuple[str, str]] = [], workers: _Int = 1, lanes: _Int = 1,

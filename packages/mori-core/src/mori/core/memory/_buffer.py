@@ -1,10 +1,11 @@
-"""The memory behind a Python object, as an address and a size."""
+"""The memory behind a Python object, as an address and a size; the live blocks of a heap."""
 
 from __future__ import annotations
 
+from .._native.memory import LiveRanges
 from .._native.memory import buffer_span as _buffer_span
 
-__all__ = ["buffer_span"]
+__all__ = ["LiveRanges", "buffer_span"]
 
 
 def buffer_span(obj: object, writable: bool = False) -> tuple[int, int]:
