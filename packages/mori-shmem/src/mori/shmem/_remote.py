@@ -15,6 +15,8 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+from mori.core.memory import LiveRanges
+
 from ._errors import ShmemError
 from ._heap import Heap
 from ._reach import Reach
@@ -105,7 +107,7 @@ class Unavailable(RemoteTransport):
         """Nothing to release."""
 
 
-def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: Any) -> RemoteTransport:
+def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: LiveRanges) -> RemoteTransport:
     """Sets up the remote transport on every PE (collective: every PE calls it at init, after
     building its heap): mori-core's UCX engine (:mod:`._remote_ucx`) where every PE can run it.
     ``live``: the allocator's live blocks (:class:`mori.core.memory.LiveRanges`), which

@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 from mori.core.batch import Batch
 from mori.core.codes import TransferCode
 from mori.core.log import get_logger
+from mori.core.memory import LiveRanges
 from mori.core.ucx import READ, WRITE, library_info, transports
 
 from ._errors import ShmemError
@@ -123,7 +124,7 @@ class UcxTransport(RemoteTransport):
     """Host RMA to the PEs of ``reach.remote`` through one UCX engine, and on a GPU heap the
     device proxy for kernels (collective construction)."""
 
-    def __init__(self, bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: Any) -> None:
+    def __init__(self, bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: LiveRanges) -> None:
         from mori.core import ucx
 
         self.reach, self.heap, self.timeout = reach, heap, timeout
@@ -372,6 +373,7 @@ class UcxTransport(RemoteTransport):
             self.heap.ctx.make_current()  # type: ignore[attr-defined]
             self._proxy.close()
             self._proxy = None
+        self._window = None  # it holds the peers: let them go with the engine
         for peer in self._peers.values():
             peer.close()
         self._peers.clear()
