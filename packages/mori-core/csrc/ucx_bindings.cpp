@@ -81,9 +81,7 @@ mori::native::Registration reg([](py::module_& root) {
                 std::shared_ptr<Transfer> t;
                 {
                     py::gil_scoped_release release;
-                    t = p.submit(static_cast<Op>(op), localId, mori::plan::Batch::one(src, dst, bytes), remoteId, 0,
-                                 false, remoteGpu);
-                    t->wait(timeout);
+                    t = p.run_one(static_cast<Op>(op), localId, src, dst, bytes, remoteId, remoteGpu, timeout);
                 }
                 const int code = t->code();
                 return py::make_tuple(code, code == mori::kSuccess ? std::string() : t->message());

@@ -221,6 +221,14 @@ public:
     std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
                                      const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
                                      bool notify, bool remoteGpu);
+    // submit of one block (local address src, remote offset dst), then wait(timeout): for a caller
+    // that waits at once (UcxPeer.run_one, UcxWindow.put: mori.shmem's host puts and gets).
+    std::shared_ptr<Transfer> run_one(Op op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes,
+                                      uint64_t remoteId, bool remoteGpu, double timeout) {
+        std::shared_ptr<Transfer> t = submit(op, localId, plan::Batch::one(src, dst, bytes), remoteId, 0, false, remoteGpu);
+        t->wait(timeout);
+        return t;
+    }
     bool healthy() const;
     std::string failure() const { return state_->failure(); }
     // Whether host-memory transfers take the same-host path; else why the peer refused it ("" when

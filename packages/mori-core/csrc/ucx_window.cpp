@@ -53,9 +53,8 @@ public:
         std::shared_ptr<Transfer> t;
         {
             py::gil_scoped_release release;
-            t = peers_[r]->submit(kOpWrite, firstId_ + local / chunk_, plan::Batch::one(src, rIn, nbytes),
-                                  firstId_ + off / chunk_, 0, false, gpu_);
-            t->wait(timeout_);
+            t = peers_[r]->run_one(kOpWrite, firstId_ + local / chunk_, src, rIn, nbytes, firstId_ + off / chunk_, gpu_,
+                                   timeout_);
         }
         const int code = t->code();
         return py::make_tuple(code, code == kSuccess ? std::string() : t->message());

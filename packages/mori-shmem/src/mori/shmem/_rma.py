@@ -96,6 +96,11 @@ class Rma:
             raise TypeError(f"{what}: a CUDA tensor cannot be used with the CPU heap")
         return span
 
+    def _put_target(self, dest: int, span: tuple[int, int, bool], pe: int) -> tuple[int, int]:
+        """(heap offset of ``dest``, ``pe``'s mapped base or 0) for a put of ``span``, all checked."""
+        self._usable(span, "put source")
+        return self.offset(dest, span[1], "put destination", write=True), self.route(pe)
+
     # -- data movement ----------------------------------------------------------------------
     def put(self, dest: int, data: Any, pe: int) -> None:
         """Copies ``data`` to symmetric address ``dest`` on PE ``pe``; complete on return."""
@@ -104,9 +109,8 @@ class Rma:
         # other call, and every wrong one, takes the checked path below.
         if self.remote.quick_put(dest, span[0], span[1], pe):
             return
-        addr, nbytes, on_gpu = self._usable(span, "put source")
-        off = self.offset(dest, nbytes, "put destination", write=True)
-        base = self.route(pe)
+        off, base = self._put_target(dest, span, pe)
+        addr, nbytes, on_gpu = span
         if not nbytes:
             return
         if base:
@@ -140,9 +144,9 @@ class Rma:
         op = SignalOp.parse(sig_op)
         sig_off = self.offset(sig_addr, 8, "signal address", align=8, write=True)
         signal = self._word(signal, 64, "signal")
-        addr, nbytes, on_gpu = self._usable(as_span(data, "put source", False), "put source")
-        off = self.offset(dest, nbytes, "put destination", write=True)
-        base = self.route(pe)
+        span = as_span(data, "put source", False)
+        off, base = self._put_target(dest, span, pe)
+        addr, nbytes, on_gpu = span
         if not base:
             self.remote.put_signal(pe, off, addr, nbytes, sig_off, signal, op is SignalOp.ADD, on_gpu)
             return
