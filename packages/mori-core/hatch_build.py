@@ -1,4 +1,4 @@
-"""Builds ``mori.core._native`` from ``csrc/*.cpp`` with the system C++ compiler.
+"""Builds ``mori.core._native`` from ``csrc/**/*.cpp`` with the system C++ compiler.
 
 Run by hatchling for wheels and editable installs; ``python hatch_build.py`` rebuilds the
 extension in place for development. No CUDA toolkit is needed: the native module holds only
@@ -49,7 +49,7 @@ def _run(cmd: list[str]) -> None:
 
 
 def build_native() -> Path:
-    """Compiles every ``csrc/*.cpp`` (in parallel, skipping up-to-date objects) and links the module."""
+    """Compiles every ``csrc/**/*.cpp`` (in parallel, skipping up-to-date objects) and links the module."""
     import pybind11
 
     cxx = _compiler()
@@ -62,12 +62,13 @@ def build_native() -> Path:
         "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
         f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}", f"-I{CSRC}", f"-I{INCLUDE}",
     ]
-    sources = sorted(CSRC.glob("*.cpp"))
-    headers = [*CSRC.glob("*.hpp"), INCLUDE / "mori" / "device" / "proxy_ring.cuh"]  # the layout shared with device code
+    sources = sorted(CSRC.rglob("*.cpp"))
+    headers = [*CSRC.rglob("*.hpp"), INCLUDE / "mori" / "device" / "proxy_ring.cuh"]  # the layout shared with device code
     newest_header = max((h.stat().st_mtime for h in headers), default=0.0)
 
     def compile_one(src: Path) -> Path:
-        obj = build_dir / (src.stem + ".o")
+        # A plane's folder is part of the name: csrc/gpu/staging.cpp -> gpu.staging.o
+        obj = build_dir / (".".join(src.relative_to(CSRC).with_suffix("").parts) + ".o")
         if not obj.exists() or obj.stat().st_mtime < max(src.stat().st_mtime, newest_header):
             _run([cxx, *flags, "-c", str(src), "-o", str(obj)])
         return obj

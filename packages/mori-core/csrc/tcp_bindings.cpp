@@ -3,6 +3,7 @@
 // the GIL.
 #include <pybind11/stl.h>
 
+#include "gpu/staging.hpp"
 #include "registry.hpp"
 #include "tcp_engine.hpp"
 
@@ -52,14 +53,16 @@ mori::native::Registration reg([](py::module_& root) {
         .def(
             "submit",
             [](Peer& p, int op, const mori::plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
-               uint64_t stripe) {
+               uint64_t stripe, std::shared_ptr<mori::gpu::Stager> staging) {
                 py::gil_scoped_release release;
-                return p.submit(static_cast<uint8_t>(op), batch, memId, uid, notify, stripe);
+                return p.submit(static_cast<uint8_t>(op), batch, memId, uid, notify, stripe, std::move(staging));
             },
             py::arg("op"), py::arg("batch"), py::arg("mem_id"), py::arg("uid"), py::arg("notify"), py::arg("stripe"),
+            py::arg("staging") = nullptr,
             "Starts moving a mori.core.batch.Batch of rows (local address, offset in the target's region mem_id, "
             "bytes): op 1 = read, 2 = write; rows cut at `stripe` bytes (at least 4096) and dealt over the "
-            "connections; the target records uid's outcome when notify is set. Returns its Transfer.")
+            "connections; the target records uid's outcome when notify is set. With `staging` (a "
+            "mori.core.staging Stager) the local addresses are GPU memory, staged through it. Returns its Transfer.")
         .def("healthy", &Peer::healthy, "False once a connection has failed.")
         .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
 
@@ -90,7 +93,10 @@ mori::native::Registration reg([](py::module_& root) {
              "timeout_setting. Completion records go to `inbound` (a mori.core.inbound.InboundRecords shared with "
              "the caller's other channels), else to a table of its own bounded by max_inbound and inbound_ttl.")
         .def_property_readonly("port", &Target::port)
-        .def("register_region", &Target::register_region, py::arg("mem_id"), py::arg("addr"), py::arg("size"))
+        .def("register_region", &Target::register_region, py::arg("mem_id"), py::arg("addr"), py::arg("size"),
+             py::arg("staging") = nullptr,
+             "Serves [addr, addr + size) as region mem_id; with `staging` (a mori.core.staging Stager) it is GPU "
+             "memory, staged through it.")
         .def("deregister_region", &Target::deregister_region, py::arg("mem_id"),
              py::call_guard<py::gil_scoped_release>(),
              "Stops serving a region: waits up to io_timeout for requests in flight on it, then cuts "

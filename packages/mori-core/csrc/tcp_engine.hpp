@@ -20,13 +20,15 @@
 #include <vector>
 
 #include "batch.hpp"
+#include "gpu/staging.hpp"
 #include "inbound.hpp"
+#include "tcp_staged.hpp"
 #include "tcp_wire.hpp"
 
 namespace mori::tcp {
 
 // Why a target rejected a block, carried in RepHdr::size of an error reply.
-enum Reason : uint64_t { kReasonMemory = 2, kReasonRange = 3 };
+enum Reason : uint64_t { kReasonMemory = 2, kReasonRange = 3, kReasonDevice = 4 };
 
 class InitConn;
 
@@ -67,6 +69,7 @@ struct Work {
     uint8_t op;
     uint64_t memId;  // notify: uid
     std::vector<plan::Row> rows;
+    std::shared_ptr<gpu::Stager> stager;  // local addresses are GPU memory, staged through it (tcp_staged.hpp)
     bool notify = false;  // the whole transfer: its requests carry the notification (tcp_wire.hpp)
     size_t done = 0;      // blocks answered (guarded by the connection's mutex)
 };
@@ -100,6 +103,10 @@ private:
     bool claim_recv();
     void release_recv(const std::string& err);
     std::string send_work(const Work& w);
+    std::string send_staged_work(const Work& w);  // send_work for local GPU memory
+    // A read reply's data for row b into local GPU memory; "" or the socket's error, `failed`
+    // set when the copy to the device failed.
+    std::string read_staged(const Work& w, const plan::Row& b, const AbortCheck& check, std::string& failed);
     void mark_broken(const std::string& reason);
     static void fail_rest(std::vector<std::pair<std::shared_ptr<Work>, size_t>>& failed, const std::string& why);
     std::string abort_check(const Reader& rd);
@@ -135,8 +142,9 @@ public:
     // Starts moving a batch of rows (local address, offset in region memId, bytes): op is
     // kOpRead or kOpWrite; rows are cut at `stripe` bytes (at least 4096) and dealt over the
     // connections; uid names the transfer at the target, which records it when notify is set.
+    // With a stager the local addresses are GPU memory, staged through it (tcp_staged.hpp).
     std::shared_ptr<Transfer> submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
-                                     uint64_t stripe);
+                                     uint64_t stripe, std::shared_ptr<gpu::Stager> stager = nullptr);
     bool healthy() const;
     void close();
 
@@ -181,7 +189,8 @@ public:
            std::string timeoutSetting, std::shared_ptr<InboundRecords> inbound = nullptr);
     ~Target();
     int port() const { return port_; }
-    void register_region(uint64_t id, uint64_t addr, uint64_t size);
+    // With a stager the region is GPU memory, staged through it (tcp_staged.hpp).
+    void register_region(uint64_t id, uint64_t addr, uint64_t size, std::shared_ptr<gpu::Stager> stager = nullptr);
     // Stops serving the region at once (new requests get ERR_NOT_FOUND; other regions are not
     // held up). Waits up to the I/O timeout for requests being served on it, then cuts the
     // connections still touching it, and returns once none does: after this no byte of the
@@ -199,6 +208,7 @@ private:
     // A registered region; requests being served on it are its users (guarded by regionsMu_).
     struct Region {
         uint64_t addr, size;
+        std::shared_ptr<gpu::Stager> stager;  // GPU memory: staged through it
         int users = 0;
     };
     enum ConnState : int { kHandshaking = 0, kServing = 1, kEvicted = 2 };
@@ -220,12 +230,23 @@ private:
         // Looks the block up and holds its region; the code (and reason) of check otherwise.
         int acquire(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason);
         void release();
+        gpu::Stager* stager() const { return region_ ? region_->stager.get() : nullptr; }  // GPU memory's
 
     private:
         Target& t_;
         Conn* c_;
         std::shared_ptr<Region> region_;
     };
+    // A staged write answered once its copies to the device have ended: its region stays held
+    // and its reply waits in the connection's output (at replyAt) until then (settle_writes).
+    struct PendingWrite {
+        DeviceSink sink;
+        std::unique_ptr<RegionUse> use;
+        size_t replyAt;
+    };
+    // Waits for the copies of every pending write, turns the replies of those that failed into
+    // ERR_DEVICE (and outcome, the notifying transfer's), then releases their regions.
+    static void settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome);
     struct Ticket {
         std::string key;
         int64_t expiresNs;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "tcp_engine.hpp"
+#include "tcp_staged.hpp"
 
 namespace mori::tcp {
 
@@ -20,8 +21,23 @@ std::string reason_text(int code, uint64_t reason) {
     switch (reason) {
         case kReasonMemory: return "memory is not registered at the target (ERR_NOT_FOUND)";
         case kReasonRange: return "offset/size out of range of the target's region (ERR_INVALID_ARGS)";
+        case kReasonDevice: return "the target's copy to or from its GPU failed (ERR_DEVICE)";
         default: return "target rejected the request (code " + std::to_string(code) + ")";
     }
+}
+
+// The request frame of row i of w.
+ReqHdr request_header(const Work& w, size_t i) {
+    ReqHdr h;
+    std::memset(&h, 0, sizeof(h));
+    h.magic = kReqMagic;
+    h.op = w.op;
+    h.memId = w.memId;
+    h.offset = w.rows[i].dst;
+    h.size = w.rows[i].bytes;
+    if (w.notify && i == 0) h.flags |= kFlagBegin;
+    if (w.notify && i + 1 == w.rows.size()) h.flags |= kFlagNotify;
+    return h;
 }
 
 }  // namespace
@@ -186,7 +202,34 @@ void InitConn::mark_broken(const std::string& reason) {
     fail_rest(failed, why);
 }
 
+std::string InitConn::send_staged_work(const Work& w) {
+    std::vector<DeviceSource::Span> spans;
+    spans.reserve(w.rows.size());
+    for (const plan::Row& b : w.rows) spans.push_back({b.src, b.bytes});
+    uint64_t uid = w.notify ? w.transfer->uid() : 0;
+    try {
+        DeviceSource source(*w.stager, std::move(spans));  // copies run ahead of the socket, across rows
+        for (; !source.done(); source.pop()) {
+            DeviceSource::Piece& p = source.next();
+            struct iovec iov[3];
+            int n = 0;
+            ReqHdr h = request_header(w, p.span);
+            if (p.first) {
+                iov[n++] = {&h, sizeof(h)};
+                if (h.flags & kFlagNotify) iov[n++] = {&uid, sizeof(uid)};
+            }
+            iov[n++] = {p.staged.data(), p.staged.size()};
+            std::string e = send_all(fd_, iov, n);
+            if (!e.empty()) return e;
+        }
+    } catch (const std::exception& e) {  // a request may be half sent: the connection cannot go on
+        return std::string("copying local GPU memory out for a write: ") + e.what();
+    }
+    return "";
+}
+
 std::string InitConn::send_work(const Work& w) {
+    if (w.stager && w.op == kOpWrite) return send_staged_work(w);
     std::vector<ReqHdr> hdrs(w.rows.size());
     std::vector<struct iovec> iov;
     iov.reserve(kIovBatch + 3);
@@ -195,14 +238,7 @@ std::string InitConn::send_work(const Work& w) {
     for (size_t i = 0; i < w.rows.size(); ++i) {
         const plan::Row& b = w.rows[i];
         ReqHdr& h = hdrs[i];
-        std::memset(&h, 0, sizeof(h));
-        h.magic = kReqMagic;
-        h.op = w.op;
-        h.memId = w.memId;
-        h.offset = b.dst;
-        h.size = b.bytes;
-        if (w.notify && i == 0) h.flags |= kFlagBegin;
-        if (w.notify && i + 1 == w.rows.size()) h.flags |= kFlagNotify;
+        h = request_header(w, i);
         iov.push_back({&h, sizeof(h)});
         bytes += sizeof(h);
         if (h.flags & kFlagNotify) {
@@ -224,6 +260,7 @@ std::string InitConn::send_work(const Work& w) {
 }
 
 void InitConn::send_loop() {
+    gpu::own_thread();  // staged copies keep the GPU's context current here (gpu/staging.hpp)
     for (;;) {
         std::shared_ptr<Work> w;
         std::string broken;
@@ -297,6 +334,7 @@ bool InitConn::lead(const Transfer& t, int64_t deadlineNs) {
 }
 
 void InitConn::recv_loop() {
+    gpu::own_thread();  // staged copies keep the GPU's context current here (gpu/staging.hpp)
     AbortCheck check = [this] { return abort_check(rd_); };
     for (;;) {
         // Not owning the receive side: its buffer is empty, so the socket tells whether replies
@@ -339,10 +377,17 @@ std::string InitConn::read_reply() {
     if (h.magic != kRepMagic || !w) return "protocol error: unexpected reply frame";
     const plan::Row& b = w->rows[idx];
     std::string msg;
+    int code = h.code;
     if (h.code == kSuccess && w->op == kOpRead) {
         if (h.size != b.bytes) return "protocol error: read reply of wrong size";
-        e = rd_.read_into(reinterpret_cast<char*>(b.src), b.bytes, check);
+        std::string failed;
+        e = w->stager ? read_staged(*w, b, check, failed) : rd_.read_into(reinterpret_cast<char*>(b.src), b.bytes, check);
         if (!e.empty()) return e;
+        if (!failed.empty()) {
+            code = kErrDevice;
+            msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) +
+                  ", size " + std::to_string(b.bytes) + "): copying it into local GPU memory failed: " + failed;
+        }
     } else if (h.code != kSuccess) {
         msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) +
               ", size " + std::to_string(b.bytes) + "): " + reason_text(h.code, h.size);
@@ -353,7 +398,7 @@ std::string InitConn::read_reply() {
         if (w->done != idx) return "";  // already failed by mark_broken
         if (++w->done == w->rows.size()) pending_.pop_front();
         pendingSinceNs_ = now_ns();
-        finished = w->transfer->complete_blocks(1, h.code, msg);
+        finished = w->transfer->complete_blocks(1, code, msg);
     }
     if (finished) {
         if (w->transfer->notify()) enqueue_notify(w->transfer->uid(), w->transfer->final_code());
@@ -409,8 +454,15 @@ bool Peer::healthy() const {
     return std::none_of(conns_.begin(), conns_.end(), [](const auto& c) { return c->broken(); });
 }
 
+std::string InitConn::read_staged(const Work& w, const plan::Row& b, const AbortCheck& check, std::string& failed) {
+    DeviceSink sink(*w.stager, b.src, b.bytes);
+    std::string e = sink.receive(rd_, check);
+    if (e.empty()) failed = sink.finish();  // the block completes once its bytes are on the device
+    return e;
+}
+
 std::shared_ptr<Transfer> Peer::submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
-                                       uint64_t stripe) {
+                                       uint64_t stripe, std::shared_ptr<gpu::Stager> stager) {
     if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
     // Pieces: rows cut at the stripe size (a Batch holds no empty row).
     const plan::Batch pieces = batch.stripe(std::max<uint64_t>(stripe, 4096));
@@ -440,6 +492,7 @@ std::shared_ptr<Transfer> Peer::submit(uint8_t op, const plan::Batch& batch, uin
         w->memId = memId;
         w->notify = carried;
         w->rows.assign(runs[r].begin(), runs[r].end());
+        w->stager = stager;
         conns_[(first + r) % n]->enqueue(std::move(w));
     }
     if (runs.size() == 1) t->set_conn(conns_[first]);

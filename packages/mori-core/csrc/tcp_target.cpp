@@ -10,11 +10,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <cstdio>
 #include <stdexcept>
 #include <system_error>
 
 #include "tcp_engine.hpp"
+#include "tcp_staged.hpp"
 
 namespace mori::tcp {
 
@@ -35,6 +38,52 @@ bool equal_const_time(const std::string& a, const std::string& b) {
     unsigned char diff = 0;
     for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
     return diff == 0;
+}
+
+// A block the target could not copy to or from its GPU: the reply says so (ERR_DEVICE).
+void device_failed(int& code, uint64_t& reason, int& outcome) {
+    code = kErrDevice;
+    reason = kReasonDevice;
+    if (outcome == kSuccess) outcome = code;
+}
+
+// Staged writes whose copies run while the connection goes on receiving: at most this many, or
+// this many bytes, before they are waited for (each holds pinned memory and its region).
+constexpr size_t kPendingWrites = 16;
+constexpr uint64_t kPendingWriteBytes = 4 << 20;
+
+// Sends a staged read's data after the replies `out` holds (cleared), piece by piece as each
+// copy ends; a notifying read (beforeLast set) holds its last byte back until beforeLast has
+// made the record. Small data joins `out` instead, sent with the next replies (the caller
+// records before it sends them). False when the socket or a copy failed.
+bool send_staged(int fd, DeviceSource& source, uint64_t bytes, std::vector<char>& out,
+                 const std::function<void()>& beforeLast) {
+    try {
+        if (bytes <= kInlineRead) {
+            for (; !source.done(); source.pop()) {
+                const gpu::Staged& p = source.next().staged;
+                const auto* data = reinterpret_cast<const char*>(p.data());
+                out.insert(out.end(), data, data + p.size());
+            }
+            return true;
+        }
+        for (uint64_t sent = 0; !source.done(); source.pop()) {
+            const gpu::Staged& p = source.next().staged;
+            sent += p.size();
+            const bool last = sent == bytes;
+            const size_t len = p.size() - (last && beforeLast ? 1 : 0);
+            struct iovec iov[2] = {{out.data(), out.size()}, {p.data(), len}};
+            if (!send_all(fd, iov, 2).empty()) return false;
+            out.clear();
+            if (last && beforeLast) {
+                beforeLast();
+                if (!send_bytes(fd, p.data() + len, 1).empty()) return false;
+            }
+        }
+        return true;
+    } catch (const std::exception&) {
+        return false;
+    }
 }
 
 }  // namespace
@@ -83,9 +132,9 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
 
 Target::~Target() { close(); }
 
-void Target::register_region(uint64_t id, uint64_t addr, uint64_t size) {
+void Target::register_region(uint64_t id, uint64_t addr, uint64_t size, std::shared_ptr<gpu::Stager> stager) {
     std::lock_guard lk(regionsMu_);
-    regions_[id] = std::make_shared<Region>(Region{addr, size});
+    regions_[id] = std::make_shared<Region>(Region{addr, size, std::move(stager)});
 }
 
 bool Target::deregister_region(uint64_t id) {
@@ -393,6 +442,7 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
 void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) { inbound_->record(peerKey, uid, code); }
 
 void Target::serve(Conn* conn) {
+    gpu::own_thread();  // staged copies keep the GPU's context current here (gpu/staging.hpp)
     int fd = conn->fd;
     std::string peerKey;
     bool admitted = false;
@@ -418,9 +468,16 @@ void Target::serve(Conn* conn) {
         auto append = [&out](const void* p, size_t n) {
             out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
         };
+        std::deque<PendingWrite> pending;
+        uint64_t pendingBytes = 0;
+        auto settle = [&] {
+            settle_writes(pending, out, outcome);
+            pendingBytes = 0;
+        };
         for (;;) {
             if (rd.buffered() == 0) {
                 // About to block: answer everything received so far first.
+                settle();
                 if (!out.empty() && !send_bytes(fd, out.data(), out.size()).empty()) break;
                 out.clear();
                 conn->idleSinceNs.store(now_ns());
@@ -441,25 +498,58 @@ void Target::serve(Conn* conn) {
                 std::memcpy(&uid, rd.data(), sizeof(uid));
                 rd.consume(sizeof(uid));
             }
-            if (h.flags & kFlagBegin) outcome = kSuccess;
+            if (h.flags & kFlagBegin) {
+                settle();  // a failure of the transfer before counts for that one
+                outcome = kSuccess;
+            }
             uint64_t addr = 0, reason = 0;
             if (h.op == kOpNotify) {
                 record_inbound(peerKey, h.memId, static_cast<int>(h.offset));
                 continue;
             }
             if (h.op != kOpWrite && h.op != kOpRead) break;
-            RegionUse use(*this, conn);  // the region's memory stays valid until use is released
-            int code = use.acquire(h.memId, h.offset, h.size, addr, reason);
+            // the region's memory stays valid until use is released
+            auto use = std::make_unique<RegionUse>(*this, conn);
+            int code = use->acquire(h.memId, h.offset, h.size, addr, reason);
             if (outcome == kSuccess) outcome = code;
             // The outcome of a notifying transfer is recorded once its last block's bytes have
             // left (or entered) the registered memory, and before the initiator can see the
             // transfer finish.
             bool record = (h.flags & kFlagNotify) != 0;
-            if (h.op == kOpWrite) {
+            gpu::Stager* stager = code == kSuccess ? use->stager() : nullptr;
+            if (h.op == kOpWrite && stager != nullptr) {
+                // Answered once every copy to the device has ended (settle_writes, before the
+                // replies are sent or a record made): the reply never precedes the bytes, and the
+                // region stays held until then. Meanwhile the next requests are received.
+                DeviceSink sink(*stager, addr, h.size);
+                if (!sink.receive(rd, midFrame).empty()) break;
+                RepHdr rep{kRepMagic, code, reason};
+                pending.push_back(PendingWrite{std::move(sink), std::move(use), out.size()});
+                pendingBytes += h.size;
+                append(&rep, sizeof(rep));
+                if (pending.size() >= kPendingWrites || pendingBytes >= kPendingWriteBytes || record) settle();
+            } else if (h.op == kOpWrite) {
                 char* dst = code == kSuccess ? reinterpret_cast<char*>(addr) : nullptr;
                 if (!rd.read_into(dst, h.size, midFrame).empty()) break;
                 RepHdr rep{kRepMagic, code, reason};
                 append(&rep, sizeof(rep));
+            } else if (stager != nullptr) {
+                std::optional<DeviceSource> source;
+                try {  // the first piece is copied before the reply says whether it succeeded
+                    source.emplace(*stager, std::vector<DeviceSource::Span>{{addr, h.size}});
+                    source->next();
+                } catch (const std::exception&) {
+                    source.reset();
+                    device_failed(code, reason, outcome);
+                }
+                RepHdr rep{kRepMagic, code, code == kSuccess ? h.size : reason};
+                append(&rep, sizeof(rep));
+                std::function<void()> beforeLast;
+                if (source && record && h.size > kInlineRead)
+                    beforeLast = [&] { record_inbound(peerKey, uid, outcome); };
+                if (source && !send_staged(fd, *source, h.size, out, beforeLast))
+                    break;  // the socket failed, or a later piece's copy: a reply cannot be taken back
+                if (beforeLast) record = false;
             } else {
                 RepHdr rep{kRepMagic, code, code == kSuccess ? h.size : reason};
                 append(&rep, sizeof(rep));
@@ -479,12 +569,29 @@ void Target::serve(Conn* conn) {
                 }
             }
             if (record) record_inbound(peerKey, uid, outcome);
-            use.release();
+            if (use) use->release();
             if (out.size() >= kFlushBytes) {
+                settle();
                 if (!send_bytes(fd, out.data(), out.size()).empty()) break;
                 out.clear();
             }
         }
+        settle();  // nothing of a region is touched once its connection ends
+    }
+}
+
+void Target::settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome) {
+    for (; !pending.empty(); pending.pop_front()) {
+        PendingWrite& w = pending.front();
+        if (w.sink.finish().empty()) continue;
+        RepHdr rep;
+        std::memcpy(&rep, out.data() + w.replyAt, sizeof(rep));
+        uint64_t reason = 0;
+        int code = rep.code;
+        device_failed(code, reason, outcome);
+        rep.code = code;
+        rep.size = reason;
+        std::memcpy(out.data() + w.replyAt, &rep, sizeof(rep));
     }
 }
 

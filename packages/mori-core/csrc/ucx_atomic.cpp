@@ -120,7 +120,7 @@ uint32_t word_reason(const std::shared_ptr<Region>& r, const AtomicRequest& h, c
     if (!r) return kReasonMemory;
     if (!r->contains(h.offset, bytes)) return kReasonRange;
     if ((r->addr + h.offset) % bytes != 0) return kReasonAlign;
-    return r->memType != api::kMemoryHost && gpu == nullptr ? kReasonGpu : kReasonNone;
+    return r->memType != api::kMemoryHost && (gpu == nullptr || !gpu->serves_words()) ? kReasonGpu : kReasonNone;
 }
 
 // Applies h to its word (checked by word_reason): on GPU memory through the engine's GPU
@@ -218,7 +218,7 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
     const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
     uint32_t reason = !dr                                                   ? kReasonMemory
                       : !dr->contains(h.dataOffset, h.dataSize)              ? kReasonRange
-                      : dr->memType != api::kMemoryHost && gpu == nullptr   ? kReasonGpu
+                      : dr->memType != api::kMemoryHost && (gpu == nullptr || !gpu->serves_words()) ? kReasonGpu
                       : length != h.dataSize                                ? kReasonShape
                                                                             : kReasonNone;
     if (reason == kReasonNone) reason = word_reason(sr, h.signal, gpu.get());

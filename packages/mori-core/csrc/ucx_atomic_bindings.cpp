@@ -7,6 +7,7 @@
 #include <string>
 
 #include "registry.hpp"
+#include "gpu/staging.hpp"
 #include "ucx_atomic.hpp"
 
 namespace py = pybind11;
@@ -47,7 +48,8 @@ mori::native::Registration reg([](py::module_& root) {
         "fetch_add, 4 store) with value to the 64-bit word at sig_offset of its memory sig_mem_id, in one message; "
         "errors as ucx_atomic's. size is at most UCX_MAX_SIGNAL_PUT_BYTES.");
     py::list entryPoints;
-    for (const auto& [name, field] : mori::ucx::kGpuEntryPoints) entryPoints.append(name);
+    for (const auto& [name, field] : mori::gpu::kDriverEntryPoints) entryPoints.append(name);
+    entryPoints.append(mori::ucx::kLaunchKernelEntryPoint);
     m.attr("UCX_GPU_ENTRY_POINTS") = py::tuple(entryPoints);
     m.def(
         "ucx_serve_gpu",
@@ -60,12 +62,14 @@ mori::native::Registration reg([](py::module_& root) {
             c.stream = stream;
             c.result = result;
             c.resultDev = resultDev;
-            for (const auto& [name, field] : mori::ucx::kGpuEntryPoints) {
+            const auto entry = [&entryPoints](const char* name) {
                 const auto it = entryPoints.find(name);
                 if (it == entryPoints.end())
                     throw std::invalid_argument(std::string("entry_points has no ") + name + " (UCX_GPU_ENTRY_POINTS)");
-                c.*field = it->second;
-            }
+                return it->second;
+            };
+            for (const auto& [name, field] : mori::gpu::kDriverEntryPoints) c.driver.*field = entry(name);
+            c.launchKernel = entry(mori::ucx::kLaunchKernelEntryPoint);
             c.bounce = bounce;
             c.bounceBytes = bounceBytes;
             c.stage = stage;
@@ -80,6 +84,15 @@ mori::native::Registration reg([](py::module_& root) {
         "staged through pinned host memory of the context, kept for reuse (handles as addresses, entry_points "
         "the address of each driver function of UCX_GPU_ENTRY_POINTS by name; see "
         "mori.core.ucx_atomic.serve_gpu).");
+    m.def(
+        "ucx_stage_gpu",
+        [](mori::ucx::Engine& engine, std::shared_ptr<mori::gpu::Stager> stager) {
+            engine.set_gpu_words(std::make_shared<mori::ucx::GpuWords>(std::move(stager)));
+        },
+        py::arg("engine"), py::arg("stager"),
+        "Stages every transfer of the engine's GPU memory through `stager` (a mori.core.staging Stager, shared "
+        "with the caller's other data planes); atomics and signal puts on GPU memory stay refused. Undone by "
+        "ucx_stop_serving_gpu (which leaves the stager open).");
     m.def(
         "ucx_stop_serving_gpu",
         [](mori::ucx::Engine& engine) {

@@ -147,8 +147,14 @@ std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, b
     uint64_t end;
     if (addr == 0 || size == 0 || __builtin_add_overflow(addr, size, &end))
         throw std::invalid_argument("memory to register must be a non-empty range of addresses");
-    if (cuda && !cuda_)
-        throw std::invalid_argument("this UCX (" + library().path + ") has no CUDA support: GPU memory cannot be registered");
+    // GPU memory the engine stages (ucx_gpu.hpp) is never handed to UCX: not registered with it
+    // either (its CUDA support would query the memory in the application's context), nor does it
+    // need UCX's CUDA support.
+    const std::shared_ptr<GpuWords> stager = cuda ? gpu_words() : nullptr;
+    const bool staged = stager && stager->stages();
+    if (cuda && !staged && !cuda_)
+        throw std::invalid_argument("this UCX (" + library().path + ") has no CUDA support and the engine does not "
+                                    "stage GPU memory: GPU memory cannot be registered");
     const auto& f = fn();
     auto r = std::make_shared<Region>();
     r->id = id;
@@ -160,10 +166,7 @@ std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, b
     p.address = reinterpret_cast<void*>(addr);
     p.length = size;
     p.memoryType = r->memType;
-    // GPU memory the engine stages (ucx_gpu.hpp) is never handed to UCX: not registered with it
-    // either (its CUDA support would query the memory in the application's context).
-    const std::shared_ptr<GpuWords> stager = cuda ? gpu_words() : nullptr;
-    if (!stager || !stager->stages()) {
+    if (!staged) {
         check("ucp_mem_map (" + std::string(cuda ? "GPU" : "host") + " memory at " + std::to_string(addr) + ", " +
                   std::to_string(size) + " bytes)",
               f.mem_map(ctx_, &p, &r->memh));

@@ -665,10 +665,12 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         }
         total += part.bytes;
         if (copyOut) {  // one block per part: GPU memory is never grouped
-            // Its bytes are copied to host memory (in the engine's own CUDA context, ucx_gpu.hpp)
-            // and sent once there, while the network moves the parts before it.
+            // Its bytes are copied to host memory (in the staging's CUDA context, ucx_gpu.hpp) and
+            // sent once there: a small part's copy waited for here, a larger one's while the
+            // network moves the parts before it.
+            const bool inPlace = part.bytes <= kCopyInPlaceBytes;
             try {
-                part.staged = copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, false);
+                part.staged = copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, inPlace);
             } catch (const std::exception& e) {
                 part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
                 worker.retire_part_locked(part);
@@ -677,10 +679,15 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
             part.iov[0].buffer = part.staged.data();
             part.memType = api::kMemoryHost;
             part.memh = nullptr;
-            ++part.ops;  // the copy: the part stays until it ended
-            Part* p = &part;
             // Into a peer that stages too, a small one goes as host memory would (eager).
             const bool asHost = stagesGpu_ && part.bytes < kRndvWriteBytes;
+            if (inPlace) {
+                post_message(part, link.eps[pl.lane], gpu && !asHost, pl.grouped);
+                worker.retire_part_locked(part);
+                continue;
+            }
+            ++part.ops;  // the copy: the part stays until it ended
+            Part* p = &part;
             worker.after_copy_locked(part.staged, [p, gpu, asHost, grouped = pl.grouped](const std::string& error) {
                 Worker& on = *p->link->worker;
                 --p->ops;

@@ -135,12 +135,15 @@ void write_failed(Serve& s, const std::string& why) {
 void answer_write(std::unique_ptr<Serve> s) {
     if (s->reply.code == kSuccess && s->stager) {
         try {
-            s->stager->to_device(reinterpret_cast<uint64_t>(s->iov[0].buffer), s->staged, false);
-            after_copy(std::move(s), [](std::unique_ptr<Serve> s, const std::string& error) {
-                if (!error.empty()) write_failed(*s, error);
-                reply_written(std::move(s));
-            });
-            return;
+            const bool inPlace = s->staged.size() <= kCopyInPlaceBytes;
+            s->stager->to_device(reinterpret_cast<uint64_t>(s->iov[0].buffer), s->staged, inPlace);
+            if (!inPlace) {
+                after_copy(std::move(s), [](std::unique_ptr<Serve> s, const std::string& error) {
+                    if (!error.empty()) write_failed(*s, error);
+                    reply_written(std::move(s));
+                });
+                return;
+            }
         } catch (const std::exception& e) {
             write_failed(*s, e.what());
         }
@@ -165,7 +168,12 @@ void land(Part& part) {
     try {
         const std::shared_ptr<GpuWords> stager = part.link->worker->engine().gpu_words();
         if (!stager) throw std::runtime_error("the engine no longer serves GPU memory");
-        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged, false);
+        const bool inPlace = part.staged.size() <= kCopyInPlaceBytes;
+        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged, inPlace);
+        if (inPlace) {
+            part.finish(kSuccess, "");
+            return;
+        }
         ++part.ops;  // the copy: the part stays until it ended
         Part* p = &part;
         part.link->worker->after_copy_locked(part.staged, [p](const std::string& error) {
@@ -280,13 +288,18 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         }
         const bool rndvReply = (h.flags & kFlagRndvReply) != 0;
         if (s->stager) {  // the bytes leave once copied to host memory, while others are sent
+            const bool inPlace = total <= kCopyInPlaceBytes;
             try {
-                s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, false);
+                s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, inPlace);
             } catch (const std::exception& e) {
                 refuse_read(std::move(s), h, e.what());
                 return api::kOk;
             }
             s->iov[0].buffer = s->staged.data();
+            if (inPlace) {
+                send_reply(std::move(s), rndvReply, api::kMemoryHost);
+                return api::kOk;
+            }
             after_copy(std::move(s), [h, rndvReply](std::unique_ptr<Serve> s, const std::string& error) {
                 if (error.empty()) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
                 refuse_read(std::move(s), h, error);

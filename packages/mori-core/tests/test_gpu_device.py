@@ -121,3 +121,26 @@ def test_on_device_and_primary_context(ctx: Any) -> None:
     cuda.call("cuCtxSetCurrent", cuda.driver().CUcontext(0))
     primary.make_current()
     assert int(cuda.call("cuCtxGetCurrent")) == int(ctx)
+
+
+@pytest.mark.parametrize("size", [1, 4096, 3 << 20])
+def test_device_stager_moves_bytes_between_the_gpu_and_pinned_memory(ctx: Any, device_memory: Any, size: int) -> None:
+    from mori.core import staging
+
+    stager = staging.device_stager(DEVICE)
+    assert staging.device_stager(DEVICE) is stager  # one per device and settings
+    src, dst = device_memory(size), device_memory(size)
+    data = os.urandom(size)
+    cuda.call("cuMemcpyHtoD", src, data, size)
+    out = stager.to_host(src, size, wait=False)
+    out.wait()
+    assert out.pinned and ctypes.string_at(out.address, size) == data
+    landing = stager.landing(size)
+    ctypes.memmove(landing.address, out.address, size)
+    stager.to_device(dst, landing)
+    back = ctypes.create_string_buffer(size)
+    cuda.call("cuMemcpyDtoH", back, dst, size)
+    assert back.raw == data
+    stager.check_device_memory(src, size)
+    with pytest.raises(ValueError, match="is not CUDA device memory"):
+        stager.check_device_memory(ctypes.addressof(back), size)

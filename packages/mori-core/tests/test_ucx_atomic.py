@@ -166,7 +166,7 @@ def test_serving_gpu_memory_needs_every_driver_entry_point() -> None:
         with pytest.raises(ValueError, match="entry_points has no cuEventQuery"):
             ucx_serve_gpu(engine, 1, 1, 1, 1, 1, points, 1, 1 << 20, True)
         points["cuEventQuery"] = 0
-        with pytest.raises(ValueError, match="need the driver's cuEventQuery"):
+        with pytest.raises(ValueError, match="needs the driver's cuEventQuery"):
             ucx_serve_gpu(engine, 1, 1, 1, 1, 1, points, 1, 1 << 20, True)
     finally:
         engine.close()

@@ -1,4 +1,4 @@
-"""GPU memory over the TCP backend (staged through pinned host buffers), two processes: the
+"""GPU memory over the TCP backend (staged natively through pinned host memory), two processes: the
 target engine (GPU 0) in a spawned process, the initiator (GPU 1 when there is one) here. Both
 engines have only the TCP backend, so GPU pairs that NVLink could serve go over TCP. Random
 bytes, both whole regions compared byte for byte (a byte written outside the blocks fails too);
@@ -34,7 +34,8 @@ TARGET_GPU = 0
 
 def _tensors(device: str) -> dict[str, Any]:
     big = torch.zeros(REGION + 2 * SKEW, dtype=torch.uint8, device=device)
-    return {"GPU": big[SKEW:SKEW + REGION], "CPU": torch.zeros(REGION + SKEW, dtype=torch.uint8)[SKEW:]}
+    return {"GPU": big[SKEW:SKEW + REGION], "CPU": torch.zeros(REGION + SKEW, dtype=torch.uint8)[SKEW:],
+            "GPU_ALLOCATION": big}
 
 
 def _put(t: Any, data: bytes) -> None:
@@ -55,7 +56,7 @@ def _serve() -> bytes:
     engine = IOEngine("target", IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
     tensors = _tensors(f"cuda:{TARGET_GPU}")
-    descs = {k: engine.register_torch_tensor(t).pack() for k, t in tensors.items()}
+    descs = {k: engine.register_torch_tensor(t).pack() for k, t in tensors.items() if k != "GPU_ALLOCATION"}
     return serve_commands(engine, {
         **engine_commands(engine, {}), "descs": lambda: descs,
         "put": lambda name, data: _put(tensors[name], data), "get": lambda name: _get(tensors[name]).tobytes(),
@@ -81,7 +82,7 @@ def pair() -> Iterator[tuple[IOEngine, _Target, dict[str, Any], dict[str, Memory
         target.call("register_engine", engine.get_engine_desc().pack())
         engine.register_remote_engine(target.desc)
         tensors = _tensors(f"cuda:{local_gpu}")
-        descs = {k: engine.register_torch_tensor(t) for k, t in tensors.items()}
+        descs = {k: engine.register_torch_tensor(t) for k, t in tensors.items() if k != "GPU_ALLOCATION"}
         # MORI's MemoryDesc fields for GPU memory: the device's PCI bus id, no NUMA node (host memory has
         # no bus id).
         assert descs["GPU"].device_bus_id.count(":") == 2 and descs["GPU"].numa_node == -1, descs["GPU"]
@@ -151,5 +152,49 @@ def test_out_of_range_gpu_block_is_rejected_at_the_target(pair: Any) -> None:
     target.call("put", "GPU", theirs.tobytes())
     forged = dataclasses.replace(target.mems["GPU"], size=REGION * 2)  # more than the target registered
     st = engine.write(descs["GPU"], 0, forged, REGION - 4096, 8192, engine.allocate_transfer_uid())
-    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Failed() and "past the end" in st.Message(), st.Message()
-    assert np.array_equal(np.frombuffer(target.call("get", "GPU"), dtype=np.uint8), theirs)
+    assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Code() == StatusCode.ERR_INVALID_ARGS, st.Message()
+    assert "out of range" in st.Message(), st.Message()
+    for offset in (REGION - 4095, REGION, REGION + 7):  # past the end: refused, and nothing lands beyond it
+        st = engine.write(descs["GPU"], 0, forged, offset, 4096, engine.allocate_transfer_uid())
+        assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Code() == StatusCode.ERR_INVALID_ARGS, st.Message()
+    allocation = np.frombuffer(target.call("get", "GPU_ALLOCATION"), dtype=np.uint8)
+    assert np.array_equal(allocation[SKEW:SKEW + REGION], theirs)
+    assert not allocation[:SKEW].any() and not allocation[SKEW + REGION:].any(), "bytes outside the registration changed"
+
+
+def test_a_killed_target_never_leaves_success_with_bytes_missing(pair: Any) -> None:
+    """Reads of a target's GPU memory in flight when the target process is killed: each ends, and
+    one that says SUCCESS has every byte of its block in local GPU memory. 256 reads of 1 MiB take
+    tens of milliseconds; the target dies after the first eight."""
+    engine, _, tensors, descs = pair
+    doomed = _Target()
+    try:
+        doomed.call("register_engine", engine.get_engine_desc().pack())
+        engine.register_remote_engine(doomed.desc)
+        theirs = np.random.default_rng(11).integers(0, 256, REGION, dtype=np.uint8)
+        doomed.call("put", "GPU", theirs.tobytes())
+        tensors["GPU"].zero_()
+        torch.cuda.synchronize()
+        block, slots = 1 << 20, REGION >> 20
+        statuses, slot_of = [], []
+        for i in range(16 * slots):  # every read of a slot carries the same bytes
+            slot = i % slots
+            statuses.append(engine.read(descs["GPU"], slot * block, doomed.mems["GPU"], slot * block, block,
+                                        engine.allocate_transfer_uid()))
+            slot_of.append(slot)
+            if i == 7:
+                assert statuses[0].WaitFor(60_000) == StatusCode.SUCCESS, statuses[0].Message()
+                doomed.kill()
+        ended = [st.WaitFor(60_000) for st in statuses]
+        assert StatusCode.IN_PROGRESS not in ended, "a read never ended after its target died"
+        assert StatusCode.SUCCESS in ended and any(code != StatusCode.SUCCESS for code in ended), ended
+        mine = _get(tensors["GPU"])
+        for st, slot in zip(statuses, slot_of):
+            if st.Succeeded():
+                got, want = mine[slot * block:(slot + 1) * block], theirs[slot * block:(slot + 1) * block]
+                assert np.array_equal(got, want), f"SUCCESS with bytes missing in slot {slot}"
+            else:
+                assert st.Code() in (StatusCode.ERR_BAD_STATE, StatusCode.ERR_GPU_OP), st.Message()
+    finally:
+        engine.deregister_remote_engine(doomed.desc)
+        doomed.kill()

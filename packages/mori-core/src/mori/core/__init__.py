@@ -2,13 +2,14 @@
 
 Configuration (``MORI_*`` variables), logging, the bootstrap network, host and GPU memory,
 native host atomics, a batch of copies and its planner (``batch``), the native TCP data plane
-(``tcp``), per-device streams and events (``gpu``), the UCX engine (``ucx``), the NVRTC
+(``tcp``), per-device streams and events (``gpu``), GPU memory staged through pinned host
+memory for data planes that cannot reach it (``staging``), the UCX engine (``ucx``), the NVRTC
 device-code compiler and the device headers' location.
 """
 
 from importlib import metadata as _metadata
 
-from . import atomics, batch, codes, gpu, host, memory, nvrtc, tcp, ucx
+from . import atomics, batch, codes, gpu, host, memory, nvrtc, staging, tcp, ucx
 from .bootstrap import Bootstrap, BootstrapError, BootstrapTimeout, get_unique_id
 from .config import ConfigError, parse_size
 from .log import get_logger, set_log_level
@@ -34,6 +35,7 @@ __all__ = [
     "nvrtc",
     "parse_size",
     "set_log_level",
+    "staging",
     "tcp",
     "ucx",
 ]

@@ -217,9 +217,10 @@ VARIABLES: dict[str, Variable] = {
         Variable("MORI_IO_SQ_BACKOFF_TIMEOUT_US", _positive_int, 5_000_000,
                  "RDMA backend: microseconds a transfer waits for room in a full send queue before it fails "
                  "with 'SQ full' (MORI's setting and default).", "a positive integer (microseconds)"),
-        Variable("MORI_IO_TCP_STAGING_SIZE", _size, 64 << 20,
-                 "TCP backend: pinned host memory for staging GPU memory, per side (initiator, target) "
-                 "and engine; buffers of 4 MiB (less when smaller than 8 MiB, at least 128 KiB).", SIZE_FORMS),
+        Variable("MORI_IO_TCP_STAGING_SIZE", _size, 256 << 20,
+                 "mori-io's GPU staging (TCP backend, and the RDMA backend where no transport has GPUDirect): "
+                 "pinned host memory kept between transfers, per device and process (more is lent while "
+                 "transfers need it, and freed when it comes back).", SIZE_FORMS),
         Variable("MORI_SHMEM_BC", _text, None, "Path of libmori_shmem_device.bc to use instead of the packaged one.",
                  "a path"),
     ]

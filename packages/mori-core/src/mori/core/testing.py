@@ -57,7 +57,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 __all__ = ["CommandProcess", "Died", "Namespace", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context",
-           "host_congestion_control", "network_namespaces", "run_procs", "serve_commands", "start_in_netns"]
+           "host_congestion_control", "network_namespaces", "run_procs", "serve_commands", "standin_counters",
+           "standin_knobs", "standin_stager", "start_in_netns"]
 
 
 @dataclass
@@ -460,3 +461,33 @@ def start_in_netns(netns: str | None) -> Callable[[BaseProcess], None]:
             mp_spawn.set_executable(before)
 
     return start
+
+
+def standin_stager(timeout: float = 30.0, cache_bytes: int | None = None) -> Any:
+    """A :class:`mori.core.staging.Stager` whose driver is a host stand-in, for tests on machines
+    with no GPU: the native staging code runs as it does on a GPU, but "device" addresses are host
+    addresses, a copy is a ``memcpy`` made when it is queued, an event ends when
+    :func:`standin_knobs` says, and pinned memory is heap memory. Hand it to the data planes
+    (``staging=``) with host memory standing in for GPU memory."""
+    from ._native.gpu import STAGING_CACHE_BYTES, host_standin_stager
+
+    return host_standin_stager(timeout, STAGING_CACHE_BYTES if cache_bytes is None else cache_bytes)
+
+
+def standin_knobs(fail_copy_in: int = -1, fail_pinning: bool = False, delay: float = 0.0, hang: bool = False) -> None:
+    """How the stand-in of :func:`standin_stager` misbehaves from now on (for the whole process):
+    the copy after ``fail_copy_in`` more copies fails (0: the next one; -1: none), every allocation
+    of pinned memory fails (``fail_pinning``: the staging falls back to heap memory), each copy
+    ends ``delay`` seconds after it is queued, or never (``hang``: waits run into the timeout).
+    Call it with no arguments to make it behave again."""
+    from ._native.gpu import host_standin_knobs
+
+    host_standin_knobs(fail_copy_in, fail_pinning, delay, hang)
+
+
+def standin_counters() -> dict[str, int]:
+    """What the stand-in has done in this process: ``copies``, ``copied_bytes``, ``allocations``
+    and ``frees`` of pinned memory, and ``live_events``."""
+    from ._native.gpu import host_standin_counters
+
+    return host_standin_counters()

@@ -47,11 +47,14 @@ from ._native.ucx import (
     ucx_components,
     ucx_library,
     ucx_load,
+    ucx_stage_gpu,
+    ucx_stop_serving_gpu,
 )
 from .codes import TransferOp
 
 __all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "UcxWindow", "auto_workers", "candidates",
-           "has_verbs", "library_info", "load", "make_engine", "transports"]
+           "gpudirect_transports", "has_verbs", "library_info", "load", "make_engine", "stage_gpu", "stop_staging_gpu",
+           "transports"]
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values
 
@@ -173,3 +176,33 @@ def load_once() -> None:
     except UcxLoadError:
         with _load_lock:
             ucx_load(candidates())
+
+
+# UCX transports that move CUDA memory zero-copy over a NIC where UCX has CUDA support (GPUDirect
+# RDMA through nvidia-peermem or dma-buf): its verbs transports. tcp, sm (posix, sysv, cma) and
+# the like reach host memory only; UCX's cuda_copy would pipeline GPU memory through host memory
+# on them, slower than mori's staging.
+GPUDIRECT_TRANSPORTS = ("rc_verbs", "rc_mlx5", "dc_mlx5", "ud_verbs", "ud_mlx5", "rc_x", "dc_x", "ud_x")
+
+
+def gpudirect_transports(engine: UcxEngine) -> list[str]:
+    """The transports of ``engine``'s context (``transport/device``) that move GPU memory
+    zero-copy: verbs transports, where the engine's UCX has CUDA support. Empty means GPU memory
+    must be staged (:func:`stage_gpu`)."""
+    if not engine.cuda_supported:
+        return []
+    return [t for t in transports(engine.describe()) if t.split("/")[0] in GPUDIRECT_TRANSPORTS]
+
+
+def stage_gpu(engine: UcxEngine, stager: Any) -> None:
+    """Makes ``engine`` stage every transfer of its GPU memory through ``stager`` (a
+    :class:`mori.core.staging.Stager`, shared with the caller's other data planes): UCX then sees
+    host memory only. Call it before registering GPU memory; atomics and signal puts on GPU
+    memory stay refused (:func:`mori.core.ucx_atomic.serve_gpu` serves those)."""
+    ucx_stage_gpu(engine, stager)
+
+
+def stop_staging_gpu(engine: UcxEngine) -> None:
+    """Undoes :func:`stage_gpu` (waiting, at most the engine's timeout, for transfers still using
+    the staging); the stager stays open, its owner's to close."""
+    ucx_stop_serving_gpu(engine)

@@ -105,6 +105,12 @@ class IOEngine:
         """The descriptor peers register with :meth:`register_remote_engine`."""
         return self._desc
 
+    def describe(self) -> dict[str, Any]:
+        """What this engine is and uses: its key, control-plane address, and each backend's own
+        description by name (its transports, how GPU memory travels on it)."""
+        return {"key": self._key, "host": self._desc.host, "port": self._desc.port,
+                "backends": {b.kind.name: b.describe() for b in self._backends}}
+
     def create_backend(self, type: BackendType, config: Any = None) -> None:  # noqa: A002 (MORI's name)
         """Creates the backend of ``type`` (TCP, XGMI/NVLINK, RDMA on UCX) with its config (None: defaults)."""
         if not isinstance(type, BackendType):

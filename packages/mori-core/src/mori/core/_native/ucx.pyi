@@ -2,6 +2,7 @@
 from typing import SupportsFloat, SupportsIndex
 
 from .batch import Batch
+from .gpu import Stager
 from .inbound import InboundRecords
 from .memory import LiveRanges
 
@@ -81,6 +82,7 @@ UCX_GPU_ENTRY_POINTS: tuple[str, ...]
 
 def ucx_serve_gpu(engine: UcxEngine, context: _Int, function: _Int, stream: _Int, result: _Int, result_dev: _Int,
                   entry_points: dict[str, int], bounce: _Int, bounce_bytes: _Int, stage: bool) -> None: ...
+def ucx_stage_gpu(engine: UcxEngine, stager: Stager) -> None: ...
 def ucx_stop_serving_gpu(engine: UcxEngine) -> None: ...
 
 PROXY_SLOTS: int

@@ -178,6 +178,11 @@ class Backend(abc.ABC):
     def deregister_remote_engine(self, desc: EngineDesc) -> None:
         """Drops this backend's connections, mappings and leases with ``desc.key``."""
 
+    def describe(self) -> dict[str, Any]:
+        """What the backend uses, for :meth:`mori.io.IOEngine.describe` (its transports, how GPU
+        memory travels...); empty by default."""
+        return {}
+
     @abc.abstractmethod
     def submit(self, request: TransferRequest) -> Completion:
         """Starts the transfer asynchronously and returns its completion, which ends when the

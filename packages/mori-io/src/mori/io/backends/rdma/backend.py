@@ -36,6 +36,7 @@ from ...types import (
     StatusCode,
 )
 from .._connect import PeerConnector
+from .._gpu_staging import stager_for
 from ..base import (
     Backend,
     BackendContext,
@@ -154,6 +155,13 @@ class RdmaBackend(Backend):
             chosen = ", ".join(f"{n}={v}" for n, v in settings) or "UCX's defaults"
             raise RuntimeError(f"BackendType.RDMA: UCX finds no usable transport or device ({chosen}: {err}); "
                                "check MORI_IO_RDMA_TRANSPORTS and MORI_RDMA_DEVICES") from err
+        # GPU memory goes to UCX directly only where a transport moves it zero-copy (verbs with
+        # GPUDirect and a UCX with CUDA); otherwise the engine stages it through mori-core's
+        # pinned-memory staging (one per device, shared with the TCP backend), made at the first
+        # GPU registration.
+        self._gpudirect = ucx.gpudirect_transports(self._engine)
+        self._transports = ucx.transports(self._engine.describe())
+        self._stager: Any = None
         self._lock = threading.Lock()
         self._registered: set[int] = set()
         self._peers: dict[str, Any] = {}  # remote key -> ucx.UcxPeer
@@ -161,8 +169,21 @@ class RdmaBackend(Backend):
         self._notify = bool(config.enable_notification)
         self._connector = PeerConnector("RDMA", self._connect_peer, self._start_accepted)
         ctx.add_control_handler("rdma.connect", self._handle_connect)
-        ctx.log.info("RDMA backend on UCX %s (%s, %s), transports %s", ".".join(map(str, info["version"])),
-                     info["path"], info["source"], ",".join(transports) if transports else "UCX's choice")
+        ctx.log.info("RDMA backend on UCX %s (%s, %s), transports %s; GPU memory %s", ".".join(map(str, info["version"])),
+                     info["path"], info["source"], ",".join(transports) if transports else "UCX's choice",
+                     self.gpu_memory)
+
+    @property
+    def gpu_memory(self) -> str:
+        """How GPU memory travels on this backend: ``"direct (GPUDirect: ...)"`` where UCX reports a
+        transport that moves it zero-copy, else ``"staged (...)"`` through pinned host memory."""
+        if self._gpudirect:
+            return f"direct (GPUDirect: {', '.join(self._gpudirect)})"
+        moving = sorted({t.split("/")[0] for t in self._transports} - {"self"})
+        return f"staged through pinned host memory (no transport with GPUDirect: {', '.join(moving) or 'none'})"
+
+    def describe(self) -> dict[str, Any]:
+        return {"transports": self._transports, "gpu_memory": self.gpu_memory}
 
     # ---- control plane ---------------------------------------------------------------------------
     def _handle_connect(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +205,8 @@ class RdmaBackend(Backend):
                 or not isinstance(same_host, bytes) or len(same_host) > 4096:
             raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {key!r} sent a malformed rdma.connect reply")
         peer = self._engine.connect(key, workers, ticket, same_host)
+        self.ctx.log.info("RDMA backend: engine %r reached over %s; GPU memory %s", key,
+                          ", ".join(ucx.transports(peer.describe())) or "UCX's choice", self.gpu_memory)
         with self._lock:
             if self._closed:
                 peer.close()
@@ -204,15 +227,27 @@ class RdmaBackend(Backend):
         if desc.loc not in _SERVED:
             raise ValueError(f"the RDMA backend cannot register {desc.loc.name} memory")
         gpu = desc.loc == MemoryLocationType.GPU
-        if gpu and not self._engine.cuda_supported:
-            raise RuntimeError("the RDMA backend's UCX has no CUDA support: GPU memory cannot be registered "
-                               "(install the libucx wheel for your CUDA, or a UCX built with CUDA)")
+        if gpu and not self._gpudirect:
+            self._stage(desc)
         self._engine.register_memory(desc.id, desc.data, desc.size, gpu)
         with self._lock:
             self._registered.add(desc.id)
         # No key travels: the target checks every access itself (see the module docstring).
         return MemoryDesc(desc.engine_key, desc.id, desc.data, desc.size, desc.device_id, desc.loc, desc.hostname,
                           {"rdma": {}})
+
+    def _stage(self, desc: MemoryDesc) -> None:
+        """Makes the engine stage its GPU memory through ``desc``'s device's staging (at the first
+        GPU registration); the engine stages one device's memory."""
+        stager = stager_for(self.ctx, desc, "RDMA backend")
+        with self._lock:
+            if self._stager is None:
+                ucx.stage_gpu(self._engine, stager)
+                self._stager, self._stager_device = stager, desc.device_id
+                self.ctx.log.info("RDMA backend: GPU memory of device %d %s", desc.device_id, self.gpu_memory)
+            elif stager is not self._stager:
+                raise ValueError(f"RDMA backend: this engine stages GPU memory of device {self._stager_device}; "
+                                 f"register memory of device {desc.device_id} with an engine of its own")
 
     def deregister_memory(self, desc: MemoryDesc) -> None:
         with self._lock:

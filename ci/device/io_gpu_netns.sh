@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# mori-io moving GPU memory between two "hosts" on the GPU machine: two network namespaces joined
+# by a veth pair, both processes on GPU 0 (any GPU count >= 1), UCX from the libucx-cu13 wheel.
+#
+# Steps, in one lease: install mori-core, mori-shmem, mori-io, the UCX wheel and NIXL
+# (.devkit/ucx, .devkit/nixl: ci/device/ucx_kit.sh, ci/device/nixl_kit.py; pyroute2 for the
+# `ip` shim where the machine has no iproute2: ci/device/ip_shim.sh); the GPU tests of the
+# staging (mori-core's device Stager, mori-io's TCP backend with GPU memory: every byte,
+# GPU<->GPU/host, forged offsets, a killed target; the RDMA backend with GPU memory:
+# ci/device/rdma_gpu.py); then mori-io-bench between the namespaces, --mem-type gpu and cpu,
+# write and read, mori's TCP and RDMA backends beside NIXL on the same UCX transports
+# (tcp,cuda_copy). Logs and JSON go to $OUT (at most 8 files).
+# Usage (repository root, .devkit carried): bash ci/device/io_gpu_netns.sh [--no-tests] [--no-bench]
+#   [--iters N] [--sizes 4K,64K,1M,4M] [--batch-sizes 1,64] [--mem gpu,cpu]
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/mori-out}
+mkdir -p "$OUT"
+export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+run_tests=1; run_bench=1; iters=20; sizes=4K,64K,1M,4M; batches=1,64; mems=gpu,cpu
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-tests) run_tests=0 ;;
+    --no-bench) run_bench=0 ;;
+    --iters) iters=$2; shift ;;
+    --sizes) sizes=$2; shift ;;
+    --batch-sizes) batches=$2; shift ;;
+    --mem) mems=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+status=0
+t0=$(date +%s)
+if [ -z "${MORI_SKIP_INSTALL:-}" ]; then
+  python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
+    ./packages/mori-io 2>&1 | tail -5
+  python3 -m pip install -q --no-deps --no-index .devkit/nixl/*.whl 2>&1 | tail -3
+fi
+. "$(dirname "$0")/ucx_wheel.sh"
+. "$(dirname "$0")/ip_shim.sh"
+use_ucx_wheel
+use_ip_shim || exit 1
+echo "== installed in $(( $(date +%s) - t0 ))s"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+repo=$PWD
+cd /tmp  # import mori from site-packages, not the source tree
+# UCX over tcp between the namespaces, with cuda_copy so that NIXL's UCX takes GPU memory (mori's
+# RDMA backend finds no transport with GPUDirect there and stages GPU memory itself).
+export MORI_IO_RDMA_TRANSPORTS=tcp,cuda_copy UCX_TLS=tcp,cuda_copy
+
+if [ $run_tests = 1 ]; then
+  s=$(date +%s)
+  {
+    echo "== mori-core: the device Stager"
+    timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -k stager "$repo/packages/mori-core/tests/test_gpu_device.py"
+    echo "rc=$?"
+    echo "== mori-io: TCP backend with GPU memory"
+    timeout 240 python3 -m pytest -q -p no:cacheprovider --durations=5 --rootdir "$repo" \
+      "$repo/packages/mori-io/tests/test_tcp_gpu.py"
+    echo "rc=$?"
+    echo "== mori-io: RDMA backend with GPU memory (ci/device/rdma_gpu.py)"
+    timeout 180 python3 "$repo/ci/device/rdma_gpu.py"
+    echo "rc=$?"
+  } > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^== |passed|failed|Error|rc=|^ok|FAIL" "$OUT/gpu_tests.log" | tail -40
+  grep -q "rc=[^0]" "$OUT/gpu_tests.log" && status=1
+  echo "== tests in $(( $(date +%s) - s ))s"
+fi
+
+if [ $run_bench = 1 ]; then
+  python3 - "$OUT" "$iters" "$sizes" "$batches" "$mems" <<'EOF' 2>&1 | tee -a "$OUT/bench.log"
+import os, subprocess, sys, time
+from mori.core import testing
+
+out, iters, sizes, batches, mems = sys.argv[1:]
+with testing.network_namespaces() as (a, b):
+    print(f"initiator in {a.name} ({a.address}), targets in {b.name} ({b.address}), both on GPU 0", flush=True)
+    for mem in mems.split(","):
+        for op in ("write", "read"):
+            started = time.monotonic()
+            cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp,rdma",
+                   "--peers", "nixl", "--peer-python", sys.executable, "--mem-type", mem, "--op", op,
+                   "--sizes", sizes, "--batch-sizes", batches, "--iters", iters, "--warmup", "3",
+                   "--host", a.address, "--target-host", b.address, "--target-netns", b.name,
+                   "--json", os.path.join(out, f"io_{mem}_{op}.json"), "--no-progress"]
+            print(f"\n== mori-io-bench --mem-type {mem} --op {op}", flush=True)
+            rc = subprocess.run(cmd, timeout=420).returncode
+            print(f"rc={rc} in {time.monotonic() - started:.0f}s", flush=True)
+EOF
+  grep -q "^rc=[^0]" "$OUT/bench.log" && status=1
+fi
+echo "== done in $(( $(date +%s) - t0 ))s"
+exit $status

@@ -1,0 +1,29 @@
+// The host stand-in for a Stager's driver (host_standin.cpp): staging tested with no GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu/staging.hpp"
+
+namespace mori::gpu::standin {
+
+// How the stand-in misbehaves from now on.
+struct Knobs {
+    int64_t failCopyIn = -1;  // the copy after this many more fails (0: the next); -1: none fails
+    bool failPinning = false;  // every allocation of pinned memory fails
+    double delay = 0;          // seconds from a copy's event record until it has ended
+    bool hang = false;         // events recorded from now on never end
+};
+
+// What it has done since the process started.
+struct Counters {
+    uint64_t copies, copiedBytes, allocations, frees, liveEvents;
+};
+
+// A StagingConfig whose driver is the stand-in's.
+StagingConfig config(double timeout, size_t cacheBytes);
+void set_knobs(const Knobs& k);
+Counters counters();
+
+}  // namespace mori::gpu::standin

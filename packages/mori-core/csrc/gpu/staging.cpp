@@ -1,0 +1,482 @@
+// mori::gpu's staging (see staging.hpp).
+#include "gpu/staging.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "transfer.hpp"
+
+namespace mori::gpu {
+
+namespace {
+
+// Driver entry points (CUresult is an int; handles are pointers).
+using CtxSetCurrentFn = int (*)(void* ctx);
+using CtxPopCurrentFn = int (*)(void** ctx);
+using ExchangeCaptureModeFn = int (*)(int* mode);
+constexpr int kCaptureRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
+using StreamQueryFn = int (*)(void* stream);
+constexpr int kNotReady = 600;  // CUDA_ERROR_NOT_READY
+using MemcpyHtoDAsyncFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
+using MemcpyDtoHAsyncFn = int (*)(void* dst, uint64_t src, size_t bytes, void* stream);
+using MemHostAllocFn = int (*)(void** p, size_t bytes, unsigned flags);
+using MemFreeHostFn = int (*)(void* p);
+using EventCreateFn = int (*)(void** event, unsigned flags);
+using EventRecordFn = int (*)(void* event, void* stream);
+using EventQueryFn = int (*)(void* event);
+using EventDestroyFn = int (*)(void* event);
+using PointerGetAttributeFn = int (*)(void* data, int attribute, uint64_t ptr);
+constexpr int kPointerMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
+constexpr unsigned kEventDisableTiming = 2;  // CU_EVENT_DISABLE_TIMING
+
+// Pinned memory comes in powers of two from 64 KiB, so that transfers of about one size reuse it.
+constexpr size_t kMinCapacity = size_t{64} << 10;
+
+size_t capacity_for(size_t bytes) {
+    size_t c = kMinCapacity;
+    while (c < bytes) c <<= 1;
+    return c;
+}
+
+// The context a thread of the caller made current for good (Stager::make_current): event
+// queries there need no push (a UCX worker polls one each progress while a copy runs).
+thread_local uintptr_t tlsContext = 0;
+thread_local bool ownThread = false;  // own_thread()
+thread_local uintptr_t tlsPushed = 0;  // the context a Pushed of this thread holds current now
+
+// Makes c's context current on one of mori's own threads for good; false when the driver refused
+// (the caller then pushes it).
+bool adopt(const StagingConfig& c) {
+    const Driver& d = c.driver;
+    if (reinterpret_cast<CtxSetCurrentFn>(d.ctxSetCurrent)(reinterpret_cast<void*>(c.context)) != 0) return false;
+    int mode = kCaptureRelaxed;
+    reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode);
+    tlsContext = c.context;
+    return true;
+}
+
+void check(int result, const char* call) {
+    if (result != 0)
+        throw std::runtime_error(std::string(call) + " failed on the GPU (CUresult " + std::to_string(result) + ")");
+}
+
+// Polls `ready` (which throws when it never will be), then naps: a copy takes microseconds, a
+// stalled GPU costs no core.
+template <class Ready>
+void poll_until(Ready ready) {
+    for (int polls = 0; !ready(); ++polls) {
+        if (polls < 200)
+            std::this_thread::yield();
+        else
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+}
+
+// The context pushed on the calling thread (unless it is that thread's own for good) with its
+// stream-capture mode relaxed, for a call outside a Stager::Op (the pool's allocations and
+// event queries from any thread).
+class Pushed {
+public:
+    explicit Pushed(const StagingConfig& c) : c_(c), mode_(kCaptureRelaxed) {
+        if (tlsContext == c.context || tlsPushed == c.context || (ownThread && adopt(c))) return;
+        const Driver& d = c.driver;
+        check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
+        const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
+        if (r != 0) {
+            reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
+            check(r, "cuCtxPushCurrent");
+        }
+        pushed_ = true;
+        outer_ = tlsPushed;
+        tlsPushed = c.context;
+    }
+    ~Pushed() {
+        if (!pushed_) return;
+        tlsPushed = outer_;
+        void* popped = nullptr;
+        reinterpret_cast<CtxPopCurrentFn>(c_.driver.ctxPopCurrent)(&popped);
+        reinterpret_cast<ExchangeCaptureModeFn>(c_.driver.exchangeCaptureMode)(&mode_);
+    }
+    Pushed(const Pushed&) = delete;
+    Pushed& operator=(const Pushed&) = delete;
+
+private:
+    const StagingConfig& c_;
+    int mode_;
+    bool pushed_ = false;
+    uintptr_t outer_ = 0;  // the context an enclosing Pushed of this thread holds current
+};
+
+}  // namespace
+
+void own_thread() { ownThread = true; }
+
+size_t Stager::thread_lane() {
+    static std::atomic<size_t> next{0};
+    thread_local const size_t lane = next.fetch_add(1, std::memory_order_relaxed);
+    return lane;
+}
+
+std::string never_ended(const std::string& what, const StagingConfig& c) {
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%g", c.timeout);
+    return what + " did not finish on the GPU within " + secs + " s (" + c.timeoutSetting +
+           "): GPU work ahead of it never ended";
+}
+
+// Pinned host memory of the Stager's context, lent by capacity and kept for the next transfer up
+// to cacheBytes. Any thread may give memory back (a UCX callback, a transfer that failed). It
+// lives as long as the Stager or memory it lent, whichever goes last.
+class StagingPool {
+public:
+    explicit StagingPool(const StagingConfig& c) : c_(c) {}
+
+    // Memory of `capacity` bytes, or null when pinning failed or the pool is closed.
+    uint8_t* take(size_t capacity) {
+        {
+            std::lock_guard lk(mu_);
+            if (closed_) return nullptr;
+            ++stats_.lent;
+            auto it = cached_.find(capacity);
+            if (it != cached_.end() && !it->second.empty()) {
+                uint8_t* p = it->second.back();
+                it->second.pop_back();
+                stats_.cachedBytes -= capacity;
+                ++stats_.reused;
+                return p;
+            }
+        }
+        void* p = nullptr;
+        int r = 0;
+        try {
+            const Pushed pushed(c_);
+            r = reinterpret_cast<MemHostAllocFn>(c_.driver.memHostAlloc)(&p, capacity, 0);
+        } catch (const std::exception&) {
+            r = -1;
+        }
+        std::lock_guard lk(mu_);
+        if (r == 0) {
+            ++stats_.pinned;
+            return static_cast<uint8_t*>(p);
+        }
+        --stats_.lent;
+        ++stats_.unpinned;
+        back_.notify_all();
+        return nullptr;
+    }
+
+    void give_back(uint8_t* p, size_t capacity) {
+        std::unique_lock lk(mu_);
+        --stats_.lent;
+        back_.notify_all();
+        if (!closed_ && stats_.cachedBytes + capacity <= c_.cacheBytes) {
+            cached_[capacity].push_back(p);
+            stats_.cachedBytes += capacity;
+            return;
+        }
+        ++stats_.freed;
+        lk.unlock();
+        free({p});
+    }
+
+    // Memory lent whose copy may still run: never lent again (the context's destruction frees it).
+    void abandon() {
+        std::lock_guard lk(mu_);
+        --stats_.lent;
+        ++stats_.abandoned;
+        back_.notify_all();
+    }
+
+    // An event to record after one copy (context current), and given back once that ended.
+    void* take_event() {
+        {
+            std::lock_guard lk(mu_);
+            if (!events_.empty()) {
+                void* e = events_.back();
+                events_.pop_back();
+                return e;
+            }
+        }
+        void* e = nullptr;
+        check(reinterpret_cast<EventCreateFn>(c_.driver.eventCreate)(&e, kEventDisableTiming), "cuEventCreate");
+        return e;
+    }
+    void give_event(void* e) {
+        std::lock_guard lk(mu_);
+        if (!closed_) events_.push_back(e);  // else the context's destruction frees it
+    }
+    // 0 once the copy `event` follows has ended, kNotReady before, else the CUresult of its failure.
+    int query(void* event) const {
+        const Pushed pushed(c_);  // nothing to do where the context is current already
+        return reinterpret_cast<EventQueryFn>(c_.driver.eventQuery)(event);
+    }
+    const StagingConfig& config() const { return c_; }
+    // Why a copy that started at `since` has not ended, once the timeout passed; "" before.
+    std::string late(int64_t since) const {
+        if (now_ns() - since < static_cast<int64_t>(c_.timeout * 1e9)) return "";
+        return never_ended("a copy of staged bytes", c_);
+    }
+    PoolStats stats() {
+        std::lock_guard lk(mu_);
+        return stats_;
+    }
+
+    // Frees what the pool keeps; from now on memory given back is freed (while the context lives:
+    // after, its destruction has freed it) and none is lent. With wait, first waits (at most the
+    // timeout) for memory still lent.
+    void close(bool wait) {
+        std::vector<uint8_t*> all;
+        std::vector<void*> events;
+        {
+            std::unique_lock lk(mu_);
+            if (closed_) return;
+            closed_ = true;
+            if (wait && !back_.wait_for(lk, std::chrono::duration<double>(c_.timeout), [&] { return stats_.lent == 0; }))
+                std::fprintf(stderr, "%s: staged GPU bytes of %zu transfers were still in use when the staging "
+                                     "closed (%s)\n", c_.owner.c_str(), stats_.lent, c_.timeoutSetting.c_str());
+            for (auto& [capacity, ps] : cached_) all.insert(all.end(), ps.begin(), ps.end());
+            stats_.freed += all.size();
+            cached_.clear();
+            stats_.cachedBytes = 0;
+            events.swap(events_);
+        }
+        free(all, events);
+    }
+
+private:
+    void free(const std::vector<uint8_t*>& ps, const std::vector<void*>& events = {}) {
+        if (ps.empty() && events.empty()) return;
+        try {
+            const Pushed pushed(c_);
+            for (uint8_t* p : ps) reinterpret_cast<MemFreeHostFn>(c_.driver.memFreeHost)(p);
+            for (void* e : events) reinterpret_cast<EventDestroyFn>(c_.driver.eventDestroy)(e);
+        } catch (const std::exception&) {  // the context is gone: it freed them
+        }
+    }
+    const StagingConfig c_;  // a copy: memory given back may outlive the Stager
+    std::mutex mu_;
+    std::condition_variable back_;
+    std::map<size_t, std::vector<uint8_t*>> cached_;  // by capacity
+    std::vector<void*> events_;                       // events free for the next copy
+    PoolStats stats_;
+    bool closed_ = false;
+};
+
+void Staged::swap(Staged& o) noexcept {
+    std::swap(pool_, o.pool_);
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(capacity_, o.capacity_);
+    std::swap(event_, o.event_);
+    std::swap(since_, o.since_);
+}
+
+bool Staged::copied() {
+    if (event_ == nullptr) return true;
+    const int r = pool_->query(event_);
+    if (r == kNotReady) {
+        const std::string late = pool_->late(since_);
+        if (late.empty()) return false;
+        throw std::runtime_error(late);
+    }
+    pool_->give_event(event_);
+    event_ = nullptr;
+    check(r, "a copy of staged bytes (cuEventQuery)");
+    return true;
+}
+
+void Staged::wait() {
+    if (event_ == nullptr) return;
+    const Pushed pushed(pool_->config());  // once for the whole wait, not per poll
+    poll_until([this] { return copied(); });
+}
+
+void Staged::clear() {
+    if (pool_) {
+        int r = 0;  // the copy's state: 0 (none, or ended), kNotReady (may still run into or out of it)
+        if (event_ != nullptr) {
+            try {
+                r = pool_->query(event_);
+            } catch (const std::exception&) {
+                r = kNotReady;
+            }
+            if (r != kNotReady) pool_->give_event(event_);  // else the context's destruction frees it
+        }
+        if (r == kNotReady)
+            pool_->abandon();
+        else
+            pool_->give_back(data_, capacity_);
+    } else {
+        delete[] data_;
+    }
+    pool_.reset();
+    data_ = nullptr;
+    event_ = nullptr;
+    size_ = capacity_ = 0;
+}
+
+Stager::Stager(StagingConfig c) : c_(std::move(c)) {
+    if (!c_.context || c_.streams.empty()) throw std::invalid_argument("GPU staging needs a CUDA context and a stream of it");
+    for (const uintptr_t stream : c_.streams) {
+        if (!stream) throw std::invalid_argument("GPU staging: a null stream");
+        lanes_.push_back(std::make_unique<Lane>());
+        lanes_.back()->stream = stream;
+    }
+    for (const auto& [name, field] : kDriverEntryPoints)
+        if (c_.driver.*field == 0) throw std::invalid_argument(std::string("GPU staging needs the driver's ") + name);
+    if (!(c_.timeout > 0)) throw std::invalid_argument("GPU staging: timeout must be > 0 seconds");
+    pool_ = std::make_shared<StagingPool>(c_);
+}
+
+Stager::~Stager() { pool_->close(false); }  // memory still lent is freed as it comes back
+
+void Stager::close() { pool_->close(true); }
+
+PoolStats Stager::stats() const { return pool_->stats(); }
+
+void Stager::check_device_memory(uint64_t addr, uint64_t bytes) const {
+    if (addr == 0 || bytes == 0) throw std::invalid_argument("GPU memory to stage must be a non-empty range");
+    const Pushed pushed(c_);
+    for (const uint64_t p : {addr, addr + bytes - 1}) {
+        unsigned type = 0;
+        const int r = reinterpret_cast<PointerGetAttributeFn>(c_.driver.pointerGetAttribute)(&type, kPointerMemoryType, p);
+        if (r != 0 || type != kMemoryTypeDevice) {
+            char where[64];
+            std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(p));
+            throw std::invalid_argument(std::string("memory at ") + where + " is not CUDA device memory (" +
+                                        (r != 0 ? "cuPointerGetAttribute: CUresult " + std::to_string(r)
+                                                : "memory type " + std::to_string(type)) +
+                                        "): register it as CPU memory, or pass GPU memory");
+        }
+    }
+}
+
+bool Stager::make_current(std::string& why) const {
+    tlsContext = 0;
+    const Driver& d = c_.driver;
+    int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxSetCurrent)(reinterpret_cast<void*>(c_.context));
+    if (r != 0) {
+        why = "cuCtxSetCurrent failed (CUresult " + std::to_string(r) + ")";
+        return false;
+    }
+    int mode = kCaptureRelaxed;
+    r = reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode);
+    if (r != 0)
+        why = "cuThreadExchangeStreamCaptureMode failed (CUresult " + std::to_string(r) + ")";
+    else
+        tlsContext = c_.context;
+    return r == 0;
+}
+
+void Stager::check_healthy() const {
+    std::lock_guard lk(brokenMu_);
+    if (!broken_.empty()) throw std::runtime_error("an earlier GPU copy never finished: " + broken_);
+}
+
+Stager::Op::Op(Stager& s, size_t lane)
+    : s_(s), stream_(s.lanes_[lane % s.lanes_.size()]->stream), lock_(s.lanes_[lane % s.lanes_.size()]->mu),
+      mode_(kCaptureRelaxed) {
+    s.check_healthy();
+    if (tlsContext == s.c_.context || (ownThread && adopt(s.c_))) return;
+    const Driver& d = s.c_.driver;
+    check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
+    const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(s.c_.context));
+    if (r != 0) {
+        reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
+        check(r, "cuCtxPushCurrent");
+    }
+    pushed_ = true;
+}
+
+Stager::Op::~Op() {
+    if (!pushed_) return;
+    void* popped = nullptr;
+    reinterpret_cast<CtxPopCurrentFn>(s_.c_.driver.ctxPopCurrent)(&popped);
+    reinterpret_cast<ExchangeCaptureModeFn>(s_.c_.driver.exchangeCaptureMode)(&mode_);  // the thread's own again
+}
+
+void Stager::Op::wait_stream(const char* what) {
+    const StagingConfig& c = s_.c_;
+    void* stream = reinterpret_cast<void*>(stream_);
+    const int64_t start = now_ns();
+    bool told = false;
+    poll_until([&] {
+        const int r = reinterpret_cast<StreamQueryFn>(c.driver.streamQuery)(stream);
+        if (r == 0) return true;
+        if (r != kNotReady) check(r, "cuStreamQuery");
+        const double waited = (now_ns() - start) * 1e-9;
+        if (waited >= c.timeout) {
+            const std::string why = never_ended(what, c);
+            std::lock_guard lk(s_.brokenMu_);
+            s_.broken_ = why;
+            throw std::runtime_error(why);
+        }
+        if (!told && waited >= 1.0) {
+            told = true;
+            std::fprintf(stderr, "%s: %s has waited 1 s for the GPU\n", c.owner.c_str(), what);
+        }
+        return false;
+    });
+}
+
+Staged Stager::staging(size_t bytes) {
+    Staged s;
+    const size_t capacity = capacity_for(bytes);
+    s.data_ = pool_->take(capacity);
+    if (s.data_ != nullptr) {
+        s.pool_ = pool_;
+        s.capacity_ = capacity;
+    } else {
+        s.data_ = new uint8_t[bytes];
+        s.capacity_ = bytes;
+    }
+    s.size_ = bytes;
+    return s;
+}
+
+Staged Stager::landing(size_t bytes) {
+    check_healthy();
+    return staging(bytes);  // the pool makes the context current for an allocation
+}
+
+void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
+    if (waitNow || !s.pool_) {  // heap memory is copied through at once: the driver waits for pageable copies
+        op.wait_stream(what);
+        return;
+    }
+    void* event = pool_->take_event();
+    const int r = reinterpret_cast<EventRecordFn>(c_.driver.eventRecord)(event, reinterpret_cast<void*>(op.stream()));
+    if (r != 0) {
+        pool_->give_event(event);
+        check(r, "cuEventRecord");
+    }
+    s.event_ = event;
+    s.since_ = now_ns();
+}
+
+void Stager::to_device(uint64_t dst, Staged& src, bool wait, size_t lane) {
+    Op op(*this, lane);
+    check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.driver.memcpyHtoDAsync)(dst, src.data(), src.size(),
+                                                                         reinterpret_cast<void*>(op.stream())),
+          "cuMemcpyHtoDAsync");
+    follow(op, src, wait, "a copy to the GPU");
+}
+
+Staged Stager::to_host(uint64_t src, size_t bytes, bool wait, size_t lane) {
+    Staged s = staging(bytes);  // before the lane's lock: a new allocation may take a while
+    Op op(*this, lane);
+    check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.driver.memcpyDtoHAsync)(s.data(), src, bytes,
+                                                                         reinterpret_cast<void*>(op.stream())),
+          "cuMemcpyDtoHAsync");
+    follow(op, s, wait, "a copy from the GPU");
+    return s;
+}
+
+}  // namespace mori::gpu

@@ -1,0 +1,201 @@
+// mori::gpu — GPU memory staged through pinned host memory, for every data plane that cannot
+// reach CUDA memory itself: the native TCP target and initiator, and the UCX engine over UCX
+// transports without GPUDirect (tcp, sm, cma).
+//
+// A Stager owns CUDA streams (lanes) of one context and a StagingPool of pinned host memory of
+// that context. Copies of one lane run in order; callers on different threads take different
+// lanes (thread_lane), so that their copies neither queue behind each other nor share a lock. `to_host` queues a copy-engine copy of device bytes into memory lent by the pool,
+// `landing` lends memory to receive into, `to_device` queues the copy of received bytes to the
+// device. Each copy is followed by an event, so a caller copies piece k+1 while the wire moves
+// piece k and asks Staged::copied() (or waits with Staged::wait()) before it sends or answers.
+// Lent memory goes back to the pool when its Staged goes; the pool keeps up to `cacheBytes` of it
+// for the next transfer, frees the rest, and never lends memory whose copy may still run.
+//
+// Every wait is bounded by the config's timeout; after a wait that timed out the Stager refuses
+// further work (the stream may still be busy). Driver entry points come in as addresses
+// (cuGetProcAddress through cuda-bindings, or the host stand-in of host_standin.hpp that tests
+// use on machines with no GPU): no CUDA headers, no toolkit at build time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mori::gpu {
+
+// Marks the calling thread as one of mori's own (a data plane's sender, receiver or server
+// thread), which runs no application code: a Stager then makes its context current there for
+// good instead of pushing and popping it around every call.
+void own_thread();
+
+// The driver functions a Stager calls, by address.
+struct Driver {
+    uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0, exchangeCaptureMode = 0;
+    uintptr_t streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0, memHostAlloc = 0, memFreeHost = 0;
+    uintptr_t eventCreate = 0, eventRecord = 0, eventQuery = 0, eventDestroy = 0;
+    uintptr_t pointerGetAttribute = 0;
+};
+
+// Every entry point of Driver by its driver name (the bindings' STAGING_ENTRY_POINTS).
+inline constexpr std::pair<const char*, uintptr_t Driver::*> kDriverEntryPoints[] = {
+    {"cuCtxSetCurrent", &Driver::ctxSetCurrent},
+    {"cuCtxPushCurrent", &Driver::ctxPushCurrent},
+    {"cuCtxPopCurrent", &Driver::ctxPopCurrent},
+    {"cuThreadExchangeStreamCaptureMode", &Driver::exchangeCaptureMode},
+    {"cuStreamQuery", &Driver::streamQuery},
+    {"cuMemcpyHtoDAsync", &Driver::memcpyHtoDAsync},
+    {"cuMemcpyDtoHAsync", &Driver::memcpyDtoHAsync},
+    {"cuMemHostAlloc", &Driver::memHostAlloc},
+    {"cuMemFreeHost", &Driver::memFreeHost},
+    {"cuEventCreate", &Driver::eventCreate},
+    {"cuEventRecord", &Driver::eventRecord},
+    {"cuEventQuery", &Driver::eventQuery},
+    {"cuEventDestroy", &Driver::eventDestroy},
+    {"cuPointerGetAttribute", &Driver::pointerGetAttribute},
+};
+
+// Pinned memory the pool keeps between transfers by default.
+inline constexpr size_t kDefaultCacheBytes = size_t{256} << 20;
+
+struct StagingConfig {
+    uintptr_t context = 0;          // CUcontext, as an address
+    std::vector<uintptr_t> streams;  // CUstreams of it (lanes), at least one
+    Driver driver;
+    double timeout = 30.0;                // seconds a copy may take before it counts as never ending
+    std::string timeoutSetting = "timeout";  // the caller's name for it, in messages
+    size_t cacheBytes = kDefaultCacheBytes;  // pinned memory kept for reuse between transfers
+    std::string owner = "mori";              // who stages, in messages ("mori TCP target")
+};
+
+// What a pool has done, for tests and logs.
+struct PoolStats {
+    size_t lent = 0;          // memory lent now (count)
+    size_t cachedBytes = 0;   // pinned memory kept for reuse now
+    uint64_t pinned = 0;      // allocations of pinned memory so far
+    uint64_t reused = 0;      // loans served from kept memory
+    uint64_t freed = 0;       // pinned memory freed (over the cache bound, or at close)
+    uint64_t unpinned = 0;    // loans of heap memory because pinning failed
+    uint64_t abandoned = 0;   // memory never lent again: its copy may still have been running
+};
+
+class StagingPool;
+class Stager;
+
+// Host memory that staged bytes pass through: pinned memory lent by a pool (given back when this
+// goes), or heap memory when pinning failed (then copied through with a wait, never async).
+class Staged {
+public:
+    Staged() = default;
+    Staged(Staged&& o) noexcept { swap(o); }
+    Staged& operator=(Staged&& o) noexcept {
+        Staged(std::move(o)).swap(*this);
+        return *this;
+    }
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
+    ~Staged() { clear(); }
+    uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    bool pinned() const { return pool_ != nullptr; }
+    // Whether the copy queued with it (wait false) has ended: at once for memory copied as it was
+    // staged. Throws when the copy failed, or has not ended within the timeout since it started
+    // (its memory is then never lent again).
+    bool copied();
+    // Until copied(): polls, then naps, so that a stalled GPU costs no core. Throws as copied().
+    void wait();
+    void clear();  // gives the memory back (kept from reuse while its copy may still run)
+
+private:
+    friend class Stager;
+    void swap(Staged& o) noexcept;
+    std::shared_ptr<StagingPool> pool_;  // set while the memory is the pool's (pinned)
+    uint8_t* data_ = nullptr;
+    size_t size_ = 0, capacity_ = 0;
+    void* event_ = nullptr;  // recorded after its copy while that may still run (CUevent)
+    int64_t since_ = 0;      // when that copy started (now_ns)
+};
+
+class Stager {
+public:
+    explicit Stager(StagingConfig c);  // std::invalid_argument for a missing handle or entry point
+    ~Stager();
+    Stager(const Stager&) = delete;
+    Stager& operator=(const Stager&) = delete;
+
+    // Staged host memory holding `bytes` copied from device address src; host memory to receive
+    // bytes into; those bytes copied to device address dst. With wait, the copy is waited for;
+    // else it runs on while the caller polls Staged::copied(). Throw std::runtime_error naming
+    // the driver call that failed, or the wait that timed out.
+    // `lane` picks the stream (modulo their count): thread_lane() for a data plane's thread.
+    Staged to_host(uint64_t src, size_t bytes, bool wait = true, size_t lane = 0);
+    Staged landing(size_t bytes);
+    void to_device(uint64_t dst, Staged& src, bool wait = true, size_t lane = 0);
+    // The calling thread's lane: threads take lanes in turn as they first ask.
+    static size_t thread_lane();
+    // Waits (at most the timeout) for memory still lent, then frees what the pool keeps; later
+    // loans get heap memory, and memory given back after this is freed (if the context still
+    // lives; its destruction frees the rest). Going without close() is the same without the wait.
+    void close();
+    PoolStats stats() const;
+    const StagingConfig& config() const { return c_; }
+    // Throws std::invalid_argument unless [addr, addr + bytes) is CUDA device memory (its first
+    // and last byte), so that a region registered as GPU memory is one the copies can reach.
+    void check_device_memory(uint64_t addr, uint64_t bytes) const;
+
+    // Makes the context current on the calling thread for good (a thread of the caller's own),
+    // with its stream-capture mode relaxed; false (and why) if the driver refused.
+    bool make_current(std::string& why) const;
+
+    // One operation on the stream, for callers that queue work of their own on it (the UCX
+    // engine's atomic kernels): holds the Stager's lock, refuses after a timed-out wait, and
+    // makes the context current on the calling thread (any thread) until it goes, with the
+    // thread's stream-capture mode relaxed meanwhile: while the application captures a CUDA
+    // graph in the global mode, the driver refuses these calls from any other thread of the
+    // process and invalidates the capture.
+    class Op {
+    public:
+        explicit Op(Stager& s, size_t lane = 0);
+        ~Op();
+        Op(const Op&) = delete;
+        Op& operator=(const Op&) = delete;
+        // Until the stream is idle: bounded by the timeout, after which this and every later
+        // operation fail. `what` names the work in messages.
+        void wait_stream(const char* what);
+
+        uintptr_t stream() const { return stream_; }
+
+    private:
+        Stager& s_;
+        uintptr_t stream_;
+        std::lock_guard<std::mutex> lock_;
+        int mode_;  // the thread's capture mode before
+        bool pushed_ = false;
+    };
+
+private:
+    friend class StagingPool;
+    friend class Staged;
+    Staged staging(size_t bytes);  // inside an Op
+    // After a copy into or out of s was queued: waits for it, or records an event for s.copied().
+    void follow(Op& op, Staged& s, bool waitNow, const char* what);
+    struct Lane {
+        uintptr_t stream;
+        std::mutex mu;  // one operation on the stream at a time
+    };
+    void check_healthy() const;  // throws after a wait that timed out
+    StagingConfig c_;
+    std::shared_ptr<StagingPool> pool_;
+    std::vector<std::unique_ptr<Lane>> lanes_;
+    mutable std::mutex brokenMu_;
+    std::string broken_;  // why an earlier wait never finished ("" while none did)
+};
+
+// Why `what` failed: the GPU did not finish it within the config's timeout.
+std::string never_ended(const std::string& what, const StagingConfig& c);
+
+}  // namespace mori::gpu

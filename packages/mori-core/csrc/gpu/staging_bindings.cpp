@@ -1,0 +1,143 @@
+// mori.core._native.gpu: Stager and Staged (staging.hpp) for Python, and the host stand-in of
+// the driver (host_standin.hpp) that tests run the staging on where there is no GPU. Every call
+// that can wait for the GPU releases the GIL.
+#include <pybind11/stl.h>
+
+#include <map>
+
+#include "gpu/host_standin.hpp"
+#include "gpu/staging.hpp"
+#include "registry.hpp"
+
+namespace py = pybind11;
+using namespace mori::gpu;
+
+namespace {
+
+py::dict stats_dict(const PoolStats& s) {
+    py::dict d;
+    d["lent"] = s.lent;
+    d["cached_bytes"] = s.cachedBytes;
+    d["pinned"] = s.pinned;
+    d["reused"] = s.reused;
+    d["freed"] = s.freed;
+    d["unpinned"] = s.unpinned;
+    d["abandoned"] = s.abandoned;
+    return d;
+}
+
+std::shared_ptr<Staged> held(Staged&& s) { return std::make_shared<Staged>(std::move(s)); }
+
+mori::native::Registration reg([](py::module_& root) {
+    py::module_ m = mori::native::submodule(root, "gpu", "host side of GPU batch copies and of GPU staging");
+    py::list names;
+    for (const auto& [name, field] : kDriverEntryPoints) names.append(name);
+    m.attr("STAGING_ENTRY_POINTS") = py::tuple(names);
+    m.attr("STAGING_CACHE_BYTES") = kDefaultCacheBytes;
+
+    py::class_<Staged, std::shared_ptr<Staged>>(m, "Staged", "Host memory that staged bytes pass through.")
+        .def_property_readonly("address", [](const Staged& s) { return reinterpret_cast<uintptr_t>(s.data()); })
+        .def_property_readonly("size", &Staged::size)
+        .def_property_readonly("pinned", &Staged::pinned, "Lent by the pool (else heap memory: pinning failed).")
+        .def("copied", &Staged::copied, py::call_guard<py::gil_scoped_release>(),
+             "Whether its copy has ended; raises when it failed or outlived the timeout.")
+        .def("wait", &Staged::wait, py::call_guard<py::gil_scoped_release>(), "Until copied(); raises as it.")
+        .def("release", &Staged::clear, "Gives the memory back to the pool (now, not when collected).");
+
+    py::class_<Stager, std::shared_ptr<Stager>>(m, "Stager",
+                                              "GPU memory staged through pinned host memory (mori.core.staging).")
+        .def(py::init([](uintptr_t context, const std::vector<uintptr_t>& streams,
+                         const std::map<std::string, uintptr_t>& entryPoints,
+                         double timeout, const std::string& timeoutSetting, size_t cacheBytes,
+                         const std::string& owner) {
+                 StagingConfig c;
+                 c.context = context;
+                 c.streams = streams;
+                 for (const auto& [name, field] : kDriverEntryPoints) {
+                     const auto it = entryPoints.find(name);
+                     if (it == entryPoints.end())
+                         throw py::value_error(std::string("entry_points has no ") + name + " (STAGING_ENTRY_POINTS)");
+                     c.driver.*field = it->second;
+                 }
+                 c.timeout = timeout;
+                 c.timeoutSetting = timeoutSetting;
+                 c.cacheBytes = cacheBytes;
+                 c.owner = owner;
+                 return std::make_shared<Stager>(std::move(c));
+             }),
+             py::arg("context"), py::arg("streams"), py::arg("entry_points"), py::arg("timeout"),
+             py::arg("timeout_setting") = "timeout", py::arg("cache_bytes") = kDefaultCacheBytes,
+             py::arg("owner") = "mori",
+             "Stages through pinned memory of `context` on `streams` (its lanes: a thread's copies take one; "
+             "handles as addresses; entry_points: the address of each driver function of STAGING_ENTRY_POINTS "
+             "by name).")
+        .def(
+            "to_host",
+            [](Stager& s, uint64_t src, size_t bytes, bool wait) {
+                Staged out;
+                {
+                    py::gil_scoped_release nogil;
+                    out = s.to_host(src, bytes, wait);
+                }
+                return held(std::move(out));
+            },
+            py::arg("src"), py::arg("nbytes"), py::arg("wait") = true,
+            "Staged memory holding nbytes copied from device address src (waited for unless wait is False).")
+        .def(
+            "landing",
+            [](Stager& s, size_t bytes) {
+                Staged out;
+                {
+                    py::gil_scoped_release nogil;
+                    out = s.landing(bytes);
+                }
+                return held(std::move(out));
+            },
+            py::arg("nbytes"), "Staged memory to receive nbytes into.")
+        .def(
+            "to_device",
+            [](Stager& s, uint64_t dst, Staged& src, bool wait) {
+                py::gil_scoped_release nogil;
+                s.to_device(dst, src, wait);
+            },
+            py::arg("dst"), py::arg("staged"), py::arg("wait") = true,
+            "Copies staged bytes to device address dst (waited for unless wait is False).")
+        .def("stats", [](const Stager& s) { return stats_dict(s.stats()); },
+             "What the pool has done: lent, cached_bytes, pinned, reused, freed, unpinned, abandoned.")
+        .def("check_device_memory", &Stager::check_device_memory, py::arg("addr"), py::arg("nbytes"),
+             "ValueError unless [addr, addr + nbytes) is CUDA device memory.")
+        .def_property_readonly("cache_bytes", [](const Stager& s) { return s.config().cacheBytes; })
+        .def_property_readonly("lanes", [](const Stager& s) { return s.config().streams.size(); })
+        .def("close", &Stager::close, py::call_guard<py::gil_scoped_release>(),
+             "Waits (at most the timeout) for memory still lent, then frees the pool's.");
+
+    m.def(
+        "host_standin_stager",
+        [](double timeout, size_t cacheBytes) { return std::make_shared<Stager>(standin::config(timeout, cacheBytes)); },
+        py::arg("timeout") = 30.0, py::arg("cache_bytes") = kDefaultCacheBytes,
+        "A Stager whose driver is the host stand-in: device addresses are host addresses.");
+    m.def(
+        "host_standin_knobs",
+        [](int64_t failCopyIn, bool failPinning, double delay, bool hang) {
+            standin::set_knobs(standin::Knobs{failCopyIn, failPinning, delay, hang});
+        },
+        py::arg("fail_copy_in") = -1, py::arg("fail_pinning") = false, py::arg("delay") = 0.0,
+        py::arg("hang") = false,
+        "How the stand-in misbehaves from now on: the copy after fail_copy_in more fails (-1: none), every "
+        "pinning fails, events end `delay` seconds after their record, or never (hang).");
+    m.def(
+        "host_standin_counters",
+        [] {
+            const standin::Counters c = standin::counters();
+            py::dict d;
+            d["copies"] = c.copies;
+            d["copied_bytes"] = c.copiedBytes;
+            d["allocations"] = c.allocations;
+            d["frees"] = c.frees;
+            d["live_events"] = c.liveEvents;
+            return d;
+        },
+        "What the stand-in has done in this process: copies, copied_bytes, allocations, frees, live_events.");
+});
+
+}  // namespace

@@ -1,0 +1,144 @@
+"""mori-core's GPU staging (``mori.core.staging``, C++ ``csrc/gpu/``) run on the host stand-in of
+the driver (``mori.core.testing.standin_stager``): lending, reuse, the cache bound, pinning that
+fails, copies that fail or never end, and close. The same code runs on a GPU in
+``ci/device/core.sh``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from mori.core import staging, testing
+
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _knobs_reset():
+    testing.standin_knobs()
+    yield
+    testing.standin_knobs()
+
+
+def _bytes(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def test_the_public_names_are_the_native_ones():
+    stager = testing.standin_stager()
+    assert isinstance(stager, staging.Stager)
+    assert "cuMemcpyDtoHAsync" in staging.STAGING_ENTRY_POINTS and "cuEventQuery" in staging.STAGING_ENTRY_POINTS
+    assert stager.cache_bytes == staging.STAGING_CACHE_BYTES
+
+
+@pytest.mark.parametrize("size", [1, 4096, 64 << 10, 3 * MiB + 7])
+def test_bytes_go_out_and_in_unchanged(size):
+    stager = testing.standin_stager()
+    src, dst = _bytes(size, size), np.zeros(size, dtype=np.uint8)
+    out = stager.to_host(int(src.ctypes.data), size)
+    assert out.pinned and out.size == size and out.copied()
+    landing = stager.landing(size)
+    np.copyto(np.frombuffer((np.ctypeslib.as_ctypes_type(np.uint8) * size).from_address(landing.address),
+                            dtype=np.uint8), np.frombuffer(
+        (np.ctypeslib.as_ctypes_type(np.uint8) * size).from_address(out.address), dtype=np.uint8))
+    stager.to_device(int(dst.ctypes.data), landing, wait=False)
+    landing.wait()
+    assert np.array_equal(src, dst)
+
+
+def test_memory_is_lent_by_capacity_and_reused():
+    stager = testing.standin_stager()
+    before = testing.standin_counters()["allocations"]
+    for _ in range(5):
+        stager.landing(100 << 10).release()  # a 128 KiB capacity each time
+    stats = stager.stats()
+    assert stats["pinned"] == 1 and stats["reused"] == 4 and stats["lent"] == 0
+    assert stats["cached_bytes"] == 128 << 10
+    assert testing.standin_counters()["allocations"] - before == 1
+    held = [stager.landing(100 << 10) for _ in range(3)]  # three at once: two more allocations
+    assert stager.stats()["lent"] == 3 and stager.stats()["pinned"] == 3
+    for h in held:
+        h.release()
+    assert stager.stats()["lent"] == 0
+
+
+def test_the_pool_keeps_no_more_than_its_cache_bound():
+    stager = testing.standin_stager(cache_bytes=1 * MiB)
+    held = [stager.landing(MiB // 2) for _ in range(4)]
+    frees = testing.standin_counters()["frees"]
+    for h in held:
+        h.release()
+    stats = stager.stats()
+    assert stats["cached_bytes"] == 1 * MiB and stats["freed"] == 2
+    assert testing.standin_counters()["frees"] - frees == 2
+    zero = testing.standin_stager(cache_bytes=0)
+    zero.landing(4096).release()
+    assert zero.stats()["cached_bytes"] == 0 and zero.stats()["freed"] == 1
+
+
+def test_pinning_that_fails_falls_back_to_heap_memory_and_still_copies():
+    stager = testing.standin_stager()
+    testing.standin_knobs(fail_pinning=True)
+    src, dst = _bytes(200 << 10, 1), np.zeros(200 << 10, dtype=np.uint8)
+    out = stager.to_host(int(src.ctypes.data), src.size, wait=False)
+    assert not out.pinned and out.copied()  # heap memory is copied through at once
+    stager.to_device(int(dst.ctypes.data), out, wait=False)
+    assert np.array_equal(src, dst)
+    assert stager.stats()["unpinned"] == 1 and stager.stats()["lent"] == 0
+
+
+def test_a_failed_copy_raises_naming_the_driver_call_and_lends_nothing_more():
+    stager = testing.standin_stager()
+    src = _bytes(4096, 2)
+    testing.standin_knobs(fail_copy_in=0)
+    with pytest.raises(RuntimeError, match=r"cuMemcpyDtoHAsync failed on the GPU \(CUresult 999\)"):
+        stager.to_host(int(src.ctypes.data), 4096)
+    assert stager.stats()["lent"] == 0  # the memory went back
+    testing.standin_knobs()
+    assert stager.to_host(int(src.ctypes.data), 4096).copied()  # a failed copy does not break the stager
+
+
+def test_a_copy_that_never_ends_times_out_and_its_memory_is_never_lent_again():
+    stager = testing.standin_stager(timeout=0.3)
+    src = _bytes(4096, 3)
+    testing.standin_knobs(hang=True)
+    out = stager.to_host(int(src.ctypes.data), 4096, wait=False)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"did not finish on the GPU within 0.3 s \(timeout\)"):
+        out.wait()
+    assert 0.25 < time.monotonic() - started < 5
+    out.release()
+    stats = stager.stats()
+    assert stats["abandoned"] == 1 and stats["lent"] == 0 and stats["cached_bytes"] == 0
+
+
+def test_a_delayed_copy_is_polled_until_it_ends():
+    stager = testing.standin_stager()
+    testing.standin_knobs(delay=0.05)
+    src = _bytes(4096, 4)
+    out = stager.to_host(int(src.ctypes.data), 4096, wait=False)
+    assert not out.copied()
+    out.wait()
+    assert out.copied()
+
+
+def test_close_waits_for_memory_still_lent_then_refuses_new_loans():
+    stager = testing.standin_stager(timeout=5.0)
+    held = stager.landing(4096)
+    threading.Timer(0.2, held.release).start()
+    started = time.monotonic()
+    stager.close()
+    assert time.monotonic() - started >= 0.15
+    assert stager.stats()["lent"] == 0 and stager.stats()["cached_bytes"] == 0
+    late = stager.landing(4096)  # a closed pool lends no pinned memory
+    assert not late.pinned
+
+
+def test_device_stager_checks_its_settings_before_touching_cuda():
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        staging.device_stager(0, timeout=0)
+    with pytest.raises(ValueError, match="cache_bytes must be an int >= 0"):
+        staging.device_stager(0, cache_bytes=-1)

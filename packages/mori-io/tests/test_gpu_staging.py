@@ -1,0 +1,253 @@
+"""GPU memory over the TCP and RDMA backends without a GPU: mori-core's native staging (its
+``Stager``) runs on its host stand-in (``mori.core.testing.standin_stager``), so that host memory
+registered as GPU memory goes through every step a GPU region takes (the target's staged reads
+and writes, the initiator's, notifications, region checks, copy failures, deregistration while
+copies run) between two engines on loopback. The same backends on real GPUs: test_tcp_gpu.py and
+ci/device/rdma_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from mori.core import testing
+from mori.io import (
+    BackendType,
+    IOEngine,
+    IOEngineConfig,
+    MemoryLocationType,
+    StatusCode,
+    TcpBackendConfig,
+)
+from mori.io.backends import _gpu_staging
+
+MiB = 1 << 20
+
+
+def test_gpu_registration_without_cuda_is_refused() -> None:
+    with IOEngine("nogpu", IOEngineConfig(host="127.0.0.1", port=0)) as eng:
+        eng.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=1))
+        with pytest.raises(RuntimeError, match="cuda-bindings and a CUDA GPU"):
+            eng.register_memory(1 << 40, 4096, 0, MemoryLocationType.GPU)
+
+
+@pytest.fixture
+def host_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Every GPU registration of the backends gets the stand-in's stager (one per device, as
+    device_stager gives); yields the stagers by device."""
+    testing.standin_knobs()
+    stagers: dict[int, Any] = {}
+
+    def device_stager(device: int, **settings: Any) -> Any:
+        if device not in stagers:
+            stagers[device] = testing.standin_stager(settings["timeout"], settings["cache_bytes"])
+        return stagers[device]
+
+    monkeypatch.setattr(_gpu_staging, "device_stager", device_stager)
+    yield stagers
+    testing.standin_knobs()
+    for s in stagers.values():
+        assert s.stats()["lent"] == 0, "staged memory still lent after the transfers ended"
+
+
+def _pair(**config: Any) -> tuple[IOEngine, IOEngine]:
+    a = IOEngine("ini", IOEngineConfig(host="127.0.0.1", port=0))
+    b = IOEngine("tgt", IOEngineConfig(host="127.0.0.1", port=0))
+    for e in (a, b):
+        e.create_backend(BackendType.TCP, TcpBackendConfig(**{"num_connections": 2, "stripe_bytes": 1 * MiB,
+                                                               **config}))
+    a.register_remote_engine(b.get_engine_desc())
+    b.register_remote_engine(a.get_engine_desc())
+    return a, b
+
+
+def _done(status: Any) -> Any:
+    assert status.WaitFor(30_000) != StatusCode.IN_PROGRESS, "the transfer did not finish"
+    return status
+
+
+def _record(engine: IOEngine, key: str, uid: int) -> Any:
+    deadline = time.monotonic() + 10
+    while (rec := engine.pop_inbound_transfer_status(key, uid)) is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return rec
+
+
+N = 9 * MiB + 77
+
+
+@pytest.mark.parametrize("local_loc,remote_loc", [("GPU", "GPU"), ("GPU", "CPU"), ("CPU", "GPU")])
+@pytest.mark.parametrize("write", [True, False])
+def test_staged_transfers_byte_for_byte(host_gpu: Any, local_loc: str, remote_loc: str, write: bool) -> None:
+    a, b = _pair()
+    rng = np.random.default_rng(7)
+    mine, theirs = rng.integers(0, 256, N, dtype=np.uint8), rng.integers(0, 256, N, dtype=np.uint8)
+    try:
+        # Sub-regions at odd offsets of larger arrays, as sub-allocated tensors.
+        ld = a.register_memory(mine.ctypes.data + 3, N - 3, 0, MemoryLocationType[local_loc])
+        rd = b.register_memory(theirs.ctypes.data + 5, N - 5, 0, MemoryLocationType[remote_loc])
+        op = a.batch_write if write else a.batch_read
+        cases = [([0], [0], [1]), ([0], [0], [4096]), ([7], [11], [64 << 10]),
+                 ([1], [2], [N - 8]),  # one block of many staging pieces
+                 (list(range(0, 4096 * 300, 4096)), list(range(4096 * 299, -1, -4096)), [4096] * 300),
+                 (list(rng.permutation(64)[:64] * (64 << 10)), list(range(0, 64 * (64 << 10), 64 << 10)),
+                  [64 << 10] * 64),  # KV pages
+                 (list(rng.permutation(2000)[:500] * 1000), list(rng.permutation(2000)[:500] * 1000), [999] * 500)]
+        for i, (lo, ro, sz) in enumerate(cases):
+            src, dst = (mine, theirs) if write else (theirs, mine)
+            sbase, dbase = (3, 5) if write else (5, 3)
+            sofs, dofs = (lo, ro) if write else (ro, lo)
+            want = dst.copy()
+            for s, d, n in zip(sofs, dofs, sz):
+                want[dbase + d:dbase + d + n] = src[sbase + s:sbase + s + n]
+            st_ = _done(op(ld, lo, rd, ro, sz, 100 + i))
+            assert st_.Succeeded(), st_.Message()
+            assert np.array_equal(dst, want), f"case {i}"
+            rec = _record(b, "ini", 100 + i)
+            assert rec is not None and rec.Succeeded()
+        sess = a.create_session(ld, rd)
+        assert sess is not None
+        st_ = _done((sess.write if write else sess.read)(100, 200, 300_000, 999))
+        assert st_.Succeeded(), st_.Message()
+        s, d = (mine[103:300_103], theirs[205:300_205]) if write else (theirs[205:300_205], mine[103:300_103])
+        assert np.array_equal(s, d)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_forged_offsets_into_a_gpu_region_are_refused_and_nothing_lands(host_gpu: Any) -> None:
+    a, b = _pair()
+    mine = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
+    theirs = np.zeros(2 * MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.GPU)
+        rd = b.register_memory(theirs.ctypes.data, 4096, 0, MemoryLocationType.GPU)
+        forged = dataclasses.replace(rd, size=2 * MiB)  # claims more than the target registered
+        for uid, (off, size) in enumerate([(0, 8192), (4000, 200), (1 << 20, 4096)], 1):
+            for op in (a.write, a.read):
+                st_ = _done(op(ld, 0, forged, off, size, uid))
+                assert st_.Code() == StatusCode.ERR_INVALID_ARGS, st_.Message()
+        st_ = _done(a.write(ld, 0, dataclasses.replace(rd, id=rd.id + 77), 0, 100, 9))
+        assert st_.Code() == StatusCode.ERR_NOT_FOUND, st_.Message()
+        assert not theirs.any(), "bytes landed in or beyond the region before the check"
+        rec = _record(b, "ini", 1)
+        assert rec is not None and rec.Code() == StatusCode.ERR_INVALID_ARGS
+        b.deregister_memory(rd)
+        st_ = _done(a.read(ld, 0, rd, 0, 100, 10))
+        assert st_.Code() == StatusCode.ERR_NOT_FOUND, st_.Message()
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("write", [True, False])
+@pytest.mark.parametrize("size", [4096, 3 * MiB])
+def test_a_failed_copy_at_either_end_never_reports_success(host_gpu: Any, write: bool, size: int) -> None:
+    a, b = _pair(num_connections=1)
+    mine, theirs = np.ones(4 * MiB, dtype=np.uint8), np.zeros(4 * MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.GPU)
+        rd = b.register_memory(theirs.ctypes.data, theirs.size, 0, MemoryLocationType.GPU)
+        assert _done(a.write(ld, 0, rd, 0, size, 1)).Succeeded()  # connections up, one staged copy at each end
+        for uid, fail_in in enumerate([0, 1, 2], 2):  # the first, second or third copy from now fails
+            testing.standin_knobs(fail_copy_in=fail_in)
+            st_ = _done((a.write if write else a.read)(ld, 0, rd, 0, size, uid))
+            testing.standin_knobs()
+            if fail_in < 2 or size > MiB:  # a transfer makes 2 copies per MiB piece: one of them failed
+                assert not st_.Succeeded(), f"SUCCESS although copy {fail_in} failed"
+                assert st_.Code() in (StatusCode.ERR_GPU_OP, StatusCode.ERR_BAD_STATE), st_.Message()
+                assert "GPU" in st_.Message() or "copy" in st_.Message(), st_.Message()
+            st_ = _done(a.write(ld, 0, rd, 0, size, 100 + uid))  # and the backend carries on
+            assert st_.Succeeded(), st_.Message()
+            assert np.array_equal(theirs[:size], mine[:size])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_deregistration_waits_for_staged_copies_in_flight(host_gpu: Any) -> None:
+    a, b = _pair(num_connections=1)
+    mine, theirs = np.full(MiB, 9, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.CPU)
+        rd = b.register_memory(theirs.ctypes.data, theirs.size, 0, MemoryLocationType.GPU)
+        assert _done(a.write(ld, 0, rd, 0, 4096, 1)).Succeeded()
+        testing.standin_knobs(delay=0.5)  # the target's copy to its "GPU" ends 0.5 s after it starts
+        st_ = a.write(ld, 0, rd, 0, MiB, 2)
+        time.sleep(0.1)  # the request is in, its copy running
+        started = time.monotonic()
+        done = threading.Event()
+        threading.Thread(target=lambda: (b.deregister_memory(rd), done.set()), daemon=True).start()
+        assert done.wait(10)
+        assert time.monotonic() - started >= 0.2, "deregistration did not wait for the staged copy"
+        assert _done(st_).Succeeded(), st_.Message()
+        assert np.array_equal(theirs, mine)
+    finally:
+        testing.standin_knobs()
+        a.close()
+        b.close()
+
+
+def test_the_engine_says_how_gpu_memory_travels(host_gpu: Any) -> None:
+    a, b = _pair()
+    try:
+        tcp = a.describe()["backends"]["TCP"]
+        assert "staged" in tcp["gpu_memory"] and tcp["port"] > 0
+    finally:
+        a.close()
+        b.close()
+
+
+# ---- the RDMA backend over UCX tcp: GPU memory staged by the UCX engine through the same Stager --
+def _rdma_pair(monkeypatch: pytest.MonkeyPatch) -> tuple[IOEngine, IOEngine]:
+    from mori.io import RdmaBackendConfig
+
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
+    a, b = IOEngine("ini", IOEngineConfig(host="127.0.0.1", port=0)), IOEngine("tgt", IOEngineConfig(host="127.0.0.1", port=0))
+    for e in (a, b):
+        e.create_backend(BackendType.RDMA, RdmaBackendConfig(num_worker_threads=1))
+    a.register_remote_engine(b.get_engine_desc())
+    b.register_remote_engine(a.get_engine_desc())
+    return a, b
+
+
+@pytest.mark.parametrize("local_loc,remote_loc", [("GPU", "GPU"), ("GPU", "CPU"), ("CPU", "GPU")])
+def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(host_gpu: Any, monkeypatch: pytest.MonkeyPatch,
+                                                     local_loc: str, remote_loc: str) -> None:
+    a, b = _rdma_pair(monkeypatch)
+    rng = np.random.default_rng(3)
+    mine, theirs = rng.integers(0, 256, N, dtype=np.uint8), rng.integers(0, 256, N, dtype=np.uint8)
+    try:
+        rdma = a.describe()["backends"]["RDMA"]
+        assert rdma["gpu_memory"].startswith("staged through pinned host memory (no transport with GPUDirect: tcp")
+        ld = a.register_memory(mine.ctypes.data, N, 0, MemoryLocationType[local_loc])
+        rd = b.register_memory(theirs.ctypes.data, N, 0, MemoryLocationType[remote_loc])
+        for i, (lo, ro, sz) in enumerate([([0], [0], [4096]), ([5], [9], [N - 20]),
+                                          (list(range(0, 64 << 16, 1 << 16)), list(range(0, 64 << 16, 1 << 16))[::-1],
+                                           [1 << 16] * 64)]):
+            for write in (True, False):
+                src, dst = (mine, theirs) if write else (theirs, mine)
+                sofs, dofs = (lo, ro) if write else (ro, lo)
+                if not write:
+                    theirs[:] = rng.integers(0, 256, N, dtype=np.uint8)
+                want = dst.copy()
+                for s, d, n in zip(sofs, dofs, sz):
+                    want[d:d + n] = src[s:s + n]
+                st_ = _done((a.batch_write if write else a.batch_read)(ld, lo, rd, ro, sz, 10 * i + write))
+                assert st_.Succeeded(), st_.Message()
+                assert np.array_equal(dst, want), (i, write)
+        assert sum(s.stats()["pinned"] for s in host_gpu.values()) > 0, "nothing went through the staging"
+        forged = dataclasses.replace(rd, size=N + MiB)
+        before = theirs.copy()
+        st_ = _done(a.write(ld, 0, forged, N - 4096, 8192, 99))
+        assert st_.Code() == StatusCode.ERR_INVALID_ARGS and np.array_equal(theirs, before), st_.Message()
+    finally:
+        a.close()
+        b.close()
