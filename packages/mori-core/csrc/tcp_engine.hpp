@@ -100,13 +100,18 @@ private:
     void recv_loop();
     // Owning the receive side: read and complete one reply frame; "" or an error text.
     std::string read_reply();
+    std::string read_reply_frame();  // read_reply without settling on errors
     bool claim_recv();
     void release_recv(const std::string& err);
     std::string send_work(const Work& w);
     std::string send_staged_work(const Work& w);  // send_work for local GPU memory
-    // A read reply's data for row b into local GPU memory; "" or the socket's error, `failed`
-    // set when the copy to the device failed.
-    std::string read_staged(const Work& w, const plan::Row& b, const AbortCheck& check, std::string& failed);
+    // A read reply's data for row idx of w into local GPU memory: received into staged memory
+    // whose copies to the device run while the next replies are read; "" or the socket's error.
+    std::string read_staged(const std::shared_ptr<Work>& w, size_t idx, const AbortCheck& check);
+    // Waits for the copies of the staged reads received so far and completes their blocks (a
+    // failed copy fails its block). Whoever holds the receive side calls it before the socket
+    // has nothing more to read, so no block waits on a thread that stopped reading.
+    void settle_reads();
     void mark_broken(const std::string& reason);
     static void fail_rest(std::vector<std::pair<std::shared_ptr<Work>, size_t>>& failed, const std::string& why);
     std::string abort_check(const Reader& rd);
@@ -127,6 +132,14 @@ private:
     bool receiving_ = false;  // and one its receive side
     bool recvWaiting_ = false;  // the receiver thread waits for the receive side
     Reader rd_;
+    // Staged reads received, their blocks answered but not completed until their copies ended
+    // (settle_reads): owned by whoever holds the receive side.
+    struct PendingRead {
+        std::shared_ptr<Work> work;
+        size_t idx;
+        DeviceSink sink;
+    };
+    std::deque<PendingRead> pendingReads_;
     std::thread sender_, receiver_;
 };
 

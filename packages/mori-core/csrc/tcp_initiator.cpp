@@ -16,6 +16,9 @@ namespace {
 constexpr int kIovBatch = 1024;
 constexpr uint64_t kInlineSendBytes = 256 * 1024;
 constexpr size_t kSendBatchBytes = 8 << 20;
+// Staged reads whose copies to the device run while the next replies are read: at most this
+// many before they are waited for (each holds pinned memory).
+constexpr size_t kPendingReads = 16;
 
 std::string reason_text(int code, uint64_t reason) {
     switch (reason) {
@@ -153,8 +156,11 @@ void InitConn::enqueue(std::shared_ptr<Work> work) {
         std::unique_lock lk(mu_);
         // Small work with an idle socket goes out on the caller's thread: no hand-off to the
         // sender thread (a wake-up that dominates the latency of small transfers). Big work is
-        // queued so that the caller returns at once.
-        if (!sending_ && sendq_.empty() && !stop_ && bytes <= kInlineSendBytes && work->rows.size() <= 64 &&
+        // queued so that the caller returns at once, and so is staged work of several blocks:
+        // their copies then run on the connections' own threads side by side, not one after
+        // another on the caller's.
+        const size_t inlineRows = work->stager ? 1 : 64;
+        if (!sending_ && sendq_.empty() && !stop_ && bytes <= kInlineSendBytes && work->rows.size() <= inlineRows &&
             claim_locked(work)) {
             lk.unlock();
             release_send(send_work(*work));
@@ -208,6 +214,7 @@ std::string InitConn::send_staged_work(const Work& w) {
     for (const plan::Row& b : w.rows) spans.push_back({b.src, b.bytes});
     uint64_t uid = w.notify ? w.transfer->uid() : 0;
     try {
+        const gpu::Current current(w.stager->config());  // once, not per copy (an application's thread)
         DeviceSource source(*w.stager, std::move(spans));  // copies run ahead of the socket, across rows
         for (; !source.done(); source.pop()) {
             DeviceSource::Piece& p = source.next();
@@ -329,6 +336,7 @@ bool InitConn::lead(const Transfer& t, int64_t deadlineNs) {
         }
         err = read_reply();
     }
+    settle_reads();  // the receive side is handed back with no block left waiting on it
     release_recv(err);
     return true;
 }
@@ -353,12 +361,19 @@ void InitConn::recv_loop() {
             receiving_ = true;
         }
         while (e.empty() && (rd_.buffered() > 0 || rd_.readable(0))) e = read_reply();
+        settle_reads();
         release_recv(e);
         if (!e.empty()) return;
     }
 }
 
 std::string InitConn::read_reply() {
+    std::string e = read_reply_frame();
+    if (!e.empty()) settle_reads();  // the connection is going: what was received still completes
+    return e;
+}
+
+std::string InitConn::read_reply_frame() {
     AbortCheck check = [this] { return abort_check(rd_); };
     std::string e = rd_.fill(sizeof(RepHdr), check);
     if (!e.empty()) return e;
@@ -377,17 +392,11 @@ std::string InitConn::read_reply() {
     if (h.magic != kRepMagic || !w) return "protocol error: unexpected reply frame";
     const plan::Row& b = w->rows[idx];
     std::string msg;
-    int code = h.code;
     if (h.code == kSuccess && w->op == kOpRead) {
         if (h.size != b.bytes) return "protocol error: read reply of wrong size";
-        std::string failed;
-        e = w->stager ? read_staged(*w, b, check, failed) : rd_.read_into(reinterpret_cast<char*>(b.src), b.bytes, check);
+        if (w->stager) return read_staged(w, idx, check);
+        e = rd_.read_into(reinterpret_cast<char*>(b.src), b.bytes, check);
         if (!e.empty()) return e;
-        if (!failed.empty()) {
-            code = kErrDevice;
-            msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) +
-                  ", size " + std::to_string(b.bytes) + "): copying it into local GPU memory failed: " + failed;
-        }
     } else if (h.code != kSuccess) {
         msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) +
               ", size " + std::to_string(b.bytes) + "): " + reason_text(h.code, h.size);
@@ -398,7 +407,7 @@ std::string InitConn::read_reply() {
         if (w->done != idx) return "";  // already failed by mark_broken
         if (++w->done == w->rows.size()) pending_.pop_front();
         pendingSinceNs_ = now_ns();
-        finished = w->transfer->complete_blocks(1, code, msg);
+        finished = w->transfer->complete_blocks(1, h.code, msg);
     }
     if (finished) {
         if (w->transfer->notify()) enqueue_notify(w->transfer->uid(), w->transfer->final_code());
@@ -454,11 +463,45 @@ bool Peer::healthy() const {
     return std::none_of(conns_.begin(), conns_.end(), [](const auto& c) { return c->broken(); });
 }
 
-std::string InitConn::read_staged(const Work& w, const plan::Row& b, const AbortCheck& check, std::string& failed) {
-    DeviceSink sink(*w.stager, b.src, b.bytes);
-    std::string e = sink.receive(rd_, check);
-    if (e.empty()) failed = sink.finish();  // the block completes once its bytes are on the device
-    return e;
+std::string InitConn::read_staged(const std::shared_ptr<Work>& w, size_t idx, const AbortCheck& check) {
+    const plan::Row& b = w->rows[idx];
+    DeviceSink sink(*w->stager, b.src, b.bytes);
+    {
+        const gpu::Current current(w->stager->config());  // once, not per copy (maybe an application's thread)
+        std::string e = sink.receive(rd_, check);
+        if (!e.empty()) return e;
+    }
+    {
+        std::lock_guard lk(mu_);
+        if (w->done != idx) return "";  // already failed by mark_broken (the sink's memory is never lent
+                                        // again while its copies may run)
+        if (++w->done == w->rows.size()) pending_.pop_front();
+        pendingSinceNs_ = now_ns();
+    }
+    pendingReads_.push_back(PendingRead{w, idx, std::move(sink)});
+    if (pendingReads_.size() >= kPendingReads || (rd_.buffered() == 0 && !rd_.readable(0))) settle_reads();
+    return "";
+}
+
+void InitConn::settle_reads() {
+    for (; !pendingReads_.empty(); pendingReads_.pop_front()) {
+        PendingRead& p = pendingReads_.front();
+        std::string failed;
+        {
+            const gpu::Current current(p.work->stager->config());
+            failed = p.sink.finish();
+        }
+        std::string msg;
+        if (!failed.empty()) {
+            const plan::Row& b = p.work->rows[p.idx];
+            msg = "block (remote memory id " + std::to_string(p.work->memId) + ", offset " + std::to_string(b.dst) +
+                  ", size " + std::to_string(b.bytes) + "): copying it into local GPU memory failed: " + failed;
+        }
+        if (p.work->transfer->complete_blocks(1, failed.empty() ? kSuccess : kErrDevice, msg)) {
+            if (p.work->transfer->notify()) enqueue_notify(p.work->transfer->uid(), p.work->transfer->final_code());
+            p.work->transfer->finish();
+        }
+    }
 }
 
 std::shared_ptr<Transfer> Peer::submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,

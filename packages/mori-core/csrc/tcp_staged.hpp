@@ -17,10 +17,10 @@ namespace mori::tcp {
 
 // Pieces a block is copied in, and how many are copied ahead of the socket (at most 4 MiB of
 // pinned memory per block in flight, while the copy engine, ~50 GB/s, stays ahead of a socket).
-// A block's first pieces are small, so that the wire starts early and a 64 KiB block costs
-// little more than one small copy at each end: 16 KiB, then each piece as large as what went
-// before, up to 1 MiB.
-constexpr uint64_t kStageFirstPiece = 16 << 10;
+// A block's first pieces are smaller, so that the wire starts early: 256 KiB, then each piece as
+// large as what went before, up to 1 MiB. (Smaller first pieces cost more than they overlap: a
+// copy's fixed cost, several microseconds, is paid per piece.)
+constexpr uint64_t kStageFirstPiece = 256 << 10;
 constexpr uint64_t kStagePiece = 1 << 20;
 constexpr size_t kStageWindow = 4;
 inline uint64_t stage_piece(uint64_t done, uint64_t left) {

@@ -24,7 +24,7 @@ void check(int result, const char* call) {
                                  ")");
 }
 
-gpu::StagingConfig staging_config(const GpuWordsConfig& c) {
+gpu::StagingConfig config_of(const GpuWordsConfig& c) {
     gpu::StagingConfig s;
     s.context = c.context;
     s.streams = {c.stream};
@@ -41,7 +41,7 @@ GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
     if (!c.context || !c.function || !c.result || !c.resultDev || !c.bounce || c.bounceBytes == 0 || !c.launchKernel)
         throw std::invalid_argument("GPU word operations need a context, a kernel, cuLaunchKernel, a result word and a "
                                     "bounce buffer");
-    stager_ = std::make_shared<gpu::Stager>(staging_config(c));  // checks the rest
+    stager_ = std::make_shared<gpu::Stager>(config_of(c));  // checks the rest
 }
 
 GpuWords::GpuWords(std::shared_ptr<gpu::Stager> stager) : stager_(std::move(stager)), ownsStager_(false) {

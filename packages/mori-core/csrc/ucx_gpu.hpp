@@ -54,8 +54,9 @@ struct GpuWordsConfig {
 
 // Staged copies this small are waited for where they are queued (a few microseconds): handing
 // them to the worker's progress loop (Worker::after_copy_locked) costs a round of it, more than
-// the copy itself, on every small transfer of GPU memory.
-inline constexpr size_t kCopyInPlaceBytes = size_t{256} << 10;
+// the copy itself. Larger ones go to that loop, so that many of them overlap; a transfer of
+// several small blocks queues all their copies first and waits for them in order.
+inline constexpr size_t kCopyInPlaceBytes = size_t{32} << 10;
 
 // The entry point GpuWords needs beyond the staging's (gpu::kDriverEntryPoints).
 inline constexpr const char* kLaunchKernelEntryPoint = "cuLaunchKernel";
@@ -81,6 +82,7 @@ public:
     Staged landing(size_t bytes) { return stager_->landing(bytes); }
     void to_device(uint64_t dst, Staged& src, bool wait = true) { stager_->to_device(dst, src, wait); }
     bool stages() const { return c_.stage; }
+    const gpu::StagingConfig& staging_config() const { return stager_->config(); }
     // Before the context goes: waits (at most the timeout) for staged memory still lent, frees the
     // pool's; a caller's Stager is the caller's to close.
     void close_staging();

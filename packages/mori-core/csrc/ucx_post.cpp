@@ -4,6 +4,7 @@
 // completion slot (see ucx_engine.hpp).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -627,6 +628,16 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         return t;
     }
     uint64_t total = 0;
+    // Small staged parts, their copies queued: posted once the copies of all were queued, so that
+    // the copies run back to back instead of one wait each (kCopyInPlaceBytes).
+    struct CopiedOut {
+        Part* part;
+        bool asHost;
+        bool grouped;
+    };
+    std::vector<CopiedOut> copiedOut;
+    std::optional<gpu::Current> current;  // once for the transfer's copies, not per copy
+    if (copyOut) current.emplace(copyOut->staging_config());
     for (Planned& pl : planned) {
         Part& part = worker.add_part_locked(std::move(pl.part));
         part.op = op;
@@ -670,7 +681,8 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
             // network moves the parts before it.
             const bool inPlace = part.bytes <= kCopyInPlaceBytes;
             try {
-                part.staged = copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, inPlace);
+                part.staged = copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes,
+                                               inPlace && planned.size() == 1);
             } catch (const std::exception& e) {
                 part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
                 worker.retire_part_locked(part);
@@ -682,8 +694,7 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
             // Into a peer that stages too, a small one goes as host memory would (eager).
             const bool asHost = stagesGpu_ && part.bytes < kRndvWriteBytes;
             if (inPlace) {
-                post_message(part, link.eps[pl.lane], gpu && !asHost, pl.grouped);
-                worker.retire_part_locked(part);
+                copiedOut.push_back(CopiedOut{&part, asHost, pl.grouped});
                 continue;
             }
             ++part.ops;  // the copy: the part stays until it ended
@@ -701,6 +712,16 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         }
         post_message(part, link.eps[pl.lane], gpu, pl.grouped);
         worker.retire_part_locked(part);  // finished at once when sending failed
+    }
+    for (const CopiedOut& c : copiedOut) {
+        Part& part = *c.part;
+        try {
+            part.staged.wait();
+            post_message(part, link.eps[part.lane], gpu && !c.asHost, c.grouped);
+        } catch (const std::exception& e) {
+            part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
+        }
+        worker.retire_part_locked(part);
     }
     worker.track_locked(t);
     lk.unlock();

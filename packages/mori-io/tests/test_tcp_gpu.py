@@ -50,10 +50,10 @@ def _get(t: Any) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def _serve() -> bytes:
+def _serve(key: str) -> bytes:
     """The target process: a TCP-only engine with a GPU and a CPU region, driven by PipeProcess.call."""
     torch.cuda.set_device(TARGET_GPU)
-    engine = IOEngine("target", IOEngineConfig(host="127.0.0.1", port=0))
+    engine = IOEngine(key, IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
     tensors = _tensors(f"cuda:{TARGET_GPU}")
     descs = {k: engine.register_torch_tensor(t).pack() for k, t in tensors.items() if k != "GPU_ALLOCATION"}
@@ -66,8 +66,8 @@ def _serve() -> bytes:
 class _Target(PipeProcess):
     """The target process; every wait has a timeout and the process is always reaped."""
 
-    def __init__(self) -> None:
-        super().__init__(_serve, (), "target", 120.0)
+    def __init__(self, key: str = "target") -> None:
+        super().__init__(_serve, (key,), key, 120.0)
         self.mems = {k: MemoryDesc.unpack(v) for k, v in self.call("descs").items()}
 
 
@@ -167,7 +167,7 @@ def test_a_killed_target_never_leaves_success_with_bytes_missing(pair: Any) -> N
     one that says SUCCESS has every byte of its block in local GPU memory. 256 reads of 1 MiB take
     tens of milliseconds; the target dies after the first eight."""
     engine, _, tensors, descs = pair
-    doomed = _Target()
+    doomed = _Target("doomed")  # an engine key of its own: transfers go to it, not to the pair's target
     try:
         doomed.call("register_engine", engine.get_engine_desc().pack())
         engine.register_remote_engine(doomed.desc)

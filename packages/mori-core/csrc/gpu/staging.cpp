@@ -49,7 +49,7 @@ size_t capacity_for(size_t bytes) {
 // queries there need no push (a UCX worker polls one each progress while a copy runs).
 thread_local uintptr_t tlsContext = 0;
 thread_local bool ownThread = false;  // own_thread()
-thread_local uintptr_t tlsPushed = 0;  // the context a Pushed of this thread holds current now
+thread_local uintptr_t tlsPushed = 0;  // the context a Current of this thread holds pushed now
 
 // Makes c's context current on one of mori's own threads for good; false when the driver refused
 // (the caller then pushes it).
@@ -79,44 +79,31 @@ void poll_until(Ready ready) {
     }
 }
 
-// The context pushed on the calling thread (unless it is that thread's own for good) with its
-// stream-capture mode relaxed, for a call outside a Stager::Op (the pool's allocations and
-// event queries from any thread).
-class Pushed {
-public:
-    explicit Pushed(const StagingConfig& c) : c_(c), mode_(kCaptureRelaxed) {
-        if (tlsContext == c.context || tlsPushed == c.context || (ownThread && adopt(c))) return;
-        const Driver& d = c.driver;
-        check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
-        const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
-        if (r != 0) {
-            reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
-            check(r, "cuCtxPushCurrent");
-        }
-        pushed_ = true;
-        outer_ = tlsPushed;
-        tlsPushed = c.context;
-    }
-    ~Pushed() {
-        if (!pushed_) return;
-        tlsPushed = outer_;
-        void* popped = nullptr;
-        reinterpret_cast<CtxPopCurrentFn>(c_.driver.ctxPopCurrent)(&popped);
-        reinterpret_cast<ExchangeCaptureModeFn>(c_.driver.exchangeCaptureMode)(&mode_);
-    }
-    Pushed(const Pushed&) = delete;
-    Pushed& operator=(const Pushed&) = delete;
-
-private:
-    const StagingConfig& c_;
-    int mode_;
-    bool pushed_ = false;
-    uintptr_t outer_ = 0;  // the context an enclosing Pushed of this thread holds current
-};
-
 }  // namespace
 
 void own_thread() { ownThread = true; }
+
+Current::Current(const StagingConfig& c) : c_(c), mode_(kCaptureRelaxed) {
+    if (tlsContext == c.context || tlsPushed == c.context || (ownThread && adopt(c))) return;
+    const Driver& d = c.driver;
+    check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
+    const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
+    if (r != 0) {
+        reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
+        check(r, "cuCtxPushCurrent");
+    }
+    pushed_ = true;
+    outer_ = tlsPushed;
+    tlsPushed = c.context;
+}
+
+Current::~Current() {
+    if (!pushed_) return;
+    tlsPushed = outer_;
+    void* popped = nullptr;
+    reinterpret_cast<CtxPopCurrentFn>(c_.driver.ctxPopCurrent)(&popped);
+    reinterpret_cast<ExchangeCaptureModeFn>(c_.driver.exchangeCaptureMode)(&mode_);  // the thread's own again
+}
 
 size_t Stager::thread_lane() {
     static std::atomic<size_t> next{0};
@@ -156,7 +143,7 @@ public:
         void* p = nullptr;
         int r = 0;
         try {
-            const Pushed pushed(c_);
+            const Current current(c_);
             r = reinterpret_cast<MemHostAllocFn>(c_.driver.memHostAlloc)(&p, capacity, 0);
         } catch (const std::exception&) {
             r = -1;
@@ -214,7 +201,7 @@ public:
     }
     // 0 once the copy `event` follows has ended, kNotReady before, else the CUresult of its failure.
     int query(void* event) const {
-        const Pushed pushed(c_);  // nothing to do where the context is current already
+        const Current current(c_);  // nothing to do where the context is current already
         return reinterpret_cast<EventQueryFn>(c_.driver.eventQuery)(event);
     }
     const StagingConfig& config() const { return c_; }
@@ -254,7 +241,7 @@ private:
     void free(const std::vector<uint8_t*>& ps, const std::vector<void*>& events = {}) {
         if (ps.empty() && events.empty()) return;
         try {
-            const Pushed pushed(c_);
+            const Current current(c_);
             for (uint8_t* p : ps) reinterpret_cast<MemFreeHostFn>(c_.driver.memFreeHost)(p);
             for (void* e : events) reinterpret_cast<EventDestroyFn>(c_.driver.eventDestroy)(e);
         } catch (const std::exception&) {  // the context is gone: it freed them
@@ -294,7 +281,7 @@ bool Staged::copied() {
 
 void Staged::wait() {
     if (event_ == nullptr) return;
-    const Pushed pushed(pool_->config());  // once for the whole wait, not per poll
+    const Current current(pool_->config());  // once for the whole wait, not per poll
     poll_until([this] { return copied(); });
 }
 
@@ -343,7 +330,7 @@ PoolStats Stager::stats() const { return pool_->stats(); }
 
 void Stager::check_device_memory(uint64_t addr, uint64_t bytes) const {
     if (addr == 0 || bytes == 0) throw std::invalid_argument("GPU memory to stage must be a non-empty range");
-    const Pushed pushed(c_);
+    const Current current(c_);
     for (const uint64_t p : {addr, addr + bytes - 1}) {
         unsigned type = 0;
         const int r = reinterpret_cast<PointerGetAttributeFn>(c_.driver.pointerGetAttribute)(&type, kPointerMemoryType, p);
@@ -382,24 +369,8 @@ void Stager::check_healthy() const {
 
 Stager::Op::Op(Stager& s, size_t lane)
     : s_(s), stream_(s.lanes_[lane % s.lanes_.size()]->stream), lock_(s.lanes_[lane % s.lanes_.size()]->mu),
-      mode_(kCaptureRelaxed) {
+      current_(s.c_) {
     s.check_healthy();
-    if (tlsContext == s.c_.context || (ownThread && adopt(s.c_))) return;
-    const Driver& d = s.c_.driver;
-    check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
-    const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(s.c_.context));
-    if (r != 0) {
-        reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
-        check(r, "cuCtxPushCurrent");
-    }
-    pushed_ = true;
-}
-
-Stager::Op::~Op() {
-    if (!pushed_) return;
-    void* popped = nullptr;
-    reinterpret_cast<CtxPopCurrentFn>(s_.c_.driver.ctxPopCurrent)(&popped);
-    reinterpret_cast<ExchangeCaptureModeFn>(s_.c_.driver.exchangeCaptureMode)(&mode_);  // the thread's own again
 }
 
 void Stager::Op::wait_stream(const char* what) {

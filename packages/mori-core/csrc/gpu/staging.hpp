@@ -85,6 +85,25 @@ struct PoolStats {
 class StagingPool;
 class Stager;
 
+// The context of c current on the calling thread while this lives, with the thread's
+// stream-capture mode relaxed: while the application captures a CUDA graph in the global mode,
+// the driver refuses these calls from any other thread of the process and invalidates the
+// capture. Nothing to do where it is current already (a thread of mori's own, own_thread(), keeps
+// it current for good; an enclosing Current of the same thread holds it); else pushed and popped.
+class Current {
+public:
+    explicit Current(const StagingConfig& c);
+    ~Current();
+    Current(const Current&) = delete;
+    Current& operator=(const Current&) = delete;
+
+private:
+    const StagingConfig& c_;
+    int mode_;             // the thread's capture mode before
+    bool pushed_ = false;
+    uintptr_t outer_ = 0;  // the context an enclosing Current of this thread holds
+};
+
 // Host memory that staged bytes pass through: pinned memory lent by a pool (given back when this
 // goes), or heap memory when pinning failed (then copied through with a wait, never async).
 class Staged {
@@ -151,16 +170,12 @@ public:
     // with its stream-capture mode relaxed; false (and why) if the driver refused.
     bool make_current(std::string& why) const;
 
-    // One operation on the stream, for callers that queue work of their own on it (the UCX
-    // engine's atomic kernels): holds the Stager's lock, refuses after a timed-out wait, and
-    // makes the context current on the calling thread (any thread) until it goes, with the
-    // thread's stream-capture mode relaxed meanwhile: while the application captures a CUDA
-    // graph in the global mode, the driver refuses these calls from any other thread of the
-    // process and invalidates the capture.
+    // One operation on a lane's stream, for callers that queue work of their own on it (the UCX
+    // engine's atomic kernels): holds the lane's lock, refuses after a timed-out wait, and keeps
+    // the context current on the calling thread (any thread) until it goes (Current).
     class Op {
     public:
         explicit Op(Stager& s, size_t lane = 0);
-        ~Op();
         Op(const Op&) = delete;
         Op& operator=(const Op&) = delete;
         // Until the stream is idle: bounded by the timeout, after which this and every later
@@ -173,8 +188,7 @@ public:
         Stager& s_;
         uintptr_t stream_;
         std::lock_guard<std::mutex> lock_;
-        int mode_;  // the thread's capture mode before
-        bool pushed_ = false;
+        Current current_;
     };
 
 private:
