@@ -210,7 +210,8 @@ def _rdma_pair(monkeypatch: pytest.MonkeyPatch) -> tuple[IOEngine, IOEngine]:
     from mori.io import RdmaBackendConfig
 
     monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
-    a, b = IOEngine("ini", IOEngineConfig(host="127.0.0.1", port=0)), IOEngine("tgt", IOEngineConfig(host="127.0.0.1", port=0))
+    a = IOEngine("ini", IOEngineConfig(host="127.0.0.1", port=0))
+    b = IOEngine("tgt", IOEngineConfig(host="127.0.0.1", port=0))
     for e in (a, b):
         e.create_backend(BackendType.RDMA, RdmaBackendConfig(num_worker_threads=1))
     a.register_remote_engine(b.get_engine_desc())

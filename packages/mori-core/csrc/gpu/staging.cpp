@@ -225,7 +225,8 @@ public:
             std::unique_lock lk(mu_);
             if (closed_) return;
             closed_ = true;
-            if (wait && !back_.wait_for(lk, std::chrono::duration<double>(c_.timeout), [&] { return stats_.lent == 0; }))
+            const auto timeout = std::chrono::duration<double>(c_.timeout);
+            if (wait && !back_.wait_for(lk, timeout, [&] { return stats_.lent == 0; }))
                 std::fprintf(stderr, "%s: staged GPU bytes of %zu transfers were still in use when the staging "
                                      "closed (%s)\n", c_.owner.c_str(), stats_.lent, c_.timeoutSetting.c_str());
             for (auto& [capacity, ps] : cached_) all.insert(all.end(), ps.begin(), ps.end());
@@ -310,7 +311,8 @@ void Staged::clear() {
 }
 
 Stager::Stager(StagingConfig c) : c_(std::move(c)) {
-    if (!c_.context || c_.streams.empty()) throw std::invalid_argument("GPU staging needs a CUDA context and a stream of it");
+    if (!c_.context || c_.streams.empty())
+        throw std::invalid_argument("GPU staging needs a CUDA context and a stream of it");
     for (const uintptr_t stream : c_.streams) {
         if (!stream) throw std::invalid_argument("GPU staging: a null stream");
         lanes_.push_back(std::make_unique<Lane>());
@@ -333,7 +335,8 @@ void Stager::check_device_memory(uint64_t addr, uint64_t bytes) const {
     const Current current(c_);
     for (const uint64_t p : {addr, addr + bytes - 1}) {
         unsigned type = 0;
-        const int r = reinterpret_cast<PointerGetAttributeFn>(c_.driver.pointerGetAttribute)(&type, kPointerMemoryType, p);
+        const auto getAttribute = reinterpret_cast<PointerGetAttributeFn>(c_.driver.pointerGetAttribute);
+        const int r = getAttribute(&type, kPointerMemoryType, p);
         if (r != 0 || type != kMemoryTypeDevice) {
             char where[64];
             std::snprintf(where, sizeof(where), "0x%llx", static_cast<unsigned long long>(p));

@@ -4,9 +4,9 @@
 //
 // A Stager owns CUDA streams (lanes) of one context and a StagingPool of pinned host memory of
 // that context. Copies of one lane run in order; callers on different threads take different
-// lanes (thread_lane), so that their copies neither queue behind each other nor share a lock. `to_host` queues a copy-engine copy of device bytes into memory lent by the pool,
-// `landing` lends memory to receive into, `to_device` queues the copy of received bytes to the
-// device. Each copy is followed by an event, so a caller copies piece k+1 while the wire moves
+// lanes (thread_lane), so that their copies neither queue behind each other nor share a lock.
+// `to_host` queues a copy-engine copy of device bytes into memory lent by the pool, `landing`
+// lends memory to receive into, `to_device` queues the copy of received bytes to the device. Each copy is followed by an event, so a caller copies piece k+1 while the wire moves
 // piece k and asks Staged::copied() (or waits with Staged::wait()) before it sends or answers.
 // Lent memory goes back to the pool when its Staged goes; the pool keeps up to `cacheBytes` of it
 // for the next transfer, frees the rest, and never lends memory whose copy may still run.

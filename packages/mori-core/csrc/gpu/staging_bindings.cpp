@@ -113,7 +113,9 @@ mori::native::Registration reg([](py::module_& root) {
 
     m.def(
         "host_standin_stager",
-        [](double timeout, size_t cacheBytes) { return std::make_shared<Stager>(standin::config(timeout, cacheBytes)); },
+        [](double timeout, size_t cacheBytes) {
+            return std::make_shared<Stager>(standin::config(timeout, cacheBytes));
+        },
         py::arg("timeout") = 30.0, py::arg("cache_bytes") = kDefaultCacheBytes,
         "A Stager whose driver is the host stand-in: device addresses are host addresses.");
     m.def(

@@ -169,9 +169,9 @@ class RdmaBackend(Backend):
         self._notify = bool(config.enable_notification)
         self._connector = PeerConnector("RDMA", self._connect_peer, self._start_accepted)
         ctx.add_control_handler("rdma.connect", self._handle_connect)
-        ctx.log.info("RDMA backend on UCX %s (%s, %s), transports %s; GPU memory %s", ".".join(map(str, info["version"])),
-                     info["path"], info["source"], ",".join(transports) if transports else "UCX's choice",
-                     self.gpu_memory)
+        ctx.log.info("RDMA backend on UCX %s (%s, %s), transports %s; GPU memory %s",
+                     ".".join(map(str, info["version"])), info["path"], info["source"],
+                     ",".join(transports) if transports else "UCX's choice", self.gpu_memory)
 
     @property
     def gpu_memory(self) -> str:
