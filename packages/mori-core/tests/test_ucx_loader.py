@@ -131,3 +131,21 @@ def test_auto_workers_is_two_from_eight_cores(monkeypatch: pytest.MonkeyPatch, c
                                               workers: int) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     assert ucx.auto_workers() == workers
+
+
+def test_mori_rdma_devices_become_ucx_net_devices(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """MORI_RDMA_DEVICES as UCX's NET_DEVICES, for every engine mori makes: an RDMA device becomes
+    each of its ports, other names pass as they are, ``^`` excludes; unset, no setting."""
+    for port in ("1", "2"):
+        (tmp_path / "mlx5_0" / "ports" / port).mkdir(parents=True)
+    assert ucx.net_devices((False, ("mlx5_0", "mlx5_1:1", "eth0")), tmp_path) == "mlx5_0:1,mlx5_0:2,mlx5_1:1,eth0"
+    assert ucx.net_devices((True, ("mlx5_0",)), tmp_path) == "^mlx5_0:1,mlx5_0:2"
+    monkeypatch.delenv("MORI_RDMA_DEVICES", raising=False)
+    assert ucx.selected_devices() == {}
+    monkeypatch.setenv("MORI_RDMA_DEVICES", "lo")  # the loopback interface, for UCX's tcp transport
+    assert ucx.selected_devices() == {"NET_DEVICES": "lo"}
+    engine = ucx.make_engine("net-devices", ucx.selected_devices())
+    try:
+        assert ("NET_DEVICES", "lo") in engine.settings
+    finally:
+        engine.close()

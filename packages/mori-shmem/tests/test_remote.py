@@ -123,9 +123,11 @@ def test_two_hosts_every_op_every_pe_unique_id(workers: str) -> None:
 
 
 def test_disable_p2p_on_one_host_every_op_every_pe() -> None:
-    """MORI_DISABLE_P2P (ON, 1, true) on one host: every peer goes through the remote transport."""
-    for n, value in ((2, "ON"), (4, "1"), (2, "true")):
-        pool = PePool(n, {**CPU_ENV, "MORI_DISABLE_P2P": value}, timeout=120)
+    """MORI_DISABLE_P2P (ON, 1, true) on one host: every peer goes through the remote transport;
+    with MORI_RDMA_DEVICES naming the loopback interface, the remote transport's UCX uses it (as a
+    multi-NIC host names its NICs)."""
+    for n, value, devices in ((2, "ON", {}), (4, "1", {}), (2, "true", {"MORI_RDMA_DEVICES": "lo"})):
+        pool = PePool(n, {**CPU_ENV, "MORI_DISABLE_P2P": value, **devices}, timeout=120)
         try:
             results = pool.run_each(pe_rma_everywhere, [([q for q in range(n) if q != pe],) for pe in range(n)])
             assert [r["p2p"] for r in results] == [[q == pe for q in range(n)] for pe in range(n)]

@@ -53,8 +53,8 @@ from ._native.ucx import (
 from .codes import TransferOp
 
 __all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "UcxWindow", "auto_workers", "candidates",
-           "gpudirect_transports", "has_verbs", "library_info", "load", "make_engine", "stage_gpu", "stop_staging_gpu",
-           "transports"]
+           "gpudirect_transports", "has_verbs", "library_info", "load", "make_engine", "net_devices",
+           "selected_devices", "stage_gpu", "stop_staging_gpu", "transports"]
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values
 
@@ -206,3 +206,23 @@ def stop_staging_gpu(engine: UcxEngine) -> None:
     """Undoes :func:`stage_gpu` (waiting, at most the engine's timeout, for transfers still using
     the staging); the stager stays open, its owner's to close."""
     ucx_stop_serving_gpu(engine)
+
+
+def net_devices(selection: tuple[bool, tuple[str, ...]], sysfs: Path = Path("/sys/class/infiniband")) -> str:
+    """``MORI_RDMA_DEVICES`` (parsed: ``(exclude, names)``) as UCX's ``NET_DEVICES``: an RDMA device
+    name becomes each of its ports (``mlx5_0`` -> ``mlx5_0:1``); other names (``mlx5_0:2``, a
+    network interface for the tcp transport) pass as they are; ``^`` excludes."""
+    exclude, names = selection
+    out: list[str] = []
+    for name in names:
+        ports = sorted(p.name for p in (sysfs / name / "ports").glob("*")) if ":" not in name else []
+        out += [f"{name}:{p}" for p in ports] or [name]
+    return ("^" if exclude else "") + ",".join(out)
+
+
+def selected_devices() -> dict[str, str]:
+    """The UCX settings ``MORI_RDMA_DEVICES`` asks for (``{"NET_DEVICES": ...}``), or none when it is
+    unset: the NICs MORI's engines use, for every engine mori makes (mori-io's RDMA backend,
+    mori.shmem's remote transport)."""
+    devices = config.get("MORI_RDMA_DEVICES")
+    return {} if devices is None else {"NET_DEVICES": net_devices(devices)}

@@ -144,8 +144,10 @@ class UcxTransport(RemoteTransport):
         # for the peer's answer (stand_aside=False): put+signal ping-pongs between namespaces on
         # the 2-core VM took 40.3 µs one way with it standing aside, 29.8-33.9 without.
         workers = config.get("MORI_SHMEM_UCX_WORKERS") or ucx.auto_workers()
-        self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", workers=workers, round_robin=False,
-                                       stand_aside=False, timeout=timeout, timeout_setting="MORI_SHMEM_TIMEOUT")
+        # MORI_RDMA_DEVICES picks the NICs, as for mori-io's RDMA backend (multi-NIC EP hosts).
+        self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", ucx.selected_devices(), workers=workers,
+                                       round_robin=False, stand_aside=False, timeout=timeout,
+                                       timeout_setting="MORI_SHMEM_TIMEOUT")
         self._peers: dict[int, Any] = {}
         self._registered = 0  # heap bytes registered, from offset 0
         self._words: Any = None

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from mori.core import config as mori_config
@@ -50,20 +49,10 @@ from ..base import (
 
 __all__ = ["RdmaBackend", "ucx_net_devices"]
 
+ucx_net_devices = ucx.net_devices  # mori-core's, under the name this module has always given it
+
 _SERVED = (MemoryLocationType.CPU, MemoryLocationType.GPU)
 SEND_WR_DEFAULT = 8192  # MORI's send queue depth per queue pair when max_send_wr is 0
-
-
-def ucx_net_devices(selection: tuple[bool, tuple[str, ...]], sysfs: Path = Path("/sys/class/infiniband")) -> str:
-    """``MORI_RDMA_DEVICES`` as UCX's ``NET_DEVICES``: an RDMA device name becomes each of its
-    ports (``mlx5_0`` -> ``mlx5_0:1``); other names (``mlx5_0:2``, a network interface for the
-    tcp transport) pass as they are; ``^`` excludes."""
-    exclude, names = selection
-    out: list[str] = []
-    for name in names:
-        ports = sorted(p.name for p in (sysfs / name / "ports").glob("*")) if ":" not in name else []
-        out += [f"{name}:{p}" for p in ports] or [name]
-    return ("^" if exclude else "") + ",".join(out)
 
 
 def _selected(found: list[str], selection: tuple[bool, tuple[str, ...]] | None) -> list[str]:
@@ -101,13 +90,9 @@ def _workers(config: RdmaBackendConfig) -> tuple[int, bool]:
     return ucx.auto_workers(), False
 
 
-def _settings(transports: tuple[str, ...] | None, devices: Any) -> list[tuple[str, str]]:
-    settings = []
-    if transports is not None:
-        settings.append(("TLS", ",".join(transports)))
-    if devices is not None:
-        settings.append(("NET_DEVICES", ucx_net_devices(devices)))
-    return settings
+def _settings(transports: tuple[str, ...] | None) -> list[tuple[str, str]]:
+    settings = [] if transports is None else [("TLS", ",".join(transports))]
+    return settings + list(ucx.selected_devices().items())
 
 
 def _refused(err: ValueError | RuntimeError) -> Outcome:
@@ -140,7 +125,7 @@ class RdmaBackend(Backend):
                     "they never find one: install a UCX built with verbs (Debian's libucx0, or name one with "
                     "MORI_UCX_LIB), or allow other UCX transports with MORI_IO_RDMA_TRANSPORTS (e.g. "
                     "'tcp,sm,self' to run the RDMA backend over TCP).")
-        settings = _settings(transports, devices)
+        settings = _settings(transports)
         workers, round_robin = _workers(config)
         try:
             self._engine = ucx.UcxEngine(
