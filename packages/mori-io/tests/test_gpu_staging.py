@@ -252,3 +252,24 @@ def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(host_gpu: Any, monkeypatch:
     finally:
         a.close()
         b.close()
+
+
+def test_rdma_deregistration_waits_for_staged_copies_in_flight(host_gpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = _rdma_pair(monkeypatch)
+    mine, theirs = np.full(MiB, 7, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.CPU)
+        rd = b.register_memory(theirs.ctypes.data, theirs.size, 0, MemoryLocationType.GPU)
+        assert _done(a.write(ld, 0, rd, 0, 4096, 1)).Succeeded()
+        testing.standin_knobs(delay=0.5)  # the target's copy to its "GPU" ends 0.5 s after it starts
+        st_ = a.write(ld, 0, rd, 0, MiB, 2)
+        time.sleep(0.1)  # the blocks are in, their copies running
+        started = time.monotonic()
+        b.deregister_memory(rd)
+        assert time.monotonic() - started >= 0.2, "deregistration did not wait for the staged copies"
+        assert _done(st_).Succeeded(), st_.Message()
+        assert np.array_equal(theirs, mine)
+    finally:
+        testing.standin_knobs()
+        a.close()
+        b.close()
