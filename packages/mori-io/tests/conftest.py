@@ -1,9 +1,13 @@
 """Fixtures: a long-lived target engine process per module and an initiator engine here; for the
 client replays (test_client_replays*.py), the backend they run on and their initiator engine; for
-the hostile-load tests (test_hostile*.py), targets under lowered limits."""
+the hostile-load tests (test_hostile*.py), targets under lowered limits; for the examples that
+listen on MORI's fixed ports, a lock that makes them take turns."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import tempfile
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -16,6 +20,18 @@ from _peer import PeerProcess, SharedBuffer
 from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, TcpBackendConfig
 
 REGION = (64 << 20) + 4096
+#: Held by a test while its engines listen on ports 8080 and 8081, as MORI's example and the seed's do.
+FIXED_PORTS_LOCK = os.path.join(tempfile.gettempdir(), "mori-io-tests-ports-8080-8081.lock")
+
+
+@pytest.fixture()
+def fixed_ports() -> Iterator[None]:
+    """Waits for, then holds, a machine-wide lock on ports 8080/8081: the test runs in parallel
+    (pytest-xdist workers, and ci/newest.sh's run beside the main one), and two examples on the
+    same fixed ports at once would fail to listen."""
+    with open(FIXED_PORTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="module")

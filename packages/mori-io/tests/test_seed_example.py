@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the seed example uses torch tensors (torch is in ci/requirements-dev.txt)")
 
 
+@pytest.mark.usefixtures("fixed_ports")  # the seed's ports, 8080 and 8081
 def test_seed_basic_read_write():
     from mori.io import (
         BackendType,

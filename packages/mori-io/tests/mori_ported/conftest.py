@@ -1,5 +1,6 @@
-"""Marks the ported cases that cannot pass reliably over TCP (README.md says why), leaving
-MORI's test files as MORI wrote them apart from the substitutions listed there."""
+"""Marks the ported cases that cannot pass reliably over TCP (README.md says why), and makes
+MORI's example take the ``fixed_ports`` lock, leaving MORI's test files as MORI wrote them apart
+from the substitutions listed there."""
 
 from __future__ import annotations
 
@@ -15,3 +16,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.originalname == "test_rdma_backend_ops" and params is not None \
                 and not params.params["enable_batch"] and params.params["batch_size"] > 1:
             item.add_marker(pytest.mark.xfail(reason=_RACE, strict=False))
+
+
+@pytest.fixture(autouse=True)
+def _example_takes_turns_on_its_ports(request: pytest.FixtureRequest) -> None:
+    """MORI's example listens on ports 8080 and 8081: it holds the ``fixed_ports`` lock while it runs."""
+    if request.path.name == "test_example.py":
+        request.getfixturevalue("fixed_ports")
