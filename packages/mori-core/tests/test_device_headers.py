@@ -306,11 +306,16 @@ def test_nvcc_whole_program_cubin_keeps_state_symbol(nvcc: Path, workdir: Path) 
     assert b"globalGpuStates\0" in cubin.read_bytes() and b"globalGpuStatesFast\0" in cubin.read_bytes()
 
 
-def test_nvrtc_ptx(workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# NVRTC's two modes are two tests (half a minute of CPU each), which parallel runs spread.
+def test_nvrtc_ptx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MORI_CACHE_DIR", str(tmp_path))  # a fresh cache: really compile
     ptx = _nvrtc_ptx(ALL_SOURCE, "-rdc=true")
     _check_ptx(ptx, "NVRTC")
     assert ".visible .global .align 8 .b8 globalGpuStates[64];" in ptx
+
+
+def test_nvrtc_whole_program_ptx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MORI_CACHE_DIR", str(tmp_path))  # a fresh cache: really compile
     whole = _nvrtc_ptx(ALL_SOURCE)  # the single-file kernel mori-shmem's users compile
     _check_ptx(whole, "NVRTC (whole program)")
 
