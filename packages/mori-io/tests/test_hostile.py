@@ -52,6 +52,7 @@ def _hello(s: socket.socket, key: str = "raw", token: str = "") -> None:
     assert msgpack.unpackb(s.recv(n, socket.MSG_WAITALL))["ok"]
 
 
+@pytest.mark.quiet  # what the target did within a fraction of a second
 def test_control_plane_survives_fd_exhaustion(make_target):
     # Hole 1: with its descriptors used up by silent connections, the control plane's accept
     # loop used to die for good; now it backs off and serves again once they close.
@@ -66,6 +67,7 @@ def test_control_plane_survives_fd_exhaustion(make_target):
     good_write(target, 5)
 
 
+@pytest.mark.quiet  # what the target did within a fraction of a second
 def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
     # Hole 3: threads, time and bytes that unauthenticated or idle peers hold are bounded.
     target = make_target({"MORI_IO_MAX_HANDSHAKES": "4", "MORI_IO_HELLO_TIMEOUT": "1", "MORI_IO_MAX_CONNECTIONS": "40",

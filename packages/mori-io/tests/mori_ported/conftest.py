@@ -1,10 +1,15 @@
-"""Marks the ported cases that cannot pass reliably over TCP (README.md says why), and makes
-MORI's example take the ``fixed_ports`` lock, leaving MORI's test files as MORI wrote them apart
-from the substitutions listed there."""
+"""Marks the ported cases that cannot pass reliably over TCP (README.md says why) and the one
+that times a wait to tens of milliseconds (``quiet``: run alone), and makes MORI's example take
+the ``fixed_ports`` lock, leaving MORI's test files as MORI wrote them apart from the
+substitutions listed there."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+HERE = Path(__file__).resolve().parent
 
 _RACE = ("MORI's check compares the whole buffer after waiting for the first of 64 separate transfers; "
          "it holds on MORI only when RDMA has finished the other 63 by then (timing, not an API guarantee)")
@@ -12,6 +17,8 @@ _RACE = ("MORI's check compares the whole buffer after waiting for the first of 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if item.name == "test_wait_for_blocks_and_releases_gil" and item.path.parent == HERE:
+            item.add_marker(pytest.mark.quiet)  # asserts 0.03 s < a 0.05 s wait < 0.30 s
         params = getattr(item, "callspec", None)
         if item.originalname == "test_rdma_backend_ops" and params is not None \
                 and not params.params["enable_batch"] and params.params["batch_size"] > 1:
