@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The newest-releases job (ci/test.sh runs it after the main one): a second, small environment
-# with the newest torch and Triton that pip resolves (ci/requirements-newest.txt, unpinned) and
-# mori's four packages installed from wheels built from this checkout. From outside the source
-# tree, so that every import is of the installed packages, it runs:
+# The newest-releases job (ci/test.sh runs it beside the main tests): a second, small
+# environment with the newest torch and Triton that pip resolves (ci/requirements-newest.txt,
+# unpinned) and mori's four packages installed from wheels built from this checkout. From outside
+# the source tree, so that every import is of the installed packages, it runs:
 #   - mori-triton's CPU tests: Triton, LLVM IR and MLIR to PTX, the bitcode and its rebuild;
 #   - mori-io's tests that take torch tensors (the io test files that import torch or the client
 #     replays' helpers, _kv_clients, whose caches are torch tensors);
 #   - mori.ops's CPU tests (mori-shmem's test_ops_*.py).
-# The environment lives in a temporary folder, built anew each run (about 6 GB: torch's CUDA
-# wheels, which torch needs to import even on a CPU), and is removed at exit.
+# Each runs on several pytest-xdist workers. The environment lives in a temporary folder, built
+# anew each run (about 6 GB: torch's CUDA wheels, which torch needs to import even on a CPU), and
+# is removed at exit.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# Installed without byte code (--no-compile below), torch is compiled as it is imported: once, if
+# Python may write the byte code; in every test process (3 s of CPU each), where a machine sets
+# PYTHONDONTWRITEBYTECODE. numpy's BLAS: one thread (see ci/test.sh).
+unset PYTHONDONTWRITEBYTECODE
+export OPENBLAS_NUM_THREADS=1
 [ -x .venv/bin/python ] || bash ci/setup.sh  # clang-19 and the build tools come from there
 start=$SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/mori-newest.XXXXXX")
@@ -20,8 +26,13 @@ env=$work/venv
 wheels=$work/wheels
 
 echo "-- wheels"
+# mori-core's build hook links the native module into the tree it builds from, where ci/test.sh's
+# other jobs are importing it at the same time: its wheel is built from a copy (the compiled
+# objects copied too, with their times, so the hook only links).
+mkdir "$work/src"
+cp -a packages/version.py packages/mori-core "$work/src/"
 .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w "$wheels" \
-  packages/mori-core packages/mori-shmem packages/mori-io packages/mori-triton
+  "$work/src/mori-core" packages/mori-shmem packages/mori-io packages/mori-triton
 one() { local found=("$wheels"/"$1"-*.whl); echo "${found[0]}"; }
 wheels_built=$((SECONDS - start))
 
@@ -55,14 +66,17 @@ print("newest: " + ", ".join(f"{name} {version(name)}" for name in names))
 PY
 echo "newest: wheels built in ${wheels_built} s, environment installed in $((built - wheels_built)) s"
 
-run_tests() { "$env/bin/python" -m pytest -c "$root/pyproject.toml" -m "not gpu" -p no:cacheprovider "$@"; }
+# Not the tests marked quiet either: they run alone in the main job, and this one runs beside others.
+tests() {
+  "$env/bin/python" -m pytest -c "$root/pyproject.toml" -m "not gpu and not quiet" -p no:cacheprovider \
+    -n "$(nproc)" --dist worksteal "$@"
+}
 echo "-- mori-triton (installed)"
-run_tests "$root/packages/mori-triton/tests"
-echo "-- mori-io: the tests that take torch tensors"
-# every test file that imports torch or the client replays' helpers (_kv_clients: caches as tensors)
+tests "$root/packages/mori-triton/tests"
+echo "-- mori-io's tests that take torch tensors, and mori.ops's CPU tests"
+# every mori-io test file that imports torch or the client replays' helpers (_kv_clients: caches
+# as tensors); one session with mori.ops's, not with mori-triton's (both packages have a test_gpu.py)
 mapfile -t io_tests < <(grep -rlE --include='test_*.py' \
   '^(import torch|torch = pytest.importorskip|from _kv_clients import)' "$root/packages/mori-io/tests" | sort)
-run_tests "${io_tests[@]}"
-echo "-- mori.ops: CPU tests"
-run_tests "$root"/packages/mori-shmem/tests/test_ops_*.py
+tests "${io_tests[@]}" "$root"/packages/mori-shmem/tests/test_ops_*.py
 echo "newest: passed in $((SECONDS - start)) s (the environment's removal follows)"
