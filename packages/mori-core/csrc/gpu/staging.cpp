@@ -51,15 +51,19 @@ thread_local uintptr_t tlsContext = 0;
 thread_local bool ownThread = false;  // own_thread()
 thread_local uintptr_t tlsPushed = 0;  // the context a Current of this thread holds pushed now
 
-// Makes c's context current on one of mori's own threads for good; false when the driver refused
-// (the caller then pushes it).
-bool adopt(const StagingConfig& c) {
+// Makes c's context current on the calling thread for good, with its stream-capture mode
+// relaxed (a thread of mori's own: Current, Stager::make_current); "" or which call the driver
+// refused (a Current then pushes the context instead).
+std::string adopt(const StagingConfig& c) {
+    tlsContext = 0;
     const Driver& d = c.driver;
-    if (reinterpret_cast<CtxSetCurrentFn>(d.ctxSetCurrent)(reinterpret_cast<void*>(c.context)) != 0) return false;
+    int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxSetCurrent)(reinterpret_cast<void*>(c.context));
+    if (r != 0) return "cuCtxSetCurrent failed (CUresult " + std::to_string(r) + ")";
     int mode = kCaptureRelaxed;
-    reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode);
+    r = reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode);
+    if (r != 0) return "cuThreadExchangeStreamCaptureMode failed (CUresult " + std::to_string(r) + ")";
     tlsContext = c.context;
-    return true;
+    return "";
 }
 
 void check(int result, const char* call) {
@@ -84,7 +88,7 @@ void poll_until(Ready ready) {
 void own_thread() { ownThread = true; }
 
 Current::Current(const StagingConfig& c) : c_(c), mode_(kCaptureRelaxed) {
-    if (tlsContext == c.context || tlsPushed == c.context || (ownThread && adopt(c))) return;
+    if (tlsContext == c.context || tlsPushed == c.context || (ownThread && adopt(c).empty())) return;
     const Driver& d = c.driver;
     check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
     const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
@@ -349,20 +353,8 @@ void Stager::check_device_memory(uint64_t addr, uint64_t bytes) const {
 }
 
 bool Stager::make_current(std::string& why) const {
-    tlsContext = 0;
-    const Driver& d = c_.driver;
-    int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxSetCurrent)(reinterpret_cast<void*>(c_.context));
-    if (r != 0) {
-        why = "cuCtxSetCurrent failed (CUresult " + std::to_string(r) + ")";
-        return false;
-    }
-    int mode = kCaptureRelaxed;
-    r = reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode);
-    if (r != 0)
-        why = "cuThreadExchangeStreamCaptureMode failed (CUresult " + std::to_string(r) + ")";
-    else
-        tlsContext = c_.context;
-    return r == 0;
+    why = adopt(c_);
+    return why.empty();
 }
 
 void Stager::check_healthy() const {
