@@ -223,6 +223,22 @@ VARIABLES: dict[str, Variable] = {
                  "transfers need it, and freed when it comes back).", SIZE_FORMS),
         Variable("MORI_SHMEM_BC", _text, None, "Path of libmori_shmem_device.bc to use instead of the packaged one.",
                  "a path"),
+        # MORI-EP (mori.ops), read when an EpDispatchCombineOp is built.
+        Variable("MORI_EP_LAUNCH_CONFIG_MODE", _choice("manual", "auto"), "manual",
+                 "mori.ops launch geometry: 'manual' takes block_num/warp_per_block from the config and each "
+                 "call; 'auto' uses MORI's fallback geometry per kernel type and ignores the calls' values.",
+                 "MANUAL | AUTO (any case)"),
+        Variable("MORI_FP8_COMBINE_SCALE_DIM", _positive_int, 56,
+                 "Scales per token row of the blockwise combine quantizations (fp8_blockwise, fp4_blockwise): "
+                 "blocks of ceil(hidden / scale_dim) elements; 56 gives blocks of 128 at hidden 7168.",
+                 "a positive integer"),
+        Variable("MORI_EP_COMM", _choice("shmem", "cco"), "shmem",
+                 "What holds mori.ops' symmetric buffers: 'shmem' (mori.shmem's heap); MORI's 'cco' (mori.cco "
+                 "LSA windows) is not provided and is refused when an op is built.", "shmem | cco"),
+        Variable("MORI_ENABLE_SDMA", _bool, False,
+                 "MORI's copy-engine (SDMA) path for AsyncLL's transfers. NVIDIA has no SDMA engines: mori.ops "
+                 "accepts the flag and its kernels move the data either way (docs/ops.md, 'Settings').",
+                 BOOL_FORMS),
     ]
 }
 
