@@ -2,7 +2,10 @@
 memory's all_to_all_vdev, on the same tokens and routing, in one run.
 
 Shapes: decode (128 tokens per rank) and prefill (4096 tokens per rank), hidden 7168, top-8 of 256
-experts, bf16 tokens and fp8 e4m3 tokens with per-128 float32 scales; combine always moves bf16.
+experts, bf16 tokens and fp8 e4m3 tokens with per-128 float32 scales; combine takes bf16 expert
+outputs, sent as they are or under a combine quantization (``--quants``: rows ``mori+fp8_blockwise``
+and so on; their combine bandwidth still counts bf16 bytes, so a quantization shows as a higher
+figure).
 Times are CUDA-event medians per rank, then the slowest rank; bandwidth counts the token bytes a
 rank sends to other ranks (one copy per distinct destination rank, as every method here sends).
 The peers' times include the layout step they need (sorting tokens by destination, exchanging
@@ -170,6 +173,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="decode,prefill")
     ap.add_argument("--methods", default=",".join(MORI_KINDS), help="mori.ops rows to run (of %(default)s)")
+    ap.add_argument("--quants", default="none,fp8_direct_cast,fp8_blockwise,fp4_blockwise",
+                    help="combine quant_type of the mori.ops rows (rows other than 'none' are named method+quant)")
     args = ap.parse_args()
     rank, world = init_world()
     mori.shmem.shmem_torch_process_group_init("default")
@@ -188,16 +193,16 @@ def main() -> None:
             w = torch.rand(n, TOPK, device="cuda")
             s = torch.rand(n, scale_dim, device="cuda") if scale_dim else None
             peers: dict[str, Any] = {}
-            for method in args.methods.split(","):
+            for method, quant in [(m, q) for m in args.methods.split(",") for q in args.quants.split(",")]:
                 cfg = mori.ops.EpDispatchCombineConfig(
                     data_type=torch_dtype, rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=scale_dim,
                     scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=n,
                     num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK, warp_num_per_block=16,
                     block_num=80, kernel_type=mori.ops.EpDispatchCombineKernelType[MORI_KINDS[method]],
-                    gpu_per_node=max(1, world // 2))
+                    gpu_per_node=max(1, world // 2), quant_type=quant)
                 op = mori.ops.EpDispatchCombineOp(cfg)
                 d, c = mori_pair(op, x, w, s, ids, args.iters, args.warmup)
-                peers[method] = (slowest(d), slowest(c))
+                peers[method if quant == "none" else f"{method}+{quant}"] = (slowest(d), slowest(c))
             disp_bytes = remote * x.shape[1] * x.element_size()
             comb_bytes = remote * HIDDEN * 2
             if shared:

@@ -5,9 +5,10 @@ op), gathers every PE's outputs on rank 0 and checks them there against the PyTo
 (ep_cases.check_round: byte for byte; fp8 wires as the reference rounds them). Then CUDA-graph
 replays with new tokens, then the port of MORI's EP checker. Prints one "ok" line per check.
 ``MORI_OPS_CHECKS`` picks what runs: ``all`` (the default: the cases and the checker), ``checker``,
-``edge`` (hot experts, refused second dispatches), ``internode`` (InterNodeV1 and InterNodeV1LL with
-several ``gpu_per_node`` splits, byte for byte against IntraNode) or ``graph_double_dispatch``
-(ends the process).
+``edge`` (hot experts, refused second dispatches), ``internode`` (InterNodeV1, InterNodeV1LL and
+AsyncLL with several ``gpu_per_node`` splits, byte for byte against IntraNode), ``surface`` (the
+blockwise quantizations, fp8 e4m3fnuz / fp4 combine input, routing handles, the standard-MoE layout,
+AUTO launch geometry: ops_gpu_surface.py) or ``graph_double_dispatch`` (ends the process).
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ def internode(rank: int, world: int) -> None:
     nodes: every round checked against the reference and byte for byte against IntraNode's round
     with the same inputs; then CUDA-graph replays. PEs of other nodes are reached through the device
     API's put-with-signal (a copy where their heap is mapped, the remote transport where not)."""
-    kinds = [mori.ops.EpDispatchCombineKernelType.InterNodeV1, mori.ops.EpDispatchCombineKernelType.InterNodeV1LL]
+    kinds = [mori.ops.EpDispatchCombineKernelType.InterNodeV1, mori.ops.EpDispatchCombineKernelType.InterNodeV1LL,
+             mori.ops.EpDispatchCombineKernelType.AsyncLL]
     p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
     sizes = [g for g in (world // 2, world // 4) if g >= 1 and p2p] or [1]
     # IntraNode needs every PE mapped: through the proxy (MORI_DISABLE_P2P), or with PEs on two
@@ -230,6 +232,8 @@ def internode(rank: int, world: int) -> None:
         for g in sizes:
             for name, case, seeds, options in internode_cases(world):
                 round_kw, overrides = _round_options(options)
+                # AsyncLL between nodes: its send and recv halves (the waits for other nodes in recv).
+                round_kw["split"] = kind == mori.ops.EpDispatchCombineKernelType.AsyncLL
                 wire = torch.float8_e4m3fn if overrides.get("quant_type") == "fp8_direct_cast" else None
                 op = mori.ops.EpDispatchCombineOp(make_config(case, rank, kernel_type=kind, gpu_per_node=g,
                                                               **overrides))
@@ -287,6 +291,10 @@ def main() -> None:
         edge_cases(rank, world)
     if checks in ("internode", "intra_reference"):
         internode(rank, world)
+    if checks == "surface":
+        from ops_gpu_surface import surface
+
+        surface(rank, world)
     if checks == "all":
         cases(rank, world)
     if checks in ("all", "checker"):

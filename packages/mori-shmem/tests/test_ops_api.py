@@ -94,9 +94,10 @@ def test_config_rejects(kw, err, match):
 
 
 @pytest.mark.parametrize("q", ["fp8_blockwise", "fp4_blockwise"])
-def test_blockwise_quant_refused(q):
-    with pytest.raises(NotImplementedError, match="blockwise"):
-        validate_config(base(quant_type=q))
+def test_blockwise_quant_accepted_with_external_input_buffer(q):
+    assert validate_config(base(quant_type=q)) == EpDispatchCombineKernelType.IntraNode
+    with pytest.raises(ValueError, match="needs use_external_inp_buf=True"):
+        validate_config(base(quant_type=q, use_external_inp_buf=False))
 
 
 def test_supported_types_accepted():
@@ -110,8 +111,8 @@ def test_op_before_shmem_init():
 
     with pytest.raises(ShmemNotInitializedError):
         EpDispatchCombineOp(base(world_size=1))
-    with pytest.raises(NotImplementedError, match="blockwise"):  # the config is checked first
-        EpDispatchCombineOp(base(quant_type="fp8_blockwise"))
+    with pytest.raises(ValueError, match="use_external_inp_buf"):  # the config is checked first
+        EpDispatchCombineOp(base(quant_type="fp8_blockwise", use_external_inp_buf=False))
 
 
 def test_kernels_compile_with_nvrtc():
@@ -137,6 +138,7 @@ def test_kernels_compile_with_nvrtc():
 def test_node_plan_of_the_inter_node_kernel_types():
     """gpu_per_node splits the world into nodes (capped at the world), must divide it, and every PE of
     this PE's node must be mapped here; the payload layouts keep their rows aligned."""
+    from mori.ops._config import combine_row_bytes
     from mori.ops._internode import node_plan, payload_layout
 
     plan = node_plan(base(rank=5, gpu_per_node=4), range(8))
@@ -150,8 +152,9 @@ def test_node_plan_of_the_inter_node_kernel_types():
     with pytest.raises(ValueError, match=r"PEs \[6\] share PE 5's node \(gpu_per_node=4\)"):
         node_plan(base(rank=5, gpu_per_node=4), [0, 1, 2, 3, 4, 5, 7])
     for cfg in (base(), base(hidden_dim=7, max_token_type_size=1, scale_dim=3, scale_type_size=1,
-                             num_experts_per_token=7)):
-        lay = payload_layout(cfg)
+                             num_experts_per_token=7), base(hidden_dim=48, quant_type="fp4_blockwise")):
+        lay = payload_layout(cfg, 56)
+        assert lay.comb_w_off >= combine_row_bytes(cfg, 56)
         row = cfg.hidden_dim * cfg.max_token_type_size
         assert lay.scale_off >= 32 + row and lay.idx_off >= lay.scale_off + cfg.scale_dim * cfg.scale_type_size
         assert lay.xfer % 16 == 0 and lay.xfer >= lay.w_off + 4 * cfg.num_experts_per_token

@@ -1,10 +1,11 @@
-"""docs/ops.md's promise that vLLM's and SGLang's EP paths run unchanged names exactly what
-mori.ops refuses: every kernel type and combine quantization the op refuses, the routing handles,
-and nothing it accepts."""
+"""docs/ops.md's compatibility statement matches the code: every kernel type and combine
+quantization MORI names builds (none is refused), routing handles are refused exactly for the
+kernel types MORI refuses them for, and SGLang's EPv2 (``mori.cco``, ``dispatch_combine_v2``),
+which mori does not provide, is named as such."""
 
 from __future__ import annotations
 
-import re
+import importlib
 from pathlib import Path
 
 import pytest
@@ -26,53 +27,50 @@ def config(rank: int = 0, world: int = 2, **kw: object) -> EpDispatchCombineConf
     return EpDispatchCombineConfig(**args)
 
 
-def refused(**kw: object) -> bool:
-    """Whether building the op refuses ``kw`` as not implemented (before shmem init: the config is
-    checked first, so an accepted config gets as far as the missing PE)."""
-    try:
-        EpDispatchCombineOp(config(**kw))
-    except NotImplementedError:
-        return True
-    except shmem.ShmemNotInitializedError:
-        return False
-    raise AssertionError("the op was built without mori.shmem")
-
-
-def promise() -> str:
-    """The paragraph (with its list) that says the client paths run unchanged."""
-    blocks = [b for b in DOC.read_text().split("\n\n") if "run unchanged" in b]
-    assert len(blocks) == 1, "docs/ops.md: one paragraph says the client paths run unchanged"
+def statement() -> str:
+    """The paragraph of the guide that says what of the clients' EP paths runs."""
+    blocks = [b for b in DOC.read_text().split("\n\n") if "dispatch_combine_v2" in b]
+    assert len(blocks) == 1, "docs/ops.md: one paragraph names EPv2 (dispatch_combine_v2)"
     return blocks[0]
 
 
-def test_the_promise_names_every_refused_kernel_type_and_no_other() -> None:
-    named = set(re.findall(r"`(\w+)`", promise())) & {k.name for k in EpDispatchCombineKernelType}
-    assert named == {k.name for k in EpDispatchCombineKernelType if refused(kernel_type=k)}
-    assert not named  # every kernel type builds before init (the inter-node ones on a GPU heap are refused after)
+@pytest.mark.parametrize("kernel", list(EpDispatchCombineKernelType))
+@pytest.mark.parametrize("quant", QUANT_TYPES)
+def test_every_kernel_type_and_quantization_builds(kernel: EpDispatchCombineKernelType, quant: str) -> None:
+    """Before mori.shmem is initialized the config is checked first: an accepted one gets as far as
+    the missing PE."""
+    with pytest.raises(shmem.ShmemNotInitializedError):
+        EpDispatchCombineOp(config(kernel_type=kernel, quant_type=quant))
 
 
-def test_the_promise_names_every_refused_quantization_and_no_other() -> None:
-    named = set(re.findall(r'quant_type="(\w+)"', promise()))
-    assert named == {q for q in QUANT_TYPES if refused(quant_type=q)}
+def test_epv2_is_named_as_not_provided() -> None:
+    text = statement()
+    assert "mori.cco" in text and "not provided" in text and "run unchanged" not in text
+    for name in ("mori.cco", "mori.ops.dispatch_combine_v2"):
+        with pytest.raises(ImportError):
+            importlib.import_module(name)
 
 
-def pe_routing_refusals() -> list[str]:
-    op = EpDispatchCombineOp(config(shmem.shmem_mype(), shmem.shmem_npes()))
+def pe_routing_refusals() -> dict[str, str]:
+    """Per kernel type, what dispatch(..., return_routing=True) raised ("" when it worked)."""
+    out = {}
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     ids = torch.zeros(1, 2, dtype=torch.int32)
-    calls = [lambda: op.dispatch(x, None, None, ids, routing=object()),
-             lambda: op.dispatch(x, None, None, ids, return_routing=True),
-             lambda: op.combine(x, None, ids, routing=object())]
-    out = []
-    for call in calls:
-        with pytest.raises(NotImplementedError) as err:
-            call()
-        out.append(str(err.value))
+    for kernel in EpDispatchCombineKernelType:
+        op = EpDispatchCombineOp(config(shmem.shmem_mype(), shmem.shmem_npes(), kernel_type=kernel))
+        try:
+            res = op.dispatch(x, None, None, ids, return_routing=True)
+        except NotImplementedError as exc:
+            out[kernel.name] = str(exc)
+        else:
+            op.combine(res[0][: int(res[4])].clone(), None, ids, routing=res[5])
+            out[kernel.name] = ""
     return out
 
 
 @pytest.mark.parametrize("pool", [2], indirect=True)
-def test_the_promise_names_routing_handles_and_they_are_refused(pool) -> None:
-    assert "routing=" in promise() and "return_routing=True" in promise()
-    for messages in pool.run(pe_routing_refusals):
-        assert all("routing handles" in m for m in messages), messages
+def test_routing_handles_refused_where_mori_refuses_them(pool) -> None:
+    assert "return_routing=True" in DOC.read_text() and "IntraNode` and `InterNodeV1`" in DOC.read_text()
+    for refusals in pool.run(pe_routing_refusals):
+        assert {k for k, m in refusals.items() if not m} == {"IntraNode", "InterNodeV1"}, refusals
+        assert all("only IntraNode and InterNodeV1" in m for m in refusals.values() if m), refusals

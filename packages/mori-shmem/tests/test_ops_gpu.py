@@ -33,8 +33,9 @@ def test_hot_experts_and_refused_second_dispatch(nproc: int) -> None:
 
 @pytest.mark.parametrize("nproc", PES)
 def test_internode_byte_identical_to_intranode(nproc: int) -> None:
-    """InterNodeV1 and InterNodeV1LL with the PEs split into nodes by gpu_per_node (the other
-    nodes' PEs reached through the device API's put-with-signal): every round as IntraNode's."""
+    """InterNodeV1, InterNodeV1LL and AsyncLL (send/recv halves) with the PEs split into nodes by
+    gpu_per_node (the other nodes' PEs reached through the device API's put-with-signal): every
+    round as IntraNode's."""
     out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "internode"})
     assert "FAILED" not in out, out
     assert out.count("byte for byte as IntraNode") >= 20, out
@@ -66,6 +67,17 @@ def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp
         assert "FAILED" not in out, out
         assert out.count("byte for byte as IntraNode") >= 20, out
         assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
+
+
+@pytest.mark.parametrize("nproc", PES)
+def test_ep_surface(nproc: int) -> None:
+    """fp8 and fp4 blockwise combine (byte for byte as the numpy quantizer, and within MORI's
+    tolerance), e4m3fnuz and packed fp4 expert outputs, routing handles, the standard-MoE layout and
+    AUTO launch geometry (ops_gpu_surface.py)."""
+    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "surface"})
+    assert "FAILED" not in out, out
+    assert out.count("ok  ") >= 14, out
+    assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
 # Last of the file: the PEs end with their CUDA contexts unusable (a device trap).

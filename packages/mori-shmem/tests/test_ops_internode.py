@@ -59,6 +59,47 @@ def test_across_hosts_byte_identical_to_intranode(hosts: PePool, one_host: PePoo
     same_outputs(case, seeds, inter, intra)
 
 
+@pytest.mark.parametrize("name", ["bf16", "random-k7-invalid", "hot-rank0"])
+def test_async_ll_across_hosts_byte_identical_to_intranode(hosts: PePool, one_host: PePool, name: str) -> None:
+    """AsyncLL's send/recv halves with half the PEs on another host (their heaps reached through the
+    remote transport): every round as IntraNode's on one host."""
+    from mori.ops import EpDispatchCombineKernelType
+
+    case, seeds = CASES[name]
+    inter = run(hosts, case, seeds, overrides={"kernel_type": EpDispatchCombineKernelType.AsyncLL}, split=True)
+    intra = run(one_host, case, seeds)
+    same_outputs(case, seeds, inter, intra)
+
+
+@pytest.mark.parametrize("quant", ["fp8_blockwise", "fp4_blockwise"])
+def test_blockwise_combine_across_hosts(hosts: PePool, quant: str) -> None:
+    """The quantized rows cross hosts as bytes (codes and scales) and are summed at the receiver:
+    byte for byte as the numpy reference (test_ops_wire)."""
+    from test_ops_wire import QUANT, check_blockwise, pe_quant_round
+
+    from mori.ops import EpDispatchCombineKernelType
+
+    case = dataclasses.replace(QUANT, world=hosts.n, hidden=100, seed=7, full=True)
+    for kernel in (EpDispatchCombineKernelType.InterNodeV1, EpDispatchCombineKernelType.AsyncLL):
+        check_blockwise(case, hosts.run(pe_quant_round, case, quant, 3, False, "cpu", {"kernel_type": kernel}),
+                        quant, 3)
+
+
+def test_routing_handles_across_hosts(hosts: PePool) -> None:
+    """InterNodeV1's routing handles (cache, two in flight, replay) with PEs on two hosts."""
+    from test_ops_routing import test_routing_handles
+
+    test_routing_handles(hosts, "InterNodeV1")
+
+
+def test_standard_moe_across_hosts(hosts: PePool) -> None:
+    from test_ops_routing import check_standard_moe
+
+    from mori.ops import EpDispatchCombineKernelType
+
+    check_standard_moe(hosts, kernel_type=EpDispatchCombineKernelType.InterNodeV1LL)
+
+
 def pe_intranode_refused() -> str:
     from ep_cases import make_config
 
@@ -74,7 +115,7 @@ def pe_intranode_refused() -> str:
 
 def test_intranode_across_hosts_refused(hosts: PePool) -> None:
     for pe, msg in enumerate(hosts.run(pe_intranode_refused)):
-        assert "needs every PE's heap mapped; InterNodeV1 or InterNodeV1LL reach them" in msg, (pe, msg)
+        assert "needs every PE's heap mapped; InterNodeV1, InterNodeV1LL or AsyncLL reach them" in msg, (pe, msg)
 
 
 def test_disable_p2p_on_one_host_internode() -> None:
@@ -83,7 +124,8 @@ def test_disable_p2p_on_one_host_internode() -> None:
     pool = PePool(2, {**CPU_ENV, "MORI_SHMEM_HEAP_SIZE": "64M", "MORI_DISABLE_P2P": "ON"}, timeout=120)
     try:
         run(pool, BF16, [3, 4], overrides={"kernel_type": EpDispatchCombineKernelType.InterNodeV1LL})
-        with pytest.raises(PeError, match="InterNodeV1 or InterNodeV1LL reach them"):
+        run(pool, BF16, [5], overrides={"kernel_type": EpDispatchCombineKernelType.AsyncLL}, split=True)
+        with pytest.raises(PeError, match="InterNodeV1, InterNodeV1LL or AsyncLL reach them"):
             pool.run(_op, dataclasses.replace(BF16, world=2))
     finally:
         pool.close()

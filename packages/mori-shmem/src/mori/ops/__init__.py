@@ -6,11 +6,16 @@ Ships with the mori-shmem distribution; needs torch (``pip install mori-shmem[to
 """
 
 from ._config import EpDispatchCombineConfig, EpDispatchCombineKernelType, EpDispatchCombineQuantType
-from .dispatch_combine import EpDispatchCombineOp
+from ._routing import EpDispatchRoutingHandle
+from ._stdmoe import launch_local_expert_count
+from .dispatch_combine import EpDispatchCombineOp, warmup_jit_kernels
 
 __all__ = [
     "EpDispatchCombineConfig",
     "EpDispatchCombineKernelType",
     "EpDispatchCombineOp",
     "EpDispatchCombineQuantType",
+    "EpDispatchRoutingHandle",
+    "launch_local_expert_count",
+    "warmup_jit_kernels",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import MAX_WORLD_SIZE, EpDispatchCombineConfig, capacities
+from ._config import MAX_WORLD_SIZE, EpDispatchCombineConfig, capacities, combine_row_bytes
 
 __all__ = ["CONTROL", "CONTROL_WORDS", "EpBuffers", "view_rows"]
 
@@ -68,8 +68,9 @@ class EpBuffers:
     control: Any
 
     @classmethod
-    def allocate(cls, config: EpDispatchCombineConfig) -> EpBuffers:
-        """Allocates (collective) and zeroes them; the caller must sync and barrier before use."""
+    def allocate(cls, config: EpDispatchCombineConfig, combine_scale_dim: int) -> EpBuffers:
+        """Allocates (collective) and zeroes them; the caller must sync and barrier before use.
+        ``combine_scale_dim`` sizes the staged combine rows of the blockwise quantizations."""
         import torch
 
         from mori.shmem import shmem_tensor
@@ -81,7 +82,7 @@ class EpBuffers:
         shapes = {
             "disp_tok": (recv * row, torch.uint8), "disp_weights": (recv * k, torch.float32),
             "disp_scales": (recv * scale, torch.uint8), "disp_indices": (recv * k, torch.int32),
-            "disp_src_pos": (recv, torch.int32), "comb_inp": (recv * row, torch.uint8),
+            "disp_src_pos": (recv, torch.int32), "comb_inp": (recv * combine_row_bytes(config, combine_scale_dim), torch.uint8),
             "comb_inp_weights": (recv * k, torch.float32), "comb_out": (inp * row, torch.uint8),
             "comb_out_weights": (inp * k, torch.float32), "dest_map": (inp * k, torch.int32),
             "control": (CONTROL_WORDS, torch.int32),

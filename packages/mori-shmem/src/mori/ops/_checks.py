@@ -6,7 +6,7 @@ from typing import Any
 
 from ._config import EpDispatchCombineConfig
 
-__all__ = ["check_combine", "check_dispatch", "combine_dtype_name"]
+__all__ = ["check_combine", "check_dispatch", "check_packed_inputs", "combine_dtype_name"]
 
 
 def _tensor(name: str, t: Any, device: Any) -> None:
@@ -73,16 +73,34 @@ def check_dispatch(cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights:
     return True
 
 
-#: Combine sums in float32 and rounds to the input's dtype: these are the dtypes it handles.
-_COMBINE_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8"}
+#: Combine sums in float32 and rounds to the input's dtype: these are the dtypes it handles (the
+#: suffix of the GPU kernels). ``float4_e2m1fn_x2`` holds two e2m1 values a byte (low nibble first).
+_COMBINE_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8fnuz",
+                   "float4_e2m1fn_x2": "fp4"}
 
 
 def combine_dtype_name(dtype: Any) -> str:
-    """The kernel suffix of a combine dtype (``bf16``, ``f32``, ``fp8``)."""
+    """The kernel suffix of a combine dtype (``bf16``, ``f32``, ``fp8``, ``fp8fnuz``, ``fp4``)."""
     name = str(dtype).replace("torch.", "")
     if name not in _COMBINE_DTYPES:
-        raise TypeError(f"combine input dtype {dtype} is not supported: use bfloat16, float32 or float8_e4m3fn")
+        raise TypeError(f"combine input dtype {dtype} is not supported: use bfloat16, float32, float8_e4m3fn, "
+                        "float8_e4m3fnuz or float4_e2m1fn_x2")
     return _COMBINE_DTYPES[name]
+
+
+def check_packed_inputs(cfg: EpDispatchCombineConfig, device: Any, x: Any, topk_idx: Any, max_recv: int) -> None:
+    """Checks convert_dispatch_output's arguments (dispatch's token and top-k views, or tensors of
+    their shapes)."""
+    import torch
+
+    _tensor("dispatch_out_x", x, device)
+    _tensor("dispatch_out_topk_idx", topk_idx, device)
+    if x.dim() != 2 or x.shape[0] != max_recv:
+        raise ValueError(f"dispatch_out_x must be [max_num_tokens_to_recv={max_recv}, hidden] (dispatch's "
+                         f"output), got {list(x.shape)}")
+    if topk_idx.dtype != torch.int32:
+        raise TypeError(f"dispatch_out_topk_idx must be int32, got {topk_idx.dtype}")
+    _rows("dispatch_out_topk_idx", topk_idx, cfg.num_experts_per_token, max_recv)
 
 
 def check_combine(cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights: Any, indices: Any,

@@ -16,10 +16,13 @@ __all__ = [
     "EpDispatchCombineConfig",
     "EpDispatchCombineKernelType",
     "EpDispatchCombineQuantType",
+    "EpSettings",
     "MAX_EXPERTS_PER_TOKEN",
     "INTER_NODE_KERNEL_TYPES",
     "INTRA_NODE_KERNEL_TYPES",
     "capacities",
+    "combine_row_bytes",
+    "ep_settings",
     "normalize_quant_type",
     "validate_config",
 ]
@@ -114,8 +117,10 @@ class EpDispatchCombineConfig:
         rdma_block_num: blocks of the inter-node kernels that forward received tokens and gather
             combine rows (0: ``block_num``).
         num_qp_per_pe: RDMA queue pairs per PE (kept for MORI; the transport picks its own).
-        quant_type: combine transport: ``"none"`` or ``"fp8_direct_cast"`` (bf16 combine input
-            sent as fp8 e4m3 and summed in float32); the blockwise kinds are refused.
+        quant_type: combine transport: ``"none"``, ``"fp8_direct_cast"`` (bf16 combine input sent
+            as fp8 e4m3 and summed in float32), ``"fp8_blockwise"`` or ``"fp4_blockwise"`` (bf16
+            sent as fp8 e4m3 / e2m1 with a float32 scale per block of a row, dequantized and summed
+            in float32 by the receiver; ``MORI_FP8_COMBINE_SCALE_DIM`` blocks a row, see _quant.py).
     """
 
     data_type: Any
@@ -166,8 +171,7 @@ def _int_field(config: EpDispatchCombineConfig, name: str, low: int, high: int |
 
 
 def validate_config(config: EpDispatchCombineConfig) -> EpDispatchCombineKernelType:
-    """Checks every field; returns the kernel type. Raises TypeError/ValueError naming the field,
-    NotImplementedError for the blockwise combine quantizations."""
+    """Checks every field; returns the kernel type. Raises TypeError/ValueError naming the field."""
     if not isinstance(config, EpDispatchCombineConfig):
         raise TypeError(f"expected an EpDispatchCombineConfig, got {type(config).__name__}")
     world = _int_field(config, "world_size", 1, MAX_WORLD_SIZE)
@@ -193,18 +197,66 @@ def validate_config(config: EpDispatchCombineConfig) -> EpDispatchCombineKernelT
         raise TypeError("EpDispatchCombineConfig.use_external_inp_buf must be a bool")
     kernel_type = _kernel_type(config.kernel_type)
     quant = normalize_quant_type(config.quant_type)
-    if quant in (EpDispatchCombineQuantType.Fp8BlockwiseQuant, EpDispatchCombineQuantType.Fp4BlockwiseQuant):
-        raise NotImplementedError(f"quant_type={config.quant_type!r} (blockwise combine quantization) is not "
-                                  "implemented in mori: use 'none' or 'fp8_direct_cast'")
-    if quant == EpDispatchCombineQuantType.Fp8DirectCast and not config.use_external_inp_buf:
-        raise ValueError("quant_type='fp8_direct_cast' needs use_external_inp_buf=True (the cast happens while "
-                         "combine copies its input), as in MORI")
+    if quant != EpDispatchCombineQuantType.None_ and not config.use_external_inp_buf:
+        raise ValueError(f"quant_type={config.quant_type!r} needs use_external_inp_buf=True (the rows are cast or "
+                         "quantized while combine copies its input into the registered buffer)")
     cap = capacities(config)
     total = cap["max_num_tokens_to_recv"] * (config.hidden_dim * config.max_token_type_size)
     if total >= 1 << 40:
         raise ValueError(f"EpDispatchCombineConfig: receive buffer of {total} bytes is not plausible; "
                          "check hidden_dim, max_num_inp_token_per_rank and world_size")
     return kernel_type
+
+
+@dataclass(frozen=True)
+class EpSettings:
+    """MORI-EP's environment settings, read once when an op is built (mori.core.config parses them:
+    a malformed value raises ``ConfigError`` naming the variable)."""
+
+    #: ``MORI_EP_LAUNCH_CONFIG_MODE``: "manual" or "auto".
+    launch_mode: str
+    #: ``(block_num, rdma_block_num, warp_per_block)`` in AUTO mode, else None.
+    auto_launch: tuple[int, int, int] | None
+    #: ``MORI_FP8_COMBINE_SCALE_DIM``: scales per row of the blockwise combine quantizations.
+    combine_scale_dim: int
+    #: ``MORI_ENABLE_SDMA``: accepted (no copy engines are driven by it on NVIDIA, see docs/ops.md).
+    sdma: bool
+
+
+#: MORI's fallback geometry of AUTO mode (no tuning tables exist for NVIDIA GPUs).
+_AUTO_LAUNCH = {
+    EpDispatchCombineKernelType.InterNodeV1: (96, 64, 8),
+    EpDispatchCombineKernelType.InterNodeV1LL: (256, 128, 8),
+}
+_AUTO_LAUNCH_DEFAULT = (128, 0, 16)
+
+
+def ep_settings(kernel_type: EpDispatchCombineKernelType) -> EpSettings:
+    """The EP settings for an op of ``kernel_type``; raises ValueError for ``MORI_EP_COMM=cco``."""
+    from mori.core import config as env
+
+    if env.get("MORI_EP_COMM") == "cco":
+        raise ValueError("MORI_EP_COMM=cco: mori provides no mori.cco communicator (MORI's LSA windows for "
+                         "archs without shmem); mori.ops keeps its buffers on mori.shmem's heap: unset it or "
+                         "set MORI_EP_COMM=shmem")
+    mode = env.get("MORI_EP_LAUNCH_CONFIG_MODE")
+    auto = _AUTO_LAUNCH.get(kernel_type, _AUTO_LAUNCH_DEFAULT) if mode == "auto" else None
+    return EpSettings(launch_mode=mode, auto_launch=auto, combine_scale_dim=env.get("MORI_FP8_COMBINE_SCALE_DIM"),
+                      sdma=env.get("MORI_ENABLE_SDMA"))
+
+
+def combine_row_bytes(config: EpDispatchCombineConfig, scale_dim: int) -> int:
+    """Bytes of one staged combine row: the widest token row, or a blockwise quantized row (codes
+    then ``scale_dim`` float32 scales) where that is wider (small hidden sizes)."""
+    from ._quant import CombineWire
+
+    row = config.hidden_dim * config.max_token_type_size
+    quant = normalize_quant_type(config.quant_type)
+    if quant == EpDispatchCombineQuantType.Fp8BlockwiseQuant:
+        return max(row, CombineWire("fp8_blockwise", None, config.hidden_dim, scale_dim).row_bytes)
+    if quant == EpDispatchCombineQuantType.Fp4BlockwiseQuant:
+        return max(row, CombineWire("fp4_blockwise", None, config.hidden_dim, scale_dim).row_bytes)
+    return row
 
 
 def capacities(config: EpDispatchCombineConfig) -> dict[str, int]:

@@ -25,6 +25,7 @@ from mori.shmem import (
 from ._buffers import CONTROL, EpBuffers, view_rows
 from ._config import EpDispatchCombineConfig
 from ._layout import accumulate_rows, plan_routing
+from ._quant import CombineWire
 
 __all__ = ["CpuBackend"]
 
@@ -63,20 +64,37 @@ class CpuBackend:
             shmem_getmem_into(out, getattr(self.bufs, name).data_ptr(), pe)
         return out
 
-    def dispatch(self, inp: Any, weights: Any, scales: Any, indices: Any) -> None:
+    def dispatch(self, inp: Any, weights: Any, scales: Any, indices: Any, replay: Any = None,
+                 routed: bool = False) -> None:
+        """Sends this PE's tokens. ``replay`` (a routing handle's ``(dest_map [n * k], total [1])``):
+        to the slots it names, reserving none; the receivers take their totals from their handles.
+        ``routed`` (a dispatch that keeps a routing handle, which may follow another dispatch with no
+        combine between): every PE is done with its last dispatch's outputs before any writes."""
         import torch
+
+        if routed:
+            shmem_barrier_all()
 
         cfg, bufs, k = self.cfg, self.bufs, self.cfg.num_experts_per_token
         dest = plan_routing(indices, cfg.num_experts_per_rank, cfg.world_size)
         dest_map = bufs.dest_map[: dest.numel()].view(dest.shape)
-        dest_map.fill_(-1)
+        if replay is not None:
+            dest_map.copy_(replay[0][: dest.numel()].view(dest.shape))
+            if not torch.equal(dest_map >= 0, dest >= 0):
+                raise ValueError("replay dispatch: indices route differently from the routing handle's dispatch "
+                                 "(a replay takes the same indices, with new payloads)")
+        else:
+            dest_map.fill_(-1)
         row_bytes = inp.shape[1] * inp.element_size()
         overflow = []
         for pe in range(cfg.world_size):
             tokens, slots = (dest == pe).nonzero(as_tuple=True)
             if tokens.numel() == 0:
                 continue
-            base = shmem_atomic_fetch_add(bufs.control_address("EP_RECV_OFFSET"), tokens.numel(), pe, width=32)
+            if replay is not None:
+                base = _replayed_base(dest_map[tokens, slots], pe, self.max_send)
+            else:
+                base = shmem_atomic_fetch_add(bufs.control_address("EP_RECV_OFFSET"), tokens.numel(), pe, width=32)
             if base + tokens.numel() > self.max_recv:
                 overflow.append(pe)  # nothing written there; every PE still joins the barriers below
                 continue
@@ -94,7 +112,7 @@ class CpuBackend:
             dest_map[tokens, slots] = (pe * self.max_send + torch.arange(base, base + tokens.numel())).to(torch.int32)
         shmem_barrier_all()  # every PE's tokens and slot reservations are in
         control = bufs.control
-        received = int(control[CONTROL["EP_RECV_OFFSET"]])
+        received = int(control[CONTROL["EP_RECV_OFFSET"]]) if replay is None else int(replay[1][0])
         control[CONTROL["EP_TOTAL_RECV"]] = received if received <= self.max_recv else 0
         control[CONTROL["EP_RECV_OFFSET"]] = 0
         # Every counter is cleared before any PE leaves: a PE that went on to its next dispatch
@@ -112,16 +130,23 @@ class CpuBackend:
         mine = ids[(ids >= 0) & (ids // cfg.num_experts_per_rank == cfg.rank)] % cfg.num_experts_per_rank
         out.copy_(mine.bincount(minlength=cfg.num_experts_per_rank).to(out.dtype))
 
-    def combine_stage(self, inp: Any, weights: Any, wire: Any) -> None:
+    def combine_stage(self, inp: Any, weights: Any, wire: CombineWire, total: int, routed: bool = False) -> None:
+        """Stages this PE's ``total`` expert output rows (encoded for the wire) and their weights;
+        rows past the input's count as zeros. ``routed`` (a combine along a routing handle, which may
+        follow another combine with no dispatch between): every PE is done reading first."""
         import torch
 
-        total = int(self.bufs.control[CONTROL["EP_TOTAL_RECV"]])
+        if routed:
+            shmem_barrier_all()
+
         k = self.cfg.num_experts_per_token
-        staged = view_rows(self.bufs.comb_inp, self.max_recv, inp.shape[1], wire)
+        staged = view_rows(self.bufs.comb_inp, self.max_recv, wire.row_bytes, torch.uint8)
         if staged.data_ptr() != inp.data_ptr():
             n = min(total, inp.shape[0])
-            staged[:n] = inp[:n].to(wire)
-            staged[n:total] = 0
+            staged[:n] = wire.encode(inp[:n])
+            if total > n:
+                zeros = torch.zeros((total - n, inp.shape[1] * inp.element_size()), dtype=torch.uint8)
+                staged[n:total] = wire.encode(zeros.view(inp.dtype))
         if weights is not None:
             w = view_rows(self.bufs.comb_inp_weights, self.max_recv, k, torch.float32)
             n = min(total, weights.shape[0])
@@ -129,12 +154,15 @@ class CpuBackend:
             w[n:total] = 0
         shmem_barrier_all()  # every PE's expert outputs are staged
 
-    def combine_accumulate(self, inp: Any, weights: Any, num_tokens: int, wire: Any) -> None:
+    def combine_accumulate(self, with_weights: bool, dest_map: Any, num_tokens: int, wire: CombineWire) -> None:
+        """Sums, for each of this PE's ``num_tokens`` tokens, the rows its destinations staged (where
+        ``dest_map`` ``[num_tokens * k]`` says), decoded from the wire, in float32 in top-k order."""
         import torch
 
-        cfg, k, hidden = self.cfg, self.cfg.num_experts_per_token, inp.shape[1]
-        dest = self.bufs.dest_map[: num_tokens * k].view(num_tokens, k).tolist()
-        out = view_rows(self.bufs.comb_out, cfg.max_num_inp_token_per_rank, hidden, inp.dtype)
+        cfg, k = self.cfg, self.cfg.num_experts_per_token
+        dest = dest_map[: num_tokens * k].view(num_tokens, k).tolist()
+        out = view_rows(self.bufs.comb_out, cfg.max_num_inp_token_per_rank, wire.hidden * wire.dtype.itemsize,
+                        torch.uint8)
         out_w = view_rows(self.bufs.comb_out_weights, cfg.max_num_inp_token_per_rank, k, torch.float32)
         # Rows needed from each PE: up to the highest slot this PE's tokens were given there.
         need = [0] * cfg.world_size
@@ -142,11 +170,28 @@ class CpuBackend:
             for d in row:
                 if d >= 0:
                     need[d // self.max_send] = max(need[d // self.max_send], d % self.max_send + 1)
-        staged = [self._read_rows("comb_inp", pe, need[pe], hidden, wire) for pe in range(cfg.world_size)]
-        staged_w = [self._read_rows("comb_inp_weights", pe, need[pe], k, torch.float32) if weights is not None
+        staged = [wire.terms(self._read_rows("comb_inp", pe, need[pe], wire.row_bytes, torch.uint8)[: need[pe]])
+                  for pe in range(cfg.world_size)]
+        staged_w = [self._read_rows("comb_inp_weights", pe, need[pe], k, torch.float32) if with_weights
                     else None for pe in range(cfg.world_size)]
         for t, row in enumerate(dest):
             places = [(d // self.max_send, d % self.max_send) for d in row if d >= 0]
-            out[t] = accumulate_rows([staged[pe][s] for pe, s in places], out[t])
-            if weights is not None:
+            acc = torch.zeros(staged[0].shape[1] if staged else 0, dtype=torch.float32)
+            for pe, s in places:
+                acc = acc + staged[pe][s]
+            out[t] = wire.finish(acc)
+            if with_weights:
                 out_w[t] = accumulate_rows([staged_w[pe][s] for pe, s in places], out_w[t])  # type: ignore[index]
+
+
+def _replayed_base(slots: Any, pe: int, max_send: int) -> int:
+    """The first receive slot of a replayed routing's tokens for ``pe``, which a dispatch reserved as
+    one contiguous range; raises ValueError for a handle that names anything else."""
+    import torch
+
+    got = slots.to(torch.int64)
+    base = int(got[0]) - pe * max_send
+    if not torch.equal(got, pe * max_send + base + torch.arange(got.numel())):
+        raise ValueError(f"routing handle: the slots it gives PE {pe} are not one dispatch's reservation "
+                         "(a handle from another op, or modified?)")
+    return base

@@ -17,13 +17,14 @@ from typing import Any
 
 from mori.shmem import _state, shmem_module_init
 from mori.shmem._cuda import launch
-from mori.shmem._kernels import load_module
+from mori.shmem._kernels import compile_cubin, load_module
 
 from ._buffers import CONTROL, EpBuffers
 from ._config import MAX_WORLD_SIZE
 from ._internode import InterNodeBuffers, NodePlan, payload_layout
+from ._quant import CombineWire
 
-__all__ = ["EpArgs", "GpuKernels", "kernel_source", "make_args"]
+__all__ = ["EpArgs", "GpuKernels", "compile_kernels", "kernel_source", "make_args", "wire_suffix"]
 
 #: Threads of the one-block signal/wait kernels (one per PE).
 _SYNC_THREADS = MAX_WORLD_SIZE
@@ -40,7 +41,8 @@ class EpArgs(ctypes.Structure):
             "rank", "world", "numTokens", "k", "expertsPerRank", "rowBytes", "scaleBytes", "hidden",
             "maxSend", "maxRecv", "inpRows", "weightRows", "hasWeights",
             "nodeFirst", "nodeSize", "myNode", "nNodes", "lowLatency", "tokCap",
-            "xferBytes", "scaleOff", "idxOff", "wOff", "combXferBytes", "combWOff", "combRowBytes")]
+            "xferBytes", "scaleOff", "idxOff", "wOff", "combXferBytes", "combWOff", "combRowBytes",
+            "combScaleDim", "combCodeBytes")]
 
 
 #: The parts of the CUDA source, in the order they are compiled as one.
@@ -54,29 +56,56 @@ def kernel_source() -> str:
     return "\n".join(defines + parts)
 
 
+_MODULE_NAME = "mori_ops_ep.cu"
+#: Combine kernels come in pairs (stage, accumulate) per wire: the input dtype, then the wire's
+#: encoding where it differs (fp8 cast, fp8/fp4 blockwise).
+_WIRES = ("bf16", "f32", "fp8", "fp8fnuz", "fp4", "bf16_fp8", "bf16_bw8", "bf16_bw4")
 _KERNELS = (
     "ep_dispatch_send", "ep_dispatch_signal", "ep_dispatch_wait", "ep_local_expert_count",
-    "ep_combine_stage_bf16", "ep_combine_stage_f32", "ep_combine_stage_fp8", "ep_combine_stage_bf16_fp8",
+    *(f"ep_combine_{step}_{wire}" for step in ("stage", "accum") for wire in _WIRES),
     "ep_combine_barrier_signal", "ep_combine_barrier_wait",
-    "ep_combine_accum_bf16", "ep_combine_accum_f32", "ep_combine_accum_fp8", "ep_combine_accum_bf16_fp8",
     "ep_internode_put", "ep_internode_inbox_wait", "ep_internode_forward",
     "ep_internode_return", "ep_internode_return_put", "ep_internode_return_wait",
 )
 
 
+def wire_suffix(wire: CombineWire) -> str:
+    """The suffix of the combine kernels of ``wire``."""
+    from ._checks import combine_dtype_name
+
+    extra = {"same": "", "fp8_cast": "_fp8", "fp8_blockwise": "_bw8", "fp4_blockwise": "_bw4"}[wire.kind]
+    return combine_dtype_name(wire.dtype) + extra
+
+
+def compile_kernels() -> str:
+    """Compiles the module for the current CUDA device into NVRTC's disk cache (no context or
+    shmem state needed); returns the architecture, e.g. ``sm_90``."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    compile_cubin(kernel_source(), _MODULE_NAME, arch)
+    return arch
+
+
 class GpuKernels:
     """The loaded module of one op, and the launch sequence of each call. With ``plan`` naming
     several nodes, the kernels between nodes run in it (``forward_grid`` blocks for the data
-    kernels between nodes: MORI's ``rdma_block_num``)."""
+    kernels between nodes: MORI's ``rdma_block_num``). ``split`` (AsyncLL): every wait of a
+    dispatch, the inbox of other nodes' tokens included, is in its receiving half (combine's
+    waits are in combine_recv for every kernel type)."""
 
-    def __init__(self, plan: NodePlan | None = None, forward_grid: int = 0) -> None:
+    def __init__(self, plan: NodePlan | None = None, forward_grid: int = 0, split: bool = False) -> None:
         from mori.core import cuda as cu
 
         s = _state.current()
         self._ctx = s.ctx
         self._nodes = plan.nodes if plan is not None else 1
         self._forward_grid = forward_grid
-        self._module = load_module(s.ctx, kernel_source(), "mori_ops_ep.cu")
+        # AsyncLL across nodes: the wait for other nodes' blocks moves to dispatch_recv.
+        self._split_between_nodes = split and self._nodes > 1
+        self._threads, self._grid = 0, 0
+        self._module = load_module(s.ctx, kernel_source(), _MODULE_NAME)
         shmem_module_init(self._module)
         self._functions = {name: cu.call("cuModuleGetFunction", self._module, name.encode()) for name in _KERNELS}
 
@@ -96,17 +125,29 @@ class GpuKernels:
         return self._forward_grid if self._forward_grid > 0 else grid
 
     def dispatch_send(self, a: EpArgs, grid: int, threads: int, stream: int) -> None:
-        """This PE's tokens sent; with several nodes, the other nodes' tokens received and
-        forwarded within this node; then this node's PEs told how many they got from here."""
+        """This PE's tokens sent (to this node's PEs, and one block per other node to its proxy);
+        unless split, the receiving steps between nodes follow (:meth:`_forward`)."""
+        self._threads = threads
         self.launch("ep_dispatch_send", grid, threads, a, stream)
         if self._nodes > 1:
             self.launch("ep_internode_put", self._nodes, threads, a, stream)
+        self._grid = grid
+        if not self._split_between_nodes:
+            self._forward(a, grid, stream)
+
+    def _forward(self, a: EpArgs, grid: int, stream: int) -> None:
+        """With several nodes, the other nodes' tokens received and forwarded within this node;
+        then this node's PEs told how many they got from here."""
+        if self._nodes > 1:
             self.sync_launch("ep_internode_inbox_wait", a, stream)
-            self.launch("ep_internode_forward", self._between_nodes(grid), threads, a, stream)
+            self.launch("ep_internode_forward", self._between_nodes(grid), self._threads, a, stream)
         self.sync_launch("ep_dispatch_signal", a, stream)
 
     def dispatch_recv(self, a: EpArgs, count_experts: bool, stream: int) -> None:
-        """Waits for this node's PEs' counts; then fills the local expert count if asked."""
+        """(Split: the receiving steps between nodes, then) waits for this node's PEs' counts; then
+        fills the local expert count if asked."""
+        if self._split_between_nodes:
+            self._forward(a, self._grid, stream)
         self.sync_launch("ep_dispatch_wait", a, stream)
         if count_experts:
             self.launch("ep_local_expert_count", 1, 1024, a, stream)
@@ -129,7 +170,7 @@ class GpuKernels:
 
 def make_args(bufs: EpBuffers, cfg: Any, expert_count: Any, max_send: int, max_recv: int,
               plan: NodePlan | None = None, inter: InterNodeBuffers | None = None,
-              low_latency: bool = False) -> EpArgs:
+              low_latency: bool = False, combine_scale_dim: int = 0) -> EpArgs:
     """The per-op part of the kernel arguments (buffers and sizes); calls fill in their tensors.
     Without ``plan`` every PE is in this PE's node (IntraNode)."""
     a = EpArgs()
@@ -148,7 +189,7 @@ def make_args(bufs: EpBuffers, cfg: Any, expert_count: Any, max_send: int, max_r
         for field, tensor in (("stage", inter.stage), ("inbox", inter.inbox), ("retStage", inter.ret_stage),
                               ("retInbox", inter.ret_inbox), ("fwdMap", inter.fwd_map)):
             setattr(a, field, int(tensor.data_ptr()))
-        lay = payload_layout(cfg)
+        lay = payload_layout(cfg, combine_scale_dim)
         a.lowLatency, a.tokCap = int(low_latency), cfg.max_num_inp_token_per_rank
         a.xferBytes, a.scaleOff, a.idxOff, a.wOff = lay.xfer, lay.scale_off, lay.idx_off, lay.w_off
         a.combXferBytes, a.combWOff = lay.comb_xfer, lay.comb_w_off

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import EpDispatchCombineConfig
+from ._config import EpDispatchCombineConfig, combine_row_bytes
 
 __all__ = ["InterNodeBuffers", "NodePlan", "PayloadLayout", "node_plan", "payload_layout"]
 
@@ -76,12 +76,12 @@ class PayloadLayout:
     comb_xfer: int
 
 
-def payload_layout(config: EpDispatchCombineConfig) -> PayloadLayout:
+def payload_layout(config: EpDispatchCombineConfig, combine_scale_dim: int) -> PayloadLayout:
     row_max = config.hidden_dim * config.max_token_type_size
     scale_off = _align(32 + row_max)
     idx_off = _align(scale_off + config.scale_dim * config.scale_type_size)
     w_off = idx_off + 4 * config.num_experts_per_token
-    comb_w_off = _align(row_max)
+    comb_w_off = _align(combine_row_bytes(config, combine_scale_dim))
     return PayloadLayout(row_max=row_max, scale_off=scale_off, idx_off=idx_off, w_off=w_off,
                          xfer=_align(w_off + 4 * config.num_experts_per_token), comb_w_off=comb_w_off,
                          comb_xfer=_align(comb_w_off + 4 * config.num_experts_per_token, 32))
@@ -101,13 +101,14 @@ class InterNodeBuffers:
     fwd_map: Any
 
     @classmethod
-    def allocate(cls, config: EpDispatchCombineConfig, plan: NodePlan, low_latency: bool) -> InterNodeBuffers:
+    def allocate(cls, config: EpDispatchCombineConfig, plan: NodePlan, low_latency: bool,
+                 combine_scale_dim: int) -> InterNodeBuffers:
         """Allocates them (collective, same order on every PE) and zeroes them."""
         import torch
 
         from mori.shmem import shmem_tensor
 
-        lay, tokens = payload_layout(config), config.max_num_inp_token_per_rank
+        lay, tokens = payload_layout(config, combine_scale_dim), config.max_num_inp_token_per_rank
         per_node_rows = tokens * plan.size
         sizes = {"stage": (1 if low_latency else plan.nodes) * tokens * lay.xfer,
                  "inbox": plan.nodes * tokens * lay.xfer,

@@ -17,7 +17,7 @@ from mori.core import nvrtc
 from ._cuda import Context, launch
 from ._heap import RESULT_OFFSET, Heap
 
-__all__ = ["HOST_OPS_SOURCE", "HostOps", "load_module"]
+__all__ = ["HOST_OPS_SOURCE", "HostOps", "compile_cubin", "load_module"]
 
 _OPS = {"fetch_add": 0, "compare_swap": 1, "swap": 2, "store": 3}
 
@@ -62,10 +62,14 @@ _INCLUDE = "#include <mori/device/shmem.cuh>"
 _COMPAT_INCLUDE = f"#define static_assert(...)\n{_INCLUDE}\n#undef static_assert"
 
 
+def compile_cubin(source: str, name: str, arch: str) -> bytes:
+    """Compiles ``source`` (on mori's device headers) for ``arch`` (``sm_90`` ...), cached on disk."""
+    return nvrtc.compile(source.replace(_INCLUDE, _COMPAT_INCLUDE, 1), name=name, arch=arch, output="cubin")
+
+
 def load_module(ctx: Context, source: str, name: str) -> Any:
     """Compiles ``source`` for the context's GPU and loads it; returns the ``CUmodule``."""
-    source = source.replace(_INCLUDE, _COMPAT_INCLUDE, 1)
-    cubin = nvrtc.compile(source, name=name, arch=ctx.arch, output="cubin")
+    cubin = compile_cubin(source, name, ctx.arch)
     ctx.make_current()
     return cu.call("cuModuleLoadData", cubin, detail=name)
 

@@ -38,6 +38,9 @@ struct EpArgs {
   // myNode of nNodes; lowLatency: InterNodeV1LL's staging. Token payload layout (_internode.py).
   int32_t nodeFirst, nodeSize, myNode, nNodes, lowLatency, tokCap;
   int32_t xferBytes, scaleOff, idxOff, wOff, combXferBytes, combWOff, combRowBytes;
+  // Blockwise combine wires (_quant.py): scales per row, and the bytes of a row's codes (the
+  // scales follow them); 0 otherwise.
+  int32_t combScaleDim, combCodeBytes;
 };
 
 namespace {
@@ -107,6 +110,47 @@ MORI_DEVICE_INLINE uint8_t F32ToFp8(float) {
 }
 #endif
 
+// e4m3fnuz (bias 8, no infinities, no negative zero, 0x80 is NaN) in software, as NVIDIA has no
+// instruction for it: round to nearest even, saturated at +-240.
+MORI_DEVICE_INLINE float FnuzToF32(uint8_t b) {
+  if (b == 0x80) return __int_as_float(0x7fc00000);
+  const int field = (b >> 3) & 15, m = b & 7;
+  const float mag = field == 0 ? ldexpf((float)m, -10) : ldexpf((float)(8 + m), field - 11);
+  return (b & 0x80) ? -mag : mag;
+}
+MORI_DEVICE_INLINE uint8_t F32ToFnuz(float f) {
+  if (isnan(f)) return 0x80;
+  const float a = fabsf(f);
+  uint8_t code;
+  if (a < ldexpf(1.0f, -7)) {  // subnormal: multiples of 2^-10 (8 rounds up to the smallest normal)
+    code = (uint8_t)rintf(ldexpf(a, 10));
+  } else {
+    int e;
+    frexpf(a, &e);  // a = f * 2^e, f in [0.5, 1): a's exponent is e - 1
+    int exp = e - 1;
+    float m8 = rintf(ldexpf(a, 3 - exp));  // 8..16: the significand in eighths, rounded
+    if (m8 >= 16.0f) {
+      m8 = 8.0f;
+      ++exp;
+    }
+    const int field = exp + 8;
+    code = field > 15 ? 0x7f : (uint8_t)((field << 3) | ((int)m8 - 8));
+  }
+  return code == 0 ? 0 : (uint8_t)(code | (signbit(f) ? 0x80 : 0));
+}
+
+// e2m1 (fp4): codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6, bit 3 the sign. Round to nearest even
+// (a tie goes to the even code), saturated at +-6: the thresholds of _quant.fp4_encode.
+MORI_DEVICE_INLINE float Fp4ToF32(uint32_t code) {
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return (code & 8) ? -mag[code & 7] : mag[code & 7];
+}
+MORI_DEVICE_INLINE uint32_t F32ToFp4(float f) {
+  const float a = fabsf(f);
+  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return code | (signbit(f) ? 8u : 0u);
+}
+
 struct Bf16 {
   using Storage = uint16_t;
   static MORI_DEVICE_INLINE float Load(Storage v) { return Bf16ToF32(v); }
@@ -121,6 +165,15 @@ struct Fp8 {
   using Storage = uint8_t;
   static MORI_DEVICE_INLINE float Load(Storage v) { return Fp8ToF32(v); }
   static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToFp8(f); }
+};
+struct Fp8Fnuz {
+  using Storage = uint8_t;
+  static MORI_DEVICE_INLINE float Load(Storage v) { return FnuzToF32(v); }
+  static MORI_DEVICE_INLINE Storage Store(float f) { return F32ToFnuz(f); }
+};
+// Two e2m1 values a byte: staged as bytes, summed by CombineAccumFp4.
+struct Fp4x2 {
+  using Storage = uint8_t;
 };
 
 }  // namespace

@@ -134,9 +134,9 @@ __device__ void CombineStage(const EpArgs& a) {
   for (int r = firstRow; r < total; r += rowStride) {
     typename Wire::Storage* dst = reinterpret_cast<typename Wire::Storage*>(a.combInp) + (size_t)r * a.hidden;
     const typename In::Storage* src = reinterpret_cast<const typename In::Storage*>(a.inp) + (size_t)r * a.hidden;
-    if (r >= a.inpRows) {
-      for (int i = lane; i < a.hidden; i += 32) dst[i] = Wire::Store(0.0f);
-    } else if (sizeof(typename In::Storage) == sizeof(typename Wire::Storage)) {
+    if (r >= a.inpRows) {  // zero is all-zero bytes in every wire dtype
+      for (int i = lane; i < a.hidden * (int)sizeof(*dst); i += 32) reinterpret_cast<uint8_t*>(dst)[i] = 0;
+    } else if constexpr (sizeof(typename In::Storage) == sizeof(typename Wire::Storage)) {
       if (a.inp != a.combInp) WarpCopy(dst, src, (size_t)a.hidden * sizeof(*src), lane);
     } else {
       for (int i = lane; i < a.hidden; i += 32) dst[i] = Wire::Store(In::Load(src[i]));
@@ -153,6 +153,61 @@ extern "C" __global__ void ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp
 extern "C" __global__ void ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); }
 extern "C" __global__ void ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); }
 extern "C" __global__ void ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); }
+extern "C" __global__ void ep_combine_stage_fp8fnuz(EpArgs a) { CombineStage<Fp8Fnuz, Fp8Fnuz>(a); }
+extern "C" __global__ void ep_combine_stage_fp4(EpArgs a) { CombineStage<Fp4x2, Fp4x2>(a); }
+
+// The blockwise wires (_quant.py, MORI's fp8_blockwise / fp4_blockwise): one warp quantizes a bf16
+// row into codes and one float32 scale per block. The warp first leaves each block's largest
+// magnitude in the scale slots, then writes the codes (recomputing the inverse scale from it, the
+// same float32 operations as the CPU backend), then the scales.
+template <bool Fp4>
+__device__ void CombineStageBlockwise(const EpArgs& a) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int total = *Control(a, EP_TOTAL_RECV);
+  const int firstRow = blockIdx.x * warps + (threadIdx.x >> 5), rowStride = gridDim.x * warps;
+  const int blockElems = (a.hidden + a.combScaleDim - 1) / a.combScaleDim;
+  const float qmax = Fp4 ? 6.0f : 448.0f;
+  for (int r = firstRow; r < total; r += rowStride) {
+    uint8_t* dst = reinterpret_cast<uint8_t*>(a.combInp) + (size_t)r * a.combRowBytes;
+    float* scales = reinterpret_cast<float*>(dst + a.combCodeBytes);
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(a.inp) + (size_t)r * a.hidden;
+    const bool zero = r >= a.inpRows;
+    for (int sb = 0; sb < a.combScaleDim; ++sb) {
+      const int start = sb * blockElems, end = min(start + blockElems, a.hidden);
+      float m = 0.0f;
+      for (int i = start + lane; i < end; i += 32) m = fmaxf(m, zero ? 0.0f : fabsf(Bf16ToF32(src[i])));
+      for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      if (lane == 0) scales[sb] = m;
+    }
+    __syncwarp();
+    for (int b = lane; b < a.combCodeBytes; b += 32) {  // a byte: one fp8 code, or two fp4 codes
+      uint32_t byte = 0;
+      for (int h = 0; h < (Fp4 ? 2 : 1); ++h) {
+        const int i = Fp4 ? 2 * b + h : b;
+        if (i >= a.hidden) continue;
+        const float m = scales[i / blockElems];
+        const bool scaled = Fp4 ? m > 0.0f : m > qmax;
+        const float inv = scaled ? __fdiv_rn(qmax, m) : (Fp4 ? 0.0f : 1.0f);
+        const float v = __fmul_rn(zero ? 0.0f : Bf16ToF32(src[i]), inv);
+        byte |= Fp4 ? (F32ToFp4(v) << (4 * h)) : F32ToFp8(v);
+      }
+      dst[b] = (uint8_t)byte;
+    }
+    __syncwarp();
+    for (int sb = lane; sb < a.combScaleDim; sb += 32) {
+      const float m = scales[sb];
+      scales[sb] = Fp4 ? (m > 0.0f ? __fdiv_rn(m, qmax) : 1.0f) : (m > qmax ? __fmul_rn(m, 1.0f / 448.0f) : 1.0f);
+    }
+    if (a.hasWeights && lane < a.k) {
+      const float w = r < a.weightRows ? reinterpret_cast<const float*>(a.weights)[(size_t)r * a.k + lane] : 0.0f;
+      reinterpret_cast<float*>(a.combInpWeights)[(size_t)r * a.k + lane] = w;
+    }
+  }
+  FenceSys();
+}
+
+extern "C" __global__ void ep_combine_stage_bf16_bw8(EpArgs a) { CombineStageBlockwise<false>(a); }
+extern "C" __global__ void ep_combine_stage_bf16_bw4(EpArgs a) { CombineStageBlockwise<true>(a); }
 
 // One block: this PE's registered combine input is complete; tell every PE (epoch numbered, so
 // graph replays and repeated calls need no reset).
@@ -268,3 +323,75 @@ extern "C" __global__ void ep_combine_accum_bf16(EpArgs a) { CombineAccum<Bf16, 
 extern "C" __global__ void ep_combine_accum_f32(EpArgs a) { CombineAccum<F32, F32>(a); }
 extern "C" __global__ void ep_combine_accum_fp8(EpArgs a) { CombineAccum<Fp8, Fp8>(a); }
 extern "C" __global__ void ep_combine_accum_bf16_fp8(EpArgs a) { CombineAccum<Bf16, Fp8>(a); }
+extern "C" __global__ void ep_combine_accum_fp8fnuz(EpArgs a) { CombineAccum<Fp8Fnuz, Fp8Fnuz>(a); }
+
+// The source rows of this PE's token t in top-k order (a warp's list in shared memory, as in
+// CombineAccum), rows of `rowBytes` bytes; returns how many.
+MORI_DEVICE_INLINE int ListRows(const EpArgs& a, int t, int lane, const uint8_t** rows, const float** weights) {
+  const int32_t* destMap = reinterpret_cast<const int32_t*>(a.destMap);
+  const int32_t d = lane < a.k ? destMap[(size_t)t * a.k + lane] : -1;
+  const uint32_t valid = __ballot_sync(0xffffffffu, d >= 0);
+  if (d >= 0) {
+    const int pe = d / a.maxSend;
+    const size_t slot = d % a.maxSend;
+    const int pos = __popc(valid & ((1u << lane) - 1));
+    if (OnMyNode(a, pe)) {
+      rows[pos] = Peer(reinterpret_cast<const uint8_t*>(a.combInp), pe) + slot * a.combRowBytes;
+      weights[pos] = Peer(reinterpret_cast<const float*>(a.combInpWeights), pe) + slot * a.k;
+    } else {
+      const char* row = ReturnedRow(a, pe / a.nodeSize, slot);
+      rows[pos] = reinterpret_cast<const uint8_t*>(row);
+      weights[pos] = reinterpret_cast<const float*>(row + a.combWOff);
+    }
+  }
+  __syncwarp();
+  return __popc(valid);
+}
+
+// Combine of byte-coded wires (one warp per token): the blockwise wires into bf16 (each code times
+// its block's scale, a multiply and an add each rounded, as the CPU backend), or packed fp4 input
+// into packed fp4 (two sums a byte).
+template <int Kind>  // 0: fp8 blockwise, 1: fp4 blockwise, 2: fp4 input
+__device__ void CombineAccumCoded(const EpArgs& a) {
+  __shared__ const uint8_t* sRows[32][32];
+  __shared__ const float* sWeights[32][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int blockElems = a.combScaleDim > 0 ? (a.hidden + a.combScaleDim - 1) / a.combScaleDim : 1;
+  for (int t = blockIdx.x * warps + warp; t < a.numTokens; t += gridDim.x * warps) {
+    const int count = ListRows(a, t, lane, sRows[warp], sWeights[warp]);
+    if (Kind == 2) {
+      uint8_t* out = reinterpret_cast<uint8_t*>(a.combOut) + (size_t)t * a.hidden;
+      for (int b = lane; b < a.hidden; b += 32) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int p = 0; p < count; ++p) {
+          const uint32_t byte = sRows[warp][p][b];
+          lo += Fp4ToF32(byte & 15);
+          hi += Fp4ToF32(byte >> 4);
+        }
+        out[b] = (uint8_t)(F32ToFp4(lo) | (F32ToFp4(hi) << 4));
+      }
+    } else {
+      uint16_t* out = reinterpret_cast<uint16_t*>(a.combOut) + (size_t)t * a.hidden;
+      for (int i = lane; i < a.hidden; i += 32) {
+        float acc = 0.0f;
+        for (int p = 0; p < count; ++p) {
+          const uint8_t* row = sRows[warp][p];
+          const float scale = reinterpret_cast<const float*>(row + a.combCodeBytes)[i / blockElems];
+          const float v = Kind == 0 ? Fp8ToF32(row[i]) : Fp4ToF32((row[i >> 1] >> (4 * (i & 1))) & 15);
+          acc = __fadd_rn(acc, __fmul_rn(v, scale));
+        }
+        out[i] = F32ToBf16(acc);
+      }
+    }
+    if (a.hasWeights && lane < a.k) {
+      float acc = 0.0f;
+      for (int p = 0; p < count; ++p) acc += sWeights[warp][p][lane];
+      reinterpret_cast<float*>(a.combOutWeights)[(size_t)t * a.k + lane] = acc;
+    }
+    __syncwarp();  // the lists are rewritten by the warp's next token
+  }
+}
+
+extern "C" __global__ void ep_combine_accum_bf16_bw8(EpArgs a) { CombineAccumCoded<0>(a); }
+extern "C" __global__ void ep_combine_accum_bf16_bw4(EpArgs a) { CombineAccumCoded<1>(a); }
+extern "C" __global__ void ep_combine_accum_fp4(EpArgs a) { CombineAccumCoded<2>(a); }

@@ -1,0 +1,133 @@
+"""MORI-EP's wider surface on GPUs (ops_gpu_worker.py with MORI_OPS_CHECKS=surface): the blockwise
+fp8/fp4 combine quantizations, e4m3fnuz and packed fp4 expert outputs, routing handles, the
+standard-MoE layout and AUTO launch geometry, every PE's outputs gathered on rank 0 and checked
+there with the CPU tests' references (test_ops_wire, test_ops_routing, ep_cases)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from ep_cases import Case, expert_output, make_config, rank_inputs
+from test_ops_routing import check_standard_moe_results, pe_standard_moe
+from test_ops_wire import (
+    check_blockwise,
+    check_fp4,
+    check_within_moris_tolerance,
+    pe_fp4_round,
+    pe_quant_round,
+)
+
+import mori
+from mori.ops._layout import reference_combine
+
+__all__ = ["surface"]
+
+
+def _gathered(obj: Any) -> list[Any] | None:
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def _verdict(rank: int, what: str, check: Any) -> None:
+    """Rank 0 runs ``check`` and prints ok / FAILED; every rank raises on a failure."""
+    ok = True
+    if rank == 0:
+        try:
+            check()
+        except AssertionError as exc:
+            print(f"FAILED  {what}: {exc}", flush=True)
+            ok = False
+        else:
+            print(f"ok  {what}", flush=True)
+    flag = [ok]
+    dist.broadcast_object_list(flag, src=0)
+    if not flag[0]:
+        raise AssertionError(f"{what} failed")
+
+
+def _packed(res: Any) -> Any:
+    """Tensors as (uint8 bytes, dtype) for gather_object (torch cannot unpickle float8 storages)."""
+    if isinstance(res, dict):
+        return {k: _packed(v) for k, v in res.items()}
+    if isinstance(res, list):
+        return [_packed(v) for v in res]
+    return ("t", res.contiguous().view(torch.uint8).cpu(), res.dtype) if isinstance(res, torch.Tensor) else res
+
+
+def _unpacked(res: Any) -> Any:
+    if isinstance(res, dict):
+        return {k: _unpacked(v) for k, v in res.items()}
+    if isinstance(res, list):
+        return [_unpacked(v) for v in res]
+    if isinstance(res, tuple) and len(res) == 3 and res[0] == "t":
+        return res[1].view(res[2])
+    return res
+
+
+def gather(res: Any) -> Any:
+    out = _gathered(_packed(res))
+    return None if out is None else [_unpacked(r) for r in out]
+
+
+def pe_routing_round(case: Case, op: Any) -> dict[str, Any]:
+    """dispatch(..., return_routing=True), then combine(..., routing=handle) (the GPU's pairing)."""
+    rank = op.config.rank
+    inp = rank_inputs(case, rank, "cuda")
+    out = op.dispatch(inp["input"], inp["weights"], None, inp["indices"], return_routing=True)
+    n = int(out[4].item())
+    y = expert_output(case, out[0][:n], rank)
+    src = op.get_dispatch_src_token_pos().cpu().clone()
+    combined, _ = op.combine(y, None, inp["indices"], routing=out[5])
+    return {"src_pos": src, "combine_in": y.cpu().clone(), "handle_src": out[5].disp_tok_id_to_src_tok_id_local[:n].cpu(),
+            "combined": combined[: inp["input"].shape[0]].cpu().clone()}
+
+
+def surface(rank: int, world: int) -> None:
+    experts = max(1, 256 // world)
+    quant = Case(world=world, max_tokens=48, hidden=7168, k=8, experts_per_rank=experts, full=True)
+    for q in ("fp8_blockwise", "fp4_blockwise"):
+        for scale_dim in (56, 3):
+            c = dataclasses.replace(quant, hidden=7168 if scale_dim == 56 else 1000, seed=scale_dim)
+            res = gather(pe_quant_round(c, q, scale_dim, False, "cuda"))
+            _verdict(rank, f"{q} combine, hidden {c.hidden}, {scale_dim} scales: byte for byte as the numpy "
+                           "quantizer", lambda c=c, res=res, q=q, s=scale_dim: check_blockwise(c, res, q, s))
+        c = dataclasses.replace(quant, invalid=0.0, seed=5)
+        res = gather(pe_quant_round(c, q, 56, True, "cuda"))
+        _verdict(rank, f"{q} combine within MORI's tolerance", lambda c=c, res=res, q=q: check_within_moris_tolerance(
+            c, res, q, 56))
+    bf16 = Case(world=world, max_tokens=48, hidden=1024, k=8, experts_per_rank=experts, invalid=0.1)
+    fp4 = dataclasses.replace(bf16, seed=21)
+    res = gather(pe_fp4_round(fp4, "cuda"))
+    _verdict(rank, "packed fp4 (float4_e2m1fn_x2) combine input", lambda: check_fp4(fp4, res))
+    from ops_gpu_worker import rounds
+
+    rounds(rank, world, "fp8 e4m3fnuz combine input", dataclasses.replace(
+        bf16, dtype=torch.float8_e4m3fn, combine_dtype=torch.float8_e4m3fnuz), [22])
+    os.environ["MORI_EP_LAUNCH_CONFIG_MODE"] = "AUTO"
+    rounds(rank, world, "bf16 under MORI_EP_LAUNCH_CONFIG_MODE=AUTO (128 blocks x 16 warps)", bf16, [23])
+    del os.environ["MORI_EP_LAUNCH_CONFIG_MODE"]
+    # Routing handles, three rounds on one op.
+    op = mori.ops.EpDispatchCombineOp(make_config(bf16, rank))
+    for seed in (24, 25, 26):
+        c = dataclasses.replace(bf16, seed=seed)
+        res = gather(pe_routing_round(c, op))
+
+        def check(c: Case = c, res: Any = res) -> None:
+            all_ids = [rank_inputs(c, r)["indices"] for r in range(world)]
+            src = [r["src_pos"] for r in res]
+            for r, got in enumerate(res):
+                assert torch.equal(got["handle_src"], got["src_pos"]), f"PE {r}: the handle's source positions"
+                want = reference_combine(all_ids[r], r, experts, [x["combine_in"] for x in res], src,
+                                         world * c.max_tokens, torch.bfloat16)
+                assert torch.equal(got["combined"], want), f"PE {r}: combine along the handle"
+
+        _verdict(rank, f"routing handle round seed {seed}", check)
+    # The standard-MoE layout (two passes: dispatch_standard_moe, and the converters).
+    std = dataclasses.replace(bf16, max_tokens=9, hidden=256, experts_per_rank=3, seed=71)
+    res = gather(pe_standard_moe(std, {}, "cuda"))
+    _verdict(rank, "standard-MoE layout", lambda: check_standard_moe_results(std, res))
