@@ -26,6 +26,9 @@ from mori.ops._layout import reference_combine
 
 __all__ = ["surface"]
 
+#: Where the PEs' tensors live (the GPU checks; a dry run on the CPU heap sets "cpu").
+DEVICE = "cuda"
+
 
 def _gathered(obj: Any) -> list[Any] | None:
     out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
@@ -77,7 +80,7 @@ def gather(res: Any) -> Any:
 def pe_routing_round(case: Case, op: Any) -> dict[str, Any]:
     """dispatch(..., return_routing=True), then combine(..., routing=handle) (the GPU's pairing)."""
     rank = op.config.rank
-    inp = rank_inputs(case, rank, "cuda")
+    inp = rank_inputs(case, rank, DEVICE)
     out = op.dispatch(inp["input"], inp["weights"], None, inp["indices"], return_routing=True)
     n = int(out[4].item())
     y = expert_output(case, out[0][:n], rank)
@@ -88,29 +91,57 @@ def pe_routing_round(case: Case, op: Any) -> dict[str, Any]:
 
 
 def surface(rank: int, world: int) -> None:
+    """Every check; with MORI_DISABLE_P2P (every PE a node of its own, reached through the device
+    proxy) the ops are InterNodeV1 with gpu_per_node=1 (InterNodeV1LL for the standard-MoE layout),
+    and routing handles, which the GPU heap takes within one node only, are checked to be refused."""
     experts = max(1, 256 // world)
+    p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
+    kinds = mori.ops.EpDispatchCombineKernelType
+    across: dict[str, Any] = {} if p2p else {"kernel_type": kinds.InterNodeV1, "gpu_per_node": 1}
+    where = "" if p2p else " (InterNodeV1 through the proxy)"
     quant = Case(world=world, max_tokens=48, hidden=7168, k=8, experts_per_rank=experts, full=True)
     for q in ("fp8_blockwise", "fp4_blockwise"):
         for scale_dim in (56, 3):
             c = dataclasses.replace(quant, hidden=7168 if scale_dim == 56 else 1000, seed=scale_dim)
-            res = gather(pe_quant_round(c, q, scale_dim, False, "cuda"))
-            _verdict(rank, f"{q} combine, hidden {c.hidden}, {scale_dim} scales: byte for byte as the numpy "
-                           "quantizer", lambda c=c, res=res, q=q, s=scale_dim: check_blockwise(c, res, q, s))
+            res = gather(pe_quant_round(c, q, scale_dim, False, DEVICE, across))
+            _verdict(rank, f"{q} combine{where}, hidden {c.hidden}, {scale_dim} scales: byte for byte as the "
+                           "numpy quantizer", lambda c=c, res=res, q=q, s=scale_dim: check_blockwise(c, res, q, s))
         c = dataclasses.replace(quant, invalid=0.0, seed=5)
-        res = gather(pe_quant_round(c, q, 56, True, "cuda"))
-        _verdict(rank, f"{q} combine within MORI's tolerance", lambda c=c, res=res, q=q: check_within_moris_tolerance(
-            c, res, q, 56))
+        res = gather(pe_quant_round(c, q, 56, True, DEVICE, across))
+        _verdict(rank, f"{q} combine{where} within MORI's tolerance",
+                 lambda c=c, res=res, q=q: check_within_moris_tolerance(c, res, q, 56))
     bf16 = Case(world=world, max_tokens=48, hidden=1024, k=8, experts_per_rank=experts, invalid=0.1)
     fp4 = dataclasses.replace(bf16, seed=21)
-    res = gather(pe_fp4_round(fp4, "cuda"))
-    _verdict(rank, "packed fp4 (float4_e2m1fn_x2) combine input", lambda: check_fp4(fp4, res))
+    res = gather(pe_fp4_round(fp4, DEVICE, across))
+    _verdict(rank, f"packed fp4 (float4_e2m1fn_x2) combine input{where}", lambda: check_fp4(fp4, res))
     from ops_gpu_worker import rounds
 
-    rounds(rank, world, "fp8 e4m3fnuz combine input", dataclasses.replace(
-        bf16, dtype=torch.float8_e4m3fn, combine_dtype=torch.float8_e4m3fnuz), [22])
+    rounds(rank, world, f"fp8 e4m3fnuz combine input{where}", dataclasses.replace(
+        bf16, dtype=torch.float8_e4m3fn, combine_dtype=torch.float8_e4m3fnuz), [22], **across)
     os.environ["MORI_EP_LAUNCH_CONFIG_MODE"] = "AUTO"
-    rounds(rank, world, "bf16 under MORI_EP_LAUNCH_CONFIG_MODE=AUTO (128 blocks x 16 warps)", bf16, [23])
+    rounds(rank, world, f"bf16 under MORI_EP_LAUNCH_CONFIG_MODE=AUTO{where}", bf16, [23], **across)
     del os.environ["MORI_EP_LAUNCH_CONFIG_MODE"]
+    # The standard-MoE layout (two passes: dispatch_standard_moe, and the converters).
+    std = dataclasses.replace(bf16, max_tokens=9, hidden=256, experts_per_rank=3, seed=71)
+    std_kind = {} if p2p else {"kernel_type": kinds.InterNodeV1LL, "gpu_per_node": 1}
+    res = gather(pe_standard_moe(std, std_kind, DEVICE))
+    _verdict(rank, f"standard-MoE layout{where.replace('V1', 'V1LL')}", lambda: check_standard_moe_results(std, res))
+    if not p2p:
+        op = mori.ops.EpDispatchCombineOp(make_config(bf16, rank, **across))
+        inp = rank_inputs(bf16, rank, DEVICE)
+        try:
+            op.dispatch(inp["input"], None, None, inp["indices"], return_routing=True)
+        except NotImplementedError as exc:
+            refused = "one node" in str(exc)
+        else:
+            refused = False
+        every = _gathered(refused)
+
+        def check_refused() -> None:
+            assert every is not None and all(every), f"accepted on PEs {[i for i, r in enumerate(every or []) if not r]}"
+
+        _verdict(rank, "routing handles across nodes refused on the GPU heap", check_refused)
+        return
     # Routing handles, three rounds on one op.
     op = mori.ops.EpDispatchCombineOp(make_config(bf16, rank))
     for seed in (24, 25, 26):
@@ -127,7 +158,3 @@ def surface(rank: int, world: int) -> None:
                 assert torch.equal(got["combined"], want), f"PE {r}: combine along the handle"
 
         _verdict(rank, f"routing handle round seed {seed}", check)
-    # The standard-MoE layout (two passes: dispatch_standard_moe, and the converters).
-    std = dataclasses.replace(bf16, max_tokens=9, hidden=256, experts_per_rank=3, seed=71)
-    res = gather(pe_standard_moe(std, {}, "cuda"))
-    _verdict(rank, "standard-MoE layout", lambda: check_standard_moe_results(std, res))

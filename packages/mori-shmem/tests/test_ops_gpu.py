@@ -80,6 +80,21 @@ def test_ep_surface(nproc: int) -> None:
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
+@pytest.mark.parametrize("nproc", PES)
+def test_ep_surface_through_the_proxy(nproc: int) -> None:
+    """The surface checks with MORI_DISABLE_P2P (every PE a node of its own, InterNodeV1 and
+    InterNodeV1LL through mori.shmem's device proxy on UCX; two network namespaces with
+    MORI_TEST_NETNS): the quantized rows cross between nodes as bytes."""
+    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "surface",
+                                                 "MORI_DISABLE_P2P": "ON",
+                                                 "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")},
+                    two_hosts=TWO_HOSTS)
+    assert "FAILED" not in out, out
+    assert out.count("(InterNodeV1 through the proxy)") >= 8, out
+    assert "ok  routing handles across nodes refused on the GPU heap" in out, out
+    assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
+
+
 # Last of the file: the PEs end with their CUDA contexts unusable (a device trap).
 @pytest.mark.parametrize("nproc", PES)
 def test_dispatch_graph_replayed_twice_stops_on_device(nproc: int) -> None:

@@ -165,8 +165,8 @@ def fp4_values(b: Any) -> Any:
     return torch.from_numpy(np.where(codes & 8, -1, 1) * FP4_GRID[codes & 7]).float()
 
 
-def pe_fp4_round(case: Case, device: str = "cpu") -> dict[str, Any]:
-    op = _op(case, {})
+def pe_fp4_round(case: Case, device: str = "cpu", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    op = _op(case, {}, **(overrides or {}))
     rank = op.config.rank
     inp = rank_inputs(case, rank, device)
     tokens, _, _, _, total = op.dispatch(inp["input"], None, None, inp["indices"])
