@@ -165,30 +165,42 @@ def fp4_values(b: Any) -> Any:
     return torch.from_numpy(np.where(codes & 8, -1, 1) * FP4_GRID[codes & 7]).float()
 
 
+def fp4_tokens(case: Case, rank: int) -> Any:
+    """Rank ``rank``'s tokens as packed fp4 (``[n, hidden / 2]`` float4_e2m1fn_x2)."""
+    return fp4_codes(rank_inputs(case, rank)["input"].float() * 0.25).view(torch.float4_e2m1fn_x2)
+
+
 def pe_fp4_round(case: Case, device: str = "cpu", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Packed fp4 tokens dispatched (bytes moved as they are), fp4 expert outputs combined."""
     op = _op(case, {}, **(overrides or {}))
     rank = op.config.rank
     inp = rank_inputs(case, rank, device)
-    tokens, _, _, _, total = op.dispatch(inp["input"], None, None, inp["indices"])
+    x = fp4_tokens(case, rank).to(device)
+    tokens, _, _, _, total = op.dispatch(x, None, None, inp["indices"])
     n = int(total)
-    y = fp4_codes(tokens[:n].float().cpu() * 0.25 + 0.5 * rank).to(device).view(torch.float4_e2m1fn_x2)
+    received = tokens[:n].view(torch.uint8).cpu().clone()
+    y = fp4_codes(fp4_values(received) * 0.5 + 0.5 * rank).to(device).view(torch.float4_e2m1fn_x2)
     src = op.get_dispatch_src_token_pos().cpu().clone()
     out, _ = op.combine(y, None, inp["indices"])
-    return {"src_pos": src, "combine_in": y.view(torch.uint8).cpu().clone(),
-            "combined": out[: inp["input"].shape[0]].view(torch.uint8).cpu().clone()}
+    return {"src_pos": src, "tokens": received, "combine_in": y.view(torch.uint8).cpu().clone(),
+            "combined": out[: x.shape[0]].view(torch.uint8).cpu().clone()}
 
 
-def test_fp4_combine_input(pool):
-    """Packed fp4 (float4_e2m1fn_x2) expert outputs: each element summed in float32 and rounded
-    once to e2m1, two a byte, byte for byte against the numpy reference."""
+def test_fp4_dispatch_and_combine(pool):
+    """Packed fp4 (float4_e2m1fn_x2) tokens dispatched byte for byte, and fp4 expert outputs: each
+    element summed in float32 and rounded once to e2m1, two a byte, as the numpy reference."""
     case = Case(world=pool.n, max_tokens=7, hidden=64, k=4, experts_per_rank=2, seed=33)
     check_fp4(case, pool.run(pe_fp4_round, case))
 
 
 def check_fp4(case: Case, results: list[dict[str, Any]]) -> None:
     all_ids = [rank_inputs(case, r)["indices"] for r in range(case.world)]
+    sent = [fp4_tokens(case, r).view(torch.uint8) for r in range(case.world)]
     terms = [fp4_values(res["combine_in"]) for res in results]
+    max_send = case.world * case.max_tokens
     for r, res in enumerate(results):
+        for s, pos in enumerate(res["src_pos"].tolist()):
+            assert torch.equal(res["tokens"][s], sent[pos // max_send][pos % max_send]), (r, s)
         sums = reference_combine(all_ids[r], r, case.experts_per_rank, terms, [x["src_pos"] for x in results],
                                  case.world * case.max_tokens, torch.float32)
         assert torch.equal(res["combined"], fp4_codes(sums)), f"PE {r}"
