@@ -53,7 +53,7 @@ if [ $run_tests = 1 ]; then
     pes_share_gpus "$n"
     echo "== mori.ops GPU tests, $n PEs"
     t1=$(date +%s)
-    MORI_TEST_PES=$n timeout $(( 120 + (45 + 45 * proxy) * n )) python3 -m pytest -q -m gpu -p no:cacheprovider -s \
+    MORI_TEST_PES=$n timeout $(( 120 + (60 + 60 * proxy) * n )) python3 -m pytest -q -m gpu -p no:cacheprovider -s \
       "${select[@]}" "$repo/packages/mori-shmem/tests/test_ops_gpu.py" > "$OUT/ops_tests_$n.log" 2>&1
     rc=$?; echo "rc=$rc in $(( $(date +%s) - t1 ))s"
     grep -E "^ok |passed|failed|Error|error" "$OUT/ops_tests_$n.log" | cut -c1-200 | head -80

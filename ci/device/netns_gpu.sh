@@ -5,8 +5,9 @@
 # them under MPS, multi_pe.sh). UCX on tcp + cuda_copy between the namespaces (no RDMA NIC here):
 #   1. the shmem GPU tests through the proxy (test_gpu.py -k proxy: device-API kernels and host
 #      API on the GPU heap, static and vmm heaps, a PE dying), each PE count of --pes;
-#   2. mori.ops InterNodeV1 and InterNodeV1LL byte for byte against IntraNode (test_ops_gpu.py
-#      -k through_the_proxy): with MORI_DISABLE_P2P (every peer through the proxy), then with P2P
+#   2. mori.ops InterNodeV1, InterNodeV1LL and AsyncLL byte for byte against IntraNode, and the EP
+#      surface checks (test_ops_gpu.py -k through_the_proxy): with MORI_DISABLE_P2P (every peer
+#      through the proxy), then with P2P
 #      inside each namespace and the remote transport across, each PE count of --ops-pes;
 #   3. the Triton puts/gets and the seed's kernel B, 2 PEs (one per namespace: shmem_ptr_p2p is 0
 #      for the other, so kernel B takes its IBGDA mode).
@@ -48,7 +49,7 @@ grep -E "^ok |passed|failed|Error|error" "$OUT/netns_shmem.log" | sort | uniq -c
 grep "^node " "$OUT/netns_shmem.log" | sort | uniq -c
 fi
 if [ -z "$only" ] || [ "$only" = ops ]; then
-echo "== mori.ops InterNodeV1/V1LL, PEs on two hosts ($ops_pes PEs)"
+echo "== mori.ops InterNodeV1/V1LL/AsyncLL and the EP surface, PEs on two hosts ($ops_pes PEs)"
 MORI_TEST_PES="$ops_pes" timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -s -k through_the_proxy \
   "$repo/packages/mori-shmem/tests/test_ops_gpu.py" > "$OUT/netns_ops.log" 2>&1
 rc=$?; echo "rc=$rc"
