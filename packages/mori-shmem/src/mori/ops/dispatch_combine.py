@@ -10,7 +10,8 @@ its buffers are allocated on the symmetric heap) and calls::
 
 Results are views of op-owned buffers (as in MORI): dispatch's hold this round's tokens until
 this rank calls combine (peers' next dispatch writes into them after that), combine's until the
-next combine. Every dispatch must be followed by one combine on every rank. ``AsyncLL`` splits each into ``*_send`` and ``*_recv``.
+next combine. Every dispatch must be followed by one combine on every rank (routing handles
+relax this on the CPU heap). ``AsyncLL`` splits each into ``*_send`` and ``*_recv``.
 """
 
 from __future__ import annotations
@@ -49,23 +50,26 @@ _WIRE_KIND = {
 
 def warmup_jit_kernels(kernel_type: Any) -> str | None:
     """Compiles mori.ops' kernels ahead of the first op (MORI's function): call it in the main
-    process before spawning PEs so they find the compiled module in the on-disk cache. Returns the
-    cache entry's path, or None where no GPU is visible (the CPU heap compiles nothing). Needs no
-    mori.shmem initialization."""
-    from ._config import _kernel_type
-
-    kernel_type = _kernel_type(kernel_type)
+    process before spawning PEs so they find the compiled module in NVRTC's disk cache (one module
+    serves every kernel type). Returns the architecture compiled for (``sm_90`` ...), or None where
+    no GPU is visible (the CPU heap compiles nothing). Needs no mori.shmem initialization; raises
+    ValueError for what is not a kernel type."""
     import torch
 
+    from ._config import _kernel_type
+
+    _kernel_type(kernel_type)
     if not torch.cuda.is_available():
         return None
     from ._gpu import compile_kernels
 
     return compile_kernels()
 
+
 class EpDispatchCombineOp:
     """MoE token dispatch/combine between PEs (MORI's ``EpDispatchCombineOp``): of one node with
-    the intra-node kernel types, across nodes with ``InterNode``/``InterNodeV1``/``InterNodeV1LL``.
+    ``IntraNode``/``IntraNodeLL``, across nodes with ``InterNode``/``InterNodeV1``/``InterNodeV1LL``
+    and ``AsyncLL``.
 
     Construction is collective (every rank of ``config.world_size``, same config except ``rank``)
     and raises before allocating anything when the config is invalid or does not match the
