@@ -29,7 +29,7 @@ def _op(case: Case, slot: int = 0, **overrides: Any) -> Any:
 
 
 def _received(op: Any, out: tuple[Any, ...], n: int) -> dict[str, Any]:
-    return {"src_pos": op.get_dispatch_src_token_pos().clone(), "tokens": out[0][:n].clone(), "total": n}
+    return {"src_pos": op.get_dispatch_src_token_pos().cpu().clone(), "tokens": out[0][:n].cpu().clone(), "total": n}
 
 
 def _check_dispatch(case: Case, rank: int, got: dict[str, Any], inputs: list[Any]) -> None:
@@ -42,62 +42,70 @@ def _check_dispatch(case: Case, rank: int, got: dict[str, Any], inputs: list[Any
         assert torch.equal(got["tokens"][s], inputs[r]["input"][t]), (rank, s)
 
 
-def pe_routing_rounds(case: Case, kernel: str) -> dict[str, Any]:
+def pe_routing_rounds(case: Case, kernel: str, device: str = "cpu", replay: bool = True) -> dict[str, Any]:
     """MORI's routing-handle checks on one PE: parity with a plain round on another op, two
-    dispatches in flight combined each with its handle, and a replay with new payloads."""
+    dispatches in flight combined each with its handle, and (``replay``) a replay with new
+    payloads. CPU copies of the results."""
     from mori.ops import EpDispatchCombineKernelType
 
     kt = EpDispatchCombineKernelType[kernel]
     rank = shmem.shmem_mype()
     a, b = _op(case, 0, kernel_type=kt), _op(case, 1, kernel_type=kt)
-    inp = rank_inputs(case, rank)
+    inp = rank_inputs(case, rank, device)
     x, w, ids = inp["input"], inp["weights"], inp["indices"]
     result: dict[str, Any] = {}
     # Parity: a plain round on op a, a routed round on op b.
     out = a.dispatch(x, w, None, ids)
-    n = int(out[4])
+    n = int(out[4].item())
     plain, _ = a.combine(expert_output(case, out[0][:n], rank), None, ids)
-    result["plain"] = plain[: x.shape[0]].clone()
+    result["plain"] = plain[: x.shape[0]].cpu().clone()
     out = b.dispatch(x, w, None, ids, return_routing=True)
     handle = out[5]
-    n = int(out[4])
+    n = int(out[4].item())
     result["first"] = _received(b, out, n)
     y0 = expert_output(case, out[0][:n], rank)
     # A second routed dispatch (other payloads, other routing) before the first one's combine.
     second = dataclasses.replace(case, seed=case.seed + 1)
-    inp1 = rank_inputs(second, rank)
+    inp1 = rank_inputs(second, rank, device)
     out1 = b.dispatch(inp1["input"], inp1["weights"], None, inp1["indices"], return_routing=True)
-    n1 = int(out1[4])
+    n1 = int(out1[4].item())
     result["second"] = _received(b, out1, n1)
     y1 = expert_output(second, out1[0][:n1], rank)
+    w1 = out1[1][:n1].clone()
     routed, _ = b.combine(y0, None, ids, routing=handle)
-    result["routed"] = routed[: x.shape[0]].clone()
-    routed1, routed1_w = b.combine(y1, out1[1][:n1].clone(), inp1["indices"], routing=out1[5])
-    result["second_combined"] = routed1[: inp1["input"].shape[0]].clone()
-    result["second_weights"] = (out1[1][:n1].clone(), routed1_w[: inp1["input"].shape[0]].clone())
-    result["combine_in"], result["combine_in1"] = y0, y1
+    result["routed"] = routed[: x.shape[0]].cpu().clone()
+    routed1, routed1_w = b.combine(y1, w1, inp1["indices"], routing=out1[5])
+    result["second_combined"] = routed1[: inp1["input"].shape[0]].cpu().clone()
+    result["second_weights"] = (w1.cpu(), routed1_w[: inp1["input"].shape[0]].cpu().clone())
+    result["combine_in"], result["combine_in1"] = y0.cpu(), y1.cpu()
+    if not replay:
+        return result
     # Replay the first routing with new payloads: same slots, the handle unchanged.
     before = [t.clone() for t in handle.tensors()]
     x2 = (x.float() * -3 + 1).to(x.dtype)
     out2 = b.dispatch(x2, w, None, ids, routing=handle)
-    result["replay_total"] = int(out2[4])
-    result["replay_rows"] = out2[0][: result["replay_total"]].clone()
+    result["replay_total"] = int(out2[4].item())
+    result["replay_rows"] = out2[0][: result["replay_total"]].cpu().clone()
     result["handle_unchanged"] = all(torch.equal(u, v) for u, v in zip(before, handle.tensors()))
     y2 = expert_output(case, out2[0][: result["replay_total"]], rank)
     replayed, _ = b.combine(y2, None, ids, routing=handle)
-    result["replayed"], result["combine_in2"] = replayed[: x.shape[0]].clone(), y2
-    result["x2"] = x2
+    result["replayed"], result["combine_in2"] = replayed[: x.shape[0]].cpu().clone(), y2.cpu()
+    result["x2"] = x2.cpu()
     return result
 
 
 @pytest.mark.parametrize("kernel", ["IntraNode", "InterNodeV1"])
 def test_routing_handles(pool, kernel):
     case = dataclasses.replace(BF16, world=pool.n, seed=61)
-    second = dataclasses.replace(case, seed=62)
-    results = pool.run(pe_routing_rounds, case, kernel)
-    inputs = [rank_inputs(case, r) for r in range(pool.n)]
-    inputs1 = [rank_inputs(second, r) for r in range(pool.n)]
-    max_send = pool.n * case.max_tokens
+    check_routing_results(case, pool.run(pe_routing_rounds, case, kernel))
+
+
+def check_routing_results(case: Case, results: list[dict[str, Any]], replay: bool = True) -> None:
+    """pe_routing_rounds' results of every PE against the references."""
+    second = dataclasses.replace(case, seed=case.seed + 1)
+    inputs = [rank_inputs(case, r) for r in range(case.world)]
+    inputs1 = [rank_inputs(second, r) for r in range(case.world)]
+    max_send = case.world * case.max_tokens
     src = [res["first"]["src_pos"][: res["first"]["total"]] for res in results]
     src1 = [res["second"]["src_pos"][: res["second"]["total"]] for res in results]
     for r, res in enumerate(results):
@@ -113,6 +121,8 @@ def test_routing_handles(pool, kernel):
         want_w = reference_combine(inputs1[r]["indices"], r, case.experts_per_rank,
                                    [x["second_weights"][0] for x in results], src1, max_send, torch.float32)
         assert torch.equal(res["second_weights"][1], want_w)
+        if not replay:
+            continue
         # Replay: the same slots, now holding the new payloads of the same source tokens.
         assert res["handle_unchanged"] and res["replay_total"] == res["first"]["total"]
         for s, pos in enumerate(src[r].tolist()):

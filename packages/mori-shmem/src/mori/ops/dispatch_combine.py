@@ -11,7 +11,7 @@ its buffers are allocated on the symmetric heap) and calls::
 Results are views of op-owned buffers (as in MORI): dispatch's hold this round's tokens until
 this rank calls combine (peers' next dispatch writes into them after that), combine's until the
 next combine. Every dispatch must be followed by one combine on every rank (routing handles
-relax this on the CPU heap). ``AsyncLL`` splits each into ``*_send`` and ``*_recv``.
+relax this). ``AsyncLL`` splits each into ``*_send`` and ``*_recv``.
 """
 
 from __future__ import annotations
@@ -245,8 +245,9 @@ class EpDispatchCombineOp:
         ``call_local_expert_count`` also fills :attr:`local_expert_count`.
 
         ``return_routing=True`` appends an :class:`EpDispatchRoutingHandle` of this dispatch (its
-        ``recv_count`` is then the handle's); ``routing=handle`` replays a handle's routing (same
-        ``indices``, new payloads) into the same receive slots (CPU heap). IntraNode and InterNodeV1.
+        ``recv_count`` is then the handle's; such dispatches may be in flight together, each combined
+        with its handle); ``routing=handle`` replays a handle's routing (same ``indices``, new
+        payloads) into the same receive slots (CPU heap). IntraNode and InterNodeV1.
         """
         if routing is not None and return_routing:
             raise ValueError("pass either `routing=` (replay) or `return_routing=True` (new layout), not both")
@@ -309,9 +310,8 @@ class EpDispatchCombineOp:
 
         self._expect(None, "dispatch")
         # A dispatch that keeps its routing in a handle may follow another before that one's combine
-        # on the CPU heap (the caller combines each with its handle, as in MORI); the GPU kernels
-        # check the pairing on the device, so there every dispatch needs its combine first.
-        if self._dispatched is not None and (self._gpu or not routed):
+        # (the caller combines each with its handle, as in MORI).
+        if self._dispatched is not None and not routed:
             raise RuntimeError("dispatch called twice without a combine in between: every dispatch must be "
                                "followed by one combine on every rank")
         has_scales = _checks.check_dispatch(self.config, self._device, inp, weights, scales, indices)
@@ -319,6 +319,9 @@ class EpDispatchCombineOp:
         scales = scales if has_scales else None
         if self._gpu:
             from ._gpu import EpArgs
+
+            if routed:
+                self._routed_prologue(0)
 
             a = EpArgs.from_buffer_copy(self._base_args)
             a.inp, a.indices = int(inp.data_ptr()), int(indices.data_ptr())
@@ -339,6 +342,20 @@ class EpDispatchCombineOp:
         return (self._view("disp_tok", recv, inp.shape[1], inp.dtype),
                 self._view("disp_weights", recv, cfg.num_experts_per_token, torch.float32), out_scales,
                 self._view("disp_indices", recv, cfg.num_experts_per_token, torch.int32), self._total())
+
+    def _routed_prologue(self, phase: int) -> None:
+        """GPU: a routed call may follow a dispatch (or combine) with no combine (dispatch) between.
+        A device barrier on the stream first lets every PE's earlier kernels finish (slot counters
+        cleared, staged rows read) before any PE writes to a peer, as the pairing otherwise
+        guarantees; then the device's pairing flag is set as the kernels expect (0 before a
+        dispatch, 1 before a combine)."""
+        import torch
+
+        from mori.shmem import shmem_barrier_on_stream
+
+        shmem_barrier_on_stream(torch.cuda.current_stream(self._device))
+        at = CONTROL["EP_PHASE"]
+        self._bufs.control[at: at + 1].fill_(phase)
 
     def _dispatch_recv(self, count: bool) -> None:
         self._expect("dispatch", "dispatch_recv")
@@ -404,9 +421,6 @@ class EpDispatchCombineOp:
             routing.check_fits(cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token,
                                self.max_num_tokens_to_recv())
             dispatched = routing.source_token_count()
-            if self._gpu and (self._dispatched is None or routing is not self._last_routing):
-                raise NotImplementedError("on the GPU heap combine(routing=) takes the handle of the dispatch "
-                                          "just before it (the kernels pair each dispatch with one combine)")
         elif self._dispatched is None:
             raise RuntimeError("combine called without a preceding dispatch")
         else:
@@ -431,6 +445,7 @@ class EpDispatchCombineOp:
             from ._gpu import EpArgs, wire_suffix
 
             if routing is not None:  # the handle's routing, in the buffers the kernels read
+                self._routed_prologue(1)
                 k = self.config.num_experts_per_token
                 self._bufs.dest_map[: dispatched * k].copy_(dest[: dispatched * k])
                 self._total().copy_(total)
