@@ -59,7 +59,7 @@ def test_across_hosts_byte_identical_to_intranode(hosts: PePool, one_host: PePoo
     same_outputs(case, seeds, inter, intra)
 
 
-@pytest.mark.parametrize("name", ["bf16", "random-k7-invalid", "hot-rank0"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_async_ll_across_hosts_byte_identical_to_intranode(hosts: PePool, one_host: PePool, name: str) -> None:
     """AsyncLL's send/recv halves with half the PEs on another host (their heaps reached through the
     remote transport): every round as IntraNode's on one host."""
