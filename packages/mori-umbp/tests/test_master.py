@@ -12,6 +12,8 @@ import grpc
 import pytest
 from _master_harness import MasterProcess, free_port, master_command, redis_server, running_master, wait_until
 
+from mori.umbp._master._proto import umbp_pb2 as pb
+from mori.umbp._master._proto import umbp_pb2_grpc as pb_grpc
 from mori.umbp._master._proto import umbp_peer_pb2 as peer_pb
 from mori.umbp._master._proto import umbp_peer_pb2_grpc as peer_grpc
 from mori.umbp._master_client import (
@@ -308,3 +310,57 @@ def test_master_stops_on_sigterm_and_reports_a_busy_port():
     assert master.stop() == 0
     usage = subprocess.run([*master_command(), "127.0.0.1:0", "99999"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "METRICS_PORT 99999 is not a port number" in usage.stderr
+
+
+def test_client_reported_metrics_are_merged_and_bounded(store_env):
+    with running_master({**store_env, "UMBP_MASTER_MAX_REPORTED_SERIES": "3"}) as master:
+        a = MasterClient(master.address, "node-a", tags=["sgl_role=prefill", "bad tag=x"])
+        a.register_client({DRAM: (1, 1)})
+        stub = pb_grpc.UMBPMasterStub(grpc.insecure_channel(master.address))
+
+        def report(*samples: pb.MetricSample, node: str = "node-a") -> None:
+            stub.ReportMetrics(pb.ReportMetricsRequest(node_id=node, metrics=samples), timeout=10)
+
+        hist = pb.HistogramAggregate(bounds=[0.001, 0.01], bucket_counts=[1, 3], count=4, sum=0.5)
+        label = [pb.MetricLabel(name="rpc", value="RoutePut")]
+        for _ in range(2):
+            report(
+                pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", help="h", counter_delta=100),
+                pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=7.5),
+                pb.MetricSample(name="mori_umbp_master_client_rpc_latency_seconds", labels=label, histogram_aggregate=hist),
+            )
+        m = master.scrape()
+        base = (("node", "node-a"), ("sgl_role", "prefill"))
+        assert m[("mori_umbp_client_outbound_put_bytes_total", base)] == 200
+        assert m[("mori_umbp_x_gauge", base)] == 7.5
+        lat = tuple(sorted(base + (("rpc", "RoutePut"),)))
+        assert m[("mori_umbp_master_client_rpc_latency_seconds_bucket", tuple(sorted(lat + (("le", "0.01"),))))] == 6
+        assert m[("mori_umbp_master_client_rpc_latency_seconds_bucket", tuple(sorted(lat + (("le", "+Inf"),))))] == 8
+        assert m[("mori_umbp_master_client_rpc_latency_seconds_sum", lat)] == 1.0
+
+        def refused(code: grpc.StatusCode, match: str, *samples: pb.MetricSample, node: str = "node-a") -> None:
+            with pytest.raises(grpc.RpcError) as e:
+                report(*samples, node=node)
+            assert e.value.code() == code and match in e.value.details(), e.value.details()
+
+        inv = grpc.StatusCode.INVALID_ARGUMENT
+        refused(inv, "must match", pb.MetricSample(name="other_metric", gauge_value=1))
+        refused(inv, "the master's own metric", pb.MetricSample(name="mori_umbp_client_count", gauge_value=1))
+        refused(inv, "counter delta must be finite and >= 0",
+                pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", counter_delta=-1))
+        refused(inv, "reported as a gauge, but 'mori_umbp_client_outbound_put_bytes' is a counter",
+                pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", gauge_value=1))
+        refused(inv, "bounds differ", pb.MetricSample(
+            name="mori_umbp_master_client_rpc_latency_seconds", labels=label,
+            histogram_aggregate=pb.HistogramAggregate(bounds=[1.0, 2.0], bucket_counts=[0, 0], count=0)))
+        refused(inv, "'node' is the master's", pb.MetricSample(
+            name="mori_umbp_x_gauge", labels=[pb.MetricLabel(name="node", value="other")], gauge_value=1))
+        refused(inv, "carries no value", pb.MetricSample(name="mori_umbp_x_gauge"))
+        refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "UMBP_MASTER_MAX_REPORTED_SERIES",
+                pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=1),  # known series, then a 4th
+                pb.MetricSample(name="mori_umbp_y_gauge", gauge_value=1))
+        refused(grpc.StatusCode.NOT_FOUND, "is not registered", pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=1),
+                node="stranger")
+        assert master.scrape()[("mori_umbp_x_gauge", base)] == 7.5  # the refused reports changed nothing
+        a.unregister_self()
+        assert not [k for k in master.scrape() if ("node", "node-a") in k[1]]

@@ -10,11 +10,12 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .reported import ReportedMetrics
 from .store import TIER_NAMES, TierCapacity
 
 
 class MasterMetrics:
-    def __init__(self) -> None:
+    def __init__(self, max_reported_series: int = 16384) -> None:
         self.registry = r = CollectorRegistry()
         node_tier = ["node", "tier"]
         self.client_count = Gauge("mori_umbp_client_count", "Number of alive clients registered with the master", registry=r)
@@ -144,7 +145,12 @@ class MasterMetrics:
             self.evict_failed,
         ]
 
-    def watch_index(self, key_count: Callable[[], int]) -> None:
+        # What clients report goes beside the master's own metrics, never over them.
+        own = {family.name for family in r.collect()}
+        self.reported = ReportedMetrics(max_reported_series, own)
+        r.register(self.reported)
+
+    def watch_index(self, key_count: Callable[[], float]) -> None:
         """Reads the index size at each scrape."""
         self.index_keys.set_function(key_count)
 
@@ -158,7 +164,8 @@ class MasterMetrics:
             self.capacity_utilization.labels(*labels).set(used / cap.total if cap.total else 0.0)
 
     def forget_node(self, node_id: str) -> None:
-        """Drops every series labelled with ``node_id``."""
+        """Drops every series labelled with ``node_id``, the reported ones too."""
+        self.reported.forget_node(node_id)
         for metric in self._node_series:
             for labels in list(metric._metrics):  # prometheus_client keeps no public index
                 if labels and labels[0] == node_id:

@@ -24,7 +24,7 @@ from .metrics import MasterMetrics
 from .router import Router
 from .service import MasterService, now_ms
 from .settings import MasterSettings
-from .store import Limits, MetadataStore
+from .store import Limits, MetadataStore, StoreUnavailable
 
 log = logging.getLogger("mori.umbp.master")
 
@@ -51,7 +51,7 @@ class MasterServer:
     def __init__(self, settings: MasterSettings) -> None:
         self.settings = settings
         self.store = make_store(settings)
-        self.metrics = MasterMetrics()
+        self.metrics = MasterMetrics(settings.max_reported_series)
         self.router = Router(
             self.store,
             expiry_ms=settings.expiry_s * 1000,
@@ -71,7 +71,7 @@ class MasterServer:
     def start(self) -> None:
         s = self.settings
         self._started_ms = now_ms()
-        self.metrics.watch_index(self.store.key_count)
+        self.metrics.watch_index(self._index_size)
         if s.metrics_port > 0:
             self.metrics.serve(s.metrics_port)
             self.metrics_port = s.metrics_port
@@ -102,6 +102,12 @@ class MasterServer:
             t = threading.Thread(target=self._loop, args=(name, period, tick), name=f"umbp-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _index_size(self) -> float:
+        try:
+            return float(self.store.key_count())
+        except StoreUnavailable:
+            return float("nan")  # a scrape while the store is down still answers
 
     def _loop(self, name: str, period_s: float, tick: Callable[[int], None]) -> None:
         while not self._stop.wait(period_s):
@@ -168,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"METRICS_PORT {ns.metrics_port} is not a port number")
         settings.metrics_port = ns.metrics_port
     log.info("[Master] Resolved settings: %s", settings.describe())
-    server = MasterServer(settings)
     try:
+        server = MasterServer(settings)
         server.start()
-    except OSError as e:
-        log.error("[Master] %s", e)
+    except (OSError, ValueError, StoreUnavailable) as e:
+        log.error("[Master] cannot start: %s", e)
         return 1
     host = settings.listen_address.rsplit(":", 1)[0]
     # The line launchers and tests wait for: the bound ports (ADDRESS may end in :0).

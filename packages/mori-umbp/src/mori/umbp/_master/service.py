@@ -18,6 +18,7 @@ import grpc
 from ._proto import umbp_pb2 as pb
 from ._proto import umbp_pb2_grpc as pb_grpc
 from .metrics import MasterMetrics
+from .reported import ReportedMetrics, Sample
 from .router import Router
 from .settings import MasterSettings
 from .store import (
@@ -407,3 +408,33 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         for h, count in self.store.hit_counts(hashes):
             response.entries.add(hash=h, hit_count_total=count)
         return response
+
+    # ---- client metrics ---------------------------------------------------------------
+    @_handler
+    def ReportMetrics(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._node_id(request.node_id)
+        self._batch("metrics", request.metrics)
+        record = self.store.get_client(request.node_id)
+        if record is None:
+            raise Rejected(grpc.StatusCode.NOT_FOUND, f"node {request.node_id!r} is not registered")
+        samples = []
+        try:
+            for i, m in enumerate(request.metrics):
+                labels = ReportedMetrics.labels_for(request.node_id, record.tags, [(x.name, x.value) for x in m.labels])
+                which = m.WhichOneof("value")
+                if which == "counter_delta":
+                    samples.append(Sample("counter", m.name, m.help, labels, value=m.counter_delta))
+                elif which == "gauge_value":
+                    samples.append(Sample("gauge", m.name, m.help, labels, value=m.gauge_value))
+                elif which == "histogram_aggregate":
+                    a = m.histogram_aggregate
+                    samples.append(
+                        Sample("histogram", m.name, m.help, labels, bounds=tuple(a.bounds),
+                               buckets=tuple(a.bucket_counts), count=a.count, total=a.sum)
+                    )
+                else:
+                    raise ValueError(f"metrics[{i}] ({m.name!r}) carries no value")
+            self.metrics.reported.apply(samples)
+        except ValueError as e:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        return pb.ReportMetricsResponse()

@@ -131,6 +131,8 @@ class MasterSettings:
     max_batch: int = 65536
     #: ``UMBP_MASTER_MAX_MESSAGE_BYTES``: largest gRPC message either way.
     max_message_bytes: int = 64 << 20
+    #: ``UMBP_MASTER_MAX_REPORTED_SERIES``: most series kept from clients' ReportMetrics.
+    max_reported_series: int = 16384
 
     @property
     def expiry_s(self) -> int:
@@ -188,6 +190,7 @@ class MasterSettings:
             max_block_bytes=env_int("UMBP_MASTER_MAX_BLOCK_BYTES", d.max_block_bytes, 1),
             max_batch=env_int("UMBP_MASTER_MAX_BATCH", d.max_batch, 1),
             max_message_bytes=env_int("UMBP_MASTER_MAX_MESSAGE_BYTES", d.max_message_bytes, 1024),
+            max_reported_series=env_int("UMBP_MASTER_MAX_REPORTED_SERIES", d.max_reported_series, 0),
         )
 
     def describe(self) -> str:
