@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares a fresh machine for mori's CPU jobs: system packages through apt-get, then a virtual
-# environment at .venv with the four packages installed editable and the dev tools of
+# environment at .venv with the five packages installed editable and the dev tools of
 # ci/requirements-dev.txt. Needs only python3, pip and apt-get. Safe to run again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,6 +32,7 @@ fi
 python -m pip install -q --upgrade pip
 python -m pip install -q -r ci/requirements-dev.txt
 python -m pip install -q --no-deps \
-  -e packages/mori-core -e packages/mori-shmem -e packages/mori-io -e packages/mori-triton
+  -e packages/mori-core -e packages/mori-shmem -e packages/mori-io -e packages/mori-triton \
+  -e packages/mori-umbp
 python -m pip check >/dev/null || { python -m pip check; exit 1; }
 echo "setup: ready ($(python --version), venv at $root/.venv)"

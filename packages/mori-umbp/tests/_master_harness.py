@@ -34,7 +34,7 @@ def master_command() -> list[str]:
     """The console script beside this interpreter (``.venv/bin/mori-umbp-master``)."""
     script = Path(sys.executable).with_name("mori-umbp-master")
     if not script.exists():
-        raise RuntimeError(f"{script} is missing: install mori-umbp (pip install -e packages/mori-umbp[cluster])")
+        raise RuntimeError(f"{script} is missing: install mori-umbp with its master and redis extras (ci/setup.sh)")
     return [str(script)]
 
 

@@ -12,18 +12,17 @@ import grpc
 import pytest
 from _master_harness import MasterProcess, free_port, master_command, redis_server, running_master, wait_until
 
+from mori.umbp._events import KvEvent, KvEventType
 from mori.umbp._master._proto import umbp_pb2 as pb
 from mori.umbp._master._proto import umbp_pb2_grpc as pb_grpc
 from mori.umbp._master._proto import umbp_peer_pb2 as peer_pb
 from mori.umbp._master._proto import umbp_peer_pb2_grpc as peer_grpc
 from mori.umbp._master_client import (
-    ClientStatus,
     EventBundle,
-    KvEvent,
-    KvEventType,
     MasterClient,
     MasterError,
     MasterUnavailableError,
+    NodeStatus,
     RoutePutOutcome,
 )
 
@@ -36,7 +35,7 @@ def add(key: str, size: int, tier: int = DRAM) -> KvEvent:
 
 
 def remove(key: str, tier: int = DRAM) -> KvEvent:
-    return KvEvent(KvEventType.REMOVE, key, tier)
+    return KvEvent(KvEventType.REMOVE, key, tier, 0)
 
 
 @pytest.fixture(params=["inmemory", "redis"])
@@ -82,7 +81,7 @@ def test_register_heartbeat_route_and_lookup(master):
     # Committing: a heartbeat carrying ADD events puts the blocks into the index.
     reply = a.heartbeat([EventBundle(1, [add(f"page-{i}", 4096 + i) for i in range(4)])],
                         tier_capacities={DRAM: (4 * GiB, 3 * GiB - 4 * 4096)})
-    assert (reply.status, reply.acked_seq, reply.request_full_sync) == (ClientStatus.ALIVE, 1, False)
+    assert (reply.status, reply.acked_seq, reply.request_full_sync) == (NodeStatus.ALIVE, 1, False)
     assert a.batch_lookup(["page-0", "page-3", "page-4"]) == [True, True, False]
     assert b.route_put("page-0", 4096).outcome == RoutePutOutcome.ALREADY_EXISTS
 
@@ -111,7 +110,7 @@ def test_register_heartbeat_route_and_lookup(master):
 def test_heartbeat_sequence_full_sync_and_unknown_node(master):
     a = client(master, "node-a")
     a.register_client({DRAM: (GiB, GiB)})
-    assert a.heartbeat().status == ClientStatus.ALIVE  # a keepalive carries no bundle
+    assert a.heartbeat().status == NodeStatus.ALIVE  # a keepalive carries no bundle
     a.heartbeat([EventBundle(1, [add("k1", 10)]), EventBundle(2, [add("k2", 20)])])
     # A gap (seq 4 after 2) applies nothing and asks for a full sync.
     reply = a.heartbeat([EventBundle(4, [add("k4", 40)])])
@@ -119,7 +118,7 @@ def test_heartbeat_sequence_full_sync_and_unknown_node(master):
     assert a.batch_lookup(["k1", "k2", "k4"]) == [True, True, False]
     # A full sync replaces the node's blocks wholesale and re-baselines the sequence.
     reply = a.heartbeat([EventBundle(0, [add("k2", 20), add("k3", 30)])], full_sync=True, seq_baseline=10)
-    assert (reply.status, reply.acked_seq) == (ClientStatus.ALIVE, 10)
+    assert (reply.status, reply.acked_seq) == (NodeStatus.ALIVE, 10)
     assert a.batch_lookup(["k1", "k2", "k3"]) == [False, True, True]
     assert a.heartbeat([EventBundle(11, [remove("k2")])]).acked_seq == 11
     assert a.batch_lookup(["k2", "k3"]) == [False, True]
@@ -127,7 +126,7 @@ def test_heartbeat_sequence_full_sync_and_unknown_node(master):
     with pytest.raises(MasterError, match=r"bundles\[1\].seq=14 does not follow"):
         a.heartbeat([EventBundle(12, []), EventBundle(14, [])])
     # A node the master does not know is told so.
-    assert client(master, "ghost").heartbeat().status == ClientStatus.UNKNOWN
+    assert client(master, "ghost").heartbeat().status == NodeStatus.UNKNOWN
 
 
 def test_external_kv_report_revoke_match_and_hits(master):
@@ -203,7 +202,7 @@ def test_silent_peer_leaves_the_index_within_its_ttl(store_env):
             # ...and the reaper takes it out of the registry and the index.
             wait_until(lambda: master.scrape()[("mori_umbp_master_expired_clients_total", ())] == 1, 30, "reaped")
             assert master.scrape()[("mori_umbp_master_index_keys", ())] == 1
-            assert silent.heartbeat().status == ClientStatus.UNKNOWN
+            assert silent.heartbeat().status == NodeStatus.UNKNOWN
             assert live.route_get("l-key").node_id == "live"
         finally:
             stop.set()

@@ -11,9 +11,10 @@ import grpc
 import pytest
 from _master_harness import redis_server, running_master
 
+from mori.umbp._events import KvEvent, KvEventType
 from mori.umbp._master._proto import umbp_pb2 as pb
 from mori.umbp._master._proto import umbp_pb2_grpc as pb_grpc
-from mori.umbp._master_client import EventBundle, KvEvent, KvEventType, MasterClient, MasterError
+from mori.umbp._master_client import EventBundle, MasterClient, MasterError
 
 DRAM, SSD = 2, 3
 
@@ -123,7 +124,7 @@ def test_one_greedy_client_cannot_grow_the_index_without_limit(master):
         greedy.heartbeat([EventBundle(0, [add(f"f{i}") for i in range(101)])], full_sync=True, seq_baseline=5)
     assert greedy.batch_lookup(["g0", "f0"]) == [True, False]
     # Replacing keys within the quota is fine, and so is a REMOVE.
-    assert greedy.heartbeat([EventBundle(2, [KvEvent(KvEventType.REMOVE, "g0", DRAM), add("g100")])]).acked_seq == 2
+    assert greedy.heartbeat([EventBundle(2, [KvEvent(KvEventType.REMOVE, "g0", DRAM, 0), add("g100")])]).acked_seq == 2
     # The other client still has room, up to the index's total limit (150 keys).
     modest.heartbeat([EventBundle(1, [add(f"m{i}") for i in range(50)])])
     with refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "would hold 151 keys, over its limit of 150"):

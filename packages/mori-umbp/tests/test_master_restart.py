@@ -10,13 +10,12 @@ import pytest
 import redis
 from _master_harness import redis_server, running_master
 
+from mori.umbp._events import KvEvent, KvEventType
 from mori.umbp._master_client import (
-    ClientStatus,
     EventBundle,
-    KvEvent,
-    KvEventType,
     MasterClient,
     MasterError,
+    NodeStatus,
 )
 
 DRAM, SSD = 2, 3
@@ -30,7 +29,7 @@ def populate(address: str) -> MasterClient:
     a = MasterClient(address, "node-a", "a:1", peer_address="a:2", tags=["sgl_role=prefill"])
     a.register_client({DRAM: (1 << 30, 1 << 29), SSD: (1 << 34, 1 << 34)})
     a.heartbeat([EventBundle(1, [add(f"page-{i}", 4096 * (i + 1)) for i in range(8)])])
-    a.heartbeat([EventBundle(2, [add("page-0", 4096, SSD), KvEvent(KvEventType.REMOVE, "page-7", DRAM)])])
+    a.heartbeat([EventBundle(2, [add("page-0", 4096, SSD), KvEvent(KvEventType.REMOVE, "page-7", DRAM, 0)])])
     a.report_external_kv_blocks("node-a", ["h0", "h1"], DRAM)
     return a
 
@@ -57,7 +56,7 @@ def test_master_restarted_on_redis_serves_its_index_from_redis(tmp_path):
             # The peer's next heartbeat continues its sequence: no re-registration, no full sync.
             a2 = MasterClient(second.address, "node-a")
             reply = a2.heartbeat([EventBundle(3, [add("page-8", 100)])])
-            assert (reply.status, reply.acked_seq, reply.request_full_sync) == (ClientStatus.ALIVE, 3, False)
+            assert (reply.status, reply.acked_seq, reply.request_full_sync) == (NodeStatus.ALIVE, 3, False)
             assert reader.batch_lookup(["page-8"]) == [True]
             # And the registration still holds: a second live "node-a" is refused.
             with pytest.raises(MasterError, match="already alive"):
@@ -73,11 +72,11 @@ def test_master_restarted_in_memory_rebuilds_from_the_next_heartbeats():
         reader = MasterClient(second.address, "reader")
         assert reader.batch_lookup(["page-1"]) == [False]
         # The master does not know the node: it re-registers and ships everything it holds.
-        assert a.heartbeat([EventBundle(3, [add("page-8", 100)])]).status == ClientStatus.UNKNOWN
+        assert a.heartbeat([EventBundle(3, [add("page-8", 100)])]).status == NodeStatus.UNKNOWN
         a.register_client({DRAM: (1 << 30, 1 << 29)})
         held = [add(f"page-{i}", 4096 * (i + 1)) for i in range(7)] + [add("page-8", 100)]
         reply = a.heartbeat([EventBundle(0, held)], full_sync=True, seq_baseline=3)
-        assert (reply.status, reply.acked_seq) == (ClientStatus.ALIVE, 3)
+        assert (reply.status, reply.acked_seq) == (NodeStatus.ALIVE, 3)
         assert reader.batch_lookup([f"page-{i}" for i in range(9)]) == [True] * 7 + [False, True]
         assert reader.route_get("page-8").size == 100
 

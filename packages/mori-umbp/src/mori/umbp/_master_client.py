@@ -17,6 +17,9 @@ from typing import Any
 
 import grpc
 
+from ._enums import UMBPTierType
+from ._events import KvEvent
+from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._master._proto import umbp_pb2 as pb
 from ._master._proto import umbp_pb2_grpc as pb_grpc
 
@@ -36,21 +39,6 @@ class MasterUnavailableError(MasterError):
     """The master could not be reached, or did not answer before the call's deadline."""
 
 
-class KvEventType(enum.IntEnum):
-    ADD = 0
-    REMOVE = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class KvEvent:
-    """One change to the keys a peer owns: ADD (with the block's size) or REMOVE."""
-
-    type: KvEventType
-    key: str
-    tier: int
-    size: int = 0
-
-
 @dataclasses.dataclass(frozen=True)
 class EventBundle:
     """KvEvents shipped under one sequence number; bundles of a node count up from 1."""
@@ -59,7 +47,7 @@ class EventBundle:
     events: Sequence[KvEvent]
 
 
-class ClientStatus(enum.IntEnum):
+class NodeStatus(enum.IntEnum):
     UNKNOWN = 0
     ALIVE = 1
     EXPIRED = 2
@@ -70,7 +58,7 @@ class HeartbeatReply:
     """``status`` UNKNOWN: the master does not know the node (re-register and send a full
     sync). ``request_full_sync``: the master saw a sequence gap."""
 
-    status: ClientStatus
+    status: NodeStatus
     acked_seq: int
     request_full_sync: bool
 
@@ -87,7 +75,7 @@ class PutRoute:
 
     outcome: RoutePutOutcome
     node_id: str = ""
-    tier: int = 0
+    tier: UMBPTierType = UMBPTierType.Unknown
     peer_address: str = ""
 
 
@@ -97,29 +85,9 @@ class BlockLocation:
     peer service address."""
 
     node_id: str
-    tier: int
+    tier: UMBPTierType
     size: int
     peer_address: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ExternalKvNodeMatch:
-    """One node's matched hashes, by every tier they live on there (MORI's
-    ``UMBPExternalKvNodeMatch``)."""
-
-    node_id: str
-    peer_address: str
-    hashes_by_tier: dict[int, list[str]]
-
-    def matched_hash_count(self) -> int:
-        """Distinct matched hashes: a hash on two tiers counts once."""
-        return len({h for hashes in self.hashes_by_tier.values() for h in hashes})
-
-
-@dataclasses.dataclass(frozen=True)
-class ExternalKvHitCountEntry:
-    hash: str
-    hit_count_total: int
 
 
 def _wire_tier(tier: Any) -> Any:
@@ -275,7 +243,7 @@ class MasterClient:
         for tier, count in (tier_kv_counts or {}).items():
             request.tier_kv_counts.add(tier=_wire_tier(tier), count=count)
         r = self._call("Heartbeat", request)
-        return HeartbeatReply(ClientStatus(r.status), int(r.acked_seq), bool(r.request_full_sync))
+        return HeartbeatReply(NodeStatus(r.status), int(r.acked_seq), bool(r.request_full_sync))
 
     # ---- routing ----------------------------------------------------------------------
     def route_put(self, key: str, block_size: int, exclude_nodes: Iterable[str] = ()) -> PutRoute:
@@ -284,7 +252,7 @@ class MasterClient:
             "RoutePut",
             pb.RoutePutRequest(key=key, node_id=self.node_id, block_size=block_size, exclude_nodes=list(exclude_nodes)),
         )
-        return PutRoute(RoutePutOutcome(r.outcome), r.node_id, int(r.tier), r.peer_address)
+        return PutRoute(RoutePutOutcome(r.outcome), r.node_id, UMBPTierType(r.tier), r.peer_address)
 
     def batch_route_put(
         self, keys: Sequence[str], block_sizes: Sequence[int], exclude_nodes: Iterable[str] = ()
@@ -295,14 +263,14 @@ class MasterClient:
                 node_id=self.node_id, keys=list(keys), block_sizes=list(block_sizes), exclude_nodes=list(exclude_nodes)
             ),
         )
-        return [PutRoute(RoutePutOutcome(e.outcome), e.node_id, int(e.tier), e.peer_address) for e in r.entries]
+        return [PutRoute(RoutePutOutcome(e.outcome), e.node_id, UMBPTierType(e.tier), e.peer_address) for e in r.entries]
 
     def route_get(self, key: str, exclude_nodes: Iterable[str] = ()) -> BlockLocation | None:
         """Where to read ``key`` from, or None when no live node holds it."""
         r = self._call("RouteGet", pb.RouteGetRequest(key=key, node_id=self.node_id, exclude_nodes=list(exclude_nodes)))
         if not r.found:
             return None
-        return BlockLocation(r.node_id, int(r.tier), int(r.size), r.peer_address)
+        return BlockLocation(r.node_id, UMBPTierType(r.tier), int(r.size), r.peer_address)
 
     def batch_route_get(self, keys: Sequence[str], exclude_nodes: Iterable[str] = ()) -> list[BlockLocation | None]:
         r = self._call(
@@ -315,7 +283,7 @@ class MasterClient:
                 out.append(None)
                 continue
             node = r.nodes[ref - 1]
-            out.append(BlockLocation(node.node_id, int(tier), int(size), node.peer_address))
+            out.append(BlockLocation(node.node_id, UMBPTierType(tier), int(size), node.peer_address))
         return out
 
     def batch_lookup(self, keys: Sequence[str]) -> list[bool]:
@@ -350,22 +318,26 @@ class MasterClient:
     def revoke_all_external_kv_blocks_for_node(self, node_id: str) -> None:
         self._call("RevokeAllExternalKvBlocksForNode", pb.RevokeAllExternalKvBlocksForNodeRequest(node_id=node_id))
 
-    def match_external_kv(self, hashes: Sequence[str], count_as_hit: bool = False) -> list[ExternalKvNodeMatch]:
+    def match_external_kv(self, hashes: Sequence[str], count_as_hit: bool = False) -> list[UMBPExternalKvMatch]:
         """Nodes holding any of ``hashes``, each with its hashes by tier (tiers in ascending
         order, fastest first). ``count_as_hit`` only on the real request-routing path."""
         if not hashes:
             return []
         r = self._call("MatchExternalKv", pb.MatchExternalKvRequest(hashes=list(hashes), count_as_hit=count_as_hit))
         return [
-            ExternalKvNodeMatch(
+            UMBPExternalKvMatch(
                 m.node_id,
                 m.peer_address,
-                {int(b.tier): list(b.hashes) for b in sorted(m.hashes_by_tier, key=lambda b: b.tier)},
+                {UMBPTierType(b.tier): list(b.hashes) for b in sorted(m.hashes_by_tier, key=lambda b: b.tier)},
             )
             for m in r.matches
         ]
 
-    def get_external_kv_hit_counts(self, hashes: Sequence[str]) -> list[ExternalKvHitCountEntry]:
+    def get_external_kv_hit_counts(self, hashes: Sequence[str]) -> list[UMBPExternalKvHitCountEntry]:
         """Lifetime hit counters of the hashes that have one (absent hashes are left out)."""
         r = self._call("GetExternalKvHitCounts", pb.GetExternalKvHitCountsRequest(hashes=list(hashes)))
-        return [ExternalKvHitCountEntry(e.hash, int(e.hit_count_total)) for e in r.entries]
+        return [UMBPExternalKvHitCountEntry(e.hash, int(e.hit_count_total)) for e in r.entries]
+
+
+#: MORI's name for it (``mori.cpp.UMBPMasterClient``).
+UMBPMasterClient = MasterClient
