@@ -7,6 +7,7 @@ nodes is joined by a master (``mori-umbp-master``) when ``UMBPConfig.distributed
 """
 
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from mori.core.log import set_log_level as _set_level
 
@@ -36,8 +37,66 @@ from ._enums import (
     UMBPSsdLayoutMode,
     UMBPTierType,
 )
+from ._events import KvEvent, KvEventType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._hostmem import UMBPHostBufferHandle, UMBPHostMemAllocator
+
+if _TYPE_CHECKING:
+    from ._master_client import (
+        BlockLocation as BlockLocation,
+    )
+    from ._master_client import (
+        EventBundle as EventBundle,
+    )
+    from ._master_client import (
+        HeartbeatReply as HeartbeatReply,
+    )
+    from ._master_client import (
+        MasterClient as MasterClient,
+    )
+    from ._master_client import (
+        MasterError as MasterError,
+    )
+    from ._master_client import (
+        MasterUnavailableError as MasterUnavailableError,
+    )
+    from ._master_client import (
+        NodeStatus as NodeStatus,
+    )
+    from ._master_client import (
+        PutRoute as PutRoute,
+    )
+    from ._master_client import (
+        RoutePutOutcome as RoutePutOutcome,
+    )
+    from ._master_client import (
+        UMBPMasterClient as UMBPMasterClient,
+    )
+
+# The master's client speaks gRPC (the grpc extra): loaded on first use, so that the one-node
+# pool imports without grpcio.
+_MASTER_CLIENT_NAMES = frozenset(
+    {
+        "BlockLocation",
+        "EventBundle",
+        "HeartbeatReply",
+        "MasterClient",
+        "MasterError",
+        "MasterUnavailableError",
+        "NodeStatus",
+        "PutRoute",
+        "RoutePutOutcome",
+        "UMBPMasterClient",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _MASTER_CLIENT_NAMES:
+        from . import _master_client
+
+        return getattr(_master_client, name)
+    raise AttributeError(f"module 'mori.umbp' has no attribute {name!r}")
 
 __version__ = _metadata.version("mori-umbp")
 
@@ -49,6 +108,8 @@ def set_log_level(level: str | int) -> None:
 
 __all__ = [
     "CacheRemoteAdmission",
+    "KvEvent",
+    "KvEventType",
     "UMBPClient",
     "UMBPConfig",
     "UMBPCopyPipelineConfig",
