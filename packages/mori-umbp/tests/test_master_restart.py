@@ -138,3 +138,21 @@ def test_master_without_redis_uri_says_so(tmp_path):
     done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1
     assert "UMBP_METADATA_BACKEND=redis needs UMBP_REDIS_URI" in done.stderr
+
+
+def test_a_lowered_quota_still_takes_removals(tmp_path):
+    with redis_server(tmp_path) as uri:
+        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri}
+        with running_master(env) as first:
+            a = MasterClient(first.address, "node-a")
+            a.register_client({DRAM: (1 << 30, 1 << 30)})
+            a.heartbeat([EventBundle(1, [add(f"k{i}", 10) for i in range(100)])])
+            first.kill()
+        with running_master({**env, "UMBP_MASTER_MAX_KEYS_PER_CLIENT": "50"}) as second:
+            a = MasterClient(second.address, "node-a")
+            drop = [KvEvent(KvEventType.REMOVE, f"k{i}", DRAM, 0) for i in range(10)]
+            assert a.heartbeat([EventBundle(2, drop)]).acked_seq == 2  # 90 keys, still over 50
+            with pytest.raises(MasterError, match="would own 91 keys, over its quota of 50") as e:
+                a.heartbeat([EventBundle(3, [add("new", 10)])])
+            assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert second.scrape()[("mori_umbp_master_index_keys", ())] == 90
