@@ -97,7 +97,7 @@ def test_a_leased_page_stays_put(tmp_path) -> None:
         for i in range(1, 8):
             store.write(f"k{i}", addr(src, i), PAGE)
         assert store.contains("leased") and not store.contains("k1")
-        store.release("leased")
+        assert store.release("leased", store.resolve("leased", lease_s=60.0).serial)
         for i in range(8, 12):
             store.write(f"k{i}", addr(src, i % 8), PAGE)
         assert not store.contains("leased")
@@ -132,9 +132,9 @@ def test_evict_removes_from_every_tier(store: LocalStore) -> None:
     store.flush()
     events = _events(store)
     on_ssd = next(f"k{i}" for i in range(6) if store.lookup(f"k{i}") == (SSD, PAGE))
-    assert store.evict(on_ssd) and not store.contains(on_ssd)
+    assert store.evict(on_ssd) == PAGE and not store.contains(on_ssd)
     assert events == [KvEvent(REMOVE, on_ssd, SSD, PAGE, -1)]
-    assert not store.evict(on_ssd)
+    assert store.evict(on_ssd) == 0
     assert store.evict("k5") and events[-1] == KvEvent(REMOVE, "k5", DRAM, PAGE, -1)
 
 

@@ -7,7 +7,7 @@ import ctypes
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mori.core.log import get_logger
 from mori.io import MemoryLocationType
@@ -17,6 +17,9 @@ from ._config import UMBPConfig, validate
 from ._enums import UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._store import LocalStore, StoreFullError
+
+if TYPE_CHECKING:
+    from ._cluster import ClusterNode
 
 _log = get_logger("umbp")
 
@@ -43,9 +46,6 @@ class UMBPClient:
         if cfg.standalone_process is not None:
             raise NotImplementedError("UMBPConfig.standalone_process: the standalone-process mode is not "
                                       "available in this mori.umbp; leave it unset for a pool in this process")
-        if cfg.distributed is not None and cfg.distributed.master_config.master_address:
-            raise NotImplementedError("UMBPConfig.distributed.master_config.master_address: joining a "
-                                      "cluster is not available in this mori.umbp yet")
         self._config = cfg
         self._store = LocalStore(cfg)
         most = self._store.buffer_size
@@ -55,7 +55,16 @@ class UMBPClient:
         self.max_value_size = most
         self._regions: dict[int, int] = {}
         self._regions_lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, self._store.close)
+        self._cluster: ClusterNode | None = None
+        if cfg.distributed is not None and cfg.distributed.master_config.master_address:
+            from ._cluster import ClusterNode  # needs the grpc extra
+
+            try:
+                self._cluster = ClusterNode(cfg, self._store, most)
+            except BaseException:
+                self._store.close()
+                raise
+        self._finalizer = weakref.finalize(self, _close, self._cluster, self._store)
 
     # -- single keys --------------------------------------------------------------------------
 
@@ -64,6 +73,8 @@ class UMBPClient:
         key = check_key(key)
         src = check_address(src, "src")
         size = check_size(size, "size", self.max_value_size)
+        if self._cluster is not None:
+            return self._cluster.put([key], [src], [size], [-1])[0]
         return self._store.write(key, src, size)
 
     def get_into_ptr(self, key: str, dst: int, size: int) -> bool:
@@ -72,11 +83,16 @@ class UMBPClient:
         key = check_key(key)
         dst = check_address(dst, "dst")
         size = check_size(size, "size", self.max_value_size)
+        if self._cluster is not None:
+            return self._cluster.get([key], [dst], [size])[0]
         return self._store.read([key], [dst], [size])[0]
 
     def exists(self, key: str) -> bool:
-        """Whether ``key`` is stored (in any tier)."""
-        return self._store.contains(check_key(key))
+        """Whether ``key`` is stored (in any tier; on a node of a cluster, on any live node)."""
+        key = check_key(key)
+        if self._cluster is not None:
+            return self._cluster.exists([key])[0]
+        return self._store.contains(key)
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -98,12 +114,18 @@ class UMBPClient:
                     raise ValueError(f"depths[{i}] must be an int >= -1, got {depth!r}")
         else:
             depth_list = [-1] * len(keys)
+        if self._cluster is not None:
+            return self._cluster.put(keys, ptrs, sizes, depth_list) if keys else []
         return [self._store.write(k, p, s, d) for k, p, s, d in zip(keys, ptrs, sizes, depth_list)]
 
     def batch_get_into_ptr(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]) -> list[bool]:
         """:meth:`get_into_ptr` for each key; SSD hits are read together, off this thread."""
         keys, ptrs, sizes = self._batch(keys, ptrs, sizes, "ptrs")
-        return self._store.read(keys, ptrs, sizes) if keys else []
+        if not keys:
+            return []
+        if self._cluster is not None:
+            return self._cluster.get(keys, ptrs, sizes)
+        return self._store.read(keys, ptrs, sizes)
 
     def batch_get_ranges_into_ptr(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
                                   sizes: Sequence[Sequence[int]],
@@ -141,12 +163,17 @@ class UMBPClient:
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """:meth:`exists` for each key."""
         keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
+        if self._cluster is not None:
+            return self._cluster.exists(keys) if keys else []
         return [self._store.contains(k) for k in keys]
 
     def batch_exists_consecutive(self, keys: Sequence[str]) -> int:
         """How many keys, from the first on, are stored: the count stops at the first absent
         one (SGLang's prefix hit)."""
         keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
+        if self._cluster is not None:
+            found = self._cluster.exists(keys) if keys else []
+            return found.index(False) if False in found else len(found)
         for count, key in enumerate(keys):
             if not self._store.contains(key):
                 return count
@@ -162,7 +189,10 @@ class UMBPClient:
     def flush(self) -> bool:
         """Waits until pages on their way to SSD are there (and, with the Relaxed durability
         mode, on the device); False when that did not finish in time."""
-        return self._store.flush()
+        flushed = self._store.flush()
+        if self._cluster is not None:
+            flushed = self._cluster.flush() and flushed
+        return flushed
 
     def close(self) -> None:
         """Releases the pool: drops every key, removes the SSD tier's files, unmaps the DRAM
@@ -178,7 +208,8 @@ class UMBPClient:
     # -- introspection ------------------------------------------------------------------------
 
     def is_distributed(self) -> bool:
-        """True: the pool lives in this process (as MORI's embedded client reports)."""
+        """True: the pool lives in this process, a node of a cluster or one on its own (as
+        MORI's embedded client reports)."""
         return True
 
     def get_deployment_mode(self) -> UMBPDeploymentMode:
@@ -218,6 +249,8 @@ class UMBPClient:
                     raise ValueError(f"[{ptr:#x}, {ptr + size:#x}) overlaps the registered "
                                      f"[{start:#x}, {start + length:#x})")
             self._regions[ptr] = max(size, self._regions.get(ptr, 0))
+        if self._cluster is not None:
+            self._cluster.transport.register_region(ptr, self._regions[ptr])
         return True
 
     def deregister_memory(self, ptr: int) -> None:
@@ -225,35 +258,37 @@ class UMBPClient:
         ptr = check_address(ptr, "ptr")
         with self._regions_lock:
             self._regions.pop(ptr, None)
+        if self._cluster is not None:
+            self._cluster.transport.deregister_region(ptr)
 
     # -- external KV blocks (the master's index) ----------------------------------------------
 
     def report_external_kv_blocks(self, hashes: Sequence[str], tier: UMBPTierType) -> bool:
         """Tells the master that this node holds ``hashes`` at ``tier`` outside the pool (an
         engine's GPU or host cache). False without a master: there is no index to tell."""
-        self._check_hashes(hashes, tier)
-        return False
+        checked = self._check_hashes(hashes, tier)
+        return self._cluster.report_external(checked, tier, revoke=False) if self._cluster else False
 
     def revoke_external_kv_blocks(self, hashes: Sequence[str], tier: UMBPTierType) -> bool:
         """Withdraws ``hashes`` at ``tier`` from the master's index. False without a master."""
-        self._check_hashes(hashes, tier)
-        return False
+        checked = self._check_hashes(hashes, tier)
+        return self._cluster.report_external(checked, tier, revoke=True) if self._cluster else False
 
     def revoke_all_external_kv_blocks_at_tier(self, tier: UMBPTierType) -> bool:
         """Withdraws every hash this node reported at ``tier``. False without a master."""
         self._check_hashes([], tier)
-        return False
+        return self._cluster.revoke_all_external(tier) if self._cluster else False
 
     def match_external_kv(self, hashes: Sequence[str], count_as_hit: bool = False) -> list[UMBPExternalKvMatch]:
         """The nodes holding any of ``hashes``, by tier; ``count_as_hit`` for a real routing
         query. Empty without a master."""
-        self._check_hashes(hashes, UMBPTierType.Unknown)
-        return []
+        checked = self._check_hashes(hashes, UMBPTierType.Unknown)
+        return self._cluster.match_external(checked, bool(count_as_hit)) if self._cluster else []
 
     def get_external_kv_hit_counts(self, hashes: Sequence[str]) -> list[UMBPExternalKvHitCountEntry]:
         """How often each of ``hashes`` was routed to (those with a count). Empty without a master."""
-        self._check_hashes(hashes, UMBPTierType.Unknown)
-        return []
+        checked = self._check_hashes(hashes, UMBPTierType.Unknown)
+        return self._cluster.external_hit_counts(checked) if self._cluster else []
 
     # -- inside -------------------------------------------------------------------------------
 
@@ -302,3 +337,12 @@ class UMBPClient:
         if not isinstance(tier, UMBPTierType):
             raise TypeError(f"tier must be a UMBPTierType, not {type(tier).__name__}")
         return [check_key(h, f"hashes[{i}]") for i, h in enumerate(as_list(hashes, "hashes"))]
+
+
+def _close(cluster: ClusterNode | None, store: LocalStore) -> None:
+    """Leaves the cluster (when a node of one), then releases the store."""
+    try:
+        if cluster is not None:
+            cluster.close()
+    finally:
+        store.close()

@@ -48,11 +48,11 @@ class StoreClosedError(RuntimeError):
 
 
 class _Entry:
-    __slots__ = ("key", "size", "depth", "dram", "ssd", "pins", "lease_until", "committed",
+    __slots__ = ("key", "size", "depth", "serial", "dram", "ssd", "pins", "lease_until", "committed",
                  "gone", "moving", "staging", "drop_dram")
 
-    def __init__(self, key: str, size: int, depth: int, dram: int) -> None:
-        self.key, self.size, self.depth = key, size, depth
+    def __init__(self, key: str, size: int, depth: int, dram: int, serial: int) -> None:
+        self.key, self.size, self.depth, self.serial = key, size, depth, serial
         self.dram: int | None = dram
         self.ssd: SsdRecord | None = None
         self.pins = 1  # the writer's, until commit or abort
@@ -63,12 +63,14 @@ class _Entry:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Slot:
-    """A value's place in the DRAM buffer: ``offset`` into it, ``address`` in this process."""
+    """A value's place in the DRAM buffer: ``offset`` into it, ``address`` in this process;
+    ``serial`` names this value of the key (a key stored again after an eviction has another)."""
 
     key: str
     offset: int
     size: int
     address: int
+    serial: int
     _entry: _Entry = dataclasses.field(repr=False, compare=False)
 
 
@@ -108,6 +110,7 @@ class LocalStore:
         self._dram_lru: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._ssd_lru: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         self._listeners: list[Callable[[KvEvent], None]] = []
+        self._serial = 0  # of the last entry made
         self._moves = 0  # batches moving to SSD
         self._moving_bytes = 0  # DRAM those batches will free
         self._pinned = 0  # pins held on all entries, dropped ones included
@@ -153,9 +156,10 @@ class LocalStore:
                 if remaining <= 0:
                     raise StoreFullError(f"no room in DRAM for {size} bytes within {timeout} s")
                 self._lock.wait(min(remaining, 1.0))
-            entry = self._index[key] = _Entry(key, size, depth, offset)
+            self._serial += 1
+            entry = self._index[key] = _Entry(key, size, depth, offset, self._serial)
             self._pinned += 1
-            return Slot(key, offset, size, self.buffer_address + offset, entry)
+            return Slot(key, offset, size, self.buffer_address + offset, entry.serial, entry)
 
     def commit(self, slot: Slot) -> bool:
         """Makes a slot's value visible (an ADD on DRAM); False when the store was cleared or
@@ -211,25 +215,31 @@ class LocalStore:
                 return None
             entry.lease_until = max(entry.lease_until, time.monotonic() + lease_s)
             self._touch(entry)
-            return Slot(key, entry.dram, entry.size, self.buffer_address + entry.dram, entry)
+            return Slot(key, entry.dram, entry.size, self.buffer_address + entry.dram, entry.serial, entry)
 
-    def release(self, key: str) -> None:
-        """Ends ``key``'s read lease early."""
+    def release(self, key: str, serial: int) -> bool:
+        """Ends the read lease of ``key``'s value ``serial``; whether the lease held to now: the
+        value is still stored, in the slot :meth:`resolve` gave, and the lease had not run out
+        (so a reader's bytes are that value's)."""
         with self._lock:
             entry = self._index.get(key)
-            if entry is not None:
-                entry.lease_until = 0.0
-                self._lock.notify_all()
+            if entry is None or entry.serial != serial or entry.gone or entry.dram is None:
+                return False
+            held = entry.lease_until >= time.monotonic() and not entry.drop_dram
+            entry.lease_until = 0.0
+            self._lock.notify_all()
+            return held
 
-    def evict(self, key: str) -> bool:
-        """Removes ``key`` from every tier (REMOVE events); whether it was stored."""
+    def evict(self, key: str, force: bool = True) -> int:
+        """Removes ``key`` from every tier (REMOVE events); the bytes freed (0 when absent, or,
+        without ``force``, when it is being read, leased or moved: the master's advice)."""
         with self._lock:
             self._check_open()
             entry = self._index.get(key)
-            if entry is None or not entry.committed:
-                return False
+            if entry is None or not entry.committed or (not force and self._busy(entry)):
+                return 0
             self._forget(entry)
-            return True
+            return aligned(entry.size)
 
     def lookup(self, key: str) -> tuple[UMBPTierType, int] | None:
         """The fastest tier that holds ``key`` and its size, or None."""
@@ -347,6 +357,21 @@ class LocalStore:
         if self._ssd is not None and not self._ssd.strict:
             self._ssd.submit(self._ssd.sync).result(timeout)
         return True
+
+    def snapshot(self, reset: Callable[[], None]) -> list[KvEvent]:
+        """An ADD for every tier of every stored key (a full sync's content), taken with the
+        store's lock held, under which ``reset()`` runs too: events from then on are after it."""
+        with self._lock:
+            reset()
+            events = []
+            for entry in self._index.values():
+                if not entry.committed or entry.gone:
+                    continue
+                if entry.key in self._dram_lru:
+                    events.append(KvEvent(KvEventType.ADD, entry.key, UMBPTierType.DRAM, entry.size, entry.depth))
+                if entry.key in self._ssd_lru:
+                    events.append(KvEvent(KvEventType.ADD, entry.key, UMBPTierType.SSD, entry.size, entry.depth))
+            return events
 
     def stats(self) -> dict[str, int]:
         """Keys and bytes per tier, and capacities (what a heartbeat reports)."""

@@ -1,0 +1,246 @@
+"""A node of a cluster: the client's puts and gets routed by the master, served by this node's
+store or a peer's, with pages moved by mori-io.
+
+At start the node brings up its mori-io engine (its DRAM buffer registered), its peer service,
+and registers with the master (its peer service's address and engine in the record); the
+heartbeat ships its store's events. A put asks the master where each key goes (``BatchRoutePut``):
+a key routed here is stored locally, one routed to a peer is allocated there, written there by
+mori-io and committed. A get reads keys this node holds locally first, then asks the master
+where the rest are (``BatchRouteGet``) and reads them from their peers under a read lease. A
+peer that fails (no answer within the deadline, a failed transfer, a lease that did not hold)
+fails its keys: False, never other bytes.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+
+from mori.core.log import get_logger
+
+from ._config import UMBPConfig
+from ._enums import UMBPTierType
+from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
+from ._heartbeat import Heartbeat
+from ._master._proto import umbp_peer_pb2 as pb
+from ._master_client import MasterClient, MasterError, RoutePutOutcome
+from ._peer import PeerService, serve
+from ._store import LocalStore
+from ._transport import Move, Peer, PeerUnavailableError, Transport
+
+_log = get_logger("umbp")
+
+
+class ClusterNode:
+    """This process's node of a cluster (see the module's docstring)."""
+
+    def __init__(self, cfg: UMBPConfig, store: LocalStore, max_value_size: int) -> None:
+        dist = cfg.distributed
+        assert dist is not None
+        mc = dist.master_config
+        self.node_id, self._store, self._ssd = mc.node_id, store, cfg.ssd.enabled
+        host = dist.io_engine.host or mc.node_address
+        self.transport = Transport(f"umbp-{mc.node_id}", host, dist.io_engine.port, store.buffer_address,
+                                   store.buffer_size, dist.staging_buffer_size)
+        self._service = PeerService(store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size,
+                                    on_commit=self._committed)
+        self._server, port = serve(self._service, "0.0.0.0", dist.peer_service_port)
+        self.peer_address = f"{mc.node_address}:{port}"
+        self.master = MasterClient(mc.master_address, mc.node_id, mc.node_address, peer_address=self.peer_address,
+                                   engine_desc=self.transport.engine_desc, tags=mc.tags)
+        self._heartbeat: Heartbeat | None = None
+        try:
+            self._heartbeat = Heartbeat(self.master, store, self._capacities, mc.auto_heartbeat)
+        except BaseException:
+            self._shutdown_services()
+            raise
+
+    def _committed(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.wake()
+
+    def _capacities(self) -> dict[UMBPTierType, tuple[int, int]]:
+        """DRAM takes every put here: with an SSD tier behind it, all of it is room (older pages
+        move on); without, what is free."""
+        stats = self._store.stats()
+        total = stats["dram_capacity"]
+        free = total if self._ssd else total - stats["dram_used"]
+        return {UMBPTierType.DRAM: (total, free)}
+
+    # -- puts ---------------------------------------------------------------------------------
+
+    def put(self, keys: list[str], ptrs: list[int], sizes: list[int], depths: list[int]) -> list[bool]:
+        try:
+            routes = self.master.batch_route_put(keys, sizes)
+        except MasterError as exc:
+            _log.warning("routing %d puts failed (%s): stored on this node", len(keys), exc)
+            routes = []
+        results = [False] * len(keys)
+        remote: dict[str, list[int]] = collections.defaultdict(list)
+        local: list[int] = []
+        for i in range(len(keys)):
+            route = routes[i] if routes else None
+            if route is None or (route.outcome == RoutePutOutcome.ROUTED and route.node_id == self.node_id):
+                local.append(i)
+            elif route.outcome == RoutePutOutcome.ALREADY_EXISTS:
+                results[i] = True
+            elif route.outcome == RoutePutOutcome.ROUTED and route.peer_address:
+                remote[route.peer_address].append(i)
+        for i in local:
+            results[i] = self._store.write(keys[i], ptrs[i], sizes[i], depths[i])
+        for address, indices in remote.items():
+            ok = self._put_remote(address, [keys[i] for i in indices], [ptrs[i] for i in indices],
+                                  [sizes[i] for i in indices], [depths[i] for i in indices])
+            for i, done in zip(indices, ok):
+                results[i] = done
+        if local and self._heartbeat is not None:
+            self._heartbeat.wake()
+        return results
+
+    def _put_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int],
+                    depths: list[int]) -> list[bool]:
+        try:
+            peer = self.transport.peer(address)
+            request = pb.BatchAllocateSlotsRequest()
+            for key, size, depth in zip(keys, sizes, depths):
+                request.entries.add(key=key, size=size, tier=int(UMBPTierType.DRAM), depth=depth)  # type: ignore[arg-type]
+            slots = self.transport.call(peer.stub.BatchAllocateSlots, request, address).entries
+        except PeerUnavailableError as exc:
+            _log.warning("put of %d keys to %s: %s", len(keys), address, exc)
+            return [False] * len(keys)
+        results = [slot.outcome == pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALREADY_EXISTS for slot in slots]
+        todo = [i for i, slot in enumerate(slots) if slot.outcome == pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALLOCATED]
+        if not todo:
+            return results
+        written = self.transport.write(peer, [Move(ptrs[i], sizes[i], slots[i].offset) for i in todo])
+        commit = [i for i, ok in zip(todo, written) if ok]
+        abort = [slots[i].slot_id for i, ok in zip(todo, written) if not ok]
+        try:
+            if abort:
+                self.transport.call(peer.stub.BatchAbortSlots, pb.BatchAbortSlotsRequest(slot_ids=abort), address)
+            if commit:
+                request = pb.BatchCommitSlotsRequest()
+                for i in commit:
+                    request.entries.add(slot_id=slots[i].slot_id, key=keys[i])
+                done = self.transport.call(peer.stub.BatchCommitSlots, request, address).success
+                for i, ok in zip(commit, done):
+                    results[i] = bool(ok)
+        except PeerUnavailableError as exc:  # the peer reaps what it did not get to commit
+            _log.warning("committing %d keys on %s: %s", len(commit), address, exc)
+        return results
+
+    # -- gets ---------------------------------------------------------------------------------
+
+    def get(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        results = [False] * len(keys)
+        missing = [i for i, key in enumerate(keys) if not self._store.contains(key)]
+        absent = set(missing)
+        held = [i for i in range(len(keys)) if i not in absent]
+        if held:
+            for i, ok in zip(held, self._store.read([keys[i] for i in held], [ptrs[i] for i in held],
+                                                   [sizes[i] for i in held])):
+                results[i] = ok
+        missing += [i for i in held if not results[i]]  # gone meanwhile: another node may have it
+        if not missing:
+            return results
+        try:
+            where = self.master.batch_route_get([keys[i] for i in missing], exclude_nodes=[self.node_id])
+        except MasterError as exc:
+            _log.warning("routing %d gets failed: %s", len(missing), exc)
+            return results
+        by_peer: dict[str, list[int]] = collections.defaultdict(list)
+        for i, loc in zip(missing, where):
+            if loc is not None and loc.peer_address and loc.size == sizes[i]:
+                by_peer[loc.peer_address].append(i)
+        for address, indices in by_peer.items():
+            for i, ok in zip(indices, self._get_remote(address, [keys[i] for i in indices],
+                                                       [ptrs[i] for i in indices], [sizes[i] for i in indices])):
+                results[i] = ok
+        return results
+
+    def _get_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        try:
+            peer: Peer = self.transport.peer(address)
+            resolved = self.transport.call(peer.stub.BatchResolveKeys, pb.BatchResolveKeysRequest(keys=keys), address)
+        except PeerUnavailableError as exc:
+            _log.warning("get of %d keys from %s: %s", len(keys), address, exc)
+            return [False] * len(keys)
+        found = [i for i in range(len(keys))
+                 if resolved.found[i] and resolved.size[i] == sizes[i]]
+        read = self.transport.read(peer, [Move(ptrs[i], sizes[i], resolved.offset[i]) for i in found])
+        release = pb.BatchReleaseKeysRequest(keys=[keys[i] for i in found],
+                                             lease_id=[resolved.lease_id[i] for i in found])
+        results = [False] * len(keys)
+        try:
+            held = self.transport.call(peer.stub.BatchReleaseKeys, release, address).held if found else []
+        except PeerUnavailableError as exc:
+            _log.warning("releasing %d keys on %s: %s", len(found), address, exc)
+            return results
+        for i, ok, kept in zip(found, read, held):
+            results[i] = bool(ok and kept)
+        return results
+
+    # -- the rest -----------------------------------------------------------------------------
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        found = [self._store.contains(key) for key in keys]
+        missing = [i for i, hit in enumerate(found) if not hit]
+        if missing:
+            try:
+                for i, hit in zip(missing, self.master.batch_lookup([keys[i] for i in missing])):
+                    found[i] = hit
+            except MasterError as exc:
+                _log.warning("lookup of %d keys failed: %s", len(missing), exc)
+        return found
+
+    def flush(self) -> bool:
+        return self._heartbeat.send() if self._heartbeat is not None else True
+
+    def report_external(self, hashes: Sequence[str], tier: UMBPTierType, revoke: bool) -> bool:
+        try:
+            if revoke:
+                self.master.revoke_external_kv_blocks(self.node_id, list(hashes), tier)
+            else:
+                self.master.report_external_kv_blocks(self.node_id, list(hashes), tier)
+            return True
+        except MasterError as exc:
+            _log.warning("external KV %s of %d hashes failed: %s", "revoke" if revoke else "report", len(hashes), exc)
+            return False
+
+    def revoke_all_external(self, tier: UMBPTierType) -> bool:
+        try:
+            self.master.revoke_all_external_kv_blocks_at_tier(self.node_id, tier)
+            return True
+        except MasterError as exc:
+            _log.warning("external KV revoke of tier %s failed: %s", tier.name, exc)
+            return False
+
+    def match_external(self, hashes: list[str], count_as_hit: bool) -> list[UMBPExternalKvMatch]:
+        try:
+            return self.master.match_external_kv(hashes, count_as_hit)
+        except MasterError as exc:
+            _log.warning("external KV match failed: %s", exc)
+            return []
+
+    def external_hit_counts(self, hashes: list[str]) -> list[UMBPExternalKvHitCountEntry]:
+        try:
+            return self.master.get_external_kv_hit_counts(hashes)
+        except MasterError as exc:
+            _log.warning("external KV hit counts failed: %s", exc)
+            return []
+
+    def _shutdown_services(self) -> None:
+        self._server.stop(grace=1.0).wait(5)
+        self._service.close()
+        self.transport.close()
+
+    def close(self) -> None:
+        """Leaves the cluster: a last heartbeat, unregisters, stops the services and engine."""
+        if self._heartbeat is not None:
+            self._heartbeat.close()
+        try:
+            self.master.unregister_self()
+        except MasterError as exc:
+            _log.warning("unregistering %s: %s", self.node_id, exc)
+        self.master.close()
+        self._shutdown_services()
