@@ -122,9 +122,17 @@ def test_heartbeat_sequence_full_sync_and_unknown_node(master):
     assert a.batch_lookup(["k1", "k2", "k3"]) == [False, True, True]
     assert a.heartbeat([EventBundle(11, [remove("k2")])]).acked_seq == 11
     assert a.batch_lookup(["k2", "k3"]) == [False, True]
+    # Bundles sent again (the reply was lost) are skipped, not replayed and not taken for a gap.
+    resent = [EventBundle(12, [add("k5", 50)]), EventBundle(13, [remove("k5")])]
+    assert a.heartbeat(resent).acked_seq == 13
+    reply = a.heartbeat([*resent, EventBundle(14, [add("k6", 60)])])
+    assert (reply.acked_seq, reply.request_full_sync) == (14, False)
+    assert a.batch_lookup(["k5", "k6"]) == [False, True]
+    reply = a.heartbeat(resent)
+    assert (reply.acked_seq, reply.request_full_sync) == (14, False)
     # Bundles of one request must be consecutive.
-    with pytest.raises(MasterError, match=r"bundles\[1\].seq=14 does not follow"):
-        a.heartbeat([EventBundle(12, []), EventBundle(14, [])])
+    with pytest.raises(MasterError, match=r"bundles\[1\].seq=17 does not follow"):
+        a.heartbeat([EventBundle(15, []), EventBundle(17, [])])
     # A node the master does not know is told so.
     assert client(master, "ghost").heartbeat().status == NodeStatus.UNKNOWN
 

@@ -84,9 +84,10 @@ class Model:
                 new.pop((e.key, e.tier), None)
         count, current = len(self.keys_of(node, new)), len(self.keys_of(node))
         total, current_total = len(self.all_keys((node, new))), len(self.all_keys())
-        if count > LIMITS.max_keys_per_client and count > current:
-            return "quota"
-        if total > LIMITS.max_keys and total > current_total:
+        if (count > LIMITS.max_keys_per_client and count > current) or (
+            total > LIMITS.max_keys and total > current_total
+        ):
+            c["hb"] = now  # refused, but the node is alive
             return "quota"
         self.locs[node] = new
         c.update(seq=last, hb=now)

@@ -184,13 +184,17 @@ else
     if exists and not held then total = total - 1 end
   end
 end
+local function refuse(msg)
+  redis.call('HSET', nk, 'last_hb', now, 'status', 1)  -- a refused heartbeat still says it is alive
+  return {'QUOTA', msg}
+end
 if node_count > max_per and node_count > current_count then
-  return {'QUOTA', "node '" .. id .. "' would own " .. node_count .. ' keys, over its quota of ' ..
-          max_per .. ' (UMBP_MASTER_MAX_KEYS_PER_CLIENT)'}
+  return refuse("node '" .. id .. "' would own " .. node_count .. ' keys, over its quota of ' ..
+                max_per .. ' (UMBP_MASTER_MAX_KEYS_PER_CLIENT)')
 end
 if total > max_keys and total > current_total then
-  return {'QUOTA', 'the block index would hold ' .. total .. ' keys, over its limit of ' ..
-          max_keys .. ' (UMBP_MASTER_MAX_KEYS)'}
+  return refuse('the block index would hold ' .. total .. ' keys, over its limit of ' ..
+                max_keys .. ' (UMBP_MASTER_MAX_KEYS)')
 end
 if full then wipe_blocks(id) end
 for _, k in ipairs(order) do

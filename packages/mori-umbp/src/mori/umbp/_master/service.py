@@ -195,8 +195,10 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         self._node_id(request.node_id)
         caps = self._caps(request.tier_capacities)
         bundles = list(request.bundles)
-        events: list[KvEvent] = []
+        per_bundle: list[list[KvEvent]] = []
+        count = 0
         for b, bundle in enumerate(bundles):
+            per_bundle.append([])
             for i, e in enumerate(bundle.events):
                 where = f"bundles[{b}].events[{i}]"
                 self._name(f"{where}.key", e.key)
@@ -205,8 +207,9 @@ class MasterService(pb_grpc.UMBPMasterServicer):
                     self._size(f"{where}.size", e.size)
                 elif e.kind != pb.KvEvent.REMOVE:
                     raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{where}.kind={e.kind} is neither ADD nor REMOVE")
-                events.append(KvEvent(e.kind == pb.KvEvent.ADD, e.key, tier, e.size))
-                if len(events) > self.settings.max_batch:
+                per_bundle[-1].append(KvEvent(e.kind == pb.KvEvent.ADD, e.key, tier, e.size))
+                count += 1
+                if count > self.settings.max_batch:
                     raise Rejected(
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"the heartbeat carries more than UMBP_MASTER_MAX_BATCH={self.settings.max_batch} events",
@@ -219,10 +222,18 @@ class MasterService(pb_grpc.UMBPMasterServicer):
                 )
         if request.is_full_sync:
             first = last = request.delta_seq_baseline
-        elif bundles:
-            first, last = bundles[0].seq, bundles[-1].seq
+            start = 0
         else:
-            first = last = 0  # keepalive: refreshes liveness, applies nothing
+            # Bundles the master applied already (its reply was lost, and the node sends them
+            # again) are skipped rather than taken for a gap.
+            record = self.store.get_client(request.node_id) if bundles else None
+            applied = record.seq if record is not None else 0
+            start = next((i for i, b in enumerate(bundles) if b.seq > applied), len(bundles))
+            if start < len(bundles):
+                first, last = bundles[start].seq, bundles[-1].seq
+            else:
+                first = last = 0  # a keepalive: refreshes liveness, applies nothing
+        events = [e for group in per_bundle[start:] for e in group]
         result = self.store.apply_heartbeat(
             request.node_id, first, last, now_ms(), caps, events, bool(request.is_full_sync)
         )
@@ -231,7 +242,7 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         if result.status == HeartbeatStatus.UNKNOWN:
             response.status = pb.CLIENT_STATUS_UNKNOWN
             return response
-        if result.status == HeartbeatStatus.SEQ_GAP and bundles and not request.is_full_sync:
+        if result.status == HeartbeatStatus.SEQ_GAP and first != 0 and not request.is_full_sync:
             response.request_full_sync = True
             self.metrics.seq_gap.labels(node).inc()
         elif result.status == HeartbeatStatus.APPLIED and events:
