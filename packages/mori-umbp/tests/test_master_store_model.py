@@ -221,6 +221,8 @@ def check(store: MetadataStore, model: Model) -> None:
     got = store.lookup(KEYS)
     assert [set(locs) for locs in got] == want and all(len(locs) == len(set(locs)) for locs in got)
     assert store.key_count() == len(model.all_keys())
+    for alive in ({"n0"}, {"n1", "n2"}, set(NODES)):
+        assert store.exists(KEYS, alive) == [any(key in model.keys_of(n) for n in alive) for key in KEYS]
     assert {r.node_id: r.seq for r in store.list_clients()} == {n: c["seq"] for n, c in model.clients.items()}
     for node in NODES:
         assert store.external_kv_count(node) == len(model.ext.get(node, {}))

@@ -225,6 +225,11 @@ class InMemoryStore(MetadataStore):
                 out.append([Location(n, t, s) for (n, t), s in block.sizes.items()] if block else [])
             return out
 
+    def exists(self, keys: list[str], alive: set[str]) -> list[bool]:
+        with self._lock:
+            blocks = self._blocks
+            return [key in blocks and any(n in alive for n, _ in blocks[key].sizes) for key in keys]
+
     def touch(self, keys: list[str], now_ms: int, lease_ms: int) -> None:
         with self._lock:
             for key in keys:

@@ -220,6 +220,25 @@ for _, id in ipairs(dead) do drop_node(id) end
 return dead
 """
 
+# ARGV: P, n_alive, alive node ids..., keys... Returns 1/0 per key: held by an alive node.
+EXISTS_LIVE = _COMMON + """
+local n = tonumber(ARGV[2])
+local alive = {}
+for i = 3, 2 + n do alive[ARGV[i]] = true end
+local out = {}
+for i = 3 + n, #ARGV do
+  local found = 0
+  for _, f in ipairs(redis.call('HKEYS', blockkey(ARGV[i]))) do
+    if string.sub(f, 1, 2) == 'l|' and alive[string.match(f, '^l|(.*)|%d+$')] then
+      found = 1
+      break
+    end
+  end
+  out[#out + 1] = found
+end
+return out
+"""
+
 # ARGV: P, now, lease_ms, keys...
 TOUCH = _COMMON + """
 local now, lease = tonumber(ARGV[2]), tonumber(ARGV[3])

@@ -84,6 +84,7 @@ class RedisStore(MetadataStore):
                 "APPLY_HEARTBEAT",
                 "EXPIRE_STALE",
                 "TOUCH",
+                "EXISTS_LIVE",
                 "EVICTION_CANDIDATES",
                 "REPORT_EXTERNAL_KV",
                 "REVOKE_EXTERNAL_KV",
@@ -230,6 +231,13 @@ class RedisStore(MetadataStore):
                     locs.append(Location(node, int(tier), int(size)))
             out.append(locs)
         return out
+
+    def exists(self, keys: list[str], alive: set[str]) -> list[bool]:
+        if not keys:
+            return []
+        if not alive:
+            return [False] * len(keys)
+        return [bool(x) for x in self._run("EXISTS_LIVE", len(alive), *sorted(alive), *keys)]
 
     def touch(self, keys: list[str], now_ms: int, lease_ms: int) -> None:
         if keys:
