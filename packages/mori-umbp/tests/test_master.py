@@ -397,3 +397,47 @@ def test_hit_counters_expire_after_their_ttl(store_env):
             t.join(timeout=10)
         # The placement index is untouched by the hit GC.
         assert a.match_external_kv(["cold"])[0].hashes_by_tier == {DRAM: ["cold"]}
+
+
+def test_eviction_advice_to_an_unreachable_peer_is_counted_and_retried(store_env):
+    env = {**store_env, "UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "200"}
+    with running_master(env) as master:
+        full = MasterClient(master.address, "full", peer_address=f"127.0.0.1:{free_port()}")
+        full.register_client({DRAM: (1000, 1000)})
+        full.heartbeat([EventBundle(1, [add(f"k{i}", 100) for i in range(10)])], tier_capacities={DRAM: (1000, 0)})
+        failures = ("mori_umbp_master_evict_dispatch_failures_total", (("node", "full"),))
+        wait_until(lambda: master.scrape().get(failures, 0) >= 2, 30, "two failed EvictKey rounds")
+        assert ("mori_umbp_master_evict_advised_keys_total", (("node", "full"), ("tier", "dram"))) not in master.scrape()
+        assert full.batch_lookup([f"k{i}" for i in range(10)]) == [True] * 10
+
+
+def test_many_clients_at_once_leave_a_consistent_index(store_env):
+    with running_master(store_env) as master:
+        errors: list[BaseException] = []
+
+        def node_life(n: int) -> None:
+            try:
+                c = MasterClient(master.address, f"node-{n}", peer_address=f"p{n}:1")
+                c.register_client({DRAM: (GiB, GiB)})
+                for seq in range(1, 11):
+                    events = [add(f"n{n}-s{seq}-{i}", 100) for i in range(8)]
+                    if seq > 1:
+                        events.append(remove(f"n{n}-s{seq - 1}-0"))
+                    assert c.heartbeat([EventBundle(seq, events)]).acked_seq == seq
+                    c.batch_route_get([f"n{(n + 1) % 6}-s{seq}-{i}" for i in range(8)])
+                    c.batch_route_put([f"new-{n}-{seq}"], [10])
+            except BaseException as e:  # reported below, with the thread's node
+                errors.append(e)
+
+        threads = [threading.Thread(target=node_life, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        reader = MasterClient(master.address)
+        for n in range(6):
+            held = reader.batch_lookup([f"n{n}-s{seq}-{i}" for seq in range(1, 11) for i in range(8)])
+            # Every key of every bundle is there but the first of bundles 1-9, removed by the next.
+            assert held == [not (i == 0 and seq < 10) for seq in range(1, 11) for i in range(8)]
+        assert master.scrape()[("mori_umbp_master_index_keys", ())] == 6 * (80 - 9)

@@ -5,10 +5,12 @@ key layout in Redis, namespaces, and a Redis that goes away."""
 
 from __future__ import annotations
 
+import subprocess
+
 import grpc
 import pytest
 import redis
-from _master_harness import redis_server, running_master
+from _master_harness import free_port, master_command, redis_server, running_master
 
 from mori.umbp._events import KvEvent, KvEventType
 from mori.umbp._master_client import (
@@ -130,10 +132,6 @@ def test_redis_going_away_fails_calls_cleanly(tmp_path):
 
 
 def test_master_without_redis_uri_says_so(tmp_path):
-    import subprocess
-
-    from _master_harness import master_command
-
     env = {"UMBP_METADATA_BACKEND": "redis", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1
@@ -185,3 +183,10 @@ def test_a_wiped_redis_is_rebuilt_from_the_next_heartbeats(tmp_path):
             a.heartbeat([EventBundle(0, [add("page-1", 8192)])], full_sync=True, seq_baseline=2)
             assert reader.route_get("page-1").size == 8192
             assert master.scrape()[("mori_umbp_master_index_keys", ())] == 1
+
+
+def test_master_does_not_start_without_its_redis(tmp_path):
+    env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": f"tcp://127.0.0.1:{free_port()}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1
+    assert "cannot start: Redis:" in done.stderr
