@@ -363,3 +363,29 @@ def test_client_reported_metrics_are_merged_and_bounded(store_env):
         assert master.scrape()[("mori_umbp_x_gauge", base)] == 7.5  # the refused reports changed nothing
         a.unregister_self()
         assert not [k for k in master.scrape() if ("node", "node-a") in k[1]]
+
+
+def test_hit_counters_expire_after_their_ttl(store_env):
+    env = {**store_env, "UMBP_HIT_INDEX_TTL_SEC": "1", "UMBP_HIT_INDEX_GC_INTERVAL_SEC": "1"}
+    with running_master(env) as master:
+        a = client(master, "node-a")
+        a.register_client({DRAM: (GiB, GiB)})
+        a.report_external_kv_blocks("node-a", ["hot", "cold"], DRAM)
+        a.match_external_kv(["hot", "cold"], count_as_hit=True)
+        assert {e.hash for e in a.get_external_kv_hit_counts(["hot", "cold"])} == {"hot", "cold"}
+        stop = threading.Event()
+
+        def keep_hot() -> None:
+            while not stop.wait(0.2):
+                a.match_external_kv(["hot"], count_as_hit=True)
+
+        t = threading.Thread(target=keep_hot, daemon=True)
+        t.start()
+        try:
+            wait_until(lambda: {e.hash for e in a.get_external_kv_hit_counts(["hot", "cold"])} == {"hot"}, 30,
+                       "the cold counter dropped")
+        finally:
+            stop.set()
+            t.join(timeout=10)
+        # The placement index is untouched by the hit GC.
+        assert a.match_external_kv(["cold"])[0].hashes_by_tier == {DRAM: ["cold"]}

@@ -138,3 +138,50 @@ def test_master_without_redis_uri_says_so(tmp_path):
     done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1
     assert "UMBP_METADATA_BACKEND=redis needs UMBP_REDIS_URI" in done.stderr
+
+
+def test_a_lowered_quota_still_takes_removals(tmp_path):
+    with redis_server(tmp_path) as uri:
+        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri}
+        with running_master(env) as first:
+            a = MasterClient(first.address, "node-a")
+            a.register_client({DRAM: (1 << 30, 1 << 30)})
+            a.heartbeat([EventBundle(1, [add(f"k{i}", 10) for i in range(100)])])
+            first.kill()
+        with running_master({**env, "UMBP_MASTER_MAX_KEYS_PER_CLIENT": "50"}) as second:
+            a = MasterClient(second.address, "node-a")
+            drop = [KvEvent(KvEventType.REMOVE, f"k{i}", DRAM, 0) for i in range(10)]
+            assert a.heartbeat([EventBundle(2, drop)]).acked_seq == 2  # 90 keys, still over 50
+            with pytest.raises(MasterError, match="would own 91 keys, over its quota of 50") as e:
+                a.heartbeat([EventBundle(3, [add("new", 10)])])
+            assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert second.scrape()[("mori_umbp_master_index_keys", ())] == 90
+
+
+def test_two_masters_on_one_redis_share_one_index(tmp_path):
+    with redis_server(tmp_path) as uri:
+        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri}
+        with running_master(env) as one, running_master(env) as two:
+            a = populate(one.address)
+            via_two = MasterClient(two.address, "reader")
+            assert via_two.route_get("page-2").size == 3 * 4096
+            a_via_two = MasterClient(two.address, "node-a")
+            assert a_via_two.heartbeat([EventBundle(3, [add("page-9", 9)])]).acked_seq == 3
+            assert MasterClient(one.address).batch_lookup(["page-9"]) == [True]
+            via_two.match_external_kv(["h0"], count_as_hit=True)
+            assert [(e.hash, e.hit_count_total) for e in a.get_external_kv_hit_counts(["h0"])] == [("h0", 1)]
+
+
+def test_a_wiped_redis_is_rebuilt_from_the_next_heartbeats(tmp_path):
+    with redis_server(tmp_path) as uri:
+        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri}
+        with running_master(env) as master:
+            a = populate(master.address)
+            redis.Redis.from_url(uri.replace("tcp://", "redis://")).flushall()  # a Redis restarted empty
+            reader = MasterClient(master.address, "reader")
+            assert reader.batch_lookup(["page-1"]) == [False]
+            assert a.heartbeat().status == NodeStatus.UNKNOWN
+            a.register_client({DRAM: (1 << 30, 1 << 29)})
+            a.heartbeat([EventBundle(0, [add("page-1", 8192)])], full_sync=True, seq_baseline=2)
+            assert reader.route_get("page-1").size == 8192
+            assert master.scrape()[("mori_umbp_master_index_keys", ())] == 1

@@ -165,7 +165,8 @@ class InMemoryStore(MetadataStore):
         self._check_counts(node_id, len(new_keys), total)
 
     def _check_counts(self, node_id: str, node_count: int, total: int) -> None:
-        if node_count > self.limits.max_keys_per_client:
+        """Refuses growth past a limit; a change that shrinks (or keeps) a count always passes."""
+        if node_count > self.limits.max_keys_per_client and node_count > len(self._node_keys[node_id]):
             raise QuotaExceeded(
                 f"node {node_id!r} would own {node_count} keys, over its quota of "
                 f"{self.limits.max_keys_per_client} (UMBP_MASTER_MAX_KEYS_PER_CLIENT)"

@@ -142,6 +142,7 @@ for i = 10, #ARGV, 4 do
 end
 local mine = nk .. ':blocks'
 local node_count = redis.call('SCARD', mine)
+local current_count = node_count
 local total = tonumber(redis.call('GET', P .. ':nblocks') or '0')
 local current_total = total
 local function own_fields(k)
@@ -183,7 +184,7 @@ else
     if exists and not held then total = total - 1 end
   end
 end
-if node_count > max_per then
+if node_count > max_per and node_count > current_count then
   return {'QUOTA', "node '" .. id .. "' would own " .. node_count .. ' keys, over its quota of ' ..
           max_per .. ' (UMBP_MASTER_MAX_KEYS_PER_CLIENT)'}
 end

@@ -134,7 +134,7 @@ class RedisStore(MetadataStore):
         return bool(self._run("UNREGISTER_CLIENT", node_id) == 1)
 
     @staticmethod
-    def _record(node_id: str, fields: dict[bytes, bytes]) -> ClientRecord | None:
+    def _record(node_id: str, fields: dict[Any, bytes]) -> ClientRecord | None:
         if not fields:
             return None
         f = {_s(k): v for k, v in fields.items()}
@@ -153,7 +153,11 @@ class RedisStore(MetadataStore):
         )
 
     def get_client(self, node_id: str) -> ClientRecord | None:
+        """The whole record, the engine descriptor too."""
         return self._record(node_id, self._guard(lambda: self.client.hgetall(self._k("node", node_id))))
+
+    #: What routing reads of each node: all but the engine descriptor, which can be large.
+    _LISTED = ("addr", "peer", "status", "last_hb", "reg_at", "seq", "caps", "tags")
 
     def list_clients(self) -> list[ClientRecord]:
         ids = sorted(_s(i) for i in self._guard(lambda: self.client.smembers(self._k("nodes", "alive"))))
@@ -163,11 +167,16 @@ class RedisStore(MetadataStore):
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for node_id in ids:
-                pipe.hgetall(self._k("node", node_id))
+                pipe.hmget(self._k("node", node_id), self._LISTED)
             return list(pipe.execute())
 
-        records = (self._record(i, f) for i, f in zip(ids, self._guard(fetch)))
-        return [r for r in records if r is not None]
+        out = []
+        for node_id, values in zip(ids, self._guard(fetch)):
+            fields = {name: v for name, v in zip(self._LISTED, values) if v is not None}
+            record = self._record(node_id, fields)
+            if record is not None:
+                out.append(record)
+        return out
 
     def apply_heartbeat(
         self,

@@ -54,8 +54,10 @@ class Router:
         }
 
     # ---- gets -------------------------------------------------------------------------
-    def live_locations(self, keys: list[str], now_ms: int, exclude: set[str]) -> list[list[Location]]:
-        alive = self.alive_clients(now_ms)
+    def live_locations(
+        self, keys: list[str], now_ms: int, exclude: set[str], alive: dict[str, ClientRecord] | None = None
+    ) -> list[list[Location]]:
+        alive = self.alive_clients(now_ms) if alive is None else alive
         return [
             [loc for loc in locs if loc.node_id in alive and loc.node_id not in exclude]
             for locs in self.store.lookup(keys)
@@ -95,7 +97,7 @@ class Router:
         room: dict[tuple[str, int], int] = {
             (n, t): cap.available for n, r in candidates.items() for t, cap in r.caps.items() if t in TIERS
         }
-        existing = [bool(locs) for locs in self.live_locations(keys, now_ms, set())]
+        existing = [bool(locs) for locs in self.live_locations(keys, now_ms, set(), alive)]
         sticky = self._same_node(keys, sizes, existing, candidates, room)
         out = []
         for key_exists, size in zip(existing, sizes):

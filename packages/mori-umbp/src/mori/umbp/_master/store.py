@@ -113,7 +113,8 @@ class MetadataStore(abc.ABC):
 
     @abc.abstractmethod
     def list_clients(self) -> list[ClientRecord]:
-        """Every registered record, alive or expired-but-not-yet-reaped."""
+        """Every registered record, alive or expired-but-not-yet-reaped (``engine_desc`` may be
+        left empty: routing does not read it; :meth:`get_client` has it)."""
 
     @abc.abstractmethod
     def apply_heartbeat(
