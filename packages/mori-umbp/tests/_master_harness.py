@@ -39,10 +39,12 @@ def master_command() -> list[str]:
 
 
 class MasterProcess:
-    """``mori-umbp-master 127.0.0.1:0 METRICS_PORT`` with ``env`` added to the environment."""
+    """``mori-umbp-master LISTEN METRICS_PORT`` with ``env`` added to the environment (``listen``
+    ``127.0.0.1:0`` unless given: a free port on loopback)."""
 
     def __init__(self, env: Mapping[str, str] | None = None, metrics_port: int | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, listen: str = "127.0.0.1:0") -> None:
+        self.listen = listen
         self.metrics_port = free_port() if metrics_port is None else metrics_port
         self.env = {**os.environ, **(env or {})}
         self.command = command or master_command()
@@ -52,7 +54,7 @@ class MasterProcess:
 
     def start(self) -> MasterProcess:
         self.proc = subprocess.Popen(
-            [*self.command, "127.0.0.1:0", str(self.metrics_port)],
+            [*self.command, self.listen, str(self.metrics_port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

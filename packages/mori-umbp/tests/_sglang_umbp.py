@@ -128,6 +128,9 @@ class UmbpStoreReplay:
             cfg.ssd.high_watermark = float(extra["ssd_high_watermark"])
         if "ssd_low_watermark" in extra and hasattr(cfg.ssd, "low_watermark"):
             cfg.ssd.low_watermark = float(extra["ssd_low_watermark"])
+        master_address = extra.get("master_address", os.environ.get("UMBP_MASTER_ADDRESS") or None)
+        if master_address:
+            cfg.distributed = self._distributed_config(cfg, extra, str(master_address), mem_pool_host)
         # Local SSD isolation: one directory per rank when there are several.
         if cfg.ssd.enabled and storage_config.tp_size > 1:
             cfg.ssd.storage_dir = os.path.join(cfg.ssd.storage_dir, f"tp{self.local_rank}")
@@ -137,6 +140,38 @@ class UmbpStoreReplay:
         self.register_mem_pool_host(mem_pool_host)
         self.mha_suffix = f"{self.local_rank}"
         self.mla_suffix = ""
+
+    def _distributed_config(self, cfg: Any, extra: dict[str, Any], master_address: str,
+                            pool: HostKVPool) -> Any:
+        """The ``master_address`` branch: the node's identity, its IO engine and peer service,
+        and the master's page size from the host pool's page."""
+        dist = umbp_mod.UMBPDistributedConfig()
+        dist.master_config.master_address = master_address
+        if "ssd_copy_worker_threads" not in extra:
+            cfg.copy_pipeline.worker_threads = 1
+        node_address = str(extra.get("node_address", os.environ.get("UMBP_NODE_ADDRESS", "127.0.0.1")))
+        dist.master_config.node_address = node_address
+        dist.master_config.node_id = str(extra.get("node_id", f"{node_address}:dp0:pp{self.pp_rank}:tp{self.local_rank}"))
+        tags = extra.get("node_tags", extra.get("tags"))
+        if hasattr(dist.master_config, "tags"):
+            dist.master_config.tags = [t.strip() for t in tags.split(",") if t.strip()] if isinstance(tags, str) \
+                else [str(t) for t in tags or []]
+        if "auto_heartbeat" in extra:
+            dist.master_config.auto_heartbeat = strict_bool(extra["auto_heartbeat"], "auto_heartbeat")
+        dist.io_engine.host = str(extra.get("io_engine_host", node_address))
+        if "io_engine_port" in extra:
+            dist.io_engine.port = int(extra["io_engine_port"]) + self.local_rank
+        if "staging_buffer_size" in extra:
+            dist.staging_buffer_size = int(extra["staging_buffer_size"])
+        if "peer_service_port" in extra:
+            dist.peer_service_port = int(extra["peer_service_port"]) + self.local_rank
+        if "cache_remote_fetches" in extra:
+            dist.cache_remote_fetches = strict_bool(extra["cache_remote_fetches"], "cache_remote_fetches")
+        page_byte_size = int(extra["dram_page_size"]) if "dram_page_size" in extra else \
+            pool.get_page_buffer_meta(np.zeros(pool.page_size, dtype=np.int64))[1][0]
+        if page_byte_size > 0 and hasattr(dist, "dram_page_size"):
+            dist.dram_page_size = int(page_byte_size)
+        return dist
 
     def register_mem_pool_host(self, pool: HostKVPool) -> None:
         """``register_mem_pool_host``: the deployment mode, then, in a distributed or standalone

@@ -113,3 +113,25 @@ def test_a_peer_killed_fails_its_gets_and_leaves_the_index(master, tmp_path) -> 
             owner.wait(10)
         if reader is not None:
             reader.close()
+
+
+def test_pages_on_the_owners_ssd_are_staged_back_for_a_remote_reader(master, tmp_path) -> None:
+    owner = UMBPClient(node_config(master.address, "owner", tmp_path / "owner", dram=256 * KiB))
+    reader = None
+    try:
+        src = seeded_pages(3, 48, PAGE)  # 768 KiB for 256 KiB of DRAM: most pages go to SSD
+        keys = [f"s{i}" for i in range(48)]
+        owner.register_memory(int(src.ctypes.data), src.nbytes)
+        assert all(owner.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 48))  # the only node: all here
+        assert owner.flush()
+        assert owner.stats()["ssd_keys"] >= 32
+        reader = UMBPClient(node_config(master.address, "reader", None))
+        dst = np.zeros((48, PAGE), np.uint8)
+        reader.register_memory(int(dst.ctypes.data), dst.nbytes)
+        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 48))
+        assert np.array_equal(src, dst)
+        assert reader.stats()["keys"] == 0  # read through, not cached
+    finally:
+        if reader is not None:
+            reader.close()
+        owner.close()

@@ -153,3 +153,17 @@ def test_closed_store_refuses(tmp_path) -> None:
     with pytest.raises(StoreClosedError):
         store.allocate("k", PAGE)
     store.close()
+
+
+def test_demote_frees_the_fastest_tier(store: LocalStore) -> None:
+    src = pages(2, PAGE)
+    store.write("a", addr(src, 0), PAGE)
+    store.write("b", addr(src, 1), PAGE)
+    events = _events(store)
+    assert store.demote("a") == PAGE and store.flush()
+    assert store.lookup("a") == (SSD, PAGE)  # moved down, not lost
+    assert events == [KvEvent(ADD, "a", SSD, PAGE, -1), KvEvent(REMOVE, "a", DRAM, PAGE, -1)]
+    assert store.demote("a") == PAGE and not store.contains("a")  # only on SSD: it leaves
+    slot = store.resolve("b", lease_s=60.0)
+    assert slot is not None and store.demote("b") == 0  # leased: left alone
+    assert store.demote("absent") == 0

@@ -31,7 +31,9 @@ class UMBPClient:
     default when omitted): a DRAM tier of ``config.dram.capacity_bytes`` in one host buffer and,
     when ``config.ssd.enabled``, an SSD tier of segment files in ``config.ssd.storage_dir``
     behind it. Values are put and got by key from and into raw addresses of host memory. A key
-    is put once: putting a stored key again leaves it as it is and succeeds.
+    is put once: putting a stored key again leaves it as it is and succeeds. With
+    ``config.distributed`` naming a master, the pool is a node of a cluster: puts are routed by
+    the master and gets served by whichever node holds the key, pages moving by mori-io.
 
     Errors: an argument of the wrong type is a TypeError, a malformed key, size, address or
     batch shape a ValueError, both raised before anything changes; a get of an absent key, of a

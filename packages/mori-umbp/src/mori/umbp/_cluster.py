@@ -60,12 +60,15 @@ class ClusterNode:
             self._heartbeat.wake()
 
     def _capacities(self) -> dict[UMBPTierType, tuple[int, int]]:
-        """DRAM takes every put here: with an SSD tier behind it, all of it is room (older pages
-        move on); without, what is free."""
+        """What the master routes by. With an SSD tier: DRAM's free bytes and SSD's (a put routed
+        to either lands in DRAM, and older pages move on). Without: all of DRAM, a cache that
+        drops its oldest pages for new ones."""
         stats = self._store.stats()
         total = stats["dram_capacity"]
-        free = total if self._ssd else total - stats["dram_used"]
-        return {UMBPTierType.DRAM: (total, free)}
+        if not self._ssd:
+            return {UMBPTierType.DRAM: (total, total)}
+        return {UMBPTierType.DRAM: (total, max(0, total - stats["dram_used"])),
+                UMBPTierType.SSD: (stats["ssd_capacity"], max(0, stats["ssd_capacity"] - stats["ssd_used"]))}
 
     # -- puts ---------------------------------------------------------------------------------
 
@@ -159,20 +162,37 @@ class ClusterNode:
         return results
 
     def _get_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        """Reads keys from their owner, in rounds: an owner stages SSD pages into its DRAM for
+        the reader, as many as its DRAM takes at once; the rest come in the next round, after
+        this one's leases are released. Stops when a round reads nothing."""
+        results = [False] * len(keys)
+        todo = list(range(len(keys)))
+        while todo:
+            done = self._read_round(address, [keys[i] for i in todo], [ptrs[i] for i in todo],
+                                    [sizes[i] for i in todo])
+            for i, ok in zip(todo, done):
+                results[i] = ok
+            if not any(done):
+                break
+            todo = [i for i, ok in zip(todo, done) if not ok]
+        return results
+
+    def _read_round(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        results = [False] * len(keys)
         try:
             peer: Peer = self.transport.peer(address)
             resolved = self.transport.call(peer.stub.BatchResolveKeys, pb.BatchResolveKeysRequest(keys=keys), address)
         except PeerUnavailableError as exc:
             _log.warning("get of %d keys from %s: %s", len(keys), address, exc)
-            return [False] * len(keys)
-        found = [i for i in range(len(keys))
-                 if resolved.found[i] and resolved.size[i] == sizes[i]]
+            return results
+        found = [i for i in range(len(keys)) if resolved.found[i] and resolved.size[i] == sizes[i]]
+        if not found:
+            return results
         read = self.transport.read(peer, [Move(ptrs[i], sizes[i], resolved.offset[i]) for i in found])
         release = pb.BatchReleaseKeysRequest(keys=[keys[i] for i in found],
                                              lease_id=[resolved.lease_id[i] for i in found])
-        results = [False] * len(keys)
         try:
-            held = self.transport.call(peer.stub.BatchReleaseKeys, release, address).held if found else []
+            held = self.transport.call(peer.stub.BatchReleaseKeys, release, address).held
         except PeerUnavailableError as exc:
             _log.warning("releasing %d keys on %s: %s", len(found), address, exc)
             return results

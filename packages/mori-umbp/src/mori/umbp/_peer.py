@@ -143,7 +143,7 @@ class PeerService(pb_grpc.UMBPPeerServicer):
         response = pb.BatchAllocateSlotsResponse()
         for key, e in zip(keys, entries):
             out = response.entries.add(page_size=ALIGN, pending_ttl_ms=self.pending_ttl_ms)
-            if e.tier not in (UMBPTierType.Unknown, UMBPTierType.DRAM):
+            if e.tier not in (UMBPTierType.Unknown, UMBPTierType.DRAM, UMBPTierType.SSD):  # SSD: via DRAM
                 out.outcome = pb.ALLOCATE_SLOT_OUTCOME_FAILED
                 continue
             with self._lock:
@@ -215,10 +215,11 @@ class PeerService(pb_grpc.UMBPPeerServicer):
         return response
 
     def _evict(self, request: Any) -> Any:
+        """The master's advice frees each key's fastest tier: DRAM pages move to SSD."""
         keys = _keys(request.keys)
         response = pb.EvictKeyResponse()
         for key in keys:
-            response.evicted.add(key=key, bytes_freed=self._store.evict(key, force=False))
+            response.evicted.add(key=key, bytes_freed=self._store.demote(key))
         return response
 
 

@@ -241,6 +241,27 @@ class LocalStore:
             self._forget(entry)
             return aligned(entry.size)
 
+    def demote(self, key: str) -> int:
+        """Frees ``key``'s place in its fastest tier (the master's eviction advice): a page in
+        DRAM moves to SSD (or, without an SSD tier, leaves the store), one only on SSD leaves the
+        store; the bytes that frees, 0 when absent or being read, leased or moved."""
+        with self._lock:
+            self._check_open()
+            entry = self._index.get(key)
+            if entry is None or not entry.committed or entry.gone or self._busy(entry):
+                return 0
+            if entry.dram is None or entry.drop_dram or self._ssd is None:
+                self._forget(entry)
+            elif entry.ssd is not None:
+                del self._dram_lru[entry.key]
+                self._emit(KvEventType.REMOVE, entry, UMBPTierType.DRAM)
+                self._dram.free(entry.dram, entry.size)
+                entry.dram = None
+            else:
+                del self._dram_lru[entry.key]
+                self._start_move([entry])
+            return aligned(entry.size)
+
     def lookup(self, key: str) -> tuple[UMBPTierType, int] | None:
         """The fastest tier that holds ``key`` and its size, or None."""
         with self._lock:
