@@ -110,8 +110,9 @@ def test_redis_holds_mori_s_key_layout_under_the_namespace(tmp_path):
                 assert MasterClient(green.address).batch_lookup(["page-1"]) == [False]
 
 
-def test_redis_going_away_fails_calls_cleanly(tmp_path):
-    with redis_server(tmp_path) as uri:
+def test_redis_going_away_fails_calls_cleanly_until_it_is_back(tmp_path):
+    port = free_port()
+    with redis_server(tmp_path, port) as uri:
         env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri, "UMBP_REDIS_SOCKET_TIMEOUT_MS": "500",
                "UMBP_REDIS_CONNECT_TIMEOUT_MS": "500"}
         master_cm = running_master(env)
@@ -127,6 +128,11 @@ def test_redis_going_away_fails_calls_cleanly(tmp_path):
         assert master.proc.poll() is None
         scraped = master.scrape()
         assert scraped[("mori_umbp_master_rejected_requests_total", (("code", "UNAVAILABLE"), ("rpc", "RouteGet")))] == 1
+        # A Redis back on the same address (empty: no persistence here) is used again.
+        with redis_server(tmp_path, port):
+            c.register_client({DRAM: (1, 1)})
+            c.heartbeat([EventBundle(1, [add("k", 10)])])
+            assert c.route_get("k").node_id == "n"
     finally:
         master_cm.__exit__(None, None, None)
 

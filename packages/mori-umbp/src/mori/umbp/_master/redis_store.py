@@ -98,8 +98,8 @@ class RedisStore(MetadataStore):
     def _guard(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-            raise StoreUnavailable(f"Redis: {e}") from e
+        except redis.exceptions.RedisError as e:  # down, timing out, out of memory, read-only replica...
+            raise StoreUnavailable(f"Redis: {type(e).__name__}: {e}") from e
 
     def _run(self, name: str, *args: object) -> Any:
         argv = [self.prefix, *args]
