@@ -85,6 +85,8 @@ def test_malformed_requests_are_refused_and_change_nothing(master):
          "more than UMBP_MASTER_MAX_BATCH=200 events"),
         (lambda: MasterClient(master.address, "a|b").register_client({DRAM: (1, 1)}), "holds '|'"),
         (lambda: MasterClient(master.address, "n" * 65).register_client({DRAM: (1, 1)}), "node_id is 65 bytes"),
+        (lambda: MasterClient(master.address, "x:blocks").register_client({DRAM: (1, 1)}), "ends in ':blocks'"),
+        (lambda: a.report_external_kv_blocks("bad-input-node", ["h", "node:x"], DRAM), r"hashes\[1\] starts with 'node:'"),
         (lambda: MasterClient(master.address, "n", peer_address="p" * 300).register_client({DRAM: (1, 1)}),
          "peer_address is longer than 256 bytes"),
         (lambda: MasterClient(master.address, "n").register_client({9: (1, 1)}), r"tier_capacities.tier=9"),

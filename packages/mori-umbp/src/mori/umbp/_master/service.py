@@ -100,9 +100,13 @@ class MasterService(pb_grpc.UMBPMasterServicer):
 
     def _node_id(self, value: str, what: str = "node_id") -> None:
         self._name(what, value)
-        # The Redis store keeps locations as fields "l|<node>|<tier>"; a node id never holds "|".
-        if "|" in value or any(ord(c) < 0x20 for c in value):
-            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{what} {value!r} holds '|' or a control character")
+        # The Redis store keeps locations as fields "l|<node>|<tier>" and a node's keys in the set
+        # "<prefix>:node:<node>:blocks": a node id holds no "|" and does not end in ":blocks".
+        if "|" in value or any(ord(c) < 0x20 for c in value) or value.endswith(":blocks"):
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{what} {value!r} holds '|' or a control character, or ends in ':blocks'",
+            )
 
     def _batch(self, what: str, items: Sized, limit: int | None = None) -> None:
         n = len(items)
@@ -348,6 +352,10 @@ class MasterService(pb_grpc.UMBPMasterServicer):
             if not request.hashes:
                 raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "hashes must not be empty")
             values = self._keys("hashes", request.hashes)
+            # "<prefix>:extkv:node:<node>" is a node's set of hashes in the Redis store.
+            bad = next((i for i, h in enumerate(values) if h.startswith("node:")), None)
+            if bad is not None:
+                raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"hashes[{bad}] starts with 'node:'")
         return request.node_id, values, tier
 
     @_handler
