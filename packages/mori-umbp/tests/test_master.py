@@ -146,6 +146,10 @@ def test_external_kv_report_revoke_match_and_hits(master):
     a.report_external_kv_blocks("node-a", hashes[:2], HBM)
     b.report_external_kv_blocks("node-b", ["h1"], HBM)
     a.report_external_kv_blocks("stranger", ["h9"], DRAM)  # not registered: ignored
+    a.report_external_kv_blocks("stranger-2", ["h9"], DRAM)
+    rejected = ("mori_umbp_external_kv_report_total", (("node", "(unregistered)"), ("result", "rejected_not_alive"),
+                                                       ("tier", "dram")))
+    assert master.scrape()[rejected] == 2  # one series for every unknown node id
 
     query = MasterClient(master.address)
     matches = {m.node_id: m for m in query.match_external_kv(["h0", "h1", "h2", "h9"])}

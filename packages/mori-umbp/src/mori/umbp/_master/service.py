@@ -39,6 +39,8 @@ log = logging.getLogger("mori.umbp.master")
 MAX_ADDRESS_BYTES = 256
 MAX_TAGS = 64
 MAX_ENGINE_DESC_BYTES = 64 << 10
+#: The ``node`` label of metrics about requests naming a node the master does not know.
+UNREGISTERED = "(unregistered)"
 
 
 def now_ms() -> int:
@@ -364,7 +366,8 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         tier_name = TIER_NAMES[tier]
         if not self.store.report_external_kv(node, hashes, tier):
             log.warning("[Master] ReportExternalKvBlocks from %s ignored: node not alive", node)
-            self.metrics.ext_report.labels(node, tier_name, "rejected_not_alive").inc()
+            # Any string can come here as a node id: one series for them all keeps the count bounded.
+            self.metrics.ext_report.labels(UNREGISTERED, tier_name, "rejected_not_alive").inc()
             return pb.ReportExternalKvBlocksResponse()
         self.metrics.ext_report_blocks.labels(node, tier_name).inc(len(hashes))
         self.metrics.ext_report.labels(node, tier_name, "ok").inc()
