@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= ns.metrics_port < 65536:
             parser.error(f"METRICS_PORT {ns.metrics_port} is not a port number")
         settings.metrics_port = ns.metrics_port
-    log.info("[Master] Resolved settings: %s", settings.describe())
+    log.info("[Master] Resolved timing: %s", settings.describe())
     try:
         server = MasterServer(settings)
         server.start()
