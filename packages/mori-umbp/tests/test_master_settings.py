@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from mori.umbp import _env as env_module
 from mori.umbp._master import settings as settings_module
 from mori.umbp._master.settings import MasterSettings
 
@@ -19,6 +20,7 @@ def clean_environment(monkeypatch):
         if name.startswith("UMBP_"):
             monkeypatch.delenv(name)
     monkeypatch.setattr(settings_module, "_warned", set())
+    monkeypatch.setattr(env_module, "_warned", set())
 
 
 def test_defaults_are_mori_s():
