@@ -203,6 +203,11 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         bundles = list(request.bundles)
         per_bundle: list[list[KvEvent]] = []
         count = 0
+        # A full sync lists every key the node holds, which its quota bounds (past the quota it is
+        # refused as over it, below); a delta is one batch.
+        limit = self.settings.max_batch
+        if request.is_full_sync:
+            limit = max(limit, self.settings.max_keys_per_client)
         for b, bundle in enumerate(bundles):
             per_bundle.append([])
             for i, e in enumerate(bundle.events):
@@ -215,10 +220,11 @@ class MasterService(pb_grpc.UMBPMasterServicer):
                     raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{where}.kind={e.kind} is neither ADD nor REMOVE")
                 per_bundle[-1].append(KvEvent(e.kind == pb.KvEvent.ADD, e.key, tier, e.size))
                 count += 1
-                if count > self.settings.max_batch:
+                if count > limit:
                     raise Rejected(
                         grpc.StatusCode.INVALID_ARGUMENT,
-                        f"the heartbeat carries more than UMBP_MASTER_MAX_BATCH={self.settings.max_batch} events",
+                        f"the heartbeat carries more than {limit} events (UMBP_MASTER_MAX_BATCH, for a full "
+                        "sync UMBP_MASTER_MAX_KEYS_PER_CLIENT)",
                     )
         for i in range(1, len(bundles)):
             if not request.is_full_sync and bundles[i].seq != bundles[i - 1].seq + 1:
