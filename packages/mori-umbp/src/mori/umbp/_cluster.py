@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from mori.core.log import get_logger
 
 from ._config import UMBPConfig
-from ._enums import UMBPTierType
+from ._enums import UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._heartbeat import Heartbeat
 from ._master._proto import umbp_peer_pb2 as pb
@@ -214,7 +214,24 @@ class ClusterNode:
         return found
 
     def flush(self) -> bool:
-        return self._heartbeat.send() if self._heartbeat is not None else True
+        """Pages on their way to SSD are there, and the master has every event so far."""
+        flushed = self._store.flush()
+        return (self._heartbeat.send() if self._heartbeat is not None else True) and flushed
+
+    def clear(self) -> bool:
+        """Removes this node's keys (the master learns it from their REMOVE events)."""
+        self._store.clear()
+        return True
+
+    def register(self, ptr: int, size: int) -> bool:
+        self.transport.register_region(ptr, size)
+        return True
+
+    def deregister(self, ptr: int) -> None:
+        self.transport.deregister_region(ptr)
+
+    def backend_mode(self) -> UMBPDeploymentMode:
+        return UMBPDeploymentMode.Distributed
 
     def report_external(self, hashes: Sequence[str], tier: UMBPTierType, revoke: bool) -> bool:
         try:
@@ -255,12 +272,16 @@ class ClusterNode:
         self.transport.close()
 
     def close(self) -> None:
-        """Leaves the cluster: a last heartbeat, unregisters, stops the services and engine."""
-        if self._heartbeat is not None:
-            self._heartbeat.close()
+        """Leaves the cluster (a last heartbeat, unregisters, stops the services and engine),
+        then releases the store."""
         try:
-            self.master.unregister_self()
-        except MasterError as exc:
-            _log.warning("unregistering %s: %s", self.node_id, exc)
-        self.master.close()
-        self._shutdown_services()
+            if self._heartbeat is not None:
+                self._heartbeat.close()
+            try:
+                self.master.unregister_self()
+            except MasterError as exc:
+                _log.warning("unregistering %s: %s", self.node_id, exc)
+            self.master.close()
+            self._shutdown_services()
+        finally:
+            self._store.close()
