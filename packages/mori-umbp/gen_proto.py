@@ -17,7 +17,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent / "src"
 PROTO_DIR = "mori/umbp/_master/_proto"
-PROTOS = ("umbp.proto", "umbp_peer.proto")
+PROTOS = ("umbp.proto", "umbp_peer.proto", "umbp_standalone.proto")
 
 
 def generate(out: Path) -> list[Path]:

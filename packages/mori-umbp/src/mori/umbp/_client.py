@@ -16,6 +16,7 @@ from ._checks import as_list, check_address, check_key, check_lengths, check_off
 from ._config import UMBPConfig, validate
 from ._enums import UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
+from ._pools import LocalPool, Pool
 from ._store import LocalStore, StoreFullError
 
 if TYPE_CHECKING:
@@ -45,28 +46,35 @@ class UMBPClient:
     def __init__(self, config: UMBPConfig | None = None) -> None:
         cfg = copy.deepcopy(config) if config is not None else UMBPConfig()
         validate(cfg)
-        if cfg.standalone_process is not None:
-            raise NotImplementedError("UMBPConfig.standalone_process: the standalone-process mode is not "
-                                      "available in this mori.umbp; leave it unset for a pool in this process")
         self._config = cfg
-        self._store = LocalStore(cfg)
-        most = self._store.buffer_size
-        if cfg.ssd.enabled:
-            most = min(most, cfg.ssd.segment_size_bytes)
-        #: The largest value: it must fit the DRAM tier, and one SSD segment when there is one.
-        self.max_value_size = most
         self._regions: dict[int, int] = {}
         self._regions_lock = threading.Lock()
+        self._store: LocalStore | None = None
         self._cluster: ClusterNode | None = None
-        if cfg.distributed is not None and cfg.distributed.master_config.master_address:
-            from ._cluster import ClusterNode  # needs the grpc extra
+        self._pool: Pool
+        if cfg.standalone_process is not None:
+            from ._standalone import StandaloneConnection  # needs the grpc extra
 
-            try:
-                self._cluster = ClusterNode(cfg, self._store, most)
-            except BaseException:
-                self._store.close()
-                raise
-        self._finalizer = weakref.finalize(self, _close, self._cluster, self._store)
+            #: The largest value: the server's store says, per call.
+            self.max_value_size = (1 << 63) - 1
+            self._pool = StandaloneConnection(cfg.standalone_process)
+        else:
+            self._store = LocalStore(cfg)
+            most = self._store.buffer_size
+            if cfg.ssd.enabled:
+                most = min(most, cfg.ssd.segment_size_bytes)
+            #: The largest value: it must fit the DRAM tier, and one SSD segment when there is one.
+            self.max_value_size = most
+            self._pool = LocalPool(self._store)
+            if cfg.distributed is not None and cfg.distributed.master_config.master_address:
+                from ._cluster import ClusterNode  # needs the grpc extra
+
+                try:
+                    self._pool = self._cluster = ClusterNode(cfg, self._store, most)
+                except BaseException:
+                    self._store.close()
+                    raise
+        self._finalizer = weakref.finalize(self, self._pool.close)
 
     # -- single keys --------------------------------------------------------------------------
 
@@ -75,9 +83,7 @@ class UMBPClient:
         key = check_key(key)
         src = check_address(src, "src")
         size = check_size(size, "size", self.max_value_size)
-        if self._cluster is not None:
-            return self._cluster.put([key], [src], [size], [-1])[0]
-        return self._store.write(key, src, size)
+        return self._pool.put([key], [src], [size], [-1])[0]
 
     def get_into_ptr(self, key: str, dst: int, size: int) -> bool:
         """Copies ``key``'s value (of exactly ``size`` bytes) to address ``dst``; False when
@@ -85,16 +91,11 @@ class UMBPClient:
         key = check_key(key)
         dst = check_address(dst, "dst")
         size = check_size(size, "size", self.max_value_size)
-        if self._cluster is not None:
-            return self._cluster.get([key], [dst], [size])[0]
-        return self._store.read([key], [dst], [size])[0]
+        return self._pool.get([key], [dst], [size])[0]
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` is stored (in any tier; on a node of a cluster, on any live node)."""
-        key = check_key(key)
-        if self._cluster is not None:
-            return self._cluster.exists([key])[0]
-        return self._store.contains(key)
+        return self._pool.exists([check_key(key)])[0]
 
     # -- batches ------------------------------------------------------------------------------
 
@@ -116,28 +117,26 @@ class UMBPClient:
                     raise ValueError(f"depths[{i}] must be an int >= -1, got {depth!r}")
         else:
             depth_list = [-1] * len(keys)
-        if self._cluster is not None:
-            return self._cluster.put(keys, ptrs, sizes, depth_list) if keys else []
-        return [self._store.write(k, p, s, d) for k, p, s, d in zip(keys, ptrs, sizes, depth_list)]
+        return self._pool.put(keys, ptrs, sizes, depth_list) if keys else []
 
     def batch_get_into_ptr(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]) -> list[bool]:
         """:meth:`get_into_ptr` for each key; SSD hits are read together, off this thread."""
         keys, ptrs, sizes = self._batch(keys, ptrs, sizes, "ptrs")
-        if not keys:
-            return []
-        if self._cluster is not None:
-            return self._cluster.get(keys, ptrs, sizes)
-        return self._store.read(keys, ptrs, sizes)
+        return self._pool.get(keys, ptrs, sizes) if keys else []
 
     def batch_get_ranges_into_ptr(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
                                   sizes: Sequence[Sequence[int]],
                                   src_offsets: Sequence[Sequence[int]]) -> list[bool]:
         """Copies byte ranges of stored values out: for key ``i``, ``sizes[i][j]`` bytes from
         offset ``src_offsets[i][j]`` of its value to ``ptrs[i][j]``. A key is False when absent
-        or when a range runs past its value's end."""
+        or when a range runs past its value's end. Served from this process's store (on a node of a
+        cluster, its own keys; a standalone client: all False)."""
         keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
         plans = self._ranges(keys, ptrs, sizes, src_offsets, "src_offsets")
-        return [self._store.read_ranges(key, ranges) for key, ranges in zip(keys, plans)]
+        store = self._store
+        if store is None:
+            return [False] * len(keys)
+        return [store.read_ranges(key, ranges) for key, ranges in zip(keys, plans)]
 
     def batch_put_ranges_from_ptr(self, keys: Sequence[str], object_sizes: Sequence[int],
                                   ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]],
@@ -145,7 +144,7 @@ class UMBPClient:
         """Stores values assembled from scattered buffers: value ``i`` is ``object_sizes[i]``
         bytes, and its ranges (``sizes[i][j]`` bytes at ``ptrs[i][j]``, placed at
         ``dst_offsets[i][j]``) must tile it exactly, else ValueError. A value is published
-        whole or not at all."""
+        whole or not at all, into this process's store (a standalone client: all False)."""
         keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
         totals = [check_size(s, f"object_sizes[{i}]", self.max_value_size)
                   for i, s in enumerate(as_list(object_sizes, "object_sizes"))]
@@ -165,36 +164,25 @@ class UMBPClient:
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """:meth:`exists` for each key."""
         keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
-        if self._cluster is not None:
-            return self._cluster.exists(keys) if keys else []
-        return [self._store.contains(k) for k in keys]
+        return self._pool.exists(keys) if keys else []
 
     def batch_exists_consecutive(self, keys: Sequence[str]) -> int:
         """How many keys, from the first on, are stored: the count stops at the first absent
         one (SGLang's prefix hit)."""
         keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
-        if self._cluster is not None:
-            found = self._cluster.exists(keys) if keys else []
-            return found.index(False) if False in found else len(found)
-        for count, key in enumerate(keys):
-            if not self._store.contains(key):
-                return count
-        return len(keys)
+        found = self._pool.exists(keys) if keys else []
+        return found.index(False) if False in found else len(found)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def clear(self) -> bool:
-        """Removes every key from every tier."""
-        self._store.clear()
-        return True
+        """Removes every key from every tier (on a node of a cluster, this node's keys)."""
+        return self._pool.clear()
 
     def flush(self) -> bool:
         """Waits until pages on their way to SSD are there (and, with the Relaxed durability
         mode, on the device); False when that did not finish in time."""
-        flushed = self._store.flush()
-        if self._cluster is not None:
-            flushed = self._cluster.flush() and flushed
-        return flushed
+        return self._pool.flush()
 
     def close(self) -> None:
         """Releases the pool: drops every key, removes the SSD tier's files, unmaps the DRAM
@@ -210,25 +198,27 @@ class UMBPClient:
     # -- introspection ------------------------------------------------------------------------
 
     def is_distributed(self) -> bool:
-        """True: the pool lives in this process, a node of a cluster or one on its own (as
-        MORI's embedded client reports)."""
-        return True
+        """True when the pool lives in this process, a node of a cluster or one on its own (as
+        MORI's embedded client reports); False for a client of a standalone server."""
+        return self._store is not None
 
     def get_deployment_mode(self) -> UMBPDeploymentMode:
-        """``Distributed``: the pool is this process's (see :class:`UMBPDeploymentMode`)."""
-        return UMBPDeploymentMode.Distributed
+        """``Distributed`` for a pool in this process, ``StandaloneProcess`` for a client of a
+        standalone server (see :class:`UMBPDeploymentMode`)."""
+        return UMBPDeploymentMode.Distributed if self._store is not None else UMBPDeploymentMode.StandaloneProcess
 
     def get_backend_mode(self) -> UMBPDeploymentMode:
-        """The mode of the pool behind this client: its own."""
-        return self.get_deployment_mode()
+        """The mode of the pool behind this client (a standalone server's, as its Ping says)."""
+        return self._pool.backend_mode()
 
     def supports_ranged_io(self) -> bool:
-        """True: the ranges methods are served."""
-        return True
+        """Whether the ranges methods are served: by a pool in this process."""
+        return self._store is not None
 
     def stats(self) -> dict[str, int]:
-        """Keys and bytes in each tier, and the tiers' capacities."""
-        return self._store.stats()
+        """Keys and bytes in each tier of this process's store, and the tiers' capacities
+        (empty for a client of a standalone server)."""
+        return self._store.stats() if self._store is not None else {}
 
     # -- registered memory --------------------------------------------------------------------
 
@@ -250,18 +240,17 @@ class UMBPClient:
                 if start != ptr and start < ptr + size and ptr < start + length:
                     raise ValueError(f"[{ptr:#x}, {ptr + size:#x}) overlaps the registered "
                                      f"[{start:#x}, {start + length:#x})")
+            if not self._pool.register(ptr, max(size, self._regions.get(ptr, 0))):
+                return False
             self._regions[ptr] = max(size, self._regions.get(ptr, 0))
-        if self._cluster is not None:
-            self._cluster.transport.register_region(ptr, self._regions[ptr])
         return True
 
     def deregister_memory(self, ptr: int) -> None:
         """Forgets the buffer registered at ``ptr`` (nothing when none is)."""
         ptr = check_address(ptr, "ptr")
         with self._regions_lock:
-            self._regions.pop(ptr, None)
-        if self._cluster is not None:
-            self._cluster.transport.deregister_region(ptr)
+            if self._regions.pop(ptr, None) is not None:
+                self._pool.deregister(ptr)
 
     # -- external KV blocks (the master's index) ----------------------------------------------
 
@@ -319,6 +308,8 @@ class UMBPClient:
         return plans
 
     def _put_ranges(self, key: str, total: int, ranges: list[tuple[int, int, int]]) -> bool:
+        if self._store is None:
+            return False
         try:
             slot = self._store.allocate(key, total)
         except StoreFullError as exc:
@@ -340,11 +331,3 @@ class UMBPClient:
             raise TypeError(f"tier must be a UMBPTierType, not {type(tier).__name__}")
         return [check_key(h, f"hashes[{i}]") for i, h in enumerate(as_list(hashes, "hashes"))]
 
-
-def _close(cluster: ClusterNode | None, store: LocalStore) -> None:
-    """Leaves the cluster (when a node of one), then releases the store."""
-    try:
-        if cluster is not None:
-            cluster.close()
-    finally:
-        store.close()

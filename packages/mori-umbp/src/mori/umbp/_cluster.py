@@ -14,12 +14,13 @@ fails its keys: False, never other bytes.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Sequence
 
 from mori.core.log import get_logger
 
 from ._config import UMBPConfig
-from ._enums import UMBPTierType
+from ._enums import UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._heartbeat import Heartbeat
 from ._master._proto import umbp_peer_pb2 as pb
@@ -29,6 +30,8 @@ from ._store import LocalStore
 from ._transport import Move, Peer, PeerUnavailableError, Transport
 
 _log = get_logger("umbp")
+#: Keys this node remembers putting on peers.
+MAX_PLACED = 65536
 
 
 class ClusterNode:
@@ -48,6 +51,10 @@ class ClusterNode:
         self.peer_address = f"{mc.node_address}:{port}"
         self.master = MasterClient(mc.master_address, mc.node_id, mc.node_address, peer_address=self.peer_address,
                                    engine_desc=self.transport.engine_desc, tags=mc.tags)
+        # Where this node put keys on peers lately: its own reads of them go straight there, before
+        # the owner's heartbeat has told the master.
+        self._placed: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._placed_lock = threading.Lock()
         self._heartbeat: Heartbeat | None = None
         try:
             self._heartbeat = Heartbeat(self.master, store, self._capacities, mc.auto_heartbeat)
@@ -96,6 +103,13 @@ class ClusterNode:
                                   [sizes[i] for i in indices], [depths[i] for i in indices])
             for i, done in zip(indices, ok):
                 results[i] = done
+            with self._placed_lock:
+                for i, done in zip(indices, ok):
+                    if done:
+                        self._placed[keys[i]] = address
+                        self._placed.move_to_end(keys[i])
+                while len(self._placed) > MAX_PLACED:
+                    self._placed.popitem(last=False)
         if local and self._heartbeat is not None:
             self._heartbeat.wake()
         return results
@@ -136,7 +150,7 @@ class ClusterNode:
 
     def get(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         results = [False] * len(keys)
-        missing = [i for i, key in enumerate(keys) if not self._store.contains(key)]
+        missing = [i for i, hit in enumerate(self._store.contains_many(keys)) if not hit]
         absent = set(missing)
         held = [i for i in range(len(keys)) if i not in absent]
         if held:
@@ -144,6 +158,13 @@ class ClusterNode:
                                                    [sizes[i] for i in held])):
                 results[i] = ok
         missing += [i for i in held if not results[i]]  # gone meanwhile: another node may have it
+        with self._placed_lock:
+            known = {i: self._placed[keys[i]] for i in missing if keys[i] in self._placed}
+        by_peer: dict[str, list[int]] = collections.defaultdict(list)
+        for i, address in known.items():
+            by_peer[address].append(i)
+        self._read_from(by_peer, keys, ptrs, sizes, results)
+        missing = [i for i in missing if not results[i]]
         if not missing:
             return results
         try:
@@ -151,15 +172,19 @@ class ClusterNode:
         except MasterError as exc:
             _log.warning("routing %d gets failed: %s", len(missing), exc)
             return results
-        by_peer: dict[str, list[int]] = collections.defaultdict(list)
+        by_peer = collections.defaultdict(list)
         for i, loc in zip(missing, where):
             if loc is not None and loc.peer_address and loc.size == sizes[i]:
                 by_peer[loc.peer_address].append(i)
+        self._read_from(by_peer, keys, ptrs, sizes, results)
+        return results
+
+    def _read_from(self, by_peer: dict[str, list[int]], keys: list[str], ptrs: list[int], sizes: list[int],
+                   results: list[bool]) -> None:
         for address, indices in by_peer.items():
             for i, ok in zip(indices, self._get_remote(address, [keys[i] for i in indices],
                                                        [ptrs[i] for i in indices], [sizes[i] for i in indices])):
                 results[i] = ok
-        return results
 
     def _get_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         """Reads keys from their owner, in rounds: an owner stages SSD pages into its DRAM for
@@ -203,7 +228,7 @@ class ClusterNode:
     # -- the rest -----------------------------------------------------------------------------
 
     def exists(self, keys: list[str]) -> list[bool]:
-        found = [self._store.contains(key) for key in keys]
+        found = self._store.contains_many(keys)
         missing = [i for i, hit in enumerate(found) if not hit]
         if missing:
             try:
@@ -214,7 +239,24 @@ class ClusterNode:
         return found
 
     def flush(self) -> bool:
-        return self._heartbeat.send() if self._heartbeat is not None else True
+        """Pages on their way to SSD are there, and the master has every event so far."""
+        flushed = self._store.flush()
+        return (self._heartbeat.send() if self._heartbeat is not None else True) and flushed
+
+    def clear(self) -> bool:
+        """Removes this node's keys (the master learns it from their REMOVE events)."""
+        self._store.clear()
+        return True
+
+    def register(self, ptr: int, size: int) -> bool:
+        self.transport.register_region(ptr, size)
+        return True
+
+    def deregister(self, ptr: int) -> None:
+        self.transport.deregister_region(ptr)
+
+    def backend_mode(self) -> UMBPDeploymentMode:
+        return UMBPDeploymentMode.Distributed
 
     def report_external(self, hashes: Sequence[str], tier: UMBPTierType, revoke: bool) -> bool:
         try:
@@ -255,12 +297,16 @@ class ClusterNode:
         self.transport.close()
 
     def close(self) -> None:
-        """Leaves the cluster: a last heartbeat, unregisters, stops the services and engine."""
-        if self._heartbeat is not None:
-            self._heartbeat.close()
+        """Leaves the cluster (a last heartbeat, unregisters, stops the services and engine),
+        then releases the store."""
         try:
-            self.master.unregister_self()
-        except MasterError as exc:
-            _log.warning("unregistering %s: %s", self.node_id, exc)
-        self.master.close()
-        self._shutdown_services()
+            if self._heartbeat is not None:
+                self._heartbeat.close()
+            try:
+                self.master.unregister_self()
+            except MasterError as exc:
+                _log.warning("unregistering %s: %s", self.node_id, exc)
+            self.master.close()
+            self._shutdown_services()
+        finally:
+            self._store.close()

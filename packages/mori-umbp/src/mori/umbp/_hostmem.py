@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 
 from mori.core.log import get_logger
 from mori.core.memory import buffer_span
@@ -16,6 +17,20 @@ _log = get_logger("umbp")
 _MAP_HUGETLB = getattr(mmap, "MAP_HUGETLB", 0x40000)
 _MFD_HUGETLB = getattr(os, "MFD_HUGETLB", 0x4)
 _HUGE_SHIFT = 26  # MAP_HUGE_SHIFT / MFD_HUGE_SHIFT: log2 of the huge page size goes above it
+
+
+#: Live buffers with a shared backing, by address: what a standalone client hands its server.
+_SHARED: dict[int, UMBPHostBufferHandle] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_buffer_of(ptr: int, size: int) -> UMBPHostBufferHandle | None:
+    """The live shared-backing buffer (``AnonymousShm*``) that holds ``[ptr, ptr + size)``."""
+    with _SHARED_LOCK:
+        for base, handle in _SHARED.items():
+            if base <= ptr and ptr + size <= base + handle.mapped_size:
+                return handle
+    return None
 
 
 def _round_up(n: int, unit: int) -> int:
@@ -108,6 +123,9 @@ def allocate_host_buffer(size: int, backing: UMBPHostBufferBacking = UMBPHostBuf
         handle.ptr = buffer_span(handle._map)[0]
         handle.requested_size, handle.mapped_size = size, mapped
         handle.actual_backing, handle.actual_alignment = got, align
+        if handle._fd >= 0:
+            with _SHARED_LOCK:
+                _SHARED[handle.ptr] = handle
         if got != backing:
             _log.warning("asked for %s host memory, got %s (no free huge pages of %d bytes?)",
                          backing.name, got.name, hugepage_size)
@@ -117,6 +135,9 @@ def allocate_host_buffer(size: int, backing: UMBPHostBufferBacking = UMBPHostBuf
 
 def free_host_buffer(handle: UMBPHostBufferHandle) -> None:
     """Unmaps the handle's buffer (once; an empty or freed handle is left as it is)."""
+    with _SHARED_LOCK:
+        if _SHARED.get(handle.ptr) is handle:
+            del _SHARED[handle.ptr]
     if handle._map is not None:
         try:
             handle._map.close()

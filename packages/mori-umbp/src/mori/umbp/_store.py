@@ -281,6 +281,13 @@ class LocalStore:
             entry = self._index.get(key)
             return entry is not None and entry.committed and not entry.gone
 
+    def contains_many(self, keys: list[str]) -> list[bool]:
+        """:meth:`contains` for each key, under one acquisition of the lock."""
+        with self._lock:
+            self._check_open()
+            index = self._index
+            return [(e := index.get(k)) is not None and e.committed and not e.gone for k in keys]
+
     def write(self, key: str, src: int, size: int, depth: int = -1) -> bool:
         """Copies ``size`` bytes at ``src`` in as ``key``: allocate, copy, commit. A key that is
         stored already is left as it is (True)."""
