@@ -8,6 +8,7 @@ import contextlib
 import subprocess
 import threading
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
@@ -324,6 +325,10 @@ def test_master_stops_on_sigterm_and_reports_a_busy_port():
     assert master.stop() == 0
     usage = subprocess.run([*master_command(), "127.0.0.1:0", "99999"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "METRICS_PORT 99999 is not a port number" in usage.stderr
+    # The name MORI's launchers run (UMBP_MASTER_BIN) is the same program.
+    mori_name = Path(master_command()[0]).with_name("umbp_master")
+    shown = subprocess.run([str(mori_name), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "usage: mori-umbp-master [-h] [address] [metrics_port]" in shown.stdout
 
 
 def test_client_reported_metrics_are_merged_and_bounded(store_env):
