@@ -42,6 +42,7 @@ class InMemoryStore(MetadataStore):
         self._ext: dict[str, dict[str, int]] = {}  # hash -> node -> tier bitmask
         self._ext_by_node: dict[str, set[str]] = {}
         self._hits: dict[str, list[int]] = {}  # hash -> [count, last_seen_ms]
+        self._now_ms = 0  # the heartbeat being applied
 
     # ---- clients ----------------------------------------------------------------------
     def register_client(self, record: ClientRecord, now_ms: int, stale_after_ms: int) -> bool:
@@ -113,6 +114,7 @@ class InMemoryStore(MetadataStore):
                 rec.last_heartbeat_ms = now_ms
                 rec.status = ClientStatus.ALIVE
                 return HeartbeatResult(HeartbeatStatus.SEQ_GAP, rec.seq)
+            self._now_ms = now_ms
             if full_sync:
                 final = {(e.key, e.tier): e.size for e in events if e.add}
                 self._check_full_sync_quota(node_id, final)
@@ -165,17 +167,22 @@ class InMemoryStore(MetadataStore):
         self._check_counts(node_id, len(new_keys), total)
 
     def _check_counts(self, node_id: str, node_count: int, total: int) -> None:
-        """Refuses growth past a limit; a change that shrinks (or keeps) a count always passes."""
+        """Refuses growth past a limit; a change that shrinks (or keeps) a count always passes.
+        A refused heartbeat still says the node is alive."""
+        message = ""
         if node_count > self.limits.max_keys_per_client and node_count > len(self._node_keys[node_id]):
-            raise QuotaExceeded(
+            message = (
                 f"node {node_id!r} would own {node_count} keys, over its quota of "
                 f"{self.limits.max_keys_per_client} (UMBP_MASTER_MAX_KEYS_PER_CLIENT)"
             )
-        if total > self.limits.max_keys and total > len(self._blocks):
-            raise QuotaExceeded(
+        elif total > self.limits.max_keys and total > len(self._blocks):
+            message = (
                 f"the block index would hold {total} keys, over its limit of "
                 f"{self.limits.max_keys} (UMBP_MASTER_MAX_KEYS)"
             )
+        if message:
+            self._clients[node_id].last_heartbeat_ms = self._now_ms
+            raise QuotaExceeded(message)
 
     def _add(self, node_id: str, key: str, tier: int, size: int, now_ms: int) -> None:
         block = self._blocks.setdefault(key, _Block({}))
@@ -217,6 +224,11 @@ class InMemoryStore(MetadataStore):
                 block = self._blocks.get(key)
                 out.append([Location(n, t, s) for (n, t), s in block.sizes.items()] if block else [])
             return out
+
+    def exists(self, keys: list[str], alive: set[str]) -> list[bool]:
+        with self._lock:
+            blocks = self._blocks
+            return [key in blocks and any(n in alive for n, _ in blocks[key].sizes) for key in keys]
 
     def touch(self, keys: list[str], now_ms: int, lease_ms: int) -> None:
         with self._lock:

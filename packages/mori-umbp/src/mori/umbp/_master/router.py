@@ -54,17 +54,8 @@ class Router:
         }
 
     # ---- gets -------------------------------------------------------------------------
-    def live_locations(
-        self, keys: list[str], now_ms: int, exclude: set[str], alive: dict[str, ClientRecord] | None = None
-    ) -> list[list[Location]]:
-        alive = self.alive_clients(now_ms) if alive is None else alive
-        return [
-            [loc for loc in locs if loc.node_id in alive and loc.node_id not in exclude]
-            for locs in self.store.lookup(keys)
-        ]
-
     def exists(self, keys: list[str], now_ms: int) -> list[bool]:
-        return [bool(locs) for locs in self.live_locations(keys, now_ms, set())]
+        return self.store.exists(keys, set(self.alive_clients(now_ms)))
 
     def route_get(self, keys: list[str], now_ms: int, exclude: set[str]) -> list[GetRoute | None]:
         """One replica per key (the fastest tier, random among nodes there); found keys get a
@@ -97,7 +88,7 @@ class Router:
         room: dict[tuple[str, int], int] = {
             (n, t): cap.available for n, r in candidates.items() for t, cap in r.caps.items() if t in TIERS
         }
-        existing = [bool(locs) for locs in self.live_locations(keys, now_ms, set(), alive)]
+        existing = self.store.exists(keys, set(alive))
         sticky = self._same_node(keys, sizes, existing, candidates, room)
         out = []
         for key_exists, size in zip(existing, sizes):

@@ -17,6 +17,11 @@ from concurrent import futures
 
 import grpc
 
+try:
+    import prometheus_client  # noqa: F401
+except ImportError as e:
+    raise ImportError("the UMBP master needs its extra: pip install 'mori-umbp[master]'") from e
+
 from ._proto import umbp_pb2_grpc as pb_grpc
 from .eviction import EvictionAdvisor
 from .memory_store import InMemoryStore
@@ -39,8 +44,10 @@ def make_store(settings: MasterSettings) -> MetadataStore:
         max_hit_entries=settings.max_hit_entries,
     )
     if settings.metadata_backend == "redis":
-        from .redis_store import RedisStore
-
+        try:
+            from .redis_store import RedisStore
+        except ImportError as e:
+            raise ValueError("UMBP_METADATA_BACKEND=redis needs redis-py: pip install 'mori-umbp[redis]'") from e
         return RedisStore(settings, limits)
     return InMemoryStore(limits)
 
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= ns.metrics_port < 65536:
             parser.error(f"METRICS_PORT {ns.metrics_port} is not a port number")
         settings.metrics_port = ns.metrics_port
-    log.info("[Master] Resolved settings: %s", settings.describe())
+    log.info("[Master] Resolved timing: %s", settings.describe())
     try:
         server = MasterServer(settings)
         server.start()

@@ -144,6 +144,11 @@ class MetadataStore(abc.ABC):
         """Every location of each key (no lease, no access bump)."""
 
     @abc.abstractmethod
+    def exists(self, keys: list[str], alive: set[str]) -> list[bool]:
+        """Whether a node of ``alive`` holds each key: the hot path of ``batch_exists``, without
+        building locations."""
+
+    @abc.abstractmethod
     def touch(self, keys: list[str], now_ms: int, lease_ms: int) -> None:
         """Marks keys as read now: a lease until ``now + lease_ms`` and an access bump (LRU)."""
 
