@@ -179,3 +179,22 @@ def test_a_node_that_comes_back_under_its_id_is_met_again(master, tmp_path) -> N
     finally:
         b.close()
         a.close()
+
+
+def test_without_its_master_a_node_keeps_its_own_pages(master, tmp_path) -> None:
+    a = UMBPClient(node_config(master.address, "node-a", None))
+    b = UMBPClient(node_config(master.address, "node-b", None))
+    try:
+        src, dst = seeded_pages(13, 4, PAGE), np.zeros((4, PAGE), np.uint8)
+        master.kill()
+        keys = [f"m{i}" for i in range(4)]
+        started = time.monotonic()
+        assert all(a.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 4))  # no route: stored here
+        assert all(a.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4)) and np.array_equal(src, dst)
+        assert a.batch_exists(keys) == [True] * 4
+        assert b.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4) == [False] * 4  # nobody to ask where
+        assert b.batch_exists(keys) == [False] * 4 and not b.flush()
+        assert time.monotonic() - started < 60
+    finally:
+        b.close()
+        a.close()
