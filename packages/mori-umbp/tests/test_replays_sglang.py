@@ -3,7 +3,8 @@ configuration from ``extra_config``, ``register_memory`` of the host KV pool, ``
 of page keys (with prefix depths), ``batch_exists``, ``batch_get_v1`` into other pages of the
 pool after the first ones were overwritten, the KV-events subscriber's external-KV report and
 revoke, and teardown; every byte of every page checked. The DRAM tier holds a quarter of the
-pages, so most of them go to SSD and come back from there.
+pages, so most of them go to SSD and come back from there. Then the standalone-process mode
+(``UMBP_STANDALONE_ADDRESS``): two ranks' shared host pools, one server for both.
 
 Source replayed: ``python/sglang/srt/mem_cache/storage/umbp/umbp_store.py`` (``UMBPStore``:
 ``__init__``, ``register_mem_pool_host``, ``_register_host_buffer_for_zero_copy``,
