@@ -14,6 +14,8 @@ fails its keys: False, never other bytes.
 from __future__ import annotations
 
 import collections
+import os
+import secrets
 import threading
 from collections.abc import Sequence
 
@@ -43,7 +45,9 @@ class ClusterNode:
         mc = dist.master_config
         self.node_id, self._store, self._ssd = mc.node_id, store, cfg.ssd.enabled
         host = dist.io_engine.host or mc.node_address
-        self.transport = Transport(f"umbp-{mc.node_id}", host, dist.io_engine.port, store.buffer_address,
+        # The engine's key names this incarnation of the node: a node that restarts under the same
+        # id is another engine to its peers, whose old one they forget when it fails them.
+        self.transport = Transport(f"umbp-{mc.node_id}-{os.getpid()}-{secrets.token_hex(4)}", host, dist.io_engine.port, store.buffer_address,
                                    store.buffer_size, dist.staging_buffer_size)
         self._service = PeerService(store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size,
                                     on_commit=self._committed)

@@ -291,6 +291,11 @@ class LocalStore:
     def write(self, key: str, src: int, size: int, depth: int = -1) -> bool:
         """Copies ``size`` bytes at ``src`` in as ``key``: allocate, copy, commit. A key that is
         stored already is left as it is (True)."""
+        return self.write_ranges(key, size, [(src, size, 0)], depth)
+
+    def write_ranges(self, key: str, size: int, ranges: list[tuple[int, int, int]], depth: int = -1) -> bool:
+        """:meth:`write` of a value of ``size`` bytes assembled from ranges ``(address, length,
+        offset)`` that tile it; published whole or not at all."""
         try:
             slot = self.allocate(key, size, depth)
         except StoreFullError as exc:
@@ -299,7 +304,8 @@ class LocalStore:
         if slot is None:
             return True
         try:
-            ctypes.memmove(slot.address, src, size)
+            for address, length, offset in ranges:
+                ctypes.memmove(slot.address + offset, address, length)
         except BaseException:
             self.abort(slot)
             raise
