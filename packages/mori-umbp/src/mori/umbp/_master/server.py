@@ -79,7 +79,7 @@ class MasterServer:
 
     def start(self) -> None:
         s = self.settings
-        self._started_ms = now_ms()
+        self._started_ms = self.router.since_ms = now_ms()
         self.metrics.watch_index(self._index_size)
         if s.metrics_port > 0:
             self.metrics.serve(s.metrics_port)
