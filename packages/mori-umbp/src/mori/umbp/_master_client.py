@@ -49,6 +49,8 @@ class EventBundle:
 
 
 class NodeStatus(enum.IntEnum):
+    """A node as the master sees it (MORI's ``ClientStatus``)."""
+
     UNKNOWN = 0
     ALIVE = 1
     EXPIRED = 2
@@ -65,6 +67,8 @@ class HeartbeatReply:
 
 
 class RoutePutOutcome(enum.IntEnum):
+    """A put's routing: no node has room, routed, or a live node holds the key already."""
+
     UNAVAILABLE = 0
     ROUTED = 1
     ALREADY_EXISTS = 2
