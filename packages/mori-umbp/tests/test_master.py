@@ -411,16 +411,34 @@ def test_hit_counters_expire_after_their_ttl(store_env):
         assert a.match_external_kv(["cold"])[0].hashes_by_tier == {DRAM: ["cold"]}
 
 
-def test_eviction_advice_to_an_unreachable_peer_is_counted_and_retried(store_env):
-    env = {**store_env, "UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "200"}
-    with running_master(env) as master:
-        full = MasterClient(master.address, "full", peer_address=f"127.0.0.1:{free_port()}")
-        full.register_client({DRAM: (1000, 1000)})
-        full.heartbeat([EventBundle(1, [add(f"k{i}", 100) for i in range(10)])], tier_capacities={DRAM: (1000, 0)})
-        failures = ("mori_umbp_master_evict_dispatch_failures_total", (("node", "full"),))
-        wait_until(lambda: master.scrape().get(failures, 0) >= 2, 30, "two failed EvictKey rounds")
-        assert ("mori_umbp_master_evict_advised_keys_total", (("node", "full"), ("tier", "dram"))) not in master.scrape()
-        assert full.batch_lookup([f"k{i}" for i in range(10)]) == [True] * 10
+def test_eviction_advice_to_an_unreachable_peer_is_counted_and_delays_no_other(store_env):
+    peer = RecordingPeer()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    peer_grpc.add_UMBPPeerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    # A deadline far longer than a round: a dead peer's call must not hold the live one's back.
+    env = {**store_env, "UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "60000"}
+    try:
+        with running_master(env) as master:
+            dead = MasterClient(master.address, "dead", peer_address=f"10.255.255.1:{free_port()}")
+            live = MasterClient(master.address, "live", peer_address=f"127.0.0.1:{port}")
+            for c in (dead, live):
+                c.register_client({DRAM: (1000, 1000)})
+                c.heartbeat([EventBundle(1, [add(f"{c.node_id}-{i}", 100) for i in range(10)])],
+                            tier_capacities={DRAM: (1000, 0)})
+            wait_until(lambda: len(peer.calls) >= 2, 30, "two rounds of advice to the live peer")
+            assert peer.calls[0] == ["live-0", "live-1", "live-2"]
+            assert dead.batch_lookup([f"dead-{i}" for i in range(10)]) == [True] * 10
+    finally:
+        server.stop(None).wait(10)
+    with running_master({**store_env, "UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "200"}) as m:
+        refused = MasterClient(m.address, "refused", peer_address=f"127.0.0.1:{free_port()}")
+        refused.register_client({DRAM: (1000, 1000)})
+        refused.heartbeat([EventBundle(1, [add("r0", 100)])], tier_capacities={DRAM: (1000, 0)})
+        failures = ("mori_umbp_master_evict_dispatch_failures_total", (("node", "refused"),))
+        wait_until(lambda: m.scrape().get(failures, 0) >= 2, 30, "two failed EvictKey rounds")
+        assert ("mori_umbp_master_evict_advised_keys_total", (("node", "refused"), ("tier", "dram"))) not in m.scrape()
 
 
 def test_many_clients_at_once_leave_a_consistent_index(store_env):
@@ -453,3 +471,34 @@ def test_many_clients_at_once_leave_a_consistent_index(store_env):
             # Every key of every bundle is there but the first of bundles 1-9, removed by the next.
             assert held == [not (i == 0 and seq < 10) for seq in range(1, 11) for i in range(8)]
         assert master.scrape()[("mori_umbp_master_index_keys", ())] == 6 * (80 - 9)
+
+
+class HangingPeer(peer_grpc.UMBPPeerServicer):
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.release = threading.Event()
+
+    def EvictKey(self, request, context):
+        self.called.set()
+        self.release.wait(120)
+        return peer_pb.EvictKeyResponse()
+
+
+def test_a_stop_does_not_wait_out_a_hanging_peer():
+    peer = HangingPeer()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    peer_grpc.add_UMBPPeerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    # EvictKey's deadline (120 s) is longer than MasterProcess.stop waits (30 s) for the exit.
+    master = MasterProcess({"UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "120000"}).start()
+    try:
+        c = MasterClient(master.address, "n", peer_address=f"127.0.0.1:{port}")
+        c.register_client({DRAM: (1000, 1000)})
+        c.heartbeat([EventBundle(1, [add(f"k{i}", 100) for i in range(10)])], tier_capacities={DRAM: (1000, 0)})
+        assert peer.called.wait(30)
+        assert master.stop() == 0  # the call in flight was cancelled, not waited for
+    finally:
+        master.kill()
+        peer.release.set()
+        server.stop(None).wait(10)

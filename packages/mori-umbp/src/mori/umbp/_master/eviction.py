@@ -10,6 +10,7 @@ round. Keys under a read lease are skipped.
 from __future__ import annotations
 
 import threading
+from concurrent import futures
 
 import grpc
 
@@ -33,6 +34,7 @@ class EvictionAdvisor:
         self.metrics = metrics
         self._lock = threading.Lock()
         self._channels: dict[str, tuple[str, grpc.Channel]] = {}  # node -> (peer address, channel)
+        self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="umbp-evict")
 
     def plan(self, now_ms: int) -> dict[str, list[tuple[int, str]]]:
         """node -> [(tier, key)] to evict this round."""
@@ -55,28 +57,32 @@ class EvictionAdvisor:
         return plan
 
     def run_once(self, now_ms: int) -> int:
-        """One round; returns how many keys were advised."""
+        """One round; returns how many keys were advised. The calls go out side by side, so that
+        a slow or dead peer costs the others nothing."""
         plan = self.plan(now_ms)
         peers = {r.node_id: r.peer_address for r in self.router.alive_clients(now_ms).values()}
-        advised = 0
+        calls = []
         for node_id, victims in plan.items():
             address = peers.get(node_id, "")
             if not address:
                 log.warning("[EvictionAdvisor] no peer address for %s; skipping %d keys", node_id, len(victims))
                 continue
-            keys = list(dict.fromkeys(key for _, key in victims))
-            stub = peer_grpc.UMBPPeerStub(self._channel(node_id, address))
-            try:
-                stub.EvictKey(peer_pb.EvictKeyRequest(keys=keys), timeout=self.settings.evictkey_deadline_ms / 1000)
-            except grpc.RpcError as e:
-                log.warning("[EvictionAdvisor] EvictKey to %s failed: %s (retried next round)", node_id, e.code())
-                self.metrics.evict_failed.labels(node_id).inc()
-                self.forget(node_id)
-                continue
-            for tier, _ in victims:
-                self.metrics.evict_advised.labels(node_id, TIER_NAMES[tier]).inc()
-            advised += len(keys)
-        return advised
+            calls.append(self._pool.submit(self._advise, node_id, address, victims))
+        return sum(call.result() for call in calls)
+
+    def _advise(self, node_id: str, address: str, victims: list[tuple[int, str]]) -> int:
+        keys = list(dict.fromkeys(key for _, key in victims))
+        stub = peer_grpc.UMBPPeerStub(self._channel(node_id, address))
+        try:
+            stub.EvictKey(peer_pb.EvictKeyRequest(keys=keys), timeout=self.settings.evictkey_deadline_ms / 1000)
+        except grpc.RpcError as e:
+            log.warning("[EvictionAdvisor] EvictKey to %s failed: %s (retried next round)", node_id, e.code())
+            self.metrics.evict_failed.labels(node_id).inc()
+            self.forget(node_id)
+            return 0
+        for tier, _ in victims:
+            self.metrics.evict_advised.labels(node_id, TIER_NAMES[tier]).inc()
+        return len(keys)
 
     def _channel(self, node_id: str, address: str) -> grpc.Channel:
         with self._lock:
@@ -97,8 +103,12 @@ class EvictionAdvisor:
             entry[1].close()
 
     def close(self) -> None:
+        """Drops queued calls and cancels those in flight (closing a channel cancels its calls),
+        so that a stop does not wait out a slow peer's deadline."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             entries, self._channels = list(self._channels.values()), {}
         for _, channel in entries:
             channel.close()
+        self._pool.shutdown(wait=True)
 

@@ -159,9 +159,9 @@ class MasterServer:
         if self._server is not None:
             self._server.stop(self.settings.grpc_shutdown_deadline_s).wait(self.settings.grpc_shutdown_deadline_s + 1)
             self._server = None
+        self.advisor.close()  # first: it cancels advice in flight, which the eviction loop may wait on
         for t in self._threads:
             t.join(timeout=self.settings.grpc_shutdown_deadline_s)
-        self.advisor.close()
         self.store.close()
 
 
