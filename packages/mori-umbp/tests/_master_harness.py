@@ -5,14 +5,15 @@ master's metrics. Every wait here is bounded.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
-import selectors
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -50,34 +51,33 @@ class MasterProcess:
         self.command = command or master_command()
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
-        self.log: list[str] = []
+        self.log: collections.deque[str] = collections.deque(maxlen=10000)
+        self._ready = threading.Event()
 
     def start(self) -> MasterProcess:
         self.proc = subprocess.Popen(
-            [*self.command, self.listen, str(self.metrics_port)],
+            [*self.command, "127.0.0.1:0", str(self.metrics_port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env=self.env,
         )
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                break
-            line = self.proc.stdout.readline()
-            if not line:
-                break
+        # One thread reads everything the master prints, for as long as it runs: the line with its
+        # address, and the rest, so that a full pipe never blocks the master.
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(START_TIMEOUT_S) or not self.address:
+            self.kill()
+            raise RuntimeError(f"the master did not start within {START_TIMEOUT_S} s:\n{''.join(self.log)}")
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
             self.log.append(line)
-            if line.startswith("[Master] Listening on "):
+            if line.startswith("[Master] Listening on ") and not self.address:
                 self.address = line.split()[3]
-                sel.close()
-                return self
-        sel.close()
-        self.kill()
-        raise RuntimeError(f"the master did not start within {START_TIMEOUT_S} s:\n{''.join(self.log)}")
+                self._ready.set()
+        self._ready.set()  # it exited
 
     @property
     def metrics_url(self) -> str:
@@ -120,8 +120,6 @@ def running_master(env: Mapping[str, str] | None = None) -> Iterator[MasterProce
         yield master
     finally:
         master.kill()
-        if master.proc is not None and master.proc.stdout is not None:
-            master.proc.stdout.close()
 
 
 @contextlib.contextmanager
