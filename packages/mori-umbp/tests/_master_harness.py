@@ -56,7 +56,7 @@ class MasterProcess:
 
     def start(self) -> MasterProcess:
         self.proc = subprocess.Popen(
-            [*self.command, "127.0.0.1:0", str(self.metrics_port)],
+            [*self.command, self.listen, str(self.metrics_port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
