@@ -211,3 +211,16 @@ def test_nodes_are_not_blamed_for_the_master_s_downtime(tmp_path):
             # The nodes' last heartbeats are older than the expiry, but the master was the silent one:
             # it routes to them until one expiry after its own start.
             assert MasterClient(second.address).route_get("page-1").node_id == "node-a"
+
+
+def test_a_large_full_sync_outlasts_the_redis_command_timeout(tmp_path):
+    with redis_server(tmp_path) as uri:
+        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri, "UMBP_REDIS_SOCKET_TIMEOUT_MS": "50"}
+        with running_master(env) as master:
+            a = MasterClient(master.address, "big", timeout_s=120)
+            a.register_client({DRAM: (1 << 40, 1 << 40)})
+            held = [add(f"{i:064x}", 4096) for i in range(30000)]  # one script far longer than 50 ms
+            reply = a.heartbeat([EventBundle(0, held)], full_sync=True, seq_baseline=1)
+            assert (reply.status, reply.acked_seq) == (NodeStatus.ALIVE, 1)
+            assert sum(a.batch_lookup([e.key for e in held[:1000]])) == 1000
+            assert master.scrape()[("mori_umbp_master_index_keys", ())] == 30000

@@ -32,6 +32,10 @@ from .store import (
 
 T = TypeVar("T")
 
+#: The scripts whose work grows with what one node holds, and their timeout (at least).
+BULK_SCRIPTS = frozenset({"REGISTER_CLIENT", "UNREGISTER_CLIENT", "APPLY_HEARTBEAT", "EXPIRE_STALE"})
+BULK_TIMEOUT_S = 60.0
+
 
 def _url(uri: str) -> str:
     """MORI writes ``tcp://host:port``; redis-py wants ``redis://host:port``."""
@@ -68,14 +72,18 @@ class RedisStore(MetadataStore):
             "max_connections": settings.redis_pool_size or settings.max_pollers + 8,
         }
         seeds = [_url(u.strip()) for u in settings.redis_uri.split(",") if u.strip()]
-        self.client: Any
+        # Every key shares the hash tag, so a cluster client sends each script to one node.
+        connect: Any = redis.Redis.from_url
         if settings.redis_cluster:
-            # Every key shares the hash tag, so the cluster client sends each script to one node.
             from redis.cluster import RedisCluster
 
-            self.client = RedisCluster.from_url(seeds[0], **options)
-        else:
-            self.client = redis.Redis.from_url(seeds[0], **options)
+            connect = RedisCluster.from_url
+        self.client = connect(seeds[0], **options)
+        # The scripts whose work grows with a node (a full sync lists all it holds; dropping a
+        # node wipes all it held) get connections of their own with a longer timeout: Redis runs
+        # a script to its end, so a timeout would only hide that the change was made.
+        bulk_timeout = max(settings.redis_socket_timeout_ms / 1000, BULK_TIMEOUT_S)
+        self.bulk = connect(seeds[0], **{**options, "socket_timeout": bulk_timeout, "max_connections": 8})
         self._scripts = {
             name: self.client.register_script(getattr(redis_lua, name))
             for name in (
@@ -103,13 +111,17 @@ class RedisStore(MetadataStore):
 
     def _run(self, name: str, *args: object) -> Any:
         argv = [self.prefix, *args]
-        return self._guard(lambda: self._scripts[name](keys=[self.prefix + ":nodes:alive"], args=argv))
+        client = self.bulk if name in BULK_SCRIPTS else self.client
+        return self._guard(
+            lambda: self._scripts[name](keys=[self.prefix + ":nodes:alive"], args=argv, client=client)
+        )
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
     def close(self) -> None:
         self.client.close()
+        self.bulk.close()
 
     # ---- clients ----------------------------------------------------------------------
     def register_client(self, record: ClientRecord, now_ms: int, stale_after_ms: int) -> bool:
