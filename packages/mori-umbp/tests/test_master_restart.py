@@ -6,6 +6,7 @@ key layout in Redis, namespaces, and a Redis that goes away."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import grpc
 import pytest
@@ -196,3 +197,17 @@ def test_master_does_not_start_without_its_redis(tmp_path):
     done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1
     assert "cannot start: Redis:" in done.stderr
+
+
+def test_nodes_are_not_blamed_for_the_master_s_downtime(tmp_path):
+    with redis_server(tmp_path) as uri:
+        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri, "UMBP_HEARTBEAT_TTL_SEC": "5",
+               "UMBP_MAX_MISSED_HEARTBEATS": "1", "UMBP_REAPER_INTERVAL_SEC": "1"}
+        with running_master(env) as first:
+            populate(first.address)
+            first.kill()
+        time.sleep(6)  # the master is down for longer than a node's expiry (5 s)
+        with running_master(env) as second:
+            # The nodes' last heartbeats are older than the expiry, but the master was the silent one:
+            # it routes to them until one expiry after its own start.
+            assert MasterClient(second.address).route_get("page-1").node_id == "node-a"

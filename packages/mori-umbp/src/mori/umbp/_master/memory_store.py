@@ -21,7 +21,7 @@ from .store import (
 )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Block:
     sizes: dict[tuple[str, int], int]  # (node, tier) -> size
     lease_until_ms: int = 0

@@ -44,13 +44,16 @@ class Router:
         self.select_algo = select_algo
         self.node_affinity = node_affinity
         self._rng = random.Random()
+        #: When this master started: a node's silence before it (while no master ran, for a
+        #: store that outlives masters) is not held against it.
+        self.since_ms = 0
 
     def alive_clients(self, now_ms: int) -> dict[str, ClientRecord]:
         cutoff = now_ms - self.expiry_ms
         return {
             r.node_id: r
             for r in self.store.list_clients()
-            if r.status == ClientStatus.ALIVE and r.last_heartbeat_ms >= cutoff
+            if r.status == ClientStatus.ALIVE and max(r.last_heartbeat_ms, self.since_ms) >= cutoff
         }
 
     # ---- gets -------------------------------------------------------------------------

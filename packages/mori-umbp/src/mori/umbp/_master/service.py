@@ -8,12 +8,13 @@ gives UNAVAILABLE. None of them changes anything.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterable, Sized
 from typing import Any, TypeVar, cast
 
 import grpc
+
+from mori.core.log import get_logger
 
 from ._proto import umbp_pb2 as pb
 from ._proto import umbp_pb2_grpc as pb_grpc
@@ -33,7 +34,7 @@ from .store import (
     TierCapacity,
 )
 
-log = logging.getLogger("mori.umbp.master")
+log = get_logger("umbp.master")
 
 #: Longest address a client may register, and most tags, and the largest engine descriptor.
 MAX_ADDRESS_BYTES = 256

@@ -9,12 +9,13 @@ once, when :meth:`MasterSettings.from_environment` runs at master start.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
+
+from mori.core.log import get_logger
 
 from .._env import runtime_int as env_int
 
-log = logging.getLogger("mori.umbp.master")
+log = get_logger("umbp.master")
 
 _warned: set[str] = set()
 
