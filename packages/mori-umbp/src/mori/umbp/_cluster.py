@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from mori.core.log import get_logger
 
 from ._config import UMBPConfig
-from ._enums import UMBPDeploymentMode, UMBPTierType
+from ._enums import CacheRemoteAdmission, UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._heartbeat import Heartbeat
 from ._master._proto import umbp_peer_pb2 as pb
@@ -44,6 +44,10 @@ class ClusterNode:
         assert dist is not None
         mc = dist.master_config
         self.node_id, self._store, self._ssd = mc.node_id, store, cfg.ssd.enabled
+        admit = CacheRemoteAdmission.NEVER if not dist.cache_remote_fetches else dist.cache_remote_admission
+        #: The largest page read from a peer that is kept here too (0: none; MORI's admission).
+        self._cache_limit = {CacheRemoteAdmission.NEVER: 0, CacheRemoteAdmission.ALWAYS: 1 << 62}.get(
+            admit, dist.admission_max_block_bytes or 1 << 62)
         host = dist.io_engine.host or mc.node_address
         # The engine's key names this incarnation of the node: a node that restarts under the same
         # id is another engine to its peers, whose old one they forget when it fails them.
@@ -162,6 +166,15 @@ class ClusterNode:
                                                    [sizes[i] for i in held])):
                 results[i] = ok
         missing += [i for i in held if not results[i]]  # gone meanwhile: another node may have it
+        if missing:
+            self._get_remote_keys(missing, keys, ptrs, sizes, results)
+            self._keep(missing, keys, ptrs, sizes, results)
+        return results
+
+    def _get_remote_keys(self, missing: list[int], keys: list[str], ptrs: list[int], sizes: list[int],
+                         results: list[bool]) -> None:
+        """Reads keys from peers: those this node put on a peer from there, the rest from where
+        the master says."""
         with self._placed_lock:
             known = {i: self._placed[keys[i]] for i in missing if keys[i] in self._placed}
         by_peer: dict[str, list[int]] = collections.defaultdict(list)
@@ -170,18 +183,28 @@ class ClusterNode:
         self._read_from(by_peer, keys, ptrs, sizes, results)
         missing = [i for i in missing if not results[i]]
         if not missing:
-            return results
+            return
         try:
             where = self.master.batch_route_get([keys[i] for i in missing], exclude_nodes=[self.node_id])
         except MasterError as exc:
             _log.warning("routing %d gets failed: %s", len(missing), exc)
-            return results
+            return
         by_peer = collections.defaultdict(list)
         for i, loc in zip(missing, where):
             if loc is not None and loc.peer_address and loc.size == sizes[i]:
                 by_peer[loc.peer_address].append(i)
         self._read_from(by_peer, keys, ptrs, sizes, results)
-        return results
+
+    def _keep(self, fetched: list[int], keys: list[str], ptrs: list[int], sizes: list[int],
+              results: list[bool]) -> None:
+        """MORI's ``cache_remote_fetches``: pages just read from peers are kept here too, those of
+        at most the admission size, while DRAM stays under its low watermark (nothing is evicted
+        for them)."""
+        kept = [i for i in fetched if results[i] and sizes[i] <= self._cache_limit]
+        for i in kept:
+            self._store.write(keys[i], ptrs[i], sizes[i], make_room=False)
+        if kept and self._heartbeat is not None:
+            self._heartbeat.wake()
 
     def _read_from(self, by_peer: dict[str, list[int]], keys: list[str], ptrs: list[int], sizes: list[int],
                    results: list[bool]) -> None:

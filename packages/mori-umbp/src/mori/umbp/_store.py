@@ -118,11 +118,14 @@ class LocalStore(Tiers):
         with self._lock:
             self._listeners.append(listener)
 
-    def allocate(self, key: str, size: int, depth: int = -1, timeout: float = IO_TIMEOUT_S) -> Slot | None:
+    def allocate(self, key: str, size: int, depth: int = -1, timeout: float = IO_TIMEOUT_S,
+                 make_room: bool = True) -> Slot | None:
         """A DRAM slot of ``size`` bytes for ``key``, moving older pages to SSD (or dropping
         them, without an SSD tier) to make room; None when ``key`` is stored or being stored
         already. The slot is invisible until :meth:`commit`. Raises :class:`StoreFullError`
-        when no room comes within ``timeout`` seconds."""
+        when no room comes within ``timeout`` seconds; without ``make_room``, at once when DRAM
+        has no free slot of that size now or the slot would take it over its low watermark (so
+        nothing is evicted for it, now or at commit)."""
         deadline = time.monotonic() + timeout
         need = aligned(size)
         with self._lock:
@@ -130,9 +133,13 @@ class LocalStore(Tiers):
                 self._check_open()
                 if key in self._index:
                     return None
+                if not make_room and self._dram.used + need > self._low:
+                    raise StoreFullError(f"{size} bytes would take DRAM over its low watermark")
                 offset = self._dram.allocate(size)
                 if offset is not None:
                     break
+                if not make_room:
+                    raise StoreFullError(f"no free slot of {size} bytes in DRAM")
                 made = self._make_room(need + max(0.0, self._dram.used - self._low) - self._moving_bytes)
                 if not made and not self._moves and not self._pinned and not self._leased():
                     raise StoreFullError(f"no room in DRAM for {size} bytes")
@@ -272,18 +279,20 @@ class LocalStore(Tiers):
             index = self._index
             return [(e := index.get(k)) is not None and e.committed and not e.gone for k in keys]
 
-    def write(self, key: str, src: int, size: int, depth: int = -1) -> bool:
+    def write(self, key: str, src: int, size: int, depth: int = -1, make_room: bool = True) -> bool:
         """Copies ``size`` bytes at ``src`` in as ``key``: allocate, copy, commit. A key that is
-        stored already is left as it is (True)."""
-        return self.write_ranges(key, size, [(src, size, 0)], depth)
+        stored already is left as it is (True). Without ``make_room``, only into a slot free now."""
+        return self.write_ranges(key, size, [(src, size, 0)], depth, make_room)
 
-    def write_ranges(self, key: str, size: int, ranges: list[tuple[int, int, int]], depth: int = -1) -> bool:
+    def write_ranges(self, key: str, size: int, ranges: list[tuple[int, int, int]], depth: int = -1,
+                     make_room: bool = True) -> bool:
         """:meth:`write` of a value of ``size`` bytes assembled from ranges ``(address, length,
         offset)`` that tile it; published whole or not at all."""
         try:
-            slot = self.allocate(key, size, depth)
+            slot = self.allocate(key, size, depth, make_room=make_room)
         except StoreFullError as exc:
-            _log.warning("put %r: %s", key, exc)
+            if make_room:
+                _log.warning("put %r: %s", key, exc)
             return False
         if slot is None:
             return True
