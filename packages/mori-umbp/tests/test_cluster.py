@@ -32,7 +32,12 @@ def _ptrs(pages: np.ndarray) -> list[int]:
     return [int(pages.ctypes.data) + i * pages.shape[1] for i in range(pages.shape[0])]
 
 
-def test_two_nodes_put_on_one_get_on_the_other(master, tmp_path) -> None:
+@pytest.mark.parametrize("backend", ["tcp", "rdma"])
+def test_two_nodes_put_on_one_get_on_the_other(master, tmp_path, monkeypatch, backend: str) -> None:
+    """Over mori-io's TCP backend, and its RDMA backend (UCX; here over UCX's tcp transport, as
+    mori-io's tests run it without an RDMA NIC)."""
+    monkeypatch.setenv("UMBP_IO_BACKEND", backend)
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
     a = UMBPClient(node_config(master.address, "node-a", tmp_path / "a"))
     b = UMBPClient(node_config(master.address, "node-b", tmp_path / "b"))
     try:
