@@ -32,7 +32,12 @@ def _ptrs(pages: np.ndarray) -> list[int]:
     return [int(pages.ctypes.data) + i * pages.shape[1] for i in range(pages.shape[0])]
 
 
-def test_two_nodes_put_on_one_get_on_the_other(master, tmp_path) -> None:
+@pytest.mark.parametrize("backend", ["tcp", "rdma"])
+def test_two_nodes_put_on_one_get_on_the_other(master, tmp_path, monkeypatch, backend: str) -> None:
+    """Over mori-io's TCP backend, and its RDMA backend (UCX; here over UCX's tcp transport, as
+    mori-io's tests run it without an RDMA NIC)."""
+    monkeypatch.setenv("UMBP_IO_BACKEND", backend)
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
     a = UMBPClient(node_config(master.address, "node-a", tmp_path / "a"))
     b = UMBPClient(node_config(master.address, "node-b", tmp_path / "b"))
     try:
@@ -198,3 +203,32 @@ def test_without_its_master_a_node_keeps_its_own_pages(master, tmp_path) -> None
     finally:
         b.close()
         a.close()
+
+
+def test_pages_read_from_a_peer_are_kept_when_admitted(master, tmp_path) -> None:
+    owner = UMBPClient(node_config(master.address, "owner", None, dram=16 << 20))
+    reader = None
+    try:
+        src = seeded_pages(14, 8, PAGE)
+        keys = [f"c{i}" for i in range(8)]
+        owner.register_memory(int(src.ctypes.data), src.nbytes)
+        assert all(owner.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 8)) and owner.flush()
+        cfg = node_config(master.address, "reader", None, dram=1 << 20, cache_remote_fetches=True)
+        assert cfg.distributed is not None
+        cfg.distributed.admission_max_block_bytes = PAGE  # 16 KiB pages are admitted; the big one is not
+        reader = UMBPClient(cfg)
+        dst = np.zeros((8, PAGE), np.uint8)
+        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
+        assert reader.stats()["keys"] == 8  # kept: the next reads are local
+        owner.clear()
+        dst[:] = 0
+        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
+        big = seeded_pages(15, 1, 2 * PAGE)
+        assert owner.put_from_ptr("big", int(big.ctypes.data), 2 * PAGE) and owner.flush()
+        out = np.zeros(2 * PAGE, np.uint8)
+        assert reader.get_into_ptr("big", int(out.ctypes.data), 2 * PAGE) and np.array_equal(out, big[0])
+        assert not reader._store.contains("big")  # over the admission size: read through
+    finally:
+        if reader is not None:
+            reader.close()
+        owner.close()

@@ -44,6 +44,7 @@ def _node(master: str, node_id: str, host: str, dram: int) -> Any:
     cfg.distributed.master_config.master_address = master
     cfg.distributed.master_config.node_id = node_id
     cfg.distributed.master_config.node_address = host
+    cfg.distributed.cache_remote_fetches = False  # every get crosses (MORI's advice for benchmarks)
     return UMBPClient(cfg)
 
 
