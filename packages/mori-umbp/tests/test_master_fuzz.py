@@ -4,9 +4,11 @@ master still serves, and what a well-formed client put in its index is still the
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 import pytest
-from _master_harness import running_master
+from _master_harness import redis_server, running_master
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -70,9 +72,14 @@ REQUESTS = st.one_of(
 )
 
 
-@pytest.fixture(scope="module")
-def master():
-    with running_master({"UMBP_HEARTBEAT_TTL_SEC": "3600"}) as m:
+@pytest.fixture(scope="module", params=["inmemory", "redis"])
+def master(request, tmp_path_factory):
+    with contextlib.ExitStack() as stack:
+        env = {"UMBP_HEARTBEAT_TTL_SEC": "3600"}
+        if request.param == "redis":
+            uri = stack.enter_context(redis_server(tmp_path_factory.mktemp("redis")))
+            env.update(UMBP_METADATA_BACKEND="redis", UMBP_REDIS_URI=uri)
+        m = stack.enter_context(running_master(env))
         keeper = MasterClient(m.address, "keeper")
         keeper.register_client({2: (1 << 30, 1 << 30)})
         keeper.heartbeat([EventBundle(1, [KvEvent(KvEventType.ADD, "kept", 2, 4096, -1)])])
