@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares a fresh machine for mori's CPU jobs: system packages through apt-get, then a virtual
-# environment at .venv with the four packages installed editable and the dev tools of
+# environment at .venv with the five packages installed editable and the dev tools of
 # ci/requirements-dev.txt. Needs only python3, pip and apt-get. Safe to run again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,7 +10,7 @@ cd "$root"
 # g++: the native module; python3-venv: the environment below; Open MPI: the mpirun test of
 # the bootstrap's MPI launcher (mpi4py needs an MPI library); libucx0 + ucx-utils: Debian's UCX,
 # built with verbs, which mori.core.ucx prefers over the libucx wheel (its tests run on both), and
-# ucx_info.
+# ucx_info; redis-server: the UMBP master's Redis store tests.
 pkgs=()
 command -v clang-19 >/dev/null || pkgs+=(clang-19 llvm-19)
 command -v llvm-link-19 >/dev/null || pkgs+=(llvm-19)
@@ -18,6 +18,7 @@ command -v ip >/dev/null || pkgs+=(iproute2)
 command -v g++ >/dev/null || pkgs+=(g++)
 command -v mpirun >/dev/null || pkgs+=(openmpi-bin libopenmpi-dev)
 command -v ucx_info >/dev/null || pkgs+=(libucx0 ucx-utils)
+command -v redis-server >/dev/null || pkgs+=(redis-server)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
 if [ ${#pkgs[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
@@ -31,6 +32,7 @@ fi
 python -m pip install -q --upgrade pip
 python -m pip install -q -r ci/requirements-dev.txt
 python -m pip install -q --no-deps \
-  -e packages/mori-core -e packages/mori-shmem -e packages/mori-io -e packages/mori-triton
+  -e packages/mori-core -e packages/mori-shmem -e packages/mori-io -e packages/mori-triton \
+  -e packages/mori-umbp
 python -m pip check >/dev/null || { python -m pip check; exit 1; }
 echo "setup: ready ($(python --version), venv at $root/.venv)"

@@ -22,7 +22,8 @@ ruff check packages ci docs
 echo "== layers (no private name outside the distribution that ships it)"
 python ci/check_layers.py
 echo "== types (mypy, public modules)"
-mypy packages/mori-core/src packages/mori-shmem/src packages/mori-io/src packages/mori-triton/src
+mypy packages/mori-core/src packages/mori-shmem/src packages/mori-io/src packages/mori-triton/src \
+  packages/mori-umbp/src
 
 echo "== tests, docs and the newest releases"
 # First, alone, the tests marked quiet: they time steps too tightly to share the CPU. Then four
@@ -45,6 +46,7 @@ step() {
     mori-io) tests $((cores + 1)) packages/mori-io/tests ;;
     mori-shmem) tests 0 packages/mori-shmem/tests ;;
     mori-triton) tests "$cores" packages/mori-triton/tests ;;
+    mori-umbp) tests "$cores" packages/mori-umbp/tests ;;
     ci-tests) tests "$cores" ci/tests ;;
     docs) bash ci/docs.sh ;;
     newest) bash ci/newest.sh ;;
@@ -81,7 +83,7 @@ trap 'for pid in "${!lane_steps[@]}"; do kill -- -"$pid" 2>/dev/null || true; do
 lane quiet </dev/null
 report quiet
 echo "-- side by side (each lane's output follows when it ends)"
-for steps in "newest" "mori-core" "mori-io" "mori-shmem mori-triton ci-tests docs"; do
+for steps in "newest" "mori-core" "mori-io" "mori-shmem mori-triton mori-umbp ci-tests docs"; do
   # $steps unquoted: each word is a step
   lane $steps </dev/null &
   lane_steps[$!]=$steps

@@ -1,4 +1,4 @@
-"""Sphinx configuration for the mori documentation (all four packages in one project)."""
+"""Sphinx configuration for the mori documentation (all five packages in one project)."""
 
 project = "mori"
 author = "the mori developers"

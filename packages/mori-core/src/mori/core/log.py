@@ -1,4 +1,4 @@
-"""mori's loggers: one per package (``mori.core``, ``mori.shmem``, ``mori.io``, ``mori.triton``).
+"""mori's loggers: one per package (``mori.core``, ``mori.shmem``, ``mori.io``, ``mori.triton``, ``mori.umbp``).
 
 ``set_log_level("debug")`` sets all of them; ``set_log_level("info", module="io")`` one. The
 default comes from ``MORI_LOG_LEVEL``. ``trace`` is a level below ``debug`` as in MORI.
@@ -14,7 +14,7 @@ __all__ = ["TRACE", "MODULES", "get_logger", "set_log_level"]
 
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
-MODULES = ("core", "shmem", "io", "triton")
+MODULES = ("core", "shmem", "io", "triton", "umbp")
 _LEVELS = {"trace": TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "warn": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL}
 _configured = False
@@ -34,13 +34,13 @@ def _configure_once() -> None:
 
 
 def get_logger(module: str) -> logging.Logger:
-    """The logger of one mori module (``core``, ``shmem``, ``io``, ``triton``) or a child of it."""
+    """The logger of one mori module (``core``, ``shmem``, ``io``, ``triton``, ``umbp``) or a child of it."""
     _configure_once()
     return logging.getLogger(f"mori.{module}")
 
 
 def set_log_level(level: str | int, module: str | None = None) -> None:
-    """Sets the level of every mori logger, or of one module's (``core``, ``shmem``, ``io``, ``triton``)."""
+    """Sets the level of every mori logger, or of one module's (``core``, ``shmem``, ``io``, ``triton``, ``umbp``)."""
     _configure_once()
     if isinstance(level, str):
         try:

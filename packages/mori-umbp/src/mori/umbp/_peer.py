@@ -1,0 +1,235 @@
+"""A node's peer service (MORI's ``umbp.UMBPPeer`` over gRPC), on the node's store.
+
+Peers allocate slots in this node's DRAM buffer, write into them with mori-io and commit them;
+they resolve keys to slots under a read lease, read them with mori-io and release them (the
+release says whether the lease held, so a reader never takes another value's bytes); the master
+sends eviction advice. What comes from the wire is checked: keys and sizes as the client checks
+them, batches of at most :data:`MAX_BATCH`, and at most :data:`MAX_PENDING` uncommitted slots at
+once, each aborted when its writer has not committed it within the pending TTL.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from mori.core.log import get_logger
+
+from ._checks import check_key
+from ._enums import UMBPTierType
+from ._env import runtime_int
+from ._extents import ALIGN
+from ._master._proto import umbp_peer_pb2 as pb
+from ._master._proto import umbp_peer_pb2_grpc as pb_grpc
+from ._store import LocalStore, Slot, StoreClosedError, StoreFullError
+
+_log = get_logger("umbp")
+#: Entries in one peer request.
+MAX_BATCH = 4096
+#: Uncommitted slots a node holds for its peers at once.
+MAX_PENDING = 65536
+#: How long a peer's allocation may wait for room in DRAM.
+ALLOCATE_TIMEOUT_S = 2.0
+
+
+class _Refused(Exception):
+    """A request refused whole: its gRPC status and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _keys(keys: Any, what: str = "keys") -> list[str]:
+    if len(keys) > MAX_BATCH:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} {what} in one request; the most is {MAX_BATCH}")
+    try:
+        return [check_key(k, f"{what}[{i}]") for i, k in enumerate(keys)]
+    except (TypeError, ValueError) as exc:
+        raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+
+
+class PeerService(pb_grpc.UMBPPeerServicer):
+    """The ``UMBPPeer`` servicer over one :class:`LocalStore` (see the module's docstring).
+    ``on_commit`` is called after slots were committed (the heartbeat ships them sooner)."""
+
+    def __init__(self, store: LocalStore, engine_desc: bytes, buffer_desc: bytes, max_value_size: int,
+                 on_commit: Any = None) -> None:
+        self._store = store
+        self._info = pb.GetPeerInfoResponse(engine_desc=engine_desc, page_size=ALIGN, buffer_desc=buffer_desc,
+                                            buffer_size=store.buffer_size)
+        self._max_size = max_value_size
+        self._on_commit = on_commit
+        self.lease_ms = runtime_int("UMBP_DRAM_READ_LEASE_MS", 500, 1)
+        self.pending_ttl_ms = runtime_int("UMBP_PENDING_SLOT_TTL_MS", 30000, 1)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[Slot, float]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap, name="umbp-peer-reaper", daemon=True)
+        self._reaper.start()
+
+    def close(self) -> None:
+        """Stops the reaper and aborts every pending slot."""
+        self._stop.set()
+        self._reaper.join(5)
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for slot, _ in pending.values():
+            self._abort(slot)
+
+    def _abort(self, slot: Slot) -> None:
+        with contextlib.suppress(StoreClosedError, ValueError):  # closed, or committed meanwhile
+            self._store.abort(slot)
+
+    def _reap(self) -> None:
+        while not self._stop.wait(min(1.0, self.pending_ttl_ms / 2000)):
+            now = time.monotonic()
+            with self._lock:
+                expired = [sid for sid, (_, deadline) in self._pending.items() if deadline < now]
+                slots = [self._pending.pop(sid)[0] for sid in expired]
+            for slot in slots:
+                _log.warning("slot of %r was not committed within %d ms: aborted", slot.key, self.pending_ttl_ms)
+                self._abort(slot)
+
+    def _serve(self, context: grpc.ServicerContext, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except _Refused as exc:
+            context.abort(exc.code, str(exc))
+        except StoreClosedError:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the node is closing")
+
+    # -- the RPCs -----------------------------------------------------------------------------
+
+    def GetPeerInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._info
+
+    def BatchAllocateSlots(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._serve(context, self._allocate, request)
+
+    def BatchCommitSlots(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._serve(context, self._commit, request)
+
+    def BatchAbortSlots(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._serve(context, self._abort_slots, request)
+
+    def BatchResolveKeys(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._serve(context, self._resolve, request)
+
+    def BatchReleaseKeys(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._serve(context, self._release, request)
+
+    def EvictKey(self, request: Any, context: grpc.ServicerContext) -> Any:
+        return self._serve(context, self._evict, request)
+
+    # -- what they do -------------------------------------------------------------------------
+
+    def _allocate(self, request: Any) -> Any:
+        entries = request.entries
+        keys = _keys([e.key for e in entries])
+        for i, e in enumerate(entries):
+            if not 0 < e.size <= self._max_size:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"entries[{i}].size must be in [1, {self._max_size}], got {e.size}")
+            if e.depth < -1:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}].depth must be >= -1, got {e.depth}")
+        response = pb.BatchAllocateSlotsResponse()
+        for key, e in zip(keys, entries):
+            out = response.entries.add(page_size=ALIGN, pending_ttl_ms=self.pending_ttl_ms)
+            if e.tier not in (UMBPTierType.Unknown, UMBPTierType.DRAM, UMBPTierType.SSD):  # SSD: via DRAM
+                out.outcome = pb.ALLOCATE_SLOT_OUTCOME_FAILED
+                continue
+            with self._lock:
+                full = len(self._pending) >= MAX_PENDING
+            if full:
+                out.outcome = pb.ALLOCATE_SLOT_OUTCOME_FAILED_NO_SPACE
+                continue
+            try:
+                slot = self._store.allocate(key, e.size, e.depth, timeout=ALLOCATE_TIMEOUT_S)
+            except StoreFullError:
+                out.outcome = pb.ALLOCATE_SLOT_OUTCOME_FAILED_NO_SPACE
+                continue
+            if slot is None:
+                out.outcome = pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALREADY_EXISTS
+                continue
+            slot_id = next(self._ids)
+            with self._lock:
+                self._pending[slot_id] = (slot, time.monotonic() + self.pending_ttl_ms / 1000)
+            out.outcome, out.slot_id, out.offset = pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALLOCATED, slot_id, slot.offset
+        return response
+
+    def _commit(self, request: Any) -> Any:
+        entries = request.entries
+        keys = _keys([e.key for e in entries])
+        response = pb.BatchCommitSlotsResponse()
+        for key, e in zip(keys, entries):
+            with self._lock:
+                held = self._pending.get(e.slot_id)
+                if held is not None and held[0].key == key:
+                    del self._pending[e.slot_id]
+                else:
+                    held = None
+            response.success.append(held is not None and self._store.commit(held[0]))
+        if self._on_commit is not None and any(response.success):
+            self._on_commit()
+        return response
+
+    def _abort_slots(self, request: Any) -> Any:
+        if len(request.slot_ids) > MAX_BATCH:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.slot_ids)} slot_ids; the most is {MAX_BATCH}")
+        response = pb.BatchAbortSlotsResponse()
+        for slot_id in request.slot_ids:
+            with self._lock:
+                held = self._pending.pop(slot_id, None)
+            if held is not None:
+                self._abort(held[0])
+            response.success.append(True)
+        return response
+
+    def _resolve(self, request: Any) -> Any:
+        keys = _keys(request.keys)
+        response = pb.BatchResolveKeysResponse(page_size=ALIGN, lease_ms=self.lease_ms)
+        for key in keys:
+            slot = self._store.resolve(key, self.lease_ms / 1000)
+            response.found.append(slot is not None)
+            response.tier.append(int(UMBPTierType.DRAM) if slot else int(UMBPTierType.Unknown))  # type: ignore[arg-type]
+            response.size.append(slot.size if slot else 0)
+            response.offset.append(slot.offset if slot else 0)
+            response.lease_id.append(slot.serial if slot else 0)
+        return response
+
+    def _release(self, request: Any) -> Any:
+        keys = _keys(request.keys)
+        if len(request.lease_id) != len(keys):
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"{len(keys)} keys but {len(request.lease_id)} lease_ids")
+        response = pb.BatchReleaseKeysResponse()
+        response.held.extend(self._store.release(key, lease) for key, lease in zip(keys, request.lease_id))
+        return response
+
+    def _evict(self, request: Any) -> Any:
+        """The master's advice frees each key's fastest tier: DRAM pages move to SSD."""
+        keys = _keys(request.keys)
+        response = pb.EvictKeyResponse()
+        for key in keys:
+            response.evicted.add(key=key, bytes_freed=self._store.demote(key))
+        return response
+
+
+def serve(service: PeerService, host: str, port: int, workers: int = 8) -> tuple[grpc.Server, int]:
+    """The service on ``host:port`` (0: a free port); the started server and its port."""
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="umbp-peer"),
+                         options=[("grpc.max_receive_message_length", 16 << 20)])
+    pb_grpc.add_UMBPPeerServicer_to_server(service, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"the peer service cannot listen on {host}:{port}")
+    server.start()
+    return server, bound
