@@ -1,0 +1,31 @@
+"""``mori-umbp-bench`` at tiny sizes, mori alone (CI has no Mooncake): three network namespaces,
+every point run and its bytes checked by the benchmark itself, so the benchmark does not rot.
+Needs root and iproute2, as CI has."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("mori-umbp-bench")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [str(script), "--sizes", "4K,16K", "--pages", "4", "--exists-keys", "10", "--iters", "2", "--warmup", "1",
+         "--peers", "", "--ssd-dir", str(tmp_path), "--json", str(out), "--logs", str(tmp_path / "logs"),
+         "--timeout", "120"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    rows = {row["point"]: row for row in result["results"]["mori"]}
+    expected = [f"{op} 4 × {size}" for size in ("4 KiB", "16 KiB") for op in ("put", "get")]
+    expected += [f"SSD get {n} × {size}" for size in ("4 KiB", "16 KiB") for n in (1, 4)]
+    expected.append("batch_exists 10 keys")
+    assert sorted(rows) == sorted(expected)
+    for row in rows.values():
+        assert row["iters"] == 2 and row["median_us"] > 0
+    assert rows["get 4 × 16 KiB"]["gbps"] > 0 and rows["batch_exists 10 keys"]["gbps"] is None
+    assert "| get 4 × 16 KiB |" in proc.stdout and "Mooncake" not in proc.stdout
