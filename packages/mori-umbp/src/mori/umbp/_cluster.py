@@ -136,7 +136,7 @@ class ClusterNode:
 
     def get(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         results = [False] * len(keys)
-        missing = [i for i, key in enumerate(keys) if not self._store.contains(key)]
+        missing = [i for i, held in enumerate(self._store.contains_many(keys)) if not held]
         absent = set(missing)
         held = [i for i in range(len(keys)) if i not in absent]
         if held:
@@ -203,7 +203,7 @@ class ClusterNode:
     # -- the rest -----------------------------------------------------------------------------
 
     def exists(self, keys: list[str]) -> list[bool]:
-        found = [self._store.contains(key) for key in keys]
+        found = self._store.contains_many(keys)
         missing = [i for i, hit in enumerate(found) if not hit]
         if missing:
             try:

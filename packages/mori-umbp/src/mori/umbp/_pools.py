@@ -45,7 +45,7 @@ class LocalPool:
         return self.store.read(keys, ptrs, sizes) if keys else []
 
     def exists(self, keys: list[str]) -> list[bool]:
-        return [self.store.contains(k) for k in keys]
+        return self.store.contains_many(keys)
 
     def clear(self) -> bool:
         self.store.clear()

@@ -281,6 +281,14 @@ class LocalStore:
             entry = self._index.get(key)
             return entry is not None and entry.committed and not entry.gone
 
+    def contains_many(self, keys: list[str]) -> list[bool]:
+        """:meth:`contains` for each key, under one hold of the lock (a batch of a thousand keys
+        took a millisecond taking it key by key)."""
+        with self._lock:
+            self._check_open()
+            index = self._index
+            return [(entry := index.get(key)) is not None and entry.committed and not entry.gone for key in keys]
+
     def write(self, key: str, src: int, size: int, depth: int = -1) -> bool:
         """Copies ``size`` bytes at ``src`` in as ``key``: allocate, copy, commit. A key that is
         stored already is left as it is (True)."""

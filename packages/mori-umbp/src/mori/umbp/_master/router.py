@@ -64,7 +64,8 @@ class Router:
         ]
 
     def exists(self, keys: list[str], now_ms: int) -> list[bool]:
-        return [bool(locs) for locs in self.live_locations(keys, now_ms, set())]
+        alive = self.alive_clients(now_ms)
+        return [any(loc.node_id in alive for loc in locs) for locs in self.store.lookup(keys)]
 
     def route_get(self, keys: list[str], now_ms: int, exclude: set[str]) -> list[GetRoute | None]:
         """One replica per key (the fastest tier, random among nodes there); found keys get a
