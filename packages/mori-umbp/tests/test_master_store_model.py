@@ -219,6 +219,8 @@ def check(store: MetadataStore, model: Model) -> None:
     ]
     got = store.lookup(KEYS)
     assert [set(locs) for locs in got] == want and all(len(locs) == len(set(locs)) for locs in got)
+    for nodes in ({NODES[0]}, set(NODES[1:]), set()):
+        assert store.held_by_any(KEYS, nodes) == [any(loc.node_id in nodes for loc in locs) for locs in want]
     assert store.key_count() == len(model.all_keys())
     assert {r.node_id: r.seq for r in store.list_clients()} == {n: c["seq"] for n, c in model.clients.items()}
     for node in NODES:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+from collections.abc import Container
 
 from .store import (
     TIERS,
@@ -217,6 +218,21 @@ class InMemoryStore(MetadataStore):
                 block = self._blocks.get(key)
                 out.append([Location(n, t, s) for (n, t), s in block.sizes.items()] if block else [])
             return out
+
+    def held_by_any(self, keys: list[str], nodes: Container[str]) -> list[bool]:
+        out = []
+        with self._lock:
+            blocks = self._blocks
+            for key in keys:  # plain loops: a generator per key cost more than the lookup itself
+                held = False
+                block = blocks.get(key)
+                if block is not None:
+                    for node, _ in block.sizes:
+                        if node in nodes:
+                            held = True
+                            break
+                out.append(held)
+        return out
 
     def touch(self, keys: list[str], now_ms: int, lease_ms: int) -> None:
         with self._lock:

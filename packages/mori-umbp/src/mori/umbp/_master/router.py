@@ -64,8 +64,7 @@ class Router:
         ]
 
     def exists(self, keys: list[str], now_ms: int) -> list[bool]:
-        alive = self.alive_clients(now_ms)
-        return [any(loc.node_id in alive for loc in locs) for locs in self.store.lookup(keys)]
+        return self.store.held_by_any(keys, self.alive_clients(now_ms))
 
     def route_get(self, keys: list[str], now_ms: int, exclude: set[str]) -> list[GetRoute | None]:
         """One replica per key (the fastest tier, random among nodes there); found keys get a
