@@ -6,7 +6,8 @@ node contributes no room, so every page crosses the network: puts into the stora
 from it. The same points run on each system in the same run (:mod:`._measure`): batch put and
 get of ``--pages`` pages of each ``--sizes`` size, ``batch_exists`` of ``--exists-keys`` stored
 keys, and, where a system has an SSD tier here, gets of pages the storage node holds on SSD
-only. Medians over ``--iters`` iterations after ``--warmup``; every byte checked once per point,
+only. Medians over ``--iters`` iterations after ``--warmup`` (with ``--rounds``, the systems take turns and
+each figure is the median of the rounds' medians); every byte checked once per point,
 outside the timed calls. Prints a table and writes ``--json``.
 """
 
@@ -20,6 +21,7 @@ import os
 import platform
 import queue
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -191,6 +193,21 @@ def _size(text: str) -> int:
     return value
 
 
+def _over_rounds(rounds: list[dict[str, list[dict[str, Any]]]]) -> dict[str, list[dict[str, Any]]]:
+    """Each system's rows with the median over rounds of each round's median (and its GB/s)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for system, rows in rounds[0].items():
+        merged = []
+        for i, row in enumerate(rows):
+            medians = [r[system][i]["median_us"] for r in rounds]
+            us = statistics.median(medians)
+            merged.append({**row, "median_us": us, "round_medians_us": medians,
+                           "gbps": None if row["gbps"] is None else row["pages"] * row["size"] / (us * 1e3),
+                           "min_us": min(r[system][i]["min_us"] for r in rounds)})
+        out[system] = merged
+    return out
+
+
 def _table(results: dict[str, list[dict[str, Any]]]) -> str:
     systems = list(results)
     by_point: dict[str, dict[str, dict[str, Any]]] = {}
@@ -228,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exists-keys", type=int, default=1024, help="keys per batch_exists (default 1024)")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per point (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before them (default 3)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every system in turn; each point's figure is the median of its rounds' (default 1)")
     parser.add_argument("--peers", default="mooncake", help="peer systems: 'mooncake' or '' (mori alone)")
     parser.add_argument("--peer-python", default="python3", help="an interpreter with Mooncake installed")
     parser.add_argument("--ssd-dir", default=None, help="where the storage node's SSD tier goes (default: $TMPDIR)")
@@ -239,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if unknown := [p for p in peers if p != "mooncake"]:
         parser.error(f"--peers: unknown {unknown}; the one peer is mooncake")
-    if args.pages < 1 or args.iters < 1 or args.warmup < 0 or args.exists_keys < 1:
-        parser.error("--pages, --iters and --exists-keys must be positive, --warmup not negative")
+    if min(args.pages, args.iters, args.exists_keys, args.rounds) < 1 or args.warmup < 0:
+        parser.error("--pages, --iters, --exists-keys and --rounds must be positive, --warmup not negative")
     need = capacity_needed(sizes, args.pages, args.iters, args.warmup, args.exists_keys)
     capacity = (int(need / 0.7) + (64 << 20)) // (1 << 20) * (1 << 20)  # under both systems' eviction watermarks
     ssd_capacity = max(256 << 20, -(-2 * args.pages * sum(sizes) // (64 << 20)) * (64 << 20))
@@ -248,18 +267,23 @@ def main(argv: list[str] | None = None) -> int:
             "exists_keys": args.exists_keys, "capacity": capacity, "ssd_capacity": ssd_capacity}
     out = Path(args.logs or tempfile.mkdtemp(prefix="umbp-bench-logs-"))
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, list[dict[str, Any]]] = {}
+    rounds: list[dict[str, list[dict[str, Any]]]] = []
     with hosts(3) as net:
         print(f"master {net[0].address}, client node {net[1].address}, storage node {net[2].address}; logs in {out}",
               flush=True)
-        results["mori"] = _mori(net, plan, out, args.ssd_dir or tempfile.gettempdir(), args.timeout)
-        if "mooncake" in peers:
-            results["Mooncake"] = _mooncake(net, plan, out, args.peer_python, args.timeout)
+        for r in range(args.rounds):  # the systems take turns, so a change of load falls on both
+            print(f"round {r + 1} of {args.rounds}", flush=True)
+            results = {"mori": _mori(net, plan, out, args.ssd_dir or tempfile.gettempdir(), args.timeout)}
+            if "mooncake" in peers:
+                results["Mooncake"] = _mooncake(net, plan, out, args.peer_python, args.timeout)
+            rounds.append(results)
+    results = _over_rounds(rounds)
     table = _table(results)
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "benchmark": "mori-umbp-bench", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "commit": _commit(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "args": vars(args), "plan": plan, "results": results, "table": table}, indent=1))
+            "args": vars(args), "plan": plan, "results": results, "rounds": rounds,
+            "table": table}, indent=1))
     return 0
