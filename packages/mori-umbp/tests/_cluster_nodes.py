@@ -19,8 +19,9 @@ FAST_MASTER = {"UMBP_HEARTBEAT_TTL_SEC": "1", "UMBP_MAX_MISSED_HEARTBEATS": "2",
 
 
 def node_config(master: str, node_id: str, ssd_dir: Path | None, dram: int = 4 << 20,
-                address: str = "127.0.0.1") -> UMBPConfig:
-    """A node ``node_id`` of the cluster at ``master``, reachable at ``address``."""
+                address: str = "127.0.0.1", cache_remote_fetches: bool = False) -> UMBPConfig:
+    """A node ``node_id`` of the cluster at ``master``, reachable at ``address``; pages it reads
+    from peers are not kept unless ``cache_remote_fetches`` (so that reads stay remote)."""
     cfg = UMBPConfig()
     cfg.dram.capacity_bytes = dram
     cfg.dram.prefault = False
@@ -35,6 +36,7 @@ def node_config(master: str, node_id: str, ssd_dir: Path | None, dram: int = 4 <
     dist.master_config.node_address = address
     dist.io_engine.host = address
     dist.staging_buffer_size = 1 << 20
+    dist.cache_remote_fetches = cache_remote_fetches
     cfg.distributed = dist
     return cfg
 

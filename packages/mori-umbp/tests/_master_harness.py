@@ -125,15 +125,16 @@ def running_master(env: Mapping[str, str] | None = None) -> Iterator[MasterProce
 
 
 @contextlib.contextmanager
-def redis_server(tmp_path: Path) -> Iterator[str]:
-    """A fresh ``redis-server`` on a free port with its files under ``tmp_path``; yields its
-    ``tcp://`` URI (the form ``UMBP_REDIS_URI`` takes) and stops it afterwards."""
+def redis_server(tmp_path: Path, port: int | None = None) -> Iterator[str]:
+    """A fresh ``redis-server`` on ``port`` (default: a free one) with its files under
+    ``tmp_path``; yields its ``tcp://`` URI (the form ``UMBP_REDIS_URI`` takes) and stops it
+    afterwards."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is missing: ci/setup.sh installs Debian's redis-server")
-    port = free_port()
-    data = tmp_path / "redis"
-    data.mkdir()
+    port = free_port() if port is None else port
+    data = tmp_path / f"redis-{port}"
+    data.mkdir(exist_ok=True)
     proc = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
          "--appendonly", "no", "--protected-mode", "no"],

@@ -56,11 +56,20 @@ class HostKVPool:
     layout = "page_first"
 
     def __init__(self, pages: int, page_size: int, layers: int, heads: int, head_dim: int,
-                 itemsize: int = 2, mla: bool = False) -> None:
+                 itemsize: int = 2, mla: bool = False, shared: bool = False) -> None:
         self.page_size, self.layers, self.heads, self.head_dim = page_size, layers, heads, head_dim
         self.itemsize, self.mla, self.size = itemsize, mla, pages * page_size
         shape = (self.size, layers, head_dim * itemsize) if mla else (2, self.size, layers, heads, head_dim * itemsize)
-        self.kv_buffer = np.zeros(shape, dtype=np.uint8)
+        self.handle = None
+        if shared:  # UMBPHostTensorAllocator's pool, in memory a standalone server can map
+            self.allocator = umbp_mod.UMBPHostMemAllocator()
+            nbytes = int(np.prod(shape))
+            self.handle = self.allocator.alloc(nbytes, umbp_mod.UMBPHostBufferBacking.AnonymousShm, 2 << 20, -1, True)
+            if not self.handle:
+                raise RuntimeError(f"UMBPHostMemAllocator.alloc({nbytes} bytes) failed")
+            self.kv_buffer = np.frombuffer(self.handle.view()[:nbytes], dtype=np.uint8).reshape(shape)
+        else:
+            self.kv_buffer = np.zeros(shape, dtype=np.uint8)
         self.token_bytes = layers * (1 if mla else heads) * head_dim * itemsize
 
     def get_page_buffer_meta(self, indices: np.ndarray) -> tuple[list[int], list[int]]:
@@ -75,6 +84,13 @@ class HostKVPool:
             if not self.mla:
                 ptrs.append(v_base + int(index) * self.token_bytes)
         return ptrs, [element] * len(ptrs)
+
+    def free(self) -> None:
+        """Gives a shared pool's memory back (SGLang's allocator does at exit)."""
+        if self.handle is not None:
+            del self.kv_buffer
+            self.allocator.free(self.handle)
+            self.handle = None
 
     def page_bytes(self, page: int) -> bytes:
         """The bytes of one page (K then V) as the pool holds them."""
@@ -129,10 +145,25 @@ class UmbpStoreReplay:
         if "ssd_low_watermark" in extra and hasattr(cfg.ssd, "low_watermark"):
             cfg.ssd.low_watermark = float(extra["ssd_low_watermark"])
         master_address = extra.get("master_address", os.environ.get("UMBP_MASTER_ADDRESS") or None)
+        standalone_address = extra.get("standalone_address") or os.environ.get("UMBP_STANDALONE_ADDRESS") or None
+        self.standalone_expected = bool(standalone_address)
+        if master_address and standalone_address:
+            raise ValueError("master_address and standalone_address are mutually exclusive")
         if master_address:
             cfg.distributed = self._distributed_config(cfg, extra, str(master_address), mem_pool_host)
-        # Local SSD isolation: one directory per rank when there are several.
-        if cfg.ssd.enabled and storage_config.tp_size > 1:
+        elif standalone_address:
+            sp = umbp_mod.UMBPStandaloneProcessConfig()
+            sp.address = str(standalone_address)
+            auto_start = extra.get("standalone_auto_start", os.environ.get("UMBP_STANDALONE_AUTO_START") or None)
+            if auto_start is not None:
+                sp.auto_start = strict_bool(auto_start, "standalone_auto_start")
+            timeout_ms = extra.get("standalone_startup_timeout_ms",
+                                   os.environ.get("UMBP_STANDALONE_STARTUP_TIMEOUT_MS") or None)
+            if timeout_ms is not None:
+                sp.startup_timeout_ms = int(timeout_ms)
+            cfg.standalone_process = sp
+        # Local SSD isolation: one directory per rank when there are several (a pool of its own).
+        if cfg.ssd.enabled and storage_config.tp_size > 1 and cfg.standalone_process is None:
             cfg.ssd.storage_dir = os.path.join(cfg.ssd.storage_dir, f"tp{self.local_rank}")
         self.config = cfg
         self.client = umbp_mod.UMBPClient(cfg)
@@ -179,17 +210,22 @@ class UmbpStoreReplay:
         self.mem_pool_host = pool
         mode = self.client.get_deployment_mode()
         standalone = mode == umbp_mod.UMBPDeploymentMode.StandaloneProcess
+        if self.standalone_expected and not standalone:
+            raise RuntimeError(f"UMBPStore expected standalone-process mode, but the client reported {mode!r}")
         if not (self.client.is_distributed() or standalone):
             return
         base, size = int(pool.kv_buffer.ctypes.data), int(pool.kv_buffer.nbytes)
         if self.client.register_memory(base, size):
             self.registered.append((base, size))
+        elif standalone:
+            raise RuntimeError("UMBPStore: register_memory returned false in standalone-process mode; "
+                               "no fallback path exists.")
 
     def _batch_preprocess(self, keys: list[str], host_indices: np.ndarray) -> tuple[list[str], list[int], list[int]]:
         assert len(keys) == len(host_indices) // self.mem_pool_host.page_size
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         if self.is_mla_backend:
-            key_list = [f"{k}_{self.mla_suffix}_k" for k in keys]
+            key_list = [f"{k}_{self.mla_suffix}_k" for k in keys]  # the same on every TP rank
         else:
             key_list = [f"{k}_{self.mha_suffix}_{kv}" for k in keys for kv in ("k", "v")]
         assert len(key_list) == len(ptrs)

@@ -212,8 +212,7 @@ def test_register_memory(make_client) -> None:
     base = int(pool.ctypes.data)
     assert client.register_memory(base, pool.nbytes)
     assert client.register_memory(base, pool.nbytes)  # again: still a success
-    with pytest.raises(ValueError, match="overlaps the registered"):
-        client.register_memory(base + 4096, 4096)
+    assert client.register_memory(base + 4096, 4096)  # inside another: fine (pools round up their extents)
     assert not client.register_memory(base, 4096, MemoryLocationType.GPU, 0)
     client.deregister_memory(base)
     client.deregister_memory(base)

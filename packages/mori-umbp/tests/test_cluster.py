@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,12 @@ def _ptrs(pages: np.ndarray) -> list[int]:
     return [int(pages.ctypes.data) + i * pages.shape[1] for i in range(pages.shape[0])]
 
 
-def test_two_nodes_put_on_one_get_on_the_other(master, tmp_path) -> None:
+@pytest.mark.parametrize("backend", ["tcp", "rdma"])
+def test_two_nodes_put_on_one_get_on_the_other(master, tmp_path, monkeypatch, backend: str) -> None:
+    """Over mori-io's TCP backend, and its RDMA backend (UCX; here over UCX's tcp transport, as
+    mori-io's tests run it without an RDMA NIC)."""
+    monkeypatch.setenv("UMBP_IO_BACKEND", backend)
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
     a = UMBPClient(node_config(master.address, "node-a", tmp_path / "a"))
     b = UMBPClient(node_config(master.address, "node-b", tmp_path / "b"))
     try:
@@ -99,8 +105,26 @@ def test_a_peer_killed_fails_its_gets_and_leaves_the_index(master, tmp_path) -> 
         assert reader.batch_exists_consecutive(keys) == 32
         assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 32))
         assert np.array_equal(dst, expected)
+        # Gets in a loop while the owner is killed mid-way: a page is either read whole and right
+        # or reported missing, never reported read with other bytes.
+        wrong: list[int] = []
+        misses = threading.Event()
+
+        def read_until_it_fails() -> None:
+            while not misses.is_set():
+                dst[:] = 0
+                got = reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 32)
+                wrong.extend(i for i, ok in enumerate(got) if ok and not np.array_equal(dst[i], expected[i]))
+                if not all(got):
+                    misses.set()
+
+        thread = threading.Thread(target=read_until_it_fails)
+        thread.start()
+        time.sleep(0.3)
         owner.kill()
         owner.wait(10)
+        thread.join(60)
+        assert not thread.is_alive() and misses.is_set() and wrong == []
         dst[:] = 0
         started = time.monotonic()
         assert reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 32) == [False] * 32
@@ -131,6 +155,79 @@ def test_pages_on_the_owners_ssd_are_staged_back_for_a_remote_reader(master, tmp
         assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 48))
         assert np.array_equal(src, dst)
         assert reader.stats()["keys"] == 0  # read through, not cached
+    finally:
+        if reader is not None:
+            reader.close()
+        owner.close()
+
+
+def test_a_node_that_comes_back_under_its_id_is_met_again(master, tmp_path) -> None:
+    a = UMBPClient(node_config(master.address, "node-a", None, dram=1 << 20))
+    b = UMBPClient(node_config(master.address, "node-b", None, dram=16 << 20))
+    try:
+        first, second = seeded_pages(11, 8, PAGE), seeded_pages(12, 8, PAGE)
+        out = np.zeros((8, PAGE), np.uint8)
+        for buf in (first, second, out):
+            a.register_memory(int(buf.ctypes.data), buf.nbytes)
+        keys = [f"x{i}" for i in range(8)]
+        assert all(a.batch_put_from_ptr(keys, _ptrs(first), [PAGE] * 8))  # b has the room: they go to b
+        assert all(a.batch_get_into_ptr(keys, _ptrs(out), [PAGE] * 8)) and np.array_equal(out, first)
+        assert b.stats()["keys"] == 8
+        b.close()
+        b = UMBPClient(node_config(master.address, "node-b", None, dram=16 << 20))  # a new engine, a new port
+        keys = [f"y{i}" for i in range(8)]
+        assert all(a.batch_put_from_ptr(keys, _ptrs(second), [PAGE] * 8))
+        assert b.stats()["keys"] == 8
+        out[:] = 0
+        assert all(a.batch_get_into_ptr(keys, _ptrs(out), [PAGE] * 8)) and np.array_equal(out, second)
+        assert a.batch_exists([f"x{i}" for i in range(8)]) == [False] * 8  # left with the old b
+    finally:
+        b.close()
+        a.close()
+
+
+def test_without_its_master_a_node_keeps_its_own_pages(master, tmp_path) -> None:
+    a = UMBPClient(node_config(master.address, "node-a", None))
+    b = UMBPClient(node_config(master.address, "node-b", None))
+    try:
+        src, dst = seeded_pages(13, 4, PAGE), np.zeros((4, PAGE), np.uint8)
+        master.kill()
+        keys = [f"m{i}" for i in range(4)]
+        started = time.monotonic()
+        assert all(a.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 4))  # no route: stored here
+        assert all(a.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4)) and np.array_equal(src, dst)
+        assert a.batch_exists(keys) == [True] * 4
+        assert b.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4) == [False] * 4  # nobody to ask where
+        assert b.batch_exists(keys) == [False] * 4 and not b.flush()
+        assert time.monotonic() - started < 60
+    finally:
+        b.close()
+        a.close()
+
+
+def test_pages_read_from_a_peer_are_kept_when_admitted(master, tmp_path) -> None:
+    owner = UMBPClient(node_config(master.address, "owner", None, dram=16 << 20))
+    reader = None
+    try:
+        src = seeded_pages(14, 8, PAGE)
+        keys = [f"c{i}" for i in range(8)]
+        owner.register_memory(int(src.ctypes.data), src.nbytes)
+        assert all(owner.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 8)) and owner.flush()
+        cfg = node_config(master.address, "reader", None, dram=1 << 20, cache_remote_fetches=True)
+        assert cfg.distributed is not None
+        cfg.distributed.admission_max_block_bytes = PAGE  # 16 KiB pages are admitted; the big one is not
+        reader = UMBPClient(cfg)
+        dst = np.zeros((8, PAGE), np.uint8)
+        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
+        assert reader.stats()["keys"] == 8  # kept: the next reads are local
+        owner.clear()
+        dst[:] = 0
+        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
+        big = seeded_pages(15, 1, 2 * PAGE)
+        assert owner.put_from_ptr("big", int(big.ctypes.data), 2 * PAGE) and owner.flush()
+        out = np.zeros(2 * PAGE, np.uint8)
+        assert reader.get_into_ptr("big", int(out.ctypes.data), 2 * PAGE) and np.array_equal(out, big[0])
+        assert not reader._store.contains("big")  # over the admission size: read through
     finally:
         if reader is not None:
             reader.close()

@@ -4,9 +4,11 @@ of a silent peer, eviction advice to a peer's EvictKey service, and the metrics 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
@@ -122,9 +124,17 @@ def test_heartbeat_sequence_full_sync_and_unknown_node(master):
     assert a.batch_lookup(["k1", "k2", "k3"]) == [False, True, True]
     assert a.heartbeat([EventBundle(11, [remove("k2")])]).acked_seq == 11
     assert a.batch_lookup(["k2", "k3"]) == [False, True]
+    # Bundles sent again (the reply was lost) are skipped, not replayed and not taken for a gap.
+    resent = [EventBundle(12, [add("k5", 50)]), EventBundle(13, [remove("k5")])]
+    assert a.heartbeat(resent).acked_seq == 13
+    reply = a.heartbeat([*resent, EventBundle(14, [add("k6", 60)])])
+    assert (reply.acked_seq, reply.request_full_sync) == (14, False)
+    assert a.batch_lookup(["k5", "k6"]) == [False, True]
+    reply = a.heartbeat(resent)
+    assert (reply.acked_seq, reply.request_full_sync) == (14, False)
     # Bundles of one request must be consecutive.
-    with pytest.raises(MasterError, match=r"bundles\[1\].seq=14 does not follow"):
-        a.heartbeat([EventBundle(12, []), EventBundle(14, [])])
+    with pytest.raises(MasterError, match=r"bundles\[1\].seq=17 does not follow"):
+        a.heartbeat([EventBundle(15, []), EventBundle(17, [])])
     # A node the master does not know is told so.
     assert client(master, "ghost").heartbeat().status == NodeStatus.UNKNOWN
 
@@ -138,6 +148,10 @@ def test_external_kv_report_revoke_match_and_hits(master):
     a.report_external_kv_blocks("node-a", hashes[:2], HBM)
     b.report_external_kv_blocks("node-b", ["h1"], HBM)
     a.report_external_kv_blocks("stranger", ["h9"], DRAM)  # not registered: ignored
+    a.report_external_kv_blocks("stranger-2", ["h9"], DRAM)
+    rejected = ("mori_umbp_external_kv_report_total", (("node", "(unregistered)"), ("result", "rejected_not_alive"),
+                                                       ("tier", "dram")))
+    assert master.scrape()[rejected] == 2  # one series for every unknown node id
 
     query = MasterClient(master.address)
     matches = {m.node_id: m for m in query.match_external_kv(["h0", "h1", "h2", "h9"])}
@@ -171,13 +185,15 @@ def test_external_kv_report_revoke_match_and_hits(master):
         a.report_external_kv_blocks("node-a", [], DRAM)
 
 
-TTL_ENV = {"UMBP_HEARTBEAT_TTL_SEC": "1", "UMBP_MAX_MISSED_HEARTBEATS": "2", "UMBP_REAPER_INTERVAL_SEC": "1"}
+# Expiry 2 s x 2; the live node beats every 0.2 s, twenty times within it even on a loaded machine.
+TTL_ENV = {"UMBP_HEARTBEAT_TTL_SEC": "2", "UMBP_MAX_MISSED_HEARTBEATS": "2", "UMBP_REAPER_INTERVAL_SEC": "1"}
 
 
 def keep_alive(c: MasterClient, stop: threading.Event) -> threading.Thread:
     def beat() -> None:
         while not stop.wait(0.2):
-            c.heartbeat()
+            with contextlib.suppress(MasterError):  # one slow call must not end the beating
+                c.heartbeat()
 
     t = threading.Thread(target=beat, daemon=True)
     t.start()
@@ -195,7 +211,7 @@ def test_silent_peer_leaves_the_index_within_its_ttl(store_env):
             silent.heartbeat([EventBundle(1, [add("s-key", 100)])])
             live.heartbeat([EventBundle(1, [add("l-key", 100)])])
             assert live.route_get("s-key").node_id == "silent"
-            # The silent node stops being routed to once its expiry (1 s x 2) passes...
+            # The silent node stops being routed to once its expiry passes...
             wait_until(lambda: live.route_get("s-key") is None, 30, "s-key unrouted")
             assert live.batch_lookup(["s-key", "l-key"]) == [False, True]
             assert live.route_put("new", 10).node_id == "live"
@@ -309,6 +325,10 @@ def test_master_stops_on_sigterm_and_reports_a_busy_port():
     assert master.stop() == 0
     usage = subprocess.run([*master_command(), "127.0.0.1:0", "99999"], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "METRICS_PORT 99999 is not a port number" in usage.stderr
+    # The name MORI's launchers run (UMBP_MASTER_BIN) is the same program.
+    mori_name = Path(master_command()[0]).with_name("umbp_master")
+    shown = subprocess.run([str(mori_name), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "usage: mori-umbp-master [-h] [address] [metrics_port]" in shown.stdout
 
 
 def test_client_reported_metrics_are_merged_and_bounded(store_env):
@@ -366,7 +386,7 @@ def test_client_reported_metrics_are_merged_and_bounded(store_env):
 
 
 def test_hit_counters_expire_after_their_ttl(store_env):
-    env = {**store_env, "UMBP_HIT_INDEX_TTL_SEC": "1", "UMBP_HIT_INDEX_GC_INTERVAL_SEC": "1"}
+    env = {**store_env, "UMBP_HIT_INDEX_TTL_SEC": "3", "UMBP_HIT_INDEX_GC_INTERVAL_SEC": "1"}
     with running_master(env) as master:
         a = client(master, "node-a")
         a.register_client({DRAM: (GiB, GiB)})
@@ -389,3 +409,47 @@ def test_hit_counters_expire_after_their_ttl(store_env):
             t.join(timeout=10)
         # The placement index is untouched by the hit GC.
         assert a.match_external_kv(["cold"])[0].hashes_by_tier == {DRAM: ["cold"]}
+
+
+def test_eviction_advice_to_an_unreachable_peer_is_counted_and_retried(store_env):
+    env = {**store_env, "UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "200"}
+    with running_master(env) as master:
+        full = MasterClient(master.address, "full", peer_address=f"127.0.0.1:{free_port()}")
+        full.register_client({DRAM: (1000, 1000)})
+        full.heartbeat([EventBundle(1, [add(f"k{i}", 100) for i in range(10)])], tier_capacities={DRAM: (1000, 0)})
+        failures = ("mori_umbp_master_evict_dispatch_failures_total", (("node", "full"),))
+        wait_until(lambda: master.scrape().get(failures, 0) >= 2, 30, "two failed EvictKey rounds")
+        assert ("mori_umbp_master_evict_advised_keys_total", (("node", "full"), ("tier", "dram"))) not in master.scrape()
+        assert full.batch_lookup([f"k{i}" for i in range(10)]) == [True] * 10
+
+
+def test_many_clients_at_once_leave_a_consistent_index(store_env):
+    with running_master(store_env) as master:
+        errors: list[BaseException] = []
+
+        def node_life(n: int) -> None:
+            try:
+                c = MasterClient(master.address, f"node-{n}", peer_address=f"p{n}:1")
+                c.register_client({DRAM: (GiB, GiB)})
+                for seq in range(1, 11):
+                    events = [add(f"n{n}-s{seq}-{i}", 100) for i in range(8)]
+                    if seq > 1:
+                        events.append(remove(f"n{n}-s{seq - 1}-0"))
+                    assert c.heartbeat([EventBundle(seq, events)]).acked_seq == seq
+                    c.batch_route_get([f"n{(n + 1) % 6}-s{seq}-{i}" for i in range(8)])
+                    c.batch_route_put([f"new-{n}-{seq}"], [10])
+            except BaseException as e:  # reported below, with the thread's node
+                errors.append(e)
+
+        threads = [threading.Thread(target=node_life, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        reader = MasterClient(master.address)
+        for n in range(6):
+            held = reader.batch_lookup([f"n{n}-s{seq}-{i}" for seq in range(1, 11) for i in range(8)])
+            # Every key of every bundle is there but the first of bundles 1-9, removed by the next.
+            assert held == [not (i == 0 and seq < 10) for seq in range(1, 11) for i in range(8)]
+        assert master.scrape()[("mori_umbp_master_index_keys", ())] == 6 * (80 - 9)

@@ -82,9 +82,11 @@ def test_malformed_requests_are_refused_and_change_nothing(master):
         (lambda: a.heartbeat([EventBundle(2, [add("x")])], tier_capacities={DRAM: (10, 20)}),
          r"available 20 exceeds total 10"),
         (lambda: a.heartbeat([EventBundle(2, [add(f"e{i}") for i in range(201)])]),
-         "more than UMBP_MASTER_MAX_BATCH=200 events"),
+         r"carries more than 200 events \(UMBP_MASTER_MAX_BATCH"),
         (lambda: MasterClient(master.address, "a|b").register_client({DRAM: (1, 1)}), "holds '|'"),
         (lambda: MasterClient(master.address, "n" * 65).register_client({DRAM: (1, 1)}), "node_id is 65 bytes"),
+        (lambda: MasterClient(master.address, "x:blocks").register_client({DRAM: (1, 1)}), "ends in ':blocks'"),
+        (lambda: a.report_external_kv_blocks("bad-input-node", ["h", "node:x"], DRAM), r"hashes\[1\] starts with 'node:'"),
         (lambda: MasterClient(master.address, "n", peer_address="p" * 300).register_client({DRAM: (1, 1)}),
          "peer_address is longer than 256 bytes"),
         (lambda: MasterClient(master.address, "n").register_client({9: (1, 1)}), r"tier_capacities.tier=9"),
@@ -150,3 +152,15 @@ def test_one_greedy_client_cannot_grow_the_index_without_limit(master):
     assert master.scrape()[("mori_umbp_master_index_keys", ())] == 50
     modest.heartbeat([EventBundle(3, [add("m50")])])
     MasterClient(master.address, "fourth").register_client({DRAM: (1, 1)})
+
+
+def test_a_full_sync_may_list_the_node_s_whole_quota():
+    with running_master({"UMBP_MASTER_MAX_BATCH": "50", "UMBP_MASTER_MAX_KEYS_PER_CLIENT": "100"}) as master:
+        a = MasterClient(master.address, "big")
+        a.register_client({DRAM: (1 << 30, 1 << 30)})
+        with refused(grpc.StatusCode.INVALID_ARGUMENT, "carries more than 50 events"):
+            a.heartbeat([EventBundle(1, [add(f"k{i}") for i in range(80)])])
+        assert a.heartbeat([EventBundle(0, [add(f"k{i}") for i in range(80)])], full_sync=True, seq_baseline=1).acked_seq == 1
+        assert a.batch_lookup(["k0", "k79"]) == [True, True]
+        with refused(grpc.StatusCode.INVALID_ARGUMENT, "carries more than 100 events"):
+            a.heartbeat([EventBundle(0, [add(f"k{i}") for i in range(101)])], full_sync=True, seq_baseline=2)

@@ -5,10 +5,13 @@ key layout in Redis, namespaces, and a Redis that goes away."""
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import grpc
 import pytest
 import redis
-from _master_harness import redis_server, running_master
+from _master_harness import free_port, master_command, redis_server, running_master
 
 from mori.umbp._events import KvEvent, KvEventType
 from mori.umbp._master_client import (
@@ -108,8 +111,9 @@ def test_redis_holds_mori_s_key_layout_under_the_namespace(tmp_path):
                 assert MasterClient(green.address).batch_lookup(["page-1"]) == [False]
 
 
-def test_redis_going_away_fails_calls_cleanly(tmp_path):
-    with redis_server(tmp_path) as uri:
+def test_redis_going_away_fails_calls_cleanly_until_it_is_back(tmp_path):
+    port = free_port()
+    with redis_server(tmp_path, port) as uri:
         env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri, "UMBP_REDIS_SOCKET_TIMEOUT_MS": "500",
                "UMBP_REDIS_CONNECT_TIMEOUT_MS": "500"}
         master_cm = running_master(env)
@@ -125,15 +129,16 @@ def test_redis_going_away_fails_calls_cleanly(tmp_path):
         assert master.proc.poll() is None
         scraped = master.scrape()
         assert scraped[("mori_umbp_master_rejected_requests_total", (("code", "UNAVAILABLE"), ("rpc", "RouteGet")))] == 1
+        # A Redis back on the same address (empty: no persistence here) is used again.
+        with redis_server(tmp_path, port):
+            c.register_client({DRAM: (1, 1)})
+            c.heartbeat([EventBundle(1, [add("k", 10)])])
+            assert c.route_get("k").node_id == "n"
     finally:
         master_cm.__exit__(None, None, None)
 
 
 def test_master_without_redis_uri_says_so(tmp_path):
-    import subprocess
-
-    from _master_harness import master_command
-
     env = {"UMBP_METADATA_BACKEND": "redis", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1
@@ -185,3 +190,24 @@ def test_a_wiped_redis_is_rebuilt_from_the_next_heartbeats(tmp_path):
             a.heartbeat([EventBundle(0, [add("page-1", 8192)])], full_sync=True, seq_baseline=2)
             assert reader.route_get("page-1").size == 8192
             assert master.scrape()[("mori_umbp_master_index_keys", ())] == 1
+
+
+def test_master_does_not_start_without_its_redis(tmp_path):
+    env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": f"tcp://127.0.0.1:{free_port()}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 1
+    assert "cannot start: Redis:" in done.stderr
+
+
+def test_nodes_are_not_blamed_for_the_master_s_downtime(tmp_path):
+    with redis_server(tmp_path) as uri:
+        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri, "UMBP_HEARTBEAT_TTL_SEC": "5",
+               "UMBP_MAX_MISSED_HEARTBEATS": "1", "UMBP_REAPER_INTERVAL_SEC": "1"}
+        with running_master(env) as first:
+            populate(first.address)
+            first.kill()
+        time.sleep(6)  # the master is down for longer than a node's expiry (5 s)
+        with running_master(env) as second:
+            # The nodes' last heartbeats are older than the expiry, but the master was the silent one:
+            # it routes to them until one expiry after its own start.
+            assert MasterClient(second.address).route_get("page-1").node_id == "node-a"

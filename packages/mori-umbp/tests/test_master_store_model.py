@@ -84,9 +84,10 @@ class Model:
                 new.pop((e.key, e.tier), None)
         count, current = len(self.keys_of(node, new)), len(self.keys_of(node))
         total, current_total = len(self.all_keys((node, new))), len(self.all_keys())
-        if count > LIMITS.max_keys_per_client and count > current:
-            return "quota"
-        if total > LIMITS.max_keys and total > current_total:
+        if (count > LIMITS.max_keys_per_client and count > current) or (
+            total > LIMITS.max_keys and total > current_total
+        ):
+            c["hb"] = now  # refused, but the node is alive
             return "quota"
         self.locs[node] = new
         c.update(seq=last, hb=now)
@@ -219,9 +220,9 @@ def check(store: MetadataStore, model: Model) -> None:
     ]
     got = store.lookup(KEYS)
     assert [set(locs) for locs in got] == want and all(len(locs) == len(set(locs)) for locs in got)
-    for nodes in ({NODES[0]}, set(NODES[1:]), set()):
-        assert store.held_by_any(KEYS, nodes) == [any(loc.node_id in nodes for loc in locs) for locs in want]
     assert store.key_count() == len(model.all_keys())
+    for alive in ({"n0"}, {"n1", "n2"}, set(NODES)):
+        assert store.exists(KEYS, alive) == [any(key in model.keys_of(n) for n in alive) for key in KEYS]
     assert {r.node_id: r.seq for r in store.list_clients()} == {n: c["seq"] for n, c in model.clients.items()}
     for node in NODES:
         assert store.external_kv_count(node) == len(model.ext.get(node, {}))

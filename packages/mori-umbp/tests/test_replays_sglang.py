@@ -3,7 +3,8 @@ configuration from ``extra_config``, ``register_memory`` of the host KV pool, ``
 of page keys (with prefix depths), ``batch_exists``, ``batch_get_v1`` into other pages of the
 pool after the first ones were overwritten, the KV-events subscriber's external-KV report and
 revoke, and teardown; every byte of every page checked. The DRAM tier holds a quarter of the
-pages, so most of them go to SSD and come back from there.
+pages, so most of them go to SSD and come back from there. Then the standalone-process mode
+(``UMBP_STANDALONE_ADDRESS``): two ranks' shared host pools, one server for both.
 
 Source replayed: ``python/sglang/srt/mem_cache/storage/umbp/umbp_store.py`` (``UMBPStore``:
 ``__init__``, ``register_mem_pool_host``, ``_register_host_buffer_for_zero_copy``,
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from _sglang_umbp import HostKVPool, StorageConfig, UmbpStoreReplay
 
-from mori.umbp import UMBPDurabilityMode, UMBPIoBackend
+from mori.umbp import UMBPDeploymentMode, UMBPDurabilityMode, UMBPIoBackend
 
 PAGES = 64
 CHUNK = 16  # pages per batch_set_v1, as HiCache backs up a request's pages in chunks
@@ -83,3 +84,35 @@ def test_umbp_store_replay_one_node(tmp_path, mla: bool) -> None:
 
     assert store.close()
     assert not any(name.startswith("umbp-seg-") for name in os.listdir(tmp_path / "hicache"))
+
+
+def test_umbp_store_replay_standalone_process_mla_ranks_share_pages(tmp_path, monkeypatch) -> None:
+    """Standalone-process mode as SGLang runs it with ``UMBP_STANDALONE_ADDRESS``: the host pools
+    in shared memory (UMBPHostTensorAllocator), the first rank's client starting the server, and
+    two MLA ranks of one model, whose page keys are the same on every rank, sharing one pool: the
+    second finds and reads what the first backed up."""
+    for name, value in {
+        "UMBP_STANDALONE_ADDRESS": f"unix://{tmp_path}/umbp.sock", "UMBP_STANDALONE_AUTO_START": "true",
+        "UMBP_DRAM_CAPACITY": str(512 << 10), "UMBP_DRAM_PREFAULT": "0", "UMBP_SSD_DIR": str(tmp_path / "ssd"),
+        "UMBP_SSD_CAPACITY": str(64 << 20),
+    }.items():
+        monkeypatch.setenv(name, value)
+    pools = [HostKVPool(pages=2 * PAGES, page_size=16, layers=4, heads=1, head_dim=64, mla=True, shared=True)
+             for _ in range(2)]
+    ranks = [UmbpStoreReplay(StorageConfig(tp_rank=r, tp_size=2, is_mla_model=True), pools[r]) for r in range(2)]
+    try:
+        for rank, pool in zip(ranks, pools):
+            assert rank.client.get_deployment_mode() == UMBPDeploymentMode.StandaloneProcess
+            assert rank.registered == [(int(pool.kv_buffer.ctypes.data), pool.kv_buffer.nbytes)]
+        pools[0].kv_buffer[...] = np.random.default_rng(7).integers(0, 256, pools[0].kv_buffer.shape, dtype=np.uint8)
+        expected = [pools[0].page_bytes(p) for p in range(PAGES)]
+        keys = [f"{p:016x}" for p in range(PAGES)]
+        assert ranks[0].batch_set_v1(keys, np.arange(PAGES * 16), None) == [True] * PAGES
+        assert ranks[1].batch_exists(keys) == PAGES
+        assert ranks[1].batch_get_v1(keys, np.arange(PAGES * 16, 2 * PAGES * 16)) == [True] * PAGES
+        assert all(pools[1].page_bytes(PAGES + p) == expected[p] for p in range(PAGES))
+    finally:
+        for rank in reversed(ranks):  # the first rank's client started the server: it stops it
+            rank.close()
+        for pool in pools:
+            pool.free()

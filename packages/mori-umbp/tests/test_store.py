@@ -167,3 +167,12 @@ def test_demote_frees_the_fastest_tier(store: LocalStore) -> None:
     slot = store.resolve("b", lease_s=60.0)
     assert slot is not None and store.demote("b") == 0  # leased: left alone
     assert store.demote("absent") == 0
+
+
+def test_a_write_that_may_not_make_room_evicts_nothing(store: LocalStore) -> None:
+    src = pages(4, PAGE)
+    assert store.write("a", addr(src, 0), PAGE, make_room=False)  # 16 of 64 KiB: under the low mark
+    assert store.write("b", addr(src, 1), PAGE, make_room=False)
+    assert store.write("c", addr(src, 2), PAGE, make_room=False) is False  # 48 KiB is over 0.7 × 64
+    assert store.write("c", addr(src, 2), PAGE) and store.write("d", addr(src, 3), PAGE)  # these may
+    assert store.flush() and store.lookup("a") == (SSD, PAGE)

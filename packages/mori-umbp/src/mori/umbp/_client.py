@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import ctypes
 import threading
 import weakref
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ from ._config import UMBPConfig, validate
 from ._enums import UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._pools import LocalPool, Pool
-from ._store import LocalStore, StoreFullError
+from ._store import LocalStore
 
 if TYPE_CHECKING:
     from ._cluster import ClusterNode
@@ -236,10 +235,7 @@ class UMBPClient:
             _log.warning("register_memory: %s memory (device %d) is not supported; use host memory", loc.name, device)
             return False
         with self._regions_lock:
-            for start, length in self._regions.items():
-                if start != ptr and start < ptr + size and ptr < start + length:
-                    raise ValueError(f"[{ptr:#x}, {ptr + size:#x}) overlaps the registered "
-                                     f"[{start:#x}, {start + length:#x})")
+            # Buffers may overlap (SGLang's pools round their extents up to whole huge pages).
             if not self._pool.register(ptr, max(size, self._regions.get(ptr, 0))):
                 return False
             self._regions[ptr] = max(size, self._regions.get(ptr, 0))
@@ -308,22 +304,7 @@ class UMBPClient:
         return plans
 
     def _put_ranges(self, key: str, total: int, ranges: list[tuple[int, int, int]]) -> bool:
-        if self._store is None:
-            return False
-        try:
-            slot = self._store.allocate(key, total)
-        except StoreFullError as exc:
-            _log.warning("put %r: %s", key, exc)
-            return False
-        if slot is None:
-            return True
-        try:
-            for address, size, offset in ranges:
-                ctypes.memmove(slot.address + offset, address, size)
-        except BaseException:
-            self._store.abort(slot)
-            raise
-        return self._store.commit(slot)
+        return self._store.write_ranges(key, total, ranges) if self._store is not None else False
 
     @staticmethod
     def _check_hashes(hashes: Any, tier: Any) -> list[str]:

@@ -14,12 +14,18 @@ fails its keys: False, never other bytes.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+import concurrent.futures
+import os
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+
+import grpc
 
 from mori.core.log import get_logger
 
 from ._config import UMBPConfig
-from ._enums import UMBPDeploymentMode, UMBPTierType
+from ._enums import CacheRemoteAdmission, UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._heartbeat import Heartbeat
 from ._master._proto import umbp_peer_pb2 as pb
@@ -29,6 +35,10 @@ from ._store import LocalStore
 from ._transport import Move, Peer, PeerUnavailableError, Transport
 
 _log = get_logger("umbp")
+#: Keys this node remembers putting on peers.
+MAX_PLACED = 65536
+#: Peers a batch talks to at once.
+PEER_FANOUT = 8
 
 
 class ClusterNode:
@@ -39,17 +49,31 @@ class ClusterNode:
         assert dist is not None
         mc = dist.master_config
         self.node_id, self._store, self._ssd = mc.node_id, store, cfg.ssd.enabled
+        admit = CacheRemoteAdmission.NEVER if not dist.cache_remote_fetches else dist.cache_remote_admission
+        #: The largest page read from a peer that is kept here too (0: none; MORI's admission).
+        self._cache_limit = {CacheRemoteAdmission.NEVER: 0, CacheRemoteAdmission.ALWAYS: 1 << 62}.get(
+            admit, dist.admission_max_block_bytes or 1 << 62)
         host = dist.io_engine.host or mc.node_address
-        self.transport = Transport(f"umbp-{mc.node_id}", host, dist.io_engine.port, store.buffer_address,
-                                   store.buffer_size, dist.staging_buffer_size)
+        # The engine's key names this incarnation of the node: a node that restarts under the same
+        # id is another engine to its peers, whose old one they forget when it fails them.
+        self.transport = Transport(f"umbp-{mc.node_id}-{os.getpid()}-{secrets.token_hex(4)}", host,
+                                   dist.io_engine.port, store.buffer_address, store.buffer_size,
+                                   dist.staging_buffer_size)
+        # Where this node put keys on peers lately: its own reads of them go straight there, before
+        # the owner's heartbeat has told the master.
+        self._placed: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._placed_lock = threading.Lock()
+        self._fanout = concurrent.futures.ThreadPoolExecutor(PEER_FANOUT, thread_name_prefix="umbp-fanout")
         self._service = PeerService(store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size,
                                     on_commit=self._committed)
-        self._server, port = serve(self._service, "0.0.0.0", dist.peer_service_port)
-        self.peer_address = f"{mc.node_address}:{port}"
-        self.master = MasterClient(mc.master_address, mc.node_id, mc.node_address, peer_address=self.peer_address,
-                                   engine_desc=self.transport.engine_desc, tags=mc.tags)
+        self._server: grpc.Server | None = None
         self._heartbeat: Heartbeat | None = None
         try:
+            self._server, port = serve(self._service, "0.0.0.0", dist.peer_service_port)
+            self.peer_address = f"{mc.node_address}:{port}"
+            self.master = MasterClient(mc.master_address, mc.node_id, mc.node_address,
+                                       peer_address=self.peer_address, engine_desc=self.transport.engine_desc,
+                                       tags=mc.tags)
             self._heartbeat = Heartbeat(self.master, store, self._capacities, mc.auto_heartbeat)
         except BaseException:
             self._shutdown_services()
@@ -91,11 +115,22 @@ class ClusterNode:
                 remote[route.peer_address].append(i)
         for i in local:
             results[i] = self._store.write(keys[i], ptrs[i], sizes[i], depths[i])
-        for address, indices in remote.items():
-            ok = self._put_remote(address, [keys[i] for i in indices], [ptrs[i] for i in indices],
-                                  [sizes[i] for i in indices], [depths[i] for i in indices])
+        def put_on(address: str) -> list[bool]:
+            indices = remote[address]
+            return self._put_remote(address, [keys[i] for i in indices], [ptrs[i] for i in indices],
+                                    [sizes[i] for i in indices], [depths[i] for i in indices])
+
+        for address, ok in zip(remote, self._each_peer(put_on, list(remote))):
+            indices = remote[address]
             for i, done in zip(indices, ok):
                 results[i] = done
+            with self._placed_lock:
+                for i, done in zip(indices, ok):
+                    if done:
+                        self._placed[keys[i]] = address
+                        self._placed.move_to_end(keys[i])
+                while len(self._placed) > MAX_PLACED:
+                    self._placed.popitem(last=False)
         if local and self._heartbeat is not None:
             self._heartbeat.wake()
         return results
@@ -136,7 +171,7 @@ class ClusterNode:
 
     def get(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         results = [False] * len(keys)
-        missing = [i for i, held in enumerate(self._store.contains_many(keys)) if not held]
+        missing = [i for i, hit in enumerate(self._store.contains_many(keys)) if not hit]
         absent = set(missing)
         held = [i for i in range(len(keys)) if i not in absent]
         if held:
@@ -144,22 +179,63 @@ class ClusterNode:
                                                    [sizes[i] for i in held])):
                 results[i] = ok
         missing += [i for i in held if not results[i]]  # gone meanwhile: another node may have it
+        if missing:
+            self._get_remote_keys(missing, keys, ptrs, sizes, results)
+            self._keep(missing, keys, ptrs, sizes, results)
+        return results
+
+    def _get_remote_keys(self, missing: list[int], keys: list[str], ptrs: list[int], sizes: list[int],
+                         results: list[bool]) -> None:
+        """Reads keys from peers: those this node put on a peer from there, the rest from where
+        the master says."""
+        with self._placed_lock:
+            known = {i: self._placed[keys[i]] for i in missing if keys[i] in self._placed}
+        by_peer: dict[str, list[int]] = collections.defaultdict(list)
+        for i, address in known.items():
+            by_peer[address].append(i)
+        self._read_from(by_peer, keys, ptrs, sizes, results)
+        missing = [i for i in missing if not results[i]]
         if not missing:
-            return results
+            return
         try:
             where = self.master.batch_route_get([keys[i] for i in missing], exclude_nodes=[self.node_id])
         except MasterError as exc:
             _log.warning("routing %d gets failed: %s", len(missing), exc)
-            return results
-        by_peer: dict[str, list[int]] = collections.defaultdict(list)
+            return
+        by_peer = collections.defaultdict(list)
         for i, loc in zip(missing, where):
             if loc is not None and loc.peer_address and loc.size == sizes[i]:
                 by_peer[loc.peer_address].append(i)
-        for address, indices in by_peer.items():
-            for i, ok in zip(indices, self._get_remote(address, [keys[i] for i in indices],
-                                                       [ptrs[i] for i in indices], [sizes[i] for i in indices])):
+        self._read_from(by_peer, keys, ptrs, sizes, results)
+
+    def _keep(self, fetched: list[int], keys: list[str], ptrs: list[int], sizes: list[int],
+              results: list[bool]) -> None:
+        """MORI's ``cache_remote_fetches``: pages just read from peers are kept here too, those of
+        at most the admission size, while DRAM stays under its low watermark (nothing is evicted
+        for them)."""
+        kept = [i for i in fetched if results[i] and sizes[i] <= self._cache_limit]
+        for i in kept:
+            self._store.write(keys[i], ptrs[i], sizes[i], make_room=False)
+        if kept and self._heartbeat is not None:
+            self._heartbeat.wake()
+
+    def _read_from(self, by_peer: dict[str, list[int]], keys: list[str], ptrs: list[int], sizes: list[int],
+                   results: list[bool]) -> None:
+        def read_from(address: str) -> list[bool]:
+            indices = by_peer[address]
+            return self._get_remote(address, [keys[i] for i in indices], [ptrs[i] for i in indices],
+                                    [sizes[i] for i in indices])
+
+        for address, got in zip(by_peer, self._each_peer(read_from, list(by_peer))):
+            for i, ok in zip(by_peer[address], got):
                 results[i] = ok
-        return results
+
+    def _each_peer(self, fn: Callable[[str], list[bool]], addresses: list[str]) -> list[list[bool]]:
+        """``fn(address)`` for each peer, at once when there are several (each call is bounded by
+        its deadlines)."""
+        if len(addresses) <= 1:
+            return [fn(a) for a in addresses]
+        return list(self._fanout.map(fn, addresses))
 
     def _get_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         """Reads keys from their owner, in rounds: an owner stages SSD pages into its DRAM for
@@ -267,7 +343,9 @@ class ClusterNode:
             return []
 
     def _shutdown_services(self) -> None:
-        self._server.stop(grace=1.0).wait(5)
+        self._fanout.shutdown(wait=True)
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(5)
         self._service.close()
         self.transport.close()
 

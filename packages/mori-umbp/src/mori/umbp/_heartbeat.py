@@ -13,7 +13,7 @@ from mori.core.log import get_logger
 
 from ._env import runtime_int
 from ._events import KvEvent
-from ._master_client import EventBundle, MasterClient, MasterError, NodeStatus
+from ._master_client import EventBundle, MasterClient, MasterError, MasterUnavailableError, NodeStatus
 from ._store import LocalStore
 
 _log = get_logger("umbp")
@@ -75,6 +75,8 @@ class Heartbeat:
                 if events:
                     self._pending.append(EventBundle(self._next_seq, events))
                     self._next_seq += 1
+                if sum(len(b.events) for b in self._pending) > MAX_OUTBOX:  # a long outage: start over
+                    return self._sync()
                 reply = self._master.heartbeat(self._pending, tier_capacities=self._capacities())
                 if reply.status == NodeStatus.UNKNOWN:
                     _log.warning("the master does not know node %s: registering again", self._master.node_id)
@@ -84,8 +86,12 @@ class Heartbeat:
                     return self._sync()
                 self._pending = [b for b in self._pending if b.seq > reply.acked_seq]
                 return not self._pending
-            except MasterError as exc:
+            except MasterUnavailableError as exc:
                 _log.warning("heartbeat to %s failed: %s", self._master.master_address, exc)
+                return False
+            except MasterError as exc:  # refused (a limit, a bad event): the next one is a full sync
+                _log.error("the master refused a heartbeat (%s): a full sync follows", exc)
+                self._full_sync = True
                 return False
 
     def _sync(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from ._enums import UMBPTierType
+from ._env import runtime_int
 from ._events import KvEvent
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._master._proto import umbp_pb2 as pb
@@ -48,6 +49,8 @@ class EventBundle:
 
 
 class NodeStatus(enum.IntEnum):
+    """A node as the master sees it (MORI's ``ClientStatus``)."""
+
     UNKNOWN = 0
     ALIVE = 1
     EXPIRED = 2
@@ -64,6 +67,8 @@ class HeartbeatReply:
 
 
 class RoutePutOutcome(enum.IntEnum):
+    """A put's routing: no node has room, routed, or a live node holds the key already."""
+
     UNAVAILABLE = 0
     ROUTED = 1
     ALREADY_EXISTS = 2
@@ -208,7 +213,9 @@ class MasterClient:
         with self._lock:
             if not self._registered:
                 raise MasterError(f"node {self.node_id!r} is not registered by this client", grpc.StatusCode.FAILED_PRECONDITION)
-        self._call("UnregisterClient", pb.UnregisterClientRequest(node_id=self._need_node()))
+        # MORI bounds the goodbye by UMBP_RPC_SHUTDOWN_TIMEOUT_MS rather than the usual deadline.
+        timeout_s = runtime_int("UMBP_RPC_SHUTDOWN_TIMEOUT_MS", 3000, 1) / 1000
+        self._call("UnregisterClient", pb.UnregisterClientRequest(node_id=self._need_node()), timeout_s)
         with self._lock:
             self._registered = False
 

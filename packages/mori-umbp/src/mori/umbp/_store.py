@@ -18,7 +18,6 @@ it, and the last unpin frees it.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import ctypes
 import dataclasses
 import threading
@@ -31,12 +30,11 @@ from ._config import UMBPConfig
 from ._enums import UMBPHostBufferBacking, UMBPTierType
 from ._events import KvEvent, KvEventType
 from ._extents import ExtentAllocator, aligned
-from ._hostmem import UMBPHostBufferHandle, allocate_host_buffer, free_host_buffer
-from ._ssd import SsdRecord, SsdTier
+from ._hostmem import allocate_host_buffer, free_host_buffer
+from ._ssd import SsdTier
+from ._tiering import IO_TIMEOUT_S, Tiers, _Entry
 
 _log = get_logger("umbp")
-#: The longest a call waits for room in DRAM or for SSD I/O.
-IO_TIMEOUT_S = 30.0
 
 
 class StoreFullError(RuntimeError):
@@ -45,20 +43,6 @@ class StoreFullError(RuntimeError):
 
 class StoreClosedError(RuntimeError):
     """The store (its client) is closed."""
-
-
-class _Entry:
-    __slots__ = ("key", "size", "depth", "serial", "dram", "ssd", "pins", "lease_until", "committed",
-                 "gone", "moving", "staging", "drop_dram")
-
-    def __init__(self, key: str, size: int, depth: int, dram: int, serial: int) -> None:
-        self.key, self.size, self.depth, self.serial = key, size, depth, serial
-        self.dram: int | None = dram
-        self.ssd: SsdRecord | None = None
-        self.pins = 1  # the writer's, until commit or abort
-        self.lease_until = 0.0
-        self.committed = self.gone = self.moving = self.staging = False
-        self.drop_dram = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,7 +58,7 @@ class Slot:
     _entry: _Entry = dataclasses.field(repr=False, compare=False)
 
 
-class LocalStore:
+class LocalStore(Tiers):
     """The DRAM and SSD tiers of one node (see the module's docstring)."""
 
     def __init__(self, cfg: UMBPConfig) -> None:
@@ -134,11 +118,14 @@ class LocalStore:
         with self._lock:
             self._listeners.append(listener)
 
-    def allocate(self, key: str, size: int, depth: int = -1, timeout: float = IO_TIMEOUT_S) -> Slot | None:
+    def allocate(self, key: str, size: int, depth: int = -1, timeout: float = IO_TIMEOUT_S,
+                 make_room: bool = True) -> Slot | None:
         """A DRAM slot of ``size`` bytes for ``key``, moving older pages to SSD (or dropping
         them, without an SSD tier) to make room; None when ``key`` is stored or being stored
         already. The slot is invisible until :meth:`commit`. Raises :class:`StoreFullError`
-        when no room comes within ``timeout`` seconds."""
+        when no room comes within ``timeout`` seconds; without ``make_room``, at once when DRAM
+        has no free slot of that size now or the slot would take it over its low watermark (so
+        nothing is evicted for it, now or at commit)."""
         deadline = time.monotonic() + timeout
         need = aligned(size)
         with self._lock:
@@ -146,9 +133,13 @@ class LocalStore:
                 self._check_open()
                 if key in self._index:
                     return None
+                if not make_room and self._dram.used + need > self._low:
+                    raise StoreFullError(f"{size} bytes would take DRAM over its low watermark")
                 offset = self._dram.allocate(size)
                 if offset is not None:
                     break
+                if not make_room:
+                    raise StoreFullError(f"no free slot of {size} bytes in DRAM")
                 made = self._make_room(need + max(0.0, self._dram.used - self._low) - self._moving_bytes)
                 if not made and not self._moves and not self._pinned and not self._leased():
                     raise StoreFullError(f"no room in DRAM for {size} bytes")
@@ -282,25 +273,32 @@ class LocalStore:
             return entry is not None and entry.committed and not entry.gone
 
     def contains_many(self, keys: list[str]) -> list[bool]:
-        """:meth:`contains` for each key, under one hold of the lock (a batch of a thousand keys
-        took a millisecond taking it key by key)."""
+        """:meth:`contains` for each key, under one acquisition of the lock."""
         with self._lock:
             self._check_open()
             index = self._index
-            return [(entry := index.get(key)) is not None and entry.committed and not entry.gone for key in keys]
+            return [(e := index.get(k)) is not None and e.committed and not e.gone for k in keys]
 
-    def write(self, key: str, src: int, size: int, depth: int = -1) -> bool:
+    def write(self, key: str, src: int, size: int, depth: int = -1, make_room: bool = True) -> bool:
         """Copies ``size`` bytes at ``src`` in as ``key``: allocate, copy, commit. A key that is
-        stored already is left as it is (True)."""
+        stored already is left as it is (True). Without ``make_room``, only into a slot free now."""
+        return self.write_ranges(key, size, [(src, size, 0)], depth, make_room)
+
+    def write_ranges(self, key: str, size: int, ranges: list[tuple[int, int, int]], depth: int = -1,
+                     make_room: bool = True) -> bool:
+        """:meth:`write` of a value of ``size`` bytes assembled from ranges ``(address, length,
+        offset)`` that tile it; published whole or not at all."""
         try:
-            slot = self.allocate(key, size, depth)
+            slot = self.allocate(key, size, depth, make_room=make_room)
         except StoreFullError as exc:
-            _log.warning("put %r: %s", key, exc)
+            if make_room:
+                _log.warning("put %r: %s", key, exc)
             return False
         if slot is None:
             return True
         try:
-            ctypes.memmove(slot.address, src, size)
+            for address, length, offset in ranges:
+                ctypes.memmove(slot.address + offset, address, length)
         except BaseException:
             self.abort(slot)
             raise
@@ -443,233 +441,3 @@ class LocalStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("the UMBP client is closed")
-
-    def _emit(self, kind: KvEventType, entry: _Entry, tier: UMBPTierType) -> None:
-        event = KvEvent(kind, entry.key, tier, entry.size, entry.depth)
-        for listener in self._listeners:
-            try:
-                listener(event)
-            except Exception:  # a listener's bug must not break the store's bookkeeping
-                _log.exception("KvEvent listener failed")
-
-    def _touch(self, entry: _Entry) -> None:
-        if entry.key in self._dram_lru:
-            self._dram_lru.move_to_end(entry.key)
-        if entry.key in self._ssd_lru:
-            self._ssd_lru.move_to_end(entry.key)
-
-    def _leased(self) -> bool:
-        now = time.monotonic()
-        return any(e.lease_until > now for e in self._dram_lru.values())
-
-    def _busy(self, entry: _Entry) -> bool:
-        return entry.pins > 0 or entry.moving or entry.lease_until > time.monotonic()
-
-    def _pin(self, entry: _Entry) -> None:
-        entry.pins += 1
-        self._pinned += 1
-
-    def _unpin(self, entry: _Entry) -> None:
-        """Drops a pin; the last one frees what was dropped meanwhile."""
-        entry.pins -= 1
-        self._pinned -= 1
-        if entry.pins == 0:
-            if entry.dram is not None and (entry.gone or entry.drop_dram):
-                self._dram.free(entry.dram, entry.size)
-                entry.dram, entry.drop_dram = None, False
-            if entry.ssd is not None and self._ssd is not None and entry.gone:
-                self._ssd.free(entry.ssd)
-                entry.ssd = None
-        self._lock.notify_all()
-
-    def _forget(self, entry: _Entry) -> None:
-        """Takes a committed entry out of the index and every tier (REMOVE events); its memory
-        is freed now, or by the last unpin."""
-        if self._index.get(entry.key) is entry:
-            del self._index[entry.key]
-        entry.gone = True
-        if self._dram_lru.pop(entry.key, None) is not None:
-            self._emit(KvEventType.REMOVE, entry, UMBPTierType.DRAM)
-        if self._ssd_lru.pop(entry.key, None) is not None:
-            self._emit(KvEventType.REMOVE, entry, UMBPTierType.SSD)
-        self._pin(entry)
-        self._unpin(entry)
-
-    def _make_room(self, target: float) -> bool:
-        """Starts freeing at least ``target`` bytes of DRAM: pages with an SSD copy are dropped
-        from DRAM at once, others move to SSD (or, without one, are dropped). Victims are the
-        least recently used, the deepest first within each window of ``candidate_window``.
-        Whether anything was freed or started."""
-        victims: list[_Entry] = []
-        planned = 0
-        window: list[_Entry] = []
-        candidates = iter(list(self._dram_lru.values()))
-        while planned < target:
-            for entry in candidates:
-                if not self._busy(entry) and not entry.drop_dram:
-                    window.append(entry)
-                    if len(window) == self._window:
-                        break
-            if not window:
-                break
-            victim = max(window, key=lambda e: e.depth)  # max keeps the oldest among equals
-            window.remove(victim)
-            victims.append(victim)
-            planned += aligned(victim.size)
-        moving = []
-        for entry in victims:
-            del self._dram_lru[entry.key]
-            if entry.ssd is not None:  # a clean page: SSD has it
-                self._emit(KvEventType.REMOVE, entry, UMBPTierType.DRAM)
-                self._dram.free(entry.dram, entry.size)  # type: ignore[arg-type]
-                entry.dram = None
-            elif self._ssd is None:
-                self._forget(entry)
-            else:
-                moving.append(entry)
-        for start in range(0, len(moving), self._batch_max):
-            self._start_move(moving[start:start + self._batch_max])
-        return bool(victims)
-
-    def _start_move(self, batch: list[_Entry]) -> None:
-        """Starts writing ``batch`` to SSD on its workers (making room there first); pages the
-        SSD tier cannot take are dropped."""
-        assert self._ssd is not None
-        sizes = [e.size for e in batch]
-        places = self._ssd.allocate(sizes)
-        if places is None:
-            self._evict_ssd(sum(aligned(s) for s in sizes))
-            places = self._ssd.allocate(sizes)
-        if places is None:
-            _log.warning("SSD tier full: %d pages dropped from DRAM instead of moved", len(batch))
-            for entry in batch:
-                self._forget(entry)
-            return
-        views = []
-        for entry in batch:
-            entry.moving = True
-            self._pin(entry)
-            start = entry.dram
-            assert start is not None
-            views.append(self._view[start:start + aligned(entry.size)])
-        self._moves += 1
-        self._moving_bytes += sum(aligned(s) for s in sizes)
-        self._ssd.submit(self._finish_move, batch, places, views)
-
-    def _finish_move(self, batch: list[_Entry], places: list[tuple[int, int]], views: list[memoryview]) -> None:
-        """On an SSD worker: writes a batch, then records where each page went and drops its
-        DRAM copy (ADD on SSD, then REMOVE on DRAM)."""
-        assert self._ssd is not None
-        sizes = [e.size for e in batch]
-        try:
-            records: list[SsdRecord] | None = self._ssd.write(places, views, sizes)
-        except OSError as exc:
-            _log.error("writing %d pages to SSD failed (%s): they stay in DRAM", len(batch), exc)
-            records = None
-        finally:
-            for view in views:
-                view.release()
-        with self._lock:
-            self._moves -= 1
-            self._moving_bytes -= sum(aligned(s) for s in sizes)
-            for i, entry in enumerate(batch):
-                entry.moving = False
-                if records is None:
-                    self._ssd.free_place(places[i][0], places[i][1], sizes[i])
-                    if not entry.gone:
-                        self._dram_lru[entry.key] = entry
-                elif entry.gone:
-                    self._ssd.free(records[i])
-                else:
-                    entry.ssd = records[i]
-                    self._ssd_lru[entry.key] = entry
-                    self._emit(KvEventType.ADD, entry, UMBPTierType.SSD)
-                    self._emit(KvEventType.REMOVE, entry, UMBPTierType.DRAM)
-                    entry.drop_dram = True
-                self._unpin(entry)
-            if self._ssd.used > self._ssd_high * self._ssd.capacity:
-                self._evict_ssd(self._ssd.used - self._ssd_low * self._ssd.capacity)
-
-    def _evict_ssd(self, target: float) -> None:
-        """Frees at least ``target`` bytes of SSD, least recently used first: a page also in
-        DRAM loses its SSD copy, one only on SSD leaves the store."""
-        assert self._ssd is not None
-        freed = 0
-        for entry in list(self._ssd_lru.values()):
-            if freed >= target:
-                break
-            if self._busy(entry):
-                continue
-            freed += aligned(entry.size)
-            if entry.dram is not None and not entry.drop_dram:
-                del self._ssd_lru[entry.key]
-                self._emit(KvEventType.REMOVE, entry, UMBPTierType.SSD)
-                self._ssd.free(entry.ssd)  # type: ignore[arg-type]
-                entry.ssd = None
-            else:
-                self._forget(entry)
-
-    def _stage(self, entries: list[_Entry], promote: bool) -> dict[int, UMBPHostBufferHandle]:
-        """Reads pinned SSD-only entries on the SSD workers, all at once. With ``promote``, each
-        into a new DRAM slot where one is free now (an ADD on DRAM when read); the others into
-        scratch buffers, returned as ``{id(entry): buffer}`` for the caller to free."""
-        assert self._ssd is not None
-        jobs: list[tuple[_Entry, SsdRecord, int | None, UMBPHostBufferHandle | None]] = []
-        with self._lock:
-            for entry in entries:
-                if entry.dram is not None or entry.ssd is None:
-                    continue
-                offset = None
-                if promote and not entry.staging:
-                    offset = self._dram.allocate(entry.size)
-                    if offset is None and self._make_room(aligned(entry.size)):
-                        offset = self._dram.allocate(entry.size)
-                    entry.staging = offset is not None
-                jobs.append((entry, entry.ssd, offset, None))
-        futures: list[tuple[concurrent.futures.Future, memoryview]] = []
-        for i, (entry, record, offset, _) in enumerate(jobs):
-            if offset is not None:
-                view = self._view[offset:offset + aligned(record.size)]
-            else:
-                scratch_buffer = allocate_host_buffer(aligned(record.size), prefault=False)
-                jobs[i] = (entry, record, offset, scratch_buffer)
-                view = scratch_buffer.view()
-            futures.append((self._ssd.submit(self._ssd.read, record, view), view))
-        scratch: dict[int, UMBPHostBufferHandle] = {}
-        for (entry, record, offset, buffer), (future, view) in zip(jobs, futures):
-            try:
-                future.result(IO_TIMEOUT_S)
-                ok = True
-            except concurrent.futures.TimeoutError:
-                # The read may still land in its buffer: leave that memory taken for good.
-                _log.error("reading %r from SSD took over %s s; its buffer is abandoned", entry.key, IO_TIMEOUT_S)
-                with self._lock:
-                    entry.staging = False
-                continue
-            except Exception as exc:
-                _log.error("reading %r from SSD failed: %s", entry.key, exc)
-                ok = False
-            view.release()
-            if buffer is not None:
-                if ok:
-                    scratch[id(entry)] = buffer
-                else:
-                    free_host_buffer(buffer)
-                continue
-            with self._lock:
-                entry.staging = False
-                if ok and not entry.gone:
-                    entry.dram = offset
-                    self._dram_lru[entry.key] = entry
-                    self._emit(KvEventType.ADD, entry, UMBPTierType.DRAM)
-                else:
-                    self._dram.free(offset, record.size)  # type: ignore[arg-type]
-        return scratch
-
-    def _wait_moves(self, deadline: float) -> bool:
-        while self._moves:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._lock.wait(min(remaining, 1.0))
-        return True

@@ -10,6 +10,7 @@ through the staging buffer (a memcpy on this side). The backend is TCP, or RDMA 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -146,6 +147,8 @@ class Transport:
             peer = self._peers.pop(address, None)
         if peer is not None:
             peer.channel.close()
+            with contextlib.suppress(KeyError):  # another thread forgot it first
+                self.engine.deregister_remote_engine(peer.engine)
 
     def call(self, method: Callable[..., Any], request: object, address: str) -> Any:
         """One peer RPC with the deadline; PeerUnavailableError on any failure."""
@@ -153,6 +156,8 @@ class Transport:
             return method(request, timeout=self.rpc_timeout_s)
         except grpc.RpcError as exc:
             raise PeerUnavailableError(f"peer {address}: {exc.code().name}: {exc.details()}") from None
+        except ValueError as exc:  # the channel was closed: the peer was forgotten after a failure
+            raise PeerUnavailableError(f"peer {address}: {exc}") from None
 
     # -- moving pages -------------------------------------------------------------------------
 

@@ -9,10 +9,11 @@ round. Keys under a read lease are skipped.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import grpc
+
+from mori.core.log import get_logger
 
 from ._proto import umbp_peer_pb2 as peer_pb
 from ._proto import umbp_peer_pb2_grpc as peer_grpc
@@ -21,7 +22,7 @@ from .router import Router
 from .settings import MasterSettings
 from .store import TIER_NAMES, MetadataStore
 
-log = logging.getLogger("mori.umbp.master")
+log = get_logger("umbp.master")
 
 
 class EvictionAdvisor:

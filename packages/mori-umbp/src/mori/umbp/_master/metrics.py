@@ -52,9 +52,6 @@ class MasterMetrics:
         self.batch_route_get = Counter(
             "mori_umbp_client_batch_route_get_total", "Total BatchRouteGet hits served by client", ["node"], registry=r
         )
-        self.lookup = Counter(
-            "mori_umbp_client_lookup_total", "Total Lookup (exists) hits for keys on client", ["node"], registry=r
-        )
         self.events_applied = Counter(
             "mori_umbp_heartbeat_events_applied_total", "KvEvents applied to GlobalBlockIndex via heartbeat", ["node"], registry=r
         )
@@ -122,27 +119,28 @@ class MasterMetrics:
         self.rpc_latency = Histogram(
             "mori_umbp_master_rpc_latency_seconds", "Time the master spent handling each RPC", ["rpc"], registry=r
         )
-        self._node_series: list[Gauge | Counter] = [
-            self.capacity_total,
-            self.capacity_available,
-            self.capacity_used,
-            self.capacity_utilization,
-            self.kv_live_count,
-            self.kv_live_count_total,
-            self.route_put,
-            self.route_get,
-            self.batch_route_put,
-            self.batch_route_get,
-            self.lookup,
-            self.events_applied,
-            self.seq_gap,
-            self.ext_report,
-            self.ext_report_blocks,
-            self.ext_revoke,
-            self.ext_revoke_blocks,
-            self.ext_live_count,
-            self.evict_advised,
-            self.evict_failed,
+        # Each node-labelled metric with its label names, to find a leaving node's series.
+        by_node, ext = ["node"], ["node", "tier", "result"]
+        self._node_series: list[tuple[Gauge | Counter, list[str]]] = [
+            (self.capacity_total, node_tier),
+            (self.capacity_available, node_tier),
+            (self.capacity_used, node_tier),
+            (self.capacity_utilization, node_tier),
+            (self.kv_live_count, node_tier),
+            (self.kv_live_count_total, by_node),
+            (self.route_put, by_node),
+            (self.route_get, by_node),
+            (self.batch_route_put, by_node),
+            (self.batch_route_get, by_node),
+            (self.events_applied, by_node),
+            (self.seq_gap, by_node),
+            (self.ext_report, ext),
+            (self.ext_report_blocks, node_tier),
+            (self.ext_revoke, ext),
+            (self.ext_revoke_blocks, node_tier),
+            (self.ext_live_count, by_node),
+            (self.evict_advised, node_tier),
+            (self.evict_failed, by_node),
         ]
 
         # What clients report goes beside the master's own metrics, never over them.
@@ -166,10 +164,15 @@ class MasterMetrics:
     def forget_node(self, node_id: str) -> None:
         """Drops every series labelled with ``node_id``, the reported ones too."""
         self.reported.forget_node(node_id)
-        for metric in self._node_series:
-            for labels in list(metric._metrics):  # prometheus_client keeps no public index
-                if labels and labels[0] == node_id:
-                    metric.remove(*labels)
+        for metric, names in self._node_series:
+            children = {
+                tuple(s.labels[n] for n in names)
+                for family in metric.collect()
+                for s in family.samples
+                if s.labels.get("node") == node_id
+            }
+            for values in children:
+                metric.remove(*values)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serves ``/metrics`` over HTTP on ``port`` from a daemon thread."""

@@ -184,13 +184,17 @@ else
     if exists and not held then total = total - 1 end
   end
 end
+local function refuse(msg)
+  redis.call('HSET', nk, 'last_hb', now, 'status', 1)  -- a refused heartbeat still says it is alive
+  return {'QUOTA', msg}
+end
 if node_count > max_per and node_count > current_count then
-  return {'QUOTA', "node '" .. id .. "' would own " .. node_count .. ' keys, over its quota of ' ..
-          max_per .. ' (UMBP_MASTER_MAX_KEYS_PER_CLIENT)'}
+  return refuse("node '" .. id .. "' would own " .. node_count .. ' keys, over its quota of ' ..
+                max_per .. ' (UMBP_MASTER_MAX_KEYS_PER_CLIENT)')
 end
 if total > max_keys and total > current_total then
-  return {'QUOTA', 'the block index would hold ' .. total .. ' keys, over its limit of ' ..
-          max_keys .. ' (UMBP_MASTER_MAX_KEYS)'}
+  return refuse('the block index would hold ' .. total .. ' keys, over its limit of ' ..
+                max_keys .. ' (UMBP_MASTER_MAX_KEYS)')
 end
 if full then wipe_blocks(id) end
 for _, k in ipairs(order) do
@@ -214,6 +218,25 @@ for _, id in ipairs(redis.call('SMEMBERS', P .. ':nodes:alive')) do
 end
 for _, id in ipairs(dead) do drop_node(id) end
 return dead
+"""
+
+# ARGV: P, n_alive, alive node ids..., keys... Returns 1/0 per key: held by an alive node.
+EXISTS_LIVE = _COMMON + """
+local n = tonumber(ARGV[2])
+local alive = {}
+for i = 3, 2 + n do alive[ARGV[i]] = true end
+local out = {}
+for i = 3 + n, #ARGV do
+  local found = 0
+  for _, f in ipairs(redis.call('HKEYS', blockkey(ARGV[i]))) do
+    if string.sub(f, 1, 2) == 'l|' and alive[string.match(f, '^l|(.*)|%d+$')] then
+      found = 1
+      break
+    end
+  end
+  out[#out + 1] = found
+end
+return out
 """
 
 # ARGV: P, now, lease_ms, keys...

@@ -84,6 +84,7 @@ class RedisStore(MetadataStore):
                 "APPLY_HEARTBEAT",
                 "EXPIRE_STALE",
                 "TOUCH",
+                "EXISTS_LIVE",
                 "EVICTION_CANDIDATES",
                 "REPORT_EXTERNAL_KV",
                 "REVOKE_EXTERNAL_KV",
@@ -97,8 +98,8 @@ class RedisStore(MetadataStore):
     def _guard(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
-            raise StoreUnavailable(f"Redis: {e}") from e
+        except redis.exceptions.RedisError as e:  # down, timing out, out of memory, read-only replica...
+            raise StoreUnavailable(f"Redis: {type(e).__name__}: {e}") from e
 
     def _run(self, name: str, *args: object) -> Any:
         argv = [self.prefix, *args]
@@ -230,6 +231,13 @@ class RedisStore(MetadataStore):
                     locs.append(Location(node, int(tier), int(size)))
             out.append(locs)
         return out
+
+    def exists(self, keys: list[str], alive: set[str]) -> list[bool]:
+        if not keys:
+            return []
+        if not alive:
+            return [False] * len(keys)
+        return [bool(x) for x in self._run("EXISTS_LIVE", len(alive), *sorted(alive), *keys)]
 
     def touch(self, keys: list[str], now_ms: int, lease_ms: int) -> None:
         if keys:

@@ -44,27 +44,21 @@ class Router:
         self.select_algo = select_algo
         self.node_affinity = node_affinity
         self._rng = random.Random()
+        #: When this master started: a node's silence before it (while no master ran, for a
+        #: store that outlives masters) is not held against it.
+        self.since_ms = 0
 
     def alive_clients(self, now_ms: int) -> dict[str, ClientRecord]:
         cutoff = now_ms - self.expiry_ms
         return {
             r.node_id: r
             for r in self.store.list_clients()
-            if r.status == ClientStatus.ALIVE and r.last_heartbeat_ms >= cutoff
+            if r.status == ClientStatus.ALIVE and max(r.last_heartbeat_ms, self.since_ms) >= cutoff
         }
 
     # ---- gets -------------------------------------------------------------------------
-    def live_locations(
-        self, keys: list[str], now_ms: int, exclude: set[str], alive: dict[str, ClientRecord] | None = None
-    ) -> list[list[Location]]:
-        alive = self.alive_clients(now_ms) if alive is None else alive
-        return [
-            [loc for loc in locs if loc.node_id in alive and loc.node_id not in exclude]
-            for locs in self.store.lookup(keys)
-        ]
-
     def exists(self, keys: list[str], now_ms: int) -> list[bool]:
-        return self.store.held_by_any(keys, self.alive_clients(now_ms))
+        return self.store.exists(keys, set(self.alive_clients(now_ms)))
 
     def route_get(self, keys: list[str], now_ms: int, exclude: set[str]) -> list[GetRoute | None]:
         """One replica per key (the fastest tier, random among nodes there); found keys get a
@@ -97,7 +91,7 @@ class Router:
         room: dict[tuple[str, int], int] = {
             (n, t): cap.available for n, r in candidates.items() for t, cap in r.caps.items() if t in TIERS
         }
-        existing = [bool(locs) for locs in self.live_locations(keys, now_ms, set(), alive)]
+        existing = self.store.exists(keys, set(alive))
         sticky = self._same_node(keys, sizes, existing, candidates, room)
         out = []
         for key_exists, size in zip(existing, sizes):

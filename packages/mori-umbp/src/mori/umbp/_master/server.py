@@ -7,7 +7,7 @@ launchers find through ``UMBP_MASTER_BIN``) runs :func:`main`.
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import signal
 import sys
 import threading
@@ -16,6 +16,13 @@ from collections.abc import Callable
 from concurrent import futures
 
 import grpc
+
+try:
+    import prometheus_client  # noqa: F401
+except ImportError as e:
+    raise ImportError("the UMBP master needs its extra: pip install 'mori-umbp[master]'") from e
+
+from mori.core.log import get_logger, set_log_level
 
 from ._proto import umbp_pb2_grpc as pb_grpc
 from .eviction import EvictionAdvisor
@@ -26,7 +33,7 @@ from .service import MasterService, now_ms
 from .settings import MasterSettings
 from .store import Limits, MetadataStore, StoreUnavailable
 
-log = logging.getLogger("mori.umbp.master")
+log = get_logger("umbp.master")
 
 
 def make_store(settings: MasterSettings) -> MetadataStore:
@@ -39,8 +46,10 @@ def make_store(settings: MasterSettings) -> MetadataStore:
         max_hit_entries=settings.max_hit_entries,
     )
     if settings.metadata_backend == "redis":
-        from .redis_store import RedisStore
-
+        try:
+            from .redis_store import RedisStore
+        except ImportError as e:
+            raise ValueError("UMBP_METADATA_BACKEND=redis needs redis-py: pip install 'mori-umbp[redis]'") from e
         return RedisStore(settings, limits)
     return InMemoryStore(limits)
 
@@ -70,7 +79,7 @@ class MasterServer:
 
     def start(self) -> None:
         s = self.settings
-        self._started_ms = now_ms()
+        self._started_ms = self.router.since_ms = now_ms()
         self.metrics.watch_index(self._index_size)
         if s.metrics_port > 0:
             self.metrics.serve(s.metrics_port)
@@ -156,6 +165,23 @@ class MasterServer:
         self.store.close()
 
 
+#: MORI's ``UMBP_LOG_LEVEL`` numbers.
+_UMBP_LOG_LEVELS = {"0": "info", "1": "warning", "2": "error"}
+
+
+def apply_log_level() -> None:
+    """MORI's master log settings: ``MORI_UMBP_LOG_LEVEL`` (a name: ``DEBUG``, ``INFO``, ...) or
+    ``UMBP_LOG_LEVEL`` (0 info, 1 warning, 2 error); otherwise mori's ``MORI_LOG_LEVEL``."""
+    name = os.environ.get("MORI_UMBP_LOG_LEVEL", "").strip().lower()
+    if not name:
+        name = _UMBP_LOG_LEVELS.get(os.environ.get("UMBP_LOG_LEVEL", "").strip(), "")
+    if name:
+        try:
+            set_log_level(name, module="umbp")
+        except ValueError as e:
+            log.warning("MORI_UMBP_LOG_LEVEL: %s; keeping the default", e)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="mori-umbp-master",
@@ -165,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("address", nargs="?", help="gRPC listen address host:port (default UMBP_MASTER_LISTEN or 0.0.0.0:50051)")
     parser.add_argument("metrics_port", nargs="?", type=int, help="Prometheus metrics HTTP port (default 9091; 0 = off)")
     ns = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    apply_log_level()
     settings = MasterSettings.from_environment()
     if ns.address:
         settings.listen_address = ns.address
@@ -173,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= ns.metrics_port < 65536:
             parser.error(f"METRICS_PORT {ns.metrics_port} is not a port number")
         settings.metrics_port = ns.metrics_port
-    log.info("[Master] Resolved settings: %s", settings.describe())
+    log.info("[Master] Resolved timing: %s", settings.describe())
     try:
         server = MasterServer(settings)
         server.start()

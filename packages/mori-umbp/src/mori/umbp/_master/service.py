@@ -8,12 +8,13 @@ gives UNAVAILABLE. None of them changes anything.
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Callable, Iterable, Sized
 from typing import Any, TypeVar, cast
 
 import grpc
+
+from mori.core.log import get_logger
 
 from ._proto import umbp_pb2 as pb
 from ._proto import umbp_pb2_grpc as pb_grpc
@@ -33,12 +34,14 @@ from .store import (
     TierCapacity,
 )
 
-log = logging.getLogger("mori.umbp.master")
+log = get_logger("umbp.master")
 
 #: Longest address a client may register, and most tags, and the largest engine descriptor.
 MAX_ADDRESS_BYTES = 256
 MAX_TAGS = 64
 MAX_ENGINE_DESC_BYTES = 64 << 10
+#: The ``node`` label of metrics about requests naming a node the master does not know.
+UNREGISTERED = "(unregistered)"
 
 
 def now_ms() -> int:
@@ -100,9 +103,13 @@ class MasterService(pb_grpc.UMBPMasterServicer):
 
     def _node_id(self, value: str, what: str = "node_id") -> None:
         self._name(what, value)
-        # The Redis store keeps locations as fields "l|<node>|<tier>"; a node id never holds "|".
-        if "|" in value or any(ord(c) < 0x20 for c in value):
-            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{what} {value!r} holds '|' or a control character")
+        # The Redis store keeps locations as fields "l|<node>|<tier>" and a node's keys in the set
+        # "<prefix>:node:<node>:blocks": a node id holds no "|" and does not end in ":blocks".
+        if "|" in value or any(ord(c) < 0x20 for c in value) or value.endswith(":blocks"):
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{what} {value!r} holds '|' or a control character, or ends in ':blocks'",
+            )
 
     def _batch(self, what: str, items: Sized, limit: int | None = None) -> None:
         n = len(items)
@@ -197,8 +204,15 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         self._node_id(request.node_id)
         caps = self._caps(request.tier_capacities)
         bundles = list(request.bundles)
-        events: list[KvEvent] = []
+        per_bundle: list[list[KvEvent]] = []
+        count = 0
+        # A full sync lists every key the node holds, which its quota bounds (past the quota it is
+        # refused as over it, below); a delta is one batch.
+        limit = self.settings.max_batch
+        if request.is_full_sync:
+            limit = max(limit, self.settings.max_keys_per_client)
         for b, bundle in enumerate(bundles):
+            per_bundle.append([])
             for i, e in enumerate(bundle.events):
                 where = f"bundles[{b}].events[{i}]"
                 self._name(f"{where}.key", e.key)
@@ -207,11 +221,13 @@ class MasterService(pb_grpc.UMBPMasterServicer):
                     self._size(f"{where}.size", e.size)
                 elif e.kind != pb.KvEvent.REMOVE:
                     raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{where}.kind={e.kind} is neither ADD nor REMOVE")
-                events.append(KvEvent(e.kind == pb.KvEvent.ADD, e.key, tier, e.size))
-                if len(events) > self.settings.max_batch:
+                per_bundle[-1].append(KvEvent(e.kind == pb.KvEvent.ADD, e.key, tier, e.size))
+                count += 1
+                if count > limit:
                     raise Rejected(
                         grpc.StatusCode.INVALID_ARGUMENT,
-                        f"the heartbeat carries more than UMBP_MASTER_MAX_BATCH={self.settings.max_batch} events",
+                        f"the heartbeat carries more than {limit} events (UMBP_MASTER_MAX_BATCH, for a full "
+                        "sync UMBP_MASTER_MAX_KEYS_PER_CLIENT)",
                     )
         for i in range(1, len(bundles)):
             if not request.is_full_sync and bundles[i].seq != bundles[i - 1].seq + 1:
@@ -221,10 +237,18 @@ class MasterService(pb_grpc.UMBPMasterServicer):
                 )
         if request.is_full_sync:
             first = last = request.delta_seq_baseline
-        elif bundles:
-            first, last = bundles[0].seq, bundles[-1].seq
+            start = 0
         else:
-            first = last = 0  # keepalive: refreshes liveness, applies nothing
+            # Bundles the master applied already (its reply was lost, and the node sends them
+            # again) are skipped rather than taken for a gap.
+            record = self.store.get_client(request.node_id) if bundles else None
+            applied = record.seq if record is not None else 0
+            start = next((i for i, b in enumerate(bundles) if b.seq > applied), len(bundles))
+            if start < len(bundles):
+                first, last = bundles[start].seq, bundles[-1].seq
+            else:
+                first = last = 0  # a keepalive: refreshes liveness, applies nothing
+        events = [e for group in per_bundle[start:] for e in group]
         result = self.store.apply_heartbeat(
             request.node_id, first, last, now_ms(), caps, events, bool(request.is_full_sync)
         )
@@ -233,7 +257,7 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         if result.status == HeartbeatStatus.UNKNOWN:
             response.status = pb.CLIENT_STATUS_UNKNOWN
             return response
-        if result.status == HeartbeatStatus.SEQ_GAP and bundles and not request.is_full_sync:
+        if result.status == HeartbeatStatus.SEQ_GAP and first != 0 and not request.is_full_sync:
             response.request_full_sync = True
             self.metrics.seq_gap.labels(node).inc()
         elif result.status == HeartbeatStatus.APPLIED and events:
@@ -339,6 +363,10 @@ class MasterService(pb_grpc.UMBPMasterServicer):
             if not request.hashes:
                 raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, "hashes must not be empty")
             values = self._keys("hashes", request.hashes)
+            # "<prefix>:extkv:node:<node>" is a node's set of hashes in the Redis store.
+            bad = next((i for i, h in enumerate(values) if h.startswith("node:")), None)
+            if bad is not None:
+                raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"hashes[{bad}] starts with 'node:'")
         return request.node_id, values, tier
 
     @_handler
@@ -347,7 +375,8 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         tier_name = TIER_NAMES[tier]
         if not self.store.report_external_kv(node, hashes, tier):
             log.warning("[Master] ReportExternalKvBlocks from %s ignored: node not alive", node)
-            self.metrics.ext_report.labels(node, tier_name, "rejected_not_alive").inc()
+            # Any string can come here as a node id: one series for them all keeps the count bounded.
+            self.metrics.ext_report.labels(UNREGISTERED, tier_name, "rejected_not_alive").inc()
             return pb.ReportExternalKvBlocksResponse()
         self.metrics.ext_report_blocks.labels(node, tier_name).inc(len(hashes))
         self.metrics.ext_report.labels(node, tier_name, "ok").inc()

@@ -9,35 +9,15 @@ once, when :meth:`MasterSettings.from_environment` runs at master start.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import re
 
-log = logging.getLogger("mori.umbp.master")
+from mori.core.log import get_logger
 
-_INT = re.compile(r"\s*\+?\d+")
+from .._env import runtime_int as env_int
+
+log = get_logger("umbp.master")
+
 _warned: set[str] = set()
-
-
-def _warn_once(name: str, raw: str, default: object, why: str) -> None:
-    if name not in _warned:
-        _warned.add(name)
-        log.warning("%s=%r %s; using the default %r", name, raw, why, default)
-
-
-def env_int(name: str, default: int, min_allowed: int = 0) -> int:
-    """An integer setting the way MORI's ``GetEnvUint32``/``GetEnvSeconds`` read it."""
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    if not _INT.fullmatch(raw):
-        _warn_once(name, raw, default, "is not a non-negative base-10 integer")
-        return default
-    value = int(raw)
-    if value < min_allowed:
-        _warn_once(name, raw, default, f"is below the minimum {min_allowed}")
-        return default
-    return value
 
 
 def env_enum(name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -46,7 +26,9 @@ def env_enum(name: str, default: str, allowed: tuple[str, ...]) -> str:
     if raw == "":
         return default
     if raw not in allowed:
-        _warn_once(name, raw, default, f"is not one of {', '.join(allowed)}")
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("%s=%r is not one of %s; using the default %r", name, raw, ", ".join(allowed), default)
         return default
     return raw
 

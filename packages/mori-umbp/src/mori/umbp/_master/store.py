@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Container
 from typing import NamedTuple
 
 #: Tiers a block or an external-KV hash may live on (``umbp.TierType``), fastest first.
@@ -147,10 +146,10 @@ class MetadataStore(abc.ABC):
     def lookup(self, keys: list[str]) -> list[list[Location]]:
         """Every location of each key (no lease, no access bump)."""
 
-    def held_by_any(self, keys: list[str], nodes: Container[str]) -> list[bool]:
-        """Whether each key has a location on one of ``nodes`` (a store may answer it faster
-        than :meth:`lookup`)."""
-        return [any(loc.node_id in nodes for loc in locs) for locs in self.lookup(keys)]
+    @abc.abstractmethod
+    def exists(self, keys: list[str], alive: set[str]) -> list[bool]:
+        """Whether a node of ``alive`` holds each key: the hot path of ``batch_exists``, without
+        building locations."""
 
     @abc.abstractmethod
     def touch(self, keys: list[str], now_ms: int, lease_ms: int) -> None:

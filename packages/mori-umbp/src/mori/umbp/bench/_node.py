@@ -37,6 +37,7 @@ def _config(args: dict[str, Any], role: str) -> UMBPConfig:
     dist.master_config.node_address = args["address"]
     dist.io_engine.host = args["address"]
     dist.staging_buffer_size = 1 << 20
+    dist.cache_remote_fetches = False  # every get crosses to the storage node (MORI's advice for benchmarks)
     cfg.distributed = dist
     return cfg
 
