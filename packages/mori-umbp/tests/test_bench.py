@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("mori-umbp-bench")
     out = tmp_path / "bench.json"
