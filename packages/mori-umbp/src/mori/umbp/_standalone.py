@@ -38,7 +38,7 @@ import msgpack
 from mori.core.log import get_logger
 from mori.core.memory import buffer_span, recv_fds, send_fds
 
-from ._checks import check_key
+from ._checks import check_keys
 from ._config import UMBPConfig, UMBPStandaloneProcessConfig, validate
 from ._enums import UMBPDeploymentMode
 from ._hostmem import shared_buffer_of
@@ -217,7 +217,7 @@ class _Servicer(pb_grpc.UMBPStandaloneServicer):
         if len(keys) > MAX_BATCH:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys; the most is {MAX_BATCH}")
         try:
-            return [check_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+            return check_keys(keys)
         except (TypeError, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # not reached: abort raises

@@ -120,8 +120,10 @@ class MasterService(pb_grpc.UMBPMasterServicer):
     def _keys(self, what: str, keys: Iterable[str]) -> list[str]:
         out = list(keys)
         self._batch(what, out)
+        limit = self.settings.max_key_bytes
         for i, key in enumerate(out):
-            self._name(f"{what}[{i}]", key)
+            if not key or len(key.encode()) > limit:  # the check of _name, its message made only for a bad key
+                self._name(f"{what}[{i}]", key)
         return out
 
     def _size(self, what: str, size: int) -> None:
