@@ -1,0 +1,646 @@
+// Target side of the native TCP data plane: every request is checked against the registered
+// regions before a byte of memory is touched. As in MORI, any engine that presents the auth token
+// is served; registering a remote engine is the initiator's step only.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <cstdio>
+#include <stdexcept>
+#include <system_error>
+
+#include "tcp/engine.hpp"
+#include "tcp/staged.hpp"
+
+namespace mori::tcp {
+
+namespace {
+
+constexpr size_t kInlineRead = 64 * 1024;  // reads up to this size are copied into the reply buffer
+constexpr size_t kFlushBytes = 1 << 20;
+
+void set_send_timeout(int fd, double sec) {
+    struct timeval tv {};
+    tv.tv_sec = static_cast<time_t>(sec);
+    tv.tv_usec = static_cast<suseconds_t>((sec - static_cast<double>(tv.tv_sec)) * 1e6);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+bool equal_const_time(const std::string& a, const std::string& b) {
+    if (a.size() != b.size()) return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+// A block the target could not copy to or from its GPU: the reply says so (ERR_DEVICE).
+void device_failed(int& code, uint64_t& reason, int& outcome) {
+    code = kErrDevice;
+    reason = kReasonDevice;
+    if (outcome == kSuccess) outcome = code;
+}
+
+// Staged writes whose copies run while the connection goes on receiving: at most this many, or
+// this many bytes, before they are waited for (each holds pinned memory and its region).
+constexpr size_t kPendingWrites = 16;
+constexpr uint64_t kPendingWriteBytes = 4 << 20;
+
+// Sends a staged read's data after the replies `out` holds (cleared), piece by piece as each
+// copy ends; a notifying read (beforeLast set) holds its last byte back until beforeLast has
+// made the record. Small data joins `out` instead, sent with the next replies (the caller
+// records before it sends them). False when the socket or a copy failed.
+bool send_staged(int fd, DeviceSource& source, uint64_t bytes, std::vector<char>& out,
+                 const std::function<void()>& beforeLast) {
+    try {
+        if (bytes <= kInlineRead) {
+            for (; !source.done(); source.pop()) {
+                const gpu::Staged& p = source.next().staged;
+                const auto* data = reinterpret_cast<const char*>(p.data());
+                out.insert(out.end(), data, data + p.size());
+            }
+            return true;
+        }
+        for (uint64_t sent = 0; !source.done(); source.pop()) {
+            const gpu::Staged& p = source.next().staged;
+            sent += p.size();
+            const bool last = sent == bytes;
+            const size_t len = p.size() - (last && beforeLast ? 1 : 0);
+            struct iovec iov[2] = {{out.data(), out.size()}, {p.data(), len}};
+            if (!send_all(fd, iov, 2).empty()) return false;
+            out.clear();
+            if (last && beforeLast) {
+                beforeLast();
+                if (!send_bytes(fd, p.data() + len, 1).empty()) return false;
+            }
+        }
+        return true;
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+}  // namespace
+
+Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
+               std::string timeoutSetting, std::shared_ptr<InboundRecords> inbound)
+    : token_(std::move(token)),
+      ioTimeout_(ioTimeout),
+      limits_(limits),
+      timeoutSetting_(std::move(timeoutSetting)),
+      inbound_(inbound_table(std::move(inbound), limits.maxInbound, limits.inboundTtl)) {
+    if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
+        limits_.maxPerKey < 1 ||
+        !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
+        throw std::invalid_argument("TCP data plane: every limit must be positive");
+    struct addrinfo hints {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    struct addrinfo* res = nullptr;
+    std::string portText = std::to_string(port);
+    int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), portText.c_str(), &hints, &res);
+    if (rc != 0) throw std::runtime_error("TCP data plane: cannot resolve " + host + ": " + gai_strerror(rc));
+    std::string err = "no address";
+    for (auto* ai = res; ai != nullptr && listenFd_ < 0; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0) {
+            listenFd_ = fd;
+        } else {
+            err = std::strerror(errno);
+            ::close(fd);
+        }
+    }
+    freeaddrinfo(res);
+    if (listenFd_ < 0) throw std::runtime_error("TCP data plane: cannot listen on " + host + ":" + portText + ": " + err);
+    struct sockaddr_storage addr {};
+    socklen_t len = sizeof(addr);
+    getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    acceptThread_ = std::thread([this] { accept_loop(); });
+}
+
+Target::~Target() { close(); }
+
+void Target::register_region(uint64_t id, uint64_t addr, uint64_t size, std::shared_ptr<gpu::Stager> stager) {
+    auto r = std::make_shared<Region>();
+    r->id = id;
+    r->addr = addr;
+    r->size = size;
+    r->kind = stager ? MemoryKind::kGpu : MemoryKind::kHost;
+    r->stager = std::move(stager);
+    if (!regions_.add(std::move(r)))
+        throw std::invalid_argument("memory id " + std::to_string(id) + " is already registered");
+}
+
+bool Target::deregister_region(uint64_t id) {
+    // Requests being served on it end by themselves within the I/O timeout unless a peer reads
+    // (or writes) slowly but steadily; such a peer's connection is cut at the timeout, so the
+    // wait is bounded whatever it does. Cutting makes its blocked send or receive fail at once.
+    const int64_t deadline = now_ns() + static_cast<int64_t>(ioTimeout_ * 1e9);
+    auto cut = [this](const Region& r) {
+        size_t n = cut_users(&r);
+        std::lock_guard sk(statsMu_);
+        stats_.cut += n;
+        return n;
+    };
+    switch (regions_.deregister(id, deadline, cut)) {
+        case RegionTable<Region>::Ended::kUnknown: return false;
+        case RegionTable<Region>::Ended::kReleased: return true;
+        case RegionTable<Region>::Ended::kStillPinned: break;
+    }
+    throw std::runtime_error("memory id " + std::to_string(id) + ": requests still use it after the I/O timeout (" +
+                             timeoutSetting_ + ") and their connections were cut; it is no longer served, but do "
+                             "not free it yet");
+}
+
+size_t Target::cut_users(const Region* r) {
+    size_t n = 0;
+    std::lock_guard lk(connsMu_);
+    for (auto& c : conns_) {
+        if (c.using_.load() == r) {
+            // Reset rather than close: what the kernel still holds for the peer is dropped too,
+            // so a slow reader sees the cut at once.
+            struct linger reset {1, 0};
+            setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+            shutdown(c.fd, SHUT_RDWR);
+            ++n;
+        }
+    }
+    return n;
+}
+
+int Target::RegionUse::acquire(const RequestEntry& block, uint64_t& addr, uint64_t& reason) {
+    uint32_t why = kReasonNone;
+    region_ = Pinned<Region>(t_.regions_.acquire(block.memId, block.offset, block.size, why));
+    reason = why;
+    if (!region_) return reason_code(why);
+    addr = region_->addr + block.offset;
+    c_->using_.store(region_.get());
+    return kSuccess;
+}
+
+void Target::RegionUse::release() {
+    if (!region_) return;
+    c_->using_.store(nullptr);
+    region_.reset();
+}
+
+void Target::issue_ticket(const std::string& key, const std::string& ticket) {
+    if (ticket.empty() || ticket.size() > kMaxTicketLen) throw std::invalid_argument("ticket must be 1..256 bytes");
+    std::lock_guard lk(ticketsMu_);
+    // The oldest go first: when the table is full, and entries whose ticket was used up already.
+    while (!ticketOrder_.empty() && (tickets_.size() >= limits_.maxTickets || ticketOrder_.size() > 2 * limits_.maxTickets)) {
+        tickets_.erase(ticketOrder_.front());
+        ticketOrder_.pop_front();
+    }
+    auto ttl = static_cast<int64_t>(limits_.ticketTtl * 1e9);
+    if (tickets_.insert_or_assign(ticket, Ticket{key, now_ns() + ttl, 64}).second) ticketOrder_.push_back(ticket);
+}
+
+bool Target::take_ticket(const std::string& key, const std::string& ticket) {
+    std::lock_guard lk(ticketsMu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return false;
+    if (it->second.expiresNs <= now_ns()) {
+        tickets_.erase(it);  // its ticketOrder_ entry goes when it reaches the front
+        return false;
+    }
+    if (!equal_const_time(it->second.key, key)) return false;  // another key's ticket stays valid for it
+    if (--it->second.usesLeft == 0) tickets_.erase(it);
+    return true;
+}
+
+std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) { return inbound_->pop_code(key, uid); }
+
+size_t Target::inbound_count() { return inbound_->count(); }
+
+size_t Target::connection_count() {
+    std::lock_guard lk(connsMu_);
+    reap(false);
+    return conns_.size();
+}
+
+TargetStats Target::stats() {
+    uint64_t dropped = inbound_->dropped();
+    std::lock_guard lk(statsMu_);
+    TargetStats s = stats_;
+    s.inboundDropped = dropped;
+    return s;
+}
+
+void Target::close() {
+    if (stop_.exchange(true)) return;
+    if (acceptThread_.joinable()) acceptThread_.join();
+    {
+        std::lock_guard lk(connsMu_);
+        for (auto& c : conns_) shutdown(c.fd, SHUT_RDWR);
+        reap(true);
+    }
+    ::close(listenFd_);
+}
+
+void Target::reap(bool all) {
+    for (auto it = conns_.begin(); it != conns_.end();) {
+        if (all || it->done.load()) {
+            if (it->thread.joinable()) it->thread.join();
+            ::close(it->fd);
+            it = conns_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+bool Target::evict_oldest_handshake_locked() {
+    for (auto& c : conns_) {  // accept order: the first one handshaking is the oldest
+        int expected = kHandshaking;
+        if (!c.done.load() && c.state.compare_exchange_strong(expected, kEvicted)) {
+            shutdown(c.fd, SHUT_RDWR);  // its thread notices, ends and is reaped
+            std::lock_guard sk(statsMu_);
+            ++stats_.evicted;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool Target::evict_idlest_locked() {
+    const int64_t now = now_ns(), least = static_cast<int64_t>(limits_.helloTimeout * 1e9);
+    Conn* idlest = nullptr;
+    int64_t since = now - least;  // idle at least helloTimeout: a pool that is in use keeps its connections
+    for (auto& c : conns_) {
+        int64_t idleSince = c.idleSinceNs.load();
+        if (!c.done.load() && c.state.load() == kServing && idleSince != 0 && idleSince <= since) {
+            idlest = &c;
+            since = idleSince;
+        }
+    }
+    if (idlest == nullptr) return false;
+    drop_locked(*idlest);
+    return true;
+}
+
+void Target::drop_locked(Conn& c) {
+    c.state.store(kEvicted);
+    shutdown(c.fd, SHUT_RDWR);
+    std::lock_guard sk(statsMu_);
+    ++stats_.idleEvicted;
+}
+
+void Target::bind_key(Conn* conn, const std::string& key) {
+    std::lock_guard lk(connsMu_);
+    conn->key = key;
+    size_t held = 0;
+    for (auto& c : conns_) held += &c != conn && !c.done.load() && c.state.load() == kServing && c.key == key;
+    // Over the bound, the key's oldest connections go (accept order): a peer that reconnects
+    // replaces its old pool, and one key cannot take every descriptor.
+    for (auto it = conns_.begin(); held >= limits_.maxPerKey && it != conns_.end(); ++it) {
+        if (&*it != conn && !it->done.load() && it->state.load() == kServing && it->key == key) {
+            drop_locked(*it);
+            --held;
+        }
+    }
+}
+
+bool Target::admit() {
+    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::lock_guard lk(connsMu_);
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return true;
+        // Out of descriptors (EMFILE/ENFILE), buffers or memory. Finished connections are reaped
+        // first: while accepts keep failing this is the only place that happens, and peers that
+        // vanished hold descriptors until it does. Nothing to reap: free what a peer that has not
+        // even said hello holds (else an admitted connection idle for a while), and tell the
+        // caller to back off (the queued connection stays readable, so retrying would spin).
+        size_t before = conns_.size();
+        reap(false);
+        if (conns_.size() < before) return true;
+        if (!evict_oldest_handshake_locked()) evict_idlest_locked();
+        std::lock_guard sk(statsMu_);
+        ++stats_.acceptErrors;
+        return false;
+    }
+    reap(false);
+    if (stop_.load() || conns_.size() >= limits_.maxConnections) {
+        ::close(fd);
+        if (!stop_.load()) {
+            std::lock_guard sk(statsMu_);
+            ++stats_.refused;
+        }
+        return true;
+    }
+    size_t handshaking = 0;
+    for (auto& c : conns_) handshaking += c.state.load() == kHandshaking && !c.done.load();
+    if (handshaking >= limits_.maxHandshakes) evict_oldest_handshake_locked();
+    tune_socket(fd);
+    set_send_timeout(fd, ioTimeout_);
+    try {
+        Conn& c = conns_.emplace_back();
+        c.fd = fd;
+        c.acceptNs = now_ns();
+        c.thread = std::thread([this, conn = &c] {
+            try {
+                serve(conn);
+            } catch (const std::exception&) {  // out of memory mid-request: this connection only
+            }
+            shutdown(conn->fd, SHUT_RDWR);
+            conn->done.store(true);
+        });
+    } catch (const std::exception&) {
+        // No thread or memory to be had (RLIMIT_NPROC, RLIMIT_AS): refuse this connection and
+        // keep serving; an escaping exception would terminate the process.
+        ::close(fd);
+        if (!conns_.empty() && conns_.back().fd == fd && !conns_.back().thread.joinable()) conns_.pop_back();
+        std::lock_guard sk(statsMu_);
+        ++stats_.acceptErrors;
+        return false;
+    }
+    return true;
+}
+
+void Target::accept_loop() {
+    struct pollfd p {listenFd_, POLLIN, 0};
+    int backoffMs = 0;
+    while (!stop_.load()) {
+        int ready = poll(&p, 1, backoffMs > 0 ? 0 : 200);
+        if (backoffMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
+        if (ready <= 0) {
+            // Reap finished connections on every wake-up, not only after an accept: their
+            // descriptors and threads are released even when no one connects again.
+            std::lock_guard lk(connsMu_);
+            reap(false);
+            continue;
+        }
+        bool ok = false;
+        try {
+            ok = admit();
+        } catch (const std::exception&) {  // out of memory: back off, keep accepting
+        }
+        backoffMs = ok ? 0 : std::min(std::max(backoffMs * 2, 10), 200);
+    }
+}
+
+bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
+    // The whole hello must arrive within helloTimeout of the accept: a peer trickling bytes
+    // cannot hold a connection open.
+    int64_t deadlineNs = conn->acceptNs + static_cast<int64_t>(limits_.helloTimeout * 1e9);
+    AbortCheck deadline = [this, deadlineNs]() -> std::string {
+        if (stop_.load()) return "closed";
+        return now_ns() > deadlineNs ? "no hello" : "";
+    };
+    if (!rd.fill(sizeof(Hello), deadline).empty()) return false;
+    Hello h;
+    std::memcpy(&h, rd.data(), sizeof(h));
+    rd.consume(sizeof(h));
+    if (h.magic != kHelloMagic || h.version != kVersion || h.keyLen == 0 || h.keyLen > kMaxNameLen ||
+        h.tokenLen > kMaxNameLen || h.ticketLen > kMaxTicketLen)
+        return false;
+    size_t rest = size_t(h.keyLen) + h.tokenLen + h.ticketLen;
+    if (!rd.fill(rest, deadline).empty()) return false;
+    peerKey.assign(rd.data(), h.keyLen);
+    std::string token(rd.data() + h.keyLen, h.tokenLen);
+    std::string ticket(rd.data() + h.keyLen + h.tokenLen, h.ticketLen);
+    rd.consume(rest);
+    // Requests may follow only after the reply: anything already buffered is a protocol error.
+    bool ok = rd.buffered() == 0 && equal_const_time(token, token_) && take_ticket(peerKey, ticket);
+    if (!ok) {
+        std::lock_guard sk(statsMu_);
+        ++stats_.badTickets;
+    }
+    int expected = kHandshaking;
+    if (ok && !conn->state.compare_exchange_strong(expected, kServing)) return false;  // evicted meanwhile
+    if (ok) bind_key(conn, peerKey);
+    HelloReply rep{kHelloMagic, ok ? kSuccess : kErrBadState};
+    if (!send_bytes(conn->fd, &rep, sizeof(rep)).empty()) return false;
+    return ok;
+}
+
+void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) { inbound_->record(peerKey, uid, code); }
+
+// Serving one admitted connection: requests read and checked (read_request), each block's region
+// acquired (the region table's check) and its bytes moved (serve_block), replies gathered in out_
+// and sent before the connection waits for more.
+class Target::Session {
+public:
+    Session(Target& t, Conn* conn, std::string peerKey)
+        : t_(t), conn_(conn), fd_(conn->fd), peerKey_(std::move(peerKey)), rd_(conn->fd) {
+        out_.reserve(kFlushBytes + kInlineRead + 64);
+    }
+    void run() {
+        while (wait_for_request()) {
+            ReqHdr h;
+            uint64_t uid = 0;
+            if (!read_request(h, uid) || !serve_block(h, uid) || !flush_if_full()) break;
+        }
+        settle();  // nothing of a region is touched once its connection ends
+    }
+
+private:
+    // One block being served: its request, where it lies, its outcome so far, and whether the
+    // transfer's outcome is still to record once its bytes have moved.
+    struct Block {
+        const ReqHdr& h;
+        uint64_t uid, addr;
+        int code;
+        uint64_t reason;
+        bool record;
+    };
+
+    // Before blocking: answers everything received so far, then waits for the next request.
+    bool wait_for_request() {
+        if (rd_.buffered() != 0) return true;
+        settle();
+        if (!out_.empty() && !send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
+        out_.clear();
+        conn_->idleSinceNs.store(now_ns());
+        if (!rd_.wait_readable(idle_, Reader::kSpinNs).empty()) return false;
+        conn_->idleSinceNs.store(0);
+        return true;
+    }
+
+    // Check: the request frame (and a notifying one's uid). False drops the connection:
+    // malformed, or the peer too slow.
+    bool read_request(ReqHdr& h, uint64_t& uid) {
+        frameStartNs_ = now_ns();
+        if (!rd_.fill(sizeof(ReqHdr), mid_frame()).empty()) return false;
+        std::memcpy(&h, rd_.data(), sizeof(h));
+        rd_.consume(sizeof(h));
+        if (h.magic != kReqMagic || h.block.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
+            (h.op != kOpRead && h.op != kOpWrite && h.op != kOpNotify) ||
+            (h.op == kOpNotify && (h.flags != 0 || !is_final_code(static_cast<int64_t>(h.block.offset)))))
+            return false;
+        if (h.flags & kFlagNotify) {
+            if (!rd_.fill(sizeof(uid), mid_frame()).empty()) return false;
+            std::memcpy(&uid, rd_.data(), sizeof(uid));
+            rd_.consume(sizeof(uid));
+        }
+        if (h.flags & kFlagBegin) {
+            settle();  // a failure of the transfer before counts for that one
+            outcome_ = kSuccess;
+        }
+        return true;
+    }
+
+    // Plan and post: the block's region acquired and held while its bytes move (or the refusal
+    // answered), then the transfer's outcome recorded once the last block's bytes have left (or
+    // entered) the registered memory, before the initiator can see the transfer finish.
+    bool serve_block(const ReqHdr& h, uint64_t uid) {
+        if (h.op == kOpNotify) {
+            t_.record_inbound(peerKey_, h.block.memId, static_cast<int>(h.block.offset));
+            return true;
+        }
+        auto use = std::make_unique<RegionUse>(t_, conn_);
+        Block b{h, uid, 0, kSuccess, 0, (h.flags & kFlagNotify) != 0};
+        b.code = use->acquire(h.block, b.addr, b.reason);
+        if (outcome_ == kSuccess) outcome_ = b.code;
+        gpu::Stager* stager = b.code == kSuccess ? use->stager() : nullptr;
+        const bool ok = h.op == kOpWrite ? (stager ? write_staged(b, *stager, use) : write_plain(b))
+                                         : (stager ? read_staged(b, *stager) : read_plain(b));
+        if (!ok) return false;
+        if (b.record) t_.record_inbound(peerKey_, uid, outcome_);
+        return true;
+    }
+
+    // A write into GPU memory, answered once every copy to the device has ended (settle, before
+    // the replies are sent or a record made): the reply never precedes the bytes, and the region
+    // stays held (use) until then. Meanwhile the next requests are received.
+    bool write_staged(Block& b, gpu::Stager& stager, std::unique_ptr<RegionUse>& use) {
+        DeviceSink sink(stager, b.addr, b.h.block.size);
+        if (!sink.receive(rd_, mid_frame()).empty()) return false;
+        RepHdr rep{kRepMagic, b.code, b.reason};
+        pending_.push_back(PendingWrite{std::move(sink), std::move(use), out_.size()});
+        pendingBytes_ += b.h.block.size;
+        append(&rep, sizeof(rep));
+        if (pending_.size() >= kPendingWrites || pendingBytes_ >= kPendingWriteBytes || b.record) settle();
+        return true;
+    }
+
+    // A write into host memory (a refused one's bytes are read and dropped).
+    bool write_plain(Block& b) {
+        char* dst = b.code == kSuccess ? reinterpret_cast<char*>(b.addr) : nullptr;
+        if (!rd_.read_into(dst, b.h.block.size, mid_frame()).empty()) return false;
+        RepHdr rep{kRepMagic, b.code, b.reason};
+        append(&rep, sizeof(rep));
+        return true;
+    }
+
+    // A read of GPU memory: the first piece is copied before the reply says whether it
+    // succeeded; the rest follow the socket. A later failure cannot take the reply back: the
+    // connection ends.
+    bool read_staged(Block& b, gpu::Stager& stager) {
+        const uint64_t size = b.h.block.size;
+        std::optional<DeviceSource> source;
+        try {
+            source.emplace(stager, std::vector<DeviceSource::Span>{{b.addr, size}});
+            source->next();
+        } catch (const std::exception&) {
+            source.reset();
+            device_failed(b.code, b.reason, outcome_);
+        }
+        RepHdr rep{kRepMagic, b.code, b.code == kSuccess ? size : b.reason};
+        append(&rep, sizeof(rep));
+        if (!source) return true;
+        std::function<void()> beforeLast;
+        if (b.record && size > kInlineRead) beforeLast = [&] { t_.record_inbound(peerKey_, b.uid, outcome_); };
+        if (!send_staged(fd_, *source, size, out_, beforeLast)) return false;
+        if (beforeLast) b.record = false;
+        return true;
+    }
+
+    // A read of host memory: small ones copied into the replies, large ones sent from their
+    // place; a notifying read holds its last byte back until the record is made.
+    bool read_plain(Block& b) {
+        const uint64_t size = b.h.block.size;
+        RepHdr rep{kRepMagic, b.code, b.code == kSuccess ? size : b.reason};
+        append(&rep, sizeof(rep));
+        if (b.code != kSuccess) return true;
+        if (size <= kInlineRead) {
+            append(reinterpret_cast<const void*>(b.addr), size);
+            return true;
+        }
+        const uint64_t held = b.record ? 1 : 0;
+        struct iovec iov[2] = {{out_.data(), out_.size()}, {reinterpret_cast<void*>(b.addr), size - held}};
+        if (!send_all(fd_, iov, 2).empty()) return false;
+        out_.clear();
+        if (!b.record) return true;
+        t_.record_inbound(peerKey_, b.uid, outcome_);
+        b.record = false;
+        return send_bytes(fd_, reinterpret_cast<const void*>(b.addr + size - 1), 1).empty();
+    }
+
+    bool flush_if_full() {
+        if (out_.size() < kFlushBytes) return true;
+        settle();
+        if (!send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
+        out_.clear();
+        return true;
+    }
+    void settle() {
+        settle_writes(pending_, out_, outcome_);
+        pendingBytes_ = 0;
+    }
+    void append(const void* p, size_t n) {
+        out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+    }
+    // A frame (header and payload) must arrive within the I/O timeout of its first byte: a peer
+    // trickling a write cannot hold the region (and its deregistration) indefinitely.
+    const AbortCheck& mid_frame() const { return midFrame_; }
+
+    Target& t_;
+    Conn* conn_;
+    int fd_;
+    std::string peerKey_;
+    Reader rd_;
+    std::vector<char> out_;
+    int64_t frameStartNs_ = 0;
+    const AbortCheck idle_ = [this]() -> std::string { return t_.stop_.load() ? "closed" : ""; };
+    const AbortCheck midFrame_ = [this]() -> std::string {
+        if (t_.stop_.load()) return "closed";
+        return now_ns() - frameStartNs_ > static_cast<int64_t>(t_.ioTimeout_ * 1e9)
+                   ? "peer too slow to send a frame (" + t_.timeoutSetting_ + ")"
+                   : "";
+    };
+    int outcome_ = kSuccess;  // first failure of the notifying transfer being served
+    std::deque<PendingWrite> pending_;
+    uint64_t pendingBytes_ = 0;
+};
+
+void Target::serve(Conn* conn) {
+    gpu::own_thread();  // staged copies keep the GPU's context current here (gpu/staging.hpp)
+    std::string peerKey;
+    bool admitted = false;
+    {
+        // A small buffer until the peer is admitted: handshaking connections cost little memory.
+        Reader hello(conn->fd, sizeof(Hello) + 2 * kMaxNameLen + kMaxTicketLen);
+        admitted = handshake(conn, hello, peerKey);
+    }
+    if (admitted) Session(*this, conn, std::move(peerKey)).run();
+}
+
+void Target::settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome) {
+    for (; !pending.empty(); pending.pop_front()) {
+        PendingWrite& w = pending.front();
+        if (w.sink.finish().empty()) continue;
+        RepHdr rep;
+        std::memcpy(&rep, out.data() + w.replyAt, sizeof(rep));
+        uint64_t reason = 0;
+        int code = rep.code;
+        device_failed(code, reason, outcome);
+        rep.code = code;
+        rep.size = reason;
+        std::memcpy(out.data() + w.replyAt, &rep, sizeof(rep));
+    }
+}
+
+}  // namespace mori::tcp
