@@ -51,6 +51,25 @@ class RemoteTransport(abc.ABC):
         complete. False, with nothing done, for any other call (the caller's checked path)."""
         return False
 
+    def register_buffer(self, addr: int, nbytes: int) -> None:  # noqa: B027 - nothing to register without a transport
+        """Registers ``[addr, addr + nbytes)`` (outside the heap, checked by the caller) with the
+        transport for good: later RMA from or into it moves it as is, with no staging and no
+        registration per call (``shmem_buffer_register``)."""
+
+    def deregister_buffer(self, addr: int) -> None:  # noqa: B027 - nothing was registered
+        """Releases the registration of the buffer at ``addr`` (``shmem_buffer_deregister``)."""
+
+    def describe(self) -> str:
+        """What carries the transfers (UCX's description of its context), "" without a transport."""
+        return ""
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """How the local side of remote transfers was moved: ``staged`` (copied through the
+        staging area), ``registered_for_call`` (registered for one call, then released) and
+        ``registered_buffers`` (buffers registered with :meth:`register_buffer` now)."""
+        return {"staged": 0, "registered_for_call": 0, "registered_buffers": 0}
+
     @property
     def device_proxy(self) -> tuple[int, int]:
         """Where kernels post to remote PEs: the device addresses of the proxy's ring and ticket

@@ -36,6 +36,7 @@ within ``MORI_SHMEM_TIMEOUT`` with a :class:`ShmemError` naming it.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import itertools
 import struct
@@ -136,6 +137,10 @@ class UcxTransport(RemoteTransport):
         self._gpu = heap.kind == "gpu"
         self._ids = itertools.count(_FIRST_BUFFER_ID)
         self._staging = threading.Lock()
+        # shmem_buffer_register's buffers: start -> (size, memory id), and the starts in order.
+        self._buffers: dict[int, tuple[int, int]] = {}
+        self._starts: list[int] = []
+        self._staged = self._for_call = 0  # counts read by stats
         from mori.core import config
 
         # By default as many workers as mori-io's RDMA backend takes: a put of 512 KiB or more is
@@ -275,13 +280,28 @@ class UcxTransport(RemoteTransport):
     def _in_heap(self, addr: int, nbytes: int) -> bool:
         return self._base <= addr and addr + nbytes <= self._base + self._size
 
+    def _buffer(self, addr: int, nbytes: int) -> tuple[int, int] | None:
+        """(memory id, start) of the registered buffer holding ``[addr, addr + nbytes)``, or None."""
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i < 0:
+            return None
+        start = self._starts[i]
+        size, mem_id = self._buffers[start]
+        return (mem_id, start) if addr + nbytes <= start + size else None
+
     def _transfer(self, op: int, what: str, pe: int, offset: int, addr: int, nbytes: int, local_gpu: bool) -> None:
         heap = self.heap
         if self._in_heap(addr, nbytes):  # inside the local heap: goes as is
             self._run(op, what, pe, offset, None, addr - self._base, nbytes)
+            return
+        registered = self._buffer(addr, nbytes) if self._starts else None
+        if registered is not None:  # inside a buffer of shmem_buffer_register: goes as is too
+            mem_id, start = registered
+            self._run(op, what, pe, offset, mem_id, addr - start, nbytes, start)
         elif nbytes <= _STAGING_BYTES:
             stage = heap.base + STAGING_OFFSET
             with self._staging:
+                self._staged += 1
                 if op == WRITE:
                     heap.copy(stage, addr, nbytes)
                 self._run(op, what, pe, offset, None, STAGING_OFFSET, nbytes)
@@ -290,10 +310,44 @@ class UcxTransport(RemoteTransport):
         else:
             mem_id = next(self._ids)
             self._engine.register_memory(mem_id, addr, nbytes, gpu=local_gpu)
+            self._for_call += 1
             try:
                 self._run(op, what, pe, offset, mem_id, 0, nbytes, addr)
             finally:
                 self._engine.deregister_memory(mem_id)
+
+    def register_buffer(self, addr: int, nbytes: int) -> None:
+        """Registers the buffer with the engine for good, as GPU memory on a GPU heap when UCX
+        takes it as such, else as host memory (what a kernel's buffer or a host tensor is)."""
+        mem_id = next(self._ids)
+        try:
+            self._engine.register_memory(mem_id, addr, nbytes, gpu=self._gpu)
+        except (RuntimeError, ValueError) as first:
+            if not self._gpu:
+                raise ShmemError(f"shmem_buffer_register: UCX refused {addr:#x}+{nbytes}: {first}") from None
+            try:
+                self._engine.register_memory(mem_id, addr, nbytes, gpu=False)
+            except (RuntimeError, ValueError) as exc:
+                raise ShmemError(f"shmem_buffer_register: UCX refused {addr:#x}+{nbytes} as GPU memory ({first}) "
+                                 f"and as host memory ({exc})") from None
+        self._buffers[addr] = (nbytes, mem_id)
+        bisect.insort(self._starts, addr)
+
+    def deregister_buffer(self, addr: int) -> None:
+        """Releases the buffer's registration (waiting, at most the engine's timeout, for UCX to let go)."""
+        _, mem_id = self._buffers.pop(addr)
+        self._starts.remove(addr)
+        self._engine.deregister_memory(mem_id)
+
+    def describe(self) -> str:
+        """UCX's description of the engine's context: its transports and devices."""
+        return str(self._engine.describe())
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The counts of :attr:`RemoteTransport.stats`."""
+        return {"staged": self._staged, "registered_for_call": self._for_call,
+                "registered_buffers": len(self._buffers)}
 
     def quick_put(self, dest: int, src: int, nbytes: int, pe: int) -> bool:
         """The plain put in one native call (:class:`mori.core.ucx.UcxWindow`: checks, posts and
@@ -376,6 +430,10 @@ class UcxTransport(RemoteTransport):
             self._proxy.close()
             self._proxy = None
         self._window = None  # it holds the peers: let them go with the engine
+        for _, mem_id in self._buffers.values():
+            self._engine.deregister_memory(mem_id)
+        self._buffers.clear()
+        self._starts.clear()
         for peer in self._peers.values():
             peer.close()
         self._peers.clear()
