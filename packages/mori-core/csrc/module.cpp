@@ -1,7 +1,7 @@
 // The one native module of mori: mori.core._native.
 // Each subsystem lives in its own translation unit and registers its bindings here, so that
 // adding a subsystem touches only this list.
-#include "registry.hpp"
+#include "base/registry.hpp"
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "mori native host runtime: submodules atomics, batch, gpu, tcp (see mori.core's modules of those names)";

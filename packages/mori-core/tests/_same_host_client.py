@@ -1,5 +1,5 @@
 """A client of the UCX engine's same-host socket and request ring written from the wire layout
-(csrc/same_host.hpp), as any process on the host could speak it: for the hostile tests."""
+(csrc/same_host/ring.hpp), as any process on the host could speak it: for the hostile tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""mori.core.batch.Batch (csrc/batch.hpp, batch_plan.hpp, batch_bindings.cpp) against
+"""mori.core.batch.Batch (csrc/batch/batch.hpp, batch/plan.hpp, batch/bindings.cpp) against
 plain-Python references on random batches: built from lists, tuples, numpy arrays of every integer
 width (strided views too) and other buffers, merged; every verb (rebased, stripe, count_pieces,
 deal, cut_chunks); rows read

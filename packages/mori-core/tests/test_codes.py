@@ -41,12 +41,12 @@ def test_signal_op_parse_rejects_anything_else(bad: object) -> None:
 
 
 def test_transfer_codes_are_the_native_data_plane_s() -> None:
-    # tcp_wire.hpp's Code, exported by the bindings, against the enum (names and values).
+    # tcp/wire.hpp's Code, exported by the bindings, against the enum (names and values).
     assert {code.name: code.value for code in TransferCode} == tcp.TRANSFER_CODES
     # MORI-IO's StatusCode numbers: code written against MORI's literals means the same here.
     assert [int(c) for c in TransferCode] == [0, 1, 2, 11, 12, 13, 14, 15]
 
 
 def test_transfer_ops_are_the_native_data_planes() -> None:
-    # tcp_wire.hpp's Op (read and write), exported by the bindings, against the enum.
+    # tcp/wire.hpp's Op (read and write), exported by the bindings, against the enum.
     assert {op.name: op.value for op in TransferOp} == tcp.OP_CODES

@@ -1,4 +1,4 @@
-"""csrc/ucx_api.hpp (our declaration of the part of UCX's C API the engine calls) against UCX's own
+"""csrc/ucx/api.hpp (our declaration of the part of UCX's C API the engine calls) against UCX's own
 headers, those the libucx wheel ships: every structure offset and constant the engine uses is
 compared at compile time, so a layout change in UCX fails here, not in a transfer."""
 
@@ -16,7 +16,7 @@ CHECKS = r"""
 #include <ucp/api/ucp.h>
 #include <uct/api/uct.h>
 #include <cstddef>
-#include "ucx_api.hpp"
+#include "ucx/api.hpp"
 namespace a = mori::ucx::api;
 #define SAME_OFFSET(ours, field, theirs, tfield) \
     static_assert(offsetof(a::ours, field) == offsetof(theirs, tfield), #ours "." #field);

@@ -1,4 +1,4 @@
-"""The UCX engine's remote atomics and signal puts (csrc/ucx_atomic.cpp, mori.core.ucx_atomic): every
+"""The UCX engine's remote atomics and signal puts (csrc/ucx/atomic.cpp, mori.core.ucx_atomic): every
 operation at both widths against a second engine's registered memory, the old values and the words
 checked; signal puts' data and signal; the target's refusals (outside the region, misaligned,
 unknown or deregistered memory) change no byte; bad arguments and a closed peer fail clearly. Across processes and network namespaces they

@@ -1,4 +1,4 @@
-"""The proxy of device-initiated RMA (csrc/ucx_proxy.cpp, mori.core._native.ucx.UcxProxy) on CPU:
+"""The proxy of device-initiated RMA (csrc/proxy/proxy.cpp, mori.core._native.ucx.UcxProxy) on CPU:
 this test plays the kernels' part, writing commands into a ring in host memory exactly as
 mori/device/proxy.cuh does (a slot free for ticket t holds seq 4t; its fields, then seq 4t + 1),
 and checks what the proxy did on a second engine's registered "heap" byte for byte: puts and gets

@@ -1,4 +1,4 @@
-"""The same-host path's request ring (csrc/same_host.hpp): a full ring holds its poster until the
+"""The same-host path's request ring (csrc/same_host/ring.hpp): a full ring holds its poster until the
 target makes room, and fails it at the deadline when none comes, moving nothing after; a target
 killed with requests in the ring fails them at once; a request whose slot changes while the
 target serves it cannot reach outside a registration."""

@@ -147,7 +147,7 @@ def test_malformed_data_frames_drop_connection(initiator, target, garbage):
         assert _dropped(sock)
 
 
-WIRE_VERSION = 3  # tcp_wire.hpp kVersion
+WIRE_VERSION = 3  # tcp/wire.hpp kVersion
 REQ_MAGIC = 0x5145524D
 
 

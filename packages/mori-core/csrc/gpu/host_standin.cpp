@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "transfer.hpp"
+#include "base/transfer.hpp"
 
 namespace mori::gpu::standin {
 

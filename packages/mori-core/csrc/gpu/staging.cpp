@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "transfer.hpp"
+#include "base/transfer.hpp"
 
 namespace mori::gpu {
 

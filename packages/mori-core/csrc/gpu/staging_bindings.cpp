@@ -7,7 +7,7 @@
 
 #include "gpu/host_standin.hpp"
 #include "gpu/staging.hpp"
-#include "registry.hpp"
+#include "base/registry.hpp"
 
 namespace py = pybind11;
 using namespace mori::gpu;

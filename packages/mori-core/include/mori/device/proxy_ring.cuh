@@ -1,5 +1,5 @@
 // The command ring between a GPU's kernels and mori-core's proxy thread: the one layout both
-// sides use (the device API posts in proxy.cuh; the proxy, csrc/ucx_proxy.cpp, executes). Plain
+// sides use (the device API posts in proxy.cuh; the proxy, csrc/proxy/proxy.cpp, executes). Plain
 // types and no includes, so it compiles as CUDA (nvcc, NVRTC, clang -nocudainc) and as host C++.
 //
 // The ring lives in host-mapped (pinned, device-mapped) memory: a ProxyHeader, then kProxySlots
@@ -36,7 +36,7 @@ constexpr unsigned int kProxyFlagSignal = 4u;   // a put with signal: once the b
                                                 // apply op `op` with `value` to the 64-bit word at
                                                 // heap offset `compare` of the same PE
 
-// The atomic codes of mori-core's UCX engine (ucx_atomic.hpp's AtomicOp), for ProxySlot::op.
+// The atomic codes of mori-core's UCX engine (ucx/atomic.hpp's AtomicOp), for ProxySlot::op.
 constexpr unsigned int kProxyAmoFetchAdd = 1, kProxyAmoCompareSwap = 2, kProxyAmoSwap = 3, kProxyAmoStore = 4,
                        kProxyAmoFetchAnd = 5, kProxyAmoFetchOr = 6, kProxyAmoFetchXor = 7;
 

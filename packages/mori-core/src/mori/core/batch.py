@@ -1,5 +1,5 @@
-"""A batch of copies as one value, and the planner that cuts it (C++ ``csrc/batch.hpp`` and
-``csrc/batch_plan.hpp``; the TCP data plane uses the same C++ in-process).
+"""A batch of copies as one value, and the planner that cuts it (C++ ``csrc/batch/batch.hpp`` and
+``csrc/batch/plan.hpp``; the TCP data plane uses the same C++ in-process).
 
 :class:`Batch` is built once from the caller's columns, ``Batch(src_offsets, dst_offsets, sizes,
 src_base=0, dst_base=0)``: each column a sequence of ints or any 1-d integer buffer (a numpy

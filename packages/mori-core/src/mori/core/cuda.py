@@ -150,7 +150,7 @@ def init_device(device: int) -> Any:
 
 def create_context(device: Any) -> Any:
     """A new CUDA context of its own on ``device`` (a ``CUdevice``), not the primary one, for
-    native threads that must never wait for the primary context's lock (see ``csrc/ucx_gpu.hpp``).
+    native threads that must never wait for the primary context's lock (see ``csrc/ucx/gpu.hpp``).
     It becomes current on the calling thread; destroy it with ``cuCtxDestroy``. cuda-bindings 13
     takes creation parameters first, 12 does not."""
     try:

@@ -1,4 +1,4 @@
-"""Completion records of inbound transfers (C++ ``csrc/inbound.hpp``): :class:`InboundRecords`
+"""Completion records of inbound transfers (C++ ``csrc/base/inbound.hpp``): :class:`InboundRecords`
 keeps the final code (a :class:`mori.core.codes.TransferCode` value) and message of each transfer
 another engine ran into this one, by (engine key, uid), until its owner pops it.
 

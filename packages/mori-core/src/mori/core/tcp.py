@@ -1,4 +1,4 @@
-"""The native TCP data plane (C++ ``csrc/tcp_*``): a :class:`Target` serves registered host memory
+"""The native TCP data plane (C++ ``csrc/tcp/``): a :class:`Target` serves registered host memory
 to authenticated peers; a :class:`Peer` holds several connections to one target and moves a
 :class:`mori.core.batch.Batch` with one call, :meth:`Peer.submit` (rows cut at a stripe size
 and dealt over the connections, the GIL released); a :class:`Transfer` is its completion, whose

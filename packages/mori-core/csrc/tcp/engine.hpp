@@ -1,0 +1,309 @@
+// mori-core's native TCP data plane: a Target serves registered memory to authenticated peers; a
+// Peer holds several connections to one Target and runs transfers (batches striped over them).
+// Timeout messages name the caller's setting for the I/O timeout (timeoutSetting).
+// No Python here: the bindings (tcp/bindings.cpp) release the GIL around every blocking call.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "batch/batch.hpp"
+#include "gpu/staging.hpp"
+#include "base/inbound.hpp"
+#include "tcp/staged.hpp"
+#include "tcp/wire.hpp"
+
+namespace mori::tcp {
+
+// Why a target rejected a block, carried in RepHdr::size of an error reply.
+enum Reason : uint64_t { kReasonMemory = 2, kReasonRange = 3, kReasonDevice = 4 };
+
+class InitConn;
+
+// Outcome of one transfer (all its blocks, on any connection).
+class Transfer {
+public:
+    Transfer(int64_t blocks, bool notify, uint64_t uid) : remaining_(blocks), notify_(notify), uid_(uid) {}
+    int code() const { return code_.load(std::memory_order_acquire); }
+    std::string message() const;
+    // True when finished. When all blocks went over one connection the waiting thread reads the
+    // replies itself (no hand-off from the receiver thread); otherwise it sleeps until woken.
+    bool wait(double timeoutSec);
+    void set_conn(std::weak_ptr<InitConn> conn) { conn_ = std::move(conn); }
+    // Accounts n finished blocks; the first error wins. True when this call finished the last block.
+    bool complete_blocks(int64_t n, int code, const std::string& msg);
+    // Publishes the final code and wakes waiters (after the notify, if any, is queued).
+    void finish();
+    int final_code() const;
+    bool notify() const { return notify_; }
+    uint64_t uid() const { return uid_; }
+
+private:
+    std::atomic<int64_t> remaining_;
+    std::atomic<int> code_{kInProgress};
+    bool notify_;
+    uint64_t uid_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    int errCode_ = 0;
+    std::string errMsg_;
+    std::weak_ptr<InitConn> conn_;
+};
+
+// Blocks of one transfer assigned to one connection, in send order: rows (local address, offset
+// in the remote region, bytes); a notify frame is one row (0, status code, 0).
+struct Work {
+    std::shared_ptr<Transfer> transfer;
+    uint8_t op;
+    uint64_t memId;  // notify: uid
+    std::vector<plan::Row> rows;
+    std::shared_ptr<gpu::Stager> stager;  // local addresses are GPU memory, staged through it (tcp/staged.hpp)
+    bool notify = false;  // the whole transfer: its requests carry the notification (tcp/wire.hpp)
+    size_t done = 0;      // blocks answered (guarded by the connection's mutex)
+};
+
+// One initiator-side connection: a sender thread writes request frames; replies (in order) are
+// read by whichever thread owns the receive side: a thread waiting in Transfer::wait when it can
+// take it (leader/follower), otherwise the receiver thread, which steps in when data arrives.
+// The reader's buffer is empty whenever the receive side is free, so polling the socket tells
+// whether replies are waiting.
+class InitConn {
+public:
+    // Reads replies on the caller's thread until t finishes or deadlineNs passes. False when the
+    // receive side was taken (or the connection is down): then the caller waits for t instead.
+    bool lead(const Transfer& t, int64_t deadlineNs);
+    InitConn(int fd, std::string peerName, double ioTimeout, std::string timeoutSetting);
+    ~InitConn();
+    void enqueue(std::shared_ptr<Work> work);
+    void enqueue_notify(uint64_t uid, int code);
+    bool broken() const;
+    bool idle() const;  // nothing queued, being sent or awaiting a reply
+    void close();
+
+private:
+    void send_loop();
+    // Claims the send side for w (appending it to pending_); false when broken. Holds mu_.
+    bool claim_locked(const std::shared_ptr<Work>& w);
+    void release_send(const std::string& err);
+    void recv_loop();
+    // Owning the receive side: read and complete one reply frame; "" or an error text.
+    std::string read_reply();
+    std::string read_reply_frame();  // read_reply without settling on errors
+    bool claim_recv();
+    void release_recv(const std::string& err);
+    std::string send_work(const Work& w);
+    std::string send_staged_work(const Work& w);  // send_work for local GPU memory
+    // A read reply's data for row idx of w into local GPU memory: received into staged memory
+    // whose copies to the device run while the next replies are read; "" or the socket's error.
+    std::string read_staged(const std::shared_ptr<Work>& w, size_t idx, const AbortCheck& check);
+    // Waits for the copies of the staged reads received so far and completes their blocks (a
+    // failed copy fails its block). Whoever holds the receive side calls it before the socket
+    // has nothing more to read, so no block waits on a thread that stopped reading.
+    void settle_reads();
+    void mark_broken(const std::string& reason);
+    static void fail_rest(std::vector<std::pair<std::shared_ptr<Work>, size_t>>& failed, const std::string& why);
+    std::string abort_check(const Reader& rd);
+
+    int fd_;
+    std::string peer_;
+    double ioTimeout_;
+    std::string timeoutSetting_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;    // send side and shutdown
+    std::condition_variable rxCv_;  // receive side handed back
+    std::deque<std::shared_ptr<Work>> sendq_;
+    std::deque<std::shared_ptr<Work>> pending_;
+    int64_t pendingSinceNs_ = 0;
+    std::string broken_;
+    bool stop_ = false;
+    bool sending_ = false;    // one thread owns the socket's send side at a time
+    bool receiving_ = false;  // and one its receive side
+    bool recvWaiting_ = false;  // the receiver thread waits for the receive side
+    Reader rd_;
+    // Staged reads received, their blocks answered but not completed until their copies ended
+    // (settle_reads): owned by whoever holds the receive side.
+    struct PendingRead {
+        std::shared_ptr<Work> work;
+        size_t idx;
+        DeviceSink sink;
+    };
+    std::deque<PendingRead> pendingReads_;
+    std::thread sender_, receiver_;
+};
+
+// Connections from this engine to one target engine.
+class Peer {
+public:
+    // Connects nconn data connections and authenticates with the token and a ticket from the
+    // target's control plane; throws std::runtime_error on failure (message starts with
+    // "rejected:" when the target refused the token or ticket).
+    Peer(const std::string& name, const std::string& host, int port, int nconn, const std::string& myKey,
+         const std::string& token, const std::string& ticket, double ioTimeout, const std::string& timeoutSetting);
+    ~Peer();
+    // Starts moving a batch of rows (local address, offset in region memId, bytes): op is
+    // kOpRead or kOpWrite; rows are cut at `stripe` bytes (at least 4096) and dealt over the
+    // connections; uid names the transfer at the target, which records it when notify is set.
+    // With a stager the local addresses are GPU memory, staged through it (tcp/staged.hpp).
+    std::shared_ptr<Transfer> submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
+                                     uint64_t stripe, std::shared_ptr<gpu::Stager> stager = nullptr);
+    bool healthy() const;
+    void close();
+
+private:
+    std::string name_;
+    std::vector<std::shared_ptr<InitConn>> conns_;  // shared: a waiting Transfer may lead one
+    std::atomic<uint64_t> next_{0};
+};
+
+// What one Target lets its peers consume (the transport fills it from its own settings).
+struct TargetLimits {
+    size_t maxConnections = 1024;  // open data connections, handshaking or serving
+    size_t maxHandshakes = 64;     // connections not yet through their hello; the oldest is dropped
+    double helloTimeout = 10.0;    // seconds from accept to a complete hello
+    size_t maxInbound = 1 << 20;   // completion records kept for pop_inbound (a table of its own); the
+    double inboundTtl = 3600.0;    // oldest is dropped; seconds a completion record is kept
+    size_t maxTickets = 4096;      // data-plane tickets outstanding; the oldest is dropped
+    double ticketTtl = 60.0;       // seconds a ticket admits connections
+    size_t maxPerKey = 64;         // admitted connections of one engine key; its oldest is dropped
+};
+
+// Counters of what the limits turned away (for logs, tests and benchmarks).
+struct TargetStats {
+    uint64_t refused = 0;         // connections closed at accept: maxConnections reached
+    uint64_t evicted = 0;         // handshaking connections dropped for newer ones
+    uint64_t acceptErrors = 0;    // accept() or thread creation failed (fd or thread exhaustion)
+    uint64_t inboundDropped = 0;  // completion records dropped (count or age)
+    uint64_t badTickets = 0;      // hellos with a wrong token or ticket
+    uint64_t idleEvicted = 0;     // admitted connections dropped: over maxPerKey, or idle while fds ran out
+    uint64_t cut = 0;             // connections cut because a deregistration outwaited the I/O timeout
+};
+
+// The serving side: accepts data connections and answers requests against registered regions.
+// A connection is admitted by a hello carrying the auth token and a ticket that the control
+// plane issued to the same engine key (issue_ticket), so a key cannot be claimed on the data
+// plane alone.
+class Target {
+public:
+    // inbound: the completion-record table to write (shared with the caller's other channels);
+    // null: one of its own, bounded by limits.maxInbound and limits.inboundTtl.
+    Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
+           std::string timeoutSetting, std::shared_ptr<InboundRecords> inbound = nullptr);
+    ~Target();
+    int port() const { return port_; }
+    // With a stager the region is GPU memory, staged through it (tcp/staged.hpp).
+    void register_region(uint64_t id, uint64_t addr, uint64_t size, std::shared_ptr<gpu::Stager> stager = nullptr);
+    // Stops serving the region at once (new requests get ERR_NOT_FOUND; other regions are not
+    // held up). Waits up to the I/O timeout for requests being served on it, then cuts the
+    // connections still touching it, and returns once none does: after this no byte of the
+    // region is read or written. False when no such region was registered.
+    bool deregister_region(uint64_t id);
+    // Lets key open connections presenting ticket (up to 64, within ticketTtl seconds).
+    void issue_ticket(const std::string& key, const std::string& ticket);
+    std::optional<int> pop_inbound(const std::string& key, uint64_t uid);
+    size_t connection_count();
+    size_t inbound_count();
+    TargetStats stats();
+    void close();
+
+private:
+    // A registered region; requests being served on it are its users (guarded by regionsMu_).
+    struct Region {
+        uint64_t addr, size;
+        std::shared_ptr<gpu::Stager> stager;  // GPU memory: staged through it
+        int users = 0;
+    };
+    enum ConnState : int { kHandshaking = 0, kServing = 1, kEvicted = 2 };
+    struct Conn {
+        int fd;
+        std::thread thread;
+        std::atomic<bool> done{false};
+        std::atomic<int> state{kHandshaking};
+        int64_t acceptNs = 0;
+        std::string key;                           // once admitted (set under connsMu_)
+        std::atomic<int64_t> idleSinceNs{0};       // waiting for a request since; 0 while serving one
+        std::atomic<const Region*> using_{nullptr};  // the region a request of it touches now
+    };
+    // A request's hold on a region: memory stays valid (deregistration waits) while it lives.
+    class RegionUse {
+    public:
+        RegionUse(Target& t, Conn* c) : t_(t), c_(c) {}
+        ~RegionUse() { release(); }
+        // Looks the block up and holds its region; the code (and reason) of check otherwise.
+        int acquire(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason);
+        void release();
+        gpu::Stager* stager() const { return region_ ? region_->stager.get() : nullptr; }  // GPU memory's
+
+    private:
+        Target& t_;
+        Conn* c_;
+        std::shared_ptr<Region> region_;
+    };
+    // A staged write answered once its copies to the device have ended: its region stays held
+    // and its reply waits in the connection's output (at replyAt) until then (settle_writes).
+    struct PendingWrite {
+        DeviceSink sink;
+        std::unique_ptr<RegionUse> use;
+        size_t replyAt;
+    };
+    // Waits for the copies of every pending write, turns the replies of those that failed into
+    // ERR_DEVICE (and outcome, the notifying transfer's), then releases their regions.
+    static void settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome);
+    struct Ticket {
+        std::string key;
+        int64_t expiresNs;
+        int usesLeft;
+    };
+    void accept_loop();
+    // Takes one connection off the listen queue; false when accept failed (fd exhaustion...).
+    bool admit();
+    // Drops the oldest connection still in its hello; connsMu_ held. False when there is none.
+    bool evict_oldest_handshake_locked();
+    // Out of descriptors with no handshake to drop: drops the admitted connection idle longest,
+    // if it has been idle for helloTimeout at least; connsMu_ held.
+    bool evict_idlest_locked();
+    // Admits conn under key; past maxPerKey connections of that key its oldest is dropped.
+    void bind_key(Conn* conn, const std::string& key);
+    void drop_locked(Conn& c);  // shuts a connection down; its thread ends and is reaped
+    void serve(Conn* conn);
+    bool handshake(Conn* conn, Reader& rd, std::string& peerKey);
+    bool take_ticket(const std::string& key, const std::string& ticket);
+    // Cuts the connections whose request touches region r; the count of them.
+    size_t cut_users(const Region* r);
+    void reap(bool all);
+    // Keeps the final status of transfer uid from peerKey for pop_inbound.
+    void record_inbound(const std::string& peerKey, uint64_t uid, int code);
+
+    int listenFd_ = -1;
+    int port_ = 0;
+    std::string token_;
+    double ioTimeout_;
+    TargetLimits limits_;
+    std::string timeoutSetting_;
+    std::atomic<bool> stop_{false};
+    std::thread acceptThread_;
+    std::mutex regionsMu_;
+    std::condition_variable regionsCv_;  // a region's last user left
+    std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
+    std::shared_ptr<InboundRecords> inbound_;
+    std::mutex ticketsMu_;
+    std::unordered_map<std::string, Ticket> tickets_;
+    std::deque<std::string> ticketOrder_;  // issue order, for dropping the oldest
+    std::mutex connsMu_;
+    std::list<Conn> conns_;
+    std::mutex statsMu_;
+    TargetStats stats_;
+};
+
+}  // namespace mori::tcp

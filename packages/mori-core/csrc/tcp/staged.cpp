@@ -1,0 +1,78 @@
+// GPU memory on the native TCP data plane (see tcp/staged.hpp).
+#include "tcp/staged.hpp"
+
+#include <algorithm>
+#include <exception>
+
+namespace mori::tcp {
+
+DeviceSource::DeviceSource(gpu::Stager& stager, std::vector<Span> spans) : stager_(stager), spans_(std::move(spans)) {
+    while (ahead_.size() < kStageWindow && span_ < spans_.size()) queue();
+}
+
+void DeviceSource::queue() {
+    const Span& s = spans_[span_];
+    const uint64_t n = stage_piece(queued_, s.bytes - queued_);
+    ahead_.push_back(Piece{stager_.to_host(s.addr + queued_, n, false, lane_), span_, queued_ == 0});
+    queued_ += n;
+    if (queued_ == s.bytes) {
+        ++span_;
+        queued_ = 0;
+    }
+}
+
+DeviceSource::Piece& DeviceSource::next() {
+    ahead_.front().staged.wait();
+    return ahead_.front();
+}
+
+void DeviceSource::pop() {
+    ahead_.pop_front();
+    if (span_ < spans_.size()) queue();
+}
+
+std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
+    for (uint64_t done = 0; done < bytes_;) {
+        const uint64_t n = stage_piece(done, bytes_ - done);
+        gpu::Staged piece;
+        if (failed_.empty()) {
+            try {
+                if (inFlight_.size() >= kStageWindow) {  // bounded: wait for the oldest copy
+                    inFlight_.front().wait();
+                    inFlight_.pop_front();
+                }
+                piece = stager_.landing(n);
+            } catch (const std::exception& e) {
+                failed_ = e.what();
+            }
+        }
+        std::string e = rd.read_into(failed_.empty() ? reinterpret_cast<char*>(piece.data()) : nullptr, n, check);
+        if (!e.empty()) return e;
+        if (failed_.empty()) {
+            try {
+                stager_.to_device(dst_ + done, piece, false, lane_);
+                inFlight_.push_back(std::move(piece));
+            } catch (const std::exception& ex) {
+                failed_ = ex.what();
+            }
+        }
+        done += n;
+    }
+    return "";
+}
+
+std::string DeviceSink::finish() {
+    // After a failure the other copies are not waited for (each could outwait the timeout again):
+    // memory whose copy may still run is never lent again (Staged::clear).
+    for (; !inFlight_.empty(); inFlight_.pop_front()) {
+        if (!failed_.empty()) continue;
+        try {
+            inFlight_.front().wait();
+        } catch (const std::exception& e) {
+            failed_ = e.what();
+        }
+    }
+    return failed_;
+}
+
+}  // namespace mori::tcp

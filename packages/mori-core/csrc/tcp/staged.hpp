@@ -1,0 +1,81 @@
+// GPU memory on the native TCP data plane: a block of device memory leaves or enters the socket
+// through mori-core's GPU staging (gpu/staging.hpp), piece by piece, the copy-engine copy of one
+// piece running while the socket moves another. The target uses both for its GPU regions, the
+// initiator for local GPU memory; Python never runs per transfer.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "gpu/staging.hpp"
+#include "tcp/wire.hpp"
+
+namespace mori::tcp {
+
+// Pieces a block is copied in, and how many are copied ahead of the socket (at most 4 MiB of
+// pinned memory per block in flight, while the copy engine, ~50 GB/s, stays ahead of a socket).
+// A block's first pieces are smaller, so that the wire starts early: 256 KiB, then each piece as
+// large as what went before, up to 1 MiB. (Smaller first pieces cost more than they overlap: a
+// copy's fixed cost, several microseconds, is paid per piece.)
+constexpr uint64_t kStageFirstPiece = 256 << 10;
+constexpr uint64_t kStagePiece = 1 << 20;
+constexpr size_t kStageWindow = 4;
+inline uint64_t stage_piece(uint64_t done, uint64_t left) {
+    return std::min(left, std::min(kStagePiece, std::max(kStageFirstPiece, done)));
+}
+
+// Device memory copied out to host memory for sending: spans of it (address, bytes), in order,
+// in pieces of at most kStagePiece that never cross a span, the copies kStageWindow pieces
+// ahead of the caller (across spans: the next block's copy runs while this one is sent).
+class DeviceSource {
+public:
+    struct Span {
+        uint64_t addr, bytes;
+    };
+    struct Piece {
+        gpu::Staged staged;
+        size_t span;  // which span it belongs to
+        bool first;   // its span's first piece
+    };
+    // Queues the copies of the first pieces; throws (std::runtime_error) when the Stager refuses.
+    DeviceSource(gpu::Stager& stager, std::vector<Span> spans);
+    bool done() const { return ahead_.empty(); }
+    // The next piece, its copy waited for (throws when the copy failed or outlived the timeout);
+    // valid until pop().
+    Piece& next();
+    void pop();  // done with the piece next() gave: queues the copy of another
+
+private:
+    void queue();
+    gpu::Stager& stager_;
+    const size_t lane_ = gpu::Stager::thread_lane();
+    std::vector<Span> spans_;
+    size_t span_ = 0;      // the span the next piece queued comes from
+    uint64_t queued_ = 0;  // bytes of it queued
+    std::deque<Piece> ahead_;
+};
+
+// Device bytes [dst, dst + bytes) received from a socket: each piece lands in host memory and is
+// copied to the device while the next one is received.
+class DeviceSink {
+public:
+    DeviceSink(gpu::Stager& stager, uint64_t dst, uint64_t bytes) : stager_(stager), dst_(dst), bytes_(bytes) {}
+    // Receives every byte of the block from rd; "" or the socket's error. A piece that cannot be
+    // staged or copied makes the rest of the block be read and dropped, and finish() say why.
+    std::string receive(Reader& rd, const AbortCheck& check);
+    // Waits for every copy to the device; "" once all ended, else why one failed (a byte of the
+    // block may then be missing on the device).
+    std::string finish();
+
+private:
+    gpu::Stager& stager_;
+    size_t lane_ = gpu::Stager::thread_lane();
+    uint64_t dst_, bytes_;
+    std::deque<gpu::Staged> inFlight_;
+    std::string failed_;
+};
+
+}  // namespace mori::tcp

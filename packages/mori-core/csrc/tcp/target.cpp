@@ -1,0 +1,598 @@
+// Target side of the native TCP data plane: every request is checked against the registered
+// regions before a byte of memory is touched. As in MORI, any engine that presents the auth token
+// is served; registering a remote engine is the initiator's step only.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <cstdio>
+#include <stdexcept>
+#include <system_error>
+
+#include "tcp/engine.hpp"
+#include "tcp/staged.hpp"
+
+namespace mori::tcp {
+
+namespace {
+
+constexpr size_t kInlineRead = 64 * 1024;  // reads up to this size are copied into the reply buffer
+constexpr size_t kFlushBytes = 1 << 20;
+
+void set_send_timeout(int fd, double sec) {
+    struct timeval tv {};
+    tv.tv_sec = static_cast<time_t>(sec);
+    tv.tv_usec = static_cast<suseconds_t>((sec - static_cast<double>(tv.tv_sec)) * 1e6);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+bool equal_const_time(const std::string& a, const std::string& b) {
+    if (a.size() != b.size()) return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+// A block the target could not copy to or from its GPU: the reply says so (ERR_DEVICE).
+void device_failed(int& code, uint64_t& reason, int& outcome) {
+    code = kErrDevice;
+    reason = kReasonDevice;
+    if (outcome == kSuccess) outcome = code;
+}
+
+// Staged writes whose copies run while the connection goes on receiving: at most this many, or
+// this many bytes, before they are waited for (each holds pinned memory and its region).
+constexpr size_t kPendingWrites = 16;
+constexpr uint64_t kPendingWriteBytes = 4 << 20;
+
+// Sends a staged read's data after the replies `out` holds (cleared), piece by piece as each
+// copy ends; a notifying read (beforeLast set) holds its last byte back until beforeLast has
+// made the record. Small data joins `out` instead, sent with the next replies (the caller
+// records before it sends them). False when the socket or a copy failed.
+bool send_staged(int fd, DeviceSource& source, uint64_t bytes, std::vector<char>& out,
+                 const std::function<void()>& beforeLast) {
+    try {
+        if (bytes <= kInlineRead) {
+            for (; !source.done(); source.pop()) {
+                const gpu::Staged& p = source.next().staged;
+                const auto* data = reinterpret_cast<const char*>(p.data());
+                out.insert(out.end(), data, data + p.size());
+            }
+            return true;
+        }
+        for (uint64_t sent = 0; !source.done(); source.pop()) {
+            const gpu::Staged& p = source.next().staged;
+            sent += p.size();
+            const bool last = sent == bytes;
+            const size_t len = p.size() - (last && beforeLast ? 1 : 0);
+            struct iovec iov[2] = {{out.data(), out.size()}, {p.data(), len}};
+            if (!send_all(fd, iov, 2).empty()) return false;
+            out.clear();
+            if (last && beforeLast) {
+                beforeLast();
+                if (!send_bytes(fd, p.data() + len, 1).empty()) return false;
+            }
+        }
+        return true;
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+}  // namespace
+
+Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
+               std::string timeoutSetting, std::shared_ptr<InboundRecords> inbound)
+    : token_(std::move(token)),
+      ioTimeout_(ioTimeout),
+      limits_(limits),
+      timeoutSetting_(std::move(timeoutSetting)),
+      inbound_(inbound_table(std::move(inbound), limits.maxInbound, limits.inboundTtl)) {
+    if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
+        limits_.maxPerKey < 1 ||
+        !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
+        throw std::invalid_argument("TCP data plane: every limit must be positive");
+    struct addrinfo hints {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    struct addrinfo* res = nullptr;
+    std::string portText = std::to_string(port);
+    int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), portText.c_str(), &hints, &res);
+    if (rc != 0) throw std::runtime_error("TCP data plane: cannot resolve " + host + ": " + gai_strerror(rc));
+    std::string err = "no address";
+    for (auto* ai = res; ai != nullptr && listenFd_ < 0; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 256) == 0) {
+            listenFd_ = fd;
+        } else {
+            err = std::strerror(errno);
+            ::close(fd);
+        }
+    }
+    freeaddrinfo(res);
+    if (listenFd_ < 0) throw std::runtime_error("TCP data plane: cannot listen on " + host + ":" + portText + ": " + err);
+    struct sockaddr_storage addr {};
+    socklen_t len = sizeof(addr);
+    getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                             : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    acceptThread_ = std::thread([this] { accept_loop(); });
+}
+
+Target::~Target() { close(); }
+
+void Target::register_region(uint64_t id, uint64_t addr, uint64_t size, std::shared_ptr<gpu::Stager> stager) {
+    std::lock_guard lk(regionsMu_);
+    regions_[id] = std::make_shared<Region>(Region{addr, size, std::move(stager)});
+}
+
+bool Target::deregister_region(uint64_t id) {
+    std::shared_ptr<Region> r;
+    {
+        std::lock_guard lk(regionsMu_);
+        auto it = regions_.find(id);
+        if (it == regions_.end()) return false;
+        r = std::move(it->second);
+        regions_.erase(it);  // new requests find no region from here on
+    }
+    // Requests being served on it end by themselves within the I/O timeout unless a peer reads
+    // (or writes) slowly but steadily; such a peer's connection is cut after the timeout, so the
+    // wait is bounded whatever it does. Cutting makes its blocked send or receive fail at once.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(ioTimeout_ * 1e9));
+    std::unique_lock lk(regionsMu_);
+    if (regionsCv_.wait_until(lk, deadline, [&] { return r->users == 0; })) return true;
+    while (r->users > 0) {
+        lk.unlock();
+        size_t n = cut_users(r.get());
+        lk.lock();
+        if (n > 0) {
+            std::lock_guard sk(statsMu_);
+            stats_.cut += n;
+        }
+        regionsCv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return r->users == 0; });
+    }
+    return true;
+}
+
+size_t Target::cut_users(const Region* r) {
+    size_t n = 0;
+    std::lock_guard lk(connsMu_);
+    for (auto& c : conns_) {
+        if (c.using_.load() == r) {
+            // Reset rather than close: what the kernel still holds for the peer is dropped too,
+            // so a slow reader sees the cut at once.
+            struct linger reset {1, 0};
+            setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+            shutdown(c.fd, SHUT_RDWR);
+            ++n;
+        }
+    }
+    return n;
+}
+
+int Target::RegionUse::acquire(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason) {
+    std::lock_guard lk(t_.regionsMu_);
+    auto it = t_.regions_.find(memId);
+    if (it == t_.regions_.end()) {
+        reason = kReasonMemory;
+        return kErrNotFound;
+    }
+    const Region& r = *it->second;
+    if (off > r.size || size > r.size - off) {
+        reason = kReasonRange;
+        return kErrInvalidArgs;
+    }
+    addr = r.addr + off;
+    reason = 0;
+    region_ = it->second;
+    ++region_->users;
+    c_->using_.store(region_.get());
+    return kSuccess;
+}
+
+void Target::RegionUse::release() {
+    if (!region_) return;
+    std::lock_guard lk(t_.regionsMu_);
+    c_->using_.store(nullptr);
+    if (--region_->users == 0) t_.regionsCv_.notify_all();
+    region_.reset();
+}
+
+void Target::issue_ticket(const std::string& key, const std::string& ticket) {
+    if (ticket.empty() || ticket.size() > kMaxTicketLen) throw std::invalid_argument("ticket must be 1..256 bytes");
+    std::lock_guard lk(ticketsMu_);
+    // The oldest go first: when the table is full, and entries whose ticket was used up already.
+    while (!ticketOrder_.empty() && (tickets_.size() >= limits_.maxTickets || ticketOrder_.size() > 2 * limits_.maxTickets)) {
+        tickets_.erase(ticketOrder_.front());
+        ticketOrder_.pop_front();
+    }
+    auto ttl = static_cast<int64_t>(limits_.ticketTtl * 1e9);
+    if (tickets_.insert_or_assign(ticket, Ticket{key, now_ns() + ttl, 64}).second) ticketOrder_.push_back(ticket);
+}
+
+bool Target::take_ticket(const std::string& key, const std::string& ticket) {
+    std::lock_guard lk(ticketsMu_);
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end()) return false;
+    if (it->second.expiresNs <= now_ns()) {
+        tickets_.erase(it);  // its ticketOrder_ entry goes when it reaches the front
+        return false;
+    }
+    if (!equal_const_time(it->second.key, key)) return false;  // another key's ticket stays valid for it
+    if (--it->second.usesLeft == 0) tickets_.erase(it);
+    return true;
+}
+
+std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) { return inbound_->pop_code(key, uid); }
+
+size_t Target::inbound_count() { return inbound_->count(); }
+
+size_t Target::connection_count() {
+    std::lock_guard lk(connsMu_);
+    reap(false);
+    return conns_.size();
+}
+
+TargetStats Target::stats() {
+    uint64_t dropped = inbound_->dropped();
+    std::lock_guard lk(statsMu_);
+    TargetStats s = stats_;
+    s.inboundDropped = dropped;
+    return s;
+}
+
+void Target::close() {
+    if (stop_.exchange(true)) return;
+    if (acceptThread_.joinable()) acceptThread_.join();
+    {
+        std::lock_guard lk(connsMu_);
+        for (auto& c : conns_) shutdown(c.fd, SHUT_RDWR);
+        reap(true);
+    }
+    ::close(listenFd_);
+}
+
+void Target::reap(bool all) {
+    for (auto it = conns_.begin(); it != conns_.end();) {
+        if (all || it->done.load()) {
+            if (it->thread.joinable()) it->thread.join();
+            ::close(it->fd);
+            it = conns_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+bool Target::evict_oldest_handshake_locked() {
+    for (auto& c : conns_) {  // accept order: the first one handshaking is the oldest
+        int expected = kHandshaking;
+        if (!c.done.load() && c.state.compare_exchange_strong(expected, kEvicted)) {
+            shutdown(c.fd, SHUT_RDWR);  // its thread notices, ends and is reaped
+            std::lock_guard sk(statsMu_);
+            ++stats_.evicted;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool Target::evict_idlest_locked() {
+    const int64_t now = now_ns(), least = static_cast<int64_t>(limits_.helloTimeout * 1e9);
+    Conn* idlest = nullptr;
+    int64_t since = now - least;  // idle at least helloTimeout: a pool that is in use keeps its connections
+    for (auto& c : conns_) {
+        int64_t idleSince = c.idleSinceNs.load();
+        if (!c.done.load() && c.state.load() == kServing && idleSince != 0 && idleSince <= since) {
+            idlest = &c;
+            since = idleSince;
+        }
+    }
+    if (idlest == nullptr) return false;
+    drop_locked(*idlest);
+    return true;
+}
+
+void Target::drop_locked(Conn& c) {
+    c.state.store(kEvicted);
+    shutdown(c.fd, SHUT_RDWR);
+    std::lock_guard sk(statsMu_);
+    ++stats_.idleEvicted;
+}
+
+void Target::bind_key(Conn* conn, const std::string& key) {
+    std::lock_guard lk(connsMu_);
+    conn->key = key;
+    size_t held = 0;
+    for (auto& c : conns_) held += &c != conn && !c.done.load() && c.state.load() == kServing && c.key == key;
+    // Over the bound, the key's oldest connections go (accept order): a peer that reconnects
+    // replaces its old pool, and one key cannot take every descriptor.
+    for (auto it = conns_.begin(); held >= limits_.maxPerKey && it != conns_.end(); ++it) {
+        if (&*it != conn && !it->done.load() && it->state.load() == kServing && it->key == key) {
+            drop_locked(*it);
+            --held;
+        }
+    }
+}
+
+bool Target::admit() {
+    int fd = accept4(listenFd_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::lock_guard lk(connsMu_);
+    if (fd < 0) {
+        if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return true;
+        // Out of descriptors (EMFILE/ENFILE), buffers or memory. Finished connections are reaped
+        // first: while accepts keep failing this is the only place that happens, and peers that
+        // vanished hold descriptors until it does. Nothing to reap: free what a peer that has not
+        // even said hello holds (else an admitted connection idle for a while), and tell the
+        // caller to back off (the queued connection stays readable, so retrying would spin).
+        size_t before = conns_.size();
+        reap(false);
+        if (conns_.size() < before) return true;
+        if (!evict_oldest_handshake_locked()) evict_idlest_locked();
+        std::lock_guard sk(statsMu_);
+        ++stats_.acceptErrors;
+        return false;
+    }
+    reap(false);
+    if (stop_.load() || conns_.size() >= limits_.maxConnections) {
+        ::close(fd);
+        if (!stop_.load()) {
+            std::lock_guard sk(statsMu_);
+            ++stats_.refused;
+        }
+        return true;
+    }
+    size_t handshaking = 0;
+    for (auto& c : conns_) handshaking += c.state.load() == kHandshaking && !c.done.load();
+    if (handshaking >= limits_.maxHandshakes) evict_oldest_handshake_locked();
+    tune_socket(fd);
+    set_send_timeout(fd, ioTimeout_);
+    try {
+        Conn& c = conns_.emplace_back();
+        c.fd = fd;
+        c.acceptNs = now_ns();
+        c.thread = std::thread([this, conn = &c] {
+            try {
+                serve(conn);
+            } catch (const std::exception&) {  // out of memory mid-request: this connection only
+            }
+            shutdown(conn->fd, SHUT_RDWR);
+            conn->done.store(true);
+        });
+    } catch (const std::exception&) {
+        // No thread or memory to be had (RLIMIT_NPROC, RLIMIT_AS): refuse this connection and
+        // keep serving; an escaping exception would terminate the process.
+        ::close(fd);
+        if (!conns_.empty() && conns_.back().fd == fd && !conns_.back().thread.joinable()) conns_.pop_back();
+        std::lock_guard sk(statsMu_);
+        ++stats_.acceptErrors;
+        return false;
+    }
+    return true;
+}
+
+void Target::accept_loop() {
+    struct pollfd p {listenFd_, POLLIN, 0};
+    int backoffMs = 0;
+    while (!stop_.load()) {
+        int ready = poll(&p, 1, backoffMs > 0 ? 0 : 200);
+        if (backoffMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(backoffMs));
+        if (ready <= 0) {
+            // Reap finished connections on every wake-up, not only after an accept: their
+            // descriptors and threads are released even when no one connects again.
+            std::lock_guard lk(connsMu_);
+            reap(false);
+            continue;
+        }
+        bool ok = false;
+        try {
+            ok = admit();
+        } catch (const std::exception&) {  // out of memory: back off, keep accepting
+        }
+        backoffMs = ok ? 0 : std::min(std::max(backoffMs * 2, 10), 200);
+    }
+}
+
+bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
+    // The whole hello must arrive within helloTimeout of the accept: a peer trickling bytes
+    // cannot hold a connection open.
+    int64_t deadlineNs = conn->acceptNs + static_cast<int64_t>(limits_.helloTimeout * 1e9);
+    AbortCheck deadline = [this, deadlineNs]() -> std::string {
+        if (stop_.load()) return "closed";
+        return now_ns() > deadlineNs ? "no hello" : "";
+    };
+    if (!rd.fill(sizeof(Hello), deadline).empty()) return false;
+    Hello h;
+    std::memcpy(&h, rd.data(), sizeof(h));
+    rd.consume(sizeof(h));
+    if (h.magic != kHelloMagic || h.version != kVersion || h.keyLen == 0 || h.keyLen > kMaxNameLen ||
+        h.tokenLen > kMaxNameLen || h.ticketLen > kMaxTicketLen)
+        return false;
+    size_t rest = size_t(h.keyLen) + h.tokenLen + h.ticketLen;
+    if (!rd.fill(rest, deadline).empty()) return false;
+    peerKey.assign(rd.data(), h.keyLen);
+    std::string token(rd.data() + h.keyLen, h.tokenLen);
+    std::string ticket(rd.data() + h.keyLen + h.tokenLen, h.ticketLen);
+    rd.consume(rest);
+    // Requests may follow only after the reply: anything already buffered is a protocol error.
+    bool ok = rd.buffered() == 0 && equal_const_time(token, token_) && take_ticket(peerKey, ticket);
+    if (!ok) {
+        std::lock_guard sk(statsMu_);
+        ++stats_.badTickets;
+    }
+    int expected = kHandshaking;
+    if (ok && !conn->state.compare_exchange_strong(expected, kServing)) return false;  // evicted meanwhile
+    if (ok) bind_key(conn, peerKey);
+    HelloReply rep{kHelloMagic, ok ? kSuccess : kErrBadState};
+    if (!send_bytes(conn->fd, &rep, sizeof(rep)).empty()) return false;
+    return ok;
+}
+
+void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) { inbound_->record(peerKey, uid, code); }
+
+void Target::serve(Conn* conn) {
+    gpu::own_thread();  // staged copies keep the GPU's context current here (gpu/staging.hpp)
+    int fd = conn->fd;
+    std::string peerKey;
+    bool admitted = false;
+    {
+        // A small buffer until the peer is admitted: handshaking connections cost little memory.
+        Reader hello(fd, sizeof(Hello) + 2 * kMaxNameLen + kMaxTicketLen);
+        admitted = handshake(conn, hello, peerKey);
+    }
+    if (admitted) {
+        Reader rd(fd);
+        std::vector<char> out;
+        out.reserve(kFlushBytes + kInlineRead + 64);
+        AbortCheck idle = [this]() -> std::string { return stop_.load() ? "closed" : ""; };
+        // A frame (header and payload) must arrive within the I/O timeout of its first byte: a
+        // peer trickling a write cannot hold the region (and its deregistration) indefinitely.
+        int64_t frameStartNs = 0;
+        const auto frameBudgetNs = static_cast<int64_t>(ioTimeout_ * 1e9);
+        AbortCheck midFrame = [this, &frameStartNs, frameBudgetNs]() -> std::string {
+            if (stop_.load()) return "closed";
+            return now_ns() - frameStartNs > frameBudgetNs ? "peer too slow to send a frame (" + timeoutSetting_ + ")" : "";
+        };
+        int outcome = kSuccess;  // first failure of the notifying transfer being served
+        auto append = [&out](const void* p, size_t n) {
+            out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+        };
+        std::deque<PendingWrite> pending;
+        uint64_t pendingBytes = 0;
+        auto settle = [&] {
+            settle_writes(pending, out, outcome);
+            pendingBytes = 0;
+        };
+        for (;;) {
+            if (rd.buffered() == 0) {
+                // About to block: answer everything received so far first.
+                settle();
+                if (!out.empty() && !send_bytes(fd, out.data(), out.size()).empty()) break;
+                out.clear();
+                conn->idleSinceNs.store(now_ns());
+                if (!rd.wait_readable(idle, Reader::kSpinNs).empty()) break;
+                conn->idleSinceNs.store(0);
+            }
+            frameStartNs = now_ns();
+            if (!rd.fill(sizeof(ReqHdr), midFrame).empty()) break;
+            ReqHdr h;
+            std::memcpy(&h, rd.data(), sizeof(h));
+            rd.consume(sizeof(h));
+            if (h.magic != kReqMagic || h.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
+                (h.op == kOpNotify && (h.flags != 0 || !is_final_code(static_cast<int64_t>(h.offset)))))
+                break;  // malformed: drop the connection
+            uint64_t uid = 0;
+            if (h.flags & kFlagNotify) {
+                if (!rd.fill(sizeof(uid), midFrame).empty()) break;
+                std::memcpy(&uid, rd.data(), sizeof(uid));
+                rd.consume(sizeof(uid));
+            }
+            if (h.flags & kFlagBegin) {
+                settle();  // a failure of the transfer before counts for that one
+                outcome = kSuccess;
+            }
+            uint64_t addr = 0, reason = 0;
+            if (h.op == kOpNotify) {
+                record_inbound(peerKey, h.memId, static_cast<int>(h.offset));
+                continue;
+            }
+            if (h.op != kOpWrite && h.op != kOpRead) break;
+            // the region's memory stays valid until use is released
+            auto use = std::make_unique<RegionUse>(*this, conn);
+            int code = use->acquire(h.memId, h.offset, h.size, addr, reason);
+            if (outcome == kSuccess) outcome = code;
+            // The outcome of a notifying transfer is recorded once its last block's bytes have
+            // left (or entered) the registered memory, and before the initiator can see the
+            // transfer finish.
+            bool record = (h.flags & kFlagNotify) != 0;
+            gpu::Stager* stager = code == kSuccess ? use->stager() : nullptr;
+            if (h.op == kOpWrite && stager != nullptr) {
+                // Answered once every copy to the device has ended (settle_writes, before the
+                // replies are sent or a record made): the reply never precedes the bytes, and the
+                // region stays held until then. Meanwhile the next requests are received.
+                DeviceSink sink(*stager, addr, h.size);
+                if (!sink.receive(rd, midFrame).empty()) break;
+                RepHdr rep{kRepMagic, code, reason};
+                pending.push_back(PendingWrite{std::move(sink), std::move(use), out.size()});
+                pendingBytes += h.size;
+                append(&rep, sizeof(rep));
+                if (pending.size() >= kPendingWrites || pendingBytes >= kPendingWriteBytes || record) settle();
+            } else if (h.op == kOpWrite) {
+                char* dst = code == kSuccess ? reinterpret_cast<char*>(addr) : nullptr;
+                if (!rd.read_into(dst, h.size, midFrame).empty()) break;
+                RepHdr rep{kRepMagic, code, reason};
+                append(&rep, sizeof(rep));
+            } else if (stager != nullptr) {
+                std::optional<DeviceSource> source;
+                try {  // the first piece is copied before the reply says whether it succeeded
+                    source.emplace(*stager, std::vector<DeviceSource::Span>{{addr, h.size}});
+                    source->next();
+                } catch (const std::exception&) {
+                    source.reset();
+                    device_failed(code, reason, outcome);
+                }
+                RepHdr rep{kRepMagic, code, code == kSuccess ? h.size : reason};
+                append(&rep, sizeof(rep));
+                std::function<void()> beforeLast;
+                if (source && record && h.size > kInlineRead)
+                    beforeLast = [&] { record_inbound(peerKey, uid, outcome); };
+                if (source && !send_staged(fd, *source, h.size, out, beforeLast))
+                    break;  // the socket failed, or a later piece's copy: a reply cannot be taken back
+                if (beforeLast) record = false;
+            } else {
+                RepHdr rep{kRepMagic, code, code == kSuccess ? h.size : reason};
+                append(&rep, sizeof(rep));
+                if (code == kSuccess && h.size <= kInlineRead) {
+                    append(reinterpret_cast<const void*>(addr), h.size);
+                } else if (code == kSuccess) {
+                    // A notifying read holds its last byte back until the record is made.
+                    uint64_t held = record ? 1 : 0;
+                    struct iovec iov[2] = {{out.data(), out.size()}, {reinterpret_cast<void*>(addr), h.size - held}};
+                    if (!send_all(fd, iov, 2).empty()) break;
+                    out.clear();
+                    if (record) {
+                        record_inbound(peerKey, uid, outcome);
+                        record = false;
+                        if (!send_bytes(fd, reinterpret_cast<const void*>(addr + h.size - 1), 1).empty()) break;
+                    }
+                }
+            }
+            if (record) record_inbound(peerKey, uid, outcome);
+            if (use) use->release();
+            if (out.size() >= kFlushBytes) {
+                settle();
+                if (!send_bytes(fd, out.data(), out.size()).empty()) break;
+                out.clear();
+            }
+        }
+        settle();  // nothing of a region is touched once its connection ends
+    }
+}
+
+void Target::settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome) {
+    for (; !pending.empty(); pending.pop_front()) {
+        PendingWrite& w = pending.front();
+        if (w.sink.finish().empty()) continue;
+        RepHdr rep;
+        std::memcpy(&rep, out.data() + w.replyAt, sizeof(rep));
+        uint64_t reason = 0;
+        int code = rep.code;
+        device_failed(code, reason, outcome);
+        rep.code = code;
+        rep.size = reason;
+        std::memcpy(out.data() + w.replyAt, &rep, sizeof(rep));
+    }
+}
+
+}  // namespace mori::tcp

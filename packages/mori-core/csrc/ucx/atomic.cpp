@@ -1,0 +1,451 @@
+// Remote atomics on the UCX engine: the initiator's request and wait, the target's checks and
+// the operation itself (see ucx/atomic.hpp).
+#include "ucx/atomic.hpp"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+#include <vector>
+
+#include "ucx/wire.hpp"
+
+namespace mori::ucx {
+
+namespace {
+
+// Why a target refused beyond the engine's own reasons (ucx/wire.hpp).
+constexpr uint32_t kReasonAlign = 100;
+
+#pragma pack(push, 1)
+struct AtomicRequest {
+    uint32_t magic;
+    uint8_t op;
+    uint8_t width;  // bits: 32 or 64
+    uint16_t reserved;
+    uint64_t ticket;  // what the target issued to the initiator
+    uint64_t id;      // the initiator's id of this request, echoed in the reply
+    uint64_t memId, offset, value, compare;
+};
+struct AtomicReply {
+    uint32_t magic;
+    int32_t code;
+    uint64_t ticket;  // the request's: replies are authenticated too
+    uint64_t id;
+    uint64_t old;
+    uint32_t reason;
+    uint32_t reserved;
+};
+#pragma pack(pop)
+static_assert(sizeof(AtomicRequest) == 56 && sizeof(AtomicReply) == 40, "wire layout");
+
+// A signal put: the data's place (its bytes are the message's data), then the signal's atomic.
+struct SignalPutRequest {
+    AtomicRequest signal;  // the atomic applied after the data is written (op store or fetch_add)
+    uint64_t dataMemId, dataOffset, dataSize;
+};
+static_assert(sizeof(SignalPutRequest) == 80, "wire layout");
+
+// One request in flight, shared by its waiter and the reply handler.
+struct Pending {
+    SignalPutRequest request{};  // sent from here (an atomic sends its first part): alive until the send completes
+    std::vector<uint8_t> data;   // a signal put's bytes, likewise
+    std::mutex mu;
+    std::condition_variable cv;
+    std::atomic<bool> done{false};
+    int code = kInProgress;
+    uint32_t reason = 0;
+    uint64_t old = 0;
+};
+
+std::mutex gPendingMu;
+std::unordered_map<uint64_t, std::shared_ptr<Pending>> gPending;
+std::atomic<uint64_t> gNextId{1};
+
+std::string refusal(uint32_t reason) {
+    return reason == kReasonAlign ? "the word is not aligned to its width (ERR_INVALID_ARGS)" : reason_text(reason);
+}
+
+template <class T>
+T apply(T* word, uint8_t op, T value, T compare) {
+    switch (op) {
+        case kAtomicFetchAdd: return __atomic_fetch_add(word, value, __ATOMIC_SEQ_CST);
+        case kAtomicCompareSwap:
+            __atomic_compare_exchange_n(word, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            return compare;  // the old value, whether or not it was replaced
+        case kAtomicFetchAnd: return __atomic_fetch_and(word, value, __ATOMIC_SEQ_CST);
+        case kAtomicFetchOr: return __atomic_fetch_or(word, value, __ATOMIC_SEQ_CST);
+        case kAtomicFetchXor: return __atomic_fetch_xor(word, value, __ATOMIC_SEQ_CST);
+        default: return __atomic_exchange_n(word, value, __ATOMIC_SEQ_CST);  // swap, store
+    }
+}
+
+void on_reply_sent(void* request, api::Status, void* user) {
+    fn().request_free(request);
+    delete static_cast<AtomicReply*>(user);
+}
+
+struct SendHold {
+    std::shared_ptr<Pending> pending;
+};
+
+void on_request_sent(void* request, api::Status, void* user) {
+    // A failed send fails the endpoint, and so the peer: the waiter sees it there.
+    fn().request_free(request);
+    delete static_cast<SendHold*>(user);
+}
+
+std::string seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", s);
+    return buf;
+}
+
+}  // namespace
+
+namespace {
+
+// Checks a request's atomic (magic, op, width) without touching memory; false when malformed.
+bool well_formed(const AtomicRequest& h) {
+    return h.magic == kMagic && h.op >= kAtomicFetchAdd && h.op <= kAtomicLast && (h.width == 32 || h.width == 64) &&
+           h.reserved == 0;
+}
+
+// Why the word of h may not be touched (kReasonNone when it may), r its pinned region or null;
+// GPU memory only where the engine serves it (gpu).
+uint32_t word_reason(const std::shared_ptr<Region>& r, const AtomicRequest& h, const GpuWords* gpu) {
+    const uint64_t bytes = h.width / 8;
+    if (!r) return kReasonMemory;
+    if (!r->contains(h.offset, bytes)) return kReasonRange;
+    if ((r->addr + h.offset) % bytes != 0) return kReasonAlign;
+    return r->memType != api::kMemoryHost && (gpu == nullptr || !gpu->serves_words()) ? kReasonGpu : kReasonNone;
+}
+
+// Applies h to its word (checked by word_reason): on GPU memory through the engine's GPU
+// operations, after copying a signal put's bytes (data, bytes) to device address dst when given.
+// A driver failure sets reason to kReasonFailed.
+uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
+                    uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
+    const uint64_t addr = r->addr + h.offset;
+    if (r->memType != api::kMemoryHost) {
+        try {
+            return gpu->apply(addr, h.op, h.width, h.value, h.compare, dst, data, bytes);
+        } catch (const std::exception&) {
+            reason = kReasonFailed;
+            return 0;
+        }
+    }
+    return h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.value, h.compare)
+                         : apply(reinterpret_cast<uint32_t*>(addr), h.op, static_cast<uint32_t>(h.value),
+                                 static_cast<uint32_t>(h.compare));
+}
+
+void unpin(const std::shared_ptr<Region>& r) {
+    if (r) --r->pins;
+}
+
+// Answers on the request's endpoint pair; a refusal is counted.
+void answer(Engine& eng, api::Endpoint* ep, const AtomicRequest& h, uint32_t reason, uint64_t old) {
+    auto reply = std::make_unique<AtomicReply>(AtomicReply{kMagic, kSuccess, h.ticket, h.id, old, reason, 0});
+    if (reason != kReasonNone) {
+        eng.count(&EngineStats::refused);
+        reply->code = reason == kReasonMemory ? kErrNotFound : kErrInvalidArgs;
+    }
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
+    p.flags = api::kAmSendEager;
+    p.cb = reinterpret_cast<void*>(&on_reply_sent);
+    p.userData = reply.get();
+    api::StatusPtr s = fn().am_send_nbx(ep, kAmAtomicReply, reply.get(), sizeof(AtomicReply), nullptr, 0, &p);
+    if (s != nullptr && !api::is_error_ptr(s)) reply.release();  // on_reply_sent frees it
+}
+
+// The shape and ticket checks every request passes first; false (counted) when it is dropped.
+bool admitted(Engine& eng, const AtomicRequest& h, const api::AmRecvParam* param) {
+    if (!well_formed(h) || (param->recvAttr & api::kAmRecvReplyEp) == 0 || param->replyEp == nullptr) {
+        eng.count(&EngineStats::malformed);
+        return false;
+    }
+    if (eng.admitted(h.ticket).empty()) {
+        eng.count(&EngineStats::badTickets);
+        return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+api::Status on_atomic_request(void* arg, const void* header, size_t headerLength, void*, size_t length,
+                              const api::AmRecvParam* param) {
+    Engine& eng = static_cast<Worker*>(arg)->engine();
+    AtomicRequest h;
+    if (headerLength != sizeof(h) || length != 0) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    if (!admitted(eng, h, param)) return api::kOk;
+    // Checked while pinned: a deregistration waits for the operation.
+    std::shared_ptr<Region> r = eng.pin_region(h.memId);
+    const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
+    uint32_t reason = word_reason(r, h, gpu.get());
+    const uint64_t old = reason == kReasonNone ? apply_word(r, h, gpu.get(), reason) : 0;
+    unpin(r);
+    answer(eng, param->replyEp, h, reason, old);
+    return api::kOk;
+}
+
+api::Status on_signal_put_request(void* arg, const void* header, size_t headerLength, void* data, size_t length,
+                                  const api::AmRecvParam* param) {
+    Engine& eng = static_cast<Worker*>(arg)->engine();
+    SignalPutRequest h;
+    // The data travels eagerly (the initiator asks so and bounds it): here it is, whole.
+    if (headerLength != sizeof(h) || (param->recvAttr & api::kAmRecvRndv) != 0) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    if (!admitted(eng, h.signal, param)) return api::kOk;
+    if (h.signal.op != kAtomicStore && h.signal.op != kAtomicFetchAdd) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    // Both places are checked, and pinned, before either is touched: a refusal writes nothing.
+    std::shared_ptr<Region> dr = eng.pin_region(h.dataMemId);
+    std::shared_ptr<Region> sr = eng.pin_region(h.signal.memId);
+    const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
+    uint32_t reason = !dr                                                   ? kReasonMemory
+                      : !dr->contains(h.dataOffset, h.dataSize)              ? kReasonRange
+                      : dr->memType != api::kMemoryHost && (gpu == nullptr || !gpu->serves_words()) ? kReasonGpu
+                      : length != h.dataSize                                ? kReasonShape
+                                                                            : kReasonNone;
+    if (reason == kReasonNone) reason = word_reason(sr, h.signal, gpu.get());
+    uint64_t old = 0;
+    if (reason == kReasonNone) {
+        const uint64_t dst = dr->addr + h.dataOffset;
+        if (dr->memType == api::kMemoryHost) {
+            if (length != 0) std::memcpy(reinterpret_cast<void*>(dst), data, length);
+            // sequentially consistent (host) or after the copy's end (GPU): after the data for any observer
+            old = apply_word(sr, h.signal, gpu.get(), reason);
+        } else if (sr->memType != api::kMemoryHost) {
+            old = apply_word(sr, h.signal, gpu.get(), reason, dst, data, length);  // the copy, then the kernel
+        } else {
+            try {
+                gpu->apply(0, 0, 0, 0, 0, dst, data, length);
+                old = apply_word(sr, h.signal, gpu.get(), reason);
+            } catch (const std::exception&) {
+                reason = kReasonFailed;
+            }
+        }
+    }
+    unpin(dr);
+    unpin(sr);
+    answer(eng, param->replyEp, h.signal, reason, old);
+    return api::kOk;
+}
+
+api::Status on_atomic_reply(void* arg, const void* header, size_t headerLength, void*, size_t length,
+                            const api::AmRecvParam*) {
+    Engine& eng = static_cast<Worker*>(arg)->engine();
+    AtomicReply h;
+    if (headerLength != sizeof(h) || length != 0) {
+        eng.count(&EngineStats::malformed);
+        return api::kOk;
+    }
+    std::memcpy(&h, header, sizeof(h));
+    std::shared_ptr<Pending> pending;
+    {
+        std::lock_guard lk(gPendingMu);
+        auto found = gPending.find(h.id);
+        if (h.magic == kMagic && found != gPending.end()) pending = found->second;
+    }
+    if (!pending || pending->done.load()) {
+        eng.count(&EngineStats::lateReplies);
+        return api::kOk;
+    }
+    if (h.ticket != pending->request.signal.ticket) {  // not from the engine we asked
+        eng.count(&EngineStats::badTickets);
+        return api::kOk;
+    }
+    {
+        std::lock_guard lk(pending->mu);
+        pending->code = is_final_code(h.code) ? h.code : kErrBadState;
+        pending->reason = h.reason;
+        pending->old = h.old;
+        pending->done.store(true);
+    }
+    pending->cv.notify_all();
+    return api::kOk;
+}
+
+namespace {
+
+// Sends pending's request (an atomic; with signalPut, a signal put and its data) to the peer;
+// returns the request's id. Throws std::runtime_error when the peer cannot be reached.
+uint64_t send_request(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pending, bool signalPut,
+                      double timeout) {
+    if (!(timeout > 0)) throw std::invalid_argument("timeout must be > 0 seconds");
+    if (engine.worker_count() == 0) throw std::runtime_error("the engine is closed");
+    const uint64_t id = gNextId.fetch_add(1);
+    Worker& w = engine.worker(0);
+    std::lock_guard lk(w.mutex());
+    // A peer that failed or closed may have had its link freed: ask the peer, under the lock
+    // that its link's failure and reaping take.
+    if (!w.alive() || !peer.healthy()) {
+        const std::string why = peer.failure();
+        throw std::runtime_error("engine '" + peer.key() + "' cannot be reached: " +
+                                 (why.empty() ? std::string("the engine or the peer was closed") : why));
+    }
+    Link* link = peer.link(0);
+    if (link->worker != &w) throw std::invalid_argument("the peer '" + peer.key() + "' belongs to another engine");
+    if (link->eps.empty()) throw std::runtime_error("engine '" + peer.key() + "' has no endpoint");
+    pending->request.signal.ticket = link->peer->ticket;
+    pending->request.signal.id = id;
+    {
+        std::lock_guard pk(gPendingMu);
+        gPending[id] = pending;
+    }
+    auto hold = std::make_unique<SendHold>(SendHold{pending});
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
+    p.flags = api::kAmSendReply | api::kAmSendEager;
+    p.cb = reinterpret_cast<void*>(&on_request_sent);
+    p.userData = hold.get();
+    api::StatusPtr s =
+        signalPut ? fn().am_send_nbx(link->eps[0], kAmSignalPut, &pending->request, sizeof(SignalPutRequest),
+                                     pending->data.data(), pending->data.size(), &p)
+                  : fn().am_send_nbx(link->eps[0], kAmAtomic, &pending->request.signal, sizeof(AtomicRequest), nullptr,
+                                     0, &p);
+    if (api::is_error_ptr(s)) {
+        w.link_failed_locked(*link, "sending to engine '" + peer.key() + "' failed: " + status_text(api::ptr_status(s)));
+    } else if (s != nullptr) {
+        hold.release();  // on_request_sent frees it
+    }
+    return id;
+}
+
+void forget(uint64_t id) {
+    std::lock_guard pk(gPendingMu);
+    gPending.erase(id);
+}
+
+std::string no_answer(Engine& engine, Peer& peer, const char* what, double timeout) {
+    return "engine '" + peer.key() + "' did not answer " + what + " within " + seconds(timeout) + " s (" +
+           engine.options().timeoutSetting + ")";
+}
+
+// Sends pending's request and waits for the answer; throws std::runtime_error when the peer
+// failed or did not answer in time.
+void exchange(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pending, bool signalPut, double timeout,
+              const char* what) {
+    const uint64_t id = send_request(engine, peer, pending, signalPut, timeout);
+    Worker& w = engine.worker(0);
+    const int64_t deadline = now_ns() + static_cast<int64_t>(timeout * 1e9);
+    // A small round trip is answered while the caller progresses the worker itself.
+    w.lead([&] { return pending->done.load() || !peer.healthy(); }, 100'000);
+    while (!pending->done.load()) {
+        if (!peer.healthy()) {
+            forget(id);
+            throw std::runtime_error("engine '" + peer.key() + "' failed: " + peer.failure());
+        }
+        if (now_ns() >= deadline) {
+            forget(id);
+            throw std::runtime_error(no_answer(engine, peer, what, timeout));
+        }
+        w.wake();
+        std::unique_lock lk(pending->mu);
+        pending->cv.wait_for(lk, std::chrono::milliseconds(2), [&] { return pending->done.load(); });
+    }
+    forget(id);
+}
+
+std::string atomic_refusal(uint64_t memId, uint64_t offset, const std::string& key, uint32_t reason) {
+    return "atomic on memory id " + std::to_string(memId) + ", offset " + std::to_string(offset) + " at engine '" +
+           key + "': " + refusal(reason);
+}
+
+std::shared_ptr<Pending> atomic_request(AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
+                                        uint64_t compare, int width) {
+    if (width != 32 && width != 64) throw std::invalid_argument("width must be 32 or 64, got " + std::to_string(width));
+    if (op < kAtomicFetchAdd || op > kAtomicLast)
+        throw std::invalid_argument("unknown atomic operation " + std::to_string(op));
+    if (width == 32 && (value >> 32 != 0 || compare >> 32 != 0))
+        throw std::invalid_argument("value and compare must fit in 32 bits");
+    auto pending = std::make_shared<Pending>();
+    pending->request.signal = AtomicRequest{kMagic, static_cast<uint8_t>(op), static_cast<uint8_t>(width), 0, 0, 0,
+                                            memId, offset, value, compare};
+    return pending;
+}
+
+}  // namespace
+
+// ---- AtomicInFlight ----------------------------------------------------------------------------
+
+struct AtomicInFlight::State {
+    std::shared_ptr<Pending> pending;
+    uint64_t id = 0;
+};
+
+AtomicInFlight::AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, AtomicOp op, uint64_t memId,
+                               uint64_t offset, uint64_t value, uint64_t compare, int width, double timeout)
+    : engine_(engine), peer_(std::move(peer)), memId_(memId), offset_(offset), timeout_(timeout),
+      deadlineNs_(now_ns() + static_cast<int64_t>(timeout * 1e9)), state_(std::make_shared<State>()) {
+    state_->pending = atomic_request(op, memId, offset, value, compare, width);
+    state_->id = send_request(engine, *peer_, state_->pending, false, timeout);
+    // Its answer wakes the progress thread (an event on the worker), which records it.
+    engine.worker(0).wake();
+}
+
+AtomicInFlight::~AtomicInFlight() {
+    if (!finished_) forget(state_->id);
+}
+
+bool AtomicInFlight::poll() {
+    if (finished_) return true;
+    const Pending& p = *state_->pending;
+    if (p.done.load()) {
+        if (p.code != kSuccess) error_ = atomic_refusal(memId_, offset_, peer_->key(), p.reason);
+        old_ = p.old;
+    } else if (!peer_->healthy()) {
+        error_ = "engine '" + peer_->key() + "' failed: " + peer_->failure();
+    } else if (now_ns() >= deadlineNs_) {
+        error_ = no_answer(engine_, *peer_, "an atomic operation", timeout_);
+    } else {
+        return false;
+    }
+    forget(state_->id);
+    finished_ = true;
+    return true;
+}
+
+uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
+                       uint64_t compare, int width, double timeout) {
+    auto pending = atomic_request(op, memId, offset, value, compare, width);
+    exchange(engine, peer, pending, false, timeout, "an atomic operation");
+    if (pending->code != kSuccess) throw std::invalid_argument(atomic_refusal(memId, offset, peer.key(), pending->reason));
+    return pending->old;
+}
+
+void remote_signal_put(Engine& engine, Peer& peer, uint64_t memId, uint64_t offset, const void* src, size_t size,
+                       uint64_t sigMemId, uint64_t sigOffset, AtomicOp op, uint64_t value, double timeout) {
+    if (op != kAtomicStore && op != kAtomicFetchAdd)
+        throw std::invalid_argument("a signal put's signal is set (store) or added to (fetch_add)");
+    if (size > kMaxSignalPutBytes)
+        throw std::invalid_argument("a signal put carries at most " + std::to_string(kMaxSignalPutBytes) +
+                                    " bytes, got " + std::to_string(size));
+    auto pending = std::make_shared<Pending>();
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    pending->data.assign(bytes, bytes + size);
+    pending->request = SignalPutRequest{
+        AtomicRequest{kMagic, static_cast<uint8_t>(op), 64, 0, 0, 0, sigMemId, sigOffset, value, 0}, memId, offset, size};
+    exchange(engine, peer, pending, true, timeout, "a signal put");
+    if (pending->code != kSuccess)
+        throw std::invalid_argument("signal put of " + std::to_string(size) + " bytes at memory id " +
+                                    std::to_string(memId) + ", offset " + std::to_string(offset) +
+                                    " (signal at offset " + std::to_string(sigOffset) + ") at engine '" + peer.key() +
+                                    "': " + refusal(pending->reason));
+}
+
+}  // namespace mori::ucx

@@ -1,0 +1,228 @@
+// Python bindings of the UCX engine: ucx_load/ucx_library/ucx_components, UcxEngine, UcxPeer,
+// UcxTransfer (typed in _native.pyi, presented by mori.core.ucx). Every call that can block
+// (connect, submit, wait, deregister, close) releases the GIL.
+#include <pybind11/stl.h>
+
+#include "base/registry.hpp"
+#include "ucx/engine.hpp"
+
+namespace py = pybind11;
+using namespace mori::ucx;
+
+namespace {
+
+py::dict library_dict(const Library& lib) {
+    py::dict d;
+    d["path"] = lib.path;
+    d["source"] = lib.source;
+    d["version"] = py::make_tuple(lib.major, lib.minor, lib.release);
+    return d;
+}
+
+mori::native::Registration reg([](py::module_& root) {
+    py::module_ m = mori::native::submodule(root, "ucx", "mori-core's UCX engine");
+    py::register_exception<LoadError>(m, "UcxLoadError", PyExc_RuntimeError);
+
+    m.def(
+        "ucx_load",
+        [](const std::vector<std::pair<std::string, std::string>>& candidates) {
+            std::vector<Candidate> cs;
+            for (const auto& [path, source] : candidates) cs.push_back(Candidate{path, source});
+            const Library* lib;
+            {
+                py::gil_scoped_release release;
+                lib = &load(cs);
+            }
+            return library_dict(*lib);
+        },
+        py::arg("candidates"),
+        "Loads UCX from the first (libucp path, source label) that opens, or uses the one already in "
+        "this process; returns {path, source, version}. Raises UcxLoadError listing what was tried.");
+    m.def("ucx_library", [] { return library_dict(library()); }, "The loaded UCX; UcxLoadError before ucx_load.");
+    m.def("ucx_components", &components, "UCX's components and the devices (memory domains) each one found.");
+
+    py::class_<Transfer, std::shared_ptr<Transfer>>(m, "UcxTransfer", "Completion of one UCX engine transfer.")
+        .def("code", &Transfer::code, "TransferCode value (IN_PROGRESS=2 until finished).")
+        .def("message", &Transfer::message, "Why it failed ('' on success).")
+        .def("wait", &Transfer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+             "Waits up to timeout seconds (progressing the worker on this thread first); True when finished.");
+
+    py::class_<Peer, std::shared_ptr<Peer>>(m, "UcxPeer", "Endpoints from a UCX engine to one peer engine.")
+        .def_property_readonly("key", &Peer::key)
+        .def(
+            "submit",
+            [](Peer& p, int op, uint64_t localId, const mori::plan::Batch& batch, uint64_t remoteId, uint64_t uid,
+               bool notify, bool remoteGpu) {
+                py::gil_scoped_release release;
+                return p.submit(static_cast<Op>(op), localId, batch, remoteId, uid, notify, remoteGpu);
+            },
+            py::arg("op"), py::arg("local_id"), py::arg("batch"), py::arg("remote_id"), py::arg("uid") = 0,
+            py::arg("notify") = false, py::arg("remote_gpu") = false,
+            "Starts a transfer (op 1 = read, 2 = write) of a mori.core.batch.Batch of rows (local address inside "
+            "local_id, offset in remote_id, bytes; Batch.one for one block); returns its UcxTransfer.")
+        .def(
+            "submit_one",
+            [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,
+               uint64_t uid, bool notify, bool remoteGpu) {
+                py::gil_scoped_release release;
+                if (!p.healthy()) return std::shared_ptr<Transfer>();
+                return p.submit(static_cast<Op>(op), localId, mori::plan::Batch::one(src, dst, bytes), remoteId, uid,
+                                notify, remoteGpu);
+            },
+            py::arg("op"), py::arg("local_id"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("remote_id"),
+            py::arg("uid"), py::arg("notify"), py::arg("remote_gpu"),
+            "submit of Batch.one(src, dst, bytes) with no Batch object made, or None (nothing started) when the "
+            "peer has failed or was closed: for a caller that starts one block at a time (mori-io's read and "
+            "write), where building the Batch and asking healthy() are a large share of the call.")
+        .def(
+            "run_one",
+            [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,
+               bool remoteGpu, double timeout) {
+                std::shared_ptr<Transfer> t;
+                {
+                    py::gil_scoped_release release;
+                    t = p.run_one(static_cast<Op>(op), localId, src, dst, bytes, remoteId, remoteGpu, timeout);
+                }
+                const int code = t->code();
+                return py::make_tuple(code, code == mori::kSuccess ? std::string() : t->message());
+            },
+            py::arg("op"), py::arg("local_id"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("remote_id"),
+            py::arg("remote_gpu"), py::arg("timeout"),
+            "submit of Batch.one(src, dst, bytes), wait(timeout) and code() in one call, for a caller that waits at "
+            "once (a host put or get of mori.shmem: on a fast transport a 4 KiB one feels every Python step): "
+            "(code, message), code IN_PROGRESS (2) when it did not finish within timeout seconds.")
+        .def_property_readonly("same_host", &Peer::same_host,
+                               "True when host-memory transfers take the same-host path (process_vm_readv/writev).")
+        .def_property_readonly("same_host_refusal", &Peer::same_host_refusal,
+                               "Why a same-host peer could not use that path ('' when it was not offered or works).")
+        .def("healthy", &Peer::healthy, "False once the peer failed or was closed.")
+        .def("failure", &Peer::failure, "Why the peer failed ('' while healthy).")
+        .def("describe", &Peer::describe, py::call_guard<py::gil_scoped_release>(),
+             "UCX's description of the endpoints: the transports and devices of each lane.")
+        .def("fail", &Peer::fail, py::arg("why"), py::call_guard<py::gil_scoped_release>(),
+             "Fails the peer: its transfers in flight end with why, its endpoints close.")
+        .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
+
+    py::class_<Engine, std::shared_ptr<Engine>>(m, "UcxEngine", "mori-core's UCX engine (see mori.core.ucx).")
+        .def(py::init([](const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings,
+                         int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
+                         bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets,
+                         std::shared_ptr<mori::InboundRecords> inbound, bool sameHost, uint64_t sendQueue,
+                         double sendQueueWait, bool roundRobin, bool standAside) {
+                 EngineOptions o;
+                 o.name = name;
+                 o.settings = settings;
+                 o.workers = workers;
+                 o.lanes = lanes;
+                 o.polling = polling;
+                 o.timeout = timeout;
+                 o.timeoutSetting = timeoutSetting;
+                 o.rma = rma;
+                 o.maxInbound = maxInbound;
+                 o.inboundTtl = inboundTtl;
+                 o.maxTickets = maxTickets;
+                 o.inbound = std::move(inbound);
+                 o.sendQueue = sendQueue;
+                 o.sendQueueWait = sendQueueWait;
+                 o.roundRobin = roundRobin;
+                 o.standAside = standAside;
+                 // One definition of "this host": mori.core.host's key (machine and network namespace).
+                 o.hostKey = py::module_::import("mori.core.host").attr("this_host")().attr("key").cast<std::string>();
+                 o.sameHost = sameHost && !o.hostKey.empty();
+                 py::gil_scoped_release release;
+                 return std::make_shared<Engine>(std::move(o));
+             }),
+             py::arg("name") = "mori", py::arg("settings") = std::vector<std::pair<std::string, std::string>>{},
+             py::arg("workers") = 1, py::arg("lanes") = 1, py::arg("polling") = true, py::arg("timeout") = 30.0,
+             py::arg("timeout_setting") = "timeout", py::arg("rma") = false,
+             py::arg("max_inbound") = EngineOptions{}.maxInbound, py::arg("inbound_ttl") = EngineOptions{}.inboundTtl,
+             py::arg("max_tickets") = EngineOptions{}.maxTickets, py::arg("inbound") = nullptr,
+             py::arg("same_host") = true, py::arg("send_queue") = EngineOptions{}.sendQueue,
+             py::arg("send_queue_wait") = EngineOptions{}.sendQueueWait, py::arg("round_robin") = true,
+             py::arg("stand_aside") = true,
+             "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
+             "other channels), else to a table of its own bounded by max_inbound and inbound_ttl. same_host: offer "
+             "and take the same-host path. send_queue: operations (rows) in flight per worker and peer, 0 for no "
+             "bound; a transfer that finds no room waits up to send_queue_wait seconds, then fails 'SQ full'. A transfer of "
+             "512 KiB or more is spread over the workers; the others start on the workers in turn (round_robin) or "
+             "on the first. stand_aside: once a caller that led a worker is done, its progress thread sleeps at once; "
+             "False: it polls on as after any activity.")
+        .def_property_readonly(
+            "addresses",
+            [](const Engine& e) {
+                py::list out;
+                for (const auto& a : e.addresses()) out.append(py::bytes(a));
+                return out;
+            },
+            "The UCX address of each worker, for peers to connect to.")
+        .def_property_readonly(
+            "same_host_address", [](const Engine& e) { return py::bytes(e.same_host_address()); },
+            "What a peer on this host passes to connect(same_host=...) to take the same-host path (b'' when off).")
+        .def_property_readonly("cuda_supported", &Engine::cuda_supported)
+        .def_property_readonly("settings", &Engine::settings,
+                               "The UCX settings the context was made with: the caller's, then the defaults the engine "
+                               "added, as (name, value) pairs.")
+        .def(
+            "register_memory",
+            [](Engine& e, uint64_t id, uint64_t addr, uint64_t size, bool gpu) {
+                std::string rkey;
+                {
+                    py::gil_scoped_release release;
+                    rkey = e.register_region(id, addr, size, gpu);
+                }
+                return py::bytes(rkey);
+            },
+            py::arg("mem_id"), py::arg("addr"), py::arg("size"), py::arg("gpu") = false,
+            "Registers memory as mem_id; returns its packed remote key.")
+        .def("deregister_memory", &Engine::deregister_region, py::arg("mem_id"),
+             py::call_guard<py::gil_scoped_release>(),
+             "Refuses new accesses to mem_id, waits for those in flight; False when unknown.")
+        .def("admit", &Engine::admit, py::arg("key"), "The ticket engine key must present (issued once per key).")
+        .def(
+            "connect",
+            [](Engine& e, const std::string& key, const std::vector<py::bytes>& addresses, uint64_t ticket,
+               const py::bytes& sameHost, bool stagesGpu) {
+                std::vector<std::string> addrs;
+                for (const auto& a : addresses) addrs.emplace_back(a);
+                std::shared_ptr<Peer> peer;
+                {
+                    py::gil_scoped_release release;
+                    peer = e.connect(key, addrs, ticket, std::string(sameHost), stagesGpu);
+                }
+                static bool told = false;  // said once per process: the reason is the host's, not the peer's
+                if (!peer->same_host_refusal().empty() && !told) {
+                    told = true;
+                    py::module_::import("mori.core.log").attr("get_logger")("core").attr("warning")(
+                        "UCX engine: same-host transfers go through UCX instead of process_vm_readv/writev: " +
+                        peer->same_host_refusal());
+                }
+                return peer;
+            },
+            py::arg("key"), py::arg("addresses"), py::arg("ticket"), py::arg("same_host") = py::bytes(),
+            py::arg("stages_gpu") = false,
+            "Endpoints to the engine with these worker addresses, presenting the ticket it issued; same_host: "
+            "its same_host_address (the same-host path when it names this host); stages_gpu: it stages its GPU "
+            "memory (serve_gpu with stage), so small writes from GPU memory this engine stages go to it eager.")
+        .def("fail_peer", &Engine::fail_peer, py::arg("key"), py::arg("why"), py::call_guard<py::gil_scoped_release>())
+        .def("pop_inbound", &Engine::pop_inbound, py::arg("key"), py::arg("uid"),
+             "Final TransferCode of transfer uid from engine key, or None (the record is removed).")
+        .def("inbound_count", &Engine::inbound_count, "Notification records kept now.")
+        .def(
+            "stats",
+            [](const Engine& e) {
+                EngineStats s = e.stats();
+                py::dict d;
+                d["bad_tickets"] = s.badTickets;
+                d["refused"] = s.refused;
+                d["malformed"] = s.malformed;
+                d["late_replies"] = s.lateReplies;
+                d["spread"] = s.spread;
+                return d;
+            },
+            "Counts of messages with no valid ticket, refused requests, malformed messages, late replies, and of "
+            "transfers spread over several workers.")
+        .def("describe", &Engine::describe, "UCX's description of the context: its transports and devices.")
+        .def("close", &Engine::close, py::call_guard<py::gil_scoped_release>());
+});
+
+}  // namespace

@@ -1,0 +1,336 @@
+// The UCX engine: its context and workers, registered memory, tickets and peers (see
+// ucx/engine.hpp).
+#include "ucx/engine.hpp"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
+namespace mori::ucx {
+
+namespace {
+
+// A UCX setting the engine adds when `wanted`, unless the caller sets it (in `settings` or as
+// UCX_<name> in the environment). Each one's reason is beside it in Engine::Engine.
+struct DefaultSetting {
+    const char* name;
+    std::string value;
+    bool wanted;
+};
+
+uint64_t random_ticket() {
+    uint64_t t = 0;
+    while (t == 0) {
+        if (getrandom(&t, sizeof(t), 0) != sizeof(t)) throw std::runtime_error("getrandom failed");
+    }
+    return t;
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions opts)
+    : opts_(std::move(opts)), inbound_(inbound_table(opts_.inbound, opts_.maxInbound, opts_.inboundTtl)) {
+    if (opts_.workers < 1 || opts_.workers > 64) throw std::invalid_argument("workers must be 1..64");
+    if (opts_.lanes < 1 || opts_.lanes > 64) throw std::invalid_argument("lanes must be 1..64");
+    if (!(opts_.timeout > 0) || opts_.timeout > 1e6) throw std::invalid_argument("timeout must be > 0 seconds");
+    if (opts_.maxInbound < 1 || !(opts_.inboundTtl > 0) || opts_.maxTickets < 1)
+        throw std::invalid_argument("max_inbound, inbound_ttl and max_tickets must be positive");
+    const Library& lib = library();
+    const auto& f = fn();
+    api::Config* cfg = nullptr;
+    check("ucp_config_read", f.config_read(nullptr, nullptr, &cfg));
+    std::string chosen;
+    for (const auto& [k, v] : opts_.settings) {
+        api::Status s = f.config_modify(cfg, k.c_str(), v.c_str());
+        if (s != api::kOk) {
+            f.config_release(cfg);
+            throw std::invalid_argument("UCX setting " + k + "=" + v + " refused: " + status_text(s));
+        }
+        chosen += (chosen.empty() ? "" : ", ") + k + "=" + v;
+        settings_.emplace_back(k, v);
+    }
+    std::string tls = "all";
+    for (const auto& [k, v] : opts_.settings)
+        if (k == "TLS") tls = v;
+    const bool sharedMemory = tls.find("sm") != std::string::npos || tls.find("posix") != std::string::npos ||
+                              tls.find("sysv") != std::string::npos || tls.find("all") != std::string::npos ||
+                              tls[0] == '^';
+    char keepalive[32];
+    std::snprintf(keepalive, sizeof(keepalive), "%.3fs", std::clamp(opts_.timeout / 3, 1.0, 20.0));
+    // UCX 1.13 applies a transport's setting to every transport and warns for each one that lacks it.
+    const bool takesTransportSettings = lib.major > 1 || lib.minor >= 19;
+    const DefaultSetting defaults[] = {
+        // Shared-memory transports (posix, sysv) declare peer-failure support, so that endpoints
+        // created with peer-failure detection keep using them (without it UCX leaves them out and
+        // one host talks over tcp).
+        {"MM_ERROR_HANDLING", "y", sharedMemory},
+        // Dead peers are found by keepalive (on shared memory: the peer's pid) every third of the
+        // timeout (1 to 20 s; UCX's default is 20 s), so that what a dead peer left in flight (a
+        // reply a target was sending it) ends well within the timeout, and with it its pins.
+        {"KEEPALIVE_INTERVAL", keepalive, true},
+        // tcp carries raw puts to any address a peer names (it has no remote keys): a checked
+        // engine's memory is reached only through its own checks.
+        {"TCP_PUT_ENABLE", "n", takesTransportSettings && !opts_.rma},
+    };
+    for (const DefaultSetting& d : defaults) {
+        bool skip = !d.wanted || std::getenv(("UCX_" + std::string(d.name)).c_str()) != nullptr;
+        for (const auto& kv : opts_.settings) skip = skip || kv.first == d.name;
+        if (!skip && f.config_modify(cfg, d.name, d.value.c_str()) == api::kOk) settings_.emplace_back(d.name, d.value);
+    }
+    api::Params p{};
+    p.fieldMask = api::kParamFeatures | api::kParamMtWorkersShared | api::kParamName;
+    // Without UCP_FEATURE_RMA UCX installs no handlers for its emulated puts and gets (which
+    // write and read any address a peer names over tcp and shared memory): a checked engine is
+    // reached only through its own active messages.
+    p.features = api::kFeatureAm | api::kFeatureWakeup | (opts_.rma ? api::kFeatureRma : 0);
+    p.mtWorkersShared = 1;
+    p.name = opts_.name.c_str();
+    api::Status s = f.init_version(1, 13, &p, cfg, &ctx_);
+    f.config_release(cfg);
+    if (s != api::kOk)
+        throw std::runtime_error("UCX (" + lib.path + ") found no usable transport or device (" +
+                                 (chosen.empty() ? std::string("UCX's defaults") : chosen) + "): " + status_text(s));
+    api::ContextAttr attr{};
+    attr.fieldMask = api::kAttrMemoryTypes;
+    if (f.context_query(ctx_, &attr) == api::kOk) cuda_ = (attr.memoryTypes >> api::kMemoryCuda) & 1;
+    try {
+        for (int i = 0; i < opts_.workers; ++i) {
+            workers_.push_back(std::make_shared<Worker>(*this, i));
+            workers_.back()->start();
+        }
+        if (opts_.sameHost) sameHost_ = std::make_unique<SameHostService>(*this);
+    } catch (...) {
+        close();
+        throw;
+    }
+}
+
+Engine::~Engine() { close(); }
+
+void Engine::close() {
+    if (closed_.exchange(true)) return;
+    if (sameHost_) sameHost_->stop();  // its links' transfers fail; the connections it served close
+    for (auto& w : workers_) w->destroy();
+    std::unique_lock lk(regionsMu_);
+    for (auto& [id, r] : regions_) release_region(*r);
+    for (auto& r : zombies_) release_region(*r);
+    regions_.clear();
+    zombies_.clear();
+    lk.unlock();
+    if (ctx_ != nullptr) fn().cleanup(ctx_);
+    ctx_ = nullptr;
+}
+
+std::vector<std::string> Engine::addresses() const {
+    std::vector<std::string> out;
+    for (const auto& w : workers_) out.push_back(w->address());
+    return out;
+}
+
+std::string Engine::describe() const {
+    if (ctx_ == nullptr) return "";
+    return print_to_string([this](FILE* f) { fn().context_print_info(ctx_, f); });
+}
+
+void Engine::release_region(Region& r) {
+    if (r.memh != nullptr && ctx_ != nullptr) fn().mem_unmap(ctx_, r.memh);
+    r.memh = nullptr;
+}
+
+std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, bool cuda) {
+    if (closed_.load()) throw std::runtime_error("the UCX engine is closed");
+    uint64_t end;
+    if (addr == 0 || size == 0 || __builtin_add_overflow(addr, size, &end))
+        throw std::invalid_argument("memory to register must be a non-empty range of addresses");
+    // GPU memory the engine stages (ucx/gpu.hpp) is never handed to UCX: not registered with it
+    // either (its CUDA support would query the memory in the application's context), nor does it
+    // need UCX's CUDA support.
+    const std::shared_ptr<GpuWords> stager = cuda ? gpu_words() : nullptr;
+    const bool staged = stager && stager->stages();
+    if (cuda && !staged && !cuda_)
+        throw std::invalid_argument("this UCX (" + library().path + ") has no CUDA support and the engine does not "
+                                    "stage GPU memory: GPU memory cannot be registered");
+    const auto& f = fn();
+    auto r = std::make_shared<Region>();
+    r->id = id;
+    r->addr = addr;
+    r->size = size;
+    r->memType = cuda ? api::kMemoryCuda : api::kMemoryHost;
+    api::MemMapParams p{};
+    p.fieldMask = api::kMemMapAddress | api::kMemMapLength | api::kMemMapMemoryType;
+    p.address = reinterpret_cast<void*>(addr);
+    p.length = size;
+    p.memoryType = r->memType;
+    if (!staged) {
+        check("ucp_mem_map (" + std::string(cuda ? "GPU" : "host") + " memory at " + std::to_string(addr) + ", " +
+                  std::to_string(size) + " bytes)",
+              f.mem_map(ctx_, &p, &r->memh));
+        void* buf = nullptr;
+        size_t len = 0;
+        api::Status s = f.rkey_pack(ctx_, r->memh, &buf, &len);
+        if (s != api::kOk) {
+            release_region(*r);
+            throw UcxError("ucp_rkey_pack", s);
+        }
+        r->rkey.assign(static_cast<const char*>(buf), len);
+        f.rkey_buffer_release(buf);
+    }
+    std::unique_lock lk(regionsMu_);
+    if (!regions_.emplace(id, r).second) {
+        lk.unlock();
+        release_region(*r);
+        throw std::invalid_argument("memory id " + std::to_string(id) + " is already registered");
+    }
+    zombies_.erase(std::remove_if(zombies_.begin(), zombies_.end(),
+                                  [this](auto& z) {
+                                      if (z->pins.load() != 0) return false;
+                                      release_region(*z);
+                                      return true;
+                                  }),
+                   zombies_.end());
+    return r->rkey;
+}
+
+std::shared_ptr<Region> Engine::region(uint64_t id) const {
+    std::shared_lock lk(regionsMu_);
+    auto it = regions_.find(id);
+    return it == regions_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Region> Engine::pin_region(uint64_t id) const {
+    std::shared_lock lk(regionsMu_);
+    auto it = regions_.find(id);
+    if (it == regions_.end()) return nullptr;
+    ++it->second->pins;
+    return it->second;
+}
+
+bool Engine::deregister_region(uint64_t id) {
+    std::shared_ptr<Region> r;
+    {
+        std::unique_lock lk(regionsMu_);
+        auto it = regions_.find(id);
+        if (it == regions_.end()) return false;
+        r = it->second;
+        regions_.erase(it);  // new accesses are refused from here on
+    }
+    // Accesses in flight end within the timeout (their transfers fail at it, and their
+    // endpoints are closed, which ends UCX's operations on them).
+    const int64_t deadline = now_ns() + static_cast<int64_t>((opts_.timeout + 5.0) * 1e9);
+    int sleepUs = 20;
+    while (r->pins.load() != 0 && now_ns() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
+        sleepUs = std::min(sleepUs * 2, 2000);
+    }
+    std::unique_lock lk(regionsMu_);
+    if (r->pins.load() != 0) {
+        zombies_.push_back(r);
+        throw std::runtime_error("memory id " + std::to_string(id) + ": " + std::to_string(r->pins.load()) +
+                                 " transfers still use it after the timeout (" + opts_.timeoutSetting +
+                                 "); it is no longer served, but stays mapped until they end: do not free it yet");
+    }
+    release_region(*r);
+    return true;
+}
+
+uint64_t Engine::admit(const std::string& key) {
+    if (key.empty() || key.size() > 4096) throw std::invalid_argument("engine key must be 1..4096 bytes");
+    std::lock_guard lk(ticketsMu_);
+    auto it = ticketOf_.find(key);
+    if (it != ticketOf_.end()) return it->second;
+    while (tickets_.size() >= opts_.maxTickets && !ticketOrder_.empty()) {
+        auto old = tickets_.find(ticketOrder_.front());
+        if (old != tickets_.end()) {
+            ticketOf_.erase(old->second);
+            tickets_.erase(old);
+        }
+        ticketOrder_.pop_front();
+    }
+    uint64_t t = random_ticket();
+    while (tickets_.count(t)) t = random_ticket();
+    tickets_.emplace(t, key);
+    ticketOf_.emplace(key, t);
+    ticketOrder_.push_back(t);
+    return t;
+}
+
+std::string Engine::admitted(uint64_t ticket) const {
+    std::lock_guard lk(ticketsMu_);
+    auto it = tickets_.find(ticket);
+    return it == tickets_.end() ? std::string() : it->second;
+}
+
+std::string Engine::same_host_address() const {
+    return sameHost_ ? same_host::contact(opts_.hostKey, sameHost_->socket_name()) : std::string();
+}
+
+std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<std::string>& addresses,
+                                      uint64_t ticket, const std::string& sameHost, bool stagesGpu) {
+    if (closed_.load()) throw std::runtime_error("the UCX engine is closed");
+    if (key.empty()) throw std::invalid_argument("engine key must not be empty");
+    if (addresses.empty()) throw std::invalid_argument("the peer engine sent no worker address");
+    for (const auto& a : addresses)
+        if (a.empty() || a.size() > (1 << 20)) throw std::invalid_argument("malformed worker address of engine '" + key + "'");
+    if (ticket == 0) throw std::invalid_argument("ticket must be non-zero");
+    auto state = std::make_shared<PeerState>(key, ticket);
+    std::vector<Link*> links;
+    try {
+        for (size_t i = 0; i < workers_.size(); ++i) {
+            Worker& w = *workers_[i];
+            std::lock_guard lk(w.mutex());
+            links.push_back(w.connect_locked(state, addresses[i % addresses.size()], opts_.lanes));
+        }
+    } catch (...) {
+        for (size_t i = 0; i < links.size(); ++i) {
+            std::lock_guard lk(workers_[i]->mutex());
+            workers_[i]->close_link_locked(*links[i], "could not connect");
+        }
+        throw;
+    }
+    // The same-host path, when the peer offers it and runs on this host: the UCX endpoints stay
+    // for what it does not carry (GPU memory, atomics) and for a peer that refuses it.
+    std::shared_ptr<SameHostLink> local;
+    std::string refusal;
+    const std::string socket = sameHost_ ? same_host::reachable_socket(sameHost, opts_.hostKey) : std::string();
+    if (!socket.empty()) {
+        local = SameHostLink::open(*this, state, socket, refusal);
+        if (local) sameHost_->add_link(local);
+    }
+    auto peer = std::make_shared<Peer>(shared_from_this(), state, std::move(links), local, refusal, stagesGpu);
+    std::shared_ptr<Peer> old;
+    {
+        std::lock_guard lk(peersMu_);
+        for (auto it = peers_.begin(); it != peers_.end();) it = it->second.expired() ? peers_.erase(it) : std::next(it);
+        old = peers_[key].lock();
+        peers_[key] = peer;
+    }
+    if (old) old->close();
+    return peer;
+}
+
+void Engine::fail_peer(const std::string& key, const std::string& why) {
+    std::shared_ptr<Peer> p;
+    {
+        std::lock_guard lk(peersMu_);
+        auto it = peers_.find(key);
+        if (it != peers_.end()) p = it->second.lock();
+    }
+    if (p) p->fail(why);
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard lk(statsMu_);
+    return stats_;
+}
+
+void Engine::count(uint64_t EngineStats::*field) {
+    std::lock_guard lk(statsMu_);
+    ++(stats_.*field);
+}
+
+}  // namespace mori::ucx

@@ -1,0 +1,732 @@
+// The initiator side of the UCX engine: a transfer's blocks planned by mori-core's batch planner
+// (batch/plan.hpp), dealt over the lanes of one worker and posted in one call by the calling
+// thread; their completions (send and flush callbacks, the target's replies) fill the transfer's
+// completion slot (see ucx/engine.hpp).
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include "batch/plan.hpp"
+#include "ucx/wire.hpp"
+
+namespace mori::ucx {
+
+namespace {
+
+// A waiter progresses its worker itself (yielding between empty polls) for this long before it
+// hands over to the progress thread and sleeps: a small transfer, or a 1 MiB one over tcp.
+constexpr int64_t kLeadSpinNs = 1'000'000;
+// Blocks of at least this size travel in a message of their own (UCX picks eager or zero-copy
+// rendezvous); smaller ones are grouped, up to kGroupBytes, into one eager message (256 KiB
+// rather than 64: batches of 4 KiB blocks 20-30 % faster between namespaces on the 2-core VM,
+// and no slower on one host, in alternating runs of ci/ucx_bench.py).
+constexpr uint64_t kOwnMessageBytes = 16 << 10;
+constexpr uint64_t kGroupBytes = 256 << 10;
+constexpr size_t kMaxEntries = 256;
+// With several lanes, a transfer of fewer blocks than lanes is cut into pieces of at least this.
+constexpr uint64_t kMinLanePiece = 256 << 10;
+// Transfers this large wake the progress thread at once: their later steps need progress while
+// the caller is away.
+constexpr uint64_t kWakeBytes = 256 << 10;
+// A write of at least this many bytes goes by rendezvous: UCX then moves it as data of its own
+// instead of one message in fragments put back together at the target, and writes spread over
+// several workers scale with them (2-4 times the bandwidth on 2-4 workers between namespaces
+// on a 16-core machine, where eager writes stayed at one worker's, ci/ucx_bench.py --workers).
+constexpr uint64_t kRndvWriteBytes = 256 << 10;
+// A batch of at least twice this many bytes is spread over the engine's workers (Peer::spread),
+// each worker's share at least this large.
+constexpr uint64_t kSpreadPiece = 256 << 10;
+// GPU memory that the engine stages (ucx/gpu.hpp) travels in pieces, each a message of its own,
+// so that at each end the copy of one piece between the GPU and host memory runs while the
+// network moves the others: a block's first piece is 1 MiB (its copy all that a send waits for), each
+// next twice the one before, up to 4 MiB. One copy of a whole block, then its send, then its
+// copy at the target had left mori.shmem's GPU heap at 27-75 % of host memory's bandwidth
+// between namespaces on the H200 machine; pieces of 256 KiB were slower still (a message each),
+// 1 and 4 MiB alike at 16 MiB, 4 MiB ahead at 64 MiB (ci/device/netns_bench.sh, 2026-11-28).
+constexpr uint64_t kStageFirstPiece = 1 << 20;
+constexpr uint64_t kStagePiece = 4 << 20;
+// A transfer waiting for room in a full send queue looks again this often (finishing transfers
+// do not signal it: the wait is rare and bounded).
+constexpr auto kSendQueueLook = std::chrono::microseconds(200);
+
+void on_send(void* request, api::Status status, void* user) {
+    auto* part = static_cast<Part*>(user);
+    fn().request_free(request);
+    --part->ops;
+    Worker& w = *part->link->worker;
+    // A message's outcome is the target's reply; only a failed send decides it here.
+    if (status != api::kOk)
+        w.link_failed_locked(*part->link, "sending to engine '" + part->link->peer->key + "' failed: " + status_text(status));
+    w.retire_part_locked(*part);
+}
+
+void on_flush(void* request, api::Status status, void* user) {
+    auto* part = static_cast<Part*>(user);
+    fn().request_free(request);
+    --part->ops;
+    Worker& w = *part->link->worker;
+    if (status == api::kOk)
+        part->finish(kSuccess, "");
+    else
+        w.link_failed_locked(*part->link, std::string(part->op == kOpWrite ? "put" : "get") + " to engine '" +
+                                              part->link->peer->key + "' failed: " + status_text(status));
+    w.retire_part_locked(*part);
+}
+
+void on_note_sent(void* request, api::Status, void* user) {
+    fn().request_free(request);
+    delete static_cast<NoteHeader*>(user);
+}
+
+std::string seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", s);
+    return buf;
+}
+
+}  // namespace
+
+// ---- Part and Transfer -------------------------------------------------------------------------
+
+void Part::finish(int c, const std::string& msg) {
+    if (done) return;
+    done = true;
+    if (answer != nullptr) {
+        answer->code = c;
+        answer->message = msg;
+        answer = nullptr;
+    } else if (transfer) {
+        transfer->part_done(c, msg);
+    }
+}
+
+Transfer::Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
+                   uint64_t uid)
+    : worker_(worker), link_(link), onWorker_(worker != nullptr), remaining_(parts), deadlineNs_(deadlineNs),
+      notify_(notify), uid_(uid) {}
+
+std::string Transfer::message() const {
+    std::lock_guard lk(mu_);
+    return msg_;
+}
+
+void Transfer::part_done(int c, const std::string& msg, Link* via) {
+    if (c != kSuccess) {
+        std::lock_guard lk(mu_);
+        if (err_ == 0) {
+            err_ = c;
+            msg_ = msg;
+        }
+    }
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        int final;
+        std::string text;
+        {
+            std::lock_guard lk(mu_);
+            final = err_ != 0 ? err_ : kSuccess;
+            text = msg_;
+        }
+        finish(final, text, via);
+    }
+}
+
+void Transfer::fail(int c, const std::string& msg) { finish(c, msg); }
+
+void Transfer::finish(int c, const std::string& msg, Link* via) {
+    {
+        std::lock_guard lk(mu_);
+        if (code_.load() != kInProgress) return;
+        err_ = c == kSuccess ? 0 : c;
+        msg_ = msg;
+        // The room is free before anyone sees the code: a caller that saw one transfer end finds
+        // its room for the next.
+        if (queue_) queue_->give(queueOps_);
+        queue_.reset();
+        // Published before the note goes: a waiter blocked on cv_ need not wait for its send.
+        code_.store(c, std::memory_order_release);
+        cv_.notify_all();
+    }
+    // The target hears the outcome after every byte (a message behind the transfer's last
+    // reply); a transport failure is not sent (the link is gone). On the same-host path, and for
+    // a transfer of one message (kFlagNotify), the target records it itself. The worker lock is
+    // held: link_ is still valid though the owner may have seen the code. A spread transfer's
+    // note leaves on the link of the child that finished last (its worker's lock is held), none
+    // when that child was never posted (its link is gone).
+    Link* link = via != nullptr ? via : link_;
+    if (notify_ && !sameHost_ && recorded_outcome(c) && link != nullptr && !link->eps.empty()) {
+        auto* note = new NoteHeader{kMagic, c, link->peer->ticket, uid_};
+        api::RequestParam p{};
+        p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
+        p.flags = api::kAmSendEager;
+        p.cb = reinterpret_cast<void*>(&on_note_sent);
+        p.userData = note;
+        api::StatusPtr r = fn().am_send_nbx(link->eps[0], kAmNote, note, sizeof(*note), nullptr, 0, &p);
+        if (r == nullptr || api::is_error_ptr(r)) delete note;
+    }
+    // A child of a spread transfer finishes under its worker's lock when it was posted.
+    if (parent_) std::exchange(parent_, nullptr)->part_done(c, msg, onWorker_ ? link_ : nullptr);
+}
+
+void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
+    std::lock_guard lk(mu_);
+    if (code_.load() != kInProgress) {
+        queue->give(ops);
+        return;
+    }
+    queue_ = std::move(queue);
+    queueOps_ = ops;
+}
+
+bool Transfer::wait(double timeoutSec) {
+    const int64_t deadline = now_ns() + static_cast<int64_t>(std::clamp(timeoutSec, 0.0, 1e9) * 1e9);
+    if (finished()) return true;
+    for (const std::weak_ptr<Transfer>& child : children_)  // spread: each leads its own worker
+        if (auto t = child.lock()) t->wait(std::max<int64_t>(deadline - now_ns(), 0) / 1e9);
+    if (sameHost_) {
+        sameHost_->lead(*this, deadline, spinNs_);
+    } else if (auto w = worker_.lock()) {
+        w->lead([this] { return finished(); }, std::min<int64_t>(kLeadSpinNs, deadline - now_ns()));
+        if (finished()) return true;
+        w->wake();  // what is left needs the progress thread
+    }
+    std::unique_lock lk(mu_);
+    std::chrono::steady_clock::time_point until{std::chrono::nanoseconds(deadline)};
+    return cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
+}
+
+// ---- Peer --------------------------------------------------------------------------------------
+
+Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links,
+           std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal, bool stagesGpu)
+    : engine_(std::move(engine)),
+      state_(std::move(state)),
+      links_(std::move(links)),
+      sameHost_(std::move(sameHost)),
+      sameHostRefusal_(std::move(sameHostRefusal)),
+      stagesGpu_(stagesGpu) {
+    for (size_t i = 0; i < links_.size(); ++i) queues_.push_back(std::make_shared<SendQueue>());
+}
+
+Peer::~Peer() { close(); }
+
+bool Peer::healthy() const { return !closed_.load() && state_->failure().empty(); }
+
+void Peer::fail(const std::string& why) {
+    state_->fail(why);
+    close();
+}
+
+void Peer::close() {
+    if (closed_.exchange(true) || engine_->closed()) return;
+    if (sameHost_) {
+        std::string why = state_->failure();
+        sameHost_->fail(why.empty() ? "the peer was closed by this engine" : why);
+        engine_->same_host()->remove_link(sameHost_.get());
+    }
+    for (size_t i = 0; i < links_.size(); ++i) {
+        Worker& w = engine_->worker(i);
+        std::lock_guard lk(w.mutex());
+        if (!w.alive()) continue;
+        if (!links_[i]->eps.empty()) {
+            std::string why = state_->failure();
+            w.close_link_locked(*links_[i], why.empty() ? "the peer was closed by this engine" : why);
+        }
+        links_[i]->held = false;  // the worker frees it once nothing in flight refers to it
+    }
+}
+
+std::string Peer::describe() {
+    std::string out;
+    for (size_t i = 0; i < links_.size(); ++i) {
+        Worker& w = engine_->worker(i);
+        std::lock_guard lk(w.mutex());
+        if (closed_.load() || !w.alive()) break;  // the links may be freed
+        for (api::Endpoint* ep : links_[i]->eps)
+            out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
+    }
+    return out;
+}
+
+RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
+    auto found = link.regions.find(id);
+    if (found != link.regions.end()) return found->second;
+    const auto& f = fn();
+    Part::Answer answer;
+    auto owned = std::make_unique<Part>();
+    owned->op = kOpRegion;
+    owned->link = &link;
+    owned->ticket = link.peer->ticket;
+    owned->header.resize(sizeof(RequestHeader) + sizeof(Entry));
+    owned->answer = &answer;
+    Part& part = add_part_locked(std::move(owned));
+    const uint64_t partId = part.id;
+    RequestHeader h{kMagic, kOpRegion, 0, 1, part.ticket, part.id, 0};
+    Entry e{id, 0, 0};
+    std::memcpy(part.header.data(), &h, sizeof(h));
+    std::memcpy(part.header.data() + sizeof(h), &e, sizeof(e));
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
+    p.flags = api::kAmSendReply | api::kAmSendEager;
+    p.cb = reinterpret_cast<void*>(&on_send);
+    p.userData = &part;
+    api::StatusPtr r = f.am_send_nbx(link.eps[0], kAmRequest, part.header.data(), part.header.size(), nullptr, 0, &p);
+    if (api::is_error_ptr(r))
+        link_failed_locked(link, "asking engine '" + link.peer->key + "' about its memory failed: " +
+                                     status_text(api::ptr_status(r)));
+    else if (r != nullptr)
+        ++part.ops;
+    const int64_t deadline = now_ns() + static_cast<int64_t>(engine_.options().timeout * 1e9);
+    while (answer.code == kInProgress && now_ns() < deadline) progress_locked();
+    if (answer.code == kInProgress) {  // no answer in time: the part stays until its send ends
+        if (Part* still = find_part_locked(partId)) {
+            still->answer = nullptr;
+            still->done = true;
+            retire_part_locked(*still);
+        }
+        throw std::runtime_error("engine '" + link.peer->key + "' did not describe its memory id " +
+                                 std::to_string(id) + " within " + seconds(engine_.options().timeout) + " s (" +
+                                 engine_.options().timeoutSetting + ")");
+    }
+    if (answer.code != kSuccess) throw std::invalid_argument(answer.message);
+    RemoteRegion& rr = link.regions[id];
+    rr = answer.region;
+    rr.keys.assign(link.eps.size(), nullptr);
+    for (size_t lane = 0; lane < link.eps.size(); ++lane) {
+        // The key comes from the target itself (its reply on our endpoint, to our ticket), never
+        // from a descriptor: a malformed key cannot reach UCX's parser.
+        api::Status s = f.ep_rkey_unpack(link.eps[lane], answer.rkey.data(), &rr.keys[lane]);
+        if (s != api::kOk) {
+            for (api::RemoteKey* k : rr.keys)
+                if (k != nullptr) f.rkey_destroy(k);
+            link.regions.erase(id);
+            throw UcxError("ucp_ep_rkey_unpack (memory id " + std::to_string(id) + " of engine '" + link.peer->key + "')", s);
+        }
+    }
+    return rr;
+}
+
+namespace {
+
+// Posts the puts or gets of one lane and the flush that completes them.
+void post_rma(Part& part, api::Endpoint* ep, api::RemoteKey* key, uint64_t remoteBase, const plan::Row* rows,
+              size_t n) {
+    const auto& f = fn();
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpMemh;
+    p.memh = part.memh;
+    for (size_t i = 0; i < n; ++i) {
+        void* local = reinterpret_cast<void*>(rows[i].src);
+        api::StatusPtr r = part.op == kOpWrite ? f.put_nbx(ep, local, rows[i].bytes, remoteBase + rows[i].dst, key, &p)
+                                               : f.get_nbx(ep, local, rows[i].bytes, remoteBase + rows[i].dst, key, &p);
+        if (api::is_error_ptr(r)) {
+            part.link->worker->link_failed_locked(*part.link, std::string(part.op == kOpWrite ? "put" : "get") +
+                                                                  " to engine '" + part.link->peer->key +
+                                                                  "' failed: " + status_text(api::ptr_status(r)));
+            break;  // what was posted still drains through the flush below
+        }
+        if (r != nullptr) f.request_free(r);  // released by UCX when done; the flush waits for it
+    }
+    api::RequestParam fp{};
+    fp.opAttrMask = api::kOpCallback | api::kOpUserData;
+    fp.cb = reinterpret_cast<void*>(&on_flush);
+    fp.userData = &part;
+    api::StatusPtr r = f.ep_flush_nbx(ep, &fp);
+    if (r == nullptr)
+        part.finish(kSuccess, "");
+    else if (api::is_error_ptr(r))
+        part.link->worker->link_failed_locked(*part.link, "flush to engine '" + part.link->peer->key + "' failed: " +
+                                                              status_text(api::ptr_status(r)));
+    else
+        ++part.ops;
+}
+
+// Posts one checked message: a write carries its blocks, a read asks for them.
+void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped) {
+    const auto& f = fn();
+    api::RequestParam p{};
+    p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags | api::kOpDatatype;
+    // A grouped message is eager (its blocks are copied in); a write of one block goes by
+    // rendezvous when it is GPU memory or large (kRndvWriteBytes).
+    const bool rndv = part.op == kOpWrite && !grouped && (gpu || part.bytes >= kRndvWriteBytes);
+    p.flags = api::kAmSendReply | (grouped ? api::kAmSendEager : 0) | (rndv ? api::kAmSendRndv : 0);
+    p.cb = reinterpret_cast<void*>(&on_send);
+    p.userData = &part;
+    const void* data = nullptr;
+    size_t count = 0;
+    p.datatype = api::kDatatypeBytes;
+    if (part.op == kOpWrite) {
+        if (part.iov.size() == 1) {
+            data = part.iov[0].buffer;
+            count = part.iov[0].length;
+            if (part.memh != nullptr) {
+                p.opAttrMask |= api::kOpMemh;
+                p.memh = part.memh;
+            }
+            // A staged part's bytes are host memory: said so, UCX does not ask the driver (whose
+            // application context must not be needed, ucx/gpu.hpp).
+            if (part.memType != api::kMemoryHost || !part.staged.empty()) {
+                p.opAttrMask |= api::kOpMemoryType;
+                p.memoryType = part.memType;
+            }
+        } else {
+            data = part.iov.data();
+            count = part.iov.size();
+            p.datatype = api::kDatatypeIov;
+        }
+    }
+    api::StatusPtr r = f.am_send_nbx(ep, kAmRequest, part.header.data(), part.header.size(), data, count, &p);
+    if (api::is_error_ptr(r))
+        part.link->worker->link_failed_locked(*part.link, "sending to engine '" + part.link->peer->key +
+                                                              "' failed: " + status_text(api::ptr_status(r)));
+    else if (r != nullptr)
+        ++part.ops;
+}
+
+// A transfer's local region, pinned while its parts are made (each part takes a pin of its own):
+// a deregistration waits. Throws for a bad op or an unregistered id.
+struct PinnedLocal {
+    PinnedLocal(Engine& engine, Op op, uint64_t localId) {
+        if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
+        region = engine.pin_region(localId);
+        if (!region)
+            throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+    }
+    PinnedLocal(const PinnedLocal&) = delete;
+    PinnedLocal& operator=(const PinnedLocal&) = delete;
+    ~PinnedLocal() { --region->pins; }
+    std::shared_ptr<Region> region;
+};
+
+// Rows dealt into at most `runs` contiguous runs of about equal bytes, each at least minBytes
+// (plan::deal_rows). Rows fewer than the runs are cut first (into `pieces`, at least minBytes
+// each), so that every run gets a share. A worker's lanes and a spread transfer's workers are
+// dealt this way.
+struct Dealt {
+    const plan::Row* rows;
+    size_t count;
+    std::vector<size_t> bounds;
+};
+
+Dealt deal(const plan::Row* rows, size_t n, uint64_t largest, size_t runs, uint64_t minBytes,
+           std::vector<plan::Row>& pieces) {
+    if (runs > 1 && n < runs && n > 0) {
+        const uint64_t piece = std::max(minBytes, (largest + runs - 1) / runs);
+        pieces.resize(plan::count_pieces(rows, n, piece));
+        plan::stripe_rows(rows, n, piece, pieces.data());
+        rows = pieces.data();
+        n = pieces.size();
+    }
+    return Dealt{rows, n, plan::deal_rows(rows, n, runs, minBytes)};
+}
+
+// Each row of each run of d cut into pieces (into `pieces`), the runs kept: the first of a row
+// `first` bytes, each next twice the one before up to `most`.
+void cut_runs(Dealt& d, uint64_t first, uint64_t most, std::vector<plan::Row>& pieces) {
+    pieces.clear();
+    std::vector<size_t> bounds{0};
+    for (size_t r = 0; r + 1 < d.bounds.size(); ++r) {
+        for (size_t i = d.bounds[r]; i < d.bounds[r + 1]; ++i) {
+            const plan::Row& row = d.rows[i];
+            uint64_t piece = first;
+            for (uint64_t done = 0; done < row.bytes; piece = std::min(2 * piece, most)) {
+                const uint64_t n = std::min(piece, row.bytes - done);
+                pieces.push_back(plan::Row{row.src + done, row.dst + done, n});
+                done += n;
+            }
+        }
+        bounds.push_back(pieces.size());
+    }
+    d = Dealt{pieces.data(), pieces.size(), std::move(bounds)};
+}
+
+}  // namespace
+
+std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
+                                       const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
+                                       bool notify, bool remoteGpu) {
+    std::shared_ptr<Region> local = engine_->region(localId);
+    if (!local)
+        throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+    // Offsets of 2^63 or more are refused by the merge; the rows are checked against the region
+    // (pinned) by the batch form.
+    auto i64 = [](const uint64_t* p) { return reinterpret_cast<const int64_t*>(p); };
+    return submit(op, localId, plan::Batch::merge(local->addr, 0, i64(localOffs), i64(remoteOffs), i64(sizes), n),
+                  remoteId, uid, notify, remoteGpu);
+}
+
+std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
+                                       uint64_t uid, bool notify, bool remoteGpu) {
+    const PinnedLocal pinned(*engine_, op, localId);
+    const std::shared_ptr<Region>& local = pinned.region;
+    // The rows are merged already (the batch is built once); each must lie in the local region.
+    for (size_t i = 0; i < batch.size(); ++i) {
+        const plan::Row& r = batch[i];
+        if (r.src < local->addr || !local->contains(r.src - local->addr, r.bytes))
+            throw std::invalid_argument("row " + std::to_string(i) + ": local address " + std::to_string(r.src) +
+                                        " + size " + std::to_string(r.bytes) + " is outside local memory id " +
+                                        std::to_string(localId) + " (" + std::to_string(local->size) + " bytes)");
+        if (r.dst >= (uint64_t{1} << 63))
+            throw std::invalid_argument("row " + std::to_string(i) + ": remote offset " + std::to_string(r.dst) +
+                                        " is 2^63 or more");
+    }
+    // Transfers take the workers in turn, or all start on the first (round_robin off: the others
+    // then carry shares of spread transfers only, and a small transfer wakes no second thread).
+    const size_t w = engine_->options().roundRobin
+                         ? static_cast<size_t>(next_.fetch_add(1, std::memory_order_relaxed) % links_.size())
+                         : 0;
+    // MORI's send queue (none when its depth is 0): one operation per row, a transfer larger than
+    // the queue takes all of it.
+    const uint64_t depth = engine_->options().sendQueue;
+    SendQueue& queue = *queues_[w];
+    const uint64_t need = depth == 0 ? 0 : std::min<uint64_t>(std::max<size_t>(batch.size(), 1), depth);
+    if (need != 0 && !queue.take(need, depth)) {
+        const int64_t until = now_ns() + static_cast<int64_t>(engine_->options().sendQueueWait * 1e9);
+        while (!queue.take(need, depth)) {
+            if (now_ns() >= until || closed_.load())
+                return failed(w, uid, kErrTransport,
+                              std::string("SQ full (") + (op == kOpWrite ? "write" : "read") + "): engine=" + key() +
+                                  " worker=" + std::to_string(w) + " depth=" + std::to_string(queue.used.load()) +
+                                  " requested=" + std::to_string(need) + " max=" + std::to_string(depth));
+            std::this_thread::sleep_for(kSendQueueLook);
+        }
+    }
+    std::shared_ptr<Transfer> t;
+    try {
+        t = spread(w, op, local, batch, remoteId, uid, notify, remoteGpu);
+        if (!t) t = post(w, op, local, batch.begin(), batch.size(), batch.largest(), remoteId, uid, notify, remoteGpu);
+    } catch (...) {
+        queue.give(need);
+        throw;
+    }
+    if (need != 0) t->holds(queues_[w], need);
+    return t;
+}
+
+std::string Peer::closed_why() const {
+    std::string why = state_->failure();
+    return why.empty() ? "the peer engine '" + key() + "' was closed by this engine" : why;
+}
+
+std::shared_ptr<Transfer> Peer::failed(size_t w, uint64_t uid, int code, const std::string& why,
+                                       const std::shared_ptr<Transfer>& parent) {
+    auto t = std::make_shared<Transfer>(nullptr, links_[w], 1, now_ns(), false, uid);
+    if (parent) t->reports_to(parent);
+    t->fail(code, why);
+    return t;
+}
+
+std::shared_ptr<Transfer> Peer::spread(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Batch& batch,
+                                       uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu) {
+    // Not on the RMA path (its rows are checked per worker as they are posted: a bad one would
+    // leave the others posted) nor the same-host path (one copy per transfer at the target).
+    const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
+    if (links_.size() < 2 || engine_->options().rma || (sameHost_ && !gpu)) return nullptr;
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(links_.size(), batch.total_bytes() / kSpreadPiece));
+    if (k < 2) return nullptr;
+    std::vector<plan::Row> pieces;
+    const auto [use, count, bounds] = deal(batch.begin(), batch.size(), batch.largest(), k, kSpreadPiece, pieces);
+    if (bounds.size() < 3) return nullptr;
+    const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
+    auto parent = std::make_shared<Transfer>(nullptr, nullptr, static_cast<int64_t>(bounds.size() - 1), deadline,
+                                             notify, uid);
+    std::vector<std::weak_ptr<Transfer>> children;
+    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+        uint64_t largest = 0;
+        for (size_t i = bounds[r]; i < bounds[r + 1]; ++i) largest = std::max(largest, use[i].bytes);
+        children.push_back(post((w + r) % links_.size(), op, local, use + bounds[r], bounds[r + 1] - bounds[r], largest,
+                                remoteId, uid, false, remoteGpu, parent));
+    }
+    parent->spread_over(std::move(children));
+    engine_->count(&EngineStats::spread);
+    return parent;
+}
+
+std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
+                                     size_t nrows, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
+                                     bool remoteGpu, const std::shared_ptr<Transfer>& parent) {
+    Worker& worker = engine_->worker(w);
+    Link& link = *links_[w];
+    const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
+    const bool rma = engine_->options().rma;
+    const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
+
+    if (sameHost_ && !gpu) {
+        if (engine_->closed()) throw std::runtime_error("the UCX engine is closed");
+        if (closed_.load() || !state_->failure().empty()) return failed(w, uid, kErrTransport, closed_why(), parent);
+        return sameHost_->post(op, local, rows, nrows, remoteId, uid, notify, deadline, &link);
+    }
+    std::unique_lock lk(worker.mutex());
+    if (!worker.alive()) throw std::runtime_error("the UCX engine is closed");
+    // Closed: its links may be freed (checked under the worker's lock, which close takes too).
+    if (closed_.load() || link.eps.empty() || !state_->failure().empty())
+        return failed(w, uid, kErrTransport, closed_why(), parent);
+    const size_t lanes = std::max<size_t>(1, link.eps.size());
+    // The rows dealt over the lanes (a transfer of few blocks cut so that every lane gets a share).
+    std::vector<plan::Row> pieces, stagePieces;
+    Dealt dealt = deal(rows, nrows, largest, lanes, kMinLanePiece, pieces);
+    // GPU memory this engine stages goes in pieces (kStagePiece); a write's from local GPU memory
+    // are copied out here (copyOut).
+    std::shared_ptr<GpuWords> stager = gpu && !rma ? engine_->gpu_words() : nullptr;
+    if (stager && !stager->stages()) stager = nullptr;
+    if (stager) cut_runs(dealt, kStageFirstPiece, kStagePiece, stagePieces);
+    const std::shared_ptr<GpuWords> copyOut =
+        op == kOpWrite && local->memType != api::kMemoryHost ? stager : nullptr;
+    const auto& [use, count, bounds] = dealt;
+    const size_t firstLane = static_cast<size_t>(link.next++ % lanes);
+    RemoteRegion* rr = nullptr;
+    if (rma && count > 0) {
+        try {
+            rr = &worker.remote_region_locked(link, remoteId);
+        } catch (const std::invalid_argument& e) {
+            return failed(w, uid, kErrNotFound, e.what(), parent);
+        }
+        for (size_t i = 0; i < count; ++i)
+            if (use[i].dst > rr->size || use[i].bytes > rr->size - use[i].dst)
+                throw std::invalid_argument("remote offset " + std::to_string(use[i].dst) + " + size " +
+                                            std::to_string(use[i].bytes) + " is outside memory id " +
+                                            std::to_string(remoteId) + " of engine '" + key() + "' (" +
+                                            std::to_string(rr->size) + " bytes)");
+    }
+    // Parts: one per lane (RMA), or one per message (checked path).
+    struct Planned {
+        std::unique_ptr<Part> part;
+        size_t lane;
+        size_t first, last;  // rows
+        bool grouped;
+    };
+    std::vector<Planned> planned;
+    const size_t maxEntries = std::max<size_t>(
+        1, std::min(kMaxEntries, (worker.max_header() - sizeof(RequestHeader)) / sizeof(Entry)));
+    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
+        const size_t lane = (firstLane + r) % lanes;
+        for (size_t i = bounds[r]; i < bounds[r + 1];) {
+            size_t j = i + 1;
+            bool grouped = false;
+            if (rma) {
+                j = bounds[r + 1];
+            } else if (!gpu && use[i].bytes < kOwnMessageBytes) {
+                uint64_t bytes = use[i].bytes;
+                while (j < bounds[r + 1] && j - i < maxEntries && use[j].bytes < kOwnMessageBytes &&
+                       bytes + use[j].bytes <= kGroupBytes)
+                    bytes += use[j++].bytes;
+                grouped = j - i > 1;
+            }
+            planned.push_back(Planned{std::make_unique<Part>(), lane, i, j, grouped});
+            i = j;
+        }
+    }
+    // A transfer of one message asks its target to record the outcome (kFlagNotify): no note follows.
+    const bool targetNotes = notify && !rma && planned.size() == 1;
+    auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link,
+                                        std::max<int64_t>(1, static_cast<int64_t>(planned.size())), deadline,
+                                        notify && !targetNotes, uid);
+    if (parent) t->reports_to(parent);
+    if (planned.empty()) {
+        t->part_done(kSuccess, "");  // nothing to move; the notification still goes
+        return t;
+    }
+    uint64_t total = 0;
+    // Small staged parts, their copies queued: posted once the copies of all were queued, so that
+    // the copies run back to back instead of one wait each (kCopyInPlaceBytes).
+    struct CopiedOut {
+        Part* part;
+        bool asHost;
+        bool grouped;
+    };
+    std::vector<CopiedOut> copiedOut;
+    std::optional<gpu::Current> current;  // once for the transfer's copies, not per copy
+    if (copyOut) current.emplace(copyOut->staging_config());
+    for (Planned& pl : planned) {
+        Part& part = worker.add_part_locked(std::move(pl.part));
+        part.op = op;
+        part.transfer = t;
+        part.link = &link;
+        part.lane = pl.lane;
+        part.ticket = state_->ticket;
+        part.pins.push_back(local);
+        part.memType = local->memType;
+        const size_t m = pl.last - pl.first;
+        if (rma || m == 1) part.memh = local->memh;
+        ++local->pins;
+        if (!link.failed.empty()) {  // an earlier part found the link broken
+            part.finish(kErrTransport, link.failed);
+            worker.retire_part_locked(part);
+            continue;
+        }
+        if (rma) {
+            for (size_t i = pl.first; i < pl.last; ++i) part.bytes += use[i].bytes;
+            total += part.bytes;
+            post_rma(part, link.eps[pl.lane], rr->keys[pl.lane], rr->addr, use + pl.first, m);
+            worker.retire_part_locked(part);  // finished at once when the flush was immediate
+            continue;
+        }
+        const uint8_t flags = (gpu ? kFlagRndvReply : 0) | (targetNotes ? kFlagNotify : 0);
+        RequestHeader h{kMagic, op, flags, static_cast<uint16_t>(m), part.ticket, part.id, targetNotes ? uid : 0};
+        part.header.resize(sizeof(h) + m * sizeof(Entry));
+        std::memcpy(part.header.data(), &h, sizeof(h));
+        auto* entries = reinterpret_cast<Entry*>(part.header.data() + sizeof(h));
+        part.iov.resize(m);
+        for (size_t i = 0; i < m; ++i) {
+            const plan::Row& row = use[pl.first + i];
+            entries[i] = Entry{remoteId, row.dst, row.bytes};
+            part.iov[i] = api::Iov{reinterpret_cast<void*>(row.src), row.bytes};
+            part.bytes += row.bytes;
+        }
+        total += part.bytes;
+        if (copyOut) {  // one block per part: GPU memory is never grouped
+            // Its bytes are copied to host memory (in the staging's CUDA context, ucx/gpu.hpp) and
+            // sent once there: a small part's copy waited for here, a larger one's while the
+            // network moves the parts before it.
+            const bool inPlace = part.bytes <= kCopyInPlaceBytes;
+            try {
+                part.staged = copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes,
+                                               inPlace && planned.size() == 1);
+            } catch (const std::exception& e) {
+                part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
+                worker.retire_part_locked(part);
+                continue;
+            }
+            part.iov[0].buffer = part.staged.data();
+            part.memType = api::kMemoryHost;
+            part.memh = nullptr;
+            // Into a peer that stages too, a small one goes as host memory would (eager).
+            const bool asHost = stagesGpu_ && part.bytes < kRndvWriteBytes;
+            if (inPlace) {
+                copiedOut.push_back(CopiedOut{&part, asHost, pl.grouped});
+                continue;
+            }
+            ++part.ops;  // the copy: the part stays until it ended
+            Part* p = &part;
+            worker.after_copy_locked(part.staged, [p, gpu, asHost, grouped = pl.grouped](const std::string& error) {
+                Worker& on = *p->link->worker;
+                --p->ops;
+                if (!error.empty())
+                    p->finish(kErrTransport, "copying GPU memory to send it: " + error);
+                else if (!p->done && p->link->failed.empty())
+                    post_message(*p, p->link->eps[p->lane], gpu && !asHost, grouped);
+                on.retire_part_locked(*p);
+            });
+            continue;
+        }
+        post_message(part, link.eps[pl.lane], gpu, pl.grouped);
+        worker.retire_part_locked(part);  // finished at once when sending failed
+    }
+    for (const CopiedOut& c : copiedOut) {
+        Part& part = *c.part;
+        try {
+            part.staged.wait();
+            post_message(part, link.eps[part.lane], gpu && !c.asHost, c.grouped);
+        } catch (const std::exception& e) {
+            part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
+        }
+        worker.retire_part_locked(part);
+    }
+    worker.track_locked(t);
+    lk.unlock();
+    if (total >= kWakeBytes) worker.wake();
+    return t;
+}
+
+}  // namespace mori::ucx
