@@ -124,7 +124,7 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
             else:
                 raise AssertionError("an out-of-block put was not refused")
         # The same from a source in this PE's heap, the put that one native call moves when it is
-        # plain (UcxWindow): a wrong one still gets the checked path's error, and nothing moves.
+        # plain (the heap window's quick_put): a wrong one still gets the checked path's error, and nothing moves.
         in_heap = (ctypes.c_char * 16).from_address(area)
         heap_base = int(info["base"], 16)
         for target in range(n):

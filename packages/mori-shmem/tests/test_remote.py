@@ -30,27 +30,12 @@ import mori.shmem as shmem
 from mori.core.host import HostIdentity
 from mori.core.testing import Died, network_namespaces
 from mori.shmem._reach import Reach
-from mori.shmem._remote_ucx import HEAP_ID, UcxTransport, _warn_without_nic
+from mori.shmem._remote_ucx import _warn_without_nic
 
 CPU_ENV = {"MORI_SHMEM_HEAP_SIZE": "16M", "MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_TIMEOUT": "30"}
 #: A UCX that cannot be loaded: the remote transport is unavailable.
 NO_UCX = {"MORI_UCX_LIB": "/nonexistent/libucp.so.0"}
 
-
-
-def test_pieces_cut_at_every_heap_chunk() -> None:
-    """A transfer that crosses heap chunks (a ``vmm`` GPU heap; the CPU heap is one chunk) is cut
-    at each chunk of either side into rows grouped by (local id, remote id), covering every byte once."""
-    transport = UcxTransport.__new__(UcxTransport)
-    transport.heap = type("H", (), {"chunk": 100})()  # type: ignore[assignment]
-    h = HEAP_ID
-    # Local heap offsets 30..230 into remote heap offsets 250..450, chunks of 100 bytes.
-    assert transport._pieces(None, 30, 250, 200) == [(h, h + 2, [30], [50], [50]), (h, h + 3, [80], [0], [20]),
-                                                     (h + 1, h + 3, [0], [20], [80]), (h + 1, h + 4, [80], [0], [20]),
-                                                     (h + 2, h + 4, [0], [20], [30])]
-    # A buffer registered for the call (id 7) is one region: only the remote side is cut.
-    assert transport._pieces(7, 30, 250, 200) == [(7, h + 2, [30], [50], [50]), (7, h + 3, [80], [0], [100]),
-                                                  (7, h + 4, [180], [0], [50])]
 
 
 def test_gpu_direct_without_a_nic_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:

@@ -47,8 +47,9 @@ class RemoteTransport(abc.ABC):
 
     def quick_put(self, dest: int, src: int, nbytes: int, pe: int) -> bool:
         """A put in one native step when it is the plain case (``dest`` inside one live block of
-        the heap and one chunk, ``src`` inside the local heap, ``pe`` remote): True once done,
-        complete. False, with nothing done, for any other call (the caller's checked path)."""
+        the heap, ``src`` inside the local heap or a buffer of ``shmem_buffer_register``, ``pe``
+        remote): True once done, complete. False, with nothing done, for any other call (the
+        caller's checked path)."""
         return False
 
     def register_buffer(self, addr: int, nbytes: int) -> None:  # noqa: B027 - nothing to register without a transport
