@@ -96,6 +96,18 @@ def why_unavailable(heap_kind: str) -> str:
     return ""
 
 
+def _is_device_memory(addr: int) -> bool:
+    """Whether CUDA knows ``addr`` as device memory (memory it does not know is host memory)."""
+    from mori.core import cuda
+
+    drv = cuda.driver()
+    try:
+        kind = cuda.call("cuPointerGetAttribute", drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
+    except cuda.CudaError:
+        return False
+    return int(kind) == int(drv.CUmemorytype.CU_MEMORYTYPE_DEVICE)
+
+
 def _key(pe: int) -> str:
     return f"PE {pe}"
 
@@ -240,10 +252,10 @@ class UcxTransport(RemoteTransport):
         return int(old)
 
     def register_buffer(self, addr: int, nbytes: int) -> None:
-        """Registers the buffer with the window for good, as GPU memory on a GPU heap where UCX
-        takes it as such, else as host memory (what a kernel's buffer or a host tensor is)."""
+        """Registers the buffer with the window for good: as GPU memory where CUDA says it is
+        device memory (a GPU heap's PE may register a CUDA tensor or a host one), else as host memory."""
         try:
-            self._window.register_buffer(addr, nbytes, self._gpu)
+            self._window.register_buffer(addr, nbytes, self._gpu and _is_device_memory(addr))
         except (RuntimeError, ValueError) as exc:
             raise ShmemError(f"shmem_buffer_register: {addr:#x}+{nbytes} could not be registered: {exc}") from None
 
