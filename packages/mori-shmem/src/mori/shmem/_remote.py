@@ -68,7 +68,8 @@ class RemoteTransport(abc.ABC):
     def stats(self) -> dict[str, int]:
         """How the local side of remote transfers was moved: ``staged`` (copied through the
         staging area), ``registered_for_call`` (registered for one call, then released) and
-        ``registered_buffers`` (buffers registered with :meth:`register_buffer` now)."""
+        ``registered_buffers`` (buffers registered for good now: :meth:`register_buffer`'s, and
+        on a GPU heap the device proxy's bounce area)."""
         return {"staged": 0, "registered_for_call": 0, "registered_buffers": 0}
 
     @property

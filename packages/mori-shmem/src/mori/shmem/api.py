@@ -167,7 +167,8 @@ def shmem_heap_info() -> dict[str, Any]:
     heaps are mapped here (``reachable``) and those reached through the remote transport
     (``remote``), and how the remote transport moved the local side of its transfers so far
     (``remote_stats``: ``staged`` through its staging area, ``registered_for_call``, and the
-    ``registered_buffers`` of :func:`shmem_buffer_register` it holds)."""
+    ``registered_buffers`` it holds for good: those of :func:`shmem_buffer_register`, and on a GPU
+    heap the device proxy's bounce area)."""
     s = _state.current()
     info = s.heap.describe()
     info.update(mode=getattr(s.heap, "mode", "static"), in_use=s.allocator.in_use, remote=list(s.rma.reach.remote),
