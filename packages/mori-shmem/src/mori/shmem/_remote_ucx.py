@@ -254,8 +254,12 @@ class UcxTransport(RemoteTransport):
     def register_buffer(self, addr: int, nbytes: int) -> None:
         """Registers the buffer with the window for good: as GPU memory where CUDA says it is
         device memory (a GPU heap's PE may register a CUDA tensor or a host one), else as host memory."""
+        gpu = False
+        if self._gpu:
+            self.heap.ctx.make_current()  # type: ignore[attr-defined]  # CUDA answers for a context's pointers
+            gpu = _is_device_memory(addr)
         try:
-            self._window.register_buffer(addr, nbytes, self._gpu and _is_device_memory(addr))
+            self._window.register_buffer(addr, nbytes, gpu)
         except (RuntimeError, ValueError) as exc:
             raise ShmemError(f"shmem_buffer_register: {addr:#x}+{nbytes} could not be registered: {exc}") from None
 
