@@ -15,7 +15,7 @@ import pytest
 from mori.core import _native
 
 STUBS = Path(_native.__file__).with_name("_native")  # installed beside the module, as type checkers look
-SUBMODULES = ["atomics", "batch", "gpu", "inbound", "memory", "tcp", "ucx"]
+SUBMODULES = ["atomics", "batch", "codes", "gpu", "inbound", "memory", "tcp", "ucx"]
 
 
 def _stub(name: str) -> tuple[dict[str, ast.AST], dict[str, ast.FunctionDef]]:

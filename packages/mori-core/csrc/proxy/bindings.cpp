@@ -8,6 +8,7 @@
 #include "proxy/proxy.hpp"
 
 namespace py = pybind11;
+using namespace mori;
 using namespace mori::ucx;
 
 namespace {

@@ -274,7 +274,7 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
                                        static_cast<uint16_t>(m), flags, seq, uid};
         for (size_t i = 0; i < m; ++i) {
             const plan::Row& r = rows[first + i];
-            s.entries[i] = same_host::Entry{remoteId, r.dst, r.bytes, r.src};
+            s.entries[i] = same_host::Entry{{remoteId, r.dst, r.bytes}, r.src};
         }
         ++local->pins;  // dropped at the reply: a deregistration of the local memory waits
         pending_.emplace(seq, Pending{t, local});
@@ -376,8 +376,8 @@ void SameHostLink::handle(uint64_t seq, const same_host::Reply& r) {
     const same_host::Slot& s = ring_.slot(seq);  // still ours: freed after this
     if (r.entry < s.request.count && r.entry < same_host::kMaxEntries) {
         const same_host::Entry e = s.entries[r.entry];
-        what = "block (remote memory id " + std::to_string(e.memId) + ", offset " + std::to_string(e.offset) +
-               ", size " + std::to_string(e.size) + ") at " + who;
+        what = "block (remote memory id " + std::to_string(e.block.memId) + ", offset " + std::to_string(e.block.offset) +
+               ", size " + std::to_string(e.block.size) + ") at " + who;
     }
     std::string reason = reason_text(r.reason);
     if (r.reason == kReasonFailed)

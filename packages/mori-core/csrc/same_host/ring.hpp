@@ -36,6 +36,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/ops.hpp"
+#include "base/request.hpp"
 #include "batch/plan.hpp"
 
 namespace mori::ucx {
@@ -45,7 +47,6 @@ class Transfer;
 struct Region;
 struct PeerState;
 struct Link;
-enum Op : uint8_t;
 
 namespace same_host {
 
@@ -82,14 +83,14 @@ struct Request {  // in a ring slot, followed by count Entries
 constexpr uint32_t kNotify = 1, kLast = 2;
 constexpr size_t kMaxOpenNotes = 1 << 16;  // notifying transfers of one connection not finished yet
 struct Entry {
-    uint64_t memId, offset, size;  // the target's memory
-    uint64_t addr;                 // the initiator's memory
+    RequestEntry block;  // the target's memory: the one request entry, checked as every plane's
+    uint64_t addr;       // the initiator's memory
 };
 struct Reply {
     uint32_t magic;
     uint8_t type, pad[3];
     int32_t code;
-    uint32_t reason, entry;  // why a block was refused (ucx/wire.hpp's Reason) and which
+    uint32_t reason, entry;  // why a block was refused (base/reasons.hpp) and which
     int32_t err;             // errno of a failed copy
     uint32_t pad2;
     uint64_t id;
@@ -257,6 +258,11 @@ public:
 private:
     struct Conn;
     void run();
+    void resume_listening(int64_t now);  // the listening socket, once its pause (fd exhaustion) ended
+    void on_link_event(int fd, uint32_t events);  // one of this engine's links: doorbells, its outbox
+    void on_conn_event(int fd, uint32_t events);  // a connection served: its messages, its outbox
+    void spin_on_rings(int64_t& lastBusy);        // polls the rings alone for kRingsOnlyNs
+    void expire_links(int64_t now);               // fails the transfers of own links past their deadline
     void accept_all();
     void serve(Conn& c, const uint8_t* msg, size_t len, int passedFd);
     void hello(Conn& c, const same_host::Hello& h, int ringFd);

@@ -265,21 +265,20 @@ void SameHostService::copy(Conn& c, const same_host::Request& h, const same_host
                            same_host::Reply& r) {
     std::vector<std::shared_ptr<Region>> pins;
     std::vector<iovec> local(h.count), remote(h.count);
-    // Every block is checked against the live registrations (and pinned: a deregistration waits)
-    // before any byte moves.
+    // Every block is checked against the region table (Engine::acquire: pinned, a deregistration
+    // waits) before any byte moves; the same-host path moves host memory only.
     for (size_t i = 0; i < h.count && r.reason == kReasonNone; ++i) {
         const same_host::Entry& e = entries[i];
-        std::shared_ptr<Region> reg = engine_.pin_region(e.memId);
+        std::shared_ptr<Region> reg = engine_.acquire(e.block, r.reason);
         if (reg) pins.push_back(reg);
         uint64_t end;
-        r.reason = !reg                                  ? kReasonMemory
-                   : !reg->contains(e.offset, e.size)    ? kReasonRange
-                   : reg->memType != api::kMemoryHost    ? kReasonGpu
-                   : __builtin_add_overflow(e.addr, e.size, &end) ? kReasonShape
-                                                          : kReasonNone;
+        if (reg && reg->gpu())
+            r.reason = kReasonGpu;
+        else if (reg && __builtin_add_overflow(e.addr, e.block.size, &end))
+            r.reason = kReasonShape;
         r.entry = static_cast<uint32_t>(i);
-        local[i] = iovec{reinterpret_cast<void*>(reg ? reg->addr + e.offset : 0), e.size};
-        remote[i] = iovec{reinterpret_cast<void*>(e.addr), e.size};
+        local[i] = iovec{reinterpret_cast<void*>(reg ? reg->addr + e.block.offset : 0), e.block.size};
+        remote[i] = iovec{reinterpret_cast<void*>(e.addr), e.block.size};
     }
     if (r.reason == kReasonNone) {
         r.entry = 0;
@@ -288,11 +287,8 @@ void SameHostService::copy(Conn& c, const same_host::Request& h, const same_host
     } else {
         engine_.count(&EngineStats::refused);
     }
-    for (auto& reg : pins) --reg->pins;
-    r.code = r.reason == kReasonNone     ? kSuccess
-             : r.reason == kReasonMemory ? kErrNotFound
-             : r.reason == kReasonFailed ? kErrTransport
-                                         : kErrInvalidArgs;
+    for (auto& reg : pins) reg->unpin();
+    r.code = reason_code(r.reason);
 }
 
 bool SameHostService::serve_ring(Conn& c) {
@@ -481,13 +477,7 @@ void SameHostService::run() {
         // flag was seen is there).
         if (!spin && !bells_.empty()) ring_bells(true);
         if (!spin && any_posted()) spin = true;
-        if (listenPausedUntil_ != 0 && now >= listenPausedUntil_) {
-            listenPausedUntil_ = 0;
-            epoll_event ev{};
-            ev.events = EPOLLIN;
-            ev.data.u64 = kTagListen;
-            epoll_ctl(epollFd_, EPOLL_CTL_MOD, listenFd_, &ev);
-        }
+        resume_listening(now);
         int n = epoll_wait(epollFd_, evs, 64, spin ? 0 : kMaxSleepMs);
         now = now_ns();
         for (int i = 0; i < n; ++i) {
@@ -499,84 +489,106 @@ void SameHostService::run() {
             } else if (tag == kTagListen) {
                 accept_all();
             } else if (tag & (uint64_t{1} << 62)) {
-                std::shared_ptr<SameHostLink> link;
-                {
-                    std::lock_guard lk(linksMu_);
-                    auto it = links_.find(static_cast<int>(tag & 0xffffffff));
-                    if (it != links_.end()) link = it->second;
-                }
-                if (!link) continue;
-                if (evs[i].events & EPOLLOUT) {
-                    link->on_writable();
-                    watch(link->fd(), EPOLLIN, false);  // re-armed by the next message that waits
-                    link->on_writable();                // one that queued meanwhile
-                }
-                if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) link->on_readable();
-                if (!link->usable()) remove_link(link.get());
+                on_link_event(static_cast<int>(tag & 0xffffffff), evs[i].events);
             } else {
                 // Only serving keeps the thread polling: replies to this engine's own transfers
                 // are read by their waiters first, and otherwise wake it from its sleep.
                 lastBusy = now;
-                auto it = conns_.find(static_cast<int>(tag));
-                if (it == conns_.end()) continue;
-                Conn& c = *it->second;
-                if (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-                    // The initiator closed (it failed the transfers, or ended): what it had
-                    // queued is not served, so no byte moves for a transfer it gave up on.
-                    drop(c.fd);
-                    continue;
-                }
-                if (evs[i].events & EPOLLOUT) {
-                    int err = 0;
-                    if (!c.out.flush(c.fd, err)) {
-                        drop(c.fd);
-                        continue;
-                    }
-                    if (!c.out.queued.empty()) continue;
-                    watch(c.fd, EPOLLIN | EPOLLRDHUP, false);
-                }
-                // A few messages per wake and connection: one peer cannot hold the thread.
-                for (int k = 0; k < 16 && conns_.count(static_cast<int>(tag)) && c.out.queued.empty(); ++k) {
-                    int passedFd;
-                    ssize_t len = receive(c.fd, !c.proven, passedFd);
-                    if (len < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-                    if (len <= 0 || static_cast<size_t>(len) > same_host::kMaxMessage) {
-                        if (passedFd >= 0) ::close(passedFd);
-                        if (len > 0) engine_.count(&EngineStats::malformed);
-                        drop(c.fd);  // the peer left (or sent what no peer sends)
-                        break;
-                    }
-                    serve(c, buf_.data(), static_cast<size_t>(len), passedFd);
-                    if (passedFd >= 0) ::close(passedFd);  // a ring stays mapped without it
-                }
+                on_conn_event(static_cast<int>(tag), evs[i].events);
             }
         }
         // Awake: only the rings are polled for a while (no system call but the yields of relax)
         // before the sockets are looked at again; what comes by socket waits up to that long.
         if (poll_rings()) lastBusy = now;
-        if (spin) {
-            int polls = 0;
-            for (int64_t t = now_ns(), until = t + kRingsOnlyNs; t < until && !stop_.load(std::memory_order_relaxed);
-                 t = now_ns()) {
-                if (poll_rings())
-                    lastBusy = t;
-                else
-                    same_host::relax(polls);
-                if (!bells_.empty()) ring_bells(false);
-            }
-        }
+        if (spin) spin_on_rings(lastBusy);
         if (now < nextExpiry) continue;
-        // Deadlines of the engine's own links, every few milliseconds.
-        nextExpiry = now + kExpiryEveryNs;
-        std::vector<std::shared_ptr<SameHostLink>> links;
-        {
-            std::lock_guard lk(linksMu_);
-            for (auto& [fd, l] : links_) links.push_back(l);
+        nextExpiry = now + kExpiryEveryNs;  // deadlines of the engine's own links, every few milliseconds
+        expire_links(now);
+    }
+}
+
+void SameHostService::resume_listening(int64_t now) {
+    if (listenPausedUntil_ == 0 || now < listenPausedUntil_) return;
+    listenPausedUntil_ = 0;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kTagListen;
+    epoll_ctl(epollFd_, EPOLL_CTL_MOD, listenFd_, &ev);
+}
+
+void SameHostService::on_link_event(int fd, uint32_t events) {
+    std::shared_ptr<SameHostLink> link;
+    {
+        std::lock_guard lk(linksMu_);
+        auto it = links_.find(fd);
+        if (it != links_.end()) link = it->second;
+    }
+    if (!link) return;
+    if (events & EPOLLOUT) {
+        link->on_writable();
+        watch(link->fd(), EPOLLIN, false);  // re-armed by the next message that waits
+        link->on_writable();                // one that queued meanwhile
+    }
+    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) link->on_readable();
+    if (!link->usable()) remove_link(link.get());
+}
+
+void SameHostService::on_conn_event(int fd, uint32_t events) {
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) return;
+    Conn& c = *it->second;
+    if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+        // The initiator closed (it failed the transfers, or ended): what it had queued is not
+        // served, so no byte moves for a transfer it gave up on.
+        drop(c.fd);
+        return;
+    }
+    if (events & EPOLLOUT) {
+        int err = 0;
+        if (!c.out.flush(c.fd, err)) {
+            drop(c.fd);
+            return;
         }
-        for (auto& l : links) {
-            l->expire(now);
-            if (!l->usable()) remove_link(l.get());
+        if (!c.out.queued.empty()) return;
+        watch(c.fd, EPOLLIN | EPOLLRDHUP, false);
+    }
+    // A few messages per wake and connection: one peer cannot hold the thread.
+    for (int k = 0; k < 16 && conns_.count(fd) && c.out.queued.empty(); ++k) {
+        int passedFd;
+        ssize_t len = receive(c.fd, !c.proven, passedFd);
+        if (len < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+        if (len <= 0 || static_cast<size_t>(len) > same_host::kMaxMessage) {
+            if (passedFd >= 0) ::close(passedFd);
+            if (len > 0) engine_.count(&EngineStats::malformed);
+            drop(c.fd);  // the peer left (or sent what no peer sends)
+            break;
         }
+        serve(c, buf_.data(), static_cast<size_t>(len), passedFd);
+        if (passedFd >= 0) ::close(passedFd);  // a ring stays mapped without it
+    }
+}
+
+void SameHostService::spin_on_rings(int64_t& lastBusy) {
+    int polls = 0;
+    for (int64_t t = now_ns(), until = t + kRingsOnlyNs; t < until && !stop_.load(std::memory_order_relaxed);
+         t = now_ns()) {
+        if (poll_rings())
+            lastBusy = t;
+        else
+            same_host::relax(polls);
+        if (!bells_.empty()) ring_bells(false);
+    }
+}
+
+void SameHostService::expire_links(int64_t now) {
+    std::vector<std::shared_ptr<SameHostLink>> links;
+    {
+        std::lock_guard lk(linksMu_);
+        for (auto& [fd, l] : links_) links.push_back(l);
+    }
+    for (auto& l : links) {
+        l->expire(now);
+        if (!l->usable()) remove_link(l.get());
     }
 }
 

@@ -15,21 +15,6 @@ namespace {
 
 mori::native::Registration reg([](py::module_& root) {
     py::module_ m = mori::native::submodule(root, "tcp", "the native TCP data plane");
-    py::dict codes;  // base/transfer.hpp's Code by mori.core.codes.TransferCode's names
-    codes["SUCCESS"] = static_cast<int>(kSuccess);
-    codes["NOT_STARTED"] = static_cast<int>(kNotStarted);
-    codes["IN_PROGRESS"] = static_cast<int>(kInProgress);
-    codes["ERR_INVALID_ARGS"] = static_cast<int>(kErrInvalidArgs);
-    codes["ERR_NOT_FOUND"] = static_cast<int>(kErrNotFound);
-    codes["ERR_TRANSPORT"] = static_cast<int>(kErrTransport);
-    codes["ERR_BAD_STATE"] = static_cast<int>(kErrBadState);
-    codes["ERR_DEVICE"] = static_cast<int>(kErrDevice);
-    m.attr("TRANSFER_CODES") = codes;
-    py::dict ops;  // the wire's op codes: mori.core.codes.TransferOp takes them (a test compares)
-    ops["READ"] = static_cast<int>(kOpRead);
-    ops["WRITE"] = static_cast<int>(kOpWrite);
-    m.attr("OP_CODES") = ops;
-
     py::class_<Transfer, std::shared_ptr<Transfer>>(m, "Transfer",
                                                     "Completion of one native TCP transfer.")
         .def("code", &Transfer::code, "TransferCode value (IN_PROGRESS=2 until finished).")

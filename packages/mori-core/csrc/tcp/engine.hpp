@@ -19,16 +19,14 @@
 #include <utility>
 #include <vector>
 
+#include "base/inbound.hpp"
+#include "base/regions.hpp"
 #include "batch/batch.hpp"
 #include "gpu/staging.hpp"
-#include "base/inbound.hpp"
 #include "tcp/staged.hpp"
 #include "tcp/wire.hpp"
 
 namespace mori::tcp {
-
-// Why a target rejected a block, carried in RepHdr::size of an error reply.
-enum Reason : uint64_t { kReasonMemory = 2, kReasonRange = 3, kReasonDevice = 4 };
 
 class InitConn;
 
@@ -206,8 +204,9 @@ public:
     void register_region(uint64_t id, uint64_t addr, uint64_t size, std::shared_ptr<gpu::Stager> stager = nullptr);
     // Stops serving the region at once (new requests get ERR_NOT_FOUND; other regions are not
     // held up). Waits up to the I/O timeout for requests being served on it, then cuts the
-    // connections still touching it, and returns once none does: after this no byte of the
-    // region is read or written. False when no such region was registered.
+    // connections still touching it (the region table's rule, base/regions.hpp): once it returns
+    // no byte of the region is read or written. False when no such region was registered; throws
+    // std::runtime_error when a cut request still holds it after the grace.
     bool deregister_region(uint64_t id);
     // Lets key open connections presenting ticket (up to 64, within ticketTtl seconds).
     void issue_ticket(const std::string& key, const std::string& ticket);
@@ -218,11 +217,9 @@ public:
     void close();
 
 private:
-    // A registered region; requests being served on it are its users (guarded by regionsMu_).
-    struct Region {
-        uint64_t addr, size;
+    // A registered region; requests being served on it pin it.
+    struct Region : mori::Region {
         std::shared_ptr<gpu::Stager> stager;  // GPU memory: staged through it
-        int users = 0;
     };
     enum ConnState : int { kHandshaking = 0, kServing = 1, kEvicted = 2 };
     struct Conn {
@@ -240,15 +237,16 @@ private:
     public:
         RegionUse(Target& t, Conn* c) : t_(t), c_(c) {}
         ~RegionUse() { release(); }
-        // Looks the block up and holds its region; the code (and reason) of check otherwise.
-        int acquire(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason);
+        // Checks the block against the region table and holds its region (kSuccess, addr set);
+        // the code and reason of the refusal otherwise.
+        int acquire(const RequestEntry& block, uint64_t& addr, uint64_t& reason);
         void release();
         gpu::Stager* stager() const { return region_ ? region_->stager.get() : nullptr; }  // GPU memory's
 
     private:
         Target& t_;
         Conn* c_;
-        std::shared_ptr<Region> region_;
+        Pinned<Region> region_;
     };
     // A staged write answered once its copies to the device have ended: its region stays held
     // and its reply waits in the connection's output (at replyAt) until then (settle_writes).
@@ -276,7 +274,9 @@ private:
     // Admits conn under key; past maxPerKey connections of that key its oldest is dropped.
     void bind_key(Conn* conn, const std::string& key);
     void drop_locked(Conn& c);  // shuts a connection down; its thread ends and is reaped
+    // Serves conn: its hello, then its requests (a Session) until it ends.
     void serve(Conn* conn);
+    class Session;
     bool handshake(Conn* conn, Reader& rd, std::string& peerKey);
     bool take_ticket(const std::string& key, const std::string& ticket);
     // Cuts the connections whose request touches region r; the count of them.
@@ -293,9 +293,7 @@ private:
     std::string timeoutSetting_;
     std::atomic<bool> stop_{false};
     std::thread acceptThread_;
-    std::mutex regionsMu_;
-    std::condition_variable regionsCv_;  // a region's last user left
-    std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
+    RegionTable<Region> regions_;
     std::shared_ptr<InboundRecords> inbound_;
     std::mutex ticketsMu_;
     std::unordered_map<std::string, Ticket> tickets_;

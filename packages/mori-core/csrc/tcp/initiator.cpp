@@ -20,24 +20,13 @@ constexpr size_t kSendBatchBytes = 8 << 20;
 // many before they are waited for (each holds pinned memory).
 constexpr size_t kPendingReads = 16;
 
-std::string reason_text(int code, uint64_t reason) {
-    switch (reason) {
-        case kReasonMemory: return "memory is not registered at the target (ERR_NOT_FOUND)";
-        case kReasonRange: return "offset/size out of range of the target's region (ERR_INVALID_ARGS)";
-        case kReasonDevice: return "the target's copy to or from its GPU failed (ERR_DEVICE)";
-        default: return "target rejected the request (code " + std::to_string(code) + ")";
-    }
-}
-
 // The request frame of row i of w.
 ReqHdr request_header(const Work& w, size_t i) {
     ReqHdr h;
     std::memset(&h, 0, sizeof(h));
     h.magic = kReqMagic;
     h.op = w.op;
-    h.memId = w.memId;
-    h.offset = w.rows[i].dst;
-    h.size = w.rows[i].bytes;
+    h.block = RequestEntry{w.memId, w.rows[i].dst, w.rows[i].bytes};
     if (w.notify && i == 0) h.flags |= kFlagBegin;
     if (w.notify && i + 1 == w.rows.size()) h.flags |= kFlagNotify;
     return h;
@@ -399,7 +388,7 @@ std::string InitConn::read_reply_frame() {
         if (!e.empty()) return e;
     } else if (h.code != kSuccess) {
         msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) +
-              ", size " + std::to_string(b.bytes) + "): " + reason_text(h.code, h.size);
+              ", size " + std::to_string(b.bytes) + "): " + reason_text(static_cast<uint32_t>(h.size));
     }
     bool finished = false;
     {

@@ -133,36 +133,35 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
 Target::~Target() { close(); }
 
 void Target::register_region(uint64_t id, uint64_t addr, uint64_t size, std::shared_ptr<gpu::Stager> stager) {
-    std::lock_guard lk(regionsMu_);
-    regions_[id] = std::make_shared<Region>(Region{addr, size, std::move(stager)});
+    auto r = std::make_shared<Region>();
+    r->id = id;
+    r->addr = addr;
+    r->size = size;
+    r->kind = stager ? MemoryKind::kGpu : MemoryKind::kHost;
+    r->stager = std::move(stager);
+    if (!regions_.add(std::move(r)))
+        throw std::invalid_argument("memory id " + std::to_string(id) + " is already registered");
 }
 
 bool Target::deregister_region(uint64_t id) {
-    std::shared_ptr<Region> r;
-    {
-        std::lock_guard lk(regionsMu_);
-        auto it = regions_.find(id);
-        if (it == regions_.end()) return false;
-        r = std::move(it->second);
-        regions_.erase(it);  // new requests find no region from here on
-    }
     // Requests being served on it end by themselves within the I/O timeout unless a peer reads
-    // (or writes) slowly but steadily; such a peer's connection is cut after the timeout, so the
+    // (or writes) slowly but steadily; such a peer's connection is cut at the timeout, so the
     // wait is bounded whatever it does. Cutting makes its blocked send or receive fail at once.
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(static_cast<int64_t>(ioTimeout_ * 1e9));
-    std::unique_lock lk(regionsMu_);
-    if (regionsCv_.wait_until(lk, deadline, [&] { return r->users == 0; })) return true;
-    while (r->users > 0) {
-        lk.unlock();
-        size_t n = cut_users(r.get());
-        lk.lock();
-        if (n > 0) {
-            std::lock_guard sk(statsMu_);
-            stats_.cut += n;
-        }
-        regionsCv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return r->users == 0; });
+    const int64_t deadline = now_ns() + static_cast<int64_t>(ioTimeout_ * 1e9);
+    auto cut = [this](const Region& r) {
+        size_t n = cut_users(&r);
+        std::lock_guard sk(statsMu_);
+        stats_.cut += n;
+        return n;
+    };
+    switch (regions_.deregister(id, deadline, cut)) {
+        case RegionTable<Region>::Ended::kUnknown: return false;
+        case RegionTable<Region>::Ended::kReleased: return true;
+        case RegionTable<Region>::Ended::kStillPinned: break;
     }
-    return true;
+    throw std::runtime_error("memory id " + std::to_string(id) + ": requests still use it after the I/O timeout (" +
+                             timeoutSetting_ + ") and their connections were cut; it is no longer served, but do "
+                             "not free it yet");
 }
 
 size_t Target::cut_users(const Region* r) {
@@ -181,31 +180,19 @@ size_t Target::cut_users(const Region* r) {
     return n;
 }
 
-int Target::RegionUse::acquire(uint64_t memId, uint64_t off, uint64_t size, uint64_t& addr, uint64_t& reason) {
-    std::lock_guard lk(t_.regionsMu_);
-    auto it = t_.regions_.find(memId);
-    if (it == t_.regions_.end()) {
-        reason = kReasonMemory;
-        return kErrNotFound;
-    }
-    const Region& r = *it->second;
-    if (off > r.size || size > r.size - off) {
-        reason = kReasonRange;
-        return kErrInvalidArgs;
-    }
-    addr = r.addr + off;
-    reason = 0;
-    region_ = it->second;
-    ++region_->users;
+int Target::RegionUse::acquire(const RequestEntry& block, uint64_t& addr, uint64_t& reason) {
+    uint32_t why = kReasonNone;
+    region_ = Pinned<Region>(t_.regions_.acquire(block.memId, block.offset, block.size, why));
+    reason = why;
+    if (!region_) return reason_code(why);
+    addr = region_->addr + block.offset;
     c_->using_.store(region_.get());
     return kSuccess;
 }
 
 void Target::RegionUse::release() {
     if (!region_) return;
-    std::lock_guard lk(t_.regionsMu_);
     c_->using_.store(nullptr);
-    if (--region_->users == 0) t_.regionsCv_.notify_all();
     region_.reset();
 }
 
@@ -441,143 +428,204 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
 
 void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) { inbound_->record(peerKey, uid, code); }
 
+// Serving one admitted connection: requests read and checked (read_request), each block's region
+// acquired (the region table's check) and its bytes moved (serve_block), replies gathered in out_
+// and sent before the connection waits for more.
+class Target::Session {
+public:
+    Session(Target& t, Conn* conn, std::string peerKey)
+        : t_(t), conn_(conn), fd_(conn->fd), peerKey_(std::move(peerKey)), rd_(conn->fd) {
+        out_.reserve(kFlushBytes + kInlineRead + 64);
+    }
+    void run() {
+        while (wait_for_request()) {
+            ReqHdr h;
+            uint64_t uid = 0;
+            if (!read_request(h, uid) || !serve_block(h, uid) || !flush_if_full()) break;
+        }
+        settle();  // nothing of a region is touched once its connection ends
+    }
+
+private:
+    // One block being served: its request, where it lies, its outcome so far, and whether the
+    // transfer's outcome is still to record once its bytes have moved.
+    struct Block {
+        const ReqHdr& h;
+        uint64_t uid, addr;
+        int code;
+        uint64_t reason;
+        bool record;
+    };
+
+    // Before blocking: answers everything received so far, then waits for the next request.
+    bool wait_for_request() {
+        if (rd_.buffered() != 0) return true;
+        settle();
+        if (!out_.empty() && !send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
+        out_.clear();
+        conn_->idleSinceNs.store(now_ns());
+        if (!rd_.wait_readable(idle_, Reader::kSpinNs).empty()) return false;
+        conn_->idleSinceNs.store(0);
+        return true;
+    }
+
+    // Check: the request frame (and a notifying one's uid). False drops the connection:
+    // malformed, or the peer too slow.
+    bool read_request(ReqHdr& h, uint64_t& uid) {
+        frameStartNs_ = now_ns();
+        if (!rd_.fill(sizeof(ReqHdr), mid_frame()).empty()) return false;
+        std::memcpy(&h, rd_.data(), sizeof(h));
+        rd_.consume(sizeof(h));
+        if (h.magic != kReqMagic || h.block.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
+            (h.op != kOpRead && h.op != kOpWrite && h.op != kOpNotify) ||
+            (h.op == kOpNotify && (h.flags != 0 || !is_final_code(static_cast<int64_t>(h.block.offset)))))
+            return false;
+        if (h.flags & kFlagNotify) {
+            if (!rd_.fill(sizeof(uid), mid_frame()).empty()) return false;
+            std::memcpy(&uid, rd_.data(), sizeof(uid));
+            rd_.consume(sizeof(uid));
+        }
+        if (h.flags & kFlagBegin) {
+            settle();  // a failure of the transfer before counts for that one
+            outcome_ = kSuccess;
+        }
+        return true;
+    }
+
+    // Plan and post: the block's region acquired and held while its bytes move (or the refusal
+    // answered), then the transfer's outcome recorded once the last block's bytes have left (or
+    // entered) the registered memory, before the initiator can see the transfer finish.
+    bool serve_block(const ReqHdr& h, uint64_t uid) {
+        if (h.op == kOpNotify) {
+            t_.record_inbound(peerKey_, h.block.memId, static_cast<int>(h.block.offset));
+            return true;
+        }
+        auto use = std::make_unique<RegionUse>(t_, conn_);
+        Block b{h, uid, 0, kSuccess, 0, (h.flags & kFlagNotify) != 0};
+        b.code = use->acquire(h.block, b.addr, b.reason);
+        if (outcome_ == kSuccess) outcome_ = b.code;
+        gpu::Stager* stager = b.code == kSuccess ? use->stager() : nullptr;
+        const bool ok = h.op == kOpWrite ? (stager ? write_staged(b, *stager, use) : write_plain(b))
+                                         : (stager ? read_staged(b, *stager) : read_plain(b));
+        if (!ok) return false;
+        if (b.record) t_.record_inbound(peerKey_, uid, outcome_);
+        return true;
+    }
+
+    // A write into GPU memory, answered once every copy to the device has ended (settle, before
+    // the replies are sent or a record made): the reply never precedes the bytes, and the region
+    // stays held (use) until then. Meanwhile the next requests are received.
+    bool write_staged(Block& b, gpu::Stager& stager, std::unique_ptr<RegionUse>& use) {
+        DeviceSink sink(stager, b.addr, b.h.block.size);
+        if (!sink.receive(rd_, mid_frame()).empty()) return false;
+        RepHdr rep{kRepMagic, b.code, b.reason};
+        pending_.push_back(PendingWrite{std::move(sink), std::move(use), out_.size()});
+        pendingBytes_ += b.h.block.size;
+        append(&rep, sizeof(rep));
+        if (pending_.size() >= kPendingWrites || pendingBytes_ >= kPendingWriteBytes || b.record) settle();
+        return true;
+    }
+
+    // A write into host memory (a refused one's bytes are read and dropped).
+    bool write_plain(Block& b) {
+        char* dst = b.code == kSuccess ? reinterpret_cast<char*>(b.addr) : nullptr;
+        if (!rd_.read_into(dst, b.h.block.size, mid_frame()).empty()) return false;
+        RepHdr rep{kRepMagic, b.code, b.reason};
+        append(&rep, sizeof(rep));
+        return true;
+    }
+
+    // A read of GPU memory: the first piece is copied before the reply says whether it
+    // succeeded; the rest follow the socket. A later failure cannot take the reply back: the
+    // connection ends.
+    bool read_staged(Block& b, gpu::Stager& stager) {
+        const uint64_t size = b.h.block.size;
+        std::optional<DeviceSource> source;
+        try {
+            source.emplace(stager, std::vector<DeviceSource::Span>{{b.addr, size}});
+            source->next();
+        } catch (const std::exception&) {
+            source.reset();
+            device_failed(b.code, b.reason, outcome_);
+        }
+        RepHdr rep{kRepMagic, b.code, b.code == kSuccess ? size : b.reason};
+        append(&rep, sizeof(rep));
+        if (!source) return true;
+        std::function<void()> beforeLast;
+        if (b.record && size > kInlineRead) beforeLast = [&] { t_.record_inbound(peerKey_, b.uid, outcome_); };
+        if (!send_staged(fd_, *source, size, out_, beforeLast)) return false;
+        if (beforeLast) b.record = false;
+        return true;
+    }
+
+    // A read of host memory: small ones copied into the replies, large ones sent from their
+    // place; a notifying read holds its last byte back until the record is made.
+    bool read_plain(Block& b) {
+        const uint64_t size = b.h.block.size;
+        RepHdr rep{kRepMagic, b.code, b.code == kSuccess ? size : b.reason};
+        append(&rep, sizeof(rep));
+        if (b.code != kSuccess) return true;
+        if (size <= kInlineRead) {
+            append(reinterpret_cast<const void*>(b.addr), size);
+            return true;
+        }
+        const uint64_t held = b.record ? 1 : 0;
+        struct iovec iov[2] = {{out_.data(), out_.size()}, {reinterpret_cast<void*>(b.addr), size - held}};
+        if (!send_all(fd_, iov, 2).empty()) return false;
+        out_.clear();
+        if (!b.record) return true;
+        t_.record_inbound(peerKey_, b.uid, outcome_);
+        b.record = false;
+        return send_bytes(fd_, reinterpret_cast<const void*>(b.addr + size - 1), 1).empty();
+    }
+
+    bool flush_if_full() {
+        if (out_.size() < kFlushBytes) return true;
+        settle();
+        if (!send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
+        out_.clear();
+        return true;
+    }
+    void settle() {
+        settle_writes(pending_, out_, outcome_);
+        pendingBytes_ = 0;
+    }
+    void append(const void* p, size_t n) {
+        out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+    }
+    // A frame (header and payload) must arrive within the I/O timeout of its first byte: a peer
+    // trickling a write cannot hold the region (and its deregistration) indefinitely.
+    const AbortCheck& mid_frame() const { return midFrame_; }
+
+    Target& t_;
+    Conn* conn_;
+    int fd_;
+    std::string peerKey_;
+    Reader rd_;
+    std::vector<char> out_;
+    int64_t frameStartNs_ = 0;
+    const AbortCheck idle_ = [this]() -> std::string { return t_.stop_.load() ? "closed" : ""; };
+    const AbortCheck midFrame_ = [this]() -> std::string {
+        if (t_.stop_.load()) return "closed";
+        return now_ns() - frameStartNs_ > static_cast<int64_t>(t_.ioTimeout_ * 1e9)
+                   ? "peer too slow to send a frame (" + t_.timeoutSetting_ + ")"
+                   : "";
+    };
+    int outcome_ = kSuccess;  // first failure of the notifying transfer being served
+    std::deque<PendingWrite> pending_;
+    uint64_t pendingBytes_ = 0;
+};
+
 void Target::serve(Conn* conn) {
     gpu::own_thread();  // staged copies keep the GPU's context current here (gpu/staging.hpp)
-    int fd = conn->fd;
     std::string peerKey;
     bool admitted = false;
     {
         // A small buffer until the peer is admitted: handshaking connections cost little memory.
-        Reader hello(fd, sizeof(Hello) + 2 * kMaxNameLen + kMaxTicketLen);
+        Reader hello(conn->fd, sizeof(Hello) + 2 * kMaxNameLen + kMaxTicketLen);
         admitted = handshake(conn, hello, peerKey);
     }
-    if (admitted) {
-        Reader rd(fd);
-        std::vector<char> out;
-        out.reserve(kFlushBytes + kInlineRead + 64);
-        AbortCheck idle = [this]() -> std::string { return stop_.load() ? "closed" : ""; };
-        // A frame (header and payload) must arrive within the I/O timeout of its first byte: a
-        // peer trickling a write cannot hold the region (and its deregistration) indefinitely.
-        int64_t frameStartNs = 0;
-        const auto frameBudgetNs = static_cast<int64_t>(ioTimeout_ * 1e9);
-        AbortCheck midFrame = [this, &frameStartNs, frameBudgetNs]() -> std::string {
-            if (stop_.load()) return "closed";
-            return now_ns() - frameStartNs > frameBudgetNs ? "peer too slow to send a frame (" + timeoutSetting_ + ")" : "";
-        };
-        int outcome = kSuccess;  // first failure of the notifying transfer being served
-        auto append = [&out](const void* p, size_t n) {
-            out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
-        };
-        std::deque<PendingWrite> pending;
-        uint64_t pendingBytes = 0;
-        auto settle = [&] {
-            settle_writes(pending, out, outcome);
-            pendingBytes = 0;
-        };
-        for (;;) {
-            if (rd.buffered() == 0) {
-                // About to block: answer everything received so far first.
-                settle();
-                if (!out.empty() && !send_bytes(fd, out.data(), out.size()).empty()) break;
-                out.clear();
-                conn->idleSinceNs.store(now_ns());
-                if (!rd.wait_readable(idle, Reader::kSpinNs).empty()) break;
-                conn->idleSinceNs.store(0);
-            }
-            frameStartNs = now_ns();
-            if (!rd.fill(sizeof(ReqHdr), midFrame).empty()) break;
-            ReqHdr h;
-            std::memcpy(&h, rd.data(), sizeof(h));
-            rd.consume(sizeof(h));
-            if (h.magic != kReqMagic || h.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
-                (h.op == kOpNotify && (h.flags != 0 || !is_final_code(static_cast<int64_t>(h.offset)))))
-                break;  // malformed: drop the connection
-            uint64_t uid = 0;
-            if (h.flags & kFlagNotify) {
-                if (!rd.fill(sizeof(uid), midFrame).empty()) break;
-                std::memcpy(&uid, rd.data(), sizeof(uid));
-                rd.consume(sizeof(uid));
-            }
-            if (h.flags & kFlagBegin) {
-                settle();  // a failure of the transfer before counts for that one
-                outcome = kSuccess;
-            }
-            uint64_t addr = 0, reason = 0;
-            if (h.op == kOpNotify) {
-                record_inbound(peerKey, h.memId, static_cast<int>(h.offset));
-                continue;
-            }
-            if (h.op != kOpWrite && h.op != kOpRead) break;
-            // the region's memory stays valid until use is released
-            auto use = std::make_unique<RegionUse>(*this, conn);
-            int code = use->acquire(h.memId, h.offset, h.size, addr, reason);
-            if (outcome == kSuccess) outcome = code;
-            // The outcome of a notifying transfer is recorded once its last block's bytes have
-            // left (or entered) the registered memory, and before the initiator can see the
-            // transfer finish.
-            bool record = (h.flags & kFlagNotify) != 0;
-            gpu::Stager* stager = code == kSuccess ? use->stager() : nullptr;
-            if (h.op == kOpWrite && stager != nullptr) {
-                // Answered once every copy to the device has ended (settle_writes, before the
-                // replies are sent or a record made): the reply never precedes the bytes, and the
-                // region stays held until then. Meanwhile the next requests are received.
-                DeviceSink sink(*stager, addr, h.size);
-                if (!sink.receive(rd, midFrame).empty()) break;
-                RepHdr rep{kRepMagic, code, reason};
-                pending.push_back(PendingWrite{std::move(sink), std::move(use), out.size()});
-                pendingBytes += h.size;
-                append(&rep, sizeof(rep));
-                if (pending.size() >= kPendingWrites || pendingBytes >= kPendingWriteBytes || record) settle();
-            } else if (h.op == kOpWrite) {
-                char* dst = code == kSuccess ? reinterpret_cast<char*>(addr) : nullptr;
-                if (!rd.read_into(dst, h.size, midFrame).empty()) break;
-                RepHdr rep{kRepMagic, code, reason};
-                append(&rep, sizeof(rep));
-            } else if (stager != nullptr) {
-                std::optional<DeviceSource> source;
-                try {  // the first piece is copied before the reply says whether it succeeded
-                    source.emplace(*stager, std::vector<DeviceSource::Span>{{addr, h.size}});
-                    source->next();
-                } catch (const std::exception&) {
-                    source.reset();
-                    device_failed(code, reason, outcome);
-                }
-                RepHdr rep{kRepMagic, code, code == kSuccess ? h.size : reason};
-                append(&rep, sizeof(rep));
-                std::function<void()> beforeLast;
-                if (source && record && h.size > kInlineRead)
-                    beforeLast = [&] { record_inbound(peerKey, uid, outcome); };
-                if (source && !send_staged(fd, *source, h.size, out, beforeLast))
-                    break;  // the socket failed, or a later piece's copy: a reply cannot be taken back
-                if (beforeLast) record = false;
-            } else {
-                RepHdr rep{kRepMagic, code, code == kSuccess ? h.size : reason};
-                append(&rep, sizeof(rep));
-                if (code == kSuccess && h.size <= kInlineRead) {
-                    append(reinterpret_cast<const void*>(addr), h.size);
-                } else if (code == kSuccess) {
-                    // A notifying read holds its last byte back until the record is made.
-                    uint64_t held = record ? 1 : 0;
-                    struct iovec iov[2] = {{out.data(), out.size()}, {reinterpret_cast<void*>(addr), h.size - held}};
-                    if (!send_all(fd, iov, 2).empty()) break;
-                    out.clear();
-                    if (record) {
-                        record_inbound(peerKey, uid, outcome);
-                        record = false;
-                        if (!send_bytes(fd, reinterpret_cast<const void*>(addr + h.size - 1), 1).empty()) break;
-                    }
-                }
-            }
-            if (record) record_inbound(peerKey, uid, outcome);
-            if (use) use->release();
-            if (out.size() >= kFlushBytes) {
-                settle();
-                if (!send_bytes(fd, out.data(), out.size()).empty()) break;
-                out.clear();
-            }
-        }
-        settle();  // nothing of a region is touched once its connection ends
-    }
+    if (admitted) Session(*this, conn, std::move(peerKey)).run();
 }
 
 void Target::settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome) {

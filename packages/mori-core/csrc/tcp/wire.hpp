@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "base/ops.hpp"
+#include "base/request.hpp"
 #include "base/transfer.hpp"
 
 namespace mori::tcp {
@@ -34,7 +36,7 @@ constexpr uint32_t kMaxTicketLen = 256;
 // Largest single block a request may carry; anything bigger is a malformed frame.
 constexpr uint64_t kMaxBlock = 1ull << 40;
 
-enum Op : uint8_t { kOpRead = 1, kOpWrite = 2, kOpNotify = 3 };
+// ReqHdr::op: kOpRead, kOpWrite or kOpNotify (base/ops.hpp); anything else drops the connection.
 // ReqHdr::flags of read and write requests.
 enum Flag : uint8_t { kFlagBegin = 1, kFlagNotify = 2, kFlagsKnown = 3 };
 
@@ -55,14 +57,12 @@ struct ReqHdr {
     uint8_t op;
     uint8_t flags;  // Flag bits (reads and writes)
     uint8_t pad[2];
-    uint64_t memId;   // notify: transfer uid
-    uint64_t offset;  // notify: final status code
-    uint64_t size;
+    RequestEntry block;  // notify: memId is the transfer's uid, offset its final status code
 };
 struct RepHdr {
     uint32_t magic;
     int32_t code;
-    uint64_t size;  // bytes of data following (successful reads only)
+    uint64_t size;  // bytes of data following (successful reads only); an error's Reason (base/reasons.hpp)
 };
 #pragma pack(pop)
 static_assert(sizeof(ReqHdr) == 32 && sizeof(RepHdr) == 16 && sizeof(Hello) == 12, "wire layout");

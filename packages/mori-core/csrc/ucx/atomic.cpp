@@ -16,9 +16,6 @@ namespace mori::ucx {
 
 namespace {
 
-// Why a target refused beyond the engine's own reasons (ucx/wire.hpp).
-constexpr uint32_t kReasonAlign = 100;
-
 #pragma pack(push, 1)
 struct AtomicRequest {
     uint32_t magic;
@@ -63,10 +60,6 @@ struct Pending {
 std::mutex gPendingMu;
 std::unordered_map<uint64_t, std::shared_ptr<Pending>> gPending;
 std::atomic<uint64_t> gNextId{1};
-
-std::string refusal(uint32_t reason) {
-    return reason == kReasonAlign ? "the word is not aligned to its width (ERR_INVALID_ARGS)" : reason_text(reason);
-}
 
 template <class T>
 T apply(T* word, uint8_t op, T value, T compare) {
@@ -113,14 +106,19 @@ bool well_formed(const AtomicRequest& h) {
            h.reserved == 0;
 }
 
-// Why the word of h may not be touched (kReasonNone when it may), r its pinned region or null;
-// GPU memory only where the engine serves it (gpu).
-uint32_t word_reason(const std::shared_ptr<Region>& r, const AtomicRequest& h, const GpuWords* gpu) {
+bool serves_gpu(const GpuWords* gpu) { return gpu != nullptr && gpu->serves_words(); }
+
+// The word of h checked: the request check (Engine::acquire), then an atomic's own: the word
+// aligned, GPU memory only where the engine serves it (gpu). Its region, pinned when there is one
+// (the caller unpins it), and why it may not be touched (kReasonNone when it may).
+std::shared_ptr<Region> acquire_word(Engine& eng, const AtomicRequest& h, const GpuWords* gpu, uint32_t& reason) {
     const uint64_t bytes = h.width / 8;
-    if (!r) return kReasonMemory;
-    if (!r->contains(h.offset, bytes)) return kReasonRange;
-    if ((r->addr + h.offset) % bytes != 0) return kReasonAlign;
-    return r->memType != api::kMemoryHost && (gpu == nullptr || !gpu->serves_words()) ? kReasonGpu : kReasonNone;
+    std::shared_ptr<Region> r = eng.acquire(RequestEntry{h.memId, h.offset, bytes}, reason);
+    if (r && (r->addr + h.offset) % bytes != 0)
+        reason = kReasonAlign;
+    else if (r && r->gpu() && !serves_gpu(gpu))
+        reason = kReasonGpu;
+    return r;
 }
 
 // Applies h to its word (checked by word_reason): on GPU memory through the engine's GPU
@@ -129,7 +127,7 @@ uint32_t word_reason(const std::shared_ptr<Region>& r, const AtomicRequest& h, c
 uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
                     uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
     const uint64_t addr = r->addr + h.offset;
-    if (r->memType != api::kMemoryHost) {
+    if (r->gpu()) {
         try {
             return gpu->apply(addr, h.op, h.width, h.value, h.compare, dst, data, bytes);
         } catch (const std::exception&) {
@@ -143,7 +141,7 @@ uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, Gp
 }
 
 void unpin(const std::shared_ptr<Region>& r) {
-    if (r) --r->pins;
+    if (r) r->unpin();
 }
 
 // Answers on the request's endpoint pair; a refusal is counted.
@@ -151,7 +149,7 @@ void answer(Engine& eng, api::Endpoint* ep, const AtomicRequest& h, uint32_t rea
     auto reply = std::make_unique<AtomicReply>(AtomicReply{kMagic, kSuccess, h.ticket, h.id, old, reason, 0});
     if (reason != kReasonNone) {
         eng.count(&EngineStats::refused);
-        reply->code = reason == kReasonMemory ? kErrNotFound : kErrInvalidArgs;
+        reply->code = reason_code(reason);
     }
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
@@ -188,9 +186,9 @@ api::Status on_atomic_request(void* arg, const void* header, size_t headerLength
     std::memcpy(&h, header, sizeof(h));
     if (!admitted(eng, h, param)) return api::kOk;
     // Checked while pinned: a deregistration waits for the operation.
-    std::shared_ptr<Region> r = eng.pin_region(h.memId);
     const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
-    uint32_t reason = word_reason(r, h, gpu.get());
+    uint32_t reason = kReasonNone;
+    std::shared_ptr<Region> r = acquire_word(eng, h, gpu.get(), reason);
     const uint64_t old = reason == kReasonNone ? apply_word(r, h, gpu.get(), reason) : 0;
     unpin(r);
     answer(eng, param->replyEp, h, reason, old);
@@ -213,23 +211,23 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
         return api::kOk;
     }
     // Both places are checked, and pinned, before either is touched: a refusal writes nothing.
-    std::shared_ptr<Region> dr = eng.pin_region(h.dataMemId);
-    std::shared_ptr<Region> sr = eng.pin_region(h.signal.memId);
     const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
-    uint32_t reason = !dr                                                   ? kReasonMemory
-                      : !dr->contains(h.dataOffset, h.dataSize)              ? kReasonRange
-                      : dr->memType != api::kMemoryHost && (gpu == nullptr || !gpu->serves_words()) ? kReasonGpu
-                      : length != h.dataSize                                ? kReasonShape
-                                                                            : kReasonNone;
-    if (reason == kReasonNone) reason = word_reason(sr, h.signal, gpu.get());
+    uint32_t reason = kReasonNone;
+    std::shared_ptr<Region> dr = eng.acquire(RequestEntry{h.dataMemId, h.dataOffset, h.dataSize}, reason);
+    if (reason == kReasonNone && dr->gpu() && !serves_gpu(gpu.get()))
+        reason = kReasonGpu;
+    else if (reason == kReasonNone && length != h.dataSize)
+        reason = kReasonShape;
+    std::shared_ptr<Region> sr;
+    if (reason == kReasonNone) sr = acquire_word(eng, h.signal, gpu.get(), reason);
     uint64_t old = 0;
     if (reason == kReasonNone) {
         const uint64_t dst = dr->addr + h.dataOffset;
-        if (dr->memType == api::kMemoryHost) {
+        if (!dr->gpu()) {
             if (length != 0) std::memcpy(reinterpret_cast<void*>(dst), data, length);
             // sequentially consistent (host) or after the copy's end (GPU): after the data for any observer
             old = apply_word(sr, h.signal, gpu.get(), reason);
-        } else if (sr->memType != api::kMemoryHost) {
+        } else if (sr->gpu()) {
             old = apply_word(sr, h.signal, gpu.get(), reason, dst, data, length);  // the copy, then the kernel
         } else {
             try {
@@ -363,7 +361,7 @@ void exchange(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pendin
 
 std::string atomic_refusal(uint64_t memId, uint64_t offset, const std::string& key, uint32_t reason) {
     return "atomic on memory id " + std::to_string(memId) + ", offset " + std::to_string(offset) + " at engine '" +
-           key + "': " + refusal(reason);
+           key + "': " + reason_text(reason);
 }
 
 std::shared_ptr<Pending> atomic_request(AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
@@ -445,7 +443,7 @@ void remote_signal_put(Engine& engine, Peer& peer, uint64_t memId, uint64_t offs
         throw std::invalid_argument("signal put of " + std::to_string(size) + " bytes at memory id " +
                                     std::to_string(memId) + ", offset " + std::to_string(offset) +
                                     " (signal at offset " + std::to_string(sigOffset) + ") at engine '" + peer.key() +
-                                    "': " + refusal(pending->reason));
+                                    "': " + reason_text(pending->reason));
 }
 
 }  // namespace mori::ucx

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "base/ops.hpp"
 #include "ucx/engine.hpp"
 
 namespace mori::ucx {
@@ -27,16 +28,7 @@ constexpr unsigned kAmAtomic = 0x4d38, kAmAtomicReply = 0x4d39, kAmSignalPut = 0
 // as an engine transfer followed by the signal's atomic.
 constexpr size_t kMaxSignalPutBytes = 16 << 10;
 
-enum AtomicOp : uint8_t {
-    kAtomicFetchAdd = 1,
-    kAtomicCompareSwap = 2,
-    kAtomicSwap = 3,
-    kAtomicStore = 4,
-    kAtomicFetchAnd = 5,
-    kAtomicFetchOr = 6,
-    kAtomicFetchXor = 7,
-    kAtomicLast = kAtomicFetchXor,
-};
+// The operations (AtomicOp) are base/ops.hpp's, the device proxy's codes too.
 
 // Applies op to the width-bit (32 or 64) word at offset of the peer's memory memId and returns
 // its old value. Blocks the caller (GIL released by the bindings) until the target answered,

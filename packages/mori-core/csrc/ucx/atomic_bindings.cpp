@@ -20,12 +20,12 @@ mori::native::Registration reg([](py::module_& root) {
         "ucx_atomic",
         [](mori::ucx::Engine& engine, mori::ucx::Peer& peer, int op, uint64_t memId, uint64_t offset, uint64_t value,
            uint64_t compare, int width, double timeout) {
-            if (op < mori::ucx::kAtomicFetchAdd || op > mori::ucx::kAtomicLast)
+            if (op < mori::kAtomicFetchAdd || op > mori::kAtomicLast)
                 throw std::invalid_argument("op must be 1 (fetch_add), 2 (compare_swap), 3 (swap), 4 (store), "
                                             "5 (fetch_and), 6 (fetch_or) or 7 (fetch_xor), got " +
                                             std::to_string(op));
             py::gil_scoped_release release;
-            return mori::ucx::remote_atomic(engine, peer, static_cast<mori::ucx::AtomicOp>(op), memId, offset, value,
+            return mori::ucx::remote_atomic(engine, peer, static_cast<mori::AtomicOp>(op), memId, offset, value,
                                             compare, width, timeout);
         },
         py::arg("engine"), py::arg("peer"), py::arg("op"), py::arg("mem_id"), py::arg("offset"), py::arg("value"),
@@ -40,7 +40,7 @@ mori::native::Registration reg([](py::module_& root) {
            size_t size, uint64_t sigMemId, uint64_t sigOffset, int op, uint64_t value, double timeout) {
             py::gil_scoped_release release;
             mori::ucx::remote_signal_put(engine, peer, memId, offset, reinterpret_cast<const void*>(src), size,
-                                         sigMemId, sigOffset, static_cast<mori::ucx::AtomicOp>(op), value, timeout);
+                                         sigMemId, sigOffset, static_cast<mori::AtomicOp>(op), value, timeout);
         },
         py::arg("engine"), py::arg("peer"), py::arg("mem_id"), py::arg("offset"), py::arg("src"), py::arg("size"),
         py::arg("sig_mem_id"), py::arg("sig_offset"), py::arg("op"), py::arg("value"), py::arg("timeout"),

@@ -7,6 +7,7 @@
 #include "ucx/engine.hpp"
 
 namespace py = pybind11;
+using namespace mori;
 using namespace mori::ucx;
 
 namespace {

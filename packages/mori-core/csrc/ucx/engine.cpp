@@ -34,7 +34,9 @@ uint64_t random_ticket() {
 }  // namespace
 
 Engine::Engine(EngineOptions opts)
-    : opts_(std::move(opts)), inbound_(inbound_table(opts_.inbound, opts_.maxInbound, opts_.inboundTtl)) {
+    : opts_(std::move(opts)),
+      regions_([this](Region& r) { release_region(r); }),
+      inbound_(inbound_table(opts_.inbound, opts_.maxInbound, opts_.inboundTtl)) {
     if (opts_.workers < 1 || opts_.workers > 64) throw std::invalid_argument("workers must be 1..64");
     if (opts_.lanes < 1 || opts_.lanes > 64) throw std::invalid_argument("lanes must be 1..64");
     if (!(opts_.timeout > 0) || opts_.timeout > 1e6) throw std::invalid_argument("timeout must be > 0 seconds");
@@ -116,12 +118,7 @@ void Engine::close() {
     if (closed_.exchange(true)) return;
     if (sameHost_) sameHost_->stop();  // its links' transfers fail; the connections it served close
     for (auto& w : workers_) w->destroy();
-    std::unique_lock lk(regionsMu_);
-    for (auto& [id, r] : regions_) release_region(*r);
-    for (auto& r : zombies_) release_region(*r);
     regions_.clear();
-    zombies_.clear();
-    lk.unlock();
     if (ctx_ != nullptr) fn().cleanup(ctx_);
     ctx_ = nullptr;
 }
@@ -160,12 +157,12 @@ std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, b
     r->id = id;
     r->addr = addr;
     r->size = size;
-    r->memType = cuda ? api::kMemoryCuda : api::kMemoryHost;
+    r->kind = cuda ? MemoryKind::kGpu : MemoryKind::kHost;
     api::MemMapParams p{};
     p.fieldMask = api::kMemMapAddress | api::kMemMapLength | api::kMemMapMemoryType;
     p.address = reinterpret_cast<void*>(addr);
     p.length = size;
-    p.memoryType = r->memType;
+    p.memoryType = r->memType();
     if (!staged) {
         check("ucp_mem_map (" + std::string(cuda ? "GPU" : "host") + " memory at " + std::to_string(addr) + ", " +
                   std::to_string(size) + " bytes)",
@@ -180,62 +177,26 @@ std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, b
         r->rkey.assign(static_cast<const char*>(buf), len);
         f.rkey_buffer_release(buf);
     }
-    std::unique_lock lk(regionsMu_);
-    if (!regions_.emplace(id, r).second) {
-        lk.unlock();
+    std::string rkey = r->rkey;
+    if (!regions_.add(r)) {
         release_region(*r);
         throw std::invalid_argument("memory id " + std::to_string(id) + " is already registered");
     }
-    zombies_.erase(std::remove_if(zombies_.begin(), zombies_.end(),
-                                  [this](auto& z) {
-                                      if (z->pins.load() != 0) return false;
-                                      release_region(*z);
-                                      return true;
-                                  }),
-                   zombies_.end());
-    return r->rkey;
-}
-
-std::shared_ptr<Region> Engine::region(uint64_t id) const {
-    std::shared_lock lk(regionsMu_);
-    auto it = regions_.find(id);
-    return it == regions_.end() ? nullptr : it->second;
-}
-
-std::shared_ptr<Region> Engine::pin_region(uint64_t id) const {
-    std::shared_lock lk(regionsMu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) return nullptr;
-    ++it->second->pins;
-    return it->second;
+    return rkey;
 }
 
 bool Engine::deregister_region(uint64_t id) {
-    std::shared_ptr<Region> r;
-    {
-        std::unique_lock lk(regionsMu_);
-        auto it = regions_.find(id);
-        if (it == regions_.end()) return false;
-        r = it->second;
-        regions_.erase(it);  // new accesses are refused from here on
-    }
     // Accesses in flight end within the timeout (their transfers fail at it, and their
-    // endpoints are closed, which ends UCX's operations on them).
+    // endpoints are closed, which ends UCX's operations on them): nothing to cut.
     const int64_t deadline = now_ns() + static_cast<int64_t>((opts_.timeout + 5.0) * 1e9);
-    int sleepUs = 20;
-    while (r->pins.load() != 0 && now_ns() < deadline) {
-        std::this_thread::sleep_for(std::chrono::microseconds(sleepUs));
-        sleepUs = std::min(sleepUs * 2, 2000);
+    switch (regions_.deregister(id, deadline)) {
+        case RegionTable<Region>::Ended::kUnknown: return false;
+        case RegionTable<Region>::Ended::kReleased: return true;
+        case RegionTable<Region>::Ended::kStillPinned: break;
     }
-    std::unique_lock lk(regionsMu_);
-    if (r->pins.load() != 0) {
-        zombies_.push_back(r);
-        throw std::runtime_error("memory id " + std::to_string(id) + ": " + std::to_string(r->pins.load()) +
-                                 " transfers still use it after the timeout (" + opts_.timeoutSetting +
-                                 "); it is no longer served, but stays mapped until they end: do not free it yet");
-    }
-    release_region(*r);
-    return true;
+    throw std::runtime_error("memory id " + std::to_string(id) + ": transfers still use it after the timeout (" +
+                             opts_.timeoutSetting +
+                             "); it is no longer served, but stays mapped until they end: do not free it yet");
 }
 
 uint64_t Engine::admit(const std::string& key) {

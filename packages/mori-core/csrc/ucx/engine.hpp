@@ -35,17 +35,17 @@
 #include <utility>
 #include <vector>
 
-#include "batch/batch.hpp"
 #include "base/inbound.hpp"
-#include "same_host/ring.hpp"
+#include "base/ops.hpp"
+#include "base/regions.hpp"
 #include "base/transfer.hpp"
+#include "batch/batch.hpp"
+#include "same_host/ring.hpp"
 #include "ucx/api.hpp"
 #include "ucx/gpu.hpp"
 #include "ucx/lib.hpp"
 
 namespace mori::ucx {
-
-enum Op : uint8_t { kOpRead = 1, kOpWrite = 2, kOpRegion = 3 };
 
 struct EngineOptions {
     std::string name = "mori";
@@ -83,14 +83,12 @@ struct EngineStats {
     uint64_t spread = 0;         // transfers this initiator dealt over several workers (Peer::spread)
 };
 
-// Memory registered with the engine. Accesses in flight hold a pin; deregistration waits for them.
-struct Region {
-    uint64_t id = 0, addr = 0, size = 0;
-    int memType = api::kMemoryHost;
+// Memory registered with the engine (in its region table, base/regions.hpp): accesses in flight
+// hold a pin; deregistration waits for them.
+struct Region : mori::Region {
     api::MemHandle* memh = nullptr;
     std::string rkey;  // packed remote key (RMA path)
-    std::atomic<int64_t> pins{0};
-    bool contains(uint64_t off, uint64_t len) const { return off <= size && len <= size - off; }
+    int memType() const { return gpu() ? api::kMemoryCuda : api::kMemoryHost; }  // UCX's name for kind
 };
 
 class Engine;
@@ -358,13 +356,18 @@ public:
     std::vector<std::string> addresses() const;
     // Registers [addr, addr + size) as memory id; returns the packed remote key.
     std::string register_region(uint64_t id, uint64_t addr, uint64_t size, bool cuda);
-    // Refuses new accesses to id at once, then waits up to the timeout for those in flight.
-    // False when id is unknown; throws when accesses are still running at the timeout.
+    // Refuses new accesses to id at once, then waits up to the timeout for those in flight (the
+    // region table's rule, base/regions.hpp; they end by themselves, failed at the timeout).
+    // False when id is unknown; throws when accesses are still running after it.
     bool deregister_region(uint64_t id);
-    std::shared_ptr<Region> region(uint64_t id) const;
-    // The region with one more pin (the caller drops it with --pins), or null; a deregistration
+    std::shared_ptr<Region> region(uint64_t id) const { return regions_.find(id); }
+    // The region with one more pin (the caller drops it with unpin()), or null; a deregistration
     // that has begun refuses it.
-    std::shared_ptr<Region> pin_region(uint64_t id) const;
+    std::shared_ptr<Region> pin_region(uint64_t id) const { return regions_.pin(id); }
+    // The check of an incoming block (RegionTable::acquire): its region pinned, or null with why.
+    std::shared_ptr<Region> acquire(const RequestEntry& e, uint32_t& reason) const {
+        return regions_.acquire(e.memId, e.offset, e.size, reason);
+    }
     // The ticket engine key presents in its requests (issued once per key, kept until dropped).
     uint64_t admit(const std::string& key);
     std::string admitted(uint64_t ticket) const;  // the key holding ticket, or ""
@@ -425,9 +428,7 @@ private:
     std::atomic<uint64_t> gpuEpoch_{1};  // changes with every set_gpu_words
     std::vector<std::shared_ptr<Worker>> workers_;
     std::unique_ptr<SameHostService> sameHost_;
-    mutable std::shared_mutex regionsMu_;
-    std::unordered_map<uint64_t, std::shared_ptr<Region>> regions_;
-    std::vector<std::shared_ptr<Region>> zombies_;  // deregistered with accesses still in flight
+    RegionTable<Region> regions_;
     mutable std::mutex ticketsMu_;
     std::unordered_map<uint64_t, std::string> tickets_;  // ticket -> engine key
     std::unordered_map<std::string, uint64_t> ticketOf_;

@@ -521,7 +521,7 @@ std::shared_ptr<Transfer> Peer::spread(size_t w, Op op, const std::shared_ptr<Re
                                        uint64_t remoteId, uint64_t uid, bool notify, bool remoteGpu) {
     // Not on the RMA path (its rows are checked per worker as they are posted: a bad one would
     // leave the others posted) nor the same-host path (one copy per transfer at the target).
-    const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
+    const bool gpu = remoteGpu || local->gpu();
     if (links_.size() < 2 || engine_->options().rma || (sameHost_ && !gpu)) return nullptr;
     const size_t k = static_cast<size_t>(std::min<uint64_t>(links_.size(), batch.total_bytes() / kSpreadPiece));
     if (k < 2) return nullptr;
@@ -543,15 +543,190 @@ std::shared_ptr<Transfer> Peer::spread(size_t w, Op op, const std::shared_ptr<Re
     return parent;
 }
 
+namespace {
+
+// One part of a transfer as planned: its rows [first, last) of the dealt rows, on a lane.
+struct Planned {
+    std::unique_ptr<Part> part;
+    size_t lane;
+    size_t first, last;
+    bool grouped;  // several small blocks in one message
+};
+
+// A small staged part whose copy was queued: posted once the copies of all were queued, so that
+// the copies run back to back instead of one wait each (kCopyInPlaceBytes).
+struct CopiedOut {
+    Part* part;
+    bool asHost;
+    bool grouped;
+};
+
+// What a transfer's parts share while they are made and posted (worker lock held).
+struct PartContext {
+    Worker& worker;
+    Link& link;
+    Op op;
+    const std::shared_ptr<Region>& local;
+    const std::shared_ptr<Transfer>& transfer;
+    uint64_t ticket, remoteId, uid;
+    bool gpu, rma, targetNotes;
+    bool peerStagesGpu;                  // small staged writes go to it as host memory (eager)
+    std::shared_ptr<GpuWords> copyOut;  // a write's local GPU memory is copied out through it
+    size_t parts;
+};
+
+// Check (RMA path): every row inside the remote region the target described.
+void check_remote_rows(const RemoteRegion& rr, const Dealt& d, uint64_t remoteId, const std::string& key) {
+    for (size_t i = 0; i < d.count; ++i)
+        if (d.rows[i].dst > rr.size || d.rows[i].bytes > rr.size - d.rows[i].dst)
+            throw std::invalid_argument("remote offset " + std::to_string(d.rows[i].dst) + " + size " +
+                                        std::to_string(d.rows[i].bytes) + " is outside memory id " +
+                                        std::to_string(remoteId) + " of engine '" + key + "' (" +
+                                        std::to_string(rr.size) + " bytes)");
+}
+
+// Plan: the parts, one per lane (RMA), or one per message (checked path: small host blocks of a
+// lane grouped, up to maxEntries and kGroupBytes, each other block a message of its own).
+std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, bool rma, bool gpu,
+                                size_t maxEntries) {
+    std::vector<Planned> planned;
+    for (size_t r = 0; r + 1 < d.bounds.size(); ++r) {
+        const size_t lane = (firstLane + r) % lanes;
+        const size_t end = d.bounds[r + 1];
+        for (size_t i = d.bounds[r]; i < end;) {
+            size_t j = i + 1;
+            if (rma) {
+                j = end;
+            } else if (!gpu && d.rows[i].bytes < kOwnMessageBytes) {
+                uint64_t bytes = d.rows[i].bytes;
+                while (j < end && j - i < maxEntries && d.rows[j].bytes < kOwnMessageBytes &&
+                       bytes + d.rows[j].bytes <= kGroupBytes)
+                    bytes += d.rows[j++].bytes;
+            }
+            planned.push_back(Planned{std::make_unique<Part>(), lane, i, j, !rma && j - i > 1});
+            i = j;
+        }
+    }
+    return planned;
+}
+
+// A planned part handed to its worker, holding its own pin of the local region.
+Part& open_part(PartContext& c, Planned& pl) {
+    Part& part = c.worker.add_part_locked(std::move(pl.part));
+    part.op = c.op;
+    part.transfer = c.transfer;
+    part.link = &c.link;
+    part.lane = pl.lane;
+    part.ticket = c.ticket;
+    part.pins.push_back(c.local);
+    part.memType = c.local->memType();
+    if (c.rma || pl.last - pl.first == 1) part.memh = c.local->memh;
+    ++c.local->pins;
+    return part;
+}
+
+// The part's message: its header and entries (the one request entry), its local pieces.
+void fill_message(PartContext& c, Part& part, const Planned& pl, const plan::Row* rows) {
+    const size_t m = pl.last - pl.first;
+    const uint8_t flags = (c.gpu ? kFlagRndvReply : 0) | (c.targetNotes ? kFlagNotify : 0);
+    RequestHeader h{kMagic, c.op, flags, static_cast<uint16_t>(m), part.ticket, part.id, c.targetNotes ? c.uid : 0};
+    part.header.resize(sizeof(h) + m * sizeof(Entry));
+    std::memcpy(part.header.data(), &h, sizeof(h));
+    auto* entries = reinterpret_cast<Entry*>(part.header.data() + sizeof(h));
+    part.iov.resize(m);
+    for (size_t i = 0; i < m; ++i) {
+        const plan::Row& row = rows[pl.first + i];
+        entries[i] = Entry{c.remoteId, row.dst, row.bytes};
+        part.iov[i] = api::Iov{reinterpret_cast<void*>(row.src), row.bytes};
+        part.bytes += row.bytes;
+    }
+}
+
+// A part from local GPU memory (one block: GPU memory is never grouped): its bytes copied to host
+// memory (in the staging's CUDA context, ucx/gpu.hpp) and sent once there: a small part's copy
+// waited for with the others' (copiedOut), a larger one's while the network moves the parts
+// before it.
+void stage_out(PartContext& c, Part& part, bool grouped, std::vector<CopiedOut>& copiedOut) {
+    const bool inPlace = part.bytes <= kCopyInPlaceBytes;
+    try {
+        part.staged = c.copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes,
+                                         inPlace && c.parts == 1);
+    } catch (const std::exception& e) {
+        part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
+        c.worker.retire_part_locked(part);
+        return;
+    }
+    part.iov[0].buffer = part.staged.data();
+    part.memType = api::kMemoryHost;
+    part.memh = nullptr;
+    // Into a peer that stages too, a small one goes as host memory would (eager).
+    const bool asHost = c.peerStagesGpu && part.bytes < kRndvWriteBytes;
+    if (inPlace) {
+        copiedOut.push_back(CopiedOut{&part, asHost, grouped});
+        return;
+    }
+    ++part.ops;  // the copy: the part stays until it ended
+    Part* p = &part;
+    c.worker.after_copy_locked(part.staged, [p, gpu = c.gpu, asHost, grouped](const std::string& error) {
+        Worker& on = *p->link->worker;
+        --p->ops;
+        if (!error.empty())
+            p->finish(kErrTransport, "copying GPU memory to send it: " + error);
+        else if (!p->done && p->link->failed.empty())
+            post_message(*p, p->link->eps[p->lane], gpu && !asHost, grouped);
+        on.retire_part_locked(*p);
+    });
+}
+
+// Post: every planned part (RMA: its puts or gets and flush; checked: its message, staged ones
+// once their copies ended); the bytes they carry.
+uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::Row* rows, RemoteRegion* rr) {
+    uint64_t total = 0;
+    std::vector<CopiedOut> copiedOut;
+    std::optional<gpu::Current> current;  // once for the transfer's copies, not per copy
+    if (c.copyOut) current.emplace(c.copyOut->staging_config());
+    for (Planned& pl : planned) {
+        Part& part = open_part(c, pl);
+        if (!c.link.failed.empty()) {  // an earlier part found the link broken
+            part.finish(kErrTransport, c.link.failed);
+        } else if (c.rma) {
+            for (size_t i = pl.first; i < pl.last; ++i) part.bytes += rows[i].bytes;
+            total += part.bytes;
+            post_rma(part, c.link.eps[pl.lane], rr->keys[pl.lane], rr->addr, rows + pl.first, pl.last - pl.first);
+        } else {
+            fill_message(c, part, pl, rows);
+            total += part.bytes;
+            if (c.copyOut) {
+                stage_out(c, part, pl.grouped, copiedOut);
+                continue;  // retired there, or once posted
+            }
+            post_message(part, c.link.eps[pl.lane], c.gpu, pl.grouped);
+        }
+        c.worker.retire_part_locked(part);  // finished at once: the link broken, a flush or send done or failed
+    }
+    for (const CopiedOut& co : copiedOut) {
+        Part& part = *co.part;
+        try {
+            part.staged.wait();
+            post_message(part, c.link.eps[part.lane], c.gpu && !co.asHost, co.grouped);
+        } catch (const std::exception& e) {
+            part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
+        }
+        c.worker.retire_part_locked(part);
+    }
+    return total;
+}
+
+}  // namespace
+
 std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
                                      size_t nrows, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
                                      bool remoteGpu, const std::shared_ptr<Transfer>& parent) {
     Worker& worker = engine_->worker(w);
     Link& link = *links_[w];
-    const bool gpu = remoteGpu || local->memType != api::kMemoryHost;
+    const bool gpu = remoteGpu || local->gpu();
     const bool rma = engine_->options().rma;
     const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
-
     if (sameHost_ && !gpu) {
         if (engine_->closed()) throw std::runtime_error("the UCX engine is closed");
         if (closed_.load() || !state_->failure().empty()) return failed(w, uid, kErrTransport, closed_why(), parent);
@@ -567,56 +742,23 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
     std::vector<plan::Row> pieces, stagePieces;
     Dealt dealt = deal(rows, nrows, largest, lanes, kMinLanePiece, pieces);
     // GPU memory this engine stages goes in pieces (kStagePiece); a write's from local GPU memory
-    // are copied out here (copyOut).
+    // are copied out as they are posted.
     std::shared_ptr<GpuWords> stager = gpu && !rma ? engine_->gpu_words() : nullptr;
     if (stager && !stager->stages()) stager = nullptr;
     if (stager) cut_runs(dealt, kStageFirstPiece, kStagePiece, stagePieces);
-    const std::shared_ptr<GpuWords> copyOut =
-        op == kOpWrite && local->memType != api::kMemoryHost ? stager : nullptr;
-    const auto& [use, count, bounds] = dealt;
-    const size_t firstLane = static_cast<size_t>(link.next++ % lanes);
     RemoteRegion* rr = nullptr;
-    if (rma && count > 0) {
+    if (rma && dealt.count > 0) {
         try {
             rr = &worker.remote_region_locked(link, remoteId);
         } catch (const std::invalid_argument& e) {
             return failed(w, uid, kErrNotFound, e.what(), parent);
         }
-        for (size_t i = 0; i < count; ++i)
-            if (use[i].dst > rr->size || use[i].bytes > rr->size - use[i].dst)
-                throw std::invalid_argument("remote offset " + std::to_string(use[i].dst) + " + size " +
-                                            std::to_string(use[i].bytes) + " is outside memory id " +
-                                            std::to_string(remoteId) + " of engine '" + key() + "' (" +
-                                            std::to_string(rr->size) + " bytes)");
+        check_remote_rows(*rr, dealt, remoteId, key());
     }
-    // Parts: one per lane (RMA), or one per message (checked path).
-    struct Planned {
-        std::unique_ptr<Part> part;
-        size_t lane;
-        size_t first, last;  // rows
-        bool grouped;
-    };
-    std::vector<Planned> planned;
     const size_t maxEntries = std::max<size_t>(
         1, std::min(kMaxEntries, (worker.max_header() - sizeof(RequestHeader)) / sizeof(Entry)));
-    for (size_t r = 0; r + 1 < bounds.size(); ++r) {
-        const size_t lane = (firstLane + r) % lanes;
-        for (size_t i = bounds[r]; i < bounds[r + 1];) {
-            size_t j = i + 1;
-            bool grouped = false;
-            if (rma) {
-                j = bounds[r + 1];
-            } else if (!gpu && use[i].bytes < kOwnMessageBytes) {
-                uint64_t bytes = use[i].bytes;
-                while (j < bounds[r + 1] && j - i < maxEntries && use[j].bytes < kOwnMessageBytes &&
-                       bytes + use[j].bytes <= kGroupBytes)
-                    bytes += use[j++].bytes;
-                grouped = j - i > 1;
-            }
-            planned.push_back(Planned{std::make_unique<Part>(), lane, i, j, grouped});
-            i = j;
-        }
-    }
+    std::vector<Planned> planned =
+        plan_parts(dealt, static_cast<size_t>(link.next++ % lanes), lanes, rma, gpu, maxEntries);
     // A transfer of one message asks its target to record the outcome (kFlagNotify): no note follows.
     const bool targetNotes = notify && !rma && planned.size() == 1;
     auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link,
@@ -627,102 +769,9 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         t->part_done(kSuccess, "");  // nothing to move; the notification still goes
         return t;
     }
-    uint64_t total = 0;
-    // Small staged parts, their copies queued: posted once the copies of all were queued, so that
-    // the copies run back to back instead of one wait each (kCopyInPlaceBytes).
-    struct CopiedOut {
-        Part* part;
-        bool asHost;
-        bool grouped;
-    };
-    std::vector<CopiedOut> copiedOut;
-    std::optional<gpu::Current> current;  // once for the transfer's copies, not per copy
-    if (copyOut) current.emplace(copyOut->staging_config());
-    for (Planned& pl : planned) {
-        Part& part = worker.add_part_locked(std::move(pl.part));
-        part.op = op;
-        part.transfer = t;
-        part.link = &link;
-        part.lane = pl.lane;
-        part.ticket = state_->ticket;
-        part.pins.push_back(local);
-        part.memType = local->memType;
-        const size_t m = pl.last - pl.first;
-        if (rma || m == 1) part.memh = local->memh;
-        ++local->pins;
-        if (!link.failed.empty()) {  // an earlier part found the link broken
-            part.finish(kErrTransport, link.failed);
-            worker.retire_part_locked(part);
-            continue;
-        }
-        if (rma) {
-            for (size_t i = pl.first; i < pl.last; ++i) part.bytes += use[i].bytes;
-            total += part.bytes;
-            post_rma(part, link.eps[pl.lane], rr->keys[pl.lane], rr->addr, use + pl.first, m);
-            worker.retire_part_locked(part);  // finished at once when the flush was immediate
-            continue;
-        }
-        const uint8_t flags = (gpu ? kFlagRndvReply : 0) | (targetNotes ? kFlagNotify : 0);
-        RequestHeader h{kMagic, op, flags, static_cast<uint16_t>(m), part.ticket, part.id, targetNotes ? uid : 0};
-        part.header.resize(sizeof(h) + m * sizeof(Entry));
-        std::memcpy(part.header.data(), &h, sizeof(h));
-        auto* entries = reinterpret_cast<Entry*>(part.header.data() + sizeof(h));
-        part.iov.resize(m);
-        for (size_t i = 0; i < m; ++i) {
-            const plan::Row& row = use[pl.first + i];
-            entries[i] = Entry{remoteId, row.dst, row.bytes};
-            part.iov[i] = api::Iov{reinterpret_cast<void*>(row.src), row.bytes};
-            part.bytes += row.bytes;
-        }
-        total += part.bytes;
-        if (copyOut) {  // one block per part: GPU memory is never grouped
-            // Its bytes are copied to host memory (in the staging's CUDA context, ucx/gpu.hpp) and
-            // sent once there: a small part's copy waited for here, a larger one's while the
-            // network moves the parts before it.
-            const bool inPlace = part.bytes <= kCopyInPlaceBytes;
-            try {
-                part.staged = copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes,
-                                               inPlace && planned.size() == 1);
-            } catch (const std::exception& e) {
-                part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
-                worker.retire_part_locked(part);
-                continue;
-            }
-            part.iov[0].buffer = part.staged.data();
-            part.memType = api::kMemoryHost;
-            part.memh = nullptr;
-            // Into a peer that stages too, a small one goes as host memory would (eager).
-            const bool asHost = stagesGpu_ && part.bytes < kRndvWriteBytes;
-            if (inPlace) {
-                copiedOut.push_back(CopiedOut{&part, asHost, pl.grouped});
-                continue;
-            }
-            ++part.ops;  // the copy: the part stays until it ended
-            Part* p = &part;
-            worker.after_copy_locked(part.staged, [p, gpu, asHost, grouped = pl.grouped](const std::string& error) {
-                Worker& on = *p->link->worker;
-                --p->ops;
-                if (!error.empty())
-                    p->finish(kErrTransport, "copying GPU memory to send it: " + error);
-                else if (!p->done && p->link->failed.empty())
-                    post_message(*p, p->link->eps[p->lane], gpu && !asHost, grouped);
-                on.retire_part_locked(*p);
-            });
-            continue;
-        }
-        post_message(part, link.eps[pl.lane], gpu, pl.grouped);
-        worker.retire_part_locked(part);  // finished at once when sending failed
-    }
-    for (const CopiedOut& c : copiedOut) {
-        Part& part = *c.part;
-        try {
-            part.staged.wait();
-            post_message(part, link.eps[part.lane], gpu && !c.asHost, c.grouped);
-        } catch (const std::exception& e) {
-            part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
-        }
-        worker.retire_part_locked(part);
-    }
+    PartContext c{worker, link, op, local, t, state_->ticket, remoteId, uid, gpu, rma, targetNotes, stagesGpu_,
+                  op == kOpWrite && local->gpu() ? stager : nullptr, planned.size()};
+    const uint64_t total = post_parts(c, planned, dealt.rows, rr);
     worker.track_locked(t);
     lk.unlock();
     if (total >= kWakeBytes) worker.wake();

@@ -10,32 +10,7 @@
 
 namespace mori::ucx {
 
-std::string reason_text(uint32_t reason) {
-    switch (reason) {
-        case kReasonMemory: return "memory is not registered at the target (ERR_NOT_FOUND)";
-        case kReasonRange: return "offset/size out of range of the target's region (ERR_INVALID_ARGS)";
-        case kReasonShape: return "the message's data does not match its blocks (ERR_INVALID_ARGS)";
-        case kReasonGpu:
-            return "the target's memory is GPU memory: say so when submitting (remote_gpu) (ERR_INVALID_ARGS)";
-        case kReasonFailed: return "UCX failed to move the data (ERR_TRANSPORT)";
-        case kReasonChecked:
-            return "the target's engine checks every access (rma=False) and serves no one-sided RMA: "
-                   "make both engines with rma=True, between trusted peers only (ERR_NOT_FOUND)";
-        default: return "the target refused the request";
-    }
-}
-
 namespace {
-
-int code_of(uint32_t reason) {
-    switch (reason) {
-        case kReasonNone: return kSuccess;
-        case kReasonMemory:
-        case kReasonChecked: return kErrNotFound;
-        case kReasonFailed: return kErrTransport;
-        default: return kErrInvalidArgs;
-    }
-}
 
 void on_serve_sent(void* request, api::Status status, void* user) {
     fn().request_free(request);
@@ -90,7 +65,7 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
 void refuse(std::unique_ptr<Serve> s, const RequestHeader& h, uint32_t reason, uint32_t entry) {
     s->worker->engine().count(&EngineStats::refused);
     s->drop_blocks();
-    s->reply = ReplyHeader{kMagic, code_of(reason), h.ticket, h.part, reason, entry};
+    s->reply = ReplyHeader{kMagic, reason_code(reason), h.ticket, h.part, reason, entry};
     s->record(s->reply.code);
     send_reply(std::move(s), false, api::kMemoryHost);
 }
@@ -202,139 +177,96 @@ void on_read_data(void* request, api::Status status, size_t, void* user) {
 
 }  // namespace
 
-api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
-                              const api::AmRecvParam* param) {
-    Engine& eng = w.engine();
-    RequestHeader h;
+namespace {
+
+// Check: a request's shape and ticket. Its header into h and its initiator's key, or "" when it
+// is dropped (counted; rendezvous data too).
+std::string admit_request(Engine& eng, const void* header, size_t headerLength, const api::AmRecvParam* param,
+                          RequestHeader& h) {
     if (headerLength < sizeof(h) || (param->recvAttr & api::kAmRecvReplyEp) == 0 || param->replyEp == nullptr) {
         eng.count(&EngineStats::malformed);
-        return api::kOk;  // dropped (rendezvous data too)
+        return "";
     }
     std::memcpy(&h, header, sizeof(h));
     const size_t n = h.count;
     if (h.magic != kMagic || (h.flags & ~kFlagsKnown) != 0 || headerLength != sizeof(h) + n * sizeof(Entry) || n == 0 ||
         (h.op != kOpRead && h.op != kOpWrite && h.op != kOpRegion)) {
         eng.count(&EngineStats::malformed);
-        return api::kOk;
+        return "";
     }
     std::string key = eng.admitted(h.ticket);
-    if (key.empty()) {
-        eng.count(&EngineStats::badTickets);
-        return api::kOk;
-    }
-    const bool rndv = (param->recvAttr & api::kAmRecvRndv) != 0;
-    const auto* entries = reinterpret_cast<const uint8_t*>(header) + sizeof(h);
-    auto s = std::make_unique<Serve>();
-    s->worker = &w;
-    s->replyEp = param->replyEp;
-    s->reply = ReplyHeader{kMagic, kSuccess, h.ticket, h.part, kReasonNone, 0};
-    if ((h.flags & kFlagNotify) != 0 && h.op != kOpRegion) {
-        s->noteKey = std::move(key);
-        s->noteUid = h.uid;
-    }
-    if (h.op == kOpRegion && !eng.options().rma) {  // a checked engine gives no key for one-sided RMA
-        refuse(std::move(s), h, kReasonChecked, 0);
-        return api::kOk;
-    }
-    if (h.op == kOpRegion) {
-        Entry e;
-        std::memcpy(&e, entries, sizeof(e));
-        std::shared_ptr<Region> r = eng.region(e.memId);
-        if (!r || n != 1 || length != 0) {
-            refuse(std::move(s), h, r ? kReasonShape : kReasonMemory, 0);
-            return api::kOk;
-        }
-        RegionInfo info{r->addr, r->size, r->memType, static_cast<uint32_t>(r->rkey.size())};
-        s->body.assign(reinterpret_cast<const char*>(&info), sizeof(info));
-        s->body += r->rkey;
-        send_reply(std::move(s), false, api::kMemoryHost);
-        return api::kOk;
-    }
-    // Every entry is checked against the live registrations before any byte moves; the regions
-    // stay pinned (deregistration waits) until UCX has finished with them.
-    uint64_t total = 0;
-    int memType = api::kMemoryHost;
-    // GPU memory this engine stages (ucx/gpu.hpp) is received in host memory: a write into it may
-    // come eager as well (its bytes are copied to staged memory, then to the GPU).
-    std::shared_ptr<GpuWords> stager = eng.gpu_words();
-    if (stager && !stager->stages()) stager = nullptr;
+    if (key.empty()) eng.count(&EngineStats::badTickets);
+    return key;
+}
+
+// A region request (the RMA path): what the target tells of one of its regions.
+void serve_region(std::unique_ptr<Serve> s, const RequestHeader& h, const uint8_t* entries, size_t length) {
+    Engine& eng = s->worker->engine();
+    if (!eng.options().rma) return refuse(std::move(s), h, kReasonChecked, 0);  // no key for one-sided RMA
+    Entry e;
+    std::memcpy(&e, entries, sizeof(e));
+    std::shared_ptr<Region> r = eng.region(e.memId);
+    if (!r || h.count != 1 || length != 0) return refuse(std::move(s), h, r ? kReasonShape : kReasonMemory, 0);
+    RegionInfo info{r->addr, r->size, r->memType(), static_cast<uint32_t>(r->rkey.size())};
+    s->body.assign(reinterpret_cast<const char*>(&info), sizeof(info));
+    s->body += r->rkey;
+    send_reply(std::move(s), false, api::kMemoryHost);
+}
+
+// Check: every block against the region table (Engine::acquire: the regions stay pinned in s,
+// deregistration waiting, until UCX has finished with them), then the engine's rule for GPU
+// memory: left to UCX it moves only by rendezvous (UCX's copy engines; a copy-in message would
+// have the target's CPU write it), staged (stager) a write may come eager. The blocks' bytes and
+// memory type; false when s was refused (and answered).
+bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8_t* entries, bool rndv,
+                  bool staged, uint64_t& total, int& memType) {
+    Engine& eng = s->worker->engine();
+    const size_t n = h.count;
     s->iov.resize(n);
     for (size_t i = 0; i < n; ++i) {
         Entry e;
         std::memcpy(&e, entries + i * sizeof(Entry), sizeof(e));
-        std::shared_ptr<Region> r = eng.pin_region(e.memId);
+        uint32_t reason = kReasonNone;
+        std::shared_ptr<Region> r = eng.acquire(e, reason);
         if (r) s->pins.push_back(r);  // unpinned when s goes
-        uint32_t reason = !r ? kReasonMemory : !r->contains(e.offset, e.size) ? kReasonRange : kReasonNone;
-        if (reason == kReasonNone && r->memType != api::kMemoryHost) {
-            // GPU memory left to UCX moves only by rendezvous (UCX's copy engines): a copy-in
-            // message would have the target's CPU write it. Staged, a write may come eager.
-            if ((h.op == kOpWrite && !rndv && !stager) || (h.op == kOpRead && !(h.flags & kFlagRndvReply)) || n != 1)
+        if (r && r->gpu()) {
+            if ((h.op == kOpWrite && !rndv && !staged) || (h.op == kOpRead && !(h.flags & kFlagRndvReply)) || n != 1)
                 reason = kReasonGpu;
-            memType = r->memType;
+            memType = r->memType();
         }
         if (reason != kReasonNone) {
             refuse(std::move(s), h, reason, static_cast<uint32_t>(i));
-            return api::kOk;
+            return false;
         }
         s->iov[i] = api::Iov{reinterpret_cast<void*>(r->addr + e.offset), e.size};
         total += e.size;
     }
-    // GPU memory (one block) through host memory, when the engine stages it.
-    if (memType != api::kMemoryHost) s->stager = std::move(stager);
-    if (h.op == kOpRead) {
-        if (length != 0) {
-            refuse(std::move(s), h, kReasonShape, 0);
-            return api::kOk;
-        }
-        const bool rndvReply = (h.flags & kFlagRndvReply) != 0;
-        if (s->stager) {  // the bytes leave once copied to host memory, while others are sent
-            const bool inPlace = total <= kCopyInPlaceBytes;
-            try {
-                s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, inPlace);
-            } catch (const std::exception& e) {
-                refuse_read(std::move(s), h, e.what());
-                return api::kOk;
-            }
-            s->iov[0].buffer = s->staged.data();
-            if (inPlace) {
-                send_reply(std::move(s), rndvReply, api::kMemoryHost);
-                return api::kOk;
-            }
-            after_copy(std::move(s), [h, rndvReply](std::unique_ptr<Serve> s, const std::string& error) {
-                if (error.empty()) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
-                refuse_read(std::move(s), h, error);
-            });
-            return api::kOk;
-        }
-        send_reply(std::move(s), rndvReply, memType);
-        return api::kOk;
+    return true;
+}
+
+// Post: a read's reply with its bytes; GPU memory the engine stages once copied to host memory,
+// while others are sent.
+void serve_read(std::unique_ptr<Serve> s, const RequestHeader& h, size_t length, uint64_t total, int memType) {
+    if (length != 0) return refuse(std::move(s), h, kReasonShape, 0);
+    const bool rndvReply = (h.flags & kFlagRndvReply) != 0;
+    if (!s->stager) return send_reply(std::move(s), rndvReply, memType);
+    const bool inPlace = total <= kCopyInPlaceBytes;
+    try {
+        s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, inPlace);
+    } catch (const std::exception& e) {
+        return refuse_read(std::move(s), h, e.what());
     }
-    if (length != total) {
-        refuse(std::move(s), h, kReasonShape, 0);
-        return api::kOk;
-    }
-    if (s->stager) {  // staged: received in host memory, copied to the GPU before the answer
-        try {
-            s->staged = s->stager->landing(total);
-        } catch (const std::exception& e) {
-            say_write_failed(e.what());
-            refuse(std::move(s), h, kReasonFailed, 0);
-            return api::kOk;
-        }
-    }
-    if (!rndv) {  // eager: the bytes are here
-        if (s->stager) {
-            std::memcpy(s->staged.data(), data, total);
-        } else {
-            const auto* src = static_cast<const uint8_t*>(data);
-            for (const api::Iov& v : s->iov) {
-                std::memcpy(v.buffer, src, v.length);
-                src += v.length;
-            }
-        }
-        answer_write(std::move(s));
-        return api::kOk;
-    }
+    s->iov[0].buffer = s->staged.data();
+    if (inPlace) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
+    after_copy(std::move(s), [h, rndvReply](std::unique_ptr<Serve> s, const std::string& error) {
+        if (error.empty()) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
+        refuse_read(std::move(s), h, error);
+    });
+}
+
+// Post: a rendezvous write's bytes received by UCX into their blocks (staged: into host memory),
+// answered once they are in (on_written). What the handler returns to UCX.
+api::Status receive_write(std::unique_ptr<Serve> s, void* data, int memType) {
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpDatatype;
     p.cb = reinterpret_cast<void*>(&on_written);
@@ -348,156 +280,244 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
         p.datatype = api::kDatatypeBytes;
         p.opAttrMask |= api::kOpMemoryType;
         p.memoryType = api::kMemoryHost;
-    } else if (n == 1) {
+    } else if (s->iov.size() == 1) {
         buffer = s->iov[0].buffer;
         count = s->iov[0].length;
         p.datatype = api::kDatatypeBytes;
-        std::shared_ptr<Region>& r = s->pins[0];
-        if (r->memh != nullptr) {
+        if (s->pins[0]->memh != nullptr) {
             p.opAttrMask |= api::kOpMemh;
-            p.memh = r->memh;
+            p.memh = s->pins[0]->memh;
         }
         if (memType != api::kMemoryHost) {
             p.opAttrMask |= api::kOpMemoryType;
             p.memoryType = memType;
         }
     }
-    api::StatusPtr r = fn().am_recv_data_nbx(w.handle(), data, buffer, count, &p);
+    api::StatusPtr r = fn().am_recv_data_nbx(s->worker->handle(), data, buffer, count, &p);
     if (api::is_error_ptr(r)) {
         s->reply.code = kErrTransport;
         s->reply.reason = kReasonFailed;
-        answer_write(std::move(s));
-        return api::kOk;
+    } else if (r != nullptr) {
+        s.release();  // on_written owns it
+        return api::kInProgress;
     }
-    if (r == nullptr) {  // received at once (no callback)
-        answer_write(std::move(s));
-        return api::kOk;
-    }
-    s.release();  // on_written owns it
-    return api::kInProgress;
+    answer_write(std::move(s));  // received at once (no callback), or failed
+    return api::kOk;
 }
 
-api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
-                            const api::AmRecvParam* param) {
+// Post: a write's bytes into their blocks (eager: they are here; rendezvous: receive_write),
+// then its answer.
+api::Status serve_write(std::unique_ptr<Serve> s, const RequestHeader& h, void* data, size_t length, uint64_t total,
+                        bool rndv, int memType) {
+    if (length != total) {
+        refuse(std::move(s), h, kReasonShape, 0);
+        return api::kOk;
+    }
+    if (s->stager) {  // staged: received in host memory, copied to the GPU before the answer
+        try {
+            s->staged = s->stager->landing(total);
+        } catch (const std::exception& e) {
+            say_write_failed(e.what());
+            refuse(std::move(s), h, kReasonFailed, 0);
+            return api::kOk;
+        }
+    }
+    if (rndv) return receive_write(std::move(s), data, memType);
+    if (s->stager) {
+        std::memcpy(s->staged.data(), data, total);
+    } else {
+        const auto* src = static_cast<const uint8_t*>(data);
+        for (const api::Iov& v : s->iov) {
+            std::memcpy(v.buffer, src, v.length);
+            src += v.length;
+        }
+    }
+    answer_write(std::move(s));
+    return api::kOk;
+}
+
+}  // namespace
+
+api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
+                              const api::AmRecvParam* param) {
     Engine& eng = w.engine();
-    ReplyHeader h;
+    RequestHeader h;
+    std::string key = admit_request(eng, header, headerLength, param, h);
+    if (key.empty()) return api::kOk;
+    const auto* entries = reinterpret_cast<const uint8_t*>(header) + sizeof(h);
+    auto s = std::make_unique<Serve>();
+    s->worker = &w;
+    s->replyEp = param->replyEp;
+    s->reply = ReplyHeader{kMagic, kSuccess, h.ticket, h.part, kReasonNone, 0};
+    if (h.op == kOpRegion) {
+        serve_region(std::move(s), h, entries, length);
+        return api::kOk;
+    }
+    if ((h.flags & kFlagNotify) != 0) {
+        s->noteKey = std::move(key);
+        s->noteUid = h.uid;
+    }
+    // GPU memory this engine stages (ucx/gpu.hpp) is received in host memory: a write into it may
+    // come eager as well (its bytes are copied to staged memory, then to the GPU).
+    std::shared_ptr<GpuWords> stager = eng.gpu_words();
+    if (stager && !stager->stages()) stager = nullptr;
+    const bool rndv = (param->recvAttr & api::kAmRecvRndv) != 0;
+    uint64_t total = 0;
+    int memType = api::kMemoryHost;
+    if (!check_blocks(s, h, entries, rndv, stager != nullptr, total, memType)) return api::kOk;
+    if (memType != api::kMemoryHost) s->stager = std::move(stager);  // GPU memory (one block) through host memory
+    if (h.op == kOpRead) {
+        serve_read(std::move(s), h, length, total, memType);
+        return api::kOk;
+    }
+    return serve_write(std::move(s), h, data, length, total, rndv, memType);
+}
+
+namespace {
+
+// Check: a reply's shape, the part in flight it answers and the ticket of the engine asked; that
+// part, or null when the reply is dropped (counted).
+Part* match_reply(Worker& w, const void* header, size_t headerLength, ReplyHeader& h) {
+    Engine& eng = w.engine();
     if (headerLength != sizeof(h)) {
         eng.count(&EngineStats::malformed);
-        return api::kOk;
+        return nullptr;
     }
     std::memcpy(&h, header, sizeof(h));
     Part* part = h.magic == kMagic ? w.find_part_locked(h.part) : nullptr;
     if (part == nullptr || part->done) {
         eng.count(&EngineStats::lateReplies);
-        return api::kOk;
+        return nullptr;
     }
     if (h.ticket != part->ticket) {  // not from the engine we asked
         eng.count(&EngineStats::badTickets);
-        return api::kOk;
+        return nullptr;
     }
-    const bool rndv = (param->recvAttr & api::kAmRecvRndv) != 0;
-    const std::string& peer = part->link->peer->key;
-    if (h.code != kSuccess) {
-        std::string what = "engine '" + peer + "' refused";
-        if (part->op != kOpRegion && h.entry < part->entries()) {
-            const Entry& e = part->entry(h.entry);
-            what = "block (remote memory id " + std::to_string(e.memId) + ", offset " + std::to_string(e.offset) +
-                   ", size " + std::to_string(e.size) + ") at engine '" + peer + "'";
-        } else if (part->op == kOpRegion) {
-            what = "memory id " + std::to_string(part->entry(0).memId) + " at engine '" + peer + "'";
-        }
-        part->finish(is_final_code(h.code) && h.code != kSuccess ? h.code : kErrBadState,
-                     what + ": " + reason_text(h.reason));
-        w.retire_part_locked(*part);
-        return api::kOk;
+    return part;
+}
+
+// The target refused part: it fails, naming the refused block and why.
+void refused(Part& part, const ReplyHeader& h) {
+    const std::string& peer = part.link->peer->key;
+    std::string what = "engine '" + peer + "' refused";
+    if (part.op != kOpRegion && h.entry < part.entries()) {
+        const Entry& e = part.entry(h.entry);
+        what = "block (remote memory id " + std::to_string(e.memId) + ", offset " + std::to_string(e.offset) +
+               ", size " + std::to_string(e.size) + ") at engine '" + peer + "'";
+    } else if (part.op == kOpRegion) {
+        what = "memory id " + std::to_string(part.entry(0).memId) + " at engine '" + peer + "'";
     }
-    if (part->op == kOpWrite) {
-        part->finish(kSuccess, "");
-        w.retire_part_locked(*part);
-        return api::kOk;
+    part.finish(is_final_code(h.code) && h.code != kSuccess ? h.code : kErrBadState, what + ": " + reason_text(h.reason));
+}
+
+// A region request's answer (RegionInfo and the packed key) for its waiting caller; false when
+// the message is malformed (dropped, the part left to its deadline).
+bool region_described(Part& part, const void* data, size_t length, bool rndv) {
+    RegionInfo info;
+    if (rndv || length < sizeof(info)) return false;
+    std::memcpy(&info, data, sizeof(info));
+    if (info.rkeyLen != length - sizeof(info) || info.rkeyLen == 0) {
+        part.finish(kErrBadState, "engine '" + part.link->peer->key + "' sent a malformed description of its memory");
+    } else if (part.answer != nullptr) {
+        part.answer->region.addr = info.addr;
+        part.answer->region.size = info.size;
+        part.answer->region.memType = info.memType;
+        part.answer->rkey.assign(static_cast<const char*>(data) + sizeof(info), info.rkeyLen);
+        part.finish(kSuccess, "");
     }
-    if (part->op == kOpRegion) {
-        RegionInfo info;
-        if (rndv || length < sizeof(info)) {
-            eng.count(&EngineStats::malformed);
-            return api::kOk;
-        }
-        std::memcpy(&info, data, sizeof(info));
-        if (info.rkeyLen != length - sizeof(info) || info.rkeyLen == 0) {
-            part->finish(kErrBadState, "engine '" + peer + "' sent a malformed description of its memory");
-        } else if (part->answer != nullptr) {
-            part->answer->region.addr = info.addr;
-            part->answer->region.size = info.size;
-            part->answer->region.memType = info.memType;
-            part->answer->rkey.assign(static_cast<const char*>(data) + sizeof(info), info.rkeyLen);
-            part->finish(kSuccess, "");
-        }
-        w.retire_part_locked(*part);
-        return api::kOk;
+    return true;
+}
+
+// A read's bytes that came in the message itself: copied into the part's buffers (host memory
+// only: GPU memory is read by rendezvous).
+void read_eager(Part& part, const void* data) {
+    if (part.memType != api::kMemoryHost) {
+        part.finish(kErrBadState, "engine '" + part.link->peer->key + "' copied GPU-bound data in a message");
+        return;
     }
-    // A read's bytes: exactly what the part asked for, into its own buffers.
-    if (length != part->bytes) {
-        part->finish(kErrBadState, "engine '" + peer + "' sent " + std::to_string(length) + " bytes for a read of " +
-                                       std::to_string(part->bytes));
-        w.retire_part_locked(*part);
-        return api::kOk;
+    const auto* src = static_cast<const uint8_t*>(data);
+    for (const api::Iov& v : part.iov) {
+        std::memcpy(v.buffer, src, v.length);
+        src += v.length;
     }
-    if (!rndv) {
-        if (part->memType != api::kMemoryHost) {
-            part->finish(kErrBadState, "engine '" + peer + "' copied GPU-bound data in a message");
-        } else {
-            const auto* src = static_cast<const uint8_t*>(data);
-            for (const api::Iov& v : part->iov) {
-                std::memcpy(v.buffer, src, v.length);
-                src += v.length;
-            }
-            part->finish(kSuccess, "");
-        }
-        w.retire_part_locked(*part);
-        return api::kOk;
-    }
+    part.finish(kSuccess, "");
+}
+
+// A read's bytes by rendezvous: UCX receives them into the part's buffers (GPU memory the engine
+// stages: into host memory, landed on the GPU after). What the handler returns to UCX.
+api::Status receive_read(Worker& w, Part& part, void* data, size_t length) {
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpDatatype;
     p.cb = reinterpret_cast<void*>(&on_read_data);
-    p.userData = part;
-    void* buffer = part->iov.data();
-    size_t count = part->iov.size();
+    p.userData = &part;
+    void* buffer = part.iov.data();
+    size_t count = part.iov.size();
     p.datatype = api::kDatatypeIov;
-    const std::shared_ptr<GpuWords> stager = part->memType != api::kMemoryHost ? eng.gpu_words() : nullptr;
-    if (stager && stager->stages() && part->iov.size() == 1) {  // into host memory, then the GPU (land)
+    const std::shared_ptr<GpuWords> stager = part.memType != api::kMemoryHost ? w.engine().gpu_words() : nullptr;
+    if (stager && stager->stages() && part.iov.size() == 1) {  // into host memory, then the GPU (land)
         try {
-            part->staged = stager->landing(length);
+            part.staged = stager->landing(length);
         } catch (const std::exception& e) {
-            part->finish(kErrTransport, std::string("taking host memory for what is read into GPU memory: ") + e.what());
-            w.retire_part_locked(*part);
+            part.finish(kErrTransport, std::string("taking host memory for what is read into GPU memory: ") + e.what());
+            w.retire_part_locked(part);
             return api::kOk;
         }
-        buffer = part->staged.data();
+        buffer = part.staged.data();
         count = length;
         p.datatype = api::kDatatypeBytes;
         p.opAttrMask |= api::kOpMemoryType;
         p.memoryType = api::kMemoryHost;
-    } else if (part->iov.size() == 1) {
-        buffer = part->iov[0].buffer;
-        count = part->iov[0].length;
+    } else if (part.iov.size() == 1) {
+        buffer = part.iov[0].buffer;
+        count = part.iov[0].length;
         p.datatype = api::kDatatypeBytes;
-        if (part->memh != nullptr) {
+        if (part.memh != nullptr) {
             p.opAttrMask |= api::kOpMemh;
-            p.memh = part->memh;
+            p.memh = part.memh;
         }
-        if (part->memType != api::kMemoryHost) {
+        if (part.memType != api::kMemoryHost) {
             p.opAttrMask |= api::kOpMemoryType;
-            p.memoryType = part->memType;
+            p.memoryType = part.memType;
         }
     }
     api::StatusPtr r = fn().am_recv_data_nbx(w.handle(), data, buffer, count, &p);
     if (api::is_error_ptr(r)) {
-        w.link_failed_locked(*part->link, "receiving from engine '" + peer + "' failed: " + status_text(api::ptr_status(r)));
+        w.link_failed_locked(*part.link, "receiving from engine '" + part.link->peer->key +
+                                             "' failed: " + status_text(api::ptr_status(r)));
     } else if (r == nullptr) {
-        land(*part);
+        land(part);
     } else {
-        ++part->ops;
+        ++part.ops;
         return api::kInProgress;
+    }
+    w.retire_part_locked(part);
+    return api::kOk;
+}
+
+}  // namespace
+
+api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
+                            const api::AmRecvParam* param) {
+    ReplyHeader h;
+    Part* part = match_reply(w, header, headerLength, h);
+    if (part == nullptr) return api::kOk;
+    const bool rndv = (param->recvAttr & api::kAmRecvRndv) != 0;
+    if (h.code != kSuccess) {
+        refused(*part, h);
+    } else if (part->op == kOpWrite) {
+        part->finish(kSuccess, "");
+    } else if (part->op == kOpRegion) {
+        if (!region_described(*part, data, length, rndv)) {
+            w.engine().count(&EngineStats::malformed);
+            return api::kOk;
+        }
+    } else if (length != part->bytes) {  // a read's bytes: exactly what the part asked for
+        part->finish(kErrBadState, "engine '" + part->link->peer->key + "' sent " + std::to_string(length) +
+                                       " bytes for a read of " + std::to_string(part->bytes));
+    } else if (rndv) {
+        return receive_read(w, *part, data, length);
+    } else {
+        read_eager(*part, data);
     }
     w.retire_part_locked(*part);
     return api::kOk;

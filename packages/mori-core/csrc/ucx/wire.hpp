@@ -16,9 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "base/reasons.hpp"
+#include "base/request.hpp"
 #include "ucx/engine.hpp"
 
 namespace mori::ucx {
+
+// A request's blocks: the one request entry (base/request.hpp).
+using Entry = RequestEntry;
 
 constexpr unsigned kAmRequest = 0x4d30, kAmReply = 0x4d31, kAmNote = 0x4d32;
 constexpr uint32_t kMagic = 0x4d435530;  // "0UCM"
@@ -31,17 +36,6 @@ constexpr uint8_t kFlagRndvReply = 1;  // the initiator's memory is GPU memory: 
 constexpr uint8_t kFlagNotify = 2;
 constexpr uint8_t kFlagsKnown = 3;
 
-// Why a target refused (ReplyHeader::reason).
-enum Reason : uint32_t {
-    kReasonNone = 0,
-    kReasonMemory = 1,  // no such registered memory
-    kReasonRange = 2,   // offset/size outside the region
-    kReasonShape = 3,   // data length differs from the entries' sizes
-    kReasonGpu = 4,     // GPU memory reached by a copy-in message: the initiator must say it is GPU memory
-    kReasonFailed = 5,  // UCX failed to move the data
-    kReasonChecked = 6, // a region's key asked of a checked engine (rma=False): it serves no one-sided RMA
-};
-
 #pragma pack(push, 1)
 struct RequestHeader {
     uint32_t magic;
@@ -52,16 +46,13 @@ struct RequestHeader {
     uint64_t part;  // the initiator's id of this message, echoed in the reply
     uint64_t uid;   // the transfer's (kFlagNotify), else 0
 };
-struct Entry {
-    uint64_t memId, offset, size;
-};
 struct ReplyHeader {
     uint32_t magic;
     int32_t code;
     uint64_t ticket;  // the ticket of the request: replies are authenticated too
     uint64_t part;
-    uint32_t reason;
-    uint32_t entry;  // the refused entry
+    uint32_t reason;  // why it refused (base/reasons.hpp)
+    uint32_t entry;   // the refused entry
 };
 struct RegionInfo {
     uint64_t addr, size;
@@ -78,8 +69,6 @@ struct NoteHeader {
 static_assert(sizeof(RequestHeader) == 32 && sizeof(Entry) == 24 && sizeof(ReplyHeader) == 32 &&
                   sizeof(NoteHeader) == 24 && sizeof(RegionInfo) == 24,
               "wire layout");
-
-std::string reason_text(uint32_t reason);
 
 // The outcomes a target records for a transfer that notifies (a note, or kFlagNotify): success
 // and the target's refusals. A transport failure is not recorded: the link it needed is gone.

@@ -8,21 +8,25 @@
   ``SIGNAL_ADD=10`` (its ``atomicType`` values), so kernels written for MORI pass the same
   constants. The device headers (``kSignalSet``/``kSignalAdd`` in ``rma.cuh``) use the same values;
   a test compiles the headers against this module.
-* :class:`TransferCode`: the outcome of a transfer on a transport built from mori-core (the native
-  TCP data plane reports these values; a test compares its table, ``native.TRANSFER_CODES``, with
-  this enum). The values are MORI-IO's ``StatusCode`` numbers (``SUCCESS=0 INIT=1 IN_PROGRESS=2``,
+* :class:`TransferCode`: the outcome of a transfer on a transport built from mori-core (every
+  native plane reports these values). The values are MORI-IO's ``StatusCode`` numbers (``SUCCESS=0 INIT=1 IN_PROGRESS=2``,
   errors from 11), so a code compared with a literal means the same as in MORI; transports name
   them their own way (mori.io's ``StatusCode`` is MORI's names).
 * :class:`TransferOp`: the direction of a one-sided transfer, ``READ=1 WRITE=2``, the values the
-  native TCP data plane carries on its wire (a test compares its table, ``tcp.OP_CODES``, with
-  this enum); mori.io's backends take them as they are.
+  native planes carry on their wires; mori.io's backends take them as they are.
+* :class:`AtomicOp`: the remote atomics of the UCX engine (``FETCH_ADD=1`` ... ``FETCH_XOR=7``), the
+  codes its messages and the device proxy's ring carry.
+
+The native planes define these codes once in C++ (``csrc/base/``: ``transfer.hpp``, ``ops.hpp``,
+the device constants checked against them at compile time) and export them as
+``mori.core._native.codes``; a test compares every enum here with that table.
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Cmp", "SignalOp", "TransferCode", "TransferOp"]
+__all__ = ["AtomicOp", "Cmp", "SignalOp", "TransferCode", "TransferOp"]
 
 
 class Cmp(enum.IntEnum):
@@ -96,3 +100,15 @@ class TransferOp(enum.IntEnum):
 
     READ = 1  #: remote -> local
     WRITE = 2  #: local -> remote
+
+
+class AtomicOp(enum.IntEnum):
+    """A remote atomic on a 32- or 64-bit word (each returns the word's old value)."""
+
+    FETCH_ADD = 1
+    COMPARE_SWAP = 2  #: writes ``value`` where the word holds ``compare``
+    SWAP = 3
+    STORE = 4
+    FETCH_AND = 5
+    FETCH_OR = 6
+    FETCH_XOR = 7

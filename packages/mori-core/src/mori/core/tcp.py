@@ -2,14 +2,13 @@
 to authenticated peers; a :class:`Peer` holds several connections to one target and moves a
 :class:`mori.core.batch.Batch` with one call, :meth:`Peer.submit` (rows cut at a stripe size
 and dealt over the connections, the GIL released); a :class:`Transfer` is its completion, whose
-code is a :class:`mori.core.codes.TransferCode` value (``TRANSFER_CODES``: the data plane's own
-table of them by name, which a test compares with that enum); ``OP_CODES`` is its table of the
-ops :meth:`Peer.submit` takes, :class:`mori.core.codes.TransferOp`'s values.
+code is a :class:`mori.core.codes.TransferCode` value; :meth:`Peer.submit` takes
+:class:`mori.core.codes.TransferOp`'s values.
 
 Every limit on what peers may consume is a :class:`Target` argument; timeout messages name the
 caller's setting for the I/O timeout (``timeout_setting``).
 """
 
-from ._native.tcp import OP_CODES, TRANSFER_CODES, Peer, Target, Transfer
+from ._native.tcp import Peer, Target, Transfer
 
-__all__ = ["OP_CODES", "TRANSFER_CODES", "Peer", "Target", "Transfer"]
+__all__ = ["Peer", "Target", "Transfer"]

@@ -13,7 +13,7 @@ engine a ticket (:meth:`UcxEngine.admit`) over its own authenticated channel; th
 with the target's worker addresses and that ticket (:meth:`UcxEngine.connect`) and gets a
 :class:`UcxPeer`, whose :meth:`~UcxPeer.submit` posts a whole batch of blocks in one call (GIL
 released) and returns a :class:`UcxTransfer`, a completion slot read with ``code()`` and
-``wait()`` as :class:`mori.core.native.TcpTransfer`. By default blocks travel as active messages
+``wait()`` as :class:`mori.core.tcp.Transfer`. By default blocks travel as active messages
 that the target checks against its registrations before touching memory (safe on every UCX
 transport); ``rma=True`` uses one-sided puts and gets, for transports whose hardware enforces
 remote keys (InfiniBand/RoCE), and only between engines that both have it: a checked target
@@ -25,6 +25,10 @@ registers the heap's chunks as it grows and buffers registered for good, finds t
 every transfer (the heap, a registered buffer, its staging area, or memory registered for the
 call), cuts transfers at the chunks, and checks and runs every put, get, put with signal and
 atomic on a remote PE's heap. See docs/core-ucx.md.
+
+The C++ is three folders of ``csrc/``, built from the kit in ``csrc/base/`` as the TCP data plane
+is: ``ucx/`` (the engine), ``same_host/`` (its same-host path) and ``proxy/`` (the device proxy).
+Every block a target serves is checked once, by the kit's region table.
 """
 
 from __future__ import annotations

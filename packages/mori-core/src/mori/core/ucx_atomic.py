@@ -35,29 +35,31 @@ from ._native.ucx import (
     ucx_signal_put,
     ucx_stop_serving_gpu,
 )
+from .codes import AtomicOp
 
 __all__ = ["BOUNCE_BYTES", "GPU_WORD_KERNEL", "HOST_MAPPED", "MAX_SIGNAL_PUT_BYTES", "OPS", "GpuWordServer", "atomic", "serve_gpu", "signal_put"]
 
 #: Most bytes one :func:`signal_put` carries (they travel in its message).
 MAX_SIGNAL_PUT_BYTES = UCX_MAX_SIGNAL_PUT_BYTES
 
-#: The operations :func:`atomic` applies, by name (the codes the engine's messages carry).
-OPS = {"fetch_add": 1, "compare_swap": 2, "swap": 3, "store": 4, "fetch_and": 5, "fetch_or": 6, "fetch_xor": 7}
+#: The operations :func:`atomic` applies, by name (:class:`mori.core.codes.AtomicOp`'s codes, which
+#: the engine's messages carry).
+OPS = {op.name.lower(): op.value for op in AtomicOp}
 
 #: ``cuMemHostAlloc`` flags of pinned host memory that kernels reach too: PORTABLE | DEVICEMAP.
 HOST_MAPPED = 0x1 | 0x2
 
 #: The kernel a target runs for an atomic on its GPU memory (parameters as the engine passes them:
 #: address, op of :data:`OPS`, width in bits, value, compare, where to leave the old value).
-GPU_WORD_KERNEL = r"""
+GPU_WORD_KERNEL = "".join(f"constexpr int kMori{op.name.title().replace('_', '')} = {op.value};\n" for op in AtomicOp) + r"""
 template <class T>
 __device__ T mori_word_apply(T* w, int op, T value, T compare) {
   switch (op) {
-    case 1: return atomicAdd_system(w, value);
-    case 2: return atomicCAS_system(w, compare, value);
-    case 5: return atomicAnd_system(w, value);
-    case 6: return atomicOr_system(w, value);
-    case 7: return atomicXor_system(w, value);
+    case kMoriFetchAdd: return atomicAdd_system(w, value);
+    case kMoriCompareSwap: return atomicCAS_system(w, compare, value);
+    case kMoriFetchAnd: return atomicAnd_system(w, value);
+    case kMoriFetchOr: return atomicOr_system(w, value);
+    case kMoriFetchXor: return atomicXor_system(w, value);
     default: return atomicExch_system(w, value);  // swap, store
   }
 }

@@ -1,4 +1,4 @@
-# mori.core._native.atomics (csrc/atomics.cpp): sequentially consistent words at raw addresses.
+# mori.core._native.atomics (csrc/host/atomics.cpp): sequentially consistent words at raw addresses.
 from typing import SupportsFloat, SupportsIndex
 
 _Int = SupportsIndex

@@ -1,4 +1,4 @@
-# mori.core._native.batch (csrc/batch_bindings.cpp over batch.hpp and batch_plan.hpp): the Batch
+# mori.core._native.batch (csrc/batch/: bindings.cpp over batch.hpp and plan.hpp): the Batch
 # value and its planner.
 from collections.abc import Iterator, Sequence
 from typing import Any, SupportsIndex, overload

@@ -1,4 +1,4 @@
-# mori.core._native.gpu (csrc/gpu_copy.cpp, csrc/gpu/): the host side of GPU batch copies and GPU staging.
+# mori.core._native.gpu (csrc/gpu/): the host side of GPU batch copies and GPU staging.
 from typing import SupportsIndex
 
 from numpy.typing import ArrayLike

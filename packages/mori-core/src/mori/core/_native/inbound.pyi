@@ -1,4 +1,4 @@
-# mori.core._native.inbound (csrc/inbound_bindings.cpp): the completion-record table.
+# mori.core._native.inbound (csrc/base/inbound_bindings.cpp): the completion-record table.
 from typing import SupportsFloat, SupportsIndex
 
 _Int = SupportsIndex

@@ -1,4 +1,4 @@
-# mori.core._native.memory (csrc/memory_bindings.cpp): memory of Python objects.
+# mori.core._native.memory (csrc/host/memory_bindings.cpp): memory of Python objects.
 
 def buffer_span(obj: object, writable: bool) -> tuple[int, int]: ...
 

@@ -1,4 +1,4 @@
-# mori.core._native.tcp (csrc/tcp_*.cpp): the native TCP data plane.
+# mori.core._native.tcp (csrc/tcp/): the native TCP data plane.
 from typing import SupportsFloat, SupportsIndex
 
 from .batch import Batch
@@ -6,9 +6,6 @@ from .gpu import Stager
 from .inbound import InboundRecords
 
 _Int = SupportsIndex
-
-TRANSFER_CODES: dict[str, int]
-OP_CODES: dict[str, int]
 
 class Transfer:
     def code(self) -> int: ...

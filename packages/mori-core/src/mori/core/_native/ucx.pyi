@@ -1,4 +1,4 @@
-# mori.core._native.ucx (csrc/ucx_*.cpp): mori-core's UCX engine and its remote atomics.
+# mori.core._native.ucx (csrc/ucx/, csrc/same_host/, csrc/proxy/): mori-core's UCX engine and its remote atomics.
 from typing import SupportsFloat, SupportsIndex
 
 from .batch import Batch
