@@ -317,10 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in (s, h):
         p.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
-    if args.bench == "soak":
-        result = soak(args.transfers, args.warmup, args.size, args.window)
-    else:
-        result = hostile(args.idle)
+    result = soak(args.transfers, args.warmup, args.size, args.window) if args.bench == "soak" else hostile(args.idle)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ._context import io_timeout
 from ._control import ControlClient, ControlError
 from ._keys import Identity
+from ._limits import io_timeout
 from ._registry import RemoteEngines
 from .types import EngineDesc, StatusCode
 

@@ -4,33 +4,25 @@ engine names itself to its peers (its node id)."""
 
 from __future__ import annotations
 
-import socket
-import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mori.core import config as mori_config
 from mori.core.host import this_host
 from mori.core.inbound import InboundRecords
 from mori.core.log import get_logger
 
-from ._control import ControlError
+from ._clients import ControlClients
+from ._control import ControlError, ControlServer
 from ._keys import MAX_NONCE, Identity
-from ._registry import CompletionRecord, MemoryRegistry, check_notify, notify_bodies
+from ._limits import Limits, io_timeout
+from ._registry import CompletionRecord, MemoryRegistry, RemoteEngines, check_notify, notify_bodies
 from .backends import BackendContext, ControlHandler
 from .types import EngineDesc, StatusCode
 
-if TYPE_CHECKING:
-    from .engine import IOEngine
-
-__all__ = ["EngineContext", "engine_handlers", "io_timeout", "node_id"]
+__all__ = ["EngineContext", "engine_handlers", "node_id"]
 
 _log = get_logger("io")
-
-
-def io_timeout() -> float:
-    """Seconds before an unanswered transfer or control request fails (``MORI_IO_TIMEOUT``)."""
-    return float(mori_config.get("MORI_IO_TIMEOUT"))
 
 
 def node_id() -> str:
@@ -41,20 +33,23 @@ def node_id() -> str:
 
 
 class EngineContext(BackendContext):
-    """What backends see of their engine."""
+    """What backends see of their engine: its description, limits and completion records, the
+    remote engines registered with it, its control connections and server. Built from those parts,
+    not the engine, so that backends holding it never keep the engine alive."""
 
-    def __init__(self, engine: IOEngine, host: str, token: str) -> None:
-        self._engine = weakref.proxy(engine)
-        self.engine_key = engine._key
-        self.limits = engine._limits
-        self.inbound = engine._inbound
-        self.host = host
-        self.hostname = socket.gethostname()
+    def __init__(self, desc: EngineDesc, limits: Limits, inbound: InboundRecords, remotes: RemoteEngines,
+                 clients: ControlClients, server: ControlServer, token: str) -> None:
+        self.engine_key = desc.key
+        self.limits = limits
+        self.inbound = inbound
+        self.host = desc.host
+        self.hostname = desc.hostname
         self.log = _log
+        self._desc, self._remotes, self._clients, self._server = desc, remotes, clients, server
         self._token = token
 
     def engine_desc(self) -> EngineDesc:
-        return self._engine.get_engine_desc()
+        return self._desc
 
     def io_timeout(self) -> float:
         return io_timeout()
@@ -63,28 +58,28 @@ class EngineContext(BackendContext):
         return self._token
 
     def remote_engine(self, key: str) -> EngineDesc:
-        desc = self._engine._remotes.get(key)
+        desc = self._remotes.get(key)
         if desc is None:
             raise KeyError(f"engine {key!r} is not registered with engine {self.engine_key!r}")
         return desc
 
     def control_request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._engine._clients.request(remote_key, op, payload)
+        return self._clients.request(remote_key, op, payload)
 
     def control_request_to(self, engine: EngineDesc, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        client = self._engine._clients.connect(engine)
+        client = self._clients.connect(engine)
         try:
             return client.request(op, payload)
         finally:
             client.close()
 
     def add_control_handler(self, op: str, handler: ControlHandler) -> None:
-        self._engine._server.handlers[op] = handler
+        self._server.handlers[op] = handler
 
     def send_completions(self, remote_key: str, records: Sequence[CompletionRecord]) -> None:
         for body in notify_bodies(records):
             try:
-                self._engine._clients.request(remote_key, "notify", body)
+                self._clients.request(remote_key, "notify", body)
             except Exception as err:  # a lost record is logged; it must never keep a transfer from finishing
                 self.log.warning("cannot notify engine %r of %d finished transfer(s): %s", remote_key,
                                  len(body["uids"]), err)

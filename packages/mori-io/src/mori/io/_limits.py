@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 from mori.core import config as mori_config
 
-__all__ = ["Limits"]
+__all__ = ["Limits", "io_timeout"]
+
+
+def io_timeout() -> float:
+    """Seconds before an unanswered transfer or control request fails (``MORI_IO_TIMEOUT``)."""
+    return float(mori_config.get("MORI_IO_TIMEOUT"))
 
 
 @dataclass(frozen=True)

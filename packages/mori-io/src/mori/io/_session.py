@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
+from ._router import Router
+from ._transfers import Transfers
 from .backends import Backend, TransferOp
 from .types import MemoryDesc, TransferStatus
-
-if TYPE_CHECKING:
-    from .engine import IOEngine
 
 __all__ = ["IOEngineSession"]
 
@@ -18,12 +16,15 @@ __all__ = ["IOEngineSession"]
 class IOEngineSession:
     """A pre-resolved pair of regions: transfers skip routing and registration lookups."""
 
-    def __init__(self, engine: IOEngine, local: MemoryDesc, remote: MemoryDesc, backend: Backend) -> None:
-        self._engine, self._local, self._remote, self._backend = engine, local, remote, backend
+    def __init__(self, allocate_uid: Callable[[], int], router: Router, transfers: Transfers, local: MemoryDesc,
+                 remote: MemoryDesc, backend: Backend) -> None:
+        # The owning engine's parts: its transfer ids, its routing between backends, its transfers.
+        self._allocate_uid, self._router, self._transfers = allocate_uid, router, transfers
+        self._local, self._remote, self._backend = local, remote, backend
 
     def allocate_transfer_uid(self) -> int:
         """A transfer id from the owning engine."""
-        return self._engine.allocate_transfer_uid()
+        return self._allocate_uid()
 
     def read(self, local_offset: int, remote_offset: int, size: int, transfer_uid: int) -> TransferStatus:
         """Reads ``size`` bytes from the remote region into the local one."""
@@ -36,12 +37,12 @@ class IOEngineSession:
     def _backend_now(self) -> Backend:
         if self._backend.healthy(self._remote.engine_key):
             return self._backend
-        return self._engine._backends.choose(self._local, self._remote) or self._backend
+        return self._router.choose(self._local, self._remote) or self._backend
 
     def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                    transfer_uid: int) -> TransferStatus:
         """Reads many blocks as one transfer."""
-        transfers = self._engine._transfers
+        transfers = self._transfers
         return transfers.single(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets, sizes,
                                 transfer_uid, self._backend) \
             or transfers.submit(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets, sizes,
@@ -50,7 +51,7 @@ class IOEngineSession:
     def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
                     transfer_uid: int) -> TransferStatus:
         """Writes many blocks as one transfer."""
-        transfers = self._engine._transfers
+        transfers = self._transfers
         return transfers.single(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets, sizes,
                                 transfer_uid, self._backend) \
             or transfers.submit(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets, sizes,
@@ -59,6 +60,6 @@ class IOEngineSession:
     def alive(self) -> bool:
         """Whether both regions and the remote engine are still registered and a backend is healthy."""
         with contextlib.suppress(Exception):
-            return (self._engine._transfers.reject(self._local, self._remote) is None
+            return (self._transfers.reject(self._local, self._remote) is None
                     and self._backend_now().healthy(self._remote.engine_key))
         return False

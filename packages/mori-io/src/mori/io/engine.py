@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import threading
 import time
 import weakref
@@ -87,9 +88,10 @@ class IOEngine:
                                      identity=self._identity)
         # Handlers close over the registries, not the engine, so the engine can be collected.
         self._server.handlers.update(engine_handlers(self._identity, self._memory, self._inbound))
-        self._ctx = EngineContext(self, config.host, self._token)
-        self._desc = EngineDesc(key, config.host, self._server.port, self._ctx.hostname, os.getpid(), node_id())
+        self._desc = EngineDesc(key, config.host, self._server.port, socket.gethostname(), os.getpid(), node_id())
         self._clients = ControlClients(self._identity, self._token, self._remotes, (config.host, self._server.port))
+        self._ctx = EngineContext(self._desc, self._limits, self._inbound, self._remotes, self._clients, self._server,
+                                  self._token)
         self._order = PeerOrder()  # TransferStatus's order per remote engine
         self._transfers = Transfers(key, self._memory, self._remotes, self._backends, self._order, self._inflight)
         self._finalizer = weakref.finalize(self, _shutdown, self._backends, self._server, self._clients)
@@ -257,7 +259,8 @@ class IOEngine:
         if self._transfers.reject(local_mem, remote_mem) is not None:
             return None
         backend = self._backends.choose(local_mem, remote_mem)
-        return None if backend is None else IOEngineSession(self, local_mem, remote_mem, backend)
+        return None if backend is None else IOEngineSession(self.allocate_transfer_uid, self._backends, self._transfers, local_mem, remote_mem,
+                                                          backend)
 
     def pop_inbound_transfer_status(self, remote_key: str, transfer_uid: int) -> TransferStatus | None:
         """The outcome of transfer ``transfer_uid`` that engine ``remote_key`` ran into this engine,

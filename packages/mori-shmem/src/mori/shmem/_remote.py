@@ -5,23 +5,19 @@ checks every address and argument first, exactly as for mapped PEs, and passes h
 Each operation is complete when it returns, as host RMA to mapped PEs is: a put's bytes are in
 the target's heap, an atomic has been applied there.
 
-:func:`open_remote` (collective, at init) sets it up on every PE. Where it cannot run, PEs on
-several hosts are refused at init, and with ``MORI_DISABLE_P2P`` on one host every call to a
-peer raises :class:`ShmemError` saying why.
+:func:`._remote_setup.open_remote` (collective, at init) sets it up on every PE. Where it cannot
+run, PEs on several hosts are refused at init, and with ``MORI_DISABLE_P2P`` on one host every
+call to a peer raises :class:`ShmemError` saying why.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any
-
-from mori.core.memory import LiveRanges
 
 from ._errors import ShmemError
-from ._heap import Heap
 from ._reach import Reach
 
-__all__ = ["RemoteTransport", "Unavailable", "open_remote"]
+__all__ = ["RemoteTransport", "Unavailable"]
 
 class RemoteTransport(abc.ABC):
     """Host-initiated RMA on the heaps of remote PEs. Offsets are heap offsets (the heap is
@@ -126,31 +122,3 @@ class Unavailable(RemoteTransport):
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: LiveRanges) -> RemoteTransport:
-    """Sets up the remote transport on every PE (collective: every PE calls it at init, after
-    building its heap): mori-core's UCX engine (:mod:`._remote_ucx`) where every PE can run it.
-    ``live``: the allocator's live blocks (:class:`mori.core.memory.LiveRanges`), which
-    :meth:`RemoteTransport.quick_put` checks a put against.
-
-    Raises :class:`ShmemError` on every PE, naming the hosts and why, when PEs on several hosts
-    need it and some PE cannot run it; with ``MORI_DISABLE_P2P`` on one host the PE initializes
-    and calls to peers raise instead.
-    """
-    from ._remote_ucx import UcxTransport, why_unavailable
-
-    if not reach.any_remote:
-        return Unavailable(reach, "no PE is remote")
-    reasons: dict[str, list[int]] = {}
-    for pe, reason in enumerate(bootstrap.allgather(why_unavailable(heap.kind).encode())):
-        if reason:
-            reasons.setdefault(reason.decode(), []).append(pe)
-    missing = "; ".join(f"{r} (PEs {', '.join(map(str, pes))})" for r, pes in reasons.items())
-    problem = reach.hosts_problem()
-    if problem is not None and missing:
-        raise ShmemError(f"mori.shmem reaches PEs on other hosts through its remote transport, which is not "
-                         f"available ({missing}): {problem}")
-    if missing:
-        return Unavailable(reach, missing)
-    return UcxTransport(bootstrap, heap, reach, timeout, live)

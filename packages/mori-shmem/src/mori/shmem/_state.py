@@ -24,7 +24,8 @@ from ._errors import ShmemError, ShmemNotInitializedError
 from ._gpu_states import MAX_PES, pack_fast_states, pack_gpu_states
 from ._heap import PEER_BASES_OFFSET, Heap
 from ._reach import Reach
-from ._remote import RemoteTransport, open_remote
+from ._remote import RemoteTransport
+from ._remote_setup import open_remote
 from ._rma import Rma
 
 __all__ = ["ShmemError", "ShmemNotInitializedError", "Shmem", "current", "ensure_uninitialized", "finalize", "initialize",
