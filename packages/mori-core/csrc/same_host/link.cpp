@@ -149,6 +149,48 @@ SameHostLink::~SameHostLink() {
     if (fd_ >= 0) ::close(fd_);
 }
 
+namespace {
+
+// Sends msg on a Unix socket with passFd beside it (SCM_RIGHTS); sendmsg's result (errno kept).
+ssize_t send_with_fd(int fd, const void* msg, size_t len, int passFd) {
+    iovec v{const_cast<void*>(msg), len};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr m{};
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &passFd, sizeof(int));
+    return ::sendmsg(fd, &m, MSG_NOSIGNAL);
+}
+
+// Waits, within the engine's timeout, for the target's answer to the hello; false with why set
+// when none came or the target closed the socket.
+bool await_hello_reply(int fd, const EngineOptions& opts, const std::string& who, same_host::HelloReply& r,
+                       std::string& why) {
+    const int64_t deadline = now_ns() + static_cast<int64_t>(opts.timeout * 1e9);
+    for (;;) {
+        struct pollfd p {fd, POLLIN, 0};
+        int64_t left = deadline - now_ns();
+        if (left <= 0) {
+            why = who + " did not answer on its same-host socket within " + std::to_string(opts.timeout) + " s (" +
+                  opts.timeoutSetting + ")";
+            return false;
+        }
+        if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000))) <= 0) continue;
+        ssize_t n = ::recv(fd, &r, sizeof(r), 0);
+        if (n == sizeof(r) && r.magic == same_host::kMagic && r.type == same_host::kHelloReply) return true;
+        why = who + " closed its same-host socket (it refused our ticket or ring, or is not a mori engine)";
+        return false;
+    }
+}
+
+}  // namespace
+
 std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shared_ptr<PeerState>& peer,
                                                  const std::string& socketName, std::string& why) {
     const std::string who = "engine '" + peer->key + "'";
@@ -181,47 +223,41 @@ std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shar
     static thread_local uint8_t probe[sizeof(h.nonce)];
     std::memcpy(probe, h.nonce, sizeof(probe));
     h.probe = reinterpret_cast<uint64_t>(probe);
-    iovec v{&h, sizeof(h)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &ringFd, sizeof(int));
-    const ssize_t sent = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    const ssize_t sent = send_with_fd(fd, &h, sizeof(h), ringFd);
     const int sendErr = errno;
     ::close(ringFd);  // the target holds its own copy now; the mapping keeps ours
     if (sent != sizeof(h)) {
         why = "sending to " + who + "'s same-host socket: " + errno_text(sendErr);
         return nullptr;
     }
-    const int64_t deadline = now_ns() + static_cast<int64_t>(engine.options().timeout * 1e9);
     same_host::HelloReply r{};
-    for (;;) {
-        struct pollfd p {fd, POLLIN, 0};
-        int64_t left = deadline - now_ns();
-        if (left <= 0) {
-            why = who + " did not answer on its same-host socket within " + std::to_string(engine.options().timeout) +
-                  " s (" + engine.options().timeoutSetting + ")";
-            return nullptr;
-        }
-        if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000))) <= 0) continue;
-        ssize_t n = ::recv(fd, &r, sizeof(r), 0);
-        if (n == sizeof(r) && r.magic == same_host::kMagic && r.type == same_host::kHelloReply) break;
-        why = who + " closed its same-host socket (it refused our ticket or ring, or is not a mori engine)";
-        return nullptr;
-    }
+    const bool answered = await_hello_reply(fd, engine.options(), who, r, why);
     std::memset(probe, 0, sizeof(probe));
+    if (!answered) return nullptr;
     if (r.err != 0) {
         why = who + " cannot reach this process's memory with process_vm_readv/writev: " + errno_text(r.err);
         return nullptr;
     }
     return link;
+}
+
+namespace {
+
+// A ring slot's request: m rows (local address, remote offset, bytes) of remote memory remoteId.
+void fill_slot(same_host::Slot& s, Op op, const plan::Row* rows, size_t m, uint64_t remoteId, uint32_t flags,
+               uint64_t seq, uint64_t uid) {
+    s.request = same_host::Request{same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op),
+                                   static_cast<uint16_t>(m), flags, seq, uid};
+    for (size_t i = 0; i < m; ++i) s.entries[i] = same_host::Entry{{remoteId, rows[i].dst, rows[i].bytes}, rows[i].src};
+}
+
+}  // namespace
+
+std::string SameHostLink::ring_full_why() const {
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%g", engine_.options().timeout);
+    return "engine '" + peer_->key + "' left its same-host request ring full for " + secs + " s (" +
+           engine_.options().timeoutSetting + ")";
 }
 
 std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
@@ -258,24 +294,16 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
             lk.lock();
             if (!room || head_ != seq) {
                 if (failure_.empty() && !room) {
-                    char secs[32];
-                    std::snprintf(secs, sizeof(secs), "%g", engine_.options().timeout);
-                    t->fail(kErrTransport, "engine '" + peer_->key + "' left its same-host request ring full for " +
-                                               secs + " s (" + engine_.options().timeoutSetting + ")");
+                    t->fail(kErrTransport, ring_full_why());
                     return t;
                 }
                 --p;  // failed meanwhile (reported above), or another caller took the slot: look again
                 continue;
             }
         }
-        const size_t first = p * same_host::kMaxEntries, m = std::min(n - first, same_host::kMaxEntries);
+        const size_t first = p * same_host::kMaxEntries;
         const uint32_t flags = notify ? same_host::kNotify | (p + 1 == parts ? same_host::kLast : 0) : 0;
-        s.request = same_host::Request{same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op),
-                                       static_cast<uint16_t>(m), flags, seq, uid};
-        for (size_t i = 0; i < m; ++i) {
-            const plan::Row& r = rows[first + i];
-            s.entries[i] = same_host::Entry{{remoteId, r.dst, r.bytes}, r.src};
-        }
+        fill_slot(s, op, rows + first, std::min(n - first, same_host::kMaxEntries), remoteId, flags, seq, uid);
         ++local->pins;  // dropped at the reply: a deregistration of the local memory waits
         pending_.emplace(seq, Pending{t, local});
         ++head_;

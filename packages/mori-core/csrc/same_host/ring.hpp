@@ -221,6 +221,7 @@ private:
     // Waits (polling, then asleep on the socket) until the slot of sequence seq is free; false at
     // the deadline or when the link failed.
     bool wait_for_room(uint64_t seq, int64_t deadlineNs);
+    std::string ring_full_why() const;  // why a transfer failed waiting for room
     void handle(uint64_t seq, const same_host::Reply& r);
     void send(const void* msg, size_t len);
     struct Pending {

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/completion.hpp"
 #include "base/inbound.hpp"
 #include "base/regions.hpp"
 #include "batch/batch.hpp"
@@ -30,33 +31,29 @@ namespace mori::tcp {
 
 class InitConn;
 
-// Outcome of one transfer (all its blocks, on any connection).
-class Transfer {
+// Outcome of one transfer (all its blocks, on any connection): the kit's completion slot, whose
+// waiter leads its connection's replies.
+class Transfer : public CompletionSlot {
 public:
-    Transfer(int64_t blocks, bool notify, uint64_t uid) : remaining_(blocks), notify_(notify), uid_(uid) {}
-    int code() const { return code_.load(std::memory_order_acquire); }
-    std::string message() const;
+    Transfer(int64_t blocks, bool notify, uint64_t uid) : CompletionSlot(blocks), notify_(notify), uid_(uid) {}
     // True when finished. When all blocks went over one connection the waiting thread reads the
     // replies itself (no hand-off from the receiver thread); otherwise it sleeps until woken.
     bool wait(double timeoutSec);
     void set_conn(std::weak_ptr<InitConn> conn) { conn_ = std::move(conn); }
     // Accounts n finished blocks; the first error wins. True when this call finished the last block.
-    bool complete_blocks(int64_t n, int code, const std::string& msg);
+    bool complete_blocks(int64_t n, int code, const std::string& msg) { return account(n, code, msg); }
     // Publishes the final code and wakes waiters (after the notify, if any, is queued).
-    void finish();
-    int final_code() const;
+    void finish() {
+        auto [code, msg] = outcome();
+        publish(code, msg);
+    }
+    int final_code() const { return outcome().first; }
     bool notify() const { return notify_; }
     uint64_t uid() const { return uid_; }
 
 private:
-    std::atomic<int64_t> remaining_;
-    std::atomic<int> code_{kInProgress};
     bool notify_;
     uint64_t uid_;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    int errCode_ = 0;
-    std::string errMsg_;
     std::weak_ptr<InitConn> conn_;
 };
 

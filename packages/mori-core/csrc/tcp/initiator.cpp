@@ -36,42 +36,10 @@ ReqHdr request_header(const Work& w, size_t i) {
 
 // ---- Transfer ---------------------------------------------------------------------------------
 
-std::string Transfer::message() const {
-    std::lock_guard lk(mu_);
-    return errMsg_;
-}
-
-int Transfer::final_code() const {
-    std::lock_guard lk(mu_);
-    return errCode_ != 0 ? errCode_ : kSuccess;
-}
-
-bool Transfer::complete_blocks(int64_t n, int code, const std::string& msg) {
-    if (code != kSuccess) {
-        std::lock_guard lk(mu_);
-        if (errCode_ == 0) {
-            errCode_ = code;
-            errMsg_ = msg;
-        }
-    }
-    return remaining_.fetch_sub(n, std::memory_order_acq_rel) == n;
-}
-
-void Transfer::finish() {
-    int c = final_code();
-    std::lock_guard lk(mu_);
-    code_.store(c, std::memory_order_release);
-    cv_.notify_all();
-}
-
 bool Transfer::wait(double timeoutSec) {
-    int64_t deadline = now_ns() + static_cast<int64_t>(std::min(std::max(timeoutSec, 0.0), 1e9) * 1e9);
-    if (code() == kInProgress) {
+    return wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
         if (auto conn = conn_.lock()) conn->lead(*this, deadline);
-    }
-    std::unique_lock lk(mu_);
-    std::chrono::steady_clock::time_point until{std::chrono::nanoseconds(deadline)};
-    return cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
+    });
 }
 
 // ---- InitConn ---------------------------------------------------------------------------------

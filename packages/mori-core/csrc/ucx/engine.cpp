@@ -33,44 +33,46 @@ uint64_t random_ticket() {
 
 }  // namespace
 
-Engine::Engine(EngineOptions opts)
-    : opts_(std::move(opts)),
-      regions_([this](Region& r) { release_region(r); }),
-      inbound_(inbound_table(opts_.inbound, opts_.maxInbound, opts_.inboundTtl)) {
-    if (opts_.workers < 1 || opts_.workers > 64) throw std::invalid_argument("workers must be 1..64");
-    if (opts_.lanes < 1 || opts_.lanes > 64) throw std::invalid_argument("lanes must be 1..64");
-    if (!(opts_.timeout > 0) || opts_.timeout > 1e6) throw std::invalid_argument("timeout must be > 0 seconds");
-    if (opts_.maxInbound < 1 || !(opts_.inboundTtl > 0) || opts_.maxTickets < 1)
+namespace {
+
+void check_options(const EngineOptions& o) {
+    if (o.workers < 1 || o.workers > 64) throw std::invalid_argument("workers must be 1..64");
+    if (o.lanes < 1 || o.lanes > 64) throw std::invalid_argument("lanes must be 1..64");
+    if (!(o.timeout > 0) || o.timeout > 1e6) throw std::invalid_argument("timeout must be > 0 seconds");
+    if (o.maxInbound < 1 || !(o.inboundTtl > 0) || o.maxTickets < 1)
         throw std::invalid_argument("max_inbound, inbound_ttl and max_tickets must be positive");
-    const Library& lib = library();
+}
+
+// Whether the caller's UCX_TLS lets UCX use a shared-memory transport.
+bool uses_shared_memory(const EngineOptions& o) {
+    std::string tls = "all";
+    for (const auto& [k, v] : o.settings)
+        if (k == "TLS") tls = v;
+    return tls.find("sm") != std::string::npos || tls.find("posix") != std::string::npos ||
+           tls.find("sysv") != std::string::npos || tls.find("all") != std::string::npos || tls[0] == '^';
+}
+
+}  // namespace
+
+std::string Engine::configure(api::Config* cfg) {
     const auto& f = fn();
-    api::Config* cfg = nullptr;
-    check("ucp_config_read", f.config_read(nullptr, nullptr, &cfg));
     std::string chosen;
     for (const auto& [k, v] : opts_.settings) {
         api::Status s = f.config_modify(cfg, k.c_str(), v.c_str());
-        if (s != api::kOk) {
-            f.config_release(cfg);
-            throw std::invalid_argument("UCX setting " + k + "=" + v + " refused: " + status_text(s));
-        }
+        if (s != api::kOk) throw std::invalid_argument("UCX setting " + k + "=" + v + " refused: " + status_text(s));
         chosen += (chosen.empty() ? "" : ", ") + k + "=" + v;
         settings_.emplace_back(k, v);
     }
-    std::string tls = "all";
-    for (const auto& [k, v] : opts_.settings)
-        if (k == "TLS") tls = v;
-    const bool sharedMemory = tls.find("sm") != std::string::npos || tls.find("posix") != std::string::npos ||
-                              tls.find("sysv") != std::string::npos || tls.find("all") != std::string::npos ||
-                              tls[0] == '^';
     char keepalive[32];
     std::snprintf(keepalive, sizeof(keepalive), "%.3fs", std::clamp(opts_.timeout / 3, 1.0, 20.0));
     // UCX 1.13 applies a transport's setting to every transport and warns for each one that lacks it.
+    const Library& lib = library();
     const bool takesTransportSettings = lib.major > 1 || lib.minor >= 19;
     const DefaultSetting defaults[] = {
         // Shared-memory transports (posix, sysv) declare peer-failure support, so that endpoints
         // created with peer-failure detection keep using them (without it UCX leaves them out and
         // one host talks over tcp).
-        {"MM_ERROR_HANDLING", "y", sharedMemory},
+        {"MM_ERROR_HANDLING", "y", uses_shared_memory(opts_)},
         // Dead peers are found by keepalive (on shared memory: the peer's pid) every third of the
         // timeout (1 to 20 s; UCX's default is 20 s), so that what a dead peer left in flight (a
         // reply a target was sending it) ends well within the timeout, and with it its pins.
@@ -83,6 +85,25 @@ Engine::Engine(EngineOptions opts)
         bool skip = !d.wanted || std::getenv(("UCX_" + std::string(d.name)).c_str()) != nullptr;
         for (const auto& kv : opts_.settings) skip = skip || kv.first == d.name;
         if (!skip && f.config_modify(cfg, d.name, d.value.c_str()) == api::kOk) settings_.emplace_back(d.name, d.value);
+    }
+    return chosen;
+}
+
+Engine::Engine(EngineOptions opts)
+    : opts_(std::move(opts)),
+      regions_([this](Region& r) { release_region(r); }),
+      inbound_(inbound_table(opts_.inbound, opts_.maxInbound, opts_.inboundTtl)) {
+    check_options(opts_);
+    const Library& lib = library();
+    const auto& f = fn();
+    api::Config* cfg = nullptr;
+    check("ucp_config_read", f.config_read(nullptr, nullptr, &cfg));
+    std::string chosen;
+    try {
+        chosen = configure(cfg);
+    } catch (...) {
+        f.config_release(cfg);
+        throw;
     }
     api::Params p{};
     p.fieldMask = api::kParamFeatures | api::kParamMtWorkersShared | api::kParamName;

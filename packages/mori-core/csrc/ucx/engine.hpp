@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/completion.hpp"
 #include "base/inbound.hpp"
 #include "base/ops.hpp"
 #include "base/regions.hpp"
@@ -147,14 +148,12 @@ struct SendQueue {
     void give(uint64_t n) { used.fetch_sub(n, std::memory_order_acq_rel); }
 };
 
-// The outcome of one transfer: a completion slot its owner reads without running any code per
-// block (code() is one atomic load), as TcpTransfer.
-class Transfer {
+// The outcome of one transfer: the kit's completion slot (base/completion.hpp), read without
+// running any code per block (code() is one atomic load), as the TCP data plane's.
+class Transfer : public CompletionSlot {
 public:
     Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
              uint64_t uid);
-    int code() const { return code_.load(std::memory_order_acquire); }
-    std::string message() const;
     // True when finished within timeout seconds. A waiter whose worker is free progresses it
     // itself (a small transfer then costs no thread hand-off).
     bool wait(double timeoutSec);
@@ -165,7 +164,6 @@ public:
     // Worker lock held.
     void fail(int code, const std::string& msg);
     int64_t deadline_ns() const { return deadlineNs_; }
-    bool finished() const { return code() != kInProgress; }
     Link* link() const { return link_; }  // valid while unfinished
     // The transfer travels on the same-host path: its waiter reads that link, its notification
     // goes there. Set before it is posted.
@@ -191,15 +189,9 @@ private:
     std::vector<std::weak_ptr<Transfer>> children_;  // its parts on each worker, when spread
     Link* link_;
     const bool onWorker_;  // posted on a worker (not failed before): it finishes under that worker's lock
-    std::atomic<int64_t> remaining_;
-    std::atomic<int> code_{kInProgress};
     int64_t deadlineNs_;
     bool notify_;
     uint64_t uid_;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    int err_ = 0;
-    std::string msg_;
 };
 
 // A peer engine as this engine's initiator sees it: the endpoints to it on each of our workers.
@@ -418,6 +410,9 @@ public:
     void close();
 
 private:
+    // Applies the caller's UCX settings, then the defaults the engine adds where neither the caller
+    // nor the environment set them (both kept in settings_); the caller's, as text for messages.
+    std::string configure(api::Config* cfg);
     void release_region(Region& r);
     EngineOptions opts_;
     api::Context* ctx_ = nullptr;

@@ -104,50 +104,25 @@ void Part::finish(int c, const std::string& msg) {
 
 Transfer::Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
                    uint64_t uid)
-    : worker_(worker), link_(link), onWorker_(worker != nullptr), remaining_(parts), deadlineNs_(deadlineNs),
+    : CompletionSlot(parts), worker_(worker), link_(link), onWorker_(worker != nullptr), deadlineNs_(deadlineNs),
       notify_(notify), uid_(uid) {}
 
-std::string Transfer::message() const {
-    std::lock_guard lk(mu_);
-    return msg_;
-}
-
 void Transfer::part_done(int c, const std::string& msg, Link* via) {
-    if (c != kSuccess) {
-        std::lock_guard lk(mu_);
-        if (err_ == 0) {
-            err_ = c;
-            msg_ = msg;
-        }
-    }
-    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        int final;
-        std::string text;
-        {
-            std::lock_guard lk(mu_);
-            final = err_ != 0 ? err_ : kSuccess;
-            text = msg_;
-        }
-        finish(final, text, via);
-    }
+    if (!account(1, c, msg)) return;
+    auto [code, text] = outcome();
+    finish(code, text, via);
 }
 
 void Transfer::fail(int c, const std::string& msg) { finish(c, msg); }
 
 void Transfer::finish(int c, const std::string& msg, Link* via) {
-    {
-        std::lock_guard lk(mu_);
-        if (code_.load() != kInProgress) return;
-        err_ = c == kSuccess ? 0 : c;
-        msg_ = msg;
-        // The room is free before anyone sees the code: a caller that saw one transfer end finds
-        // its room for the next.
+    // The send-queue room is free before anyone sees the code: a caller that saw one transfer end
+    // finds its room for the next. Published before the note goes: a waiter need not wait for it.
+    const bool published = publish(c, msg, [this] {
         if (queue_) queue_->give(queueOps_);
         queue_.reset();
-        // Published before the note goes: a waiter blocked on cv_ need not wait for its send.
-        code_.store(c, std::memory_order_release);
-        cv_.notify_all();
-    }
+    });
+    if (!published) return;
     // The target hears the outcome after every byte (a message behind the transfer's last
     // reply); a transport failure is not sent (the link is gone). On the same-host path, and for
     // a transfer of one message (kFlagNotify), the target records it itself. The worker lock is
@@ -170,30 +145,24 @@ void Transfer::finish(int c, const std::string& msg, Link* via) {
 }
 
 void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
-    std::lock_guard lk(mu_);
-    if (code_.load() != kInProgress) {
-        queue->give(ops);
-        return;
-    }
-    queue_ = std::move(queue);
-    queueOps_ = ops;
+    const bool held = unless_published([&] {
+        queue_ = queue;
+        queueOps_ = ops;
+    });
+    if (!held) queue->give(ops);
 }
 
 bool Transfer::wait(double timeoutSec) {
-    const int64_t deadline = now_ns() + static_cast<int64_t>(std::clamp(timeoutSec, 0.0, 1e9) * 1e9);
-    if (finished()) return true;
-    for (const std::weak_ptr<Transfer>& child : children_)  // spread: each leads its own worker
-        if (auto t = child.lock()) t->wait(std::max<int64_t>(deadline - now_ns(), 0) / 1e9);
-    if (sameHost_) {
-        sameHost_->lead(*this, deadline, spinNs_);
-    } else if (auto w = worker_.lock()) {
-        w->lead([this] { return finished(); }, std::min<int64_t>(kLeadSpinNs, deadline - now_ns()));
-        if (finished()) return true;
-        w->wake();  // what is left needs the progress thread
-    }
-    std::unique_lock lk(mu_);
-    std::chrono::steady_clock::time_point until{std::chrono::nanoseconds(deadline)};
-    return cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
+    return wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
+        for (const std::weak_ptr<Transfer>& child : children_)  // spread: each leads its own worker
+            if (auto t = child.lock()) t->wait(std::max<int64_t>(deadline - now_ns(), 0) / 1e9);
+        if (sameHost_) {
+            sameHost_->lead(*this, deadline, spinNs_);
+        } else if (auto w = worker_.lock()) {
+            w->lead([this] { return finished(); }, std::min<int64_t>(kLeadSpinNs, deadline - now_ns()));
+            if (!finished()) w->wake();  // what is left needs the progress thread
+        }
+    });
 }
 
 // ---- Peer --------------------------------------------------------------------------------------
