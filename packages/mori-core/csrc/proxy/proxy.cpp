@@ -122,80 +122,10 @@ void Proxy::post(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_t by
 
 void Proxy::execute(const ProxySlot& c, uint64_t ticket) {
     const bool reply = (c.flags & device::kProxyFlagReply) != 0;
-    if ((c.flags & device::kProxyFlagOrdered) != 0) {
-        drain();
-        fenced_.clear();  // nothing is in flight
-    } else if (c.command != device::kProxyFence) {
-        auto f = std::find(fenced_.begin(), fenced_.end(), c.pe);
-        if (f != fenced_.end()) {  // a fence came after this PE's commands in flight
-            fenced_.erase(f);
-            drain_pe(c.pe);
-        }
-    }
+    wait_for_order(c);
     Pending* started = nullptr;  // the command's entry in pending_, once it has one
-    auto track = [&]() -> Pending& {
-        pending_.push_back(Pending{});
-        started = &pending_.back();
-        started->ticket = ticket;
-        started->pe = c.pe;
-        started->reply = reply;
-        return *started;
-    };
     try {
-        switch (c.command) {
-            case device::kProxyPut:
-            case device::kProxyGet:
-            case device::kProxyPutInline: {
-                if (c.command == device::kProxyPutInline) {
-                    if (c.bytes == 0 || c.bytes > kInlineBytes) throw std::invalid_argument("an inline put of " +
-                                                                   std::to_string(c.bytes) + " bytes");
-                    // The bytes wait in the slot's bounce area, which the slot keeps until they are written.
-                    const uint64_t words[2] = {c.value, c.compare};
-                    std::memcpy(reinterpret_cast<void*>(bounce(ticket)), words, kInlineBytes);
-                    Pending& p = track();
-                    p.freeSlot = true;
-                    post(p, kOpWrite, bounce(ticket), c.remote, c.bytes);
-                    break;
-                }
-                make_room(c.bytes);
-                Pending& p = track();
-                p.bytes = c.bytes;
-                bytesInFlight_ += c.bytes;
-                if ((c.flags & device::kProxyFlagSignal) != 0) {
-                    p.signal = true;
-                    p.sigOffset = c.compare;
-                    p.sigValue = c.value;
-                    p.sigOp = c.op;
-                }
-                free_slot(ticket);  // the command is copied out; its memory is the kernel's until quiet
-                post(p, c.command == device::kProxyPut ? kOpWrite : kOpRead, c.local, c.remote, c.bytes);
-                break;
-            }
-            case device::kProxyGetInline: {
-                if (c.bytes == 0 || c.bytes > 8) throw std::invalid_argument("an inline get of " +
-                                                                            std::to_string(c.bytes) + " bytes");
-                Pending& p = track();
-                p.inlineGet = c.bytes;  // answered with the bytes once they are in the bounce area
-                post(p, kOpRead, bounce(ticket), c.remote, c.bytes);
-                break;
-            }
-            case device::kProxyAtomic: {
-                Pending& p = track();
-                p.atomic = window_->start_atomic(c.pe, static_cast<AtomicOp>(c.op), c.remote, c.value, c.compare,
-                                                 c.width);
-                break;
-            }
-            case device::kProxyFence:
-                // Ordering per PE: the next command to each PE (value - 1 alone when value != 0)
-                // with commands in flight waits for them; nothing waits now.
-                for (const Pending& p : pending_)
-                    if (!p.done && (c.value == 0 || static_cast<uint64_t>(p.pe) + 1 == c.value) &&
-                        std::find(fenced_.begin(), fenced_.end(), p.pe) == fenced_.end())
-                        fenced_.push_back(p.pe);
-                break;
-            default:
-                throw std::invalid_argument("unknown command " + std::to_string(c.command));
-        }
+        start(c, ticket, started);
     } catch (const std::exception& e) {
         fail(c.pe, e.what());
         // A command that failed before anything of it started completes at once (its transfers,
@@ -213,6 +143,88 @@ void Proxy::execute(const ProxySlot& c, uint64_t ticket) {
         free_slot(ticket);  // (an inline put's slot is freed when its bytes are written)
     }
     executed_.fetch_add(1);
+}
+
+void Proxy::wait_for_order(const ProxySlot& c) {
+    if ((c.flags & device::kProxyFlagOrdered) != 0) {
+        drain();
+        fenced_.clear();  // nothing is in flight
+    } else if (c.command != device::kProxyFence) {
+        auto f = std::find(fenced_.begin(), fenced_.end(), c.pe);
+        if (f != fenced_.end()) {  // a fence came after this PE's commands in flight
+            fenced_.erase(f);
+            drain_pe(c.pe);
+        }
+    }
+}
+
+Proxy::Pending& Proxy::track(const ProxySlot& c, uint64_t ticket, Pending*& started) {
+    pending_.push_back(Pending{});
+    started = &pending_.back();
+    started->ticket = ticket;
+    started->pe = c.pe;
+    started->reply = (c.flags & device::kProxyFlagReply) != 0;
+    return *started;
+}
+
+void Proxy::start(const ProxySlot& c, uint64_t ticket, Pending*& started) {
+    switch (c.command) {
+        case device::kProxyPut:
+        case device::kProxyGet:
+        case device::kProxyPutInline:
+            start_transfer(c, ticket, started);
+            break;
+        case device::kProxyGetInline: {
+            if (c.bytes == 0 || c.bytes > 8)
+                throw std::invalid_argument("an inline get of " + std::to_string(c.bytes) + " bytes");
+            Pending& p = track(c, ticket, started);
+            p.inlineGet = c.bytes;  // answered with the bytes once they are in the bounce area
+            post(p, kOpRead, bounce(ticket), c.remote, c.bytes);
+            break;
+        }
+        case device::kProxyAtomic: {
+            Pending& p = track(c, ticket, started);
+            p.atomic =
+                window_->start_atomic(c.pe, static_cast<AtomicOp>(c.op), c.remote, c.value, c.compare, c.width);
+            break;
+        }
+        case device::kProxyFence:
+            // Ordering per PE: the next command to each PE (value - 1 alone when value != 0)
+            // with commands in flight waits for them; nothing waits now.
+            for (const Pending& p : pending_)
+                if (!p.done && (c.value == 0 || static_cast<uint64_t>(p.pe) + 1 == c.value) &&
+                    std::find(fenced_.begin(), fenced_.end(), p.pe) == fenced_.end())
+                    fenced_.push_back(p.pe);
+            break;
+        default:
+            throw std::invalid_argument("unknown command " + std::to_string(c.command));
+    }
+}
+
+void Proxy::start_transfer(const ProxySlot& c, uint64_t ticket, Pending*& started) {
+    if (c.command == device::kProxyPutInline) {
+        if (c.bytes == 0 || c.bytes > kInlineBytes)
+            throw std::invalid_argument("an inline put of " + std::to_string(c.bytes) + " bytes");
+        // The bytes wait in the slot's bounce area, which the slot keeps until they are written.
+        const uint64_t words[2] = {c.value, c.compare};
+        std::memcpy(reinterpret_cast<void*>(bounce(ticket)), words, kInlineBytes);
+        Pending& p = track(c, ticket, started);
+        p.freeSlot = true;
+        post(p, kOpWrite, bounce(ticket), c.remote, c.bytes);
+        return;
+    }
+    make_room(c.bytes);
+    Pending& p = track(c, ticket, started);
+    p.bytes = c.bytes;
+    bytesInFlight_ += c.bytes;
+    if ((c.flags & device::kProxyFlagSignal) != 0) {
+        p.signal = true;
+        p.sigOffset = c.compare;
+        p.sigValue = c.value;
+        p.sigOp = c.op;
+    }
+    free_slot(ticket);  // the command is copied out; its memory is the kernel's until quiet
+    post(p, c.command == device::kProxyPut ? kOpWrite : kOpRead, c.local, c.remote, c.bytes);
 }
 
 void Proxy::finish(Pending& p) {

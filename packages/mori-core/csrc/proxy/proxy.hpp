@@ -73,6 +73,12 @@ private:
     };
     void run();
     void execute(const device::ProxySlot& c, uint64_t ticket);
+    void wait_for_order(const device::ProxySlot& c);  // an ordered command's drain, a fenced PE's
+    // Starts command c: its entry in pending_ (started, once made) and what it posts; throws for a
+    // bad command. start_transfer: a put or get, inline or not.
+    void start(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
+    void start_transfer(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
+    Pending& track(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     bool reap();                // finishes what completed; true when something did
     template <class Busy>
     void reap_while(Busy busy);  // reaps (publishing progress) while busy() holds
