@@ -32,7 +32,7 @@ INTERFACES = {
     "host": {"live_ranges.hpp"},
     "gpu": {"staging.hpp", "host_standin.hpp"},
     "tcp": {"engine.hpp"},
-    "ucx": {"engine.hpp", "wire.hpp", "atomic.hpp"},
+    "ucx": {"engine.hpp", "wire.hpp", "atomic.hpp", "heap_window.hpp"},
     "same_host": {"ring.hpp"},
     "proxy": {"proxy.hpp"},
 }

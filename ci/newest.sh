@@ -6,7 +6,8 @@
 #   - mori-triton's CPU tests: Triton, LLVM IR and MLIR to PTX, the bitcode and its rebuild;
 #   - mori-io's tests that take torch tensors (the io test files that import torch or the client
 #     replays' helpers, _kv_clients, whose caches are torch tensors);
-#   - mori.ops's CPU tests (mori-shmem's test_ops_*.py).
+#   - mori.ops's CPU tests (mori-shmem's test_ops_*.py);
+#   - mori-shmem's rdma extra: the UCX it brings carries two PEs' remote puts (ci/shmem_ucx_extra.py).
 # Each runs on several pytest-xdist workers. The environment lives in a temporary folder, built
 # anew each run (about 6 GB: torch's CUDA wheels, which torch needs to import even on a CPU), and
 # is removed at exit.
@@ -46,7 +47,7 @@ export PIP_CONSTRAINT=/dev/null
 "$env/bin/python" -m pip install -q --upgrade pip
 # --no-compile: torch's Python files are byte-compiled as they are imported, not all at install.
 "$env/bin/python" -m pip install -q --no-compile -r ci/requirements-newest.txt \
-  "$(one mori_core)[cuda]" "$(one mori_shmem)" "$(one mori_io)[torch]" "$(one mori_triton)[torch,mlir]"
+  "$(one mori_core)[cuda]" "$(one mori_shmem)[rdma]" "$(one mori_io)[torch]" "$(one mori_triton)[torch,mlir]"
 "$env/bin/python" -m pip check
 built=$((SECONDS - start))
 
@@ -65,6 +66,8 @@ names = ("torch", "triton", "xtc-mlir-python-bindings", "cuda-bindings")
 print("newest: " + ", ".join(f"{name} {version(name)}" for name in names))
 PY
 echo "newest: wheels built in ${wheels_built} s, environment installed in $((built - wheels_built)) s"
+echo "-- mori-shmem[rdma]: the UCX it brings"
+"$env/bin/python" "$root/ci/shmem_ucx_extra.py"
 
 # Not the tests marked quiet either: they run alone in the main job, and this one runs beside others.
 tests() {

@@ -25,7 +25,6 @@ from mori.core import testing, ucx
 from mori.core.batch import Batch
 from mori.core.codes import TransferCode
 from mori.core.log import get_logger
-from mori.core.memory import LiveRanges
 
 SIZE = 8 << 20
 GUARD = 1 << 16
@@ -111,16 +110,6 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
     def run_one(key: str, op: int, lo: int, ro: int, size: int, remote_id: int = 1, wait: float = 60.0) -> tuple[int, str]:
         return tuple(peers[key].run_one(op, 1, base + GUARD + lo, ro, size, remote_id, False, wait))  # type: ignore[return-value]
 
-    def window_put(key: str, live: list[tuple[int, int]], reserved: int, chunk: int, first_id: int, dest: int,
-                   src: int, nbytes: int, rank: Any = 0, absolute: bool = False) -> Any:
-        """A UcxWindow over the region (ranks: 0 the peer ``key``, 1 none), live blocks ``live``;
-        ``dest``/``src`` are region offsets unless ``absolute`` (then ``dest`` is passed as is)."""
-        ranges = LiveRanges()
-        for start, size in live:
-            ranges.add(start, size)
-        window = ucx.UcxWindow(ranges, base + GUARD, SIZE, reserved, chunk, first_id, False, [peers[key], None], 10.0)
-        return window.put(dest if absolute else base + GUARD + dest, base + GUARD + src, nbytes, rank)
-
     def pop(key: str, uid: int, wait: float = 10.0) -> int | None:
         deadline = time.monotonic() + wait
         code = eng.pop_inbound(key, uid)
@@ -134,7 +123,6 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
 
     testing.serve_commands({
         "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "poll": poll, "transfer": transfer, "run_one": run_one, "pop": pop,
-        "window_put": window_put,
         "register": register, "deregister": eng.deregister_memory, "stats": eng.stats,
         "describe": lambda key: peers[key].describe(), "healthy": lambda key: peers[key].healthy(),
         "close": eng.close, "warnings": lambda: list(warnings), "settings": lambda: dict(eng.settings),

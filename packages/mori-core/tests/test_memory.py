@@ -428,13 +428,3 @@ def test_live_ranges_match_a_model(steps: list[tuple[str, int, int]]) -> None:
             want = (last, model[last]) if last is not None and a + b <= last + model[last] else None
             assert live.find(a, b) == want, (a, b, model)
         assert len(live) == len(model)
-
-
-def test_ucx_window_refuses_a_layout_that_cannot_be() -> None:
-    from mori.core.ucx import UcxWindow
-
-    for size, reserved, chunk, why in ((4096, 0, 0, "chunk"), (4096, 0, 1000, "chunk"), (4096, 8192, 4096, "reserved")):
-        with pytest.raises(ValueError, match=why):
-            UcxWindow(LiveRanges(), 1 << 20, size, reserved, chunk, 1, False, [None], 1.0)
-    window = UcxWindow(LiveRanges(), 1 << 20, 4096, 0, 4096, 1, False, [None, None], 1.0)
-    assert window.put((1 << 20) + 8, 1 << 20, 8, 0) is None  # no peer for any rank: nothing to do here

@@ -123,53 +123,6 @@ def test_run_one_moves_one_block_and_reports_as_a_transfer(pair: Pair) -> None:
     assert np.array_equal(pair.target.arr, expect)
 
 
-def test_window_put_takes_the_plain_case_only(pair: Pair) -> None:
-    """UcxWindow.put (mori.shmem's plain remote put): a range inside one live block and one chunk,
-    from inside the local window, to a rank with a peer, is written and waited for; every other
-    call returns None and moves nothing; a transfer the target refuses reports its code."""
-    half = SIZE // 2
-    for side in (pair.init, pair.target):  # the region as two chunks, ids 11 and 12
-        side.call("register", 11, GUARD, half)
-        side.call("register", 12, GUARD + half, half)
-    try:
-        fill(pair.init.arr, 21)
-        fill(pair.target.arr, 22)
-        expect = pair.target.arr.copy()
-        live = [(0, 1024), (4096, 8192), (half - 100, 300)]
-        put = lambda dest, src, n, rank=0, absolute=False, reserved=512, first=11: pair.init.call(  # noqa: E731
-            "window_put", "target", live, reserved, half, first, dest, src, n, rank, absolute)
-        assert put(4096 + 100, 50, 4096) == (0, "")
-        expect[GUARD + 4196:GUARD + 4196 + 4096] = pair.init.region[50:4146]
-        assert put(half + 10, 0, 90) == (0, "")  # the block's second chunk (id 12), from the first
-        expect[GUARD + half + 10:GUARD + half + 100] = pair.init.region[0:90]
-        assert put(half - 100, half + 200, 100) == (0, "")  # its first chunk, from the second
-        expect[GUARD + half - 100:GUARD + half] = pair.init.region[half + 200:half + 300]
-        assert np.array_equal(pair.target.arr, expect)
-        refused = [
-            (4096 + 8192 - 10, 0, 20), (0, 0, 16),  # past its block; a block in the reserved part
-            (half - 50, 0, 100), (4096, half - 10, 20),  # crossing a chunk at the target, at the source
-            (4096, SIZE - 10, 20), (4096, -1 - GUARD, 8),  # source past the window, before it
-            (4096, 0, 0), (200_000, 0, 8),  # nothing to move (the caller's path says so); no block there
-        ]
-        for dest, src, n in refused:
-            assert put(dest, src, n) is None, (dest, src, n)
-        for rank in (1, 2, -1, True, 0.0, "0"):  # a rank without a peer, out of range, not an int
-            assert put(4096, 0, 16, rank=rank) is None, rank
-        for dest in (-1, 2**64, 1.5, None):  # no address of the window, or not an int at all
-            assert put(dest, 0, 16, absolute=True) is None, dest
-        assert np.array_equal(pair.target.arr, expect)
-        assert pair.init.call("healthy", "target")
-        pair.init.call("register", 99, GUARD, half)  # ids the target never registered
-        pair.init.call("register", 100, GUARD + half, half)
-        code, msg = put(4096, 0, 16, first=99)
-        assert code == TransferCode.ERR_NOT_FOUND and "not registered" in msg, msg
-        assert np.array_equal(pair.target.arr, expect)
-    finally:
-        for side, mem_id in ((pair.init, 99), (pair.init, 100), (pair.init, 11), (pair.init, 12), (pair.target, 11),
-                             (pair.target, 12)):
-            side.call("deregister", mem_id)
-
-
 def test_local_range_checked(pair: Pair) -> None:
     with pytest.raises(RuntimeError, match="outside local memory id 1"):
         pair.transfer(WRITE, [SIZE - 1], [0], [2])

@@ -19,6 +19,7 @@ import pytest
 
 from mori.core import ucx
 from mori.core._native.ucx import PROXY_HEADER_BYTES, PROXY_SLOT_BYTES, PROXY_SLOTS, UcxProxy
+from mori.core.memory import LiveRanges
 
 HEAP = 1 << 20
 CHUNK = 256 << 10  # four chunks: ids 1..4, as a vmm heap registers them
@@ -43,22 +44,24 @@ assert ctypes.sizeof(Slot) == PROXY_SLOT_BYTES and ctypes.sizeof(Header) == PROX
 
 
 class Rig:
-    """PE 0 (engine ``a``, its heap, the ring and the proxy) and PE 1 (engine ``b``, its heap)."""
+    """PE 0 (engine ``a``, its heap and its window, the ring and the proxy) and PE 1 (engine ``b``,
+    its heap registered as the window registers PE 0's)."""
 
     def __init__(self) -> None:
         self.a = ucx.make_engine("proxy-a", timeout=10.0)
         self.b = ucx.make_engine("proxy-b", timeout=10.0)
         self.heaps = [ctypes.create_string_buffer(HEAP) for _ in range(2)]
-        for engine, heap in ((self.a, self.heaps[0]), (self.b, self.heaps[1])):
-            for k in range(HEAP // CHUNK):
-                engine.register_memory(1 + k, ctypes.addressof(heap) + k * CHUNK, CHUNK)
+        for k in range(HEAP // CHUNK):
+            self.b.register_memory(1 + k, self.base(1) + k * CHUNK, CHUNK)
         self.peer = self.a.connect("b", self.b.addresses, self.b.admit("a"))
+        self.window = ucx.UcxHeapWindow(self.a, LiveRanges(), self.base(0), HEAP, 0, CHUNK, 1, False,
+                                        [None, self.peer], 10.0)
+        self.window.grow(HEAP)
         self.ring = ctypes.create_string_buffer(PROXY_HEADER_BYTES + PROXY_SLOTS * PROXY_SLOT_BYTES)
         self.bounce = ctypes.create_string_buffer(PROXY_SLOTS * 16)
         self.header = Header.from_address(ctypes.addressof(self.ring))
         self.ticket = 0
-        self.proxy = UcxProxy(self.a, [None, self.peer], ctypes.addressof(self.ring), 1, self.base(0), HEAP, CHUNK,
-                              False, ctypes.addressof(self.bounce), 1 << 40, 10.0)
+        self.proxy = UcxProxy(self.window, ctypes.addressof(self.ring), ctypes.addressof(self.bounce))
 
     def base(self, pe: int) -> int:
         return ctypes.addressof(self.heaps[pe])
@@ -100,6 +103,7 @@ class Rig:
 
     def close(self) -> None:
         self.proxy.stop()
+        self.window.close()
         self.peer.close()
         self.a.close()
         self.b.close()

@@ -44,12 +44,11 @@ def _pe(rank: int, world: int, conn: Any, outside: bool) -> None:
 
     from mori.core import ucx
     from mori.core._native.ucx import PROXY_HEADER_BYTES, PROXY_SLOT_BYTES, PROXY_SLOTS, UcxProxy
+    from mori.core.memory import LiveRanges
 
     engine = ucx.make_engine(f"mesh-{rank}", timeout=20.0)
     heap = ctypes.create_string_buffer(HEAP)
     base = ctypes.addressof(heap)
-    for k in range(HEAP // CHUNK):
-        engine.register_memory(1 + k, base + k * CHUNK, CHUNK)
     tickets = {pe: engine.admit(f"mesh-{pe}") for pe in range(world) if pe != rank}
     conn.send((list(engine.addresses), tickets))
     contacts = conn.recv()
@@ -58,13 +57,14 @@ def _pe(rank: int, world: int, conn: Any, outside: bool) -> None:
         if pe != rank:
             addresses, their = contacts[pe]
             peers[pe] = engine.connect(f"mesh-{pe}", addresses, their[rank])
+    window = ucx.UcxHeapWindow(engine, LiveRanges(), base, HEAP, 0, CHUNK, 1, False, peers, 20.0)
+    window.grow(HEAP)  # before any PE goes on: no PE reaches a chunk before it is registered
     conn.send("connected")
     conn.recv()
     ring = ctypes.create_string_buffer(PROXY_HEADER_BYTES + PROXY_SLOTS * PROXY_SLOT_BYTES)
     bounce = ctypes.create_string_buffer(PROXY_SLOTS * 16)
     header = Header.from_address(ctypes.addressof(ring))
-    proxy = UcxProxy(engine, peers, ctypes.addressof(ring), 1, base, HEAP, CHUNK, False, ctypes.addressof(bounce),
-                     1 << 40, 20.0)
+    proxy = UcxProxy(window, ctypes.addressof(ring), ctypes.addressof(bounce))
     ticket = 0
 
     def post(pe: int, remote: int, local: int, nbytes: int, value: int, sig: int) -> None:
@@ -121,6 +121,7 @@ def _pe(rank: int, world: int, conn: Any, outside: bool) -> None:
         conn.send(("error", traceback.format_exc()))
     finally:
         proxy.stop()
+        window.close()
         for p in peers:
             if p is not None:
                 p.close()

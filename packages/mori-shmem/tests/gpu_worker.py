@@ -218,6 +218,20 @@ def tensor_checks() -> None:
     shmem.shmem_putmem(t, src, (me + 1) % n)  # a CUDA tensor as the source of a host put
     sync_all()
     expect("put from CUDA tensor", bool(torch.all(t == float((me - 1) % n + 10))))
+    # Registered with shmem_buffer_register, a CUDA tensor and a host one move as they are: the
+    # remote transport neither stages them nor registers them for the call.
+    host = torch.full((64, 7168), float(me + 20), dtype=torch.bfloat16)
+    for buffer, offset in ((src, 10), (host, 20)):  # each PE's buffer holds its rank + offset
+        sync_all()
+        assert shmem.shmem_buffer_register(buffer.data_ptr(), buffer.nbytes) == 0
+        before = shmem.shmem_heap_info()["remote_stats"]
+        shmem.shmem_putmem(t, buffer, (me + 1) % n)
+        after = shmem.shmem_heap_info()["remote_stats"]
+        sync_all()
+        expect("put from a registered buffer", bool(torch.all(t == float((me - 1) % n + offset))))
+        moved = {k: after[k] - before[k] for k in ("staged", "registered_for_call")}
+        expect("registered buffer moved as is", not REMOTE or moved == {"staged": 0, "registered_for_call": 0}, moved)
+        assert shmem.shmem_buffer_deregister(buffer.data_ptr(), buffer.nbytes) == 0
     expect("ptr_p2p", all((shmem.shmem_ptr_p2p(t.data_ptr(), me, pe) != 0) == (pe == me or not REMOTE)
                           for pe in range(n)))
     info = shmem.shmem_heap_info()

@@ -124,7 +124,7 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
             else:
                 raise AssertionError("an out-of-block put was not refused")
         # The same from a source in this PE's heap, the put that one native call moves when it is
-        # plain (UcxWindow): a wrong one still gets the checked path's error, and nothing moves.
+        # plain (the heap window's quick_put): a wrong one still gets the checked path's error, and nothing moves.
         in_heap = (ctypes.c_char * 16).from_address(area)
         heap_base = int(info["base"], 16)
         for target in range(n):
@@ -247,3 +247,47 @@ def pe_threads_put(threads: int) -> None:
         assert shmem.shmem_getmem(pos + sizes[0], sizes[1], me) == _pattern(left * 1000 + t, 19, sizes[1])
     shmem.shmem_barrier_all()
     shmem.shmem_free(area)
+
+
+def pe_registered_buffer(sizes: tuple[int, ...]) -> dict[str, object]:
+    """Puts from and gets into a buffer outside the heap, to and from the next PE, before
+    shmem_buffer_register, while registered and after shmem_buffer_deregister; returns the
+    remote transport's counts (shmem_heap_info's ``remote_stats``) after each stage. Every byte
+    checked."""
+    me, n = shmem.shmem_mype(), shmem.shmem_npes()
+    right = (me + 1) % n
+    total = sum(sizes)
+    area = shmem.shmem_malloc(total)
+    buf = np.zeros(total, dtype=np.uint8)  # outside the heap
+    addr = buf.ctypes.data
+    seen: dict[str, object] = {"before": shmem.shmem_heap_info()["remote_stats"]}
+
+    def round_trip(stage: str) -> None:
+        pos = 0
+        for size in sizes:
+            data = np.frombuffer(_pattern(me, len(stage), size), dtype=np.uint8)
+            buf[pos:pos + size] = data
+            shmem.shmem_putmem(area + pos, buf[pos:pos + size], right)
+            buf[pos:pos + size] = 0
+            shmem.shmem_getmem_into(buf[pos:pos + size], area + pos, right)
+            assert bytes(buf[pos:pos + size]) == data.tobytes(), f"{stage}: {size} bytes differ"
+            pos += size
+        seen[stage] = shmem.shmem_heap_info()["remote_stats"]
+
+    round_trip("unregistered")
+    assert shmem.shmem_buffer_register(addr, total) == 0
+    seen["registering"] = shmem.shmem_heap_info()["remote_stats"]
+    round_trip("registered")
+    assert shmem.shmem_buffer_deregister(addr, total) == 0
+    round_trip("deregistered")
+    shmem.shmem_barrier_all()
+    shmem.shmem_free(area)
+    return seen
+
+
+def pe_remote_transports() -> list[str]:
+    """The transports (``transport/device``) of the remote transport's UCX context."""
+    from mori.core.ucx import transports
+    from mori.shmem import _state
+
+    return transports(_state.current().rma.remote.describe())

@@ -20,6 +20,8 @@ from remote_suite import (
     pe_die_or_reach,
     pe_reach_hung,
     pe_ready,
+    pe_registered_buffer,
+    pe_remote_transports,
     pe_rma_everywhere,
     pe_threads_put,
 )
@@ -28,27 +30,12 @@ import mori.shmem as shmem
 from mori.core.host import HostIdentity
 from mori.core.testing import Died, network_namespaces
 from mori.shmem._reach import Reach
-from mori.shmem._remote_ucx import HEAP_ID, UcxTransport, _warn_without_nic
+from mori.shmem._remote_ucx import _warn_without_nic
 
 CPU_ENV = {"MORI_SHMEM_HEAP_SIZE": "16M", "MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_TIMEOUT": "30"}
 #: A UCX that cannot be loaded: the remote transport is unavailable.
 NO_UCX = {"MORI_UCX_LIB": "/nonexistent/libucp.so.0"}
 
-
-
-def test_pieces_cut_at_every_heap_chunk() -> None:
-    """A transfer that crosses heap chunks (a ``vmm`` GPU heap; the CPU heap is one chunk) is cut
-    at each chunk of either side into rows grouped by (local id, remote id), covering every byte once."""
-    transport = UcxTransport.__new__(UcxTransport)
-    transport.heap = type("H", (), {"chunk": 100})()  # type: ignore[assignment]
-    h = HEAP_ID
-    # Local heap offsets 30..230 into remote heap offsets 250..450, chunks of 100 bytes.
-    assert transport._pieces(None, 30, 250, 200) == [(h, h + 2, [30], [50], [50]), (h, h + 3, [80], [0], [20]),
-                                                     (h + 1, h + 3, [0], [20], [80]), (h + 1, h + 4, [80], [0], [20]),
-                                                     (h + 2, h + 4, [0], [20], [30])]
-    # A buffer registered for the call (id 7) is one region: only the remote side is cut.
-    assert transport._pieces(7, 30, 250, 200) == [(7, h + 2, [30], [50], [50]), (7, h + 3, [80], [0], [100]),
-                                                  (7, h + 4, [180], [0], [50])]
 
 
 def test_gpu_direct_without_a_nic_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
@@ -134,8 +121,32 @@ def test_disable_p2p_on_one_host_every_op_every_pe() -> None:
             if value == "ON":
                 assert pool.run(pe_barriers, 1000) == [10] * n
                 pool.run(pe_threads_put, 4)
+            if devices:  # the engine's UCX context has tcp on the loopback interface alone
+                for found in pool.run(pe_remote_transports):
+                    assert [t for t in found if t.startswith("tcp/")] == ["tcp/lo"], found
         finally:
             pool.close()
+
+
+def test_a_registered_buffer_moves_without_staging_or_registration_per_call() -> None:
+    """shmem_buffer_register registers a buffer outside the heap with the remote transport: puts
+    from it and gets into it then neither stage (a page) nor register for the call (1 MiB + 3);
+    before it, and after shmem_buffer_deregister, each does. Every byte checked."""
+    pool = PePool(2, {**CPU_ENV, "MORI_DISABLE_P2P": "ON"}, timeout=120)
+    try:
+        for seen in pool.run(pe_registered_buffer, (4096, (1 << 20) + 3)):
+            def moved(stage: str, since: str, seen: dict = seen) -> tuple[int, int]:  # type: ignore[type-arg]
+                now, then = seen[stage], seen[since]
+                return now["staged"] - then["staged"], now["registered_for_call"] - then["registered_for_call"]
+
+            assert moved("unregistered", "before") == (2, 2), seen  # the page's put and get; the large one's
+            assert seen["registering"]["registered_buffers"] == 1, seen
+            assert moved("registered", "registering") == (0, 0), seen
+            assert seen["registered"]["registered_buffers"] == 1, seen
+            assert moved("deregistered", "registered") == (2, 2), seen
+            assert seen["deregistered"]["registered_buffers"] == 0, seen
+    finally:
+        pool.close()
 
 
 def pe_quick_reference(rank: int, world: int, init_method: str, ifname: str, remote: list[int]) -> list[int]:

@@ -1,7 +1,7 @@
 // The live blocks of a symmetric heap, by offset (mori.core.memory.LiveRanges): what an
 // allocator has handed out and not taken back, and for each block the size its caller asked
 // for. Native so that a host put's check (does the range lie in one live block?) is one lookup
-// inside the call that moves its bytes (mori.core.ucx.UcxWindow), not a Python step of its own.
+// inside the call that moves its bytes (mori.core.ucx.UcxHeapWindow), not a Python step of its own.
 // Used under the GIL only: Python holds it while it changes the blocks or asks.
 #pragma once
 #include <cstdint>

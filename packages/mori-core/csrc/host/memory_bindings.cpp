@@ -55,7 +55,7 @@ mori::native::Registration reg([](py::module_& root) {
     py::class_<LiveRanges, std::shared_ptr<LiveRanges>>(
         m, "LiveRanges",
         "The live blocks of a symmetric heap by offset, each with the size its caller asked for (used under the "
-        "GIL). mori.shmem's allocator keeps its live blocks here, and mori.core.ucx.UcxWindow checks a put against "
+        "GIL). mori.shmem's allocator keeps its live blocks here, and mori.core.ucx.UcxHeapWindow checks a put against "
         "them in the native call that moves its bytes.")
         .def(py::init<>())
         .def("add", &LiveRanges::add, py::arg("start"), py::arg("size"),

@@ -19,27 +19,13 @@ mori::native::Registration reg([](py::module_& root) {
     m.attr("PROXY_SLOT_BYTES") = sizeof(mori::device::ProxySlot);
     m.attr("PROXY_HEADER_BYTES") = sizeof(mori::device::ProxyHeader);
     py::class_<Proxy, std::shared_ptr<Proxy>>(m, "UcxProxy", "The proxy thread of device-initiated RMA.")
-        .def(py::init([](std::shared_ptr<Engine> engine, std::vector<std::shared_ptr<Peer>> peers, uintptr_t ring,
-                         uint64_t heapId, uint64_t heapBase, uint64_t heapSize, uint64_t chunk, bool heapGpu,
-                         uintptr_t bounce, uint64_t bounceId, double timeout, const std::string& timeoutSetting) {
-                 ProxyConfig c;
-                 c.ring = ring;
-                 c.heapId = heapId;
-                 c.heapBase = heapBase;
-                 c.heapSize = heapSize;
-                 c.chunk = chunk;
-                 c.heapGpu = heapGpu;
-                 c.bounce = bounce;
-                 c.bounceId = bounceId;
-                 c.timeout = timeout;
-                 c.timeoutSetting = timeoutSetting;
+        .def(py::init([](std::shared_ptr<HeapWindow> window, uintptr_t ring, uintptr_t bounce) {
                  py::gil_scoped_release release;
-                 return std::make_shared<Proxy>(std::move(engine), std::move(peers), c);
+                 return std::make_shared<Proxy>(std::move(window), ring, bounce);
              }),
-             py::arg("engine"), py::arg("peers"), py::arg("ring"), py::arg("heap_id"), py::arg("heap_base"),
-             py::arg("heap_size"), py::arg("chunk"), py::arg("heap_gpu"), py::arg("bounce"), py::arg("bounce_id"),
-             py::arg("timeout"), py::arg("timeout_setting") = "timeout",
-             "Starts the proxy thread on the ring at host address ring (see mori.core.ucx_proxy).")
+             py::arg("window"), py::arg("ring"), py::arg("bounce"),
+             "Starts the proxy thread on the ring at host address ring, for the heap of window (a UcxHeapWindow; see "
+             "mori.core.ucx_proxy).")
         .def("wait_idle", &Proxy::wait_idle, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
              "True once every command posted so far is complete; False after timeout seconds.")
         .def("failure", &Proxy::failure, "Why the first failed command failed ('' when none did).")

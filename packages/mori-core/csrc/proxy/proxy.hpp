@@ -2,12 +2,11 @@
 // post into a ring in host-mapped memory (mori/device/proxy_ring.cuh) on the UCX engine, and
 // publishes their completion there for the kernels' quiet and barrier to wait on.
 //
-// The ring serves one symmetric heap: a command names a PE and an offset in that PE's heap, which
-// every PE registered with its engine as memory ids heapId, heapId + 1, ... (one per `chunk`
-// bytes; one id when chunk is the whole heap). The local side of a put or get is an address: in
-// the local heap it travels as is; elsewhere it is registered (as GPU memory, else as host
-// memory) once for the commands in flight that lie in it, and released when the last of them is
-// complete.
+// The ring serves one symmetric heap through its heap window (ucx/heap_window.hpp), which the
+// host API calls too: a command names a PE and an offset in that PE's heap, and the window
+// checks it, cuts it at the heap's chunks and finds its local side (the local heap and the
+// bounce area as they are; other memory, a kernel's buffer, registered while the commands in
+// flight that lie in it need it).
 //
 // Commands are taken in ticket order. Puts, gets, g and atomics (fetching or not) are posted and
 // complete in the background (completed advances past a ticket once it and every earlier one
@@ -31,6 +30,7 @@
 
 #include "ucx/atomic.hpp"
 #include "ucx/engine.hpp"
+#include "ucx/heap_window.hpp"
 
 namespace mori::device {
 struct ProxySlot;
@@ -39,20 +39,12 @@ struct ProxyHeader;
 
 namespace mori::ucx {
 
-struct ProxyConfig {
-    uintptr_t ring = 0;  // host address of the ProxyHeader (the slots follow it)
-    uint64_t heapId = 0, heapBase = 0, heapSize = 0, chunk = 0;
-    bool heapGpu = false;  // every PE's heap is GPU memory
-    uintptr_t bounce = 0;  // host memory of kProxySlots * 16 bytes, which the proxy registers as bounceId
-    uint64_t bounceId = 0;
-    double timeout = 30.0;  // seconds an operation may take (the engine's timeout too)
-    std::string timeoutSetting = "timeout";
-};
-
 class Proxy {
 public:
-    // peers[pe]: the endpoints to PE pe (null for PEs the ring must not name). Starts the thread.
-    Proxy(std::shared_ptr<Engine> engine, std::vector<std::shared_ptr<Peer>> peers, const ProxyConfig& cfg);
+    // ring: host address of the ProxyHeader (the slots follow it); bounce: host memory of
+    // kProxySlots * 16 bytes, which the proxy registers with the window for good. The window's
+    // peers are the PEs the ring may name. Starts the thread.
+    Proxy(std::shared_ptr<HeapWindow> window, uintptr_t ring, uintptr_t bounce);
     ~Proxy();
     // True once every command posted so far is complete (after the kernels that post have
     // ended); false after timeout seconds.
@@ -64,16 +56,11 @@ public:
     void stop();
 
 private:
-    // Memory outside the heap registered for the commands in flight that lie in it.
-    struct Adhoc {
-        uint64_t id, addr, bytes;
-        int uses;
-    };
     struct Pending {
         uint64_t ticket = 0;
         int pe = -1;
         std::vector<std::shared_ptr<Transfer>> transfers;
-        std::vector<uint64_t> adhoc;  // ids of the Adhoc registrations this command uses
+        std::shared_ptr<Lease> lease;  // memory registered for this command's transfer, if any
         std::unique_ptr<AtomicInFlight> atomic;  // an atomic, or a put's signal once sent
         bool signal = false;  // a put with signal: its atomic follows the bytes
         uint64_t sigOffset = 0, sigValue = 0;
@@ -86,6 +73,12 @@ private:
     };
     void run();
     void execute(const device::ProxySlot& c, uint64_t ticket);
+    void wait_for_order(const device::ProxySlot& c);  // an ordered command's drain, a fenced PE's
+    // Starts command c: its entry in pending_ (started, once made) and what it posts; throws for a
+    // bad command. start_transfer: a put or get, inline or not.
+    void start(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
+    void start_transfer(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
+    Pending& track(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     bool reap();                // finishes what completed; true when something did
     template <class Busy>
     void reap_while(Busy busy);  // reaps (publishing progress) while busy() holds
@@ -100,26 +93,17 @@ private:
     void answer(uint64_t ticket, uint64_t value);
     device::ProxySlot* slot(uint64_t ticket) const;
     uint64_t bounce(uint64_t ticket) const;
-    std::shared_ptr<Peer> peer(int pe, const char* what);
-    // The memory id and offset in it of heap offset off (and bytes to the end of its chunk).
-    uint64_t heap_id(uint64_t off, uint64_t& inId, uint64_t& left) const;
-    // Posts an engine transfer of bytes between local address `local` and heap offset `remote` of pe.
-    void transfer(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_t bytes);
-    // The memory id of [local, local + bytes) outside the heap (registered at base), shared while in flight.
-    uint64_t adhoc(Pending& p, uint64_t local, uint64_t bytes, uint64_t& base);
-    std::unique_ptr<AtomicInFlight> start_atomic(int pe, uint8_t op, uint64_t remote, uint64_t value,
-                                                 uint64_t compare, int width);
+    // Posts the window's transfer of bytes between local address `local` and heap offset `remote` of p.pe.
+    void post(Pending& p, Op op, uint64_t local, uint64_t remote, uint64_t bytes);
 
+    std::shared_ptr<HeapWindow> window_;
     std::shared_ptr<Engine> engine_;
-    std::vector<std::shared_ptr<Peer>> peers_;
-    ProxyConfig cfg_;
+    uintptr_t ring_, bounce_;
     device::ProxyHeader* header_;
     std::deque<Pending> pending_;
-    std::vector<Adhoc> adhoc_;
     std::vector<int> fenced_;  // PEs whose next command waits for their commands in flight (a fence)
     uint64_t tail_ = 0;
     uint64_t bytesInFlight_ = 0;  // of the puts and gets in pending_
-    uint64_t nextAdhoc_;
     std::atomic<uint64_t> executed_{0};
     std::atomic<uint64_t> published_{0};
     std::atomic<bool> stop_{false};

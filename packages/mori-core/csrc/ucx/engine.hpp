@@ -212,7 +212,7 @@ public:
                                      const uint64_t* remoteOffs, const uint64_t* sizes, size_t n, uint64_t uid,
                                      bool notify, bool remoteGpu);
     // submit of one block (local address src, remote offset dst), then wait(timeout): for a caller
-    // that waits at once (UcxPeer.run_one, UcxWindow.put: mori.shmem's host puts and gets).
+    // that waits at once (UcxPeer.run_one, the heap window: mori.shmem's host puts and gets).
     std::shared_ptr<Transfer> run_one(Op op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes,
                                       uint64_t remoteId, bool remoteGpu, double timeout) {
         std::shared_ptr<Transfer> t = submit(op, localId, plan::Batch::one(src, dst, bytes), remoteId, 0, false, remoteGpu);

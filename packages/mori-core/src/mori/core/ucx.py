@@ -19,9 +19,12 @@ transport); ``rma=True`` uses one-sided puts and gets, for transports whose hard
 remote keys (InfiniBand/RoCE), and only between engines that both have it: a checked target
 refuses one-sided access. Between engines of one host, host memory takes the same-host
 path instead (``connect(..., same_host=target.same_host_address)``: the target checks each block,
-then copies with ``process_vm_readv``/``writev``). :class:`UcxWindow` is a symmetric window
-over such peers: a host put into another rank's copy of a region registered alike everywhere,
-checked, posted and waited for in one native call. See docs/core-ucx.md.
+then copies with ``process_vm_readv``/``writev``). :class:`UcxHeapWindow` is the remote side of
+one symmetric heap over such peers (mori.shmem's remote transport, and the device proxy's): it
+registers the heap's chunks as it grows and buffers registered for good, finds the local side of
+every transfer (the heap, a registered buffer, its staging area, or memory registered for the
+call), cuts transfers at the chunks, and checks and runs every put, get, put with signal and
+atomic on a remote PE's heap. See docs/core-ucx.md.
 
 The C++ is three folders of ``csrc/``, built from the kit in ``csrc/base/`` as the TCP data plane
 is: ``ucx/`` (the engine), ``same_host/`` (its same-host path) and ``proxy/`` (the device proxy).
@@ -44,10 +47,10 @@ from typing import Any
 from . import config
 from ._native.ucx import (
     UcxEngine,
+    UcxHeapWindow,
     UcxLoadError,
     UcxPeer,
     UcxTransfer,
-    UcxWindow,
     ucx_components,
     ucx_library,
     ucx_load,
@@ -56,7 +59,7 @@ from ._native.ucx import (
 )
 from .codes import TransferOp
 
-__all__ = ["READ", "WRITE", "UcxEngine", "UcxLoadError", "UcxPeer", "UcxTransfer", "UcxWindow", "auto_workers", "candidates",
+__all__ = ["READ", "WRITE", "UcxEngine", "UcxHeapWindow", "UcxLoadError", "UcxPeer", "UcxTransfer", "auto_workers", "candidates",
            "gpudirect_transports", "has_verbs", "library_info", "load", "make_engine", "net_devices",
            "selected_devices", "stage_gpu", "stop_staging_gpu", "transports"]
 

@@ -7,6 +7,7 @@ an atomic on a PE whose heap it cannot map (another host, or ``MORI_DISABLE_P2P`
 C++ thread free of the GIL, takes the commands in order and executes them on the UCX engine
 (transfers between the local and the remote heap, GPU memory moved by UCX's CUDA support;
 atomics by the engine's checked path, applied on the target's GPU by :func:`mori.core.ucx_atomic.serve_gpu`),
+all through the heap's :class:`mori.core.ucx.UcxHeapWindow`, which host calls use too,
 and publishes in the ring's header how far they are complete, which the device's quiet, fence
 and barrier wait on. This is NVSHMEM's proxy design; on hosts with a NIC a GPU-initiated provider
 (IBGDA) could take the ring's place behind the same device API.
@@ -20,10 +21,9 @@ into the device state (``GpuStates``) of every module that uses the device API.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
-from typing import Any, SupportsFloat
+from typing import Any
 
-from ._native.ucx import PROXY_HEADER_BYTES, PROXY_SLOT_BYTES, PROXY_SLOTS, UcxEngine, UcxPeer, UcxProxy
+from ._native.ucx import PROXY_HEADER_BYTES, PROXY_SLOT_BYTES, PROXY_SLOTS, UcxHeapWindow, UcxProxy
 from .ucx_atomic import HOST_MAPPED
 
 __all__ = ["BOUNCE_BYTES", "DeviceProxy", "PROXY_HEADER_BYTES", "PROXY_SLOTS", "PROXY_SLOT_BYTES", "RING_BYTES"]
@@ -37,15 +37,12 @@ BOUNCE_BYTES = PROXY_SLOTS * 16
 class DeviceProxy:
     """The ring, its ticket counter and the proxy thread for one heap (see the module docs).
 
-    ``peers[pe]`` are the endpoints to PE ``pe`` (None for PEs the device reaches otherwise);
-    the heap is registered with ``engine`` as memory ids ``heap_id``, ``heap_id + 1``, ... one per
-    ``chunk`` bytes, on every PE alike; ``bounce_id`` is a free memory id of ``engine``. The CUDA
-    context the kernels run in must be current.
+    ``window`` is the heap's :class:`mori.core.ucx.UcxHeapWindow`: its peers are the PEs kernels
+    reach through the proxy, and it registers the bounce area for good. The CUDA context the
+    kernels run in must be current.
     """
 
-    def __init__(self, engine: UcxEngine, peers: Sequence[UcxPeer | None], *, heap_id: int, heap_base: int,
-                 heap_size: int, chunk: int, heap_gpu: bool, bounce_id: int, timeout: SupportsFloat,
-                 timeout_setting: str = "timeout") -> None:
+    def __init__(self, window: UcxHeapWindow) -> None:
         from . import cuda
 
         self.ring = self.tickets_device = 0
@@ -56,8 +53,7 @@ class DeviceProxy:
             self.ring_device = int(cuda.call("cuMemHostGetDevicePointer", self.ring, 0))
             self.tickets_device = int(cuda.call("cuMemAlloc", 8))
             cuda.call("cuMemsetD8", self.tickets_device, 0, 8)
-            self._native = UcxProxy(engine, list(peers), self.ring, heap_id, heap_base, heap_size, chunk, heap_gpu,
-                                    ctypes.addressof(self._bounce), bounce_id, float(timeout), timeout_setting)
+            self._native = UcxProxy(window, self.ring, ctypes.addressof(self._bounce))
         except BaseException:
             self.close()
             raise

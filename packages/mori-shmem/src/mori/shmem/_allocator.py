@@ -62,7 +62,7 @@ class SymmetricAllocator:
         self._free_ends: list[int] = [heap_size]
         self._blocks: dict[int, int] = {}  # start -> end of every live block
         # start -> the size the caller asked for (before rounding): where a put may write. Native,
-        # so that a remote put checks against it in the call that moves its bytes (UcxWindow).
+        # so that a remote put checks against it in the call that moves its bytes (mori.core.ucx.UcxHeapWindow).
         self.live = LiveRanges()
         self._in_use = 0
         # An order-free digest of the live blocks (XOR of each block's hash): equal on every PE

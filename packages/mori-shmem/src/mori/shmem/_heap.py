@@ -18,18 +18,16 @@ from mori.core.codes import Cmp
 
 from ._allocator import INTERNAL_BYTES
 
-__all__ = ["BARRIER_SLOTS_OFFSET", "Heap", "INTERNAL_BYTES", "PEER_BASES_OFFSET", "RESULT_OFFSET", "STAGING_OFFSET"]
+__all__ = ["BARRIER_SLOTS_OFFSET", "Heap", "INTERNAL_BYTES", "PEER_BASES_OFFSET", "RESULT_OFFSET"]
 
 #: Internal-area layout shared with the device headers: [0, 8) barrier epoch, [64, 64 + 8*kMaxPes)
 #: barrier arrival slots, [4096, ...) device scratch. mori.shmem adds:
 BARRIER_SLOTS_OFFSET = 64
 #: ``uint64_t peerHeapBases[world]`` as seen by this PE (what ``GpuStates.peerHeapBases`` points to).
 PEER_BASES_OFFSET = 8192
-#: 8-byte slot where host-initiated GPU atomics leave the old value.
+#: 8-byte slot where host-initiated GPU atomics leave the old value. The rest of the internal area
+#: is spare (the remote transport stages through its heap window's own host memory).
 RESULT_OFFSET = 12288
-#: ``[STAGING_OFFSET, INTERNAL_BYTES)``: where the remote transport stages a small put or get whose
-#: buffer lies outside the heap (the heap is registered with its engine; other memory is not).
-STAGING_OFFSET = 16384
 
 
 class Heap(abc.ABC):
@@ -100,4 +98,4 @@ class Heap(abc.ABC):
                 "reachable": [pe for pe, b in enumerate(self.peer_bases) if b]}
 
 
-assert PEER_BASES_OFFSET + 8 * 64 <= RESULT_OFFSET < RESULT_OFFSET + 8 <= STAGING_OFFSET < INTERNAL_BYTES
+assert PEER_BASES_OFFSET + 8 * 64 <= RESULT_OFFSET < RESULT_OFFSET + 8 <= INTERNAL_BYTES

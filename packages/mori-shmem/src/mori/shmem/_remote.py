@@ -43,9 +43,30 @@ class RemoteTransport(abc.ABC):
 
     def quick_put(self, dest: int, src: int, nbytes: int, pe: int) -> bool:
         """A put in one native step when it is the plain case (``dest`` inside one live block of
-        the heap and one chunk, ``src`` inside the local heap, ``pe`` remote): True once done,
-        complete. False, with nothing done, for any other call (the caller's checked path)."""
+        the heap, ``src`` inside the local heap or a buffer of ``shmem_buffer_register``, ``pe``
+        remote): True once done, complete. False, with nothing done, for any other call (the
+        caller's checked path)."""
         return False
+
+    def register_buffer(self, addr: int, nbytes: int) -> None:  # noqa: B027 - nothing to register without a transport
+        """Registers ``[addr, addr + nbytes)`` (outside the heap, checked by the caller) with the
+        transport for good: later RMA from or into it moves it as is, with no staging and no
+        registration per call (``shmem_buffer_register``)."""
+
+    def deregister_buffer(self, addr: int) -> None:  # noqa: B027 - nothing was registered
+        """Releases the registration of the buffer at ``addr`` (``shmem_buffer_deregister``)."""
+
+    def describe(self) -> str:
+        """What carries the transfers (UCX's description of its context), "" without a transport."""
+        return ""
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """How the local side of remote transfers was moved: ``staged`` (copied through the
+        staging area), ``registered_for_call`` (registered for one call, then released) and
+        ``registered_buffers`` (buffers registered for good now: :meth:`register_buffer`'s, and
+        on a GPU heap the device proxy's bounce area)."""
+        return {"staged": 0, "registered_for_call": 0, "registered_buffers": 0}
 
     @property
     def device_proxy(self) -> tuple[int, int]:

@@ -164,11 +164,15 @@ def shmem_num_qp_per_pe() -> int:
 
 def shmem_heap_info() -> dict[str, Any]:
     """The heap's kind (gpu/cpu), mode, base, size, bytes in use, largest alignment, the PEs whose
-    heaps are mapped here (``reachable``) and those reached through the remote transport (``remote``)."""
+    heaps are mapped here (``reachable``) and those reached through the remote transport
+    (``remote``), and how the remote transport moved the local side of its transfers so far
+    (``remote_stats``: ``staged`` through its staging area, ``registered_for_call``, and the
+    ``registered_buffers`` it holds for good: those of :func:`shmem_buffer_register`, and on a GPU
+    heap the device proxy's bounce area)."""
     s = _state.current()
     info = s.heap.describe()
     info.update(mode=getattr(s.heap, "mode", "static"), in_use=s.allocator.in_use, remote=list(s.rma.reach.remote),
-                max_alignment=s.allocator.max_alignment,
+                max_alignment=s.allocator.max_alignment, remote_stats=s.rma.remote.stats,
                 device=s.ctx.device if s.ctx is not None else None)
     return info
 
@@ -228,14 +232,22 @@ def shmem_free(ptr: int) -> None:
     s.allocator.free(ptr - s.heap.base)
 
 
+def _in_heap(s: _state.Shmem, ptr: int, size: int) -> bool:
+    return s.heap.base <= ptr and ptr + size <= s.heap.base + s.heap.size
+
+
 def shmem_buffer_register(ptr: int, size: int) -> int:
-    """Registers an existing buffer for RDMA; returns 0. (P2P peers need no registration.)"""
+    """Registers an existing buffer for RDMA; returns 0. Later RMA between it and PEs reached
+    through the remote transport moves it as is, with no staging and no registration per call
+    (P2P peers need no registration). A buffer inside the heap needs none either."""
     s = _state.current()
     if not isinstance(ptr, int) or ptr <= 0 or not isinstance(size, int) or size <= 0:
         raise ValueError(f"shmem_buffer_register: need a non-null address and a positive size, got {ptr!r}, {size!r}")
     for start, length in s.registered.items():
         if ptr < start + length and start < ptr + size:
             raise ValueError(f"shmem_buffer_register: {ptr:#x}+{size} overlaps the registered {start:#x}+{length}")
+    if not _in_heap(s, ptr, size):  # the heap is registered already
+        s.rma.remote.register_buffer(ptr, size)
     s.registered[ptr] = size
     return 0
 
@@ -246,6 +258,8 @@ def shmem_buffer_deregister(ptr: int, size: int) -> int:
     if s.registered.get(ptr) != size:
         raise ValueError(f"shmem_buffer_deregister: {ptr!r}+{size!r} was not registered")
     del s.registered[ptr]
+    if not _in_heap(s, ptr, size):
+        s.rma.remote.deregister_buffer(ptr)
     return 0
 
 

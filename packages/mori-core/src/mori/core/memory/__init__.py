@@ -2,7 +2,7 @@
 
 * :func:`buffer_span` — the address and size of a Python object's memory (buffer protocol);
 * :class:`LiveRanges` — the live blocks of a symmetric heap by offset (an allocator's, which
-  :class:`mori.core.ucx.UcxWindow` checks a put against in the call that moves it);
+  :class:`mori.core.ucx.UcxHeapWindow` checks a put against in the call that moves it);
 * :class:`HostSegment` — host shared memory (``memfd``) that peer processes on this host map;
 * :func:`send_fds` / :func:`recv_fds` — file descriptors over Unix sockets, with timeouts;
 * :class:`FdExchange` — an all-gather of descriptors among the local ranks of a bootstrap;
