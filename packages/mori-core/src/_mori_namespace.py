@@ -20,6 +20,7 @@ _SUBPACKAGES = {
     "cpp": "mori-io",
     "triton": "mori-triton",
     "ir": "mori-triton",
+    "umbp": "mori-umbp",
 }
 
 

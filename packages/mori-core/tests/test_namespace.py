@@ -29,13 +29,14 @@ def test_import_mori_reaches_cpp_ir_and_the_version() -> None:
     seen = _run(
         "import mori.io\n"
         "print(json.dumps({'version': mori.__version__, 'cpp': mori.cpp.TransferStatus is mori.io.TransferStatus,\n"
-        "                  'ir': mori.ir.SIGNAL_SET == mori.triton.SIGNAL_SET, 'dir': dir(mori)}))",
-        ("mori-core", "mori-io", "mori-shmem", "mori-triton"),
+        "                  'ir': mori.ir.SIGNAL_SET == mori.triton.SIGNAL_SET, 'umbp': mori.umbp.__name__,\n"
+        "                  'dir': dir(mori)}))",
+        ("mori-core", "mori-io", "mori-shmem", "mori-triton", "mori-umbp"),
     )
     version = (PACKAGES / "version.py").read_text().split('__version__ = "')[1].split('"')[0]
     assert seen["version"] == version
-    assert seen["cpp"] is True and seen["ir"] is True
-    assert {"core", "cpp", "io", "ir", "ops", "shmem", "triton", "__version__"} <= set(seen["dir"])  # type: ignore[arg-type]
+    assert seen["cpp"] is True and seen["ir"] is True and seen["umbp"] == "mori.umbp"
+    assert {"core", "cpp", "io", "ir", "ops", "shmem", "triton", "umbp", "__version__"} <= set(seen["dir"])  # type: ignore[arg-type]
 
 
 def test_a_submodule_whose_distribution_is_missing_names_it() -> None:
