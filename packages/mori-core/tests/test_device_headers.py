@@ -26,6 +26,10 @@ from hypothesis import strategies as st
 
 from mori.core.codes import Cmp, SignalOp
 
+# Whole-unit compiles take ~35 s of CPU each; on the 2-core CI machine beside the other test lanes
+# one may take several minutes, so this module's hang guard is longer than the suite's 300 s.
+pytestmark = pytest.mark.timeout(900)
+
 INCLUDE = Path(__file__).resolve().parents[1] / "include"
 HEADERS = sorted((INCLUDE / "mori" / "device").glob("*.cuh"))
 ARCH = "sm_90"
