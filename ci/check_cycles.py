@@ -35,7 +35,7 @@ def edges(name: str, path: Path, known: dict[str, Path]) -> dict[str, int]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package[:len(package) - node.level + 1] if node.level else []
+            base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
             targets = [module] + [f"{module}.{alias.name}" for alias in node.names]
         else:

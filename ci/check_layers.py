@@ -74,7 +74,7 @@ def _imports(tree: ast.AST, package: list[str] | None) -> tuple[dict[str, str], 
             if node.level:  # relative: resolvable only inside a package's sources
                 if package is None or node.level > len(package):
                     continue
-                module = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                module = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
             names = [alias.name for alias in node.names if alias.name != "*"]
@@ -125,7 +125,7 @@ def _absolute(node: ast.ImportFrom, package: list[str] | None) -> str:
         return node.module or ""
     if package is None or node.level > len(package):
         return ""
-    return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+    return ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
 
 
 def backend_offences(path: Path, root: Path = ROOT) -> list[str]:
@@ -151,21 +151,33 @@ def backend_offences(path: Path, root: Path = ROOT) -> list[str]:
             if parts[:2] != ["mori", "io"] or len(parts) < 3:
                 continue
             if parts[2] not in ("types", "backends") and below != ("base.py",):
-                found.append(f"{rel}:{node.lineno}: from {shown} import ... "
-                             "(a backend reaches the engine through backends/base.py)")
+                found.append(
+                    f"{rel}:{node.lineno}: from {shown} import ... "
+                    "(a backend reaches the engine through backends/base.py)"
+                )
                 break
-            if parts[2] == "backends" and len(parts) > 3 and parts[3] in transports and parts[3] != own \
-                    and below != ("__init__.py",):
-                found.append(f"{rel}:{node.lineno}: {module} (a backend reaches no other backend's files; "
-                             "shared pieces live in backends/)")
+            if (
+                parts[2] == "backends"
+                and len(parts) > 3
+                and parts[3] in transports
+                and parts[3] != own
+                and below != ("__init__.py",)
+            ):
+                found.append(
+                    f"{rel}:{node.lineno}: {module} (a backend reaches no other backend's files; "
+                    "shared pieces live in backends/)"
+                )
                 break
     return found
 
 
 def python_files(root: Path) -> list[Path]:
     """Every ``*.py`` of the tree at ``root`` that git tracks or would track (ignored files skipped)."""
-    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
-                          "--", "*.py"], check=True, capture_output=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "*.py"],
+        check=True,
+        capture_output=True,
+    ).stdout
     return sorted({root / p for p in out.decode().split("\0") if p and (root / p).is_file()})
 
 
@@ -187,11 +199,15 @@ def main(argv: list[str]) -> int:
     for line in bad:
         print(line)
     if bad:
-        print(f"{len(bad)} layer offence(s): outside the distribution that ships it, use a package's public API; "
-              "in mori-io's backends, BackendContext and no other backend's files")
+        print(
+            f"{len(bad)} layer offence(s): outside the distribution that ships it, use a package's public API; "
+            "in mori-io's backends, BackendContext and no other backend's files"
+        )
         return 1
-    print(f"{len(files)} Python files: no private name used outside the distribution that ships it; "
-          "mori-io's backends import only types and base of mori.io, and no other backend's files")
+    print(
+        f"{len(files)} Python files: no private name used outside the distribution that ships it; "
+        "mori-io's backends import only types and base of mori.io, and no other backend's files"
+    )
     return 0
 
 

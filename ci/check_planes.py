@@ -45,7 +45,9 @@ def offences(path: Path, csrc: Path) -> list[str]:
     folder = rel.parts[0] if len(rel.parts) > 1 else ""
     found = []
     if folder and folder not in KIT and folder not in INTERFACES:
-        found.append(f"{rel}:1: folder {folder}/ is neither the kit nor a plane with an interface in ci/check_planes.py")
+        found.append(
+            f"{rel}:1: folder {folder}/ is neither the kit nor a plane with an interface in ci/check_planes.py"
+        )
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         m = INCLUDE.match(line)
         if not m or m.group(1).startswith("mori/"):
@@ -61,8 +63,11 @@ def offences(path: Path, csrc: Path) -> list[str]:
         elif other in KIT or target.name in INTERFACES.get(other, set()):
             why = None
         else:
-            why = f"{m.group(1)} is private to {other or 'the top'}/ (its interface: " + (
-                ", ".join(sorted(INTERFACES.get(other, set()))) or "none") + ")"
+            why = (
+                f"{m.group(1)} is private to {other or 'the top'}/ (its interface: "
+                + (", ".join(sorted(INTERFACES.get(other, set()))) or "none")
+                + ")"
+            )
         if why:
             found.append(f"{rel}:{lineno}: {why}")
     return found

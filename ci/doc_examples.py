@@ -89,9 +89,10 @@ def _tags(words: str, where: str) -> dict[str, object]:
         elif m := re.match(r"(gpu|run)\b\s*", rest):
             tags[m.group(1)] = True
         else:
-            raise DocExampleError(f"{where}: unknown example tag in {words!r} (gpu, file NAME, run, "
-                                  "timeout SECONDS, skip (REASON))")
-        rest = rest[m.end():]
+            raise DocExampleError(
+                f"{where}: unknown example tag in {words!r} (gpu, file NAME, run, timeout SECONDS, skip (REASON))"
+            )
+        rest = rest[m.end() :]
     return tags
 
 
@@ -108,7 +109,7 @@ def blocks(page: Path) -> list[Block]:
         fence, lang = m.group(1), m.group(2).lower()
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(fence)), len(lines))
         indent = len(lines[i]) - len(lines[i].lstrip())
-        text = "\n".join(line[indent:] for line in lines[i + 1:end]) + "\n"
+        text = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
         where = f"{page}:{i + 1}"
         tag = _TAG.match(lines[i - 1].strip()) if i else None
         tags = _tags(tag.group(1), where) if tag else {}
@@ -116,8 +117,10 @@ def blocks(page: Path) -> list[Block]:
         if lang == "python" and block.skip:
             raise DocExampleError(f"{where}: a python block runs as written; it cannot be skipped")
         if lang in SHELL and not (block.run or block.skip or block.file):
-            raise DocExampleError(f"{where}: a shell block is tagged run, or skip (REASON) when it is a "
-                                  "command a user types on their own machine")
+            raise DocExampleError(
+                f"{where}: a shell block is tagged run, or skip (REASON) when it is a "
+                "command a user types on their own machine"
+            )
         if block.run and lang not in SHELL:
             raise DocExampleError(f"{where}: only shell blocks are tagged run")
         out.append(block)
@@ -150,8 +153,9 @@ def run_block(block: Block, page_blocks: list[Block], workdir: Path, python: str
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     # A session of its own: on timeout the example's whole process group goes (its peers too).
-    with subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as proc:
         try:
             out, _ = proc.communicate(timeout=block.timeout)
         except subprocess.TimeoutExpired:
@@ -175,8 +179,10 @@ def main(argv: list[str]) -> int:
         page_blocks = blocks(page)
         for block in page_blocks:
             if args.list:
-                print(f"{block.name} {block.lang or '-'} gpu={block.gpu} file={block.file} runs={block.runs} "
-                      f"skip={block.skip!r}")
+                print(
+                    f"{block.name} {block.lang or '-'} gpu={block.gpu} file={block.file} runs={block.runs} "
+                    f"skip={block.skip!r}"
+                )
                 continue
             if not block.runs or block.gpu != args.gpu:
                 continue

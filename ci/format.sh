@@ -9,7 +9,9 @@ cd "$root"
 ruff=.venv/bin/ruff clang_format=.venv/bin/clang-format
 [ -x "$ruff" ] || ruff=ruff
 [ -x "$clang_format" ] || clang_format=clang-format
-mapfile -t cxx < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.cu' '*.cuh')
+# Generated files keep their generator's layout (mori-triton's test_table compares them with a fresh run).
+generated=(':!packages/mori-triton/src/mori/triton/csrc/mori_shmem_wrappers.cu')
+mapfile -t cxx < <(git ls-files '*.cpp' '*.hpp' '*.h' '*.cu' '*.cuh' "${generated[@]}")
 if [ "${1:-}" = --check ]; then
   status=0
   "$ruff" format --check packages ci docs || status=1

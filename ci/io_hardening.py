@@ -65,12 +65,17 @@ def _target_main(nofile_room: int) -> tuple[bytes, bytes, int]:
     desc = engine.register_memory(int(arr.ctypes.data), REGION, -1, MemoryLocationType.CPU)
     tcp = engine._backends[BackendType.TCP]  # the benchmark reads counters no public API needs
     if nofile_room:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + nofile_room,
-                                                    resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE,
+            (len(os.listdir("/proc/self/fd")) + nofile_room, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+        )
 
     def probe() -> dict[str, Any]:
-        return {"control": dict(vars(engine._server.stats)), "data": dict(tcp._target.stats()),
-                "records": len(engine._inbound)}  # the one table every channel writes
+        return {
+            "control": dict(vars(engine._server.stats)),
+            "data": dict(tcp._target.stats()),
+            "records": len(engine._inbound),
+        }  # the one table every channel writes
 
     serve_commands({"probe": probe, "close": engine.close}, arr)
     return engine.get_engine_desc().pack(), desc.pack(), tcp.port
@@ -126,8 +131,11 @@ def soak(transfers: int, warmup: int, size: int, window: int) -> dict[str, Any]:
         t0 = time.monotonic()
         run(warmup)
         base = target.probe()
-        print(f"warm-up: {warmup:,} transfers in {time.monotonic() - t0:.0f} s; target RSS "
-              f"{base['rss'] / 2**20:.1f} MiB, records kept {base['records']:,}", flush=True)
+        print(
+            f"warm-up: {warmup:,} transfers in {time.monotonic() - t0:.0f} s; target RSS "
+            f"{base['rss'] / 2**20:.1f} MiB, records kept {base['records']:,}",
+            flush=True,
+        )
         step = max(transfers // 20, 1)
         t1 = time.monotonic()
         done = 0
@@ -137,24 +145,40 @@ def soak(transfers: int, warmup: int, size: int, window: int) -> dict[str, Any]:
             done += n
             p = target.probe()
             samples.append((done, p["rss"]))
-            print(f"{done:>10,} transfers  {done / (time.monotonic() - t1):>8,.0f}/s  RSS {p['rss'] / 2**20:7.1f} MiB "
-                  f"({p['rss'] / base['rss'] - 1:+.1%})  records {p['records']:,}  "
-                  f"dropped {p['data']['inbound_dropped']:,}", flush=True)
+            print(
+                f"{done:>10,} transfers  {done / (time.monotonic() - t1):>8,.0f}/s  RSS {p['rss'] / 2**20:7.1f} MiB "
+                f"({p['rss'] / base['rss'] - 1:+.1%})  records {p['records']:,}  "
+                f"dropped {p['data']['inbound_dropped']:,}",
+                flush=True,
+            )
         elapsed = time.monotonic() - t1
         final = target.probe()
     finally:
         eng.close()
         target.close()
     peak = max(r for _, r in samples)
-    result = {"bench": "soak", "transfers": transfers, "warmup": warmup, "block_bytes": size, "window": window,
-              "seconds": round(elapsed, 1), "per_second": round(transfers / elapsed),
-              "rss_after_warmup": base["rss"], "rss_peak": peak, "rss_final": final["rss"],
-              "growth": round(peak / base["rss"] - 1, 4), "records_kept": final["records"],
-              "records_dropped": final["data"]["inbound_dropped"], "samples": samples,
-              "passed": peak <= base["rss"] * 1.10}
-    print(f"soak: {transfers:,} transfers of {size} B with notifications never popped in {elapsed:.0f} s; "
-          f"target RSS {base['rss'] / 2**20:.1f} MiB after warm-up, peak {peak / 2**20:.1f} MiB "
-          f"({result['growth']:+.1%}): {'PASS' if result['passed'] else 'FAIL'} (limit +10 %)")
+    result = {
+        "bench": "soak",
+        "transfers": transfers,
+        "warmup": warmup,
+        "block_bytes": size,
+        "window": window,
+        "seconds": round(elapsed, 1),
+        "per_second": round(transfers / elapsed),
+        "rss_after_warmup": base["rss"],
+        "rss_peak": peak,
+        "rss_final": final["rss"],
+        "growth": round(peak / base["rss"] - 1, 4),
+        "records_kept": final["records"],
+        "records_dropped": final["data"]["inbound_dropped"],
+        "samples": samples,
+        "passed": peak <= base["rss"] * 1.10,
+    }
+    print(
+        f"soak: {transfers:,} transfers of {size} B with notifications never popped in {elapsed:.0f} s; "
+        f"target RSS {base['rss'] / 2**20:.1f} MiB after warm-up, peak {peak / 2**20:.1f} MiB "
+        f"({result['growth']:+.1%}): {'PASS' if result['passed'] else 'FAIL'} (limit +10 %)"
+    )
     return result
 
 
@@ -190,8 +214,15 @@ def _open(port: int, n: int, held: list[socket.socket]) -> int:
     return len(socks)
 
 
-def _trickle(port: int, payload: bytes, stop: threading.Event, closed: list[float], hello: bytes = b"",
-             reply: int = 0, header: bytes = b"") -> None:
+def _trickle(
+    port: int,
+    payload: bytes,
+    stop: threading.Event,
+    closed: list[float],
+    hello: bytes = b"",
+    reply: int = 0,
+    header: bytes = b"",
+) -> None:
     """Sends ``hello`` at once and reads ``reply`` bytes back, then ``header`` at once, then
     ``payload`` a byte every 0.5 s until the target closes the connection."""
     t0 = time.monotonic()
@@ -251,13 +282,17 @@ def hostile(idle: int) -> dict[str, Any]:
         ticket = _ticket(target.desc.port, "slow")
         data_hello = struct.pack("<IHHHH", 0x4F49524D, 3, 4, 0, len(ticket)) + b"slow" + ticket.encode()
         write_hdr = struct.pack("<IBB2xQQQ", 0x5145524D, 2, 0, target.region.id, 0, REGION)
-        slow = [(target.desc.port, hello, b"", 0, b""), (target.data_port, hello, b"", 0, b""),
-                (target.desc.port, b"\x00" * (1 << 20), hello, 0, struct.pack(">I", 1 << 20)),
-                (target.data_port, b"\x00" * REGION, data_hello, 8, write_hdr)]
+        slow = [
+            (target.desc.port, hello, b"", 0, b""),
+            (target.data_port, hello, b"", 0, b""),
+            (target.desc.port, b"\x00" * (1 << 20), hello, 0, struct.pack(">I", 1 << 20)),
+            (target.data_port, b"\x00" * REGION, data_hello, 8, write_hdr),
+        ]
         for port, payload, first, reply, header in slow:
             for _ in range(10):
-                th = threading.Thread(target=_trickle, args=(port, payload, stop, cut, first, reply, header),
-                                      daemon=True)
+                th = threading.Thread(
+                    target=_trickle, args=(port, payload, stop, cut, first, reply, header), daemon=True
+                )
                 th.start()
                 trickles.append(th)
         time.sleep(12)  # past the hello timeout (10 s)
@@ -279,29 +314,49 @@ def hostile(idle: int) -> dict[str, Any]:
     fresh.close()
     steady.close()
     target.close()
-    print(f"hostile: {n_idle} idle connections, {n_flood} more until descriptors ran out, 20 trickled hellos, "
-          f"10 trickled control requests, 10 trickled data-plane writes ({len(cut)} cut by the target, "
-          f"after {statistics.median(cut) if cut else float('nan'):.1f} s median)")
-    print(f"{'phase':<14} {'RSS MiB':>8} {'threads':>8} {'fds':>6} {'ctl refused':>12} {'ctl evicted':>12} "
-          f"{'ctl acc.err':>12} {'data refused':>13} {'data evicted':>13} {'data acc.err':>13}")
+    print(
+        f"hostile: {n_idle} idle connections, {n_flood} more until descriptors ran out, 20 trickled hellos, "
+        f"10 trickled control requests, 10 trickled data-plane writes ({len(cut)} cut by the target, "
+        f"after {statistics.median(cut) if cut else float('nan'):.1f} s median)"
+    )
+    print(
+        f"{'phase':<14} {'RSS MiB':>8} {'threads':>8} {'fds':>6} {'ctl refused':>12} {'ctl evicted':>12} "
+        f"{'ctl acc.err':>12} {'data refused':>13} {'data evicted':>13} {'data acc.err':>13}"
+    )
     for name, p in rows:
         c, d = p["control"], p["data"]
-        print(f"{name:<14} {p['rss'] / 2**20:>8.1f} {p['threads']:>8} {p['fds']:>6} {c['refused']:>12} "
-              f"{c['evicted']:>12} {c['accept_errors']:>12} {d['refused']:>13} {d['evicted']:>13} "
-              f"{d['accept_errors']:>13}")
+        print(
+            f"{name:<14} {p['rss'] / 2**20:>8.1f} {p['threads']:>8} {p['fds']:>6} {c['refused']:>12} "
+            f"{c['evicted']:>12} {c['accept_errors']:>12} {d['refused']:>13} {d['evicted']:>13} "
+            f"{d['accept_errors']:>13}"
+        )
     lat = sorted(latencies)
-    print(f"steady peer during the attack: {len(lat)} transfers, {len(failures)} failed"
-          f"{' (first: ' + failures[0] + ')' if failures else ''}, median "
-          f"{statistics.median(lat) * 1e3:.2f} ms, max {lat[-1] * 1e3:.1f} ms" if lat else "steady peer: none")
-    print(f"fresh peer after the attack: first transfer (connect + hello + ticket + 4 KiB write) "
-          f"{'succeeded' if ok else 'FAILED'} in {first * 1e3:.0f} ms: {'PASS' if ok and first < 1.0 else 'FAIL'} "
-          "(limit 1 s)")
+    print(
+        f"steady peer during the attack: {len(lat)} transfers, {len(failures)} failed"
+        f"{' (first: ' + failures[0] + ')' if failures else ''}, median "
+        f"{statistics.median(lat) * 1e3:.2f} ms, max {lat[-1] * 1e3:.1f} ms"
+        if lat
+        else "steady peer: none"
+    )
+    print(
+        f"fresh peer after the attack: first transfer (connect + hello + ticket + 4 KiB write) "
+        f"{'succeeded' if ok else 'FAILED'} in {first * 1e3:.0f} ms: {'PASS' if ok and first < 1.0 else 'FAIL'} "
+        "(limit 1 s)"
+    )
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    return {"bench": "hostile", "idle": n_idle, "flood": n_flood, "trickles_cut": len(cut),
-            "steady_transfers": len(lat), "steady_failures": len(failures),
-            "steady_median_ms": statistics.median(lat) * 1e3 if lat else None,
-            "fresh_first_transfer_s": round(first, 4), "fresh_ok": ok, "phases": dict(rows),
-            "passed": bool(ok and first < 1.0)}
+    return {
+        "bench": "hostile",
+        "idle": n_idle,
+        "flood": n_flood,
+        "trickles_cut": len(cut),
+        "steady_transfers": len(lat),
+        "steady_failures": len(failures),
+        "steady_median_ms": statistics.median(lat) * 1e3 if lat else None,
+        "fresh_first_transfer_s": round(first, 4),
+        "fresh_ok": ok,
+        "phases": dict(rows),
+        "passed": bool(ok and first < 1.0),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

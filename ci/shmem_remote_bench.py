@@ -64,7 +64,7 @@ def _side_cpus(side: int) -> list[int]:
     a large machine starves a GPU PE: its main thread spins in the CUDA synchronize while its
     proxy and progress threads wait for the same CPU (a device put took ~4 ms there)."""
     cpus = sorted(os.sched_getaffinity(0))
-    return cpus[side % 2::2] or cpus
+    return cpus[side % 2 :: 2] or cpus
 
 
 def _pin(side: int) -> None:
@@ -207,8 +207,9 @@ def _engine_connect(addresses: list[bytes], ticket: int, big: int, gpu: bool) ->
     engine = _make_engine("bench-initiator")
     buf, base = _buffer(big, gpu, engine)
     engine.register_memory(1, base, big, gpu)
-    _STATE.update(engine=engine, buf=buf, base=base, gpu=gpu,
-                  peer=engine.connect("target", addresses, ticket, stages_gpu=gpu))
+    _STATE.update(
+        engine=engine, buf=buf, base=base, gpu=gpu, peer=engine.connect("target", addresses, ticket, stages_gpu=gpu)
+    )
 
 
 def _engine_writes(size: int, iters: int) -> list[float]:
@@ -239,19 +240,26 @@ class Pairs:
 
     def __init__(self, a: Any, b: Any, big: int, device: bool) -> None:
         ucx_env = GPU_UCX_ENV if device else UCX_ENV
-        env = {**ucx_env, "MORI_SHMEM_BACKEND": "gpu" if device else "cpu",
-               "MORI_SHMEM_HEAP_SIZE": str(2 * big + (8 << 20)), "MORI_BOOTSTRAP_HOST": a.address}
+        env = {
+            **ucx_env,
+            "MORI_SHMEM_BACKEND": "gpu" if device else "cpu",
+            "MORI_SHMEM_HEAP_SIZE": str(2 * big + (8 << 20)),
+            "MORI_BOOTSTRAP_HOST": a.address,
+        }
         starts = iter([testing.start_in_netns(a.name), testing.start_in_netns(b.name)])
         self.pes = testing.ProcPool(2, timeout=600, env=env, label="PE", start=lambda p: next(starts)(p))
         # The engine moves bytes the same way, from A into B.
-        self.target = testing.CommandProcess(_engine_target, (big, device), "engine target", 120, ucx_env,
-                                             start=testing.start_in_netns(b.name))
-        self.initiator = testing.ProcPool(1, timeout=600, env=ucx_env, label="engine initiator",
-                                          start=testing.start_in_netns(a.name))
+        self.target = testing.CommandProcess(
+            _engine_target, (big, device), "engine target", 120, ucx_env, start=testing.start_in_netns(b.name)
+        )
+        self.initiator = testing.ProcPool(
+            1, timeout=600, env=ucx_env, label="engine initiator", start=testing.start_in_netns(a.name)
+        )
         uid = self.pes.run_on(0, _uid)
         self.pes.map(_pe_init, [(0, uid, big, device), (1, uid, big, device)])
-        self.initiator.run_on(0, _engine_connect, self.target.ready, self.target.call("admit", "initiator"), big,
-                              device)
+        self.initiator.run_on(
+            0, _engine_connect, self.target.ready, self.target.call("admit", "initiator"), big, device
+        )
 
     def puts(self, size: int, iters: int) -> dict[str, list[float]]:
         return self.pes.map(_pe_puts, [(0, size, iters), (1, size, iters)])[0]  # type: ignore[no-any-return]
@@ -270,8 +278,9 @@ class Pairs:
         self.pes.close()
 
 
-def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | None,
-               gpus: bool = False, mem_type: str = "cpu") -> list[dict[str, Any]]:
+def measure_io(
+    a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | None, gpus: bool = False, mem_type: str = "cpu"
+) -> list[dict[str, Any]]:
     """mori-io-bench (the RDMA backend, and NIXL when ``peer_python`` has it) between the namespaces,
     moving memory of ``mem_type`` (``cpu`` or ``gpu``: its ``--mem-type``, GPU 0 on a one-GPU machine).
     ``gpus``: the machine has GPUs, where NIXL's UCX backend refuses ``UCX_TLS=tcp`` without
@@ -282,14 +291,46 @@ def measure_io(a: Any, b: Any, sizes: list[int], iters: int, peer_python: str | 
         # Initiators in A on side 0's CPUs, targets in B on side 1's (_pin): the bytes go from A
         # into B, as PE 0's puts do, between the same CPUs.
         initiator, target = (",".join(map(str, _side_cpus(side))) for side in (0, 1))
-        cmd = ["taskset", "-c", initiator, "ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "rdma", "--op",
-               "write", "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters), "--host", a.address,
-               "--target-host", b.address, "--target-netns", b.name, "--max-bytes", str(max(sizes)), "--json", out,
-               "--no-progress", "--mem-type", mem_type]
+        cmd = [
+            "taskset",
+            "-c",
+            initiator,
+            "ip",
+            "netns",
+            "exec",
+            a.name,
+            sys.executable,
+            "-m",
+            "mori.io.bench",
+            "--backend",
+            "rdma",
+            "--op",
+            "write",
+            "--sizes",
+            ",".join(str(s) for s in sizes),
+            "--iters",
+            str(iters),
+            "--host",
+            a.address,
+            "--target-host",
+            b.address,
+            "--target-netns",
+            b.name,
+            "--max-bytes",
+            str(max(sizes)),
+            "--json",
+            out,
+            "--no-progress",
+            "--mem-type",
+            mem_type,
+        ]
         if peer_python:
             cmd += ["--peers", "nixl", "--peer-python", peer_python]
-        env = {**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp,cuda_copy" if gpus else "tcp",
-               "MORI_BENCH_TARGET_CPUS": target}
+        env = {
+            **os.environ,
+            "MORI_IO_RDMA_TRANSPORTS": "tcp,cuda_copy" if gpus else "tcp",
+            "MORI_BENCH_TARGET_CPUS": target,
+        }
         if gpus:
             env["UCX_TLS"] = "tcp,cuda_copy"  # the peers' (mori's RDMA backend names its transports itself)
         subprocess.run(cmd, check=True, env=env, timeout=1800, stdout=subprocess.DEVNULL)
@@ -316,9 +357,12 @@ def main() -> None:
     parser.add_argument("--io", action="store_true", help="also run mori-io-bench's RDMA backend every round")
     parser.add_argument("--peer-python", default=None, help="with --io: an interpreter with nixl installed")
     parser.add_argument("--device", action="store_true", help="GPU heaps, and device-initiated puts (see above)")
-    parser.add_argument("--io-mem", default=None,
-                        help="with --io: the memory mori-io-bench moves, cpu and/or gpu (e.g. gpu,cpu; default: "
-                             "the heap's kind); columns of the other kind are marked (cpu) or (gpu)")
+    parser.add_argument(
+        "--io-mem",
+        default=None,
+        help="with --io: the memory mori-io-bench moves, cpu and/or gpu (e.g. gpu,cpu; default: "
+        "the heap's kind); columns of the other kind are marked (cpu) or (gpu)",
+    )
     args = parser.parse_args()
     heap_mem = "gpu" if args.device else "cpu"
     io_mems = (args.io_mem or heap_mem).split(",")
@@ -336,8 +380,11 @@ def main() -> None:
 
         def io_round() -> None:
             for m in io_mems:
-                _take_io(io_lat, measure_io(a, b, sizes, args.iters, args.peer_python, gpu_machine, m),
-                         "" if m == heap_mem else f" ({m})")
+                _take_io(
+                    io_lat,
+                    measure_io(a, b, sizes, args.iters, args.peer_python, gpu_machine, m),
+                    "" if m == heap_mem else f" ({m})",
+                )
 
         pairs = Pairs(a, b, max(sizes), args.device)
         try:
@@ -368,11 +415,18 @@ def main() -> None:
         finally:
             pairs.close()
     others = sorted({e for e, _ in io_lat})
-    print(f"{started}, load average {load_before} before, {_load()} after; {args.rounds} rounds of {args.iters}, "
-          f"medians; {'GPU heaps' if args.device else 'host memory'}; mori-io-bench: "
-          + " and ".join({"cpu": "host memory", "gpu": "GPU memory"}[m] for m in io_mems))
-    cols = ["shmem put"] + (["device put"] if args.device else []) + ["engine write", "put/engine"] \
-        + (["device/engine"] if args.device else []) + others
+    print(
+        f"{started}, load average {load_before} before, {_load()} after; {args.rounds} rounds of {args.iters}, "
+        f"medians; {'GPU heaps' if args.device else 'host memory'}; mori-io-bench: "
+        + " and ".join({"cpu": "host memory", "gpu": "GPU memory"}[m] for m in io_mems)
+    )
+    cols = (
+        ["shmem put"]
+        + (["device put"] if args.device else [])
+        + ["engine write", "put/engine"]
+        + (["device/engine"] if args.device else [])
+        + others
+    )
     # The issue's target: within 10 % of mori-io's RDMA backend moving memory of the heap's kind.
     versus_io = "mori-rdma" in others
     shmem_names = ["put"] + (["device_put"] if args.device else [])
@@ -386,23 +440,42 @@ def main() -> None:
         med = {n: statistics.median(times[n][s]) for n in names}
         gbps = {n: s / med[n] / 1e9 for n in names}
         io = {e: s / statistics.median(io_lat[(e, s)]) / 1e3 if (e, s) in io_lat else None for e in others}
-        rows.append({"size": s, **{f"{n}_gbps": gbps[n] for n in names}, **{f"{n}_us": med[n] * 1e6 for n in names},
-                     **{f"{e}_gbps": v for e, v in io.items()}})
-        cells = [f"{gbps['put']:.3f}"] + ([f"{gbps['device_put']:.3f}"] if args.device else []) \
-            + [f"{gbps['engine']:.3f}", f"{gbps['put'] / gbps['engine']:.0%}"] \
-            + ([f"{gbps['device_put'] / gbps['engine']:.0%}"] if args.device else []) \
+        rows.append(
+            {
+                "size": s,
+                **{f"{n}_gbps": gbps[n] for n in names},
+                **{f"{n}_us": med[n] * 1e6 for n in names},
+                **{f"{e}_gbps": v for e, v in io.items()},
+            }
+        )
+        cells = (
+            [f"{gbps['put']:.3f}"]
+            + ([f"{gbps['device_put']:.3f}"] if args.device else [])
+            + [f"{gbps['engine']:.3f}", f"{gbps['put'] / gbps['engine']:.0%}"]
+            + ([f"{gbps['device_put'] / gbps['engine']:.0%}"] if args.device else [])
             + [f"{v:.3f}" if v is not None else "-" for v in io.values()]
+        )
         if versus_io:
             cells += [f"{gbps[n] / io['mori-rdma']:.0%}" if io["mori-rdma"] else "-" for n in shmem_names]
         print(f"{s:>10} " + " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
     one_way = {k: statistics.median(v) * 1e6 for k, v in signal.items() if v}
-    print("put+signal (8 B) ping-pong, one-way: " + ", ".join(f"{k.replace('signal', 'shmem')} {v:.1f} us"
-                                                               for k, v in one_way.items()))
+    print(
+        "put+signal (8 B) ping-pong, one-way: "
+        + ", ".join(f"{k.replace('signal', 'shmem')} {v:.1f} us" for k, v in one_way.items())
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"started": started, "load": [load_before, _load()], "put": rows,
-                       "signal_one_way_us": one_way, "io_median_lat_us": {f"{e} {s}": v for (e, s), v in io_lat.items()}},
-                      f, indent=1)
+            json.dump(
+                {
+                    "started": started,
+                    "load": [load_before, _load()],
+                    "put": rows,
+                    "signal_one_way_us": one_way,
+                    "io_median_lat_us": {f"{e} {s}": v for (e, s), v in io_lat.items()},
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

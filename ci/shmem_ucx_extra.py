@@ -23,8 +23,9 @@ def check_environment() -> str:
     """The ``libucp`` of the libucx wheel the extra brought (raises unless it is there)."""
     from mori.core import ucx
 
-    wanted = [r for r in requires("mori-shmem") or []
-              if r.startswith("libucx") and "extra == 'rdma'" in r.replace('"', "'")]
+    wanted = [
+        r for r in requires("mori-shmem") or [] if r.startswith("libucx") and "extra == 'rdma'" in r.replace('"', "'")
+    ]
     assert wanted, f"mori-shmem declares no libucx for its rdma extra: {requires('mori-shmem')}"
     name = wanted[0].split(">")[0].split("=")[0].strip()
     print(f"mori-shmem[rdma] asks for {wanted[0]!r}; installed: {name} {version(name)}")
@@ -57,8 +58,14 @@ def main() -> None:
     if os.environ.get("MORI_SHMEM_RANK") is not None:
         pe()
         return
-    env = {**os.environ, "MORI_UCX_LIB": check_environment(), "MORI_DISABLE_P2P": "ON",
-           "MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_HEAP_SIZE": "16M", "MORI_SHMEM_TIMEOUT": "30"}
+    env = {
+        **os.environ,
+        "MORI_UCX_LIB": check_environment(),
+        "MORI_DISABLE_P2P": "ON",
+        "MORI_SHMEM_BACKEND": "cpu",
+        "MORI_SHMEM_HEAP_SIZE": "16M",
+        "MORI_SHMEM_TIMEOUT": "30",
+    }
     subprocess.run([sys.executable, "-m", "mori.shmem.run", "-n", "2", __file__], env=env, check=True, timeout=300)
 
 

@@ -29,11 +29,16 @@ from mori.core.batch import Batch
 
 SIZE = 80 << 20
 POINTS = [  # (name, op, block size, blocks)
-    ("write 4 KiB", ucx.WRITE, 4096, 1), ("read 4 KiB", ucx.READ, 4096, 1),
-    ("write 1 MiB", ucx.WRITE, 1 << 20, 1), ("read 1 MiB", ucx.READ, 1 << 20, 1),
-    ("write 64 x 1 MiB", ucx.WRITE, 1 << 20, 64), ("read 64 x 1 MiB", ucx.READ, 1 << 20, 64),
-    ("write 64 x 4 KiB", ucx.WRITE, 4096, 64), ("read 64 x 4 KiB", ucx.READ, 4096, 64),
-    ("write 1024 x 4 KiB", ucx.WRITE, 4096, 1024), ("read 1024 x 4 KiB", ucx.READ, 4096, 1024),
+    ("write 4 KiB", ucx.WRITE, 4096, 1),
+    ("read 4 KiB", ucx.READ, 4096, 1),
+    ("write 1 MiB", ucx.WRITE, 1 << 20, 1),
+    ("read 1 MiB", ucx.READ, 1 << 20, 1),
+    ("write 64 x 1 MiB", ucx.WRITE, 1 << 20, 64),
+    ("read 64 x 1 MiB", ucx.READ, 1 << 20, 64),
+    ("write 64 x 4 KiB", ucx.WRITE, 4096, 64),
+    ("read 64 x 4 KiB", ucx.READ, 4096, 64),
+    ("write 1024 x 4 KiB", ucx.WRITE, 4096, 1024),
+    ("read 1024 x 4 KiB", ucx.READ, 4096, 1024),
 ]
 
 
@@ -59,12 +64,17 @@ def _initiator(settings: dict[str, str], options: dict[str, Any]) -> None:
     eng, buf = _engine("initiator", settings, options)
     base = int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
 
-    def run(addresses: list[bytes], ticket: int, iters: int, points: list[str], same_host: bytes) -> list[dict[str, Any]]:
+    def run(
+        addresses: list[bytes], ticket: int, iters: int, points: list[str], same_host: bytes
+    ) -> list[dict[str, Any]]:
         peer = eng.connect("target", addresses, ticket, same_host)
         if same_host and not peer.same_host:
             raise RuntimeError(f"the same-host path was refused: {peer.same_host_refusal}")
-        lanes = ["same-host path (process_vm_readv/writev)"] if peer.same_host else [
-            ln.strip() for ln in peer.describe().splitlines() if "lane[" in ln]
+        lanes = (
+            ["same-host path (process_vm_readv/writev)"]
+            if peer.same_host
+            else [ln.strip() for ln in peer.describe().splitlines() if "lane[" in ln]
+        )
         rows = [{"point": "lanes", "lanes": lanes}]
         for name, op, size, batch in POINTS:
             if points and name not in points:
@@ -91,16 +101,24 @@ def _initiator(settings: dict[str, str], options: dict[str, Any]) -> None:
             secs = [t for t, _ in times]
             cpu = sum(c for _, c in times)
             nbytes = size * batch
-            rows.append({"point": name, "bytes": nbytes, "median_us": statistics.median(secs) * 1e6,
-                         "min_us": min(secs) * 1e6, "gb_s": nbytes / statistics.median(secs) / 1e9,
-                         "cpu_s_per_gb": cpu / (nbytes * len(times) / 1e9)})
+            rows.append(
+                {
+                    "point": name,
+                    "bytes": nbytes,
+                    "median_us": statistics.median(secs) * 1e6,
+                    "min_us": min(secs) * 1e6,
+                    "gb_s": nbytes / statistics.median(secs) / 1e9,
+                    "cpu_s_per_gb": cpu / (nbytes * len(times) / 1e9),
+                }
+            )
         return rows
 
     testing.serve_commands({"run": run, "close": eng.close}, buf, eng)
 
 
-def bench(lib: str, where: str, iters: int, options: dict[str, Any], extra: dict[str, str],
-          points: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def bench(
+    lib: str, where: str, iters: int, options: dict[str, Any], extra: dict[str, str], points: list[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     env = {"MORI_UCX_LIB": lib, "UCX_LOG_LEVEL": "error"} if lib else {"UCX_LOG_LEVEL": "error"}
     with contextlib.ExitStack() as stack:
         ns: tuple[testing.Namespace, ...] = ()
@@ -108,11 +126,18 @@ def bench(lib: str, where: str, iters: int, options: dict[str, Any], extra: dict
         if where == "netns":
             ns = stack.enter_context(testing.network_namespaces())
             settings = {"TLS": "tcp", "NET_DEVICES": ",".join(n.device for n in ns), **extra}
-        target = testing.CommandProcess(_target, (settings, options), "target", 120.0, env,
-                                        start=testing.start_in_netns(ns[1].name if ns else None))
+        target = testing.CommandProcess(
+            _target, (settings, options), "target", 120.0, env, start=testing.start_in_netns(ns[1].name if ns else None)
+        )
         stack.callback(target.close)
-        init = testing.CommandProcess(_initiator, (settings, options), "initiator", 600.0, env,
-                                      start=testing.start_in_netns(ns[0].name if ns else None))
+        init = testing.CommandProcess(
+            _initiator,
+            (settings, options),
+            "initiator",
+            600.0,
+            env,
+            start=testing.start_in_netns(ns[0].name if ns else None),
+        )
         stack.callback(init.close)
         offer = target.ready["same_host"] if where == "same-host" else b""
         rows = init.call("run", target.ready["addresses"], target.call("admit", "initiator"), iters, points, offer)
@@ -127,8 +152,12 @@ def main() -> None:
     ap.add_argument("--event", action="store_true", help="progress threads only sleep (PollCqMode.EVENT)")
     ap.add_argument("--rma", action="store_true", help="the RMA data path (trusted peers: no target-side checks)")
     ap.add_argument("--lanes", type=int, default=1, help="endpoints per worker and peer (MORI's qp_per_transfer)")
-    ap.add_argument("--workers", type=int, default=1, help="UCX workers, each with its progress thread; a transfer "
-                                                          "of 512 KiB or more is spread over them")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="UCX workers, each with its progress thread; a transfer of 512 KiB or more is spread over them",
+    )
     ap.add_argument("--set", action="append", default=[], help="a UCX setting NAME=VALUE (repeatable)")
     ap.add_argument("--points", default="", help="comma-separated point names (default: all)")
     ap.add_argument("--json", default="")
@@ -146,14 +175,18 @@ def main() -> None:
     out = []
     for where in args.where.split(","):
         library, rows = bench(lib, where, args.iters, options, extra, points)
-        print(f"\n{where}: UCX {'.'.join(map(str, library['version']))} ({library['path']}), "
-              f"{'event' if args.event else 'polling'} progress, {'RMA' if args.rma else 'checked'} path, "
-              f"{args.workers} worker(s), {args.lanes} lane(s), "
-              f"settings {extra or 'default'}")
+        print(
+            f"\n{where}: UCX {'.'.join(map(str, library['version']))} ({library['path']}), "
+            f"{'event' if args.event else 'polling'} progress, {'RMA' if args.rma else 'checked'} path, "
+            f"{args.workers} worker(s), {args.lanes} lane(s), "
+            f"settings {extra or 'default'}"
+        )
         print("\n".join(rows[0]["lanes"]))
         print(f"{'point':<22}{'median us':>12}{'min us':>10}{'GB/s':>9}{'CPU s/GB':>10}")
         for r in rows[1:]:
-            print(f"{r['point']:<22}{r['median_us']:>12.1f}{r['min_us']:>10.1f}{r['gb_s']:>9.2f}{r['cpu_s_per_gb']:>10.2f}")
+            print(
+                f"{r['point']:<22}{r['median_us']:>12.1f}{r['min_us']:>10.1f}{r['gb_s']:>9.2f}{r['cpu_s_per_gb']:>10.2f}"
+            )
         out.append({"where": where, "library": library, "options": options, "settings": extra, "rows": rows})
     if args.json:
         with open(args.json, "w") as f:

@@ -42,8 +42,12 @@ FAILED = "FAILED"
 
 def _inputs(seed: int, n: int, world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's random bf16 input and the exact reference (fp32 sum in rank order), no communication."""
-    xs = [torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed * 64 + r))
-          .to(torch.bfloat16) for r in range(world)]
+    xs = [
+        torch.randn(n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed * 64 + r)).to(
+            torch.bfloat16
+        )
+        for r in range(world)
+    ]
     acc = xs[0].float()
     for x in xs[1:]:
         acc = acc + x.float()
@@ -192,8 +196,9 @@ def _report(rows: list[dict]) -> None:
     print("\nvariants, graph us per call (FAILED: wrong result, never proposed)")
     print(f"{'variant':>26} " + " ".join(f"{r['bytes']:>9}" for r in swept))
     for lab in labels:
-        print(f"{lab:>26} " + " ".join(_fmt(r["variants"][lab]) if lab in r["variants"] else f"{'-':>9}"
-                                        for r in swept))
+        print(
+            f"{lab:>26} " + " ".join(_fmt(r["variants"][lab]) if lab in r["variants"] else f"{'-':>9}" for r in swept)
+        )
     print("\nproposed DEFAULT_TABLE rows (best correct variant per size; compare nccl_graph)")
     for r in swept:
         best = min(((v, k) for k, v in r["variants"].items() if isinstance(v, float)), default=None)
@@ -219,8 +224,16 @@ def main() -> None:
     op = AllReduce(max_bytes=max(SIZES), one_shot_max_bytes=2 << 20)  # lets the sweep try one-shot to 2 MiB
     rows = [bench_size(s, op, world, rank, dist.group.WORLD.group_name, not args.no_tune) for s in SIZES]
     if rank == 0:
-        cols = ["mori_graph", "mori_eager", "kernel_a", "kernel_b_plus_barrier", "nccl_graph", "nccl_eager",
-                "symm_one_shot", "symm_two_shot"]
+        cols = [
+            "mori_graph",
+            "mori_eager",
+            "kernel_a",
+            "kernel_b_plus_barrier",
+            "nccl_graph",
+            "nccl_eager",
+            "symm_one_shot",
+            "symm_two_shot",
+        ]
         print(f"\nall-reduce bf16 sum, {world} GPUs, microseconds per call (graph = CUDA graph of {ITERS} calls)")
         print(f"{'bytes':>10} " + " ".join(f"{c[:9]:>9}" for c in cols) + "  mori config")
         for r in rows:

@@ -173,8 +173,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="decode,prefill")
     ap.add_argument("--methods", default=",".join(MORI_KINDS), help="mori.ops rows to run (of %(default)s)")
-    ap.add_argument("--quants", default="none,fp8_direct_cast,fp8_blockwise,fp4_blockwise",
-                    help="combine quant_type of the mori.ops rows (rows other than 'none' are named method+quant)")
+    ap.add_argument(
+        "--quants",
+        default="none,fp8_direct_cast,fp8_blockwise,fp4_blockwise",
+        help="combine quant_type of the mori.ops rows (rows other than 'none' are named method+quant)",
+    )
     args = ap.parse_args()
     rank, world = init_world()
     mori.shmem.shmem_torch_process_group_init("default")
@@ -195,11 +198,22 @@ def main() -> None:
             peers: dict[str, Any] = {}
             for method, quant in [(m, q) for m in args.methods.split(",") for q in args.quants.split(",")]:
                 cfg = mori.ops.EpDispatchCombineConfig(
-                    data_type=torch_dtype, rank=rank, world_size=world, hidden_dim=HIDDEN, scale_dim=scale_dim,
-                    scale_type_size=4, max_token_type_size=2, max_num_inp_token_per_rank=n,
-                    num_experts_per_rank=EXPERTS // world, num_experts_per_token=TOPK, warp_num_per_block=16,
-                    block_num=80, kernel_type=mori.ops.EpDispatchCombineKernelType[MORI_KINDS[method]],
-                    gpu_per_node=max(1, world // 2), quant_type=quant)
+                    data_type=torch_dtype,
+                    rank=rank,
+                    world_size=world,
+                    hidden_dim=HIDDEN,
+                    scale_dim=scale_dim,
+                    scale_type_size=4,
+                    max_token_type_size=2,
+                    max_num_inp_token_per_rank=n,
+                    num_experts_per_rank=EXPERTS // world,
+                    num_experts_per_token=TOPK,
+                    warp_num_per_block=16,
+                    block_num=80,
+                    kernel_type=mori.ops.EpDispatchCombineKernelType[MORI_KINDS[method]],
+                    gpu_per_node=max(1, world // 2),
+                    quant_type=quant,
+                )
                 op = mori.ops.EpDispatchCombineOp(cfg)
                 d, c = mori_pair(op, x, w, s, ids, args.iters, args.warmup)
                 peers[method if quant == "none" else f"{method}+{quant}"] = (slowest(d), slowest(c))
@@ -216,25 +230,38 @@ def main() -> None:
                     sm = f"failed: {type(exc).__name__}: {str(exc)[:100]}"
                 peers["symm_mem"] = sm if isinstance(sm, str) else (slowest(sm[0]), slowest(sm[1]))
             for name, res in peers.items():
-                row = {"shape": shape, "tokens_per_rank": n, "dtype": dtype, "method": name, "world": world,
-                       "gpus_shared": shared}
+                row = {
+                    "shape": shape,
+                    "tokens_per_rank": n,
+                    "dtype": dtype,
+                    "method": name,
+                    "world": world,
+                    "gpus_shared": shared,
+                }
                 if isinstance(res, str):
                     row["note"] = res
                 else:
-                    row.update(dispatch_us=res[0] * 1e3, combine_us=res[1] * 1e3,
-                               dispatch_GBps=disp_bytes / (res[0] * 1e-3) / 1e9,
-                               combine_GBps=comb_bytes / (res[1] * 1e-3) / 1e9)
+                    row.update(
+                        dispatch_us=res[0] * 1e3,
+                        combine_us=res[1] * 1e3,
+                        dispatch_GBps=disp_bytes / (res[0] * 1e-3) / 1e9,
+                        combine_GBps=comb_bytes / (res[1] * 1e-3) / 1e9,
+                    )
                 rows.append(row)
     if rank == 0:
-        print(f"mori.ops dispatch/combine, {world} ranks{' sharing GPUs (correctness only)' if shared else ''}, "
-              f"hidden {HIDDEN}, top-{TOPK} of {EXPERTS}; slowest rank's median of {args.iters}")
+        print(
+            f"mori.ops dispatch/combine, {world} ranks{' sharing GPUs (correctness only)' if shared else ''}, "
+            f"hidden {HIDDEN}, top-{TOPK} of {EXPERTS}; slowest rank's median of {args.iters}"
+        )
         print(f"{'shape':8} {'dtype':5} {'method':9} {'dispatch us':>12} {'GB/s':>7} {'combine us':>11} {'GB/s':>7}")
         for r in rows:
             if "note" in r:
                 print(f"{r['shape']:8} {r['dtype']:5} {r['method']:9} {r['note']}")
             else:
-                print(f"{r['shape']:8} {r['dtype']:5} {r['method']:9} {r['dispatch_us']:12.1f} "
-                      f"{r['dispatch_GBps']:7.1f} {r['combine_us']:11.1f} {r['combine_GBps']:7.1f}")
+                print(
+                    f"{r['shape']:8} {r['dtype']:5} {r['method']:9} {r['dispatch_us']:12.1f} "
+                    f"{r['dispatch_GBps']:7.1f} {r['combine_us']:11.1f} {r['combine_GBps']:7.1f}"
+                )
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
     mori.shmem.shmem_finalize()

@@ -121,8 +121,9 @@ class Prepared:
         self.args = args  # the ctypes values the parameter block points at
         self.params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         drv = cu.driver()
-        self.call = functools.partial(drv.cuLaunchKernel, fn, grid, 1, 1, block, 1, 1, 0, drv.CUstream(stream),
-                                      ctypes.addressof(self.params), 0)
+        self.call = functools.partial(
+            drv.cuLaunchKernel, fn, grid, 1, 1, block, 1, 1, 0, drv.CUstream(stream), ctypes.addressof(self.params), 0
+        )
         cu.check(self.call(), "cuLaunchKernel")  # checked once; the timed calls skip the check
 
     def __call__(self) -> None:
@@ -151,8 +152,12 @@ class Bench:
             if self.me == 0:
                 best = None
                 for blocks in [b for b in BLOCKS if b == 1 or size // b >= 4096]:
-                    args = [ctypes.c_uint64(dest.data_ptr()), ctypes.c_uint64(src.data_ptr()), ctypes.c_uint64(size),
-                            ctypes.c_int(1)]
+                    args = [
+                        ctypes.c_uint64(dest.data_ptr()),
+                        ctypes.c_uint64(src.data_ptr()),
+                        ctypes.c_uint64(size),
+                        ctypes.c_int(1),
+                    ]
                     t = timed(Prepared(self.put_fn, blocks, 512, args, self.stream), reps, trials)
                     if best is None or t < best[0]:
                         best = (t, blocks)
@@ -186,11 +191,24 @@ class Bench:
             torch.cuda.synchronize()
             shmem.shmem_barrier_all()
             # One checked launch: the kernel times its own iterations.
-            Prepared(self.pp_fn, 1, 1, [ctypes.c_uint64(sig.data_ptr()), ctypes.c_uint64(buf.data_ptr()),
-                                        ctypes.c_uint64(src.data_ptr()), ctypes.c_int(iters),
-                                        ctypes.c_int(1 - self.me), ctypes.c_int(int(self.me == 0)),
-                                        ctypes.c_uint64(elapsed.data_ptr()), ctypes.c_int(int(raw)),
-                                        ctypes.c_uint64(peer_sig), ctypes.c_uint64(peer_buf)], self.stream)
+            Prepared(
+                self.pp_fn,
+                1,
+                1,
+                [
+                    ctypes.c_uint64(sig.data_ptr()),
+                    ctypes.c_uint64(buf.data_ptr()),
+                    ctypes.c_uint64(src.data_ptr()),
+                    ctypes.c_int(iters),
+                    ctypes.c_int(1 - self.me),
+                    ctypes.c_int(int(self.me == 0)),
+                    ctypes.c_uint64(elapsed.data_ptr()),
+                    ctypes.c_int(int(raw)),
+                    ctypes.c_uint64(peer_sig),
+                    ctypes.c_uint64(peer_buf),
+                ],
+                self.stream,
+            )
             torch.cuda.synchronize()
             lat.append(elapsed.item() / (2 * iters) / 1e3)
         shmem.shmem_barrier_all()
@@ -231,8 +249,11 @@ def nvshmem_put_bandwidth(trials: int) -> dict[int, float]:
             best = None
             for blocks in [b for b in BLOCKS if b == 1 or size // b >= 4096]:
                 chunk = size // blocks
-                t = timed(lambda blocks=blocks, chunk=chunk: put_kernel[(blocks,)](dst, src, chunk, 1, num_warps=16),
-                          max(5, min(200, (1 << 31) // size)), trials)
+                t = timed(
+                    lambda blocks=blocks, chunk=chunk: put_kernel[(blocks,)](dst, src, chunk, 1, num_warps=16),
+                    max(5, min(200, (1 << 31) // size)),
+                    trials,
+                )
                 best = t if best is None else min(best, t)
             assert best is not None
             out[size] = size / best / 1e9
@@ -267,24 +288,40 @@ def main() -> int:
             nv_error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if bench.me == 0:
         print(f"\nmori.shmem put bandwidth, GPU 0 -> GPU 1 ({torch.cuda.get_device_name()}), median of {args.trials}")
-        print(f"{'size':>10} {'mori put GB/s':>14} {'blocks':>7} {'copy engine GB/s':>17} {'mori/CE':>8} {'NVSHMEM GB/s':>13}")
+        print(
+            f"{'size':>10} {'mori put GB/s':>14} {'blocks':>7} {'copy engine GB/s':>17} {'mori/CE':>8} {'NVSHMEM GB/s':>13}"
+        )
         for row in rows:
             row["nvshmem_GBps"] = nv.get(row["bytes"])
             size = row["bytes"]
             label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
             nvs = f"{row['nvshmem_GBps']:.1f}" if row["nvshmem_GBps"] else "-"
-            print(f"{label:>10} {row['mori_put_GBps']:>14.1f} {row['mori_blocks']:>7} {row['copy_engine_GBps']:>17.1f} "
-                  f"{row['mori_put_GBps'] / row['copy_engine_GBps']:>7.0%} {nvs:>13}")
-        print(f"put+signal ping-pong, 8 B, one-way latency: median {statistics.median(lat):.2f} us "
-              f"(trials: {', '.join(f'{x:.2f}' for x in lat)})")
-        print(f"  floor: pre-translated addresses, inline store + release + acquire poll (bench-local): median "
-              f"{statistics.median(lat_raw):.2f} us")
+            print(
+                f"{label:>10} {row['mori_put_GBps']:>14.1f} {row['mori_blocks']:>7} {row['copy_engine_GBps']:>17.1f} "
+                f"{row['mori_put_GBps'] / row['copy_engine_GBps']:>7.0%} {nvs:>13}"
+            )
+        print(
+            f"put+signal ping-pong, 8 B, one-way latency: median {statistics.median(lat):.2f} us "
+            f"(trials: {', '.join(f'{x:.2f}' for x in lat)})"
+        )
+        print(
+            f"  floor: pre-translated addresses, inline store + release + acquire poll (bench-local): median "
+            f"{statistics.median(lat_raw):.2f} us"
+        )
         if nv_error:
             print(f"NVSHMEM (torch Triton bindings): not measured: {nv_error}")
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "put": rows, "pingpong_one_way_us": lat,
-                       "pingpong_floor_one_way_us": lat_raw,
-                       "nvshmem_error": nv_error}, f, indent=1)
+            json.dump(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "put": rows,
+                    "pingpong_one_way_us": lat,
+                    "pingpong_floor_one_way_us": lat_raw,
+                    "nvshmem_error": nv_error,
+                },
+                f,
+                indent=1,
+            )
     dist.barrier()
     dist.destroy_process_group()
     return 0

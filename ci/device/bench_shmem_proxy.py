@@ -109,9 +109,18 @@ class ProxyBench:
         _sync()
         if self.me == 0:
             t0 = time.perf_counter()
-            launch(self.put_bw, 1, self.block, [ctypes.c_uint64(self.dst.data_ptr()),
-                                                ctypes.c_uint64(self.big.data_ptr()), ctypes.c_uint64(size),
-                                                ctypes.c_int(1), ctypes.c_int(reps)])
+            launch(
+                self.put_bw,
+                1,
+                self.block,
+                [
+                    ctypes.c_uint64(self.dst.data_ptr()),
+                    ctypes.c_uint64(self.big.data_ptr()),
+                    ctypes.c_uint64(size),
+                    ctypes.c_int(1),
+                    ctypes.c_int(reps),
+                ],
+            )
             cu.call("cuCtxSynchronize")
             dev = (time.perf_counter() - t0) / reps
         _sync()
@@ -134,8 +143,12 @@ class ProxyBench:
         sig.zero_()
         _sync()
         t0 = time.perf_counter()
-        launch(self.ping, 1, 1, [ctypes.c_uint64(buf.data_ptr()), ctypes.c_uint64(sig.data_ptr()),
-                                 ctypes.c_int(iters), ctypes.c_int(me)])
+        launch(
+            self.ping,
+            1,
+            1,
+            [ctypes.c_uint64(buf.data_ptr()), ctypes.c_uint64(sig.data_ptr()), ctypes.c_int(iters), ctypes.c_int(me)],
+        )
         cu.call("cuCtxSynchronize")
         dev = (time.perf_counter() - t0) / (2 * iters)
         _sync()
@@ -164,19 +177,31 @@ def main() -> int:
     for size in SIZES:
         times = [bench.put(size, reps(size)) for _ in range(args.trials)]
         host_t, dev_t = [t[0] for t in times], [t[1] for t in times]
-        row = {"bytes": size, "host_gbps": size / statistics.median(host_t) / 1e9 if me == 0 else 0.0,
-               "device_gbps": size / statistics.median(dev_t) / 1e9 if me == 0 else 0.0}
+        row = {
+            "bytes": size,
+            "host_gbps": size / statistics.median(host_t) / 1e9 if me == 0 else 0.0,
+            "device_gbps": size / statistics.median(dev_t) / 1e9 if me == 0 else 0.0,
+        }
         results["put"].append(row)
     lat = [bench.ping_pong(args.iters) for _ in range(args.trials)]
-    results["latency"].append({"bytes": 8, "host_us": statistics.median(t[0] for t in lat) * 1e6,
-                               "device_us": statistics.median(t[1] for t in lat) * 1e6})
+    results["latency"].append(
+        {
+            "bytes": 8,
+            "host_us": statistics.median(t[0] for t in lat) * 1e6,
+            "device_us": statistics.median(t[1] for t in lat) * 1e6,
+        }
+    )
     if me == 0:
-        print(f"mori.shmem remote put bandwidth, PE 0 -> PE 1 (MORI_DISABLE_P2P, UCX_TLS={os.environ.get('UCX_TLS')}), "
-              f"median of {args.trials}")
+        print(
+            f"mori.shmem remote put bandwidth, PE 0 -> PE 1 (MORI_DISABLE_P2P, UCX_TLS={os.environ.get('UCX_TLS')}), "
+            f"median of {args.trials}"
+        )
         print(f"{'size':>10} {'host GB/s':>10} {'device GB/s':>12} {'device/host':>12}")
         for r in results["put"]:
-            print(f"{r['bytes']:>10} {r['host_gbps']:>10.3f} {r['device_gbps']:>12.3f} "
-                  f"{r['device_gbps'] / r['host_gbps']:>11.0%}")
+            print(
+                f"{r['bytes']:>10} {r['host_gbps']:>10.3f} {r['device_gbps']:>12.3f} "
+                f"{r['device_gbps'] / r['host_gbps']:>11.0%}"
+            )
         lat0 = results["latency"][0]
         print(f"put+signal ping-pong, 8 B, one way: host {lat0['host_us']:.1f} us, device {lat0['device_us']:.1f} us")
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -103,8 +103,12 @@ def importer(name: str, seed: int, device: int) -> dict[str, Any]:
             sock.sendall(b"written")
         finally:
             alloc.free()
-    return {"device": device, "import_ms": round(import_s * 1e3, 2), "read_GBps": round(size / read_s / 1e9, 2),
-            "read_back": result}
+    return {
+        "device": device,
+        "import_ms": round(import_s * 1e3, 2),
+        "read_GBps": round(size / read_s / 1e9, 2),
+        "read_back": result,
+    }
 
 
 def _role(role: str, args: tuple[Any, ...]) -> dict[str, Any]:
@@ -117,8 +121,9 @@ def run_pair(size: int, importer_device: int) -> dict[str, Any]:
 
     name = f"\0mori-vmm-check-{secrets.token_hex(8)}"
     seed = secrets.randbits(32)
-    exported, imported = run_procs(_role, [("exporter", (name, size, seed, 0)),
-                                           ("importer", (name, seed, importer_device))], timeout=2 * TIMEOUT)
+    exported, imported = run_procs(
+        _role, [("exporter", (name, size, seed, 0)), ("importer", (name, seed, importer_device))], timeout=2 * TIMEOUT
+    )
     return {"exporter": exported, "importer": imported}
 
 
@@ -139,8 +144,11 @@ def main() -> int:
     for device in importers:
         try:
             pair = run_pair(args.size, device)
-            good = (pair["importer"]["read_back"]["equal"] and pair["exporter"]["lower_half_kept"]["equal"]
-                    and pair["exporter"]["upper_half_from_importer"]["equal"])
+            good = (
+                pair["importer"]["read_back"]["equal"]
+                and pair["exporter"]["lower_half_kept"]["equal"]
+                and pair["exporter"]["upper_half_from_importer"]["equal"]
+            )
         except Exception as err:
             pair, good = {"error": str(err)}, False
         pair["importer_device"], pair["ok"] = device, good
@@ -150,10 +158,12 @@ def main() -> int:
             print(f"GPU0 -> GPU{device}: FAILED: {pair['error']}")
         else:
             e, i = pair["exporter"], pair["importer"]
-            print(f"GPU0 -> GPU{device}: {'ok' if good else 'MISMATCH'}  requested {e['requested']} B, "
-                  f"allocated {e['allocated']} B (granularity {e['granularity']}), import {i['import_ms']} ms, "
-                  f"read-back {i['read_GBps']} GB/s; importer wrote {e['allocated'] - e['allocated'] // 2} B "
-                  f"back: {'ok' if e['upper_half_from_importer']['equal'] else 'MISMATCH'}")
+            print(
+                f"GPU0 -> GPU{device}: {'ok' if good else 'MISMATCH'}  requested {e['requested']} B, "
+                f"allocated {e['allocated']} B (granularity {e['granularity']}), import {i['import_ms']} ms, "
+                f"read-back {i['read_GBps']} GB/s; importer wrote {e['allocated'] - e['allocated'] // 2} B "
+                f"back: {'ok' if e['upper_half_from_importer']['equal'] else 'MISMATCH'}"
+            )
             if not good:
                 print(json.dumps(pair, indent=1))
     report["ok"] = ok

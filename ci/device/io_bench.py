@@ -59,8 +59,10 @@ def _target() -> tuple[bytes, bytes]:
     engine.create_backend(BackendType.XGMI, XgmiBackendConfig())
     pool = torch.randint(0, 256, (POOL,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}")
     mem = engine.register_torch_tensor(pool)
-    serve_commands({"register": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)),
-                    "close": engine.close}, pool)
+    serve_commands(
+        {"register": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)), "close": engine.close},
+        pool,
+    )
     return engine.get_engine_desc().pack(), mem.pack()
 
 
@@ -97,8 +99,18 @@ def _layout(size: int, batch: int, layout: str, lists: bool) -> tuple[Any, Any, 
     return local, remote, sizes
 
 
-def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, size: int, batch: int, layout: str,
-            session: bool, iters: int, lists: bool = False) -> dict[str, Any]:
+def measure(
+    engine: IOEngine,
+    ldesc: MemoryDesc,
+    rdesc: MemoryDesc,
+    op: str,
+    size: int,
+    batch: int,
+    layout: str,
+    session: bool,
+    iters: int,
+    lists: bool = False,
+) -> dict[str, Any]:
     """Times ``iters`` transfers of ``batch`` blocks of ``size`` bytes (offsets as numpy arrays,
     or as Python lists with ``lists``)."""
     l_offs, r_offs, sizes = _layout(size, batch, layout, lists)
@@ -119,11 +131,20 @@ def measure(engine: IOEngine, ldesc: MemoryDesc, rdesc: MemoryDesc, op: str, siz
             times.append(t1 - t0)
             submits.append(ts - t0)
     total = size * batch
-    return {"op": op, "size": size, "batch": batch, "layout": layout, "session": session, "lists": lists,
-            "bytes": total,
-            "max_bw_gbs": total / min(times) / 1e9, "avg_bw_gbs": total / statistics.fmean(times) / 1e9,
-            "min_lat_us": min(times) * 1e6, "avg_lat_us": statistics.fmean(times) * 1e6,
-            "submit_us": statistics.median(submits) * 1e6}
+    return {
+        "op": op,
+        "size": size,
+        "batch": batch,
+        "layout": layout,
+        "session": session,
+        "lists": lists,
+        "bytes": total,
+        "max_bw_gbs": total / min(times) / 1e9,
+        "avg_bw_gbs": total / statistics.fmean(times) / 1e9,
+        "min_lat_us": min(times) * 1e6,
+        "avg_lat_us": statistics.fmean(times) * 1e6,
+        "submit_us": statistics.median(submits) * 1e6,
+    }
 
 
 def _fmt_size(n: int) -> str:
@@ -151,15 +172,26 @@ def measure_peers(args: argparse.Namespace, results: list[dict[str, Any]], peer_
             if note:
                 print(f"note: {note}")
     print("\nNVLink, scatter layout, same run (GB/s are MaxBW / AvgBW; lat in us; % of the peer copy):")
-    print(f"{'engine':9} {'op':5} {'size':>6} {'batch':>6} {'MaxBW':>8} {'AvgBW':>8} {'MinLat':>9} {'AvgLat':>9} "
-          f"{'vs CE':>6} {'data':>6}")
-    mine = [{"engine": "mori", **r} for r in results if r["path"] == "auto" and r["layout"] == "scatter"
-            and not r["session"] and not r["lists"] and (r["size"], r["batch"]) in PEER_POINTS]
+    print(
+        f"{'engine':9} {'op':5} {'size':>6} {'batch':>6} {'MaxBW':>8} {'AvgBW':>8} {'MinLat':>9} {'AvgLat':>9} "
+        f"{'vs CE':>6} {'data':>6}"
+    )
+    mine = [
+        {"engine": "mori", **r}
+        for r in results
+        if r["path"] == "auto"
+        and r["layout"] == "scatter"
+        and not r["session"]
+        and not r["lists"]
+        and (r["size"], r["batch"]) in PEER_POINTS
+    ]
     for r in sorted(mine + rows, key=lambda r: (r["op"], -r["size"], r["engine"])):
         checked = {True: "ok", False: "WRONG", None: "-"}[r.get("checked")]
-        print(f"{r['engine']:9} {r['op']:5} {_fmt_size(r['size']):>6} {r['batch']:>6} {r['max_bw_gbs']:8.1f} "
-              f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:9.1f} {r['avg_lat_us']:9.1f} "
-              f"{100 * r['max_bw_gbs'] / peer_copy:5.0f}% {checked:>6}")
+        print(
+            f"{r['engine']:9} {r['op']:5} {_fmt_size(r['size']):>6} {r['batch']:>6} {r['max_bw_gbs']:8.1f} "
+            f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:9.1f} {r['avg_lat_us']:9.1f} "
+            f"{100 * r['max_bw_gbs'] / peer_copy:5.0f}% {checked:>6}"
+        )
     return rows
 
 
@@ -194,58 +226,88 @@ def main() -> int:
             ldescs[path] = eng.register_torch_tensor(local)
         os.environ.pop("MORI_IO_NVLINK_KERNEL_MAX", None)
         peer = peer_copy_gbs(256 << 20, args.iters)
-        print(f"copy-engine peer copy GPU{TARGET_GPU}->GPU{LOCAL_GPU} (torch copy_, 256 MiB, median): "
-              f"{peer:.1f} GB/s")
+        print(f"copy-engine peer copy GPU{TARGET_GPU}->GPU{LOCAL_GPU} (torch copy_, 256 MiB, median): {peer:.1f} GB/s")
         # (path, op, size, batch, layout, session, lists, stripe MiB, streams)
         points: list[tuple[str, str, int, int, str, bool, bool, int, int]] = []
         std = (nvlink.STRIPE >> 20, nvlink.ENGINE_STREAMS)
         for op in ("read", "write"):
-            points += [(path, op, 256 << 10, 1024, layout, False, False, *std)
-                       for path in ("auto", "engines", "kernel") for layout in ("contig", "scatter")]
-            points += [(path, op, 4 << 10, 16384, "scatter", False, False, *std) for path in ("auto", "engines", "kernel")]
-            points += [("auto", op, 4 << 10, 16384, "contig", False, False, *std),
-                       ("auto", op, 4 << 10, 16384, "scatter", False, True, *std),
-                       ("auto", op, 4 << 10, 16384, "scatter", True, False, *std)]
+            points += [
+                (path, op, 256 << 10, 1024, layout, False, False, *std)
+                for path in ("auto", "engines", "kernel")
+                for layout in ("contig", "scatter")
+            ]
+            points += [
+                (path, op, 4 << 10, 16384, "scatter", False, False, *std) for path in ("auto", "engines", "kernel")
+            ]
+            points += [
+                ("auto", op, 4 << 10, 16384, "contig", False, False, *std),
+                ("auto", op, 4 << 10, 16384, "scatter", False, True, *std),
+                ("auto", op, 4 << 10, 16384, "scatter", True, False, *std),
+            ]
         if not args.quick:
             # Copy-engine settings for one large block (1024 x 256 KiB contiguous = one 256 MiB copy).
-            points += [("engines", "read", 256 << 10, 1024, "contig", False, False, stripe, streams)
-                       for stripe, streams in ((256, 1), (128, 2), (64, 4), (32, 8), (8, 8))]
+            points += [
+                ("engines", "read", 256 << 10, 1024, "contig", False, False, stripe, streams)
+                for stripe, streams in ((256, 1), (128, 2), (64, 4), (32, 8), (8, 8))
+            ]
             for op in ("read", "write"):
-                points += [(path, op, size, 256, "scatter", False, False, *std) for path in ("kernel", "engines")
-                           for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20)]
-                points += [("auto", op, size, 1, "contig", sess, False, *std) for sess in (False, True)
-                           for size in (8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)]
+                points += [
+                    (path, op, size, 256, "scatter", False, False, *std)
+                    for path in ("kernel", "engines")
+                    for size in (4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 2 << 20)
+                ]
+                points += [
+                    ("auto", op, size, 1, "contig", sess, False, *std)
+                    for sess in (False, True)
+                    for size in (8, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
+                ]
         results = []
-        header = (f"{'path':8} {'op':5} {'layout':7} {'sess':4} {'input':5} {'CE':>7} {'size':>6} {'batch':>6} "
-                  f"{'MaxBW':>8} {'AvgBW':>8} {'MinLat':>10} {'AvgLat':>10} {'submit':>7}")
+        header = (
+            f"{'path':8} {'op':5} {'layout':7} {'sess':4} {'input':5} {'CE':>7} {'size':>6} {'batch':>6} "
+            f"{'MaxBW':>8} {'AvgBW':>8} {'MinLat':>10} {'AvgLat':>10} {'submit':>7}"
+        )
         print(header + "\n" + "-" * len(header))
         for path, op, size, batch, layout, sess, lists, stripe, streams in points:
             nvlink.STRIPE, nvlink.ENGINE_STREAMS = stripe << 20, streams
             r = measure(engines[path], ldescs[path], rdesc, op, size, batch, layout, sess, args.iters, lists)
             r.update(path=path, stripe=stripe << 20, streams=streams, vs_peer_copy=r["max_bw_gbs"] / peer)
             results.append(r)
-            print(f"{path:8} {op:5} {layout:7} {'yes' if sess else 'no':4} {'list' if lists else 'numpy':5} "
-                  f"{f'{stripe}Mx{streams}':>7} {_fmt_size(size):>6} {batch:>6} {r['max_bw_gbs']:8.1f} "
-                  f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f} {r['submit_us']:7.1f}", flush=True)
+            print(
+                f"{path:8} {op:5} {layout:7} {'yes' if sess else 'no':4} {'list' if lists else 'numpy':5} "
+                f"{f'{stripe}Mx{streams}':>7} {_fmt_size(size):>6} {batch:>6} {r['max_bw_gbs']:8.1f} "
+                f"{r['avg_bw_gbs']:8.1f} {r['min_lat_us']:10.1f} {r['avg_lat_us']:10.1f} {r['submit_us']:7.1f}",
+                flush=True,
+            )
         nvlink.STRIPE, nvlink.ENGINE_STREAMS = std[0] << 20, std[1]
-        print(f"\ncopy engines beside the kernel (share of rows; default {nvlink.ENGINE_SHARE}), "
-              "1024 x 256K scattered, MaxBW / AvgBW GB/s:")
+        print(
+            f"\ncopy engines beside the kernel (share of rows; default {nvlink.ENGINE_SHARE}), "
+            "1024 x 256K scattered, MaxBW / AvgBW GB/s:"
+        )
         default_share = nvlink.ENGINE_SHARE
         for share in (0.0, 0.2, 0.3, 0.4, 0.5):
             nvlink.ENGINE_SHARE = share
             cells = []
             for op in ("read", "write"):
                 r = measure(engines["auto"], ldescs["auto"], rdesc, op, 256 << 10, 1024, "scatter", False, args.iters)
-                cells.append(f"{op} {r['max_bw_gbs']:6.1f} / {r['avg_bw_gbs']:6.1f} ({100 * r['max_bw_gbs'] / peer:.0f}%)")
+                cells.append(
+                    f"{op} {r['max_bw_gbs']:6.1f} / {r['avg_bw_gbs']:6.1f} ({100 * r['max_bw_gbs'] / peer:.0f}%)"
+                )
             print(f"  share {share:.1f}: " + "   ".join(cells), flush=True)
         nvlink.ENGINE_SHARE = default_share
         print("\nacceptance (GB/s are MaxBW; the ratio is against the peer copy above):")
         for r in results:
-            if r["path"] == "auto" and r["op"] == "read" and not r["session"] and not r["lists"] and \
-                    (r["size"], r["batch"]) in ((256 << 10, 1024), (4 << 10, 16384)):
+            if (
+                r["path"] == "auto"
+                and r["op"] == "read"
+                and not r["session"]
+                and not r["lists"]
+                and (r["size"], r["batch"]) in ((256 << 10, 1024), (4 << 10, 16384))
+            ):
                 goal = "target >= 90% of peer copy" if r["batch"] == 1024 else "target >= 100 GB/s"
-                print(f"  read {r['batch']} x {_fmt_size(r['size'])} {r['layout']:7}: {r['max_bw_gbs']:.1f} GB/s "
-                      f"({100 * r['vs_peer_copy']:.0f}% of peer copy; {goal})")
+                print(
+                    f"  read {r['batch']} x {_fmt_size(r['size'])} {r['layout']:7}: {r['max_bw_gbs']:.1f} GB/s "
+                    f"({100 * r['vs_peer_copy']:.0f}% of peer copy; {goal})"
+                )
         peer_rows = measure_peers(args, results, peer) if args.peers else []
         with open(args.out, "w") as f:
             json.dump({"peer_copy_gbs": peer, "results": results, "peers": peer_rows}, f, indent=1)

@@ -37,8 +37,10 @@ def _target() -> tuple[bytes, dict[str, bytes]]:
     torch.cuda.set_device(TARGET_GPU)
     engine = IOEngine("tcp-gpu-target", IOEngineConfig(host="127.0.0.1", port=0))
     engine.create_backend(BackendType.TCP, TcpBackendConfig())
-    regions = {"GPU": torch.randint(0, 256, (REGION,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}"),
-               "CPU": torch.randint(0, 256, (REGION,), dtype=torch.uint8)}
+    regions = {
+        "GPU": torch.randint(0, 256, (REGION,), dtype=torch.uint8, device=f"cuda:{TARGET_GPU}"),
+        "CPU": torch.randint(0, 256, (REGION,), dtype=torch.uint8),
+    }
     torch.cuda.synchronize()
     descs = {k: engine.register_torch_tensor(t).pack() for k, t in regions.items()}
 
@@ -46,8 +48,14 @@ def _target() -> tuple[bytes, dict[str, bytes]]:
         torch.cuda.synchronize()
         return regions[where][:n].cpu().numpy().tobytes()
 
-    serve_commands({"register": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)),
-                    "bytes": region_bytes, "close": engine.close}, regions)
+    serve_commands(
+        {
+            "register": lambda packed: engine.register_remote_engine(EngineDesc.unpack(packed)),
+            "bytes": region_bytes,
+            "close": engine.close,
+        },
+        regions,
+    )
     return engine.get_engine_desc().pack(), descs
 
 
@@ -70,11 +78,15 @@ def main() -> int:
         engine.create_backend(BackendType.TCP, TcpBackendConfig())
         engine.register_remote_engine(EngineDesc.unpack(packed))
         target.call("register", engine.get_engine_desc().pack(), timeout=60)
-        local_t = {"GPU": torch.zeros(REGION, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}"),
-                   "CPU": torch.zeros(REGION, dtype=torch.uint8)}
+        local_t = {
+            "GPU": torch.zeros(REGION, dtype=torch.uint8, device=f"cuda:{LOCAL_GPU}"),
+            "CPU": torch.zeros(REGION, dtype=torch.uint8),
+        }
         local = {k: engine.register_torch_tensor(t) for k, t in local_t.items()}
-        print(f"TCP backend, GPU memory staged: target GPU {TARGET_GPU}, initiator GPU {LOCAL_GPU}; "
-              f"median of {args.iters}")
+        print(
+            f"TCP backend, GPU memory staged: target GPU {TARGET_GPU}, initiator GPU {LOCAL_GPU}; "
+            f"median of {args.iters}"
+        )
         print(f"{'local':5} {'remote':6} {'op':5} {'block':>6} {'blocks':>6} {'median us':>10} {'GB/s':>7}")
         for lk, rk in (("GPU", "GPU"), ("GPU", "CPU"), ("CPU", "GPU")):
             for op in ("read", "write"):
@@ -84,8 +96,9 @@ def main() -> int:
                     times = []
                     for i in range(args.warmup + args.iters):
                         t0 = time.perf_counter()
-                        st = getattr(engine, f"batch_{op}")(local[lk], offs, remote[rk], offs, sizes,
-                                                            engine.allocate_transfer_uid())
+                        st = getattr(engine, f"batch_{op}")(
+                            local[lk], offs, remote[rk], offs, sizes, engine.allocate_transfer_uid()
+                        )
                         st.Wait()
                         if not st.Succeeded():
                             raise RuntimeError(f"{op} {lk}<-{rk} {n}x{size}: {st.Message()}")
@@ -96,10 +109,21 @@ def main() -> int:
                     if target.call("bytes", rk, total, timeout=60) != local_t[lk][:total].cpu().numpy().tobytes():
                         raise RuntimeError(f"{op} {lk}<-{rk} {n}x{size}: bytes differ")
                     med = statistics.median(times)
-                    rows.append({"local": lk, "remote": rk, "op": op, "size": size, "blocks": n,
-                                 "median_s": med, "gbs": total / med / 1e9})
-                    print(f"{lk:5} {rk:6} {op:5} {size >> 10:>5}K {n:>6} {med * 1e6:10.1f} {total / med / 1e9:7.2f}",
-                          flush=True)
+                    rows.append(
+                        {
+                            "local": lk,
+                            "remote": rk,
+                            "op": op,
+                            "size": size,
+                            "blocks": n,
+                            "median_s": med,
+                            "gbs": total / med / 1e9,
+                        }
+                    )
+                    print(
+                        f"{lk:5} {rk:6} {op:5} {size >> 10:>5}K {n:>6} {med * 1e6:10.1f} {total / med / 1e9:7.2f}",
+                        flush=True,
+                    )
         engine.close()
     finally:
         target.close()

@@ -99,15 +99,29 @@ def main(args: list[str]) -> None:
         address, prefix = args[2].split("/", 1)
         with IPRoute(**({"netns": ns} if ns else {})) as ipr:
             ipr.addr("add", index=_index(ipr, args[4]), address=address, prefixlen=int(prefix))
-    elif args[:2] == ["route", "replace"] and len(args) == 7 and args[3] == "dev" and args[5] == "congctl" \
-            and "/" in args[2]:
+    elif (
+        args[:2] == ["route", "replace"]
+        and len(args) == 7
+        and args[3] == "dev"
+        and args[5] == "congctl"
+        and "/" in args[2]
+    ):
         prefix, length = args[2].split("/", 1)
         with IPRoute(**({"netns": ns} if ns else {})) as ipr:
-            ipr.route("replace", dst=prefix, dst_len=int(length), oif=_index(ipr, args[4]), scope=253,  # link
-                      metrics={"RTAX_CC_ALGO": args[6]})
+            ipr.route(
+                "replace",
+                dst=prefix,
+                dst_len=int(length),
+                oif=_index(ipr, args[4]),
+                scope=253,  # link
+                metrics={"RTAX_CC_ALGO": args[6]},
+            )
     else:
-        _fail(f"'ip {('-n ' + ns + ' ') if ns else ''}{words}' is not one of the commands this stand-in does "
-              "(see ci/device/netns_ip.py)", 2)
+        _fail(
+            f"'ip {('-n ' + ns + ' ') if ns else ''}{words}' is not one of the commands this stand-in does "
+            "(see ci/device/netns_ip.py)",
+            2,
+        )
 
 
 if __name__ == "__main__":

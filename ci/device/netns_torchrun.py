@@ -34,8 +34,9 @@ __all__ = ["torchrun_two_hosts"]
 _PORT = 29561  # torchrun's static rendezvous, at the first namespace's address
 
 
-def torchrun_two_hosts(args: Sequence[str], nproc: int, env: Mapping[str, str], cwd: str,
-                       timeout: float) -> tuple[int, str, str]:
+def torchrun_two_hosts(
+    args: Sequence[str], nproc: int, env: Mapping[str, str], cwd: str, timeout: float
+) -> tuple[int, str, str]:
     """Runs torchrun's ``args`` (a script and its arguments, or ``-m module ...``) as ``nproc`` PEs
     (an even number), half in each of two new network namespaces; returns the worst exit status,
     both nodes' stdout (node 0's first) and stderr. Every process of both nodes is killed at
@@ -46,15 +47,38 @@ def torchrun_two_hosts(args: Sequence[str], nproc: int, env: Mapping[str, str], 
         procs = []
         for rank, ns in enumerate(spaces):
             node_env = dict(env, GLOO_SOCKET_IFNAME=ns.device, MORI_BOOTSTRAP_HOST=spaces[0].address)
-            cmd = ["ip", "netns", "exec", ns.name, sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-                   f"--node_rank={rank}", f"--nproc_per_node={nproc // 2}", f"--master_addr={spaces[0].address}",
-                   f"--master_port={_PORT}", *args]
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                ns.name,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={rank}",
+                f"--nproc_per_node={nproc // 2}",
+                f"--master_addr={spaces[0].address}",
+                f"--master_port={_PORT}",
+                *args,
+            ]
             first = rank * (nproc // 2)
-            print(f"node {rank}: PEs {first}-{first + nproc // 2 - 1} in network namespace {ns.name} ({ns.address})",
-                  flush=True)
+            print(
+                f"node {rank}: PEs {first}-{first + nproc // 2 - 1} in network namespace {ns.name} ({ns.address})",
+                flush=True,
+            )
             # A session of its own per node, so that a timeout kills its torchrun and every PE.
-            procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True, cwd=cwd, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=node_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd=cwd,
+                    start_new_session=True,
+                )
+            )
         outs, errs, codes = [], [], []
         for proc in procs:
             try:

@@ -55,9 +55,26 @@ def main() -> None:
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64", "-d", tmp,
-                        f"nixl=={args.version}", f"nixl-cu13=={args.version}"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "-d",
+                tmp,
+                f"nixl=={args.version}",
+                f"nixl-cu13=={args.version}",
+            ],
+            check=True,
+        )
         for wheel in Path(tmp).glob("*.whl"):
             target = OUT / wheel.name
             if wheel.name.startswith("nixl_cu13-"):

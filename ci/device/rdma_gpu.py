@@ -53,8 +53,9 @@ def _target(host: str) -> tuple[bytes, dict[str, bytes]]:
 
     engine = _engine("target", host)
     bufs, descs = _regions(engine, 1)
-    serve_commands({"bytes": lambda where, start, n: bufs[where][start:start + n].cpu().clone(),
-                    "close": engine.close}, bufs)
+    serve_commands(
+        {"bytes": lambda where, start, n: bufs[where][start : start + n].cpu().clone(), "close": engine.close}, bufs
+    )
     return engine.get_engine_desc().pack(), descs
 
 
@@ -77,12 +78,21 @@ def main() -> int:
         remote = {k: MemoryDesc.unpack(v) for k, v in t_descs.items()}
         bufs, _ = _regions(engine, 5)
         local = {k: engine.register_torch_tensor(v) for k, v in bufs.items()}
-        print(f"transports {os.environ['MORI_IO_RDMA_TRANSPORTS']}, {torch.cuda.get_device_name()}, "
-              f"{torch.cuda.device_count()} GPU(s), host {args.host}", flush=True)
+        print(
+            f"transports {os.environ['MORI_IO_RDMA_TRANSPORTS']}, {torch.cuda.get_device_name()}, "
+            f"{torch.cuda.device_count()} GPU(s), host {args.host}",
+            flush=True,
+        )
         block, n = 64 << 10, 64
         offs = [i * block for i in range(n)]
-        cases = [("write", "GPU", "GPU"), ("read", "GPU", "GPU"), ("write", "GPU", "CPU"), ("read", "GPU", "CPU"),
-                 ("write", "CPU", "GPU"), ("read", "CPU", "GPU")]
+        cases = [
+            ("write", "GPU", "GPU"),
+            ("read", "GPU", "GPU"),
+            ("write", "GPU", "CPU"),
+            ("read", "GPU", "CPU"),
+            ("write", "CPU", "GPU"),
+            ("read", "CPU", "GPU"),
+        ]
         for i, (op, lw, rw) in enumerate(cases):
             for kind in ("whole", "batch"):
                 if op == "read":  # the destination starts zeroed, the source differs from it
@@ -90,8 +100,11 @@ def main() -> int:
                 else:  # a pattern this case alone writes
                     bufs[lw].copy_(_pattern(SIZE, 10 + i, str(bufs[lw].device)))
                 torch.cuda.synchronize()
-                l_offs, r_offs, sizes = ([0], [0], [SIZE]) if kind == "whole" else \
-                    (offs, [o + (1 << 20) for o in reversed(offs)], [block] * n)
+                l_offs, r_offs, sizes = (
+                    ([0], [0], [SIZE])
+                    if kind == "whole"
+                    else (offs, [o + (1 << 20) for o in reversed(offs)], [block] * n)
+                )
                 t0 = time.perf_counter()
                 fn = engine.batch_write if op == "write" else engine.batch_read
                 st = fn(local[lw], l_offs, remote[rw], r_offs, sizes, engine.allocate_transfer_uid())
@@ -102,14 +115,17 @@ def main() -> int:
                     torch.cuda.synchronize()
                     for lo, ro, sz in zip(l_offs, r_offs, sizes):
                         theirs = target.call("bytes", rw, ro, sz)
-                        mine = bufs[lw][lo:lo + sz].cpu()
+                        mine = bufs[lw][lo : lo + sz].cpu()
                         if not torch.equal(mine, theirs):
                             ok = False
                             break
                 failures += not ok
                 total = sum(sizes)
-                print(f"{'PASS' if ok else 'FAIL'} {op:5} local {lw} <-> remote {rw} {kind:5} "
-                      f"{total >> 20} MiB in {dt * 1e3:.1f} ms ({total / dt / 1e9:.2f} GB/s) {st}", flush=True)
+                print(
+                    f"{'PASS' if ok else 'FAIL'} {op:5} local {lw} <-> remote {rw} {kind:5} "
+                    f"{total >> 20} MiB in {dt * 1e3:.1f} ms ({total / dt / 1e9:.2f} GB/s) {st}",
+                    flush=True,
+                )
         engine.close()
     finally:
         target.close()

@@ -67,8 +67,11 @@ def main() -> int:
         expected = [GUARD, _value(prev, rnd), GUARD]
         if got != expected:
             failures.append(f"put round {rnd}: got {got}, expected {expected}")
-        print(f"[PE {me}/{n}] shmem_put_kernel round {rnd}: buf[1] = {got[1]} (from PE {prev}: "
-              f"{'ok' if got == expected else 'WRONG'})", flush=True)
+        print(
+            f"[PE {me}/{n}] shmem_put_kernel round {rnd}: buf[1] = {got[1]} (from PE {prev}: "
+            f"{'ok' if got == expected else 'WRONG'})",
+            flush=True,
+        )
 
     shmem.shmem_barrier_all()
     shmem.shmem_free(buf.data_ptr())
@@ -77,8 +80,10 @@ def main() -> int:
     counts = torch.tensor([1 + ROUNDS - len(failures), len(failures)])
     dist.all_reduce(counts)
     if me == 0:
-        print(f"mlir kernels, {n} PEs on {torch.cuda.device_count()} GPU(s): "
-              f"{counts[0].item()} passed, {counts[1].item()} failed")
+        print(
+            f"mlir kernels, {n} PEs on {torch.cuda.device_count()} GPU(s): "
+            f"{counts[0].item()} passed, {counts[1].item()} failed"
+        )
     for f in failures:
         print(f"[PE {me}] FAILED {f}", file=sys.stderr)
     shmem.shmem_finalize()

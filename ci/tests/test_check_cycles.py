@@ -19,26 +19,35 @@ def check(tree: Path, files: dict[str, str]) -> tuple[int, str]:
         path = tree / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    proc = subprocess.run([sys.executable, str(CHECK), "--root", str(tree)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, str(CHECK), "--root", str(tree)], capture_output=True, text=True, timeout=60)
     return proc.returncode, proc.stdout
 
 
 def test_a_package_importing_its_modules_is_no_cycle(tmp_path: Path) -> None:
-    rc, out = check(tmp_path, {f"{PKG}/engine.py": "from ._context import EngineContext\nimport mori.io\n",
-                               f"{PKG}/_context.py": "from . import types\n", f"{PKG}/types.py": ""})
+    rc, out = check(
+        tmp_path,
+        {
+            f"{PKG}/engine.py": "from ._context import EngineContext\nimport mori.io\n",
+            f"{PKG}/_context.py": "from . import types\n",
+            f"{PKG}/types.py": "",
+        },
+    )
     assert rc == 0, out
     assert "4 modules: no import cycles" in out
 
 
-@pytest.mark.parametrize("back", [
-    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import IOEngine\n",
-    "def make():\n    from . import engine\n    return engine\n",
-    "import mori.io.engine as e\n",
-])
+@pytest.mark.parametrize(
+    "back",
+    [
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import IOEngine\n",
+        "def make():\n    from . import engine\n    return engine\n",
+        "import mori.io.engine as e\n",
+    ],
+)
 def test_a_cycle_is_reported_however_the_import_is_written(tmp_path: Path, back: str) -> None:
-    rc, out = check(tmp_path, {f"{PKG}/engine.py": "x = 1\nfrom ._context import EngineContext\n",
-                               f"{PKG}/_context.py": back})
+    rc, out = check(
+        tmp_path, {f"{PKG}/engine.py": "x = 1\nfrom ._context import EngineContext\n", f"{PKG}/_context.py": back}
+    )
     assert rc == 1
     assert "import cycle: mori.io._context, mori.io.engine" in out
     assert f"{PKG}/engine.py:2: mori.io.engine imports mori.io._context" in out

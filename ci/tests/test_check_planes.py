@@ -32,8 +32,7 @@ def check(tree: Path, extra: dict[str, str]) -> tuple[int, list[str]]:
         path = tree / CSRC / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    proc = subprocess.run([sys.executable, str(CHECK), "--root", str(tree)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, str(CHECK), "--root", str(tree)], capture_output=True, text=True, timeout=60)
     return proc.returncode, [line for line in proc.stdout.splitlines() if ":" in line and "native files" not in line]
 
 
@@ -42,14 +41,29 @@ def test_the_layout_passes(tmp_path: Path) -> None:
     assert (rc, found) == (0, [])
 
 
-@pytest.mark.parametrize(("rel", "text", "expected"), [
-    ("ucx/post.cpp", '#include "tcp/wire.hpp"\n', "ucx/post.cpp:1: tcp/wire.hpp is private to tcp/ (its interface: engine.hpp)"),
-    ("proxy/proxy.cpp", '// x\n#include "gpu/host_standin.cpp"\n', "proxy/proxy.cpp:2: gpu/host_standin.cpp is private to gpu/"),
-    ("base/ops.hpp", '#include "ucx/engine.hpp"\n', "base/ops.hpp:1: the kit (base/) includes no plane"),
-    ("batch/batch.hpp", '#include "gpu/staging.hpp"\n', "batch/batch.hpp:1: the kit (batch/) includes no plane"),
-    ("module.cpp", '#include "tcp/engine.hpp"\n', "module.cpp:1: module.cpp includes base/registry.hpp only"),
-    ("rdma/post.cpp", '#include "base/regions.hpp"\n', "rdma/post.cpp:1: folder rdma/ is neither the kit nor a plane"),
-])
+@pytest.mark.parametrize(
+    ("rel", "text", "expected"),
+    [
+        (
+            "ucx/post.cpp",
+            '#include "tcp/wire.hpp"\n',
+            "ucx/post.cpp:1: tcp/wire.hpp is private to tcp/ (its interface: engine.hpp)",
+        ),
+        (
+            "proxy/proxy.cpp",
+            '// x\n#include "gpu/host_standin.cpp"\n',
+            "proxy/proxy.cpp:2: gpu/host_standin.cpp is private to gpu/",
+        ),
+        ("base/ops.hpp", '#include "ucx/engine.hpp"\n', "base/ops.hpp:1: the kit (base/) includes no plane"),
+        ("batch/batch.hpp", '#include "gpu/staging.hpp"\n', "batch/batch.hpp:1: the kit (batch/) includes no plane"),
+        ("module.cpp", '#include "tcp/engine.hpp"\n', "module.cpp:1: module.cpp includes base/registry.hpp only"),
+        (
+            "rdma/post.cpp",
+            '#include "base/regions.hpp"\n',
+            "rdma/post.cpp:1: folder rdma/ is neither the kit nor a plane",
+        ),
+    ],
+)
 def test_offences_are_reported_where_they_are(tmp_path: Path, rel: str, text: str, expected: str) -> None:
     rc, found = check(tmp_path, {rel: text})
     assert rc == 1

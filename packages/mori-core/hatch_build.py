@@ -59,11 +59,23 @@ def build_native() -> Path:
     build_dir = BUILD_DIR / suffix.strip(".").removesuffix(".so")
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = [
-        "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter",
-        f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}", f"-I{CSRC}", f"-I{INCLUDE}",
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+        f"-I{pybind11.get_include()}",
+        f"-I{sysconfig.get_paths()['include']}",
+        f"-I{CSRC}",
+        f"-I{INCLUDE}",
     ]
     sources = sorted(CSRC.rglob("*.cpp"))
-    headers = [*CSRC.rglob("*.hpp"), INCLUDE / "mori" / "device" / "proxy_ring.cuh"]  # the layout shared with device code
+    headers = [
+        *CSRC.rglob("*.hpp"),
+        INCLUDE / "mori" / "device" / "proxy_ring.cuh",
+    ]  # the layout shared with device code
     newest_header = max((h.stat().st_mtime for h in headers), default=0.0)
 
     def compile_one(src: Path) -> Path:

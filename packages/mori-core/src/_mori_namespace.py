@@ -45,8 +45,10 @@ def _install() -> None:
         except ModuleNotFoundError as exc:
             if exc.name != f"mori.{name}":
                 raise  # mori.<name> is there and something it imports is not
-            raise AttributeError(f"module 'mori' has no attribute {name!r}: mori.{name} comes with the "
-                                 f"{_SUBPACKAGES[name]} distribution (pip install {_SUBPACKAGES[name]})") from None
+            raise AttributeError(
+                f"module 'mori' has no attribute {name!r}: mori.{name} comes with the "
+                f"{_SUBPACKAGES[name]} distribution (pip install {_SUBPACKAGES[name]})"
+            ) from None
 
     def __dir__() -> list[str]:
         return sorted({*vars(namespace), *_SUBPACKAGES, "__version__"})

@@ -67,10 +67,11 @@ class Ring:
         seq, off = self.seq, self.slot(self.seq)
         self.seq += 1
         body = b"".join(struct.pack("<QQQQ", *e) for e in entries)
-        self.mem[off + 48:off + 76] = struct.pack("<IBBHIQQ", MAGIC, REQUEST, op,
-                                                  len(entries) if count is None else count, 0, rid, 0)
-        self.mem[off + 80:off + 80 + len(body)] = body
-        self.mem[off:off + 4] = struct.pack("<I", POSTED)
+        self.mem[off + 48 : off + 76] = struct.pack(
+            "<IBBHIQQ", MAGIC, REQUEST, op, len(entries) if count is None else count, 0, rid, 0
+        )
+        self.mem[off + 80 : off + 80 + len(body)] = body
+        self.mem[off : off + 4] = struct.pack("<I", POSTED)
         # A polling target may have served (or dropped) it already: then the bell finds it gone.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.sock.send(struct.pack("<IB3x", MAGIC, BELL))
@@ -80,11 +81,11 @@ class Ring:
         """(magic, type, code, reason, entry, errno, id) once the target marked slot seq done (5 s)."""
         off = self.slot(seq)
         deadline = time.monotonic() + 5
-        while struct.unpack("<I", self.mem[off:off + 4])[0] != DONE:
+        while struct.unpack("<I", self.mem[off : off + 4])[0] != DONE:
             assert time.monotonic() < deadline, "the target did not serve the request within 5 s"
             time.sleep(0.0005)
-        got = struct.unpack("<IB3xiIIi4xQ", self.mem[off + 8:off + 44])
-        self.mem[off:off + 4] = struct.pack("<I", FREE)
+        got = struct.unpack("<IB3xiIIi4xQ", self.mem[off + 8 : off + 44])
+        self.mem[off : off + 4] = struct.pack("<I", FREE)
         # Its doorbells read: a target whose doorbells stay unread serves this ring no more.
         self.sock.setblocking(False)
         with contextlib.suppress(BlockingIOError):

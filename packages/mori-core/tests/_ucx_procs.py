@@ -85,8 +85,9 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
         peers[key] = eng.connect(key, addresses, ticket, same_host)
         return peers[key].same_host, peers[key].same_host_refusal
 
-    def start(key: str, op: int, lofs: Any, rofs: Any, sizes: Any, uid: int = 0, notify: bool = False,
-              remote_id: int = 1) -> int:
+    def start(
+        key: str, op: int, lofs: Any, rofs: Any, sizes: Any, uid: int = 0, notify: bool = False, remote_id: int = 1
+    ) -> int:
         t = peers[key].submit(op, 1, Batch(lofs, rofs, sizes, src_base=base + GUARD), remote_id, uid, notify)
         started[id(t)] = (t, time.monotonic())
         return id(t)
@@ -103,11 +104,22 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
             time.sleep(0.0001)
         return _code_name(t.code()), time.monotonic() - t0
 
-    def transfer(key: str, op: int, lofs: Any, rofs: Any, sizes: Any, uid: int = 0, notify: bool = False,
-                 remote_id: int = 1, wait: float = 60.0) -> tuple[str, str, float]:
+    def transfer(
+        key: str,
+        op: int,
+        lofs: Any,
+        rofs: Any,
+        sizes: Any,
+        uid: int = 0,
+        notify: bool = False,
+        remote_id: int = 1,
+        wait: float = 60.0,
+    ) -> tuple[str, str, float]:
         return finish(start(key, op, lofs, rofs, sizes, uid, notify, remote_id), wait)
 
-    def run_one(key: str, op: int, lo: int, ro: int, size: int, remote_id: int = 1, wait: float = 60.0) -> tuple[int, str]:
+    def run_one(
+        key: str, op: int, lo: int, ro: int, size: int, remote_id: int = 1, wait: float = 60.0
+    ) -> tuple[int, str]:
         return tuple(peers[key].run_one(op, 1, base + GUARD + lo, ro, size, remote_id, False, wait))  # type: ignore[return-value]
 
     def pop(key: str, uid: int, wait: float = 10.0) -> int | None:
@@ -121,29 +133,57 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
     def register(mem_id: int, offset: int, size: int) -> bytes:
         return bytes(eng.register_memory(mem_id, base + offset, size))
 
-    testing.serve_commands({
-        "admit": eng.admit, "connect": connect, "start": start, "finish": finish, "poll": poll, "transfer": transfer, "run_one": run_one, "pop": pop,
-        "register": register, "deregister": eng.deregister_memory, "stats": eng.stats,
-        "describe": lambda key: peers[key].describe(), "healthy": lambda key: peers[key].healthy(),
-        "close": eng.close, "warnings": lambda: list(warnings), "settings": lambda: dict(eng.settings),
-    }, mm, eng)
-    return {"addresses": list(eng.addresses), "library": dict(ucx.ucx_library()),
-            "same_host": eng.same_host_address}
+    testing.serve_commands(
+        {
+            "admit": eng.admit,
+            "connect": connect,
+            "start": start,
+            "finish": finish,
+            "poll": poll,
+            "transfer": transfer,
+            "run_one": run_one,
+            "pop": pop,
+            "register": register,
+            "deregister": eng.deregister_memory,
+            "stats": eng.stats,
+            "describe": lambda key: peers[key].describe(),
+            "healthy": lambda key: peers[key].healthy(),
+            "close": eng.close,
+            "warnings": lambda: list(warnings),
+            "settings": lambda: dict(eng.settings),
+        },
+        mm,
+        eng,
+    )
+    return {"addresses": list(eng.addresses), "library": dict(ucx.ucx_library()), "same_host": eng.same_host_address}
 
 
 class EngineProcess(testing.CommandProcess):
     """A process with a UCX engine (see the module docstring); ``arr`` is its shared file."""
 
-    def __init__(self, role: str, lib: str, netns: str | None = None, settings: dict[str, str] | None = None,
-                 call_timeout: float = 90.0, **options: Any) -> None:
+    def __init__(
+        self,
+        role: str,
+        lib: str,
+        netns: str | None = None,
+        settings: dict[str, str] | None = None,
+        call_timeout: float = 90.0,
+        **options: Any,
+    ) -> None:
         self.path = f"/dev/shm/mori-ucx-test-{os.getpid()}-{role}-{time.monotonic_ns()}"
         with open(self.path, "wb") as f:
             f.truncate(SIZE + 2 * GUARD)
         self.mm, self.arr = map_file(self.path, SIZE + 2 * GUARD)
         env = {"MORI_UCX_LIB": lib_path(lib), "UCX_LOG_LEVEL": os.environ.get("UCX_LOG_LEVEL", "error")}
         try:
-            super().__init__(_serve, (role, self.path, list((settings or {}).items()), options), role, call_timeout, env,
-                             start=testing.start_in_netns(netns))
+            super().__init__(
+                _serve,
+                (role, self.path, list((settings or {}).items()), options),
+                role,
+                call_timeout,
+                env,
+                start=testing.start_in_netns(netns),
+            )
         except BaseException:
             os.unlink(self.path)
             raise
@@ -154,7 +194,7 @@ class EngineProcess(testing.CommandProcess):
     @property
     def region(self) -> np.ndarray:
         """The registered part of the shared file."""
-        return self.arr[GUARD:GUARD + SIZE]
+        return self.arr[GUARD : GUARD + SIZE]
 
     def remove(self) -> None:
         """Closes the engine (killing the process if it hangs) and removes the shared file."""
@@ -176,11 +216,31 @@ class Pair:
     namespaces: tuple[testing.Namespace, ...]
     settings: dict[str, str]
 
-    def transfer(self, op: int, lofs: Any, rofs: Any, sizes: Any, uid: int = 0, notify: bool = False,
-                 remote_id: int = 1, wait: float = 60.0) -> tuple[str, str, float]:
+    def transfer(
+        self,
+        op: int,
+        lofs: Any,
+        rofs: Any,
+        sizes: Any,
+        uid: int = 0,
+        notify: bool = False,
+        remote_id: int = 1,
+        wait: float = 60.0,
+    ) -> tuple[str, str, float]:
         """(code name, message, seconds) of one transfer from the initiator."""
-        return self.init.call("transfer", "target", op, list(map(int, lofs)), list(map(int, rofs)),
-                              list(map(int, sizes)), uid, notify, remote_id, wait, timeout=wait + 30)
+        return self.init.call(
+            "transfer",
+            "target",
+            op,
+            list(map(int, lofs)),
+            list(map(int, rofs)),
+            list(map(int, sizes)),
+            uid,
+            notify,
+            remote_id,
+            wait,
+            timeout=wait + 30,
+        )
 
 
 def settings_for(where: str, namespaces: tuple[testing.Namespace, ...] = ()) -> dict[str, str]:
@@ -194,8 +254,14 @@ def settings_for(where: str, namespaces: tuple[testing.Namespace, ...] = ()) -> 
 
 
 @contextlib.contextmanager
-def engine_pair(lib: str, where: str, settings: dict[str, str] | None = None, init_lib: str | None = None,
-                init_options: dict[str, Any] | None = None, **options: Any) -> Iterator[Pair]:
+def engine_pair(
+    lib: str,
+    where: str,
+    settings: dict[str, str] | None = None,
+    init_lib: str | None = None,
+    init_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Iterator[Pair]:
     """Target and initiator processes (UCX ``lib``, ``where`` = "host", "same-host" or "netns",
     UCX ``settings`` added to those of ``where``), connected: with "same-host" the initiator
     takes the target's same-host path (asserted). The initiator may run another UCX

@@ -21,6 +21,7 @@ U64_MAX, I64_MAX = 2**64 - 1, 2**63 - 1
 
 # ---- references ---------------------------------------------------------------------------------
 
+
 def _merged(src_base, dst_base, so, do, sz):
     rows: list[list[int]] = []
     for s, d, n in zip(so, do, sz):
@@ -119,9 +120,15 @@ def _blocks(rng: np.random.Generator, n: int, contiguous: float, small: bool):
 
 # ---- building -----------------------------------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), n=st.integers(0, 120), contiguous=st.floats(0, 1), small=st.booleans(),
-       bases=st.tuples(st.integers(0, 1 << 48), st.integers(0, 1 << 48)) | st.just((0, 0)))
+@given(
+    data=st.data(),
+    n=st.integers(0, 120),
+    contiguous=st.floats(0, 1),
+    small=st.booleans(),
+    bases=st.tuples(st.integers(0, 1 << 48), st.integers(0, 1 << 48)) | st.just((0, 0)),
+)
 def test_built_from_any_column_form_matches_python(data, n, contiguous, small, bases):
     so, do, sz = _blocks(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), n, contiguous, small)
     columns = []
@@ -170,15 +177,28 @@ def test_built_into_a_callers_table():
     assert b[1] == (150, 290, 5)
     # Any writable buffer of uint64 rows will do, numpy or not.
     raw = array.array("Q", [0] * 12)
-    assert list(Batch([0, 4], [8, 0], [4, 4], 0, 0, memoryview(raw).cast("B").cast("Q", [4, 3]))) == [(0, 8, 4),
-                                                                                                   (4, 0, 4)]
+    assert list(Batch([0, 4], [8, 0], [4, 4], 0, 0, memoryview(raw).cast("B").cast("Q", [4, 3]))) == [
+        (0, 8, 4),
+        (4, 0, 4),
+    ]
     assert raw.tolist()[:6] == [0, 8, 4, 4, 0, 4]
     frozen = np.zeros((8, 3), dtype=np.uint64)
     frozen.flags.writeable = False
-    for out in (np.zeros((2, 3), dtype=np.uint64), np.zeros((8, 3), dtype=np.int64), np.zeros((8, 2), dtype=np.uint64),
-                np.asfortranarray(np.zeros((8, 3), dtype=np.uint64)), np.zeros((16, 3), dtype=np.uint64)[::2], frozen,
-                np.zeros(24, dtype=np.uint64), bytearray(200), memoryview(raw), "table"):
-        with pytest.raises(ValueError, match=r"^Batch: out must be a writable C-contiguous uint64 array of \(>= 3, 3\)"):
+    for out in (
+        np.zeros((2, 3), dtype=np.uint64),
+        np.zeros((8, 3), dtype=np.int64),
+        np.zeros((8, 2), dtype=np.uint64),
+        np.asfortranarray(np.zeros((8, 3), dtype=np.uint64)),
+        np.zeros((16, 3), dtype=np.uint64)[::2],
+        frozen,
+        np.zeros(24, dtype=np.uint64),
+        bytearray(200),
+        memoryview(raw),
+        "table",
+    ):
+        with pytest.raises(
+            ValueError, match=r"^Batch: out must be a writable C-contiguous uint64 array of \(>= 3, 3\)"
+        ):
             Batch([0, 10, 50], [0, 10, 90], [10, 5, 5], 0, 0, out)
 
 
@@ -216,8 +236,13 @@ def test_lists_of_any_ints_are_read_as_rows():
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), n=st.integers(0, 60), reverse=st.booleans(), into=st.booleans(),
-       by=st.tuples(st.integers(0, 1 << 48), st.integers(0, 1 << 48)))
+@given(
+    data=st.data(),
+    n=st.integers(0, 60),
+    reverse=st.booleans(),
+    into=st.booleans(),
+    by=st.tuples(st.integers(0, 1 << 48), st.integers(0, 1 << 48)),
+)
 def test_rebased_matches_python(data, n, reverse, into, by):
     so, do, sz = _blocks(np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))), n, 0.5, small=True)
     b = Batch(so, do, sz, 4096, 0)
@@ -230,7 +255,7 @@ def test_rebased_matches_python(data, n, reverse, into, by):
     assert moved.dst_end == max((d + k for _, d, k in expect), default=0)
     if into:  # written into the table, read there; nothing past the rows
         assert np.shares_memory(np.asarray(moved), table) or not expect
-        assert table[:len(expect)].tolist() == expect and (table[len(expect):] == 7).all()
+        assert table[: len(expect)].tolist() == expect and (table[len(expect) :] == 7).all()
     assert moved == Batch([r[0] for r in expect], [r[1] for r in expect], [r[2] for r in expect])
 
 
@@ -259,12 +284,17 @@ def test_large_batch_is_planned_like_a_small_one():
 
 # ---- the verbs ----------------------------------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), piece=st.integers(1, 1 << 21) | st.sampled_from([1, 7, 4096]))
 def test_stripe_and_count_pieces_match_python(data, piece):
     # Rows of up to 40 pieces (or a few bytes), anywhere below 2^50.
-    blocks = data.draw(st.lists(st.tuples(st.integers(0, 1 << 50), st.integers(0, 1 << 50),
-                                          st.integers(0, 3) | st.integers(0, 40 * piece)), max_size=80))
+    blocks = data.draw(
+        st.lists(
+            st.tuples(st.integers(0, 1 << 50), st.integers(0, 1 << 50), st.integers(0, 3) | st.integers(0, 40 * piece)),
+            max_size=80,
+        )
+    )
     b = Batch(*zip(*blocks)) if blocks else Batch([], [], [])
     rows = _rows(b)
     cut = b.stripe(piece)
@@ -275,8 +305,11 @@ def test_stripe_and_count_pieces_match_python(data, piece):
 
 
 @settings(max_examples=300, deadline=None)
-@given(sizes=st.lists(st.integers(1, 5) | st.integers(1, 1 << 30), max_size=100), runs=st.integers(1, 70),
-       min_run_bytes=st.integers(1, 4) | st.integers(1, 1 << 31))
+@given(
+    sizes=st.lists(st.integers(1, 5) | st.integers(1, 1 << 30), max_size=100),
+    runs=st.integers(1, 70),
+    min_run_bytes=st.integers(1, 4) | st.integers(1, 1 << 31),
+)
 def test_deal_matches_python(sizes, runs, min_run_bytes):
     b = Batch([i << 32 for i in range(len(sizes))], list(range(len(sizes))), sizes)  # no two rows merge
     rows = _rows(b)
@@ -299,8 +332,12 @@ def test_deal_balances_equal_pieces_exactly():
 
 
 @settings(max_examples=300, deadline=None)
-@given(blocks=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000), st.integers(0, 700)), max_size=40),
-       chunk=st.integers(1, 1024), max_pieces=st.integers(1, 8), contiguous=st.booleans())
+@given(
+    blocks=st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 3000), st.integers(0, 700)), max_size=40),
+    chunk=st.integers(1, 1024),
+    max_pieces=st.integers(1, 8),
+    contiguous=st.booleans(),
+)
 def test_cut_chunks_matches_python(blocks, chunk, max_pieces, contiguous):
     if contiguous:  # runs that continue on both sides, so that merging is exercised
         starts = np.cumsum([0] + [n for _, _, n in blocks])[:-1].tolist()
@@ -312,6 +349,7 @@ def test_cut_chunks_matches_python(blocks, chunk, max_pieces, contiguous):
 
 
 # ---- bad input ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("column", ["src_offsets", "dst_offsets", "sizes"])
 def test_every_bad_column_is_named(column):
@@ -330,18 +368,26 @@ def test_every_bad_column_is_named(column):
         build([0, 1, 2])
     with pytest.raises(ValueError, match=rf"^Batch: {at} must be 1-d, got 2 dimensions$"):
         build(np.zeros((2, 1), dtype=np.int64))
-    for bad, what in (([0, 1.5], "got float at index 1"), ([0, True], "got bool at index 1"),
-                      ([0, "1"], "got str at index 1"), ([None, 0], "got NoneType at index 0"),
-                      ({0, 1}, "or an integer array, got set"), ("01", "or an integer array, got str"),
-                      (5, "or an integer array, got int"), (np.zeros(2), "must hold integers, got buffer format 'd'"),
-                      (np.zeros(2, dtype=bool), "must hold integers, got buffer format '?'"),
-                      (np.zeros(2, dtype=">i8"), "byte order")):
+    for bad, what in (
+        ([0, 1.5], "got float at index 1"),
+        ([0, True], "got bool at index 1"),
+        ([0, "1"], "got str at index 1"),
+        ([None, 0], "got NoneType at index 0"),
+        ({0, 1}, "or an integer array, got set"),
+        ("01", "or an integer array, got str"),
+        (5, "or an integer array, got int"),
+        (np.zeros(2), "must hold integers, got buffer format 'd'"),
+        (np.zeros(2, dtype=bool), "must hold integers, got buffer format '?'"),
+        (np.zeros(2, dtype=">i8"), "byte order"),
+    ):
         with pytest.raises(TypeError, match=rf"^Batch: {at}.*{what}"):
             build(bad)
 
 
 def test_blocks_past_2_64_and_overfull_batches_are_refused():
-    with pytest.raises(ValueError, match=r"block 0 \(src_base \+ src_offsets\[0\] \+ sizes\[0\]\) runs past the 64-bit"):
+    with pytest.raises(
+        ValueError, match=r"block 0 \(src_base \+ src_offsets\[0\] \+ sizes\[0\]\) runs past the 64-bit"
+    ):
         Batch([10], [0], [1], U64_MAX - 10)
     with pytest.raises(ValueError, match=r"block 1 \(dst_base \+ dst_offsets\[1\] \+ sizes\[1\]\) runs past"):
         Batch([0, 0], [0, U64_MAX - 3], [1, 4])
@@ -359,12 +405,14 @@ def test_blocks_past_2_64_and_overfull_batches_are_refused():
 
 def test_verbs_name_what_is_wrong():
     b = Batch([0], [0], [1 << 40])
-    for verb, args, text in ((b.stripe, (0,), "Batch.stripe: piece must be > 0, got 0"),
-                             (b.count_pieces, (-1,), "Batch.count_pieces: piece must be > 0, got -1"),
-                             (b.deal, (0,), "Batch.deal: runs must be > 0, got 0"),
-                             (b.deal, (2, 0), "Batch.deal: min_run_bytes must be > 0, got 0"),
-                             (b.cut_chunks, (0, 16), "Batch.cut_chunks: chunk_bytes must be > 0, got 0"),
-                             (b.cut_chunks, (4096, -1), "Batch.cut_chunks: max_pieces must be > 0, got -1")):
+    for verb, args, text in (
+        (b.stripe, (0,), "Batch.stripe: piece must be > 0, got 0"),
+        (b.count_pieces, (-1,), "Batch.count_pieces: piece must be > 0, got -1"),
+        (b.deal, (0,), "Batch.deal: runs must be > 0, got 0"),
+        (b.deal, (2, 0), "Batch.deal: min_run_bytes must be > 0, got 0"),
+        (b.cut_chunks, (0, 16), "Batch.cut_chunks: chunk_bytes must be > 0, got 0"),
+        (b.cut_chunks, (4096, -1), "Batch.cut_chunks: max_pieces must be > 0, got -1"),
+    ):
         with pytest.raises(ValueError, match=f"^{text}$"):
             verb(*args)
     # An absurd piece count is refused before anything is allocated.
@@ -389,6 +437,7 @@ def test_a_batch_is_immutable():
 
 # ---- the TCP data plane takes a Batch -----------------------------------------------------------
 
+
 def test_tcp_submit_stripes_and_deals_a_batch():
     ticket = "t" * 32
     remote = np.zeros(1 << 20, dtype=np.uint8)
@@ -405,7 +454,7 @@ def test_tcp_submit_stripes_and_deals_a_batch():
             t = peer.submit(2, Batch(offs, offs, sizes, int(local.ctypes.data)), 1, 7, False, 4096)
             assert t.wait(10) and t.code() == 0, t.message()
             for o, n in zip(offs, sizes):
-                assert np.array_equal(remote[o:o + n], local[o:o + n])
+                assert np.array_equal(remote[o : o + n], local[o : o + n])
             assert not remote[65_536:70_000].any()  # nothing between the blocks
             # An empty batch finishes at once; an absurd piece count is refused before any send.
             t = peer.submit(2, Batch([], [], []), 1, 8, False, 4096)

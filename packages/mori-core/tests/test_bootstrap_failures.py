@@ -106,8 +106,9 @@ def test_rank_with_another_jobs_id_is_rejected_and_named():
 
 def test_world_mismatch_and_duplicate_rank_are_rejected():
     with ProcPool(4) as pool:
-        got = pool.map(_join_as, [(0, 3, False, SHORT), (1, 3, False, SHORT), (1, 3, False, SHORT),
-                                  (2, 5, False, SHORT)])
+        got = pool.map(
+            _join_as, [(0, 3, False, SHORT), (1, 3, False, SHORT), (1, 3, False, SHORT), (2, 5, False, SHORT)]
+        )
     assert got[3][0] == "BootstrapError" and "world=5 but rank 0 has world=3" in got[3][1]
     ones = sorted([got[1], got[2]])
     assert ones[0][0] == "BootstrapError" and "duplicate" in ones[0][1]

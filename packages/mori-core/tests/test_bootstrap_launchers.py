@@ -38,6 +38,7 @@ def _torch_rank(rank: int, world: int, store: str, seed: int) -> list[int]:
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
+
         def gather(obj, group=None):
             out = [None] * dist.get_world_size(group)
             dist.all_gather_object(out, obj, group=group)
@@ -86,8 +87,7 @@ def test_init_from_mpi():
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # mpirun merges both ranks' stdout, so two reports can share a line: find them anywhere.
-    assert sorted(re.findall(r"mpi rank \d+ of \d+: ok", proc.stdout)) == [
-        "mpi rank 0 of 2: ok", "mpi rank 1 of 2: ok"]
+    assert sorted(re.findall(r"mpi rank \d+ of \d+: ok", proc.stdout)) == ["mpi rank 0 of 2: ok", "mpi rank 1 of 2: ok"]
 
 
 def _mpi_main() -> None:

@@ -29,8 +29,14 @@ def test_cmp_parse_rejects_with_the_accepted_spellings(bad: object) -> None:
 
 
 def test_cmp_holds_matches_python_operators() -> None:
-    ops = {Cmp.EQ: int.__eq__, Cmp.NE: int.__ne__, Cmp.GT: int.__gt__, Cmp.GE: int.__ge__,
-           Cmp.LT: int.__lt__, Cmp.LE: int.__le__}
+    ops = {
+        Cmp.EQ: int.__eq__,
+        Cmp.NE: int.__ne__,
+        Cmp.GT: int.__gt__,
+        Cmp.GE: int.__ge__,
+        Cmp.LT: int.__lt__,
+        Cmp.LE: int.__le__,
+    }
     for (cmp, op), seen, value in itertools.product(ops.items(), (-1, 0, 1), (-1, 0, 1)):
         assert cmp.holds(seen, value) == op(seen, value), (cmp, seen, value)
 
@@ -59,9 +65,18 @@ def test_transfer_ops_are_the_native_planes() -> None:
 def test_atomic_ops_are_the_native_planes() -> None:
     # base/ops.hpp's AtomicOp (against which the device proxy's kProxyAmo* are checked when it compiles).
     assert {op.name: op.value for op in AtomicOp} == native.ATOMIC_OPS
-    assert ucx_atomic.OPS == {"fetch_add": 1, "compare_swap": 2, "swap": 3, "store": 4, "fetch_and": 5,
-                              "fetch_or": 6, "fetch_xor": 7}
-    assert all(f"kMori{op.name.title().replace('_', '')} = {op.value};" in ucx_atomic.GPU_WORD_KERNEL for op in AtomicOp)
+    assert ucx_atomic.OPS == {
+        "fetch_add": 1,
+        "compare_swap": 2,
+        "swap": 3,
+        "store": 4,
+        "fetch_and": 5,
+        "fetch_or": 6,
+        "fetch_xor": 7,
+    }
+    assert all(
+        f"kMori{op.name.title().replace('_', '')} = {op.value};" in ucx_atomic.GPU_WORD_KERNEL for op in AtomicOp
+    )
 
 
 def test_every_reason_has_its_text() -> None:

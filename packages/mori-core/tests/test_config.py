@@ -44,15 +44,41 @@ def test_every_size_spelling_parses_to_its_byte_count(case: tuple[str, int]) -> 
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("6G", 6 << 30), ("512M", 512 << 20), ("2GiB", 2 << 30), ("4096", 4096), ("1.5G", 3 << 29), ("64k", 65536),
-     ("1T", 1 << 40), ("3 MB", 3 << 20), ("0", 0)],
+    [
+        ("6G", 6 << 30),
+        ("512M", 512 << 20),
+        ("2GiB", 2 << 30),
+        ("4096", 4096),
+        ("1.5G", 3 << 29),
+        ("64k", 65536),
+        ("1T", 1 << 40),
+        ("3 MB", 3 << 20),
+        ("0", 0),
+    ],
 )
 def test_documented_examples(text: str, value: int) -> None:
     assert parse_size(text) == value
 
 
-_BAD_SIZES = ["", "   ", "G", "abc", "-1G", "+1G", "1.G", ".5G", "1e3", "0x10", "1X", "1GG", "5iB", "5i", "1 G B",
-              "1,5G", "１G"]
+_BAD_SIZES = [
+    "",
+    "   ",
+    "G",
+    "abc",
+    "-1G",
+    "+1G",
+    "1.G",
+    ".5G",
+    "1e3",
+    "0x10",
+    "1X",
+    "1GG",
+    "5iB",
+    "5i",
+    "1 G B",
+    "1,5G",
+    "１G",
+]
 
 
 @pytest.mark.parametrize("text", _BAD_SIZES)

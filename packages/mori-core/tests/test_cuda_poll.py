@@ -20,8 +20,14 @@ def _ready_after(n: int) -> tuple[list[int], object]:
 @pytest.mark.parametrize("yield_while_spinning", [False, True])
 def test_returns_true_at_the_first_ready_call(yield_while_spinning: bool) -> None:
     calls, ready = _ready_after(5)
-    assert cuda.poll(ready, 10.0, spin=1.0, pause=1e-4, max_pause=1e-3,  # type: ignore[arg-type]
-                     yield_while_spinning=yield_while_spinning)
+    assert cuda.poll(
+        ready,
+        10.0,
+        spin=1.0,
+        pause=1e-4,
+        max_pause=1e-3,  # type: ignore[arg-type]
+        yield_while_spinning=yield_while_spinning,
+    )
     assert calls[0] == 6
 
 

@@ -18,8 +18,9 @@ NOT_READY, ILLEGAL_ADDRESS = 600, 700
 class _Driver:
     """The driver calls mori.core.gpu makes, answered from scripted state."""
 
-    CUstream_flags = types.SimpleNamespace(CU_STREAM_DEFAULT=types.SimpleNamespace(value=0),
-                                           CU_STREAM_NON_BLOCKING=types.SimpleNamespace(value=1))
+    CUstream_flags = types.SimpleNamespace(
+        CU_STREAM_DEFAULT=types.SimpleNamespace(value=0), CU_STREAM_NON_BLOCKING=types.SimpleNamespace(value=1)
+    )
     CUevent_flags = types.SimpleNamespace(CU_EVENT_DISABLE_TIMING=types.SimpleNamespace(value=2))
     CUdriverProcAddress_flags = types.SimpleNamespace(CU_GET_PROC_ADDRESS_DEFAULT=0)
     CUresult = int
@@ -42,11 +43,23 @@ class _Driver:
         return call
 
     def _answer(self, name: str, *args: Any) -> tuple[Any, ...]:
-        if name in ("cuInit", "cuCtxSetCurrent", "cuStreamSynchronize", "cuStreamDestroy", "cuEventDestroy",
-                    "cuEventRecord", "cuMemcpyAsync"):
+        if name in (
+            "cuInit",
+            "cuCtxSetCurrent",
+            "cuStreamSynchronize",
+            "cuStreamDestroy",
+            "cuEventDestroy",
+            "cuEventRecord",
+            "cuMemcpyAsync",
+        ):
             return (0,)
-        answers = {"cuDeviceGetCount": 1, "cuDeviceGet": 0, "cuDevicePrimaryCtxRetain": "ctx0",
-                   "cuCtxGetCurrent": "callers-ctx", "cuDriverGetVersion": self.version}
+        answers = {
+            "cuDeviceGetCount": 1,
+            "cuDeviceGet": 0,
+            "cuDevicePrimaryCtxRetain": "ctx0",
+            "cuCtxGetCurrent": "callers-ctx",
+            "cuDriverGetVersion": self.version,
+        }
         if name in answers:
             return (0, answers[name])
         if name in ("cuStreamCreate", "cuEventCreate"):
@@ -165,8 +178,10 @@ def test_batch_memcpy_uses_one_call_then_falls_back(drv: _Driver, monkeypatch: p
     batch.copy([30], [3], [8], 7)  # one copy: no batch call
     assert drv.named("cuMemcpyAsync") == [("cuMemcpyAsync", 30, 3, 8, 7)]
     batch.copy([40, 50], [4, 5], [9, 1], 7)  # refused (NOT_SUPPORTED): copied one by one ...
-    assert not batch.batched and drv.named("cuMemcpyAsync")[1:] == [("cuMemcpyAsync", 40, 4, 9, 7),
-                                                                      ("cuMemcpyAsync", 50, 5, 1, 7)]
+    assert not batch.batched and drv.named("cuMemcpyAsync")[1:] == [
+        ("cuMemcpyAsync", 40, 4, 9, 7),
+        ("cuMemcpyAsync", 50, 5, 1, 7),
+    ]
     batch.copy([60, 70], [6, 7], [2, 3], 7)  # ... and from then on without asking again
     assert len(batches) == 2 and len(drv.named("cuMemcpyAsync")) == 5
     failing = gpu.BatchMemcpy()

@@ -88,7 +88,10 @@ def test_fresh_venv_gets_core_and_io_without_torch_triton_or_cuda(tmp_path: Path
 
     (core_wheel,) = wheels.glob("mori_core-*.whl")
     version = (PACKAGES / "version.py").read_text().split('__version__ = "')[1].split('"')[0]
-    assert core_wheel.name.startswith(f"mori_core-{version}-") and (wheels / f"mori_io-{version}-py3-none-any.whl").exists()
+    assert (
+        core_wheel.name.startswith(f"mori_core-{version}-")
+        and (wheels / f"mori_io-{version}-py3-none-any.whl").exists()
+    )
     names = zipfile.ZipFile(core_wheel).namelist()
     assert any(n.startswith("mori/core/_native") and n.endswith(".so") for n in names), names
     assert "mori/core/include/mori/device/shmem.cuh" in names
@@ -102,7 +105,9 @@ def test_fresh_venv_gets_core_and_io_without_torch_triton_or_cuda(tmp_path: Path
     _run(sys.executable, "-m", "venv", env)
     py = env / "bin" / "python"
     assert "include-system-site-packages = false" in (env / "pyvenv.cfg").read_text()
-    _run(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--find-links", wheels, "mori-core", "mori-io")
+    _run(
+        py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--find-links", wheels, "mori-core", "mori-io"
+    )
 
     installed = {p["name"].lower() for p in json.loads(_run(py, "-m", "pip", "list", "--format=json"))}
     assert {"mori-core", "mori-io", "msgpack"} <= installed

@@ -351,13 +351,19 @@ def test_cuda_vmm_rejects_bad_arguments_before_touching_the_driver() -> None:
         cuda_vmm.VmmAllocation.import_fd(-1, 1 << 20, 0)
 
 
-@pytest.mark.parametrize("size,device,alignment,match", [
-    (0, 0, 4096, "size must be an int > 0"), (4096, 0, 0, "alignment must be an int > 0"),
-    (6000, 0, 4096, "not a multiple of its alignment"), (4096, -1, 4096, "device ordinals"),
-    (4096.0, 0, 4096, "size must be an int"),
-])
-def test_vmm_reservation_rejects_bad_arguments_before_any_cuda_call(size: object, device: object, alignment: object,
-                                                                    match: str) -> None:
+@pytest.mark.parametrize(
+    "size,device,alignment,match",
+    [
+        (0, 0, 4096, "size must be an int > 0"),
+        (4096, 0, 0, "alignment must be an int > 0"),
+        (6000, 0, 4096, "not a multiple of its alignment"),
+        (4096, -1, 4096, "device ordinals"),
+        (4096.0, 0, 4096, "size must be an int"),
+    ],
+)
+def test_vmm_reservation_rejects_bad_arguments_before_any_cuda_call(
+    size: object, device: object, alignment: object, match: str
+) -> None:
     with pytest.raises(ValueError, match=match):
         cuda_vmm.VmmReservation(size, device, alignment)  # type: ignore[arg-type]
 
@@ -374,8 +380,15 @@ def test_buffer_span_is_the_address_and_size_of_every_buffer_kind(data: bytes, s
     mm = mmap.mmap(-1, max(1, len(data)))
     mm[: len(data)] = data
     raw = bytearray(data)
-    for obj, writable in [(data, False), (raw, True), (memoryview(raw)[start:], True), (arr, True), (words, True),
-                          (mm, True), (arr[start:], False)]:
+    for obj, writable in [
+        (data, False),
+        (raw, True),
+        (memoryview(raw)[start:], True),
+        (arr, True),
+        (words, True),
+        (mm, True),
+        (arr[start:], False),
+    ]:
         addr, nbytes = buffer_span(obj, writable)
         assert nbytes == memoryview(obj).nbytes
         assert ctypes.string_at(addr, nbytes) == bytes(memoryview(obj).cast("B"))
@@ -406,8 +419,11 @@ def test_buffer_span_refuses_what_has_no_usable_buffer_and_names_its_type() -> N
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "remove", "find"]), st.integers(0, 4096), st.integers(0, 512)),
-                max_size=60))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["add", "remove", "find"]), st.integers(0, 4096), st.integers(0, 512)), max_size=60
+    )
+)
 def test_live_ranges_match_a_model(steps: list[tuple[str, int, int]]) -> None:
     """LiveRanges against a dict model: add refuses a start already live, remove returns the
     size asked for, find returns the block that holds the range whole (blocks never overlap

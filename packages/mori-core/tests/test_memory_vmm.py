@@ -32,7 +32,10 @@ def test_write_read_round_trip_and_rounding() -> None:
         alloc.write(data)
         assert alloc.read(alloc.size) == data
         alloc.write(b"\x00" * 100, offset=gran - 50)
-        assert alloc.read(200, offset=gran - 100) == data[gran - 100 : gran - 50] + b"\x00" * 100 + data[gran + 50 : gran + 100]
+        assert (
+            alloc.read(200, offset=gran - 100)
+            == data[gran - 100 : gran - 50] + b"\x00" * 100 + data[gran + 50 : gran + 100]
+        )
         with pytest.raises(ValueError, match="outside"):
             alloc.read(2, offset=alloc.size - 1)
         with pytest.raises(ValueError, match="outside"):
@@ -102,8 +105,13 @@ def test_reservation_grows_by_chunks_and_imports_a_peer_chunk_at_the_same_offset
         out = (ctypes.c_char * len(data))()
         _cuda.call("cuMemcpyDtoH", ctypes.addressof(out), peer.base + 2 * gran, len(data))
         assert out.raw == data  # the peer's mapping aliases the owner's chunk
-        for args, match in (((0, gran), "overlaps"), ((3 * gran, gran), "overlaps"), ((gran + 1, gran), "multiple"),
-                            ((gran, 0), "empty"), ((3 * gran, 2 * gran), "past")):
+        for args, match in (
+            ((0, gran), "overlaps"),
+            ((3 * gran, gran), "overlaps"),
+            ((gran + 1, gran), "multiple"),
+            ((gran, 0), "empty"),
+            ((3 * gran, 2 * gran), "past"),
+        ):
             with pytest.raises(ValueError, match=match):
                 own.create_chunk(*args)
         with pytest.raises(ValueError, match="no chunk"):

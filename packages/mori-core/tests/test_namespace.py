@@ -50,6 +50,7 @@ def test_a_submodule_whose_distribution_is_missing_names_it() -> None:
         "                  'core': mori.core.__name__}))",
         ("mori-core",),
     )
-    assert seen["why"] == ("module 'mori' has no attribute 'cpp': mori.cpp comes with the mori-io distribution "
-                           "(pip install mori-io)"), seen
+    assert seen["why"] == (
+        "module 'mori' has no attribute 'cpp': mori.cpp comes with the mori-io distribution (pip install mori-io)"
+    ), seen
     assert seen["has_ir"] is False and seen["nothing"] is False and seen["core"] == "mori.core"

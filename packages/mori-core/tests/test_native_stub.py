@@ -60,8 +60,9 @@ def test_every_submodule_and_public_name_is_in_the_stubs_and_back() -> None:
         for cls in (n for n, node in names.items() if isinstance(node, ast.ClassDef) and not n.startswith("_")):
             if issubclass(getattr(module, cls), BaseException):  # an exception: Python's own members
                 continue
-            assert _public(getattr(module, cls)) == {k.split(".")[1] for k in members
-                                                     if k.startswith(f"{cls}.") and not k.split(".")[1].startswith("_")}
+            assert _public(getattr(module, cls)) == {
+                k.split(".")[1] for k in members if k.startswith(f"{cls}.") and not k.split(".")[1].startswith("_")
+            }
 
 
 def test_submodules_import_by_their_full_names() -> None:
@@ -71,8 +72,9 @@ def test_submodules_import_by_their_full_names() -> None:
         assert importlib.import_module(f"mori.core._native.{sub}") is getattr(_native, sub)
 
 
-def _signatures(module: ModuleType, top: dict[str, ast.AST],
-                members: dict[str, ast.FunctionDef]) -> Iterator[tuple[str, Any, ast.AST]]:
+def _signatures(
+    module: ModuleType, top: dict[str, ast.AST], members: dict[str, ast.FunctionDef]
+) -> Iterator[tuple[str, Any, ast.AST]]:
     """(name, the callable, its stub) for each function, method and constructor of ``module``."""
     for name in sorted(_public(module)):
         member = getattr(module, name)

@@ -41,9 +41,10 @@ def test_bytes_go_out_and_in_unchanged(size):
     out = stager.to_host(int(src.ctypes.data), size)
     assert out.pinned and out.size == size and out.copied()
     landing = stager.landing(size)
-    np.copyto(np.frombuffer((np.ctypeslib.as_ctypes_type(np.uint8) * size).from_address(landing.address),
-                            dtype=np.uint8), np.frombuffer(
-        (np.ctypeslib.as_ctypes_type(np.uint8) * size).from_address(out.address), dtype=np.uint8))
+    np.copyto(
+        np.frombuffer((np.ctypeslib.as_ctypes_type(np.uint8) * size).from_address(landing.address), dtype=np.uint8),
+        np.frombuffer((np.ctypeslib.as_ctypes_type(np.uint8) * size).from_address(out.address), dtype=np.uint8),
+    )
     stager.to_device(int(dst.ctypes.data), landing, wait=False)
     landing.wait()
     assert np.array_equal(src, dst)

@@ -52,18 +52,21 @@ def _serve(limits, io_timeout):
         t.deregister_region(region)
         return time.monotonic() - t0
 
-    serve_commands({
-        "limit_memory": limit_memory,
-        "unlimit_memory": lambda: resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY,) * 2),
-        "limit_fds": lambda room: resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + room, 4096)),
-        "fds": _open_fds,
-        "stats": lambda: (t.stats(), t.connection_count(), t.inbound_count()),
-        "pop": t.pop_inbound,
-        "ticket": t.issue_ticket,
-        "deregister": deregister,
-        "bytes": lambda off, n: bytes(arr[off:off + n]),
-        "close": t.close,
-    }, mm)
+    serve_commands(
+        {
+            "limit_memory": limit_memory,
+            "unlimit_memory": lambda: resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY,) * 2),
+            "limit_fds": lambda room: resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + room, 4096)),
+            "fds": _open_fds,
+            "stats": lambda: (t.stats(), t.connection_count(), t.inbound_count()),
+            "pop": t.pop_inbound,
+            "ticket": t.issue_ticket,
+            "deregister": deregister,
+            "bytes": lambda off, n: bytes(arr[off : off + n]),
+            "close": t.close,
+        },
+        mm,
+    )
     return t.port
 
 
@@ -143,8 +146,9 @@ def _wait_reaped(tgt: CommandProcess, base: int) -> None:
     back to ``base`` (+2); then asserts it. Without the queue, a moment between two back-offs
     with no live connection ended the wait early."""
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (tgt.call("stats")[1] > 0 or _accept_queue(tgt.port) > 0
-                                           or tgt.call("fds") > base + 2):
+    while time.monotonic() < deadline and (
+        tgt.call("stats")[1] > 0 or _accept_queue(tgt.port) > 0 or tgt.call("fds") > base + 2
+    ):
         time.sleep(0.05)
     assert tgt.call("stats")[1] == 0 and tgt.call("fds") <= base + 2
 
@@ -274,8 +278,12 @@ def test_data_connections_need_a_ticket_for_their_key(target_factory):
     # Hole 8: the token alone does not admit a data connection; the ticket must have been issued
     # (by the control plane) to the key the connection claims.
     tgt = target_factory()
-    for key, token, ticket in (("init", "tok", "forged"), ("other", "tok", TICKET), ("init", "bad", TICKET),
-                               ("init", "tok", "")):
+    for key, token, ticket in (
+        ("init", "tok", "forged"),
+        ("other", "tok", TICKET),
+        ("init", "bad", TICKET),
+        ("init", "tok", ""),
+    ):
         s, code = _raw_session(tgt.port, key, token, ticket)
         assert code == TransferCode.ERR_BAD_STATE, (key, token, ticket)
         s.close()
@@ -354,4 +362,3 @@ def test_one_key_holds_a_bounded_number_of_connections(target_factory):
     _good_transfer(tgt.port, 13, key="other", ticket="ticket-other")  # other keys are not affected
     for s, _ in sessions:
         s.close()
-

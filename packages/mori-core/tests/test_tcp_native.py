@@ -41,8 +41,16 @@ def _serve(path, token, timeout):
             code = t.pop_inbound(key, uid)
         return code
 
-    serve_commands({"pop_now": t.pop_inbound, "pop": pop, "deregister": t.deregister_region,
-                    "conns": t.connection_count, "close": t.close}, mm)
+    serve_commands(
+        {
+            "pop_now": t.pop_inbound,
+            "pop": pop,
+            "deregister": t.deregister_region,
+            "conns": t.connection_count,
+            "close": t.close,
+        },
+        mm,
+    )
     return t.port
 
 
@@ -80,7 +88,7 @@ def test_write_then_read_striped(remote, nconn, size, batch):
     rofs = [int(j) * size + 5 for j in slots] if size * batch + 5 <= SIZE else [0]
     expect = arr.copy()
     for lo, ro in zip(lofs, rofs):
-        expect[ro:ro + size] = src[lo:lo + size]
+        expect[ro : ro + size] = src[lo : lo + size]
     p = _peer(port, nconn)
     t = p.submit(WRITE, Batch(lofs, rofs, [size] * batch, int(src.ctypes.data)), 1, 77, True, 1 << 20)
     assert t.wait(30) and t.code() == 0, t.message()
@@ -90,7 +98,7 @@ def test_write_then_read_striped(remote, nconn, size, batch):
     t = p.submit(READ, Batch(lofs, rofs, [size] * batch, int(back.ctypes.data)), 1, 78, False, 1 << 20)
     assert t.wait(30) and t.code() == 0, t.message()
     for lo, ro in zip(lofs, rofs):
-        assert np.array_equal(back[lo:lo + size], arr[ro:ro + size])
+        assert np.array_equal(back[lo : lo + size], arr[ro : ro + size])
     p.close()
 
 
@@ -111,7 +119,7 @@ def test_notification_recorded_before_finish(remote, size, batch):
     assert t.wait(30) and t.code() == 0, t.message()
     assert call("pop_now", "init", 90) == 0 and call("pop_now", "init", 90) is None
     for lo, ro in zip(lofs, rofs):
-        assert np.array_equal(arr[ro:ro + size], src[lo:lo + size])
+        assert np.array_equal(arr[ro : ro + size], src[lo : lo + size])
     back = np.zeros_like(src)
     t = p.submit(READ, Batch(lofs, rofs, [size] * batch, int(back.ctypes.data)), 1, 91, True, 1 << 20)
     assert t.wait(30) and t.code() == 0, t.message()
@@ -134,8 +142,10 @@ def test_rejections_write_nothing(remote):
     arr[:] = 3
     src = np.full(4096, 9, dtype=np.uint8)
     p = _peer(port)
-    cases = [(1, SIZE - 10, 11, TransferCode.ERR_INVALID_ARGS, "out of range"),
-             (2, 0, 8, TransferCode.ERR_NOT_FOUND, "memory is not registered")]
+    cases = [
+        (1, SIZE - 10, 11, TransferCode.ERR_INVALID_ARGS, "out of range"),
+        (2, 0, 8, TransferCode.ERR_NOT_FOUND, "memory is not registered"),
+    ]
     for mem, off, n, code, text in cases:
         t = p.submit(WRITE, Batch([0], [off], [n], int(src.ctypes.data)), mem, 1, True, 1 << 20)
         assert t.wait(10) and t.code() == code and text in t.message()

@@ -78,8 +78,17 @@ def _counter_setup(start: int, closed_flag: str) -> int:
     def fail() -> None:
         raise ValueError("refused on purpose")
 
-    serve_commands({"add": add, "fail": fail, "close": close, "pid": os.getpid,
-                    "kept": lambda: bytes(context().state["keep"][0]), "sleep": time.sleep}, buf)
+    serve_commands(
+        {
+            "add": add,
+            "fail": fail,
+            "close": close,
+            "pid": os.getpid,
+            "kept": lambda: bytes(context().state["keep"][0]),
+            "sleep": time.sleep,
+        },
+        buf,
+    )
     return start * 10
 
 

@@ -111,6 +111,10 @@ def test_our_ucx_declarations_match_the_wheels_headers(tmp_path: Path) -> None:
     assert (include / "ucp" / "api" / "ucp.h").exists(), include
     src = tmp_path / "check.cpp"
     src.write_text(CHECKS)
-    proc = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", f"-I{include}", f"-I{CSRC}", str(src)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [cxx, "-std=c++17", "-fsyntax-only", f"-I{include}", f"-I{CSRC}", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr

@@ -70,14 +70,17 @@ def test_every_operation_at_both_widths(pair: Pair) -> None:
     assert set(OPS) == {"fetch_add", "compare_swap", "swap", "store", "fetch_and", "fetch_or", "fetch_xor"}
 
 
-@pytest.mark.parametrize(("offset", "width", "mem_id", "reason"), [
-    (64, 64, 1, "out of range"),            # one word past the region
-    (60, 64, 1, "out of range"),            # straddles its end
-    (4, 64, 1, "not aligned"),
-    (2, 32, 1, "not aligned"),
-    (0, 64, 2, "not registered"),
-    ((1 << 64) - 8, 64, 1, "out of range"),  # offset arithmetic must not wrap
-])
+@pytest.mark.parametrize(
+    ("offset", "width", "mem_id", "reason"),
+    [
+        (64, 64, 1, "out of range"),  # one word past the region
+        (60, 64, 1, "out of range"),  # straddles its end
+        (4, 64, 1, "not aligned"),
+        (2, 32, 1, "not aligned"),
+        (0, 64, 2, "not registered"),
+        ((1 << 64) - 8, 64, 1, "out of range"),  # offset arithmetic must not wrap
+    ],
+)
 def test_refusals_change_nothing(pair: Pair, offset: int, width: int, mem_id: int, reason: str) -> None:
     before = bytes(pair.words)
     refused = pair.b.stats()["refused"]
@@ -137,11 +140,14 @@ def test_signal_put_writes_then_signals(pair: Pair) -> None:
         signal_put(pair.a, pair.peer, 1, 0, ctypes.addressof(data), 8, 1, 56, "swap", 1)
 
 
-@pytest.mark.parametrize(("offset", "size", "sig_offset", "reason"), [
-    (48, 24, 56, "out of range"),     # the data runs past the region
-    (0, 8, 52, "not aligned"),        # the signal is misaligned: the data is not written either
-    (0, 8, 64, "out of range"),       # the signal is outside the region
-])
+@pytest.mark.parametrize(
+    ("offset", "size", "sig_offset", "reason"),
+    [
+        (48, 24, 56, "out of range"),  # the data runs past the region
+        (0, 8, 52, "not aligned"),  # the signal is misaligned: the data is not written either
+        (0, 8, 64, "out of range"),  # the signal is outside the region
+    ],
+)
 def test_signal_put_refusals_write_nothing(pair: Pair, offset: int, size: int, sig_offset: int, reason: str) -> None:
     data = (ctypes.c_char * 24)(*b"Z" * 24)
     before = bytes(pair.words)
@@ -157,7 +163,8 @@ def test_serving_gpu_memory_needs_every_driver_entry_point() -> None:
     from mori.core._native.ucx import UCX_GPU_ENTRY_POINTS, ucx_serve_gpu
 
     assert {"cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy", "cuMemcpyDtoHAsync"} <= set(
-        UCX_GPU_ENTRY_POINTS)
+        UCX_GPU_ENTRY_POINTS
+    )
     assert len(set(UCX_GPU_ENTRY_POINTS)) == len(UCX_GPU_ENTRY_POINTS)
     engine = ucx.make_engine("gpu-entry-points")
     try:

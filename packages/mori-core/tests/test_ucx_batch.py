@@ -41,16 +41,17 @@ def test_rows_move_byte_for_byte(engines: tuple[ucx.UcxPeer, np.ndarray, np.ndar
     t = peer.submit(ucx.WRITE, 1, Batch(l_offs, r_offs, sizes, src_base=base), 7, uid=1)
     assert t.wait(10.0) and t.code() == TransferCode.SUCCESS, t.message()
     for lo, ro, n in zip(l_offs, r_offs, sizes):
-        assert np.array_equal(remote[ro:ro + n], local[lo:lo + n])
-    remote[200000:200000 + 5000] = 9
+        assert np.array_equal(remote[ro : ro + n], local[lo : lo + n])
+    remote[200000 : 200000 + 5000] = 9
     t = peer.submit(ucx.READ, 1, Batch.one(base + 300000, 200000, 5000), 7, uid=2)
     assert t.wait(10.0) and t.code() == TransferCode.SUCCESS, t.message()
     assert (local[300000:305000] == 9).all()
 
 
 @pytest.mark.parametrize("row", [(-1, 0, 16), (SIZE - 8, 0, 16), (SIZE, 0, 1), (2 * SIZE, 0, 4096)])
-def test_rows_outside_the_local_region_are_refused(engines: tuple[ucx.UcxPeer, np.ndarray, np.ndarray],
-                                                   row: tuple[int, int, int]) -> None:
+def test_rows_outside_the_local_region_are_refused(
+    engines: tuple[ucx.UcxPeer, np.ndarray, np.ndarray], row: tuple[int, int, int]
+) -> None:
     peer, local, remote = engines
     before = remote.copy()
     src = int(local.ctypes.data) + row[0]

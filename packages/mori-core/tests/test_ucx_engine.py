@@ -50,12 +50,12 @@ def test_write_then_read(pair: Pair, size: int, batch: int) -> None:
     rofs = [int(j) * size + 5 for j in rng.permutation(batch)]
     expect = pair.target.arr.copy()
     for lo, ro in zip(lofs, rofs):
-        expect[GUARD + ro:GUARD + ro + size] = pair.init.region[lo:lo + size]
+        expect[GUARD + ro : GUARD + ro + size] = pair.init.region[lo : lo + size]
     code, msg, _ = pair.transfer(WRITE, lofs, rofs, [size] * batch)
     assert code == "SUCCESS", msg
     assert np.array_equal(pair.target.arr, expect)
     back = pair.init.arr.copy()
-    pair.init.region[:size * batch] = 0
+    pair.init.region[: size * batch] = 0
     code, msg, _ = pair.transfer(READ, lofs, rofs, [size] * batch)
     assert code == "SUCCESS", msg
     assert np.array_equal(pair.init.arr, back)
@@ -98,7 +98,7 @@ def test_out_of_range_refused(pair: Pair, op: int) -> None:
         assert code == "ERR_INVALID_ARGS", (rofs, code, msg)
         assert "out of range" in msg and "'target'" in msg, msg
     assert np.array_equal(pair.target.arr[:GUARD], before_t[:GUARD])
-    assert np.array_equal(pair.target.arr[GUARD + SIZE:], before_t[GUARD + SIZE:])
+    assert np.array_equal(pair.target.arr[GUARD + SIZE :], before_t[GUARD + SIZE :])
     if op == READ:  # no refused read delivers a byte
         assert np.array_equal(pair.init.arr, before_i)
     code, msg, _ = pair.transfer(op, [0], [0], [1], remote_id=99)
@@ -110,12 +110,12 @@ def test_run_one_moves_one_block_and_reports_as_a_transfer(pair: Pair) -> None:
     fill(pair.init.arr, 9)
     fill(pair.target.arr, 10)
     expect = pair.target.arr.copy()
-    expect[GUARD + 777:GUARD + 777 + 4096] = pair.init.region[100:4196]
+    expect[GUARD + 777 : GUARD + 777 + 4096] = pair.init.region[100:4196]
     assert pair.init.call("run_one", "target", WRITE, 100, 777, 4096) == (0, "")
     assert np.array_equal(pair.target.arr, expect)
     pair.init.region[:8192] = 0
     assert pair.init.call("run_one", "target", READ, 5000, 777, 3 << 10) == (0, "")
-    assert np.array_equal(pair.init.region[5000:5000 + (3 << 10)], expect[GUARD + 777:GUARD + 777 + (3 << 10)])
+    assert np.array_equal(pair.init.region[5000 : 5000 + (3 << 10)], expect[GUARD + 777 : GUARD + 777 + (3 << 10)])
     code, msg = pair.init.call("run_one", "target", WRITE, 0, SIZE - 10, 20)
     assert code == TransferCode.ERR_INVALID_ARGS and "out of range" in msg, msg
     code, msg = pair.init.call("run_one", "target", READ, 0, 0, 1, 99)
@@ -133,7 +133,7 @@ def test_deregistered_region_refused(pair: Pair) -> None:
     pair.target.arr[:] = 0
     pair.target.call("register", 2, GUARD + 4096, 8192)
     assert pair.transfer(WRITE, [0], [0], [8192], remote_id=2)[0] == "SUCCESS"
-    assert np.array_equal(pair.target.region[4096:4096 + 8192], pair.init.region[:8192])
+    assert np.array_equal(pair.target.region[4096 : 4096 + 8192], pair.init.region[:8192])
     assert pair.target.call("deregister", 2) is True
     assert pair.target.call("deregister", 2) is False
     before = pair.target.arr.copy()
@@ -147,8 +147,9 @@ def test_deregistered_region_refused(pair: Pair) -> None:
 def test_wrong_ticket_never_served(pair: Pair) -> None:
     """An engine presenting a ticket the target never issued is ignored: its transfers fail at
     the deadline, the target's memory is untouched."""
-    intruder = EngineProcess("intruder", pair.lib, pair.namespaces[0].name if pair.namespaces else None,
-                             pair.settings, timeout=1.0)
+    intruder = EngineProcess(
+        "intruder", pair.lib, pair.namespaces[0].name if pair.namespaces else None, pair.settings, timeout=1.0
+    )
     try:
         pair.target.arr[:] = 7
         before = pair.target.arr.copy()
@@ -167,9 +168,14 @@ def test_wrong_ticket_never_served(pair: Pair) -> None:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(blocks=st.lists(st.tuples(st.integers(0, SIZE + 100), st.integers(0, 70000), st.sampled_from([1, 1, 1, 2])),
-                       min_size=1, max_size=40),
-       op=st.sampled_from([WRITE, READ]))
+@given(
+    blocks=st.lists(
+        st.tuples(st.integers(0, SIZE + 100), st.integers(0, 70000), st.sampled_from([1, 1, 1, 2])),
+        min_size=1,
+        max_size=40,
+    ),
+    op=st.sampled_from([WRITE, READ]),
+)
 def test_fuzzed_blocks(pair: Pair, blocks: list[tuple[int, int, int]], op: int) -> None:
     """Random blocks, some outside the region or in unknown memory: the transfer succeeds
     exactly when every block is valid, and nothing outside the region changes."""
@@ -180,20 +186,21 @@ def test_fuzzed_blocks(pair: Pair, blocks: list[tuple[int, int, int]], op: int) 
     lofs = [min(i * 70000, SIZE - 70000) for i in range(len(blocks))]
     for mem in {m for _, _, m in blocks}:
         sel = [i for i, b in enumerate(blocks) if b[2] == mem]
-        code, msg, _ = pair.transfer(op, [lofs[i] for i in sel], [blocks[i][0] for i in sel],
-                                     [blocks[i][1] for i in sel], remote_id=mem)
+        code, msg, _ = pair.transfer(
+            op, [lofs[i] for i in sel], [blocks[i][0] for i in sel], [blocks[i][1] for i in sel], remote_id=mem
+        )
         # A Batch drops zero-byte blocks before anything is sent, so only blocks with bytes are
         # checked against the target's region (a group of zero-byte blocks moves nothing).
         ok = all(blocks[i][2] == 1 and blocks[i][0] + blocks[i][1] <= SIZE for i in sel if blocks[i][1])
         assert (code == "SUCCESS") == ok, (code, msg)
     assert np.array_equal(pair.target.arr[:GUARD], before_t[:GUARD])
-    assert np.array_equal(pair.target.arr[GUARD + SIZE:], before_t[GUARD + SIZE:])
+    assert np.array_equal(pair.target.arr[GUARD + SIZE :], before_t[GUARD + SIZE :])
     assert np.array_equal(pair.init.arr[:GUARD], before_i[:GUARD])
     if valid and op == WRITE and len({b[0] for b in blocks}) == len(blocks):
         for (off, size, _), lo in zip(blocks, lofs):
             overlap = any(o != off and o < off + size and off < o + s for o, s, _ in blocks)
             if not overlap:
-                assert np.array_equal(pair.target.region[off:off + size], pair.init.region[lo:lo + size])
+                assert np.array_equal(pair.target.region[off : off + size], pair.init.region[lo : lo + size])
 
 
 UCX_PARAMS = [p for p in PARAMS if p[1] != "same-host"]  # the RMA path is UCX's
@@ -216,13 +223,13 @@ def test_rma_path_write_then_read(rma_pair: Pair, size: int, batch: int) -> None
     rofs = [int(j) * size + 3 for j in rng.permutation(batch)]
     expect = pair.target.arr.copy()
     for lo, ro in zip(lofs, rofs):
-        expect[GUARD + ro:GUARD + ro + size] = pair.init.region[lo:lo + size]
+        expect[GUARD + ro : GUARD + ro + size] = pair.init.region[lo : lo + size]
     code, msg, _ = pair.transfer(WRITE, lofs, rofs, [size] * batch, uid=21, notify=True)
     assert code == "SUCCESS", msg
     assert np.array_equal(pair.target.arr, expect)
     assert pair.target.call("pop", "initiator", 21) == TransferCode.SUCCESS
     back = pair.init.arr.copy()
-    pair.init.region[:size * batch] = 0
+    pair.init.region[: size * batch] = 0
     code, msg, _ = pair.transfer(READ, lofs, rofs, [size] * batch)
     assert code == "SUCCESS", msg
     assert np.array_equal(pair.init.arr, back)
@@ -249,11 +256,11 @@ def test_engines_on_two_ucx_versions_move_large_blocks(target_lib: str, init_lib
             fill(target.arr, size + 1)
             code, msg, _ = pair.transfer(WRITE, [0], [7], [size])
             assert code == "SUCCESS", msg
-            assert np.array_equal(target.region[7:7 + size], init.region[:size])
+            assert np.array_equal(target.region[7 : 7 + size], init.region[:size])
             fill(target.arr, size + 2)
             code, msg, _ = pair.transfer(READ, [5], [0], [size])
             assert code == "SUCCESS", msg
-            assert np.array_equal(init.region[5:5 + size], target.region[:size])
+            assert np.array_equal(init.region[5 : 5 + size], target.region[:size])
 
 
 @pytest.mark.parametrize("lib", ["debian", "wheel"])

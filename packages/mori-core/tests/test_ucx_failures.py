@@ -103,11 +103,11 @@ def test_killed_initiator_leaves_the_target_serving_others(lib: str, where: str,
                 fill(other.arr, seed)
                 code, msg, _ = other.call("transfer", "target", WRITE, [0, 4096], [SIZE - 8192, 0], [4096, 1 << 20])
                 assert code == "SUCCESS", msg
-                assert np.array_equal(pair.target.region[SIZE - 8192:SIZE - 4096], other.region[:4096])
+                assert np.array_equal(pair.target.region[SIZE - 8192 : SIZE - 4096], other.region[:4096])
                 other.region[:] = 0
                 code, msg, _ = other.call("transfer", "target", READ, [0], [SIZE - 8192], [4096])
                 assert code == "SUCCESS", msg
-                assert np.array_equal(other.region[:4096], pair.target.region[SIZE - 8192:SIZE - 4096])
+                assert np.array_equal(other.region[:4096], pair.target.region[SIZE - 8192 : SIZE - 4096])
             pair.target.call("register", 9, GUARD, SIZE)
             assert pair.target.call("deregister", 9) is True
             assert pair.target.call("deregister", 1, timeout=TIMEOUT + 30) is True
@@ -153,8 +153,9 @@ def test_a_full_send_queue_refuses_after_its_wait_and_frees_when_transfers_end(w
             held = pair.init.call("start", "target", READ, offs, offs[::-1], [BLOCK] * 4)
             for rows, want in ((1, 1), (6, 4)):
                 began = time.monotonic()  # the wait is in the call that starts the transfer
-                code, msg, _ = pair.transfer(WRITE, [i * 4096 for i in range(rows)],
-                                             [SIZE - (i + 1) * 8192 for i in range(rows)], [4096] * rows)
+                code, msg, _ = pair.transfer(
+                    WRITE, [i * 4096 for i in range(rows)], [SIZE - (i + 1) * 8192 for i in range(rows)], [4096] * rows
+                )
                 assert code == "ERR_TRANSPORT", (code, msg)
                 assert msg == f"SQ full (write): engine=target worker=0 depth=4 requested={want} max=4", msg
                 assert 0.25 < time.monotonic() - began < 5
@@ -163,8 +164,10 @@ def test_a_full_send_queue_refuses_after_its_wait_and_frees_when_transfers_end(w
         code, msg, _ = pair.init.call("finish", held, 30.0)
         assert code == "SUCCESS", msg
         for i, o in enumerate(offs):
-            assert np.array_equal(pair.init.region[o:o + BLOCK], pair.target.region[offs[3 - i]:offs[3 - i] + BLOCK])
+            assert np.array_equal(
+                pair.init.region[o : o + BLOCK], pair.target.region[offs[3 - i] : offs[3 - i] + BLOCK]
+            )
         fill(pair.init.arr, 6)
         code, msg, _ = pair.transfer(WRITE, offs, offs, [BLOCK] * 4)
         assert code == "SUCCESS", msg
-        assert np.array_equal(pair.target.region[:4 * BLOCK], pair.init.region[:4 * BLOCK])
+        assert np.array_equal(pair.target.region[: 4 * BLOCK], pair.init.region[: 4 * BLOCK])

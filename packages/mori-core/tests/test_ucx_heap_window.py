@@ -35,15 +35,16 @@ class Pair:
             self.b.register_memory(1 + k, self.base(1) + k * CHUNK, CHUNK)
         self.peer = self.a.connect("b", self.b.addresses, self.b.admit("a"))
         self.live = LiveRanges()
-        self.window = ucx.UcxHeapWindow(self.a, self.live, self.base(0), HEAP, RESERVED, CHUNK, 1, False,
-                                        [None, self.peer], 10.0)
+        self.window = ucx.UcxHeapWindow(
+            self.a, self.live, self.base(0), HEAP, RESERVED, CHUNK, 1, False, [None, self.peer], 10.0
+        )
         self.window.grow(HEAP)
 
     def base(self, pe: int) -> int:
         return ctypes.addressof(self.heaps[pe])
 
     def far(self, offset: int, nbytes: int) -> bytes:
-        return self.heaps[1].raw[offset:offset + nbytes]
+        return self.heaps[1].raw[offset : offset + nbytes]
 
     def close(self) -> None:
         self.window.close()
@@ -68,8 +69,11 @@ def _bytes(seed: int, n: int) -> bytes:
 def test_a_layout_that_cannot_be_is_refused() -> None:
     engine = ucx.make_engine("window-layout", timeout=1.0)
     try:
-        for size, reserved, chunk, why in ((4096, 0, 0, "chunk"), (4096, 0, 1000, "chunk"),
-                                           (4096, 8192, 4096, "reserved")):
+        for size, reserved, chunk, why in (
+            (4096, 0, 0, "chunk"),
+            (4096, 0, 1000, "chunk"),
+            (4096, 8192, 4096, "reserved"),
+        ):
             with pytest.raises(ValueError, match=why):
                 ucx.UcxHeapWindow(engine, LiveRanges(), 1 << 20, size, reserved, chunk, 1, False, [None], 1.0)
         window = ucx.UcxHeapWindow(engine, LiveRanges(), 1 << 20, 4096, 0, 4096, 1, False, [None, None], 1.0)
@@ -104,7 +108,7 @@ def test_every_local_case_moves_every_byte_and_is_counted(pair: Pair) -> None:
         w.register_buffer(ctypes.addressof(buffer) + 4096, 10, False)
     assert w.put(1, CHUNK - 8, ctypes.addressof(buffer) + 100, CHUNK) is None  # crosses a remote chunk
     assert w.put(1, 0 + RESERVED, ctypes.addressof(buffer), 100) is None
-    assert pair.far(CHUNK - 8, CHUNK) == buffer.raw[100:CHUNK + 100]
+    assert pair.far(CHUNK - 8, CHUNK) == buffer.raw[100 : CHUNK + 100]
     assert pair.far(RESERVED, 100) == buffer.raw[:100]
     ctypes.memset(ctypes.addressof(buffer), 0, CHUNK + 4096)
     assert w.get(1, CHUNK - 8, ctypes.addressof(buffer), CHUNK) is None
@@ -136,9 +140,15 @@ def test_the_plain_put_and_what_it_leaves_to_the_caller(pair: Pair) -> None:
         (base + 8192, ctypes.addressof(outside), 64, 1),  # a source neither in the heap nor registered
         (base + 8192, base + HEAP - 10, 20, 1),  # a source past the heap
         (base + 8192, base, 0, 1),  # nothing to move (the caller's path says so)
-        (base + 8192, base, 16, 0), (base + 8192, base, 16, 2), (base + 8192, base, 16, -1),  # no peer
-        (base + 8192, base, 16, True), (base + 8192, base, 16, 1.0), (-1, base, 16, 1), (2**64, base, 16, 1),
-        (1.5, base, 16, 1), (None, base, 16, 1),  # not an int, or no address
+        (base + 8192, base, 16, 0),
+        (base + 8192, base, 16, 2),
+        (base + 8192, base, 16, -1),  # no peer
+        (base + 8192, base, 16, True),
+        (base + 8192, base, 16, 1.0),
+        (-1, base, 16, 1),
+        (2**64, base, 16, 1),
+        (1.5, base, 16, 1),
+        (None, base, 16, 1),  # not an int, or no address
     ]:
         assert w.quick_put(dest, src, n, pe) is None, (dest - base if isinstance(dest, int) else dest, src, n, pe)
     assert pair.heaps[1].raw == before
@@ -154,8 +164,10 @@ def test_put_with_signal_and_atomics(pair: Pair) -> None:
     small, large = _bytes(5, 300), _bytes(6, 40_000)  # one message; the put, then the atomic
     for rnd, data in enumerate((small, large), start=1):
         src = ctypes.create_string_buffer(data, len(data))
-        assert w.put_signal(1, CHUNK + 8, ctypes.addressof(src), len(data), False, 2 * CHUNK + 64, OPS["fetch_add"],
-                            rnd) is None
+        assert (
+            w.put_signal(1, CHUNK + 8, ctypes.addressof(src), len(data), False, 2 * CHUNK + 64, OPS["fetch_add"], rnd)
+            is None
+        )
         assert pair.far(CHUNK + 8, len(data)) == data
     assert sig.value == 3
     assert w.put_signal(1, 0, 0, 0, False, 2 * CHUNK + 64, OPS["store"], 9) is None and sig.value == 9

@@ -127,8 +127,7 @@ def test_engine_reports_its_settings_and_closes_tcp_puts_where_ucx_takes_it(lib:
 
 
 @pytest.mark.parametrize(("cores", "workers"), [(None, 1), (1, 1), (2, 1), (7, 1), (8, 2), (16, 2), (128, 2)])
-def test_auto_workers_is_two_from_eight_cores(monkeypatch: pytest.MonkeyPatch, cores: int | None,
-                                              workers: int) -> None:
+def test_auto_workers_is_two_from_eight_cores(monkeypatch: pytest.MonkeyPatch, cores: int | None, workers: int) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     assert ucx.auto_workers() == workers
 

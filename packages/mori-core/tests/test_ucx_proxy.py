@@ -29,15 +29,31 @@ FETCH_ADD, COMPARE_SWAP, SWAP, STORE, FETCH_AND, FETCH_OR, FETCH_XOR = 1, 2, 3, 
 
 
 class Slot(ctypes.Structure):
-    _fields_ = [("seq", ctypes.c_uint64), ("command", ctypes.c_uint32), ("pe", ctypes.c_int32),
-                ("remote", ctypes.c_uint64), ("local", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
-                ("value", ctypes.c_uint64), ("compare", ctypes.c_uint64), ("op", ctypes.c_uint8),
-                ("width", ctypes.c_uint8), ("flags", ctypes.c_uint8), ("reserved", ctypes.c_uint8 * 5)]
+    _fields_ = [
+        ("seq", ctypes.c_uint64),
+        ("command", ctypes.c_uint32),
+        ("pe", ctypes.c_int32),
+        ("remote", ctypes.c_uint64),
+        ("local", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),
+        ("compare", ctypes.c_uint64),
+        ("op", ctypes.c_uint8),
+        ("width", ctypes.c_uint8),
+        ("flags", ctypes.c_uint8),
+        ("reserved", ctypes.c_uint8 * 5),
+    ]
 
 
 class Header(ctypes.Structure):
-    _fields_ = [("slots", ctypes.c_uint64), ("completed", ctypes.c_uint64), ("failed", ctypes.c_uint64),
-                ("waitingPe", ctypes.c_uint64), ("taken", ctypes.c_uint64), ("reserved", ctypes.c_uint64 * 3)]
+    _fields_ = [
+        ("slots", ctypes.c_uint64),
+        ("completed", ctypes.c_uint64),
+        ("failed", ctypes.c_uint64),
+        ("waitingPe", ctypes.c_uint64),
+        ("taken", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 3),
+    ]
 
 
 assert ctypes.sizeof(Slot) == PROXY_SLOT_BYTES and ctypes.sizeof(Header) == PROXY_HEADER_BYTES
@@ -54,8 +70,9 @@ class Rig:
         for k in range(HEAP // CHUNK):
             self.b.register_memory(1 + k, self.base(1) + k * CHUNK, CHUNK)
         self.peer = self.a.connect("b", self.b.addresses, self.b.admit("a"))
-        self.window = ucx.UcxHeapWindow(self.a, LiveRanges(), self.base(0), HEAP, 0, CHUNK, 1, False,
-                                        [None, self.peer], 10.0)
+        self.window = ucx.UcxHeapWindow(
+            self.a, LiveRanges(), self.base(0), HEAP, 0, CHUNK, 1, False, [None, self.peer], 10.0
+        )
         self.window.grow(HEAP)
         self.ring = ctypes.create_string_buffer(PROXY_HEADER_BYTES + PROXY_SLOTS * PROXY_SLOT_BYTES)
         self.bounce = ctypes.create_string_buffer(PROXY_SLOTS * 16)
@@ -67,10 +84,24 @@ class Rig:
         return ctypes.addressof(self.heaps[pe])
 
     def slot(self, t: int) -> Slot:
-        return Slot.from_address(ctypes.addressof(self.ring) + PROXY_HEADER_BYTES + (t % PROXY_SLOTS) * PROXY_SLOT_BYTES)
+        return Slot.from_address(
+            ctypes.addressof(self.ring) + PROXY_HEADER_BYTES + (t % PROXY_SLOTS) * PROXY_SLOT_BYTES
+        )
 
-    def post(self, command: int, remote: int = 0, local: int = 0, nbytes: int = 0, value: int = 0, compare: int = 0,
-             op: int = 0, width: int = 64, flags: int = 0, pe: int = 1, timeout: float = 10.0) -> int:
+    def post(
+        self,
+        command: int,
+        remote: int = 0,
+        local: int = 0,
+        nbytes: int = 0,
+        value: int = 0,
+        compare: int = 0,
+        op: int = 0,
+        width: int = 64,
+        flags: int = 0,
+        pe: int = 1,
+        timeout: float = 10.0,
+    ) -> int:
         """What ProxyPost does: take a ticket, wait for its slot, fill it, publish it."""
         t, self.ticket = self.ticket, self.ticket + 1
         s = self.slot(t)
@@ -125,19 +156,24 @@ def test_puts_and_gets_byte_for_byte(rig: Rig) -> None:
     ctypes.memmove(rig.base(0) + 4096, src, len(src))
     rig.post(PUT, remote=CHUNK - 100, local=rig.base(0) + 4096, nbytes=2 * CHUNK + 17)  # crosses two chunks
     rig.post(PUT, remote=3 * CHUNK + 8, local=ctypes.addressof(outside), nbytes=CHUNK - 64)
-    rig.post(PUT_INLINE, remote=64, nbytes=11, value=int.from_bytes(b"hello, p", "little"),
-             compare=int.from_bytes(b"roxy\0\0\0\0", "little"))
+    rig.post(
+        PUT_INLINE,
+        remote=64,
+        nbytes=11,
+        value=int.from_bytes(b"hello, p", "little"),
+        compare=int.from_bytes(b"roxy\0\0\0\0", "little"),
+    )
     rig.quiet()
     far = rig.heaps[1].raw
-    assert far[CHUNK - 100:CHUNK - 100 + 2 * CHUNK + 17] == src[:2 * CHUNK + 17]
-    assert far[3 * CHUNK + 8:4 * CHUNK - 56] == src[:CHUNK - 64]
+    assert far[CHUNK - 100 : CHUNK - 100 + 2 * CHUNK + 17] == src[: 2 * CHUNK + 17]
+    assert far[3 * CHUNK + 8 : 4 * CHUNK - 56] == src[: CHUNK - 64]
     assert far[64:75] == b"hello, prox"
     back = ctypes.create_string_buffer(2 * CHUNK)
     rig.post(GET, remote=CHUNK - 100, local=ctypes.addressof(back), nbytes=2 * CHUNK)
     rig.post(GET, remote=CHUNK - 100, local=rig.base(0) + 2 * CHUNK, nbytes=CHUNK + 3)
     rig.quiet()
-    assert back.raw == src[:2 * CHUNK]
-    assert rig.heaps[0].raw[2 * CHUNK:3 * CHUNK + 3] == src[:CHUNK + 3]
+    assert back.raw == src[: 2 * CHUNK]
+    assert rig.heaps[0].raw[2 * CHUNK : 3 * CHUNK + 3] == src[: CHUNK + 3]
     t = rig.post(GET_INLINE, remote=64, nbytes=8, flags=REPLY)
     assert rig.answer(t).to_bytes(8, "little") == b"hello, p"
     assert rig.proxy.failure() == "" and rig.header.failed == 0
@@ -166,12 +202,20 @@ def test_put_with_signal_and_fence_order(rig: Rig) -> None:
     ctypes.memmove(rig.base(0) + 8192, data, len(data))
     sig = ctypes.c_uint64.from_address(rig.base(1) + 128)
     for rnd in range(1, 6):
-        rig.post(PUT, remote=CHUNK + 1000, local=rig.base(0) + 8192, nbytes=len(data), value=rnd, compare=128,
-                 op=FETCH_ADD, flags=SIGNAL)
+        rig.post(
+            PUT,
+            remote=CHUNK + 1000,
+            local=rig.base(0) + 8192,
+            nbytes=len(data),
+            value=rnd,
+            compare=128,
+            op=FETCH_ADD,
+            flags=SIGNAL,
+        )
         deadline = time.monotonic() + 10
         while sig.value < rnd * (rnd + 1) // 2:  # the target sees this round's signal: the data is there
             assert time.monotonic() < deadline
-        assert rig.heaps[1].raw[CHUNK + 1000:CHUNK + 1000 + len(data)] == data
+        assert rig.heaps[1].raw[CHUNK + 1000 : CHUNK + 1000 + len(data)] == data
     assert sig.value == sum(range(1, 6))
     # Fence: the put before it is complete at the target before the store after it starts, so
     # whoever sees the flag sees the bytes (the store alone, a small message, would overtake them).
@@ -220,8 +264,8 @@ def test_commands_in_one_outside_buffer_share_its_registration(rig: Rig) -> None
     rig.quiet()
     far = rig.heaps[1].raw
     assert far[:CHUNK] == src
-    assert all(far[CHUNK + k * 4096:CHUNK + (k + 1) * 4096] == src[k * 8192:k * 8192 + 4096] for k in range(8))
-    assert far[2 * CHUNK:2 * CHUNK + 4196] == src[CHUNK - 100:] + bytes(4096)
+    assert all(far[CHUNK + k * 4096 : CHUNK + (k + 1) * 4096] == src[k * 8192 : k * 8192 + 4096] for k in range(8))
+    assert far[2 * CHUNK : 2 * CHUNK + 4196] == src[CHUNK - 100 :] + bytes(4096)
     assert rig.proxy.failure() == "" and rig.proxy.wait_idle(5.0)
 
 

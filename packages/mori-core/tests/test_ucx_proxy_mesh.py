@@ -97,8 +97,10 @@ def _pe(rank: int, world: int, conn: Any, outside: bool) -> None:
             deadline = time.monotonic() + 60
             while header.completed < ticket:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"PE {rank} round {rnd}: quiet stuck at {header.completed} of {ticket}; "
-                                         f"failure: {proxy.failure()!r}")
+                    raise AssertionError(
+                        f"PE {rank} round {rnd}: quiet stuck at {header.completed} of {ticket}; "
+                        f"failure: {proxy.failure()!r}"
+                    )
                 time.sleep(1e-4)
             assert header.failed == 0, proxy.failure()
             # wait for every other PE's signal of this round, then check its bytes
@@ -109,8 +111,7 @@ def _pe(rank: int, world: int, conn: Any, outside: bool) -> None:
                 n = _size(rnd, src, rank, world)
                 while word.value != (rnd << 32 | n):
                     if time.monotonic() > deadline:
-                        raise AssertionError(f"PE {rank} round {rnd}: no signal from PE {src} "
-                                             f"(word {word.value:#x})")
+                        raise AssertionError(f"PE {rank} round {rnd}: no signal from PE {src} (word {word.value:#x})")
                     time.sleep(1e-4)
                 got = ctypes.string_at(base + 100 + src * AREA, n)
                 assert got == _payload(rnd, src, rank, n), f"PE {rank} round {rnd}: PE {src}'s bytes differ"

@@ -34,8 +34,12 @@ def test_only_this_host_and_pid_namespace_are_offered() -> None:
         assert ucx.make_engine("off", same_host=False).same_host_address == b""
         ticket = target.admit("initiator")
         tag, host, pidns, name = target.same_host_address.split(b" ")
-        for other in (b" ".join([tag, b"another-machine/1", pidns, name]), b" ".join([tag, host, b"1", name]),
-                      b"garbage", b"mori-same-host/2 " + host + b" " + pidns + b" " + name):
+        for other in (
+            b" ".join([tag, b"another-machine/1", pidns, name]),
+            b" ".join([tag, host, b"1", name]),
+            b"garbage",
+            b"mori-same-host/2 " + host + b" " + pidns + b" " + name,
+        ):
             peer = init.connect("target", target.addresses, ticket, other)
             assert not peer.same_host and peer.same_host_refusal == "", other  # not offered: UCX, silently
             peer.close()
@@ -62,14 +66,14 @@ def test_hostile_clients_are_dropped_and_move_nothing() -> None:
         probe = ctypes.create_string_buffer(nonce, 16)
         good = sh.hello(ticket, ctypes.addressof(probe), nonce)
         cases = [
-            (b"\x00" * 40, None),                                                     # no magic
-            (struct.pack("<IB3x", sh.MAGIC, sh.BELL), None),                          # no hello first
-            (sh.hello(ticket ^ 1, ctypes.addressof(probe), nonce), sh.ring_fd()),     # ticket never issued
+            (b"\x00" * 40, None),  # no magic
+            (struct.pack("<IB3x", sh.MAGIC, sh.BELL), None),  # no hello first
+            (sh.hello(ticket ^ 1, ctypes.addressof(probe), nonce), sh.ring_fd()),  # ticket never issued
             (sh.hello(ticket, ctypes.addressof(probe), b"\xff" * 16), sh.ring_fd()),  # probe does not match
-            (struct.pack("<IB", sh.MAGIC, sh.HELLO) + b"\x00" * 100, sh.ring_fd()),   # wrong size
-            (good, None),                                                             # no ring
-            (good, sh.ring_fd(seals=0)),                                              # a ring that could shrink
-            (good, sh.ring_fd(size=sh.RING_BYTES - 4096)),                            # the wrong size
+            (struct.pack("<IB", sh.MAGIC, sh.HELLO) + b"\x00" * 100, sh.ring_fd()),  # wrong size
+            (good, None),  # no ring
+            (good, sh.ring_fd(seals=0)),  # a ring that could shrink
+            (good, sh.ring_fd(size=sh.RING_BYTES - 4096)),  # the wrong size
         ]
         for msg, fd in cases:
             s = sh.client(target)
@@ -90,10 +94,15 @@ def test_hostile_clients_are_dropped_and_move_nothing() -> None:
         # A proven client still cannot reach outside a live registration.
         ring = sh.Ring(target, ticket, ctypes.addressof(probe), nonce)
         assert ring.verdict == (sh.MAGIC, sh.HELLO_REPLY, 0)
-        for rid, entry, code in ((1, (1, 1 << 16, 1, 0), 11), (2, (1, (1 << 16) - 4095, 4096, 0), 11),
-                                 (3, (2, 0, 1, 0), 12), (4, (1, 2**64 - 1, 2, 0), 11)):
-            seq = ring.post(2, rid, [(1, 0, 16, int(mine.ctypes.data)), (entry[0], entry[1], entry[2],
-                                                                          int(mine.ctypes.data))])
+        for rid, entry, code in (
+            (1, (1, 1 << 16, 1, 0), 11),
+            (2, (1, (1 << 16) - 4095, 4096, 0), 11),
+            (3, (2, 0, 1, 0), 12),
+            (4, (1, 2**64 - 1, 2, 0), 11),
+        ):
+            seq = ring.post(
+                2, rid, [(1, 0, 16, int(mine.ctypes.data)), (entry[0], entry[1], entry[2], int(mine.ctypes.data))]
+            )
             magic, kind, got, reason, which, err, echoed = ring.reply(seq)
             assert (magic, kind, got, which, echoed) == (sh.MAGIC, sh.REPLY, code, 1, rid), (rid, got, which)
         assert (buf == 0x5A).all()  # the valid first block of each refused request did not move either
@@ -118,8 +127,7 @@ def test_deregistration_waits_and_then_refuses() -> None:
     try:
         peer = init.connect("target", target.addresses, target.admit("initiator"), target.same_host_address)
         assert peer.same_host
-        transfers = [peer.submit(ucx.WRITE, 1, Batch.one(int(src.ctypes.data), 0, src.nbytes), 1)
-                     for _ in range(4)]
+        transfers = [peer.submit(ucx.WRITE, 1, Batch.one(int(src.ctypes.data), 0, src.nbytes), 1) for _ in range(4)]
         assert target.deregister_memory(1)
         for t in transfers:  # finished, each all or refused
             assert t.wait(5) and t.code() in (0, 12), t.message()
@@ -155,7 +163,7 @@ def test_notification_of_a_transfer_of_several_requests() -> None:
         assert target.pop_inbound("initiator", 7) == 0
         assert target.pop_inbound("initiator", 8) == 11
         assert target.inbound_count() == 0
-        assert all(np.array_equal(dst[o:o + 64], src[o:o + 64]) for o in offs[::97])
+        assert all(np.array_equal(dst[o : o + 64], src[o : o + 64]) for o in offs[::97])
     finally:
         init.close()
         target.close()
@@ -178,7 +186,7 @@ def test_refused_by_the_kernel_falls_back_to_ucx_and_says_so_once() -> None:
         code, msg, _ = init.call("transfer", "target", ucx.WRITE, [0, 8192], [4096, 1 << 20], [4096, 1 << 20])
         assert code == "SUCCESS", msg
         assert np.array_equal(target.region[4096:8192], init.region[:4096])
-        assert np.array_equal(target.region[1 << 20:2 << 20], init.region[8192:8192 + (1 << 20)])
+        assert np.array_equal(target.region[1 << 20 : 2 << 20], init.region[8192 : 8192 + (1 << 20)])
     finally:
         init.remove()
         target.remove()
@@ -192,8 +200,7 @@ def test_peer_closed_mid_transfer_fails_it() -> None:
     init.register_memory(1, int(src.ctypes.data), src.nbytes)
     try:
         peer = init.connect("target", target.addresses, target.admit("initiator"), target.same_host_address)
-        rows = Batch([i << 20 for i in range(64)], [i << 20 for i in range(64)], [1 << 20] * 64,
-                     int(src.ctypes.data))
+        rows = Batch([i << 20 for i in range(64)], [i << 20 for i in range(64)], [1 << 20] * 64, int(src.ctypes.data))
         transfers = [peer.submit(ucx.WRITE, 1, rows, 1) for _ in range(8)]
         peer.close()
         time.sleep(0.01)
@@ -222,4 +229,4 @@ def test_a_transfer_no_one_waits_for_ends_on_its_own(polling: bool) -> None:
                 code, secs = pair.init.call("poll", tid, 10.0)
                 assert code == "SUCCESS" and secs < 10
             # Either way the initiator's first `size` bytes and the target's next `size` are one copy.
-            assert np.array_equal(pair.init.region[:size], pair.target.region[size:2 * size])
+            assert np.array_equal(pair.init.region[:size], pair.target.region[size : 2 * size])

@@ -67,8 +67,10 @@ def test_a_ring_that_stays_full_fails_the_poster_at_the_deadline_and_nothing_lan
         # The poster waiting for room fails at its deadline, or just before it when the earlier
         # transfers' deadlines (a few ms earlier) fail the link first.
         code, msg, _ = codes[-1]
-        assert code == "ERR_TRANSPORT" and ("left its same-host request ring full for 3 s (timeout)" in msg or
-                                            "no completion from engine 'target' within 3 s" in msg), msg
+        assert code == "ERR_TRANSPORT" and (
+            "left its same-host request ring full for 3 s (timeout)" in msg
+            or "no completion from engine 'target' within 3 s" in msg
+        ), msg
         for code, msg, _ in codes[:-1]:
             assert code == "ERR_TRANSPORT" and "'target'" in msg, msg
         assert not pair.init.call("healthy", "target")
@@ -109,8 +111,8 @@ def test_a_slot_rewritten_while_it_is_served_stays_inside_the_registration() -> 
             while not stop.is_set():
                 for i in range(sh.SLOTS):
                     off = ring.slot(i) + 80 + 8
-                    ring.mem[off:off + 8] = bad
-                    ring.mem[off:off + 8] = valid
+                    ring.mem[off : off + 8] = bad
+                    ring.mem[off : off + 8] = valid
 
         writer = threading.Thread(target=rewrite)
         writer.start()
@@ -122,8 +124,8 @@ def test_a_slot_rewritten_while_it_is_served_stays_inside_the_registration() -> 
             stop.set()
             writer.join()
         ring.close()
-        assert (arena[:1 << 16] == 0x5A).all() and (arena[2 << 16:] == 0x5A).all()
-        region = arena[1 << 16:2 << 16]
+        assert (arena[: 1 << 16] == 0x5A).all() and (arena[2 << 16 :] == 0x5A).all()
+        region = arena[1 << 16 : 2 << 16]
         assert (region[4096:forged] == 0x5A).all()  # only ever the checked block
     finally:
         target.close()

@@ -35,11 +35,15 @@ def _spread(pair) -> int:
 
 
 @pytest.mark.parametrize("op", [WRITE, READ], ids=["write", "read"])
-@pytest.mark.parametrize("lofs,rofs,sizes", [
-    ([0], [5], [3 * MIB + 7]),                                       # one block, cut over the workers
-    ([i * MIB for i in range(6)], [(5 - i) * MIB + 3 for i in range(6)], [MIB] * 6),  # blocks dealt
-    ([0, 2 * MIB], [MIB, 0], [MIB - 1, 700 << 10]),                   # two uneven blocks
-], ids=["one-block", "six-blocks", "two-uneven"])
+@pytest.mark.parametrize(
+    "lofs,rofs,sizes",
+    [
+        ([0], [5], [3 * MIB + 7]),  # one block, cut over the workers
+        ([i * MIB for i in range(6)], [(5 - i) * MIB + 3 for i in range(6)], [MIB] * 6),  # blocks dealt
+        ([0, 2 * MIB], [MIB, 0], [MIB - 1, 700 << 10]),  # two uneven blocks
+    ],
+    ids=["one-block", "six-blocks", "two-uneven"],
+)
 def test_a_large_transfer_is_spread_and_lands_byte_for_byte_with_one_record(pair, op: int, lofs, rofs, sizes) -> None:
     fill(pair.init.arr, 21 + op)
     fill(pair.target.arr, 31 + op)
@@ -47,7 +51,7 @@ def test_a_large_transfer_is_spread_and_lands_byte_for_byte_with_one_record(pair
     expect = dst.arr.copy()
     for lo, ro, n in zip(lofs, rofs, sizes):
         s, d = (lo, ro) if op == WRITE else (ro, lo)
-        expect[GUARD + d:GUARD + d + n] = src.region[s:s + n]
+        expect[GUARD + d : GUARD + d + n] = src.region[s : s + n]
     before = _spread(pair)
     uid = 1000 + op * 10 + len(sizes)
     code, msg, _ = pair.transfer(op, lofs, rofs, sizes, uid=uid, notify=True)
@@ -63,8 +67,9 @@ def test_small_transfers_stay_on_one_worker(pair) -> None:
     before = _spread(pair)
     fill(pair.init.arr, 5)
     assert pair.transfer(WRITE, [0], [0], [4096])[0] == "SUCCESS"
-    assert pair.transfer(WRITE, [i * 4096 for i in range(64)], [i * 8192 for i in range(64)], [4096] * 64)[0] \
-        == "SUCCESS"
+    assert (
+        pair.transfer(WRITE, [i * 4096 for i in range(64)], [i * 8192 for i in range(64)], [4096] * 64)[0] == "SUCCESS"
+    )
     assert pair.transfer(READ, [0], [0], [(2 * 256 << 10) - 1])[0] == "SUCCESS"  # below two shares
     assert _spread(pair) == before
 
@@ -83,15 +88,16 @@ def test_a_refused_block_fails_the_spread_transfer_and_its_record(pair, op: int)
     assert pair.target.call("pop", "initiator", 77 + op) == TransferCode.ERR_INVALID_ARGS
     assert pair.target.call("pop", "initiator", 77 + op, 0.5) is None
     assert np.array_equal(pair.target.arr[:GUARD], before_t[:GUARD])
-    assert np.array_equal(pair.target.arr[GUARD + SIZE:], before_t[GUARD + SIZE:])
+    assert np.array_equal(pair.target.arr[GUARD + SIZE :], before_t[GUARD + SIZE :])
     if op == READ:
         assert np.array_equal(pair.init.arr[:GUARD], before_i[:GUARD])
 
 
 @pytest.mark.parametrize("lib,where", PARAMS[:2], ids=IDS[:2])
 @pytest.mark.parametrize("op", [READ, WRITE], ids=["read", "write"])
-def test_a_killed_target_fails_a_spread_transfer_never_success_with_missing_bytes(lib: str, where: str,
-                                                                                  op: int) -> None:
+def test_a_killed_target_fails_a_spread_transfer_never_success_with_missing_bytes(
+    lib: str, where: str, op: int
+) -> None:
     rng = random.Random(f"spread{lib}{op}")
     for _ in range(3):
         with engine_pair(lib, where, timeout=TIMEOUT, workers=WORKERS) as pair:
@@ -142,4 +148,4 @@ def test_with_round_robin_off_large_transfers_still_spread() -> None:
         code, msg, _ = pair.transfer(WRITE, [0], [0], [2 * MIB])
         assert code == "SUCCESS", msg
         assert pair.init.call("stats")["spread"] == 1
-        assert np.array_equal(pair.target.region[:2 * MIB], pair.init.region[:2 * MIB])
+        assert np.array_equal(pair.target.region[: 2 * MIB], pair.init.region[: 2 * MIB])

@@ -39,9 +39,11 @@ def test_export_retains_exports_and_releases_the_same_handle(monkeypatch: pytest
     try:
         assert not os.get_inheritable(fd)
         posix = _cuda.driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        assert driver.calls == [("cuMemRetainAllocationHandle", 0x1000),
-                                ("cuMemExportToShareableHandle", "handle-of-0x1000", posix, 0),
-                                ("cuMemRelease", "handle-of-0x1000")]
+        assert driver.calls == [
+            ("cuMemRetainAllocationHandle", 0x1000),
+            ("cuMemExportToShareableHandle", "handle-of-0x1000", posix, 0),
+            ("cuMemRelease", "handle-of-0x1000"),
+        ]
     finally:
         os.close(fd)
 

@@ -39,9 +39,13 @@ def _serve(key: str, env: dict[str, str]) -> bytes:
             fds = len(os.listdir("/proc/self/fd"))
         except OSError:
             pass
-        return {"threads": threads, "fds": fds,
-                "conns": engine._server.connection_count(), "inbound": len(engine._inbound),
-                **dataclasses.asdict(engine._server.stats)}
+        return {
+            "threads": threads,
+            "fds": fds,
+            "conns": engine._server.connection_count(),
+            "inbound": len(engine._inbound),
+            **dataclasses.asdict(engine._server.stats),
+        }
 
     extra: dict[int, MemoryDesc] = {}
     libc = ctypes.CDLL(None, use_errno=True)
@@ -68,9 +72,18 @@ def _serve(key: str, env: dict[str, str]) -> bytes:
         assert libc.munmap(d.data, d.size) == 0
         return took
 
-    return serve_commands(engine, {**engine_commands(engine, {desc.id: desc}), "desc": desc.pack,
-                                   "limit_fds": limit_fds, "probe": probe, "add_region": add_region,
-                                   "drop_region": drop_region, "bytes": lambda off, n: bytes(arr[off:off + n])})
+    return serve_commands(
+        engine,
+        {
+            **engine_commands(engine, {desc.id: desc}),
+            "desc": desc.pack,
+            "limit_fds": limit_fds,
+            "probe": probe,
+            "add_region": add_region,
+            "drop_region": drop_region,
+            "bytes": lambda off, n: bytes(arr[off : off + n]),
+        },
+    )
 
 
 class Target(PipeProcess):

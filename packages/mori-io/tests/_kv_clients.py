@@ -31,8 +31,19 @@ from mori.io import (
     TcpBackendConfig,
 )
 
-__all__ = ["Layout", "fill", "merge_contiguous", "group_contiguous", "serve_vllm_target", "serve_sglang_target", "TARGET_NETNS",
-           "make_engine", "replay_host", "HybridCache", "serve_vllm_hybrid_target"]
+__all__ = [
+    "Layout",
+    "fill",
+    "merge_contiguous",
+    "group_contiguous",
+    "serve_vllm_target",
+    "serve_sglang_target",
+    "TARGET_NETNS",
+    "make_engine",
+    "replay_host",
+    "HybridCache",
+    "serve_vllm_hybrid_target",
+]
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,9 @@ def make_engine(key: str, backend: str, target: bool = False) -> IOEngine:
     if backend == "rdma":
         engine.create_backend(BackendType.RDMA, rdma_cfg)
     else:
-        engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=3,
-                                                                enable_notification=rdma_cfg.enable_notification))
+        engine.create_backend(
+            BackendType.TCP, TcpBackendConfig(num_connections=3, enable_notification=rdma_cfg.enable_notification)
+        )
     assert engine.get_engine_desc().port > 0
     return engine
 
@@ -126,16 +138,25 @@ def serve_vllm_target(key: str, backend: str, layout: Layout, seed: int) -> byte
     for layer in range(layout.layers):
         name = f"model.layers.{layer}.self_attn.attn"
         raw = fill(seed + layer, layout.layer_bytes)
-        tensor = torch.from_numpy(raw).view(torch.float16).reshape(
-            2, layout.num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
+        tensor = (
+            torch.from_numpy(raw)
+            .view(torch.float16)
+            .reshape(2, layout.num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
+        )
         caches[name] = tensor
         metadata[name] = [engine.register_torch_tensor(tensor).pack()]
 
     def handshake() -> tuple[bytes, bytes]:
         # What vLLM's handshake listener sends: the agent metadata (the packed EngineDesc
         # inside), then msgpack of {layer name: [packed MemoryDesc]}.
-        agent = msgpack.packb({"engine_id": key, "agent_metadata": engine.get_engine_desc().pack(),
-                               "num_blocks": layout.num_blocks, "block_len": layout.block_bytes})
+        agent = msgpack.packb(
+            {
+                "engine_id": key,
+                "agent_metadata": engine.get_engine_desc().pack(),
+                "num_blocks": layout.num_blocks,
+                "block_len": layout.block_bytes,
+            }
+        )
         return agent, msgpack.packb(metadata)
 
     def cache_bytes() -> bytes:
@@ -156,8 +177,11 @@ def serve_sglang_target(key: str, backend: str, layout: Layout, seed: int, aux_l
     def handshake() -> list[bytes]:
         # SGLang's registration message: the packed EngineDesc, then msgpack lists of packed
         # MemoryDescs (KV, aux).
-        return [engine.get_engine_desc().pack(), msgpack.packb([d.pack() for d in kv_descs]),
-                msgpack.packb([d.pack() for d in aux_descs])]
+        return [
+            engine.get_engine_desc().pack(),
+            msgpack.packb([d.pack() for d in kv_descs]),
+            msgpack.packb([d.pack() for d in aux_descs]),
+        ]
 
     def buffers() -> list[bytes]:
         return [a.tobytes() for a in kv + aux]
@@ -194,15 +218,23 @@ class HybridCache:
         self.raw = np.frombuffer(self._map, dtype=np.uint8)
         self.raw[:] = fill(seed, self.raw.size)
         storage = torch.from_numpy(self.raw)
-        self.attn = [storage[pad + i * layout.layer_bytes:pad + (i + 1) * layout.layer_bytes].view(torch.float16).reshape(
-            2, layout.num_blocks, layout.block_size, layout.kv_heads, layout.head_dim) for i in range(self.attn_layers)]
+        self.attn = [
+            storage[pad + i * layout.layer_bytes : pad + (i + 1) * layout.layer_bytes]
+            .view(torch.float16)
+            .reshape(2, layout.num_blocks, layout.block_size, layout.kv_heads, layout.head_dim)
+            for i in range(self.attn_layers)
+        ]
         kda_at = pad + self.attn_layers * layout.layer_bytes
-        pages = [storage[kda_at + i * self.slots * self.page_bytes:kda_at + (i + 1) * self.slots * self.page_bytes]
-                 .view(torch.float16).reshape(self.slots, self.conv_elems + self.ssm_elems)
-                 for i in range(self.kda_layers)]
-        self.kda = [(page[:, :self.conv_elems], page[:, self.conv_elems:]) for page in pages]  # slot-strided views
-        self.names = [f"model.layers.{i}.self_attn.attn" for i in range(self.attn_layers)] + \
-                     [f"model.layers.{self.attn_layers + i}.linear_attn" for i in range(self.kda_layers)]
+        pages = [
+            storage[kda_at + i * self.slots * self.page_bytes : kda_at + (i + 1) * self.slots * self.page_bytes]
+            .view(torch.float16)
+            .reshape(self.slots, self.conv_elems + self.ssm_elems)
+            for i in range(self.kda_layers)
+        ]
+        self.kda = [(page[:, : self.conv_elems], page[:, self.conv_elems :]) for page in pages]  # slot-strided views
+        self.names = [f"model.layers.{i}.self_attn.attn" for i in range(self.attn_layers)] + [
+            f"model.layers.{self.attn_layers + i}.linear_attn" for i in range(self.kda_layers)
+        ]
         self.metadata: dict[str, list[bytes]] = {}
         self.base_addrs: list[int] = []
         self.mr_offset: dict[str, int] = {}
@@ -231,14 +263,15 @@ class HybridCache:
             self.mr_offset[name] = t.data_ptr() - reg.data_ptr()
             self.base_addrs += [t[0].data_ptr(), t[1].data_ptr()]  # K and V regions
             self.metadata[name] = [shared.pack()]
-        for name, (conv, ssm) in zip(self.names[self.attn_layers:], self.kda):
+        for name, (conv, ssm) in zip(self.names[self.attn_layers :], self.kda):
             descs = [engine.register_torch_tensor(self._byte_alias(t)) for t in (conv, ssm)]
             self.descs += descs
             self.base_addrs += [conv.data_ptr(), ssm.data_ptr()]
             self.metadata[name] = [d.pack() for d in descs]
 
-    def attn_offsets(self, name: str, local_ids: list[int], remote_ids: list[int],
-                     remote_base: int) -> tuple[list[int], list[int], list[int]]:
+    def attn_offsets(
+        self, name: str, local_ids: list[int], remote_ids: list[int], remote_base: int
+    ) -> tuple[list[int], list[int], list[int]]:
         """vLLM's ``compute_block_transfer_offsets`` for a split K/V layer, moved by the layer's
         offset in the shared registration on each side (the remote one from ``remote_base``:
         its K address minus ``MemoryDesc.unpack(packed).data``)."""
@@ -265,7 +298,11 @@ class HybridCache:
         if i < self.attn_layers:
             at = pad + i * self.layout.layer_bytes + unit * bl
             return [(at, bl), (at + self.layout.num_blocks * bl, bl)]
-        at = pad + self.attn_layers * self.layout.layer_bytes + ((i - self.attn_layers) * self.slots + unit) * self.page_bytes
+        at = (
+            pad
+            + self.attn_layers * self.layout.layer_bytes
+            + ((i - self.attn_layers) * self.slots + unit) * self.page_bytes
+        )
         return [(at, 2 * self.conv_elems), (at + 2 * self.conv_elems, 2 * self.ssm_elems)]
 
 
@@ -277,14 +314,28 @@ def serve_vllm_hybrid_target(key: str, backend: str, layout: Layout, seed: int, 
     cache = HybridCache(engine, layout, seed, pad, kda_layers)
 
     def handshake() -> tuple[bytes, bytes]:
-        agent = msgpack.packb({"engine_id": key, "agent_metadata": engine.get_engine_desc().pack(),
-                               "kv_caches_base_addr": cache.base_addrs, "num_blocks": layout.num_blocks,
-                               "block_len": layout.block_bytes})
+        agent = msgpack.packb(
+            {
+                "engine_id": key,
+                "agent_metadata": engine.get_engine_desc().pack(),
+                "kv_caches_base_addr": cache.base_addrs,
+                "num_blocks": layout.num_blocks,
+                "block_len": layout.block_bytes,
+            }
+        )
         return agent, msgpack.packb(cache.metadata)
 
     def deregister_all() -> None:
         for d in cache.descs:
             engine.deregister_memory(d)
 
-    return serve_commands(engine, {**engine_commands(engine, {}), "handshake": handshake,
-                                   "cache": lambda: cache.raw.tobytes(), "deregister_all": deregister_all}, cache)
+    return serve_commands(
+        engine,
+        {
+            **engine_commands(engine, {}),
+            "handshake": handshake,
+            "cache": lambda: cache.raw.tobytes(),
+            "deregister_all": deregister_all,
+        },
+        cache,
+    )

@@ -82,8 +82,11 @@ def _serve(role: str, host: str, shm: str, size: int, backends: Sequence[str], r
         """Transfers the RDMA backend's UCX engine spread over its workers (private: this package's test)."""
         return int(engine._backends._by_type[BackendType.RDMA]._engine.stats()["spread"])
 
-    return serve_commands(engine, {**engine_commands(engine, {}), "mem": mem.pack, "transfer": transfer,
-                                   "session": session, "spread": spread}, buf)
+    return serve_commands(
+        engine,
+        {**engine_commands(engine, {}), "mem": mem.pack, "transfer": transfer, "session": session, "spread": spread},
+        buf,
+    )
 
 
 class NetnsPeer(PipeProcess):
@@ -91,10 +94,17 @@ class NetnsPeer(PipeProcess):
     registered (``mem``: its packed descriptor); ``env`` is added to its environment;
     ``rdma_workers`` is the RDMA backend's ``num_worker_threads``."""
 
-    def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, backends: Sequence[str] = ("tcp",),
-                 env: dict[str, str] | None = None, rdma_workers: int = -1) -> None:
-        super().__init__(_serve, (role, host, buf.path, buf.size, tuple(backends), rdma_workers), role, 90.0, ns,
-                         env)
+    def __init__(
+        self,
+        ns: str,
+        role: str,
+        host: str,
+        buf: SharedBuffer,
+        backends: Sequence[str] = ("tcp",),
+        env: dict[str, str] | None = None,
+        rdma_workers: int = -1,
+    ) -> None:
+        super().__init__(_serve, (role, host, buf.path, buf.size, tuple(backends), rdma_workers), role, 90.0, ns, env)
         self.mem: bytes = self.call("mem")
 
     def connect(self, other: NetnsPeer) -> None:

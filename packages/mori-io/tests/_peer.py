@@ -97,8 +97,15 @@ class PipeProcess(testing.CommandProcess):
     environment before anything runs in it. Every wait has a timeout and the process is always
     reaped; ``close()`` closes the engine first."""
 
-    def __init__(self, serve: Callable[..., bytes], args: tuple[Any, ...], name: str, timeout: float,
-                 netns: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        serve: Callable[..., bytes],
+        args: tuple[Any, ...],
+        name: str,
+        timeout: float,
+        netns: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(serve, args, name, timeout, env, start=start_in_netns(netns))
         try:
             self.desc = EngineDesc.unpack(self.ready)

@@ -118,8 +118,14 @@ def _serve_initiator(role: str, host: str, shm: str, size: int, workers: int) ->
         uid = engine.allocate_transfer_uid()
         fn = engine.batch_write if op == "write" else engine.batch_read
         offs = [i * block for i in range(blocks)]
-        started[uid] = fn(mem, [local_off + o for o in offs], MemoryDesc.unpack(remote),
-                          [remote_off + o for o in offs], [block] * blocks, uid)
+        started[uid] = fn(
+            mem,
+            [local_off + o for o in offs],
+            MemoryDesc.unpack(remote),
+            [remote_off + o for o in offs],
+            [block] * blocks,
+            uid,
+        )
         return uid
 
     def finish(uid: int) -> tuple[str, str]:
@@ -157,8 +163,14 @@ def _serve_initiator(role: str, host: str, shm: str, size: int, workers: int) ->
         peer = engine._backends[BackendType.RDMA]._peers[key]  # type: ignore[attr-defined]
         return peer.same_host, peer.same_host_refusal
 
-    commands = {**engine_commands(engine, {}), "start": start, "finish": finish, "raw": raw, "fuzz": fuzz,
-                "same_host": same_host}
+    commands = {
+        **engine_commands(engine, {}),
+        "start": start,
+        "finish": finish,
+        "raw": raw,
+        "fuzz": fuzz,
+        "same_host": same_host,
+    }
     return serve_commands(engine, commands, buf)
 
 
@@ -166,8 +178,9 @@ class RdmaTarget(PipeProcess):
     """A target engine in namespace ``ns`` with the window ``[lo, hi)`` of ``buf`` registered
     (``mem``: its packed descriptor); ``workers``: its RDMA backend's num_worker_threads."""
 
-    def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, lo: int, hi: int,
-                 env: dict[str, str], workers: int = -1) -> None:
+    def __init__(
+        self, ns: str, role: str, host: str, buf: SharedBuffer, lo: int, hi: int, env: dict[str, str], workers: int = -1
+    ) -> None:
         super().__init__(_serve_target, (role, host, buf.path, buf.size, lo, hi, workers), role, 90.0, ns, env)
         self.mem: bytes = self.call("mem")
 
@@ -176,8 +189,9 @@ class RdmaInitiator(PipeProcess):
     """An initiator engine in namespace ``ns`` with all of ``buf`` registered; ``workers``: its
     RDMA backend's num_worker_threads."""
 
-    def __init__(self, ns: str, role: str, host: str, buf: SharedBuffer, env: dict[str, str],
-                 workers: int = -1) -> None:
+    def __init__(
+        self, ns: str, role: str, host: str, buf: SharedBuffer, env: dict[str, str], workers: int = -1
+    ) -> None:
         super().__init__(_serve_initiator, (role, host, buf.path, buf.size, workers), role, 90.0, ns, env)
 
     def meet(self, other: PipeProcess | NetnsPeer) -> None:

@@ -73,17 +73,22 @@ class SglangBuffers:
         self.layout = layout
         self.kv = [fill(seed + i, layout.pages * layout.item_len) for i in range(layout.layers)]
         self.aux = [fill(seed + 100 + i, n * layout.aux_slots) for i, n in enumerate(layout.aux_lens)]
-        self.state = [[fill(seed + 200 + i, n * layout.swa_slots) for i, n in enumerate(layout.swa_lens)],
-                      [fill(seed + 300 + i, n * layout.mamba_slots) for i, n in enumerate(layout.mamba_lens)]]
+        self.state = [
+            [fill(seed + 200 + i, n * layout.swa_slots) for i, n in enumerate(layout.swa_lens)],
+            [fill(seed + 300 + i, n * layout.mamba_slots) for i, n in enumerate(layout.mamba_lens)],
+        ]
         alignment = math.lcm(HOST_REGISTRATION_ALIGNMENT, layout.item_len)
         chunk = None if host_chunk is None else host_chunk // alignment * alignment
 
         def register(a: np.ndarray, offset: int = 0, length: int | None = None) -> MemoryDesc:
-            return engine.register_memory(int(a.ctypes.data) + offset, a.size - offset if length is None else length,
-                                          -1, MemoryLocationType.CPU)
+            return engine.register_memory(
+                int(a.ctypes.data) + offset, a.size - offset if length is None else length, -1, MemoryLocationType.CPU
+            )
 
-        self.kv_groups = [[register(a, at, min(chunk, a.size - at)) for at in range(0, a.size, chunk)]
-                          if chunk else [register(a)] for a in self.kv]
+        self.kv_groups = [
+            [register(a, at, min(chunk, a.size - at)) for at in range(0, a.size, chunk)] if chunk else [register(a)]
+            for a in self.kv
+        ]
         self.aux_descs = [register(a) for a in self.aux]
         self.state_descs = [[register(a) for a in component] for component in self.state]
 
@@ -96,14 +101,22 @@ class SglangBuffers:
 
     def packed(self) -> bytes:
         """The registration message's descriptor lists (SGLang's msgspec lists of packed descs)."""
-        return msgpack.packb([[[d.pack() for d in g] for g in self.kv_groups], [d.pack() for d in self.aux_descs],
-                              [[d.pack() for d in c] for c in self.state_descs]])
+        return msgpack.packb(
+            [
+                [[d.pack() for d in g] for g in self.kv_groups],
+                [d.pack() for d in self.aux_descs],
+                [[d.pack() for d in c] for c in self.state_descs],
+            ]
+        )
 
     @staticmethod
     def unpack(blob: bytes) -> tuple[list[list[MemoryDesc]], list[MemoryDesc], list[list[MemoryDesc]]]:
         kv, aux, state = msgpack.unpackb(blob)
-        return ([[MemoryDesc.unpack(b) for b in g] for g in kv], [MemoryDesc.unpack(b) for b in aux],
-                [[MemoryDesc.unpack(b) for b in c] for c in state])
+        return (
+            [[MemoryDesc.unpack(b) for b in g] for g in kv],
+            [MemoryDesc.unpack(b) for b in aux],
+            [[MemoryDesc.unpack(b) for b in c] for c in state],
+        )
 
 
 def serve_sglang_decode(key: str, backend: str, layout: SglangLayout, seed: int, host_chunk: int) -> bytes:
@@ -120,6 +133,14 @@ def serve_sglang_decode(key: str, backend: str, layout: SglangLayout, seed: int,
         side.append(SglangBuffers(engine, layout, new_seed, host_chunk))
         return side[-1].packed()
 
-    return serve_commands(engine, {**engine_commands(engine, {}), "handshake": lambda: side[-1].packed(),
-                                   "buffers": lambda: [a.tobytes() for a in side[-1].arrays()],
-                                   "deregister_all": deregister_all, "fresh": fresh}, side)
+    return serve_commands(
+        engine,
+        {
+            **engine_commands(engine, {}),
+            "handshake": lambda: side[-1].packed(),
+            "buffers": lambda: [a.tobytes() for a in side[-1].arrays()],
+            "deregister_all": deregister_all,
+            "fresh": fresh,
+        },
+        side,
+    )

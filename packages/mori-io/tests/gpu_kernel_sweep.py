@@ -61,8 +61,9 @@ def main() -> int:
     stream = torch.cuda.Stream(device=LOCAL)
     cu_stream = _cuda.driver().CUstream(stream.cuda_stream)
     ce_gbs = peer_copy_gbs(total, args.iters)
-    print(f"copy engine, one 256 MiB peer copy GPU{REMOTE}->GPU{LOCAL}: {total / ce_gbs / 1e3:.1f} us = "
-          f"{ce_gbs:.1f} GB/s")
+    print(
+        f"copy engine, one 256 MiB peer copy GPU{REMOTE}->GPU{LOCAL}: {total / ce_gbs / 1e3:.1f} us = {ce_gbs:.1f} GB/s"
+    )
     print(f"{'op':5} {'blocks':>12} {'piece':>7} {'grid':>5} {'kernel us':>10} {'GB/s':>7} {'vs CE':>6} {'data':>5}")
     for size, batch in ((256 << 10, 1024), (4 << 10, 16384)):
         offs = np.arange(batch, dtype=np.uint64) * np.uint64(size)
@@ -87,8 +88,11 @@ def main() -> int:
                 d_blocks = dst[: size * batch].view(batch, size)
                 ok = bool(torch.equal(d_blocks.to(s_blocks.device), s_blocks.flip(0)))
                 gbs = size * batch / t / 1e9
-                print(f"{op:5} {f'{batch}x{size >> 10}K':>12} {f'{piece >> 10}K':>7} {kern.grid(batch * per_row):5} "
-                      f"{t * 1e6:10.1f} {gbs:7.1f} {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG':>5}", flush=True)
+                print(
+                    f"{op:5} {f'{batch}x{size >> 10}K':>12} {f'{piece >> 10}K':>7} {kern.grid(batch * per_row):5} "
+                    f"{t * 1e6:10.1f} {gbs:7.1f} {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG':>5}",
+                    flush=True,
+                )
                 if not ok:
                     return 1
             if size == 256 << 10:
@@ -97,8 +101,18 @@ def main() -> int:
     return 0
 
 
-def hybrid(kern: CopyKernel, table, batch: int, size: int, src: torch.Tensor, dst: torch.Tensor,
-           stream: torch.cuda.Stream, ce_gbs: float, op: str, iters: int) -> None:
+def hybrid(
+    kern: CopyKernel,
+    table,
+    batch: int,
+    size: int,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    stream: torch.cuda.Stream,
+    ce_gbs: float,
+    op: str,
+    iters: int,
+) -> None:
     """The first rows by the kernel on ``stream``, the rest by the copy engines
     (cuMemcpyBatchAsync) on a second stream at the same time: whether SMs and copy engines
     together move more over NVLink than either alone."""
@@ -118,7 +132,8 @@ def hybrid(kern: CopyKernel, table, batch: int, size: int, src: torch.Tensor, ds
             if k:
                 kern.launch(drv.CUstream(stream.cuda_stream), table, k, -(-size // (32 << 10)), 32 << 10)
             queued = len(ce_rows) == 0 or batcher.try_queue(
-                ce_rows[:, 1].tolist(), ce_rows[:, 0].tolist(), ce_rows[:, 2].tolist(), cu_other, "hybrid")
+                ce_rows[:, 1].tolist(), ce_rows[:, 0].tolist(), ce_rows[:, 2].tolist(), cu_other, "hybrid"
+            )
             if not queued:
                 for s_, d_, n_ in ce_rows.tolist():
                     _cuda.check(drv.cuMemcpyAsync(d_, s_, n_, cu_other), "cuMemcpyAsync")
@@ -130,11 +145,17 @@ def hybrid(kern: CopyKernel, table, batch: int, size: int, src: torch.Tensor, ds
         torch.cuda.synchronize(REMOTE)
         torch.cuda.synchronize(LOCAL)
         t = event_seconds(functools.partial(both, k, ce_rows), stream, iters)
-        ok = bool(torch.equal(dst[: size * batch].view(batch, size).to(src.device),
-                              src[: size * batch].view(batch, size).flip(0)))
+        ok = bool(
+            torch.equal(
+                dst[: size * batch].view(batch, size).to(src.device), src[: size * batch].view(batch, size).flip(0)
+            )
+        )
         gbs = size * batch / t / 1e9
-        print(f"{op:5} {f'{batch}x{size >> 10}K':>12} kernel {k:4} rows + copy engines {len(ce_rows):4} rows: "
-              f"{t * 1e6:8.1f} us {gbs:7.1f} GB/s {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG'}", flush=True)
+        print(
+            f"{op:5} {f'{batch}x{size >> 10}K':>12} kernel {k:4} rows + copy engines {len(ce_rows):4} rows: "
+            f"{t * 1e6:8.1f} us {gbs:7.1f} GB/s {100 * gbs / ce_gbs:5.0f}% {'ok' if ok else 'WRONG'}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

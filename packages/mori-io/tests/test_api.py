@@ -28,8 +28,20 @@ from mori.io import (
 )
 from mori.io.backends import Deferred, Outcome
 
-SEED_NAMES = ["IOEngine", "IOEngineSession", "IOEngineConfig", "BackendType", "MemoryLocationType", "StatusCode",
-              "PollCqMode", "RdmaBackendConfig", "XgmiBackendConfig", "EngineDesc", "MemoryDesc", "set_log_level"]
+SEED_NAMES = [
+    "IOEngine",
+    "IOEngineSession",
+    "IOEngineConfig",
+    "BackendType",
+    "MemoryLocationType",
+    "StatusCode",
+    "PollCqMode",
+    "RdmaBackendConfig",
+    "XgmiBackendConfig",
+    "EngineDesc",
+    "MemoryDesc",
+    "set_log_level",
+]
 
 
 def test_seed_names_and_enums():
@@ -39,13 +51,25 @@ def test_seed_names_and_enums():
     assert BackendType.NVLINK is BackendType.XGMI
     assert [m.name for m in MemoryLocationType] == ["Unknown", "CPU", "GPU"]
     # MORI's names and integers (include/mori/io/enum.hpp): clients may compare with literals.
-    assert {m.name: int(m) for m in StatusCode} == {"SUCCESS": 0, "INIT": 1, "IN_PROGRESS": 2, "ERR_INVALID_ARGS": 11,
-                                                    "ERR_NOT_FOUND": 12, "ERR_RDMA_OP": 13, "ERR_BAD_STATE": 14,
-                                                    "ERR_GPU_OP": 15}
+    assert {m.name: int(m) for m in StatusCode} == {
+        "SUCCESS": 0,
+        "INIT": 1,
+        "IN_PROGRESS": 2,
+        "ERR_INVALID_ARGS": 11,
+        "ERR_NOT_FOUND": 12,
+        "ERR_RDMA_OP": 13,
+        "ERR_BAD_STATE": 14,
+        "ERR_GPU_OP": 15,
+    }
     assert {m.name: int(m) for m in PollCqMode} == {"POLLING": 0, "EVENT": 1}
     r = RdmaBackendConfig()  # MORI's defaults (src/pybind/pybind_io.cpp), num_worker_threads -1 ("auto") too
-    assert (r.qp_per_transfer, r.post_batch_size, r.num_worker_threads, r.poll_cq_mode, r.enable_notification) == \
-        (1, -1, -1, PollCqMode.POLLING, True)
+    assert (r.qp_per_transfer, r.post_batch_size, r.num_worker_threads, r.poll_cq_mode, r.enable_notification) == (
+        1,
+        -1,
+        -1,
+        PollCqMode.POLLING,
+        True,
+    )
     x = XgmiBackendConfig()
     assert (x.num_streams, x.num_events) == (64, 64)
     with pytest.raises(ValueError, match="num_connections"):
@@ -56,18 +80,29 @@ def test_seed_names_and_enums():
 
 
 @settings(deadline=None)  # a loaded CI host is not what these check
-@given(key=st.text(min_size=1, max_size=40), host=st.text(max_size=20), port=st.integers(0, 65535),
-       pid=st.integers(0, 2**31), node_id=st.text(max_size=40))
+@given(
+    key=st.text(min_size=1, max_size=40),
+    host=st.text(max_size=20),
+    port=st.integers(0, 65535),
+    pid=st.integers(0, 2**31),
+    node_id=st.text(max_size=40),
+)
 def test_engine_desc_pack_roundtrip(key, host, port, pid, node_id):
     d = EngineDesc(key, host, port, "h", pid, node_id)
     assert EngineDesc.unpack(d.pack()) == d
 
 
 @settings(deadline=None)
-@given(mem_id=st.integers(0, 2**63), data=st.integers(1, 2**64 - 2**48), size=st.integers(1, 2**48),
-       dev=st.integers(-1, 64), loc=st.sampled_from(list(MemoryLocationType)),
-       extra=st.dictionaries(st.text(max_size=5), st.binary(max_size=16), max_size=3),
-       bus=st.text(max_size=16), numa=st.integers(-1, 8))
+@given(
+    mem_id=st.integers(0, 2**63),
+    data=st.integers(1, 2**64 - 2**48),
+    size=st.integers(1, 2**48),
+    dev=st.integers(-1, 64),
+    loc=st.sampled_from(list(MemoryLocationType)),
+    extra=st.dictionaries(st.text(max_size=5), st.binary(max_size=16), max_size=3),
+    bus=st.text(max_size=16),
+    numa=st.integers(-1, 8),
+)
 def test_memory_desc_pack_roundtrip(mem_id, data, size, dev, loc, extra, bus, numa):
     d = MemoryDesc("e", mem_id, data, size, dev, loc, "host", extra, bus, numa)
     back = MemoryDesc.unpack(d.pack())
@@ -192,7 +227,7 @@ def test_engine_api_calls():
             offs = list(range(0, 1024, 1024 // n))
             s = sess.batch_read(offs[::-1], offs, [1024 // n] * n, sess.allocate_transfer_uid())
             s.Wait()
-            expect = np.concatenate([arr[o:o + 1024 // n] for o in offs][::-1])
+            expect = np.concatenate([arr[o : o + 1024 // n] for o in offs][::-1])
             assert s.Succeeded() and np.array_equal(out, expect)
             with pytest.raises(TypeError, match="sizes must be a sequence of ints"):
                 sess.batch_read(offs, offs, [1024 // n] * (n - 1) + [1.5], 1)

@@ -12,8 +12,28 @@ from mori.io.bench import main, parse_args
 
 def test_bench_json_plot_and_table(tmp_path, capsys):
     out, png = tmp_path / "b.json", tmp_path / "b.png"
-    rc = main(["--op", "read", "--session", "--sizes", "4K,64K", "--batch-sizes", "1,8", "--iters", "3",
-               "--warmup", "1", "--num-connections", "2", "--json", str(out), "--plot", str(png), "--no-progress"])
+    rc = main(
+        [
+            "--op",
+            "read",
+            "--session",
+            "--sizes",
+            "4K,64K",
+            "--batch-sizes",
+            "1,8",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--num-connections",
+            "2",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
     assert {(r["size"], r["batch"]) for r in rows} == {(4096, 1), (65536, 1), (4096, 8), (65536, 8)}
@@ -30,14 +50,36 @@ def test_bench_rdma_backend_takes_mori_s_qp_and_worker_arguments(tmp_path, monke
     processes (MORI's benchmark's names); 1 MiB reads spread over two workers, over UCX's tcp."""
     monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
     out = tmp_path / "b.json"
-    rc = main(["--backend", "rdma", "--op", "read", "--sizes", "1M", "--batch-sizes", "1,3", "--iters", "3",
-               "--warmup", "1", "--num-qp-per-transfer", "2", "--num-worker-threads", "2", "--json", str(out),
-               "--no-progress"])
+    rc = main(
+        [
+            "--backend",
+            "rdma",
+            "--op",
+            "read",
+            "--sizes",
+            "1M",
+            "--batch-sizes",
+            "1,3",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--num-qp-per-transfer",
+            "2",
+            "--num-worker-threads",
+            "2",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["args"]["num_qp_per_transfer"] == 2 and report["args"]["num_worker_threads"] == 2
-    assert {(r["engine"], r["size"], r["batch"]) for r in report["rows"]} == {("mori-rdma", 1 << 20, 1),
-                                                                               ("mori-rdma", 1 << 20, 3)}
+    assert {(r["engine"], r["size"], r["batch"]) for r in report["rows"]} == {
+        ("mori-rdma", 1 << 20, 1),
+        ("mori-rdma", 1 << 20, 3),
+    }
     with pytest.raises(SystemExit):
         parse_args(["--num-worker-threads", "x"])
 
@@ -47,8 +89,23 @@ def test_bench_without_tqdm_reports_skipped_points_and_typed_json(tmp_path, caps
     ``--max-bytes`` are named; the JSON keeps numbers as numbers."""
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm now raises ImportError
     out = tmp_path / "b.json"
-    rc = main(["--sizes", "4K,64K", "--batch-sizes", "1,4", "--max-bytes", "64K", "--iters", "2", "--warmup", "0",
-               "--json", str(out), "--no-progress"])
+    rc = main(
+        [
+            "--sizes",
+            "4K,64K",
+            "--batch-sizes",
+            "1,4",
+            "--max-bytes",
+            "64K",
+            "--iters",
+            "2",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "note: skipped (size x batch over --max-bytes 65536): 65536x4" in printed
@@ -64,14 +121,28 @@ def test_bench_without_tqdm_reports_skipped_points_and_typed_json(tmp_path, caps
 
 def test_bench_reports_a_peer_that_cannot_run(tmp_path, capsys):
     # An interpreter without the peer installed: the row is missing and a note says why.
-    rc = main(["--sizes", "4K", "--iters", "2", "--warmup", "0", "--peers", "mooncake", "--peer-python",
-               "/bin/false", "--no-progress"])
+    rc = main(
+        [
+            "--sizes",
+            "4K",
+            "--iters",
+            "2",
+            "--warmup",
+            "0",
+            "--peers",
+            "mooncake",
+            "--peer-python",
+            "/bin/false",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert "note: mooncake" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--sizes", "0"], ["--sizes", "big"], ["--batch-sizes", "x"], ["--peers", "ucx"],
-                                  ["--iters", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["--sizes", "0"], ["--sizes", "big"], ["--batch-sizes", "x"], ["--peers", "ucx"], ["--iters", "0"]]
+)
 def test_bench_rejects_bad_arguments(argv):
     with pytest.raises(SystemExit):
         parse_args(argv)
@@ -83,14 +154,23 @@ def test_targets_pin_themselves_to_mori_bench_target_cpus():
     import subprocess
 
     cpu = max(os.sched_getaffinity(0))
-    probe = "import os; from mori.io.bench._measure import pin_target; pin_target(); print(sorted(os.sched_getaffinity(0)))"
-    pinned = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "MORI_BENCH_TARGET_CPUS": str(cpu)},
-                            capture_output=True, text=True, timeout=60, check=True)
+    probe = (
+        "import os; from mori.io.bench._measure import pin_target; pin_target(); print(sorted(os.sched_getaffinity(0)))"
+    )
+    pinned = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "MORI_BENCH_TARGET_CPUS": str(cpu)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert pinned.stdout.strip() == f"[{cpu}]"
     env = {k: v for k, v in os.environ.items() if k != "MORI_BENCH_TARGET_CPUS"}
-    free = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True)
+    free = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     assert free.stdout.strip() == str(sorted(os.sched_getaffinity(0)))
-
 
 
 def test_bench_gpu_memory_without_a_gpu_says_so_before_starting_anything(monkeypatch):

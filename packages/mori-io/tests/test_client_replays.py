@@ -46,9 +46,12 @@ def _layer_names() -> list[str]:
 
 
 def _vllm_caches(seed: int) -> dict[str, torch.Tensor]:
-    return {name: torch.from_numpy(fill(seed + i, LAYOUT.layer_bytes)).view(torch.float16).reshape(
-        2, LAYOUT.num_blocks, LAYOUT.block_size, LAYOUT.kv_heads, LAYOUT.head_dim)
-        for i, name in enumerate(_layer_names())}
+    return {
+        name: torch.from_numpy(fill(seed + i, LAYOUT.layer_bytes))
+        .view(torch.float16)
+        .reshape(2, LAYOUT.num_blocks, LAYOUT.block_size, LAYOUT.kv_heads, LAYOUT.head_dim)
+        for i, name in enumerate(_layer_names())
+    }
 
 
 def _blocks(t: np.ndarray) -> np.ndarray:
@@ -84,13 +87,16 @@ def _requests(seed: int) -> Iterator[tuple[list[int], list[int]]]:
 def test_vllm_read_mode_decode_reads_from_prefill(engine: IOEngine, backend: str) -> None:
     """READ mode: decode reads each layer through its own session and, as vLLM does, polls only
     the request's last status; prefill never registers decode."""
-    target = PipeProcess(serve_vllm_target, ("prefill-0", backend, LAYOUT, TARGET_SEED), "vLLM prefill", 60.0, TARGET_NETNS)
+    target = PipeProcess(
+        serve_vllm_target, ("prefill-0", backend, LAYOUT, TARGET_SEED), "vLLM prefill", 60.0, TARGET_NETNS
+    )
     try:
         remote_layers = _vllm_handshake(engine, target)
         caches = _vllm_caches(LOCAL_SEED)
         local_meta = {name: [engine.register_torch_tensor(t).pack()] for name, t in caches.items()}
-        sessions = [engine.create_session(MemoryDesc.unpack(local_meta[n][0]), remote_layers[n])
-                    for n in _layer_names()]
+        sessions = [
+            engine.create_session(MemoryDesc.unpack(local_meta[n][0]), remote_layers[n]) for n in _layer_names()
+        ]
         assert all(s is not None for s in sessions)
         expected = {n: t.view(torch.uint8).numpy().copy() for n, t in caches.items()}
         remote = {n: fill(TARGET_SEED + i, LAYOUT.layer_bytes) for i, n in enumerate(_layer_names())}
@@ -117,12 +123,15 @@ def test_vllm_read_mode_decode_reads_from_prefill(engine: IOEngine, backend: str
 def test_vllm_write_mode_prefill_writes_to_decode(engine: IOEngine, backend: str) -> None:
     """WRITE mode: prefill writes each layer through its session, waits for every status as
     vLLM's writer does, then notifies decode (which never registered prefill)."""
-    target = PipeProcess(serve_vllm_target, ("decode-0", backend, LAYOUT, TARGET_SEED), "vLLM decode", 60.0, TARGET_NETNS)
+    target = PipeProcess(
+        serve_vllm_target, ("decode-0", backend, LAYOUT, TARGET_SEED), "vLLM decode", 60.0, TARGET_NETNS
+    )
     try:
         remote_layers = _vllm_handshake(engine, target)
         caches = _vllm_caches(LOCAL_SEED)
-        sessions = [engine.create_session(engine.register_torch_tensor(caches[n]), remote_layers[n])
-                    for n in _layer_names()]
+        sessions = [
+            engine.create_session(engine.register_torch_tensor(caches[n]), remote_layers[n]) for n in _layer_names()
+        ]
         expected = {n: fill(TARGET_SEED + i, LAYOUT.layer_bytes) for i, n in enumerate(_layer_names())}
         for local_ids, remote_ids in _requests(2):
             statuses = []
@@ -148,7 +157,9 @@ def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine, backe
     for K and one for V, the aux buffers in one multi-descriptor call, then ``wait_all`` polled
     with a short timeout until it is no longer IN_PROGRESS."""
     aux_lens = [64, 24]
-    target = PipeProcess(serve_sglang_target, ("decode-sg", backend, LAYOUT, TARGET_SEED, aux_lens), "SGLang decode", 60.0, TARGET_NETNS)
+    target = PipeProcess(
+        serve_sglang_target, ("decode-sg", backend, LAYOUT, TARGET_SEED, aux_lens), "SGLang decode", 60.0, TARGET_NETNS
+    )
     try:
         desc_bytes, kv_blob, aux_blob = target.call("handshake")
         engine.register_remote_engine(EngineDesc.unpack(desc_bytes))
@@ -158,8 +169,7 @@ def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine, backe
         src_kv_bufs = [fill(LOCAL_SEED + i, half) for i in range(2 * LAYOUT.layers)]
         src_aux_bufs = [fill(LOCAL_SEED + 1000 + i, n * 8) for i, n in enumerate(aux_lens)]
         src_kv = [engine.register_memory(int(a.ctypes.data), a.size, -1, MemoryLocationType.CPU) for a in src_kv_bufs]
-        src_aux = [engine.register_memory(int(a.ctypes.data), a.size, -1, MemoryLocationType.CPU)
-                   for a in src_aux_bufs]
+        src_aux = [engine.register_memory(int(a.ctypes.data), a.size, -1, MemoryLocationType.CPU) for a in src_aux_bufs]
         expected_kv = [fill(TARGET_SEED + i, half) for i in range(2 * LAYOUT.layers)]
         expected_aux = [fill(TARGET_SEED + 1000 + i, n * 8) for i, n in enumerate(aux_lens)]
         item = LAYOUT.block_bytes
@@ -175,13 +185,21 @@ def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine, backe
                 assert isinstance(out, list) and len(out) == 1
                 statuses.extend(out)
                 for s, d in zip(prefill_idx, dst_idx):
-                    expected_kv[buf][d * item:(d + 1) * item] = src_kv_bufs[buf][s * item:(s + 1) * item]
+                    expected_kv[buf][d * item : (d + 1) * item] = src_kv_bufs[buf][s * item : (s + 1) * item]
             p_aux, d_aux = r % 8, (r * 3 + 1) % 8
             uids = [engine.allocate_transfer_uid() for _ in aux_lens]
-            statuses.extend(engine.batch_write(src_aux, [[p_aux * n] for n in aux_lens], dst_aux,
-                                               [[d_aux * n] for n in aux_lens], [[n] for n in aux_lens], uids))
+            statuses.extend(
+                engine.batch_write(
+                    src_aux,
+                    [[p_aux * n] for n in aux_lens],
+                    dst_aux,
+                    [[d_aux * n] for n in aux_lens],
+                    [[n] for n in aux_lens],
+                    uids,
+                )
+            )
             for i, n in enumerate(aux_lens):
-                expected_aux[i][d_aux * n:(d_aux + 1) * n] = src_aux_bufs[i][p_aux * n:(p_aux + 1) * n]
+                expected_aux[i][d_aux * n : (d_aux + 1) * n] = src_aux_bufs[i][p_aux * n : (p_aux + 1) * n]
             deadline = time.monotonic() + DEADLINE_S
             while (rc := engine.wait_all(statuses, timeout_ms=5)) == StatusCode.IN_PROGRESS:
                 assert time.monotonic() < deadline, "wait_all never left IN_PROGRESS"
@@ -195,15 +213,23 @@ def test_sglang_prefill_writes_with_engine_level_batches(engine: IOEngine, backe
 
 def test_sglang_batch_errors_fail_their_own_status(engine: IOEngine, backend: str) -> None:
     """A bad pair in an engine-level batch fails its own status; ``wait_all`` reports it."""
-    target = PipeProcess(serve_sglang_target, ("decode-bad", backend, LAYOUT, TARGET_SEED, [8]), "SGLang decode", 60.0, TARGET_NETNS)
+    target = PipeProcess(
+        serve_sglang_target, ("decode-bad", backend, LAYOUT, TARGET_SEED, [8]), "SGLang decode", 60.0, TARGET_NETNS
+    )
     try:
         desc_bytes, kv_blob, _ = target.call("handshake")
         engine.register_remote_engine(EngineDesc.unpack(desc_bytes))
         dst = [MemoryDesc.unpack(b) for b in msgpack.unpackb(kv_blob)]
         src_buf = fill(7, LAYOUT.layer_bytes // 2)
         src = engine.register_memory(int(src_buf.ctypes.data), src_buf.size, -1, MemoryLocationType.CPU)
-        statuses = engine.batch_write([src, src], [[0], [0]], [dst[0], dst[1]], [[0], [dst[1].size]], [[64], [64]],
-                                      [engine.allocate_transfer_uid(), engine.allocate_transfer_uid()])
+        statuses = engine.batch_write(
+            [src, src],
+            [[0], [0]],
+            [dst[0], dst[1]],
+            [[0], [dst[1].size]],
+            [[64], [64]],
+            [engine.allocate_transfer_uid(), engine.allocate_transfer_uid()],
+        )
         assert engine.wait_all(statuses, timeout_ms=30_000) == StatusCode.ERR_INVALID_ARGS
         assert statuses[0].Succeeded() and statuses[1].Code() == StatusCode.ERR_INVALID_ARGS
         with pytest.raises(ValueError, match="lengths differ"):

@@ -40,8 +40,9 @@ DEADLINE_S = 60.0
 Plan = tuple[list[int], list[int], list[int]]  # local offsets, remote offsets, sizes
 
 
-def submit_batch_transfer_plan(engine: IOEngine, src: list[MemoryDesc], dst: list[MemoryDesc],
-                               plan: Plan) -> list[TransferStatus]:
+def submit_batch_transfer_plan(
+    engine: IOEngine, src: list[MemoryDesc], dst: list[MemoryDesc], plan: Plan
+) -> list[TransferStatus]:
     """``_submit_batch_transfer_plan``: one engine-level ``batch_write`` per (source chunk,
     destination chunk) pair, each block cut where it crosses a registration boundary."""
     if not plan[2]:
@@ -80,8 +81,11 @@ def submit_batch_transfer_plan(engine: IOEngine, src: list[MemoryDesc], dst: lis
 def grouped_plan(src: list[int], dst: list[int], item_len: int) -> Plan:
     """``GroupedIndexPlan.from_groups(*group_concurrent_contiguous(...)).materialize(item_len)``."""
     src_groups, dst_groups = group_contiguous(src, dst)
-    return ([g[0] * item_len for g in src_groups], [g[0] * item_len for g in dst_groups],
-            [len(g) * item_len for g in src_groups])
+    return (
+        [g[0] * item_len for g in src_groups],
+        [g[0] * item_len for g in dst_groups],
+        [len(g) * item_len for g in src_groups],
+    )
 
 
 @dataclass
@@ -103,12 +107,18 @@ def make_rooms(rng: random.Random, first: int, count: int) -> list[Room]:
     swa_slots = rng.sample(range(LAYOUT.swa_slots), LAYOUT.swa_slots)
     rooms = []
     for i in range(count):
-        mine = dst_pages[i * per:(i + 1) * per]
-        swa = swa_slots[i * 2:(i + 1) * 2]
-        rooms.append(Room(first + i, rng.sample(range(LAYOUT.pages), len(mine)), mine,
-                          (rng.sample(range(LAYOUT.swa_slots), len(swa)), swa),
-                          (rng.randrange(LAYOUT.mamba_slots), i % LAYOUT.mamba_slots),
-                          (rng.randrange(LAYOUT.aux_slots), i % LAYOUT.aux_slots)))
+        mine = dst_pages[i * per : (i + 1) * per]
+        swa = swa_slots[i * 2 : (i + 1) * 2]
+        rooms.append(
+            Room(
+                first + i,
+                rng.sample(range(LAYOUT.pages), len(mine)),
+                mine,
+                (rng.sample(range(LAYOUT.swa_slots), len(swa)), swa),
+                (rng.randrange(LAYOUT.mamba_slots), i % LAYOUT.mamba_slots),
+                (rng.randrange(LAYOUT.aux_slots), i % LAYOUT.aux_slots),
+            )
+        )
     return rooms
 
 
@@ -122,8 +132,10 @@ class Prefill:
         self.results: dict[int, list[StatusCode]] = {}
         self.statuses: list[TransferStatus] = []
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._transfer_worker, args=(q,), name=f"mori-xfer-s{i}", daemon=True)
-                        for i, q in enumerate(self.queues)]
+        self.threads = [
+            threading.Thread(target=self._transfer_worker, args=(q,), name=f"mori-xfer-s{i}", daemon=True)
+            for i, q in enumerate(self.queues)
+        ]
         for t in self.threads:
             t.start()
 
@@ -155,15 +167,27 @@ class Prefill:
             out += submit_batch_transfer_plan(self.engine, b.kv_groups[layer], self.dst_kv[layer], plan)
         if last:  # send_state: swa (paged) then mamba (one slot per request), each tensor its own writes
             for i, n in enumerate(LAYOUT.swa_lens):
-                out += submit_batch_transfer_plan(self.engine, [b.state_descs[0][i]], [self.dst_state[0][i]],
-                                                  grouped_plan(*room.swa, n))
+                out += submit_batch_transfer_plan(
+                    self.engine, [b.state_descs[0][i]], [self.dst_state[0][i]], grouped_plan(*room.swa, n)
+                )
             for i, n in enumerate(LAYOUT.mamba_lens):
-                out += self.engine.batch_write([b.state_descs[1][i]], [[room.mamba[0] * n]], [self.dst_state[1][i]],
-                                               [[room.mamba[1] * n]], [[n]], [self.engine.allocate_transfer_uid()])
+                out += self.engine.batch_write(
+                    [b.state_descs[1][i]],
+                    [[room.mamba[0] * n]],
+                    [self.dst_state[1][i]],
+                    [[room.mamba[1] * n]],
+                    [[n]],
+                    [self.engine.allocate_transfer_uid()],
+                )
             p, d = room.aux  # send_aux_rdma: every aux buffer in one multi-descriptor batch_write
-            out += self.engine.batch_write(b.aux_descs, [[p * n] for n in LAYOUT.aux_lens], self.dst_aux,
-                                           [[d * n] for n in LAYOUT.aux_lens], [[n] for n in LAYOUT.aux_lens],
-                                           [self.engine.allocate_transfer_uid() for _ in LAYOUT.aux_lens])
+            out += self.engine.batch_write(
+                b.aux_descs,
+                [[p * n] for n in LAYOUT.aux_lens],
+                self.dst_aux,
+                [[d * n] for n in LAYOUT.aux_lens],
+                [[n] for n in LAYOUT.aux_lens],
+                [self.engine.allocate_transfer_uid() for _ in LAYOUT.aux_lens],
+            )
         return out
 
     def _wait_chunk(self, statuses: list[TransferStatus]) -> StatusCode:
@@ -186,23 +210,23 @@ class Prefill:
 
 def expect(rooms: list[Room], src: SglangBuffers, dst: list[np.ndarray]) -> None:
     """What the rooms' writes leave in the decode buffers ``dst`` (KV layers, aux, swa, mamba)."""
-    kv, aux = dst[:LAYOUT.layers], dst[LAYOUT.layers:LAYOUT.layers + len(LAYOUT.aux_lens)]
-    swa = dst[LAYOUT.layers + len(LAYOUT.aux_lens):][:len(LAYOUT.swa_lens)]
-    mamba = dst[LAYOUT.layers + len(LAYOUT.aux_lens) + len(LAYOUT.swa_lens):]
+    kv, aux = dst[: LAYOUT.layers], dst[LAYOUT.layers : LAYOUT.layers + len(LAYOUT.aux_lens)]
+    swa = dst[LAYOUT.layers + len(LAYOUT.aux_lens) :][: len(LAYOUT.swa_lens)]
+    mamba = dst[LAYOUT.layers + len(LAYOUT.aux_lens) + len(LAYOUT.swa_lens) :]
     n = LAYOUT.item_len
     for room in rooms:
         for layer in range(LAYOUT.layers):
             for s, d in zip(room.src_pages, room.dst_pages):
-                kv[layer][d * n:(d + 1) * n] = src.kv[layer][s * n:(s + 1) * n]
+                kv[layer][d * n : (d + 1) * n] = src.kv[layer][s * n : (s + 1) * n]
         for i, size in enumerate(LAYOUT.swa_lens):
             for s, d in zip(*room.swa):
-                swa[i][d * size:(d + 1) * size] = src.state[0][i][s * size:(s + 1) * size]
+                swa[i][d * size : (d + 1) * size] = src.state[0][i][s * size : (s + 1) * size]
         for i, size in enumerate(LAYOUT.mamba_lens):
             s, d = room.mamba
-            mamba[i][d * size:(d + 1) * size] = src.state[1][i][s * size:(s + 1) * size]
+            mamba[i][d * size : (d + 1) * size] = src.state[1][i][s * size : (s + 1) * size]
         for i, size in enumerate(LAYOUT.aux_lens):
             s, d = room.aux
-            aux[i][d * size:(d + 1) * size] = src.aux[i][s * size:(s + 1) * size]
+            aux[i][d * size : (d + 1) * size] = src.aux[i][s * size : (s + 1) * size]
 
 
 def _decode_buffers(decode: PipeProcess) -> list[np.ndarray]:
@@ -233,8 +257,13 @@ def test_sglang_shards_write_kv_state_and_aux_on_one_engine(backend: str, monkey
     # interface list leaked into later tests' processes: in another namespace it names no device).
     monkeypatch.setenv("MORI_RDMA_DEVICES", "")
     monkeypatch.setenv("MORI_IO_TIMEOUT", "10")  # bounds the teardown's waits (the decode inherits it)
-    decode = PipeProcess(serve_sglang_decode, ("decode-sg", backend, LAYOUT, DECODE_SEED, HOST_CHUNK),
-                         "SGLang decode", 90.0, TARGET_NETNS)
+    decode = PipeProcess(
+        serve_sglang_decode,
+        ("decode-sg", backend, LAYOUT, DECODE_SEED, HOST_CHUNK),
+        "SGLang decode",
+        90.0,
+        TARGET_NETNS,
+    )
     engine = sglang_engine("prefill-sg", backend)
     try:
         assert engine.get_engine_desc().port > 0

@@ -78,7 +78,9 @@ class Reader:
         index = 2 * self.cache.names.index(name)  # kv_caches_base_addr holds two regions per layer
         return self.agent["kv_caches_base_addr"][index] - MemoryDesc.unpack(self.remote_layers[name][0]).data
 
-    def post(self, session_index: int, offsets: tuple[list[int], list[int], list[int]], deadline: float) -> TransferStatus:
+    def post(
+        self, session_index: int, offsets: tuple[list[int], list[int], list[int]], deadline: float
+    ) -> TransferStatus:
         """``_post_read_with_backoff``: ``read_remote_data`` (``session.batch_read``), re-posted while
         the status failed with "SQ full" in its message, with doubling sleeps, until ``deadline``."""
         local, remote, sizes = offsets
@@ -91,7 +93,9 @@ class Reader:
             time.sleep(backoff)
             backoff = min(backoff * 2, SQ_BACKOFF_MAX)
 
-    def read_request(self, blocks: tuple[list[int], list[int]], slots: list[tuple[int, int]]) -> dict[str, list[TransferStatus]]:
+    def read_request(
+        self, blocks: tuple[list[int], list[int]], slots: list[tuple[int, int]]
+    ) -> dict[str, list[TransferStatus]]:
         """``_read_blocks``: every layer's reads, attention through its one session, KDA conv then ssm."""
         deadline = time.monotonic() + TRANSFER_TIMEOUT
         statuses: dict[str, list[TransferStatus]] = {}
@@ -102,8 +106,10 @@ class Reader:
                 statuses[name] = [self.post(regions[0], offs, deadline)]
             else:
                 local_slot, remote_slot = slots[self.cache.names.index(name) - self.cache.attn_layers]
-                statuses[name] = [self.post(regions[state], self.cache.slot_offsets(state, local_slot, remote_slot),
-                                            deadline) for state in (0, 1)]
+                statuses[name] = [
+                    self.post(regions[state], self.cache.slot_offsets(state, local_slot, remote_slot), deadline)
+                    for state in (0, 1)
+                ]
         return statuses
 
 
@@ -140,21 +146,31 @@ def _request(rng: random.Random, cache: HybridCache) -> tuple[tuple[list[int], l
     return blocks, [(rng.randrange(cache.slots), rng.randrange(cache.slots)) for _ in range(cache.kda_layers)]
 
 
-def _expect(expected: np.ndarray, remote: np.ndarray, cache: HybridCache, blocks: tuple[list[int], list[int]],
-            slots: list[tuple[int, int]]) -> None:
+def _expect(
+    expected: np.ndarray,
+    remote: np.ndarray,
+    cache: HybridCache,
+    blocks: tuple[list[int], list[int]],
+    slots: list[tuple[int, int]],
+) -> None:
     """What the request's reads bring into ``expected`` from the remote cache bytes."""
-    for name in cache.names[:cache.attn_layers]:
+    for name in cache.names[: cache.attn_layers]:
         for lb, rb in zip(*blocks):
             for (lo, n), (ro, _) in zip(cache.spans(name, lb), cache.spans(name, rb, REMOTE_PAD)):
-                expected[lo:lo + n] = remote[ro:ro + n]
-    for name, (ls, rs) in zip(cache.names[cache.attn_layers:], slots):
+                expected[lo : lo + n] = remote[ro : ro + n]
+    for name, (ls, rs) in zip(cache.names[cache.attn_layers :], slots):
         for (lo, n), (ro, _) in zip(cache.spans(name, ls), cache.spans(name, rs, REMOTE_PAD)):
-            expected[lo:lo + n] = remote[ro:ro + n]
+            expected[lo : lo + n] = remote[ro : ro + n]
 
 
 def _target(key: str, backend: str, seed: int = TARGET_SEED, kda_layers: int = 2) -> PipeProcess:
-    return PipeProcess(serve_vllm_hybrid_target, (key, backend, LAYOUT, seed, REMOTE_PAD, kda_layers), "vLLM prefill",
-                       60.0, TARGET_NETNS)
+    return PipeProcess(
+        serve_vllm_hybrid_target,
+        (key, backend, LAYOUT, seed, REMOTE_PAD, kda_layers),
+        "vLLM prefill",
+        60.0,
+        TARGET_NETNS,
+    )
 
 
 def _read_and_check(reader: Reader, remote: np.ndarray, rng: random.Random, requests: int) -> None:
@@ -176,8 +192,8 @@ def test_vllm_hybrid_model_reads_with_shared_and_aliased_registrations(engine: I
     target = _target("prefill-hybrid", backend)
     try:
         cache = HybridCache(engine, LAYOUT, LOCAL_SEED, LOCAL_PAD)
-        assert len({cache.metadata[n][0] for n in cache.names[:cache.attn_layers]}) == 1  # one shared registration
-        assert all(len(cache.metadata[n]) == 2 for n in cache.names[cache.attn_layers:])
+        assert len({cache.metadata[n][0] for n in cache.names[: cache.attn_layers]}) == 1  # one shared registration
+        assert all(len(cache.metadata[n]) == 2 for n in cache.names[cache.attn_layers :])
         reader = Reader(engine, cache, target)
         _read_and_check(reader, np.frombuffer(target.call("cache"), dtype=np.uint8), random.Random(1), 4)
         assert reader.sq_full_reposts == 0
@@ -242,8 +258,10 @@ def test_vllm_reads_between_different_tp_sizes(engine: IOEngine, backend: str) -
     try:
         remote = np.frombuffer(prefill.call("cache"), dtype=np.uint8)
         assert [get_moriio_remote_tp_rank(r, 2, 1) for r in range(2)] == [0, 0]
-        readers = [Reader(e, HybridCache(e, LAYOUT, LOCAL_SEED + r, LOCAL_PAD, kda_layers=0), prefill)
-                   for r, e in enumerate((engine, other))]
+        readers = [
+            Reader(e, HybridCache(e, LAYOUT, LOCAL_SEED + r, LOCAL_PAD, kda_layers=0), prefill)
+            for r, e in enumerate((engine, other))
+        ]
         errors: list[BaseException] = []
 
         def rank(reader: Reader) -> None:

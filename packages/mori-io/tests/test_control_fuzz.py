@@ -18,11 +18,22 @@ from mori.io._control import MAX_FRAME, ControlClient, ProtocolError, decode_req
 FRAMES_PER_CONNECTION = 100
 CONNECTIONS = 1000  # x 100 = 100k frames
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False),
-                     st.text(max_size=8), st.binary(max_size=8))
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
 _wrong_maps = st.dictionaries(st.sampled_from(["op", "id", "body", "key", "token", "x"]), _scalars, max_size=4)
-_wrong_ops = st.fixed_dictionaries({"op": st.text(min_size=1, max_size=8).filter(lambda s: s != "hello"),
-                                    "id": st.integers(1, 10), "body": st.just({})})
+_wrong_ops = st.fixed_dictionaries(
+    {
+        "op": st.text(min_size=1, max_size=8).filter(lambda s: s != "hello"),
+        "id": st.integers(1, 10),
+        "body": st.just({}),
+    }
+)
 
 
 def _is_malformed(body: bytes) -> bool:
@@ -46,7 +57,6 @@ def _frame(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-
 @st.composite
 def _batches(draw: st.DrawFn) -> list[bytes]:
     """100 malformed frames: 10 drawn by hypothesis, 90 mutations of them (flips, cuts, splices),
@@ -66,7 +76,6 @@ def _batches(draw: st.DrawFn) -> list[bytes]:
         if _is_malformed(bytes(b)):
             out.append(bytes(b))
     return out
-
 
 
 def _dropped(sock: socket.socket) -> bool:
@@ -153,8 +162,11 @@ REQ_MAGIC = 0x5145524D
 
 def _data_connection(port: int, ticket: str) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(struct.pack("<IHHHH", 0x4F49524D, WIRE_VERSION, len("initiator"), 0, len(ticket)) + b"initiator"
-                 + ticket.encode())
+    sock.sendall(
+        struct.pack("<IHHHH", 0x4F49524D, WIRE_VERSION, len("initiator"), 0, len(ticket))
+        + b"initiator"
+        + ticket.encode()
+    )
     assert sock.recv(8)[4:] == b"\x00\x00\x00\x00"  # accepted
     return sock
 

@@ -19,22 +19,46 @@ from mori.io import EngineDesc, MemoryDesc, MemoryLocationType
 U64 = 1 << 64
 EXAMPLES = 3000  # per test; the outcomes are checked in-process, so this takes seconds
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), U64 - 1), st.floats(),
-                     st.sampled_from([math.inf, -math.inf, 65536, -1, 2**63, U64 - 1, 1e300]),
-                     st.text(max_size=8), st.binary(max_size=8), st.just("x" * 5000))
-_hostile = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                          st.dictionaries(st.text(max_size=3), inner, max_size=3)),
-                        max_leaves=6)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), U64 - 1),
+    st.floats(),
+    st.sampled_from([math.inf, -math.inf, 65536, -1, 2**63, U64 - 1, 1e300]),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.just("x" * 5000),
+)
+_hostile = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=6,
+)
 
-_engine_fields = st.fixed_dictionaries({
-    "key": st.text(min_size=1, max_size=12), "host": st.text(max_size=12), "port": st.integers(0, 65535),
-    "hostname": st.text(max_size=12), "pid": st.integers(0, 2**63 - 1), "node_id": st.text(max_size=12)})
-_memory_fields = st.fixed_dictionaries({
-    "engine_key": st.text(min_size=1, max_size=12), "id": st.integers(0, U64 - 1), "data": st.integers(0, 2**48),
-    "size": st.integers(0, 2**48), "device_id": st.integers(-1, 64),
-    "loc": st.sampled_from([int(m) for m in MemoryLocationType]), "hostname": st.text(max_size=12),
-    "extra": st.dictionaries(st.text(max_size=4), st.binary(max_size=8), max_size=2),
-    "device_bus_id": st.text(max_size=12), "numa_node": st.integers(-1, 8)})
+_engine_fields = st.fixed_dictionaries(
+    {
+        "key": st.text(min_size=1, max_size=12),
+        "host": st.text(max_size=12),
+        "port": st.integers(0, 65535),
+        "hostname": st.text(max_size=12),
+        "pid": st.integers(0, 2**63 - 1),
+        "node_id": st.text(max_size=12),
+    }
+)
+_memory_fields = st.fixed_dictionaries(
+    {
+        "engine_key": st.text(min_size=1, max_size=12),
+        "id": st.integers(0, U64 - 1),
+        "data": st.integers(0, 2**48),
+        "size": st.integers(0, 2**48),
+        "device_id": st.integers(-1, 64),
+        "loc": st.sampled_from([int(m) for m in MemoryLocationType]),
+        "hostname": st.text(max_size=12),
+        "extra": st.dictionaries(st.text(max_size=4), st.binary(max_size=8), max_size=2),
+        "device_bus_id": st.text(max_size=12),
+        "numa_node": st.integers(-1, 8),
+    }
+)
 
 
 @st.composite
@@ -49,7 +73,7 @@ def _packed(draw: st.DrawFn, valid: st.SearchStrategy[dict]) -> bytes:
         data = bytearray(msgpack.packb(fields))
         for _ in range(draw(st.integers(1, 4))):
             data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
-        return bytes(data[:draw(st.integers(0, len(data)))])
+        return bytes(data[: draw(st.integers(0, len(data)))])
     for name in draw(st.lists(st.sampled_from(sorted(fields)), min_size=1, max_size=3, unique=True)):
         fields[name] = draw(_hostile)
     if draw(st.booleans()):
@@ -97,21 +121,24 @@ def test_memory_desc_unpack_raises_only_value_error(data: bytes) -> None:
     assert back == d and back.extra == d.extra
 
 
-@pytest.mark.parametrize(("cls", "fields", "field"), [
-    (EngineDesc, {"port": math.inf}, "port"),  # the example: was OverflowError
-    (EngineDesc, {"port": 65536}, "port"),
-    (EngineDesc, {"port": -1}, "port"),
-    (EngineDesc, {"pid": -5}, "pid"),
-    (EngineDesc, {"key": ""}, "key"),
-    (EngineDesc, {"host": ["h"]}, "host"),
-    (MemoryDesc, {"size": -1}, "size"),
-    (MemoryDesc, {"id": -1}, "id"),
-    (MemoryDesc, {"id": 1.5}, "id"),
-    (MemoryDesc, {"loc": 7}, "loc"),
-    (MemoryDesc, {"extra": [1]}, "extra"),
-    (MemoryDesc, {"device_id": -2}, "device_id"),
-    (MemoryDesc, {"data": U64 - 8, "size": 64}, "data + size"),
-])
+@pytest.mark.parametrize(
+    ("cls", "fields", "field"),
+    [
+        (EngineDesc, {"port": math.inf}, "port"),  # the example: was OverflowError
+        (EngineDesc, {"port": 65536}, "port"),
+        (EngineDesc, {"port": -1}, "port"),
+        (EngineDesc, {"pid": -5}, "pid"),
+        (EngineDesc, {"key": ""}, "key"),
+        (EngineDesc, {"host": ["h"]}, "host"),
+        (MemoryDesc, {"size": -1}, "size"),
+        (MemoryDesc, {"id": -1}, "id"),
+        (MemoryDesc, {"id": 1.5}, "id"),
+        (MemoryDesc, {"loc": 7}, "loc"),
+        (MemoryDesc, {"extra": [1]}, "extra"),
+        (MemoryDesc, {"device_id": -2}, "device_id"),
+        (MemoryDesc, {"data": U64 - 8, "size": 64}, "data + size"),
+    ],
+)
 def test_out_of_range_fields_are_named(cls: type, fields: dict, field: str) -> None:
     good = EngineDesc("k", "h", 1, "", 0, "") if cls is EngineDesc else MemoryDesc("e", 1, 4096, 64)
     packed = msgpack.unpackb(good.pack())

@@ -56,8 +56,11 @@ def test_out_of_range_rejected_locally_and_by_target(initiator, target, remote_r
         assert st.Code() == StatusCode.ERR_INVALID_ARGS and "local memory" in st.Message()
         # A forged descriptor claiming a bigger region: only the target can catch it.
         forged = dataclasses.replace(rdesc, size=rdesc.size * 2)
-        st = _wait(initiator.batch_write(ldesc, [0, 0], forged, [rdesc.size - 8, rdesc.size], [16, 16],
-                                         initiator.allocate_transfer_uid()))
+        st = _wait(
+            initiator.batch_write(
+                ldesc, [0, 0], forged, [rdesc.size - 8, rdesc.size], [16, 16], initiator.allocate_transfer_uid()
+            )
+        )
         assert st.Code() == StatusCode.ERR_INVALID_ARGS and "out of range" in st.Message(), st
         st = _wait(initiator.read(ldesc, 0, forged, rdesc.size + 8, 8, initiator.allocate_transfer_uid()))
         assert st.Code() == StatusCode.ERR_INVALID_ARGS, st
@@ -120,10 +123,15 @@ def test_target_serves_unregistered_initiators(initiator, target, remote_region,
         # Its requests are checked against the target's memory like anyone's (a forged size
         # passes the initiator's own check and is refused by the target).
         forged = dataclasses.replace(rdesc, size=rdesc.size * 2)
-        _unchanged(buf, lambda: _check_code(stranger.write(sd, 0, forged, rdesc.size - 8, 16, 9),
-                                            StatusCode.ERR_INVALID_ARGS))
-        _unchanged(buf, lambda: _check_code(stranger.write(sd, 0, dataclasses.replace(rdesc, id=987654), 0, 16, 10),
-                                            StatusCode.ERR_NOT_FOUND))
+        _unchanged(
+            buf, lambda: _check_code(stranger.write(sd, 0, forged, rdesc.size - 8, 16, 9), StatusCode.ERR_INVALID_ARGS)
+        )
+        _unchanged(
+            buf,
+            lambda: _check_code(
+                stranger.write(sd, 0, dataclasses.replace(rdesc, id=987654), 0, 16, 10), StatusCode.ERR_NOT_FOUND
+            ),
+        )
         assert target.call("pop_inbound", "stranger", 9, 10) == StatusCode.ERR_INVALID_ARGS
     # Locally unregistered remote engine: refused before any I/O.
     st = initiator.write(ldesc, 0, dataclasses.replace(rdesc, engine_key="nobody"), 0, 1, 1)

@@ -60,8 +60,7 @@ def _pair(**config: Any) -> tuple[IOEngine, IOEngine]:
     a = IOEngine("ini", IOEngineConfig(host="127.0.0.1", port=0))
     b = IOEngine("tgt", IOEngineConfig(host="127.0.0.1", port=0))
     for e in (a, b):
-        e.create_backend(BackendType.TCP, TcpBackendConfig(**{"num_connections": 2, "stripe_bytes": 1 * MiB,
-                                                               **config}))
+        e.create_backend(BackendType.TCP, TcpBackendConfig(**{"num_connections": 2, "stripe_bytes": 1 * MiB, **config}))
     a.register_remote_engine(b.get_engine_desc())
     b.register_remote_engine(a.get_engine_desc())
     return a, b
@@ -93,19 +92,26 @@ def test_staged_transfers_byte_for_byte(host_gpu: Any, local_loc: str, remote_lo
         ld = a.register_memory(mine.ctypes.data + 3, N - 3, 0, MemoryLocationType[local_loc])
         rd = b.register_memory(theirs.ctypes.data + 5, N - 5, 0, MemoryLocationType[remote_loc])
         op = a.batch_write if write else a.batch_read
-        cases = [([0], [0], [1]), ([0], [0], [4096]), ([7], [11], [64 << 10]),
-                 ([1], [2], [N - 8]),  # one block of many staging pieces
-                 (list(range(0, 4096 * 300, 4096)), list(range(4096 * 299, -1, -4096)), [4096] * 300),
-                 (list(rng.permutation(64)[:64] * (64 << 10)), list(range(0, 64 * (64 << 10), 64 << 10)),
-                  [64 << 10] * 64),  # KV pages
-                 (list(rng.permutation(2000)[:500] * 1000), list(rng.permutation(2000)[:500] * 1000), [999] * 500)]
+        cases = [
+            ([0], [0], [1]),
+            ([0], [0], [4096]),
+            ([7], [11], [64 << 10]),
+            ([1], [2], [N - 8]),  # one block of many staging pieces
+            (list(range(0, 4096 * 300, 4096)), list(range(4096 * 299, -1, -4096)), [4096] * 300),
+            (
+                list(rng.permutation(64)[:64] * (64 << 10)),
+                list(range(0, 64 * (64 << 10), 64 << 10)),
+                [64 << 10] * 64,
+            ),  # KV pages
+            (list(rng.permutation(2000)[:500] * 1000), list(rng.permutation(2000)[:500] * 1000), [999] * 500),
+        ]
         for i, (lo, ro, sz) in enumerate(cases):
             src, dst = (mine, theirs) if write else (theirs, mine)
             sbase, dbase = (3, 5) if write else (5, 3)
             sofs, dofs = (lo, ro) if write else (ro, lo)
             want = dst.copy()
             for s, d, n in zip(sofs, dofs, sz):
-                want[dbase + d:dbase + d + n] = src[sbase + s:sbase + s + n]
+                want[dbase + d : dbase + d + n] = src[sbase + s : sbase + s + n]
             st_ = _done(op(ld, lo, rd, ro, sz, 100 + i))
             assert st_.Succeeded(), st_.Message()
             assert np.array_equal(dst, want), f"case {i}"
@@ -173,8 +179,9 @@ def test_a_failed_copy_at_either_end_never_reports_success(host_gpu: Any, write:
 
 
 @pytest.mark.parametrize("backend", ["tcp", "rdma"])
-def test_deregistration_waits_for_staged_copies_in_flight(host_gpu: Any, monkeypatch: pytest.MonkeyPatch,
-                                                          backend: str) -> None:
+def test_deregistration_waits_for_staged_copies_in_flight(
+    host_gpu: Any, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     a, b = _pair(num_connections=1) if backend == "tcp" else _rdma_pair(monkeypatch)
     mine, theirs = np.full(MiB, 9, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
     try:
@@ -222,8 +229,9 @@ def _rdma_pair(monkeypatch: pytest.MonkeyPatch) -> tuple[IOEngine, IOEngine]:
 
 
 @pytest.mark.parametrize("local_loc,remote_loc", [("GPU", "GPU"), ("GPU", "CPU"), ("CPU", "GPU")])
-def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(host_gpu: Any, monkeypatch: pytest.MonkeyPatch,
-                                                     local_loc: str, remote_loc: str) -> None:
+def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(
+    host_gpu: Any, monkeypatch: pytest.MonkeyPatch, local_loc: str, remote_loc: str
+) -> None:
     a, b = _rdma_pair(monkeypatch)
     rng = np.random.default_rng(3)
     mine, theirs = rng.integers(0, 256, N, dtype=np.uint8), rng.integers(0, 256, N, dtype=np.uint8)
@@ -232,9 +240,13 @@ def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(host_gpu: Any, monkeypatch:
         assert rdma["gpu_memory"].startswith("staged through pinned host memory (no transport with GPUDirect: tcp")
         ld = a.register_memory(mine.ctypes.data, N, 0, MemoryLocationType[local_loc])
         rd = b.register_memory(theirs.ctypes.data, N, 0, MemoryLocationType[remote_loc])
-        for i, (lo, ro, sz) in enumerate([([0], [0], [4096]), ([5], [9], [N - 20]),
-                                          (list(range(0, 64 << 16, 1 << 16)), list(range(0, 64 << 16, 1 << 16))[::-1],
-                                           [1 << 16] * 64)]):
+        for i, (lo, ro, sz) in enumerate(
+            [
+                ([0], [0], [4096]),
+                ([5], [9], [N - 20]),
+                (list(range(0, 64 << 16, 1 << 16)), list(range(0, 64 << 16, 1 << 16))[::-1], [1 << 16] * 64),
+            ]
+        ):
             for write in (True, False):
                 src, dst = (mine, theirs) if write else (theirs, mine)
                 sofs, dofs = (lo, ro) if write else (ro, lo)
@@ -242,7 +254,7 @@ def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(host_gpu: Any, monkeypatch:
                     theirs[:] = rng.integers(0, 256, N, dtype=np.uint8)
                 want = dst.copy()
                 for s, d, n in zip(sofs, dofs, sz):
-                    want[d:d + n] = src[s:s + n]
+                    want[d : d + n] = src[s : s + n]
                 st_ = _done((a.batch_write if write else a.batch_read)(ld, lo, rd, ro, sz, 10 * i + write))
                 assert st_.Succeeded(), st_.Message()
                 assert np.array_equal(dst, want), (i, write)
@@ -254,4 +266,3 @@ def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(host_gpu: Any, monkeypatch:
     finally:
         a.close()
         b.close()
-

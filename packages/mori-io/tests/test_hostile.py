@@ -70,8 +70,15 @@ def test_control_plane_survives_fd_exhaustion(make_target):
 @pytest.mark.quiet  # what the target did within a fraction of a second
 def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
     # Hole 3: threads, time and bytes that unauthenticated or idle peers hold are bounded.
-    target = make_target({"MORI_IO_MAX_HANDSHAKES": "4", "MORI_IO_HELLO_TIMEOUT": "1", "MORI_IO_MAX_CONNECTIONS": "40",
-                          "MORI_IO_IDLE_TIMEOUT": "1.5", "MORI_IO_CONTROL_BUFFER": "1M"})
+    target = make_target(
+        {
+            "MORI_IO_MAX_HANDSHAKES": "4",
+            "MORI_IO_HELLO_TIMEOUT": "1",
+            "MORI_IO_MAX_CONNECTIONS": "40",
+            "MORI_IO_IDLE_TIMEOUT": "1.5",
+            "MORI_IO_CONTROL_BUFFER": "1M",
+        }
+    )
     base = target.call("probe")["threads"]
     silent = connect_many(target.desc.port, 200)
     time.sleep(0.5)
@@ -105,7 +112,9 @@ def test_control_plane_bounds_handshakes_idlers_and_buffers(make_target):
 
 
 def _notify(client: ControlClient, uids: list, codes: list, messages: list | None = None) -> None:
-    client.request("notify", {"uids": uids, "codes": codes, "messages": [""] * len(uids) if messages is None else messages})
+    client.request(
+        "notify", {"uids": uids, "codes": codes, "messages": [""] * len(uids) if messages is None else messages}
+    )
 
 
 def test_notifications_bounded_and_checked(make_target):
@@ -115,8 +124,16 @@ def test_notifications_bounded_and_checked(make_target):
     client = ControlClient("127.0.0.1", target.desc.port, "flooder", "", 10)
     for first in range(0, 200, 20):
         _notify(client, list(range(first, first + 20)), [0] * 20)
-    for uid, code, message in ((1, 99, ""), (-1, 0, ""), (-(2**63), 0, ""), (True, 0, ""), (1, 2, ""),
-                               (1, 0, "x" * 5000), (1, 0, None), (1.0, 0, "")):
+    for uid, code, message in (
+        (1, 99, ""),
+        (-1, 0, ""),
+        (-(2**63), 0, ""),
+        (True, 0, ""),
+        (1, 2, ""),
+        (1, 0, "x" * 5000),
+        (1, 0, None),
+        (1.0, 0, ""),
+    ):
         with pytest.raises(ControlError) as err:
             _notify(client, [uid], [code], [message])
         assert err.value.code == StatusCode.ERR_INVALID_ARGS
@@ -155,13 +172,15 @@ def test_malformed_notify_batch_records_nothing(make_target):
     # lengths, or not lists at all, and none of the batch's records is recorded.
     target = make_target()
     client = ControlClient("127.0.0.1", target.desc.port, "forger", "", 10)
-    for body in ({"uids": [1, 2, 3], "codes": [0, 0, 99], "messages": ["", "", ""]},
-                 {"uids": [1, 2, 3], "codes": [0, 0, 0], "messages": ["", "", "x" * 5000]},
-                 {"uids": [1, 2, -5], "codes": [0, 0, 0], "messages": ["", "", ""]},
-                 {"uids": [1, 2], "codes": [0, 0, 0], "messages": ["", "", ""]},
-                 {"uids": [1, 2], "codes": [0, 0]},
-                 {"uids": 1, "codes": 0, "messages": ""},
-                 {"uid": 1, "code": 0}):  # a single record is a batch of one, not this form
+    for body in (
+        {"uids": [1, 2, 3], "codes": [0, 0, 99], "messages": ["", "", ""]},
+        {"uids": [1, 2, 3], "codes": [0, 0, 0], "messages": ["", "", "x" * 5000]},
+        {"uids": [1, 2, -5], "codes": [0, 0, 0], "messages": ["", "", ""]},
+        {"uids": [1, 2], "codes": [0, 0, 0], "messages": ["", "", ""]},
+        {"uids": [1, 2], "codes": [0, 0]},
+        {"uids": 1, "codes": 0, "messages": ""},
+        {"uid": 1, "code": 0},
+    ):  # a single record is a batch of one, not this form
         with pytest.raises(ControlError) as err:
             client.request("notify", body)
         assert err.value.code == StatusCode.ERR_INVALID_ARGS and "notif" in str(err.value), err.value
@@ -193,8 +212,10 @@ def test_send_completions_delivers_any_batch_in_requests_a_target_accepts(make_t
     # into requests within the bound and the control frame, and never raises.
     target = make_target()
     long = "\u00e9\U0001f600" * 3000  # 6000 characters, up to 4 UTF-8 bytes each: cut to 4096
-    records = [(uid, StatusCode.SUCCESS if uid % 3 else StatusCode.ERR_BAD_STATE, long if uid % 7 == 0 else f"m{uid}")
-               for uid in range(2 * MAX_NOTIFY_BATCH + 5)]
+    records = [
+        (uid, StatusCode.SUCCESS if uid % 3 else StatusCode.ERR_BAD_STATE, long if uid % 7 == 0 else f"m{uid}")
+        for uid in range(2 * MAX_NOTIFY_BATCH + 5)
+    ]
     bodies = list(notify_bodies(records))
     assert len(bodies) >= 3 and all(len(b["uids"]) <= MAX_NOTIFY_BATCH for b in bodies)
     for body in bodies:
@@ -233,7 +254,11 @@ def test_failure_on_the_connecting_thread_ends_the_transfer(make_target, monkeyp
         eng.register_remote_engine(target.desc)
         ld = eng.register_memory(int(src.ctypes.data), 64, -1, MemoryLocationType.CPU)
         st = eng.write(ld, 0, target.region, 0, 64, 1)
-        assert st.WaitFor(10_000) != StatusCode.IN_PROGRESS and st.Code() == StatusCode.ERR_BAD_STATE and "injected" in st.Message()
+        assert (
+            st.WaitFor(10_000) != StatusCode.IN_PROGRESS
+            and st.Code() == StatusCode.ERR_BAD_STATE
+            and "injected" in st.Message()
+        )
 
 
 def test_local_descriptor_must_match_a_live_registration(pair):
@@ -329,7 +354,9 @@ def test_good_peer_keeps_working_during_attack(make_target):
         eng.create_backend(BackendType.TCP)
         eng.register_remote_engine(target.desc)
         ld = eng.register_memory(int(src.ctypes.data), src.size, -1, MemoryLocationType.CPU)
-        assert eng.write(ld, 0, target.region, 0, 4096, 1).WaitFor(10_000) != StatusCode.IN_PROGRESS  # connected from now on
+        assert (
+            eng.write(ld, 0, target.region, 0, 4096, 1).WaitFor(10_000) != StatusCode.IN_PROGRESS
+        )  # connected from now on
         stop = threading.Event()
         held: list[socket.socket] = []
 

@@ -29,8 +29,9 @@ from mori.io._keys import KeyBindings
 from mori.io.backends.tcp import TcpBackend
 
 
-@pytest.mark.parametrize("forged", [{"id": -1}, {"id": 2**64}, {"size": 2**65}, {"data": -1},
-                                    {"data": 2**64 - 8, "size": 64}, {"id": 1.0}])
+@pytest.mark.parametrize(
+    "forged", [{"id": -1}, {"id": 2**64}, {"size": 2**65}, {"data": -1}, {"data": 2**64 - 8, "size": 64}, {"id": 1.0}]
+)
 def test_unencodable_remote_descriptor_fails_without_wedging_the_peer(pair, forged):
     # Issue 23: a remote descriptor whose id or offset does not fit 64 bits made read() raise
     # TypeError after the transfer had joined the peer's completion order, so every later
@@ -194,8 +195,9 @@ def test_a_key_is_bound_to_the_engine_that_proved_it(make_target):
         assert target.call("probe")["conns"] == 0  # its control connection idled out...
         impostor_refused()  # ...and it still lives: it answered the target's challenge
         assert target.call("pop_inbound", "victim", 2, 0) is None  # the twin recorded nothing
-        st = victim.write(victim.register_memory(int(src.ctypes.data), 64, -1, MemoryLocationType.CPU), 0,
-                          target.region, 0, 64, 3)
+        st = victim.write(
+            victim.register_memory(int(src.ctypes.data), 64, -1, MemoryLocationType.CPU), 0, target.region, 0, 64, 3
+        )
         assert st.WaitFor(15_000) == StatusCode.SUCCESS, st  # the holder is not harmed
     deadline = time.monotonic() + 10
     while target.call("probe")["conns"] > 0 and time.monotonic() < deadline:  # the target saw it go

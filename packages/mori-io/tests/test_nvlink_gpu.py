@@ -49,13 +49,13 @@ def _random(seed: int, n: int) -> np.ndarray:
 
 
 def _fill(t: Any, offset: int, n: int, seed: int) -> None:
-    t[offset:offset + n].copy_(torch.from_numpy(_random(seed, n)))
+    t[offset : offset + n].copy_(torch.from_numpy(_random(seed, n)))
     torch.cuda.synchronize(t.device)
 
 
 def _bytes(t: Any, offset: int, n: int) -> np.ndarray:
     torch.cuda.synchronize(t.device)
-    return t[offset:offset + n].cpu().numpy()
+    return t[offset : offset + n].cpu().numpy()
 
 
 def _serve() -> bytes:
@@ -75,7 +75,7 @@ def _serve() -> bytes:
     def register(name: str, offset: int, n: int, as_view: bool) -> bytes:
         t = tensors[name]
         if as_view:  # a sub-allocated tensor: MORI's bug #415
-            desc = engine.register_torch_tensor(t[offset:offset + n])
+            desc = engine.register_torch_tensor(t[offset : offset + n])
         else:
             desc = engine.register_memory(t.data_ptr() + offset, n, TARGET_GPU, MemoryLocationType.GPU)
         descs[desc.id] = desc
@@ -94,10 +94,17 @@ def _serve() -> bytes:
             return hashlib.sha256(vmms[name].read(n, offset)).hexdigest()
         return hashlib.sha256(_bytes(tensors[name], offset, n).tobytes()).hexdigest()
 
-    return serve_commands(engine, {
-        **engine_commands(engine, descs), "alloc": alloc, "register": register, "vmm": vmm, "digest": digest,
-        "fill": lambda name, offset, n, seed: _fill(tensors[name], offset, n, seed),
-    })
+    return serve_commands(
+        engine,
+        {
+            **engine_commands(engine, descs),
+            "alloc": alloc,
+            "register": register,
+            "vmm": vmm,
+            "digest": digest,
+            "fill": lambda name, offset, n, seed: _fill(tensors[name], offset, n, seed),
+        },
+    )
 
 
 class Target(PipeProcess):
@@ -148,9 +155,21 @@ def _sha(a: np.ndarray) -> str:
     return hashlib.sha256(a.tobytes()).hexdigest()
 
 
-def _check_transfer(initiator: IOEngine, target: Target, local_pool: Any, op: str, api: str,
-                    l_offs: list[int], r_offs: list[int], sizes: list[int], r_off0: int, l_off0: int,
-                    region: int, seed: int, as_view: bool = False) -> None:
+def _check_transfer(
+    initiator: IOEngine,
+    target: Target,
+    local_pool: Any,
+    op: str,
+    api: str,
+    l_offs: list[int],
+    r_offs: list[int],
+    sizes: list[int],
+    r_off0: int,
+    l_off0: int,
+    region: int,
+    seed: int,
+    as_view: bool = False,
+) -> None:
     """Registers a remote region at pool offset ``r_off0`` and a local one at ``l_off0`` (both
     ``region`` bytes), fills both with random bytes, moves the blocks and checks every byte."""
     target.call("fill", "pool", r_off0, region, seed)
@@ -162,19 +181,25 @@ def _check_transfer(initiator: IOEngine, target: Target, local_pool: Any, op: st
         expect_remote, expect_local = remote_before.copy(), local_before.copy()
         for lo, ro, n in zip(l_offs, r_offs, sizes):
             if op == "write":
-                expect_remote[ro:ro + n] = local_before[lo:lo + n]
+                expect_remote[ro : ro + n] = local_before[lo : lo + n]
             else:
-                expect_local[lo:lo + n] = remote_before[ro:ro + n]
+                expect_local[lo : lo + n] = remote_before[ro : ro + n]
         if api == "session":
             sess = initiator.create_session(ldesc, rdesc)
             assert sess is not None and sess.alive()
             uid = sess.allocate_transfer_uid()
-            st = (getattr(sess, op)(l_offs[0], r_offs[0], sizes[0], uid) if len(sizes) == 1
-                  else getattr(sess, f"batch_{op}")(l_offs, r_offs, sizes, uid))
+            st = (
+                getattr(sess, op)(l_offs[0], r_offs[0], sizes[0], uid)
+                if len(sizes) == 1
+                else getattr(sess, f"batch_{op}")(l_offs, r_offs, sizes, uid)
+            )
         else:
             uid = initiator.allocate_transfer_uid()
-            st = (getattr(initiator, op)(ldesc, l_offs[0], rdesc, r_offs[0], sizes[0], uid) if len(sizes) == 1
-                  else getattr(initiator, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, uid))
+            st = (
+                getattr(initiator, op)(ldesc, l_offs[0], rdesc, r_offs[0], sizes[0], uid)
+                if len(sizes) == 1
+                else getattr(initiator, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, uid)
+            )
         assert _wait(st).Succeeded(), st.Message()
         assert st.Code() == StatusCode.SUCCESS and not st.InProgress() and not st.Failed()
         got_local = _bytes(local_pool, l_off0, region)
@@ -197,8 +222,20 @@ def test_transfer_matrix(initiator, target, local_pool, op, api, size, batch):
     r_offs = [SKEW + int(j) * size for j in slots]
     region = SKEW + size * batch + 61
     # Odd offsets inside the big allocations: both regions are sub-allocations.
-    _check_transfer(initiator, target, local_pool, op, api, l_offs, r_offs, [size] * batch, 4096 + 5, 8192 + 9,
-                    region, seed=size + batch)
+    _check_transfer(
+        initiator,
+        target,
+        local_pool,
+        op,
+        api,
+        l_offs,
+        r_offs,
+        [size] * batch,
+        4096 + 5,
+        8192 + 9,
+        region,
+        seed=size + batch,
+    )
 
 
 @pytest.mark.parametrize("kernel_max", ["0", "1G", None], ids=["engines", "kernel", "auto"])
@@ -215,16 +252,34 @@ def test_mixed_batches_on_each_path(target, local_pool, op, kernel_max, monkeypa
         try:
             for seed in range(3):
                 rng = np.random.default_rng(seed)
-                slot = [int(x) for x in rng.choice([1, 7, 100, 4096, 4099, 65536, 200_000, 1 << 20], 200,
-                                                   p=[.15, .15, .15, .15, .15, .1, .1, .05])]
+                slot = [
+                    int(x)
+                    for x in rng.choice(
+                        [1, 7, 100, 4096, 4099, 65536, 200_000, 1 << 20],
+                        200,
+                        p=[0.15, 0.15, 0.15, 0.15, 0.15, 0.1, 0.1, 0.05],
+                    )
+                ]
                 starts = [int(x) for x in np.cumsum([0] + [n + int(rng.integers(0, 40)) for n in slot])]
                 region = starts[-1] + 64
                 assert region < POOL - (2 << 20)
                 perm = [int(p) for p in rng.permutation(len(slot))]
                 # Block i: remote slot i to local slot perm[i], as long as the smaller of the two.
                 sizes = [min(slot[i], slot[p]) for i, p in enumerate(perm)]
-                _check_transfer(engine, target, local_pool, op, "engine", [starts[p] for p in perm], starts[:-1],
-                                sizes, (1 << 20) + 1, (1 << 20) + 3, region, seed=100 + seed)
+                _check_transfer(
+                    engine,
+                    target,
+                    local_pool,
+                    op,
+                    "engine",
+                    [starts[p] for p in perm],
+                    starts[:-1],
+                    sizes,
+                    (1 << 20) + 1,
+                    (1 << 20) + 3,
+                    region,
+                    seed=100 + seed,
+                )
         finally:
             target.call("deregister_engine", engine.get_engine_desc().pack())
 
@@ -232,8 +287,21 @@ def test_mixed_batches_on_each_path(target, local_pool, op, kernel_max, monkeypa
 def test_sub_tensors_at_odd_offsets(initiator, target, local_pool):
     """Views of one big tensor registered with register_torch_tensor (MORI's #415)."""
     for i, (offset, n) in enumerate([(1, 4096), (4097, 1 << 20), (12345, 777), ((3 << 20) + 11, 5 << 20)]):
-        _check_transfer(initiator, target, local_pool, "write" if i % 2 else "read", "engine", [0, n - n // 2],
-                        [n // 2, 0], [n - n // 2, n // 2], offset, offset + 7, n, seed=200 + i, as_view=True)
+        _check_transfer(
+            initiator,
+            target,
+            local_pool,
+            "write" if i % 2 else "read",
+            "engine",
+            [0, n - n // 2],
+            [n // 2, 0],
+            [n - n // 2, n // 2],
+            offset,
+            offset + 7,
+            n,
+            seed=200 + i,
+            as_view=True,
+        )
 
 
 @pytest.mark.parametrize("op", ["write", "read"])
@@ -241,8 +309,20 @@ def test_lone_blocks_cut_by_the_kernel(initiator, target, local_pool, op):
     """A lone block below the kernel limit is passed by value and cut into 4 KiB pieces by the
     kernel itself: sizes around the piece size, at unaligned places."""
     for i, n in enumerate([4095, 4097, 65536 + 3, (1 << 20) - 1]):
-        _check_transfer(initiator, target, local_pool, op, "engine", [3 + i], [10 + 2 * i], [n], 4096 + 1,
-                        8192 + 6 + i, n + 64, seed=300 + i)
+        _check_transfer(
+            initiator,
+            target,
+            local_pool,
+            op,
+            "engine",
+            [3 + i],
+            [10 + 2 * i],
+            [n],
+            4096 + 1,
+            8192 + 6 + i,
+            n + 64,
+            seed=300 + i,
+        )
 
 
 @pytest.mark.parametrize("op", ["write", "read"])
@@ -251,8 +331,20 @@ def test_numpy_offsets(initiator, target, local_pool, op):
     n, size = 1024, 4096
     l_offs = np.arange(n, dtype=np.int64) * size
     r_offs = np.random.default_rng(7).permutation(n).astype(np.int64) * size
-    _check_transfer(initiator, target, local_pool, op, "engine", l_offs, r_offs,
-                    np.full(n, size, dtype=np.int64), 4096 + 16, 8192 + 32, n * size, seed=400)
+    _check_transfer(
+        initiator,
+        target,
+        local_pool,
+        op,
+        "engine",
+        l_offs,
+        r_offs,
+        np.full(n, size, dtype=np.int64),
+        4096 + 16,
+        8192 + 32,
+        n * size,
+        seed=400,
+    )
 
 
 def test_vmm_memory(initiator, target, local_pool):
@@ -265,11 +357,11 @@ def test_vmm_memory(initiator, target, local_pool):
         uid = initiator.allocate_transfer_uid()
         assert _wait(initiator.batch_read(ldesc, [0, 5000], rdesc, [1, 2 << 20], [4096, 1 << 20], uid)).Succeeded()
         local[0:4096] = remote[1:4097]
-        local[5000:5000 + (1 << 20)] = remote[2 << 20:(3 << 20)]
+        local[5000 : 5000 + (1 << 20)] = remote[2 << 20 : (3 << 20)]
         assert np.array_equal(_bytes(local_pool, 0, n), local)
         uid = initiator.allocate_transfer_uid()
         assert _wait(initiator.write(ldesc, 17, rdesc, 33, 2 << 20, uid)).Succeeded()
-        remote[33:33 + (2 << 20)] = local[17:17 + (2 << 20)]
+        remote[33 : 33 + (2 << 20)] = local[17 : 17 + (2 << 20)]
         assert target.call("digest", "vmm", 0, n) == _sha(remote)
         assert target.call("pop_inbound", "initiator", uid, 10.0) == StatusCode.SUCCESS
     finally:
@@ -289,15 +381,20 @@ def test_errors_change_nothing(initiator, target, local_pool):
     rdesc = MemoryDesc.unpack(target.call("register", "pool", 0, n, False))
     ldesc = _register_local(initiator, local_pool, 0, n)
     try:
+
         def attempt():
             st = _wait(initiator.write(ldesc, 0, rdesc, n - 10, 11, initiator.allocate_transfer_uid()))
             assert st.Code() == StatusCode.ERR_INVALID_ARGS, st
             forged = dataclasses.replace(rdesc, size=n * 2)
-            st = _wait(initiator.batch_write(ldesc, [0, 0], forged, [n - 8, n], [16, 16],
-                                             initiator.allocate_transfer_uid()))
+            st = _wait(
+                initiator.batch_write(ldesc, [0, 0], forged, [n - 8, n], [16, 16], initiator.allocate_transfer_uid())
+            )
             assert st.Code() == StatusCode.ERR_INVALID_ARGS and "out of range" in st.Message(), st
-            st = _wait(initiator.write(ldesc, 0, dataclasses.replace(rdesc, id=987654), 0, 64,
-                                       initiator.allocate_transfer_uid()))
+            st = _wait(
+                initiator.write(
+                    ldesc, 0, dataclasses.replace(rdesc, id=987654), 0, 64, initiator.allocate_transfer_uid()
+                )
+            )
             assert st.Code() == StatusCode.ERR_NOT_FOUND and "not registered" in st.Message(), st
 
         _unchanged(target, 0, n, attempt)

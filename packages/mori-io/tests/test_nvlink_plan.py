@@ -23,15 +23,14 @@ def _replay(plan, memory: np.ndarray) -> np.ndarray:
     out = memory.copy()
     rows = [plan.kernel, *plan.engines]
     for src, dst, n in (r for part in rows for r in part.tolist()):
-        out[dst:dst + n] = memory[src:src + n]
+        out[dst : dst + n] = memory[src : src + n]
     return out
 
 
 @st.composite
 def _batches(draw):
     n = draw(st.integers(0, 60))
-    sizes = draw(st.lists(st.sampled_from([0, 1, 3, 16, 4096, 65535, 65536, 300_001, 3 << 20]), min_size=n,
-                          max_size=n))
+    sizes = draw(st.lists(st.sampled_from([0, 1, 3, 16, 4096, 65535, 65536, 300_001, 3 << 20]), min_size=n, max_size=n))
     while sum(sizes) > MAX_TOTAL:  # keep the simulated memory small
         sizes.pop()
     n = len(sizes)
@@ -49,14 +48,18 @@ def _batches(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(batch=_batches(), kernel_max=st.sampled_from([0, 1, 4096, 65536, 1 << 40]),
-       stripe=st.sampled_from([4096, 1 << 20]), streams=st.integers(1, 9))
+@given(
+    batch=_batches(),
+    kernel_max=st.sampled_from([0, 1, 4096, 65536, 1 << 40]),
+    stripe=st.sampled_from([4096, 1 << 20]),
+    streams=st.integers(1, 9),
+)
 def test_plan_moves_exactly_the_blocks(batch, kernel_max, stripe, streams):
     src_offs, dst_offs, sizes = batch
     memory = MEMORY
     expect = memory.copy()
     for s, d, n in zip(src_offs, dst_offs, sizes):
-        expect[DST_BASE + d:DST_BASE + d + n] = memory[SRC_BASE + s:SRC_BASE + s + n]
+        expect[DST_BASE + d : DST_BASE + d + n] = memory[SRC_BASE + s : SRC_BASE + s + n]
     plan = plan_copies(SRC_BASE, DST_BASE, src_offs, dst_offs, sizes, kernel_max, stripe, streams)
     assert np.array_equal(_replay(plan, memory), expect)
     assert plan.total_bytes == sum(sizes)
@@ -82,7 +85,7 @@ def test_a_transfers_rows_plan_as_its_columns(batch, kernel_max, read):
     expect = MEMORY.copy()
     for lo, ro, n in zip(local_offs, remote_offs, sizes):
         src, dst = (remote_base + ro, local_base + lo) if read else (local_base + lo, remote_base + ro)
-        expect[dst:dst + n] = MEMORY[src:src + n]
+        expect[dst : dst + n] = MEMORY[src : src + n]
     assert np.array_equal(_replay(plan, MEMORY), expect)
     assert plan.total_bytes == sum(sizes)
 
@@ -115,24 +118,45 @@ def test_plan_writes_kernel_rows_into_the_given_table():
     assert table[:n, 0].tolist() == (src + 0x1000).tolist() and (table[:n, 2] == size).all()
     # Rows large enough for the copy engines: the kernel's share is a copy, the table unused.
     mixed = np.where(np.arange(n) % 2 == 0, size, 4 << 20).astype(np.int64)
-    far = (np.arange(n, dtype=np.int64) * (8 << 20))
+    far = np.arange(n, dtype=np.int64) * (8 << 20)
     plan = plan_copies(0x1000, 0x8000_0000, far, far[::-1].copy(), mixed, 1 << 20, 8 << 20, 4, table)
     assert not plan.in_out and len(plan.kernel) == n // 2 and sum(len(e) for e in plan.engines) == n // 2
     # A share of a batch of large rows goes to the copy engines beside the kernel: the last rows.
     big = 256 << 10
     src_big = (n - 1 - np.arange(n, dtype=np.int64)) * big
-    plan = plan_copies(0x1000, 0x8000_0000, src_big, np.arange(n, dtype=np.int64) * big,
-                       np.full(n, big, dtype=np.int64), 1 << 20, 8 << 20, 4, table, engine_share=0.25)
+    plan = plan_copies(
+        0x1000,
+        0x8000_0000,
+        src_big,
+        np.arange(n, dtype=np.int64) * big,
+        np.full(n, big, dtype=np.int64),
+        1 << 20,
+        8 << 20,
+        4,
+        table,
+        engine_share=0.25,
+    )
     assert plan.in_out and len(plan.kernel) == n - n // 4 and len(plan.engines) == 1
     assert np.shares_memory(plan.engines[0], table) and len(plan.engines[0]) == n // 4
     assert plan.total_bytes == n * big
     assert table[n - n // 4, 0] == 0x1000 + int(src_big[n - n // 4])
     # ... not for small rows (a copy-engine copy of 64 KiB costs more than it brings) or few rows.
-    plan = plan_copies(0x1000, 0x8000_0000, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table,
-                       engine_share=0.25)
+    plan = plan_copies(
+        0x1000, 0x8000_0000, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table, engine_share=0.25
+    )
     assert len(plan.kernel) == n and not plan.engines
-    plan = plan_copies(0x1000, 0x8000_0000, src_big[:8], dst[:8] * 4, np.full(8, big, dtype=np.int64), 1 << 20,
-                       8 << 20, 4, table, engine_share=0.25)
+    plan = plan_copies(
+        0x1000,
+        0x8000_0000,
+        src_big[:8],
+        dst[:8] * 4,
+        np.full(8, big, dtype=np.int64),
+        1 << 20,
+        8 << 20,
+        4,
+        table,
+        engine_share=0.25,
+    )
     assert len(plan.kernel) == 8 and not plan.engines
     with pytest.raises(ValueError, match="C-contiguous uint64"):
         plan_copies(0, 0, src, dst, np.full(n, size, dtype=np.int64), 1 << 20, 8 << 20, 4, table[:, :2])

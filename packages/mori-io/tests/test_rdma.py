@@ -77,7 +77,7 @@ def _done(st: object) -> StatusCode:
 def test_write_read_and_notification(pair: Pair) -> None:
     uid = pair.a.allocate_transfer_uid()
     assert _done(pair.a.write(pair.ma, 4096, pair.mb, 8192, 1 << 20, uid)) == StatusCode.SUCCESS
-    assert np.array_equal(pair.rb[8192:8192 + (1 << 20)], pair.la[4096:4096 + (1 << 20)])
+    assert np.array_equal(pair.rb[8192 : 8192 + (1 << 20)], pair.la[4096 : 4096 + (1 << 20)])
     for _ in range(200):
         inbound = pair.b.pop_inbound_transfer_status("init", uid)
         if inbound is not None:
@@ -87,7 +87,7 @@ def test_write_read_and_notification(pair: Pair) -> None:
     assert pair.b.pop_inbound_transfer_status("init", uid) is None  # popped once
     uid = pair.a.allocate_transfer_uid()
     assert _done(pair.a.read(pair.ma, 0, pair.mb, SIZE - 100, 100, uid)) == StatusCode.SUCCESS
-    assert np.array_equal(pair.la[:100], pair.rb[SIZE - 100:])
+    assert np.array_equal(pair.la[:100], pair.rb[SIZE - 100 :])
 
 
 @pytest.mark.parametrize("op", ["read", "write"])
@@ -97,13 +97,12 @@ def test_batches_scatter_byte_for_byte(pair: Pair, op: str) -> None:
     remote = [(n - 1 - i) * block + 17 for i in range(n)]  # reversed, unaligned
     before_l, before_r = pair.la.copy(), pair.rb.copy()
     fn = pair.a.batch_read if op == "read" else pair.a.batch_write
-    assert _done(fn(pair.ma, local, pair.mb, remote, [block] * n, pair.a.allocate_transfer_uid())) \
-        == StatusCode.SUCCESS
+    assert _done(fn(pair.ma, local, pair.mb, remote, [block] * n, pair.a.allocate_transfer_uid())) == StatusCode.SUCCESS
     src, dst = (before_r, pair.la) if op == "read" else (before_l, pair.rb)
     so, do = (remote, local) if op == "read" else (local, remote)
     expect = (before_l if op == "read" else before_r).copy()
     for s, d in zip(so, do):
-        expect[d:d + block] = src[s:s + block]
+        expect[d : d + block] = src[s : s + block]
     assert np.array_equal(dst, expect)
 
 
@@ -113,7 +112,7 @@ def test_numpy_batch_and_contiguous_blocks_merge(pair: Pair) -> None:
     pair.la[: 1 << 20] = 7
     st = pair.a.batch_write(pair.ma, offs, pair.mb, offs + 4096, sizes, pair.a.allocate_transfer_uid())
     assert _done(st) == StatusCode.SUCCESS
-    assert (pair.rb[4096:4096 + (1 << 20)] == 7).all()
+    assert (pair.rb[4096 : 4096 + (1 << 20)] == 7).all()
 
 
 def test_session(pair: Pair) -> None:
@@ -144,9 +143,14 @@ def test_descriptor_not_registered_with_rdma_is_not_served_by_it(pair: Pair) -> 
 def test_config_fields_are_validated() -> None:
     e = IOEngine("cfg", IOEngineConfig())
     try:
-        for bad in (RdmaBackendConfig(qp_per_transfer=0), RdmaBackendConfig(num_worker_threads=65),
-                    RdmaBackendConfig(num_worker_threads=0), RdmaBackendConfig(qp_per_transfer=-1),
-                    RdmaBackendConfig(post_batch_size=0), RdmaBackendConfig(max_send_wr=-1)):
+        for bad in (
+            RdmaBackendConfig(qp_per_transfer=0),
+            RdmaBackendConfig(num_worker_threads=65),
+            RdmaBackendConfig(num_worker_threads=0),
+            RdmaBackendConfig(qp_per_transfer=-1),
+            RdmaBackendConfig(post_batch_size=0),
+            RdmaBackendConfig(max_send_wr=-1),
+        ):
             with pytest.raises(ValueError, match="RdmaBackendConfig"):
                 e.create_backend(BackendType.RDMA, bad)
         with pytest.raises(TypeError, match="RdmaBackendConfig"):
@@ -165,7 +169,7 @@ def test_poll_modes_post_batches_and_no_notification(mode: PollCqMode) -> None:
         st = p.a.batch_write(p.ma, offs, p.mb, offs, [4096] * len(offs), uid)
         assert _done(st) == StatusCode.SUCCESS
         for o in offs:
-            assert np.array_equal(p.rb[o:o + 4096], p.la[o:o + 4096])
+            assert np.array_equal(p.rb[o : o + 4096], p.la[o : o + 4096])
         __import__("time").sleep(0.3)
         assert p.b.pop_inbound_transfer_status("init", uid) is None  # enable_notification=False
     finally:
@@ -173,8 +177,9 @@ def test_poll_modes_post_batches_and_no_notification(mode: PollCqMode) -> None:
 
 
 @pytest.mark.parametrize("cores,threads,workers", [(2, -1, 1), (8, -1, 2), (64, -1, 2), (2, 3, 3)])
-def test_worker_count_auto_by_cores_and_transfers_over_them(monkeypatch: pytest.MonkeyPatch, cores: int,
-                                                            threads: int, workers: int) -> None:
+def test_worker_count_auto_by_cores_and_transfers_over_them(
+    monkeypatch: pytest.MonkeyPatch, cores: int, threads: int, workers: int
+) -> None:
     """num_worker_threads=-1: two workers from 8 cores, one below; N: N. Small and large (spread,
     mori-core's test_ucx_spread.py) transfers land byte for byte with their record. (These two
     engines share a process, so they meet on the same-host path; spreading is UCX's.)"""
@@ -186,7 +191,7 @@ def test_worker_count_auto_by_cores_and_transfers_over_them(monkeypatch: pytest.
         for size, uid in ((4096, 1), (3 << 20, 2)):
             st = p.a.batch_write(p.ma, [0], p.mb, [512 << 10], [size], uid)
             assert _done(st) == StatusCode.SUCCESS, st.Message()
-            assert np.array_equal(p.rb[512 << 10:(512 << 10) + size], p.la[:size])
+            assert np.array_equal(p.rb[512 << 10 : (512 << 10) + size], p.la[:size])
             assert p.b.pop_inbound_transfer_status("init", uid) is not None
     finally:
         p.close()
@@ -336,9 +341,9 @@ def test_single_blocks_take_the_lane_byte_for_byte(counted: Counted) -> None:
             st = getattr(sess, op)(lo, ro, size, uid)
         assert _done(st) == StatusCode.SUCCESS, st
         if op == "read":
-            before_l[lo:lo + size] = before_r[ro:ro + size]
+            before_l[lo : lo + size] = before_r[ro : ro + size]
         else:
-            before_r[ro:ro + size] = before_l[lo:lo + size]
+            before_r[ro : ro + size] = before_l[lo : lo + size]
         assert np.array_equal(counted.la, before_l) and np.array_equal(counted.rb, before_r)
     assert counted.full_way == 0
     # The target records the outcome of a lane's transfer as of any other (notification on).
@@ -349,9 +354,11 @@ def test_single_blocks_take_the_lane_byte_for_byte(counted: Counted) -> None:
         time.sleep(0.005)
     assert inbound is not None and inbound.Succeeded() and counted.full_way == 0
     # What the lane does not take goes the full way: numpy offsets, two blocks, zero bytes.
-    for st in (counted.a.batch_write(counted.ma, np.array([0]), counted.mb, np.array([0]), np.array([8]), 1),
-               counted.a.batch_write(counted.ma, [0, 64], counted.mb, [0, 64], [8, 8], 2),
-               counted.a.write(counted.ma, 0, counted.mb, 0, 0, 3)):
+    for st in (
+        counted.a.batch_write(counted.ma, np.array([0]), counted.mb, np.array([0]), np.array([8]), 1),
+        counted.a.batch_write(counted.ma, [0, 64], counted.mb, [0, 64], [8, 8], 2),
+        counted.a.write(counted.ma, 0, counted.mb, 0, 0, 3),
+    ):
         assert _done(st) == StatusCode.SUCCESS
     assert counted.full_way == 3
 
@@ -359,8 +366,14 @@ def test_single_blocks_take_the_lane_byte_for_byte(counted: Counted) -> None:
 def test_bad_blocks_and_uids_fail_as_before_and_nothing_moves(counted: Counted) -> None:
     _warm(counted)
     before = counted.rb.copy()
-    for lo, ro, size, uid in ((0, 0, SIZE + 1, 1), (-1, 0, 10, 1), (0, SIZE - 10, 11, 1), (0, 0, 10, -1),
-                              (0, 0, 10, 1 << 64), (SIZE - 4, 0, 8, 1)):
+    for lo, ro, size, uid in (
+        (0, 0, SIZE + 1, 1),
+        (-1, 0, 10, 1),
+        (0, SIZE - 10, 11, 1),
+        (0, 0, 10, -1),
+        (0, 0, 10, 1 << 64),
+        (SIZE - 4, 0, 8, 1),
+    ):
         st = counted.a.write(counted.ma, lo, counted.mb, ro, size, uid)
         assert _done(st) == StatusCode.ERR_INVALID_ARGS, (lo, ro, size, uid, st)
     assert np.array_equal(counted.rb, before)
@@ -410,7 +423,7 @@ def test_deregistering_waits_for_the_lanes_transfers(counted: Counted) -> None:
     assert counted.full_way == 0
     counted.a.deregister_memory(counted.ma)  # the engine keeps no record of these: the backend waits
     assert all(st.WaitFor(0) == StatusCode.SUCCESS for st in statuses)
-    assert np.array_equal(counted.rb[:100 * 8192], counted.la[:100 * 8192])
+    assert np.array_equal(counted.rb[: 100 * 8192], counted.la[: 100 * 8192])
     last = statuses[-1]
     assert last.Succeeded() and last.Message() == "" and "SUCCESS" in repr(last)
 
@@ -426,5 +439,5 @@ def test_pairs_in_turn_each_keep_their_lane(counted: Counted) -> None:
         local, buf = pairs[i % 2]
         buf[:4096] = i
         assert _done(counted.a.write(local, 0, counted.mb, i * 4096, 4096, i)) == StatusCode.SUCCESS
-        assert (counted.rb[i * 4096:(i + 1) * 4096] == i).all()
+        assert (counted.rb[i * 4096 : (i + 1) * 4096] == i).all()
     assert counted.full_way == 0

@@ -104,7 +104,7 @@ def _kill_victims(net: Net, runs: int) -> None:
             i_buf.array[:VICTIM] = np.random.default_rng(run).integers(0, 256, VICTIM, dtype=np.uint8)
             source = (i_buf.array[:VICTIM] if op == "write" else v_buf.array).copy()
             s_before = s_buf.array.copy()
-            i_buf.array[VICTIM:VICTIM + SERVED] = run % 251
+            i_buf.array[VICTIM : VICTIM + SERVED] = run % 251
             uid = init.call("start", op, victim.mem, 0, 0, MIB, VICTIM // MIB)
             other = init.call("start", "write", served.mem, VICTIM, (run % 2) * SERVED, MIB, SERVED // MIB)
             time.sleep(rng.uniform(0.0, net.kill_window))
@@ -119,7 +119,7 @@ def _kill_victims(net: Net, runs: int) -> None:
                 assert why, f"run {run}: {code} without a reason"
             assert init.call("finish", other) == ("SUCCESS", ""), f"run {run}: the served peer's write failed"
             at = (run % 2) * SERVED
-            s_before[at:at + SERVED] = run % 251
+            s_before[at : at + SERVED] = run % 251
             assert np.array_equal(s_buf.array, s_before), f"run {run}: the served peer's bytes differ"
             victim.kill()
     assert sum(outcomes.values()) == runs
@@ -146,14 +146,19 @@ def test_forged_offsets_and_deregistered_regions_are_refused(net: Net) -> None:
     before = t_buf.array.copy()
     # The initiator checks offsets against the descriptor: a forged, larger size passes it, and
     # the target must refuse what lies outside its registration.
-    grown = MemoryDesc(real.engine_key, real.id, real.data - lo, size, real.device_id, real.loc, real.hostname,
-                       real.extra)
-    bigger = MemoryDesc(real.engine_key, real.id, real.data, size, real.device_id, real.loc, real.hostname,
-                        real.extra)
+    grown = MemoryDesc(
+        real.engine_key, real.id, real.data - lo, size, real.device_id, real.loc, real.hostname, real.extra
+    )
+    bigger = MemoryDesc(real.engine_key, real.id, real.data, size, real.device_id, real.loc, real.hostname, real.extra)
     i_before = i_buf.array.copy()
     for op in ("write", "read"):
-        for desc, off, n in ((bigger, hi - lo, 4096), (bigger, hi - lo - 100, 4096), (bigger, 0, size),
-                             (grown, 3 * MIB, MIB), (grown, hi - lo, 1)):
+        for desc, off, n in (
+            (bigger, hi - lo, 4096),
+            (bigger, hi - lo - 100, 4096),
+            (bigger, 0, size),
+            (grown, 3 * MIB, MIB),
+            (grown, hi - lo, 1),
+        ):
             code, why = init.call("raw", op, desc, 0, off, n)
             assert code == "ERR_INVALID_ARGS" and why, (op, off, n, code, why)
     assert np.array_equal(t_buf.array, before)  # no byte of the target moved
@@ -162,7 +167,7 @@ def test_forged_offsets_and_deregistered_regions_are_refused(net: Net) -> None:
     # moves nothing: offsets count from the registration the target holds, not from the descriptor.
     assert init.call("raw", "write", real, 0, 0, 4096) == ("SUCCESS", "")
     assert init.call("raw", "write", grown, 4096, 4096, 4096) == ("SUCCESS", "")
-    before[lo:lo + 8192] = i_buf.array[:8192]
+    before[lo : lo + 8192] = i_buf.array[:8192]
     assert np.array_equal(t_buf.array, before)
     target.call("deregister", real.id)
     for op in ("write", "read"):

@@ -38,8 +38,9 @@ class Hosts(Started):
         """An engine with the RDMA backend alone (``workers``: its num_worker_threads) in namespace
         ``where``, over a shared file of random bytes."""
         buf = self.random_buffer(SIZE, len(self.bufs))
-        peer = NetnsPeer(self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**self.env, **env},
-                         workers)
+        peer = NetnsPeer(
+            self.ns[where], role, HOST_A if where == "A" else HOST_B, buf, ("rdma",), {**self.env, **env}, workers
+        )
         self.procs.append(peer)
         return peer, buf
 
@@ -72,7 +73,7 @@ def test_every_operation_with_notifications(hosts: Hosts, workers: int) -> None:
     assert target.call("pop_inbound", "initiator", 78, 10.0) == StatusCode.SUCCESS
     assert init.call("session", target.mem)[0] == "SUCCESS"
     expect_t[quarter:half] = expect_i[:quarter]
-    expect_i[3 * quarter:] = expect_t[quarter:half]
+    expect_i[3 * quarter :] = expect_t[quarter:half]
     assert np.array_equal(t_buf.array, expect_t)
     assert np.array_equal(i_buf.array, expect_i)
     if workers == 3:  # the write, the read and the session's two
@@ -115,13 +116,39 @@ def test_vllm_and_sglang_sequences_over_rdma_between_namespaces(lib: str) -> Non
     shard threads and teardown) with the RDMA backend created from the clients' own
     RdmaBackendConfig: the transferring side in namespace B, every target process in namespace A."""
     with two_namespaces() as (ns_a, ns_b):
-        env = {**os.environ, **ENV, "MORI_TEST_REPLAY_HOST": HOST_B,
-               "MORI_TEST_REPLAY_TARGET_HOST": HOST_A, "MORI_TEST_REPLAY_TARGET_NETNS": ns_a,
-               "MORI_IO_TIMEOUT": "30", "MORI_UCX_LIB": ucx_lib(lib)}
-        run = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-m", "pytest", "-q", "-p",
-                              "no:cacheprovider", "-k", "rdma or send_queue", "test_client_replays.py",
-                              "test_client_replays_vllm.py", "test_client_replays_sglang.py"], cwd=HERE, env=env,
-                             capture_output=True, text=True, timeout=900)
+        env = {
+            **os.environ,
+            **ENV,
+            "MORI_TEST_REPLAY_HOST": HOST_B,
+            "MORI_TEST_REPLAY_TARGET_HOST": HOST_A,
+            "MORI_TEST_REPLAY_TARGET_NETNS": ns_a,
+            "MORI_IO_TIMEOUT": "30",
+            "MORI_UCX_LIB": ucx_lib(lib),
+        }
+        run = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                ns_b,
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-k",
+                "rdma or send_queue",
+                "test_client_replays.py",
+                "test_client_replays_vllm.py",
+                "test_client_replays_sglang.py",
+            ],
+            cwd=HERE,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     tail = run.stdout[-4000:] + run.stderr[-2000:]
     counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", run.stdout))
     assert run.returncode == 0 and counts.get("passed", 0) >= 4 and set(counts) == {"passed"}, tail

@@ -34,8 +34,11 @@ TARGET_GPU = 0
 
 def _tensors(device: str) -> dict[str, Any]:
     big = torch.zeros(REGION + 2 * SKEW, dtype=torch.uint8, device=device)
-    return {"GPU": big[SKEW:SKEW + REGION], "CPU": torch.zeros(REGION + SKEW, dtype=torch.uint8)[SKEW:],
-            "GPU_ALLOCATION": big}
+    return {
+        "GPU": big[SKEW : SKEW + REGION],
+        "CPU": torch.zeros(REGION + SKEW, dtype=torch.uint8)[SKEW:],
+        "GPU_ALLOCATION": big,
+    }
 
 
 def _put(t: Any, data: bytes) -> None:
@@ -57,10 +60,15 @@ def _serve(key: str) -> bytes:
     engine.create_backend(BackendType.TCP, TcpBackendConfig(num_connections=2))
     tensors = _tensors(f"cuda:{TARGET_GPU}")
     descs = {k: engine.register_torch_tensor(t).pack() for k, t in tensors.items() if k != "GPU_ALLOCATION"}
-    return serve_commands(engine, {
-        **engine_commands(engine, {}), "descs": lambda: descs,
-        "put": lambda name, data: _put(tensors[name], data), "get": lambda name: _get(tensors[name]).tobytes(),
-    })
+    return serve_commands(
+        engine,
+        {
+            **engine_commands(engine, {}),
+            "descs": lambda: descs,
+            "put": lambda name, data: _put(tensors[name], data),
+            "get": lambda name: _get(tensors[name]).tobytes(),
+        },
+    )
 
 
 class _Target(PipeProcess):
@@ -113,7 +121,7 @@ def test_batches_byte_for_byte(pair: Any, local: str, remote: str, op: str, size
     src, dst, s_offs, d_offs = (mine, theirs, l_offs, r_offs) if op == "write" else (theirs, mine, r_offs, l_offs)
     want = dst.copy()
     for s, d in zip(s_offs.tolist(), d_offs.tolist()):
-        want[d:d + size] = src[s:s + size]
+        want[d : d + size] = src[s : s + size]
     uid = engine.allocate_transfer_uid()
     lists = batch < 64  # lists for small batches, numpy arrays for the others (both are accepted)
     args = [v.tolist() if lists else v for v in (l_offs, r_offs, sizes)]
@@ -158,8 +166,8 @@ def test_out_of_range_gpu_block_is_rejected_at_the_target(pair: Any) -> None:
         st = engine.write(descs["GPU"], 0, forged, offset, 4096, engine.allocate_transfer_uid())
         assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Code() == StatusCode.ERR_INVALID_ARGS, st.Message()
     allocation = np.frombuffer(target.call("get", "GPU_ALLOCATION"), dtype=np.uint8)
-    assert np.array_equal(allocation[SKEW:SKEW + REGION], theirs)
-    outside = np.concatenate([allocation[:SKEW], allocation[SKEW + REGION:]])
+    assert np.array_equal(allocation[SKEW : SKEW + REGION], theirs)
+    outside = np.concatenate([allocation[:SKEW], allocation[SKEW + REGION :]])
     assert not outside.any(), "bytes outside the registration changed"
 
 
@@ -180,8 +188,11 @@ def test_a_killed_target_never_leaves_success_with_bytes_missing(pair: Any) -> N
         statuses, slot_of = [], []
         for i in range(16 * slots):  # every read of a slot carries the same bytes
             slot = i % slots
-            statuses.append(engine.read(descs["GPU"], slot * block, doomed.mems["GPU"], slot * block, block,
-                                        engine.allocate_transfer_uid()))
+            statuses.append(
+                engine.read(
+                    descs["GPU"], slot * block, doomed.mems["GPU"], slot * block, block, engine.allocate_transfer_uid()
+                )
+            )
             slot_of.append(slot)
             if i == 7:
                 assert statuses[0].WaitFor(60_000) == StatusCode.SUCCESS, statuses[0].Message()
@@ -192,7 +203,7 @@ def test_a_killed_target_never_leaves_success_with_bytes_missing(pair: Any) -> N
         mine = _get(tensors["GPU"])
         for st, slot in zip(statuses, slot_of):
             if st.Succeeded():
-                got, want = mine[slot * block:(slot + 1) * block], theirs[slot * block:(slot + 1) * block]
+                got, want = mine[slot * block : (slot + 1) * block], theirs[slot * block : (slot + 1) * block]
                 assert np.array_equal(got, want), f"SUCCESS with bytes missing in slot {slot}"
             else:
                 assert st.Code() in (StatusCode.ERR_BAD_STATE, StatusCode.ERR_GPU_OP), st.Message()

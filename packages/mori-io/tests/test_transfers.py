@@ -26,8 +26,15 @@ def _layout(rng: np.random.Generator, size: int, batch: int) -> tuple[list[int],
     return local, remote
 
 
-def _run(initiator: IOEngine, target: PeerProcess, remote_region: tuple[SharedBuffer, MemoryDesc], op: str,
-         api: str, size: int, batch: int) -> None:
+def _run(
+    initiator: IOEngine,
+    target: PeerProcess,
+    remote_region: tuple[SharedBuffer, MemoryDesc],
+    op: str,
+    api: str,
+    size: int,
+    batch: int,
+) -> None:
     rng = np.random.default_rng(size * 7919 + batch)
     buf, rdesc = remote_region
     local = np.empty(buf.size, dtype=np.uint8)
@@ -40,9 +47,9 @@ def _run(initiator: IOEngine, target: PeerProcess, remote_region: tuple[SharedBu
         expect_remote, expect_local = buf.array.copy(), local.copy()
         for lo, ro in zip(l_offs, r_offs):
             if op == "write":
-                expect_remote[ro:ro + size] = local[lo:lo + size]
+                expect_remote[ro : ro + size] = local[lo : lo + size]
             else:
-                expect_local[lo:lo + size] = buf.array[ro:ro + size]
+                expect_local[lo : lo + size] = buf.array[ro : ro + size]
         if api == "session":
             sess = initiator.create_session(ldesc, rdesc)
             assert sess is not None and sess.alive()
@@ -121,9 +128,9 @@ def test_numpy_offset_arrays(initiator, target, remote_region, op):
     expect_remote, expect_local = buf.array.copy(), local.copy()
     for lo, ro, n in zip(l_offs.tolist(), r_offs.tolist(), sizes.tolist()):
         if op == "write":
-            expect_remote[ro:ro + n] = local[lo:lo + n]
+            expect_remote[ro : ro + n] = local[lo : lo + n]
         else:
-            expect_local[lo:lo + n] = buf.array[ro:ro + n]
+            expect_local[lo : lo + n] = buf.array[ro : ro + n]
     uid = initiator.allocate_transfer_uid()
     st = getattr(initiator, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, uid)
     assert st.WaitFor(60_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
@@ -146,8 +153,9 @@ def test_a_later_transfer_reports_finished_only_after_earlier_ones(initiator, ta
             small = initiator.write(ldesc, 0, rdesc, 40 << 20, 64, initiator.allocate_transfer_uid())
             assert small.WaitFor(60_000) == StatusCode.SUCCESS, small
             assert big.Code() == StatusCode.SUCCESS, big
-            assert np.array_equal(buf.array[:32 << 20], src) and np.array_equal(buf.array[40 << 20:(40 << 20) + 64],
-                                                                                 src[:64])
+            assert np.array_equal(buf.array[: 32 << 20], src) and np.array_equal(
+                buf.array[40 << 20 : (40 << 20) + 64], src[:64]
+            )
     finally:
         initiator.deregister_memory(ldesc)
 

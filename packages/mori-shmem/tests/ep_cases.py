@@ -49,8 +49,11 @@ def rank_inputs(case: Case, rank: int, device: Any = "cpu") -> dict[str, Any]:
     repeat = torch.rand(n, case.k, generator=g) < 0.2  # same expert as the entry before
     ids[:, 1:] = torch.where(repeat[:, 1:], ids[:, :-1], ids[:, 1:])
     bad = torch.rand(n, case.k, generator=g) < case.invalid
-    junk = torch.where(torch.rand(n, case.k, generator=g) < 0.5, torch.full_like(ids, -1),
-                       experts + torch.randint(0, 7, (n, case.k), generator=g))
+    junk = torch.where(
+        torch.rand(n, case.k, generator=g) < 0.5,
+        torch.full_like(ids, -1),
+        experts + torch.randint(0, 7, (n, case.k), generator=g),
+    )
     ids = torch.where(bad, junk, ids)
     x = torch.randn(n, case.hidden, generator=g) * 4
     out = {
@@ -105,11 +108,13 @@ def check_round(case: Case, results: list[dict[str, Any]], wire_dtype: Any = Non
     stage = [res["combine_in"][: int(res["total"])] for res in results]
     for r, res in enumerate(results):
         n = inputs[r]["input"].shape[0]
-        want = reference_combine(all_ids[r], r, case.experts_per_rank, stage, src_pos, max_send,
-                                 combine_dtype(case), wire_dtype)
+        want = reference_combine(
+            all_ids[r], r, case.experts_per_rank, stage, src_pos, max_send, combine_dtype(case), wire_dtype
+        )
         got = res["combined"][:n]
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), \
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (
             f"PE {r}: combine differs in {(got.float() != want.float()).sum().item()} elements"
+        )
         mode = res.get("combine_weights", "view")
         if mode == "none":
             assert res["combined_weights"] is None, f"PE {r}: combine without weights returned weights"
@@ -118,8 +123,9 @@ def check_round(case: Case, results: list[dict[str, Any]], wire_dtype: Any = Non
         w_stage = [res["weights"][: int(res["total"])] * (mode != "empty") for res in results]
         want_w = reference_combine(all_ids[r], r, case.experts_per_rank, w_stage, src_pos, max_send, torch.float32)
         got_w = res["combined_weights"][:n]
-        assert torch.equal(got_w, want_w), \
+        assert torch.equal(got_w, want_w), (
             f"PE {r}: combined weights differ for {(got_w != want_w).any(dim=1).sum().item()} of {n} tokens"
+        )
     return received
 
 
@@ -151,11 +157,20 @@ def make_config(case: Case, rank: int, **overrides: Any) -> Any:
     """The op config of ``case`` for ``rank`` (IntraNode unless ``kernel_type`` is given)."""
     import mori.ops
 
-    kw = dict(data_type=case.dtype, rank=rank, world_size=case.world, hidden_dim=case.hidden,
-              scale_dim=case.scale_dim, scale_type_size=case.scale_dtype.itemsize if case.scale_dim else 0,
-              max_token_type_size=max(case.dtype.itemsize, combine_dtype(case).itemsize),
-              max_num_inp_token_per_rank=case.max_tokens, num_experts_per_rank=case.experts_per_rank,
-              num_experts_per_token=case.k, warp_num_per_block=4, block_num=16)
+    kw = dict(
+        data_type=case.dtype,
+        rank=rank,
+        world_size=case.world,
+        hidden_dim=case.hidden,
+        scale_dim=case.scale_dim,
+        scale_type_size=case.scale_dtype.itemsize if case.scale_dim else 0,
+        max_token_type_size=max(case.dtype.itemsize, combine_dtype(case).itemsize),
+        max_num_inp_token_per_rank=case.max_tokens,
+        num_experts_per_rank=case.experts_per_rank,
+        num_experts_per_token=case.k,
+        warp_num_per_block=4,
+        block_num=16,
+    )
     kw.update(overrides)
     return mori.ops.EpDispatchCombineConfig(**kw)
 
@@ -175,8 +190,15 @@ def _refused(call: Any, *args: Any) -> str:
     return "no error"
 
 
-def pe_round(case: Case, op: Any, device: Any = "cpu", split: bool = False, zero_copy: bool = False,
-             combine_weights: str = "view", second_dispatch: bool = False) -> dict[str, Any]:
+def pe_round(
+    case: Case,
+    op: Any,
+    device: Any = "cpu",
+    split: bool = False,
+    zero_copy: bool = False,
+    combine_weights: str = "view",
+    second_dispatch: bool = False,
+) -> dict[str, Any]:
     """One dispatch + combine on this PE (``split``: the AsyncLL send/recv calls; ``combine_weights``:
     one of :data:`COMBINE_WEIGHTS`); CPU copies of everything :func:`check_round` needs.
     ``second_dispatch``: a second dispatch is tried before the combine (also between the AsyncLL send
@@ -197,23 +219,36 @@ def pe_round(case: Case, op: Any, device: Any = "cpu", split: bool = False, zero
     n = int(total.item())
     # Dispatch outputs are copied before combine: once this rank combined, its peers' next dispatch
     # may overwrite them.
-    out = {"src_pos": op.get_dispatch_src_token_pos().cpu().clone(), "total": n, "tokens": tokens[:n].cpu().clone(),
-           "weights": weights[:n].cpu().clone(), "indices": indices[:n].cpu().clone(),
-           "scales": scales[:n].cpu().clone() if scales is not None else None}
+    out = {
+        "src_pos": op.get_dispatch_src_token_pos().cpu().clone(),
+        "total": n,
+        "tokens": tokens[:n].cpu().clone(),
+        "weights": weights[:n].cpu().clone(),
+        "indices": indices[:n].cpu().clone(),
+        "scales": scales[:n].cpu().clone() if scales is not None else None,
+    }
     y = expert_output(case, tokens[:n], rank)
     if zero_copy:
         buf = op.get_registered_combine_input_buffer(y.dtype, case.hidden)
         buf[:n].copy_(y)
         y = buf
     kwargs = {"use_external_inp_buf": 0} if zero_copy else {}
-    w = {"view": weights, "rows": weights[:n].clone(), "none": None,
-         "empty": torch.empty(0, case.k, dtype=torch.float32, device=weights.device)}[combine_weights]
+    w = {
+        "view": weights,
+        "rows": weights[:n].clone(),
+        "none": None,
+        "empty": torch.empty(0, case.k, dtype=torch.float32, device=weights.device),
+    }[combine_weights]
     if split:
         combined, combined_w = op.combine_send(y, w, inp["indices"])
         op.combine_recv()
     else:
         combined, combined_w = op.combine(y, w, inp["indices"], **kwargs)
-    out.update(combine_in=y[:n].cpu().clone(), combined=combined.cpu().clone(), combine_weights=combine_weights,
-               refusals=refusals,
-               combined_weights=combined_w.cpu().clone() if combined_w is not None else None)
+    out.update(
+        combine_in=y[:n].cpu().clone(),
+        combined=combined.cpu().clone(),
+        combine_weights=combine_weights,
+        refusals=refusals,
+        combined_weights=combined_w.cpu().clone() if combined_w is not None else None,
+    )
     return out

@@ -46,8 +46,12 @@ def main() -> int:
     if me == 1:
         os._exit(0)  # gone without finalize: its engine and endpoints die with it
     time.sleep(1.0)
-    args = (ctypes.c_uint64(buf.data_ptr()), ctypes.c_uint64(buf.data_ptr() + 4096), ctypes.c_uint64(4096),
-            ctypes.c_int(1))
+    args = (
+        ctypes.c_uint64(buf.data_ptr()),
+        ctypes.c_uint64(buf.data_ptr() + 4096),
+        ctypes.c_uint64(4096),
+        ctypes.c_int(1),
+    )
     launch(fn, *args, ctypes.c_int(0))  # posts the put and ends
     limit = config.get("MORI_SHMEM_TIMEOUT") + 5.0
     t0 = time.monotonic()

@@ -74,8 +74,9 @@ class Kernels:
     def __call__(self, name: str, grid: int, block: int, *args: Any) -> None:
         fn = cu.call("cuModuleGetFunction", self.module, name.encode())
         # The device API's register use decides how many threads a block may have: stay within it.
-        limit = cu.call("cuFuncGetAttribute",
-                        cu.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
+        limit = cu.call(
+            "cuFuncGetAttribute", cu.driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn
+        )
         block = min(block, int(limit))
         c_args = [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_uint64(a) for a in args]
         launch(fn, grid, block, c_args, torch.cuda.current_stream().cuda_stream)
@@ -188,11 +189,20 @@ def host_rma_checks(pool: TorchPool) -> None:
     results = pool.run(test_rma.pe_put_ring, 7, 65536, 3)
     for r, (_, got) in enumerate(results):
         expect("host put ring", got == results[(r - 1) % pool.n][0])
-    for test in (test_rma.test_get_from_every_pe, test_rma.test_put_signal_wait, test_rma.test_wait_until_all_comparisons,
-                 test_rma.test_wait_until_timeout, test_rma.test_bad_input_changes_nothing,
-                 test_rma.test_address_error_names_the_heap, test_rma.test_quiet_and_fence,
-                 test_host_api.test_queries, test_host_api.test_malloc_variants, test_host_api.test_buffer_register,
-                 test_host_api.test_barrier_ordering, test_host_api.test_double_init_rejected):
+    for test in (
+        test_rma.test_get_from_every_pe,
+        test_rma.test_put_signal_wait,
+        test_rma.test_wait_until_all_comparisons,
+        test_rma.test_wait_until_timeout,
+        test_rma.test_bad_input_changes_nothing,
+        test_rma.test_address_error_names_the_heap,
+        test_rma.test_quiet_and_fence,
+        test_host_api.test_queries,
+        test_host_api.test_malloc_variants,
+        test_host_api.test_buffer_register,
+        test_host_api.test_barrier_ordering,
+        test_host_api.test_double_init_rejected,
+    ):
         test(pool)
         ok(f"host API on the GPU heap: {test.__name__}")
     for width in (32, 64):
@@ -232,8 +242,9 @@ def tensor_checks() -> None:
         moved = {k: after[k] - before[k] for k in ("staged", "registered_for_call")}
         expect("registered buffer moved as is", not REMOTE or moved == {"staged": 0, "registered_for_call": 0}, moved)
         assert shmem.shmem_buffer_deregister(buffer.data_ptr(), buffer.nbytes) == 0
-    expect("ptr_p2p", all((shmem.shmem_ptr_p2p(t.data_ptr(), me, pe) != 0) == (pe == me or not REMOTE)
-                          for pe in range(n)))
+    expect(
+        "ptr_p2p", all((shmem.shmem_ptr_p2p(t.data_ptr(), me, pe) != 0) == (pe == me or not REMOTE) for pe in range(n))
+    )
     info = shmem.shmem_heap_info()
     expect("heap kind", info["kind"] == "gpu" and info["mode"] == os.environ.get("MORI_SHMEM_MODE", "static"), info)
     sync_all()

@@ -23,8 +23,11 @@ def gen_data(cfg: Any, seed: int, sentinel: str | None) -> tuple[list[Any], ...]
     counts = torch.randint(0, cfg.max_num_inp_token_per_rank + 1, (world,), generator=g).tolist()
     ids, xs, ws, ss = [], [], [], []
     for n in counts:
-        rows = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(n)]) if n else \
-            torch.empty(0, k, dtype=torch.int64)
+        rows = (
+            torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(n)])
+            if n
+            else torch.empty(0, k, dtype=torch.int64)
+        )
         if sentinel == "every_other":
             rows[:, 1::2] = -1
         elif sentinel == "first_only":
@@ -64,16 +67,19 @@ def check(op: Any, seed: int, sentinel: str | None = None) -> int:
         for j in range(k):
             d = int(dest_map[t, j])
             pe, slot = divmod(d, stride) if d >= 0 else (-1, -1)
-            assert pe == int(want[t, j]) and (pe < 0 or slot < int(totals[pe])), \
+            assert pe == int(want[t, j]) and (pe < 0 or slot < int(totals[pe])), (
                 f"rank {me} token {t} entry {j}: recorded {d} (pe {pe} slot {slot}), want pe {int(want[t, j])}"
+            )
     comb, comb_w = op.combine(out, out_w, ids[me])
     torch.cuda.synchronize()
     dist.barrier()
     for t in range(xs[me].shape[0]):
         pes = {e // cfg.num_experts_per_rank for e in ids[me][t].tolist() if e >= 0}
         want = (xs[me][t].float() * len(pes)).to(cfg.data_type)
-        assert torch.allclose(comb[t].float(), want.float(), atol=1e-2, rtol=1e-2), \
+        assert torch.allclose(comb[t].float(), want.float(), atol=1e-2, rtol=1e-2), (
             f"token {t} ({len(pes)} ranks): max diff {(comb[t].float() - want.float()).abs().max().item()}"
-        assert torch.allclose(comb_w[t], ws[me][t] * len(pes), atol=1e-5, rtol=1e-5), \
+        )
+        assert torch.allclose(comb_w[t], ws[me][t] * len(pes), atol=1e-5, rtol=1e-5), (
             f"weights {t}: {comb_w[t].tolist()} vs {(ws[me][t] * len(pes)).tolist()}"
+        )
     return len(pos)

@@ -95,20 +95,32 @@ def surface(rank: int, world: int) -> None:
         for scale_dim in (56, 3):
             c = dataclasses.replace(quant, hidden=7168 if scale_dim == 56 else 1000, seed=scale_dim)
             res = gather(pe_quant_round(c, q, scale_dim, False, DEVICE, across))
-            _verdict(rank, f"{q} combine{where}, hidden {c.hidden}, {scale_dim} scales: byte for byte as the "
-                           "numpy quantizer", lambda c=c, res=res, q=q, s=scale_dim: check_blockwise(c, res, q, s))
+            _verdict(
+                rank,
+                f"{q} combine{where}, hidden {c.hidden}, {scale_dim} scales: byte for byte as the numpy quantizer",
+                lambda c=c, res=res, q=q, s=scale_dim: check_blockwise(c, res, q, s),
+            )
         c = dataclasses.replace(quant, invalid=0.0, seed=5)
         res = gather(pe_quant_round(c, q, 56, True, DEVICE, across))
-        _verdict(rank, f"{q} combine{where} within MORI's tolerance",
-                 lambda c=c, res=res, q=q: check_within_moris_tolerance(c, res, q, 56))
+        _verdict(
+            rank,
+            f"{q} combine{where} within MORI's tolerance",
+            lambda c=c, res=res, q=q: check_within_moris_tolerance(c, res, q, 56),
+        )
     bf16 = Case(world=world, max_tokens=48, hidden=1024, k=8, experts_per_rank=experts, invalid=0.1)
     fp4 = dataclasses.replace(bf16, seed=21)
     res = gather(pe_fp4_round(fp4, DEVICE, across))
     _verdict(rank, f"packed fp4 (float4_e2m1fn_x2) combine input{where}", lambda: check_fp4(fp4, res))
     from ops_gpu_worker import rounds
 
-    rounds(rank, world, f"fp8 e4m3fnuz combine input{where}", dataclasses.replace(
-        bf16, dtype=torch.float8_e4m3fn, combine_dtype=torch.float8_e4m3fnuz), [22], **across)
+    rounds(
+        rank,
+        world,
+        f"fp8 e4m3fnuz combine input{where}",
+        dataclasses.replace(bf16, dtype=torch.float8_e4m3fn, combine_dtype=torch.float8_e4m3fnuz),
+        [22],
+        **across,
+    )
     os.environ["MORI_EP_LAUNCH_CONFIG_MODE"] = "AUTO"
     rounds(rank, world, f"bf16 under MORI_EP_LAUNCH_CONFIG_MODE=AUTO{where}", bf16, [23], **across)
     del os.environ["MORI_EP_LAUNCH_CONFIG_MODE"]
@@ -129,7 +141,9 @@ def surface(rank: int, world: int) -> None:
         every = _gathered(refused)
 
         def check_refused() -> None:
-            assert every is not None and all(every), f"accepted on PEs {[i for i, r in enumerate(every or []) if not r]}"
+            assert every is not None and all(every), (
+                f"accepted on PEs {[i for i, r in enumerate(every or []) if not r]}"
+            )
 
         _verdict(rank, "routing handles across nodes refused on the GPU heap", check_refused)
         return
@@ -137,5 +151,8 @@ def surface(rank: int, world: int) -> None:
     for seed in (24, 26):
         c = dataclasses.replace(bf16, seed=seed)
         res = gather(pe_routing_rounds(c, "IntraNode", DEVICE, replay=False))
-        _verdict(rank, f"routing handles seed {seed}: parity with a plain round, two dispatches in flight",
-                 lambda c=c, res=res: check_routing_results(c, res, replay=False))
+        _verdict(
+            rank,
+            f"routing handles seed {seed}: parity with a plain round, two dispatches in flight",
+            lambda c=c, res=res: check_routing_results(c, res, replay=False),
+        )

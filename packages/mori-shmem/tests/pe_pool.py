@@ -43,11 +43,23 @@ def make_uid() -> bytes:
 class PePool(ProcPool):
     """``n`` PE processes; ``init=True`` initializes shmem on them at start."""
 
-    def __init__(self, n: int, env: dict[str, str] | None = None, init: bool = True, timeout: float = 60.0,
-                 netns: Sequence[str | None] | None = None):
+    def __init__(
+        self,
+        n: int,
+        env: dict[str, str] | None = None,
+        init: bool = True,
+        timeout: float = 60.0,
+        netns: Sequence[str | None] | None = None,
+    ):
         starts = iter([start_in_netns(ns) for ns in netns] if netns is not None else [])
-        super().__init__(n, timeout=timeout, env=env, label="PE", keep_on_error=True,
-                         start=(lambda proc: next(starts)(proc)) if netns is not None else None)
+        super().__init__(
+            n,
+            timeout=timeout,
+            env=env,
+            label="PE",
+            keep_on_error=True,
+            start=(lambda proc: next(starts)(proc)) if netns is not None else None,
+        )
         self.n = n
         if init:
             try:

@@ -78,8 +78,9 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
         shmem.shmem_free(scratch)
         # Signal puts: each PE sends a fresh block to every PE and adds 1 to its counter.
         for target in range(n):
-            shmem.shmem_putmem_signal(at(0, me), _pattern(me + n, target, SIZES[1]), counter, 1,
-                                      shmem.SHMEM_SIGNAL_ADD, target)
+            shmem.shmem_putmem_signal(
+                at(0, me), _pattern(me + n, target, SIZES[1]), counter, 1, shmem.SHMEM_SIGNAL_ADD, target
+            )
         assert shmem.shmem_wait_until(counter, shmem.SHMEM_CMP_EQ, n, timeout=60) == n
         for writer in range(n):
             # The counter reached n only after every writer's data: a PE that sees it sees them.
@@ -91,8 +92,9 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
         assert shmem.shmem_getmem(at(1, left), 3, me) == b"set"
         shmem.shmem_barrier_all()
         # A signal put larger than one message carries (the put, then the signal).
-        shmem.shmem_putmem_signal(at(2, me), _pattern(me, -2, 70000), counter, 2000 + me, shmem.SHMEM_SIGNAL_SET,
-                                  (me + 1) % n)
+        shmem.shmem_putmem_signal(
+            at(2, me), _pattern(me, -2, 70000), counter, 2000 + me, shmem.SHMEM_SIGNAL_SET, (me + 1) % n
+        )
         assert shmem.shmem_wait_until(counter, shmem.SHMEM_CMP_EQ, 2000 + left, timeout=60) == 2000 + left
         assert shmem.shmem_getmem(at(2, left), 70000, me) == _pattern(left, -2, 70000)
         shmem.shmem_barrier_all()
@@ -128,8 +130,11 @@ def pe_rma_everywhere(remote_expected: list[int]) -> dict[str, object]:
         in_heap = (ctypes.c_char * 16).from_address(area)
         heap_base = int(info["base"], 16)
         for target in range(n):
-            for dest, why in ((counter, "past the end of the 8-byte block"), (heap_base + 64, "reserved for mori"),
-                              (heap_base - 16, "outside the symmetric heap")):
+            for dest, why in (
+                (counter, "past the end of the 8-byte block"),
+                (heap_base + 64, "reserved for mori"),
+                (heap_base - 16, "outside the symmetric heap"),
+            ):
                 try:
                     shmem.shmem_putmem(dest, in_heap, target)
                 except shmem.ShmemAddressError as err:
@@ -266,11 +271,11 @@ def pe_registered_buffer(sizes: tuple[int, ...]) -> dict[str, object]:
         pos = 0
         for size in sizes:
             data = np.frombuffer(_pattern(me, len(stage), size), dtype=np.uint8)
-            buf[pos:pos + size] = data
-            shmem.shmem_putmem(area + pos, buf[pos:pos + size], right)
-            buf[pos:pos + size] = 0
-            shmem.shmem_getmem_into(buf[pos:pos + size], area + pos, right)
-            assert bytes(buf[pos:pos + size]) == data.tobytes(), f"{stage}: {size} bytes differ"
+            buf[pos : pos + size] = data
+            shmem.shmem_putmem(area + pos, buf[pos : pos + size], right)
+            buf[pos : pos + size] = 0
+            shmem.shmem_getmem_into(buf[pos : pos + size], area + pos, right)
+            assert bytes(buf[pos : pos + size]) == data.tobytes(), f"{stage}: {size} bytes differ"
             pos += size
         seen[stage] = shmem.shmem_heap_info()["remote_stats"]
 

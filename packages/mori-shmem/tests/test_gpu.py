@@ -39,8 +39,15 @@ def _torchrun(script: str, nproc: int, env: dict[str, str], two_hosts: bool = Fa
     # PEs that share a GPU take turns on it: allow them more time.
     timeout = 60 + 15 * nproc * max(1, -(-nproc // torch.cuda.device_count()))
     path = os.pathsep.join(p for p in (str(CI_DEVICE), os.environ.get("PYTHONPATH")) if p)
-    full_env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-                    NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1", PYTHONPATH=path, **env)
+    full_env = dict(
+        os.environ,
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        NVSHMEM_DISABLE_NVLS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=path,
+        **env,
+    )
     if two_hosts:
         from netns_torchrun import torchrun_two_hosts
 
@@ -48,11 +55,18 @@ def _torchrun(script: str, nproc: int, env: dict[str, str], two_hosts: bool = Fa
         print(out)
         assert rc == 0, f"{script} with {nproc} PEs on two hosts failed (status {rc}):\n{out}\n{err[-8000:]}"
         return out
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HERE / script)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(HERE / script),
+    ]
     # A session of its own, so that a timeout kills torchrun and every PE it started.
-    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -71,8 +85,11 @@ def _torchrun(script: str, nproc: int, env: dict[str, str], two_hosts: bool = Fa
 @pytest.mark.parametrize("nproc", PES)
 @pytest.mark.parametrize("mode", ["static", "vmm"])
 def test_device_api_and_host_api(nproc: int, mode: str) -> None:
-    out = _torchrun("gpu_worker.py", nproc, {"MORI_SHMEM_MODE": mode, "MORI_SHMEM_HEAP_SIZE": "512M",
-                                             "MORI_SHMEM_VMM_CHUNK_SIZE": "4M"})
+    out = _torchrun(
+        "gpu_worker.py",
+        nproc,
+        {"MORI_SHMEM_MODE": mode, "MORI_SHMEM_HEAP_SIZE": "512M", "MORI_SHMEM_VMM_CHUNK_SIZE": "4M"},
+    )
     assert "ok  finalize, then init again" in out
 
 
@@ -81,19 +98,36 @@ def test_device_api_and_host_api(nproc: int, mode: str) -> None:
 def test_every_peer_through_the_proxy(nproc: int, mode: str) -> None:
     """The same checks with MORI_DISABLE_P2P=ON: kernels reach every peer through the device proxy,
     host calls through the UCX engine (TCP and UCX's CUDA copies, as between hosts)."""
-    out = _torchrun("gpu_worker.py", nproc, {"MORI_SHMEM_MODE": mode, "MORI_SHMEM_HEAP_SIZE": "512M",
-                                             "MORI_SHMEM_VMM_CHUNK_SIZE": "4M", "MORI_DISABLE_P2P": "ON",
-                                             "UCX_TLS": "tcp,cuda_copy,self", "MORI_SHMEM_TIMEOUT": "30"},
-                    two_hosts=TWO_HOSTS)
+    out = _torchrun(
+        "gpu_worker.py",
+        nproc,
+        {
+            "MORI_SHMEM_MODE": mode,
+            "MORI_SHMEM_HEAP_SIZE": "512M",
+            "MORI_SHMEM_VMM_CHUNK_SIZE": "4M",
+            "MORI_DISABLE_P2P": "ON",
+            "UCX_TLS": "tcp,cuda_copy,self",
+            "MORI_SHMEM_TIMEOUT": "30",
+        },
+        two_hosts=TWO_HOSTS,
+    )
     assert "ok  finalize, then init again" in out and "all through the proxy" in out
 
 
 def test_proxy_reports_a_dead_pe() -> None:
     """PE 1 dies: PE 0's host quiet raises naming it, and a kernel waiting on the proxy fails its
     launch with a device report naming it (no hang)."""
-    out = _torchrun("gpu_proxy_failure.py", 2, {"MORI_DISABLE_P2P": "ON", "UCX_TLS": "tcp,cuda_copy,self",
-                                                "MORI_SHMEM_TIMEOUT": "10", "MORI_SHMEM_HEAP_SIZE": "64M"},
-                    two_hosts=TWO_HOSTS)
+    out = _torchrun(
+        "gpu_proxy_failure.py",
+        2,
+        {
+            "MORI_DISABLE_P2P": "ON",
+            "UCX_TLS": "tcp,cuda_copy,self",
+            "MORI_SHMEM_TIMEOUT": "10",
+            "MORI_SHMEM_HEAP_SIZE": "64M",
+        },
+        two_hosts=TWO_HOSTS,
+    )
     assert "ok  host shmem_quiet names the dead PE" in out and "ok  a kernel's quiet failed its launch" in out
     assert "the proxy's operation to PE 1 failed" in out
 

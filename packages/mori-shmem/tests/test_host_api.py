@@ -307,8 +307,12 @@ def pe_init_in_own_netns(rank: int, world: int, uid: bytes, move: bool) -> str:
 def test_pes_in_two_network_namespaces_without_ucx_fail_at_init_on_every_pe() -> None:
     # Before: init passed (same boot id) and the CPU heap crashed with IndexError mapping peers.
     # With UCX, PEs of two namespaces reach each other through the remote transport (test_remote.py).
-    pool = PePool(2, {"MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_HEAP_SIZE": "1M",
-                      "MORI_UCX_LIB": "/nonexistent/libucp.so.0"}, init=False, timeout=60)
+    pool = PePool(
+        2,
+        {"MORI_SHMEM_BACKEND": "cpu", "MORI_SHMEM_HEAP_SIZE": "1M", "MORI_UCX_LIB": "/nonexistent/libucp.so.0"},
+        init=False,
+        timeout=60,
+    )
     try:
         uid = pool.run_on(0, make_uid)
         results = pool.run_each(pe_init_in_own_netns, [(0, 2, uid, False), (1, 2, uid, True)])
@@ -323,8 +327,10 @@ def test_pes_in_two_network_namespaces_without_ucx_fail_at_init_on_every_pe() ->
 
 def test_import_mori_then_attribute() -> None:
     # MORI's idiom: `import mori` and then `mori.shmem.…`, with nothing else imported first.
-    code = ("import mori\n"
-            "try:\n    mori.shmem.shmem_mype()\nexcept mori.shmem.ShmemNotInitializedError:\n    print('ok')\n"
-            "try:\n    mori.nothing\nexcept AttributeError:\n    print('ok')\n")
+    code = (
+        "import mori\n"
+        "try:\n    mori.shmem.shmem_mype()\nexcept mori.shmem.ShmemNotInitializedError:\n    print('ok')\n"
+        "try:\n    mori.nothing\nexcept AttributeError:\n    print('ok')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["ok", "ok"], done.stderr

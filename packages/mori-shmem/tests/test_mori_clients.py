@@ -159,8 +159,13 @@ def test_shmem_mpi_init(tmp_path: Path) -> None:
     script = tmp_path / "pe.py"
     script.write_text(textwrap.dedent(MPI_SCRIPT))
     env = dict(os.environ, **CPU)
-    done = subprocess.run([mpirun, "-n", "2", "--oversubscribe", "--allow-run-as-root", sys.executable, str(script)],
-                          env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [mpirun, "-n", "2", "--oversubscribe", "--allow-run-as-root", sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     # mpirun merges the ranks' stdout, so two reports can share a line: find them anywhere.
     assert sorted(re.findall(r"mpi pe \d of 2 ok", done.stdout)) == ["mpi pe 0 of 2 ok", "mpi pe 1 of 2 ok"]
@@ -197,6 +202,11 @@ def test_unique_id_made_by_a_launcher_that_is_no_pe(tmp_path: Path) -> None:
     child that is rank 0 listens on the port the parent reserved."""
     script = tmp_path / "launch.py"
     script.write_text(textwrap.dedent(LAUNCHER))
-    done = subprocess.run([sys.executable, str(script), "3"], env=dict(os.environ, **CPU, MORI_BOOTSTRAP_TIMEOUT="30"),
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, str(script), "3"],
+        env=dict(os.environ, **CPU, MORI_BOOTSTRAP_TIMEOUT="30"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0 and "launcher ok" in done.stdout, done.stderr[-4000:]

@@ -14,24 +14,59 @@ from mori.ops._config import capacities, normalize_quant_type, validate_config
 
 #: MORI's EpDispatchCombineConfig: (field, default) in declaration order (MISSING: required).
 MORI_FIELDS = [
-    ("data_type", None), ("rank", None), ("world_size", None), ("hidden_dim", None), ("scale_dim", None),
-    ("scale_type_size", None), ("max_token_type_size", None), ("max_num_inp_token_per_rank", None),
-    ("num_experts_per_rank", None), ("num_experts_per_token", None), ("warp_num_per_block", 8),
-    ("block_num", 80), ("max_total_recv_tokens", 0), ("use_external_inp_buf", True),
-    ("kernel_type", EpDispatchCombineKernelType.IntraNode), ("gpu_per_node", 8), ("rdma_block_num", 0),
-    ("num_qp_per_pe", 1), ("quant_type", "none"),
+    ("data_type", None),
+    ("rank", None),
+    ("world_size", None),
+    ("hidden_dim", None),
+    ("scale_dim", None),
+    ("scale_type_size", None),
+    ("max_token_type_size", None),
+    ("max_num_inp_token_per_rank", None),
+    ("num_experts_per_rank", None),
+    ("num_experts_per_token", None),
+    ("warp_num_per_block", 8),
+    ("block_num", 80),
+    ("max_total_recv_tokens", 0),
+    ("use_external_inp_buf", True),
+    ("kernel_type", EpDispatchCombineKernelType.IntraNode),
+    ("gpu_per_node", 8),
+    ("rdma_block_num", 0),
+    ("num_qp_per_pe", 1),
+    ("quant_type", "none"),
 ]
 
-MORI_METHODS = ["dispatch", "combine", "dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "reset",
-                "get_dispatch_src_token_pos", "get_registered_combine_input_buffer", "max_num_tokens_to_recv",
-                "max_num_tokens_to_recv_per_rank", "max_num_tokens_to_send", "max_num_tokens_to_send_per_rank",
-                "decode_send_flat_idx", "get_launch_config"]
+MORI_METHODS = [
+    "dispatch",
+    "combine",
+    "dispatch_send",
+    "dispatch_recv",
+    "combine_send",
+    "combine_recv",
+    "reset",
+    "get_dispatch_src_token_pos",
+    "get_registered_combine_input_buffer",
+    "max_num_tokens_to_recv",
+    "max_num_tokens_to_recv_per_rank",
+    "max_num_tokens_to_send",
+    "max_num_tokens_to_send_per_rank",
+    "decode_send_flat_idx",
+    "get_launch_config",
+]
 
 
 def base(**kw):
-    args = dict(data_type=torch.bfloat16, rank=0, world_size=8, hidden_dim=7168, scale_dim=0, scale_type_size=4,
-                max_token_type_size=2, max_num_inp_token_per_rank=128, num_experts_per_rank=32,
-                num_experts_per_token=8)
+    args = dict(
+        data_type=torch.bfloat16,
+        rank=0,
+        world_size=8,
+        hidden_dim=7168,
+        scale_dim=0,
+        scale_type_size=4,
+        max_token_type_size=2,
+        max_num_inp_token_per_rank=128,
+        num_experts_per_rank=32,
+        num_experts_per_token=8,
+    )
     args.update(kw)
     return EpDispatchCombineConfig(**args)
 
@@ -50,7 +85,13 @@ def test_config_fields_defaults_order():
 
 def test_kernel_type_values():
     assert {k.name: k.value for k in EpDispatchCombineKernelType} == {
-        "IntraNode": 0, "InterNode": 1, "InterNodeV1": 2, "InterNodeV1LL": 3, "AsyncLL": 4, "IntraNodeLL": 5}
+        "IntraNode": 0,
+        "InterNode": 1,
+        "InterNodeV1": 2,
+        "InterNodeV1LL": 3,
+        "AsyncLL": 4,
+        "IntraNodeLL": 5,
+    }
     assert str(EpDispatchCombineKernelType.AsyncLL) == "AsyncLL"
 
 
@@ -60,37 +101,42 @@ def test_op_methods():
 
 
 def test_capacities():
-    assert capacities(base()) == {"max_num_tokens_to_send_per_rank": 128, "max_num_tokens_to_send": 1024,
-                                  "max_num_tokens_to_recv_per_rank": 128, "max_num_tokens_to_recv": 1024}
+    assert capacities(base()) == {
+        "max_num_tokens_to_send_per_rank": 128,
+        "max_num_tokens_to_send": 1024,
+        "max_num_tokens_to_recv_per_rank": 128,
+        "max_num_tokens_to_recv": 1024,
+    }
     capped = capacities(base(max_total_recv_tokens=300))
     assert capped["max_num_tokens_to_recv_per_rank"] == 38 and capped["max_num_tokens_to_recv"] == 304
     assert capacities(base(max_total_recv_tokens=10**6))["max_num_tokens_to_recv_per_rank"] == 128
 
 
-@pytest.mark.parametrize("kw, err, match", [
-    ({"rank": 8}, ValueError, "rank=8"),
-    ({"rank": -1}, ValueError, "rank=-1"),
-    ({"world_size": 0}, ValueError, "world_size=0"),
-    ({"world_size": 65, "rank": 0}, ValueError, "world_size=65"),
-    ({"hidden_dim": 0}, ValueError, "hidden_dim=0"),
-    ({"hidden_dim": 7168.0}, TypeError, "hidden_dim must be an int"),
-    ({"num_experts_per_token": 33}, ValueError, "num_experts_per_token=33"),
-    ({"num_experts_per_rank": 0}, ValueError, "num_experts_per_rank=0"),
-    ({"max_token_type_size": 3}, ValueError, "max_token_type_size=3"),
-    ({"scale_dim": 56, "scale_type_size": 3}, ValueError, "scale_type_size=3"),
-    ({"warp_num_per_block": 33}, ValueError, "warp_num_per_block=33"),
-    ({"block_num": 0}, ValueError, "block_num=0"),
-    ({"max_num_inp_token_per_rank": 0}, ValueError, "max_num_inp_token_per_rank=0"),
-    ({"max_total_recv_tokens": -1}, ValueError, "max_total_recv_tokens=-1"),
-    ({"quant_type": "int4"}, ValueError, "quant_type='int4'"),
-    ({"kernel_type": 9}, ValueError, "kernel_type=9"),
-    ({"quant_type": "fp8_direct_cast", "use_external_inp_buf": False}, ValueError, "use_external_inp_buf"),
-])
+@pytest.mark.parametrize(
+    "kw, err, match",
+    [
+        ({"rank": 8}, ValueError, "rank=8"),
+        ({"rank": -1}, ValueError, "rank=-1"),
+        ({"world_size": 0}, ValueError, "world_size=0"),
+        ({"world_size": 65, "rank": 0}, ValueError, "world_size=65"),
+        ({"hidden_dim": 0}, ValueError, "hidden_dim=0"),
+        ({"hidden_dim": 7168.0}, TypeError, "hidden_dim must be an int"),
+        ({"num_experts_per_token": 33}, ValueError, "num_experts_per_token=33"),
+        ({"num_experts_per_rank": 0}, ValueError, "num_experts_per_rank=0"),
+        ({"max_token_type_size": 3}, ValueError, "max_token_type_size=3"),
+        ({"scale_dim": 56, "scale_type_size": 3}, ValueError, "scale_type_size=3"),
+        ({"warp_num_per_block": 33}, ValueError, "warp_num_per_block=33"),
+        ({"block_num": 0}, ValueError, "block_num=0"),
+        ({"max_num_inp_token_per_rank": 0}, ValueError, "max_num_inp_token_per_rank=0"),
+        ({"max_total_recv_tokens": -1}, ValueError, "max_total_recv_tokens=-1"),
+        ({"quant_type": "int4"}, ValueError, "quant_type='int4'"),
+        ({"kernel_type": 9}, ValueError, "kernel_type=9"),
+        ({"quant_type": "fp8_direct_cast", "use_external_inp_buf": False}, ValueError, "use_external_inp_buf"),
+    ],
+)
 def test_config_rejects(kw, err, match):
     with pytest.raises(err, match=match):
         validate_config(base(**kw))
-
-
 
 
 @pytest.mark.parametrize("q", ["fp8_blockwise", "fp4_blockwise"])
@@ -125,10 +171,17 @@ def test_kernels_compile_with_nvrtc():
 
     # The offsets only where this NVRTC has __builtin_offsetof (13.5 on; state.cuh sets
     # MORI_DEVICE_NO_OFFSETOF otherwise, and the newest torch's NVRTC may be older): the size always.
-    checks = [f"static_assert(sizeof(EpArgs) == {ctypes.sizeof(EpArgs)}, \"EpArgs size\");",
-              "#if !defined(MORI_DEVICE_NO_OFFSETOF)"] + [
-        f"static_assert(__builtin_offsetof(EpArgs, {name}) == {getattr(EpArgs, name).offset}, \"{name}\");"
-        for name, _ in EpArgs._fields_] + ["#endif"]
+    checks = (
+        [
+            f'static_assert(sizeof(EpArgs) == {ctypes.sizeof(EpArgs)}, "EpArgs size");',
+            "#if !defined(MORI_DEVICE_NO_OFFSETOF)",
+        ]
+        + [
+            f'static_assert(__builtin_offsetof(EpArgs, {name}) == {getattr(EpArgs, name).offset}, "{name}");'
+            for name, _ in EpArgs._fields_
+        ]
+        + ["#endif"]
+    )
     source = kernel_source() + "\n" + "\n".join(checks)
     ptx = nvrtc.compile(source, name="mori_ops_ep.cu", arch="sm_90", output="ptx").decode()
     for name in _KERNELS:
@@ -151,8 +204,11 @@ def test_node_plan_of_the_inter_node_kernel_types():
         node_plan(base(gpu_per_node=0), range(8))
     with pytest.raises(ValueError, match=r"PEs \[6\] share PE 5's node \(gpu_per_node=4\)"):
         node_plan(base(rank=5, gpu_per_node=4), [0, 1, 2, 3, 4, 5, 7])
-    for cfg in (base(), base(hidden_dim=7, max_token_type_size=1, scale_dim=3, scale_type_size=1,
-                             num_experts_per_token=7), base(hidden_dim=48, quant_type="fp4_blockwise")):
+    for cfg in (
+        base(),
+        base(hidden_dim=7, max_token_type_size=1, scale_dim=3, scale_type_size=1, num_experts_per_token=7),
+        base(hidden_dim=48, quant_type="fp4_blockwise"),
+    ):
         lay = payload_layout(cfg, 56)
         assert lay.comb_w_off >= combine_row_bytes(cfg, 56)
         row = cfg.hidden_dim * cfg.max_token_type_size

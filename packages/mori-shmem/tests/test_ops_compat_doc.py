@@ -20,9 +20,18 @@ QUANT_TYPES = ("none", "fp8_direct_cast", "fp8_blockwise", "fp4_blockwise")
 
 
 def config(rank: int = 0, world: int = 2, **kw: object) -> EpDispatchCombineConfig:
-    args: dict = dict(data_type=torch.bfloat16, rank=rank, world_size=world, hidden_dim=64, scale_dim=0,
-                      scale_type_size=0, max_token_type_size=2, max_num_inp_token_per_rank=4,
-                      num_experts_per_rank=2, num_experts_per_token=2)
+    args: dict = dict(
+        data_type=torch.bfloat16,
+        rank=rank,
+        world_size=world,
+        hidden_dim=64,
+        scale_dim=0,
+        scale_type_size=0,
+        max_token_type_size=2,
+        max_num_inp_token_per_rank=4,
+        num_experts_per_rank=2,
+        num_experts_per_token=2,
+    )
     args.update(kw)
     return EpDispatchCombineConfig(**args)
 

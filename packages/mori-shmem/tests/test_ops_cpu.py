@@ -32,8 +32,9 @@ def pe_rounds(case: Case, seeds: list[int], overrides: dict[str, Any], kw: dict[
     return [pe_round(dataclasses.replace(case, seed=s), op, **kw) for s in seeds]
 
 
-def run(pool: Any, case: Case, seeds: list[int], wire: Any = None, overrides: Any = None,
-        **kw: Any) -> list[list[dict[str, Any]]]:
+def run(
+    pool: Any, case: Case, seeds: list[int], wire: Any = None, overrides: Any = None, **kw: Any
+) -> list[list[dict[str, Any]]]:
     """Rounds of ``case`` on every PE (``kw``: pe_round's options), each checked; returns the results."""
     per_pe = pool.run(pe_rounds, dataclasses.replace(case, world=pool.n), seeds, overrides or {}, kw)
     for i, seed in enumerate(seeds):
@@ -55,13 +56,19 @@ def test_bf16_random_routings(pool, seed, invalid, k):
 
 
 def test_fp8_per_token_scale(pool):
-    run(pool, Case(world=0, max_tokens=8, hidden=64, k=6, experts_per_rank=2, dtype=torch.float8_e4m3fn,
-                   scale_dim=1), [5, 6])
+    run(
+        pool,
+        Case(world=0, max_tokens=8, hidden=64, k=6, experts_per_rank=2, dtype=torch.float8_e4m3fn, scale_dim=1),
+        [5, 6],
+    )
 
 
 def test_fp8_per_128_scales(pool):
-    run(pool, Case(world=0, max_tokens=8, hidden=256, k=8, experts_per_rank=4, dtype=torch.float8_e4m3fn,
-                   scale_dim=2), [7])
+    run(
+        pool,
+        Case(world=0, max_tokens=8, hidden=256, k=8, experts_per_rank=4, dtype=torch.float8_e4m3fn, scale_dim=2),
+        [7],
+    )
 
 
 def test_float32(pool):
@@ -95,8 +102,14 @@ def test_hot_expert_rank(pool, combine_weights):
 def test_hot_expert_ranks_async_ll(pool):
     from mori.ops import EpDispatchCombineKernelType
 
-    run(pool, dataclasses.replace(HOT, hot=(pool.n - 1, 0)), [43],
-        overrides={"kernel_type": EpDispatchCombineKernelType.AsyncLL}, split=True, combine_weights="rows")
+    run(
+        pool,
+        dataclasses.replace(HOT, hot=(pool.n - 1, 0)),
+        [43],
+        overrides={"kernel_type": EpDispatchCombineKernelType.AsyncLL},
+        split=True,
+        combine_weights="rows",
+    )
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["IntraNode", "AsyncLL"])
@@ -122,9 +135,13 @@ def pe_bad_calls() -> list[str]:
     x = torch.zeros(2, good.hidden_dim, dtype=torch.bfloat16)
     ids = torch.zeros(2, good.num_experts_per_token, dtype=torch.int32)
     errors = []
-    for args in ((x, None, None, ids.long()), (x, None, None, ids[:1]), (torch.zeros(99, 48, dtype=torch.bfloat16),
-                 None, None, torch.zeros(99, 4, dtype=torch.int32)), (x, torch.ones(2, 4, dtype=torch.float64), None,
-                 ids), (torch.zeros(2, 200, dtype=torch.bfloat16), None, None, ids)):
+    for args in (
+        (x, None, None, ids.long()),
+        (x, None, None, ids[:1]),
+        (torch.zeros(99, 48, dtype=torch.bfloat16), None, None, torch.zeros(99, 4, dtype=torch.int32)),
+        (x, torch.ones(2, 4, dtype=torch.float64), None, ids),
+        (torch.zeros(2, 200, dtype=torch.bfloat16), None, None, ids),
+    ):
         try:
             op.dispatch(*args)
         except (TypeError, ValueError) as exc:
@@ -151,8 +168,12 @@ def pe_expert_count(case: Case) -> tuple[list[int], list[int]]:
     _, _, _, idx, total = op.dispatch(inp["input"], inp["weights"], None, inp["indices"], call_local_expert_count=True)
     got = op.local_expert_count.tolist()
     ids = idx[: int(total)].flatten().tolist()
-    want = [sum(1 for e in ids if e >= 0 and e // case.experts_per_rank == op.config.rank
-                and e % case.experts_per_rank == x) for x in range(case.experts_per_rank)]
+    want = [
+        sum(
+            1 for e in ids if e >= 0 and e // case.experts_per_rank == op.config.rank and e % case.experts_per_rank == x
+        )
+        for x in range(case.experts_per_rank)
+    ]
     op.combine(torch.zeros(int(total), case.hidden, dtype=case.dtype), None, inp["indices"])
     return got, want
 
@@ -210,28 +231,52 @@ def pe_client_calls(case: Case) -> list[bool]:
     rank, world = shmem.shmem_mype(), shmem.shmem_npes()
     inp = rank_inputs(case, rank)
     x, w, ids = inp["input"], inp["weights"], inp["indices"]
-    pes = [len({e // case.experts_per_rank for e in row if 0 <= e < case.experts_per_rank * world})
-           for row in ids.tolist()]
+    pes = [
+        len({e // case.experts_per_rank for e in row if 0 <= e < case.experts_per_rank * world}) for row in ids.tolist()
+    ]
     want = torch.stack([(x[t].float() * n).to(x.dtype) for t, n in enumerate(pes)]) if len(pes) else x
-    common = dict(rank=rank, world_size=world, data_type=x.dtype, hidden_dim=case.hidden, scale_dim=0,
-                  scale_type_size=4, max_token_type_size=x.dtype.itemsize,
-                  max_num_inp_token_per_rank=case.max_tokens, num_experts_per_rank=case.experts_per_rank,
-                  num_experts_per_token=case.k, warp_num_per_block=16, block_num=80)
+    common = dict(
+        rank=rank,
+        world_size=world,
+        data_type=x.dtype,
+        hidden_dim=case.hidden,
+        scale_dim=0,
+        scale_type_size=4,
+        max_token_type_size=x.dtype.itemsize,
+        max_num_inp_token_per_rank=case.max_tokens,
+        num_experts_per_rank=case.experts_per_rank,
+        num_experts_per_token=case.k,
+        warp_num_per_block=16,
+        block_num=80,
+    )
     ok = []
     # vLLM: MoriAll2AllManager's kwargs, prepare() and finalize().
-    vllm = mori.ops.EpDispatchCombineOp(mori.ops.EpDispatchCombineConfig(
-        **common, kernel_type=mori.ops.EpDispatchCombineKernelType.IntraNode, rdma_block_num=0,
-        gpu_per_node=min(8, world)))
+    vllm = mori.ops.EpDispatchCombineOp(
+        mori.ops.EpDispatchCombineConfig(
+            **common,
+            kernel_type=mori.ops.EpDispatchCombineKernelType.IntraNode,
+            rdma_block_num=0,
+            gpu_per_node=min(8, world),
+        )
+    )
     out, out_w, out_s, out_i, count = vllm.dispatch(input=x, weights=w, scales=None, indices=ids)
     combined, _ = vllm.combine(input=out, weights=w, indices=ids)
     output = torch.empty_like(x)
     output.copy_(combined[: x.shape[0]])
     ok.append(torch.equal(output, want) and out_s is None)
     # SGLang: init_mori_op's kwargs (AsyncLL for low latency), dispatch_a/b and combine_a/b.
-    sglang = mori.ops.EpDispatchCombineOp(mori.ops.EpDispatchCombineConfig(
-        **common, max_total_recv_tokens=0, use_external_inp_buf=True,
-        kernel_type=mori.ops.EpDispatchCombineKernelType.AsyncLL, gpu_per_node=world, rdma_block_num=32,
-        num_qp_per_pe=2, quant_type="none"))
+    sglang = mori.ops.EpDispatchCombineOp(
+        mori.ops.EpDispatchCombineConfig(
+            **common,
+            max_total_recv_tokens=0,
+            use_external_inp_buf=True,
+            kernel_type=mori.ops.EpDispatchCombineKernelType.AsyncLL,
+            gpu_per_node=world,
+            rdma_block_num=32,
+            num_qp_per_pe=2,
+            quant_type="none",
+        )
+    )
     hidden, _, _, recv_ids, count = sglang.dispatch_send(x, w, None, ids)
     sglang.dispatch_recv(call_local_expert_count=True)
     mine = recv_ids[: int(count)].flatten()

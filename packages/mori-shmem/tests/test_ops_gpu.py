@@ -52,18 +52,29 @@ def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp
     env = {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_INTRA_REFERENCE": reference}
     out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "intra_reference", "MORI_DISABLE_P2P": "0"})
     assert f"ok  IntraNode rounds of the inter-node cases saved to {reference}" in out, out
-    out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "internode", "MORI_DISABLE_P2P": "ON",
-                                                 "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")},
-                    two_hosts=TWO_HOSTS)
+    out = _torchrun(
+        "ops_gpu_worker.py",
+        nproc,
+        {
+            **env,
+            "MORI_OPS_CHECKS": "internode",
+            "MORI_DISABLE_P2P": "ON",
+            "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self"),
+        },
+        two_hosts=TWO_HOSTS,
+    )
     assert "FAILED" not in out, out
     assert out.count("byte for byte as IntraNode") >= 20, out
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
     if TWO_HOSTS:
         # P2P within each namespace, the remote transport across: gpu_per_node of half the world
         # (the namespaces) and of a quarter (nodes inside a namespace, whose PEs are still mapped).
-        out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "internode",
-                                                     "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")},
-                        two_hosts=True)
+        out = _torchrun(
+            "ops_gpu_worker.py",
+            nproc,
+            {**env, "MORI_OPS_CHECKS": "internode", "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")},
+            two_hosts=True,
+        )
         assert "FAILED" not in out, out
         assert out.count("byte for byte as IntraNode") >= 20, out
         assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
@@ -85,10 +96,17 @@ def test_ep_surface_through_the_proxy(nproc: int) -> None:
     """The surface checks with MORI_DISABLE_P2P (every PE a node of its own, InterNodeV1 and
     InterNodeV1LL through mori.shmem's device proxy on UCX; two network namespaces with
     MORI_TEST_NETNS): the quantized rows cross between nodes as bytes."""
-    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "surface",
-                                                 "MORI_DISABLE_P2P": "ON",
-                                                 "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self")},
-                    two_hosts=TWO_HOSTS)
+    out = _torchrun(
+        "ops_gpu_worker.py",
+        nproc,
+        {
+            "MORI_SHMEM_HEAP_SIZE": "1G",
+            "MORI_OPS_CHECKS": "surface",
+            "MORI_DISABLE_P2P": "ON",
+            "UCX_TLS": os.environ.get("UCX_TLS", "tcp,cuda_copy,self"),
+        },
+        two_hosts=TWO_HOSTS,
+    )
     assert "FAILED" not in out, out
     assert out.count("(InterNodeV1 through the proxy)") >= 8, out
     assert "ok  routing handles across nodes refused on the GPU heap" in out, out
@@ -100,8 +118,9 @@ def test_ep_surface_through_the_proxy(nproc: int) -> None:
 def test_dispatch_graph_replayed_twice_stops_on_device(nproc: int) -> None:
     """Two dispatches with no combine between them that bypass the host's check (CUDA graph
     replays) stop on the device with a message instead of racing on the peers' counters."""
-    out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G",
-                                                 "MORI_OPS_CHECKS": "graph_double_dispatch"})
+    out = _torchrun(
+        "ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "graph_double_dispatch"}
+    )
     assert "ok  dispatch and combine as two CUDA graphs" in out, out
     assert all(f"ok  rank {r}: dispatch graph replayed twice stopped on the device" in out for r in range(nproc)), out
     assert "dispatch called twice without a combine in between" in out, out

@@ -23,8 +23,10 @@ CASES = {
     "random-k7-invalid": (dataclasses.replace(BF16, k=7, invalid=0.3), [11]),
     "all-invalid": (dataclasses.replace(BF16, invalid=1.0), [12]),
     "hot-rank0": (HOT, [41]),
-    "fp8-scales": (Case(world=0, max_tokens=8, hidden=64, k=6, experts_per_rank=2, dtype=torch.float8_e4m3fn,
-                        scale_dim=1), [5]),
+    "fp8-scales": (
+        Case(world=0, max_tokens=8, hidden=64, k=6, experts_per_rank=2, dtype=torch.float8_e4m3fn, scale_dim=1),
+        [5],
+    ),
 }
 
 
@@ -81,8 +83,9 @@ def test_blockwise_combine_across_hosts(hosts: PePool, quant: str) -> None:
 
     case = dataclasses.replace(QUANT, world=hosts.n, hidden=100, seed=7, full=True)
     for kernel in (EpDispatchCombineKernelType.InterNodeV1, EpDispatchCombineKernelType.AsyncLL):
-        check_blockwise(case, hosts.run(pe_quant_round, case, quant, 3, False, "cpu", {"kernel_type": kernel}),
-                        quant, 3)
+        check_blockwise(
+            case, hosts.run(pe_quant_round, case, quant, 3, False, "cpu", {"kernel_type": kernel}), quant, 3
+        )
 
 
 def test_routing_handles_across_hosts(hosts: PePool) -> None:
@@ -106,8 +109,9 @@ def pe_intranode_refused() -> str:
     import mori.ops
 
     try:
-        mori.ops.EpDispatchCombineOp(make_config(dataclasses.replace(BF16, world=shmem.shmem_npes()),
-                                                 shmem.shmem_mype()))
+        mori.ops.EpDispatchCombineOp(
+            make_config(dataclasses.replace(BF16, world=shmem.shmem_npes()), shmem.shmem_mype())
+        )
     except ValueError as exc:
         return str(exc)
     return "built"

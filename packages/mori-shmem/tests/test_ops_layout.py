@@ -61,15 +61,23 @@ def test_each_token_reaches_each_rank_once(case):
 def test_reference_dispatch_partitions_sends(case, seed):
     _, per_rank, world, k = case
     g = torch.Generator().manual_seed(seed)
-    all_ids = [torch.randint(-2, world * per_rank + 2, (int(torch.randint(0, 6, (1,), generator=g)), k),
-                             generator=g, dtype=torch.int32) for _ in range(world)]
+    all_ids = [
+        torch.randint(
+            -2, world * per_rank + 2, (int(torch.randint(0, 6, (1,), generator=g)), k), generator=g, dtype=torch.int32
+        )
+        for _ in range(world)
+    ]
     total = sum(len(reference_dispatch(all_ids, per_rank, pe)) for pe in range(world))
     assert total == sum(int((plan_routing(i, per_rank, world) >= 0).sum()) for i in all_ids)
 
 
 def test_accumulate_rounds_once_in_order():
-    rows = [torch.tensor([1.0], dtype=torch.bfloat16), torch.tensor([2.0**-9], dtype=torch.bfloat16),
-            torch.tensor([2.0**-9], dtype=torch.bfloat16), torch.tensor([2.0**-9], dtype=torch.bfloat16)]
+    rows = [
+        torch.tensor([1.0], dtype=torch.bfloat16),
+        torch.tensor([2.0**-9], dtype=torch.bfloat16),
+        torch.tensor([2.0**-9], dtype=torch.bfloat16),
+        torch.tensor([2.0**-9], dtype=torch.bfloat16),
+    ]
     # In float32 the small terms add up to 3/4 of a bf16 ulp of 1.0 (rounds up); rounding each partial
     # sum to bf16 would drop every one of them.
     assert accumulate_rows(rows, rows[0]).item() == 1.0 + 2.0**-7

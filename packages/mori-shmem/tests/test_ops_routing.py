@@ -111,15 +111,36 @@ def check_routing_results(case: Case, results: list[dict[str, Any]], replay: boo
     for r, res in enumerate(results):
         _check_dispatch(case, r, res["first"], inputs)
         _check_dispatch(second, r, res["second"], inputs1)
-        want = reference_combine(inputs[r]["indices"], r, case.experts_per_rank, [x["combine_in"] for x in results],
-                                 src, max_send, torch.bfloat16)
+        want = reference_combine(
+            inputs[r]["indices"],
+            r,
+            case.experts_per_rank,
+            [x["combine_in"] for x in results],
+            src,
+            max_send,
+            torch.bfloat16,
+        )
         assert torch.equal(res["routed"], want), f"PE {r}: combine along the first handle"
         assert torch.equal(res["plain"], want), f"PE {r}: the plain round differs from the routed one"
-        want1 = reference_combine(inputs1[r]["indices"], r, case.experts_per_rank,
-                                  [x["combine_in1"] for x in results], src1, max_send, torch.bfloat16)
+        want1 = reference_combine(
+            inputs1[r]["indices"],
+            r,
+            case.experts_per_rank,
+            [x["combine_in1"] for x in results],
+            src1,
+            max_send,
+            torch.bfloat16,
+        )
         assert torch.equal(res["second_combined"], want1), f"PE {r}: combine along the second handle"
-        want_w = reference_combine(inputs1[r]["indices"], r, case.experts_per_rank,
-                                   [x["second_weights"][0] for x in results], src1, max_send, torch.float32)
+        want_w = reference_combine(
+            inputs1[r]["indices"],
+            r,
+            case.experts_per_rank,
+            [x["second_weights"][0] for x in results],
+            src1,
+            max_send,
+            torch.float32,
+        )
         assert torch.equal(res["second_weights"][1], want_w)
         if not replay:
             continue
@@ -128,8 +149,15 @@ def check_routing_results(case: Case, results: list[dict[str, Any]], replay: boo
         for s, pos in enumerate(src[r].tolist()):
             sr, st = divmod(pos, max_send)
             assert torch.equal(res["replay_rows"][s], results[sr]["x2"][st]), (r, s)
-        want2 = reference_combine(inputs[r]["indices"], r, case.experts_per_rank,
-                                  [x["combine_in2"] for x in results], src, max_send, torch.bfloat16)
+        want2 = reference_combine(
+            inputs[r]["indices"],
+            r,
+            case.experts_per_rank,
+            [x["combine_in2"] for x in results],
+            src,
+            max_send,
+            torch.bfloat16,
+        )
         assert torch.equal(res["replayed"], want2), f"PE {r}: combine after the replay"
 
 
@@ -143,10 +171,13 @@ def pe_routing_refusals(case: Case) -> list[str]:
     op = _op(case, 0)
     out = op.dispatch(*args, return_routing=True)
     handle = out[5]
-    for call in (lambda: op.dispatch(*args, routing=handle, return_routing=True),
-                 lambda: op.dispatch(inp["input"][:0], None, None, inp["indices"][:0], routing=handle),
-                 lambda: _op(case, 0, kernel_type=EpDispatchCombineKernelType.InterNodeV1LL).dispatch(
-                     *args, return_routing=True)):
+    for call in (
+        lambda: op.dispatch(*args, routing=handle, return_routing=True),
+        lambda: op.dispatch(inp["input"][:0], None, None, inp["indices"][:0], routing=handle),
+        lambda: _op(case, 0, kernel_type=EpDispatchCombineKernelType.InterNodeV1LL).dispatch(
+            *args, return_routing=True
+        ),
+    ):
         try:
             call()
         except (ValueError, NotImplementedError) as exc:
@@ -161,8 +192,9 @@ def test_routing_refusals(pool):
     for errors in pool.run(pe_routing_refusals, case):
         assert errors[0].startswith("ValueError: pass either `routing=` (replay) or `return_routing=True`")
         assert errors[1].startswith("ValueError: replay dispatch input has 0 tokens")
-        assert errors[2].startswith("NotImplementedError: routing handle path not supported for "
-                                    "kernel_type=InterNodeV1LL")
+        assert errors[2].startswith(
+            "NotImplementedError: routing handle path not supported for kernel_type=InterNodeV1LL"
+        )
 
 
 # ---- the standard-MoE layout ----------------------------------------------------------------------
@@ -181,15 +213,21 @@ def pe_standard_moe(case: Case, overrides: dict[str, Any], device: str = "cpu") 
         if convert:
             d = op.dispatch(x, w, None, ids)
             counted = torch.full((case.experts_per_rank,), 99, dtype=torch.int32, device=device)
-            mori.ops.launch_local_expert_count(op.config, int(d[3].data_ptr()), int(d[4].data_ptr()),
-                                               int(counted.data_ptr()))
+            mori.ops.launch_local_expert_count(
+                op.config, int(d[3].data_ptr()), int(d[4].data_ptr()), int(counted.data_ptr())
+            )
             packed, count, src_info, layout = op.convert_dispatch_output(d[0], d[3])
         else:
             packed, count, src_info, layout = op.dispatch_standard_moe(x, w, None, ids)
             counted = count
-        res: dict[str, Any] = {"count": count.cpu().clone(), "counted": counted.cpu().clone(),
-                               "src_info": src_info.cpu().clone(), "packed": packed.cpu().clone(),
-                               "layout": layout.cpu().clone(), "src_pos": op.get_dispatch_src_token_pos().cpu().clone()}
+        res: dict[str, Any] = {
+            "count": count.cpu().clone(),
+            "counted": counted.cpu().clone(),
+            "src_info": src_info.cpu().clone(),
+            "packed": packed.cpu().clone(),
+            "layout": layout.cpu().clone(),
+            "src_pos": op.get_dispatch_src_token_pos().cpu().clone(),
+        }
         res["total"] = int(res["src_pos"].numel())
         # Each expert scales its rows by (expert + 1) / 2, then adds the rank.
         gain = (torch.arange(packed.shape[0], dtype=torch.float32, device=device)[:, None, None] + 1) / 2
@@ -249,8 +287,10 @@ def check_standard_moe_results(case: Case, results: list[list[dict[str, Any]]]) 
             for s, (sr, st) in enumerate(src):
                 for j, e in enumerate(inputs[sr]["indices"][st].tolist()):
                     if (s, j) in slot_of:
-                        acc[s] = acc[s] + res["expert_out"][e - r * epr, slot_of[(s, j)]].float() \
-                            * inputs[sr]["weights"][st, j]
+                        acc[s] = (
+                            acc[s]
+                            + res["expert_out"][e - r * epr, slot_of[(s, j)]].float() * inputs[sr]["weights"][st, j]
+                        )
             stage.append(acc.to(torch.bfloat16))
         src_pos = [per_pe[p]["src_pos"] for per_pe in results]
         for r, per_pe in enumerate(results):
@@ -280,5 +320,6 @@ def test_standard_moe_refused_without_dispatch(pool):
 
 def pe_convert_without_dispatch(case: Case) -> None:
     op = _op(case, 0)
-    op.convert_combine_input(torch.zeros(case.experts_per_rank, op.max_num_tokens_to_send(), case.hidden,
-                                         dtype=torch.bfloat16), None, None)
+    op.convert_combine_input(
+        torch.zeros(case.experts_per_rank, op.max_num_tokens_to_send(), case.hidden, dtype=torch.bfloat16), None, None
+    )

@@ -29,8 +29,9 @@ def fp4_round(x: np.ndarray) -> np.ndarray:
     dist = np.abs(np.abs(x)[..., None] - FP4_GRID)
     best = dist.min(axis=-1, keepdims=True)
     ties = dist == best
-    code = np.where(ties[..., 0::2].any(axis=-1), np.argmax(ties & (np.arange(8) % 2 == 0), axis=-1),
-                    np.argmax(ties, axis=-1))
+    code = np.where(
+        ties[..., 0::2].any(axis=-1), np.argmax(ties & (np.arange(8) % 2 == 0), axis=-1), np.argmax(ties, axis=-1)
+    )
     return np.copysign(FP4_GRID[code], x).astype(np.float32)
 
 
@@ -41,7 +42,7 @@ def dequantized(rows: Any, kind: str, scale_dim: int) -> Any:
     be = -(-h // scale_dim)
     out = np.zeros_like(x)
     for sb in range(scale_dim):
-        blk = x[:, sb * be: (sb + 1) * be]
+        blk = x[:, sb * be : (sb + 1) * be]
         if blk.shape[1] == 0:
             continue
         m = np.abs(blk).max(axis=1, keepdims=True).astype(np.float32)
@@ -55,7 +56,7 @@ def dequantized(rows: Any, kind: str, scale_dim: int) -> Any:
             inv = np.where(live, np.float32(6) / np.where(live, m, 1), np.float32(0)).astype(np.float32)
             scale = np.where(live, m / np.float32(6), np.float32(1)).astype(np.float32)
             q = fp4_round((blk * inv).astype(np.float32))
-        out[:, sb * be: (sb + 1) * be] = (q * scale).astype(np.float32)
+        out[:, sb * be : (sb + 1) * be] = (q * scale).astype(np.float32)
     return torch.from_numpy(out)
 
 
@@ -73,8 +74,9 @@ def _op(case: Case, env: dict[str, str], **overrides: Any) -> Any:
     return _ops[key]
 
 
-def pe_quant_round(case: Case, quant: str, scale_dim: int, identity: bool, device: str = "cpu",
-                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def pe_quant_round(
+    case: Case, quant: str, scale_dim: int, identity: bool, device: str = "cpu", overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """One round with ``quant_type=quant``: the experts scale alternate rows by 100 (blocks above
     and below fp8's 448), or return their rows (``identity``, MORI's check). CPU copies back."""
     op = _op(case, {"MORI_FP8_COMBINE_SCALE_DIM": str(scale_dim)}, quant_type=quant, **(overrides or {}))
@@ -87,8 +89,13 @@ def pe_quant_round(case: Case, quant: str, scale_dim: int, identity: bool, devic
     src = op.get_dispatch_src_token_pos().cpu().clone()
     out, out_w = op.combine(y, w, inp["indices"])
     m = inp["input"].shape[0]
-    return {"src_pos": src, "combine_in": y.cpu().clone(), "combined": out[:m].cpu().clone(),
-            "weights": w[:n].cpu().clone(), "combined_weights": out_w[:m].cpu().clone()}
+    return {
+        "src_pos": src,
+        "combine_in": y.cpu().clone(),
+        "combined": out[:m].cpu().clone(),
+        "weights": w[:n].cpu().clone(),
+        "combined_weights": out_w[:m].cpu().clone(),
+    }
 
 
 QUANT = Case(world=0, max_tokens=8, hidden=256, k=6, experts_per_rank=2)
@@ -113,10 +120,12 @@ def check_blockwise(case: Case, results: list[dict[str, Any]], quant: str, scale
     scaled_blocks = 0
     for r, res in enumerate(results):
         want = reference_combine(all_ids[r], r, case.experts_per_rank, terms, src, max_send, torch.bfloat16)
-        assert torch.equal(res["combined"].view(torch.int16), want.view(torch.int16)), \
+        assert torch.equal(res["combined"].view(torch.int16), want.view(torch.int16)), (
             f"PE {r}: {(res['combined'].float() != want.float()).sum()} elements differ"
-        want_w = reference_combine(all_ids[r], r, case.experts_per_rank, [x["weights"] for x in results], src,
-                                   max_send, torch.float32)
+        )
+        want_w = reference_combine(
+            all_ids[r], r, case.experts_per_rank, [x["weights"] for x in results], src, max_send, torch.float32
+        )
         assert torch.equal(res["combined_weights"], want_w)
         scaled_blocks += int((res["combine_in"].float().abs() > 448).sum())
     assert scaled_blocks > 0  # the fp8 rule's scaled branch ran
@@ -148,8 +157,11 @@ def check_within_moris_tolerance(case: Case, results: list[dict[str, Any]], quan
 
 def test_fp8_fnuz_combine_input(pool):
     """fp8 e4m3fnuz expert outputs: summed in float32, rounded once to e4m3fnuz, byte for byte."""
-    run(pool, Case(world=0, max_tokens=8, hidden=64, k=5, experts_per_rank=2, combine_dtype=torch.float8_e4m3fnuz),
-        [31, 32])
+    run(
+        pool,
+        Case(world=0, max_tokens=8, hidden=64, k=5, experts_per_rank=2, combine_dtype=torch.float8_e4m3fnuz),
+        [31, 32],
+    )
 
 
 def fp4_codes(x: Any) -> Any:
@@ -182,8 +194,12 @@ def pe_fp4_round(case: Case, device: str = "cpu", overrides: dict[str, Any] | No
     y = fp4_codes(fp4_values(received) * 0.5 + 0.5 * rank).to(device).view(torch.float4_e2m1fn_x2)
     src = op.get_dispatch_src_token_pos().cpu().clone()
     out, _ = op.combine(y, None, inp["indices"])
-    return {"src_pos": src, "tokens": received, "combine_in": y.view(torch.uint8).cpu().clone(),
-            "combined": out[: x.shape[0]].view(torch.uint8).cpu().clone()}
+    return {
+        "src_pos": src,
+        "tokens": received,
+        "combine_in": y.view(torch.uint8).cpu().clone(),
+        "combined": out[: x.shape[0]].view(torch.uint8).cpu().clone(),
+    }
 
 
 def test_fp4_dispatch_and_combine(pool):
@@ -201,8 +217,15 @@ def check_fp4(case: Case, results: list[dict[str, Any]]) -> None:
     for r, res in enumerate(results):
         for s, pos in enumerate(res["src_pos"].tolist()):
             assert torch.equal(res["tokens"][s], sent[pos // max_send][pos % max_send]), (r, s)
-        sums = reference_combine(all_ids[r], r, case.experts_per_rank, terms, [x["src_pos"] for x in results],
-                                 case.world * case.max_tokens, torch.float32)
+        sums = reference_combine(
+            all_ids[r],
+            r,
+            case.experts_per_rank,
+            terms,
+            [x["src_pos"] for x in results],
+            case.world * case.max_tokens,
+            torch.float32,
+        )
         assert torch.equal(res["combined"], fp4_codes(sums)), f"PE {r}"
 
 
@@ -213,8 +236,9 @@ def pe_settings(env: dict[str, str], kernel: str) -> Any:
 
     saved = {k: os.environ.get(k) for k in env}
     try:
-        op = _op(dataclasses.replace(BF16, world=shmem.shmem_npes()), env,
-                 kernel_type=EpDispatchCombineKernelType[kernel])
+        op = _op(
+            dataclasses.replace(BF16, world=shmem.shmem_npes()), env, kernel_type=EpDispatchCombineKernelType[kernel]
+        )
         return op.get_launch_config(True, 3, 3, 3), op.settings.sdma
     except ValueError as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -223,8 +247,15 @@ def pe_settings(env: dict[str, str], kernel: str) -> Any:
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
-@pytest.mark.parametrize(("kernel", "want"), [("IntraNode", (128, 0, 16)), ("InterNodeV1", (96, 64, 8)),
-                                              ("InterNodeV1LL", (256, 128, 8)), ("AsyncLL", (128, 0, 16))])
+@pytest.mark.parametrize(
+    ("kernel", "want"),
+    [
+        ("IntraNode", (128, 0, 16)),
+        ("InterNodeV1", (96, 64, 8)),
+        ("InterNodeV1LL", (256, 128, 8)),
+        ("AsyncLL", (128, 0, 16)),
+    ],
+)
 def test_launch_config_auto_is_moris_fallback(pool, kernel, want):
     for got in pool.run(pe_settings, {"MORI_EP_LAUNCH_CONFIG_MODE": "AUTO"}, kernel):
         assert got == (want, False)
@@ -250,13 +281,16 @@ def _unsetenv(names: list[str]) -> None:
         os.environ.pop(name, None)
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"MORI_EP_LAUNCH_CONFIG_MODE": "FAST"}, "ConfigError: MORI_EP_LAUNCH_CONFIG_MODE='FAST' is not accepted"),
-    ({"MORI_EP_COMM": "cco"}, "ValueError: MORI_EP_COMM=cco: mori provides no mori.cco"),
-    ({"MORI_EP_COMM": "nccl"}, "ConfigError: MORI_EP_COMM='nccl' is not accepted"),
-    ({"MORI_ENABLE_SDMA": "maybe"}, "ConfigError: MORI_ENABLE_SDMA='maybe' is not a flag"),
-    ({"MORI_FP8_COMBINE_SCALE_DIM": "0"}, "ConfigError: MORI_FP8_COMBINE_SCALE_DIM='0' is not accepted"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MORI_EP_LAUNCH_CONFIG_MODE": "FAST"}, "ConfigError: MORI_EP_LAUNCH_CONFIG_MODE='FAST' is not accepted"),
+        ({"MORI_EP_COMM": "cco"}, "ValueError: MORI_EP_COMM=cco: mori provides no mori.cco"),
+        ({"MORI_EP_COMM": "nccl"}, "ConfigError: MORI_EP_COMM='nccl' is not accepted"),
+        ({"MORI_ENABLE_SDMA": "maybe"}, "ConfigError: MORI_ENABLE_SDMA='maybe' is not a flag"),
+        ({"MORI_FP8_COMBINE_SCALE_DIM": "0"}, "ConfigError: MORI_FP8_COMBINE_SCALE_DIM='0' is not accepted"),
+    ],
+)
 def test_bad_settings_are_refused_before_allocating(pool, env, message):
     before = pool.run(_heap_used)
     for got in pool.run(pe_settings, env, "IntraNode"):

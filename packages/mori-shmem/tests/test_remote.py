@@ -37,7 +37,6 @@ CPU_ENV = {"MORI_SHMEM_HEAP_SIZE": "16M", "MORI_SHMEM_BACKEND": "cpu", "MORI_SHM
 NO_UCX = {"MORI_UCX_LIB": "/nonexistent/libucp.so.0"}
 
 
-
 def test_gpu_direct_without_a_nic_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     """MORI_SHMEM_GPU_DIRECT=1 where UCX finds no RDMA NIC: one warning saying why kernels
     that wait on remote PEs stall (seen on the H200, 2026-11-28 08:35 UTC); none with a NIC."""
@@ -75,8 +74,13 @@ def _across(n_per_host: int, env: dict[str, str], init: bool = True, timeout: fl
     spaces = network_namespaces()
     a, b = spaces.__enter__()
     try:
-        pool = PePool(2 * n_per_host, {**CPU_ENV, **HOSTS_UCX, "MORI_BOOTSTRAP_HOST": a.address, **env}, init=init,
-                      timeout=timeout, netns=[a.name] * n_per_host + [b.name] * n_per_host)
+        pool = PePool(
+            2 * n_per_host,
+            {**CPU_ENV, **HOSTS_UCX, "MORI_BOOTSTRAP_HOST": a.address, **env},
+            init=init,
+            timeout=timeout,
+            netns=[a.name] * n_per_host + [b.name] * n_per_host,
+        )
     except BaseException:
         spaces.__exit__(None, None, None)
         raise
@@ -135,6 +139,7 @@ def test_a_registered_buffer_moves_without_staging_or_registration_per_call() ->
     pool = PePool(2, {**CPU_ENV, "MORI_DISABLE_P2P": "ON"}, timeout=120)
     try:
         for seen in pool.run(pe_registered_buffer, (4096, (1 << 20) + 3)):
+
             def moved(stage: str, since: str, seen: dict = seen) -> tuple[int, int]:  # type: ignore[type-arg]
                 now, then = seen[stage], seen[since]
                 return now["staged"] - then["staged"], now["registered_for_call"] - then["registered_for_call"]
@@ -274,8 +279,11 @@ def pe_calls_to_peer() -> list[str]:
             _refusal(shmem.shmem_atomic_fetch, sig, other),
         ]
         tensor = shmem.shmem_tensor((16,), torch.uint8)
-        with pytest.raises(ValueError, match=f"PE {other} is not mapped in PE {me} .MORI_DISABLE_P2P is set.: "
-                                             "it is reached through the remote transport"):
+        with pytest.raises(
+            ValueError,
+            match=f"PE {other} is not mapped in PE {me} .MORI_DISABLE_P2P is set.: "
+            "it is reached through the remote transport",
+        ):
             shmem.shmem_peer_tensor(tensor, other)
         shmem.shmem_free(tensor.data_ptr())
         shmem.shmem_putmem(buf, b"mine", me)
@@ -297,9 +305,11 @@ def test_without_ucx_disable_p2p_refuses_calls_to_peers_clearly() -> None:
         for pe, messages in enumerate(pool.run(pe_calls_to_peer)):
             assert len(messages) == 10
             for msg in messages:
-                assert msg.startswith(f"PE {1 - pe} is reached through mori.shmem's remote transport "
-                                      "(MORI_DISABLE_P2P is set), which is not available: mori-core's UCX engine "
-                                      "cannot start: UcxLoadError: "), msg
+                assert msg.startswith(
+                    f"PE {1 - pe} is reached through mori.shmem's remote transport "
+                    "(MORI_DISABLE_P2P is set), which is not available: mori-core's UCX engine "
+                    "cannot start: UcxLoadError: "
+                ), msg
                 assert "(PEs 0, 1)" in msg, msg
     finally:
         pool.close()
@@ -316,7 +326,10 @@ def test_without_ucx_pes_on_two_hosts_are_refused_at_init_on_every_pe() -> None:
     failures = info.value.failures
     assert sorted(failures) == [0, 1, 2, 3]
     for text in failures.values():
-        assert "ShmemError: mori.shmem reaches PEs on other hosts through its remote transport, which is not " \
-               "available (mori-core's UCX engine cannot start: UcxLoadError: " in text, text
-        assert "one machine but in 2 network namespaces" in text and "PEs 0, 1 on " in text \
-               and "PEs 2, 3 on " in text, text
+        assert (
+            "ShmemError: mori.shmem reaches PEs on other hosts through its remote transport, which is not "
+            "available (mori-core's UCX engine cannot start: UcxLoadError: " in text
+        ), text
+        assert (
+            "one machine but in 2 network namespaces" in text and "PEs 0, 1 on " in text and "PEs 2, 3 on " in text
+        ), text

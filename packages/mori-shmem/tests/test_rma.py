@@ -75,8 +75,7 @@ def pe_signal_pipeline(rounds: int, nbytes: int) -> list[bytes]:
     for k in range(rounds):
         msg = os.urandom(nbytes)
         sent.append(msg)
-        op, sig, val = ((shmem.SHMEM_SIGNAL_SET, sig_set, k + 1) if k % 2 == 0
-                        else (shmem.SHMEM_SIGNAL_ADD, sig_add, 1))
+        op, sig, val = (shmem.SHMEM_SIGNAL_SET, sig_set, k + 1) if k % 2 == 0 else (shmem.SHMEM_SIGNAL_ADD, sig_add, 1)
         shmem.shmem_putmem_signal(data + k * nbytes, msg, sig, val, op, (me + 1) % n)
     # Every message is visible once its signal is: wait for the last of each kind.
     shmem.shmem_wait_until(sig_set, shmem.SHMEM_CMP_GE, rounds - (rounds + 1) % 2, timeout=30)
@@ -142,9 +141,17 @@ def pe_wait_every_cmp() -> list[int]:
     word = shmem.shmem_malloc(8)
     shmem.shmem_atomic_set(word, 10, me)
     shmem.shmem_barrier_all()
-    seen = [shmem.shmem_wait_until(word, cmp, val, timeout=5)
-            for cmp, val in ((shmem.SHMEM_CMP_EQ, 10), (shmem.SHMEM_CMP_NE, 3), (shmem.SHMEM_CMP_GT, 9),
-                             (shmem.SHMEM_CMP_GE, 10), (shmem.SHMEM_CMP_LT, 11), (shmem.SHMEM_CMP_LE, 10))]
+    seen = [
+        shmem.shmem_wait_until(word, cmp, val, timeout=5)
+        for cmp, val in (
+            (shmem.SHMEM_CMP_EQ, 10),
+            (shmem.SHMEM_CMP_NE, 3),
+            (shmem.SHMEM_CMP_GT, 9),
+            (shmem.SHMEM_CMP_GE, 10),
+            (shmem.SHMEM_CMP_LT, 11),
+            (shmem.SHMEM_CMP_LE, 10),
+        )
+    ]
     shmem.shmem_barrier_all()
     # Now a peer moves the word later: the wait sees the change.
     if me == 0:
@@ -189,18 +196,18 @@ def pe_bad_calls() -> list[str]:
     shmem.shmem_putmem(buf, b"\x5a" * 256, me)
     shmem.shmem_barrier_all()
     calls = [
-        lambda: shmem.shmem_putmem(end - 8, b"x" * 16, me),                 # runs past the heap
-        lambda: shmem.shmem_putmem(12345, b"x", me),                        # not a heap address
-        lambda: shmem.shmem_putmem(buf, b"x", n),                           # PE out of range
-        lambda: shmem.shmem_putmem(buf, "text", me),                        # not bytes
-        lambda: shmem.shmem_getmem_into(b"readonly", buf, me),              # read-only destination
-        lambda: shmem.shmem_atomic_fetch_add(buf + 4, 1, me),               # misaligned 64-bit word
-        lambda: shmem.shmem_atomic_fetch_add(buf, 1 << 64, me),             # value too wide
-        lambda: shmem.shmem_atomic_fetch_add(buf, 1, me, width=16),         # width
+        lambda: shmem.shmem_putmem(end - 8, b"x" * 16, me),  # runs past the heap
+        lambda: shmem.shmem_putmem(12345, b"x", me),  # not a heap address
+        lambda: shmem.shmem_putmem(buf, b"x", n),  # PE out of range
+        lambda: shmem.shmem_putmem(buf, "text", me),  # not bytes
+        lambda: shmem.shmem_getmem_into(b"readonly", buf, me),  # read-only destination
+        lambda: shmem.shmem_atomic_fetch_add(buf + 4, 1, me),  # misaligned 64-bit word
+        lambda: shmem.shmem_atomic_fetch_add(buf, 1 << 64, me),  # value too wide
+        lambda: shmem.shmem_atomic_fetch_add(buf, 1, me, width=16),  # width
         lambda: shmem.shmem_putmem_signal(buf, b"y" * 8, buf + 3, 1, 0, me),  # misaligned signal
         lambda: shmem.shmem_putmem_signal(buf, b"y" * 8, buf + 8, 1, 7, me),  # bad signal op
-        lambda: shmem.shmem_wait_until(buf, "approx", 1, timeout=1),        # bad comparison
-        lambda: shmem.shmem_free(buf + 256),                                # not an allocation start
+        lambda: shmem.shmem_wait_until(buf, "approx", 1, timeout=1),  # bad comparison
+        lambda: shmem.shmem_free(buf + 256),  # not an allocation start
     ]
     errors = []
     for call in calls:

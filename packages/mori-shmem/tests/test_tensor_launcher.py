@@ -76,8 +76,9 @@ def pe_states() -> tuple[bytes, str, list[int]]:
     info = shmem.shmem_heap_info()
     states = shmem.get_gpu_states_bytes()
     parsed = GpuStates.from_buffer_copy(states)
-    bases = struct.unpack(f"<{parsed.worldSize}Q", shmem.shmem_getmem(parsed.peerHeapBases, 8 * parsed.worldSize,
-                                                                      shmem.shmem_mype()))
+    bases = struct.unpack(
+        f"<{parsed.worldSize}Q", shmem.shmem_getmem(parsed.peerHeapBases, 8 * parsed.worldSize, shmem.shmem_mype())
+    )
     return states, info["base"], list(bases)
 
 
@@ -149,8 +150,13 @@ def _run_launcher(tmp_path: Path, n: int, fail_rank: int) -> subprocess.Complete
     script = tmp_path / "pe.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = dict(os.environ, MORI_SHMEM_BACKEND="cpu", MORI_SHMEM_HEAP_SIZE="1M")
-    return subprocess.run([sys.executable, "-m", "mori.shmem.run", "-n", str(n), "--timeout", "60",
-                           str(script), str(fail_rank)], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mori.shmem.run", "-n", str(n), "--timeout", "60", str(script), str(fail_rank)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_launcher_runs_pes(tmp_path: Path) -> None:
@@ -190,9 +196,13 @@ def test_launcher_stops_the_job_when_any_pe_dies(tmp_path: Path, victim: int) ->
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent(HANG_SCRIPT))
     env = dict(os.environ, MORI_SHMEM_BACKEND="cpu", MORI_SHMEM_HEAP_SIZE="1M")
-    launcher = subprocess.Popen([sys.executable, "-m", "mori.shmem.run", "-n", str(n), "--timeout", "300",
-                                 str(script), str(tmp_path)], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "mori.shmem.run", "-n", str(n), "--timeout", "300", str(script), str(tmp_path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not all((tmp_path / f"pid.{r}").exists() for r in range(n)):
@@ -218,6 +228,11 @@ def test_launcher_stops_the_job_when_any_pe_dies(tmp_path: Path, victim: int) ->
 
 def test_init_from_env_without_launcher() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MORI_SHMEM_")}
-    done = subprocess.run([sys.executable, "-c", "import mori.shmem as s; s.shmem_init_from_env()"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", "import mori.shmem as s; s.shmem_init_from_env()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0 and "MORI_SHMEM_RANK" in done.stderr and "mori.shmem.run" in done.stderr

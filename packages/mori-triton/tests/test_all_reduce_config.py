@@ -36,10 +36,17 @@ def test_labels_name_every_field():
     assert AllReduceConfig(True, 2048, 8, 64, "v3").label == "1shot-v3 b2048 w8 g64"
 
 
-@pytest.mark.parametrize("args,match", [((True, 1024, 4, 64, "v4"), "kernel"), ((True, 1024, 4, 64, "v1"), "kernel"),
-                                        ((True, 1000, 4, 64), "block"),
-                                        ((True, 1024, 3, 64), "num_warps"), ((True, 1024, 4, 0), "max_blocks"),
-                                        ((True, 1024, 4, 4096), "max_blocks")])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((True, 1024, 4, 64, "v4"), "kernel"),
+        ((True, 1024, 4, 64, "v1"), "kernel"),
+        ((True, 1000, 4, 64), "block"),
+        ((True, 1024, 3, 64), "num_warps"),
+        ((True, 1024, 4, 0), "max_blocks"),
+        ((True, 1024, 4, 4096), "max_blocks"),
+    ],
+)
 def test_bad_configs_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
         AllReduceConfig(*args)

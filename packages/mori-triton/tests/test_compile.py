@@ -48,8 +48,9 @@ def _check_linked(ptx: str) -> None:
     assert set(externs) <= {"vprintf"}, f"unresolved device functions: {externs}"
     # a callee that was not inlined has a .func line (block comments name inlined callees, so the
     # match is anchored to a line's first token)
-    assert not re.search(r"^\s*(call[^;\n]*|\.func[^\n]*)mori_shmem_", ptx, re.MULTILINE), \
+    assert not re.search(r"^\s*(call[^;\n]*|\.func[^\n]*)mori_shmem_", ptx, re.MULTILINE), (
         "a mori_shmem_* call was not inlined"
+    )
 
 
 def _write_all_externs_module(path: Path, chunk: int = 40) -> list[str]:
@@ -60,7 +61,7 @@ def _write_all_externs_module(path: Path, chunk: int = 40) -> list[str]:
         name = f"calls_{k // chunk}"
         names.append(name)
         lines += ["@triton.jit", f"def {name}(p, out):", "    pe = ms.my_pe()", "    acc = 0"]
-        for fn in DEVICE_FUNCTIONS[k:k + chunk]:
+        for fn in DEVICE_FUNCTIONS[k : k + chunk]:
             args = ", ".join(_SPECIAL.get(a, _ARG_VALUES[t]) for a, t in fn.args)
             lines.append(f"    acc += ms.{fn.name}({args}).to(tl.float64)")
         lines += ["    tl.store(out, acc)", ""]
@@ -89,12 +90,24 @@ def test_ring_kernels_compile(kernel):
 
 
 def test_seed_allreduce_kernels_compile():
-    a = _compile(allreduce_p2p_kernel, {"sym_in": "*bf16", "out": "*bf16", "n": "i32", "BLOCK": "constexpr"},
-                 {"BLOCK": 1024})
+    a = _compile(
+        allreduce_p2p_kernel, {"sym_in": "*bf16", "out": "*bf16", "n": "i32", "BLOCK": "constexpr"}, {"BLOCK": 1024}
+    )
     _check_linked(a)
-    b = _compile(allreduce_put_signal_kernel,
-                 {"sym_in": "*bf16", "sym_recv": "*bf16", "sig": "*u64", "out": "*bf16", "n": "i32", "epoch": "i64",
-                  "CHUNKS_PER_PE": "constexpr", "BLOCK": "constexpr"}, {"CHUNKS_PER_PE": 8, "BLOCK": 1024})
+    b = _compile(
+        allreduce_put_signal_kernel,
+        {
+            "sym_in": "*bf16",
+            "sym_recv": "*bf16",
+            "sig": "*u64",
+            "out": "*bf16",
+            "n": "i32",
+            "epoch": "i64",
+            "CHUNKS_PER_PE": "constexpr",
+            "BLOCK": "constexpr",
+        },
+        {"CHUNKS_PER_PE": 8, "BLOCK": 1024},
+    )
     _check_linked(b)
 
 
@@ -114,14 +127,31 @@ def _compile_all_reduce(fn, sig, aligned, constexprs, num_warps):
 
 def _compile_fast(world, one_shot, block, num_warps, dtype="bf16"):
     """PTX of the v2 all-reduce kernel, specialised as AllReduce's launches are (16-byte alignment, n % 16)."""
-    sig = {"inp": f"*{dtype}", "out": f"*{dtype}", "mine": f"*{dtype}", "my_flags": "*u32", "epochs": "*u32",
-           "deltas": ("i64",) * world, "flag_deltas": ("i64",) * world, "rank": "i32", "n": "i32", "chunk": "i32",
-           "timeout_ns": "i64", "W": "constexpr", "WP": "constexpr", "MAXB": "constexpr", "BLOCK": "constexpr",
-           "ONE_SHOT": "constexpr"}
-    return _compile_all_reduce(all_reduce_fast_kernel, sig, ("inp", "out", "mine", "my_flags", "epochs", "deltas",
-                                                            "flag_deltas", "n", "chunk"),
-                               {"W": world, "WP": triton.next_power_of_2(world), "MAXB": 1024, "BLOCK": block,
-                                "ONE_SHOT": one_shot}, num_warps)
+    sig = {
+        "inp": f"*{dtype}",
+        "out": f"*{dtype}",
+        "mine": f"*{dtype}",
+        "my_flags": "*u32",
+        "epochs": "*u32",
+        "deltas": ("i64",) * world,
+        "flag_deltas": ("i64",) * world,
+        "rank": "i32",
+        "n": "i32",
+        "chunk": "i32",
+        "timeout_ns": "i64",
+        "W": "constexpr",
+        "WP": "constexpr",
+        "MAXB": "constexpr",
+        "BLOCK": "constexpr",
+        "ONE_SHOT": "constexpr",
+    }
+    return _compile_all_reduce(
+        all_reduce_fast_kernel,
+        sig,
+        ("inp", "out", "mine", "my_flags", "epochs", "deltas", "flag_deltas", "n", "chunk"),
+        {"W": world, "WP": triton.next_power_of_2(world), "MAXB": 1024, "BLOCK": block, "ONE_SHOT": one_shot},
+        num_warps,
+    )
 
 
 def _check_fast_ptx(ptx):
@@ -134,19 +164,40 @@ def _check_fast_ptx(ptx):
     assert "atom." not in ptx
 
 
-_SHAPES = sorted({(c.one_shot, c.block, c.num_warps) for c in (*SWEEP_SMALL, *SWEEP_LARGE, *(c for _, c in DEFAULT_TABLE))
-                  if c.kernel == "v2"})
+_SHAPES = sorted(
+    {
+        (c.one_shot, c.block, c.num_warps)
+        for c in (*SWEEP_SMALL, *SWEEP_LARGE, *(c for _, c in DEFAULT_TABLE))
+        if c.kernel == "v2"
+    }
+)
 
 
 def _compile_lamport(world, one_shot, block, num_warps, dtype="bf16"):
     """PTX of the v3 all-reduce kernel, specialised as AllReduce's launches are."""
-    sig = {"inp": f"*{dtype}", "out": f"*{dtype}", "lam": f"*{dtype}", "sets": "*u32", "deltas": ("i64",) * world,
-           "rank": "i32", "n": "i32", "chunk": "i32", "timeout_ns": "i64", "set_elems": "i32", "W": "constexpr",
-           "WP": "constexpr", "BLOCK": "constexpr", "ONE_SHOT": "constexpr"}
-    return _compile_all_reduce(all_reduce_lamport_kernel, sig, ("inp", "out", "lam", "sets", "deltas", "n", "chunk",
-                                                               "set_elems"),
-                               {"W": world, "WP": triton.next_power_of_2(world), "BLOCK": block, "ONE_SHOT": one_shot},
-                               num_warps)
+    sig = {
+        "inp": f"*{dtype}",
+        "out": f"*{dtype}",
+        "lam": f"*{dtype}",
+        "sets": "*u32",
+        "deltas": ("i64",) * world,
+        "rank": "i32",
+        "n": "i32",
+        "chunk": "i32",
+        "timeout_ns": "i64",
+        "set_elems": "i32",
+        "W": "constexpr",
+        "WP": "constexpr",
+        "BLOCK": "constexpr",
+        "ONE_SHOT": "constexpr",
+    }
+    return _compile_all_reduce(
+        all_reduce_lamport_kernel,
+        sig,
+        ("inp", "out", "lam", "sets", "deltas", "n", "chunk", "set_elems"),
+        {"W": world, "WP": triton.next_power_of_2(world), "BLOCK": block, "ONE_SHOT": one_shot},
+        num_warps,
+    )
 
 
 def _check_lamport_ptx(ptx):
@@ -158,16 +209,19 @@ def _check_lamport_ptx(ptx):
     assert "atom." not in ptx and "fence" not in ptx and "membar" not in ptx and ".release" not in ptx
 
 
-_LAMPORT_SHAPES = sorted({(c.one_shot, c.block, c.num_warps) for c in (*SWEEP_SMALL, *(c for _, c in DEFAULT_TABLE))
-                          if c.kernel == "v3"})
+_LAMPORT_SHAPES = sorted(
+    {(c.one_shot, c.block, c.num_warps) for c in (*SWEEP_SMALL, *(c for _, c in DEFAULT_TABLE)) if c.kernel == "v3"}
+)
 
 
 # kernel -> (compile, PTX check, block used for other worlds and dtypes)
 _KERNELS = {"v2": (_compile_fast, _check_fast_ptx, 2048), "v3": (_compile_lamport, _check_lamport_ptx, 1024)}
 
 
-@pytest.mark.parametrize("kernel,one_shot,block,num_warps",
-                         [("v2", *shape) for shape in _SHAPES] + [("v3", *shape) for shape in _LAMPORT_SHAPES])
+@pytest.mark.parametrize(
+    "kernel,one_shot,block,num_warps",
+    [("v2", *shape) for shape in _SHAPES] + [("v3", *shape) for shape in _LAMPORT_SHAPES],
+)
 def test_every_swept_all_reduce_compiles_vectorised(kernel, one_shot, block, num_warps):
     compile_kernel, check, _ = _KERNELS[kernel]
     check(compile_kernel(4, one_shot, block, num_warps))
@@ -207,20 +261,34 @@ class _Binding:
 
 
 # translate_to_asm's docstring in Triton 3.6 (pybind11) and in Triton 3.9 (nanobind).
-_ASM_DOC_PYBIND11 = ("translate_to_asm(arg0: str, arg1: str, arg2: str, arg3: str, arg4: collections.abc.Sequence[str], "
-                     "arg5: bool, arg6: bool) -> object\n")
-_ASM_DOC_NANOBIND = ("translate_to_asm(llvm_ir: str, triple: str, proc: str, features: str, "
-                     "flags: collections.abc.Sequence[str], enable_fp_fusion: bool, is_object: bool, "
-                     "canonicalize_gep: bool, sched4reg: bool = False) -> object")
+_ASM_DOC_PYBIND11 = (
+    "translate_to_asm(arg0: str, arg1: str, arg2: str, arg3: str, arg4: collections.abc.Sequence[str], "
+    "arg5: bool, arg6: bool) -> object\n"
+)
+_ASM_DOC_NANOBIND = (
+    "translate_to_asm(llvm_ir: str, triple: str, proc: str, features: str, "
+    "flags: collections.abc.Sequence[str], enable_fp_fusion: bool, is_object: bool, "
+    "canonicalize_gep: bool, sched4reg: bool = False) -> object"
+)
 
 
 def test_binding_parameters_are_read_from_either_bindings_docstring():
     assert _binding_parameters(_Binding(_ASM_DOC_PYBIND11)) == [(f"arg{i}", False) for i in range(7)]
     assert _binding_parameters(_Binding(_ASM_DOC_NANOBIND)) == [
-        ("llvm_ir", False), ("triple", False), ("proc", False), ("features", False), ("flags", False),
-        ("enable_fp_fusion", False), ("is_object", False), ("canonicalize_gep", False), ("sched4reg", True)]
+        ("llvm_ir", False),
+        ("triple", False),
+        ("proc", False),
+        ("features", False),
+        ("flags", False),
+        ("enable_fp_fusion", False),
+        ("is_object", False),
+        ("canonicalize_gep", False),
+        ("sched4reg", True),
+    ]
     assert _binding_parameters(_Binding("f(a: dict[str, tuple[int, int]], b: int = 3) -> None")) == [
-        ("a", False), ("b", True)]
+        ("a", False),
+        ("b", True),
+    ]
     with pytest.raises(BitcodeError, match="cannot read the parameters"):
         _binding_parameters(_Binding("no signature here"))
 
@@ -249,7 +317,6 @@ def test_translate_to_asm_names_a_parameter_it_does_not_know():
     FakeLlvm.translate_to_asm.__doc__ = _ASM_DOC_NANOBIND.replace("canonicalize_gep", "new_flag")
     with pytest.raises(BitcodeError, match="new_flag"):
         _translate_to_asm(FakeLlvm, "ir", "sm_90", "+ptx86")
-
 
 
 def test_declared_triton_minimum_is_the_release_ci_pins():

@@ -147,8 +147,9 @@ def test_kernel_b_put_signal(world, shape):
         for epoch in range(1, 4):
             sym_in.copy_(_input(epoch, rank, shape, torch.bfloat16))
             out = torch.empty_like(sym_in)
-            jit(allreduce_put_signal_kernel)[(n * cpp,)](sym_in, recv, sig, out, sym_in.numel(), epoch,
-                                                         CHUNKS_PER_PE=cpp, BLOCK=1024)
+            jit(allreduce_put_signal_kernel)[(n * cpp,)](
+                sym_in, recv, sig, out, sym_in.numel(), epoch, CHUNKS_PER_PE=cpp, BLOCK=1024
+            )
             torch.cuda.synchronize()
             shmem.shmem_barrier_all()  # nobody overwrites recv before every PE has reduced
             _same_bits(out, _reference(epoch, n, shape, torch.bfloat16))
@@ -161,15 +162,25 @@ def test_kernel_b_put_signal(world, shape):
 # every block loop over several tiles, the 132-block one is the large-size shape. Every config
 # runs bf16; the small-grid v2 ones (which cover the most code paths) every dtype.
 _SMALL_GRID = [(True, 1024, 4, 8, k) for k in ("v2", "v3")] + [(False, 1024, 4, 8, k) for k in ("v2", "v3")]
-ALL_REDUCE_CASES = [("bfloat16", c) for c in [*_SMALL_GRID, (True, 2048, 8, 64, "v2"), (False, 4096, 8, 132, "v2"),
-                                              (True, 2048, 8, 64, "v3"), (False, 1024, 4, 128, "v3")]]
+ALL_REDUCE_CASES = [
+    ("bfloat16", c)
+    for c in [
+        *_SMALL_GRID,
+        (True, 2048, 8, 64, "v2"),
+        (False, 4096, 8, 132, "v2"),
+        (True, 2048, 8, 64, "v3"),
+        (False, 1024, 4, 128, "v3"),
+    ]
+]
 ALL_REDUCE_CASES += [(d, c) for d in ("float16", "float32") for c in _SMALL_GRID]
 
 
 @pytest.mark.parametrize("shape", [(64, 7168), (5, 333), (1024, 4096)])
-@pytest.mark.parametrize("dtype,config", ALL_REDUCE_CASES,
-                         ids=lambda c: f"{'1shot' if c[0] else '2shot'}-{c[4]}-b{c[1]}w{c[2]}g{c[3]}"
-                         if isinstance(c, tuple) else c)
+@pytest.mark.parametrize(
+    "dtype,config",
+    ALL_REDUCE_CASES,
+    ids=lambda c: f"{'1shot' if c[0] else '2shot'}-{c[4]}-b{c[1]}w{c[2]}g{c[3]}" if isinstance(c, tuple) else c,
+)
 def test_all_reduce_exact(world, dtype, shape, config):
     from mori.triton import AllReduce
     from mori.triton._all_reduce import AllReduceConfig
@@ -204,9 +215,13 @@ def test_all_reduce_v3_mixed_sizes_and_sentinel_inputs(world):
     rank, n = world
     op = AllReduce(max_bytes=8 << 20, one_shot_max_bytes=1 << 20, lamport_max_bytes=2 << 20)
     try:
-        plan = [((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v3")), ((3, 1000), AllReduceConfig(True, 1024, 4, 3, "v3")),
-                ((256, 4096), AllReduceConfig(False, 2048, 4, 64, "v3")), ((64, 7168), AllReduceConfig(True, 2048, 8, 64, "v3")),
-                ((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v2"))] * 3
+        plan = [
+            ((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v3")),
+            ((3, 1000), AllReduceConfig(True, 1024, 4, 3, "v3")),
+            ((256, 4096), AllReduceConfig(False, 2048, 4, 64, "v3")),
+            ((64, 7168), AllReduceConfig(True, 2048, 8, 64, "v3")),
+            ((64, 7168), AllReduceConfig(False, 1024, 4, 112, "v2")),
+        ] * 3
         plan = [(shape, _fit(cfg)) for shape, cfg in plan]
         xs = [_input(500 + i, rank, shape, torch.bfloat16) for i, (shape, _) in enumerate(plan)]
         outs = [op(x, out=torch.empty_like(x), cfg=cfg) for x, (_, cfg) in zip(xs, plan)]
@@ -226,7 +241,9 @@ def test_all_reduce_v3_mixed_sizes_and_sentinel_inputs(world):
         torch.distributed.all_gather(hits, hit.to(torch.uint8).cpu())
         nan = torch.stack(hits).bool().any(0).cuda()
         assert torch.isnan(out[nan]).all()
-        assert torch.equal(out[~nan].view(torch.int16), _reference(600, n, shape, torch.bfloat16)[~nan].view(torch.int16))
+        assert torch.equal(
+            out[~nan].view(torch.int16), _reference(600, n, shape, torch.bfloat16)[~nan].view(torch.int16)
+        )
         with pytest.raises(ValueError, match="lamport_max_bytes"):
             op(torch.ones(4 << 20, dtype=torch.bfloat16, device="cuda"), cfg=cfg)
     finally:
@@ -286,8 +303,13 @@ def test_llvm_ir_put_ring(world):
         dst.zero_()
         torch.cuda.synchronize()
         shmem.shmem_barrier_all()
-        module.launch("mori_ir_put_ring", 1, 256, [(dst.data_ptr(), "i64"), (src.data_ptr(), "i64"), (nbytes, "i64")],
-                      stream=torch.cuda.current_stream().cuda_stream)
+        module.launch(
+            "mori_ir_put_ring",
+            1,
+            256,
+            [(dst.data_ptr(), "i64"), (src.data_ptr(), "i64"), (nbytes, "i64")],
+            stream=torch.cuda.current_stream().cuda_stream,
+        )
         torch.cuda.synchronize()
         shmem.shmem_barrier_all()
         _same_bits(dst, _input(9, (rank - 1) % n, (nbytes,), torch.uint8))

@@ -24,11 +24,16 @@ def _check_ptx(ptx: str, name: str) -> None:
 
 
 def test_cli_writes_the_seed_kernels(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "mori.triton.mlir", "--arch", "sm_90", "--out", str(tmp_path),
-                           "--cubin"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mori.triton.mlir", "--arch", "sm_90", "--out", str(tmp_path), "--cubin"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"{name}{suffix}" for name in KERNELS for suffix in (".ptx", ".cubin"))
+        f"{name}{suffix}" for name in KERNELS for suffix in (".ptx", ".cubin")
+    )
     for name in KERNELS:
         _check_ptx((tmp_path / f"{name}.ptx").read_text(), name)
         assert (tmp_path / f"{name}.cubin").read_bytes()[:4] == b"\x7fELF"
@@ -94,20 +99,29 @@ def _with_decl(line: str) -> str:
     return _BASIC.replace(_DECLS, _DECLS + f'  llvm.func {line} attributes {{sym_visibility = "private"}}\n')
 
 
-@pytest.mark.parametrize("text, reason", [
-    (_BASIC.replace("llvm.return\n", ""), "(?s)does not parse.*block with no terminator"),
-    # the parser verifies: a type mismatch, a call of an undeclared function
-    (_BASIC.replace("%arg0 : i32", "%arg0 : i64"), "(?s)does not parse.*expects different type than prior uses"),
-    (_BASIC.replace("@mori_shmem_my_pe() :", "@mori_shmem_n_pes() :"),
-     "(?s)does not parse.*'mori_shmem_n_pes' does not reference a symbol"),
-    # the seed's AMD declarations (void result, ptr arguments) do not match mori's ABI
-    (_with_decl("@mori_shmem_quiet_thread()"),
-     r"mori_shmem_quiet_thread is declared !llvm.func<void \(\)>, the device library defines !llvm.func<i32 \(\)>"),
-    (_with_decl("@mori_shmem_int32_p(!llvm.ptr, i32, i32, i32)"),
-     r"(?s)mori_shmem_int32_p is declared !llvm.func<void \(ptr, i32, i32, i32\)>.*pointers cross as i64"),
-    (_with_decl("@mori_shmem_no_such() -> i32"), "mori_shmem_no_such is not a function of the device library"),
-    (_BASIC.replace(" attributes {nvvm.kernel}", ""), "no kernel"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        (_BASIC.replace("llvm.return\n", ""), "(?s)does not parse.*block with no terminator"),
+        # the parser verifies: a type mismatch, a call of an undeclared function
+        (_BASIC.replace("%arg0 : i32", "%arg0 : i64"), "(?s)does not parse.*expects different type than prior uses"),
+        (
+            _BASIC.replace("@mori_shmem_my_pe() :", "@mori_shmem_n_pes() :"),
+            "(?s)does not parse.*'mori_shmem_n_pes' does not reference a symbol",
+        ),
+        # the seed's AMD declarations (void result, ptr arguments) do not match mori's ABI
+        (
+            _with_decl("@mori_shmem_quiet_thread()"),
+            r"mori_shmem_quiet_thread is declared !llvm.func<void \(\)>, the device library defines !llvm.func<i32 \(\)>",
+        ),
+        (
+            _with_decl("@mori_shmem_int32_p(!llvm.ptr, i32, i32, i32)"),
+            r"(?s)mori_shmem_int32_p is declared !llvm.func<void \(ptr, i32, i32, i32\)>.*pointers cross as i64",
+        ),
+        (_with_decl("@mori_shmem_no_such() -> i32"), "mori_shmem_no_such is not a function of the device library"),
+        (_BASIC.replace(" attributes {nvvm.kernel}", ""), "no kernel"),
+    ],
+)
 def test_malformed_modules_are_named(text, reason):
     with pytest.raises(BitcodeError, match=reason):
         compile_mlir(text)

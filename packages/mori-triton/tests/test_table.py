@@ -50,18 +50,21 @@ def test_bitcode_defines_exactly_the_table_with_matching_llvm_types():
 
 
 def test_bitcode_defines_global_gpu_states():
-    text = subprocess.run(["llvm-dis-19", str(bundled_bitcode()), "-o", "-"], capture_output=True, text=True,
-                          check=True).stdout
+    text = subprocess.run(
+        ["llvm-dis-19", str(bundled_bitcode()), "-o", "-"], capture_output=True, text=True, check=True
+    ).stdout
     assert re.search(r"^@globalGpuStates = .*addrspace\(1\).* global %\S+ zeroinitializer", text, re.MULTILINE)
     # and the hot paths' constant-memory mirror, which shmem_module_init writes too
-    assert re.search(r"^@globalGpuStatesFast = .*addrspace\(4\).* (global|constant) %\S+ zeroinitializer", text,
-                     re.MULTILINE)
+    assert re.search(
+        r"^@globalGpuStatesFast = .*addrspace\(4\).* (global|constant) %\S+ zeroinitializer", text, re.MULTILINE
+    )
 
 
 def test_committed_bitcode_is_up_to_date_with_headers_and_wrappers():
     sidecar = json.loads(bundled_bitcode().with_suffix(".json").read_text())
-    assert sidecar["input_sha256"] == input_digest(), \
+    assert sidecar["input_sha256"] == input_digest(), (
         "device headers or wrappers changed since the bitcode was built: run python -m mori.triton._bitcode"
+    )
     assert set(sidecar["functions"]) == {f.symbol for f in DEVICE_FUNCTIONS}
 
 
@@ -70,8 +73,13 @@ def test_rebuilding_gives_the_same_functions(tmp_path):
     """Through the command docs/triton.md gives, from wherever mori-triton is installed (CI runs these
     tests from an installed wheel too: ci/newest.sh)."""
     out = tmp_path / "rebuilt.bc"
-    done = subprocess.run([sys.executable, "-m", "mori.triton._bitcode", "--out", str(out)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mori.triton._bitcode", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"wrote {out}"
     assert defined_functions(out) == defined_functions(bundled_bitcode())
@@ -111,16 +119,31 @@ def test_mori_view_of_the_table():
     assert view["putmem_nbi_signal_block"] == {
         "symbol": "mori_shmem_putmem_nbi_signal_block",
         "args": ["uint64", "uint64", "uint64", "uint64", "uint64", "int32", "int32", "int32"],
-        "ret": "int32", "pure": False}
+        "ret": "int32",
+        "pure": False,
+    }
     assert view["my_pe"]["args"] == [] and view["ptr_p2p"]["ret"] == "uint64"
     assert len(view) == len(DEVICE_FUNCTIONS)
 
 
 def test_mori_names_are_present():
     # The symbols MORI's kernels and the seed use.
-    for name in ("my_pe", "n_pes", "ptr_p2p", "putmem_nbi_block", "putmem_nbi_signal_block", "getmem_nbi_thread",
-                 "uint64_wait_until_equals", "quiet_thread", "barrier_all_block", "int32_p", "put_uint32_nbi_warp",
-                 "get_double_block", "uint64_atomic_fetch_add_thread", "int64_wait_until_greater_than"):
+    for name in (
+        "my_pe",
+        "n_pes",
+        "ptr_p2p",
+        "putmem_nbi_block",
+        "putmem_nbi_signal_block",
+        "getmem_nbi_thread",
+        "uint64_wait_until_equals",
+        "quiet_thread",
+        "barrier_all_block",
+        "int32_p",
+        "put_uint32_nbi_warp",
+        "get_double_block",
+        "uint64_atomic_fetch_add_thread",
+        "int64_wait_until_greater_than",
+    ):
         assert by_name(name).symbol == f"mori_shmem_{name}"
     with pytest.raises(KeyError, match="not a mori device function"):
         by_name("nope")
@@ -132,11 +155,17 @@ def test_moris_generic_atomics_and_immediate_put():
     view = mori.ir.MORI_DEVICE_FUNCTIONS
     for t in ("uint32", "uint64", "int64"):
         assert view[f"atomic_{t}_nonfetch_thread"] == {
-            "symbol": f"mori_shmem_atomic_{t}_nonfetch_thread", "args": ["uint64", t, "int32", "int32", "int32"],
-            "ret": "int32", "pure": False}
+            "symbol": f"mori_shmem_atomic_{t}_nonfetch_thread",
+            "args": ["uint64", t, "int32", "int32", "int32"],
+            "ret": "int32",
+            "pure": False,
+        }
         assert view[f"atomic_{t}_fetch_thread"] == {
-            "symbol": f"mori_shmem_atomic_{t}_fetch_thread", "args": ["uint64", t, t, "int32", "int32", "int32"],
-            "ret": t, "pure": False}
+            "symbol": f"mori_shmem_atomic_{t}_fetch_thread",
+            "args": ["uint64", t, t, "int32", "int32", "int32"],
+            "ret": t,
+            "pure": False,
+        }
     assert view["atomic_size_nonfetch_thread"]["args"] == ["uint64", "uint64", "uint64", "int32", "int32", "int32"]
     assert view["put_size_imm_nbi_thread"]["args"] == ["uint64", "uint64", "uint64", "int32", "int32"]
 
@@ -154,9 +183,27 @@ def test_wheel_ships_the_bitcode_and_what_rebuilds_it(tmp_path):
     import zipfile
 
     package_dir = Path(__file__).resolve().parents[1]  # packages/mori-triton, beside these tests
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(package_dir)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(package_dir),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("mori_triton-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"mori/triton/lib/libmori_shmem_device.bc", "mori/triton/lib/libmori_shmem_device.json",
-            "mori/ir/triton/__init__.py", "mori/triton/csrc/mori_shmem_wrappers.cu"} <= names
+    assert {
+        "mori/triton/lib/libmori_shmem_device.bc",
+        "mori/triton/lib/libmori_shmem_device.json",
+        "mori/ir/triton/__init__.py",
+        "mori/triton/csrc/mori_shmem_wrappers.cu",
+    } <= names

@@ -8,8 +8,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,7 +27,9 @@ class InboundRecords {
 public:
     // settings: how the caller names the two bounds, for the message logged at the first drop.
     InboundRecords(size_t maxRecords, double ttlSeconds, std::string settings = "max_inbound and inbound_ttl")
-        : max_(maxRecords), ttl_(ttlSeconds), ttlNs_(static_cast<int64_t>(ttlSeconds * 1e9)),
+        : max_(maxRecords),
+          ttl_(ttlSeconds),
+          ttlNs_(static_cast<int64_t>(ttlSeconds * 1e9)),
           settings_(std::move(settings)) {
         if (maxRecords < 1 || !(ttlSeconds > 0))
             throw std::invalid_argument("completion records: the count and the age kept must be positive");
@@ -194,9 +196,9 @@ private:
     int64_t ttlNs_;
     std::string settings_;
     std::mutex mu_;
-    std::deque<Record> records_;  // oldest first; record seq is at records_[seq - first_]
-    uint64_t first_ = 0;          // seq of records_.front()
-    size_t buried_ = 0;           // buried records still in the deque
+    std::deque<Record> records_;                      // oldest first; record seq is at records_[seq - first_]
+    uint64_t first_ = 0;                              // seq of records_.front()
+    size_t buried_ = 0;                               // buried records still in the deque
     std::unordered_map<Id, uint64_t, IdHash> index_;  // live records -> seq
     std::unordered_map<std::string, uint32_t> keyIds_;
     std::vector<std::string> keyNames_;

@@ -34,8 +34,8 @@ struct OpName {
     const char* name;
     uint8_t code;
 };
-inline constexpr OpName kOpNames[] = {{"READ", kOpRead}, {"WRITE", kOpWrite}, {"NOTIFY", kOpNotify},
-                                      {"REGION", kOpRegion}};
+inline constexpr OpName kOpNames[] = {
+    {"READ", kOpRead}, {"WRITE", kOpWrite}, {"NOTIFY", kOpNotify}, {"REGION", kOpRegion}};
 inline constexpr OpName kAtomicNames[] = {
     {"FETCH_ADD", kAtomicFetchAdd}, {"COMPARE_SWAP", kAtomicCompareSwap}, {"SWAP", kAtomicSwap},
     {"STORE", kAtomicStore},        {"FETCH_AND", kAtomicFetchAnd},       {"FETCH_OR", kAtomicFetchOr},

@@ -64,7 +64,8 @@ public:
         std::unique_lock lk(mu_);
         if (!regions_.emplace(r->id, r).second) return false;
         std::vector<std::shared_ptr<R>> freed;
-        auto still = std::stable_partition(retired_.begin(), retired_.end(), [](auto& z) { return z->pins.load() != 0; });
+        auto still =
+            std::stable_partition(retired_.begin(), retired_.end(), [](auto& z) { return z->pins.load() != 0; });
         freed.assign(still, retired_.end());
         retired_.erase(still, retired_.end());
         lk.unlock();

@@ -31,8 +31,8 @@ public:
                        size_t n, std::shared_ptr<Row[]> store = nullptr, ptrdiff_t srcStride = 1,
                        ptrdiff_t dstStride = 1, ptrdiff_t sizeStride = 1) {
         if (!store && n) store.reset(new Row[n]);  // not zeroed: merge_rows writes what is read
-        const Merged m = merge_rows(srcBase, dstBase, srcOffs, dstOffs, sizes, n, store.get(), srcStride, dstStride,
-                                    sizeStride);
+        const Merged m =
+            merge_rows(srcBase, dstBase, srcOffs, dstOffs, sizes, n, store.get(), srcStride, dstStride, sizeStride);
         return written(std::move(store), m);
     }
 
@@ -152,8 +152,13 @@ public:
 private:
     // Rows [first, first + n) of store, what they hold given (m.rows unused).
     Batch(std::shared_ptr<Row[]> store, size_t first, size_t n, const Merged& m)
-        : store_(std::move(store)), first_(first), size_(n), largest_(m.largest), smallest_(m.smallest),
-          srcEnd_(m.srcEnd), dstEnd_(m.dstEnd) {}
+        : store_(std::move(store)),
+          first_(first),
+          size_(n),
+          largest_(m.largest),
+          smallest_(m.smallest),
+          srcEnd_(m.srcEnd),
+          dstEnd_(m.dstEnd) {}
 
     // Rows [first, first + n) of store, cut or taken from a Batch (so holding the invariants, and
     // fewer bytes than their batch): what they hold found here, in a pass.

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "batch/batch.hpp"
 #include "base/registry.hpp"
+#include "batch/batch.hpp"
 
 namespace py = pybind11;
 
@@ -76,8 +76,8 @@ std::optional<py::array> numpy_ints(const py::handle& obj) {
     const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
     if (overflow == 0 && v >= 0) return static_cast<uint64_t>(v);
     if (overflow <= 0)
-        fail(PyExc_ValueError, std::string(name) + "[" + std::to_string(i) + "] is negative (" +
-                                   py::str(obj).cast<std::string>() + ")");
+        fail(PyExc_ValueError,
+             std::string(name) + "[" + std::to_string(i) + "] is negative (" + py::str(obj).cast<std::string>() + ")");
     const unsigned long long u = PyLong_AsUnsignedLongLong(obj);  // overflow > 0: at least 2^63
     if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
         PyErr_Clear();
@@ -142,8 +142,9 @@ class Column {
 public:
     Column(const py::handle& obj, const char* name) : name_(name) {
         if (auto a = numpy_ints(obj)) {
-            if (a->ndim() != 1) fail(PyExc_ValueError, std::string(name) + " must be 1-d, got " +
-                                                           std::to_string(a->ndim()) + " dimensions");
+            if (a->ndim() != 1)
+                fail(PyExc_ValueError,
+                     std::string(name) + " must be 1-d, got " + std::to_string(a->ndim()) + " dimensions");
             read(a->data(), static_cast<size_t>(a->shape(0)), a->strides(0), a->itemsize(), a->dtype().kind() == 'i');
         } else if (PyObject_CheckBuffer(obj.ptr())) {
             from_buffer(obj);
@@ -206,7 +207,8 @@ private:
             fail(PyExc_TypeError, std::string(name_) + ": its buffer cannot be read as an array");
         }
         if (view_.ndim != 1)
-            fail(PyExc_ValueError, std::string(name_) + " must be 1-d, got " + std::to_string(view_.ndim) + " dimensions");
+            fail(PyExc_ValueError,
+                 std::string(name_) + " must be 1-d, got " + std::to_string(view_.ndim) + " dimensions");
         std::string fmt = view_.format ? view_.format : "B";
         const char order = fmt.empty() ? '@' : fmt[0];
         if (order == '@' || order == '=' || order == '<' || order == '>' || order == '!') fmt.erase(0, 1);
@@ -237,13 +239,17 @@ private:
         for (size_t i = 0; i < n_; ++i) {
             const char* p = base + static_cast<Py_ssize_t>(i) * stride;
             if (signed_) {
-                const int64_t v = width == 1 ? load<int8_t>(p) : width == 2 ? load<int16_t>(p)
-                                : width == 4 ? load<int32_t>(p) : load<int64_t>(p);
+                const int64_t v = width == 1   ? load<int8_t>(p)
+                                  : width == 2 ? load<int16_t>(p)
+                                  : width == 4 ? load<int32_t>(p)
+                                               : load<int64_t>(p);
                 if (v < 0) negative(i, std::to_string(v));
                 owned_[i] = static_cast<uint64_t>(v);
             } else {
-                owned_[i] = width == 1 ? load<uint8_t>(p) : width == 2 ? load<uint16_t>(p)
-                          : width == 4 ? load<uint32_t>(p) : load<uint64_t>(p);
+                owned_[i] = width == 1   ? load<uint8_t>(p)
+                            : width == 2 ? load<uint16_t>(p)
+                            : width == 4 ? load<uint32_t>(p)
+                                         : load<uint64_t>(p);
             }
         }
         data_ = owned_.data();
@@ -289,18 +295,20 @@ std::shared_ptr<Row[]> table_store(const py::handle& out, size_t n) {
             if (view.obj) with_gil([this] { PyBuffer_Release(&view); });
         }
     };
-    const std::string bad = "out must be a writable C-contiguous uint64 array of (>= " + std::to_string(n) + ", 3) rows";
+    const std::string bad =
+        "out must be a writable C-contiguous uint64 array of (>= " + std::to_string(n) + ", 3) rows";
     if (auto a = numpy_ints(out)) {  // numpy's table: checked on the array, no buffer export
-        struct Ref {  // a reference to the array, dropped with the GIL
+        struct Ref {                 // a reference to the array, dropped with the GIL
             PyObject* obj;
             explicit Ref(PyObject* o) : obj(o) {}
             Ref(const Ref&) = delete;
             Ref& operator=(const Ref&) = delete;
-            ~Ref() { with_gil([this] { Py_DECREF(obj); }); }
+            ~Ref() {
+                with_gil([this] { Py_DECREF(obj); });
+            }
         };
         if (a->dtype().kind() != 'u' || a->itemsize() != 8 || a->ndim() != 2 || a->shape(1) != 3 ||
-            static_cast<size_t>(a->shape(0)) < n || !a->writeable() ||
-            !(a->flags() & py::array::c_style))
+            static_cast<size_t>(a->shape(0)) < n || !a->writeable() || !(a->flags() & py::array::c_style))
             fail(PyExc_ValueError, bad);
         auto ref = std::make_shared<Ref>(a->inc_ref().ptr());
         return std::shared_ptr<Row[]>(ref, static_cast<Row*>(a->mutable_data()));
@@ -393,8 +401,7 @@ py::tuple row_tuple(const Row& r) { return py::make_tuple(r.src, r.dst, r.bytes)
 std::string repr(const Batch& b) {
     std::string s = "Batch(" + std::to_string(b.size()) + (b.size() == 1 ? " row" : " rows") + ", " +
                     std::to_string(b.total_bytes()) + " bytes";
-    if (b.size() == 1)
-        s += ": src " + std::to_string(b[0].src) + ", dst " + std::to_string(b[0].dst);
+    if (b.size() == 1) s += ": src " + std::to_string(b[0].src) + ", dst " + std::to_string(b[0].dst);
     return s + ")";
 }
 
@@ -415,36 +422,42 @@ mori::native::Registration reg([](py::module_& root) {
              "(>= len(sizes), 3) uint64 array (a pinned table, say) to write the rows into; the batch then reads "
              "them there and keeps out alive, and the caller leaves those rows alone while the batch is in use.")
         .def_static(
-            "one", [](uint64_t src, uint64_t dst, uint64_t bytes) { return checked("Batch.one", [&] {
-                return Batch::one(src, dst, bytes); }); },
+            "one",
+            [](uint64_t src, uint64_t dst, uint64_t bytes) {
+                return checked("Batch.one", [&] { return Batch::one(src, dst, bytes); });
+            },
             py::arg("src"), py::arg("dst"), py::arg("bytes"),
             "The batch of one block (no row when bytes is 0); ValueError when it runs past 2^64.")
         .def("__len__", &Batch::size)
-        .def("__getitem__",
-             [](const Batch& b, py::ssize_t i) {
-                 const py::ssize_t n = static_cast<py::ssize_t>(b.size());
-                 if (i < 0) i += n;
-                 if (i < 0 || i >= n) throw py::index_error("Batch index out of range");
-                 return row_tuple(b[static_cast<size_t>(i)]);
-             },
-             py::arg("index"))
-        .def("__getitem__",
-             [](const Batch& b, const py::slice& s) {
-                 size_t start, stop, step, len;
-                 if (!s.compute(b.size(), &start, &stop, &step, &len)) throw py::error_already_set();
-                 if (step != 1) throw py::value_error("Batch slices take every row (step 1)");
-                 return b.slice(start, start + len);
-             },
-             py::arg("index"))
-        .def("__iter__", [](const Batch& b) {
-            py::list rows(b.size());
-            for (size_t i = 0; i < b.size(); ++i) rows[i] = row_tuple(b[i]);
-            return py::iter(rows);
-        })
-        .def("__eq__", [](const Batch& a, const py::object& o) -> py::object {
-            if (!py::isinstance<Batch>(o)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
-            return py::bool_(a == o.cast<const Batch&>());
-        })
+        .def(
+            "__getitem__",
+            [](const Batch& b, py::ssize_t i) {
+                const py::ssize_t n = static_cast<py::ssize_t>(b.size());
+                if (i < 0) i += n;
+                if (i < 0 || i >= n) throw py::index_error("Batch index out of range");
+                return row_tuple(b[static_cast<size_t>(i)]);
+            },
+            py::arg("index"))
+        .def(
+            "__getitem__",
+            [](const Batch& b, const py::slice& s) {
+                size_t start, stop, step, len;
+                if (!s.compute(b.size(), &start, &stop, &step, &len)) throw py::error_already_set();
+                if (step != 1) throw py::value_error("Batch slices take every row (step 1)");
+                return b.slice(start, start + len);
+            },
+            py::arg("index"))
+        .def("__iter__",
+             [](const Batch& b) {
+                 py::list rows(b.size());
+                 for (size_t i = 0; i < b.size(); ++i) rows[i] = row_tuple(b[i]);
+                 return py::iter(rows);
+             })
+        .def("__eq__",
+             [](const Batch& a, const py::object& o) -> py::object {
+                 if (!py::isinstance<Batch>(o)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+                 return py::bool_(a == o.cast<const Batch&>());
+             })
         .def("__repr__", &repr)
         .def_buffer([](const Batch& b) {
             const auto n = static_cast<py::ssize_t>(b.size());
@@ -473,15 +486,17 @@ mori::native::Registration reg([](py::module_& root) {
                 release.reset();
                 return py::cast(std::move(out));
             },
-            py::arg("piece"), "A Batch: each row cut into pieces of at most `piece` bytes, in order (the batch itself "
-                              "when no row is longer); ValueError past 2^27 pieces.")
+            py::arg("piece"),
+            "A Batch: each row cut into pieces of at most `piece` bytes, in order (the batch itself "
+            "when no row is longer); ValueError past 2^27 pieces.")
         .def(
             "rebased",
             [](const Batch& b, uint64_t srcBy, uint64_t dstBy, bool reverse, const py::object& out) {
                 std::shared_ptr<Row[]> store = out.is_none() ? nullptr : table_store(out, b.size());
                 std::optional<py::gil_scoped_release> release;
                 if (b.size() >= kReleaseGilRows) release.emplace();
-                Batch moved = checked("Batch.rebased", [&] { return b.rebased(srcBy, dstBy, reverse, std::move(store)); });
+                Batch moved =
+                    checked("Batch.rebased", [&] { return b.rebased(srcBy, dstBy, reverse, std::move(store)); });
                 release.reset();
                 return moved;
             },

@@ -121,7 +121,8 @@ inline Merged merge_loop(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs,
                   size = sizes[Strided ? at * sizeStride : at];
         bits |= static_cast<uint64_t>(so) | static_cast<uint64_t>(dof) | static_cast<uint64_t>(size);
         if (!(size > 0)) continue;
-        rows.add(srcBase + static_cast<uint64_t>(so), dstBase + static_cast<uint64_t>(dof), static_cast<uint64_t>(size));
+        rows.add(srcBase + static_cast<uint64_t>(so), dstBase + static_cast<uint64_t>(dof),
+                 static_cast<uint64_t>(size));
     }
     // When every offset and size is below 2^62 and both bases below 2^63 (any user-space
     // address), no block was negative or wrapped; only otherwise is each block checked (one OR
@@ -143,8 +144,8 @@ inline Merged merge_loop(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs,
 // column of an (n, k) array reads in place). Throws when an offset or size is negative or a
 // block runs past 2^64 (out then holds rows of no meaning).
 template <class Int>
-inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs, const Int* dstOffs,
-                         const Int* sizes, size_t n, Row* out, ptrdiff_t srcStride = 1, ptrdiff_t dstStride = 1,
+inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs, const Int* dstOffs, const Int* sizes,
+                         size_t n, Row* out, ptrdiff_t srcStride = 1, ptrdiff_t dstStride = 1,
                          ptrdiff_t sizeStride = 1) {
     if (srcStride == 1 && dstStride == 1 && sizeStride == 1)
         return detail::merge_loop<false>(srcBase, dstBase, srcOffs, dstOffs, sizes, n, out, 1, 1, 1);
@@ -189,8 +190,7 @@ inline std::vector<size_t> deal_rows(const Row* rows, size_t n, uint64_t runs, u
     if (minRunBytes == 0) throw bad("min_run_bytes must be > 0");
     uint64_t total = 0;
     for (size_t i = 0; i < n; ++i)
-        if (__builtin_add_overflow(total, rows[i].bytes, &total))
-            throw bad("the rows hold more than 2^64 bytes");
+        if (__builtin_add_overflow(total, rows[i].bytes, &total)) throw bad("the rows hold more than 2^64 bytes");
     runs = std::max<uint64_t>(1, std::min(runs, total / minRunBytes + (total % minRunBytes != 0)));
     std::vector<size_t> bounds{0};
     // 128-bit: 2 * (bytes so far) + row < 2^66, times runs < 2^64.
@@ -240,7 +240,7 @@ inline Chunks cut_chunks(const Row* rows, size_t n, uint64_t chunkBytes, uint64_
     Chunks out;
     out.pieces.reserve(count);
     uint64_t pos = 0, chunk = 0;  // bytes laid so far; the chunk the last piece is in
-    size_t inGroup = 0;            // pieces of the current output chunk
+    size_t inGroup = 0;           // pieces of the current output chunk
     for (size_t i = 0; i < n; ++i) {
         for (uint64_t done = 0, size = rows[i].bytes; done < size;) {
             const uint64_t c = pos / cb;

@@ -44,8 +44,7 @@ constexpr int32_t kSrcAccessOrderStream = 1;  // CU_MEMCPY_SRC_ACCESS_ORDER_STRE
 
 // Queues dsts[i] <- srcs[i] (sizes[i] bytes) on stream with one cuMemcpyBatchAsync (entry point
 // `entry`); sources are read in stream order. Returns the CUresult.
-int memcpy_batch(uintptr_t entry, const U64Array& dsts, const U64Array& srcs, const U64Array& sizes,
-                 uintptr_t stream) {
+int memcpy_batch(uintptr_t entry, const U64Array& dsts, const U64Array& srcs, const U64Array& sizes, uintptr_t stream) {
     const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
     if (entry == 0) throw py::value_error("memcpy_batch: null entry point");
     if (n < 1 || dsts.ndim() != 1 || srcs.ndim() != 1 || dsts.shape(0) != n || srcs.shape(0) != n)
@@ -85,8 +84,8 @@ public:
 
     unsigned grid(uint64_t warps) const {
         const uint64_t perBlock = threads_ / 32;
-        return static_cast<unsigned>(std::max<uint64_t>(1, std::min<uint64_t>((warps + perBlock - 1) / perBlock,
-                                                                               maxBlocks_)));
+        return static_cast<unsigned>(
+            std::max<uint64_t>(1, std::min<uint64_t>((warps + perBlock - 1) / perBlock, maxBlocks_)));
     }
 
     // Queues on stream: the upload of rows table rows (host -> device; none when rows == 0 and
@@ -136,15 +135,16 @@ mori::native::Registration reg([](py::module_& root) {
           py::arg("stream"),
           "Queues the copies with one cuMemcpyBatchAsync (CUDA 13 form, entry point from cuGetProcAddress), "
           "sources read in stream order; returns the CUresult.");
-    py::class_<GatherLauncher>(m, "GatherLauncher",
-                               "Upload of a gather table + launch of the caller's gather kernel + event record, in one call.")
+    py::class_<GatherLauncher>(
+        m, "GatherLauncher",
+        "Upload of a gather table + launch of the caller's gather kernel + event record, in one call.")
         .def(py::init<uintptr_t, uintptr_t, uintptr_t, uintptr_t, unsigned, unsigned>(), py::arg("cu_launch_kernel"),
              py::arg("cu_memcpy_htod_async"), py::arg("cu_event_record"), py::arg("function"), py::arg("threads"),
              py::arg("max_blocks"))
         .def("grid", &GatherLauncher::grid, py::arg("warps"), "Thread blocks for that many busy warps.")
         .def("launch", &GatherLauncher::launch, py::arg("stream"), py::arg("table_host"), py::arg("table_dev"),
-             py::arg("rows"), py::arg("per_row"), py::arg("piece"), py::arg("src0"), py::arg("dst0"),
-             py::arg("bytes0"), py::arg("single_piece"), py::arg("event"),
+             py::arg("rows"), py::arg("per_row"), py::arg("piece"), py::arg("src0"), py::arg("dst0"), py::arg("bytes0"),
+             py::arg("single_piece"), py::arg("event"),
              "Queues the table upload, the kernel and the event record; returns (CUresult, failed call).");
 });
 

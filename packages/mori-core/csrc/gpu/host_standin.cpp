@@ -17,13 +17,13 @@ namespace mori::gpu::standin {
 
 namespace {
 
-constexpr int kUnknown = 999;     // CUDA_ERROR_UNKNOWN
-constexpr int kNotReady = 600;    // CUDA_ERROR_NOT_READY
-constexpr int kOutOfMemory = 2;   // CUDA_ERROR_OUT_OF_MEMORY
+constexpr int kUnknown = 999;                     // CUDA_ERROR_UNKNOWN
+constexpr int kNotReady = 600;                    // CUDA_ERROR_NOT_READY
+constexpr int kOutOfMemory = 2;                   // CUDA_ERROR_OUT_OF_MEMORY
 constexpr uintptr_t kContext = 0x5354414e44494e;  // "STANDIN": the context and stream handles
-constexpr uintptr_t kStream = kContext + 1;      // four lanes from here
+constexpr uintptr_t kStream = kContext + 1;       // four lanes from here
 
-std::atomic<int64_t> failCopyIn{-1};   // copies left before one fails; -1: none fails
+std::atomic<int64_t> failCopyIn{-1};  // copies left before one fails; -1: none fails
 std::atomic<bool> failPinning{false};
 std::atomic<int64_t> delayNs{0};
 std::atomic<bool> hang{false};

@@ -10,7 +10,7 @@ namespace mori::gpu::standin {
 
 // How the stand-in misbehaves from now on.
 struct Knobs {
-    int64_t failCopyIn = -1;  // the copy after this many more fails (0: the next); -1: none fails
+    int64_t failCopyIn = -1;   // the copy after this many more fails (0: the next); -1: none fails
     bool failPinning = false;  // every allocation of pinned memory fails
     double delay = 0;          // seconds from a copy's event record until it has ended
     bool hang = false;         // events recorded from now on never end

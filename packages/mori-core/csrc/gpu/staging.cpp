@@ -32,8 +32,8 @@ using EventRecordFn = int (*)(void* event, void* stream);
 using EventQueryFn = int (*)(void* event);
 using EventDestroyFn = int (*)(void* event);
 using PointerGetAttributeFn = int (*)(void* data, int attribute, uint64_t ptr);
-constexpr int kPointerMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
+constexpr int kPointerMemoryType = 2;        // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr unsigned kMemoryTypeDevice = 2;    // CU_MEMORYTYPE_DEVICE
 constexpr unsigned kEventDisableTiming = 2;  // CU_EVENT_DISABLE_TIMING
 
 // Pinned memory comes in powers of two from 64 KiB, so that transfers of about one size reuse it.
@@ -48,7 +48,7 @@ size_t capacity_for(size_t bytes) {
 // The context a thread of the caller made current for good (Stager::make_current): event
 // queries there need no push (a UCX worker polls one each progress while a copy runs).
 thread_local uintptr_t tlsContext = 0;
-thread_local bool ownThread = false;  // own_thread()
+thread_local bool ownThread = false;   // own_thread()
 thread_local uintptr_t tlsPushed = 0;  // the context a Current of this thread holds pushed now
 
 // Makes c's context current on the calling thread for good, with its stream-capture mode
@@ -231,8 +231,10 @@ public:
             closed_ = true;
             const auto timeout = std::chrono::duration<double>(c_.timeout);
             if (wait && !back_.wait_for(lk, timeout, [&] { return stats_.lent == 0; }))
-                std::fprintf(stderr, "%s: staged GPU bytes of %zu transfers were still in use when the staging "
-                                     "closed (%s)\n", c_.owner.c_str(), stats_.lent, c_.timeoutSetting.c_str());
+                std::fprintf(stderr,
+                             "%s: staged GPU bytes of %zu transfers were still in use when the staging "
+                             "closed (%s)\n",
+                             c_.owner.c_str(), stats_.lent, c_.timeoutSetting.c_str());
             for (auto& [capacity, ps] : cached_) all.insert(all.end(), ps.begin(), ps.end());
             stats_.freed += all.size();
             cached_.clear();
@@ -363,7 +365,9 @@ void Stager::check_healthy() const {
 }
 
 Stager::Op::Op(Stager& s, size_t lane)
-    : s_(s), stream_(s.lanes_[lane % s.lanes_.size()]->stream), lock_(s.lanes_[lane % s.lanes_.size()]->mu),
+    : s_(s),
+      stream_(s.lanes_[lane % s.lanes_.size()]->stream),
+      lock_(s.lanes_[lane % s.lanes_.size()]->mu),
       current_(s.c_) {
     s.check_healthy();
 }

@@ -6,10 +6,10 @@
 // that context. Copies of one lane run in order; callers on different threads take different
 // lanes (thread_lane), so that their copies neither queue behind each other nor share a lock.
 // `to_host` queues a copy-engine copy of device bytes into memory lent by the pool, `landing`
-// lends memory to receive into, `to_device` queues the copy of received bytes to the device. Each copy is followed by an event, so a caller copies piece k+1 while the wire moves
-// piece k and asks Staged::copied() (or waits with Staged::wait()) before it sends or answers.
-// Lent memory goes back to the pool when its Staged goes; the pool keeps up to `cacheBytes` of it
-// for the next transfer, frees the rest, and never lends memory whose copy may still run.
+// lends memory to receive into, `to_device` queues the copy of received bytes to the device. Each copy is followed by
+// an event, so a caller copies piece k+1 while the wire moves piece k and asks Staged::copied() (or waits with
+// Staged::wait()) before it sends or answers. Lent memory goes back to the pool when its Staged goes; the pool keeps up
+// to `cacheBytes` of it for the next transfer, frees the rest, and never lends memory whose copy may still run.
 //
 // Every wait is bounded by the config's timeout; after a wait that timed out the Stager refuses
 // further work (the stream may still be busy). Driver entry points come in as addresses
@@ -62,10 +62,10 @@ inline constexpr std::pair<const char*, uintptr_t Driver::*> kDriverEntryPoints[
 inline constexpr size_t kDefaultCacheBytes = size_t{256} << 20;
 
 struct StagingConfig {
-    uintptr_t context = 0;          // CUcontext, as an address
+    uintptr_t context = 0;           // CUcontext, as an address
     std::vector<uintptr_t> streams;  // CUstreams of it (lanes), at least one
     Driver driver;
-    double timeout = 30.0;                // seconds a copy may take before it counts as never ending
+    double timeout = 30.0;                   // seconds a copy may take before it counts as never ending
     std::string timeoutSetting = "timeout";  // the caller's name for it, in messages
     size_t cacheBytes = kDefaultCacheBytes;  // pinned memory kept for reuse between transfers
     std::string owner = "mori";              // who stages, in messages ("mori TCP target")
@@ -73,13 +73,13 @@ struct StagingConfig {
 
 // What a pool has done, for tests and logs.
 struct PoolStats {
-    size_t lent = 0;          // memory lent now (count)
-    size_t cachedBytes = 0;   // pinned memory kept for reuse now
-    uint64_t pinned = 0;      // allocations of pinned memory so far
-    uint64_t reused = 0;      // loans served from kept memory
-    uint64_t freed = 0;       // pinned memory freed (over the cache bound, or at close)
-    uint64_t unpinned = 0;    // loans of heap memory because pinning failed
-    uint64_t abandoned = 0;   // memory never lent again: its copy may still have been running
+    size_t lent = 0;         // memory lent now (count)
+    size_t cachedBytes = 0;  // pinned memory kept for reuse now
+    uint64_t pinned = 0;     // allocations of pinned memory so far
+    uint64_t reused = 0;     // loans served from kept memory
+    uint64_t freed = 0;      // pinned memory freed (over the cache bound, or at close)
+    uint64_t unpinned = 0;   // loans of heap memory because pinning failed
+    uint64_t abandoned = 0;  // memory never lent again: its copy may still have been running
 };
 
 class StagingPool;
@@ -99,7 +99,7 @@ public:
 
 private:
     const StagingConfig& c_;
-    int mode_;             // the thread's capture mode before
+    int mode_;  // the thread's capture mode before
     bool pushed_ = false;
     uintptr_t outer_ = 0;  // the context an enclosing Current of this thread holds
 };

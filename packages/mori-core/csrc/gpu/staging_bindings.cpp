@@ -5,9 +5,9 @@
 
 #include <map>
 
+#include "base/registry.hpp"
 #include "gpu/host_standin.hpp"
 #include "gpu/staging.hpp"
-#include "base/registry.hpp"
 
 namespace py = pybind11;
 using namespace mori::gpu;
@@ -45,11 +45,10 @@ mori::native::Registration reg([](py::module_& root) {
         .def("release", &Staged::clear, "Gives the memory back to the pool (now, not when collected).");
 
     py::class_<Stager, std::shared_ptr<Stager>>(m, "Stager",
-                                              "GPU memory staged through pinned host memory (mori.core.staging).")
+                                                "GPU memory staged through pinned host memory (mori.core.staging).")
         .def(py::init([](uintptr_t context, const std::vector<uintptr_t>& streams,
-                         const std::map<std::string, uintptr_t>& entryPoints,
-                         double timeout, const std::string& timeoutSetting, size_t cacheBytes,
-                         const std::string& owner) {
+                         const std::map<std::string, uintptr_t>& entryPoints, double timeout,
+                         const std::string& timeoutSetting, size_t cacheBytes, const std::string& owner) {
                  StagingConfig c;
                  c.context = context;
                  c.streams = streams;
@@ -102,8 +101,9 @@ mori::native::Registration reg([](py::module_& root) {
             },
             py::arg("dst"), py::arg("staged"), py::arg("wait") = true,
             "Copies staged bytes to device address dst (waited for unless wait is False).")
-        .def("stats", [](const Stager& s) { return stats_dict(s.stats()); },
-             "What the pool has done: lent, cached_bytes, pinned, reused, freed, unpinned, abandoned.")
+        .def(
+            "stats", [](const Stager& s) { return stats_dict(s.stats()); },
+            "What the pool has done: lent, cached_bytes, pinned, reused, freed, unpinned, abandoned.")
         .def("check_device_memory", &Stager::check_device_memory, py::arg("addr"), py::arg("nbytes"),
              "ValueError unless [addr, addr + nbytes) is CUDA device memory.")
         .def_property_readonly("cache_bytes", [](const Stager& s) { return s.config().cacheBytes; })
@@ -123,8 +123,7 @@ mori::native::Registration reg([](py::module_& root) {
         [](int64_t failCopyIn, bool failPinning, double delay, bool hang) {
             standin::set_knobs(standin::Knobs{failCopyIn, failPinning, delay, hang});
         },
-        py::arg("fail_copy_in") = -1, py::arg("fail_pinning") = false, py::arg("delay") = 0.0,
-        py::arg("hang") = false,
+        py::arg("fail_copy_in") = -1, py::arg("fail_pinning") = false, py::arg("delay") = 0.0, py::arg("hang") = false,
         "How the stand-in misbehaves from now on: the copy after fail_copy_in more fails (-1: none), every "
         "pinning fails, events end `delay` seconds after their record, or never (hang).");
     m.def(

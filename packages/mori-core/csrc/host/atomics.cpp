@@ -5,7 +5,6 @@
 // Values cross the boundary as unsigned words of the given width; mori.core.atomics maps Python
 // ints (signed or not) onto them. wait_until releases the GIL while it waits.
 #include <pybind11/pybind11.h>
-
 #include <sched.h>
 
 #include <chrono>
@@ -35,8 +34,8 @@ void check(uintptr_t addr, int width) {
     const uintptr_t align = static_cast<uintptr_t>(width / 8);
     if (addr % align != 0) {
         char buf[128];
-        std::snprintf(buf, sizeof buf, "address 0x%" PRIxPTR " is not %d-byte aligned for a %d-bit atomic",
-                      addr, static_cast<int>(align), width);
+        std::snprintf(buf, sizeof buf, "address 0x%" PRIxPTR " is not %d-byte aligned for a %d-bit atomic", addr,
+                      static_cast<int>(align), width);
         throw py::value_error(buf);
     }
 }
@@ -76,8 +75,7 @@ uint64_t compare_swap(uintptr_t addr, uint64_t expected, uint64_t desired, int w
     return dispatch(addr, width, [expected, desired](auto* p) -> uint64_t {
         using T = std::remove_pointer_t<decltype(p)>;
         T old = static_cast<T>(expected);
-        __atomic_compare_exchange_n(p, &old, static_cast<T>(desired), false, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST);
+        __atomic_compare_exchange_n(p, &old, static_cast<T>(desired), false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
         return old;
     });
 }
@@ -96,8 +94,7 @@ void store(uintptr_t addr, uint64_t value, int width) {
 
 // Interprets a width-bit word as signed when asked, for ordered comparisons.
 int64_t as_signed(uint64_t v, int width) {
-    return width == 32 ? static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v)))
-                       : static_cast<int64_t>(v);
+    return width == 32 ? static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(v))) : static_cast<int64_t>(v);
 }
 
 template <typename T>
@@ -165,13 +162,13 @@ uint64_t wait_until(uintptr_t addr, int cmp, uint64_t value, double timeout, int
     const double waited = std::chrono::duration<double>(clock::now() - start).count();
     if (is_signed) {
         std::snprintf(buf, sizeof buf,
-                      "wait_until timed out after %.3f s: the %d-bit value at 0x%" PRIxPTR
-                      " never became %s %" PRId64 "; last seen %" PRId64,
+                      "wait_until timed out after %.3f s: the %d-bit value at 0x%" PRIxPTR " never became %s %" PRId64
+                      "; last seen %" PRId64,
                       waited, width, addr, kCmpNames[cmp], as_signed(value, width), as_signed(seen, width));
     } else {
         std::snprintf(buf, sizeof buf,
-                      "wait_until timed out after %.3f s: the %d-bit value at 0x%" PRIxPTR
-                      " never became %s %" PRIu64 "; last seen %" PRIu64,
+                      "wait_until timed out after %.3f s: the %d-bit value at 0x%" PRIxPTR " never became %s %" PRIu64
+                      "; last seen %" PRIu64,
                       waited, width, addr, kCmpNames[cmp], value, seen);
     }
     PyErr_SetString(PyExc_TimeoutError, buf);
@@ -185,8 +182,7 @@ const native::Registration reg([](py::module_& m) {
     a.def("fetch_or", &fetch_op<kOr>, py::arg("addr"), py::arg("value"), py::arg("width"));
     a.def("fetch_xor", &fetch_op<kXor>, py::arg("addr"), py::arg("value"), py::arg("width"));
     a.def("swap", &swap, py::arg("addr"), py::arg("value"), py::arg("width"));
-    a.def("compare_swap", &compare_swap, py::arg("addr"), py::arg("expected"), py::arg("desired"),
-          py::arg("width"));
+    a.def("compare_swap", &compare_swap, py::arg("addr"), py::arg("expected"), py::arg("desired"), py::arg("width"));
     a.def("load", &load, py::arg("addr"), py::arg("width"));
     a.def("store", &store, py::arg("addr"), py::arg("value"), py::arg("width"));
     a.def("wait_until", &wait_until, py::arg("addr"), py::arg("cmp"), py::arg("value"), py::arg("timeout"),

@@ -5,13 +5,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <memory>
-
 #include <cstdint>
+#include <memory>
 #include <string>
 
-#include "host/live_ranges.hpp"
 #include "base/registry.hpp"
+#include "host/live_ranges.hpp"
 
 namespace py = pybind11;
 

@@ -3,8 +3,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "mori/device/proxy_ring.cuh"
 #include "base/registry.hpp"
+#include "mori/device/proxy_ring.cuh"
 #include "proxy/proxy.hpp"
 
 namespace py = pybind11;

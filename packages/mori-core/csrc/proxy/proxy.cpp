@@ -171,9 +171,7 @@ void Proxy::start(const ProxySlot& c, uint64_t ticket, Pending*& started) {
     switch (c.command) {
         case device::kProxyPut:
         case device::kProxyGet:
-        case device::kProxyPutInline:
-            start_transfer(c, ticket, started);
-            break;
+        case device::kProxyPutInline: start_transfer(c, ticket, started); break;
         case device::kProxyGetInline: {
             if (c.bytes == 0 || c.bytes > 8)
                 throw std::invalid_argument("an inline get of " + std::to_string(c.bytes) + " bytes");
@@ -184,8 +182,7 @@ void Proxy::start(const ProxySlot& c, uint64_t ticket, Pending*& started) {
         }
         case device::kProxyAtomic: {
             Pending& p = track(c, ticket, started);
-            p.atomic =
-                window_->start_atomic(c.pe, static_cast<AtomicOp>(c.op), c.remote, c.value, c.compare, c.width);
+            p.atomic = window_->start_atomic(c.pe, static_cast<AtomicOp>(c.op), c.remote, c.value, c.compare, c.width);
             break;
         }
         case device::kProxyFence:
@@ -196,8 +193,7 @@ void Proxy::start(const ProxySlot& c, uint64_t ticket, Pending*& started) {
                     std::find(fenced_.begin(), fenced_.end(), p.pe) == fenced_.end())
                     fenced_.push_back(p.pe);
             break;
-        default:
-            throw std::invalid_argument("unknown command " + std::to_string(c.command));
+        default: throw std::invalid_argument("unknown command " + std::to_string(c.command));
     }
 }
 

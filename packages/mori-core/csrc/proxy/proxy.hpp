@@ -60,15 +60,15 @@ private:
         uint64_t ticket = 0;
         int pe = -1;
         std::vector<std::shared_ptr<Transfer>> transfers;
-        std::shared_ptr<Lease> lease;  // memory registered for this command's transfer, if any
+        std::shared_ptr<Lease> lease;            // memory registered for this command's transfer, if any
         std::unique_ptr<AtomicInFlight> atomic;  // an atomic, or a put's signal once sent
-        bool signal = false;  // a put with signal: its atomic follows the bytes
+        bool signal = false;                     // a put with signal: its atomic follows the bytes
         uint64_t sigOffset = 0, sigValue = 0;
         uint8_t sigOp = 0;
-        bool reply = false;       // answered in its slot on completion (the atomic's old value, or g's bytes)
-        uint64_t inlineGet = 0;   // g: bytes read into the slot's bounce area
-        bool freeSlot = false;  // the slot (an inline put's bytes) is freed on completion
-        uint64_t bytes = 0;     // a put's or get's, counted in bytesInFlight_ until it completes
+        bool reply = false;      // answered in its slot on completion (the atomic's old value, or g's bytes)
+        uint64_t inlineGet = 0;  // g: bytes read into the slot's bounce area
+        bool freeSlot = false;   // the slot (an inline put's bytes) is freed on completion
+        uint64_t bytes = 0;      // a put's or get's, counted in bytesInFlight_ until it completes
         bool done = false;
     };
     void run();
@@ -79,12 +79,12 @@ private:
     void start(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     void start_transfer(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     Pending& track(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
-    bool reap();                // finishes what completed; true when something did
+    bool reap();  // finishes what completed; true when something did
     template <class Busy>
-    void reap_while(Busy busy);  // reaps (publishing progress) while busy() holds
-    bool advance(Pending& p);   // moves p on; true once it is complete
-    void drain();               // waits until nothing is in flight
-    void drain_pe(int pe);      // waits until nothing to pe is in flight
+    void reap_while(Busy busy);      // reaps (publishing progress) while busy() holds
+    bool advance(Pending& p);        // moves p on; true once it is complete
+    void drain();                    // waits until nothing is in flight
+    void drain_pe(int pe);           // waits until nothing to pe is in flight
     void make_room(uint64_t bytes);  // waits until bytes more fit in kBytesInFlight (or none are in flight)
     void publish();
     void finish(Pending& p);

@@ -31,7 +31,7 @@ constexpr int64_t kLeadSpinNs = 50'000, kMaxLeadSpinNs = 1'000'000;
 constexpr uint64_t kSpinBytesPerNs = 8;
 
 std::string pid_namespace() {
-    struct stat st {};
+    struct stat st{};
     return ::stat("/proc/self/ns/pid", &st) == 0 ? std::to_string(st.st_ino) : std::string();
 }
 
@@ -67,8 +67,7 @@ bool Ring::create(int& fd) {
     fd = memfd_create("mori-same-host-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return false;
     // Sealed so that it can never shrink: the target maps it and must not fault on it.
-    if (::ftruncate(fd, kRingBytes) != 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    if (::ftruncate(fd, kRingBytes) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
         const int err = errno;
         ::close(fd);
         errno = err;
@@ -86,10 +85,10 @@ bool Ring::create(int& fd) {
 }
 
 bool Ring::attach(int fd) {
-    struct stat st {};
+    struct stat st{};
     const int seals = fcntl(fd, F_GET_SEALS);
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != static_cast<off_t>(kRingBytes) ||
-        seals < 0 || !(seals & F_SEAL_SHRINK))
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != static_cast<off_t>(kRingBytes) || seals < 0 ||
+        !(seals & F_SEAL_SHRINK))
         return false;
     void* p = ::mmap(nullptr, kRingBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return false;
@@ -174,7 +173,7 @@ bool await_hello_reply(int fd, const EngineOptions& opts, const std::string& who
                        std::string& why) {
     const int64_t deadline = now_ns() + static_cast<int64_t>(opts.timeout * 1e9);
     for (;;) {
-        struct pollfd p {fd, POLLIN, 0};
+        struct pollfd p{fd, POLLIN, 0};
         int64_t left = deadline - now_ns();
         if (left <= 0) {
             why = who + " did not answer on its same-host socket within " + std::to_string(opts.timeout) + " s (" +
@@ -246,8 +245,8 @@ namespace {
 // A ring slot's request: m rows (local address, remote offset, bytes) of remote memory remoteId.
 void fill_slot(same_host::Slot& s, Op op, const plan::Row* rows, size_t m, uint64_t remoteId, uint32_t flags,
                uint64_t seq, uint64_t uid) {
-    s.request = same_host::Request{same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op),
-                                   static_cast<uint16_t>(m), flags, seq, uid};
+    s.request = same_host::Request{
+        same_host::kMagic, same_host::kRequest, static_cast<uint8_t>(op), static_cast<uint16_t>(m), flags, seq, uid};
     for (size_t i = 0; i < m; ++i) s.entries[i] = same_host::Entry{{remoteId, rows[i].dst, rows[i].bytes}, rows[i].src};
 }
 
@@ -334,7 +333,7 @@ bool SameHostLink::wait_for_room(uint64_t seq, int64_t deadlineNs) {
             same_host::relax(polls);
             continue;
         }
-        struct pollfd p {fd_, POLLIN, 0};  // the target rings when it completes a request
+        struct pollfd p{fd_, POLLIN, 0};  // the target rings when it completes a request
         ::poll(&p, 1, 1);
     }
     return false;
@@ -404,8 +403,8 @@ void SameHostLink::handle(uint64_t seq, const same_host::Reply& r) {
     const same_host::Slot& s = ring_.slot(seq);  // still ours: freed after this
     if (r.entry < s.request.count && r.entry < same_host::kMaxEntries) {
         const same_host::Entry e = s.entries[r.entry];
-        what = "block (remote memory id " + std::to_string(e.block.memId) + ", offset " + std::to_string(e.block.offset) +
-               ", size " + std::to_string(e.block.size) + ") at " + who;
+        what = "block (remote memory id " + std::to_string(e.block.memId) + ", offset " +
+               std::to_string(e.block.offset) + ", size " + std::to_string(e.block.size) + ") at " + who;
     }
     std::string reason = reason_text(r.reason);
     if (r.reason == kReasonFailed)

@@ -154,9 +154,7 @@ public:
     // otherwise (the fd is not closed here).
     bool attach(int fd);
     RingHeader& header() const { return *reinterpret_cast<RingHeader*>(base_); }
-    Slot& slot(uint64_t seq) const {
-        return reinterpret_cast<Slot*>(base_ + sizeof(RingHeader))[seq % kRingSlots];
-    }
+    Slot& slot(uint64_t seq) const { return reinterpret_cast<Slot*>(base_ + sizeof(RingHeader))[seq % kRingSlots]; }
 
 private:
     uint8_t* base_ = nullptr;
@@ -233,10 +231,10 @@ private:
     int fd_;
     same_host::Ring ring_;
     std::atomic<bool> failed_{false};
-    std::mutex mu_;  // pending_, head_, failure_
+    std::mutex mu_;                                  // pending_, head_, failure_
     std::unordered_map<uint64_t, Pending> pending_;  // by ring sequence
-    uint64_t head_ = 0;  // the next sequence to post
-    uint64_t done_ = 0;  // the next sequence to harvest (readMu_)
+    uint64_t head_ = 0;                              // the next sequence to post
+    uint64_t done_ = 0;                              // the next sequence to harvest (readMu_)
     int64_t nextDeadlineNs_ = INT64_MAX;
     std::string failure_;
     std::mutex readMu_;  // one harvester of the ring and reader of the socket at a time
@@ -259,7 +257,7 @@ public:
 private:
     struct Conn;
     void run();
-    void resume_listening(int64_t now);  // the listening socket, once its pause (fd exhaustion) ended
+    void resume_listening(int64_t now);           // the listening socket, once its pause (fd exhaustion) ended
     void on_link_event(int fd, uint32_t events);  // one of this engine's links: doorbells, its outbox
     void on_conn_event(int fd, uint32_t events);  // a connection served: its messages, its outbox
     void spin_on_rings(int64_t& lastBusy);        // polls the rings alone for kRingsOnlyNs

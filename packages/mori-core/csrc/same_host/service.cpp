@@ -78,12 +78,12 @@ struct SameHostService::Conn {
     pid_t pid = 0;
     bool proven = false;  // said hello with a valid ticket and ring, and passed the probe
     same_host::Ring ring;
-    uint64_t tail = 0;    // the next slot to serve (this side's count: the ring's words are the peer's too)
-    std::string key;      // the engine its ticket admitted
-    uint64_t order = 0;   // accept order, to drop the oldest unproven first
+    uint64_t tail = 0;   // the next slot to serve (this side's count: the ring's words are the peer's too)
+    std::string key;     // the engine its ticket admitted
+    uint64_t order = 0;  // accept order, to drop the oldest unproven first
     Outbox out;
     std::unordered_map<uint64_t, int> refused;  // notifying transfers in flight with a refusal: uid -> code
-    int64_t bellAt = 0;   // a bell held back until then (kBellDelayNs), 0: none
+    int64_t bellAt = 0;                         // a bell held back until then (kBellDelayNs), 0: none
 };
 
 SameHostService::SameHostService(Engine& engine)
@@ -257,12 +257,13 @@ void SameHostService::hello(Conn& c, const same_host::Hello& h, int ringFd) {
     same_host::HelloReply r{same_host::kMagic, same_host::kHelloReply, {}, err};
     const int fd = c.fd;
     reply(c, &r, sizeof(r));
-    if (err != 0 && conns_.count(fd)) drop(fd);
-    else if (conns_.count(fd)) c.proven = true;
+    if (err != 0 && conns_.count(fd))
+        drop(fd);
+    else if (conns_.count(fd))
+        c.proven = true;
 }
 
-void SameHostService::copy(Conn& c, const same_host::Request& h, const same_host::Entry* entries,
-                           same_host::Reply& r) {
+void SameHostService::copy(Conn& c, const same_host::Request& h, const same_host::Entry* entries, same_host::Reply& r) {
     std::vector<std::shared_ptr<Region>> pins;
     std::vector<iovec> local(h.count), remote(h.count);
     // Every block is checked against the region table (Engine::acquire: pinned, a deregistration

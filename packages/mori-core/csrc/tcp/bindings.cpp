@@ -3,8 +3,8 @@
 // the GIL.
 #include <pybind11/stl.h>
 
-#include "gpu/staging.hpp"
 #include "base/registry.hpp"
+#include "gpu/staging.hpp"
 #include "tcp/engine.hpp"
 
 namespace py = pybind11;
@@ -15,8 +15,7 @@ namespace {
 
 mori::native::Registration reg([](py::module_& root) {
     py::module_ m = mori::native::submodule(root, "tcp", "the native TCP data plane");
-    py::class_<Transfer, std::shared_ptr<Transfer>>(m, "Transfer",
-                                                    "Completion of one native TCP transfer.")
+    py::class_<Transfer, std::shared_ptr<Transfer>>(m, "Transfer", "Completion of one native TCP transfer.")
         .def("code", &Transfer::code, "TransferCode value (IN_PROGRESS=2 until finished).")
         .def("message", &Transfer::message, "Why it failed ('' on success).")
         .def("wait", &Transfer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
@@ -51,12 +50,10 @@ mori::native::Registration reg([](py::module_& root) {
         .def("healthy", &Peer::healthy, "False once a connection has failed.")
         .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
 
-    py::class_<Target, std::shared_ptr<Target>>(m, "Target",
-                                                "Serves registered memory to authenticated peers.")
-        .def(py::init([](const std::string& host, int port, std::string token, double ioTimeout,
-                         size_t maxConnections, size_t maxHandshakes, double helloTimeout, size_t maxInbound,
-                         double inboundTtl, std::string timeoutSetting, size_t maxPerKey,
-                         std::shared_ptr<InboundRecords> inbound) {
+    py::class_<Target, std::shared_ptr<Target>>(m, "Target", "Serves registered memory to authenticated peers.")
+        .def(py::init([](const std::string& host, int port, std::string token, double ioTimeout, size_t maxConnections,
+                         size_t maxHandshakes, double helloTimeout, size_t maxInbound, double inboundTtl,
+                         std::string timeoutSetting, size_t maxPerKey, std::shared_ptr<InboundRecords> inbound) {
                  TargetLimits lim;
                  lim.maxPerKey = maxPerKey;
                  lim.maxConnections = maxConnections;
@@ -64,14 +61,13 @@ mori::native::Registration reg([](py::module_& root) {
                  lim.helloTimeout = helloTimeout;
                  lim.maxInbound = maxInbound;
                  lim.inboundTtl = inboundTtl;
-                 return std::make_shared<Target>(host, port, std::move(token), ioTimeout, lim, std::move(timeoutSetting),
-                                                 std::move(inbound));
+                 return std::make_shared<Target>(host, port, std::move(token), ioTimeout, lim,
+                                                 std::move(timeoutSetting), std::move(inbound));
              }),
              py::arg("host"), py::arg("port"), py::arg("token"), py::arg("io_timeout"),
              py::arg("max_connections") = TargetLimits{}.maxConnections,
              py::arg("max_handshakes") = TargetLimits{}.maxHandshakes,
-             py::arg("hello_timeout") = TargetLimits{}.helloTimeout,
-             py::arg("max_inbound") = TargetLimits{}.maxInbound,
+             py::arg("hello_timeout") = TargetLimits{}.helloTimeout, py::arg("max_inbound") = TargetLimits{}.maxInbound,
              py::arg("inbound_ttl") = TargetLimits{}.inboundTtl, py::arg("timeout_setting") = "io_timeout",
              py::arg("max_per_key") = TargetLimits{}.maxPerKey, py::arg("inbound") = nullptr,
              "Listens on host:port; the limits bound what peers can consume; timeout messages name "

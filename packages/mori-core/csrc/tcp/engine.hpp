@@ -65,8 +65,8 @@ struct Work {
     uint64_t memId;  // notify: uid
     std::vector<plan::Row> rows;
     std::shared_ptr<gpu::Stager> stager;  // local addresses are GPU memory, staged through it (tcp/staged.hpp)
-    bool notify = false;  // the whole transfer: its requests carry the notification (tcp/wire.hpp)
-    size_t done = 0;      // blocks answered (guarded by the connection's mutex)
+    bool notify = false;                  // the whole transfer: its requests carry the notification (tcp/wire.hpp)
+    size_t done = 0;                      // blocks answered (guarded by the connection's mutex)
 };
 
 // One initiator-side connection: a sender thread writes request frames; replies (in order) are
@@ -123,8 +123,8 @@ private:
     int64_t pendingSinceNs_ = 0;
     std::string broken_;
     bool stop_ = false;
-    bool sending_ = false;    // one thread owns the socket's send side at a time
-    bool receiving_ = false;  // and one its receive side
+    bool sending_ = false;      // one thread owns the socket's send side at a time
+    bool receiving_ = false;    // and one its receive side
     bool recvWaiting_ = false;  // the receiver thread waits for the receive side
     Reader rd_;
     // Staged reads received, their blocks answered but not completed until their copies ended
@@ -225,8 +225,8 @@ private:
         std::atomic<bool> done{false};
         std::atomic<int> state{kHandshaking};
         int64_t acceptNs = 0;
-        std::string key;                           // once admitted (set under connsMu_)
-        std::atomic<int64_t> idleSinceNs{0};       // waiting for a request since; 0 while serving one
+        std::string key;                             // once admitted (set under connsMu_)
+        std::atomic<int64_t> idleSinceNs{0};         // waiting for a request since; 0 while serving one
         std::atomic<const Region*> using_{nullptr};  // the region a request of it touches now
     };
     // A request's hold on a region: memory stays valid (deregistration waits) while it lives.

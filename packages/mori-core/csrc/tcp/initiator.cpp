@@ -46,7 +46,7 @@ bool Transfer::wait(double timeoutSec) {
 
 InitConn::InitConn(int fd, std::string peerName, double ioTimeout, std::string timeoutSetting)
     : fd_(fd), peer_(std::move(peerName)), ioTimeout_(ioTimeout), timeoutSetting_(std::move(timeoutSetting)), rd_(fd) {
-    struct timeval tv {};
+    struct timeval tv{};
     tv.tv_sec = static_cast<time_t>(ioTimeout);
     tv.tv_usec = static_cast<suseconds_t>((ioTimeout - static_cast<double>(tv.tv_sec)) * 1e6);
     setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -171,7 +171,7 @@ std::string InitConn::send_staged_work(const Work& w) {
     for (const plan::Row& b : w.rows) spans.push_back({b.src, b.bytes});
     uint64_t uid = w.notify ? w.transfer->uid() : 0;
     try {
-        const gpu::Current current(w.stager->config());  // once, not per copy (an application's thread)
+        const gpu::Current current(w.stager->config());    // once, not per copy (an application's thread)
         DeviceSource source(*w.stager, std::move(spans));  // copies run ahead of the socket, across rows
         for (; !source.done(); source.pop()) {
             DeviceSource::Piece& p = source.next();
@@ -355,8 +355,8 @@ std::string InitConn::read_reply_frame() {
         e = rd_.read_into(reinterpret_cast<char*>(b.src), b.bytes, check);
         if (!e.empty()) return e;
     } else if (h.code != kSuccess) {
-        msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) +
-              ", size " + std::to_string(b.bytes) + "): " + reason_text(static_cast<uint32_t>(h.size));
+        msg = "block (remote memory id " + std::to_string(w->memId) + ", offset " + std::to_string(b.dst) + ", size " +
+              std::to_string(b.bytes) + "): " + reason_text(static_cast<uint32_t>(h.size));
     }
     bool finished = false;
     {
@@ -430,8 +430,9 @@ std::string InitConn::read_staged(const std::shared_ptr<Work>& w, size_t idx, co
     }
     {
         std::lock_guard lk(mu_);
-        if (w->done != idx) return "";  // already failed by mark_broken (the sink's memory is never lent
-                                        // again while its copies may run)
+        if (w->done != idx)
+            return "";  // already failed by mark_broken (the sink's memory is never lent
+                        // again while its copies may run)
         if (++w->done == w->rows.size()) pending_.pop_front();
         pendingSinceNs_ = now_ns();
     }

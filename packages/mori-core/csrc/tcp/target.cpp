@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <optional>
-#include <cstdio>
 #include <stdexcept>
 #include <system_error>
 
@@ -27,7 +27,7 @@ constexpr size_t kInlineRead = 64 * 1024;  // reads up to this size are copied i
 constexpr size_t kFlushBytes = 1 << 20;
 
 void set_send_timeout(int fd, double sec) {
-    struct timeval tv {};
+    struct timeval tv{};
     tv.tv_sec = static_cast<time_t>(sec);
     tv.tv_usec = static_cast<suseconds_t>((sec - static_cast<double>(tv.tv_sec)) * 1e6);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -96,10 +96,9 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
       timeoutSetting_(std::move(timeoutSetting)),
       inbound_(inbound_table(std::move(inbound), limits.maxInbound, limits.inboundTtl)) {
     if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
-        limits_.maxPerKey < 1 ||
-        !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
+        limits_.maxPerKey < 1 || !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
         throw std::invalid_argument("TCP data plane: every limit must be positive");
-    struct addrinfo hints {};
+    struct addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
@@ -121,8 +120,9 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
         }
     }
     freeaddrinfo(res);
-    if (listenFd_ < 0) throw std::runtime_error("TCP data plane: cannot listen on " + host + ":" + portText + ": " + err);
-    struct sockaddr_storage addr {};
+    if (listenFd_ < 0)
+        throw std::runtime_error("TCP data plane: cannot listen on " + host + ":" + portText + ": " + err);
+    struct sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
     port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
@@ -160,7 +160,8 @@ bool Target::deregister_region(uint64_t id) {
         case RegionTable<Region>::Ended::kStillPinned: break;
     }
     throw std::runtime_error("memory id " + std::to_string(id) + ": requests still use it after the I/O timeout (" +
-                             timeoutSetting_ + ") and their connections were cut; it is no longer served, but do "
+                             timeoutSetting_ +
+                             ") and their connections were cut; it is no longer served, but do "
                              "not free it yet");
 }
 
@@ -171,7 +172,7 @@ size_t Target::cut_users(const Region* r) {
         if (c.using_.load() == r) {
             // Reset rather than close: what the kernel still holds for the peer is dropped too,
             // so a slow reader sees the cut at once.
-            struct linger reset {1, 0};
+            struct linger reset{1, 0};
             setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
             shutdown(c.fd, SHUT_RDWR);
             ++n;
@@ -200,7 +201,8 @@ void Target::issue_ticket(const std::string& key, const std::string& ticket) {
     if (ticket.empty() || ticket.size() > kMaxTicketLen) throw std::invalid_argument("ticket must be 1..256 bytes");
     std::lock_guard lk(ticketsMu_);
     // The oldest go first: when the table is full, and entries whose ticket was used up already.
-    while (!ticketOrder_.empty() && (tickets_.size() >= limits_.maxTickets || ticketOrder_.size() > 2 * limits_.maxTickets)) {
+    while (!ticketOrder_.empty() &&
+           (tickets_.size() >= limits_.maxTickets || ticketOrder_.size() > 2 * limits_.maxTickets)) {
         tickets_.erase(ticketOrder_.front());
         ticketOrder_.pop_front();
     }
@@ -370,7 +372,7 @@ bool Target::admit() {
 }
 
 void Target::accept_loop() {
-    struct pollfd p {listenFd_, POLLIN, 0};
+    struct pollfd p{listenFd_, POLLIN, 0};
     int backoffMs = 0;
     while (!stop_.load()) {
         int ready = poll(&p, 1, backoffMs > 0 ? 0 : 200);
@@ -426,7 +428,9 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
     return ok;
 }
 
-void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) { inbound_->record(peerKey, uid, code); }
+void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) {
+    inbound_->record(peerKey, uid, code);
+}
 
 // Serving one admitted connection: requests read and checked (read_request), each block's region
 // acquired (the region table's check) and its bytes moved (serve_block), replies gathered in out_

@@ -53,7 +53,7 @@ void tune_socket(int fd) {
 std::string send_all(int fd, struct iovec* iov, int n) {
     int i = 0;
     while (i < n) {
-        struct msghdr msg {};
+        struct msghdr msg{};
         msg.msg_iov = iov + i;
         msg.msg_iovlen = static_cast<size_t>(std::min(n - i, IOV_MAX));
         ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
@@ -76,12 +76,12 @@ std::string send_all(int fd, struct iovec* iov, int n) {
 }
 
 std::string send_bytes(int fd, const void* data, size_t len) {
-    struct iovec iov {const_cast<void*>(data), len};
+    struct iovec iov{const_cast<void*>(data), len};
     return send_all(fd, &iov, 1);
 }
 
 int connect_to(const std::string& host, int port, double timeoutSec, std::string& err) {
-    struct addrinfo hints {};
+    struct addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     struct addrinfo* res = nullptr;
@@ -98,7 +98,7 @@ int connect_to(const std::string& host, int port, double timeoutSec, std::string
         tune_socket(fd);
         rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (rc < 0 && errno == EINPROGRESS) {
-            struct pollfd p {fd, POLLOUT, 0};
+            struct pollfd p{fd, POLLOUT, 0};
             rc = poll(&p, 1, static_cast<int>(timeoutSec * 1000));
             int soerr = 0;
             socklen_t len = sizeof(soerr);
@@ -142,7 +142,7 @@ std::string Reader::recv_some(char* dst, size_t cap, size_t& got, const AbortChe
 }
 
 bool Reader::readable(int timeoutMs) const {
-    struct pollfd p {fd_, POLLIN, 0};
+    struct pollfd p{fd_, POLLIN, 0};
     return poll(&p, 1, timeoutMs) != 0;  // errors too: the next recv reports them
 }
 
@@ -161,7 +161,7 @@ bool Reader::spin_readable(int64_t spinNs) const {
 
 std::string Reader::wait_readable(const AbortCheck& check, int64_t spinNs) {
     if (spinNs > 0 && spin_readable(spinNs)) return "";
-    struct pollfd p {fd_, POLLIN, 0};
+    struct pollfd p{fd_, POLLIN, 0};
     for (;;) {
         int rc = poll(&p, 1, 100);
         if (rc > 0) return "";

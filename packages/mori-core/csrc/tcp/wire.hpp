@@ -44,8 +44,8 @@ enum Flag : uint8_t { kFlagBegin = 1, kFlagNotify = 2, kFlagsKnown = 3 };
 struct Hello {
     uint32_t magic;
     uint16_t version;
-    uint16_t keyLen;    // followed by keyLen bytes: the initiator's engine key
-    uint16_t tokenLen;  // then tokenLen bytes: the auth token
+    uint16_t keyLen;     // followed by keyLen bytes: the initiator's engine key
+    uint16_t tokenLen;   // then tokenLen bytes: the auth token
     uint16_t ticketLen;  // then ticketLen bytes: the ticket the target's control plane issued
 };
 struct HelloReply {

@@ -25,7 +25,7 @@ struct Config;
 struct Address;
 struct Component;
 
-using Status = int8_t;  // ucs_status_t: a packed enum, one signed byte
+using Status = int8_t;    // ucs_status_t: a packed enum, one signed byte
 using StatusPtr = void*;  // ucs_status_ptr_t: NULL done, an error code, or a request
 using Datatype = uint64_t;
 
@@ -73,8 +73,7 @@ constexpr uint32_t kAmSendReply = 1u << 0, kAmSendEager = 1u << 1, kAmSendRndv =
 // ucp_am_recv_param_t.recv_attr
 constexpr uint64_t kAmRecvReplyEp = 1u << 0, kAmRecvData = 1u << 16, kAmRecvRndv = 1u << 17;
 // ucp_am_handler_param_t
-constexpr uint64_t kAmHandlerId = 1u << 0, kAmHandlerFlags = 1u << 1, kAmHandlerCb = 1u << 2,
-                   kAmHandlerArg = 1u << 3;
+constexpr uint64_t kAmHandlerId = 1u << 0, kAmHandlerFlags = 1u << 1, kAmHandlerCb = 1u << 2, kAmHandlerArg = 1u << 3;
 constexpr uint32_t kAmFlagWholeMsg = 1u << 0;
 // datatypes: ucp_dt_make_contig(1) and ucp_dt_make_iov()
 constexpr Datatype kDatatypeBytes = (1u << 3) | 0, kDatatypeIov = 2;

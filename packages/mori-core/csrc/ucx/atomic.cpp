@@ -311,13 +311,14 @@ uint64_t send_request(Engine& engine, Peer& peer, const std::shared_ptr<Pending>
     p.flags = api::kAmSendReply | api::kAmSendEager;
     p.cb = reinterpret_cast<void*>(&on_request_sent);
     p.userData = hold.get();
-    api::StatusPtr s =
-        signalPut ? fn().am_send_nbx(link->eps[0], kAmSignalPut, &pending->request, sizeof(SignalPutRequest),
-                                     pending->data.data(), pending->data.size(), &p)
-                  : fn().am_send_nbx(link->eps[0], kAmAtomic, &pending->request.signal, sizeof(AtomicRequest), nullptr,
-                                     0, &p);
+    api::StatusPtr s = signalPut
+                           ? fn().am_send_nbx(link->eps[0], kAmSignalPut, &pending->request, sizeof(SignalPutRequest),
+                                              pending->data.data(), pending->data.size(), &p)
+                           : fn().am_send_nbx(link->eps[0], kAmAtomic, &pending->request.signal, sizeof(AtomicRequest),
+                                              nullptr, 0, &p);
     if (api::is_error_ptr(s)) {
-        w.link_failed_locked(*link, "sending to engine '" + peer.key() + "' failed: " + status_text(api::ptr_status(s)));
+        w.link_failed_locked(*link,
+                             "sending to engine '" + peer.key() + "' failed: " + status_text(api::ptr_status(s)));
     } else if (s != nullptr) {
         hold.release();  // on_request_sent frees it
     }
@@ -364,16 +365,16 @@ std::string atomic_refusal(uint64_t memId, uint64_t offset, const std::string& k
            key + "': " + reason_text(reason);
 }
 
-std::shared_ptr<Pending> atomic_request(AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
-                                        uint64_t compare, int width) {
+std::shared_ptr<Pending> atomic_request(AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value, uint64_t compare,
+                                        int width) {
     if (width != 32 && width != 64) throw std::invalid_argument("width must be 32 or 64, got " + std::to_string(width));
     if (op < kAtomicFetchAdd || op > kAtomicLast)
         throw std::invalid_argument("unknown atomic operation " + std::to_string(op));
     if (width == 32 && (value >> 32 != 0 || compare >> 32 != 0))
         throw std::invalid_argument("value and compare must fit in 32 bits");
     auto pending = std::make_shared<Pending>();
-    pending->request.signal = AtomicRequest{kMagic, static_cast<uint8_t>(op), static_cast<uint8_t>(width), 0, 0, 0,
-                                            memId, offset, value, compare};
+    pending->request.signal = AtomicRequest{
+        kMagic, static_cast<uint8_t>(op), static_cast<uint8_t>(width), 0, 0, 0, memId, offset, value, compare};
     return pending;
 }
 
@@ -386,10 +387,15 @@ struct AtomicInFlight::State {
     uint64_t id = 0;
 };
 
-AtomicInFlight::AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, AtomicOp op, uint64_t memId,
-                               uint64_t offset, uint64_t value, uint64_t compare, int width, double timeout)
-    : engine_(engine), peer_(std::move(peer)), memId_(memId), offset_(offset), timeout_(timeout),
-      deadlineNs_(now_ns() + static_cast<int64_t>(timeout * 1e9)), state_(std::make_shared<State>()) {
+AtomicInFlight::AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, AtomicOp op, uint64_t memId, uint64_t offset,
+                               uint64_t value, uint64_t compare, int width, double timeout)
+    : engine_(engine),
+      peer_(std::move(peer)),
+      memId_(memId),
+      offset_(offset),
+      timeout_(timeout),
+      deadlineNs_(now_ns() + static_cast<int64_t>(timeout * 1e9)),
+      state_(std::make_shared<State>()) {
     state_->pending = atomic_request(op, memId, offset, value, compare, width);
     state_->id = send_request(engine, *peer_, state_->pending, false, timeout);
     // Its answer wakes the progress thread (an event on the worker), which records it.
@@ -422,7 +428,8 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
                        uint64_t compare, int width, double timeout) {
     auto pending = atomic_request(op, memId, offset, value, compare, width);
     exchange(engine, peer, pending, false, timeout, "an atomic operation");
-    if (pending->code != kSuccess) throw std::invalid_argument(atomic_refusal(memId, offset, peer.key(), pending->reason));
+    if (pending->code != kSuccess)
+        throw std::invalid_argument(atomic_refusal(memId, offset, peer.key(), pending->reason));
     return pending->old;
 }
 
@@ -436,8 +443,9 @@ void remote_signal_put(Engine& engine, Peer& peer, uint64_t memId, uint64_t offs
     auto pending = std::make_shared<Pending>();
     const auto* bytes = static_cast<const uint8_t*>(src);
     pending->data.assign(bytes, bytes + size);
-    pending->request = SignalPutRequest{
-        AtomicRequest{kMagic, static_cast<uint8_t>(op), 64, 0, 0, 0, sigMemId, sigOffset, value, 0}, memId, offset, size};
+    pending->request =
+        SignalPutRequest{AtomicRequest{kMagic, static_cast<uint8_t>(op), 64, 0, 0, 0, sigMemId, sigOffset, value, 0},
+                         memId, offset, size};
     exchange(engine, peer, pending, true, timeout, "a signal put");
     if (pending->code != kSuccess)
         throw std::invalid_argument("signal put of " + std::to_string(size) + " bytes at memory id " +

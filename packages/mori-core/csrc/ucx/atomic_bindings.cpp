@@ -21,16 +21,18 @@ mori::native::Registration reg([](py::module_& root) {
         [](mori::ucx::Engine& engine, mori::ucx::Peer& peer, int op, uint64_t memId, uint64_t offset, uint64_t value,
            uint64_t compare, int width, double timeout) {
             if (op < mori::kAtomicFetchAdd || op > mori::kAtomicLast)
-                throw std::invalid_argument("op must be 1 (fetch_add), 2 (compare_swap), 3 (swap), 4 (store), "
-                                            "5 (fetch_and), 6 (fetch_or) or 7 (fetch_xor), got " +
-                                            std::to_string(op));
+                throw std::invalid_argument(
+                    "op must be 1 (fetch_add), 2 (compare_swap), 3 (swap), 4 (store), "
+                    "5 (fetch_and), 6 (fetch_or) or 7 (fetch_xor), got " +
+                    std::to_string(op));
             py::gil_scoped_release release;
             return mori::ucx::remote_atomic(engine, peer, static_cast<mori::AtomicOp>(op), memId, offset, value,
                                             compare, width, timeout);
         },
         py::arg("engine"), py::arg("peer"), py::arg("op"), py::arg("mem_id"), py::arg("offset"), py::arg("value"),
         py::arg("compare"), py::arg("width"), py::arg("timeout"),
-        "Applies op (1 fetch_add, 2 compare_swap, 3 swap, 4 store, 5 fetch_and, 6 fetch_or, 7 fetch_xor) to the width-bit word at offset of the peer's "
+        "Applies op (1 fetch_add, 2 compare_swap, 3 swap, 4 store, 5 fetch_and, 6 fetch_or, 7 fetch_xor) to the "
+        "width-bit word at offset of the peer's "
         "memory mem_id; returns its old value. ValueError when the target refused, RuntimeError when the peer "
         "failed or did not answer within timeout seconds.");
     m.attr("UCX_MAX_SIGNAL_PUT_BYTES") = mori::ucx::kMaxSignalPutBytes;

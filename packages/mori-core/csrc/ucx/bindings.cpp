@@ -144,7 +144,8 @@ mori::native::Registration reg([](py::module_& root) {
              "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
              "other channels), else to a table of its own bounded by max_inbound and inbound_ttl. same_host: offer "
              "and take the same-host path. send_queue: operations (rows) in flight per worker and peer, 0 for no "
-             "bound; a transfer that finds no room waits up to send_queue_wait seconds, then fails 'SQ full'. A transfer of "
+             "bound; a transfer that finds no room waits up to send_queue_wait seconds, then fails 'SQ full'. A "
+             "transfer of "
              "512 KiB or more is spread over the workers; the others start on the workers in turn (round_robin) or "
              "on the first. stand_aside: once a caller that led a worker is done, its progress thread sleeps at once; "
              "False: it polls on as after any activity.")
@@ -193,9 +194,11 @@ mori::native::Registration reg([](py::module_& root) {
                 static bool told = false;  // said once per process: the reason is the host's, not the peer's
                 if (!peer->same_host_refusal().empty() && !told) {
                     told = true;
-                    py::module_::import("mori.core.log").attr("get_logger")("core").attr("warning")(
-                        "UCX engine: same-host transfers go through UCX instead of process_vm_readv/writev: " +
-                        peer->same_host_refusal());
+                    py::module_::import("mori.core.log")
+                        .attr("get_logger")("core")
+                        .attr("warning")(
+                            "UCX engine: same-host transfers go through UCX instead of process_vm_readv/writev: " +
+                            peer->same_host_refusal());
                 }
                 return peer;
             },

@@ -171,7 +171,8 @@ std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, b
     const std::shared_ptr<GpuWords> stager = cuda ? gpu_words() : nullptr;
     const bool staged = stager && stager->stages();
     if (cuda && !staged && !cuda_)
-        throw std::invalid_argument("this UCX (" + library().path + ") has no CUDA support and the engine does not "
+        throw std::invalid_argument("this UCX (" + library().path +
+                                    ") has no CUDA support and the engine does not "
                                     "stage GPU memory: GPU memory cannot be registered");
     const auto& f = fn();
     auto r = std::make_shared<Region>();
@@ -257,7 +258,8 @@ std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<
     if (key.empty()) throw std::invalid_argument("engine key must not be empty");
     if (addresses.empty()) throw std::invalid_argument("the peer engine sent no worker address");
     for (const auto& a : addresses)
-        if (a.empty() || a.size() > (1 << 20)) throw std::invalid_argument("malformed worker address of engine '" + key + "'");
+        if (a.empty() || a.size() > (1 << 20))
+            throw std::invalid_argument("malformed worker address of engine '" + key + "'");
     if (ticket == 0) throw std::invalid_argument("ticket must be non-zero");
     auto state = std::make_shared<PeerState>(key, ticket);
     std::vector<Link*> links;
@@ -287,7 +289,8 @@ std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<
     std::shared_ptr<Peer> old;
     {
         std::lock_guard lk(peersMu_);
-        for (auto it = peers_.begin(); it != peers_.end();) it = it->second.expired() ? peers_.erase(it) : std::next(it);
+        for (auto it = peers_.begin(); it != peers_.end();)
+            it = it->second.expired() ? peers_.erase(it) : std::next(it);
         old = peers_[key].lock();
         peers_[key] = peer;
     }
@@ -310,7 +313,7 @@ EngineStats Engine::stats() const {
     return stats_;
 }
 
-void Engine::count(uint64_t EngineStats::*field) {
+void Engine::count(uint64_t EngineStats::* field) {
     std::lock_guard lk(statsMu_);
     ++(stats_.*field);
 }

@@ -51,23 +51,23 @@ namespace mori::ucx {
 struct EngineOptions {
     std::string name = "mori";
     std::vector<std::pair<std::string, std::string>> settings;  // UCX settings (TLS, NET_DEVICES, ...)
-    int workers = 1;      // UCX workers, each with its progress thread
-    int lanes = 1;        // endpoints per peer on each worker; a transfer's blocks are dealt over them
+    int workers = 1;                                            // UCX workers, each with its progress thread
+    int lanes = 1;           // endpoints per peer on each worker; a transfer's blocks are dealt over them
     bool roundRobin = true;  // transfers start on the workers in turn; false: on the first (Peer::submit)
-    bool polling = true;  // progress threads spin briefly after activity (POLLING) or only sleep (EVENT)
+    bool polling = true;     // progress threads spin briefly after activity (POLLING) or only sleep (EVENT)
     // Once a caller that led a worker is done, its progress thread sleeps at once (the caller polls
     // again for its next transfer), or, false, polls as after any activity (a caller that waits
     // elsewhere next, as a shmem PE on a signal, leaves the peer's next message to that thread).
     bool standAside = true;
-    double timeout = 30.0;              // seconds before an unfinished transfer fails
-    std::string timeoutSetting = "timeout";  // the caller's name for it, in messages
-    bool rma = false;                   // the RMA data path (see above)
-    size_t maxInbound = 1 << 20;        // notification records kept (a table of its own)
-    double inboundTtl = 3600.0;         // seconds a notification record is kept (a table of its own)
+    double timeout = 30.0;                    // seconds before an unfinished transfer fails
+    std::string timeoutSetting = "timeout";   // the caller's name for it, in messages
+    bool rma = false;                         // the RMA data path (see above)
+    size_t maxInbound = 1 << 20;              // notification records kept (a table of its own)
+    double inboundTtl = 3600.0;               // seconds a notification record is kept (a table of its own)
     std::shared_ptr<InboundRecords> inbound;  // the table to write, shared with the caller; null: its own
-    size_t maxTickets = 1 << 16;        // peer engines admitted at once; the oldest is dropped
-    bool sameHost = true;               // the same-host path (same_host/ring.hpp) for peers that offer it
-    std::string hostKey;                // this process's host identity (mori.core.host): machine/netns
+    size_t maxTickets = 1 << 16;              // peer engines admitted at once; the oldest is dropped
+    bool sameHost = true;                     // the same-host path (same_host/ring.hpp) for peers that offer it
+    std::string hostKey;                      // this process's host identity (mori.core.host): machine/netns
     // MORI's send queue: operations (rows) in flight from one worker to one peer, at most this
     // many (0: no bound). A transfer that finds no room waits up to sendQueueWait seconds in the
     // call that starts it, then fails "SQ full" (SendQueue).
@@ -77,18 +77,18 @@ struct EngineOptions {
 
 // Counters of what the engine refused (for logs, tests and benchmarks).
 struct EngineStats {
-    uint64_t badTickets = 0;     // messages carrying no valid ticket: dropped unread
-    uint64_t refused = 0;        // requests refused by the region checks
-    uint64_t malformed = 0;      // messages of the wrong shape: dropped
-    uint64_t lateReplies = 0;    // replies for a transfer that had already ended
-    uint64_t spread = 0;         // transfers this initiator dealt over several workers (Peer::spread)
+    uint64_t badTickets = 0;   // messages carrying no valid ticket: dropped unread
+    uint64_t refused = 0;      // requests refused by the region checks
+    uint64_t malformed = 0;    // messages of the wrong shape: dropped
+    uint64_t lateReplies = 0;  // replies for a transfer that had already ended
+    uint64_t spread = 0;       // transfers this initiator dealt over several workers (Peer::spread)
 };
 
 // Memory registered with the engine (in its region table, base/regions.hpp): accesses in flight
 // hold a pin; deregistration waits for them.
 struct Region : mori::Region {
     api::MemHandle* memh = nullptr;
-    std::string rkey;  // packed remote key (RMA path)
+    std::string rkey;                                                            // packed remote key (RMA path)
     int memType() const { return gpu() ? api::kMemoryCuda : api::kMemoryHost; }  // UCX's name for kind
 };
 
@@ -129,9 +129,9 @@ struct Link {
     Worker* worker = nullptr;
     std::vector<api::Endpoint*> eps;
     std::unordered_map<uint64_t, RemoteRegion> regions;  // remote memory id -> what its target said
-    std::string failed;  // why the endpoints failed or closed ("" while usable)
-    uint64_t next = 0;   // rotates the first lane of successive transfers
-    bool held = true;    // its Peer refers to it: not freed before the Peer closes (even once failed)
+    std::string failed;                                  // why the endpoints failed or closed ("" while usable)
+    uint64_t next = 0;                                   // rotates the first lane of successive transfers
+    bool held = true;  // its Peer refers to it: not freed before the Peer closes (even once failed)
 };
 
 // Room in MORI's send queue from one worker to one peer (EngineOptions::sendQueue): a transfer
@@ -152,8 +152,7 @@ struct SendQueue {
 // running any code per block (code() is one atomic load), as the TCP data plane's.
 class Transfer : public CompletionSlot {
 public:
-    Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
-             uint64_t uid);
+    Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify, uint64_t uid);
     // True when finished within timeout seconds. A waiter whose worker is free progresses it
     // itself (a small transfer then costs no thread hand-off).
     bool wait(double timeoutSec);
@@ -182,10 +181,10 @@ private:
     void finish(int code, const std::string& msg, Link* via = nullptr);  // worker lock held
     std::weak_ptr<Worker> worker_;
     std::shared_ptr<SameHostLink> sameHost_;
-    int64_t spinNs_ = 0;  // how long its waiter polls the same-host link
+    int64_t spinNs_ = 0;                // how long its waiter polls the same-host link
     std::shared_ptr<SendQueue> queue_;  // the send-queue room it holds (holds), given back at finish
     uint64_t queueOps_ = 0;
-    std::shared_ptr<Transfer> parent_;             // the spread transfer it is a part of
+    std::shared_ptr<Transfer> parent_;               // the spread transfer it is a part of
     std::vector<std::weak_ptr<Transfer>> children_;  // its parts on each worker, when spread
     Link* link_;
     const bool onWorker_;  // posted on a worker (not failed before): it finishes under that worker's lock
@@ -204,8 +203,8 @@ public:
     // Starts a transfer of a batch of rows (local address, remote offset, bytes; merged already):
     // every row must lie in local memory localId (checked here). remoteGpu says the remote memory
     // is GPU memory (it then travels by rendezvous only).
-    std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId,
-                                     uint64_t uid, bool notify, bool remoteGpu);
+    std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const plan::Batch& batch, uint64_t remoteId, uint64_t uid,
+                                     bool notify, bool remoteGpu);
     // The same for blocks given as offsets into local memory localId and remote memory remoteId
     // (merged here; C++ callers such as the device proxy).
     std::shared_ptr<Transfer> submit(Op op, uint64_t localId, const uint64_t* localOffs, uint64_t remoteId,
@@ -215,7 +214,8 @@ public:
     // that waits at once (UcxPeer.run_one, the heap window: mori.shmem's host puts and gets).
     std::shared_ptr<Transfer> run_one(Op op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes,
                                       uint64_t remoteId, bool remoteGpu, double timeout) {
-        std::shared_ptr<Transfer> t = submit(op, localId, plan::Batch::one(src, dst, bytes), remoteId, 0, false, remoteGpu);
+        std::shared_ptr<Transfer> t =
+            submit(op, localId, plan::Batch::one(src, dst, bytes), remoteId, 0, false, remoteGpu);
         t->wait(timeout);
         return t;
     }
@@ -249,7 +249,7 @@ private:
     std::string closed_why() const;  // why a failed or closed peer takes no transfer
     std::shared_ptr<Engine> engine_;
     std::shared_ptr<PeerState> state_;
-    std::vector<Link*> links_;  // per worker
+    std::vector<Link*> links_;                        // per worker
     std::vector<std::shared_ptr<SendQueue>> queues_;  // per worker
     std::shared_ptr<SameHostLink> sameHost_;
     std::string sameHostRefusal_;
@@ -306,7 +306,7 @@ private:
     void expire_locked(int64_t now);
     std::string stall_locked(const Transfer& t) const;  // where an expired transfer stopped, for its message
     void reap_links_locked();
-    void sweep_parts_locked();  // frees failed parts whose UCX operations all called back
+    void sweep_parts_locked();        // frees failed parts whose UCX operations all called back
     unsigned finish_copies_locked();  // runs what follows the copies that ended; their count
     static void on_ep_error(void* arg, api::Endpoint* ep, api::Status status);
 
@@ -336,8 +336,8 @@ private:
         Staged* staged;
         std::function<void(const std::string&)> then;
     };
-    std::deque<CopyWait> copies_;      // in the order started: copies on one stream end in it
-    std::atomic<size_t> copying_{0};   // copies_.size(), read by the progress thread unlocked
+    std::deque<CopyWait> copies_;     // in the order started: copies on one stream end in it
+    std::atomic<size_t> copying_{0};  // copies_.size(), read by the progress thread unlocked
 };
 
 class Engine : public std::enable_shared_from_this<Engine> {
@@ -378,7 +378,7 @@ public:
     size_t inbound_count() { return inbound_->count(); }
     void record_inbound(const std::string& key, uint64_t uid, int code) { inbound_->record(key, uid, code); }
     EngineStats stats() const;
-    void count(uint64_t EngineStats::*field);
+    void count(uint64_t EngineStats::* field);
     // Transports UCX found for this context (ucp_context_print_info).
     std::string describe() const;
     bool cuda_supported() const { return cuda_; }

@@ -39,8 +39,9 @@ gpu::StagingConfig config_of(const GpuWordsConfig& c) {
 
 GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
     if (!c.context || !c.function || !c.result || !c.resultDev || !c.bounce || c.bounceBytes == 0 || !c.launchKernel)
-        throw std::invalid_argument("GPU word operations need a context, a kernel, cuLaunchKernel, a result word and a "
-                                    "bounce buffer");
+        throw std::invalid_argument(
+            "GPU word operations need a context, a kernel, cuLaunchKernel, a result word and a "
+            "bounce buffer");
     stager_ = std::make_shared<gpu::Stager>(config_of(c));  // checks the rest
 }
 

@@ -45,9 +45,9 @@ struct GpuWordsConfig {
     uintptr_t resultDev = 0;  // its device address (the kernel's last argument)
     gpu::Driver driver;       // the staging's entry points
     uintptr_t launchKernel = 0;
-    uintptr_t bounce = 0;    // pinned host memory of the context: small copies go through it
+    uintptr_t bounce = 0;  // pinned host memory of the context: small copies go through it
     size_t bounceBytes = 0;
-    bool stage = false;      // transfers of GPU memory go through here, UCX sees host memory only
+    bool stage = false;     // transfers of GPU memory go through here, UCX sees host memory only
     double timeout = 30.0;  // seconds an operation may wait for the GPU
     std::string timeoutSetting = "timeout";
 };

@@ -30,8 +30,8 @@ Lease::~Lease() {
     }
 }
 
-HeapWindow::HeapWindow(std::shared_ptr<Engine> engine, std::shared_ptr<memory::LiveRanges> live,
-                       const HeapLayout& heap, std::vector<std::shared_ptr<Peer>> peers, double timeout)
+HeapWindow::HeapWindow(std::shared_ptr<Engine> engine, std::shared_ptr<memory::LiveRanges> live, const HeapLayout& heap,
+                       std::vector<std::shared_ptr<Peer>> peers, double timeout)
     : engine_(std::move(engine)),
       live_(std::move(live)),
       heap_(heap),
@@ -120,7 +120,8 @@ HeapWindow::Stats HeapWindow::stats() const {
 
 std::string HeapWindow::check(int pe, uint64_t offset, uint64_t bytes, const char* what) const {
     if (pe < 0 || static_cast<size_t>(pe) >= peers_.size() || !peers_[pe])
-        return std::string(what) + " names PE " + std::to_string(pe) + ", which is not reached through the remote "
+        return std::string(what) + " names PE " + std::to_string(pe) +
+               ", which is not reached through the remote "
                "transport";
     if (offset > heap_.size || bytes > heap_.size - offset)
         return std::string(what) + " of " + std::to_string(bytes) + " bytes at heap offset " + std::to_string(offset) +
@@ -177,8 +178,8 @@ std::vector<std::shared_ptr<Transfer>> HeapWindow::submit(Peer& to, Op op, const
     std::vector<uint64_t> lofs, rofs, sizes;
     uint64_t groupL = 0, groupR = 0;
     auto flush = [&] {
-        parts.push_back(to.submit(op, groupL, lofs.data(), groupR, rofs.data(), sizes.data(), sizes.size(), 0, false,
-                                  heap_.gpu));
+        parts.push_back(
+            to.submit(op, groupL, lofs.data(), groupR, rofs.data(), sizes.data(), sizes.size(), 0, false, heap_.gpu));
         lofs.clear();
         rofs.clear();
         sizes.clear();

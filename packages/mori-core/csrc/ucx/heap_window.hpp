@@ -96,7 +96,7 @@ public:
     // plain() checks (with the GIL held: the live blocks are the allocator's, which changes them
     // under it) and is false, with nothing done, for any other call (the caller's checked path
     // says what is wrong); run_plain() then moves it.
-    struct Local {  // where the local side of a transfer lies
+    struct Local {          // where the local side of a transfer lies
         bool heap = false;  // in the local heap: cut per chunk (id unused)
         uint64_t id = 0;    // else its memory id
         uint64_t base = 0;  // and the address that id starts at
@@ -116,8 +116,8 @@ public:
         std::shared_ptr<Lease> lease;
     };
     Posted post(Op op, int pe, uint64_t offset, uint64_t local, uint64_t bytes);
-    std::unique_ptr<AtomicInFlight> start_atomic(int pe, AtomicOp op, uint64_t offset, uint64_t value,
-                                                 uint64_t compare, int width);
+    std::unique_ptr<AtomicInFlight> start_atomic(int pe, AtomicOp op, uint64_t offset, uint64_t value, uint64_t compare,
+                                                 int width);
 
     // Transfers whose local side went through the staging area, and that were registered for
     // the transfer; buffers registered now.
@@ -159,7 +159,7 @@ private:
     double timeout_, waitFor_;
     std::atomic<uint64_t> registered_{0};
     std::atomic<uint64_t> nextId_;
-    mutable std::mutex mu_;  // buffers_ and leases_
+    mutable std::mutex mu_;               // buffers_ and leases_
     std::map<uint64_t, Buffer> buffers_;  // by address
     std::vector<std::weak_ptr<Lease>> leases_;
     std::mutex stagingMu_;  // one staged transfer at a time

@@ -23,7 +23,7 @@ std::string folder_of(const std::string& path) {
 }
 
 bool same_file(const std::string& a, const std::string& b) {
-    struct stat sa {}, sb {};
+    struct stat sa{}, sb{};
     return stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
@@ -38,7 +38,7 @@ std::string path_of(void* handle) {
 std::string sibling(const std::string& dir, const char* stem) {
     for (const char* suffix : {".so.0", ".so"}) {
         std::string p = dir + "/" + stem + suffix;
-        struct stat st {};
+        struct stat st{};
         if (stat(p.c_str(), &st) == 0) return p;
     }
     return dir + "/" + stem + ".so.0";
@@ -97,11 +97,12 @@ std::string resolve_all(void* ucs, void* uct, void* ucp, api::Functions& f) {
 // stays loaded for the life of the process.
 std::string open_set(const std::string& libucp, void*& ucs, void*& uct, void*& ucp) {
     const std::string dir = folder_of(libucp);
-    struct stat st {};
+    struct stat st{};
     if (stat(libucp.c_str(), &st) != 0) return "no such file";
     // libucs first, by path: libuct and libucp then find it by its soname instead of searching.
     for (auto [slot, path] : {std::pair<void**, std::string>{&ucs, sibling(dir, "libucs")},
-                              {&uct, sibling(dir, "libuct")}, {&ucp, libucp}}) {
+                              {&uct, sibling(dir, "libuct")},
+                              {&ucp, libucp}}) {
         *slot = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (*slot == nullptr) {
             const char* e = dlerror();
@@ -143,8 +144,7 @@ const Library& load(const std::vector<Candidate>& candidates) {
         if (ucs == nullptr || uct == nullptr)
             throw LoadError("UCX is already loaded in this process (" + path + ") without its libucs/libuct");
         std::string missing = resolve_all(ucs, uct, ucp, table);
-        if (!missing.empty())
-            throw LoadError("the UCX already loaded in this process (" + path + ") lacks " + missing);
+        if (!missing.empty()) throw LoadError("the UCX already loaded in this process (" + path + ") lacks " + missing);
         lib.path = path;
         lib.source = "already loaded in this process";
     } else {
@@ -165,11 +165,11 @@ const Library& load(const std::vector<Candidate>& candidates) {
             ucp = nullptr;
         }
         if (ucp == nullptr)
-            throw LoadError(
-                "no usable UCX found" + (tried.empty() ? std::string(" (no candidate)") : "; tried:" + tried) +
-                "\nInstall one: pip install libucx-cu13 (the libucx wheel, no verbs), or your system's UCX "
-                "with verbs (Debian/Ubuntu: apt-get install libucx0 ucx-utils), or set MORI_UCX_LIB to a "
-                "libucp.so or its folder.");
+            throw LoadError("no usable UCX found" +
+                            (tried.empty() ? std::string(" (no candidate)") : "; tried:" + tried) +
+                            "\nInstall one: pip install libucx-cu13 (the libucx wheel, no verbs), or your system's UCX "
+                            "with verbs (Debian/Ubuntu: apt-get install libucx0 ucx-utils), or set MORI_UCX_LIB to a "
+                            "libucp.so or its folder.");
     }
     table.get_version(&lib.major, &lib.minor, &lib.release);
     if (lib.major != 1 || lib.minor < 13)

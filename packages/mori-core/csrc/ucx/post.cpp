@@ -58,7 +58,8 @@ void on_send(void* request, api::Status status, void* user) {
     Worker& w = *part->link->worker;
     // A message's outcome is the target's reply; only a failed send decides it here.
     if (status != api::kOk)
-        w.link_failed_locked(*part->link, "sending to engine '" + part->link->peer->key + "' failed: " + status_text(status));
+        w.link_failed_locked(*part->link,
+                             "sending to engine '" + part->link->peer->key + "' failed: " + status_text(status));
     w.retire_part_locked(*part);
 }
 
@@ -104,8 +105,13 @@ void Part::finish(int c, const std::string& msg) {
 
 Transfer::Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
                    uint64_t uid)
-    : CompletionSlot(parts), worker_(worker), link_(link), onWorker_(worker != nullptr), deadlineNs_(deadlineNs),
-      notify_(notify), uid_(uid) {}
+    : CompletionSlot(parts),
+      worker_(worker),
+      link_(link),
+      onWorker_(worker != nullptr),
+      deadlineNs_(deadlineNs),
+      notify_(notify),
+      uid_(uid) {}
 
 void Transfer::part_done(int c, const std::string& msg, Link* via) {
     if (!account(1, c, msg)) return;
@@ -212,8 +218,7 @@ std::string Peer::describe() {
         Worker& w = engine_->worker(i);
         std::lock_guard lk(w.mutex());
         if (closed_.load() || !w.alive()) break;  // the links may be freed
-        for (api::Endpoint* ep : links_[i]->eps)
-            out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
+        for (api::Endpoint* ep : links_[i]->eps) out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
     }
     return out;
 }
@@ -242,8 +247,8 @@ RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
     p.userData = &part;
     api::StatusPtr r = f.am_send_nbx(link.eps[0], kAmRequest, part.header.data(), part.header.size(), nullptr, 0, &p);
     if (api::is_error_ptr(r))
-        link_failed_locked(link, "asking engine '" + link.peer->key + "' about its memory failed: " +
-                                     status_text(api::ptr_status(r)));
+        link_failed_locked(
+            link, "asking engine '" + link.peer->key + "' about its memory failed: " + status_text(api::ptr_status(r)));
     else if (r != nullptr)
         ++part.ops;
     const int64_t deadline = now_ns() + static_cast<int64_t>(engine_.options().timeout * 1e9);
@@ -270,7 +275,8 @@ RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
             for (api::RemoteKey* k : rr.keys)
                 if (k != nullptr) f.rkey_destroy(k);
             link.regions.erase(id);
-            throw UcxError("ucp_ep_rkey_unpack (memory id " + std::to_string(id) + " of engine '" + link.peer->key + "')", s);
+            throw UcxError(
+                "ucp_ep_rkey_unpack (memory id " + std::to_string(id) + " of engine '" + link.peer->key + "')", s);
         }
     }
     return rr;
@@ -305,8 +311,8 @@ void post_rma(Part& part, api::Endpoint* ep, api::RemoteKey* key, uint64_t remot
     if (r == nullptr)
         part.finish(kSuccess, "");
     else if (api::is_error_ptr(r))
-        part.link->worker->link_failed_locked(*part.link, "flush to engine '" + part.link->peer->key + "' failed: " +
-                                                              status_text(api::ptr_status(r)));
+        part.link->worker->link_failed_locked(
+            *part.link, "flush to engine '" + part.link->peer->key + "' failed: " + status_text(api::ptr_status(r)));
     else
         ++part.ops;
 }
@@ -347,8 +353,8 @@ void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped) {
     }
     api::StatusPtr r = f.am_send_nbx(ep, kAmRequest, part.header.data(), part.header.size(), data, count, &p);
     if (api::is_error_ptr(r))
-        part.link->worker->link_failed_locked(*part.link, "sending to engine '" + part.link->peer->key +
-                                                              "' failed: " + status_text(api::ptr_status(r)));
+        part.link->worker->link_failed_locked(
+            *part.link, "sending to engine '" + part.link->peer->key + "' failed: " + status_text(api::ptr_status(r)));
     else if (r != nullptr)
         ++part.ops;
 }
@@ -360,7 +366,8 @@ struct PinnedLocal {
         if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
         region = engine.pin_region(localId);
         if (!region)
-            throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+            throw std::invalid_argument("local memory id " + std::to_string(localId) +
+                                        " is not registered with this engine");
     }
     PinnedLocal(const PinnedLocal&) = delete;
     PinnedLocal& operator=(const PinnedLocal&) = delete;
@@ -417,7 +424,8 @@ std::shared_ptr<Transfer> Peer::submit(Op op, uint64_t localId, const uint64_t* 
                                        bool notify, bool remoteGpu) {
     std::shared_ptr<Region> local = engine_->region(localId);
     if (!local)
-        throw std::invalid_argument("local memory id " + std::to_string(localId) + " is not registered with this engine");
+        throw std::invalid_argument("local memory id " + std::to_string(localId) +
+                                    " is not registered with this engine");
     // Offsets of 2^63 or more are refused by the merge; the rows are checked against the region
     // (pinned) by the batch form.
     auto i64 = [](const uint64_t* p) { return reinterpret_cast<const int64_t*>(p); };
@@ -498,8 +506,8 @@ std::shared_ptr<Transfer> Peer::spread(size_t w, Op op, const std::shared_ptr<Re
     const auto [use, count, bounds] = deal(batch.begin(), batch.size(), batch.largest(), k, kSpreadPiece, pieces);
     if (bounds.size() < 3) return nullptr;
     const int64_t deadline = now_ns() + static_cast<int64_t>(engine_->options().timeout * 1e9);
-    auto parent = std::make_shared<Transfer>(nullptr, nullptr, static_cast<int64_t>(bounds.size() - 1), deadline,
-                                             notify, uid);
+    auto parent =
+        std::make_shared<Transfer>(nullptr, nullptr, static_cast<int64_t>(bounds.size() - 1), deadline, notify, uid);
     std::vector<std::weak_ptr<Transfer>> children;
     for (size_t r = 0; r + 1 < bounds.size(); ++r) {
         uint64_t largest = 0;
@@ -539,7 +547,7 @@ struct PartContext {
     const std::shared_ptr<Transfer>& transfer;
     uint64_t ticket, remoteId, uid;
     bool gpu, rma, targetNotes;
-    bool peerStagesGpu;                  // small staged writes go to it as host memory (eager)
+    bool peerStagesGpu;                 // small staged writes go to it as host memory (eager)
     std::shared_ptr<GpuWords> copyOut;  // a write's local GPU memory is copied out through it
     size_t parts;
 };
@@ -556,8 +564,7 @@ void check_remote_rows(const RemoteRegion& rr, const Dealt& d, uint64_t remoteId
 
 // Plan: the parts, one per lane (RMA), or one per message (checked path: small host blocks of a
 // lane grouped, up to maxEntries and kGroupBytes, each other block a message of its own).
-std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, bool rma, bool gpu,
-                                size_t maxEntries) {
+std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, bool rma, bool gpu, size_t maxEntries) {
     std::vector<Planned> planned;
     for (size_t r = 0; r + 1 < d.bounds.size(); ++r) {
         const size_t lane = (firstLane + r) % lanes;
@@ -618,8 +625,8 @@ void fill_message(PartContext& c, Part& part, const Planned& pl, const plan::Row
 void stage_out(PartContext& c, Part& part, bool grouped, std::vector<CopiedOut>& copiedOut) {
     const bool inPlace = part.bytes <= kCopyInPlaceBytes;
     try {
-        part.staged = c.copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes,
-                                         inPlace && c.parts == 1);
+        part.staged =
+            c.copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, inPlace && c.parts == 1);
     } catch (const std::exception& e) {
         part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
         c.worker.retire_part_locked(part);
@@ -724,8 +731,8 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         }
         check_remote_rows(*rr, dealt, remoteId, key());
     }
-    const size_t maxEntries = std::max<size_t>(
-        1, std::min(kMaxEntries, (worker.max_header() - sizeof(RequestHeader)) / sizeof(Entry)));
+    const size_t maxEntries =
+        std::max<size_t>(1, std::min(kMaxEntries, (worker.max_header() - sizeof(RequestHeader)) / sizeof(Entry)));
     std::vector<Planned> planned =
         plan_parts(dealt, static_cast<size_t>(link.next++ % lanes), lanes, rma, gpu, maxEntries);
     // A transfer of one message asks its target to record the outcome (kFlagNotify): no note follows.
@@ -738,8 +745,20 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         t->part_done(kSuccess, "");  // nothing to move; the notification still goes
         return t;
     }
-    PartContext c{worker, link, op, local, t, state_->ticket, remoteId, uid, gpu, rma, targetNotes, stagesGpu_,
-                  op == kOpWrite && local->gpu() ? stager : nullptr, planned.size()};
+    PartContext c{worker,
+                  link,
+                  op,
+                  local,
+                  t,
+                  state_->ticket,
+                  remoteId,
+                  uid,
+                  gpu,
+                  rma,
+                  targetNotes,
+                  stagesGpu_,
+                  op == kOpWrite && local->gpu() ? stager : nullptr,
+                  planned.size()};
     const uint64_t total = post_parts(c, planned, dealt.rows, rr);
     worker.track_locked(t);
     lk.unlock();

@@ -15,7 +15,7 @@ namespace {
 void on_serve_sent(void* request, api::Status status, void* user) {
     fn().request_free(request);
     std::unique_ptr<Serve> s(static_cast<Serve*>(user));  // unpins what the reply read
-    if (status == api::kOk) s->record(s->reply.code);    // a read's bytes have left
+    if (status == api::kOk) s->record(s->reply.code);     // a read's bytes have left
 }
 
 // Sends s's reply (with data: iov or s.body) on its reply endpoint; s is freed when UCX is done.
@@ -56,8 +56,10 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
         if (!rndv) p.flags = api::kAmSendEager;
     }
     api::StatusPtr r = f.am_send_nbx(s->replyEp, kAmReply, &s->reply, sizeof(s->reply), data, count, &p);
-    if (r == nullptr) s->record(s->reply.code);   // sent at once
-    else if (!api::is_error_ptr(r)) s.release();  // on_serve_sent frees it
+    if (r == nullptr)
+        s->record(s->reply.code);  // sent at once
+    else if (!api::is_error_ptr(r))
+        s.release();  // on_serve_sent frees it
 }
 
 // Answers h with a refusal instead of what s (made for h) would have sent; its outcome is
@@ -153,8 +155,10 @@ void land(Part& part) {
         Part* p = &part;
         part.link->worker->after_copy_locked(part.staged, [p](const std::string& error) {
             --p->ops;
-            if (error.empty()) p->finish(kSuccess, "");
-            else p->finish(kErrTransport, "copying what was read into GPU memory: " + error);
+            if (error.empty())
+                p->finish(kSuccess, "");
+            else
+                p->finish(kErrTransport, "copying what was read into GPU memory: " + error);
             p->link->worker->retire_part_locked(*p);
         });
     } catch (const std::exception& e) {
@@ -170,7 +174,8 @@ void on_read_data(void* request, api::Status status, size_t, void* user) {
     if (status == api::kOk) {
         land(*part);
     } else {
-        w.link_failed_locked(*part->link, "receiving from engine '" + part->link->peer->key + "' failed: " + status_text(status));
+        w.link_failed_locked(*part->link,
+                             "receiving from engine '" + part->link->peer->key + "' failed: " + status_text(status));
     }
     w.retire_part_locked(*part);
 }
@@ -218,8 +223,8 @@ void serve_region(std::unique_ptr<Serve> s, const RequestHeader& h, const uint8_
 // memory: left to UCX it moves only by rendezvous (UCX's copy engines; a copy-in message would
 // have the target's CPU write it), staged (stager) a write may come eager. The blocks' bytes and
 // memory type; false when s was refused (and answered).
-bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8_t* entries, bool rndv,
-                  bool staged, uint64_t& total, int& memType) {
+bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8_t* entries, bool rndv, bool staged,
+                  uint64_t& total, int& memType) {
     Engine& eng = s->worker->engine();
     const size_t n = h.count;
     s->iov.resize(n);
@@ -407,7 +412,8 @@ void refused(Part& part, const ReplyHeader& h) {
     } else if (part.op == kOpRegion) {
         what = "memory id " + std::to_string(part.entry(0).memId) + " at engine '" + peer + "'";
     }
-    part.finish(is_final_code(h.code) && h.code != kSuccess ? h.code : kErrBadState, what + ": " + reason_text(h.reason));
+    part.finish(is_final_code(h.code) && h.code != kSuccess ? h.code : kErrBadState,
+                what + ": " + reason_text(h.reason));
 }
 
 // A region request's answer (RegionInfo and the packed key) for its waiting caller; false when

@@ -96,7 +96,7 @@ struct Part {
     Staged staged;                   // its GPU bytes in host memory, when the engine stages them
     int ops = 0;                     // UCX operations that will still call back
     bool done = false;               // its outcome is known (reported to the transfer)
-    struct Answer {  // a region request's outcome, where its caller waits for it
+    struct Answer {                  // a region request's outcome, where its caller waits for it
         RemoteRegion region;
         std::string rkey;
         int code = kInProgress;
@@ -131,7 +131,7 @@ struct Serve {
     ReplyHeader reply{};
     std::vector<std::shared_ptr<Region>> pins;
     std::vector<api::Iov> iov;
-    std::string body;  // region replies: RegionInfo + key
+    std::string body;                  // region replies: RegionInfo + key
     std::shared_ptr<GpuWords> stager;  // set when the GPU bytes go through staged (ucx/gpu.hpp)
     Staged staged;
     std::string noteKey;  // the initiator's key while the outcome is still to record (kFlagNotify)

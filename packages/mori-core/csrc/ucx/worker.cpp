@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "ucx/atomic.hpp"
@@ -59,8 +59,10 @@ void Worker::start() {
     maxHeader_ = attr.maxAmHeader;
     check("ucp_worker_get_efd", f.worker_get_efd(w_, &efd_));
     for (auto [id, cb] : {std::pair<unsigned, api::AmRecvCallback>{kAmRequest, dispatch_request},
-                          {kAmReply, dispatch_reply}, {kAmNote, dispatch_note},
-                          {kAmAtomic, on_atomic_request}, {kAmAtomicReply, on_atomic_reply},
+                          {kAmReply, dispatch_reply},
+                          {kAmNote, dispatch_note},
+                          {kAmAtomic, on_atomic_request},
+                          {kAmAtomicReply, on_atomic_reply},
                           {kAmSignalPut, on_signal_put_request}}) {
         api::AmHandlerParam h{};
         h.fieldMask = api::kAmHandlerId | api::kAmHandlerFlags | api::kAmHandlerCb | api::kAmHandlerArg;
@@ -74,7 +76,7 @@ void Worker::start() {
     epollFd_ = epoll_create1(EPOLL_CLOEXEC);
     if (wakeFd_ < 0 || epollFd_ < 0) throw std::runtime_error(std::string("UCX engine: ") + std::strerror(errno));
     for (int fd : {efd_, wakeFd_}) {
-        struct epoll_event ev {};
+        struct epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.fd = fd;
         if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0)
@@ -163,7 +165,8 @@ void Worker::run() {
             api::Status s = f.worker_arm(w_);
             if (s == api::kErrBusy) continue;  // events arrived meanwhile: progress them
             if (nextDeadlineNs_ != INT64_MAX)
-                timeoutMs = static_cast<int>(std::clamp<int64_t>((nextDeadlineNs_ - now) / 1'000'000 + 1, 0, kMaxSleepMs));
+                timeoutMs =
+                    static_cast<int>(std::clamp<int64_t>((nextDeadlineNs_ - now) / 1'000'000 + 1, 0, kMaxSleepMs));
             sleeping_.store(true, std::memory_order_release);
         }
         struct epoll_event evs[2];
@@ -271,7 +274,8 @@ Link* Worker::connect_locked(const std::shared_ptr<PeerState>& peer, const std::
 
 void Worker::on_ep_error(void* arg, api::Endpoint*, api::Status status) {
     auto* link = static_cast<Link*>(arg);
-    link->worker->link_failed_locked(*link, "connection to engine '" + link->peer->key + "' failed: " + status_text(status));
+    link->worker->link_failed_locked(*link,
+                                     "connection to engine '" + link->peer->key + "' failed: " + status_text(status));
 }
 
 void Worker::link_failed_locked(Link& link, const std::string& why) {
@@ -368,8 +372,9 @@ std::string Worker::stall_locked(const Transfer& t) const {
     if (open == 0) return "";
     return "; " + std::to_string(open) + (open == 1 ? " message" : " messages") + " unanswered, " +
            (unsent == 0 ? std::string("every one sent")
-                        : std::to_string(unsent) + " not completed by UCX here (a rendezvous send completes once the "
-                                                   "target has its data)");
+                        : std::to_string(unsent) +
+                              " not completed by UCX here (a rendezvous send completes once the "
+                              "target has its data)");
 }
 
 Part& Worker::add_part_locked(std::unique_ptr<Part> part) {

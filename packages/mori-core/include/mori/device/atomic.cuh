@@ -24,10 +24,10 @@ template <class T>
 struct IsAmoType {
   static constexpr bool value = false;
 };
-#define MORI_DEVICE_AMO_TYPE(T)          \
-  template <>                            \
-  struct IsAmoType<T> {                  \
-    static constexpr bool value = true;  \
+#define MORI_DEVICE_AMO_TYPE(T)         \
+  template <>                           \
+  struct IsAmoType<T> {                 \
+    static constexpr bool value = true; \
   };
 MORI_DEVICE_AMO_TYPE(int)
 MORI_DEVICE_AMO_TYPE(unsigned int)
@@ -79,8 +79,8 @@ MORI_DEVICE_INLINE T ShmemAtomicSwap(T* dest, detail::NonDeduced<T> value, int p
 
 // Replaces `dest` on PE `pe` with `value` if it equals `cond`; returns the old value either way.
 template <class T>
-MORI_DEVICE_INLINE T ShmemAtomicCompareSwap(T* dest, detail::NonDeduced<T> cond,
-                                            detail::NonDeduced<T> value, int pe, int = 0) {
+MORI_DEVICE_INLINE T ShmemAtomicCompareSwap(T* dest, detail::NonDeduced<T> cond, detail::NonDeduced<T> value, int pe,
+                                            int = 0) {
   if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {
     return detail::ProxyAtomic<T>(dest, pe, kProxyAmoCompareSwap, value, cond, true, "ShmemAtomicCompareSwap");
   }
@@ -106,23 +106,21 @@ MORI_DEVICE_INLINE void ShmemAtomicInc(T* dest, int pe, int = 0) {
 
 // ShmemAtomicFetch<Op> returns the old value of `dest` on PE `pe` and stores old <op> value;
 // ShmemAtomic<Op> does the same without the result.
-#define MORI_DEVICE_DEFINE_AMO(Op, atom, red, amo)                                              \
-  template <class T>                                                                            \
-  MORI_DEVICE_INLINE T ShmemAtomicFetch##Op(T* dest, detail::NonDeduced<T> value, int pe,       \
-                                            int = 0) {                                          \
-    if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {                                           \
-      return detail::ProxyAtomic<T>(dest, pe, amo, value, T(0), true, "ShmemAtomicFetch" #Op);  \
-    }                                                                                           \
-    return ptx::atom(detail::AmoAddress(dest, pe, "ShmemAtomicFetch" #Op), value);              \
-  }                                                                                             \
-  template <class T>                                                                            \
-  MORI_DEVICE_INLINE void ShmemAtomic##Op(T* dest, detail::NonDeduced<T> value, int pe,         \
-                                          int = 0) {                                            \
-    if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {                                           \
-      detail::ProxyAtomic<T>(dest, pe, amo, value, T(0), false, "ShmemAtomic" #Op);             \
-      return;                                                                                   \
-    }                                                                                           \
-    ptx::red(detail::AmoAddress(dest, pe, "ShmemAtomic" #Op), value);                           \
+#define MORI_DEVICE_DEFINE_AMO(Op, atom, red, amo)                                                   \
+  template <class T>                                                                                 \
+  MORI_DEVICE_INLINE T ShmemAtomicFetch##Op(T* dest, detail::NonDeduced<T> value, int pe, int = 0) { \
+    if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {                                                \
+      return detail::ProxyAtomic<T>(dest, pe, amo, value, T(0), true, "ShmemAtomicFetch" #Op);       \
+    }                                                                                                \
+    return ptx::atom(detail::AmoAddress(dest, pe, "ShmemAtomicFetch" #Op), value);                   \
+  }                                                                                                  \
+  template <class T>                                                                                 \
+  MORI_DEVICE_INLINE void ShmemAtomic##Op(T* dest, detail::NonDeduced<T> value, int pe, int = 0) {   \
+    if (MORI_DEVICE_UNLIKELY(detail::ViaProxy(pe))) {                                                \
+      detail::ProxyAtomic<T>(dest, pe, amo, value, T(0), false, "ShmemAtomic" #Op);                  \
+      return;                                                                                        \
+    }                                                                                                \
+    ptx::red(detail::AmoAddress(dest, pe, "ShmemAtomic" #Op), value);                                \
   }
 MORI_DEVICE_DEFINE_AMO(Add, AtomAddSys, RedAddSys, kProxyAmoFetchAdd)
 MORI_DEVICE_DEFINE_AMO(And, AtomAndSys, RedAndSys, kProxyAmoFetchAnd)
@@ -131,12 +129,12 @@ MORI_DEVICE_DEFINE_AMO(Xor, AtomXorSys, RedXorSys, kProxyAmoFetchXor)
 #undef MORI_DEVICE_DEFINE_AMO
 
 // MORI's typed add conveniences: Shmem<Type>AtomicAddThread and Shmem<Type>AtomicFetchAddThread.
-#define MORI_DEVICE_DEFINE_TYPED_ADD(Name, T)                                                \
-  MORI_DEVICE_INLINE void Shmem##Name##AtomicAddThread(T* dest, T value, int pe, int = 0) {  \
-    ShmemAtomicAdd<T>(dest, value, pe);                                                      \
-  }                                                                                          \
+#define MORI_DEVICE_DEFINE_TYPED_ADD(Name, T)                                                 \
+  MORI_DEVICE_INLINE void Shmem##Name##AtomicAddThread(T* dest, T value, int pe, int = 0) {   \
+    ShmemAtomicAdd<T>(dest, value, pe);                                                       \
+  }                                                                                           \
   MORI_DEVICE_INLINE T Shmem##Name##AtomicFetchAddThread(T* dest, T value, int pe, int = 0) { \
-    return ShmemAtomicFetchAdd<T>(dest, value, pe);                                          \
+    return ShmemAtomicFetchAdd<T>(dest, value, pe);                                           \
   }
 MORI_DEVICE_DEFINE_TYPED_ADD(Uint32, uint32_t)
 MORI_DEVICE_DEFINE_TYPED_ADD(Int32, int32_t)
@@ -166,12 +164,13 @@ enum AmoType : int {
 // MORI's generic non-fetching atomic: `op` is inc, set, add, and, or, xor, or signal set/add
 // (set/add); any other value aborts the kernel naming it.
 template <class T>
-MORI_DEVICE_INLINE void ShmemAtomicNonFetchThread(T* dest, detail::NonDeduced<T> value, int op, int pe,
-                                                  int = 0) {
+MORI_DEVICE_INLINE void ShmemAtomicNonFetchThread(T* dest, detail::NonDeduced<T> value, int op, int pe, int = 0) {
   switch (op) {
     case kAmoInc: ShmemAtomicInc<T>(dest, pe); return;
-    case kAmoSet: case kSignalSet: ShmemAtomicSet<T>(dest, value, pe); return;
-    case kAmoAdd: case kSignalAdd: ShmemAtomicAdd<T>(dest, value, pe); return;
+    case kAmoSet:
+    case kSignalSet: ShmemAtomicSet<T>(dest, value, pe); return;
+    case kAmoAdd:
+    case kSignalAdd: ShmemAtomicAdd<T>(dest, value, pe); return;
     case kAmoAnd: ShmemAtomicAnd<T>(dest, value, pe); return;
     case kAmoOr: ShmemAtomicOr<T>(dest, value, pe); return;
     case kAmoXor: ShmemAtomicXor<T>(dest, value, pe); return;
@@ -182,8 +181,8 @@ MORI_DEVICE_INLINE void ShmemAtomicNonFetchThread(T* dest, detail::NonDeduced<T>
 // MORI's generic fetching atomic: `op` is fetch, fetch-inc/add/and/or/xor, swap or compare-swap
 // (which stores `value` where `dest` holds `compare`); returns the old value.
 template <class T>
-MORI_DEVICE_INLINE T ShmemAtomicFetchThread(T* dest, detail::NonDeduced<T> value, detail::NonDeduced<T> compare,
-                                            int op, int pe, int = 0) {
+MORI_DEVICE_INLINE T ShmemAtomicFetchThread(T* dest, detail::NonDeduced<T> value, detail::NonDeduced<T> compare, int op,
+                                            int pe, int = 0) {
   switch (op) {
     case kAmoFetch: return ShmemAtomicFetch<T>(dest, pe);
     case kAmoFetchInc: return ShmemAtomicFetchInc<T>(dest, pe);
@@ -199,8 +198,8 @@ MORI_DEVICE_INLINE T ShmemAtomicFetchThread(T* dest, detail::NonDeduced<T> value
 
 // MORI's size-generic non-fetching atomic: `bytes` (4 or 8) is the width of `dest` and of the
 // operand `*value`.
-MORI_DEVICE_INLINE void ShmemAtomicSizeNonFetchThread(void* dest, const void* value, size_t bytes, int op,
-                                                      int pe, int = 0) {
+MORI_DEVICE_INLINE void ShmemAtomicSizeNonFetchThread(void* dest, const void* value, size_t bytes, int op, int pe,
+                                                      int = 0) {
   if (bytes == 4) {
     ShmemAtomicNonFetchThread<uint32_t>(static_cast<uint32_t*>(dest), *static_cast<const uint32_t*>(value), op, pe);
   } else if (bytes == 8) {

@@ -73,8 +73,7 @@ MORI_DEVICE_INLINE void CopyPiece(char* dst, const char* src, size_t w) { StoreS
 // dst is aligned to V) and the tail (after the last whole V) are at most one piece of each
 // narrower width; piece k is copied by thread k % size of the group.
 template <class V>
-MORI_DEVICE_FUNC void CopyCongruent(char* dst, const char* src, size_t bytes, uint32_t rank,
-                                    uint32_t size) {
+MORI_DEVICE_FUNC void CopyCongruent(char* dst, const char* src, size_t bytes, uint32_t rank, uint32_t size) {
   uint32_t piece = 0;
 #pragma unroll
   for (size_t w = 1; w < sizeof(V); w *= 2) {
@@ -112,8 +111,7 @@ MORI_DEVICE_FUNC void CopyCongruent(char* dst, const char* src, size_t bytes, ui
 // with its five alignment paths unrolled it is large, and a kernel that puts from many call sites
 // (or the Triton library, which instantiates every typed put) would otherwise carry one copy per
 // call site and take minutes to compile; a call costs nothing next to a copy over NVLink.
-__device__ __noinline__ inline void GroupCopy(void* dst, const void* src, size_t bytes, uint32_t rank,
-                                uint32_t size) {
+__device__ __noinline__ inline void GroupCopy(void* dst, const void* src, size_t bytes, uint32_t rank, uint32_t size) {
   char* d = static_cast<char*>(dst);
   const char* s = static_cast<const char*>(src);
   const uint64_t skew = reinterpret_cast<uint64_t>(d) ^ reinterpret_cast<uint64_t>(s);

@@ -48,8 +48,7 @@ MORI_DEVICE_COLD void FailRemote(const char* op, const void* sym, int pe) {
   }
   if (reinterpret_cast<uint64_t>(sym) - s.heapBase >= s.heapSize) {
     MORI_DEVICE_FAIL("%s: address %p is not in the symmetric heap [%p, +%llu)", op, sym,
-                     reinterpret_cast<const void*>(s.heapBase),
-                     static_cast<unsigned long long>(s.heapSize));
+                     reinterpret_cast<const void*>(s.heapBase), static_cast<unsigned long long>(s.heapSize));
   }
   MORI_DEVICE_FAIL("%s: PE %d is not reachable by P2P (%s)", op, pe,
                    (s.flags & kFlagP2pDisabled) ? "MORI_DISABLE_P2P is set" : "heap not mapped");

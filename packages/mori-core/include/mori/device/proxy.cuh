@@ -29,10 +29,10 @@ namespace detail {
 // The unsigned integer of kBytes bytes (1, 2, 4 or 8): the bits of an operand or of g's value.
 // (Not named N: a user's kernel source may #define N before including the headers.)
 template <int kBytes>
-using UintOf = typename Conditional<
-    kBytes == 1, uint8_t,
-    typename Conditional<kBytes == 2, uint16_t,
-                         typename Conditional<kBytes == 4, uint32_t, uint64_t>::type>::type>::type;
+using UintOf =
+    typename Conditional<kBytes == 1, uint8_t,
+                         typename Conditional<kBytes == 2, uint16_t,
+                                              typename Conditional<kBytes == 4, uint32_t, uint64_t>::type>::type>::type;
 template <class T>
 MORI_DEVICE_INLINE uint64_t BitsOf(T v) {
   return static_cast<uint64_t>(BitCast<UintOf<sizeof(T)>>(v));
@@ -40,9 +40,7 @@ MORI_DEVICE_INLINE uint64_t BitsOf(T v) {
 
 MORI_DEVICE_INLINE bool HasProxy() { return (StateFlags() & kFlagProxy) != 0; }
 
-MORI_DEVICE_INLINE ProxyHeader* ProxyRingHeader() {
-  return reinterpret_cast<ProxyHeader*>(globalGpuStates.proxyRing);
-}
+MORI_DEVICE_INLINE ProxyHeader* ProxyRingHeader() { return reinterpret_cast<ProxyHeader*>(globalGpuStates.proxyRing); }
 
 MORI_DEVICE_COLD void FailProxy(const char* op, int pe) {
   MORI_DEVICE_FAIL("%s: the proxy's operation to PE %d failed (the host log says why)", op, pe);
@@ -55,8 +53,8 @@ MORI_DEVICE_COLD void FailProxyTimeout(const char* op, const char* what, int pe)
 
 // Polls `word` (host-mapped) until it equals `target` (exact) or reaches it; fails the kernel when
 // the proxy reports a failure or the wait passes MORI_DEVICE_WAIT_TIMEOUT_NS.
-MORI_DEVICE_FUNC void ProxyWait(const unsigned long long* word, unsigned long long target, bool exact,
-                                const char* op, const char* what) {
+MORI_DEVICE_FUNC void ProxyWait(const unsigned long long* word, unsigned long long target, bool exact, const char* op,
+                                const char* what) {
   ProxyHeader* h = ProxyRingHeader();
   uint64_t start = 0;
   uint32_t sleep = 32;
@@ -82,8 +80,7 @@ MORI_DEVICE_FUNC void ProxyWait(const unsigned long long* word, unsigned long lo
 MORI_DEVICE_INLINE uint64_t ProxyOffset(const void* sym, uint64_t bytes, int pe, const char* op) {
   const uint64_t offset = reinterpret_cast<uint64_t>(sym) - StateHeapBase();
   const bool inRange = static_cast<uint32_t>(pe) < static_cast<uint32_t>(StateWorldSize());
-  if (MORI_DEVICE_UNLIKELY(!HasProxy() || !inRange || offset >= StateHeapSize() ||
-                           bytes > StateHeapSize() - offset)) {
+  if (MORI_DEVICE_UNLIKELY(!HasProxy() || !inRange || offset >= StateHeapSize() || bytes > StateHeapSize() - offset)) {
     FailRemote(op, sym, pe);
   }
   return offset;
@@ -126,8 +123,8 @@ MORI_DEVICE_FUNC void ProxyWaitComplete(uint64_t t, const char* op) {
 
 // Waits for the answer of the command of ticket t, frees its slot, returns the answer.
 MORI_DEVICE_FUNC uint64_t ProxyAnswer(uint64_t t, const char* op) {
-  ProxySlot* slot = reinterpret_cast<ProxySlot*>(globalGpuStates.proxyRing + sizeof(ProxyHeader)) +
-                    (t & (kProxySlots - 1));
+  ProxySlot* slot =
+      reinterpret_cast<ProxySlot*>(globalGpuStates.proxyRing + sizeof(ProxyHeader)) + (t & (kProxySlots - 1));
   ProxyWait(&slot->seq, 4ull * t + 2, true, op, "the proxy's answer");
   const uint64_t value = ptx::LoadRelaxedSys(&slot->value);
   ptx::StoreReleaseSys(&slot->seq, 4ull * (t + kProxySlots));
@@ -180,8 +177,11 @@ MORI_DEVICE_FUNC void ProxyPutSignal(const void* sym, const void* source, size_t
     G::Sync();
   }
   if (G::Rank() == 0) {
-    ProxyRequest r{kProxyPut, pe, offset, reinterpret_cast<uint64_t>(source), bytes, sigVal, sigOffset,
-                   add ? kProxyAmoFetchAdd : kProxyAmoStore, 64, kProxyFlagSignal};
+    ProxyRequest r{kProxyPut, pe,
+                   offset,    reinterpret_cast<uint64_t>(source),
+                   bytes,     sigVal,
+                   sigOffset, add ? kProxyAmoFetchAdd : kProxyAmoStore,
+                   64,        kProxyFlagSignal};
     ProxyPost(r, op);
   }
 }
@@ -191,8 +191,11 @@ MORI_DEVICE_FUNC void ProxyPutSignal(const void* sym, const void* source, size_t
 template <class T>
 MORI_DEVICE_FUNC T ProxyAtomic(T* sym, int pe, uint32_t amo, T value, T compare, bool fetch, const char* op) {
   const uint64_t offset = ProxyOffset(sym, sizeof(T), pe, op);
-  ProxyRequest r{kProxyAtomic, pe, offset, 0, sizeof(T), BitsOf(value), BitsOf(compare), amo, 8 * sizeof(T),
-                 fetch ? kProxyFlagReply : 0u};
+  ProxyRequest r{kProxyAtomic,    pe,
+                 offset,          0,
+                 sizeof(T),       BitsOf(value),
+                 BitsOf(compare), amo,
+                 8 * sizeof(T),   fetch ? kProxyFlagReply : 0u};
   const uint64_t t = ProxyPost(r, op);
   return fetch ? static_cast<T>(ProxyAnswer(t, op)) : T(0);
 }

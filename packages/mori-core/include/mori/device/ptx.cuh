@@ -15,46 +15,43 @@ namespace ptx {
 
 // ld.<sem>.sys / st.<sem>.sys for 1-, 2-, 4- and 8-byte values. PTX lets an 8-bit access use a
 // 32-bit register (zero-extended on load, truncated on store), so bytes go through "r".
-#define MORI_PTX_DEFINE_LOAD(Name, sem)                                                       \
-  template <class T>                                                                          \
-  MORI_DEVICE_INLINE T Name(const T* p) {                                                     \
-    if constexpr (sizeof(T) == 8) {                                                           \
-      uint64_t r;                                                                             \
-      asm volatile("ld." sem ".sys.b64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");             \
-      return BitCast<T>(r);                                                                   \
-    } else if constexpr (sizeof(T) == 4) {                                                    \
-      uint32_t r;                                                                             \
-      asm volatile("ld." sem ".sys.b32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");             \
-      return BitCast<T>(r);                                                                   \
-    } else if constexpr (sizeof(T) == 2) {                                                    \
-      uint16_t r;                                                                             \
-      asm volatile("ld." sem ".sys.b16 %0, [%1];" : "=h"(r) : "l"(p) : "memory");             \
-      return BitCast<T>(r);                                                                   \
-    } else {                                                                                  \
-      static_assert(sizeof(T) == 1, #Name " supports 1-, 2-, 4- and 8-byte types");          \
-      uint32_t r;                                                                             \
-      asm volatile("ld." sem ".sys.u8 %0, [%1];" : "=r"(r) : "l"(p) : "memory");              \
-      return BitCast<T>(static_cast<uint8_t>(r));                                             \
-    }                                                                                         \
+#define MORI_PTX_DEFINE_LOAD(Name, sem)                                             \
+  template <class T>                                                                \
+  MORI_DEVICE_INLINE T Name(const T* p) {                                           \
+    if constexpr (sizeof(T) == 8) {                                                 \
+      uint64_t r;                                                                   \
+      asm volatile("ld." sem ".sys.b64 %0, [%1];" : "=l"(r) : "l"(p) : "memory");   \
+      return BitCast<T>(r);                                                         \
+    } else if constexpr (sizeof(T) == 4) {                                          \
+      uint32_t r;                                                                   \
+      asm volatile("ld." sem ".sys.b32 %0, [%1];" : "=r"(r) : "l"(p) : "memory");   \
+      return BitCast<T>(r);                                                         \
+    } else if constexpr (sizeof(T) == 2) {                                          \
+      uint16_t r;                                                                   \
+      asm volatile("ld." sem ".sys.b16 %0, [%1];" : "=h"(r) : "l"(p) : "memory");   \
+      return BitCast<T>(r);                                                         \
+    } else {                                                                        \
+      static_assert(sizeof(T) == 1, #Name " supports 1-, 2-, 4- and 8-byte types"); \
+      uint32_t r;                                                                   \
+      asm volatile("ld." sem ".sys.u8 %0, [%1];" : "=r"(r) : "l"(p) : "memory");    \
+      return BitCast<T>(static_cast<uint8_t>(r));                                   \
+    }                                                                               \
   }
 
-#define MORI_PTX_DEFINE_STORE(Name, sem)                                                      \
-  template <class T>                                                                          \
-  MORI_DEVICE_INLINE void Name(T* p, T v) {                                                   \
-    if constexpr (sizeof(T) == 8) {                                                           \
-      asm volatile("st." sem ".sys.b64 [%0], %1;" ::"l"(p), "l"(BitCast<uint64_t>(v))         \
-                   : "memory");                                                               \
-    } else if constexpr (sizeof(T) == 4) {                                                    \
-      asm volatile("st." sem ".sys.b32 [%0], %1;" ::"l"(p), "r"(BitCast<uint32_t>(v))         \
-                   : "memory");                                                               \
-    } else if constexpr (sizeof(T) == 2) {                                                    \
-      asm volatile("st." sem ".sys.b16 [%0], %1;" ::"l"(p), "h"(BitCast<uint16_t>(v))         \
-                   : "memory");                                                               \
-    } else {                                                                                  \
-      static_assert(sizeof(T) == 1, #Name " supports 1-, 2-, 4- and 8-byte types");          \
-      uint32_t w = BitCast<uint8_t>(v);                                                       \
-      asm volatile("st." sem ".sys.u8 [%0], %1;" ::"l"(p), "r"(w) : "memory");                \
-    }                                                                                         \
+#define MORI_PTX_DEFINE_STORE(Name, sem)                                                           \
+  template <class T>                                                                               \
+  MORI_DEVICE_INLINE void Name(T* p, T v) {                                                        \
+    if constexpr (sizeof(T) == 8) {                                                                \
+      asm volatile("st." sem ".sys.b64 [%0], %1;" ::"l"(p), "l"(BitCast<uint64_t>(v)) : "memory"); \
+    } else if constexpr (sizeof(T) == 4) {                                                         \
+      asm volatile("st." sem ".sys.b32 [%0], %1;" ::"l"(p), "r"(BitCast<uint32_t>(v)) : "memory"); \
+    } else if constexpr (sizeof(T) == 2) {                                                         \
+      asm volatile("st." sem ".sys.b16 [%0], %1;" ::"l"(p), "h"(BitCast<uint16_t>(v)) : "memory"); \
+    } else {                                                                                       \
+      static_assert(sizeof(T) == 1, #Name " supports 1-, 2-, 4- and 8-byte types");                \
+      uint32_t w = BitCast<uint8_t>(v);                                                            \
+      asm volatile("st." sem ".sys.u8 [%0], %1;" ::"l"(p), "r"(w) : "memory");                     \
+    }                                                                                              \
   }
 
 // Acquire load: later accesses of this thread are ordered after it, and it synchronizes with a
@@ -80,40 +77,38 @@ MORI_DEVICE_INLINE void FenceAcqRelSys() { asm volatile("fence.acq_rel.sys;" :::
 
 // Fetching atomics (atom.relaxed.sys) on 4- and 8-byte integers. Integer add is the same bit
 // operation for signed and unsigned operands, so .u32/.u64 serve both.
-#define MORI_PTX_DEFINE_ATOM(Name, op, t32, t64)                                               \
-  template <class T>                                                                           \
-  MORI_DEVICE_INLINE T Name(T* p, T v) {                                                       \
-    if constexpr (sizeof(T) == 8) {                                                            \
-      uint64_t r;                                                                              \
-      asm volatile("atom.relaxed.sys." op "." t64 " %0, [%1], %2;"                             \
-                   : "=l"(r)                                                                   \
-                   : "l"(p), "l"(BitCast<uint64_t>(v))                                         \
-                   : "memory");                                                                \
-      return BitCast<T>(r);                                                                    \
-    } else {                                                                                   \
-      static_assert(sizeof(T) == 4, #Name " supports 4- and 8-byte integers");                \
-      uint32_t r;                                                                              \
-      asm volatile("atom.relaxed.sys." op "." t32 " %0, [%1], %2;"                             \
-                   : "=r"(r)                                                                   \
-                   : "l"(p), "r"(BitCast<uint32_t>(v))                                         \
-                   : "memory");                                                                \
-      return BitCast<T>(r);                                                                    \
-    }                                                                                          \
+#define MORI_PTX_DEFINE_ATOM(Name, op, t32, t64)                               \
+  template <class T>                                                           \
+  MORI_DEVICE_INLINE T Name(T* p, T v) {                                       \
+    if constexpr (sizeof(T) == 8) {                                            \
+      uint64_t r;                                                              \
+      asm volatile("atom.relaxed.sys." op "." t64 " %0, [%1], %2;"             \
+                   : "=l"(r)                                                   \
+                   : "l"(p), "l"(BitCast<uint64_t>(v))                         \
+                   : "memory");                                                \
+      return BitCast<T>(r);                                                    \
+    } else {                                                                   \
+      static_assert(sizeof(T) == 4, #Name " supports 4- and 8-byte integers"); \
+      uint32_t r;                                                              \
+      asm volatile("atom.relaxed.sys." op "." t32 " %0, [%1], %2;"             \
+                   : "=r"(r)                                                   \
+                   : "l"(p), "r"(BitCast<uint32_t>(v))                         \
+                   : "memory");                                                \
+      return BitCast<T>(r);                                                    \
+    }                                                                          \
   }
 
 // Non-fetching reductions (red.<sem>.sys): the same operations without a result, so the issuing
 // thread does not wait for the round trip to the peer.
-#define MORI_PTX_DEFINE_RED(Name, sem, op, t32, t64)                                           \
-  template <class T>                                                                           \
-  MORI_DEVICE_INLINE void Name(T* p, T v) {                                                    \
-    if constexpr (sizeof(T) == 8) {                                                            \
-      asm volatile("red." sem ".sys." op "." t64 " [%0], %1;" ::"l"(p), "l"(BitCast<uint64_t>(v)) \
-                   : "memory");                                                                \
-    } else {                                                                                   \
-      static_assert(sizeof(T) == 4, #Name " supports 4- and 8-byte integers");                \
-      asm volatile("red." sem ".sys." op "." t32 " [%0], %1;" ::"l"(p), "r"(BitCast<uint32_t>(v)) \
-                   : "memory");                                                                \
-    }                                                                                          \
+#define MORI_PTX_DEFINE_RED(Name, sem, op, t32, t64)                                                           \
+  template <class T>                                                                                           \
+  MORI_DEVICE_INLINE void Name(T* p, T v) {                                                                    \
+    if constexpr (sizeof(T) == 8) {                                                                            \
+      asm volatile("red." sem ".sys." op "." t64 " [%0], %1;" ::"l"(p), "l"(BitCast<uint64_t>(v)) : "memory"); \
+    } else {                                                                                                   \
+      static_assert(sizeof(T) == 4, #Name " supports 4- and 8-byte integers");                                 \
+      asm volatile("red." sem ".sys." op "." t32 " [%0], %1;" ::"l"(p), "r"(BitCast<uint32_t>(v)) : "memory"); \
+    }                                                                                                          \
   }
 
 MORI_PTX_DEFINE_ATOM(AtomAddSys, "add", "u32", "u64")

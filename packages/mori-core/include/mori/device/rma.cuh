@@ -79,8 +79,8 @@ MORI_DEVICE_INLINE void GetMemNbi(void* dest, const void* source, size_t bytes, 
 }
 
 template <class G>
-MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t bytes,
-                                        uint64_t* sig, uint64_t sigVal, int sigOp, int pe) {
+MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t bytes, uint64_t* sig, uint64_t sigVal,
+                                        int sigOp, int pe) {
   if (MORI_DEVICE_UNLIKELY(sigOp != kSignalSet && sigOp != kSignalAdd)) FailSignalOp(sigOp);
   // Both addresses are checked before any byte moves (a bad one stops the call untouched), with
   // one view of the peer.
@@ -109,63 +109,52 @@ MORI_DEVICE_INLINE void PutMemNbiSignal(void* dest, const void* source, size_t b
 
 // Untyped put/get/put-with-signal in one scope. The trailing int is MORI's queue-pair id, which
 // the P2P transport has no use for; it keeps MORI call sites compiling.
-#define MORI_DEVICE_DEFINE_RMA(Scope)                                                              \
-  /* Copies `bytes` from local `source` to symmetric `dest` on PE `pe`; returns once issued. */    \
-  MORI_DEVICE_INLINE void ShmemPutMemNbi##Scope(void* dest, const void* source, size_t bytes,      \
-                                                int pe, int = 0) {                                 \
-    detail::PutMemNbi<detail::Scope##Group>(dest, source, bytes, pe);                              \
-  }                                                                                                \
-  /* Put; returns when every thread of the group has issued its stores. */                         \
-  MORI_DEVICE_INLINE void ShmemPutMem##Scope(void* dest, const void* source, size_t bytes, int pe, \
-                                             int = 0) {                                            \
-    detail::PutMemNbi<detail::Scope##Group, true>(dest, source, bytes, pe);                        \
-    detail::Scope##Group::Sync();                                                                  \
-  }                                                                                                \
-  /* Copies `bytes` from symmetric `source` on PE `pe` to local `dest`. */                         \
-  MORI_DEVICE_INLINE void ShmemGetMemNbi##Scope(void* dest, const void* source, size_t bytes,      \
-                                                int pe, int = 0) {                                 \
-    detail::GetMemNbi<detail::Scope##Group>(dest, source, bytes, pe);                              \
-  }                                                                                                \
-  /* Get; `dest` holds the data for every thread of the group on return. */                        \
-  MORI_DEVICE_INLINE void ShmemGetMem##Scope(void* dest, const void* source, size_t bytes, int pe, \
-                                             int = 0) {                                            \
-    detail::GetMemNbi<detail::Scope##Group, true>(dest, source, bytes, pe);                        \
-    detail::Scope##Group::Sync();                                                                  \
-  }                                                                                                \
-  /* Put, then signal word `sig` on PE `pe` set to (kSignalSet) or increased by (kSignalAdd)       \
-     `sigVal` with release semantics. */                                                           \
-  MORI_DEVICE_INLINE void ShmemPutMemNbiSignal##Scope(void* dest, const void* source,              \
-                                                      size_t bytes, uint64_t* sig,                 \
-                                                      uint64_t sigVal, int sigOp, int pe,          \
-                                                      int = 0) {                                   \
-    detail::PutMemNbiSignal<detail::Scope##Group>(dest, source, bytes, sig, sigVal, sigOp, pe);    \
-  }                                                                                                \
-  /* The same for `nelems` elements of type T. */                                                  \
-  template <class T>                                                                               \
-  MORI_DEVICE_INLINE void ShmemPutTypeNbi##Scope(T* dest, const T* source, size_t nelems, int pe,  \
-                                                 int = 0) {                                        \
-    ShmemPutMemNbi##Scope(dest, source, nelems * sizeof(T), pe);                                   \
-  }                                                                                                \
-  template <class T>                                                                               \
-  MORI_DEVICE_INLINE void ShmemPutType##Scope(T* dest, const T* source, size_t nelems, int pe,     \
-                                              int = 0) {                                           \
-    ShmemPutMem##Scope(dest, source, nelems * sizeof(T), pe);                                      \
-  }                                                                                                \
-  template <class T>                                                                               \
-  MORI_DEVICE_INLINE void ShmemGetTypeNbi##Scope(T* dest, const T* source, size_t nelems, int pe,  \
-                                                 int = 0) {                                        \
-    ShmemGetMemNbi##Scope(dest, source, nelems * sizeof(T), pe);                                   \
-  }                                                                                                \
-  template <class T>                                                                               \
-  MORI_DEVICE_INLINE void ShmemGetType##Scope(T* dest, const T* source, size_t nelems, int pe,     \
-                                              int = 0) {                                           \
-    ShmemGetMem##Scope(dest, source, nelems * sizeof(T), pe);                                      \
-  }                                                                                                \
-  template <class T>                                                                               \
-  MORI_DEVICE_INLINE void ShmemPutTypeNbiSignal##Scope(T* dest, const T* source, size_t nelems,    \
-                                                       uint64_t* sig, uint64_t sigVal, int sigOp,  \
-                                                       int pe, int = 0) {                          \
-    ShmemPutMemNbiSignal##Scope(dest, source, nelems * sizeof(T), sig, sigVal, sigOp, pe);         \
+#define MORI_DEVICE_DEFINE_RMA(Scope)                                                                              \
+  /* Copies `bytes` from local `source` to symmetric `dest` on PE `pe`; returns once issued. */                    \
+  MORI_DEVICE_INLINE void ShmemPutMemNbi##Scope(void* dest, const void* source, size_t bytes, int pe, int = 0) {   \
+    detail::PutMemNbi<detail::Scope##Group>(dest, source, bytes, pe);                                              \
+  }                                                                                                                \
+  /* Put; returns when every thread of the group has issued its stores. */                                         \
+  MORI_DEVICE_INLINE void ShmemPutMem##Scope(void* dest, const void* source, size_t bytes, int pe, int = 0) {      \
+    detail::PutMemNbi<detail::Scope##Group, true>(dest, source, bytes, pe);                                        \
+    detail::Scope##Group::Sync();                                                                                  \
+  }                                                                                                                \
+  /* Copies `bytes` from symmetric `source` on PE `pe` to local `dest`. */                                         \
+  MORI_DEVICE_INLINE void ShmemGetMemNbi##Scope(void* dest, const void* source, size_t bytes, int pe, int = 0) {   \
+    detail::GetMemNbi<detail::Scope##Group>(dest, source, bytes, pe);                                              \
+  }                                                                                                                \
+  /* Get; `dest` holds the data for every thread of the group on return. */                                        \
+  MORI_DEVICE_INLINE void ShmemGetMem##Scope(void* dest, const void* source, size_t bytes, int pe, int = 0) {      \
+    detail::GetMemNbi<detail::Scope##Group, true>(dest, source, bytes, pe);                                        \
+    detail::Scope##Group::Sync();                                                                                  \
+  }                                                                                                                \
+  /* Put, then signal word `sig` on PE `pe` set to (kSignalSet) or increased by (kSignalAdd)                       \
+     `sigVal` with release semantics. */                                                                           \
+  MORI_DEVICE_INLINE void ShmemPutMemNbiSignal##Scope(void* dest, const void* source, size_t bytes, uint64_t* sig, \
+                                                      uint64_t sigVal, int sigOp, int pe, int = 0) {               \
+    detail::PutMemNbiSignal<detail::Scope##Group>(dest, source, bytes, sig, sigVal, sigOp, pe);                    \
+  }                                                                                                                \
+  /* The same for `nelems` elements of type T. */                                                                  \
+  template <class T>                                                                                               \
+  MORI_DEVICE_INLINE void ShmemPutTypeNbi##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {       \
+    ShmemPutMemNbi##Scope(dest, source, nelems * sizeof(T), pe);                                                   \
+  }                                                                                                                \
+  template <class T>                                                                                               \
+  MORI_DEVICE_INLINE void ShmemPutType##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {          \
+    ShmemPutMem##Scope(dest, source, nelems * sizeof(T), pe);                                                      \
+  }                                                                                                                \
+  template <class T>                                                                                               \
+  MORI_DEVICE_INLINE void ShmemGetTypeNbi##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {       \
+    ShmemGetMemNbi##Scope(dest, source, nelems * sizeof(T), pe);                                                   \
+  }                                                                                                                \
+  template <class T>                                                                                               \
+  MORI_DEVICE_INLINE void ShmemGetType##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {          \
+    ShmemGetMem##Scope(dest, source, nelems * sizeof(T), pe);                                                      \
+  }                                                                                                                \
+  template <class T>                                                                                               \
+  MORI_DEVICE_INLINE void ShmemPutTypeNbiSignal##Scope(T* dest, const T* source, size_t nelems, uint64_t* sig,     \
+                                                       uint64_t sigVal, int sigOp, int pe, int = 0) {              \
+    ShmemPutMemNbiSignal##Scope(dest, source, nelems * sizeof(T), sig, sigVal, sigOp, pe);                         \
   }
 
 MORI_DEVICE_DEFINE_RMA(Thread)
@@ -192,28 +181,22 @@ MORI_DEVICE_DEFINE_RMA(Block)
 
 // Typed put/get per scope: ShmemPut<Type>Nbi<Scope>, ShmemPut<Type><Scope>, ShmemGet<Type>Nbi<Scope>,
 // ShmemGet<Type><Scope>, ShmemPut<Type>NbiSignal<Scope>, counted in elements.
-#define MORI_DEVICE_DEFINE_TYPED_RMA(Name, T, Scope)                                             \
-  MORI_DEVICE_INLINE void ShmemPut##Name##Nbi##Scope(T* dest, const T* source, size_t nelems,    \
-                                                     int pe, int = 0) {                          \
-    ShmemPutTypeNbi##Scope<T>(dest, source, nelems, pe);                                         \
-  }                                                                                              \
-  MORI_DEVICE_INLINE void ShmemPut##Name##Scope(T* dest, const T* source, size_t nelems, int pe, \
-                                                int = 0) {                                       \
-    ShmemPutType##Scope<T>(dest, source, nelems, pe);                                            \
-  }                                                                                              \
-  MORI_DEVICE_INLINE void ShmemGet##Name##Nbi##Scope(T* dest, const T* source, size_t nelems,    \
-                                                     int pe, int = 0) {                          \
-    ShmemGetTypeNbi##Scope<T>(dest, source, nelems, pe);                                         \
-  }                                                                                              \
-  MORI_DEVICE_INLINE void ShmemGet##Name##Scope(T* dest, const T* source, size_t nelems, int pe, \
-                                                int = 0) {                                       \
-    ShmemGetType##Scope<T>(dest, source, nelems, pe);                                            \
-  }                                                                                              \
-  MORI_DEVICE_INLINE void ShmemPut##Name##NbiSignal##Scope(T* dest, const T* source,             \
-                                                           size_t nelems, uint64_t* sig,         \
-                                                           uint64_t sigVal, int sigOp, int pe,   \
-                                                           int = 0) {                            \
-    ShmemPutTypeNbiSignal##Scope<T>(dest, source, nelems, sig, sigVal, sigOp, pe);               \
+#define MORI_DEVICE_DEFINE_TYPED_RMA(Name, T, Scope)                                                               \
+  MORI_DEVICE_INLINE void ShmemPut##Name##Nbi##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {   \
+    ShmemPutTypeNbi##Scope<T>(dest, source, nelems, pe);                                                           \
+  }                                                                                                                \
+  MORI_DEVICE_INLINE void ShmemPut##Name##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {        \
+    ShmemPutType##Scope<T>(dest, source, nelems, pe);                                                              \
+  }                                                                                                                \
+  MORI_DEVICE_INLINE void ShmemGet##Name##Nbi##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {   \
+    ShmemGetTypeNbi##Scope<T>(dest, source, nelems, pe);                                                           \
+  }                                                                                                                \
+  MORI_DEVICE_INLINE void ShmemGet##Name##Scope(T* dest, const T* source, size_t nelems, int pe, int = 0) {        \
+    ShmemGetType##Scope<T>(dest, source, nelems, pe);                                                              \
+  }                                                                                                                \
+  MORI_DEVICE_INLINE void ShmemPut##Name##NbiSignal##Scope(T* dest, const T* source, size_t nelems, uint64_t* sig, \
+                                                           uint64_t sigVal, int sigOp, int pe, int = 0) {          \
+    ShmemPutTypeNbiSignal##Scope<T>(dest, source, nelems, sig, sigVal, sigOp, pe);                                 \
   }
 
 MORI_DEVICE_FOR_EACH_RMA_TYPE(MORI_DEVICE_DEFINE_TYPED_RMA, Thread)
@@ -244,11 +227,11 @@ MORI_DEVICE_INLINE T ShmemG(const T* source, int pe) {
 
 // Typed p and g (Shmem<Type>P, Shmem<Type>G), and MORI's name for a one-element put,
 // ShmemPut<Type>ImmNbiThread.
-#define MORI_DEVICE_DEFINE_TYPED_PG(Name, T, Scope)                                               \
+#define MORI_DEVICE_DEFINE_TYPED_PG(Name, T, Scope)                                                \
   MORI_DEVICE_INLINE void Shmem##Name##P(T* dest, T value, int pe) { ShmemP<T>(dest, value, pe); } \
-  MORI_DEVICE_INLINE T Shmem##Name##G(const T* source, int pe) { return ShmemG<T>(source, pe); }  \
-  MORI_DEVICE_INLINE void ShmemPut##Name##ImmNbi##Scope(T* dest, T value, int pe, int = 0) {      \
-    ShmemP<T>(dest, value, pe);                                                                   \
+  MORI_DEVICE_INLINE T Shmem##Name##G(const T* source, int pe) { return ShmemG<T>(source, pe); }   \
+  MORI_DEVICE_INLINE void ShmemPut##Name##ImmNbi##Scope(T* dest, T value, int pe, int = 0) {       \
+    ShmemP<T>(dest, value, pe);                                                                    \
   }
 
 MORI_DEVICE_FOR_EACH_RMA_TYPE(MORI_DEVICE_DEFINE_TYPED_PG, Thread)
@@ -268,18 +251,29 @@ MORI_DEVICE_INLINE void ShmemPutSizeImmNbiThread(void* dest, const void* value, 
     return;
   }
   switch (bytes) {
-    case 1: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint8_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
-                                 *static_cast<const uint8_t*>(value)); return;
-    case 2: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint16_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
-                                 *static_cast<const uint16_t*>(value)); return;
-    case 4: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint32_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
-                                 *static_cast<const uint32_t*>(value)); return;
-    case 8: ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint64_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
-                                 *static_cast<const uint64_t*>(value)); return;
-    case 16: *detail::PeerAddress(static_cast<Bytes16*>(dest), pe, "ShmemPutSizeImmNbiThread") =
-                 *static_cast<const Bytes16*>(value); return;
-    default: MORI_DEVICE_FAIL("ShmemPutSizeImmNbiThread: %llu bytes; immediates are 1, 2, 4, 8 or 16 bytes",
-                              static_cast<unsigned long long>(bytes));
+    case 1:
+      ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint8_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                           *static_cast<const uint8_t*>(value));
+      return;
+    case 2:
+      ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint16_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                           *static_cast<const uint16_t*>(value));
+      return;
+    case 4:
+      ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint32_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                           *static_cast<const uint32_t*>(value));
+      return;
+    case 8:
+      ptx::StoreRelaxedSys(detail::PeerAddress(static_cast<uint64_t*>(dest), pe, "ShmemPutSizeImmNbiThread"),
+                           *static_cast<const uint64_t*>(value));
+      return;
+    case 16:
+      *detail::PeerAddress(static_cast<Bytes16*>(dest), pe, "ShmemPutSizeImmNbiThread") =
+          *static_cast<const Bytes16*>(value);
+      return;
+    default:
+      MORI_DEVICE_FAIL("ShmemPutSizeImmNbiThread: %llu bytes; immediates are 1, 2, 4, 8 or 16 bytes",
+                       static_cast<unsigned long long>(bytes));
   }
 }
 

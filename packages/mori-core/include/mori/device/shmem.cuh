@@ -8,13 +8,13 @@
 // docs/device-api.md for every function, its scope and its ordering guarantees.
 #pragma once
 
-#include "platform.cuh"
-#include "ptx.cuh"
-#include "state.cuh"
-#include "p2p.cuh"
-#include "proxy.cuh"
-#include "group.cuh"
-#include "copy.cuh"
-#include "rma.cuh"
 #include "atomic.cuh"
+#include "copy.cuh"
+#include "group.cuh"
+#include "p2p.cuh"
+#include "platform.cuh"
+#include "proxy.cuh"
+#include "ptx.cuh"
+#include "rma.cuh"
+#include "state.cuh"
 #include "sync.cuh"

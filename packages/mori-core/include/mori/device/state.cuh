@@ -43,9 +43,9 @@ struct GpuStates {
                            // in this process; 0 = not reachable by P2P; own entry = heapBase
   uint32_t flags;          // kFlag* bits
   uint32_t reserved0;
-  uint64_t proxyRing;      // device address of the proxy's ring (proxy_ring.cuh's ProxyHeader, then
-                           // its slots) in host-mapped memory; 0 = no proxy
-  uint64_t proxyTickets;   // device address of the ring's ticket counter (GPU memory)
+  uint64_t proxyRing;     // device address of the proxy's ring (proxy_ring.cuh's ProxyHeader, then
+                          // its slots) in host-mapped memory; 0 = no proxy
+  uint64_t proxyTickets;  // device address of the ring's ticket counter (GPU memory)
   uint64_t reserved;
 };
 

@@ -50,11 +50,9 @@ MORI_DEVICE_INLINE void CheckCmp(int cmp, const char* op) {
   if (MORI_DEVICE_UNLIKELY(cmp < kCmpEq || cmp > kCmpLe)) FailCmp(cmp, op);
 }
 
-MORI_DEVICE_COLD void FailTimeout(const char* op, const void* addr, int cmp, long long value,
-                                  long long seen) {
+MORI_DEVICE_COLD void FailTimeout(const char* op, const void* addr, int cmp, long long value, long long seen) {
   MORI_DEVICE_FAIL("%s: timed out after %llu ns waiting for *%p %s %lld (last seen %lld)", op,
-                   static_cast<unsigned long long>(MORI_DEVICE_WAIT_TIMEOUT_NS), addr,
-                   CmpName(cmp), value, seen);
+                   static_cast<unsigned long long>(MORI_DEVICE_WAIT_TIMEOUT_NS), addr, CmpName(cmp), value, seen);
 }
 
 template <class T>
@@ -116,12 +114,12 @@ MORI_DEVICE_INLINE int ShmemTest(T* ivar, int cmp, detail::NonDeduced<T> value) 
 }
 
 // MORI's named waits for the integer types: until equal, and until greater (returning the value).
-#define MORI_DEVICE_DEFINE_WAITS(Name, T)                                                  \
-  MORI_DEVICE_INLINE void Shmem##Name##WaitUntilEquals(T* addr, T val) {                   \
-    detail::WaitFor<T>(addr, kCmpEq, val, "Shmem" #Name "WaitUntilEquals");                \
-  }                                                                                        \
-  MORI_DEVICE_INLINE T Shmem##Name##WaitUntilGreaterThan(T* addr, T val) {                 \
-    return detail::WaitFor<T>(addr, kCmpGt, val, "Shmem" #Name "WaitUntilGreaterThan");    \
+#define MORI_DEVICE_DEFINE_WAITS(Name, T)                                               \
+  MORI_DEVICE_INLINE void Shmem##Name##WaitUntilEquals(T* addr, T val) {                \
+    detail::WaitFor<T>(addr, kCmpEq, val, "Shmem" #Name "WaitUntilEquals");             \
+  }                                                                                     \
+  MORI_DEVICE_INLINE T Shmem##Name##WaitUntilGreaterThan(T* addr, T val) {              \
+    return detail::WaitFor<T>(addr, kCmpGt, val, "Shmem" #Name "WaitUntilGreaterThan"); \
   }
 MORI_DEVICE_DEFINE_WAITS(Uint8, uint8_t)
 MORI_DEVICE_DEFINE_WAITS(Int8, int8_t)
@@ -198,8 +196,7 @@ MORI_DEVICE_FUNC void BarrierExchange(uint64_t epoch, uint32_t first, uint32_t s
       ProxyArrive(static_cast<int>(pe), slotOffset, epoch, "ShmemBarrierAll");  // a remote PE: through the proxy
       continue;
     }
-    uint64_t* slot =
-        reinterpret_cast<uint64_t*>(PeerHeapBase(static_cast<int>(pe), "ShmemBarrierAll") + slotOffset);
+    uint64_t* slot = reinterpret_cast<uint64_t*>(PeerHeapBase(static_cast<int>(pe), "ShmemBarrierAll") + slotOffset);
     ptx::StoreReleaseSys(slot, epoch);
   }
   const uint64_t* mySlots = reinterpret_cast<const uint64_t*>(StateHeapBase() + kBarrierSlotsOffset);

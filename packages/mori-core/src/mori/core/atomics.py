@@ -33,6 +33,7 @@ __all__ = [
     "wait_until",
 ]
 
+
 def _check_width(width: int) -> None:
     if width not in (32, 64) or isinstance(width, bool):
         raise ValueError(f"atomic width must be 32 or 64 bits, got {width!r}")

@@ -21,7 +21,18 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CudaError", "CudaUnavailableError", "call", "check", "describe", "driver", "entry_point", "init_device", "nvrtc", "poll"]
+__all__ = [
+    "CudaError",
+    "CudaUnavailableError",
+    "call",
+    "check",
+    "describe",
+    "driver",
+    "entry_point",
+    "init_device",
+    "nvrtc",
+    "poll",
+]
 
 _INSTALL_HINT = "install the CUDA extra: pip install 'mori-core[cuda]' (cuda-bindings and NVRTC)"
 
@@ -159,8 +170,15 @@ def create_context(device: Any) -> Any:
         return call("cuCtxCreate", 0, device)
 
 
-def poll(ready: Callable[[], bool], timeout: float, *, spin: float, pause: float, max_pause: float,
-         yield_while_spinning: bool = False) -> bool:
+def poll(
+    ready: Callable[[], bool],
+    timeout: float,
+    *,
+    spin: float,
+    pause: float,
+    max_pause: float,
+    yield_while_spinning: bool = False,
+) -> bool:
     """The one completion wait of mori's GPU code: calls ``ready()`` until it returns True.
 
     ``ready`` is a non-blocking check (``cuEventQuery`` releases the GIL while it runs). For the

@@ -149,8 +149,9 @@ class Completion:
 
     __slots__ = ("events", "fired", "what", "_query")
 
-    def __init__(self, events: list[Any], query: Callable[[Any], tuple[Any]] | None = None,
-                 what: str = "GPU work") -> None:
+    def __init__(
+        self, events: list[Any], query: Callable[[Any], tuple[Any]] | None = None, what: str = "GPU work"
+    ) -> None:
         self.events = events
         self.fired = 0
         self.what = what
@@ -174,13 +175,21 @@ class Completion:
         """Whether every event was seen fired (no driver call)."""
         return self.fired == len(self.events)
 
-    def wait(self, timeout: float, *, spin: float = 5e-3, pause: float = 50e-6, max_pause: float = 200e-6,
-             yield_while_spinning: bool = False) -> bool:
+    def wait(
+        self,
+        timeout: float,
+        *,
+        spin: float = 5e-3,
+        pause: float = 50e-6,
+        max_pause: float = 200e-6,
+        yield_while_spinning: bool = False,
+    ) -> bool:
         """Polls until the work is done (True) or ``timeout`` seconds passed (False), with
         :func:`mori.core.cuda.poll`'s schedule: no sleep for ``spin`` seconds, then sleeps from
         ``pause`` doubling up to ``max_pause``. Raises like :meth:`poll` when the work failed."""
-        return cuda.poll(self.poll, timeout, spin=spin, pause=pause, max_pause=max_pause,
-                         yield_while_spinning=yield_while_spinning)
+        return cuda.poll(
+            self.poll, timeout, spin=spin, pause=pause, max_pause=max_pause, yield_while_spinning=yield_while_spinning
+        )
 
 
 class EventPool:

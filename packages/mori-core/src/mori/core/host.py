@@ -75,7 +75,9 @@ def one_host_error(hosts: Sequence[HostIdentity], what: str = "rank") -> str | N
     listing = "; ".join(f"{what}s {', '.join(map(str, ranks))} on {host.key}" for host, ranks in groups.items())
     first = hosts[0]
     if all(first.same_machine(h) for h in hosts):
-        return (f"the {what}s run on one machine but in {len(groups)} network namespaces ({listing}): they pass "
-                "memory to each other over abstract Unix sockets, which do not cross namespaces; run them in "
-                "one network namespace (containers: host networking, or one shared namespace)")
+        return (
+            f"the {what}s run on one machine but in {len(groups)} network namespaces ({listing}): they pass "
+            "memory to each other over abstract Unix sockets, which do not cross namespaces; run them in "
+            "one network namespace (containers: host networking, or one shared namespace)"
+        )
     return f"the {what}s run on {len({h.machine for h in hosts})} machines ({listing})"

@@ -15,8 +15,15 @@ __all__ = ["TRACE", "MODULES", "get_logger", "set_log_level"]
 TRACE = 5
 logging.addLevelName(TRACE, "TRACE")
 MODULES = ("core", "shmem", "io", "triton", "umbp")
-_LEVELS = {"trace": TRACE, "debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "warn": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL}
+_LEVELS = {
+    "trace": TRACE,
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 _configured = False
 
 

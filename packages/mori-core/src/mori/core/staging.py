@@ -37,8 +37,9 @@ _stagers: dict[tuple[int, float, str, int], Stager] = {}
 _lock = threading.Lock()
 
 
-def device_stager(device: int, *, timeout: float = 30.0, timeout_setting: str = "timeout",
-                  cache_bytes: int = STAGING_CACHE_BYTES) -> Stager:
+def device_stager(
+    device: int, *, timeout: float = 30.0, timeout_setting: str = "timeout", cache_bytes: int = STAGING_CACHE_BYTES
+) -> Stager:
     """The process's :class:`Stager` for CUDA device ``device`` with these settings (made at first
     use, kept until exit and shared by every data plane that asks for the same settings): copies
     and pinned memory in the device's primary context, on :data:`LANES` blocking streams of its own.
@@ -65,8 +66,17 @@ def _make(device: int, timeout: float, timeout_setting: str, cache_bytes: int) -
 
     with on_device(device) as context:
         drv = cuda.driver()
-        streams = [int(cuda.call("cuStreamCreate", drv.CUstream_flags.CU_STREAM_DEFAULT, detail=f"device {device}"))
-                   for _ in range(LANES)]
+        streams = [
+            int(cuda.call("cuStreamCreate", drv.CUstream_flags.CU_STREAM_DEFAULT, detail=f"device {device}"))
+            for _ in range(LANES)
+        ]
         entry_points = {name: cuda.entry_point(name) for name in STAGING_ENTRY_POINTS}
-        return Stager(int(context), streams, entry_points, timeout, timeout_setting, cache_bytes,
-                      f"mori GPU staging (device {device})")
+        return Stager(
+            int(context),
+            streams,
+            entry_points,
+            timeout,
+            timeout_setting,
+            cache_bytes,
+            f"mori GPU staging (device {device})",
+        )

@@ -56,9 +56,24 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-__all__ = ["CommandProcess", "Died", "Namespace", "ProcPool", "WorkerContext", "WorkerError", "connect_many", "context",
-           "host_congestion_control", "network_namespaces", "run_procs", "serve_commands", "standin_counters",
-           "standin_knobs", "standin_stager", "start_in_netns"]
+__all__ = [
+    "CommandProcess",
+    "Died",
+    "Namespace",
+    "ProcPool",
+    "WorkerContext",
+    "WorkerError",
+    "connect_many",
+    "context",
+    "host_congestion_control",
+    "network_namespaces",
+    "run_procs",
+    "serve_commands",
+    "standin_counters",
+    "standin_knobs",
+    "standin_stager",
+    "start_in_netns",
+]
 
 
 @dataclass
@@ -139,9 +154,15 @@ class ProcPool:
     with each new (spawn-context) process in place of ``process.start()``.
     """
 
-    def __init__(self, n: int, timeout: float = 120.0, env: Mapping[str, str] | None = None,
-                 label: str = "process", keep_on_error: bool = False,
-                 start: Callable[[BaseProcess], None] | None = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        timeout: float = 120.0,
+        env: Mapping[str, str] | None = None,
+        label: str = "process",
+        keep_on_error: bool = False,
+        start: Callable[[BaseProcess], None] | None = None,
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.timeout, self.label, self.keep_on_error = timeout, label, keep_on_error
         self._conns: list[Connection] = []
@@ -150,8 +171,9 @@ class ProcPool:
         try:
             for i in range(n):
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(i, n, child, dict(env or {}), label), daemon=True,
-                                   name=f"mori-test-{i}")
+                proc = ctx.Process(
+                    target=_worker, args=(i, n, child, dict(env or {}), label), daemon=True, name=f"mori-test-{i}"
+                )
                 if start is None:
                     proc.start()
                 else:
@@ -187,8 +209,13 @@ class ProcPool:
         """Runs ``fn(*args)`` in worker ``index`` alone; returns its result."""
         return self._call({index: args}, fn, timeout, ())[index]
 
-    def map(self, fn: Callable[..., Any], arg_lists: Sequence[tuple[Any, ...]], timeout: float | None = None,
-            may_die: Collection[int] = ()) -> list[Any]:
+    def map(
+        self,
+        fn: Callable[..., Any],
+        arg_lists: Sequence[tuple[Any, ...]],
+        timeout: float | None = None,
+        may_die: Collection[int] = (),
+    ) -> list[Any]:
         """Runs ``fn(*arg_lists[i])`` in worker i; returns the results in order.
 
         Workers listed in ``may_die`` may exit instead of answering: their result is :class:`Died`.
@@ -198,8 +225,9 @@ class ProcPool:
         out = self._call(dict(enumerate(arg_lists)), fn, timeout, may_die)
         return [out[i] for i in range(len(self._procs))]
 
-    def _call(self, calls: dict[int, tuple[Any, ...]], fn: Callable[..., Any], timeout: float | None,
-              may_die: Collection[int]) -> dict[int, Any]:
+    def _call(
+        self, calls: dict[int, tuple[Any, ...]], fn: Callable[..., Any], timeout: float | None, may_die: Collection[int]
+    ) -> dict[int, Any]:
         if self._closed:
             raise RuntimeError("this ProcPool is closed (an earlier call failed)")
         limit = self.timeout if timeout is None else timeout
@@ -225,8 +253,9 @@ class ProcPool:
             raise WorkerError(failures)
         return out
 
-    def _take(self, i: int, out: dict[int, Any], failures: dict[int, str], may_die: Collection[int],
-              calls: int) -> None:
+    def _take(
+        self, i: int, out: dict[int, Any], failures: dict[int, str], may_die: Collection[int], calls: int
+    ) -> None:
         try:
             kind, value, *rest = self._conns[i].recv()
         except (EOFError, OSError):
@@ -234,7 +263,9 @@ class ProcPool:
             if i in may_die:
                 out[i] = Died(self._procs[i].exitcode)
                 return
-            raise AssertionError(f"{self.label} {i} died with exit code {self._procs[i].exitcode} before reporting") from None
+            raise AssertionError(
+                f"{self.label} {i} died with exit code {self._procs[i].exitcode} before reporting"
+            ) from None
         if kind == "share":
             self._shares.append((value, rest[0]))
             if len(self._shares) == calls - len(out) - len(failures):
@@ -312,9 +343,15 @@ class CommandProcess:
     and ``start`` are :class:`ProcPool`'s.
     """
 
-    def __init__(self, setup: Callable[..., Any], args: Sequence[Any] = (), name: str = "process",
-                 timeout: float = 60.0, env: Mapping[str, str] | None = None,
-                 start: Callable[[BaseProcess], None] | None = None) -> None:
+    def __init__(
+        self,
+        setup: Callable[..., Any],
+        args: Sequence[Any] = (),
+        name: str = "process",
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        start: Callable[[BaseProcess], None] | None = None,
+    ) -> None:
         self.name = name
         self._pool = ProcPool(1, timeout=timeout, env=env, label=name, keep_on_error=True, start=start)
         try:
@@ -415,7 +452,10 @@ def network_namespaces(subnet: str = "10.231.9") -> Iterator[tuple[Namespace, Na
         raise RuntimeError("network namespaces need root and iproute2 (ci/setup.sh installs iproute2; CI runs as root)")
     congestion = host_congestion_control()
     tag = f"{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
-    ends = (Namespace(f"mori_c{tag}a", f"mc{tag}a", f"{subnet}.1"), Namespace(f"mori_c{tag}b", f"mc{tag}b", f"{subnet}.2"))
+    ends = (
+        Namespace(f"mori_c{tag}a", f"mc{tag}a", f"{subnet}.1"),
+        Namespace(f"mori_c{tag}b", f"mc{tag}b", f"{subnet}.2"),
+    )
     try:
         for ns in ends:
             _ip("netns", "add", ns.name)

@@ -59,9 +59,27 @@ from ._native.ucx import (
 )
 from .codes import TransferOp
 
-__all__ = ["READ", "WRITE", "UcxEngine", "UcxHeapWindow", "UcxLoadError", "UcxPeer", "UcxTransfer", "auto_workers", "candidates",
-           "gpudirect_transports", "has_verbs", "library_info", "load", "make_engine", "net_devices",
-           "selected_devices", "stage_gpu", "stop_staging_gpu", "transports"]
+__all__ = [
+    "READ",
+    "WRITE",
+    "UcxEngine",
+    "UcxHeapWindow",
+    "UcxLoadError",
+    "UcxPeer",
+    "UcxTransfer",
+    "auto_workers",
+    "candidates",
+    "gpudirect_transports",
+    "has_verbs",
+    "library_info",
+    "load",
+    "make_engine",
+    "net_devices",
+    "selected_devices",
+    "stage_gpu",
+    "stop_staging_gpu",
+    "transports",
+]
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values
 
@@ -96,8 +114,7 @@ def _system_folders() -> list[Path]:
     found: list[Path] = []
     names = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""
-    names += [f"/usr/lib/{multiarch}" if multiarch else "", "/usr/lib64", "/usr/lib", "/usr/local/lib",
-              "/opt/ucx/lib"]
+    names += [f"/usr/lib/{multiarch}" if multiarch else "", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/opt/ucx/lib"]
     ldconfig = shutil.which("ldconfig") or ("/sbin/ldconfig" if os.path.exists("/sbin/ldconfig") else None)
     if ldconfig is not None:
         try:

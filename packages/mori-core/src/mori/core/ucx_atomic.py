@@ -37,7 +37,17 @@ from ._native.ucx import (
 )
 from .codes import AtomicOp
 
-__all__ = ["BOUNCE_BYTES", "GPU_WORD_KERNEL", "HOST_MAPPED", "MAX_SIGNAL_PUT_BYTES", "OPS", "GpuWordServer", "atomic", "serve_gpu", "signal_put"]
+__all__ = [
+    "BOUNCE_BYTES",
+    "GPU_WORD_KERNEL",
+    "HOST_MAPPED",
+    "MAX_SIGNAL_PUT_BYTES",
+    "OPS",
+    "GpuWordServer",
+    "atomic",
+    "serve_gpu",
+    "signal_put",
+]
 
 #: Most bytes one :func:`signal_put` carries (they travel in its message).
 MAX_SIGNAL_PUT_BYTES = UCX_MAX_SIGNAL_PUT_BYTES
@@ -51,7 +61,9 @@ HOST_MAPPED = 0x1 | 0x2
 
 #: The kernel a target runs for an atomic on its GPU memory (parameters as the engine passes them:
 #: address, op of :data:`OPS`, width in bits, value, compare, where to leave the old value).
-GPU_WORD_KERNEL = "".join(f"constexpr int kMori{op.name.title().replace('_', '')} = {op.value};\n" for op in AtomicOp) + r"""
+GPU_WORD_KERNEL = (
+    "".join(f"constexpr int kMori{op.name.title().replace('_', '')} = {op.value};\n" for op in AtomicOp)
+    + r"""
 template <class T>
 __device__ T mori_word_apply(T* w, int op, T value, T compare) {
   switch (op) {
@@ -76,10 +88,20 @@ extern "C" __global__ void mori_ucx_word_op(unsigned long long addr, int op, int
   __threadfence_system();
 }
 """
+)
 
 
-def atomic(engine: UcxEngine, peer: UcxPeer, op: str, mem_id: int, offset: int, value: int, compare: int = 0,
-           width: int = 64, timeout: SupportsFloat = 30.0) -> int:
+def atomic(
+    engine: UcxEngine,
+    peer: UcxPeer,
+    op: str,
+    mem_id: int,
+    offset: int,
+    value: int,
+    compare: int = 0,
+    width: int = 64,
+    timeout: SupportsFloat = 30.0,
+) -> int:
     """Applies ``op`` (a key of :data:`OPS`; ``compare_swap`` writes ``value`` where the word holds
     ``compare``) to the ``width``-bit word at ``offset`` of ``peer``'s memory ``mem_id``; returns
     its old value (unsigned).
@@ -93,8 +115,19 @@ def atomic(engine: UcxEngine, peer: UcxPeer, op: str, mem_id: int, offset: int, 
     return ucx_atomic(engine, peer, OPS[op], mem_id, offset, value, compare, width, timeout)
 
 
-def signal_put(engine: UcxEngine, peer: UcxPeer, mem_id: int, offset: int, src: int, size: int, sig_mem_id: int,
-               sig_offset: int, op: str, value: int, timeout: SupportsFloat = 30.0) -> None:
+def signal_put(
+    engine: UcxEngine,
+    peer: UcxPeer,
+    mem_id: int,
+    offset: int,
+    src: int,
+    size: int,
+    sig_mem_id: int,
+    sig_offset: int,
+    op: str,
+    value: int,
+    timeout: SupportsFloat = 30.0,
+) -> None:
     """Writes ``size`` bytes from host address ``src`` (kept alive by the caller during the call) at
     ``offset`` of ``peer``'s memory ``mem_id``, then applies ``op`` (``store`` or ``fetch_add``)
     with ``value`` to the 64-bit word at ``sig_offset`` of its memory ``sig_mem_id``, in one
@@ -128,16 +161,27 @@ class GpuWordServer:
             drv = cuda.driver()
             self.function = cuda.call("cuModuleGetFunction", self.module, b"mori_ucx_word_op")
             # Loaded now, while nothing runs in this context (a lazy load would wait for the GPU).
-            cuda.call("cuFuncGetAttribute", drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
-                      self.function)
+            cuda.call(
+                "cuFuncGetAttribute", drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, self.function
+            )
             self.stream = cuda.call("cuStreamCreate", drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
             self.result = int(cuda.call("cuMemHostAlloc", 8, HOST_MAPPED))
             self.bounce = int(cuda.call("cuMemHostAlloc", BOUNCE_BYTES, HOST_MAPPED))
             result_dev = int(cuda.call("cuMemHostGetDevicePointer", self.result, 0))
             ctypes.c_uint64.from_address(self.result).value = 0
             entry_points = {name: cuda.entry_point(name) for name in UCX_GPU_ENTRY_POINTS}
-            ucx_serve_gpu(engine, int(self.context), int(self.function), int(self.stream), self.result, result_dev,
-                          entry_points, self.bounce, BOUNCE_BYTES, stage)
+            ucx_serve_gpu(
+                engine,
+                int(self.context),
+                int(self.function),
+                int(self.stream),
+                self.result,
+                result_dev,
+                entry_points,
+                self.bounce,
+                BOUNCE_BYTES,
+                stage,
+            )
         finally:
             cuda.call("cuCtxSetCurrent", context)
 

@@ -29,8 +29,15 @@ class ControlClients:
 
     def connect(self, desc: EngineDesc) -> ControlClient:
         """A new control connection to ``desc``'s engine, registered here or not."""
-        return ControlClient(desc.host, desc.port, self._identity.key, self._token, io_timeout(),
-                             proof=self._identity.proof_for(desc.key), reach=self._reach)
+        return ControlClient(
+            desc.host,
+            desc.port,
+            self._identity.key,
+            self._token,
+            io_timeout(),
+            proof=self._identity.proof_for(desc.key),
+            reach=self._reach,
+        )
 
     def request(self, remote_key: str, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         """One request to the registered engine ``remote_key`` over its kept connection;

@@ -37,8 +37,16 @@ class EngineContext(BackendContext):
     remote engines registered with it, its control connections and server. Built from those parts,
     not the engine, so that backends holding it never keep the engine alive."""
 
-    def __init__(self, desc: EngineDesc, limits: Limits, inbound: InboundRecords, remotes: RemoteEngines,
-                 clients: ControlClients, server: ControlServer, token: str) -> None:
+    def __init__(
+        self,
+        desc: EngineDesc,
+        limits: Limits,
+        inbound: InboundRecords,
+        remotes: RemoteEngines,
+        clients: ControlClients,
+        server: ControlServer,
+        token: str,
+    ) -> None:
         self.engine_key = desc.key
         self.limits = limits
         self.inbound = inbound
@@ -81,8 +89,9 @@ class EngineContext(BackendContext):
             try:
                 self._clients.request(remote_key, "notify", body)
             except Exception as err:  # a lost record is logged; it must never keep a transfer from finishing
-                self.log.warning("cannot notify engine %r of %d finished transfer(s): %s", remote_key,
-                                 len(body["uids"]), err)
+                self.log.warning(
+                    "cannot notify engine %r of %d finished transfer(s): %s", remote_key, len(body["uids"]), err
+                )
 
 
 def engine_handlers(identity: Identity, memory: MemoryRegistry, inbound: InboundRecords) -> dict[str, ControlHandler]:

@@ -32,8 +32,17 @@ from ._keys import MAX_PROOF, Identity, KeyBindings, Reach, challenge_answer, re
 from ._limits import Limits
 from .types import StatusCode
 
-__all__ = ["ProtocolError", "ControlError", "Request", "decode_request", "encode_frame", "ControlServer",
-           "ControlClient", "ServerStats", "MAX_FRAME"]
+__all__ = [
+    "ProtocolError",
+    "ControlError",
+    "Request",
+    "decode_request",
+    "encode_frame",
+    "ControlServer",
+    "ControlClient",
+    "ServerStats",
+    "MAX_FRAME",
+]
 
 MAX_FRAME = 4 << 20
 _HELLO_MAX = 16 << 10  # a hello holds a key and a token of at most 4096 characters each
@@ -85,8 +94,13 @@ def decode_request(data: bytes) -> Request:
     if op == "hello":
         return Request("hello", 0, _check_hello(obj))
     rid, body = obj.get("id"), obj.get("body")
-    if set(obj) != {"op", "id", "body"} or not isinstance(rid, int) or isinstance(rid, bool) \
-            or not 0 < rid < 1 << 63 or not isinstance(body, dict):
+    if (
+        set(obj) != {"op", "id", "body"}
+        or not isinstance(rid, int)
+        or isinstance(rid, bool)
+        or not 0 < rid < 1 << 63
+        or not isinstance(body, dict)
+    ):
         raise ProtocolError("malformed request")
     return Request(op, rid, body)
 
@@ -95,13 +109,23 @@ def _check_hello(obj: dict[str, Any]) -> dict[str, Any]:
     """The fields of a hello: ``key`` and ``token``, optionally the ``proof`` of the key
     (``_keys``) and ``reach``, ``{"host", "port"}`` of the claimant's own control plane."""
     proof, reach = obj.get("proof", ""), obj.get("reach")
-    if not {"op", "key", "token"} <= set(obj) <= {"op", "key", "token", "proof", "reach"} \
-            or not isinstance(obj["key"], str) or not obj["key"] or not isinstance(obj["token"], str) \
-            or not isinstance(proof, str) or len(proof) > MAX_PROOF:
+    if (
+        not {"op", "key", "token"} <= set(obj) <= {"op", "key", "token", "proof", "reach"}
+        or not isinstance(obj["key"], str)
+        or not obj["key"]
+        or not isinstance(obj["token"], str)
+        or not isinstance(proof, str)
+        or len(proof) > MAX_PROOF
+    ):
         raise ProtocolError("malformed hello")
-    if reach is not None and not (isinstance(reach, dict) and set(reach) == {"host", "port"}
-                                  and isinstance(reach["host"], str) and len(reach["host"]) <= 255
-                                  and type(reach["port"]) is int and 0 < reach["port"] < 65536):
+    if reach is not None and not (
+        isinstance(reach, dict)
+        and set(reach) == {"host", "port"}
+        and isinstance(reach["host"], str)
+        and len(reach["host"]) <= 255
+        and type(reach["port"]) is int
+        and 0 < reach["port"] < 65536
+    ):
         raise ProtocolError("malformed hello (reach)")
     return {"key": obj["key"], "token": obj["token"], "proof": proof, "reach": reach}
 
@@ -121,8 +145,9 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return bytes(buf)
 
 
-def _recv_frame(sock: socket.socket, deadline: float, max_len: int = MAX_FRAME,
-                budget: _ByteBudget | None = None) -> bytes:
+def _recv_frame(
+    sock: socket.socket, deadline: float, max_len: int = MAX_FRAME, budget: _ByteBudget | None = None
+) -> bytes:
     """One frame, complete before ``deadline``; its length is charged to ``budget`` while it arrives."""
     (length,) = _LEN.unpack(_recv_exact(sock, 4, deadline))
     if not 0 < length <= max_len:
@@ -199,8 +224,9 @@ class ControlServer:
     server never stops accepting.
     """
 
-    def __init__(self, host: str, port: int, token: str, limits: Limits, log: Any,
-                 identity: Identity | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, token: str, limits: Limits, log: Any, identity: Identity | None = None
+    ) -> None:
         self._token = token.encode()
         self._limits = limits
         self._log = log
@@ -290,8 +316,9 @@ class ControlServer:
             refusal = "rejected: auth token mismatch"
         else:
             peer = conn.getpeername()[0]
-            refusal = self.bindings.claim(key, proof, None if reach is None else
-                                          Reach(tuple(reach_hosts(reach["host"], peer)), reach["port"]))
+            refusal = self.bindings.claim(
+                key, proof, None if reach is None else Reach(tuple(reach_hosts(reach["host"], peer)), reach["port"])
+            )
         if refusal is not None:
             conn.sendall(encode_frame({"ok": False, "code": int(StatusCode.ERR_BAD_STATE), "error": refusal}))
             raise ProtocolError(f"engine {key!r}: {refusal}")
@@ -313,8 +340,15 @@ class ControlServer:
         timeout = max(0.5, min(self._limits.hello_timeout, self._limits.io_timeout) / 3)
         for host in reach.hosts:
             try:
-                client = ControlClient(host, reach.port, self._identity.key, self._token.decode(), timeout,
-                                       proof=self._identity.proof_for(key), reach=(self._host, self.port))
+                client = ControlClient(
+                    host,
+                    reach.port,
+                    self._identity.key,
+                    self._token.decode(),
+                    timeout,
+                    proof=self._identity.proof_for(key),
+                    reach=(self._host, self.port),
+                )
             except (OSError, TimeoutError):
                 continue
             try:
@@ -323,8 +357,9 @@ class ControlServer:
                 continue
             finally:
                 client.close()
-            if reply.get("key") == key and hmac.compare_digest(str(reply.get("answer", "")),
-                                                               challenge_answer(proof, nonce)):
+            if reply.get("key") == key and hmac.compare_digest(
+                str(reply.get("answer", "")), challenge_answer(proof, nonce)
+            ):
                 return True
         return False
 
@@ -337,11 +372,9 @@ class ControlServer:
             key = claim[0]
             while not self._stop.is_set():
                 if not _wait_readable(conn, self._limits.idle_timeout):
-                    self._log.debug("control: closing connection of %r idle for %.0f s", key,
-                                    self._limits.idle_timeout)
+                    self._log.debug("control: closing connection of %r idle for %.0f s", key, self._limits.idle_timeout)
                     return
-                req = decode_request(_recv_frame(conn, time.monotonic() + self._limits.io_timeout,
-                                                 budget=self._budget))
+                req = decode_request(_recv_frame(conn, time.monotonic() + self._limits.io_timeout, budget=self._budget))
                 conn.settimeout(self._limits.io_timeout)
                 conn.sendall(encode_frame(self._answer(key, req)))
         except ProtocolError as err:
@@ -381,8 +414,16 @@ class ControlServer:
 class ControlClient:
     """One authenticated control connection to a remote engine; requests are serialized."""
 
-    def __init__(self, host: str, port: int, my_key: str, token: str, timeout: float, proof: str = "",
-                 reach: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        my_key: str,
+        token: str,
+        timeout: float,
+        proof: str = "",
+        reach: tuple[str, int] | None = None,
+    ) -> None:
         """Connects and says hello as ``my_key``, with the key's ``proof`` at that engine (see
         ``_keys``; "" claims the key unproven) and ``reach``, (host, port) of this engine's own
         control plane, where the target may challenge it if another engine claims its key."""
@@ -408,8 +449,9 @@ class ControlClient:
             self._sock.sendall(encode_frame(msg))
             reply = msgpack.unpackb(_recv_frame(self._sock, time.monotonic() + self._timeout), raw=False)
         except TimeoutError:
-            raise TimeoutError(f"control request {msg.get('op')!r} got no answer in {self._timeout} s "
-                               "(MORI_IO_TIMEOUT)") from None
+            raise TimeoutError(
+                f"control request {msg.get('op')!r} got no answer in {self._timeout} s (MORI_IO_TIMEOUT)"
+            ) from None
         except (OSError, ProtocolError) as err:
             raise ControlError(StatusCode.ERR_BAD_STATE, f"control connection failed: {err}") from None
         if not isinstance(reply, dict):

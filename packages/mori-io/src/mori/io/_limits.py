@@ -36,7 +36,13 @@ class Limits:
     def from_config(cls) -> Limits:
         """The limits the environment sets now (defaults where unset)."""
         get = mori_config.get
-        return cls(float(get("MORI_IO_TIMEOUT")), int(get("MORI_IO_MAX_CONNECTIONS")),
-                   int(get("MORI_IO_MAX_HANDSHAKES")), float(get("MORI_IO_HELLO_TIMEOUT")),
-                   float(get("MORI_IO_IDLE_TIMEOUT")), int(get("MORI_IO_CONTROL_BUFFER")),
-                   int(get("MORI_IO_MAX_INBOUND_RECORDS")), float(get("MORI_IO_INBOUND_RECORD_TTL")))
+        return cls(
+            float(get("MORI_IO_TIMEOUT")),
+            int(get("MORI_IO_MAX_CONNECTIONS")),
+            int(get("MORI_IO_MAX_HANDSHAKES")),
+            float(get("MORI_IO_HELLO_TIMEOUT")),
+            float(get("MORI_IO_IDLE_TIMEOUT")),
+            int(get("MORI_IO_CONTROL_BUFFER")),
+            int(get("MORI_IO_MAX_INBOUND_RECORDS")),
+            float(get("MORI_IO_INBOUND_RECORD_TTL")),
+        )

@@ -18,8 +18,16 @@ from mori.core.log import get_logger
 from ._control import ControlError
 from .types import EngineDesc, MemoryDesc, StatusCode, TransferStatus
 
-__all__ = ["MemoryRegistry", "RemoteEngines", "InFlight", "UidAllocator", "MAX_NOTIFY_BATCH",
-           "CompletionRecord", "check_notify", "notify_bodies"]
+__all__ = [
+    "MemoryRegistry",
+    "RemoteEngines",
+    "InFlight",
+    "UidAllocator",
+    "MAX_NOTIFY_BATCH",
+    "CompletionRecord",
+    "check_notify",
+    "notify_bodies",
+]
 
 _log = get_logger("io")
 
@@ -111,12 +119,18 @@ def check_notify(body: dict[str, Any]) -> list[tuple[int, StatusCode, str]]:
     one length, at most :data:`MAX_NOTIFY_BATCH`. ``ControlError`` naming the first fault when
     any is malformed (then the caller records none)."""
     uids, codes, messages = body.get("uids"), body.get("codes"), body.get("messages")
-    if not (isinstance(uids, list) and isinstance(codes, list) and isinstance(messages, list)
-            and len(uids) == len(codes) == len(messages)):
+    if not (
+        isinstance(uids, list)
+        and isinstance(codes, list)
+        and isinstance(messages, list)
+        and len(uids) == len(codes) == len(messages)
+    ):
         raise ControlError(StatusCode.ERR_INVALID_ARGS, "notify: uids, codes and messages must be lists of one length")
     if len(uids) > MAX_NOTIFY_BATCH:
-        raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notify: {len(uids)} records in one request, at most "
-                                                        f"{MAX_NOTIFY_BATCH} allowed")
+        raise ControlError(
+            StatusCode.ERR_INVALID_ARGS,
+            f"notify: {len(uids)} records in one request, at most {MAX_NOTIFY_BATCH} allowed",
+        )
     return [_check_record(u, c, m) for u, c, m in zip(uids, codes, messages)]
 
 
@@ -126,8 +140,9 @@ def _check_record(uid: Any, code: Any, message: Any) -> tuple[int, StatusCode, s
     if type(code) is not int or code not in _FINAL_CODES:
         raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notification code {code!r} is not a final StatusCode")
     if not isinstance(message, str) or len(message) > _MAX_MESSAGE:
-        raise ControlError(StatusCode.ERR_INVALID_ARGS, f"notification message must be a str of at most "
-                                                        f"{_MAX_MESSAGE} characters")
+        raise ControlError(
+            StatusCode.ERR_INVALID_ARGS, f"notification message must be a str of at most {_MAX_MESSAGE} characters"
+        )
     return uid, StatusCode(code), message
 
 
@@ -144,8 +159,11 @@ def notify_bodies(records: Sequence[CompletionRecord]) -> Iterator[dict[str, lis
                 break
             end += 1
         batch = records[start:end]
-        yield {"uids": [r[0] for r in batch], "codes": [int(r[1]) for r in batch],
-               "messages": [r[2][:_MAX_MESSAGE] for r in batch]}
+        yield {
+            "uids": [r[0] for r in batch],
+            "codes": [int(r[1]) for r in batch],
+            "messages": [r[2][:_MAX_MESSAGE] for r in batch],
+        }
         start = end
 
 
@@ -178,8 +196,9 @@ class InFlight:
             status.WaitFor(max(deadline - time.monotonic(), 0.0) * 1000.0)
         late = {(id(b), key): (b, key) for status, b, key in entries if status.InProgress()}
         for backend, key in late.values():
-            _log.warning("deregister_memory: failing transfers to %r still using memory %d (MORI_IO_TIMEOUT)",
-                         key, mem_id)
+            _log.warning(
+                "deregister_memory: failing transfers to %r still using memory %d (MORI_IO_TIMEOUT)", key, mem_id
+            )
             backend.abort(key)
         for status, _, _ in entries:
             status.WaitFor(grace * 1000.0)

@@ -16,8 +16,15 @@ __all__ = ["IOEngineSession"]
 class IOEngineSession:
     """A pre-resolved pair of regions: transfers skip routing and registration lookups."""
 
-    def __init__(self, allocate_uid: Callable[[], int], router: Router, transfers: Transfers, local: MemoryDesc,
-                 remote: MemoryDesc, backend: Backend) -> None:
+    def __init__(
+        self,
+        allocate_uid: Callable[[], int],
+        router: Router,
+        transfers: Transfers,
+        local: MemoryDesc,
+        remote: MemoryDesc,
+        backend: Backend,
+    ) -> None:
         # The owning engine's parts: its transfer ids, its routing between backends, its transfers.
         self._allocate_uid, self._router, self._transfers = allocate_uid, router, transfers
         self._local, self._remote, self._backend = local, remote, backend
@@ -39,27 +46,60 @@ class IOEngineSession:
             return self._backend
         return self._router.choose(self._local, self._remote) or self._backend
 
-    def batch_read(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                   transfer_uid: int) -> TransferStatus:
+    def batch_read(
+        self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int], transfer_uid: int
+    ) -> TransferStatus:
         """Reads many blocks as one transfer."""
         transfers = self._transfers
-        return transfers.single(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets, sizes,
-                                transfer_uid, self._backend) \
-            or transfers.submit(TransferOp.READ, self._local, local_offsets, self._remote, remote_offsets, sizes,
-                                transfer_uid, self._backend_now())
+        return transfers.single(
+            TransferOp.READ,
+            self._local,
+            local_offsets,
+            self._remote,
+            remote_offsets,
+            sizes,
+            transfer_uid,
+            self._backend,
+        ) or transfers.submit(
+            TransferOp.READ,
+            self._local,
+            local_offsets,
+            self._remote,
+            remote_offsets,
+            sizes,
+            transfer_uid,
+            self._backend_now(),
+        )
 
-    def batch_write(self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int],
-                    transfer_uid: int) -> TransferStatus:
+    def batch_write(
+        self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int], transfer_uid: int
+    ) -> TransferStatus:
         """Writes many blocks as one transfer."""
         transfers = self._transfers
-        return transfers.single(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets, sizes,
-                                transfer_uid, self._backend) \
-            or transfers.submit(TransferOp.WRITE, self._local, local_offsets, self._remote, remote_offsets, sizes,
-                                transfer_uid, self._backend_now())
+        return transfers.single(
+            TransferOp.WRITE,
+            self._local,
+            local_offsets,
+            self._remote,
+            remote_offsets,
+            sizes,
+            transfer_uid,
+            self._backend,
+        ) or transfers.submit(
+            TransferOp.WRITE,
+            self._local,
+            local_offsets,
+            self._remote,
+            remote_offsets,
+            sizes,
+            transfer_uid,
+            self._backend_now(),
+        )
 
     def alive(self) -> bool:
         """Whether both regions and the remote engine are still registered and a backend is healthy."""
         with contextlib.suppress(Exception):
-            return (self._transfers.reject(self._local, self._remote) is None
-                    and self._backend_now().healthy(self._remote.engine_key))
+            return self._transfers.reject(self._local, self._remote) is None and self._backend_now().healthy(
+                self._remote.engine_key
+            )
         return False

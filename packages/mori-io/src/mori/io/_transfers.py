@@ -54,11 +54,24 @@ def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> tuple[Batch, int,
     bytes move), or why its values cannot be (a negative value, one past 64 bits). ``TypeError``
     for what is not integers, ``ValueError`` for columns of different lengths. One block of plain
     ints (read, write, most small batches) takes the short way."""
-    if type(sizes) is list and type(l_offs) is list and type(r_offs) is list and len(sizes) == 1 \
-            and len(l_offs) == len(r_offs) == 1:
+    if (
+        type(sizes) is list
+        and type(l_offs) is list
+        and type(r_offs) is list
+        and len(sizes) == 1
+        and len(l_offs) == len(r_offs) == 1
+    ):
         lo, ro, n = l_offs[0], r_offs[0], sizes[0]
-        if type(lo) is int and type(ro) is int and type(n) is int and lo >= 0 and ro >= 0 and n >= 0 \
-                and base + lo + n <= _U64_END and ro + n <= _U64_END:
+        if (
+            type(lo) is int
+            and type(ro) is int
+            and type(n) is int
+            and lo >= 0
+            and ro >= 0
+            and n >= 0
+            and base + lo + n <= _U64_END
+            and ro + n <= _U64_END
+        ):
             return Batch.one(base + lo, ro, n), lo + n if n else 0, ro + n if n else 0
     try:
         batch = Batch(l_offs, r_offs, sizes, base)
@@ -66,8 +79,9 @@ def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> tuple[Batch, int,
         raise TypeError(_named(err)) from None
     except ValueError as err:  # the columns were read, so they have lengths
         if not len(l_offs) == len(r_offs) == len(sizes):
-            raise ValueError(f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, "
-                             f"{len(sizes)} sizes") from None
+            raise ValueError(
+                f"batch lengths differ: {len(l_offs)} local offsets, {len(r_offs)} remote offsets, {len(sizes)} sizes"
+            ) from None
         return _named(err)
     return (batch, batch.src_end - base, batch.dst_end) if len(batch) else (batch, 0, 0)
 
@@ -75,8 +89,15 @@ def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> tuple[Batch, int,
 class Transfers:
     """The transfers of the engine ``key``, over its registries, backends and completion order."""
 
-    def __init__(self, key: str, memory: MemoryRegistry, remotes: RemoteEngines, backends: Router,
-                 order: PeerOrder, inflight: InFlight) -> None:
+    def __init__(
+        self,
+        key: str,
+        memory: MemoryRegistry,
+        remotes: RemoteEngines,
+        backends: Router,
+        order: PeerOrder,
+        inflight: InFlight,
+    ) -> None:
         self._key = key
         self._memory = memory
         self._remotes = remotes
@@ -102,9 +123,11 @@ class Transfers:
         if live is None:
             return StatusCode.ERR_NOT_FOUND, f"local memory {local.id} is not registered with engine {self._key!r}"
         if live is not local and live != local:
-            return StatusCode.ERR_INVALID_ARGS, (f"local memory descriptor {local.id} does not match its registration "
-                                                 f"with engine {self._key!r} (address, size or location differ: "
-                                                 "stale or altered)")
+            return StatusCode.ERR_INVALID_ARGS, (
+                f"local memory descriptor {local.id} does not match its registration "
+                f"with engine {self._key!r} (address, size or location differ: "
+                "stale or altered)"
+            )
         if self._remotes.get(remote.engine_key) is None:
             return StatusCode.ERR_NOT_FOUND, f"remote engine {remote.engine_key!r} is not registered"
         # Checked before a transfer is queued anywhere: a value a backend cannot encode must fail
@@ -112,22 +135,48 @@ class Transfers:
         problem = remote._wire_problem()
         return None if problem is None else (StatusCode.ERR_INVALID_ARGS, f"remote memory descriptor: {problem}")
 
-    def single(self, op: TransferOp, local: Any, l_offs: Any, remote: Any, r_offs: Any, sizes: Any, uid: Any,
-               backend: Backend | None = None) -> TransferStatus | None:
+    def single(
+        self,
+        op: TransferOp,
+        local: Any,
+        l_offs: Any,
+        remote: Any,
+        r_offs: Any,
+        sizes: Any,
+        uid: Any,
+        backend: Backend | None = None,
+    ) -> TransferStatus | None:
         """A transfer of one block (lists of one: ``read``, ``write``, a batch of one) started
         through the lane a transfer on the same pair left, when nothing changed since, its
         backend is ``backend`` (when given, as a session's) and its connection has not failed;
         None otherwise, with nothing started (then :meth:`submit` or :meth:`batch`)."""
         key = (id(local), id(remote))
         lane = self._lanes.get(key)
-        if lane is None or lane[0] is not local or lane[1] is not remote or type(sizes) is not list \
-                or type(l_offs) is not list or type(r_offs) is not list or len(sizes) != 1 or len(l_offs) != 1 \
-                or len(r_offs) != 1 or (backend is not None and backend is not lane[4]):
+        if (
+            lane is None
+            or lane[0] is not local
+            or lane[1] is not remote
+            or type(sizes) is not list
+            or type(l_offs) is not list
+            or type(r_offs) is not list
+            or len(sizes) != 1
+            or len(l_offs) != 1
+            or len(r_offs) != 1
+            or (backend is not None and backend is not lane[4])
+        ):
             return None
         l_off, r_off, size = l_offs[0], r_offs[0], sizes[0]
-        if not (type(l_off) is int and type(r_off) is int and type(size) is int and type(uid) is int and size > 0
-                and 0 <= l_off <= local.size - size and 0 <= r_off <= remote.size - size and 0 <= uid < _U64_END
-                and lane[2] == self._memory.changes + self._remotes.changes + self._backends.changes):
+        if not (
+            type(l_off) is int
+            and type(r_off) is int
+            and type(size) is int
+            and type(uid) is int
+            and size > 0
+            and 0 <= l_off <= local.size - size
+            and 0 <= r_off <= remote.size - size
+            and 0 <= uid < _U64_END
+            and lane[2] == self._memory.changes + self._remotes.changes + self._backends.changes
+        ):
             return None
         # Everything submit() checks holds (both descriptors as they were, the block inside both,
         # a valid uid): what follows is its last part, unless the lane's connection has failed.
@@ -150,8 +199,17 @@ class Transfers:
         status._attach(completion)
         return status
 
-    def submit(self, op: TransferOp, local: MemoryDesc, l_offs: Any, remote: MemoryDesc, r_offs: Any, sizes: Any,
-                uid: int, backend: Backend | None = None) -> TransferStatus:
+    def submit(
+        self,
+        op: TransferOp,
+        local: MemoryDesc,
+        l_offs: Any,
+        remote: MemoryDesc,
+        r_offs: Any,
+        sizes: Any,
+        uid: int,
+        backend: Backend | None = None,
+    ) -> TransferStatus:
         """Checks, routes (unless ``backend`` is given) and starts one transfer; its status."""
         if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
             raise TypeError("local and remote memory must be MemoryDesc objects")
@@ -173,20 +231,29 @@ class Transfers:
             if isinstance(rows, str):
                 problem = StatusCode.ERR_INVALID_ARGS, rows
             elif rows[1] > local.size:
-                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of local memory {local.id} " \
-                                                       f"({local.size} bytes)"
+                problem = (
+                    StatusCode.ERR_INVALID_ARGS,
+                    f"a block runs past the end of local memory {local.id} ({local.size} bytes)",
+                )
             elif rows[2] > remote.size:
-                problem = StatusCode.ERR_INVALID_ARGS, f"a block runs past the end of remote memory {remote.id} " \
-                                                       f"({remote.size} bytes)"
+                problem = (
+                    StatusCode.ERR_INVALID_ARGS,
+                    f"a block runs past the end of remote memory {remote.id} ({remote.size} bytes)",
+                )
         if problem is None and backend is None:
             if preferred is not None and preferred.healthy(remote.engine_key):
                 backend = preferred  # what choose() returns while it is healthy
             else:
                 backend = self._backends.choose(local, remote)
             if backend is None:
-                problem = StatusCode.ERR_BAD_STATE, (f"no backend of engine {self._key!r} can move {local.loc.name} "
-                                                     f"<-> {remote.loc.name} memory (created: "
-                                                     f"{self._backends.names() or 'none'})")
+                problem = (
+                    StatusCode.ERR_BAD_STATE,
+                    (
+                        f"no backend of engine {self._key!r} can move {local.loc.name} "
+                        f"<-> {remote.loc.name} memory (created: "
+                        f"{self._backends.names() or 'none'})"
+                    ),
+                )
         if problem is not None:
             return TransferStatus(*problem)
         assert backend is not None and not isinstance(rows, str)
@@ -202,10 +269,12 @@ class Transfers:
             completion = backend.submit(request)
         except Exception as err:  # admitted above: whatever went wrong must finish the status
             # A backend must not raise (base.py); if one does, the status still ends.
-            _log.error("engine %r: %s backend raised while starting transfer %d: %r", self._key,
-                       backend.kind.name, uid, err)
-            completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the "
-                                                          f"transfer: {err!r}")
+            _log.error(
+                "engine %r: %s backend raised while starting transfer %d: %r", self._key, backend.kind.name, uid, err
+            )
+            completion = Outcome(
+                StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend failed to start the transfer: {err!r}"
+            )
         if completion is None:  # a backend breaking its contract must not leave it running either
             completion = Outcome(StatusCode.ERR_BAD_STATE, f"the {backend.kind.name} backend returned no completion")
         # Joined to the order once the transfer is on its way (its bytes move meanwhile), before
@@ -224,8 +293,13 @@ class Transfers:
         transfer, batches included, asks its health here.)"""
         key = (id(local), id(remote))
         lane = self._lanes.get(key)
-        if lane is None or lane[0] is not local or lane[1] is not remote or lane[2] != changes \
-                or lane[4] is not backend:
+        if (
+            lane is None
+            or lane[0] is not local
+            or lane[1] is not remote
+            or lane[2] != changes
+            or lane[4] is not backend
+        ):
             made = backend.lane(local, remote)
             if made is None:
                 self._lanes.pop(key, None)
@@ -234,24 +308,43 @@ class Transfers:
                 self._lanes.clear()
             self._lanes[key] = (local, remote, changes, made, backend)
 
-    def batch(self, op: TransferOp, local_mem: Any, local_offsets: Any, remote_mem: Any, remote_offsets: Any,
-               sizes: Any, uid: Any) -> Any:
+    def batch(
+        self,
+        op: TransferOp,
+        local_mem: Any,
+        local_offsets: Any,
+        remote_mem: Any,
+        remote_offsets: Any,
+        sizes: Any,
+        uid: Any,
+    ) -> Any:
         """``batch_read``/``batch_write``: one transfer, or MORI's engine-level form (lists of
         descriptor pairs) with one transfer and one status per pair."""
         if not isinstance(local_mem, (list, tuple)):
             return self.submit(op, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
         # MORI's engine-level form: one list entry per descriptor pair, one status each.
-        columns = {"local memory": local_mem, "local offsets": local_offsets, "remote memory": remote_mem,
-                   "remote offsets": remote_offsets, "sizes": sizes, "uids": uid}
+        columns = {
+            "local memory": local_mem,
+            "local offsets": local_offsets,
+            "remote memory": remote_mem,
+            "remote offsets": remote_offsets,
+            "sizes": sizes,
+            "uids": uid,
+        }
         for name, column in columns.items():
             if not isinstance(column, (list, tuple)):
-                raise TypeError(f"batch with a list of descriptors: {name} must be a list too, got "
-                                f"{type(column).__name__}")
+                raise TypeError(
+                    f"batch with a list of descriptors: {name} must be a list too, got {type(column).__name__}"
+                )
         if len({len(c) for c in columns.values()}) > 1:
-            raise ValueError("batch with a list of descriptors: lengths differ (" +
-                             ", ".join(f"{len(c)} {name}" for name, c in columns.items()) + ")")
+            raise ValueError(
+                "batch with a list of descriptors: lengths differ ("
+                + ", ".join(f"{len(c)} {name}" for name, c in columns.items())
+                + ")"
+            )
         for lm, rm in zip(local_mem, remote_mem):
             if not isinstance(lm, MemoryDesc) or not isinstance(rm, MemoryDesc):
                 raise TypeError("local and remote memory must be MemoryDesc objects")
-        return [self.submit(op, *pair) for pair in zip(local_mem, local_offsets, remote_mem, remote_offsets,
-                                                        sizes, uid)]
+        return [
+            self.submit(op, *pair) for pair in zip(local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        ]

@@ -77,21 +77,26 @@ class IOEngine:
         self._remotes = RemoteEngines()
         self._limits = Limits.from_config()
         # The one table of completion records every channel writes (control plane, native TCP and UCX).
-        self._inbound = InboundRecords(self._limits.max_inbound, self._limits.inbound_ttl,
-                                       "MORI_IO_MAX_INBOUND_RECORDS, MORI_IO_INBOUND_RECORD_TTL")
+        self._inbound = InboundRecords(
+            self._limits.max_inbound,
+            self._limits.inbound_ttl,
+            "MORI_IO_MAX_INBOUND_RECORDS, MORI_IO_INBOUND_RECORD_TTL",
+        )
         self._inflight = InFlight()
         self._uids = UidAllocator()
         self._backends = Router()
         self._lock = threading.RLock()
         self._identity = Identity(key)  # proves this engine's key to its peers (_keys)
-        self._server = ControlServer(config.host, config.port, self._token, self._limits, log=_log,
-                                     identity=self._identity)
+        self._server = ControlServer(
+            config.host, config.port, self._token, self._limits, log=_log, identity=self._identity
+        )
         # Handlers close over the registries, not the engine, so the engine can be collected.
         self._server.handlers.update(engine_handlers(self._identity, self._memory, self._inbound))
         self._desc = EngineDesc(key, config.host, self._server.port, socket.gethostname(), os.getpid(), node_id())
         self._clients = ControlClients(self._identity, self._token, self._remotes, (config.host, self._server.port))
-        self._ctx = EngineContext(self._desc, self._limits, self._inbound, self._remotes, self._clients, self._server,
-                                  self._token)
+        self._ctx = EngineContext(
+            self._desc, self._limits, self._inbound, self._remotes, self._clients, self._server, self._token
+        )
         self._order = PeerOrder()  # TransferStatus's order per remote engine
         self._transfers = Transfers(key, self._memory, self._remotes, self._backends, self._order, self._inflight)
         self._finalizer = weakref.finalize(self, _shutdown, self._backends, self._server, self._clients)
@@ -110,8 +115,12 @@ class IOEngine:
     def describe(self) -> dict[str, Any]:
         """What this engine is and uses: its key, control-plane address, and each backend's own
         description by name (its transports, how GPU memory travels on it)."""
-        return {"key": self._key, "host": self._desc.host, "port": self._desc.port,
-                "backends": {b.kind.name: b.describe() for b in self._backends}}
+        return {
+            "key": self._key,
+            "host": self._desc.host,
+            "port": self._desc.port,
+            "backends": {b.kind.name: b.describe() for b in self._backends},
+        }
 
     def create_backend(self, type: BackendType, config: Any = None) -> None:  # noqa: A002 (MORI's name)
         """Creates the backend of ``type`` (TCP, XGMI/NVLINK, RDMA on UCX) with its config (None: defaults)."""
@@ -212,23 +221,33 @@ class IOEngine:
         """A transfer id unique within this engine."""
         return self._uids.allocate()
 
-    def read(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
-             uid: int) -> TransferStatus:
+    def read(
+        self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int, uid: int
+    ) -> TransferStatus:
         """One-sided read of ``size`` bytes: remote ``r_offset`` -> local ``l_offset``."""
         transfers = self._transfers
-        return transfers.single(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid) \
-            or transfers.submit(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
+        return transfers.single(
+            TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid
+        ) or transfers.submit(TransferOp.READ, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
 
-    def write(self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int,
-              uid: int) -> TransferStatus:
+    def write(
+        self, local_mem: MemoryDesc, l_offset: int, remote_mem: MemoryDesc, r_offset: int, size: int, uid: int
+    ) -> TransferStatus:
         """One-sided write of ``size`` bytes: local ``l_offset`` -> remote ``r_offset``."""
         transfers = self._transfers
-        return transfers.single(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid) \
-            or transfers.submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
+        return transfers.single(
+            TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid
+        ) or transfers.submit(TransferOp.WRITE, local_mem, [l_offset], remote_mem, [r_offset], [size], uid)
 
-    def batch_read(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
-                   remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
-                   sizes: Sequence[Any], uid: int | Sequence[int]) -> Any:
+    def batch_read(
+        self,
+        local_mem: MemoryDesc | Sequence[MemoryDesc],
+        local_offsets: Sequence[Any],
+        remote_mem: MemoryDesc | Sequence[MemoryDesc],
+        remote_offsets: Sequence[Any],
+        sizes: Sequence[Any],
+        uid: int | Sequence[int],
+    ) -> Any:
         """Reads ``len(sizes)`` blocks as one transfer (one status, one inbound record).
 
         MORI's engine-level form takes lists instead, one entry per descriptor pair:
@@ -236,17 +255,25 @@ class IOEngine:
         :class:`TransferStatus` per pair.
         """
         transfers = self._transfers
-        return transfers.single(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid) \
-            or transfers.batch(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        return transfers.single(
+            TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid
+        ) or transfers.batch(TransferOp.READ, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
 
-    def batch_write(self, local_mem: MemoryDesc | Sequence[MemoryDesc], local_offsets: Sequence[Any],
-                    remote_mem: MemoryDesc | Sequence[MemoryDesc], remote_offsets: Sequence[Any],
-                    sizes: Sequence[Any], uid: int | Sequence[int]) -> Any:
+    def batch_write(
+        self,
+        local_mem: MemoryDesc | Sequence[MemoryDesc],
+        local_offsets: Sequence[Any],
+        remote_mem: MemoryDesc | Sequence[MemoryDesc],
+        remote_offsets: Sequence[Any],
+        sizes: Sequence[Any],
+        uid: int | Sequence[int],
+    ) -> Any:
         """Writes ``len(sizes)`` blocks as one transfer; with lists of descriptors (MORI's
         engine-level form, see :meth:`batch_read`) one transfer and one status per pair."""
         transfers = self._transfers
-        return transfers.single(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid) \
-            or transfers.batch(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
+        return transfers.single(
+            TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid
+        ) or transfers.batch(TransferOp.WRITE, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid)
 
     @staticmethod
     def wait_all(statuses: Sequence[TransferStatus], timeout_ms: float = -1) -> StatusCode:
@@ -259,8 +286,13 @@ class IOEngine:
         if self._transfers.reject(local_mem, remote_mem) is not None:
             return None
         backend = self._backends.choose(local_mem, remote_mem)
-        return None if backend is None else IOEngineSession(self.allocate_transfer_uid, self._backends, self._transfers, local_mem, remote_mem,
-                                                          backend)
+        return (
+            None
+            if backend is None
+            else IOEngineSession(
+                self.allocate_transfer_uid, self._backends, self._transfers, local_mem, remote_mem, backend
+            )
+        )
 
     def pop_inbound_transfer_status(self, remote_key: str, transfer_uid: int) -> TransferStatus | None:
         """The outcome of transfer ``transfer_uid`` that engine ``remote_key`` ran into this engine,
@@ -283,4 +315,3 @@ class IOEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

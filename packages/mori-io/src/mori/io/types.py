@@ -66,7 +66,9 @@ class StatusCode(enum.IntEnum):
     INIT = int(TransferCode.NOT_STARTED)  #: not submitted yet
     IN_PROGRESS = int(TransferCode.IN_PROGRESS)  #: running (or, from ``WaitFor``, the wait timed out)
     ERR_INVALID_ARGS = int(TransferCode.ERR_INVALID_ARGS)  #: an offset or size outside a region, or a bad argument
-    ERR_NOT_FOUND = int(TransferCode.ERR_NOT_FOUND)  #: memory not registered (here or at the target), or engine unknown here
+    ERR_NOT_FOUND = int(
+        TransferCode.ERR_NOT_FOUND
+    )  #: memory not registered (here or at the target), or engine unknown here
     ERR_RDMA_OP = int(TransferCode.ERR_TRANSPORT)  #: the RDMA backend (UCX) reported an error
     ERR_BAD_STATE = int(TransferCode.ERR_BAD_STATE)  #: peer unreachable or lost, timeout, token refused, no backend
     ERR_GPU_OP = int(TransferCode.ERR_DEVICE)  #: a CUDA operation failed
@@ -174,9 +176,11 @@ class TcpBackendConfig:
 
 # MORI's names read back as ours (the dataclass keeps them as init-only arguments).
 TcpBackendConfig.num_data_conns = property(  # type: ignore[attr-defined]
-    lambda self: self.num_connections, doc="MORI's name of :attr:`num_connections`.")
+    lambda self: self.num_connections, doc="MORI's name of :attr:`num_connections`."
+)
 TcpBackendConfig.striping_threshold_bytes = property(  # type: ignore[attr-defined]
-    lambda self: self.stripe_bytes, doc="MORI's name of :attr:`stripe_bytes`.")
+    lambda self: self.stripe_bytes, doc="MORI's name of :attr:`stripe_bytes`."
+)
 
 
 _U64_MAX = (1 << 64) - 1  # ids, addresses and sizes travel as unsigned 64-bit integers
@@ -290,8 +294,15 @@ class MemoryDesc:
         """Why this descriptor's id, address or size cannot travel as unsigned 64-bit integers
         (what a peer's data plane takes), or None."""
         i, data, size = self.id, self.data, self.size
-        if type(i) is int and type(data) is int and type(size) is int and 0 <= i <= _U64_MAX and data >= 0 \
-                and size >= 0 and data + size <= _U64_MAX + 1:
+        if (
+            type(i) is int
+            and type(data) is int
+            and type(size) is int
+            and 0 <= i <= _U64_MAX
+            and data >= 0
+            and size >= 0
+            and data + size <= _U64_MAX + 1
+        ):
             return None  # the common case, checked at every transfer: one expression
         for name in ("id", "data", "size"):
             problem = _field_problem(name, getattr(self, name), _MEMORY_FIELDS[name])
@@ -302,12 +313,26 @@ class MemoryDesc:
         return None
 
 
-_ENGINE_FIELDS: dict[str, _Rule] = {"key": _NAME, "host": _TEXT, "port": (int, 0, 65535), "hostname": _TEXT,
-                                    "pid": (int, 0, (1 << 63) - 1), "node_id": _TEXT}
+_ENGINE_FIELDS: dict[str, _Rule] = {
+    "key": _NAME,
+    "host": _TEXT,
+    "port": (int, 0, 65535),
+    "hostname": _TEXT,
+    "pid": (int, 0, (1 << 63) - 1),
+    "node_id": _TEXT,
+}
 _MEMORY_FIELDS: dict[str, _Rule] = {
-    "engine_key": _NAME, "id": (int, 0, _U64_MAX), "data": (int, 0, _U64_MAX), "size": (int, 0, _U64_MAX),
-    "device_id": (int, -1, _I32_MAX), "loc": (int, int(min(MemoryLocationType)), int(max(MemoryLocationType))),
-    "hostname": _TEXT, "extra": (dict, 0, 0), "device_bus_id": _TEXT, "numa_node": (int, -1, _I32_MAX)}
+    "engine_key": _NAME,
+    "id": (int, 0, _U64_MAX),
+    "data": (int, 0, _U64_MAX),
+    "size": (int, 0, _U64_MAX),
+    "device_id": (int, -1, _I32_MAX),
+    "loc": (int, int(min(MemoryLocationType)), int(max(MemoryLocationType))),
+    "hostname": _TEXT,
+    "extra": (dict, 0, 0),
+    "device_bus_id": _TEXT,
+    "numa_node": (int, -1, _I32_MAX),
+}
 
 
 _PENDING = StatusCode.IN_PROGRESS

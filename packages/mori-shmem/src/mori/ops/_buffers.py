@@ -80,11 +80,16 @@ class EpBuffers:
         row, k = config.hidden_dim * config.max_token_type_size, config.num_experts_per_token
         scale = max(config.scale_dim * config.scale_type_size, 1)
         shapes = {
-            "disp_tok": (recv * row, torch.uint8), "disp_weights": (recv * k, torch.float32),
-            "disp_scales": (recv * scale, torch.uint8), "disp_indices": (recv * k, torch.int32),
-            "disp_src_pos": (recv, torch.int32), "comb_inp": (recv * combine_row_bytes(config, combine_scale_dim), torch.uint8),
-            "comb_inp_weights": (recv * k, torch.float32), "comb_out": (inp * row, torch.uint8),
-            "comb_out_weights": (inp * k, torch.float32), "dest_map": (inp * k, torch.int32),
+            "disp_tok": (recv * row, torch.uint8),
+            "disp_weights": (recv * k, torch.float32),
+            "disp_scales": (recv * scale, torch.uint8),
+            "disp_indices": (recv * k, torch.int32),
+            "disp_src_pos": (recv, torch.int32),
+            "comb_inp": (recv * combine_row_bytes(config, combine_scale_dim), torch.uint8),
+            "comb_inp_weights": (recv * k, torch.float32),
+            "comb_out": (inp * row, torch.uint8),
+            "comb_out_weights": (inp * k, torch.float32),
+            "dest_map": (inp * k, torch.int32),
             "control": (CONTROL_WORDS, torch.int32),
         }
         tensors = {}

@@ -37,15 +37,20 @@ def _indices(cfg: EpDispatchCombineConfig, indices: Any, rows: int, device: Any)
 
 def _row_fits(cfg: EpDispatchCombineConfig, name: str, t: Any) -> None:
     if t.element_size() > cfg.max_token_type_size:
-        raise ValueError(f"{name} dtype {t.dtype} has {t.element_size()}-byte elements but the op was sized for "
-                         f"max_token_type_size={cfg.max_token_type_size}")
+        raise ValueError(
+            f"{name} dtype {t.dtype} has {t.element_size()}-byte elements but the op was sized for "
+            f"max_token_type_size={cfg.max_token_type_size}"
+        )
     if t.shape[1] * t.element_size() > cfg.hidden_dim * cfg.max_token_type_size:
-        raise ValueError(f"{name} rows of {t.shape[1]} x {t.element_size()} bytes do not fit the op's "
-                         f"hidden_dim={cfg.hidden_dim} x max_token_type_size={cfg.max_token_type_size}")
+        raise ValueError(
+            f"{name} rows of {t.shape[1]} x {t.element_size()} bytes do not fit the op's "
+            f"hidden_dim={cfg.hidden_dim} x max_token_type_size={cfg.max_token_type_size}"
+        )
 
 
-def check_dispatch(cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights: Any, scales: Any,
-                   indices: Any) -> bool:
+def check_dispatch(
+    cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights: Any, scales: Any, indices: Any
+) -> bool:
     """Checks dispatch's arguments; returns whether scales are carried."""
     import torch
 
@@ -54,8 +59,9 @@ def check_dispatch(cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights:
         raise ValueError(f"input must be 2-D [num_tokens, hidden], got shape {list(inp.shape)}")
     n = inp.shape[0]
     if n > cfg.max_num_inp_token_per_rank:
-        raise ValueError(f"input has {n} tokens; the op holds at most max_num_inp_token_per_rank="
-                         f"{cfg.max_num_inp_token_per_rank}")
+        raise ValueError(
+            f"input has {n} tokens; the op holds at most max_num_inp_token_per_rank={cfg.max_num_inp_token_per_rank}"
+        )
     _row_fits(cfg, "input", inp)
     _indices(cfg, indices, n, device)
     if weights is not None:
@@ -68,23 +74,32 @@ def check_dispatch(cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights:
     _tensor("scales", scales, device)
     _rows("scales", scales, cfg.scale_dim, n)
     if scales.element_size() != cfg.scale_type_size:
-        raise ValueError(f"scales dtype {scales.dtype} has {scales.element_size()}-byte elements; the config says "
-                         f"scale_type_size={cfg.scale_type_size}")
+        raise ValueError(
+            f"scales dtype {scales.dtype} has {scales.element_size()}-byte elements; the config says "
+            f"scale_type_size={cfg.scale_type_size}"
+        )
     return True
 
 
 #: Combine sums in float32 and rounds to the input's dtype: these are the dtypes it handles (the
 #: suffix of the GPU kernels). ``float4_e2m1fn_x2`` holds two e2m1 values a byte (low nibble first).
-_COMBINE_DTYPES = {"bfloat16": "bf16", "float32": "f32", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8fnuz",
-                   "float4_e2m1fn_x2": "fp4"}
+_COMBINE_DTYPES = {
+    "bfloat16": "bf16",
+    "float32": "f32",
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8fnuz",
+    "float4_e2m1fn_x2": "fp4",
+}
 
 
 def combine_dtype_name(dtype: Any) -> str:
     """The kernel suffix of a combine dtype (``bf16``, ``f32``, ``fp8``, ``fp8fnuz``, ``fp4``)."""
     name = str(dtype).replace("torch.", "")
     if name not in _COMBINE_DTYPES:
-        raise TypeError(f"combine input dtype {dtype} is not supported: use bfloat16, float32, float8_e4m3fn, "
-                        "float8_e4m3fnuz or float4_e2m1fn_x2")
+        raise TypeError(
+            f"combine input dtype {dtype} is not supported: use bfloat16, float32, float8_e4m3fn, "
+            "float8_e4m3fnuz or float4_e2m1fn_x2"
+        )
     return _COMBINE_DTYPES[name]
 
 
@@ -96,15 +111,18 @@ def check_packed_inputs(cfg: EpDispatchCombineConfig, device: Any, x: Any, topk_
     _tensor("dispatch_out_x", x, device)
     _tensor("dispatch_out_topk_idx", topk_idx, device)
     if x.dim() != 2 or x.shape[0] != max_recv:
-        raise ValueError(f"dispatch_out_x must be [max_num_tokens_to_recv={max_recv}, hidden] (dispatch's "
-                         f"output), got {list(x.shape)}")
+        raise ValueError(
+            f"dispatch_out_x must be [max_num_tokens_to_recv={max_recv}, hidden] (dispatch's "
+            f"output), got {list(x.shape)}"
+        )
     if topk_idx.dtype != torch.int32:
         raise TypeError(f"dispatch_out_topk_idx must be int32, got {topk_idx.dtype}")
     _rows("dispatch_out_topk_idx", topk_idx, cfg.num_experts_per_token, max_recv)
 
 
-def check_combine(cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights: Any, indices: Any,
-                  dispatched: int) -> None:
+def check_combine(
+    cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights: Any, indices: Any, dispatched: int
+) -> None:
     """Checks combine's arguments against the preceding dispatch of ``dispatched`` tokens."""
     import torch
 
@@ -114,9 +132,11 @@ def check_combine(cfg: EpDispatchCombineConfig, device: Any, inp: Any, weights: 
     combine_dtype_name(inp.dtype)
     _row_fits(cfg, "input", inp)
     if indices.dim() != 2 or indices.shape[0] != dispatched:
-        raise ValueError(f"combine() indices has {indices.shape[0] if indices.dim() else 0} rows but this rank "
-                         f"dispatched {dispatched} tokens: pass this rank's own [num_tokens, topk] routing (the "
-                         "tensor given to dispatch()), not dispatch()'s returned indices")
+        raise ValueError(
+            f"combine() indices has {indices.shape[0] if indices.dim() else 0} rows but this rank "
+            f"dispatched {dispatched} tokens: pass this rank's own [num_tokens, topk] routing (the "
+            "tensor given to dispatch()), not dispatch()'s returned indices"
+        )
     _indices(cfg, indices, dispatched, device)
     if weights is not None:
         _tensor("weights", weights, device)

@@ -157,7 +157,9 @@ def _kernel_type(value: Any) -> EpDispatchCombineKernelType:
     try:
         return EpDispatchCombineKernelType(int(getattr(value, "value", value)))
     except (TypeError, ValueError):
-        raise ValueError(f"EpDispatchCombineConfig.kernel_type={value!r} is not an EpDispatchCombineKernelType") from None
+        raise ValueError(
+            f"EpDispatchCombineConfig.kernel_type={value!r} is not an EpDispatchCombineKernelType"
+        ) from None
 
 
 def _int_field(config: EpDispatchCombineConfig, name: str, low: int, high: int | None = None) -> int:
@@ -180,11 +182,15 @@ def validate_config(config: EpDispatchCombineConfig) -> EpDispatchCombineKernelT
     scale_dim = _int_field(config, "scale_dim", 0)
     _int_field(config, "scale_type_size", 0, 8)
     if scale_dim > 0 and config.scale_type_size not in (1, 2, 4, 8):
-        raise ValueError(f"EpDispatchCombineConfig.scale_type_size={config.scale_type_size}: with scale_dim > 0 "
-                         "it must be 1, 2, 4 or 8")
+        raise ValueError(
+            f"EpDispatchCombineConfig.scale_type_size={config.scale_type_size}: with scale_dim > 0 "
+            "it must be 1, 2, 4 or 8"
+        )
     if config.max_token_type_size not in (1, 2, 4):
-        raise ValueError(f"EpDispatchCombineConfig.max_token_type_size={config.max_token_type_size!r}: must be "
-                         "1, 2 or 4 (bytes per element of the widest token dtype)")
+        raise ValueError(
+            f"EpDispatchCombineConfig.max_token_type_size={config.max_token_type_size!r}: must be "
+            "1, 2 or 4 (bytes per element of the widest token dtype)"
+        )
     _int_field(config, "max_num_inp_token_per_rank", 1)
     _int_field(config, "num_experts_per_rank", 1)
     _int_field(config, "num_experts_per_token", 1, MAX_EXPERTS_PER_TOKEN)
@@ -198,13 +204,17 @@ def validate_config(config: EpDispatchCombineConfig) -> EpDispatchCombineKernelT
     kernel_type = _kernel_type(config.kernel_type)
     quant = normalize_quant_type(config.quant_type)
     if quant != EpDispatchCombineQuantType.None_ and not config.use_external_inp_buf:
-        raise ValueError(f"quant_type={config.quant_type!r} needs use_external_inp_buf=True (the rows are cast or "
-                         "quantized while combine copies its input into the registered buffer)")
+        raise ValueError(
+            f"quant_type={config.quant_type!r} needs use_external_inp_buf=True (the rows are cast or "
+            "quantized while combine copies its input into the registered buffer)"
+        )
     cap = capacities(config)
     total = cap["max_num_tokens_to_recv"] * (config.hidden_dim * config.max_token_type_size)
     if total >= 1 << 40:
-        raise ValueError(f"EpDispatchCombineConfig: receive buffer of {total} bytes is not plausible; "
-                         "check hidden_dim, max_num_inp_token_per_rank and world_size")
+        raise ValueError(
+            f"EpDispatchCombineConfig: receive buffer of {total} bytes is not plausible; "
+            "check hidden_dim, max_num_inp_token_per_rank and world_size"
+        )
     return kernel_type
 
 
@@ -236,13 +246,19 @@ def ep_settings(kernel_type: EpDispatchCombineKernelType) -> EpSettings:
     from mori.core import config as env
 
     if env.get("MORI_EP_COMM") == "cco":
-        raise ValueError("MORI_EP_COMM=cco: mori provides no mori.cco communicator (MORI's LSA windows for "
-                         "archs without shmem); mori.ops keeps its buffers on mori.shmem's heap: unset it or "
-                         "set MORI_EP_COMM=shmem")
+        raise ValueError(
+            "MORI_EP_COMM=cco: mori provides no mori.cco communicator (MORI's LSA windows for "
+            "archs without shmem); mori.ops keeps its buffers on mori.shmem's heap: unset it or "
+            "set MORI_EP_COMM=shmem"
+        )
     mode = env.get("MORI_EP_LAUNCH_CONFIG_MODE")
     auto = _AUTO_LAUNCH.get(kernel_type, _AUTO_LAUNCH_DEFAULT) if mode == "auto" else None
-    return EpSettings(launch_mode=mode, auto_launch=auto, combine_scale_dim=env.get("MORI_FP8_COMBINE_SCALE_DIM"),
-                      sdma=env.get("MORI_ENABLE_SDMA"))
+    return EpSettings(
+        launch_mode=mode,
+        auto_launch=auto,
+        combine_scale_dim=env.get("MORI_FP8_COMBINE_SCALE_DIM"),
+        sdma=env.get("MORI_ENABLE_SDMA"),
+    )
 
 
 def combine_row_bytes(config: EpDispatchCombineConfig, scale_dim: int) -> int:

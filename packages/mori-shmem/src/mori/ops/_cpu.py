@@ -48,7 +48,7 @@ class CpuBackend:
         """Rows ``[start, start + len(rows))`` of buffer ``name`` (seen as ``[max_recv, cols]`` of
         ``dtype``) on PE ``pe`` become ``rows``."""
         if self._mapped(pe):
-            view_rows(self._peer(name, pe), self.max_recv, cols, dtype)[start:start + rows.shape[0]] = rows
+            view_rows(self._peer(name, pe), self.max_recv, cols, dtype)[start : start + rows.shape[0]] = rows
             return
         local = view_rows(getattr(self.bufs, name), self.max_recv, cols, dtype)  # the symmetric address
         shmem_putmem(int(local[start].data_ptr()), rows.to(dtype).contiguous(), pe)
@@ -64,8 +64,9 @@ class CpuBackend:
             shmem_getmem_into(out, getattr(self.bufs, name).data_ptr(), pe)
         return out
 
-    def dispatch(self, inp: Any, weights: Any, scales: Any, indices: Any, replay: Any = None,
-                 routed: bool = False) -> None:
+    def dispatch(
+        self, inp: Any, weights: Any, scales: Any, indices: Any, replay: Any = None, routed: bool = False
+    ) -> None:
         """Sends this PE's tokens. ``replay`` (a routing handle's ``(dest_map [n * k], total [1])``):
         to the slots it names, reserving none; the receivers take their totals from their handles.
         ``routed`` (a dispatch that keeps a routing handle, which may follow another dispatch with no
@@ -81,8 +82,10 @@ class CpuBackend:
         if replay is not None:
             dest_map.copy_(replay[0][: dest.numel()].view(dest.shape))
             if not torch.equal(dest_map >= 0, dest >= 0):
-                raise ValueError("replay dispatch: indices route differently from the routing handle's dispatch "
-                                 "(a replay takes the same indices, with new payloads)")
+                raise ValueError(
+                    "replay dispatch: indices route differently from the routing handle's dispatch "
+                    "(a replay takes the same indices, with new payloads)"
+                )
         else:
             dest_map.fill_(-1)
         row_bytes = inp.shape[1] * inp.element_size()
@@ -98,17 +101,25 @@ class CpuBackend:
             if base + tokens.numel() > self.max_recv:
                 overflow.append(pe)  # nothing written there; every PE still joins the barriers below
                 continue
-            self._write_rows("disp_tok", pe, base, inp.view(torch.uint8).view(inp.shape[0], row_bytes)[tokens],
-                             row_bytes, torch.uint8)
+            self._write_rows(
+                "disp_tok",
+                pe,
+                base,
+                inp.view(torch.uint8).view(inp.shape[0], row_bytes)[tokens],
+                row_bytes,
+                torch.uint8,
+            )
             self._write_rows("disp_indices", pe, base, indices[tokens], k, torch.int32)
             if weights is not None:
                 self._write_rows("disp_weights", pe, base, weights[tokens], k, torch.float32)
             if scales is not None:
                 sb = scales.shape[1] * scales.element_size()
-                self._write_rows("disp_scales", pe, base, scales.view(torch.uint8).view(scales.shape[0], sb)[tokens],
-                                 sb, torch.uint8)
-            self._write_rows("disp_src_pos", pe, base, (cfg.rank * self.max_send + tokens).to(torch.int32)[:, None],
-                             1, torch.int32)
+                self._write_rows(
+                    "disp_scales", pe, base, scales.view(torch.uint8).view(scales.shape[0], sb)[tokens], sb, torch.uint8
+                )
+            self._write_rows(
+                "disp_src_pos", pe, base, (cfg.rank * self.max_send + tokens).to(torch.int32)[:, None], 1, torch.int32
+            )
             dest_map[tokens, slots] = (pe * self.max_send + torch.arange(base, base + tokens.numel())).to(torch.int32)
         shmem_barrier_all()  # every PE's tokens and slot reservations are in
         control = bufs.control
@@ -119,9 +130,11 @@ class CpuBackend:
         # first would otherwise reserve slots that a slower receiver's clear then wipes.
         shmem_barrier_all()
         if overflow or received > self.max_recv:
-            raise RuntimeError(f"dispatch: PE {overflow[0] if overflow else cfg.rank} would receive more than "
-                               f"max_num_tokens_to_recv={self.max_recv} tokens (raise max_total_recv_tokens or "
-                               "leave it 0); this dispatch delivered nothing there")
+            raise RuntimeError(
+                f"dispatch: PE {overflow[0] if overflow else cfg.rank} would receive more than "
+                f"max_num_tokens_to_recv={self.max_recv} tokens (raise max_total_recv_tokens or "
+                "leave it 0); this dispatch delivered nothing there"
+            )
 
     def count_experts(self, out: Any) -> None:
         cfg = self.cfg
@@ -161,8 +174,9 @@ class CpuBackend:
 
         cfg, k = self.cfg, self.cfg.num_experts_per_token
         dest = dest_map[: num_tokens * k].view(num_tokens, k).tolist()
-        out = view_rows(self.bufs.comb_out, cfg.max_num_inp_token_per_rank, wire.hidden * wire.dtype.itemsize,
-                        torch.uint8)
+        out = view_rows(
+            self.bufs.comb_out, cfg.max_num_inp_token_per_rank, wire.hidden * wire.dtype.itemsize, torch.uint8
+        )
         out_w = view_rows(self.bufs.comb_out_weights, cfg.max_num_inp_token_per_rank, k, torch.float32)
         # Rows needed from each PE: up to the highest slot this PE's tokens were given there.
         need = [0] * cfg.world_size
@@ -170,10 +184,14 @@ class CpuBackend:
             for d in row:
                 if d >= 0:
                     need[d // self.max_send] = max(need[d // self.max_send], d % self.max_send + 1)
-        staged = [wire.terms(self._read_rows("comb_inp", pe, need[pe], wire.row_bytes, torch.uint8)[: need[pe]])
-                  for pe in range(cfg.world_size)]
-        staged_w = [self._read_rows("comb_inp_weights", pe, need[pe], k, torch.float32) if with_weights
-                    else None for pe in range(cfg.world_size)]
+        staged = [
+            wire.terms(self._read_rows("comb_inp", pe, need[pe], wire.row_bytes, torch.uint8)[: need[pe]])
+            for pe in range(cfg.world_size)
+        ]
+        staged_w = [
+            self._read_rows("comb_inp_weights", pe, need[pe], k, torch.float32) if with_weights else None
+            for pe in range(cfg.world_size)
+        ]
         for t, row in enumerate(dest):
             places = [(d // self.max_send, d % self.max_send) for d in row if d >= 0]
             acc = torch.zeros(staged[0].shape[1] if staged else 0, dtype=torch.float32)
@@ -192,6 +210,8 @@ def _replayed_base(slots: Any, pe: int, max_send: int) -> int:
     got = slots.to(torch.int64)
     base = int(got[0]) - pe * max_send
     if not torch.equal(got, pe * max_send + base + torch.arange(got.numel())):
-        raise ValueError(f"routing handle: the slots it gives PE {pe} are not one dispatch's reservation "
-                         "(a handle from another op, or modified?)")
+        raise ValueError(
+            f"routing handle: the slots it gives PE {pe} are not one dispatch's reservation "
+            "(a handle from another op, or modified?)"
+        )
     return base

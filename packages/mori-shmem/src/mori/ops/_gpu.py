@@ -33,16 +33,64 @@ _SYNC_THREADS = MAX_WORLD_SIZE
 class EpArgs(ctypes.Structure):
     """Mirror of ``struct EpArgs`` in kernels/ep_common.cuh (same order, same types)."""
 
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "inp", "weights", "scales", "indices", "dispTok", "dispWeights", "dispScales", "dispIndices", "dispSrcPos",
-        "combInp", "combInpWeights", "combOut", "combOutWeights", "control", "destMap", "expertCount",
-        "stage", "inbox", "retStage", "retInbox", "fwdMap")] + [
-        (name, ctypes.c_int32) for name in (
-            "rank", "world", "numTokens", "k", "expertsPerRank", "rowBytes", "scaleBytes", "hidden",
-            "maxSend", "maxRecv", "inpRows", "weightRows", "hasWeights",
-            "nodeFirst", "nodeSize", "myNode", "nNodes", "lowLatency", "tokCap",
-            "xferBytes", "scaleOff", "idxOff", "wOff", "combXferBytes", "combWOff", "combRowBytes",
-            "combScaleDim", "combCodeBytes")]
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "inp",
+            "weights",
+            "scales",
+            "indices",
+            "dispTok",
+            "dispWeights",
+            "dispScales",
+            "dispIndices",
+            "dispSrcPos",
+            "combInp",
+            "combInpWeights",
+            "combOut",
+            "combOutWeights",
+            "control",
+            "destMap",
+            "expertCount",
+            "stage",
+            "inbox",
+            "retStage",
+            "retInbox",
+            "fwdMap",
+        )
+    ] + [
+        (name, ctypes.c_int32)
+        for name in (
+            "rank",
+            "world",
+            "numTokens",
+            "k",
+            "expertsPerRank",
+            "rowBytes",
+            "scaleBytes",
+            "hidden",
+            "maxSend",
+            "maxRecv",
+            "inpRows",
+            "weightRows",
+            "hasWeights",
+            "nodeFirst",
+            "nodeSize",
+            "myNode",
+            "nNodes",
+            "lowLatency",
+            "tokCap",
+            "xferBytes",
+            "scaleOff",
+            "idxOff",
+            "wOff",
+            "combXferBytes",
+            "combWOff",
+            "combRowBytes",
+            "combScaleDim",
+            "combCodeBytes",
+        )
+    ]
 
 
 #: The parts of the CUDA source, in the order they are compiled as one.
@@ -61,11 +109,19 @@ _MODULE_NAME = "mori_ops_ep.cu"
 #: encoding where it differs (fp8 cast, fp8/fp4 blockwise).
 _WIRES = ("bf16", "f32", "fp8", "fp8fnuz", "fp4", "bf16_fp8", "bf16_bw8", "bf16_bw4")
 _KERNELS = (
-    "ep_dispatch_send", "ep_dispatch_signal", "ep_dispatch_wait", "ep_local_expert_count",
+    "ep_dispatch_send",
+    "ep_dispatch_signal",
+    "ep_dispatch_wait",
+    "ep_local_expert_count",
     *(f"ep_combine_{step}_{wire}" for step in ("stage", "accum") for wire in _WIRES),
-    "ep_combine_barrier_signal", "ep_combine_barrier_wait",
-    "ep_internode_put", "ep_internode_inbox_wait", "ep_internode_forward",
-    "ep_internode_return", "ep_internode_return_put", "ep_internode_return_wait",
+    "ep_combine_barrier_signal",
+    "ep_combine_barrier_wait",
+    "ep_internode_put",
+    "ep_internode_inbox_wait",
+    "ep_internode_forward",
+    "ep_internode_return",
+    "ep_internode_return_put",
+    "ep_internode_return_wait",
 )
 
 
@@ -168,26 +224,47 @@ class GpuKernels:
         self.launch("ep_combine_accum_" + suffix, grid, threads, a, stream)
 
 
-def make_args(bufs: EpBuffers, cfg: Any, expert_count: Any, max_send: int, max_recv: int,
-              plan: NodePlan | None = None, inter: InterNodeBuffers | None = None,
-              low_latency: bool = False, combine_scale_dim: int = 0) -> EpArgs:
+def make_args(
+    bufs: EpBuffers,
+    cfg: Any,
+    expert_count: Any,
+    max_send: int,
+    max_recv: int,
+    plan: NodePlan | None = None,
+    inter: InterNodeBuffers | None = None,
+    low_latency: bool = False,
+    combine_scale_dim: int = 0,
+) -> EpArgs:
     """The per-op part of the kernel arguments (buffers and sizes); calls fill in their tensors.
     Without ``plan`` every PE is in this PE's node (IntraNode)."""
     a = EpArgs()
-    for field, tensor in (("dispTok", bufs.disp_tok), ("dispWeights", bufs.disp_weights),
-                          ("dispScales", bufs.disp_scales), ("dispIndices", bufs.disp_indices),
-                          ("dispSrcPos", bufs.disp_src_pos), ("combInp", bufs.comb_inp),
-                          ("combInpWeights", bufs.comb_inp_weights), ("combOut", bufs.comb_out),
-                          ("combOutWeights", bufs.comb_out_weights), ("control", bufs.control),
-                          ("destMap", bufs.dest_map), ("expertCount", expert_count)):
+    for field, tensor in (
+        ("dispTok", bufs.disp_tok),
+        ("dispWeights", bufs.disp_weights),
+        ("dispScales", bufs.disp_scales),
+        ("dispIndices", bufs.disp_indices),
+        ("dispSrcPos", bufs.disp_src_pos),
+        ("combInp", bufs.comb_inp),
+        ("combInpWeights", bufs.comb_inp_weights),
+        ("combOut", bufs.comb_out),
+        ("combOutWeights", bufs.comb_out_weights),
+        ("control", bufs.control),
+        ("destMap", bufs.dest_map),
+        ("expertCount", expert_count),
+    ):
         setattr(a, field, int(tensor.data_ptr()))
     a.rank, a.world, a.k = cfg.rank, cfg.world_size, cfg.num_experts_per_token
     a.expertsPerRank, a.maxSend, a.maxRecv = cfg.num_experts_per_rank, max_send, max_recv
     a.nodeFirst, a.nodeSize, a.myNode, a.nNodes = 0, cfg.world_size, 0, 1
     if plan is not None and inter is not None:
         a.nodeFirst, a.nodeSize, a.myNode, a.nNodes = plan.first, plan.size, plan.node, plan.nodes
-        for field, tensor in (("stage", inter.stage), ("inbox", inter.inbox), ("retStage", inter.ret_stage),
-                              ("retInbox", inter.ret_inbox), ("fwdMap", inter.fwd_map)):
+        for field, tensor in (
+            ("stage", inter.stage),
+            ("inbox", inter.inbox),
+            ("retStage", inter.ret_stage),
+            ("retInbox", inter.ret_inbox),
+            ("fwdMap", inter.fwd_map),
+        ):
             setattr(a, field, int(tensor.data_ptr()))
         lay = payload_layout(cfg, combine_scale_dim)
         a.lowLatency, a.tokCap = int(low_latency), cfg.max_num_inp_token_per_rank

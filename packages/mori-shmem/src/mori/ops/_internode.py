@@ -49,14 +49,18 @@ def node_plan(config: EpDispatchCombineConfig, reachable: list[int] | set[int]) 
         raise ValueError(f"EpDispatchCombineConfig.gpu_per_node={g}: the inter-node kernel types need >= 1")
     g = min(g, config.world_size)
     if config.world_size % g:
-        raise ValueError(f"EpDispatchCombineConfig.gpu_per_node={config.gpu_per_node}: world_size="
-                         f"{config.world_size} is not a whole number of nodes")
+        raise ValueError(
+            f"EpDispatchCombineConfig.gpu_per_node={config.gpu_per_node}: world_size="
+            f"{config.world_size} is not a whole number of nodes"
+        )
     plan = NodePlan(size=g, node=config.rank // g, nodes=config.world_size // g)
     unmapped = sorted(set(range(plan.first, plan.first + g)) - set(reachable))
     if unmapped:
-        raise ValueError(f"PEs {unmapped} share PE {config.rank}'s node (gpu_per_node={config.gpu_per_node}) but "
-                         "their heaps are not mapped here (another host, or MORI_DISABLE_P2P): set gpu_per_node to "
-                         "the PEs that reach each other by P2P (1 under MORI_DISABLE_P2P)")
+        raise ValueError(
+            f"PEs {unmapped} share PE {config.rank}'s node (gpu_per_node={config.gpu_per_node}) but "
+            "their heaps are not mapped here (another host, or MORI_DISABLE_P2P): set gpu_per_node to "
+            "the PEs that reach each other by P2P (1 under MORI_DISABLE_P2P)"
+        )
     return plan
 
 
@@ -82,9 +86,15 @@ def payload_layout(config: EpDispatchCombineConfig, combine_scale_dim: int) -> P
     idx_off = _align(scale_off + config.scale_dim * config.scale_type_size)
     w_off = idx_off + 4 * config.num_experts_per_token
     comb_w_off = _align(combine_row_bytes(config, combine_scale_dim))
-    return PayloadLayout(row_max=row_max, scale_off=scale_off, idx_off=idx_off, w_off=w_off,
-                         xfer=_align(w_off + 4 * config.num_experts_per_token), comb_w_off=comb_w_off,
-                         comb_xfer=_align(comb_w_off + 4 * config.num_experts_per_token, 32))
+    return PayloadLayout(
+        row_max=row_max,
+        scale_off=scale_off,
+        idx_off=idx_off,
+        w_off=w_off,
+        xfer=_align(w_off + 4 * config.num_experts_per_token),
+        comb_w_off=comb_w_off,
+        comb_xfer=_align(comb_w_off + 4 * config.num_experts_per_token, 32),
+    )
 
 
 @dataclass
@@ -101,8 +111,9 @@ class InterNodeBuffers:
     fwd_map: Any
 
     @classmethod
-    def allocate(cls, config: EpDispatchCombineConfig, plan: NodePlan, low_latency: bool,
-                 combine_scale_dim: int) -> InterNodeBuffers:
+    def allocate(
+        cls, config: EpDispatchCombineConfig, plan: NodePlan, low_latency: bool, combine_scale_dim: int
+    ) -> InterNodeBuffers:
         """Allocates them (collective, same order on every PE) and zeroes them."""
         import torch
 
@@ -110,10 +121,12 @@ class InterNodeBuffers:
 
         lay, tokens = payload_layout(config, combine_scale_dim), config.max_num_inp_token_per_rank
         per_node_rows = tokens * plan.size
-        sizes = {"stage": (1 if low_latency else plan.nodes) * tokens * lay.xfer,
-                 "inbox": plan.nodes * tokens * lay.xfer,
-                 "ret_stage": plan.nodes * per_node_rows * lay.comb_xfer,
-                 "ret_inbox": plan.nodes * per_node_rows * lay.comb_xfer}
+        sizes = {
+            "stage": (1 if low_latency else plan.nodes) * tokens * lay.xfer,
+            "inbox": plan.nodes * tokens * lay.xfer,
+            "ret_stage": plan.nodes * per_node_rows * lay.comb_xfer,
+            "ret_inbox": plan.nodes * per_node_rows * lay.comb_xfer,
+        }
         tensors = {name: shmem_tensor((n,), torch.uint8) for name, n in sizes.items()}
         tensors["fwd_map"] = shmem_tensor((plan.nodes * per_node_rows,), torch.int32)
         for t in tensors.values():

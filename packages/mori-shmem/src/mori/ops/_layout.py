@@ -70,8 +70,16 @@ def accumulate_rows(rows: list[Any], like: Any) -> Any:
     return acc.to(like.dtype)
 
 
-def reference_combine(indices: Any, rank: int, num_experts_per_rank: int, inputs: list[Any], src_pos: list[Any],
-                      max_num_tokens_to_send: int, out_dtype: Any, wire_dtype: Any = None) -> Any:
+def reference_combine(
+    indices: Any,
+    rank: int,
+    num_experts_per_rank: int,
+    inputs: list[Any],
+    src_pos: list[Any],
+    max_num_tokens_to_send: int,
+    out_dtype: Any,
+    wire_dtype: Any = None,
+) -> Any:
     """What combine must return on ``rank`` for its own ``indices``.
 
     ``inputs[p]`` is PE p's combine input (row ``s`` answers the token it received in slot ``s``) and

@@ -147,7 +147,7 @@ class CombineWire:
             codes = pack_fp4(codes)
         out = torch.zeros(rows.shape[0], self.cols, dtype=torch.uint8, device=rows.device)
         out[:, : codes.shape[1]] = codes
-        out[:, self.code_bytes:] = scale.view(rows.shape[0], self.scale_dim).contiguous().view(torch.uint8)
+        out[:, self.code_bytes :] = scale.view(rows.shape[0], self.scale_dim).contiguous().view(torch.uint8)
         return out
 
     def terms(self, staged: Any) -> Any:
@@ -163,7 +163,7 @@ class CombineWire:
             return fp4_decode(unpack_fp4(staged))
         else:
             return staged.view(self.storage).to(torch.float32)
-        scales = staged[:, self.code_bytes:].contiguous().view(torch.float32)
+        scales = staged[:, self.code_bytes :].contiguous().view(torch.float32)
         return values * scales.repeat_interleave(self.block_elems, dim=1)[:, : self.hidden]
 
     def finish(self, acc: Any) -> Any:

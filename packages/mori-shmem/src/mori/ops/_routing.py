@@ -41,8 +41,13 @@ class EpDispatchRoutingHandle:
 
     def tensors(self) -> tuple[Any, ...]:
         """The five tensors, in MORI's order (for :meth:`from_tensors`)."""
-        return (self.disp_dest_tok_id_map, self.inter_node_disp_dest_tok_id_map, self.inter_node_disp_send_map,
-                self.total_recv_token_num, self.disp_tok_id_to_src_tok_id_local)
+        return (
+            self.disp_dest_tok_id_map,
+            self.inter_node_disp_dest_tok_id_map,
+            self.inter_node_disp_send_map,
+            self.total_recv_token_num,
+            self.disp_tok_id_to_src_tok_id_local,
+        )
 
     @classmethod
     def from_tensors(cls, tensors: Any, cur_rank_num_token: int = 0) -> EpDispatchRoutingHandle:
@@ -57,30 +62,41 @@ class EpDispatchRoutingHandle:
         def ints(n: int) -> Any:
             return torch.zeros(n, dtype=torch.int32, device=device)
 
-        return cls(disp_dest_tok_id_map=ints(max_tokens * k), inter_node_disp_dest_tok_id_map=ints(0),
-                   inter_node_disp_send_map=ints(0), total_recv_token_num=ints(1),
-                   disp_tok_id_to_src_tok_id_local=ints(max_recv))
+        return cls(
+            disp_dest_tok_id_map=ints(max_tokens * k),
+            inter_node_disp_dest_tok_id_map=ints(0),
+            inter_node_disp_send_map=ints(0),
+            total_recv_token_num=ints(1),
+            disp_tok_id_to_src_tok_id_local=ints(max_recv),
+        )
 
     def source_token_count(self) -> int:
         """``cur_rank_num_token``, checked (MORI's message). A handle a dispatch of no tokens filled
         has 0, which is valid (MORI refuses it, and so any rank without tokens)."""
         n = int(self.cur_rank_num_token)
         if n < 0 or (n == 0 and not getattr(self, "filled_by_dispatch", False)):
-            raise ValueError("routing handle has cur_rank_num_token <= 0; use a handle from "
-                             "dispatch(..., return_routing=True) or pass a positive cur_rank_num_token to "
-                             "EpDispatchRoutingHandle.from_tensors(...)")
+            raise ValueError(
+                "routing handle has cur_rank_num_token <= 0; use a handle from "
+                "dispatch(..., return_routing=True) or pass a positive cur_rank_num_token to "
+                "EpDispatchRoutingHandle.from_tensors(...)"
+            )
         return n
 
     def check_fits(self, max_tokens: int, k: int, max_recv: int) -> None:
         """Raises ValueError when the handle's tensors are not this op's shapes and dtype."""
         import torch
 
-        for name, t, n in (("disp_dest_tok_id_map", self.disp_dest_tok_id_map, max_tokens * k),
-                           ("total_recv_token_num", self.total_recv_token_num, 1),
-                           ("disp_tok_id_to_src_tok_id_local", self.disp_tok_id_to_src_tok_id_local, max_recv)):
+        for name, t, n in (
+            ("disp_dest_tok_id_map", self.disp_dest_tok_id_map, max_tokens * k),
+            ("total_recv_token_num", self.total_recv_token_num, 1),
+            ("disp_tok_id_to_src_tok_id_local", self.disp_tok_id_to_src_tok_id_local, max_recv),
+        ):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() < n:
-                raise ValueError(f"routing.{name} must be an int32 tensor of at least {n} elements (a handle "
-                                 "from this op's dispatch(..., return_routing=True))")
+                raise ValueError(
+                    f"routing.{name} must be an int32 tensor of at least {n} elements (a handle "
+                    "from this op's dispatch(..., return_routing=True))"
+                )
         if self.source_token_count() > max_tokens:
-            raise ValueError(f"routing.cur_rank_num_token={self.cur_rank_num_token} exceeds "
-                             f"max_num_inp_token_per_rank={max_tokens}")
+            raise ValueError(
+                f"routing.cur_rank_num_token={self.cur_rank_num_token} exceeds max_num_inp_token_per_rank={max_tokens}"
+            )

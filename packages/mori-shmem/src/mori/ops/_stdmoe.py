@@ -25,8 +25,7 @@ class StandardMoeLayout:
     its packed row (``local_expert * max_tokens_per_expert + i``, -1 where the entry names no
     local expert)."""
 
-    def __init__(self, num_local_experts: int, max_tokens_per_expert: int, max_recv: int, k: int,
-                 device: Any) -> None:
+    def __init__(self, num_local_experts: int, max_tokens_per_expert: int, max_recv: int, k: int, device: Any) -> None:
         import torch
 
         self.experts, self.per_expert, self.k = num_local_experts, max_tokens_per_expert, k
@@ -60,8 +59,12 @@ class StandardMoeLayout:
         packed_src.index_put_((flat,), src_pos[:rows].to(torch.int32)[token])
         self.count.copy_(counts.to(torch.int32))
         self.slot_map[: rows * k].copy_(torch.where(take, flat, torch.full_like(flat, -1)))
-        return (packed_x[:trash].view(experts, per, x.shape[1]), self.count,
-                packed_src[:trash].view(experts, per), torch.empty(0, dtype=torch.int64, device=device))
+        return (
+            packed_x[:trash].view(experts, per, x.shape[1]),
+            self.count,
+            packed_src[:trash].view(experts, per),
+            torch.empty(0, dtype=torch.int64, device=device),
+        )
 
     def unpack(self, packed_x: Any, weights: Any, total: Any, out: Any) -> Any:
         """Expert outputs ``packed_x`` ``[E, M, H]`` -> ``out`` ``[R, H]`` (the registered combine
@@ -84,9 +87,15 @@ class StandardMoeLayout:
         return out
 
 
-def launch_local_expert_count(config: Any, indices_ptr: int, total_recv_token_num_ptr: int,
-                              local_expert_count_ptr: int, block_num: int = -1, warp_per_block: int = -1,
-                              stream: int = 0) -> None:
+def launch_local_expert_count(
+    config: Any,
+    indices_ptr: int,
+    total_recv_token_num_ptr: int,
+    local_expert_count_ptr: int,
+    block_num: int = -1,
+    warp_per_block: int = -1,
+    stream: int = 0,
+) -> None:
     """MORI's free function: counts, over the ``*total`` received rows of the int32 top-k ids at
     ``indices_ptr`` (``[rows, num_experts_per_token]``), the entries naming each of rank
     ``config.rank``'s experts into the int32 array at ``local_expert_count_ptr`` (zeroed first).
@@ -106,13 +115,15 @@ def launch_local_expert_count(config: Any, indices_ptr: int, total_recv_token_nu
     bn = config.block_num if block_num <= 0 else block_num
     if wpb <= 0 or bn <= 0:
         raise RuntimeError("LaunchLocalExpertCount requires positive block and warp settings")
-    for name, ptr in (("indices_ptr", indices_ptr), ("total_recv_token_num_ptr", total_recv_token_num_ptr),
-                      ("local_expert_count_ptr", local_expert_count_ptr)):
+    for name, ptr in (
+        ("indices_ptr", indices_ptr),
+        ("total_recv_token_num_ptr", total_recv_token_num_ptr),
+        ("local_expert_count_ptr", local_expert_count_ptr),
+    ):
         if not isinstance(ptr, int) or ptr <= 0:
             raise ValueError(f"launch_local_expert_count: {name} must be a non-null address, got {ptr!r}")
     gpu = shmem_heap_info()["kind"] == "gpu"
-    ctx = (torch.cuda.stream(torch.cuda.ExternalStream(stream)) if gpu and stream
-           else contextlib.nullcontext())
+    ctx = torch.cuda.stream(torch.cuda.ExternalStream(stream)) if gpu and stream else contextlib.nullcontext()
     experts, k = config.num_experts_per_rank, config.num_experts_per_token
 
     def at(ptr: int, n: int) -> Any:
@@ -127,8 +138,11 @@ def launch_local_expert_count(config: Any, indices_ptr: int, total_recv_token_nu
         rows = int(at(total_recv_token_num_ptr, 1).item())
         if rows < 0:
             raise ValueError(f"launch_local_expert_count: *total_recv_token_num_ptr is {rows}")
-        ids = at(indices_ptr, rows * k).view(rows, k).to(torch.int64) if rows else torch.zeros(
-            (0, k), dtype=torch.int64, device="cuda" if gpu else "cpu")
+        ids = (
+            at(indices_ptr, rows * k).view(rows, k).to(torch.int64)
+            if rows
+            else torch.zeros((0, k), dtype=torch.int64, device="cuda" if gpu else "cpu")
+        )
         local = ids - config.rank * experts
         take = (local >= 0) & (local < experts)
         counts = torch.zeros(experts, dtype=torch.int64, device=ids.device)

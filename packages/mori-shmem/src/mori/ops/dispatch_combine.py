@@ -87,17 +87,22 @@ class EpDispatchCombineOp:
         self.config = config
         info = shmem_heap_info()  # raises ShmemNotInitializedError before init
         if (shmem_mype(), shmem_npes()) != (config.rank, config.world_size):
-            raise ValueError(f"config says rank {config.rank} of {config.world_size}, but mori.shmem is PE "
-                             f"{shmem_mype()} of {shmem_npes()}: build the op with the shmem PE numbering")
+            raise ValueError(
+                f"config says rank {config.rank} of {config.world_size}, but mori.shmem is PE "
+                f"{shmem_mype()} of {shmem_npes()}: build the op with the shmem PE numbering"
+            )
         unreachable = sorted(set(range(config.world_size)) - set(info["reachable"]))
         if unreachable and self.kernel_type in _ALL_MAPPED_KERNEL_TYPES:
-            raise ValueError(f"PEs {unreachable} are not mapped in PE {config.rank} (another host, or "
-                             f"MORI_DISABLE_P2P): {self.kernel_type.name} needs every PE's heap mapped; "
-                             "InterNodeV1, InterNodeV1LL or AsyncLL reach them")
+            raise ValueError(
+                f"PEs {unreachable} are not mapped in PE {config.rank} (another host, or "
+                f"MORI_DISABLE_P2P): {self.kernel_type.name} needs every PE's heap mapped; "
+                "InterNodeV1, InterNodeV1LL or AsyncLL reach them"
+            )
         self._gpu = info["kind"] == "gpu"
         plan = None
-        if self._gpu and (self.kernel_type in INTER_NODE_KERNEL_TYPES
-                          or self.kernel_type == EpDispatchCombineKernelType.AsyncLL):
+        if self._gpu and (
+            self.kernel_type in INTER_NODE_KERNEL_TYPES or self.kernel_type == EpDispatchCombineKernelType.AsyncLL
+        ):
             from ._internode import node_plan
 
             plan = node_plan(config, info["reachable"])
@@ -118,8 +123,9 @@ class EpDispatchCombineOp:
             inter = InterNodeBuffers.allocate(config, plan, low_latency, scale_dim) if plan is not None else None
             split = self.kernel_type == EpDispatchCombineKernelType.AsyncLL
             self._kernels = GpuKernels(plan, self.get_launch_config()[1], split)
-            self._base_args = make_args(self._bufs, config, self.local_expert_count, max_send, max_recv, plan,
-                                        inter, low_latency, scale_dim)
+            self._base_args = make_args(
+                self._bufs, config, self.local_expert_count, max_send, max_recv, plan, inter, low_latency, scale_dim
+            )
             torch.cuda.synchronize(self._device)
         else:
             from ._cpu import CpuBackend
@@ -127,8 +133,9 @@ class EpDispatchCombineOp:
             self._cpu = CpuBackend(config, self._bufs, max_send, max_recv)
         from ._stdmoe import StandardMoeLayout
 
-        self._stdmoe = StandardMoeLayout(config.num_experts_per_rank, max_send, max_recv,
-                                         config.num_experts_per_token, self._device)
+        self._stdmoe = StandardMoeLayout(
+            config.num_experts_per_rank, max_send, max_recv, config.num_experts_per_token, self._device
+        )
         # Buffers are zeroed before any peer may write into them (a peer's first dispatch).
         shmem_barrier_all()
         self._dispatched: int | None = None  # tokens of the dispatch awaiting its combine
@@ -161,17 +168,20 @@ class EpDispatchCombineOp:
         stride = self.max_num_tokens_to_send()
         return int(flat_idx) // stride, int(flat_idx) % stride
 
-    def get_launch_config(self, is_dispatch: bool = True, block_num: int = -1, rdma_block_num: int = -1,
-                          warp_per_block: int = -1) -> tuple[int, int, int]:
+    def get_launch_config(
+        self, is_dispatch: bool = True, block_num: int = -1, rdma_block_num: int = -1, warp_per_block: int = -1
+    ) -> tuple[int, int, int]:
         """``(block_num, rdma_block_num, warp_per_block)`` a call with these overrides would use:
         with ``MORI_EP_LAUNCH_CONFIG_MODE=AUTO``, MORI's geometry for the kernel type (over the call's
         values, as MORI); otherwise the call's values where > 0, else the config's."""
         if self.settings.auto_launch is not None:
             return self.settings.auto_launch
         cfg = self.config
-        return (block_num if block_num > 0 else cfg.block_num,
-                rdma_block_num if rdma_block_num > 0 else cfg.rdma_block_num,
-                warp_per_block if warp_per_block > 0 else cfg.warp_num_per_block)
+        return (
+            block_num if block_num > 0 else cfg.block_num,
+            rdma_block_num if rdma_block_num > 0 else cfg.rdma_block_num,
+            warp_per_block if warp_per_block > 0 else cfg.warp_num_per_block,
+        )
 
     # -- views ----------------------------------------------------------------------------------
     def _view(self, name: str, rows: int, cols: int, dtype: Any) -> Any:
@@ -187,7 +197,7 @@ class EpDispatchCombineOp:
         total = self._views.get(("total",))
         if total is None:
             at = CONTROL["EP_TOTAL_RECV"]
-            total = self._views[("total",)] = self._bufs.control[at: at + 1]
+            total = self._views[("total",)] = self._bufs.control[at : at + 1]
         return total
 
     def get_registered_combine_input_buffer(self, dtype: Any, hidden_dim: int = -1) -> Any:
@@ -225,15 +235,30 @@ class EpDispatchCombineOp:
 
     def _check_routing_kernel(self, what: str) -> None:
         if self.kernel_type not in _ROUTING_KERNEL_TYPES:
-            raise NotImplementedError(f"routing handle path not supported for kernel_type={self.kernel_type}; only "
-                                      f"IntraNode and InterNodeV1 {what}")
+            raise NotImplementedError(
+                f"routing handle path not supported for kernel_type={self.kernel_type}; only "
+                f"IntraNode and InterNodeV1 {what}"
+            )
         if self._gpu and self._plan is not None:
-            raise NotImplementedError("routing handles on the GPU heap take one node (every PE P2P-mapped, "
-                                      "gpu_per_node >= world_size); across nodes they run on the CPU heap")
+            raise NotImplementedError(
+                "routing handles on the GPU heap take one node (every PE P2P-mapped, "
+                "gpu_per_node >= world_size); across nodes they run on the CPU heap"
+            )
 
-    def dispatch(self, input: Any, weights: Any, scales: Any, indices: Any, block_num: int = -1,
-                 rdma_block_num: int = -1, warp_per_block: int = -1, call_local_expert_count: bool = False, *,
-                 routing: EpDispatchRoutingHandle | None = None, return_routing: bool = False) -> tuple[Any, ...]:
+    def dispatch(
+        self,
+        input: Any,
+        weights: Any,
+        scales: Any,
+        indices: Any,
+        block_num: int = -1,
+        rdma_block_num: int = -1,
+        warp_per_block: int = -1,
+        call_local_expert_count: bool = False,
+        *,
+        routing: EpDispatchRoutingHandle | None = None,
+        return_routing: bool = False,
+    ) -> tuple[Any, ...]:
         """Sends each token to every distinct rank among its top-k experts.
 
         ``input`` ``[n, hidden]`` (any 1/2/4-byte dtype that fits the config: bf16, fp8 e4m3 ...),
@@ -256,20 +281,37 @@ class EpDispatchCombineOp:
             self._check_routing_kernel("expose cache/replay routing dispatch.")
             cfg = self.config
             if routing is not None:
-                routing.check_fits(cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token,
-                                   self.max_num_tokens_to_recv())
+                routing.check_fits(
+                    cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token, self.max_num_tokens_to_recv()
+                )
                 n = routing.source_token_count()
                 if input.shape[0] != n or indices.shape[0] != n:
-                    raise ValueError(f"replay dispatch input has {input.shape[0]} tokens and indices "
-                                     f"{indices.shape[0]} rows but routing.cur_rank_num_token={n}")
+                    raise ValueError(
+                        f"replay dispatch input has {input.shape[0]} tokens and indices "
+                        f"{indices.shape[0]} rows but routing.cur_rank_num_token={n}"
+                    )
                 if self._gpu:
-                    raise NotImplementedError("replay dispatch (routing=) runs on the CPU heap; on the GPU heap "
-                                              "dispatch again with return_routing=True")
+                    raise NotImplementedError(
+                        "replay dispatch (routing=) runs on the CPU heap; on the GPU heap "
+                        "dispatch again with return_routing=True"
+                    )
             else:
-                handle = EpDispatchRoutingHandle.allocate(cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token,
-                                                          self.max_num_tokens_to_recv(), self._device)
-        views = self._dispatch_send(input, weights, scales, indices, block_num, warp_per_block, routing,
-                                    routed=routing is not None or return_routing)
+                handle = EpDispatchRoutingHandle.allocate(
+                    cfg.max_num_inp_token_per_rank,
+                    cfg.num_experts_per_token,
+                    self.max_num_tokens_to_recv(),
+                    self._device,
+                )
+        views = self._dispatch_send(
+            input,
+            weights,
+            scales,
+            indices,
+            block_num,
+            warp_per_block,
+            routing,
+            routed=routing is not None or return_routing,
+        )
         self._dispatch_recv(call_local_expert_count)
         if handle is None:
             return views
@@ -287,33 +329,59 @@ class EpDispatchCombineOp:
         handle.filled_by_dispatch = True  # type: ignore[attr-defined]
         self._last_routing = handle
 
-    def dispatch_send(self, input: Any, weights: Any, scales: Any, indices: Any, block_num: int = -1,
-                      warp_per_block: int = -1, call_local_expert_count: bool = False) -> tuple[Any, ...]:
+    def dispatch_send(
+        self,
+        input: Any,
+        weights: Any,
+        scales: Any,
+        indices: Any,
+        block_num: int = -1,
+        warp_per_block: int = -1,
+        call_local_expert_count: bool = False,
+    ) -> tuple[Any, ...]:
         """AsyncLL: sends this rank's tokens and returns the dispatch views, which hold the received
         tokens once :meth:`dispatch_recv` ran. Other kernel types: :meth:`dispatch` (as MORI)."""
         if self.kernel_type != EpDispatchCombineKernelType.AsyncLL:
-            return self.dispatch(input, weights, scales, indices, block_num=block_num, warp_per_block=warp_per_block,
-                                 call_local_expert_count=call_local_expert_count)
+            return self.dispatch(
+                input,
+                weights,
+                scales,
+                indices,
+                block_num=block_num,
+                warp_per_block=warp_per_block,
+                call_local_expert_count=call_local_expert_count,
+            )
         return self._dispatch_send(input, weights, scales, indices, block_num, warp_per_block)
 
-    def dispatch_recv(self, block_num: int = -1, warp_per_block: int = -1,
-                      call_local_expert_count: bool = False) -> None:
+    def dispatch_recv(
+        self, block_num: int = -1, warp_per_block: int = -1, call_local_expert_count: bool = False
+    ) -> None:
         """AsyncLL: waits (on the stream) for every rank's tokens; fills :attr:`local_expert_count` if asked."""
         if self.kernel_type != EpDispatchCombineKernelType.AsyncLL:
             raise ValueError(f"dispatch_recv only supports AsyncLL, got kernel_type={self.kernel_type.name}")
         self._dispatch_recv(call_local_expert_count)
 
-    def _dispatch_send(self, inp: Any, weights: Any, scales: Any, indices: Any, block_num: int,
-                       warp_per_block: int, replay: EpDispatchRoutingHandle | None = None,
-                       routed: bool = False) -> tuple[Any, ...]:
+    def _dispatch_send(
+        self,
+        inp: Any,
+        weights: Any,
+        scales: Any,
+        indices: Any,
+        block_num: int,
+        warp_per_block: int,
+        replay: EpDispatchRoutingHandle | None = None,
+        routed: bool = False,
+    ) -> tuple[Any, ...]:
         import torch
 
         self._expect(None, "dispatch")
         # A dispatch that keeps its routing in a handle may follow another before that one's combine
         # (the caller combines each with its handle, as in MORI).
         if self._dispatched is not None and not routed:
-            raise RuntimeError("dispatch called twice without a combine in between: every dispatch must be "
-                               "followed by one combine on every rank")
+            raise RuntimeError(
+                "dispatch called twice without a combine in between: every dispatch must be "
+                "followed by one combine on every rank"
+            )
         has_scales = _checks.check_dispatch(self.config, self._device, inp, weights, scales, indices)
         grid, threads = self._launch_params(block_num, warp_per_block)
         scales = scales if has_scales else None
@@ -332,16 +400,26 @@ class EpDispatchCombineOp:
             self._kernels.dispatch_send(a, grid, threads, self._stream())
             self._args = a
         else:
-            self._cpu.dispatch(inp, weights, scales, indices, None if replay is None else (
-                replay.disp_dest_tok_id_map, replay.total_recv_token_num), routed)
+            self._cpu.dispatch(
+                inp,
+                weights,
+                scales,
+                indices,
+                None if replay is None else (replay.disp_dest_tok_id_map, replay.total_recv_token_num),
+                routed,
+            )
         self._dispatched, self._dispatch_weights = inp.shape[0], weights is not None
         self._last_routing = replay
         self._pending = "dispatch"
         recv, cfg = self.max_num_tokens_to_recv(), self.config
         out_scales = self._view("disp_scales", recv, cfg.scale_dim, scales.dtype) if scales is not None else None
-        return (self._view("disp_tok", recv, inp.shape[1], inp.dtype),
-                self._view("disp_weights", recv, cfg.num_experts_per_token, torch.float32), out_scales,
-                self._view("disp_indices", recv, cfg.num_experts_per_token, torch.int32), self._total())
+        return (
+            self._view("disp_tok", recv, inp.shape[1], inp.dtype),
+            self._view("disp_weights", recv, cfg.num_experts_per_token, torch.float32),
+            out_scales,
+            self._view("disp_indices", recv, cfg.num_experts_per_token, torch.int32),
+            self._total(),
+        )
 
     def _routed_prologue(self, phase: int) -> None:
         """GPU: a routed call may follow a dispatch (or combine) with no combine (dispatch) between.
@@ -355,7 +433,7 @@ class EpDispatchCombineOp:
 
         shmem_barrier_on_stream(torch.cuda.current_stream(self._device))
         at = CONTROL["EP_PHASE"]
-        self._bufs.control[at: at + 1].fill_(phase)
+        self._bufs.control[at : at + 1].fill_(phase)
 
     def _dispatch_recv(self, count: bool) -> None:
         self._expect("dispatch", "dispatch_recv")
@@ -366,9 +444,19 @@ class EpDispatchCombineOp:
         self._pending = None
 
     # -- combine --------------------------------------------------------------------------------
-    def combine(self, input: Any, weights: Any, indices: Any, block_num: int = -1, rdma_block_num: int = -1,
-                warp_per_block: int = -1, use_external_inp_buf: int = -1, call_reset: bool = False, *,
-                routing: EpDispatchRoutingHandle | None = None) -> tuple[Any, Any]:
+    def combine(
+        self,
+        input: Any,
+        weights: Any,
+        indices: Any,
+        block_num: int = -1,
+        rdma_block_num: int = -1,
+        warp_per_block: int = -1,
+        use_external_inp_buf: int = -1,
+        call_reset: bool = False,
+        *,
+        routing: EpDispatchRoutingHandle | None = None,
+    ) -> tuple[Any, Any]:
         """Returns each of this rank's tokens summed over the ranks it was dispatched to.
 
         ``input`` ``[rows, hidden]`` (bf16, float32, fp8 e4m3 / e4m3fnuz, or packed fp4
@@ -383,8 +471,9 @@ class EpDispatchCombineOp:
         self._combine_send(input, weights, indices, block_num, warp_per_block, use_external_inp_buf, routing)
         return self._combine_recv()
 
-    def combine_send(self, input: Any, weights: Any, indices: Any, block_num: int = -1,
-                     warp_per_block: int = -1) -> tuple[Any, Any]:
+    def combine_send(
+        self, input: Any, weights: Any, indices: Any, block_num: int = -1, warp_per_block: int = -1
+    ) -> tuple[Any, Any]:
         """AsyncLL: stages this rank's expert outputs for its peers and returns the combine views,
         filled once :meth:`combine_recv` ran. Other kernel types: :meth:`combine` (as MORI)."""
         if self.kernel_type != EpDispatchCombineKernelType.AsyncLL:
@@ -407,19 +496,28 @@ class EpDispatchCombineOp:
             if inp.dtype != torch.bfloat16:
                 raise TypeError(f"quant_type={self.config.quant_type!r} combines bfloat16 input, got {inp.dtype}")
             if inp.data_ptr() == registered.data_ptr():
-                raise ValueError(f"quant_type={self.config.quant_type!r} cannot combine from the registered "
-                                 "buffer itself (the rows are re-encoded into it)")
+                raise ValueError(
+                    f"quant_type={self.config.quant_type!r} cannot combine from the registered "
+                    "buffer itself (the rows are re-encoded into it)"
+                )
         scale_dim = self.settings.combine_scale_dim if kind.endswith("blockwise") else 0
         return CombineWire(kind, inp.dtype, inp.shape[1], scale_dim)
 
-    def _combine_send(self, inp: Any, weights: Any, indices: Any, block_num: int, warp_per_block: int,
-                      use_external_inp_buf: int, routing: EpDispatchRoutingHandle | None) -> tuple[Any, Any]:
+    def _combine_send(
+        self,
+        inp: Any,
+        weights: Any,
+        indices: Any,
+        block_num: int,
+        warp_per_block: int,
+        use_external_inp_buf: int,
+        routing: EpDispatchRoutingHandle | None,
+    ) -> tuple[Any, Any]:
         self._expect(None, "combine")
         if routing is not None:
             self._check_routing_kernel("currently consume routing handles in combine.")
             cfg = self.config
-            routing.check_fits(cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token,
-                               self.max_num_tokens_to_recv())
+            routing.check_fits(cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token, self.max_num_tokens_to_recv())
             dispatched = routing.source_token_count()
         elif self._dispatched is None:
             raise RuntimeError("combine called without a preceding dispatch")
@@ -429,8 +527,10 @@ class EpDispatchCombineOp:
         external = bool(self.config.use_external_inp_buf if use_external_inp_buf < 0 else use_external_inp_buf)
         registered = self.get_registered_combine_input_buffer(inp.dtype, inp.shape[1])
         if not external and inp.data_ptr() != registered.data_ptr():
-            raise ValueError("zero-copy combine (use_external_inp_buf=False) needs its input in "
-                             "get_registered_combine_input_buffer(dtype, hidden_dim)")
+            raise ValueError(
+                "zero-copy combine (use_external_inp_buf=False) needs its input in "
+                "get_registered_combine_input_buffer(dtype, hidden_dim)"
+            )
         wire = self._wire(inp, registered)
         grid, threads = self._launch_params(block_num, warp_per_block)
         if routing is not None:
@@ -439,8 +539,16 @@ class EpDispatchCombineOp:
         else:
             dest = self._bufs.dest_map
             total = self._total()
-        self._call = {"inp": inp, "weights": weights, "wire": wire, "grid": grid, "threads": threads,
-                      "dest": dest, "tokens": dispatched, "routing": routing}
+        self._call = {
+            "inp": inp,
+            "weights": weights,
+            "wire": wire,
+            "grid": grid,
+            "threads": threads,
+            "dest": dest,
+            "tokens": dispatched,
+            "routing": routing,
+        }
         if self._gpu:
             from ._gpu import EpArgs, wire_suffix
 
@@ -457,8 +565,11 @@ class EpDispatchCombineOp:
             a.hasWeights = int(weights is not None)
             a.numTokens, a.hidden = dispatched, inp.shape[1]
             a.inpRows, a.weightRows = inp.shape[0], weights.shape[0] if weights is not None else 0
-            a.combRowBytes, a.combScaleDim, a.combCodeBytes = wire.row_bytes, wire.scale_dim, \
-                wire.code_bytes if wire.blockwise else 0
+            a.combRowBytes, a.combScaleDim, a.combCodeBytes = (
+                wire.row_bytes,
+                wire.scale_dim,
+                wire.code_bytes if wire.blockwise else 0,
+            )
             self._call["suffix"] = wire_suffix(wire)
             self._kernels.combine_send(a, self._call["suffix"], grid, threads, self._stream())
             self._args = a
@@ -489,42 +600,69 @@ class EpDispatchCombineOp:
         return self._combine_views(c["inp"], c["weights"])
 
     # -- the standard-MoE layout (MORI's) ---------------------------------------------------------
-    def dispatch_standard_moe(self, input: Any, weights: Any, scales: Any, indices: Any, block_num: int = -1,
-                              rdma_block_num: int = -1, warp_per_block: int = -1) -> tuple[Any, Any, Any, Any]:
+    def dispatch_standard_moe(
+        self,
+        input: Any,
+        weights: Any,
+        scales: Any,
+        indices: Any,
+        block_num: int = -1,
+        rdma_block_num: int = -1,
+        warp_per_block: int = -1,
+    ) -> tuple[Any, Any, Any, Any]:
         """:meth:`dispatch`, then :meth:`convert_dispatch_output`: the received tokens grouped by local
         expert, ``(packed_recv_x [E, M, hidden], packed_recv_count [E] int32, packed_recv_src_info
         [E, M] int32, packed_recv_layout_range [0] int64)`` with ``E = num_experts_per_rank`` and ``M =
         world_size * max_num_inp_token_per_rank``. Not AsyncLL (its dispatch is split)."""
         if self.kernel_type == EpDispatchCombineKernelType.AsyncLL:
-            raise ValueError("dispatch_standard_moe does not support AsyncLL (use dispatch_send/dispatch_recv, "
-                             "then convert_dispatch_output)")
-        out, _, _, out_idx, _ = self.dispatch(input, weights, scales, indices, block_num, rdma_block_num,
-                                              warp_per_block)
+            raise ValueError(
+                "dispatch_standard_moe does not support AsyncLL (use dispatch_send/dispatch_recv, "
+                "then convert_dispatch_output)"
+            )
+        out, _, _, out_idx, _ = self.dispatch(
+            input, weights, scales, indices, block_num, rdma_block_num, warp_per_block
+        )
         return self.convert_dispatch_output(out, out_idx, block_num, warp_per_block)
 
-    def combine_standard_moe(self, input: Any, weights: Any, indices: Any, block_num: int = -1,
-                             rdma_block_num: int = -1, warp_per_block: int = -1,
-                             call_reset: bool = False) -> tuple[Any, None]:
+    def combine_standard_moe(
+        self,
+        input: Any,
+        weights: Any,
+        indices: Any,
+        block_num: int = -1,
+        rdma_block_num: int = -1,
+        warp_per_block: int = -1,
+        call_reset: bool = False,
+    ) -> tuple[Any, None]:
         """:meth:`convert_combine_input` of the expert outputs ``input`` ``[E, M, hidden]``, then
         :meth:`combine` of the result; returns ``(out, None)`` as MORI."""
         rows = self.convert_combine_input(input, None, None, block_num, warp_per_block)
         out, _ = self.combine(rows, weights, indices, block_num, rdma_block_num, warp_per_block)
         return out, None
 
-    def convert_dispatch_output(self, dispatch_out_x: Any, dispatch_out_topk_idx: Any, block_num: int = -1,
-                                warp_per_block: int = -1) -> tuple[Any, Any, Any, Any]:
+    def convert_dispatch_output(
+        self, dispatch_out_x: Any, dispatch_out_topk_idx: Any, block_num: int = -1, warp_per_block: int = -1
+    ) -> tuple[Any, Any, Any, Any]:
         """The last dispatch's outputs (``dispatch_out_x``, ``dispatch_out_topk_idx``: its views)
         grouped by local expert (see :meth:`dispatch_standard_moe`). ``packed_recv_count`` is an
         op-owned view, reset by :meth:`convert_combine_input`."""
         if self._dispatched is None:
             raise RuntimeError("convert_dispatch_output needs a dispatch awaiting its combine")
-        _checks.check_packed_inputs(self.config, self._device, dispatch_out_x, dispatch_out_topk_idx,
-                                    self.max_num_tokens_to_recv())
-        return self._stdmoe.pack(dispatch_out_x, dispatch_out_topk_idx, self._total(), self._bufs.disp_src_pos,
-                                 self.config.rank)
+        _checks.check_packed_inputs(
+            self.config, self._device, dispatch_out_x, dispatch_out_topk_idx, self.max_num_tokens_to_recv()
+        )
+        return self._stdmoe.pack(
+            dispatch_out_x, dispatch_out_topk_idx, self._total(), self._bufs.disp_src_pos, self.config.rank
+        )
 
-    def convert_combine_input(self, packed_recv_x: Any, packed_recv_src_info: Any, packed_recv_layout_range: Any,
-                              block_num: int = -1, warp_per_block: int = -1) -> Any:
+    def convert_combine_input(
+        self,
+        packed_recv_x: Any,
+        packed_recv_src_info: Any,
+        packed_recv_layout_range: Any,
+        block_num: int = -1,
+        warp_per_block: int = -1,
+    ) -> Any:
         """Expert outputs in the packed layout ``[E, M, hidden]`` -> the registered combine input
         ``[max_num_tokens_to_recv, hidden]`` (pass it to :meth:`combine`): per received token, its
         packed rows times its dispatched top-k weights (1 without weights), summed in float32 in
@@ -535,17 +673,25 @@ class EpDispatchCombineOp:
         if self._dispatched is None:
             raise RuntimeError("convert_combine_input needs a dispatch awaiting its combine")
         cfg, recv = self.config, self.max_num_tokens_to_recv()
-        if (not isinstance(packed_recv_x, torch.Tensor) or packed_recv_x.dim() != 3
-                or tuple(packed_recv_x.shape[:2]) != (cfg.num_experts_per_rank, self.max_num_tokens_to_send())):
-            raise ValueError(f"packed_recv_x must be [num_experts_per_rank={cfg.num_experts_per_rank}, "
-                             f"{self.max_num_tokens_to_send()}, hidden], got "
-                             f"{list(getattr(packed_recv_x, 'shape', []))}")
+        if (
+            not isinstance(packed_recv_x, torch.Tensor)
+            or packed_recv_x.dim() != 3
+            or tuple(packed_recv_x.shape[:2]) != (cfg.num_experts_per_rank, self.max_num_tokens_to_send())
+        ):
+            raise ValueError(
+                f"packed_recv_x must be [num_experts_per_rank={cfg.num_experts_per_rank}, "
+                f"{self.max_num_tokens_to_send()}, hidden], got "
+                f"{list(getattr(packed_recv_x, 'shape', []))}"
+            )
         _checks.combine_dtype_name(packed_recv_x.dtype)
         if packed_recv_x.device != self._device:
             raise ValueError(f"packed_recv_x is on {packed_recv_x.device}, but this PE's heap is on {self._device}")
         out = self.get_registered_combine_input_buffer(packed_recv_x.dtype, packed_recv_x.shape[2])
-        weights = self._view("disp_weights", recv, cfg.num_experts_per_token, torch.float32) \
-            if self._dispatch_weights else None
+        weights = (
+            self._view("disp_weights", recv, cfg.num_experts_per_token, torch.float32)
+            if self._dispatch_weights
+            else None
+        )
         return self._stdmoe.unpack(packed_recv_x, weights, self._total(), out)
 
     def reset(self) -> None:

@@ -90,7 +90,9 @@ class SymmetricAllocator:
         if not isinstance(alignment, int) or not _is_power_of_two(alignment):
             raise ValueError(f"alignment must be a power of two, got {alignment!r}")
         if alignment > self.max_alignment:
-            raise ValueError(f"alignment {alignment} exceeds {self.max_alignment}, the alignment of every PE's heap base")
+            raise ValueError(
+                f"alignment {alignment} exceeds {self.max_alignment}, the alignment of every PE's heap base"
+            )
         alignment = max(alignment, MIN_ALIGNMENT)
         need = _round_up(size, MIN_ALIGNMENT)
         for i, (start, end) in enumerate(zip(self._free_starts, self._free_ends)):

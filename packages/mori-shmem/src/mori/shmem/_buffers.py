@@ -37,9 +37,12 @@ def as_span(obj: Any, what: str, writable: bool) -> tuple[int, int, bool]:
     try:
         addr, nbytes = buffer_span(obj, writable)
     except TypeError:
-        raise TypeError(f"{what}: expected bytes-like data, a numpy array or a torch tensor, "
-                        f"got {type(obj).__name__}") from None
+        raise TypeError(
+            f"{what}: expected bytes-like data, a numpy array or a torch tensor, got {type(obj).__name__}"
+        ) from None
     except ValueError as exc:
-        raise ValueError(f"{what}: {exc} (np.ascontiguousarray makes a C-contiguous copy; a get needs a "
-                         "writable destination such as a bytearray)") from None
+        raise ValueError(
+            f"{what}: {exc} (np.ascontiguousarray makes a C-contiguous copy; a get needs a "
+            "writable destination such as a bytearray)"
+        ) from None
     return addr, nbytes, False

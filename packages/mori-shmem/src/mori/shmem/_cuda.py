@@ -72,13 +72,14 @@ def stream_handle(stream: Any) -> int:
     try:
         return int(stream)  # cuda.bindings CUstream
     except (TypeError, ValueError):
-        raise TypeError(f"cannot use {type(stream).__name__} as a CUDA stream; pass an int handle, "
-                        "a torch.cuda.Stream or a cuda.bindings CUstream") from None
+        raise TypeError(
+            f"cannot use {type(stream).__name__} as a CUDA stream; pass an int handle, "
+            "a torch.cuda.Stream or a cuda.bindings CUstream"
+        ) from None
 
 
 def launch(function: Any, grid: int, block: int, args: list[Any], stream: int = 0) -> None:
     """Launches ``function`` with ctypes-typed arguments on ``stream`` (does not wait)."""
     params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
     drv = cu.driver()
-    cu.call("cuLaunchKernel", function, grid, 1, 1, block, 1, 1, 0, drv.CUstream(stream),
-            ctypes.addressof(params), 0)
+    cu.call("cuLaunchKernel", function, grid, 1, 1, block, 1, 1, 0, drv.CUstream(stream), ctypes.addressof(params), 0)

@@ -27,9 +27,15 @@ class _DLDataType(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _DLManagedTensor(ctypes.Structure):
@@ -63,8 +69,9 @@ def capsule(ptr: int, nbytes: int, device: int | None) -> Any:
     where = _DLDevice(_KDL_CPU, 0) if device is None else _DLDevice(_KDL_CUDA, device)
     shape = (ctypes.c_int64 * 1)(nbytes)
     managed = _DLManagedTensor()
-    managed.dl_tensor = _DLTensor(ptr, where, 1, _DLDataType(_KDL_UINT, 8, 1),
-                                  ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), None, 0)
+    managed.dl_tensor = _DLTensor(
+        ptr, where, 1, _DLDataType(_KDL_UINT, 8, 1), ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)), None, 0
+    )
     managed.deleter = _release
     with _lock:
         _alive[ctypes.addressof(managed)] = (managed, shape)

@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["FLAG_P2P_DISABLED", "FLAG_PROXY", "GPU_FAST_STATES_SIZE", "GPU_STATES_SIZE", "MAX_PES", "GpuFastStates", "GpuStates",
-           "pack_fast_states", "pack_gpu_states"]
+__all__ = [
+    "FLAG_P2P_DISABLED",
+    "FLAG_PROXY",
+    "GPU_FAST_STATES_SIZE",
+    "GPU_STATES_SIZE",
+    "MAX_PES",
+    "GpuFastStates",
+    "GpuStates",
+    "pack_fast_states",
+    "pack_gpu_states",
+]
 
 #: Most PEs the device state describes (``kMaxPes``).
 MAX_PES = 64
@@ -66,8 +75,14 @@ def _flags(p2p_disabled: bool, proxy: bool) -> int:
 
 
 def pack_gpu_states(
-    rank: int, world: int, heap_base: int, heap_size: int, peer_bases_addr: int, p2p_disabled: bool,
-    proxy_ring: int = 0, proxy_tickets: int = 0,
+    rank: int,
+    world: int,
+    heap_base: int,
+    heap_size: int,
+    peer_bases_addr: int,
+    p2p_disabled: bool,
+    proxy_ring: int = 0,
+    proxy_tickets: int = 0,
 ) -> bytes:
     """The 64 bytes of a ``GpuStates`` with these values (``peer_bases_addr``: device array address;
     ``proxy_ring``/``proxy_tickets``: the device proxy's ring and ticket counter, 0 without one)."""
@@ -84,13 +99,21 @@ def pack_gpu_states(
     return bytes(states)
 
 
-def pack_fast_states(rank: int, world: int, heap_base: int, heap_size: int, peer_bases: list[int],
-                     p2p_disabled: bool, proxy: bool = False) -> bytes:
+def pack_fast_states(
+    rank: int,
+    world: int,
+    heap_base: int,
+    heap_size: int,
+    peer_bases: list[int],
+    p2p_disabled: bool,
+    proxy: bool = False,
+) -> bytes:
     """The 544 bytes of a ``GpuFastStates`` (``peer_bases[p]``: PE p's heap as mapped here, 0 if
     not reachable; at most ``MAX_PES`` entries; ``proxy``: a device proxy serves the others)."""
     if len(peer_bases) > MAX_PES:
         raise ValueError(f"{len(peer_bases)} PEs: the device state describes at most {MAX_PES}")
-    fast = GpuFastStates(heapBase=heap_base, heapSize=heap_size, rank=rank, worldSize=world,
-                         flags=_flags(p2p_disabled, proxy))
-    fast.peerBases[:len(peer_bases)] = peer_bases
+    fast = GpuFastStates(
+        heapBase=heap_base, heapSize=heap_size, rank=rank, worldSize=world, flags=_flags(p2p_disabled, proxy)
+    )
+    fast.peerBases[: len(peer_bases)] = peer_bases
     return bytes(fast)

@@ -94,8 +94,12 @@ class Heap(abc.ABC):
 
     def describe(self) -> dict[str, Any]:
         """A summary for logs."""
-        return {"kind": self.kind, "base": hex(self.base), "size": self.size,
-                "reachable": [pe for pe, b in enumerate(self.peer_bases) if b]}
+        return {
+            "kind": self.kind,
+            "base": hex(self.base),
+            "size": self.size,
+            "reachable": [pe for pe, b in enumerate(self.peer_bases) if b],
+        }
 
 
 assert PEER_BASES_OFFSET + 8 * 64 <= RESULT_OFFSET < RESULT_OFFSET + 8 <= INTERNAL_BYTES

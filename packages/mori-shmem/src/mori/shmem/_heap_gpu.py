@@ -36,8 +36,9 @@ class GpuHeap(Heap):
     kind = "gpu"
     ops: Any = None  # HostOps (helper kernels), attached once the device state exists
 
-    def __init__(self, bootstrap: Any, ctx: Context, size: int, mode: str, chunk_size: int,
-                 reach: Reach, initial: int) -> None:
+    def __init__(
+        self, bootstrap: Any, ctx: Context, size: int, mode: str, chunk_size: int, reach: Reach, initial: int
+    ) -> None:
         self.ctx = ctx
         self.mode = mode
         self.p2p_disabled = reach.p2p_disabled
@@ -101,8 +102,10 @@ class GpuHeap(Heap):
                 if pe == self._rank or reservation is None:
                     continue
                 if len(fds) != len(offsets):
-                    raise RuntimeError(f"PE {pe} sent {len(fds)} heap chunks, expected {len(offsets)}: "
-                                       "shmem_malloc/shmem_free sequences differ between PEs")
+                    raise RuntimeError(
+                        f"PE {pe} sent {len(fds)} heap chunks, expected {len(offsets)}: "
+                        "shmem_malloc/shmem_free sequences differ between PEs"
+                    )
                 for offset, fd in zip(offsets, fds):
                     reservation.import_chunk(offset, self.chunk, fd)
         finally:
@@ -140,8 +143,10 @@ class GpuHeap(Heap):
         if cu.poll(holds, timeout, spin=0.0, pause=1e-6, max_pause=1e-3):
             return seen[0]
         # Worded like mori.core.atomics.wait_until's, so both heaps report alike.
-        raise TimeoutError(f"wait_until timed out after {timeout:.3f} s: the {width}-bit value at "
-                           f"{self.base + offset:#x} never became {cmp.name.lower()} {value}; last seen {seen[0]}")
+        raise TimeoutError(
+            f"wait_until timed out after {timeout:.3f} s: the {width}-bit value at "
+            f"{self.base + offset:#x} never became {cmp.name.lower()} {value}; last seen {seen[0]}"
+        )
 
     def synchronize(self) -> None:
         """Waits for the device (every copy and kernel mori or the caller issued)."""

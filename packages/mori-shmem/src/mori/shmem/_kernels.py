@@ -115,8 +115,10 @@ class HostOps:
         name = symbol.decode()
         cu.check((err,), f"cuModuleGetGlobal({name})")
         if int(size) != len(data):
-            raise RuntimeError(f"{name} in this module is {int(size)} bytes, expected {len(data)}: "
-                               "the module was built with another version of mori's device headers")
+            raise RuntimeError(
+                f"{name} in this module is {int(size)} bytes, expected {len(data)}: "
+                "the module was built with another version of mori's device headers"
+            )
         host = ctypes.create_string_buffer(data, len(data))
         cu.call("cuMemcpyHtoD", ptr, ctypes.addressof(host), len(data))
 
@@ -124,8 +126,15 @@ class HostOps:
         """Runs one atomic on PE ``pe`` (symmetric ``dest``) and returns the old value."""
         self.ctx.make_current()
         result = self.heap.base + RESULT_OFFSET
-        args = [ctypes.c_int(_OPS[op]), ctypes.c_int(width), ctypes.c_uint64(dest), ctypes.c_int(pe),
-                ctypes.c_uint64(value), ctypes.c_uint64(compare), ctypes.c_uint64(result)]
+        args = [
+            ctypes.c_int(_OPS[op]),
+            ctypes.c_int(width),
+            ctypes.c_uint64(dest),
+            ctypes.c_int(pe),
+            ctypes.c_uint64(value),
+            ctypes.c_uint64(compare),
+            ctypes.c_uint64(result),
+        ]
         launch(self._atomic, 1, 1, args)
         return int.from_bytes(self.heap.read(result, 8), "little") & ((1 << width) - 1)
 

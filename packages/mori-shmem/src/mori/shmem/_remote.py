@@ -19,6 +19,7 @@ from ._reach import Reach
 
 __all__ = ["RemoteTransport", "Unavailable"]
 
+
 class RemoteTransport(abc.ABC):
     """Host-initiated RMA on the heaps of remote PEs. Offsets are heap offsets (the heap is
     symmetric), local buffers host addresses; the caller has checked both."""
@@ -32,8 +33,17 @@ class RemoteTransport(abc.ABC):
         """Reads ``nbytes`` at ``offset`` of PE ``pe``'s heap into local ``dst`` (GPU memory when ``local_gpu``)."""
 
     @abc.abstractmethod
-    def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
-                   add: bool, local_gpu: bool = False) -> None:
+    def put_signal(
+        self,
+        pe: int,
+        offset: int,
+        src: int,
+        nbytes: int,
+        sig_offset: int,
+        signal: int,
+        add: bool,
+        local_gpu: bool = False,
+    ) -> None:
         """A put, then the 64-bit word at ``sig_offset`` set to (or increased by) ``signal``: a PE
         that sees the signal sees the data."""
 
@@ -94,8 +104,10 @@ class Unavailable(RemoteTransport):
         self.reach, self.reason = reach, reason
 
     def _refuse(self, pe: int) -> ShmemError:
-        return ShmemError(f"PE {pe} is reached through mori.shmem's remote transport ({self.reach.why_remote(pe)}), "
-                          f"which is not available: {self.reason}")
+        return ShmemError(
+            f"PE {pe} is reached through mori.shmem's remote transport ({self.reach.why_remote(pe)}), "
+            f"which is not available: {self.reason}"
+        )
 
     def put(self, pe: int, offset: int, src: int, nbytes: int, local_gpu: bool = False) -> None:
         """Raises :class:`ShmemError`."""
@@ -105,8 +117,17 @@ class Unavailable(RemoteTransport):
         """Raises :class:`ShmemError`."""
         raise self._refuse(pe)
 
-    def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
-                   add: bool, local_gpu: bool = False) -> None:
+    def put_signal(
+        self,
+        pe: int,
+        offset: int,
+        src: int,
+        nbytes: int,
+        sig_offset: int,
+        signal: int,
+        add: bool,
+        local_gpu: bool = False,
+    ) -> None:
         """Raises :class:`ShmemError`."""
         raise self._refuse(pe)
 

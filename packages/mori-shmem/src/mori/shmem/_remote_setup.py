@@ -37,8 +37,10 @@ def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: 
     missing = "; ".join(f"{r} (PEs {', '.join(map(str, pes))})" for r, pes in reasons.items())
     problem = reach.hosts_problem()
     if problem is not None and missing:
-        raise ShmemError(f"mori.shmem reaches PEs on other hosts through its remote transport, which is not "
-                         f"available ({missing}): {problem}")
+        raise ShmemError(
+            f"mori.shmem reaches PEs on other hosts through its remote transport, which is not "
+            f"available ({missing}): {problem}"
+        )
     if missing:
         return Unavailable(reach, missing)
     return UcxTransport(bootstrap, heap, reach, timeout, live)

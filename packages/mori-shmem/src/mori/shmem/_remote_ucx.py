@@ -68,12 +68,14 @@ def _warn_without_nic(nics: Sequence[str], described: str) -> None:
     the transports of the engine's description ``described``."""
     if not nics:
         found = transports(described)
-        _log.warning("MORI_SHMEM_GPU_DIRECT=1 with no RDMA NIC (UCX transports: %s): UCX copies GPU memory with "
-                     "cuda_copy in the device's primary context, where a copy waits behind a running kernel, so a "
-                     "kernel that waits for a remote PE's data (a barrier, wait_until) stalls until "
-                     "MORI_DEVICE_WAIT_TIMEOUT_NS. Host calls are unaffected. Leave it unset here (mori stages "
-                     "GPU memory in a context of its own); it is meant for NIC hosts with GPUDirect RDMA.",
-                     ", ".join(found) or "none")
+        _log.warning(
+            "MORI_SHMEM_GPU_DIRECT=1 with no RDMA NIC (UCX transports: %s): UCX copies GPU memory with "
+            "cuda_copy in the device's primary context, where a copy waits behind a running kernel, so a "
+            "kernel that waits for a remote PE's data (a barrier, wait_until) stalls until "
+            "MORI_DEVICE_WAIT_TIMEOUT_NS. Host calls are unaffected. Leave it unset here (mori stages "
+            "GPU memory in a context of its own); it is meant for NIC hosts with GPUDirect RDMA.",
+            ", ".join(found) or "none",
+        )
 
 
 def why_unavailable(heap_kind: str) -> str:
@@ -89,8 +91,10 @@ def why_unavailable(heap_kind: str) -> str:
             finally:
                 probe.close()
             if not cuda:
-                return (f"the UCX loaded ({ucx.library_info()['path']}) has no CUDA support, which the GPU heap "
-                        "needs (install the libucx-cu13 wheel, or point MORI_UCX_LIB at a UCX built with CUDA)")
+                return (
+                    f"the UCX loaded ({ucx.library_info()['path']}) has no CUDA support, which the GPU heap "
+                    "needs (install the libucx-cu13 wheel, or point MORI_UCX_LIB at a UCX built with CUDA)"
+                )
     except Exception as exc:  # no mori.core.ucx, or no UCX to load: say which
         return f"mori-core's UCX engine cannot start: {type(exc).__name__}: {exc}"
     return ""
@@ -116,7 +120,8 @@ def _pack_contact(addresses: list[bytes], ticket: int, stages_gpu: bool) -> byte
     """A PE's worker addresses, the ticket it issued to the receiving PE, and whether its engine
     stages its GPU heap (small staged puts then go to it eager)."""
     return struct.pack("<QIB", ticket, len(addresses), stages_gpu) + b"".join(
-        struct.pack("<I", len(a)) + a for a in addresses)
+        struct.pack("<I", len(a)) + a for a in addresses
+    )
 
 
 def _unpack_contact(data: bytes) -> tuple[list[bytes], int, bool]:
@@ -124,7 +129,7 @@ def _unpack_contact(data: bytes) -> tuple[list[bytes], int, bool]:
     pos, addresses = struct.calcsize("<QIB"), []
     for _ in range(count):
         (length,) = struct.unpack_from("<I", data, pos)
-        addresses.append(data[pos + 4:pos + 4 + length])
+        addresses.append(data[pos + 4 : pos + 4 + length])
         pos += 4 + length
     return addresses, ticket, bool(stages_gpu)
 
@@ -146,9 +151,15 @@ class UcxTransport(RemoteTransport):
         # the 2-core VM took 40.3 µs one way with it standing aside, 29.8-33.9 without.
         workers = config.get("MORI_SHMEM_UCX_WORKERS") or ucx.auto_workers()
         # MORI_RDMA_DEVICES picks the NICs, as for mori-io's RDMA backend (multi-NIC EP hosts).
-        self._engine = ucx.make_engine(f"mori-shmem-pe{reach.rank}", ucx.selected_devices(), workers=workers,
-                                       round_robin=False, stand_aside=False, timeout=timeout,
-                                       timeout_setting="MORI_SHMEM_TIMEOUT")
+        self._engine = ucx.make_engine(
+            f"mori-shmem-pe{reach.rank}",
+            ucx.selected_devices(),
+            workers=workers,
+            round_robin=False,
+            stand_aside=False,
+            timeout=timeout,
+            timeout_setting="MORI_SHMEM_TIMEOUT",
+        )
         self._peers: dict[int, Any] = {}
         self._words: Any = None
         self._proxy: Any = None
@@ -165,15 +176,25 @@ class UcxTransport(RemoteTransport):
             tickets = {pe: self._engine.admit(_key(pe)) for pe in reach.remote}
             addresses = list(self._engine.addresses)
             stages = self._gpu and not direct
-            sent = [_pack_contact(addresses, tickets[pe], stages) if pe in tickets else b""
-                    for pe in range(reach.world)]
+            sent = [
+                _pack_contact(addresses, tickets[pe], stages) if pe in tickets else b"" for pe in range(reach.world)
+            ]
             got = bootstrap.alltoall(sent)
             for pe in reach.remote:
                 their_addresses, ticket, they_stage = _unpack_contact(got[pe])
                 self._peers[pe] = self._engine.connect(_key(pe), their_addresses, ticket, stages_gpu=they_stage)
-            self._window = ucx.UcxHeapWindow(self._engine, live, heap.base, heap.size, INTERNAL_BYTES, heap.chunk,
-                                             HEAP_ID, self._gpu, [self._peers.get(pe) for pe in range(reach.world)],
-                                             timeout)
+            self._window = ucx.UcxHeapWindow(
+                self._engine,
+                live,
+                heap.base,
+                heap.size,
+                INTERNAL_BYTES,
+                heap.chunk,
+                HEAP_ID,
+                self._gpu,
+                [self._peers.get(pe) for pe in range(reach.world)],
+                timeout,
+            )
             self._window.grow(heap.mapped)
             if self._gpu:
                 from mori.core.ucx_proxy import DeviceProxy
@@ -228,8 +249,17 @@ class UcxTransport(RemoteTransport):
         if failure is not None:
             self._failed(f"get of {nbytes} bytes", pe, failure)
 
-    def put_signal(self, pe: int, offset: int, src: int, nbytes: int, sig_offset: int, signal: int,
-                   add: bool, local_gpu: bool = False) -> None:
+    def put_signal(
+        self,
+        pe: int,
+        offset: int,
+        src: int,
+        nbytes: int,
+        sig_offset: int,
+        signal: int,
+        add: bool,
+        local_gpu: bool = False,
+    ) -> None:
         """The window's put with signal; a small GPU source is copied to host memory first, so
         that it travels in the signal put's one message."""
         host = None
@@ -288,8 +318,10 @@ class UcxTransport(RemoteTransport):
         if failure:
             raise ShmemError(f"{what}: a device-initiated operation to {failure}")
         if not idle:
-            raise ShmemError(f"{what}: the device proxy did not complete the commands kernels posted within "
-                             f"{self.timeout:g} s (MORI_SHMEM_TIMEOUT)")
+            raise ShmemError(
+                f"{what}: the device proxy did not complete the commands kernels posted within "
+                f"{self.timeout:g} s (MORI_SHMEM_TIMEOUT)"
+            )
 
     def quiet(self) -> None:
         """Host operations are complete when they return; waits for the device proxy's commands."""

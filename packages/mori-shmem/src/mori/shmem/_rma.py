@@ -29,8 +29,9 @@ class ShmemAddressError(ValueError):
 class Rma:
     """Bounds-checked remote memory access over one PE's :class:`Heap` and its remote transport."""
 
-    def __init__(self, heap: Heap, reach: Reach, remote: RemoteTransport, default_timeout: float,
-                 allocator: SymmetricAllocator) -> None:
+    def __init__(
+        self, heap: Heap, reach: Reach, remote: RemoteTransport, default_timeout: float, allocator: SymmetricAllocator
+    ) -> None:
         self.heap = heap
         self.reach = reach
         self.remote = remote
@@ -49,20 +50,27 @@ class Rma:
             raise TypeError(f"{what}: address must be an int, got {type(addr).__name__}")
         base, size = self.base, self.size
         if addr < base or addr + nbytes > base + size:
-            raise ShmemAddressError(f"{what}: range {addr:#x}..{addr + nbytes:#x} ({nbytes} bytes) is outside "
-                                    f"the symmetric heap {base:#x}..{base + size:#x}")
+            raise ShmemAddressError(
+                f"{what}: range {addr:#x}..{addr + nbytes:#x} ({nbytes} bytes) is outside "
+                f"the symmetric heap {base:#x}..{base + size:#x}"
+            )
         if addr % align:
             raise ShmemAddressError(f"{what}: address {addr:#x} is not {align}-byte aligned")
         off = addr - base
         if not write:
             return off
         if off < INTERNAL_BYTES:
-            raise ShmemAddressError(f"{what}: address {addr:#x} is in the heap's first {INTERNAL_BYTES} bytes, "
-                                    "reserved for mori (device barrier, peer table)")
+            raise ShmemAddressError(
+                f"{what}: address {addr:#x} is in the heap's first {INTERNAL_BYTES} bytes, "
+                "reserved for mori (device barrier, peer table)"
+            )
         if self.allocator.block_of(off, nbytes) is None:
             owner = self.allocator.block_of(off, 1)  # the block its first byte is in, if any
-            where = (f"past the end of the {owner[1]}-byte block at {base + owner[0]:#x}" if owner is not None
-                     else "outside every live shmem_malloc block")
+            where = (
+                f"past the end of the {owner[1]}-byte block at {base + owner[0]:#x}"
+                if owner is not None
+                else "outside every live shmem_malloc block"
+            )
             raise ShmemAddressError(f"{what}: range {addr:#x}..{addr + nbytes:#x} ({nbytes} bytes) runs {where}")
         return off
 
@@ -78,8 +86,10 @@ class Rma:
         ``ValueError`` for a PE reached remotely (nothing of its heap is mapped here)."""
         base = self.route(pe)
         if base == 0:
-            raise ValueError(f"PE {pe} is not mapped in PE {self.my_pe} ({self.reach.why_remote(pe)}): it is "
-                             "reached through the remote transport; use shmem_getmem/shmem_putmem")
+            raise ValueError(
+                f"PE {pe} is not mapped in PE {self.my_pe} ({self.reach.why_remote(pe)}): it is "
+                "reached through the remote transport; use shmem_getmem/shmem_putmem"
+            )
         return base
 
     @staticmethod

@@ -28,8 +28,16 @@ from ._remote import RemoteTransport
 from ._remote_setup import open_remote
 from ._rma import Rma
 
-__all__ = ["ShmemError", "ShmemNotInitializedError", "Shmem", "current", "ensure_uninitialized", "finalize", "initialize",
-           "is_initialized"]
+__all__ = [
+    "ShmemError",
+    "ShmemNotInitializedError",
+    "Shmem",
+    "current",
+    "ensure_uninitialized",
+    "finalize",
+    "initialize",
+    "is_initialized",
+]
 
 log = get_logger("shmem")
 
@@ -72,8 +80,10 @@ def _find() -> Shmem | None:
     with _all_lock:
         if len(_all) > 1:
             ranks = ", ".join(str(s.rank) for s in _all)
-            raise ShmemError(f"this thread is none of the {len(_all)} PEs of this process (PEs {ranks}, one per "
-                             "thread): call mori.shmem from the thread that initialized the PE")
+            raise ShmemError(
+                f"this thread is none of the {len(_all)} PEs of this process (PEs {ranks}, one per "
+                "thread): call mori.shmem from the thread that initialized the PE"
+            )
         return _all[0] if _all else None
 
 
@@ -84,7 +94,8 @@ def current() -> Shmem:
     if instance is None:
         raise ShmemNotInitializedError(
             "mori.shmem is not initialized: call shmem_init_attr(...), shmem_torch_process_group_init(name) "
-            "or shmem_init_from_env() first")
+            "or shmem_init_from_env() first"
+        )
     return instance
 
 
@@ -113,8 +124,10 @@ def check_symmetric(s: Shmem, call: str) -> None:
     values = [v.decode() for v in s.bootstrap.allgather(mine.encode())]
     if len(set(values)) != 1:
         listing = "; ".join(f"PE {pe}: {v}" for pe, v in enumerate(values))
-        raise ShmemError(f"asymmetric symmetric-heap allocation ({listing}): every PE must allocate and free "
-                         "the same sizes in the same order")
+        raise ShmemError(
+            f"asymmetric symmetric-heap allocation ({listing}): every PE must allocate and free "
+            "the same sizes in the same order"
+        )
 
 
 def _resolve_backend() -> str:
@@ -133,8 +146,10 @@ def ensure_uninitialized() -> None:
     """Raises :class:`ShmemError` when the calling thread already initialized a PE."""
     mine = _mine.instance
     if mine is not None:
-        raise ShmemError(f"mori.shmem is already initialized (PE {mine.rank} of {mine.world}); "
-                         "call shmem_finalize() before initializing again")
+        raise ShmemError(
+            f"mori.shmem is already initialized (PE {mine.rank} of {mine.world}); "
+            "call shmem_finalize() before initializing again"
+        )
 
 
 def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
@@ -152,12 +167,17 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
             raise ShmemError(f"{bootstrap.world} PEs exceed the device state's limit of {MAX_PES}")
         size = config.get("MORI_SHMEM_HEAP_SIZE")
         if size < INTERNAL_BYTES + MIN_ALIGNMENT:
-            raise ShmemError(f"MORI_SHMEM_HEAP_SIZE={size} bytes is too small: the first {INTERNAL_BYTES} "
-                             "bytes are mori's internal area")
+            raise ShmemError(
+                f"MORI_SHMEM_HEAP_SIZE={size} bytes is too small: the first {INTERNAL_BYTES} "
+                "bytes are mori's internal area"
+            )
         kind, mode, p2p_off = _resolve_backend(), config.get("MORI_SHMEM_MODE"), config.get("MORI_DISABLE_P2P")
         chunk = config.get("MORI_SHMEM_VMM_CHUNK_SIZE")
-        _agree(bootstrap, "the heap settings (backend, MORI_SHMEM_HEAP_SIZE, MORI_SHMEM_MODE, chunk, P2P)",
-               f"{kind} {size} {mode} {chunk} p2p={'off' if p2p_off else 'on'}")
+        _agree(
+            bootstrap,
+            "the heap settings (backend, MORI_SHMEM_HEAP_SIZE, MORI_SHMEM_MODE, chunk, P2P)",
+            f"{kind} {size} {mode} {chunk} p2p={'off' if p2p_off else 'on'}",
+        )
         hosts = [HostIdentity.from_key(k.decode()) for k in bootstrap.allgather(this_host().key.encode())]
         reach = Reach.of(bootstrap.rank, hosts, p2p_off)
         ctx = ops = None
@@ -177,13 +197,15 @@ def initialize(bootstrap: Any, owns_bootstrap: bool) -> Shmem:
         remote = open_remote(bootstrap, heap, reach, config.get("MORI_SHMEM_TIMEOUT"), allocator.live)
         heap.publish_peer_bases()
         ring, tickets = remote.device_proxy  # kernels reach remote PEs through it (0, 0: none)
-        states = pack_gpu_states(bootstrap.rank, bootstrap.world, heap.base, heap.size,
-                                 heap.base + PEER_BASES_OFFSET, p2p_off, ring, tickets)
+        states = pack_gpu_states(
+            bootstrap.rank, bootstrap.world, heap.base, heap.size, heap.base + PEER_BASES_OFFSET, p2p_off, ring, tickets
+        )
         if ctx is not None:
             from ._kernels import HostOps
 
-            fast = pack_fast_states(bootstrap.rank, bootstrap.world, heap.base, heap.size, list(heap.peer_bases), p2p_off,
-                                    proxy=ring != 0)
+            fast = pack_fast_states(
+                bootstrap.rank, bootstrap.world, heap.base, heap.size, list(heap.peer_bases), p2p_off, proxy=ring != 0
+            )
             ops = HostOps(ctx, heap, states, fast)
             heap.ops = ops  # type: ignore[union-attr]
         rma = Rma(heap, reach, remote, config.get("MORI_SHMEM_TIMEOUT"), allocator)

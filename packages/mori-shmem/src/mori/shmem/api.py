@@ -18,16 +18,52 @@ from . import _state
 from ._allocator import MIN_ALIGNMENT
 
 __all__ = [
-    "MORI_SHMEM_INIT_WITH_MPI_COMM", "MORI_SHMEM_INIT_WITH_UNIQUEID", "SHMEM_CMP_EQ", "SHMEM_CMP_NE",
-    "SHMEM_CMP_GT", "SHMEM_CMP_GE", "SHMEM_CMP_LT", "SHMEM_CMP_LE", "SHMEM_SIGNAL_SET", "SHMEM_SIGNAL_ADD",
-    "shmem_torch_process_group_init", "shmem_mpi_init", "shmem_get_unique_id", "shmem_init_attr", "shmem_init_from_env",
-    "shmem_finalize", "shmem_is_initialized", "shmem_mype", "shmem_npes", "shmem_num_qp_per_pe",
-    "shmem_malloc", "shmem_malloc_align", "shmem_ext_malloc_with_flags", "shmem_free",
-    "shmem_buffer_register", "shmem_buffer_deregister", "shmem_ptr_p2p", "shmem_barrier_all",
-    "shmem_barrier_on_stream", "shmem_module_init", "shmem_load_module", "shmem_putmem", "shmem_getmem", "shmem_getmem_into",
-    "shmem_putmem_signal", "shmem_atomic_fetch_add", "shmem_atomic_add", "shmem_atomic_compare_swap",
-    "shmem_atomic_swap", "shmem_atomic_set", "shmem_atomic_fetch", "shmem_wait_until", "shmem_quiet",
-    "shmem_fence", "get_gpu_states_bytes", "shmem_heap_info",
+    "MORI_SHMEM_INIT_WITH_MPI_COMM",
+    "MORI_SHMEM_INIT_WITH_UNIQUEID",
+    "SHMEM_CMP_EQ",
+    "SHMEM_CMP_NE",
+    "SHMEM_CMP_GT",
+    "SHMEM_CMP_GE",
+    "SHMEM_CMP_LT",
+    "SHMEM_CMP_LE",
+    "SHMEM_SIGNAL_SET",
+    "SHMEM_SIGNAL_ADD",
+    "shmem_torch_process_group_init",
+    "shmem_mpi_init",
+    "shmem_get_unique_id",
+    "shmem_init_attr",
+    "shmem_init_from_env",
+    "shmem_finalize",
+    "shmem_is_initialized",
+    "shmem_mype",
+    "shmem_npes",
+    "shmem_num_qp_per_pe",
+    "shmem_malloc",
+    "shmem_malloc_align",
+    "shmem_ext_malloc_with_flags",
+    "shmem_free",
+    "shmem_buffer_register",
+    "shmem_buffer_deregister",
+    "shmem_ptr_p2p",
+    "shmem_barrier_all",
+    "shmem_barrier_on_stream",
+    "shmem_module_init",
+    "shmem_load_module",
+    "shmem_putmem",
+    "shmem_getmem",
+    "shmem_getmem_into",
+    "shmem_putmem_signal",
+    "shmem_atomic_fetch_add",
+    "shmem_atomic_add",
+    "shmem_atomic_compare_swap",
+    "shmem_atomic_swap",
+    "shmem_atomic_set",
+    "shmem_atomic_fetch",
+    "shmem_wait_until",
+    "shmem_quiet",
+    "shmem_fence",
+    "get_gpu_states_bytes",
+    "shmem_heap_info",
 ]
 
 #: ``shmem_init_attr`` flag: bootstrap through an MPI communicator (mpi4py).
@@ -69,8 +105,10 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id: Any = None) -
     _check_rank(rank, nranks)
     if flags == MORI_SHMEM_INIT_WITH_UNIQUEID:
         if not isinstance(unique_id, (bytes, bytearray)) or len(unique_id) != 128:
-            raise ValueError("unique_id must be the 128 bytes returned by shmem_get_unique_id(), got "
-                             f"{type(unique_id).__name__} of length {len(unique_id) if hasattr(unique_id, '__len__') else '?'}")
+            raise ValueError(
+                "unique_id must be the 128 bytes returned by shmem_get_unique_id(), got "
+                f"{type(unique_id).__name__} of length {len(unique_id) if hasattr(unique_id, '__len__') else '?'}"
+            )
         _state.ensure_uninitialized()
         bs = _bootstrap.Bootstrap(rank, nranks, bytes(unique_id))
     elif flags == MORI_SHMEM_INIT_WITH_MPI_COMM:
@@ -78,10 +116,14 @@ def shmem_init_attr(flags: int, rank: int, nranks: int, unique_id: Any = None) -
         bs = _bootstrap.init_from_mpi(unique_id)
         if (bs.rank, bs.world) != (rank, nranks):
             bs.close()
-            raise ValueError(f"rank/nranks ({rank}, {nranks}) differ from the MPI communicator's ({bs.rank}, {bs.world})")
+            raise ValueError(
+                f"rank/nranks ({rank}, {nranks}) differ from the MPI communicator's ({bs.rank}, {bs.world})"
+            )
     else:
-        raise ValueError(f"flags={flags!r}: expected MORI_SHMEM_INIT_WITH_UNIQUEID ({MORI_SHMEM_INIT_WITH_UNIQUEID}) "
-                         f"or MORI_SHMEM_INIT_WITH_MPI_COMM ({MORI_SHMEM_INIT_WITH_MPI_COMM})")
+        raise ValueError(
+            f"flags={flags!r}: expected MORI_SHMEM_INIT_WITH_UNIQUEID ({MORI_SHMEM_INIT_WITH_UNIQUEID}) "
+            f"or MORI_SHMEM_INIT_WITH_MPI_COMM ({MORI_SHMEM_INIT_WITH_MPI_COMM})"
+        )
     _state.initialize(bs, owns_bootstrap=True)
     return 0
 
@@ -124,8 +166,9 @@ def shmem_init_from_env() -> int:
     """
     missing = [v for v in (ENV_RANK, ENV_WORLD, ENV_UID) if v not in os.environ]
     if missing:
-        raise _state.ShmemError(f"shmem_init_from_env: {', '.join(missing)} not set "
-                                "(start the script with python -m mori.shmem.run -n N)")
+        raise _state.ShmemError(
+            f"shmem_init_from_env: {', '.join(missing)} not set (start the script with python -m mori.shmem.run -n N)"
+        )
     try:
         uid = bytes.fromhex(os.environ[ENV_UID])
         rank, world = int(os.environ[ENV_RANK]), int(os.environ[ENV_WORLD])
@@ -171,9 +214,14 @@ def shmem_heap_info() -> dict[str, Any]:
     heap the device proxy's bounce area)."""
     s = _state.current()
     info = s.heap.describe()
-    info.update(mode=getattr(s.heap, "mode", "static"), in_use=s.allocator.in_use, remote=list(s.rma.reach.remote),
-                max_alignment=s.allocator.max_alignment, remote_stats=s.rma.remote.stats,
-                device=s.ctx.device if s.ctx is not None else None)
+    info.update(
+        mode=getattr(s.heap, "mode", "static"),
+        in_use=s.allocator.in_use,
+        remote=list(s.rma.reach.remote),
+        max_alignment=s.allocator.max_alignment,
+        remote_stats=s.rma.remote.stats,
+        device=s.ctx.device if s.ctx is not None else None,
+    )
     return info
 
 

@@ -44,8 +44,17 @@ def launch(nprocs: int, argv: list[str], timeout: float | None = None, env: dict
     try:
         for rank in range(nprocs):
             child = dict(base_env)
-            child.update({ENV_RANK: str(rank), ENV_WORLD: str(nprocs), ENV_UID: uid, "RANK": str(rank),
-                          "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nprocs)})
+            child.update(
+                {
+                    ENV_RANK: str(rank),
+                    ENV_WORLD: str(nprocs),
+                    ENV_UID: uid,
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(nprocs),
+                    "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(nprocs),
+                }
+            )
             proc = subprocess.Popen([sys.executable, *argv], env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             procs.append(proc)
             for pipe, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):

@@ -14,8 +14,13 @@ from . import _state
 from ._tensor import shmem_peer_tensor, shmem_tensor
 from .api import shmem_free, shmem_mype
 
-__all__ = ["MoriShmemBuffer", "mori_shmem_create_tensor", "mori_shmem_create_tensor_list_intra_node",
-           "mori_shmem_free_tensor", "symm_mori_shmem_tensor"]
+__all__ = [
+    "MoriShmemBuffer",
+    "mori_shmem_create_tensor",
+    "mori_shmem_create_tensor_list_intra_node",
+    "mori_shmem_free_tensor",
+    "symm_mori_shmem_tensor",
+]
 
 
 def _on_gpu_heap() -> bool:

@@ -20,7 +20,14 @@ from mori.core import config
 from ._all_reduce_fast import all_reduce_fast_kernel
 from ._all_reduce_lamport import SETS, all_reduce_lamport_kernel
 
-__all__ = ["AllReduce", "AllReduceConfig", "DEFAULT_TABLE", "all_reduce", "all_reduce_sweep", "default_all_reduce_config"]
+__all__ = [
+    "AllReduce",
+    "AllReduceConfig",
+    "DEFAULT_TABLE",
+    "all_reduce",
+    "all_reduce_sweep",
+    "default_all_reduce_config",
+]
 
 MAX_WORLD = 8
 _MAXB = 1024  # flag slots per (phase, source PE): the most blocks a launch may use
@@ -47,16 +54,23 @@ class AllReduceConfig:
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"AllReduceConfig.kernel must be one of {KERNELS}, got {self.kernel!r}")
-        if self.block < _ALIGN or self.block & (self.block - 1) or self.num_warps not in (1, 2, 4, 8, 16) \
-                or not 1 <= self.max_blocks <= _MAXB:
-            raise ValueError(f"bad AllReduceConfig {self}: block a power of two >= {_ALIGN}, num_warps 1..16 "
-                             f"(power of two), max_blocks 1..{_MAXB}")
+        if (
+            self.block < _ALIGN
+            or self.block & (self.block - 1)
+            or self.num_warps not in (1, 2, 4, 8, 16)
+            or not 1 <= self.max_blocks <= _MAXB
+        ):
+            raise ValueError(
+                f"bad AllReduceConfig {self}: block a power of two >= {_ALIGN}, num_warps 1..16 "
+                f"(power of two), max_blocks 1..{_MAXB}"
+            )
 
     @property
     def label(self) -> str:
         """Short name, e.g. ``2shot-v2 b1024 w4 g128`` (benchmark tables)."""
-        return f"{'1shot' if self.one_shot else '2shot'}-{self.kernel} b{self.block} w{self.num_warps} " \
-               f"g{self.max_blocks}"
+        return (
+            f"{'1shot' if self.one_shot else '2shot'}-{self.kernel} b{self.block} w{self.num_warps} g{self.max_blocks}"
+        )
 
 
 # Size -> configuration, the one place to change after a run of ci/device/bench_allreduce.py:
@@ -75,8 +89,9 @@ DEFAULT_TABLE: tuple[tuple[int, AllReduceConfig], ...] = (
 )
 
 
-def _configs(one_shot: bool, shapes: tuple[tuple[int, int], ...], grids: tuple[int, ...],
-             kernel: str = "v2") -> tuple[AllReduceConfig, ...]:
+def _configs(
+    one_shot: bool, shapes: tuple[tuple[int, int], ...], grids: tuple[int, ...], kernel: str = "v2"
+) -> tuple[AllReduceConfig, ...]:
     return tuple(AllReduceConfig(one_shot, b, w, g, kernel) for b, w in shapes for g in grids)
 
 
@@ -133,8 +148,9 @@ class AllReduce:
     and calls it with tensors of the same shape and dtype, in the same order.
     """
 
-    def __init__(self, max_bytes: int = 64 << 20, one_shot_max_bytes: int = 512 << 10,
-                 lamport_max_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self, max_bytes: int = 64 << 20, one_shot_max_bytes: int = 512 << 10, lamport_max_bytes: int = 4 << 20
+    ) -> None:
         import torch
 
         import mori.shmem as shmem
@@ -143,8 +159,10 @@ class AllReduce:
         if not 1 <= self.world <= MAX_WORLD:
             raise ValueError(f"all_reduce supports 1..{MAX_WORLD} PEs, the world has {self.world}")
         if max_bytes <= 0 or one_shot_max_bytes < 0 or lamport_max_bytes < 0:
-            raise ValueError(f"max_bytes={max_bytes}, one_shot_max_bytes={one_shot_max_bytes} and "
-                             f"lamport_max_bytes={lamport_max_bytes} must be positive")
+            raise ValueError(
+                f"max_bytes={max_bytes}, one_shot_max_bytes={one_shot_max_bytes} and "
+                f"lamport_max_bytes={lamport_max_bytes} must be positive"
+            )
         self.max_bytes, self.one_shot_max_bytes = int(max_bytes), int(one_shot_max_bytes)
         self.lamport_max_bytes = min(int(lamport_max_bytes), self.max_bytes)
         # two-shot: recv + gather slots (W slices each, a slice rounded up by < _ALIGN elements of
@@ -155,8 +173,9 @@ class AllReduce:
         flag_bytes = (2 * self.world + 2) * _MAXB * 4
         # v3: SETS sets, each the larger of one-shot's W inputs and two-shot's recv + gather slots
         lamport = min(self.lamport_max_bytes, self.one_shot_max_bytes)
-        self._set_bytes = _cdiv(max(2 * (self.lamport_max_bytes + 4 * self.world * _ALIGN), self.world * lamport), 256) \
-            * 256
+        self._set_bytes = (
+            _cdiv(max(2 * (self.lamport_max_bytes + 4 * self.world * _ALIGN), self.world * lamport), 256) * 256
+        )
         self._shmem = shmem
         self._data = int(shmem.shmem_malloc_align(256, data_bytes))
         self._flags = int(shmem.shmem_malloc_align(256, flag_bytes))
@@ -167,10 +186,14 @@ class AllReduce:
         self._peer_flags = [self._peer(self._flags, j) for j in range(self.world)]
         self._peer_lamport = [self._peer(self._lamport, j) for j in range(self.world)]
         # v2 and v3 declare peer offsets multiples of 64 elements
-        if any((p - base) % 256 for base, peers in ((self._data, self._peers), (self._lamport, self._peer_lamport))
-               for p in peers):
-            raise RuntimeError(f"peer mappings of the all_reduce buffers are not 256-byte aligned: {self._peers}, "
-                               f"{self._peer_lamport}")
+        if any(
+            (p - base) % 256
+            for base, peers in ((self._data, self._peers), (self._lamport, self._peer_lamport))
+            for p in peers
+        ):
+            raise RuntimeError(
+                f"peer mappings of the all_reduce buffers are not 256-byte aligned: {self._peers}, {self._peer_lamport}"
+            )
         shmem.shmem_barrier_all()  # every PE's flags and slots are set before anyone writes
         self._timeout_ns = int(config.get("MORI_SHMEM_TIMEOUT") * 1e9)
         self._compiled: dict[tuple[Any, ...], Any] = {}
@@ -181,8 +204,10 @@ class AllReduce:
     def _peer(self, addr: int, pe: int) -> int:
         remote = int(self._shmem.shmem_ptr_p2p(addr, self.rank, pe))
         if remote == 0:
-            raise RuntimeError(f"all_reduce needs NVLink/P2P access to every PE; PE {pe} is not reachable "
-                               "(MORI_DISABLE_P2P set, or a PE on another host)")
+            raise RuntimeError(
+                f"all_reduce needs NVLink/P2P access to every PE; PE {pe} is not reachable "
+                "(MORI_DISABLE_P2P set, or a PE on another host)"
+            )
         return remote
 
     @staticmethod
@@ -201,8 +226,11 @@ class AllReduce:
         # Fast path: a call like an earlier one (same buffers, size, dtype, config) reuses its
         # prepared launch; only what a cached plan cannot vouch for is checked again.
         try:
-            key: tuple[Any, ...] | None = (tensor.data_ptr(), tensor.numel(), tensor.dtype, cfg) if out is None else \
-                (tensor.data_ptr(), tensor.numel(), tensor.dtype, cfg, out.data_ptr(), out.numel(), out.dtype)
+            key: tuple[Any, ...] | None = (
+                (tensor.data_ptr(), tensor.numel(), tensor.dtype, cfg)
+                if out is None
+                else (tensor.data_ptr(), tensor.numel(), tensor.dtype, cfg, out.data_ptr(), out.numel(), out.dtype)
+            )
         except AttributeError:  # not a tensor: the full checks below say what is wrong
             key = None
         plan = self._plans.get(key)
@@ -217,16 +245,23 @@ class AllReduce:
         if self._closed:
             raise RuntimeError("this AllReduce is closed")
         if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-            raise TypeError(f"all_reduce needs a CUDA torch.Tensor, got {type(tensor).__name__}"
-                            f"{' on ' + str(tensor.device) if isinstance(tensor, torch.Tensor) else ''}")
+            raise TypeError(
+                f"all_reduce needs a CUDA torch.Tensor, got {type(tensor).__name__}"
+                f"{' on ' + str(tensor.device) if isinstance(tensor, torch.Tensor) else ''}"
+            )
         dtype_name = str(tensor.dtype).removeprefix("torch.")
         if dtype_name not in _DTYPES:
             raise TypeError(f"all_reduce supports {', '.join(_DTYPES)}; got {dtype_name}")
         if not tensor.is_contiguous():
             raise ValueError("all_reduce needs a contiguous tensor (call .contiguous() first)")
         result = tensor if out is None else out
-        if not isinstance(result, torch.Tensor) or result.shape != tensor.shape or result.dtype != tensor.dtype \
-                or result.device != tensor.device or not result.is_contiguous():
+        if (
+            not isinstance(result, torch.Tensor)
+            or result.shape != tensor.shape
+            or result.dtype != tensor.dtype
+            or result.device != tensor.device
+            or not result.is_contiguous()
+        ):
             raise ValueError("out must be a contiguous tensor of the input's shape, dtype and device")
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes > self.max_bytes:
@@ -242,8 +277,9 @@ class AllReduce:
             if cfg.kernel == "v3" and nbytes > self.lamport_max_bytes:  # this AllReduce has smaller v3 slots
                 cfg = dataclasses.replace(cfg, kernel="v2")
         elif cfg.kernel == "v3" and nbytes > self.lamport_max_bytes:
-            raise ValueError(f"a v3 config needs tensors of at most lamport_max_bytes={self.lamport_max_bytes} "
-                             f"bytes, got {nbytes}")
+            raise ValueError(
+                f"a v3 config needs tensors of at most lamport_max_bytes={self.lamport_max_bytes} bytes, got {nbytes}"
+            )
         one_shot = cfg.one_shot and nbytes <= self.one_shot_max_bytes
         launch, args = self._plan(tensor, result, cfg, one_shot)
         if key is not None:
@@ -267,8 +303,15 @@ class AllReduce:
             kernel = all_reduce_fast_kernel
             deltas = tuple((p - self._data) // esize for p in self._peers)
             flag_deltas = tuple((p - self._flags) // 4 for p in self._peer_flags)
-            ptrs: tuple[Any, ...] = (tensor.data_ptr(), out.data_ptr(), self._data, self._flags, epochs, deltas,
-                                     flag_deltas)
+            ptrs: tuple[Any, ...] = (
+                tensor.data_ptr(),
+                out.data_ptr(),
+                self._data,
+                self._flags,
+                epochs,
+                deltas,
+                flag_deltas,
+            )
             consts: tuple[Any, ...] = (self.world, wp, _MAXB, cfg.block, one_shot)
             names: tuple[str, ...] = ("W", "WP", "MAXB", "BLOCK", "ONE_SHOT")
         else:
@@ -281,20 +324,19 @@ class AllReduce:
         args = (*ptrs, self.rank, n, chunk, self._timeout_ns, *extra)
         # What Triton specialises on and can vary between calls: dtype, 16-byte alignment of the
         # two tensors, n % 16 and n == 1 (everything else is fixed for this PE).
-        ckey = (tensor.dtype, one_shot, cfg, tensor.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0, n % 16 == 0,
-                n == 1)
+        ckey = (tensor.dtype, one_shot, cfg, tensor.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0, n % 16 == 0, n == 1)
         compiled = self._compiled.get(ckey)
         if compiled is None:
             t, u32, ptr = tensor.dtype, torch.uint32, _DevicePointer
             head = (ptr(tensor.data_ptr(), t), ptr(out.data_ptr(), t))
             if cfg.kernel == "v2":
-                typed: tuple[Any, ...] = (*head, ptr(self._data, t), ptr(self._flags, u32), ptr(epochs, u32),
-                                          *ptrs[5:])
+                typed: tuple[Any, ...] = (*head, ptr(self._data, t), ptr(self._flags, u32), ptr(epochs, u32), *ptrs[5:])
             else:
                 typed = (*head, ptr(self._lamport, t), ptr(epochs + _MAXB * 4, u32), ptrs[4])
             # Compile without launching: the caller launches through the plan.
-            compiled = kernel.warmup(*typed, *args[len(ptrs):], grid=(grid,), num_warps=cfg.num_warps,
-                                     **dict(zip(names, consts)))
+            compiled = kernel.warmup(
+                *typed, *args[len(ptrs) :], grid=(grid,), num_warps=cfg.num_warps, **dict(zip(names, consts))
+            )
             self._compiled[ckey] = compiled
         return _launcher(compiled, grid), (*args, *consts)
 
@@ -347,4 +389,3 @@ def all_reduce(tensor: Any, out: Any = None) -> Any:
     if _default is None or _default._closed:
         _default = AllReduce()
     return _default(tensor, out)
-

@@ -66,16 +66,31 @@ def _thread_id(like):
 @triton.jit
 def _signal_peers(flag_addr, active, epoch):
     tl.debug_barrier()  # every thread's stores precede the release (cumulative through bar.sync)
-    tl.inline_asm_elementwise(_SIGNAL_PTX, "=r,l,r,r",
-                              [flag_addr, active.to(tl.int32), epoch + tl.zeros(active.shape, tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        _SIGNAL_PTX,
+        "=r,l,r,r",
+        [flag_addr, active.to(tl.int32), epoch + tl.zeros(active.shape, tl.int32)],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _wait_peers(flag_addr, active, epoch, timeout_ns):
-    seen = tl.inline_asm_elementwise(_WAIT_PTX, "=r,l,r,r,l",
-                                     [flag_addr, active.to(tl.int32), epoch + tl.zeros(active.shape, tl.int32),
-                                      timeout_ns + tl.zeros(active.shape, tl.int64)],
-                                     dtype=tl.int32, is_pure=False, pack=1)
+    seen = tl.inline_asm_elementwise(
+        _WAIT_PTX,
+        "=r,l,r,r,l",
+        [
+            flag_addr,
+            active.to(tl.int32),
+            epoch + tl.zeros(active.shape, tl.int32),
+            timeout_ns + tl.zeros(active.shape, tl.int64),
+        ],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
     late = tl.max((active & ((seen - epoch) < 0)).to(tl.int32), axis=0)
     if late != 0:
         tl.device_print("mori all_reduce: timed out waiting for a peer's flag; epoch", epoch)
@@ -84,8 +99,24 @@ def _wait_peers(flag_addr, active, epoch, timeout_ns):
 
 
 @triton.jit
-def _one_shot(inp, out, mine, rows, deltas, n, rank, epoch, pid, nblocks, flag_out, flag_in, active, timeout_ns,
-              W: tl.constexpr, BLOCK: tl.constexpr):
+def _one_shot(
+    inp,
+    out,
+    mine,
+    rows,
+    deltas,
+    n,
+    rank,
+    epoch,
+    pid,
+    nblocks,
+    flag_out,
+    flag_in,
+    active,
+    timeout_ns,
+    W: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     cols = tl.arange(0, BLOCK)[None, :]
     peers = (rows < W) & (rows != rank)
     slots = (epoch & 1) * W * n  # this call's slot set
@@ -107,8 +138,26 @@ def _one_shot(inp, out, mine, rows, deltas, n, rank, epoch, pid, nblocks, flag_o
 
 
 @triton.jit
-def _two_shot(inp, out, mine, rows, deltas, n, chunk, rank, epoch, pid, nblocks, flag_out, flag_in, active,
-              timeout_ns, W: tl.constexpr, MAXB: tl.constexpr, BLOCK: tl.constexpr):
+def _two_shot(
+    inp,
+    out,
+    mine,
+    rows,
+    deltas,
+    n,
+    chunk,
+    rank,
+    epoch,
+    pid,
+    nblocks,
+    flag_out,
+    flag_in,
+    active,
+    timeout_ns,
+    W: tl.constexpr,
+    MAXB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     cols = tl.arange(0, BLOCK)[None, :]
     peers = (rows < W) & (rows != rank)
     gather = W * chunk  # recv slots [0, W*chunk), gather slots after them
@@ -130,8 +179,9 @@ def _two_shot(inp, out, mine, rows, deltas, n, chunk, rank, epoch, pid, nblocks,
         tile += tl.load(inp + g + 0 * rows, mask=m & (g < n) & (rows == rank), other=-0.0).to(tl.float32)
         r = rank_order_sum(tile, rows, W)[None, :].to(out.dtype.element_ty)
         tl.store(out + g, r, mask=m & (g < n))
-        tl.store(mine + deltas + gather + rank * chunk + idx, tl.broadcast_to(r, (rows.shape[0], BLOCK)),
-                 mask=m & peers)
+        tl.store(
+            mine + deltas + gather + rank * chunk + idx, tl.broadcast_to(r, (rows.shape[0], BLOCK)), mask=m & peers
+        )
     _signal_peers(flag_out + W * MAXB * 4, active, epoch)  # phase-1 flags (int64 byte addresses)
     _wait_peers(flag_in + W * MAXB * 4, active, epoch, timeout_ns)
     # All-gather: the peers' reduced chunks, from my gather slots to the output.
@@ -143,9 +193,24 @@ def _two_shot(inp, out, mine, rows, deltas, n, chunk, rank, epoch, pid, nblocks,
 
 
 @triton.jit
-def all_reduce_fast_kernel(inp, out, mine, my_flags, epochs, deltas, flag_deltas, rank, n, chunk, timeout_ns,
-                           W: tl.constexpr, WP: tl.constexpr, MAXB: tl.constexpr, BLOCK: tl.constexpr,
-                           ONE_SHOT: tl.constexpr):
+def all_reduce_fast_kernel(
+    inp,
+    out,
+    mine,
+    my_flags,
+    epochs,
+    deltas,
+    flag_deltas,
+    rank,
+    n,
+    chunk,
+    timeout_ns,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    MAXB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ONE_SHOT: tl.constexpr,
+):
     """Sum of ``inp`` over the W PEs into ``out`` (may alias ``inp``).
 
     ``mine``/``my_flags``: this PE's data/flag area; PE j's copy, as mapped here, is at element
@@ -166,9 +231,28 @@ def all_reduce_fast_kernel(inp, out, mine, my_flags, epochs, deltas, flag_deltas
     # Lanes of warp 0 talk to the peers, one lane each.
     active = (lanes < W) & (lanes != rank) & (_thread_id(lanes) < 32)
     if ONE_SHOT:
-        _one_shot(inp, out, mine, rows, deltas2, n, rank, epoch, pid, nblocks, flag_out, flag_in, active, timeout_ns,
-                  W, BLOCK)
+        _one_shot(
+            inp, out, mine, rows, deltas2, n, rank, epoch, pid, nblocks, flag_out, flag_in, active, timeout_ns, W, BLOCK
+        )
     else:
-        _two_shot(inp, out, mine, rows, deltas2, n, chunk, rank, epoch, pid, nblocks, flag_out, flag_in, active,
-                  timeout_ns, W, MAXB, BLOCK)
+        _two_shot(
+            inp,
+            out,
+            mine,
+            rows,
+            deltas2,
+            n,
+            chunk,
+            rank,
+            epoch,
+            pid,
+            nblocks,
+            flag_out,
+            flag_in,
+            active,
+            timeout_ns,
+            W,
+            MAXB,
+            BLOCK,
+        )
     tl.store(epochs + pid, epoch.to(tl.uint32, bitcast=True))

@@ -80,8 +80,7 @@ def _poll(ptrs, mask, timeout_ns):
 
 
 @triton.jit
-def _one_shot(inp, out, slots, rows, deltas, n, rank, pid, nblocks, timeout_ns, W: tl.constexpr,
-              BLOCK: tl.constexpr):
+def _one_shot(inp, out, slots, rows, deltas, n, rank, pid, nblocks, timeout_ns, W: tl.constexpr, BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)[None, :]
     peers = (rows < W) & (rows != rank)
     # Push: my input -> slot `rank` of every peer's set.
@@ -102,8 +101,9 @@ def _one_shot(inp, out, slots, rows, deltas, n, rank, pid, nblocks, timeout_ns, 
 
 
 @triton.jit
-def _two_shot(inp, out, recv, rows, deltas, n, chunk, rank, pid, nblocks, timeout_ns, W: tl.constexpr,
-              BLOCK: tl.constexpr):
+def _two_shot(
+    inp, out, recv, rows, deltas, n, chunk, rank, pid, nblocks, timeout_ns, W: tl.constexpr, BLOCK: tl.constexpr
+):
     cols = tl.arange(0, BLOCK)[None, :]
     peers = (rows < W) & (rows != rank)
     gather = recv + W * chunk
@@ -138,8 +138,22 @@ def _two_shot(inp, out, recv, rows, deltas, n, chunk, rank, pid, nblocks, timeou
 
 
 @triton.jit
-def all_reduce_lamport_kernel(inp, out, lam, sets, deltas, rank, n, chunk, timeout_ns, set_elems,
-                              W: tl.constexpr, WP: tl.constexpr, BLOCK: tl.constexpr, ONE_SHOT: tl.constexpr):
+def all_reduce_lamport_kernel(
+    inp,
+    out,
+    lam,
+    sets,
+    deltas,
+    rank,
+    n,
+    chunk,
+    timeout_ns,
+    set_elems,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ONE_SHOT: tl.constexpr,
+):
     """Sum of ``inp`` over the W PEs into ``out`` (may alias ``inp``).
 
     ``lam``: this PE's slot area, ``SETS`` sets of ``set_elems`` elements, all sentinel between

@@ -39,8 +39,18 @@ __all__ = [
 DEFAULT_ARCH = "sm_90"
 _LIB_DIR = Path(__file__).resolve().parent / "lib"
 _NAME = "libmori_shmem_device"
-CLANG_FLAGS = ("-x", "cuda", "-nocudainc", "-nocudalib", "--cuda-device-only", "-std=c++17",
-               "-fgpu-flush-denormals-to-zero", "-O3", "-emit-llvm", "-Wno-unknown-cuda-version")
+CLANG_FLAGS = (
+    "-x",
+    "cuda",
+    "-nocudainc",
+    "-nocudalib",
+    "--cuda-device-only",
+    "-std=c++17",
+    "-fgpu-flush-denormals-to-zero",
+    "-O3",
+    "-emit-llvm",
+    "-Wno-unknown-cuda-version",
+)
 # The state TU: defines `globalGpuStates` once, visible to Triton's module and to shmem_module_init.
 _STATE_SOURCE = "#define MORI_DEVICE_DEFINE_STATE\n#include <mori/device/shmem.cuh>\n"
 
@@ -70,8 +80,10 @@ def find_bitcode(arch: str = DEFAULT_ARCH, *, cov: int | None = None) -> str:
         return str(override)
     path = bundled_bitcode(arch)
     if not path.is_file():
-        raise BitcodeError(f"no packaged device bitcode for {arch} at {path}; build it with "
-                           f"`python -m mori.triton._bitcode --arch {arch}` or set MORI_SHMEM_BC")
+        raise BitcodeError(
+            f"no packaged device bitcode for {arch} at {path}; build it with "
+            f"`python -m mori.triton._bitcode --arch {arch}` or set MORI_SHMEM_BC"
+        )
     return str(path)
 
 
@@ -140,8 +152,20 @@ def build_bitcode(out: str | Path | None = None, arch: str = DEFAULT_ARCH, inclu
         (work / "wrappers.cu").write_bytes(WRAPPER_PATH.read_bytes())
         (work / "state.cu").write_text(_STATE_SOURCE)
         for unit in ("wrappers", "state"):
-            _run([clang, *CLANG_FLAGS, f"--cuda-gpu-arch={arch}", "-I", str(include_dir), "-c",
-                  f"{unit}.cu", "-o", f"{unit}.bc"], work)
+            _run(
+                [
+                    clang,
+                    *CLANG_FLAGS,
+                    f"--cuda-gpu-arch={arch}",
+                    "-I",
+                    str(include_dir),
+                    "-c",
+                    f"{unit}.cu",
+                    "-o",
+                    f"{unit}.bc",
+                ],
+                work,
+            )
         _run([link, "wrappers.bc", "state.bc", "-o", "linked.bc"], work)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(work / "linked.bc", out_path)

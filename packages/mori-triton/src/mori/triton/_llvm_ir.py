@@ -119,8 +119,13 @@ _CHILD = "import sys; from mori.triton._llvm_ir import _translate_main; sys.exit
 def _ptx_in_child(mode: str, text: str, arch: str, bitcode: str, what: str) -> str:
     # MLIR and LLVM abort the process on some malformed input: run them in a child so the caller
     # gets an error with their message instead.
-    done = subprocess.run([sys.executable, "-c", _CHILD, mode, arch, _ptx_features(arch), bitcode],
-                          input=text, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, arch, _ptx_features(arch), bitcode],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         raise BitcodeError(f"{what}:\n{done.stderr.strip()[-4000:]}")
     return done.stdout
@@ -133,8 +138,9 @@ def _assemble(ptx: str, arch: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="mori-ptxas-") as tmp:
         src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
         src.write_text(ptx)
-        done = subprocess.run([ptxas, f"--gpu-name={arch}", str(src), "-o", str(out)],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [ptxas, f"--gpu-name={arch}", str(src), "-o", str(out)], capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
             raise BitcodeError(f"ptxas failed ({done.returncode}): {done.stderr.strip()}")
         return out.read_bytes()
@@ -170,8 +176,10 @@ class IrModule:
         ctypes_of = {"i32": ctypes.c_int32, "i64": ctypes.c_int64}
         values = tuple(v for v, _ in args)
         types = tuple(ctypes_of[t] for _, t in args)
-        _check(driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, (values, types), 0),
-               f"cuLaunchKernel({name})")
+        _check(
+            driver.cuLaunchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, (values, types), 0),
+            f"cuLaunchKernel({name})",
+        )
 
     def unload(self) -> None:
         """Unloads the module."""
@@ -198,7 +206,7 @@ def _binding_parameters(fn: Any) -> list[tuple[str, bool]]:
     if start < 0 or end < start:
         raise BitcodeError(f"cannot read the parameters of {fn!r} from its docstring {line!r}")
     params, depth, current = [], 0, ""
-    for ch in line[start + 1:end] + ",":
+    for ch in line[start + 1 : end] + ",":
         if ch == "," and depth == 0:
             if current.strip():
                 params.append(current.strip())
@@ -218,10 +226,15 @@ def _translate_to_asm(llvm: Any, text: str, arch: str, features: str) -> str:
     added = [name for name, has_default in params[_ASM_BASE_ARGS:] if not has_default]
     unknown = [name for name in added if name not in _ASM_ADDED]
     if len(params) < _ASM_BASE_ARGS or unknown:
-        raise BitcodeError(f"this Triton's llvm.translate_to_asm takes parameters mori does not know: "
-                           f"{llvm.translate_to_asm.__doc__.splitlines()[0]}")
-    return str(llvm.translate_to_asm(text, _TRIPLE, arch, features, [], False, False,
-                                     **{name: _ASM_ADDED[name] for name in added}))
+        raise BitcodeError(
+            f"this Triton's llvm.translate_to_asm takes parameters mori does not know: "
+            f"{llvm.translate_to_asm.__doc__.splitlines()[0]}"
+        )
+    return str(
+        llvm.translate_to_asm(
+            text, _TRIPLE, arch, features, [], False, False, **{name: _ASM_ADDED[name] for name in added}
+        )
+    )
 
 
 def _translate_main(argv: list[str]) -> int:

@@ -18,8 +18,15 @@ from mori.core.log import get_logger
 from ._bitcode import find_bitcode
 from .shmem import LIB_NAME
 
-__all__ = ["get_extern_libs", "install_hook", "uninstall_hook", "init_loaded_modules", "loaded_modules", "jit",
-           "MoriKernel"]
+__all__ = [
+    "get_extern_libs",
+    "install_hook",
+    "uninstall_hook",
+    "init_loaded_modules",
+    "loaded_modules",
+    "jit",
+    "MoriKernel",
+]
 
 _log = get_logger("shmem")
 # A module that uses mori's device API has at least one of them (the second is the constant-memory
@@ -69,8 +76,10 @@ def _load_end_hooks() -> Any:
     """Triton's chain of kernel-load hooks (``knobs.runtime.kernel_load_end_hook``, Triton 3.5 and later)."""
     chain = getattr(triton.knobs.runtime, "kernel_load_end_hook", None)
     if chain is None or not hasattr(chain, "add"):
-        raise RuntimeError(f"Triton {triton.__version__} has no knobs.runtime.kernel_load_end_hook chain "
-                           "to initialise mori's kernel modules from (mori-triton needs Triton 3.6 or later)")
+        raise RuntimeError(
+            f"Triton {triton.__version__} has no knobs.runtime.kernel_load_end_hook chain "
+            "to initialise mori's kernel modules from (mori-triton needs Triton 3.6 or later)"
+        )
     return chain
 
 

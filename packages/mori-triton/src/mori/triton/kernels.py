@@ -22,8 +22,7 @@ import triton.language as tl
 
 from . import shmem as ms
 
-__all__ = ["PUT_RING_IR", "allreduce_p2p_kernel", "allreduce_put_signal_kernel", "get_ring_kernel",
-           "put_ring_kernel"]
+__all__ = ["PUT_RING_IR", "allreduce_p2p_kernel", "allreduce_put_signal_kernel", "get_ring_kernel", "put_ring_kernel"]
 
 
 @triton.jit
@@ -62,8 +61,7 @@ def allreduce_p2p_kernel(sym_in, out, n, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["epoch"])  # epoch 1 would otherwise become a constant
-def allreduce_put_signal_kernel(sym_in, sym_recv, sig, out, n, epoch, CHUNKS_PER_PE: tl.constexpr,
-                                BLOCK: tl.constexpr):
+def allreduce_put_signal_kernel(sym_in, sym_recv, sig, out, n, epoch, CHUNKS_PER_PE: tl.constexpr, BLOCK: tl.constexpr):
     """Kernel B: ``sym_recv[p]`` on every PE receives PE p's input; ``out`` gets the fp32-accumulated sum.
 
     ``sig``: a symmetric uint64 counter, zero before the first call; ``epoch``: 1 for the first

@@ -62,8 +62,9 @@ def _make_extern(fn: DeviceFunction) -> Any:
                 cast.append(_argument(value, kind, _semantic))
             except (TypeError, ValueError) as exc:
                 raise TypeError(f"ms.{fn.name}: argument {name!r}: {exc}") from None
-        return core.extern_elementwise(LIB_NAME, "", cast, {arg_types: (fn.symbol, ret)}, is_pure=fn.pure,
-                                       _semantic=_semantic)
+        return core.extern_elementwise(
+            LIB_NAME, "", cast, {arg_types: (fn.symbol, ret)}, is_pure=fn.pure, _semantic=_semantic
+        )
 
     extern.__name__ = extern.__qualname__ = fn.name
     extern.__doc__ = f"``{fn.symbol}({', '.join(f'{n}: {t}' for n, t in fn.args)}) -> {fn.ret}``: {fn.doc}"

@@ -8,11 +8,30 @@ _Int = SupportsIndex
 def memcpy_batch(entry: _Int, dsts: ArrayLike, srcs: ArrayLike, sizes: ArrayLike, stream: _Int) -> int: ...
 
 class GatherLauncher:
-    def __init__(self, cu_launch_kernel: _Int, cu_memcpy_htod_async: _Int, cu_event_record: _Int, function: _Int,
-                 threads: _Int, max_blocks: _Int) -> None: ...
+    def __init__(
+        self,
+        cu_launch_kernel: _Int,
+        cu_memcpy_htod_async: _Int,
+        cu_event_record: _Int,
+        function: _Int,
+        threads: _Int,
+        max_blocks: _Int,
+    ) -> None: ...
     def grid(self, warps: _Int) -> int: ...
-    def launch(self, stream: _Int, table_host: _Int, table_dev: _Int, rows: _Int, per_row: _Int, piece: _Int,
-               src0: _Int, dst0: _Int, bytes0: _Int, single_piece: _Int, event: _Int) -> tuple[int, str]: ...
+    def launch(
+        self,
+        stream: _Int,
+        table_host: _Int,
+        table_dev: _Int,
+        rows: _Int,
+        per_row: _Int,
+        piece: _Int,
+        src0: _Int,
+        dst0: _Int,
+        bytes0: _Int,
+        single_piece: _Int,
+        event: _Int,
+    ) -> tuple[int, str]: ...
 
 STAGING_ENTRY_POINTS: tuple[str, ...]
 STAGING_CACHE_BYTES: int
@@ -29,8 +48,16 @@ class Staged:
     def release(self) -> None: ...
 
 class Stager:
-    def __init__(self, context: _Int, streams: list[int], entry_points: dict[str, int], timeout: float,
-                 timeout_setting: str = "timeout", cache_bytes: _Int = ..., owner: str = "mori") -> None: ...
+    def __init__(
+        self,
+        context: _Int,
+        streams: list[int],
+        entry_points: dict[str, int],
+        timeout: float,
+        timeout_setting: str = "timeout",
+        cache_bytes: _Int = ...,
+        owner: str = "mori",
+    ) -> None: ...
     def to_host(self, src: _Int, nbytes: _Int, wait: bool = True) -> Staged: ...
     def landing(self, nbytes: _Int) -> Staged: ...
     def to_device(self, dst: _Int, staged: Staged, wait: bool = True) -> None: ...
@@ -43,6 +70,7 @@ class Stager:
     def close(self) -> None: ...
 
 def host_standin_stager(timeout: float = 30.0, cache_bytes: _Int = ...) -> Stager: ...
-def host_standin_knobs(fail_copy_in: _Int = -1, fail_pinning: bool = False, delay: float = 0.0,
-                       hang: bool = False) -> None: ...
+def host_standin_knobs(
+    fail_copy_in: _Int = -1, fail_pinning: bool = False, delay: float = 0.0, hang: bool = False
+) -> None: ...
 def host_standin_counters() -> dict[str, int]: ...

@@ -13,18 +13,40 @@ class Transfer:
     def wait(self, timeout: SupportsFloat) -> bool: ...
 
 class Peer:
-    def __init__(self, name: str, host: str, port: _Int, num_connections: _Int, my_key: str, token: str,
-                 ticket: str, io_timeout: SupportsFloat, timeout_setting: str = "io_timeout") -> None: ...
-    def submit(self, op: _Int, batch: Batch, mem_id: _Int, uid: _Int, notify: bool, stripe: _Int,
-               staging: Stager | None = None) -> Transfer: ...
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: _Int,
+        num_connections: _Int,
+        my_key: str,
+        token: str,
+        ticket: str,
+        io_timeout: SupportsFloat,
+        timeout_setting: str = "io_timeout",
+    ) -> None: ...
+    def submit(
+        self, op: _Int, batch: Batch, mem_id: _Int, uid: _Int, notify: bool, stripe: _Int, staging: Stager | None = None
+    ) -> Transfer: ...
     def healthy(self) -> bool: ...
     def close(self) -> None: ...
 
 class Target:
-    def __init__(self, host: str, port: _Int, token: str, io_timeout: SupportsFloat, max_connections: _Int = 1024,
-                 max_handshakes: _Int = 64, hello_timeout: SupportsFloat = 10.0, max_inbound: _Int = 1048576,
-                 inbound_ttl: SupportsFloat = 3600.0, timeout_setting: str = "io_timeout",
-                 max_per_key: _Int = 64, inbound: InboundRecords | None = None) -> None: ...
+    def __init__(
+        self,
+        host: str,
+        port: _Int,
+        token: str,
+        io_timeout: SupportsFloat,
+        max_connections: _Int = 1024,
+        max_handshakes: _Int = 64,
+        hello_timeout: SupportsFloat = 10.0,
+        max_inbound: _Int = 1048576,
+        inbound_ttl: SupportsFloat = 3600.0,
+        timeout_setting: str = "io_timeout",
+        max_per_key: _Int = 64,
+        inbound: InboundRecords | None = None,
+    ) -> None: ...
     @property
     def port(self) -> int: ...
     def register_region(self, mem_id: _Int, addr: _Int, size: _Int, staging: Stager | None = None) -> None: ...

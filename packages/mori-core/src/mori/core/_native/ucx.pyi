@@ -22,12 +22,39 @@ class UcxTransfer:
 class UcxPeer:
     @property
     def key(self) -> str: ...
-    def submit(self, op: _Int, local_id: _Int, batch: Batch, remote_id: _Int, uid: _Int = 0, notify: bool = False,
-               remote_gpu: bool = False) -> UcxTransfer: ...
-    def submit_one(self, op: _Int, local_id: _Int, src: _Int, dst: _Int, bytes: _Int, remote_id: _Int, uid: _Int,
-                   notify: bool, remote_gpu: bool) -> UcxTransfer | None: ...
-    def run_one(self, op: _Int, local_id: _Int, src: _Int, dst: _Int, bytes: _Int, remote_id: _Int, remote_gpu: bool,
-                timeout: SupportsFloat) -> tuple[int, str]: ...
+    def submit(
+        self,
+        op: _Int,
+        local_id: _Int,
+        batch: Batch,
+        remote_id: _Int,
+        uid: _Int = 0,
+        notify: bool = False,
+        remote_gpu: bool = False,
+    ) -> UcxTransfer: ...
+    def submit_one(
+        self,
+        op: _Int,
+        local_id: _Int,
+        src: _Int,
+        dst: _Int,
+        bytes: _Int,
+        remote_id: _Int,
+        uid: _Int,
+        notify: bool,
+        remote_gpu: bool,
+    ) -> UcxTransfer | None: ...
+    def run_one(
+        self,
+        op: _Int,
+        local_id: _Int,
+        src: _Int,
+        dst: _Int,
+        bytes: _Int,
+        remote_id: _Int,
+        remote_gpu: bool,
+        timeout: SupportsFloat,
+    ) -> tuple[int, str]: ...
     @property
     def same_host(self) -> bool: ...
     @property
@@ -41,29 +68,61 @@ class UcxPeer:
 UCX_STAGING_BYTES: int
 
 class UcxHeapWindow:
-    def __init__(self, engine: UcxEngine, live: LiveRanges, base: _Int, size: _Int, reserved: _Int, chunk: _Int,
-                 first_id: _Int, gpu: bool, peers: list[UcxPeer | None], timeout: SupportsFloat) -> None: ...
+    def __init__(
+        self,
+        engine: UcxEngine,
+        live: LiveRanges,
+        base: _Int,
+        size: _Int,
+        reserved: _Int,
+        chunk: _Int,
+        first_id: _Int,
+        gpu: bool,
+        peers: list[UcxPeer | None],
+        timeout: SupportsFloat,
+    ) -> None: ...
     def grow(self, end: _Int) -> None: ...
     @property
     def registered(self) -> int: ...
     def register_buffer(self, addr: _Int, bytes: _Int, gpu: bool) -> None: ...
     def deregister_buffer(self, addr: _Int) -> bool: ...
-    def put(self, pe: int, offset: _Int, local: _Int, bytes: _Int, local_gpu: bool = False) -> tuple[int, str] | None: ...
-    def get(self, pe: int, offset: _Int, local: _Int, bytes: _Int, local_gpu: bool = False) -> tuple[int, str] | None: ...
-    def put_signal(self, pe: int, offset: _Int, local: _Int, bytes: _Int, local_gpu: bool, sig_offset: _Int, op: int,
-                   value: _Int) -> tuple[int, str] | None: ...
-    def atomic(self, pe: int, op: int, offset: _Int, value: _Int, compare: _Int, width: int) -> int | tuple[int, str]: ...
+    def put(
+        self, pe: int, offset: _Int, local: _Int, bytes: _Int, local_gpu: bool = False
+    ) -> tuple[int, str] | None: ...
+    def get(
+        self, pe: int, offset: _Int, local: _Int, bytes: _Int, local_gpu: bool = False
+    ) -> tuple[int, str] | None: ...
+    def put_signal(
+        self, pe: int, offset: _Int, local: _Int, bytes: _Int, local_gpu: bool, sig_offset: _Int, op: int, value: _Int
+    ) -> tuple[int, str] | None: ...
+    def atomic(
+        self, pe: int, op: int, offset: _Int, value: _Int, compare: _Int, width: int
+    ) -> int | tuple[int, str]: ...
     def quick_put(self, dest: int, src: _Int, nbytes: _Int, pe: int) -> bool | tuple[int, str] | None: ...
     def stats(self) -> dict[str, int]: ...
     def close(self) -> None: ...
 
 class UcxEngine:
-    def __init__(self, name: str = "mori", settings: list[tuple[str, str]] = [], workers: _Int = 1, lanes: _Int = 1,
-                 polling: bool = True, timeout: SupportsFloat = 30.0, timeout_setting: str = "timeout",
-                 rma: bool = False, max_inbound: _Int = 1048576, inbound_ttl: SupportsFloat = 3600.0,
-                 max_tickets: _Int = 65536, inbound: InboundRecords | None = None,
-                 same_host: bool = True, send_queue: _Int = 0, send_queue_wait: SupportsFloat = 5.0,
-                 round_robin: bool = True, stand_aside: bool = True) -> None: ...
+    def __init__(
+        self,
+        name: str = "mori",
+        settings: list[tuple[str, str]] = [],
+        workers: _Int = 1,
+        lanes: _Int = 1,
+        polling: bool = True,
+        timeout: SupportsFloat = 30.0,
+        timeout_setting: str = "timeout",
+        rma: bool = False,
+        max_inbound: _Int = 1048576,
+        inbound_ttl: SupportsFloat = 3600.0,
+        max_tickets: _Int = 65536,
+        inbound: InboundRecords | None = None,
+        same_host: bool = True,
+        send_queue: _Int = 0,
+        send_queue_wait: SupportsFloat = 5.0,
+        round_robin: bool = True,
+        stand_aside: bool = True,
+    ) -> None: ...
     @property
     def addresses(self) -> list[bytes]: ...
     @property
@@ -75,8 +134,9 @@ class UcxEngine:
     def register_memory(self, mem_id: _Int, addr: _Int, size: _Int, gpu: bool = False) -> bytes: ...
     def deregister_memory(self, mem_id: _Int) -> bool: ...
     def admit(self, key: str) -> int: ...
-    def connect(self, key: str, addresses: list[bytes], ticket: _Int, same_host: bytes = b"",
-                stages_gpu: bool = False) -> UcxPeer: ...
+    def connect(
+        self, key: str, addresses: list[bytes], ticket: _Int, same_host: bytes = b"", stages_gpu: bool = False
+    ) -> UcxPeer: ...
     def fail_peer(self, key: str, why: str) -> None: ...
     def pop_inbound(self, key: str, uid: _Int) -> int | None: ...
     def inbound_count(self) -> int: ...
@@ -84,18 +144,48 @@ class UcxEngine:
     def describe(self) -> str: ...
     def close(self) -> None: ...
 
-def ucx_atomic(engine: UcxEngine, peer: UcxPeer, op: _Int, mem_id: _Int, offset: _Int, value: _Int, compare: _Int,
-               width: _Int, timeout: SupportsFloat) -> int: ...
+def ucx_atomic(
+    engine: UcxEngine,
+    peer: UcxPeer,
+    op: _Int,
+    mem_id: _Int,
+    offset: _Int,
+    value: _Int,
+    compare: _Int,
+    width: _Int,
+    timeout: SupportsFloat,
+) -> int: ...
 
 UCX_MAX_SIGNAL_PUT_BYTES: int
 
-def ucx_signal_put(engine: UcxEngine, peer: UcxPeer, mem_id: _Int, offset: _Int, src: _Int, size: _Int,
-                   sig_mem_id: _Int, sig_offset: _Int, op: _Int, value: _Int, timeout: SupportsFloat) -> None: ...
+def ucx_signal_put(
+    engine: UcxEngine,
+    peer: UcxPeer,
+    mem_id: _Int,
+    offset: _Int,
+    src: _Int,
+    size: _Int,
+    sig_mem_id: _Int,
+    sig_offset: _Int,
+    op: _Int,
+    value: _Int,
+    timeout: SupportsFloat,
+) -> None: ...
 
 UCX_GPU_ENTRY_POINTS: tuple[str, ...]
 
-def ucx_serve_gpu(engine: UcxEngine, context: _Int, function: _Int, stream: _Int, result: _Int, result_dev: _Int,
-                  entry_points: dict[str, int], bounce: _Int, bounce_bytes: _Int, stage: bool) -> None: ...
+def ucx_serve_gpu(
+    engine: UcxEngine,
+    context: _Int,
+    function: _Int,
+    stream: _Int,
+    result: _Int,
+    result_dev: _Int,
+    entry_points: dict[str, int],
+    bounce: _Int,
+    bounce_bytes: _Int,
+    stage: bool,
+) -> None: ...
 def ucx_stage_gpu(engine: UcxEngine, stager: Stager) -> None: ...
 def ucx_stop_serving_gpu(engine: UcxEngine) -> None: ...
 

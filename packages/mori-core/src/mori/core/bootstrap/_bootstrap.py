@@ -24,7 +24,9 @@ def _view(data: object, what: str) -> memoryview:
     try:
         view = memoryview(data)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"{what} must be bytes-like (bytes, bytearray, memoryview), got {type(data).__name__}") from None
+        raise TypeError(
+            f"{what} must be bytes-like (bytes, bytearray, memoryview), got {type(data).__name__}"
+        ) from None
     if not view.c_contiguous:
         raise TypeError(f"{what} must be a contiguous buffer")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
@@ -83,8 +85,9 @@ class Bootstrap:
     def __enter__(self) -> Bootstrap:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -97,8 +100,10 @@ class Bootstrap:
     def _run(self, op: Op, sends: Mapping[int, memoryview], recv_from: Sequence[int]) -> dict[int, bytes | bytearray]:
         with self._lock:
             if self._closed:
-                raise BootstrapError(f"rank {self.rank}: this bootstrap is closed"
-                                     + (f" after an earlier failure: {self._failure}" if self._failure else ""))
+                raise BootstrapError(
+                    f"rank {self.rank}: this bootstrap is closed"
+                    + (f" after an earlier failure: {self._failure}" if self._failure else "")
+                )
             seq = self._seq
             self._seq += 1
             try:

@@ -44,11 +44,15 @@ def _communicator(mpi: Any, comm: Any) -> Any:
         if comm == mpi._handleof(mpi.COMM_NULL):
             raise ValueError("init_from_mpi: the MPI_Comm handle is MPI_COMM_NULL")
         if not hasattr(mpi.Comm, "fromhandle"):
-            raise ImportError("init_from_mpi: an MPI_Comm handle needs mpi4py >= 4.0 (Comm.fromhandle); pass the "
-                              "mpi4py communicator itself instead")
+            raise ImportError(
+                "init_from_mpi: an MPI_Comm handle needs mpi4py >= 4.0 (Comm.fromhandle); pass the "
+                "mpi4py communicator itself instead"
+            )
         return mpi.Comm.fromhandle(comm)
-    raise TypeError(f"init_from_mpi: comm must be an mpi4py communicator, an MPI_Comm handle (int, as "
-                    f"MPI._handleof(comm) gives it) or None for MPI.COMM_WORLD, got {type(comm).__name__}")
+    raise TypeError(
+        f"init_from_mpi: comm must be an mpi4py communicator, an MPI_Comm handle (int, as "
+        f"MPI._handleof(comm) gives it) or None for MPI.COMM_WORLD, got {type(comm).__name__}"
+    )
 
 
 def init_from_mpi(comm: Any = None, timeout: float | None = None) -> Bootstrap:

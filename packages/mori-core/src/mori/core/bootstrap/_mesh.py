@@ -75,8 +75,16 @@ def _make_room_for_fds(world: int) -> None:
 class Mesh:
     """This rank's listener and its streams to and from the other ranks."""
 
-    def __init__(self, rank: int, world: int, nonce: bytes, listener: socket.socket, table: list[RankInfo],
-                 out: dict[int, socket.socket], inc: dict[int, socket.socket]) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        nonce: bytes,
+        listener: socket.socket,
+        table: list[RankInfo],
+        out: dict[int, socket.socket],
+        inc: dict[int, socket.socket],
+    ) -> None:
         _make_room_for_fds(world)
         self.rank, self.world, self.nonce, self.table = rank, world, nonce, table
         self._listener = listener
@@ -106,19 +114,23 @@ class Mesh:
             sock = connect(info.host, info.port, deadline, retry_refused=False)
             send_frame(sock, Kind.HELLO, encode({"nonce": self.nonce, "rank": self.rank}), deadline)
         except ConnectionRefusedError:
-            raise BootstrapError(f"{what}: cannot reach {self.describe(peer)} at {info.host}:{info.port}: "
-                                 "connection refused (the process has exited)") from None
+            raise BootstrapError(
+                f"{what}: cannot reach {self.describe(peer)} at {info.host}:{info.port}: "
+                "connection refused (the process has exited)"
+            ) from None
         except TimeoutError:
-            raise BootstrapTimeout(f"{what}: ranks [{peer}] did not accept a connection within "
-                                   f"{deadline.seconds:g} s") from None
+            raise BootstrapTimeout(
+                f"{what}: ranks [{peer}] did not accept a connection within {deadline.seconds:g} s"
+            ) from None
         except OSError as exc:
             raise BootstrapError(f"{what}: cannot connect to {self.describe(peer)}: {exc}") from exc
         sock.setblocking(False)
         self._out[peer] = sock
         return sock
 
-    def exchange(self, op: Op, seq: int, sends: Mapping[int, memoryview], recv_from: Collection[int],
-                 deadline: Deadline) -> dict[int, bytes | bytearray]:
+    def exchange(
+        self, op: Op, seq: int, sends: Mapping[int, memoryview], recv_from: Collection[int], deadline: Deadline
+    ) -> dict[int, bytes | bytearray]:
         """Sends ``sends[p]`` to each rank p and returns the frame of this collective from each of ``recv_from``."""
         what = f"{op.name.lower()} #{seq}"
         received: dict[int, bytes | bytearray] = {}
@@ -169,8 +181,7 @@ class Mesh:
         finally:
             sel.close()
 
-    def _timeout_message(self, what: str, waiting: set[int], sending: Mapping[int, _Send],
-                         deadline: Deadline) -> str:
+    def _timeout_message(self, what: str, waiting: set[int], sending: Mapping[int, _Send], deadline: Deadline) -> str:
         parts = []
         if waiting:
             parts.append(f"ranks {sorted(waiting)} did not arrive within {deadline.seconds:g} s")
@@ -182,15 +193,18 @@ class Mesh:
         try:
             return send.progress()
         except OSError as exc:
-            raise BootstrapError(f"{what}: {self.describe(peer)} went away while this rank sent to it "
-                                 f"(the process exited or failed: {exc.strerror or exc})") from None
+            raise BootstrapError(
+                f"{what}: {self.describe(peer)} went away while this rank sent to it "
+                f"(the process exited or failed: {exc.strerror or exc})"
+            ) from None
 
     def _progress_recv(self, reader: FrameReader, peer: int, op: Op, seq: int, what: str) -> bytes | bytearray | None:
         try:
             frame = reader.feed(self._in[peer])
         except (EOFError, ConnectionError):
-            raise BootstrapError(f"{what}: {self.describe(peer)} closed its connection "
-                                 "(the process exited or failed)") from None
+            raise BootstrapError(
+                f"{what}: {self.describe(peer)} closed its connection (the process exited or failed)"
+            ) from None
         except BootstrapError as exc:
             raise BootstrapError(f"{what}: stream from {self.describe(peer)} is corrupt: {exc}") from None
         if frame is None:
@@ -199,8 +213,10 @@ class Mesh:
             raise_peer_error(frame, f"{what}: {self.describe(peer)}")
         if frame.kind != Kind.DATA or frame.op != op or frame.seq != seq & 0xFFFFFFFF:
             theirs = Op(frame.op).name.lower() if frame.op in Op.__members__.values() else f"op {frame.op}"
-            raise BootstrapError(f"{what}: {self.describe(peer)} sent {theirs} #{frame.seq} instead; every rank "
-                                 "must call the same collectives in the same order")
+            raise BootstrapError(
+                f"{what}: {self.describe(peer)} sent {theirs} #{frame.seq} instead; every rank "
+                "must call the same collectives in the same order"
+            )
         return frame.payload
 
     def _accept(self, sel: selectors.BaseSelector) -> None:

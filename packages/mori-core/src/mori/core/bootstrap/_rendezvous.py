@@ -80,8 +80,17 @@ def connect(host: str, port: int, deadline: Deadline, retry_refused: bool) -> so
 
 
 def _hello(uid: UniqueId, rank: int, world: int, host: str, port: int) -> bytes:
-    return encode({"nonce": uid.nonce, "rank": rank, "world": world, "host": host, "port": port,
-                   "pid": os.getpid(), "hostname": socket.gethostname()})
+    return encode(
+        {
+            "nonce": uid.nonce,
+            "rank": rank,
+            "world": world,
+            "host": host,
+            "port": port,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+        }
+    )
 
 
 def _self_info(listener: socket.socket) -> RankInfo:
@@ -96,11 +105,14 @@ def join(uid: UniqueId, rank: int, world: int, timeout: float) -> tuple[list[Ran
     try:
         sock = connect(uid.host, uid.port, deadline, retry_refused=True)
     except ConnectionRefusedError:
-        raise BootstrapTimeout(f"ranks [0] did not arrive within {timeout:g} s: nothing listens at "
-                               f"{uid.host}:{uid.port}") from None
+        raise BootstrapTimeout(
+            f"ranks [0] did not arrive within {timeout:g} s: nothing listens at {uid.host}:{uid.port}"
+        ) from None
     except OSError as exc:
         if isinstance(exc, TimeoutError) or exc.errno == errno.ETIMEDOUT:
-            raise BootstrapTimeout(f"ranks [0] did not arrive within {timeout:g} s: cannot connect to {where}") from None
+            raise BootstrapTimeout(
+                f"ranks [0] did not arrive within {timeout:g} s: cannot connect to {where}"
+            ) from None
         raise BootstrapError(f"cannot connect to {where}: {exc}") from exc
     listener = None
     try:
@@ -110,8 +122,10 @@ def join(uid: UniqueId, rank: int, world: int, timeout: float) -> tuple[list[Ran
         send_frame(sock, Kind.HELLO, _hello(uid, rank, world, me.host, me.port), deadline)
         frame = recv_frame(sock, Deadline(deadline.remaining() + min(timeout, _REPORT_GRACE_S)))
         if frame is None:
-            raise BootstrapTimeout(f"ranks [0] did not complete the rendezvous within {timeout:g} s: {where} "
-                                   "never answered (it did not arrive, or it is still waiting for others)")
+            raise BootstrapTimeout(
+                f"ranks [0] did not complete the rendezvous within {timeout:g} s: {where} "
+                "never answered (it did not arrive, or it is still waiting for others)"
+            )
         if frame.kind == Kind.ERROR:
             raise_peer_error(frame, where)
         if frame.kind != Kind.TABLE:
@@ -280,6 +294,8 @@ class _Server:
         raise BootstrapTimeout(message)
 
 
-def serve(uid: UniqueId, listener: socket.socket, world: int, timeout: float) -> tuple[list[RankInfo], dict[int, socket.socket]]:
+def serve(
+    uid: UniqueId, listener: socket.socket, world: int, timeout: float
+) -> tuple[list[RankInfo], dict[int, socket.socket]]:
     """Rank 0 runs the rendezvous: returns the rank table and its socket from each rank."""
     return _Server(uid, listener, world, timeout).run()

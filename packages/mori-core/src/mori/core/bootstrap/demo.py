@@ -48,8 +48,15 @@ def _rank(rank: int, world: int, size: int, reps: int, timeout: float, uids: Any
         else:
             uid = uids.get(timeout=timeout)
         bs, t_join = _timed(Bootstrap, rank, world, uid, timeout)
-        rep: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "join": t_join, "uid": uid,
-                               "allgather": [], "broadcast": [], "alltoall": []}
+        rep: dict[str, Any] = {
+            "rank": rank,
+            "pid": os.getpid(),
+            "join": t_join,
+            "uid": uid,
+            "allgather": [],
+            "broadcast": [],
+            "alltoall": [],
+        }
         root = world - 1
         chunk = max(1, size // world)
         with bs:
@@ -80,11 +87,13 @@ def _check(reports: list[dict[str, Any]], reps: int) -> list[str]:
     problems = []
     for k in range(reps):
         own = [r["allgather"][k][1] for r in reports]
-        problems += [f"allgather rep {k}: rank {r['rank']} holds a wrong block"
-                     for r in reports if r["allgather"][k][2] != own]
+        problems += [
+            f"allgather rep {k}: rank {r['rank']} holds a wrong block" for r in reports if r["allgather"][k][2] != own
+        ]
         sent = reports[world - 1]["broadcast"][k][1]
-        problems += [f"broadcast rep {k}: rank {r['rank']} got other bytes"
-                     for r in reports if r["broadcast"][k][1] != sent]
+        problems += [
+            f"broadcast rep {k}: rank {r['rank']} got other bytes" for r in reports if r["broadcast"][k][1] != sent
+        ]
         for r in reports:
             expected = [reports[i]["alltoall"][k][1][r["rank"]] for i in range(world)]
             if r["alltoall"][k][2] != expected:
@@ -116,18 +125,29 @@ def _summary(reports: list[dict[str, Any]], size: int, reps: int, wall: float) -
         rows.append(f"  {step:<11}{what:<46}{seconds * 1e3:9.3f} ms  {rate}")
 
     join = max(r["join"] for r in reports)
-    rows.append(f"  {'rendezvous':<11}{f'{world} ranks joined rank 0 at {uid.host}:{uid.port}':<46}{join * 1e3:9.3f} ms")
+    rows.append(
+        f"  {'rendezvous':<11}{f'{world} ranks joined rank 0 at {uid.host}:{uid.port}':<46}{join * 1e3:9.3f} ms"
+    )
     row("allgather", f"{_fmt_bytes(size)} from each rank", _step_time(reports, "allgather", reps), size * (world - 1))
-    row("broadcast", f"{_fmt_bytes(size)} from rank {world - 1}", _step_time(reports, "broadcast", reps),
-        size if world > 1 else 0)
-    row("alltoall", f"{_fmt_bytes(chunk)} per pair ({world}x{world})", _step_time(reports, "alltoall", reps),
-        chunk * (world - 1))
+    row(
+        "broadcast",
+        f"{_fmt_bytes(size)} from rank {world - 1}",
+        _step_time(reports, "broadcast", reps),
+        size if world > 1 else 0,
+    )
+    row(
+        "alltoall",
+        f"{_fmt_bytes(chunk)} per pair ({world}x{world})",
+        _step_time(reports, "alltoall", reps),
+        chunk * (world - 1),
+    )
     barrier = statistics.median(max(r["barrier"][k] for r in reports) for k in range(_BARRIERS))
     row("barrier", f"{_BARRIERS} rounds (median shown)", barrier, 0)
-    head = (f"mori bootstrap demo: {world} processes (pids {', '.join(str(r['pid']) for r in reports)}), "
-            f"128-byte unique id, {reps} repetitions of each step on fresh random bytes")
-    tail = (f"verified: every block of every step arrived byte-identical (SHA-256) at every rank; "
-            f"total {wall:.2f} s")
+    head = (
+        f"mori bootstrap demo: {world} processes (pids {', '.join(str(r['pid']) for r in reports)}), "
+        f"128-byte unique id, {reps} repetitions of each step on fresh random bytes"
+    )
+    tail = f"verified: every block of every step arrived byte-identical (SHA-256) at every rank; total {wall:.2f} s"
     return "\n".join([head, *rows, tail])
 
 
@@ -145,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     uids, reports = ctx.Queue(), ctx.Queue()
     start = time.perf_counter()
-    procs = [ctx.Process(target=_rank, args=(r, args.nprocs, size, args.reps, args.timeout, uids, reports),
-                         daemon=True) for r in range(args.nprocs)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, args.nprocs, size, args.reps, args.timeout, uids, reports), daemon=True)
+        for r in range(args.nprocs)
+    ]
     got: list[dict[str, Any]] = []
     try:
         for p in procs:

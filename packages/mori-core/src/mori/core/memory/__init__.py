@@ -18,4 +18,15 @@ from ._fdpass import FdExchange, recv_fds, send_fds
 from ._host import HostSegment
 from ._pinned import PinnedPool, pinned_alloc, pinned_free
 
-__all__ = ["FdExchange", "HostSegment", "LiveRanges", "buffer_span", "PinnedPool", "cuda_vmm", "pinned_alloc", "pinned_free", "recv_fds", "send_fds"]
+__all__ = [
+    "FdExchange",
+    "HostSegment",
+    "LiveRanges",
+    "buffer_span",
+    "PinnedPool",
+    "cuda_vmm",
+    "pinned_alloc",
+    "pinned_free",
+    "recv_fds",
+    "send_fds",
+]

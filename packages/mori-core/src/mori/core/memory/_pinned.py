@@ -47,8 +47,15 @@ class PinnedPool:
     own to attach something to each block (a device twin) or to test on plain host memory.
     """
 
-    def __init__(self, limit_bytes: int | None = None, *, max_idle: int = 8, name: str = "pinned pool",
-                 alloc: Callable[[int], int] = pinned_alloc, free: Callable[[int], None] = pinned_free) -> None:
+    def __init__(
+        self,
+        limit_bytes: int | None = None,
+        *,
+        max_idle: int = 8,
+        name: str = "pinned pool",
+        alloc: Callable[[int], int] = pinned_alloc,
+        free: Callable[[int], None] = pinned_free,
+    ) -> None:
         if limit_bytes is not None:
             check_size(limit_bytes, "limit_bytes")
         if not isinstance(max_idle, int) or isinstance(max_idle, bool) or max_idle < 0:
@@ -66,8 +73,7 @@ class PinnedPool:
     def _check_size(self, nbytes: int) -> None:
         check_size(nbytes, "nbytes")
         if self.limit_bytes is not None and nbytes > self.limit_bytes:
-            raise ValueError(f"{self.name}: a {nbytes}-byte block can never fit its limit of "
-                             f"{self.limit_bytes} bytes")
+            raise ValueError(f"{self.name}: a {nbytes}-byte block can never fit its limit of {self.limit_bytes} bytes")
 
     def _take_locked(self, nbytes: int) -> tuple[int | None, list[int], bool]:
         """(an idle block, or None; idle blocks to free; whether to allocate a new block, its bytes
@@ -137,8 +143,10 @@ class PinnedPool:
                     self._free(old)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"{self.name}: no room for a {nbytes}-byte block in {timeout:.1f} s: "
-                                       f"{self.in_use_bytes} of its {self.limit_bytes} bytes are in use")
+                    raise TimeoutError(
+                        f"{self.name}: no room for a {nbytes}-byte block in {timeout:.1f} s: "
+                        f"{self.in_use_bytes} of its {self.limit_bytes} bytes are in use"
+                    )
                 self._cond.wait(left)
         return self._obtain(nbytes, evicted, allocate)
 
@@ -201,5 +209,7 @@ class PinnedPool:
         return True
 
     def __repr__(self) -> str:
-        return (f"PinnedPool({self.name!r}, limit_bytes={self.limit_bytes}, in_use={len(self._out)}, "
-                f"held_bytes={self._held}{', closed' if self._closed else ''})")
+        return (
+            f"PinnedPool({self.name!r}, limit_bytes={self.limit_bytes}, in_use={len(self._out)}, "
+            f"held_bytes={self._held}{', closed' if self._closed else ''})"
+        )

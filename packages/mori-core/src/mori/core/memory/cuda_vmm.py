@@ -163,8 +163,14 @@ class VmmAllocation:
         if not devices:
             raise ValueError("set_access: name at least one device")
         descs = _access(devices)
-        _cuda.call("cuMemSetAccess", self.ptr, self.size, descs, len(descs),
-                   detail=f"devices {devices} on 0x{self.ptr:x} (+{self.size} bytes)")
+        _cuda.call(
+            "cuMemSetAccess",
+            self.ptr,
+            self.size,
+            descs,
+            len(descs),
+            detail=f"devices {devices} on 0x{self.ptr:x} (+{self.size} bytes)",
+        )
 
     def export_fd(self) -> int:
         """A new file descriptor for this allocation, to pass to another process; the caller owns it."""
@@ -279,7 +285,9 @@ class VmmReservation:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value % self.alignment:
                 raise ValueError(f"chunk {what} {value!r} is not a multiple of the alignment {self.alignment}")
         if size == 0 or offset + size > self.size:
-            raise ValueError(f"chunk [{offset:#x}, {offset + size:#x}) is empty or past the {self.size}-byte reservation")
+            raise ValueError(
+                f"chunk [{offset:#x}, {offset + size:#x}) is empty or past the {self.size}-byte reservation"
+            )
         for start, (length, _) in self._chunks.items():
             if offset < start + length and start < offset + size:
                 raise ValueError(f"chunk [{offset:#x}, {offset + size:#x}) overlaps the one mapped at {start:#x}")

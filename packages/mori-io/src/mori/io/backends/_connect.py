@@ -33,9 +33,13 @@ class PeerConnector:
     ``peer(request)`` names the peer a request waits for (by default its remote engine's key),
     ``name`` prefixes the messages."""
 
-    def __init__(self, name: str, connect: Callable[[TransferRequest], Any],
-                 start: Callable[[Any, TransferRequest], Completion],
-                 peer: Callable[[TransferRequest], Hashable] = _engine) -> None:
+    def __init__(
+        self,
+        name: str,
+        connect: Callable[[TransferRequest], Any],
+        start: Callable[[Any, TransferRequest], Completion],
+        peer: Callable[[TransferRequest], Hashable] = _engine,
+    ) -> None:
         self._name = name
         self._connect = connect
         self._start = start
@@ -55,8 +59,9 @@ class PeerConnector:
                 return completion
             self._waiting[key] = [(request, completion)]
         try:
-            threading.Thread(target=self._run, args=(key, request), name=f"mori-io-{self._name}-connect",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._run, args=(key, request), name=f"mori-io-{self._name}-connect", daemon=True
+            ).start()
         except RuntimeError as err:  # no thread to be had
             self._finish(key, None, StatusCode.ERR_BAD_STATE, f"{self._name} backend: cannot start connecting: {err}")
         return completion
@@ -87,5 +92,6 @@ class PeerConnector:
             try:
                 completion.follow(self._start(route, r))
             except Exception as err:  # off the caller's thread: an exception must end the transfer
-                completion.finish(StatusCode.ERR_BAD_STATE, f"{self._name} backend: transfer {r.uid} could not start: "
-                                                            f"{err}")
+                completion.finish(
+                    StatusCode.ERR_BAD_STATE, f"{self._name} backend: transfer {r.uid} could not start: {err}"
+                )

@@ -26,11 +26,17 @@ def stager_for(ctx: BackendContext, desc: MemoryDesc, backend: str) -> Any:
     device memory. Raises ``RuntimeError`` (no cuda-bindings or GPU: what the backend needs) or
     ``ValueError`` (not device memory), naming ``backend``."""
     try:
-        stager = device_stager(desc.device_id, timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT",
-                               cache_bytes=int(mori_config.get("MORI_IO_TCP_STAGING_SIZE")))
+        stager = device_stager(
+            desc.device_id,
+            timeout=ctx.io_timeout(),
+            timeout_setting="MORI_IO_TIMEOUT",
+            cache_bytes=int(mori_config.get("MORI_IO_TCP_STAGING_SIZE")),
+        )
     except (ImportError, RuntimeError, ValueError) as err:
-        raise RuntimeError(f"{backend}: GPU memory (device {desc.device_id}) is staged through pinned host memory, "
-                           f"which needs cuda-bindings and a CUDA GPU: {err}") from None
+        raise RuntimeError(
+            f"{backend}: GPU memory (device {desc.device_id}) is staged through pinned host memory, "
+            f"which needs cuda-bindings and a CUDA GPU: {err}"
+        ) from None
     try:
         stager.check_device_memory(desc.data, desc.size)
     except ValueError as err:

@@ -32,8 +32,18 @@ from .._control import ControlError
 from .._limits import Limits
 from ..types import BackendType, EngineDesc, MemoryDesc
 
-__all__ = ["TransferOp", "TransferRequest", "BackendContext", "Backend", "Completion", "ControlError", "ControlHandler",
-           "Deferred", "Lane", "Outcome"]
+__all__ = [
+    "TransferOp",
+    "TransferRequest",
+    "BackendContext",
+    "Backend",
+    "Completion",
+    "ControlError",
+    "ControlHandler",
+    "Deferred",
+    "Lane",
+    "Outcome",
+]
 
 # A control-plane request handler: (remote engine key, request payload) -> reply payload.
 ControlHandler = Callable[[str, dict[str, Any]], dict[str, Any]]

@@ -71,27 +71,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed transfers per point (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed transfers first (default 5)")
     p.add_argument("--host", default="127.0.0.1", help="address both engines use (default loopback)")
-    p.add_argument("--backend", type=_backends, default=["tcp"],
-                   help="mori backends to measure, e.g. tcp,rdma (rdma: UCX over MORI_IO_RDMA_TRANSPORTS; "
-                        "default tcp)")
+    p.add_argument(
+        "--backend",
+        type=_backends,
+        default=["tcp"],
+        help="mori backends to measure, e.g. tcp,rdma (rdma: UCX over MORI_IO_RDMA_TRANSPORTS; default tcp)",
+    )
     p.add_argument("--target-host", help="address of the target engines (default --host)")
-    p.add_argument("--target-netns", help="network namespace the targets run in (ip netns; needs root): with "
-                                          "--target-host, initiator and targets are two 'hosts'")
-    p.add_argument("--num-connections", type=int, default=TcpBackendConfig().num_connections,
-                   help="TCP data connections per peer (default: TcpBackendConfig's, half the CPUs, 1..4)")
-    p.add_argument("--num-qp-per-transfer", type=int, default=RdmaBackendConfig().qp_per_transfer,
-                   help="RDMA: lanes (queue pairs) per peer and worker (default: RdmaBackendConfig's, 1)")
-    p.add_argument("--num-worker-threads", type=int, default=RdmaBackendConfig().num_worker_threads,
-                   help="RDMA: UCX workers, each with its progress thread; a transfer of 512 KiB or more is "
-                        "spread over them (default: RdmaBackendConfig's, -1: one)")
-    p.add_argument("--mem-type", choices=["cpu", "gpu"], default="cpu",
-                   help="memory of both sides, as MORI's benchmark: cpu (host memory) or gpu (torch tensors; the "
-                        "target on GPU 0, the initiator on the last GPU; the peers too) (default cpu)")
-    p.add_argument("--max-bytes", type=_sizes, default=[256 << 20],
-                   help="skip points moving more than this per transfer (default 256M)")
+    p.add_argument(
+        "--target-netns",
+        help="network namespace the targets run in (ip netns; needs root): with "
+        "--target-host, initiator and targets are two 'hosts'",
+    )
+    p.add_argument(
+        "--num-connections",
+        type=int,
+        default=TcpBackendConfig().num_connections,
+        help="TCP data connections per peer (default: TcpBackendConfig's, half the CPUs, 1..4)",
+    )
+    p.add_argument(
+        "--num-qp-per-transfer",
+        type=int,
+        default=RdmaBackendConfig().qp_per_transfer,
+        help="RDMA: lanes (queue pairs) per peer and worker (default: RdmaBackendConfig's, 1)",
+    )
+    p.add_argument(
+        "--num-worker-threads",
+        type=int,
+        default=RdmaBackendConfig().num_worker_threads,
+        help="RDMA: UCX workers, each with its progress thread; a transfer of 512 KiB or more is "
+        "spread over them (default: RdmaBackendConfig's, -1: one)",
+    )
+    p.add_argument(
+        "--mem-type",
+        choices=["cpu", "gpu"],
+        default="cpu",
+        help="memory of both sides, as MORI's benchmark: cpu (host memory) or gpu (torch tensors; the "
+        "target on GPU 0, the initiator on the last GPU; the peers too) (default cpu)",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=_sizes,
+        default=[256 << 20],
+        help="skip points moving more than this per transfer (default 256M)",
+    )
     p.add_argument("--peers", type=_peers, default=[], help="also measure: mooncake,nixl (same sizes, same run)")
-    p.add_argument("--peer-python", default=sys.executable,
-                   help="interpreter where the peers are installed (NIXL pins its own torch)")
+    p.add_argument(
+        "--peer-python",
+        default=sys.executable,
+        help="interpreter where the peers are installed (NIXL pins its own torch)",
+    )
     p.add_argument("--json", type=Path, help="write every row to this JSON file")
     p.add_argument("--plot", type=Path, help="draw bandwidth against size into this image (matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -120,8 +149,11 @@ def _progress(total: int, label: str, disabled: bool) -> Any:
     try:
         from tqdm import tqdm
     except ImportError:
-        print("mori-io-bench: no progress bar (tqdm is not installed: pip install 'mori-io[bench]', "
-              "or pass --no-progress)", file=sys.stderr)
+        print(
+            "mori-io-bench: no progress bar (tqdm is not installed: pip install 'mori-io[bench]', "
+            "or pass --no-progress)",
+            file=sys.stderr,
+        )
         return _NoBar()
     return tqdm(total=total, desc=label, file=sys.stderr)
 
@@ -131,8 +163,17 @@ def _json_args(args: argparse.Namespace) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
 
 
-def run_peer(name: str, python: str, host: str, op: str, iters: int, warmup: int, points: list[tuple[int, int]],
-             env: dict[str, str] | None = None, log: Path | None = None) -> tuple[list[dict[str, Any]], str]:
+def run_peer(
+    name: str,
+    python: str,
+    host: str,
+    op: str,
+    iters: int,
+    warmup: int,
+    points: list[tuple[int, int]],
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> tuple[list[dict[str, Any]], str]:
     """Measures another transfer engine, ``name`` (``"mooncake"`` or ``"nixl"``), as the benchmark's
     ``--peers`` does: its initiator and target run under the interpreter ``python`` (one where
     that engine is installed), on ``host``, with environment ``env`` (``MORI_PEER_GPUS=T,I``: GPU
@@ -148,7 +189,7 @@ def run_peer(name: str, python: str, host: str, op: str, iters: int, warmup: int
         return [], f"{name}: could not run ({err})"
     if log is not None:
         log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    rows = [json.loads(line[len(MARK):]) for line in proc.stdout.splitlines() if line.startswith(MARK)]
+    rows = [json.loads(line[len(MARK) :]) for line in proc.stdout.splitlines() if line.startswith(MARK)]
     if len(rows) == len(points) and proc.returncode != 0:
         return rows, f"{name}: exited with rc={proc.returncode} after reporting every point (teardown crash)"
     if proc.returncode != 0 or len(rows) != len(points):
@@ -158,12 +199,16 @@ def run_peer(name: str, python: str, host: str, op: str, iters: int, warmup: int
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'engine':10} {'op':5} {'size':>9} {'batch':>6} {'MaxBW GB/s':>11} {'AvgBW GB/s':>11} " \
-           f"{'MinLat us':>10} {'AvgLat us':>10}"
+    head = (
+        f"{'engine':10} {'op':5} {'size':>9} {'batch':>6} {'MaxBW GB/s':>11} {'AvgBW GB/s':>11} "
+        f"{'MinLat us':>10} {'AvgLat us':>10}"
+    )
     lines = [head, "-" * len(head)]
     for r in sorted(rows, key=lambda r: (r["batch"], r["size"], r["engine"])):
-        lines.append(f"{r['engine']:10} {r['op']:5} {r['size']:>9} {r['batch']:>6} {r['max_bw_gbs']:>11.3f} "
-                     f"{r['avg_bw_gbs']:>11.3f} {r['min_lat_us']:>10.1f} {r['avg_lat_us']:>10.1f}")
+        lines.append(
+            f"{r['engine']:10} {r['op']:5} {r['size']:>9} {r['batch']:>6} {r['max_bw_gbs']:>11.3f} "
+            f"{r['avg_bw_gbs']:>11.3f} {r['min_lat_us']:>10.1f} {r['avg_lat_us']:>10.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -191,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     points = [(s, b) for b in args.batch_sizes for s in args.sizes if s * b <= args.max_bytes[0]]
     skipped = [(s, b) for b in args.batch_sizes for s in args.sizes if s * b > args.max_bytes[0]]
-    notes = [f"skipped (size x batch over --max-bytes {args.max_bytes[0]}): "
-             + ", ".join(f"{s}x{b}" for s, b in skipped)] if skipped else []
+    notes = (
+        [f"skipped (size x batch over --max-bytes {args.max_bytes[0]}): " + ", ".join(f"{s}x{b}" for s, b in skipped)]
+        if skipped
+        else []
+    )
     if not points:
         print(f"mori-io-bench: every point exceeds --max-bytes ({notes[0]})", file=sys.stderr)
         return 2
@@ -201,12 +249,25 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backend:
         label = "mori" if backend == "tcp" else f"mori-{backend}"
         bar = _progress(len(points), label, args.no_progress)
-        config = RdmaBackendConfig(qp_per_transfer=args.num_qp_per_transfer,
-                                   num_worker_threads=args.num_worker_threads) if backend == "rdma" \
+        config = (
+            RdmaBackendConfig(qp_per_transfer=args.num_qp_per_transfer, num_worker_threads=args.num_worker_threads)
+            if backend == "rdma"
             else TcpBackendConfig(num_connections=args.num_connections)
-        for row in run_mori(points, args.op, args.session, args.iters, args.warmup, args.host, config,
-                            functools.partial(bar.update, 1), backend, args.target_host, args.target_netns,
-                            args.mem_type):
+        )
+        for row in run_mori(
+            points,
+            args.op,
+            args.session,
+            args.iters,
+            args.warmup,
+            args.host,
+            config,
+            functools.partial(bar.update, 1),
+            backend,
+            args.target_host,
+            args.target_netns,
+            args.mem_type,
+        ):
             rows.append({"engine": label, "op": args.op, "session": args.session, **row})
         bar.close()
     for name in args.peers:

@@ -36,9 +36,18 @@ def summarize(size: int, batch: int, times: list[float], cpu: float | None = Non
     thread) gives ``cpu_s_per_gb``."""
     total = size * batch
     best, mean, median = min(times), statistics.fmean(times), statistics.median(times)
-    row = {"size": size, "batch": batch, "bytes": total, "iters": len(times),
-           "max_bw_gbs": total / best / 1e9, "avg_bw_gbs": total / mean / 1e9, "median_bw_gbs": total / median / 1e9,
-           "min_lat_us": best * 1e6, "avg_lat_us": mean * 1e6, "median_lat_us": median * 1e6}
+    row = {
+        "size": size,
+        "batch": batch,
+        "bytes": total,
+        "iters": len(times),
+        "max_bw_gbs": total / best / 1e9,
+        "avg_bw_gbs": total / mean / 1e9,
+        "median_bw_gbs": total / median / 1e9,
+        "min_lat_us": best * 1e6,
+        "avg_lat_us": mean * 1e6,
+        "median_lat_us": median * 1e6,
+    }
     if cpu is not None:
         row["cpu_s_per_gb"] = cpu / (total * len(times) / 1e9)
     return row

@@ -70,8 +70,9 @@ def _buffer(size: int, mem_type: str, role: str) -> tuple[Any, int, int, MemoryL
     return tensor, int(tensor.data_ptr()), device, MemoryLocationType.GPU
 
 
-def _target(conn: Any, host: str, size: int, config: TcpBackendConfig | RdmaBackendConfig, backend: str,
-            mem_type: str) -> None:
+def _target(
+    conn: Any, host: str, size: int, config: TcpBackendConfig | RdmaBackendConfig, backend: str, mem_type: str
+) -> None:
     pin_target()
     buf, addr, device, loc = _buffer(size, mem_type, "target")
     engine = IOEngine("bench-target", IOEngineConfig(host=host, port=0))
@@ -86,18 +87,27 @@ def _target(conn: Any, host: str, size: int, config: TcpBackendConfig | RdmaBack
         engine.close()
 
 
-def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, warmup: int, host: str,
-             config: TcpBackendConfig | RdmaBackendConfig, progress: Callable[[], None], backend: str = "tcp",
-             target_host: str | None = None,
-             target_netns: str | None = None, mem_type: str = "cpu") -> Iterator[dict[str, Any]]:
+def run_mori(
+    points: list[tuple[int, int]],
+    op: str,
+    session: bool,
+    iters: int,
+    warmup: int,
+    host: str,
+    config: TcpBackendConfig | RdmaBackendConfig,
+    progress: Callable[[], None],
+    backend: str = "tcp",
+    target_host: str | None = None,
+    target_netns: str | None = None,
+    mem_type: str = "cpu",
+) -> Iterator[dict[str, Any]]:
     """Yields one result row per (size, batch) point; target and initiator are separate processes,
     the target in network namespace ``target_netns`` on ``target_host`` when given, moving host
     memory or, with ``mem_type`` "gpu", GPU memory (:func:`gpu_of`)."""
     need = max(s * b for s, b in points)
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(child, target_host or host, need, config, backend, mem_type),
-                       daemon=True)
+    proc = ctx.Process(target=_target, args=(child, target_host or host, need, config, backend, mem_type), daemon=True)
     start_in_netns(target_netns)(proc)
     try:
         deadline = time.monotonic() + 120
@@ -124,10 +134,12 @@ def run_mori(points: list[tuple[int, int]], op: str, session: bool, iters: int, 
             sizes = [size] * batch
             if session:
                 go: Callable[[int], Any] = functools.partial(
-                    sess.batch_read if op == "read" else sess.batch_write, l_offs, r_offs, sizes)
+                    sess.batch_read if op == "read" else sess.batch_write, l_offs, r_offs, sizes
+                )
             else:
-                go = functools.partial(engine.batch_read if op == "read" else engine.batch_write,
-                                       lmem, l_offs, rmem, r_offs, sizes)
+                go = functools.partial(
+                    engine.batch_read if op == "read" else engine.batch_write, lmem, l_offs, rmem, r_offs, sizes
+                )
             times, cpu = [], 0.0
             for i in range(warmup + iters):
                 # The CPU clock first: reading it takes a system call (about 0.6 us), not part of the transfer.

@@ -53,7 +53,7 @@ def read_marked(stream: Any) -> Any:
     """The next marked JSON object on ``stream`` (other lines are the peer library's logging)."""
     for line in stream:
         if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
+            return json.loads(line[len(MARK) :])
     return None
 
 
@@ -74,8 +74,11 @@ class _Buffer:
         import torch
 
         torch.cuda.set_device(self.device)
-        self.data = _pattern(size, self.device) if role == "target" else \
-            torch.zeros(size, dtype=torch.uint8, device=f"cuda:{self.device}")
+        self.data = (
+            _pattern(size, self.device)
+            if role == "target"
+            else torch.zeros(size, dtype=torch.uint8, device=f"cuda:{self.device}")
+        )
         torch.cuda.synchronize()
         self.addr = int(self.data.data_ptr())
 
@@ -126,8 +129,9 @@ def mooncake_target(host: str, size: int) -> None:
     sys.stdin.read()
 
 
-def mooncake_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int, warmup: int,
-                       target: dict[str, Any]) -> None:
+def mooncake_initiator(
+    host: str, op: str, points: list[tuple[int, int]], iters: int, warmup: int, target: dict[str, Any]
+) -> None:
     import numpy as np
 
     need = max(s * b for s, b in points)
@@ -179,8 +183,9 @@ def nixl_target(host: str, size: int) -> None:
     sys.stdin.read()
 
 
-def nixl_initiator(host: str, op: str, points: list[tuple[int, int]], iters: int, warmup: int,
-                   target: dict[str, Any]) -> None:
+def nixl_initiator(
+    host: str, op: str, points: list[tuple[int, int]], iters: int, warmup: int, target: dict[str, Any]
+) -> None:
     need = max(s * b for s, b in points)
     buf = _Buffer(need, "initiator")
     agent = _nixl_agent("nixl-initiator")
@@ -226,9 +231,12 @@ def main() -> None:
     # MORI_PEER_TARGET_NETNS/HOST: the target runs in that network namespace on that address.
     netns = os.environ.get("MORI_PEER_TARGET_NETNS")
     prefix = ["ip", "netns", "exec", netns] if netns else []
-    proc = subprocess.Popen([*prefix, sys.executable, __file__, engine, "target",
-                             os.environ.get("MORI_PEER_TARGET_HOST", host), str(need)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, __file__, engine, "target", os.environ.get("MORI_PEER_TARGET_HOST", host), str(need)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         info = read_marked(proc.stdout)

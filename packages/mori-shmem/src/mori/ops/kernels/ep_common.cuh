@@ -48,9 +48,7 @@ namespace {
 MORI_DEVICE_INLINE int32_t* Control(const EpArgs& a, int off) { return reinterpret_cast<int32_t*>(a.control) + off; }
 
 // Whether PE `pe` is in this PE's node (reached by P2P stores; every PE with IntraNode).
-MORI_DEVICE_INLINE bool OnMyNode(const EpArgs& a, int pe) {
-  return pe >= a.nodeFirst && pe < a.nodeFirst + a.nodeSize;
-}
+MORI_DEVICE_INLINE bool OnMyNode(const EpArgs& a, int pe) { return pe >= a.nodeFirst && pe < a.nodeFirst + a.nodeSize; }
 
 template <class T>
 MORI_DEVICE_INLINE T* Peer(T* local, int pe) {

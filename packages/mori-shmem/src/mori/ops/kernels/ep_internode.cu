@@ -61,11 +61,9 @@ MORI_DEVICE_INLINE void StageToken(const EpArgs& a, char* dst, int t, int rowBas
     *reinterpret_cast<TokenHeader*>(dst) =
         TokenHeader{a.rank * a.maxSend + t, rowBase, a.rowBytes, scales ? a.scaleBytes : 0, a.weights != 0, {0, 0, 0}};
   }
-  WarpCopy(dst + sizeof(TokenHeader), reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes, a.rowBytes,
-           lane);
+  WarpCopy(dst + sizeof(TokenHeader), reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes, a.rowBytes, lane);
   if (scales) {
-    WarpCopy(dst + a.scaleOff, reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes,
-             lane);
+    WarpCopy(dst + a.scaleOff, reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes, lane);
   }
   if (lane < a.k) {
     const size_t e = (size_t)t * a.k + lane;
@@ -175,8 +173,10 @@ extern "C" __global__ void ep_internode_forward(EpArgs a) {
       if ((targets >> lane) & 1u) {
         slot = ptx::AtomAddSys(Peer(recvOffset, pe), 1);
         if (slot >= a.maxRecv) {
-          MORI_DEVICE_FAIL("dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
-                           "(raise max_total_recv_tokens or leave it 0)", pe, a.maxRecv);
+          MORI_DEVICE_FAIL(
+              "dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
+              "(raise max_total_recv_tokens or leave it 0)",
+              pe, a.maxRecv);
         }
         atomicAdd(Control(a, EP_SENT_COUNT) + pe, 1);
         ForwardSlots(a, n, j)[__popc(targets & LanesBelow(lane))] = pe * a.maxRecv + slot;

@@ -12,7 +12,8 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   // (The host refuses it too; this catches CUDA graph replays, which bypass the host.)
   if (*Control(a, EP_PHASE) != 0) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-      MORI_DEVICE_FAIL("%s", "dispatch called twice without a combine in between: every dispatch must be "
+      MORI_DEVICE_FAIL("%s",
+                       "dispatch called twice without a combine in between: every dispatch must be "
                        "followed by one combine on every rank (a CUDA graph replayed a dispatch without its combine?)");
     }
     return;
@@ -32,8 +33,10 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
     if (sCount[p] == 0) continue;
     const int32_t base = ptx::AtomAddSys(Peer(recvOffset, p), sCount[p]);
     if (base + sCount[p] > a.maxRecv) {
-      MORI_DEVICE_FAIL("dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
-                       "(raise max_total_recv_tokens or leave it 0)", p, a.maxRecv);
+      MORI_DEVICE_FAIL(
+          "dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
+          "(raise max_total_recv_tokens or leave it 0)",
+          p, a.maxRecv);
     }
     sBase[p] = base;
     atomicAdd(Control(a, EP_SENT_COUNT) + p, sCount[p]);
@@ -215,7 +218,8 @@ extern "C" __global__ void ep_combine_barrier_signal(EpArgs a) {
   __shared__ uint32_t sEpoch;
   if (threadIdx.x == 0) {
     if (*Control(a, EP_PHASE) != 1) {
-      MORI_DEVICE_FAIL("%s", "combine called without a preceding dispatch (a CUDA graph replayed a combine "
+      MORI_DEVICE_FAIL("%s",
+                       "combine called without a preceding dispatch (a CUDA graph replayed a combine "
                        "without its dispatch?)");
     }
     uint32_t* epoch = reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));

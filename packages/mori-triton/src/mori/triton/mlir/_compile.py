@@ -54,8 +54,10 @@ def check_module(module: Any) -> list[str]:
         if len(op.regions[0].blocks):
             problems.append(f"{name} has a body here, but the device library defines it")
         elif declared != expected:
-            problems.append(f"{name} is declared {declared}, the device library defines {expected} "
-                            "(pointers cross as i64: llvm.ptrtoint; mori.triton.mlir.declare writes it)")
+            problems.append(
+                f"{name} is declared {declared}, the device library defines {expected} "
+                "(pointers cross as i64: llvm.ptrtoint; mori.triton.mlir.declare writes it)"
+            )
     if problems:
         raise BitcodeError("the MLIR module's mori_shmem_* declarations are wrong:\n  " + "\n  ".join(problems))
     if not kernels:

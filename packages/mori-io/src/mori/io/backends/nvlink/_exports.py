@@ -61,13 +61,15 @@ class Exports:
         except (TypeError, ValueError) as err:
             raise ControlError(StatusCode.ERR_INVALID_ARGS, f"nvlink.open: {err}") from None
         if opener.key != key:
-            raise ControlError(StatusCode.ERR_INVALID_ARGS, f"nvlink.open: engine {key!r} sent the descriptor "
-                                                            f"of {opener.key!r}")
+            raise ControlError(
+                StatusCode.ERR_INVALID_ARGS, f"nvlink.open: engine {key!r} sent the descriptor of {opener.key!r}"
+            )
         with self._lock:
             entry = self._exports.get(mem_id)
             if entry is None:
-                raise ControlError(StatusCode.ERR_NOT_FOUND,
-                                   f"memory {mem_id!r} is not registered with engine {self.ctx.engine_key!r}")
+                raise ControlError(
+                    StatusCode.ERR_NOT_FOUND, f"memory {mem_id!r} is not registered with engine {self.ctx.engine_key!r}"
+                )
             self._openers.setdefault(mem_id, {})[key] = opener
             desc, exported = entry
             reply: dict[str, Any] = {"info": exported.info, "size": desc.size, "data": desc.data}

@@ -94,8 +94,9 @@ class TablePool:
     def __init__(self, device: int, keep: int = 8) -> None:
         self._device = device
         self._buffers: dict[int, TableBuffer] = {}  # host address -> its buffer (twin, row view)
-        self._pinned = PinnedPool(max_idle=keep, name=f"copy tables of device {device}", alloc=self._alloc,
-                                  free=self._free)
+        self._pinned = PinnedPool(
+            max_idle=keep, name=f"copy tables of device {device}", alloc=self._alloc, free=self._free
+        )
 
     def _alloc(self, nbytes: int) -> int:
         host = pinned_alloc(nbytes)
@@ -150,8 +151,13 @@ class CopyKernel:
         # Upload, launch and event record happen in native code (one Python call per transfer
         # instead of three driver calls through the bindings and the argument packing).
         self._launcher = GatherLauncher(
-            _cuda.entry_point("cuLaunchKernel"), _cuda.entry_point("cuMemcpyHtoDAsync"),
-            _cuda.entry_point("cuEventRecord"), int(function), _THREADS, sms * max(1, per_sm))
+            _cuda.entry_point("cuLaunchKernel"),
+            _cuda.entry_point("cuMemcpyHtoDAsync"),
+            _cuda.entry_point("cuEventRecord"),
+            int(function),
+            _THREADS,
+            sms * max(1, per_sm),
+        )
         self._result = drv.CUresult
         self.tables = TablePool(device)
 
@@ -159,15 +165,32 @@ class CopyKernel:
         """Thread blocks for ``warps`` busy warps, at most what the GPU holds at once."""
         return int(self._launcher.grid(warps))
 
-    def launch(self, stream: Any, table: TableBuffer | None, rows: int, per_row: int = 1, piece: int = 0,
-               single: tuple[int, int, int] = (0, 0, 0), event: Any = None) -> None:
+    def launch(
+        self,
+        stream: Any,
+        table: TableBuffer | None,
+        rows: int,
+        per_row: int = 1,
+        piece: int = 0,
+        single: tuple[int, int, int] = (0, 0, 0),
+        event: Any = None,
+    ) -> None:
         """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first: no host wait), each cut
         into ``per_row`` pieces of ``piece`` bytes, or the one block ``single`` = (src, dst, bytes)
         when ``table`` is None (``rows``, ``per_row`` and ``piece`` are ignored then), then records
         ``event`` if given; asynchronous on ``stream``."""
         host, dev = (table.host_ptr, table.dev_ptr) if table is not None else (0, 0)
-        code, failed = self._launcher.launch(int(stream), host, dev, rows if table is not None else 0, per_row, piece,
-                                             *single, _SINGLE_PIECE, 0 if event is None else int(event))
+        code, failed = self._launcher.launch(
+            int(stream),
+            host,
+            dev,
+            rows if table is not None else 0,
+            per_row,
+            piece,
+            *single,
+            _SINGLE_PIECE,
+            0 if event is None else int(event),
+        )
         if code:  # the message is built only on failure: this is the per-transfer path
             _cuda.check((self._result(code),), failed, f"{rows}-row copy on device {self.device}")
 

@@ -32,8 +32,7 @@ from mori.core import cuda as _cuda
 from mori.core.host import this_host
 from mori.core.memory import cuda_vmm, recv_fds, send_fds
 
-__all__ = ["export_region", "ExportedRegion", "Mapping", "open_mapping", "enable_peer_access",
-           "FdServer", "fetch_fd"]
+__all__ = ["export_region", "ExportedRegion", "Mapping", "open_mapping", "enable_peer_access", "FdServer", "fetch_fd"]
 
 _IPC_HANDLE_BYTES = 64
 _NONCE_BYTES = 32
@@ -76,10 +75,16 @@ def export_region(ptr: int, size: int, device: int) -> ExportedRegion:
         raise ValueError(f"0x{ptr:x} is not device memory (CUDA memory type {mem_type})")
     base, base_size = (int(v) for v in _cuda.call("cuMemGetAddressRange", ptr, detail=f"pointer 0x{ptr:x}"))
     if ptr + size > base + base_size:
-        raise ValueError(f"region 0x{ptr:x} (+{size} bytes) runs past the end of its allocation "
-                         f"0x{base:x} (+{base_size} bytes)")
-    info: dict[str, Any] = {"offset": ptr - base, "base_size": base_size, "device": device, "pid": os.getpid(),
-                            "host": this_host().key}
+        raise ValueError(
+            f"region 0x{ptr:x} (+{size} bytes) runs past the end of its allocation 0x{base:x} (+{base_size} bytes)"
+        )
+    info: dict[str, Any] = {
+        "offset": ptr - base,
+        "base_size": base_size,
+        "device": device,
+        "pid": os.getpid(),
+        "host": this_host().key,
+    }
     if _attr("CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE", ptr):
         handle = _cuda.call("cuIpcGetMemHandle", base, detail=f"allocation 0x{base:x}")
         info.update(kind="ipc", handle=ctypes.string_at(handle.getPtr(), _IPC_HANDLE_BYTES))
@@ -87,9 +92,11 @@ def export_region(ptr: int, size: int, device: int) -> ExportedRegion:
     try:
         fd = cuda_vmm.export_allocation_fd(ptr)
     except _cuda.CudaError as err:
-        raise ValueError(f"GPU memory at 0x{ptr:x} is neither cudaMalloc memory (legacy IPC) nor a VMM allocation "
-                         f"exportable as a POSIX fd ({err.name}); allocate it with cudaMalloc/torch or "
-                         "mori.core.memory.cuda_vmm") from None
+        raise ValueError(
+            f"GPU memory at 0x{ptr:x} is neither cudaMalloc memory (legacy IPC) nor a VMM allocation "
+            f"exportable as a POSIX fd ({err.name}); allocate it with cudaMalloc/torch or "
+            "mori.core.memory.cuda_vmm"
+        ) from None
     info.update(kind="vmm")
     return ExportedRegion(info, fd)
 

@@ -108,8 +108,9 @@ class DeviceQueues:
         table.rows[:n] = plan.kernel
         return table
 
-    def transfer(self, events: list[Any], tables: list[TableBuffer], deadline: float,
-                 on_done: Callable[[GpuTransfer], None]) -> GpuTransfer:
+    def transfer(
+        self, events: list[Any], tables: list[TableBuffer], deadline: float, on_done: Callable[[GpuTransfer], None]
+    ) -> GpuTransfer:
         """The completion object of a transfer whose copies :meth:`issue` queued."""
         return GpuTransfer(self, self.events.completion(events, self._what), tables, deadline, on_done)
 
@@ -130,8 +131,14 @@ class GpuTransfer:
     sends the target its notification).
     """
 
-    def __init__(self, queues: DeviceQueues, done: Completion, tables: list[TableBuffer], deadline: float,
-                 on_done: Callable[[GpuTransfer], None]) -> None:
+    def __init__(
+        self,
+        queues: DeviceQueues,
+        done: Completion,
+        tables: list[TableBuffer],
+        deadline: float,
+        on_done: Callable[[GpuTransfer], None],
+    ) -> None:
         self.queues = queues
         self.events = done.events
         self.tables = tables
@@ -177,12 +184,15 @@ class GpuTransfer:
     def wait(self, timeout: float) -> bool:
         """Polls until the transfer ends or ``timeout`` seconds pass: without sleeping for the
         first ``_SPIN_S`` (the GIL is released in every poll), then sleeping between polls."""
+
         def ended() -> bool:
             if self.finish():
                 return True
             if time.monotonic() < self.deadline:
                 return False
-            return self.finish(StatusCode.ERR_GPU_OP, f"NVLink copy did not complete in time (MORI_IO_TIMEOUT) on "
-                                                      f"device {self.queues.device}")
+            return self.finish(
+                StatusCode.ERR_GPU_OP,
+                f"NVLink copy did not complete in time (MORI_IO_TIMEOUT) on device {self.queues.device}",
+            )
 
         return _cuda.poll(ended, timeout, spin=_SPIN_S, pause=50e-6, max_pause=_MAX_PAUSE_S)

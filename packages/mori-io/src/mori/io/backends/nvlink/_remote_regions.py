@@ -62,8 +62,9 @@ class RemoteRegions:
             if opened is not None:
                 return opened
             generation = self._revocations
-            reply = self.ctx.control_request(remote.engine_key, "nvlink.open",
-                                             {"id": remote.id, "engine": self.ctx.engine_desc().pack()})
+            reply = self.ctx.control_request(
+                remote.engine_key, "nvlink.open", {"id": remote.id, "engine": self.ctx.engine_desc().pack()}
+            )
             info, data, size = reply["info"], int(reply["data"]), int(reply["size"])
             if info.get("host") != self._host:
                 raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {remote.engine_key!r} is on another host")
@@ -87,8 +88,9 @@ class RemoteRegions:
                 entry[1] += 1
                 if self._revoked.get(key, -1) > generation:  # revoked while we were opening it
                     self.release(mkey)
-                    raise ControlError(StatusCode.ERR_NOT_FOUND, f"memory {remote.id} of engine "
-                                                                 f"{remote.engine_key!r} was deregistered")
+                    raise ControlError(
+                        StatusCode.ERR_NOT_FOUND, f"memory {remote.id} of engine {remote.engine_key!r} was deregistered"
+                    )
                 self._opened[key] = opened
         return opened
 

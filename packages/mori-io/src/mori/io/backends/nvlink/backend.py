@@ -85,16 +85,20 @@ class NvlinkBackend(Backend):
         self._unhealthy: set[str] = set()
         self._closed = False
         self._work = Housekeeping(ctx, self._lock)
-        self._connector = PeerConnector("NVLink", self._map, self._start,
-                                        lambda r: (r.remote.engine_key, r.remote.id))
+        self._connector = PeerConnector("NVLink", self._map, self._start, lambda r: (r.remote.engine_key, r.remote.id))
         ctx.add_control_handler("nvlink.open", self._exports.handle_open)
         ctx.add_control_handler("nvlink.revoke", self._handle_revoke)
 
     # ---- routing -------------------------------------------------------------------------------
     def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
         info = remote.extra.get("nvlink")
-        return (local.loc == MemoryLocationType.GPU and remote.loc == MemoryLocationType.GPU
-                and "nvlink" in local.extra and isinstance(info, dict) and info.get("host") == self._host)
+        return (
+            local.loc == MemoryLocationType.GPU
+            and remote.loc == MemoryLocationType.GPU
+            and "nvlink" in local.extra
+            and isinstance(info, dict)
+            and info.get("host") == self._host
+        )
 
     def healthy(self, remote_key: str) -> bool:
         return remote_key not in self._unhealthy
@@ -176,15 +180,26 @@ class NvlinkBackend(Backend):
         # The engine checked every block against the descriptor; the owner's registered size
         # needs its own check only when the descriptor claims more (a forged or stale one).
         if remote.size > opened.size and batch.dst_end > opened.size:
-            return Outcome(StatusCode.ERR_INVALID_ARGS, f"NVLink backend: a block is out of range of remote memory "
-                                                        f"{remote.id} ({opened.size} bytes registered by its owner)")
+            return Outcome(
+                StatusCode.ERR_INVALID_ARGS,
+                f"NVLink backend: a block is out of range of remote memory "
+                f"{remote.id} ({opened.size} bytes registered by its owner)",
+            )
         try:
             queues = self._device(device)
             # A batch is planned straight into the pinned table the gather kernel will read.
             table = queues.kernel.tables.take(len(batch)) if len(batch) > 1 else None
             try:
-                plan = plan_batch(batch, opened.address, request.op == TransferOp.READ, self._kernel_max, STRIPE,
-                                  ENGINE_STREAMS, None if table is None else table.rows, ENGINE_SHARE)
+                plan = plan_batch(
+                    batch,
+                    opened.address,
+                    request.op == TransferOp.READ,
+                    self._kernel_max,
+                    STRIPE,
+                    ENGINE_STREAMS,
+                    None if table is None else table.rows,
+                    ENGINE_SHARE,
+                )
             except BaseException:
                 if table is not None:
                     queues.kernel.tables.give(table)
@@ -193,11 +208,12 @@ class NvlinkBackend(Backend):
                 if self._regions.get((remote.engine_key, remote.id)) is not opened:
                     if table is not None:
                         queues.kernel.tables.give(table)
-                    return Outcome(StatusCode.ERR_NOT_FOUND, f"NVLink backend: memory {remote.id} of engine "
-                                                             f"{remote.engine_key!r} was deregistered")
+                    return Outcome(
+                        StatusCode.ERR_NOT_FOUND,
+                        f"NVLink backend: memory {remote.id} of engine {remote.engine_key!r} was deregistered",
+                    )
                 events, tables = queues.issue(plan, table)
-                transfer = queues.transfer(events, tables, time.monotonic() + self.ctx.io_timeout(),
-                                           self._work.on_done)
+                transfer = queues.transfer(events, tables, time.monotonic() + self.ctx.io_timeout(), self._work.on_done)
                 if events:
                     self._work.add(transfer, Flight(request, (remote.engine_key, remote.id)))
         except _cuda.CudaError as err:

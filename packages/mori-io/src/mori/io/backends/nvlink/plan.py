@@ -62,7 +62,7 @@ def _deal(rows: Batch, max_streams: int, stripe: int) -> list[np.ndarray]:
     pieces = rows.stripe(stripe)
     table, lanes, at = np.asarray(pieces), [], 0
     for run in pieces.deal(max_streams, stripe):
-        lanes.append(table[at:at + len(run)])
+        lanes.append(table[at : at + len(run)])
         at += len(run)
     return lanes
 
@@ -85,9 +85,18 @@ def _check(kernel_max: int, stripe: int, max_streams: int) -> None:
         raise ValueError(f"plan_copies: kernel_max={kernel_max}, stripe={stripe}, max_streams={max_streams}")
 
 
-def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets: Offsets, sizes: Offsets,
-                kernel_max: int, stripe: int, max_streams: int, out: np.ndarray | None = None,
-                engine_share: float = 0.0) -> CopyPlan:
+def plan_copies(
+    src_base: int,
+    dst_base: int,
+    src_offsets: Offsets,
+    dst_offsets: Offsets,
+    sizes: Offsets,
+    kernel_max: int,
+    stripe: int,
+    max_streams: int,
+    out: np.ndarray | None = None,
+    engine_share: float = 0.0,
+) -> CopyPlan:
     """Plans copies of ``sizes[i]`` bytes from ``src_base + src_offsets[i]`` to ``dst_base +
     dst_offsets[i]`` (offsets already checked against both regions). ``out``, a (capacity >=
     len(sizes), 3) uint64 array, receives the rows; when the kernel's rows are its first ones,
@@ -96,8 +105,14 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     ``SHARE_MIN_ROW`` bytes or more, batches of ``SHARE_MIN_ROWS`` rows or more)."""
     _check(kernel_max, stripe, max_streams)
     if len(sizes) == 1:
-        return _single(src_base + int(src_offsets[0]), dst_base + int(dst_offsets[0]), int(sizes[0]), kernel_max,
-                       stripe, max_streams)
+        return _single(
+            src_base + int(src_offsets[0]),
+            dst_base + int(dst_offsets[0]),
+            int(sizes[0]),
+            kernel_max,
+            stripe,
+            max_streams,
+        )
     given = out is not None
     if out is None:
         out = np.empty((len(sizes), 3), dtype=np.uint64)
@@ -105,8 +120,16 @@ def plan_copies(src_base: int, dst_base: int, src_offsets: Offsets, dst_offsets:
     return _plan(batch, out, given, kernel_max, stripe, max_streams, engine_share)
 
 
-def plan_batch(batch: Batch, remote_base: int, read: bool, kernel_max: int, stripe: int, max_streams: int,
-               out: np.ndarray | None = None, engine_share: float = 0.0) -> CopyPlan:
+def plan_batch(
+    batch: Batch,
+    remote_base: int,
+    read: bool,
+    kernel_max: int,
+    stripe: int,
+    max_streams: int,
+    out: np.ndarray | None = None,
+    engine_share: float = 0.0,
+) -> CopyPlan:
     """:func:`plan_copies` of a transfer's rows (local address, remote offset, bytes), the remote
     region mapped at ``remote_base``; ``read`` copies remote -> local. The rows are rebased into
     ``out`` in one pass (they are merged already); a one-row batch is read without an array
@@ -125,15 +148,16 @@ def plan_batch(batch: Batch, remote_base: int, read: bool, kernel_max: int, stri
     return _plan(rows, out, given, kernel_max, stripe, max_streams, engine_share)
 
 
-def _plan(batch: Batch, out: np.ndarray, given: bool, kernel_max: int, stripe: int, max_streams: int,
-          engine_share: float) -> CopyPlan:
+def _plan(
+    batch: Batch, out: np.ndarray, given: bool, kernel_max: int, stripe: int, max_streams: int, engine_share: float
+) -> CopyPlan:
     """The plan of ``batch``, whose rows lie at the start of ``out`` (``given``: the caller's table)."""
     n = len(batch)
     rows = out[:n]
     if batch.largest < kernel_max:
         shared = int(n * engine_share) if n >= SHARE_MIN_ROWS and batch.smallest >= SHARE_MIN_ROW else 0
-        kernel = batch[:n - shared] if shared else batch
-        return _kernel_plan(kernel, rows[:n - shared], [rows[n - shared:]] if shared else [], given)
+        kernel = batch[: n - shared] if shared else batch
+        return _kernel_plan(kernel, rows[: n - shared], [rows[n - shared :]] if shared else [], given)
     if batch.smallest >= kernel_max:
         return _kernel_plan(batch[:0], rows[:0], _deal(batch, max_streams, stripe), False)
     small = rows[:, 2] < np.uint64(kernel_max)
@@ -150,7 +174,10 @@ def _kernel_plan(kernel: Batch, rows: np.ndarray, engines: list[np.ndarray], in_
     """The plan whose kernel rows are ``kernel`` (``rows``: the same rows as an array)."""
     per_row = -(-kernel.largest // KERNEL_PIECE) if len(kernel) > 1 else 1
     # Mostly empty pieces: cut on the host instead.
-    if per_row > 1 and kernel.largest != kernel.smallest and per_row * len(kernel) > 2 * kernel.count_pieces(
-            KERNEL_PIECE):
+    if (
+        per_row > 1
+        and kernel.largest != kernel.smallest
+        and per_row * len(kernel) > 2 * kernel.count_pieces(KERNEL_PIECE)
+    ):
         return CopyPlan(np.asarray(kernel.stripe(KERNEL_PIECE)), engines, 1, in_out=False)
     return CopyPlan(rows, engines, max(per_row, 1), in_out=in_out)

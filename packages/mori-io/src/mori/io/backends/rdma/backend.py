@@ -71,8 +71,9 @@ def _check_config(config: Any) -> RdmaBackendConfig:
     for name, auto in (("qp_per_transfer", False), ("num_worker_threads", True)):
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or not (1 <= value <= 64 or (auto and value == -1)):
-            raise ValueError(f"RdmaBackendConfig.{name}={value!r}: expected an int in 1..64"
-                             + (" or -1 (auto)" if auto else ""))
+            raise ValueError(
+                f"RdmaBackendConfig.{name}={value!r}: expected an int in 1..64" + (" or -1 (auto)" if auto else "")
+            )
     if not isinstance(config.post_batch_size, int) or config.post_batch_size == 0 or config.post_batch_size < -1:
         raise ValueError(f"RdmaBackendConfig.post_batch_size={config.post_batch_size!r}: expected -1 (all) or > 0")
     if not isinstance(config.max_send_wr, int) or isinstance(config.max_send_wr, bool) or config.max_send_wr < 0:
@@ -117,29 +118,42 @@ class RdmaBackend(Backend):
         if transports is None:
             found = list(info["rdma_devices"])
             if not _selected(found, devices):
-                why = (f"UCX ({info['path']}, {info['source']}) finds no RDMA NIC" if not found else
-                       f"MORI_RDMA_DEVICES={os.environ.get('MORI_RDMA_DEVICES')!r} selects none of the "
-                       f"RDMA NICs UCX finds ({', '.join(found)})")
+                why = (
+                    f"UCX ({info['path']}, {info['source']}) finds no RDMA NIC"
+                    if not found
+                    else f"MORI_RDMA_DEVICES={os.environ.get('MORI_RDMA_DEVICES')!r} selects none of the "
+                    f"RDMA NICs UCX finds ({', '.join(found)})"
+                )
                 raise RuntimeError(
                     f"BackendType.RDMA refused: {why}. The libucx wheels from PyPI are built without verbs, so "
                     "they never find one: install a UCX built with verbs (Debian's libucx0, or name one with "
                     "MORI_UCX_LIB), or allow other UCX transports with MORI_IO_RDMA_TRANSPORTS (e.g. "
-                    "'tcp,sm,self' to run the RDMA backend over TCP).")
+                    "'tcp,sm,self' to run the RDMA backend over TCP)."
+                )
         settings = _settings(transports)
         workers, round_robin = _workers(config)
         try:
             self._engine = ucx.UcxEngine(
-                f"mori-io:{ctx.engine_key}"[:31], settings, workers=workers, round_robin=round_robin,
-                lanes=config.qp_per_transfer, polling=PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING,
-                timeout=ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT", inbound=ctx.inbound,
+                f"mori-io:{ctx.engine_key}"[:31],
+                settings,
+                workers=workers,
+                round_robin=round_robin,
+                lanes=config.qp_per_transfer,
+                polling=PollCqMode(config.poll_cq_mode) == PollCqMode.POLLING,
+                timeout=ctx.io_timeout(),
+                timeout_setting="MORI_IO_TIMEOUT",
+                inbound=ctx.inbound,
                 # MORI's send queue per queue pair, over the lanes: the engine refuses "SQ full"
                 # after MORI_IO_SQ_BACKOFF_TIMEOUT_US in the call that starts a transfer.
                 send_queue=(config.max_send_wr or SEND_WR_DEFAULT) * config.qp_per_transfer,
-                send_queue_wait=int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6)
+                send_queue_wait=int(mori_config.get("MORI_IO_SQ_BACKOFF_TIMEOUT_US")) / 1e6,
+            )
         except (RuntimeError, ValueError) as err:
             chosen = ", ".join(f"{n}={v}" for n, v in settings) or "UCX's defaults"
-            raise RuntimeError(f"BackendType.RDMA: UCX finds no usable transport or device ({chosen}: {err}); "
-                               "check MORI_IO_RDMA_TRANSPORTS and MORI_RDMA_DEVICES") from err
+            raise RuntimeError(
+                f"BackendType.RDMA: UCX finds no usable transport or device ({chosen}: {err}); "
+                "check MORI_IO_RDMA_TRANSPORTS and MORI_RDMA_DEVICES"
+            ) from err
         # GPU memory goes to UCX directly only where a transport moves it zero-copy (verbs with
         # GPUDirect and a UCX with CUDA); otherwise the engine stages it through mori-core's
         # pinned-memory staging (one per device, shared with the TCP backend), made at the first
@@ -154,9 +168,14 @@ class RdmaBackend(Backend):
         self._notify = bool(config.enable_notification)
         self._connector = PeerConnector("RDMA", self._connect_peer, self._start_accepted)
         ctx.add_control_handler("rdma.connect", self._handle_connect)
-        ctx.log.info("RDMA backend on UCX %s (%s, %s), transports %s; GPU memory %s",
-                     ".".join(map(str, info["version"])), info["path"], info["source"],
-                     ",".join(transports) if transports else "UCX's choice", self.gpu_memory)
+        ctx.log.info(
+            "RDMA backend on UCX %s (%s, %s), transports %s; GPU memory %s",
+            ".".join(map(str, info["version"])),
+            info["path"],
+            info["source"],
+            ",".join(transports) if transports else "UCX's choice",
+            self.gpu_memory,
+        )
 
     @property
     def gpu_memory(self) -> str:
@@ -176,8 +195,11 @@ class RdmaBackend(Backend):
             raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {self.ctx.engine_key!r} has no RDMA backend")
         # The ticket admits UCX requests from the key this control session authenticated as (any
         # engine with the token may connect, as in MORI; the engine bounds the tickets it keeps).
-        return {"workers": list(self._engine.addresses), "ticket": int(self._engine.admit(key)),
-                "same_host": self._engine.same_host_address}
+        return {
+            "workers": list(self._engine.addresses),
+            "ticket": int(self._engine.admit(key)),
+            "same_host": self._engine.same_host_address,
+        }
 
     def _connect_peer(self, request: TransferRequest) -> Any:
         """Endpoints to the request's engine, published for later transfers (on the connector's
@@ -185,13 +207,24 @@ class RdmaBackend(Backend):
         key = request.remote.engine_key
         reply = self.ctx.control_request(key, "rdma.connect", {})
         workers, ticket, same_host = reply.get("workers"), reply.get("ticket"), reply.get("same_host", b"")
-        if not isinstance(workers, list) or not workers or not all(isinstance(a, bytes) for a in workers) \
-                or not isinstance(ticket, int) or isinstance(ticket, bool) or not 0 < ticket < 1 << 64 \
-                or not isinstance(same_host, bytes) or len(same_host) > 4096:
+        if (
+            not isinstance(workers, list)
+            or not workers
+            or not all(isinstance(a, bytes) for a in workers)
+            or not isinstance(ticket, int)
+            or isinstance(ticket, bool)
+            or not 0 < ticket < 1 << 64
+            or not isinstance(same_host, bytes)
+            or len(same_host) > 4096
+        ):
             raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {key!r} sent a malformed rdma.connect reply")
         peer = self._engine.connect(key, workers, ticket, same_host)
-        self.ctx.log.info("RDMA backend: engine %r reached over %s; GPU memory %s", key,
-                          ", ".join(ucx.transports(peer.describe())) or "UCX's choice", self.gpu_memory)
+        self.ctx.log.info(
+            "RDMA backend: engine %r reached over %s; GPU memory %s",
+            key,
+            ", ".join(ucx.transports(peer.describe())) or "UCX's choice",
+            self.gpu_memory,
+        )
         with self._lock:
             if self._closed:
                 peer.close()
@@ -201,8 +234,7 @@ class RdmaBackend(Backend):
 
     # ---- Backend -----------------------------------------------------------------------------------
     def can_serve(self, local: MemoryDesc, remote: MemoryDesc) -> bool:
-        return (local.id in self._registered and remote.loc in _SERVED
-                and isinstance(remote.extra.get("rdma"), dict))
+        return local.id in self._registered and remote.loc in _SERVED and isinstance(remote.extra.get("rdma"), dict)
 
     def healthy(self, remote_key: str) -> bool:
         peer = self._peers.get(remote_key)
@@ -218,8 +250,9 @@ class RdmaBackend(Backend):
         with self._lock:
             self._registered.add(desc.id)
         # No key travels: the target checks every access itself (see the module docstring).
-        return MemoryDesc(desc.engine_key, desc.id, desc.data, desc.size, desc.device_id, desc.loc, desc.hostname,
-                          {"rdma": {}})
+        return MemoryDesc(
+            desc.engine_key, desc.id, desc.data, desc.size, desc.device_id, desc.loc, desc.hostname, {"rdma": {}}
+        )
 
     def _stage(self, desc: MemoryDesc) -> None:
         """Makes the engine stage its GPU memory through ``desc``'s device's staging (at the first
@@ -231,8 +264,10 @@ class RdmaBackend(Backend):
                 self._stager, self._stager_device = stager, desc.device_id
                 self.ctx.log.info("RDMA backend: GPU memory of device %d %s", desc.device_id, self.gpu_memory)
             elif stager is not self._stager:
-                raise ValueError(f"RDMA backend: this engine stages GPU memory of device {self._stager_device}; "
-                                 f"register memory of device {desc.device_id} with an engine of its own")
+                raise ValueError(
+                    f"RDMA backend: this engine stages GPU memory of device {self._stager_device}; "
+                    f"register memory of device {desc.device_id} with an engine of its own"
+                )
 
     def deregister_memory(self, desc: MemoryDesc) -> None:
         with self._lock:
@@ -264,8 +299,15 @@ class RdmaBackend(Backend):
         # One native call: the engine checks the rows against the local registration, plans, posts
         # and completes the whole batch (GIL released); no Python runs per block.
         try:
-            return peer.submit(request.op, request.local.id, request.batch, request.remote.id, request.uid,
-                               request.notify and self._notify, request.remote.loc == MemoryLocationType.GPU)
+            return peer.submit(
+                request.op,
+                request.local.id,
+                request.batch,
+                request.remote.id,
+                request.uid,
+                request.notify and self._notify,
+                request.remote.loc == MemoryLocationType.GPU,
+            )
         except (ValueError, RuntimeError) as err:
             return _refused(err)
 
@@ -293,8 +335,11 @@ class RdmaBackend(Backend):
         deadline = time.monotonic() + self.ctx.io_timeout()
         while True:
             completion = self._start(peer, request)
-            if completion.code() != StatusCode.ERR_RDMA_OP or not completion.message().startswith("SQ full") \
-                    or time.monotonic() >= deadline:
+            if (
+                completion.code() != StatusCode.ERR_RDMA_OP
+                or not completion.message().startswith("SQ full")
+                or time.monotonic() >= deadline
+            ):
                 return completion
 
     def abort(self, remote_key: str) -> None:

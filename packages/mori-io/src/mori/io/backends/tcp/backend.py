@@ -49,10 +49,17 @@ class TcpBackend(Backend):
             raise TypeError(f"the TCP backend takes a TcpBackendConfig, got {type(config).__name__}")
         super().__init__(ctx, config)
         lim = ctx.limits
-        self._target = _tcp.Target(ctx.host, 0, ctx.auth_token(), ctx.io_timeout(),
-                                   max_connections=lim.max_connections, max_handshakes=lim.max_handshakes,
-                                   hello_timeout=lim.hello_timeout, timeout_setting="MORI_IO_TIMEOUT",
-                                   inbound=ctx.inbound)
+        self._target = _tcp.Target(
+            ctx.host,
+            0,
+            ctx.auth_token(),
+            ctx.io_timeout(),
+            max_connections=lim.max_connections,
+            max_handshakes=lim.max_handshakes,
+            hello_timeout=lim.hello_timeout,
+            timeout_setting="MORI_IO_TIMEOUT",
+            inbound=ctx.inbound,
+        )
         self._peers: dict[str, Any] = {}
         self._connector = PeerConnector("TCP", self._connect_peer, self._start)
         self._staging: dict[int, Any] = {}  # local GPU region id -> its mori.core.staging.Stager
@@ -114,9 +121,17 @@ class TcpBackend(Backend):
         """Connects to ``remote_key``'s data plane (no lock held: this can take MORI_IO_TIMEOUT)."""
         desc = self.ctx.remote_engine(remote_key)
         info = self.ctx.control_request(remote_key, "tcp.info", {})
-        return _tcp.Peer(remote_key, desc.host, int(info["port"]), self.config.num_connections,
-                         self.ctx.engine_key, self.ctx.auth_token(), str(info.get("ticket", "")),
-                         self.ctx.io_timeout(), timeout_setting="MORI_IO_TIMEOUT")
+        return _tcp.Peer(
+            remote_key,
+            desc.host,
+            int(info["port"]),
+            self.config.num_connections,
+            self.ctx.engine_key,
+            self.ctx.auth_token(),
+            str(info.get("ticket", "")),
+            self.ctx.io_timeout(),
+            timeout_setting="MORI_IO_TIMEOUT",
+        )
 
     def _connect_peer(self, request: TransferRequest) -> Any:
         """Opens the peer's connections and publishes them (run by the connector's thread)."""
@@ -150,8 +165,15 @@ class TcpBackend(Backend):
         # One native call: the rows are striped over the connections; local GPU memory is staged
         # by the data plane through its stager (the target stages its own).
         staging = self._staging.get(request.local.id) if request.local.loc == MemoryLocationType.GPU else None
-        return peer.submit(request.op, request.batch, request.remote.id, request.uid,
-                           request.notify and self.config.enable_notification, self.config.stripe_bytes, staging)
+        return peer.submit(
+            request.op,
+            request.batch,
+            request.remote.id,
+            request.uid,
+            request.notify and self.config.enable_notification,
+            self.config.stripe_bytes,
+            staging,
+        )
 
     def close(self) -> None:
         self._closed = self._connector.closed = True  # connecting threads fail their transfers from now on
