@@ -123,14 +123,14 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         self._key_lengths(what, out)
         return out
 
-    def _key_lengths(self, what: str, keys: list[str], ascii: bool = False) -> None:
+    def _key_lengths(self, what: str, keys: list[str], is_ascii: bool = False) -> None:
         """Each key non-empty and at most ``max_key_bytes`` UTF-8 bytes. A batch whose longest key
         is short enough in characters (a character is at most 4 bytes, an ASCII one 1) passes
-        in C loops; encoding each of 1,024 keys took 0.1 ms. ``ascii``: known to be ASCII."""
+        in C loops; encoding each of 1,024 keys took 0.1 ms. ``is_ascii``: known to be ASCII."""
         limit = self.settings.max_key_bytes
         if all(keys):
             longest = max(map(len, keys), default=0)
-            if longest * 4 <= limit or (longest <= limit and (ascii or all(map(str.isascii, keys)))):
+            if longest * 4 <= limit or (longest <= limit and (is_ascii or all(map(str.isascii, keys)))):
                 return
         for i, key in enumerate(keys):
             if not key or len(key.encode()) > limit:  # the check of _name, its message made only for a bad key
