@@ -9,9 +9,12 @@ import threading
 import numpy as np
 import pytest
 from _pool import KiB, addr, pages, small_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mori.io import MemoryLocationType
 from mori.umbp import UMBPClient, UMBPConfig, UMBPDeploymentMode, UMBPDurabilityMode, UMBPTierType
+from mori.umbp._checks import check_key, check_keys
 
 PAGE = 16 * KiB
 
@@ -328,3 +331,20 @@ def test_threads_put_and_get_at_once(make_client) -> None:
         thread.join(60)
     assert not any(thread.is_alive() for thread in threads)
     assert errors == []
+
+
+ODD_KEYS = ["", "\0", "a\0", "x" * 1024, "x" * 1025, "é" * 512, "é" * 513, "\ud800", b"k", 7, None]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=8), st.sampled_from(ODD_KEYS)), max_size=6))
+def test_a_batch_s_keys_are_checked_as_each_key_is(keys):
+    """check_keys checks a batch of plain keys whole; its answer is check_key's for each key."""
+    def outcome(check):
+        try:
+            return check()
+        except (TypeError, ValueError) as e:
+            return type(e), str(e)
+
+    per_key = outcome(lambda: [check_key(k, f"keys[{i}]") for i, k in enumerate(keys)])
+    assert outcome(lambda: check_keys(keys)) == per_key

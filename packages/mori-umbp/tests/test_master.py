@@ -316,6 +316,52 @@ def test_unreachable_master_fails_fast_with_a_clear_error():
         MasterClient("127.0.0.1:1", timeout_s=0)
 
 
+class _MoriSMasterLookupOnly(pb_grpc.UMBPMasterServicer):
+    """A master as MORI's is to this client: BatchLookup, and no BatchLookupPacked (the base
+    class answers UNIMPLEMENTED)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def BatchLookup(self, request, context):
+        self.calls.append(list(request.keys))
+        return pb.BatchLookupResponse(found=[k.startswith("held") for k in request.keys])
+
+
+def test_client_asks_a_master_without_the_packed_lookup_with_batch_lookup():
+    servicer = _MoriSMasterLookupOnly()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_UMBPMasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with MasterClient(f"127.0.0.1:{port}", "n") as c:
+            assert c.batch_lookup(["held-1", "other", "held-2"]) == [True, False, True]
+            assert c.batch_lookup(["other", "held-3"]) == [False, True]  # straight to BatchLookup now
+            assert c.batch_lookup([]) == []  # no call
+        assert servicer.calls == [["held-1", "other", "held-2"], ["other", "held-3"]]
+    finally:
+        server.stop(None)
+
+
+def test_a_master_answering_the_wrong_count_is_an_error():
+    class Short(pb_grpc.UMBPMasterServicer):
+        def BatchLookupPacked(self, request, context):
+            return pb.BatchLookupPackedResponse(found=b"\1")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_UMBPMasterServicer_to_server(Short(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with MasterClient(f"127.0.0.1:{port}", "n") as c, \
+                pytest.raises(MasterError, match="asked about 2 keys, it answered 1") as e:
+            c.batch_lookup(["a", "b"])
+        assert e.value.code == grpc.StatusCode.INTERNAL
+    finally:
+        server.stop(None)
+
+
 def test_master_stops_on_sigterm_and_reports_a_busy_port():
     master = MasterProcess().start()
     host, port = master.address.rsplit(":", 1)

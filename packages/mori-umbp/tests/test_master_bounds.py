@@ -5,6 +5,7 @@ client cannot grow the bounded indexes past its quota, and others keep their sha
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import grpc
@@ -108,6 +109,40 @@ def test_malformed_requests_are_refused_and_change_nothing(master):
     # The sequence did not move: the next bundle is still 2.
     assert a.heartbeat([EventBundle(2, [add("x")])]).acked_seq == 2
     assert a.batch_lookup(["kept", "x"]) == [True, True]
+    a.unregister_self()
+
+
+def test_malformed_packed_lookups_are_refused_and_change_nothing(master):
+    a = MasterClient(master.address, "packed-node", peer_address="p:1")
+    a.register_client({DRAM: (1 << 30, 1 << 30)})
+    a.heartbeat([EventBundle(1, [add("kept"), add("é" * 32)])])
+    stub = pb_grpc.UMBPMasterStub(grpc.insecure_channel(master.address))
+
+    def lookup(packed: bytes) -> bytes:
+        return bytes(stub.BatchLookupPacked(pb.BatchLookupPackedRequest(node_id="packed-node", keys=packed),
+                                            timeout=10).found)
+
+    # One byte per key, in order; no keys, no bytes; a non-ASCII key of 64 bytes is within the limit.
+    assert lookup(b"x\0kept\0" + ("é" * 32).encode() + b"\0") == b"\0\1\1"
+    assert lookup(b"") == b""
+    before = snapshot(master, a, ["kept", "x"])
+    cases = [
+        (b"kept", "the last key is not followed by a NUL byte"),
+        (b"kept\0\0", r"keys\[1\] must not be empty"),
+        (b"\0", r"keys\[0\] must not be empty"),
+        (b"kept\0" + b"k" * 65 + b"\0", r"keys\[1\] is 65 bytes, longer than UMBP_MASTER_MAX_KEY_BYTES=64"),
+        (("é" * 33).encode() + b"\0", r"keys\[0\] is 66 bytes"),
+        (b"kept\0\xff\xfe\0", "keys: not UTF-8 at byte 5"),
+        (b"k\0" * 201, "keys has 201 entries, more than the limit 200"),
+    ]
+    for packed, message in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            lookup(packed)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, packed
+        assert re.search(message, e.value.details()), (packed, e.value.details())
+        assert snapshot(master, a, ["kept", "x"]) == before
+    # The client sends keys holding NUL (which the packed form cannot carry) with BatchLookup.
+    assert a.batch_lookup(["kept", "a\0b"]) == [True, False]
     a.unregister_self()
 
 

@@ -280,14 +280,18 @@ class ClusterNode:
 
     def exists(self, keys: list[str]) -> list[bool]:
         found = self._store.contains_many(keys)
-        missing = [i for i, hit in enumerate(found) if not hit]
-        if missing:
-            try:
-                for i, hit in zip(missing, self.master.batch_lookup([keys[i] for i in missing])):
-                    found[i] = hit
-            except MasterError as exc:
-                _log.warning("lookup of %d keys failed: %s", len(missing), exc)
-        return found
+        if all(found):
+            return found
+        missing = keys if not any(found) else [key for key, hit in zip(keys, found) if not hit]
+        try:
+            answers = self.master.batch_lookup(missing)
+        except MasterError as exc:
+            _log.warning("lookup of %d keys failed: %s", len(missing), exc)
+            return found
+        if missing is keys:
+            return answers
+        remote = iter(answers)
+        return [hit or next(remote) for hit in found]
 
     def flush(self) -> bool:
         """Pages on their way to SSD are there, and the master has every event so far."""

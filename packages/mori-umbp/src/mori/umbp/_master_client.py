@@ -153,6 +153,8 @@ class MasterClient:
         self._stub = pb_grpc.UMBPMasterStub(self._channel)
         self._registered = False
         self._lock = threading.Lock()
+        #: Whether the master answers BatchLookupPacked (until it says UNIMPLEMENTED).
+        self._packed_lookup = True
 
     # ---- plumbing ---------------------------------------------------------------------
     def _call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
@@ -294,9 +296,28 @@ class MasterClient:
         return out
 
     def batch_lookup(self, keys: Sequence[str]) -> list[bool]:
-        """Whether each key is held by a live node (no read lease, no access bump)."""
-        r = self._call("BatchLookup", pb.BatchLookupRequest(node_id=self.node_id, keys=list(keys)))
-        return list(r.found)
+        """Whether each key is held by a live node (no read lease, no access bump). Asked with
+        ``BatchLookupPacked``; a master without it (MORI's) is asked with ``BatchLookup``."""
+        keys = list(keys)
+        if not keys:
+            return []
+        found: Any = None
+        if self._packed_lookup:
+            packed = "\0".join(keys)
+            if packed.count("\0") == len(keys) - 1:  # else a key holds NUL: the packed form cannot carry it
+                request = pb.BatchLookupPackedRequest(node_id=self.node_id, keys=(packed + "\0").encode())
+                try:
+                    found = self._call("BatchLookupPacked", request).found
+                except MasterError as e:
+                    if e.code != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    self._packed_lookup = False
+        if found is None:
+            found = self._call("BatchLookup", pb.BatchLookupRequest(node_id=self.node_id, keys=keys)).found
+        if len(found) != len(keys):
+            raise MasterError(f"UMBP master at {self.master_address}: asked about {len(keys)} keys, it answered "
+                              f"{len(found)}", grpc.StatusCode.INTERNAL)
+        return list(map(bool, found))
 
     def lookup(self, key: str) -> bool:
         return self.batch_lookup([key])[0]

@@ -277,6 +277,8 @@ class LocalStore(Tiers):
         with self._lock:
             self._check_open()
             index = self._index
+            if index.keys().isdisjoint(keys):  # a node asking about keys it does not hold: no loop
+                return [False] * len(keys)
             return [(e := index.get(k)) is not None and e.committed and not e.gone for k in keys]
 
     def write(self, key: str, src: int, size: int, depth: int = -1, make_room: bool = True) -> bool:

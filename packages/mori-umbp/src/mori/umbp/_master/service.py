@@ -120,11 +120,41 @@ class MasterService(pb_grpc.UMBPMasterServicer):
     def _keys(self, what: str, keys: Iterable[str]) -> list[str]:
         out = list(keys)
         self._batch(what, out)
+        self._key_lengths(what, out)
+        return out
+
+    def _key_lengths(self, what: str, keys: list[str], is_ascii: bool = False) -> None:
+        """Each key non-empty and at most ``max_key_bytes`` UTF-8 bytes. A batch whose longest key
+        is short enough in characters (a character is at most 4 bytes, an ASCII one 1) passes
+        in C loops; encoding each of 1,024 keys took 0.1 ms. ``is_ascii``: known to be ASCII."""
         limit = self.settings.max_key_bytes
-        for i, key in enumerate(out):
+        if all(keys):
+            longest = max(map(len, keys), default=0)
+            if longest * 4 <= limit or (longest <= limit and (is_ascii or all(map(str.isascii, keys)))):
+                return
+        for i, key in enumerate(keys):
             if not key or len(key.encode()) > limit:  # the check of _name, its message made only for a bad key
                 self._name(f"{what}[{i}]", key)
-        return out
+
+    def _packed_keys(self, what: str, packed: bytes) -> list[str]:
+        """Keys sent as UTF-8, each followed by a NUL byte, checked as :meth:`_keys` checks them."""
+        if not packed:
+            return []
+        count = packed.count(0)
+        if count > self.settings.max_batch:  # before splitting: the bound holds for the work too
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{what} has {count} entries, more than the limit {self.settings.max_batch}",
+            )
+        if packed[-1] != 0:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: the last key is not followed by a NUL byte")
+        try:
+            keys = packed.decode().split("\0")
+        except UnicodeDecodeError as e:
+            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: not UTF-8 at byte {e.start}") from None
+        keys.pop()  # the empty string after the last NUL
+        self._key_lengths(what, keys, packed.isascii())
+        return keys
 
     def _size(self, what: str, size: int) -> None:
         if size <= 0 or size > self.settings.max_block_bytes:
@@ -353,6 +383,11 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         keys = self._keys("keys", request.keys)
         found = self.router.exists(keys, now_ms())
         return pb.BatchLookupResponse(found=found)
+
+    @_handler
+    def BatchLookupPacked(self, request: Any, context: grpc.ServicerContext) -> Any:
+        keys = self._packed_keys("keys", request.keys)
+        return pb.BatchLookupPackedResponse(found=bytes(self.router.exists(keys, now_ms())) if keys else b"")
 
     # ---- external KV ------------------------------------------------------------------
     def _ext_request(self, request: Any, *, hashes: bool = True) -> tuple[str, list[str], int]:

@@ -278,6 +278,20 @@ class BatchLookupResponse(_message.Message):
     found: _containers.RepeatedScalarFieldContainer[bool]
     def __init__(self, found: _Optional[_Iterable[bool]] = ...) -> None: ...
 
+class BatchLookupPackedRequest(_message.Message):
+    __slots__ = ("node_id", "keys")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    keys: bytes
+    def __init__(self, node_id: _Optional[str] = ..., keys: _Optional[bytes] = ...) -> None: ...
+
+class BatchLookupPackedResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bytes
+    def __init__(self, found: _Optional[bytes] = ...) -> None: ...
+
 class MetricLabel(_message.Message):
     __slots__ = ("name", "value")
     NAME_FIELD_NUMBER: _ClassVar[int]

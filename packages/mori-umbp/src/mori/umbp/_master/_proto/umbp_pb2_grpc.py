@@ -74,6 +74,11 @@ class UMBPMasterStub:
                 request_serializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupRequest.SerializeToString,
                 response_deserializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupResponse.FromString,
                 _registered_method=True)
+        self.BatchLookupPacked = channel.unary_unary(
+                '/umbp.UMBPMaster/BatchLookupPacked',
+                request_serializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupPackedRequest.SerializeToString,
+                response_deserializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupPackedResponse.FromString,
+                _registered_method=True)
         self.ReportExternalKvBlocks = channel.unary_unary(
                 '/umbp.UMBPMaster/ReportExternalKvBlocks',
                 request_serializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.ReportExternalKvBlocksRequest.SerializeToString,
@@ -162,6 +167,13 @@ class UMBPMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchLookupPacked(self, request, context):
+        """mori's own; a master without it answers UNIMPLEMENTED and the client uses BatchLookup.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReportExternalKvBlocks(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -246,6 +258,11 @@ def add_UMBPMasterServicer_to_server(servicer, server):
                     servicer.BatchLookup,
                     request_deserializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupRequest.FromString,
                     response_serializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupResponse.SerializeToString,
+            ),
+            'BatchLookupPacked': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchLookupPacked,
+                    request_deserializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupPackedRequest.FromString,
+                    response_serializer=mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupPackedResponse.SerializeToString,
             ),
             'ReportExternalKvBlocks': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportExternalKvBlocks,
@@ -499,6 +516,33 @@ class UMBPMaster:
             '/umbp.UMBPMaster/BatchLookup',
             mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupRequest.SerializeToString,
             mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchLookupPacked(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/umbp.UMBPMaster/BatchLookupPacked',
+            mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupPackedRequest.SerializeToString,
+            mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2.BatchLookupPackedResponse.FromString,
             options,
             channel_credentials,
             insecure,
