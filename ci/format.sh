@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Formats the tree: Python with ruff format (pyproject.toml's [tool.ruff.format]), C++ and CUDA with
 # clang-format 19 (.clang-format, and the device folders' own). With --check it changes nothing and
-# fails, naming the files, when any is not formatted (ci/test.sh, under MORI_FORMAT_CHECK=1).
+# fails, naming the files, when any is not formatted (ci/test.sh runs it so).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

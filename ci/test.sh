@@ -23,12 +23,8 @@ echo "== layers (no private name outside the distribution that ships it; no nati
 python ci/check_layers.py
 python ci/check_planes.py
 python ci/check_cycles.py
-# Formatting (ruff format and clang-format, ci/format.sh): on once the tree has been formatted in
-# one commit (bash ci/format.sh); MORI_FORMAT_CHECK=1 runs it before that.
-if [ "${MORI_FORMAT_CHECK:-0}" = 1 ]; then
-  echo "== format (ruff format, clang-format)"
-  bash ci/format.sh --check
-fi
+echo "== format (ruff format, clang-format: bash ci/format.sh formats the tree)"
+bash ci/format.sh --check
 echo "== types (mypy, public modules)"
 mypy packages/mori-core/src packages/mori-shmem/src packages/mori-io/src packages/mori-triton/src \
   packages/mori-umbp/src

@@ -40,9 +40,7 @@ def generate(out: Path) -> list[Path]:
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
     stems = [name.removesuffix(".proto") for name in PROTOS]
-    return [
-        out / PROTO_DIR / f"{stem}{suffix}" for stem in stems for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-    ]
+    return [out / PROTO_DIR / f"{stem}{suffix}" for stem in stems for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,8 +18,14 @@ KiB = 1 << 10
 FAST_MASTER = {"UMBP_HEARTBEAT_TTL_SEC": "1", "UMBP_MAX_MISSED_HEARTBEATS": "2", "UMBP_REAPER_INTERVAL_SEC": "1"}
 
 
-def node_config(master: str, node_id: str, ssd_dir: Path | None, dram: int = 4 << 20,
-                address: str = "127.0.0.1", cache_remote_fetches: bool = False) -> UMBPConfig:
+def node_config(
+    master: str,
+    node_id: str,
+    ssd_dir: Path | None,
+    dram: int = 4 << 20,
+    address: str = "127.0.0.1",
+    cache_remote_fetches: bool = False,
+) -> UMBPConfig:
     """A node ``node_id`` of the cluster at ``master``, reachable at ``address``; pages it reads
     from peers are not kept unless ``cache_remote_fetches`` (so that reads stay remote)."""
     cfg = UMBPConfig()

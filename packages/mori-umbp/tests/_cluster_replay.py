@@ -65,15 +65,25 @@ def sglang_rank(extra: dict[str, Any]) -> dict[str, Any]:
         got = store.batch_get_v1(keys, np.arange(first * pool.page_size, POOL["pages"] * pool.page_size))
         return [ok and pool.page_bytes(first + i) == expected.page_bytes(i) for i, ok in enumerate(got)]
 
-    serve_commands({
-        "put": put, "get": get, "exists": store.batch_exists,
-        "stored": lambda hashes: store.on_block_stored(hashes, "GPU"),
-        "removed": lambda hashes: store.on_block_removed(hashes, "GPU"),
-        "cleared": store.on_all_blocks_cleared,
-        "match": lambda hashes: sorted(m.node_id for m in store.client.match_external_kv([str(h) for h in hashes])),
-        "keys_here": lambda: store.client.stats()["keys"],
-        "close": store.close,
-    }, pool, store)
+    serve_commands(
+        {
+            "put": put,
+            "get": get,
+            "exists": store.batch_exists,
+            "stored": lambda hashes: store.on_block_stored(hashes, "GPU"),
+            "removed": lambda hashes: store.on_block_removed(hashes, "GPU"),
+            "cleared": store.on_all_blocks_cleared,
+            "match": lambda hashes: sorted(m.node_id for m in store.client.match_external_kv([str(h) for h in hashes])),
+            "keys_here": lambda: store.client.stats()["keys"],
+            "close": store.close,
+        },
+        pool,
+        store,
+    )
     dist = store.config.distributed
-    return {"registered": store.registered, "node_id": dist.master_config.node_id,
-            "dram_page_size": dist.dram_page_size, "mode": int(store.client.get_deployment_mode())}
+    return {
+        "registered": store.registered,
+        "node_id": dist.master_config.node_id,
+        "dram_page_size": dist.dram_page_size,
+        "mode": int(store.client.get_deployment_mode()),
+    }

@@ -43,8 +43,13 @@ class MasterProcess:
     """``mori-umbp-master LISTEN METRICS_PORT`` with ``env`` added to the environment (``listen``
     ``127.0.0.1:0`` unless given: a free port on loopback)."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, metrics_port: int | None = None,
-                 command: list[str] | None = None, listen: str = "127.0.0.1:0") -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        metrics_port: int | None = None,
+        command: list[str] | None = None,
+        listen: str = "127.0.0.1:0",
+    ) -> None:
         self.listen = listen
         self.metrics_port = free_port() if metrics_port is None else metrics_port
         self.env = {**os.environ, **(env or {})}
@@ -134,8 +139,21 @@ def redis_server(tmp_path: Path, port: int | None = None) -> Iterator[str]:
     data = tmp_path / f"redis-{port}"
     data.mkdir(exist_ok=True)
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
-         "--appendonly", "no", "--protected-mode", "no"],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(data),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

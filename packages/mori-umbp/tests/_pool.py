@@ -10,8 +10,9 @@ from mori.umbp import UMBPConfig
 KiB = 1 << 10
 
 
-def small_config(tmp_path, dram: int = 256 * KiB, ssd: bool = True, ssd_capacity: int = 8 << 20,
-                 segment: int = 1 << 20) -> UMBPConfig:
+def small_config(
+    tmp_path, dram: int = 256 * KiB, ssd: bool = True, ssd_capacity: int = 8 << 20, segment: int = 1 << 20
+) -> UMBPConfig:
     """A pool of ``dram`` bytes of DRAM and, with ``ssd``, an SSD tier under ``tmp_path``."""
     cfg = UMBPConfig()
     cfg.dram.capacity_bytes = dram

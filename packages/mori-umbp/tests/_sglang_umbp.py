@@ -55,8 +55,17 @@ class HostKVPool:
 
     layout = "page_first"
 
-    def __init__(self, pages: int, page_size: int, layers: int, heads: int, head_dim: int,
-                 itemsize: int = 2, mla: bool = False, shared: bool = False) -> None:
+    def __init__(
+        self,
+        pages: int,
+        page_size: int,
+        layers: int,
+        heads: int,
+        head_dim: int,
+        itemsize: int = 2,
+        mla: bool = False,
+        shared: bool = False,
+    ) -> None:
         self.page_size, self.layers, self.heads, self.head_dim = page_size, layers, heads, head_dim
         self.itemsize, self.mla, self.size = itemsize, mla, pages * page_size
         shape = (self.size, layers, head_dim * itemsize) if mla else (2, self.size, layers, heads, head_dim * itemsize)
@@ -79,7 +88,7 @@ class HostKVPool:
         v_base = base + self.size * self.token_bytes
         element = self.token_bytes * self.page_size
         ptrs = []
-        for index in indices[::self.page_size]:
+        for index in indices[:: self.page_size]:
             ptrs.append(base + int(index) * self.token_bytes)
             if not self.mla:
                 ptrs.append(v_base + int(index) * self.token_bytes)
@@ -138,8 +147,11 @@ class UmbpStoreReplay:
             cfg.ssd.io.backend = umbp_mod.UMBPIoBackend.Posix if backend == "posix" else umbp_mod.UMBPIoBackend.IoUring
         if "ssd_durability_mode" in extra:
             durability = str(extra["ssd_durability_mode"]).strip().lower()
-            cfg.ssd.durability.mode = (umbp_mod.UMBPDurabilityMode.Strict if durability in ("strict", "sync")
-                                       else umbp_mod.UMBPDurabilityMode.Relaxed)
+            cfg.ssd.durability.mode = (
+                umbp_mod.UMBPDurabilityMode.Strict
+                if durability in ("strict", "sync")
+                else umbp_mod.UMBPDurabilityMode.Relaxed
+            )
         if "ssd_high_watermark" in extra and hasattr(cfg.ssd, "high_watermark"):
             cfg.ssd.high_watermark = float(extra["ssd_high_watermark"])
         if "ssd_low_watermark" in extra and hasattr(cfg.ssd, "low_watermark"):
@@ -157,8 +169,9 @@ class UmbpStoreReplay:
             auto_start = extra.get("standalone_auto_start", os.environ.get("UMBP_STANDALONE_AUTO_START") or None)
             if auto_start is not None:
                 sp.auto_start = strict_bool(auto_start, "standalone_auto_start")
-            timeout_ms = extra.get("standalone_startup_timeout_ms",
-                                   os.environ.get("UMBP_STANDALONE_STARTUP_TIMEOUT_MS") or None)
+            timeout_ms = extra.get(
+                "standalone_startup_timeout_ms", os.environ.get("UMBP_STANDALONE_STARTUP_TIMEOUT_MS") or None
+            )
             if timeout_ms is not None:
                 sp.startup_timeout_ms = int(timeout_ms)
             cfg.standalone_process = sp
@@ -172,8 +185,7 @@ class UmbpStoreReplay:
         self.mha_suffix = f"{self.local_rank}"
         self.mla_suffix = ""
 
-    def _distributed_config(self, cfg: Any, extra: dict[str, Any], master_address: str,
-                            pool: HostKVPool) -> Any:
+    def _distributed_config(self, cfg: Any, extra: dict[str, Any], master_address: str, pool: HostKVPool) -> Any:
         """The ``master_address`` branch: the node's identity, its IO engine and peer service,
         and the master's page size from the host pool's page."""
         dist = umbp_mod.UMBPDistributedConfig()
@@ -182,11 +194,16 @@ class UmbpStoreReplay:
             cfg.copy_pipeline.worker_threads = 1
         node_address = str(extra.get("node_address", os.environ.get("UMBP_NODE_ADDRESS", "127.0.0.1")))
         dist.master_config.node_address = node_address
-        dist.master_config.node_id = str(extra.get("node_id", f"{node_address}:dp0:pp{self.pp_rank}:tp{self.local_rank}"))
+        dist.master_config.node_id = str(
+            extra.get("node_id", f"{node_address}:dp0:pp{self.pp_rank}:tp{self.local_rank}")
+        )
         tags = extra.get("node_tags", extra.get("tags"))
         if hasattr(dist.master_config, "tags"):
-            dist.master_config.tags = [t.strip() for t in tags.split(",") if t.strip()] if isinstance(tags, str) \
+            dist.master_config.tags = (
+                [t.strip() for t in tags.split(",") if t.strip()]
+                if isinstance(tags, str)
                 else [str(t) for t in tags or []]
+            )
         if "auto_heartbeat" in extra:
             dist.master_config.auto_heartbeat = strict_bool(extra["auto_heartbeat"], "auto_heartbeat")
         dist.io_engine.host = str(extra.get("io_engine_host", node_address))
@@ -198,8 +215,11 @@ class UmbpStoreReplay:
             dist.peer_service_port = int(extra["peer_service_port"]) + self.local_rank
         if "cache_remote_fetches" in extra:
             dist.cache_remote_fetches = strict_bool(extra["cache_remote_fetches"], "cache_remote_fetches")
-        page_byte_size = int(extra["dram_page_size"]) if "dram_page_size" in extra else \
-            pool.get_page_buffer_meta(np.zeros(pool.page_size, dtype=np.int64))[1][0]
+        page_byte_size = (
+            int(extra["dram_page_size"])
+            if "dram_page_size" in extra
+            else pool.get_page_buffer_meta(np.zeros(pool.page_size, dtype=np.int64))[1][0]
+        )
         if page_byte_size > 0 and hasattr(dist, "dram_page_size"):
             dist.dram_page_size = int(page_byte_size)
         return dist
@@ -218,8 +238,9 @@ class UmbpStoreReplay:
         if self.client.register_memory(base, size):
             self.registered.append((base, size))
         elif standalone:
-            raise RuntimeError("UMBPStore: register_memory returned false in standalone-process mode; "
-                               "no fallback path exists.")
+            raise RuntimeError(
+                "UMBPStore: register_memory returned false in standalone-process mode; no fallback path exists."
+            )
 
     def _batch_preprocess(self, keys: list[str], host_indices: np.ndarray) -> tuple[list[str], list[int], list[int]]:
         assert len(keys) == len(host_indices) // self.mem_pool_host.page_size
@@ -269,8 +290,10 @@ class UmbpStoreReplay:
         return self.client.revoke_external_kv_blocks([str(h) for h in block_hashes], tier)
 
     def on_all_blocks_cleared(self) -> tuple[bool, bool]:
-        return (self.client.revoke_all_external_kv_blocks_at_tier(umbp_mod.UMBPTierType.HBM),
-                self.client.revoke_all_external_kv_blocks_at_tier(umbp_mod.UMBPTierType.DRAM))
+        return (
+            self.client.revoke_all_external_kv_blocks_at_tier(umbp_mod.UMBPTierType.HBM),
+            self.client.revoke_all_external_kv_blocks_at_tier(umbp_mod.UMBPTierType.DRAM),
+        )
 
     def close(self) -> bool:
         """``close``: flush, then the client is dropped (here, closed); the flush's result."""

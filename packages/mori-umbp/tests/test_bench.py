@@ -17,10 +17,35 @@ def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("mori-umbp-bench")
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [str(script), "--sizes", "4K,16K", "--pages", "4", "--exists-keys", "10", "--iters", "2", "--warmup", "1",
-         "--rounds", "2", "--peers", "", "--ssd-dir", str(tmp_path), "--json", str(out), "--logs", str(tmp_path / "logs"),
-         "--timeout", "120"],
-        capture_output=True, text=True, timeout=300)
+        [
+            str(script),
+            "--sizes",
+            "4K,16K",
+            "--pages",
+            "4",
+            "--exists-keys",
+            "10",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--rounds",
+            "2",
+            "--peers",
+            "",
+            "--ssd-dir",
+            str(tmp_path),
+            "--json",
+            str(out),
+            "--logs",
+            str(tmp_path / "logs"),
+            "--timeout",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     rows = {row["point"]: row for row in result["results"]["mori"]}

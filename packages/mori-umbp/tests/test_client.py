@@ -183,29 +183,38 @@ def test_ranges(make_client) -> None:
     total = 12 * KiB
     # the value is parts[2] | parts[0] | parts[1]
     assert client.batch_put_ranges_from_ptr(
-        ["r"], [total], [[addr(parts, 0), addr(parts, 1), addr(parts, 2)]], [[4 * KiB] * 3],
-        [[4 * KiB, 8 * KiB, 0]]) == [True]
+        ["r"], [total], [[addr(parts, 0), addr(parts, 1), addr(parts, 2)]], [[4 * KiB] * 3], [[4 * KiB, 8 * KiB, 0]]
+    ) == [True]
     whole = np.zeros(total, np.uint8)
     assert client.get_into_ptr("r", int(whole.ctypes.data), total)
     assert np.array_equal(whole, np.concatenate([parts[2], parts[0], parts[1]]))
     out = np.zeros((2, 100), np.uint8)
     assert client.batch_get_ranges_into_ptr(
-        ["r", "r", "absent"], [[addr(out, 0)], [addr(out, 1)], [addr(out, 0)]], [[100], [100], [1]],
-        [[4 * KiB + 5], [total - 100], [0]]) == [True, True, False]
+        ["r", "r", "absent"],
+        [[addr(out, 0)], [addr(out, 1)], [addr(out, 0)]],
+        [[100], [100], [1]],
+        [[4 * KiB + 5], [total - 100], [0]],
+    ) == [True, True, False]
     assert np.array_equal(out[0], parts[0][5:105]) and np.array_equal(out[1], parts[1][-100:])
     assert client.batch_get_ranges_into_ptr(["r"], [[addr(out)]], [[100]], [[total - 50]]) == [False]
     assert client.supports_ranged_io()
 
 
-@pytest.mark.parametrize(("offsets", "message"), [
-    ([0, 4096, 4096], "overlap"), ([0, 4096, 12288], "gap"), ([0, 4096], "differ in length"),
-])
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ([0, 4096, 4096], "overlap"),
+        ([0, 4096, 12288], "gap"),
+        ([0, 4096], "differ in length"),
+    ],
+)
 def test_ranges_that_do_not_tile_are_refused(make_client, offsets, message) -> None:
     client = make_client()
     parts = pages(3, 4 * KiB)
     with pytest.raises(ValueError, match=message):
-        client.batch_put_ranges_from_ptr(["r"], [12 * KiB], [[addr(parts, i) for i in range(3)]],
-                                         [[4 * KiB] * 3], [offsets])
+        client.batch_put_ranges_from_ptr(
+            ["r"], [12 * KiB], [[addr(parts, i) for i in range(3)]], [[4 * KiB] * 3], [offsets]
+        )
     assert not client.exists("r")
 
 
@@ -340,6 +349,7 @@ ODD_KEYS = ["", "\0", "a\0", "x" * 1024, "x" * 1025, "é" * 512, "é" * 513, "\u
 @given(st.lists(st.one_of(st.text(max_size=8), st.sampled_from(ODD_KEYS)), max_size=6))
 def test_a_batch_s_keys_are_checked_as_each_key_is(keys):
     """check_keys checks a batch of plain keys whole; its answer is check_key's for each key."""
+
     def outcome(check):
         try:
             return check()

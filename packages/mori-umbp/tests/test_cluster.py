@@ -88,10 +88,21 @@ def test_external_kv_report_match_revoke(master, tmp_path) -> None:
 
 
 def test_a_peer_killed_fails_its_gets_and_leaves_the_index(master, tmp_path) -> None:
-    spec = {"master": master.address, "node_id": "owner", "ssd_dir": str(tmp_path / "owner"),
-            "seed": 7, "count": 32, "size": PAGE, "prefix": "owned"}
-    owner = subprocess.Popen([sys.executable, str(HERE / "_cluster_nodes.py"), json.dumps(spec)],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    spec = {
+        "master": master.address,
+        "node_id": "owner",
+        "ssd_dir": str(tmp_path / "owner"),
+        "seed": 7,
+        "count": 32,
+        "size": PAGE,
+        "prefix": "owned",
+    }
+    owner = subprocess.Popen(
+        [sys.executable, str(HERE / "_cluster_nodes.py"), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     reader = None
     try:
         assert owner.stdout is not None

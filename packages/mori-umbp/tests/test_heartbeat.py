@@ -33,12 +33,14 @@ def test_events_reach_the_master_and_an_overflow_becomes_a_full_sync(monkeypatch
         try:
             src = seeded_pages(1, 20, PAGE)
             keys = [f"k{i}" for i in range(20)]
-            assert all(node.batch_put_from_ptr(keys[:4], [int(src.ctypes.data) + i * PAGE for i in range(4)],
-                                               [PAGE] * 4))
+            assert all(
+                node.batch_put_from_ptr(keys[:4], [int(src.ctypes.data) + i * PAGE for i in range(4)], [PAGE] * 4)
+            )
             assert _known(master.address, keys[:4]) == [False] * 4  # not shipped yet
             assert node.flush() and _known(master.address, keys[:4]) == [True] * 4
-            assert all(node.batch_put_from_ptr(keys[4:], [int(src.ctypes.data) + i * PAGE for i in range(4, 20)],
-                                               [PAGE] * 16))  # 16 events: over the outbox
+            assert all(
+                node.batch_put_from_ptr(keys[4:], [int(src.ctypes.data) + i * PAGE for i in range(4, 20)], [PAGE] * 16)
+            )  # 16 events: over the outbox
             assert node.flush() and _known(master.address, keys) == [True] * 20
         finally:
             node.close()

@@ -50,11 +50,16 @@ def test_shared_backing_has_an_fd_another_mapping_sees() -> None:
     assert handle.fd == -1
 
 
-@pytest.mark.parametrize(("args", "error"), [
-    ((0,), ValueError), ((-1,), ValueError), ((4096, 1), TypeError),
-    ((4096, UMBPHostBufferBacking.Anonymous, 3000), ValueError),
-    ((4096, UMBPHostBufferBacking.Anonymous, 2 << 20, -2), ValueError),
-])
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ((0,), ValueError),
+        ((-1,), ValueError),
+        ((4096, 1), TypeError),
+        ((4096, UMBPHostBufferBacking.Anonymous, 3000), ValueError),
+        ((4096, UMBPHostBufferBacking.Anonymous, 2 << 20, -2), ValueError),
+    ],
+)
 def test_bad_arguments(args, error) -> None:
     with pytest.raises(error):
         UMBPHostMemAllocator().alloc(*args)

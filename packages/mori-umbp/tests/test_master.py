@@ -71,7 +71,11 @@ def test_register_heartbeat_route_and_lookup(master):
     # Puts go to the node with the most room on the fastest tier that fits.
     route = b.route_put("page-0", 1 << 20)
     assert (route.outcome, route.node_id, route.tier, route.peer_address) == (
-        RoutePutOutcome.ROUTED, "node-a", DRAM, "node-a.host:2")
+        RoutePutOutcome.ROUTED,
+        "node-a",
+        DRAM,
+        "node-a.host:2",
+    )
     # A block bigger than any DRAM room falls through to SSD.
     assert b.route_put("big", 5 * GiB).node_id == "node-b" and b.route_put("big", 5 * GiB).tier == SSD
     assert b.route_put("huge", 128 * GiB).outcome == RoutePutOutcome.UNAVAILABLE
@@ -81,8 +85,10 @@ def test_register_heartbeat_route_and_lookup(master):
     assert routes[2].node_id in ("node-a", "node-b")
 
     # Committing: a heartbeat carrying ADD events puts the blocks into the index.
-    reply = a.heartbeat([EventBundle(1, [add(f"page-{i}", 4096 + i) for i in range(4)])],
-                        tier_capacities={DRAM: (4 * GiB, 3 * GiB - 4 * 4096)})
+    reply = a.heartbeat(
+        [EventBundle(1, [add(f"page-{i}", 4096 + i) for i in range(4)])],
+        tier_capacities={DRAM: (4 * GiB, 3 * GiB - 4 * 4096)},
+    )
     assert (reply.status, reply.acked_seq, reply.request_full_sync) == (NodeStatus.ALIVE, 1, False)
     assert a.batch_lookup(["page-0", "page-3", "page-4"]) == [True, True, False]
     assert b.route_put("page-0", 4096).outcome == RoutePutOutcome.ALREADY_EXISTS
@@ -149,8 +155,10 @@ def test_external_kv_report_revoke_match_and_hits(master):
     b.report_external_kv_blocks("node-b", ["h1"], HBM)
     a.report_external_kv_blocks("stranger", ["h9"], DRAM)  # not registered: ignored
     a.report_external_kv_blocks("stranger-2", ["h9"], DRAM)
-    rejected = ("mori_umbp_external_kv_report_total", (("node", "(unregistered)"), ("result", "rejected_not_alive"),
-                                                       ("tier", "dram")))
+    rejected = (
+        "mori_umbp_external_kv_report_total",
+        (("node", "(unregistered)"), ("result", "rejected_not_alive"), ("tier", "dram")),
+    )
     assert master.scrape()[rejected] == 2  # one series for every unknown node id
 
     query = MasterClient(master.address)
@@ -246,8 +254,10 @@ def test_eviction_advice_goes_to_the_peer_over_its_high_watermark(store_env):
             full = MasterClient(master.address, "full", peer_address=f"127.0.0.1:{port}")
             full.register_client({DRAM: (1000, 1000)})
             # 950 of 1000 bytes used: over 0.9, so free down to 0.7 (250 bytes = 3 blocks of 100).
-            full.heartbeat([EventBundle(1, [add(f"k{i}", 100) for i in range(9)] + [add("tiny", 50)])],
-                           tier_capacities={DRAM: (1000, 50)})
+            full.heartbeat(
+                [EventBundle(1, [add(f"k{i}", 100) for i in range(9)] + [add("tiny", 50)])],
+                tier_capacities={DRAM: (1000, 50)},
+            )
             full.route_get("k0")  # k0 is read now: leased and most recently used, so not a victim
             wait_until(lambda: peer.calls, 30, "an EvictKey call")
             assert peer.calls[0] == ["k1", "k2", "k3"]
@@ -255,8 +265,9 @@ def test_eviction_advice_goes_to_the_peer_over_its_high_watermark(store_env):
             assert scraped[("mori_umbp_master_evict_advised_keys_total", (("node", "full"), ("tier", "dram")))] >= 3
             # The index changes only when the peer's REMOVE events arrive.
             assert full.batch_lookup(["k1", "k2", "k3"]) == [True, True, True]
-            full.heartbeat([EventBundle(2, [remove("k1"), remove("k2"), remove("k3")])],
-                           tier_capacities={DRAM: (1000, 350)})
+            full.heartbeat(
+                [EventBundle(2, [remove("k1"), remove("k2"), remove("k3")])], tier_capacities={DRAM: (1000, 350)}
+            )
             assert full.batch_lookup(["k1", "k2", "k3", "k4"]) == [False, False, False, True]
     finally:
         server.stop(None).wait(10)
@@ -266,8 +277,11 @@ def test_metrics_are_served_with_mori_names(master):
     a, b = client(master, "node-a"), client(master, "node-b")
     a.register_client({DRAM: (1000, 600)})
     b.register_client({SSD: (5000, 5000)})
-    a.heartbeat([EventBundle(1, [add("k1", 100), add("k2", 100)])], tier_capacities={DRAM: (1000, 400)},
-                tier_kv_counts={DRAM: 2})
+    a.heartbeat(
+        [EventBundle(1, [add("k1", 100), add("k2", 100)])],
+        tier_capacities={DRAM: (1000, 400)},
+        tier_kv_counts={DRAM: 2},
+    )
     b.route_put("k3", 10)
     b.batch_route_put(["k4", "k5"], [10, 10])
     b.route_get("k1")
@@ -354,8 +368,10 @@ def test_a_master_answering_the_wrong_count_is_an_error():
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        with MasterClient(f"127.0.0.1:{port}", "n") as c, \
-                pytest.raises(MasterError, match="asked about 2 keys, it answered 1") as e:
+        with (
+            MasterClient(f"127.0.0.1:{port}", "n") as c,
+            pytest.raises(MasterError, match="asked about 2 keys, it answered 1") as e,
+        ):
             c.batch_lookup(["a", "b"])
         assert e.value.code == grpc.StatusCode.INTERNAL
     finally:
@@ -392,7 +408,9 @@ def test_client_reported_metrics_are_merged_and_bounded(store_env):
             report(
                 pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", help="h", counter_delta=100),
                 pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=7.5),
-                pb.MetricSample(name="mori_umbp_master_client_rpc_latency_seconds", labels=label, histogram_aggregate=hist),
+                pb.MetricSample(
+                    name="mori_umbp_master_client_rpc_latency_seconds", labels=label, histogram_aggregate=hist
+                ),
             )
         m = master.scrape()
         base = (("node", "node-a"), ("sgl_role", "prefill"))
@@ -411,21 +429,45 @@ def test_client_reported_metrics_are_merged_and_bounded(store_env):
         inv = grpc.StatusCode.INVALID_ARGUMENT
         refused(inv, "must match", pb.MetricSample(name="other_metric", gauge_value=1))
         refused(inv, "the master's own metric", pb.MetricSample(name="mori_umbp_client_count", gauge_value=1))
-        refused(inv, "counter delta must be finite and >= 0",
-                pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", counter_delta=-1))
-        refused(inv, "reported as a gauge, but 'mori_umbp_client_outbound_put_bytes' is a counter",
-                pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", gauge_value=1))
-        refused(inv, "bounds differ", pb.MetricSample(
-            name="mori_umbp_master_client_rpc_latency_seconds", labels=label,
-            histogram_aggregate=pb.HistogramAggregate(bounds=[1.0, 2.0], bucket_counts=[0, 0], count=0)))
-        refused(inv, "'node' is the master's", pb.MetricSample(
-            name="mori_umbp_x_gauge", labels=[pb.MetricLabel(name="node", value="other")], gauge_value=1))
+        refused(
+            inv,
+            "counter delta must be finite and >= 0",
+            pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", counter_delta=-1),
+        )
+        refused(
+            inv,
+            "reported as a gauge, but 'mori_umbp_client_outbound_put_bytes' is a counter",
+            pb.MetricSample(name="mori_umbp_client_outbound_put_bytes_total", gauge_value=1),
+        )
+        refused(
+            inv,
+            "bounds differ",
+            pb.MetricSample(
+                name="mori_umbp_master_client_rpc_latency_seconds",
+                labels=label,
+                histogram_aggregate=pb.HistogramAggregate(bounds=[1.0, 2.0], bucket_counts=[0, 0], count=0),
+            ),
+        )
+        refused(
+            inv,
+            "'node' is the master's",
+            pb.MetricSample(
+                name="mori_umbp_x_gauge", labels=[pb.MetricLabel(name="node", value="other")], gauge_value=1
+            ),
+        )
         refused(inv, "carries no value", pb.MetricSample(name="mori_umbp_x_gauge"))
-        refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "UMBP_MASTER_MAX_REPORTED_SERIES",
-                pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=1),  # known series, then a 4th
-                pb.MetricSample(name="mori_umbp_y_gauge", gauge_value=1))
-        refused(grpc.StatusCode.NOT_FOUND, "is not registered", pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=1),
-                node="stranger")
+        refused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "UMBP_MASTER_MAX_REPORTED_SERIES",
+            pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=1),  # known series, then a 4th
+            pb.MetricSample(name="mori_umbp_y_gauge", gauge_value=1),
+        )
+        refused(
+            grpc.StatusCode.NOT_FOUND,
+            "is not registered",
+            pb.MetricSample(name="mori_umbp_x_gauge", gauge_value=1),
+            node="stranger",
+        )
         assert master.scrape()[("mori_umbp_x_gauge", base)] == 7.5  # the refused reports changed nothing
         a.unregister_self()
         assert not [k for k in master.scrape() if ("node", "node-a") in k[1]]
@@ -448,8 +490,11 @@ def test_hit_counters_expire_after_their_ttl(store_env):
         t = threading.Thread(target=keep_hot, daemon=True)
         t.start()
         try:
-            wait_until(lambda: {e.hash for e in a.get_external_kv_hit_counts(["hot", "cold"])} == {"hot"}, 30,
-                       "the cold counter dropped")
+            wait_until(
+                lambda: {e.hash for e in a.get_external_kv_hit_counts(["hot", "cold"])} == {"hot"},
+                30,
+                "the cold counter dropped",
+            )
         finally:
             stop.set()
             t.join(timeout=10)
@@ -471,14 +516,18 @@ def test_eviction_advice_to_an_unreachable_peer_is_counted_and_delays_no_other(s
             live = MasterClient(master.address, "live", peer_address=f"127.0.0.1:{port}")
             for c in (dead, live):
                 c.register_client({DRAM: (1000, 1000)})
-                c.heartbeat([EventBundle(1, [add(f"{c.node_id}-{i}", 100) for i in range(10)])],
-                            tier_capacities={DRAM: (1000, 0)})
+                c.heartbeat(
+                    [EventBundle(1, [add(f"{c.node_id}-{i}", 100) for i in range(10)])],
+                    tier_capacities={DRAM: (1000, 0)},
+                )
             wait_until(lambda: len(peer.calls) >= 2, 30, "two rounds of advice to the live peer")
             assert peer.calls[0] == ["live-0", "live-1", "live-2"]
             assert dead.batch_lookup([f"dead-{i}" for i in range(10)]) == [True] * 10
     finally:
         server.stop(None).wait(10)
-    with running_master({**store_env, "UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "200"}) as m:
+    with running_master(
+        {**store_env, "UMBP_EVICTION_CHECK_INTERVAL_SEC": "1", "UMBP_EVICTKEY_DEADLINE_MS": "200"}
+    ) as m:
         refused = MasterClient(m.address, "refused", peer_address=f"127.0.0.1:{free_port()}")
         refused.register_client({DRAM: (1000, 1000)})
         refused.heartbeat([EventBundle(1, [add("r0", 100)])], tier_capacities={DRAM: (1000, 0)})

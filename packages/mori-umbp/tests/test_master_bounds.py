@@ -80,16 +80,25 @@ def test_malformed_requests_are_refused_and_change_nothing(master):
         (lambda: a.heartbeat([EventBundle(2, [add("x"), add("z", 0)])]), r"events\[1\].size=0 is outside"),
         (lambda: a.heartbeat([EventBundle(2, [add("x", 10, tier=7)])]), r"events\[0\].tier=7 is not a tier"),
         (lambda: a.heartbeat([EventBundle(2, [add("x", 10, tier=0)])]), r"events\[0\].tier=0 is not a tier"),
-        (lambda: a.heartbeat([EventBundle(2, [add("x")])], tier_capacities={DRAM: (10, 20)}),
-         r"available 20 exceeds total 10"),
-        (lambda: a.heartbeat([EventBundle(2, [add(f"e{i}") for i in range(201)])]),
-         r"carries more than 200 events \(UMBP_MASTER_MAX_BATCH"),
+        (
+            lambda: a.heartbeat([EventBundle(2, [add("x")])], tier_capacities={DRAM: (10, 20)}),
+            r"available 20 exceeds total 10",
+        ),
+        (
+            lambda: a.heartbeat([EventBundle(2, [add(f"e{i}") for i in range(201)])]),
+            r"carries more than 200 events \(UMBP_MASTER_MAX_BATCH",
+        ),
         (lambda: MasterClient(master.address, "a|b").register_client({DRAM: (1, 1)}), "holds '|'"),
         (lambda: MasterClient(master.address, "n" * 65).register_client({DRAM: (1, 1)}), "node_id is 65 bytes"),
         (lambda: MasterClient(master.address, "x:blocks").register_client({DRAM: (1, 1)}), "ends in ':blocks'"),
-        (lambda: a.report_external_kv_blocks("bad-input-node", ["h", "node:x"], DRAM), r"hashes\[1\] starts with 'node:'"),
-        (lambda: MasterClient(master.address, "n", peer_address="p" * 300).register_client({DRAM: (1, 1)}),
-         "peer_address is longer than 256 bytes"),
+        (
+            lambda: a.report_external_kv_blocks("bad-input-node", ["h", "node:x"], DRAM),
+            r"hashes\[1\] starts with 'node:'",
+        ),
+        (
+            lambda: MasterClient(master.address, "n", peer_address="p" * 300).register_client({DRAM: (1, 1)}),
+            "peer_address is longer than 256 bytes",
+        ),
         (lambda: MasterClient(master.address, "n").register_client({9: (1, 1)}), r"tier_capacities.tier=9"),
         (lambda: a.report_external_kv_blocks("bad-input-node", ["h", "x" * 65], DRAM), r"hashes\[1\] is 65 bytes"),
         (lambda: a.report_external_kv_blocks("", ["h"], DRAM), "node_id must not be empty"),
@@ -119,8 +128,9 @@ def test_malformed_packed_lookups_are_refused_and_change_nothing(master):
     stub = pb_grpc.UMBPMasterStub(grpc.insecure_channel(master.address))
 
     def lookup(packed: bytes) -> bytes:
-        return bytes(stub.BatchLookupPacked(pb.BatchLookupPackedRequest(node_id="packed-node", keys=packed),
-                                            timeout=10).found)
+        return bytes(
+            stub.BatchLookupPacked(pb.BatchLookupPackedRequest(node_id="packed-node", keys=packed), timeout=10).found
+        )
 
     # One byte per key, in order; no keys, no bytes; a non-ASCII key of 64 bytes is within the limit.
     assert lookup(b"x\0kept\0" + ("é" * 32).encode() + b"\0") == b"\0\1\1"
@@ -195,7 +205,10 @@ def test_a_full_sync_may_list_the_node_s_whole_quota():
         a.register_client({DRAM: (1 << 30, 1 << 30)})
         with refused(grpc.StatusCode.INVALID_ARGUMENT, "carries more than 50 events"):
             a.heartbeat([EventBundle(1, [add(f"k{i}") for i in range(80)])])
-        assert a.heartbeat([EventBundle(0, [add(f"k{i}") for i in range(80)])], full_sync=True, seq_baseline=1).acked_seq == 1
+        assert (
+            a.heartbeat([EventBundle(0, [add(f"k{i}") for i in range(80)])], full_sync=True, seq_baseline=1).acked_seq
+            == 1
+        )
         assert a.batch_lookup(["k0", "k79"]) == [True, True]
         with refused(grpc.StatusCode.INVALID_ARGUMENT, "carries more than 100 events"):
             a.heartbeat([EventBundle(0, [add(f"k{i}") for i in range(101)])], full_sync=True, seq_baseline=2)

@@ -29,8 +29,12 @@ CALLER_MISTAKES = {
 text = st.one_of(st.sampled_from(["", "n0", "n1", "k", "node:x", "a|b", "x:blocks"]), st.text(max_size=80))
 big = st.integers(min_value=0, max_value=(1 << 64) - 1)
 tier = st.integers(min_value=0, max_value=9)
-caps = st.lists(st.builds(pb.TierCapacity, tier=tier, total_capacity_bytes=big, available_capacity_bytes=big,
-                          max_allocatable_bytes=big), max_size=4)
+caps = st.lists(
+    st.builds(
+        pb.TierCapacity, tier=tier, total_capacity_bytes=big, available_capacity_bytes=big, max_allocatable_bytes=big
+    ),
+    max_size=4,
+)
 event = st.builds(pb.KvEvent, kind=st.integers(0, 3), key=text, tier=tier, size=big)
 bundle = st.builds(pb.EventBundle, seq=big, events=st.lists(event, max_size=5))
 keys = st.lists(text, max_size=8)
@@ -43,35 +47,69 @@ sample = st.builds(
 )
 
 REQUESTS = st.one_of(
-    st.tuples(st.just("RegisterClient"), st.builds(pb.RegisterClientRequest, node_id=text, node_address=text,
-                                                    tier_capacities=caps, peer_address=text, tags=keys)),
+    st.tuples(
+        st.just("RegisterClient"),
+        st.builds(
+            pb.RegisterClientRequest,
+            node_id=text,
+            node_address=text,
+            tier_capacities=caps,
+            peer_address=text,
+            tags=keys,
+        ),
+    ),
     st.tuples(st.just("UnregisterClient"), st.builds(pb.UnregisterClientRequest, node_id=text)),
-    st.tuples(st.just("Heartbeat"), st.builds(pb.HeartbeatRequest, node_id=text, bundles=st.lists(bundle, max_size=3),
-                                               is_full_sync=st.booleans(), tier_capacities=caps,
-                                               delta_seq_baseline=big)),
-    st.tuples(st.just("RoutePut"), st.builds(pb.RoutePutRequest, key=text, node_id=text, block_size=big,
-                                              exclude_nodes=keys)),
+    st.tuples(
+        st.just("Heartbeat"),
+        st.builds(
+            pb.HeartbeatRequest,
+            node_id=text,
+            bundles=st.lists(bundle, max_size=3),
+            is_full_sync=st.booleans(),
+            tier_capacities=caps,
+            delta_seq_baseline=big,
+        ),
+    ),
+    st.tuples(
+        st.just("RoutePut"), st.builds(pb.RoutePutRequest, key=text, node_id=text, block_size=big, exclude_nodes=keys)
+    ),
     st.tuples(st.just("RouteGet"), st.builds(pb.RouteGetRequest, key=text, node_id=text, exclude_nodes=keys)),
-    st.tuples(st.just("BatchRoutePut"), st.builds(pb.BatchRoutePutRequest, node_id=text, keys=keys,
-                                                   block_sizes=st.lists(big, max_size=8))),
+    st.tuples(
+        st.just("BatchRoutePut"),
+        st.builds(pb.BatchRoutePutRequest, node_id=text, keys=keys, block_sizes=st.lists(big, max_size=8)),
+    ),
     st.tuples(st.just("BatchRouteGet"), st.builds(pb.BatchRouteGetRequest, node_id=text, keys=keys)),
     st.tuples(st.just("BatchLookup"), st.builds(pb.BatchLookupRequest, node_id=text, keys=keys)),
-    st.tuples(st.just("BatchLookupPacked"), st.builds(pb.BatchLookupPackedRequest, node_id=text,
-                                                       keys=st.one_of(st.binary(max_size=64),
-                                                                      keys.map(lambda ks: "".join(k + "\0" for k in ks).encode())))),
-    st.tuples(st.just("ReportExternalKvBlocks"), st.builds(pb.ReportExternalKvBlocksRequest, node_id=text,
-                                                            hashes=keys, tier=tier)),
-    st.tuples(st.just("RevokeExternalKvBlocks"), st.builds(pb.RevokeExternalKvBlocksRequest, node_id=text,
-                                                            hashes=keys, tier=tier)),
-    st.tuples(st.just("RevokeAllExternalKvBlocksAtTier"),
-              st.builds(pb.RevokeAllExternalKvBlocksAtTierRequest, node_id=text, tier=tier)),
-    st.tuples(st.just("RevokeAllExternalKvBlocksForNode"),
-              st.builds(pb.RevokeAllExternalKvBlocksForNodeRequest, node_id=text)),
-    st.tuples(st.just("MatchExternalKv"), st.builds(pb.MatchExternalKvRequest, hashes=keys,
-                                                     count_as_hit=st.booleans())),
+    st.tuples(
+        st.just("BatchLookupPacked"),
+        st.builds(
+            pb.BatchLookupPackedRequest,
+            node_id=text,
+            keys=st.one_of(st.binary(max_size=64), keys.map(lambda ks: "".join(k + "\0" for k in ks).encode())),
+        ),
+    ),
+    st.tuples(
+        st.just("ReportExternalKvBlocks"),
+        st.builds(pb.ReportExternalKvBlocksRequest, node_id=text, hashes=keys, tier=tier),
+    ),
+    st.tuples(
+        st.just("RevokeExternalKvBlocks"),
+        st.builds(pb.RevokeExternalKvBlocksRequest, node_id=text, hashes=keys, tier=tier),
+    ),
+    st.tuples(
+        st.just("RevokeAllExternalKvBlocksAtTier"),
+        st.builds(pb.RevokeAllExternalKvBlocksAtTierRequest, node_id=text, tier=tier),
+    ),
+    st.tuples(
+        st.just("RevokeAllExternalKvBlocksForNode"), st.builds(pb.RevokeAllExternalKvBlocksForNodeRequest, node_id=text)
+    ),
+    st.tuples(
+        st.just("MatchExternalKv"), st.builds(pb.MatchExternalKvRequest, hashes=keys, count_as_hit=st.booleans())
+    ),
     st.tuples(st.just("GetExternalKvHitCounts"), st.builds(pb.GetExternalKvHitCountsRequest, hashes=keys)),
-    st.tuples(st.just("ReportMetrics"), st.builds(pb.ReportMetricsRequest, node_id=text,
-                                                   metrics=st.lists(sample, max_size=3))),
+    st.tuples(
+        st.just("ReportMetrics"), st.builds(pb.ReportMetricsRequest, node_id=text, metrics=st.lists(sample, max_size=3))
+    ),
 )
 
 

@@ -36,10 +36,21 @@ def test_wire_names_are_mori_s():
     master = umbp_pb2.DESCRIPTOR.services_by_name["UMBPMaster"]
     assert master.full_name == "umbp.UMBPMaster"
     mori_s = {
-        "RegisterClient", "UnregisterClient", "Heartbeat", "RouteGet", "RoutePut", "BatchRoutePut",
-        "BatchRouteGet", "BatchLookup", "ReportExternalKvBlocks", "RevokeExternalKvBlocks",
-        "RevokeAllExternalKvBlocksAtTier", "RevokeAllExternalKvBlocksForNode", "MatchExternalKv",
-        "GetExternalKvHitCounts", "ReportMetrics",
+        "RegisterClient",
+        "UnregisterClient",
+        "Heartbeat",
+        "RouteGet",
+        "RoutePut",
+        "BatchRoutePut",
+        "BatchRouteGet",
+        "BatchLookup",
+        "ReportExternalKvBlocks",
+        "RevokeExternalKvBlocks",
+        "RevokeAllExternalKvBlocksAtTier",
+        "RevokeAllExternalKvBlocksForNode",
+        "MatchExternalKv",
+        "GetExternalKvHitCounts",
+        "ReportMetrics",
     }
     # MORI's methods, and one of mori's own beside them (its client falls back to BatchLookup).
     assert set(master.methods_by_name) == mori_s | {"BatchLookupPacked"}
@@ -48,9 +59,15 @@ def test_wire_names_are_mori_s():
     )
     # Field numbers MORI's clients send.
     heartbeat = umbp_pb2.HeartbeatRequest.DESCRIPTOR.fields_by_name
-    assert {n: heartbeat[n].number for n in ("node_id", "bundles", "is_full_sync", "tier_capacities",
-                                             "delta_seq_baseline", "tier_kv_counts")} == {
-        "node_id": 1, "bundles": 2, "is_full_sync": 3, "tier_capacities": 4, "delta_seq_baseline": 6,
+    assert {
+        n: heartbeat[n].number
+        for n in ("node_id", "bundles", "is_full_sync", "tier_capacities", "delta_seq_baseline", "tier_kv_counts")
+    } == {
+        "node_id": 1,
+        "bundles": 2,
+        "is_full_sync": 3,
+        "tier_capacities": 4,
+        "delta_seq_baseline": 6,
         "tier_kv_counts": 7,
     }
     assert umbp_pb2.RegisterClientRequest.DESCRIPTOR.fields_by_name["tags"].number == 13

@@ -93,7 +93,12 @@ def test_redis_holds_mori_s_key_layout_under_the_namespace(tmp_path):
             p = "{umbp:blue}"
             node = r.hgetall(f"{p}:node:node-a")
             assert (node["addr"], node["peer"], node["status"], node["seq"], node["tags"]) == (
-                "a:1", "a:2", "1", "2", "sgl_role=prefill")
+                "a:1",
+                "a:2",
+                "1",
+                "2",
+                "sgl_role=prefill",
+            )
             assert node["caps"] == f"2:{1 << 30}:{1 << 29}:0;3:{1 << 34}:{1 << 34}:0"
             assert r.smembers(f"{p}:nodes:alive") == {"node-a"}
             assert r.hgetall(f"{p}:alive_peers") == {"node-a": "a:2"}
@@ -114,8 +119,12 @@ def test_redis_holds_mori_s_key_layout_under_the_namespace(tmp_path):
 def test_redis_going_away_fails_calls_cleanly_until_it_is_back(tmp_path):
     port = free_port()
     with redis_server(tmp_path, port) as uri:
-        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri, "UMBP_REDIS_SOCKET_TIMEOUT_MS": "500",
-               "UMBP_REDIS_CONNECT_TIMEOUT_MS": "500"}
+        env = {
+            "UMBP_METADATA_BACKEND": "redis",
+            "UMBP_REDIS_URI": uri,
+            "UMBP_REDIS_SOCKET_TIMEOUT_MS": "500",
+            "UMBP_REDIS_CONNECT_TIMEOUT_MS": "500",
+        }
         master_cm = running_master(env)
         master = master_cm.__enter__()
     try:
@@ -128,7 +137,9 @@ def test_redis_going_away_fails_calls_cleanly_until_it_is_back(tmp_path):
             c.register_client({DRAM: (1, 1)})
         assert master.proc.poll() is None
         scraped = master.scrape()
-        assert scraped[("mori_umbp_master_rejected_requests_total", (("code", "UNAVAILABLE"), ("rpc", "RouteGet")))] == 1
+        assert (
+            scraped[("mori_umbp_master_rejected_requests_total", (("code", "UNAVAILABLE"), ("rpc", "RouteGet")))] == 1
+        )
         # A Redis back on the same address (empty: no persistence here) is used again.
         with redis_server(tmp_path, port):
             c.register_client({DRAM: (1, 1)})
@@ -193,7 +204,11 @@ def test_a_wiped_redis_is_rebuilt_from_the_next_heartbeats(tmp_path):
 
 
 def test_master_does_not_start_without_its_redis(tmp_path):
-    env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": f"tcp://127.0.0.1:{free_port()}", "PATH": "/usr/bin:/bin"}
+    env = {
+        "UMBP_METADATA_BACKEND": "redis",
+        "UMBP_REDIS_URI": f"tcp://127.0.0.1:{free_port()}",
+        "PATH": "/usr/bin:/bin",
+    }
     done = subprocess.run([*master_command(), "127.0.0.1:0", "0"], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 1
     assert "cannot start: Redis:" in done.stderr
@@ -201,8 +216,13 @@ def test_master_does_not_start_without_its_redis(tmp_path):
 
 def test_nodes_are_not_blamed_for_the_master_s_downtime(tmp_path):
     with redis_server(tmp_path) as uri:
-        env = {"UMBP_METADATA_BACKEND": "redis", "UMBP_REDIS_URI": uri, "UMBP_HEARTBEAT_TTL_SEC": "5",
-               "UMBP_MAX_MISSED_HEARTBEATS": "1", "UMBP_REAPER_INTERVAL_SEC": "1"}
+        env = {
+            "UMBP_METADATA_BACKEND": "redis",
+            "UMBP_REDIS_URI": uri,
+            "UMBP_HEARTBEAT_TTL_SEC": "5",
+            "UMBP_MAX_MISSED_HEARTBEATS": "1",
+            "UMBP_REAPER_INTERVAL_SEC": "1",
+        }
         with running_master(env) as first:
             populate(first.address)
             first.kill()

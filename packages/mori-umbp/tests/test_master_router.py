@@ -44,8 +44,7 @@ def test_max_allocatable_caps_one_block():
 
 
 def test_random_is_weighted_by_room_and_never_picks_a_node_without_it():
-    r = cluster({"a": {DRAM: (1000, 900)}, "b": {DRAM: (1000, 100)}, "c": {DRAM: (1000, 5)}},
-                select_algo="random")
+    r = cluster({"a": {DRAM: (1000, 900)}, "b": {DRAM: (1000, 100)}, "c": {DRAM: (1000, 5)}}, select_algo="random")
     picks = collections.Counter(targets(r, [10])[0][0] for _ in range(2000))
     assert picks["c"] == 0
     assert picks["a"] > 4 * picks["b"] > 0  # 9:1 by room
@@ -56,8 +55,7 @@ def test_affinities():
     local = cluster(caps, node_affinity="local")
     assert targets(local, [10, 10], requester="b") == [("b", DRAM), ("b", DRAM)]
     assert targets(local, [400], requester="b") == [("a", DRAM)]  # b cannot take it: the base choice
-    same = cluster({"a": {DRAM: (1000, 150)}, "b": {DRAM: (1000, 120)}, "c": {DRAM: (1000, 100)}},
-                   node_affinity="same")
+    same = cluster({"a": {DRAM: (1000, 150)}, "b": {DRAM: (1000, 120)}, "c": {DRAM: (1000, 100)}}, node_affinity="same")
     assert targets(same, [50, 50, 50]) == [("a", DRAM)] * 3  # one node fits the whole batch
     assert targets(same, [60, 60, 60]) == [("a", DRAM), ("a", DRAM), ("b", DRAM)]  # sticky until full
 
@@ -68,7 +66,11 @@ def test_gets_read_the_fastest_live_replica_and_existing_keys_are_not_routed_aga
     r.store.apply_heartbeat("b", 1, 1, NOW, {}, [KvEvent(True, "k", SSD, 7)], False)
     [route] = r.route_get(["k"], NOW, set())
     assert (route.location.node_id, route.location.tier, route.location.size, route.peer_address) == (
-        "a", DRAM, 7, "a:peer")
+        "a",
+        DRAM,
+        7,
+        "a:peer",
+    )
     assert r.route_get(["k"], NOW, {"a"})[0].location.node_id == "b"
     assert r.route_put(["k"], [7], "", NOW, set())[0].already_exists
     # a goes silent past its expiry: b serves, before any reaper has run.

@@ -68,4 +68,7 @@ def test_a_malformed_value_gives_the_default_and_one_warning(monkeypatch, caplog
     assert first.route_put_select_algo == "most_available"
     warnings = [r.getMessage() for r in caplog.records]
     assert len([w for w in warnings if w.startswith("UMBP_HEARTBEAT_TTL_SEC=")]) == 1
-    assert len([w for w in warnings if "UMBP_ROUTE_PUT_SELECT_ALGO='fastest' is not one of most_available, random" in w]) == 1
+    assert (
+        len([w for w in warnings if "UMBP_ROUTE_PUT_SELECT_ALGO='fastest' is not one of most_available, random" in w])
+        == 1
+    )

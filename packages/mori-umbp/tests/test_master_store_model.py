@@ -146,8 +146,9 @@ nodes = st.sampled_from(NODES)
 register = st.tuples(st.just("register"), nodes)
 # Mostly the next sequence number (a gap now and then), so that most heartbeats apply.
 delta = st.tuples(st.just("delta"), nodes, st.sampled_from([0, 0, 0, 0, 1]), st.lists(kv_event, min_size=1, max_size=6))
-report = st.tuples(st.just("report"), nodes, st.lists(st.sampled_from(HASHES), min_size=1, max_size=3),
-                   st.sampled_from(TIERS))
+report = st.tuples(
+    st.just("report"), nodes, st.lists(st.sampled_from(HASHES), min_size=1, max_size=3), st.sampled_from(TIERS)
+)
 step = st.one_of(
     register,
     register,
@@ -160,8 +161,9 @@ step = st.one_of(
     st.tuples(st.just("unregister"), nodes),
     st.tuples(st.just("full"), nodes, st.integers(0, 50), st.lists(kv_event, max_size=6)),
     st.tuples(st.just("expire"), st.integers(0, 30_000)),
-    st.tuples(st.just("revoke"), nodes, st.lists(st.sampled_from(HASHES), min_size=1, max_size=3),
-              st.sampled_from(TIERS)),
+    st.tuples(
+        st.just("revoke"), nodes, st.lists(st.sampled_from(HASHES), min_size=1, max_size=3), st.sampled_from(TIERS)
+    ),
     st.tuples(st.just("revoke_tier"), nodes, st.sampled_from(TIERS)),
     st.tuples(st.just("revoke_node"), nodes),
     st.tuples(st.just("match"), st.lists(st.sampled_from(HASHES), min_size=1, max_size=4), st.booleans()),

@@ -15,21 +15,25 @@ from mori.umbp._extents import ALIGN, ExtentAllocator
 SIZES = [1, 100, 4 * KiB, 4 * KiB + 1, 12 * KiB, 30 * KiB]
 KEYS = [f"k{i}" for i in range(24)]
 
-ops = st.lists(st.one_of(
-    st.tuples(st.just("put"), st.sampled_from(KEYS), st.sampled_from(SIZES), st.integers(-1, 5)),
-    st.tuples(st.just("get"), st.sampled_from(KEYS)),
-    st.tuples(st.just("range"), st.sampled_from(KEYS), st.integers(0, 40 * KiB), st.integers(1, 300)),
-    st.tuples(st.just("exists"), st.lists(st.sampled_from(KEYS), max_size=6)),
-    st.tuples(st.just("flush")),
-    st.tuples(st.just("clear")),
-), max_size=60)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.sampled_from(KEYS), st.sampled_from(SIZES), st.integers(-1, 5)),
+        st.tuples(st.just("get"), st.sampled_from(KEYS)),
+        st.tuples(st.just("range"), st.sampled_from(KEYS), st.integers(0, 40 * KiB), st.integers(1, 300)),
+        st.tuples(st.just("exists"), st.lists(st.sampled_from(KEYS), max_size=6)),
+        st.tuples(st.just("flush")),
+        st.tuples(st.just("clear")),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(script=ops, ssd=st.booleans(), promote=st.booleans())
 def test_the_pool_never_returns_other_bytes(tmp_path_factory, script, ssd: bool, promote: bool) -> None:
-    cfg = small_config(tmp_path_factory.mktemp("model"), dram=64 * KiB, ssd=ssd, ssd_capacity=256 * KiB,
-                       segment=64 * KiB)
+    cfg = small_config(
+        tmp_path_factory.mktemp("model"), dram=64 * KiB, ssd=ssd, ssd_capacity=256 * KiB, segment=64 * KiB
+    )
     cfg.eviction.auto_promote_on_read = promote
     rng = np.random.default_rng(len(script))
     model: dict[str, np.ndarray] = {}
@@ -57,7 +61,7 @@ def test_the_pool_never_returns_other_bytes(tmp_path_factory, script, ssd: bool,
                 out = np.zeros(length, np.uint8)
                 got = client.batch_get_ranges_into_ptr([key], [[int(out.ctypes.data)]], [[length]], [[offset]])[0]
                 if got:
-                    assert np.array_equal(out, model[key][offset:offset + length])
+                    assert np.array_equal(out, model[key][offset : offset + length])
                 else:
                     assert key not in model or offset + length > len(model[key]) or not client.exists(key)
             elif op[0] == "exists":

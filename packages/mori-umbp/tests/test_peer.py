@@ -19,8 +19,11 @@ from mori.umbp._master._proto import umbp_peer_pb2_grpc as pb_grpc
 from mori.umbp._store import LocalStore
 
 PAGE = 16 * KiB
-OK, EXISTS, NO_SPACE = (pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALLOCATED, pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALREADY_EXISTS,
-                        pb.ALLOCATE_SLOT_OUTCOME_FAILED_NO_SPACE)
+OK, EXISTS, NO_SPACE = (
+    pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALLOCATED,
+    pb.ALLOCATE_SLOT_OUTCOME_SUCCESS_ALREADY_EXISTS,
+    pb.ALLOCATE_SLOT_OUTCOME_FAILED_NO_SPACE,
+)
 
 
 @pytest.fixture()
@@ -57,14 +60,24 @@ def test_peer_info(peer) -> None:
     stub, store, _ = peer
     info = stub.GetPeerInfo(pb.GetPeerInfoRequest(), timeout=5)
     assert (info.engine_desc, info.buffer_desc, info.buffer_size, info.page_size) == (
-        b"engine", b"buffer", store.buffer_size, 4096)
+        b"engine",
+        b"buffer",
+        store.buffer_size,
+        4096,
+    )
 
 
-@pytest.mark.parametrize(("entries", "message"), [
-    ([("", PAGE)], "must not be empty"), ([("k", 0)], r"size must be in \[1, 65536\]"),
-    ([("k", 1 << 40)], "size must be in"), ([("k\0", PAGE)], "NUL"), ([("x" * 2000, PAGE)], "the most is 1024"),
-    ([("k", PAGE)] * (_peer.MAX_BATCH + 1), "the most is 4096"),
-])
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ([("", PAGE)], "must not be empty"),
+        ([("k", 0)], r"size must be in \[1, 65536\]"),
+        ([("k", 1 << 40)], "size must be in"),
+        ([("k\0", PAGE)], "NUL"),
+        ([("x" * 2000, PAGE)], "the most is 1024"),
+        ([("k", PAGE)] * (_peer.MAX_BATCH + 1), "the most is 4096"),
+    ],
+)
 def test_malformed_requests_are_refused_whole(peer, entries, message) -> None:
     stub, store, _ = peer
     with pytest.raises(grpc.RpcError) as err:
@@ -85,7 +98,9 @@ def test_allocate_commit_abort(peer) -> None:
     assert _commit(stub, (a.slot_id, "a")) == [True]
     assert _commit(stub, (a.slot_id, "a")) == [False]
     assert list(stub.BatchAbortSlots(pb.BatchAbortSlotsRequest(slot_ids=[b.slot_id, 999]), timeout=5).success) == [
-        True, True]
+        True,
+        True,
+    ]
     assert store.contains("a") and not store.contains("b")
     assert _allocate(stub, ("a", PAGE))[0].outcome == EXISTS
     out = np.zeros(PAGE, np.uint8)
@@ -127,15 +142,18 @@ def test_read_leases(peer) -> None:
     lease = stub.BatchResolveKeys(pb.BatchResolveKeysRequest(keys=["k"]), timeout=5).lease_id[0]
     time.sleep(0.4)
     assert list(stub.BatchReleaseKeys(pb.BatchReleaseKeysRequest(keys=["k"], lease_id=[lease]), timeout=5).held) == [
-        False]
+        False
+    ]
     # nor one whose key was evicted meanwhile
     lease = stub.BatchResolveKeys(pb.BatchResolveKeysRequest(keys=["k"]), timeout=5).lease_id[0]
     assert store.evict("k") == PAGE
     assert list(stub.BatchReleaseKeys(pb.BatchReleaseKeysRequest(keys=["k"], lease_id=[lease]), timeout=5).held) == [
-        False]
+        False
+    ]
     (again,) = _allocate(stub, ("k", PAGE))
     _commit(stub, (again.slot_id, "k"))
     assert list(stub.BatchReleaseKeys(pb.BatchReleaseKeysRequest(keys=["k"], lease_id=[lease]), timeout=5).held) == [
-        False]  # the key's new value is not the one that lease was for
+        False
+    ]  # the key's new value is not the one that lease was for
     evicted = stub.EvictKey(pb.EvictKeyRequest(keys=["k"]), timeout=5).evicted
     assert evicted[0].bytes_freed == PAGE and not store.contains("k")

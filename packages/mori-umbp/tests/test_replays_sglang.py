@@ -28,10 +28,18 @@ CHUNK = 16  # pages per batch_set_v1, as HiCache backs up a request's pages in c
 
 def _extra(tmp_path, dram: int) -> dict:
     return {
-        "dram_capacity_bytes": dram, "ssd_enabled": "true", "ssd_storage_dir": str(tmp_path / "hicache"),
-        "ssd_capacity_bytes": 64 << 20, "ssd_segment_size_bytes": 8 << 20, "ssd_durability_mode": "relaxed",
-        "ssd_io_backend": "posix", "ssd_copy_worker_threads": 2, "eviction_candidate_window": 8,
-        "auto_promote_on_read": "1", "ssd_high_watermark": 0.9, "ssd_low_watermark": 0.7,
+        "dram_capacity_bytes": dram,
+        "ssd_enabled": "true",
+        "ssd_storage_dir": str(tmp_path / "hicache"),
+        "ssd_capacity_bytes": 64 << 20,
+        "ssd_segment_size_bytes": 8 << 20,
+        "ssd_durability_mode": "relaxed",
+        "ssd_io_backend": "posix",
+        "ssd_copy_worker_threads": 2,
+        "eviction_candidate_window": 8,
+        "auto_promote_on_read": "1",
+        "ssd_high_watermark": 0.9,
+        "ssd_low_watermark": 0.7,
     }
 
 
@@ -44,7 +52,10 @@ def test_umbp_store_replay_one_node(tmp_path, mla: bool) -> None:
 
     cfg = store.config
     assert (cfg.dram.capacity_bytes, cfg.ssd.enabled, cfg.ssd.io.backend) == (
-        PAGES * page_bytes // 4, True, UMBPIoBackend.Posix)
+        PAGES * page_bytes // 4,
+        True,
+        UMBPIoBackend.Posix,
+    )
     assert cfg.ssd.durability.mode == UMBPDurabilityMode.Relaxed
     assert store.registered == [(int(pool.kv_buffer.ctypes.data), pool.kv_buffer.nbytes)]
 
@@ -55,7 +66,7 @@ def test_umbp_store_replay_one_node(tmp_path, mla: bool) -> None:
     for start in range(0, PAGES, CHUNK):
         indices = np.arange(start * pool.page_size, (start + CHUNK) * pool.page_size)
         prefix = keys[:start] if start else None
-        assert store.batch_set_v1(keys[start:start + CHUNK], indices, prefix) == [True] * CHUNK
+        assert store.batch_set_v1(keys[start : start + CHUNK], indices, prefix) == [True] * CHUNK
     assert store.batch_set_v1(keys[:CHUNK], np.arange(CHUNK * pool.page_size), None) == [True] * CHUNK
 
     # The host pool's pages are reused for other requests; the prefix hits again later.
@@ -69,7 +80,7 @@ def test_umbp_store_replay_one_node(tmp_path, mla: bool) -> None:
     for start in range(0, PAGES, CHUNK):
         first = PAGES + start
         indices = np.arange(first * pool.page_size, (first + CHUNK) * pool.page_size)
-        assert store.batch_get_v1(keys[start:start + CHUNK], indices) == [True] * CHUNK
+        assert store.batch_get_v1(keys[start : start + CHUNK], indices) == [True] * CHUNK
     for page in range(PAGES):
         assert pool.page_bytes(PAGES + page) == expected[page], f"page {page} differs"
     zero_page = bytes(page_bytes)
@@ -92,13 +103,18 @@ def test_umbp_store_replay_standalone_process_mla_ranks_share_pages(tmp_path, mo
     two MLA ranks of one model, whose page keys are the same on every rank, sharing one pool: the
     second finds and reads what the first backed up."""
     for name, value in {
-        "UMBP_STANDALONE_ADDRESS": f"unix://{tmp_path}/umbp.sock", "UMBP_STANDALONE_AUTO_START": "true",
-        "UMBP_DRAM_CAPACITY": str(512 << 10), "UMBP_DRAM_PREFAULT": "0", "UMBP_SSD_DIR": str(tmp_path / "ssd"),
+        "UMBP_STANDALONE_ADDRESS": f"unix://{tmp_path}/umbp.sock",
+        "UMBP_STANDALONE_AUTO_START": "true",
+        "UMBP_DRAM_CAPACITY": str(512 << 10),
+        "UMBP_DRAM_PREFAULT": "0",
+        "UMBP_SSD_DIR": str(tmp_path / "ssd"),
         "UMBP_SSD_CAPACITY": str(64 << 20),
     }.items():
         monkeypatch.setenv(name, value)
-    pools = [HostKVPool(pages=2 * PAGES, page_size=16, layers=4, heads=1, head_dim=64, mla=True, shared=True)
-             for _ in range(2)]
+    pools = [
+        HostKVPool(pages=2 * PAGES, page_size=16, layers=4, heads=1, head_dim=64, mla=True, shared=True)
+        for _ in range(2)
+    ]
     ranks = [UmbpStoreReplay(StorageConfig(tp_rank=r, tp_size=2, is_mla_model=True), pools[r]) for r in range(2)]
     try:
         for rank, pool in zip(ranks, pools):

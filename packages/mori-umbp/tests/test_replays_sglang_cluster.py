@@ -32,14 +32,25 @@ PAGES = 24  # per rank: 3 ranks' pages (72) fit no single rank's DRAM below, so 
 def test_umbp_store_replay_three_nodes_and_a_master(tmp_path, store: str) -> None:
     with hosts(4) as spaces, contextlib.ExitStack() as stack:
         *nodes, master_ns = spaces
-        master = CommandProcess(master_host, (master_ns.address, store == "redis", str(tmp_path)), name="master",
-                                timeout=120, start=start_in_netns(master_ns.name))
+        master = CommandProcess(
+            master_host,
+            (master_ns.address, store == "redis", str(tmp_path)),
+            name="master",
+            timeout=120,
+            start=start_in_netns(master_ns.name),
+        )
         stack.callback(master.close)
         address = master.ready
         ranks = []
         for i, ns in enumerate(nodes):
-            extra = {"master_address": address, "node_id": f"rank{i}", "node_address": ns.address,
-                     "dram_capacity_bytes": 2 << 20, "ssd_enabled": "false", "staging_buffer_size": 1 << 20}
+            extra = {
+                "master_address": address,
+                "node_id": f"rank{i}",
+                "node_address": ns.address,
+                "dram_capacity_bytes": 2 << 20,
+                "ssd_enabled": "false",
+                "staging_buffer_size": 1 << 20,
+            }
             rank = CommandProcess(sglang_rank, (extra,), name=f"rank{i}", timeout=120, start=start_in_netns(ns.name))
             stack.callback(rank.close)
             info = rank.ready
@@ -57,8 +68,11 @@ def test_umbp_store_replay_three_nodes_and_a_master(tmp_path, store: str) -> Non
         def everyone_reads_everything() -> None:
             for reader, rank in enumerate(ranks):
                 for owner in range(3):
-                    wait_until(lambda r=rank, o=owner: r.call("exists", keys[o]) == PAGES, 20,
-                               f"rank{reader} sees rank{owner}'s pages")
+                    wait_until(
+                        lambda r=rank, o=owner: r.call("exists", keys[o]) == PAGES,
+                        20,
+                        f"rank{reader} sees rank{owner}'s pages",
+                    )
                     assert rank.call("get", 100 + owner, keys[owner]) == [True] * PAGES, (reader, owner)
 
         everyone_reads_everything()

@@ -27,16 +27,26 @@ PAGE = 16 << 10
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "UMBP_DRAM_CAPACITY": str(256 << 10), "UMBP_DRAM_PREFAULT": "0",
-            "UMBP_SSD_DIR": str(tmp_path / "ssd"), "UMBP_SSD_CAPACITY": str(16 << 20)}
+    return {
+        **os.environ,
+        "UMBP_DRAM_CAPACITY": str(256 << 10),
+        "UMBP_DRAM_PREFAULT": "0",
+        "UMBP_SSD_DIR": str(tmp_path / "ssd"),
+        "UMBP_SSD_CAPACITY": str(16 << 20),
+    }
 
 
 @pytest.fixture()
 def server(tmp_path):
     """``unix://`` address of a standalone server in a process of its own."""
     address = f"unix://{tmp_path}/umbp.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "mori.umbp._standalone", address], env=_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mori.umbp._standalone", address],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("[Standalone] Listening on"), line
@@ -95,7 +105,9 @@ def test_two_clients_share_one_pool(server) -> None:
         assert all(writer.batch_put_from_ptr(["a", "b"], [handle.ptr, handle.ptr + PAGE], [PAGE, PAGE]))
         dst[:] = 0
         assert reader.batch_get_into_ptr(["b", "a"], [out_handle.ptr, out_handle.ptr + PAGE], [PAGE, PAGE]) == [
-            True, True]
+            True,
+            True,
+        ]
         assert np.array_equal(dst[0], src[1]) and np.array_equal(dst[1], src[0])
         # the reader's pages are its own: a writer's address names nothing for it
         assert reader.get_into_ptr("a", handle.ptr, PAGE) is False

@@ -98,6 +98,7 @@ def __getattr__(name: str) -> object:
         return getattr(_master_client, name)
     raise AttributeError(f"module 'mori.umbp' has no attribute {name!r}")
 
+
 __version__ = _metadata.version("mori-umbp")
 
 

@@ -102,8 +102,9 @@ class UMBPClient:
         """:meth:`put_from_ptr` for each ``(keys[i], ptrs[i], sizes[i])``; one result each."""
         return self.batch_put_from_ptr_with_depth(keys, ptrs, sizes, [])
 
-    def batch_put_from_ptr_with_depth(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int],
-                                      depths: Sequence[int]) -> list[bool]:
+    def batch_put_from_ptr_with_depth(
+        self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], depths: Sequence[int]
+    ) -> list[bool]:
         """:meth:`batch_put_from_ptr` with each key's prefix depth (SGLang's radix-tree depth):
         among pages equally old, the deepest leave DRAM first. An empty ``depths``, or a depth
         of -1, is plain LRU."""
@@ -123,9 +124,13 @@ class UMBPClient:
         keys, ptrs, sizes = self._batch(keys, ptrs, sizes, "ptrs")
         return self._pool.get(keys, ptrs, sizes) if keys else []
 
-    def batch_get_ranges_into_ptr(self, keys: Sequence[str], ptrs: Sequence[Sequence[int]],
-                                  sizes: Sequence[Sequence[int]],
-                                  src_offsets: Sequence[Sequence[int]]) -> list[bool]:
+    def batch_get_ranges_into_ptr(
+        self,
+        keys: Sequence[str],
+        ptrs: Sequence[Sequence[int]],
+        sizes: Sequence[Sequence[int]],
+        src_offsets: Sequence[Sequence[int]],
+    ) -> list[bool]:
         """Copies byte ranges of stored values out: for key ``i``, ``sizes[i][j]`` bytes from
         offset ``src_offsets[i][j]`` of its value to ``ptrs[i][j]``. A key is False when absent
         or when a range runs past its value's end. Served from this process's store (on a node of a
@@ -137,24 +142,33 @@ class UMBPClient:
             return [False] * len(keys)
         return [store.read_ranges(key, ranges) for key, ranges in zip(keys, plans)]
 
-    def batch_put_ranges_from_ptr(self, keys: Sequence[str], object_sizes: Sequence[int],
-                                  ptrs: Sequence[Sequence[int]], sizes: Sequence[Sequence[int]],
-                                  dst_offsets: Sequence[Sequence[int]]) -> list[bool]:
+    def batch_put_ranges_from_ptr(
+        self,
+        keys: Sequence[str],
+        object_sizes: Sequence[int],
+        ptrs: Sequence[Sequence[int]],
+        sizes: Sequence[Sequence[int]],
+        dst_offsets: Sequence[Sequence[int]],
+    ) -> list[bool]:
         """Stores values assembled from scattered buffers: value ``i`` is ``object_sizes[i]``
         bytes, and its ranges (``sizes[i][j]`` bytes at ``ptrs[i][j]``, placed at
         ``dst_offsets[i][j]``) must tile it exactly, else ValueError. A value is published
         whole or not at all, into this process's store (a standalone client: all False)."""
         keys = check_keys(as_list(keys, "keys"))
-        totals = [check_size(s, f"object_sizes[{i}]", self.max_value_size)
-                  for i, s in enumerate(as_list(object_sizes, "object_sizes"))]
+        totals = [
+            check_size(s, f"object_sizes[{i}]", self.max_value_size)
+            for i, s in enumerate(as_list(object_sizes, "object_sizes"))
+        ]
         check_lengths(keys=keys, object_sizes=totals)
         plans = self._ranges(keys, ptrs, sizes, dst_offsets, "dst_offsets")
         for i, (ranges, total) in enumerate(zip(plans, totals)):
             covered = 0
             for _, size, offset in sorted(ranges, key=lambda r: r[2]):
                 if offset != covered:
-                    raise ValueError(f"ranges of keys[{i}] do not tile [0, {total}): "
-                                     f"{'gap' if offset > covered else 'overlap'} at byte {min(offset, covered)}")
+                    raise ValueError(
+                        f"ranges of keys[{i}] do not tile [0, {total}): "
+                        f"{'gap' if offset > covered else 'overlap'} at byte {min(offset, covered)}"
+                    )
                 covered += size
             if covered != total:
                 raise ValueError(f"ranges of keys[{i}] cover {covered} bytes of {total}")
@@ -221,8 +235,9 @@ class UMBPClient:
 
     # -- registered memory --------------------------------------------------------------------
 
-    def register_memory(self, ptr: int, size: int, loc: MemoryLocationType = MemoryLocationType.CPU,
-                        device: int = -1) -> bool:
+    def register_memory(
+        self, ptr: int, size: int, loc: MemoryLocationType = MemoryLocationType.CPU, device: int = -1
+    ) -> bool:
         """Registers the caller's host buffer ``[ptr, ptr + size)`` (SGLang's host KV pool) for
         zero-copy transfers. Puts and gets work on any host address; a node of a cluster moves
         registered buffers' pages straight to and from peers. False for GPU memory, which this
@@ -282,25 +297,38 @@ class UMBPClient:
     def _batch(self, keys: Any, ptrs: Any, sizes: Any, ptr_name: str) -> tuple[list[str], list[int], list[int]]:
         keys, ptrs, sizes = as_list(keys, "keys"), as_list(ptrs, ptr_name), as_list(sizes, "sizes")
         check_lengths(keys=keys, **{ptr_name: ptrs}, sizes=sizes)
-        return (check_keys(keys),
-                [check_address(p, f"{ptr_name}[{i}]") for i, p in enumerate(ptrs)],
-                [check_size(s, f"sizes[{i}]", self.max_value_size) for i, s in enumerate(sizes)])
+        return (
+            check_keys(keys),
+            [check_address(p, f"{ptr_name}[{i}]") for i, p in enumerate(ptrs)],
+            [check_size(s, f"sizes[{i}]", self.max_value_size) for i, s in enumerate(sizes)],
+        )
 
-    def _ranges(self, keys: list[str], ptrs: Any, sizes: Any, offsets: Any,
-                offset_name: str) -> list[list[tuple[int, int, int]]]:
+    def _ranges(
+        self, keys: list[str], ptrs: Any, sizes: Any, offsets: Any, offset_name: str
+    ) -> list[list[tuple[int, int, int]]]:
         """Per key, its ranges as ``(address, size, offset)``, checked."""
         ptrs, sizes, offsets = as_list(ptrs, "ptrs"), as_list(sizes, "sizes"), as_list(offsets, offset_name)
         check_lengths(keys=keys, ptrs=ptrs, sizes=sizes, **{offset_name: offsets})
         plans = []
         for i in range(len(keys)):
-            p, s, o = as_list(ptrs[i], f"ptrs[{i}]"), as_list(sizes[i], f"sizes[{i}]"), \
-                as_list(offsets[i], f"{offset_name}[{i}]")
+            p, s, o = (
+                as_list(ptrs[i], f"ptrs[{i}]"),
+                as_list(sizes[i], f"sizes[{i}]"),
+                as_list(offsets[i], f"{offset_name}[{i}]"),
+            )
             check_lengths(**{f"ptrs[{i}]": p, f"sizes[{i}]": s, f"{offset_name}[{i}]": o})
             if not p:
                 raise ValueError(f"keys[{i}] has no ranges")
-            plans.append([(check_address(p[j], f"ptrs[{i}][{j}]"),
-                           check_size(s[j], f"sizes[{i}][{j}]", self.max_value_size),
-                           check_offset(o[j], f"{offset_name}[{i}][{j}]")) for j in range(len(p))])
+            plans.append(
+                [
+                    (
+                        check_address(p[j], f"ptrs[{i}][{j}]"),
+                        check_size(s[j], f"sizes[{i}][{j}]", self.max_value_size),
+                        check_offset(o[j], f"{offset_name}[{i}][{j}]"),
+                    )
+                    for j in range(len(p))
+                ]
+            )
         return plans
 
     def _put_ranges(self, key: str, total: int, ranges: list[tuple[int, int, int]]) -> bool:
@@ -311,4 +339,3 @@ class UMBPClient:
         if not isinstance(tier, UMBPTierType):
             raise TypeError(f"tier must be a UMBPTierType, not {type(tier).__name__}")
         return check_keys(as_list(hashes, "hashes"), "hashes")
-

@@ -52,28 +52,40 @@ class ClusterNode:
         admit = CacheRemoteAdmission.NEVER if not dist.cache_remote_fetches else dist.cache_remote_admission
         #: The largest page read from a peer that is kept here too (0: none; MORI's admission).
         self._cache_limit = {CacheRemoteAdmission.NEVER: 0, CacheRemoteAdmission.ALWAYS: 1 << 62}.get(
-            admit, dist.admission_max_block_bytes or 1 << 62)
+            admit, dist.admission_max_block_bytes or 1 << 62
+        )
         host = dist.io_engine.host or mc.node_address
         # The engine's key names this incarnation of the node: a node that restarts under the same
         # id is another engine to its peers, whose old one they forget when it fails them.
-        self.transport = Transport(f"umbp-{mc.node_id}-{os.getpid()}-{secrets.token_hex(4)}", host,
-                                   dist.io_engine.port, store.buffer_address, store.buffer_size,
-                                   dist.staging_buffer_size)
+        self.transport = Transport(
+            f"umbp-{mc.node_id}-{os.getpid()}-{secrets.token_hex(4)}",
+            host,
+            dist.io_engine.port,
+            store.buffer_address,
+            store.buffer_size,
+            dist.staging_buffer_size,
+        )
         # Where this node put keys on peers lately: its own reads of them go straight there, before
         # the owner's heartbeat has told the master.
         self._placed: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._placed_lock = threading.Lock()
         self._fanout = concurrent.futures.ThreadPoolExecutor(PEER_FANOUT, thread_name_prefix="umbp-fanout")
-        self._service = PeerService(store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size,
-                                    on_commit=self._committed)
+        self._service = PeerService(
+            store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size, on_commit=self._committed
+        )
         self._server: grpc.Server | None = None
         self._heartbeat: Heartbeat | None = None
         try:
             self._server, port = serve(self._service, "0.0.0.0", dist.peer_service_port)
             self.peer_address = f"{mc.node_address}:{port}"
-            self.master = MasterClient(mc.master_address, mc.node_id, mc.node_address,
-                                       peer_address=self.peer_address, engine_desc=self.transport.engine_desc,
-                                       tags=mc.tags)
+            self.master = MasterClient(
+                mc.master_address,
+                mc.node_id,
+                mc.node_address,
+                peer_address=self.peer_address,
+                engine_desc=self.transport.engine_desc,
+                tags=mc.tags,
+            )
             self._heartbeat = Heartbeat(self.master, store, self._capacities, mc.auto_heartbeat)
         except BaseException:
             self._shutdown_services()
@@ -91,8 +103,10 @@ class ClusterNode:
         total = stats["dram_capacity"]
         if not self._ssd:
             return {UMBPTierType.DRAM: (total, total)}
-        return {UMBPTierType.DRAM: (total, max(0, total - stats["dram_used"])),
-                UMBPTierType.SSD: (stats["ssd_capacity"], max(0, stats["ssd_capacity"] - stats["ssd_used"]))}
+        return {
+            UMBPTierType.DRAM: (total, max(0, total - stats["dram_used"])),
+            UMBPTierType.SSD: (stats["ssd_capacity"], max(0, stats["ssd_capacity"] - stats["ssd_used"])),
+        }
 
     # -- puts ---------------------------------------------------------------------------------
 
@@ -115,10 +129,16 @@ class ClusterNode:
                 remote[route.peer_address].append(i)
         for i in local:
             results[i] = self._store.write(keys[i], ptrs[i], sizes[i], depths[i])
+
         def put_on(address: str) -> list[bool]:
             indices = remote[address]
-            return self._put_remote(address, [keys[i] for i in indices], [ptrs[i] for i in indices],
-                                    [sizes[i] for i in indices], [depths[i] for i in indices])
+            return self._put_remote(
+                address,
+                [keys[i] for i in indices],
+                [ptrs[i] for i in indices],
+                [sizes[i] for i in indices],
+                [depths[i] for i in indices],
+            )
 
         for address, ok in zip(remote, self._each_peer(put_on, list(remote))):
             indices = remote[address]
@@ -135,8 +155,9 @@ class ClusterNode:
             self._heartbeat.wake()
         return results
 
-    def _put_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int],
-                    depths: list[int]) -> list[bool]:
+    def _put_remote(
+        self, address: str, keys: list[str], ptrs: list[int], sizes: list[int], depths: list[int]
+    ) -> list[bool]:
         try:
             peer = self.transport.peer(address)
             request = pb.BatchAllocateSlotsRequest()
@@ -175,8 +196,9 @@ class ClusterNode:
         absent = set(missing)
         held = [i for i in range(len(keys)) if i not in absent]
         if held:
-            for i, ok in zip(held, self._store.read([keys[i] for i in held], [ptrs[i] for i in held],
-                                                   [sizes[i] for i in held])):
+            for i, ok in zip(
+                held, self._store.read([keys[i] for i in held], [ptrs[i] for i in held], [sizes[i] for i in held])
+            ):
                 results[i] = ok
         missing += [i for i in held if not results[i]]  # gone meanwhile: another node may have it
         if missing:
@@ -184,8 +206,9 @@ class ClusterNode:
             self._keep(missing, keys, ptrs, sizes, results)
         return results
 
-    def _get_remote_keys(self, missing: list[int], keys: list[str], ptrs: list[int], sizes: list[int],
-                         results: list[bool]) -> None:
+    def _get_remote_keys(
+        self, missing: list[int], keys: list[str], ptrs: list[int], sizes: list[int], results: list[bool]
+    ) -> None:
         """Reads keys from peers: those this node put on a peer from there, the rest from where
         the master says."""
         with self._placed_lock:
@@ -208,8 +231,9 @@ class ClusterNode:
                 by_peer[loc.peer_address].append(i)
         self._read_from(by_peer, keys, ptrs, sizes, results)
 
-    def _keep(self, fetched: list[int], keys: list[str], ptrs: list[int], sizes: list[int],
-              results: list[bool]) -> None:
+    def _keep(
+        self, fetched: list[int], keys: list[str], ptrs: list[int], sizes: list[int], results: list[bool]
+    ) -> None:
         """MORI's ``cache_remote_fetches``: pages just read from peers are kept here too, those of
         at most the admission size, while DRAM stays under its low watermark (nothing is evicted
         for them)."""
@@ -219,12 +243,14 @@ class ClusterNode:
         if kept and self._heartbeat is not None:
             self._heartbeat.wake()
 
-    def _read_from(self, by_peer: dict[str, list[int]], keys: list[str], ptrs: list[int], sizes: list[int],
-                   results: list[bool]) -> None:
+    def _read_from(
+        self, by_peer: dict[str, list[int]], keys: list[str], ptrs: list[int], sizes: list[int], results: list[bool]
+    ) -> None:
         def read_from(address: str) -> list[bool]:
             indices = by_peer[address]
-            return self._get_remote(address, [keys[i] for i in indices], [ptrs[i] for i in indices],
-                                    [sizes[i] for i in indices])
+            return self._get_remote(
+                address, [keys[i] for i in indices], [ptrs[i] for i in indices], [sizes[i] for i in indices]
+            )
 
         for address, got in zip(by_peer, self._each_peer(read_from, list(by_peer))):
             for i, ok in zip(by_peer[address], got):
@@ -244,8 +270,7 @@ class ClusterNode:
         results = [False] * len(keys)
         todo = list(range(len(keys)))
         while todo:
-            done = self._read_round(address, [keys[i] for i in todo], [ptrs[i] for i in todo],
-                                    [sizes[i] for i in todo])
+            done = self._read_round(address, [keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
             for i, ok in zip(todo, done):
                 results[i] = ok
             if not any(done):
@@ -265,8 +290,9 @@ class ClusterNode:
         if not found:
             return results
         read = self.transport.read(peer, [Move(ptrs[i], sizes[i], resolved.offset[i]) for i in found])
-        release = pb.BatchReleaseKeysRequest(keys=[keys[i] for i in found],
-                                             lease_id=[resolved.lease_id[i] for i in found])
+        release = pb.BatchReleaseKeysRequest(
+            keys=[keys[i] for i in found], lease_id=[resolved.lease_id[i] for i in found]
+        )
         try:
             held = self.transport.call(peer.stub.BatchReleaseKeys, release, address).held
         except PeerUnavailableError as exc:

@@ -30,14 +30,28 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 #: Fields typed as signed ints in MORI (``int``); every other int field is unsigned (``size_t``).
-_SIGNED = frozenset({
-    "prefault_threads", "shard_io_threads", "tier_io_threads", "spdk_mem_size_mb",
-    "spdk_io_workers", "spdk_proxy_startup_timeout_ms", "spdk_proxy_idle_exit_timeout_ms",
-    "ssd_staging_buffer_slots", "startup_timeout_ms", "device",
-})
+_SIGNED = frozenset(
+    {
+        "prefault_threads",
+        "shard_io_threads",
+        "tier_io_threads",
+        "spdk_mem_size_mb",
+        "spdk_io_workers",
+        "spdk_proxy_startup_timeout_ms",
+        "spdk_proxy_idle_exit_timeout_ms",
+        "ssd_staging_buffer_slots",
+        "startup_timeout_ms",
+        "device",
+    }
+)
 #: Upper bounds of MORI's narrower unsigned fields (``uint16_t`` ports, ``uint32_t`` ids).
-_BOUNDS = {"port": 0xFFFF, "peer_service_port": 0xFFFF, "spdk_proxy_tenant_id": 0xFFFFFFFF,
-           "spdk_proxy_max_channels": 0xFFFFFFFF, "workload_trace_client_id": 0xFFFFFFFF}
+_BOUNDS = {
+    "port": 0xFFFF,
+    "peer_service_port": 0xFFFF,
+    "spdk_proxy_tenant_id": 0xFFFFFFFF,
+    "spdk_proxy_max_channels": 0xFFFFFFFF,
+    "workload_trace_client_id": 0xFFFFFFFF,
+}
 _U64 = (1 << 64) - 1
 
 
@@ -74,9 +88,7 @@ def _checked(owner: type, name: str, default: Any, optional_type: type | None, v
         raise TypeError(f"{where} must be a str, not {type(value).__name__}")
     if isinstance(default, list):
         item = int if name == "numa_nodes" else str
-        if isinstance(value, (list, tuple)) and all(
-            isinstance(v, item) and not isinstance(v, bool) for v in value
-        ):
+        if isinstance(value, (list, tuple)) and all(isinstance(v, item) and not isinstance(v, bool) for v in value):
             return _normalize_numa_nodes(list(value)) if name == "numa_nodes" else list(value)
         raise TypeError(f"{where} must be a list of {item.__name__}, got {value!r}")
     if isinstance(value, type(default)):
@@ -96,9 +108,10 @@ class _Settings:
         cls = type(self)
         defaults = cls.__dict__.get("_DEFAULTS")
         if defaults is None:  # first assignment: learn each field's default from a bare instance
-            defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else
-                                 f.default_factory())  # type: ignore[misc,operator]
-                        for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+            defaults = {
+                f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc,operator]
+                for f in dataclasses.fields(cls)
+            }  # type: ignore[arg-type]
             type.__setattr__(cls, "_DEFAULTS", defaults)
         if name in defaults:
             value = _checked(cls, name, defaults[name], cls._OPTIONAL.get(name), value)
@@ -309,8 +322,7 @@ class UMBPConfig(_Settings):
         return _from_environment()
 
 
-UMBPConfig._OPTIONAL = {"distributed": UMBPDistributedConfig,
-                        "standalone_process": UMBPStandaloneProcessConfig}
+UMBPConfig._OPTIONAL = {"distributed": UMBPDistributedConfig, "standalone_process": UMBPStandaloneProcessConfig}
 
 #: SSD backends MORI names. Only "file" is implemented here: SPDK is out of scope.
 SSD_BACKENDS = ("file", "spdk", "spdk_proxy", "dummy_storage")
@@ -330,8 +342,9 @@ def validate(cfg: UMBPConfig) -> None:
         if ssd.ssd_backend not in SSD_BACKENDS:
             raise ValueError("ssd.ssd_backend must be one of: file, spdk, spdk_proxy, dummy_storage")
         if ssd.ssd_backend != "file":
-            raise ValueError(f"ssd.ssd_backend {ssd.ssd_backend!r} is not supported by mori.umbp "
-                             "(SPDK is out of scope): use 'file'")
+            raise ValueError(
+                f"ssd.ssd_backend {ssd.ssd_backend!r} is not supported by mori.umbp (SPDK is out of scope): use 'file'"
+            )
         if ssd.capacity_bytes == 0:
             raise ValueError("ssd.capacity_bytes must be > 0")
         if ssd.segment_size_bytes == 0:
@@ -358,8 +371,10 @@ def validate(cfg: UMBPConfig) -> None:
         if not dist.master_config.node_address:
             raise ValueError("distributed.master_config.node_address must not be empty")
         if dist.medium != UMBPMedium.DRAM:
-            raise ValueError(f"distributed.medium {dist.medium.name} is not supported by mori.umbp: "
-                             "a node serves DRAM (with its SSD tier behind it)")
+            raise ValueError(
+                f"distributed.medium {dist.medium.name} is not supported by mori.umbp: "
+                "a node serves DRAM (with its SSD tier behind it)"
+            )
     if dist is not None and cfg.standalone_process is not None:
         raise ValueError("distributed and standalone_process are mutually exclusive")
     sp = cfg.standalone_process
@@ -420,22 +435,27 @@ def _from_environment() -> UMBPConfig:
     ssd.spdk_io_workers = _int("UMBP_SPDK_IO_WORKERS", ssd.spdk_io_workers)
     ssd.spdk_proxy_shm_name = _str("UMBP_SPDK_PROXY_SHM", ssd.spdk_proxy_shm_name)
     ssd.spdk_proxy_tenant_id = _size("UMBP_SPDK_PROXY_TENANT_ID", ssd.spdk_proxy_tenant_id)
-    ssd.spdk_proxy_tenant_quota_bytes = _size("UMBP_SPDK_PROXY_TENANT_QUOTA_BYTES",
-                                              ssd.spdk_proxy_tenant_quota_bytes)
-    channels = "UMBP_SPDK_PROXY_MAX_CHANNELS" if "UMBP_SPDK_PROXY_MAX_CHANNELS" in os.environ \
-        else "UMBP_SPDK_PROXY_MAX_RANKS"
+    ssd.spdk_proxy_tenant_quota_bytes = _size("UMBP_SPDK_PROXY_TENANT_QUOTA_BYTES", ssd.spdk_proxy_tenant_quota_bytes)
+    channels = (
+        "UMBP_SPDK_PROXY_MAX_CHANNELS" if "UMBP_SPDK_PROXY_MAX_CHANNELS" in os.environ else "UMBP_SPDK_PROXY_MAX_RANKS"
+    )
     ssd.spdk_proxy_max_channels = _size(channels, ssd.spdk_proxy_max_channels)
-    data_mb = "UMBP_SPDK_PROXY_DATA_PER_CHANNEL_MB" if "UMBP_SPDK_PROXY_DATA_PER_CHANNEL_MB" in os.environ \
+    data_mb = (
+        "UMBP_SPDK_PROXY_DATA_PER_CHANNEL_MB"
+        if "UMBP_SPDK_PROXY_DATA_PER_CHANNEL_MB" in os.environ
         else "UMBP_SPDK_PROXY_DATA_MB"
+    )
     ssd.spdk_proxy_data_per_channel_mb = _size(data_mb, ssd.spdk_proxy_data_per_channel_mb)
     ssd.spdk_proxy_bin = _str("UMBP_SPDK_PROXY_BIN", ssd.spdk_proxy_bin)
     ssd.spdk_proxy_startup_timeout_ms = _int("UMBP_SPDK_PROXY_TIMEOUT_MS", ssd.spdk_proxy_startup_timeout_ms)
     ssd.spdk_proxy_auto_start = _flag("UMBP_SPDK_PROXY_AUTO_START", ssd.spdk_proxy_auto_start)
-    ssd.spdk_proxy_idle_exit_timeout_ms = _int("UMBP_SPDK_PROXY_IDLE_EXIT_TIMEOUT_MS",
-                                               ssd.spdk_proxy_idle_exit_timeout_ms)
+    ssd.spdk_proxy_idle_exit_timeout_ms = _int(
+        "UMBP_SPDK_PROXY_IDLE_EXIT_TIMEOUT_MS", ssd.spdk_proxy_idle_exit_timeout_ms
+    )
     ssd.spdk_proxy_allow_borrow = _flag("UMBP_SPDK_PROXY_ALLOW_BORROW", ssd.spdk_proxy_allow_borrow)
-    ssd.spdk_proxy_reserved_shared_bytes = _size("UMBP_SPDK_PROXY_RESERVED_SHARED_BYTES",
-                                                 ssd.spdk_proxy_reserved_shared_bytes)
+    ssd.spdk_proxy_reserved_shared_bytes = _size(
+        "UMBP_SPDK_PROXY_RESERVED_SHARED_BYTES", ssd.spdk_proxy_reserved_shared_bytes
+    )
 
     role = _str("UMBP_ROLE", "")
     if role == "leader":

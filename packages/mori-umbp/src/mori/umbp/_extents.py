@@ -49,8 +49,9 @@ class ExtentAllocator:
         """Returns ``[offset, offset + aligned(size))``, taken earlier, to the free extents."""
         length = aligned(size)
         i = bisect.bisect_left(self._starts, offset)
-        if (i < len(self._starts) and self._starts[i] < offset + length) or \
-                (i > 0 and self._starts[i - 1] + self._lengths[i - 1] > offset):
+        if (i < len(self._starts) and self._starts[i] < offset + length) or (
+            i > 0 and self._starts[i - 1] + self._lengths[i - 1] > offset
+        ):
             raise ValueError(f"extent [{offset}, {offset + length}) is already free")
         merge_left = i > 0 and self._starts[i - 1] + self._lengths[i - 1] == offset
         merge_right = i < len(self._starts) and offset + length == self._starts[i]

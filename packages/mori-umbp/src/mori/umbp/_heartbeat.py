@@ -25,8 +25,9 @@ class Heartbeat:
     """Registers the node, then ships its events (see the module's docstring). With ``auto``
     a thread does so every interval the master recommends, and sooner after a commit."""
 
-    def __init__(self, master: MasterClient, store: LocalStore, capacities: Callable[[], Mapping[Any, Any]],
-                 auto: bool) -> None:
+    def __init__(
+        self, master: MasterClient, store: LocalStore, capacities: Callable[[], Mapping[Any, Any]], auto: bool
+    ) -> None:
         self._master, self._store, self._capacities = master, store, capacities
         self._outbox: list[KvEvent] = []
         self._outbox_lock = threading.Lock()
@@ -104,8 +105,9 @@ class Heartbeat:
 
         events = self._store.snapshot(reset)
         baseline = self._next_seq
-        self._master.heartbeat([EventBundle(baseline, events)], tier_capacities=self._capacities(),
-                               full_sync=True, seq_baseline=baseline)
+        self._master.heartbeat(
+            [EventBundle(baseline, events)], tier_capacities=self._capacities(), full_sync=True, seq_baseline=baseline
+        )
         self._pending, self._next_seq, self._full_sync = [], baseline + 1, False
         return True
 

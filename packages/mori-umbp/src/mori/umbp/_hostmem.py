@@ -57,8 +57,10 @@ class UMBPHostBufferHandle:
         return self.ptr != 0
 
     def __repr__(self) -> str:
-        return (f"<UMBPHostBufferHandle ptr=0x{self.ptr:x} requested_size={self.requested_size} "
-                f"mapped_size={self.mapped_size}>")
+        return (
+            f"<UMBPHostBufferHandle ptr=0x{self.ptr:x} requested_size={self.requested_size} "
+            f"mapped_size={self.mapped_size}>"
+        )
 
     @property
     def fd(self) -> int:
@@ -73,8 +75,9 @@ class UMBPHostBufferHandle:
         return memoryview(self._map)
 
 
-def _map(size: int, backing: UMBPHostBufferBacking, hugepage_size: int, prefault: bool,
-         name: str) -> tuple[mmap.mmap, int]:
+def _map(
+    size: int, backing: UMBPHostBufferBacking, hugepage_size: int, prefault: bool, name: str
+) -> tuple[mmap.mmap, int]:
     """One mapping of ``size`` bytes with exactly ``backing``, or OSError."""
     huge = backing in (UMBPHostBufferBacking.AnonymousHugetlb, UMBPHostBufferBacking.AnonymousShmHugetlb)
     huge_bits = _MAP_HUGETLB | (hugepage_size.bit_length() - 1) << _HUGE_SHIFT if huge else 0
@@ -92,9 +95,13 @@ def _map(size: int, backing: UMBPHostBufferBacking, hugepage_size: int, prefault
         raise
 
 
-def allocate_host_buffer(size: int, backing: UMBPHostBufferBacking = UMBPHostBufferBacking.Anonymous,
-                         hugepage_size: int = 2 << 20, prefault: bool = True,
-                         name: str = "umbp") -> UMBPHostBufferHandle:
+def allocate_host_buffer(
+    size: int,
+    backing: UMBPHostBufferBacking = UMBPHostBufferBacking.Anonymous,
+    hugepage_size: int = 2 << 20,
+    prefault: bool = True,
+    name: str = "umbp",
+) -> UMBPHostBufferHandle:
     """A host buffer of at least ``size`` bytes. A huge-page backing the kernel cannot give
     falls back to the same backing on ordinary pages (the handle says which it got); a failed
     mapping gives an empty handle."""
@@ -102,8 +109,12 @@ def allocate_host_buffer(size: int, backing: UMBPHostBufferBacking = UMBPHostBuf
         raise ValueError(f"size must be a positive int, got {size!r}")
     if not isinstance(backing, UMBPHostBufferBacking):
         raise TypeError(f"backing must be a UMBPHostBufferBacking, not {type(backing).__name__}")
-    if isinstance(hugepage_size, bool) or not isinstance(hugepage_size, int) or hugepage_size <= 0 \
-            or hugepage_size & (hugepage_size - 1):
+    if (
+        isinstance(hugepage_size, bool)
+        or not isinstance(hugepage_size, int)
+        or hugepage_size <= 0
+        or hugepage_size & (hugepage_size - 1)
+    ):
         raise ValueError(f"hugepage_size must be a power of two, got {hugepage_size!r}")
     tries = [backing]
     if backing == UMBPHostBufferBacking.AnonymousHugetlb:
@@ -127,8 +138,12 @@ def allocate_host_buffer(size: int, backing: UMBPHostBufferBacking = UMBPHostBuf
             with _SHARED_LOCK:
                 _SHARED[handle.ptr] = handle
         if got != backing:
-            _log.warning("asked for %s host memory, got %s (no free huge pages of %d bytes?)",
-                         backing.name, got.name, hugepage_size)
+            _log.warning(
+                "asked for %s host memory, got %s (no free huge pages of %d bytes?)",
+                backing.name,
+                got.name,
+                hugepage_size,
+            )
         break
     return handle
 
@@ -155,8 +170,14 @@ class UMBPHostMemAllocator:
     """MORI's host-memory allocator: page-aligned ``mmap`` buffers, on huge pages where asked and
     available. SGLang's ``UMBPHostTensorAllocator`` puts the host KV pool in one."""
 
-    def alloc(self, size: int, backing: UMBPHostBufferBacking = UMBPHostBufferBacking.Anonymous,
-              hugepage_size: int = 2 << 20, numa_node: int = -1, prefault: bool = True) -> UMBPHostBufferHandle:
+    def alloc(
+        self,
+        size: int,
+        backing: UMBPHostBufferBacking = UMBPHostBufferBacking.Anonymous,
+        hugepage_size: int = 2 << 20,
+        numa_node: int = -1,
+        prefault: bool = True,
+    ) -> UMBPHostBufferHandle:
         """A buffer of at least ``size`` bytes; an empty (false) handle when the system has no
         memory for it. ``numa_node`` is accepted for MORI's callers and not bound here."""
         if isinstance(numa_node, bool) or not isinstance(numa_node, int) or numa_node < -1:

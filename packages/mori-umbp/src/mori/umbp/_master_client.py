@@ -147,9 +147,7 @@ class MasterClient:
         self.engine_desc = engine_desc
         self.tags = list(tags)
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(
-            master_address, options=[("grpc.max_receive_message_length", 64 << 20)]
-        )
+        self._channel = grpc.insecure_channel(master_address, options=[("grpc.max_receive_message_length", 64 << 20)])
         self._stub = pb_grpc.UMBPMasterStub(self._channel)
         self._registered = False
         self._lock = threading.Lock()
@@ -170,7 +168,9 @@ class MasterClient:
                     f"within its {timeout:g} s deadline ({details})",
                     code,
                 ) from None
-            raise MasterError(f"UMBP master at {self.master_address}: {rpc} failed: {code.name}: {details}", code) from None
+            raise MasterError(
+                f"UMBP master at {self.master_address}: {rpc} failed: {code.name}: {details}", code
+            ) from None
 
     def _need_node(self) -> str:
         if not self.node_id:
@@ -214,7 +214,9 @@ class MasterClient:
         RuntimeError when this client has not registered."""
         with self._lock:
             if not self._registered:
-                raise MasterError(f"node {self.node_id!r} is not registered by this client", grpc.StatusCode.FAILED_PRECONDITION)
+                raise MasterError(
+                    f"node {self.node_id!r} is not registered by this client", grpc.StatusCode.FAILED_PRECONDITION
+                )
         # MORI bounds the goodbye by UMBP_RPC_SHUTDOWN_TIMEOUT_MS rather than the usual deadline.
         timeout_s = runtime_int("UMBP_RPC_SHUTDOWN_TIMEOUT_MS", 3000, 1) / 1000
         self._call("UnregisterClient", pb.UnregisterClientRequest(node_id=self._need_node()), timeout_s)
@@ -272,7 +274,9 @@ class MasterClient:
                 node_id=self.node_id, keys=list(keys), block_sizes=list(block_sizes), exclude_nodes=list(exclude_nodes)
             ),
         )
-        return [PutRoute(RoutePutOutcome(e.outcome), e.node_id, UMBPTierType(e.tier), e.peer_address) for e in r.entries]
+        return [
+            PutRoute(RoutePutOutcome(e.outcome), e.node_id, UMBPTierType(e.tier), e.peer_address) for e in r.entries
+        ]
 
     def route_get(self, key: str, exclude_nodes: Iterable[str] = ()) -> BlockLocation | None:
         """Where to read ``key`` from, or None when no live node holds it."""
@@ -315,8 +319,10 @@ class MasterClient:
         if found is None:
             found = self._call("BatchLookup", pb.BatchLookupRequest(node_id=self.node_id, keys=keys)).found
         if len(found) != len(keys):
-            raise MasterError(f"UMBP master at {self.master_address}: asked about {len(keys)} keys, it answered "
-                              f"{len(found)}", grpc.StatusCode.INTERNAL)
+            raise MasterError(
+                f"UMBP master at {self.master_address}: asked about {len(keys)} keys, it answered {len(found)}",
+                grpc.StatusCode.INTERNAL,
+            )
         return list(map(bool, found))
 
     def lookup(self, key: str) -> bool:

@@ -59,11 +59,13 @@ class PeerService(pb_grpc.UMBPPeerServicer):
     """The ``UMBPPeer`` servicer over one :class:`LocalStore` (see the module's docstring).
     ``on_commit`` is called after slots were committed (the heartbeat ships them sooner)."""
 
-    def __init__(self, store: LocalStore, engine_desc: bytes, buffer_desc: bytes, max_value_size: int,
-                 on_commit: Any = None) -> None:
+    def __init__(
+        self, store: LocalStore, engine_desc: bytes, buffer_desc: bytes, max_value_size: int, on_commit: Any = None
+    ) -> None:
         self._store = store
-        self._info = pb.GetPeerInfoResponse(engine_desc=engine_desc, page_size=ALIGN, buffer_desc=buffer_desc,
-                                            buffer_size=store.buffer_size)
+        self._info = pb.GetPeerInfoResponse(
+            engine_desc=engine_desc, page_size=ALIGN, buffer_desc=buffer_desc, buffer_size=store.buffer_size
+        )
         self._max_size = max_value_size
         self._on_commit = on_commit
         self.lease_ms = runtime_int("UMBP_DRAM_READ_LEASE_MS", 500, 1)
@@ -136,8 +138,10 @@ class PeerService(pb_grpc.UMBPPeerServicer):
         keys = _keys([e.key for e in entries])
         for i, e in enumerate(entries):
             if not 0 < e.size <= self._max_size:
-                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"entries[{i}].size must be in [1, {self._max_size}], got {e.size}")
+                raise _Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"entries[{i}].size must be in [1, {self._max_size}], got {e.size}",
+                )
             if e.depth < -1:
                 raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"entries[{i}].depth must be >= -1, got {e.depth}")
         response = pb.BatchAllocateSlotsResponse()
@@ -183,7 +187,9 @@ class PeerService(pb_grpc.UMBPPeerServicer):
 
     def _abort_slots(self, request: Any) -> Any:
         if len(request.slot_ids) > MAX_BATCH:
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.slot_ids)} slot_ids; the most is {MAX_BATCH}")
+            raise _Refused(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.slot_ids)} slot_ids; the most is {MAX_BATCH}"
+            )
         response = pb.BatchAbortSlotsResponse()
         for slot_id in request.slot_ids:
             with self._lock:
@@ -208,8 +214,7 @@ class PeerService(pb_grpc.UMBPPeerServicer):
     def _release(self, request: Any) -> Any:
         keys = _keys(request.keys)
         if len(request.lease_id) != len(keys):
-            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"{len(keys)} keys but {len(request.lease_id)} lease_ids")
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{len(keys)} keys but {len(request.lease_id)} lease_ids")
         response = pb.BatchReleaseKeysResponse()
         response.held.extend(self._store.release(key, lease) for key, lease in zip(keys, request.lease_id))
         return response
@@ -225,8 +230,10 @@ class PeerService(pb_grpc.UMBPPeerServicer):
 
 def serve(service: PeerService, host: str, port: int, workers: int = 8) -> tuple[grpc.Server, int]:
     """The service on ``host:port`` (0: a free port); the started server and its port."""
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="umbp-peer"),
-                         options=[("grpc.max_receive_message_length", 16 << 20)])
+    server = grpc.server(
+        concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="umbp-peer"),
+        options=[("grpc.max_receive_message_length", 16 << 20)],
+    )
     pb_grpc.add_UMBPPeerServicer_to_server(service, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

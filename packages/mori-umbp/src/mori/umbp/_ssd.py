@@ -84,8 +84,9 @@ class SsdTier:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise SsdTierBusyError(f"ssd.storage_dir {directory!r} is in use by another UMBP client "
-                                   "(give each client its own directory)") from None
+            raise SsdTierBusyError(
+                f"ssd.storage_dir {directory!r} is in use by another UMBP client (give each client its own directory)"
+            ) from None
         self._locks.append(fd)
         for name in os.listdir(directory):
             if name.startswith(_SEGMENT_PREFIX):
@@ -99,8 +100,9 @@ class SsdTier:
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-            _log.warning("ssd.storage_dir %r does not take O_DIRECT; the SSD tier uses buffered I/O",
-                         self.directories[0])
+            _log.warning(
+                "ssd.storage_dir %r does not take O_DIRECT; the SSD tier uses buffered I/O", self.directories[0]
+            )
             return False
         os.close(fd)
         os.unlink(path)
@@ -197,7 +199,7 @@ class SsdTier:
             if written != end - start:
                 raise OSError(errno.EIO, f"short write to SSD segment {segment}: {written} of {end - start} bytes")
             for k in range(i, j):
-                crc = zlib.crc32(views[k][:sizes[k]]) if self.verify_crc else 0
+                crc = zlib.crc32(views[k][: sizes[k]]) if self.verify_crc else 0
                 records.append(SsdRecord(segment, places[k][1], sizes[k], crc))
             i = j
         if self.strict:
@@ -212,7 +214,7 @@ class SsdTier:
         got = os.preadv(self._fds[record.segment], [view[:length]], record.offset)
         if got != length:
             raise OSError(errno.EIO, f"short read from SSD segment {record.segment}: {got} of {length} bytes")
-        if self.verify_crc and zlib.crc32(view[:record.size]) != record.crc:
+        if self.verify_crc and zlib.crc32(view[: record.size]) != record.crc:
             raise OSError(errno.EIO, f"checksum mismatch in SSD segment {record.segment} at {record.offset}")
 
     def sync(self) -> None:

@@ -55,9 +55,10 @@ SESSION_TIMEOUT_S = 10.0
 def socket_path(address: str) -> str:
     """The filesystem path of a ``unix://PATH`` address (the only kind: descriptors need one)."""
     if not address.startswith("unix://") or len(address) <= len("unix://"):
-        raise ValueError(f"standalone_process.address must be unix:///PATH (descriptors pass over a Unix "
-                         f"socket), got {address!r}")
-    return address[len("unix://"):]
+        raise ValueError(
+            f"standalone_process.address must be unix:///PATH (descriptors pass over a Unix socket), got {address!r}"
+        )
+    return address[len("unix://") :]
 
 
 class _Region:
@@ -86,8 +87,10 @@ class StandaloneServer:
         self._fd_listener.listen(64)
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._accept, name="umbp-standalone-fd", daemon=True)]
-        self._grpc = grpc.server(concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="umbp-standalone"),
-                                 options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._grpc = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="umbp-standalone"),
+            options=[("grpc.max_receive_message_length", 64 << 20)],
+        )
         pb_grpc.add_UMBPStandaloneServicer_to_server(_Servicer(self), self._grpc)
         if self._grpc.add_insecure_port(address) == 0:
             raise OSError(f"the standalone server cannot listen on {address}")
@@ -184,8 +187,9 @@ class StandaloneServer:
                 return
         region.map.close()
 
-    def addresses(self, client_id: str, bases: Sequence[int], offsets: Sequence[int],
-                  sizes: Sequence[int]) -> tuple[list[int | None], list[_Region]]:
+    def addresses(
+        self, client_id: str, bases: Sequence[int], offsets: Sequence[int], sizes: Sequence[int]
+    ) -> tuple[list[int | None], list[_Region]]:
         """Each page's address in this process (None when outside a registered buffer), and the
         regions held for the call (give them back with :meth:`done`)."""
         out: list[int | None] = []
@@ -222,13 +226,17 @@ class _Servicer(pb_grpc.UMBPStandaloneServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # not reached: abort raises
 
-    def _pages(self, request: Any, context: grpc.ServicerContext) -> tuple[list[str], list[int | None], list[int],
-                                                                            list[_Region]]:
+    def _pages(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> tuple[list[str], list[int | None], list[int], list[_Region]]:
         keys = self._keys(request.keys, context)
         if not len(keys) == len(request.shm_offsets) == len(request.sizes) == len(request.region_bases):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "keys, shm_offsets, sizes and region_bases differ in length")
-        addresses, held = self._server.addresses(request.client_id, request.region_bases, request.shm_offsets,
-                                                 request.sizes)
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "keys, shm_offsets, sizes and region_bases differ in length"
+            )
+        addresses, held = self._server.addresses(
+            request.client_id, request.region_bases, request.shm_offsets, request.sizes
+        )
         return keys, addresses, list(request.sizes), held
 
     def Ping(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -238,8 +246,10 @@ class _Servicer(pb_grpc.UMBPStandaloneServicer):
         keys, addresses, sizes, held = self._pages(request, context)
         depths = list(request.depths) or [-1] * len(keys)
         try:
-            ok = [a is not None and 0 < s <= self._store.buffer_size and self._store.write(k, a, s, d)
-                  for k, a, s, d in zip(keys, addresses, sizes, depths)]
+            ok = [
+                a is not None and 0 < s <= self._store.buffer_size and self._store.write(k, a, s, d)
+                for k, a, s, d in zip(keys, addresses, sizes, depths)
+            ]
         finally:
             self._server.done(held)
         return pb.BatchBoolResponse(ok=ok)
@@ -248,8 +258,15 @@ class _Servicer(pb_grpc.UMBPStandaloneServicer):
         keys, addresses, sizes, held = self._pages(request, context)
         try:
             index = [i for i, a in enumerate(addresses) if a is not None]
-            got = self._store.read([keys[i] for i in index], [addresses[i] for i in index],  # type: ignore[misc]
-                                   [sizes[i] for i in index]) if index else []
+            got = (
+                self._store.read(
+                    [keys[i] for i in index],
+                    [addresses[i] for i in index],  # type: ignore[misc]
+                    [sizes[i] for i in index],
+                )
+                if index
+                else []
+            )
             ok = [False] * len(keys)
             for i, hit in zip(index, got):
                 ok[i] = hit
@@ -289,13 +306,16 @@ class StandaloneConnection:
         self._lock = threading.Lock()
         deadline = time.monotonic() + sp.startup_timeout_ms / 1000
         if not self._ping(0.5) and sp.auto_start:
-            self._process = subprocess.Popen([sys.executable, "-m", "mori.umbp._standalone", sp.address],
-                                             stdin=subprocess.DEVNULL)
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "mori.umbp._standalone", sp.address], stdin=subprocess.DEVNULL
+            )
         while not self._ping(0.5):
             if time.monotonic() > deadline or (self._process is not None and self._process.poll() is not None):
                 self.close()
-                raise RuntimeError(f"no UMBP standalone server answers at {sp.address} within "
-                                   f"{sp.startup_timeout_ms} ms" + ("" if sp.auto_start else " (auto_start is off)"))
+                raise RuntimeError(
+                    f"no UMBP standalone server answers at {sp.address} within "
+                    f"{sp.startup_timeout_ms} ms" + ("" if sp.auto_start else " (auto_start is off)")
+                )
             time.sleep(0.1)
         self._session = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._session.connect(self.path + ".fd")
@@ -310,19 +330,25 @@ class StandaloneConnection:
         try:
             return getattr(self._stub, rpc)(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
-            raise RuntimeError(f"UMBP standalone server at {self.path}: {rpc} failed: {exc.code().name}: "
-                               f"{exc.details()}") from None
+            raise RuntimeError(
+                f"UMBP standalone server at {self.path}: {rpc} failed: {exc.code().name}: {exc.details()}"
+            ) from None
 
     def register(self, ptr: int, size: int) -> bool:
         """Hands the server the shared buffer holding ``[ptr, ptr + size)``; False when it is not
         in one (no fallback: the server reads and writes the client's memory)."""
         handle = shared_buffer_of(ptr, size)
         if handle is None:
-            _log.warning("register_memory: [%#x, %#x) is not in a shared buffer (UMBPHostMemAllocator "
-                         "with an AnonymousShm backing); the standalone server cannot reach it", ptr, ptr + size)
+            _log.warning(
+                "register_memory: [%#x, %#x) is not in a shared buffer (UMBPHostMemAllocator "
+                "with an AnonymousShm backing); the standalone server cannot reach it",
+                ptr,
+                ptr + size,
+            )
             return False
-        reply = self._send({"op": "register", "client_id": self.client_id, "base": handle.ptr,
-                            "size": handle.mapped_size}, [handle.fd])
+        reply = self._send(
+            {"op": "register", "client_id": self.client_id, "base": handle.ptr, "size": handle.mapped_size}, [handle.fd]
+        )
         if reply.get("ok"):
             with self._lock:
                 self._regions[handle.ptr] = handle.mapped_size
@@ -360,14 +386,25 @@ class StandaloneConnection:
 
     def put(self, keys: list[str], ptrs: list[int], sizes: list[int], depths: list[int]) -> list[bool]:
         places = [self.place(p, s) for p, s in zip(ptrs, sizes)]
-        request = pb.BatchDataWithDepthRequest(keys=keys, client_id=self.client_id, sizes=sizes, depths=depths,
-                                               shm_offsets=[o for _, o in places], region_bases=[b for b, _ in places])
+        request = pb.BatchDataWithDepthRequest(
+            keys=keys,
+            client_id=self.client_id,
+            sizes=sizes,
+            depths=depths,
+            shm_offsets=[o for _, o in places],
+            region_bases=[b for b, _ in places],
+        )
         return list(self.call("BatchPutWithDepth", request).ok)
 
     def get(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         places = [self.place(p, s) for p, s in zip(ptrs, sizes)]
-        request = pb.BatchDataRequest(keys=keys, client_id=self.client_id, sizes=sizes,
-                                      shm_offsets=[o for _, o in places], region_bases=[b for b, _ in places])
+        request = pb.BatchDataRequest(
+            keys=keys,
+            client_id=self.client_id,
+            sizes=sizes,
+            shm_offsets=[o for _, o in places],
+            region_bases=[b for b, _ in places],
+        )
         return list(self.call("BatchGet", request).ok)
 
     def exists(self, keys: list[str]) -> list[bool]:

@@ -71,12 +71,14 @@ class LocalStore(Tiers):
         self._wait_for_moves = not cfg.copy_pipeline.async_enabled
         self._batch_max = cfg.copy_pipeline.batch_max_ops
         if dram.use_shared_memory:
-            backing = (UMBPHostBufferBacking.AnonymousShmHugetlb if dram.use_hugepages
-                       else UMBPHostBufferBacking.AnonymousShm)
+            backing = (
+                UMBPHostBufferBacking.AnonymousShmHugetlb if dram.use_hugepages else UMBPHostBufferBacking.AnonymousShm
+            )
         else:
             backing = UMBPHostBufferBacking.AnonymousHugetlb if dram.use_hugepages else UMBPHostBufferBacking.Anonymous
-        self._handle = allocate_host_buffer(self._capacity, backing, dram.hugepage_size, dram.prefault,
-                                            name=dram.shm_name.lstrip("/") or "umbp_dram")
+        self._handle = allocate_host_buffer(
+            self._capacity, backing, dram.hugepage_size, dram.prefault, name=dram.shm_name.lstrip("/") or "umbp_dram"
+        )
         if not self._handle:
             raise MemoryError(f"no host memory for the DRAM tier ({self._capacity} bytes)")
         self._view = self._handle.view()
@@ -118,8 +120,9 @@ class LocalStore(Tiers):
         with self._lock:
             self._listeners.append(listener)
 
-    def allocate(self, key: str, size: int, depth: int = -1, timeout: float = IO_TIMEOUT_S,
-                 make_room: bool = True) -> Slot | None:
+    def allocate(
+        self, key: str, size: int, depth: int = -1, timeout: float = IO_TIMEOUT_S, make_room: bool = True
+    ) -> Slot | None:
         """A DRAM slot of ``size`` bytes for ``key``, moving older pages to SSD (or dropping
         them, without an SSD tier) to make room; None when ``key`` is stored or being stored
         already. The slot is invisible until :meth:`commit`. Raises :class:`StoreFullError`
@@ -286,8 +289,9 @@ class LocalStore(Tiers):
         stored already is left as it is (True). Without ``make_room``, only into a slot free now."""
         return self.write_ranges(key, size, [(src, size, 0)], depth, make_room)
 
-    def write_ranges(self, key: str, size: int, ranges: list[tuple[int, int, int]], depth: int = -1,
-                     make_room: bool = True) -> bool:
+    def write_ranges(
+        self, key: str, size: int, ranges: list[tuple[int, int, int]], depth: int = -1, make_room: bool = True
+    ) -> bool:
         """:meth:`write` of a value of ``size`` bytes assembled from ranges ``(address, length,
         offset)`` that tile it; published whole or not at all."""
         try:
@@ -410,7 +414,8 @@ class LocalStore(Tiers):
                 "keys": len(committed),
                 "dram_keys": sum(1 for e in committed if e.dram is not None and not e.drop_dram),
                 "ssd_keys": sum(1 for e in committed if e.ssd is not None),
-                "dram_used": self._dram.used, "dram_capacity": self._capacity,
+                "dram_used": self._dram.used,
+                "dram_capacity": self._capacity,
                 "ssd_used": self._ssd.used if self._ssd else 0,
                 "ssd_capacity": self._ssd.capacity if self._ssd else 0,
             }

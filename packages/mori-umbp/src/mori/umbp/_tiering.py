@@ -25,8 +25,21 @@ IO_TIMEOUT_S = 30.0
 
 
 class _Entry:
-    __slots__ = ("key", "size", "depth", "serial", "dram", "ssd", "pins", "lease_until", "committed",
-                 "gone", "moving", "staging", "drop_dram")
+    __slots__ = (
+        "key",
+        "size",
+        "depth",
+        "serial",
+        "dram",
+        "ssd",
+        "pins",
+        "lease_until",
+        "committed",
+        "gone",
+        "moving",
+        "staging",
+        "drop_dram",
+    )
 
     def __init__(self, key: str, size: int, depth: int, dram: int, serial: int) -> None:
         self.key, self.size, self.depth, self.serial = key, size, depth, serial
@@ -36,7 +49,6 @@ class _Entry:
         self.lease_until = 0.0
         self.committed = self.gone = self.moving = self.staging = False
         self.drop_dram = False
-
 
 
 class Tiers:
@@ -142,7 +154,7 @@ class Tiers:
             else:
                 moving.append(entry)
         for start in range(0, len(moving), self._batch_max):
-            self._start_move(moving[start:start + self._batch_max])
+            self._start_move(moving[start : start + self._batch_max])
         return bool(victims)
 
     def _start_move(self, batch: list[_Entry]) -> None:
@@ -165,7 +177,7 @@ class Tiers:
             self._pin(entry)
             start = entry.dram
             assert start is not None
-            views.append(self._view[start:start + aligned(entry.size)])
+            views.append(self._view[start : start + aligned(entry.size)])
         self._moves += 1
         self._moving_bytes += sum(aligned(s) for s in sizes)
         self._ssd.submit(self._finish_move, batch, places, views)
@@ -243,7 +255,7 @@ class Tiers:
         futures: list[tuple[concurrent.futures.Future, memoryview]] = []
         for i, (entry, record, offset, _) in enumerate(jobs):
             if offset is not None:
-                view = self._view[offset:offset + aligned(record.size)]
+                view = self._view[offset : offset + aligned(record.size)]
             else:
                 scratch_buffer = allocate_host_buffer(aligned(record.size), prefault=False)
                 jobs[i] = (entry, record, offset, scratch_buffer)

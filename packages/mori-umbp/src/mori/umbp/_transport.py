@@ -67,8 +67,9 @@ class Move:
 class Transport:
     """The mori-io side of one node (see the module's docstring)."""
 
-    def __init__(self, name: str, host: str, port: int, buffer_address: int, buffer_size: int,
-                 staging_size: int) -> None:
+    def __init__(
+        self, name: str, host: str, port: int, buffer_address: int, buffer_size: int, staging_size: int
+    ) -> None:
         self.rpc_timeout_s = runtime_int("UMBP_PEER_RPC_TIMEOUT_MS", 5000, 1) / 1000
         self.io_timeout_ms = runtime_int("UMBP_TRANSFER_TIMEOUT_MS", 30000, 1)
         self.engine = IOEngine(name, IOEngineConfig(host=host, port=port))
@@ -80,8 +81,7 @@ class Transport:
         self._staging_handle = allocate_host_buffer(staging_size, prefault=False)
         if not self._staging_handle:
             raise MemoryError(f"no host memory for the staging buffer ({staging_size} bytes)")
-        self._staging = self.engine.register_memory(self._staging_handle.ptr, staging_size, -1,
-                                                    MemoryLocationType.CPU)
+        self._staging = self.engine.register_memory(self._staging_handle.ptr, staging_size, -1, MemoryLocationType.CPU)
         self.staging_size = staging_size
         self._staging_lock = threading.Lock()
         self._regions: dict[int, tuple[int, MemoryDesc]] = {}
@@ -220,8 +220,9 @@ class Transport:
             rounds.append(current)
         return rounds
 
-    def _transfer(self, peer: Peer, local: MemoryDesc, local_offsets: list[int], moves: Sequence[Move],
-                  write: bool) -> bool:
+    def _transfer(
+        self, peer: Peer, local: MemoryDesc, local_offsets: list[int], moves: Sequence[Move], write: bool
+    ) -> bool:
         if not moves:
             return True
         remote_offsets = [m.remote_offset for m in moves]
@@ -232,12 +233,19 @@ class Transport:
             status = op(local, local_offsets, peer.buffer, remote_offsets, sizes, uid)
             code = IOEngine.wait_all([status], self.io_timeout_ms)
         except Exception as exc:  # a peer that vanished mid-transfer fails the transfer, not the client
-            _log.warning("%s of %d pages with %s failed: %s", "write" if write else "read", len(moves), peer.address, exc)
+            _log.warning(
+                "%s of %d pages with %s failed: %s", "write" if write else "read", len(moves), peer.address, exc
+            )
             self.forget(peer.address)
             return False
         if code != StatusCode.SUCCESS or not status.Succeeded():
-            _log.warning("%s of %d pages with %s failed: %s", "write" if write else "read", len(moves),
-                         peer.address, status.Message())
+            _log.warning(
+                "%s of %d pages with %s failed: %s",
+                "write" if write else "read",
+                len(moves),
+                peer.address,
+                status.Message(),
+            )
             self.forget(peer.address)
             return False
         return True

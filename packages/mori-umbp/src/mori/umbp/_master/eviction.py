@@ -111,4 +111,3 @@ class EvictionAdvisor:
         for _, channel in entries:
             channel.close()
         self._pool.shutdown(wait=True)
-

@@ -331,9 +331,7 @@ class InMemoryStore(MetadataStore):
         with self._lock:
             return len(self._ext_by_node.get(node_id, ()))
 
-    def match_external_kv(
-        self, hashes: list[str], count_as_hit: bool, now_ms: int
-    ) -> dict[str, dict[int, list[str]]]:
+    def match_external_kv(self, hashes: list[str], count_as_hit: bool, now_ms: int) -> dict[str, dict[int, list[str]]]:
         with self._lock:
             out: dict[str, dict[int, list[str]]] = {}
             for h in dict.fromkeys(hashes):

@@ -18,8 +18,12 @@ class MasterMetrics:
     def __init__(self, max_reported_series: int = 16384) -> None:
         self.registry = r = CollectorRegistry()
         node_tier = ["node", "tier"]
-        self.client_count = Gauge("mori_umbp_client_count", "Number of alive clients registered with the master", registry=r)
-        self.capacity_total = Gauge("mori_umbp_client_capacity_total_bytes", "Total capacity bytes", node_tier, registry=r)
+        self.client_count = Gauge(
+            "mori_umbp_client_count", "Number of alive clients registered with the master", registry=r
+        )
+        self.capacity_total = Gauge(
+            "mori_umbp_client_capacity_total_bytes", "Total capacity bytes", node_tier, registry=r
+        )
         self.capacity_available = Gauge(
             "mori_umbp_client_capacity_available_bytes", "Available capacity bytes", node_tier, registry=r
         )
@@ -44,19 +48,32 @@ class MasterMetrics:
             ["node"],
             registry=r,
         )
-        self.route_put = Counter("mori_umbp_client_route_put_total", "Total RoutePut calls targeting client", ["node"], registry=r)
-        self.route_get = Counter("mori_umbp_client_route_get_total", "Total RouteGet hits served by client", ["node"], registry=r)
+        self.route_put = Counter(
+            "mori_umbp_client_route_put_total", "Total RoutePut calls targeting client", ["node"], registry=r
+        )
+        self.route_get = Counter(
+            "mori_umbp_client_route_get_total", "Total RouteGet hits served by client", ["node"], registry=r
+        )
         self.batch_route_put = Counter(
-            "mori_umbp_client_batch_route_put_total", "Total BatchRoutePut entries targeting client", ["node"], registry=r
+            "mori_umbp_client_batch_route_put_total",
+            "Total BatchRoutePut entries targeting client",
+            ["node"],
+            registry=r,
         )
         self.batch_route_get = Counter(
             "mori_umbp_client_batch_route_get_total", "Total BatchRouteGet hits served by client", ["node"], registry=r
         )
         self.events_applied = Counter(
-            "mori_umbp_heartbeat_events_applied_total", "KvEvents applied to GlobalBlockIndex via heartbeat", ["node"], registry=r
+            "mori_umbp_heartbeat_events_applied_total",
+            "KvEvents applied to GlobalBlockIndex via heartbeat",
+            ["node"],
+            registry=r,
         )
         self.seq_gap = Counter(
-            "mori_umbp_heartbeat_seq_gap_total", "Heartbeats rejected due to seq gap (full sync requested)", ["node"], registry=r
+            "mori_umbp_heartbeat_seq_gap_total",
+            "Heartbeats rejected due to seq gap (full sync requested)",
+            ["node"],
+            registry=r,
         )
         self.ext_report = Counter(
             "mori_umbp_external_kv_report_total",
@@ -83,7 +100,9 @@ class MasterMetrics:
             registry=r,
         )
         self.ext_match = Counter(
-            "mori_umbp_external_kv_match_total", "Total number of MatchExternalKv API calls received by the master", registry=r
+            "mori_umbp_external_kv_match_total",
+            "Total number of MatchExternalKv API calls received by the master",
+            registry=r,
         )
         self.ext_match_queried = Counter(
             "mori_umbp_external_kv_match_queried_blocks_total",
@@ -95,7 +114,9 @@ class MasterMetrics:
             "Total number of KV blocks matched across all MatchExternalKv calls",
             registry=r,
         )
-        self.ext_live_count = Gauge("mori_umbp_external_kv_live_count", "Live external KV block count", ["node"], registry=r)
+        self.ext_live_count = Gauge(
+            "mori_umbp_external_kv_live_count", "Live external KV block count", ["node"], registry=r
+        )
         # mori's own: the index size, refusals, expiries, eviction advice and handler latency.
         self.index_keys = Gauge("mori_umbp_master_index_keys", "Distinct keys in the global block index", registry=r)
         self.rejected = Counter(
@@ -105,7 +126,9 @@ class MasterMetrics:
             registry=r,
         )
         self.expired_clients = Counter(
-            "mori_umbp_master_expired_clients_total", "Clients removed by the reaper after missing heartbeats", registry=r
+            "mori_umbp_master_expired_clients_total",
+            "Clients removed by the reaper after missing heartbeats",
+            registry=r,
         )
         self.evict_advised = Counter(
             "mori_umbp_master_evict_advised_keys_total",
@@ -114,7 +137,10 @@ class MasterMetrics:
             registry=r,
         )
         self.evict_failed = Counter(
-            "mori_umbp_master_evict_dispatch_failures_total", "EvictKey calls to peers that failed", ["node"], registry=r
+            "mori_umbp_master_evict_dispatch_failures_total",
+            "EvictKey calls to peers that failed",
+            ["node"],
+            registry=r,
         )
         self.rpc_latency = Histogram(
             "mori_umbp_master_rpc_latency_seconds", "Time the master spent handling each RPC", ["rpc"], registry=r

@@ -95,7 +95,9 @@ end
 
 # ARGV: P, id, now, stale_after_ms, max_clients, addr, peer, caps, engine, tags.
 # Returns 1 registered, 0 alive already, -1 full.
-REGISTER_CLIENT = _COMMON + """
+REGISTER_CLIENT = (
+    _COMMON
+    + """
 local id, now, stale = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local rec = redis.call('HMGET', nodekey(id), 'status', 'last_hb')
 if rec[1] then
@@ -110,17 +112,23 @@ redis.call('SADD', P .. ':nodes:alive', id)
 redis.call('HSET', P .. ':alive_peers', id, ARGV[7])
 return 1
 """
+)
 
-UNREGISTER_CLIENT = _COMMON + """
+UNREGISTER_CLIENT = (
+    _COMMON
+    + """
 if redis.call('EXISTS', nodekey(ARGV[2])) == 0 then return 0 end
 drop_node(ARGV[2])
 return 1
 """
+)
 
 # ARGV: P, id, first_seq, last_seq, now, full_sync (0/1), caps, max_per_client, max_keys,
 # then 4 per event: add (1/0), key, tier, size.
 # Returns {'UNKNOWN', 0} | {'SEQ_GAP', seq} | {'QUOTA', message} | {'APPLIED', seq}.
-APPLY_HEARTBEAT = _COMMON + """
+APPLY_HEARTBEAT = (
+    _COMMON
+    + """
 local id, first, last, now = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local full = ARGV[6] == '1'
 local max_per, max_keys = tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -208,9 +216,12 @@ if ARGV[7] ~= '' then redis.call('HSET', nk, 'caps', ARGV[7]) end
 redis.call('SADD', P .. ':nodes:alive', id)
 return {'APPLIED', last}
 """
+)
 
 # ARGV: P, cutoff_ms. Returns the expired node ids.
-EXPIRE_STALE = _COMMON + """
+EXPIRE_STALE = (
+    _COMMON
+    + """
 local cutoff, dead = tonumber(ARGV[2]), {}
 for _, id in ipairs(redis.call('SMEMBERS', P .. ':nodes:alive')) do
   local hb = tonumber(redis.call('HGET', nodekey(id), 'last_hb') or '0')
@@ -219,9 +230,12 @@ end
 for _, id in ipairs(dead) do drop_node(id) end
 return dead
 """
+)
 
 # ARGV: P, n_alive, alive node ids..., keys... Returns 1/0 per key: held by an alive node.
-EXISTS_LIVE = _COMMON + """
+EXISTS_LIVE = (
+    _COMMON
+    + """
 local n = tonumber(ARGV[2])
 local alive = {}
 for i = 3, 2 + n do alive[ARGV[i]] = true end
@@ -238,9 +252,12 @@ for i = 3 + n, #ARGV do
 end
 return out
 """
+)
 
 # ARGV: P, now, lease_ms, keys...
-TOUCH = _COMMON + """
+TOUCH = (
+    _COMMON
+    + """
 local now, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
 for i = 4, #ARGV do
   local k = ARGV[i]
@@ -259,9 +276,12 @@ for i = 4, #ARGV do
 end
 return 0
 """
+)
 
 # ARGV: P, node, tier, limit, now. Returns a flat list key, size, key, size...
-EVICTION_CANDIDATES = _COMMON + """
+EVICTION_CANDIDATES = (
+    _COMMON
+    + """
 local node, tier, limit, now = ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local out, start, step = {}, 0, 256
 while #out < 2 * limit do
@@ -280,9 +300,12 @@ while #out < 2 * limit do
 end
 return out
 """
+)
 
 # ARGV: P, node, tier, max_per_client, hashes... Returns 1 ok, 0 not alive, -1 over quota.
-REPORT_EXTERNAL_KV = _COMMON + """
+REPORT_EXTERNAL_KV = (
+    _COMMON
+    + """
 local node, tier, max_per = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 if tonumber(redis.call('HGET', nodekey(node), 'status') or '0') ~= 1 then return 0 end
 local set = P .. ':extkv:node:' .. node
@@ -303,19 +326,25 @@ for i = 5, #ARGV do
 end
 return 1
 """
+)
 
 # ARGV: P, node, mask, hashes... (no hashes: every hash the node reported)
-REVOKE_EXTERNAL_KV = _COMMON + """
+REVOKE_EXTERNAL_KV = (
+    _COMMON
+    + """
 local node, mask, hashes = ARGV[2], tonumber(ARGV[3]), {}
 for i = 4, #ARGV do hashes[#hashes + 1] = ARGV[i] end
 if #hashes == 0 then hashes = redis.call('SMEMBERS', P .. ':extkv:node:' .. node) end
 clear_ext(node, hashes, mask)
 return 0
 """
+)
 
 # ARGV: P, count_as_hit (0/1), now, max_hit_entries, hashes (distinct)...
 # Returns a flat list node, mask, hash, node, mask, hash...
-MATCH_EXTERNAL_KV = _COMMON + """
+MATCH_EXTERNAL_KV = (
+    _COMMON
+    + """
 local count, now, max_hits = ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 for i = 5, #ARGV do
@@ -339,9 +368,12 @@ for i = 5, #ARGV do
 end
 return out
 """
+)
 
 # ARGV: P, cutoff, hit keys found by SCAN... Returns how many were dropped.
-GC_HITS = _COMMON + """
+GC_HITS = (
+    _COMMON
+    + """
 local cutoff, dropped = tonumber(ARGV[2]), 0
 for i = 3, #ARGV do
   local ls = redis.call('HGET', ARGV[i], 'ls')
@@ -353,3 +385,4 @@ for i = 3, #ARGV do
 end
 return dropped
 """
+)

@@ -112,9 +112,7 @@ class RedisStore(MetadataStore):
     def _run(self, name: str, *args: object) -> Any:
         argv = [self.prefix, *args]
         client = self.bulk if name in BULK_SCRIPTS else self.client
-        return self._guard(
-            lambda: self._scripts[name](keys=[self.prefix + ":nodes:alive"], args=argv, client=client)
-        )
+        return self._guard(lambda: self._scripts[name](keys=[self.prefix + ":nodes:alive"], args=argv, client=client))
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -284,9 +282,7 @@ class RedisStore(MetadataStore):
     def external_kv_count(self, node_id: str) -> int:
         return int(self._guard(lambda: self.client.scard(self._k("extkv", "node", node_id))))
 
-    def match_external_kv(
-        self, hashes: list[str], count_as_hit: bool, now_ms: int
-    ) -> dict[str, dict[int, list[str]]]:
+    def match_external_kv(self, hashes: list[str], count_as_hit: bool, now_ms: int) -> dict[str, dict[int, list[str]]]:
         unique = list(dict.fromkeys(hashes))
         if not unique:
             return {}
@@ -321,4 +317,3 @@ class RedisStore(MetadataStore):
                 dropped += int(self._run("GC_HITS", cutoff_ms, *found))
             if cursor == 0:
                 return dropped
-

@@ -188,8 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         description="The UMBP master: global block index, routing, heartbeats and external-KV index over gRPC. "
         "Settings come from UMBP_* environment variables (see the mori.umbp guide).",
     )
-    parser.add_argument("address", nargs="?", help="gRPC listen address host:port (default UMBP_MASTER_LISTEN or 0.0.0.0:50051)")
-    parser.add_argument("metrics_port", nargs="?", type=int, help="Prometheus metrics HTTP port (default 9091; 0 = off)")
+    parser.add_argument(
+        "address", nargs="?", help="gRPC listen address host:port (default UMBP_MASTER_LISTEN or 0.0.0.0:50051)"
+    )
+    parser.add_argument(
+        "metrics_port", nargs="?", type=int, help="Prometheus metrics HTTP port (default 9091; 0 = off)"
+    )
     ns = parser.parse_args(argv)
     apply_log_level()
     settings = MasterSettings.from_environment()

@@ -190,7 +190,9 @@ class MasterService(pb_grpc.UMBPMasterServicer):
             if len(value.encode()) > MAX_ADDRESS_BYTES:
                 raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is longer than {MAX_ADDRESS_BYTES} bytes")
         if len(request.engine_desc) > MAX_ENGINE_DESC_BYTES:
-            raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"engine_desc is longer than {MAX_ENGINE_DESC_BYTES} bytes")
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT, f"engine_desc is longer than {MAX_ENGINE_DESC_BYTES} bytes"
+            )
         self._batch("tags", request.tags, MAX_TAGS)
         for i, tag in enumerate(request.tags):
             self._name(f"tags[{i}]", tag)
@@ -205,7 +207,9 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         )
         stale_after = self.settings.expiry_s * 1000
         if not self.store.register_client(record, now_ms(), stale_after):
-            raise Rejected(grpc.StatusCode.ALREADY_EXISTS, f"node {request.node_id!r} is already alive and cannot be re-registered")
+            raise Rejected(
+                grpc.StatusCode.ALREADY_EXISTS, f"node {request.node_id!r} is already alive and cannot be re-registered"
+            )
         log.info("[Master] registered %s (peer %s)", request.node_id, request.peer_address or "-")
         self.metrics.forget_node(request.node_id)
         self.metrics.set_capacities(request.node_id, caps)
@@ -317,7 +321,10 @@ class MasterService(pb_grpc.UMBPMasterServicer):
             return pb.RoutePutResponse(outcome=pb.ROUTE_PUT_OUTCOME_UNAVAILABLE)
         self.metrics.route_put.labels(route.node_id).inc()
         return pb.RoutePutResponse(
-            outcome=pb.ROUTE_PUT_OUTCOME_ROUTED, node_id=route.node_id, tier=cast(Any, route.tier), peer_address=route.peer_address
+            outcome=pb.ROUTE_PUT_OUTCOME_ROUTED,
+            node_id=route.node_id,
+            tier=cast(Any, route.tier),
+            peer_address=route.peer_address,
         )
 
     @_handler
@@ -495,8 +502,16 @@ class MasterService(pb_grpc.UMBPMasterServicer):
                 elif which == "histogram_aggregate":
                     a = m.histogram_aggregate
                     samples.append(
-                        Sample("histogram", m.name, m.help, labels, bounds=tuple(a.bounds),
-                               buckets=tuple(a.bucket_counts), count=a.count, total=a.sum)
+                        Sample(
+                            "histogram",
+                            m.name,
+                            m.help,
+                            labels,
+                            bounds=tuple(a.bounds),
+                            buckets=tuple(a.bucket_counts),
+                            count=a.count,
+                            total=a.sum,
+                        )
                     )
                 else:
                     raise ValueError(f"metrics[{i}] ({m.name!r}) carries no value")

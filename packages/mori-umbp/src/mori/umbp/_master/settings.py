@@ -134,12 +134,8 @@ class MasterSettings:
             heartbeat_ttl_s=env_int("UMBP_HEARTBEAT_TTL_SEC", d.heartbeat_ttl_s, 1),
             max_missed_heartbeats=env_int("UMBP_MAX_MISSED_HEARTBEATS", d.max_missed_heartbeats, 1),
             reaper_interval_s=env_int("UMBP_REAPER_INTERVAL_SEC", d.reaper_interval_s, 1),
-            heartbeat_interval_divisor=env_int(
-                "UMBP_HEARTBEAT_INTERVAL_DIVISOR", d.heartbeat_interval_divisor, 1
-            ),
-            eviction_check_interval_s=env_int(
-                "UMBP_EVICTION_CHECK_INTERVAL_SEC", d.eviction_check_interval_s, 1
-            ),
+            heartbeat_interval_divisor=env_int("UMBP_HEARTBEAT_INTERVAL_DIVISOR", d.heartbeat_interval_divisor, 1),
+            eviction_check_interval_s=env_int("UMBP_EVICTION_CHECK_INTERVAL_SEC", d.eviction_check_interval_s, 1),
             lease_duration_s=env_int("UMBP_LEASE_DURATION_SEC", d.lease_duration_s, 1),
             evictkey_deadline_ms=env_int("UMBP_EVICTKEY_DEADLINE_MS", d.evictkey_deadline_ms, 1),
             hit_index_ttl_s=env_int("UMBP_HIT_INDEX_TTL_SEC", d.hit_index_ttl_s, 1),

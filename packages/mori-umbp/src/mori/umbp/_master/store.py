@@ -159,9 +159,7 @@ class MetadataStore(abc.ABC):
     def key_count(self) -> int: ...
 
     @abc.abstractmethod
-    def eviction_candidates(
-        self, node_id: str, tier: int, limit: int, now_ms: int
-    ) -> list[tuple[str, int]]:
+    def eviction_candidates(self, node_id: str, tier: int, limit: int, now_ms: int) -> list[tuple[str, int]]:
         """Up to ``limit`` (key, size) of the node's blocks on ``tier``, least recently
         accessed first, skipping keys whose lease has not run out."""
 
@@ -184,9 +182,7 @@ class MetadataStore(abc.ABC):
     def external_kv_count(self, node_id: str) -> int: ...
 
     @abc.abstractmethod
-    def match_external_kv(
-        self, hashes: list[str], count_as_hit: bool, now_ms: int
-    ) -> dict[str, dict[int, list[str]]]:
+    def match_external_kv(self, hashes: list[str], count_as_hit: bool, now_ms: int) -> dict[str, dict[int, list[str]]]:
         """node -> tier -> matched hashes (in query order). With ``count_as_hit`` each unique
         matched hash's counter goes up by one (new counters only while fewer than
         ``max_hit_entries`` exist)."""
@@ -201,4 +197,3 @@ class MetadataStore(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Releases connections."""
-

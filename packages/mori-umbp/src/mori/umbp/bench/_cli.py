@@ -46,9 +46,14 @@ class _Proc:
     def __init__(self, name: str, argv: list[str], log: Path, stdin: bool = False) -> None:
         self.name, self.log = name, log
         self._log_file = open(log, "w")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=self._log_file, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.lines: list[str] = []
         threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
@@ -56,7 +61,7 @@ class _Proc:
     def _read(self, stream: IO[str]) -> None:
         for line in stream:
             if line.startswith(MARK):
-                self._queue.put(("msg", json.loads(line[len(MARK):])))
+                self._queue.put(("msg", json.loads(line[len(MARK) :])))
             else:
                 self.lines = [*self.lines[-50:], line]
                 self._queue.put(("line", line))
@@ -136,50 +141,83 @@ def _mori(net: list[Host], plan: dict[str, Any], out: Path, ssd_root: str, timeo
     ssd_dir = tempfile.mkdtemp(prefix="umbp-bench-ssd-", dir=ssd_root)
     try:
         with _processes() as procs:
-            master = _Proc("mori master", master_host.command([str(script), f"{master_host.address}:{MORI_MASTER_PORT}",
-                                                              "0"]), out / "mori-master.log")
+            master = _Proc(
+                "mori master",
+                master_host.command([str(script), f"{master_host.address}:{MORI_MASTER_PORT}", "0"]),
+                out / "mori-master.log",
+            )
             procs.append(master)
             line = master.next(START_TIMEOUT_S, want="line")
             while not line.startswith("[Master] Listening on "):
                 line = master.next(START_TIMEOUT_S, want="line")
             common = {**plan, "master": line.split()[3]}
             node = [sys.executable, "-m", "mori.umbp.bench._node"]
-            store = _Proc("mori storage node", store_host.command(
-                [*node, "store", json.dumps({**common, "address": store_host.address, "ssd_dir": ssd_dir})]),
-                out / "mori-store.log", stdin=True)
+            store = _Proc(
+                "mori storage node",
+                store_host.command(
+                    [*node, "store", json.dumps({**common, "address": store_host.address, "ssd_dir": ssd_dir})]
+                ),
+                out / "mori-store.log",
+                stdin=True,
+            )
             procs.append(store)
             store.next(START_TIMEOUT_S)
-            client = _Proc("mori client node", client_host.command(
-                [*node, "client", json.dumps({**common, "address": client_host.address, "ssd": True})]),
-                out / "mori-client.log", stdin=True)
+            client = _Proc(
+                "mori client node",
+                client_host.command(
+                    [*node, "client", json.dumps({**common, "address": client_host.address, "ssd": True})]
+                ),
+                out / "mori-client.log",
+                stdin=True,
+            )
             procs.append(client)
             return _relay(client, store, timeout, "mori")
     finally:
         shutil.rmtree(ssd_dir, ignore_errors=True)
 
 
-def _mooncake(net: list[Host], plan: dict[str, Any], out: Path, peer_python: str,
-              timeout: float) -> list[dict[str, Any]]:
+def _mooncake(
+    net: list[Host], plan: dict[str, Any], out: Path, peer_python: str, timeout: float
+) -> list[dict[str, Any]]:
     master_host, client_host, store_host = net
     binary = Path(peer_python).with_name("mooncake_master")
     if not binary.exists():
         raise RuntimeError(f"{binary} is missing: install mooncake-transfer-engine-non-cuda beside {peer_python}")
     with _processes() as procs:
         a = master_host.address
-        procs.append(_Proc("mooncake master", master_host.command([
-            str(binary), f"--rpc_address={a}", f"--rpc_port={MC_RPC_PORT}", "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={a}", f"--http_metadata_server_port={MC_HTTP_PORT}",
-            f"--metrics_port={MC_METRICS_PORT}"]), out / "mooncake-master.log"))
+        procs.append(
+            _Proc(
+                "mooncake master",
+                master_host.command(
+                    [
+                        str(binary),
+                        f"--rpc_address={a}",
+                        f"--rpc_port={MC_RPC_PORT}",
+                        "--enable_http_metadata_server=true",
+                        f"--http_metadata_server_host={a}",
+                        f"--http_metadata_server_port={MC_HTTP_PORT}",
+                        f"--metrics_port={MC_METRICS_PORT}",
+                    ]
+                ),
+                out / "mooncake-master.log",
+            )
+        )
         common = {**plan, "master_host": a, "rpc_port": MC_RPC_PORT, "http_port": MC_HTTP_PORT}
         node = [peer_python, str(HERE / "_mooncake_node.py")]
-        store = _Proc("mooncake storage node", store_host.command(
-            [*node, "store", json.dumps({**common, "address": store_host.address})]),
-            out / "mooncake-store.log", stdin=True)
+        store = _Proc(
+            "mooncake storage node",
+            store_host.command([*node, "store", json.dumps({**common, "address": store_host.address})]),
+            out / "mooncake-store.log",
+            stdin=True,
+        )
         procs.append(store)
         store.next(START_TIMEOUT_S)
-        client = _Proc("mooncake client node", client_host.command(
-            [*node, "client", json.dumps({**common, "address": client_host.address})]),
-            out / "mooncake-client.log", stdin=True)
+        client = _Proc(
+            "mooncake client node",
+            client_host.command([*node, "client", json.dumps({**common, "address": client_host.address})]),
+            out / "mooncake-client.log",
+            stdin=True,
+        )
         procs.append(client)
         return _relay(client, store, timeout, "mooncake")
 
@@ -201,9 +239,15 @@ def _over_rounds(rounds: list[dict[str, list[dict[str, Any]]]]) -> dict[str, lis
         for i, row in enumerate(rows):
             medians = [r[system][i]["median_us"] for r in rounds]
             us = statistics.median(medians)
-            merged.append({**row, "median_us": us, "round_medians_us": medians,
-                           "gbps": None if row["gbps"] is None else row["pages"] * row["size"] / (us * 1e3),
-                           "min_us": min(r[system][i]["min_us"] for r in rounds)})
+            merged.append(
+                {
+                    **row,
+                    "median_us": us,
+                    "round_medians_us": medians,
+                    "gbps": None if row["gbps"] is None else row["pages"] * row["size"] / (us * 1e3),
+                    "min_us": min(r[system][i]["min_us"] for r in rounds),
+                }
+            )
         out[system] = merged
     return out
 
@@ -222,8 +266,11 @@ def _table(results: dict[str, list[dict[str, Any]]]) -> str:
         parts = [point]
         for s in systems:
             cell = cells.get(s)
-            parts += ["—", "—"] if cell is None else \
-                [f"{cell['median_us']:.1f}", "" if cell["gbps"] is None else f"{cell['gbps']:.3f}"]
+            parts += (
+                ["—", "—"]
+                if cell is None
+                else [f"{cell['median_us']:.1f}", "" if cell["gbps"] is None else f"{cell['gbps']:.3f}"]
+            )
         mine = cells.get(systems[0])
         for s in systems[1:]:
             peer = cells.get(s)
@@ -233,8 +280,9 @@ def _table(results: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def _commit() -> str:
-    proc = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(
+        ["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=30
+    )
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
@@ -245,8 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exists-keys", type=int, default=1024, help="keys per batch_exists (default 1024)")
     parser.add_argument("--iters", type=int, default=20, help="timed iterations per point (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations before them (default 3)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds of every system in turn; each point's figure is the median of its rounds' (default 1)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="rounds of every system in turn; each point's figure is the median of its rounds' (default 1)",
+    )
     parser.add_argument("--peers", default="mooncake", help="peer systems: 'mooncake' or '' (mori alone)")
     parser.add_argument("--peer-python", default="python3", help="an interpreter with Mooncake installed")
     parser.add_argument("--ssd-dir", default=None, help="where the storage node's SSD tier goes (default: $TMPDIR)")
@@ -263,14 +315,23 @@ def main(argv: list[str] | None = None) -> int:
     need = capacity_needed(sizes, args.pages, args.iters, args.warmup, args.exists_keys)
     capacity = (int(need / 0.7) + (64 << 20)) // (1 << 20) * (1 << 20)  # under both systems' eviction watermarks
     ssd_capacity = max(256 << 20, -(-2 * args.pages * sum(sizes) // (64 << 20)) * (64 << 20))
-    plan = {"sizes": sizes, "pages": args.pages, "iters": args.iters, "warmup": args.warmup,
-            "exists_keys": args.exists_keys, "capacity": capacity, "ssd_capacity": ssd_capacity}
+    plan = {
+        "sizes": sizes,
+        "pages": args.pages,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "exists_keys": args.exists_keys,
+        "capacity": capacity,
+        "ssd_capacity": ssd_capacity,
+    }
     out = Path(args.logs or tempfile.mkdtemp(prefix="umbp-bench-logs-"))
     out.mkdir(parents=True, exist_ok=True)
     rounds: list[dict[str, list[dict[str, Any]]]] = []
     with hosts(3) as net:
-        print(f"master {net[0].address}, client node {net[1].address}, storage node {net[2].address}; logs in {out}",
-              flush=True)
+        print(
+            f"master {net[0].address}, client node {net[1].address}, storage node {net[2].address}; logs in {out}",
+            flush=True,
+        )
         for r in range(args.rounds):  # the systems take turns, so a change of load falls on both
             print(f"round {r + 1} of {args.rounds}", flush=True)
             results = {"mori": _mori(net, plan, out, args.ssd_dir or tempfile.gettempdir(), args.timeout)}
@@ -281,9 +342,20 @@ def main(argv: list[str] | None = None) -> int:
     table = _table(results)
     print(table)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "benchmark": "mori-umbp-bench", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "commit": _commit(), "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "args": vars(args), "plan": plan, "results": results, "rounds": rounds,
-            "table": table}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "benchmark": "mori-umbp-bench",
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                    "commit": _commit(),
+                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                    "args": vars(args),
+                    "plan": plan,
+                    "results": results,
+                    "rounds": rounds,
+                    "table": table,
+                },
+                indent=1,
+            )
+        )
     return 0

@@ -96,9 +96,15 @@ def _timed(fn: Callable[[], list[Any]], what: str) -> int:
 
 def _row(point: str, pages: int, size: int, samples: list[int]) -> dict[str, Any]:
     median_ns = statistics.median(samples)
-    return {"point": point, "pages": pages, "size": size, "iters": len(samples),
-            "median_us": median_ns / 1e3, "gbps": pages * size / median_ns if size else None,
-            "min_us": min(samples) / 1e3}
+    return {
+        "point": point,
+        "pages": pages,
+        "size": size,
+        "iters": len(samples),
+        "median_us": median_ns / 1e3,
+        "gbps": pages * size / median_ns if size else None,
+        "min_us": min(samples) / 1e3,
+    }
 
 
 def _wait_visible(system: System, keys: list[str], timeout: float = VISIBLE_TIMEOUT_S) -> None:
@@ -107,8 +113,9 @@ def _wait_visible(system: System, keys: list[str], timeout: float = VISIBLE_TIME
     deadline = time.monotonic() + timeout
     while not all(system.exists(keys)):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{sum(not x for x in system.exists(keys))} of {len(keys)} keys put are not visible "
-                               f"after {timeout} s")
+            raise RuntimeError(
+                f"{sum(not x for x in system.exists(keys))} of {len(keys)} keys put are not visible after {timeout} s"
+            )
         time.sleep(0.005)
 
 
@@ -118,8 +125,9 @@ def _check(got: np.ndarray, want: np.ndarray, what: str) -> None:
         raise RuntimeError(f"{what}: pages {bad[:5].tolist()} ({len(bad)} in all) differ from what was put")
 
 
-def _samples(call: Callable[[], list[Any]], what: str, iters: int, warmup: int,
-             before: Callable[[int], None] | None = None) -> list[int]:
+def _samples(
+    call: Callable[[], list[Any]], what: str, iters: int, warmup: int, before: Callable[[int], None] | None = None
+) -> list[int]:
     """``call`` ``warmup + iters`` times (``before(i)`` untimed ahead of each); the timed ones' ns."""
     samples = []
     for it in range(warmup + iters):
@@ -192,22 +200,26 @@ def _exists_point(system: System, name: str, pages: int, iters: int, warmup: int
     system.register(held.addr, held.data.nbytes)
     names = [f"{name}-exists-{i}" for i in range(count)]
     for start in range(0, count, pages):
-        chunk = names[start:start + pages]
-        _timed(functools.partial(system.put, chunk, held.ptrs(len(chunk)), [EXISTS_PAGE] * len(chunk)),
-               "put (exists pages)")
+        chunk = names[start : start + pages]
+        _timed(
+            functools.partial(system.put, chunk, held.ptrs(len(chunk)), [EXISTS_PAGE] * len(chunk)),
+            "put (exists pages)",
+        )
     _wait_visible(system, names)
     what = f"batch_exists {count}"
-    return _row(f"batch_exists {count} keys", count, 0, _samples(functools.partial(system.exists, names), what,
-                                                                  iters, warmup))
+    return _row(
+        f"batch_exists {count} keys", count, 0, _samples(functools.partial(system.exists, names), what, iters, warmup)
+    )
 
 
-def run(system: System, name: str, sizes: list[int], pages: int, iters: int, warmup: int,
-        exists_keys: int) -> list[dict[str, Any]]:
+def run(
+    system: System, name: str, sizes: list[int], pages: int, iters: int, warmup: int, exists_keys: int
+) -> list[dict[str, Any]]:
     """Every point on ``system``, in order; each row is also sent to the driver as it is done."""
     rows: list[dict[str, Any]] = []
     for size in sizes:
         rows += _batch_points(system, name, size, pages, iters, warmup)
-        for row in rows[-(4 if system.ssd else 2):]:
+        for row in rows[-(4 if system.ssd else 2) :]:
             send({"row": row})
     rows.append(_exists_point(system, name, pages, iters, warmup, exists_keys))
     send({"row": rows[-1]})

@@ -36,7 +36,9 @@ def _wait_for(host: str, port: int) -> None:
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"Mooncake's master at {host}:{port} did not come up in {START_TIMEOUT_S} s") from None
+                raise RuntimeError(
+                    f"Mooncake's master at {host}:{port} did not come up in {START_TIMEOUT_S} s"
+                ) from None
             time.sleep(0.2)
 
 
@@ -48,8 +50,9 @@ def _store(args: dict[str, Any], role: str) -> Any:
     _wait_for(host, http)
     store = MooncakeDistributedStore()
     segment = args["capacity"] if role == "store" else 0
-    rc = store.setup(args["address"], f"http://{host}:{http}/metadata", segment, LOCAL_BUFFER, "tcp", "",
-                     f"{host}:{rpc}")
+    rc = store.setup(
+        args["address"], f"http://{host}:{http}/metadata", segment, LOCAL_BUFFER, "tcp", "", f"{host}:{rpc}"
+    )
     if rc != 0:
         raise RuntimeError(f"Mooncake Store setup ({role}) failed: {rc}")
     return store
@@ -89,8 +92,9 @@ def main() -> None:
             while _measure.receive() is not None:  # no requests: it serves its segment until told to stop
                 _measure.send({"moved": 0})
             return
-        _measure.run(_Client(store), "mooncake", args["sizes"], args["pages"], args["iters"], args["warmup"],
-                     args["exists_keys"])
+        _measure.run(
+            _Client(store), "mooncake", args["sizes"], args["pages"], args["iters"], args["warmup"], args["exists_keys"]
+        )
         _measure.send({"done": True})
     finally:
         store.close()

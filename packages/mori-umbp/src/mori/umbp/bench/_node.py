@@ -83,8 +83,15 @@ def main(argv: list[str] | None = None) -> None:
         if role == "store":
             _serve(client)
             return
-        _measure.run(_Client(client, args["ssd"]), "mori", args["sizes"], args["pages"], args["iters"],
-                     args["warmup"], args["exists_keys"])
+        _measure.run(
+            _Client(client, args["ssd"]),
+            "mori",
+            args["sizes"],
+            args["pages"],
+            args["iters"],
+            args["warmup"],
+            args["exists_keys"],
+        )
         _measure.send({"done": True})
 
 
