@@ -110,8 +110,8 @@ class _Settings:
         if defaults is None:  # first assignment: learn each field's default from a bare instance
             defaults = {
                 f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc,operator]
-                for f in dataclasses.fields(cls)
-            }  # type: ignore[arg-type]
+                for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            }
             type.__setattr__(cls, "_DEFAULTS", defaults)
         if name in defaults:
             value = _checked(cls, name, defaults[name], cls._OPTIONAL.get(name), value)
