@@ -318,4 +318,56 @@ void Engine::count(uint64_t EngineStats::* field) {
     ++(stats_.*field);
 }
 
+// ---- Peer --------------------------------------------------------------------------------------
+
+Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links,
+           std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal, bool stagesGpu)
+    : engine_(std::move(engine)),
+      state_(std::move(state)),
+      links_(std::move(links)),
+      sameHost_(std::move(sameHost)),
+      sameHostRefusal_(std::move(sameHostRefusal)),
+      stagesGpu_(stagesGpu) {
+    for (size_t i = 0; i < links_.size(); ++i) queues_.push_back(std::make_shared<SendQueue>());
+}
+
+Peer::~Peer() { close(); }
+
+bool Peer::healthy() const { return !closed_.load() && state_->failure().empty(); }
+
+void Peer::fail(const std::string& why) {
+    state_->fail(why);
+    close();
+}
+
+void Peer::close() {
+    if (closed_.exchange(true) || engine_->closed()) return;
+    if (sameHost_) {
+        std::string why = state_->failure();
+        sameHost_->fail(why.empty() ? "the peer was closed by this engine" : why);
+        engine_->same_host()->remove_link(sameHost_.get());
+    }
+    for (size_t i = 0; i < links_.size(); ++i) {
+        Worker& w = engine_->worker(i);
+        std::lock_guard lk(w.mutex());
+        if (!w.alive()) continue;
+        if (!links_[i]->eps.empty()) {
+            std::string why = state_->failure();
+            w.close_link_locked(*links_[i], why.empty() ? "the peer was closed by this engine" : why);
+        }
+        links_[i]->held = false;  // the worker frees it once nothing in flight refers to it
+    }
+}
+
+std::string Peer::describe() {
+    std::string out;
+    for (size_t i = 0; i < links_.size(); ++i) {
+        Worker& w = engine_->worker(i);
+        std::lock_guard lk(w.mutex());
+        if (closed_.load() || !w.alive()) break;  // the links may be freed
+        for (api::Endpoint* ep : links_[i]->eps) out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
+    }
+    return out;
+}
+
 }  // namespace mori::ucx

@@ -15,9 +15,6 @@ namespace mori::ucx {
 
 namespace {
 
-// A waiter progresses its worker itself (yielding between empty polls) for this long before it
-// hands over to the progress thread and sleeps: a small transfer, or a 1 MiB one over tcp.
-constexpr int64_t kLeadSpinNs = 1'000'000;
 // Blocks of at least this size travel in a message of their own (UCX picks eager or zero-copy
 // rendezvous); smaller ones are grouped, up to kGroupBytes, into one eager message (256 KiB
 // rather than 64: batches of 4 KiB blocks 20-30 % faster between namespaces on the 2-core VM,
@@ -76,11 +73,6 @@ void on_flush(void* request, api::Status status, void* user) {
     w.retire_part_locked(*part);
 }
 
-void on_note_sent(void* request, api::Status, void* user) {
-    fn().request_free(request);
-    delete static_cast<NoteHeader*>(user);
-}
-
 std::string seconds(double s) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%g", s);
@@ -88,140 +80,6 @@ std::string seconds(double s) {
 }
 
 }  // namespace
-
-// ---- Part and Transfer -------------------------------------------------------------------------
-
-void Part::finish(int c, const std::string& msg) {
-    if (done) return;
-    done = true;
-    if (answer != nullptr) {
-        answer->code = c;
-        answer->message = msg;
-        answer = nullptr;
-    } else if (transfer) {
-        transfer->part_done(c, msg);
-    }
-}
-
-Transfer::Transfer(std::shared_ptr<Worker> worker, Link* link, int64_t parts, int64_t deadlineNs, bool notify,
-                   uint64_t uid)
-    : CompletionSlot(parts),
-      worker_(worker),
-      link_(link),
-      onWorker_(worker != nullptr),
-      deadlineNs_(deadlineNs),
-      notify_(notify),
-      uid_(uid) {}
-
-void Transfer::part_done(int c, const std::string& msg, Link* via) {
-    if (!account(1, c, msg)) return;
-    auto [code, text] = outcome();
-    finish(code, text, via);
-}
-
-void Transfer::fail(int c, const std::string& msg) { finish(c, msg); }
-
-void Transfer::finish(int c, const std::string& msg, Link* via) {
-    // The send-queue room is free before anyone sees the code: a caller that saw one transfer end
-    // finds its room for the next. Published before the note goes: a waiter need not wait for it.
-    const bool published = publish(c, msg, [this] {
-        if (queue_) queue_->give(queueOps_);
-        queue_.reset();
-    });
-    if (!published) return;
-    // The target hears the outcome after every byte (a message behind the transfer's last
-    // reply); a transport failure is not sent (the link is gone). On the same-host path, and for
-    // a transfer of one message (kFlagNotify), the target records it itself. The worker lock is
-    // held: link_ is still valid though the owner may have seen the code. A spread transfer's
-    // note leaves on the link of the child that finished last (its worker's lock is held), none
-    // when that child was never posted (its link is gone).
-    Link* link = via != nullptr ? via : link_;
-    if (notify_ && !sameHost_ && recorded_outcome(c) && link != nullptr && !link->eps.empty()) {
-        auto* note = new NoteHeader{kMagic, c, link->peer->ticket, uid_};
-        api::RequestParam p{};
-        p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags;
-        p.flags = api::kAmSendEager;
-        p.cb = reinterpret_cast<void*>(&on_note_sent);
-        p.userData = note;
-        api::StatusPtr r = fn().am_send_nbx(link->eps[0], kAmNote, note, sizeof(*note), nullptr, 0, &p);
-        if (r == nullptr || api::is_error_ptr(r)) delete note;
-    }
-    // A child of a spread transfer finishes under its worker's lock when it was posted.
-    if (parent_) std::exchange(parent_, nullptr)->part_done(c, msg, onWorker_ ? link_ : nullptr);
-}
-
-void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
-    const bool held = unless_published([&] {
-        queue_ = queue;
-        queueOps_ = ops;
-    });
-    if (!held) queue->give(ops);
-}
-
-bool Transfer::wait(double timeoutSec) {
-    return wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
-        for (const std::weak_ptr<Transfer>& child : children_)  // spread: each leads its own worker
-            if (auto t = child.lock()) t->wait(std::max<int64_t>(deadline - now_ns(), 0) / 1e9);
-        if (sameHost_) {
-            sameHost_->lead(*this, deadline, spinNs_);
-        } else if (auto w = worker_.lock()) {
-            w->lead([this] { return finished(); }, std::min<int64_t>(kLeadSpinNs, deadline - now_ns()));
-            if (!finished()) w->wake();  // what is left needs the progress thread
-        }
-    });
-}
-
-// ---- Peer --------------------------------------------------------------------------------------
-
-Peer::Peer(std::shared_ptr<Engine> engine, std::shared_ptr<PeerState> state, std::vector<Link*> links,
-           std::shared_ptr<SameHostLink> sameHost, std::string sameHostRefusal, bool stagesGpu)
-    : engine_(std::move(engine)),
-      state_(std::move(state)),
-      links_(std::move(links)),
-      sameHost_(std::move(sameHost)),
-      sameHostRefusal_(std::move(sameHostRefusal)),
-      stagesGpu_(stagesGpu) {
-    for (size_t i = 0; i < links_.size(); ++i) queues_.push_back(std::make_shared<SendQueue>());
-}
-
-Peer::~Peer() { close(); }
-
-bool Peer::healthy() const { return !closed_.load() && state_->failure().empty(); }
-
-void Peer::fail(const std::string& why) {
-    state_->fail(why);
-    close();
-}
-
-void Peer::close() {
-    if (closed_.exchange(true) || engine_->closed()) return;
-    if (sameHost_) {
-        std::string why = state_->failure();
-        sameHost_->fail(why.empty() ? "the peer was closed by this engine" : why);
-        engine_->same_host()->remove_link(sameHost_.get());
-    }
-    for (size_t i = 0; i < links_.size(); ++i) {
-        Worker& w = engine_->worker(i);
-        std::lock_guard lk(w.mutex());
-        if (!w.alive()) continue;
-        if (!links_[i]->eps.empty()) {
-            std::string why = state_->failure();
-            w.close_link_locked(*links_[i], why.empty() ? "the peer was closed by this engine" : why);
-        }
-        links_[i]->held = false;  // the worker frees it once nothing in flight refers to it
-    }
-}
-
-std::string Peer::describe() {
-    std::string out;
-    for (size_t i = 0; i < links_.size(); ++i) {
-        Worker& w = engine_->worker(i);
-        std::lock_guard lk(w.mutex());
-        if (closed_.load() || !w.alive()) break;  // the links may be freed
-        for (api::Endpoint* ep : links_[i]->eps) out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
-    }
-    return out;
-}
 
 RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
     auto found = link.regions.find(id);
