@@ -1,6 +1,8 @@
-// Target side of the native TCP data plane: every request is checked against the registered
-// regions before a byte of memory is touched. As in MORI, any engine that presents the auth token
-// is served; registering a remote engine is the initiator's step only.
+// Target side of the native TCP data plane: its regions, tickets and connections (accepted,
+// admitted, evicted); each admitted connection is served by tcp/session.cpp, where every request
+// is checked against the registered regions before a byte of memory is touched. As in MORI, any
+// engine that presents the auth token is served; registering a remote engine is the initiator's
+// step only.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -23,9 +25,6 @@ namespace mori::tcp {
 
 namespace {
 
-constexpr size_t kInlineRead = 64 * 1024;  // reads up to this size are copied into the reply buffer
-constexpr size_t kFlushBytes = 1 << 20;
-
 void set_send_timeout(int fd, double sec) {
     struct timeval tv{};
     tv.tv_sec = static_cast<time_t>(sec);
@@ -38,52 +37,6 @@ bool equal_const_time(const std::string& a, const std::string& b) {
     unsigned char diff = 0;
     for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
     return diff == 0;
-}
-
-// A block the target could not copy to or from its GPU: the reply says so (ERR_DEVICE).
-void device_failed(int& code, uint64_t& reason, int& outcome) {
-    code = kErrDevice;
-    reason = kReasonDevice;
-    if (outcome == kSuccess) outcome = code;
-}
-
-// Staged writes whose copies run while the connection goes on receiving: at most this many, or
-// this many bytes, before they are waited for (each holds pinned memory and its region).
-constexpr size_t kPendingWrites = 16;
-constexpr uint64_t kPendingWriteBytes = 4 << 20;
-
-// Sends a staged read's data after the replies `out` holds (cleared), piece by piece as each
-// copy ends; a notifying read (beforeLast set) holds its last byte back until beforeLast has
-// made the record. Small data joins `out` instead, sent with the next replies (the caller
-// records before it sends them). False when the socket or a copy failed.
-bool send_staged(int fd, DeviceSource& source, uint64_t bytes, std::vector<char>& out,
-                 const std::function<void()>& beforeLast) {
-    try {
-        if (bytes <= kInlineRead) {
-            for (; !source.done(); source.pop()) {
-                const gpu::Staged& p = source.next().staged;
-                const auto* data = reinterpret_cast<const char*>(p.data());
-                out.insert(out.end(), data, data + p.size());
-            }
-            return true;
-        }
-        for (uint64_t sent = 0; !source.done(); source.pop()) {
-            const gpu::Staged& p = source.next().staged;
-            sent += p.size();
-            const bool last = sent == bytes;
-            const size_t len = p.size() - (last && beforeLast ? 1 : 0);
-            struct iovec iov[2] = {{out.data(), out.size()}, {p.data(), len}};
-            if (!send_all(fd, iov, 2).empty()) return false;
-            out.clear();
-            if (last && beforeLast) {
-                beforeLast();
-                if (!send_bytes(fd, p.data() + len, 1).empty()) return false;
-            }
-        }
-        return true;
-    } catch (const std::exception&) {
-        return false;
-    }
 }
 
 }  // namespace
@@ -430,221 +383,6 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
 
 void Target::record_inbound(const std::string& peerKey, uint64_t uid, int code) {
     inbound_->record(peerKey, uid, code);
-}
-
-// Serving one admitted connection: requests read and checked (read_request), each block's region
-// acquired (the region table's check) and its bytes moved (serve_block), replies gathered in out_
-// and sent before the connection waits for more.
-class Target::Session {
-public:
-    Session(Target& t, Conn* conn, std::string peerKey)
-        : t_(t), conn_(conn), fd_(conn->fd), peerKey_(std::move(peerKey)), rd_(conn->fd) {
-        out_.reserve(kFlushBytes + kInlineRead + 64);
-    }
-    void run() {
-        while (wait_for_request()) {
-            ReqHdr h;
-            uint64_t uid = 0;
-            if (!read_request(h, uid) || !serve_block(h, uid) || !flush_if_full()) break;
-        }
-        settle();  // nothing of a region is touched once its connection ends
-    }
-
-private:
-    // One block being served: its request, where it lies, its outcome so far, and whether the
-    // transfer's outcome is still to record once its bytes have moved.
-    struct Block {
-        const ReqHdr& h;
-        uint64_t uid, addr;
-        int code;
-        uint64_t reason;
-        bool record;
-    };
-
-    // Before blocking: answers everything received so far, then waits for the next request.
-    bool wait_for_request() {
-        if (rd_.buffered() != 0) return true;
-        settle();
-        if (!out_.empty() && !send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
-        out_.clear();
-        conn_->idleSinceNs.store(now_ns());
-        if (!rd_.wait_readable(idle_, Reader::kSpinNs).empty()) return false;
-        conn_->idleSinceNs.store(0);
-        return true;
-    }
-
-    // Check: the request frame (and a notifying one's uid). False drops the connection:
-    // malformed, or the peer too slow.
-    bool read_request(ReqHdr& h, uint64_t& uid) {
-        frameStartNs_ = now_ns();
-        if (!rd_.fill(sizeof(ReqHdr), mid_frame()).empty()) return false;
-        std::memcpy(&h, rd_.data(), sizeof(h));
-        rd_.consume(sizeof(h));
-        if (h.magic != kReqMagic || h.block.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
-            (h.op != kOpRead && h.op != kOpWrite && h.op != kOpNotify) ||
-            (h.op == kOpNotify && (h.flags != 0 || !is_final_code(static_cast<int64_t>(h.block.offset)))))
-            return false;
-        if (h.flags & kFlagNotify) {
-            if (!rd_.fill(sizeof(uid), mid_frame()).empty()) return false;
-            std::memcpy(&uid, rd_.data(), sizeof(uid));
-            rd_.consume(sizeof(uid));
-        }
-        if (h.flags & kFlagBegin) {
-            settle();  // a failure of the transfer before counts for that one
-            outcome_ = kSuccess;
-        }
-        return true;
-    }
-
-    // Plan and post: the block's region acquired and held while its bytes move (or the refusal
-    // answered), then the transfer's outcome recorded once the last block's bytes have left (or
-    // entered) the registered memory, before the initiator can see the transfer finish.
-    bool serve_block(const ReqHdr& h, uint64_t uid) {
-        if (h.op == kOpNotify) {
-            t_.record_inbound(peerKey_, h.block.memId, static_cast<int>(h.block.offset));
-            return true;
-        }
-        auto use = std::make_unique<RegionUse>(t_, conn_);
-        Block b{h, uid, 0, kSuccess, 0, (h.flags & kFlagNotify) != 0};
-        b.code = use->acquire(h.block, b.addr, b.reason);
-        if (outcome_ == kSuccess) outcome_ = b.code;
-        gpu::Stager* stager = b.code == kSuccess ? use->stager() : nullptr;
-        const bool ok = h.op == kOpWrite ? (stager ? write_staged(b, *stager, use) : write_plain(b))
-                                         : (stager ? read_staged(b, *stager) : read_plain(b));
-        if (!ok) return false;
-        if (b.record) t_.record_inbound(peerKey_, uid, outcome_);
-        return true;
-    }
-
-    // A write into GPU memory, answered once every copy to the device has ended (settle, before
-    // the replies are sent or a record made): the reply never precedes the bytes, and the region
-    // stays held (use) until then. Meanwhile the next requests are received.
-    bool write_staged(Block& b, gpu::Stager& stager, std::unique_ptr<RegionUse>& use) {
-        DeviceSink sink(stager, b.addr, b.h.block.size);
-        if (!sink.receive(rd_, mid_frame()).empty()) return false;
-        RepHdr rep{kRepMagic, b.code, b.reason};
-        pending_.push_back(PendingWrite{std::move(sink), std::move(use), out_.size()});
-        pendingBytes_ += b.h.block.size;
-        append(&rep, sizeof(rep));
-        if (pending_.size() >= kPendingWrites || pendingBytes_ >= kPendingWriteBytes || b.record) settle();
-        return true;
-    }
-
-    // A write into host memory (a refused one's bytes are read and dropped).
-    bool write_plain(Block& b) {
-        char* dst = b.code == kSuccess ? reinterpret_cast<char*>(b.addr) : nullptr;
-        if (!rd_.read_into(dst, b.h.block.size, mid_frame()).empty()) return false;
-        RepHdr rep{kRepMagic, b.code, b.reason};
-        append(&rep, sizeof(rep));
-        return true;
-    }
-
-    // A read of GPU memory: the first piece is copied before the reply says whether it
-    // succeeded; the rest follow the socket. A later failure cannot take the reply back: the
-    // connection ends.
-    bool read_staged(Block& b, gpu::Stager& stager) {
-        const uint64_t size = b.h.block.size;
-        std::optional<DeviceSource> source;
-        try {
-            source.emplace(stager, std::vector<DeviceSource::Span>{{b.addr, size}});
-            source->next();
-        } catch (const std::exception&) {
-            source.reset();
-            device_failed(b.code, b.reason, outcome_);
-        }
-        RepHdr rep{kRepMagic, b.code, b.code == kSuccess ? size : b.reason};
-        append(&rep, sizeof(rep));
-        if (!source) return true;
-        std::function<void()> beforeLast;
-        if (b.record && size > kInlineRead) beforeLast = [&] { t_.record_inbound(peerKey_, b.uid, outcome_); };
-        if (!send_staged(fd_, *source, size, out_, beforeLast)) return false;
-        if (beforeLast) b.record = false;
-        return true;
-    }
-
-    // A read of host memory: small ones copied into the replies, large ones sent from their
-    // place; a notifying read holds its last byte back until the record is made.
-    bool read_plain(Block& b) {
-        const uint64_t size = b.h.block.size;
-        RepHdr rep{kRepMagic, b.code, b.code == kSuccess ? size : b.reason};
-        append(&rep, sizeof(rep));
-        if (b.code != kSuccess) return true;
-        if (size <= kInlineRead) {
-            append(reinterpret_cast<const void*>(b.addr), size);
-            return true;
-        }
-        const uint64_t held = b.record ? 1 : 0;
-        struct iovec iov[2] = {{out_.data(), out_.size()}, {reinterpret_cast<void*>(b.addr), size - held}};
-        if (!send_all(fd_, iov, 2).empty()) return false;
-        out_.clear();
-        if (!b.record) return true;
-        t_.record_inbound(peerKey_, b.uid, outcome_);
-        b.record = false;
-        return send_bytes(fd_, reinterpret_cast<const void*>(b.addr + size - 1), 1).empty();
-    }
-
-    bool flush_if_full() {
-        if (out_.size() < kFlushBytes) return true;
-        settle();
-        if (!send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
-        out_.clear();
-        return true;
-    }
-    void settle() {
-        settle_writes(pending_, out_, outcome_);
-        pendingBytes_ = 0;
-    }
-    void append(const void* p, size_t n) {
-        out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
-    }
-    // A frame (header and payload) must arrive within the I/O timeout of its first byte: a peer
-    // trickling a write cannot hold the region (and its deregistration) indefinitely.
-    const AbortCheck& mid_frame() const { return midFrame_; }
-
-    Target& t_;
-    Conn* conn_;
-    int fd_;
-    std::string peerKey_;
-    Reader rd_;
-    std::vector<char> out_;
-    int64_t frameStartNs_ = 0;
-    const AbortCheck idle_ = [this]() -> std::string { return t_.stop_.load() ? "closed" : ""; };
-    const AbortCheck midFrame_ = [this]() -> std::string {
-        if (t_.stop_.load()) return "closed";
-        return now_ns() - frameStartNs_ > static_cast<int64_t>(t_.ioTimeout_ * 1e9)
-                   ? "peer too slow to send a frame (" + t_.timeoutSetting_ + ")"
-                   : "";
-    };
-    int outcome_ = kSuccess;  // first failure of the notifying transfer being served
-    std::deque<PendingWrite> pending_;
-    uint64_t pendingBytes_ = 0;
-};
-
-void Target::serve(Conn* conn) {
-    gpu::own_thread();  // staged copies keep the GPU's context current here (gpu/staging.hpp)
-    std::string peerKey;
-    bool admitted = false;
-    {
-        // A small buffer until the peer is admitted: handshaking connections cost little memory.
-        Reader hello(conn->fd, sizeof(Hello) + 2 * kMaxNameLen + kMaxTicketLen);
-        admitted = handshake(conn, hello, peerKey);
-    }
-    if (admitted) Session(*this, conn, std::move(peerKey)).run();
-}
-
-void Target::settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome) {
-    for (; !pending.empty(); pending.pop_front()) {
-        PendingWrite& w = pending.front();
-        if (w.sink.finish().empty()) continue;
-        RepHdr rep;
-        std::memcpy(&rep, out.data() + w.replyAt, sizeof(rep));
-        uint64_t reason = 0;
-        int code = rep.code;
-        device_failed(code, reason, outcome);
-        rep.code = code;
-        rep.size = reason;
-        std::memcpy(out.data() + w.replyAt, &rep, sizeof(rep));
-    }
 }
 
 }  // namespace mori::tcp
