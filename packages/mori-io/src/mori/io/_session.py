@@ -50,50 +50,29 @@ class IOEngineSession:
         self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int], transfer_uid: int
     ) -> TransferStatus:
         """Reads many blocks as one transfer."""
-        transfers = self._transfers
-        return transfers.single(
-            TransferOp.READ,
-            self._local,
-            local_offsets,
-            self._remote,
-            remote_offsets,
-            sizes,
-            transfer_uid,
-            self._backend,
-        ) or transfers.submit(
-            TransferOp.READ,
-            self._local,
-            local_offsets,
-            self._remote,
-            remote_offsets,
-            sizes,
-            transfer_uid,
-            self._backend_now(),
-        )
+        return self._move(TransferOp.READ, local_offsets, remote_offsets, sizes, transfer_uid)
 
     def batch_write(
         self, local_offsets: Sequence[int], remote_offsets: Sequence[int], sizes: Sequence[int], transfer_uid: int
     ) -> TransferStatus:
         """Writes many blocks as one transfer."""
-        transfers = self._transfers
+        return self._move(TransferOp.WRITE, local_offsets, remote_offsets, sizes, transfer_uid)
+
+    def _move(
+        self,
+        op: TransferOp,
+        local_offsets: Sequence[int],
+        remote_offsets: Sequence[int],
+        sizes: Sequence[int],
+        transfer_uid: int,
+    ) -> TransferStatus:
+        # A block through the lane the last transfer on this pair left (Transfers.single), else
+        # the batch submitted to the backend that is healthy now.
+        local, remote, transfers = self._local, self._remote, self._transfers
         return transfers.single(
-            TransferOp.WRITE,
-            self._local,
-            local_offsets,
-            self._remote,
-            remote_offsets,
-            sizes,
-            transfer_uid,
-            self._backend,
+            op, local, local_offsets, remote, remote_offsets, sizes, transfer_uid, self._backend
         ) or transfers.submit(
-            TransferOp.WRITE,
-            self._local,
-            local_offsets,
-            self._remote,
-            remote_offsets,
-            sizes,
-            transfer_uid,
-            self._backend_now(),
+            op, local, local_offsets, remote, remote_offsets, sizes, transfer_uid, self._backend_now()
         )
 
     def alive(self) -> bool:
