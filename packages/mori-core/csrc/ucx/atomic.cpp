@@ -90,12 +90,6 @@ void on_request_sent(void* request, api::Status, void* user) {
     delete static_cast<SendHold*>(user);
 }
 
-std::string seconds(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%g", s);
-    return buf;
-}
-
 }  // namespace
 
 namespace {

@@ -73,12 +73,6 @@ void on_flush(void* request, api::Status status, void* user) {
     w.retire_part_locked(*part);
 }
 
-std::string seconds(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%g", s);
-    return buf;
-}
-
 }  // namespace
 
 RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
