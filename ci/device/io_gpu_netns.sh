@@ -11,13 +11,16 @@
 # write and read, mori's TCP and RDMA backends beside NIXL on the same UCX transports
 # (tcp,cuda_copy). Logs and JSON go to $OUT (at most 8 files).
 # Usage (repository root, .devkit carried): bash ci/device/io_gpu_netns.sh [--no-tests] [--no-bench]
-#   [--iters N] [--sizes 4K,64K,1M,4M] [--batch-sizes 1,64] [--mem gpu,cpu]
+#   [--iters N] [--sizes 4K,64K,1M,4M] [--batch-sizes 1,64] [--mem gpu,cpu] [--mps]
+#   --mps: initiator and targets share GPU 0 under MPS (multi_pe.sh) instead of the driver's
+#          time-slicing between their two contexts, which also takes turns for copy-engine work;
+#          on two real hosts each process has its GPU to itself. JSON names then end in _mps.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mori-out}
 mkdir -p "$OUT"
 export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
-run_tests=1; run_bench=1; iters=20; sizes=4K,64K,1M,4M; batches=1,64; mems=gpu,cpu
+run_tests=1; run_bench=1; iters=20; sizes=4K,64K,1M,4M; batches=1,64; mems=gpu,cpu; mps=0
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) run_tests=0 ;;
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --sizes) sizes=$2; shift ;;
     --batch-sizes) batches=$2; shift ;;
     --mem) mems=$2; shift ;;
+    --mps) mps=1 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -44,6 +48,13 @@ use_ip_shim || exit 1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
 repo=$PWD
+suffix=""
+if [ $mps = 1 ]; then
+  . "$(dirname "$0")/multi_pe.sh"
+  trap pes_stop_mps EXIT
+  GPU_COUNT=1 pes_share_gpus 2
+  [ "${MORI_MPS:-1}" = 0 ] || suffix=_mps
+fi
 cd /tmp  # import mori from site-packages, not the source tree
 # UCX over tcp between the namespaces, with cuda_copy so that NIXL's UCX takes GPU memory (mori's
 # RDMA backend finds no transport with GPUDirect there and stages GPU memory itself).
@@ -69,11 +80,11 @@ if [ $run_tests = 1 ]; then
 fi
 
 if [ $run_bench = 1 ]; then
-  python3 - "$OUT" "$iters" "$sizes" "$batches" "$mems" <<'EOF' 2>&1 | tee -a "$OUT/bench.log"
+  python3 - "$OUT" "$iters" "$sizes" "$batches" "$mems" "$suffix" <<'EOF' 2>&1 | tee -a "$OUT/bench.log"
 import os, subprocess, sys, time
 from mori.core import testing
 
-out, iters, sizes, batches, mems = sys.argv[1:]
+out, iters, sizes, batches, mems, suffix = sys.argv[1:]
 with testing.network_namespaces() as (a, b):
     print(f"initiator in {a.name} ({a.address}), targets in {b.name} ({b.address}), both on GPU 0", flush=True)
     for mem in mems.split(","):
@@ -83,8 +94,8 @@ with testing.network_namespaces() as (a, b):
                    "--peers", "nixl", "--peer-python", sys.executable, "--mem-type", mem, "--op", op,
                    "--sizes", sizes, "--batch-sizes", batches, "--iters", iters, "--warmup", "3",
                    "--host", a.address, "--target-host", b.address, "--target-netns", b.name,
-                   "--json", os.path.join(out, f"io_{mem}_{op}.json"), "--no-progress"]
-            print(f"\n== mori-io-bench --mem-type {mem} --op {op}", flush=True)
+                   "--json", os.path.join(out, f"io_{mem}_{op}{suffix}.json"), "--no-progress"]
+            print(f"\n== mori-io-bench --mem-type {mem} --op {op}{' (MPS)' if suffix else ''}", flush=True)
             rc = subprocess.run(cmd, timeout=420).returncode
             print(f"rc={rc} in {time.monotonic() - started:.0f}s", flush=True)
 EOF
