@@ -71,12 +71,20 @@ void check(int result, const char* call) {
         throw std::runtime_error(std::string(call) + " failed on the GPU (CUresult " + std::to_string(result) + ")");
 }
 
+// How long a wait for a copy polls before it naps: a copy-engine copy of a staged piece (at
+// most a few MiB, ~50 GB/s) ends within it. A count of polls is no measure (a yield on an idle
+// core returns at once), and a nap lasts far longer than its 20 us (the kernel's timer slack):
+// a copy that ends just after the polls stopped is seen late. The data planes' own threads spin
+// before they sleep for the same reason (Reader::kSpinNs, the UCX worker's kSpinNs).
+constexpr int64_t kCopySpinNs = 500'000;
+
 // Polls `ready` (which throws when it never will be), then naps: a copy takes microseconds, a
 // stalled GPU costs no core.
 template <class Ready>
 void poll_until(Ready ready) {
-    for (int polls = 0; !ready(); ++polls) {
-        if (polls < 200)
+    const int64_t start = now_ns();
+    while (!ready()) {
+        if (now_ns() - start < kCopySpinNs)
             std::this_thread::yield();
         else
             std::this_thread::sleep_for(std::chrono::microseconds(20));
