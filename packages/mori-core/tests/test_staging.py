@@ -5,6 +5,10 @@ fails, copies that fail or never end, and close. The same code runs on a GPU in
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -143,3 +147,40 @@ def test_device_stager_checks_its_settings_before_touching_cuda():
         staging.device_stager(0, timeout=0)
     with pytest.raises(ValueError, match="cache_bytes must be an int >= 0"):
         staging.device_stager(0, cache_bytes=-1)
+
+
+def test_the_profile_counts_each_copy_its_bytes_and_the_time_callers_waited():
+    stager = testing.standin_stager()
+    testing.standin_knobs(delay=0.05)
+    src, dst = _bytes(4096, 5), np.zeros(4096, dtype=np.uint8)
+    out = stager.to_host(int(src.ctypes.data), 4096, wait=False)
+    out.wait()
+    stager.to_device(int(dst.ctypes.data), out, wait=False)
+    out.wait()
+    stats = stager.stats()
+    assert (stats["to_host"], stats["to_host_bytes"], stats["to_device"], stats["to_device_bytes"]) == (
+        1,
+        4096,
+        1,
+        4096,
+    )
+    # Each copy ends 50 ms after it was queued (the stand-in's delay), and the caller waited for both.
+    assert stats["copy_ns"] >= 2 * 50_000_000 and stats["wait_ns"] >= 2 * 45_000_000
+    assert np.array_equal(src, dst)
+
+
+def test_MORI_STAGING_PROFILE_appends_a_line_per_stager_at_exit(tmp_path):
+    profile = tmp_path / "profile.jsonl"
+    script = (
+        "import numpy as np\n"
+        "from mori.core import staging, testing\n"
+        "staging._make = lambda *args: testing.standin_stager()  # no GPU here: the stand-in's Stager\n"
+        "src = np.arange(4096, dtype=np.uint8)\n"
+        "staging.device_stager(0).to_host(int(src.ctypes.data), 4096)\n"
+    )
+    env = {**os.environ, "MORI_STAGING_PROFILE": str(profile)}
+    for _ in range(2):  # appended, not overwritten
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    lines = [json.loads(line) for line in profile.read_text().splitlines()]
+    assert len(lines) == 2 and lines[0]["pid"] != lines[1]["pid"]
+    assert all(p["device"] == 0 and p["to_host"] == 1 and p["to_host_bytes"] == 4096 for p in lines)

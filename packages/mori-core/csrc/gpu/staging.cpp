@@ -223,9 +223,27 @@ public:
         return never_ended("a copy of staged bytes", c_);
     }
     PoolStats stats() {
-        std::lock_guard lk(mu_);
-        return stats_;
+        PoolStats s;
+        {
+            std::lock_guard lk(mu_);
+            s = stats_;
+        }
+        s.toHost = copies_[0].count.load(std::memory_order_relaxed);
+        s.toHostBytes = copies_[0].bytes.load(std::memory_order_relaxed);
+        s.toDevice = copies_[1].count.load(std::memory_order_relaxed);
+        s.toDeviceBytes = copies_[1].bytes.load(std::memory_order_relaxed);
+        s.copyNs = copyNs_.load(std::memory_order_relaxed);
+        s.waitNs = waitNs_.load(std::memory_order_relaxed);
+        return s;
     }
+    // The profile's counters: atomics beside the lock, as each copy of every lane counts itself.
+    void count_copy(bool toDevice, size_t bytes) {
+        Copies& c = copies_[toDevice ? 1 : 0];
+        c.count.fetch_add(1, std::memory_order_relaxed);
+        c.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    void count_copy_ended(int64_t since) { copyNs_.fetch_add(now_ns() - since, std::memory_order_relaxed); }
+    void count_wait(int64_t since) { waitNs_.fetch_add(now_ns() - since, std::memory_order_relaxed); }
 
     // Frees what the pool keeps; from now on memory given back is freed (while the context lives:
     // after, its destruction has freed it) and none is lent. With wait, first waits (at most the
@@ -269,6 +287,11 @@ private:
     std::vector<void*> events_;                       // events free for the next copy
     PoolStats stats_;
     bool closed_ = false;
+    struct Copies {
+        std::atomic<uint64_t> count{0}, bytes{0};
+    };
+    Copies copies_[2];  // to the host, to the device
+    std::atomic<uint64_t> copyNs_{0}, waitNs_{0};
 };
 
 void Staged::swap(Staged& o) noexcept {
@@ -290,6 +313,7 @@ bool Staged::copied() {
     }
     pool_->give_event(event_);
     event_ = nullptr;
+    pool_->count_copy_ended(since_);
     check(r, "a copy of staged bytes (cuEventQuery)");
     return true;
 }
@@ -297,7 +321,9 @@ bool Staged::copied() {
 void Staged::wait() {
     if (event_ == nullptr) return;
     const Current current(pool_->config());  // once for the whole wait, not per poll
+    const int64_t start = now_ns();
     poll_until([this] { return copied(); });
+    pool_->count_wait(start);
 }
 
 void Staged::clear() {
@@ -426,7 +452,10 @@ Staged Stager::landing(size_t bytes) {
 
 void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
     if (waitNow || !s.pool_) {  // heap memory is copied through at once: the driver waits for pageable copies
+        const int64_t start = now_ns();
         op.wait_stream(what);
+        pool_->count_wait(start);
+        pool_->count_copy_ended(start);
         return;
     }
     void* event = pool_->take_event();
@@ -444,6 +473,7 @@ void Stager::to_device(uint64_t dst, Staged& src, bool wait, size_t lane) {
     check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.driver.memcpyHtoDAsync)(dst, src.data(), src.size(),
                                                                          reinterpret_cast<void*>(op.stream())),
           "cuMemcpyHtoDAsync");
+    pool_->count_copy(true, src.size());
     follow(op, src, wait, "a copy to the GPU");
 }
 
@@ -453,6 +483,7 @@ Staged Stager::to_host(uint64_t src, size_t bytes, bool wait, size_t lane) {
     check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.driver.memcpyDtoHAsync)(s.data(), src, bytes,
                                                                          reinterpret_cast<void*>(op.stream())),
           "cuMemcpyDtoHAsync");
+    pool_->count_copy(false, bytes);
     follow(op, s, wait, "a copy from the GPU");
     return s;
 }

@@ -80,6 +80,11 @@ struct PoolStats {
     uint64_t freed = 0;      // pinned memory freed (over the cache bound, or at close)
     uint64_t unpinned = 0;   // loans of heap memory because pinning failed
     uint64_t abandoned = 0;  // memory never lent again: its copy may still have been running
+    // The copies, for a profile of where a staged transfer's time goes (MORI_STAGING_PROFILE):
+    uint64_t toHost = 0, toHostBytes = 0;      // copies out of the GPU queued, and their bytes
+    uint64_t toDevice = 0, toDeviceBytes = 0;  // copies into the GPU queued, and their bytes
+    uint64_t copyNs = 0;  // summed over queued copies: from queueing to the moment a caller saw it end
+    uint64_t waitNs = 0;  // summed time callers spent blocked on a copy (wait(), or a waited copy)
 };
 
 class StagingPool;

@@ -23,6 +23,12 @@ py::dict stats_dict(const PoolStats& s) {
     d["freed"] = s.freed;
     d["unpinned"] = s.unpinned;
     d["abandoned"] = s.abandoned;
+    d["to_host"] = s.toHost;
+    d["to_host_bytes"] = s.toHostBytes;
+    d["to_device"] = s.toDevice;
+    d["to_device_bytes"] = s.toDeviceBytes;
+    d["copy_ns"] = s.copyNs;
+    d["wait_ns"] = s.waitNs;
     return d;
 }
 
@@ -103,7 +109,9 @@ mori::native::Registration reg([](py::module_& root) {
             "Copies staged bytes to device address dst (waited for unless wait is False).")
         .def(
             "stats", [](const Stager& s) { return stats_dict(s.stats()); },
-            "What the pool has done: lent, cached_bytes, pinned, reused, freed, unpinned, abandoned.")
+            "What the pool has done: lent, cached_bytes, pinned, reused, freed, unpinned, abandoned; and its "
+            "copies: to_host, to_host_bytes, to_device, to_device_bytes, copy_ns (queued to seen ended, "
+            "summed), wait_ns (callers blocked on copies, summed).")
         .def("check_device_memory", &Stager::check_device_memory, py::arg("addr"), py::arg("nbytes"),
              "ValueError unless [addr, addr + nbytes) is CUDA device memory.")
         .def_property_readonly("cache_bytes", [](const Stager& s) { return s.config().cacheBytes; })

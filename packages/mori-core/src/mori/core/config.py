@@ -322,6 +322,15 @@ VARIABLES: dict[str, Variable] = {
             SIZE_FORMS,
         ),
         Variable(
+            "MORI_STAGING_PROFILE",
+            _text,
+            None,
+            "A file to which each process appends, at exit, one JSON line per GPU Stager it made "
+            "(mori.core.staging.device_stager): its copies, bytes, copy and wait times (a profile of "
+            "staged transfers).",
+            "a path",
+        ),
+        Variable(
             "MORI_UCX_LIB",
             _text,
             None,
