@@ -132,6 +132,32 @@ def test_proxy_reports_a_dead_pe() -> None:
     assert "the proxy's operation to PE 1 failed" in out
 
 
+def test_a_ucx_without_cuda_is_refused_at_init_not_in_a_kernel() -> None:
+    """The machine's system UCX (the H200 machine's 1.16 has no CUDA), MORI_DISABLE_P2P: init
+    fails on every PE naming that UCX and what to install (it used to initialize and stop both
+    PEs' kernels with "unspecified launch failure")."""
+    import glob
+
+    systems = [p for p in glob.glob("/usr/lib*/**/libucp.so.0", recursive=True) if "site-packages" not in p]
+    if not systems:
+        pytest.skip("no system UCX on this machine")
+    probe = "from mori.shmem._remote_ucx import why_unavailable; print(why_unavailable('gpu'))"
+    why = subprocess.run(
+        [sys.executable, "-c", probe], env=dict(os.environ, MORI_UCX_LIB=systems[0]), capture_output=True, text=True
+    ).stdout
+    if "has no CUDA support" not in why:
+        pytest.skip(f"the system UCX {systems[0]} has CUDA support here: {why.strip()}")
+    out = _torchrun(
+        "gpu_no_cuda_ucx.py",
+        2,
+        {"MORI_DISABLE_P2P": "ON", "MORI_UCX_LIB": systems[0], "MORI_SHMEM_HEAP_SIZE": "64M"},
+    )
+    lines = [line for line in out.splitlines() if line.startswith("ok  init refused")]
+    assert len(lines) == 2, out
+    for line in lines:
+        assert f"the UCX loaded ({systems[0]}) has no CUDA support" in line and "libucx-cu13" in line, line
+
+
 @pytest.mark.parametrize("nproc", PES)
 def test_quick_reference_as_written(nproc: int) -> None:
     out = _torchrun("gpu_quickref.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "256M"})

@@ -315,6 +315,40 @@ def test_without_ucx_disable_p2p_refuses_calls_to_peers_clearly() -> None:
         pool.close()
 
 
+class _OnePeBootstrap:
+    """What open_remote asks of a bootstrap, for one PE whose peer answers the same."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def allgather(self, data: bytes) -> list[bytes]:
+        return [data] * self.world
+
+
+def test_a_gpu_heap_with_disable_p2p_and_a_ucx_without_cuda_is_refused_at_init() -> None:
+    """This machine's UCX has no CUDA support (no GPU here; on the GPU machine, its system UCX 1.16
+    has none either): a GPU heap whose peers go through the remote transport (MORI_DISABLE_P2P on one
+    host) fails at init naming the UCX, what it lacks and what to install, where it used to
+    initialize and stop its kernels at their first put to a peer."""
+    from types import SimpleNamespace
+
+    from mori.core import ucx
+    from mori.core.memory import LiveRanges
+    from mori.shmem._remote_setup import open_remote
+    from mori.shmem._remote_ucx import why_unavailable
+
+    me = HostIdentity("m", 1)
+    reach = Reach.of(0, [me, me], p2p_disabled=True)
+    gpu_heap = SimpleNamespace(kind="gpu")
+    with pytest.raises(shmem.ShmemError) as info:
+        open_remote(_OnePeBootstrap(2), gpu_heap, reach, 5.0, LiveRanges())  # type: ignore[arg-type]
+    text = str(info.value)
+    path = ucx.library_info()["path"]
+    assert f"the UCX loaded ({path}) has no CUDA support" in text, text
+    assert "install the libucx-cu13 wheel" in text and "(PEs 0, 1)" in text and "MORI_DISABLE_P2P" in text, text
+    assert why_unavailable("cpu") == ""  # a CPU heap needs no CUDA (test_disable_p2p_on_one_host_... runs it)
+
+
 def test_without_ucx_pes_on_two_hosts_are_refused_at_init_on_every_pe() -> None:
     spaces, _, pool = _across(2, NO_UCX, init=False)
     try:

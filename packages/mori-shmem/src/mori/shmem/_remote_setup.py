@@ -25,8 +25,10 @@ def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: 
     :meth:`RemoteTransport.quick_put` checks a put against.
 
     Raises :class:`ShmemError` on every PE, naming the hosts and why, when PEs on several hosts
-    need it and some PE cannot run it; with ``MORI_DISABLE_P2P`` on one host the PE initializes
-    and calls to peers raise instead.
+    need it and some PE cannot run it; likewise for a GPU heap with ``MORI_DISABLE_P2P`` on one
+    host, whose kernels would otherwise stop at their first operation on a peer (a device cannot
+    raise). A CPU heap with ``MORI_DISABLE_P2P`` on one host initializes, and host calls to peers
+    raise instead.
     """
     if not reach.any_remote:
         return Unavailable(reach, "no PE is remote")
@@ -40,6 +42,12 @@ def open_remote(bootstrap: Any, heap: Heap, reach: Reach, timeout: float, live: 
         raise ShmemError(
             f"mori.shmem reaches PEs on other hosts through its remote transport, which is not "
             f"available ({missing}): {problem}"
+        )
+    if heap.kind == "gpu" and missing:
+        raise ShmemError(
+            f"MORI_DISABLE_P2P is set, so the GPU heap reaches its peers through mori.shmem's remote "
+            f"transport, which is not available ({missing}); a kernel's put to a peer would stop the "
+            f"kernel. Unset MORI_DISABLE_P2P, or make the remote transport available."
         )
     if missing:
         return Unavailable(reach, missing)
