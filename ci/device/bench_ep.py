@@ -127,11 +127,14 @@ def nccl_pair(x: Any, ids: Any, world: int, group: Any, iters: int, warmup: int)
 
 
 def symm_mem_pair(x: Any, ids: Any, world: int, iters: int, warmup: int) -> tuple[float, float] | str:
-    """PyTorch symmetric memory all_to_all_vdev (NVSHMEM backend), if this torch has it."""
+    """PyTorch symmetric memory all_to_all_vdev (NVSHMEM backend), if this torch has it. Two
+    signatures: (input, out, in_out_splits[3, world], group) in older torch, and (input, out,
+    in_splits[world], out_splits_offsets[2, world], group) in newer (2.11 has it), told apart by the schema."""
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
         op = torch.ops.symm_mem.all_to_all_vdev
+        separate = len(op.default._schema.arguments) == 5  # in_splits and out_splits_offsets apart
         symm_mem.set_backend("NVSHMEM")
     except (AttributeError, RuntimeError, ImportError) as exc:
         return f"not run: {type(exc).__name__}: {str(exc)[:80]}"
@@ -142,22 +145,29 @@ def symm_mem_pair(x: Any, ids: Any, world: int, iters: int, warmup: int) -> tupl
     out = symm_mem.empty(cap, row.shape[1], dtype=torch.uint8, device=x.device)
     back_in = symm_mem.empty(cap, HIDDEN, dtype=torch.bfloat16, device=x.device)
     back_out = symm_mem.empty(x.shape[0] * TOPK, HIDDEN, dtype=torch.bfloat16, device=x.device)
-    splits = symm_mem.empty(3, world, dtype=torch.int64, device=x.device)
-    splits2 = symm_mem.empty(3, world, dtype=torch.int64, device=x.device)
-    for t in (inp, out, back_in, back_out, splits, splits2):
+    # Per direction (dispatch, combine): the splits tensors the op takes, symmetric like its data.
+    shapes = [(world,), (2, world)] if separate else [(3, world)]
+    splits = [[symm_mem.empty(*shape, dtype=torch.int64, device=x.device) for shape in shapes] for _ in range(2)]
+    for t in (inp, out, back_in, back_out, *splits[0], *splits[1]):
         symm_mem.rendezvous(t, group_name)
     state: dict[str, Any] = {}
+
+    def sent(direction: int) -> Any:  # the splits this rank sends (row 0 of the old form)
+        return splits[direction][0] if separate else splits[direction][0][0]
+
+    def received(direction: int) -> Any:  # the splits it received, which the op fills in
+        return splits[direction][1][0] if separate else splits[direction][0][1]
 
     def dispatch() -> None:
         tok, counts = layout(ids, world)
         inp[: len(tok)].copy_(row.index_select(0, tok))
-        splits[0].copy_(counts)
-        op(inp, out, splits, group_name)
+        sent(0).copy_(counts)
+        op(inp, out, *splits[0], group_name)
         state["tok"] = tok
 
     def combine() -> None:
-        splits2[0].copy_(splits[1])
-        op(back_in, back_out, splits2, group_name)
+        sent(1).copy_(received(0))
+        op(back_in, back_out, *splits[1], group_name)
         acc = torch.zeros(x.shape[0], HIDDEN, dtype=torch.float32, device=x.device)
         acc.index_add_(0, state["tok"], back_out[: len(state["tok"])].float())
 
