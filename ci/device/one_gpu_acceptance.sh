@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The GPU acceptance that a one-GPU machine can give, in one lease (~9 minutes), most important
+# first, each step bounded so that a slow one cannot eat the rest:
+#   ops_tests     mori.ops GPU tests other than the proxy ones (routing handles, replay dispatch,
+#                 quantized combine, standard-MoE layout, AsyncLL ...) with 2, 4 and 8 PEs
+#                 (ep.sh --no-bench);
+#   ops_netns     mori.ops InterNodeV1/V1LL/AsyncLL and the EP surface through the device proxy,
+#                 PEs in two network namespaces (netns_gpu.sh --only ops), 2 PEs;
+#   no_cuda_ucx   a GPU heap with MORI_DISABLE_P2P on the machine's system UCX (no CUDA): refused
+#                 at init (test_gpu.py);
+#   proxy_bench   mori.shmem between two namespaces, GPU heaps (netns_bench.sh: host- and
+#                 device-initiated puts, put+signal), first with the baseline's code when
+#                 MORI_BASELINE names its tree (its mori-core, mori-shmem and mori-io installed
+#                 apart and run by its own scripts), then with this tree's: before and after;
+#   io_bench      mori-io-bench between two namespaces, GPU memory, TCP and RDMA beside NIXL, under
+#                 MPS (io_gpu_netns.sh --mps), with MORI_STAGING_PROFILE: every process's staging
+#                 statistics (copies, bytes, copy and wait times) in $OUT/staging_profile.jsonl;
+#   ep_bench      bench_ep.py with 2 PEs (every quantized combine), then with 1 PE (NCCL and
+#                 PyTorch symmetric memory's all_to_all_vdev against itself).
+# Run from the repository root with .devkit carried (and MORI_BASELINE's folder, e.g. a
+# `git archive` of the baseline commit's packages/ and ci/ under .baseline).
+# MORI_STEPS="ops_tests io_bench ...": only these steps. Logs go to $OUT (packed into logs.tgz).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+OUT_FINAL=${OUT:-/tmp/mori-out}
+OUT=/tmp/mori-acceptance  # many logs: packed into $OUT_FINAL/logs.tgz, which brings back 8 files at most
+mkdir -p "$OUT" "$OUT_FINAL"
+repo=$PWD
+t0=$(date +%s)
+status=0
+pack() { tar czf "$OUT_FINAL/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; }
+step() {  # step NAME LIMIT COMMAND...: bounded, logged to $OUT/NAME.log, one summary line here
+  local name=$1 limit=$2; shift 2
+  if [ -n "${MORI_STEPS:-}" ] && [[ " $MORI_STEPS " != *" $name "* ]]; then return 0; fi
+  local s=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $(( $(date +%s) - s ))s (at $(( $(date +%s) - t0 ))s)"
+  [ $rc = 0 ] || status=1
+  pack
+  return $rc
+}
+install_tree() {  # install_tree DIR [pip args]: its mori-core, mori-shmem and mori-io
+  local dir=$1; shift
+  python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps "$@" \
+    "$dir/packages/mori-core" "$dir/packages/mori-shmem" "$dir/packages/mori-io" 2>&1 | tail -3
+}
+python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
+  ./packages/mori-io ./packages/mori-triton pyroute2 2>&1 | tail -3
+python3 -m pip install -q --no-deps --no-index .devkit/ucx/*.whl .devkit/nixl/*.whl 2>&1 | tail -3
+export MORI_SKIP_INSTALL=1
+echo "== installed in $(( $(date +%s) - t0 ))s"
+
+step ops_tests 200 env OUT="$OUT" bash ci/device/ep.sh --pes "2 4 8" --no-bench
+grep -hE "^rc=|passed|failed" "$OUT/ops_tests.log"
+step ops_netns 130 env OUT="$OUT" bash ci/device/netns_gpu.sh --only ops --ops-pes 2
+grep -hE "^rc=|passed|failed" "$OUT/ops_netns.log"
+step no_cuda_ucx 60 python3 -m pytest -q -m gpu -p no:cacheprovider -s -k ucx_without_cuda \
+  "$repo/packages/mori-shmem/tests/test_gpu.py"
+grep -hE "ok  init refused|passed|failed|skipped" "$OUT/no_cuda_ucx.log" | cut -c1-300
+
+nb_args=(--rounds 1 --iters 10 --sizes 4K,64K,1M,16M --io)
+if [ -n "${MORI_BASELINE:-}" ]; then
+  base=$repo/$MORI_BASELINE
+  ln -sfn "$repo/.devkit" "$base/.devkit"
+  mkdir -p "$OUT/baseline"
+  install_tree "$base" --target /tmp/mori-baseline
+  step proxy_bench_baseline 120 env -C "$base" PYTHONPATH=/tmp/mori-baseline OUT="$OUT/baseline" \
+    bash ci/device/netns_bench.sh "${nb_args[@]}"
+  grep -v "^\[" "$OUT/baseline/shmem_remote_device.log" | tail -8
+fi
+mkdir -p "$OUT/now"
+step proxy_bench 120 env OUT="$OUT/now" bash ci/device/netns_bench.sh "${nb_args[@]}"
+grep -v "^\[" "$OUT/now/shmem_remote_device.log" | tail -8
+
+export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
+step io_bench 110 env OUT="$OUT" bash ci/device/io_gpu_netns.sh --no-tests --mem gpu --mps --iters 10
+grep -E "^(mori|mori-rdma|nixl) |^== mori-io-bench" "$OUT/io_bench.log"
+python3 - "$MORI_STAGING_PROFILE" <<'EOF'
+import json, sys
+try:
+    lines = [json.loads(line) for line in open(sys.argv[1])]
+except OSError:
+    lines = []
+print(f"staging profile: {len(lines)} stagers")
+for p in lines:
+    copies = p["to_host"] + p["to_device"]
+    moved = p["to_host_bytes"] + p["to_device_bytes"]
+    if copies:
+        print(f"  pid {p['pid']} {' '.join(p['argv'][1:4])[:60]}: {p['to_host']} out / {p['to_device']} in, "
+              f"{moved / 2**20:.0f} MiB, copy {p['copy_ns'] / copies / 1e3:.1f} us each (queued to seen ended), "
+              f"waited {p['wait_ns'] / 1e6:.1f} ms, unpinned {p['unpinned']}, pinned {p['pinned']}")
+EOF
+unset MORI_STAGING_PROFILE
+
+step ep_bench 70 env OUT="$OUT" bash ci/device/ep.sh --pes 2 --no-tests -- --iters 10
+sed -n '/mori.ops dispatch\/combine/,$p' "$OUT/ep_bench.log" | grep -v "^\s*$"
+step ep_bench_1pe 50 env OUT="$OUT/one" MORI_BENCH_PES=1 bash ci/device/ep.sh --pes 1 --no-tests -- --shapes decode \
+  --quants none --iters 10
+grep -E "nccl|symm_mem|rc=" "$OUT/ep_bench_1pe.log"
+pack
+echo "== done in $(( $(date +%s) - t0 ))s, status $status"
+exit $status
