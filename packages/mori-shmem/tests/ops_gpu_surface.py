@@ -1,7 +1,8 @@
 """MORI-EP's wider surface on GPUs (ops_gpu_worker.py with MORI_OPS_CHECKS=surface): the blockwise
-fp8/fp4 combine quantizations, e4m3fnuz and packed fp4 expert outputs, routing handles, the
-standard-MoE layout and AUTO launch geometry, every PE's outputs gathered on rank 0 and checked
-there with the CPU tests' references (test_ops_wire, test_ops_routing, ep_cases)."""
+fp8/fp4 combine quantizations, e4m3fnuz and packed fp4 expert outputs, routing handles (caching,
+two dispatches in flight, replay, refusals) within a node and across nodes, the standard-MoE layout
+and AUTO launch geometry, every PE's outputs gathered on rank 0 and checked there with the CPU
+tests' references (test_ops_wire, test_ops_routing, ep_cases)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ep_cases import Case, make_config, rank_inputs
+from ep_cases import Case
 from test_ops_routing import (
+    check_routing_refusals,
     check_routing_results,
     check_standard_moe_results,
+    pe_routing_refusals,
     pe_routing_rounds,
     pe_standard_moe,
 )
@@ -83,8 +86,9 @@ def gather(res: Any) -> Any:
 
 def surface(rank: int, world: int) -> None:
     """Every check; with MORI_DISABLE_P2P (every PE a node of its own, reached through the device
-    proxy) the ops are InterNodeV1 with gpu_per_node=1 (InterNodeV1LL for the standard-MoE layout),
-    and routing handles, which the GPU heap takes within one node only, are checked to be refused."""
+    proxy) the ops are InterNodeV1 with gpu_per_node=1 (InterNodeV1LL for the standard-MoE layout).
+    Routing handles run on IntraNode and on InterNodeV1 across nodes: with P2P, nodes of half the
+    world on this host (the other node's puts are copies); through the proxy, every PE a node."""
     experts = max(1, 256 // world)
     p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
     kinds = mori.ops.EpDispatchCombineKernelType
@@ -129,30 +133,32 @@ def surface(rank: int, world: int) -> None:
     std_kind = {} if p2p else {"kernel_type": kinds.InterNodeV1LL, "gpu_per_node": 1}
     res = gather(pe_standard_moe(std, std_kind, DEVICE))
     _verdict(rank, f"standard-MoE layout{where.replace('V1', 'V1LL')}", lambda: check_standard_moe_results(std, res))
-    if not p2p:
-        op = mori.ops.EpDispatchCombineOp(make_config(bf16, rank, **across))
-        inp = rank_inputs(bf16, rank, DEVICE)
-        try:
-            op.dispatch(inp["input"], None, None, inp["indices"], return_routing=True)
-        except NotImplementedError as exc:
-            refused = "one node" in str(exc)
-        else:
-            refused = False
-        every = _gathered(refused)
+    routing_handles(rank, world, bf16, p2p)
 
-        def check_refused() -> None:
-            assert every is not None and all(every), (
-                f"accepted on PEs {[i for i, r in enumerate(every or []) if not r]}"
+
+def routing_handles(rank: int, world: int, bf16: Case, p2p: bool) -> None:
+    """MORI's routing-handle checks, the replays and the refusals, byte for byte as the references:
+    IntraNode and InterNodeV1 with nodes of half the world (P2P), or InterNodeV1 with every PE a
+    node (through the proxy)."""
+    kinds = mori.ops.EpDispatchCombineKernelType
+    handle_ops = [("IntraNode", {})] if p2p else []
+    handle_ops.append(("InterNodeV1", {"gpu_per_node": max(1, world // 2)} if p2p else {"gpu_per_node": 1}))
+    for kernel, fields in handle_ops:
+        label = f"{kernel}, gpu_per_node {fields['gpu_per_node']}" if fields else kernel
+        label += " through the proxy" if not p2p else ""
+        for seed in (24, 26):
+            c = dataclasses.replace(bf16, seed=seed)
+            res = gather(pe_routing_rounds(c, kernel, DEVICE, replay=True, overrides=fields))
+            _verdict(
+                rank,
+                f"routing handles ({label}) seed {seed}: parity with a plain round, two dispatches in "
+                "flight, replays with new and with the first payloads",
+                lambda c=c, res=res: check_routing_results(c, res, replay=True),
             )
-
-        _verdict(rank, "routing handles across nodes refused on the GPU heap", check_refused)
-        return
-    # Routing handles (MORI's checks but the replay, which the GPU heap does not take).
-    for seed in (24, 26):
-        c = dataclasses.replace(bf16, seed=seed)
-        res = gather(pe_routing_rounds(c, "IntraNode", DEVICE, replay=False))
+        c = dataclasses.replace(bf16, seed=27, full=True)
+        refusals = gather(pe_routing_refusals(c, DEVICE, {"kernel_type": kinds[kernel], **fields}))
         _verdict(
             rank,
-            f"routing handles seed {seed}: parity with a plain round, two dispatches in flight",
-            lambda c=c, res=res: check_routing_results(c, res, replay=False),
+            f"routing handles ({label}): refusals before anything is sent",
+            lambda refusals=refusals: check_routing_refusals(refusals or []),
         )

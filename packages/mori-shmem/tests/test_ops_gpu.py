@@ -83,11 +83,15 @@ def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp
 @pytest.mark.parametrize("nproc", PES)
 def test_ep_surface(nproc: int) -> None:
     """fp8 and fp4 blockwise combine (byte for byte as the numpy quantizer, and within MORI's
-    tolerance), e4m3fnuz and packed fp4 expert outputs, routing handles, the standard-MoE layout and
-    AUTO launch geometry (ops_gpu_surface.py)."""
+    tolerance), e4m3fnuz and packed fp4 expert outputs, routing handles (IntraNode, and InterNodeV1
+    with two nodes on this host: caching, two dispatches in flight, replays, refusals), the
+    standard-MoE layout and AUTO launch geometry (ops_gpu_surface.py)."""
     out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "surface"})
     assert "FAILED" not in out, out
-    assert out.count("ok  ") >= 13, out
+    assert out.count("ok  ") >= 18, out
+    for kernel in ("IntraNode", f"InterNodeV1, gpu_per_node {max(1, nproc // 2)}"):
+        assert out.count(f"ok  routing handles ({kernel}) seed ") == 2, out
+        assert f"ok  routing handles ({kernel}): refusals before anything is sent" in out, out
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
@@ -95,7 +99,8 @@ def test_ep_surface(nproc: int) -> None:
 def test_ep_surface_through_the_proxy(nproc: int) -> None:
     """The surface checks with MORI_DISABLE_P2P (every PE a node of its own, InterNodeV1 and
     InterNodeV1LL through mori.shmem's device proxy on UCX; two network namespaces with
-    MORI_TEST_NETNS): the quantized rows cross between nodes as bytes."""
+    MORI_TEST_NETNS): the quantized rows cross between nodes as bytes, and InterNodeV1's routing
+    handles (caching, two dispatches in flight, replays, refusals) run between nodes."""
     out = _torchrun(
         "ops_gpu_worker.py",
         nproc,
@@ -109,7 +114,9 @@ def test_ep_surface_through_the_proxy(nproc: int) -> None:
     )
     assert "FAILED" not in out, out
     assert out.count("(InterNodeV1 through the proxy)") >= 8, out
-    assert "ok  routing handles across nodes refused on the GPU heap" in out, out
+    label = "InterNodeV1, gpu_per_node 1 through the proxy"
+    assert out.count(f"ok  routing handles ({label}) seed ") == 2, out
+    assert f"ok  routing handles ({label}): refusals before anything is sent" in out, out
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
