@@ -87,8 +87,8 @@ def gather(res: Any) -> Any:
 def surface(rank: int, world: int) -> None:
     """Every check; with MORI_DISABLE_P2P (every PE a node of its own, reached through the device
     proxy) the ops are InterNodeV1 with gpu_per_node=1 (InterNodeV1LL for the standard-MoE layout).
-    Routing handles run on IntraNode and on InterNodeV1 across nodes: with P2P, nodes of half the
-    world on this host (the other node's puts are copies); through the proxy, every PE a node."""
+    Routing handles here on IntraNode (with P2P); InterNodeV1's are checked between nodes by
+    ops_gpu_worker.internode."""
     experts = max(1, 256 // world)
     p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
     kinds = mori.ops.EpDispatchCombineKernelType
@@ -133,19 +133,20 @@ def surface(rank: int, world: int) -> None:
     std_kind = {} if p2p else {"kernel_type": kinds.InterNodeV1LL, "gpu_per_node": 1}
     res = gather(pe_standard_moe(std, std_kind, DEVICE))
     _verdict(rank, f"standard-MoE layout{where.replace('V1', 'V1LL')}", lambda: check_standard_moe_results(std, res))
-    routing_handles(rank, world, bf16, p2p)
+    if p2p:  # InterNodeV1's handles between nodes: ops_gpu_worker.internode
+        routing_handles(rank, world, [("IntraNode", {})])
 
 
-def routing_handles(rank: int, world: int, bf16: Case, p2p: bool) -> None:
-    """MORI's routing-handle checks, the replays and the refusals, byte for byte as the references:
-    IntraNode and InterNodeV1 with nodes of half the world (P2P), or InterNodeV1 with every PE a
-    node (through the proxy)."""
+def routing_handles(rank: int, world: int, ops: list[tuple[str, dict[str, Any]]], where: str = "") -> None:
+    """MORI's routing-handle checks, the replays and the refusals, on each op of ``ops`` (a kernel
+    type's name and config fields), every result against the references of the CPU tests:
+    a plain round against a routed one, two dispatches in flight combined each with its handle, a
+    replay with new payloads and one with the first payloads (byte for byte that dispatch's
+    outputs), and the refusals (a replay whose indices route differently changes nothing)."""
     kinds = mori.ops.EpDispatchCombineKernelType
-    handle_ops = [("IntraNode", {})] if p2p else []
-    handle_ops.append(("InterNodeV1", {"gpu_per_node": max(1, world // 2)} if p2p else {"gpu_per_node": 1}))
-    for kernel, fields in handle_ops:
-        label = f"{kernel}, gpu_per_node {fields['gpu_per_node']}" if fields else kernel
-        label += " through the proxy" if not p2p else ""
+    bf16 = Case(world=world, max_tokens=48, hidden=1024, k=8, experts_per_rank=max(1, 256 // world), invalid=0.1)
+    for kernel, fields in ops:
+        label = ", ".join([kernel, *(f"{k} {v}" for k, v in fields.items())]) + where
         for seed in (24, 26):
             c = dataclasses.replace(bf16, seed=seed)
             res = gather(pe_routing_rounds(c, kernel, DEVICE, replay=True, overrides=fields))
