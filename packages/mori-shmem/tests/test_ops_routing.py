@@ -368,3 +368,60 @@ def pe_convert_without_dispatch(case: Case) -> None:
     op.convert_combine_input(
         torch.zeros(case.experts_per_rank, op.max_num_tokens_to_send(), case.hidden, dtype=torch.bfloat16), None, None
     )
+
+
+def test_a_handle_across_nodes_keeps_the_proxy_side_of_its_round():
+    """The GPU heap's handle plumbing across nodes (_handles.py), on host tensors: a dispatch's
+    return map and return rows go into the handle; a replay or a combine along it puts them back;
+    a dispatch making a new handle starts them afresh; a handle without them is refused."""
+    from types import SimpleNamespace
+
+    from mori.ops._buffers import CONTROL, CONTROL_WORDS
+    from mori.ops._handles import HandleRouting
+    from mori.ops._internode import InterNodeBuffers, node_plan, return_map_size
+
+    case = dataclasses.replace(BF16, world=4, max_tokens=3, k=2)
+    cfg = make_config(case, 1, gpu_per_node=2)
+    plan = node_plan(cfg, range(4))
+    max_send = max_recv = case.world * case.max_tokens  # no max_total_recv_tokens: the same
+
+    def ints(n: int, value: int = 0) -> Any:
+        return torch.full((n,), value, dtype=torch.int32)
+
+    bufs = SimpleNamespace(
+        dest_map=ints(case.max_tokens * case.k), disp_src_pos=ints(max_recv), control=ints(CONTROL_WORDS)
+    )
+    inter = InterNodeBuffers(*(ints(1) for _ in range(4)), ret_map=ints(return_map_size(cfg, plan), -1))
+    routing = HandleRouting(cfg, bufs, max_recv, "cpu", inter, plan)  # type: ignore[arg-type]
+    rows = bufs.control[CONTROL["EP_RETURN_ROWS"] : CONTROL["EP_RETURN_ROWS"] + plan.nodes]
+    # A dispatch of 2 tokens: entry (0, 0) to PE 1 slot 4, (1, 1) to PE 3's node, its combine row 0;
+    # as proxy of node 1 this PE forwarded row 0 and 1 of that node to PE 0 slots 5 and 6.
+    bufs.dest_map[:4] = torch.tensor([1 * max_send + 4, -1, -1, 3 * max_send + 0])
+    inter.ret_map[plan.size * case.max_tokens + 0 : plan.size * case.max_tokens + 2] = torch.tensor([5, 6])
+    rows[1] = 2
+    handle = routing.allocate()
+    routing.snapshot(handle, 2, torch.tensor([7], dtype=torch.int32))
+    assert torch.equal(handle.inter_node_disp_dest_tok_id_map, inter.ret_map)
+    assert handle.inter_node_disp_send_map.tolist() == [0, 2] and int(handle.total_recv_token_num) == 7
+    # A later dispatch making a new handle: the proxy side starts afresh.
+    bufs.dest_map.fill_(9)
+    routing.restore(None)
+    assert bool((inter.ret_map == -1).all()) and rows.tolist() == [0, 0]
+    # A replay (or a combine) along the first handle: its routing back where the kernels read it.
+    routing.restore(handle)
+    assert torch.equal(bufs.dest_map[:4], handle.disp_dest_tok_id_map[:4])
+    assert torch.equal(inter.ret_map, handle.inter_node_disp_dest_tok_id_map) and rows.tolist() == [0, 2]
+    assert routing.check(handle) == 2
+    mori_style = mori_handle_without_inter_node_maps(handle)
+    with pytest.raises(
+        ValueError, match=r"routing.inter_node_disp_dest_tok_id_map must be an int32 tensor of at least"
+    ):
+        routing.check(mori_style)
+
+
+def mori_handle_without_inter_node_maps(handle: Any) -> Any:
+    from mori.ops import EpDispatchRoutingHandle
+
+    dest, _, _, total, src = handle.tensors()
+    empty = torch.zeros(0, dtype=torch.int32)
+    return EpDispatchRoutingHandle.from_tensors((dest, empty, empty, total, src), cur_rank_num_token=2)
