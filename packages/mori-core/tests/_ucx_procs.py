@@ -286,18 +286,3 @@ def engine_pair(
 
 def fill(arr: np.ndarray, seed: int) -> None:
     arr[:] = np.random.default_rng(seed).integers(0, 256, arr.size, dtype=np.uint8)
-
-
-def wait_stopped(pid: int | None) -> None:
-    """Waits until every thread of process ``pid`` is stopped (SIGSTOP), at most 5 s."""
-    assert pid is not None
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        states = []
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        if states and all(st in "Tt" for st in states):
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"process {pid} did not stop within 5 s")

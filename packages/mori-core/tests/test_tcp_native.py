@@ -190,8 +190,7 @@ def test_dead_and_hung_target(remote):
     arr, port, call, target = remote
     p = _peer(port, 2, timeout_setting="TEST_IO_TIMEOUT")  # the caller's name for io_timeout
     src = np.ones(SIZE, dtype=np.uint8)
-    target.signal(signal.SIGSTOP)
-    time.sleep(0.2)
+    target.stop()
     t0 = time.monotonic()
     t = p.submit(READ, Batch([0], [0], [4096], int(src.ctypes.data)), 1, 6, False, 1 << 20)
     assert t.wait(10) and t.code() == TransferCode.ERR_BAD_STATE and "(TEST_IO_TIMEOUT)" in t.message()

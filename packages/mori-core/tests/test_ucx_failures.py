@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from _ucx_procs import GUARD, SIZE, EngineProcess, engine_pair, fill, wait_stopped
+from _ucx_procs import GUARD, SIZE, EngineProcess, engine_pair, fill
 
 from mori.core.ucx import READ, WRITE
 
@@ -50,8 +50,7 @@ def test_hung_target_fails_at_the_deadline_and_no_byte_lands_after(lib: str, whe
         fill(pair.init.arr, 3)
         fill(pair.target.arr, 4)
         assert pair.transfer(READ, [0], [0], [4096])[0] == "SUCCESS"  # connected
-        pair.target.signal(signal.SIGSTOP)
-        wait_stopped(pair.target.pid)  # a stop lands asynchronously: a fast path could still serve
+        pair.target.stop()  # a stop lands asynchronously: a fast path could still serve
         try:
             n = 8
             offs = [i * BLOCK for i in range(n)]
@@ -124,11 +123,9 @@ def test_initiator_killed_while_a_read_reply_waits_for_it_leaves_the_region_free
     own handle, until the memory was unmapped: deregistration gave up after the timeout)."""
     with engine_pair(lib, "host", timeout=TIMEOUT, settings={"MM_ERROR_HANDLING": "n"}) as pair:
         assert pair.transfer(READ, [0], [0], [4096])[0] == "SUCCESS"  # wired up
-        pair.target.signal(signal.SIGSTOP)  # the request waits in its socket
-        wait_stopped(pair.target.pid)
+        pair.target.stop()  # the request waits in its socket
         pair.init.call("start", "target", READ, [0], [0], [SIZE])  # one block: one reply of SIZE bytes
-        pair.init.signal(signal.SIGSTOP)  # never answers the announcement
-        wait_stopped(pair.init.pid)
+        pair.init.stop()  # never answers the announcement
         pair.target.signal(signal.SIGCONT)
         time.sleep(0.5)  # the target takes the request and announces its reply (well under 1 ms)
         pair.init.kill()
@@ -147,8 +144,7 @@ def test_a_full_send_queue_refuses_after_its_wait_and_frees_when_transfers_end(w
         fill(pair.target.arr, 5)
         offs = [i * BLOCK for i in range(4)]
         assert pair.transfer(READ, [0], [0], [4096])[0] == "SUCCESS"  # connected
-        pair.target.signal(signal.SIGSTOP)
-        wait_stopped(pair.target.pid)
+        pair.target.stop()
         try:
             held = pair.init.call("start", "target", READ, offs, offs[::-1], [BLOCK] * 4)
             for rows, want in ((1, 1), (6, 4)):

@@ -11,7 +11,7 @@ import threading
 
 import _same_host_client as sh
 import numpy as np
-from _ucx_procs import SIZE, engine_pair, fill, wait_stopped
+from _ucx_procs import SIZE, engine_pair, fill
 
 from mori.core import ucx
 
@@ -27,8 +27,7 @@ def test_a_full_ring_holds_the_poster_until_there_is_room_and_loses_nothing() ->
         fill(pair.init.arr, 5)
         fill(pair.target.arr, 6)
         assert pair.transfer(ucx.WRITE, [0], [0], [4096])[0] == "SUCCESS"  # connected
-        pair.target.signal(signal.SIGSTOP)
-        wait_stopped(pair.target.pid)
+        pair.target.stop()
         started = [_start(pair, i) for i in range(sh.SLOTS)]  # the ring is full now
         resumed = threading.Event()
 
@@ -56,8 +55,7 @@ def test_a_ring_that_stays_full_fails_the_poster_at_the_deadline_and_nothing_lan
         fill(pair.init.arr, 7)
         fill(pair.target.arr, 8)
         assert pair.transfer(ucx.WRITE, [0], [0], [4096])[0] == "SUCCESS"
-        pair.target.signal(signal.SIGSTOP)
-        wait_stopped(pair.target.pid)
+        pair.target.stop()
         try:
             started = [_start(pair, i) for i in range(sh.SLOTS + 1)]
             codes = [pair.init.call("finish", tid) for tid in started]
@@ -82,8 +80,7 @@ def test_a_ring_that_stays_full_fails_the_poster_at_the_deadline_and_nothing_lan
 def test_a_target_killed_with_requests_in_the_ring_fails_them_at_once() -> None:
     with engine_pair("wheel", "same-host", timeout=600.0) as pair:
         assert pair.transfer(ucx.WRITE, [0], [0], [4096])[0] == "SUCCESS"
-        pair.target.signal(signal.SIGSTOP)
-        wait_stopped(pair.target.pid)
+        pair.target.stop()
         started = [_start(pair, i) for i in range(8)]
         pair.target.signal(signal.SIGKILL)
         for tid in started:  # long before the 600 s deadline: the socket closed with the process

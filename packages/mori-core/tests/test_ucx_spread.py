@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from _ucx_procs import GUARD, SIZE, engine_pair, fill, wait_stopped
+from _ucx_procs import GUARD, SIZE, engine_pair, fill
 
 from mori.core.codes import TransferCode
 from mori.core.ucx import READ, WRITE
@@ -121,8 +121,7 @@ def test_a_killed_target_fails_a_spread_transfer_never_success_with_missing_byte
 def test_a_hung_target_fails_a_spread_transfer_at_the_deadline() -> None:
     with engine_pair("wheel", "netns", timeout=TIMEOUT, workers=WORKERS) as pair:
         assert pair.transfer(READ, [0], [0], [4096])[0] == "SUCCESS"  # connected
-        pair.target.signal(signal.SIGSTOP)
-        wait_stopped(pair.target.pid)
+        pair.target.stop()
         try:
             offs = [i * MIB for i in range(6)]
             code, msg, secs = pair.transfer(READ, offs, offs, [MIB] * 6)

@@ -17,9 +17,7 @@ descriptors travel as the bytes the connector sends, every test runs over the cl
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import random
 import signal
 import threading
@@ -201,24 +199,6 @@ def test_vllm_hybrid_model_reads_with_shared_and_aliased_registrations(engine: I
         target.close()
 
 
-def _stop(target: PipeProcess) -> None:
-    """Stops the target (SIGSTOP) and waits, at most 5 s, until every thread of it is stopped: a
-    thread polling on a vCPU the hypervisor has descheduled goes on serving until that vCPU runs
-    again, and reads it served then never found the send queue full (seen once in CI)."""
-    target.signal(signal.SIGSTOP)
-    tasks = f"/proc/{target.pid}/task"
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        states = []
-        for tid in os.listdir(tasks):
-            with contextlib.suppress(FileNotFoundError), open(f"{tasks}/{tid}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        if states and all(state in ("T", "t") for state in states):
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"the target's threads did not all stop within 5 s: {states}")
-
-
 def test_vllm_reposts_reads_while_the_send_queue_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
     """A read that finds the send queue full fails at once with "SQ full" (MORI's ERR_RDMA_OP), and
     the connector re-posts it until it is taken. The prefill process is stopped while one layer's
@@ -235,7 +215,9 @@ def test_vllm_reposts_reads_while_the_send_queue_is_full(monkeypatch: pytest.Mon
         remote = np.frombuffer(target.call("cache"), dtype=np.uint8)
         rng = random.Random(2)
         _read_and_check(reader, remote, rng, 1)  # connected: no control request waits on the stopped process
-        _stop(target)
+        # every thread stopped: a thread polling on a vCPU the hypervisor has descheduled goes on
+        # serving until that vCPU runs again, and reads it served then never found the queue full
+        target.stop()
         resume = threading.Timer(0.5, target.signal, (signal.SIGCONT,))
         resume.start()
         try:

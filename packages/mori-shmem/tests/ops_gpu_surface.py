@@ -1,7 +1,8 @@
 """MORI-EP's wider surface on GPUs (ops_gpu_worker.py with MORI_OPS_CHECKS=surface): the blockwise
-fp8/fp4 combine quantizations, e4m3fnuz and packed fp4 expert outputs, routing handles, the
-standard-MoE layout and AUTO launch geometry, every PE's outputs gathered on rank 0 and checked
-there with the CPU tests' references (test_ops_wire, test_ops_routing, ep_cases)."""
+fp8/fp4 combine quantizations, e4m3fnuz and packed fp4 expert outputs, routing handles (caching,
+two dispatches in flight, replay, refusals) within a node and across nodes, the standard-MoE layout
+and AUTO launch geometry, every PE's outputs gathered on rank 0 and checked there with the CPU
+tests' references (test_ops_wire, test_ops_routing, ep_cases)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ep_cases import Case, make_config, rank_inputs
+from ep_cases import Case
 from test_ops_routing import (
+    check_routing_refusals,
     check_routing_results,
     check_standard_moe_results,
+    pe_routing_refusals,
     pe_routing_rounds,
     pe_standard_moe,
 )
@@ -83,8 +86,9 @@ def gather(res: Any) -> Any:
 
 def surface(rank: int, world: int) -> None:
     """Every check; with MORI_DISABLE_P2P (every PE a node of its own, reached through the device
-    proxy) the ops are InterNodeV1 with gpu_per_node=1 (InterNodeV1LL for the standard-MoE layout),
-    and routing handles, which the GPU heap takes within one node only, are checked to be refused."""
+    proxy) the ops are InterNodeV1 with gpu_per_node=1 (InterNodeV1LL for the standard-MoE layout).
+    Routing handles here on IntraNode (with P2P); InterNodeV1's are checked between nodes by
+    ops_gpu_worker.internode."""
     experts = max(1, 256 // world)
     p2p = os.environ.get("MORI_DISABLE_P2P", "").upper() not in ("1", "ON", "TRUE", "YES")
     kinds = mori.ops.EpDispatchCombineKernelType
@@ -129,30 +133,33 @@ def surface(rank: int, world: int) -> None:
     std_kind = {} if p2p else {"kernel_type": kinds.InterNodeV1LL, "gpu_per_node": 1}
     res = gather(pe_standard_moe(std, std_kind, DEVICE))
     _verdict(rank, f"standard-MoE layout{where.replace('V1', 'V1LL')}", lambda: check_standard_moe_results(std, res))
-    if not p2p:
-        op = mori.ops.EpDispatchCombineOp(make_config(bf16, rank, **across))
-        inp = rank_inputs(bf16, rank, DEVICE)
-        try:
-            op.dispatch(inp["input"], None, None, inp["indices"], return_routing=True)
-        except NotImplementedError as exc:
-            refused = "one node" in str(exc)
-        else:
-            refused = False
-        every = _gathered(refused)
+    if p2p:  # InterNodeV1's handles between nodes: ops_gpu_worker.internode
+        routing_handles(rank, world, [("IntraNode", {})])
 
-        def check_refused() -> None:
-            assert every is not None and all(every), (
-                f"accepted on PEs {[i for i, r in enumerate(every or []) if not r]}"
+
+def routing_handles(rank: int, world: int, ops: list[tuple[str, dict[str, Any]]], where: str = "") -> None:
+    """MORI's routing-handle checks, the replays and the refusals, on each op of ``ops`` (a kernel
+    type's name and config fields), every result against the references of the CPU tests:
+    a plain round against a routed one, two dispatches in flight combined each with its handle, a
+    replay with new payloads and one with the first payloads (byte for byte that dispatch's
+    outputs), and the refusals (a replay whose indices route differently changes nothing)."""
+    kinds = mori.ops.EpDispatchCombineKernelType
+    bf16 = Case(world=world, max_tokens=48, hidden=1024, k=8, experts_per_rank=max(1, 256 // world), invalid=0.1)
+    for kernel, fields in ops:
+        label = ", ".join([kernel, *(f"{k} {v}" for k, v in fields.items())]) + where
+        for seed in (24, 26):
+            c = dataclasses.replace(bf16, seed=seed)
+            res = gather(pe_routing_rounds(c, kernel, DEVICE, replay=True, overrides=fields))
+            _verdict(
+                rank,
+                f"routing handles ({label}) seed {seed}: parity with a plain round, two dispatches in "
+                "flight, replays with new and with the first payloads",
+                lambda c=c, res=res: check_routing_results(c, res, replay=True),
             )
-
-        _verdict(rank, "routing handles across nodes refused on the GPU heap", check_refused)
-        return
-    # Routing handles (MORI's checks but the replay, which the GPU heap does not take).
-    for seed in (24, 26):
-        c = dataclasses.replace(bf16, seed=seed)
-        res = gather(pe_routing_rounds(c, "IntraNode", DEVICE, replay=False))
+        c = dataclasses.replace(bf16, seed=27, full=True)
+        refusals = gather(pe_routing_refusals(c, DEVICE, {"kernel_type": kinds[kernel], **fields}))
         _verdict(
             rank,
-            f"routing handles seed {seed}: parity with a plain round, two dispatches in flight",
-            lambda c=c, res=res: check_routing_results(c, res, replay=False),
+            f"routing handles ({label}): refusals before anything is sent",
+            lambda refusals=refusals: check_routing_refusals(refusals or []),
         )

@@ -301,7 +301,8 @@ def _round_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 def internode(rank: int, world: int) -> None:
     """InterNodeV1 and InterNodeV1LL with each ``gpu_per_node`` split of the world into two or more
     nodes: every round checked against the reference and byte for byte against IntraNode's round
-    with the same inputs; then CUDA-graph replays. PEs of other nodes are reached through the device
+    with the same inputs; then CUDA-graph replays; then InterNodeV1's routing handles (caching,
+    two dispatches in flight, replays, refusals) against the references. PEs of other nodes are reached through the device
     API's put-with-signal (a copy where their heap is mapped, the remote transport where not)."""
     kinds = [
         mori.ops.EpDispatchCombineKernelType.InterNodeV1,
@@ -370,6 +371,11 @@ def internode(rank: int, world: int) -> None:
     dist.broadcast_object_list(flag, src=0)
     if flag[0]:
         raise AssertionError(f"{flag[0]} inter-node rounds failed")
+    # InterNodeV1's routing handles between the same nodes (raises on a failure).
+    from ops_gpu_surface import routing_handles
+
+    where = "" if p2p else ", through the proxy"
+    routing_handles(rank, world, [("InterNodeV1", {"gpu_per_node": g}) for g in sizes], where)
 
 
 def _save_intra(path: str, intra: dict[tuple[str, int], Any]) -> None:

@@ -16,6 +16,18 @@ PES = [int(n) for n in os.environ.get("MORI_TEST_PES", "2 4 8").split()]
 pytestmark = pytest.mark.gpu
 
 
+def _routing_handles_ok(out: str, ops: list[str]) -> None:
+    """Every routing-handle check of ops_gpu_surface.routing_handles passed for each op label."""
+    for label in ops:
+        assert out.count(f"ok  routing handles ({label}) seed ") == 2, (label, out)
+        assert f"ok  routing handles ({label}): refusals before anything is sent" in out, (label, out)
+
+
+def _node_sizes(nproc: int) -> list[int]:
+    """The gpu_per_node splits ops_gpu_worker.internode runs with P2P (two nodes or more)."""
+    return [g for g in (nproc // 2, nproc // 4) if g >= 1]
+
+
 @pytest.mark.parametrize("nproc", PES)
 def test_dispatch_combine(nproc: int) -> None:
     out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G"})
@@ -35,10 +47,12 @@ def test_hot_experts_and_refused_second_dispatch(nproc: int) -> None:
 def test_internode_byte_identical_to_intranode(nproc: int) -> None:
     """InterNodeV1, InterNodeV1LL and AsyncLL (send/recv halves) with the PEs split into nodes by
     gpu_per_node (the other nodes' PEs reached through the device API's put-with-signal): every
-    round as IntraNode's."""
+    round as IntraNode's; InterNodeV1's routing handles (caching, two in flight, replays,
+    refusals) against the references."""
     out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "internode"})
     assert "FAILED" not in out, out
     assert out.count("byte for byte as IntraNode") >= 20, out
+    _routing_handles_ok(out, [f"InterNodeV1, gpu_per_node {g}" for g in _node_sizes(nproc)])
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
@@ -46,8 +60,9 @@ def test_internode_byte_identical_to_intranode(nproc: int) -> None:
 def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp_path: Any) -> None:
     """InterNodeV1 and InterNodeV1LL with MORI_DISABLE_P2P (gpu_per_node=1: every other PE reached
     through the device proxy on UCX, as on other hosts), every round byte for byte as IntraNode's
-    with P2P for the same inputs (saved by a first run). Needs a UCX with CUDA support
-    (MORI_UCX_LIB: ci/device/ep.sh --proxy sets it)."""
+    with P2P for the same inputs (saved by a first run), and InterNodeV1's routing handles
+    (caching, two in flight, replays, refusals) against the references. Needs a UCX with CUDA
+    support (MORI_UCX_LIB: ci/device/ep.sh --proxy sets it)."""
     reference = str(tmp_path / f"intra_{nproc}.pt")
     env = {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_INTRA_REFERENCE": reference}
     out = _torchrun("ops_gpu_worker.py", nproc, {**env, "MORI_OPS_CHECKS": "intra_reference", "MORI_DISABLE_P2P": "0"})
@@ -65,6 +80,7 @@ def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp
     )
     assert "FAILED" not in out, out
     assert out.count("byte for byte as IntraNode") >= 20, out
+    _routing_handles_ok(out, ["InterNodeV1, gpu_per_node 1, through the proxy"])
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
     if TWO_HOSTS:
         # P2P within each namespace, the remote transport across: gpu_per_node of half the world
@@ -77,17 +93,20 @@ def test_internode_through_the_proxy_byte_identical_to_intranode(nproc: int, tmp
         )
         assert "FAILED" not in out, out
         assert out.count("byte for byte as IntraNode") >= 20, out
+        _routing_handles_ok(out, [f"InterNodeV1, gpu_per_node {g}" for g in _node_sizes(nproc)])
         assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
 @pytest.mark.parametrize("nproc", PES)
 def test_ep_surface(nproc: int) -> None:
     """fp8 and fp4 blockwise combine (byte for byte as the numpy quantizer, and within MORI's
-    tolerance), e4m3fnuz and packed fp4 expert outputs, routing handles, the standard-MoE layout and
-    AUTO launch geometry (ops_gpu_surface.py)."""
+    tolerance), e4m3fnuz and packed fp4 expert outputs, IntraNode's routing handles (caching, two
+    dispatches in flight, replays, refusals), the standard-MoE layout and AUTO launch geometry
+    (ops_gpu_surface.py)."""
     out = _torchrun("ops_gpu_worker.py", nproc, {"MORI_SHMEM_HEAP_SIZE": "1G", "MORI_OPS_CHECKS": "surface"})
     assert "FAILED" not in out, out
-    assert out.count("ok  ") >= 13, out
+    assert out.count("ok  ") >= 14, out
+    _routing_handles_ok(out, ["IntraNode"])
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 
@@ -109,7 +128,6 @@ def test_ep_surface_through_the_proxy(nproc: int) -> None:
     )
     assert "FAILED" not in out, out
     assert out.count("(InterNodeV1 through the proxy)") >= 8, out
-    assert "ok  routing handles across nodes refused on the GPU heap" in out, out
     assert f"ok  all mori.ops checks with {nproc} PEs" in out, out
 
 

@@ -42,15 +42,19 @@ def _check_dispatch(case: Case, rank: int, got: dict[str, Any], inputs: list[Any
         assert torch.equal(got["tokens"][s], inputs[r]["input"][t]), (rank, s)
 
 
-def pe_routing_rounds(case: Case, kernel: str, device: str = "cpu", replay: bool = True) -> dict[str, Any]:
+def pe_routing_rounds(
+    case: Case, kernel: str, device: str = "cpu", replay: bool = True, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """MORI's routing-handle checks on one PE: parity with a plain round on another op, two
     dispatches in flight combined each with its handle, and (``replay``) a replay with new
-    payloads. CPU copies of the results."""
+    payloads, then one with the first payloads again. ``overrides``: more config fields
+    (``gpu_per_node``). CPU copies of the results."""
     from mori.ops import EpDispatchCombineKernelType
 
     kt = EpDispatchCombineKernelType[kernel]
     rank = shmem.shmem_mype()
-    a, b = _op(case, 0, kernel_type=kt), _op(case, 1, kernel_type=kt)
+    fields = {**(overrides or {}), "kernel_type": kt}
+    a, b = _op(case, 0, **fields), _op(case, 1, **fields)
     inp = rank_inputs(case, rank, device)
     x, w, ids = inp["input"], inp["weights"], inp["indices"]
     result: dict[str, Any] = {}
@@ -63,6 +67,7 @@ def pe_routing_rounds(case: Case, kernel: str, device: str = "cpu", replay: bool
     handle = out[5]
     n = int(out[4].item())
     result["first"] = _received(b, out, n)
+    result["first"]["weights"], result["first"]["indices"] = out[1][:n].cpu().clone(), out[3][:n].cpu().clone()
     y0 = expert_output(case, out[0][:n], rank)
     # A second routed dispatch (other payloads, other routing) before the first one's combine.
     second = dataclasses.replace(case, seed=case.seed + 1)
@@ -91,6 +96,13 @@ def pe_routing_rounds(case: Case, kernel: str, device: str = "cpu", replay: bool
     replayed, _ = b.combine(y2, None, ids, routing=handle)
     result["replayed"], result["combine_in2"] = replayed[: x.shape[0]].cpu().clone(), y2.cpu()
     result["x2"] = x2.cpu()
+    # Replayed with the first payloads: every output row as the first dispatch's, byte for byte.
+    out3 = b.dispatch(x, w, None, ids, routing=handle)
+    n3 = int(out3[4].item())
+    result["replay_again"] = _received(b, out3, n3)
+    result["replay_again"]["weights"] = out3[1][:n3].cpu().clone()
+    result["replay_again"]["indices"] = out3[3][:n3].cpu().clone()
+    b.combine(y0, None, ids, routing=handle)
     return result
 
 
@@ -159,42 +171,75 @@ def check_routing_results(case: Case, results: list[dict[str, Any]], replay: boo
             torch.bfloat16,
         )
         assert torch.equal(res["replayed"], want2), f"PE {r}: combine after the replay"
+        again, first = res["replay_again"], res["first"]
+        for name in ("total", "src_pos", "tokens", "weights", "indices"):
+            assert _same(again[name], first[name]), f"PE {r}: replayed with the first payloads, {name} differs"
 
 
-def pe_routing_refusals(case: Case) -> list[str]:
+def _same(a: Any, b: Any) -> bool:
+    return a == b if isinstance(a, int) else torch.equal(a, b)
+
+
+def _rerouted(indices: Any, experts_per_rank: int, world: int) -> Any:
+    """``indices`` with token 0 sent elsewhere: its valid ids moved to the next rank's experts (or,
+    with none valid, its first id made valid)."""
+    ids = indices.clone()
+    row = ids[0]
+    valid = (row >= 0) & (row < experts_per_rank * world)
+    if bool(valid.any()):
+        row[valid] = (row[valid] + experts_per_rank) % (experts_per_rank * world)
+    else:
+        row[0] = 0
+    return ids
+
+
+def pe_routing_refusals(case: Case, device: str = "cpu", overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the op refuses around routing handles (every refusal before anything is sent), and
+    whether the received rows were left as they were."""
     from mori.ops import EpDispatchCombineKernelType
 
     rank = shmem.shmem_mype()
-    inp = rank_inputs(case, rank)
+    inp = rank_inputs(case, rank, device)
     args = (inp["input"], inp["weights"], None, inp["indices"])
     errors = []
-    op = _op(case, 0)
+    op = _op(case, 0, **(overrides or {}))
     out = op.dispatch(*args, return_routing=True)
     handle = out[5]
+    n = int(out[4].item())
+    before = out[0][:n].cpu().clone()
+    low_latency = {**(overrides or {}), "kernel_type": EpDispatchCombineKernelType.InterNodeV1LL}
+    rerouted = _rerouted(inp["indices"], case.experts_per_rank, case.world)
     for call in (
         lambda: op.dispatch(*args, routing=handle, return_routing=True),
         lambda: op.dispatch(inp["input"][:0], None, None, inp["indices"][:0], routing=handle),
-        lambda: _op(case, 0, kernel_type=EpDispatchCombineKernelType.InterNodeV1LL).dispatch(
-            *args, return_routing=True
-        ),
+        lambda: _op(case, 0, **low_latency).dispatch(*args, return_routing=True),
+        lambda: op.dispatch(inp["input"] * 2, inp["weights"], None, rerouted, routing=handle),
     ):
         try:
             call()
         except (ValueError, NotImplementedError) as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
-    n = int(out[4])
+    unchanged = torch.equal(out[0][:n].cpu(), before)
     op.combine(out[0][:n].clone(), None, inp["indices"], routing=handle)
-    return errors
+    return {"errors": errors, "unchanged": unchanged}
 
 
-def test_routing_refusals(pool):
-    case = dataclasses.replace(BF16, world=pool.n, seed=63, full=True)
-    for errors in pool.run(pe_routing_refusals, case):
+def check_routing_refusals(results: list[dict[str, Any]]) -> None:
+    for res in results:
+        errors = res["errors"]
+        assert len(errors) == 4, errors
         assert errors[0].startswith("ValueError: pass either `routing=` (replay) or `return_routing=True`")
         assert errors[1].startswith("ValueError: replay dispatch input has 0 tokens")
         assert errors[2].startswith(
             "NotImplementedError: routing handle path not supported for kernel_type=InterNodeV1LL"
         )
+        assert errors[3].startswith("ValueError: replay dispatch: indices route differently"), errors[3]
+        assert res["unchanged"], "a refused replay changed the received rows"
+
+
+def test_routing_refusals(pool):
+    case = dataclasses.replace(BF16, world=pool.n, seed=63, full=True)
+    check_routing_refusals(pool.run(pe_routing_refusals, case))
 
 
 # ---- the standard-MoE layout ----------------------------------------------------------------------
@@ -323,3 +368,60 @@ def pe_convert_without_dispatch(case: Case) -> None:
     op.convert_combine_input(
         torch.zeros(case.experts_per_rank, op.max_num_tokens_to_send(), case.hidden, dtype=torch.bfloat16), None, None
     )
+
+
+def test_a_handle_across_nodes_keeps_the_proxy_side_of_its_round():
+    """The GPU heap's handle plumbing across nodes (_handles.py), on host tensors: a dispatch's
+    return map and return rows go into the handle; a replay or a combine along it puts them back;
+    a dispatch making a new handle starts them afresh; a handle without them is refused."""
+    from types import SimpleNamespace
+
+    from mori.ops._buffers import CONTROL, CONTROL_WORDS
+    from mori.ops._handles import HandleRouting
+    from mori.ops._internode import InterNodeBuffers, node_plan, return_map_size
+
+    case = dataclasses.replace(BF16, world=4, max_tokens=3, k=2)
+    cfg = make_config(case, 1, gpu_per_node=2)
+    plan = node_plan(cfg, range(4))
+    max_send = max_recv = case.world * case.max_tokens  # no max_total_recv_tokens: the same
+
+    def ints(n: int, value: int = 0) -> Any:
+        return torch.full((n,), value, dtype=torch.int32)
+
+    bufs = SimpleNamespace(
+        dest_map=ints(case.max_tokens * case.k), disp_src_pos=ints(max_recv), control=ints(CONTROL_WORDS)
+    )
+    inter = InterNodeBuffers(*(ints(1) for _ in range(4)), ret_map=ints(return_map_size(cfg, plan), -1))
+    routing = HandleRouting(cfg, bufs, max_recv, "cpu", inter, plan)  # type: ignore[arg-type]
+    rows = bufs.control[CONTROL["EP_RETURN_ROWS"] : CONTROL["EP_RETURN_ROWS"] + plan.nodes]
+    # A dispatch of 2 tokens: entry (0, 0) to PE 1 slot 4, (1, 1) to PE 3's node, its combine row 0;
+    # as proxy of node 1 this PE forwarded row 0 and 1 of that node to PE 0 slots 5 and 6.
+    bufs.dest_map[:4] = torch.tensor([1 * max_send + 4, -1, -1, 3 * max_send + 0])
+    inter.ret_map[plan.size * case.max_tokens + 0 : plan.size * case.max_tokens + 2] = torch.tensor([5, 6])
+    rows[1] = 2
+    handle = routing.allocate()
+    routing.snapshot(handle, 2, torch.tensor([7], dtype=torch.int32))
+    assert torch.equal(handle.inter_node_disp_dest_tok_id_map, inter.ret_map)
+    assert handle.inter_node_disp_send_map.tolist() == [0, 2] and int(handle.total_recv_token_num) == 7
+    # A later dispatch making a new handle: the proxy side starts afresh.
+    bufs.dest_map.fill_(9)
+    routing.restore(None)
+    assert bool((inter.ret_map == -1).all()) and rows.tolist() == [0, 0]
+    # A replay (or a combine) along the first handle: its routing back where the kernels read it.
+    routing.restore(handle)
+    assert torch.equal(bufs.dest_map[:4], handle.disp_dest_tok_id_map[:4])
+    assert torch.equal(inter.ret_map, handle.inter_node_disp_dest_tok_id_map) and rows.tolist() == [0, 2]
+    assert routing.check(handle) == 2
+    mori_style = mori_handle_without_inter_node_maps(handle)
+    with pytest.raises(
+        ValueError, match=r"routing.inter_node_disp_dest_tok_id_map must be an int32 tensor of at least"
+    ):
+        routing.check(mori_style)
+
+
+def mori_handle_without_inter_node_maps(handle: Any) -> Any:
+    from mori.ops import EpDispatchRoutingHandle
+
+    dest, _, _, total, src = handle.tensors()
+    empty = torch.zeros(0, dtype=torch.int32)
+    return EpDispatchRoutingHandle.from_tensors((dest, empty, empty, total, src), cur_rank_num_token=2)

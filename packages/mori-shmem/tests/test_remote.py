@@ -28,7 +28,7 @@ from remote_suite import (
 
 import mori.shmem as shmem
 from mori.core.host import HostIdentity
-from mori.core.testing import Died, network_namespaces
+from mori.core.testing import Died, network_namespaces, stop_process
 from mori.shmem._reach import Reach
 from mori.shmem._remote_ucx import _warn_without_nic
 
@@ -221,13 +221,16 @@ def test_a_dead_pe_is_named_within_the_timeout() -> None:
 def test_a_hung_pe_is_named_within_the_timeout() -> None:
     """PE 3 stopped (SIGSTOP): a put to it from the other host fails after MORI_SHMEM_TIMEOUT (3 s
     here) naming PE 3 and the setting, never hangs; the engine then holds PE 3 failed, so the
-    atomic that follows fails at once with the same reason."""
+    atomic that follows fails at once with the same reason. A put is complete when it returns
+    (the target answers once its bytes are written), so it waits for PE 3: the put starts only
+    once every thread of PE 3 is stopped, since a stop lands asynchronously and PE 3's polling
+    progress thread would otherwise serve it (the one CI failure: the put "returned")."""
     spaces, _, pool = _across(2, {"MORI_SHMEM_TIMEOUT": "3"})
     try:
         buf = pool.run(pe_ready, 3)[0]
         pid = pool.pids[3]
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        stop_process(pid)
         try:
             report, seconds = pool.run_on(0, pe_reach_hung, buf, 3, timeout=60)
         finally:

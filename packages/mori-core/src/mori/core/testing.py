@@ -20,6 +20,11 @@ leaving the pool usable. A death or a timeout always closes the pool.
 tests start their engine processes inside a network namespace that way); ``pids`` lets a test
 signal a worker (SIGSTOP a peer, say).
 
+``stop_process(pid)`` stops a process (SIGSTOP) and returns once every thread of it is stopped:
+``kill`` only queues the stop, and a thread that polls (a UCX progress thread) goes on serving
+until the kernel stops it, which on a loaded machine can be after the test's next request went
+out. A test of a hung peer calls it rather than ``os.kill`` (``os.kill(pid, SIGCONT)`` resumes).
+
 ``CommandProcess(setup, args)`` is one worker driven by named commands, the form of a test's
 target or peer process: ``setup(*args)`` builds what the process serves (an engine, a native
 target), hands its commands to :func:`serve_commands` and returns what the test needs (a port, a
@@ -43,6 +48,7 @@ import multiprocessing as mp
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -73,6 +79,7 @@ __all__ = [
     "standin_knobs",
     "standin_stager",
     "start_in_netns",
+    "stop_process",
 ]
 
 
@@ -306,6 +313,31 @@ class ProcPool:
             conn.close()
 
 
+def stop_process(pid: int | None, timeout: float = 5.0) -> None:
+    """Sends SIGSTOP to process ``pid`` and waits until every thread of it is stopped (state ``T``
+    in ``/proc/PID/task/*/stat``), at most ``timeout`` seconds; raises ``AssertionError`` naming
+    the threads still running after that. Linux only."""
+    if pid is None:
+        raise ValueError("stop_process: the process has no pid (not started)")
+    os.kill(pid, signal.SIGSTOP)
+    tasks = f"/proc/{pid}/task"
+    deadline = time.monotonic() + timeout
+    while True:
+        running = []
+        for tid in os.listdir(tasks):
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(f"{tasks}/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+                if state not in ("T", "t"):
+                    running.append(f"{tid} ({state})")
+        if not running:
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"process {pid}: threads {', '.join(running)} not stopped within {timeout} s of SIGSTOP"
+            )
+        time.sleep(0.001)
+
+
 def run_procs(fn: Callable[..., Any], arg_lists: Sequence[tuple[Any, ...]], timeout: float = 120.0) -> list[Any]:
     """Runs ``fn(*args)`` for each ``args`` in its own spawned process; returns the results in order."""
     with ProcPool(len(arg_lists), timeout=timeout) as pool:
@@ -382,6 +414,11 @@ class CommandProcess:
         if self.pid is not None and self.exitcode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stops the process (SIGSTOP) and returns once every thread of it is stopped
+        (:func:`stop_process`); ``signal(signal.SIGCONT)`` resumes it."""
+        stop_process(self.pid, timeout)
 
     def kill(self) -> None:
         """Kills and reaps the process."""

@@ -25,7 +25,8 @@ CONTROL = {
     "EP_SENT_COUNT": 128,  # [dest PE] tokens this PE sent there this round
     "EP_BARRIER": 192,  # [src PE] last combine epoch whose input src had staged
     # Inter-node kernel types (GPU; see _internode.py):
-    "EP_ROUND": 4,  # dispatches done (tags the signals between nodes)
+    "EP_ROUND": 4,  # dispatches done (tags the tokens' signals between nodes)
+    "EP_COMBINES": 5,  # combines done (tags the combine rows' signals between nodes)
     "EP_NODE_TOKENS": 256,  # [dest node] tokens staged for that node this round
     "EP_NODE_ROWS": 320,  # [dest node] combine rows that node will send back
     "EP_INBOX_COUNT": 384,  # [src node] tokens in the inbox from that node this round

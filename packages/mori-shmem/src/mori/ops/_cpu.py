@@ -67,8 +67,9 @@ class CpuBackend:
     def dispatch(
         self, inp: Any, weights: Any, scales: Any, indices: Any, replay: Any = None, routed: bool = False
     ) -> None:
-        """Sends this PE's tokens. ``replay`` (a routing handle's ``(dest_map [n * k], total [1])``):
-        to the slots it names, reserving none; the receivers take their totals from their handles.
+        """Sends this PE's tokens. ``replay`` (a routing handle's ``(dest_map [n * k], total [1])``,
+        whose routing the op checked against ``indices``): to the slots it names, reserving none;
+        the receivers take their totals from their handles.
         ``routed`` (a dispatch that keeps a routing handle, which may follow another dispatch with no
         combine between): every PE is done with its last dispatch's outputs before any writes."""
         import torch
@@ -81,11 +82,6 @@ class CpuBackend:
         dest_map = bufs.dest_map[: dest.numel()].view(dest.shape)
         if replay is not None:
             dest_map.copy_(replay[0][: dest.numel()].view(dest.shape))
-            if not torch.equal(dest_map >= 0, dest >= 0):
-                raise ValueError(
-                    "replay dispatch: indices route differently from the routing handle's dispatch "
-                    "(a replay takes the same indices, with new payloads)"
-                )
         else:
             dest_map.fill_(-1)
         row_bytes = inp.shape[1] * inp.element_size()

@@ -56,7 +56,7 @@ class EpArgs(ctypes.Structure):
             "inbox",
             "retStage",
             "retInbox",
-            "fwdMap",
+            "retMap",
         )
     ] + [
         (name, ctypes.c_int32)
@@ -89,6 +89,7 @@ class EpArgs(ctypes.Structure):
             "combRowBytes",
             "combScaleDim",
             "combCodeBytes",
+            "replay",
         )
     ]
 
@@ -263,7 +264,7 @@ def make_args(
             ("inbox", inter.inbox),
             ("retStage", inter.ret_stage),
             ("retInbox", inter.ret_inbox),
-            ("fwdMap", inter.fwd_map),
+            ("retMap", inter.ret_map),
         ):
             setattr(a, field, int(tensor.data_ptr()))
         lay = payload_layout(cfg, combine_scale_dim)

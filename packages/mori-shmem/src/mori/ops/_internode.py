@@ -20,7 +20,7 @@ from typing import Any
 
 from ._config import EpDispatchCombineConfig, combine_row_bytes
 
-__all__ = ["InterNodeBuffers", "NodePlan", "PayloadLayout", "node_plan", "payload_layout"]
+__all__ = ["InterNodeBuffers", "NodePlan", "PayloadLayout", "node_plan", "payload_layout", "return_map_size"]
 
 
 def _align(n: int, to: int = 16) -> int:
@@ -101,20 +101,21 @@ def payload_layout(config: EpDispatchCombineConfig, combine_scale_dim: int) -> P
 class InterNodeBuffers:
     """The symmetric buffers of the inter-node path: ``stage`` (tokens for each node; one block
     for the low-latency variant), ``inbox`` (tokens from each node), ``ret_stage`` / ``ret_inbox``
-    (combine rows for / from each node, ``size`` rows a token) and ``fwd_map`` (where the proxy
-    put each forwarded token: ``pe * max_recv + slot``)."""
+    (combine rows for / from each node, ``size`` rows a token) and ``ret_map`` (per source node and
+    combine row, where this PE as that node's proxy forwarded the token: ``pe * max_recv + slot``,
+    -1 for none; a routing handle keeps a copy)."""
 
     stage: Any
     inbox: Any
     ret_stage: Any
     ret_inbox: Any
-    fwd_map: Any
+    ret_map: Any
 
     @classmethod
     def allocate(
         cls, config: EpDispatchCombineConfig, plan: NodePlan, low_latency: bool, combine_scale_dim: int
     ) -> InterNodeBuffers:
-        """Allocates them (collective, same order on every PE) and zeroes them."""
+        """Allocates them (collective, same order on every PE): zeroed, ``ret_map`` all -1."""
         import torch
 
         from mori.shmem import shmem_tensor
@@ -128,7 +129,13 @@ class InterNodeBuffers:
             "ret_inbox": plan.nodes * per_node_rows * lay.comb_xfer,
         }
         tensors = {name: shmem_tensor((n,), torch.uint8) for name, n in sizes.items()}
-        tensors["fwd_map"] = shmem_tensor((plan.nodes * per_node_rows,), torch.int32)
         for t in tensors.values():
             t.zero_()
+        tensors["ret_map"] = shmem_tensor((return_map_size(config, plan),), torch.int32).fill_(-1)
         return cls(**tensors)
+
+
+def return_map_size(config: EpDispatchCombineConfig, plan: NodePlan) -> int:
+    """Entries of ``InterNodeBuffers.ret_map`` (and of a routing handle's copy): a row per token and
+    PE of the node, for every source node."""
+    return plan.nodes * config.max_num_inp_token_per_rank * plan.size

@@ -23,9 +23,13 @@ class EpDispatchRoutingHandle:
         disp_dest_tok_id_map: int32 ``[max_num_inp_token_per_rank * num_experts_per_token]``: for
             top-k entry ``(t, j)`` of this rank's token ``t``, ``pe * max_num_tokens_to_send() +
             slot`` where it was received (-1: the entry sent nothing).
-        inter_node_disp_dest_tok_id_map: int32, empty: kept for MORI (mori's inter-node routing
-            is carried by ``disp_dest_tok_id_map`` alone).
-        inter_node_disp_send_map: int32, empty: kept for MORI.
+        inter_node_disp_dest_tok_id_map: int32; on the GPU heap across nodes ``[nodes *
+            max_num_inp_token_per_rank * gpu_per_node]``: for each source node and combine row this
+            rank, as that node's proxy, sends back, ``pe * max_num_tokens_to_recv() + slot`` where it
+            forwarded the token (-1: none). Empty otherwise (the CPU heap reaches every receive slot
+            itself: ``disp_dest_tok_id_map`` carries all).
+        inter_node_disp_send_map: int32; on the GPU heap across nodes ``[nodes]``: the combine rows
+            this rank sends back to each source node. Empty otherwise.
         total_recv_token_num: int32 ``[1]``: tokens this rank received.
         disp_tok_id_to_src_tok_id_local: int32 ``[max_num_tokens_to_recv()]``: per received row,
             ``src_rank * max_num_tokens_to_send() + src_token`` (as ``get_dispatch_src_token_pos``).
@@ -56,7 +60,10 @@ class EpDispatchRoutingHandle:
         return cls(dest, inter_dest, inter_send, total, src, cur_rank_num_token=cur_rank_num_token)
 
     @classmethod
-    def allocate(cls, max_tokens: int, k: int, max_recv: int, device: Any) -> EpDispatchRoutingHandle:
+    def allocate(
+        cls, max_tokens: int, k: int, max_recv: int, device: Any, inter_node: tuple[int, int] = (0, 0)
+    ) -> EpDispatchRoutingHandle:
+        """A handle for a dispatch to fill; ``inter_node``: the sizes of the two inter-node maps."""
         import torch
 
         def ints(n: int) -> Any:
@@ -64,8 +71,8 @@ class EpDispatchRoutingHandle:
 
         return cls(
             disp_dest_tok_id_map=ints(max_tokens * k),
-            inter_node_disp_dest_tok_id_map=ints(0),
-            inter_node_disp_send_map=ints(0),
+            inter_node_disp_dest_tok_id_map=ints(inter_node[0]),
+            inter_node_disp_send_map=ints(inter_node[1]),
             total_recv_token_num=ints(1),
             disp_tok_id_to_src_tok_id_local=ints(max_recv),
         )
@@ -82,14 +89,17 @@ class EpDispatchRoutingHandle:
             )
         return n
 
-    def check_fits(self, max_tokens: int, k: int, max_recv: int) -> None:
-        """Raises ValueError when the handle's tensors are not this op's shapes and dtype."""
+    def check_fits(self, max_tokens: int, k: int, max_recv: int, inter_node: tuple[int, int] = (0, 0)) -> None:
+        """Raises ValueError when the handle's tensors are not this op's shapes and dtype
+        (``inter_node``: the inter-node maps' sizes, on the GPU heap across nodes)."""
         import torch
 
         for name, t, n in (
             ("disp_dest_tok_id_map", self.disp_dest_tok_id_map, max_tokens * k),
             ("total_recv_token_num", self.total_recv_token_num, 1),
             ("disp_tok_id_to_src_tok_id_local", self.disp_tok_id_to_src_tok_id_local, max_recv),
+            ("inter_node_disp_dest_tok_id_map", self.inter_node_disp_dest_tok_id_map, inter_node[0]),
+            ("inter_node_disp_send_map", self.inter_node_disp_send_map, inter_node[1]),
         ):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.numel() < n:
                 raise ValueError(
@@ -99,4 +109,21 @@ class EpDispatchRoutingHandle:
         if self.source_token_count() > max_tokens:
             raise ValueError(
                 f"routing.cur_rank_num_token={self.cur_rank_num_token} exceeds max_num_inp_token_per_rank={max_tokens}"
+            )
+
+    def check_replay(self, indices: Any, num_experts_per_rank: int, world_size: int, max_send: int) -> None:
+        """Raises ValueError when ``indices`` do not route as the handle's dispatch did (every top-k
+        entry to the same rank, or to none): a replay takes the same indices, with new payloads.
+        Reads the handle on the host (a device synchronization on the GPU heap)."""
+        import torch
+
+        from ._layout import plan_routing
+
+        dest = plan_routing(indices, num_experts_per_rank, world_size)
+        had = self.disp_dest_tok_id_map[: dest.numel()].view(dest.shape).to(torch.int64)
+        had_pe = torch.where(had >= 0, torch.div(had, max_send, rounding_mode="floor"), torch.full_like(had, -1))
+        if not torch.equal(had_pe, dest):
+            raise ValueError(
+                "replay dispatch: indices route differently from the routing handle's dispatch "
+                "(a replay takes the same indices, with new payloads)"
             )

@@ -30,6 +30,7 @@ from ._config import (
     normalize_quant_type,
     validate_config,
 )
+from ._handles import HandleRouting
 from ._quant import CombineWire
 from ._routing import EpDispatchRoutingHandle
 
@@ -121,6 +122,7 @@ class EpDispatchCombineOp:
 
             low_latency = self.kernel_type == EpDispatchCombineKernelType.InterNodeV1LL
             inter = InterNodeBuffers.allocate(config, plan, low_latency, scale_dim) if plan is not None else None
+            self._handles = HandleRouting(config, self._bufs, max_recv, self._device, inter, plan)
             split = self.kernel_type == EpDispatchCombineKernelType.AsyncLL
             self._kernels = GpuKernels(plan, self.get_launch_config()[1], split)
             self._base_args = make_args(
@@ -131,6 +133,7 @@ class EpDispatchCombineOp:
             from ._cpu import CpuBackend
 
             self._cpu = CpuBackend(config, self._bufs, max_send, max_recv)
+            self._handles = HandleRouting(config, self._bufs, max_recv, self._device)
         from ._stdmoe import StandardMoeLayout
 
         self._stdmoe = StandardMoeLayout(
@@ -239,11 +242,6 @@ class EpDispatchCombineOp:
                 f"routing handle path not supported for kernel_type={self.kernel_type}; only "
                 f"IntraNode and InterNodeV1 {what}"
             )
-        if self._gpu and self._plan is not None:
-            raise NotImplementedError(
-                "routing handles on the GPU heap take one node (every PE P2P-mapped, "
-                "gpu_per_node >= world_size); across nodes they run on the CPU heap"
-            )
 
     def dispatch(
         self,
@@ -272,7 +270,8 @@ class EpDispatchCombineOp:
         ``return_routing=True`` appends an :class:`EpDispatchRoutingHandle` of this dispatch (its
         ``recv_count`` is then the handle's; such dispatches may be in flight together, each combined
         with its handle); ``routing=handle`` replays a handle's routing (same ``indices``, new
-        payloads) into the same receive slots (CPU heap). IntraNode and InterNodeV1.
+        payloads) into the same receive slots, reserving none (``indices`` are checked against the
+        handle on the host: a device synchronization on the GPU heap). IntraNode and InterNodeV1.
         """
         if routing is not None and return_routing:
             raise ValueError("pass either `routing=` (replay) or `return_routing=True` (new layout), not both")
@@ -281,27 +280,16 @@ class EpDispatchCombineOp:
             self._check_routing_kernel("expose cache/replay routing dispatch.")
             cfg = self.config
             if routing is not None:
-                routing.check_fits(
-                    cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token, self.max_num_tokens_to_recv()
-                )
-                n = routing.source_token_count()
+                n = self._handles.check(routing)
                 if input.shape[0] != n or indices.shape[0] != n:
                     raise ValueError(
                         f"replay dispatch input has {input.shape[0]} tokens and indices "
                         f"{indices.shape[0]} rows but routing.cur_rank_num_token={n}"
                     )
-                if self._gpu:
-                    raise NotImplementedError(
-                        "replay dispatch (routing=) runs on the CPU heap; on the GPU heap "
-                        "dispatch again with return_routing=True"
-                    )
+                _checks.check_dispatch(self.config, self._device, input, weights, scales, indices)
+                routing.check_replay(indices, cfg.num_experts_per_rank, cfg.world_size, self.max_num_tokens_to_send())
             else:
-                handle = EpDispatchRoutingHandle.allocate(
-                    cfg.max_num_inp_token_per_rank,
-                    cfg.num_experts_per_token,
-                    self.max_num_tokens_to_recv(),
-                    self._device,
-                )
+                handle = self._handles.allocate()
         views = self._dispatch_send(
             input,
             weights,
@@ -315,19 +303,9 @@ class EpDispatchCombineOp:
         self._dispatch_recv(call_local_expert_count)
         if handle is None:
             return views
-        self._snapshot(handle, input.shape[0])
-        return (*views[:4], handle.total_recv_token_num, handle)
-
-    def _snapshot(self, handle: EpDispatchRoutingHandle, n: int) -> None:
-        """Copies this dispatch's routing into ``handle`` (on the stream, no host synchronization)."""
-        k = self.config.num_experts_per_token
-        handle.disp_dest_tok_id_map.fill_(-1)
-        handle.disp_dest_tok_id_map[: n * k].copy_(self._bufs.dest_map[: n * k])
-        handle.total_recv_token_num.copy_(self._total())
-        handle.disp_tok_id_to_src_tok_id_local.copy_(self._bufs.disp_src_pos[: self.max_num_tokens_to_recv()])
-        handle.cur_rank_num_token = n
-        handle.filled_by_dispatch = True  # type: ignore[attr-defined]
+        self._handles.snapshot(handle, input.shape[0], self._total())
         self._last_routing = handle
+        return (*views[:4], handle.total_recv_token_num, handle)
 
     def dispatch_send(
         self,
@@ -389,9 +367,10 @@ class EpDispatchCombineOp:
             from ._gpu import EpArgs
 
             if routed:
-                self._routed_prologue(0)
+                self._routed_prologue(0, replay)
 
             a = EpArgs.from_buffer_copy(self._base_args)
+            a.replay = int(replay is not None)
             a.inp, a.indices = int(inp.data_ptr()), int(indices.data_ptr())
             a.weights = int(weights.data_ptr()) if weights is not None else 0
             a.scales = int(scales.data_ptr()) if scales is not None else 0
@@ -421,12 +400,13 @@ class EpDispatchCombineOp:
             self._total(),
         )
 
-    def _routed_prologue(self, phase: int) -> None:
+    def _routed_prologue(self, phase: int, handle: EpDispatchRoutingHandle | None) -> None:
         """GPU: a routed call may follow a dispatch (or combine) with no combine (dispatch) between.
         A device barrier on the stream first lets every PE's earlier kernels finish (slot counters
         cleared, staged rows read) before any PE writes to a peer, as the pairing otherwise
         guarantees; then the device's pairing flag is set as the kernels expect (0 before a
-        dispatch, 1 before a combine)."""
+        dispatch, 1 before a combine), and the kernels' routing becomes ``handle``'s (a replay, a
+        combine along a handle; None: a dispatch that makes a new handle)."""
         import torch
 
         from mori.shmem import shmem_barrier_on_stream
@@ -434,6 +414,7 @@ class EpDispatchCombineOp:
         shmem_barrier_on_stream(torch.cuda.current_stream(self._device))
         at = CONTROL["EP_PHASE"]
         self._bufs.control[at : at + 1].fill_(phase)
+        self._handles.restore(handle)
 
     def _dispatch_recv(self, count: bool) -> None:
         self._expect("dispatch", "dispatch_recv")
@@ -516,9 +497,7 @@ class EpDispatchCombineOp:
         self._expect(None, "combine")
         if routing is not None:
             self._check_routing_kernel("currently consume routing handles in combine.")
-            cfg = self.config
-            routing.check_fits(cfg.max_num_inp_token_per_rank, cfg.num_experts_per_token, self.max_num_tokens_to_recv())
-            dispatched = routing.source_token_count()
+            dispatched = self._handles.check(routing)
         elif self._dispatched is None:
             raise RuntimeError("combine called without a preceding dispatch")
         else:
@@ -553,9 +532,7 @@ class EpDispatchCombineOp:
             from ._gpu import EpArgs, wire_suffix
 
             if routing is not None:  # the handle's routing, in the buffers the kernels read
-                self._routed_prologue(1)
-                k = self.config.num_experts_per_token
-                self._bufs.dest_map[: dispatched * k].copy_(dest[: dispatched * k])
+                self._routed_prologue(1, routing)
                 self._total().copy_(total)
             a = EpArgs.from_buffer_copy(self._args)
             a.inp, a.indices = int(inp.data_ptr()), int(indices.data_ptr())

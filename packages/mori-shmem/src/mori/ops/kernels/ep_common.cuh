@@ -28,7 +28,7 @@ struct EpArgs {
   uint64_t combInp, combInpWeights, combOut, combOutWeights;
   uint64_t control, destMap, expertCount;
   // Inter-node kernel types (0 otherwise): mori/ops/_internode.py's InterNodeBuffers.
-  uint64_t stage, inbox, retStage, retInbox, fwdMap;
+  uint64_t stage, inbox, retStage, retInbox, retMap;
   int32_t rank, world, numTokens, k;
   int32_t expertsPerRank, rowBytes, scaleBytes, hidden;
   int32_t maxSend, maxRecv, inpRows, weightRows;
@@ -41,6 +41,8 @@ struct EpArgs {
   // Blockwise combine wires (_quant.py): scales per row, and the bytes of a row's codes (the
   // scales follow them); 0 otherwise.
   int32_t combScaleDim, combCodeBytes;
+  // 1 for a dispatch that replays a routing handle (destMap, and retMap across nodes, hold it).
+  int32_t replay;
 };
 
 namespace {

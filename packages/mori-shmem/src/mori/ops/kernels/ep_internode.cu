@@ -10,11 +10,19 @@
 // produced for it; ep_internode_return_put sends them back in one block per node;
 // ep_internode_return_wait waits for every node's block; the accumulate kernel reads them there.
 //
-// The signals between nodes carry round << 32 | count (round: dispatches done, EP_ROUND): never
-// reset (a PE cannot clear a remote word without a round trip), and CUDA-graph replays need
-// nothing from the host. No buffer is rewritten before its reader is done with it: a sender's next
-// block to a proxy follows the sender's combine, which waited for that proxy's rows, which the
-// proxy sends after its last read of the inbox; puts end with quiet before their source is reused.
+// What a proxy keeps of a round is retMap (per source node and combine row: where it forwarded
+// the token) and EP_RETURN_ROWS: a routing handle takes both along (mori/ops/dispatch_combine.py),
+// so that a combine along an older handle returns that round's rows, and a replay forwards each
+// token to the slots it had, reserving none.
+//
+// The signals between nodes carry round << 32 | count (round: dispatches done, EP_ROUND, for the
+// tokens; combines done, EP_COMBINES, for the rows back, since routing handles may combine a
+// round after a later dispatch): never reset (a PE cannot clear a remote word without a round
+// trip), and CUDA-graph replays need nothing from the host. No buffer is rewritten before its
+// reader is done with it: a sender's next block to a proxy follows the sender's combine, which
+// waited for that proxy's rows, which the proxy sends after its last read of the inbox (a routed
+// call, which may follow a dispatch with no combine between, starts with a barrier of every PE);
+// puts end with quiet before their source is reused.
 
 namespace {
 
@@ -50,8 +58,10 @@ MORI_DEVICE_INLINE const char* ReturnedRow(const EpArgs& a, int node, int row) {
   return CombineRow(a.retInbox, a, node, row);
 }
 
-MORI_DEVICE_INLINE int32_t* ForwardSlots(const EpArgs& a, int node, int j) {
-  return reinterpret_cast<int32_t*>(a.fwdMap) + ((size_t)node * a.tokCap + j) * a.nodeSize;
+// Where this PE, as node `node`'s proxy, forwarded the token whose combine row `row` it sends back
+// (pe * maxRecv + slot; -1 for none).
+MORI_DEVICE_INLINE int32_t* RetMap(const EpArgs& a, int node, int row) {
+  return reinterpret_cast<int32_t*>(a.retMap) + (size_t)node * a.tokCap * a.nodeSize + row;
 }
 
 // The whole warp writes token t's payload (header, row, scales, top-k ids, weights) at `dst`.
@@ -75,7 +85,8 @@ MORI_DEVICE_INLINE void StageToken(const EpArgs& a, char* dst, int t, int rowBas
 // Token t (every lane of the warp calls) names, in the lanes of `remote`, PEs of other nodes (the
 // lane's `pe`, each PE once): stages the token for each of those nodes and returns, in those lanes,
 // the combine row the node's proxy will send back for that PE; other lanes get `slot` back.
-// InterNodeV1LL stages every token once, at its own index, with rows t * nodeSize + position.
+// InterNodeV1LL stages every token once, at its own index, with rows t * nodeSize + position. A
+// replay's `slot` is already its row (the handle's): the rows are the ones of the first dispatch.
 MORI_DEVICE_INLINE int StageForNodes(const EpArgs& a, int t, int pe, uint32_t remote, int lane, int slot) {
   const bool mine = (remote >> lane) & 1u;
   const int node = mine ? pe / a.nodeSize : -1;
@@ -89,7 +100,7 @@ MORI_DEVICE_INLINE int StageForNodes(const EpArgs& a, int t, int pe, uint32_t re
   int j = 0, rowBase = 0;
   if (leader) {
     j = atomicAdd(Control(a, EP_NODE_TOKENS) + node, 1);
-    rowBase = atomicAdd(Control(a, EP_NODE_ROWS) + node, __popc(members));
+    rowBase = a.replay ? slot : atomicAdd(Control(a, EP_NODE_ROWS) + node, __popc(members));
   }
   const int leaderLane = mine ? __ffs(members) - 1 : lane;
   j = __shfl_sync(kFullMask, j, leaderLane);
@@ -154,8 +165,9 @@ extern "C" __global__ void ep_internode_inbox_wait(EpArgs a) {
 }
 
 // Data kernel: a warp per received token hands it to each PE of this node it names (slot reserved
-// with an atomic on that PE's counter, as ep_dispatch_send does), counts it in EP_SENT_COUNT for
-// ep_dispatch_signal, and records where it went (fwdMap) and how many rows go back (EP_RETURN_ROWS).
+// with an atomic on that PE's counter, as ep_dispatch_send does; a replay's from retMap), counts it
+// in EP_SENT_COUNT for ep_dispatch_signal, and records where it went (retMap) and how many rows go
+// back (EP_RETURN_ROWS).
 extern "C" __global__ void ep_internode_forward(EpArgs a) {
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int firstWarp = blockIdx.x * warps + (threadIdx.x >> 5), warpStride = gridDim.x * warps;
@@ -171,15 +183,25 @@ extern "C" __global__ void ep_internode_forward(EpArgs a) {
       if (!targets) continue;
       int slot = -1;
       if ((targets >> lane) & 1u) {
-        slot = ptx::AtomAddSys(Peer(recvOffset, pe), 1);
-        if (slot >= a.maxRecv) {
-          MORI_DEVICE_FAIL(
-              "dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
-              "(raise max_total_recv_tokens or leave it 0)",
-              pe, a.maxRecv);
+        int32_t* where = RetMap(a, n, h.rowBase + __popc(targets & LanesBelow(lane)));
+        if (a.replay) {
+          const int32_t d = *where;
+          if (d < 0 || d / a.maxRecv != pe) {
+            MORI_DEVICE_FAIL("replay dispatch: node %d's token for PE %d went elsewhere in the handle's dispatch", n,
+                             pe);
+          }
+          slot = d % a.maxRecv;
+        } else {
+          slot = ptx::AtomAddSys(Peer(recvOffset, pe), 1);
+          if (slot >= a.maxRecv) {
+            MORI_DEVICE_FAIL(
+                "dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
+                "(raise max_total_recv_tokens or leave it 0)",
+                pe, a.maxRecv);
+          }
+          *where = pe * a.maxRecv + slot;
         }
         atomicAdd(Control(a, EP_SENT_COUNT) + pe, 1);
-        ForwardSlots(a, n, j)[__popc(targets & LanesBelow(lane))] = pe * a.maxRecv + slot;
       }
       if (lane == 0) atomicMax(Control(a, EP_RETURN_ROWS) + n, h.rowBase + __popc(targets));
       uint32_t left = targets;
@@ -210,33 +232,30 @@ extern "C" __global__ void ep_internode_forward(EpArgs a) {
 }
 
 // ================================ combine between nodes ========================================
-// Data kernel, after this node's combine barrier: a warp per token forwarded this round copies the
-// combine input row (and weights) of each PE it went to into the block going back to its sender,
-// at the rows the sender expects (rowBase + position among the node's PEs, in top-k order).
+// Data kernel, after this node's combine barrier: a warp per combine row going back to a node
+// copies the combine input row (and weights) of the PE retMap names into that node's block, at
+// the row the sender expects (rowBase + position among the node's PEs, in top-k order), and
+// clears the retMap entry for the next round (rows no token fills stay -1: InterNodeV1LL's).
 extern "C" __global__ void ep_internode_return(EpArgs a) {
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int firstWarp = blockIdx.x * warps + (threadIdx.x >> 5), warpStride = gridDim.x * warps;
   for (int n = 0; n < a.nNodes; ++n) {
     if (n == a.myNode) continue;
-    const int count = Control(a, EP_INBOX_COUNT)[n];
-    for (int j = firstWarp; j < count; j += warpStride) {
-      const char* tok = Payload(a.inbox, a, n, j);
-      const int rowBase = reinterpret_cast<const TokenHeader*>(tok)->rowBase;
-      int pe;
-      const int targets = __popc(NodeTargets(a, tok, lane, &pe));
-      const int32_t* slots = ForwardSlots(a, n, j);
-      for (int pos = 0; pos < targets; ++pos) {
-        const int32_t d = slots[pos];
-        const int destPe = d / a.maxRecv;
-        const size_t s = d % a.maxRecv;
-        char* dst = CombineRow(a.retStage, a, n, rowBase + pos);
-        WarpCopy(dst, Peer(reinterpret_cast<const char*>(a.combInp), destPe) + s * a.combRowBytes, a.combRowBytes,
-                 lane);
-        if (lane < a.k) {
-          reinterpret_cast<float*>(dst + a.combWOff)[lane] =
-              Peer(reinterpret_cast<const float*>(a.combInpWeights), destPe)[s * a.k + lane];
-        }
+    const int rows = Control(a, EP_RETURN_ROWS)[n];
+    for (int r = firstWarp; r < rows; r += warpStride) {
+      int32_t* where = RetMap(a, n, r);
+      const int32_t d = *where;
+      __syncwarp();  // every lane read the entry before lane 0 clears it
+      if (d < 0) continue;
+      const int destPe = d / a.maxRecv;
+      const size_t s = d % a.maxRecv;
+      char* dst = CombineRow(a.retStage, a, n, r);
+      WarpCopy(dst, Peer(reinterpret_cast<const char*>(a.combInp), destPe) + s * a.combRowBytes, a.combRowBytes, lane);
+      if (lane < a.k) {
+        reinterpret_cast<float*>(dst + a.combWOff)[lane] =
+            Peer(reinterpret_cast<const float*>(a.combInpWeights), destPe)[s * a.k + lane];
       }
+      if (lane == 0) *where = -1;
     }
   }
   FenceSys();
@@ -250,7 +269,7 @@ extern "C" __global__ void ep_internode_return_put(EpArgs a) {
   __shared__ int32_t sRows;
   if (threadIdx.x == 0) sRows = Control(a, EP_RETURN_ROWS)[n];
   __syncthreads();
-  const uint64_t round = (uint32_t)*Control(a, EP_ROUND);
+  const uint64_t round = (uint32_t)*Control(a, EP_COMBINES) + 1u;
   const int sender = n * a.nodeSize + (a.rank - a.nodeFirst);
   ShmemPutMemNbiSignalBlock(CombineRow(a.retInbox, a, a.myNode, 0), CombineRow(a.retStage, a, n, 0),
                             (size_t)sRows * a.combXferBytes, Signal64(a, EP_RETURN_SIGNAL) + a.myNode,
@@ -259,9 +278,11 @@ extern "C" __global__ void ep_internode_return_put(EpArgs a) {
   if (threadIdx.x == 0) Control(a, EP_RETURN_ROWS)[n] = 0;
 }
 
-// One block: waits for every other node's combine rows of this round.
+// One block: waits for every other node's combine rows of this combine, then counts it done.
 extern "C" __global__ void ep_internode_return_wait(EpArgs a) {
-  WaitNodes(a, EP_RETURN_SIGNAL, (uint32_t)*Control(a, EP_ROUND), -1,
-            "combine: waiting for another node's expert outputs");
+  const uint32_t round = (uint32_t)*Control(a, EP_COMBINES) + 1u;
+  WaitNodes(a, EP_RETURN_SIGNAL, round, -1, "combine: waiting for another node's expert outputs");
+  __syncthreads();
+  if (threadIdx.x == 0) *Control(a, EP_COMBINES) = (int32_t)round;
   FenceSys();
 }

@@ -1,10 +1,31 @@
 // MORI-EP dispatch and combine on the GPU heap, part 3 of 3 (see ep_common.cuh): the kernels of
 // IntraNode, IntraNodeLL and AsyncLL, which also move the inter-node types' tokens within a node.
 // ================================ dispatch =====================================================
+// The whole warp writes token t (row, top-k row, weights, scales, source position) into receive
+// slot s of PE destPe.
+MORI_DEVICE_INLINE void SendToken(const EpArgs& a, const int32_t* indices, int t, int destPe, size_t s, int lane) {
+  if (lane == 0) Peer(reinterpret_cast<int32_t*>(a.dispSrcPos), destPe)[s] = a.rank * a.maxSend + t;
+  if (lane < a.k) {
+    Peer(reinterpret_cast<int32_t*>(a.dispIndices), destPe)[s * a.k + lane] = indices[(size_t)t * a.k + lane];
+    if (a.weights) {
+      Peer(reinterpret_cast<float*>(a.dispWeights), destPe)[s * a.k + lane] =
+          reinterpret_cast<const float*>(a.weights)[(size_t)t * a.k + lane];
+    }
+  }
+  if (a.scales && a.scaleBytes > 0) {
+    WarpCopy(Peer(reinterpret_cast<char*>(a.dispScales), destPe) + s * a.scaleBytes,
+             reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes, lane);
+  }
+  WarpCopy(Peer(reinterpret_cast<char*>(a.dispTok), destPe) + s * a.rowBytes,
+           reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes, a.rowBytes, lane);
+}
+
 // Data kernel: each warp takes tokens; per destination PE of this node a block reserves its slots
 // with one remote atomic, then copies token row, top-k row, weights and scales into the peer's
 // buffers and records where each (token, entry) went in destMap (for combine). Tokens for other
 // nodes are staged for ep_internode_put; their destMap entries name the combine row coming back.
+// A replay (a.replay: a routing handle's map in destMap, its indices checked on the host) reserves
+// nothing: every entry goes where destMap says, the rows for other nodes where they went before.
 extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   __shared__ int32_t sCount[EP_MAX_PES], sBase[EP_MAX_PES], sRun[EP_MAX_PES];
   // A second dispatch before this round's combine would reserve slots on peers whose counters
@@ -31,14 +52,16 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   int32_t* recvOffset = Control(a, EP_RECV_OFFSET);
   for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
     if (sCount[p] == 0) continue;
-    const int32_t base = ptx::AtomAddSys(Peer(recvOffset, p), sCount[p]);
-    if (base + sCount[p] > a.maxRecv) {
-      MORI_DEVICE_FAIL(
-          "dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
-          "(raise max_total_recv_tokens or leave it 0)",
-          p, a.maxRecv);
+    if (!a.replay) {
+      const int32_t base = ptx::AtomAddSys(Peer(recvOffset, p), sCount[p]);
+      if (base + sCount[p] > a.maxRecv) {
+        MORI_DEVICE_FAIL(
+            "dispatch: PE %d would receive more than max_num_tokens_to_recv=%d tokens "
+            "(raise max_total_recv_tokens or leave it 0)",
+            p, a.maxRecv);
+      }
+      sBase[p] = base;
     }
-    sBase[p] = base;
     atomicAdd(Control(a, EP_SENT_COUNT) + p, sCount[p]);
   }
   __syncthreads();
@@ -47,31 +70,20 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
     const int pe = SendingPe(a, indices, t, lane);
     const bool local = pe >= 0 && OnMyNode(a, pe);
     int slot = -1;
-    if (local) slot = sBase[pe] + atomicAdd(&sRun[pe], 1);
+    if (a.replay && pe >= 0) {
+      slot = destMap[(size_t)t * a.k + lane] % a.maxSend;
+    } else if (local) {
+      slot = sBase[pe] + atomicAdd(&sRun[pe], 1);
+    }
     // Other nodes' PEs: the token is staged for their node's proxy; slot is then its combine row.
     const uint32_t remote = __ballot_sync(0xffffffffu, pe >= 0 && !local);
     if (remote || a.lowLatency) slot = StageForNodes(a, t, pe, remote, lane, slot);
-    if (lane < a.k) destMap[(size_t)t * a.k + lane] = pe >= 0 ? pe * a.maxSend + slot : -1;
+    if (!a.replay && lane < a.k) destMap[(size_t)t * a.k + lane] = pe >= 0 ? pe * a.maxSend + slot : -1;
     uint32_t senders = __ballot_sync(0xffffffffu, local);
     while (senders) {
       const int src = __ffs(senders) - 1;
       senders &= senders - 1;
-      const int destPe = __shfl_sync(0xffffffffu, pe, src);
-      const size_t s = (size_t)__shfl_sync(0xffffffffu, slot, src);
-      if (lane == 0) Peer(reinterpret_cast<int32_t*>(a.dispSrcPos), destPe)[s] = a.rank * a.maxSend + t;
-      if (lane < a.k) {
-        Peer(reinterpret_cast<int32_t*>(a.dispIndices), destPe)[s * a.k + lane] = indices[(size_t)t * a.k + lane];
-        if (a.weights) {
-          Peer(reinterpret_cast<float*>(a.dispWeights), destPe)[s * a.k + lane] =
-              reinterpret_cast<const float*>(a.weights)[(size_t)t * a.k + lane];
-        }
-      }
-      if (a.scales && a.scaleBytes > 0) {
-        WarpCopy(Peer(reinterpret_cast<char*>(a.dispScales), destPe) + s * a.scaleBytes,
-                 reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes, lane);
-      }
-      WarpCopy(Peer(reinterpret_cast<char*>(a.dispTok), destPe) + s * a.rowBytes,
-               reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes, a.rowBytes, lane);
+      SendToken(a, indices, t, __shfl_sync(0xffffffffu, pe, src), (size_t)__shfl_sync(0xffffffffu, slot, src), lane);
     }
   }
   FenceSys();
