@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU acceptance that a one-GPU machine can give, in one lease (~9 minutes), most important
 # first, each step bounded so that a slow one cannot eat the rest:
-#   ops_tests     mori.ops GPU tests other than the proxy ones (routing handles, replay dispatch,
-#                 quantized combine, standard-MoE layout, AsyncLL ...) with 2, 4 and 8 PEs
-#                 (ep.sh --no-bench);
+#   ops_tests     mori.ops GPU tests other than the proxy ones, those of $MORI_OPS_K (default: the
+#                 EP surface and the inter-node kernels against IntraNode: routing handles, replay
+#                 dispatch, quantized combine, standard-MoE layout, AsyncLL ...) with 2, 4 and 8 PEs
+#                 (ep.sh --no-bench -k);
 #   ops_netns     mori.ops InterNodeV1/V1LL/AsyncLL and the EP surface through the device proxy,
 #                 PEs in two network namespaces (netns_gpu.sh --only ops), 2 PEs;
 #   no_cuda_ucx   a GPU heap with MORI_DISABLE_P2P on the machine's system UCX (no CUDA): refused
@@ -52,7 +53,7 @@ python3 -m pip install -q --no-deps --no-index .devkit/ucx/*.whl .devkit/nixl/*.
 export MORI_SKIP_INSTALL=1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 
-step ops_tests 200 env OUT="$OUT" bash ci/device/ep.sh --pes "2 4 8" --no-bench
+step ops_tests 200 env OUT="$OUT" bash ci/device/ep.sh --pes "2 4 8" --no-bench -k "${MORI_OPS_K:-(surface or internode) and not through_the_proxy}"
 grep -hE "^rc=|passed|failed" "$OUT/ops_tests.log"
 step ops_netns 130 env OUT="$OUT" bash ci/device/netns_gpu.sh --only ops --ops-pes 2
 grep -hE "^rc=|passed|failed" "$OUT/ops_netns.log"
