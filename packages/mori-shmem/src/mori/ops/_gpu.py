@@ -117,10 +117,12 @@ _KERNELS = (
     "ep_combine_barrier_signal",
     "ep_combine_barrier_wait",
     "ep_internode_put",
+    "ep_internode_put_signal",
     "ep_internode_inbox_wait",
     "ep_internode_forward",
     "ep_internode_return",
     "ep_internode_return_put",
+    "ep_internode_return_signal",
     "ep_internode_return_wait",
 )
 
@@ -180,13 +182,21 @@ class GpuKernels:
     def _between_nodes(self, grid: int) -> int:
         return self._forward_grid if self._forward_grid > 0 else grid
 
+    def _put_between_nodes(self, put: str, signal: str, grid: int, threads: int, a: EpArgs, stream: int) -> None:
+        """Kernel ``put`` moves this PE's block for every other node, spread over the blocks of the
+        data kernels between nodes (one SM copies ~1/100 of what the GPU can), then the one-block
+        kernel ``signal`` tells each node its block is complete."""
+        shares = max(1, self._between_nodes(grid) // max(1, self._nodes - 1))
+        self.launch(put, self._nodes * shares, threads, a, stream)
+        self.sync_launch(signal, a, stream)
+
     def dispatch_send(self, a: EpArgs, grid: int, threads: int, stream: int) -> None:
-        """This PE's tokens sent (to this node's PEs, and one block per other node to its proxy);
+        """This PE's tokens sent (to this node's PEs, and a block per other node to its proxy);
         unless split, the receiving steps between nodes follow (:meth:`_forward`)."""
         self._threads = threads
         self.launch("ep_dispatch_send", grid, threads, a, stream)
         if self._nodes > 1:
-            self.launch("ep_internode_put", self._nodes, threads, a, stream)
+            self._put_between_nodes("ep_internode_put", "ep_internode_put_signal", grid, threads, a, stream)
         self._grid = grid
         if not self._split_between_nodes:
             self._forward(a, grid, stream)
@@ -219,7 +229,7 @@ class GpuKernels:
         self.sync_launch("ep_combine_barrier_wait", a, stream)
         if self._nodes > 1:
             self.launch("ep_internode_return", self._between_nodes(grid), threads, a, stream)
-            self.launch("ep_internode_return_put", self._nodes, threads, a, stream)
+            self._put_between_nodes("ep_internode_return_put", "ep_internode_return_signal", grid, threads, a, stream)
             self.sync_launch("ep_internode_return_wait", a, stream)
         self.launch("ep_combine_accum_" + suffix, grid, threads, a, stream)
 
