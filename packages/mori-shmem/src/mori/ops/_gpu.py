@@ -1,6 +1,6 @@
-"""The GPU backend: the kernels (kernels/ep_common.cuh, ep_internode.cu, ep_intranode.cu) compiled
-by NVRTC as one source, loaded with this PE's shmem device state, launched on the caller's current
-torch stream. The inter-node kernel types add the kernels between nodes (_internode.py).
+"""The GPU backend: the kernels (kernels/ep_common.cuh, ep_wire.cuh, ep_internode.cu,
+ep_intranode.cu) compiled by NVRTC as one source, loaded with this PE's shmem device state,
+launched on the caller's current torch stream. The inter-node kernel types add the kernels between nodes (_internode.py).
 
 Why NVRTC CUDA C++ rather than Triton: dispatch needs warp votes and shuffles to deduplicate a
 top-k row, per-block shared-memory slot counters reserved on a peer with one system-scope atomic,
@@ -94,7 +94,7 @@ class EpArgs(ctypes.Structure):
 
 
 #: The parts of the CUDA source, in the order they are compiled as one.
-_SOURCES = ("ep_common.cuh", "ep_internode.cu", "ep_intranode.cu")
+_SOURCES = ("ep_common.cuh", "ep_wire.cuh", "ep_internode.cu", "ep_intranode.cu")
 
 
 def kernel_source() -> str:

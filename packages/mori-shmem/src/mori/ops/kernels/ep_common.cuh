@@ -1,8 +1,9 @@
-// MORI-EP dispatch and combine on the GPU heap, part 1 of 3: the kernel arguments and helpers
-// shared by ep_internode.cu (tokens between nodes) and ep_intranode.cu (loads and stores on the
-// symmetric heaps of one node's PEs; every PE with IntraNode).
+// MORI-EP dispatch and combine on the GPU heap, part 1 of 4: the kernel arguments and helpers
+// shared by ep_wire.cuh (the combine wires' element work), ep_internode.cu (tokens between nodes)
+// and ep_intranode.cu (loads and stores on the symmetric heaps of one node's PEs; every PE with
+// IntraNode).
 //
-// mori/ops/_gpu.py compiles the three parts as one NVRTC source (mori.core.nvrtc, mori's device
+// mori/ops/_gpu.py compiles the four parts as one NVRTC source (mori.core.nvrtc, mori's device
 // headers), with the EP_* layout constants prepended, and mirrors EpArgs with ctypes. The routing
 // rule is the one of mori/ops/_layout.py (MORI's): expert e lives on PE e / expertsPerRank, invalid
 // ids are dropped, a token goes once to each distinct destination PE, combine sums in float32 in

@@ -1,4 +1,4 @@
-// MORI-EP dispatch and combine on the GPU heap, part 2 of 3 (see ep_common.cuh): the inter-node
+// MORI-EP dispatch and combine on the GPU heap, part 3 of 4 (see ep_common.cuh): the inter-node
 // kernel types' path between nodes (the design: mori/ops/_internode.py).
 //
 // Dispatch: ep_dispatch_send stages each token once for each other node it names
