@@ -95,9 +95,11 @@ def surface(rank: int, world: int) -> None:
     across: dict[str, Any] = {} if p2p else {"kernel_type": kinds.InterNodeV1, "gpu_per_node": 1}
     where = "" if p2p else " (InterNodeV1 through the proxy)"
     quant = Case(world=world, max_tokens=48, hidden=7168, k=8, experts_per_rank=experts, full=True)
+    # The kernels' paths: blocks of 128 (16 lanes a block), 64 (8 lanes), 120 (15 of 16 lanes), 1024
+    # (wider than a warp's packs), and 334 (not whole packs of 8: an element a lane).
     for q in ("fp8_blockwise", "fp4_blockwise"):
-        for scale_dim in (56, 3):
-            c = dataclasses.replace(quant, hidden=7168 if scale_dim == 56 else 1000, seed=scale_dim)
+        for hidden, scale_dim in ((7168, 56), (7168, 112), (960, 8), (7168, 7), (1000, 3)):
+            c = dataclasses.replace(quant, hidden=hidden, seed=scale_dim)
             res = gather(pe_quant_round(c, q, scale_dim, False, DEVICE, across))
             _verdict(
                 rank,

@@ -1,6 +1,6 @@
-"""The GPU backend: the kernels (kernels/ep_common.cuh, ep_internode.cu, ep_intranode.cu) compiled
-by NVRTC as one source, loaded with this PE's shmem device state, launched on the caller's current
-torch stream. The inter-node kernel types add the kernels between nodes (_internode.py).
+"""The GPU backend: the kernels (kernels/ep_common.cuh, ep_wire.cuh, ep_internode.cu,
+ep_intranode.cu) compiled by NVRTC as one source, loaded with this PE's shmem device state,
+launched on the caller's current torch stream. The inter-node kernel types add the kernels between nodes (_internode.py).
 
 Why NVRTC CUDA C++ rather than Triton: dispatch needs warp votes and shuffles to deduplicate a
 top-k row, per-block shared-memory slot counters reserved on a peer with one system-scope atomic,
@@ -95,7 +95,7 @@ class EpArgs(ctypes.Structure):
 
 
 #: The parts of the CUDA source, in the order they are compiled as one.
-_SOURCES = ("ep_common.cuh", "ep_internode.cu", "ep_intranode.cu")
+_SOURCES = ("ep_common.cuh", "ep_wire.cuh", "ep_internode.cu", "ep_intranode.cu")
 
 
 def kernel_source() -> str:
@@ -118,10 +118,12 @@ _KERNELS = (
     "ep_combine_barrier_signal",
     "ep_combine_barrier_wait",
     "ep_internode_put",
+    "ep_internode_put_signal",
     "ep_internode_inbox_wait",
     "ep_internode_forward",
     "ep_internode_return",
     "ep_internode_return_put",
+    "ep_internode_return_signal",
     "ep_internode_return_wait",
 )
 
@@ -181,13 +183,21 @@ class GpuKernels:
     def _between_nodes(self, grid: int) -> int:
         return self._forward_grid if self._forward_grid > 0 else grid
 
+    def _put_between_nodes(self, put: str, signal: str, grid: int, threads: int, a: EpArgs, stream: int) -> None:
+        """Kernel ``put`` moves this PE's block for every other node, spread over the blocks of the
+        data kernels between nodes (one SM copies ~1/100 of what the GPU can), then the one-block
+        kernel ``signal`` tells each node its block is complete."""
+        shares = max(1, self._between_nodes(grid) // max(1, self._nodes - 1))
+        self.launch(put, self._nodes * shares, threads, a, stream)
+        self.sync_launch(signal, a, stream)
+
     def dispatch_send(self, a: EpArgs, grid: int, threads: int, stream: int) -> None:
-        """This PE's tokens sent (to this node's PEs, and one block per other node to its proxy);
+        """This PE's tokens sent (to this node's PEs, and a block per other node to its proxy);
         unless split, the receiving steps between nodes follow (:meth:`_forward`)."""
         self._threads = threads
         self.launch("ep_dispatch_send", grid, threads, a, stream)
         if self._nodes > 1:
-            self.launch("ep_internode_put", self._nodes, threads, a, stream)
+            self._put_between_nodes("ep_internode_put", "ep_internode_put_signal", grid, threads, a, stream)
         self._grid = grid
         if not self._split_between_nodes:
             self._forward(a, grid, stream)
@@ -220,7 +230,7 @@ class GpuKernels:
         self.sync_launch("ep_combine_barrier_wait", a, stream)
         if self._nodes > 1:
             self.launch("ep_internode_return", self._between_nodes(grid), threads, a, stream)
-            self.launch("ep_internode_return_put", self._nodes, threads, a, stream)
+            self._put_between_nodes("ep_internode_return_put", "ep_internode_return_signal", grid, threads, a, stream)
             self.sync_launch("ep_internode_return_wait", a, stream)
         self.launch("ep_combine_accum_" + suffix, grid, threads, a, stream)
 

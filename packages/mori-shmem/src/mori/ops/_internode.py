@@ -4,9 +4,9 @@ MORI's InterNodeV1 design (kernels/ep_internode.cu): ranks ``[n * g, (n + 1) * g
 ``n`` (``g = gpu_per_node``); a token goes to ranks of its own node by P2P stores, as IntraNode
 does, and once to each other node it names, to that node's *proxy* (the rank with the sender's
 local index there): tokens for one node are staged in one contiguous block and that block moves
-with one put-with-signal of mori.shmem's device API (the remote transport when the node is on
-another host). The proxy forwards each token to the ranks of its node by P2P. Combine runs it
-backwards: the proxy gathers the expert outputs of its node's ranks for the tokens it forwarded,
+with mori.shmem's device puts, a share a block of the kernel, then a put-with-signal (the remote
+transport when the node is on another host). The proxy forwards each token to the ranks of its
+node by P2P. Combine runs it backwards: the proxy gathers the expert outputs of its node's ranks for the tokens it forwarded,
 row by row, and puts them back to the sender in one block per node; the sender sums every row in
 top-k order, so the result is IntraNode's byte for byte. ``InterNodeV1LL`` stages every token once
 at its own index and puts that block to every other node (no counting; the proxy picks what names

@@ -1,5 +1,6 @@
 """How combine rows travel between PEs (the wire), in PyTorch: the CPU backend runs these, and the
-GPU kernels (kernels/ep_intranode.cu) implement the same arithmetic operation for operation.
+GPU kernels (kernels/ep_wire.cuh, ep_intranode.cu) implement the same arithmetic operation for
+operation.
 
 - ``same``: the row as it is (bf16, float32, fp8 e4m3 / e4m3fnuz, packed fp4 e2m1).
 - ``fp8_cast`` (``quant_type="fp8_direct_cast"``): bf16 cast to fp8 e4m3, round to nearest.

@@ -1,8 +1,9 @@
-// MORI-EP dispatch and combine on the GPU heap, part 1 of 3: the kernel arguments and helpers
-// shared by ep_internode.cu (tokens between nodes) and ep_intranode.cu (loads and stores on the
-// symmetric heaps of one node's PEs; every PE with IntraNode).
+// MORI-EP dispatch and combine on the GPU heap, part 1 of 4: the kernel arguments and helpers
+// shared by ep_wire.cuh (the combine wires' element work), ep_internode.cu (tokens between nodes)
+// and ep_intranode.cu (loads and stores on the symmetric heaps of one node's PEs; every PE with
+// IntraNode).
 //
-// mori/ops/_gpu.py compiles the three parts as one NVRTC source (mori.core.nvrtc, mori's device
+// mori/ops/_gpu.py compiles the four parts as one NVRTC source (mori.core.nvrtc, mori's device
 // headers), with the EP_* layout constants prepended, and mirrors EpArgs with ctypes. The routing
 // rule is the one of mori/ops/_layout.py (MORI's): expert e lives on PE e / expertsPerRank, invalid
 // ids are dropped, a token goes once to each distinct destination PE, combine sums in float32 in
@@ -80,6 +81,10 @@ MORI_DEVICE_INLINE int SendingPe(const EpArgs& a, const int32_t* indices, int t,
 
 MORI_DEVICE_INLINE void FenceSys() { ptx::FenceAcqRelSys(); }
 
+// The combine data kernels run with up to 32 warps a block (warp_per_block): bounded to the
+// 64 registers a thread that lets every such launch fit an SM.
+#define EP_DATA_KERNEL extern "C" __global__ void __launch_bounds__(1024)
+
 // ---- element conversions (round to nearest even, as torch's casts) ----------------------------
 MORI_DEVICE_INLINE float Bf16ToF32(uint16_t h) { return __uint_as_float(((uint32_t)h) << 16); }
 MORI_DEVICE_INLINE uint16_t F32ToBf16(float f) {
@@ -101,11 +106,32 @@ MORI_DEVICE_INLINE uint8_t F32ToFp8(float f) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(0.0f), "f"(f));
   return (uint8_t)(d & 0xff);
 }
+// Two values with one instruction each way, each rounded as by the scalar forms: `lo` is the
+// first byte in memory (the low byte of the pair).
+MORI_DEVICE_INLINE uint16_t F32x2ToFp8x2(float lo, float hi) {
+  uint16_t d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+MORI_DEVICE_INLINE float2 Fp8x2ToF32x2(uint16_t pair) {
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+  float2 f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f.x) : "h"((uint16_t)(h2 & 0xffff)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f.y) : "h"((uint16_t)(h2 >> 16)));
+  return f;
+}
 #else
 MORI_DEVICE_INLINE float Fp8ToF32(uint8_t) {
   MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
 }
 MORI_DEVICE_INLINE uint8_t F32ToFp8(float) {
+  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
+}
+MORI_DEVICE_INLINE uint16_t F32x2ToFp8x2(float, float) {
+  MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
+}
+MORI_DEVICE_INLINE float2 Fp8x2ToF32x2(uint16_t) {
   MORI_DEVICE_FAIL("%s", "mori.ops: fp8 e4m3 needs compute capability 8.9 or newer");
 }
 #endif
@@ -141,9 +167,12 @@ MORI_DEVICE_INLINE uint8_t F32ToFnuz(float f) {
 
 // e2m1 (fp4): codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6, bit 3 the sign. Round to nearest even
 // (a tie goes to the even code), saturated at +-6: the thresholds of _quant.fp4_encode.
+// Decoded from the bits (a table indexed at run time would live in local memory): exponent field
+// e = code >> 1 & 3 and mantissa bit m; e > 0 is (1 + m / 2) * 2^(e - 1), e == 0 is m / 2.
 MORI_DEVICE_INLINE float Fp4ToF32(uint32_t code) {
-  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  return (code & 8) ? -mag[code & 7] : mag[code & 7];
+  const uint32_t e = (code >> 1) & 3u, m = code & 1u;
+  const uint32_t mag = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+  return __uint_as_float(mag | ((code & 8u) << 28));
 }
 MORI_DEVICE_INLINE uint32_t F32ToFp4(float f) {
   const float a = fabsf(f);

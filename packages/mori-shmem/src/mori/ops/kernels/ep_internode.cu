@@ -1,14 +1,16 @@
-// MORI-EP dispatch and combine on the GPU heap, part 2 of 3 (see ep_common.cuh): the inter-node
+// MORI-EP dispatch and combine on the GPU heap, part 3 of 4 (see ep_common.cuh): the inter-node
 // kernel types' path between nodes (the design: mori/ops/_internode.py).
 //
 // Dispatch: ep_dispatch_send stages each token once for each other node it names
-// (StageForNodes); ep_internode_put moves each node's block with one put-with-signal of the device
-// API to that node's proxy (the PE with this PE's local index there); ep_internode_inbox_wait
+// (StageForNodes); ep_internode_put moves each node's block to that node's proxy (the PE with this
+// PE's local index there), a share a block of the data kernels between nodes, and
+// ep_internode_put_signal then signals it (one block could not move a block of tokens at more than
+// one SM's copy rate, ~1/100 of the GPU's); ep_internode_inbox_wait
 // waits for every other node's block; ep_internode_forward hands the tokens received to this
 // node's PEs by P2P stores, as ep_dispatch_send does with its own. Combine, after this node's
 // barrier: ep_internode_return gathers, for every token forwarded, the rows this node's PEs
-// produced for it; ep_internode_return_put sends them back in one block per node;
-// ep_internode_return_wait waits for every node's block; the accumulate kernel reads them there.
+// produced for it; ep_internode_return_put and ep_internode_return_signal send them back as the
+// dispatch's blocks go; ep_internode_return_wait waits for every node's block; the accumulate kernel reads them there.
 //
 // What a proxy keeps of a round is retMap (per source node and combine row: where it forwarded
 // the token) and EP_RETURN_ROWS: a routing handle takes both along (mori/ops/dispatch_combine.py),
@@ -138,21 +140,51 @@ MORI_DEVICE_INLINE void WaitNodes(const EpArgs& a, int off, uint32_t round, int 
 }  // namespace
 
 // ================================ dispatch between nodes =======================================
-// A block per node (this node's block does nothing): one put-with-signal of the tokens staged for
-// that node into this PE's block of its proxy's inbox, then quiet (the stage is rewritten next round).
-extern "C" __global__ void ep_internode_put(EpArgs a) {
-  const int n = blockIdx.x;
-  if (n == a.myNode) return;
-  __shared__ int32_t sCount;
-  if (threadIdx.x == 0) sCount = a.lowLatency ? a.numTokens : Control(a, EP_NODE_TOKENS)[n];
-  __syncthreads();
-  const uint64_t round = (uint32_t)*Control(a, EP_ROUND) + 1u;
-  const int proxy = n * a.nodeSize + (a.rank - a.nodeFirst);
-  ShmemPutMemNbiSignalBlock(Payload(a.inbox, a, a.myNode, 0), Payload(a.stage, a, a.lowLatency ? 0 : n, 0),
-                            (size_t)sCount * a.xferBytes, Signal64(a, EP_INBOX_SIGNAL) + a.myNode,
-                            round << 32 | (uint32_t)sCount, kSignalSet, proxy);
+// A put between nodes is spread over gridDim.x / nNodes blocks a node (block b serves node b /
+// that), each putting its share, in whole 256-byte runs, of the `bytes` for PE `pe`, then quiet;
+// the signal follows in a one-block kernel, once every share is complete.
+MORI_DEVICE_INLINE void PutShare(const EpArgs& a, char* dst, const char* src, size_t bytes, int pe) {
+  const int shares = gridDim.x / a.nNodes, share = blockIdx.x % shares;
+  const size_t per = ((bytes + shares - 1) / shares + 255) / 256 * 256;
+  const size_t begin = min(bytes, per * share), end = min(bytes, begin + per);
+  if (end > begin) ShmemPutMemNbiBlock(dst + begin, src + begin, end - begin, pe);
   ShmemQuietBlock();
-  if (threadIdx.x == 0) Control(a, EP_NODE_TOKENS)[n] = Control(a, EP_NODE_ROWS)[n] = 0;
+}
+
+// The PE of node n that this PE's blocks go to (and come back from): the one with its local index.
+MORI_DEVICE_INLINE int NodePeer(const EpArgs& a, int n) { return n * a.nodeSize + (a.rank - a.nodeFirst); }
+
+// The tokens staged for node n, and where they are.
+MORI_DEVICE_INLINE int StagedTokens(const EpArgs& a, int n) {
+  return a.lowLatency ? a.numTokens : Control(a, EP_NODE_TOKENS)[n];
+}
+MORI_DEVICE_INLINE const char* StagedBlock(const EpArgs& a, int n) {
+  return Payload(a.stage, a, a.lowLatency ? 0 : n, 0);
+}
+
+// Data kernel, blocks a node (this node's do nothing): the tokens staged for each other node into
+// this PE's block of its proxy's inbox (the stage is rewritten next round, hence the quiet).
+extern "C" __global__ void ep_internode_put(EpArgs a) {
+  const int n = blockIdx.x / (gridDim.x / a.nNodes);
+  if (n == a.myNode) return;
+  PutShare(a, Payload(a.inbox, a, a.myNode, 0), StagedBlock(a, n), (size_t)StagedTokens(a, n) * a.xferBytes,
+           NodePeer(a, n));
+}
+
+// One block, a thread per other node: signals its proxy that this round's tokens are there (an
+// empty put-with-signal: the bytes went before), and clears the node's counters.
+extern "C" __global__ void ep_internode_put_signal(EpArgs a) {
+  FenceSys();
+  const uint64_t round = (uint32_t)*Control(a, EP_ROUND) + 1u;
+  for (int n = threadIdx.x; n < a.nNodes; n += blockDim.x) {
+    if (n == a.myNode) continue;
+    const int count = StagedTokens(a, n);
+    ShmemPutMemNbiSignalThread(Payload(a.inbox, a, a.myNode, 0), StagedBlock(a, n), 0,
+                               Signal64(a, EP_INBOX_SIGNAL) + a.myNode, round << 32 | (uint32_t)count, kSignalSet,
+                               NodePeer(a, n));
+    Control(a, EP_NODE_TOKENS)[n] = Control(a, EP_NODE_ROWS)[n] = 0;
+  }
+  ShmemQuietBlock();
 }
 
 // One block: waits for every other node's tokens of this round, then counts the round done.
@@ -261,21 +293,28 @@ extern "C" __global__ void ep_internode_return(EpArgs a) {
   FenceSys();
 }
 
-// A block per node: one put-with-signal of the rows gathered for that node into this node's block
-// of the return inbox of the PE there with this PE's local index (the sender), then quiet.
+// Data kernel, blocks a node as ep_internode_put: the rows gathered for each other node into this
+// node's block of the return inbox of the PE there with this PE's local index (the sender).
 extern "C" __global__ void ep_internode_return_put(EpArgs a) {
-  const int n = blockIdx.x;
+  const int n = blockIdx.x / (gridDim.x / a.nNodes);
   if (n == a.myNode) return;
-  __shared__ int32_t sRows;
-  if (threadIdx.x == 0) sRows = Control(a, EP_RETURN_ROWS)[n];
-  __syncthreads();
+  PutShare(a, CombineRow(a.retInbox, a, a.myNode, 0), CombineRow(a.retStage, a, n, 0),
+           (size_t)Control(a, EP_RETURN_ROWS)[n] * a.combXferBytes, NodePeer(a, n));
+}
+
+// One block, a thread per other node: signals the sender that this round's rows are there.
+extern "C" __global__ void ep_internode_return_signal(EpArgs a) {
+  FenceSys();
   const uint64_t round = (uint32_t)*Control(a, EP_COMBINES) + 1u;
-  const int sender = n * a.nodeSize + (a.rank - a.nodeFirst);
-  ShmemPutMemNbiSignalBlock(CombineRow(a.retInbox, a, a.myNode, 0), CombineRow(a.retStage, a, n, 0),
-                            (size_t)sRows * a.combXferBytes, Signal64(a, EP_RETURN_SIGNAL) + a.myNode,
-                            round << 32 | (uint32_t)sRows, kSignalSet, sender);
+  for (int n = threadIdx.x; n < a.nNodes; n += blockDim.x) {
+    if (n == a.myNode) continue;
+    int32_t* rows = Control(a, EP_RETURN_ROWS) + n;
+    ShmemPutMemNbiSignalThread(CombineRow(a.retInbox, a, a.myNode, 0), CombineRow(a.retStage, a, n, 0), 0,
+                               Signal64(a, EP_RETURN_SIGNAL) + a.myNode, round << 32 | (uint32_t)*rows, kSignalSet,
+                               NodePeer(a, n));
+    *rows = 0;
+  }
   ShmemQuietBlock();
-  if (threadIdx.x == 0) Control(a, EP_RETURN_ROWS)[n] = 0;
 }
 
 // One block: waits for every other node's combine rows of this combine, then counts it done.

@@ -1,4 +1,4 @@
-// MORI-EP dispatch and combine on the GPU heap, part 3 of 3 (see ep_common.cuh): the kernels of
+// MORI-EP dispatch and combine on the GPU heap, part 4 of 4 (see ep_common.cuh): the kernels of
 // IntraNode, IntraNodeLL and AsyncLL, which also move the inter-node types' tokens within a node.
 // ================================ dispatch =====================================================
 // The whole warp writes token t (row, top-k row, weights, scales, source position) into receive
@@ -143,16 +143,23 @@ extern "C" __global__ void ep_local_expert_count(EpArgs a) {
 // registered buffer that peers read. Rows past the caller's tensor are zeros.
 template <class In, class Wire>
 __device__ void CombineStage(const EpArgs& a) {
+  using IS = typename In::Storage;
+  using WS = typename Wire::Storage;
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int total = *Control(a, EP_TOTAL_RECV);
   const int firstRow = blockIdx.x * warps + (threadIdx.x >> 5), rowStride = gridDim.x * warps;
+  // A cast goes a pack at a time where rows are whole packs of an aligned tensor.
+  const bool packed = a.hidden % 8 == 0 && a.inp % sizeof(Pack8<IS>) == 0;
   for (int r = firstRow; r < total; r += rowStride) {
-    typename Wire::Storage* dst = reinterpret_cast<typename Wire::Storage*>(a.combInp) + (size_t)r * a.hidden;
-    const typename In::Storage* src = reinterpret_cast<const typename In::Storage*>(a.inp) + (size_t)r * a.hidden;
+    WS* dst = reinterpret_cast<WS*>(a.combInp) + (size_t)r * a.hidden;
+    const IS* src = reinterpret_cast<const IS*>(a.inp) + (size_t)r * a.hidden;
     if (r >= a.inpRows) {  // zero is all-zero bytes in every wire dtype
-      for (int i = lane; i < a.hidden * (int)sizeof(*dst); i += 32) reinterpret_cast<uint8_t*>(dst)[i] = 0;
-    } else if constexpr (sizeof(typename In::Storage) == sizeof(typename Wire::Storage)) {
+      WarpZero(dst, (size_t)a.hidden * sizeof(WS), lane);
+    } else if constexpr (sizeof(IS) == sizeof(WS)) {
       if (a.inp != a.combInp) WarpCopy(dst, src, (size_t)a.hidden * sizeof(*src), lane);
+    } else if (packed) {
+      CastPacks<In, Wire>(reinterpret_cast<Pack8<WS>*>(dst), reinterpret_cast<const Pack8<IS>*>(src), a.hidden / 8,
+                          lane);
     } else {
       for (int i = lane; i < a.hidden; i += 32) dst[i] = Wire::Store(In::Load(src[i]));
     }
@@ -164,54 +171,35 @@ __device__ void CombineStage(const EpArgs& a) {
   FenceSys();
 }
 
-extern "C" __global__ void ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp8>(a); }
-extern "C" __global__ void ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); }
-extern "C" __global__ void ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); }
-extern "C" __global__ void ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); }
-extern "C" __global__ void ep_combine_stage_fp8fnuz(EpArgs a) { CombineStage<Fp8Fnuz, Fp8Fnuz>(a); }
-extern "C" __global__ void ep_combine_stage_fp4(EpArgs a) { CombineStage<Fp4x2, Fp4x2>(a); }
+EP_DATA_KERNEL ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp8>(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); }
+EP_DATA_KERNEL ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); }
+EP_DATA_KERNEL ep_combine_stage_fp8fnuz(EpArgs a) { CombineStage<Fp8Fnuz, Fp8Fnuz>(a); }
+EP_DATA_KERNEL ep_combine_stage_fp4(EpArgs a) { CombineStage<Fp4x2, Fp4x2>(a); }
 
-// The blockwise wires (_quant.py, MORI's fp8_blockwise / fp4_blockwise): one warp quantizes a bf16
-// row into codes and one float32 scale per block. The warp first leaves each block's largest
-// magnitude in the scale slots, then writes the codes (recomputing the inverse scale from it, the
-// same float32 operations as the CPU backend), then the scales.
+// Data kernel of the blockwise wires: a warp a row (rows past the caller's tensor are zeros).
 template <bool Fp4>
 __device__ void CombineStageBlockwise(const EpArgs& a) {
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int total = *Control(a, EP_TOTAL_RECV);
   const int firstRow = blockIdx.x * warps + (threadIdx.x >> 5), rowStride = gridDim.x * warps;
   const int blockElems = (a.hidden + a.combScaleDim - 1) / a.combScaleDim;
-  const float qmax = Fp4 ? 6.0f : 448.0f;
+  // Packs never straddle a block, and rows start aligned for their stores (8 fp8 / 4 fp4 bytes).
+  const bool packed =
+      a.hidden % 8 == 0 && blockElems % 8 == 0 && a.combRowBytes % (Fp4 ? 4 : 8) == 0 && a.inp % 16 == 0;
+  int group = 1;
+  while (group < blockElems / 8 && group < 32) group <<= 1;
   for (int r = firstRow; r < total; r += rowStride) {
     uint8_t* dst = reinterpret_cast<uint8_t*>(a.combInp) + (size_t)r * a.combRowBytes;
-    float* scales = reinterpret_cast<float*>(dst + a.combCodeBytes);
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(a.inp) + (size_t)r * a.hidden;
-    const bool zero = r >= a.inpRows;
-    for (int sb = 0; sb < a.combScaleDim; ++sb) {
-      const int start = sb * blockElems, end = min(start + blockElems, a.hidden);
-      float m = 0.0f;
-      for (int i = start + lane; i < end; i += 32) m = fmaxf(m, zero ? 0.0f : fabsf(Bf16ToF32(src[i])));
-      for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-      if (lane == 0) scales[sb] = m;
-    }
-    __syncwarp();
-    for (int b = lane; b < a.combCodeBytes; b += 32) {  // a byte: one fp8 code, or two fp4 codes
-      uint32_t byte = 0;
-      for (int h = 0; h < (Fp4 ? 2 : 1); ++h) {
-        const int i = Fp4 ? 2 * b + h : b;
-        if (i >= a.hidden) continue;
-        const float m = scales[i / blockElems];
-        const bool scaled = Fp4 ? m > 0.0f : m > qmax;
-        const float inv = scaled ? __fdiv_rn(qmax, m) : (Fp4 ? 0.0f : 1.0f);
-        const float v = __fmul_rn(zero ? 0.0f : Bf16ToF32(src[i]), inv);
-        byte |= Fp4 ? (F32ToFp4(v) << (4 * h)) : F32ToFp8(v);
-      }
-      dst[b] = (uint8_t)byte;
-    }
-    __syncwarp();
-    for (int sb = lane; sb < a.combScaleDim; sb += 32) {
-      const float m = scales[sb];
-      scales[sb] = Fp4 ? (m > 0.0f ? __fdiv_rn(m, qmax) : 1.0f) : (m > qmax ? __fmul_rn(m, 1.0f / 448.0f) : 1.0f);
+    const uint16_t* src = r < a.inpRows ? reinterpret_cast<const uint16_t*>(a.inp) + (size_t)r * a.hidden : nullptr;
+    const Pack8<uint16_t>* packs = reinterpret_cast<const Pack8<uint16_t>*>(src);
+    if (packed && blockElems <= 256) {
+      QuantizeRowPacked<Fp4, false>(a, packs, dst, blockElems, group, lane);
+    } else if (packed) {
+      QuantizeRowPacked<Fp4, true>(a, packs, dst, blockElems, group, lane);
+    } else {
+      QuantizeRowScalar<Fp4>(a, src, dst, blockElems, lane);
     }
     if (a.hasWeights && lane < a.k) {
       const float w = r < a.weightRows ? reinterpret_cast<const float*>(a.weights)[(size_t)r * a.k + lane] : 0.0f;
@@ -221,8 +209,8 @@ __device__ void CombineStageBlockwise(const EpArgs& a) {
   FenceSys();
 }
 
-extern "C" __global__ void ep_combine_stage_bf16_bw8(EpArgs a) { CombineStageBlockwise<false>(a); }
-extern "C" __global__ void ep_combine_stage_bf16_bw4(EpArgs a) { CombineStageBlockwise<true>(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_bw8(EpArgs a) { CombineStageBlockwise<false>(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_bw4(EpArgs a) { CombineStageBlockwise<true>(a); }
 
 // One block: this PE's registered combine input is complete; tell every PE (epoch numbered, so
 // graph replays and repeated calls need no reset).
@@ -258,91 +246,9 @@ extern "C" __global__ void ep_combine_barrier_wait(EpArgs a) {
   FenceSys();
 }
 
-// Eight elements moved with one vector access (16 bytes of bf16, 8 of fp8, 32 of float32).
-template <class S>
-struct alignas(8 * sizeof(S)) Pack8 {
-  S v[8];
-};
-
-// Data kernel: for each of this PE's tokens (split along hidden when warps outnumber tokens),
-// reads the rows its destinations hold for it and sums them in float32 in top-k order. The
-// source rows of a token are listed in shared memory first, so that the element loops (whose trip
-// counts differ between lanes) need no warp shuffles.
-template <class Out, class Wire>
-__device__ void CombineAccum(const EpArgs& a) {
-  using WS = typename Wire::Storage;
-  using OS = typename Out::Storage;
-  __shared__ const WS* sRows[32][32];
-  __shared__ const float* sWeights[32][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int globalWarp = blockIdx.x * warps + warp, globalWarps = gridDim.x * warps;
-  if (a.numTokens == 0) return;
-  // Vector path: rows of whole 8-element packs (every row start is then aligned, the buffers being
-  // 256-byte aligned); chunks of a row are whole packs too.
-  const bool packed = a.hidden % 8 == 0;
-  const int unit = packed ? 8 : 1;
-  const int units = a.hidden / unit;
-  int parts = globalWarps / a.numTokens;
-  const int maxParts = (a.hidden + 255) / 256;
-  parts = parts < 1 ? 1 : (parts > maxParts ? maxParts : parts);
-  const int chunk = (units + parts - 1) / parts;  // in units
-  const int32_t* destMap = reinterpret_cast<const int32_t*>(a.destMap);
-  for (int item = globalWarp; item < a.numTokens * parts; item += globalWarps) {
-    const int t = item / parts, part = item % parts;
-    const int32_t d = lane < a.k ? destMap[(size_t)t * a.k + lane] : -1;
-    const uint32_t valid = __ballot_sync(0xffffffffu, d >= 0);
-    const int count = __popc(valid);
-    if (d >= 0) {
-      const int pe = d / a.maxSend;
-      const size_t slot = d % a.maxSend;
-      const int pos = __popc(valid & ((1u << lane) - 1));  // keeps top-k order
-      if (OnMyNode(a, pe)) {
-        sRows[warp][pos] = Peer(reinterpret_cast<WS*>(a.combInp), pe) + slot * a.hidden;
-        sWeights[warp][pos] = Peer(reinterpret_cast<float*>(a.combInpWeights), pe) + slot * a.k;
-      } else {  // sent back by pe's node proxy: row `slot` of that node's block
-        const char* row = ReturnedRow(a, pe / a.nodeSize, slot);
-        sRows[warp][pos] = reinterpret_cast<const WS*>(row);
-        sWeights[warp][pos] = reinterpret_cast<const float*>(row + a.combWOff);
-      }
-    }
-    __syncwarp();
-    OS* out = reinterpret_cast<OS*>(a.combOut) + (size_t)t * a.hidden;
-    const int begin = part * chunk, end = begin + chunk < units ? begin + chunk : units;
-    for (int u = begin + lane; u < end; u += 32) {
-      if (packed) {
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int p = 0; p < count; ++p) {
-          const Pack8<WS> in = reinterpret_cast<const Pack8<WS>*>(sRows[warp][p])[u];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += Wire::Load(in.v[e]);
-        }
-        Pack8<OS> o;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o.v[e] = Out::Store(acc[e]);
-        reinterpret_cast<Pack8<OS>*>(out)[u] = o;
-      } else {
-        float acc = 0.0f;
-        for (int p = 0; p < count; ++p) acc += Wire::Load(sRows[warp][p][u]);
-        out[u] = Out::Store(acc);
-      }
-    }
-    if (a.hasWeights && part == 0 && lane < a.k) {
-      float acc = 0.0f;
-      for (int p = 0; p < count; ++p) acc += sWeights[warp][p][lane];
-      reinterpret_cast<float*>(a.combOutWeights)[(size_t)t * a.k + lane] = acc;
-    }
-    __syncwarp();  // the lists are rewritten by the warp's next item
-  }
-}
-
-extern "C" __global__ void ep_combine_accum_bf16(EpArgs a) { CombineAccum<Bf16, Bf16>(a); }
-extern "C" __global__ void ep_combine_accum_f32(EpArgs a) { CombineAccum<F32, F32>(a); }
-extern "C" __global__ void ep_combine_accum_fp8(EpArgs a) { CombineAccum<Fp8, Fp8>(a); }
-extern "C" __global__ void ep_combine_accum_bf16_fp8(EpArgs a) { CombineAccum<Bf16, Fp8>(a); }
-extern "C" __global__ void ep_combine_accum_fp8fnuz(EpArgs a) { CombineAccum<Fp8Fnuz, Fp8Fnuz>(a); }
-
-// The source rows of this PE's token t in top-k order (a warp's list in shared memory, as in
-// CombineAccum), rows of `rowBytes` bytes; returns how many.
+// The source rows of this PE's token t in top-k order, as a warp's list in shared memory (so that
+// the element loops, whose trip counts differ between lanes, need no warp shuffles): rows of
+// combRowBytes bytes; returns how many.
 MORI_DEVICE_INLINE int ListRows(const EpArgs& a, int t, int lane, const uint8_t** rows, const float** weights) {
   const int32_t* destMap = reinterpret_cast<const int32_t*>(a.destMap);
   const int32_t d = lane < a.k ? destMap[(size_t)t * a.k + lane] : -1;
@@ -350,11 +256,11 @@ MORI_DEVICE_INLINE int ListRows(const EpArgs& a, int t, int lane, const uint8_t*
   if (d >= 0) {
     const int pe = d / a.maxSend;
     const size_t slot = d % a.maxSend;
-    const int pos = __popc(valid & ((1u << lane) - 1));
+    const int pos = __popc(valid & ((1u << lane) - 1));  // keeps top-k order
     if (OnMyNode(a, pe)) {
       rows[pos] = Peer(reinterpret_cast<const uint8_t*>(a.combInp), pe) + slot * a.combRowBytes;
       weights[pos] = Peer(reinterpret_cast<const float*>(a.combInpWeights), pe) + slot * a.k;
-    } else {
+    } else {  // sent back by pe's node proxy: row `slot` of that node's block
       const char* row = ReturnedRow(a, pe / a.nodeSize, slot);
       rows[pos] = reinterpret_cast<const uint8_t*>(row);
       weights[pos] = reinterpret_cast<const float*>(row + a.combWOff);
@@ -364,50 +270,126 @@ MORI_DEVICE_INLINE int ListRows(const EpArgs& a, int t, int lane, const uint8_t*
   return __popc(valid);
 }
 
-// Combine of byte-coded wires (one warp per token): the blockwise wires into bf16 (each code times
-// its block's scale, a multiply and an add each rounded, as the CPU backend), or packed fp4 input
-// into packed fp4 (two sums a byte).
+// The accumulate kernels give each warp items: a token, or a part of its row (contiguous runs of
+// `units`) when warps outnumber tokens (decode), parts of at least 256 elements.
+struct RowSplit {
+  int parts, chunk;
+  MORI_DEVICE_INLINE RowSplit(const EpArgs& a, int units, int globalWarps) {
+    const int maxParts = (a.hidden + 255) / 256;
+    parts = globalWarps / a.numTokens;
+    parts = parts < 1 ? 1 : (parts > maxParts ? maxParts : parts);
+    chunk = (units + parts - 1) / parts;
+  }
+};
+
+// The weights of token t: the sum of its rows' weights (part 0 of the token writes them).
+MORI_DEVICE_INLINE void SumWeights(const EpArgs& a, int t, int count, const float* const* weights, int lane) {
+  if (a.hasWeights && lane < a.k) {
+    float acc = 0.0f;
+    for (int p = 0; p < count; ++p) acc += weights[p][lane];
+    reinterpret_cast<float*>(a.combOutWeights)[(size_t)t * a.k + lane] = acc;
+  }
+}
+
+// Data kernel: for each of this PE's tokens, reads the rows its destinations hold for it and sums
+// them in float32 in top-k order (a pack of 8 elements a lane where rows are whole packs: every
+// row start is then aligned, the buffers being 256-byte aligned).
+template <class Out, class Wire>
+__device__ void CombineAccum(const EpArgs& a) {
+  constexpr int kAccumUnits = 2;
+  using WS = typename Wire::Storage;
+  using OS = typename Out::Storage;
+  __shared__ const uint8_t* sRows[32][32];
+  __shared__ const float* sWeights[32][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int globalWarp = blockIdx.x * warps + warp, globalWarps = gridDim.x * warps;
+  if (a.numTokens == 0) return;
+  const bool packed = a.hidden % 8 == 0;
+  const int units = packed ? a.hidden / 8 : a.hidden;
+  const RowSplit split(a, units, globalWarps);
+  for (int item = globalWarp; item < a.numTokens * split.parts; item += globalWarps) {
+    const int t = item / split.parts, part = item % split.parts;
+    const int count = ListRows(a, t, lane, sRows[warp], sWeights[warp]);
+    OS* out = reinterpret_cast<OS*>(a.combOut) + (size_t)t * a.hidden;
+    const int begin = part * split.chunk, end = min(begin + split.chunk, units);
+    if (packed) {
+      SumPacks<kAccumUnits>(
+          sRows[warp], count, begin, end, lane,
+          [](const uint8_t* row, int u) { return reinterpret_cast<const Pack8<WS>*>(row)[u]; },
+          [](float(&acc)[8], const Pack8<WS>& in) {
+            float f[8];
+            LoadPack(in, f, Wire());
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] += f[e];
+          },
+          [&](int u, const float(&acc)[8]) { reinterpret_cast<Pack8<OS>*>(out)[u] = StorePack(acc, Out()); });
+    } else {
+      for (int u = begin + lane; u < end; u += 32) {
+        float acc = 0.0f;
+        for (int p = 0; p < count; ++p) acc += Wire::Load(reinterpret_cast<const WS*>(sRows[warp][p])[u]);
+        out[u] = Out::Store(acc);
+      }
+    }
+    if (part == 0) SumWeights(a, t, count, sWeights[warp], lane);
+    __syncwarp();  // the lists are rewritten by the warp's next item
+  }
+}
+
+EP_DATA_KERNEL ep_combine_accum_bf16(EpArgs a) { CombineAccum<Bf16, Bf16>(a); }
+EP_DATA_KERNEL ep_combine_accum_f32(EpArgs a) { CombineAccum<F32, F32>(a); }
+EP_DATA_KERNEL ep_combine_accum_fp8(EpArgs a) { CombineAccum<Fp8, Fp8>(a); }
+EP_DATA_KERNEL ep_combine_accum_bf16_fp8(EpArgs a) { CombineAccum<Bf16, Fp8>(a); }
+EP_DATA_KERNEL ep_combine_accum_fp8fnuz(EpArgs a) { CombineAccum<Fp8Fnuz, Fp8Fnuz>(a); }
+
+// Combine of byte-coded wires, split as CombineAccum: the blockwise wires into bf16 (each code
+// times its block's scale, a multiply and an add each rounded, as the CPU backend), or packed fp4
+// input into packed fp4 (two sums a byte). A lane takes a pack of 8 elements (8 bytes of packed
+// fp4 input) where blocks and rows are whole packs, else an element (a byte).
 template <int Kind>  // 0: fp8 blockwise, 1: fp4 blockwise, 2: fp4 input
 __device__ void CombineAccumCoded(const EpArgs& a) {
   __shared__ const uint8_t* sRows[32][32];
   __shared__ const float* sWeights[32][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int blockElems = a.combScaleDim > 0 ? (a.hidden + a.combScaleDim - 1) / a.combScaleDim : 1;
-  for (int t = blockIdx.x * warps + warp; t < a.numTokens; t += gridDim.x * warps) {
+  const int globalWarp = blockIdx.x * warps + warp, globalWarps = gridDim.x * warps;
+  if (a.numTokens == 0) return;
+  const int blockElems = a.combScaleDim > 0 ? (a.hidden + a.combScaleDim - 1) / a.combScaleDim : 8;
+  const bool packed = a.hidden % 8 == 0 && blockElems % 8 == 0 && a.combRowBytes % (Kind == 1 ? 4 : 8) == 0;
+  const int units = packed ? a.hidden / 8 : a.hidden;
+  const RowSplit split(a, units, globalWarps);
+  for (int item = globalWarp; item < a.numTokens * split.parts; item += globalWarps) {
+    const int t = item / split.parts, part = item % split.parts;
     const int count = ListRows(a, t, lane, sRows[warp], sWeights[warp]);
-    if (Kind == 2) {
+    const int begin = part * split.chunk, end = min(begin + split.chunk, units);
+    if constexpr (Kind == 2) {
       uint8_t* out = reinterpret_cast<uint8_t*>(a.combOut) + (size_t)t * a.hidden;
-      for (int b = lane; b < a.hidden; b += 32) {
-        float lo = 0.0f, hi = 0.0f;
-        for (int p = 0; p < count; ++p) {
-          const uint32_t byte = sRows[warp][p][b];
-          lo += Fp4ToF32(byte & 15);
-          hi += Fp4ToF32(byte >> 4);
+      for (int u = begin + lane; u < end; u += 32) {
+        if (packed) {
+          SumFp4Bytes<8>(sRows[warp], count, u, out);
+        } else {
+          SumFp4Bytes<1>(sRows[warp], count, u, out);
         }
-        out[b] = (uint8_t)(F32ToFp4(lo) | (F32ToFp4(hi) << 4));
       }
     } else {
       uint16_t* out = reinterpret_cast<uint16_t*>(a.combOut) + (size_t)t * a.hidden;
-      for (int i = lane; i < a.hidden; i += 32) {
-        float acc = 0.0f;
-        for (int p = 0; p < count; ++p) {
-          const uint8_t* row = sRows[warp][p];
-          const float scale = reinterpret_cast<const float*>(row + a.combCodeBytes)[i / blockElems];
-          const float v = Kind == 0 ? Fp8ToF32(row[i]) : Fp4ToF32((row[i >> 1] >> (4 * (i & 1))) & 15);
-          acc = __fadd_rn(acc, __fmul_rn(v, scale));
+      if (packed) {
+        SumPacks<2>(
+            sRows[warp], count, begin, end, lane,
+            [&](const uint8_t* row, int u) { return LoadCodedPack<Kind>(a, row, u, blockElems); },
+            [](float(&acc)[8], const CodedPack<Kind>& in) { AddCodedPack<Kind>(acc, in); },
+            [&](int u, const float(&acc)[8]) { reinterpret_cast<Pack8<uint16_t>*>(out)[u] = StorePack(acc, Bf16()); });
+      } else {
+        for (int u = begin + lane; u < end; u += 32) {
+          float acc = 0.0f;
+          for (int p = 0; p < count; ++p) acc = __fadd_rn(acc, CodedTerm<Kind>(a, sRows[warp][p], u, blockElems));
+          out[u] = F32ToBf16(acc);
         }
-        out[i] = F32ToBf16(acc);
       }
     }
-    if (a.hasWeights && lane < a.k) {
-      float acc = 0.0f;
-      for (int p = 0; p < count; ++p) acc += sWeights[warp][p][lane];
-      reinterpret_cast<float*>(a.combOutWeights)[(size_t)t * a.k + lane] = acc;
-    }
-    __syncwarp();  // the lists are rewritten by the warp's next token
+    if (part == 0) SumWeights(a, t, count, sWeights[warp], lane);
+    __syncwarp();  // the lists are rewritten by the warp's next item
   }
 }
 
-extern "C" __global__ void ep_combine_accum_bf16_bw8(EpArgs a) { CombineAccumCoded<0>(a); }
-extern "C" __global__ void ep_combine_accum_bf16_bw4(EpArgs a) { CombineAccumCoded<1>(a); }
-extern "C" __global__ void ep_combine_accum_fp4(EpArgs a) { CombineAccumCoded<2>(a); }
+EP_DATA_KERNEL ep_combine_accum_bf16_bw8(EpArgs a) { CombineAccumCoded<0>(a); }
+EP_DATA_KERNEL ep_combine_accum_bf16_bw4(EpArgs a) { CombineAccumCoded<1>(a); }
+EP_DATA_KERNEL ep_combine_accum_fp4(EpArgs a) { CombineAccumCoded<2>(a); }
