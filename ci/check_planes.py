@@ -2,13 +2,16 @@
 
 ``packages/mori-core/csrc/`` holds a folder per plane, built from one kit:
 
-* ``base/`` is the kit (region table, request entry, op and reason codes, transfer codes,
-  completion records, the registry of bindings): it includes nothing of the planes.
+* ``base/`` is the kit (region table, ticket table, request entry, op and reason codes, transfer
+  codes, completion records, the registry of bindings): it includes nothing of the planes.
 * ``batch/`` (the batch value and its planner) builds on ``base/`` only.
 * every other folder is a plane or a piece of one; another folder may include only the headers it
   names in ``INTERFACES`` below (its interface), everything else of it is private. A folder not in
   the table is an offence until it says what it offers.
 * ``module.cpp`` at the top includes ``base/registry.hpp`` only.
+* tickets are issued and checked in ``base/tickets.hpp`` only: outside ``base/`` no container is
+  named for tickets (``std::unordered_map<...> tickets_;``) and no type is a ticket of its own
+  (``struct Ticket``).
 
 Includes are the quoted ones (``#include "tcp/wire.hpp"``); ``mori/device/...`` (the layouts shared
 with device code) and system headers are anyone's. Prints each offence as ``path:line: what``;
@@ -37,6 +40,12 @@ INTERFACES = {
     "proxy": {"proxy.hpp"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+# A ticket table of a plane's own: a container named for tickets, or a type that is a ticket.
+OWN_TICKETS = re.compile(
+    r"\bstd::(?:unordered_map|map|unordered_set|set|deque|list|vector)<.*>\s+(\w*ticket\w*)\s*[;{=]"
+    r"|\b(?:struct|class)\s+(\w*Ticket\w*)\b",
+    re.IGNORECASE,
+)
 
 
 def offences(path: Path, csrc: Path) -> list[str]:
@@ -49,6 +58,12 @@ def offences(path: Path, csrc: Path) -> list[str]:
             f"{rel}:1: folder {folder}/ is neither the kit nor a plane with an interface in ci/check_planes.py"
         )
     for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        own = OWN_TICKETS.search(line) if folder != "base" else None
+        if own:
+            found.append(
+                f"{rel}:{lineno}: {own.group(1) or own.group(2)}: tickets of the plane's own"
+                " (they are issued and checked in base/tickets.hpp)"
+            )
         m = INCLUDE.match(line)
         if not m or m.group(1).startswith("mori/"):
             continue
@@ -84,7 +99,10 @@ def main(argv: list[str]) -> int:
         print(f"{CSRC}/{line}")
     if found:
         return 1
-    print(f"{len(files)} native files: no plane includes another's private files; the kit includes no plane")
+    print(
+        f"{len(files)} native files: no plane includes another's private files; the kit includes no plane;"
+        " no plane keeps tickets of its own"
+    )
     return 0
 
 

@@ -17,12 +17,14 @@ LAYOUT = {
     "module.cpp": '#include "base/registry.hpp"\n',
     "base/registry.hpp": "#pragma once\n",
     "base/regions.hpp": '#pragma once\n#include "base/registry.hpp"\n#include <memory>\n',
+    "base/tickets.hpp": "#pragma once\ntemplate <class T> class TicketTable {\n  std::list<T> order_;\n"
+    "  std::unordered_map<std::string, T> ticketOf_;\n};\n",
     "batch/plan.hpp": '#pragma once\n#include "base/regions.hpp"\n',
     "gpu/staging.hpp": '#pragma once\n#include "base/regions.hpp"\n',
     "tcp/wire.hpp": '#pragma once\n#include "mori/device/proxy_ring.cuh"\n',
     "tcp/engine.hpp": '#pragma once\n#include "tcp/wire.hpp"\n#include "gpu/staging.hpp"\n#include "batch/plan.hpp"\n',
     "ucx/engine.hpp": '#pragma once\n#include "same_host/ring.hpp"\n',
-    "same_host/ring.hpp": '#pragma once\n#include "base/regions.hpp"\n',
+    "same_host/ring.hpp": '#pragma once\n#include "base/regions.hpp"\nstruct Hello { uint64_t ticket; };\n',
     "same_host/service.cpp": '#include "ucx/engine.hpp"\n#include "ucx/wire.hpp"\n',
 }
 
@@ -57,6 +59,16 @@ def test_the_layout_passes(tmp_path: Path) -> None:
         ("base/ops.hpp", '#include "ucx/engine.hpp"\n', "base/ops.hpp:1: the kit (base/) includes no plane"),
         ("batch/batch.hpp", '#include "gpu/staging.hpp"\n', "batch/batch.hpp:1: the kit (batch/) includes no plane"),
         ("module.cpp", '#include "tcp/engine.hpp"\n', "module.cpp:1: module.cpp includes base/registry.hpp only"),
+        (
+            "ucx/engine.hpp",
+            '#pragma once\n#include "base/tickets.hpp"\n  std::unordered_map<uint64_t, std::string> tickets_;\n',
+            "ucx/engine.hpp:3: tickets_: tickets of the plane's own (they are issued and checked in base/tickets.hpp)",
+        ),
+        (
+            "tcp/target.cpp",
+            "struct Ticket {\n",
+            "tcp/target.cpp:1: Ticket: tickets of the plane's own",
+        ),
         (
             "rdma/post.cpp",
             '#include "base/regions.hpp"\n',

@@ -1,9 +1,11 @@
-// What every native transport of mori-core shares: the outcome codes of a transfer and the clock
-// its deadlines are measured on.
+// What every native transport of mori-core shares: the outcome codes of a transfer, the clock
+// its deadlines are measured on, and how its messages print a timeout.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 namespace mori {
 
@@ -28,6 +30,13 @@ inline bool is_final_code(int64_t c) { return c == kSuccess || (c >= kErrInvalid
 inline int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
+}
+
+// A timeout in seconds as error messages print it ("%g": 5, 0.25).
+inline std::string seconds_text(double s) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", s);
+    return text;
 }
 
 }  // namespace mori

@@ -124,9 +124,7 @@ size_t Stager::thread_lane() {
 }
 
 std::string never_ended(const std::string& what, const StagingConfig& c) {
-    char secs[32];
-    std::snprintf(secs, sizeof(secs), "%g", c.timeout);
-    return what + " did not finish on the GPU within " + secs + " s (" + c.timeoutSetting +
+    return what + " did not finish on the GPU within " + seconds_text(c.timeout) + " s (" + c.timeoutSetting +
            "): GPU work ahead of it never ended";
 }
 

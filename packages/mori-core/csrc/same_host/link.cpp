@@ -253,10 +253,8 @@ void fill_slot(same_host::Slot& s, Op op, const plan::Row* rows, size_t m, uint6
 }  // namespace
 
 std::string SameHostLink::ring_full_why() const {
-    char secs[32];
-    std::snprintf(secs, sizeof(secs), "%g", engine_.options().timeout);
-    return "engine '" + peer_->key + "' left its same-host request ring full for " + secs + " s (" +
-           engine_.options().timeoutSetting + ")";
+    return "engine '" + peer_->key + "' left its same-host request ring full for " +
+           seconds_text(engine_.options().timeout) + " s (" + engine_.options().timeoutSetting + ")";
 }
 
 std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
@@ -497,9 +495,8 @@ void SameHostLink::expire(int64_t now) {
         }
         if (!late) return;
         const auto& o = engine_.options();
-        char secs[32];
-        std::snprintf(secs, sizeof(secs), "%g", o.timeout);
-        why = "no completion from engine '" + peer_->key + "' within " + secs + " s (" + o.timeoutSetting + ")";
+        why = "no completion from engine '" + peer_->key + "' within " + seconds_text(o.timeout) + " s (" +
+              o.timeoutSetting + ")";
     }
     fail(why);  // the peer stopped answering: the owner connects anew
 }

@@ -234,9 +234,8 @@ void SameHostService::reply(Conn& c, const void* msg, size_t len) {
 }
 
 void SameHostService::hello(Conn& c, const same_host::Hello& h, int ringFd) {
-    c.key = engine_.admitted(h.ticket);
-    if (c.key.empty()) {
-        engine_.count(&EngineStats::badTickets);
+    c.key = engine_.tickets().admit(h.ticket);
+    if (c.key.empty()) {  // no valid ticket (counted)
         drop(c.fd);
         return;
     }

@@ -84,9 +84,11 @@ mori::native::Registration reg([](py::module_& root) {
              "their connections; no byte of it is touched once this returns. False when unknown.")
         .def("pop_inbound", &Target::pop_inbound, py::arg("key"), py::arg("uid"),
              "Final TransferCode of transfer uid from engine key, or None (the record is removed).")
-        .def("issue_ticket", &Target::issue_ticket, py::arg("key"), py::arg("ticket"),
+        .def("issue_ticket", &Target::issue_ticket, py::arg("key"), py::arg("ticket") = py::none(),
              py::call_guard<py::gil_scoped_release>(),
-             "Admits data connections from engine key presenting ticket (64 at most, for 60 s).")
+             "Admits data connections from engine key presenting its ticket (64 at most, within 60 s): `ticket` "
+             "when given (a str of 1..256 bytes), else the one key holds, drawn here (128 random bits in hex) "
+             "when it holds none. A key holds one ticket; issuing again renews it. Returns the ticket.")
         .def("connection_count", &Target::connection_count, py::call_guard<py::gil_scoped_release>())
         .def("inbound_count", &Target::inbound_count, "Completion records kept now.")
         .def(

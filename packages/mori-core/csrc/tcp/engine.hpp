@@ -15,13 +15,13 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "base/completion.hpp"
 #include "base/inbound.hpp"
 #include "base/regions.hpp"
+#include "base/tickets.hpp"
 #include "batch/batch.hpp"
 #include "gpu/staging.hpp"
 #include "tcp/staged.hpp"
@@ -169,8 +169,9 @@ struct TargetLimits {
     double helloTimeout = 10.0;    // seconds from accept to a complete hello
     size_t maxInbound = 1 << 20;   // completion records kept for pop_inbound (a table of its own); the
     double inboundTtl = 3600.0;    // oldest is dropped; seconds a completion record is kept
-    size_t maxTickets = 4096;      // data-plane tickets outstanding; the oldest is dropped
-    double ticketTtl = 60.0;       // seconds a ticket admits connections
+    size_t maxTickets = 4096;      // data-plane tickets outstanding (one per key); the oldest is dropped
+    double ticketTtl = 60.0;       // seconds a ticket admits connections (renewed when issued again)
+    uint32_t ticketUses = 64;      // connections a ticket admits (renewed when issued again)
     size_t maxPerKey = 64;         // admitted connections of one engine key; its oldest is dropped
 };
 
@@ -187,8 +188,8 @@ struct TargetStats {
 
 // The serving side: accepts data connections and answers requests against registered regions.
 // A connection is admitted by a hello carrying the auth token and a ticket that the control
-// plane issued to the same engine key (issue_ticket), so a key cannot be claimed on the data
-// plane alone.
+// plane issued to the same engine key (issue_ticket, base/tickets.hpp), so a key cannot be
+// claimed on the data plane alone.
 class Target {
 public:
     // inbound: the completion-record table to write (shared with the caller's other channels);
@@ -205,8 +206,10 @@ public:
     // no byte of the region is read or written. False when no such region was registered; throws
     // std::runtime_error when a cut request still holds it after the grace.
     bool deregister_region(uint64_t id);
-    // Lets key open connections presenting ticket (up to 64, within ticketTtl seconds).
-    void issue_ticket(const std::string& key, const std::string& ticket);
+    // Lets key open connections presenting its ticket (ticketUses of them, within ticketTtl
+    // seconds of the last issue): the one the caller picked (1..kMaxTicketLen bytes), else the
+    // key's own, drawn here when it holds none. Returns the ticket.
+    std::string issue_ticket(const std::string& key, const std::optional<std::string>& ticket = std::nullopt);
     std::optional<int> pop_inbound(const std::string& key, uint64_t uid);
     size_t connection_count();
     size_t inbound_count();
@@ -255,11 +258,6 @@ private:
     // Waits for the copies of every pending write, turns the replies of those that failed into
     // ERR_DEVICE (and outcome, the notifying transfer's), then releases their regions.
     static void settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome);
-    struct Ticket {
-        std::string key;
-        int64_t expiresNs;
-        int usesLeft;
-    };
     void accept_loop();
     // Takes one connection off the listen queue; false when accept failed (fd exhaustion...).
     bool admit();
@@ -275,7 +273,6 @@ private:
     void serve(Conn* conn);
     class Session;
     bool handshake(Conn* conn, Reader& rd, std::string& peerKey);
-    bool take_ticket(const std::string& key, const std::string& ticket);
     // Cuts the connections whose request touches region r; the count of them.
     size_t cut_users(const Region* r);
     void reap(bool all);
@@ -292,9 +289,7 @@ private:
     std::thread acceptThread_;
     RegionTable<Region> regions_;
     std::shared_ptr<InboundRecords> inbound_;
-    std::mutex ticketsMu_;
-    std::unordered_map<std::string, Ticket> tickets_;
-    std::deque<std::string> ticketOrder_;  // issue order, for dropping the oldest
+    TicketTable<std::string> tickets_;
     std::mutex connsMu_;
     std::list<Conn> conns_;
     std::mutex statsMu_;

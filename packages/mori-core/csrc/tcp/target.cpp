@@ -32,13 +32,6 @@ void set_send_timeout(int fd, double sec) {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-bool equal_const_time(const std::string& a, const std::string& b) {
-    if (a.size() != b.size()) return false;
-    unsigned char diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-    return diff == 0;
-}
-
 }  // namespace
 
 Target::Target(const std::string& host, int port, std::string token, double ioTimeout, TargetLimits limits,
@@ -47,9 +40,11 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
       ioTimeout_(ioTimeout),
       limits_(limits),
       timeoutSetting_(std::move(timeoutSetting)),
-      inbound_(inbound_table(std::move(inbound), limits.maxInbound, limits.inboundTtl)) {
+      inbound_(inbound_table(std::move(inbound), limits.maxInbound, limits.inboundTtl)),
+      tickets_(TicketRules{limits.maxTickets, limits.ticketTtl, limits.ticketUses}) {
     if (limits_.maxConnections < 1 || limits_.maxHandshakes < 1 || limits_.maxInbound < 1 || limits_.maxTickets < 1 ||
-        limits_.maxPerKey < 1 || !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) || !(limits_.ticketTtl > 0))
+        limits_.maxPerKey < 1 || limits_.ticketUses < 1 || !(limits_.helloTimeout > 0) || !(limits_.inboundTtl > 0) ||
+        !(limits_.ticketTtl > 0))
         throw std::invalid_argument("TCP data plane: every limit must be positive");
     struct addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -150,30 +145,11 @@ void Target::RegionUse::release() {
     region_.reset();
 }
 
-void Target::issue_ticket(const std::string& key, const std::string& ticket) {
-    if (ticket.empty() || ticket.size() > kMaxTicketLen) throw std::invalid_argument("ticket must be 1..256 bytes");
-    std::lock_guard lk(ticketsMu_);
-    // The oldest go first: when the table is full, and entries whose ticket was used up already.
-    while (!ticketOrder_.empty() &&
-           (tickets_.size() >= limits_.maxTickets || ticketOrder_.size() > 2 * limits_.maxTickets)) {
-        tickets_.erase(ticketOrder_.front());
-        ticketOrder_.pop_front();
-    }
-    auto ttl = static_cast<int64_t>(limits_.ticketTtl * 1e9);
-    if (tickets_.insert_or_assign(ticket, Ticket{key, now_ns() + ttl, 64}).second) ticketOrder_.push_back(ticket);
-}
-
-bool Target::take_ticket(const std::string& key, const std::string& ticket) {
-    std::lock_guard lk(ticketsMu_);
-    auto it = tickets_.find(ticket);
-    if (it == tickets_.end()) return false;
-    if (it->second.expiresNs <= now_ns()) {
-        tickets_.erase(it);  // its ticketOrder_ entry goes when it reaches the front
-        return false;
-    }
-    if (!equal_const_time(it->second.key, key)) return false;  // another key's ticket stays valid for it
-    if (--it->second.usesLeft == 0) tickets_.erase(it);
-    return true;
+std::string Target::issue_ticket(const std::string& key, const std::optional<std::string>& ticket) {
+    if (!ticket) return tickets_.issue(key);
+    if (ticket->empty() || ticket->size() > kMaxTicketLen) throw std::invalid_argument("ticket must be 1..256 bytes");
+    tickets_.grant(key, *ticket);
+    return *ticket;
 }
 
 std::optional<int> Target::pop_inbound(const std::string& key, uint64_t uid) { return inbound_->pop_code(key, uid); }
@@ -191,6 +167,7 @@ TargetStats Target::stats() {
     std::lock_guard lk(statsMu_);
     TargetStats s = stats_;
     s.inboundDropped = dropped;
+    s.badTickets = tickets_.bad();
     return s;
 }
 
@@ -368,11 +345,11 @@ bool Target::handshake(Conn* conn, Reader& rd, std::string& peerKey) {
     std::string ticket(rd.data() + h.keyLen + h.tokenLen, h.ticketLen);
     rd.consume(rest);
     // Requests may follow only after the reply: anything already buffered is a protocol error.
-    bool ok = rd.buffered() == 0 && equal_const_time(token, token_) && take_ticket(peerKey, ticket);
-    if (!ok) {
-        std::lock_guard sk(statsMu_);
-        ++stats_.badTickets;
-    }
+    bool ok = rd.buffered() == 0 && equal_const_time(token, token_);
+    if (!ok)
+        tickets_.count_bad();
+    else
+        ok = tickets_.admit(ticket, peerKey);  // counts a refusal itself
     int expected = kHandshaking;
     if (ok && !conn->state.compare_exchange_strong(expected, kServing)) return false;  // evicted meanwhile
     if (ok) bind_key(conn, peerKey);

@@ -160,11 +160,7 @@ bool admitted(Engine& eng, const AtomicRequest& h, const api::AmRecvParam* param
         eng.count(&EngineStats::malformed);
         return false;
     }
-    if (eng.admitted(h.ticket).empty()) {
-        eng.count(&EngineStats::badTickets);
-        return false;
-    }
-    return true;
+    return !eng.tickets().admit(h.ticket).empty();  // no valid ticket: counted
 }
 
 }  // namespace
@@ -258,7 +254,7 @@ api::Status on_atomic_reply(void* arg, const void* header, size_t headerLength, 
         return api::kOk;
     }
     if (h.ticket != pending->request.signal.ticket) {  // not from the engine we asked
-        eng.count(&EngineStats::badTickets);
+        eng.tickets().count_bad();
         return api::kOk;
     }
     {
@@ -325,7 +321,7 @@ void forget(uint64_t id) {
 }
 
 std::string no_answer(Engine& engine, Peer& peer, const char* what, double timeout) {
-    return "engine '" + peer.key() + "' did not answer " + what + " within " + seconds(timeout) + " s (" +
+    return "engine '" + peer.key() + "' did not answer " + what + " within " + seconds_text(timeout) + " s (" +
            engine.options().timeoutSetting + ")";
 }
 

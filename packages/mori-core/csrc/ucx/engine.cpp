@@ -2,8 +2,6 @@
 // ucx/engine.hpp).
 #include "ucx/engine.hpp"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,24 +21,14 @@ struct DefaultSetting {
     bool wanted;
 };
 
-uint64_t random_ticket() {
-    uint64_t t = 0;
-    while (t == 0) {
-        if (getrandom(&t, sizeof(t), 0) != sizeof(t)) throw std::runtime_error("getrandom failed");
-    }
-    return t;
-}
-
-}  // namespace
-
-namespace {
-
-void check_options(const EngineOptions& o) {
+// The options, once checked (before any member is made from them).
+EngineOptions checked(EngineOptions o) {
     if (o.workers < 1 || o.workers > 64) throw std::invalid_argument("workers must be 1..64");
     if (o.lanes < 1 || o.lanes > 64) throw std::invalid_argument("lanes must be 1..64");
     if (!(o.timeout > 0) || o.timeout > 1e6) throw std::invalid_argument("timeout must be > 0 seconds");
     if (o.maxInbound < 1 || !(o.inboundTtl > 0) || o.maxTickets < 1)
         throw std::invalid_argument("max_inbound, inbound_ttl and max_tickets must be positive");
+    return o;
 }
 
 // Whether the caller's UCX_TLS lets UCX use a shared-memory transport.
@@ -90,10 +78,10 @@ std::string Engine::configure(api::Config* cfg) {
 }
 
 Engine::Engine(EngineOptions opts)
-    : opts_(std::move(opts)),
+    : opts_(checked(std::move(opts))),
       regions_([this](Region& r) { release_region(r); }),
+      tickets_(TicketRules{opts_.maxTickets}),
       inbound_(inbound_table(opts_.inbound, opts_.maxInbound, opts_.inboundTtl)) {
-    check_options(opts_);
     const Library& lib = library();
     const auto& f = fn();
     api::Config* cfg = nullptr;
@@ -221,33 +209,6 @@ bool Engine::deregister_region(uint64_t id) {
                              "); it is no longer served, but stays mapped until they end: do not free it yet");
 }
 
-uint64_t Engine::admit(const std::string& key) {
-    if (key.empty() || key.size() > 4096) throw std::invalid_argument("engine key must be 1..4096 bytes");
-    std::lock_guard lk(ticketsMu_);
-    auto it = ticketOf_.find(key);
-    if (it != ticketOf_.end()) return it->second;
-    while (tickets_.size() >= opts_.maxTickets && !ticketOrder_.empty()) {
-        auto old = tickets_.find(ticketOrder_.front());
-        if (old != tickets_.end()) {
-            ticketOf_.erase(old->second);
-            tickets_.erase(old);
-        }
-        ticketOrder_.pop_front();
-    }
-    uint64_t t = random_ticket();
-    while (tickets_.count(t)) t = random_ticket();
-    tickets_.emplace(t, key);
-    ticketOf_.emplace(key, t);
-    ticketOrder_.push_back(t);
-    return t;
-}
-
-std::string Engine::admitted(uint64_t ticket) const {
-    std::lock_guard lk(ticketsMu_);
-    auto it = tickets_.find(ticket);
-    return it == tickets_.end() ? std::string() : it->second;
-}
-
 std::string Engine::same_host_address() const {
     return sameHost_ ? same_host::contact(opts_.hostKey, sameHost_->socket_name()) : std::string();
 }
@@ -310,7 +271,9 @@ void Engine::fail_peer(const std::string& key, const std::string& why) {
 
 EngineStats Engine::stats() const {
     std::lock_guard lk(statsMu_);
-    return stats_;
+    EngineStats s = stats_;
+    s.badTickets = tickets_.bad();
+    return s;
 }
 
 void Engine::count(uint64_t EngineStats::* field) {

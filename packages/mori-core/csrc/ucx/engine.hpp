@@ -39,6 +39,7 @@
 #include "base/inbound.hpp"
 #include "base/ops.hpp"
 #include "base/regions.hpp"
+#include "base/tickets.hpp"
 #include "base/transfer.hpp"
 #include "batch/batch.hpp"
 #include "same_host/ring.hpp"
@@ -77,7 +78,7 @@ struct EngineOptions {
 
 // Counters of what the engine refused (for logs, tests and benchmarks).
 struct EngineStats {
-    uint64_t badTickets = 0;   // messages carrying no valid ticket: dropped unread
+    uint64_t badTickets = 0;   // messages carrying no valid ticket: dropped unread (the ticket table's count)
     uint64_t refused = 0;      // requests refused by the region checks
     uint64_t malformed = 0;    // messages of the wrong shape: dropped
     uint64_t lateReplies = 0;  // replies for a transfer that had already ended
@@ -360,9 +361,11 @@ public:
     std::shared_ptr<Region> acquire(const RequestEntry& e, uint32_t& reason) const {
         return regions_.acquire(e.memId, e.offset, e.size, reason);
     }
-    // The ticket engine key presents in its requests (issued once per key, kept until dropped).
-    uint64_t admit(const std::string& key);
-    std::string admitted(uint64_t ticket) const;  // the key holding ticket, or ""
+    // The ticket engine key presents in its requests (one per key, kept until dropped).
+    uint64_t admit(const std::string& key) { return tickets_.issue(key); }
+    // Where every message's ticket is checked (base/tickets.hpp): admit(ticket) is the key it
+    // admits, or "" (counted in stats' badTickets).
+    TicketTable<uint64_t>& tickets() { return tickets_; }
     // Endpoints to the engine whose workers have these addresses, presenting its ticket.
     // sameHost: the peer's same_host_address() ("" for none); used when it names this host.
     // stagesGpu: the peer stages its GPU memory (ucx/gpu.hpp), so a write from GPU memory this
@@ -424,10 +427,7 @@ private:
     std::vector<std::shared_ptr<Worker>> workers_;
     std::unique_ptr<SameHostService> sameHost_;
     RegionTable<Region> regions_;
-    mutable std::mutex ticketsMu_;
-    std::unordered_map<uint64_t, std::string> tickets_;  // ticket -> engine key
-    std::unordered_map<std::string, uint64_t> ticketOf_;
-    std::deque<uint64_t> ticketOrder_;
+    TicketTable<uint64_t> tickets_;
     mutable std::mutex peersMu_;
     std::unordered_map<std::string, std::weak_ptr<Peer>> peers_;
     std::shared_ptr<InboundRecords> inbound_;

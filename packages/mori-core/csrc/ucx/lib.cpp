@@ -187,12 +187,6 @@ const Library& library() {
 
 const api::Functions& fn() { return table; }
 
-std::string seconds(double s) {
-    char buf[32];
-    std::snprintf(buf, sizeof(buf), "%g", s);
-    return buf;
-}
-
 std::string status_text(api::Status s) {
     const char* t = table.status_string ? table.status_string(s) : nullptr;
     return t ? t : "status " + std::to_string(s);

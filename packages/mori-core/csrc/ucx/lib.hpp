@@ -48,8 +48,6 @@ const Library& load(const std::vector<Candidate>& candidates);
 const Library& library();
 const api::Functions& fn();
 std::string status_text(api::Status s);
-// A timeout in seconds as error messages print it ("%g": 5, 0.25).
-std::string seconds(double s);
 void check(const std::string& what, api::Status s);
 
 // UCX's components (uct_query_components) with the memory domains (devices) each one found,

@@ -112,7 +112,7 @@ RemoteRegion& Worker::remote_region_locked(Link& link, uint64_t id) {
             retire_part_locked(*still);
         }
         throw std::runtime_error("engine '" + link.peer->key + "' did not describe its memory id " +
-                                 std::to_string(id) + " within " + seconds(engine_.options().timeout) + " s (" +
+                                 std::to_string(id) + " within " + seconds_text(engine_.options().timeout) + " s (" +
                                  engine_.options().timeoutSetting + ")");
     }
     if (answer.code != kSuccess) throw std::invalid_argument(answer.message);

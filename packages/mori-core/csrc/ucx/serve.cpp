@@ -199,9 +199,7 @@ std::string admit_request(Engine& eng, const void* header, size_t headerLength, 
         eng.count(&EngineStats::malformed);
         return "";
     }
-    std::string key = eng.admitted(h.ticket);
-    if (key.empty()) eng.count(&EngineStats::badTickets);
-    return key;
+    return eng.tickets().admit(h.ticket);  // "" (counted) for no valid ticket
 }
 
 // A region request (the RMA path): what the target tells of one of its regions.
@@ -395,7 +393,7 @@ Part* match_reply(Worker& w, const void* header, size_t headerLength, ReplyHeade
         return nullptr;
     }
     if (h.ticket != part->ticket) {  // not from the engine we asked
-        eng.count(&EngineStats::badTickets);
+        eng.tickets().count_bad();
         return nullptr;
     }
     return part;
@@ -547,11 +545,8 @@ void Serve::on_note(Worker& w, const void* header, size_t headerLength) {
         eng.count(&EngineStats::malformed);
         return;
     }
-    std::string key = eng.admitted(h.ticket);
-    if (key.empty()) {
-        eng.count(&EngineStats::badTickets);
-        return;
-    }
+    std::string key = eng.tickets().admit(h.ticket);
+    if (key.empty()) return;  // no valid ticket (counted)
     eng.record_inbound(key, h.uid, h.code);
 }
 

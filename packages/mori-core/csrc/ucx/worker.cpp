@@ -344,10 +344,8 @@ void Worker::expire_locked(int64_t now) {
             continue;
         }
         Link* link = t->link();
-        char secs[32];
-        std::snprintf(secs, sizeof(secs), "%g", o.timeout);
-        std::string why = "no completion from engine '" + link->peer->key + "' within " + secs + " s (" +
-                          o.timeoutSetting + ")" + stall_locked(*t);
+        std::string why = "no completion from engine '" + link->peer->key + "' within " + seconds_text(o.timeout) +
+                          " s (" + o.timeoutSetting + ")" + stall_locked(*t);
         link->peer->fail(why);  // before the transfer: its waiter may ask at once
         t->fail(kErrTransport, why);
         expired.emplace_back(link, why);

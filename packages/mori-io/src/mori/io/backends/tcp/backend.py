@@ -13,7 +13,6 @@ it lives.
 
 from __future__ import annotations
 
-import secrets
 import threading
 from typing import Any
 
@@ -69,10 +68,9 @@ class TcpBackend(Backend):
 
     def _handle_info(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
         # The ticket admits data connections claiming the key this control session authenticated
-        # as: a key cannot be claimed on the data plane alone.
-        ticket = secrets.token_hex(16)
-        self._target.issue_ticket(key, ticket)
-        return {"port": self._target.port, "ticket": ticket}
+        # as: a key cannot be claimed on the data plane alone. The target draws it (one per key,
+        # renewed at every issue).
+        return {"port": self._target.port, "ticket": self._target.issue_ticket(key)}
 
     @property
     def port(self) -> int:
