@@ -16,6 +16,13 @@ namespace {
 
 constexpr size_t kMaxKeyLen = 4096;
 
+// The rules, once checked (before the age is turned into nanoseconds).
+TicketRules checked(TicketRules rules) {
+    if (rules.maxTickets < 1 || !(rules.ttl >= 0 && rules.ttl < 1e9))
+        throw std::invalid_argument("tickets: the number kept must be positive, their age 0..1e9 s");
+    return rules;
+}
+
 void fill_random(void* out, size_t n) {
     if (getrandom(out, n, 0) != static_cast<ssize_t>(n)) throw std::runtime_error("tickets: getrandom failed");
 }
@@ -45,11 +52,8 @@ bool equal_const_time(const std::string& a, const std::string& b) {
 
 template <typename Ticket>
 TicketTable<Ticket>::TicketTable(TicketRules rules)
-    : rules_(rules),
-      ttlNs_(rules.ttl > 0 ? static_cast<int64_t>(rules.ttl * 1e9) : std::numeric_limits<int64_t>::max()) {
-    if (rules.maxTickets < 1 || !(rules.ttl >= 0 && rules.ttl < 1e9))
-        throw std::invalid_argument("tickets: the number kept must be positive, their age 0..1e9 s");
-}
+    : rules_(checked(rules)),
+      ttlNs_(rules_.ttl > 0 ? static_cast<int64_t>(rules_.ttl * 1e9) : std::numeric_limits<int64_t>::max()) {}
 
 template <typename Ticket>
 Ticket TicketTable<Ticket>::issue(const std::string& key) {
@@ -65,8 +69,8 @@ Ticket TicketTable<Ticket>::issue(const std::string& key) {
         }
     }
     Ticket t;
-    do draw_ticket(t);
-    while (entries_.count(t));
+    draw_ticket(t);
+    while (entries_.count(t)) draw_ticket(t);  // a draw that is taken already (2^-64): again
     insert_locked(key, t, now);
     return t;
 }
