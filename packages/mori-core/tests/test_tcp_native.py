@@ -137,6 +137,49 @@ def test_notification_recorded_before_finish(remote, size, batch):
     p.close()
 
 
+def _settled(t, seconds=30.0):
+    """Whether t finished within seconds without anyone waiting on it (code() only looks)."""
+    deadline = time.monotonic() + seconds
+    while t.code() == TransferCode.IN_PROGRESS and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return t.code() != TransferCode.IN_PROGRESS
+
+
+def test_submit_one_and_replies_nobody_waits_for(remote):
+    # One block through submit_one, byte for byte with its record; transfers no one waits for
+    # finish through the receiver thread, before, between and after transfers whose waiter reads
+    # the replies itself (and mutes the receiver thread's watch meanwhile); a closed peer starts
+    # nothing.
+    arr, port, call, _ = remote
+    rng = np.random.default_rng(11)
+    arr[:] = rng.integers(0, 256, SIZE, dtype=np.uint8)
+    src = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    base = int(src.ctypes.data)
+    p = _peer(port, 1)
+    t = p.submit_one(WRITE, base + 100, 4096 * 3, 5000, 1, 40, True, 1 << 20)
+    assert t.wait(30) and t.code() == 0, t.message()
+    assert np.array_equal(arr[4096 * 3 : 4096 * 3 + 5000], src[100:5100])
+    assert call("pop", "init", 40) == 0
+    back = np.zeros(5000, dtype=np.uint8)
+    t = p.submit_one(READ, int(back.ctypes.data), 4096 * 3, 5000, 1, 41, False, 1 << 20)
+    assert t.wait(30) and t.code() == 0, t.message()
+    assert np.array_equal(back, src[100:5100])
+    for round_ in range(20):
+        off = round_ * 8192
+        alone = p.submit_one(WRITE, base + off, off, 4096, 1, 100 + round_, False, 1 << 20)
+        waited = p.submit_one(WRITE, base + off + 4096, off + 4096, 4096, 1, 200 + round_, False, 1 << 20)
+        assert waited.wait(30) and waited.code() == 0, waited.message()
+        later = p.submit_one(WRITE, base + off, (1 << 20) + off, 4096, 1, 300 + round_, False, 1 << 20)
+        for t in (alone, later):
+            assert _settled(t) and t.code() == 0, t.message()
+    assert np.array_equal(arr[: 20 * 8192], src[: 20 * 8192])
+    for round_ in range(20):
+        off = round_ * 8192
+        assert np.array_equal(arr[(1 << 20) + off : (1 << 20) + off + 4096], src[off : off + 4096])
+    p.close()
+    assert p.submit_one(WRITE, base, 0, 4096, 1, 500, False, 1 << 20) is None
+
+
 def test_rejections_write_nothing(remote):
     arr, port, call, _ = remote
     arr[:] = 3

@@ -47,6 +47,20 @@ mori::native::Registration reg([](py::module_& root) {
             "bytes): op 1 = read, 2 = write; rows cut at `stripe` bytes (at least 4096) and dealt over the "
             "connections; the target records uid's outcome when notify is set. With `staging` (a "
             "mori.core.staging Stager) the local addresses are GPU memory, staged through it. Returns its Transfer.")
+        .def(
+            "submit_one",
+            [](Peer& p, int op, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t memId, uint64_t uid, bool notify,
+               uint64_t stripe, std::shared_ptr<mori::gpu::Stager> staging) {
+                py::gil_scoped_release release;
+                if (!p.healthy()) return std::shared_ptr<Transfer>();
+                return p.submit(static_cast<uint8_t>(op), mori::plan::Batch::one(src, dst, bytes), memId, uid, notify,
+                                stripe, std::move(staging));
+            },
+            py::arg("op"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("mem_id"), py::arg("uid"),
+            py::arg("notify"), py::arg("stripe"), py::arg("staging") = nullptr,
+            "submit of Batch.one(src, dst, bytes) with no Batch object made, or None (nothing started) once a "
+            "connection has failed or was closed: for a caller that starts one block at a time (mori-io's read and "
+            "write), where building the Batch and asking healthy() are a large share of the call.")
         .def("healthy", &Peer::healthy, "False once a connection has failed.")
         .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
 

@@ -73,7 +73,9 @@ struct Work {
 // read by whichever thread owns the receive side: a thread waiting in Transfer::wait when it can
 // take it (leader/follower), otherwise the receiver thread, which steps in when data arrives.
 // The reader's buffer is empty whenever the receive side is free, so polling the socket tells
-// whether replies are waiting.
+// whether replies are waiting. The receiver thread sleeps in an epoll set of its own, which a
+// leading waiter mutes while it reads: the replies it reads then wake no one (a wake-up per
+// transfer costs a small one's latency several microseconds on a shared core).
 class InitConn {
 public:
     // Reads replies on the caller's thread until t finishes or deadlineNs passes. False when the
@@ -98,6 +100,11 @@ private:
     std::string read_reply_frame();  // read_reply without settling on errors
     bool claim_recv();
     void release_recv(const std::string& err);
+    // Holding mu_: stops (mute) or resumes the receiver thread's watch on the socket.
+    void mute_locked(bool mute);
+    // The receiver thread's sleep until replies may wait unread (or the socket failed); "" or
+    // an error text.
+    std::string watch_replies(const AbortCheck& check);
     std::string send_work(const Work& w);
     std::string send_staged_work(const Work& w);  // send_work for local GPU memory
     // A read reply's data for row idx of w into local GPU memory: received into staged memory
@@ -126,6 +133,8 @@ private:
     bool sending_ = false;      // one thread owns the socket's send side at a time
     bool receiving_ = false;    // and one its receive side
     bool recvWaiting_ = false;  // the receiver thread waits for the receive side
+    bool muted_ = false;        // a leader reads: the socket is out of watchFd_'s interest
+    int watchFd_ = -1;          // the receiver thread's epoll set: the socket
     Reader rd_;
     // Staged reads received, their blocks answered but not completed until their copies ended
     // (settle_reads): owned by whoever holds the receive side.

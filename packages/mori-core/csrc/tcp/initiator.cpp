@@ -1,9 +1,12 @@
 // Initiator side of the native TCP data plane: transfers, connections and striping.
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 
 #include "tcp/engine.hpp"
@@ -50,6 +53,14 @@ InitConn::InitConn(int fd, std::string peerName, double ioTimeout, std::string t
     tv.tv_sec = static_cast<time_t>(ioTimeout);
     tv.tv_usec = static_cast<suseconds_t>((ioTimeout - static_cast<double>(tv.tv_sec)) * 1e6);
     setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    // Without an epoll set (descriptors ran out) the receiver thread polls the socket itself.
+    watchFd_ = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev{};
+    ev.events = EPOLLIN;
+    if (watchFd_ >= 0 && epoll_ctl(watchFd_, EPOLL_CTL_ADD, fd_, &ev) != 0) {
+        ::close(watchFd_);
+        watchFd_ = -1;
+    }
     sender_ = std::thread([this] { send_loop(); });
     receiver_ = std::thread([this] { recv_loop(); });
 }
@@ -74,6 +85,8 @@ void InitConn::close() {
     }
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+    if (watchFd_ >= 0) ::close(watchFd_);
+    watchFd_ = -1;
 }
 
 bool InitConn::idle() const {
@@ -97,12 +110,14 @@ bool InitConn::claim_locked(const std::shared_ptr<Work>& w) {
 }
 
 void InitConn::release_send(const std::string& err) {
+    bool wake;
     {
         std::lock_guard lk(mu_);
         sending_ = false;
+        wake = !sendq_.empty() || stop_;  // the sender thread has nothing to do otherwise
     }
-    if (!err.empty()) mark_broken(err);
-    cv_.notify_all();
+    if (!err.empty()) mark_broken(err);  // wakes everyone itself
+    if (wake) cv_.notify_all();
 }
 
 void InitConn::enqueue(std::shared_ptr<Work> work) {
@@ -262,6 +277,7 @@ bool InitConn::claim_recv() {
     std::lock_guard lk(mu_);
     if (receiving_ || stop_ || !broken_.empty()) return false;
     receiving_ = true;
+    mute_locked(true);
     return true;
 }
 
@@ -271,9 +287,30 @@ void InitConn::release_recv(const std::string& err) {
     {
         std::lock_guard lk(mu_);
         receiving_ = false;
+        mute_locked(false);  // replies left unread wake the receiver thread now
         wake = recvWaiting_ || stop_;
     }
     if (wake) rxCv_.notify_all();
+}
+
+void InitConn::mute_locked(bool mute) {
+    if (watchFd_ < 0 || muted_ == mute) return;
+    // Interest 0 still reports a hang-up or an error: then the receiver thread waits on rxCv_.
+    struct epoll_event ev{};
+    ev.events = mute ? 0 : EPOLLIN;
+    if (epoll_ctl(watchFd_, EPOLL_CTL_MOD, fd_, &ev) == 0) muted_ = mute;
+}
+
+std::string InitConn::watch_replies(const AbortCheck& check) {
+    if (watchFd_ < 0) return rd_.wait_readable(check);
+    for (;;) {
+        struct epoll_event ev{};
+        int n = epoll_wait(watchFd_, &ev, 1, 100);
+        if (n > 0) return "";
+        if (n < 0 && errno != EINTR) return std::string("epoll_wait: ") + std::strerror(errno);
+        std::string e = check();
+        if (!e.empty()) return e;
+    }
 }
 
 bool InitConn::lead(const Transfer& t, int64_t deadlineNs) {
@@ -304,7 +341,7 @@ void InitConn::recv_loop() {
     for (;;) {
         // Not owning the receive side: its buffer is empty, so the socket tells whether replies
         // wait. A waiter may be reading them; then this thread stands by until it is done.
-        std::string e = rd_.wait_readable(check);
+        std::string e = watch_replies(check);
         if (!e.empty()) {
             mark_broken(e);
             return;

@@ -322,8 +322,11 @@ private:
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
     std::atomic<int> leaders_{0};  // callers progressing this worker now
-    std::mutex leadMu_;
-    std::condition_variable leadCv_;
+    // While callers lead, the worker's event descriptor is out of the progress thread's epoll set
+    // (mute): the events they progress themselves wake no one. Changed under mu_.
+    std::atomic<bool> muted_{false};
+    void mute_locked(bool mute);
+    void hand_back_locked();  // the last leader leaves: the worker armed and unmuted
     std::unordered_map<uint64_t, std::unique_ptr<Part>> parts_;
     uint64_t nextPart_ = 1;
     std::vector<std::unique_ptr<Link>> links_;
@@ -445,6 +448,7 @@ bool Worker::lead(Done&& done, int64_t spinNs) {
     {
         std::unique_lock lk(mu_);
         alive = w_ != nullptr;
+        if (alive) mute_locked(true);
         const int64_t until = now_ns() + spinNs;
         while (alive && !done()) {
             if (progress_locked() != 0) continue;
@@ -454,11 +458,9 @@ bool Worker::lead(Done&& done, int64_t spinNs) {
             // the whole spin).
             sched_yield();
         }
+        if (alive && leaders_.load(std::memory_order_acquire) == 1) hand_back_locked();
     }
-    if (leaders_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard lk(leadMu_);
-        leadCv_.notify_all();
-    }
+    leaders_.fetch_sub(1, std::memory_order_acq_rel);
     return alive;
 }
 

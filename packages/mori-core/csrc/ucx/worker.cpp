@@ -127,9 +127,22 @@ void Worker::run() {
     for (;;) {
         engine_.apply_cuda_context(cudaSeen);
         if (leaders_.load(std::memory_order_acquire) > 0) {
-            std::unique_lock lk(leadMu_);
-            leadCv_.wait_for(lk, std::chrono::milliseconds(kMaxSleepMs),
-                             [this] { return leaders_.load() == 0 || stop_.load(); });
+            if (stop_.load()) return;
+            if (!muted_.load(std::memory_order_acquire)) {
+                sched_yield();  // the leader is about to mute the worker's events, or to leave
+                continue;
+            }
+            // A caller leads with the worker's events muted: this thread sleeps until the last
+            // leader hands back (its events then wake this thread, ucx/engine.hpp) or wake().
+            // Neither the replies the leader reads nor its leaving wake it, where a wake-up a
+            // transfer cost a small one several microseconds on a shared core.
+            sleeping_.store(true, std::memory_order_release);
+            struct epoll_event evs[2];
+            if (leaders_.load(std::memory_order_acquire) > 0) epoll_wait(epollFd_, evs, 2, kMaxSleepMs);
+            sleeping_.store(false, std::memory_order_release);
+            uint64_t drained;
+            while (::read(wakeFd_, &drained, sizeof(drained)) > 0) {
+            }
             // The caller that led polls for its transfers, and will again for its next one:
             // this thread progresses once, then sleeps on the worker's events unless that found
             // work, instead of spinning beside it (a 4 KiB loop between namespaces on the H200
@@ -179,6 +192,28 @@ void Worker::run() {
     }
 }
 
+void Worker::mute_locked(bool mute) {
+    if (muted_.load(std::memory_order_relaxed) == mute) return;
+    struct epoll_event ev{};
+    ev.events = mute ? 0 : EPOLLIN;
+    ev.data.fd = efd_;
+    if (epoll_ctl(epollFd_, EPOLL_CTL_MOD, efd_, &ev) == 0) muted_.store(mute, std::memory_order_release);
+}
+
+void Worker::hand_back_locked() {
+    // Armed, the worker's descriptor signals the next event; unmuted, that event wakes the
+    // progress thread (at once when one came meanwhile: the epoll set is level-triggered).
+    const bool pending = fn().worker_arm(w_) == api::kErrBusy;
+    mute_locked(false);
+    // Events arrived since the leader's last progress: the thread takes them, awake or about to
+    // sleep (wake() skips a thread not yet asleep).
+    if (pending) {
+        uint64_t one = 1;
+        ssize_t n = ::write(wakeFd_, &one, sizeof(one));
+        (void)n;  // a full counter already wakes the thread
+    }
+}
+
 void Worker::after_copy_locked(Staged& staged, std::function<void(const std::string& error)> then) {
     copies_.push_back(CopyWait{&staged, std::move(then)});
     copying_.store(copies_.size(), std::memory_order_release);
@@ -207,10 +242,6 @@ void Worker::stop() {
     if (stop_.exchange(true) || !thread_.joinable()) return;
     sleeping_.store(true);
     wake();
-    {
-        std::lock_guard lk(leadMu_);
-        leadCv_.notify_all();
-    }
     thread_.join();
 }
 

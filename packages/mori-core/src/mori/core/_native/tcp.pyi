@@ -28,6 +28,18 @@ class Peer:
     def submit(
         self, op: _Int, batch: Batch, mem_id: _Int, uid: _Int, notify: bool, stripe: _Int, staging: Stager | None = None
     ) -> Transfer: ...
+    def submit_one(
+        self,
+        op: _Int,
+        src: _Int,
+        dst: _Int,
+        bytes: _Int,
+        mem_id: _Int,
+        uid: _Int,
+        notify: bool,
+        stripe: _Int,
+        staging: Stager | None = None,
+    ) -> Transfer | None: ...
     def healthy(self) -> bool: ...
     def close(self) -> None: ...
 

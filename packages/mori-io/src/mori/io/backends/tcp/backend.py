@@ -27,7 +27,7 @@ from ...types import (
 )
 from .._connect import PeerConnector
 from .._gpu_staging import stager_for
-from ..base import Backend, BackendContext, Completion, TransferRequest
+from ..base import Backend, BackendContext, Completion, Lane, TransferOp, TransferRequest
 
 __all__ = ["TcpBackend"]
 
@@ -172,6 +172,20 @@ class TcpBackend(Backend):
             self.config.stripe_bytes,
             staging,
         )
+
+    def lane(self, local: MemoryDesc, remote: MemoryDesc) -> Lane | None:
+        peer = self._peers.get(remote.engine_key)
+        if peer is None or not peer.healthy():
+            return None
+        submit_one, remote_id = peer.submit_one, remote.id
+        notify, stripe = bool(self.config.enable_notification), self.config.stripe_bytes
+        staging = self._staging.get(local.id) if local.loc == MemoryLocationType.GPU else None
+
+        def start(op: TransferOp, src: int, dst: int, size: int, uid: int) -> Completion | None:
+            # As _start, with no Batch made for the one row; None once a connection has failed.
+            return submit_one(op, src, dst, size, remote_id, uid, notify, stripe, staging)  # type: ignore[no-any-return]
+
+        return Lane(start)
 
     def close(self) -> None:
         self._closed = self._connector.closed = True  # connecting threads fail their transfers from now on
