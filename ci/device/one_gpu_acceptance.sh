@@ -44,7 +44,7 @@ step() {  # step NAME LIMIT COMMAND...: bounded, logged to $OUT/NAME.log, one su
 }
 install_tree() {  # install_tree DIR [pip args]: its mori-core, mori-shmem and mori-io
   local dir=$1; shift
-  python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps "$@" \
+  timeout 90 python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps "$@" \
     "$dir/packages/mori-core" "$dir/packages/mori-shmem" "$dir/packages/mori-io" 2>&1 | tail -3
 }
 python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
@@ -53,11 +53,11 @@ python3 -m pip install -q --no-deps --no-index .devkit/ucx/*.whl .devkit/nixl/*.
 export MORI_SKIP_INSTALL=1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 
-step ops_tests 200 env OUT="$OUT" bash ci/device/ep.sh --pes "2 4 8" --no-bench -k "${MORI_OPS_K:-(surface or internode) and not through_the_proxy}"
+step ops_tests 230 env OUT="$OUT" bash ci/device/ep.sh --pes "2 4 8" --no-bench -k "${MORI_OPS_K:-(surface or internode) and not through_the_proxy}"
 grep -hE "^rc=|passed|failed" "$OUT/ops_tests.log"
-step ops_netns 130 env OUT="$OUT" bash ci/device/netns_gpu.sh --only ops --ops-pes 2
+step ops_netns 110 env OUT="$OUT" bash ci/device/netns_gpu.sh --only ops --ops-pes 2
 grep -hE "^rc=|passed|failed" "$OUT/ops_netns.log"
-step no_cuda_ucx 60 python3 -m pytest -q -m gpu -p no:cacheprovider -s -k ucx_without_cuda \
+step no_cuda_ucx 45 python3 -m pytest -q -m gpu -p no:cacheprovider -s -k ucx_without_cuda \
   "$repo/packages/mori-shmem/tests/test_gpu.py"
 grep -hE "ok  init refused|passed|failed|skipped" "$OUT/no_cuda_ucx.log" | cut -c1-300
 
@@ -67,12 +67,12 @@ if [ -n "${MORI_BASELINE:-}" ]; then
   ln -sfn "$repo/.devkit" "$base/.devkit"
   mkdir -p "$OUT/baseline"
   install_tree "$base" --target /tmp/mori-baseline
-  step proxy_bench_baseline 120 env -C "$base" PYTHONPATH=/tmp/mori-baseline OUT="$OUT/baseline" \
+  step proxy_bench_baseline 75 env -C "$base" PYTHONPATH=/tmp/mori-baseline OUT="$OUT/baseline" \
     bash ci/device/netns_bench.sh "${nb_args[@]}"
   grep -v "^\[" "$OUT/baseline/shmem_remote_device.log" | tail -8
 fi
 mkdir -p "$OUT/now"
-step proxy_bench 120 env OUT="$OUT/now" bash ci/device/netns_bench.sh "${nb_args[@]}"
+step proxy_bench 75 env OUT="$OUT/now" bash ci/device/netns_bench.sh "${nb_args[@]}"
 grep -v "^\[" "$OUT/now/shmem_remote_device.log" | tail -8
 
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
