@@ -57,7 +57,7 @@ step ops_tests 230 env OUT="$OUT" bash ci/device/ep.sh --pes "2 4 8" --no-bench 
 grep -hE "^rc=|passed|failed" "$OUT/ops_tests.log"
 step ops_netns 110 env OUT="$OUT" bash ci/device/netns_gpu.sh --only ops --ops-pes 2
 grep -hE "^rc=|passed|failed" "$OUT/ops_netns.log"
-step no_cuda_ucx 45 python3 -m pytest -q -m gpu -p no:cacheprovider -s -k ucx_without_cuda \
+step no_cuda_ucx 45 env -C /tmp python3 -m pytest -q -m gpu -p no:cacheprovider -s -k ucx_without_cuda \
   "$repo/packages/mori-shmem/tests/test_gpu.py"
 grep -hE "ok  init refused|passed|failed|skipped" "$OUT/no_cuda_ucx.log" | cut -c1-300
 
