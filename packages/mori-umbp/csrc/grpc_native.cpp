@@ -189,6 +189,71 @@ private:
     std::unique_ptr<grpc::GenericStub> stub_;
 };
 
+// The packed key form (each key's UTF-8 followed by a NUL byte) in C loops: split and check on
+// the master, pack on the client, about 0.03 ms less each for 1,024 keys than Python's str
+// methods. Both answer None for anything but plain keys, and the caller's Python then finds
+// the problem and says what it is.
+
+// `packed` → its keys, or None: more than `max_keys` keys, no NUL at the end, an empty key, one
+// over `max_key_bytes` bytes, or one that is not UTF-8.
+py::object split_keys(const py::bytes& packed, size_t max_keys, size_t max_key_bytes) {
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    if (PyBytes_AsStringAndSize(packed.ptr(), &data, &size) != 0) throw py::error_already_set();
+    const char* end = data + size;
+    if (size == 0 || end[-1] != '\0') return py::none();
+    size_t count = 0;
+    for (const char* at = data; at < end; ++count) {
+        const char* nul = static_cast<const char*>(std::memchr(at, '\0', static_cast<size_t>(end - at)));
+        const size_t length = static_cast<size_t>(nul - at);
+        if (length == 0 || length > max_key_bytes || count == max_keys) return py::none();
+        at = nul + 1;
+    }
+    bool ascii = true;  // then each key is made as str.split makes it: one copy, no decoding
+    for (const char* at = data; at < end; ++at) ascii &= static_cast<unsigned char>(*at) < 0x80;
+    PyObject* keys = PyList_New(static_cast<Py_ssize_t>(count));
+    if (keys == nullptr) throw py::error_already_set();
+    py::list out = py::reinterpret_steal<py::list>(keys);
+    size_t i = 0;
+    for (const char* at = data; at < end; ++i) {
+        const size_t length = std::strlen(at);
+        PyObject* key = nullptr;
+        if (ascii) {
+            key = PyUnicode_New(static_cast<Py_ssize_t>(length), 127);
+            if (key != nullptr) std::memcpy(PyUnicode_1BYTE_DATA(key), at, length);
+        } else {
+            key = PyUnicode_DecodeUTF8(at, static_cast<Py_ssize_t>(length), nullptr);
+        }
+        if (key == nullptr) {
+            PyErr_Clear();
+            return py::none();
+        }
+        PyList_SET_ITEM(keys, static_cast<Py_ssize_t>(i), key);
+        at += length + 1;
+    }
+    return std::move(out);
+}
+
+// `keys` (a list) packed, or None: an item that is not a str, is empty, holds NUL or a lone
+// surrogate, or is over `max_key_bytes` bytes.
+py::object pack_keys(const py::list& keys, size_t max_key_bytes) {
+    std::string packed;
+    for (const py::handle& item : keys) {
+        if (!PyUnicode_Check(item.ptr())) return py::none();
+        Py_ssize_t length = 0;
+        const char* utf8 = PyUnicode_AsUTF8AndSize(item.ptr(), &length);
+        if (utf8 == nullptr) {
+            PyErr_Clear();
+            return py::none();
+        }
+        const size_t n = static_cast<size_t>(length);
+        if (n == 0 || n > max_key_bytes || std::memchr(utf8, '\0', n) != nullptr) return py::none();
+        packed.append(utf8, n);
+        packed.push_back('\0');
+    }
+    return py::bytes(packed);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_grpc_native, m) {
@@ -206,4 +271,6 @@ PYBIND11_MODULE(_grpc_native, m) {
     py::class_<Channel>(m, "Channel")
         .def(py::init<const std::string&, int>(), py::arg("address"), py::arg("max_receive_message_bytes"))
         .def("call", &Channel::call, py::arg("method"), py::arg("request"), py::arg("timeout_s"));
+    m.def("split_keys", &split_keys, py::arg("packed"), py::arg("max_keys"), py::arg("max_key_bytes"));
+    m.def("pack_keys", &pack_keys, py::arg("keys"), py::arg("max_key_bytes"));
 }

@@ -8,15 +8,20 @@ import shutil
 import subprocess
 import threading
 from concurrent import futures
+from unittest import mock
 
 import grpc
 import pytest
 from _master_harness import running_master
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from mori.umbp import _grpc
 from mori.umbp._events import KvEvent, KvEventType
 from mori.umbp._master._proto import umbp_pb2 as pb
 from mori.umbp._master._proto import umbp_pb2_grpc as pb_grpc
+from mori.umbp._master.service import MasterService, Rejected
+from mori.umbp._master.settings import MasterSettings
 from mori.umbp._master_client import EventBundle, MasterClient, MasterError, MasterUnavailableError
 
 WAIT_S = 30.0  # every wait below is bounded by this
@@ -284,3 +289,38 @@ def test_master_and_client_on_different_transports(monkeypatch, master_transport
     lost = MasterClient(master.address, "node-a", timeout_s=1.0)
     with pytest.raises(MasterUnavailableError):
         lost.batch_lookup(["page-0"])
+
+
+_KEYS = st.lists(st.text(max_size=8) | st.sampled_from(["", "a\0b", "\ud800", "ключ", "x" * 7]), max_size=8)
+
+
+@needs_native
+@given(_KEYS)
+@example(["a", "\ud800"])
+def test_pack_keys_is_pythons_join_or_none(keys):
+    assert native is not None
+    packed = native.pack_keys(keys, 6)
+    plain = all(k and "\0" not in k and len(k.encode(errors="replace")) <= 6 for k in keys)
+    if plain and not any("\ud800" <= c <= "\udfff" for k in keys for c in k):
+        assert packed == "".join(k + "\0" for k in keys).encode()
+    else:
+        assert packed is None
+
+
+@needs_native
+@given(_KEYS.map(lambda keys: "".join(k + "\0" for k in keys).encode(errors="surrogatepass")) | st.binary(max_size=40))
+@example(b"a\0\0")
+@example(b"\xff\0")
+@example(b"a\0b")
+def test_split_keys_answers_as_the_masters_python_checks(packed):
+    """The master splits in C where it can; the same bytes checked in Python give the same keys,
+    or the refusal that says what is wrong where C answered None."""
+    assert native is not None
+    service = MasterService(MasterSettings(max_batch=5, max_key_bytes=6), mock.Mock(), mock.Mock(), mock.Mock())
+    keys = native.split_keys(packed, 5, 6)
+    with mock.patch.object(_grpc, "split_keys", return_value=None):
+        try:
+            expected = service._packed_keys("keys", packed)
+        except Rejected:
+            expected = None
+    assert keys == (expected if packed else None)

@@ -62,6 +62,26 @@ def transport_name() -> str:
     return "grpc++" if native() is not None else "grpcio"
 
 
+# ---- the packed key form ------------------------------------------------------------------
+#: No bound on a key's length, for :func:`pack_keys` (the master checks lengths).
+_ANY_LENGTH = 1 << 62
+
+
+def split_keys(packed: bytes, max_keys: int, max_key_bytes: int) -> list[str] | None:
+    """Keys packed as UTF-8 each followed by NUL, split in C: at most ``max_keys``, each of 1 to
+    ``max_key_bytes`` bytes. None when they are not all so (the caller then finds what is wrong
+    and says it) or where the C++ transport is not used."""
+    module = native()
+    return None if module is None else module.split_keys(packed, max_keys, max_key_bytes)
+
+
+def pack_keys(keys: list[str]) -> bytes | None:
+    """``keys`` packed (UTF-8, each followed by NUL) in C; None when one is not a str, is empty
+    or holds NUL, or where the C++ transport is not used."""
+    module = native()
+    return None if module is None else module.pack_keys(keys, _ANY_LENGTH)
+
+
 # ---- client -------------------------------------------------------------------------------
 
 

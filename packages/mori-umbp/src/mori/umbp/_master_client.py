@@ -321,9 +321,13 @@ class MasterClient:
             return []
         found: Any = None
         if self._packed_lookup:
-            packed = "\0".join(keys)
-            if packed.count("\0") == len(keys) - 1:  # else a key holds NUL: the packed form cannot carry it
-                request = pb.BatchLookupPackedRequest(node_id=self.node_id, keys=(packed + "\0").encode())
+            packed = _grpc.pack_keys(keys)
+            if packed is None:
+                joined = "\0".join(keys)
+                if joined.count("\0") == len(keys) - 1:  # else a key holds NUL: the packed form cannot carry it
+                    packed = (joined + "\0").encode()
+            if packed is not None:
+                request = pb.BatchLookupPackedRequest(node_id=self.node_id, keys=packed)
                 try:
                     found = self._call("BatchLookupPacked", request).found
                 except MasterError as e:
