@@ -52,6 +52,14 @@ grpc::ByteBuffer to_buffer(const py::bytes& body) {
     return grpc::ByteBuffer(&slice, 1);
 }
 
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing() != 0;
+#else
+    return _Py_IsFinalizing() != 0;
+#endif
+}
+
 // Waits for the one operation outstanding on `cq`; false when it failed or the queue shut down.
 bool await_one(grpc::CompletionQueue* cq) {
     void* tag = nullptr;
@@ -86,7 +94,17 @@ public:
         for (auto& cq : queues_) threads_.emplace_back([this, q = cq.get()] { serve(q); });
     }
 
-    ~Server() { stop(0.0); }
+    ~Server() {
+        if (server_ && python_finalizing()) {
+            // A worker waiting for the GIL now never gets it: joining would hang the exit. Leave the
+            // server, its queues and its threads to the process's end.
+            for (auto& t : threads_) t.detach();
+            (void)server_.release();
+            for (auto& q : queues_) (void)q.release();
+            return;
+        }
+        stop(0.0);
+    }
 
     int port() const { return port_; }
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import textwrap
 import threading
 from concurrent import futures
 from unittest import mock
@@ -265,6 +267,41 @@ def test_many_threads_at_once_each_get_their_own_answer(echo_server):
 
     with futures.ThreadPoolExecutor(max_workers=8) as pool:
         assert all(pool.map(worker, range(8)))
+
+
+@needs_native
+def test_a_process_exits_with_a_server_never_stopped_and_a_call_in_flight():
+    """The server is destroyed while Python finalizes, with a worker in a handler: it leaves its
+    threads (a thread asking for the GIL then hangs on newer Pythons) and the process exits 0."""
+    script = textwrap.dedent(
+        """
+        import threading
+        from mori.umbp import _grpc
+        from mori.umbp._master._proto import umbp_pb2 as pb, umbp_pb2_grpc as pb_grpc
+
+        entered = threading.Event()
+
+        class Slow(pb_grpc.UMBPMasterServicer):
+            def BatchLookupPacked(self, request, context):
+                entered.set()
+                threading.Event().wait(2.0)
+                return pb.BatchLookupPackedResponse(found=b"\\1")
+
+        native = _grpc.native()
+        add = pb_grpc.add_UMBPMasterServicer_to_server
+        server = _grpc.NativeServer(
+            native, "127.0.0.1:0", [(add, Slow())], workers=2, max_message_bytes=1 << 20, max_streams=8
+        )
+        channel = _grpc.NativeChannel(native, f"127.0.0.1:{server.port}", 1 << 20)
+        request = pb.BatchLookupPackedRequest(keys=b"a\\0")
+        call = lambda: channel.unary("/umbp.UMBPMaster/BatchLookupPacked", request, pb.BatchLookupPackedResponse, 30)
+        threading.Thread(target=call, daemon=True).start()
+        assert entered.wait(30)
+        print("leaving", flush=True)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "leaving\n"), proc.stderr
 
 
 @pytest.mark.parametrize(("master_transport", "client_transport"), [("python", "native"), ("native", "python")])
