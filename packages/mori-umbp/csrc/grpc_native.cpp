@@ -96,8 +96,8 @@ public:
 
     ~Server() {
         if (server_ && python_finalizing()) {
-            // A worker waiting for the GIL now never gets it: joining would hang the exit. Leave the
-            // server, its queues and its threads to the process's end.
+            // A worker asking for the GIL now may never get it (Python 3.14 makes it wait forever):
+            // joining could hang the exit. Leave the server, its queues and its threads to the end.
             for (auto& t : threads_) t.detach();
             (void)server_.release();
             for (auto& q : queues_) (void)q.release();
