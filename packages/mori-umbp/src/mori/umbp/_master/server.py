@@ -87,14 +87,17 @@ class MasterServer:
             self.metrics_port = s.metrics_port
         native = _grpc.native()
         if native is not None:
-            self._server = _grpc.NativeServer(
-                native,
-                s.listen_address,
-                [(pb_grpc.add_UMBPMasterServicer_to_server, self.service)],
-                workers=s.max_pollers,
-                max_message_bytes=s.max_message_bytes,
-                max_streams=s.max_pollers * 4,
-            )
+            try:
+                self._server = _grpc.NativeServer(
+                    native,
+                    s.listen_address,
+                    [(pb_grpc.add_UMBPMasterServicer_to_server, self.service)],
+                    workers=s.max_pollers,
+                    max_message_bytes=s.max_message_bytes,
+                    max_streams=s.max_pollers * 4,
+                )
+            except OSError as e:  # "cannot listen on ADDRESS"
+                raise OSError(f"the master {e}") from None
             self.port = self._server.port
         else:
             self._server = self._grpcio_server()
