@@ -361,3 +361,39 @@ def test_split_keys_answers_as_the_masters_python_checks(packed):
         except Rejected:
             expected = None
     assert keys == (expected if packed else None)
+
+
+def test_lookups_see_each_acknowledged_change_while_others_look_up():
+    """No cache anywhere: once the master acknowledges a heartbeat, every lookup sees its ADDs and
+    REMOVEs, while other threads keep looking up the same keys at once."""
+    keys = [f"page-{i}" for i in range(64)]
+    with running_master() as master:
+        node = MasterClient(master.address, "node-a", "a.host:1", peer_address="a.host:2")
+        node.register_client({2: (1 << 30, 1 << 30)})
+        observer = MasterClient(master.address, "observer")
+        stop = threading.Event()
+        answers: list[int] = []
+
+        def look() -> None:
+            while not stop.is_set():
+                answers.append(len(observer.batch_lookup(keys)))
+
+        readers = [threading.Thread(target=look) for _ in range(4)]
+        for t in readers:
+            t.start()
+        try:
+            held: set[str] = set()
+            for seq in range(1, 41):
+                # Each step adds the keys of one residue and removes those of another.
+                adds = [k for i, k in enumerate(keys) if i % 8 == seq % 8]
+                removes = [k for i, k in enumerate(keys) if i % 8 == (seq + 3) % 8]
+                events = [KvEvent(KvEventType.ADD, k, 2, 4096) for k in adds if k not in held]
+                events += [KvEvent(KvEventType.REMOVE, k, 2, 0) for k in removes if k in held]
+                assert node.heartbeat([EventBundle(seq, events)]).acked_seq == seq
+                held = (held | set(adds)) - set(removes)
+                assert observer.batch_lookup(keys) == [k in held for k in keys], seq
+        finally:
+            stop.set()
+            for t in readers:
+                t.join(WAIT_S)
+        assert answers and set(answers) == {len(keys)}  # every concurrent answer had one bool a key
