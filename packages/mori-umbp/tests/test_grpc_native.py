@@ -80,19 +80,20 @@ class Echo(pb_grpc.UMBPMasterServicer):
         return pb.BatchLookupPackedResponse(found=bytes(k[-1] for k in request.keys.split(b"\0")[:-1]))
 
 
-@pytest.fixture
-def echo_server():
-    """An Echo servicer on the C++ transport's server (at most 1 KiB messages, 3 workers)."""
+def _echo_server(workers: int) -> tuple[Echo, _grpc.NativeServer]:
+    """An Echo servicer on the C++ transport's server, on loopback, at most 1 KiB messages."""
     assert native is not None
     servicer = Echo()
+    add = pb_grpc.add_UMBPMasterServicer_to_server
     server = _grpc.NativeServer(
-        native,
-        "127.0.0.1:0",
-        [(pb_grpc.add_UMBPMasterServicer_to_server, servicer)],
-        workers=3,
-        max_message_bytes=1024,
-        max_streams=8,
+        native, "127.0.0.1:0", [(add, servicer)], workers=workers, max_message_bytes=1024, max_streams=8
     )
+    return servicer, server
+
+
+@pytest.fixture
+def echo_server():
+    servicer, server = _echo_server(workers=3)
     yield servicer, f"127.0.0.1:{server.port}", server
     servicer.release.set()
     server.stop(1.0)  # a second stop does nothing
@@ -194,15 +195,7 @@ class _Raw:
 
 @needs_native
 def test_deadlines_and_an_unreachable_server():
-    servicer = Echo()
-    server = _grpc.NativeServer(
-        native,
-        "127.0.0.1:0",
-        [(pb_grpc.add_UMBPMasterServicer_to_server, servicer)],
-        workers=1,
-        max_message_bytes=1024,
-        max_streams=8,
-    )
+    servicer, server = _echo_server(workers=1)
     address = f"127.0.0.1:{server.port}"
     channel = _grpc.NativeChannel(native, address, 1 << 20)
     method, response = "/umbp.UMBPMaster/BatchLookupPacked", RESPONSES["BatchLookupPacked"]
