@@ -10,7 +10,9 @@ cd "$root"
 # g++: the native module; python3-venv: the environment below; Open MPI: the mpirun test of
 # the bootstrap's MPI launcher (mpi4py needs an MPI library); libucx0 + ucx-utils: Debian's UCX,
 # built with verbs, which mori.core.ucx prefers over the libucx wheel (its tests run on both), and
-# ucx_info; redis-server: the UMBP master's Redis store tests.
+# ucx_info; redis-server: the UMBP master's Redis store tests; pkg-config + libgrpc++-dev: gRPC
+# C++, which mori-umbp's optional native gRPC transport (the master's server, its client's channel)
+# is built against.
 pkgs=()
 command -v clang-19 >/dev/null || pkgs+=(clang-19 llvm-19)
 command -v llvm-link-19 >/dev/null || pkgs+=(llvm-19)
@@ -19,6 +21,8 @@ command -v g++ >/dev/null || pkgs+=(g++)
 command -v mpirun >/dev/null || pkgs+=(openmpi-bin libopenmpi-dev)
 command -v ucx_info >/dev/null || pkgs+=(libucx0 ucx-utils)
 command -v redis-server >/dev/null || pkgs+=(redis-server)
+command -v pkg-config >/dev/null || pkgs+=(pkg-config)
+pkg-config --exists grpc++ 2>/dev/null || pkgs+=(libgrpc++-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
 if [ ${#pkgs[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from . import _grpc
 from ._enums import UMBPTierType
 from ._env import runtime_int
 from ._events import KvEvent
@@ -26,6 +27,10 @@ from ._master._proto import umbp_pb2_grpc as pb_grpc
 
 #: Default deadline of each call, in seconds.
 DEFAULT_TIMEOUT_S = 5.0
+#: The largest answer the client takes (a batch's routes for the largest batch the master allows).
+_MAX_ANSWER_BYTES = 64 << 20
+#: Each RPC's answer type, for the C++ transport (grpcio's stub knows them itself).
+_RESPONSES = _grpc.response_types(pb, "UMBPMaster")
 
 
 class MasterError(RuntimeError):
@@ -147,8 +152,13 @@ class MasterClient:
         self.engine_desc = engine_desc
         self.tags = list(tags)
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(master_address, options=[("grpc.max_receive_message_length", 64 << 20)])
-        self._stub = pb_grpc.UMBPMasterStub(self._channel)
+        native = _grpc.native()
+        self._native = None if native is None else _grpc.NativeChannel(native, master_address, _MAX_ANSWER_BYTES)
+        if self._native is None:
+            self._channel = grpc.insecure_channel(
+                master_address, options=[("grpc.max_receive_message_length", _MAX_ANSWER_BYTES)]
+            )
+            self._stub = pb_grpc.UMBPMasterStub(self._channel)
         self._registered = False
         self._lock = threading.Lock()
         #: Whether the master answers BatchLookupPacked (until it says UNIMPLEMENTED).
@@ -158,19 +168,20 @@ class MasterClient:
     def _call(self, rpc: str, request: Any, timeout_s: float | None = None) -> Any:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
+            if self._native is not None:
+                return self._native.unary(f"/umbp.UMBPMaster/{rpc}", request, _RESPONSES[rpc], timeout)
             return getattr(self._stub, rpc)(request, timeout=timeout)
+        except _grpc.RpcFailure as e:
+            code, details = e.code, e.details
         except grpc.RpcError as e:
-            code = e.code()
-            details = e.details() or ""
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise MasterUnavailableError(
-                    f"UMBP master at {self.master_address} is unreachable: {rpc} got {code.name} "
-                    f"within its {timeout:g} s deadline ({details})",
-                    code,
-                ) from None
-            raise MasterError(
-                f"UMBP master at {self.master_address}: {rpc} failed: {code.name}: {details}", code
+            code, details = e.code(), e.details() or ""
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise MasterUnavailableError(
+                f"UMBP master at {self.master_address} is unreachable: {rpc} got {code.name} "
+                f"within its {timeout:g} s deadline ({details})",
+                code,
             ) from None
+        raise MasterError(f"UMBP master at {self.master_address}: {rpc} failed: {code.name}: {details}", code) from None
 
     def _need_node(self) -> str:
         if not self.node_id:
@@ -179,7 +190,10 @@ class MasterClient:
 
     def close(self) -> None:
         """Closes the channel; later calls fail."""
-        self._channel.close()
+        if self._native is not None:
+            self._native.close()
+        else:
+            self._channel.close()
 
     def __enter__(self) -> MasterClient:
         return self
@@ -307,9 +321,13 @@ class MasterClient:
             return []
         found: Any = None
         if self._packed_lookup:
-            packed = "\0".join(keys)
-            if packed.count("\0") == len(keys) - 1:  # else a key holds NUL: the packed form cannot carry it
-                request = pb.BatchLookupPackedRequest(node_id=self.node_id, keys=(packed + "\0").encode())
+            packed = _grpc.pack_keys(keys)
+            if packed is None:
+                joined = "\0".join(keys)
+                if joined.count("\0") == len(keys) - 1:  # else a key holds NUL: the packed form cannot carry it
+                    packed = (joined + "\0").encode()
+            if packed is not None:
+                request = pb.BatchLookupPackedRequest(node_id=self.node_id, keys=packed)
                 try:
                     found = self._call("BatchLookupPacked", request).found
                 except MasterError as e:

@@ -24,6 +24,7 @@ except ImportError as e:
 
 from mori.core.log import get_logger, set_log_level
 
+from .. import _grpc
 from ._proto import umbp_pb2_grpc as pb_grpc
 from .eviction import EvictionAdvisor
 from .memory_store import InMemoryStore
@@ -72,7 +73,7 @@ class MasterServer:
         self.advisor = EvictionAdvisor(settings, self.store, self.router, self.metrics)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._server: grpc.Server | None = None
+        self._server: grpc.Server | _grpc.NativeServer | None = None
         self.port = 0
         self.metrics_port = 0
         self._started_ms = 0
@@ -84,6 +85,34 @@ class MasterServer:
         if s.metrics_port > 0:
             self.metrics.serve(s.metrics_port)
             self.metrics_port = s.metrics_port
+        native = _grpc.native()
+        if native is not None:
+            try:
+                self._server = _grpc.NativeServer(
+                    native,
+                    s.listen_address,
+                    [(pb_grpc.add_UMBPMasterServicer_to_server, self.service)],
+                    workers=s.max_pollers,
+                    max_message_bytes=s.max_message_bytes,
+                    max_streams=s.max_pollers * 4,
+                )
+            except OSError as e:  # "cannot listen on ADDRESS"
+                raise OSError(f"the master {e}") from None
+            self.port = self._server.port
+        else:
+            self._server = self._grpcio_server()
+        log.info("[Master] gRPC through %s", _grpc.transport_name())
+        for name, period, tick in (
+            ("reaper", s.reaper_interval_s, self._reap),
+            ("eviction", s.eviction_check_interval_s, self._advise_eviction),
+            ("hit-gc", s.hit_index_gc_interval_s, self._gc_hits),
+        ):
+            t = threading.Thread(target=self._loop, args=(name, period, tick), name=f"umbp-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _grpcio_server(self) -> grpc.Server:
+        s = self.settings
         options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
@@ -102,15 +131,7 @@ class MasterServer:
         if self.port == 0:
             raise OSError(f"the master cannot listen on {s.listen_address}")
         server.start()
-        self._server = server
-        for name, period, tick in (
-            ("reaper", s.reaper_interval_s, self._reap),
-            ("eviction", s.eviction_check_interval_s, self._advise_eviction),
-            ("hit-gc", s.hit_index_gc_interval_s, self._gc_hits),
-        ):
-            t = threading.Thread(target=self._loop, args=(name, period, tick), name=f"umbp-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        return server
 
     def _index_size(self) -> float:
         try:
@@ -156,9 +177,12 @@ class MasterServer:
 
     def stop(self) -> None:
         self._stop.set()
-        if self._server is not None:
-            self._server.stop(self.settings.grpc_shutdown_deadline_s).wait(self.settings.grpc_shutdown_deadline_s + 1)
-            self._server = None
+        grace = self.settings.grpc_shutdown_deadline_s
+        if isinstance(self._server, _grpc.NativeServer):
+            self._server.stop(grace)
+        elif self._server is not None:
+            self._server.stop(grace).wait(grace + 1)
+        self._server = None
         self.advisor.close()  # first: it cancels advice in flight, which the eviction loop may wait on
         for t in self._threads:
             t.join(timeout=self.settings.grpc_shutdown_deadline_s)

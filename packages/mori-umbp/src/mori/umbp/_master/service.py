@@ -16,6 +16,7 @@ import grpc
 
 from mori.core.log import get_logger
 
+from .. import _grpc
 from ._proto import umbp_pb2 as pb
 from ._proto import umbp_pb2_grpc as pb_grpc
 from .metrics import MasterMetrics
@@ -140,6 +141,9 @@ class MasterService(pb_grpc.UMBPMasterServicer):
         """Keys sent as UTF-8, each followed by a NUL byte, checked as :meth:`_keys` checks them."""
         if not packed:
             return []
+        keys = _grpc.split_keys(packed, self.settings.max_batch, self.settings.max_key_bytes)
+        if keys is not None:  # split and checked in C; else the checks below say what is wrong
+            return keys
         count = packed.count(0)
         if count > self.settings.max_batch:  # before splitting: the bound holds for the work too
             raise Rejected(

@@ -37,13 +37,17 @@ from ._measure import MARK, capacity_needed
 HERE = Path(__file__).resolve().parent
 MORI_MASTER_PORT, MC_RPC_PORT, MC_HTTP_PORT, MC_METRICS_PORT = 15558, 50051, 8080, 9003
 START_TIMEOUT_S = 120.0
+#: mori's systems by ``--mori-grpc`` transport: the default one, and grpcio's for comparison.
+_MORI_SYSTEMS = {"auto": "mori", "native": "mori", "python": "mori-grpcio"}
 
 
 class _Proc:
     """A process of the run, its marked stdout lines read on a thread (other lines kept for
     errors), its stderr in ``log``."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, stdin: bool = False) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, stdin: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         self.name, self.log = name, log
         self._log_file = open(log, "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
@@ -52,7 +56,7 @@ class _Proc:
             stdout=subprocess.PIPE,
             stderr=self._log_file,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.lines: list[str] = []
@@ -135,8 +139,13 @@ def _processes() -> Iterator[list[_Proc]]:
             p.stop()
 
 
-def _mori(net: list[Host], plan: dict[str, Any], out: Path, ssd_root: str, timeout: float) -> list[dict[str, Any]]:
+def _mori(
+    net: list[Host], plan: dict[str, Any], out: Path, ssd_root: str, timeout: float, grpc: str
+) -> list[dict[str, Any]]:
+    """mori's points, its processes' gRPC through ``grpc`` (``MORI_UMBP_GRPC``: auto, python, native)."""
     master_host, client_host, store_host = net
+    label = _MORI_SYSTEMS[grpc]
+    env = {"MORI_UMBP_GRPC": grpc}
     script = Path(sys.executable).with_name("mori-umbp-master")
     ssd_dir = tempfile.mkdtemp(prefix="umbp-bench-ssd-", dir=ssd_root)
     try:
@@ -144,7 +153,8 @@ def _mori(net: list[Host], plan: dict[str, Any], out: Path, ssd_root: str, timeo
             master = _Proc(
                 "mori master",
                 master_host.command([str(script), f"{master_host.address}:{MORI_MASTER_PORT}", "0"]),
-                out / "mori-master.log",
+                out / f"{label}-master.log",
+                env=env,
             )
             procs.append(master)
             line = master.next(START_TIMEOUT_S, want="line")
@@ -157,8 +167,9 @@ def _mori(net: list[Host], plan: dict[str, Any], out: Path, ssd_root: str, timeo
                 store_host.command(
                     [*node, "store", json.dumps({**common, "address": store_host.address, "ssd_dir": ssd_dir})]
                 ),
-                out / "mori-store.log",
+                out / f"{label}-store.log",
                 stdin=True,
+                env=env,
             )
             procs.append(store)
             store.next(START_TIMEOUT_S)
@@ -167,11 +178,12 @@ def _mori(net: list[Host], plan: dict[str, Any], out: Path, ssd_root: str, timeo
                 client_host.command(
                     [*node, "client", json.dumps({**common, "address": client_host.address, "ssd": True})]
                 ),
-                out / "mori-client.log",
+                out / f"{label}-client.log",
                 stdin=True,
+                env=env,
             )
             procs.append(client)
-            return _relay(client, store, timeout, "mori")
+            return _relay(client, store, timeout, label)
     finally:
         shutil.rmtree(ssd_dir, ignore_errors=True)
 
@@ -300,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds of every system in turn; each point's figure is the median of its rounds' (default 1)",
     )
     parser.add_argument("--peers", default="mooncake", help="peer systems: 'mooncake' or '' (mori alone)")
+    parser.add_argument(
+        "--mori-grpc",
+        default="auto",
+        help="mori's gRPC transports, comma-separated, each a system of the run: auto (the C++ one where "
+        "built, else grpcio), native, python (grpcio: 'mori-grpcio') (default auto)",
+    )
     parser.add_argument("--peer-python", default="python3", help="an interpreter with Mooncake installed")
     parser.add_argument("--ssd-dir", default=None, help="where the storage node's SSD tier goes (default: $TMPDIR)")
     parser.add_argument("--timeout", type=float, default=300.0, help="longest wait for one point, seconds")
@@ -310,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if unknown := [p for p in peers if p != "mooncake"]:
         parser.error(f"--peers: unknown {unknown}; the one peer is mooncake")
+    transports = [t.strip() for t in args.mori_grpc.split(",") if t.strip()]
+    labels = [_MORI_SYSTEMS.get(t) for t in transports]
+    if not transports or None in labels or len(set(labels)) != len(labels):
+        parser.error(f"--mori-grpc {args.mori_grpc!r}: one to two of auto or native, and python")
     if min(args.pages, args.iters, args.exists_keys, args.rounds) < 1 or args.warmup < 0:
         parser.error("--pages, --iters, --exists-keys and --rounds must be positive, --warmup not negative")
     need = capacity_needed(sizes, args.pages, args.iters, args.warmup, args.exists_keys)
@@ -334,7 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         for r in range(args.rounds):  # the systems take turns, so a change of load falls on both
             print(f"round {r + 1} of {args.rounds}", flush=True)
-            results = {"mori": _mori(net, plan, out, args.ssd_dir or tempfile.gettempdir(), args.timeout)}
+            results = {
+                _MORI_SYSTEMS[t]: _mori(net, plan, out, args.ssd_dir or tempfile.gettempdir(), args.timeout, t)
+                for t in transports
+            }
             if "mooncake" in peers:
                 results["Mooncake"] = _mooncake(net, plan, out, args.peer_python, args.timeout)
             rounds.append(results)
