@@ -1,5 +1,6 @@
 """``mori-umbp-bench`` at tiny sizes, mori alone (CI has no Mooncake): three network namespaces,
-every point run (two rounds) and its bytes checked by the benchmark itself, so it does not rot.
+every point run (two rounds), or the SSD gets alone, and its bytes checked by the benchmark
+itself, so it does not rot.
 Needs root and iproute2, as CI has."""
 
 from __future__ import annotations
@@ -12,15 +13,13 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.slow
-def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
+def _bench(tmp_path: Path, *extra: str) -> tuple[dict, str]:
+    """Runs mori-umbp-bench on mori alone at tiny sizes; its JSON and its stdout."""
     script = Path(sys.executable).with_name("mori-umbp-bench")
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [
             str(script),
-            "--sizes",
-            "4K,16K",
             "--pages",
             "4",
             "--exists-keys",
@@ -29,8 +28,6 @@ def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
             "2",
             "--warmup",
             "1",
-            "--rounds",
-            "2",
             "--peers",
             "",
             "--ssd-dir",
@@ -41,13 +38,19 @@ def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
             str(tmp_path / "logs"),
             "--timeout",
             "120",
+            *extra,
         ],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "--sizes", "4K,16K", "--rounds", "2")
     rows = {row["point"]: row for row in result["results"]["mori"]}
     expected = [f"{op} 4 × {size}" for size in ("4 KiB", "16 KiB") for op in ("put", "get")]
     expected += [f"SSD get {n} × {size}" for size in ("4 KiB", "16 KiB") for n in (1, 4)]
@@ -56,4 +59,12 @@ def test_bench_runs_every_point_for_mori(tmp_path: Path) -> None:
     for row in rows.values():
         assert row["iters"] == 2 and row["median_us"] > 0 and len(row["round_medians_us"]) == 2
     assert rows["get 4 × 16 KiB"]["gbps"] > 0 and rows["batch_exists 10 keys"]["gbps"] is None
-    assert "| get 4 × 16 KiB |" in proc.stdout and "Mooncake" not in proc.stdout
+    assert "| get 4 × 16 KiB |" in stdout and "Mooncake" not in stdout
+
+
+@pytest.mark.slow
+def test_bench_runs_the_ssd_points_alone(tmp_path: Path) -> None:
+    result, stdout = _bench(tmp_path, "--sizes", "16K", "--points", "ssd")
+    points = [row["point"] for row in result["results"]["mori"]]
+    assert points == ["SSD get 1 × 16 KiB", "SSD get 4 × 16 KiB"] and result["plan"]["groups"] == ["ssd"]
+    assert "| SSD get 4 × 16 KiB |" in stdout and "| get 4 × 16 KiB |" not in stdout

@@ -5,8 +5,9 @@ first, the node that puts and gets in the second, the storage node in the third.
 node contributes no room, so every page crosses the network: puts into the storage node, gets
 from it. The same points run on each system in the same run (:mod:`._measure`): batch put and
 get of ``--pages`` pages of each ``--sizes`` size, ``batch_exists`` of ``--exists-keys`` stored
-keys, and, where a system has an SSD tier here, gets of pages the storage node holds on SSD
-only. Medians over ``--iters`` iterations after ``--warmup`` (with ``--rounds``, the systems take turns and
+keys, and gets of pages the storage node holds on SSD only (``--points ssd``: those alone).
+Mooncake's SSD gets run on a second set of its processes, with its offload on (it writes every
+object put to disk, so its other points run without). Medians over ``--iters`` iterations after ``--warmup`` (with ``--rounds``, the systems take turns and
 each figure is the median of the rounds' medians); every byte checked once per point,
 outside the timed calls. Prints a table and writes ``--json``.
 """
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ._hosts import Host, hosts
-from ._measure import MARK, capacity_needed
+from ._measure import GROUPS, MARK, capacity_needed
 
 HERE = Path(__file__).resolve().parent
 MORI_MASTER_PORT, MC_RPC_PORT, MC_HTTP_PORT, MC_METRICS_PORT = 15558, 50051, 8080, 9003
@@ -189,12 +190,35 @@ def _mori(
 
 
 def _mooncake(
-    net: list[Host], plan: dict[str, Any], out: Path, peer_python: str, timeout: float
+    net: list[Host], plan: dict[str, Any], out: Path, peer_python: str, ssd_root: str, timeout: float
 ) -> list[dict[str, Any]]:
+    """Mooncake's points: the memory group on processes without offload, the SSD group on
+    processes with it (its eager offload writes each object put to disk in the background)."""
+    rows = []
+    for group in plan["groups"]:
+        if group == "memory":
+            rows += _mooncake_group(net, {**plan, "groups": ["memory"]}, out, peer_python, "", timeout)
+        else:
+            ssd_dir = tempfile.mkdtemp(prefix="mooncake-bench-ssd-", dir=ssd_root)
+            try:
+                rows += _mooncake_group(net, {**plan, "groups": ["ssd"]}, out, peer_python, ssd_dir, timeout)
+            finally:
+                shutil.rmtree(ssd_dir, ignore_errors=True)
+    return rows
+
+
+def _mooncake_group(
+    net: list[Host], plan: dict[str, Any], out: Path, peer_python: str, ssd_dir: str, timeout: float
+) -> list[dict[str, Any]]:
+    """One set of Mooncake's processes running ``plan``'s points; with ``ssd_dir``, the master's
+    offload on (objects are queued for disk at each put's end, not at eviction), leases of 1 ms
+    (so the client may clear a memory replica at once), and the storage node's disk tier there."""
     master_host, client_host, store_host = net
     binary = Path(peer_python).with_name("mooncake_master")
     if not binary.exists():
         raise RuntimeError(f"{binary} is missing: install mooncake-transfer-engine-non-cuda beside {peer_python}")
+    offload = ["--enable_offload=true", "--default_kv_lease_ttl=1"] if ssd_dir else []
+    suffix = "-ssd" if ssd_dir else ""
     with _processes() as procs:
         a = master_host.address
         procs.append(
@@ -209,17 +233,20 @@ def _mooncake(
                         f"--http_metadata_server_host={a}",
                         f"--http_metadata_server_port={MC_HTTP_PORT}",
                         f"--metrics_port={MC_METRICS_PORT}",
+                        *offload,
                     ]
                 ),
-                out / "mooncake-master.log",
+                out / f"mooncake{suffix}-master.log",
             )
         )
         common = {**plan, "master_host": a, "rpc_port": MC_RPC_PORT, "http_port": MC_HTTP_PORT}
         node = [peer_python, str(HERE / "_mooncake_node.py")]
         store = _Proc(
             "mooncake storage node",
-            store_host.command([*node, "store", json.dumps({**common, "address": store_host.address})]),
-            out / "mooncake-store.log",
+            store_host.command(
+                [*node, "store", json.dumps({**common, "address": store_host.address, "ssd_dir": ssd_dir})]
+            ),
+            out / f"mooncake{suffix}-store.log",
             stdin=True,
         )
         procs.append(store)
@@ -227,7 +254,7 @@ def _mooncake(
         client = _Proc(
             "mooncake client node",
             client_host.command([*node, "client", json.dumps({**common, "address": client_host.address})]),
-            out / "mooncake-client.log",
+            out / f"mooncake{suffix}-client.log",
             stdin=True,
         )
         procs.append(client)
@@ -318,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
         help="mori's gRPC transports, comma-separated, each a system of the run: auto (the C++ one where "
         "built, else grpcio), native, python (grpcio: 'mori-grpcio') (default auto)",
     )
+    parser.add_argument(
+        "--points",
+        default="all",
+        choices=["all", "ssd"],
+        help="all the points, or the SSD gets alone (default all)",
+    )
     parser.add_argument("--peer-python", default="python3", help="an interpreter with Mooncake installed")
     parser.add_argument("--ssd-dir", default=None, help="where the storage node's SSD tier goes (default: $TMPDIR)")
     parser.add_argument("--timeout", type=float, default=300.0, help="longest wait for one point, seconds")
@@ -345,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         "exists_keys": args.exists_keys,
         "capacity": capacity,
         "ssd_capacity": ssd_capacity,
+        "groups": list(GROUPS) if args.points == "all" else ["ssd"],
     }
     out = Path(args.logs or tempfile.mkdtemp(prefix="umbp-bench-logs-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -361,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
                 for t in transports
             }
             if "mooncake" in peers:
-                results["Mooncake"] = _mooncake(net, plan, out, args.peer_python, args.timeout)
+                ssd_root = args.ssd_dir or tempfile.gettempdir()
+                results["Mooncake"] = _mooncake(net, plan, out, args.peer_python, ssd_root, args.timeout)
             rounds.append(results)
     results = _over_rounds(rounds)
     table = _table(results)

@@ -4,9 +4,13 @@ and the wire between a node process and the driver.
 Imports nothing from mori: the peer's node process (``_mooncake_node.py``) runs it under another
 interpreter (``--peer-python``), where mori is not installed. A system is an adapter with
 ``register(ptr, size)``, ``put(keys, ptrs, sizes)``, ``get(keys, ptrs, sizes)`` (each a list
-of per-key successes), ``exists(keys)`` (a list of bools) and ``ssd`` (whether it has an SSD
-tier the benchmark can put pages on); ``to_ssd(keys)`` asks the storage node, through the
-driver, to leave ``keys`` on its SSD only.
+of per-key successes), ``exists(keys)`` (a list of bools), ``ssd`` (whether it has an SSD
+tier the benchmark can put pages on) and ``to_ssd(keys)`` (leaves ``keys`` on that tier only,
+untimed; answers how many are there and nowhere else). :func:`ask_storage_node_to_ssd` is mori's
+way: the storage node moves them, asked through the driver.
+
+The points come in two groups, :data:`GROUPS`: ``memory`` (puts, gets and batch_exists, which
+the storage node serves from its memory) and ``ssd`` (gets of pages on its SSD tier only).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 MARK = "@@umbp-bench "  # the systems' libraries log to stdout too: the wire's lines carry this mark
 EXISTS_PAGE = 4096
 VISIBLE_TIMEOUT_S = 30.0  # the pages batch_exists asks about (their size does not matter to it)
+GROUPS = ("memory", "ssd")
 
 
 class System(Protocol):
@@ -33,6 +38,7 @@ class System(Protocol):
     def put(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]: ...
     def get(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]: ...
     def exists(self, keys: list[str]) -> list[bool]: ...
+    def to_ssd(self, keys: list[str]) -> int: ...
 
 
 def send(obj: Any) -> None:
@@ -46,12 +52,14 @@ def receive() -> Any:
     return json.loads(line) if line else None
 
 
-def to_ssd(keys: list[str]) -> None:
-    """Asks the storage node (through the driver) to leave ``keys`` on its SSD tier only."""
+def ask_storage_node_to_ssd(keys: list[str]) -> int:
+    """Asks the storage node (through the driver) to leave ``keys`` on its SSD tier only; how
+    many it did."""
     send({"ask": "to_ssd", "keys": keys})
     reply = receive()
-    if not reply or reply.get("moved") != len(keys):
-        raise RuntimeError(f"the storage node moved {reply} of {len(keys)} pages to SSD")
+    if not reply or not isinstance(reply.get("moved"), int):
+        raise RuntimeError(f"the storage node's answer to a move to SSD: {reply}")
+    return int(reply["moved"])
 
 
 def capacity_needed(sizes: list[int], pages: int, iters: int, warmup: int, exists_keys: int) -> int:
@@ -139,17 +147,22 @@ def _samples(
     return samples
 
 
-def _batch_points(system: System, name: str, size: int, pages: int, iters: int, warmup: int) -> list[dict[str, Any]]:
-    """Put, get and (where the system has an SSD tier) SSD gets of ``pages`` pages of ``size``."""
+def _pages(system: System, size: int, pages: int) -> tuple[Pages, Pages, list[int]]:
+    """A source and a destination of ``pages`` pages of ``size``, registered, and their lengths."""
     src, dst = Pages(pages, size, seed=size), Pages(pages, size, seed=size + 1)
     system.register(src.addr, src.data.nbytes)
     system.register(dst.addr, dst.data.nbytes)
-    lengths = [size] * pages
+    return src, dst, [size] * pages
+
+
+def _keys(name: str, size: int, tag: str, pages: int) -> list[str]:
+    return [f"{name}-{size}-{tag}-{j}" for j in range(pages)]
+
+
+def _memory_points(system: System, name: str, size: int, pages: int, iters: int, warmup: int) -> list[dict[str, Any]]:
+    """Put and get of ``pages`` pages of ``size``."""
+    src, dst, lengths = _pages(system, size, pages)
     label = f"{pages} × {_human(size)}"
-
-    def keys(tag: str) -> list[str]:
-        return [f"{name}-{size}-{tag}-{j}" for j in range(pages)]
-
     rows = []
     # batch put: new keys each iteration (a stored key is a no-op in both systems)
     iteration = [0]
@@ -159,39 +172,46 @@ def _batch_points(system: System, name: str, size: int, pages: int, iters: int, 
         src.stamp(it)
 
     def put() -> list[bool]:
-        return system.put(keys(f"put{iteration[0]}"), src.ptrs(), lengths)
+        return system.put(_keys(name, size, f"put{iteration[0]}", pages), src.ptrs(), lengths)
 
     rows.append(_row(f"put {label}", pages, size, _samples(put, f"put {label}", iters, warmup, next_put)))
     last = warmup + iters - 1
-    _wait_visible(system, keys(f"put{last}"))
+    last_keys = _keys(name, size, f"put{last}", pages)
+    _wait_visible(system, last_keys)
     dst.data[:] = 0
-    _timed(functools.partial(system.get, keys(f"put{last}"), dst.ptrs(), lengths), f"get {label} (check)")
+    _timed(functools.partial(system.get, last_keys, dst.ptrs(), lengths), f"get {label} (check)")
     _check(dst.data, src.expected(last), f"put {label}")
 
     # batch get: the first put iteration's pages, again and again
     dst.data[:] = 0
-    get = functools.partial(system.get, keys("put0"), dst.ptrs(), lengths)
+    get = functools.partial(system.get, _keys(name, size, "put0", pages), dst.ptrs(), lengths)
     rows.append(_row(f"get {label}", pages, size, _samples(get, f"get {label}", iters, warmup)))
     _check(dst.data, src.expected(0), f"get {label}")
-
-    # a get that hits SSD: one page and a batch, each put back on SSD only before each get
-    if system.ssd:
-        src.stamp(-1)
-        ssd_keys = keys("ssd")
-        _timed(functools.partial(system.put, ssd_keys, src.ptrs(), lengths), "put (SSD pages)")
-        _wait_visible(system, ssd_keys)
-        for count in (1, pages):
-            point = f"SSD get {count} × {_human(size)}"
-            dst.data[:] = 0
-            get = functools.partial(system.get, ssd_keys[:count], dst.ptrs(count), lengths[:count])
-            samples = _samples(get, point, iters, warmup, functools.partial(_to_ssd_each, ssd_keys[:count]))
-            _check(dst.data[:count], src.expected(-1)[:count], point)
-            rows.append(_row(point, count, size, samples))
     return rows
 
 
-def _to_ssd_each(keys: list[str], _iteration: int) -> None:
-    to_ssd(keys)
+def _ssd_points(system: System, name: str, size: int, pages: int, iters: int, warmup: int) -> list[dict[str, Any]]:
+    """Gets that hit SSD: one page and a batch of ``pages``, each left on SSD only before each get."""
+    src, dst, lengths = _pages(system, size, pages)
+    src.stamp(-1)
+    ssd_keys = _keys(name, size, "ssd", pages)
+    _timed(functools.partial(system.put, ssd_keys, src.ptrs(), lengths), "put (SSD pages)")
+    _wait_visible(system, ssd_keys)
+    rows = []
+    for count in (1, pages):
+        point = f"SSD get {count} × {_human(size)}"
+        dst.data[:] = 0
+        get = functools.partial(system.get, ssd_keys[:count], dst.ptrs(count), lengths[:count])
+        samples = _samples(get, point, iters, warmup, functools.partial(_to_ssd_each, system, ssd_keys[:count]))
+        _check(dst.data[:count], src.expected(-1)[:count], point)
+        rows.append(_row(point, count, size, samples))
+    return rows
+
+
+def _to_ssd_each(system: System, keys: list[str], _iteration: int) -> None:
+    moved = system.to_ssd(keys)
+    if moved != len(keys):
+        raise RuntimeError(f"{moved} of {len(keys)} pages are on the storage node's SSD only")
 
 
 def _exists_point(system: System, name: str, pages: int, iters: int, warmup: int, count: int) -> dict[str, Any]:
@@ -213,16 +233,31 @@ def _exists_point(system: System, name: str, pages: int, iters: int, warmup: int
 
 
 def run(
-    system: System, name: str, sizes: list[int], pages: int, iters: int, warmup: int, exists_keys: int
+    system: System,
+    name: str,
+    sizes: list[int],
+    pages: int,
+    iters: int,
+    warmup: int,
+    exists_keys: int,
+    groups: list[str],
 ) -> list[dict[str, Any]]:
-    """Every point on ``system``, in order; each row is also sent to the driver as it is done."""
+    """The points of ``groups`` (of :data:`GROUPS`; ``ssd`` only where ``system.ssd``) on
+    ``system``, in order; each row is also sent to the driver as it is done."""
+    if unknown := set(groups) - set(GROUPS):
+        raise ValueError(f"point groups {sorted(unknown)}: not among {GROUPS}")
     rows: list[dict[str, Any]] = []
     for size in sizes:
-        rows += _batch_points(system, name, size, pages, iters, warmup)
-        for row in rows[-(4 if system.ssd else 2) :]:
+        done = len(rows)
+        if "memory" in groups:
+            rows += _memory_points(system, name, size, pages, iters, warmup)
+        if "ssd" in groups and system.ssd:
+            rows += _ssd_points(system, name, size, pages, iters, warmup)
+        for row in rows[done:]:
             send({"row": row})
-    rows.append(_exists_point(system, name, pages, iters, warmup, exists_keys))
-    send({"row": rows[-1]})
+    if "memory" in groups:
+        rows.append(_exists_point(system, name, pages, iters, warmup, exists_keys))
+        send({"row": rows[-1]})
     return rows
 
 

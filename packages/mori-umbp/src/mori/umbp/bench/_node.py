@@ -62,6 +62,9 @@ class _Client:
     def exists(self, keys: list[str]) -> list[bool]:
         return self.client.batch_exists(keys)
 
+    def to_ssd(self, keys: list[str]) -> int:
+        return _measure.ask_storage_node_to_ssd(keys)
+
 
 def _serve(client: UMBPClient) -> None:
     store = client._store  # the storage node's own tiers: the benchmark puts pages back on SSD
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
             args["iters"],
             args["warmup"],
             args["exists_keys"],
+            args["groups"],
         )
         _measure.send({"done": True})
 
