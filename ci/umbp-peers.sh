@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # mori.umbp beside Mooncake Store in the same run, between network namespaces over TCP (master in
 # one, the node that puts and gets in another, the storage node in a third): batch put and get,
-# batch_exists, and gets that hit the storage node's SSD. Mooncake goes into its own environment
-# at bench-out/peers-venv (as in ci/io-peers.sh). Needs root and iproute2.
+# batch_exists, and gets that hit the storage node's SSD (`--points ssd`: those alone). Mooncake
+# goes into its own environment at bench-out/peers-venv (as in ci/io-peers.sh). Needs root and
+# iproute2.
 # Output: the table on stdout, bench-out/umbp-peers.json, the processes' logs in bench-out/umbp-logs.
 #   bash ci/umbp-peers.sh [extra mori-umbp-bench arguments]
 set -euo pipefail
