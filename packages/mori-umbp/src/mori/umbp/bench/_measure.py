@@ -232,18 +232,12 @@ def _exists_point(system: System, name: str, pages: int, iters: int, warmup: int
     )
 
 
-def run(
-    system: System,
-    name: str,
-    sizes: list[int],
-    pages: int,
-    iters: int,
-    warmup: int,
-    exists_keys: int,
-    groups: list[str],
-) -> list[dict[str, Any]]:
-    """The points of ``groups`` (of :data:`GROUPS`; ``ssd`` only where ``system.ssd``) on
-    ``system``, in order; each row is also sent to the driver as it is done."""
+def run(system: System, name: str, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """The points of ``plan["groups"]`` (of :data:`GROUPS`; ``ssd`` only where ``system.ssd``)
+    on ``system``, in order, at the plan's ``sizes``, ``pages``, ``iters``, ``warmup`` and
+    ``exists_keys``; each row is also sent to the driver as it is done."""
+    sizes, pages, iters, warmup = plan["sizes"], plan["pages"], plan["iters"], plan["warmup"]
+    groups = plan["groups"]
     if unknown := set(groups) - set(GROUPS):
         raise ValueError(f"point groups {sorted(unknown)}: not among {GROUPS}")
     rows: list[dict[str, Any]] = []
@@ -256,7 +250,7 @@ def run(
         for row in rows[done:]:
             send({"row": row})
     if "memory" in groups:
-        rows.append(_exists_point(system, name, pages, iters, warmup, exists_keys))
+        rows.append(_exists_point(system, name, pages, iters, warmup, plan["exists_keys"]))
         send({"row": rows[-1]})
     return rows
 

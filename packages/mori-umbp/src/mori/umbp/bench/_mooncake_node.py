@@ -162,16 +162,7 @@ def main() -> None:
             while _measure.receive() is not None:  # no requests: it serves its segment until told to stop
                 _measure.send({"moved": 0})
             return
-        _measure.run(
-            _Client(store, "ssd" in args["groups"]),
-            "mooncake",
-            args["sizes"],
-            args["pages"],
-            args["iters"],
-            args["warmup"],
-            args["exists_keys"],
-            args["groups"],
-        )
+        _measure.run(_Client(store, "ssd" in args["groups"]), "mooncake", args)
         _measure.send({"done": True})
     finally:
         store.close()

@@ -86,16 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         if role == "store":
             _serve(client)
             return
-        _measure.run(
-            _Client(client, args["ssd"]),
-            "mori",
-            args["sizes"],
-            args["pages"],
-            args["iters"],
-            args["warmup"],
-            args["exists_keys"],
-            args["groups"],
-        )
+        _measure.run(_Client(client, args["ssd"]), "mori", args)
         _measure.send({"done": True})
 
 
