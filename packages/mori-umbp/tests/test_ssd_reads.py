@@ -112,3 +112,40 @@ def test_a_failed_run_fails_only_its_pages(on_ssd) -> None:
             assert ctypes.string_at(slot.address, PAGE) == src[int(key[1:])].tobytes()
     stats = store.stats()
     assert stats["dram_used"] == (COUNT - len(failed)) * PAGE  # the failed pages' DRAM slots were freed
+
+
+def test_pages_without_room_in_dram_are_not_read_and_come_next_round(tmp_path, monkeypatch) -> None:
+    store = LocalStore(small_config(tmp_path, dram=64 * KiB, segment=SEGMENT))
+    try:
+        src = pages(8, PAGE, seed=3)
+        keys = [f"k{i}" for i in range(8)]
+        for i, key in enumerate(keys):
+            assert store.write(key, addr(src, i), PAGE)
+            store.demote(key)
+        assert store.flush()
+        assert all(store.lookup(key) == (UMBPTierType.SSD, PAGE) for key in keys)
+        read: list[str] = []
+        read_run = store._ssd.read_run
+
+        def counted(records, views):  # type: ignore[no-untyped-def]
+            read.extend(f"{r.segment}:{r.offset}" for r in records)
+            return read_run(records, views)
+
+        monkeypatch.setattr(store._ssd, "read_run", counted)
+        served: set[str] = set()
+        for _ in range(8):  # rounds, as a remote reader does them: the leases end between them
+            todo = [key for key in keys if key not in served]
+            if not todo:
+                break
+            slots = store.resolve_many(todo, lease_s=5.0)
+            got = [(key, slot) for key, slot in zip(todo, slots) if slot is not None]
+            assert got and len(got) < 8  # some, never all: 64 KiB of DRAM takes at most four
+            for key, slot in got:
+                assert ctypes.string_at(slot.address, PAGE) == src[int(key[1:])].tobytes()
+                assert store.release(key, slot.serial)
+                served.add(key)
+                store.demote(key)  # back to SSD only, so the next round has the room
+        assert served == set(keys)
+        assert len(read) == len(keys)  # each page read once: none read only to be dropped
+    finally:
+        store.close()

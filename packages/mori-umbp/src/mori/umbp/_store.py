@@ -205,9 +205,8 @@ class LocalStore(Tiers):
                     found[key] = entry
             staging = [e for e in found.values() if e.dram is None]
         try:
-            if staging:
-                for handle in self._stage(staging, promote=True).values():
-                    free_host_buffer(handle)
+            if staging:  # a page with no room in DRAM now is not read: the reader asks again
+                self._stage(staging, promote=True, scratch=False)
         finally:
             with self._lock:
                 for entry in found.values():

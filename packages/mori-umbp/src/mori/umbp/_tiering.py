@@ -235,10 +235,11 @@ class Tiers:
             else:
                 self._forget(entry)
 
-    def _stage(self, entries: list[_Entry], promote: bool) -> dict[int, UMBPHostBufferHandle]:
+    def _stage(self, entries: list[_Entry], promote: bool, scratch: bool = True) -> dict[int, UMBPHostBufferHandle]:
         """Reads pinned SSD-only entries on the SSD workers, all at once. With ``promote``, each
-        into a new DRAM slot where one is free now (an ADD on DRAM when read); the others into
-        scratch buffers, returned as ``{id(entry): buffer}`` for the caller to free."""
+        into a new DRAM slot where one is free now (an ADD on DRAM when read); the others, with
+        ``scratch``, into scratch buffers, returned as ``{id(entry): buffer}`` for the caller to
+        free (without, they are not read)."""
         assert self._ssd is not None
         jobs: list[tuple[_Entry, SsdRecord, int | None, UMBPHostBufferHandle | None]] = []
         with self._lock:
@@ -251,7 +252,8 @@ class Tiers:
                     if offset is None and self._make_room(aligned(entry.size)):
                         offset = self._dram.allocate(entry.size)
                     entry.staging = offset is not None
-                jobs.append((entry, entry.ssd, offset, None))
+                if offset is not None or scratch:
+                    jobs.append((entry, entry.ssd, offset, None))
         views: list[memoryview] = []
         for i, (entry, record, offset, _) in enumerate(jobs):
             if offset is not None:
@@ -283,7 +285,7 @@ class Tiers:
                 if error is not None:
                     _log.error("reading %r from SSD failed: %s", jobs[i][0].key, error)
                 outcome[i] = error is None
-        scratch: dict[int, UMBPHostBufferHandle] = {}
+        buffers: dict[int, UMBPHostBufferHandle] = {}
         with self._lock:
             for (entry, record, offset, buffer), view, ok in zip(jobs, views, outcome):
                 if ok is None:
@@ -292,7 +294,7 @@ class Tiers:
                 view.release()
                 if buffer is not None:
                     if ok:
-                        scratch[id(entry)] = buffer
+                        buffers[id(entry)] = buffer
                     else:
                         free_host_buffer(buffer)
                     continue
@@ -303,7 +305,7 @@ class Tiers:
                     self._emit(KvEventType.ADD, entry, UMBPTierType.DRAM)
                 else:
                     self._dram.free(offset, record.size)  # type: ignore[arg-type]
-        return scratch
+        return buffers
 
     def _wait_moves(self, deadline: float) -> bool:
         while self._moves:
