@@ -36,7 +36,7 @@ _LOCK_NAME = "umbp.lock"
 _IOV_MAX = 1024
 #: The most bytes one ``preadv`` of neighbouring records reads: longer runs are split, so that
 #: a large batch is read by several workers at once.
-READ_RUN_BYTES = 4 << 20
+READ_RUN_BYTES = 1 << 20
 
 
 def read_runs(records: list[SsdRecord]) -> list[list[int]]:
