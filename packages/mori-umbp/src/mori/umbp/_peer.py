@@ -202,8 +202,7 @@ class PeerService(pb_grpc.UMBPPeerServicer):
     def _resolve(self, request: Any) -> Any:
         keys = _keys(request.keys)
         response = pb.BatchResolveKeysResponse(page_size=ALIGN, lease_ms=self.lease_ms)
-        for key in keys:
-            slot = self._store.resolve(key, self.lease_ms / 1000)
+        for slot in self._store.resolve_many(keys, self.lease_ms / 1000):
             response.found.append(slot is not None)
             response.tier.append(int(UMBPTierType.DRAM) if slot else int(UMBPTierType.Unknown))  # type: ignore[arg-type]
             response.size.append(slot.size if slot else 0)

@@ -34,6 +34,36 @@ _SEGMENT_PREFIX = "umbp-seg-"
 _LOCK_NAME = "umbp.lock"
 #: Buffers per ``pwritev``/``preadv`` call (Linux's IOV_MAX).
 _IOV_MAX = 1024
+#: The most bytes one ``preadv`` of neighbouring records reads: longer runs are split, so that
+#: a large batch is read by several workers at once.
+READ_RUN_BYTES = 1 << 20
+
+
+def read_runs(records: list[SsdRecord]) -> list[list[int]]:
+    """Groups records to read into runs of one ``preadv`` each: indices into ``records``, each
+    run of one segment with each record starting where the one before it ends (aligned), at most
+    :data:`READ_RUN_BYTES` (or one record) and ``IOV_MAX`` records long."""
+    order = sorted(range(len(records)), key=lambda i: (records[i].segment, records[i].offset))
+    runs: list[list[int]] = []
+    end = length = -1
+    segment = -1
+    for i in order:
+        record = records[i]
+        size = aligned(record.size)
+        if (
+            runs
+            and record.segment == segment
+            and record.offset == end
+            and length + size <= READ_RUN_BYTES
+            and len(runs[-1]) < _IOV_MAX
+        ):
+            runs[-1].append(i)
+            length += size
+        else:
+            runs.append([i])
+            length = size
+        segment, end = record.segment, record.offset + size
+    return runs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -210,12 +240,32 @@ class SsdTier:
     def read(self, record: SsdRecord, view: memoryview) -> None:
         """Reads a record into ``view`` (aligned memory of ``aligned(record.size)`` bytes) and
         checks its checksum. Raises OSError on a short read or a checksum that does not match."""
-        length = aligned(record.size)
-        got = os.preadv(self._fds[record.segment], [view[:length]], record.offset)
+        error = self.read_run([record], [view])[0]
+        if error is not None:
+            raise error
+
+    def read_run(self, records: list[SsdRecord], views: list[memoryview]) -> list[OSError | None]:
+        """Reads a run from :func:`read_runs` (neighbouring records of one segment) into
+        ``views`` (aligned memory of ``aligned(size)`` bytes each) by one ``preadv``, and checks
+        each record's checksum. Per record, None or the OSError that failed it: a failed or short
+        call fails the whole run, a checksum that does not match only its record."""
+        segment, start = records[0].segment, records[0].offset
+        length = sum(aligned(r.size) for r in records)
+        try:
+            got = os.preadv(self._fds[segment], [v[: aligned(r.size)] for r, v in zip(records, views)], start)
+        except OSError as exc:
+            return [exc] * len(records)
         if got != length:
-            raise OSError(errno.EIO, f"short read from SSD segment {record.segment}: {got} of {length} bytes")
-        if self.verify_crc and zlib.crc32(view[: record.size]) != record.crc:
-            raise OSError(errno.EIO, f"checksum mismatch in SSD segment {record.segment} at {record.offset}")
+            short = OSError(errno.EIO, f"short read from SSD segment {segment}: {got} of {length} bytes")
+            return [short] * len(records)
+        errors: list[OSError | None] = [None] * len(records)
+        if self.verify_crc:
+            for i, (record, view) in enumerate(zip(records, views)):
+                if zlib.crc32(view[: record.size]) != record.crc:
+                    errors[i] = OSError(
+                        errno.EIO, f"checksum mismatch in SSD segment {record.segment} at {record.offset}"
+                    )
+        return errors
 
     def sync(self) -> None:
         """Puts every written record on the device (``fdatasync`` each segment)."""

@@ -190,26 +190,39 @@ class LocalStore(Tiers):
         """``key``'s DRAM slot, kept from eviction for ``lease_s`` seconds (a peer reads it in
         that time); an SSD-only key is staged back into DRAM first. None when absent or when
         it cannot be staged."""
+        return self.resolve_many([key], lease_s)[0]
+
+    def resolve_many(self, keys: list[str], lease_s: float) -> list[Slot | None]:
+        """:meth:`resolve` of each key, with the SSD-only ones staged back into DRAM together
+        (their reads at once on the SSD workers); a key that cannot be staged is None alone."""
+        found: dict[str, _Entry] = {}
         with self._lock:
             self._check_open()
-            entry = self._index.get(key)
-            if entry is None or not entry.committed or entry.gone:
-                return None
-            staging = entry.dram is None
-            self._pin(entry)
+            for key in keys:
+                entry = self._index.get(key)
+                if key not in found and entry is not None and entry.committed and not entry.gone:
+                    self._pin(entry)
+                    found[key] = entry
+            staging = [e for e in found.values() if e.dram is None]
         try:
-            if staging:
-                for handle in self._stage([entry], promote=True).values():
-                    free_host_buffer(handle)
+            if staging:  # a page with no room in DRAM now is not read: the reader asks again
+                self._stage(staging, promote=True, scratch=False)
         finally:
             with self._lock:
-                self._unpin(entry)
+                for entry in found.values():
+                    self._unpin(entry)
+        slots: list[Slot | None] = []
         with self._lock:
-            if entry.dram is None or entry.gone or entry.drop_dram:
-                return None
-            entry.lease_until = max(entry.lease_until, time.monotonic() + lease_s)
-            self._touch(entry)
-            return Slot(key, entry.dram, entry.size, self.buffer_address + entry.dram, entry.serial, entry)
+            until = time.monotonic() + lease_s
+            for key in keys:
+                entry = found.get(key)
+                if entry is None or entry.dram is None or entry.gone or entry.drop_dram:
+                    slots.append(None)
+                    continue
+                entry.lease_until = max(entry.lease_until, until)
+                self._touch(entry)
+                slots.append(Slot(key, entry.dram, entry.size, self.buffer_address + entry.dram, entry.serial, entry))
+        return slots
 
     def release(self, key: str, serial: int) -> bool:
         """Ends the read lease of ``key``'s value ``serial``; whether the lease held to now: the

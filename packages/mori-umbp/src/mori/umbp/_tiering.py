@@ -17,7 +17,7 @@ from ._enums import UMBPTierType
 from ._events import KvEvent, KvEventType
 from ._extents import ExtentAllocator, aligned
 from ._hostmem import UMBPHostBufferHandle, allocate_host_buffer, free_host_buffer
-from ._ssd import SsdRecord, SsdTier
+from ._ssd import SsdRecord, SsdTier, read_runs
 
 _log = get_logger("umbp")
 #: The longest a call waits for room in DRAM or for SSD I/O.
@@ -235,10 +235,11 @@ class Tiers:
             else:
                 self._forget(entry)
 
-    def _stage(self, entries: list[_Entry], promote: bool) -> dict[int, UMBPHostBufferHandle]:
+    def _stage(self, entries: list[_Entry], promote: bool, scratch: bool = True) -> dict[int, UMBPHostBufferHandle]:
         """Reads pinned SSD-only entries on the SSD workers, all at once. With ``promote``, each
-        into a new DRAM slot where one is free now (an ADD on DRAM when read); the others into
-        scratch buffers, returned as ``{id(entry): buffer}`` for the caller to free."""
+        into a new DRAM slot where one is free now (an ADD on DRAM when read); the others, with
+        ``scratch``, into scratch buffers, returned as ``{id(entry): buffer}`` for the caller to
+        free (without, they are not read)."""
         assert self._ssd is not None
         jobs: list[tuple[_Entry, SsdRecord, int | None, UMBPHostBufferHandle | None]] = []
         with self._lock:
@@ -251,38 +252,52 @@ class Tiers:
                     if offset is None and self._make_room(aligned(entry.size)):
                         offset = self._dram.allocate(entry.size)
                     entry.staging = offset is not None
-                jobs.append((entry, entry.ssd, offset, None))
-        futures: list[tuple[concurrent.futures.Future, memoryview]] = []
+                if offset is not None or scratch:
+                    jobs.append((entry, entry.ssd, offset, None))
+        views: list[memoryview] = []
         for i, (entry, record, offset, _) in enumerate(jobs):
             if offset is not None:
-                view = self._view[offset : offset + aligned(record.size)]
+                views.append(self._view[offset : offset + aligned(record.size)])
             else:
                 scratch_buffer = allocate_host_buffer(aligned(record.size), prefault=False)
                 jobs[i] = (entry, record, offset, scratch_buffer)
-                view = scratch_buffer.view()
-            futures.append((self._ssd.submit(self._ssd.read, record, view), view))
-        scratch: dict[int, UMBPHostBufferHandle] = {}
-        for (entry, record, offset, buffer), (future, view) in zip(jobs, futures):
+                views.append(scratch_buffer.view())
+        # Neighbouring records are read by one call, and the runs by the workers at once.
+        records = [job[1] for job in jobs]
+        runs = read_runs(records)
+        futures = [
+            self._ssd.submit(self._ssd.read_run, [records[i] for i in run], [views[i] for i in run]) for run in runs
+        ]
+        outcome: list[bool | None] = [False] * len(jobs)  # None: timed out, the buffer abandoned
+        deadline = time.monotonic() + IO_TIMEOUT_S
+        for run, future in zip(runs, futures):
             try:
-                future.result(IO_TIMEOUT_S)
-                ok = True
+                errors = future.result(max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                # The read may still land in its buffer: leave that memory taken for good.
-                _log.error("reading %r from SSD took over %s s; its buffer is abandoned", entry.key, IO_TIMEOUT_S)
-                with self._lock:
+                # The read may still land in its buffers: leave that memory taken for good.
+                for i in run:
+                    _log.error(
+                        "reading %r from SSD took over %s s; its buffer is abandoned", jobs[i][0].key, IO_TIMEOUT_S
+                    )
+                    outcome[i] = None
+                continue
+            for i, error in zip(run, errors):
+                if error is not None:
+                    _log.error("reading %r from SSD failed: %s", jobs[i][0].key, error)
+                outcome[i] = error is None
+        buffers: dict[int, UMBPHostBufferHandle] = {}
+        with self._lock:
+            for (entry, record, offset, buffer), view, ok in zip(jobs, views, outcome):
+                if ok is None:
                     entry.staging = False
-                continue
-            except Exception as exc:
-                _log.error("reading %r from SSD failed: %s", entry.key, exc)
-                ok = False
-            view.release()
-            if buffer is not None:
-                if ok:
-                    scratch[id(entry)] = buffer
-                else:
-                    free_host_buffer(buffer)
-                continue
-            with self._lock:
+                    continue
+                view.release()
+                if buffer is not None:
+                    if ok:
+                        buffers[id(entry)] = buffer
+                    else:
+                        free_host_buffer(buffer)
+                    continue
                 entry.staging = False
                 if ok and not entry.gone:
                     entry.dram = offset
@@ -290,7 +305,7 @@ class Tiers:
                     self._emit(KvEventType.ADD, entry, UMBPTierType.DRAM)
                 else:
                     self._dram.free(offset, record.size)  # type: ignore[arg-type]
-        return scratch
+        return buffers
 
     def _wait_moves(self, deadline: float) -> bool:
         while self._moves:
