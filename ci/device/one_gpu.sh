@@ -26,18 +26,7 @@ repo=$PWD
 trap pes_stop_mps EXIT
 pes_share_gpus 2
 cd /tmp  # import mori from site-packages, not the source tree
-step() {  # step NAME LIMIT COMMAND...: runs it with a time limit, log in $OUT/NAME.log, summary here
-  local name=$1 limit=$2; shift 2
-  if [ -n "${MORI_STEPS:-}" ] && [[ " $MORI_STEPS " != *" $name "* ]]; then
-    : > "$OUT/$name.log"; echo "== $name: not in MORI_STEPS"; return 0
-  fi
-  local s=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - s ))s"
-  [ $rc = 0 ] || status=1
-  return $rc
-}
+. "$repo/ci/device/steps.sh"
 step core_vmm_tests 60 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not second_gpu" \
   "$repo/packages/mori-core/tests/test_memory_vmm.py"  # the second-GPU test needs 2 GPUs
 grep -E "passed|failed|Error" "$OUT/core_vmm_tests.log" | tail -5

@@ -30,18 +30,9 @@ mkdir -p "$OUT" "$OUT_FINAL"
 repo=$PWD
 t0=$(date +%s)
 status=0
-pack() { tar czf "$OUT_FINAL/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; }
-step() {  # step NAME LIMIT COMMAND...: bounded, logged to $OUT/NAME.log, one summary line here
-  local name=$1 limit=$2; shift 2
-  if [ -n "${MORI_STEPS:-}" ] && [[ " $MORI_STEPS " != *" $name "* ]]; then return 0; fi
-  local s=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - s ))s (at $(( $(date +%s) - t0 ))s)"
-  [ $rc = 0 ] || status=1
-  pack
-  return $rc
-}
+# Logs packed after every step (steps.sh calls step_done): a lease cut short brings back what ran.
+step_done() { tar czf "$OUT_FINAL/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"; }
+. "$repo/ci/device/steps.sh"
 install_tree() {  # install_tree DIR [pip args]: its mori-core, mori-shmem and mori-io
   local dir=$1; shift
   timeout 90 python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps "$@" \
@@ -100,6 +91,6 @@ sed -n '/mori.ops dispatch\/combine/,$p' "$OUT/ep_bench.log" | grep -v "^\s*$"
 step ep_bench_1pe 50 env OUT="$OUT/one" MORI_BENCH_PES=1 bash ci/device/ep.sh --pes 1 --no-tests -- --shapes decode \
   --quants none --iters 10
 grep -E "nccl|symm_mem|rc=" "$OUT/ep_bench_1pe.log"
-pack
+step_done
 echo "== done in $(( $(date +%s) - t0 ))s, status $status"
 exit $status
