@@ -110,10 +110,12 @@ private:
     // A read reply's data for row idx of w into local GPU memory: received into staged memory
     // whose copies to the device run while the next replies are read; "" or the socket's error.
     std::string read_staged(const std::shared_ptr<Work>& w, size_t idx, const AbortCheck& check);
-    // Waits for the copies of the staged reads received so far and completes their blocks (a
-    // failed copy fails its block). Whoever holds the receive side calls it before the socket
-    // has nothing more to read, so no block waits on a thread that stopped reading.
-    void settle_reads();
+    // Completes the blocks of the staged reads received so far once their copies ended (a failed
+    // copy fails its block): waiting for them all, or (wait false) those at the front whose
+    // copies have ended. Whoever holds the receive side settles before the socket has nothing
+    // more to read, so no block waits on a thread that stopped reading.
+    void settle_reads(bool wait = true);
+    void settle_oldest_read();  // waits for the oldest one's copies
     void mark_broken(const std::string& reason);
     static void fail_rest(std::vector<std::pair<std::shared_ptr<Work>, size_t>>& failed, const std::string& why);
     std::string abort_check(const Reader& rd);
@@ -257,16 +259,6 @@ private:
         Conn* c_;
         Pinned<Region> region_;
     };
-    // A staged write answered once its copies to the device have ended: its region stays held
-    // and its reply waits in the connection's output (at replyAt) until then (settle_writes).
-    struct PendingWrite {
-        DeviceSink sink;
-        std::unique_ptr<RegionUse> use;
-        size_t replyAt;
-    };
-    // Waits for the copies of every pending write, turns the replies of those that failed into
-    // ERR_DEVICE (and outcome, the notifying transfer's), then releases their regions.
-    static void settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome);
     void accept_loop();
     // Takes one connection off the listen queue; false when accept failed (fd exhaustion...).
     bool admit();

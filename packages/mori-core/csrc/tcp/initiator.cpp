@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 
 #include "tcp/engine.hpp"
 #include "tcp/staged.hpp"
@@ -474,12 +475,31 @@ std::string InitConn::read_staged(const std::shared_ptr<Work>& w, size_t idx, co
         pendingSinceNs_ = now_ns();
     }
     pendingReads_.push_back(PendingRead{w, idx, std::move(sink)});
-    if (pendingReads_.size() >= kPendingReads || (rd_.buffered() == 0 && !rd_.readable(0))) settle_reads();
+    settle_reads(false);
+    while (pendingReads_.size() > kPendingReads) settle_oldest_read();
+    // Nothing more to read now: the copies are waited for while the socket is watched, so that no
+    // block waits on a thread that stopped reading, and a reply that comes meanwhile is read at
+    // once (a wait for the copies at every block would stall the receive for a copy's time).
+    while (!pendingReads_.empty() && rd_.buffered() == 0 && !rd_.readable(0)) {
+        std::this_thread::yield();
+        settle_reads(false);
+    }
     return "";
 }
 
-void InitConn::settle_reads() {
-    for (; !pendingReads_.empty(); pendingReads_.pop_front()) {
+void InitConn::settle_reads(bool wait) {
+    while (!pendingReads_.empty()) {
+        PendingRead& p = pendingReads_.front();
+        if (!wait) {
+            const gpu::Current current(p.work->stager->config());
+            if (!p.sink.settled()) return;
+        }
+        settle_oldest_read();
+    }
+}
+
+void InitConn::settle_oldest_read() {
+    {
         PendingRead& p = pendingReads_.front();
         std::string failed;
         {
@@ -497,6 +517,7 @@ void InitConn::settle_reads() {
             p.work->transfer->finish();
         }
     }
+    pendingReads_.pop_front();
 }
 
 std::shared_ptr<Transfer> Peer::submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,

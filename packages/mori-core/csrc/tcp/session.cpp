@@ -7,6 +7,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tcp/engine.hpp"
@@ -26,8 +27,8 @@ void device_failed(int& code, uint64_t& reason, int& outcome) {
     if (outcome == kSuccess) outcome = code;
 }
 
-// Staged writes whose copies run while the connection goes on receiving: at most this many, or
-// this many bytes, before they are waited for (each holds pinned memory and its region).
+// Staged writes whose copies run while the connection goes on receiving: past this many, or this
+// many bytes, the oldest is waited for (each holds pinned memory and its region).
 constexpr size_t kPendingWrites = 16;
 constexpr uint64_t kPendingWriteBytes = 4 << 20;
 
@@ -97,9 +98,15 @@ private:
     };
 
     // Before blocking: answers everything received so far, then waits for the next request.
+    // Staged writes are answered as their copies end while the socket is watched: a request that
+    // comes meanwhile is served at once (a wait for the copies at every block would stall the
+    // connection's receive for a copy's time).
     bool wait_for_request() {
         if (rd_.buffered() != 0) return true;
-        settle();
+        while (!settle_ended()) {
+            if (rd_.readable(0)) return true;
+            std::this_thread::yield();
+        }
         if (!out_.empty() && !send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
         out_.clear();
         conn_->idleSinceNs.store(now_ns());
@@ -158,10 +165,15 @@ private:
         DeviceSink sink(stager, b.addr, b.h.block.size);
         if (!sink.receive(rd_, mid_frame()).empty()) return false;
         RepHdr rep{kRepMagic, b.code, b.reason};
-        pending_.push_back(PendingWrite{std::move(sink), std::move(use), out_.size()});
+        pending_.push_back(PendingWrite{std::move(sink), std::move(use), out_.size(), b.h.block.size});
         pendingBytes_ += b.h.block.size;
         append(&rep, sizeof(rep));
-        if (pending_.size() >= kPendingWrites || pendingBytes_ >= kPendingWriteBytes || b.record) settle();
+        if (b.record) {
+            settle();
+            return true;
+        }
+        settle_ended();
+        while (pending_.size() > kPendingWrites || pendingBytes_ > kPendingWriteBytes) retire_oldest();
         return true;
     }
 
@@ -225,9 +237,31 @@ private:
         out_.clear();
         return true;
     }
+    // Waits for the copies of every pending write (settle), or answers those at the front whose
+    // copies have ended (settle_ended: true when none is left).
     void settle() {
-        settle_writes(pending_, out_, outcome_);
-        pendingBytes_ = 0;
+        while (!pending_.empty()) retire_oldest();
+    }
+    bool settle_ended() {
+        while (!pending_.empty() && pending_.front().sink.settled()) retire_oldest();
+        return pending_.empty();
+    }
+    // The oldest pending write, once its copies ended: a failed one's reply turned into
+    // ERR_DEVICE (and the notifying transfer's outcome), its region released.
+    void retire_oldest() {
+        PendingWrite& w = pending_.front();
+        if (!w.sink.finish().empty()) {
+            RepHdr rep;
+            std::memcpy(&rep, out_.data() + w.replyAt, sizeof(rep));
+            uint64_t reason = 0;
+            int code = rep.code;
+            device_failed(code, reason, outcome_);
+            rep.code = code;
+            rep.size = reason;
+            std::memcpy(out_.data() + w.replyAt, &rep, sizeof(rep));
+        }
+        pendingBytes_ -= w.bytes;
+        pending_.pop_front();
     }
     void append(const void* p, size_t n) {
         out_.insert(out_.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
@@ -251,6 +285,14 @@ private:
                    : "";
     };
     int outcome_ = kSuccess;  // first failure of the notifying transfer being served
+    // A staged write answered once its copies to the device have ended: its region stays held
+    // and its reply waits in out_ (at replyAt) until then.
+    struct PendingWrite {
+        DeviceSink sink;
+        std::unique_ptr<RegionUse> use;
+        size_t replyAt;
+        uint64_t bytes;
+    };
     std::deque<PendingWrite> pending_;
     uint64_t pendingBytes_ = 0;
 };
@@ -265,21 +307,6 @@ void Target::serve(Conn* conn) {
         admitted = handshake(conn, hello, peerKey);
     }
     if (admitted) Session(*this, conn, std::move(peerKey)).run();
-}
-
-void Target::settle_writes(std::deque<PendingWrite>& pending, std::vector<char>& out, int& outcome) {
-    for (; !pending.empty(); pending.pop_front()) {
-        PendingWrite& w = pending.front();
-        if (w.sink.finish().empty()) continue;
-        RepHdr rep;
-        std::memcpy(&rep, out.data() + w.replyAt, sizeof(rep));
-        uint64_t reason = 0;
-        int code = rep.code;
-        device_failed(code, reason, outcome);
-        rep.code = code;
-        rep.size = reason;
-        std::memcpy(out.data() + w.replyAt, &rep, sizeof(rep));
-    }
 }
 
 }  // namespace mori::tcp

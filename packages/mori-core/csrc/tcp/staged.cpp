@@ -61,6 +61,18 @@ std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
     return "";
 }
 
+bool DeviceSink::settled() {
+    for (; !inFlight_.empty(); inFlight_.pop_front()) {
+        if (!failed_.empty()) continue;  // as in finish(): the others are not waited for
+        try {
+            if (!inFlight_.front().copied()) return false;
+        } catch (const std::exception& e) {
+            failed_ = e.what();
+        }
+    }
+    return true;
+}
+
 std::string DeviceSink::finish() {
     // After a failure the other copies are not waited for (each could outwait the timeout again):
     // memory whose copy may still run is never lent again (Staged::clear).

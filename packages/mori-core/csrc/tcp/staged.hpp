@@ -69,6 +69,9 @@ public:
     // Waits for every copy to the device; "" once all ended, else why one failed (a byte of the
     // block may then be missing on the device).
     std::string finish();
+    // Whether every copy to the device has ended (or one failed: finish() says why), waiting for
+    // none: a caller goes on receiving while copies run, and finishes this once it is true.
+    bool settled();
 
 private:
     gpu::Stager& stager_;

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Where a staged GPU transfer's time goes, in one lease (~6 minutes), each step bounded:
+#   stager      ci/device/staging_probe.py: one piece's copy latency, queueing cost and pipelined
+#               GB/s through mori-core's device Stager, beside PyTorch's copies (the ceiling);
+#               then the same in two processes at once under MPS (as initiator and target share
+#               GPU 0 in the benchmarks);
+#   tcp_loop    ci/device/io_tcp_gpu_bench.py: the TCP backend on loopback, GPU<->GPU, GPU<->CPU
+#               and CPU<->GPU, read and write (which end's staging costs what);
+#   tcp_baseline  with MORI_BASELINE naming a tree of another version (e.g. a `git archive` under
+#               .baseline, carried): its mori-io-bench, TCP only, GPU memory, 1 and 4 connections;
+#   tcp_conns   this tree's: TCP only, GPU and host memory, with 1 and 4 data connections
+#               (MORI_STAGING_PROFILE on: every process's copies and waits);
+#   tcp_pairs   two initiator processes at once against one with two connections.
+# Run from the repository root with .devkit carried. MORI_STEPS="stager ..." runs only those.
+# Logs go to $OUT.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
+OUT=${OUT:-/tmp/mori-out}
+mkdir -p "$OUT"
+repo=$PWD
+t0=$(date +%s)
+status=0
+. "$repo/ci/device/steps.sh"
+python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
+  ./packages/mori-io pyroute2 2>&1 | tail -3
+export MORI_SKIP_INSTALL=1
+. "$repo/ci/device/ip_shim.sh"
+use_ip_shim || exit 1
+echo "== installed in $(( $(date +%s) - t0 ))s"
+cd /tmp  # import mori from site-packages, not the source tree
+
+step stager 90 python3 "$repo/ci/device/staging_probe.py" --iters 100
+cat "$OUT/stager.log"
+two_stagers() {
+  . "$repo/ci/device/multi_pe.sh"
+  trap pes_stop_mps EXIT
+  GPU_COUNT=1 pes_share_gpus 2
+  python3 "$repo/ci/device/staging_probe.py" --iters 100 --sizes 256K,1M > "$OUT/stager_b.log" 2>&1 &
+  python3 "$repo/ci/device/staging_probe.py" --iters 100 --sizes 256K,1M
+  wait
+  echo "-- the other process:"; cat "$OUT/stager_b.log"
+}
+step stager_mps 120 bash -c "$(declare -f two_stagers); repo=$repo OUT=$OUT two_stagers"
+cat "$OUT/stager_mps.log"
+
+step tcp_loop 150 python3 "$repo/ci/device/io_tcp_gpu_bench.py" --iters 10 --out "$OUT/tcp_loop.json"
+tail -30 "$OUT/tcp_loop.log"
+
+# tcp_bench MEMS CONNS [SIZES BATCHES]: mori-io-bench between two namespaces, TCP only, each memory
+# type, op and connection count.
+tcp_bench() {
+  python3 - "$@" <<'EOF'
+import subprocess, sys
+from mori.core import testing
+
+mems, conns = sys.argv[1].split(","), sys.argv[2].split(",")
+sizes = sys.argv[3] if len(sys.argv) > 3 else "4K,64K,1M,4M"
+batches = sys.argv[4] if len(sys.argv) > 4 else "1,64"
+with testing.network_namespaces() as (a, b):
+    for n in conns:
+        for mem in mems:
+            for op in ("write", "read"):
+                print(f"\n== --mem-type {mem} --op {op} --num-connections {n}", flush=True)
+                cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp",
+                       "--mem-type", mem, "--op", op, "--num-connections", n, "--sizes", sizes,
+                       "--batch-sizes", batches, "--iters", "10", "--warmup", "3", "--host", a.address,
+                       "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
+                subprocess.run(cmd, timeout=120)
+EOF
+}
+# tcp_pairs: GPU writes of 64 x 1 MiB by two initiator processes at once (a connection each,
+# their own target processes), against one initiator with two connections: whether a process's
+# connections slow each other down (the driver's locks) or the GPU's copies are the limit.
+tcp_pairs() {
+  python3 - <<'EOF'
+import subprocess, sys
+from mori.core import testing
+
+with testing.network_namespaces() as (a, b):
+    def cmd(conns):
+        return ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp",
+                "--mem-type", "gpu", "--op", "write", "--num-connections", conns, "--sizes", "1M",
+                "--batch-sizes", "64", "--iters", "30", "--warmup", "3", "--host", a.address,
+                "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
+    print("== one initiator, 2 connections", flush=True)
+    subprocess.run(cmd("2"), timeout=120)
+    print("== two initiators at once, 1 connection each", flush=True)
+    ps = [subprocess.Popen(cmd("1")) for _ in range(2)]
+    for p in ps:
+        p.wait(timeout=120)
+EOF
+}
+export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
+if [ -n "${MORI_BASELINE:-}" ]; then
+  timeout 90 python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps \
+    --target /tmp/mori-baseline "$repo/$MORI_BASELINE/packages/mori-core" "$repo/$MORI_BASELINE/packages/mori-io" \
+    2>&1 | tail -3
+  step tcp_baseline 150 env PYTHONPATH=/tmp/mori-baseline bash -c "$(declare -f tcp_bench); tcp_bench gpu 1,4 64K,1M,4M"
+  grep -E "^==|^mori " "$OUT/tcp_baseline.log"
+fi
+step tcp_conns 240 bash -c "$(declare -f tcp_bench); tcp_bench gpu,cpu 1,4 ${MORI_PROBE_SIZES:-64K,1M,4M}"
+grep -E "^==|^mori " "$OUT/tcp_conns.log"
+step tcp_pairs 90 bash -c "$(declare -f tcp_pairs); tcp_pairs"
+grep -E "^==|^mori " "$OUT/tcp_pairs.log"
+echo "== done in $(( $(date +%s) - t0 ))s, status $status"
+exit $status
