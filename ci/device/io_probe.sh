@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Where a staged GPU transfer's time goes, in one lease (~6 minutes), each step bounded:
+#   gpu_tests   the GPU tests of the staging (io_gpu_netns.sh --no-bench: mori-core's device
+#               Stager, mori-io's TCP and RDMA backends with GPU memory);
 #   stager      ci/device/staging_probe.py: one piece's copy latency, queueing cost and pipelined
 #               GB/s through mori-core's device Stager, beside PyTorch's copies (the ceiling);
 #               then the same in two processes at once under MPS (as initiator and target share
@@ -24,12 +26,15 @@ status=0
 . "$repo/ci/device/steps.sh"
 python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
   ./packages/mori-io pyroute2 2>&1 | tail -3
+python3 -m pip install -q --no-deps --no-index .devkit/ucx/*.whl .devkit/nixl/*.whl 2>&1 | tail -3
 export MORI_SKIP_INSTALL=1
 . "$repo/ci/device/ip_shim.sh"
 use_ip_shim || exit 1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 cd /tmp  # import mori from site-packages, not the source tree
 
+step gpu_tests 300 env -C "$repo" OUT="$OUT/gpu_tests" bash ci/device/io_gpu_netns.sh --no-bench
+grep -E "^== |passed|failed|rc=" "$OUT/gpu_tests.log" | tail -12
 step stager 90 python3 "$repo/ci/device/staging_probe.py" --iters 100
 cat "$OUT/stager.log"
 two_stagers() {

@@ -1,0 +1,93 @@
+"""Does a socket move bytes out of and into pinned host memory as fast as into pageable memory?
+
+The TCP plane stages GPU memory through pinned host memory (cuMemHostAlloc) and sends or receives
+it there; this sends ``--total`` bytes over loopback in ``--chunk`` pieces between two processes,
+for each kind of buffer at each end, and prints GB/s:
+- ``pageable``: an ordinary anonymous mapping (what host-memory transfers use);
+- ``pinned``: cuMemHostAlloc through PyTorch (``pin_memory=True``), as the staging pool's;
+- ``registered``: an anonymous mapping with transparent huge pages asked for, then page-locked
+  with cudaHostRegister (pinned memory the kernel maps in 2 MiB pages where it can).
+
+Usage: python ci/device/pinned_socket_probe.py [--total 2G] [--chunk 1M] [--kinds pageable,pinned,registered]
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import multiprocessing as mp
+import socket
+import time
+
+import torch
+
+KINDS = ("pageable", "pinned", "registered")
+
+
+def _buffer(kind: str, nbytes: int):  # noqa: ANN202 - a memoryview that keeps its owner alive
+    if kind == "pinned":
+        t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return memoryview(t.numpy()), t
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if kind == "registered":
+        m.madvise(mmap.MADV_HUGEPAGE)
+    view = memoryview(m)
+    view[:] = b"\x01" * nbytes  # touched: pages exist before they are registered or timed
+    if kind == "registered":
+        t = torch.frombuffer(m, dtype=torch.uint8)
+        rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 1)  # cudaHostRegisterPortable
+        assert int(rc) == 0, f"cudaHostRegister: {rc}"
+        return view, (m, t)
+    return view, m
+
+
+def _receiver(kind: str, chunk: int, total: int, port_q, out_q) -> None:
+    view, keep = _buffer(kind, chunk * 8)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port_q.put(srv.getsockname()[1])
+    conn, _ = srv.accept()
+    got, slot = 0, 0
+    start = None
+    while got < total:
+        n = conn.recv_into(view[slot * chunk : (slot + 1) * chunk])
+        if n == 0:
+            break
+        start = start or time.perf_counter()
+        got += n
+        if n == chunk or got % chunk == 0:
+            slot = (slot + 1) % 8
+    out_q.put(total / (time.perf_counter() - start) / 1e9)
+    del keep
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--total", default="2G")
+    p.add_argument("--chunk", default="1M")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    a = p.parse_args()
+    kinds = a.kinds.split(",")
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    total, chunk = (int(x[:-1]) * units[x[-1]] for x in (a.total, a.chunk))
+    ctx = mp.get_context("spawn")
+    print(f"{'send from':>11} {'receive into':>13} {'GB/s':>6}")
+    for send_kind in kinds:
+        for recv_kind in kinds:
+            port_q, out_q = ctx.Queue(), ctx.Queue()
+            rx = ctx.Process(target=_receiver, args=(recv_kind, chunk, total, port_q, out_q))
+            rx.start()
+            view, keep = _buffer(send_kind, chunk * 8)
+            s = socket.create_connection(("127.0.0.1", port_q.get(timeout=60)))
+            for i in range(total // chunk):
+                s.sendall(view[(i % 8) * chunk : (i % 8 + 1) * chunk])
+            gbs = out_q.get(timeout=120)
+            s.close()
+            rx.join(timeout=30)
+            del keep
+            print(f"{send_kind:>11} {recv_kind:>13} {gbs:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
