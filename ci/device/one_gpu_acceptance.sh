@@ -12,8 +12,10 @@
 #   proxy_bench   mori.shmem between two namespaces, GPU heaps (netns_bench.sh: host- and
 #                 device-initiated puts, put+signal), first with the baseline's code when
 #                 MORI_BASELINE names its tree (its mori-core, mori-shmem and mori-io installed
-#                 apart and run by its own scripts), then with this tree's: before and after;
-#   io_bench      mori-io-bench between two namespaces, GPU memory, TCP and RDMA beside NIXL, under
+#                 apart and run by its own scripts), then with this tree's: before and after
+#                 (MORI_PROXY_ROUNDS rounds of each point, default 1; MORI_PROXY_SIZES);
+#   io_bench      mori-io-bench between two namespaces, GPU memory (MORI_IO_MEMS=gpu,cpu: host
+#                 memory too), TCP and RDMA beside NIXL, under
 #                 MPS (io_gpu_netns.sh --mps), with MORI_STAGING_PROFILE: every process's staging
 #                 statistics (copies, bytes, copy and wait times) in $OUT/staging_profile.jsonl;
 #   ep_bench      bench_ep.py with 2 PEs (every quantized combine), then with 1 PE (NCCL and
@@ -52,22 +54,26 @@ step no_cuda_ucx 45 env -C /tmp python3 -m pytest -q -m gpu -p no:cacheprovider 
   "$repo/packages/mori-shmem/tests/test_gpu.py"
 grep -hE "ok  init refused|passed|failed|skipped" "$OUT/no_cuda_ucx.log" | cut -c1-300
 
-nb_args=(--rounds 1 --iters 10 --sizes 4K,64K,1M,16M --io)
+rounds=${MORI_PROXY_ROUNDS:-1}  # rounds of each proxy_bench point (medians over them)
+nb_args=(--rounds "$rounds" --iters 10 --sizes "${MORI_PROXY_SIZES:-4K,64K,1M,16M}" --io)
+nb_limit=$(( 45 + 30 * rounds ))
 if [ -n "${MORI_BASELINE:-}" ]; then
   base=$repo/$MORI_BASELINE
   ln -sfn "$repo/.devkit" "$base/.devkit"
   mkdir -p "$OUT/baseline"
   install_tree "$base" --target /tmp/mori-baseline
-  step proxy_bench_baseline 75 env -C "$base" PYTHONPATH=/tmp/mori-baseline OUT="$OUT/baseline" \
+  step proxy_bench_baseline "$nb_limit" env -C "$base" PYTHONPATH=/tmp/mori-baseline OUT="$OUT/baseline" \
     bash ci/device/netns_bench.sh "${nb_args[@]}"
   grep -v "^\[" "$OUT/baseline/shmem_remote_device.log" | tail -8
 fi
 mkdir -p "$OUT/now"
-step proxy_bench 75 env OUT="$OUT/now" bash ci/device/netns_bench.sh "${nb_args[@]}"
+step proxy_bench "$nb_limit" env OUT="$OUT/now" bash ci/device/netns_bench.sh "${nb_args[@]}"
 grep -v "^\[" "$OUT/now/shmem_remote_device.log" | tail -8
 
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
-step io_bench 110 env OUT="$OUT" bash ci/device/io_gpu_netns.sh --no-tests --mem gpu --mps --iters 10
+io_mems=${MORI_IO_MEMS:-gpu}  # gpu,cpu: host memory in the same lease too, for GPU/host ratios
+step io_bench $(( 110 * $(echo "$io_mems" | tr ',' '\n' | wc -l) )) env OUT="$OUT" bash ci/device/io_gpu_netns.sh \
+  --no-tests --mem "$io_mems" --mps --iters 10
 grep -E "^(mori|mori-rdma|nixl) |^== mori-io-bench" "$OUT/io_bench.log"
 python3 - "$MORI_STAGING_PROFILE" <<'EOF'
 import json, sys
