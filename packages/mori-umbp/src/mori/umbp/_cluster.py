@@ -20,8 +20,6 @@ import secrets
 import threading
 from collections.abc import Callable, Sequence
 
-import grpc
-
 from mori.core.log import get_logger
 
 from ._config import UMBPConfig
@@ -30,7 +28,7 @@ from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._heartbeat import Heartbeat
 from ._master._proto import umbp_peer_pb2 as pb
 from ._master_client import MasterClient, MasterError, RoutePutOutcome
-from ._peer import PeerService, serve
+from ._peer import PeerServer, PeerService, serve
 from ._store import LocalStore
 from ._transport import Move, Peer, PeerUnavailableError, Transport
 
@@ -73,11 +71,11 @@ class ClusterNode:
         self._service = PeerService(
             store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size, on_commit=self._committed
         )
-        self._server: grpc.Server | None = None
+        self._server: PeerServer | None = None
         self._heartbeat: Heartbeat | None = None
         try:
-            self._server, port = serve(self._service, "0.0.0.0", dist.peer_service_port)
-            self.peer_address = f"{mc.node_address}:{port}"
+            self._server = serve(self._service, "0.0.0.0", dist.peer_service_port)
+            self.peer_address = f"{mc.node_address}:{self._server.port}"
             self.master = MasterClient(
                 mc.master_address,
                 mc.node_id,
@@ -163,7 +161,7 @@ class ClusterNode:
             request = pb.BatchAllocateSlotsRequest()
             for key, size, depth in zip(keys, sizes, depths):
                 request.entries.add(key=key, size=size, tier=int(UMBPTierType.DRAM), depth=depth)  # type: ignore[arg-type]
-            slots = self.transport.call(peer.stub.BatchAllocateSlots, request, address).entries
+            slots = peer.call("BatchAllocateSlots", request).entries
         except PeerUnavailableError as exc:
             _log.warning("put of %d keys to %s: %s", len(keys), address, exc)
             return [False] * len(keys)
@@ -176,12 +174,12 @@ class ClusterNode:
         abort = [slots[i].slot_id for i, ok in zip(todo, written) if not ok]
         try:
             if abort:
-                self.transport.call(peer.stub.BatchAbortSlots, pb.BatchAbortSlotsRequest(slot_ids=abort), address)
+                peer.call("BatchAbortSlots", pb.BatchAbortSlotsRequest(slot_ids=abort))
             if commit:
                 request = pb.BatchCommitSlotsRequest()
                 for i in commit:
                     request.entries.add(slot_id=slots[i].slot_id, key=keys[i])
-                done = self.transport.call(peer.stub.BatchCommitSlots, request, address).success
+                done = peer.call("BatchCommitSlots", request).success
                 for i, ok in zip(commit, done):
                     results[i] = bool(ok)
         except PeerUnavailableError as exc:  # the peer reaps what it did not get to commit
@@ -282,7 +280,7 @@ class ClusterNode:
         results = [False] * len(keys)
         try:
             peer: Peer = self.transport.peer(address)
-            resolved = self.transport.call(peer.stub.BatchResolveKeys, pb.BatchResolveKeysRequest(keys=keys), address)
+            resolved = peer.call("BatchResolveKeys", pb.BatchResolveKeysRequest(keys=keys))
         except PeerUnavailableError as exc:
             _log.warning("get of %d keys from %s: %s", len(keys), address, exc)
             return results
@@ -294,7 +292,7 @@ class ClusterNode:
             keys=[keys[i] for i in found], lease_id=[resolved.lease_id[i] for i in found]
         )
         try:
-            held = self.transport.call(peer.stub.BatchReleaseKeys, release, address).held
+            held = peer.call("BatchReleaseKeys", release).held
         except PeerUnavailableError as exc:
             _log.warning("releasing %d keys on %s: %s", len(found), address, exc)
             return results
@@ -375,7 +373,7 @@ class ClusterNode:
     def _shutdown_services(self) -> None:
         self._fanout.shutdown(wait=True)
         if self._server is not None:
-            self._server.stop(grace=1.0).wait(5)
+            self._server.stop(1.0)
         self._service.close()
         self.transport.close()
 
