@@ -93,11 +93,15 @@ def test_a_leased_page_stays_put(tmp_path) -> None:
     try:
         src = pages(8, PAGE)
         store.write("leased", addr(src, 0), PAGE)
-        assert store.resolve("leased", lease_s=60.0) is not None
+        slot = store.resolve("leased", lease_s=60.0)
+        assert slot is not None
         for i in range(1, 8):
             store.write(f"k{i}", addr(src, i), PAGE)
         assert store.contains("leased") and not store.contains("k1")
-        assert store.release("leased", store.resolve("leased", lease_s=60.0).serial)
+        again = store.resolve("leased", lease_s=60.0)  # a second reader: a lease of its own
+        assert again is not None and again.lease_id != slot.lease_id
+        assert store.release("leased", slot.lease_id) and not store.release("leased", slot.lease_id)
+        assert store.release("leased", again.lease_id)
         for i in range(8, 12):
             store.write(f"k{i}", addr(src, i % 8), PAGE)
         assert not store.contains("leased")

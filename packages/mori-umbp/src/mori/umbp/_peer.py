@@ -210,7 +210,7 @@ class PeerService(pb_grpc.UMBPPeerServicer):
             response.tier.append(int(UMBPTierType.DRAM) if slot else int(UMBPTierType.Unknown))  # type: ignore[arg-type]
             response.size.append(slot.size if slot else 0)
             response.offset.append(slot.offset if slot else 0)
-            response.lease_id.append(slot.serial if slot else 0)
+            response.lease_id.append(slot.lease_id if slot else 0)
         return response
 
     def _release(self, request: Any) -> Any:
