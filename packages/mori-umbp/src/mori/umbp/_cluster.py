@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from mori.core.log import get_logger
 
@@ -42,6 +44,33 @@ PEER_FANOUT = 8
 #: The part of a read lease within which a finished read is trusted without asking the owner
 #: (the rest covers the clocks' drift and the time the answer took to come back).
 LEASE_TRUST = 0.8
+#: A batch from one owner of more bytes than this is read in parts (see ``_read_in_parts``).
+PIPELINE_BYTES = 8 << 20
+#: The parts such a batch is read in, at most, and the fewest bytes in one.
+PIPELINE_PARTS = 8
+PIPELINE_PART_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resolved:
+    """An owner's answer to a resolve: ``started`` when it was asked (monotonic seconds)."""
+
+    peer: Peer
+    answer: Any
+    started: float
+
+
+def _parts(sizes: list[int], part_bytes: int) -> list[list[int]]:
+    """Indices of ``sizes`` in order, in parts of at least one page and about ``part_bytes``."""
+    parts: list[list[int]] = [[]]
+    held = 0
+    for i, size in enumerate(sizes):
+        if parts[-1] and held + size > part_bytes:
+            parts.append([])
+            held = 0
+        parts[-1].append(i)
+        held += size
+    return parts
 
 
 class ClusterNode:
@@ -74,6 +103,8 @@ class ClusterNode:
         self._placed_lock = threading.Lock()
         self._fanout = concurrent.futures.ThreadPoolExecutor(PEER_FANOUT, thread_name_prefix="umbp-fanout")
         self._releaser = LeaseReleaser()
+        #: The resolve of a batch's next part, while this part is read (see ``_read_in_parts``).
+        self._resolver = concurrent.futures.ThreadPoolExecutor(PEER_FANOUT, thread_name_prefix="umbp-resolve")
         self._service = PeerService(
             store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size, on_commit=self._committed
         )
@@ -270,9 +301,15 @@ class ClusterNode:
     def _get_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         """Reads keys from their owner, in rounds: an owner stages SSD pages into its DRAM for
         the reader, as many as its DRAM takes at once; the rest come in the next round, after
-        this one's leases are released. Stops when a round reads nothing."""
+        this one's leases are released. Stops when a round reads nothing. A batch of more than
+        :data:`PIPELINE_BYTES` is read in parts first, the owner staging the next part while this
+        one's pages move (:meth:`_read_in_parts`)."""
         results = [False] * len(keys)
         todo = list(range(len(keys)))
+        if sum(sizes) > PIPELINE_BYTES:
+            if not self._read_in_parts(address, keys, ptrs, sizes, results):
+                return results
+            todo = [i for i in todo if not results[i]]
         while todo:
             done = self._read_round(address, [keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
             for i, ok in zip(todo, done):
@@ -282,20 +319,55 @@ class ClusterNode:
             todo = [i for i, ok in zip(todo, done) if not ok]
         return results
 
+    def _read_in_parts(
+        self, address: str, keys: list[str], ptrs: list[int], sizes: list[int], results: list[bool]
+    ) -> bool:
+        """One round in parts of about 1/:data:`PIPELINE_PARTS` of the bytes (at least
+        :data:`PIPELINE_PART_BYTES`): the next part's resolve (the owner reading its SSD pages)
+        runs on another thread while this part is read, one part ahead. Whether anything was read."""
+        parts = _parts(sizes, max(PIPELINE_PART_BYTES, sum(sizes) // PIPELINE_PARTS))
+
+        def resolve(n: int) -> concurrent.futures.Future[_Resolved | None]:
+            return self._resolver.submit(self._resolve, address, [keys[i] for i in parts[n]])
+
+        read_any = False
+        ahead = resolve(0)
+        for n, part in enumerate(parts):
+            try:
+                got = ahead.result(2 * self.transport.rpc_timeout_s)  # the call's deadline ends it first
+            except concurrent.futures.TimeoutError:
+                got = None
+            if n + 1 < len(parts):
+                ahead = resolve(n + 1)
+            if got is None:
+                continue
+            done = self._read_resolved(got, [keys[i] for i in part], [ptrs[i] for i in part], [sizes[i] for i in part])
+            for i, ok in zip(part, done):
+                results[i] = ok
+            read_any = read_any or any(done)
+        return read_any
+
     def _read_round(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
-        """Resolves ``keys`` on their owner under read leases, reads them with mori-io and
-        releases the leases. A read that ended within its lease (with a margin) has the value's
-        bytes: its leases are released in the background, unless the owner could not stage every
-        key this round (then at once, so that the next round has their DRAM). A later read asks
-        the owner whether its leases held."""
-        results = [False] * len(keys)
+        got = self._resolve(address, keys)
+        return [False] * len(keys) if got is None else self._read_resolved(got, keys, ptrs, sizes)
+
+    def _resolve(self, address: str, keys: list[str]) -> _Resolved | None:
+        """``keys`` resolved on their owner under read leases (None when it did not answer)."""
         started = time.monotonic()
         try:
             peer: Peer = self.transport.peer(address)
-            resolved = peer.call("BatchResolveKeys", pb.BatchResolveKeysRequest(keys=keys))
+            return _Resolved(peer, peer.call("BatchResolveKeys", pb.BatchResolveKeysRequest(keys=keys)), started)
         except PeerUnavailableError as exc:
             _log.warning("get of %d keys from %s: %s", len(keys), address, exc)
-            return results
+            return None
+
+    def _read_resolved(self, got: _Resolved, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        """Reads the resolved keys with mori-io and releases their leases. A read that ended
+        within its lease (with a margin) has the value's bytes: its leases are released in the
+        background, unless the owner could not stage every key (then at once, so that the next
+        round has their DRAM). A later read asks the owner whether its leases held."""
+        results = [False] * len(keys)
+        peer, resolved, started = got.peer, got.answer, got.started
         found = [i for i in range(len(keys)) if resolved.found[i] and resolved.size[i] == sizes[i]]
         if not found:
             return results
@@ -311,7 +383,7 @@ class ClusterNode:
         try:
             held = peer.call("BatchReleaseKeys", pb.BatchReleaseKeysRequest(keys=leased, lease_id=lease_ids)).held
         except PeerUnavailableError as exc:
-            _log.warning("releasing %d keys on %s: %s", len(found), address, exc)
+            _log.warning("releasing %d keys on %s: %s", len(found), peer.address, exc)
             return results
         for i, ok, kept in zip(found, read, held):
             results[i] = bool(ok and kept)
@@ -389,6 +461,7 @@ class ClusterNode:
 
     def _shutdown_services(self) -> None:
         self._fanout.shutdown(wait=True)
+        self._resolver.shutdown(wait=True)
         self._releaser.close()
         if self._server is not None:
             self._server.stop(1.0)
