@@ -6,9 +6,10 @@ and registers with the master (its peer service's address and engine in the reco
 heartbeat ships its store's events. A put asks the master where each key goes (``BatchRoutePut``):
 a key routed here is stored locally, one routed to a peer is allocated there, written there by
 mori-io and committed. A get reads keys this node holds locally first, then asks the master
-where the rest are (``BatchRouteGet``) and reads them from their peers under a read lease. A
-peer that fails (no answer within the deadline, a failed transfer, a lease that did not hold)
-fails its keys: False, never other bytes.
+where the rest are (``BatchRouteGet``) and reads them from their peers under read leases,
+released after the get returns when the read ended well within them. A peer that fails (no
+answer within the deadline, a failed transfer, a lease that did not hold) fails its keys: False,
+never other bytes.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """A node's peer service (MORI's ``umbp.UMBPPeer`` over gRPC), on the node's store.
 
 Peers allocate slots in this node's DRAM buffer, write into them with mori-io and commit them;
-they resolve keys to slots under a read lease, read them with mori-io and release them (the
-release says whether the lease held, so a reader never takes another value's bytes); the master
-sends eviction advice. What comes from the wire is checked: keys and sizes as the client checks
+they resolve keys to slots under read leases of their own (SSD pages read into DRAM first), read
+them with mori-io and release them. A leased slot's memory is not reused before the lease ends,
+so a read within the lease has the value's bytes, and a release says whether the lease held; the
+master sends eviction advice. What comes from the wire is checked: keys and sizes as the client checks
 them, batches of at most :data:`MAX_BATCH`, and at most :data:`MAX_PENDING` uncommitted slots at
 once, each aborted when its writer has not committed it within the pending TTL.
 """
