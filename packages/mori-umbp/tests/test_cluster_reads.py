@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from _cluster_nodes import FAST_MASTER, KiB, node_config, seeded_pages
+from _cluster_nodes import FAST_MASTER, KiB, node_config, row_ptrs, seeded_pages
 from _master_harness import running_master, wait_until
 
 from mori.umbp import UMBPClient, _cluster
@@ -23,10 +23,6 @@ def master():
         yield m
 
 
-def _ptrs(pages: np.ndarray) -> list[int]:
-    return [int(pages.ctypes.data) + i * pages.shape[1] for i in range(pages.shape[0])]
-
-
 def _owner_and_reader(master, tmp_path, count: int, size: int, dram: int) -> tuple[UMBPClient, UMBPClient, np.ndarray]:
     """A node holding ``count`` pages of ``size`` bytes (those beyond its ``dram`` on its SSD tier),
     and a node without them; and the pages."""
@@ -34,7 +30,7 @@ def _owner_and_reader(master, tmp_path, count: int, size: int, dram: int) -> tup
     src = seeded_pages(5, count, size)
     keys = [f"r{i}" for i in range(count)]
     owner.register_memory(int(src.ctypes.data), src.nbytes)
-    assert all(owner.batch_put_from_ptr(keys, _ptrs(src), [size] * count))  # the only node: all here
+    assert all(owner.batch_put_from_ptr(keys, row_ptrs(src), [size] * count))  # the only node: all here
     assert owner.flush()
     try:
         reader = UMBPClient(node_config(master.address, "reader", None))
@@ -59,7 +55,7 @@ def test_a_read_releases_its_leases_after_the_get_returns(master, tmp_path) -> N
         keys = [f"r{i}" for i in range(8)]
         dst = np.zeros_like(src)
         reader.register_memory(int(dst.ctypes.data), dst.nbytes)
-        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 8))
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 8))
         assert np.array_equal(src, dst)
         wait_until(lambda: _leases(owner) == 0, 10, "the reader's leases released")
     finally:
@@ -74,7 +70,7 @@ def test_a_read_that_outlived_its_lease_asks_the_owner_and_fails(master, tmp_pat
         dst = np.zeros_like(src)
         reader.register_memory(int(dst.ctypes.data), dst.nbytes)
         monkeypatch.setattr(_cluster, "LEASE_TRUST", 0.0)  # no read is trusted: each asks the owner
-        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4))  # the leases held
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 4))  # the leases held
         assert np.array_equal(src, dst) and _leases(owner) == 0
         node = reader._cluster
         real_read = node.transport.read
@@ -85,7 +81,7 @@ def test_a_read_that_outlived_its_lease_asks_the_owner_and_fails(master, tmp_pat
             return done
 
         monkeypatch.setattr(node.transport, "read", slow_read)
-        assert reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4) == [False] * 4
+        assert reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 4) == [False] * 4
     finally:
         reader.close()
         owner.close()
@@ -105,7 +101,7 @@ def test_a_batch_of_many_megabytes_is_read_in_parts_from_the_owners_ssd(master, 
         keys = [f"r{i}" for i in range(count)]
         dst = np.zeros_like(src)
         reader.register_memory(int(dst.ctypes.data), dst.nbytes)
-        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [size] * count))
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [size] * count))
         assert np.array_equal(src, dst) and parts == [1]
         wait_until(lambda: _leases(owner) == 0, 10, "the reader's leases released")
     finally:
