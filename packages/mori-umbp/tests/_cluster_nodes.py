@@ -47,6 +47,11 @@ def node_config(
     return cfg
 
 
+def row_ptrs(pages: np.ndarray) -> list[int]:
+    """The address of each row (page) of a page array."""
+    return [int(pages.ctypes.data) + i * pages.shape[1] for i in range(pages.shape[0])]
+
+
 def seeded_pages(seed: int, count: int, size: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (count, size), dtype=np.uint8)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _cluster_nodes import FAST_MASTER, KiB, node_config, seeded_pages
+from _cluster_nodes import FAST_MASTER, KiB, node_config, row_ptrs, seeded_pages
 from _master_harness import running_master, wait_until
 
 from mori.umbp import UMBPClient, UMBPTierType
@@ -26,10 +26,6 @@ HERE = Path(__file__).resolve().parent
 def master():
     with running_master(FAST_MASTER) as m:
         yield m
-
-
-def _ptrs(pages: np.ndarray) -> list[int]:
-    return [int(pages.ctypes.data) + i * pages.shape[1] for i in range(pages.shape[0])]
 
 
 @pytest.mark.parametrize("backend", ["tcp", "rdma"])
@@ -45,12 +41,12 @@ def test_two_nodes_put_on_one_get_on_the_other(master, tmp_path, monkeypatch, ba
         keys = [f"p{i}" for i in range(64)]
         assert a.register_memory(int(src.ctypes.data), src.nbytes)
         assert b.register_memory(int(dst.ctypes.data), dst.nbytes)
-        assert all(a.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 64))
+        assert all(a.batch_put_from_ptr(keys, row_ptrs(src), [PAGE] * 64))
         assert a.flush() and b.flush()
         spread = a.stats()["keys"], b.stats()["keys"]
         assert sum(spread) == 64 and min(spread) > 0, spread  # the master spread them over both
         wait_until(lambda: b.batch_exists_consecutive(keys) == 64, 10, "every key visible from b")
-        assert all(b.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 64))
+        assert all(b.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 64))
         assert np.array_equal(src, dst)
         # a page at an address no registered buffer covers goes through the staging buffer
         loose = np.zeros((1, PAGE), np.uint8)
@@ -114,7 +110,7 @@ def test_a_peer_killed_fails_its_gets_and_leaves_the_index(master, tmp_path) -> 
         dst = np.zeros((32, PAGE), np.uint8)
         reader.register_memory(int(dst.ctypes.data), dst.nbytes)
         assert reader.batch_exists_consecutive(keys) == 32
-        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 32))
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 32))
         assert np.array_equal(dst, expected)
         # Gets in a loop while the owner is killed mid-way: a page is either read whole and right
         # or reported missing, never reported read with other bytes.
@@ -124,7 +120,7 @@ def test_a_peer_killed_fails_its_gets_and_leaves_the_index(master, tmp_path) -> 
         def read_until_it_fails() -> None:
             while not misses.is_set():
                 dst[:] = 0
-                got = reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 32)
+                got = reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 32)
                 wrong.extend(i for i, ok in enumerate(got) if ok and not np.array_equal(dst[i], expected[i]))
                 if not all(got):
                     misses.set()
@@ -138,7 +134,7 @@ def test_a_peer_killed_fails_its_gets_and_leaves_the_index(master, tmp_path) -> 
         assert not thread.is_alive() and misses.is_set() and wrong == []
         dst[:] = 0
         started = time.monotonic()
-        assert reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 32) == [False] * 32
+        assert reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 32) == [False] * 32
         assert time.monotonic() - started < 30  # each call has its deadline
         assert not dst.any()
         wait_until(lambda: reader.batch_exists(keys) == [False] * 32, 20, "the dead owner's blocks leave the index")
@@ -157,13 +153,13 @@ def test_pages_on_the_owners_ssd_are_staged_back_for_a_remote_reader(master, tmp
         src = seeded_pages(3, 48, PAGE)  # 768 KiB for 256 KiB of DRAM: most pages go to SSD
         keys = [f"s{i}" for i in range(48)]
         owner.register_memory(int(src.ctypes.data), src.nbytes)
-        assert all(owner.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 48))  # the only node: all here
+        assert all(owner.batch_put_from_ptr(keys, row_ptrs(src), [PAGE] * 48))  # the only node: all here
         assert owner.flush()
         assert owner.stats()["ssd_keys"] >= 32
         reader = UMBPClient(node_config(master.address, "reader", None))
         dst = np.zeros((48, PAGE), np.uint8)
         reader.register_memory(int(dst.ctypes.data), dst.nbytes)
-        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 48))
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 48))
         assert np.array_equal(src, dst)
         assert reader.stats()["keys"] == 0  # read through, not cached
     finally:
@@ -181,16 +177,16 @@ def test_a_node_that_comes_back_under_its_id_is_met_again(master, tmp_path) -> N
         for buf in (first, second, out):
             a.register_memory(int(buf.ctypes.data), buf.nbytes)
         keys = [f"x{i}" for i in range(8)]
-        assert all(a.batch_put_from_ptr(keys, _ptrs(first), [PAGE] * 8))  # b has the room: they go to b
-        assert all(a.batch_get_into_ptr(keys, _ptrs(out), [PAGE] * 8)) and np.array_equal(out, first)
+        assert all(a.batch_put_from_ptr(keys, row_ptrs(first), [PAGE] * 8))  # b has the room: they go to b
+        assert all(a.batch_get_into_ptr(keys, row_ptrs(out), [PAGE] * 8)) and np.array_equal(out, first)
         assert b.stats()["keys"] == 8
         b.close()
         b = UMBPClient(node_config(master.address, "node-b", None, dram=16 << 20))  # a new engine, a new port
         keys = [f"y{i}" for i in range(8)]
-        assert all(a.batch_put_from_ptr(keys, _ptrs(second), [PAGE] * 8))
+        assert all(a.batch_put_from_ptr(keys, row_ptrs(second), [PAGE] * 8))
         assert b.stats()["keys"] == 8
         out[:] = 0
-        assert all(a.batch_get_into_ptr(keys, _ptrs(out), [PAGE] * 8)) and np.array_equal(out, second)
+        assert all(a.batch_get_into_ptr(keys, row_ptrs(out), [PAGE] * 8)) and np.array_equal(out, second)
         assert a.batch_exists([f"x{i}" for i in range(8)]) == [False] * 8  # left with the old b
     finally:
         b.close()
@@ -205,10 +201,10 @@ def test_without_its_master_a_node_keeps_its_own_pages(master, tmp_path) -> None
         master.kill()
         keys = [f"m{i}" for i in range(4)]
         started = time.monotonic()
-        assert all(a.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 4))  # no route: stored here
-        assert all(a.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4)) and np.array_equal(src, dst)
+        assert all(a.batch_put_from_ptr(keys, row_ptrs(src), [PAGE] * 4))  # no route: stored here
+        assert all(a.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 4)) and np.array_equal(src, dst)
         assert a.batch_exists(keys) == [True] * 4
-        assert b.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 4) == [False] * 4  # nobody to ask where
+        assert b.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 4) == [False] * 4  # nobody to ask where
         assert b.batch_exists(keys) == [False] * 4 and not b.flush()
         assert time.monotonic() - started < 60
     finally:
@@ -223,17 +219,17 @@ def test_pages_read_from_a_peer_are_kept_when_admitted(master, tmp_path) -> None
         src = seeded_pages(14, 8, PAGE)
         keys = [f"c{i}" for i in range(8)]
         owner.register_memory(int(src.ctypes.data), src.nbytes)
-        assert all(owner.batch_put_from_ptr(keys, _ptrs(src), [PAGE] * 8)) and owner.flush()
+        assert all(owner.batch_put_from_ptr(keys, row_ptrs(src), [PAGE] * 8)) and owner.flush()
         cfg = node_config(master.address, "reader", None, dram=1 << 20, cache_remote_fetches=True)
         assert cfg.distributed is not None
         cfg.distributed.admission_max_block_bytes = PAGE  # 16 KiB pages are admitted; the big one is not
         reader = UMBPClient(cfg)
         dst = np.zeros((8, PAGE), np.uint8)
-        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
         assert reader.stats()["keys"] == 8  # kept: the next reads are local
         owner.clear()
         dst[:] = 0
-        assert all(reader.batch_get_into_ptr(keys, _ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 8)) and np.array_equal(src, dst)
         big = seeded_pages(15, 1, 2 * PAGE)
         assert owner.put_from_ptr("big", int(big.ctypes.data), 2 * PAGE) and owner.flush()
         out = np.zeros(2 * PAGE, np.uint8)

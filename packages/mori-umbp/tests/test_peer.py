@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from _pool import KiB, small_config
 
-from mori.umbp import _peer
+from mori.umbp import _grpc, _peer
 from mori.umbp._master._proto import umbp_peer_pb2 as pb
 from mori.umbp._master._proto import umbp_peer_pb2_grpc as pb_grpc
 from mori.umbp._store import LocalStore
@@ -26,18 +26,22 @@ OK, EXISTS, NO_SPACE = (
 )
 
 
-@pytest.fixture()
-def peer(tmp_path, monkeypatch):
-    """(stub, store, service) of a node's service on loopback."""
+@pytest.fixture(params=["python", "native"])
+def peer(request, tmp_path, monkeypatch):
+    """(stub, store, service) of a node's service on loopback, on each gRPC transport's server
+    (gRPC C++ where it is built), called by grpcio's client."""
+    if request.param == "native" and _grpc.native() is None:
+        pytest.skip("gRPC C++ is not installed (pkg-config grpc++)")
+    monkeypatch.setenv("MORI_UMBP_GRPC", request.param)
     monkeypatch.setenv("UMBP_PENDING_SLOT_TTL_MS", "400")
     monkeypatch.setenv("UMBP_DRAM_READ_LEASE_MS", "300")
     store = LocalStore(small_config(tmp_path, dram=256 * KiB, ssd=False))
     service = _peer.PeerService(store, b"engine", b"buffer", 64 * KiB)
-    server, port = _peer.serve(service, "127.0.0.1", 0)
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    server = _peer.serve(service, "127.0.0.1", 0)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
     yield pb_grpc.UMBPPeerStub(channel), store, service
     channel.close()
-    server.stop(0).wait(5)
+    server.stop(0)
     service.close()
     store.close()
 
@@ -144,12 +148,14 @@ def test_read_leases(peer) -> None:
     assert list(stub.BatchReleaseKeys(pb.BatchReleaseKeysRequest(keys=["k"], lease_id=[lease]), timeout=5).held) == [
         False
     ]
-    # nor one whose key was evicted meanwhile
+    # a key evicted meanwhile: its slot is held back until the lease ends, so the bytes read are its
     lease = stub.BatchResolveKeys(pb.BatchResolveKeysRequest(keys=["k"]), timeout=5).lease_id[0]
-    assert store.evict("k") == PAGE
+    assert store.evict("k") == PAGE and not store.contains("k")
+    assert store.stats()["dram_used"] == PAGE  # not free for another value yet
     assert list(stub.BatchReleaseKeys(pb.BatchReleaseKeysRequest(keys=["k"], lease_id=[lease]), timeout=5).held) == [
-        False
+        True
     ]
+    assert store.stats()["dram_used"] == 0
     (again,) = _allocate(stub, ("k", PAGE))
     _commit(stub, (again.slot_id, "k"))
     assert list(stub.BatchReleaseKeys(pb.BatchReleaseKeysRequest(keys=["k"], lease_id=[lease]), timeout=5).held) == [

@@ -70,7 +70,7 @@ def test_a_batch_over_segment_files_is_staged_byte_for_byte(on_ssd) -> None:
         assert store.lookup(key) == (UMBPTierType.DRAM, PAGE)
     assert slots[0] is not None and slots[-1] is not None and slots[0].offset == slots[-1].offset
     for key, slot in zip(keys[:-2], slots[:-2]):  # one lease a key, however often it was asked
-        assert slot is not None and store.release(key, slot.serial)
+        assert slot is not None and store.release(key, slot.lease_id)
     dst = np.zeros_like(src)  # the pages kept their SSD copies: demoted again, read again
     for i in range(COUNT):
         store.demote(f"k{i}")
@@ -142,7 +142,7 @@ def test_pages_without_room_in_dram_are_not_read_and_come_next_round(tmp_path, m
             assert got and len(got) < 8  # some, never all: 64 KiB of DRAM takes at most four
             for key, slot in got:
                 assert ctypes.string_at(slot.address, PAGE) == src[int(key[1:])].tobytes()
-                assert store.release(key, slot.serial)
+                assert store.release(key, slot.lease_id)
                 served.add(key)
                 store.demote(key)  # back to SSD only, so the next round has the room
         assert served == set(keys)

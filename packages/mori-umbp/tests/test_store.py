@@ -93,14 +93,48 @@ def test_a_leased_page_stays_put(tmp_path) -> None:
     try:
         src = pages(8, PAGE)
         store.write("leased", addr(src, 0), PAGE)
-        assert store.resolve("leased", lease_s=60.0) is not None
+        slot = store.resolve("leased", lease_s=60.0)
+        assert slot is not None
         for i in range(1, 8):
             store.write(f"k{i}", addr(src, i), PAGE)
         assert store.contains("leased") and not store.contains("k1")
-        assert store.release("leased", store.resolve("leased", lease_s=60.0).serial)
+        again = store.resolve("leased", lease_s=60.0)  # a second reader: a lease of its own
+        assert again is not None and again.lease_id != slot.lease_id
+        assert store.release("leased", slot.lease_id) and not store.release("leased", slot.lease_id)
+        assert store.release("leased", again.lease_id)
         for i in range(8, 12):
             store.write(f"k{i}", addr(src, i % 8), PAGE)
         assert not store.contains("leased")
+    finally:
+        store.close()
+
+
+def test_a_slot_dropped_while_leased_is_held_back_until_its_leases_end(tmp_path) -> None:
+    """A reader within its lease reads the value's bytes even when the key is dropped meanwhile:
+    the slot is not another value's until every lease on it has been released or has run out."""
+    cfg = small_config(tmp_path, dram=64 * KiB, ssd=False)  # four pages
+    cfg.dram.high_watermark, cfg.dram.low_watermark = 1.0, 1.0
+    store = LocalStore(cfg)
+    try:
+        src = pages(8, PAGE)
+        store.write("k0", addr(src, 0), PAGE)
+        long, short = store.resolve("k0", lease_s=60.0), store.resolve("k0", lease_s=0.2)
+        assert long is not None and short is not None and long.offset == short.offset
+        assert store.evict("k0") == PAGE and not store.contains("k0")
+        for i in range(1, 8):  # more pages than DRAM holds: the older ones make room, k0's slot does not
+            assert store.write(f"k{i}", addr(src, i), PAGE)
+        assert ctypes.string_at(long.address, PAGE) == src[0].tobytes()
+        assert store.stats()["dram_keys"] == 3  # three slots for values, the fourth held
+        time.sleep(0.3)
+        assert not store.release("k0", short.lease_id)  # it ran out; the other lease still holds the slot
+        assert not store.release("k1", long.lease_id)  # another key's lease id is not k0's
+        assert store.stats()["dram_used"] == 64 * KiB
+        assert store.release("k0", long.lease_id) and not store.release("k0", long.lease_id)
+        assert store.stats()["dram_used"] == 48 * KiB  # the slot is free now
+        slot = store.resolve("k7", lease_s=0.05)
+        assert slot is not None and store.evict("k7") == PAGE
+        time.sleep(0.1)  # a held slot whose lease ran out is freed without a release
+        assert store.stats()["dram_used"] == 32 * KiB
     finally:
         store.close()
 

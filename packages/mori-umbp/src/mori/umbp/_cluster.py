@@ -6,21 +6,23 @@ and registers with the master (its peer service's address and engine in the reco
 heartbeat ships its store's events. A put asks the master where each key goes (``BatchRoutePut``):
 a key routed here is stored locally, one routed to a peer is allocated there, written there by
 mori-io and committed. A get reads keys this node holds locally first, then asks the master
-where the rest are (``BatchRouteGet``) and reads them from their peers under a read lease. A
-peer that fails (no answer within the deadline, a failed transfer, a lease that did not hold)
-fails its keys: False, never other bytes.
+where the rest are (``BatchRouteGet``) and reads them from their peers under read leases,
+released after the get returns when the read ended well within them. A peer that fails (no
+answer within the deadline, a failed transfer, a lease that did not hold) fails its keys: False,
+never other bytes.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
-
-import grpc
+from typing import Any
 
 from mori.core.log import get_logger
 
@@ -30,7 +32,8 @@ from ._external import UMBPExternalKvHitCountEntry, UMBPExternalKvMatch
 from ._heartbeat import Heartbeat
 from ._master._proto import umbp_peer_pb2 as pb
 from ._master_client import MasterClient, MasterError, RoutePutOutcome
-from ._peer import PeerService, serve
+from ._peer import PeerServer, PeerService, serve
+from ._releases import LeaseReleaser
 from ._store import LocalStore
 from ._transport import Move, Peer, PeerUnavailableError, Transport
 
@@ -39,6 +42,36 @@ _log = get_logger("umbp")
 MAX_PLACED = 65536
 #: Peers a batch talks to at once.
 PEER_FANOUT = 8
+#: The part of a read lease within which a finished read is trusted without asking the owner
+#: (the rest covers the clocks' drift and the time the answer took to come back).
+LEASE_TRUST = 0.8
+#: A batch from one owner of more bytes than this is read in parts (see ``_read_in_parts``).
+PIPELINE_BYTES = 8 << 20
+#: The parts such a batch is read in, at most, and the fewest bytes in one.
+PIPELINE_PARTS = 8
+PIPELINE_PART_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resolved:
+    """An owner's answer to a resolve: ``started`` when it was asked (monotonic seconds)."""
+
+    peer: Peer
+    answer: Any
+    started: float
+
+
+def _parts(sizes: list[int], part_bytes: int) -> list[list[int]]:
+    """Indices of ``sizes`` in order, in parts of at least one page and about ``part_bytes``."""
+    parts: list[list[int]] = [[]]
+    held = 0
+    for i, size in enumerate(sizes):
+        if parts[-1] and held + size > part_bytes:
+            parts.append([])
+            held = 0
+        parts[-1].append(i)
+        held += size
+    return parts
 
 
 class ClusterNode:
@@ -70,14 +103,17 @@ class ClusterNode:
         self._placed: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._placed_lock = threading.Lock()
         self._fanout = concurrent.futures.ThreadPoolExecutor(PEER_FANOUT, thread_name_prefix="umbp-fanout")
+        self._releaser = LeaseReleaser()
+        #: The resolve of a batch's next part, while this part is read (see ``_read_in_parts``).
+        self._resolver = concurrent.futures.ThreadPoolExecutor(PEER_FANOUT, thread_name_prefix="umbp-resolve")
         self._service = PeerService(
             store, self.transport.engine_desc, self.transport.buffer.pack(), max_value_size, on_commit=self._committed
         )
-        self._server: grpc.Server | None = None
+        self._server: PeerServer | None = None
         self._heartbeat: Heartbeat | None = None
         try:
-            self._server, port = serve(self._service, "0.0.0.0", dist.peer_service_port)
-            self.peer_address = f"{mc.node_address}:{port}"
+            self._server = serve(self._service, "0.0.0.0", dist.peer_service_port)
+            self.peer_address = f"{mc.node_address}:{self._server.port}"
             self.master = MasterClient(
                 mc.master_address,
                 mc.node_id,
@@ -163,7 +199,7 @@ class ClusterNode:
             request = pb.BatchAllocateSlotsRequest()
             for key, size, depth in zip(keys, sizes, depths):
                 request.entries.add(key=key, size=size, tier=int(UMBPTierType.DRAM), depth=depth)  # type: ignore[arg-type]
-            slots = self.transport.call(peer.stub.BatchAllocateSlots, request, address).entries
+            slots = peer.call("BatchAllocateSlots", request).entries
         except PeerUnavailableError as exc:
             _log.warning("put of %d keys to %s: %s", len(keys), address, exc)
             return [False] * len(keys)
@@ -176,12 +212,12 @@ class ClusterNode:
         abort = [slots[i].slot_id for i, ok in zip(todo, written) if not ok]
         try:
             if abort:
-                self.transport.call(peer.stub.BatchAbortSlots, pb.BatchAbortSlotsRequest(slot_ids=abort), address)
+                peer.call("BatchAbortSlots", pb.BatchAbortSlotsRequest(slot_ids=abort))
             if commit:
                 request = pb.BatchCommitSlotsRequest()
                 for i in commit:
                     request.entries.add(slot_id=slots[i].slot_id, key=keys[i])
-                done = self.transport.call(peer.stub.BatchCommitSlots, request, address).success
+                done = peer.call("BatchCommitSlots", request).success
                 for i, ok in zip(commit, done):
                     results[i] = bool(ok)
         except PeerUnavailableError as exc:  # the peer reaps what it did not get to commit
@@ -266,9 +302,15 @@ class ClusterNode:
     def _get_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         """Reads keys from their owner, in rounds: an owner stages SSD pages into its DRAM for
         the reader, as many as its DRAM takes at once; the rest come in the next round, after
-        this one's leases are released. Stops when a round reads nothing."""
+        this one's leases are released. Stops when a round reads nothing. A batch of more than
+        :data:`PIPELINE_BYTES` is read in parts first, the owner staging the next part while this
+        one's pages move (:meth:`_read_in_parts`)."""
         results = [False] * len(keys)
         todo = list(range(len(keys)))
+        if sum(sizes) > PIPELINE_BYTES:
+            if not self._read_in_parts(address, keys, ptrs, sizes, results):
+                return results
+            todo = [i for i in todo if not results[i]]
         while todo:
             done = self._read_round(address, [keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
             for i, ok in zip(todo, done):
@@ -278,25 +320,71 @@ class ClusterNode:
             todo = [i for i, ok in zip(todo, done) if not ok]
         return results
 
+    def _read_in_parts(
+        self, address: str, keys: list[str], ptrs: list[int], sizes: list[int], results: list[bool]
+    ) -> bool:
+        """One round in parts of about 1/:data:`PIPELINE_PARTS` of the bytes (at least
+        :data:`PIPELINE_PART_BYTES`): the next part's resolve (the owner reading its SSD pages)
+        runs on another thread while this part is read, one part ahead. Whether anything was read."""
+        parts = _parts(sizes, max(PIPELINE_PART_BYTES, sum(sizes) // PIPELINE_PARTS))
+
+        def resolve(n: int) -> concurrent.futures.Future[_Resolved | None]:
+            return self._resolver.submit(self._resolve, address, [keys[i] for i in parts[n]])
+
+        read_any = False
+        ahead = resolve(0)
+        for n, part in enumerate(parts):
+            try:
+                got = ahead.result(2 * self.transport.rpc_timeout_s)  # the call's deadline ends it first
+            except concurrent.futures.TimeoutError:
+                got = None
+            if n + 1 < len(parts):
+                ahead = resolve(n + 1)
+            if got is None:
+                continue
+            done = self._read_resolved(got, [keys[i] for i in part], [ptrs[i] for i in part], [sizes[i] for i in part])
+            for i, ok in zip(part, done):
+                results[i] = ok
+            read_any = read_any or any(done)
+        return read_any
+
     def _read_round(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
-        results = [False] * len(keys)
+        got = self._resolve(address, keys)
+        return [False] * len(keys) if got is None else self._read_resolved(got, keys, ptrs, sizes)
+
+    def _resolve(self, address: str, keys: list[str]) -> _Resolved | None:
+        """``keys`` resolved on their owner under read leases (None when it did not answer)."""
+        started = time.monotonic()
         try:
             peer: Peer = self.transport.peer(address)
-            resolved = self.transport.call(peer.stub.BatchResolveKeys, pb.BatchResolveKeysRequest(keys=keys), address)
+            return _Resolved(peer, peer.call("BatchResolveKeys", pb.BatchResolveKeysRequest(keys=keys)), started)
         except PeerUnavailableError as exc:
             _log.warning("get of %d keys from %s: %s", len(keys), address, exc)
-            return results
+            return None
+
+    def _read_resolved(self, got: _Resolved, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
+        """Reads the resolved keys with mori-io and releases their leases. A read that ended
+        within its lease (with a margin) has the value's bytes: its leases are released in the
+        background, unless the owner could not stage every key (then at once, so that the next
+        round has their DRAM). A later read asks the owner whether its leases held."""
+        results = [False] * len(keys)
+        peer, resolved, started = got.peer, got.answer, got.started
         found = [i for i in range(len(keys)) if resolved.found[i] and resolved.size[i] == sizes[i]]
         if not found:
             return results
         read = self.transport.read(peer, [Move(ptrs[i], sizes[i], resolved.offset[i]) for i in found])
-        release = pb.BatchReleaseKeysRequest(
-            keys=[keys[i] for i in found], lease_id=[resolved.lease_id[i] for i in found]
-        )
+        leased = [keys[i] for i in found]
+        lease_ids = [resolved.lease_id[i] for i in found]
+        lease_end = started + resolved.lease_ms / 1000
+        if len(found) == len(keys) and time.monotonic() < started + LEASE_TRUST * resolved.lease_ms / 1000:
+            self._releaser.release(peer, leased, lease_ids, lease_end)
+            for i, ok in zip(found, read):
+                results[i] = ok
+            return results
         try:
-            held = self.transport.call(peer.stub.BatchReleaseKeys, release, address).held
+            held = peer.call("BatchReleaseKeys", pb.BatchReleaseKeysRequest(keys=leased, lease_id=lease_ids)).held
         except PeerUnavailableError as exc:
-            _log.warning("releasing %d keys on %s: %s", len(found), address, exc)
+            _log.warning("releasing %d keys on %s: %s", len(found), peer.address, exc)
             return results
         for i, ok, kept in zip(found, read, held):
             results[i] = bool(ok and kept)
@@ -374,8 +462,10 @@ class ClusterNode:
 
     def _shutdown_services(self) -> None:
         self._fanout.shutdown(wait=True)
+        self._resolver.shutdown(wait=True)
+        self._releaser.close()
         if self._server is not None:
-            self._server.stop(grace=1.0).wait(5)
+            self._server.stop(1.0)
         self._service.close()
         self.transport.close()
 

@@ -1,9 +1,10 @@
 """A node's peer service (MORI's ``umbp.UMBPPeer`` over gRPC), on the node's store.
 
 Peers allocate slots in this node's DRAM buffer, write into them with mori-io and commit them;
-they resolve keys to slots under a read lease, read them with mori-io and release them (the
-release says whether the lease held, so a reader never takes another value's bytes); the master
-sends eviction advice. What comes from the wire is checked: keys and sizes as the client checks
+they resolve keys to slots under read leases of their own (SSD pages read into DRAM first), read
+them with mori-io and release them. A leased slot's memory is not reused before the lease ends,
+so a read within the lease has the value's bytes, and a release says whether the lease held; the
+master sends eviction advice. What comes from the wire is checked: keys and sizes as the client checks
 them, batches of at most :data:`MAX_BATCH`, and at most :data:`MAX_PENDING` uncommitted slots at
 once, each aborted when its writer has not committed it within the pending TTL.
 """
@@ -21,6 +22,7 @@ import grpc
 
 from mori.core.log import get_logger
 
+from . import _grpc
 from ._checks import check_keys
 from ._enums import UMBPTierType
 from ._env import runtime_int
@@ -34,6 +36,8 @@ _log = get_logger("umbp")
 MAX_BATCH = 4096
 #: Uncommitted slots a node holds for its peers at once.
 MAX_PENDING = 65536
+#: The largest request the service takes.
+MAX_MESSAGE_BYTES = 16 << 20
 #: How long a peer's allocation may wait for room in DRAM.
 ALLOCATE_TIMEOUT_S = 2.0
 
@@ -207,7 +211,7 @@ class PeerService(pb_grpc.UMBPPeerServicer):
             response.tier.append(int(UMBPTierType.DRAM) if slot else int(UMBPTierType.Unknown))  # type: ignore[arg-type]
             response.size.append(slot.size if slot else 0)
             response.offset.append(slot.offset if slot else 0)
-            response.lease_id.append(slot.serial if slot else 0)
+            response.lease_id.append(slot.lease_id if slot else 0)
         return response
 
     def _release(self, request: Any) -> Any:
@@ -227,15 +231,50 @@ class PeerService(pb_grpc.UMBPPeerServicer):
         return response
 
 
-def serve(service: PeerService, host: str, port: int, workers: int = 8) -> tuple[grpc.Server, int]:
-    """The service on ``host:port`` (0: a free port); the started server and its port."""
-    server = grpc.server(
-        concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="umbp-peer"),
-        options=[("grpc.max_receive_message_length", 16 << 20)],
-    )
-    pb_grpc.add_UMBPPeerServicer_to_server(service, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"the peer service cannot listen on {host}:{port}")
-    server.start()
-    return server, bound
+class PeerServer:
+    """A :class:`PeerService` served on the gRPC transport :func:`._grpc.native` picks: gRPC C++
+    where built (a call served on one thread), else grpcio. ``port`` is where it listens."""
+
+    def __init__(self, service: PeerService, host: str, port: int, workers: int = 8) -> None:
+        address = f"{host}:{port}"
+        native = _grpc.native()
+        self._server: grpc.Server | _grpc.NativeServer
+        if native is not None:
+            self._server = _grpc.NativeServer(
+                native,
+                address,
+                [(pb_grpc.add_UMBPPeerServicer_to_server, service)],
+                workers=workers,
+                max_message_bytes=MAX_MESSAGE_BYTES,
+                max_streams=workers * 4,
+            )
+            self.port = self._server.port
+            return
+        server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="umbp-peer"),
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        )
+        pb_grpc.add_UMBPPeerServicer_to_server(service, server)
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError:  # grpcio's newer versions raise where older ones answer 0
+            self.port = 0
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address}")
+        server.start()
+        self._server = server
+
+    def stop(self, grace_s: float) -> None:
+        """Calls in flight get ``grace_s`` to finish; returns once the server has stopped."""
+        if isinstance(self._server, _grpc.NativeServer):
+            self._server.stop(grace_s)
+        else:
+            self._server.stop(grace_s).wait(grace_s + 5)
+
+
+def serve(service: PeerService, host: str, port: int, workers: int = 8) -> PeerServer:
+    """The service on ``host:port`` (0: a free port), started; OSError when it cannot listen."""
+    try:
+        return PeerServer(service, host, port, workers)
+    except OSError as exc:
+        raise OSError(f"the peer service {exc}") from None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,8 @@ class StoreClosedError(RuntimeError):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Slot:
     """A value's place in the DRAM buffer: ``offset`` into it, ``address`` in this process;
-    ``serial`` names this value of the key (a key stored again after an eviction has another)."""
+    ``serial`` names this value of the key (a key stored again after an eviction has another);
+    ``lease_id`` names the read lease :meth:`LocalStore.resolve` took on it (0: none)."""
 
     key: str
     offset: int
@@ -56,6 +58,7 @@ class Slot:
     address: int
     serial: int
     _entry: _Entry = dataclasses.field(repr=False, compare=False)
+    lease_id: int = 0
 
 
 class LocalStore(Tiers):
@@ -100,6 +103,8 @@ class LocalStore(Tiers):
         self._moves = 0  # batches moving to SSD
         self._moving_bytes = 0  # DRAM those batches will free
         self._pinned = 0  # pins held on all entries, dropped ones included
+        self._held = {}
+        self._lease_ids = itertools.count(1)
         self._closed = False
 
     # -- the seam -----------------------------------------------------------------------------
@@ -136,6 +141,7 @@ class LocalStore(Tiers):
                 self._check_open()
                 if key in self._index:
                     return None
+                self._reclaim()
                 if not make_room and self._dram.used + need > self._low:
                     raise StoreFullError(f"{size} bytes would take DRAM over its low watermark")
                 offset = self._dram.allocate(size)
@@ -149,7 +155,7 @@ class LocalStore(Tiers):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise StoreFullError(f"no room in DRAM for {size} bytes within {timeout} s")
-                self._lock.wait(min(remaining, 1.0))
+                self._lock.wait(min(remaining, 0.05 if self._held else 1.0))  # held slots free unannounced
             self._serial += 1
             entry = self._index[key] = _Entry(key, size, depth, offset, self._serial)
             self._pinned += 1
@@ -187,14 +193,16 @@ class LocalStore(Tiers):
             self._unpin(entry)
 
     def resolve(self, key: str, lease_s: float) -> Slot | None:
-        """``key``'s DRAM slot, kept from eviction for ``lease_s`` seconds (a peer reads it in
-        that time); an SSD-only key is staged back into DRAM first. None when absent or when
-        it cannot be staged."""
+        """``key``'s DRAM slot under a new read lease of ``lease_s`` seconds (a peer reads it in
+        that time): kept from eviction, and its memory not reused before the lease ends or is
+        released, even if the key is dropped meanwhile. An SSD-only key is staged back into DRAM
+        first. None when absent or when it cannot be staged."""
         return self.resolve_many([key], lease_s)[0]
 
     def resolve_many(self, keys: list[str], lease_s: float) -> list[Slot | None]:
-        """:meth:`resolve` of each key, with the SSD-only ones staged back into DRAM together
-        (their reads at once on the SSD workers); a key that cannot be staged is None alone."""
+        """:meth:`resolve` of each key (one lease a key, however often it is asked), with the
+        SSD-only ones staged back into DRAM together (one read run on this thread, more at once
+        on the SSD workers); a key that cannot be staged is None alone."""
         found: dict[str, _Entry] = {}
         with self._lock:
             self._check_open()
@@ -206,36 +214,36 @@ class LocalStore(Tiers):
             staging = [e for e in found.values() if e.dram is None]
         try:
             if staging:  # a page with no room in DRAM now is not read: the reader asks again
-                self._stage(staging, promote=True, scratch=False)
+                self._stage(staging, promote=True, scratch=False, here=True)
         finally:
             with self._lock:
                 for entry in found.values():
                     self._unpin(entry)
         slots: list[Slot | None] = []
+        leased: dict[str, Slot] = {}
         with self._lock:
             until = time.monotonic() + lease_s
             for key in keys:
+                slot = leased.get(key)
                 entry = found.get(key)
-                if entry is None or entry.dram is None or entry.gone or entry.drop_dram:
-                    slots.append(None)
-                    continue
-                entry.lease_until = max(entry.lease_until, until)
-                self._touch(entry)
-                slots.append(Slot(key, entry.dram, entry.size, self.buffer_address + entry.dram, entry.serial, entry))
+                usable = entry is not None and entry.dram is not None and not entry.gone and not entry.drop_dram
+                if slot is None and usable:
+                    assert entry is not None and entry.dram is not None
+                    lease_id = self._lease(entry, until)
+                    self._touch(entry)
+                    address = self.buffer_address + entry.dram
+                    slot = Slot(key, entry.dram, entry.size, address, entry.serial, entry, lease_id)
+                    leased[key] = slot
+                slots.append(slot)
         return slots
 
-    def release(self, key: str, serial: int) -> bool:
-        """Ends the read lease of ``key``'s value ``serial``; whether the lease held to now: the
-        value is still stored, in the slot :meth:`resolve` gave, and the lease had not run out
-        (so a reader's bytes are that value's)."""
+    def release(self, key: str, lease_id: int) -> bool:
+        """Ends the read lease ``lease_id`` that :meth:`resolve` took on ``key``'s slot; whether
+        it held to now (so a reader's bytes, read before this, are that value's): False when the
+        lease had run out or is not known (ended already, or never taken)."""
         with self._lock:
-            entry = self._index.get(key)
-            if entry is None or entry.serial != serial or entry.gone or entry.dram is None:
-                return False
-            held = entry.lease_until >= time.monotonic() and not entry.drop_dram
-            entry.lease_until = 0.0
-            self._lock.notify_all()
-            return held
+            until = self._end_lease(key, lease_id)
+            return until is not None and until >= time.monotonic()
 
     def evict(self, key: str, force: bool = True) -> int:
         """Removes ``key`` from every tier (REMOVE events); the bytes freed (0 when absent, or,
@@ -262,8 +270,7 @@ class LocalStore(Tiers):
             elif entry.ssd is not None:
                 del self._dram_lru[entry.key]
                 self._emit(KvEventType.REMOVE, entry, UMBPTierType.DRAM)
-                self._dram.free(entry.dram, entry.size)
-                entry.dram = None
+                self._drop_dram(entry)
             else:
                 del self._dram_lru[entry.key]
                 self._start_move([entry])
@@ -422,6 +429,7 @@ class LocalStore(Tiers):
     def stats(self) -> dict[str, int]:
         """Keys and bytes per tier, and capacities (what a heartbeat reports)."""
         with self._lock:
+            self._reclaim()
             committed = [e for e in self._index.values() if e.committed and not e.gone]
             return {
                 "keys": len(committed),

@@ -1,5 +1,7 @@
 """The store's bookkeeping of where each page is, and its moves between tiers: pins (every user
-of an entry's memory holds one; the last unpin frees what was dropped meanwhile), LRU eviction
+of an entry's memory holds one; the last unpin frees what was dropped meanwhile), read leases
+(a peer's read of a DRAM slot: a slot dropped while a lease on it runs is held back until the
+leases end, so a reader that finishes within its lease has the value's bytes), LRU eviction
 from DRAM to SSD by watermark, SSD eviction, and SSD pages staged back into DRAM. A mixin of
 :class:`._store.LocalStore`, whose lock every method here runs under unless it says otherwise."""
 
@@ -9,7 +11,7 @@ import collections
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from mori.core.log import get_logger
 
@@ -33,7 +35,7 @@ class _Entry:
         "dram",
         "ssd",
         "pins",
-        "lease_until",
+        "leases",
         "committed",
         "gone",
         "moving",
@@ -46,9 +48,23 @@ class _Entry:
         self.dram: int | None = dram
         self.ssd: SsdRecord | None = None
         self.pins = 1  # the writer's, until commit or abort
-        self.lease_until = 0.0
+        #: The read leases on the DRAM slot: lease id -> until (monotonic seconds).
+        self.leases: dict[int, float] | None = None
         self.committed = self.gone = self.moving = self.staging = False
         self.drop_dram = False
+
+
+class _HeldSlot:
+    """A DRAM slot dropped while read leases on it ran: freed when they have all ended."""
+
+    __slots__ = ("key", "offset", "size", "leases")
+
+    def __init__(self, key: str, offset: int, size: int, leases: dict[int, float]) -> None:
+        self.key, self.offset, self.size, self.leases = key, offset, size, leases
+
+
+def _live(leases: dict[int, float] | None, now: float) -> bool:
+    return bool(leases) and any(until > now for until in leases.values())  # type: ignore[union-attr]
 
 
 class Tiers:
@@ -69,6 +85,9 @@ class Tiers:
     _moves: int
     _moving_bytes: int
     _pinned: int
+    #: Slots held back for read leases, by lease id (a slot under each of its leases' ids).
+    _held: dict[int, _HeldSlot]
+    _lease_ids: Iterator[int]
 
     def _emit(self, kind: KvEventType, entry: _Entry, tier: UMBPTierType) -> None:
         event = KvEvent(kind, entry.key, tier, entry.size, entry.depth)
@@ -85,11 +104,72 @@ class Tiers:
             self._ssd_lru.move_to_end(entry.key)
 
     def _leased(self) -> bool:
+        """Whether DRAM will come back when read leases end: a leased page, or a held slot."""
+        self._reclaim()
         now = time.monotonic()
-        return any(e.lease_until > now for e in self._dram_lru.values())
+        return bool(self._held) or any(_live(e.leases, now) for e in self._dram_lru.values())
 
     def _busy(self, entry: _Entry) -> bool:
-        return entry.pins > 0 or entry.moving or entry.lease_until > time.monotonic()
+        return entry.pins > 0 or entry.moving or _live(entry.leases, time.monotonic())
+
+    def _lease(self, entry: _Entry, until: float) -> int:
+        """A new read lease on ``entry``'s DRAM slot, to ``until``; its id. Leases that ran out
+        are dropped here, so an entry keeps only those of readers within their time."""
+        lease_id = next(self._lease_ids)
+        if entry.leases is None:
+            entry.leases = {}
+        else:
+            now = time.monotonic()
+            for old in [i for i, end in entry.leases.items() if end <= now]:
+                del entry.leases[old]
+        entry.leases[lease_id] = until
+        return lease_id
+
+    def _end_lease(self, key: str, lease_id: int) -> float | None:
+        """Ends one read lease on ``key``'s slot, or on a slot of it held back (then freed once
+        no lease on it runs); when it was to run to, or None when no such lease is known."""
+        held = self._held.get(lease_id)
+        if held is not None and held.key == key:
+            del self._held[lease_id]
+            until = held.leases.pop(lease_id, 0.0)
+            if not _live(held.leases, time.monotonic()):
+                self._free_held(held)
+            self._lock.notify_all()
+            return until
+        entry = self._index.get(key)
+        if entry is None or not entry.leases or lease_id not in entry.leases:
+            return None
+        until = entry.leases.pop(lease_id)
+        self._lock.notify_all()
+        return until
+
+    def _drop_dram(self, entry: _Entry) -> None:
+        """Frees ``entry``'s DRAM slot, or, while a read lease on it runs, holds it back until
+        the leases end (a reader within its lease reads the value's bytes)."""
+        offset, leases = entry.dram, entry.leases
+        assert offset is not None
+        entry.dram, entry.leases, entry.drop_dram = None, None, False
+        if leases and _live(leases, time.monotonic()):
+            held = _HeldSlot(entry.key, offset, entry.size, leases)
+            for lease_id in leases:
+                self._held[lease_id] = held
+        else:
+            self._dram.free(offset, entry.size)
+
+    def _free_held(self, held: _HeldSlot) -> None:
+        for lease_id in held.leases:
+            self._held.pop(lease_id, None)
+        held.leases = {}
+        self._dram.free(held.offset, held.size)
+
+    def _reclaim(self) -> None:
+        """Frees the held slots whose leases have all ended."""
+        if not self._held:
+            return
+        now = time.monotonic()
+        done = {id(h): h for h in self._held.values() if not _live(h.leases, now)}
+        for held in done.values():
+            self._free_held(held)
 
     def _pin(self, entry: _Entry) -> None:
         entry.pins += 1
@@ -101,8 +181,7 @@ class Tiers:
         self._pinned -= 1
         if entry.pins == 0:
             if entry.dram is not None and (entry.gone or entry.drop_dram):
-                self._dram.free(entry.dram, entry.size)
-                entry.dram, entry.drop_dram = None, False
+                self._drop_dram(entry)
             if entry.ssd is not None and self._ssd is not None and entry.gone:
                 self._ssd.free(entry.ssd)
                 entry.ssd = None
@@ -147,8 +226,7 @@ class Tiers:
             del self._dram_lru[entry.key]
             if entry.ssd is not None:  # a clean page: SSD has it
                 self._emit(KvEventType.REMOVE, entry, UMBPTierType.DRAM)
-                self._dram.free(entry.dram, entry.size)  # type: ignore[arg-type]
-                entry.dram = None
+                self._drop_dram(entry)
             elif self._ssd is None:
                 self._forget(entry)
             else:
@@ -235,11 +313,14 @@ class Tiers:
             else:
                 self._forget(entry)
 
-    def _stage(self, entries: list[_Entry], promote: bool, scratch: bool = True) -> dict[int, UMBPHostBufferHandle]:
-        """Reads pinned SSD-only entries on the SSD workers, all at once. With ``promote``, each
-        into a new DRAM slot where one is free now (an ADD on DRAM when read); the others, with
-        ``scratch``, into scratch buffers, returned as ``{id(entry): buffer}`` for the caller to
-        free (without, they are not read)."""
+    def _stage(
+        self, entries: list[_Entry], promote: bool, scratch: bool = True, here: bool = False
+    ) -> dict[int, UMBPHostBufferHandle]:
+        """Reads pinned SSD-only entries on the SSD workers, all at once; with ``here``, one read
+        run on this thread (a peer's request, which waits for them anyway: no handoff for a
+        single page). With ``promote``, each into a new DRAM slot where one is free now (an ADD
+        on DRAM when read); the others, with ``scratch``, into scratch buffers, returned as
+        ``{id(entry): buffer}`` for the caller to free (without, they are not read)."""
         assert self._ssd is not None
         jobs: list[tuple[_Entry, SsdRecord, int | None, UMBPHostBufferHandle | None]] = []
         with self._lock:
@@ -265,9 +346,14 @@ class Tiers:
         # Neighbouring records are read by one call, and the runs by the workers at once.
         records = [job[1] for job in jobs]
         runs = read_runs(records)
-        futures = [
-            self._ssd.submit(self._ssd.read_run, [records[i] for i in run], [views[i] for i in run]) for run in runs
+        ssd = self._ssd
+        futures: list[concurrent.futures.Future[list[OSError | None]]] = [
+            ssd.submit(ssd.read_run, [records[i] for i in run], [views[i] for i in run])
+            for run in runs[: len(runs) - 1 if here else len(runs)]
         ]
+        if here and runs:
+            futures.append(concurrent.futures.Future())
+            futures[-1].set_result(ssd.read_run([records[i] for i in runs[-1]], [views[i] for i in runs[-1]]))
         outcome: list[bool | None] = [False] * len(jobs)  # None: timed out, the buffer abandoned
         deadline = time.monotonic() + IO_TIMEOUT_S
         for run, future in zip(runs, futures):

@@ -15,7 +15,7 @@ import ctypes
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -31,27 +31,70 @@ from mori.io import (
     StatusCode,
 )
 
+from . import _grpc
 from ._env import runtime_int
 from ._hostmem import allocate_host_buffer, free_host_buffer
 from ._master._proto import umbp_peer_pb2 as pb
 from ._master._proto import umbp_peer_pb2_grpc as pb_grpc
 
 _log = get_logger("umbp")
+_RESPONSES = _grpc.response_types(pb, "UMBPPeer")
+#: The largest answer a peer's service sends (a resolve of the most keys is far smaller).
+_MAX_ANSWER_BYTES = 16 << 20
 
 
 class PeerUnavailableError(RuntimeError):
     """A peer's service or engine did not answer in time, or refused the call."""
 
 
+class PeerChannel:
+    """A channel to a peer's service on the gRPC transport :func:`._grpc.native` picks;
+    :meth:`call` makes one call of ``umbp.UMBPPeer``."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        native = _grpc.native()
+        self._native = None if native is None else _grpc.NativeChannel(native, address, _MAX_ANSWER_BYTES)
+        self._channel: grpc.Channel | None = None
+        if self._native is None:
+            self._channel = grpc.insecure_channel(
+                address, options=[("grpc.max_receive_message_length", _MAX_ANSWER_BYTES)]
+            )
+            self._stub = pb_grpc.UMBPPeerStub(self._channel)
+
+    def call(self, rpc: str, request: object) -> Any:
+        """``rpc`` with ``request`` within the deadline; PeerUnavailableError on any failure."""
+        try:
+            if self._native is not None:
+                return self._native.unary(f"/umbp.UMBPPeer/{rpc}", request, _RESPONSES[rpc], self.timeout_s)
+            return getattr(self._stub, rpc)(request, timeout=self.timeout_s)
+        except _grpc.RpcFailure as exc:
+            raise PeerUnavailableError(f"peer {self.address}: {exc}") from None
+        except grpc.RpcError as exc:
+            raise PeerUnavailableError(f"peer {self.address}: {exc.code().name}: {exc.details()}") from None
+        except ValueError as exc:  # the channel was closed: the peer was forgotten after a failure
+            raise PeerUnavailableError(f"peer {self.address}: {exc}") from None
+
+    def close(self) -> None:
+        if self._native is not None:
+            self._native.close()
+        elif self._channel is not None:
+            self._channel.close()
+
+
 @dataclasses.dataclass
 class Peer:
-    """What this node knows of a peer: its service's stub, its engine, its DRAM buffer."""
+    """What this node knows of a peer: its service's channel, its engine, its DRAM buffer."""
 
     address: str
-    channel: grpc.Channel
-    stub: pb_grpc.UMBPPeerStub
+    channel: PeerChannel
     engine: EngineDesc
     buffer: MemoryDesc
+
+    def call(self, rpc: str, request: object) -> Any:
+        """One call of the peer's service (see :meth:`PeerChannel.call`)."""
+        return self.channel.call(rpc, request)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,16 +170,15 @@ class Transport:
             known = self._peers.get(address)
         if known is not None:
             return known
-        channel = grpc.insecure_channel(address)
-        stub = pb_grpc.UMBPPeerStub(channel)
+        channel = PeerChannel(address, self.rpc_timeout_s)
         try:
-            info = self.call(stub.GetPeerInfo, pb.GetPeerInfoRequest(), address)
+            info = channel.call("GetPeerInfo", pb.GetPeerInfoRequest())
             engine, buffer = EngineDesc.unpack(info.engine_desc), MemoryDesc.unpack(info.buffer_desc)
         except (PeerUnavailableError, ValueError) as exc:
             channel.close()
             raise PeerUnavailableError(f"peer {address}: {exc}") from None
         self.engine.register_remote_engine(engine)
-        peer = Peer(address, channel, stub, engine, buffer)
+        peer = Peer(address, channel, engine, buffer)
         with self._lock:
             self._peers.setdefault(address, peer)
             return self._peers[address]
@@ -149,15 +191,6 @@ class Transport:
             peer.channel.close()
             with contextlib.suppress(KeyError):  # another thread forgot it first
                 self.engine.deregister_remote_engine(peer.engine)
-
-    def call(self, method: Callable[..., Any], request: object, address: str) -> Any:
-        """One peer RPC with the deadline; PeerUnavailableError on any failure."""
-        try:
-            return method(request, timeout=self.rpc_timeout_s)
-        except grpc.RpcError as exc:
-            raise PeerUnavailableError(f"peer {address}: {exc.code().name}: {exc.details()}") from None
-        except ValueError as exc:  # the channel was closed: the peer was forgotten after a failure
-            raise PeerUnavailableError(f"peer {address}: {exc}") from None
 
     # -- moving pages -------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 
 ``store``: the storage node. A DRAM tier that takes every page of the run and an SSD tier
 behind it; answers the driver's ``to_ssd`` requests (each key leaves DRAM for SSD, or, when it
-is on SSD already, just leaves DRAM) until stdin closes.
+is on SSD already, just leaves DRAM, once no reader holds a lease on it) until stdin closes.
 ``client``: the node that puts and gets. Its DRAM tier is the smallest, so the master routes
 every put to the storage node, and every get reads from there, over TCP between namespaces; it
 runs the points (:func:`._measure.run`) and exits.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 from mori.umbp import UMBPClient, UMBPConfig, UMBPDistributedConfig, UMBPTierType
@@ -20,6 +21,8 @@ from mori.umbp import UMBPClient, UMBPConfig, UMBPDistributedConfig, UMBPTierTyp
 from . import _measure
 
 CLIENT_DRAM = 4 << 20
+#: The longest the storage node waits for a reader's lease on a page it is to move to SSD.
+LEASE_WAIT_S = 5.0
 
 
 def _config(args: dict[str, Any], role: str) -> UMBPConfig:
@@ -66,17 +69,31 @@ class _Client:
         return _measure.ask_storage_node_to_ssd(keys)
 
 
-def _serve(client: UMBPClient) -> None:
+def _to_ssd(client: UMBPClient, keys: list[str]) -> int:
+    """Leaves ``keys`` on the storage node's SSD tier only; how many are. A page a reader still
+    holds a read lease on stays in DRAM (the reader's release comes after its get returned):
+    it is asked again until the lease is released or ends."""
     store = client._store  # the storage node's own tiers: the benchmark puts pages back on SSD
     assert store is not None
-    _measure.send({"ready": True})
-    while (msg := _measure.receive()) is not None:
-        for key in msg["keys"]:
+    deadline = time.monotonic() + LEASE_WAIT_S
+    todo = keys
+    while todo:
+        for key in todo:
             store.demote(key)
         if not client.flush():  # the moves to SSD are done, and the master has their events
             raise RuntimeError("the storage node's flush failed")
-        moved = sum(1 if (store.lookup(key) or (None,))[0] == UMBPTierType.SSD else 0 for key in msg["keys"])
-        _measure.send({"moved": moved})
+        todo = [key for key in todo if (store.lookup(key) or (None,))[0] == UMBPTierType.DRAM]
+        if time.monotonic() > deadline:
+            break
+        if todo:
+            time.sleep(0.001)
+    return sum(1 if (store.lookup(key) or (None,))[0] == UMBPTierType.SSD else 0 for key in keys)
+
+
+def _serve(client: UMBPClient) -> None:
+    _measure.send({"ready": True})
+    while (msg := _measure.receive()) is not None:
+        _measure.send({"moved": _to_ssd(client, msg["keys"])})
 
 
 def main(argv: list[str] | None = None) -> None:

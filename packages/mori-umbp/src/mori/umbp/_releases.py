@@ -1,0 +1,79 @@
+"""Read leases released off the reader's thread.
+
+A reader whose mori-io read of a peer's slots ended within the lease the peer gave has that
+value's bytes (the owner keeps a leased slot's memory until the lease ends or is released), so
+it need not wait for the release's answer: :class:`LeaseReleaser` sends the releases from a
+thread of its own, those for one peer gathered into one call. What is not sent in time is
+harmless: a lease also ends by itself. The releases waiting are bounded; beyond the bound they
+are dropped (their leases run out instead).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from mori.core.log import get_logger
+
+from ._master._proto import umbp_peer_pb2 as pb
+from ._transport import Peer, PeerUnavailableError
+
+_log = get_logger("umbp")
+#: Releases waiting at once; more are dropped.
+MAX_WAITING = 65536
+#: Keys in one release call (the peer service's bound on a request).
+MAX_BATCH = 4096
+
+
+class LeaseReleaser:
+    """Sends ``BatchReleaseKeys`` for finished reads in the background (see the module's doc)."""
+
+    def __init__(self) -> None:
+        # peer address -> (peer, keys, lease ids, when the last of those leases ends)
+        self._waiting: dict[str, tuple[Peer, list[str], list[int], float]] = {}
+        self._count = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="umbp-release", daemon=True)
+        self._thread.start()
+
+    def release(self, peer: Peer, keys: list[str], lease_ids: list[int], until: float) -> None:
+        """Queues the release of ``keys``' leases on ``peer``, which run to ``until`` (monotonic
+        seconds) at the latest."""
+        with self._cond:
+            if self._closed or self._count + len(keys) > MAX_WAITING:
+                return
+            _, waiting_keys, waiting_ids, last = self._waiting.get(peer.address, (peer, [], [], 0.0))
+            waiting_keys.extend(keys)
+            waiting_ids.extend(lease_ids)
+            self._waiting[peer.address] = (peer, waiting_keys, waiting_ids, max(last, until))
+            self._count += len(keys)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait(1.0)
+                if not self._waiting:
+                    return
+                waiting, self._waiting, self._count = self._waiting, {}, 0
+            for peer, keys, lease_ids, until in waiting.values():
+                if until <= time.monotonic():
+                    continue  # the leases have ended by themselves
+                for start in range(0, len(keys), MAX_BATCH):
+                    request = pb.BatchReleaseKeysRequest(
+                        keys=keys[start : start + MAX_BATCH], lease_id=lease_ids[start : start + MAX_BATCH]
+                    )
+                    try:
+                        peer.call("BatchReleaseKeys", request)
+                    except PeerUnavailableError as exc:
+                        _log.debug("releasing %d leases on %s: %s", len(keys), peer.address, exc)
+                        break
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Sends what waits, then stops the thread (waits at most ``timeout`` seconds)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout)

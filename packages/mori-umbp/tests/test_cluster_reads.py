@@ -1,0 +1,109 @@
+"""A node's reads from a peer (the master in its own process, pages moved by mori-io over TCP),
+byte for byte: read leases released after the get returns, a read that outlived its lease asking
+the owner and failing rather than trusting its bytes, and a batch of many megabytes read in parts
+while the owner stages the next part from its SSD tier."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from _cluster_nodes import FAST_MASTER, KiB, node_config, row_ptrs, seeded_pages
+from _master_harness import running_master, wait_until
+
+from mori.umbp import UMBPClient, _cluster
+
+PAGE = 64 * KiB
+
+
+@pytest.fixture()
+def master():
+    with running_master(FAST_MASTER) as m:
+        yield m
+
+
+def _owner_and_reader(master, tmp_path, count: int, size: int, dram: int) -> tuple[UMBPClient, UMBPClient, np.ndarray]:
+    """A node holding ``count`` pages of ``size`` bytes (those beyond its ``dram`` on its SSD tier),
+    and a node without them; and the pages."""
+    owner = UMBPClient(node_config(master.address, "owner", tmp_path / "owner", dram=dram))
+    src = seeded_pages(5, count, size)
+    keys = [f"r{i}" for i in range(count)]
+    owner.register_memory(int(src.ctypes.data), src.nbytes)
+    assert all(owner.batch_put_from_ptr(keys, row_ptrs(src), [size] * count))  # the only node: all here
+    assert owner.flush()
+    try:
+        reader = UMBPClient(node_config(master.address, "reader", None))
+    except BaseException:
+        owner.close()
+        raise
+    wait_until(lambda: reader.batch_exists_consecutive(keys) == count, 10, "every key visible to the reader")
+    return owner, reader, src
+
+
+def _leases(owner: UMBPClient) -> int:
+    """Read leases the owner's store holds: on its slots and on slots held back for them."""
+    store = owner._store
+    assert store is not None
+    with store._lock:
+        return sum(len(e.leases or ()) for e in store._index.values()) + len(store._held)
+
+
+def test_a_read_releases_its_leases_after_the_get_returns(master, tmp_path) -> None:
+    owner, reader, src = _owner_and_reader(master, tmp_path, 8, PAGE, 4 << 20)
+    try:
+        keys = [f"r{i}" for i in range(8)]
+        dst = np.zeros_like(src)
+        reader.register_memory(int(dst.ctypes.data), dst.nbytes)
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 8))
+        assert np.array_equal(src, dst)
+        wait_until(lambda: _leases(owner) == 0, 10, "the reader's leases released")
+    finally:
+        reader.close()
+        owner.close()
+
+
+def test_a_read_that_outlived_its_lease_asks_the_owner_and_fails(master, tmp_path, monkeypatch) -> None:
+    owner, reader, src = _owner_and_reader(master, tmp_path, 4, PAGE, 4 << 20)
+    try:
+        keys = [f"r{i}" for i in range(4)]
+        dst = np.zeros_like(src)
+        reader.register_memory(int(dst.ctypes.data), dst.nbytes)
+        monkeypatch.setattr(_cluster, "LEASE_TRUST", 0.0)  # no read is trusted: each asks the owner
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 4))  # the leases held
+        assert np.array_equal(src, dst) and _leases(owner) == 0
+        node = reader._cluster
+        real_read = node.transport.read
+
+        def slow_read(peer, moves):  # the owner's lease (500 ms) runs out before the read ends
+            done = real_read(peer, moves)
+            time.sleep(0.6)
+            return done
+
+        monkeypatch.setattr(node.transport, "read", slow_read)
+        assert reader.batch_get_into_ptr(keys, row_ptrs(dst), [PAGE] * 4) == [False] * 4
+    finally:
+        reader.close()
+        owner.close()
+
+
+def test_a_batch_of_many_megabytes_is_read_in_parts_from_the_owners_ssd(master, tmp_path, monkeypatch) -> None:
+    """12 MiB from an owner with 4 MiB of DRAM: read in parts of 4 MiB, the next part staged from
+    SSD while one moves; parts the owner has no room for come in later rounds."""
+    size, count = 256 * KiB, 48
+    owner, reader, src = _owner_and_reader(master, tmp_path, count, size, 4 << 20)
+    try:
+        assert owner.stats()["ssd_keys"] >= count - 16
+        node = reader._cluster
+        parts: list[int] = []
+        real = node._read_in_parts
+        monkeypatch.setattr(node, "_read_in_parts", lambda *a: parts.append(1) or real(*a))
+        keys = [f"r{i}" for i in range(count)]
+        dst = np.zeros_like(src)
+        reader.register_memory(int(dst.ctypes.data), dst.nbytes)
+        assert all(reader.batch_get_into_ptr(keys, row_ptrs(dst), [size] * count))
+        assert np.array_equal(src, dst) and parts == [1]
+        wait_until(lambda: _leases(owner) == 0, 10, "the reader's leases released")
+    finally:
+        reader.close()
+        owner.close()
