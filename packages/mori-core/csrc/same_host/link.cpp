@@ -29,6 +29,10 @@ namespace {
 // bytes at kSpinBytesPerNs), at most kMaxLeadSpinNs; then it sleeps on its transfer. A 4 KiB round
 // trip takes a few µs, a 1 MiB copy 60-100.
 constexpr int64_t kLeadSpinNs = 50'000, kMaxLeadSpinNs = 1'000'000;
+// ...unless its oldest request is still unclaimed this long after it began: the target's thread
+// serves other initiators' rings first. Then it sleeps at once: many initiators polling while they
+// queue take the cores that thread needs (16 initiators moved half of one initiator's bytes).
+constexpr int64_t kQueuedSpinNs = 20'000;
 constexpr uint64_t kSpinBytesPerNs = 8;
 
 std::string pid_namespace() {
@@ -526,14 +530,18 @@ void SameHostLink::on_readable() {
 }
 
 void SameHostLink::lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs) {
-    const int64_t spinUntil = std::min(deadlineNs, now_ns() + spinNs);
+    const int64_t start = now_ns(), spinUntil = std::min(deadlineNs, start + spinNs);
     std::atomic<uint32_t>& spinning = ring_.header().spinning;
     // While this thread polls the target needs not ring the socket for completions.
     spinning.fetch_add(1, std::memory_order_seq_cst);
     int polls = 0;
-    while (!t.finished() && usable() && now_ns() < spinUntil) {
+    for (int64_t now = start; !t.finished() && usable() && now < spinUntil; now = now_ns()) {
         std::unique_lock rl(readMu_, std::try_to_lock);  // else another thread harvests: t as well
         if (rl.owns_lock() && harvest() > 0) continue;
+        // Queued behind other initiators (the oldest request not claimed yet): sleep, see above.
+        if (rl.owns_lock() && now - start > kQueuedSpinNs &&
+            ring_.slot(done_).state.load(std::memory_order_acquire) == same_host::kPosted)
+            break;
         if (rl.owns_lock()) rl.unlock();
         same_host::relax(polls);
     }

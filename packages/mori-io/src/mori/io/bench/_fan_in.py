@@ -1,8 +1,11 @@
 """``mori-io-bench --fan-in N``: one target serving N initiator processes at once, against the
-same target serving one. Each initiator moves its own share of the target's memory with
-back-to-back transfers of one (size, batch) point; the aggregate is every initiator's bytes over
-the time from the first one's start to the last one's end (CLOCK_MONOTONIC, one clock for the
-whole host)."""
+same target serving one. Each of the N initiators moves its own share of the target's memory
+(one transfer of the point: size x batch bytes) with back-to-back transfers; the one initiator
+moves all N shares in turn, from N buffers of its own, so that both runs touch as much memory
+(on one host a single share of a few MiB stays in the CPU's cache, N of them do not: the
+comparison is of the target's serving, not of cache sizes). The aggregate is every initiator's
+bytes over the time from the first one's start to the last one's end (CLOCK_MONOTONIC, one clock
+for the whole host)."""
 
 from __future__ import annotations
 
@@ -56,12 +59,14 @@ def _initiator(
     warmup: int,
     config: TcpBackendConfig | RdmaBackendConfig,
     backend: str,
+    shares: int,
 ) -> None:
     """One initiator: connected and warmed up, waits for "go", then times ``iters`` transfers
-    into its share of the target (rank's slice) and sends (start, end, bytes)."""
+    and sends (start, end, bytes). Its transfers go to the target's shares ``rank`` to
+    ``rank + shares - 1`` in turn, each from a buffer of its own."""
     size, batch = point
     share = size * batch
-    buf, addr, device, loc = _buffer(share, "cpu", "initiator")
+    buf, addr, device, loc = _buffer(share * shares, "cpu", "initiator")
     engine = IOEngine(f"fan-in-{rank}", IOEngineConfig(host=host, port=0))
     try:
         _create_backend(engine, backend, config)
@@ -69,14 +74,15 @@ def _initiator(
         conn.send(engine.get_engine_desc().pack())
         conn.recv()  # the target knows this engine
         rmem = MemoryDesc.unpack(target[1])
-        lmem = engine.register_memory(addr, share, device, loc)
+        lmem = engine.register_memory(addr, share * shares, device, loc)
         l_offs, r_offs = block_layout(size, batch)
-        r_offs = [rank * share + o for o in r_offs]
+        layouts = [([k * share + o for o in l_offs], [(rank + k) * share + o for o in r_offs]) for k in range(shares)]
         go = engine.batch_read if op == "read" else engine.batch_write
 
         def run(count: int) -> None:
-            for _ in range(count):
-                st = go(lmem, l_offs, rmem, r_offs, [size] * batch, engine.allocate_transfer_uid())
+            for i in range(count):
+                local, remote = layouts[i % shares]
+                st = go(lmem, local, rmem, remote, [size] * batch, engine.allocate_transfer_uid())
                 if st.WaitFor(60_000) != StatusCode.SUCCESS:
                     raise RuntimeError(f"fan-in initiator {rank}: transfer failed: {st}")
 
@@ -109,13 +115,15 @@ def _aggregate(
     host: str,
     config: TcpBackendConfig | RdmaBackendConfig,
     backend: str,
+    shares: int,
 ) -> float:
-    """GB/s that ``initiators`` processes move together through one target at ``point``."""
+    """GB/s that ``initiators`` processes move together through one target of ``shares`` shares
+    at ``point`` (one initiator: every share in turn)."""
     ctx = mp.get_context("spawn")
     size, batch = point
     t_conn, t_child = ctx.Pipe()
     target = ctx.Process(
-        target=_target, args=(t_child, host, size * batch * initiators, config, backend, initiators), daemon=True
+        target=_target, args=(t_child, host, size * batch * shares, config, backend, initiators), daemon=True
     )
     target.start()
     procs: list[tuple[Any, mp.process.BaseProcess]] = []
@@ -125,7 +133,7 @@ def _aggregate(
             conn, child = ctx.Pipe()
             proc = ctx.Process(
                 target=_initiator,
-                args=(child, rank, host, t_desc, point, op, iters, warmup, config, backend),
+                args=(child, rank, host, t_desc, point, op, iters, warmup, config, backend, shares // initiators),
                 daemon=True,
             )
             proc.start()
@@ -167,8 +175,8 @@ def run_fan_in(
     at once (``fan_in_gbs``) through one target, and their ratio."""
     rows = []
     for point in points:
-        one = _aggregate(1, point, op, iters, warmup, host, config, backend)
-        many = _aggregate(initiators, point, op, iters, warmup, host, config, backend)
+        one = _aggregate(1, point, op, iters, warmup, host, config, backend, initiators)
+        many = _aggregate(initiators, point, op, iters, warmup, host, config, backend, initiators)
         rows.append(
             {
                 "size": point[0],
