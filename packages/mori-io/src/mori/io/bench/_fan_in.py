@@ -1,9 +1,10 @@
 """``mori-io-bench --fan-in N``: one target serving N initiator processes at once, against the
 same target serving one. Each of the N initiators moves its own share of the target's memory
 (one transfer of the point: size x batch bytes) with back-to-back transfers; the one initiator
-moves all N shares in turn, from N buffers of its own, so that both runs touch as much memory
-(on one host a single share of a few MiB stays in the CPU's cache, N of them do not: the
-comparison is of the target's serving, not of cache sizes). The aggregate is every initiator's
+moves all N shares in turn. Every initiator holds a buffer of N shares and moves share k of it to
+or from the target's share k, so that both runs touch as much memory, of the same kind (on one
+host a single share of a few MiB stays in the CPU's cache, N of them do not, and a larger buffer
+gets huge pages: the comparison is of the target's serving, not of caches and page sizes). The aggregate is every initiator's
 bytes over the time from the first one's start to the last one's end (CLOCK_MONOTONIC, one clock
 for the whole host)."""
 
@@ -60,13 +61,14 @@ def _initiator(
     config: TcpBackendConfig | RdmaBackendConfig,
     backend: str,
     shares: int,
+    total: int,
 ) -> None:
     """One initiator: connected and warmed up, waits for "go", then times ``iters`` transfers
-    and sends (start, end, bytes). Its transfers go to the target's shares ``rank`` to
-    ``rank + shares - 1`` in turn, each from a buffer of its own."""
+    and sends (start, end, bytes). Its transfers move shares ``rank`` to ``rank + shares - 1`` in
+    turn, each between the same share of its buffer (``total`` shares) and of the target."""
     size, batch = point
     share = size * batch
-    buf, addr, device, loc = _buffer(share * shares, "cpu", "initiator")
+    buf, addr, device, loc = _buffer(share * total, "cpu", "initiator")
     engine = IOEngine(f"fan-in-{rank}", IOEngineConfig(host=host, port=0))
     try:
         _create_backend(engine, backend, config)
@@ -74,9 +76,11 @@ def _initiator(
         conn.send(engine.get_engine_desc().pack())
         conn.recv()  # the target knows this engine
         rmem = MemoryDesc.unpack(target[1])
-        lmem = engine.register_memory(addr, share * shares, device, loc)
+        lmem = engine.register_memory(addr, share * total, device, loc)
         l_offs, r_offs = block_layout(size, batch)
-        layouts = [([k * share + o for o in l_offs], [(rank + k) * share + o for o in r_offs]) for k in range(shares)]
+        layouts = [
+            ([k * share + o for o in l_offs], [k * share + o for o in r_offs]) for k in range(rank, rank + shares)
+        ]
         go = engine.batch_read if op == "read" else engine.batch_write
 
         def run(count: int) -> None:
@@ -133,7 +137,20 @@ def _aggregate(
             conn, child = ctx.Pipe()
             proc = ctx.Process(
                 target=_initiator,
-                args=(child, rank, host, t_desc, point, op, iters, warmup, config, backend, shares // initiators),
+                args=(
+                    child,
+                    rank,
+                    host,
+                    t_desc,
+                    point,
+                    op,
+                    iters,
+                    warmup,
+                    config,
+                    backend,
+                    shares // initiators,
+                    shares,
+                ),
                 daemon=True,
             )
             proc.start()
