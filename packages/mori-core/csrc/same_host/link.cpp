@@ -271,7 +271,7 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
     const size_t parts = (n + same_host::kMaxEntries - 1) / same_host::kMaxEntries;
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; ++i) bytes += rows[i].bytes;
-    if (direct_ && parts == 1 && bytes <= same_host::kDirectMaxBytes && usable()) {
+    if (direct_ && parts == 1 && (bytes <= same_host::kDirectMaxBytes || direct_->target_busy()) && usable()) {
         if (auto done = copy_direct(op, rows, n, remoteId, uid, notify, deadlineNs, ucxLink)) return done;
     }
     auto t = std::make_shared<Transfer>(nullptr, ucxLink, std::max<int64_t>(1, static_cast<int64_t>(parts)), deadlineNs,

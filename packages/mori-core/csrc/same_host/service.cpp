@@ -392,8 +392,13 @@ void SameHostService::ring_bells(bool all) {
 
 bool SameHostService::poll_rings() {
     ready_.clear();
-    for (auto& [fd, c] : conns_)
-        if (c->proven) ready_.push_back(fd);
+    uint32_t queued = 0;  // for the window: initiators whose requests wait now
+    for (auto& [fd, c] : conns_) {
+        if (!c->proven) continue;
+        ready_.push_back(fd);
+        queued += c->ring.slot(c->tail).state.load(std::memory_order_relaxed) == same_host::kPosted;
+    }
+    if (window_) window_->set_queued(queued);
     bool served = false;
     for (int fd : ready_) {
         auto it = conns_.find(fd);  // serving a connection drops at most that one
@@ -403,6 +408,7 @@ bool SameHostService::poll_rings() {
 }
 
 bool SameHostService::any_posted() {
+    if (window_) window_->set_queued(0);  // asleep: nothing waits for this thread's copies
     bool posted = false;
     for (auto& [fd, c] : conns_) {
         if (!c->proven) continue;

@@ -254,6 +254,11 @@ bool Window::withdraw(uint64_t id, int64_t deadlineNs) {
     }
 }
 
+void Window::set_queued(uint32_t n) {
+    std::atomic<uint32_t>& q = reinterpret_cast<WindowHeader*>(base_)->queued;
+    if (q.load(std::memory_order_relaxed) != n) q.store(n, std::memory_order_relaxed);  // a line initiators read
+}
+
 void Window::withdraw_all(int64_t deadlineNs) {
     std::vector<uint64_t> ids;
     {
@@ -358,8 +363,7 @@ std::unique_ptr<DirectPath> DirectPath::open(int windowFd, int pinsFd, pid_t pid
         why = "the target sent a region window or pin array that is not a sealed memfd of the right size";
         return nullptr;
     }
-    WindowHeader h;
-    std::memcpy(&h, w, sizeof(h));
+    const auto& h = *static_cast<const WindowHeader*>(w);
     if (h.magic != kWindowMagic || h.slots != kWindowSlots) {
         why = "the target's region window has another layout";
         return nullptr;
@@ -412,6 +416,10 @@ bool DirectPath::pin(uint64_t remoteId, size_t& i, uint64_t& addr, uint64_t& siz
         return true;
     }
     return false;
+}
+
+bool DirectPath::target_busy() const {
+    return reinterpret_cast<const WindowHeader*>(window_)->queued.load(std::memory_order_relaxed) >= 2;
 }
 
 bool DirectPath::note(uint64_t uid) {

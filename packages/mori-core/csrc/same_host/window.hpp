@@ -50,23 +50,27 @@ constexpr uint32_t kWindowMagic = 0x4d535731;  // "1WSM"
 constexpr size_t kWindowSlots = 1024;          // regions published; more go through the service only
 // A transfer of at most this many bytes (and one request's blocks) is copied by its initiator.
 // Larger ones go to the target's thread: the call that starts them returns at once, and their
-// copy overlaps the caller's own work, as on every other path.
+// copy overlaps the caller's own work, as on every other path. Unless that thread is busy with
+// other initiators' requests (WindowHeader::queued): then a transfer would wait for it anyway, and
+// many initiators copying for themselves use every core instead of that one thread's.
 constexpr uint64_t kDirectMaxBytes = 64 << 10;
 
-#pragma pack(push, 1)
 struct WindowHeader {
     uint32_t magic, slots;
     uint64_t probe;     // the address of nonce in the target's own memory
     uint8_t nonce[16];  // what an initiator must read there: the pid it copies into is the target's
-    uint8_t pad[32];
+    // Initiators whose requests waited for the target's thread at its last look (0 while it
+    // sleeps): from 2 on, an initiator copies a larger transfer itself too (kDirectMaxBytes).
+    std::atomic<uint32_t> queued;
+    uint8_t pad[28];
 };
-#pragma pack(pop)
 struct WindowSlot {
     std::atomic<uint64_t> word;  // generation << 1 | live
     std::atomic<uint64_t> id, addr, size;
     uint8_t pad[32];
 };
-static_assert(sizeof(WindowHeader) == 64 && sizeof(WindowSlot) == 64, "same-host window layout");
+static_assert(sizeof(WindowHeader) == 64 && offsetof(WindowHeader, queued) == 32 && sizeof(WindowSlot) == 64,
+              "same-host window layout");
 constexpr size_t kWindowBytes = sizeof(WindowHeader) + kWindowSlots * sizeof(WindowSlot);
 constexpr size_t kPinBytes = kWindowSlots * sizeof(std::atomic<uint32_t>);
 constexpr size_t kNotes = 1024;  // notes of one connection not yet recorded; more go through the ring
@@ -122,6 +126,8 @@ public:
     // waits until no live initiator holds a pin on it, up to deadlineNs; false when some still do.
     bool withdraw(uint64_t id, int64_t deadlineNs);
     void withdraw_all(int64_t deadlineNs);
+    // What the target's thread found at its last look: initiators with requests waiting.
+    void set_queued(uint32_t n);
     // The pins of a new connection from the process of pidfd (taken over): null when the kernel
     // refused the memfd (that initiator then uses the service only).
     std::shared_ptr<Pins> add_pins(int pidfd, const std::string& key);
@@ -166,6 +172,9 @@ public:
     // Writes the notification of a transfer that succeeded into this connection's notes; false
     // when they are full (the caller sends it through the ring).
     bool note(uint64_t uid);
+    // Whether the target's thread has other initiators' requests waiting (a larger transfer is
+    // then copied here too).
+    bool target_busy() const;
 
 private:
     DirectPath() = default;
