@@ -2,16 +2,17 @@
 network namespaces on UCX's tcp transport) in alternating rounds, write then read, and the median
 over rounds of each point's per-round median latency, bandwidth and initiator CPU seconds per GB.
 With ``--same-host``: mori-io-bench's RDMA backend beside NIXL on one host instead (CPU memory,
-UCX's defaults for both; mori takes its UCX engine's same-host path), 4 KiB and 1 MiB single and
-1024 x 1 MiB scattered.
+UCX's defaults for both; mori takes its UCX engine's same-host path: its initiator copies a
+transfer of up to 64 KiB itself, as NIXL's does, and hands larger ones to the target's thread),
+4 KiB and 1 MiB single and 1024 x 4 KiB and 1024 x 1 MiB scattered.
 
     python ci/rdma_bench_rounds.py PEER_PYTHON [--same-host] [--rounds 3] [--iters 30] [--warmup 5] [--out DIR]
                                    [--num-worker-threads N]
 
 ``--warmup``: untimed transfers per point first (mori-io-bench's default, 5). On one host mori's
-initiator and target threads hand each request to each other, and the kernel takes some hundred
-transfers to settle where they run (their first 30 on the 2-core VM took 5-7 µs longer each);
-NIXL's initiator works alone. A longer warm-up (``--warmup 200``) shows the settled state.
+initiator and target threads hand each large request to each other, and the kernel takes some
+hundred transfers to settle where they run (their first 30 on the 2-core VM took 5-7 µs longer
+each). A longer warm-up (``--warmup 200``) shows the settled state.
 
 PEER_PYTHON has ``nixl`` installed (``pip install nixl==1.5.1``). Needs root and iproute2.
 """

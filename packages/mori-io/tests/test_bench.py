@@ -191,3 +191,41 @@ def test_bench_gpu_memory_without_a_gpu_says_so_before_starting_anything(monkeyp
     assert parse_args(["--mem-type", "gpu"]).mem_type == "gpu" and parse_args([]).mem_type == "cpu"
     with pytest.raises(SystemExit):
         parse_args(["--mem-type", "hbm"])
+
+
+def test_fan_in_measures_one_and_many_initiators_per_backend(tmp_path, monkeypatch, capsys):
+    """``--fan-in 2``: per backend (TCP, and the RDMA backend kept on UCX's tcp), one target with
+    one initiator and with two at once, their aggregate GB/s and ratio in the table and JSON."""
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "tcp")
+    out = tmp_path / "f.json"
+    rc = main(
+        [
+            "--fan-in",
+            "2",
+            "--backend",
+            "tcp,rdma-ucx",
+            "--sizes",
+            "4K",
+            "--batch-sizes",
+            "4",
+            "--iters",
+            "5",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["engine"], r["initiators"], r["size"], r["batch"]) for r in rows] == [
+        ("mori", 2, 4096, 4),
+        ("mori-rdma-ucx", 2, 4096, 4),
+    ]
+    for r in rows:
+        assert r["one_gbs"] > 0 and r["fan_in_gbs"] > 0 and r["ratio"] == pytest.approx(r["fan_in_gbs"] / r["one_gbs"])
+    assert "2 init GB/s" in capsys.readouterr().out
+    assert parse_args(["--fan-in", "3"]).fan_in == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--fan-in", "2", "--peers", "nixl"])

@@ -5,6 +5,7 @@
 // table they were given, and so does Python (mori.core.inbound); thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -68,8 +69,26 @@ public:
         return dropped;
     }
 
+    // Records that wait outside the table (the same-host path's notes, written by initiators into
+    // shared memory) are moved in by their feed (it calls record) before every lookup: a record
+    // written there before its writer reported success is found once the writer saw it. The
+    // handle is for remove_feed, which returns once no call of that feed runs.
+    uint64_t add_feed(std::function<void()> feed) {
+        std::lock_guard lk(feedsMu_);
+        feeds_.emplace_back(++nextFeed_, std::move(feed));
+        hasFeeds_.store(true, std::memory_order_release);
+        return nextFeed_;
+    }
+    void remove_feed(uint64_t id) {
+        std::lock_guard lk(feedsMu_);
+        feeds_.erase(std::remove_if(feeds_.begin(), feeds_.end(), [id](auto& f) { return f.first == id; }),
+                     feeds_.end());
+        hasFeeds_.store(!feeds_.empty(), std::memory_order_release);
+    }
+
     // The (code, message) recorded for (key, uid), removing the record; nullopt when there is none.
     std::optional<std::pair<int, std::string>> pop(const std::string& key, uint64_t uid) {
+        feed();
         std::lock_guard lk(mu_);
         auto k = keyIds_.find(key);
         if (k == keyIds_.end()) return std::nullopt;
@@ -90,6 +109,7 @@ public:
     }
 
     size_t count() {
+        feed();
         std::lock_guard lk(mu_);
         dropped_ += expire_locked(now_ns());
         return index_.size();
@@ -102,6 +122,11 @@ public:
     }
 
 private:
+    void feed() {
+        if (!hasFeeds_.load(std::memory_order_acquire)) return;
+        std::lock_guard lk(feedsMu_);
+        for (auto& [id, f] : feeds_) f();
+    }
     static constexpr uint32_t kBuried = UINT32_MAX;  // a record popped or replaced, still in the deque
     static constexpr size_t kPackAfter = 4096;       // buried records tolerated before packing
     struct Id {
@@ -196,6 +221,10 @@ private:
     int64_t ttlNs_;
     std::string settings_;
     std::mutex mu_;
+    std::mutex feedsMu_;  // feeds_; taken before mu_ (a feed records)
+    std::vector<std::pair<uint64_t, std::function<void()>>> feeds_;
+    uint64_t nextFeed_ = 0;
+    std::atomic<bool> hasFeeds_{false};
     std::deque<Record> records_;                      // oldest first; record seq is at records_[seq - first_]
     uint64_t first_ = 0;                              // seq of records_.front()
     size_t buried_ = 0;                               // buried records still in the deque

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "same_host/ring.hpp"
+#include "same_host/window.hpp"
 #include "ucx/engine.hpp"
 #include "ucx/wire.hpp"
 
@@ -28,6 +29,10 @@ namespace {
 // bytes at kSpinBytesPerNs), at most kMaxLeadSpinNs; then it sleeps on its transfer. A 4 KiB round
 // trip takes a few µs, a 1 MiB copy 60-100.
 constexpr int64_t kLeadSpinNs = 50'000, kMaxLeadSpinNs = 1'000'000;
+// ...unless its oldest request is still unclaimed this long after it began: the target's thread
+// serves other initiators' rings first. Then it sleeps at once: many initiators polling while they
+// queue take the cores that thread needs (16 initiators moved half of one initiator's bytes).
+constexpr int64_t kQueuedSpinNs = 20'000;
 constexpr uint64_t kSpinBytesPerNs = 8;
 
 std::string pid_namespace() {
@@ -150,27 +155,11 @@ SameHostLink::~SameHostLink() {
 
 namespace {
 
-// Sends msg on a Unix socket with passFd beside it (SCM_RIGHTS); sendmsg's result (errno kept).
-ssize_t send_with_fd(int fd, const void* msg, size_t len, int passFd) {
-    iovec v{const_cast<void*>(msg), len};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr m{};
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cm), &passFd, sizeof(int));
-    return ::sendmsg(fd, &m, MSG_NOSIGNAL);
-}
-
-// Waits, within the engine's timeout, for the target's answer to the hello; false with why set
-// when none came or the target closed the socket.
+// Waits, within the engine's timeout, for the target's answer to the hello and the fds beside
+// it (its window and our pins, when it offers direct copies; -1 else); false with why set when
+// none came or the target closed the socket.
 bool await_hello_reply(int fd, const EngineOptions& opts, const std::string& who, same_host::HelloReply& r,
-                       std::string& why) {
+                       int (&fds)[2], std::string& why) {
     const int64_t deadline = now_ns() + static_cast<int64_t>(opts.timeout * 1e9);
     for (;;) {
         struct pollfd p{fd, POLLIN, 0};
@@ -181,7 +170,7 @@ bool await_hello_reply(int fd, const EngineOptions& opts, const std::string& who
             return false;
         }
         if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left / 1'000'000 + 1, 1000))) <= 0) continue;
-        ssize_t n = ::recv(fd, &r, sizeof(r), 0);
+        const ssize_t n = same_host::recv_with_fds(fd, &r, sizeof(r), 0, fds, 2);
         if (n == sizeof(r) && r.magic == same_host::kMagic && r.type == same_host::kHelloReply) return true;
         why = who + " closed its same-host socket (it refused our ticket or ring, or is not a mori engine)";
         return false;
@@ -222,7 +211,7 @@ std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shar
     static thread_local uint8_t probe[sizeof(h.nonce)];
     std::memcpy(probe, h.nonce, sizeof(probe));
     h.probe = reinterpret_cast<uint64_t>(probe);
-    const ssize_t sent = send_with_fd(fd, &h, sizeof(h), ringFd);
+    const ssize_t sent = same_host::send_with_fds(fd, &h, sizeof(h), &ringFd, 1, MSG_NOSIGNAL);
     const int sendErr = errno;
     ::close(ringFd);  // the target holds its own copy now; the mapping keeps ours
     if (sent != sizeof(h)) {
@@ -230,14 +219,33 @@ std::shared_ptr<SameHostLink> SameHostLink::open(Engine& engine, const std::shar
         return nullptr;
     }
     same_host::HelloReply r{};
-    const bool answered = await_hello_reply(fd, engine.options(), who, r, why);
+    int fds[2] = {-1, -1};
+    const bool answered = await_hello_reply(fd, engine.options(), who, r, fds, why);
     std::memset(probe, 0, sizeof(probe));
-    if (!answered) return nullptr;
-    if (r.err != 0) {
+    if (answered && r.err != 0)
         why = who + " cannot reach this process's memory with process_vm_readv/writev: " + errno_text(r.err);
-        return nullptr;
+    if (answered && r.err == 0) link->open_direct(fds);
+    for (int f : fds)
+        if (f >= 0) ::close(f);  // mapped, or refused
+    return answered && r.err == 0 ? link : nullptr;
+}
+
+void SameHostLink::open_direct(const int (&fds)[2]) {
+    if (!engine_.options().sameHostDirect) {
+        directWhy_ = "off in this engine (same_host_direct=False)";
+        return;
     }
-    return link;
+    if (fds[0] < 0 || fds[1] < 0) {
+        directWhy_ = "the target offers none (it refused same_host_direct, or its kernel refused the window)";
+        return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0) {
+        directWhy_ = "the target's pid is unknown here (another PID namespace)";
+        return;
+    }
+    direct_ = same_host::DirectPath::open(fds[0], fds[1], cred.pid, directWhy_);
 }
 
 namespace {
@@ -261,10 +269,13 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
                                              size_t n, uint64_t remoteId, uint64_t uid, bool notify, int64_t deadlineNs,
                                              Link* ucxLink) {
     const size_t parts = (n + same_host::kMaxEntries - 1) / same_host::kMaxEntries;
-    auto t = std::make_shared<Transfer>(nullptr, ucxLink, std::max<int64_t>(1, static_cast<int64_t>(parts)), deadlineNs,
-                                        notify, uid);
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; ++i) bytes += rows[i].bytes;
+    if (direct_ && parts == 1 && (bytes <= same_host::kDirectMaxBytes || direct_->target_busy()) && usable()) {
+        if (auto done = copy_direct(op, rows, n, remoteId, uid, notify, deadlineNs, ucxLink)) return done;
+    }
+    auto t = std::make_shared<Transfer>(nullptr, ucxLink, std::max<int64_t>(1, static_cast<int64_t>(parts)), deadlineNs,
+                                        notify, uid);
     t->carried_by(shared_from_this(),
                   std::min<int64_t>(kMaxLeadSpinNs, kLeadSpinNs + static_cast<int64_t>(bytes / kSpinBytesPerNs)));
     if (parts == 0) {  // nothing to move; the notification still goes
@@ -315,6 +326,63 @@ std::shared_ptr<Transfer> SameHostLink::post(Op op, const std::shared_ptr<Region
         send(&bell, sizeof(bell));
     }
     return t;
+}
+
+std::shared_ptr<Transfer> SameHostLink::copy_direct(Op op, const plan::Row* rows, size_t n, uint64_t remoteId,
+                                                    uint64_t uid, bool notify, int64_t deadlineNs, Link* ucxLink) {
+    int err = 0;
+    const auto r = direct_->copy(op, rows, n, remoteId, err);
+    if (r == same_host::DirectPath::Result::kService) return nullptr;
+    if (r == same_host::DirectPath::Result::kFailed) {  // not recorded at the target: a transport failure
+        auto t = std::make_shared<Transfer>(nullptr, ucxLink, 1, deadlineNs, false, uid);
+        t->part_done(kErrTransport, "copying " + std::string(op == kOpWrite ? "into" : "from") + " engine '" +
+                                        peer_->key + "''s memory failed" +
+                                        (err == ESRCH ? " (its process is gone)" : "") + ": " + errno_text(err));
+        return t;
+    }
+    // Noted before it reports success: a lookup of the target's records finds it from now on.
+    if (notify && !direct_->note(uid)) post_note(uid, deadlineNs);
+    // The slots of earlier notes, done by now: freed here, so that the target need not ring.
+    std::unique_lock rl(readMu_, std::try_to_lock);
+    if (rl.owns_lock()) harvest();
+    // Every direct copy that succeeded reports through one finished transfer: nothing of it is
+    // its own any more (its notification went), and its caller needs no object of its own.
+    static const std::shared_ptr<Transfer> succeeded = [] {
+        auto t = std::make_shared<Transfer>(nullptr, nullptr, 1, INT64_MAX, false, 0);
+        t->part_done(kSuccess, "");
+        return t;
+    }();
+    return succeeded;
+}
+
+void SameHostLink::post_note(uint64_t uid, int64_t deadlineNs) {
+    std::unique_lock lk(mu_);
+    for (;;) {
+        if (!failure_.empty()) return;  // as for any transfer the link failed: no record
+        const uint64_t seq = head_;
+        same_host::Slot& s = ring_.slot(seq);
+        if (s.state.load(std::memory_order_acquire) == same_host::kFree) {
+            // In a slot, as a request: a polling target reads it with no system call on either side.
+            s.request = same_host::Request{same_host::kMagic, same_host::kNote, 0, 0, 0, seq, uid};
+            pending_.emplace(seq, Pending{});
+            ++head_;
+            s.state.store(same_host::kPosted, std::memory_order_seq_cst);
+            break;
+        }
+        lk.unlock();  // the ring is full: the target makes room, as for a request
+        const bool room = wait_for_room(seq, deadlineNs);
+        lk.lock();
+        if (!room && failure_.empty()) {
+            lk.unlock();
+            fail(ring_full_why());
+            return;
+        }
+    }
+    lk.unlock();
+    if (ring_.header().targetAsleep.exchange(0, std::memory_order_seq_cst) != 0) {
+        const same_host::Bell bell{same_host::kMagic, same_host::kBell, {}};
+        send(&bell, sizeof(bell));
+    }
 }
 
 bool SameHostLink::wait_for_room(uint64_t seq, int64_t deadlineNs) {
@@ -374,6 +442,7 @@ void SameHostLink::fail(const std::string& why) {
     for (auto& [seq, p] : failed) {
         uint32_t posted = same_host::kPosted;  // not claimed by the target yet: taken back
         ring_.slot(seq).state.compare_exchange_strong(posted, same_host::kFree, std::memory_order_acq_rel);
+        if (!p.transfer) continue;  // a note
         --p.local->pins;
         p.transfer->fail(kErrTransport, why);
     }
@@ -391,6 +460,7 @@ void SameHostLink::handle(uint64_t seq, const same_host::Reply& r) {
         p = std::move(it->second);
         pending_.erase(it);
     }
+    if (!p.transfer) return;  // a note (post_note)
     --p.local->pins;
     if (r.code == kSuccess) {
         p.transfer->part_done(kSuccess, "");
@@ -460,14 +530,18 @@ void SameHostLink::on_readable() {
 }
 
 void SameHostLink::lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs) {
-    const int64_t spinUntil = std::min(deadlineNs, now_ns() + spinNs);
+    const int64_t start = now_ns(), spinUntil = std::min(deadlineNs, start + spinNs);
     std::atomic<uint32_t>& spinning = ring_.header().spinning;
     // While this thread polls the target needs not ring the socket for completions.
     spinning.fetch_add(1, std::memory_order_seq_cst);
     int polls = 0;
-    while (!t.finished() && usable() && now_ns() < spinUntil) {
+    for (int64_t now = start; !t.finished() && usable() && now < spinUntil; now = now_ns()) {
         std::unique_lock rl(readMu_, std::try_to_lock);  // else another thread harvests: t as well
         if (rl.owns_lock() && harvest() > 0) continue;
+        // Queued behind other initiators (the oldest request not claimed yet): sleep, see above.
+        if (rl.owns_lock() && now - start > kQueuedSpinNs &&
+            ring_.slot(done_).state.load(std::memory_order_acquire) == same_host::kPosted)
+            break;
         if (rl.owns_lock()) rl.unlock();
         same_host::relax(polls);
     }

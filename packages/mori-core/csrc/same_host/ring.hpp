@@ -1,6 +1,8 @@
 // The UCX engine's same-host path: between two engines of one host (one kernel, one network
-// namespace, one PID namespace) host memory moves with process_vm_readv/process_vm_writev,
-// done by the target after it checked every block against its live registrations.
+// namespace, one PID namespace) host memory moves with process_vm_readv/process_vm_writev:
+// small transfers copied by the initiator itself, checked against the target's window of its
+// registrations (same_host/window.hpp), the others by the target after it checked every block
+// against its live registrations (this file).
 //
 // Each engine listens on an abstract Unix socket (SOCK_SEQPACKET: one message per send). An
 // initiator's link connects, presents the ticket the target issued to it with its request ring
@@ -50,8 +52,12 @@ struct Link;
 
 namespace same_host {
 
+class Window;
+class DirectPath;
+
 constexpr uint32_t kMagic = 0x4d534830;  // "0HSM"
-// kRequest/kReply name what a ring slot holds; kBell is a doorbell (either way).
+// kRequest/kReply name what a ring slot holds (and kNote a direct copy's notification, see window.hpp); kBell is a
+// doorbell (either way).
 enum Type : uint8_t { kHello = 1, kHelloReply = 2, kRequest = 3, kReply = 4, kNote = 5, kBell = 6 };
 constexpr size_t kMaxEntries = 1024;  // IOV_MAX: one process_vm call per request
 constexpr size_t kRingSlots = 32;     // requests in flight per link; a full ring makes the poster wait
@@ -205,6 +211,9 @@ public:
     void lead(const Transfer& t, int64_t deadlineNs, int64_t spinNs);
     bool usable() const { return !failed_.load(std::memory_order_acquire); }
     int fd() const { return fd_; }
+    // Whether small transfers are copied by this process (same_host/window.hpp); else why not.
+    bool direct() const { return direct_ != nullptr; }
+    const std::string& direct_refusal() const { return directWhy_; }
     // Fails what is in flight with why and shuts the socket (the peer sees it closed).
     void fail(const std::string& why);
 
@@ -214,6 +223,14 @@ public:
     void expire(int64_t now);
 
 private:
+    void open_direct(const int (&fds)[2]);  // the window and pins the hello's reply passed (-1: none)
+    // A transfer of one request copied by this thread, finished; null when the target's thread
+    // must serve it (see same_host/window.hpp).
+    std::shared_ptr<Transfer> copy_direct(Op op, const plan::Row* rows, size_t n, uint64_t remoteId, uint64_t uid,
+                                          bool notify, int64_t deadlineNs, Link* ucxLink);
+    // A direct copy's notification, through the ring (with it full, waits for room until the
+    // deadline, then fails the link).
+    void post_note(uint64_t uid, int64_t deadlineNs);
     size_t read_locked();  // readMu_ held: drains the doorbells, harvests the ring; returns replies handled
     size_t harvest();      // readMu_ held: the completions the target marked done, in order
     // Waits (polling, then asleep on the socket) until the slot of sequence seq is free; false at
@@ -222,7 +239,7 @@ private:
     std::string ring_full_why() const;  // why a transfer failed waiting for room
     void handle(uint64_t seq, const same_host::Reply& r);
     void send(const void* msg, size_t len);
-    struct Pending {
+    struct Pending {  // both null for a note
         std::shared_ptr<Transfer> transfer;
         std::shared_ptr<Region> local;  // pinned until the reply
     };
@@ -240,6 +257,8 @@ private:
     std::mutex readMu_;  // one harvester of the ring and reader of the socket at a time
     std::mutex sendMu_;  // outbox_
     Outbox outbox_;
+    std::unique_ptr<same_host::DirectPath> direct_;
+    std::string directWhy_;
 };
 
 // The engine's same-host service: its listening socket, the connections it serves, and the
@@ -252,19 +271,26 @@ public:
     void add_link(const std::shared_ptr<SameHostLink>& link);
     void remove_link(const SameHostLink* link);
     void want_write(int fd);  // a link's outbox holds messages: flush when writable
-    void stop();              // ends the thread, closes every connection, fails every link
+    // Where this engine publishes its host regions for initiators' direct copies (window.hpp);
+    // null when the kernel refused it.
+    same_host::Window* window() const { return window_.get(); }
+    void stop();  // ends the thread, closes every connection, fails every link
 
 private:
     struct Conn;
     void run();
     void resume_listening(int64_t now);           // the listening socket, once its pause (fd exhaustion) ended
     void on_link_event(int fd, uint32_t events);  // one of this engine's links: doorbells, its outbox
-    void on_conn_event(int fd, uint32_t events);  // a connection served: its messages, its outbox
-    void spin_on_rings(int64_t& lastBusy);        // polls the rings alone for kRingsOnlyNs
-    void expire_links(int64_t now);               // fails the transfers of own links past their deadline
+    // A connection served: its messages, its outbox; false when it brought only notes.
+    bool on_conn_event(int fd, uint32_t events);
+    void spin_on_rings(int64_t& lastBusy);  // polls the rings alone for kRingsOnlyNs
+    void expire_links(int64_t now);         // fails the transfers of own links past their deadline
     void accept_all();
     void serve(Conn& c, const uint8_t* msg, size_t len, int passedFd);
     void hello(Conn& c, const same_host::Hello& h, int ringFd);
+    // Sends a proven hello's reply with the window and the connection's pins (SCM_RIGHTS);
+    // false, nothing sent, when there is none to offer (then the plain reply goes).
+    bool offer_window(Conn& c, const void* msg, size_t len);
     // Serves the posted slots of c's ring, in order (a few per call: one peer cannot hold the
     // thread); true when it served any.
     bool serve_ring(Conn& c);
@@ -293,6 +319,7 @@ private:
     std::vector<int> ready_;                 // poll_rings' list of connections
     std::vector<int> bells_;                 // connections with a bell held back (Conn::bellAt)
     int64_t listenPausedUntil_ = 0;
+    std::unique_ptr<same_host::Window> window_;
 };
 
 }  // namespace mori::ucx

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "same_host/ring.hpp"
+#include "same_host/window.hpp"
 #include "ucx/engine.hpp"
 #include "ucx/wire.hpp"
 
@@ -45,32 +46,6 @@ constexpr uint64_t kTagListen = ~uint64_t{0}, kTagWake = ~uint64_t{0} - 1;
     throw std::runtime_error(std::string("same-host service: ") + what + ": " + std::strerror(errno));
 }
 
-// Moves every byte of iovs (local and remote of equal segment sizes) with process_vm_readv or
-// writev, resuming after partial copies. 0, or the errno of the first failure.
-int copy_all(pid_t pid, bool intoLocal, std::vector<iovec>& local, std::vector<iovec>& remote) {
-    size_t first = 0;
-    while (first < local.size()) {
-        const size_t cnt = local.size() - first;
-        ssize_t n = intoLocal ? process_vm_readv(pid, &local[first], cnt, &remote[first], cnt, 0)
-                              : process_vm_writev(pid, &local[first], cnt, &remote[first], cnt, 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (n == 0) return EFAULT;
-        size_t left = static_cast<size_t>(n);
-        while (first < local.size() && left >= local[first].iov_len) left -= local[first++].iov_len;
-        if (left > 0) {
-            for (auto* v : {&local[first], &remote[first]}) {
-                v->iov_base = static_cast<char*>(v->iov_base) + left;
-                v->iov_len -= left;
-            }
-        }
-        while (first < local.size() && local[first].iov_len == 0) ++first;
-    }
-    return 0;
-}
-
 }  // namespace
 
 struct SameHostService::Conn {
@@ -84,6 +59,7 @@ struct SameHostService::Conn {
     Outbox out;
     std::unordered_map<uint64_t, int> refused;  // notifying transfers in flight with a refusal: uid -> code
     int64_t bellAt = 0;                         // a bell held back until then (kBellDelayNs), 0: none
+    std::shared_ptr<same_host::Pins> pins;      // its pins on the window (direct copies), when offered
 };
 
 SameHostService::SameHostService(Engine& engine)
@@ -113,6 +89,9 @@ SameHostService::SameHostService(Engine& engine)
         ev.data.u64 = tag;
         if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0) sys_fail("epoll_ctl");
     }
+    std::string why;  // without a window initiators send every request to this thread
+    window_ = same_host::Window::create(
+        [this](const std::string& key, uint64_t uid, int code) { engine_.record_inbound(key, uid, code); }, why);
     thread_ = std::thread([this] { run(); });
 }
 
@@ -162,7 +141,13 @@ void SameHostService::stop() {
     ssize_t n = ::write(wakeFd_, &one, sizeof(one));
     (void)n;
     if (thread_.joinable()) thread_.join();
-    for (auto& [fd, c] : conns_) ::close(fd);
+    // No initiator copies into this engine's memory after this (nor after the timeout, for one
+    // that holds a pin now).
+    if (window_) window_->withdraw_all(now_ns() + static_cast<int64_t>(engine_.options().timeout * 1e9));
+    for (auto& [fd, c] : conns_) {
+        if (c->pins) same_host::revoke(*c->pins);
+        ::close(fd);
+    }
     conns_.clear();
     std::unordered_map<int, std::shared_ptr<SameHostLink>> links;
     {
@@ -173,6 +158,8 @@ void SameHostService::stop() {
 }
 
 void SameHostService::drop(int fd) {
+    auto it = conns_.find(fd);
+    if (it != conns_.end() && it->second->pins) same_host::revoke(*it->second->pins);
     epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr);
     ::close(fd);
     conns_.erase(fd);
@@ -255,11 +242,31 @@ void SameHostService::hello(Conn& c, const same_host::Hello& h, int ringFd) {
         err = EACCES;  // another process's memory: the pid is not the initiator's
     same_host::HelloReply r{same_host::kMagic, same_host::kHelloReply, {}, err};
     const int fd = c.fd;
+    if (err == 0 && offer_window(c, &r, sizeof(r))) {
+        c.proven = true;
+        return;
+    }
     reply(c, &r, sizeof(r));
     if (err != 0 && conns_.count(fd))
         drop(fd);
     else if (conns_.count(fd))
         c.proven = true;
+}
+
+bool SameHostService::offer_window(Conn& c, const void* msg, size_t len) {
+    if (!window_ || !engine_.options().sameHostDirect) return false;
+    std::shared_ptr<same_host::Pins> pins = window_->add_pins(same_host::peer_pidfd(c.fd, c.pid), c.key);
+    if (!pins) return false;
+    const int fds[2] = {window_->fd(), pins->fd};
+    const bool sent =
+        same_host::send_with_fds(c.fd, msg, len, fds, 2, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(len);
+    ::close(std::exchange(pins->fd, -1));  // the initiator maps its own copy
+    if (!sent) {
+        same_host::revoke(*pins);
+        return false;
+    }
+    c.pins = std::move(pins);
+    return true;
 }
 
 void SameHostService::copy(Conn& c, const same_host::Request& h, const same_host::Entry* entries, same_host::Reply& r) {
@@ -282,7 +289,7 @@ void SameHostService::copy(Conn& c, const same_host::Request& h, const same_host
     }
     if (r.reason == kReasonNone) {
         r.entry = 0;
-        r.err = copy_all(c.pid, h.op == kOpWrite, local, remote);
+        r.err = same_host::copy_all(c.pid, h.op == kOpWrite, local.data(), remote.data(), local.size());
         if (r.err != 0) r.reason = kReasonFailed;
     } else {
         engine_.count(&EngineStats::refused);
@@ -303,16 +310,21 @@ bool SameHostService::serve_ring(Conn& c) {
         // Copied out before it is checked: the initiator can write the slot at any time.
         same_host::Request h;
         std::memcpy(&h, &s.request, sizeof(h));
-        if (h.magic != same_host::kMagic || h.type != same_host::kRequest || (h.op != kOpRead && h.op != kOpWrite) ||
-            h.count == 0 || h.count > same_host::kMaxEntries ||
-            (h.flags & ~(same_host::kNotify | same_host::kLast)) != 0) {
+        // A note: the initiator copied a notifying transfer itself (window.hpp); it succeeded.
+        const bool note = h.type == same_host::kNote && h.op == 0 && h.count == 0 && h.flags == 0;
+        if (h.magic != same_host::kMagic ||
+            (!note &&
+             (h.type != same_host::kRequest || (h.op != kOpRead && h.op != kOpWrite) || h.count == 0 ||
+              h.count > same_host::kMaxEntries || (h.flags & ~(same_host::kNotify | same_host::kLast)) != 0))) {
             engine_.count(&EngineStats::malformed);
             drop(fd);
             return true;
         }
-        std::memcpy(entries_.data(), s.entries, h.count * sizeof(same_host::Entry));
         same_host::Reply r{same_host::kMagic, same_host::kReply, {}, kSuccess, kReasonNone, 0, 0, 0, h.id};
-        copy(c, h, entries_.data(), r);
+        if (!note) {
+            std::memcpy(entries_.data(), s.entries, h.count * sizeof(same_host::Entry));
+            copy(c, h, entries_.data(), r);
+        }
         // The transfer's outcome, when it notifies: its first refusal, else success; recorded
         // with its last request, as the initiator reports it (a transport failure is not
         // recorded: it reports that).
@@ -335,8 +347,8 @@ bool SameHostService::serve_ring(Conn& c) {
         // initiator that stops polling looks at the ring once more after it said so.
         s.state.store(same_host::kDone, std::memory_order_seq_cst);
         ++c.tail;
-        if ((h.flags & (same_host::kNotify | same_host::kLast)) == (same_host::kNotify | same_host::kLast) &&
-            outcome != kErrTransport)
+        if (note || ((h.flags & (same_host::kNotify | same_host::kLast)) == (same_host::kNotify | same_host::kLast) &&
+                     outcome != kErrTransport))
             engine_.record_inbound(c.key, h.uid, outcome);
     }
     if (served == 0) return false;
@@ -380,8 +392,13 @@ void SameHostService::ring_bells(bool all) {
 
 bool SameHostService::poll_rings() {
     ready_.clear();
-    for (auto& [fd, c] : conns_)
-        if (c->proven) ready_.push_back(fd);
+    uint32_t queued = 0;  // for the window: initiators whose requests wait now
+    for (auto& [fd, c] : conns_) {
+        if (!c->proven) continue;
+        ready_.push_back(fd);
+        queued += c->ring.slot(c->tail).state.load(std::memory_order_relaxed) == same_host::kPosted;
+    }
+    if (window_) window_->set_queued(queued);
     bool served = false;
     for (int fd : ready_) {
         auto it = conns_.find(fd);  // serving a connection drops at most that one
@@ -391,6 +408,7 @@ bool SameHostService::poll_rings() {
 }
 
 bool SameHostService::any_posted() {
+    if (window_) window_->set_queued(0);  // asleep: nothing waits for this thread's copies
     bool posted = false;
     for (auto& [fd, c] : conns_) {
         if (!c->proven) continue;
@@ -442,27 +460,7 @@ void SameHostService::serve(Conn& c, const uint8_t* msg, size_t len, int passedF
 ssize_t SameHostService::receive(int fd, bool hello, int& passedFd) {
     passedFd = -1;
     if (!hello) return ::recv(fd, buf_.data(), buf_.size(), MSG_DONTWAIT | MSG_TRUNC);
-    iovec v{buf_.data(), buf_.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr m{};
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd, &m, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
-    for (cmsghdr* cm = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; cm != nullptr; cm = CMSG_NXTHDR(&m, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-        const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-            int got;
-            std::memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (passedFd < 0 && !(m.msg_flags & MSG_CTRUNC))
-                passedFd = got;
-            else
-                ::close(got);
-        }
-    }
-    return n;
+    return same_host::recv_with_fds(fd, buf_.data(), buf_.size(), MSG_DONTWAIT | MSG_TRUNC, &passedFd, 1);
 }
 
 void SameHostService::run() {
@@ -492,9 +490,9 @@ void SameHostService::run() {
                 on_link_event(static_cast<int>(tag & 0xffffffff), evs[i].events);
             } else {
                 // Only serving keeps the thread polling: replies to this engine's own transfers
-                // are read by their waiters first, and otherwise wake it from its sleep.
-                lastBusy = now;
-                on_conn_event(static_cast<int>(tag), evs[i].events);
+                // are read by their waiters first, and otherwise wake it from its sleep; the note
+                // of a direct copy asks for nothing more.
+                if (on_conn_event(static_cast<int>(tag), evs[i].events)) lastBusy = now;
             }
         }
         // Awake: only the rings are polled for a while (no system call but the yields of relax)
@@ -504,6 +502,7 @@ void SameHostService::run() {
         if (now < nextExpiry) continue;
         nextExpiry = now + kExpiryEveryNs;  // deadlines of the engine's own links, every few milliseconds
         expire_links(now);
+        if (window_) window_->drain();  // notes no one looked up yet: room for more
     }
 }
 
@@ -533,25 +532,26 @@ void SameHostService::on_link_event(int fd, uint32_t events) {
     if (!link->usable()) remove_link(link.get());
 }
 
-void SameHostService::on_conn_event(int fd, uint32_t events) {
+bool SameHostService::on_conn_event(int fd, uint32_t events) {
     auto it = conns_.find(fd);
-    if (it == conns_.end()) return;
+    if (it == conns_.end()) return true;
     Conn& c = *it->second;
     if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
         // The initiator closed (it failed the transfers, or ended): what it had queued is not
         // served, so no byte moves for a transfer it gave up on.
         drop(c.fd);
-        return;
+        return true;
     }
     if (events & EPOLLOUT) {
         int err = 0;
         if (!c.out.flush(c.fd, err)) {
             drop(c.fd);
-            return;
+            return true;
         }
-        if (!c.out.queued.empty()) return;
+        if (!c.out.queued.empty()) return true;
         watch(c.fd, EPOLLIN | EPOLLRDHUP, false);
     }
+    bool busy = (events & EPOLLOUT) != 0;
     // A few messages per wake and connection: one peer cannot hold the thread.
     for (int k = 0; k < 16 && conns_.count(fd) && c.out.queued.empty(); ++k) {
         int passedFd;
@@ -563,9 +563,11 @@ void SameHostService::on_conn_event(int fd, uint32_t events) {
             drop(c.fd);  // the peer left (or sent what no peer sends)
             break;
         }
+        busy = busy || len != sizeof(same_host::Note) || buf_[4] != same_host::kNote;
         serve(c, buf_.data(), static_cast<size_t>(len), passedFd);
         if (passedFd >= 0) ::close(passedFd);  // a ring stays mapped without it
     }
+    return busy;
 }
 
 void SameHostService::spin_on_rings(int64_t& lastBusy) {

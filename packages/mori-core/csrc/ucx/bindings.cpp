@@ -96,6 +96,10 @@ mori::native::Registration reg([](py::module_& root) {
                                "True when host-memory transfers take the same-host path (process_vm_readv/writev).")
         .def_property_readonly("same_host_refusal", &Peer::same_host_refusal,
                                "Why a same-host peer could not use that path ('' when it was not offered or works).")
+        .def_property_readonly("same_host_path", &Peer::same_host_path,
+                               "On the same-host path, how transfers move: 'direct' (this process copies those of "
+                               "up to 64 KiB itself, checked against the target's published registrations), or "
+                               "'served: ' and why not (the target's thread copies every one); '' off that path.")
         .def("healthy", &Peer::healthy, "False once the peer failed or was closed.")
         .def("failure", &Peer::failure, "Why the peer failed ('' while healthy).")
         .def("describe", &Peer::describe, py::call_guard<py::gil_scoped_release>(),
@@ -105,50 +109,53 @@ mori::native::Registration reg([](py::module_& root) {
         .def("close", &Peer::close, py::call_guard<py::gil_scoped_release>());
 
     py::class_<Engine, std::shared_ptr<Engine>>(m, "UcxEngine", "mori-core's UCX engine (see mori.core.ucx).")
-        .def(py::init([](const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings,
-                         int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
-                         bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets,
-                         std::shared_ptr<mori::InboundRecords> inbound, bool sameHost, uint64_t sendQueue,
-                         double sendQueueWait, bool roundRobin, bool standAside) {
-                 EngineOptions o;
-                 o.name = name;
-                 o.settings = settings;
-                 o.workers = workers;
-                 o.lanes = lanes;
-                 o.polling = polling;
-                 o.timeout = timeout;
-                 o.timeoutSetting = timeoutSetting;
-                 o.rma = rma;
-                 o.maxInbound = maxInbound;
-                 o.inboundTtl = inboundTtl;
-                 o.maxTickets = maxTickets;
-                 o.inbound = std::move(inbound);
-                 o.sendQueue = sendQueue;
-                 o.sendQueueWait = sendQueueWait;
-                 o.roundRobin = roundRobin;
-                 o.standAside = standAside;
-                 // One definition of "this host": mori.core.host's key (machine and network namespace).
-                 o.hostKey = py::module_::import("mori.core.host").attr("this_host")().attr("key").cast<std::string>();
-                 o.sameHost = sameHost && !o.hostKey.empty();
-                 py::gil_scoped_release release;
-                 return std::make_shared<Engine>(std::move(o));
-             }),
-             py::arg("name") = "mori", py::arg("settings") = std::vector<std::pair<std::string, std::string>>{},
-             py::arg("workers") = 1, py::arg("lanes") = 1, py::arg("polling") = true, py::arg("timeout") = 30.0,
-             py::arg("timeout_setting") = "timeout", py::arg("rma") = false,
-             py::arg("max_inbound") = EngineOptions{}.maxInbound, py::arg("inbound_ttl") = EngineOptions{}.inboundTtl,
-             py::arg("max_tickets") = EngineOptions{}.maxTickets, py::arg("inbound") = nullptr,
-             py::arg("same_host") = true, py::arg("send_queue") = EngineOptions{}.sendQueue,
-             py::arg("send_queue_wait") = EngineOptions{}.sendQueueWait, py::arg("round_robin") = true,
-             py::arg("stand_aside") = true,
-             "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
-             "other channels), else to a table of its own bounded by max_inbound and inbound_ttl. same_host: offer "
-             "and take the same-host path. send_queue: operations (rows) in flight per worker and peer, 0 for no "
-             "bound; a transfer that finds no room waits up to send_queue_wait seconds, then fails 'SQ full'. A "
-             "transfer of "
-             "512 KiB or more is spread over the workers; the others start on the workers in turn (round_robin) or "
-             "on the first. stand_aside: once a caller that led a worker is done, its progress thread sleeps at once; "
-             "False: it polls on as after any activity.")
+        .def(
+            py::init([](const std::string& name, const std::vector<std::pair<std::string, std::string>>& settings,
+                        int workers, int lanes, bool polling, double timeout, const std::string& timeoutSetting,
+                        bool rma, size_t maxInbound, double inboundTtl, size_t maxTickets,
+                        std::shared_ptr<mori::InboundRecords> inbound, bool sameHost, uint64_t sendQueue,
+                        double sendQueueWait, bool roundRobin, bool standAside, bool sameHostDirect) {
+                EngineOptions o;
+                o.name = name;
+                o.settings = settings;
+                o.workers = workers;
+                o.lanes = lanes;
+                o.polling = polling;
+                o.timeout = timeout;
+                o.timeoutSetting = timeoutSetting;
+                o.rma = rma;
+                o.maxInbound = maxInbound;
+                o.inboundTtl = inboundTtl;
+                o.maxTickets = maxTickets;
+                o.inbound = std::move(inbound);
+                o.sendQueue = sendQueue;
+                o.sendQueueWait = sendQueueWait;
+                o.roundRobin = roundRobin;
+                o.standAside = standAside;
+                o.sameHostDirect = sameHostDirect;
+                // One definition of "this host": mori.core.host's key (machine and network namespace).
+                o.hostKey = py::module_::import("mori.core.host").attr("this_host")().attr("key").cast<std::string>();
+                o.sameHost = sameHost && !o.hostKey.empty();
+                py::gil_scoped_release release;
+                return std::make_shared<Engine>(std::move(o));
+            }),
+            py::arg("name") = "mori", py::arg("settings") = std::vector<std::pair<std::string, std::string>>{},
+            py::arg("workers") = 1, py::arg("lanes") = 1, py::arg("polling") = true, py::arg("timeout") = 30.0,
+            py::arg("timeout_setting") = "timeout", py::arg("rma") = false,
+            py::arg("max_inbound") = EngineOptions{}.maxInbound, py::arg("inbound_ttl") = EngineOptions{}.inboundTtl,
+            py::arg("max_tickets") = EngineOptions{}.maxTickets, py::arg("inbound") = nullptr,
+            py::arg("same_host") = true, py::arg("send_queue") = EngineOptions{}.sendQueue,
+            py::arg("send_queue_wait") = EngineOptions{}.sendQueueWait, py::arg("round_robin") = true,
+            py::arg("stand_aside") = true, py::arg("same_host_direct") = true,
+            "Notification records go to `inbound` (a mori.core.inbound.InboundRecords shared with the caller's "
+            "other channels), else to a table of its own bounded by max_inbound and inbound_ttl. same_host: offer "
+            "and take the same-host path; same_host_direct: on it, copy small transfers in the initiator (and offer "
+            "this engine's host regions for it). send_queue: operations (rows) in flight per worker and peer, 0 for no "
+            "bound; a transfer that finds no room waits up to send_queue_wait seconds, then fails 'SQ full'. A "
+            "transfer of "
+            "512 KiB or more is spread over the workers; the others start on the workers in turn (round_robin) or "
+            "on the first. stand_aside: once a caller that led a worker is done, its progress thread sleeps at once; "
+            "False: it polls on as after any activity.")
         .def_property_readonly(
             "addresses",
             [](const Engine& e) {

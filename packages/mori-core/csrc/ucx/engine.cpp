@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "same_host/window.hpp"
+
 namespace mori::ucx {
 
 namespace {
@@ -115,6 +117,8 @@ Engine::Engine(EngineOptions opts)
             workers_.back()->start();
         }
         if (opts_.sameHost) sameHost_ = std::make_unique<SameHostService>(*this);
+        // Same-host initiators note their direct copies in shared memory: recorded before a lookup.
+        if (sameHost_ && sameHost_->window()) noteFeed_ = inbound_->add_feed([w = sameHost_->window()] { w->drain(); });
     } catch (...) {
         close();
         throw;
@@ -125,7 +129,8 @@ Engine::~Engine() { close(); }
 
 void Engine::close() {
     if (closed_.exchange(true)) return;
-    if (sameHost_) sameHost_->stop();  // its links' transfers fail; the connections it served close
+    if (noteFeed_ != 0) inbound_->remove_feed(noteFeed_);  // the window goes with the service
+    if (sameHost_) sameHost_->stop();                      // its links' transfers fail; the connections it served close
     for (auto& w : workers_) w->destroy();
     regions_.clear();
     if (ctx_ != nullptr) fn().cleanup(ctx_);
@@ -192,6 +197,8 @@ std::string Engine::register_region(uint64_t id, uint64_t addr, uint64_t size, b
         release_region(*r);
         throw std::invalid_argument("memory id " + std::to_string(id) + " is already registered");
     }
+    // Host memory is offered to same-host initiators' direct copies (same_host/window.hpp).
+    if (!cuda && sameHost_ && sameHost_->window()) sameHost_->window()->publish(id, addr, size);
     return rkey;
 }
 
@@ -199,9 +206,13 @@ bool Engine::deregister_region(uint64_t id) {
     // Accesses in flight end within the timeout (their transfers fail at it, and their
     // endpoints are closed, which ends UCX's operations on them): nothing to cut.
     const int64_t deadline = now_ns() + static_cast<int64_t>((opts_.timeout + 5.0) * 1e9);
+    // Same-host initiators' direct copies first: none starts after this, those running end.
+    const bool unpinned = !sameHost_ || !sameHost_->window() || sameHost_->window()->withdraw(id, deadline);
     switch (regions_.deregister(id, deadline)) {
         case RegionTable<Region>::Ended::kUnknown: return false;
-        case RegionTable<Region>::Ended::kReleased: return true;
+        case RegionTable<Region>::Ended::kReleased:
+            if (unpinned) return true;
+            break;
         case RegionTable<Region>::Ended::kStillPinned: break;
     }
     throw std::runtime_error("memory id " + std::to_string(id) + ": transfers still use it after the timeout (" +
@@ -273,6 +284,7 @@ EngineStats Engine::stats() const {
     std::lock_guard lk(statsMu_);
     EngineStats s = stats_;
     s.badTickets = tickets_.bad();
+    if (sameHost_ && sameHost_->window()) s.malformed += sameHost_->window()->malformed();
     return s;
 }
 
@@ -320,6 +332,11 @@ void Peer::close() {
         }
         links_[i]->held = false;  // the worker frees it once nothing in flight refers to it
     }
+}
+
+std::string Peer::same_host_path() const {
+    if (!sameHost_) return "";
+    return sameHost_->direct() ? "direct" : "served: " + sameHost_->direct_refusal();
 }
 
 std::string Peer::describe() {

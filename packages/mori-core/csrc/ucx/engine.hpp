@@ -68,7 +68,10 @@ struct EngineOptions {
     std::shared_ptr<InboundRecords> inbound;  // the table to write, shared with the caller; null: its own
     size_t maxTickets = 1 << 16;              // peer engines admitted at once; the oldest is dropped
     bool sameHost = true;                     // the same-host path (same_host/ring.hpp) for peers that offer it
-    std::string hostKey;                      // this process's host identity (mori.core.host): machine/netns
+    // On it, small transfers copied by the initiator itself (same_host/window.hpp): this engine's
+    // as initiator, and its regions offered to its peers' as target.
+    bool sameHostDirect = true;
+    std::string hostKey;  // this process's host identity (mori.core.host): machine/netns
     // MORI's send queue: operations (rows) in flight from one worker to one peer, at most this
     // many (0: no bound). A transfer that finds no room waits up to sendQueueWait seconds in the
     // call that starts it, then fails "SQ full" (SendQueue).
@@ -226,6 +229,9 @@ public:
     // it did not offer it: another host, or the path is off on either side).
     bool same_host() const { return sameHost_ != nullptr; }
     const std::string& same_host_refusal() const { return sameHostRefusal_; }
+    // On the same-host path, how its transfers move: "direct" when this process copies small
+    // ones itself, else "served: " and why (the target's thread copies every one); "" off it.
+    std::string same_host_path() const;
     // The endpoints to the peer on worker i (owned by that worker: use them under its lock).
     Link* link(size_t worker) const { return links_.at(worker); }
     // UCX's description of the endpoints (transports and devices of each lane).
@@ -437,6 +443,7 @@ private:
     mutable std::mutex statsMu_;
     EngineStats stats_;
     std::atomic<bool> closed_{false};
+    uint64_t noteFeed_ = 0;  // the same-host notes' feed of inbound_ (0: none)
 };
 
 template <typename Done>

@@ -347,6 +347,14 @@ VARIABLES: dict[str, Variable] = {
             "'rc,dc,self', 'tcp,sm,self', 'tcp,cuda_copy'",
         ),
         Variable(
+            "MORI_IO_RDMA_SAME_HOST",
+            _bool,
+            True,
+            "RDMA backend: host memory between two engines of one host takes the UCX engine's same-host "
+            "path (process_vm_readv/writev) instead of UCX's transports; 0 keeps it on UCX.",
+            "1 or 0",
+        ),
+        Variable(
             "MORI_IO_SQ_BACKOFF_TIMEOUT_US",
             _positive_int,
             5_000_000,

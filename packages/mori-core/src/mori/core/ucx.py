@@ -18,8 +18,9 @@ that the target checks against its registrations before touching memory (safe on
 transport); ``rma=True`` uses one-sided puts and gets, for transports whose hardware enforces
 remote keys (InfiniBand/RoCE), and only between engines that both have it: a checked target
 refuses one-sided access. Between engines of one host, host memory takes the same-host
-path instead (``connect(..., same_host=target.same_host_address)``: the target checks each block,
-then copies with ``process_vm_readv``/``writev``). :class:`UcxHeapWindow` is the remote side of
+path instead (``connect(..., same_host=target.same_host_address)``: the initiator copies small
+transfers itself with ``process_vm_readv``/``writev``, checked against the registrations the
+target publishes in shared memory; the target's thread checks and copies the others). :class:`UcxHeapWindow` is the remote side of
 one symmetric heap over such peers (mori.shmem's remote transport, and the device proxy's): it
 registers the heap's chunks as it grows and buffers registered for good, finds the local side of
 every transfer (the heap, a registered buffer, its staging area, or memory registered for the

@@ -30,6 +30,13 @@ class PeerOrder:
         if earlier is not None:
             status._after(earlier)
 
+    def running(self, remote_key: str) -> bool:
+        """Whether the newest transfer to ``remote_key`` may still run. A transfer that finished
+        as it started needs to join only then: with none running before it, nothing holds it back,
+        and a later one skips it (a finished link) anyway."""
+        last = self._last.get(remote_key)
+        return last is not None and last._running()
+
     def forget(self, remote_key: str) -> None:
         """Drops the order towards ``remote_key`` (deregistered)."""
         with self._lock:

@@ -194,7 +194,8 @@ class Transfers:
             if not drained:
                 status._attach(Outcome(StatusCode.ERR_BAD_STATE, "not started (its lane had failed)"))
             return None
-        if completion.code() <= _IN_PROGRESS_INT:
+        code = completion.code()
+        if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(remote.engine_key)):
             self._order.join(remote.engine_key, status)
         status._attach(completion)
         return status

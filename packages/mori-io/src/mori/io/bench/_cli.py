@@ -5,22 +5,25 @@ the same run, and writes JSON and a bandwidth plot."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from mori.core.config import parse_size
 
 from ..types import RdmaBackendConfig, TcpBackendConfig
+from ._fan_in import run_fan_in
 from ._mori_runner import gpu_of, run_mori
 from ._peers import MARK
 
-__all__ = ["main", "parse_args", "run_peer"]
+__all__ = ["BACKENDS", "backend_config", "backend_env", "engine_label", "main", "parse_args", "run_peer"]
 
 DEFAULT_SIZES = "4K,16K,64K,256K,1M,4M"
 PEERS = ("mooncake", "nixl")
@@ -46,11 +49,40 @@ def _ints(text: str) -> list[int]:
     return out
 
 
+BACKENDS = ("tcp", "rdma", "rdma-ucx")
+
+
 def _backends(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names or any(n not in ("tcp", "rdma") for n in names):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected backends among tcp,rdma")
+    if not names or any(n not in BACKENDS for n in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected backends among {','.join(BACKENDS)}")
     return names
+
+
+@contextlib.contextmanager
+def backend_env(backend: str) -> Iterator[None]:
+    """The environment of a backend's runs (the processes they start inherit it): ``rdma-ucx`` is
+    the RDMA backend kept on UCX's transports between engines of one host
+    (``MORI_IO_RDMA_SAME_HOST=0``)."""
+    if backend != "rdma-ucx":
+        yield
+        return
+    before = os.environ.get("MORI_IO_RDMA_SAME_HOST")
+    os.environ["MORI_IO_RDMA_SAME_HOST"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MORI_IO_RDMA_SAME_HOST")
+        else:
+            os.environ["MORI_IO_RDMA_SAME_HOST"] = before
+
+
+def backend_config(args: argparse.Namespace, backend: str) -> TcpBackendConfig | RdmaBackendConfig:
+    """The backend's configuration from the command line."""
+    if backend.startswith("rdma"):
+        return RdmaBackendConfig(qp_per_transfer=args.num_qp_per_transfer, num_worker_threads=args.num_worker_threads)
+    return TcpBackendConfig(num_connections=args.num_connections)
 
 
 def _peers(text: str) -> list[str]:
@@ -75,7 +107,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--backend",
         type=_backends,
         default=["tcp"],
-        help="mori backends to measure, e.g. tcp,rdma (rdma: UCX over MORI_IO_RDMA_TRANSPORTS; default tcp)",
+        help="mori backends to measure, e.g. tcp,rdma (rdma: UCX over MORI_IO_RDMA_TRANSPORTS, and the same-host "
+        "path between engines of one host; rdma-ucx: the RDMA backend without that path; default tcp)",
+    )
+    p.add_argument(
+        "--fan-in",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the sweep: one target serving N initiator processes at once, against it serving one "
+        "(aggregate GB/s per point, host memory)",
     )
     p.add_argument("--target-host", help="address of the target engines (default --host)")
     p.add_argument(
@@ -127,6 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    if args.fan_in < 0 or (args.fan_in and (args.peers or args.mem_type != "cpu" or args.target_netns or args.session)):
+        p.error("--fan-in N takes N >= 1, host memory, and no --peers, --target-netns or --session")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         p.error("--plot needs matplotlib: pip install 'mori-io[bench]'")
     return args
@@ -156,6 +199,11 @@ def _progress(total: int, label: str, disabled: bool) -> Any:
         )
         return _NoBar()
     return tqdm(total=total, desc=label, file=sys.stderr)
+
+
+def engine_label(backend: str) -> str:
+    """A backend's name in the rows: ``mori`` (TCP), ``mori-rdma``, ``mori-rdma-ucx``."""
+    return "mori" if backend == "tcp" else f"mori-{backend}"
 
 
 def _json_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -231,6 +279,42 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120, bbox_inches="tight")
 
 
+def fan_in_main(args: argparse.Namespace, points: list[tuple[int, int]], notes: list[str]) -> int:
+    """``--fan-in N``: per backend and point, one initiator's aggregate GB/s through one target,
+    N initiators' at once, and the ratio; the table on stdout, the rows in ``--json``."""
+    rows = []
+    for backend in args.backend:
+        print(f"measuring {engine_label(backend)}: 1 and {args.fan_in} initiators ...", file=sys.stderr)
+        with backend_env(backend):
+            measured = run_fan_in(
+                args.fan_in,
+                points,
+                args.op,
+                args.iters,
+                args.warmup,
+                args.host,
+                backend_config(args, backend),
+                backend,
+            )
+        rows += [{"engine": engine_label(backend), "op": args.op, **r} for r in measured]
+    head = (
+        f"{'engine':14} {'op':5} {'size':>9} {'batch':>6} {'1 init GB/s':>12} "
+        f"{str(args.fan_in) + ' init GB/s':>12} {'ratio':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['engine']:14} {r['op']:5} {r['size']:>9} {r['batch']:>6} {r['one_gbs']:>12.3f} "
+            f"{r['fan_in_gbs']:>12.3f} {r['ratio']:>7.1%}"
+        )
+    print("\n".join(lines))
+    for note in notes:
+        print("note:", note)
+    if args.json:
+        args.json.write_text(json.dumps({"args": _json_args(args), "rows": rows, "notes": notes}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the process exit code."""
     args = parse_args(argv)
@@ -244,31 +328,29 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         print(f"mori-io-bench: every point exceeds --max-bytes ({notes[0]})", file=sys.stderr)
         return 2
+    if args.fan_in:
+        return fan_in_main(args, points, notes)
     peer_gpus = f"{gpu_of('target')},{gpu_of('initiator')}" if args.mem_type == "gpu" else ""
     rows = []
     for backend in args.backend:
-        label = "mori" if backend == "tcp" else f"mori-{backend}"
+        label = engine_label(backend)
         bar = _progress(len(points), label, args.no_progress)
-        config = (
-            RdmaBackendConfig(qp_per_transfer=args.num_qp_per_transfer, num_worker_threads=args.num_worker_threads)
-            if backend == "rdma"
-            else TcpBackendConfig(num_connections=args.num_connections)
-        )
-        for row in run_mori(
-            points,
-            args.op,
-            args.session,
-            args.iters,
-            args.warmup,
-            args.host,
-            config,
-            functools.partial(bar.update, 1),
-            backend,
-            args.target_host,
-            args.target_netns,
-            args.mem_type,
-        ):
-            rows.append({"engine": label, "op": args.op, "session": args.session, **row})
+        with backend_env(backend):
+            measured = run_mori(
+                points,
+                args.op,
+                args.session,
+                args.iters,
+                args.warmup,
+                args.host,
+                backend_config(args, backend),
+                functools.partial(bar.update, 1),
+                backend,
+                args.target_host,
+                args.target_netns,
+                args.mem_type,
+            )
+            rows += [{"engine": label, "op": args.op, "session": args.session, **row} for row in measured]
         bar.close()
     for name in args.peers:
         print(f"measuring peer {name} ...", file=sys.stderr)

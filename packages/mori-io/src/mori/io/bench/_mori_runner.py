@@ -29,7 +29,7 @@ __all__ = ["gpu_of", "run_mori"]
 
 
 def _create_backend(engine: IOEngine, backend: str, config: TcpBackendConfig | RdmaBackendConfig) -> None:
-    engine.create_backend(BackendType.RDMA if backend == "rdma" else BackendType.TCP, config)
+    engine.create_backend(BackendType.RDMA if backend.startswith("rdma") else BackendType.TCP, config)
 
 
 def _host_buffer(size: int) -> tuple[mmap.mmap, int]:

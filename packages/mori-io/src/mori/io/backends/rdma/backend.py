@@ -96,6 +96,18 @@ def _settings(transports: tuple[str, ...] | None) -> list[tuple[str, str]]:
     return settings + list(ucx.selected_devices().items())
 
 
+# UCX transport names that allow its one-sided copies between processes of one host (cma, part of
+# UCX's "sm" and "all"): the same kind of copy as the same-host path's direct one.
+_CMA_TRANSPORTS = ("all", "sm", "cma")
+
+
+def _copies_directly(transports: tuple[str, ...] | None) -> bool:
+    """Whether initiators copy small same-host transfers themselves (mori-core's same-host path,
+    ``same_host_direct``): with UCX's choice of transports, or a list that allows cma. A list
+    without it (``tcp``) keeps every transfer on a path the target's engine serves."""
+    return transports is None or any(t in _CMA_TRANSPORTS for t in transports)
+
+
 def _refused(err: ValueError | RuntimeError) -> Outcome:
     """The completion of a transfer the engine refused to start: a block outside the local
     registration or an offset past 2**63 (ValueError), the engine closed meanwhile (RuntimeError)."""
@@ -143,6 +155,8 @@ class RdmaBackend(Backend):
                 timeout=ctx.io_timeout(),
                 timeout_setting="MORI_IO_TIMEOUT",
                 inbound=ctx.inbound,
+                same_host=bool(mori_config.get("MORI_IO_RDMA_SAME_HOST")),
+                same_host_direct=_copies_directly(transports),
                 # MORI's send queue per queue pair, over the lanes: the engine refuses "SQ full"
                 # after MORI_IO_SQ_BACKOFF_TIMEOUT_US in the call that starts a transfer.
                 send_queue=(config.max_send_wr or SEND_WR_DEFAULT) * config.qp_per_transfer,
@@ -187,7 +201,12 @@ class RdmaBackend(Backend):
         return f"staged through pinned host memory (no transport with GPUDirect: {', '.join(moving) or 'none'})"
 
     def describe(self) -> dict[str, Any]:
-        return {"transports": self._transports, "gpu_memory": self.gpu_memory}
+        # Per peer engine reached on the same-host path, how its host-memory transfers move:
+        # "direct" (this process copies those of up to 64 KiB itself), or "served: <why not>".
+        with self._lock:
+            peers = list(self._peers.items())
+        same_host = {key: p.same_host_path for key, p in peers if p.same_host}
+        return {"transports": self._transports, "gpu_memory": self.gpu_memory, "same_host": same_host}
 
     # ---- control plane ---------------------------------------------------------------------------
     def _handle_connect(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -220,9 +239,10 @@ class RdmaBackend(Backend):
             raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {key!r} sent a malformed rdma.connect reply")
         peer = self._engine.connect(key, workers, ticket, same_host)
         self.ctx.log.info(
-            "RDMA backend: engine %r reached over %s; GPU memory %s",
+            "RDMA backend: engine %r reached over %s%s; GPU memory %s",
             key,
             ", ".join(ucx.transports(peer.describe())) or "UCX's choice",
+            f" (host memory on the same-host path, {peer.same_host_path})" if peer.same_host else "",
             self.gpu_memory,
         )
         with self._lock:
