@@ -36,7 +36,8 @@ INTERFACES = {
     "gpu": {"staging.hpp", "host_standin.hpp"},
     "tcp": {"engine.hpp"},
     "ucx": {"engine.hpp", "wire.hpp", "atomic.hpp", "heap_window.hpp"},
-    "same_host": {"ring.hpp"},
+    # window.hpp: the registrations the UCX engine publishes to same-host initiators' direct copies.
+    "same_host": {"ring.hpp", "window.hpp"},
     "proxy": {"proxy.hpp"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
