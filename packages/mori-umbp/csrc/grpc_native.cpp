@@ -168,6 +168,13 @@ private:
     }
 
     void serve() {
+        {
+            // The thread's Python thread state lives as long as the thread. Otherwise each call's
+            // GIL made a new one and dropped it (an allocation, its 16 KiB frame stack mapped and
+            // unmapped, and the interpreter's thread list locked twice, a call).
+            py::gil_scoped_acquire kept;
+            kept.inc_ref();
+        }
         void* tag = nullptr;
         bool ok = false;
         while (queue_->Next(&tag, &ok)) {
@@ -177,6 +184,8 @@ private:
             call.reset();
             request(new Call);
         }
+        py::gil_scoped_acquire last;
+        last.dec_ref();  // the thread state goes when this scope ends
     }
 
     // The call from its request to its answer, on this thread.
