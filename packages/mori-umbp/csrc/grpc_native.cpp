@@ -3,9 +3,9 @@
 //
 // Why: with grpcio's Python server every call hops between its polling thread and a handler
 // thread three times, and its Python client walks several Python layers per call; on a loaded
-// 2-core machine that was 0.4 to 0.5 ms a call before any work. Here a call is served on one
-// C++ thread that takes the GIL once, to run the Python handler on the request's bytes, and a
-// client call waits without the GIL on a completion queue of its own.
+// 2-core machine that was 0.4 to 0.5 ms a call before any work. Here a call's handler runs on the
+// C++ worker that received the request, which takes the GIL once to run the Python handler on
+// the request's bytes, and a client call waits without the GIL on a completion queue of its own.
 //
 // Both sides move serialized messages only (the generic service and stub): the protocol, its
 // checks and its errors stay in Python.
@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -52,6 +53,12 @@ grpc::ByteBuffer to_buffer(const py::bytes& body) {
     return grpc::ByteBuffer(&slice, 1);
 }
 
+// No HTTP/2 BDP pings on either side (GRPC_ARG_HTTP2_BDP_PROBE 0). With them on, a call after a pause made the
+// server ping the client on the request's arrival, ahead of the answer: the client woke for the
+// ping, acknowledged it and slept again before the answer came (0.05 to 0.1 ms of a small call
+// after an idle spell, on a loaded 2-core machine). The pings tune flow-control windows for bulk
+// streams; an 8 MiB request takes as long without them here.
+
 bool python_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
     return Py_IsFinalizing() != 0;
@@ -67,9 +74,14 @@ bool await_one(grpc::CompletionQueue* cq) {
     return cq->Next(&tag, &ok) && ok;
 }
 
-// The server: `workers` threads, each with a completion queue of its own, each serving one
-// unary call at a time from the request to the answer. Calls beyond the workers wait in gRPC
-// (at most `max_streams` per connection) until a worker is free or their deadline passes.
+// The server: `workers` threads take calls from one completion queue, at most `workers` at once
+// (a call is asked for again only when one ends), and each serves the call it took to its answer,
+// the call's read and answer completing on a queue of the call's own that only that thread polls.
+// So the thread that polled the arrival runs the handler: with a queue per worker, an arrival
+// polled by another worker's thread was handed over to its own, and with one queue for all the
+// steps, the read's completion went to whichever worker slept on it (a handoff either way, about
+// twice the server's CPU a call with 8 workers). Calls beyond the workers wait in gRPC (at most
+// `max_streams` per connection) until one ends or their deadline passes.
 class Server {
 public:
     Server(const std::string& address, py::object dispatch, int workers, int max_message_bytes, int max_streams)
@@ -82,7 +94,8 @@ public:
         builder.SetMaxSendMessageSize(max_message_bytes);
         builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
         builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, max_streams);
-        for (int i = 0; i < workers; ++i) queues_.push_back(builder.AddCompletionQueue());
+        builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // no BDP pings (see above)
+        queue_ = builder.AddCompletionQueue();
         {
             py::gil_scoped_release unlocked;
             server_ = builder.BuildAndStart();
@@ -91,16 +104,17 @@ public:
             server_.reset();
             throw std::runtime_error("cannot listen on " + address);
         }
-        for (auto& cq : queues_) threads_.emplace_back([this, q = cq.get()] { serve(q); });
+        for (int i = 0; i < workers; ++i) request(new Call);
+        for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { serve(); });
     }
 
     ~Server() {
         if (server_ && python_finalizing()) {
             // A worker asking for the GIL now may never get it (Python 3.14 makes it wait forever):
-            // joining could hang the exit. Leave the server, its queues and its threads to the end.
+            // joining could hang the exit. Leave the server, its queue and its threads to the end.
             for (auto& t : threads_) t.detach();
             (void)server_.release();
-            for (auto& q : queues_) (void)q.release();
+            (void)queue_.release();
             return;
         }
         stop(0.0);
@@ -112,39 +126,81 @@ public:
     void stop(double grace_s) {
         if (!server_) return;
         py::gil_scoped_release unlocked;  // the workers need the GIL to finish their calls
+        {
+            std::lock_guard<std::mutex> hold(requests_);
+            stopping_ = true;  // calls that end from now on are not asked for again
+        }
         auto deadline =
             std::chrono::system_clock::now() + std::chrono::microseconds(static_cast<int64_t>(grace_s * 1e6));
-        server_->Shutdown(deadline);
+        server_->Shutdown(deadline);  // the calls asked for come back not ok
+        queue_->Shutdown();           // the workers end once it is drained
         for (auto& t : threads_) t.join();
         threads_.clear();
         server_.reset();
-        queues_.clear();
+        queue_.reset();
     }
 
 private:
-    void serve(grpc::ServerCompletionQueue* cq) {
-        for (;;) {
-            grpc::GenericServerContext ctx;
-            grpc::GenericServerAsyncReaderWriter stream(&ctx);
-            service_.RequestCall(&ctx, &stream, cq, cq, this);
-            if (!await_one(cq)) break;  // the server is shutting down
-            grpc::ByteBuffer request;
-            stream.Read(&request, this);
-            grpc::Status status(grpc::StatusCode::INTERNAL, "the call carried no request message");
-            grpc::ByteBuffer response;
-            if (await_one(cq)) status = call(ctx.method(), request, &response);
-            if (status.ok()) {
-                stream.WriteAndFinish(response, grpc::WriteOptions(), status, this);
-            } else {
-                stream.Finish(status, this);
+    // One call: its arrival comes on the server's queue, its read and answer on a queue of its own
+    // that only the worker serving it polls.
+    struct Call {
+        grpc::GenericServerContext ctx;
+        grpc::GenericServerAsyncReaderWriter stream{&ctx};
+        grpc::CompletionQueue steps;
+
+        ~Call() {
+            steps.Shutdown();
+            void* tag = nullptr;
+            bool ok = false;
+            while (steps.Next(&tag, &ok)) {
             }
-            await_one(cq);
         }
-        cq->Shutdown();
+    };
+
+    // Asks gRPC for the next call into `call`; frees it instead once the server is stopping.
+    void request(Call* call) {
+        std::lock_guard<std::mutex> hold(requests_);
+        if (stopping_) {
+            delete call;
+            return;
+        }
+        service_.RequestCall(&call->ctx, &call->stream, &call->steps, queue_.get(), call);
+    }
+
+    void serve() {
+        {
+            // The thread's Python thread state lives as long as the thread. Otherwise each call's
+            // GIL made a new one and dropped it (an allocation, its 16 KiB frame stack mapped and
+            // unmapped, and the interpreter's thread list locked twice, a call).
+            py::gil_scoped_acquire kept;
+            kept.inc_ref();
+        }
         void* tag = nullptr;
         bool ok = false;
-        while (cq->Next(&tag, &ok)) {
+        while (queue_->Next(&tag, &ok)) {
+            std::unique_ptr<Call> call(static_cast<Call*>(tag));
+            if (!ok) continue;  // the server is shutting down
+            answer(call.get());
+            call.reset();
+            request(new Call);
         }
+        py::gil_scoped_acquire last;
+        last.dec_ref();  // the thread state goes when this scope ends
+    }
+
+    // The call from its request to its answer, on this thread.
+    void answer(Call* c) {
+        grpc::ByteBuffer request;
+        c->stream.Read(&request, c);
+        grpc::Status status(grpc::StatusCode::INTERNAL, "the call carried no request message");
+        grpc::ByteBuffer response;
+        if (await_one(&c->steps)) status = call(c->ctx.method(), request, &response);
+        if (status.ok()) {
+            c->stream.WriteAndFinish(response, grpc::WriteOptions(), status, c);
+        } else {
+            c->stream.Finish(status, c);
+        }
+        await_one(&c->steps);
     }
 
     grpc::Status call(const std::string& method, const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
@@ -162,9 +218,11 @@ private:
 
     py::object dispatch_;
     grpc::AsyncGenericService service_;
-    std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
+    std::unique_ptr<grpc::ServerCompletionQueue> queue_;
     std::unique_ptr<grpc::Server> server_;
     std::vector<std::thread> threads_;
+    std::mutex requests_;
+    bool stopping_ = false;
     int port_ = 0;
 };
 
@@ -174,6 +232,7 @@ public:
     Channel(const std::string& address, int max_receive_message_bytes) {
         grpc::ChannelArguments args;
         args.SetMaxReceiveMessageSize(max_receive_message_bytes);
+        args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // no BDP pings (see above)
         channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
         stub_ = std::make_unique<grpc::GenericStub>(channel_);
     }

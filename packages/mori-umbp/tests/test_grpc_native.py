@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from concurrent import futures
 from unittest import mock
 
@@ -260,6 +261,63 @@ def test_many_threads_at_once_each_get_their_own_answer(echo_server):
 
     with futures.ThreadPoolExecutor(max_workers=8) as pool:
         assert all(pool.map(worker, range(8)))
+
+
+class CountingEcho(Echo):
+    """Echo that counts the calls its handler runs at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = self.most = 0
+        self._lock = threading.Lock()
+
+    def BatchLookupPacked(self, request, context):
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            return super().BatchLookupPacked(request, context)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+@needs_native
+def test_calls_beyond_the_workers_wait_for_one_to_end():
+    """Three workers take three calls at once; the other three wait in gRPC, each taken as one
+    ends, and all are answered byte for byte."""
+    assert native is not None
+    servicer = CountingEcho()
+    server = _grpc.NativeServer(
+        native,
+        "127.0.0.1:0",
+        [(pb_grpc.add_UMBPMasterServicer_to_server, servicer)],
+        workers=3,
+        max_message_bytes=1024,
+        max_streams=8,
+    )
+    channel = _grpc.NativeChannel(native, f"127.0.0.1:{server.port}", 1 << 20)
+    method, response = "/umbp.UMBPMaster/BatchLookupPacked", RESPONSES["BatchLookupPacked"]
+
+    def call(salt: int) -> bool:
+        keys = _keys(3, salt)
+        got = channel.unary(method, pb.BatchLookupPackedRequest(node_id="wait", keys=_packed(keys)), response, WAIT_S)
+        return got.found == bytes(k[-1] for k in keys)
+
+    try:
+        with futures.ThreadPoolExecutor(max_workers=6) as pool:
+            calls = [pool.submit(call, salt) for salt in range(6)]
+            deadline = time.monotonic() + WAIT_S
+            while servicer.running < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # room for a fourth call to be taken, were the bound not kept
+            assert (servicer.running, servicer.most) == (3, 3)
+            servicer.release.set()
+            assert all(c.result(WAIT_S) for c in calls)
+        assert servicer.most == 3
+    finally:
+        servicer.release.set()
+        server.stop(1.0)
 
 
 @needs_native

@@ -2,9 +2,9 @@
 
 A grpcio call crosses several Python layers, and a grpcio server hands each call between its
 polling thread and a handler thread three times: 0.4 to 0.5 ms a call on a loaded 2-core machine
-before any work. The C++ transport serves a call on one thread that takes the GIL once, to run
-the same Python handler on the request's bytes, and a client call waits for its answer without
-the GIL. Both carry the same messages over the same wire, so a client of either kind talks to a
+before any work. The C++ transport's server threads take calls from one completion queue, and
+the one that takes a call serves it to its answer, taking the GIL once to run the same Python
+handler on the request's bytes; a client call waits for its answer without the GIL. Both carry the same messages over the same wire, so a client of either kind talks to a
 server of either kind (MORI's included).
 
 ``MORI_UMBP_GRPC`` picks: ``auto`` (the default: the C++ transport where it loads, else grpcio),

@@ -233,7 +233,7 @@ class PeerService(pb_grpc.UMBPPeerServicer):
 
 class PeerServer:
     """A :class:`PeerService` served on the gRPC transport :func:`._grpc.native` picks: gRPC C++
-    where built (a call served on one thread), else grpcio. ``port`` is where it listens."""
+    where built (a call handled on the thread that receives it), else grpcio. ``port`` is where it listens."""
 
     def __init__(self, service: PeerService, host: str, port: int, workers: int = 8) -> None:
         address = f"{host}:{port}"
