@@ -499,23 +499,21 @@ void InitConn::settle_reads(bool wait) {
 }
 
 void InitConn::settle_oldest_read() {
+    PendingRead& p = pendingReads_.front();
+    std::string failed;
     {
-        PendingRead& p = pendingReads_.front();
-        std::string failed;
-        {
-            const gpu::Current current(p.work->stager->config());
-            failed = p.sink.finish();
-        }
-        std::string msg;
-        if (!failed.empty()) {
-            const plan::Row& b = p.work->rows[p.idx];
-            msg = "block (remote memory id " + std::to_string(p.work->memId) + ", offset " + std::to_string(b.dst) +
-                  ", size " + std::to_string(b.bytes) + "): copying it into local GPU memory failed: " + failed;
-        }
-        if (p.work->transfer->complete_blocks(1, failed.empty() ? kSuccess : kErrDevice, msg)) {
-            if (p.work->transfer->notify()) enqueue_notify(p.work->transfer->uid(), p.work->transfer->final_code());
-            p.work->transfer->finish();
-        }
+        const gpu::Current current(p.work->stager->config());
+        failed = p.sink.finish();
+    }
+    std::string msg;
+    if (!failed.empty()) {
+        const plan::Row& b = p.work->rows[p.idx];
+        msg = "block (remote memory id " + std::to_string(p.work->memId) + ", offset " + std::to_string(b.dst) +
+              ", size " + std::to_string(b.bytes) + "): copying it into local GPU memory failed: " + failed;
+    }
+    if (p.work->transfer->complete_blocks(1, failed.empty() ? kSuccess : kErrDevice, msg)) {
+        if (p.work->transfer->notify()) enqueue_notify(p.work->transfer->uid(), p.work->transfer->final_code());
+        p.work->transfer->finish();
     }
     pendingReads_.pop_front();
 }

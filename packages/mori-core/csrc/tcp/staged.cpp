@@ -62,8 +62,10 @@ std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
 }
 
 bool DeviceSink::settled() {
+    // After a failure the other copies are not waited for (each could outwait the timeout again):
+    // memory whose copy may still run is never lent again (Staged::clear).
     for (; !inFlight_.empty(); inFlight_.pop_front()) {
-        if (!failed_.empty()) continue;  // as in finish(): the others are not waited for
+        if (!failed_.empty()) continue;
         try {
             if (!inFlight_.front().copied()) return false;
         } catch (const std::exception& e) {
@@ -74,10 +76,7 @@ bool DeviceSink::settled() {
 }
 
 std::string DeviceSink::finish() {
-    // After a failure the other copies are not waited for (each could outwait the timeout again):
-    // memory whose copy may still run is never lent again (Staged::clear).
-    for (; !inFlight_.empty(); inFlight_.pop_front()) {
-        if (!failed_.empty()) continue;
+    while (!settled()) {
         try {
             inFlight_.front().wait();
         } catch (const std::exception& e) {
