@@ -137,6 +137,7 @@ public:
         for (auto& t : threads_) t.join();
         threads_.clear();
         server_.reset();
+        unanswered_.clear();  // their queues are shut down after the server let go of them
         queue_.reset();
     }
 
@@ -179,7 +180,11 @@ private:
         bool ok = false;
         while (queue_->Next(&tag, &ok)) {
             std::unique_ptr<Call> call(static_cast<Call*>(tag));
-            if (!ok) continue;  // the server is shutting down
+            if (!ok) {  // the server is shutting down: gRPC still lists this call's queue as its own
+                std::lock_guard<std::mutex> hold(requests_);
+                unanswered_.push_back(std::move(call));
+                continue;
+            }
             answer(call.get());
             call.reset();
             request(new Call);
@@ -221,6 +226,7 @@ private:
     std::unique_ptr<grpc::ServerCompletionQueue> queue_;
     std::unique_ptr<grpc::Server> server_;
     std::vector<std::thread> threads_;
+    std::vector<std::unique_ptr<Call>> unanswered_;  // calls the shutdown returned, freed after it
     std::mutex requests_;
     bool stopping_ = false;
     int port_ = 0;

@@ -107,3 +107,41 @@ def test_a_batch_of_many_megabytes_is_read_in_parts_from_the_owners_ssd(master, 
     finally:
         reader.close()
         owner.close()
+
+
+def test_a_read_the_owner_has_no_room_for_waits_for_the_readers_own_releases(master, tmp_path, monkeypatch) -> None:
+    """A get whose pages fill the owner's DRAM releases its leases in the background; a get right
+    after it, of SSD pages, finds no room until those releases arrive, and waits for them rather
+    than missing."""
+    size, count = 256 * KiB, 32
+    owner, reader, src = _owner_and_reader(master, tmp_path, count, size, 4 << 20)
+    try:
+        store = owner._store
+        assert store is not None
+        with store._lock:
+            in_dram = {key for key, e in store._index.items() if e.dram is not None}
+        keys = [f"r{i}" for i in range(count)]
+        ssd_only = [i for i, key in enumerate(keys) if key not in in_dram]
+        room = 16 - len(in_dram)  # 4 MiB of 256 KiB pages
+        first = [i for i, key in enumerate(keys) if key in in_dram] + ssd_only[:room]
+        later = ssd_only[room : room + 8]
+        assert len(first) == 16 and len(later) == 8
+        releaser = reader._cluster._releaser
+        real_send = releaser._send
+
+        def slow_send(*args):  # the releases arrive 0.3 s late, well within the 0.5 s leases
+            time.sleep(0.3)
+            real_send(*args)
+
+        monkeypatch.setattr(releaser, "_send", slow_send)
+        dst = np.zeros_like(src)
+        reader.register_memory(int(dst.ctypes.data), dst.nbytes)
+        rows = row_ptrs(dst)
+        for batch in (first, later):
+            got = reader.batch_get_into_ptr([keys[i] for i in batch], [rows[i] for i in batch], [size] * len(batch))
+            assert all(got), batch
+        read = first + later
+        assert np.array_equal(src[read], dst[read])
+    finally:
+        reader.close()
+        owner.close()

@@ -302,22 +302,33 @@ class ClusterNode:
     def _get_remote(self, address: str, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[bool]:
         """Reads keys from their owner, in rounds: an owner stages SSD pages into its DRAM for
         the reader, as many as its DRAM takes at once; the rest come in the next round, after
-        this one's leases are released. Stops when a round reads nothing. A batch of more than
-        :data:`PIPELINE_BYTES` is read in parts first, the owner staging the next part while this
-        one's pages move (:meth:`_read_in_parts`)."""
+        this one's leases are released (those released in the background too). Stops when a
+        round reads nothing (see below). A batch of more than :data:`PIPELINE_BYTES` is read in
+        parts first, the owner staging the next part while this one's pages move
+        (:meth:`_read_in_parts`)."""
         results = [False] * len(keys)
         todo = list(range(len(keys)))
         if sum(sizes) > PIPELINE_BYTES:
             if not self._read_in_parts(address, keys, ptrs, sizes, results):
                 return results
             todo = [i for i in todo if not results[i]]
+        retried = False
         while todo:
+            # DRAM the owner has no room in may be held by this reader's own leases, released in
+            # the background: a round after reads waits until those releases are sent, and a
+            # round that read nothing while some were on their way is asked again once.
+            if any(results):
+                self._releaser.settle(address, self.transport.rpc_timeout_s)
+            releasing = self._releaser.pending(address)
             done = self._read_round(address, [keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
             for i, ok in zip(todo, done):
                 results[i] = ok
-            if not any(done):
-                break
             todo = [i for i, ok in zip(todo, done) if not ok]
+            if not any(done):
+                if retried or not releasing:
+                    break
+                self._releaser.settle(address, self.transport.rpc_timeout_s)
+            retried = not any(done)
         return results
 
     def _read_in_parts(

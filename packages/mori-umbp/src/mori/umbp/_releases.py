@@ -5,7 +5,8 @@ value's bytes (the owner keeps a leased slot's memory until the lease ends or is
 it need not wait for the release's answer: :class:`LeaseReleaser` sends the releases from a
 thread of its own, those for one peer gathered into one call. What is not sent in time is
 harmless: a lease also ends by itself. The releases waiting are bounded; beyond the bound they
-are dropped (their leases run out instead).
+are dropped (their leases run out instead). A reader that asks a peer again for DRAM its own
+leases hold first settles that peer's releases (:meth:`LeaseReleaser.settle`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class LeaseReleaser:
     def __init__(self) -> None:
         # peer address -> (peer, keys, lease ids, when the last of those leases ends)
         self._waiting: dict[str, tuple[Peer, list[str], list[int], float]] = {}
+        #: Addresses whose releases the thread is sending now.
+        self._sending: set[str] = set()
         self._count = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -48,7 +51,7 @@ class LeaseReleaser:
             waiting_ids.extend(lease_ids)
             self._waiting[peer.address] = (peer, waiting_keys, waiting_ids, max(last, until))
             self._count += len(keys)
-            self._cond.notify()
+            self._cond.notify_all()  # the thread, and readers settling
 
     def _run(self) -> None:
         while True:
@@ -58,22 +61,40 @@ class LeaseReleaser:
                 if not self._waiting:
                     return
                 waiting, self._waiting, self._count = self._waiting, {}, 0
-            for peer, keys, lease_ids, until in waiting.values():
-                if until <= time.monotonic():
-                    continue  # the leases have ended by themselves
-                for start in range(0, len(keys), MAX_BATCH):
-                    request = pb.BatchReleaseKeysRequest(
-                        keys=keys[start : start + MAX_BATCH], lease_id=lease_ids[start : start + MAX_BATCH]
-                    )
-                    try:
-                        peer.call("BatchReleaseKeys", request)
-                    except PeerUnavailableError as exc:
-                        _log.debug("releasing %d leases on %s: %s", len(keys), peer.address, exc)
-                        break
+                self._sending = set(waiting)
+            for address, (peer, keys, lease_ids, until) in waiting.items():
+                if until > time.monotonic():  # else the leases have ended by themselves
+                    self._send(peer, keys, lease_ids)
+                with self._cond:
+                    self._sending.discard(address)
+                    self._cond.notify_all()
+
+    def _send(self, peer: Peer, keys: list[str], lease_ids: list[int]) -> None:
+        for start in range(0, len(keys), MAX_BATCH):
+            request = pb.BatchReleaseKeysRequest(
+                keys=keys[start : start + MAX_BATCH], lease_id=lease_ids[start : start + MAX_BATCH]
+            )
+            try:
+                peer.call("BatchReleaseKeys", request)
+            except PeerUnavailableError as exc:
+                _log.debug("releasing %d leases on %s: %s", len(keys), peer.address, exc)
+                return
+
+    def pending(self, address: str) -> bool:
+        """Whether releases for the peer at ``address`` are queued or being sent."""
+        with self._cond:
+            return address in self._waiting or address in self._sending
+
+    def settle(self, address: str, timeout: float) -> bool:
+        """Waits until the releases queued for the peer at ``address`` have been sent (answered
+        or failed), at most ``timeout`` seconds: a reader asking that peer again for room its
+        own leases hold. Whether they were."""
+        with self._cond:
+            return self._cond.wait_for(lambda: address not in self._waiting and address not in self._sending, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Sends what waits, then stops the thread (waits at most ``timeout`` seconds)."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
+            self._cond.notify_all()  # the thread, and readers settling
         self._thread.join(timeout)

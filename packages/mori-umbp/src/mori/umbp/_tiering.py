@@ -24,6 +24,8 @@ from ._ssd import SsdRecord, SsdTier, read_runs
 _log = get_logger("umbp")
 #: The longest a call waits for room in DRAM or for SSD I/O.
 IO_TIMEOUT_S = 30.0
+#: The longest a staging waits for DRAM that pages moving to SSD free (a peer's reader waits).
+STAGE_ROOM_S = 1.0
 
 
 class _Entry:
@@ -200,6 +202,17 @@ class Tiers:
         self._pin(entry)
         self._unpin(entry)
 
+    def _room_for(self, size: int, deadline: float) -> int | None:
+        """A DRAM slot of ``size`` bytes for a staged page, or None: one free now, or freed by
+        dropping clean pages, or by the moves to SSD that making room starts (waited for until
+        ``deadline``; the lock is let go meanwhile)."""
+        offset = self._dram.allocate(size)
+        if offset is None and self._make_room(aligned(size)):
+            offset = self._dram.allocate(size)
+            if offset is None and self._wait_moves(deadline):
+                offset = self._dram.allocate(size)
+        return offset
+
     def _make_room(self, target: float) -> bool:
         """Starts freeing at least ``target`` bytes of DRAM: pages with an SSD copy are dropped
         from DRAM at once, others move to SSD (or, without one, are dropped). Victims are the
@@ -323,15 +336,14 @@ class Tiers:
         ``{id(entry): buffer}`` for the caller to free (without, they are not read)."""
         assert self._ssd is not None
         jobs: list[tuple[_Entry, SsdRecord, int | None, UMBPHostBufferHandle | None]] = []
+        room_deadline = time.monotonic() + STAGE_ROOM_S
         with self._lock:
             for entry in entries:
                 if entry.dram is not None or entry.ssd is None:
                     continue
                 offset = None
                 if promote and not entry.staging:
-                    offset = self._dram.allocate(entry.size)
-                    if offset is None and self._make_room(aligned(entry.size)):
-                        offset = self._dram.allocate(entry.size)
+                    offset = self._room_for(entry.size, room_deadline)
                     entry.staging = offset is not None
                 if offset is not None or scratch:
                     jobs.append((entry, entry.ssd, offset, None))
