@@ -22,7 +22,7 @@ from mori.io import (
     RdmaBackendConfig,
     StatusCode,
 )
-from mori.io.backends.rdma import ucx_net_devices
+from mori.io.backends.rdma import RdmaBackend, ucx_net_devices
 
 SIZE = 4 << 20
 
@@ -441,3 +441,73 @@ def test_pairs_in_turn_each_keep_their_lane(counted: Counted) -> None:
         assert _done(counted.a.write(local, 0, counted.mb, i * 4096, 4096, i)) == StatusCode.SUCCESS
         assert (counted.rb[i * 4096 : (i + 1) * 4096] == i).all()
     assert counted.full_way == 0
+
+
+class _Recorder:
+    """An engine's stand-in that records the worker addresses each connect is given."""
+
+    def __init__(self, engine: object) -> None:
+        self._engine = engine
+        self.connects: list[list[bytes]] = []
+
+    def connect(self, key: str, workers: list[bytes], *args: object) -> object:
+        self.connects.append(list(workers))
+        return self._engine.connect(key, workers, *args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+
+def test_initiators_start_on_the_targets_workers_in_turn() -> None:
+    """A target of three workers gives each next initiator the next worker to start on: three
+    one-worker initiators connect to its three workers, and write byte for byte."""
+    target = IOEngine("targ", IOEngineConfig())
+    target.create_backend(BackendType.RDMA, RdmaBackendConfig(num_worker_threads=3))
+    data = np.zeros(3 * 4096, dtype=np.uint8)
+    mem = MemoryDesc.unpack(
+        target.register_memory(int(data.ctypes.data), data.nbytes, -1, MemoryLocationType.CPU).pack()
+    )
+    addresses = list(target._backends._by_type[BackendType.RDMA]._engine.addresses)  # private: own test
+    initiators, firsts = [], []
+    try:
+        for i in range(3):
+            a = IOEngine(f"init{i}", IOEngineConfig())
+            initiators.append(a)
+            a.create_backend(BackendType.RDMA, RdmaBackendConfig(num_worker_threads=1))
+            backend = a._backends._by_type[BackendType.RDMA]
+            recorder = backend._engine = _Recorder(backend._engine)
+            a.register_remote_engine(target.get_engine_desc())
+            target.register_remote_engine(a.get_engine_desc())
+            src = np.full(4096, i + 1, dtype=np.uint8)
+            local = a.register_memory(int(src.ctypes.data), src.nbytes, -1, MemoryLocationType.CPU)
+            st = a.batch_write(local, [0], mem, [i * 4096], [4096], 1)
+            assert _done(st) == StatusCode.SUCCESS, st.Message()
+            (workers,) = recorder.connects
+            assert sorted(workers) == sorted(addresses)
+            firsts.append(addresses.index(workers[0]))
+        assert firsts == [0, 1, 2]
+        assert np.array_equal(data, np.repeat(np.arange(1, 4, dtype=np.uint8), 4096))
+    finally:
+        for e in [*initiators, target]:
+            e.close()
+
+
+@pytest.mark.parametrize("first", [3, -1, True, "0"])
+def test_a_connect_reply_naming_no_worker_of_the_target_is_refused(monkeypatch: pytest.MonkeyPatch, first) -> None:
+    """A target whose reply names a starting worker it does not have (or not as an int) is not
+    connected to: the transfer fails naming the malformed reply, and nothing moves."""
+    real = RdmaBackend._handle_connect
+
+    def bad_reply(self: RdmaBackend, key: str, body: dict) -> dict:
+        return {**real(self, key, body), "first": first}
+
+    monkeypatch.setattr(RdmaBackend, "_handle_connect", bad_reply)
+    p = Pair()
+    try:
+        before = p.rb.copy()
+        st = p.a.batch_write(p.ma, [0], p.mb, [0], [4096], 1)
+        assert _done(st) != StatusCode.SUCCESS
+        assert "malformed rdma.connect reply" in st.Message()
+        assert np.array_equal(p.rb, before)
+    finally:
+        p.close()

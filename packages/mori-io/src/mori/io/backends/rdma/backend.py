@@ -17,6 +17,7 @@ what each :class:`RdmaBackendConfig` field means here.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -181,6 +182,9 @@ class RdmaBackend(Backend):
         self._closed = False
         self._notify = bool(config.enable_notification)
         self._connector = PeerConnector("RDMA", self._connect_peer, self._start_accepted)
+        # The worker each next initiator's first worker connects to, in turn: initiators of one
+        # worker each (or starting every transfer on their first) spread over this engine's workers.
+        self._next_worker = itertools.count()
         ctx.add_control_handler("rdma.connect", self._handle_connect)
         ctx.log.info(
             "RDMA backend on UCX %s (%s, %s), transports %s; GPU memory %s",
@@ -214,8 +218,10 @@ class RdmaBackend(Backend):
             raise ControlError(StatusCode.ERR_NOT_FOUND, f"engine {self.ctx.engine_key!r} has no RDMA backend")
         # The ticket admits UCX requests from the key this control session authenticated as (any
         # engine with the token may connect, as in MORI; the engine bounds the tickets it keeps).
+        addresses = list(self._engine.addresses)
         return {
-            "workers": list(self._engine.addresses),
+            "workers": addresses,
+            "first": next(self._next_worker) % len(addresses),
             "ticket": int(self._engine.admit(key)),
             "same_host": self._engine.same_host_address,
         }
@@ -226,10 +232,14 @@ class RdmaBackend(Backend):
         key = request.remote.engine_key
         reply = self.ctx.control_request(key, "rdma.connect", {})
         workers, ticket, same_host = reply.get("workers"), reply.get("ticket"), reply.get("same_host", b"")
+        first = reply.get("first", 0)  # an engine that does not choose: its first worker
         if (
             not isinstance(workers, list)
             or not workers
             or not all(isinstance(a, bytes) for a in workers)
+            or not isinstance(first, int)
+            or isinstance(first, bool)
+            or not 0 <= first < len(workers)
             or not isinstance(ticket, int)
             or isinstance(ticket, bool)
             or not 0 < ticket < 1 << 64
@@ -237,7 +247,8 @@ class RdmaBackend(Backend):
             or len(same_host) > 4096
         ):
             raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {key!r} sent a malformed rdma.connect reply")
-        peer = self._engine.connect(key, workers, ticket, same_host)
+        # Worker i of this engine connects to the peer's worker (first + i) mod its workers.
+        peer = self._engine.connect(key, workers[first:] + workers[:first], ticket, same_host)
         self.ctx.log.info(
             "RDMA backend: engine %r reached over %s%s; GPU memory %s",
             key,
