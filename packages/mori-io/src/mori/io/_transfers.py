@@ -181,20 +181,22 @@ class Transfers:
         # Everything submit() checks holds (both descriptors as they were, the block inside both,
         # a valid uid): what follows is its last part, unless the lane's connection has failed.
         status = TransferStatus(_IN_PROGRESS)
-        drained = lane[3].drained
+        path = lane[3]
+        drained = path.drained
+        # A drained lane's backend refuses a region deregistered meanwhile itself (see Lane).
         if not drained:
             self._inflight.add(local.id, status, lane[4], remote.engine_key)
-        if self._memory.get(local.id) is None:
-            status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
-            return status
-        completion = lane[3].start(op, local.data + l_off, r_off, size, uid)
+            if self._memory.get(local.id) is None:
+                status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
+                return status
+        completion = path.start(op, local.data + l_off, r_off, size, uid)
         if completion is None:  # nothing started: submit() reconnects or fails over
             if self._lanes.get(key) is lane:  # and keeps a new lane once its backend has one
                 del self._lanes[key]
             if not drained:
                 status._attach(Outcome(StatusCode.ERR_BAD_STATE, "not started (its lane had failed)"))
             return None
-        if completion is lane[3].finished:
+        if completion is path.finished:
             # Finished as it started (a same-host copy): with no earlier transfer to the peer that
             # may still run, no one holds the status yet, so it takes the code itself (no completion
             # to read, no place in the order; what running() below tells, without its frames).
