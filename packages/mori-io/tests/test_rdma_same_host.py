@@ -89,6 +89,7 @@ def test_a_copy_finished_as_it_started_still_reports_after_earlier_transfers(mon
         held._set(StatusCode.SUCCESS)
         assert st.WaitFor(10_000) == StatusCode.SUCCESS and st.Message() == ""
         assert a.write(ma, 0, mb, 0, 4096, a.allocate_transfer_uid()).WaitFor(0) == StatusCode.SUCCESS
+        assert a._transfers._order.last("targ") is None  # the finished one was dropped: none to ask
     finally:
         a.close()
         b.close()

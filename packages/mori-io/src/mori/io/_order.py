@@ -40,6 +40,14 @@ class PeerOrder:
         last = self._last.get(remote_key)
         return last is not None and last._running()
 
+    def drop_finished(self, remote_key: str, status: TransferStatus) -> None:
+        """Drops ``status``, found finished, as the newest transfer to ``remote_key`` unless a newer
+        one joined meanwhile: a later transfer then has none to ask (a finished one holds no one
+        back, and ``_after`` skips it anyway)."""
+        with self._lock:
+            if self._last.get(remote_key) is status:
+                del self._last[remote_key]
+
     def forget(self, remote_key: str) -> None:
         """Drops the order towards ``remote_key`` (deregistered)."""
         with self._lock:

@@ -202,6 +202,8 @@ class Transfers:
             # to read, no place in the order; what running() below tells, without its frames).
             last = self._order.last(remote.engine_key)
             if last is None or not last._running():
+                if last is not None:  # the next ones need not ask it
+                    self._order.drop_finished(remote.engine_key, last)
                 status._code = _SUCCESS
                 return status
             code = _SUCCESS_INT
