@@ -99,6 +99,40 @@ def test_small_transfers_are_copied_by_the_initiator_and_noted_before_success() 
         target.close()
 
 
+def test_a_lane_starts_one_pair_s_blocks_and_returns_refusals_as_failed_transfers() -> None:
+    target, init = _pair()
+    dst = np.zeros(1 << 16, np.uint8)
+    src = np.random.default_rng(2).integers(0, 256, 1 << 16, dtype=np.uint8)
+    target.register_memory(3, int(dst.ctypes.data), dst.nbytes)
+    init.register_memory(4, int(src.ctypes.data), src.nbytes)
+    try:
+        peer = init.connect("target", target.addresses, target.admit("initiator"), target.same_host_address)
+        lane = peer.lane(4, 3, True, False, "lane of 4 and 3: ")
+        base = int(src.ctypes.data)
+        # A direct copy finished as it started: every one returns the one FINISHED object.
+        assert lane.start(ucx.WRITE, base + 10, 4096, 4096, 60) is ucx.FINISHED
+        assert peer.submit(ucx.WRITE, 4, Batch.one(base, 0, 100), 3) is ucx.FINISHED
+        assert ucx.FINISHED.code() == 0 and ucx.FINISHED.message() == ""
+        assert target.pop_inbound("initiator", 60) == 0
+        assert np.array_equal(dst[4096:8192], src[10:4106]) and np.array_equal(dst[:100], src[:100])
+        dst[:4096] = 5
+        assert lane.start(ucx.READ, base + 8192, 0, 4096, 61) is ucx.FINISHED
+        assert (src[8192 : 8192 + 4096] == 5).all()
+        # A block outside the local region is refused in the call: a failed transfer, worded as asked.
+        t = lane.start(ucx.WRITE, base + (1 << 16) - 10, 0, 4096, 62)
+        assert t is not ucx.FINISHED and t.code() == 11, t.message()
+        assert t.message().startswith("lane of 4 and 3: row 0: local address"), t.message()
+        # One past the target's region goes to its thread, which refuses it.
+        t = lane.start(ucx.WRITE, base, (1 << 16) - 100, 4096, 63)
+        assert t.wait(5) and t.code() == 11 and "out of range" in t.message(), t.message()
+        assert np.array_equal(dst[4096:8192], src[10:4106])  # nothing else moved
+        peer.close()
+        assert lane.start(ucx.WRITE, base, 0, 4096, 64) is None  # nothing started
+    finally:
+        init.close()
+        target.close()
+
+
 def test_direct_copies_off_leave_every_transfer_to_the_target_s_thread() -> None:
     target, init = _pair(same_host_direct=False)
     dst, src = np.zeros(4096, np.uint8), np.full(4096, 3, np.uint8)

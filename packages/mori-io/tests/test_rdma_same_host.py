@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
+from mori.io import (
+    BackendType,
+    IOEngine,
+    IOEngineConfig,
+    MemoryDesc,
+    MemoryLocationType,
+    StatusCode,
+    TransferStatus,
+)
 
 SIZE = 1 << 20
 
@@ -52,3 +60,36 @@ def test_a_transport_list_without_cma_leaves_every_copy_to_the_target(monkeypatc
 def test_same_host_path_off_keeps_host_memory_on_ucx(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"MORI_IO_RDMA_TRANSPORTS": "tcp", "MORI_IO_RDMA_SAME_HOST": "0"}
     assert _write_and_describe(monkeypatch, env) == {}
+
+
+def test_a_copy_finished_as_it_started_still_reports_after_earlier_transfers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Single blocks the initiator copied itself finish as they start (their status keeps its code
+    with no completion), yet one reports finished only once an earlier transfer to the same
+    engine has: here a status held IN_PROGRESS in the engine's order stands for one."""
+    monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "all")
+    a, b = IOEngine("init", IOEngineConfig()), IOEngine("targ", IOEngineConfig())
+    try:
+        for e in (a, b):
+            e.create_backend(BackendType.RDMA)
+        a.register_remote_engine(b.get_engine_desc())
+        b.register_remote_engine(a.get_engine_desc())
+        src, dst = np.random.default_rng(3).integers(0, 256, SIZE, dtype=np.uint8), np.zeros(SIZE, np.uint8)
+        ma = a.register_memory(int(src.ctypes.data), SIZE, -1, MemoryLocationType.CPU)
+        mb = MemoryDesc.unpack(b.register_memory(int(dst.ctypes.data), SIZE, -1, MemoryLocationType.CPU).pack())
+        for i in range(4):  # the first connects, the next makes the pair's lane, the others start through it
+            st = a.write(ma, 4096 * i, mb, 8192 * i, 4096, a.allocate_transfer_uid())
+            assert st.WaitFor(10_000 if i == 0 else 0) == StatusCode.SUCCESS, st.Message()
+            assert np.array_equal(dst[8192 * i : 8192 * i + 4096], src[4096 * i : 4096 * (i + 1)])
+        held = TransferStatus(StatusCode.IN_PROGRESS)
+        a._transfers._order.join("targ", held)  # an earlier transfer to "targ", still running
+        uid = a.allocate_transfer_uid()
+        st = a.read(ma, 0, mb, 8192, 4096, uid)
+        assert np.array_equal(src[:4096], dst[8192 : 8192 + 4096])  # its bytes moved as it started
+        assert st.WaitFor(20) == StatusCode.IN_PROGRESS and st.InProgress()
+        held._set(StatusCode.SUCCESS)
+        assert st.WaitFor(10_000) == StatusCode.SUCCESS and st.Message() == ""
+        assert a.write(ma, 0, mb, 0, 4096, a.allocate_transfer_uid()).WaitFor(0) == StatusCode.SUCCESS
+        assert a._transfers._order.last("targ") is None  # the finished one was dropped: none to ask
+    finally:
+        a.close()
+        b.close()

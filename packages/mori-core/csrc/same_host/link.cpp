@@ -346,13 +346,8 @@ std::shared_ptr<Transfer> SameHostLink::copy_direct(Op op, const plan::Row* rows
     std::unique_lock rl(readMu_, std::try_to_lock);
     if (rl.owns_lock()) harvest();
     // Every direct copy that succeeded reports through one finished transfer: nothing of it is
-    // its own any more (its notification went), and its caller needs no object of its own.
-    static const std::shared_ptr<Transfer> succeeded = [] {
-        auto t = std::make_shared<Transfer>(nullptr, nullptr, 1, INT64_MAX, false, 0);
-        t->part_done(kSuccess, "");
-        return t;
-    }();
-    return succeeded;
+    // its own any more (its notification went).
+    return finished_transfer();
 }
 
 void SameHostLink::post_note(uint64_t uid, int64_t deadlineNs) {

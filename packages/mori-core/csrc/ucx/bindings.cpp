@@ -20,6 +20,55 @@ py::dict library_dict(const Library& lib) {
     return d;
 }
 
+// A transfer as Python sees it (None for none): the one every transfer that finished as it started
+// reports through (finished_transfer) is one Python object made once, so a direct same-host copy
+// makes and drops no wrapper (and looks up no type) per call.
+py::object to_python(std::shared_ptr<Transfer> t) {
+    if (!t) return py::none();
+    if (t == finished_transfer()) {
+        static const py::object* finished = new py::object(py::cast(finished_transfer()));  // kept to the end
+        return *finished;
+    }
+    return py::cast(std::move(t));
+}
+
+// One pair of regions' single-block transfers (mori-io's Lane.start): the pair's ids and flags bound
+// once, so that a start converts five arguments and runs no Python.
+struct Lane {
+    std::shared_ptr<Peer> peer;
+    uint64_t localId, remoteId;
+    bool notify, remoteGpu;
+    std::string refused;  // the start of a refusal's message
+
+    // submit of Batch::one(src, dst, bytes); None (nothing started) once the peer has failed or was
+    // closed. A refusal (a block outside the local region, the engine closed) comes back as a
+    // failed transfer (ERR_INVALID_ARGS, ERR_BAD_STATE) whose message starts with `refused`.
+    py::object start(int op, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t uid) const {
+        std::shared_ptr<Transfer> t;
+        int code = kSuccess;
+        std::string why;
+        {
+            py::gil_scoped_release release;
+            try {
+                if (peer->healthy())
+                    t = peer->submit(static_cast<Op>(op), localId, mori::plan::Batch::one(src, dst, bytes), remoteId,
+                                     uid, notify, remoteGpu);
+            } catch (const std::invalid_argument& e) {
+                code = kErrInvalidArgs;
+                why = e.what();
+            } catch (const std::exception& e) {
+                code = kErrBadState;
+                why = e.what();
+            }
+        }
+        if (code != kSuccess) {
+            t = std::make_shared<Transfer>(nullptr, nullptr, 1, INT64_MAX, false, uid);
+            t->part_done(code, refused + why);
+        }
+        return to_python(std::move(t));
+    }
+};
+
 mori::native::Registration reg([](py::module_& root) {
     py::module_ m = mori::native::submodule(root, "ucx", "mori-core's UCX engine");
     py::register_exception<LoadError>(m, "UcxLoadError", PyExc_RuntimeError);
@@ -41,6 +90,10 @@ mori::native::Registration reg([](py::module_& root) {
         "this process; returns {path, source, version}. Raises UcxLoadError listing what was tried.");
     m.def("ucx_library", [] { return library_dict(library()); }, "The loaded UCX; UcxLoadError before ucx_load.");
     m.def("ucx_components", &components, "UCX's components and the devices (memory domains) each one found.");
+    m.def(
+        "ucx_finished", [] { return to_python(finished_transfer()); },
+        "The UcxTransfer that submit and UcxLane.start return for every transfer that finished successfully as "
+        "it started (a same-host direct copy): always the same object.");
 
     py::class_<Transfer, std::shared_ptr<Transfer>>(m, "UcxTransfer", "Completion of one UCX engine transfer.")
         .def("code", &Transfer::code, "TransferCode value (IN_PROGRESS=2 until finished).")
@@ -48,33 +101,38 @@ mori::native::Registration reg([](py::module_& root) {
         .def("wait", &Transfer::wait, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
              "Waits up to timeout seconds (progressing the worker on this thread first); True when finished.");
 
+    py::class_<Lane>(m, "UcxLane", "Single-block transfers between two regions (UcxPeer.lane).")
+        .def("start", &Lane::start, py::arg("op"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("uid"),
+             "Starts op (1 = read, 2 = write) of bytes between local address src and remote offset dst; its "
+             "UcxTransfer (FINISHED when it finished as it started; a failed one when refused), or None with "
+             "nothing started once the peer has failed or was closed.");
+
     py::class_<Peer, std::shared_ptr<Peer>>(m, "UcxPeer", "Endpoints from a UCX engine to one peer engine.")
         .def_property_readonly("key", &Peer::key)
         .def(
             "submit",
             [](Peer& p, int op, uint64_t localId, const mori::plan::Batch& batch, uint64_t remoteId, uint64_t uid,
                bool notify, bool remoteGpu) {
-                py::gil_scoped_release release;
-                return p.submit(static_cast<Op>(op), localId, batch, remoteId, uid, notify, remoteGpu);
+                std::shared_ptr<Transfer> t;
+                {
+                    py::gil_scoped_release release;
+                    t = p.submit(static_cast<Op>(op), localId, batch, remoteId, uid, notify, remoteGpu);
+                }
+                return to_python(std::move(t));
             },
             py::arg("op"), py::arg("local_id"), py::arg("batch"), py::arg("remote_id"), py::arg("uid") = 0,
             py::arg("notify") = false, py::arg("remote_gpu") = false,
             "Starts a transfer (op 1 = read, 2 = write) of a mori.core.batch.Batch of rows (local address inside "
             "local_id, offset in remote_id, bytes; Batch.one for one block); returns its UcxTransfer.")
         .def(
-            "submit_one",
-            [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,
-               uint64_t uid, bool notify, bool remoteGpu) {
-                py::gil_scoped_release release;
-                if (!p.healthy()) return std::shared_ptr<Transfer>();
-                return p.submit(static_cast<Op>(op), localId, mori::plan::Batch::one(src, dst, bytes), remoteId, uid,
-                                notify, remoteGpu);
+            "lane",
+            [](std::shared_ptr<Peer> p, uint64_t localId, uint64_t remoteId, bool notify, bool remoteGpu,
+               std::string refused) {
+                return Lane{std::move(p), localId, remoteId, notify, remoteGpu, std::move(refused)};
             },
-            py::arg("op"), py::arg("local_id"), py::arg("src"), py::arg("dst"), py::arg("bytes"), py::arg("remote_id"),
-            py::arg("uid"), py::arg("notify"), py::arg("remote_gpu"),
-            "submit of Batch.one(src, dst, bytes) with no Batch object made, or None (nothing started) when the "
-            "peer has failed or was closed: for a caller that starts one block at a time (mori-io's read and "
-            "write), where building the Batch and asking healthy() are a large share of the call.")
+            py::arg("local_id"), py::arg("remote_id"), py::arg("notify"), py::arg("remote_gpu"), py::arg("refused"),
+            "A UcxLane: single blocks between local_id and remote_id, started with those bound (mori-io's "
+            "read and write, where each Python step and argument is a visible share of a 4 KiB transfer).")
         .def(
             "run_one",
             [](Peer& p, int op, uint64_t localId, uint64_t src, uint64_t dst, uint64_t bytes, uint64_t remoteId,

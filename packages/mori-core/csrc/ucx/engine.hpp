@@ -197,6 +197,10 @@ private:
     uint64_t uid_;
 };
 
+// The one transfer that every transfer finishing successfully as it starts reports through (the
+// same-host path's direct copies): nothing of it is its own, so its caller needs no object of its own.
+const std::shared_ptr<Transfer>& finished_transfer();
+
 // A peer engine as this engine's initiator sees it: the endpoints to it on each of our workers.
 class Peer {
 public:

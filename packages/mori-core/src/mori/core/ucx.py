@@ -53,6 +53,7 @@ from ._native.ucx import (
     UcxPeer,
     UcxTransfer,
     ucx_components,
+    ucx_finished,
     ucx_library,
     ucx_load,
     ucx_stage_gpu,
@@ -61,6 +62,7 @@ from ._native.ucx import (
 from .codes import TransferOp
 
 __all__ = [
+    "FINISHED",
     "READ",
     "WRITE",
     "UcxEngine",
@@ -83,6 +85,9 @@ __all__ = [
 ]
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values
+# What UcxPeer.submit and UcxLane.start return for every transfer that finished successfully as it
+# started (a same-host direct copy): one object, so a caller tells it by identity, reading no code.
+FINISHED: UcxTransfer = ucx_finished()
 
 # Workers that auto_workers gives a machine of at least AUTO_CORES cores.
 AUTO_WORKERS, AUTO_CORES = 2, 8

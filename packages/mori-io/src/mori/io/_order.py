@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .types import StatusCode, TransferStatus
 
@@ -18,6 +18,9 @@ class PeerOrder:
     def __init__(self) -> None:
         self._last: dict[str, TransferStatus] = {}
         self._lock = threading.Lock()
+        # The newest transfer to a remote engine, or None: the dict's own get, with no Python
+        # frame around it (a transfer that finished as it started asks it, see running()).
+        self.last: Callable[[str], TransferStatus | None] = self._last.get
 
     def join(self, remote_key: str, status: TransferStatus) -> None:
         """Makes ``status`` the newest transfer to ``remote_key``: it reports finished only after
@@ -36,6 +39,14 @@ class PeerOrder:
         and a later one skips it (a finished link) anyway."""
         last = self._last.get(remote_key)
         return last is not None and last._running()
+
+    def drop_finished(self, remote_key: str, status: TransferStatus) -> None:
+        """Drops ``status``, found finished, as the newest transfer to ``remote_key`` unless a newer
+        one joined meanwhile: a later transfer then has none to ask (a finished one holds no one
+        back, and ``_after`` skips it anyway)."""
+        with self._lock:
+            if self._last.get(remote_key) is status:
+                del self._last[remote_key]
 
     def forget(self, remote_key: str) -> None:
         """Drops the order towards ``remote_key`` (deregistered)."""

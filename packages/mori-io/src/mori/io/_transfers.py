@@ -24,6 +24,8 @@ _log = get_logger("io")
 
 _IN_PROGRESS = StatusCode.IN_PROGRESS
 _IN_PROGRESS_INT = int(_IN_PROGRESS)  # codes up to it (SUCCESS, INIT) are not failures
+_SUCCESS = StatusCode.SUCCESS
+_SUCCESS_INT = int(_SUCCESS)
 _U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
 _MAX_LANES = 1024  # pairs of descriptors whose Lane a Transfers keeps (see __init__)
 # Batch's own names of its columns, as the engine's callers know them.
@@ -151,11 +153,9 @@ class Transfers:
         backend is ``backend`` (when given, as a session's) and its connection has not failed;
         None otherwise, with nothing started (then :meth:`submit` or :meth:`batch`)."""
         key = (id(local), id(remote))
-        lane = self._lanes.get(key)
+        lane = self._lanes.get(key)  # the pair's own: it holds both objects, so neither id was reused
         if (
             lane is None
-            or lane[0] is not local
-            or lane[1] is not remote
             or type(sizes) is not list
             or type(l_offs) is not list
             or type(r_offs) is not list
@@ -181,20 +181,34 @@ class Transfers:
         # Everything submit() checks holds (both descriptors as they were, the block inside both,
         # a valid uid): what follows is its last part, unless the lane's connection has failed.
         status = TransferStatus(_IN_PROGRESS)
-        drained = lane[3].drained
+        path = lane[3]
+        drained = path.drained
+        # A drained lane's backend refuses a region deregistered meanwhile itself (see Lane).
         if not drained:
             self._inflight.add(local.id, status, lane[4], remote.engine_key)
-        if self._memory.get(local.id) is None:
-            status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
-            return status
-        completion = lane[3].start(op, local.data + l_off, r_off, size, uid)
+            if self._memory.get(local.id) is None:
+                status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
+                return status
+        completion = path.start(op, local.data + l_off, r_off, size, uid)
         if completion is None:  # nothing started: submit() reconnects or fails over
             if self._lanes.get(key) is lane:  # and keeps a new lane once its backend has one
                 del self._lanes[key]
             if not drained:
                 status._attach(Outcome(StatusCode.ERR_BAD_STATE, "not started (its lane had failed)"))
             return None
-        code = completion.code()
+        if completion is path.finished:
+            # Finished as it started (a same-host copy): with no earlier transfer to the peer that
+            # may still run, no one holds the status yet, so it takes the code itself (no completion
+            # to read, no place in the order; what running() below tells, without its frames).
+            last = self._order.last(remote.engine_key)
+            if last is None or not last._running():
+                if last is not None:  # the next ones need not ask it
+                    self._order.drop_finished(remote.engine_key, last)
+                status._code = _SUCCESS
+                return status
+            code = _SUCCESS_INT
+        else:
+            code = completion.code()
         if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(remote.engine_key)):
             self._order.join(remote.engine_key, status)
         status._attach(completion)

@@ -337,6 +337,7 @@ _MEMORY_FIELDS: dict[str, _Rule] = {
 
 _PENDING = StatusCode.IN_PROGRESS
 _PENDING_INT = int(_PENDING)
+_NOT_STARTED = StatusCode.INIT
 _MAKING_CONDITIONS = threading.Lock()  # a status makes its condition once (TransferStatus._condition)
 _CODES = {int(c): c for c in StatusCode}
 
@@ -515,21 +516,27 @@ class TransferStatus:
         """Waits up to ``timeout_ms`` milliseconds (< 0: until the end; 0: only looks) with the GIL
         released and returns ``Code()``: ``IN_PROGRESS`` if the wait timed out."""
         c = self._completion
-        if c is not None and self._prev is None and (type(timeout_ms) is int or type(timeout_ms) is float):
-            # The common case, a transfer that no earlier one holds back: one native wait and one
-            # code (about 1 us less per transfer than the general loop below, which ends the same).
-            done = c.code()  # a transfer that finished as it started (one host) needs no wait
-            if done != _PENDING_INT or c.wait(timeout_ms / 1000.0 if timeout_ms >= 0 else 3600.0):
-                code = _status_code(c.code() if done == _PENDING_INT else done)
-                if code is StatusCode.SUCCESS:
-                    # Kept in Python from now on, the completion let go (the code first: a reader
-                    # sees one or the other): the order asks every next transfer's predecessor
-                    # whether it still runs, and reading the native completion costs more.
-                    self._code, self._message = code, ""
-                    self._completion = None
-                return code
-            if timeout_ms >= 0:
-                return _PENDING
+        if self._prev is None and (type(timeout_ms) is int or type(timeout_ms) is float):
+            # The common cases, a transfer that no earlier one holds back: its own code, or one
+            # native wait and one code (about 1 us less per transfer than the general loop below,
+            # which ends the same).
+            if c is None:
+                code = self._code  # kept in Python: finished (as it started, or waited for), or not started
+                if code is not _PENDING and code is not _NOT_STARTED:
+                    return code
+            else:
+                done = c.code()  # a transfer that finished as it started (one host) needs no wait
+                if done != _PENDING_INT or c.wait(timeout_ms / 1000.0 if timeout_ms >= 0 else 3600.0):
+                    code = _status_code(c.code() if done == _PENDING_INT else done)
+                    if code is StatusCode.SUCCESS:
+                        # Kept in Python from now on, the completion let go (the code first: a reader
+                        # sees one or the other): the order asks every next transfer's predecessor
+                        # whether it still runs, and reading the native completion costs more.
+                        self._code, self._message = code, ""
+                        self._completion = None
+                    return code
+                if timeout_ms >= 0:
+                    return _PENDING
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)):
             raise TypeError(f"WaitFor: timeout_ms must be a number, got {type(timeout_ms).__name__}")
         if self._own() == StatusCode.INIT:

@@ -84,10 +84,15 @@ class Lane:
     ``start`` began on the region (failing those past ``MORI_IO_TIMEOUT``), so the engine keeps
     no in-flight record of its own for them; a region deregistered while such a transfer starts
     fails it with ``ERR_INVALID_ARGS`` naming the region instead of ``ERR_NOT_FOUND``.
+
+    ``finished``: the one completion ``start`` returns for every block that finished successfully
+    as it started (the RDMA backend's same-host copies), told by identity: the engine reads no code
+    from it. None when ``start`` has no such completion.
     """
 
     start: Callable[[TransferOp, int, int, int, int], Completion | None]
     drained: bool = False
+    finished: Completion | None = None
 
 
 class BackendContext(abc.ABC):

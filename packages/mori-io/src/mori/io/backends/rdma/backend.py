@@ -44,7 +44,6 @@ from ..base import (
     ControlError,
     Lane,
     Outcome,
-    TransferOp,
     TransferRequest,
 )
 
@@ -346,18 +345,12 @@ class RdmaBackend(Backend):
         peer = self._peers.get(remote.engine_key)
         if peer is None or not peer.healthy():
             return None
-        submit_one, local_id, remote_id = peer.submit_one, local.id, remote.id
-        notify, gpu = self._notify, remote.loc == MemoryLocationType.GPU
-
-        def start(op: TransferOp, src: int, dst: int, size: int, uid: int) -> Completion | None:
-            try:  # as _start, with no Batch made for the one row; None once the peer has failed
-                return submit_one(op, local_id, src, dst, size, remote_id, uid, notify, gpu)  # type: ignore[no-any-return]
-            except (ValueError, RuntimeError) as err:
-                return _refused(err)
-
+        # The pair's ids and flags bound natively: a start runs no Python, and a refusal comes back
+        # as a failed completion worded as _refused's.
+        native = peer.lane(local.id, remote.id, self._notify, remote.loc == MemoryLocationType.GPU, "RDMA backend: ")
         # The engine's deregister_memory waits for its own transfers on the region (each ends
         # within MORI_IO_TIMEOUT) and refuses new ones at once.
-        return Lane(start, drained=True)
+        return Lane(native.start, drained=True, finished=ucx.FINISHED)
 
     def _start_accepted(self, peer: Any, request: TransferRequest) -> Completion:
         """Starts a transfer that waited for its peer's first contact (on the connector's thread).
