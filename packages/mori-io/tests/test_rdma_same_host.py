@@ -4,6 +4,9 @@ allow UCX's own copies between processes (cma), and the backend's description sa
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -20,21 +23,32 @@ from mori.io import (
 SIZE = 1 << 20
 
 
-def _write_and_describe(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, str]:
-    """A 4 KiB and a 1 MiB write from "init" to "targ" under env, every byte and the target's
-    record checked as soon as each reports success; the initiator's same-host description."""
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+@contextlib.contextmanager
+def _engines(seed: int) -> Iterator[tuple[IOEngine, IOEngine, np.ndarray, np.ndarray, MemoryDesc, MemoryDesc]]:
+    """Engines "init" and "targ" with RDMA backends, each knowing the other; a region of SIZE
+    random bytes at "init" and one of SIZE zeros at "targ", registered (the target's as the
+    initiator receives it); all closed on exit."""
     a, b = IOEngine("init", IOEngineConfig()), IOEngine("targ", IOEngineConfig())
     try:
         for e in (a, b):
             e.create_backend(BackendType.RDMA)
         a.register_remote_engine(b.get_engine_desc())
         b.register_remote_engine(a.get_engine_desc())
-        rng = np.random.default_rng(7)
-        src, dst = rng.integers(0, 256, SIZE, dtype=np.uint8), np.zeros(SIZE, np.uint8)
+        src, dst = np.random.default_rng(seed).integers(0, 256, SIZE, dtype=np.uint8), np.zeros(SIZE, np.uint8)
         ma = a.register_memory(int(src.ctypes.data), SIZE, -1, MemoryLocationType.CPU)
         mb = MemoryDesc.unpack(b.register_memory(int(dst.ctypes.data), SIZE, -1, MemoryLocationType.CPU).pack())
+        yield a, b, src, dst, ma, mb
+    finally:
+        a.close()
+        b.close()
+
+
+def _write_and_describe(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, str]:
+    """A 4 KiB and a 1 MiB write from "init" to "targ" under env, every byte and the target's
+    record checked as soon as each reports success; the initiator's same-host description."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with _engines(7) as (a, b, src, dst, ma, mb):
         for size in (4096, SIZE):
             uid = a.allocate_transfer_uid()
             st = a.batch_write(ma, [0], mb, [0], [size], uid)
@@ -43,9 +57,6 @@ def _write_and_describe(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) ->
             record = b.pop_inbound_transfer_status("init", uid)
             assert record is not None and record.Succeeded()  # recorded before the initiator saw success
         return dict(a.describe()["backends"]["RDMA"]["same_host"])
-    finally:
-        a.close()
-        b.close()
 
 
 def test_the_initiator_copies_where_the_transports_allow_cma(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,15 +78,7 @@ def test_a_copy_finished_as_it_started_still_reports_after_earlier_transfers(mon
     with no completion), yet one reports finished only once an earlier transfer to the same
     engine has: here a status held IN_PROGRESS in the engine's order stands for one."""
     monkeypatch.setenv("MORI_IO_RDMA_TRANSPORTS", "all")
-    a, b = IOEngine("init", IOEngineConfig()), IOEngine("targ", IOEngineConfig())
-    try:
-        for e in (a, b):
-            e.create_backend(BackendType.RDMA)
-        a.register_remote_engine(b.get_engine_desc())
-        b.register_remote_engine(a.get_engine_desc())
-        src, dst = np.random.default_rng(3).integers(0, 256, SIZE, dtype=np.uint8), np.zeros(SIZE, np.uint8)
-        ma = a.register_memory(int(src.ctypes.data), SIZE, -1, MemoryLocationType.CPU)
-        mb = MemoryDesc.unpack(b.register_memory(int(dst.ctypes.data), SIZE, -1, MemoryLocationType.CPU).pack())
+    with _engines(3) as (a, _, src, dst, ma, mb):
         for i in range(4):  # the first connects, the next makes the pair's lane, the others start through it
             st = a.write(ma, 4096 * i, mb, 8192 * i, 4096, a.allocate_transfer_uid())
             assert st.WaitFor(10_000 if i == 0 else 0) == StatusCode.SUCCESS, st.Message()
@@ -90,6 +93,3 @@ def test_a_copy_finished_as_it_started_still_reports_after_earlier_transfers(mon
         assert st.WaitFor(10_000) == StatusCode.SUCCESS and st.Message() == ""
         assert a.write(ma, 0, mb, 0, 4096, a.allocate_transfer_uid()).WaitFor(0) == StatusCode.SUCCESS
         assert a._transfers._order.last("targ") is None  # the finished one was dropped: none to ask
-    finally:
-        a.close()
-        b.close()
