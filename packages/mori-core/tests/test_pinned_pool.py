@@ -15,10 +15,13 @@ from mori.core.memory import PinnedPool
 
 
 class _HostMemory:
-    """alloc/free over ctypes buffers, recording what is live and every call."""
+    """alloc/free over ctypes buffers, recording what is live and every call. ``freed`` lists the
+    addresses freed, in order: an address no longer live may be live again, the allocator
+    reusing it for a later block."""
 
     def __init__(self) -> None:
         self.live: dict[int, Any] = {}
+        self.freed: list[int] = []
         self.allocs = 0
         self.fail_next = False
 
@@ -33,6 +36,7 @@ class _HostMemory:
 
     def free(self, addr: int) -> None:
         del self.live[addr]
+        self.freed.append(addr)
 
 
 def _pool(limit: int | None = None, max_idle: int = 8) -> tuple[PinnedPool, _HostMemory]:
@@ -61,7 +65,7 @@ def test_the_limit_frees_idle_blocks_of_other_sizes_then_refuses() -> None:
     small = pool.acquire(3000, 1.0)
     pool.release(small)  # idle: 3000 held
     big = pool.try_acquire(9000)  # passes the limit unless the idle block goes
-    assert big is not None and small not in mem.live and pool.held_bytes == 9000
+    assert big is not None and mem.freed == [small] and pool.held_bytes == 9000
     assert pool.try_acquire(2000) is None  # 9000 out: no room, nothing to free
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="test pool: no room for a 2000-byte block in 0.1 s: 9000 of its 10000"):
@@ -69,7 +73,7 @@ def test_the_limit_frees_idle_blocks_of_other_sizes_then_refuses() -> None:
     assert time.monotonic() - t0 >= 0.1
     threading.Timer(0.1, pool.release, (big,)).start()
     got = pool.acquire(2000, 5.0)  # a waiter gets room when a block comes back
-    assert got is not None and pool.held_bytes == 2000 and big not in mem.live
+    assert got is not None and pool.held_bytes == 2000 and mem.freed == [small, big]
 
 
 def test_bad_input_is_refused_and_changes_nothing() -> None:
@@ -112,7 +116,7 @@ def test_close_refuses_while_blocks_are_out() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         pool.acquire(64, 1.0)
     pool.release(a)  # after close a returned block is freed at once
-    assert a not in mem.live
+    assert mem.freed[-1] == a and a not in mem.live
     assert pool.close() and mem.live == {} and pool.held_bytes == 0
     assert pool.close()  # idempotent
 
