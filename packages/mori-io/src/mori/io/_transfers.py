@@ -25,7 +25,6 @@ _log = get_logger("io")
 _IN_PROGRESS = StatusCode.IN_PROGRESS
 _IN_PROGRESS_INT = int(_IN_PROGRESS)  # codes up to it (SUCCESS, INIT) are not failures
 _SUCCESS = StatusCode.SUCCESS
-_SUCCESS_INT = int(_SUCCESS)
 _U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
 _MAX_LANES = 1024  # pairs of descriptors whose Lane a Transfers keeps (see __init__)
 # Batch's own names of its columns, as the engine's callers know them.
@@ -199,18 +198,19 @@ class Transfers:
         if completion is path.finished:
             # Finished as it started (a same-host copy): with no earlier transfer to the peer that
             # may still run, no one holds the status yet, so it takes the code itself (no completion
-            # to read, no place in the order; what running() below tells, without its frames).
+            # to read, no place in the order; what running() tells, without its frames). Else it
+            # reports after that one.
             last = self._order.last(remote.engine_key)
             if last is None or not last._running():
                 if last is not None:  # the next ones need not ask it
                     self._order.drop_finished(remote.engine_key, last)
                 status._code = _SUCCESS
                 return status
-            code = _SUCCESS_INT
+            self._order.join(remote.engine_key, status)
         else:
             code = completion.code()
-        if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(remote.engine_key)):
-            self._order.join(remote.engine_key, status)
+            if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(remote.engine_key)):
+                self._order.join(remote.engine_key, status)
         status._attach(completion)
         return status
 

@@ -315,20 +315,21 @@ class ClusterNode:
         retried = False
         while todo:
             # DRAM the owner has no room in may be held by this reader's own leases, released in
-            # the background: a round after reads waits until those releases are sent, and a
-            # round that read nothing while some were on their way is asked again once.
-            if any(results):
+            # the background: a round after reads, or after one that read nothing while some were
+            # on their way, waits until those releases are sent; the latter is asked again once.
+            if retried or any(results):
                 self._releaser.settle(address, self.transport.rpc_timeout_s)
             releasing = self._releaser.pending(address)
             done = self._read_round(address, [keys[i] for i in todo], [ptrs[i] for i in todo], [sizes[i] for i in todo])
             for i, ok in zip(todo, done):
                 results[i] = ok
             todo = [i for i, ok in zip(todo, done) if not ok]
-            if not any(done):
-                if retried or not releasing:
-                    break
-                self._releaser.settle(address, self.transport.rpc_timeout_s)
-            retried = not any(done)
+            if any(done):
+                retried = False
+            elif retried or not releasing:
+                break
+            else:
+                retried = True
         return results
 
     def _read_in_parts(

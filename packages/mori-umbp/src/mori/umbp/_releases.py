@@ -83,14 +83,17 @@ class LeaseReleaser:
     def pending(self, address: str) -> bool:
         """Whether releases for the peer at ``address`` are queued or being sent."""
         with self._cond:
-            return address in self._waiting or address in self._sending
+            return self._pending_locked(address)
 
     def settle(self, address: str, timeout: float) -> bool:
         """Waits until the releases queued for the peer at ``address`` have been sent (answered
         or failed), at most ``timeout`` seconds: a reader asking that peer again for room its
         own leases hold. Whether they were."""
         with self._cond:
-            return self._cond.wait_for(lambda: address not in self._waiting and address not in self._sending, timeout)
+            return self._cond.wait_for(lambda: not self._pending_locked(address), timeout)
+
+    def _pending_locked(self, address: str) -> bool:
+        return address in self._waiting or address in self._sending
 
     def close(self, timeout: float = 5.0) -> None:
         """Sends what waits, then stops the thread (waits at most ``timeout`` seconds)."""
