@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The GPU acceptance that a one-GPU machine can give, in one lease (~9 minutes), most important
 # first, each step bounded so that a slow one cannot eat the rest:
+#   io_tests      mori-io's GPU tests between two namespaces (io_gpu_netns.sh --no-bench: the
+#                 device Stager, the TCP and RDMA backends with GPU memory: every byte, forged
+#                 offsets, a killed peer);
+#   shmem_netns   mori.shmem's GPU tests through the proxy, PEs in two namespaces (netns_gpu.sh
+#                 --only shmem, 2 PEs);
 #   ops_tests     mori.ops GPU tests other than the proxy ones, those of $MORI_OPS_K (default: the
 #                 EP surface and the inter-node kernels against IntraNode: routing handles, replay
 #                 dispatch, quantized combine, standard-MoE layout, AsyncLL ...) with 2, 4 and 8 PEs
@@ -10,10 +15,13 @@
 #   no_cuda_ucx   a GPU heap with MORI_DISABLE_P2P on the machine's system UCX (no CUDA): refused
 #                 at init (test_gpu.py);
 #   proxy_bench   mori.shmem between two namespaces, GPU heaps (netns_bench.sh: host- and
-#                 device-initiated puts, put+signal), first with the baseline's code when
-#                 MORI_BASELINE names its tree (its mori-core, mori-shmem and mori-io installed
-#                 apart and run by its own scripts), then with this tree's: before and after
-#                 (MORI_PROXY_ROUNDS rounds of each point, default 1; MORI_PROXY_SIZES);
+#                 device-initiated puts, put+signal), with this tree's code, and, when
+#                 MORI_BASELINE names a tree, with the baseline's too (its mori-core, mori-shmem
+#                 and mori-io installed apart and run by its own scripts): before and after,
+#                 MORI_PROXY_PAIRS times (default 1) in turns (ABBA...), so that the machine's
+#                 drift falls on both alike; then the median of each tree's runs, per point
+#                 (MORI_PROXY_ROUNDS rounds of each point a run, default 1; MORI_PROXY_SIZES;
+#                 MORI_PROXY_IO=0 leaves mori-io-bench out of the runs);
 #   io_bench      mori-io-bench between two namespaces, GPU memory (MORI_IO_MEMS=gpu,cpu: host
 #                 memory too), TCP and RDMA beside NIXL, under
 #                 MPS (io_gpu_netns.sh --mps), with MORI_STAGING_PROFILE: every process's staging
@@ -28,7 +36,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
 OUT_FINAL=${OUT:-/tmp/mori-out}
 OUT=/tmp/mori-acceptance  # many logs: packed into $OUT_FINAL/logs.tgz, which brings back 8 files at most
-mkdir -p "$OUT" "$OUT_FINAL"
+mkdir -p "$OUT" "$OUT/io_tests" "$OUT/shmem_netns" "$OUT_FINAL"
 repo=$PWD
 t0=$(date +%s)
 status=0
@@ -46,6 +54,10 @@ python3 -m pip install -q --no-deps --no-index .devkit/ucx/*.whl .devkit/nixl/*.
 export MORI_SKIP_INSTALL=1
 echo "== installed in $(( $(date +%s) - t0 ))s"
 
+step io_tests 150 env OUT="$OUT/io_tests" bash ci/device/io_gpu_netns.sh --no-bench
+grep -hE "^== |passed|failed|rc=" "$OUT/io_tests.log" | tail -10
+step shmem_netns 150 env OUT="$OUT/shmem_netns" bash ci/device/netns_gpu.sh --only shmem --pes 2
+grep -hE "^rc=|passed|failed" "$OUT/shmem_netns.log"
 step ops_tests 230 env OUT="$OUT" bash ci/device/ep.sh --pes "2 4 8" --no-bench -k "${MORI_OPS_K:-(surface or internode) and not through_the_proxy}"
 grep -hE "^rc=|passed|failed" "$OUT/ops_tests.log"
 step ops_netns 110 env OUT="$OUT" bash ci/device/netns_gpu.sh --only ops --ops-pes 2
@@ -55,20 +67,46 @@ step no_cuda_ucx 45 env -C /tmp python3 -m pytest -q -m gpu -p no:cacheprovider 
 grep -hE "ok  init refused|passed|failed|skipped" "$OUT/no_cuda_ucx.log" | cut -c1-300
 
 rounds=${MORI_PROXY_ROUNDS:-1}  # rounds of each proxy_bench point (medians over them)
-nb_args=(--rounds "$rounds" --iters 10 --sizes "${MORI_PROXY_SIZES:-4K,64K,1M,16M}" --io)
+nb_args=(--rounds "$rounds" --iters 10 --sizes "${MORI_PROXY_SIZES:-4K,64K,1M,16M}")
+[ "${MORI_PROXY_IO:-1}" = 1 ] && nb_args+=(--io)
 nb_limit=$(( 45 + 30 * rounds ))
+trees=(now)
 if [ -n "${MORI_BASELINE:-}" ]; then
   base=$repo/$MORI_BASELINE
   ln -sfn "$repo/.devkit" "$base/.devkit"
-  mkdir -p "$OUT/baseline"
   install_tree "$base" --target /tmp/mori-baseline
-  step proxy_bench_baseline "$nb_limit" env -C "$base" PYTHONPATH=/tmp/mori-baseline OUT="$OUT/baseline" \
-    bash ci/device/netns_bench.sh "${nb_args[@]}"
-  grep -v "^\[" "$OUT/baseline/shmem_remote_device.log" | tail -8
+  trees=(baseline now)
 fi
-mkdir -p "$OUT/now"
-step proxy_bench "$nb_limit" env OUT="$OUT/now" bash ci/device/netns_bench.sh "${nb_args[@]}"
-grep -v "^\[" "$OUT/now/shmem_remote_device.log" | tail -8
+proxy_run() {  # proxy_run TREE PAIR: one netns_bench.sh run of that tree's code
+  local tree=$1 pair=$2 dir=$repo path=""
+  [ "$tree" = baseline ] && { dir=$base; path=/tmp/mori-baseline; }
+  mkdir -p "$OUT/$tree/$pair"
+  step "proxy_${tree}_$pair" "$nb_limit" env -C "$dir" PYTHONPATH=$path OUT="$OUT/$tree/$pair" \
+    bash ci/device/netns_bench.sh "${nb_args[@]}"
+  grep -v "^\[" "$OUT/$tree/$pair/shmem_remote_device.log" | tail -7
+}
+for pair in $(seq 1 "${MORI_PROXY_PAIRS:-1}"); do
+  order=("${trees[@]}")
+  [ $(( pair % 2 )) = 0 ] && order=($(printf '%s\n' "${trees[@]}" | tac))
+  for tree in "${order[@]}"; do proxy_run "$tree" "$pair"; done
+done
+python3 - "$OUT" "${trees[@]}" <<'EOF'
+import glob, json, statistics, sys
+out, trees = sys.argv[1], sys.argv[2:]
+runs = {t: [json.load(open(f)) for f in sorted(glob.glob(f"{out}/{t}/*/shmem_remote_device.json"))] for t in trees}
+print("proxy_bench, median of each tree's runs (" + ", ".join(f"{t}: {len(r)}" for t, r in runs.items()) + ")")
+print(f"{'size':>10} " + " ".join(f"{t + ' ' + k:>26}" for k in ("shmem put", "device put", "engine") for t in trees))
+for i, row in enumerate(runs[trees[0]][0]["put"] if runs[trees[0]] else []):
+    cells = []
+    for key in ("put_gbps", "device_put_gbps", "engine_gbps"):
+        for t in trees:
+            vals = [r["put"][i][key] for r in runs[t]]
+            cells.append(f"{statistics.median(vals):8.3f} ({min(vals):.3f}-{max(vals):.3f})")
+    print(f"{row['size']:>10} " + " ".join(f"{c:>26}" for c in cells))
+for k in ("signal", "device_signal"):
+    print(f"put+signal one way, {k}: " + ", ".join(
+        f"{t} {statistics.median(r['signal_one_way_us'][k] for r in runs[t]):.1f} us" for t in trees if runs[t]))
+EOF
 
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
 io_mems=${MORI_IO_MEMS:-gpu}  # gpu,cpu: host memory in the same lease too, for GPU/host ratios
