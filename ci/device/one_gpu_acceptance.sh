@@ -21,7 +21,8 @@
 #                 MORI_PROXY_PAIRS times (default 1) in turns (ABBA...), so that the machine's
 #                 drift falls on both alike; then the median of each tree's runs, per point
 #                 (MORI_PROXY_ROUNDS rounds of each point a run, default 1; MORI_PROXY_SIZES;
-#                 MORI_PROXY_IO=0 leaves mori-io-bench out of the runs);
+#                 MORI_PROXY_IO=0 leaves mori-io-bench out of the runs; MORI_PROXY_CPU_HEAP=1 runs
+#                 each on CPU heaps first, for the GPU heaps' put+signal against theirs);
 #   io_bench      mori-io-bench between two namespaces, GPU memory (MORI_IO_MEMS=gpu,cpu: host
 #                 memory too), TCP and RDMA beside NIXL, under
 #                 MPS (io_gpu_netns.sh --mps), with MORI_STAGING_PROFILE: every process's staging
@@ -69,7 +70,8 @@ grep -hE "ok  init refused|passed|failed|skipped" "$OUT/no_cuda_ucx.log" | cut -
 rounds=${MORI_PROXY_ROUNDS:-1}  # rounds of each proxy_bench point (medians over them)
 nb_args=(--rounds "$rounds" --iters 10 --sizes "${MORI_PROXY_SIZES:-4K,64K,1M,16M}")
 [ "${MORI_PROXY_IO:-1}" = 1 ] && nb_args+=(--io)
-nb_limit=$(( 45 + 30 * rounds ))
+[ "${MORI_PROXY_CPU_HEAP:-0}" = 1 ] && nb_args+=(--cpu-heap)  # CPU heaps first, in the same run
+nb_limit=$(( (45 + 30 * rounds) * (1 + ${MORI_PROXY_CPU_HEAP:-0}) ))
 trees=(now)
 if [ -n "${MORI_BASELINE:-}" ]; then
   base=$repo/$MORI_BASELINE
@@ -106,6 +108,11 @@ for i, row in enumerate(runs[trees[0]][0]["put"] if runs[trees[0]] else []):
 for k in ("signal", "device_signal"):
     print(f"put+signal one way, {k}: " + ", ".join(
         f"{t} {statistics.median(r['signal_one_way_us'][k] for r in runs[t]):.1f} us" for t in trees if runs[t]))
+cpu = {t: [json.load(open(f))["signal_one_way_us"]["signal"]
+           for f in sorted(glob.glob(f"{out}/{t}/*/shmem_remote_cpu.json"))] for t in trees}
+for t, v in cpu.items():
+    if v:
+        print(f"put+signal one way on CPU heaps, {t}: {statistics.median(v):.1f} us ({len(v)} runs)")
 EOF
 
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl

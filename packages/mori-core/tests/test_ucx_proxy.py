@@ -197,16 +197,25 @@ def test_every_atomic_with_its_reply(rig: Rig) -> None:
     assert word.value == 7 and ctypes.c_uint32.from_address(rig.base(1) + off + 8).value == 3
 
 
-def test_put_with_signal_and_fence_order(rig: Rig) -> None:
-    data = bytes(range(256)) * 64
+@pytest.mark.parametrize(
+    "remote, nbytes",
+    [
+        (CHUNK + 1000, 16 << 10),  # one message: the bytes travel in the signal's request
+        (2 * CHUNK - 5000, 16 << 10),  # across a chunk: the put, complete, then the signal
+        (CHUNK + 1000, (16 << 10) + 1),  # over one message's bytes: likewise
+    ],
+)
+def test_put_with_signal(rig: Rig, remote: int, nbytes: int) -> None:
+    data = bytes(random.Random(nbytes + remote).randrange(256) for _ in range(nbytes))
     ctypes.memmove(rig.base(0) + 8192, data, len(data))
     sig = ctypes.c_uint64.from_address(rig.base(1) + 128)
     for rnd in range(1, 6):
+        ctypes.memmove(rig.base(0) + 8192, bytes([rnd]), 1)  # each round's bytes differ
         rig.post(
             PUT,
-            remote=CHUNK + 1000,
+            remote=remote,
             local=rig.base(0) + 8192,
-            nbytes=len(data),
+            nbytes=nbytes,
             value=rnd,
             compare=128,
             op=FETCH_ADD,
@@ -215,8 +224,13 @@ def test_put_with_signal_and_fence_order(rig: Rig) -> None:
         deadline = time.monotonic() + 10
         while sig.value < rnd * (rnd + 1) // 2:  # the target sees this round's signal: the data is there
             assert time.monotonic() < deadline
-        assert rig.heaps[1].raw[CHUNK + 1000 : CHUNK + 1000 + len(data)] == data
+        assert rig.heaps[1].raw[remote : remote + nbytes] == bytes([rnd]) + data[1:]
     assert sig.value == sum(range(1, 6))
+    rig.quiet()
+    assert rig.proxy.failure() == ""
+
+
+def test_fence_orders_a_put_before_the_next_command(rig: Rig) -> None:
     # Fence: the put before it is complete at the target before the store after it starts, so
     # whoever sees the flag sees the bytes (the store alone, a small message, would overtake them).
     flag = ctypes.c_uint64.from_address(rig.base(1) + 3 * CHUNK)

@@ -209,6 +209,15 @@ void Proxy::start_transfer(const ProxySlot& c, uint64_t ticket, Pending*& starte
         post(p, kOpWrite, bounce(ticket), c.remote, c.bytes);
         return;
     }
+    if (one_message(c)) {
+        // The bytes travel in the signal's own message: one trip to the target, not the put's round
+        // trip and then the atomic's.
+        Pending& p = track(c, ticket, started);
+        free_slot(ticket);
+        p.atomic = window_->start_signal_put(c.pe, c.remote, c.local, c.bytes, c.compare, static_cast<AtomicOp>(c.op),
+                                             c.value);
+        return;
+    }
     make_room(c.bytes);
     Pending& p = track(c, ticket, started);
     p.bytes = c.bytes;
@@ -221,6 +230,11 @@ void Proxy::start_transfer(const ProxySlot& c, uint64_t ticket, Pending*& starte
     }
     free_slot(ticket);  // the command is copied out; its memory is the kernel's until quiet
     post(p, c.command == device::kProxyPut ? kOpWrite : kOpRead, c.local, c.remote, c.bytes);
+}
+
+bool Proxy::one_message(const ProxySlot& c) const {
+    return c.command == device::kProxyPut && (c.flags & device::kProxyFlagSignal) != 0 &&
+           window_->one_message(c.remote, c.local, c.bytes);
 }
 
 void Proxy::finish(Pending& p) {

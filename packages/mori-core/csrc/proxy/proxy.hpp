@@ -79,6 +79,8 @@ private:
     void start(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     void start_transfer(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     Pending& track(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
+    // Whether c is a put with signal that goes as one message (HeapWindow::one_message).
+    bool one_message(const device::ProxySlot& c) const;
     bool reap();  // finishes what completed; true when something did
     template <class Busy>
     void reap_while(Busy busy);      // reaps (publishing progress) while busy() holds

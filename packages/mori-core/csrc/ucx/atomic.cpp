@@ -350,9 +350,16 @@ void exchange(Engine& engine, Peer& peer, const std::shared_ptr<Pending>& pendin
     forget(id);
 }
 
-std::string atomic_refusal(uint64_t memId, uint64_t offset, const std::string& key, uint32_t reason) {
-    return "atomic on memory id " + std::to_string(memId) + ", offset " + std::to_string(offset) + " at engine '" +
-           key + "': " + reason_text(reason);
+// An operation's place, in messages.
+std::string atomic_place(uint64_t memId, uint64_t offset) {
+    return "atomic on memory id " + std::to_string(memId) + ", offset " + std::to_string(offset);
+}
+std::string signal_put_place(const SignalPut& put) {
+    return "signal put of " + std::to_string(put.size) + " bytes at memory id " + std::to_string(put.memId) +
+           ", offset " + std::to_string(put.offset) + " (signal at offset " + std::to_string(put.sigOffset) + ")";
+}
+std::string refusal(const std::string& what, const std::string& key, uint32_t reason) {
+    return what + " at engine '" + key + "': " + reason_text(reason);
 }
 
 std::shared_ptr<Pending> atomic_request(AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value, uint64_t compare,
@@ -365,6 +372,22 @@ std::shared_ptr<Pending> atomic_request(AtomicOp op, uint64_t memId, uint64_t of
     auto pending = std::make_shared<Pending>();
     pending->request.signal = AtomicRequest{
         kMagic, static_cast<uint8_t>(op), static_cast<uint8_t>(width), 0, 0, 0, memId, offset, value, compare};
+    return pending;
+}
+
+// A signal put's request, its bytes copied in; throws std::invalid_argument for a bad op or size.
+std::shared_ptr<Pending> signal_put_request(const SignalPut& put) {
+    if (put.op != kAtomicStore && put.op != kAtomicFetchAdd)
+        throw std::invalid_argument("a signal put's signal is set (store) or added to (fetch_add)");
+    if (put.size > kMaxSignalPutBytes)
+        throw std::invalid_argument("a signal put carries at most " + std::to_string(kMaxSignalPutBytes) +
+                                    " bytes, got " + std::to_string(put.size));
+    auto pending = std::make_shared<Pending>();
+    const auto* bytes = static_cast<const uint8_t*>(put.src);
+    pending->data.assign(bytes, bytes + put.size);
+    pending->request = SignalPutRequest{
+        AtomicRequest{kMagic, static_cast<uint8_t>(put.op), 64, 0, 0, 0, put.sigMemId, put.sigOffset, put.value, 0},
+        put.memId, put.offset, put.size};
     return pending;
 }
 
@@ -381,14 +404,25 @@ AtomicInFlight::AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, Atomi
                                uint64_t value, uint64_t compare, int width, double timeout)
     : engine_(engine),
       peer_(std::move(peer)),
-      memId_(memId),
-      offset_(offset),
+      what_(atomic_place(memId, offset)),
       timeout_(timeout),
       deadlineNs_(now_ns() + static_cast<int64_t>(timeout * 1e9)),
       state_(std::make_shared<State>()) {
     state_->pending = atomic_request(op, memId, offset, value, compare, width);
     state_->id = send_request(engine, *peer_, state_->pending, false, timeout);
     // Its answer wakes the progress thread (an event on the worker), which records it.
+    engine.worker(0).wake();
+}
+
+AtomicInFlight::AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, const SignalPut& put, double timeout)
+    : engine_(engine),
+      peer_(std::move(peer)),
+      what_(signal_put_place(put)),
+      timeout_(timeout),
+      deadlineNs_(now_ns() + static_cast<int64_t>(timeout * 1e9)),
+      state_(std::make_shared<State>()) {
+    state_->pending = signal_put_request(put);
+    state_->id = send_request(engine, *peer_, state_->pending, true, timeout);
     engine.worker(0).wake();
 }
 
@@ -400,12 +434,12 @@ bool AtomicInFlight::poll() {
     if (finished_) return true;
     const Pending& p = *state_->pending;
     if (p.done.load()) {
-        if (p.code != kSuccess) error_ = atomic_refusal(memId_, offset_, peer_->key(), p.reason);
+        if (p.code != kSuccess) error_ = refusal(what_, peer_->key(), p.reason);
         old_ = p.old;
     } else if (!peer_->healthy()) {
         error_ = "engine '" + peer_->key() + "' failed: " + peer_->failure();
     } else if (now_ns() >= deadlineNs_) {
-        error_ = no_answer(engine_, *peer_, "an atomic operation", timeout_);
+        error_ = no_answer(engine_, *peer_, ("the " + what_).c_str(), timeout_);
     } else {
         return false;
     }
@@ -419,29 +453,15 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
     auto pending = atomic_request(op, memId, offset, value, compare, width);
     exchange(engine, peer, pending, false, timeout, "an atomic operation");
     if (pending->code != kSuccess)
-        throw std::invalid_argument(atomic_refusal(memId, offset, peer.key(), pending->reason));
+        throw std::invalid_argument(refusal(atomic_place(memId, offset), peer.key(), pending->reason));
     return pending->old;
 }
 
-void remote_signal_put(Engine& engine, Peer& peer, uint64_t memId, uint64_t offset, const void* src, size_t size,
-                       uint64_t sigMemId, uint64_t sigOffset, AtomicOp op, uint64_t value, double timeout) {
-    if (op != kAtomicStore && op != kAtomicFetchAdd)
-        throw std::invalid_argument("a signal put's signal is set (store) or added to (fetch_add)");
-    if (size > kMaxSignalPutBytes)
-        throw std::invalid_argument("a signal put carries at most " + std::to_string(kMaxSignalPutBytes) +
-                                    " bytes, got " + std::to_string(size));
-    auto pending = std::make_shared<Pending>();
-    const auto* bytes = static_cast<const uint8_t*>(src);
-    pending->data.assign(bytes, bytes + size);
-    pending->request =
-        SignalPutRequest{AtomicRequest{kMagic, static_cast<uint8_t>(op), 64, 0, 0, 0, sigMemId, sigOffset, value, 0},
-                         memId, offset, size};
+void remote_signal_put(Engine& engine, Peer& peer, const SignalPut& put, double timeout) {
+    auto pending = signal_put_request(put);
     exchange(engine, peer, pending, true, timeout, "a signal put");
     if (pending->code != kSuccess)
-        throw std::invalid_argument("signal put of " + std::to_string(size) + " bytes at memory id " +
-                                    std::to_string(memId) + ", offset " + std::to_string(offset) +
-                                    " (signal at offset " + std::to_string(sigOffset) + ") at engine '" + peer.key() +
-                                    "': " + reason_text(pending->reason));
+        throw std::invalid_argument(refusal(signal_put_place(put), peer.key(), pending->reason));
 }
 
 }  // namespace mori::ucx

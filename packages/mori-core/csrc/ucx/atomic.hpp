@@ -37,15 +37,28 @@ constexpr size_t kMaxSignalPutBytes = 16 << 10;
 uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, uint64_t offset, uint64_t value,
                        uint64_t compare, int width, double timeout);
 
-// A remote atomic sent and not waited for (what the device proxy keeps in flight beside its
-// puts): the constructor sends the request (throwing as remote_atomic does when the peer cannot
-// be reached or the arguments are wrong); poll() is true once the answer came, the peer failed or
+// A signal put's places and bytes (remote_signal_put's arguments): size bytes from host memory
+// src at offset of memory memId, then op with value on the 64-bit word at sigOffset of sigMemId.
+struct SignalPut {
+    uint64_t memId = 0, offset = 0;
+    const void* src = nullptr;
+    size_t size = 0;
+    uint64_t sigMemId = 0, sigOffset = 0;
+    AtomicOp op = kAtomicStore;
+    uint64_t value = 0;
+};
+
+// A remote atomic, or a signal put, sent and not waited for (what the device proxy keeps in
+// flight beside its puts): the constructor sends the request (throwing as remote_atomic and
+// remote_signal_put do when the peer cannot be reached or the arguments are wrong; a signal put's
+// bytes are copied into the request); poll() is true once the answer came, the peer failed or
 // timeout seconds passed, and then error() says why it failed ("" when it did not) and old() is
 // the word's old value. Only the answer's arrival needs the worker's progress thread.
 class AtomicInFlight {
 public:
     AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, AtomicOp op, uint64_t memId, uint64_t offset,
                    uint64_t value, uint64_t compare, int width, double timeout);
+    AtomicInFlight(Engine& engine, std::shared_ptr<Peer> peer, const SignalPut& put, double timeout);
     ~AtomicInFlight();
     AtomicInFlight(const AtomicInFlight&) = delete;
     AtomicInFlight& operator=(const AtomicInFlight&) = delete;
@@ -57,7 +70,7 @@ private:
     struct State;
     Engine& engine_;
     std::shared_ptr<Peer> peer_;
-    uint64_t memId_, offset_;
+    std::string what_;  // the operation, in messages ("an atomic on memory id 3, offset 64")
     double timeout_;
     int64_t deadlineNs_;
     std::shared_ptr<State> state_;
@@ -70,8 +83,7 @@ private:
 // then applies op (store or fetch_add) with value to the 64-bit signal word at sigOffset of its
 // memory sigMemId: one message, so a PE that sees the signal sees the data. The target checks both
 // places before it touches either. Errors as remote_atomic's; size at most kMaxSignalPutBytes.
-void remote_signal_put(Engine& engine, Peer& peer, uint64_t memId, uint64_t offset, const void* src, size_t size,
-                       uint64_t sigMemId, uint64_t sigOffset, AtomicOp op, uint64_t value, double timeout);
+void remote_signal_put(Engine& engine, Peer& peer, const SignalPut& put, double timeout);
 
 // The active-message handlers (registered on every worker; worker lock held).
 api::Status on_atomic_request(void* worker, const void* header, size_t headerLength, void* data, size_t length,

@@ -41,8 +41,9 @@ mori::native::Registration reg([](py::module_& root) {
         [](mori::ucx::Engine& engine, mori::ucx::Peer& peer, uint64_t memId, uint64_t offset, uintptr_t src,
            size_t size, uint64_t sigMemId, uint64_t sigOffset, int op, uint64_t value, double timeout) {
             py::gil_scoped_release release;
-            mori::ucx::remote_signal_put(engine, peer, memId, offset, reinterpret_cast<const void*>(src), size,
-                                         sigMemId, sigOffset, static_cast<mori::AtomicOp>(op), value, timeout);
+            const mori::ucx::SignalPut put{memId,    offset,    reinterpret_cast<const void*>(src), size,
+                                           sigMemId, sigOffset, static_cast<mori::AtomicOp>(op),    value};
+            mori::ucx::remote_signal_put(engine, peer, put, timeout);
         },
         py::arg("engine"), py::arg("peer"), py::arg("mem_id"), py::arg("offset"), py::arg("src"), py::arg("size"),
         py::arg("sig_mem_id"), py::arg("sig_offset"), py::arg("op"), py::arg("value"), py::arg("timeout"),

@@ -265,22 +265,36 @@ Outcome HeapWindow::put_signal(int pe, uint64_t offset, uint64_t local, uint64_t
     if (why.empty()) why = check(pe, sigOffset, 8, "the signal of a put with signal");
     if (why.empty() && op != kAtomicStore && op != kAtomicFetchAdd) why = "a signal's op is store or fetch_add";
     if (!why.empty()) return Outcome{kErrInvalidArgs, why};
-    // The message carries host bytes: GPU memory goes as a put, complete, then the atomic.
-    if (bytes > kMaxSignalPutBytes || localGpu || (heap_.gpu && bytes != 0 && in_heap(local, bytes))) {
+    // The message carries host bytes: the heap's GPU bytes are copied out here; other GPU memory
+    // (the caller's, maybe of another context) goes as a put, complete, then the atomic.
+    const bool gpuSource = bytes != 0 && heap_.gpu && in_heap(local, bytes);
+    if (bytes > kMaxSignalPutBytes || localGpu || !one_chunk(offset, bytes)) {
         Outcome out = put(pe, offset, local, bytes, localGpu);
         return out.code == kSuccess ? atomic(pe, op, sigOffset, value, 0, 64) : out;
     }
-    const uint64_t chunk = heap_.chunk;
     try {
-        remote_signal_put(*engine_, *peers_[pe], heap_.firstId + offset / chunk, offset % chunk,
-                          reinterpret_cast<const void*>(local), bytes, heap_.firstId + sigOffset / chunk,
-                          sigOffset % chunk, op, value, timeout_);
+        const Staged staged = gpuSource ? stage_out(local, bytes) : Staged();
+        const void* src = gpuSource ? staged.data() : reinterpret_cast<const void*>(local);
+        remote_signal_put(*engine_, *peers_[pe], signal_put(offset, src, bytes, sigOffset, op, value), timeout_);
     } catch (const std::invalid_argument& e) {
         return Outcome{kErrInvalidArgs, e.what()};
     } catch (const std::exception& e) {
         return Outcome{kErrBadState, e.what()};
     }
     return Outcome{};
+}
+
+Staged HeapWindow::stage_out(uint64_t local, uint64_t bytes) const {
+    const std::shared_ptr<GpuWords> gpu = engine_->gpu_words();
+    if (!gpu) throw std::runtime_error("the engine stages no GPU memory (serve_gpu was not called)");
+    return gpu->to_host(local, bytes, true);
+}
+
+SignalPut HeapWindow::signal_put(uint64_t offset, const void* src, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
+                                 uint64_t value) const {
+    const uint64_t chunk = heap_.chunk;
+    return SignalPut{heap_.firstId + offset / chunk,    offset % chunk,    src, bytes,
+                     heap_.firstId + sigOffset / chunk, sigOffset % chunk, op,  value};
 }
 
 Outcome HeapWindow::atomic(int pe, AtomicOp op, uint64_t offset, uint64_t value, uint64_t compare, int width) {
@@ -327,6 +341,21 @@ HeapWindow::Posted HeapWindow::post(Op op, int pe, uint64_t offset, uint64_t loc
     }
     posted.parts = submit(*peers_[pe], op, where, local, offset, bytes);
     return posted;
+}
+
+std::unique_ptr<AtomicInFlight> HeapWindow::start_signal_put(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
+                                                             uint64_t sigOffset, AtomicOp op, uint64_t value) {
+    std::string why = check(pe, offset, bytes, "a put with signal");
+    if (why.empty()) why = check(pe, sigOffset, 8, "the signal of a put with signal");
+    if (!why.empty()) throw std::invalid_argument(why);
+    if (!one_message(offset, local, bytes))
+        throw std::invalid_argument("one message carries a put with signal of 1 to " +
+                                    std::to_string(kMaxSignalPutBytes) +
+                                    " bytes from the local heap into one chunk of the remote heap");
+    const Staged staged = heap_.gpu ? stage_out(local, bytes) : Staged();
+    const void* src = heap_.gpu ? staged.data() : reinterpret_cast<const void*>(local);
+    return std::make_unique<AtomicInFlight>(*engine_, peers_[pe], signal_put(offset, src, bytes, sigOffset, op, value),
+                                            timeout_);  // its bytes are in the request: staged may go
 }
 
 std::unique_ptr<AtomicInFlight> HeapWindow::start_atomic(int pe, AtomicOp op, uint64_t offset, uint64_t value,

@@ -33,6 +33,7 @@
 #include "host/live_ranges.hpp"
 #include "ucx/atomic.hpp"
 #include "ucx/engine.hpp"
+#include "ucx/gpu.hpp"
 
 namespace mori::ucx {
 
@@ -118,6 +119,11 @@ public:
     Posted post(Op op, int pe, uint64_t offset, uint64_t local, uint64_t bytes);
     std::unique_ptr<AtomicInFlight> start_atomic(int pe, AtomicOp op, uint64_t offset, uint64_t value, uint64_t compare,
                                                  int width);
+    // A put with signal that one_message() allows, as one message (the bytes copied into it, out
+    // of the GPU first on a GPU heap); throws std::invalid_argument for any other put, or a range
+    // outside the heap.
+    std::unique_ptr<AtomicInFlight> start_signal_put(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
+                                                     uint64_t sigOffset, AtomicOp op, uint64_t value);
 
     // Transfers whose local side went through the staging area, and that were registered for
     // the transfer; buffers registered now.
@@ -126,6 +132,11 @@ public:
     };
     Stats stats() const;
     const std::shared_ptr<Engine>& engine() const { return engine_; }
+    // Whether a put with signal of bytes from local to heap offset `offset` can travel as one
+    // message: 1 to kMaxSignalPutBytes from the local heap, into one chunk (memory id) of the PE's.
+    bool one_message(uint64_t offset, uint64_t local, uint64_t bytes) const {
+        return bytes != 0 && bytes <= kMaxSignalPutBytes && in_heap(local, bytes) && one_chunk(offset, bytes);
+    }
     double timeout() const { return timeout_; }
     // Releases the buffers and the staging area, and lets the peers go (the window takes no
     // operation after it).
@@ -141,7 +152,16 @@ private:
     bool in_heap(uint64_t addr, uint64_t bytes) const {
         return addr >= heap_.base && bytes <= heap_.size && addr - heap_.base <= heap_.size - bytes;
     }
+    bool one_chunk(uint64_t offset, uint64_t bytes) const {
+        return bytes == 0 || offset / heap_.chunk == (offset + bytes - 1) / heap_.chunk;
+    }
     bool find_local(uint64_t addr, uint64_t bytes, Local& out) const;  // the heap or a registered buffer
+    // GPU bytes [local, local + bytes) copied out to host memory (waited for), through the engine's
+    // GPU staging; throws std::runtime_error when the engine has none, or the copy failed.
+    Staged stage_out(uint64_t local, uint64_t bytes) const;
+    // The signal put of bytes at host address src to heap offset offset, with its signal.
+    SignalPut signal_put(uint64_t offset, const void* src, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
+                         uint64_t value) const;
     // Memory registered for the transfers in flight in [addr, addr + bytes) (shared with those
     // already holding it): as GPU memory when gpu; eitherKind: as the other kind where refused.
     std::shared_ptr<Lease> lease(uint64_t addr, uint64_t bytes, bool gpu, bool eitherKind);

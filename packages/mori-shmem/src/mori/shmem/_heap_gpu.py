@@ -25,6 +25,9 @@ from ._reach import Reach
 
 __all__ = ["GpuHeap"]
 
+#: Seconds a host ``wait_until`` on the GPU heap reads the word back to back before it pauses.
+WAIT_SPIN_S = 1e-3
+
 
 def _round_up(value: int, granule: int) -> int:
     return (value + granule - 1) // granule * granule
@@ -127,7 +130,9 @@ class GpuHeap(Heap):
 
     def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
         """Polls the word with small device-to-host copies on a non-blocking stream, through
-        mori-core's completion wait (pauses from 1 us doubling up to 1 ms)."""
+        mori-core's completion wait: back to back for the first :data:`WAIT_SPIN_S` (a peer's
+        signal is usually microseconds away, and a sleep lasts ~50 us at least), then with pauses
+        from 20 us doubling up to 1 ms."""
         nbytes = width // 8
         word = ctypes.create_string_buffer(nbytes)
         self.ctx.make_current()
@@ -140,7 +145,7 @@ class GpuHeap(Heap):
             seen[0] = int.from_bytes(word.raw, "little")
             return cmp.holds(seen[0], value)
 
-        if cu.poll(holds, timeout, spin=0.0, pause=1e-6, max_pause=1e-3):
+        if cu.poll(holds, timeout, spin=WAIT_SPIN_S, pause=20e-6, max_pause=1e-3, yield_while_spinning=True):
             return seen[0]
         # Worded like mori.core.atomics.wait_until's, so both heaps report alike.
         raise TimeoutError(

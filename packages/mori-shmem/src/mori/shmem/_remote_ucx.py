@@ -28,8 +28,9 @@ and a ticket per remote PE (``admit``), and connect to every PE they reach remot
   mix with the target's own.
 - a signal put of up to 16 KiB of host memory is one message (the engine's signal put: the target
   writes the bytes, then applies the signal's atomic; a small GPU source is copied to host memory
-  first); a larger one is the put, complete, then the signal's atomic. Either way a PE that sees
-  the signal sees the data.
+  first, by the window for the heap's own bytes); a larger one is the put, complete, then the
+  signal's atomic. Either way a PE that sees the signal sees the data. Kernels' puts with signal
+  through the device proxy take the same one message when they are small and from the heap.
 
 Every host operation is complete when it returns. A peer that died or hangs fails the operation
 within ``MORI_SHMEM_TIMEOUT`` with a :class:`ShmemError` naming it.
@@ -260,10 +261,13 @@ class UcxTransport(RemoteTransport):
         add: bool,
         local_gpu: bool = False,
     ) -> None:
-        """The window's put with signal; a small GPU source is copied to host memory first, so
-        that it travels in the signal put's one message."""
+        """The window's put with signal. A small GPU source travels in the signal put's one
+        message: the window copies the heap's bytes out itself, other GPU memory is copied to host
+        memory here first."""
         host = None
-        if 0 < nbytes <= MAX_SIGNAL_PUT_BYTES and (local_gpu or (self._gpu and self._in_heap(src, nbytes))):
+        if local_gpu and self._gpu and self._in_heap(src, nbytes):
+            local_gpu = False  # the heap's own memory: the window knows its kind
+        elif 0 < nbytes <= MAX_SIGNAL_PUT_BYTES and local_gpu:
             host = ctypes.create_string_buffer(nbytes)
             self.heap.copy(ctypes.addressof(host), src, nbytes)
             src, local_gpu = ctypes.addressof(host), False
