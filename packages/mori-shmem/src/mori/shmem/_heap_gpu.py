@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from typing import Any
 
 from mori.core import cuda as cu
@@ -27,6 +28,17 @@ __all__ = ["GpuHeap"]
 
 #: Seconds a host ``wait_until`` on the GPU heap reads the word back to back before it pauses.
 WAIT_SPIN_S = 1e-3
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY
+
+
+def _copied(stream: Any) -> bool:
+    """Whether the work queued on ``stream`` has ended; raises :class:`mori.core.cuda.CudaError`
+    when it failed."""
+    returned = cu.driver().cuStreamQuery(stream)
+    if int(returned[0]) == _NOT_READY:
+        return False
+    cu.check(returned, "cuStreamQuery")
+    return True
 
 
 def _round_up(value: int, granule: int) -> int:
@@ -57,7 +69,11 @@ class GpuHeap(Heap):
         # wait_until's copies: a non-blocking stream, so that a kernel still running on the legacy
         # default stream (say, the one that will write the word) does not hold the poll back.
         self._poll_streams = gpu.StreamPool(ctx.device, 1, blocking=False)
+        # ... into pinned memory: a copy into pageable memory is synchronous, through the driver's
+        # own bounce buffer, and several times slower.
+        self._poll_word = 0
         try:
+            self._poll_word = int(cu.call("cuMemHostAlloc", 8, 0))
             for pe in reach.mapped:
                 self._reservations[pe] = cuda_vmm.VmmReservation(self.size, ctx.device, granule)
             own = self._reservations[self._rank]
@@ -134,15 +150,19 @@ class GpuHeap(Heap):
         signal is usually microseconds away, and a sleep lasts ~50 us at least), then with pauses
         from 20 us doubling up to 1 ms."""
         nbytes = width // 8
-        word = ctypes.create_string_buffer(nbytes)
+        word = (ctypes.c_uint32 if width == 32 else ctypes.c_uint64).from_address(self._poll_word)
         self.ctx.make_current()
         stream = self._poll_streams.take()[0]
         seen = [0]
 
+        deadline = time.monotonic() + timeout
+
         def holds() -> bool:
-            cu.call("cuMemcpyDtoHAsync", ctypes.addressof(word), self.base + offset, nbytes, stream)
-            cu.call("cuStreamSynchronize", stream)
-            seen[0] = int.from_bytes(word.raw, "little")
+            cu.call("cuMemcpyDtoHAsync", self._poll_word, self.base + offset, nbytes, stream)
+            while not _copied(stream):  # a few microseconds: no sleep is that short
+                if time.monotonic() >= deadline:
+                    return False
+            seen[0] = word.value
             return cmp.holds(seen[0], value)
 
         if cu.poll(holds, timeout, spin=WAIT_SPIN_S, pause=20e-6, max_pause=1e-3, yield_while_spinning=True):
@@ -163,6 +183,9 @@ class GpuHeap(Heap):
         if self._fdx is not None:
             self._fdx.close()
         self._poll_streams.close()
+        if self._poll_word:
+            cu.call("cuMemFreeHost", self._poll_word)
+            self._poll_word = 0
         order = [pe for pe in range(self._world) if pe != self._rank] + [self._rank]
         for pe in order:
             reservation = self._reservations[pe]
