@@ -12,7 +12,10 @@
 #               .baseline, carried): its mori-io-bench, TCP only, GPU memory, 1 and 4 connections;
 #   tcp_conns   this tree's: TCP only, GPU and host memory, with 1 and 4 data connections
 #               (MORI_STAGING_PROFILE on: every process's copies and waits);
-#   tcp_pairs   two initiator processes at once against one with two connections.
+#   tcp_pairs   two initiator processes at once against one with two connections;
+#   tcp_cpu     where the CPUs' time goes (ci/device/cpu_sampler.py: the machine's busy share, the
+#               busiest threads) during GPU and host-memory writes of 64 x 1 MiB, 4 connections
+#               (and GPU with 1).
 # Run from the repository root with .devkit carried. MORI_STEPS="stager ..." runs only those.
 # Logs go to $OUT.
 set -uo pipefail
@@ -96,6 +99,22 @@ with testing.network_namespaces() as (a, b):
         p.wait(timeout=120)
 EOF
 }
+# tcp_cpu: cpu_sampler.py around each write run (GPU and host memory, 4 connections; GPU, 1).
+tcp_cpu() {
+  python3 - "$repo/ci/device/cpu_sampler.py" <<'EOF'
+import subprocess, sys
+from mori.core import testing
+
+with testing.network_namespaces() as (a, b):
+    for mem, conns in (("gpu", "4"), ("cpu", "4"), ("gpu", "1")):
+        print(f"== --mem-type {mem} --num-connections {conns}: 64 x 1 MiB writes", flush=True)
+        bench = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp",
+                 "--mem-type", mem, "--op", "write", "--num-connections", conns, "--sizes", "1M",
+                 "--batch-sizes", "64", "--iters", "150", "--warmup", "5", "--host", a.address,
+                 "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
+        subprocess.run([sys.executable, sys.argv[1], "--top", "30", "--", *bench], timeout=150)
+EOF
+}
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
 if [ -n "${MORI_BASELINE:-}" ]; then
   timeout 90 python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps \
@@ -108,5 +127,7 @@ step tcp_conns 240 bash -c "$(declare -f tcp_bench); tcp_bench gpu,cpu 1,4 ${MOR
 grep -E "^==|^mori " "$OUT/tcp_conns.log"
 step tcp_pairs 90 bash -c "$(declare -f tcp_pairs); tcp_pairs"
 grep -E "^==|^mori " "$OUT/tcp_pairs.log"
+step tcp_cpu 200 bash -c "$(declare -f tcp_cpu); repo=$repo tcp_cpu"
+cat "$OUT/tcp_cpu.log"
 echo "== done in $(( $(date +%s) - t0 ))s, status $status"
 exit $status

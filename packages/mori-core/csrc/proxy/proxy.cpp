@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "base/thread_name.hpp"
 #include "mori/device/proxy_ring.cuh"
 
 namespace mori::ucx {
@@ -57,7 +58,10 @@ Proxy::Proxy(std::shared_ptr<HeapWindow> window, uintptr_t ring, uintptr_t bounc
         std::memset(slot(t), 0, sizeof(ProxySlot));
         slot(t)->seq = 4 * t;  // free for ticket t
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+        name_this_thread("mori-proxy");
+        run();
+    });
 }
 
 Proxy::~Proxy() { stop(); }

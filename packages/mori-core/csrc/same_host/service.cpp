@@ -16,6 +16,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "base/thread_name.hpp"
 #include "same_host/ring.hpp"
 #include "same_host/window.hpp"
 #include "ucx/engine.hpp"
@@ -92,7 +93,10 @@ SameHostService::SameHostService(Engine& engine)
     std::string why;  // without a window initiators send every request to this thread
     window_ = same_host::Window::create(
         [this](const std::string& key, uint64_t uid, int code) { engine_.record_inbound(key, uid, code); }, why);
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+        name_this_thread("mori-same-host");
+        run();
+    });
 }
 
 SameHostService::~SameHostService() {

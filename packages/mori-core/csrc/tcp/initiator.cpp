@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "base/thread_name.hpp"
 #include "tcp/engine.hpp"
 #include "tcp/staged.hpp"
 
@@ -62,8 +63,14 @@ InitConn::InitConn(int fd, std::string peerName, double ioTimeout, std::string t
         ::close(watchFd_);
         watchFd_ = -1;
     }
-    sender_ = std::thread([this] { send_loop(); });
-    receiver_ = std::thread([this] { recv_loop(); });
+    sender_ = std::thread([this] {
+        name_this_thread("mori-tcp-send");
+        send_loop();
+    });
+    receiver_ = std::thread([this] {
+        name_this_thread("mori-tcp-recv");
+        recv_loop();
+    });
 }
 
 InitConn::~InitConn() { close(); }

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "base/thread_name.hpp"
 #include "tcp/engine.hpp"
 #include "tcp/staged.hpp"
 
@@ -75,7 +76,10 @@ Target::Target(const std::string& host, int port, std::string token, double ioTi
     getsockname(listenFd_, reinterpret_cast<sockaddr*>(&addr), &len);
     port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
                                              : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-    acceptThread_ = std::thread([this] { accept_loop(); });
+    acceptThread_ = std::thread([this] {
+        name_this_thread("mori-tcp-accept");
+        accept_loop();
+    });
 }
 
 Target::~Target() { close(); }
@@ -282,6 +286,7 @@ bool Target::admit() {
         c.fd = fd;
         c.acceptNs = now_ns();
         c.thread = std::thread([this, conn = &c] {
+            name_this_thread("mori-tcp-serve");
             try {
                 serve(conn);
             } catch (const std::exception&) {  // out of memory mid-request: this connection only

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/thread_name.hpp"
 #include "ucx/atomic.hpp"
 #include "ucx/wire.hpp"
 
@@ -82,7 +83,10 @@ void Worker::start() {
         if (epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) != 0)
             throw std::runtime_error(std::string("UCX engine: epoll_ctl: ") + std::strerror(errno));
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+        name_this_thread("mori-ucx-worker");
+        run();
+    });
 }
 
 void Worker::wake() {
