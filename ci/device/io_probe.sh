@@ -11,6 +11,7 @@
 #   tcp_baseline  with MORI_BASELINE naming a tree of another version (e.g. a `git archive` under
 #               .baseline, carried): its mori-io-bench, TCP only, GPU memory, 1 and 4 connections;
 #   tcp_conns   this tree's: TCP only, GPU and host memory, with 1 and 4 data connections
+#               (MORI_PROBE_CONNS, MORI_PROBE_SIZES, MORI_PROBE_BATCHES: other lists)
 #               (MORI_STAGING_PROFILE on: every process's copies and waits);
 #   tcp_pairs   two initiator processes at once against one with two connections;
 #   tcp_cpu     where the CPUs' time goes (ci/device/cpu_sampler.py: the machine's busy share, the
@@ -123,7 +124,7 @@ if [ -n "${MORI_BASELINE:-}" ]; then
   step tcp_baseline 150 env PYTHONPATH=/tmp/mori-baseline bash -c "$(declare -f tcp_bench); tcp_bench gpu 1,4 64K,1M,4M"
   grep -E "^==|^mori " "$OUT/tcp_baseline.log"
 fi
-step tcp_conns 240 bash -c "$(declare -f tcp_bench); tcp_bench gpu,cpu 1,4 ${MORI_PROBE_SIZES:-64K,1M,4M}"
+step tcp_conns 240 bash -c "$(declare -f tcp_bench); tcp_bench gpu,cpu ${MORI_PROBE_CONNS:-1,4} ${MORI_PROBE_SIZES:-64K,1M,4M} ${MORI_PROBE_BATCHES:-1,64}"
 grep -E "^==|^mori " "$OUT/tcp_conns.log"
 step tcp_pairs 90 bash -c "$(declare -f tcp_pairs); tcp_pairs"
 grep -E "^==|^mori " "$OUT/tcp_pairs.log"
