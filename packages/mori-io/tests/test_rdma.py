@@ -450,9 +450,10 @@ class _Recorder:
         self._engine = engine
         self.connects: list[list[bytes]] = []
 
-    def connect(self, key: str, workers: list[bytes], *args: object) -> object:
+    def connect(self, key: str, workers: list[bytes], *args: object, **kwargs: object) -> object:
         self.connects.append(list(workers))
-        return self._engine.connect(key, workers, *args)  # type: ignore[attr-defined]
+        self.kwargs = kwargs
+        return self._engine.connect(key, workers, *args, **kwargs)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._engine, name)
@@ -484,6 +485,7 @@ def test_initiators_start_on_the_targets_workers_in_turn() -> None:
             assert _done(st) == StatusCode.SUCCESS, st.Message()
             (workers,) = recorder.connects
             assert sorted(workers) == sorted(addresses)
+            assert recorder.kwargs == {"stages_gpu": True}  # no GPUDirect here: the target stages
             firsts.append(addresses.index(workers[0]))
         assert firsts == [0, 1, 2]
         assert np.array_equal(data, np.repeat(np.arange(1, 4, dtype=np.uint8), 4096))
@@ -492,14 +494,18 @@ def test_initiators_start_on_the_targets_workers_in_turn() -> None:
             e.close()
 
 
-@pytest.mark.parametrize("first", [3, -1, True, "0"])
-def test_a_connect_reply_naming_no_worker_of_the_target_is_refused(monkeypatch: pytest.MonkeyPatch, first) -> None:
-    """A target whose reply names a starting worker it does not have (or not as an int) is not
-    connected to: the transfer fails naming the malformed reply, and nothing moves."""
+@pytest.mark.parametrize(
+    "field, value",
+    [("first", 3), ("first", -1), ("first", True), ("first", "0"), ("stages_gpu", 1), ("stages_gpu", "")],
+)
+def test_a_malformed_connect_reply_is_refused(monkeypatch: pytest.MonkeyPatch, field: str, value: object) -> None:
+    """A target whose reply names a starting worker it does not have (or not as an int), or
+    says whether it stages GPU memory with anything but a bool, is not connected to: the
+    transfer fails naming the malformed reply, and nothing moves."""
     real = RdmaBackend._handle_connect
 
     def bad_reply(self: RdmaBackend, key: str, body: dict) -> dict:
-        return {**real(self, key, body), "first": first}
+        return {**real(self, key, body), field: value}
 
     monkeypatch.setattr(RdmaBackend, "_handle_connect", bad_reply)
     p = Pair()

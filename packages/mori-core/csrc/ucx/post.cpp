@@ -169,15 +169,19 @@ void post_rma(Part& part, api::Endpoint* ep, api::RemoteKey* key, uint64_t remot
         ++part.ops;
 }
 
-// Posts one checked message: a write carries its blocks, a read asks for them.
-void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped) {
+// Posts one checked message: a write carries its blocks, a read asks for them. gpu: GPU memory
+// left to UCX at either end; toStaging: the target receives the bytes in memory it stages.
+void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped, bool toStaging) {
     const auto& f = fn();
     api::RequestParam p{};
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags | api::kOpDatatype;
     // A grouped message is eager (its blocks are copied in); a write of one block goes by
-    // rendezvous when it is GPU memory or large (kRndvWriteBytes).
+    // rendezvous when it is GPU memory left to UCX or large (kRndvWriteBytes); a smaller one into
+    // staged memory goes eager: UCX would pick a rendezvous over tcp even for a few KiB, another
+    // round trip.
     const bool rndv = part.op == kOpWrite && !grouped && (gpu || part.bytes >= kRndvWriteBytes);
-    p.flags = api::kAmSendReply | (grouped ? api::kAmSendEager : 0) | (rndv ? api::kAmSendRndv : 0);
+    const bool eager = grouped || (part.op == kOpWrite && !rndv && toStaging);
+    p.flags = api::kAmSendReply | (eager ? api::kAmSendEager : 0) | (rndv ? api::kAmSendRndv : 0);
     p.cb = reinterpret_cast<void*>(&on_send);
     p.userData = &part;
     const void* data = nullptr;
@@ -399,7 +403,9 @@ struct PartContext {
     const std::shared_ptr<Transfer>& transfer;
     uint64_t ticket, remoteId, uid;
     bool gpu, rma, targetNotes;
+    bool remoteGpu;                     // the remote memory is GPU memory
     bool peerStagesGpu;                 // small staged writes go to it as host memory (eager)
+    bool stagesLocal;                   // this engine stages its GPU memory (reads' replies land in host memory)
     std::shared_ptr<GpuWords> copyOut;  // a write's local GPU memory is copied out through it
     size_t parts;
 };
@@ -453,14 +459,25 @@ Part& open_part(PartContext& c, Planned& pl) {
     return part;
 }
 
+// Whether GPU memory at either end is left to UCX: local GPU memory this engine does not stage,
+// or remote GPU memory the peer does not stage.
+bool left_to_ucx(const PartContext& c) {
+    return (c.local->gpu() && !c.stagesLocal) || (c.remoteGpu && !c.peerStagesGpu);
+}
+
+// Whether a read's reply must come by rendezvous: GPU memory left to UCX at either end (UCX's
+// copy engines move it), or a large one. Staged at both ends (or host memory), a small reply
+// comes eager: UCX would pick a rendezvous over tcp even for a few KiB, another round trip.
+bool reply_by_rndv(const PartContext& c, const Part& part) {
+    if (!c.gpu) return false;
+    return left_to_ucx(c) || part.bytes >= kRndvWriteBytes;
+}
+
 // The part's message: its header and entries (the one request entry), its local pieces.
 void fill_message(PartContext& c, Part& part, const Planned& pl, const plan::Row* rows) {
     const size_t m = pl.last - pl.first;
-    const uint8_t flags = (c.gpu ? kFlagRndvReply : 0) | (c.targetNotes ? kFlagNotify : 0);
-    RequestHeader h{kMagic, c.op, flags, static_cast<uint16_t>(m), part.ticket, part.id, c.targetNotes ? c.uid : 0};
-    part.header.resize(sizeof(h) + m * sizeof(Entry));
-    std::memcpy(part.header.data(), &h, sizeof(h));
-    auto* entries = reinterpret_cast<Entry*>(part.header.data() + sizeof(h));
+    part.header.resize(sizeof(RequestHeader) + m * sizeof(Entry));
+    auto* entries = reinterpret_cast<Entry*>(part.header.data() + sizeof(RequestHeader));
     part.iov.resize(m);
     for (size_t i = 0; i < m; ++i) {
         const plan::Row& row = rows[pl.first + i];
@@ -468,6 +485,10 @@ void fill_message(PartContext& c, Part& part, const Planned& pl, const plan::Row
         part.iov[i] = api::Iov{reinterpret_cast<void*>(row.src), row.bytes};
         part.bytes += row.bytes;
     }
+    const uint8_t flags = (reply_by_rndv(c, part) ? kFlagRndvReply : 0) | (c.targetNotes ? kFlagNotify : 0);
+    const RequestHeader h{
+        kMagic, c.op, flags, static_cast<uint16_t>(m), part.ticket, part.id, c.targetNotes ? c.uid : 0};
+    std::memcpy(part.header.data(), &h, sizeof(h));
 }
 
 // A part from local GPU memory (one block: GPU memory is never grouped): its bytes copied to host
@@ -487,8 +508,9 @@ void stage_out(PartContext& c, Part& part, bool grouped, std::vector<CopiedOut>&
     part.iov[0].buffer = part.staged.data();
     part.memType = api::kMemoryHost;
     part.memh = nullptr;
-    // Into a peer that stages too, a small one goes as host memory would (eager).
-    const bool asHost = c.peerStagesGpu && part.bytes < kRndvWriteBytes;
+    // Into host memory, or a peer that stages its GPU memory, a small one goes as host memory
+    // would (eager).
+    const bool asHost = (!c.remoteGpu || c.peerStagesGpu) && part.bytes < kRndvWriteBytes;
     if (inPlace) {
         copiedOut.push_back(CopiedOut{&part, asHost, grouped});
         return;
@@ -501,7 +523,7 @@ void stage_out(PartContext& c, Part& part, bool grouped, std::vector<CopiedOut>&
         if (!error.empty())
             p->finish(kErrTransport, "copying GPU memory to send it: " + error);
         else if (!p->done && p->link->failed.empty())
-            post_message(*p, p->link->eps[p->lane], gpu && !asHost, grouped);
+            post_message(*p, p->link->eps[p->lane], gpu && !asHost, grouped, asHost);
         on.retire_part_locked(*p);
     });
 }
@@ -528,7 +550,7 @@ uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::R
                 stage_out(c, part, pl.grouped, copiedOut);
                 continue;  // retired there, or once posted
             }
-            post_message(part, c.link.eps[pl.lane], c.gpu, pl.grouped);
+            post_message(part, c.link.eps[pl.lane], left_to_ucx(c), pl.grouped, c.remoteGpu && c.peerStagesGpu);
         }
         c.worker.retire_part_locked(part);  // finished at once: the link broken, a flush or send done or failed
     }
@@ -536,7 +558,7 @@ uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::R
         Part& part = *co.part;
         try {
             part.staged.wait();
-            post_message(part, c.link.eps[part.lane], c.gpu && !co.asHost, co.grouped);
+            post_message(part, c.link.eps[part.lane], c.gpu && !co.asHost, co.grouped, co.asHost);
         } catch (const std::exception& e) {
             part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
         }
@@ -608,7 +630,9 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
                   gpu,
                   rma,
                   targetNotes,
+                  remoteGpu,
                   stagesGpu_,
+                  stager != nullptr,
                   op == kOpWrite && local->gpu() ? stager : nullptr,
                   planned.size()};
     const uint64_t total = post_parts(c, planned, dealt.rows, rr);

@@ -26,7 +26,9 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
     p.cb = reinterpret_cast<void*>(&on_serve_sent);
     p.userData = s.get();
     p.datatype = api::kDatatypeBytes;
-    p.flags = rndv ? api::kAmSendRndv : 0;
+    // Staged bytes the initiator did not ask to receive by rendezvous go eager (UCX would pick a
+    // rendezvous over tcp even for a few KiB: another round trip).
+    p.flags = rndv ? api::kAmSendRndv : (s->stager ? api::kAmSendEager : 0);
     const void* data = nullptr;
     size_t count = 0;
     if (!s->body.empty()) {
@@ -218,9 +220,10 @@ void serve_region(std::unique_ptr<Serve> s, const RequestHeader& h, const uint8_
 
 // Check: every block against the region table (Engine::acquire: the regions stay pinned in s,
 // deregistration waiting, until UCX has finished with them), then the engine's rule for GPU
-// memory: left to UCX it moves only by rendezvous (UCX's copy engines; a copy-in message would
-// have the target's CPU write it), staged (stager) a write may come eager. The blocks' bytes and
-// memory type; false when s was refused (and answered).
+// memory: one block a message; left to UCX it moves only by rendezvous (UCX's copy engines; a
+// copy-in message would have the target's CPU write it), staged (stager) a write may come eager
+// and a read's reply may go eager. The blocks' bytes and memory type; false when s was refused
+// (and answered).
 bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8_t* entries, bool rndv, bool staged,
                   uint64_t& total, int& memType) {
     Engine& eng = s->worker->engine();
@@ -233,7 +236,9 @@ bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8
         std::shared_ptr<Region> r = eng.acquire(e, reason);
         if (r) s->pins.push_back(r);  // unpinned when s goes
         if (r && r->gpu()) {
-            if ((h.op == kOpWrite && !rndv && !staged) || (h.op == kOpRead && !(h.flags & kFlagRndvReply)) || n != 1)
+            if (!staged && ((h.op == kOpWrite && !rndv) || (h.op == kOpRead && !(h.flags & kFlagRndvReply))))
+                reason = kReasonGpu;
+            else if (n != 1)
                 reason = kReasonGpu;
             memType = r->memType();
         }
@@ -432,11 +437,24 @@ bool region_described(Part& part, const void* data, size_t length, bool rndv) {
     return true;
 }
 
-// A read's bytes that came in the message itself: copied into the part's buffers (host memory
-// only: GPU memory is read by rendezvous).
-void read_eager(Part& part, const void* data) {
+// A read's bytes that came in the message itself: copied into the part's buffers, or, for GPU
+// memory this engine stages, into staged memory and then to the GPU (land). GPU memory left to
+// UCX is read by rendezvous only.
+void read_eager(Worker& w, Part& part, const void* data, size_t length) {
     if (part.memType != api::kMemoryHost) {
-        part.finish(kErrBadState, "engine '" + part.link->peer->key + "' copied GPU-bound data in a message");
+        const std::shared_ptr<GpuWords> stager = w.engine().gpu_words();
+        if (!stager || !stager->stages() || part.iov.size() != 1) {
+            part.finish(kErrBadState, "engine '" + part.link->peer->key + "' copied GPU-bound data in a message");
+            return;
+        }
+        try {
+            part.staged = stager->landing(length);
+        } catch (const std::exception& e) {
+            part.finish(kErrTransport, std::string("taking host memory for what is read into GPU memory: ") + e.what());
+            return;
+        }
+        std::memcpy(part.staged.data(), data, length);
+        land(part);
         return;
     }
     const auto* src = static_cast<const uint8_t*>(data);
@@ -521,7 +539,7 @@ api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, 
     } else if (rndv) {
         return receive_read(w, *part, data, length);
     } else {
-        read_eager(*part, data);
+        read_eager(w, *part, data, length);
     }
     w.retire_part_locked(*part);
     return api::kOk;

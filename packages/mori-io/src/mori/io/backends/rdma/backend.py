@@ -223,6 +223,9 @@ class RdmaBackend(Backend):
             "first": next(self._next_worker) % len(addresses),
             "ticket": int(self._engine.admit(key)),
             "same_host": self._engine.same_host_address,
+            # This engine stages its GPU memory (no GPUDirect): small transfers of it may come and
+            # go eager, one message instead of a rendezvous.
+            "stages_gpu": not self._gpudirect,
         }
 
     def _connect_peer(self, request: TransferRequest) -> Any:
@@ -232,6 +235,7 @@ class RdmaBackend(Backend):
         reply = self.ctx.control_request(key, "rdma.connect", {})
         workers, ticket, same_host = reply.get("workers"), reply.get("ticket"), reply.get("same_host", b"")
         first = reply.get("first", 0)  # an engine that does not choose: its first worker
+        stages_gpu = reply.get("stages_gpu", False)  # an engine that does not say: GPU memory left to UCX
         if (
             not isinstance(workers, list)
             or not workers
@@ -244,10 +248,11 @@ class RdmaBackend(Backend):
             or not 0 < ticket < 1 << 64
             or not isinstance(same_host, bytes)
             or len(same_host) > 4096
+            or not isinstance(stages_gpu, bool)
         ):
             raise ControlError(StatusCode.ERR_BAD_STATE, f"engine {key!r} sent a malformed rdma.connect reply")
         # Worker i of this engine connects to the peer's worker (first + i) mod its workers.
-        peer = self._engine.connect(key, workers[first:] + workers[:first], ticket, same_host)
+        peer = self._engine.connect(key, workers[first:] + workers[:first], ticket, same_host, stages_gpu=stages_gpu)
         self.ctx.log.info(
             "RDMA backend: engine %r reached over %s%s; GPU memory %s",
             key,
