@@ -469,8 +469,7 @@ bool left_to_ucx(const PartContext& c) {
 // copy engines move it), or a large one. Staged at both ends (or host memory), a small reply
 // comes eager: UCX would pick a rendezvous over tcp even for a few KiB, another round trip.
 bool reply_by_rndv(const PartContext& c, const Part& part) {
-    if (!c.gpu) return false;
-    return left_to_ucx(c) || part.bytes >= kRndvWriteBytes;
+    return c.gpu && (left_to_ucx(c) || part.bytes >= kRndvWriteBytes);
 }
 
 // The part's message: its header and entries (the one request entry), its local pieces.

@@ -236,10 +236,8 @@ bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8
         std::shared_ptr<Region> r = eng.acquire(e, reason);
         if (r) s->pins.push_back(r);  // unpinned when s goes
         if (r && r->gpu()) {
-            if (!staged && ((h.op == kOpWrite && !rndv) || (h.op == kOpRead && !(h.flags & kFlagRndvReply))))
-                reason = kReasonGpu;
-            else if (n != 1)
-                reason = kReasonGpu;
+            const bool byMessage = (h.op == kOpWrite && !rndv) || (h.op == kOpRead && !(h.flags & kFlagRndvReply));
+            if (n != 1 || (byMessage && !staged)) reason = kReasonGpu;
             memType = r->memType();
         }
         if (reason != kReasonNone) {
