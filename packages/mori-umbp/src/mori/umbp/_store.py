@@ -215,13 +215,14 @@ class LocalStore(Tiers):
         try:
             if staging:  # a page with no room in DRAM now is not read: the reader asks again
                 self._stage(staging, promote=True, scratch=False, here=True)
-        finally:
+        except BaseException:
             with self._lock:
                 for entry in found.values():
                     self._unpin(entry)
+            raise
         slots: list[Slot | None] = []
         leased: dict[str, Slot] = {}
-        with self._lock:
+        with self._lock:  # the leases are taken before the pins go, under one hold of the lock
             until = time.monotonic() + lease_s
             for key in keys:
                 slot = leased.get(key)
@@ -235,6 +236,8 @@ class LocalStore(Tiers):
                     slot = Slot(key, entry.dram, entry.size, address, entry.serial, entry, lease_id)
                     leased[key] = slot
                 slots.append(slot)
+            for entry in found.values():
+                self._unpin(entry)
         return slots
 
     def release(self, key: str, lease_id: int) -> bool:
