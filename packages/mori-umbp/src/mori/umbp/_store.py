@@ -223,21 +223,23 @@ class LocalStore(Tiers):
         slots: list[Slot | None] = []
         leased: dict[str, Slot] = {}
         with self._lock:  # the leases are taken before the pins go, under one hold of the lock
-            until = time.monotonic() + lease_s
-            for key in keys:
-                slot = leased.get(key)
-                entry = found.get(key)
-                usable = entry is not None and entry.dram is not None and not entry.gone and not entry.drop_dram
-                if slot is None and usable:
-                    assert entry is not None and entry.dram is not None
-                    lease_id = self._lease(entry, until)
-                    self._touch(entry)
-                    address = self.buffer_address + entry.dram
-                    slot = Slot(key, entry.dram, entry.size, address, entry.serial, entry, lease_id)
-                    leased[key] = slot
-                slots.append(slot)
-            for entry in found.values():
-                self._unpin(entry)
+            try:
+                until = time.monotonic() + lease_s
+                for key in keys:
+                    slot = leased.get(key)
+                    entry = found.get(key)
+                    usable = entry is not None and entry.dram is not None and not entry.gone and not entry.drop_dram
+                    if slot is None and usable:
+                        assert entry is not None and entry.dram is not None
+                        lease_id = self._lease(entry, until)
+                        self._touch(entry)
+                        address = self.buffer_address + entry.dram
+                        slot = Slot(key, entry.dram, entry.size, address, entry.serial, entry, lease_id)
+                        leased[key] = slot
+                    slots.append(slot)
+            finally:
+                for entry in found.values():
+                    self._unpin(entry)
         return slots
 
     def release(self, key: str, lease_id: int) -> bool:
