@@ -5,7 +5,7 @@
 // thread three times, and its Python client walks several Python layers per call; on a loaded
 // 2-core machine that was 0.4 to 0.5 ms a call before any work. Here a call's handler runs on the
 // C++ worker that received the request, which takes the GIL once to run the Python handler on
-// the request's bytes, and a client call waits without the GIL on a completion queue of its own.
+// the request's bytes, and a client call waits without the GIL on its thread's completion queue.
 //
 // Both sides move serialized messages only (the generic service and stub): the protocol, its
 // checks and its errors stay in Python.
@@ -13,6 +13,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <pybind11/pybind11.h>
+#include <absl/synchronization/mutex.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -74,6 +75,15 @@ bool await_one(grpc::CompletionQueue* cq) {
     return cq->Next(&tag, &ok) && ok;
 }
 
+// Shuts `cq` down and takes what is left on it (gRPC requires a queue drained before it goes).
+void drain(grpc::CompletionQueue* cq) {
+    cq->Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq->Next(&tag, &ok)) {
+    }
+}
+
 // The server: `workers` threads take calls from one completion queue, at most `workers` at once
 // (a call is asked for again only when one ends), and each serves the call it took to its answer,
 // the call's read and answer completing on a queue of the call's own that only that thread polls.
@@ -104,7 +114,7 @@ public:
             server_.reset();
             throw std::runtime_error("cannot listen on " + address);
         }
-        for (int i = 0; i < workers; ++i) request(new Call);
+        for (int i = 0; i < workers; ++i) request();
         for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { serve(); });
     }
 
@@ -115,6 +125,7 @@ public:
             for (auto& t : threads_) t.detach();
             (void)server_.release();
             (void)queue_.release();
+            for (auto& steps : spare_) (void)steps.release();
             return;
         }
         stop(0.0);
@@ -138,34 +149,49 @@ public:
         threads_.clear();
         server_.reset();
         unanswered_.clear();  // their queues are shut down after the server let go of them
+        for (auto& steps : spare_) drain(steps.get());
+        spare_.clear();
         queue_.reset();
     }
 
 private:
     // One call: its arrival comes on the server's queue, its read and answer on a queue of its own
-    // that only the worker serving it polls.
+    // that only the worker serving it polls. That queue is one an answered call left (see
+    // `finish`), or a new one: making and draining a queue for each call was work on every call.
     struct Call {
         grpc::GenericServerContext ctx;
         grpc::GenericServerAsyncReaderWriter stream{&ctx};
-        grpc::CompletionQueue steps;
+        std::unique_ptr<grpc::CompletionQueue> steps;
 
+        explicit Call(std::unique_ptr<grpc::CompletionQueue> queue) : steps(std::move(queue)) {}
         ~Call() {
-            steps.Shutdown();
-            void* tag = nullptr;
-            bool ok = false;
-            while (steps.Next(&tag, &ok)) {
-            }
+            if (steps) drain(steps.get());
         }
     };
 
-    // Asks gRPC for the next call into `call`; frees it instead once the server is stopping.
-    void request(Call* call) {
+    // Asks gRPC for the next call into a new Call (nothing once the server is stopping).
+    void request() {
         std::lock_guard<std::mutex> hold(requests_);
-        if (stopping_) {
-            delete call;
-            return;
+        if (stopping_) return;
+        std::unique_ptr<grpc::CompletionQueue> steps;
+        if (spare_.empty()) {
+            steps = std::make_unique<grpc::CompletionQueue>();
+        } else {
+            steps = std::move(spare_.back());
+            spare_.pop_back();
         }
-        service_.RequestCall(&call->ctx, &call->stream, &call->steps, queue_.get(), call);
+        Call* call = new Call(std::move(steps));
+        service_.RequestCall(&call->ctx, &call->stream, call->steps.get(), queue_.get(), call);
+    }
+
+    // Ends an answered call and keeps its queue for a later one. Both of the call's operations were
+    // taken off it; what gRPC may still put there for the call is its own bookkeeping, which a
+    // later Next passes by without returning it.
+    void finish(std::unique_ptr<Call> call) {
+        std::unique_ptr<grpc::CompletionQueue> steps = std::move(call->steps);
+        call.reset();
+        std::lock_guard<std::mutex> hold(requests_);
+        spare_.push_back(std::move(steps));
     }
 
     void serve() {
@@ -186,8 +212,8 @@ private:
                 continue;
             }
             answer(call.get());
-            call.reset();
-            request(new Call);
+            finish(std::move(call));
+            request();
         }
         py::gil_scoped_acquire last;
         last.dec_ref();  // the thread state goes when this scope ends
@@ -199,13 +225,13 @@ private:
         c->stream.Read(&request, c);
         grpc::Status status(grpc::StatusCode::INTERNAL, "the call carried no request message");
         grpc::ByteBuffer response;
-        if (await_one(&c->steps)) status = call(c->ctx.method(), request, &response);
+        if (await_one(c->steps.get())) status = call(c->ctx.method(), request, &response);
         if (status.ok()) {
             c->stream.WriteAndFinish(response, grpc::WriteOptions(), status, c);
         } else {
             c->stream.Finish(status, c);
         }
-        await_one(&c->steps);
+        await_one(c->steps.get());
     }
 
     grpc::Status call(const std::string& method, const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
@@ -227,6 +253,7 @@ private:
     std::unique_ptr<grpc::Server> server_;
     std::vector<std::thread> threads_;
     std::vector<std::unique_ptr<Call>> unanswered_;  // calls the shutdown returned, freed after it
+    std::vector<std::unique_ptr<grpc::CompletionQueue>> spare_;  // queues of answered calls (at most `workers`)
     std::mutex requests_;
     bool stopping_ = false;
     int port_ = 0;
@@ -252,22 +279,29 @@ public:
             grpc::ClientContext ctx;
             ctx.set_deadline(std::chrono::system_clock::now() +
                              std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
-            grpc::CompletionQueue cq;
+            grpc::CompletionQueue& cq = thread_queue();
             auto rpc = stub_->PrepareUnaryCall(&ctx, method, body, &cq);
             rpc->StartCall();
             rpc->Finish(&response, &status, this);
             await_one(&cq);
-            cq.Shutdown();
-            void* tag = nullptr;
-            bool ok = false;
-            while (cq.Next(&tag, &ok)) {
-            }
         }
         py::bytes out = status.ok() ? to_bytes(response) : py::bytes();
         return {static_cast<int>(status.error_code()), status.error_message(), out};
     }
 
 private:
+    // The calling thread's completion queue, kept for its next calls to any channel (each call's one
+    // operation is taken off it before the call returns) and drained when the thread ends: a
+    // queue made and drained for every call was work on every call.
+    static grpc::CompletionQueue& thread_queue() {
+        struct Queue {
+            grpc::CompletionQueue cq;
+            ~Queue() { drain(&cq); }
+        };
+        thread_local Queue queue;
+        return queue.cq;
+    }
+
     std::shared_ptr<grpc::Channel> channel_;
     std::unique_ptr<grpc::GenericStub> stub_;
 };
@@ -345,6 +379,9 @@ PYBIND11_MODULE(_grpc_native, m) {
     // pipe"). Its backup poller looks at idle channels every this many ms (default 5000): at 100 a
     // restarted master is noticed before it can answer (read once, at gRPC's first start).
     setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
+    // Debian builds abseil with its lock-order graph on (a debugging aid that release builds leave
+    // off): every mutex gRPC takes was recorded in it, a few per cent of a call's time.
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     m.doc() = "gRPC C++ transport for the UMBP master and its client (serialized messages only).";
     py::class_<Server>(m, "Server")
         .def(py::init<const std::string&, py::object, int, int, int>(), py::arg("address"), py::arg("dispatch"),

@@ -448,3 +448,40 @@ def test_lookups_see_each_acknowledged_change_while_others_look_up():
             for t in readers:
                 t.join(WAIT_S)
         assert answers and set(answers) == {len(keys)}  # every concurrent answer had one bool a key
+
+
+@needs_native
+def test_a_threads_queue_serves_its_calls_to_any_server_and_goes_with_the_thread():
+    """A client thread keeps one completion queue for all its calls, to any channel, answered,
+    refused or timed out; a server reuses the queues of answered calls. Short-lived threads each
+    leave theirs behind them, and every answer is still the call's own."""
+    servers = [_echo_server(workers=2) for _ in range(2)]
+    channels = [_grpc.NativeChannel(native, f"127.0.0.1:{server.port}", 1 << 20) for _, server in servers]
+    method, response = "/umbp.UMBPMaster/BatchLookupPacked", RESPONSES["BatchLookupPacked"]
+
+    def short_lived(salt: int) -> bool:
+        for round_ in range(6):
+            channel = channels[(salt + round_) % 2]
+            if round_ == 3:
+                with pytest.raises(_grpc.RpcFailure) as e:
+                    channel.unary(method, pb.BatchLookupPackedRequest(node_id="abort"), response, WAIT_S)
+                assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+                continue
+            keys = _keys(1 + round_, salt * 10 + round_)
+            got = channel.unary(method, pb.BatchLookupPackedRequest(node_id="n", keys=_packed(keys)), response, WAIT_S)
+            if got.found != bytes(k[-1] for k in keys):
+                return False
+        return True
+
+    try:
+        for batch in range(3):  # each batch's threads end before the next starts
+            with futures.ThreadPoolExecutor(max_workers=4) as pool:
+                assert all(pool.map(short_lived, range(batch * 4, batch * 4 + 4)))
+        keys = _keys(5, 99)
+        for channel in channels:
+            got = channel.unary(method, pb.BatchLookupPackedRequest(node_id="n", keys=_packed(keys)), response, WAIT_S)
+            assert got.found == bytes(k[-1] for k in keys)
+    finally:
+        for servicer, server in servers:
+            servicer.release.set()
+            server.stop(1.0)

@@ -215,26 +215,31 @@ class LocalStore(Tiers):
         try:
             if staging:  # a page with no room in DRAM now is not read: the reader asks again
                 self._stage(staging, promote=True, scratch=False, here=True)
-        finally:
+        except BaseException:
             with self._lock:
                 for entry in found.values():
                     self._unpin(entry)
+            raise
         slots: list[Slot | None] = []
         leased: dict[str, Slot] = {}
-        with self._lock:
-            until = time.monotonic() + lease_s
-            for key in keys:
-                slot = leased.get(key)
-                entry = found.get(key)
-                usable = entry is not None and entry.dram is not None and not entry.gone and not entry.drop_dram
-                if slot is None and usable:
-                    assert entry is not None and entry.dram is not None
-                    lease_id = self._lease(entry, until)
-                    self._touch(entry)
-                    address = self.buffer_address + entry.dram
-                    slot = Slot(key, entry.dram, entry.size, address, entry.serial, entry, lease_id)
-                    leased[key] = slot
-                slots.append(slot)
+        with self._lock:  # the leases are taken before the pins go, under one hold of the lock
+            try:
+                until = time.monotonic() + lease_s
+                for key in keys:
+                    slot = leased.get(key)
+                    entry = found.get(key)
+                    usable = entry is not None and entry.dram is not None and not entry.gone and not entry.drop_dram
+                    if slot is None and usable:
+                        assert entry is not None and entry.dram is not None
+                        lease_id = self._lease(entry, until)
+                        self._touch(entry)
+                        address = self.buffer_address + entry.dram
+                        slot = Slot(key, entry.dram, entry.size, address, entry.serial, entry, lease_id)
+                        leased[key] = slot
+                    slots.append(slot)
+            finally:
+                for entry in found.values():
+                    self._unpin(entry)
         return slots
 
     def release(self, key: str, lease_id: int) -> bool:

@@ -359,16 +359,22 @@ class Tiers:
         records = [job[1] for job in jobs]
         runs = read_runs(records)
         ssd = self._ssd
+        on_workers = runs[:-1] if here else runs
         futures: list[concurrent.futures.Future[list[OSError | None]]] = [
-            ssd.submit(ssd.read_run, [records[i] for i in run], [views[i] for i in run])
-            for run in runs[: len(runs) - 1 if here else len(runs)]
+            ssd.submit(ssd.read_run, [records[i] for i in run], [views[i] for i in run]) for run in on_workers
         ]
-        if here and runs:
-            futures.append(concurrent.futures.Future())
-            futures[-1].set_result(ssd.read_run([records[i] for i in runs[-1]], [views[i] for i in runs[-1]]))
         outcome: list[bool | None] = [False] * len(jobs)  # None: timed out, the buffer abandoned
+
+        def settle(run: list[int], errors: list[OSError | None]) -> None:
+            for i, error in zip(run, errors):
+                if error is not None:
+                    _log.error("reading %r from SSD failed: %s", jobs[i][0].key, error)
+                outcome[i] = error is None
+
+        if here and runs:  # this thread's run, while the workers read theirs
+            settle(runs[-1], ssd.read_run([records[i] for i in runs[-1]], [views[i] for i in runs[-1]]))
         deadline = time.monotonic() + IO_TIMEOUT_S
-        for run, future in zip(runs, futures):
+        for run, future in zip(on_workers, futures):
             try:
                 errors = future.result(max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
@@ -379,10 +385,7 @@ class Tiers:
                     )
                     outcome[i] = None
                 continue
-            for i, error in zip(run, errors):
-                if error is not None:
-                    _log.error("reading %r from SSD failed: %s", jobs[i][0].key, error)
-                outcome[i] = error is None
+            settle(run, errors)
         buffers: dict[int, UMBPHostBufferHandle] = {}
         with self._lock:
             for (entry, record, offset, buffer), view, ok in zip(jobs, views, outcome):
