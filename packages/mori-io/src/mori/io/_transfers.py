@@ -16,7 +16,7 @@ from mori.core.log import get_logger
 from ._order import PeerOrder
 from ._registry import InFlight, MemoryRegistry, RemoteEngines
 from ._router import Router
-from .backends import Backend, Lane, Outcome, TransferOp, TransferRequest
+from .backends import Backend, Outcome, TransferOp, TransferRequest
 from .types import MemoryDesc, StatusCode, TransferStatus, _succeeded
 
 __all__ = ["Transfers"]
@@ -29,9 +29,9 @@ _SUCCESS = StatusCode.SUCCESS
 _U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
 _MAX_LANES = 1024  # pairs of descriptors whose Lane a Transfers keeps (see __init__)
 # A kept lane, read by index in single(): local and remote descriptors, the change counts when it
-# was made, the Lane, its backend, then what single() reads per call: the Lane's start, finished and
+# was made, its backend, then what single() reads per call: the Lane's start, finished and
 # drained, the local region's address and size, the remote one's size and engine key.
-_KeptLane = tuple[MemoryDesc, MemoryDesc, int, Lane, Backend, Callable[..., Any], Any, bool, int, int, int, str]
+_KeptLane = tuple[MemoryDesc, MemoryDesc, int, Backend, Callable[..., Any], Any, bool, int, int, int, str]
 # Batch's own names of its columns, as the engine's callers know them.
 _COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
 
@@ -166,7 +166,7 @@ class Transfers:
             or len(sizes) != 1
             or len(l_offs) != 1
             or len(r_offs) != 1
-            or (backend is not None and backend is not lane[4])
+            or (backend is not None and backend is not lane[3])
         ):
             return None
         l_off, r_off, size = l_offs[0], r_offs[0], sizes[0]
@@ -176,51 +176,51 @@ class Transfers:
             and type(size) is int
             and type(uid) is int
             and size > 0
-            and 0 <= l_off <= lane[9] - size
-            and 0 <= r_off <= lane[10] - size
+            and 0 <= l_off <= lane[8] - size
+            and 0 <= r_off <= lane[9] - size
             and 0 <= uid < _U64_END
             and lane[2] == self._memory.changes + self._remotes.changes + self._backends.changes
         ):
             return None
         # Everything submit() checks holds (both descriptors as they were, the block inside both,
         # a valid uid): what follows is its last part, unless the lane's connection has failed.
-        if lane[7]:  # drained: its backend refuses a region deregistered meanwhile itself (see Lane)
+        if lane[6]:  # drained: its backend refuses a region deregistered meanwhile itself (see Lane)
             status = None
         else:
             status = TransferStatus(_IN_PROGRESS)
-            self._inflight.add(local.id, status, lane[4], lane[11])
+            self._inflight.add(local.id, status, lane[3], lane[10])
             if self._memory.get(local.id) is None:
                 status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
                 return status
-        completion = lane[5](op, lane[8] + l_off, r_off, size, uid)
+        completion = lane[4](op, lane[7] + l_off, r_off, size, uid)
         if completion is None:  # nothing started: submit() reconnects or fails over
             if self._lanes.get(key) is lane:  # and keeps a new lane once its backend has one
                 del self._lanes[key]
             if status is not None:
                 status._attach(Outcome(StatusCode.ERR_BAD_STATE, "not started (its lane had failed)"))
             return None
-        if completion is lane[6]:
+        if completion is lane[5]:
             # Finished as it started (a same-host copy): with no earlier transfer to the peer that
             # may still run, no one holds the status yet, so it takes the code itself (no completion
             # to read, no place in the order; what running() tells, without its frames). Else it
             # reports after that one.
-            last = self._order.last(lane[11])
+            last = self._order.last(lane[10])
             if last is None or not last._running():
                 if last is not None:  # the next ones need not ask it
-                    self._order.drop_finished(lane[11], last)
+                    self._order.drop_finished(lane[10], last)
                 if status is None:
                     return _succeeded()
                 status._code = _SUCCESS
                 return status
             if status is None:
                 status = TransferStatus(_IN_PROGRESS)
-            self._order.join(lane[11], status)
+            self._order.join(lane[10], status)
         else:
             if status is None:
                 status = TransferStatus(_IN_PROGRESS)
             code = completion.code()
-            if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(lane[11])):
-                self._order.join(lane[11], status)
+            if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(lane[10])):
+                self._order.join(lane[10], status)
         status._attach(completion)
         return status
 
@@ -323,7 +323,7 @@ class Transfers:
             or lane[0] is not local
             or lane[1] is not remote
             or lane[2] != changes
-            or lane[4] is not backend
+            or lane[3] is not backend
         ):
             made = backend.lane(local, remote)
             if made is None:
@@ -337,7 +337,6 @@ class Transfers:
                 local,
                 remote,
                 changes,
-                made,
                 backend,
                 made.start,
                 made.finished,
