@@ -133,6 +133,47 @@ def test_a_lane_starts_one_pair_s_blocks_and_returns_refusals_as_failed_transfer
         target.close()
 
 
+def test_a_lane_s_start_refuses_arguments_that_are_not_five_ints_and_moves_nothing() -> None:
+    target, init = _pair()
+    dst = np.zeros(1 << 16, np.uint8)
+    src = np.full(1 << 16, 7, np.uint8)
+    target.register_memory(3, int(dst.ctypes.data), dst.nbytes)
+    init.register_memory(4, int(src.ctypes.data), src.nbytes)
+    try:
+        peer = init.connect("target", target.addresses, target.admit("initiator"), target.same_host_address)
+        start = peer.lane(4, 3, True, False, "lane: ").start
+        base = int(src.ctypes.data)
+        with pytest.raises(TypeError, match="takes 5 arguments"):
+            start(ucx.WRITE, base, 0, 4096)
+        with pytest.raises(TypeError, match="takes 5 arguments"):
+            start(ucx.WRITE, base, 0, 4096, 1, 2)
+        with pytest.raises(TypeError, match="bytes must be an int, got float"):
+            start(ucx.WRITE, base, 0, 4096.0, 1)
+        with pytest.raises(TypeError, match="op must be an int, got str"):
+            start("2", base, 0, 4096, 1)
+        with pytest.raises(TypeError, match="keyword"):
+            start(op=ucx.WRITE, src=base, dst=0, bytes=4096, uid=1)
+        with pytest.raises(OverflowError):
+            start(ucx.WRITE, base, -1, 4096, 1)
+        with pytest.raises(OverflowError):
+            start(ucx.WRITE, base, 0, 4096, 1 << 64)
+        with pytest.raises(OverflowError, match="op is out of range"):
+            start((1 << 32) + 2, base, 0, 4096, 1)
+        assert not dst.any()  # nothing moved
+        assert target.pop_inbound("initiator", 1) is None  # and nothing was noted
+        # An op that is an int but neither read nor write is refused as a failed transfer.
+        t = start(3, base, 0, 4096, 2)
+        assert t is not ucx.FINISHED and t.code() == 11 and t.message().startswith("lane: "), t.message()
+        assert not dst.any()
+        # The function holds its lane (the lane object is gone); integers of other types are taken.
+        assert start(ucx.WRITE, np.uint64(base), np.int64(0), np.int32(4096), 5) is ucx.FINISHED
+        assert (dst[:4096] == 7).all() and not dst[4096:].any()
+        peer.close()
+    finally:
+        init.close()
+        target.close()
+
+
 def test_direct_copies_off_leave_every_transfer_to_the_target_s_thread() -> None:
     target, init = _pair(same_host_direct=False)
     dst, src = np.zeros(4096, np.uint8), np.full(4096, 3, np.uint8)

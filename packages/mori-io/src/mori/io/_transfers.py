@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+from collections.abc import Callable
 from typing import Any
 
 from mori.core.batch import Batch
@@ -15,8 +16,8 @@ from mori.core.log import get_logger
 from ._order import PeerOrder
 from ._registry import InFlight, MemoryRegistry, RemoteEngines
 from ._router import Router
-from .backends import Backend, Lane, Outcome, TransferOp, TransferRequest
-from .types import MemoryDesc, StatusCode, TransferStatus
+from .backends import Backend, Outcome, TransferOp, TransferRequest
+from .types import MemoryDesc, StatusCode, TransferStatus, _succeeded
 
 __all__ = ["Transfers"]
 
@@ -27,6 +28,10 @@ _IN_PROGRESS_INT = int(_IN_PROGRESS)  # codes up to it (SUCCESS, INIT) are not f
 _SUCCESS = StatusCode.SUCCESS
 _U64_END = 1 << 64  # uids, addresses and offsets travel as unsigned 64-bit integers
 _MAX_LANES = 1024  # pairs of descriptors whose Lane a Transfers keeps (see __init__)
+# A kept lane, read by index in single(): local and remote descriptors, the change counts when it
+# was made, its backend, then what single() reads per call: the Lane's start, finished and
+# drained, the local region's address and size, the remote one's size and engine key.
+_KeptLane = tuple[MemoryDesc, MemoryDesc, int, Backend, Callable[..., Any], Any, bool, int, int, int, str]
 # Batch's own names of its columns, as the engine's callers know them.
 _COLUMNS = (("src_offsets", "local offsets"), ("dst_offsets", "remote offsets"))
 
@@ -115,8 +120,8 @@ class Transfers:
         # was made and the backend: made by a transfer that took the full way, then a single
         # block on the same pair, nothing changed since, starts through it (single). At most
         # _MAX_LANES pairs; all are dropped when one more comes (a KV cache has one pair a layer
-        # and peer, far fewer).
-        self._lanes: dict[tuple[int, int], tuple[MemoryDesc, MemoryDesc, int, Lane, Backend]] = {}
+        # and peer, far fewer). The layout is _KeptLane's.
+        self._lanes: dict[tuple[int, int], _KeptLane] = {}
 
     def reject(self, local: MemoryDesc, remote: MemoryDesc) -> tuple[StatusCode, str] | None:
         """Why a transfer between ``local`` and ``remote`` cannot start (code, message), or None."""
@@ -161,7 +166,7 @@ class Transfers:
             or len(sizes) != 1
             or len(l_offs) != 1
             or len(r_offs) != 1
-            or (backend is not None and backend is not lane[4])
+            or (backend is not None and backend is not lane[3])
         ):
             return None
         l_off, r_off, size = l_offs[0], r_offs[0], sizes[0]
@@ -171,46 +176,51 @@ class Transfers:
             and type(size) is int
             and type(uid) is int
             and size > 0
-            and 0 <= l_off <= local.size - size
-            and 0 <= r_off <= remote.size - size
+            and 0 <= l_off <= lane[8] - size
+            and 0 <= r_off <= lane[9] - size
             and 0 <= uid < _U64_END
             and lane[2] == self._memory.changes + self._remotes.changes + self._backends.changes
         ):
             return None
         # Everything submit() checks holds (both descriptors as they were, the block inside both,
         # a valid uid): what follows is its last part, unless the lane's connection has failed.
-        status = TransferStatus(_IN_PROGRESS)
-        path = lane[3]
-        drained = path.drained
-        # A drained lane's backend refuses a region deregistered meanwhile itself (see Lane).
-        if not drained:
-            self._inflight.add(local.id, status, lane[4], remote.engine_key)
+        if lane[6]:  # drained: its backend refuses a region deregistered meanwhile itself (see Lane)
+            status = None
+        else:
+            status = TransferStatus(_IN_PROGRESS)
+            self._inflight.add(local.id, status, lane[3], lane[10])
             if self._memory.get(local.id) is None:
                 status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
                 return status
-        completion = path.start(op, local.data + l_off, r_off, size, uid)
+        completion = lane[4](op, lane[7] + l_off, r_off, size, uid)
         if completion is None:  # nothing started: submit() reconnects or fails over
             if self._lanes.get(key) is lane:  # and keeps a new lane once its backend has one
                 del self._lanes[key]
-            if not drained:
+            if status is not None:
                 status._attach(Outcome(StatusCode.ERR_BAD_STATE, "not started (its lane had failed)"))
             return None
-        if completion is path.finished:
+        if completion is lane[5]:
             # Finished as it started (a same-host copy): with no earlier transfer to the peer that
             # may still run, no one holds the status yet, so it takes the code itself (no completion
             # to read, no place in the order; what running() tells, without its frames). Else it
             # reports after that one.
-            last = self._order.last(remote.engine_key)
+            last = self._order.last(lane[10])
             if last is None or not last._running():
                 if last is not None:  # the next ones need not ask it
-                    self._order.drop_finished(remote.engine_key, last)
+                    self._order.drop_finished(lane[10], last)
+                if status is None:
+                    return _succeeded()
                 status._code = _SUCCESS
                 return status
-            self._order.join(remote.engine_key, status)
+            if status is None:
+                status = TransferStatus(_IN_PROGRESS)
+            self._order.join(lane[10], status)
         else:
+            if status is None:
+                status = TransferStatus(_IN_PROGRESS)
             code = completion.code()
-            if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(remote.engine_key)):
-                self._order.join(remote.engine_key, status)
+            if code == _IN_PROGRESS_INT or (code <= _IN_PROGRESS_INT and self._order.running(lane[10])):
+                self._order.join(lane[10], status)
         status._attach(completion)
         return status
 
@@ -313,7 +323,7 @@ class Transfers:
             or lane[0] is not local
             or lane[1] is not remote
             or lane[2] != changes
-            or lane[4] is not backend
+            or lane[3] is not backend
         ):
             made = backend.lane(local, remote)
             if made is None:
@@ -321,7 +331,21 @@ class Transfers:
                 return
             if len(self._lanes) >= _MAX_LANES:
                 self._lanes.clear()
-            self._lanes[key] = (local, remote, changes, made, backend)
+            # What single() reads per call, taken once: the Lane's parts and the descriptors' fields
+            # (frozen: they stay as they are while the entry holds them).
+            self._lanes[key] = (
+                local,
+                remote,
+                changes,
+                backend,
+                made.start,
+                made.finished,
+                made.drained,
+                local.data,
+                local.size,
+                remote.size,
+                remote.engine_key,
+            )
 
     def batch(
         self,

@@ -1,4 +1,5 @@
 # mori.core._native.ucx (csrc/ucx/, csrc/same_host/, csrc/proxy/): mori-core's UCX engine and its remote atomics.
+from collections.abc import Callable
 from typing import SupportsFloat, SupportsIndex
 
 from .batch import Batch
@@ -21,7 +22,8 @@ class UcxTransfer:
     def wait(self, timeout: SupportsFloat) -> bool: ...
 
 class UcxLane:
-    def start(self, op: _Int, src: _Int, dst: _Int, bytes: _Int, uid: _Int) -> UcxTransfer | None: ...
+    @property
+    def start(self) -> Callable[[_Int, _Int, _Int, _Int, _Int], UcxTransfer | None]: ...
 
 class UcxPeer:
     @property
