@@ -9,11 +9,11 @@
 //
 // Both sides move serialized messages only (the generic service and stub): the protocol, its
 // checks and its errors stay in Python.
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <pybind11/pybind11.h>
-#include <absl/synchronization/mutex.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -252,7 +252,7 @@ private:
     std::unique_ptr<grpc::ServerCompletionQueue> queue_;
     std::unique_ptr<grpc::Server> server_;
     std::vector<std::thread> threads_;
-    std::vector<std::unique_ptr<Call>> unanswered_;  // calls the shutdown returned, freed after it
+    std::vector<std::unique_ptr<Call>> unanswered_;              // calls the shutdown returned, freed after it
     std::vector<std::unique_ptr<grpc::CompletionQueue>> spare_;  // queues of answered calls (at most `workers`)
     std::mutex requests_;
     bool stopping_ = false;
