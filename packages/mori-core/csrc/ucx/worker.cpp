@@ -136,6 +136,15 @@ void Worker::run() {
                 sched_yield();  // the leader is about to mute the worker's events, or to leave
                 continue;
             }
+            if (!engine_.options().standAside) {
+                // The peer's next message is this thread's to take once the leader is done (a PE
+                // that put with a signal then waits on its own memory): it stays awake beside the
+                // leader, as a sleeping one would wake only when that message came, tens of
+                // microseconds late on a virtual machine.
+                lastBusy = now_ns();
+                sched_yield();
+                continue;
+            }
             // A caller leads with the worker's events muted: this thread sleeps until the last
             // leader hands back (its events then wake this thread, ucx/engine.hpp) or wake().
             // Neither the replies the leader reads nor its leaving wake it, where a wake-up a
@@ -151,8 +160,7 @@ void Worker::run() {
             // this thread progresses once, then sleeps on the worker's events unless that found
             // work, instead of spinning beside it (a 4 KiB loop between namespaces on the H200
             // machine: initiator CPU per GB 4.5-4.6 against 6.2-7.8 with the spin, latency lower).
-            // Without standAside it polls on: the peer's next message is this thread's to take.
-            lastBusy = engine_.options().standAside ? now_ns() - kSpinNs : now_ns();
+            lastBusy = now_ns() - kSpinNs;
             continue;
         }
         unsigned n;
