@@ -136,12 +136,8 @@ void Worker::run() {
                 sched_yield();  // the leader is about to mute the worker's events, or to leave
                 continue;
             }
-            if (!engine_.options().standAside) {
-                // The peer's next message is this thread's to take once the leader is done (a PE
-                // that put with a signal then waits on its own memory): it stays awake beside the
-                // leader, as a sleeping one would wake only when that message came, tens of
-                // microseconds late on a virtual machine.
-                lastBusy = now_ns();
+            if (!engine_.options().standAside) {  // the peer's next message is this thread's: awake
+                lastBusy = now_ns();              // (a sleeper wakes tens of µs late on a VM)
                 sched_yield();
                 continue;
             }
