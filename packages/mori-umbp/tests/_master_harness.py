@@ -51,6 +51,7 @@ class MasterProcess:
         listen: str = "127.0.0.1:0",
     ) -> None:
         self.listen = listen
+        self._pick_metrics_port = metrics_port is None  # a free port, picked again if taken meanwhile
         self.metrics_port = free_port() if metrics_port is None else metrics_port
         self.env = {**os.environ, **(env or {})}
         self.command = command or master_command()
@@ -60,20 +61,29 @@ class MasterProcess:
         self._ready = threading.Event()
 
     def start(self) -> MasterProcess:
-        self.proc = subprocess.Popen(
-            [*self.command, self.listen, str(self.metrics_port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=self.env,
-        )
-        # One thread reads everything the master prints, for as long as it runs: the line with its
-        # address, and the rest, so that a full pipe never blocks the master.
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self._ready.wait(START_TIMEOUT_S) or not self.address:
+        # A metrics port found free can be taken by another process (a test lane beside this one)
+        # before the master binds it: then the master exits at once saying so, and is started again
+        # on another free port.
+        for _ in range(5):
+            self._ready.clear()
+            self.proc = subprocess.Popen(
+                [*self.command, self.listen, str(self.metrics_port)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=self.env,
+            )
+            # One thread reads everything the master prints, for as long as it runs: the line with
+            # its address, and the rest, so that a full pipe never blocks the master.
+            threading.Thread(target=self._read, daemon=True).start()
+            if self._ready.wait(START_TIMEOUT_S) and self.address:
+                return self
             self.kill()
-            raise RuntimeError(f"the master did not start within {START_TIMEOUT_S} s:\n{''.join(self.log)}")
-        return self
+            if not (self._pick_metrics_port and "Address already in use" in "".join(self.log)):
+                break
+            self.log.clear()
+            self.metrics_port = free_port()
+        raise RuntimeError(f"the master did not start within {START_TIMEOUT_S} s:\n{''.join(self.log)}")
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
