@@ -261,21 +261,19 @@ Outcome HeapWindow::get(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
 
 Outcome HeapWindow::put_signal(int pe, uint64_t offset, uint64_t local, uint64_t bytes, bool localGpu,
                                uint64_t sigOffset, AtomicOp op, uint64_t value) {
-    std::string why = check(pe, offset, bytes, "a put with signal");
-    if (why.empty()) why = check(pe, sigOffset, 8, "the signal of a put with signal");
+    std::string why = check_signal_put(pe, offset, bytes, sigOffset);
     if (why.empty() && op != kAtomicStore && op != kAtomicFetchAdd) why = "a signal's op is store or fetch_add";
     if (!why.empty()) return Outcome{kErrInvalidArgs, why};
-    // The message carries host bytes: the heap's GPU bytes are copied out here; other GPU memory
-    // (the caller's, maybe of another context) goes as a put, complete, then the atomic.
-    const bool gpuSource = bytes != 0 && heap_.gpu && in_heap(local, bytes);
+    // The message carries host bytes (the heap's GPU bytes copied out by signal_put); other GPU
+    // memory (the caller's, maybe of another context) goes as a put, complete, then the atomic.
     if (bytes > kMaxSignalPutBytes || localGpu || !one_chunk(offset, bytes)) {
         Outcome out = put(pe, offset, local, bytes, localGpu);
         return out.code == kSuccess ? atomic(pe, op, sigOffset, value, 0, 64) : out;
     }
     try {
-        const Staged staged = gpuSource ? stage_out(local, bytes) : Staged();
-        const void* src = gpuSource ? staged.data() : reinterpret_cast<const void*>(local);
-        remote_signal_put(*engine_, *peers_[pe], signal_put(offset, src, bytes, sigOffset, op, value), timeout_);
+        Staged staged;
+        remote_signal_put(*engine_, *peers_[pe], signal_put(offset, local, bytes, sigOffset, op, value, staged),
+                          timeout_);
     } catch (const std::invalid_argument& e) {
         return Outcome{kErrInvalidArgs, e.what()};
     } catch (const std::exception& e) {
@@ -284,14 +282,20 @@ Outcome HeapWindow::put_signal(int pe, uint64_t offset, uint64_t local, uint64_t
     return Outcome{};
 }
 
-Staged HeapWindow::stage_out(uint64_t local, uint64_t bytes) const {
-    const std::shared_ptr<GpuWords> gpu = engine_->gpu_words();
-    if (!gpu) throw std::runtime_error("the engine stages no GPU memory (serve_gpu was not called)");
-    return gpu->to_host(local, bytes, true);
+std::string HeapWindow::check_signal_put(int pe, uint64_t offset, uint64_t bytes, uint64_t sigOffset) const {
+    const std::string why = check(pe, offset, bytes, "a put with signal");
+    return why.empty() ? check(pe, sigOffset, 8, "the signal of a put with signal") : why;
 }
 
-SignalPut HeapWindow::signal_put(uint64_t offset, const void* src, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
-                                 uint64_t value) const {
+SignalPut HeapWindow::signal_put(uint64_t offset, uint64_t local, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
+                                 uint64_t value, Staged& staged) const {
+    const void* src = reinterpret_cast<const void*>(local);
+    if (bytes != 0 && heap_.gpu && in_heap(local, bytes)) {
+        const std::shared_ptr<GpuWords> gpu = engine_->gpu_words();
+        if (!gpu) throw std::runtime_error("the engine stages no GPU memory (serve_gpu was not called)");
+        staged = gpu->to_host(local, bytes, true);
+        src = staged.data();
+    }
     const uint64_t chunk = heap_.chunk;
     return SignalPut{heap_.firstId + offset / chunk,    offset % chunk,    src, bytes,
                      heap_.firstId + sigOffset / chunk, sigOffset % chunk, op,  value};
@@ -345,17 +349,15 @@ HeapWindow::Posted HeapWindow::post(Op op, int pe, uint64_t offset, uint64_t loc
 
 std::unique_ptr<AtomicInFlight> HeapWindow::start_signal_put(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
                                                              uint64_t sigOffset, AtomicOp op, uint64_t value) {
-    std::string why = check(pe, offset, bytes, "a put with signal");
-    if (why.empty()) why = check(pe, sigOffset, 8, "the signal of a put with signal");
+    const std::string why = check_signal_put(pe, offset, bytes, sigOffset);
     if (!why.empty()) throw std::invalid_argument(why);
     if (!one_message(offset, local, bytes))
         throw std::invalid_argument("one message carries a put with signal of 1 to " +
                                     std::to_string(kMaxSignalPutBytes) +
                                     " bytes from the local heap into one chunk of the remote heap");
-    const Staged staged = heap_.gpu ? stage_out(local, bytes) : Staged();
-    const void* src = heap_.gpu ? staged.data() : reinterpret_cast<const void*>(local);
-    return std::make_unique<AtomicInFlight>(*engine_, peers_[pe], signal_put(offset, src, bytes, sigOffset, op, value),
-                                            timeout_);  // its bytes are in the request: staged may go
+    Staged staged;  // its bytes are copied into the request: staged may go once it is sent
+    return std::make_unique<AtomicInFlight>(*engine_, peers_[pe],
+                                            signal_put(offset, local, bytes, sigOffset, op, value, staged), timeout_);
 }
 
 std::unique_ptr<AtomicInFlight> HeapWindow::start_atomic(int pe, AtomicOp op, uint64_t offset, uint64_t value,

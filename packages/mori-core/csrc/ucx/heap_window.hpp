@@ -156,12 +156,13 @@ private:
         return bytes == 0 || offset / heap_.chunk == (offset + bytes - 1) / heap_.chunk;
     }
     bool find_local(uint64_t addr, uint64_t bytes, Local& out) const;  // the heap or a registered buffer
-    // GPU bytes [local, local + bytes) copied out to host memory (waited for), through the engine's
-    // GPU staging; throws std::runtime_error when the engine has none, or the copy failed.
-    Staged stage_out(uint64_t local, uint64_t bytes) const;
-    // The signal put of bytes at host address src to heap offset offset, with its signal.
-    SignalPut signal_put(uint64_t offset, const void* src, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
-                         uint64_t value) const;
+    // "" when pe has a peer and both a put with signal's range and its signal word lie in the heap.
+    std::string check_signal_put(int pe, uint64_t offset, uint64_t bytes, uint64_t sigOffset) const;
+    // The signal put of bytes at local to heap offset `offset`, with its signal. Its source is host
+    // memory: the heap's GPU bytes are copied out into `staged` (waited for, through the engine's
+    // GPU staging; std::runtime_error when the engine has none or the copy failed), else local.
+    SignalPut signal_put(uint64_t offset, uint64_t local, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
+                         uint64_t value, Staged& staged) const;
     // Memory registered for the transfers in flight in [addr, addr + bytes) (shared with those
     // already holding it): as GPU memory when gpu; eitherKind: as the other kind where refused.
     std::shared_ptr<Lease> lease(uint64_t addr, uint64_t bytes, bool gpu, bool eitherKind);

@@ -435,6 +435,18 @@ bool region_described(Part& part, const void* data, size_t length, bool rndv) {
     return true;
 }
 
+// Staged host memory for `length` bytes read into the part's GPU memory (part.staged); false,
+// with the part failed, when none could be had.
+bool take_landing(Part& part, GpuWords& stager, size_t length) {
+    try {
+        part.staged = stager.landing(length);
+        return true;
+    } catch (const std::exception& e) {
+        part.finish(kErrTransport, std::string("taking host memory for what is read into GPU memory: ") + e.what());
+        return false;
+    }
+}
+
 // A read's bytes that came in the message itself: copied into the part's buffers, or, for GPU
 // memory this engine stages, into staged memory and then to the GPU (land). GPU memory left to
 // UCX is read by rendezvous only.
@@ -445,12 +457,7 @@ void read_eager(Worker& w, Part& part, const void* data, size_t length) {
             part.finish(kErrBadState, "engine '" + part.link->peer->key + "' copied GPU-bound data in a message");
             return;
         }
-        try {
-            part.staged = stager->landing(length);
-        } catch (const std::exception& e) {
-            part.finish(kErrTransport, std::string("taking host memory for what is read into GPU memory: ") + e.what());
-            return;
-        }
+        if (!take_landing(part, *stager, length)) return;
         std::memcpy(part.staged.data(), data, length);
         land(part);
         return;
@@ -475,10 +482,7 @@ api::Status receive_read(Worker& w, Part& part, void* data, size_t length) {
     p.datatype = api::kDatatypeIov;
     const std::shared_ptr<GpuWords> stager = part.memType != api::kMemoryHost ? w.engine().gpu_words() : nullptr;
     if (stager && stager->stages() && part.iov.size() == 1) {  // into host memory, then the GPU (land)
-        try {
-            part.staged = stager->landing(length);
-        } catch (const std::exception& e) {
-            part.finish(kErrTransport, std::string("taking host memory for what is read into GPU memory: ") + e.what());
+        if (!take_landing(part, *stager, length)) {
             w.retire_part_locked(part);
             return api::kOk;
         }
