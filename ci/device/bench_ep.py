@@ -11,7 +11,7 @@ rank sends to other ranks (one copy per distinct destination rank, as every meth
 The peers' times include the layout step they need (sorting tokens by destination, exchanging
 counts, and for NCCL the count read-back that sizes its splits). Runs under torchrun on any number
 of GPUs; NCCL and symmetric memory need a GPU per rank and are reported as not run otherwise.
-Rows ``mori-v1`` and ``mori-v1ll``: the InterNodeV1 and InterNodeV1LL kernels with the ranks split
+Row ``mori-async``: AsyncLL within one node. Rows ``mori-v1`` and ``mori-v1ll``: the InterNodeV1 and InterNodeV1LL kernels with the ranks split
 into two nodes (``gpu_per_node = world / 2``; one rank a node with two ranks), the other node's
 ranks reached through the device API's put-with-signal (a copy where their heap is mapped, mori.shmem's
 remote transport where not: ``MORI_DISABLE_P2P``, another host).
@@ -32,7 +32,7 @@ import mori
 
 HIDDEN, TOPK, EXPERTS = 7168, 8, 256
 #: The mori.ops rows: method name -> kernel type.
-MORI_KINDS = {"mori": "IntraNode", "mori-v1": "InterNodeV1", "mori-v1ll": "InterNodeV1LL"}
+MORI_KINDS = {"mori": "IntraNode", "mori-async": "AsyncLL", "mori-v1": "InterNodeV1", "mori-v1ll": "InterNodeV1LL"}
 
 
 def routing(n: int, world: int, seed: int) -> torch.Tensor:
@@ -83,6 +83,59 @@ def mori_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int
             disp.append(ev[0].elapsed_time(ev[1]))
             comb.append(ev[2].elapsed_time(ev[3]))
     return statistics.median(disp), statistics.median(comb)
+
+
+def mori_graph_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float]:
+    """Median dispatch and combine times of mori.ops captured as two CUDA graphs (as an engine's
+    decode step runs them): replayed in turn, each replay timed alone, so no host code is timed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g_disp, g_comb = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(g_disp, stream=stream):
+            tokens = op.dispatch(x, w, s, ids)[0]
+        y = torch.empty(tokens.shape, dtype=torch.bfloat16, device=tokens.device).copy_(tokens)
+        with torch.cuda.graph(g_comb, stream=stream):
+            op.combine(y, None, ids)
+    torch.cuda.current_stream().wait_stream(stream)
+    disp, comb = [], []
+    for i in range(warmup + iters):
+        for graph, times in ((g_disp, disp), (g_comb, comb)):
+            dist.barrier()
+            torch.cuda.synchronize()
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+            graph.replay()
+            ev[1].record()
+            ev[1].synchronize()
+            if i >= warmup:
+                times.append(ev[0].elapsed_time(ev[1]))
+    return statistics.median(disp), statistics.median(comb)
+
+
+def kernel_profile(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int) -> list[tuple[str, int, float, float]]:
+    """Where an eager dispatch+combine's time goes, from torch.profiler (CUPTI): per kernel and per
+    host call, (name, calls, mean device us, mean host us) over ``iters`` rounds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            dist.barrier()
+            torch.cuda.synchronize()
+            with torch.profiler.record_function("mori.dispatch"):
+                tokens = op.dispatch(x, w, s, ids)[0]
+            y = tokens.to(torch.bfloat16) if tokens.dtype != torch.bfloat16 else tokens
+            torch.cuda.synchronize()
+            dist.barrier()
+            with torch.profiler.record_function("mori.combine"):
+                op.combine(y, None, ids)
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0)
+        if e.key.startswith("ep_") or e.key.startswith("mori.") or e.key.startswith("cuLaunchKernel"):
+            rows.append((e.key, e.count, dev / max(1, e.count), e.cpu_time_total / max(1, e.count)))
+    return sorted(rows)
 
 
 def layout(ids: Any, world: int) -> tuple[Any, Any]:
@@ -182,6 +235,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="decode,prefill")
+    ap.add_argument("--graph", action="store_true", help="also time mori.ops rows as CUDA graph replays (+graph)")
+    ap.add_argument("--profile", action="store_true", help="print a per-kernel profile of each mori.ops row (rank 0)")
     ap.add_argument("--methods", default=",".join(MORI_KINDS), help="mori.ops rows to run (of %(default)s)")
     ap.add_argument(
         "--quants",
@@ -221,12 +276,26 @@ def main() -> None:
                     warp_num_per_block=16,
                     block_num=80,
                     kernel_type=mori.ops.EpDispatchCombineKernelType[MORI_KINDS[method]],
-                    gpu_per_node=max(1, world // 2),
+                    # The inter-node rows split the ranks into two nodes; the others keep one node.
+                    gpu_per_node=max(1, world // 2) if method.startswith("mori-v1") else world,
                     quant_type=quant,
                 )
                 op = mori.ops.EpDispatchCombineOp(cfg)
                 d, c = mori_pair(op, x, w, s, ids, args.iters, args.warmup)
-                peers[method if quant == "none" else f"{method}+{quant}"] = (slowest(d), slowest(c))
+                name = method if quant == "none" else f"{method}+{quant}"
+                peers[name] = (slowest(d), slowest(c))
+                if args.profile:
+                    try:
+                        prof = kernel_profile(op, x, w, s, ids, args.iters)
+                    except Exception as exc:  # a profiler that cannot run does not stop the benchmark
+                        prof = [(f"profiler failed: {type(exc).__name__}: {str(exc)[:80]}", 0, 0.0, 0.0)]
+                    if rank == 0:
+                        print(f"profile {shape} {dtype} {name}: kernel/call, calls, device us, host us")
+                        for key, count, dev_us, host_us in prof:
+                            print(f"  {key:40} {count:5} {dev_us:9.1f} {host_us:9.1f}")
+                if args.graph:
+                    gd, gc = mori_graph_pair(op, x, w, s, ids, args.iters, args.warmup)
+                    peers[name + "+graph"] = (slowest(gd), slowest(gc))
             disp_bytes = remote * x.shape[1] * x.element_size()
             comb_bytes = remote * HIDDEN * 2
             if shared:
@@ -263,13 +332,13 @@ def main() -> None:
             f"mori.ops dispatch/combine, {world} ranks{' sharing GPUs (correctness only)' if shared else ''}, "
             f"hidden {HIDDEN}, top-{TOPK} of {EXPERTS}; slowest rank's median of {args.iters}"
         )
-        print(f"{'shape':8} {'dtype':5} {'method':9} {'dispatch us':>12} {'GB/s':>7} {'combine us':>11} {'GB/s':>7}")
+        print(f"{'shape':8} {'dtype':5} {'method':22} {'dispatch us':>12} {'GB/s':>7} {'combine us':>11} {'GB/s':>7}")
         for r in rows:
             if "note" in r:
-                print(f"{r['shape']:8} {r['dtype']:5} {r['method']:9} {r['note']}")
+                print(f"{r['shape']:8} {r['dtype']:5} {r['method']:22} {r['note']}")
             else:
                 print(
-                    f"{r['shape']:8} {r['dtype']:5} {r['method']:9} {r['dispatch_us']:12.1f} "
+                    f"{r['shape']:8} {r['dtype']:5} {r['method']:22} {r['dispatch_us']:12.1f} "
                     f"{r['dispatch_GBps']:7.1f} {r['combine_us']:11.1f} {r['combine_GBps']:7.1f}"
                 )
         with open(args.out, "w") as f:
