@@ -85,9 +85,37 @@ def mori_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int
     return statistics.median(disp), statistics.median(comb)
 
 
+def mori_loop_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float, float]:
+    """Eager calls back to back, as a decode loop without graphs makes them: median dispatch and
+    combine times (events between the calls), and the median host time of a dispatch+combine
+    pair's Python (perf_counter), which bounds them from below when the host is the slower side."""
+    import time
+
+    y = torch.empty(op.dispatch(x, w, s, ids)[0].shape, dtype=torch.bfloat16, device=x.device)
+    op.combine(y, None, ids)
+    dist.barrier()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * (warmup + iters) + 1)]
+    host = []
+    ev[0].record()
+    for i in range(warmup + iters):
+        t0 = time.perf_counter()
+        op.dispatch(x, w, s, ids)
+        ev[2 * i + 1].record()
+        op.combine(y, None, ids)
+        host.append(time.perf_counter() - t0)
+        ev[2 * i + 2].record()
+    ev[-1].synchronize()
+    rounds = range(warmup, warmup + iters)
+    disp = [ev[2 * i].elapsed_time(ev[2 * i + 1]) for i in rounds]
+    comb = [ev[2 * i + 1].elapsed_time(ev[2 * i + 2]) for i in rounds]
+    return statistics.median(disp), statistics.median(comb), statistics.median(host[warmup:]) * 1e3
+
+
 def mori_graph_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float]:
     """Median dispatch and combine times of mori.ops captured as two CUDA graphs (as an engine's
-    decode step runs them): replayed in turn, each replay timed alone, so no host code is timed."""
+    decode step runs them), replayed in turn back to back; events between the replays time each
+    one, so no host code is timed."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     g_disp, g_comb = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
@@ -98,18 +126,21 @@ def mori_graph_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmu
         with torch.cuda.graph(g_comb, stream=stream):
             op.combine(y, None, ids)
     torch.cuda.current_stream().wait_stream(stream)
-    disp, comb = [], []
+    # Rounds back to back, as a decode loop runs them: the ranks start together once, so launch
+    # skew between them is not timed (it falls on the warmup rounds).
+    dist.barrier()
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * (warmup + iters) + 1)]
+    ev[0].record()
     for i in range(warmup + iters):
-        for graph, times in ((g_disp, disp), (g_comb, comb)):
-            dist.barrier()
-            torch.cuda.synchronize()
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            ev[0].record()
-            graph.replay()
-            ev[1].record()
-            ev[1].synchronize()
-            if i >= warmup:
-                times.append(ev[0].elapsed_time(ev[1]))
+        g_disp.replay()
+        ev[2 * i + 1].record()
+        g_comb.replay()
+        ev[2 * i + 2].record()
+    ev[-1].synchronize()
+    rounds = range(warmup, warmup + iters)
+    disp = [ev[2 * i].elapsed_time(ev[2 * i + 1]) for i in rounds]
+    comb = [ev[2 * i + 1].elapsed_time(ev[2 * i + 2]) for i in rounds]
     return statistics.median(disp), statistics.median(comb)
 
 
@@ -235,7 +266,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="decode,prefill")
-    ap.add_argument("--graph", action="store_true", help="also time mori.ops rows as CUDA graph replays (+graph)")
+    ap.add_argument("--blocks", type=int, default=80, help="mori.ops block_num")
+    ap.add_argument("--warps", type=int, default=16, help="mori.ops warp_num_per_block")
+    ap.add_argument(
+        "--graph",
+        action="store_true",
+        help="also time mori.ops rows as eager calls back to back (+loop) and CUDA graph replays (+graph)",
+    )
     ap.add_argument("--profile", action="store_true", help="print a per-kernel profile of each mori.ops row (rank 0)")
     ap.add_argument("--methods", default=",".join(MORI_KINDS), help="mori.ops rows to run (of %(default)s)")
     ap.add_argument(
@@ -273,8 +310,8 @@ def main() -> None:
                     max_num_inp_token_per_rank=n,
                     num_experts_per_rank=EXPERTS // world,
                     num_experts_per_token=TOPK,
-                    warp_num_per_block=16,
-                    block_num=80,
+                    warp_num_per_block=args.warps,
+                    block_num=args.blocks,
                     kernel_type=mori.ops.EpDispatchCombineKernelType[MORI_KINDS[method]],
                     # The inter-node rows split the ranks into two nodes; the others keep one node.
                     gpu_per_node=max(1, world // 2) if method.startswith("mori-v1") else world,
@@ -294,6 +331,13 @@ def main() -> None:
                         for key, count, dev_us, host_us in prof:
                             print(f"  {key:40} {count:5} {dev_us:9.1f} {host_us:9.1f}")
                 if args.graph:
+                    ld, lc, lh = mori_loop_pair(op, x, w, s, ids, args.iters, args.warmup)
+                    peers[name + "+loop"] = (slowest(ld), slowest(lc))
+                    host_us = slowest(lh) * 1e3
+                    if rank == 0:
+                        print(
+                            f"host time of {shape} {dtype} {name} dispatch+combine (eager, back to back): {host_us:.1f} us"
+                        )
                     gd, gc = mori_graph_pair(op, x, w, s, ids, args.iters, args.warmup)
                     peers[name + "+graph"] = (slowest(gd), slowest(gc))
             disp_bytes = remote * x.shape[1] * x.element_size()
@@ -330,7 +374,8 @@ def main() -> None:
     if rank == 0:
         print(
             f"mori.ops dispatch/combine, {world} ranks{' sharing GPUs (correctness only)' if shared else ''}, "
-            f"hidden {HIDDEN}, top-{TOPK} of {EXPERTS}; slowest rank's median of {args.iters}"
+            f"hidden {HIDDEN}, top-{TOPK} of {EXPERTS}; mori.ops {args.blocks} blocks x {args.warps} warps; "
+            f"slowest rank's median of {args.iters}"
         )
         print(f"{'shape':8} {'dtype':5} {'method':22} {'dispatch us':>12} {'GB/s':>7} {'combine us':>11} {'GB/s':>7}")
         for r in rows:

@@ -41,7 +41,7 @@ step topo 20 nvidia-smi topo -m
 cat "$OUT/topo.log"
 step ep_bench 240 env OUT="$OUT/ep" bash ci/device/ep.sh --pes "$gpus" --no-tests -- --graph --profile --iters 20 \
   --shapes "${MORI_EP_SHAPES:-decode,prefill}" --quants "${MORI_EP_QUANTS:-none,fp8_blockwise}"
-grep -E "^profile|^  " "$OUT/ep/bench_ep.log" | cut -c1-120
+grep -E "^profile|^  |^host time" "$OUT/ep/bench_ep.log" | cut -c1-120
 sed -n '/mori.ops dispatch\/combine/,$p' "$OUT/ep/bench_ep.log" | grep -v "^\s*$"
 step shmem_bench 120 env OUT="$OUT/shmem" MORI_SKIP_CORE=1 bash ci/device/shmem.sh --no-tests
 sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem/bench.log"

@@ -90,6 +90,7 @@ class EpArgs(ctypes.Structure):
             "combScaleDim",
             "combCodeBytes",
             "replay",
+            "fuseDispatch",
         )
     ]
 
@@ -115,7 +116,6 @@ _KERNELS = (
     "ep_dispatch_wait",
     "ep_local_expert_count",
     *(f"ep_combine_{step}_{wire}" for step in ("stage", "accum") for wire in _WIRES),
-    "ep_combine_barrier_signal",
     "ep_combine_barrier_wait",
     "ep_internode_put",
     "ep_internode_put_signal",
@@ -163,6 +163,9 @@ class GpuKernels:
         self._forward_grid = forward_grid
         # AsyncLL across nodes: the wait for other nodes' blocks moves to dispatch_recv.
         self._split_between_nodes = split and self._nodes > 1
+        # One node: the dispatch data kernel's last block publishes the counts and (unless split:
+        # AsyncLL's dispatch_recv waits) waits for the peers'; no one-block kernels between.
+        self._fuse_dispatch = 0 if self._nodes > 1 else (1 if split else 2)
         self._threads, self._grid = 0, 0
         self._module = load_module(s.ctx, kernel_source(), _MODULE_NAME)
         shmem_module_init(self._module)
@@ -193,12 +196,16 @@ class GpuKernels:
 
     def dispatch_send(self, a: EpArgs, grid: int, threads: int, stream: int) -> None:
         """This PE's tokens sent (to this node's PEs, and a block per other node to its proxy);
-        unless split, the receiving steps between nodes follow (:meth:`_forward`)."""
+        unless split, the receiving steps between nodes follow (:meth:`_forward`). One node: one
+        kernel, whose last block also publishes the counts (and waits for the peers' unless split)."""
         self._threads = threads
+        a.fuseDispatch = self._fuse_dispatch
         self.launch("ep_dispatch_send", grid, threads, a, stream)
+        self._grid = grid
+        if self._fuse_dispatch:
+            return
         if self._nodes > 1:
             self._put_between_nodes("ep_internode_put", "ep_internode_put_signal", grid, threads, a, stream)
-        self._grid = grid
         if not self._split_between_nodes:
             self._forward(a, grid, stream)
 
@@ -215,14 +222,14 @@ class GpuKernels:
         fills the local expert count if asked."""
         if self._split_between_nodes:
             self._forward(a, self._grid, stream)
-        self.sync_launch("ep_dispatch_wait", a, stream)
+        if self._fuse_dispatch != 2:
+            self.sync_launch("ep_dispatch_wait", a, stream)
         if count_experts:
             self.launch("ep_local_expert_count", 1, 1024, a, stream)
 
     def combine_send(self, a: EpArgs, suffix: str, grid: int, threads: int, stream: int) -> None:
         """Stages this PE's expert outputs and tells this node's PEs (``suffix``: the dtype pair)."""
         self.launch("ep_combine_stage_" + suffix, grid, threads, a, stream)
-        self.sync_launch("ep_combine_barrier_signal", a, stream)
 
     def combine_recv(self, a: EpArgs, suffix: str, grid: int, threads: int, stream: int) -> None:
         """Waits for this node's expert outputs; with several nodes, sends the rows of the tokens

@@ -9,9 +9,10 @@
 // ids are dropped, a token goes once to each distinct destination PE, combine sums in float32 in
 // top-k order and rounds once.
 //
-// Every wait on another PE is in a one-block kernel launched after the data kernels, and no data
-// kernel waits on anything: with several PEs sharing one GPU (MPS or time-slicing) the spinning
-// blocks never fill the GPU and so can never keep a peer's data kernel from running.
+// Every wait on another PE is in one block that runs after every block of the data kernels has
+// finished (a one-block kernel launched after them, or a data kernel's last block to finish), and
+// no other block waits on anything: with several PEs sharing one GPU (MPS or time-slicing) the
+// spinning blocks never fill the GPU and so can never keep a peer's data kernel from running.
 #define MORI_DEVICE_DEFINE_STATE
 #include <mori/device/shmem.cuh>
 
@@ -44,6 +45,9 @@ struct EpArgs {
   int32_t combScaleDim, combCodeBytes;
   // 1 for a dispatch that replays a routing handle (destMap, and retMap across nodes, hold it).
   int32_t replay;
+  // One node: the dispatch data kernel's last block does what the one-block kernels after it would
+  // (1 publishes the counts, 2 also waits for the peers'); 0: those kernels run.
+  int32_t fuseDispatch;
 };
 
 namespace {

@@ -1,23 +1,99 @@
 // MORI-EP dispatch and combine on the GPU heap, part 4 of 4 (see ep_common.cuh): the kernels of
 // IntraNode, IntraNodeLL and AsyncLL, which also move the inter-node types' tokens within a node.
 // ================================ dispatch =====================================================
-// The whole warp writes token t (row, top-k row, weights, scales, source position) into receive
-// slot s of PE destPe.
-MORI_DEVICE_INLINE void SendToken(const EpArgs& a, const int32_t* indices, int t, int destPe, size_t s, int lane) {
-  if (lane == 0) Peer(reinterpret_cast<int32_t*>(a.dispSrcPos), destPe)[s] = a.rank * a.maxSend + t;
-  if (lane < a.k) {
-    Peer(reinterpret_cast<int32_t*>(a.dispIndices), destPe)[s * a.k + lane] = indices[(size_t)t * a.k + lane];
-    if (a.weights) {
-      Peer(reinterpret_cast<float*>(a.dispWeights), destPe)[s * a.k + lane] =
-          reinterpret_cast<const float*>(a.weights)[(size_t)t * a.k + lane];
+// The whole warp writes part `part` of `parts` of token t into receive slot s of PE destPe: the
+// bytes [part * chunk, (part + 1) * chunk) of the row, and with part 0 the rest (top-k row,
+// weights, scales, source position).
+MORI_DEVICE_INLINE void SendTokenPart(const EpArgs& a, const int32_t* indices, int t, int destPe, size_t s, int part,
+                                      int chunk, int lane) {
+  if (part == 0) {
+    if (lane == 0) Peer(reinterpret_cast<int32_t*>(a.dispSrcPos), destPe)[s] = a.rank * a.maxSend + t;
+    if (lane < a.k) {
+      Peer(reinterpret_cast<int32_t*>(a.dispIndices), destPe)[s * a.k + lane] = indices[(size_t)t * a.k + lane];
+      if (a.weights) {
+        Peer(reinterpret_cast<float*>(a.dispWeights), destPe)[s * a.k + lane] =
+            reinterpret_cast<const float*>(a.weights)[(size_t)t * a.k + lane];
+      }
+    }
+    if (a.scales && a.scaleBytes > 0) {
+      WarpCopy(Peer(reinterpret_cast<char*>(a.dispScales), destPe) + s * a.scaleBytes,
+               reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes, lane);
     }
   }
-  if (a.scales && a.scaleBytes > 0) {
-    WarpCopy(Peer(reinterpret_cast<char*>(a.dispScales), destPe) + s * a.scaleBytes,
-             reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes, lane);
+  const size_t begin = (size_t)part * chunk;
+  if (begin >= (size_t)a.rowBytes) return;
+  const size_t bytes = min((size_t)chunk, (size_t)a.rowBytes - begin);
+  WarpCopy(Peer(reinterpret_cast<char*>(a.dispTok), destPe) + s * a.rowBytes + begin,
+           reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes + begin, bytes, lane);
+}
+
+// The whole warp writes token t into receive slot s of PE destPe.
+MORI_DEVICE_INLINE void SendToken(const EpArgs& a, const int32_t* indices, int t, int destPe, size_t s, int lane) {
+  SendTokenPart(a, indices, t, destPe, s, 0, a.rowBytes, lane);
+}
+
+// One block, a thread per destination PE: once the previous round's count was consumed there,
+// publish how many tokens this PE sent it (count + 1, so 0 means "nothing yet"). Marks the round
+// dispatched until its combine. Within one node the wait for "consumed" is left out
+// (waitConsumed false): a PE consumes its counts before it stages its combine input, and every PE
+// passes that combine's barrier before its next dispatch (a routed call, which may skip the
+// combine, starts with a barrier of every PE), so the count is always consumed by then and the
+// wait would only add a round trip to every dispatch.
+MORI_DEVICE_INLINE void DispatchSignal(const EpArgs& a, bool waitConsumed) {
+  FenceSys();
+  if (threadIdx.x == 0) *Control(a, EP_PHASE) = 1;
+  int32_t* signal = Control(a, EP_RECV_SIGNAL) + a.rank;
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
+    int32_t* sent = Control(a, EP_SENT_COUNT) + p;
+    int32_t* remote = Peer(signal, p);
+    if (waitConsumed) detail::WaitFor<int32_t>(remote, kCmpEq, 0, "dispatch: previous round's count not yet consumed");
+    ptx::StoreReleaseSys(remote, *sent + 1);
+    *sent = 0;
   }
-  WarpCopy(Peer(reinterpret_cast<char*>(a.dispTok), destPe) + s * a.rowBytes,
-           reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes, a.rowBytes, lane);
+}
+
+// One block, a thread per source PE: waits for every PE's count, sums them into totalRecv and
+// clears the slot counter for the next round.
+MORI_DEVICE_INLINE void DispatchWait(const EpArgs& a) {
+  __shared__ int32_t sTotal;
+  if (threadIdx.x == 0) sTotal = 0;
+  __syncthreads();
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
+    int32_t* signal = Control(a, EP_RECV_SIGNAL) + p;
+    const int32_t v = detail::WaitFor<int32_t>(signal, kCmpGt, 0, "dispatch: waiting for a peer's tokens");
+    ptx::StoreRelaxedSys(signal, 0);
+    atomicAdd(&sTotal, v - 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *Control(a, EP_TOTAL_RECV) = sTotal;
+    ptx::StoreRelaxedSys(Control(a, EP_RECV_OFFSET), 0);
+  }
+  FenceSys();
+}
+
+// Whether this block is the data kernel's last to finish (counted in the control word `off`,
+// cleared again by that block): every block's writes are then complete, so that it may signal
+// the round on the kernel's behalf (its signal functions start with a system fence). Every thread
+// of every block calls it once, after its writes; `sys`: they include writes to peers' memory
+// (else only this GPU's own, which a GPU-scope fence completes).
+MORI_DEVICE_INLINE bool LastBlockDone(const EpArgs& a, int off, bool sys) {
+  __shared__ bool sLast;
+  if (sys) {
+    FenceSys();
+  } else {
+    ptx::FenceAcqRelGpu();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sLast = atomicAdd(Control(a, off), 1) == (int32_t)gridDim.x - 1;
+    if (sLast) {
+      ptx::FenceAcqRelGpu();
+      *Control(a, off) = 0;
+    }
+  }
+  __syncthreads();
+  return sLast;
 }
 
 // Data kernel: each warp takes tokens; per destination PE of this node a block reserves its slots
@@ -28,6 +104,9 @@ MORI_DEVICE_INLINE void SendToken(const EpArgs& a, const int32_t* indices, int t
 // nothing: every entry goes where destMap says, the rows for other nodes where they went before.
 extern "C" __global__ void ep_dispatch_send(EpArgs a) {
   __shared__ int32_t sCount[EP_MAX_PES], sBase[EP_MAX_PES], sRun[EP_MAX_PES];
+  // A round's sends to this node's PEs: (token, PE, slot), at most one per PE per warp.
+  __shared__ int3 sSend[32 * 32];
+  __shared__ int sSends;
   // A second dispatch before this round's combine would reserve slots on peers whose counters
   // are still being cleared and overwrite rows they may still read: refused before any write.
   // (The host refuses it too; this catches CUDA graph replays, which bypass the host.)
@@ -40,11 +119,12 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
     return;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int firstToken = blockIdx.x * warps + warp, tokenStride = gridDim.x * warps;
+  // Token i of this block is t = blockIdx.x + i * gridDim.x: a decode step's few tokens are spread
+  // over every block's SMs rather than packed into the first blocks.
   const int32_t* indices = reinterpret_cast<const int32_t*>(a.indices);
   for (int p = threadIdx.x; p < a.world; p += blockDim.x) sCount[p] = sRun[p] = 0;
   __syncthreads();
-  for (int t = firstToken; t < a.numTokens; t += tokenStride) {
+  for (int t = blockIdx.x + warp * gridDim.x; t < a.numTokens; t += warps * gridDim.x) {
     const int pe = SendingPe(a, indices, t, lane);
     if (pe >= 0 && OnMyNode(a, pe)) atomicAdd(&sCount[pe], 1);
   }
@@ -64,66 +144,56 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
     }
     atomicAdd(Control(a, EP_SENT_COUNT) + p, sCount[p]);
   }
-  __syncthreads();
   int32_t* destMap = reinterpret_cast<int32_t*>(a.destMap);
-  for (int t = firstToken; t < a.numTokens; t += tokenStride) {
-    const int pe = SendingPe(a, indices, t, lane);
-    const bool local = pe >= 0 && OnMyNode(a, pe);
-    int slot = -1;
-    if (a.replay && pe >= 0) {
-      slot = destMap[(size_t)t * a.k + lane] % a.maxSend;
-    } else if (local) {
-      slot = sBase[pe] + atomicAdd(&sRun[pe], 1);
+  // Rounds of one token a warp: each warp reserves its token's slots and lists its sends to this
+  // node's PEs; then the block's warps share the listed rows, cut into parts, so that a decode
+  // step's one or two tokens a block still keep every warp copying.
+  for (int first = blockIdx.x; first < a.numTokens; first += warps * gridDim.x) {
+    if (threadIdx.x == 0) sSends = 0;
+    __syncthreads();
+    const int t = first + warp * gridDim.x;
+    if (t < a.numTokens) {
+      const int pe = SendingPe(a, indices, t, lane);
+      const bool local = pe >= 0 && OnMyNode(a, pe);
+      int slot = -1;
+      if (a.replay && pe >= 0) {
+        slot = destMap[(size_t)t * a.k + lane] % a.maxSend;
+      } else if (local) {
+        slot = sBase[pe] + atomicAdd(&sRun[pe], 1);
+      }
+      // Other nodes' PEs: the token is staged for their node's proxy; slot is then its combine row.
+      const uint32_t remote = __ballot_sync(0xffffffffu, pe >= 0 && !local);
+      if (remote || a.lowLatency) slot = StageForNodes(a, t, pe, remote, lane, slot);
+      if (!a.replay && lane < a.k) destMap[(size_t)t * a.k + lane] = pe >= 0 ? pe * a.maxSend + slot : -1;
+      if (local) sSend[atomicAdd(&sSends, 1)] = make_int3(t, pe, slot);
     }
-    // Other nodes' PEs: the token is staged for their node's proxy; slot is then its combine row.
-    const uint32_t remote = __ballot_sync(0xffffffffu, pe >= 0 && !local);
-    if (remote || a.lowLatency) slot = StageForNodes(a, t, pe, remote, lane, slot);
-    if (!a.replay && lane < a.k) destMap[(size_t)t * a.k + lane] = pe >= 0 ? pe * a.maxSend + slot : -1;
-    uint32_t senders = __ballot_sync(0xffffffffu, local);
-    while (senders) {
-      const int src = __ffs(senders) - 1;
-      senders &= senders - 1;
-      SendToken(a, indices, t, __shfl_sync(0xffffffffu, pe, src), (size_t)__shfl_sync(0xffffffffu, slot, src), lane);
+    __syncthreads();
+    const int sends = sSends;
+    // Parts of at least 1 KiB, as many as leave no warp idle.
+    const int maxParts = (a.rowBytes + 1023) / 1024;
+    const int parts = sends == 0 ? 1 : max(1, min(maxParts, warps / sends));
+    const int chunk = ((a.rowBytes + parts - 1) / parts + 15) & ~15;
+    for (int item = warp; item < sends * parts; item += warps) {
+      const int3 e = sSend[item / parts];
+      SendTokenPart(a, indices, e.x, e.y, (size_t)e.z, item % parts, chunk, lane);
     }
+    __syncthreads();  // sSend is rewritten by the next round
   }
-  FenceSys();
+  if (!a.fuseDispatch) {
+    FenceSys();
+    return;
+  }
+  // One node (a.fuseDispatch): the block that finishes last publishes this PE's counts, and, unless
+  // the receiving half is a call of its own (2; AsyncLL's dispatch_recv: 1), waits for every peer's.
+  if (LastBlockDone(a, EP_SEND_DONE, true)) {
+    DispatchSignal(a, false);
+    if (a.fuseDispatch > 1) DispatchWait(a);
+  }
 }
 
-// One block, a thread per destination PE: once the previous round's count was consumed there,
-// publish how many tokens this PE sent it (count + 1, so 0 means "nothing yet"). Marks the round
-// dispatched until its combine.
-extern "C" __global__ void ep_dispatch_signal(EpArgs a) {
-  FenceSys();
-  if (threadIdx.x == 0) *Control(a, EP_PHASE) = 1;
-  int32_t* signal = Control(a, EP_RECV_SIGNAL) + a.rank;
-  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
-    int32_t* sent = Control(a, EP_SENT_COUNT) + p;
-    int32_t* remote = Peer(signal, p);
-    detail::WaitFor<int32_t>(remote, kCmpEq, 0, "dispatch: previous round's count not yet consumed");
-    ptx::StoreReleaseSys(remote, *sent + 1);
-    *sent = 0;
-  }
-}
+extern "C" __global__ void ep_dispatch_signal(EpArgs a) { DispatchSignal(a, true); }
 
-// One block, a thread per source PE: waits for every PE's count, sums them into totalRecv and
-// clears the slot counter for the next round.
-extern "C" __global__ void ep_dispatch_wait(EpArgs a) {
-  __shared__ int32_t sTotal;
-  if (threadIdx.x == 0) sTotal = 0;
-  __syncthreads();
-  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
-    int32_t* signal = Control(a, EP_RECV_SIGNAL) + p;
-    const int32_t v = detail::WaitFor<int32_t>(signal, kCmpGt, 0, "dispatch: waiting for a peer's tokens");
-    ptx::StoreRelaxedSys(signal, 0);
-    atomicAdd(&sTotal, v - 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    *Control(a, EP_TOTAL_RECV) = sTotal;
-    ptx::StoreRelaxedSys(Control(a, EP_RECV_OFFSET), 0);
-  }
-  FenceSys();
-}
+extern "C" __global__ void ep_dispatch_wait(EpArgs a) { DispatchWait(a); }
 
 // One block: how many received top-k entries name each of this PE's experts.
 extern "C" __global__ void ep_local_expert_count(EpArgs a) {
@@ -139,51 +209,90 @@ extern "C" __global__ void ep_local_expert_count(EpArgs a) {
 }
 
 // ================================ combine ======================================================
+// The last block of a stage kernel: this PE's registered combine input is complete; tell every PE
+// (epoch numbered, so graph replays and repeated calls need no reset).
+MORI_DEVICE_INLINE void CombineSignal(const EpArgs& a) {
+  __shared__ uint32_t sEpoch;
+  if (threadIdx.x == 0) {
+    if (*Control(a, EP_PHASE) != 1) {
+      MORI_DEVICE_FAIL("%s",
+                       "combine called without a preceding dispatch (a CUDA graph replayed a combine "
+                       "without its dispatch?)");
+    }
+    uint32_t* epoch = reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));
+    sEpoch = *epoch + 1;
+    *epoch = sEpoch;
+  }
+  __syncthreads();
+  FenceSys();
+  uint32_t* flag = reinterpret_cast<uint32_t*>(Control(a, EP_BARRIER)) + a.rank;
+  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
+    ptx::StoreReleaseSys(Peer(flag, p), sEpoch);
+  }
+}
+
+// The end of every stage kernel: the block that finishes last tells every PE (the rows are in
+// this GPU's memory, where peers read them).
+MORI_DEVICE_INLINE void CombineStageDone(const EpArgs& a) {
+  if (LastBlockDone(a, EP_STAGE_DONE, false)) CombineSignal(a);
+}
+
 // Data kernel: copies (or casts to fp8) the caller's combine input rows and weights into the
 // registered buffer that peers read. Rows past the caller's tensor are zeros.
 template <class In, class Wire>
 __device__ void CombineStage(const EpArgs& a) {
   using IS = typename In::Storage;
   using WS = typename Wire::Storage;
+  constexpr bool kCopy = sizeof(IS) == sizeof(WS);
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int total = *Control(a, EP_TOTAL_RECV);
-  const int firstRow = blockIdx.x * warps + (threadIdx.x >> 5), rowStride = gridDim.x * warps;
+  const size_t rowBytes = (size_t)a.hidden * sizeof(WS);
+  // Item i of this block is blockIdx.x + i * gridDim.x: few rows still reach every block's SM. A
+  // plain copy cuts rows into parts of at least 1 KiB where warps outnumber rows (decode).
+  int parts = 1;
+  if (kCopy && total > 0) parts = max(1, min((int)((rowBytes + 1023) / 1024), (int)(gridDim.x * warps) / total));
+  const size_t chunk = ((rowBytes + parts - 1) / parts + 15) & ~(size_t)15;
+  const int firstItem = blockIdx.x + (threadIdx.x >> 5) * gridDim.x, itemStride = gridDim.x * warps;
   // A cast goes a pack at a time where rows are whole packs of an aligned tensor.
   const bool packed = a.hidden % 8 == 0 && a.inp % sizeof(Pack8<IS>) == 0;
-  for (int r = firstRow; r < total; r += rowStride) {
+  for (int item = firstItem; item < total * parts; item += itemStride) {
+    const int r = item / parts, part = item % parts;
     WS* dst = reinterpret_cast<WS*>(a.combInp) + (size_t)r * a.hidden;
     const IS* src = reinterpret_cast<const IS*>(a.inp) + (size_t)r * a.hidden;
+    const size_t begin = min(part * chunk, rowBytes), bytes = min(chunk, rowBytes - begin);
     if (r >= a.inpRows) {  // zero is all-zero bytes in every wire dtype
-      WarpZero(dst, (size_t)a.hidden * sizeof(WS), lane);
-    } else if constexpr (sizeof(IS) == sizeof(WS)) {
-      if (a.inp != a.combInp) WarpCopy(dst, src, (size_t)a.hidden * sizeof(*src), lane);
+      WarpZero(reinterpret_cast<char*>(dst) + begin, bytes, lane);
+    } else if constexpr (kCopy) {
+      if (a.inp != a.combInp) {
+        WarpCopy(reinterpret_cast<char*>(dst) + begin, reinterpret_cast<const char*>(src) + begin, bytes, lane);
+      }
     } else if (packed) {
       CastPacks<In, Wire>(reinterpret_cast<Pack8<WS>*>(dst), reinterpret_cast<const Pack8<IS>*>(src), a.hidden / 8,
                           lane);
     } else {
       for (int i = lane; i < a.hidden; i += 32) dst[i] = Wire::Store(In::Load(src[i]));
     }
-    if (a.hasWeights && lane < a.k) {
+    if (part == 0 && a.hasWeights && lane < a.k) {
       const float w = r < a.weightRows ? reinterpret_cast<const float*>(a.weights)[(size_t)r * a.k + lane] : 0.0f;
       reinterpret_cast<float*>(a.combInpWeights)[(size_t)r * a.k + lane] = w;
     }
   }
-  FenceSys();
 }
 
-EP_DATA_KERNEL ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp8>(a); }
-EP_DATA_KERNEL ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); }
-EP_DATA_KERNEL ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); }
-EP_DATA_KERNEL ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); }
-EP_DATA_KERNEL ep_combine_stage_fp8fnuz(EpArgs a) { CombineStage<Fp8Fnuz, Fp8Fnuz>(a); }
-EP_DATA_KERNEL ep_combine_stage_fp4(EpArgs a) { CombineStage<Fp4x2, Fp4x2>(a); }
+EP_DATA_KERNEL ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp8>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_fp8fnuz(EpArgs a) { CombineStage<Fp8Fnuz, Fp8Fnuz>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_fp4(EpArgs a) { CombineStage<Fp4x2, Fp4x2>(a); CombineStageDone(a); }
 
 // Data kernel of the blockwise wires: a warp a row (rows past the caller's tensor are zeros).
 template <bool Fp4>
 __device__ void CombineStageBlockwise(const EpArgs& a) {
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int total = *Control(a, EP_TOTAL_RECV);
-  const int firstRow = blockIdx.x * warps + (threadIdx.x >> 5), rowStride = gridDim.x * warps;
+  // Row i of this block is blockIdx.x + i * gridDim.x: few rows still reach every block's SM.
+  const int firstRow = blockIdx.x + (threadIdx.x >> 5) * gridDim.x, rowStride = gridDim.x * warps;
   const int blockElems = (a.hidden + a.combScaleDim - 1) / a.combScaleDim;
   // Packs never straddle a block, and rows start aligned for their stores (8 fp8 / 4 fp4 bytes).
   const bool packed =
@@ -206,33 +315,10 @@ __device__ void CombineStageBlockwise(const EpArgs& a) {
       reinterpret_cast<float*>(a.combInpWeights)[(size_t)r * a.k + lane] = w;
     }
   }
-  FenceSys();
 }
 
-EP_DATA_KERNEL ep_combine_stage_bf16_bw8(EpArgs a) { CombineStageBlockwise<false>(a); }
-EP_DATA_KERNEL ep_combine_stage_bf16_bw4(EpArgs a) { CombineStageBlockwise<true>(a); }
-
-// One block: this PE's registered combine input is complete; tell every PE (epoch numbered, so
-// graph replays and repeated calls need no reset).
-extern "C" __global__ void ep_combine_barrier_signal(EpArgs a) {
-  __shared__ uint32_t sEpoch;
-  if (threadIdx.x == 0) {
-    if (*Control(a, EP_PHASE) != 1) {
-      MORI_DEVICE_FAIL("%s",
-                       "combine called without a preceding dispatch (a CUDA graph replayed a combine "
-                       "without its dispatch?)");
-    }
-    uint32_t* epoch = reinterpret_cast<uint32_t*>(Control(a, EP_EPOCH));
-    sEpoch = *epoch + 1;
-    *epoch = sEpoch;
-  }
-  __syncthreads();
-  FenceSys();
-  uint32_t* flag = reinterpret_cast<uint32_t*>(Control(a, EP_BARRIER)) + a.rank;
-  for (int p = a.nodeFirst + threadIdx.x; p < a.nodeFirst + a.nodeSize; p += blockDim.x) {
-    ptx::StoreReleaseSys(Peer(flag, p), sEpoch);
-  }
-}
+EP_DATA_KERNEL ep_combine_stage_bf16_bw8(EpArgs a) { CombineStageBlockwise<false>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_bw4(EpArgs a) { CombineStageBlockwise<true>(a); CombineStageDone(a); }
 
 // One block: waits until every PE's registered combine input of this round is complete; the
 // round is then combined (peers may send the next dispatch once they passed this barrier too).

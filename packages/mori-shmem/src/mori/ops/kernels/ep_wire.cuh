@@ -190,9 +190,9 @@ MORI_DEVICE_INLINE void QuantizeRowScalar(const EpArgs& a, const uint16_t* src, 
 }
 
 // A lane's packs [u0, u0 + 32, ...) of one token's row, kUnits of them at once: per source row in
-// top-k order, the kUnits loads first (they never wait on a store: a pack's sum is stored after
-// every row was read), then the additions, so each lane keeps kUnits * count loads in flight
-// rather than one. `load(row, u)` reads pack u of source row `row`, `add(acc, in)` adds it into
+// top-k order two rows at a time, their 2 * kUnits loads first (they never wait on a store: a
+// pack's sum is stored after every row was read), then the additions, so each lane keeps that
+// many loads in flight rather than one. `load(row, u)` reads pack u of source row `row`, `add(acc, in)` adds it into
 // float32 sums, `store(u, acc)` writes pack u of the output.
 template <int kUnits, class Load, class Add, class Store>
 MORI_DEVICE_INLINE void SumPacks(const uint8_t* const* rows, int count, int begin, int end, int lane, Load load,
@@ -204,15 +204,24 @@ MORI_DEVICE_INLINE void SumPacks(const uint8_t* const* rows, int count, int begi
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
     }
-    for (int p = 0; p < count; ++p) {
-      decltype(load(rows[0], 0)) in[kUnits];
+    // Two source rows at a time: the second row's loads are in flight with the first's (a row
+    // on a peer costs an NVLink round trip); the additions keep top-k order.
+    for (int p = 0; p < count; p += 2) {
+      const bool second = p + 1 < count;
+      decltype(load(rows[0], 0)) in[2][kUnits];
 #pragma unroll
       for (int j = 0; j < kUnits; ++j) {
-        if (u0 + 32 * j < end) in[j] = load(rows[p], u0 + 32 * j);
+        if (u0 + 32 * j < end) {
+          in[0][j] = load(rows[p], u0 + 32 * j);
+          if (second) in[1][j] = load(rows[p + 1], u0 + 32 * j);
+        }
       }
 #pragma unroll
       for (int j = 0; j < kUnits; ++j) {
-        if (u0 + 32 * j < end) add(acc[j], in[j]);
+        if (u0 + 32 * j < end) {
+          add(acc[j], in[0][j]);
+          if (second) add(acc[j], in[1][j]);
+        }
       }
     }
 #pragma unroll
