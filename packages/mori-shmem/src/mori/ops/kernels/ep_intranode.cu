@@ -279,12 +279,30 @@ __device__ void CombineStage(const EpArgs& a) {
   }
 }
 
-EP_DATA_KERNEL ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp8>(a); CombineStageDone(a); }
-EP_DATA_KERNEL ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); CombineStageDone(a); }
-EP_DATA_KERNEL ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); CombineStageDone(a); }
-EP_DATA_KERNEL ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); CombineStageDone(a); }
-EP_DATA_KERNEL ep_combine_stage_fp8fnuz(EpArgs a) { CombineStage<Fp8Fnuz, Fp8Fnuz>(a); CombineStageDone(a); }
-EP_DATA_KERNEL ep_combine_stage_fp4(EpArgs a) { CombineStage<Fp4x2, Fp4x2>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_fp8(EpArgs a) {
+  CombineStage<Fp8, Fp8>(a);
+  CombineStageDone(a);
+}
+EP_DATA_KERNEL ep_combine_stage_bf16(EpArgs a) {
+  CombineStage<Bf16, Bf16>(a);
+  CombineStageDone(a);
+}
+EP_DATA_KERNEL ep_combine_stage_f32(EpArgs a) {
+  CombineStage<F32, F32>(a);
+  CombineStageDone(a);
+}
+EP_DATA_KERNEL ep_combine_stage_bf16_fp8(EpArgs a) {
+  CombineStage<Bf16, Fp8>(a);
+  CombineStageDone(a);
+}
+EP_DATA_KERNEL ep_combine_stage_fp8fnuz(EpArgs a) {
+  CombineStage<Fp8Fnuz, Fp8Fnuz>(a);
+  CombineStageDone(a);
+}
+EP_DATA_KERNEL ep_combine_stage_fp4(EpArgs a) {
+  CombineStage<Fp4x2, Fp4x2>(a);
+  CombineStageDone(a);
+}
 
 // Data kernel of the blockwise wires: a warp a row (rows past the caller's tensor are zeros).
 template <bool Fp4>
@@ -317,8 +335,14 @@ __device__ void CombineStageBlockwise(const EpArgs& a) {
   }
 }
 
-EP_DATA_KERNEL ep_combine_stage_bf16_bw8(EpArgs a) { CombineStageBlockwise<false>(a); CombineStageDone(a); }
-EP_DATA_KERNEL ep_combine_stage_bf16_bw4(EpArgs a) { CombineStageBlockwise<true>(a); CombineStageDone(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_bw8(EpArgs a) {
+  CombineStageBlockwise<false>(a);
+  CombineStageDone(a);
+}
+EP_DATA_KERNEL ep_combine_stage_bf16_bw4(EpArgs a) {
+  CombineStageBlockwise<true>(a);
+  CombineStageDone(a);
+}
 
 // One block: waits until every PE's registered combine input of this round is complete; the
 // round is then combined (peers may send the next dispatch once they passed this barrier too).
