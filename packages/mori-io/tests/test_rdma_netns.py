@@ -110,6 +110,9 @@ def test_peer_death_fails_transfers_in_bounded_time(hosts: Hosts) -> None:
 
 
 @pytest.mark.parametrize("lib", UCX_LIBS)
+# About 40 s alone; the whole replay suite runs inside, so its limit is the suite's (900 s, the
+# subprocess's), not one test's: on CI's 2 cores beside other lanes it once took over 300 s.
+@pytest.mark.timeout(900)
 def test_vllm_and_sglang_sequences_over_rdma_between_namespaces(lib: str) -> None:
     """test_client_replays*.py (vLLM's MoRIIO READ and WRITE modes, vLLM 0.33's hybrid-model reads,
     re-posts on a full send queue and reads between TP sizes, SGLang's MORI backend and 0.5.23's
@@ -137,6 +140,7 @@ def test_vllm_and_sglang_sequences_over_rdma_between_namespaces(lib: str) -> Non
                 "-q",
                 "-p",
                 "no:cacheprovider",
+                "--durations=5",
                 "-k",
                 "rdma or send_queue",
                 "test_client_replays.py",

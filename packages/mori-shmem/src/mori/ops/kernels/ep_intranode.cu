@@ -69,7 +69,9 @@ MORI_DEVICE_INLINE void DispatchWait(const EpArgs& a) {
     *Control(a, EP_TOTAL_RECV) = sTotal;
     ptx::StoreRelaxedSys(Control(a, EP_RECV_OFFSET), 0);
   }
-  FenceSys();
+  // The peers' rows are in this GPU's memory, and the counter cleared here is next touched by a
+  // peer after this PE's next system-scope release (its combine's signal): a GPU-scope fence does.
+  ptx::FenceAcqRelGpu();
 }
 
 // Whether this block is the data kernel's last to finish (counted in the control word `off`,
