@@ -112,6 +112,27 @@ def mori_loop_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup
     return statistics.median(disp), statistics.median(comb), statistics.median(host[warmup:]) * 1e3
 
 
+def host_profile(op: Any, x: Any, w: Any, s: Any, ids: Any, rounds: int) -> str:
+    """cProfile of ``rounds`` eager dispatch+combine pairs back to back (this rank's Python):
+    where the host time of a call goes, the functions with the most time of their own first."""
+    import cProfile
+    import io
+    import pstats
+
+    y = torch.empty(op.dispatch(x, w, s, ids)[0].shape, dtype=torch.bfloat16, device=x.device)
+    op.combine(y, None, ids)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(rounds):
+        op.dispatch(x, w, s, ids)
+        op.combine(y, None, ids)
+    prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
+    return out.getvalue()
+
+
 def mori_graph_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float]:
     """Median dispatch and combine times of mori.ops captured as two CUDA graphs (as an engine's
     decode step runs them), replayed in turn back to back; events between the replays time each
@@ -267,6 +288,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="decode,prefill")
     ap.add_argument("--blocks", type=int, default=80, help="mori.ops block_num")
+    ap.add_argument("--host-profile", action="store_true", help="cProfile the decode rows' eager calls (rank 0)")
     ap.add_argument("--warps", type=int, default=16, help="mori.ops warp_num_per_block")
     ap.add_argument(
         "--graph",
@@ -330,6 +352,11 @@ def main() -> None:
                         print(f"profile {shape} {dtype} {name}: kernel/call, calls, device us, host us")
                         for key, count, dev_us, host_us in prof:
                             print(f"  {key:40} {count:5} {dev_us:9.1f} {host_us:9.1f}")
+                if args.host_profile and rank == 0 and shape == "decode" and quant == "none":
+                    print(f"host profile {shape} {dtype} {name}, 200 pairs:")
+                    print(host_profile(op, x, w, s, ids, 200))
+                elif args.host_profile and shape == "decode" and quant == "none":
+                    host_profile(op, x, w, s, ids, 200)  # the peer's half of the same rounds
                 if args.graph:
                     ld, lc, lh = mori_loop_pair(op, x, w, s, ids, args.iters, args.warmup)
                     peers[name + "+loop"] = (slowest(ld), slowest(lc))

@@ -5,13 +5,16 @@
 #   ep_bench      bench_ep.py, one PE per GPU: eager calls and CUDA-graph replays (+graph), a
 #                 per-kernel profile of each mori.ops row (torch.profiler), beside NCCL and PyTorch
 #                 symmetric memory's all_to_all_vdev (MORI_EP_SHAPES, default decode,prefill;
-#                 MORI_EP_QUANTS, default none,fp8_blockwise);
+#                 MORI_EP_QUANTS, default none,fp8_blockwise; MORI_EP_ARGS: more bench_ep.py
+#                 arguments, e.g. "--blocks 132 --host-profile");
 #   shmem_bench   bench_shmem.py on 2 GPUs: device put bandwidth beside the copy engine and
 #                 NVSHMEM, put+signal one way beside its raw floor;
 #   io_bench      io_bench.py: mori-io's NVLink batch reads beside the copy engine;
 #   allreduce     bench_allreduce.py (4 GPUs and more: triton.sh --no-tests);
 #   core          mori-core's GPU tests (core.sh);
 #   shmem_tests   mori.shmem's GPU tests with one PE per GPU (shmem.sh --no-bench);
+#   shmem_proxy   mori.shmem's GPU tests through the device proxy, one PE per GPU, on the libucx
+#                 wheel's CUDA transports (shmem_proxy.sh --no-bench --no-triton);
 #   io_tests      mori-io's GPU tests (io.sh --tests-only);
 #   triton_tests  mori-triton's GPU tests with one PE per GPU (triton.sh --no-bench);
 #   ops_tests     mori.ops's GPU tests with one PE per GPU (ep.sh --no-bench);
@@ -40,8 +43,8 @@ echo "== installed in $(( $(date +%s) - t0 ))s, $gpus GPUs"
 step topo 20 nvidia-smi topo -m
 cat "$OUT/topo.log"
 step ep_bench 240 env OUT="$OUT/ep" bash ci/device/ep.sh --pes "$gpus" --no-tests -- --graph --profile --iters 20 \
-  --shapes "${MORI_EP_SHAPES:-decode,prefill}" --quants "${MORI_EP_QUANTS:-none,fp8_blockwise}"
-grep -E "^profile|^  |^host time" "$OUT/ep/bench_ep.log" | cut -c1-120
+  --shapes "${MORI_EP_SHAPES:-decode,prefill}" --quants "${MORI_EP_QUANTS:-none,fp8_blockwise}" ${MORI_EP_ARGS:-}
+grep -E "^profile|^  |^host time|^host profile" "$OUT/ep/bench_ep.log" | cut -c1-120 | head -150
 sed -n '/mori.ops dispatch\/combine/,$p' "$OUT/ep/bench_ep.log" | grep -v "^\s*$"
 step shmem_bench 120 env OUT="$OUT/shmem" MORI_SKIP_CORE=1 bash ci/device/shmem.sh --no-tests
 sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem/bench.log"
@@ -55,6 +58,8 @@ step core 200 env OUT="$OUT/core" bash ci/device/core.sh
 grep -hE "passed|failed|rc=" "$OUT/core.log" | tail -5
 step shmem_tests 300 env OUT="$OUT/shmem" MORI_SKIP_CORE=1 bash ci/device/shmem.sh --no-bench --pes "$gpus"
 grep -hE "passed|failed|rc=" "$OUT/shmem_tests.log" | tail -8
+step shmem_proxy 300 env OUT="$OUT/proxy" bash ci/device/shmem_proxy.sh --no-bench --no-triton --pes "$gpus"
+grep -hE "passed|failed|rc=" "$OUT/shmem_proxy.log" | tail -8
 step io_tests 200 env OUT="$OUT/io" bash ci/device/io.sh --tests-only
 grep -hE "passed|failed|rc=" "$OUT/io_tests.log" | tail -8
 step triton_tests 300 env OUT="$OUT/triton" bash ci/device/triton.sh --no-bench --pes "$gpus" --modes static
