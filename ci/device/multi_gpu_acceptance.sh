@@ -37,6 +37,7 @@ gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 [ "$gpus" -ge 2 ] || { echo "multi_gpu_acceptance.sh needs two or more GPUs, this machine has $gpus"; exit 2; }
 python3 -m pip install -q --no-index --find-links .devkit/wheels ./packages/mori-core ./packages/mori-shmem \
   ./packages/mori-io ./packages/mori-triton 2>&1 | tail -3
+python3 -m pip install -q --no-deps --no-index .devkit/ucx/*.whl 2>&1 | tail -3  # shmem_proxy's CUDA transports
 export MORI_SKIP_INSTALL=1
 echo "== installed in $(( $(date +%s) - t0 ))s, $gpus GPUs"
 
