@@ -336,6 +336,7 @@ def test_fd_exchange_single_rank_and_bad_timeout() -> None:
 
 def test_cuda_vmm_imports_without_cuda_bindings_and_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
+    monkeypatch.setattr(_cuda, "_LOADED", {})  # as in a process that never loaded the bindings
     with pytest.raises(_cuda.CudaUnavailableError, match=r"mori-core\[cuda\]"):
         cuda_vmm.granularity(0)
     with pytest.raises(_cuda.CudaUnavailableError, match=r"mori-core\[cuda\]"):

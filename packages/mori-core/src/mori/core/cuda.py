@@ -54,11 +54,20 @@ class CudaError(RuntimeError):
         super().__init__(message + (f"; {detail}" if detail else ""))
 
 
+#: The binding modules once imported: every launch asks for the driver module, and an import
+#: lookup, even of a module already loaded, costs microseconds that an eager decode step feels.
+_LOADED: dict[str, ModuleType] = {}
+
+
 def _load(module: str) -> ModuleType:
+    loaded = _LOADED.get(module)
+    if loaded is not None:
+        return loaded
     try:
-        return importlib.import_module(f"cuda.bindings.{module}")
+        loaded = _LOADED[module] = importlib.import_module(f"cuda.bindings.{module}")
     except ImportError as err:
         raise CudaUnavailableError(f"mori needs cuda.bindings.{module} here ({err}); {_INSTALL_HINT}") from None
+    return loaded
 
 
 def driver() -> ModuleType:

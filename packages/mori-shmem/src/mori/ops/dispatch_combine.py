@@ -227,6 +227,7 @@ class EpDispatchCombineOp:
         return bn, 32 * wpb
 
     def _stream(self) -> int:
+        """The caller's current stream on this op's GPU."""
         import torch
 
         return int(torch.cuda.current_stream(self._device).cuda_stream)
@@ -290,6 +291,7 @@ class EpDispatchCombineOp:
                 routing.check_replay(indices, cfg.num_experts_per_rank, cfg.world_size, self.max_num_tokens_to_send())
             else:
                 handle = self._handles.allocate()
+        stream = self._stream() if self._gpu else None  # once for both halves: a lookup costs microseconds
         views = self._dispatch_send(
             input,
             weights,
@@ -299,8 +301,9 @@ class EpDispatchCombineOp:
             warp_per_block,
             routing,
             routed=routing is not None or return_routing,
+            stream=stream,
         )
-        self._dispatch_recv(call_local_expert_count)
+        self._dispatch_recv(call_local_expert_count, stream)
         if handle is None:
             return views
         self._handles.snapshot(handle, input.shape[0], self._total())
@@ -349,6 +352,7 @@ class EpDispatchCombineOp:
         warp_per_block: int,
         replay: EpDispatchRoutingHandle | None = None,
         routed: bool = False,
+        stream: int | None = None,
     ) -> tuple[Any, ...]:
         import torch
 
@@ -376,7 +380,7 @@ class EpDispatchCombineOp:
             a.scales = int(scales.data_ptr()) if scales is not None else 0
             a.numTokens, a.rowBytes = inp.shape[0], inp.shape[1] * inp.element_size()
             a.scaleBytes = scales.shape[1] * scales.element_size() if scales is not None else 0
-            self._kernels.dispatch_send(a, grid, threads, self._stream())
+            self._kernels.dispatch_send(a, grid, threads, self._stream() if stream is None else stream)
             self._args = a
         else:
             self._cpu.dispatch(
@@ -416,10 +420,10 @@ class EpDispatchCombineOp:
         self._bufs.control[at : at + 1].fill_(phase)
         self._handles.restore(handle)
 
-    def _dispatch_recv(self, count: bool) -> None:
+    def _dispatch_recv(self, count: bool, stream: int | None = None) -> None:
         self._expect("dispatch", "dispatch_recv")
         if self._gpu:
-            self._kernels.dispatch_recv(self._args, count, self._stream())
+            self._kernels.dispatch_recv(self._args, count, self._stream() if stream is None else stream)
         elif count:
             self._cpu.count_experts(self.local_expert_count)
         self._pending = None
@@ -449,8 +453,9 @@ class EpDispatchCombineOp:
         ``quant_type`` wire), in top-k order, rounded once (weights likewise). ``routing``: combine
         along that handle's dispatch (its rows in ``input``) rather than the last dispatch's.
         """
-        self._combine_send(input, weights, indices, block_num, warp_per_block, use_external_inp_buf, routing)
-        return self._combine_recv()
+        stream = self._stream() if self._gpu else None  # once for both halves
+        self._combine_send(input, weights, indices, block_num, warp_per_block, use_external_inp_buf, routing, stream)
+        return self._combine_recv(stream)
 
     def combine_send(
         self, input: Any, weights: Any, indices: Any, block_num: int = -1, warp_per_block: int = -1
@@ -493,6 +498,7 @@ class EpDispatchCombineOp:
         warp_per_block: int,
         use_external_inp_buf: int,
         routing: EpDispatchRoutingHandle | None,
+        stream: int | None = None,
     ) -> tuple[Any, Any]:
         self._expect(None, "combine")
         if routing is not None:
@@ -548,7 +554,9 @@ class EpDispatchCombineOp:
                 wire.code_bytes if wire.blockwise else 0,
             )
             self._call["suffix"] = wire_suffix(wire)
-            self._kernels.combine_send(a, self._call["suffix"], grid, threads, self._stream())
+            self._kernels.combine_send(
+                a, self._call["suffix"], grid, threads, self._stream() if stream is None else stream
+            )
             self._args = a
         else:
             self._cpu.combine_stage(inp, weights, wire, int(total[0]), routing is not None)
@@ -563,11 +571,12 @@ class EpDispatchCombineOp:
         out_w = self._view("comb_out_weights", rows, k, torch.float32) if weights is not None else None
         return out, out_w
 
-    def _combine_recv(self) -> tuple[Any, Any]:
+    def _combine_recv(self, stream: int | None = None) -> tuple[Any, Any]:
         self._expect("combine", "combine_recv")
         c = self._call
         if self._gpu:
-            self._kernels.combine_recv(self._args, c["suffix"], c["grid"], c["threads"], self._stream())
+            stream = self._stream() if stream is None else stream
+            self._kernels.combine_recv(self._args, c["suffix"], c["grid"], c["threads"], stream)
         else:
             self._cpu.combine_accumulate(c["weights"] is not None, c["dest"], c["tokens"], c["wire"])
         self._pending = None
