@@ -105,9 +105,7 @@ class CombineWire:
 
     @property
     def row_bytes(self) -> int:
-        import torch
-
-        return self.cols * torch.empty((), dtype=self.storage).element_size()
+        return self.cols * self.storage.itemsize  # per combine call: no tensor made to ask
 
     def _blocks(self, rows: Any) -> Any:
         """``rows`` in float32 as ``[n, scale_dim, block_elems]`` (zeros past ``hidden``)."""
