@@ -133,17 +133,23 @@ def host_profile(op: Any, x: Any, w: Any, s: Any, ids: Any, rounds: int) -> str:
     return out.getvalue()
 
 
-def mori_graph_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float]:
+def mori_graph_pair(
+    op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int, zero_copy: bool = False
+) -> tuple[float, float]:
     """Median dispatch and combine times of mori.ops captured as two CUDA graphs (as an engine's
     decode step runs them), replayed in turn back to back; events between the replays time each
-    one, so no host code is timed."""
+    one, so no host code is timed. ``zero_copy``: the expert outputs are in the op's registered
+    combine input buffer (``get_registered_combine_input_buffer``), so combine copies nothing."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     g_disp, g_comb = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         with torch.cuda.graph(g_disp, stream=stream):
             tokens = op.dispatch(x, w, s, ids)[0]
-        y = torch.empty(tokens.shape, dtype=torch.bfloat16, device=tokens.device).copy_(tokens)
+        if zero_copy:
+            y = op.get_registered_combine_input_buffer(torch.bfloat16, tokens.shape[1])
+        else:
+            y = torch.empty(tokens.shape, dtype=torch.bfloat16, device=tokens.device).copy_(tokens)
         with torch.cuda.graph(g_comb, stream=stream):
             op.combine(y, None, ids)
     torch.cuda.current_stream().wait_stream(stream)
@@ -288,6 +294,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--shapes", default="decode,prefill")
     ap.add_argument("--blocks", type=int, default=80, help="mori.ops block_num")
+    ap.add_argument(
+        "--zero-copy",
+        action="store_true",
+        help="with --graph, also time combine from the registered input buffer (+graph+zc)",
+    )
     ap.add_argument("--host-profile", action="store_true", help="cProfile the decode rows' eager calls (rank 0)")
     ap.add_argument("--warps", type=int, default=16, help="mori.ops warp_num_per_block")
     ap.add_argument(
@@ -367,6 +378,9 @@ def main() -> None:
                         )
                     gd, gc = mori_graph_pair(op, x, w, s, ids, args.iters, args.warmup)
                     peers[name + "+graph"] = (slowest(gd), slowest(gc))
+                    if args.zero_copy and quant == "none":
+                        gd, gc = mori_graph_pair(op, x, w, s, ids, args.iters, args.warmup, zero_copy=True)
+                        peers[name + "+graph+zc"] = (slowest(gd), slowest(gc))
             disp_bytes = remote * x.shape[1] * x.element_size()
             comb_bytes = remote * HIDDEN * 2
             if shared:
