@@ -7,7 +7,10 @@ it is first asked about. Two engines in this process (initiator and target, with
 control plane between them) then run the calls ``ci/device/io_bench.py`` times, with the same
 arguments (numpy offsets; ``scatter`` = remote blocks in reverse order): the median from the call
 to the return of ``Wait()`` is the host's share of a transfer, the part that adds to the copy's
-own time on a GPU. ``--profile`` prints cProfile's top functions of the first point.
+own time on a GPU. Beside it: the engine's build of the batch, and the backend's plan of it, with
+a table of its own (``plan_batch``: a pass over the rows) and in place (``plan_in_place``: the
+kernel reads the rows the engine built into the table it lent). ``--profile`` prints cProfile's
+top functions of the first point.
 
 Usage: python packages/mori-io/tests/nvlink_host_bench.py [--iters 2000] [--profile] [--driver 12080]
 """
@@ -33,7 +36,7 @@ from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryLocationType, X
 from mori.io._transfers import _batch
 from mori.io.backends.nvlink import _exports, _kernels, _remote_regions
 from mori.io.backends.nvlink import backend as nvlink
-from mori.io.backends.nvlink.plan import plan_batch
+from mori.io.backends.nvlink.plan import plan_batch, plan_in_place
 
 POOL = 512 << 20
 POINTS = [
@@ -155,6 +158,17 @@ def _median_us(fn: Any, iters: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def _plans(rows: Any, iters: int) -> tuple[float, str]:
+    """Median microseconds of a read's plan_batch (into a table of its own) and plan_in_place
+    ("-" where it declines), the remote region mapped at 2^40, the backend's settings."""
+    out = np.empty((len(rows), 3), dtype=np.uint64)
+    std = (nvlink.STRIPE, nvlink.ENGINE_STREAMS, out, nvlink.ENGINE_SHARE)
+    plan = _median_us(lambda: plan_batch(rows, 1 << 40, True, 1 << 20, *std), iters)
+    if plan_in_place(rows, 1 << 40, True, 1 << 20, nvlink.ENGINE_SHARE) is None:
+        return plan, "-"
+    return plan, f"{_median_us(lambda: plan_in_place(rows, 1 << 40, True, 1 << 20, nvlink.ENGINE_SHARE), iters):.1f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=2000)
@@ -181,7 +195,10 @@ def main() -> int:
             if not st.Succeeded():
                 raise RuntimeError(st.Message())
 
-        print(f"{'point':22} {'batch_read+Wait':>16} {'Batch build':>12} {'plan':>8}   (us, median)")
+        print(
+            f"{'point':22} {'batch_read+Wait':>16} {'Batch build':>12} {'plan_batch':>11} {'plan_in_place':>14}"
+            "   (us, median; in place: - where it declines)"
+        )
         for i, (size, batch, layout) in enumerate(POINTS):
             cols = _layout(size, batch, layout)
             if args.profile and i == 0:
@@ -194,16 +211,11 @@ def main() -> int:
             whole = _median_us(lambda c=cols: read(*c), args.iters)
             built = _batch(ldesc.data, *cols)
             assert not isinstance(built, str)
+            rows = built[0]
             build = _median_us(lambda c=cols: _batch(ldesc.data, *c), args.iters)
-            out = np.empty((batch, 3), dtype=np.uint64)
-            plan = _median_us(
-                lambda b=built[0], o=out: plan_batch(
-                    b, 1 << 40, True, 1 << 20, nvlink.STRIPE, nvlink.ENGINE_STREAMS, o
-                ),
-                args.iters,
-            )
+            plan, in_place = _plans(rows, args.iters)
             name = f"{batch} x {size >> 10}K {layout}"
-            print(f"{name:22} {whole:16.1f} {build:12.1f} {plan:8.1f}", flush=True)
+            print(f"{name:22} {whole:16.1f} {build:12.1f} {plan:11.1f} {in_place:>14}", flush=True)
     return 0
 
 
