@@ -149,7 +149,7 @@ def test_built_from_any_column_form_matches_python(data, n, contiguous, small, b
 @settings(max_examples=300, deadline=None)
 @given(
     data=st.data(),
-    n=st.integers(64, 5000),  # 2048-block chunks: flaws in the first, in a later one
+    n=st.integers(64, 3000),  # 512-block chunks: flaws in the first, in a later one
     dtype=st.sampled_from([np.int64, np.uint64]),
     flaw=st.sampled_from(["none", "empty", "merge", "one side", "high", "negative"]),
     bases=st.tuples(st.integers(0, 1 << 48), st.integers(0, 1 << 48)) | st.just((1 << 63, 0)),

@@ -156,7 +156,7 @@ struct ColumnScan {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MORI_PLAN_VECTOR_SCAN 1
 constexpr size_t kScanMinRows = 64;  // below, the second pass costs about what the scan saves
-constexpr size_t kScanChunk = 2048;
+constexpr size_t kScanChunk = 512;
 #if !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")  // -O2 alone leaves it scalar
