@@ -18,6 +18,8 @@
 #   io_tests      mori-io's GPU tests (io.sh --tests-only);
 #   triton_tests  mori-triton's GPU tests with one PE per GPU (triton.sh --no-bench);
 #   ops_tests     mori.ops's GPU tests with one PE per GPU (ep.sh --no-bench);
+#   ops_proxy     mori.ops's inter-node kernels through the device proxy, one PE per GPU (ep.sh
+#                 --proxy: MORI_DISABLE_P2P, the libucx wheel's CUDA transports);
 #   no_cuda_ucx   a GPU heap with MORI_DISABLE_P2P on the machine's system UCX (no CUDA): refused
 #                 at init (test_gpu.py).
 # Run from the repository root with .devkit carried. MORI_STEPS="ep_bench ...": only these steps.
@@ -67,6 +69,8 @@ step triton_tests 300 env OUT="$OUT/triton" bash ci/device/triton.sh --no-bench 
 grep -hE "passed|failed|rc=" "$OUT/triton_tests.log" | tail -8
 step ops_tests 400 env OUT="$OUT/ops" bash ci/device/ep.sh --pes "$gpus" --no-bench
 grep -hE "^rc=|passed|failed" "$OUT/ops_tests.log"
+step ops_proxy 300 env OUT="$OUT/ops" bash ci/device/ep.sh --pes "$gpus" --no-bench --proxy
+grep -hE "^rc=|passed|failed" "$OUT/ops_proxy.log"
 step no_cuda_ucx 45 env -C /tmp python3 -m pytest -q -m gpu -p no:cacheprovider -s -k ucx_without_cuda \
   "$repo/packages/mori-shmem/tests/test_gpu.py"
 grep -hE "ok  init refused|passed|failed|skipped" "$OUT/no_cuda_ucx.log" | cut -c1-300
