@@ -146,49 +146,6 @@ def test_built_from_any_column_form_matches_python(data, n, contiguous, small, b
     assert b == Batch(so, do, sz, *bases)  # every form gives the same value
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    data=st.data(),
-    n=st.integers(64, 3000),  # 512-block chunks: flaws in the first, in a later one
-    dtype=st.sampled_from([np.int64, np.uint64]),
-    flaw=st.sampled_from(["none", "empty", "merge", "one side", "high", "negative"]),
-    bases=st.tuples(st.integers(0, 1 << 48), st.integers(0, 1 << 48)) | st.just((1 << 63, 0)),
-)
-def test_large_integer_arrays_with_one_flaw_match_python(data, n, dtype, flaw, bases):
-    """Many blocks as 64-bit arrays, none continuing the one before (one row a block: the two-pass
-    way where the CPU has AVX2) but for one flaw somewhere that sends them the checked way: an
-    empty block, a merge, a block continuing on one side only, a value past 2^62, a negative one."""
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    sz = rng.integers(1, 1 << 20, n)
-    so, do = rng.permutation(n) * (1 << 21), rng.permutation(n) * (1 << 21)
-    at = data.draw(st.integers(1, n - 1))
-    if flaw == "empty":
-        sz[at] = 0
-    elif flaw in ("merge", "one side"):
-        so[at] = so[at - 1] + sz[at - 1]
-        do[at] = do[at - 1] + sz[at - 1] if flaw == "merge" else do[at]
-    elif flaw == "high":
-        so[at] = (1 << 62) + 5
-    elif flaw == "negative" and dtype is np.int64:
-        so[at] = -3
-    lists = [so.tolist(), do.tolist(), sz.tolist()]
-    arrays = [np.array(c, dtype=dtype) for c in lists] if min(lists[0]) >= 0 else [np.array(c) for c in lists]
-    try:
-        expect = _merged(*bases, *lists)
-        Batch(*lists, *bases)  # the reference's errors: a block past 2^64, a negative value
-    except ValueError:
-        with pytest.raises(ValueError):
-            Batch(*arrays, *bases)
-        return
-    b = Batch(*arrays, *bases)
-    assert _rows(b) == expect and len(b) == len(expect) == n - (flaw in ("empty", "merge"))
-    sizes = [r[2] for r in expect]
-    assert (b.largest, b.smallest) == (max(sizes), min(sizes))
-    assert b.src_end == max(s + k for s, _, k in expect) and b.dst_end == max(d + k for _, d, k in expect)
-    table = np.zeros((n, 3), dtype=np.uint64)
-    assert _rows(Batch(*arrays, *bases, table)) == expect and table[: len(expect)].tolist() == expect
-
-
 def test_rows_read_in_place():
     b = Batch([0, 100, 4096], [8, 108, 0], [100, 28, 1])  # the first two merge
     assert list(b) == [(0, 8, 128), (4096, 0, 1)] and b[0] == (0, 8, 128) and b[-1] == (4096, 0, 1)

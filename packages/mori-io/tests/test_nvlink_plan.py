@@ -12,7 +12,7 @@ from mori.core import cuda as _cuda
 from mori.core.batch import Batch
 from mori.io import BackendType, IOEngine, IOEngineConfig, XgmiBackendConfig
 from mori.io.backends.nvlink._kernels import KERNEL_NAME, compile_cubin
-from mori.io.backends.nvlink.plan import KERNEL_PIECE, plan_batch, plan_copies, plan_in_place
+from mori.io.backends.nvlink.plan import KERNEL_PIECE, plan_batch, plan_copies
 
 SRC_BASE, DST_BASE = 1 << 20, 9 << 20  # two disjoint regions of one simulated address space
 MAX_TOTAL = 20 << 20
@@ -20,12 +20,9 @@ MEMORY = np.random.default_rng(0).integers(0, 256, DST_BASE + MAX_TOTAL + (1 << 
 
 
 def _replay(plan, memory: np.ndarray) -> np.ndarray:
-    """``memory`` after the plan's copies, its kernel rows read as the kernel reads them."""
     out = memory.copy()
-    swap, src_add, dst_add = plan.layout
-    kernel = [(b, a, n) if swap else (a, b, n) for a, b, n in plan.kernel.tolist()]
-    rows = [(s + src_add, d + dst_add, n) for s, d, n in kernel] + [r for e in plan.engines for r in e.tolist()]
-    for src, dst, n in rows:
+    rows = [plan.kernel, *plan.engines]
+    for src, dst, n in (r for part in rows for r in part.tolist()):
         out[dst : dst + n] = memory[src : src + n]
     return out
 
@@ -91,57 +88,6 @@ def test_a_transfers_rows_plan_as_its_columns(batch, kernel_max, read):
         expect[dst : dst + n] = MEMORY[src : src + n]
     assert np.array_equal(_replay(plan, MEMORY), expect)
     assert plan.total_bytes == sum(sizes)
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    batch=_batches(),
-    kernel_max=st.sampled_from([0, 65536, 1 << 20, 1 << 40]),
-    read=st.booleans(),
-    share=st.sampled_from([0.0, 0.4]),
-)
-def test_rows_read_in_place_move_what_a_plan_of_their_own_moves(batch, kernel_max, read, share):
-    """A transfer's rows built into a table: when the kernel takes every row whole, plan_in_place
-    has it read them there (the table untouched) and they move exactly what plan_batch's rows
-    move; otherwise it declines."""
-    local_offs, remote_offs, sizes = batch
-    if read:
-        local_offs, remote_offs = remote_offs, local_offs
-    local_base, remote_base = (DST_BASE, SRC_BASE) if read else (SRC_BASE, DST_BASE)
-    table = np.zeros((max(len(sizes), 1), 3), dtype=np.uint64)
-    rows = Batch(local_offs, remote_offs, sizes, local_base, 0, table)
-    built = table.copy()
-    own = plan_batch(rows, remote_base, read, kernel_max, 1 << 20, 4, np.zeros_like(table), share)
-    plan = plan_in_place(rows, remote_base, read, kernel_max, share)
-    whole = len(rows) >= 2 and own.in_out and not own.engines and len(own.kernel) == len(rows)
-    assert (plan is not None) == whole
-    if plan is None:
-        return
-    assert np.shares_memory(plan.kernel, table) and np.array_equal(table, built)
-    assert plan.kernel_per_row == own.kernel_per_row and plan.total_bytes == sum(sizes)
-    assert np.array_equal(_replay(plan, MEMORY), _replay(own, MEMORY))
-
-
-@pytest.mark.parametrize("read", [True, False])
-@pytest.mark.parametrize("size,per_row", [(4096, 1), (100_000, 4)])
-def test_a_scattered_batch_of_small_blocks_is_read_in_place(read, size, per_row):
-    """The many-small-blocks case: every row whole to the kernel (cut there into ``per_row``
-    pieces), read where the engine built it, the remote base added by the kernel."""
-    n = 64
-    local_offs = list(range(0, n * size, size))
-    remote_offs = [o + 3 for o in reversed(local_offs)]  # nothing merges
-    local_base, remote_base = (DST_BASE, SRC_BASE) if read else (SRC_BASE, DST_BASE)
-    table = np.zeros((n, 3), dtype=np.uint64)
-    rows = Batch(local_offs, remote_offs, [size] * n, local_base, 0, table)
-    plan = plan_in_place(rows, remote_base, read, 1 << 20)
-    assert plan is not None and plan.in_out and plan.kernel_per_row == per_row and not plan.engines
-    assert plan.layout == ((True, remote_base, 0) if read else (False, 0, remote_base))
-    own = plan_batch(rows, remote_base, read, 1 << 20, 1 << 20, 4)
-    assert np.array_equal(_replay(plan, MEMORY), _replay(own, MEMORY))
-    assert table[:, 1].tolist() == remote_offs  # the rows as the engine built them
-    assert plan_in_place(rows, remote_base, read, size) is None  # rows for the copy engines
-    assert plan_in_place(rows[:1], remote_base, read, 1 << 20) is None  # a lone row: passed by value
-    assert plan_in_place(rows, (1 << 64) - 8, read, 1 << 20) is None  # past the address space
 
 
 def test_plan_merges_contiguous_blocks_and_stripes_large_ones():

@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 from _peer import PeerProcess, SharedBuffer
 
-from mori.io import BackendType, IOEngine, IOEngineConfig, MemoryDesc, MemoryLocationType, StatusCode
-from mori.io.backends import Completion, TransferRequest, register_backend_factory
-from mori.io.backends.tcp import TcpBackend
+from mori.io import IOEngine, MemoryDesc, MemoryLocationType, StatusCode
 
 SIZES = [1, 8, 4096, 1 << 20, 64 << 20]
 BATCHES = [1, 64, 4096]
@@ -194,73 +192,3 @@ def test_in_flight_table_prunes_in_amortized_constant_work_with_many_running() -
     kept = [e[0] for e in table._by_mem[1]]
     assert set(map(id, running[1::2])) <= set(map(id, kept))  # every running one is kept
     assert len(kept) <= 2 * 10000  # finished ones are dropped: the table stays within twice what runs
-
-
-class _LendingTcp(TcpBackend):
-    """The TCP backend lending row tables (plain arrays here) as the NVLink backend lends pinned
-    ones, recording each table lent, carried back by a submitted request, or given back unused."""
-
-    lent: list[np.ndarray]
-    carried: list[np.ndarray]
-    returned: list[np.ndarray]
-
-    def row_table(self, local: MemoryDesc, remote: MemoryDesc, rows: int) -> np.ndarray:
-        table = np.zeros((rows, 3), dtype=np.uint64)
-        self.lent.append(table)
-        return table
-
-    def give_row_table(self, table: np.ndarray) -> None:
-        self.returned.append(table)
-
-    def submit(self, request: TransferRequest) -> Completion:
-        if request.table is not None:
-            self.carried.append(request.table)
-        return super().submit(request)
-
-
-def test_a_batch_is_built_into_the_table_its_backend_lends(target, remote_region):
-    """Once a pair has a route, a batch's rows are built into the table its backend lends: the
-    request carries it back, the bytes land, and a table no request carries (bad offsets, bad
-    types) goes back to the backend, each exactly once."""
-    buf, rdesc = remote_region
-    _LendingTcp.lent, _LendingTcp.carried, _LendingTcp.returned = [], [], []
-    register_backend_factory(BackendType.TCP, lambda: _LendingTcp)
-    try:
-        engine = IOEngine("lender", IOEngineConfig(host="127.0.0.1", port=0))
-        engine.create_backend(BackendType.TCP)
-    finally:
-        register_backend_factory(BackendType.TCP, lambda: TcpBackend)
-    rng = np.random.default_rng(23)
-    local = rng.integers(0, 256, 4 << 20, dtype=np.uint8)
-    try:
-        engine.register_remote_engine(target.desc)
-        ldesc = engine.register_memory(int(local.ctypes.data), local.size, -1, MemoryLocationType.CPU)
-        l_offs = np.arange(1024, dtype=np.int64) * 4096
-        r_offs = l_offs[::-1] + 5  # scattered: nothing merges
-        sizes = np.full(1024, 4096, dtype=np.int64)
-        for op in ("write", "read", "write"):
-            if op == "read":
-                local[:] = 0
-            st = getattr(engine, f"batch_{op}")(ldesc, l_offs, rdesc, r_offs, sizes, engine.allocate_transfer_uid())
-            assert st.WaitFor(30_000) != StatusCode.IN_PROGRESS and st.Succeeded(), st.Message()
-            for lo, ro in zip(l_offs.tolist(), r_offs.tolist()):
-                assert np.array_equal(buf.array[ro : ro + 4096], local[lo : lo + 4096])
-        lender = _LendingTcp
-        # The first transfer found the route; the next two were built into lent tables.
-        assert len(lender.lent) == 2 and [t is c for t, c in zip(lender.lent, lender.carried)] == [True, True]
-        table = lender.carried[-1]
-        assert np.array_equal(table[:, 0], local.ctypes.data + l_offs.astype(np.uint64))
-        assert np.array_equal(table[:, 1], r_offs.astype(np.uint64)) and np.all(table[:, 2] == 4096)
-        # A block past the remote region's end: the transfer fails, the table goes back.
-        past = r_offs.copy()
-        past[7] = rdesc.size
-        st = engine.batch_write(ldesc, l_offs, rdesc, past, sizes, engine.allocate_transfer_uid())
-        assert st.Code() == StatusCode.ERR_INVALID_ARGS
-        assert lender.returned and lender.returned[-1] is lender.lent[-1]
-        # Offsets that are not integers: the call raises, the table goes back.
-        with pytest.raises(TypeError):
-            engine.batch_write(ldesc, l_offs, rdesc, r_offs.astype(np.float64), sizes, engine.allocate_transfer_uid())
-        assert len(lender.returned) == 2 and lender.returned[-1] is lender.lent[-1]
-        assert len(lender.lent) == len(lender.carried) + len(lender.returned)
-    finally:
-        engine.close()

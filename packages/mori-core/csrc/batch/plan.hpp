@@ -136,72 +136,6 @@ inline Merged merge_loop(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs,
         }
     return rows.finish();
 }
-
-// What a pass over a batch's int64 columns found (scan_columns): every value ORed, whether some
-// block is empty or continues the block before it on both sides (so rows would merge), and the
-// largest src + bytes, dst + bytes and the largest and smallest sizes (valid only when bits
-// shows every value below 2^62 and nothing is irregular).
-struct ColumnScan {
-    uint64_t bits;
-    bool irregular;
-    int64_t srcEnd, dstEnd, largest, smallest;
-};
-
-// The common large batch (numpy int64 columns, nothing to merge, nothing empty) takes two simple
-// passes instead of merge_loop's one: scan_columns, which the compiler vectorizes with AVX2 (a
-// third of merge_loop's time), then a plain copy of the columns into rows. A batch that merges
-// or has empty blocks is found so in its first chunk of kScanChunk blocks and goes to
-// merge_loop, having cost one chunk's scan. x86-64 only (GCC or clang); merge_rows calls it only
-// where the CPU has AVX2.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define MORI_PLAN_VECTOR_SCAN 1
-constexpr size_t kScanMinRows = 64;  // below, the second pass costs about what the scan saves
-constexpr size_t kScanChunk = 512;
-#if !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC optimize("tree-vectorize", "vect-cost-model=dynamic")  // -O2 alone leaves it scalar
-#endif
-// Blocks [from, to) of the columns folded into `scan` (a block is compared with the one before
-// it, from - 1 included when from > 0).
-__attribute__((target("avx2"))) inline void scan_columns(const int64_t* so, const int64_t* dof, const int64_t* sz,
-                                                         size_t from, size_t to, ColumnScan& scan) {
-    uint64_t bits = 0, irregular = 0;
-    int64_t srcEnd = scan.srcEnd, dstEnd = scan.dstEnd, largest = scan.largest, smallest = scan.smallest;
-    for (size_t i = std::max<size_t>(from, 1); i < to; ++i) {
-        const uint64_t z = static_cast<uint64_t>(sz[i - 1]);
-        irregular |= static_cast<uint64_t>(static_cast<uint64_t>(so[i - 1]) + z == static_cast<uint64_t>(so[i])) &
-                     static_cast<uint64_t>(static_cast<uint64_t>(dof[i - 1]) + z == static_cast<uint64_t>(dof[i]));
-    }
-    for (size_t i = from; i < to; ++i) {
-        const uint64_t s = static_cast<uint64_t>(so[i]), d = static_cast<uint64_t>(dof[i]);
-        const int64_t z = sz[i];
-        bits |= s | d | static_cast<uint64_t>(z);
-        irregular |= static_cast<uint64_t>(z <= 0);
-        // Sums in uint64 (no overflow), compared as int64: exact whenever bits is below 2^62.
-        const int64_t se = static_cast<int64_t>(s + static_cast<uint64_t>(z));
-        const int64_t de = static_cast<int64_t>(d + static_cast<uint64_t>(z));
-        srcEnd = se > srcEnd ? se : srcEnd;
-        dstEnd = de > dstEnd ? de : dstEnd;
-        largest = z > largest ? z : largest;
-        smallest = z < smallest ? z : smallest;
-    }
-    scan = ColumnScan{scan.bits | bits, scan.irregular || irregular != 0, srcEnd, dstEnd, largest, smallest};
-}
-#if !defined(__clang__)
-#pragma GCC pop_options
-#endif
-
-// Row i = (srcBase + so[i], dstBase + dof[i], sz[i]), i < n. Out of line, its pointers restrict:
-// inlined into a caller that keeps many values live, the loop reloaded them from the stack at
-// every row (a store to a row might have changed them).
-[[gnu::noinline]] inline void copy_rows(uint64_t srcBase, uint64_t dstBase, const int64_t* __restrict so,
-                                        const int64_t* __restrict dof, const int64_t* __restrict sz, size_t n,
-                                        Row* __restrict out) {
-    for (size_t i = 0; i < n; ++i)
-        out[i] = Row{srcBase + static_cast<uint64_t>(so[i]), dstBase + static_cast<uint64_t>(dof[i]),
-                     static_cast<uint64_t>(sz[i])};
-}
-#endif
 }  // namespace detail
 
 // Writes rows (srcBase + srcOffs[i], dstBase + dstOffs[i], sizes[i]) into out (capacity >= n),
@@ -213,26 +147,8 @@ template <class Int>
 inline Merged merge_rows(uint64_t srcBase, uint64_t dstBase, const Int* srcOffs, const Int* dstOffs, const Int* sizes,
                          size_t n, Row* out, ptrdiff_t srcStride = 1, ptrdiff_t dstStride = 1,
                          ptrdiff_t sizeStride = 1) {
-    if (srcStride == 1 && dstStride == 1 && sizeStride == 1) {
-#ifdef MORI_PLAN_VECTOR_SCAN
-        if (n >= detail::kScanMinRows && ((srcBase | dstBase) >> 63) == 0 && __builtin_cpu_supports("avx2")) {
-            // int64 and uint64 columns alike: a uint64 value of 2^63 or more reads as negative
-            // there, and bits sends it (as any value of 2^62 or more) to merge_loop's checks.
-            const auto* so = reinterpret_cast<const int64_t*>(srcOffs);
-            const auto* dof = reinterpret_cast<const int64_t*>(dstOffs);
-            const auto* sz = reinterpret_cast<const int64_t*>(sizes);
-            detail::ColumnScan c{0, false, 0, 0, 0, std::numeric_limits<int64_t>::max()};
-            for (size_t from = 0; from < n && !c.irregular; from += detail::kScanChunk)
-                detail::scan_columns(so, dof, sz, from, std::min(n, from + detail::kScanChunk), c);
-            if ((c.bits >> 62) == 0 && !c.irregular) {  // one row a block, as merge_loop would write
-                detail::copy_rows(srcBase, dstBase, so, dof, sz, n, out);
-                return Merged{n, static_cast<uint64_t>(c.largest), static_cast<uint64_t>(c.smallest),
-                              srcBase + static_cast<uint64_t>(c.srcEnd), dstBase + static_cast<uint64_t>(c.dstEnd)};
-            }
-        }
-#endif
+    if (srcStride == 1 && dstStride == 1 && sizeStride == 1)
         return detail::merge_loop<false>(srcBase, dstBase, srcOffs, dstOffs, sizes, n, out, 1, 1, 1);
-    }
     return detail::merge_loop<true>(srcBase, dstBase, srcOffs, dstOffs, sizes, n, out, srcStride, dstStride,
                                     sizeStride);
 }

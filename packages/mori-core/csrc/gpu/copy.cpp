@@ -89,9 +89,7 @@ public:
     }
 
     // Queues on stream: the upload of rows table rows (host -> device; none when rows == 0 and
-    // single bytes > 0: one block passed by value), the kernel, then event (if not null). With a
-    // table, src0, dst0 and bytes0 reach the kernel as given (what a table's rows mean beyond
-    // (src, dst, bytes) is the kernel's: say, a base added to a column).
+    // single bytes > 0: one block passed by value), the kernel, then event (if not null).
     // Returns (CUresult, which call failed: "" on success).
     py::tuple launch(uintptr_t stream, uintptr_t tableHost, uint64_t tableDev, uint64_t rows, uint64_t perRow,
                      uint64_t piece, uint64_t src0, uint64_t dst0, uint64_t bytes0, uint64_t singlePiece,
@@ -103,8 +101,7 @@ public:
             int rc = htod_(tableDev, reinterpret_cast<const void*>(tableHost), rows * 3 * sizeof(uint64_t), s);
             if (rc != 0) return py::make_tuple(rc, "cuMemcpyHtoDAsync");
             warps = rows * perRow;
-            const uint64_t init[kParams] = {tableDev, warps, perRow, perRow > 1 ? piece : (1ull << 62),
-                                            src0,     dst0,  bytes0};
+            const uint64_t init[kParams] = {tableDev, warps, perRow, perRow > 1 ? piece : (1ull << 62), 0, 0, 0};
             std::copy(init, init + kParams, args);
         } else if (bytes0 > 0 && singlePiece > 0) {
             warps = (bytes0 + singlePiece - 1) / singlePiece;

@@ -54,13 +54,12 @@ def _named(err: Exception) -> str:
     return text
 
 
-def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any, out: Any = None) -> tuple[Batch, int, int] | str:
-    """The rows (``base`` + local offset, remote offset, bytes) of a transfer, built once (into
-    ``out`` when given: a backend's row table), with where they end in the local region (bytes
-    past ``base``) and in the remote one (0, 0 when no bytes move), or why its values cannot be
-    (a negative value, one past 64 bits). ``TypeError`` for what is not integers, ``ValueError``
-    for columns of different lengths. One block of plain ints (read, write, most small batches)
-    takes the short way."""
+def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any) -> tuple[Batch, int, int] | str:
+    """The rows (``base`` + local offset, remote offset, bytes) of a transfer, built once, with
+    where they end in the local region (bytes past ``base``) and in the remote one (0, 0 when no
+    bytes move), or why its values cannot be (a negative value, one past 64 bits). ``TypeError``
+    for what is not integers, ``ValueError`` for columns of different lengths. One block of plain
+    ints (read, write, most small batches) takes the short way."""
     if (
         type(sizes) is list
         and type(l_offs) is list
@@ -81,7 +80,7 @@ def _batch(base: int, l_offs: Any, r_offs: Any, sizes: Any, out: Any = None) -> 
         ):
             return Batch.one(base + lo, ro, n), lo + n if n else 0, ro + n if n else 0
     try:
-        batch = Batch(l_offs, r_offs, sizes, base, 0, out)
+        batch = Batch(l_offs, r_offs, sizes, base)
     except TypeError as err:
         raise TypeError(_named(err)) from None
     except ValueError as err:  # the columns were read, so they have lengths
@@ -239,22 +238,12 @@ class Transfers:
         """Checks, routes (unless ``backend`` is given) and starts one transfer; its status."""
         if not isinstance(local, MemoryDesc) or not isinstance(remote, MemoryDesc):
             raise TypeError("local and remote memory must be MemoryDesc objects")
+        rows = _batch(local.data, l_offs, r_offs, sizes)
+        if type(uid) is not int:
+            uid = _int("transfer uid", uid)
         changes = self._memory.changes + self._remotes.changes + self._backends.changes  # counts only grow
         route = self._route
-        cached = route is not None and route[0] is local and route[1] is remote and route[2] == changes
-        # A batch is built straight into the table of the backend it will most likely go to
-        # (given, or preferred the last time), when that backend lends one: its copies read the
-        # rows there, with no pass over them rewriting them.
-        lender = backend if backend is not None else route[3] if cached and route is not None else None
-        table = self._lend(lender, local, remote, sizes)
-        try:
-            rows = _batch(local.data, l_offs, r_offs, sizes, table)
-            if type(uid) is not int:
-                uid = _int("transfer uid", uid)
-        except BaseException:
-            self._give_back(lender, table)
-            raise
-        if cached and route is not None:
+        if route is not None and route[0] is local and route[1] is remote and route[2] == changes:
             problem, preferred = None, route[3]
         else:
             problem, preferred = self.reject(local, remote), None
@@ -291,21 +280,14 @@ class Transfers:
                     ),
                 )
         if problem is not None:
-            self._give_back(lender, table)
             return TransferStatus(*problem)
         assert backend is not None and not isinstance(rows, str)
-        batch = rows[0]
-        if table is not None and backend is not lender:  # the rows go elsewhere: copied out of the table
-            batch = batch.rebased(0, 0)
-            self._give_back(lender, table)
-            table = None
         # IN_PROGRESS from the start: no one sees the status before the order below publishes it.
         status = TransferStatus(_IN_PROGRESS)
-        request = TransferRequest(op, local, remote, batch, uid, table=table)
+        request = TransferRequest(op, local, remote, rows[0], uid)
         # Known to deregister_memory before it starts; a deregistration that raced ahead fails it here.
         self._inflight.add(local.id, status, backend, remote.engine_key)
         if self._memory.get(local.id) is None:
-            self._give_back(lender, table)
             status._attach(Outcome(StatusCode.ERR_NOT_FOUND, f"local memory {local.id} was deregistered"))
             return status
         try:
@@ -329,24 +311,6 @@ class Transfers:
                 self._keep_lane(local, remote, changes, backend)
         status._attach(completion)
         return status
-
-    @staticmethod
-    def _lend(lender: Backend | None, local: MemoryDesc, remote: MemoryDesc, sizes: Any) -> Any:
-        """``lender``'s row table for a batch of ``sizes`` blocks, or None (no lender, fewer than
-        two blocks, or none lent)."""
-        if lender is None or type(sizes) is list and len(sizes) < 2:
-            return None
-        try:
-            n = len(sizes)
-        except TypeError:  # not a sequence: _batch says so
-            return None
-        return lender.row_table(local, remote, n) if n >= 2 else None
-
-    @staticmethod
-    def _give_back(lender: Backend | None, table: Any) -> None:
-        """Returns a row table that no submitted request carries to the backend that lent it."""
-        if table is not None and lender is not None:
-            lender.give_row_table(table)
 
     def _keep_lane(self, local: MemoryDesc, remote: MemoryDesc, changes: int, backend: Backend) -> None:
         """Asks ``backend`` for the pair's lane unless the one kept was made for it as things are

@@ -58,8 +58,7 @@ class TransferRequest:
 
     The engine checked every row against both descriptors before a backend sees them; the target
     side checks again against what it actually registered. The completion ``submit`` returns
-    reports the outcome. ``table``: the buffer from :meth:`Backend.row_table` that ``batch``'s
-    rows were built into (None when they were not), the backend's from ``submit`` on.
+    reports the outcome.
     """
 
     op: TransferOp
@@ -68,7 +67,6 @@ class TransferRequest:
     batch: Batch
     uid: int
     notify: bool = True
-    table: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,17 +204,6 @@ class Backend(abc.ABC):
         transfer does. A transfer refused in this call (the RDMA backend's "SQ full", rows its
         transport cannot move) comes back failed already: the caller sees that at once, as in
         MORI, and the engine gives it no place in its completion order."""
-
-    def row_table(self, local: MemoryDesc, remote: MemoryDesc, rows: int) -> Any:
-        """A writable C-contiguous ``(>= rows, 3)`` uint64 array for the engine to build the rows
-        of a transfer between ``local`` and ``remote`` into, memory this backend's copies read
-        as it is (a GPU's pinned gather table: no pass over the rows rewrites them), or None (the
-        default). The engine hands it back in the request it submits (``TransferRequest.table``,
-        the backend's from then on), or with :meth:`give_row_table` when it submits none."""
-        return None
-
-    def give_row_table(self, table: Any) -> None:  # noqa: B027 (an optional hook: nothing to give back by default)
-        """Takes back a table from :meth:`row_table` that no submitted request carries."""
 
     def lane(self, local: MemoryDesc, remote: MemoryDesc) -> Lane | None:
         """A short way to start single blocks between ``local`` and ``remote`` while the

@@ -26,16 +26,7 @@ from mori.core import nvrtc
 from mori.core.gpu import GatherLauncher
 from mori.core.memory import PinnedPool, pinned_alloc, pinned_free
 
-from .plan import PLAIN_ROWS, RowLayout
-
-__all__ = [
-    "KERNEL_SOURCE",
-    "KERNEL_NAME",
-    "ROW_WORDS",
-    "CopyKernel",
-    "TableBuffer",
-    "TablePool",
-]
+__all__ = ["KERNEL_SOURCE", "KERNEL_NAME", "ROW_WORDS", "CopyKernel", "TableBuffer", "TablePool"]
 
 KERNEL_NAME = "mori_io_gather_copy"
 ROW_WORDS = 3  # a table row: src, dst, bytes (uint64 each)
@@ -48,28 +39,24 @@ KERNEL_SOURCE = r"""
 #include <mori/device/copy.cuh>
 
 // Work item i is piece i % per_row (of `piece` bytes) of row i / per_row; one warp per item.
-// rows: {a, b, bytes} each, read as src = a + src0, dst = b + dst0, or (swap != 0) src = b + src0,
-// dst = a + dst0: a transfer's own rows (local address, remote offset) serve a read or a write
-// with the remote region's base added, no host pass rewriting them. Rows are cut here rather
-// than on the host because a host pass over thousands of pieces costs more than the copy of a
-// 256 MiB batch takes to start; items past the end of a shorter row are skipped. When rows is
-// null there is one row (src0, dst0, swap = its bytes), passed by value (a one-block transfer
-// needs no table upload).
+// rows: {src, dst, bytes} each. Rows are cut here rather than on the host because a host pass
+// over thousands of pieces costs more than the copy of a 256 MiB batch takes to start; items past
+// the end of a shorter row are skipped. When rows is null there is one row, passed by value (a
+// one-block transfer needs no table upload).
 extern "C" __global__ void __launch_bounds__(512)
 mori_io_gather_copy(const unsigned long long* rows, unsigned long long items, unsigned long long per_row,
                     unsigned long long piece, unsigned long long src0, unsigned long long dst0,
-                    unsigned long long swap) {
+                    unsigned long long bytes0) {
   const unsigned int lane = threadIdx.x & 31u;
   const unsigned long long warp = (static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const unsigned long long warps = (static_cast<unsigned long long>(gridDim.x) * blockDim.x) >> 5;
   for (unsigned long long i = warp; i < items; i += warps) {
     const unsigned long long row = per_row == 1 ? i : i / per_row;
     const unsigned long long off = (i - row * per_row) * piece;
-    unsigned long long src = src0, dst = dst0, bytes = swap;
+    unsigned long long src = src0, dst = dst0, bytes = bytes0;
     if (rows != nullptr) {
-      const unsigned long long a = rows[3 * row], b = rows[3 * row + 1];
-      src = (swap != 0 ? b : a) + src0;
-      dst = (swap != 0 ? a : b) + dst0;
+      src = rows[3 * row];
+      dst = rows[3 * row + 1];
       bytes = rows[3 * row + 2];
     }
     if (off >= bytes) continue;
@@ -99,20 +86,16 @@ class TableBuffer:
 class TablePool:
     """Table buffers of one device, reused once the transfer that used them completes.
 
-    The host tables are blocks of a :class:`mori.core.memory.PinnedPool`; each block's device
-    twin is allocated and freed with it. At most ``keep`` idle buffers of each capacity are kept
-    here, in lists (a take or give of a kept buffer is a list pop or append, atomic under the
-    GIL: no lock on the per-transfer path); the pool frees the others. Capacities are powers of
-    two so a buffer fits many batch sizes. Use with the device's context current.
+    The host tables are blocks of a :class:`mori.core.memory.PinnedPool` (at most ``keep`` idle
+    of each capacity); each block's device twin is allocated and freed with it. Capacities are
+    powers of two so a buffer fits many batch sizes. Use with the device's context current.
     """
 
     def __init__(self, device: int, keep: int = 8) -> None:
         self._device = device
-        self._keep = keep
-        self._idle: dict[int, list[TableBuffer]] = {}  # capacity -> idle buffers
         self._buffers: dict[int, TableBuffer] = {}  # host address -> its buffer (twin, row view)
         self._pinned = PinnedPool(
-            max_idle=0, name=f"copy tables of device {device}", alloc=self._alloc, free=self._free
+            max_idle=keep, name=f"copy tables of device {device}", alloc=self._alloc, free=self._free
         )
 
     def _alloc(self, nbytes: int) -> int:
@@ -135,30 +118,16 @@ class TablePool:
     def take(self, rows: int) -> TableBuffer:
         """A buffer of at least ``rows`` rows (allocated when none is idle)."""
         cap = max(64, 1 << (rows - 1).bit_length())
-        idle = self._idle.get(cap)
-        if idle:
-            try:
-                return idle.pop()
-            except IndexError:  # another thread took the last one meanwhile
-                pass
         host = self._pinned.try_acquire(cap * ROW_WORDS * 8)
         assert host is not None  # the pool has no limit
         return self._buffers[host]
 
     def give(self, buf: TableBuffer) -> None:
         """Returns a buffer whose transfer has completed."""
-        idle = self._idle.setdefault(buf.capacity, [])
-        if len(idle) < self._keep:
-            idle.append(buf)
-        else:
-            self._pinned.release(buf.host_ptr)
+        self._pinned.release(buf.host_ptr)
 
     def close(self) -> None:
         """Frees every idle buffer (the device's context must be current)."""
-        idle, self._idle = self._idle, {}
-        for bufs in idle.values():
-            for buf in bufs:
-                self._pinned.release(buf.host_ptr)
         self._pinned.close()
 
 
@@ -205,24 +174,17 @@ class CopyKernel:
         piece: int = 0,
         single: tuple[int, int, int] = (0, 0, 0),
         event: Any = None,
-        layout: RowLayout = PLAIN_ROWS,
     ) -> None:
-        """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first: no host wait), read as
-        ``layout`` says, each cut into ``per_row`` pieces of ``piece`` bytes, or the one block
-        ``single`` = (src, dst, bytes) when ``table`` is None (``rows``, ``per_row``, ``piece``
-        and ``layout`` are ignored then), then records ``event`` if given; asynchronous on
-        ``stream``."""
-        if table is not None:
-            host, dev, n = table.host_ptr, table.dev_ptr, rows
-            # The kernel's last three parameters in table mode: src0, dst0, swap.
-            single = (layout[1], layout[2], int(layout[0]))
-        else:
-            host = dev = n = 0
+        """Copies ``rows`` rows of ``table`` (uploaded on ``stream`` first: no host wait), each cut
+        into ``per_row`` pieces of ``piece`` bytes, or the one block ``single`` = (src, dst, bytes)
+        when ``table`` is None (``rows``, ``per_row`` and ``piece`` are ignored then), then records
+        ``event`` if given; asynchronous on ``stream``."""
+        host, dev = (table.host_ptr, table.dev_ptr) if table is not None else (0, 0)
         code, failed = self._launcher.launch(
             int(stream),
             host,
             dev,
-            n,
+            rows if table is not None else 0,
             per_row,
             piece,
             *single,

@@ -52,9 +52,6 @@ class DeviceQueues:
     @property
     def kernel(self) -> CopyKernel:
         """The gather kernel, compiled and loaded on first use."""
-        kernel = self._kernel
-        if kernel is not None:  # the per-transfer path: no lock once it is loaded
-            return kernel
         with self._lock:
             if self._kernel is None:
                 self._kernel = CopyKernel(self.device)
@@ -80,9 +77,7 @@ class DeviceQueues:
                 else:
                     given, table = table, None
                     tables.append(self._kernel_table(plan, given, n))
-                    kernel.launch(
-                        stream, tables[-1], n, plan.kernel_per_row, KERNEL_PIECE, event=events[-1], layout=plan.layout
-                    )
+                    kernel.launch(stream, tables[-1], n, plan.kernel_per_row, KERNEL_PIECE, event=events[-1])
             for rows, stream in zip(plan.engines, streams):
                 self._batch.copy(rows[:, 1], rows[:, 0], rows[:, 2], stream, self._what)
                 events.append(self.events.record(stream))

@@ -24,7 +24,6 @@ copies), ``plan`` (a batch cut between the kernel and the copy engines).
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from typing import Any
@@ -38,10 +37,9 @@ from .._connect import PeerConnector
 from ..base import Backend, BackendContext, Completion, ControlError, Outcome, TransferOp, TransferRequest
 from ._exports import Exports
 from ._housekeeping import Flight, Housekeeping
-from ._kernels import TableBuffer
 from ._queues import DeviceQueues
 from ._remote_regions import Opened, RemoteRegions
-from .plan import plan_batch, plan_in_place
+from .plan import plan_batch
 
 __all__ = ["NvlinkBackend"]
 
@@ -55,9 +53,6 @@ ENGINE_STREAMS = 4
 # Of a batch of large rows that the gather kernel would take whole, the share of rows the copy
 # engines take beside it (see plan.SHARE_MIN_ROW).
 ENGINE_SHARE = 0.4
-# Batches of fewer rows are not built into a lent table (row_table): their pass over the rows
-# costs less than lending one.
-LEND_MIN_ROWS = 256
 
 
 class NvlinkBackend(Backend):
@@ -87,9 +82,6 @@ class NvlinkBackend(Backend):
         self._exports = Exports(ctx, self._lock)
         self._regions = RemoteRegions(ctx, self._host, self._lock)
         self._queues: dict[int, DeviceQueues] = {}
-        # Row tables lent to the engine (row_table), by id of the rows array, until a request
-        # brings one back (or give_row_table does).
-        self._lent: dict[int, tuple[DeviceQueues, TableBuffer]] = {}
         self._unhealthy: set[str] = set()
         self._closed = False
         self._work = Housekeeping(ctx, self._lock)
@@ -161,35 +153,9 @@ class NvlinkBackend(Backend):
         self._exports.revoke(desc, theirs)
 
     # ---- transfers -----------------------------------------------------------------------------
-    def row_table(self, local: MemoryDesc, remote: MemoryDesc, rows: int) -> Any:
-        """A pinned gather table of the local GPU for a batch towards a region opened already
-        (the engine builds the rows there; the kernel reads them as they are, see
-        ``plan.plan_in_place``); None for a region not opened yet or fewer than
-        ``LEND_MIN_ROWS`` rows."""
-        if rows < LEND_MIN_ROWS or self._closed or self._regions.get((remote.engine_key, remote.id)) is None:
-            return None
-        try:
-            queues = self._device(local.device_id)
-            table = queues.kernel.tables.take(rows)
-        except _cuda.CudaError:  # the transfer itself fails with it (submit)
-            return None
-        self._lent[id(table.rows)] = (queues, table)
-        return table.rows
-
-    def give_row_table(self, table: Any) -> None:
-        lent = self._lent.pop(id(table), None)
-        if lent is not None:
-            lent[0].kernel.tables.give(lent[1])
-
     def submit(self, request: TransferRequest) -> Completion:
         opened = self._regions.get((request.remote.engine_key, request.remote.id))
         if opened is None:
-            if request.table is not None:  # its rows are copied out: the table goes back now
-                table, request = (
-                    request.table,
-                    dataclasses.replace(request, batch=request.batch.rebased(0, 0), table=None),
-                )
-                self.give_row_table(table)
             # First contact with the region (ask its owner, map it: up to MORI_IO_TIMEOUT) on
             # that region's own thread, never the caller's.
             return self._connector.submit(request)
@@ -211,65 +177,48 @@ class NvlinkBackend(Backend):
     def _start(self, opened: Opened, request: TransferRequest) -> Completion:
         remote, device = request.remote, request.local.device_id
         batch = request.batch
-        read = request.op == TransferOp.READ
-        # The table the engine built the rows into, if any: the kernel reads them there when it
-        # takes every row whole; else they are planned into a table of their own, and this one
-        # (``held``: the request's batch still reads it) goes back with the transfer's.
-        lent = None if request.table is None else self._lent.pop(id(request.table), None)
-        held = None if lent is None else lent[1]
         # The engine checked every block against the descriptor; the owner's registered size
         # needs its own check only when the descriptor claims more (a forged or stale one).
         if remote.size > opened.size and batch.dst_end > opened.size:
-            if lent is not None:
-                lent[0].kernel.tables.give(lent[1])
             return Outcome(
                 StatusCode.ERR_INVALID_ARGS,
                 f"NVLink backend: a block is out of range of remote memory "
                 f"{remote.id} ({opened.size} bytes registered by its owner)",
             )
-        table: TableBuffer | None = None
         try:
             queues = self._device(device)
-            plan = None
-            if held is not None:
-                plan = plan_in_place(batch, opened.address, read, self._kernel_max, ENGINE_SHARE)
-                if plan is not None:
-                    table, held = held, None
-            if plan is None:
-                # A batch is planned straight into the pinned table the gather kernel will read.
-                table = queues.kernel.tables.take(len(batch)) if len(batch) > 1 else None
+            # A batch is planned straight into the pinned table the gather kernel will read.
+            table = queues.kernel.tables.take(len(batch)) if len(batch) > 1 else None
+            try:
                 plan = plan_batch(
                     batch,
                     opened.address,
-                    read,
+                    request.op == TransferOp.READ,
                     self._kernel_max,
                     STRIPE,
                     ENGINE_STREAMS,
                     None if table is None else table.rows,
                     ENGINE_SHARE,
                 )
+            except BaseException:
+                if table is not None:
+                    queues.kernel.tables.give(table)
+                raise
             with self._lock:
                 if self._regions.get((remote.engine_key, remote.id)) is not opened:
+                    if table is not None:
+                        queues.kernel.tables.give(table)
                     return Outcome(
                         StatusCode.ERR_NOT_FOUND,
                         f"NVLink backend: memory {remote.id} of engine {remote.engine_key!r} was deregistered",
                     )
-                given, table = table, None  # issue() uses it or gives it back, whatever happens
-                events, tables = queues.issue(plan, given)
-                if held is not None and events:
-                    tables.append(held)
-                    held = None
+                events, tables = queues.issue(plan, table)
                 transfer = queues.transfer(events, tables, time.monotonic() + self.ctx.io_timeout(), self._work.on_done)
                 if events:
                     self._work.add(transfer, Flight(request, (remote.engine_key, remote.id)))
         except _cuda.CudaError as err:
             self._work.note(request, StatusCode.ERR_GPU_OP, str(err))
             return Outcome(StatusCode.ERR_GPU_OP, f"NVLink backend: {err}")
-        finally:
-            if table is not None:
-                queues.kernel.tables.give(table)
-            if held is not None and lent is not None:
-                lent[0].kernel.tables.give(held)
         if events:
             return transfer
         self._work.note(request, StatusCode.SUCCESS, "")  # nothing to copy (zero bytes)

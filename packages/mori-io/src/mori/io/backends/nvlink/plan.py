@@ -4,10 +4,7 @@ No CUDA here, so it is tested on any machine:
 
 1. the transfer's :class:`mori.core.batch.Batch` (built once by the engine: blocks of zero bytes
    dropped, runs of blocks contiguous on both sides merged into one row) is rebased in one pass
-   into the caller's buffer (the pinned table the kernel will read) as rows (src, dst, bytes).
-   When the engine built it into such a table already and the kernel takes every row whole
-   (:func:`plan_in_place`, the many-small-blocks case), there is no pass: the kernel reads the
-   rows (local address, remote offset, bytes) there and adds the remote region's base itself;
+   into the caller's buffer (the pinned table the kernel will read) as rows (src, dst, bytes);
 2. rows smaller than ``kernel_max`` bytes go to one launch of the gather kernel (in a large
    batch of large rows, a share of them to the copy engines beside it), which cuts
    each row into ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes (a warp copies one piece,
@@ -32,17 +29,7 @@ import numpy as np
 
 from mori.core.batch import Batch
 
-__all__ = [
-    "CopyPlan",
-    "plan_batch",
-    "plan_copies",
-    "plan_in_place",
-    "KERNEL_PIECE",
-    "PLAIN_ROWS",
-    "RowLayout",
-    "SHARE_MIN_ROW",
-    "SHARE_MIN_ROWS",
-]
+__all__ = ["CopyPlan", "plan_batch", "plan_copies", "KERNEL_PIECE", "SHARE_MIN_ROW", "SHARE_MIN_ROWS"]
 
 KERNEL_PIECE = 32 << 10
 # The copy engines and the kernel pull over NVLink at once: measured on 2 H200s, 1024 x 256 KiB
@@ -50,26 +37,18 @@ KERNEL_PIECE = 32 << 10
 # engines. Below 128 KiB a copy-engine copy costs more than it brings.
 SHARE_MIN_ROW = 128 << 10
 SHARE_MIN_ROWS = 64
-# How the gather kernel reads its rows (a, b, bytes): (swap, added to the source, added to the
-# destination): src = a + source addend and dst = b + destination addend, a and b swapped first
-# when swap is True.
-RowLayout = tuple[bool, int, int]
-PLAIN_ROWS: RowLayout = (False, 0, 0)  # rows (src, dst, bytes) as they are
-_U64_END = 1 << 64
 
 
 @dataclass
 class CopyPlan:
     """``kernel``: (k, 3) uint64 rows (src, dst, bytes) for the gather kernel, each cut there into
-    ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes and read as ``layout`` says (a
-    transfer's own rows read in place, :func:`plan_in_place`); ``engines``: one (m, 3) array of
-    rows (src, dst, bytes) per copy-engine stream."""
+    ``kernel_per_row`` pieces of ``KERNEL_PIECE`` bytes; ``engines``: one (m, 3) array of rows
+    per copy-engine stream."""
 
     kernel: np.ndarray
     engines: list[np.ndarray] = field(default_factory=list)
     kernel_per_row: int = 1
     in_out: bool = False  # ``kernel`` is the start of the ``out`` array given to plan_copies
-    layout: RowLayout = PLAIN_ROWS
 
     @property
     def total_bytes(self) -> int:
@@ -169,32 +148,6 @@ def plan_batch(
     return _plan(rows, out, given, kernel_max, stripe, max_streams, engine_share)
 
 
-def plan_in_place(
-    batch: Batch, remote_base: int, read: bool, kernel_max: int, engine_share: float = 0.0
-) -> CopyPlan | None:
-    """The plan of :func:`plan_batch` when the gather kernel takes every row of ``batch`` whole
-    (and cuts them itself): it reads the transfer's own rows (local address, remote offset,
-    bytes) where they lie, the remote region's base added as it reads (``CopyPlan.layout``), with
-    no pass over them on the host. None when the plan needs rows of its own (copy-engine rows,
-    rows cut on the host, one row)."""
-    n = len(batch)
-    if n < 2 or batch.largest >= kernel_max or _shared_rows(batch, engine_share):
-        return None
-    if remote_base + batch.dst_end >= _U64_END:  # past the address space: plan_batch refuses them
-        return None
-    per_row = _kernel_per_row(batch)
-    if not per_row:
-        return None
-    layout = (True, remote_base, 0) if read else (False, 0, remote_base)
-    return CopyPlan(np.asarray(batch), [], per_row, in_out=True, layout=layout)
-
-
-def _shared_rows(batch: Batch, engine_share: float) -> int:
-    """Rows of ``batch`` (all for the kernel) that the copy engines take beside it."""
-    n = len(batch)
-    return int(n * engine_share) if n >= SHARE_MIN_ROWS and batch.smallest >= SHARE_MIN_ROW else 0
-
-
 def _plan(
     batch: Batch, out: np.ndarray, given: bool, kernel_max: int, stripe: int, max_streams: int, engine_share: float
 ) -> CopyPlan:
@@ -202,7 +155,7 @@ def _plan(
     n = len(batch)
     rows = out[:n]
     if batch.largest < kernel_max:
-        shared = _shared_rows(batch, engine_share)
+        shared = int(n * engine_share) if n >= SHARE_MIN_ROWS and batch.smallest >= SHARE_MIN_ROW else 0
         kernel = batch[: n - shared] if shared else batch
         return _kernel_plan(kernel, rows[: n - shared], [rows[n - shared :]] if shared else [], given)
     if batch.smallest >= kernel_max:
@@ -217,22 +170,14 @@ def _batch_of(rows: np.ndarray) -> Batch:
     return Batch(rows[:, 0], rows[:, 1], rows[:, 2])
 
 
-def _kernel_per_row(kernel: Batch) -> int:
-    """Pieces of ``KERNEL_PIECE`` bytes the kernel cuts each row of ``kernel`` into, or 0 when most
-    of them would be empty (then the host cuts the rows instead)."""
+def _kernel_plan(kernel: Batch, rows: np.ndarray, engines: list[np.ndarray], in_out: bool) -> CopyPlan:
+    """The plan whose kernel rows are ``kernel`` (``rows``: the same rows as an array)."""
     per_row = -(-kernel.largest // KERNEL_PIECE) if len(kernel) > 1 else 1
+    # Mostly empty pieces: cut on the host instead.
     if (
         per_row > 1
         and kernel.largest != kernel.smallest
         and per_row * len(kernel) > 2 * kernel.count_pieces(KERNEL_PIECE)
     ):
-        return 0
-    return max(per_row, 1)
-
-
-def _kernel_plan(kernel: Batch, rows: np.ndarray, engines: list[np.ndarray], in_out: bool) -> CopyPlan:
-    """The plan whose kernel rows are ``kernel`` (``rows``: the same rows as an array)."""
-    per_row = _kernel_per_row(kernel)
-    if not per_row:
         return CopyPlan(np.asarray(kernel.stripe(KERNEL_PIECE)), engines, 1, in_out=False)
-    return CopyPlan(rows, engines, per_row, in_out=in_out)
+    return CopyPlan(rows, engines, max(per_row, 1), in_out=in_out)
