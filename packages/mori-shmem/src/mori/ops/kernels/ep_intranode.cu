@@ -240,7 +240,8 @@ MORI_DEVICE_INLINE void CombineStageDone(const EpArgs& a) {
 }
 
 // Data kernel: copies (or casts to fp8) the caller's combine input rows and weights into the
-// registered buffer that peers read. Rows past the caller's tensor are zeros.
+// registered buffer that peers read, then its last block tells them. Rows past the caller's
+// tensor are zeros.
 template <class In, class Wire>
 __device__ void CombineStage(const EpArgs& a) {
   using IS = typename In::Storage;
@@ -279,32 +280,15 @@ __device__ void CombineStage(const EpArgs& a) {
       reinterpret_cast<float*>(a.combInpWeights)[(size_t)r * a.k + lane] = w;
     }
   }
+  CombineStageDone(a);
 }
 
-EP_DATA_KERNEL ep_combine_stage_fp8(EpArgs a) {
-  CombineStage<Fp8, Fp8>(a);
-  CombineStageDone(a);
-}
-EP_DATA_KERNEL ep_combine_stage_bf16(EpArgs a) {
-  CombineStage<Bf16, Bf16>(a);
-  CombineStageDone(a);
-}
-EP_DATA_KERNEL ep_combine_stage_f32(EpArgs a) {
-  CombineStage<F32, F32>(a);
-  CombineStageDone(a);
-}
-EP_DATA_KERNEL ep_combine_stage_bf16_fp8(EpArgs a) {
-  CombineStage<Bf16, Fp8>(a);
-  CombineStageDone(a);
-}
-EP_DATA_KERNEL ep_combine_stage_fp8fnuz(EpArgs a) {
-  CombineStage<Fp8Fnuz, Fp8Fnuz>(a);
-  CombineStageDone(a);
-}
-EP_DATA_KERNEL ep_combine_stage_fp4(EpArgs a) {
-  CombineStage<Fp4x2, Fp4x2>(a);
-  CombineStageDone(a);
-}
+EP_DATA_KERNEL ep_combine_stage_fp8(EpArgs a) { CombineStage<Fp8, Fp8>(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16(EpArgs a) { CombineStage<Bf16, Bf16>(a); }
+EP_DATA_KERNEL ep_combine_stage_f32(EpArgs a) { CombineStage<F32, F32>(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_fp8(EpArgs a) { CombineStage<Bf16, Fp8>(a); }
+EP_DATA_KERNEL ep_combine_stage_fp8fnuz(EpArgs a) { CombineStage<Fp8Fnuz, Fp8Fnuz>(a); }
+EP_DATA_KERNEL ep_combine_stage_fp4(EpArgs a) { CombineStage<Fp4x2, Fp4x2>(a); }
 
 // Data kernel of the blockwise wires: a warp a row (rows past the caller's tensor are zeros).
 template <bool Fp4>
@@ -335,16 +319,11 @@ __device__ void CombineStageBlockwise(const EpArgs& a) {
       reinterpret_cast<float*>(a.combInpWeights)[(size_t)r * a.k + lane] = w;
     }
   }
+  CombineStageDone(a);
 }
 
-EP_DATA_KERNEL ep_combine_stage_bf16_bw8(EpArgs a) {
-  CombineStageBlockwise<false>(a);
-  CombineStageDone(a);
-}
-EP_DATA_KERNEL ep_combine_stage_bf16_bw4(EpArgs a) {
-  CombineStageBlockwise<true>(a);
-  CombineStageDone(a);
-}
+EP_DATA_KERNEL ep_combine_stage_bf16_bw8(EpArgs a) { CombineStageBlockwise<false>(a); }
+EP_DATA_KERNEL ep_combine_stage_bf16_bw4(EpArgs a) { CombineStageBlockwise<true>(a); }
 
 // One block: waits until every PE's registered combine input of this round is complete; the
 // round is then combined (peers may send the next dispatch once they passed this barrier too).
