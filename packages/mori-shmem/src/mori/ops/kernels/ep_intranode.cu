@@ -98,10 +98,12 @@ MORI_DEVICE_INLINE bool LastBlockDone(const EpArgs& a, int off, bool sys) {
   return sLast;
 }
 
-// Data kernel: each warp takes tokens; per destination PE of this node a block reserves its slots
-// with one remote atomic, then copies token row, top-k row, weights and scales into the peer's
-// buffers and records where each (token, entry) went in destMap (for combine). Tokens for other
-// nodes are staged for ep_internode_put; their destMap entries name the combine row coming back.
+// Data kernel: each warp takes a token at a time; per destination PE of this node a block reserves
+// its slots with one remote atomic, records where each (token, entry) went in destMap (for
+// combine), and its warps then copy the token rows, top-k rows, weights and scales into the peers'
+// buffers. Tokens for other nodes are staged for ep_internode_put; their destMap entries name the
+// combine row coming back. Within one node (a.fuseDispatch) the last block to finish also does
+// what ep_dispatch_signal and ep_dispatch_wait would.
 // A replay (a.replay: a routing handle's map in destMap, its indices checked on the host) reserves
 // nothing: every entry goes where destMap says, the rows for other nodes where they went before.
 extern "C" __global__ void ep_dispatch_send(EpArgs a) {
