@@ -20,9 +20,9 @@ CONTROL = {
     "EP_RECV_OFFSET": 0,  # next free receive slot here (peers add to it)
     "EP_TOTAL_RECV": 1,  # tokens received by the last dispatch
     "EP_EPOCH": 2,  # combine rounds done (barrier epoch)
-    "EP_PHASE": 3,
+    "EP_PHASE": 3,  # GPU: 1 from a dispatch until its combine, else 0 (the kernels refuse a second dispatch)
     "EP_SEND_DONE": 6,  # GPU, one node: blocks of the dispatch data kernel done (its last clears it)
-    "EP_STAGE_DONE": 7,  # GPU: blocks of the combine stage kernel done (its last clears it)  # GPU: 1 from a dispatch until its combine, else 0 (the kernels refuse a second dispatch)
+    "EP_STAGE_DONE": 7,  # GPU: blocks of the combine stage kernel done (its last clears it)
     "EP_RECV_SIGNAL": 64,  # [src PE] tokens src sent here + 1; 0 once consumed
     "EP_SENT_COUNT": 128,  # [dest PE] tokens this PE sent there this round
     "EP_BARRIER": 192,  # [src PE] last combine epoch whose input src had staged

@@ -1,11 +1,23 @@
 // MORI-EP dispatch and combine on the GPU heap, part 4 of 4 (see ep_common.cuh): the kernels of
 // IntraNode, IntraNodeLL and AsyncLL, which also move the inter-node types' tokens within a node.
 // ================================ dispatch =====================================================
-// The whole warp writes part `part` of `parts` of token t into receive slot s of PE destPe: the
-// bytes [part * chunk, (part + 1) * chunk) of the row, and with part 0 the rest (top-k row,
-// weights, scales, source position).
+// A row of rowBytes copied by several warps (dispatch's sends, combine's stage): as many parts as
+// `warps` warps give each of `rows` rows, each of at least 1 KiB, 16-byte aligned (1: a warp a row).
+struct CopyParts {
+  int parts;
+  size_t chunk;
+  MORI_DEVICE_INLINE CopyParts(size_t rowBytes, int warps, int rows) {
+    const int most = (int)((rowBytes + 1023) / 1024);
+    parts = rows > 0 ? max(1, min(most, warps / rows)) : 1;
+    chunk = ((rowBytes + parts - 1) / parts + 15) & ~(size_t)15;
+  }
+};
+
+// The whole warp writes part `part` of token t into receive slot s of PE destPe: the bytes
+// [part * chunk, (part + 1) * chunk) of the row, and with part 0 the rest (top-k row, weights,
+// scales, source position).
 MORI_DEVICE_INLINE void SendTokenPart(const EpArgs& a, const int32_t* indices, int t, int destPe, size_t s, int part,
-                                      int chunk, int lane) {
+                                      size_t chunk, int lane) {
   if (part == 0) {
     if (lane == 0) Peer(reinterpret_cast<int32_t*>(a.dispSrcPos), destPe)[s] = a.rank * a.maxSend + t;
     if (lane < a.k) {
@@ -20,16 +32,16 @@ MORI_DEVICE_INLINE void SendTokenPart(const EpArgs& a, const int32_t* indices, i
                reinterpret_cast<const char*>(a.scales) + (size_t)t * a.scaleBytes, a.scaleBytes, lane);
     }
   }
-  const size_t begin = (size_t)part * chunk;
+  const size_t begin = part * chunk;
   if (begin >= (size_t)a.rowBytes) return;
-  const size_t bytes = min((size_t)chunk, (size_t)a.rowBytes - begin);
+  const size_t bytes = min(chunk, (size_t)a.rowBytes - begin);
   WarpCopy(Peer(reinterpret_cast<char*>(a.dispTok), destPe) + s * a.rowBytes + begin,
            reinterpret_cast<const char*>(a.inp) + (size_t)t * a.rowBytes + begin, bytes, lane);
 }
 
 // The whole warp writes token t into receive slot s of PE destPe.
 MORI_DEVICE_INLINE void SendToken(const EpArgs& a, const int32_t* indices, int t, int destPe, size_t s, int lane) {
-  SendTokenPart(a, indices, t, destPe, s, 0, a.rowBytes, lane);
+  SendTokenPart(a, indices, t, destPe, s, 0, (size_t)a.rowBytes, lane);
 }
 
 // One block, a thread per destination PE: once the previous round's count was consumed there,
@@ -173,13 +185,10 @@ extern "C" __global__ void ep_dispatch_send(EpArgs a) {
     }
     __syncthreads();
     const int sends = sSends;
-    // Parts of at least 1 KiB, as many as leave no warp idle.
-    const int maxParts = (a.rowBytes + 1023) / 1024;
-    const int parts = sends == 0 ? 1 : max(1, min(maxParts, warps / sends));
-    const int chunk = ((a.rowBytes + parts - 1) / parts + 15) & ~15;
-    for (int item = warp; item < sends * parts; item += warps) {
-      const int3 e = sSend[item / parts];
-      SendTokenPart(a, indices, e.x, e.y, (size_t)e.z, item % parts, chunk, lane);
+    const CopyParts cut((size_t)a.rowBytes, warps, sends);
+    for (int item = warp; item < sends * cut.parts; item += warps) {
+      const int3 e = sSend[item / cut.parts];
+      SendTokenPart(a, indices, e.x, e.y, (size_t)e.z, item % cut.parts, cut.chunk, lane);
     }
     __syncthreads();  // sSend is rewritten by the next round
   }
@@ -253,10 +262,10 @@ __device__ void CombineStage(const EpArgs& a) {
   const int total = *Control(a, EP_TOTAL_RECV);
   const size_t rowBytes = (size_t)a.hidden * sizeof(WS);
   // Item i of this block is blockIdx.x + i * gridDim.x: few rows still reach every block's SM. A
-  // plain copy cuts rows into parts of at least 1 KiB where warps outnumber rows (decode).
-  int parts = 1;
-  if (kCopy && total > 0) parts = max(1, min((int)((rowBytes + 1023) / 1024), (int)(gridDim.x * warps) / total));
-  const size_t chunk = ((rowBytes + parts - 1) / parts + 15) & ~(size_t)15;
+  // plain copy cuts rows into parts where warps outnumber rows (decode); a cast goes a warp a row.
+  const CopyParts cut(rowBytes, kCopy ? (int)(gridDim.x * warps) : 1, total);
+  const int parts = cut.parts;
+  const size_t chunk = cut.chunk;
   const int firstItem = blockIdx.x + (threadIdx.x >> 5) * gridDim.x, itemStride = gridDim.x * warps;
   // A cast goes a pack at a time where rows are whole packs of an aligned tensor.
   const bool packed = a.hidden % 8 == 0 && a.inp % sizeof(Pack8<IS>) == 0;

@@ -189,11 +189,11 @@ MORI_DEVICE_INLINE void QuantizeRowScalar(const EpArgs& a, const uint16_t* src, 
   for (int sb = lane; sb < a.combScaleDim; sb += 32) scales[sb] = WireScale<Fp4>(scales[sb]);
 }
 
-// A lane's packs [u0, u0 + 32, ...) of one token's row, kUnits of them at once: per source row in
-// top-k order two rows at a time, their 2 * kUnits loads first (they never wait on a store: a
-// pack's sum is stored after every row was read), then the additions, so each lane keeps that
-// many loads in flight rather than one. `load(row, u)` reads pack u of source row `row`, `add(acc, in)` adds it into
-// float32 sums, `store(u, acc)` writes pack u of the output.
+// A lane's packs [u0, u0 + 32, ...) of one token's row, kUnits of them at once: the source rows
+// in top-k order two at a time, their 2 * kUnits loads first (they never wait on a store: a pack's
+// sum is stored after every row was read), then the additions, so each lane keeps that many loads
+// in flight rather than one. `load(row, u)` reads pack u of source row `row`, `add(acc, in)` adds
+// it into float32 sums, `store(u, acc)` writes pack u of the output.
 template <int kUnits, class Load, class Add, class Store>
 MORI_DEVICE_INLINE void SumPacks(const uint8_t* const* rows, int count, int begin, int end, int lane, Load load,
                                  Add add, Store store) {
