@@ -85,14 +85,20 @@ def mori_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int
     return statistics.median(disp), statistics.median(comb)
 
 
-def mori_loop_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float, float]:
-    """Eager calls back to back, as a decode loop without graphs makes them: median dispatch and
-    combine times (events between the calls), and the median host time of a dispatch+combine
-    pair's Python (perf_counter), which bounds them from below when the host is the slower side."""
-    import time
-
+def first_round(op: Any, x: Any, w: Any, s: Any, ids: Any) -> Any:
+    """One untimed dispatch+combine; returns a bf16 combine input of the dispatch output's shape."""
     y = torch.empty(op.dispatch(x, w, s, ids)[0].shape, dtype=torch.bfloat16, device=x.device)
     op.combine(y, None, ids)
+    return y
+
+
+def back_to_back(dispatch: Any, combine: Any, iters: int, warmup: int) -> tuple[float, float, float]:
+    """Rounds of ``dispatch()`` then ``combine()`` back to back, as a decode loop runs them: the
+    ranks start together once, so launch skew between them is not timed (it falls on the warmup
+    rounds). Median dispatch and combine ms (events between the calls) and median host ms of a
+    round's Python (perf_counter)."""
+    import time
+
     dist.barrier()
     torch.cuda.synchronize()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * (warmup + iters) + 1)]
@@ -100,9 +106,9 @@ def mori_loop_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup
     ev[0].record()
     for i in range(warmup + iters):
         t0 = time.perf_counter()
-        op.dispatch(x, w, s, ids)
+        dispatch()
         ev[2 * i + 1].record()
-        op.combine(y, None, ids)
+        combine()
         host.append(time.perf_counter() - t0)
         ev[2 * i + 2].record()
     ev[-1].synchronize()
@@ -112,6 +118,14 @@ def mori_loop_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup
     return statistics.median(disp), statistics.median(comb), statistics.median(host[warmup:]) * 1e3
 
 
+def mori_loop_pair(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int) -> tuple[float, float, float]:
+    """Eager calls back to back, as a decode loop without graphs makes them: median dispatch and
+    combine times, and the median host time of a dispatch+combine pair's Python, which bounds
+    them from below when the host is the slower side."""
+    y = first_round(op, x, w, s, ids)
+    return back_to_back(lambda: op.dispatch(x, w, s, ids), lambda: op.combine(y, None, ids), iters, warmup)
+
+
 def host_profile(op: Any, x: Any, w: Any, s: Any, ids: Any, rounds: int) -> str:
     """cProfile of ``rounds`` eager dispatch+combine pairs back to back (this rank's Python):
     where the host time of a call goes, the functions with the most time of their own first."""
@@ -119,8 +133,7 @@ def host_profile(op: Any, x: Any, w: Any, s: Any, ids: Any, rounds: int) -> str:
     import io
     import pstats
 
-    y = torch.empty(op.dispatch(x, w, s, ids)[0].shape, dtype=torch.bfloat16, device=x.device)
-    op.combine(y, None, ids)
+    y = first_round(op, x, w, s, ids)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(rounds):
@@ -137,9 +150,9 @@ def mori_graph_pair(
     op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int, warmup: int, zero_copy: bool = False
 ) -> tuple[float, float]:
     """Median dispatch and combine times of mori.ops captured as two CUDA graphs (as an engine's
-    decode step runs them), replayed in turn back to back; events between the replays time each
-    one, so no host code is timed. ``zero_copy``: the expert outputs are in the op's registered
-    combine input buffer (``get_registered_combine_input_buffer``), so combine copies nothing."""
+    decode step runs them), replayed back to back; no host code is timed. ``zero_copy``: the
+    expert outputs are in the op's registered combine input buffer
+    (``get_registered_combine_input_buffer``), so combine copies nothing."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     g_disp, g_comb = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
@@ -153,22 +166,8 @@ def mori_graph_pair(
         with torch.cuda.graph(g_comb, stream=stream):
             op.combine(y, None, ids)
     torch.cuda.current_stream().wait_stream(stream)
-    # Rounds back to back, as a decode loop runs them: the ranks start together once, so launch
-    # skew between them is not timed (it falls on the warmup rounds).
-    dist.barrier()
-    torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * (warmup + iters) + 1)]
-    ev[0].record()
-    for i in range(warmup + iters):
-        g_disp.replay()
-        ev[2 * i + 1].record()
-        g_comb.replay()
-        ev[2 * i + 2].record()
-    ev[-1].synchronize()
-    rounds = range(warmup, warmup + iters)
-    disp = [ev[2 * i].elapsed_time(ev[2 * i + 1]) for i in rounds]
-    comb = [ev[2 * i + 1].elapsed_time(ev[2 * i + 2]) for i in rounds]
-    return statistics.median(disp), statistics.median(comb)
+    disp, comb, _ = back_to_back(g_disp.replay, g_comb.replay, iters, warmup)
+    return disp, comb
 
 
 def kernel_profile(op: Any, x: Any, w: Any, s: Any, ids: Any, iters: int) -> list[tuple[str, int, float, float]]:

@@ -262,18 +262,24 @@ def nvshmem_put_bandwidth(trials: int) -> dict[int, float]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_shmem.json"))
-    parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--no-nvshmem", action="store_true")
-    args = parser.parse_args()
+def init_two_pes() -> None:
+    """This process's PE of two under torchrun, one GPU each: the GPU, the process group
+    (registered as "default") and mori.shmem on it."""
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     dist.init_process_group(backend="cpu:gloo,cuda:nccl")
     if dist.get_world_size() != 2:
         raise SystemExit("run on exactly 2 GPUs: torchrun --nproc_per_node=2")
     torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
     shmem.shmem_torch_process_group_init("default")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_shmem.json"))
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--no-nvshmem", action="store_true")
+    args = parser.parse_args()
+    init_two_pes()
     bench = Bench()
     rows = bench.put_bandwidth(args.trials)
     lat = bench.ping_pong(2000, args.trials, raw=False)

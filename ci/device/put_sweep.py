@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_shmem import KERNELS, Bench, Prepared, timed
+from bench_shmem import KERNELS, Bench, Prepared, init_two_pes, timed
 
 import mori.shmem as shmem
 from mori.core import cuda as cu
@@ -350,12 +350,7 @@ def main() -> int:
     parser.add_argument("--skip-bw", action="store_true")
     parser.add_argument("--skip-lat", action="store_true")
     args = parser.parse_args()
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    dist.init_process_group(backend="cpu:gloo,cuda:nccl")
-    if dist.get_world_size() != 2:
-        raise SystemExit("run on exactly 2 GPUs: torchrun --nproc_per_node=2")
-    torch._C._distributed_c10d._register_process_group("default", dist.group.WORLD)
-    shmem.shmem_torch_process_group_init("default")
+    init_two_pes()
     start = time.time()
     sweep = Sweep(args.trials)
     bw = [] if args.skip_bw else sweep.bandwidth()
