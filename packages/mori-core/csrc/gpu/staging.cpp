@@ -232,6 +232,7 @@ public:
         s.toDeviceBytes = copies_[1].bytes.load(std::memory_order_relaxed);
         s.copyNs = copyNs_.load(std::memory_order_relaxed);
         s.waitNs = waitNs_.load(std::memory_order_relaxed);
+        s.queueNs = queueNs_.load(std::memory_order_relaxed);
         return s;
     }
     // The profile's counters: atomics beside the lock, as each copy of every lane counts itself.
@@ -242,6 +243,7 @@ public:
     }
     void count_copy_ended(int64_t since) { copyNs_.fetch_add(now_ns() - since, std::memory_order_relaxed); }
     void count_wait(int64_t since) { waitNs_.fetch_add(now_ns() - since, std::memory_order_relaxed); }
+    void count_queue(int64_t since) { queueNs_.fetch_add(now_ns() - since, std::memory_order_relaxed); }
 
     // Frees what the pool keeps; from now on memory given back is freed (while the context lives:
     // after, its destruction has freed it) and none is lent. With wait, first waits (at most the
@@ -289,7 +291,7 @@ private:
         std::atomic<uint64_t> count{0}, bytes{0};
     };
     Copies copies_[2];  // to the host, to the device
-    std::atomic<uint64_t> copyNs_{0}, waitNs_{0};
+    std::atomic<uint64_t> copyNs_{0}, waitNs_{0}, queueNs_{0};
 };
 
 void Staged::swap(Staged& o) noexcept {
@@ -467,21 +469,25 @@ void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
 }
 
 void Stager::to_device(uint64_t dst, Staged& src, bool wait, size_t lane) {
+    const int64_t start = now_ns();
     Op op(*this, lane);
     check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.driver.memcpyHtoDAsync)(dst, src.data(), src.size(),
                                                                          reinterpret_cast<void*>(op.stream())),
           "cuMemcpyHtoDAsync");
     pool_->count_copy(true, src.size());
+    pool_->count_queue(start);
     follow(op, src, wait, "a copy to the GPU");
 }
 
 Staged Stager::to_host(uint64_t src, size_t bytes, bool wait, size_t lane) {
     Staged s = staging(bytes);  // before the lane's lock: a new allocation may take a while
+    const int64_t start = now_ns();
     Op op(*this, lane);
     check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.driver.memcpyDtoHAsync)(s.data(), src, bytes,
                                                                          reinterpret_cast<void*>(op.stream())),
           "cuMemcpyDtoHAsync");
     pool_->count_copy(false, bytes);
+    pool_->count_queue(start);
     follow(op, s, wait, "a copy from the GPU");
     return s;
 }

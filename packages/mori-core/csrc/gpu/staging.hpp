@@ -85,6 +85,7 @@ struct PoolStats {
     uint64_t toDevice = 0, toDeviceBytes = 0;  // copies into the GPU queued, and their bytes
     uint64_t copyNs = 0;  // summed over queued copies: from queueing to the moment a caller saw it end
     uint64_t waitNs = 0;  // summed time callers spent blocked on a copy (wait(), or a waited copy)
+    uint64_t queueNs = 0;  // summed time callers spent queueing copies (the driver's locks included)
 };
 
 class StagingPool;

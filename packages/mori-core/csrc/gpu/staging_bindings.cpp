@@ -29,6 +29,7 @@ py::dict stats_dict(const PoolStats& s) {
     d["to_device_bytes"] = s.toDeviceBytes;
     d["copy_ns"] = s.copyNs;
     d["wait_ns"] = s.waitNs;
+    d["queue_ns"] = s.queueNs;
     return d;
 }
 
@@ -111,7 +112,7 @@ mori::native::Registration reg([](py::module_& root) {
             "stats", [](const Stager& s) { return stats_dict(s.stats()); },
             "What the pool has done: lent, cached_bytes, pinned, reused, freed, unpinned, abandoned; and its "
             "copies: to_host, to_host_bytes, to_device, to_device_bytes, copy_ns (queued to seen ended, "
-            "summed), wait_ns (callers blocked on copies, summed).")
+            "summed), wait_ns (callers blocked on copies, summed), queue_ns (callers queueing copies, summed).")
         .def("check_device_memory", &Stager::check_device_memory, py::arg("addr"), py::arg("nbytes"),
              "ValueError unless [addr, addr + nbytes) is CUDA device memory.")
         .def_property_readonly("cache_bytes", [](const Stager& s) { return s.config().cacheBytes; })
