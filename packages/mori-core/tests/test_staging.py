@@ -34,7 +34,9 @@ def _bytes(n: int, seed: int) -> np.ndarray:
 def test_the_public_names_are_the_native_ones():
     stager = testing.standin_stager()
     assert isinstance(stager, staging.Stager)
-    assert "cuMemcpyDtoHAsync" in staging.STAGING_ENTRY_POINTS and "cuEventQuery" in staging.STAGING_ENTRY_POINTS
+    assert (
+        "cuMemcpyDtoHAsync" in staging.STAGING_ENTRY_POINTS and "cuStreamWriteValue32" in staging.STAGING_ENTRY_POINTS
+    )
     assert stager.cache_bytes == staging.STAGING_CACHE_BYTES
 
 
@@ -118,6 +120,23 @@ def test_a_copy_that_never_ends_times_out_and_its_memory_is_never_lent_again():
     out.release()
     stats = stager.stats()
     assert stats["abandoned"] == 1 and stats["lent"] == 0 and stats["cached_bytes"] == 0
+
+
+def test_a_copy_that_fails_on_the_device_raises_long_before_the_timeout_and_gives_its_memory_back():
+    stager = testing.standin_stager(timeout=30.0)
+    src = _bytes(4096, 6)
+    testing.standin_knobs(fail_later=True)
+    out = stager.to_host(int(src.ctypes.data), 4096, wait=False)
+    started = time.monotonic()
+    with pytest.raises(
+        RuntimeError, match=r"a copy of staged bytes \(cuStreamQuery\) failed on the GPU \(CUresult 999\)"
+    ):
+        out.wait()
+    assert time.monotonic() - started < 5  # the stream was asked after a millisecond, not after 30 s
+    testing.standin_knobs()
+    out.release()
+    stats = stager.stats()
+    assert stats["lent"] == 0 and stats["abandoned"] == 0  # the copy runs no more: its memory is kept
 
 
 def test_a_delayed_copy_is_polled_until_it_ends():

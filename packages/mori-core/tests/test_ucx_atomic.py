@@ -158,22 +158,22 @@ def test_signal_put_refusals_write_nothing(pair: Pair, offset: int, size: int, s
 
 def test_serving_gpu_memory_needs_every_driver_entry_point() -> None:
     """``ucx_serve_gpu`` takes the driver's entry points by name (one table, UCX_GPU_ENTRY_POINTS,
-    the asynchronous copies' events among them) and refuses a table missing one, naming it,
+    the asynchronous copies' completion words among them) and refuses a table missing one, naming it,
     before the engine changes (nothing here is called: the addresses are never used)."""
     from mori.core._native.ucx import UCX_GPU_ENTRY_POINTS, ucx_serve_gpu
 
-    assert {"cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy", "cuMemcpyDtoHAsync"} <= set(
+    assert {"cuStreamWriteValue32", "cuMemHostGetDevicePointer", "cuStreamQuery", "cuMemcpyDtoHAsync"} <= set(
         UCX_GPU_ENTRY_POINTS
     )
     assert len(set(UCX_GPU_ENTRY_POINTS)) == len(UCX_GPU_ENTRY_POINTS)
     engine = ucx.make_engine("gpu-entry-points")
     try:
         points = {name: 0x1000 + i for i, name in enumerate(UCX_GPU_ENTRY_POINTS)}
-        del points["cuEventQuery"]
-        with pytest.raises(ValueError, match="entry_points has no cuEventQuery"):
+        del points["cuStreamWriteValue32"]
+        with pytest.raises(ValueError, match="entry_points has no cuStreamWriteValue32"):
             ucx_serve_gpu(engine, 1, 1, 1, 1, 1, points, 1, 1 << 20, True)
-        points["cuEventQuery"] = 0
-        with pytest.raises(ValueError, match="needs the driver's cuEventQuery"):
+        points["cuStreamWriteValue32"] = 0
+        with pytest.raises(ValueError, match="needs the driver's cuStreamWriteValue32"):
             ucx_serve_gpu(engine, 1, 1, 1, 1, 1, points, 1, 1 << 20, True)
     finally:
         engine.close()

@@ -1,15 +1,23 @@
 // A host stand-in for the driver entry points of a Stager (staging.hpp), so that machines with no
 // GPU (CI) run the staging code itself: the "device" is host memory, a copy is a memcpy made when
-// it is queued, an event ends `delay` seconds after it is recorded, pinned memory is heap memory.
+// it is queued, the word written after it (cuStreamWriteValue32) is written `delay` seconds
+// later (by a thread of the stand-in, in the order queued), pinned memory is heap memory.
 // Knobs make it fail: the n-th copy from now (its CUresult is 999, CUDA_ERROR_UNKNOWN), every
-// allocation of pinned memory, or every event (never ends, so waits run into their timeout).
+// allocation of pinned memory, every copy's end (its word never written, its stream never
+// idle, so waits run into their timeout), or every copy later, as the device runs it (its word
+// never written, its stream's query answers 999).
 // One stand-in per process: tests set its knobs and read its counters through
 // mori.core._native.gpu (host_standin_*), wrapped by mori.core.testing.HostStandin.
 #include "gpu/host_standin.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 #include "base/transfer.hpp"
 
@@ -27,12 +35,43 @@ std::atomic<int64_t> failCopyIn{-1};  // copies left before one fails; -1: none 
 std::atomic<bool> failPinning{false};
 std::atomic<int64_t> delayNs{0};
 std::atomic<bool> hang{false};
-std::atomic<uint64_t> copies{0}, copiedBytes{0}, allocations{0}, frees{0}, liveEvents{0};
+std::atomic<bool> failLater{false};
+std::atomic<uint64_t> copies{0}, copiedBytes{0}, allocations{0}, frees{0};
 
-struct Event {
-    int64_t readyNs = 0;
-    bool never = false;
+// Words to write once their time has come (delay), in the order queued, and whether one was
+// queued while the stand-in hung (never written: its stream never becomes idle).
+struct Write {
+    int64_t atNs;
+    std::atomic<uint32_t>* word;
+    uint32_t value;
 };
+struct Writes {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Write> queued;
+    bool hung = false;    // a write was queued while the stand-in hung
+    bool failed = false;  // a copy was queued while copies failed later
+};
+// Never destroyed: the thread that makes the writes waits on it until the process ends.
+Writes& writes() {
+    static Writes* w = new Writes;
+    return *w;
+}
+
+void write_later() {
+    Writes& w = writes();
+    std::unique_lock lk(w.mu);
+    for (;;) {
+        w.cv.wait(lk, [&] { return !w.queued.empty(); });
+        const Write next = w.queued.front();
+        if (now_ns() < next.atNs) {
+            w.cv.wait_for(lk, std::chrono::nanoseconds(next.atNs - now_ns()));
+            continue;
+        }
+        next.word->store(next.value, std::memory_order_release);
+        w.queued.pop_front();
+    }
+}
 
 // Whether this copy is the one told to fail (counting it down).
 bool copy_fails() {
@@ -57,7 +96,12 @@ int ctx_pop(void** ctx) {
     return 0;
 }
 int exchange_capture_mode(int*) { return 0; }
-int stream_query(void*) { return 0; }
+int stream_query(void*) {
+    Writes& w = writes();
+    std::lock_guard lk(w.mu);
+    if (w.failed) return kUnknown;
+    return w.hung || !w.queued.empty() ? kNotReady : 0;
+}
 int htod(uint64_t dst, const void* src, size_t bytes, void*) { return copy(reinterpret_cast<void*>(dst), src, bytes); }
 int dtoh(void* dst, uint64_t src, size_t bytes, void*) { return copy(dst, reinterpret_cast<const void*>(src), bytes); }
 int host_alloc(void** p, size_t bytes, unsigned) {
@@ -72,31 +116,33 @@ int free_host(void* p) {
     frees.fetch_add(1);
     return 0;
 }
-int event_create(void** e, unsigned) {
-    *e = new Event;
-    liveEvents.fetch_add(1);
+int host_device_pointer(uint64_t* dptr, void* p, unsigned) {
+    *dptr = reinterpret_cast<uint64_t>(p);
     return 0;
 }
-int event_record(void* e, void*) {
-    auto* ev = static_cast<Event*>(e);
-    ev->readyNs = now_ns() + delayNs.load();
-    ev->never = hang.load();
+int write_value(void*, uint64_t addr, uint32_t value, unsigned) {
+    auto* word = reinterpret_cast<std::atomic<uint32_t>*>(addr);
+    Writes& w = writes();
+    std::lock_guard lk(w.mu);
+    if (hang.load() || failLater.load()) {
+        (hang.load() ? w.hung : w.failed) = true;
+        return 0;
+    }
+    const int64_t delay = delayNs.load();
+    if (delay == 0 && w.queued.empty()) {
+        word->store(value, std::memory_order_release);
+        return 0;
+    }
+    static std::once_flag started;
+    std::call_once(started, [] { std::thread(write_later).detach(); });
+    w.queued.push_back(Write{now_ns() + delay, word, value});
+    w.cv.notify_all();
     return 0;
-}
-int event_query(void* e) {
-    const auto* ev = static_cast<const Event*>(e);
-    return ev->never || now_ns() < ev->readyNs ? kNotReady : 0;
 }
 int pointer_attribute(void* data, int, uint64_t) {
     *static_cast<unsigned*>(data) = 2;  // CU_MEMORYTYPE_DEVICE: host memory stands in for the GPU's
     return 0;
 }
-int event_destroy(void* e) {
-    delete static_cast<Event*>(e);
-    liveEvents.fetch_sub(1);
-    return 0;
-}
-
 }  // namespace
 
 StagingConfig config(double timeout, size_t cacheBytes) {
@@ -113,10 +159,8 @@ StagingConfig config(double timeout, size_t cacheBytes) {
     d.memcpyDtoHAsync = reinterpret_cast<uintptr_t>(&dtoh);
     d.memHostAlloc = reinterpret_cast<uintptr_t>(&host_alloc);
     d.memFreeHost = reinterpret_cast<uintptr_t>(&free_host);
-    d.eventCreate = reinterpret_cast<uintptr_t>(&event_create);
-    d.eventRecord = reinterpret_cast<uintptr_t>(&event_record);
-    d.eventQuery = reinterpret_cast<uintptr_t>(&event_query);
-    d.eventDestroy = reinterpret_cast<uintptr_t>(&event_destroy);
+    d.memHostGetDevicePointer = reinterpret_cast<uintptr_t>(&host_device_pointer);
+    d.streamWriteValue32 = reinterpret_cast<uintptr_t>(&write_value);
     d.pointerGetAttribute = reinterpret_cast<uintptr_t>(&pointer_attribute);
     c.timeout = timeout;
     c.cacheBytes = cacheBytes;
@@ -129,10 +173,12 @@ void set_knobs(const Knobs& k) {
     failPinning.store(k.failPinning);
     delayNs.store(static_cast<int64_t>(k.delay * 1e9));
     hang.store(k.hang);
+    failLater.store(k.failLater);
+    Writes& w = writes();
+    std::lock_guard lk(w.mu);
+    w.hung = w.failed = false;  // behaving again: a stream is idle once its writes are made
 }
 
-Counters counters() {
-    return Counters{copies.load(), copiedBytes.load(), allocations.load(), frees.load(), liveEvents.load()};
-}
+Counters counters() { return Counters{copies.load(), copiedBytes.load(), allocations.load(), frees.load()}; }
 
 }  // namespace mori::gpu::standin

@@ -12,13 +12,14 @@ namespace mori::gpu::standin {
 struct Knobs {
     int64_t failCopyIn = -1;   // the copy after this many more fails (0: the next); -1: none fails
     bool failPinning = false;  // every allocation of pinned memory fails
-    double delay = 0;          // seconds from a copy's event record until it has ended
-    bool hang = false;         // events recorded from now on never end
+    double delay = 0;          // seconds from a copy's queueing until its end is written
+    bool hang = false;         // copies queued from now on never end
+    bool failLater = false;    // copies queued from now on fail on the "device": the stream says so
 };
 
 // What it has done since the process started.
 struct Counters {
-    uint64_t copies, copiedBytes, allocations, frees, liveEvents;
+    uint64_t copies, copiedBytes, allocations, frees;
 };
 
 // A StagingConfig whose driver is the stand-in's.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <thread>
@@ -27,14 +28,21 @@ using MemcpyHtoDAsyncFn = int (*)(uint64_t dst, const void* src, size_t bytes, v
 using MemcpyDtoHAsyncFn = int (*)(void* dst, uint64_t src, size_t bytes, void* stream);
 using MemHostAllocFn = int (*)(void** p, size_t bytes, unsigned flags);
 using MemFreeHostFn = int (*)(void* p);
-using EventCreateFn = int (*)(void** event, unsigned flags);
-using EventRecordFn = int (*)(void* event, void* stream);
-using EventQueryFn = int (*)(void* event);
-using EventDestroyFn = int (*)(void* event);
+using MemHostGetDevicePointerFn = int (*)(uint64_t* dptr, void* p, unsigned flags);
+using StreamWriteValue32Fn = int (*)(void* stream, uint64_t addr, uint32_t value, unsigned flags);
 using PointerGetAttributeFn = int (*)(void* data, int attribute, uint64_t ptr);
-constexpr int kPointerMemoryType = 2;        // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-constexpr unsigned kMemoryTypeDevice = 2;    // CU_MEMORYTYPE_DEVICE
-constexpr unsigned kEventDisableTiming = 2;  // CU_EVENT_DISABLE_TIMING
+constexpr int kPointerMemoryType = 2;      // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
+// CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP: the words are written by the device.
+constexpr unsigned kMappedPinned = 0x1 | 0x2;
+
+// The words the copies' ends are written into: one per lane, each on a cache line of its own.
+constexpr size_t kWordStride = 64;
+constexpr size_t kWordsBytes = kMaxLanes * kWordStride;
+
+// How long copied() reads the word alone before it also asks the stream, and how often after:
+// a failed copy never writes it, and the stream's query (a driver call, the driver's lock) tells.
+constexpr int64_t kAskStreamNs = 1'000'000;
 
 // Pinned memory comes in powers of two from 64 KiB, so that transfers of about one size reuse it.
 constexpr size_t kMinCapacity = size_t{64} << 10;
@@ -45,8 +53,8 @@ size_t capacity_for(size_t bytes) {
     return c;
 }
 
-// The context a thread of the caller made current for good (Stager::make_current): event
-// queries there need no push (a UCX worker polls one each progress while a copy runs).
+// The context a thread of the caller made current for good (Stager::make_current): driver calls
+// there need no push.
 thread_local uintptr_t tlsContext = 0;
 thread_local bool ownThread = false;   // own_thread()
 thread_local uintptr_t tlsPushed = 0;  // the context a Current of this thread holds pushed now
@@ -133,7 +141,32 @@ std::string never_ended(const std::string& what, const StagingConfig& c) {
 // lives as long as the Stager or memory it lent, whichever goes last.
 class StagingPool {
 public:
-    explicit StagingPool(const StagingConfig& c) : c_(c) {}
+    explicit StagingPool(const StagingConfig& c) : c_(c) {
+        void* p = nullptr;
+        const Current current(c_);
+        check(reinterpret_cast<MemHostAllocFn>(c_.driver.memHostAlloc)(&p, kWordsBytes, kMappedPinned),
+              "cuMemHostAlloc (the staging's completion words)");
+        words_ = static_cast<uint8_t*>(p);
+        std::memset(words_, 0, kWordsBytes);
+        const int r =
+            reinterpret_cast<MemHostGetDevicePointerFn>(c_.driver.memHostGetDevicePointer)(&wordsDevice_, p, 0);
+        if (r != 0) {
+            reinterpret_cast<MemFreeHostFn>(c_.driver.memFreeHost)(p);
+            check(r, "cuMemHostGetDevicePointer (the staging's completion words)");
+        }
+    }
+    // The words stay while a copy may still write one: a copy given up on (abandon) may.
+    ~StagingPool() {
+        if (stats_.abandoned == 0) free({words_});
+    }
+    StagingPool(const StagingPool&) = delete;
+    StagingPool& operator=(const StagingPool&) = delete;
+
+    // Lane `lane`'s word, as the host reads it and as the device writes it.
+    const std::atomic<uint32_t>* word(size_t lane) const {
+        return reinterpret_cast<const std::atomic<uint32_t>*>(words_ + lane * kWordStride);
+    }
+    uint64_t word_device(size_t lane) const { return wordsDevice_ + lane * kWordStride; }
 
     // Memory of `capacity` bytes, or null when pinning failed or the pool is closed.
     uint8_t* take(size_t capacity) {
@@ -191,28 +224,10 @@ public:
         back_.notify_all();
     }
 
-    // An event to record after one copy (context current), and given back once that ended.
-    void* take_event() {
-        {
-            std::lock_guard lk(mu_);
-            if (!events_.empty()) {
-                void* e = events_.back();
-                events_.pop_back();
-                return e;
-            }
-        }
-        void* e = nullptr;
-        check(reinterpret_cast<EventCreateFn>(c_.driver.eventCreate)(&e, kEventDisableTiming), "cuEventCreate");
-        return e;
-    }
-    void give_event(void* e) {
-        std::lock_guard lk(mu_);
-        if (!closed_) events_.push_back(e);  // else the context's destruction frees it
-    }
-    // 0 once the copy `event` follows has ended, kNotReady before, else the CUresult of its failure.
-    int query(void* event) const {
+    // 0 when `stream` is idle, kNotReady while it runs, else the CUresult of its failure.
+    int query_stream(uintptr_t stream) const {
         const Current current(c_);  // nothing to do where the context is current already
-        return reinterpret_cast<EventQueryFn>(c_.driver.eventQuery)(event);
+        return reinterpret_cast<StreamQueryFn>(c_.driver.streamQuery)(reinterpret_cast<void*>(stream));
     }
     const StagingConfig& config() const { return c_; }
     // Why a copy that started at `since` has not ended, once the timeout passed; "" before.
@@ -250,7 +265,6 @@ public:
     // timeout) for memory still lent.
     void close(bool wait) {
         std::vector<uint8_t*> all;
-        std::vector<void*> events;
         {
             std::unique_lock lk(mu_);
             if (closed_) return;
@@ -265,18 +279,16 @@ public:
             stats_.freed += all.size();
             cached_.clear();
             stats_.cachedBytes = 0;
-            events.swap(events_);
         }
-        free(all, events);
+        free(all);
     }
 
 private:
-    void free(const std::vector<uint8_t*>& ps, const std::vector<void*>& events = {}) {
-        if (ps.empty() && events.empty()) return;
+    void free(const std::vector<uint8_t*>& ps) {
+        if (ps.empty()) return;
         try {
             const Current current(c_);
             for (uint8_t* p : ps) reinterpret_cast<MemFreeHostFn>(c_.driver.memFreeHost)(p);
-            for (void* e : events) reinterpret_cast<EventDestroyFn>(c_.driver.eventDestroy)(e);
         } catch (const std::exception&) {  // the context is gone: it freed them
         }
     }
@@ -284,7 +296,8 @@ private:
     std::mutex mu_;
     std::condition_variable back_;
     std::map<size_t, std::vector<uint8_t*>> cached_;  // by capacity
-    std::vector<void*> events_;                       // events free for the next copy
+    uint8_t* words_ = nullptr;                        // the lanes' words (kWordsBytes, mapped pinned)
+    uint64_t wordsDevice_ = 0;                        // their address on the device
     PoolStats stats_;
     bool closed_ = false;
     struct Copies {
@@ -299,28 +312,41 @@ void Staged::swap(Staged& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     std::swap(capacity_, o.capacity_);
-    std::swap(event_, o.event_);
+    std::swap(done_, o.done_);
+    std::swap(ticket_, o.ticket_);
+    std::swap(stream_, o.stream_);
     std::swap(since_, o.since_);
+    std::swap(askAt_, o.askAt_);
 }
 
+// Tickets count on in a lane's word, wrapping: reached while fewer than 2^31 copies of the lane
+// lie between the two.
+bool Staged::ended() const { return static_cast<int32_t>(done_->load(std::memory_order_acquire) - ticket_) >= 0; }
+
 bool Staged::copied() {
-    if (event_ == nullptr) return true;
-    const int r = pool_->query(event_);
-    if (r == kNotReady) {
-        const std::string late = pool_->late(since_);
-        if (late.empty()) return false;
-        throw std::runtime_error(late);
+    if (done_ == nullptr) return true;
+    if (!ended()) {
+        const int64_t now = now_ns();
+        if (now < askAt_) return false;
+        askAt_ = now + kAskStreamNs;
+        const int r = pool_->query_stream(stream_);
+        if (r != 0 && r != kNotReady) {
+            done_ = nullptr;  // the copy runs no more: its memory may be lent again
+            check(r, "a copy of staged bytes (cuStreamQuery)");
+        }
+        if (!ended()) {  // (an idle stream has written the word: read again)
+            const std::string late = pool_->late(since_);
+            if (late.empty()) return false;
+            throw std::runtime_error(late);
+        }
     }
-    pool_->give_event(event_);
-    event_ = nullptr;
+    done_ = nullptr;
     pool_->count_copy_ended(since_);
-    check(r, "a copy of staged bytes (cuEventQuery)");
     return true;
 }
 
 void Staged::wait() {
-    if (event_ == nullptr) return;
-    const Current current(pool_->config());  // once for the whole wait, not per poll
+    if (done_ == nullptr) return;
     const int64_t start = now_ns();
     poll_until([this] { return copied(); });
     pool_->count_wait(start);
@@ -328,17 +354,8 @@ void Staged::wait() {
 
 void Staged::clear() {
     if (pool_) {
-        int r = 0;  // the copy's state: 0 (none, or ended), kNotReady (may still run into or out of it)
-        if (event_ != nullptr) {
-            try {
-                r = pool_->query(event_);
-            } catch (const std::exception&) {
-                r = kNotReady;
-            }
-            if (r != kNotReady) pool_->give_event(event_);  // else the context's destruction frees it
-        }
-        if (r == kNotReady)
-            pool_->abandon();
+        if (done_ != nullptr && !ended())
+            pool_->abandon();  // its copy may still run into or out of it
         else
             pool_->give_back(data_, capacity_);
     } else {
@@ -346,13 +363,16 @@ void Staged::clear() {
     }
     pool_.reset();
     data_ = nullptr;
-    event_ = nullptr;
+    done_ = nullptr;
     size_ = capacity_ = 0;
 }
 
 Stager::Stager(StagingConfig c) : c_(std::move(c)) {
     if (!c_.context || c_.streams.empty())
         throw std::invalid_argument("GPU staging needs a CUDA context and a stream of it");
+    if (c_.streams.size() > kMaxLanes)
+        throw std::invalid_argument("GPU staging takes at most " + std::to_string(kMaxLanes) + " streams, got " +
+                                    std::to_string(c_.streams.size()));
     for (const uintptr_t stream : c_.streams) {
         if (!stream) throw std::invalid_argument("GPU staging: a null stream");
         lanes_.push_back(std::make_unique<Lane>());
@@ -400,8 +420,9 @@ void Stager::check_healthy() const {
 
 Stager::Op::Op(Stager& s, size_t lane)
     : s_(s),
-      stream_(s.lanes_[lane % s.lanes_.size()]->stream),
-      lock_(s.lanes_[lane % s.lanes_.size()]->mu),
+      lane_(lane % s.lanes_.size()),
+      stream_(s.lanes_[lane_]->stream),
+      lock_(s.lanes_[lane_]->mu),
       current_(s.c_) {
     s.check_healthy();
 }
@@ -458,14 +479,25 @@ void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
         pool_->count_copy_ended(start);
         return;
     }
-    void* event = pool_->take_event();
-    const int r = reinterpret_cast<EventRecordFn>(c_.driver.eventRecord)(event, reinterpret_cast<void*>(op.stream()));
-    if (r != 0) {
-        pool_->give_event(event);
-        check(r, "cuEventRecord");
+    Lane& lane = *lanes_[op.lane_];
+    const uint32_t ticket = lane.issued + 1;
+    const int r = reinterpret_cast<StreamWriteValue32Fn>(c_.driver.streamWriteValue32)(
+        reinterpret_cast<void*>(op.stream()), pool_->word_device(op.lane_), ticket, 0);
+    if (r != 0) {  // the copy runs without a word to tell its end: waited for here
+        try {
+            op.wait_stream(what);
+        } catch (const std::exception&) {  // the Stager is broken: this ticket is never written
+            s.done_ = pool_->word(op.lane_);
+            s.ticket_ = ticket;  // so s's memory, which the copy may still use, is never lent again
+        }
+        check(r, "cuStreamWriteValue32");
     }
-    s.event_ = event;
+    lane.issued = ticket;
+    s.done_ = pool_->word(op.lane_);
+    s.ticket_ = ticket;
+    s.stream_ = op.stream();
     s.since_ = now_ns();
+    s.askAt_ = s.since_ + kAskStreamNs;
 }
 
 void Stager::to_device(uint64_t dst, Staged& src, bool wait, size_t lane) {

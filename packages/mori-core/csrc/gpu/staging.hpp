@@ -6,10 +6,15 @@
 // that context. Copies of one lane run in order; callers on different threads take different
 // lanes (thread_lane), so that their copies neither queue behind each other nor share a lock.
 // `to_host` queues a copy-engine copy of device bytes into memory lent by the pool, `landing`
-// lends memory to receive into, `to_device` queues the copy of received bytes to the device. Each copy is followed by
-// an event, so a caller copies piece k+1 while the wire moves piece k and asks Staged::copied() (or waits with
-// Staged::wait()) before it sends or answers. Lent memory goes back to the pool when its Staged goes; the pool keeps up
-// to `cacheBytes` of it for the next transfer, frees the rest, and never lends memory whose copy may still run.
+// lends memory to receive into, `to_device` queues the copy of received bytes to the device.
+// Each copy is followed, on its stream, by a write of the lane's count of copies queued into a
+// word of pinned host memory (cuStreamWriteValue32), so a caller copies piece k+1 while the wire
+// moves piece k and asks Staged::copied() (or waits with Staged::wait()) before it sends or
+// answers: a read of that word, no driver call. (Polled events took the driver's lock: a
+// process's connection threads polling at once slowed each other's copies and calls, and four
+// connections moved less than half the bytes of GPU memory that they moved of host memory.)
+// Lent memory goes back to the pool when its Staged goes; the pool keeps up to `cacheBytes` of it
+// for the next transfer, frees the rest, and never lends memory whose copy may still run.
 //
 // Every wait is bounded by the config's timeout; after a wait that timed out the Stager refuses
 // further work (the stream may still be busy). Driver entry points come in as addresses
@@ -17,6 +22,7 @@
 // use on machines with no GPU): no CUDA headers, no toolkit at build time.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -36,8 +42,7 @@ void own_thread();
 struct Driver {
     uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0, exchangeCaptureMode = 0;
     uintptr_t streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0, memHostAlloc = 0, memFreeHost = 0;
-    uintptr_t eventCreate = 0, eventRecord = 0, eventQuery = 0, eventDestroy = 0;
-    uintptr_t pointerGetAttribute = 0;
+    uintptr_t memHostGetDevicePointer = 0, streamWriteValue32 = 0, pointerGetAttribute = 0;
 };
 
 // Every entry point of Driver by its driver name (the bindings' STAGING_ENTRY_POINTS).
@@ -51,19 +56,20 @@ inline constexpr std::pair<const char*, uintptr_t Driver::*> kDriverEntryPoints[
     {"cuMemcpyDtoHAsync", &Driver::memcpyDtoHAsync},
     {"cuMemHostAlloc", &Driver::memHostAlloc},
     {"cuMemFreeHost", &Driver::memFreeHost},
-    {"cuEventCreate", &Driver::eventCreate},
-    {"cuEventRecord", &Driver::eventRecord},
-    {"cuEventQuery", &Driver::eventQuery},
-    {"cuEventDestroy", &Driver::eventDestroy},
+    {"cuMemHostGetDevicePointer", &Driver::memHostGetDevicePointer},
+    {"cuStreamWriteValue32", &Driver::streamWriteValue32},
     {"cuPointerGetAttribute", &Driver::pointerGetAttribute},
 };
+
+// Lanes a Stager may have (each has a word its copies' ends are written into).
+inline constexpr size_t kMaxLanes = 64;
 
 // Pinned memory the pool keeps between transfers by default.
 inline constexpr size_t kDefaultCacheBytes = size_t{256} << 20;
 
 struct StagingConfig {
     uintptr_t context = 0;           // CUcontext, as an address
-    std::vector<uintptr_t> streams;  // CUstreams of it (lanes), at least one
+    std::vector<uintptr_t> streams;  // CUstreams of it (lanes), 1 to kMaxLanes
     Driver driver;
     double timeout = 30.0;                   // seconds a copy may take before it counts as never ending
     std::string timeoutSetting = "timeout";  // the caller's name for it, in messages
@@ -83,8 +89,8 @@ struct PoolStats {
     // The copies, for a profile of where a staged transfer's time goes (MORI_STAGING_PROFILE):
     uint64_t toHost = 0, toHostBytes = 0;      // copies out of the GPU queued, and their bytes
     uint64_t toDevice = 0, toDeviceBytes = 0;  // copies into the GPU queued, and their bytes
-    uint64_t copyNs = 0;  // summed over queued copies: from queueing to the moment a caller saw it end
-    uint64_t waitNs = 0;  // summed time callers spent blocked on a copy (wait(), or a waited copy)
+    uint64_t copyNs = 0;   // summed over queued copies: from queueing to the moment a caller saw it end
+    uint64_t waitNs = 0;   // summed time callers spent blocked on a copy (wait(), or a waited copy)
     uint64_t queueNs = 0;  // summed time callers spent queueing copies (the driver's locks included)
 };
 
@@ -129,7 +135,9 @@ public:
     bool pinned() const { return pool_ != nullptr; }
     // Whether the copy queued with it (wait false) has ended: at once for memory copied as it was
     // staged. Throws when the copy failed, or has not ended within the timeout since it started
-    // (its memory is then never lent again).
+    // (its memory is then never lent again). A read of the lane's word; the stream is asked (a
+    // driver call) only once a millisecond has passed, at most once a millisecond, for the
+    // failure that would leave the word unwritten.
     bool copied();
     // Until copied(): polls, then naps, so that a stalled GPU costs no core. Throws as copied().
     void wait();
@@ -138,11 +146,16 @@ public:
 private:
     friend class Stager;
     void swap(Staged& o) noexcept;
+    bool ended() const;                  // whether the lane's word has reached this copy's ticket
     std::shared_ptr<StagingPool> pool_;  // set while the memory is the pool's (pinned)
     uint8_t* data_ = nullptr;
     size_t size_ = 0, capacity_ = 0;
-    void* event_ = nullptr;  // recorded after its copy while that may still run (CUevent)
-    int64_t since_ = 0;      // when that copy started (now_ns)
+    // While its copy may still run: the lane's word, this copy's ticket on it, and the stream.
+    const std::atomic<uint32_t>* done_ = nullptr;
+    uint32_t ticket_ = 0;
+    uintptr_t stream_ = 0;
+    int64_t since_ = 0;  // when that copy started (now_ns)
+    int64_t askAt_ = 0;  // when copied() next asks the stream (now_ns)
 };
 
 class Stager {
@@ -191,7 +204,9 @@ public:
         uintptr_t stream() const { return stream_; }
 
     private:
+        friend class Stager;
         Stager& s_;
+        size_t lane_;  // the index of the lane, modulo their count
         uintptr_t stream_;
         std::lock_guard<std::mutex> lock_;
         Current current_;
@@ -201,11 +216,13 @@ private:
     friend class StagingPool;
     friend class Staged;
     Staged staging(size_t bytes);  // inside an Op
-    // After a copy into or out of s was queued: waits for it, or records an event for s.copied().
+    // After a copy into or out of s was queued: waits for it, or queues the write of the lane's
+    // word that s.copied() reads.
     void follow(Op& op, Staged& s, bool waitNow, const char* what);
     struct Lane {
         uintptr_t stream;
-        std::mutex mu;  // one operation on the stream at a time
+        std::mutex mu;        // one operation on the stream at a time
+        uint32_t issued = 0;  // copies followed by a write of the lane's word (under mu)
     };
     void check_healthy() const;  // throws after a wait that timed out
     StagingConfig c_;

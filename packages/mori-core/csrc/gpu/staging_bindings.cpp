@@ -129,12 +129,14 @@ mori::native::Registration reg([](py::module_& root) {
         "A Stager whose driver is the host stand-in: device addresses are host addresses.");
     m.def(
         "host_standin_knobs",
-        [](int64_t failCopyIn, bool failPinning, double delay, bool hang) {
-            standin::set_knobs(standin::Knobs{failCopyIn, failPinning, delay, hang});
+        [](int64_t failCopyIn, bool failPinning, double delay, bool hang, bool failLater) {
+            standin::set_knobs(standin::Knobs{failCopyIn, failPinning, delay, hang, failLater});
         },
         py::arg("fail_copy_in") = -1, py::arg("fail_pinning") = false, py::arg("delay") = 0.0, py::arg("hang") = false,
+        py::arg("fail_later") = false,
         "How the stand-in misbehaves from now on: the copy after fail_copy_in more fails (-1: none), every "
-        "pinning fails, events end `delay` seconds after their record, or never (hang).");
+        "pinning fails, copies end `delay` seconds after they are queued, or never (hang), or fail as they run "
+        "(fail_later: the stream's query says so).");
     m.def(
         "host_standin_counters",
         [] {
@@ -144,10 +146,9 @@ mori::native::Registration reg([](py::module_& root) {
             d["copied_bytes"] = c.copiedBytes;
             d["allocations"] = c.allocations;
             d["frees"] = c.frees;
-            d["live_events"] = c.liveEvents;
             return d;
         },
-        "What the stand-in has done in this process: copies, copied_bytes, allocations, frees, live_events.");
+        "What the stand-in has done in this process: copies, copied_bytes, allocations, frees.");
 });
 
 }  // namespace

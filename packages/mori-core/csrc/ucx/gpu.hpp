@@ -10,8 +10,8 @@
 //   sees the signal sees the data;
 // - staged bytes go through mori-core's GPU staging (gpu/staging.hpp: one copy-engine copy between
 //   the GPU and pinned host memory lent by its pool), which UCX then sends from or receives into:
-//   UCX moves host memory only. A transfer's pieces are copied asynchronously (an event after
-//   each), so that the copy of one piece runs while the network moves another (the worker polls
+//   UCX moves host memory only. A transfer's pieces are copied asynchronously (a completion
+//   word written after each), so that the copy of one piece runs while the network moves another (the worker polls
 //   Staged::copied, Worker::after_copy_locked). An engine may also stage without serving atomics
 //   (mori-io's RDMA backend: GpuWords over a Stager of the application's context).
 // All of it runs in a CUDA context of mori's own (not the device's primary context, which the

@@ -41,7 +41,7 @@ __all__ = ["LANES", "STAGING_CACHE_BYTES", "STAGING_ENTRY_POINTS", "Staged", "St
 
 #: Streams of a device's Stager: the threads of a data plane (a TCP connection's, say) take them
 #: in turn, so that their copies neither wait behind each other's nor share a lock.
-LANES = 4
+LANES = 16
 
 _stagers: dict[tuple[int, float, str, int], Stager] = {}
 _lock = threading.Lock()

@@ -543,7 +543,7 @@ def start_in_netns(netns: str | None) -> Callable[[BaseProcess], None]:
 def standin_stager(timeout: float = 30.0, cache_bytes: int | None = None) -> Any:
     """A :class:`mori.core.staging.Stager` whose driver is a host stand-in, for tests on machines
     with no GPU: the native staging code runs as it does on a GPU, but "device" addresses are host
-    addresses, a copy is a ``memcpy`` made when it is queued, an event ends when
+    addresses, a copy is a ``memcpy`` made when it is queued, its end is seen when
     :func:`standin_knobs` says, and pinned memory is heap memory. Hand it to the data planes
     (``staging=``) with host memory standing in for GPU memory."""
     from ._native.gpu import STAGING_CACHE_BYTES, host_standin_stager
@@ -551,20 +551,24 @@ def standin_stager(timeout: float = 30.0, cache_bytes: int | None = None) -> Any
     return host_standin_stager(timeout, STAGING_CACHE_BYTES if cache_bytes is None else cache_bytes)
 
 
-def standin_knobs(fail_copy_in: int = -1, fail_pinning: bool = False, delay: float = 0.0, hang: bool = False) -> None:
+def standin_knobs(
+    fail_copy_in: int = -1, fail_pinning: bool = False, delay: float = 0.0, hang: bool = False, fail_later: bool = False
+) -> None:
     """How the stand-in of :func:`standin_stager` misbehaves from now on (for the whole process):
-    the copy after ``fail_copy_in`` more copies fails (0: the next one; -1: none), every allocation
-    of pinned memory fails (``fail_pinning``: the staging falls back to heap memory), each copy
-    ends ``delay`` seconds after it is queued, or never (``hang``: waits run into the timeout).
+    the copy after ``fail_copy_in`` more copies fails as it is queued (0: the next one; -1: none),
+    every allocation of pinned memory fails (``fail_pinning``: the staging falls back to heap
+    memory), each copy ends ``delay`` seconds after it is queued, or never (``hang``: waits run
+    into the timeout), or every copy fails as the "device" runs it (``fail_later``: its end is
+    never written and its stream's query answers CUresult 999, as a GPU's failed copy would).
     Call it with no arguments to make it behave again."""
     from ._native.gpu import host_standin_knobs
 
-    host_standin_knobs(fail_copy_in, fail_pinning, delay, hang)
+    host_standin_knobs(fail_copy_in, fail_pinning, delay, hang, fail_later)
 
 
 def standin_counters() -> dict[str, int]:
     """What the stand-in has done in this process: ``copies``, ``copied_bytes``, ``allocations``
-    and ``frees`` of pinned memory, and ``live_events``."""
+    and ``frees`` of pinned memory."""
     from ._native.gpu import host_standin_counters
 
     return host_standin_counters()

@@ -71,6 +71,10 @@ class Stager:
 
 def host_standin_stager(timeout: float = 30.0, cache_bytes: _Int = ...) -> Stager: ...
 def host_standin_knobs(
-    fail_copy_in: _Int = -1, fail_pinning: bool = False, delay: float = 0.0, hang: bool = False
+    fail_copy_in: _Int = -1,
+    fail_pinning: bool = False,
+    delay: float = 0.0,
+    hang: bool = False,
+    fail_later: bool = False,
 ) -> None: ...
 def host_standin_counters() -> dict[str, int]: ...
