@@ -8,7 +8,12 @@ for each kind of buffer at each end, and prints GB/s:
 - ``registered``: an anonymous mapping with transparent huge pages asked for, then page-locked
   with cudaHostRegister (pinned memory the kernel maps in 2 MiB pages where it can).
 
+With ``--threads N`` each process runs N threads, each its own connection and buffer (as the TCP
+plane's connections are), and the GB/s printed is their sum: whether one process's threads scale
+with pinned memory as they do with pageable memory.
+
 Usage: python ci/device/pinned_socket_probe.py [--total 2G] [--chunk 1M] [--kinds pageable,pinned,registered]
+       [--threads 1,4]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import mmap
 import multiprocessing as mp
 import socket
+import threading
 import time
 
 import torch
@@ -41,24 +47,43 @@ def _buffer(kind: str, nbytes: int):  # noqa: ANN202 - a memoryview that keeps i
     return view, m
 
 
-def _receiver(kind: str, chunk: int, total: int, port_q, out_q) -> None:
+def _receive(kind: str, chunk: int, total: int, srv: socket.socket) -> None:
     view, keep = _buffer(kind, chunk * 8)
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-    port_q.put(srv.getsockname()[1])
     conn, _ = srv.accept()
     got, slot = 0, 0
-    start = None
     while got < total:
         n = conn.recv_into(view[slot * chunk : (slot + 1) * chunk])
         if n == 0:
             break
-        start = start or time.perf_counter()
         got += n
         if n == chunk or got % chunk == 0:
             slot = (slot + 1) % 8
-    out_q.put(total / (time.perf_counter() - start) / 1e9)
+    del keep
+
+
+def _receiver(kind: str, chunk: int, total: int, threads: int, port_q, out_q) -> None:
+    servers = []
+    for _ in range(threads):
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        servers.append(srv)
+    port_q.put([srv.getsockname()[1] for srv in servers])
+    workers = [threading.Thread(target=_receive, args=(kind, chunk, total, srv)) for srv in servers]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    out_q.put(time.perf_counter())
+
+
+def _send(kind: str, chunk: int, total: int, port: int, ready: threading.Barrier) -> None:
+    view, keep = _buffer(kind, chunk * 8)
+    s = socket.create_connection(("127.0.0.1", port))
+    ready.wait()
+    for i in range(total // chunk):
+        s.sendall(view[(i % 8) * chunk : (i % 8 + 1) * chunk])
+    s.close()
     del keep
 
 
@@ -67,26 +92,33 @@ def main() -> None:
     p.add_argument("--total", default="2G")
     p.add_argument("--chunk", default="1M")
     p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--threads", default="1")
     a = p.parse_args()
     kinds = a.kinds.split(",")
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     total, chunk = (int(x[:-1]) * units[x[-1]] for x in (a.total, a.chunk))
     ctx = mp.get_context("spawn")
-    print(f"{'send from':>11} {'receive into':>13} {'GB/s':>6}")
-    for send_kind in kinds:
-        for recv_kind in kinds:
-            port_q, out_q = ctx.Queue(), ctx.Queue()
-            rx = ctx.Process(target=_receiver, args=(recv_kind, chunk, total, port_q, out_q))
-            rx.start()
-            view, keep = _buffer(send_kind, chunk * 8)
-            s = socket.create_connection(("127.0.0.1", port_q.get(timeout=60)))
-            for i in range(total // chunk):
-                s.sendall(view[(i % 8) * chunk : (i % 8 + 1) * chunk])
-            gbs = out_q.get(timeout=120)
-            s.close()
-            rx.join(timeout=30)
-            del keep
-            print(f"{send_kind:>11} {recv_kind:>13} {gbs:>6.2f}", flush=True)
+    print(f"{'threads':>7} {'send from':>11} {'receive into':>13} {'GB/s':>6}")
+    for threads in (int(n) for n in a.threads.split(",")):
+        for send_kind in kinds:
+            for recv_kind in kinds:
+                port_q, out_q = ctx.Queue(), ctx.Queue()
+                rx = ctx.Process(target=_receiver, args=(recv_kind, chunk, total, threads, port_q, out_q))
+                rx.start()
+                ports = port_q.get(timeout=60)
+                ready = threading.Barrier(threads + 1, timeout=60)
+                senders = [
+                    threading.Thread(target=_send, args=(send_kind, chunk, total, port, ready)) for port in ports
+                ]
+                for t in senders:
+                    t.start()
+                ready.wait()
+                start = time.perf_counter()
+                for t in senders:
+                    t.join()
+                gbs = threads * total / (out_q.get(timeout=120) - start) / 1e9
+                rx.join(timeout=30)
+                print(f"{threads:>7} {send_kind:>11} {recv_kind:>13} {gbs:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":
