@@ -46,7 +46,8 @@ std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
                 failed_ = e.what();
             }
         }
-        std::string e = rd.read_into(failed_.empty() ? reinterpret_cast<char*>(piece.data()) : nullptr, n, check);
+        char* into = failed_.empty() ? reinterpret_cast<char*>(piece.data()) : nullptr;
+        std::string e = rd.read_into(into, n, check, !piece.pinned());  // pinned: through the buffer
         if (!e.empty()) return e;
         if (failed_.empty()) {
             try {

@@ -187,7 +187,7 @@ std::string Reader::fill(size_t n, const AbortCheck& check) {
     return "";
 }
 
-std::string Reader::read_into(char* dst, uint64_t n, const AbortCheck& check) {
+std::string Reader::read_into(char* dst, uint64_t n, const AbortCheck& check, bool direct) {
     size_t take = static_cast<size_t>(std::min<uint64_t>(n, buffered()));
     if (dst != nullptr && take > 0) std::memcpy(dst, data(), take);
     consume(take);
@@ -195,7 +195,7 @@ std::string Reader::read_into(char* dst, uint64_t n, const AbortCheck& check) {
     uint64_t done = take;
     while (n > 0) {
         size_t got = 0;
-        if (dst != nullptr && n >= buf_.size() / 4) {
+        if (dst != nullptr && direct && n >= buf_.size() / 4) {
             // Large remainder: straight into place, no copy.
             std::string e = recv_some(dst + done, static_cast<size_t>(n), got, check);
             if (!e.empty()) return e;
