@@ -6,7 +6,10 @@ for each kind of buffer at each end, and prints GB/s:
 - ``pageable``: an ordinary anonymous mapping (what host-memory transfers use);
 - ``pinned``: cuMemHostAlloc through PyTorch (``pin_memory=True``), as the staging pool's;
 - ``registered``: an anonymous mapping with transparent huge pages asked for, then page-locked
-  with cudaHostRegister (pinned memory the kernel maps in 2 MiB pages where it can).
+  with cudaHostRegister (pinned memory the kernel maps in 2 MiB pages where it can);
+- ``pinned-touched``: ``pinned``, written by the CPU before it is timed;
+- ``pageable-cuda``: ``pageable`` in a process with a CUDA context (whether the context, not the
+  memory, is what slows a socket down).
 
 With ``--threads N`` each process runs N threads, each its own connection and buffer (as the TCP
 plane's connections are), and the GB/s printed is their sum: whether one process's threads scale
@@ -27,13 +30,17 @@ import time
 
 import torch
 
-KINDS = ("pageable", "pinned", "registered")
+KINDS = ("pageable", "pinned", "registered", "pinned-touched", "pageable-cuda")
 
 
 def _buffer(kind: str, nbytes: int):  # noqa: ANN202 - a memoryview that keeps its owner alive
-    if kind == "pinned":
+    if kind.startswith("pinned"):
         t = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        if kind == "pinned-touched":
+            t.fill_(1)
         return memoryview(t.numpy()), t
+    if kind == "pageable-cuda":
+        torch.empty(1, device="cuda")  # the process's CUDA context
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if kind == "registered":
         m.madvise(mmap.MADV_HUGEPAGE)

@@ -47,7 +47,7 @@ std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
             }
         }
         char* into = failed_.empty() ? reinterpret_cast<char*>(piece.data()) : nullptr;
-        std::string e = rd.read_into(into, n, check, !piece.pinned());  // pinned: through the buffer
+        std::string e = rd.read_into(into, n, check, !piece.pinned());  // pinned: through the reader's buffer
         if (!e.empty()) return e;
         if (failed_.empty()) {
             try {
