@@ -16,7 +16,11 @@
 #   tcp_pairs   two initiator processes at once against one with two connections;
 #   tcp_cpu     where the CPUs' time goes (ci/device/cpu_sampler.py: the machine's busy share, the
 #               busiest threads) during GPU and host-memory writes of 64 x 1 MiB, 4 connections
-#               (and GPU with 1).
+#               (and GPU with 1);
+#   tcp_perf    where mori's TCP threads spend it, kernel included: perf (.devkit/perf.tar.xz from
+#               ci/device/perf_kit.sh) samples every CPU with call graphs during GPU and then
+#               host-memory writes of 64 x 1 MiB over 4 connections; the report lists the top
+#               functions of each thread (mori-tcp-send, mori-tcp-serve, ...).
 # Run from the repository root with .devkit carried. MORI_STEPS="stager ..." runs only those.
 # Logs go to $OUT.
 set -uo pipefail
@@ -116,6 +120,34 @@ with testing.network_namespaces() as (a, b):
         subprocess.run([sys.executable, sys.argv[1], "--top", "30", "--", *bench], timeout=150)
 EOF
 }
+# tcp_perf: perf record around each write run (GPU, then host memory, 4 connections), then a
+# report of each thread's top functions.
+tcp_perf() {
+  mkdir -p /tmp/perf && tar xJf "$repo/.devkit/perf.tar.xz" -C /tmp/perf || return 1
+  python3 - <<'EOF'
+import subprocess, sys
+from mori.core import testing
+
+perf = ["env", "LD_LIBRARY_PATH=/tmp/perf/lib", "/tmp/perf/perf"]
+with testing.network_namespaces() as (a, b):
+    for mem in ("gpu", "cpu"):
+        print(f"== --mem-type {mem} --num-connections 4: 64 x 1 MiB writes under perf record", flush=True)
+        bench = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp",
+                 "--mem-type", mem, "--op", "write", "--num-connections", "4", "--sizes", "1M",
+                 "--batch-sizes", "64", "--iters", "100", "--warmup", "5", "--host", a.address,
+                 "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
+        data = f"/tmp/perf/{mem}.data"
+        # The bench runs without the bundle's libraries (LD_LIBRARY_PATH is for perf alone).
+        subprocess.run([*perf, "record", "-q", "-a", "-g", "-F", "499", "-o", data, "--", "env", "-u", "LD_LIBRARY_PATH",
+                        *bench], timeout=150)
+        report = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "--sort", "comm,sym",
+                                 "-g", "none", "--percent-limit", "0.7", "--comm",
+                                 "mori-tcp-send,mori-tcp-recv,mori-tcp-serve,python3"],
+                                capture_output=True, text=True, timeout=150)
+        print("\n".join(line for line in report.stdout.splitlines() if line.strip() and not line.startswith("#")))
+        print(report.stderr[-2000:], flush=True)
+EOF
+}
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
 if [ -n "${MORI_BASELINE:-}" ]; then
   timeout 90 python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps \
@@ -130,5 +162,7 @@ step tcp_pairs 90 bash -c "$(declare -f tcp_pairs); tcp_pairs"
 grep -E "^==|^mori " "$OUT/tcp_pairs.log"
 step tcp_cpu 200 bash -c "$(declare -f tcp_cpu); repo=$repo tcp_cpu"
 cat "$OUT/tcp_cpu.log"
+step tcp_perf 330 bash -c "$(declare -f tcp_perf); repo=$repo tcp_perf"
+head -c 9000 "$OUT/tcp_perf.log"
 echo "== done in $(( $(date +%s) - t0 ))s, status $status"
 exit $status
