@@ -108,8 +108,7 @@ class PeerService(pb_grpc.UMBPPeerServicer):
         """Stops the reaper, aborts every pending slot and detaches the C++ SSD reads (the
         server that used them has stopped)."""
         if self.ssd_reads is not None:
-            with contextlib.suppress(StoreClosedError):
-                self._store.attach_ssd_reads(None)
+            self._store.attach_ssd_reads(None)
         self._stop.set()
         self._reaper.join(5)
         with self._lock:
