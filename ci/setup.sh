@@ -12,7 +12,7 @@ cd "$root"
 # built with verbs, which mori.core.ucx prefers over the libucx wheel (its tests run on both), and
 # ucx_info; redis-server: the UMBP master's Redis store tests; pkg-config + libgrpc++-dev: gRPC
 # C++, which mori-umbp's optional native gRPC transport (the master's server, its client's channel)
-# is built against.
+# is built against, and libxxhash-dev, the checksums of that module's SSD reads.
 pkgs=()
 command -v clang-19 >/dev/null || pkgs+=(clang-19 llvm-19)
 command -v llvm-link-19 >/dev/null || pkgs+=(llvm-19)
@@ -23,6 +23,7 @@ command -v ucx_info >/dev/null || pkgs+=(libucx0 ucx-utils)
 command -v redis-server >/dev/null || pkgs+=(redis-server)
 command -v pkg-config >/dev/null || pkgs+=(pkg-config)
 pkg-config --exists grpc++ 2>/dev/null || pkgs+=(libgrpc++-dev)
+pkg-config --exists libxxhash 2>/dev/null || pkgs+=(libxxhash-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
 if [ ${#pkgs[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

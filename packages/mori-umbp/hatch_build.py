@@ -2,7 +2,7 @@
 
 Run by hatchling for wheels and editable installs; ``python hatch_build.py`` rebuilds it in place
 for development. The module is a speedup, not a requirement: where ``pkg-config`` finds no
-``grpc++`` (Debian: ``apt-get install libgrpc++-dev``), or ``MORI_UMBP_NATIVE_BUILD=0`` is set,
+``grpc++`` and ``libxxhash`` (Debian: ``apt-get install libgrpc++-dev libxxhash-dev``), or ``MORI_UMBP_NATIVE_BUILD=0`` is set,
 the build says so and mori-umbp installs pure Python, its gRPC calls going through grpcio. A module
 built here needs the system's gRPC C++ libraries at run time; where they are missing it does not
 load and mori.umbp uses grpcio (``mori.umbp._grpc`` decides).
@@ -19,7 +19,9 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "csrc" / "grpc_native.cpp"
+CSRC = HERE / "csrc"
+#: The module's sources; its headers are in the same folder.
+SOURCES = [CSRC / "grpc_native.cpp", CSRC / "peer_ssd.cpp"]
 OUT_DIR = HERE / "src" / "mori" / "umbp"
 
 
@@ -27,11 +29,17 @@ class NativeBuildError(RuntimeError):
     """The module could not be built; the message says why (the command and the tool's output)."""
 
 
-def _grpc_flags() -> list[str]:
+def _library_flags() -> list[str]:
+    """Compiler and linker flags of gRPC C++ and xxHash (the SSD reads' checksums), by pkg-config."""
     pkg_config = shutil.which("pkg-config")
-    if pkg_config is None or subprocess.run([pkg_config, "--exists", "grpc++"]).returncode != 0:
-        raise NativeBuildError("pkg-config finds no grpc++ (Debian/Ubuntu: apt-get install pkg-config libgrpc++-dev)")
-    out = subprocess.run([pkg_config, "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=True)
+    if pkg_config is None:
+        raise NativeBuildError("no pkg-config (Debian/Ubuntu: apt-get install pkg-config)")
+    for package, debian in (("grpc++", "libgrpc++-dev"), ("libxxhash", "libxxhash-dev")):
+        if subprocess.run([pkg_config, "--exists", package]).returncode != 0:
+            raise NativeBuildError(f"pkg-config finds no {package} (Debian/Ubuntu: apt-get install {debian})")
+    out = subprocess.run(
+        [pkg_config, "--cflags", "--libs", "grpc++", "libxxhash"], capture_output=True, text=True, check=True
+    )
     return shlex.split(out.stdout)
 
 
@@ -42,9 +50,10 @@ def build_native() -> Path:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise NativeBuildError("no C++17 compiler (Debian/Ubuntu: apt-get install g++), or set CXX")
-    grpc = _grpc_flags()
+    libraries = _library_flags()
     target = OUT_DIR / f"_grpc_native{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
-    if target.exists() and target.stat().st_mtime >= SOURCE.stat().st_mtime:
+    newest = max(p.stat().st_mtime for p in CSRC.iterdir() if p.suffix in (".cpp", ".h"))
+    if target.exists() and target.stat().st_mtime >= newest:
         return target
     cmd = [
         cxx,
@@ -58,10 +67,10 @@ def build_native() -> Path:
         "-Wno-unused-parameter",
         f"-I{pybind11.get_include()}",
         f"-I{sysconfig.get_paths()['include']}",
-        str(SOURCE),
+        *map(str, SOURCES),
         "-o",
         str(target),
-        *grpc,
+        *libraries,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -8,12 +8,14 @@
 // the request's bytes, and a client call waits without the GIL on its thread's completion queue.
 //
 // Both sides move serialized messages only (the generic service and stub): the protocol, its
-// checks and its errors stay in Python.
+// checks and its errors stay in Python, but for a peer service's resolves and releases of pages
+// on SSD only, which a server given a PeerSsdReads answers in C++ (peer_ssd.h).
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -25,6 +27,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include "peer_ssd.h"
 
 namespace py = pybind11;
 
@@ -94,8 +98,9 @@ void drain(grpc::CompletionQueue* cq) {
 // `max_streams` per connection) until one ends or their deadline passes.
 class Server {
 public:
-    Server(const std::string& address, py::object dispatch, int workers, int max_message_bytes, int max_streams)
-        : dispatch_(std::move(dispatch)) {
+    Server(const std::string& address, py::object dispatch, int workers, int max_message_bytes, int max_streams,
+           std::shared_ptr<umbp::PeerSsdReads> ssd_reads)
+        : dispatch_(std::move(dispatch)), ssd_reads_(std::move(ssd_reads)) {
         if (workers < 1) throw std::invalid_argument("workers must be at least 1");
         grpc::ServerBuilder builder;
         builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
@@ -225,13 +230,28 @@ private:
         c->stream.Read(&request, c);
         grpc::Status status(grpc::StatusCode::INTERNAL, "the call carried no request message");
         grpc::ByteBuffer response;
-        if (await_one(c->steps.get())) status = call(c->ctx.method(), request, &response);
+        if (await_one(c->steps.get()) && !answer_here(c->ctx.method(), request, &response, &status))
+            status = call(c->ctx.method(), request, &response);
         if (status.ok()) {
             c->stream.WriteAndFinish(response, grpc::WriteOptions(), status, c);
         } else {
             c->stream.Finish(status, c);
         }
         await_one(c->steps.get());
+    }
+
+    // A peer service's resolve or release that its PeerSsdReads takes, answered without Python.
+    bool answer_here(const std::string& method, const grpc::ByteBuffer& request, grpc::ByteBuffer* response,
+                     grpc::Status* status) {
+        if (!ssd_reads_) return false;
+        bool done = false;
+        if (method == "/umbp.UMBPPeer/BatchResolveKeys") {
+            done = ssd_reads_->resolve(request, response);
+        } else if (method == "/umbp.UMBPPeer/BatchReleaseKeys") {
+            done = ssd_reads_->release(request, response);
+        }
+        if (done) *status = grpc::Status::OK;
+        return done;
     }
 
     grpc::Status call(const std::string& method, const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
@@ -248,6 +268,7 @@ private:
     }
 
     py::object dispatch_;
+    std::shared_ptr<umbp::PeerSsdReads> ssd_reads_;
     grpc::AsyncGenericService service_;
     std::unique_ptr<grpc::ServerCompletionQueue> queue_;
     std::unique_ptr<grpc::Server> server_;
@@ -384,13 +405,28 @@ PYBIND11_MODULE(_grpc_native, m) {
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     m.doc() = "gRPC C++ transport for the UMBP master and its client (serialized messages only).";
     py::class_<Server>(m, "Server")
-        .def(py::init<const std::string&, py::object, int, int, int>(), py::arg("address"), py::arg("dispatch"),
-             py::arg("workers"), py::arg("max_message_bytes"), py::arg("max_streams"))
+        .def(py::init<const std::string&, py::object, int, int, int, std::shared_ptr<umbp::PeerSsdReads>>(),
+             py::arg("address"), py::arg("dispatch"), py::arg("workers"), py::arg("max_message_bytes"),
+             py::arg("max_streams"), py::arg("ssd_reads") = nullptr)
         .def_property_readonly("port", &Server::port)
         .def("stop", &Server::stop, py::arg("grace_s"));
     py::class_<Channel>(m, "Channel")
         .def(py::init<const std::string&, int>(), py::arg("address"), py::arg("max_receive_message_bytes"))
         .def("call", &Channel::call, py::arg("method"), py::arg("request"), py::arg("timeout_s"));
+    py::class_<umbp::PeerSsdReads, std::shared_ptr<umbp::PeerSsdReads>>(m, "PeerSsdReads")
+        .def(py::init<uintptr_t, uint64_t, uint64_t, uint64_t, bool>(), py::arg("buffer_address"),
+             py::arg("reserve_offset"), py::arg("reserve_bytes"), py::arg("lease_ms"), py::arg("verify_checksum"))
+        .def("add", &umbp::PeerSsdReads::add, py::arg("key"), py::arg("fd"), py::arg("offset"), py::arg("size"),
+             py::arg("checksum"))
+        .def("remove", &umbp::PeerSsdReads::remove, py::arg("key"))
+        .def("clear", &umbp::PeerSsdReads::clear)
+        .def("release", py::overload_cast<const std::string&, uint64_t>(&umbp::PeerSsdReads::release),
+             py::arg("key"), py::arg("lease_id"))
+        .def("take_hits", &umbp::PeerSsdReads::take_hits)
+        .def_property_readonly("keys", &umbp::PeerSsdReads::keys)
+        .def_property_readonly("leases", &umbp::PeerSsdReads::leases)
+        .def_property_readonly("reserve_used", &umbp::PeerSsdReads::reserve_used)
+        .def_readonly_static("LEASE_BIT", &umbp::PeerSsdReads::kLeaseBit);
     m.def("split_keys", &split_keys, py::arg("packed"), py::arg("max_keys"), py::arg("max_key_bytes"));
     m.def("pack_keys", &pack_keys, py::arg("keys"), py::arg("max_key_bytes"));
 }

@@ -12,7 +12,7 @@ import pytest
 from _cluster_nodes import FAST_MASTER, KiB, node_config, row_ptrs, seeded_pages
 from _master_harness import running_master, wait_until
 
-from mori.umbp import UMBPClient, _cluster
+from mori.umbp import UMBPClient, UMBPTierType, _cluster, _grpc
 
 PAGE = 64 * KiB
 
@@ -142,6 +142,40 @@ def test_a_read_the_owner_has_no_room_for_waits_for_the_readers_own_releases(mas
             assert all(got), batch
         read = first + later
         assert np.array_equal(src[read], dst[read])
+    finally:
+        reader.close()
+        owner.close()
+
+
+@pytest.mark.parametrize("reserve_mb", ["16", "0"])
+def test_pages_on_the_owners_ssd_only_are_read_with_mori_io(master, tmp_path, monkeypatch, reserve_mb) -> None:
+    """A get of pages the owner holds on SSD only, one page and a batch, byte for byte through
+    mori-io: with the reserve (and gRPC C++), the owner answers in C++ and the pages stay on
+    its SSD only, their leases released after the get; without it, the owner's Python stages
+    them into its DRAM tier, as it always did."""
+    monkeypatch.setenv("UMBP_PEER_SSD_RESERVE_MB", reserve_mb)
+    native = reserve_mb != "0" and _grpc.native() is not None
+    owner, reader, src = _owner_and_reader(master, tmp_path, 8, PAGE, 4 << 20)
+    try:
+        store = owner._store
+        assert store is not None and (store.reserve_bytes > 0) == native
+        keys = [f"r{i}" for i in range(8)]
+        for key in keys:
+            store.demote(key)  # each leaves DRAM for SSD
+        assert owner.flush()
+        assert all(store.lookup(key) == (UMBPTierType.SSD, PAGE) for key in keys)
+        dst = np.zeros_like(src)
+        reader.register_memory(int(dst.ctypes.data), dst.nbytes)
+        assert reader.batch_get_into_ptr(keys[:1], row_ptrs(dst)[:1], [PAGE]) == [True]
+        assert all(reader.batch_get_into_ptr(keys[1:], row_ptrs(dst)[1:], [PAGE] * 7))
+        assert np.array_equal(src, dst)
+        tier = UMBPTierType.SSD if native else UMBPTierType.DRAM
+        assert all(store.lookup(key) == (tier, PAGE) for key in keys)
+        if native:
+            reads = owner._cluster._service.ssd_reads
+            wait_until(lambda: reads.leases == 0, 10, "the reader's leases on the reserve released")
+            assert reads.reserve_used == 0
+        wait_until(lambda: _leases(owner) == 0, 10, "the reader's leases released")
     finally:
         reader.close()
         owner.close()

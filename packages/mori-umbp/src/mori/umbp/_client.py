@@ -58,14 +58,20 @@ class UMBPClient:
             self.max_value_size = (1 << 63) - 1
             self._pool = StandaloneConnection(cfg.standalone_process)
         else:
-            self._store = LocalStore(cfg)
+            cluster = cfg.distributed is not None and bool(cfg.distributed.master_config.master_address)
+            reserve = 0
+            if cluster:
+                from ._peer import ssd_reserve_bytes  # needs the grpc extra
+
+                reserve = ssd_reserve_bytes(cfg.ssd.enabled)
+            self._store = LocalStore(cfg, reserve)
             most = self._store.buffer_size
             if cfg.ssd.enabled:
                 most = min(most, cfg.ssd.segment_size_bytes)
             #: The largest value: it must fit the DRAM tier, and one SSD segment when there is one.
             self.max_value_size = most
             self._pool = LocalPool(self._store)
-            if cfg.distributed is not None and cfg.distributed.master_config.master_address:
+            if cluster:
                 from ._cluster import ClusterNode  # needs the grpc extra
 
                 try:

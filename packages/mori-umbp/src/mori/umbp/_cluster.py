@@ -95,7 +95,7 @@ class ClusterNode:
             host,
             dist.io_engine.port,
             store.buffer_address,
-            store.buffer_size,
+            store.registered_size,
             dist.staging_buffer_size,
         )
         # Where this node put keys on peers lately: its own reads of them go straight there, before

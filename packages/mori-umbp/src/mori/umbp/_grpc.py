@@ -171,7 +171,8 @@ class NativeServer:
     generated ``add_*Servicer_to_server``) registers. ``workers`` threads serve one call each at a
     time; a connection carries at most ``max_streams`` calls at once. Errors are answered as
     grpcio answers them: an unknown method UNIMPLEMENTED, a request that does not decode
-    INTERNAL, a handler's abort with its status, a handler's exception UNKNOWN (logged)."""
+    INTERNAL, a handler's abort with its status, a handler's exception UNKNOWN (logged). A peer
+    service's ``ssd_reads`` (``PeerSsdReads``) answers the resolves and releases it takes in C++."""
 
     def __init__(
         self,
@@ -182,13 +183,14 @@ class NativeServer:
         workers: int,
         max_message_bytes: int,
         max_streams: int,
+        ssd_reads: Any = None,
     ) -> None:
         table = _MethodTable()
         for add, servicer in servicers:
             add(servicer, table)
         self._handlers = table.handlers
         try:
-            self._server = module.Server(address, self._dispatch, workers, max_message_bytes, max_streams)
+            self._server = module.Server(address, self._dispatch, workers, max_message_bytes, max_streams, ssd_reads)
         except RuntimeError as e:
             raise OSError(str(e)) from None
         self.port: int = self._server.port

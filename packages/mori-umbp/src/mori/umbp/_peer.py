@@ -2,7 +2,10 @@
 
 Peers allocate slots in this node's DRAM buffer, write into them with mori-io and commit them;
 they resolve keys to slots under read leases of their own (SSD pages read into DRAM first), read
-them with mori-io and release them. A leased slot's memory is not reused before the lease ends,
+them with mori-io and release them. Where the store set a reserve aside for it and the gRPC C++
+transport serves, resolves of keys on SSD only (and releases of their leases) are answered in
+C++ without Python (``csrc/peer_ssd.h``): the same answer, the page read into a slot of the
+reserve rather than staged into the DRAM tier. A leased slot's memory is not reused before the lease ends,
 so a read within the lease has the value's bytes, and a release says whether the lease held; the
 master sends eviction advice. What comes from the wire is checked: keys and sizes as the client checks
 them, batches of at most :data:`MAX_BATCH`, and at most :data:`MAX_PENDING` uncommitted slots at
@@ -40,6 +43,17 @@ MAX_PENDING = 65536
 MAX_MESSAGE_BYTES = 16 << 20
 #: How long a peer's allocation may wait for room in DRAM.
 ALLOCATE_TIMEOUT_S = 2.0
+#: The reserve for peers' reads of SSD pages in C++, in MiB, by default.
+SSD_RESERVE_MB = 16
+
+
+def ssd_reserve_bytes(ssd_enabled: bool) -> int:
+    """The bytes a node's store sets aside after its DRAM tier for its peers' reads of SSD pages
+    in C++ (``UMBP_PEER_SSD_RESERVE_MB``; 0 turns them off): none without an SSD tier or where
+    the peer service is not served by the gRPC C++ transport."""
+    if not ssd_enabled or _grpc.native() is None:
+        return 0
+    return runtime_int("UMBP_PEER_SSD_RESERVE_MB", SSD_RESERVE_MB, 0) << 20
 
 
 class _Refused(Exception):
@@ -68,12 +82,21 @@ class PeerService(pb_grpc.UMBPPeerServicer):
     ) -> None:
         self._store = store
         self._info = pb.GetPeerInfoResponse(
-            engine_desc=engine_desc, page_size=ALIGN, buffer_desc=buffer_desc, buffer_size=store.buffer_size
+            engine_desc=engine_desc, page_size=ALIGN, buffer_desc=buffer_desc, buffer_size=store.registered_size
         )
         self._max_size = max_value_size
         self._on_commit = on_commit
         self.lease_ms = runtime_int("UMBP_DRAM_READ_LEASE_MS", 500, 1)
         self.pending_ttl_ms = runtime_int("UMBP_PENDING_SLOT_TTL_MS", 30000, 1)
+        native = _grpc.native()
+        #: The C++ answers to resolves of SSD-only keys (``_grpc_native.PeerSsdReads``), where
+        #: the store has a reserve for them; the C++ server takes it (see :class:`PeerServer`).
+        self.ssd_reads: Any = None
+        if native is not None and store.reserve_bytes:
+            self.ssd_reads = native.PeerSsdReads(
+                store.buffer_address, store.buffer_size, store.reserve_bytes, self.lease_ms, store.ssd_checksums
+            )
+            store.attach_ssd_reads(self.ssd_reads)
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[Slot, float]] = {}
         self._lock = threading.Lock()
@@ -82,7 +105,10 @@ class PeerService(pb_grpc.UMBPPeerServicer):
         self._reaper.start()
 
     def close(self) -> None:
-        """Stops the reaper and aborts every pending slot."""
+        """Stops the reaper, aborts every pending slot and detaches the C++ SSD reads (the
+        server that used them has stopped)."""
+        if self.ssd_reads is not None:
+            self._store.attach_ssd_reads(None)
         self._stop.set()
         self._reaper.join(5)
         with self._lock:
@@ -247,6 +273,7 @@ class PeerServer:
                 workers=workers,
                 max_message_bytes=MAX_MESSAGE_BYTES,
                 max_streams=workers * 4,
+                ssd_reads=service.ssd_reads,
             )
             self.port = self._server.port
             return

@@ -201,6 +201,10 @@ class SsdTier:
                 return segment, offset
         return None
 
+    def fd(self, segment: int) -> int:
+        """The open file of ``segment`` (a record's; for reads elsewhere until the tier closes)."""
+        return self._fds[segment]
+
     def free_place(self, segment: int, offset: int, size: int) -> None:
         """Returns space from :meth:`allocate` that no record was written to."""
         allocator = self._segments[segment]

@@ -24,6 +24,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from mori.core.log import get_logger
 
@@ -64,9 +65,12 @@ class Slot:
 class LocalStore(Tiers):
     """The DRAM and SSD tiers of one node (see the module's docstring)."""
 
-    def __init__(self, cfg: UMBPConfig) -> None:
+    def __init__(self, cfg: UMBPConfig, reserve_bytes: int = 0) -> None:
         dram, evict = cfg.dram, cfg.eviction
         self._capacity = aligned(dram.capacity_bytes)
+        #: Bytes of the buffer after the DRAM tier, set aside for a peer service's reads of SSD
+        #: pages in C++ (``_grpc_native.PeerSsdReads``; see :meth:`attach_ssd_reads`).
+        self.reserve_bytes = aligned(reserve_bytes)
         self._high = dram.high_watermark * self._capacity
         self._low = dram.low_watermark * self._capacity
         self._window = max(1, evict.candidate_window)
@@ -80,7 +84,11 @@ class LocalStore(Tiers):
         else:
             backing = UMBPHostBufferBacking.AnonymousHugetlb if dram.use_hugepages else UMBPHostBufferBacking.Anonymous
         self._handle = allocate_host_buffer(
-            self._capacity, backing, dram.hugepage_size, dram.prefault, name=dram.shm_name.lstrip("/") or "umbp_dram"
+            self._capacity + self.reserve_bytes,
+            backing,
+            dram.hugepage_size,
+            dram.prefault,
+            name=dram.shm_name.lstrip("/") or "umbp_dram",
         )
         if not self._handle:
             raise MemoryError(f"no host memory for the DRAM tier ({self._capacity} bytes)")
@@ -116,8 +124,36 @@ class LocalStore(Tiers):
 
     @property
     def buffer_size(self) -> int:
-        """The DRAM buffer's size in bytes."""
+        """The DRAM tier's size in bytes: its slots are at offsets below it."""
         return self._capacity
+
+    @property
+    def registered_size(self) -> int:
+        """The whole buffer's size in bytes (register this much with mori-io): the DRAM tier,
+        then the reserve for peers' SSD reads."""
+        return self._capacity + self.reserve_bytes
+
+    @property
+    def ssd_checksums(self) -> bool:
+        """Whether SSD records carry a checksum to check on every read."""
+        return self._ssd is not None and self._ssd.verify_crc
+
+    def attach_ssd_reads(self, reads: Any) -> None:
+        """Keeps ``reads`` (a ``_grpc_native.PeerSsdReads`` over this buffer's reserve) told of
+        every key on SSD only, from now until it is detached (``None``), so that a peer
+        service answers its peers' resolves of those keys in C++; its lease ids are released
+        by :meth:`release` too. A key it holds leaves it before its SSD record can be freed or
+        its DRAM copy comes back, so what it reads is the key's value or is thrown away."""
+        with self._lock:
+            old, self._ssd_reads = self._ssd_reads, None
+            if old is not None:
+                old.clear()
+            if reads is None or self._ssd is None:
+                return
+            self._ssd_reads = reads
+            for entry in self._index.values():
+                if entry.committed and not entry.gone and entry.dram is None and entry.ssd is not None:
+                    self._offer_ssd_read(entry)
 
     def subscribe(self, listener: Callable[[KvEvent], None]) -> None:
         """Calls ``listener(event)`` for every change from now on, with the store's lock held,
@@ -246,6 +282,9 @@ class LocalStore(Tiers):
         """Ends the read lease ``lease_id`` that :meth:`resolve` took on ``key``'s slot; whether
         it held to now (so a reader's bytes, read before this, are that value's): False when the
         lease had run out or is not known (ended already, or never taken)."""
+        reads = self._ssd_reads
+        if reads is not None and lease_id & reads.LEASE_BIT:
+            return bool(reads.release(key, lease_id))
         with self._lock:
             until = self._end_lease(key, lease_id)
             return until is not None and until >= time.monotonic()

@@ -12,6 +12,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from mori.core.log import get_logger
 
@@ -90,6 +91,28 @@ class Tiers:
     #: Slots held back for read leases, by lease id (a slot under each of its leases' ids).
     _held: dict[int, _HeldSlot]
     _lease_ids: Iterator[int]
+    #: A ``_grpc_native.PeerSsdReads`` told of every key on SSD only (see
+    #: ``LocalStore.attach_ssd_reads``), or None.
+    _ssd_reads: Any = None
+
+    def _offer_ssd_read(self, entry: _Entry) -> None:
+        """Tells the peer service's C++ reads that ``entry`` is on SSD only now."""
+        record = entry.ssd
+        assert record is not None and self._ssd is not None
+        self._ssd_reads.add(entry.key, self._ssd.fd(record.segment), record.offset, record.size, record.checksum)
+
+    def _withdraw_ssd_read(self, entry: _Entry) -> None:
+        """Takes ``entry`` out of those reads: before its SSD record is freed or its DRAM copy
+        comes back (a read of it in flight is then thrown away)."""
+        if self._ssd_reads is not None and entry.dram is None:
+            self._ssd_reads.remove(entry.key)
+
+    def _touch_ssd_reads(self) -> None:
+        """The keys the C++ reads served count as used, for SSD eviction."""
+        if self._ssd_reads is not None:
+            for key in self._ssd_reads.take_hits():
+                if key in self._ssd_lru:
+                    self._ssd_lru.move_to_end(key)
 
     def _emit(self, kind: KvEventType, entry: _Entry, tier: UMBPTierType) -> None:
         event = KvEvent(kind, entry.key, tier, entry.size, entry.depth)
@@ -151,6 +174,8 @@ class Tiers:
         offset, leases = entry.dram, entry.leases
         assert offset is not None
         entry.dram, entry.leases, entry.drop_dram = None, None, False
+        if self._ssd_reads is not None and entry.ssd is not None and entry.committed and not entry.gone:
+            self._offer_ssd_read(entry)
         if leases and _live(leases, time.monotonic()):
             held = _HeldSlot(entry.key, offset, entry.size, leases)
             for lease_id in leases:
@@ -194,6 +219,7 @@ class Tiers:
         is freed now, or by the last unpin."""
         if self._index.get(entry.key) is entry:
             del self._index[entry.key]
+        self._withdraw_ssd_read(entry)
         entry.gone = True
         if self._dram_lru.pop(entry.key, None) is not None:
             self._emit(KvEventType.REMOVE, entry, UMBPTierType.DRAM)
@@ -311,6 +337,7 @@ class Tiers:
         """Frees at least ``target`` bytes of SSD, least recently used first: a page also in
         DRAM loses its SSD copy, one only on SSD leaves the store."""
         assert self._ssd is not None
+        self._touch_ssd_reads()
         freed = 0
         for entry in list(self._ssd_lru.values()):
             if freed >= target:
@@ -401,6 +428,7 @@ class Tiers:
                     continue
                 entry.staging = False
                 if ok and not entry.gone:
+                    self._withdraw_ssd_read(entry)
                     entry.dram = offset
                     self._dram_lru[entry.key] = entry
                     self._emit(KvEventType.ADD, entry, UMBPTierType.DRAM)

@@ -3,7 +3,7 @@
 
 ``store``: the storage node. A DRAM tier that takes every page of the run and an SSD tier
 behind it; answers the driver's ``to_ssd`` requests (each key leaves DRAM for SSD, or, when it
-is on SSD already, just leaves DRAM, once no reader holds a lease on it) until stdin closes.
+is on SSD already, stays there; a page still leased to a reader waits for it) until stdin closes.
 ``client``: the node that puts and gets. Its DRAM tier is the smallest, so the master routes
 every put to the storage node, and every get reads from there, over TCP between namespaces; it
 runs the points (:func:`._measure.run`) and exits.
@@ -70,16 +70,17 @@ class _Client:
 
 
 def _to_ssd(client: UMBPClient, keys: list[str]) -> int:
-    """Leaves ``keys`` on the storage node's SSD tier only; how many are. A page a reader still
+    """Leaves ``keys`` on the storage node's SSD tier only; how many are. Pages there already
+    are left alone (a peer's get of one reads it without staging it into DRAM). A page a reader still
     holds a read lease on stays in DRAM (the reader's release comes after its get returned):
     it is asked again until the lease is released or ends."""
     store = client._store  # the storage node's own tiers: the benchmark puts pages back on SSD
     assert store is not None
     deadline = time.monotonic() + LEASE_WAIT_S
-    todo = keys
+    todo = [key for key in keys if (store.lookup(key) or (None,))[0] == UMBPTierType.DRAM]
     while todo:
         for key in todo:
-            store.demote(key)
+            store.demote(key)  # of a page on SSD only, demote would remove it: those are left
         if not client.flush():  # the moves to SSD are done, and the master has their events
             raise RuntimeError("the storage node's flush failed")
         todo = [key for key in todo if (store.lookup(key) or (None,))[0] == UMBPTierType.DRAM]
