@@ -420,8 +420,8 @@ PYBIND11_MODULE(_grpc_native, m) {
              py::arg("checksum"))
         .def("remove", &umbp::PeerSsdReads::remove, py::arg("key"))
         .def("clear", &umbp::PeerSsdReads::clear)
-        .def("release", py::overload_cast<const std::string&, uint64_t>(&umbp::PeerSsdReads::release),
-             py::arg("key"), py::arg("lease_id"))
+        .def("release", py::overload_cast<const std::string&, uint64_t>(&umbp::PeerSsdReads::release), py::arg("key"),
+             py::arg("lease_id"))
         .def("take_hits", &umbp::PeerSsdReads::take_hits)
         .def_property_readonly("keys", &umbp::PeerSsdReads::keys)
         .def_property_readonly("leases", &umbp::PeerSsdReads::leases)

@@ -136,8 +136,8 @@ bool parse_release(const std::string& body, std::vector<std::string_view>* keys,
 
 }  // namespace
 
-PeerSsdReads::PeerSsdReads(uintptr_t buffer_address, uint64_t reserve_offset, uint64_t reserve_bytes,
-                           uint64_t lease_ms, bool verify_checksum)
+PeerSsdReads::PeerSsdReads(uintptr_t buffer_address, uint64_t reserve_offset, uint64_t reserve_bytes, uint64_t lease_ms,
+                           bool verify_checksum)
     : buffer_(buffer_address),
       reserve_offset_(reserve_offset),
       reserve_bytes_(reserve_bytes),
@@ -153,7 +153,8 @@ PeerSsdReads::PeerSsdReads(uintptr_t buffer_address, uint64_t reserve_offset, ui
 // -- the store's side -------------------------------------------------------------------------------
 
 void PeerSsdReads::add(const std::string& key, int fd, uint64_t offset, uint64_t size, uint64_t checksum) {
-    if (fd < 0 || size == 0 || offset % kAlign) throw std::invalid_argument("add: a record needs an fd, a size and an aligned offset");
+    if (fd < 0 || size == 0 || offset % kAlign)
+        throw std::invalid_argument("add: a record needs an fd, a size and an aligned offset");
     std::lock_guard<std::mutex> hold(mu_);
     records_[key] = Record{fd, offset, size, checksum, ++serial_};
 }
@@ -272,7 +273,8 @@ bool PeerSsdReads::read_all(std::vector<Job>& jobs) const {
             end += length;
             ++j;
         }
-        const ssize_t got = preadv(first.fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(first.offset));
+        const ssize_t got =
+            preadv(first.fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(first.offset));
         if (got < 0 || static_cast<uint64_t>(got) != end - first.offset) return false;
         i = j;
     }
@@ -288,8 +290,7 @@ bool PeerSsdReads::read_all(std::vector<Job>& jobs) const {
 bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
     std::string body;
     std::vector<std::string_view> keys;
-    if (!flatten(request, &body) || !parse_resolve(body, &keys) || keys.empty() || keys.size() > kMaxKeys)
-        return false;
+    if (!flatten(request, &body) || !parse_resolve(body, &keys) || keys.empty() || keys.size() > kMaxKeys) return false;
     {
         std::vector<std::string_view> sorted(keys);
         std::sort(sorted.begin(), sorted.end());
