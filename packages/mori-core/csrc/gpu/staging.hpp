@@ -10,9 +10,8 @@
 // Each copy is followed, on its stream, by a write of the lane's count of copies queued into a
 // word of pinned host memory (cuStreamWriteValue32), so a caller copies piece k+1 while the wire
 // moves piece k and asks Staged::copied() (or waits with Staged::wait()) before it sends or
-// answers: a read of that word, no driver call. (Polled events took the driver's lock: a
-// process's connection threads polling at once slowed each other's copies and calls, and four
-// connections moved less than half the bytes of GPU memory that they moved of host memory.)
+// answers: a read of that word, no driver call (an event's query takes the driver's lock, and
+// the UCX worker polls every copy in flight at each progress).
 // Lent memory goes back to the pool when its Staged goes; the pool keeps up to `cacheBytes` of it
 // for the next transfer, frees the rest, and never lends memory whose copy may still run.
 //
