@@ -124,8 +124,12 @@ int write_value(void*, uint64_t addr, uint32_t value, unsigned) {
     auto* word = reinterpret_cast<std::atomic<uint32_t>*>(addr);
     Writes& w = writes();
     std::lock_guard lk(w.mu);
-    if (hang.load() || failLater.load()) {
-        (hang.load() ? w.hung : w.failed) = true;
+    if (hang.load()) {
+        w.hung = true;
+        return 0;
+    }
+    if (failLater.load()) {
+        w.failed = true;
         return 0;
     }
     const int64_t delay = delayNs.load();

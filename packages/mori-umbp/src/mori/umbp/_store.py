@@ -152,8 +152,7 @@ class LocalStore(Tiers):
                 return
             self._ssd_reads = reads
             for entry in self._index.values():
-                if entry.committed and not entry.gone and entry.dram is None and entry.ssd is not None:
-                    self._offer_ssd_read(entry)
+                self._offer_ssd_read(entry)
 
     def subscribe(self, listener: Callable[[KvEvent], None]) -> None:
         """Calls ``listener(event)`` for every change from now on, with the store's lock held,

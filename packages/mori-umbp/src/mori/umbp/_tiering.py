@@ -96,9 +96,12 @@ class Tiers:
     _ssd_reads: Any = None
 
     def _offer_ssd_read(self, entry: _Entry) -> None:
-        """Tells the peer service's C++ reads that ``entry`` is on SSD only now."""
+        """Tells the peer service's C++ reads (if attached) of ``entry`` if it is on SSD only now:
+        committed, not gone, no DRAM copy, an SSD record."""
         record = entry.ssd
-        assert record is not None and self._ssd is not None
+        if self._ssd_reads is None or record is None or entry.dram is not None or not entry.committed or entry.gone:
+            return
+        assert self._ssd is not None
         self._ssd_reads.add(entry.key, self._ssd.fd(record.segment), record.offset, record.size, record.checksum)
 
     def _withdraw_ssd_read(self, entry: _Entry) -> None:
@@ -174,8 +177,7 @@ class Tiers:
         offset, leases = entry.dram, entry.leases
         assert offset is not None
         entry.dram, entry.leases, entry.drop_dram = None, None, False
-        if self._ssd_reads is not None and entry.ssd is not None and entry.committed and not entry.gone:
-            self._offer_ssd_read(entry)
+        self._offer_ssd_read(entry)
         if leases and _live(leases, time.monotonic()):
             held = _HeldSlot(entry.key, offset, entry.size, leases)
             for lease_id in leases:
