@@ -481,6 +481,8 @@ void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
     }
     Lane& lane = *lanes_[op.lane_];
     const uint32_t ticket = lane.issued + 1;
+    // Before the word is queued: the word cannot be written before this, however late this thread runs on.
+    const int64_t queued = now_ns();
     const int r = reinterpret_cast<StreamWriteValue32Fn>(c_.driver.streamWriteValue32)(
         reinterpret_cast<void*>(op.stream()), pool_->word_device(op.lane_), ticket, 0);
     if (r != 0) {  // the copy runs without a word to tell its end: waited for here
@@ -496,8 +498,8 @@ void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
     s.done_ = pool_->word(op.lane_);
     s.ticket_ = ticket;
     s.stream_ = op.stream();
-    s.since_ = now_ns();
-    s.askAt_ = s.since_ + kAskStreamNs;
+    s.since_ = queued;
+    s.askAt_ = queued + kAskStreamNs;
 }
 
 void Stager::to_device(uint64_t dst, Staged& src, bool wait, size_t lane) {
