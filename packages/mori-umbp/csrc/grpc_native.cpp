@@ -58,11 +58,12 @@ grpc::ByteBuffer to_buffer(const py::bytes& body) {
     return grpc::ByteBuffer(&slice, 1);
 }
 
-// No HTTP/2 BDP pings on either side (GRPC_ARG_HTTP2_BDP_PROBE 0). With them on, a call after a pause made the
-// server ping the client on the request's arrival, ahead of the answer: the client woke for the
-// ping, acknowledged it and slept again before the answer came (0.05 to 0.1 ms of a small call
-// after an idle spell, on a loaded 2-core machine). The pings tune flow-control windows for bulk
-// streams; an 8 MiB request takes as long without them here.
+// No HTTP/2 BDP pings from servers, nor from channels but peers' (GRPC_ARG_HTTP2_BDP_PROBE 0; see
+// Channel). With them on at the server, a call after a pause made the server ping the client on
+// the request's arrival, ahead of the answer: the client woke for the ping, acknowledged it and
+// slept again before the answer came (0.05 to 0.1 ms of a small call after an idle spell, on a
+// loaded 2-core machine). The pings tune flow-control windows for bulk streams; an 8 MiB request
+// takes as long without them here.
 
 bool python_finalizing() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -283,10 +284,16 @@ private:
 // A client channel; `call` makes one unary call and waits for its answer without the GIL.
 class Channel {
 public:
-    Channel(const std::string& address, int max_receive_message_bytes) {
+    // `bdp_probe`: the channel pings its server as answers come in, which lets gRPC grow what it
+    // lets the server send ahead (HTTP/2's windows) past the first 64 KiB. Without it, an answer
+    // of more than 64 KiB stalls for a round trip: its last bytes wait for this side's window
+    // update (0.1 ms more than a lease's answer for a 64 KiB page inline, on loopback, 2 cores).
+    // The pings cost the server a wake-up after each answer, so only peers' channels, whose
+    // resolves may carry pages, ping; the master's answers are small.
+    Channel(const std::string& address, int max_receive_message_bytes, bool bdp_probe) {
         grpc::ChannelArguments args;
         args.SetMaxReceiveMessageSize(max_receive_message_bytes);
-        args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // no BDP pings (see above)
+        args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, bdp_probe ? 1 : 0);
         channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
         stub_ = std::make_unique<grpc::GenericStub>(channel_);
     }
@@ -411,7 +418,8 @@ PYBIND11_MODULE(_grpc_native, m) {
         .def_property_readonly("port", &Server::port)
         .def("stop", &Server::stop, py::arg("grace_s"));
     py::class_<Channel>(m, "Channel")
-        .def(py::init<const std::string&, int>(), py::arg("address"), py::arg("max_receive_message_bytes"))
+        .def(py::init<const std::string&, int, bool>(), py::arg("address"), py::arg("max_receive_message_bytes"),
+             py::arg("bdp_probe"))
         .def("call", &Channel::call, py::arg("method"), py::arg("request"), py::arg("timeout_s"));
     py::class_<umbp::PeerSsdReads, std::shared_ptr<umbp::PeerSsdReads>>(m, "PeerSsdReads")
         .def(py::init<uintptr_t, uint64_t, uint64_t, uint64_t, bool>(), py::arg("buffer_address"),
@@ -426,6 +434,7 @@ PYBIND11_MODULE(_grpc_native, m) {
         .def_property_readonly("keys", &umbp::PeerSsdReads::keys)
         .def_property_readonly("leases", &umbp::PeerSsdReads::leases)
         .def_property_readonly("reserve_used", &umbp::PeerSsdReads::reserve_used)
+        .def_property_readonly("inlined", &umbp::PeerSsdReads::inlined)
         .def_readonly_static("LEASE_BIT", &umbp::PeerSsdReads::kLeaseBit);
     m.def("split_keys", &split_keys, py::arg("packed"), py::arg("max_keys"), py::arg("max_key_bytes"));
     m.def("pack_keys", &pack_keys, py::arg("keys"), py::arg("max_key_bytes"));

@@ -74,6 +74,13 @@ public:
         varint(body.out_.size());
         out_ += body.out_;
     }
+    // Room for `size` more bytes, written by the caller at the pointer returned.
+    char* bytes_field(uint32_t field, size_t size) {
+        tag(field, 2);
+        varint(size);
+        out_.resize(out_.size() + size);
+        return out_.data() + out_.size() - size;
+    }
     grpc::ByteBuffer buffer() const {
         grpc::Slice slice(out_.data(), out_.size());
         return grpc::ByteBuffer(&slice, 1);
@@ -93,13 +100,19 @@ bool flatten(const grpc::ByteBuffer& buffer, std::string* out) {
     return true;
 }
 
-// BatchResolveKeysRequest { repeated string keys = 1; }: its keys, or false for anything else.
-bool parse_resolve(const std::string& body, std::vector<std::string_view>* keys) {
+// BatchResolveKeysRequest { repeated string keys = 1; uint64 inline_max_bytes = 20; }: its keys
+// and inline bound, or false for anything else.
+bool parse_resolve(const std::string& body, std::vector<std::string_view>* keys, uint64_t* inline_max) {
     Reader in(body.data(), body.size());
     while (!in.done()) {
         uint64_t tag = 0;
         std::string_view key;
-        if (!in.varint(&tag) || tag != ((1 << 3) | 2) || !in.bytes(&key)) return false;
+        if (!in.varint(&tag)) return false;
+        if (tag == ((20 << 3) | 0)) {
+            if (!in.varint(inline_max)) return false;
+            continue;
+        }
+        if (tag != ((1 << 3) | 2) || !in.bytes(&key)) return false;
         keys->push_back(key);
     }
     return true;
@@ -197,6 +210,11 @@ uint64_t PeerSsdReads::reserve_used() const {
     return used_;
 }
 
+uint64_t PeerSsdReads::inlined() const {
+    std::lock_guard<std::mutex> hold(mu_);
+    return inlined_;
+}
+
 // -- slots and leases (under mu_) -------------------------------------------------------------------
 
 bool PeerSsdReads::take_slot(uint64_t length, uint64_t* slot) {
@@ -290,7 +308,9 @@ bool PeerSsdReads::read_all(std::vector<Job>& jobs) const {
 bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* response) {
     std::string body;
     std::vector<std::string_view> keys;
-    if (!flatten(request, &body) || !parse_resolve(body, &keys) || keys.empty() || keys.size() > kMaxKeys) return false;
+    uint64_t inline_max = 0;
+    if (!flatten(request, &body) || !parse_resolve(body, &keys, &inline_max) || keys.empty() || keys.size() > kMaxKeys)
+        return false;
     {
         std::vector<std::string_view> sorted(keys);
         std::sort(sorted.begin(), sorted.end());
@@ -320,6 +340,9 @@ bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* re
         }
     }
     const bool read = read_all(jobs);
+    uint64_t total = 0;
+    for (const Job& job : jobs) total += job.record.size;
+    const bool inline_pages = total <= std::min(inline_max, kMaxInlineBytes);
     std::vector<uint64_t> ids(keys.size());
     {
         std::lock_guard<std::mutex> hold(mu_);
@@ -334,16 +357,18 @@ bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* re
         }
         const Clock::time_point until = Clock::now() + lease_;
         for (size_t i = 0; i < keys.size(); ++i) {
+            if (hits_.size() < kMaxHits) hits_.emplace(keys[i]);
+            if (inline_pages) continue;  // the slots stay this call's until their bytes are in the answer
             ids[i] = kLeaseBit | ++lease_count_;
             leases_[ids[i]] = Lease{std::string(keys[i]), jobs[i].slot, aligned(jobs[i].record.size), until};
-            if (hits_.size() < kMaxHits) hits_.emplace(keys[i]);
         }
     }
-    // BatchResolveKeysResponse: page_size 2, found 3, tier 4, size 5, offset 10, lease_id 11, lease_ms 12.
+    // BatchResolveKeysResponse: page_size 2, found 3, tier 4, size 5, offset 10, lease_id 11, lease_ms 12,
+    // inline_pages 20 (then offset and lease_id are 0).
     std::vector<uint64_t> found(keys.size(), 1), tier(keys.size(), kTierDram), size(keys.size()), offset(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
         size[i] = jobs[i].record.size;
-        offset[i] = jobs[i].slot;
+        offset[i] = inline_pages ? 0 : jobs[i].slot;
     }
     Writer out;
     out.varint_field(2, kAlign);
@@ -353,6 +378,16 @@ bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* re
     out.packed(10, offset);
     out.packed(11, ids);
     out.varint_field(12, lease_ms_);
+    if (inline_pages) {
+        char* at = out.bytes_field(20, total);
+        for (const Job& job : jobs) {
+            std::memcpy(at, reinterpret_cast<const void*>(buffer_ + job.slot), job.record.size);
+            at += job.record.size;
+        }
+        std::lock_guard<std::mutex> hold(mu_);
+        for (const Job& job : jobs) give_slot(job.slot, aligned(job.record.size));
+        inlined_ += jobs.size();
+    }
     *response = out.buffer();
     return true;
 }

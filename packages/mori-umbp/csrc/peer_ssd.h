@@ -6,7 +6,9 @@
 // encoded). Here the worker looks the keys up, reads each page with one aligned pread (preadv
 // for neighbouring records) into a slot of a reserve at the end of the node's DRAM buffer,
 // checks its XXH3-64 hash, leases the slot and answers, without the GIL. The reader then reads
-// the slot with mori-io, as it reads any slot of that buffer.
+// the slot with mori-io, as it reads any slot of that buffer; or, when the reader allows it
+// (inline_max_bytes) and the pages are small, the answer carries their bytes and the slot is
+// free again at once: one round trip where there were two.
 //
 // The store (Python) stays the owner of every page: it adds a key here when the key comes to be
 // on SSD only, and removes it before its SSD record can be freed or its DRAM copy comes back. A
@@ -50,6 +52,8 @@ public:
     size_t keys() const;
     size_t leases() const;
     uint64_t reserve_used() const;
+    // Pages answered with their bytes in the answer (inline_max_bytes), since the start.
+    uint64_t inlined() const;
 
     // -- the gRPC side (a worker, without the GIL) ------------------------------------------------
     // Answers a serialized BatchResolveKeysRequest into `response`; false when it is not taken
@@ -62,6 +66,9 @@ public:
     static constexpr uint64_t kLeaseBit = uint64_t{1} << 62;
     // The most keys one resolve takes here, and the most distinct hits kept for take_hits.
     static constexpr size_t kMaxKeys = 1024;
+    // The most bytes one answer carries inline, whatever the reader allows (a request's
+    // inline_max_bytes): pages beyond it are leased and read with mori-io.
+    static constexpr uint64_t kMaxInlineBytes = uint64_t{1} << 20;
     static constexpr size_t kMaxHits = 65536;
 
 private:
@@ -109,6 +116,7 @@ private:
     std::unordered_set<std::string> hits_;
     uint64_t serial_ = 0;
     uint64_t lease_count_ = 0;
+    uint64_t inlined_ = 0;
 };
 
 }  // namespace umbp

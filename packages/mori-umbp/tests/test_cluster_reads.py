@@ -13,6 +13,7 @@ from _cluster_nodes import FAST_MASTER, KiB, node_config, row_ptrs, seeded_pages
 from _master_harness import running_master, wait_until
 
 from mori.umbp import UMBPClient, UMBPTierType, _cluster, _grpc
+from mori.umbp._master._proto import umbp_peer_pb2 as pb
 
 PAGE = 64 * KiB
 
@@ -147,13 +148,15 @@ def test_a_read_the_owner_has_no_room_for_waits_for_the_readers_own_releases(mas
         owner.close()
 
 
-@pytest.mark.parametrize("reserve_mb", ["16", "0"])
-def test_pages_on_the_owners_ssd_only_are_read_with_mori_io(master, tmp_path, monkeypatch, reserve_mb) -> None:
-    """A get of pages the owner holds on SSD only, one page and a batch, byte for byte through
-    mori-io: with the reserve (and gRPC C++), the owner answers in C++ and the pages stay on
-    its SSD only, their leases released after the get; without it, the owner's Python stages
-    them into its DRAM tier, as it always did."""
+@pytest.mark.parametrize(("reserve_mb", "inline"), [("16", ""), ("16", "0"), ("0", "")])
+def test_pages_on_the_owners_ssd_only_are_read(master, tmp_path, monkeypatch, reserve_mb, inline) -> None:
+    """A get of pages the owner holds on SSD only, one page and a batch, byte for byte: with the
+    reserve (and gRPC C++), the owner answers in C++ and the pages stay on its SSD only, the one
+    page in the answer itself (over TCP, unless ``UMBP_PEER_INLINE_MAX_BYTES=0``), the batch of
+    448 KiB leased and read with mori-io, its leases released after the get; without the
+    reserve, the owner's Python stages them into its DRAM tier, as it always did."""
     monkeypatch.setenv("UMBP_PEER_SSD_RESERVE_MB", reserve_mb)
+    monkeypatch.setenv("UMBP_PEER_INLINE_MAX_BYTES", inline)
     native = reserve_mb != "0" and _grpc.native() is not None
     owner, reader, src = _owner_and_reader(master, tmp_path, 8, PAGE, 4 << 20)
     try:
@@ -173,9 +176,35 @@ def test_pages_on_the_owners_ssd_only_are_read_with_mori_io(master, tmp_path, mo
         assert all(store.lookup(key) == (tier, PAGE) for key in keys)
         if native:
             reads = owner._cluster._service.ssd_reads
+            assert reads.inlined == (0 if inline == "0" else 1)
             wait_until(lambda: reads.leases == 0, 10, "the reader's leases on the reserve released")
             assert reads.reserve_used == 0
         wait_until(lambda: _leases(owner) == 0, 10, "the reader's leases released")
     finally:
         reader.close()
         owner.close()
+
+
+def test_an_inline_answer_that_does_not_add_up_copies_nothing() -> None:
+    """The bytes of an answer are copied only when they are the sizes answered, page for page:
+    a page of another size than asked for is a miss, and an answer whose bytes do not add up (or
+    lists a page as not found) is all misses, with the destinations untouched."""
+    src = np.arange(3 * 16, dtype=np.uint8).reshape(3, 16)
+    dst = np.zeros_like(src)
+    ptrs = row_ptrs(dst)
+
+    def answer(sizes: list[int], data: bytes, found: list[bool] | None = None) -> pb.BatchResolveKeysResponse:
+        return pb.BatchResolveKeysResponse(found=found or [True] * len(sizes), size=sizes, inline_pages=data)
+
+    assert _cluster._copy_inline(answer([16, 16, 16], src.tobytes()), ptrs, [16, 16, 16]) == [True] * 3
+    assert np.array_equal(src, dst)
+    dst[:] = 0
+    assert _cluster._copy_inline(answer([16, 8, 16], src.tobytes()[:40]), ptrs, [16, 16, 16]) == [True, False, True]
+    assert dst[0].tobytes() == src[0].tobytes() and not dst[1].any() and dst[2].tobytes() == src.tobytes()[24:40]
+    dst[:] = 0
+    for bad in (answer([16, 16, 16], src.tobytes()[:47]), answer([16, 16], src.tobytes()[:32])):
+        assert _cluster._copy_inline(bad, ptrs, [16, 16, 16]) == [False] * 3
+    assert (
+        _cluster._copy_inline(answer([16, 16, 16], src.tobytes(), [True, False, True]), ptrs, [16] * 3) == [False] * 3
+    )
+    assert not dst.any()

@@ -1,6 +1,6 @@
 """A peer service's resolves of pages on SSD only, answered in C++ (``_grpc_native.PeerSsdReads``
 on the gRPC C++ server): the page read into a slot of the reserve after the DRAM tier, byte for
-byte, under a lease of its own; what that path does not take (a key in DRAM, a duplicate, no room
+byte, under a lease of its own, or in the answer itself when the reader allows it; what that path does not take (a key in DRAM, a duplicate, no room
 in the reserve, a failed read, malformed input) answered by the Python service as before; a key
 evicted while leased or while read never answers other bytes."""
 
@@ -59,8 +59,9 @@ class Node:
         assert all(self.store.lookup(k) == (UMBPTierType.SSD, data.shape[1]) for k in keys)
         assert all(self.store._index[k].dram is None for k in keys)
 
-    def resolve(self, *keys: str):
-        return self.stub.BatchResolveKeys(pb.BatchResolveKeysRequest(keys=list(keys)), timeout=5)
+    def resolve(self, *keys: str, inline_max: int = 0):
+        request = pb.BatchResolveKeysRequest(keys=list(keys), inline_max_bytes=inline_max)
+        return self.stub.BatchResolveKeys(request, timeout=5)
 
     def release(self, keys: list[str], leases: list[int]) -> list[bool]:
         request = pb.BatchReleaseKeysRequest(keys=keys, lease_id=leases)
@@ -102,12 +103,50 @@ def test_ssd_pages_are_read_into_the_reserve_under_leases_of_their_own(node) -> 
     assert sorted(reads.take_hits()) == keys
 
 
+def test_small_pages_come_in_the_answer_when_the_reader_allows_it(node) -> None:
+    """Pages on SSD only whose bytes add up to at most the reader's ``inline_max_bytes`` come in
+    the answer, in key order, with nothing leased and the reserve free again at once; more bytes
+    than that, or no such ask, and they are leased as before."""
+    data = pages(4, PAGE, seed=13)
+    keys = [f"k{i}" for i in range(4)]
+    node.put_on_ssd(keys, data)
+    reads = node.service.ssd_reads
+    got = node.resolve(*keys[:2], inline_max=2 * PAGE)
+    assert got.inline_pages == data[:2].tobytes()
+    assert list(got.found) == [True, True] and list(got.size) == [PAGE, PAGE]
+    assert list(got.lease_id) == [0, 0] and list(got.offset) == [0, 0]
+    assert reads.leases == 0 and reads.reserve_used == 0 and reads.inlined == 2
+    assert sorted(reads.take_hits()) == keys[:2]
+    over = node.resolve(*keys[1:], inline_max=3 * PAGE - 1)  # one byte short: leased
+    assert over.inline_pages == b"" and all(lease & LEASE_BIT for lease in over.lease_id)
+    assert [node.slot_bytes(o, PAGE) for o in over.offset] == [d.tobytes() for d in data[1:]]
+    assert node.release(keys[1:], list(over.lease_id)) == [True] * 3
+    assert node.resolve(keys[0]).inline_pages == b""  # not asked for
+    assert reads.inlined == 2 and all(node.store.lookup(k) == (UMBPTierType.SSD, PAGE) for k in keys)
+
+
+def test_an_answer_carries_at_most_a_mebibyte_inline_whatever_the_reader_asks(tmp_path, monkeypatch) -> None:
+    n = Node(tmp_path, monkeypatch, reserve=2 << 20)
+    try:
+        count = (1 << 20) // PAGE + 1
+        data = pages(count, PAGE, seed=14)
+        keys = [f"k{i}" for i in range(count)]
+        n.put_on_ssd(keys, data)
+        assert n.resolve(*keys[:-1], inline_max=1 << 40).inline_pages == data[:-1].tobytes()  # 1 MiB: at the bound
+        past = n.resolve(*keys, inline_max=1 << 40)
+        assert past.inline_pages == b"" and all(lease & LEASE_BIT for lease in past.lease_id)
+        assert n.release(keys, list(past.lease_id)) == [True] * count
+    finally:
+        n.close()
+
+
 def test_what_the_c_path_does_not_take_python_answers(node) -> None:
     data = pages(3, PAGE, seed=4)
     node.put_on_ssd(["a", "b"], data[:2])
     assert node.store.write("dram", addr(data, 2), PAGE)
-    mixed = node.resolve("a", "dram")  # a key in DRAM: the store's path, which stages "a"
+    mixed = node.resolve("a", "dram", inline_max=1 << 20)  # a key in DRAM: the store's path, which stages "a"
     assert list(mixed.found) == [True, True] and not any(lease & LEASE_BIT for lease in mixed.lease_id)
+    assert mixed.inline_pages == b""  # the store's path always leases
     assert node.slot_bytes(mixed.offset[0], PAGE) == data[0].tobytes()
     assert node.store.lookup("a") == (UMBPTierType.DRAM, PAGE)  # staged into the DRAM tier
     assert node.release(["a", "dram"], list(mixed.lease_id)) == [True, True]

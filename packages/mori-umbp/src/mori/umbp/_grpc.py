@@ -101,10 +101,14 @@ def response_types(pb: ModuleType, service: str) -> dict[str, Any]:
 
 
 class NativeChannel:
-    """A channel of the C++ transport to ``address``; :meth:`unary` makes one call."""
+    """A channel of the C++ transport to ``address``; :meth:`unary` makes one call. With
+    ``bdp_probe``, answers of more than 64 KiB do not wait for a window update (see
+    ``csrc/grpc_native.cpp``), at the cost of a ping after answers."""
 
-    def __init__(self, module: ModuleType, address: str, max_receive_message_bytes: int) -> None:
-        self._channel: Any = module.Channel(address, max_receive_message_bytes)
+    def __init__(
+        self, module: ModuleType, address: str, max_receive_message_bytes: int, bdp_probe: bool = False
+    ) -> None:
+        self._channel: Any = module.Channel(address, max_receive_message_bytes, bdp_probe)
 
     def unary(self, method: str, request: Any, response_type: Any, timeout_s: float) -> Any:
         """Calls ``method`` (``/package.Service/Rpc``) with ``request`` within ``timeout_s``;

@@ -55,7 +55,10 @@ class PeerChannel:
         self.address = address
         self.timeout_s = timeout_s
         native = _grpc.native()
-        self._native = None if native is None else _grpc.NativeChannel(native, address, _MAX_ANSWER_BYTES)
+        # A resolve's answer may carry pages (inline_max_bytes): the channel pings as they come.
+        self._native = (
+            None if native is None else _grpc.NativeChannel(native, address, _MAX_ANSWER_BYTES, bdp_probe=True)
+        )
         self._channel: grpc.Channel | None = None
         if self._native is None:
             self._channel = grpc.insecure_channel(
@@ -120,6 +123,8 @@ class Transport:
         if backend not in ("tcp", "rdma"):
             raise ValueError(f"UMBP_IO_BACKEND={backend!r}: expected tcp or rdma")
         self.engine.create_backend(BackendType.RDMA if backend == "rdma" else BackendType.TCP)
+        #: ``tcp`` or ``rdma`` (``UMBP_IO_BACKEND``).
+        self.backend = backend
         self.buffer = self.engine.register_memory(buffer_address, buffer_size, -1, MemoryLocationType.CPU)
         self._staging_handle = allocate_host_buffer(staging_size, prefault=False)
         if not self._staging_handle:

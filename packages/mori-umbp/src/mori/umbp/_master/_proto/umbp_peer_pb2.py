@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from mori.umbp._master._proto import umbp_pb2 as mori_dot_umbp_dot___master_dot___proto_dot_umbp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(mori/umbp/_master/_proto/umbp_peer.proto\x12\x04umbp\x1a#mori/umbp/_master/_proto/umbp.proto\"\x14\n\x12GetPeerInfoRequest\"g\n\x13GetPeerInfoResponse\x12\x13\n\x0b\x65ngine_desc\x18\x01 \x01(\x0c\x12\x11\n\tpage_size\x18\x0b \x01(\x04\x12\x13\n\x0b\x62uffer_desc\x18\x0c \x01(\x0c\x12\x13\n\x0b\x62uffer_size\x18\r \x01(\x04\"]\n\x13\x41llocateSlotRequest\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x1c\n\x04tier\x18\x02 \x01(\x0e\x32\x0e.umbp.TierType\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x05 \x01(\x05\"\x8e\x01\n\x14\x41llocateSlotResponse\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.umbp.AllocateSlotOutcome\x12\x0f\n\x07slot_id\x18\x02 \x01(\x04\x12\x11\n\tpage_size\x18\x04 \x01(\x04\x12\x16\n\x0epending_ttl_ms\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x08 \x01(\x04\"G\n\x19\x42\x61tchAllocateSlotsRequest\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.umbp.AllocateSlotRequest\"I\n\x1a\x42\x61tchAllocateSlotsResponse\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.umbp.AllocateSlotResponse\"4\n\x14\x42\x61tchCommitSlotEntry\x12\x0f\n\x07slot_id\x18\x01 \x01(\x04\x12\x0b\n\x03key\x18\x02 \x01(\t\"F\n\x17\x42\x61tchCommitSlotsRequest\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.umbp.BatchCommitSlotEntry\"+\n\x18\x42\x61tchCommitSlotsResponse\x12\x0f\n\x07success\x18\x01 \x03(\x08\"*\n\x16\x42\x61tchAbortSlotsRequest\x12\x10\n\x08slot_ids\x18\x01 \x03(\x04\"*\n\x17\x42\x61tchAbortSlotsResponse\x12\x0f\n\x07success\x18\x01 \x03(\x08\"\'\n\x17\x42\x61tchResolveKeysRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"\x9c\x01\n\x18\x42\x61tchResolveKeysResponse\x12\x11\n\tpage_size\x18\x02 \x01(\x04\x12\r\n\x05\x66ound\x18\x03 \x03(\x08\x12\x1c\n\x04tier\x18\x04 \x03(\x0e\x32\x0e.umbp.TierType\x12\x0c\n\x04size\x18\x05 \x03(\x04\x12\x0e\n\x06offset\x18\n \x03(\x04\x12\x10\n\x08lease_id\x18\x0b \x03(\x04\x12\x10\n\x08lease_ms\x18\x0c \x01(\x04\"9\n\x17\x42\x61tchReleaseKeysRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x10\n\x08lease_id\x18\x02 \x03(\x04\"(\n\x18\x42\x61tchReleaseKeysResponse\x12\x0c\n\x04held\x18\x01 \x03(\x08\"1\n\rEvictKeyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\"\x1f\n\x0f\x45victKeyRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"8\n\x10\x45victKeyResponse\x12$\n\x07\x65victed\x18\x01 \x03(\x0b\x32\x13.umbp.EvictKeyEntry*\xe8\x01\n\x13\x41llocateSlotOutcome\x12%\n!ALLOCATE_SLOT_OUTCOME_UNSPECIFIED\x10\x00\x12+\n\'ALLOCATE_SLOT_OUTCOME_SUCCESS_ALLOCATED\x10\x01\x12\x30\n,ALLOCATE_SLOT_OUTCOME_SUCCESS_ALREADY_EXISTS\x10\x02\x12 \n\x1c\x41LLOCATE_SLOT_OUTCOME_FAILED\x10\x03\x12)\n%ALLOCATE_SLOT_OUTCOME_FAILED_NO_SPACE\x10\x04\x32\xab\x04\n\x08UMBPPeer\x12\x42\n\x0bGetPeerInfo\x12\x18.umbp.GetPeerInfoRequest\x1a\x19.umbp.GetPeerInfoResponse\x12\x39\n\x08\x45victKey\x12\x15.umbp.EvictKeyRequest\x1a\x16.umbp.EvictKeyResponse\x12W\n\x12\x42\x61tchAllocateSlots\x12\x1f.umbp.BatchAllocateSlotsRequest\x1a .umbp.BatchAllocateSlotsResponse\x12Q\n\x10\x42\x61tchCommitSlots\x12\x1d.umbp.BatchCommitSlotsRequest\x1a\x1e.umbp.BatchCommitSlotsResponse\x12N\n\x0f\x42\x61tchAbortSlots\x12\x1c.umbp.BatchAbortSlotsRequest\x1a\x1d.umbp.BatchAbortSlotsResponse\x12Q\n\x10\x42\x61tchResolveKeys\x12\x1d.umbp.BatchResolveKeysRequest\x1a\x1e.umbp.BatchResolveKeysResponse\x12Q\n\x10\x42\x61tchReleaseKeys\x12\x1d.umbp.BatchReleaseKeysRequest\x1a\x1e.umbp.BatchReleaseKeysResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(mori/umbp/_master/_proto/umbp_peer.proto\x12\x04umbp\x1a#mori/umbp/_master/_proto/umbp.proto\"\x14\n\x12GetPeerInfoRequest\"g\n\x13GetPeerInfoResponse\x12\x13\n\x0b\x65ngine_desc\x18\x01 \x01(\x0c\x12\x11\n\tpage_size\x18\x0b \x01(\x04\x12\x13\n\x0b\x62uffer_desc\x18\x0c \x01(\x0c\x12\x13\n\x0b\x62uffer_size\x18\r \x01(\x04\"]\n\x13\x41llocateSlotRequest\x12\x0c\n\x04size\x18\x01 \x01(\x04\x12\x1c\n\x04tier\x18\x02 \x01(\x0e\x32\x0e.umbp.TierType\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x05 \x01(\x05\"\x8e\x01\n\x14\x41llocateSlotResponse\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.umbp.AllocateSlotOutcome\x12\x0f\n\x07slot_id\x18\x02 \x01(\x04\x12\x11\n\tpage_size\x18\x04 \x01(\x04\x12\x16\n\x0epending_ttl_ms\x18\x06 \x01(\x04\x12\x0e\n\x06offset\x18\x08 \x01(\x04\"G\n\x19\x42\x61tchAllocateSlotsRequest\x12*\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x19.umbp.AllocateSlotRequest\"I\n\x1a\x42\x61tchAllocateSlotsResponse\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.umbp.AllocateSlotResponse\"4\n\x14\x42\x61tchCommitSlotEntry\x12\x0f\n\x07slot_id\x18\x01 \x01(\x04\x12\x0b\n\x03key\x18\x02 \x01(\t\"F\n\x17\x42\x61tchCommitSlotsRequest\x12+\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1a.umbp.BatchCommitSlotEntry\"+\n\x18\x42\x61tchCommitSlotsResponse\x12\x0f\n\x07success\x18\x01 \x03(\x08\"*\n\x16\x42\x61tchAbortSlotsRequest\x12\x10\n\x08slot_ids\x18\x01 \x03(\x04\"*\n\x17\x42\x61tchAbortSlotsResponse\x12\x0f\n\x07success\x18\x01 \x03(\x08\"A\n\x17\x42\x61tchResolveKeysRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x18\n\x10inline_max_bytes\x18\x14 \x01(\x04\"\xb2\x01\n\x18\x42\x61tchResolveKeysResponse\x12\x11\n\tpage_size\x18\x02 \x01(\x04\x12\r\n\x05\x66ound\x18\x03 \x03(\x08\x12\x1c\n\x04tier\x18\x04 \x03(\x0e\x32\x0e.umbp.TierType\x12\x0c\n\x04size\x18\x05 \x03(\x04\x12\x0e\n\x06offset\x18\n \x03(\x04\x12\x10\n\x08lease_id\x18\x0b \x03(\x04\x12\x10\n\x08lease_ms\x18\x0c \x01(\x04\x12\x14\n\x0cinline_pages\x18\x14 \x01(\x0c\"9\n\x17\x42\x61tchReleaseKeysRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x10\n\x08lease_id\x18\x02 \x03(\x04\"(\n\x18\x42\x61tchReleaseKeysResponse\x12\x0c\n\x04held\x18\x01 \x03(\x08\"1\n\rEvictKeyEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\"\x1f\n\x0f\x45victKeyRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"8\n\x10\x45victKeyResponse\x12$\n\x07\x65victed\x18\x01 \x03(\x0b\x32\x13.umbp.EvictKeyEntry*\xe8\x01\n\x13\x41llocateSlotOutcome\x12%\n!ALLOCATE_SLOT_OUTCOME_UNSPECIFIED\x10\x00\x12+\n\'ALLOCATE_SLOT_OUTCOME_SUCCESS_ALLOCATED\x10\x01\x12\x30\n,ALLOCATE_SLOT_OUTCOME_SUCCESS_ALREADY_EXISTS\x10\x02\x12 \n\x1c\x41LLOCATE_SLOT_OUTCOME_FAILED\x10\x03\x12)\n%ALLOCATE_SLOT_OUTCOME_FAILED_NO_SPACE\x10\x04\x32\xab\x04\n\x08UMBPPeer\x12\x42\n\x0bGetPeerInfo\x12\x18.umbp.GetPeerInfoRequest\x1a\x19.umbp.GetPeerInfoResponse\x12\x39\n\x08\x45victKey\x12\x15.umbp.EvictKeyRequest\x1a\x16.umbp.EvictKeyResponse\x12W\n\x12\x42\x61tchAllocateSlots\x12\x1f.umbp.BatchAllocateSlotsRequest\x1a .umbp.BatchAllocateSlotsResponse\x12Q\n\x10\x42\x61tchCommitSlots\x12\x1d.umbp.BatchCommitSlotsRequest\x1a\x1e.umbp.BatchCommitSlotsResponse\x12N\n\x0f\x42\x61tchAbortSlots\x12\x1c.umbp.BatchAbortSlotsRequest\x1a\x1d.umbp.BatchAbortSlotsResponse\x12Q\n\x10\x42\x61tchResolveKeys\x12\x1d.umbp.BatchResolveKeysRequest\x1a\x1e.umbp.BatchResolveKeysResponse\x12Q\n\x10\x42\x61tchReleaseKeys\x12\x1d.umbp.BatchReleaseKeysRequest\x1a\x1e.umbp.BatchReleaseKeysResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mori.umbp._master._proto.umbp_peer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ALLOCATESLOTOUTCOME']._serialized_start=1305
-  _globals['_ALLOCATESLOTOUTCOME']._serialized_end=1537
+  _globals['_ALLOCATESLOTOUTCOME']._serialized_start=1353
+  _globals['_ALLOCATESLOTOUTCOME']._serialized_end=1585
   _globals['_GETPEERINFOREQUEST']._serialized_start=87
   _globals['_GETPEERINFOREQUEST']._serialized_end=107
   _globals['_GETPEERINFORESPONSE']._serialized_start=109
@@ -57,19 +57,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHABORTSLOTSRESPONSE']._serialized_start=817
   _globals['_BATCHABORTSLOTSRESPONSE']._serialized_end=859
   _globals['_BATCHRESOLVEKEYSREQUEST']._serialized_start=861
-  _globals['_BATCHRESOLVEKEYSREQUEST']._serialized_end=900
-  _globals['_BATCHRESOLVEKEYSRESPONSE']._serialized_start=903
-  _globals['_BATCHRESOLVEKEYSRESPONSE']._serialized_end=1059
-  _globals['_BATCHRELEASEKEYSREQUEST']._serialized_start=1061
-  _globals['_BATCHRELEASEKEYSREQUEST']._serialized_end=1118
-  _globals['_BATCHRELEASEKEYSRESPONSE']._serialized_start=1120
-  _globals['_BATCHRELEASEKEYSRESPONSE']._serialized_end=1160
-  _globals['_EVICTKEYENTRY']._serialized_start=1162
-  _globals['_EVICTKEYENTRY']._serialized_end=1211
-  _globals['_EVICTKEYREQUEST']._serialized_start=1213
-  _globals['_EVICTKEYREQUEST']._serialized_end=1244
-  _globals['_EVICTKEYRESPONSE']._serialized_start=1246
-  _globals['_EVICTKEYRESPONSE']._serialized_end=1302
-  _globals['_UMBPPEER']._serialized_start=1540
-  _globals['_UMBPPEER']._serialized_end=2095
+  _globals['_BATCHRESOLVEKEYSREQUEST']._serialized_end=926
+  _globals['_BATCHRESOLVEKEYSRESPONSE']._serialized_start=929
+  _globals['_BATCHRESOLVEKEYSRESPONSE']._serialized_end=1107
+  _globals['_BATCHRELEASEKEYSREQUEST']._serialized_start=1109
+  _globals['_BATCHRELEASEKEYSREQUEST']._serialized_end=1166
+  _globals['_BATCHRELEASEKEYSRESPONSE']._serialized_start=1168
+  _globals['_BATCHRELEASEKEYSRESPONSE']._serialized_end=1208
+  _globals['_EVICTKEYENTRY']._serialized_start=1210
+  _globals['_EVICTKEYENTRY']._serialized_end=1259
+  _globals['_EVICTKEYREQUEST']._serialized_start=1261
+  _globals['_EVICTKEYREQUEST']._serialized_end=1292
+  _globals['_EVICTKEYRESPONSE']._serialized_start=1294
+  _globals['_EVICTKEYRESPONSE']._serialized_end=1350
+  _globals['_UMBPPEER']._serialized_start=1588
+  _globals['_UMBPPEER']._serialized_end=2143
 # @@protoc_insertion_point(module_scope)

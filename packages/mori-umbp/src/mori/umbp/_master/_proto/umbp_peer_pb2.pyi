@@ -108,13 +108,15 @@ class BatchAbortSlotsResponse(_message.Message):
     def __init__(self, success: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class BatchResolveKeysRequest(_message.Message):
-    __slots__ = ("keys",)
+    __slots__ = ("keys", "inline_max_bytes")
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    inline_max_bytes: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., inline_max_bytes: _Optional[int] = ...) -> None: ...
 
 class BatchResolveKeysResponse(_message.Message):
-    __slots__ = ("page_size", "found", "tier", "size", "offset", "lease_id", "lease_ms")
+    __slots__ = ("page_size", "found", "tier", "size", "offset", "lease_id", "lease_ms", "inline_pages")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     FOUND_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,7 @@ class BatchResolveKeysResponse(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    INLINE_PAGES_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     found: _containers.RepeatedScalarFieldContainer[bool]
     tier: _containers.RepeatedScalarFieldContainer[_umbp_pb2.TierType]
@@ -129,7 +132,8 @@ class BatchResolveKeysResponse(_message.Message):
     offset: _containers.RepeatedScalarFieldContainer[int]
     lease_id: _containers.RepeatedScalarFieldContainer[int]
     lease_ms: int
-    def __init__(self, page_size: _Optional[int] = ..., found: _Optional[_Iterable[bool]] = ..., tier: _Optional[_Iterable[_Union[_umbp_pb2.TierType, str]]] = ..., size: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ..., lease_id: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    inline_pages: bytes
+    def __init__(self, page_size: _Optional[int] = ..., found: _Optional[_Iterable[bool]] = ..., tier: _Optional[_Iterable[_Union[_umbp_pb2.TierType, str]]] = ..., size: _Optional[_Iterable[int]] = ..., offset: _Optional[_Iterable[int]] = ..., lease_id: _Optional[_Iterable[int]] = ..., lease_ms: _Optional[int] = ..., inline_pages: _Optional[bytes] = ...) -> None: ...
 
 class BatchReleaseKeysRequest(_message.Message):
     __slots__ = ("keys", "lease_id")
