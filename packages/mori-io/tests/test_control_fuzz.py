@@ -127,8 +127,10 @@ def test_bad_length_prefix_drops(control_port, prefix):
 
 
 def test_engine_still_serves_after_fuzz(initiator, target, remote_region, control_port):
-    # Runs after the fuzz tests in this module: control plane and data plane still work.
-    client = ControlClient("127.0.0.1", control_port, "initiator", "", 10)
+    # Runs after the fuzz tests in this module: control plane and data plane still work. The probe
+    # goes under a key of its own: under the initiator's, its connection (another proof) would hold
+    # that key until the target has read its close, and the initiator's write below could be refused.
+    client = ControlClient("127.0.0.1", control_port, "prober", "", 10)
     assert client.request("ping", {})["key"] == "target"
     client.close()
     buf, rdesc = remote_region
