@@ -342,7 +342,7 @@ bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* re
     const bool read = read_all(jobs);
     uint64_t total = 0;
     for (const Job& job : jobs) total += job.record.size;
-    const bool inline_pages = total <= std::min(inline_max, kMaxInlineBytes);
+    const bool inline_pages = inline_max > 0 && total <= std::min(inline_max, kMaxInlineBytes);  // 0: not asked
     std::vector<uint64_t> ids(keys.size());
     {
         std::lock_guard<std::mutex> hold(mu_);
