@@ -419,21 +419,17 @@ void Stager::check_healthy() const {
 }
 
 Stager::Op::Op(Stager& s, size_t lane)
-    : s_(s),
-      lane_(lane % s.lanes_.size()),
-      stream_(s.lanes_[lane_]->stream),
-      lock_(s.lanes_[lane_]->mu),
-      current_(s.c_) {
+    : s_(s), lane_(lane % s.lanes_.size()), lock_(s.lanes_[lane_]->mu), current_(s.c_) {
     s.check_healthy();
 }
 
 void Stager::Op::wait_stream(const char* what) {
     const StagingConfig& c = s_.c_;
-    void* stream = reinterpret_cast<void*>(stream_);
+    void* const queried = reinterpret_cast<void*>(stream());
     const int64_t start = now_ns();
     bool told = false;
     poll_until([&] {
-        const int r = reinterpret_cast<StreamQueryFn>(c.driver.streamQuery)(stream);
+        const int r = reinterpret_cast<StreamQueryFn>(c.driver.streamQuery)(queried);
         if (r == 0) return true;
         if (r != kNotReady) check(r, "cuStreamQuery");
         const double waited = (now_ns() - start) * 1e-9;
@@ -479,23 +475,23 @@ void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
         pool_->count_copy_ended(start);
         return;
     }
-    Lane& lane = *lanes_[op.lane_];
+    Lane& lane = *lanes_[op.lane()];
     const uint32_t ticket = lane.issued + 1;
     // Before the word is queued: the word cannot be written before this, however late this thread runs on.
     const int64_t queued = now_ns();
     const int r = reinterpret_cast<StreamWriteValue32Fn>(c_.driver.streamWriteValue32)(
-        reinterpret_cast<void*>(op.stream()), pool_->word_device(op.lane_), ticket, 0);
+        reinterpret_cast<void*>(op.stream()), pool_->word_device(op.lane()), ticket, 0);
     if (r != 0) {  // the copy runs without a word to tell its end: waited for here
         try {
             op.wait_stream(what);
         } catch (const std::exception&) {  // the Stager is broken: this ticket is never written
-            s.done_ = pool_->word(op.lane_);
+            s.done_ = pool_->word(op.lane());
             s.ticket_ = ticket;  // so s's memory, which the copy may still use, is never lent again
         }
         check(r, "cuStreamWriteValue32");
     }
     lane.issued = ticket;
-    s.done_ = pool_->word(op.lane_);
+    s.done_ = pool_->word(op.lane());
     s.ticket_ = ticket;
     s.stream_ = op.stream();
     s.since_ = queued;

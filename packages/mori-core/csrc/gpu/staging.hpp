@@ -200,13 +200,12 @@ public:
         // operation fail. `what` names the work in messages.
         void wait_stream(const char* what);
 
-        uintptr_t stream() const { return stream_; }
+        size_t lane() const { return lane_; }  // the lane's index, modulo their count
+        uintptr_t stream() const { return s_.lanes_[lane_]->stream; }
 
     private:
-        friend class Stager;
         Stager& s_;
-        size_t lane_;  // the index of the lane, modulo their count
-        uintptr_t stream_;
+        size_t lane_;
         std::lock_guard<std::mutex> lock_;
         Current current_;
     };

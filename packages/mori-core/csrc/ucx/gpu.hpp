@@ -11,9 +11,10 @@
 // - staged bytes go through mori-core's GPU staging (gpu/staging.hpp: one copy-engine copy between
 //   the GPU and pinned host memory lent by its pool), which UCX then sends from or receives into:
 //   UCX moves host memory only. A transfer's pieces are copied asynchronously (a completion
-//   word written after each), so that the copy of one piece runs while the network moves another (the worker polls
-//   Staged::copied, Worker::after_copy_locked). An engine may also stage without serving atomics
-//   (mori-io's RDMA backend: GpuWords over a Stager of the application's context).
+//   word written after each), so that the copy of one piece runs while the network moves
+//   another (the worker polls Staged::copied, Worker::after_copy_locked). An engine may also
+//   stage without serving atomics (mori-io's RDMA backend: GpuWords over a Stager of the
+//   application's context).
 // All of it runs in a CUDA context of mori's own (not the device's primary context, which the
 // application's kernels use), on one non-blocking stream, through pinned memory: the primary
 // context's lock is held while its thread lazily loads a kernel or copies to pageable memory
