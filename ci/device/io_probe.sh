@@ -19,8 +19,10 @@
 #               (and GPU with 1);
 #   tcp_perf    where mori's TCP threads spend it, kernel included: perf (.devkit/perf.tar.xz from
 #               ci/device/perf_kit.sh) samples every CPU with call graphs during GPU and then
-#               host-memory writes of 64 x 1 MiB over 4 connections; the report lists the top
-#               functions of each thread (mori-tcp-send, mori-tcp-serve, ...).
+#               host-memory writes of 64 x 1 MiB over 1 and 4 connections (MORI_PROBE_PERF_CONNS,
+#               MORI_PROBE_PERF_MEMS); the report gives each thread's samples, then each TCP
+#               thread's top functions (mori-tcp-send, mori-tcp-recv, mori-tcp-serve) and the
+#               bench's own (python3) as shares of their own samples, with their counts.
 # Run from the repository root with .devkit carried. MORI_STEPS="stager ..." runs only those.
 # Logs go to $OUT.
 set -uo pipefail
@@ -120,32 +122,48 @@ with testing.network_namespaces() as (a, b):
         subprocess.run([sys.executable, sys.argv[1], "--top", "30", "--", *bench], timeout=150)
 EOF
 }
-# tcp_perf: perf record around each write run (GPU, then host memory, 4 connections), then a
-# report of each thread's top functions.
+# tcp_perf: perf record around each write run (GPU, then host memory; MORI_PROBE_PERF_CONNS
+# connections, default 1,4), then each TCP thread's top functions as shares of that thread's own
+# samples (with sample counts: the runs move the same bytes, so counts compare across them).
 tcp_perf() {
   mkdir -p /tmp/perf && tar xJf "$repo/.devkit/perf.tar.xz" -C /tmp/perf || return 1
-  python3 - <<'EOF'
+  python3 - "${MORI_PROBE_PERF_CONNS:-1,4}" "${MORI_PROBE_PERF_MEMS:-gpu,cpu}" <<'EOF'
 import subprocess, sys
 from mori.core import testing
 
 perf = ["env", "LD_LIBRARY_PATH=/tmp/perf/lib", "/tmp/perf/perf"]
 with testing.network_namespaces() as (a, b):
-    for mem in ("gpu", "cpu"):
-        print(f"== --mem-type {mem} --num-connections 4: 64 x 1 MiB writes under perf record", flush=True)
-        bench = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp",
-                 "--mem-type", mem, "--op", "write", "--num-connections", "4", "--sizes", "1M",
-                 "--batch-sizes", "64", "--iters", "100", "--warmup", "5", "--host", a.address,
-                 "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
-        data = f"/tmp/perf/{mem}.data"
-        # The bench runs without the bundle's libraries (LD_LIBRARY_PATH is for perf alone).
-        subprocess.run([*perf, "record", "-q", "-a", "-g", "-F", "499", "-o", data, "--", "env", "-u", "LD_LIBRARY_PATH",
-                        *bench], timeout=150)
-        report = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "--sort", "comm,sym",
-                                 "-g", "none", "--percent-limit", "0.7", "--comm",
-                                 "mori-tcp-send,mori-tcp-recv,mori-tcp-serve,python3"],
-                                capture_output=True, text=True, timeout=150)
-        print("\n".join(line for line in report.stdout.splitlines() if line.strip() and not line.startswith("#")))
-        print(report.stderr[-2000:], flush=True)
+    for conns in sys.argv[1].split(","):
+        for mem in sys.argv[2].split(","):
+            print(f"\n== --mem-type {mem} --num-connections {conns}: 64 x 1 MiB writes under perf record", flush=True)
+            bench = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp",
+                     "--mem-type", mem, "--op", "write", "--num-connections", conns, "--sizes", "1M",
+                     "--batch-sizes", "64", "--iters", "100", "--warmup", "5", "--host", a.address,
+                     "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
+            data = f"/tmp/perf/{mem}{conns}.data"
+            # The bench runs without the bundle's libraries (LD_LIBRARY_PATH is for perf alone).
+            subprocess.run([*perf, "record", "-q", "-a", "-g", "-F", "999", "-o", data, "--", "env", "-u",
+                            "LD_LIBRARY_PATH", *bench], timeout=150)
+            by_comm = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "-n", "--sort", "comm",
+                                      "-g", "none", "--percent-limit", "0.3"], capture_output=True, text=True, timeout=150)
+            print("-- threads:", "; ".join(" ".join(ln.split()[1:3]) for ln in by_comm.stdout.splitlines()
+                                           if ln.strip() and not ln.startswith("#"))[:600])
+            for keys in ("pid", "dso,sym"):  # the bench's own threads: which of them, and where
+                py = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "-n", "--sort", keys,
+                                     "-g", "none", "--percentage", "relative", "--percent-limit", "2", "--comm",
+                                     "python3"], capture_output=True, text=True, timeout=150)
+                print(f"-- python3 by {keys}:")
+                print("\n".join([ln for ln in py.stdout.splitlines() if ln.strip() and not ln.startswith("#")][:12])
+                      or py.stderr[-500:])
+            for comm in ("mori-tcp-send", "mori-tcp-recv", "mori-tcp-serve"):
+                report = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "-n",
+                                         "--sort", "pid,dso,sym", "-g", "none", "--percentage", "relative",
+                                         "--percent-limit", "1", "--comm", comm],
+                                        capture_output=True, text=True, timeout=150)
+                lines = [ln for ln in report.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
+                total = [ln for ln in report.stdout.splitlines() if "Samples" in ln or "Event count" in ln]
+                print(f"-- {comm}: {' '.join(total)[:160]}")
+                print("\n".join(lines[:22]) or report.stderr[-500:], flush=True)
 EOF
 }
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
@@ -163,6 +181,6 @@ grep -E "^==|^mori " "$OUT/tcp_pairs.log"
 step tcp_cpu 200 bash -c "$(declare -f tcp_cpu); repo=$repo tcp_cpu"
 cat "$OUT/tcp_cpu.log"
 step tcp_perf 330 bash -c "$(declare -f tcp_perf); repo=$repo tcp_perf"
-head -c 9000 "$OUT/tcp_perf.log"
+head -c 11000 "$OUT/tcp_perf.log"
 echo "== done in $(( $(date +%s) - t0 ))s, status $status"
 exit $status
