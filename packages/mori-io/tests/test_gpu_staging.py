@@ -97,6 +97,8 @@ def test_staged_transfers_byte_for_byte(host_gpu: Any, local_loc: str, remote_lo
             ([0], [0], [4096]),
             ([7], [11], [64 << 10]),
             ([1], [2], [N - 8]),  # one block of many staging pieces
+            # several blocks of several pieces each: the copies run ahead across blocks
+            ([0, 2 * MiB + 1, 4 * MiB + 2], [5 * MiB, 3 * MiB, 17], [MiB + 5, 2 * MiB - 1, 700_000]),
             (list(range(0, 4096 * 300, 4096)), list(range(4096 * 299, -1, -4096)), [4096] * 300),
             (
                 list(rng.permutation(64)[:64] * (64 << 10)),
