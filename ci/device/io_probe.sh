@@ -20,9 +20,9 @@
 #   tcp_perf    where mori's TCP threads spend it, kernel included: perf (.devkit/perf.tar.xz from
 #               ci/device/perf_kit.sh) samples every CPU with call graphs during GPU and then
 #               host-memory writes of 64 x 1 MiB over 1 and 4 connections (MORI_PROBE_PERF_CONNS,
-#               MORI_PROBE_PERF_MEMS); the report gives each thread's samples, then each TCP
-#               thread's top functions (mori-tcp-send, mori-tcp-recv, mori-tcp-serve) and the
-#               bench's own (python3) as shares of their own samples, with their counts.
+#               MORI_PROBE_PERF_MEMS); the report gives each thread's samples, then the top
+#               functions of the TCP threads (mori-tcp-send, mori-tcp-recv, mori-tcp-serve) and
+#               of the bench's own (python3), with their counts and shares.
 # Run from the repository root with .devkit carried. MORI_STEPS="stager ..." runs only those.
 # Logs go to $OUT.
 set -uo pipefail
@@ -123,15 +123,30 @@ with testing.network_namespaces() as (a, b):
 EOF
 }
 # tcp_perf: perf record around each write run (GPU, then host memory; MORI_PROBE_PERF_CONNS
-# connections, default 1,4), then each TCP thread's top functions as shares of that thread's own
-# samples (with sample counts: the runs move the same bytes, so counts compare across them).
+# connections, default 1,4), then each thread's samples and the top functions of the TCP threads
+# and of the bench's own (python3), counted from `perf script`, one line per sample: `perf report`
+# filtered by thread put some of the serving threads' samples under the process's name. Counts
+# compare across runs (they move the same bytes); shares are of the threads' own samples.
 tcp_perf() {
   mkdir -p /tmp/perf && tar xJf "$repo/.devkit/perf.tar.xz" -C /tmp/perf || return 1
   python3 - "${MORI_PROBE_PERF_CONNS:-1,4}" "${MORI_PROBE_PERF_MEMS:-gpu,cpu}" <<'EOF'
-import subprocess, sys
+import collections, re, subprocess, sys
 from mori.core import testing
 
 perf = ["env", "LD_LIBRARY_PATH=/tmp/perf/lib", "/tmp/perf/perf"]
+SAMPLE = re.compile(r"^\s*(.+?)\s+(\d+)\s+[0-9a-f]+\s+(.*)$")
+
+def samples(data):
+    """(comm, tid) -> Counter of the functions each sample was in (its leaf frame, with its DSO)."""
+    out = subprocess.run([*perf, "script", "-i", data, "-F", "comm,tid,ip,sym,dso", "--hide-call-graph"],
+                         capture_output=True, text=True, timeout=240).stdout
+    threads = collections.defaultdict(collections.Counter)
+    for line in out.splitlines():
+        m = SAMPLE.match(line)
+        if m:
+            threads[(m.group(1), int(m.group(2)))][m.group(3)] += 1
+    return threads
+
 with testing.network_namespaces() as (a, b):
     for conns in sys.argv[1].split(","):
         for mem in sys.argv[2].split(","):
@@ -144,26 +159,19 @@ with testing.network_namespaces() as (a, b):
             # The bench runs without the bundle's libraries (LD_LIBRARY_PATH is for perf alone).
             subprocess.run([*perf, "record", "-q", "-a", "-g", "-F", "999", "-o", data, "--", "env", "-u",
                             "LD_LIBRARY_PATH", *bench], timeout=150)
-            by_comm = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "-n", "--sort", "comm",
-                                      "-g", "none", "--percent-limit", "0.3"], capture_output=True, text=True, timeout=150)
-            print("-- threads:", "; ".join(" ".join(ln.split()[1:3]) for ln in by_comm.stdout.splitlines()
-                                           if ln.strip() and not ln.startswith("#"))[:600])
-            for keys in ("pid", "dso,sym"):  # the bench's own threads: which of them, and where
-                py = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "-n", "--sort", keys,
-                                     "-g", "none", "--percentage", "relative", "--percent-limit", "2", "--comm",
-                                     "python3"], capture_output=True, text=True, timeout=150)
-                print(f"-- python3 by {keys}:")
-                print("\n".join([ln for ln in py.stdout.splitlines() if ln.strip() and not ln.startswith("#")][:12])
-                      or py.stderr[-500:])
-            for comm in ("mori-tcp-send", "mori-tcp-recv", "mori-tcp-serve"):
-                report = subprocess.run([*perf, "report", "-i", data, "--stdio", "--no-children", "-n",
-                                         "--sort", "pid,dso,sym", "-g", "none", "--percentage", "relative",
-                                         "--percent-limit", "1", "--comm", comm],
-                                        capture_output=True, text=True, timeout=150)
-                lines = [ln for ln in report.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
-                total = [ln for ln in report.stdout.splitlines() if "Samples" in ln or "Event count" in ln]
-                print(f"-- {comm}: {' '.join(total)[:160]}")
-                print("\n".join(lines[:22]) or report.stderr[-500:], flush=True)
+            threads = samples(data)
+            busiest = sorted(threads.items(), key=lambda kv: -sum(kv[1].values()))
+            print("-- threads:", "; ".join(f"{c}/{t} {sum(n.values())}" for (c, t), n in busiest[:14] if c != "swapper"))
+            for comm in ("mori-tcp-send", "mori-tcp-recv", "mori-tcp-serve", "python3"):
+                funcs = collections.Counter()
+                for (c, _), n in threads.items():
+                    if c == comm:
+                        funcs.update(n)
+                total = sum(funcs.values())
+                print(f"-- {comm}: {total} samples" + ("" if total else " (none)"))
+                for func, n in funcs.most_common(10):
+                    print(f"  {n:7d} {100 * n / total:5.1f}%  {func[:110]}")
+            sys.stdout.flush()
 EOF
 }
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
