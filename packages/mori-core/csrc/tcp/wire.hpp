@@ -93,9 +93,11 @@ public:
     // Reads n bytes into dst (dst == nullptr discards them). A large remainder is received
     // straight into dst unless `direct` is false: staged GPU bytes then reach their pinned memory
     // through this reader's buffer, which stays in cache, and are copied on with non-temporal
-    // stores (the copy engine, not this CPU, reads them next). Measured on the H200 machine
-    // (staged writes of 64 x 1 MiB between two namespaces): 4.6 GB/s on one connection and 11.2
-    // on four through the buffer, against 4.3 and 9.2 received straight into the pinned memory.
+    // stores (the copy engine, not this CPU, reads them next). Measured on the 2-GPU H200 machine
+    // against a plain memcpy from the buffer (64-block batches between two namespaces): straight
+    // into the pinned memory was 9-29 % slower on one connection and 13-16 % faster on four
+    // (1 and 4 MiB blocks); the streaming copy 9-24 % faster on four, and -8 to +14 % on one,
+    // within what single runs there spread.
     std::string read_into(char* dst, uint64_t n, const AbortCheck& check, bool direct = true);
     // Waits until at least one byte is readable; "" or an error text. Polls without sleeping for
     // up to spinNs first: on an idle core a sleeping thread takes tens of microseconds to wake,
