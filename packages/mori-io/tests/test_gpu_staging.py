@@ -83,6 +83,14 @@ def _record(engine: IOEngine, key: str, uid: int) -> Any:
 N = 9 * MiB + 77
 
 
+def _moved(src: Any, dst: Any, sofs: list[int], dofs: list[int], sizes: list[int]) -> Any:
+    """What ``dst`` should hold once each block of ``src`` at ``sofs`` has landed at ``dofs``."""
+    want = dst.copy()
+    for s, d, n in zip(sofs, dofs, sizes):
+        want[d : d + n] = src[s : s + n]
+    return want
+
+
 @pytest.mark.parametrize("local_loc,remote_loc", [("GPU", "GPU"), ("GPU", "CPU"), ("CPU", "GPU")])
 @pytest.mark.parametrize("write", [True, False])
 def test_staged_transfers_byte_for_byte(host_gpu: Any, local_loc: str, remote_loc: str, write: bool) -> None:
@@ -113,9 +121,7 @@ def test_staged_transfers_byte_for_byte(host_gpu: Any, local_loc: str, remote_lo
             src, dst = (mine, theirs) if write else (theirs, mine)
             sbase, dbase = (3, 5) if write else (5, 3)
             sofs, dofs = (lo, ro) if write else (ro, lo)
-            want = dst.copy()
-            for s, d, n in zip(sofs, dofs, sz):
-                want[dbase + d : dbase + d + n] = src[sbase + s : sbase + s + n]
+            want = _moved(src, dst, [sbase + s for s in sofs], [dbase + d for d in dofs], sz)
             st_ = _done(op(ld, lo, rd, ro, sz, 100 + i))
             assert st_.Succeeded(), st_.Message()
             assert np.array_equal(dst, want), f"case {i}"
@@ -176,9 +182,7 @@ def test_random_staged_batches_byte_for_byte(host_gpu: Any, local_loc: str, remo
             src, dst = (mine, theirs) if write else (theirs, mine)
             sofs, dofs = (lo, ro) if write else (ro, lo)
             src[:] = rng.integers(0, 256, region, dtype=np.uint8)
-            want = dst.copy()
-            for s_, d_, n in zip(sofs, dofs, sizes):
-                want[d_ : d_ + n] = src[s_ : s_ + n]
+            want = _moved(src, dst, sofs, dofs, sizes)
             st_ = _done((a.batch_write if write else a.batch_read)(ld, lo, rd, ro, sizes, next(uids)))
             assert st_.Succeeded(), st_.Message()
             assert np.array_equal(dst, want)

@@ -247,6 +247,10 @@ void PeerSsdReads::give_slot(uint64_t slot, uint64_t length) {
     free_[slot] = length;
 }
 
+void PeerSsdReads::give_slots(const std::vector<Job>& jobs, size_t count) {
+    for (size_t k = 0; k < count; ++k) give_slot(jobs[k].slot, aligned(jobs[k].record.size));
+}
+
 void PeerSsdReads::reclaim(Clock::time_point now) {
     for (auto it = leases_.begin(); it != leases_.end();) {
         if (it->second.until <= now) {
@@ -334,7 +338,7 @@ bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* re
                 }
             }
             if (!ok) {
-                for (size_t k = 0; k < i; ++k) give_slot(jobs[k].slot, aligned(jobs[k].record.size));
+                give_slots(jobs, i);
                 return false;
             }
         }
@@ -352,7 +356,7 @@ bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* re
             current = it != records_.end() && it->second.serial == jobs[i].record.serial;
         }
         if (!current) {  // failed, or a key left meanwhile (its record's space may be another's now)
-            for (const Job& job : jobs) give_slot(job.slot, aligned(job.record.size));
+            give_slots(jobs, jobs.size());
             return false;
         }
         const Clock::time_point until = Clock::now() + lease_;
@@ -385,7 +389,7 @@ bool PeerSsdReads::resolve(const grpc::ByteBuffer& request, grpc::ByteBuffer* re
             at += job.record.size;
         }
         std::lock_guard<std::mutex> hold(mu_);
-        for (const Job& job : jobs) give_slot(job.slot, aligned(job.record.size));
+        give_slots(jobs, jobs.size());
         inlined_ += jobs.size();
     }
     *response = out.buffer();

@@ -95,6 +95,7 @@ private:
     // Under mu_.
     bool take_slot(uint64_t length, uint64_t* slot);
     void give_slot(uint64_t slot, uint64_t length);
+    void give_slots(const std::vector<Job>& jobs, size_t count);  // the slots of jobs[0, count)
     void reclaim(Clock::time_point now);
     bool end_lease(const std::string& key, uint64_t lease_id, Clock::time_point now);
 
