@@ -1,5 +1,5 @@
 """MoE dispatch/combine benchmark: mori.ops beside NCCL all_to_all_single and PyTorch symmetric
-memory's all_to_all_vdev, on the same tokens and routing, in one run.
+memory's all_to_all_vdev and all_to_all_vdev_2d, on the same tokens and routing, in one run.
 
 Shapes: decode (128 tokens per rank) and prefill (4096 tokens per rank), hidden 7168, top-8 of 256
 experts, bf16 tokens and fp8 e4m3 tokens with per-128 float32 scales; combine takes bf16 expert
@@ -7,7 +7,8 @@ outputs, sent as they are or under a combine quantization (``--quants``: rows ``
 and so on; their combine bandwidth still counts bf16 bytes, so a quantization shows as a higher
 figure).
 Times are CUDA-event medians per rank, then the slowest rank; bandwidth counts the token bytes a
-rank sends to other ranks (one copy per distinct destination rank, as every method here sends).
+rank sends to other ranks (one copy per distinct destination rank, as every method here sends
+but ``symm_mem_2d``, which sends a copy per top-k entry: its GB/s counts the same bytes).
 The peers' times include the layout step they need (sorting tokens by destination, exchanging
 counts, and for NCCL the count read-back that sizes its splits). Runs under torchrun on any number
 of GPUs; NCCL and symmetric memory need a GPU per rank and are reported as not run otherwise.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 from typing import Any
 
@@ -236,18 +238,27 @@ def nccl_pair(x: Any, ids: Any, world: int, group: Any, iters: int, warmup: int)
     return statistics.median(disp), statistics.median(comb)
 
 
+def symm_mem_ops(*names: str) -> tuple[Any, list[Any]] | str:
+    """PyTorch symmetric memory on its NVSHMEM backend and its ops ``names``, or why not."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        ops = [getattr(torch.ops.symm_mem, name) for name in names]
+        symm_mem.set_backend("NVSHMEM")
+    except (AttributeError, RuntimeError, ImportError) as exc:
+        return f"not run: {type(exc).__name__}: {str(exc)[:80]}"
+    return symm_mem, ops
+
+
 def symm_mem_pair(x: Any, ids: Any, world: int, iters: int, warmup: int) -> tuple[float, float] | str:
     """PyTorch symmetric memory all_to_all_vdev (NVSHMEM backend), if this torch has it. Two
     signatures: (input, out, in_out_splits[3, world], group) in older torch, and (input, out,
     in_splits[world], out_splits_offsets[2, world], group) in newer (2.11 has it), told apart by the schema."""
-    try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        op = torch.ops.symm_mem.all_to_all_vdev
-        separate = len(op.default._schema.arguments) == 5  # in_splits and out_splits_offsets apart
-        symm_mem.set_backend("NVSHMEM")
-    except (AttributeError, RuntimeError, ImportError) as exc:
-        return f"not run: {type(exc).__name__}: {str(exc)[:80]}"
+    found = symm_mem_ops("all_to_all_vdev")
+    if isinstance(found, str):
+        return found
+    symm_mem, (op,) = found
+    separate = len(op.default._schema.arguments) == 5  # in_splits and out_splits_offsets apart
     group_name = dist.group.WORLD.group_name
     row = x.view(torch.uint8).view(x.shape[0], -1)
     cap = x.shape[0] * world
@@ -286,6 +297,51 @@ def symm_mem_pair(x: Any, ids: Any, world: int, iters: int, warmup: int) -> tupl
     return statistics.median(disp), statistics.median(comb)
 
 
+def symm_mem_2d_pair(x: Any, ids: Any, world: int, iters: int, warmup: int) -> tuple[float, float] | str:
+    """PyTorch symmetric memory's MoE form, all_to_all_vdev_2d and all_to_all_vdev_2d_offset (NVSHMEM
+    backend): a row per top-k entry (not one per destination rank), sent sorted by expert and
+    received grouped by local expert; combine sends the expert outputs back the same way (the
+    offsets dispatch returned) and sums each token's rows."""
+    found = symm_mem_ops("all_to_all_vdev_2d", "all_to_all_vdev_2d_offset")
+    if isinstance(found, str):
+        return found
+    symm_mem, (to_experts, back) = found
+    group_name = dist.group.WORLD.group_name
+    n, entries = x.shape[0], x.shape[0] * TOPK
+    row = x.view(torch.uint8).view(n, -1)
+    per_expert = torch.bincount(ids.flatten().long().cpu(), minlength=EXPERTS)
+    dist.all_reduce(per_expert)  # every rank's entries per expert: the most any rank receives
+    cap = int(per_expert.view(world, -1).sum(dim=1).max())
+    inp = symm_mem.empty(entries, row.shape[1], dtype=torch.uint8, device=x.device)
+    out = symm_mem.empty(cap, row.shape[1], dtype=torch.uint8, device=x.device)
+    back_in = symm_mem.empty(cap, HIDDEN, dtype=torch.bfloat16, device=x.device)
+    back_out = symm_mem.empty(entries, HIDDEN, dtype=torch.bfloat16, device=x.device)
+    in_splits = symm_mem.empty(EXPERTS, dtype=torch.int64, device=x.device)
+    splits_offsets = [symm_mem.empty(2, EXPERTS, dtype=torch.int64, device=x.device) for _ in range(3)]
+    for t in (inp, out, back_in, back_out, in_splits, *splits_offsets):
+        symm_mem.rendezvous(t, group_name)
+    received, back_in_splits, back_out_splits = splits_offsets
+    state: dict[str, Any] = {}
+
+    def dispatch() -> None:
+        flat = ids.flatten().long()
+        order = torch.argsort(flat, stable=True)  # by global expert: by rank, then local expert
+        inp[:entries].copy_(row.index_select(0, order // TOPK))
+        in_splits.copy_(torch.bincount(flat, minlength=EXPERTS))
+        to_experts(inp, out, in_splits, received, group_name)
+        state["tok"] = order // TOPK
+
+    def combine() -> None:
+        back_in_splits.copy_(received)
+        back(back_in, back_out, back_in_splits, back_out_splits, group_name)
+        acc = torch.zeros(n, HIDDEN, dtype=torch.float32, device=x.device)
+        acc.index_add_(0, state["tok"], back_out[:entries].float())
+
+    disp = timed(dispatch, iters, warmup)
+    comb = timed(combine, iters, warmup)
+    return statistics.median(disp), statistics.median(comb)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_ep.json")
@@ -313,6 +369,9 @@ def main() -> None:
         help="combine quant_type of the mori.ops rows (rows other than 'none' are named method+quant)",
     )
     args = ap.parse_args()
+    # The symmetric-memory peers' buffers on NVSHMEM's heap: the prefill shape's 2d rows (a copy
+    # per top-k entry, there and back) take about 2 GB beside the 1d op's 1.2 GB.
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", "8G")
     rank, world = init_world()
     mori.shmem.shmem_torch_process_group_init("default")
     shared = gpus_shared()
@@ -383,7 +442,7 @@ def main() -> None:
             disp_bytes = remote * x.shape[1] * x.element_size()
             comb_bytes = remote * HIDDEN * 2
             if shared:
-                peers["nccl"] = peers["symm_mem"] = "not run: PEs share a GPU"
+                peers["nccl"] = peers["symm_mem"] = peers["symm_mem_2d"] = "not run: PEs share a GPU"
             else:
                 nd, nc = nccl_pair(x, ids, world, nccl_group, args.iters, args.warmup)
                 peers["nccl"] = (slowest(nd), slowest(nc))
@@ -392,6 +451,11 @@ def main() -> None:
                 except Exception as exc:  # a peer that fails is reported, the run goes on
                     sm = f"failed: {type(exc).__name__}: {str(exc)[:100]}"
                 peers["symm_mem"] = sm if isinstance(sm, str) else (slowest(sm[0]), slowest(sm[1]))
+                try:
+                    sm = symm_mem_2d_pair(x, ids, world, args.iters, args.warmup)
+                except Exception as exc:  # a peer that fails is reported, the run goes on
+                    sm = f"failed: {type(exc).__name__}: {str(exc)[:100]}"
+                peers["symm_mem_2d"] = sm if isinstance(sm, str) else (slowest(sm[0]), slowest(sm[1]))
             for name, res in peers.items():
                 row = {
                     "shape": shape,

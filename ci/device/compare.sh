@@ -12,7 +12,8 @@
 # Several bases (comma-separated) are each named by their folder's name and installed side by
 # side (in parallel); one base is named "base". Each round runs mine and the bases, in reverse
 # order every other round.
-# MORI_BENCHES="tcp_gpu shmem nvlink": run only the named benchmarks (default: all three).
+# MORI_BENCHES="tcp_gpu shmem nvlink": run only the named benchmarks (default: these three); "ep"
+# adds mori.ops' bench_ep.py, one PE per GPU (MORI_EP_ARGS: its arguments).
 # MORI_COMPARE_DEADLINE_S: start no benchmark once this many seconds have passed (say so), so that
 # a short device lease still brings back what ran. The device tool brings back only a few files:
 # give compare.sh an OUT of its own and tar it into the tool's $OUT.
@@ -62,8 +63,12 @@ run() {  # run VERSION ROUND: the benchmarks with VERSION's install and VERSION'
     && sed -n '/mori.shmem put bandwidth/,$p' "$OUT/shmem_${v}_$r.log"
   want nvlink && bench "$v" "$r" nvlink "NVLink backend (io_bench.py)" 180 "$tree/ci/device/io_bench.py" --iters 20 \
     && grep -vE "^\s*$" "$OUT/nvlink_${v}_$r.log" | tail -n 75
+  # shellcheck disable=SC2086  # MORI_EP_ARGS is words
+  want ep && launch="-m torch.distributed.run --standalone --nproc_per_node=$GPU_COUNT" MORI_SHMEM_HEAP_SIZE=16G \
+    bench "$v" "$r" ep "EP dispatch/combine (bench_ep.py)" 300 "$tree/ci/device/bench_ep.py" ${MORI_EP_ARGS:-} \
+    && sed -n '/mori.ops dispatch\/combine/,$p' "$OUT/ep_${v}_$r.log"
 }
-want() { [ -z "${MORI_BENCHES:-}" ] || [[ " $MORI_BENCHES " == *" $1 "* ]]; }
+want() { [[ " ${MORI_BENCHES:-tcp_gpu shmem nvlink} " == *" $1 "* ]]; }
 bench() {  # bench VERSION ROUND NAME TITLE LIMIT SCRIPT ARGS...: python3 [$launch] SCRIPT ARGS, log in $OUT
   local v=$1 r=$2 name=$3 title=$4 limit=$5 script=$6 path=${site[$1]}
   shift 6

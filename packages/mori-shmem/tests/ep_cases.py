@@ -198,9 +198,11 @@ def pe_round(
     zero_copy: bool = False,
     combine_weights: str = "view",
     second_dispatch: bool = False,
+    short_input: bool = False,
 ) -> dict[str, Any]:
     """One dispatch + combine on this PE (``split``: the AsyncLL send/recv calls; ``combine_weights``:
-    one of :data:`COMBINE_WEIGHTS`); CPU copies of everything :func:`check_round` needs.
+    one of :data:`COMBINE_WEIGHTS`; ``short_input``: combine is given the first half of the expert
+    outputs only, the rows past it counting as zeros); CPU copies of everything :func:`check_round` needs.
     ``second_dispatch``: a second dispatch is tried before the combine (also between the AsyncLL send
     and recv), and what it raised is returned as ``refusals``."""
     rank = op.config.rank
@@ -233,6 +235,7 @@ def pe_round(
         buf[:n].copy_(y)
         y = buf
     kwargs = {"use_external_inp_buf": 0} if zero_copy else {}
+    given = y[: n // 2] if short_input else y
     w = {
         "view": weights,
         "rows": weights[:n].clone(),
@@ -240,12 +243,14 @@ def pe_round(
         "empty": torch.empty(0, case.k, dtype=torch.float32, device=weights.device),
     }[combine_weights]
     if split:
-        combined, combined_w = op.combine_send(y, w, inp["indices"])
+        combined, combined_w = op.combine_send(given, w, inp["indices"])
         op.combine_recv()
     else:
-        combined, combined_w = op.combine(y, w, inp["indices"], **kwargs)
+        combined, combined_w = op.combine(given, w, inp["indices"], **kwargs)
+    staged = y[:n].cpu().clone()
+    staged[given.shape[0] :] = 0  # what combine counts the rows past its input as
     out.update(
-        combine_in=y[:n].cpu().clone(),
+        combine_in=staged,
         combined=combined.cpu().clone(),
         combine_weights=combine_weights,
         refusals=refusals,

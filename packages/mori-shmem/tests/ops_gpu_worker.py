@@ -79,6 +79,7 @@ def rounds(
     keep_going: bool = False,
     combine_weights: str | list[str] = "view",
     second_dispatch: bool = False,
+    short_input: bool = False,
     **overrides: Any,
 ) -> bool:
     """Rounds of ``case`` on one op, one per seed (``combine_weights``: one mode, or one per seed)."""
@@ -88,7 +89,14 @@ def rounds(
     for seed, mode in zip(seeds, modes, strict=True):
         c = dataclasses.replace(case, seed=seed)
         res = pe_round(
-            c, op, "cuda", split=split, zero_copy=zero_copy, combine_weights=mode, second_dispatch=second_dispatch
+            c,
+            op,
+            "cuda",
+            split=split,
+            zero_copy=zero_copy,
+            combine_weights=mode,
+            second_dispatch=second_dispatch,
+            short_input=short_input,
         )
         ok = report(rank, f"{name} seed {seed}", gather(res), c, wire, keep_going) and ok
     return ok
@@ -470,6 +478,32 @@ def cases(rank: int, world: int) -> None:
         rank, world, "bf16 hidden 7168 top-8, 128 tokens", dataclasses.replace(bf16, hidden=7168, max_tokens=128), [14]
     )
     graph_rounds(rank, world, dataclasses.replace(bf16, full=True), [15, 16, 17])
+    # A token for every warp of the grid (48 tokens, 4 blocks of 4 warps): each PE sums the rows it
+    # sent itself from its combine input in place and stages only its peers' (_gpu.py).
+    own = dict(block_num=4, warp_num_per_block=4)
+    full = dataclasses.replace(bf16, full=True)
+    rounds(rank, world, "bf16, own rows in place", full, [18, 19], combine_weights=["view", "rows"], **own)
+    rounds(rank, world, "bf16, own rows in place, input of half the rows", full, [20], short_input=True, **own)
+    rounds(
+        rank,
+        world,
+        "fp8 combine, own rows in place",
+        dataclasses.replace(full, dtype=torch.float8_e4m3fn, combine_dtype=torch.float8_e4m3fn, scale_dim=1),
+        [21],
+        **own,
+    )
+    rounds(rank, world, "float32, own rows in place", dataclasses.replace(full, dtype=torch.float32), [22], **own)
+    rounds(
+        rank,
+        world,
+        "bf16 zero-copy combine, 4 x 4 warps",
+        full,
+        [23],
+        zero_copy=True,
+        use_external_inp_buf=False,
+        **own,
+    )
+    graph_rounds(rank, world, full, [24, 25], name="CUDA graph replay, own rows in place", **own)
 
 
 def checker(rank: int, world: int) -> None:

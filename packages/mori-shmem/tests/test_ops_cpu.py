@@ -85,6 +85,16 @@ def test_zero_copy_combine(pool):
     run(pool, BF16, [11], overrides={"use_external_inp_buf": False}, zero_copy=True)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_combine_input_shorter_than_the_rows_received(pool, split):
+    """Rows past the combine input count as zeros (MORI's input may cover fewer rows than dispatch
+    received)."""
+    from mori.ops import EpDispatchCombineKernelType
+
+    overrides = {"kernel_type": EpDispatchCombineKernelType.AsyncLL} if split else {}
+    run(pool, dataclasses.replace(BF16, full=True), [13, 14], overrides=overrides, split=split, short_input=True)
+
+
 def test_fp8_direct_cast_combine(pool):
     run(pool, BF16, [12], torch.float8_e4m3fn, overrides={"quant_type": "fp8_direct_cast"})
 

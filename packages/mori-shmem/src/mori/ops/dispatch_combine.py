@@ -454,7 +454,9 @@ class EpDispatchCombineOp:
         along that handle's dispatch (its rows in ``input``) rather than the last dispatch's.
         """
         stream = self._stream() if self._gpu else None  # once for both halves
-        self._combine_send(input, weights, indices, block_num, warp_per_block, use_external_inp_buf, routing, stream)
+        self._combine_send(
+            input, weights, indices, block_num, warp_per_block, use_external_inp_buf, routing, stream, whole=True
+        )
         return self._combine_recv(stream)
 
     def combine_send(
@@ -499,7 +501,10 @@ class EpDispatchCombineOp:
         use_external_inp_buf: int,
         routing: EpDispatchRoutingHandle | None,
         stream: int | None = None,
+        whole: bool = False,
     ) -> tuple[Any, Any]:
+        """``whole``: the accumulate is enqueued right after the stage (combine(), not AsyncLL's
+        combine_send), so the kernels may read the input in place until then."""
         self._expect(None, "combine")
         if routing is not None:
             self._check_routing_kernel("currently consume routing handles in combine.")
@@ -554,8 +559,17 @@ class EpDispatchCombineOp:
                 wire.code_bytes if wire.blockwise else 0,
             )
             self._call["suffix"] = wire_suffix(wire)
+            # Rows this rank sent itself are summed from the input in place where it goes unencoded
+            # and aligned, and stays the routing the kernels' receive buffers hold (no handle).
+            own_in_place = (
+                whole
+                and routing is None
+                and wire.kind == "same"
+                and inp.data_ptr() != registered.data_ptr()
+                and inp.data_ptr() % 16 == 0
+            )
             self._kernels.combine_send(
-                a, self._call["suffix"], grid, threads, self._stream() if stream is None else stream
+                a, self._call["suffix"], grid, threads, self._stream() if stream is None else stream, own_in_place
             )
             self._args = a
         else:

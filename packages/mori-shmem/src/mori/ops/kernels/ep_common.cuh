@@ -48,6 +48,9 @@ struct EpArgs {
   // One node: the dispatch data kernel's last block does what the one-block kernels after it would
   // (1 publishes the counts, 2 also waits for the peers'); 0: those kernels run.
   int32_t fuseDispatch;
+  // Combine: 1 when the rows this PE sent itself are summed from the caller's input as it is
+  // (_gpu.py's GpuKernels.combine_send says when): only peers' rows are staged.
+  int32_t ownInPlace;
 };
 
 namespace {

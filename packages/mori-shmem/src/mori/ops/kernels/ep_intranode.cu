@@ -250,9 +250,13 @@ MORI_DEVICE_INLINE void CombineStageDone(const EpArgs& a) {
   if (LastBlockDone(a, EP_STAGE_DONE, false)) CombineSignal(a);
 }
 
+// Whether received row r, which this PE sent itself, is read from the caller's input in place
+// by its accumulate (a.ownInPlace; rows past the input are staged zeros).
+MORI_DEVICE_INLINE bool OwnRowInPlace(const EpArgs& a, int r) { return a.ownInPlace && r < a.inpRows; }
+
 // Data kernel: copies (or casts to fp8) the caller's combine input rows and weights into the
 // registered buffer that peers read, then its last block tells them. Rows past the caller's
-// tensor are zeros.
+// tensor are zeros; rows this PE sent itself are left out where it reads them in place.
 template <class In, class Wire>
 __device__ void CombineStage(const EpArgs& a) {
   using IS = typename In::Storage;
@@ -277,7 +281,9 @@ __device__ void CombineStage(const EpArgs& a) {
     if (r >= a.inpRows) {  // zero is all-zero bytes in every wire dtype
       WarpZero(reinterpret_cast<char*>(dst) + begin, bytes, lane);
     } else if constexpr (kCopy) {
-      if (a.inp != a.combInp) {
+      // The source position tells a row this PE sent itself (the accumulate knows it from destMap).
+      const bool own = OwnRowInPlace(a, r) && reinterpret_cast<const int32_t*>(a.dispSrcPos)[r] / a.maxSend == a.rank;
+      if (a.inp != a.combInp && !own) {
         WarpCopy(reinterpret_cast<char*>(dst) + begin, reinterpret_cast<const char*>(src) + begin, bytes, lane);
       }
     } else if (packed) {
@@ -359,7 +365,10 @@ MORI_DEVICE_INLINE int ListRows(const EpArgs& a, int t, int lane, const uint8_t*
     const int pe = d / a.maxSend;
     const size_t slot = d % a.maxSend;
     const int pos = __popc(valid & ((1u << lane) - 1));  // keeps top-k order
-    if (OnMyNode(a, pe)) {
+    if (pe == a.rank && OwnRowInPlace(a, (int)slot)) {
+      rows[pos] = reinterpret_cast<const uint8_t*>(a.inp) + slot * a.combRowBytes;
+      weights[pos] = reinterpret_cast<const float*>(a.combInpWeights) + slot * a.k;
+    } else if (OnMyNode(a, pe)) {
       rows[pos] = Peer(reinterpret_cast<const uint8_t*>(a.combInp), pe) + slot * a.combRowBytes;
       weights[pos] = Peer(reinterpret_cast<const float*>(a.combInpWeights), pe) + slot * a.k;
     } else {  // sent back by pe's node proxy: row `slot` of that node's block
