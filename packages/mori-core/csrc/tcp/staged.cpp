@@ -12,7 +12,10 @@ DeviceSource::DeviceSource(gpu::Stager& stager, std::vector<Span> spans) : stage
 
 void DeviceSource::queue() {
     const Span& s = spans_[span_];
-    const uint64_t n = stage_piece(queued_, s.bytes - queued_);
+    // Only the first span ramps its pieces up: a later span's copies are queued while earlier
+    // pieces are on the wire, so small pieces would start nothing sooner and cost a copy each.
+    const uint64_t left = s.bytes - queued_;
+    const uint64_t n = span_ == 0 ? stage_piece(queued_, left) : std::min(left, kStagePiece);
     ahead_.push_back(Piece{stager_.to_host(s.addr + queued_, n, false, lane_), span_, queued_ == 0});
     queued_ += n;
     if (queued_ == s.bytes) {

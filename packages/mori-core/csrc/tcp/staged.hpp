@@ -28,8 +28,9 @@ inline uint64_t stage_piece(uint64_t done, uint64_t left) {
 }
 
 // Device memory copied out to host memory for sending: spans of it (address, bytes), in order,
-// in pieces of at most kStagePiece that never cross a span, the copies kStageWindow pieces
-// ahead of the caller (across spans: the next block's copy runs while this one is sent).
+// in pieces of at most kStagePiece that never cross a span (the first span's ramping up as
+// stage_piece says, the others' whole), the copies kStageWindow pieces ahead of the caller
+// (across spans: the next block's copy runs while this one is sent).
 class DeviceSource {
 public:
     struct Span {
