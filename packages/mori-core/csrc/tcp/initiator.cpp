@@ -205,7 +205,7 @@ std::string InitConn::send_staged_work(const Work& w) {
                 iov[n++] = {&h, sizeof(h)};
                 if (h.flags & kFlagNotify) iov[n++] = {&uid, sizeof(uid)};
             }
-            iov[n++] = {p.staged.data(), p.staged.size()};
+            iov[n++] = {p.data(), p.size()};
             std::string e = send_all(fd_, iov, n);
             if (!e.empty()) return e;
         }

@@ -41,14 +41,14 @@ bool send_staged(int fd, DeviceSource& source, uint64_t bytes, std::vector<char>
     try {
         if (bytes <= kInlineRead) {
             for (; !source.done(); source.pop()) {
-                const gpu::Staged& p = source.next().staged;
+                const DeviceSource::Piece& p = source.next();
                 const auto* data = reinterpret_cast<const char*>(p.data());
                 out.insert(out.end(), data, data + p.size());
             }
             return true;
         }
         for (uint64_t sent = 0; !source.done(); source.pop()) {
-            const gpu::Staged& p = source.next().staged;
+            const DeviceSource::Piece& p = source.next();
             sent += p.size();
             const bool last = sent == bytes;
             const size_t len = p.size() - (last && beforeLast ? 1 : 0);

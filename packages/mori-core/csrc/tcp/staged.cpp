@@ -7,13 +7,40 @@
 namespace mori::tcp {
 
 DeviceSource::DeviceSource(gpu::Stager& stager, std::vector<Span> spans) : stager_(stager), spans_(std::move(spans)) {
-    while (ahead_.size() < kStageWindow && span_ < spans_.size()) queue();
+    fill();
+}
+
+void DeviceSource::fill() {
+    // Pieces of one copy share it: the window counts copies (each copy's first piece is at 0).
+    size_t copies = 0;
+    for (const Piece& p : ahead_) copies += p.offset == 0;
+    for (; copies < kStageWindow && span_ < spans_.size(); ++copies) queue();
 }
 
 void DeviceSource::queue() {
     const Span& s = spans_[span_];
-    const uint64_t n = stage_piece(queued_, s.bytes - queued_);
-    ahead_.push_back(Piece{stager_.to_host(s.addr + queued_, n, false, lane_), span_, queued_ == 0});
+    // Only the first span ramps its pieces up: a later span's copies are queued while earlier
+    // pieces are on the wire, so small pieces would start nothing sooner and cost a copy each.
+    const uint64_t left = s.bytes - queued_;
+    uint64_t n = span_ == 0 ? stage_piece(queued_, left) : std::min(left, kStagePiece);
+    size_t last = span_;  // spans span_..last go in this copy
+    if (queued_ == 0 && n == left && n > 0) {
+        // A whole span takes the whole spans after it that continue it in device memory, up to
+        // one piece (the first span's ramp too): one copy, and one driver call, for many blocks.
+        const uint64_t most = span_ == 0 ? kStageFirstPiece : kStagePiece;
+        while (last + 1 < spans_.size() && spans_[last + 1].bytes > 0 &&
+               spans_[last + 1].addr == spans_[last].addr + spans_[last].bytes && n + spans_[last + 1].bytes <= most)
+            n += spans_[++last].bytes;
+    }
+    auto staged = std::make_shared<gpu::Staged>(stager_.to_host(s.addr + queued_, n, false, lane_));
+    if (last > span_) {
+        uint64_t offset = 0;
+        for (size_t k = span_; k <= last; offset += spans_[k++].bytes)
+            ahead_.push_back(Piece{staged, offset, spans_[k].bytes, k, true});
+        span_ = last + 1;
+        return;
+    }
+    ahead_.push_back(Piece{std::move(staged), 0, n, span_, queued_ == 0});
     queued_ += n;
     if (queued_ == s.bytes) {
         ++span_;
@@ -22,13 +49,13 @@ void DeviceSource::queue() {
 }
 
 DeviceSource::Piece& DeviceSource::next() {
-    ahead_.front().staged.wait();
+    ahead_.front().staged->wait();
     return ahead_.front();
 }
 
 void DeviceSource::pop() {
     ahead_.pop_front();
-    if (span_ < spans_.size()) queue();
+    fill();
 }
 
 std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,17 +29,22 @@ inline uint64_t stage_piece(uint64_t done, uint64_t left) {
 }
 
 // Device memory copied out to host memory for sending: spans of it (address, bytes), in order,
-// in pieces of at most kStagePiece that never cross a span, the copies kStageWindow pieces
-// ahead of the caller (across spans: the next block's copy runs while this one is sent).
+// in pieces of at most kStagePiece that never cross a span (the first span's ramping up as
+// stage_piece says, the others' whole), the copies kStageWindow copies ahead of the caller
+// (across spans: the next block's copy runs while this one is sent). Whole spans that follow one
+// another in device memory (KV pages allocated in turn) share one copy, each still a piece.
 class DeviceSource {
 public:
     struct Span {
         uint64_t addr, bytes;
     };
     struct Piece {
-        gpu::Staged staged;
-        size_t span;  // which span it belongs to
-        bool first;   // its span's first piece
+        std::shared_ptr<gpu::Staged> staged;  // the copy it is part of
+        uint64_t offset, bytes;               // where in that copy
+        size_t span;                          // which span it belongs to
+        bool first;                           // its span's first piece
+        uint8_t* data() const { return staged->data() + offset; }
+        size_t size() const { return static_cast<size_t>(bytes); }
     };
     // Queues the copies of the first pieces; throws (std::runtime_error) when the Stager refuses.
     DeviceSource(gpu::Stager& stager, std::vector<Span> spans);
@@ -49,7 +55,8 @@ public:
     void pop();  // done with the piece next() gave: queues the copy of another
 
 private:
-    void queue();
+    void fill();   // queues copies until kStageWindow are ahead or no span is left
+    void queue();  // queues the next copy
     gpu::Stager& stager_;
     const size_t lane_ = gpu::Stager::thread_lane();
     std::vector<Span> spans_;

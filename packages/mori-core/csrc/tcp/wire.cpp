@@ -19,40 +19,14 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "base/copy_for_device.hpp"
 
 namespace mori::tcp {
 
 namespace {
 
 void copy_plain(char* dst, const char* src, size_t n) { std::memcpy(dst, src, n); }
-
-// Copies n bytes into memory that the copy engine reads next, not this CPU (a staged piece's
-// pinned memory): non-temporal stores skip reading each destination line in first and leave the
-// cache to the socket's bytes. Plain memcpy elsewhere, and for the unaligned ends.
-void copy_for_device(char* dst, const char* src, size_t n) {
-#if defined(__SSE2__)
-    const size_t head = std::min(n, static_cast<size_t>((16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16));
-    std::memcpy(dst, src, head);
-    size_t i = head;
-    for (; i + 64 <= n; i += 64) {
-        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-        const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-    }
-    std::memcpy(dst + i, src + i, n - i);
-    _mm_sfence();  // the streamed stores are visible before the caller hands the memory on
-#else
-    std::memcpy(dst, src, n);
-#endif
-}
+void copy_staged(char* dst, const char* src, size_t n) { copy_for_device(dst, src, n); }
 
 // Reads a number from /proc with plain POSIX calls. Not iostreams: their locale facets crashed
 // (SIGSEGV in codecvt) when the extension shared a process with PyTorch on the GPU machine.
@@ -223,7 +197,7 @@ std::string Reader::fill(size_t n, const AbortCheck& check) {
 std::string Reader::read_into(char* dst, uint64_t n, const AbortCheck& check, bool direct) {
     size_t take = static_cast<size_t>(std::min<uint64_t>(n, buffered()));
     // Not direct: dst is staged memory that the copy engine reads next (see wire.hpp).
-    void (*copy)(char*, const char*, size_t) = direct ? copy_plain : copy_for_device;
+    void (*copy)(char*, const char*, size_t) = direct ? copy_plain : copy_staged;
     if (dst != nullptr && take > 0) copy(dst, data(), take);
     consume(take);
     n -= take;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "base/copy_for_device.hpp"
 #include "ucx/wire.hpp"
 
 namespace mori::ucx {
@@ -330,7 +331,7 @@ api::Status serve_write(std::unique_ptr<Serve> s, const RequestHeader& h, void* 
     }
     if (rndv) return receive_write(std::move(s), data, memType);
     if (s->stager) {
-        std::memcpy(s->staged.data(), data, total);
+        copy_for_device(s->staged.data(), data, total);
     } else {
         const auto* src = static_cast<const uint8_t*>(data);
         for (const api::Iov& v : s->iov) {
@@ -458,7 +459,7 @@ void read_eager(Worker& w, Part& part, const void* data, size_t length) {
             return;
         }
         if (!take_landing(part, *stager, length)) return;
-        std::memcpy(part.staged.data(), data, length);
+        copy_for_device(part.staged.data(), data, length);
         land(part);
         return;
     }
