@@ -218,6 +218,67 @@ def test_forged_offsets_into_a_gpu_region_are_refused_and_nothing_lands(host_gpu
         b.close()
 
 
+def test_a_refused_block_among_staged_reads_served_ahead(host_gpu: Any) -> None:
+    """The target serves a batch's staged reads from one source, their regions acquired as their
+    requests arrive: a block it refuses in the middle gets its refusal and nothing of it lands,
+    the blocks around it are served, and the connection goes on."""
+    a, b = _pair(num_connections=1)
+    theirs = np.random.default_rng(3).integers(0, 256, MiB, dtype=np.uint8)
+    mine = np.zeros(MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.CPU)
+        rd = b.register_memory(theirs.ctypes.data, theirs.size, 0, MemoryLocationType.GPU)
+        forged = dataclasses.replace(rd, size=2 * MiB)
+        size, bad = 16 << 10, 20
+        ro = [i * size for i in range(40)]  # back to back: they share the target's copies
+        ro[bad] = MiB + 4096  # past the registration
+        lo = [i * size for i in range(40)]
+        (stager,) = host_gpu.values()
+        copies = stager.stats()["to_host"]
+        st_ = _done(a.batch_read(ld, lo, forged, ro, [size] * 40, 1))
+        assert st_.Code() == StatusCode.ERR_INVALID_ARGS, st_.Message()
+        assert stager.stats()["to_host"] - copies < 39, "the 39 blocks served were not copied out together"
+        for i in range(40):
+            got = mine[lo[i] : lo[i] + size]
+            if i == bad:
+                assert not got.any(), "bytes of a refused block landed"
+            else:
+                assert np.array_equal(got, theirs[ro[i] : ro[i] + size]), f"block {i}"
+        mine[:] = 0
+        assert _done(a.batch_read(ld, lo[:bad], rd, ro[:bad], [size] * bad, 2)).Succeeded()
+        assert np.array_equal(mine[: bad * size], theirs[: bad * size])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_deregistration_waits_for_staged_reads_served_ahead(host_gpu: Any) -> None:
+    """Deregistering a GPU region while the target's copies out of it for a batch read still run
+    waits for them; the read then either succeeded with every byte or failed."""
+    a, b = _pair(num_connections=1)
+    theirs, mine = np.full(MiB, 5, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.CPU)
+        rd = b.register_memory(theirs.ctypes.data, theirs.size, 0, MemoryLocationType.GPU)
+        assert _done(a.read(ld, 0, rd, 0, 4096, 1)).Succeeded()
+        testing.standin_knobs(delay=0.3)  # each copy out of the target's "GPU" ends 0.3 s after it starts
+        offsets = [i * (64 << 10) for i in range(12)]
+        st_ = a.batch_read(ld, offsets, rd, offsets, [64 << 10] * 12, 2)
+        time.sleep(0.1)  # the requests are in, the first copies running
+        started = time.monotonic()
+        done = threading.Event()
+        threading.Thread(target=lambda: (b.deregister_memory(rd), done.set()), daemon=True).start()
+        assert done.wait(20)
+        assert time.monotonic() - started >= 0.15, "deregistration did not wait for the staged copies"
+        st_ = _done(st_)
+        if st_.Succeeded():
+            assert np.array_equal(mine[: 12 << 16], theirs[: 12 << 16])
+    finally:
+        testing.standin_knobs()
+        a.close()
+        b.close()
+
+
 @pytest.mark.parametrize("write", [True, False])
 @pytest.mark.parametrize("size", [4096, 3 * MiB])
 def test_a_failed_copy_at_either_end_never_reports_success(host_gpu: Any, write: bool, size: int) -> None:

@@ -4,6 +4,7 @@
 // No Python here: the bindings (tcp/bindings.cpp) release the GIL around every blocking call.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -239,9 +240,16 @@ private:
         std::atomic<bool> done{false};
         std::atomic<int> state{kHandshaking};
         int64_t acceptNs = 0;
-        std::string key;                             // once admitted (set under connsMu_)
-        std::atomic<int64_t> idleSinceNs{0};         // waiting for a request since; 0 while serving one
-        std::atomic<const Region*> using_{nullptr};  // the region a request of it touches now
+        std::string key;                      // once admitted (set under connsMu_)
+        std::atomic<int64_t> idleSinceNs{0};  // waiting for a request since; 0 while serving one
+        // The regions its requests hold now (several: staged writes until their copies end, staged
+        // reads served ahead), which deregistration cuts it for once the I/O timeout has passed.
+        std::mutex usesMu;
+        std::vector<const Region*> uses;
+        bool holds(const Region* r) {
+            std::lock_guard lk(usesMu);
+            return std::find(uses.begin(), uses.end(), r) != uses.end();
+        }
     };
     // A request's hold on a region: memory stays valid (deregistration waits) while it lives.
     class RegionUse {

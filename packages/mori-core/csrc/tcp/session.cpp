@@ -32,22 +32,36 @@ void device_failed(int& code, uint64_t& reason, int& outcome) {
 constexpr size_t kPendingWrites = 16;
 constexpr uint64_t kPendingWriteBytes = 4 << 20;
 
-// Sends a staged read's data after the replies `out` holds (cleared), piece by piece as each
-// copy ends; a notifying read (beforeLast set) holds its last byte back until beforeLast has
-// made the record. Small data joins `out` instead, sent with the next replies (the caller
-// records before it sends them). False when the socket or a copy failed.
-bool send_staged(int fd, DeviceSource& source, uint64_t bytes, std::vector<char>& out,
+// Staged reads served from one DeviceSource: a staged read and those on the same GPU whose
+// requests are already buffered behind it (an initiator sends a batch's read requests together),
+// at most this many. Their copies then run ahead of the socket across blocks, and blocks that
+// follow one another in device memory share a copy, as a staged write's do at the initiator.
+constexpr size_t kReadAhead = 64;
+
+// The request checks of the wire (false: malformed, the connection is dropped).
+bool request_ok(const ReqHdr& h) {
+    return h.magic == kReqMagic && h.block.size <= kMaxBlock && (h.flags & ~kFlagsKnown) == 0 &&
+           (h.op == kOpRead || h.op == kOpWrite || h.op == kOpNotify) &&
+           (h.op != kOpNotify || (h.flags == 0 && is_final_code(static_cast<int64_t>(h.block.offset))));
+}
+
+// Sends a staged read's data (the source's pieces of span `span`, `bytes` in all) after the
+// replies `out` holds (cleared), piece by piece as each copy ends; a notifying read (beforeLast
+// set) holds its last byte back until beforeLast has made the record. Small data joins `out`
+// instead, sent with the next replies (the caller records before it sends them). False when the
+// socket or a copy failed.
+bool send_staged(int fd, DeviceSource& source, size_t span, uint64_t bytes, std::vector<char>& out,
                  const std::function<void()>& beforeLast) {
     try {
         if (bytes <= kInlineRead) {
-            for (; !source.done(); source.pop()) {
+            for (; !source.done() && source.next_span() == span; source.pop()) {
                 const DeviceSource::Piece& p = source.next();
                 const auto* data = reinterpret_cast<const char*>(p.data());
                 out.insert(out.end(), data, data + p.size());
             }
             return true;
         }
-        for (uint64_t sent = 0; !source.done(); source.pop()) {
+        for (uint64_t sent = 0; !source.done() && source.next_span() == span; source.pop()) {
             const DeviceSource::Piece& p = source.next();
             sent += p.size();
             const bool last = sent == bytes;
@@ -83,7 +97,8 @@ public:
             uint64_t uid = 0;
             if (!read_request(h, uid) || !serve_block(h, uid) || !flush_if_full()) break;
         }
-        settle();  // nothing of a region is touched once its connection ends
+        drop_read_ahead();  // nothing of a region is touched once its connection ends
+        settle();
     }
 
 private:
@@ -122,10 +137,7 @@ private:
         if (!rd_.fill(sizeof(ReqHdr), mid_frame()).empty()) return false;
         std::memcpy(&h, rd_.data(), sizeof(h));
         rd_.consume(sizeof(h));
-        if (h.magic != kReqMagic || h.block.size > kMaxBlock || (h.flags & ~kFlagsKnown) != 0 ||
-            (h.op != kOpRead && h.op != kOpWrite && h.op != kOpNotify) ||
-            (h.op == kOpNotify && (h.flags != 0 || !is_final_code(static_cast<int64_t>(h.block.offset)))))
-            return false;
+        if (!request_ok(h)) return false;
         if (h.flags & kFlagNotify) {
             if (!rd_.fill(sizeof(uid), mid_frame()).empty()) return false;
             std::memcpy(&uid, rd_.data(), sizeof(uid));
@@ -146,13 +158,25 @@ private:
             t_.record_inbound(peerKey_, h.block.memId, static_cast<int>(h.block.offset));
             return true;
         }
-        auto use = std::make_unique<RegionUse>(t_, conn_);
         Block b{h, uid, 0, kSuccess, 0, (h.flags & kFlagNotify) != 0};
-        b.code = use->acquire(h.block, b.addr, b.reason);
-        if (outcome_ == kSuccess) outcome_ = b.code;
-        gpu::Stager* stager = b.code == kSuccess ? use->stager() : nullptr;
-        const bool ok = h.op == kOpWrite ? (stager ? write_staged(b, *stager, use) : write_plain(b))
-                                         : (stager ? read_staged(b, *stager) : read_plain(b));
+        bool ok = true;
+        if (h.op == kOpRead && !ahead_.empty() && same_block(ahead_.front().block, h.block)) {
+            ok = read_staged(b);  // acquired when an earlier read started the source
+        } else {
+            drop_read_ahead();  // (never: the buffered requests come in the order they were read)
+            auto use = std::make_unique<RegionUse>(t_, conn_);
+            b.code = use->acquire(h.block, b.addr, b.reason);
+            if (outcome_ == kSuccess) outcome_ = b.code;
+            gpu::Stager* stager = b.code == kSuccess ? use->stager() : nullptr;
+            if (h.op == kOpWrite) {
+                ok = stager ? write_staged(b, *stager, use) : write_plain(b);
+            } else if (stager) {
+                start_read_ahead(b, *stager, std::move(use));
+                ok = read_staged(b);
+            } else {
+                ok = read_plain(b);
+            }
+        }
         if (!ok) return false;
         if (b.record) t_.record_inbound(peerKey_, uid, outcome_);
         return true;
@@ -186,27 +210,68 @@ private:
         return true;
     }
 
-    // A read of GPU memory: the first piece is copied before the reply says whether it
-    // succeeded; the rest follow the socket. A later failure cannot take the reply back: the
-    // connection ends.
-    bool read_staged(Block& b, gpu::Stager& stager) {
-        const uint64_t size = b.h.block.size;
-        std::optional<DeviceSource> source;
+    // A staged read and the staged reads on the same GPU whose requests are already buffered
+    // behind it (complete frames, regions acquired now, in order; the first that is not one ends
+    // the run and is served on its own when its turn comes): their copies queued in one source.
+    void start_read_ahead(const Block& b, gpu::Stager& stager, std::unique_ptr<RegionUse> use) {
+        std::vector<DeviceSource::Span> spans{{b.addr, b.h.block.size}};
+        ahead_.push_back(AheadRead{b.h.block, b.addr, std::move(use)});
+        const char* buf = rd_.data();
+        const size_t have = rd_.buffered();
+        for (size_t off = 0; ahead_.size() < kReadAhead && have - off >= sizeof(ReqHdr);) {
+            ReqHdr h;
+            std::memcpy(&h, buf + off, sizeof(h));
+            const size_t frame = sizeof(h) + ((h.flags & kFlagNotify) ? sizeof(uint64_t) : 0);
+            if (!request_ok(h) || h.op != kOpRead || have - off < frame) break;
+            auto next = std::make_unique<RegionUse>(t_, conn_);
+            uint64_t addr = 0, reason = 0;
+            if (next->acquire(h.block, addr, reason) != kSuccess || next->stager() != &stager) break;
+            spans.push_back({addr, h.block.size});
+            ahead_.push_back(AheadRead{h.block, addr, std::move(next)});
+            off += frame;
+        }
+        aheadSpan_ = 0;
         try {
-            source.emplace(stager, std::vector<DeviceSource::Span>{{b.addr, size}});
-            source->next();
+            aheadSource_.emplace(stager, std::move(spans));
+        } catch (const std::exception&) {  // no source: read_staged fails the first block, the rest go alone
+        }
+    }
+
+    // The staged read at the front of the read-ahead: its first piece is copied before the reply
+    // says whether it succeeded (a failure ends the read-ahead: the blocks after it are then
+    // served on their own); the rest follow the socket. A later failure cannot take the reply
+    // back: the connection ends.
+    bool read_staged(Block& b) {
+        const uint64_t size = b.h.block.size;
+        b.addr = ahead_.front().addr;
+        try {
+            if (!aheadSource_) throw std::runtime_error("no source");
+            aheadSource_->next();
         } catch (const std::exception&) {
-            source.reset();
+            drop_read_ahead();
             device_failed(b.code, b.reason, outcome_);
         }
         RepHdr rep{kRepMagic, b.code, b.code == kSuccess ? size : b.reason};
         append(&rep, sizeof(rep));
-        if (!source) return true;
+        if (!aheadSource_) return true;
         std::function<void()> beforeLast;
         if (b.record && size > kInlineRead) beforeLast = [&] { t_.record_inbound(peerKey_, b.uid, outcome_); };
-        if (!send_staged(fd_, *source, size, out_, beforeLast)) return false;
+        if (!send_staged(fd_, *aheadSource_, aheadSpan_, size, out_, beforeLast)) return false;
         if (beforeLast) b.record = false;
+        ahead_.pop_front();  // its bytes have left: the region is released
+        ++aheadSpan_;
+        if (ahead_.empty()) aheadSource_.reset();
         return true;
+    }
+
+    // Ends the read-ahead: its copies waited for, then its regions released.
+    void drop_read_ahead() {
+        if (aheadSource_) aheadSource_->drain();
+        aheadSource_.reset();
+        ahead_.clear();
+    }
+    static bool same_block(const RequestEntry& a, const RequestEntry& b) {
+        return a.memId == b.memId && a.offset == b.offset && a.size == b.size;
     }
 
     // A read of host memory: small ones copied into the replies, large ones sent from their
@@ -295,6 +360,16 @@ private:
     };
     std::deque<PendingWrite> pending_;
     uint64_t pendingBytes_ = 0;
+    // The read-ahead (start_read_ahead): the staged reads still to serve, each with its region
+    // held, and the source of their bytes (the front's pieces are those of span aheadSpan_).
+    struct AheadRead {
+        RequestEntry block;
+        uint64_t addr;
+        std::unique_ptr<RegionUse> use;
+    };
+    std::deque<AheadRead> ahead_;
+    std::optional<DeviceSource> aheadSource_;
+    size_t aheadSpan_ = 0;
 };
 
 void Target::serve(Conn* conn) {

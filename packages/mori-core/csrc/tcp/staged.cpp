@@ -58,6 +58,15 @@ void DeviceSource::pop() {
     fill();
 }
 
+void DeviceSource::drain() noexcept {
+    for (Piece& p : ahead_) {
+        try {
+            p.staged->wait();
+        } catch (const std::exception&) {  // timed out or failed: the Stager keeps its memory from reuse
+        }
+    }
+}
+
 std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
     for (uint64_t done = 0; done < bytes_;) {
         const uint64_t n = stage_piece(done, bytes_ - done);

@@ -49,10 +49,14 @@ public:
     // Queues the copies of the first pieces; throws (std::runtime_error) when the Stager refuses.
     DeviceSource(gpu::Stager& stager, std::vector<Span> spans);
     bool done() const { return ahead_.empty(); }
+    size_t next_span() const { return ahead_.front().span; }  // the span of the next piece (not done())
     // The next piece, its copy waited for (throws when the copy failed or outlived the timeout);
     // valid until pop().
     Piece& next();
     void pop();  // done with the piece next() gave: queues the copy of another
+    // Waits for every copy queued (each within the timeout; failures ignored): the device memory
+    // they read may then be released.
+    void drain() noexcept;
 
 private:
     void fill();   // queues copies until kStageWindow are ahead or no span is left

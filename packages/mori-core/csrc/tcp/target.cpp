@@ -121,7 +121,7 @@ size_t Target::cut_users(const Region* r) {
     size_t n = 0;
     std::lock_guard lk(connsMu_);
     for (auto& c : conns_) {
-        if (c.using_.load() == r) {
+        if (c.holds(r)) {
             // Reset rather than close: what the kernel still holds for the peer is dropped too,
             // so a slow reader sees the cut at once.
             struct linger reset{1, 0};
@@ -139,13 +139,17 @@ int Target::RegionUse::acquire(const RequestEntry& block, uint64_t& addr, uint64
     reason = why;
     if (!region_) return reason_code(why);
     addr = region_->addr + block.offset;
-    c_->using_.store(region_.get());
+    std::lock_guard lk(c_->usesMu);
+    c_->uses.push_back(region_.get());
     return kSuccess;
 }
 
 void Target::RegionUse::release() {
     if (!region_) return;
-    c_->using_.store(nullptr);
+    {
+        std::lock_guard lk(c_->usesMu);
+        c_->uses.erase(std::find(c_->uses.begin(), c_->uses.end(), region_.get()));
+    }
     region_.reset();
 }
 
