@@ -130,6 +130,8 @@ public:
     ~Staged() { clear(); }
     uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
+    // The first n bytes only are what a copy of it takes (a landing filled in part).
+    void shrink(size_t n) { size_ = n < size_ ? n : size_; }
     bool empty() const { return size_ == 0; }
     bool pinned() const { return pool_ != nullptr; }
     // Whether the copy queued with it (wait false) has ended: at once for memory copied as it was

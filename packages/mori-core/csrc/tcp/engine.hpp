@@ -146,6 +146,7 @@ private:
         size_t idx;
         DeviceSink sink;
     };
+    LandingRun landing_;  // small staged reads back to back in device memory share a copy
     std::deque<PendingRead> pendingReads_;
     std::thread sender_, receiver_;
 };

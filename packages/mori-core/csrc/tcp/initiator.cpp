@@ -467,7 +467,7 @@ bool Peer::healthy() const {
 
 std::string InitConn::read_staged(const std::shared_ptr<Work>& w, size_t idx, const AbortCheck& check) {
     const plan::Row& b = w->rows[idx];
-    DeviceSink sink(*w->stager, b.src, b.bytes);
+    DeviceSink sink(*w->stager, b.src, b.bytes, &landing_);
     {
         const gpu::Current current(w->stager->config());  // once, not per copy (maybe an application's thread)
         std::string e = sink.receive(rd_, check);
@@ -484,9 +484,11 @@ std::string InitConn::read_staged(const std::shared_ptr<Work>& w, size_t idx, co
     pendingReads_.push_back(PendingRead{w, idx, std::move(sink)});
     settle_reads(false);
     while (pendingReads_.size() > kPendingReads) settle_oldest_read();
-    // Nothing more to read now: the copies are waited for while the socket is watched, so that no
-    // block waits on a thread that stopped reading, and a reply that comes meanwhile is read at
-    // once (a wait for the copies at every block would stall the receive for a copy's time).
+    // Nothing more to read now: the run's copy goes (blocks back to back share one), and the copies
+    // are waited for while the socket is watched, so that no block waits on a thread that stopped
+    // reading, and a reply that comes meanwhile is read at once (a wait for the copies at every
+    // block would stall the receive for a copy's time).
+    if (rd_.buffered() == 0 && !rd_.readable(0)) landing_.close();
     while (!pendingReads_.empty() && rd_.buffered() == 0 && !rd_.readable(0)) {
         std::this_thread::yield();
         settle_reads(false);

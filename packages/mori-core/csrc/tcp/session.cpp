@@ -118,6 +118,7 @@ private:
     // connection's receive for a copy's time).
     bool wait_for_request() {
         if (rd_.buffered() != 0) return true;
+        if (!rd_.readable(0)) landing_.close();  // nothing more on its way: the run's copy goes now
         while (!settle_ended()) {
             if (rd_.readable(0)) return true;
             std::this_thread::yield();
@@ -186,7 +187,7 @@ private:
     // the replies are sent or a record made): the reply never precedes the bytes, and the region
     // stays held (use) until then. Meanwhile the next requests are received.
     bool write_staged(Block& b, gpu::Stager& stager, std::unique_ptr<RegionUse>& use) {
-        DeviceSink sink(stager, b.addr, b.h.block.size);
+        DeviceSink sink(stager, b.addr, b.h.block.size, &landing_);
         if (!sink.receive(rd_, mid_frame()).empty()) return false;
         RepHdr rep{kRepMagic, b.code, b.reason};
         pending_.push_back(PendingWrite{std::move(sink), std::move(use), out_.size(), b.h.block.size});
@@ -350,6 +351,9 @@ private:
                    : "";
     };
     int outcome_ = kSuccess;  // first failure of the notifying transfer being served
+    // Small staged writes back to back in device memory share a landing and its copy (LandingRun),
+    // closed before the connection waits for more requests.
+    LandingRun landing_;
     // A staged write answered once its copies to the device have ended: its region stays held
     // and its reply waits in out_ (at replyAt) until then.
     struct PendingWrite {

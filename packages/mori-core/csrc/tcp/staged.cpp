@@ -67,27 +67,74 @@ void DeviceSource::drain() noexcept {
     }
 }
 
+std::shared_ptr<Landing> LandingRun::place(gpu::Stager& stager, uint64_t dst, uint64_t bytes) {
+    if (open_ &&
+        (&stager != stager_ || dst != open_->dst + open_->filled || open_->filled + bytes > open_->staged.size()))
+        close();
+    if (!open_) {
+        auto fresh = std::make_shared<Landing>();
+        fresh->staged = stager.landing(kStagePiece);
+        fresh->dst = dst;
+        stager_ = &stager;
+        open_ = std::move(fresh);
+    }
+    open_->filled += bytes;
+    return open_;
+}
+
+void LandingRun::close() {
+    if (!open_) return;
+    const std::shared_ptr<Landing> l = std::move(open_);
+    try {
+        const gpu::Current current(stager_->config());  // the receiving thread may be an application's
+        l->staged.shrink(l->filled);
+        stager_->to_device(l->dst, l->staged, false, lane_);
+    } catch (const std::exception& e) {
+        l->failed = e.what();
+    }
+    l->queued = true;
+}
+
+std::string DeviceSink::receive_joined(Reader& rd, const AbortCheck& check) {
+    std::shared_ptr<Landing> into;
+    if (failed_.empty()) {
+        try {
+            into = run_->place(stager_, dst_, bytes_);
+        } catch (const std::exception& e) {
+            failed_ = e.what();
+        }
+    }
+    char* at = into ? reinterpret_cast<char*>(into->staged.data() + (into->filled - bytes_)) : nullptr;
+    std::string e = rd.read_into(at, bytes_, check, !into || !into->staged.pinned());
+    if (!e.empty()) return e;
+    if (into) inFlight_.push_back(std::move(into));
+    return "";
+}
+
 std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
+    if (run_ && bytes_ <= kStageFirstPiece) return receive_joined(rd, check);
+    if (run_) run_->close();  // a larger block goes on its own, its pieces copied as they come
     for (uint64_t done = 0; done < bytes_;) {
         const uint64_t n = stage_piece(done, bytes_ - done);
-        gpu::Staged piece;
+        auto piece = std::make_shared<Landing>();
         if (failed_.empty()) {
             try {
                 if (inFlight_.size() >= kStageWindow) {  // bounded: wait for the oldest copy
-                    inFlight_.front().wait();
+                    inFlight_.front()->staged.wait();
                     inFlight_.pop_front();
                 }
-                piece = stager_.landing(n);
+                piece->staged = stager_.landing(n);
             } catch (const std::exception& e) {
                 failed_ = e.what();
             }
         }
-        char* into = failed_.empty() ? reinterpret_cast<char*>(piece.data()) : nullptr;
-        std::string e = rd.read_into(into, n, check, !piece.pinned());  // pinned: through the reader's buffer
+        char* into = failed_.empty() ? reinterpret_cast<char*>(piece->staged.data()) : nullptr;
+        std::string e = rd.read_into(into, n, check, !piece->staged.pinned());  // pinned: through the reader's buffer
         if (!e.empty()) return e;
         if (failed_.empty()) {
             try {
-                stager_.to_device(dst_ + done, piece, false, lane_);
+                stager_.to_device(dst_ + done, piece->staged, false, lane_);
+                piece->queued = true;
                 inFlight_.push_back(std::move(piece));
             } catch (const std::exception& ex) {
                 failed_ = ex.what();
@@ -100,11 +147,18 @@ std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
 
 bool DeviceSink::settled() {
     // After a failure the other copies are not waited for (each could outwait the timeout again):
-    // memory whose copy may still run is never lent again (Staged::clear).
+    // memory whose copy may still run is never lent again (Staged::clear). A landing still open
+    // (its run not closed) has not settled.
     for (; !inFlight_.empty(); inFlight_.pop_front()) {
+        Landing& l = *inFlight_.front();
         if (!failed_.empty()) continue;
+        if (!l.queued) return false;
+        if (!l.failed.empty()) {
+            failed_ = l.failed;
+            continue;
+        }
         try {
-            if (!inFlight_.front().copied()) return false;
+            if (!l.staged.copied()) return false;
         } catch (const std::exception& e) {
             failed_ = e.what();
         }
@@ -114,8 +168,13 @@ bool DeviceSink::settled() {
 
 std::string DeviceSink::finish() {
     while (!settled()) {
+        Landing& l = *inFlight_.front();
+        if (!l.queued) {  // the run this block joined ends here
+            run_->close();
+            continue;
+        }
         try {
-            inFlight_.front().wait();
+            l.staged.wait();
         } catch (const std::exception& e) {
             failed_ = e.what();
         }

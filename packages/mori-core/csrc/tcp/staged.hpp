@@ -69,11 +69,41 @@ private:
     std::deque<Piece> ahead_;
 };
 
+// Host memory that received bytes bound for device memory [dst, dst + filled): copied there in
+// one copy once nothing more joins it (queued; failed: why that copy could not be queued).
+struct Landing {
+    gpu::Staged staged;
+    uint64_t dst = 0, filled = 0;
+    bool queued = false;
+    std::string failed;
+};
+
+// Blocks received one after another into device memory that follows on (KV pages written in
+// turn): a block of at most kStageFirstPiece bytes joins the open landing of the blocks before it
+// when it continues them in device memory and fits, and one copy takes them all to the device
+// when the run ends (close(): a block that does not continue it, or its owner about to wait).
+// One per connection, used by whoever receives on it.
+class LandingRun {
+public:
+    // The landing for such a block bound for [dst, dst + bytes): the open one when the block
+    // continues it, else a new one (the open one's copy queued first); the block's bytes go at
+    // filled - bytes. Throws (std::runtime_error) when the Stager cannot lend memory.
+    std::shared_ptr<Landing> place(gpu::Stager& stager, uint64_t dst, uint64_t bytes);
+    void close();  // queues the open landing's copy, if any (a failure is kept in the landing)
+
+private:
+    gpu::Stager* stager_ = nullptr;
+    size_t lane_ = gpu::Stager::thread_lane();
+    std::shared_ptr<Landing> open_;
+};
+
 // Device bytes [dst, dst + bytes) received from a socket: each piece lands in host memory and is
-// copied to the device while the next one is received.
+// copied to the device while the next one is received; with a run, a small block may share its
+// landing and copy with the blocks before and after it (LandingRun).
 class DeviceSink {
 public:
-    DeviceSink(gpu::Stager& stager, uint64_t dst, uint64_t bytes) : stager_(stager), dst_(dst), bytes_(bytes) {}
+    DeviceSink(gpu::Stager& stager, uint64_t dst, uint64_t bytes, LandingRun* run = nullptr)
+        : stager_(stager), dst_(dst), bytes_(bytes), run_(run) {}
     // Receives every byte of the block from rd; "" or the socket's error. A piece that cannot be
     // staged or copied makes the rest of the block be read and dropped, and finish() say why.
     std::string receive(Reader& rd, const AbortCheck& check);
@@ -85,10 +115,12 @@ public:
     bool settled();
 
 private:
+    std::string receive_joined(Reader& rd, const AbortCheck& check);  // receive() through the run
     gpu::Stager& stager_;
     size_t lane_ = gpu::Stager::thread_lane();
     uint64_t dst_, bytes_;
-    std::deque<gpu::Staged> inFlight_;
+    LandingRun* run_;
+    std::deque<std::shared_ptr<Landing>> inFlight_;
     std::string failed_;
 };
 
