@@ -284,6 +284,35 @@ def test_small_staged_blocks_back_to_back_share_their_copies(host_gpu: Any, writ
         b.close()
 
 
+@pytest.mark.parametrize("write", [True, False])
+def test_a_failed_shared_copy_fails_every_block_in_it(host_gpu: Any, write: bool) -> None:
+    """Eight small blocks from host memory land back to back in GPU memory, sharing landings and
+    their copies (the only copies of the transfer): when the first such copy fails, the transfer
+    never reports success, and the next one succeeds."""
+    a, b = _pair(num_connections=1)
+    host, gpu = np.full(MiB, 3, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
+    try:
+        local, remote = (host, gpu) if write else (gpu, host)
+        kinds = (MemoryLocationType.CPU, MemoryLocationType.GPU)
+        ld = a.register_memory(local.ctypes.data, MiB, 0, kinds[not write])
+        rd = b.register_memory(remote.ctypes.data, MiB, 0, kinds[write])
+        ascending = [i * (16 << 10) for i in range(8)]
+        lo, ro = (ascending[::-1], ascending) if write else (ascending, ascending[::-1])
+        op = a.batch_write if write else a.batch_read
+        testing.standin_knobs(fail_copy_in=0)
+        st_ = _done(op(ld, lo, rd, ro, [16 << 10] * 8, 2))
+        testing.standin_knobs()
+        assert not st_.Succeeded(), "SUCCESS although the blocks' copy to the device failed"
+        assert st_.Code() in (StatusCode.ERR_GPU_OP, StatusCode.ERR_BAD_STATE), st_.Message()
+        st_ = _done(op(ld, lo, rd, ro, [16 << 10] * 8, 3))
+        assert st_.Succeeded(), st_.Message()
+        assert (gpu[: 8 << 14] == 3).all()
+    finally:
+        testing.standin_knobs()
+        a.close()
+        b.close()
+
+
 def test_deregistration_waits_for_staged_reads_served_ahead(host_gpu: Any) -> None:
     """Deregistering a GPU region while the target's copies out of it for a batch read still run
     waits for them; the read then either succeeded with every byte or failed."""
