@@ -108,6 +108,9 @@ std::string DeviceSink::receive_joined(Reader& rd, const AbortCheck& check) {
     std::string e = rd.read_into(at, bytes_, check, !into || !into->staged.pinned());
     if (!e.empty()) return e;
     if (into) inFlight_.push_back(std::move(into));
+    // Nothing more in the reader's buffer: the run's copy goes now, as a lone block's would (its
+    // owner closes it before waiting anyway, a few microseconds later and in a costlier context).
+    if (rd.buffered() == 0) run_->close();
     return "";
 }
 

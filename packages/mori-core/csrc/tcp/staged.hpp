@@ -81,8 +81,8 @@ struct Landing {
 // Blocks received one after another into device memory that follows on (KV pages written in
 // turn): a block of at most kStageFirstPiece bytes joins the open landing of the blocks before it
 // when it continues them in device memory and fits, and one copy takes them all to the device
-// when the run ends (close(): a block that does not continue it, or its owner about to wait).
-// One per connection, used by whoever receives on it.
+// when the run ends (close(): a block that does not continue it, the reader's buffer empty after
+// a block, or its owner about to wait). One per connection, used by whoever receives on it.
 class LandingRun {
 public:
     // The landing for such a block bound for [dst, dst + bytes): the open one when the block
