@@ -115,7 +115,10 @@ std::string DeviceSink::receive_joined(Reader& rd, const AbortCheck& check) {
 }
 
 std::string DeviceSink::receive(Reader& rd, const AbortCheck& check) {
-    if (run_ && bytes_ <= kStageFirstPiece) return receive_joined(rd, check);
+    // A run starts where more than this block is buffered already (another block follows): a
+    // lone block then costs what it did before runs (no landing of a piece's size, no wait).
+    if (run_ && bytes_ <= kStageFirstPiece && (run_->open() || rd.buffered() > bytes_))
+        return receive_joined(rd, check);
     if (run_) run_->close();  // a larger block goes on its own, its pieces copied as they come
     for (uint64_t done = 0; done < bytes_;) {
         const uint64_t n = stage_piece(done, bytes_ - done);

@@ -80,7 +80,8 @@ struct Landing {
 
 // Blocks received one after another into device memory that follows on (KV pages written in
 // turn): a block of at most kStageFirstPiece bytes joins the open landing of the blocks before it
-// when it continues them in device memory and fits, and one copy takes them all to the device
+// when it continues them in device memory and fits (a run starts only where more than the block
+// is already buffered: a lone block goes as it would alone), and one copy takes them all to the device
 // when the run ends (close(): a block that does not continue it, the reader's buffer empty after
 // a block, or its owner about to wait). One per connection, used by whoever receives on it.
 class LandingRun {
@@ -90,6 +91,7 @@ public:
     // filled - bytes. Throws (std::runtime_error) when the Stager cannot lend memory.
     std::shared_ptr<Landing> place(gpu::Stager& stager, uint64_t dst, uint64_t bytes);
     void close();  // queues the open landing's copy, if any (a failure is kept in the landing)
+    bool open() const { return open_ != nullptr; }
 
 private:
     gpu::Stager* stager_ = nullptr;
