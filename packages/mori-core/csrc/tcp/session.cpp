@@ -164,7 +164,7 @@ private:
         if (h.op == kOpRead && !ahead_.empty() && same_block(ahead_.front().block, h.block)) {
             ok = read_staged(b);  // acquired when an earlier read started the source
         } else {
-            drop_read_ahead();  // (never: the buffered requests come in the order they were read)
+            drop_read_ahead();  // a guard: the read-ahead's requests are the next ones read, so it is empty here
             auto use = std::make_unique<RegionUse>(t_, conn_);
             b.code = use->acquire(h.block, b.addr, b.reason);
             if (outcome_ == kSuccess) outcome_ = b.code;
