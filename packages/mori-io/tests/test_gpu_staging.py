@@ -324,7 +324,8 @@ def test_deregistration_waits_for_staged_reads_served_ahead(host_gpu: Any) -> No
         assert _done(a.read(ld, 0, rd, 0, 4096, 1)).Succeeded()
         testing.standin_knobs(delay=0.3)  # each copy out of the target's "GPU" ends 0.3 s after it starts
         offsets = [i * (64 << 10) for i in range(12)]
-        st_ = a.batch_read(ld, offsets, rd, offsets, [64 << 10] * 12, 2)
+        # Reversed at this end, so that the batch keeps 12 blocks rather than merging them into one.
+        st_ = a.batch_read(ld, offsets[::-1], rd, offsets, [64 << 10] * 12, 2)
         time.sleep(0.1)  # the requests are in, the first copies running
         started = time.monotonic()
         done = threading.Event()

@@ -484,11 +484,10 @@ std::string InitConn::read_staged(const std::shared_ptr<Work>& w, size_t idx, co
     pendingReads_.push_back(PendingRead{w, idx, std::move(sink)});
     settle_reads(false);
     while (pendingReads_.size() > kPendingReads) settle_oldest_read();
-    // Nothing more to read now: the run's copy goes (blocks back to back share one), and the copies
-    // are waited for while the socket is watched, so that no block waits on a thread that stopped
-    // reading, and a reply that comes meanwhile is read at once (a wait for the copies at every
-    // block would stall the receive for a copy's time).
-    if (rd_.buffered() == 0 && !rd_.readable(0)) landing_.close();
+    // Nothing more to read now (a landing run was closed by the sink as the buffer emptied): the
+    // copies are waited for while the socket is watched, so that no block waits on a thread that
+    // stopped reading, and a reply that comes meanwhile is read at once (a wait for the copies at
+    // every block would stall the receive for a copy's time).
     while (!pendingReads_.empty() && rd_.buffered() == 0 && !rd_.readable(0)) {
         std::this_thread::yield();
         settle_reads(false);

@@ -118,7 +118,9 @@ private:
     // connection's receive for a copy's time).
     bool wait_for_request() {
         if (rd_.buffered() != 0) return true;
-        if (!rd_.readable(0)) landing_.close();  // nothing more on its way: the run's copy goes now
+        // A run left open by requests after its last block, with nothing more on its way: its
+        // copy goes now (no poll where no run is open: host memory's requests pay nothing).
+        if (landing_.open() && !rd_.readable(0)) landing_.close();
         while (!settle_ended()) {
             if (rd_.readable(0)) return true;
             std::this_thread::yield();

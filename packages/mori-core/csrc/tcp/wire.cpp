@@ -25,8 +25,7 @@ namespace mori::tcp {
 
 namespace {
 
-void copy_plain(char* dst, const char* src, size_t n) { std::memcpy(dst, src, n); }
-void copy_staged(char* dst, const char* src, size_t n) { copy_for_device(dst, src, n); }
+void copy_plain(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
 
 // Reads a number from /proc with plain POSIX calls. Not iostreams: their locale facets crashed
 // (SIGSEGV in codecvt) when the extension shared a process with PyTorch on the GPU machine.
@@ -197,7 +196,7 @@ std::string Reader::fill(size_t n, const AbortCheck& check) {
 std::string Reader::read_into(char* dst, uint64_t n, const AbortCheck& check, bool direct) {
     size_t take = static_cast<size_t>(std::min<uint64_t>(n, buffered()));
     // Not direct: dst is staged memory that the copy engine reads next (see wire.hpp).
-    void (*copy)(char*, const char*, size_t) = direct ? copy_plain : copy_staged;
+    void (*copy)(void*, const void*, size_t) = direct ? copy_plain : copy_for_device;
     if (dst != nullptr && take > 0) copy(dst, data(), take);
     consume(take);
     n -= take;
