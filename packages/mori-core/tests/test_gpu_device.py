@@ -144,3 +144,31 @@ def test_device_stager_moves_bytes_between_the_gpu_and_pinned_memory(ctx: Any, d
     stager.check_device_memory(src, size)
     with pytest.raises(ValueError, match="is not CUDA device memory"):
         stager.check_device_memory(ctypes.addressof(back), size)
+
+
+def test_device_stager_gathers_and_scatters_pages_in_one_batch_call(ctx: Any, device_memory: Any) -> None:
+    """Pages scattered in device memory go out gathered back to back in pinned memory, and back
+    scattered, each way one copy; on a CUDA 13 driver in one cuMemcpyBatchAsync (the Stager stays
+    batched: the driver took it)."""
+    from mori.core import gpu, staging
+
+    stager = staging.device_stager(DEVICE)
+    page, slots = 16 << 10, 24
+    order = [17, 3, 4, 5, 22, 0, 9, 11, 10]  # 3, 4, 5 follow one another
+    src, dst = device_memory(slots * page), device_memory(slots * page)
+    data = os.urandom(slots * page)
+    cuda.call("cuMemcpyHtoD", src, data, slots * page)
+    cuda.call("cuMemsetD8", dst, 0, slots * page)
+    before = stager.stats()
+    out = stager.gather_to_host([(src + i * page, page) for i in order], wait=False)
+    out.wait()
+    assert ctypes.string_at(out.address, out.size) == b"".join(data[i * page : (i + 1) * page] for i in order)
+    stager.scatter_to_device([(dst + i * page, page) for i in order], out)
+    back = ctypes.create_string_buffer(slots * page)
+    cuda.call("cuMemcpyDtoH", back, dst, slots * page)
+    for i in range(slots):
+        want = data[i * page : (i + 1) * page] if i in order else bytes(page)
+        assert back.raw[i * page : (i + 1) * page] == want, f"page {i}"
+    after = stager.stats()
+    assert after["to_host"] - before["to_host"] == 1 and after["to_device"] - before["to_device"] == 1
+    assert stager.batched == bool(gpu.batch_entry_point())

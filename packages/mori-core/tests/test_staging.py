@@ -212,3 +212,101 @@ def test_MORI_STAGING_PROFILE_appends_a_line_per_stager_at_exit(tmp_path):
     lines = [json.loads(line) for line in profile.read_text().splitlines()]
     assert len(lines) == 2 and lines[0]["pid"] != lines[1]["pid"]
     assert all(p["device"] == 0 and p["to_host"] == 1 and p["to_host_bytes"] == 4096 for p in lines)
+
+
+def _slots(region: np.ndarray, size: int, order: list[int]) -> list[tuple[int, int]]:
+    """Ranges of ``size`` bytes at these slots of ``region`` (device memory on the stand-in)."""
+    return [(int(region.ctypes.data) + i * size, size) for i in order]
+
+
+def _view(staged, n: int) -> np.ndarray:
+    return np.frombuffer((np.ctypeslib.as_ctypes_type(np.uint8) * n).from_address(staged.address), dtype=np.uint8)
+
+
+def test_scattered_ranges_go_out_and_in_as_one_copy_in_one_batch_call():
+    """Pages scattered in device memory are gathered into staged memory back to back, and
+    scattered back, each way one copy (one completion, one batch call); pages that continue one
+    another in device memory are copied as one."""
+    stager = testing.standin_stager()
+    size, order = 16 << 10, [7, 2, 3, 11, 0, 9, 4]  # 2, 3 continue one another
+    src, dst = _bytes(12 * size, 3), np.zeros(12 * size, dtype=np.uint8)
+    before, counted = testing.standin_counters(), stager.stats()
+    out = stager.gather_to_host(_slots(src, size, order))
+    assert out.size == len(order) * size
+    assert np.array_equal(_view(out, out.size), np.concatenate([src[i * size : (i + 1) * size] for i in order]))
+    landing = stager.landing(out.size)
+    _view(landing, out.size)[:] = _view(out, out.size)
+    stager.scatter_to_device(_slots(dst, size, order), landing, wait=False)
+    landing.wait()
+    for i in range(12):
+        want = src[i * size : (i + 1) * size] if i in order else np.zeros(size, dtype=np.uint8)
+        assert np.array_equal(dst[i * size : (i + 1) * size], want), f"slot {i}"
+    after, stats = testing.standin_counters(), stager.stats()
+    assert after["batches"] - before["batches"] == 2 and after["copies"] - before["copies"] == 2
+    assert stats["to_host"] - counted["to_host"] == 1 and stats["to_device"] - counted["to_device"] == 1
+    assert stats["to_host_bytes"] - counted["to_host_bytes"] == len(order) * size
+
+
+def test_ranges_back_to_back_in_device_memory_are_one_plain_copy():
+    stager = testing.standin_stager()
+    src = _bytes(4 * 4096, 4)
+    before = testing.standin_counters()
+    out = stager.gather_to_host(_slots(src, 4096, [0, 1, 2, 3]))
+    assert np.array_equal(_view(out, out.size), src)
+    after = testing.standin_counters()
+    assert after["copies"] - before["copies"] == 1 and after["batches"] == before["batches"]
+
+
+def test_a_driver_that_refuses_the_batch_call_gets_one_call_per_range(capfd):
+    """A driver without cuMemcpyBatchAsync (or refusing it) still moves every byte: the copies go
+    one call each, from then on without asking again, and the log says so once."""
+    stager = testing.standin_stager()
+    size, order = 4096, [5, 1, 3]
+    src, dst = _bytes(6 * size, 5), np.zeros(6 * size, dtype=np.uint8)
+    testing.standin_knobs(refuse_batch=True)
+    for _ in range(2):
+        before = testing.standin_counters()
+        out = stager.gather_to_host(_slots(src, size, order))
+        stager.scatter_to_device(_slots(dst, size, order), out)
+        after = testing.standin_counters()
+        assert after["copies"] - before["copies"] == 2 * len(order) and after["batches"] == before["batches"]
+        for i in order:
+            assert np.array_equal(dst[i * size : (i + 1) * size], src[i * size : (i + 1) * size])
+    assert capfd.readouterr().err.count("refuses cuMemcpyBatchAsync") == 1
+
+
+def test_a_failed_batch_call_raises_naming_it_and_lends_nothing_more():
+    stager = testing.standin_stager()
+    src = _bytes(8 * 4096, 6)
+    testing.standin_knobs(fail_copy_in=0)
+    with pytest.raises(RuntimeError, match=r"cuMemcpyBatchAsync failed on the GPU \(CUresult 999\)"):
+        stager.gather_to_host(_slots(src, 4096, [3, 0, 6]))
+    assert stager.stats()["lent"] == 0
+    testing.standin_knobs()
+    assert stager.gather_to_host(_slots(src, 4096, [3, 0, 6])).copied()
+
+
+def test_ranges_the_staged_bytes_do_not_fill_are_refused_before_any_copy():
+    stager = testing.standin_stager()
+    dst = np.zeros(3 * 4096, dtype=np.uint8)
+    staged = stager.landing(8192)
+    before = testing.standin_counters()
+    with pytest.raises(ValueError, match="ranges that the staged bytes fill"):
+        stager.scatter_to_device(_slots(dst, 4096, [2, 0, 1]), staged)
+    with pytest.raises(ValueError, match="ranges that the staged bytes fill"):
+        stager.scatter_to_device([], staged)
+    with pytest.raises(ValueError, match="needs a range"):
+        stager.gather_to_host([])
+    assert testing.standin_counters()["copies"] == before["copies"] and not dst.any()
+
+
+def test_scattered_ranges_through_heap_memory_when_pinning_fails():
+    stager = testing.standin_stager()
+    testing.standin_knobs(fail_pinning=True)
+    size, order = 4096, [2, 0]
+    src, dst = _bytes(3 * size, 7), np.zeros(3 * size, dtype=np.uint8)
+    out = stager.gather_to_host(_slots(src, size, order), wait=False)
+    assert not out.pinned and out.copied()
+    stager.scatter_to_device(_slots(dst, size, order), out, wait=False)
+    for i in order:
+        assert np.array_equal(dst[i * size : (i + 1) * size], src[i * size : (i + 1) * size])

@@ -252,11 +252,15 @@ def test_a_refused_block_among_staged_reads_served_ahead(host_gpu: Any) -> None:
         b.close()
 
 
+@pytest.mark.parametrize("refuse_batch", [False, True], ids=["batch-call", "one-call-each"])
+@pytest.mark.parametrize("layout", ["back-to-back", "scattered"])
 @pytest.mark.parametrize("write", [True, False])
-def test_small_staged_blocks_back_to_back_share_their_copies(host_gpu: Any, write: bool) -> None:
-    """Small blocks received one after another into GPU memory that follows on land together and
-    go to the device in shared copies (the target's for a write, the initiator's for a read); a
-    block that does not continue them starts a new landing. Every byte checked."""
+def test_small_staged_blocks_share_their_copies(host_gpu: Any, write: bool, layout: str, refuse_batch: bool) -> None:
+    """Small blocks received one after another into GPU memory land together and go to the device
+    in shared copies (the target's for a write, the initiator's for a read), wherever they land:
+    back to back (with a gap halfway) or scattered, as KV pages are; the blocks they leave are
+    copied out of the GPU together too. With a driver that refuses the batch call the copies go
+    one call each. Every byte checked."""
     a, b = _pair(num_connections=1)
     rng = np.random.default_rng(5)
     mine, theirs = rng.integers(0, 256, 4 * MiB, dtype=np.uint8), rng.integers(0, 256, 4 * MiB, dtype=np.uint8)
@@ -264,22 +268,30 @@ def test_small_staged_blocks_back_to_back_share_their_copies(host_gpu: Any, writ
         ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.GPU)
         rd = b.register_memory(theirs.ctypes.data, theirs.size, 0, MemoryLocationType.GPU)
         size, n = 16 << 10, 48
-        # Back to back where they land, with a gap halfway; in reverse order where they leave
-        # (so that the batch cannot merge them into larger blocks).
-        dofs = [i * size + (12_345 if i >= n // 2 else 0) for i in range(n)]
+        # In reverse order where they leave (so that the batch cannot merge them into larger blocks).
         sofs = [(n - 1 - i) * size for i in range(n)]
+        if layout == "back-to-back":
+            dofs = [i * size + (12_345 if i >= n // 2 else 0) for i in range(n)]
+        else:
+            dofs = [int(slot) * size for slot in rng.permutation(4 * MiB // size)[:n]]
         src, dst = (mine, theirs) if write else (theirs, mine)
         lo, ro = (sofs, dofs) if write else (dofs, sofs)
         want = _moved(src, dst, sofs, dofs, [size] * n)
         (stager,) = host_gpu.values()
-        copies = stager.stats()["to_device"]
+        before, batches = stager.stats(), testing.standin_counters()["batches"]
+        testing.standin_knobs(refuse_batch=refuse_batch)
         st_ = _done((a.batch_write if write else a.batch_read)(ld, lo, rd, ro, [size] * n, 1))
         assert st_.Succeeded(), st_.Message()
         assert np.array_equal(dst, want)
         # How many blocks share a copy depends on how they arrive (a run ends whenever the socket
         # has nothing more for the moment: 2-5 copies on an idle machine, a dozen under load).
-        assert stager.stats()["to_device"] - copies < n, "every block went to the device in a copy of its own"
+        after = stager.stats()
+        assert after["to_device"] - before["to_device"] < n, "every block went to the device in a copy of its own"
+        assert after["to_host"] - before["to_host"] < n, "every block left the GPU in a copy of its own"
+        made = testing.standin_counters()["batches"] - batches
+        assert made == 0 if refuse_batch else made > 0, f"{made} batch calls"
     finally:
+        testing.standin_knobs()
         a.close()
         b.close()
 

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "base/registry.hpp"
+#include "gpu/memcpy_batch.hpp"
 
 namespace py = pybind11;
 
@@ -27,36 +28,17 @@ namespace {
 
 using U64Array = py::array_t<uint64_t, py::array::c_style>;
 
-// Driver entry points (CUresult is an int; handles are pointers).
-using BatchFn = int (*)(uint64_t* dsts, uint64_t* srcs, size_t* sizes, size_t count, void* attrs, size_t* attrsIdxs,
-                        size_t numAttrs, void* stream);  // cuMemcpyBatchAsync, CUDA 13 form
-
-// CUmemcpyAttributes of cuda.h (CUDA 12.8+): source access order, source and destination
-// location hints (type, id), flags.
-struct MemcpyAttributes {
-    int32_t srcAccessOrder;
-    int32_t srcLocType, srcLocId;
-    int32_t dstLocType, dstLocId;
-    uint32_t flags;
-};
-static_assert(sizeof(MemcpyAttributes) == 24, "CUmemcpyAttributes layout");
-constexpr int32_t kSrcAccessOrderStream = 1;  // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-
 // Queues dsts[i] <- srcs[i] (sizes[i] bytes) on stream with one cuMemcpyBatchAsync (entry point
 // `entry`); sources are read in stream order. Returns the CUresult.
-int memcpy_batch(uintptr_t entry, const U64Array& dsts, const U64Array& srcs, const U64Array& sizes, uintptr_t stream) {
+int memcpy_batch_of(uintptr_t entry, const U64Array& dsts, const U64Array& srcs, const U64Array& sizes,
+                    uintptr_t stream) {
     const py::ssize_t n = sizes.ndim() == 1 ? sizes.shape(0) : -1;
     if (entry == 0) throw py::value_error("memcpy_batch: null entry point");
     if (n < 1 || dsts.ndim() != 1 || srcs.ndim() != 1 || dsts.shape(0) != n || srcs.shape(0) != n)
         throw py::value_error("memcpy_batch: expected three 1-d uint64 arrays of one non-zero length");
-    MemcpyAttributes attr{kSrcAccessOrderStream, 0, 0, 0, 0, 0};
-    size_t attrIdx = 0;
-    static_assert(sizeof(size_t) == sizeof(uint64_t), "sizes pass as size_t");
     py::gil_scoped_release release;  // the driver queues each copy: ~0.5 us a copy on H200 hosts
-    return reinterpret_cast<BatchFn>(entry)(const_cast<uint64_t*>(dsts.data()), const_cast<uint64_t*>(srcs.data()),
-                                            reinterpret_cast<size_t*>(const_cast<uint64_t*>(sizes.data())),
-                                            static_cast<size_t>(n), &attr, &attrIdx, 1,
-                                            reinterpret_cast<void*>(stream));
+    return memcpy_batch(entry, const_cast<uint64_t*>(dsts.data()), const_cast<uint64_t*>(srcs.data()),
+                        reinterpret_cast<size_t*>(const_cast<uint64_t*>(sizes.data())), static_cast<size_t>(n), stream);
 }
 
 using LaunchFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -131,7 +113,7 @@ private:
 
 mori::native::Registration reg([](py::module_& root) {
     py::module_ m = mori::native::submodule(root, "gpu", "host side of GPU batch copies and of GPU staging");
-    m.def("memcpy_batch", &memcpy_batch, py::arg("entry"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"),
+    m.def("memcpy_batch", &memcpy_batch_of, py::arg("entry"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"),
           py::arg("stream"),
           "Queues the copies with one cuMemcpyBatchAsync (CUDA 13 form, entry point from cuGetProcAddress), "
           "sources read in stream order; returns the CUresult.");

@@ -2,7 +2,8 @@
 // GPU (CI) run the staging code itself: the "device" is host memory, a copy is a memcpy made when
 // it is queued, the word written after it (cuStreamWriteValue32) is written `delay` seconds
 // later (by a thread of the stand-in, in the order queued), pinned memory is heap memory.
-// Knobs make it fail: the n-th copy from now (its CUresult is 999, CUDA_ERROR_UNKNOWN), every
+// Its batch call copies every range at once. Knobs make it fail: the n-th copy from now (its
+// CUresult is 999, CUDA_ERROR_UNKNOWN; a batch call is one copy), the batch call itself, every
 // allocation of pinned memory, every copy's end (its word never written, its stream never
 // idle, so waits run into their timeout), or every copy later, as the device runs it (its word
 // never written, its stream's query answers 999).
@@ -28,6 +29,7 @@ namespace {
 constexpr int kUnknown = 999;                     // CUDA_ERROR_UNKNOWN
 constexpr int kNotReady = 600;                    // CUDA_ERROR_NOT_READY
 constexpr int kOutOfMemory = 2;                   // CUDA_ERROR_OUT_OF_MEMORY
+constexpr int kNotSupported = 801;                // CUDA_ERROR_NOT_SUPPORTED
 constexpr uintptr_t kContext = 0x5354414e44494e;  // "STANDIN": the context and stream handles
 constexpr uintptr_t kStream = kContext + 1;       // four lanes from here
 
@@ -36,7 +38,8 @@ std::atomic<bool> failPinning{false};
 std::atomic<int64_t> delayNs{0};
 std::atomic<bool> hang{false};
 std::atomic<bool> failLater{false};
-std::atomic<uint64_t> copies{0}, copiedBytes{0}, allocations{0}, frees{0};
+std::atomic<bool> refuseBatch{false};
+std::atomic<uint64_t> copies{0}, batches{0}, copiedBytes{0}, allocations{0}, frees{0};
 
 // Words to write once their time has come (delay), in the order queued, and whether one was
 // queued while the stand-in hung (never written: its stream never becomes idle).
@@ -86,6 +89,20 @@ int copy(void* dst, const void* src, size_t bytes) {
     if (copy_fails()) return kUnknown;
     std::memcpy(dst, src, bytes);
     copies.fetch_add(1);
+    copiedBytes.fetch_add(bytes);
+    return 0;
+}
+
+// cuMemcpyBatchAsync, CUDA 13 form (gpu/memcpy_batch.hpp): one copy as far as the knobs and the
+// counters go.
+int memcpy_batch(uint64_t* dsts, uint64_t* srcs, size_t* sizes, size_t count, void*, size_t*, size_t, void*) {
+    if (refuseBatch.load()) return kNotSupported;
+    if (copy_fails()) return kUnknown;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < count; bytes += sizes[i++])
+        std::memcpy(reinterpret_cast<void*>(dsts[i]), reinterpret_cast<const void*>(srcs[i]), sizes[i]);
+    copies.fetch_add(1);
+    batches.fetch_add(1);
     copiedBytes.fetch_add(bytes);
     return 0;
 }
@@ -166,6 +183,7 @@ StagingConfig config(double timeout, size_t cacheBytes) {
     d.memHostGetDevicePointer = reinterpret_cast<uintptr_t>(&host_device_pointer);
     d.streamWriteValue32 = reinterpret_cast<uintptr_t>(&write_value);
     d.pointerGetAttribute = reinterpret_cast<uintptr_t>(&pointer_attribute);
+    d.memcpyBatchAsync = reinterpret_cast<uintptr_t>(&memcpy_batch);
     c.timeout = timeout;
     c.cacheBytes = cacheBytes;
     c.owner = "mori GPU staging (host stand-in)";
@@ -178,11 +196,14 @@ void set_knobs(const Knobs& k) {
     delayNs.store(static_cast<int64_t>(k.delay * 1e9));
     hang.store(k.hang);
     failLater.store(k.failLater);
+    refuseBatch.store(k.refuseBatch);
     Writes& w = writes();
     std::lock_guard lk(w.mu);
     w.hung = w.failed = false;  // behaving again: a stream is idle once its writes are made
 }
 
-Counters counters() { return Counters{copies.load(), copiedBytes.load(), allocations.load(), frees.load()}; }
+Counters counters() {
+    return Counters{copies.load(), batches.load(), copiedBytes.load(), allocations.load(), frees.load()};
+}
 
 }  // namespace mori::gpu::standin

@@ -15,11 +15,12 @@ struct Knobs {
     double delay = 0;          // seconds from a copy's queueing until its end is written
     bool hang = false;         // copies queued from now on never end
     bool failLater = false;    // copies queued from now on fail on the "device": the stream says so
+    bool refuseBatch = false;  // cuMemcpyBatchAsync answers CUDA_ERROR_NOT_SUPPORTED
 };
 
 // What it has done since the process started.
 struct Counters {
-    uint64_t copies, copiedBytes, allocations, frees;
+    uint64_t copies, batches, copiedBytes, allocations, frees;  // copies: driver calls (a batch is one)
 };
 
 // A StagingConfig whose driver is the stand-in's.

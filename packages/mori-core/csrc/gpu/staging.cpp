@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/transfer.hpp"
+#include "gpu/memcpy_batch.hpp"
 
 namespace mori::gpu {
 
@@ -498,24 +499,84 @@ void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
     s.askAt_ = queued + kAskStreamNs;
 }
 
+uint64_t Stager::queue_copies(Op& op, bool toDevice, Staged& host, const DeviceRange* ranges, size_t count) {
+    void* const stream = reinterpret_cast<void*>(op.stream());
+    auto copy = [&](uint64_t device, uint8_t* at, size_t bytes) {
+        if (toDevice)
+            check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.driver.memcpyHtoDAsync)(device, at, bytes, stream),
+                  "cuMemcpyHtoDAsync");
+        else
+            check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.driver.memcpyDtoHAsync)(at, device, bytes, stream),
+                  "cuMemcpyDtoHAsync");
+    };
+    if (count == 1) {
+        copy(ranges[0].addr, host.data(), ranges[0].bytes);
+        return ranges[0].bytes;
+    }
+    // One copy per run of ranges that continue one another in device memory (their bytes follow
+    // on in host memory too).
+    std::vector<uint64_t> devices, hosts;
+    std::vector<size_t> sizes;
+    uint64_t total = 0;
+    for (size_t i = 0; i < count; total += ranges[i++].bytes) {
+        const DeviceRange& r = ranges[i];
+        if (r.bytes == 0) continue;
+        if (!sizes.empty() && devices.back() + sizes.back() == r.addr) {
+            sizes.back() += r.bytes;
+            continue;
+        }
+        devices.push_back(r.addr);
+        hosts.push_back(reinterpret_cast<uint64_t>(host.data() + total));
+        sizes.push_back(r.bytes);
+    }
+    // (Heap memory, where pinning failed, goes one call each: the driver copies it through at once.)
+    const bool batch = sizes.size() > 1 && host.pinned() && batched();
+    if (batch) {
+        std::vector<uint64_t>& dsts = toDevice ? devices : hosts;
+        std::vector<uint64_t>& srcs = toDevice ? hosts : devices;
+        const int r =
+            memcpy_batch(c_.driver.memcpyBatchAsync, dsts.data(), srcs.data(), sizes.data(), sizes.size(), op.stream());
+        if (r == 0) return total;
+        if (!batch_refused(r)) check(r, "cuMemcpyBatchAsync");
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) copy(devices[i], reinterpret_cast<uint8_t*>(hosts[i]), sizes[i]);
+    // The same copies went one call each: the batch form, not a copy, was what the driver refused.
+    if (batch && !batchRefused_.exchange(true))
+        std::fprintf(stderr, "%s: the driver refuses cuMemcpyBatchAsync; copies of several ranges go one call each\n",
+                     c_.owner.c_str());
+    return total;
+}
+
 void Stager::to_device(uint64_t dst, Staged& src, bool wait, size_t lane) {
+    const DeviceRange range{dst, src.size()};
+    to_device(std::vector<DeviceRange>{range}, src, wait, lane);
+}
+
+void Stager::to_device(const std::vector<DeviceRange>& ranges, Staged& src, bool wait, size_t lane) {
+    uint64_t bytes = 0;
+    for (const DeviceRange& r : ranges) bytes += r.bytes;
+    if (ranges.empty() || bytes > src.size())
+        throw std::invalid_argument("a copy to the GPU needs ranges that the staged bytes fill");
     const int64_t start = now_ns();
     Op op(*this, lane);
-    check(reinterpret_cast<MemcpyHtoDAsyncFn>(c_.driver.memcpyHtoDAsync)(dst, src.data(), src.size(),
-                                                                         reinterpret_cast<void*>(op.stream())),
-          "cuMemcpyHtoDAsync");
-    pool_->count_copy(true, src.size());
+    queue_copies(op, true, src, ranges.data(), ranges.size());
+    pool_->count_copy(true, bytes);
     pool_->count_queue(start);
     follow(op, src, wait, "a copy to the GPU");
 }
 
 Staged Stager::to_host(uint64_t src, size_t bytes, bool wait, size_t lane) {
+    return to_host(std::vector<DeviceRange>{DeviceRange{src, bytes}}, wait, lane);
+}
+
+Staged Stager::to_host(const std::vector<DeviceRange>& ranges, bool wait, size_t lane) {
+    uint64_t bytes = 0;
+    for (const DeviceRange& r : ranges) bytes += r.bytes;
+    if (ranges.empty()) throw std::invalid_argument("a copy from the GPU needs a range");
     Staged s = staging(bytes);  // before the lane's lock: a new allocation may take a while
     const int64_t start = now_ns();
     Op op(*this, lane);
-    check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.driver.memcpyDtoHAsync)(s.data(), src, bytes,
-                                                                         reinterpret_cast<void*>(op.stream())),
-          "cuMemcpyDtoHAsync");
+    queue_copies(op, false, s, ranges.data(), ranges.size());
     pool_->count_copy(false, bytes);
     pool_->count_queue(start);
     follow(op, s, wait, "a copy from the GPU");

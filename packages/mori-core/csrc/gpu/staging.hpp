@@ -42,6 +42,8 @@ struct Driver {
     uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0, exchangeCaptureMode = 0;
     uintptr_t streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0, memHostAlloc = 0, memFreeHost = 0;
     uintptr_t memHostGetDevicePointer = 0, streamWriteValue32 = 0, pointerGetAttribute = 0;
+    // Optional (0: the driver lacks it): cuMemcpyBatchAsync in its CUDA 13 form (gpu/memcpy_batch.hpp).
+    uintptr_t memcpyBatchAsync = 0;
 };
 
 // Every entry point of Driver by its driver name (the bindings' STAGING_ENTRY_POINTS).
@@ -58,6 +60,16 @@ inline constexpr std::pair<const char*, uintptr_t Driver::*> kDriverEntryPoints[
     {"cuMemHostGetDevicePointer", &Driver::memHostGetDevicePointer},
     {"cuStreamWriteValue32", &Driver::streamWriteValue32},
     {"cuPointerGetAttribute", &Driver::pointerGetAttribute},
+};
+
+// Every optional entry point of Driver by its driver name (the bindings' STAGING_OPTIONAL_ENTRY_POINTS).
+inline constexpr std::pair<const char*, uintptr_t Driver::*> kOptionalDriverEntryPoints[] = {
+    {"cuMemcpyBatchAsync", &Driver::memcpyBatchAsync},
+};
+
+// A range of device memory: `bytes` at `addr`.
+struct DeviceRange {
+    uint64_t addr, bytes;
 };
 
 // Lanes a Stager may have (each has a word its copies' ends are written into).
@@ -86,6 +98,7 @@ struct PoolStats {
     uint64_t unpinned = 0;   // loans of heap memory because pinning failed
     uint64_t abandoned = 0;  // memory never lent again: its copy may still have been running
     // The copies, for a profile of where a staged transfer's time goes (MORI_STAGING_PROFILE):
+    // (A copy of several ranges, gathered or scattered, counts once: it is queued and ends as one.)
     uint64_t toHost = 0, toHostBytes = 0;      // copies out of the GPU queued, and their bytes
     uint64_t toDevice = 0, toDeviceBytes = 0;  // copies into the GPU queued, and their bytes
     uint64_t copyNs = 0;   // summed over queued copies: from queueing to the moment a caller saw it end
@@ -174,6 +187,14 @@ public:
     Staged to_host(uint64_t src, size_t bytes, bool wait = true, size_t lane = 0);
     Staged landing(size_t bytes);
     void to_device(uint64_t dst, Staged& src, bool wait = true, size_t lane = 0);
+    // The same for several ranges of device memory at once, their bytes one after another in the
+    // staged memory (KV pages scattered in the GPU, back to back in pinned memory): one copy as the
+    // caller sees it (one completion, one Staged), queued in one driver call (cuMemcpyBatchAsync
+    // where the driver has it, else one call per range under one lock); ranges that continue one
+    // another in device memory are copied as one. to_device copies the first bytes of src, as
+    // many as the ranges hold.
+    Staged to_host(const std::vector<DeviceRange>& ranges, bool wait = true, size_t lane = 0);
+    void to_device(const std::vector<DeviceRange>& ranges, Staged& src, bool wait = true, size_t lane = 0);
     // The calling thread's lane: threads take lanes in turn as they first ask.
     static size_t thread_lane();
     // Waits (at most the timeout) for memory still lent, then frees what the pool keeps; later
@@ -182,6 +203,9 @@ public:
     void close();
     PoolStats stats() const;
     const StagingConfig& config() const { return c_; }
+    // Whether copies of several ranges go in one batch call (false where the driver lacks
+    // cuMemcpyBatchAsync or refused it: one call per range).
+    bool batched() const { return c_.driver.memcpyBatchAsync != 0 && !batchRefused_.load(); }
     // Throws std::invalid_argument unless [addr, addr + bytes) is CUDA device memory (its first
     // and last byte), so that a region registered as GPU memory is one the copies can reach.
     void check_device_memory(uint64_t addr, uint64_t bytes) const;
@@ -216,6 +240,9 @@ private:
     friend class StagingPool;
     friend class Staged;
     Staged staging(size_t bytes);  // inside an Op
+    // Queues the copies between staged memory `host` (the ranges' bytes one after another) and the
+    // ranges, as to_host/to_device of several ranges say; returns the bytes.
+    uint64_t queue_copies(Op& op, bool toDevice, Staged& host, const DeviceRange* ranges, size_t count);
     // After a copy into or out of s was queued: waits for it, or queues the write of the lane's
     // word that s.copied() reads.
     void follow(Op& op, Staged& s, bool waitNow, const char* what);
@@ -228,6 +255,7 @@ private:
     StagingConfig c_;
     std::shared_ptr<StagingPool> pool_;
     std::vector<std::unique_ptr<Lane>> lanes_;
+    std::atomic<bool> batchRefused_{false};  // the driver refused a batch call: one call per range from then on
     mutable std::mutex brokenMu_;
     std::string broken_;  // why an earlier wait never finished ("" while none did)
 };

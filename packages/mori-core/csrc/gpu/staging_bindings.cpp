@@ -40,6 +40,9 @@ mori::native::Registration reg([](py::module_& root) {
     py::list names;
     for (const auto& [name, field] : kDriverEntryPoints) names.append(name);
     m.attr("STAGING_ENTRY_POINTS") = py::tuple(names);
+    py::list optional;
+    for (const auto& [name, field] : kOptionalDriverEntryPoints) optional.append(name);
+    m.attr("STAGING_OPTIONAL_ENTRY_POINTS") = py::tuple(optional);
     m.attr("STAGING_CACHE_BYTES") = kDefaultCacheBytes;
 
     py::class_<Staged, std::shared_ptr<Staged>>(m, "Staged", "Host memory that staged bytes pass through.")
@@ -65,6 +68,10 @@ mori::native::Registration reg([](py::module_& root) {
                          throw py::value_error(std::string("entry_points has no ") + name + " (STAGING_ENTRY_POINTS)");
                      c.driver.*field = it->second;
                  }
+                 for (const auto& [name, field] : kOptionalDriverEntryPoints) {
+                     const auto it = entryPoints.find(name);
+                     if (it != entryPoints.end()) c.driver.*field = it->second;
+                 }
                  c.timeout = timeout;
                  c.timeoutSetting = timeoutSetting;
                  c.cacheBytes = cacheBytes;
@@ -76,7 +83,7 @@ mori::native::Registration reg([](py::module_& root) {
              py::arg("owner") = "mori",
              "Stages through pinned memory of `context` on `streams` (its lanes: a thread's copies take one; "
              "handles as addresses; entry_points: the address of each driver function of STAGING_ENTRY_POINTS "
-             "by name).")
+             "by name, and of those of STAGING_OPTIONAL_ENTRY_POINTS the driver has).")
         .def(
             "to_host",
             [](Stager& s, uint64_t src, size_t bytes, bool wait) {
@@ -109,6 +116,32 @@ mori::native::Registration reg([](py::module_& root) {
             py::arg("dst"), py::arg("staged"), py::arg("wait") = true,
             "Copies staged bytes to device address dst (waited for unless wait is False).")
         .def(
+            "gather_to_host",
+            [](Stager& s, const std::vector<std::pair<uint64_t, uint64_t>>& ranges, bool wait) {
+                std::vector<DeviceRange> rs;
+                for (const auto& [addr, bytes] : ranges) rs.push_back(DeviceRange{addr, bytes});
+                Staged out;
+                {
+                    py::gil_scoped_release nogil;
+                    out = s.to_host(rs, wait);
+                }
+                return held(std::move(out));
+            },
+            py::arg("ranges"), py::arg("wait") = true,
+            "Staged memory holding the bytes of ranges [(device address, nbytes), ...] one after another, "
+            "copied as one (one driver call where the driver has cuMemcpyBatchAsync).")
+        .def(
+            "scatter_to_device",
+            [](Stager& s, const std::vector<std::pair<uint64_t, uint64_t>>& ranges, Staged& src, bool wait) {
+                std::vector<DeviceRange> rs;
+                for (const auto& [addr, bytes] : ranges) rs.push_back(DeviceRange{addr, bytes});
+                py::gil_scoped_release nogil;
+                s.to_device(rs, src, wait);
+            },
+            py::arg("ranges"), py::arg("staged"), py::arg("wait") = true,
+            "Copies staged bytes, one range after another, to ranges [(device address, nbytes), ...] as one "
+            "copy; ValueError when the staged memory holds fewer bytes than the ranges.")
+        .def(
             "stats", [](const Stager& s) { return stats_dict(s.stats()); },
             "What the pool has done: lent, cached_bytes, pinned, reused, freed, unpinned, abandoned; and its "
             "copies: to_host, to_host_bytes, to_device, to_device_bytes, copy_ns (queued to seen ended, "
@@ -117,6 +150,9 @@ mori::native::Registration reg([](py::module_& root) {
              "ValueError unless [addr, addr + nbytes) is CUDA device memory.")
         .def_property_readonly("cache_bytes", [](const Stager& s) { return s.config().cacheBytes; })
         .def_property_readonly("lanes", [](const Stager& s) { return s.config().streams.size(); })
+        .def_property_readonly("batched", &Stager::batched,
+                               "Whether copies of several ranges go in one cuMemcpyBatchAsync (False where the "
+                               "driver lacks it or refused it: one call per range).")
         .def("close", &Stager::close, py::call_guard<py::gil_scoped_release>(),
              "Waits (at most the timeout) for memory still lent, then frees the pool's.");
 
@@ -129,26 +165,29 @@ mori::native::Registration reg([](py::module_& root) {
         "A Stager whose driver is the host stand-in: device addresses are host addresses.");
     m.def(
         "host_standin_knobs",
-        [](int64_t failCopyIn, bool failPinning, double delay, bool hang, bool failLater) {
-            standin::set_knobs(standin::Knobs{failCopyIn, failPinning, delay, hang, failLater});
+        [](int64_t failCopyIn, bool failPinning, double delay, bool hang, bool failLater, bool refuseBatch) {
+            standin::set_knobs(standin::Knobs{failCopyIn, failPinning, delay, hang, failLater, refuseBatch});
         },
         py::arg("fail_copy_in") = -1, py::arg("fail_pinning") = false, py::arg("delay") = 0.0, py::arg("hang") = false,
-        py::arg("fail_later") = false,
-        "How the stand-in misbehaves from now on: the copy after fail_copy_in more fails (-1: none), every "
-        "pinning fails, copies end `delay` seconds after they are queued, or never (hang), or fail as they run "
-        "(fail_later: the stream's query says so).");
+        py::arg("fail_later") = false, py::arg("refuse_batch") = false,
+        "How the stand-in misbehaves from now on: the copy after fail_copy_in more fails (-1: none; a batch "
+        "call counts as one), every pinning fails, copies end `delay` seconds after they are queued, or never "
+        "(hang), or fail as they run (fail_later: the stream's query says so), or the batch call is refused "
+        "(refuse_batch: CUDA_ERROR_NOT_SUPPORTED, as a driver without it would).");
     m.def(
         "host_standin_counters",
         [] {
             const standin::Counters c = standin::counters();
             py::dict d;
             d["copies"] = c.copies;
+            d["batches"] = c.batches;
             d["copied_bytes"] = c.copiedBytes;
             d["allocations"] = c.allocations;
             d["frees"] = c.frees;
             return d;
         },
-        "What the stand-in has done in this process: copies, copied_bytes, allocations, frees.");
+        "What the stand-in has done in this process: copies (driver calls; a batch counts once), batches "
+        "(of them, cuMemcpyBatchAsync calls), copied_bytes, allocations, frees.");
 });
 
 }  // namespace

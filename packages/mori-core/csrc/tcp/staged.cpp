@@ -25,21 +25,22 @@ void DeviceSource::queue() {
     uint64_t n = span_ == 0 ? stage_piece(queued_, left) : std::min(left, kStagePiece);
     size_t last = span_;  // spans span_..last go in this copy
     if (queued_ == 0 && n == left && n > 0) {
-        // A whole span takes the whole spans after it that continue it in device memory, up to
-        // one piece (the first span's ramp too): one copy, and one driver call, for many blocks.
+        // A whole span takes the whole spans after it, up to one piece (the first span's ramp
+        // too): one gathered copy, one driver call and one completion for many blocks.
         const uint64_t most = span_ == 0 ? kStageFirstPiece : kStagePiece;
-        while (last + 1 < spans_.size() && spans_[last + 1].bytes > 0 &&
-               spans_[last + 1].addr == spans_[last].addr + spans_[last].bytes && n + spans_[last + 1].bytes <= most)
+        while (last + 1 < spans_.size() && spans_[last + 1].bytes > 0 && n + spans_[last + 1].bytes <= most)
             n += spans_[++last].bytes;
     }
-    auto staged = std::make_shared<gpu::Staged>(stager_.to_host(s.addr + queued_, n, false, lane_));
     if (last > span_) {
+        const std::vector<Span> ranges(spans_.begin() + span_, spans_.begin() + last + 1);
+        auto staged = std::make_shared<gpu::Staged>(stager_.to_host(ranges, false, lane_));
         uint64_t offset = 0;
         for (size_t k = span_; k <= last; offset += spans_[k++].bytes)
             ahead_.push_back(Piece{staged, offset, spans_[k].bytes, k, true});
         span_ = last + 1;
         return;
     }
+    auto staged = std::make_shared<gpu::Staged>(stager_.to_host(s.addr + queued_, n, false, lane_));
     ahead_.push_back(Piece{std::move(staged), 0, n, span_, queued_ == 0});
     queued_ += n;
     if (queued_ == s.bytes) {
@@ -68,16 +69,14 @@ void DeviceSource::drain() noexcept {
 }
 
 std::shared_ptr<Landing> LandingRun::place(gpu::Stager& stager, uint64_t dst, uint64_t bytes) {
-    if (open_ &&
-        (&stager != stager_ || dst != open_->dst + open_->filled || open_->filled + bytes > open_->staged.size()))
-        close();
+    if (open_ && (&stager != stager_ || open_->filled + bytes > open_->staged.size())) close();
     if (!open_) {
         auto fresh = std::make_shared<Landing>();
         fresh->staged = stager.landing(kStagePiece);
-        fresh->dst = dst;
         stager_ = &stager;
         open_ = std::move(fresh);
     }
+    open_->ranges.push_back({dst, bytes});
     open_->filled += bytes;
     return open_;
 }
@@ -88,7 +87,7 @@ void LandingRun::close() {
     try {
         const gpu::Current current(stager_->config());  // the receiving thread may be an application's
         l->staged.shrink(l->filled);
-        stager_->to_device(l->dst, l->staged, false, lane_);
+        stager_->to_device(l->ranges, l->staged, false, lane_);
     } catch (const std::exception& e) {
         l->failed = e.what();
     }

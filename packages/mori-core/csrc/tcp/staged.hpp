@@ -31,13 +31,12 @@ inline uint64_t stage_piece(uint64_t done, uint64_t left) {
 // Device memory copied out to host memory for sending: spans of it (address, bytes), in order,
 // in pieces of at most kStagePiece that never cross a span (the first span's ramping up as
 // stage_piece says, the others' whole), the copies kStageWindow copies ahead of the caller
-// (across spans: the next block's copy runs while this one is sent). Whole spans that follow one
-// another in device memory (KV pages allocated in turn) share one copy, each still a piece.
+// (across spans: the next block's copy runs while this one is sent). Whole spans in a row that
+// fit in one piece together (KV pages, wherever they lie in the GPU) share one gathered copy,
+// each still a piece of its own.
 class DeviceSource {
 public:
-    struct Span {
-        uint64_t addr, bytes;
-    };
+    using Span = gpu::DeviceRange;
     struct Piece {
         std::shared_ptr<gpu::Staged> staged;  // the copy it is part of
         uint64_t offset, bytes;               // where in that copy
@@ -69,25 +68,27 @@ private:
     std::deque<Piece> ahead_;
 };
 
-// Host memory that received bytes bound for device memory [dst, dst + filled): copied there in
-// one copy once nothing more joins it (queued; failed: why that copy could not be queued).
+// Host memory that received the bytes of one or more blocks, one after another (`filled` in all),
+// bound for device memory `ranges` (one per block): copied there in one copy once nothing more
+// joins it (queued; failed: why that copy could not be queued).
 struct Landing {
     gpu::Staged staged;
-    uint64_t dst = 0, filled = 0;
+    std::vector<gpu::DeviceRange> ranges;
+    uint64_t filled = 0;
     bool queued = false;
     std::string failed;
 };
 
-// Blocks received one after another into device memory that follows on (KV pages written in
-// turn): a block of at most kStageFirstPiece bytes joins the open landing of the blocks before it
-// when it continues them in device memory and fits (a run starts only where more than the block
-// is already buffered: a lone block goes as it would alone), and one copy takes them all to the device
-// when the run ends (close(): a block that does not continue it, the reader's buffer empty after
-// a block, or its owner about to wait). One per connection, used by whoever receives on it.
+// Small blocks received one after another (KV pages, wherever they land in the GPU): a block of
+// at most kStageFirstPiece bytes joins the open landing of the blocks before it when it is for
+// the same GPU and fits (a run starts only where more than the block is already buffered: a
+// lone block goes as it would alone), and one copy, scattered, takes them all to the device
+// when the run ends (close(): a block that does not fit, the reader's buffer empty after a
+// block, or its owner about to wait). One per connection, used by whoever receives on it.
 class LandingRun {
 public:
     // The landing for such a block bound for [dst, dst + bytes): the open one when the block
-    // continues it, else a new one (the open one's copy queued first); the block's bytes go at
+    // fits in it, else a new one (the open one's copy queued first); the block's bytes go at
     // filled - bytes. Throws (std::runtime_error) when the Stager cannot lend memory.
     std::shared_ptr<Landing> place(gpu::Stager& stager, uint64_t dst, uint64_t bytes);
     void close();  // queues the open landing's copy, if any (a failure is kept in the landing)
@@ -101,7 +102,7 @@ private:
 
 // Device bytes [dst, dst + bytes) received from a socket: each piece lands in host memory and is
 // copied to the device while the next one is received; with a run, a small block may share its
-// landing and copy with the blocks before and after it (LandingRun).
+// landing and copy with the blocks received before and after it (LandingRun).
 class DeviceSink {
 public:
     DeviceSink(gpu::Stager& stager, uint64_t dst, uint64_t bytes, LandingRun* run = nullptr)

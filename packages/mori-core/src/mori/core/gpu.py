@@ -34,7 +34,16 @@ from . import cuda
 from ._native import gpu as _native_gpu
 from ._native.gpu import GatherLauncher
 
-__all__ = ["BatchMemcpy", "Completion", "EventPool", "GatherLauncher", "PrimaryContext", "StreamPool", "on_device"]
+__all__ = [
+    "BatchMemcpy",
+    "Completion",
+    "EventPool",
+    "GatherLauncher",
+    "PrimaryContext",
+    "StreamPool",
+    "batch_entry_point",
+    "on_device",
+]
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY: an event or stream with work still queued
 # Answers of cuMemcpyBatchAsync that mean "this driver will not take these as a batch", not "the
@@ -249,6 +258,17 @@ class EventPool:
             self._destroy(event)
 
 
+def batch_entry_point() -> int:
+    """The address of ``cuMemcpyBatchAsync`` in its CUDA 13 form (no ``failIdx``), the form mori's
+    native code calls; 0 where the driver lacks it (that form exists only on a CUDA 13 driver)."""
+    if int(cuda.call("cuDriverGetVersion")) < 13000:
+        return 0
+    try:
+        return cuda.entry_point("cuMemcpyBatchAsync", 13000)
+    except cuda.CudaError:
+        return 0
+
+
 def _as_list(values: Any) -> list[int]:
     return values.tolist() if hasattr(values, "tolist") else [int(v) for v in values]
 
@@ -262,13 +282,7 @@ class BatchMemcpy:
         drv = cuda.driver()
         self._result = drv.CUresult
         self._memcpy = drv.cuMemcpyAsync
-        self._entry = 0
-        # The CUDA 13 form (no failIdx) exists only on a CUDA 13 driver.
-        if int(cuda.call("cuDriverGetVersion")) >= 13000:
-            try:
-                self._entry = cuda.entry_point("cuMemcpyBatchAsync", 13000)
-            except cuda.CudaError:
-                self._entry = 0
+        self._entry = batch_entry_point()
 
     @property
     def batched(self) -> bool:

@@ -9,7 +9,9 @@ plane hands it to the native code (``tcp.Target.register_region(..., staging=s)`
 ``tcp.Peer.submit(..., staging=s)``, ``ucx.stage_gpu(engine, s)``); from then on every block of
 that GPU memory is copied by the copy engine between the GPU and memory lent by the pool, piece
 by piece (1 MiB), the copy of one piece running while the wire moves another, with no Python per
-transfer. The pool lends memory in powers of two from 64 KiB, keeps up to ``cache_bytes`` of it
+transfer. Several ranges of device memory may go as one copy (:meth:`Stager.gather_to_host`,
+:meth:`Stager.scatter_to_device`: KV pages scattered in the GPU, back to back in pinned memory),
+queued in one ``cuMemcpyBatchAsync`` where the driver has it. The pool lends memory in powers of two from 64 KiB, keeps up to ``cache_bytes`` of it
 for the next transfer and frees the rest; memory whose copy may still be running is never lent
 again. Every wait is bounded by the Stager's timeout; after one ran out, the Stager refuses more
 work (its stream may still be busy).
@@ -35,9 +37,23 @@ import sys
 import threading
 
 from . import config
-from ._native.gpu import STAGING_CACHE_BYTES, STAGING_ENTRY_POINTS, Staged, Stager
+from ._native.gpu import (
+    STAGING_CACHE_BYTES,
+    STAGING_ENTRY_POINTS,
+    STAGING_OPTIONAL_ENTRY_POINTS,
+    Staged,
+    Stager,
+)
 
-__all__ = ["LANES", "STAGING_CACHE_BYTES", "STAGING_ENTRY_POINTS", "Staged", "Stager", "device_stager"]
+__all__ = [
+    "LANES",
+    "STAGING_CACHE_BYTES",
+    "STAGING_ENTRY_POINTS",
+    "STAGING_OPTIONAL_ENTRY_POINTS",
+    "Staged",
+    "Stager",
+    "device_stager",
+]
 
 #: Streams of a device's Stager: the threads of a data plane (a TCP connection's, say) take them
 #: in turn, so that their copies neither wait behind each other's nor share a lock.
@@ -86,7 +102,7 @@ def _write_profile() -> None:
 
 def _make(device: int, timeout: float, timeout_setting: str, cache_bytes: int) -> Stager:
     from . import cuda
-    from .gpu import on_device
+    from .gpu import batch_entry_point, on_device
 
     with on_device(device) as context:
         drv = cuda.driver()
@@ -95,6 +111,9 @@ def _make(device: int, timeout: float, timeout_setting: str, cache_bytes: int) -
             for _ in range(LANES)
         ]
         entry_points = {name: cuda.entry_point(name) for name in STAGING_ENTRY_POINTS}
+        batch = batch_entry_point()  # STAGING_OPTIONAL_ENTRY_POINTS: copies of several ranges in one call
+        if batch:
+            entry_points["cuMemcpyBatchAsync"] = batch
         return Stager(
             int(context),
             streams,

@@ -552,23 +552,31 @@ def standin_stager(timeout: float = 30.0, cache_bytes: int | None = None) -> Any
 
 
 def standin_knobs(
-    fail_copy_in: int = -1, fail_pinning: bool = False, delay: float = 0.0, hang: bool = False, fail_later: bool = False
+    fail_copy_in: int = -1,
+    fail_pinning: bool = False,
+    delay: float = 0.0,
+    hang: bool = False,
+    fail_later: bool = False,
+    refuse_batch: bool = False,
 ) -> None:
     """How the stand-in of :func:`standin_stager` misbehaves from now on (for the whole process):
     the copy after ``fail_copy_in`` more copies fails as it is queued (0: the next one; -1: none),
     every allocation of pinned memory fails (``fail_pinning``: the staging falls back to heap
     memory), each copy ends ``delay`` seconds after it is queued, or never (``hang``: waits run
     into the timeout), or every copy fails as the "device" runs it (``fail_later``: its end is
-    never written and its stream's query answers CUresult 999, as a GPU's failed copy would).
-    Call it with no arguments to make it behave again."""
+    never written and its stream's query answers CUresult 999, as a GPU's failed copy would), or
+    its ``cuMemcpyBatchAsync`` answers ``CUDA_ERROR_NOT_SUPPORTED`` (``refuse_batch``, as a driver
+    without it would: copies of several ranges then go one call each; a batch call counts as one
+    copy for ``fail_copy_in``). Call it with no arguments to make it behave again."""
     from ._native.gpu import host_standin_knobs
 
-    host_standin_knobs(fail_copy_in, fail_pinning, delay, hang, fail_later)
+    host_standin_knobs(fail_copy_in, fail_pinning, delay, hang, fail_later, refuse_batch)
 
 
 def standin_counters() -> dict[str, int]:
-    """What the stand-in has done in this process: ``copies``, ``copied_bytes``, ``allocations``
-    and ``frees`` of pinned memory."""
+    """What the stand-in has done in this process: ``copies`` (driver calls; a batch call counts
+    once), ``batches`` (of them, batch calls), ``copied_bytes``, ``allocations`` and ``frees`` of
+    pinned memory."""
     from ._native.gpu import host_standin_counters
 
     return host_standin_counters()
