@@ -297,6 +297,31 @@ def test_small_staged_blocks_share_their_copies(host_gpu: Any, write: bool, layo
 
 
 @pytest.mark.parametrize("write", [True, False])
+def test_one_shared_copy_takes_at_most_256_blocks(host_gpu: Any, write: bool) -> None:
+    """600 blocks of 64 bytes, scattered at both ends, fit in one landing's bytes: no copy takes
+    more than 256 of them (a peer's tiny blocks cannot make one copy of a million). Every byte
+    checked."""
+    a, b = _pair(num_connections=1)
+    rng = np.random.default_rng(9)
+    mine, theirs = rng.integers(0, 256, MiB, dtype=np.uint8), rng.integers(0, 256, MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, mine.size, 0, MemoryLocationType.GPU)
+        rd = b.register_memory(theirs.ctypes.data, theirs.size, 0, MemoryLocationType.GPU)
+        size, n = 64, 600
+        sofs, dofs = ([int(s) * size for s in rng.permutation(MiB // size)[:n]] for _ in range(2))
+        src, dst = (mine, theirs) if write else (theirs, mine)
+        lo, ro = (sofs, dofs) if write else (dofs, sofs)
+        want = _moved(src, dst, sofs, dofs, [size] * n)
+        st_ = _done((a.batch_write if write else a.batch_read)(ld, lo, rd, ro, [size] * n, 1))
+        assert st_.Succeeded(), st_.Message()
+        assert np.array_equal(dst, want)
+        assert 0 < testing.standin_counters()["largest_batch"] <= 256
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("write", [True, False])
 def test_a_failed_shared_copy_fails_every_block_in_it(host_gpu: Any, write: bool) -> None:
     """Eight small blocks from host memory land back to back in GPU memory, sharing landings and
     their copies (the only copies of the transfer): when the first such copy fails, the transfer

@@ -39,7 +39,7 @@ std::atomic<int64_t> delayNs{0};
 std::atomic<bool> hang{false};
 std::atomic<bool> failLater{false};
 std::atomic<bool> refuseBatch{false};
-std::atomic<uint64_t> copies{0}, batches{0}, copiedBytes{0}, allocations{0}, frees{0};
+std::atomic<uint64_t> copies{0}, batches{0}, largestBatch{0}, copiedBytes{0}, allocations{0}, frees{0};
 
 // Words to write once their time has come (delay), in the order queued, and whether one was
 // queued while the stand-in hung (never written: its stream never becomes idle).
@@ -103,6 +103,8 @@ int memcpy_batch(uint64_t* dsts, uint64_t* srcs, size_t* sizes, size_t count, vo
         std::memcpy(reinterpret_cast<void*>(dsts[i]), reinterpret_cast<const void*>(srcs[i]), sizes[i]);
     copies.fetch_add(1);
     batches.fetch_add(1);
+    for (uint64_t most = largestBatch.load(); count > most && !largestBatch.compare_exchange_weak(most, count);) {
+    }
     copiedBytes.fetch_add(bytes);
     return 0;
 }
@@ -203,7 +205,8 @@ void set_knobs(const Knobs& k) {
 }
 
 Counters counters() {
-    return Counters{copies.load(), batches.load(), copiedBytes.load(), allocations.load(), frees.load()};
+    return Counters{copies.load(),      batches.load(),     largestBatch.load(),
+                    copiedBytes.load(), allocations.load(), frees.load()};
 }
 
 }  // namespace mori::gpu::standin

@@ -20,7 +20,7 @@ struct Knobs {
 
 // What it has done since the process started.
 struct Counters {
-    uint64_t copies, batches, copiedBytes, allocations, frees;  // copies: driver calls (a batch is one)
+    uint64_t copies, batches, largestBatch, copiedBytes, allocations, frees;  // copies: driver calls (a batch is one)
 };
 
 // A StagingConfig whose driver is the stand-in's.

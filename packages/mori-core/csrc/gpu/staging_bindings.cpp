@@ -181,13 +181,15 @@ mori::native::Registration reg([](py::module_& root) {
             py::dict d;
             d["copies"] = c.copies;
             d["batches"] = c.batches;
+            d["largest_batch"] = c.largestBatch;
             d["copied_bytes"] = c.copiedBytes;
             d["allocations"] = c.allocations;
             d["frees"] = c.frees;
             return d;
         },
         "What the stand-in has done in this process: copies (driver calls; a batch counts once), batches "
-        "(of them, cuMemcpyBatchAsync calls), copied_bytes, allocations, frees.");
+        "(of them, cuMemcpyBatchAsync calls), largest_batch (the most copies one batch call took), copied_bytes, "
+        "allocations, frees.");
 });
 
 }  // namespace

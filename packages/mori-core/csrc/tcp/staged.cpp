@@ -28,7 +28,8 @@ void DeviceSource::queue() {
         // A whole span takes the whole spans after it, up to one piece (the first span's ramp
         // too): one gathered copy, one driver call and one completion for many blocks.
         const uint64_t most = span_ == 0 ? kStageFirstPiece : kStagePiece;
-        while (last + 1 < spans_.size() && spans_[last + 1].bytes > 0 && n + spans_[last + 1].bytes <= most)
+        while (last + 1 < spans_.size() && last + 1 - span_ < kMaxRangesPerCopy && spans_[last + 1].bytes > 0 &&
+               n + spans_[last + 1].bytes <= most)
             n += spans_[++last].bytes;
     }
     if (last > span_) {
@@ -69,7 +70,9 @@ void DeviceSource::drain() noexcept {
 }
 
 std::shared_ptr<Landing> LandingRun::place(gpu::Stager& stager, uint64_t dst, uint64_t bytes) {
-    if (open_ && (&stager != stager_ || open_->filled + bytes > open_->staged.size())) close();
+    if (open_ && (&stager != stager_ || open_->filled + bytes > open_->staged.size() ||
+                  open_->ranges.size() == kMaxRangesPerCopy))
+        close();
     if (!open_) {
         auto fresh = std::make_shared<Landing>();
         fresh->staged = stager.landing(kStagePiece);

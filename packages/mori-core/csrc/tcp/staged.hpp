@@ -27,13 +27,17 @@ constexpr size_t kStageWindow = 4;
 inline uint64_t stage_piece(uint64_t done, uint64_t left) {
     return std::min(left, std::min(kStagePiece, std::max(kStageFirstPiece, done)));
 }
+// Blocks that one gathered or scattered copy takes at most: a copy of n ranges is n copies for
+// the copy engine (and ~0.5 us each of the driver's time), so a peer's tiny blocks cannot make
+// one copy of a million.
+constexpr size_t kMaxRangesPerCopy = 256;
 
 // Device memory copied out to host memory for sending: spans of it (address, bytes), in order,
 // in pieces of at most kStagePiece that never cross a span (the first span's ramping up as
 // stage_piece says, the others' whole), the copies kStageWindow copies ahead of the caller
 // (across spans: the next block's copy runs while this one is sent). Whole spans in a row that
-// fit in one piece together (KV pages, wherever they lie in the GPU) share one gathered copy,
-// each still a piece of its own.
+// fit in one piece together (KV pages, wherever they lie in the GPU; at most kMaxRangesPerCopy)
+// share one gathered copy, each still a piece of its own.
 class DeviceSource {
 public:
     using Span = gpu::DeviceRange;
@@ -81,10 +85,11 @@ struct Landing {
 
 // Small blocks received one after another (KV pages, wherever they land in the GPU): a block of
 // at most kStageFirstPiece bytes joins the open landing of the blocks before it when it is for
-// the same GPU and fits (a run starts only where more than the block is already buffered: a
-// lone block goes as it would alone), and one copy, scattered, takes them all to the device
-// when the run ends (close(): a block that does not fit, the reader's buffer empty after a
-// block, or its owner about to wait). One per connection, used by whoever receives on it.
+// the same GPU and fits (its bytes, and at most kMaxRangesPerCopy blocks). A run starts only
+// where more than the block is already buffered: a lone block goes as it would alone. One copy,
+// scattered, takes them all to the device when the run ends (close(): a block that does not
+// fit, the reader's buffer empty after a block, or its owner about to wait). One per connection,
+// used by whoever receives on it.
 class LandingRun {
 public:
     // The landing for such a block bound for [dst, dst + bytes): the open one when the block

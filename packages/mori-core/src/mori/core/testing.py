@@ -575,8 +575,8 @@ def standin_knobs(
 
 def standin_counters() -> dict[str, int]:
     """What the stand-in has done in this process: ``copies`` (driver calls; a batch call counts
-    once), ``batches`` (of them, batch calls), ``copied_bytes``, ``allocations`` and ``frees`` of
-    pinned memory."""
+    once), ``batches`` (of them, batch calls), ``largest_batch`` (the most copies one batch call
+    took), ``copied_bytes``, ``allocations`` and ``frees`` of pinned memory."""
     from ._native.gpu import host_standin_counters
 
     return host_standin_counters()
