@@ -9,7 +9,9 @@
 #   tcp_loop    ci/device/io_tcp_gpu_bench.py: the TCP backend on loopback, GPU<->GPU, GPU<->CPU
 #               and CPU<->GPU, read and write (which end's staging costs what);
 #   tcp_baseline  with MORI_BASELINE naming a tree of another version (e.g. a `git archive` under
-#               .baseline, carried): its mori-io-bench, TCP only, GPU memory, 1 and 4 connections;
+#               .baseline, carried): its mori-io-bench, TCP only, GPU memory, at tcp_conns' points
+#               (this step and tcp_conns: MORI_PROBE_BACKEND=rdma benchmarks the RDMA backend on
+#               UCX tcp,cuda_copy instead; MORI_PROBE_ITERS timed transfers per point, default 10);
 #   tcp_conns   this tree's: TCP only, GPU and host memory, with 1 and 4 data connections
 #               (MORI_PROBE_CONNS, MORI_PROBE_SIZES, MORI_PROBE_BATCHES: other lists)
 #               (MORI_STAGING_PROFILE on: every process's copies and waits);
@@ -66,9 +68,10 @@ tail -30 "$OUT/tcp_loop.log"
 # type, op and connection count.
 tcp_bench() {
   python3 - "$@" <<'EOF'
-import subprocess, sys
+import os, subprocess, sys
 from mori.core import testing
 
+backend, iters = os.environ.get("MORI_PROBE_BACKEND", "tcp"), os.environ.get("MORI_PROBE_ITERS", "10")
 mems, conns = sys.argv[1].split(","), sys.argv[2].split(",")
 sizes = sys.argv[3] if len(sys.argv) > 3 else "4K,64K,1M,4M"
 batches = sys.argv[4] if len(sys.argv) > 4 else "1,64"
@@ -77,9 +80,9 @@ with testing.network_namespaces() as (a, b):
         for mem in mems:
             for op in ("write", "read"):
                 print(f"\n== --mem-type {mem} --op {op} --num-connections {n}", flush=True)
-                cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp",
+                cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", backend,
                        "--mem-type", mem, "--op", op, "--num-connections", n, "--sizes", sizes,
-                       "--batch-sizes", batches, "--iters", "10", "--warmup", "3", "--host", a.address,
+                       "--batch-sizes", batches, "--iters", iters, "--warmup", "3", "--host", a.address,
                        "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
                 subprocess.run(cmd, timeout=120)
 EOF
@@ -175,11 +178,13 @@ with testing.network_namespaces() as (a, b):
 EOF
 }
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
+# The RDMA backend over the transports the device machine has (as io_gpu_netns.sh runs it).
+export MORI_IO_RDMA_TRANSPORTS=tcp,cuda_copy UCX_TLS=tcp,cuda_copy
 if [ -n "${MORI_BASELINE:-}" ]; then
   timeout 90 python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps \
     --target /tmp/mori-baseline "$repo/$MORI_BASELINE/packages/mori-core" "$repo/$MORI_BASELINE/packages/mori-io" \
     2>&1 | tail -3
-  step tcp_baseline 150 env PYTHONPATH=/tmp/mori-baseline bash -c "$(declare -f tcp_bench); tcp_bench gpu 1,4 64K,1M,4M"
+  step tcp_baseline 150 env PYTHONPATH=/tmp/mori-baseline bash -c "$(declare -f tcp_bench); tcp_bench gpu ${MORI_PROBE_CONNS:-1,4} ${MORI_PROBE_SIZES:-64K,1M,4M} ${MORI_PROBE_BATCHES:-1,64}"
   grep -E "^==|^mori " "$OUT/tcp_baseline.log"
 fi
 step tcp_conns 240 bash -c "$(declare -f tcp_bench); tcp_bench gpu,cpu ${MORI_PROBE_CONNS:-1,4} ${MORI_PROBE_SIZES:-64K,1M,4M} ${MORI_PROBE_BATCHES:-1,64}"

@@ -491,3 +491,39 @@ def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("write", [True, False])
+def test_rdma_small_staged_blocks_overlap_their_copies_and_a_failed_one_fails_the_transfer(
+    host_gpu: Any, monkeypatch: pytest.MonkeyPatch, write: bool
+) -> None:
+    """A batch of small blocks between GPU regions over UCX tcp: each block's copy into the GPU
+    (the target's for a write, the initiator's for a read) goes to the worker's progress loop,
+    so a batch's copies overlap. With copies that end late every byte still lands before the
+    transfer succeeds; when one of them fails, the transfer never reports success."""
+    a, b = _rdma_pair(monkeypatch)
+    rng = np.random.default_rng(11)
+    mine, theirs = rng.integers(0, 256, MiB, dtype=np.uint8), rng.integers(0, 256, MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, MiB, 0, MemoryLocationType.GPU)
+        rd = b.register_memory(theirs.ctypes.data, MiB, 0, MemoryLocationType.GPU)
+        size, n = 4096, 32
+        sofs, dofs = ([int(s) * size for s in rng.permutation(MiB // size)[:n]] for _ in range(2))
+        src, dst = (mine, theirs) if write else (theirs, mine)
+        lo, ro = (sofs, dofs) if write else (dofs, sofs)
+        op = a.batch_write if write else a.batch_read
+        want = _moved(src, dst, sofs, dofs, [size] * n)
+        testing.standin_knobs(delay=0.002)
+        st_ = _done(op(ld, lo, rd, ro, [size] * n, 1))
+        assert st_.Succeeded(), st_.Message()
+        assert np.array_equal(dst, want)
+        # The copy of the sixth block fails: out at the source (one copy each), or in.
+        testing.standin_knobs(fail_copy_in=n + 5)
+        st_ = _done(op(ld, lo, rd, ro, [size] * n, 2))
+        testing.standin_knobs()
+        assert not st_.Succeeded(), "SUCCESS although a block's staged copy failed"
+        assert _done(op(ld, lo, rd, ro, [size] * n, 3)).Succeeded()
+    finally:
+        testing.standin_knobs()
+        a.close()
+        b.close()

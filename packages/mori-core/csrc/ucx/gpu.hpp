@@ -53,10 +53,11 @@ struct GpuWordsConfig {
     std::string timeoutSetting = "timeout";
 };
 
-// Staged copies this small are waited for where they are queued (a few microseconds): handing
-// them to the worker's progress loop (Worker::after_copy_locked) costs a round of it, more than
-// the copy itself. Larger ones go to that loop, so that many of them overlap; a transfer of
-// several small blocks queues all their copies first and waits for them in order.
+// An initiator's staged copy out of this size or less, of a transfer's only part, is waited for
+// where it is queued (a few microseconds, on the caller's thread, which posts next); a transfer of
+// several small blocks queues all their copies first and waits for them in order. Every other
+// staged copy goes to the worker's progress loop (Worker::after_copy_locked), so that a batch's
+// copies overlap.
 inline constexpr size_t kCopyInPlaceBytes = size_t{32} << 10;
 
 // The entry point GpuWords needs beyond the staging's (gpu::kDriverEntryPoints).

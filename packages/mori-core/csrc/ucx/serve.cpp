@@ -110,20 +110,18 @@ void write_failed(Serve& s, const std::string& why) {
 }
 
 // Answers a write once its bytes are in: a staged write's, received in host memory, once copied
-// to their place on the GPU, a copy that runs while the worker takes the next pieces
-// (Worker::after_copy_locked). Worker lock held.
+// to their place on the GPU, a copy that runs while the worker takes the next messages
+// (Worker::after_copy_locked: however small, so that the copies of a batch's blocks overlap
+// instead of one wait each on the worker's thread). Worker lock held.
 void answer_write(std::unique_ptr<Serve> s) {
     if (s->reply.code == kSuccess && s->stager) {
         try {
-            const bool inPlace = s->staged.size() <= kCopyInPlaceBytes;
-            s->stager->to_device(reinterpret_cast<uint64_t>(s->iov[0].buffer), s->staged, inPlace);
-            if (!inPlace) {
-                after_copy(std::move(s), [](std::unique_ptr<Serve> s, const std::string& error) {
-                    if (!error.empty()) write_failed(*s, error);
-                    reply_written(std::move(s));
-                });
-                return;
-            }
+            s->stager->to_device(reinterpret_cast<uint64_t>(s->iov[0].buffer), s->staged, false);
+            after_copy(std::move(s), [](std::unique_ptr<Serve> s, const std::string& error) {
+                if (!error.empty()) write_failed(*s, error);
+                reply_written(std::move(s));
+            });
+            return;
         } catch (const std::exception& e) {
             write_failed(*s, e.what());
         }
@@ -139,7 +137,8 @@ void on_written(void* request, api::Status status, size_t, void* user) {
 }
 
 // A read's bytes are in: the part ends, a staged read's once they are copied from host memory
-// to the part's GPU memory, a copy that runs while the worker takes the next pieces. Lock held.
+// to the part's GPU memory, a copy that runs while the worker takes the next replies (however
+// small: a batch's copies overlap). Lock held.
 void land(Part& part) {
     if (part.staged.empty()) {
         part.finish(kSuccess, "");
@@ -148,12 +147,7 @@ void land(Part& part) {
     try {
         const std::shared_ptr<GpuWords> stager = part.link->worker->engine().gpu_words();
         if (!stager) throw std::runtime_error("the engine no longer serves GPU memory");
-        const bool inPlace = part.staged.size() <= kCopyInPlaceBytes;
-        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged, inPlace);
-        if (inPlace) {
-            part.finish(kSuccess, "");
-            return;
-        }
+        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged, false);
         ++part.ops;  // the copy: the part stays until it ended
         Part* p = &part;
         part.link->worker->after_copy_locked(part.staged, [p](const std::string& error) {
@@ -251,20 +245,18 @@ bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8
     return true;
 }
 
-// Post: a read's reply with its bytes; GPU memory the engine stages once copied to host memory,
-// while others are sent.
+// Post: a read's reply with its bytes; GPU memory the engine stages once copied to host memory
+// (however small: a batch's copies overlap), while others are sent.
 void serve_read(std::unique_ptr<Serve> s, const RequestHeader& h, size_t length, uint64_t total, int memType) {
     if (length != 0) return refuse(std::move(s), h, kReasonShape, 0);
     const bool rndvReply = (h.flags & kFlagRndvReply) != 0;
     if (!s->stager) return send_reply(std::move(s), rndvReply, memType);
-    const bool inPlace = total <= kCopyInPlaceBytes;
     try {
-        s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, inPlace);
+        s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, false);
     } catch (const std::exception& e) {
         return refuse_read(std::move(s), h, e.what());
     }
     s->iov[0].buffer = s->staged.data();
-    if (inPlace) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
     after_copy(std::move(s), [h, rndvReply](std::unique_ptr<Serve> s, const std::string& error) {
         if (error.empty()) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
         refuse_read(std::move(s), h, error);
