@@ -297,6 +297,32 @@ def test_small_staged_blocks_share_their_copies(host_gpu: Any, write: bool, layo
 
 
 @pytest.mark.parametrize("write", [True, False])
+def test_blocks_landing_on_the_same_bytes_land_in_order(host_gpu: Any, write: bool) -> None:
+    """Small blocks received in a row share a scattered copy, whose copies run in no set order:
+    a block that lands on bytes an earlier block of the run landed on goes in a later copy, so
+    that, as in host memory, the later block wins. Every byte checked."""
+    a, b = _pair(num_connections=1)
+    rng = np.random.default_rng(13)
+    mine, theirs = rng.integers(0, 256, MiB, dtype=np.uint8), rng.integers(0, 256, MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, MiB, 0, MemoryLocationType.GPU)
+        rd = b.register_memory(theirs.ctypes.data, MiB, 0, MemoryLocationType.GPU)
+        size = 16 << 10
+        sofs = [i * size for i in range(12)][::-1]
+        dofs = [9, 3, 5, 3, 20, 7, 9, 30, 5, 1, 3, 11]  # slots 3, 5 and 9 written again later
+        dofs = [d * size + (4096 if i == 6 else 0) for i, d in enumerate(dofs)]  # one overlaps in part
+        src, dst = (mine, theirs) if write else (theirs, mine)
+        lo, ro = (sofs, dofs) if write else (dofs, sofs)
+        want = _moved(src, dst, sofs, dofs, [size] * 12)
+        st_ = _done((a.batch_write if write else a.batch_read)(ld, lo, rd, ro, [size] * 12, 1))
+        assert st_.Succeeded(), st_.Message()
+        assert np.array_equal(dst, want)
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("write", [True, False])
 def test_one_shared_copy_takes_at_most_256_blocks(host_gpu: Any, write: bool) -> None:
     """600 blocks of 64 bytes, scattered at both ends, fit in one landing's bytes: no copy takes
     more than 256 of them (a peer's tiny blocks cannot make one copy of a million). Every byte

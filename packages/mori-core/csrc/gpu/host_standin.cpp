@@ -2,7 +2,7 @@
 // GPU (CI) run the staging code itself: the "device" is host memory, a copy is a memcpy made when
 // it is queued, the word written after it (cuStreamWriteValue32) is written `delay` seconds
 // later (by a thread of the stand-in, in the order queued), pinned memory is heap memory.
-// Its batch call copies every range at once. Knobs make it fail: the n-th copy from now (its
+// Its batch call copies every range at once, last to first. Knobs make it fail: the n-th copy from now (its
 // CUresult is 999, CUDA_ERROR_UNKNOWN; a batch call is one copy), the batch call itself, every
 // allocation of pinned memory, every copy's end (its word never written, its stream never
 // idle, so waits run into their timeout), or every copy later, as the device runs it (its word
@@ -94,12 +94,13 @@ int copy(void* dst, const void* src, size_t bytes) {
 }
 
 // cuMemcpyBatchAsync, CUDA 13 form (gpu/memcpy_batch.hpp): one copy as far as the knobs and the
-// counters go.
+// counters go. Its copies run last to first: a batch's copies run in no set order, and a caller
+// that counts on theirs (overlapping destinations) is caught.
 int memcpy_batch(uint64_t* dsts, uint64_t* srcs, size_t* sizes, size_t count, void*, size_t*, size_t, void*) {
     if (refuseBatch.load()) return kNotSupported;
     if (copy_fails()) return kUnknown;
     uint64_t bytes = 0;
-    for (size_t i = 0; i < count; bytes += sizes[i++])
+    for (size_t i = count; i-- > 0; bytes += sizes[i])
         std::memcpy(reinterpret_cast<void*>(dsts[i]), reinterpret_cast<const void*>(srcs[i]), sizes[i]);
     copies.fetch_add(1);
     batches.fetch_add(1);

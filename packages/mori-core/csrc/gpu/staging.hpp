@@ -192,7 +192,8 @@ public:
     // caller sees it (one completion, one Staged), queued in one driver call (cuMemcpyBatchAsync
     // where the driver has it, else one call per range under one lock); ranges that continue one
     // another in device memory are copied as one. to_device copies the first bytes of src, as
-    // many as the ranges hold.
+    // many as the ranges hold, into ranges that must not overlap (the copies of one batch call
+    // run in no set order).
     Staged to_host(const std::vector<DeviceRange>& ranges, bool wait = true, size_t lane = 0);
     void to_device(const std::vector<DeviceRange>& ranges, Staged& src, bool wait = true, size_t lane = 0);
     // The calling thread's lane: threads take lanes in turn as they first ask.

@@ -70,8 +70,13 @@ void DeviceSource::drain() noexcept {
 }
 
 std::shared_ptr<Landing> LandingRun::place(gpu::Stager& stager, uint64_t dst, uint64_t bytes) {
+    // A block that lands on bytes of a block already in the run goes in a copy after the run's:
+    // the copies of one batch call run in no set order, and the later block must win, as it
+    // does in host memory.
+    const auto overlaps = [&](const gpu::DeviceRange& r) { return dst < r.addr + r.bytes && r.addr < dst + bytes; };
     if (open_ && (&stager != stager_ || open_->filled + bytes > open_->staged.size() ||
-                  open_->ranges.size() == kMaxRangesPerCopy))
+                  open_->ranges.size() == kMaxRangesPerCopy ||
+                  std::any_of(open_->ranges.begin(), open_->ranges.end(), overlaps)))
         close();
     if (!open_) {
         auto fresh = std::make_shared<Landing>();
