@@ -11,7 +11,10 @@
 # write and read, mori's TCP and RDMA backends beside NIXL on the same UCX transports
 # (tcp,cuda_copy). Logs and JSON go to $OUT (at most 8 files).
 # Usage (repository root, .devkit carried): bash ci/device/io_gpu_netns.sh [--no-tests] [--no-bench]
-#   [--iters N] [--sizes 4K,64K,1M,4M] [--batch-sizes 1,64] [--mem gpu,cpu] [--mps]
+#   [--iters N] [--sizes 4K,64K,1M,4M] [--batch-sizes 1,64] [--mem gpu,cpu] [--mps] [--lat-iters N]
+#   --lat-iters N: after each run, single 4 KiB and 64 KiB blocks again with N timed transfers
+#          (default 100; 0: none), so that their min latency is not the best of a handful (single
+#          latencies of 10-20 transfers moved 5-10 us between runs on the H200 machine).
 #   --mps: initiator and targets share GPU 0 under MPS (multi_pe.sh) instead of the driver's
 #          time-slicing between their two contexts, which also takes turns for copy-engine work;
 #          on two real hosts each process has its GPU to itself. JSON names then end in _mps.
@@ -20,7 +23,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/mori-out}
 mkdir -p "$OUT"
 export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
-run_tests=1; run_bench=1; iters=20; sizes=4K,64K,1M,4M; batches=1,64; mems=gpu,cpu; mps=0
+run_tests=1; run_bench=1; iters=20; sizes=4K,64K,1M,4M; batches=1,64; mems=gpu,cpu; mps=0; lat_iters=100
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) run_tests=0 ;;
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --batch-sizes) batches=$2; shift ;;
     --mem) mems=$2; shift ;;
     --mps) mps=1 ;;
+    --lat-iters) lat_iters=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -80,24 +84,30 @@ if [ $run_tests = 1 ]; then
 fi
 
 if [ $run_bench = 1 ]; then
-  python3 - "$OUT" "$iters" "$sizes" "$batches" "$mems" "$suffix" <<'EOF' 2>&1 | tee -a "$OUT/bench.log"
+  python3 - "$OUT" "$iters" "$sizes" "$batches" "$mems" "$suffix" "$lat_iters" <<'EOF' 2>&1 | tee -a "$OUT/bench.log"
 import os, subprocess, sys, time
 from mori.core import testing
 
-out, iters, sizes, batches, mems, suffix = sys.argv[1:]
+out, iters, sizes, batches, mems, suffix, lat_iters = sys.argv[1:]
 with testing.network_namespaces() as (a, b):
     print(f"initiator in {a.name} ({a.address}), targets in {b.name} ({b.address}), both on GPU 0", flush=True)
     for mem in mems.split(","):
         for op in ("write", "read"):
-            started = time.monotonic()
-            cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp,rdma",
-                   "--peers", "nixl", "--peer-python", sys.executable, "--mem-type", mem, "--op", op,
-                   "--sizes", sizes, "--batch-sizes", batches, "--iters", iters, "--warmup", "3",
-                   "--host", a.address, "--target-host", b.address, "--target-netns", b.name,
-                   "--json", os.path.join(out, f"io_{mem}_{op}{suffix}.json"), "--no-progress"]
-            print(f"\n== mori-io-bench --mem-type {mem} --op {op}{' (MPS)' if suffix else ''}", flush=True)
-            rc = subprocess.run(cmd, timeout=420).returncode
-            print(f"rc={rc} in {time.monotonic() - started:.0f}s", flush=True)
+            # The points, then (lat_iters) single small blocks again with more transfers.
+            runs = [(sizes, batches, iters, f"io_{mem}_{op}{suffix}.json", "")]
+            if int(lat_iters) > 0:
+                runs.append(("4K,64K", "1", lat_iters, "", f", single blocks, {lat_iters} transfers"))
+            for run_sizes, run_batches, run_iters, json_name, what in runs:
+                started = time.monotonic()
+                cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--backend", "tcp,rdma",
+                       "--peers", "nixl", "--peer-python", sys.executable, "--mem-type", mem, "--op", op,
+                       "--sizes", run_sizes, "--batch-sizes", run_batches, "--iters", run_iters, "--warmup", "3",
+                       "--host", a.address, "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
+                if json_name:
+                    cmd += ["--json", os.path.join(out, json_name)]
+                print(f"\n== mori-io-bench --mem-type {mem} --op {op}{' (MPS)' if suffix else ''}{what}", flush=True)
+                rc = subprocess.run(cmd, timeout=420).returncode
+                print(f"rc={rc} in {time.monotonic() - started:.0f}s", flush=True)
 EOF
   grep -q "^rc=[^0]" "$OUT/bench.log" && status=1
 fi

@@ -24,7 +24,8 @@
 #                 MORI_PROXY_IO=0 leaves mori-io-bench out of the runs; MORI_PROXY_CPU_HEAP=1 runs
 #                 each on CPU heaps first, for the GPU heaps' put+signal against theirs);
 #   io_bench      mori-io-bench between two namespaces, GPU memory (MORI_IO_MEMS=gpu,cpu: host
-#                 memory too), TCP and RDMA beside NIXL, under
+#                 memory too), TCP and RDMA beside NIXL (single 4 and 64 KiB blocks again with 100
+#                 transfers each: io_gpu_netns.sh --lat-iters), under
 #                 MPS (io_gpu_netns.sh --mps), with MORI_STAGING_PROFILE: every process's staging
 #                 statistics (copies, bytes, copy and wait times) in $OUT/staging_profile.jsonl;
 #   ep_bench      bench_ep.py with 2 PEs (every quantized combine), then with 1 PE (NCCL and
@@ -117,7 +118,7 @@ EOF
 
 export MORI_STAGING_PROFILE=$OUT/staging_profile.jsonl
 io_mems=${MORI_IO_MEMS:-gpu}  # gpu,cpu: host memory in the same lease too, for GPU/host ratios
-step io_bench $(( 110 * $(echo "$io_mems" | tr ',' '\n' | wc -l) )) env OUT="$OUT" bash ci/device/io_gpu_netns.sh \
+step io_bench $(( 160 * $(echo "$io_mems" | tr ',' '\n' | wc -l) )) env OUT="$OUT" bash ci/device/io_gpu_netns.sh \
   --no-tests --mem "$io_mems" --mps --iters 10
 grep -E "^(mori|mori-rdma|nixl) |^== mori-io-bench" "$OUT/io_bench.log"
 python3 - "$MORI_STAGING_PROFILE" <<'EOF'
