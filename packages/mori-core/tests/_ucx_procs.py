@@ -62,7 +62,8 @@ def _code_name(code: int) -> str:
 
 def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[str, Any]) -> dict[str, Any]:
     """The engine process: region 1 is the middle of the shared file at ``path``. ``run_as`` in
-    options: the user id the process switches to once the file is mapped."""
+    options: the user id the process switches to once the file is mapped; ``eager_bytes``: the
+    engine's (set once it is made)."""
     mm, arr = map_file(path, SIZE + 2 * GUARD)
     base = int(arr.ctypes.data)
     run_as = options.pop("run_as", None)
@@ -76,7 +77,9 @@ def _serve(role: str, path: str, settings: list[tuple[str, str]], options: dict[
             warnings.append(record.getMessage())
 
     get_logger("core").addHandler(Keep(logging.WARNING))
+    eager_bytes = options.pop("eager_bytes", 0)
     eng = ucx.make_engine(role, dict(settings), **options)
+    eng.eager_bytes = eager_bytes
     eng.register_memory(1, base + GUARD, SIZE)
     peers: dict[str, ucx.UcxPeer] = {}
     started: dict[int, tuple[ucx.UcxTransfer, float]] = {}

@@ -11,6 +11,7 @@ from _ucx_procs import GUARD, SIZE, EngineProcess, Pair, engine_pair, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mori.core import ucx
 from mori.core.codes import TransferCode
 from mori.core.ucx import READ, WRITE
 
@@ -59,6 +60,33 @@ def test_write_then_read(pair: Pair, size: int, batch: int) -> None:
     code, msg, _ = pair.transfer(READ, lofs, rofs, [size] * batch)
     assert code == "SUCCESS", msg
     assert np.array_equal(pair.init.arr, back)
+
+
+@pytest.fixture(scope="module", params=["debian", "wheel"])
+def eager_pair(request: pytest.FixtureRequest):
+    with engine_pair(request.param, "netns", timeout=3.0, eager_bytes=ucx.MAX_EAGER_BYTES) as p:
+        yield p
+
+
+@pytest.mark.parametrize("size,batch", [(4096, 1000), (16 << 10, 3), (65536, 64), (200_000, 5), ((256 << 10) - 1, 3)])
+def test_eager_messages_below_eager_bytes_move_every_byte(eager_pair: Pair, size: int, batch: int) -> None:
+    """With eager_bytes at its most, writes and read replies of host memory under it go eager
+    between namespaces (tcp): every byte lands, the target's guard bytes stay."""
+    test_write_then_read(eager_pair, size, batch)
+
+
+def test_eager_bytes_is_bounded() -> None:
+    ucx.load()
+    engine = ucx.UcxEngine("eager-check", [("TLS", "tcp")])
+    try:
+        assert engine.eager_bytes == 0  # UCX's choice unless set
+        engine.eager_bytes = 4096
+        assert engine.eager_bytes == 4096
+        with pytest.raises(ValueError, match=r"eager_bytes must be 0\.\.262144, got 262145"):
+            engine.eager_bytes = ucx.MAX_EAGER_BYTES + 1
+        assert engine.eager_bytes == 4096
+    finally:
+        engine.close()
 
 
 def test_empty_and_zero_sized_blocks(pair: Pair) -> None:

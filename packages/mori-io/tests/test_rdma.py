@@ -197,6 +197,27 @@ def test_worker_count_auto_by_cores_and_transfers_over_them(
         p.close()
 
 
+def test_messages_under_256_kib_go_eager_only_without_verbs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over tcp (no verbs transport) the engine sends host messages under 256 KiB eager, a
+    rendezvous handshake shorter; with a verbs transport it leaves the choice to UCX. The
+    engine's description says which."""
+    from mori.core import ucx
+
+    e = IOEngine("eager", IOEngineConfig())
+    try:
+        e.create_backend(BackendType.RDMA)
+        assert e.describe()["backends"]["RDMA"]["eager_bytes"] == ucx.MAX_EAGER_BYTES == 256 << 10
+    finally:
+        e.close()
+    monkeypatch.setattr(ucx, "verbs_transports", lambda engine: ["rc_mlx5/mlx5_0:1"])
+    e = IOEngine("rdma-nic", IOEngineConfig())
+    try:
+        e.create_backend(BackendType.RDMA)
+        assert e.describe()["backends"]["RDMA"]["eager_bytes"] == 0
+    finally:
+        e.close()
+
+
 def test_default_refuses_a_host_without_rdma_nic(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MORI_IO_RDMA_TRANSPORTS")
     e = IOEngine("refuse", IOEngineConfig())

@@ -155,6 +155,7 @@ py::object lane_start_function(const Lane& lane) {
 mori::native::Registration reg([](py::module_& root) {
     py::module_ m = mori::native::submodule(root, "ucx", "mori-core's UCX engine");
     py::register_exception<LoadError>(m, "UcxLoadError", PyExc_RuntimeError);
+    m.attr("MAX_EAGER_BYTES") = kMaxEagerBytes;
 
     m.def(
         "ucx_load",
@@ -311,6 +312,10 @@ mori::native::Registration reg([](py::module_& root) {
             "same_host_address", [](const Engine& e) { return py::bytes(e.same_host_address()); },
             "What a peer on this host passes to connect(same_host=...) to take the same-host path (b'' when off).")
         .def_property_readonly("cuda_supported", &Engine::cuda_supported)
+        .def_property("eager_bytes", &Engine::eager_bytes, &Engine::set_eager_bytes,
+                      "Host-memory messages smaller than this go eager (a write's request with its bytes, a read's "
+                      "reply): for transports that would move them by a rendezvous handshake over tcp. 0 (the "
+                      "default): UCX's choice; at most MAX_EAGER_BYTES (ValueError beyond).")
         .def_property_readonly("settings", &Engine::settings,
                                "The UCX settings the context was made with: the caller's, then the defaults the engine "
                                "added, as (name, value) pairs.")

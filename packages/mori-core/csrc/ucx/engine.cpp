@@ -148,6 +148,13 @@ std::string Engine::describe() const {
     return print_to_string([this](FILE* f) { fn().context_print_info(ctx_, f); });
 }
 
+void Engine::set_eager_bytes(uint64_t n) {
+    if (n > kMaxEagerBytes)
+        throw std::invalid_argument("eager_bytes must be 0.." + std::to_string(kMaxEagerBytes) + ", got " +
+                                    std::to_string(n));
+    eagerBytes_.store(n, std::memory_order_relaxed);
+}
+
 void Engine::release_region(Region& r) {
     if (r.memh != nullptr && ctx_ != nullptr) fn().mem_unmap(ctx_, r.memh);
     r.memh = nullptr;

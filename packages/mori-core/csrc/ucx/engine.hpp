@@ -49,6 +49,9 @@
 
 namespace mori::ucx {
 
+// The most eager_bytes may be: an eager message is held whole at the target before it is served.
+inline constexpr uint64_t kMaxEagerBytes = 256 << 10;
+
 struct EngineOptions {
     std::string name = "mori";
     std::vector<std::pair<std::string, std::string>> settings;  // UCX settings (TLS, NET_DEVICES, ...)
@@ -398,6 +401,12 @@ public:
     // Transports UCX found for this context (ucp_context_print_info).
     std::string describe() const;
     bool cuda_supported() const { return cuda_; }
+    // Host-memory messages smaller than this go eager: a write's request with its bytes, a read's
+    // reply. For an engine whose transports would move them by rendezvous over tcp (a handshake,
+    // one round trip more than the bytes need); 0 (the default) leaves the choice to UCX. At most
+    // kMaxEagerBytes (std::invalid_argument beyond).
+    void set_eager_bytes(uint64_t n);
+    uint64_t eager_bytes() const { return eagerBytes_.load(std::memory_order_relaxed); }
     // The UCX settings this engine's context was made with: the caller's, then the defaults the
     // engine added (ucx/engine.cpp), as (name, value).
     const std::vector<std::pair<std::string, std::string>>& settings() const { return settings_; }
@@ -433,6 +442,7 @@ private:
     EngineOptions opts_;
     api::Context* ctx_ = nullptr;
     bool cuda_ = false;
+    std::atomic<uint64_t> eagerBytes_{0};
     std::vector<std::pair<std::string, std::string>> settings_;
     mutable std::mutex gpuMu_;
     std::shared_ptr<GpuWords> gpu_;

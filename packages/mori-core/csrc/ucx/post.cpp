@@ -177,10 +177,11 @@ void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped, bool to
     p.opAttrMask = api::kOpCallback | api::kOpUserData | api::kOpFlags | api::kOpDatatype;
     // A grouped message is eager (its blocks are copied in); a write of one block goes by
     // rendezvous when it is GPU memory left to UCX or large (kRndvWriteBytes); a smaller one into
-    // staged memory goes eager: UCX would pick a rendezvous over tcp even for a few KiB, another
-    // round trip.
+    // staged memory goes eager, and so does one of host memory under the engine's eager_bytes: UCX
+    // would pick a rendezvous over tcp even for a few KiB, another round trip.
     const bool rndv = part.op == kOpWrite && !grouped && (gpu || part.bytes >= kRndvWriteBytes);
-    const bool eager = grouped || (part.op == kOpWrite && !rndv && toStaging);
+    const bool eager = grouped || (part.op == kOpWrite && !rndv &&
+                                   (toStaging || (!gpu && part.bytes < part.link->worker->engine().eager_bytes())));
     p.flags = api::kAmSendReply | (eager ? api::kAmSendEager : 0) | (rndv ? api::kAmSendRndv : 0);
     p.cb = reinterpret_cast<void*>(&on_send);
     p.userData = &part;

@@ -27,8 +27,9 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
     p.cb = reinterpret_cast<void*>(&on_serve_sent);
     p.userData = s.get();
     p.datatype = api::kDatatypeBytes;
-    // Staged bytes the initiator did not ask to receive by rendezvous go eager (UCX would pick a
-    // rendezvous over tcp even for a few KiB: another round trip).
+    // Staged bytes the initiator did not ask to receive by rendezvous go eager, and so do host
+    // bytes under the engine's eager_bytes (UCX would pick a rendezvous over tcp even for a few
+    // KiB: another round trip).
     p.flags = rndv ? api::kAmSendRndv : (s->stager ? api::kAmSendEager : 0);
     const void* data = nullptr;
     size_t count = 0;
@@ -52,6 +53,8 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
             p.opAttrMask |= api::kOpMemoryType;
             p.memoryType = memType;
         }
+        if (!rndv && memType == api::kMemoryHost && count < s->worker->engine().eager_bytes())
+            p.flags = api::kAmSendEager;
     } else if (!s->iov.empty()) {
         data = s->iov.data();
         count = s->iov.size();

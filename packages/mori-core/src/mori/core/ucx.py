@@ -47,6 +47,7 @@ from typing import Any
 
 from . import config
 from ._native.ucx import (
+    MAX_EAGER_BYTES,
     UcxEngine,
     UcxHeapWindow,
     UcxLoadError,
@@ -63,6 +64,7 @@ from .codes import TransferOp
 
 __all__ = [
     "FINISHED",
+    "MAX_EAGER_BYTES",
     "READ",
     "WRITE",
     "UcxEngine",
@@ -82,6 +84,7 @@ __all__ = [
     "stage_gpu",
     "stop_staging_gpu",
     "transports",
+    "verbs_transports",
 ]
 
 READ, WRITE = TransferOp.READ, TransferOp.WRITE  # UcxPeer.submit's op: the codes' values
@@ -215,13 +218,18 @@ def load_once() -> None:
 GPUDIRECT_TRANSPORTS = ("rc_verbs", "rc_mlx5", "dc_mlx5", "ud_verbs", "ud_mlx5", "rc_x", "dc_x", "ud_x")
 
 
+def verbs_transports(engine: UcxEngine) -> list[str]:
+    """The transports of ``engine``'s context (``transport/device``) that are verbs (an RDMA NIC).
+    Empty means UCX moves every byte through the kernel (tcp) or shared memory: there a message of
+    a few KiB goes by a rendezvous handshake unless it is sent eager (:attr:`UcxEngine.eager_bytes`)."""
+    return [t for t in transports(engine.describe()) if t.split("/")[0] in GPUDIRECT_TRANSPORTS]
+
+
 def gpudirect_transports(engine: UcxEngine) -> list[str]:
     """The transports of ``engine``'s context (``transport/device``) that move GPU memory
     zero-copy: verbs transports, where the engine's UCX has CUDA support. Empty means GPU memory
     must be staged (:func:`stage_gpu`)."""
-    if not engine.cuda_supported:
-        return []
-    return [t for t in transports(engine.describe()) if t.split("/")[0] in GPUDIRECT_TRANSPORTS]
+    return verbs_transports(engine) if engine.cuda_supported else []
 
 
 def stage_gpu(engine: UcxEngine, stager: Any) -> None:
