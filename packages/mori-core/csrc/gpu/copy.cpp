@@ -113,6 +113,9 @@ private:
 
 mori::native::Registration reg([](py::module_& root) {
     py::module_ m = mori::native::submodule(root, "gpu", "host side of GPU batch copies and of GPU staging");
+    py::list refusals;
+    for (const int refusal : kBatchRefusals) refusals.append(refusal);
+    m.attr("BATCH_REFUSALS") = py::tuple(refusals);
     m.def("memcpy_batch", &memcpy_batch_of, py::arg("entry"), py::arg("dsts"), py::arg("srcs"), py::arg("sizes"),
           py::arg("stream"),
           "Queues the copies with one cuMemcpyBatchAsync (CUDA 13 form, entry point from cuGetProcAddress), "

@@ -21,7 +21,13 @@ static_assert(sizeof(size_t) == sizeof(uint64_t), "sizes pass as size_t");
 
 // The driver's answers that mean "this driver will not take these as a batch", not "a copy is
 // wrong": CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED. The copies then go one call each.
-inline bool batch_refused(int result) { return result == 1 || result == 801; }
+// (mori.core.gpu reads them as BATCH_REFUSALS.)
+inline constexpr int kBatchRefusals[] = {1, 801};
+inline bool batch_refused(int result) {
+    for (const int refusal : kBatchRefusals)
+        if (result == refusal) return true;
+    return false;
+}
 
 // Queues dsts[i] <- srcs[i] (sizes[i] bytes, unified addresses) on stream with one call of the
 // entry point `entry` (cuMemcpyBatchAsync, CUDA 13 form). Returns the CUresult.

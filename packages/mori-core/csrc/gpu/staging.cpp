@@ -499,7 +499,7 @@ void Stager::follow(Op& op, Staged& s, bool waitNow, const char* what) {
     s.askAt_ = queued + kAskStreamNs;
 }
 
-uint64_t Stager::queue_copies(Op& op, bool toDevice, Staged& host, const DeviceRange* ranges, size_t count) {
+void Stager::queue_copies(Op& op, bool toDevice, Staged& host, const DeviceRange* ranges, size_t count) {
     void* const stream = reinterpret_cast<void*>(op.stream());
     auto copy = [&](uint64_t device, uint8_t* at, size_t bytes) {
         if (toDevice)
@@ -509,10 +509,7 @@ uint64_t Stager::queue_copies(Op& op, bool toDevice, Staged& host, const DeviceR
             check(reinterpret_cast<MemcpyDtoHAsyncFn>(c_.driver.memcpyDtoHAsync)(at, device, bytes, stream),
                   "cuMemcpyDtoHAsync");
     };
-    if (count == 1) {
-        copy(ranges[0].addr, host.data(), ranges[0].bytes);
-        return ranges[0].bytes;
-    }
+    if (count == 1) return copy(ranges[0].addr, host.data(), ranges[0].bytes);
     // One copy per run of ranges that continue one another in device memory (their bytes follow
     // on in host memory too).
     std::vector<uint64_t> devices, hosts;
@@ -536,7 +533,7 @@ uint64_t Stager::queue_copies(Op& op, bool toDevice, Staged& host, const DeviceR
         std::vector<uint64_t>& srcs = toDevice ? hosts : devices;
         const int r =
             memcpy_batch(c_.driver.memcpyBatchAsync, dsts.data(), srcs.data(), sizes.data(), sizes.size(), op.stream());
-        if (r == 0) return total;
+        if (r == 0) return;
         if (!batch_refused(r)) check(r, "cuMemcpyBatchAsync");
     }
     for (size_t i = 0; i < sizes.size(); ++i) copy(devices[i], reinterpret_cast<uint8_t*>(hosts[i]), sizes[i]);
@@ -544,39 +541,39 @@ uint64_t Stager::queue_copies(Op& op, bool toDevice, Staged& host, const DeviceR
     if (batch && !batchRefused_.exchange(true))
         std::fprintf(stderr, "%s: the driver refuses cuMemcpyBatchAsync; copies of several ranges go one call each\n",
                      c_.owner.c_str());
-    return total;
 }
 
 void Stager::to_device(uint64_t dst, Staged& src, bool wait, size_t lane) {
     const DeviceRange range{dst, src.size()};
-    to_device(std::vector<DeviceRange>{range}, src, wait, lane);
+    to_device(&range, 1, src, wait, lane);
 }
 
-void Stager::to_device(const std::vector<DeviceRange>& ranges, Staged& src, bool wait, size_t lane) {
+void Stager::to_device(const DeviceRange* ranges, size_t count, Staged& src, bool wait, size_t lane) {
     uint64_t bytes = 0;
-    for (const DeviceRange& r : ranges) bytes += r.bytes;
-    if (ranges.empty() || bytes > src.size())
+    for (size_t i = 0; i < count; ++i) bytes += ranges[i].bytes;
+    if (count == 0 || bytes > src.size())
         throw std::invalid_argument("a copy to the GPU needs ranges that the staged bytes fill");
     const int64_t start = now_ns();
     Op op(*this, lane);
-    queue_copies(op, true, src, ranges.data(), ranges.size());
+    queue_copies(op, true, src, ranges, count);
     pool_->count_copy(true, bytes);
     pool_->count_queue(start);
     follow(op, src, wait, "a copy to the GPU");
 }
 
 Staged Stager::to_host(uint64_t src, size_t bytes, bool wait, size_t lane) {
-    return to_host(std::vector<DeviceRange>{DeviceRange{src, bytes}}, wait, lane);
+    const DeviceRange range{src, bytes};
+    return to_host(&range, 1, wait, lane);
 }
 
-Staged Stager::to_host(const std::vector<DeviceRange>& ranges, bool wait, size_t lane) {
+Staged Stager::to_host(const DeviceRange* ranges, size_t count, bool wait, size_t lane) {
     uint64_t bytes = 0;
-    for (const DeviceRange& r : ranges) bytes += r.bytes;
-    if (ranges.empty()) throw std::invalid_argument("a copy from the GPU needs a range");
+    for (size_t i = 0; i < count; ++i) bytes += ranges[i].bytes;
+    if (count == 0) throw std::invalid_argument("a copy from the GPU needs a range");
     Staged s = staging(bytes);  // before the lane's lock: a new allocation may take a while
     const int64_t start = now_ns();
     Op op(*this, lane);
-    queue_copies(op, false, s, ranges.data(), ranges.size());
+    queue_copies(op, false, s, ranges, count);
     pool_->count_copy(false, bytes);
     pool_->count_queue(start);
     follow(op, s, wait, "a copy from the GPU");

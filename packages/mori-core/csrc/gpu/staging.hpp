@@ -194,8 +194,8 @@ public:
     // another in device memory are copied as one. to_device copies the first bytes of src, as
     // many as the ranges hold, into ranges that must not overlap (the copies of one batch call
     // run in no set order).
-    Staged to_host(const std::vector<DeviceRange>& ranges, bool wait = true, size_t lane = 0);
-    void to_device(const std::vector<DeviceRange>& ranges, Staged& src, bool wait = true, size_t lane = 0);
+    Staged to_host(const DeviceRange* ranges, size_t count, bool wait = true, size_t lane = 0);
+    void to_device(const DeviceRange* ranges, size_t count, Staged& src, bool wait = true, size_t lane = 0);
     // The calling thread's lane: threads take lanes in turn as they first ask.
     static size_t thread_lane();
     // Waits (at most the timeout) for memory still lent, then frees what the pool keeps; later
@@ -242,8 +242,8 @@ private:
     friend class Staged;
     Staged staging(size_t bytes);  // inside an Op
     // Queues the copies between staged memory `host` (the ranges' bytes one after another) and the
-    // ranges, as to_host/to_device of several ranges say; returns the bytes.
-    uint64_t queue_copies(Op& op, bool toDevice, Staged& host, const DeviceRange* ranges, size_t count);
+    // ranges, as to_host/to_device of several ranges say.
+    void queue_copies(Op& op, bool toDevice, Staged& host, const DeviceRange* ranges, size_t count);
     // After a copy into or out of s was queued: waits for it, or queues the write of the lane's
     // word that s.copied() reads.
     void follow(Op& op, Staged& s, bool waitNow, const char* what);

@@ -123,7 +123,7 @@ mori::native::Registration reg([](py::module_& root) {
                 Staged out;
                 {
                     py::gil_scoped_release nogil;
-                    out = s.to_host(rs, wait);
+                    out = s.to_host(rs.data(), rs.size(), wait);
                 }
                 return held(std::move(out));
             },
@@ -136,7 +136,7 @@ mori::native::Registration reg([](py::module_& root) {
                 std::vector<DeviceRange> rs;
                 for (const auto& [addr, bytes] : ranges) rs.push_back(DeviceRange{addr, bytes});
                 py::gil_scoped_release nogil;
-                s.to_device(rs, src, wait);
+                s.to_device(rs.data(), rs.size(), src, wait);
             },
             py::arg("ranges"), py::arg("staged"), py::arg("wait") = true,
             "Copies staged bytes, one range after another, to ranges [(device address, nbytes), ...] as one "

@@ -146,7 +146,7 @@ private:
         size_t idx;
         DeviceSink sink;
     };
-    LandingRun landing_;  // small staged reads back to back in device memory share a copy
+    LandingRun landing_;  // small staged reads received in a row share a scattered copy
     std::deque<PendingRead> pendingReads_;
     std::thread sender_, receiver_;
 };

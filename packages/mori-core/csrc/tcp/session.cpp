@@ -34,8 +34,8 @@ constexpr uint64_t kPendingWriteBytes = 4 << 20;
 
 // Staged reads served from one DeviceSource: a staged read and those on the same GPU whose
 // requests are already buffered behind it (an initiator sends a batch's read requests together),
-// at most this many. Their copies then run ahead of the socket across blocks, and blocks that
-// follow one another in device memory share a copy, as a staged write's do at the initiator.
+// at most this many. Their copies then run ahead of the socket across blocks, and whole blocks in
+// a row share a gathered copy, as a staged write's do at the initiator.
 constexpr size_t kReadAhead = 64;
 
 // The request checks of the wire (false: malformed, the connection is dropped).
@@ -353,7 +353,7 @@ private:
                    : "";
     };
     int outcome_ = kSuccess;  // first failure of the notifying transfer being served
-    // Small staged writes back to back in device memory share a landing and its copy (LandingRun),
+    // Small staged writes received in a row share a landing and its scattered copy (LandingRun),
     // closed before the connection waits for more requests.
     LandingRun landing_;
     // A staged write answered once its copies to the device have ended: its region stays held

@@ -33,8 +33,7 @@ void DeviceSource::queue() {
             n += spans_[++last].bytes;
     }
     if (last > span_) {
-        const std::vector<Span> ranges(spans_.begin() + span_, spans_.begin() + last + 1);
-        auto staged = std::make_shared<gpu::Staged>(stager_.to_host(ranges, false, lane_));
+        auto staged = std::make_shared<gpu::Staged>(stager_.to_host(&spans_[span_], last + 1 - span_, false, lane_));
         uint64_t offset = 0;
         for (size_t k = span_; k <= last; offset += spans_[k++].bytes)
             ahead_.push_back(Piece{staged, offset, spans_[k].bytes, k, true});
@@ -95,7 +94,7 @@ void LandingRun::close() {
     try {
         const gpu::Current current(stager_->config());  // the receiving thread may be an application's
         l->staged.shrink(l->filled);
-        stager_->to_device(l->ranges, l->staged, false, lane_);
+        stager_->to_device(l->ranges.data(), l->ranges.size(), l->staged, false, lane_);
     } catch (const std::exception& e) {
         l->failed = e.what();
     }

@@ -32,7 +32,7 @@ from typing import Any
 
 from . import cuda
 from ._native import gpu as _native_gpu
-from ._native.gpu import GatherLauncher
+from ._native.gpu import BATCH_REFUSALS, GatherLauncher
 
 __all__ = [
     "BatchMemcpy",
@@ -46,9 +46,6 @@ __all__ = [
 ]
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY: an event or stream with work still queued
-# Answers of cuMemcpyBatchAsync that mean "this driver will not take these as a batch", not "the
-# copy is wrong": CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED.
-_BATCH_REFUSALS = (1, 801)
 
 
 def _check_count(value: object, name: str, low: int) -> int:
@@ -299,7 +296,9 @@ class BatchMemcpy:
         code = _native_gpu.memcpy_batch(self._entry, dsts, srcs, sizes, int(stream))
         if code == 0:
             return True
-        if code in _BATCH_REFUSALS:
+        # "This driver will not take these as a batch", not "the copy is wrong" (the native
+        # staging's own definition, gpu/memcpy_batch.hpp).
+        if code in BATCH_REFUSALS:
             self._entry = 0
             return False
         cuda.check((self._result(code),), "cuMemcpyBatchAsync", detail)

@@ -5,6 +5,8 @@ from numpy.typing import ArrayLike
 
 _Int = SupportsIndex
 
+BATCH_REFUSALS: tuple[int, ...]
+
 def memcpy_batch(entry: _Int, dsts: ArrayLike, srcs: ArrayLike, sizes: ArrayLike, stream: _Int) -> int: ...
 
 class GatherLauncher:
