@@ -296,12 +296,16 @@ def test_small_staged_blocks_share_their_copies(host_gpu: Any, write: bool, layo
         b.close()
 
 
+@pytest.mark.parametrize("backend", ["tcp", "rdma"])
 @pytest.mark.parametrize("write", [True, False])
-def test_blocks_landing_on_the_same_bytes_land_in_order(host_gpu: Any, write: bool) -> None:
-    """Small blocks received in a row share a scattered copy, whose copies run in no set order:
-    a block that lands on bytes an earlier block of the run landed on goes in a later copy, so
-    that, as in host memory, the later block wins. Every byte checked."""
-    a, b = _pair(num_connections=1)
+def test_blocks_landing_on_the_same_bytes_land_in_order(
+    host_gpu: Any, monkeypatch: pytest.MonkeyPatch, write: bool, backend: str
+) -> None:
+    """Small blocks share a scattered copy (TCP: received in a row; RDMA: grouped in a message),
+    whose copies run in no set order: a block that lands on bytes an earlier block of the run or
+    group landed on goes in a later copy, so that, as in host memory, the later block wins (on
+    RDMA, among the blocks of one lane: a single-lane pair here). Every byte checked."""
+    a, b = _pair(num_connections=1) if backend == "tcp" else _rdma_pair(monkeypatch)
     rng = np.random.default_rng(13)
     mine, theirs = rng.integers(0, 256, MiB, dtype=np.uint8), rng.integers(0, 256, MiB, dtype=np.uint8)
     try:
@@ -496,6 +500,12 @@ def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(
                 ([0], [0], [4096]),
                 ([5], [9], [N - 20]),
                 (list(range(0, 64 << 16, 1 << 16)), list(range(0, 64 << 16, 1 << 16))[::-1], [1 << 16] * 64),
+                # Small blocks, scattered at both ends: they travel grouped.
+                (
+                    list(range(0, 300 * 5000, 5000)),
+                    [int(x) * 4000 for x in rng.permutation(N // 4000)[:300]],
+                    [3000] * 300,
+                ),
             ]
         ):
             for write in (True, False):
@@ -519,14 +529,17 @@ def test_rdma_backend_stages_gpu_memory_over_ucx_tcp(
         b.close()
 
 
+@pytest.mark.parametrize("refuse_batch", [False, True], ids=["batch-call", "one-call-each"])
 @pytest.mark.parametrize("write", [True, False])
-def test_rdma_small_staged_blocks_overlap_their_copies_and_a_failed_one_fails_the_transfer(
-    host_gpu: Any, monkeypatch: pytest.MonkeyPatch, write: bool
+def test_rdma_small_staged_blocks_travel_grouped_and_a_failed_copy_fails_the_transfer(
+    host_gpu: Any, monkeypatch: pytest.MonkeyPatch, write: bool, refuse_batch: bool
 ) -> None:
-    """A batch of small blocks between GPU regions over UCX tcp: each block's copy into the GPU
-    (the target's for a write, the initiator's for a read) goes to the worker's progress loop,
-    so a batch's copies overlap. With copies that end late every byte still lands before the
-    transfer succeeds; when one of them fails, the transfer never reports success."""
+    """A batch of small blocks between GPU regions over UCX tcp travels grouped, as host memory's
+    does: one message of up to 256 KiB, its blocks gathered out of the GPU by one copy and
+    scattered into it by one copy, which go to the worker's progress loop. With copies that end
+    late every byte still lands before the transfer succeeds; when the last copy in fails, the
+    transfer never reports success. With a driver that refuses the batch call, one call per
+    block."""
     a, b = _rdma_pair(monkeypatch)
     rng = np.random.default_rng(11)
     mine, theirs = rng.integers(0, 256, MiB, dtype=np.uint8), rng.integers(0, 256, MiB, dtype=np.uint8)
@@ -539,17 +552,53 @@ def test_rdma_small_staged_blocks_overlap_their_copies_and_a_failed_one_fails_th
         lo, ro = (sofs, dofs) if write else (dofs, sofs)
         op = a.batch_write if write else a.batch_read
         want = _moved(src, dst, sofs, dofs, [size] * n)
-        testing.standin_knobs(delay=0.002)
+        (stager,) = host_gpu.values()
+        before, calls = stager.stats(), testing.standin_counters()["copies"]
+        testing.standin_knobs(delay=0.002, refuse_batch=refuse_batch)
         st_ = _done(op(ld, lo, rd, ro, [size] * n, 1))
         assert st_.Succeeded(), st_.Message()
         assert np.array_equal(dst, want)
-        # The copy of the sixth block fails: out at the source (one copy each), or in.
-        testing.standin_knobs(fail_copy_in=n + 5)
+        after, calls = stager.stats(), testing.standin_counters()["copies"] - calls
+        # Both engines share the one stand-in stager: one copy out and one in per group of 128 KiB.
+        assert after["to_host"] - before["to_host"] == 1 and after["to_device"] - before["to_device"] == 1
+        assert calls == (2 * n if refuse_batch else 2), f"{calls} driver calls"
+        # The last driver call is the copy in (the target's for a write, this engine's for a read).
+        testing.standin_knobs(fail_copy_in=calls - 1, refuse_batch=refuse_batch)
         st_ = _done(op(ld, lo, rd, ro, [size] * n, 2))
         testing.standin_knobs()
         assert not st_.Succeeded(), "SUCCESS although a block's staged copy failed"
         assert _done(op(ld, lo, rd, ro, [size] * n, 3)).Succeeded()
     finally:
         testing.standin_knobs()
+        a.close()
+        b.close()
+
+
+def test_a_group_into_gpu_memory_hidden_by_its_descriptor(host_gpu: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An initiator that takes the target's GPU region for host memory (a descriptor saying CPU)
+    groups small blocks as for host memory: the target scatters them into the GPU by one copy,
+    every byte in place; a group whose blocks land on the same bytes, which one copy cannot
+    order, is refused (ERR_INVALID_ARGS, naming remote_gpu) and nothing of it lands. (UCX's
+    path: the same-host path, which such a transfer would take, refuses GPU memory outright.)"""
+    monkeypatch.setenv("MORI_IO_RDMA_SAME_HOST", "0")
+    a, b = _rdma_pair(monkeypatch)
+    rng = np.random.default_rng(17)
+    mine, theirs = rng.integers(0, 256, MiB, dtype=np.uint8), rng.integers(0, 256, MiB, dtype=np.uint8)
+    try:
+        ld = a.register_memory(mine.ctypes.data, MiB, 0, MemoryLocationType.CPU)
+        rd = b.register_memory(theirs.ctypes.data, MiB, 0, MemoryLocationType.GPU)
+        hidden = dataclasses.replace(rd, loc=MemoryLocationType.CPU)
+        size = 4096
+        sofs = [i * size for i in range(16)]
+        dofs = [int(s) * size for s in rng.permutation(MiB // size)[:16]]
+        want = _moved(mine, theirs, sofs, dofs, [size] * 16)
+        st_ = _done(a.batch_write(ld, sofs, hidden, dofs, [size] * 16, 1))
+        assert st_.Succeeded(), st_.Message()
+        assert np.array_equal(theirs, want)
+        before = theirs.copy()
+        st_ = _done(a.batch_write(ld, sofs[:3], hidden, [0, 8192, 4096 + 100], [size] * 3, 2))
+        assert st_.Code() == StatusCode.ERR_INVALID_ARGS and "remote_gpu" in st_.Message(), st_.Message()
+        assert np.array_equal(theirs, before)
+    finally:
         a.close()
         b.close()

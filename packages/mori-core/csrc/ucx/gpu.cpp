@@ -52,6 +52,29 @@ GpuWords::GpuWords(std::shared_ptr<gpu::Stager> stager) : stager_(std::move(stag
     c_.stage = true;
 }
 
+namespace {
+
+std::vector<gpu::DeviceRange> ranges_of(const std::vector<api::Iov>& blocks) {
+    std::vector<gpu::DeviceRange> ranges(blocks.size());
+    for (size_t i = 0; i < blocks.size(); ++i)
+        ranges[i] = gpu::DeviceRange{reinterpret_cast<uint64_t>(blocks[i].buffer), blocks[i].length};
+    return ranges;
+}
+
+}  // namespace
+
+Staged GpuWords::to_host(const std::vector<api::Iov>& blocks, bool wait) {
+    if (blocks.size() == 1) return to_host(reinterpret_cast<uint64_t>(blocks[0].buffer), blocks[0].length, wait);
+    const std::vector<gpu::DeviceRange> ranges = ranges_of(blocks);
+    return stager_->to_host(ranges.data(), ranges.size(), wait);
+}
+
+void GpuWords::to_device(const std::vector<api::Iov>& blocks, Staged& src, bool wait) {
+    if (blocks.size() == 1) return stager_->to_device(reinterpret_cast<uint64_t>(blocks[0].buffer), src, wait);
+    const std::vector<gpu::DeviceRange> ranges = ranges_of(blocks);
+    stager_->to_device(ranges.data(), ranges.size(), src, wait);
+}
+
 void GpuWords::close_staging() {
     if (ownsStager_) stager_->close();
 }

@@ -32,8 +32,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gpu/staging.hpp"
+#include "ucx/api.hpp"
 
 namespace mori::ucx {
 
@@ -54,10 +56,10 @@ struct GpuWordsConfig {
 };
 
 // An initiator's staged copy out of this size or less, of a transfer's only part, is waited for
-// where it is queued (a few microseconds, on the caller's thread, which posts next); a transfer of
-// several small blocks queues all their copies first and waits for them in order. Every other
-// staged copy goes to the worker's progress loop (Worker::after_copy_locked), so that a batch's
-// copies overlap.
+// where it is queued (a few microseconds, on the caller's thread, which posts next); a transfer
+// whose parts are all this small queues all their copies first and waits for them in order. Every
+// other staged copy goes to the worker's progress loop (Worker::after_copy_locked), so that a
+// batch's copies overlap.
 inline constexpr size_t kCopyInPlaceBytes = size_t{32} << 10;
 
 // The entry point GpuWords needs beyond the staging's (gpu::kDriverEntryPoints).
@@ -82,7 +84,11 @@ public:
     // copies keep their order): see there.
     Staged to_host(uint64_t src, size_t bytes, bool wait = true) { return stager_->to_host(src, bytes, wait); }
     Staged landing(size_t bytes) { return stager_->landing(bytes); }
-    void to_device(uint64_t dst, Staged& src, bool wait = true) { stager_->to_device(dst, src, wait); }
+    // The blocks of one message (device addresses): one block, or a group of small ones as one
+    // gathered copy out, one scattered copy in (their bytes one after another in the staged
+    // memory; blocks copied in must not overlap).
+    Staged to_host(const std::vector<api::Iov>& blocks, bool wait);
+    void to_device(const std::vector<api::Iov>& blocks, Staged& src, bool wait);
     bool stages() const { return c_.stage; }
     const gpu::StagingConfig& staging_config() const { return stager_->config(); }
     // Before the context goes: waits (at most the timeout) for staged memory still lent, frees the

@@ -16,11 +16,14 @@ namespace mori::ucx {
 namespace {
 
 // Blocks of at least this size travel in a message of their own (UCX picks eager or zero-copy
-// rendezvous); smaller ones are grouped, up to kGroupBytes, into one eager message (256 KiB
-// rather than 64: batches of 4 KiB blocks 20-30 % faster between namespaces on the 2-core VM,
-// and no slower on one host, in alternating runs of ci/ucx_bench.py).
+// rendezvous); smaller ones are grouped, up to kGroupBytes (ucx/wire.hpp), into one eager message
+// (256 KiB rather than 64: batches of 4 KiB blocks 20-30 % faster between namespaces on the 2-core
+// VM, and no slower on one host, in alternating runs of ci/ucx_bench.py).
 constexpr uint64_t kOwnMessageBytes = 16 << 10;
-constexpr uint64_t kGroupBytes = 256 << 10;
+// The same for blocks of GPU memory staged at either end: those are copied between the GPU and
+// pinned memory anyway, a copy-engine copy each, so a group of them costs one copy at each end
+// where blocks of their own cost one each.
+constexpr uint64_t kOwnStagedMessageBytes = 64 << 10;
 constexpr size_t kMaxEntries = 256;
 // With several lanes, a transfer of fewer blocks than lanes is cut into pieces of at least this.
 constexpr uint64_t kMinLanePiece = 256 << 10;
@@ -404,9 +407,11 @@ struct PartContext {
     const std::shared_ptr<Transfer>& transfer;
     uint64_t ticket, remoteId, uid;
     bool gpu, rma, targetNotes;
-    bool remoteGpu;                     // the remote memory is GPU memory
-    bool peerStagesGpu;                 // small staged writes go to it as host memory (eager)
-    bool stagesLocal;                   // this engine stages its GPU memory (reads' replies land in host memory)
+    bool remoteGpu;      // the remote memory is GPU memory
+    bool peerStagesGpu;  // small staged writes go to it as host memory (eager)
+    // GPU memory at either end is left to UCX: local GPU memory this engine does not stage, or
+    // remote GPU memory the peer does not stage.
+    bool gpuToUcx;
     std::shared_ptr<GpuWords> copyOut;  // a write's local GPU memory is copied out through it
     size_t parts;
 };
@@ -421,10 +426,15 @@ void check_remote_rows(const RemoteRegion& rr, const Dealt& d, uint64_t remoteId
                                         std::to_string(rr.size) + " bytes)");
 }
 
-// Plan: the parts, one per lane (RMA), or one per message (checked path: small host blocks of a
-// lane grouped, up to maxEntries and kGroupBytes, each other block a message of its own).
-std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, bool rma, bool gpu, size_t maxEntries) {
+// Plan: the parts, one per lane (RMA), or one per message (checked path: blocks under ownBytes of
+// a lane grouped, up to maxEntries and kGroupBytes, each other block a message of its own; 0:
+// none grouped). A group scattered into staged GPU memory (`scatter`: the rows' field that
+// addresses it, null for none) holds no two blocks landing on the same bytes.
+std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, bool rma, uint64_t ownBytes,
+                                uint64_t plan::Row::* scatter, size_t maxEntries) {
     std::vector<Planned> planned;
+    DisjointRanges landing;
+    auto lands_apart = [&](const plan::Row& row) { return scatter == nullptr || landing.add(row.*scatter, row.bytes); };
     for (size_t r = 0; r + 1 < d.bounds.size(); ++r) {
         const size_t lane = (firstLane + r) % lanes;
         const size_t end = d.bounds[r + 1];
@@ -432,10 +442,12 @@ std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, 
             size_t j = i + 1;
             if (rma) {
                 j = end;
-            } else if (!gpu && d.rows[i].bytes < kOwnMessageBytes) {
+            } else if (d.rows[i].bytes < ownBytes) {
                 uint64_t bytes = d.rows[i].bytes;
-                while (j < end && j - i < maxEntries && d.rows[j].bytes < kOwnMessageBytes &&
-                       bytes + d.rows[j].bytes <= kGroupBytes)
+                landing.clear();
+                lands_apart(d.rows[i]);
+                while (j < end && j - i < maxEntries && d.rows[j].bytes < ownBytes &&
+                       bytes + d.rows[j].bytes <= kGroupBytes && lands_apart(d.rows[j]))
                     bytes += d.rows[j++].bytes;
             }
             planned.push_back(Planned{std::make_unique<Part>(), lane, i, j, !rma && j - i > 1});
@@ -460,17 +472,11 @@ Part& open_part(PartContext& c, Planned& pl) {
     return part;
 }
 
-// Whether GPU memory at either end is left to UCX: local GPU memory this engine does not stage,
-// or remote GPU memory the peer does not stage.
-bool left_to_ucx(const PartContext& c) {
-    return (c.local->gpu() && !c.stagesLocal) || (c.remoteGpu && !c.peerStagesGpu);
-}
-
 // Whether a read's reply must come by rendezvous: GPU memory left to UCX at either end (UCX's
 // copy engines move it), or a large one. Staged at both ends (or host memory), a small reply
 // comes eager: UCX would pick a rendezvous over tcp even for a few KiB, another round trip.
 bool reply_by_rndv(const PartContext& c, const Part& part) {
-    return c.gpu && (left_to_ucx(c) || part.bytes >= kRndvWriteBytes);
+    return c.gpu && (c.gpuToUcx || part.bytes >= kRndvWriteBytes);
 }
 
 // The part's message: its header and entries (the one request entry), its local pieces.
@@ -491,21 +497,21 @@ void fill_message(PartContext& c, Part& part, const Planned& pl, const plan::Row
     std::memcpy(part.header.data(), &h, sizeof(h));
 }
 
-// A part from local GPU memory (one block: GPU memory is never grouped): its bytes copied to host
-// memory (in the staging's CUDA context, ucx/gpu.hpp) and sent once there: a small part's copy
-// waited for with the others' (copiedOut), a larger one's while the network moves the parts
-// before it.
-void stage_out(PartContext& c, Part& part, bool grouped, std::vector<CopiedOut>& copiedOut) {
-    const bool inPlace = part.bytes <= kCopyInPlaceBytes;
+// A part from local GPU memory (one block, or a group of small ones gathered by one copy): its
+// bytes copied to host memory (in the staging's CUDA context, ucx/gpu.hpp) and sent once there:
+// in a transfer of small parts only (inPlace), its copy waited for with the others'
+// (copiedOut), else while the network moves the parts before it. Either way the parts are sent
+// in their order (the progress loop ends copies in the order queued), so that on one lane a
+// later block lands after an earlier one.
+void stage_out(PartContext& c, Part& part, bool grouped, bool inPlace, std::vector<CopiedOut>& copiedOut) {
     try {
-        part.staged =
-            c.copyOut->to_host(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.bytes, inPlace && c.parts == 1);
+        part.staged = c.copyOut->to_host(part.iov, inPlace && c.parts == 1);
     } catch (const std::exception& e) {
         part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
         c.worker.retire_part_locked(part);
         return;
     }
-    part.iov[0].buffer = part.staged.data();
+    part.iov.assign(1, api::Iov{part.staged.data(), part.bytes});
     part.memType = api::kMemoryHost;
     part.memh = nullptr;
     // Into host memory, or a peer that stages its GPU memory, a small one goes as host memory
@@ -533,6 +539,11 @@ void stage_out(PartContext& c, Part& part, bool grouped, std::vector<CopiedOut>&
 uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::Row* rows, RemoteRegion* rr) {
     uint64_t total = 0;
     std::vector<CopiedOut> copiedOut;
+    const bool inPlace = std::all_of(planned.begin(), planned.end(), [rows](const Planned& pl) {
+        uint64_t bytes = 0;
+        for (size_t i = pl.first; i < pl.last; ++i) bytes += rows[i].bytes;
+        return bytes <= kCopyInPlaceBytes;
+    });
     std::optional<gpu::Current> current;  // once for the transfer's copies, not per copy
     if (c.copyOut) current.emplace(c.copyOut->staging_config());
     for (Planned& pl : planned) {
@@ -547,10 +558,10 @@ uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::R
             fill_message(c, part, pl, rows);
             total += part.bytes;
             if (c.copyOut) {
-                stage_out(c, part, pl.grouped, copiedOut);
+                stage_out(c, part, pl.grouped, inPlace, copiedOut);
                 continue;  // retired there, or once posted
             }
-            post_message(part, c.link.eps[pl.lane], left_to_ucx(c), pl.grouped, c.remoteGpu && c.peerStagesGpu);
+            post_message(part, c.link.eps[pl.lane], c.gpuToUcx, pl.grouped, c.remoteGpu && c.peerStagesGpu);
         }
         c.worker.retire_part_locked(part);  // finished at once: the link broken, a flush or send done or failed
     }
@@ -607,8 +618,15 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
     }
     const size_t maxEntries =
         std::max<size_t>(1, std::min(kMaxEntries, (worker.max_header() - sizeof(RequestHeader)) / sizeof(Entry)));
+    // Small blocks are grouped unless GPU memory at either end is left to UCX; a group lands in
+    // staged GPU memory by one scattered copy: the target's for a write, this engine's for a read.
+    const bool gpuToUcx = (local->gpu() && !stager) || (remoteGpu && !stagesGpu_);
+    uint64_t plan::Row::* scatter = nullptr;
+    if (op == kOpWrite && remoteGpu && stagesGpu_) scatter = &plan::Row::dst;
+    if (op == kOpRead && local->gpu() && stager) scatter = &plan::Row::src;
+    const uint64_t ownBytes = gpuToUcx ? 0 : gpu ? kOwnStagedMessageBytes : kOwnMessageBytes;
     std::vector<Planned> planned =
-        plan_parts(dealt, static_cast<size_t>(link.next++ % lanes), lanes, rma, gpu, maxEntries);
+        plan_parts(dealt, static_cast<size_t>(link.next++ % lanes), lanes, rma, ownBytes, scatter, maxEntries);
     // A transfer of one message asks its target to record the outcome (kFlagNotify): no note follows.
     const bool targetNotes = notify && !rma && planned.size() == 1;
     auto t = std::make_shared<Transfer>(engine_->worker_ptr(w), &link,
@@ -619,21 +637,9 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         t->part_done(kSuccess, "");  // nothing to move; the notification still goes
         return t;
     }
-    PartContext c{worker,
-                  link,
-                  op,
-                  local,
-                  t,
-                  state_->ticket,
-                  remoteId,
-                  uid,
-                  gpu,
-                  rma,
-                  targetNotes,
-                  remoteGpu,
-                  stagesGpu_,
-                  stager != nullptr,
-                  op == kOpWrite && local->gpu() ? stager : nullptr,
+    PartContext c{worker,         link,      op,         local,    t,
+                  state_->ticket, remoteId,  uid,        gpu,      rma,
+                  targetNotes,    remoteGpu, stagesGpu_, gpuToUcx, op == kOpWrite && local->gpu() ? stager : nullptr,
                   planned.size()};
     const uint64_t total = post_parts(c, planned, dealt.rows, rr);
     worker.track_locked(t);

@@ -119,7 +119,7 @@ void write_failed(Serve& s, const std::string& why) {
 void answer_write(std::unique_ptr<Serve> s) {
     if (s->reply.code == kSuccess && s->stager) {
         try {
-            s->stager->to_device(reinterpret_cast<uint64_t>(s->iov[0].buffer), s->staged, false);
+            s->stager->to_device(s->iov, s->staged, false);
             after_copy(std::move(s), [](std::unique_ptr<Serve> s, const std::string& error) {
                 if (!error.empty()) write_failed(*s, error);
                 reply_written(std::move(s));
@@ -150,7 +150,7 @@ void land(Part& part) {
     try {
         const std::shared_ptr<GpuWords> stager = part.link->worker->engine().gpu_words();
         if (!stager) throw std::runtime_error("the engine no longer serves GPU memory");
-        stager->to_device(reinterpret_cast<uint64_t>(part.iov[0].buffer), part.staged, false);
+        stager->to_device(part.iov, part.staged, false);
         ++part.ops;  // the copy: the part stays until it ended
         Part* p = &part;
         part.link->worker->after_copy_locked(part.staged, [p](const std::string& error) {
@@ -218,15 +218,18 @@ void serve_region(std::unique_ptr<Serve> s, const RequestHeader& h, const uint8_
 
 // Check: every block against the region table (Engine::acquire: the regions stay pinned in s,
 // deregistration waiting, until UCX has finished with them), then the engine's rule for GPU
-// memory: one block a message; left to UCX it moves only by rendezvous (UCX's copy engines; a
-// copy-in message would have the target's CPU write it), staged (stager) a write may come eager
-// and a read's reply may go eager. The blocks' bytes and memory type; false when s was refused
-// (and answered).
+// memory: left to UCX, one block a message, moved only by rendezvous (UCX's copy engines; a
+// copy-in message would have the target's CPU write it); staged (stager), a write may come eager
+// and a read's reply may go eager, and small blocks may come grouped (every block GPU memory, at
+// most kGroupBytes: one gathered or scattered copy). The blocks' bytes and memory type; false
+// when s was refused (and answered).
 bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8_t* entries, bool rndv, bool staged,
                   uint64_t& total, int& memType) {
     Engine& eng = s->worker->engine();
     const size_t n = h.count;
     s->iov.resize(n);
+    size_t gpuBlocks = 0;
+    DisjointRanges landing;  // a staged group's blocks (writes)
     for (size_t i = 0; i < n; ++i) {
         Entry e;
         std::memcpy(&e, entries + i * sizeof(Entry), sizeof(e));
@@ -235,8 +238,17 @@ bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8
         if (r) s->pins.push_back(r);  // unpinned when s goes
         if (r && r->gpu()) {
             const bool byMessage = (h.op == kOpWrite && !rndv) || (h.op == kOpRead && !(h.flags & kFlagRndvReply));
-            if (n != 1 || (byMessage && !staged)) reason = kReasonGpu;
+            if (staged ? gpuBlocks != i : (n != 1 || byMessage)) reason = kReasonGpu;
             memType = r->memType();
+            ++gpuBlocks;
+        } else if (r && gpuBlocks != 0) {
+            reason = kReasonGpu;  // host memory grouped with GPU memory
+        }
+        if (reason == kReasonNone && gpuBlocks != 0 && n > 1) {
+            if (total + e.size > kGroupBytes)
+                reason = kReasonShape;
+            else if (h.op == kOpWrite && !landing.add(r->addr + e.offset, e.size))
+                reason = kReasonGpu;  // blocks landing on the same bytes: one scattered copy cannot order them
         }
         if (reason != kReasonNone) {
             refuse(std::move(s), h, reason, static_cast<uint32_t>(i));
@@ -255,11 +267,11 @@ void serve_read(std::unique_ptr<Serve> s, const RequestHeader& h, size_t length,
     const bool rndvReply = (h.flags & kFlagRndvReply) != 0;
     if (!s->stager) return send_reply(std::move(s), rndvReply, memType);
     try {
-        s->staged = s->stager->to_host(reinterpret_cast<uint64_t>(s->iov[0].buffer), total, false);
+        s->staged = s->stager->to_host(s->iov, false);
     } catch (const std::exception& e) {
         return refuse_read(std::move(s), h, e.what());
     }
-    s->iov[0].buffer = s->staged.data();
+    s->iov.assign(1, api::Iov{s->staged.data(), total});
     after_copy(std::move(s), [h, rndvReply](std::unique_ptr<Serve> s, const std::string& error) {
         if (error.empty()) return send_reply(std::move(s), rndvReply, api::kMemoryHost);
         refuse_read(std::move(s), h, error);
@@ -367,7 +379,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     uint64_t total = 0;
     int memType = api::kMemoryHost;
     if (!check_blocks(s, h, entries, rndv, stager != nullptr, total, memType)) return api::kOk;
-    if (memType != api::kMemoryHost) s->stager = std::move(stager);  // GPU memory (one block) through host memory
+    if (memType != api::kMemoryHost) s->stager = std::move(stager);  // GPU memory through host memory
     if (h.op == kOpRead) {
         serve_read(std::move(s), h, length, total, memType);
         return api::kOk;
@@ -449,7 +461,7 @@ bool take_landing(Part& part, GpuWords& stager, size_t length) {
 void read_eager(Worker& w, Part& part, const void* data, size_t length) {
     if (part.memType != api::kMemoryHost) {
         const std::shared_ptr<GpuWords> stager = w.engine().gpu_words();
-        if (!stager || !stager->stages() || part.iov.size() != 1) {
+        if (!stager || !stager->stages()) {
             part.finish(kErrBadState, "engine '" + part.link->peer->key + "' copied GPU-bound data in a message");
             return;
         }
@@ -477,7 +489,7 @@ api::Status receive_read(Worker& w, Part& part, void* data, size_t length) {
     size_t count = part.iov.size();
     p.datatype = api::kDatatypeIov;
     const std::shared_ptr<GpuWords> stager = part.memType != api::kMemoryHost ? w.engine().gpu_words() : nullptr;
-    if (stager && stager->stages() && part.iov.size() == 1) {  // into host memory, then the GPU (land)
+    if (stager && stager->stages()) {  // into host memory, then the GPU (land)
         if (!take_landing(part, *stager, length)) {
             w.retire_part_locked(part);
             return api::kOk;
