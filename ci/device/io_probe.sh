@@ -9,7 +9,8 @@
 #   tcp_loop    ci/device/io_tcp_gpu_bench.py: the TCP backend on loopback, GPU<->GPU, GPU<->CPU
 #               and CPU<->GPU, read and write (which end's staging costs what);
 #   tcp_baseline  with MORI_BASELINE naming a tree of another version (e.g. a `git archive` under
-#               .baseline, carried): its mori-io-bench, TCP only, GPU memory, at tcp_conns' points
+#               .baseline, carried): its mori-io-bench, TCP only, GPU memory (MORI_PROBE_BASELINE_MEMS=gpu,cpu:
+#               host memory too), at tcp_conns' points
 #               (this step and tcp_conns: MORI_PROBE_BACKEND=rdma benchmarks the RDMA backend on
 #               UCX tcp,cuda_copy instead; MORI_PROBE_ITERS timed transfers per point, default 10);
 #   tcp_conns   this tree's: TCP only, GPU and host memory, with 1 and 4 data connections
@@ -184,7 +185,7 @@ if [ -n "${MORI_BASELINE:-}" ]; then
   timeout 90 python3 -m pip install -q --no-index --find-links "$repo/.devkit/wheels" --force-reinstall --no-deps \
     --target /tmp/mori-baseline "$repo/$MORI_BASELINE/packages/mori-core" "$repo/$MORI_BASELINE/packages/mori-io" \
     2>&1 | tail -3
-  step tcp_baseline 150 env PYTHONPATH=/tmp/mori-baseline bash -c "$(declare -f tcp_bench); tcp_bench gpu ${MORI_PROBE_CONNS:-1,4} ${MORI_PROBE_SIZES:-64K,1M,4M} ${MORI_PROBE_BATCHES:-1,64}"
+  step tcp_baseline 150 env PYTHONPATH=/tmp/mori-baseline bash -c "$(declare -f tcp_bench); tcp_bench ${MORI_PROBE_BASELINE_MEMS:-gpu} ${MORI_PROBE_CONNS:-1,4} ${MORI_PROBE_SIZES:-64K,1M,4M} ${MORI_PROBE_BATCHES:-1,64}"
   grep -E "^==|^mori " "$OUT/tcp_baseline.log"
 fi
 step tcp_conns 240 bash -c "$(declare -f tcp_bench); tcp_bench gpu,cpu ${MORI_PROBE_CONNS:-1,4} ${MORI_PROBE_SIZES:-64K,1M,4M} ${MORI_PROBE_BATCHES:-1,64}"
