@@ -314,8 +314,9 @@ mori::native::Registration reg([](py::module_& root) {
         .def_property_readonly("cuda_supported", &Engine::cuda_supported)
         .def_property("eager_bytes", &Engine::eager_bytes, &Engine::set_eager_bytes,
                       "Host-memory messages smaller than this go eager (a write's request with its bytes, a read's "
-                      "reply): for transports that would move them by a rendezvous handshake over tcp. 0 (the "
-                      "default): UCX's choice; at most MAX_EAGER_BYTES (ValueError beyond).")
+                      "reply), and blocks smaller than this are grouped (up to 256 KiB a message, as blocks under "
+                      "16 KiB always are): for transports that would move them by a rendezvous handshake over tcp. "
+                      "0 (the default): UCX's choice; at most MAX_EAGER_BYTES (ValueError beyond).")
         .def_property_readonly("settings", &Engine::settings,
                                "The UCX settings the context was made with: the caller's, then the defaults the engine "
                                "added, as (name, value) pairs.")

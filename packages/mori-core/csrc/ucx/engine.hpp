@@ -402,9 +402,10 @@ public:
     std::string describe() const;
     bool cuda_supported() const { return cuda_; }
     // Host-memory messages smaller than this go eager: a write's request with its bytes, a read's
-    // reply. For an engine whose transports would move them by rendezvous over tcp (a handshake,
-    // one round trip more than the bytes need); 0 (the default) leaves the choice to UCX. At most
-    // kMaxEagerBytes (std::invalid_argument beyond).
+    // reply; and blocks smaller than this are grouped (ucx/post.cpp). For an engine whose
+    // transports would move them by rendezvous over tcp (a handshake, one round trip more than
+    // the bytes need); 0 (the default) leaves the choice to UCX. At most kMaxEagerBytes
+    // (std::invalid_argument beyond).
     void set_eager_bytes(uint64_t n);
     uint64_t eager_bytes() const { return eagerBytes_.load(std::memory_order_relaxed); }
     // The UCX settings this engine's context was made with: the caller's, then the defaults the
