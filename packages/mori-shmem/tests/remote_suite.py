@@ -296,3 +296,10 @@ def pe_remote_transports() -> list[str]:
     from mori.shmem import _state
 
     return transports(_state.current().rma.remote.describe())
+
+
+def pe_remote_eager_bytes() -> int:
+    """The remote transport's engine's ``eager_bytes``."""
+    from mori.shmem import _state
+
+    return int(_state.current().rma.remote.eager_bytes)

@@ -21,6 +21,7 @@ from remote_suite import (
     pe_reach_hung,
     pe_ready,
     pe_registered_buffer,
+    pe_remote_eager_bytes,
     pe_remote_transports,
     pe_rma_everywhere,
     pe_threads_put,
@@ -29,6 +30,7 @@ from remote_suite import (
 import mori.shmem as shmem
 from mori.core.host import HostIdentity
 from mori.core.testing import Died, network_namespaces, stop_process
+from mori.core.ucx import MAX_EAGER_BYTES
 from mori.shmem._reach import Reach
 from mori.shmem._remote_ucx import _warn_without_nic
 
@@ -128,6 +130,8 @@ def test_disable_p2p_on_one_host_every_op_every_pe() -> None:
             if devices:  # the engine's UCX context has tcp on the loopback interface alone
                 for found in pool.run(pe_remote_transports):
                     assert [t for t in found if t.startswith("tcp/")] == ["tcp/lo"], found
+                # No verbs transport: host-heap messages of up to 256 KiB go eager.
+                assert pool.run(pe_remote_eager_bytes) == [MAX_EAGER_BYTES] * n
         finally:
             pool.close()
 

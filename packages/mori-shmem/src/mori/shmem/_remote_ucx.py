@@ -161,6 +161,10 @@ class UcxTransport(RemoteTransport):
             timeout=timeout,
             timeout_setting="MORI_SHMEM_TIMEOUT",
         )
+        # Without verbs (tcp between hosts) UCX moves a host message of 16-256 KiB by a rendezvous
+        # handshake, a round trip more than eager; mori-io's RDMA backend makes the same choice.
+        if not ucx.verbs_transports(self._engine):
+            self._engine.eager_bytes = ucx.MAX_EAGER_BYTES
         self._peers: dict[int, Any] = {}
         self._words: Any = None
         self._proxy: Any = None
@@ -307,6 +311,12 @@ class UcxTransport(RemoteTransport):
     def describe(self) -> str:
         """UCX's description of the engine's context: its transports and devices."""
         return str(self._engine.describe())
+
+    @property
+    def eager_bytes(self) -> int:
+        """The engine's ``eager_bytes``: host-heap messages under it go eager (set where UCX has no
+        verbs transport; 0, UCX's choice, otherwise)."""
+        return int(self._engine.eager_bytes)
 
     @property
     def stats(self) -> dict[str, int]:
