@@ -89,6 +89,23 @@ def test_eager_bytes_is_bounded() -> None:
         engine.close()
 
 
+def test_eager_without_verbs_sets_eager_bytes_only_without_verbs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over tcp alone the engine's host messages under MAX_EAGER_BYTES go eager; with a verbs
+    transport eager_bytes stays 0 (UCX's choice: its rendezvous is RDMA zero-copy)."""
+    ucx.load()
+    engine = ucx.UcxEngine("eager-tcp", [("TLS", "tcp")])
+    try:
+        assert ucx.eager_without_verbs(engine) == engine.eager_bytes == ucx.MAX_EAGER_BYTES
+    finally:
+        engine.close()
+    monkeypatch.setattr(ucx, "verbs_transports", lambda engine: ["rc_mlx5/mlx5_0:1"])
+    engine = ucx.UcxEngine("eager-verbs", [("TLS", "tcp")])
+    try:
+        assert ucx.eager_without_verbs(engine) == engine.eager_bytes == 0
+    finally:
+        engine.close()
+
+
 def test_empty_and_zero_sized_blocks(pair: Pair) -> None:
     before = pair.target.arr.copy()
     assert pair.transfer(WRITE, [], [], [])[0] == "SUCCESS"

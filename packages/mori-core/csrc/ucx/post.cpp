@@ -389,7 +389,8 @@ struct Planned {
     std::unique_ptr<Part> part;
     size_t lane;
     size_t first, last;
-    bool grouped;  // several small blocks in one message
+    uint64_t bytes;  // of its rows
+    bool grouped;    // several small blocks in one message
 };
 
 // A small staged part whose copy was queued: posted once the copies of all were queued, so that
@@ -442,17 +443,17 @@ std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, 
         const size_t end = d.bounds[r + 1];
         for (size_t i = d.bounds[r]; i < end;) {
             size_t j = i + 1;
+            uint64_t bytes = d.rows[i].bytes;
             if (rma) {
-                j = end;
+                for (; j < end; ++j) bytes += d.rows[j].bytes;
             } else if (d.rows[i].bytes < ownBytes) {
-                uint64_t bytes = d.rows[i].bytes;
                 landing.clear();
                 lands_apart(d.rows[i]);
                 while (j < end && j - i < maxEntries && d.rows[j].bytes < ownBytes &&
                        bytes + d.rows[j].bytes <= kGroupBytes && lands_apart(d.rows[j]))
                     bytes += d.rows[j++].bytes;
             }
-            planned.push_back(Planned{std::make_unique<Part>(), lane, i, j, !rma && j - i > 1});
+            planned.push_back(Planned{std::make_unique<Part>(), lane, i, j, bytes, !rma && j - i > 1});
             i = j;
         }
     }
@@ -493,8 +494,8 @@ void fill_message(PartContext& c, Part& part, const Planned& pl, const plan::Row
         const plan::Row& row = rows[pl.first + i];
         entries[i] = Entry{c.remoteId, row.dst, row.bytes};
         part.iov[i] = api::Iov{reinterpret_cast<void*>(row.src), row.bytes};
-        part.bytes += row.bytes;
     }
+    part.bytes = pl.bytes;
     const uint8_t flags = (reply_by_rndv(c, part, m > 1) ? kFlagRndvReply : 0) | (c.targetNotes ? kFlagNotify : 0);
     const RequestHeader h{
         kMagic, c.op, flags, static_cast<uint16_t>(m), part.ticket, part.id, c.targetNotes ? c.uid : 0};
@@ -543,11 +544,8 @@ void stage_out(PartContext& c, Part& part, bool grouped, bool inPlace, std::vect
 uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::Row* rows, RemoteRegion* rr) {
     uint64_t total = 0;
     std::vector<CopiedOut> copiedOut;
-    const bool inPlace = std::all_of(planned.begin(), planned.end(), [rows](const Planned& pl) {
-        uint64_t bytes = 0;
-        for (size_t i = pl.first; i < pl.last; ++i) bytes += rows[i].bytes;
-        return bytes <= kCopyInPlaceBytes;
-    });
+    const bool inPlace = c.copyOut && std::all_of(planned.begin(), planned.end(),
+                                                  [](const Planned& pl) { return pl.bytes <= kCopyInPlaceBytes; });
     std::optional<gpu::Current> current;  // once for the transfer's copies, not per copy
     if (c.copyOut) current.emplace(c.copyOut->staging_config());
     for (Planned& pl : planned) {
@@ -555,7 +553,7 @@ uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::R
         if (!c.link.failed.empty()) {  // an earlier part found the link broken
             part.finish(kErrTransport, c.link.failed);
         } else if (c.rma) {
-            for (size_t i = pl.first; i < pl.last; ++i) part.bytes += rows[i].bytes;
+            part.bytes = pl.bytes;
             total += part.bytes;
             post_rma(part, c.link.eps[pl.lane], rr->keys[pl.lane], rr->addr, rows + pl.first, pl.last - pl.first);
         } else {

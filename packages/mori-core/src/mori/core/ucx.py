@@ -74,6 +74,7 @@ __all__ = [
     "UcxTransfer",
     "auto_workers",
     "candidates",
+    "eager_without_verbs",
     "gpudirect_transports",
     "has_verbs",
     "library_info",
@@ -223,6 +224,16 @@ def verbs_transports(engine: UcxEngine) -> list[str]:
     Empty means UCX moves every byte through the kernel (tcp) or shared memory: there a message of
     a few KiB goes by a rendezvous handshake unless it is sent eager (:attr:`UcxEngine.eager_bytes`)."""
     return [t for t in transports(engine.describe()) if t.split("/")[0] in GPUDIRECT_TRANSPORTS]
+
+
+def eager_without_verbs(engine: UcxEngine) -> int:
+    """Sets ``engine``'s :attr:`UcxEngine.eager_bytes` to :data:`MAX_EAGER_BYTES` where it has no
+    verbs transport (:func:`verbs_transports`: tcp between hosts, where UCX would move a host
+    message of a few KiB or more by a rendezvous handshake, one round trip more); over verbs UCX's
+    choice (RDMA zero-copy) stays. Returns the engine's ``eager_bytes`` after it."""
+    if not verbs_transports(engine):
+        engine.eager_bytes = MAX_EAGER_BYTES
+    return int(engine.eager_bytes)
 
 
 def gpudirect_transports(engine: UcxEngine) -> list[str]:

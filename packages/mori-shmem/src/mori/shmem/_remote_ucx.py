@@ -161,10 +161,8 @@ class UcxTransport(RemoteTransport):
             timeout=timeout,
             timeout_setting="MORI_SHMEM_TIMEOUT",
         )
-        # Without verbs (tcp between hosts) UCX moves a host message of 16-256 KiB by a rendezvous
-        # handshake, a round trip more than eager; mori-io's RDMA backend makes the same choice.
-        if not ucx.verbs_transports(self._engine):
-            self._engine.eager_bytes = ucx.MAX_EAGER_BYTES
+        # Without verbs (tcp between hosts) host-heap messages go eager, as mori-io's RDMA backend's.
+        ucx.eager_without_verbs(self._engine)
         self._peers: dict[int, Any] = {}
         self._words: Any = None
         self._proxy: Any = None
