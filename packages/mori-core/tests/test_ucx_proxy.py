@@ -3,7 +3,7 @@ this test plays the kernels' part, writing commands into a ring in host memory e
 mori/device/proxy.cuh does (a slot free for ticket t holds seq 4t; its fields, then seq 4t + 1),
 and checks what the proxy did on a second engine's registered "heap" byte for byte: puts and gets
 (from the local heap, from memory outside it, across heap chunks), inline puts, g, every atomic
-with its reply (atomics in flight beside each other), puts with signal, fences (ordering per PE),
+with its reply (atomics in flight beside each other), puts with signal (their bytes in the command too), fences (ordering per PE),
 buffers outside the heap shared by the commands in flight, completion (``completed``), backpressure over a full
 ring, a failed command naming its PE, and a clean stop. On GPUs the same proxy runs under
 mori.shmem (ci/device/shmem_proxy.sh)."""
@@ -24,7 +24,7 @@ from mori.core.memory import LiveRanges
 HEAP = 1 << 20
 CHUNK = 256 << 10  # four chunks: ids 1..4, as a vmm heap registers them
 PUT, GET, PUT_INLINE, GET_INLINE, ATOMIC, FENCE = 1, 2, 3, 4, 5, 6
-REPLY, ORDERED, SIGNAL = 1, 2, 4
+REPLY, ORDERED, SIGNAL, INLINE = 1, 2, 4, 8
 FETCH_ADD, COMPARE_SWAP, SWAP, STORE, FETCH_AND, FETCH_OR, FETCH_XOR = 1, 2, 3, 4, 5, 6, 7
 
 
@@ -228,6 +228,52 @@ def test_put_with_signal(rig: Rig, remote: int, nbytes: int) -> None:
     assert sig.value == sum(range(1, 6))
     rig.quiet()
     assert rig.proxy.failure() == ""
+
+
+@pytest.mark.parametrize(
+    "remote, nbytes",
+    [
+        (CHUNK + 1000, 8),  # one message
+        (CHUNK + 3, 5),  # one message, unaligned
+        (2 * CHUNK - 3, 8),  # across a chunk: the put from the slot's bounce area, then the signal
+    ],
+)
+def test_put_with_signal_of_bytes_in_the_command(rig: Rig, remote: int, nbytes: int) -> None:
+    sig = ctypes.c_uint64.from_address(rig.base(1) + 128)
+    before = rig.heaps[1].raw[remote - 8 : remote + nbytes + 8]
+    for rnd in range(1, 6):
+        data = bytes(random.Random(rnd * 100 + nbytes).randrange(256) for _ in range(nbytes))
+        rig.post(
+            PUT,
+            remote=remote,
+            local=int.from_bytes(data, "little"),  # the bytes, first lowest, as ProxyPutSignal packs them
+            nbytes=nbytes,
+            value=rnd,
+            compare=128,
+            op=STORE,
+            flags=SIGNAL | INLINE,
+        )
+        deadline = time.monotonic() + 10
+        while sig.value != rnd:  # the target sees this round's signal: the data is there
+            assert time.monotonic() < deadline
+        assert rig.heaps[1].raw[remote : remote + nbytes] == data
+    after = rig.heaps[1].raw[remote - 8 : remote + nbytes + 8]
+    assert after[:8] == before[:8] and after[-8:] == before[-8:]  # nothing written beside them
+    rig.quiet()
+    assert rig.proxy.failure() == ""
+
+
+@pytest.mark.parametrize("command, nbytes", [(PUT, 0), (PUT, 9), (GET, 8)])
+def test_bytes_in_the_command_only_with_a_put_with_signal_of_1_to_8(rig: Rig, command: int, nbytes: int) -> None:
+    before = rig.heaps[1].raw[:]
+    rig.post(command, remote=1000, local=0x0102030405060708, nbytes=nbytes, value=1, compare=128, flags=SIGNAL | INLINE)
+    rig.quiet()  # refused, it still completes and frees its slot
+    assert rig.header.failed == 2 and "inline bytes" in rig.proxy.failure()
+    assert rig.heaps[1].raw[:] == before
+    for i in range(PROXY_SLOTS + 8):  # every slot is free again: the ring goes round
+        rig.post(PUT_INLINE, remote=2048, nbytes=8, value=i)
+    rig.quiet()
+    assert ctypes.c_uint64.from_address(rig.base(1) + 2048).value == PROXY_SLOTS + 7
 
 
 def test_fence_orders_a_put_before_the_next_command(rig: Rig) -> None:

@@ -140,6 +140,19 @@ def device_api_checks(k: Kernels, nbytes: int) -> None:
     ok("device put-with-signal while the host lazily loads a kernel and reads behind it")
     shmem.shmem_free(heap_src.data_ptr())
 
+    # Up to 8 bytes travel in the proxy's command, with the signal (no copy out of the GPU): from
+    # memory outside the heap, and the bytes after them untouched.
+    for rnd, small in ((5, 1), (6, 5), (7, 8)):
+        buf[:64].fill_(0xAB)
+        src = rand_bytes(small, 300 * rnd + me, dev)
+        got = torch.zeros(small, dtype=torch.uint8, device=dev)
+        sync_all()
+        k("put_signal_ring", 1, 1024, buf.data_ptr(), src.data_ptr(), small, sig.data_ptr(), rnd, got.data_ptr())
+        sync_all()
+        landed = torch.equal(got, rand_bytes(small, 300 * rnd + left, dev)) and bool((buf[small:64] == 0xAB).all())
+        expect("small put with signal", landed, f"{small} bytes")
+    ok("device put-with-signal of 1, 5 and 8 bytes")
+
     counters = shmem.shmem_tensor(2, torch.int64)
     counters.zero_()
     olds = torch.zeros(8 * 128, dtype=torch.int64, device=dev)

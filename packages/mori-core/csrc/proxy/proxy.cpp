@@ -213,6 +213,10 @@ void Proxy::start_transfer(const ProxySlot& c, uint64_t ticket, Pending*& starte
         post(p, kOpWrite, bounce(ticket), c.remote, c.bytes);
         return;
     }
+    if ((c.flags & device::kProxyFlagInline) != 0) {
+        start_inline_signal_put(c, ticket, started);
+        return;
+    }
     if (one_message(c)) {
         // The bytes travel in the signal's own message: one trip to the target, not the put's round
         // trip and then the atomic's.
@@ -234,6 +238,30 @@ void Proxy::start_transfer(const ProxySlot& c, uint64_t ticket, Pending*& starte
     }
     free_slot(ticket);  // the command is copied out; its memory is the kernel's until quiet
     post(p, c.command == device::kProxyPut ? kOpWrite : kOpRead, c.local, c.remote, c.bytes);
+}
+
+void Proxy::start_inline_signal_put(const ProxySlot& c, uint64_t ticket, Pending*& started) {
+    // Tracked first: the slot of a refused command is freed as the command completes.
+    Pending& p = track(c, ticket, started);
+    p.freeSlot = true;
+    if (c.command != device::kProxyPut || (c.flags & device::kProxyFlagSignal) == 0 || c.bytes == 0 || c.bytes > 8)
+        throw std::invalid_argument("inline bytes come with a put with signal of 1 to 8 bytes, not command " +
+                                    std::to_string(c.command) + " of " + std::to_string(c.bytes) + " bytes");
+    const uint64_t word = c.local;  // the bytes, little-endian, as the kernel packed them
+    if (window_->fits_one_message(c.remote, c.bytes)) {
+        p.freeSlot = false;
+        free_slot(ticket);  // the bytes are copied out of it
+        p.atomic = window_->start_signal_put_bytes(c.pe, c.remote, &word, c.bytes, c.compare,
+                                                   static_cast<AtomicOp>(c.op), c.value);
+        return;
+    }
+    // Across two chunks of the target's heap: the put from the slot's bounce area, then the signal.
+    std::memcpy(reinterpret_cast<void*>(bounce(ticket)), &word, sizeof(word));
+    p.signal = true;
+    p.sigOffset = c.compare;
+    p.sigValue = c.value;
+    p.sigOp = c.op;
+    post(p, kOpWrite, bounce(ticket), c.remote, c.bytes);
 }
 
 bool Proxy::one_message(const ProxySlot& c) const {

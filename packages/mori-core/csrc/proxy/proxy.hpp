@@ -78,6 +78,9 @@ private:
     // bad command. start_transfer: a put or get, inline or not.
     void start(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     void start_transfer(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
+    // A put with signal whose bytes the command carries (kProxyFlagInline): one message, or where
+    // it spans two chunks of the target's heap, the put from the slot's bounce area, then the signal.
+    void start_inline_signal_put(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     Pending& track(const device::ProxySlot& c, uint64_t ticket, Pending*& started);
     // Whether c is a put with signal that goes as one message (HeapWindow::one_message).
     bool one_message(const device::ProxySlot& c) const;

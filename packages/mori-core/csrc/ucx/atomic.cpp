@@ -134,6 +134,23 @@ uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, Gp
                                  static_cast<uint32_t>(h.compare));
 }
 
+// Applies a signal put's signal h to its word (checked by word_reason), after copying the put's
+// bytes (data, bytes) to device address dst when given: on GPU memory through GpuWords::signal.
+// A driver failure sets reason to kReasonFailed. (The answer's old value is 0: no initiator
+// reads a signal put's.)
+void signal_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
+                 uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
+    if (!r->gpu()) {
+        apply_word(r, h, gpu, reason);
+        return;
+    }
+    try {
+        gpu->signal(r->addr + h.offset, h.op, h.value, dst, data, bytes);
+    } catch (const std::exception&) {
+        reason = kReasonFailed;
+    }
+}
+
 void unpin(const std::shared_ptr<Region>& r) {
     if (r) r->unpin();
 }
@@ -210,19 +227,18 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
         reason = kReasonShape;
     std::shared_ptr<Region> sr;
     if (reason == kReasonNone) sr = acquire_word(eng, h.signal, gpu.get(), reason);
-    uint64_t old = 0;
     if (reason == kReasonNone) {
         const uint64_t dst = dr->addr + h.dataOffset;
         if (!dr->gpu()) {
             if (length != 0) std::memcpy(reinterpret_cast<void*>(dst), data, length);
             // sequentially consistent (host) or after the copy's end (GPU): after the data for any observer
-            old = apply_word(sr, h.signal, gpu.get(), reason);
+            signal_word(sr, h.signal, gpu.get(), reason);
         } else if (sr->gpu()) {
-            old = apply_word(sr, h.signal, gpu.get(), reason, dst, data, length);  // the copy, then the kernel
+            signal_word(sr, h.signal, gpu.get(), reason, dst, data, length);  // the copy, then the signal
         } else {
             try {
                 gpu->apply(0, 0, 0, 0, 0, dst, data, length);
-                old = apply_word(sr, h.signal, gpu.get(), reason);
+                signal_word(sr, h.signal, gpu.get(), reason);
             } catch (const std::exception&) {
                 reason = kReasonFailed;
             }
@@ -230,7 +246,7 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
     }
     unpin(dr);
     unpin(sr);
-    answer(eng, param->replyEp, h.signal, reason, old);
+    answer(eng, param->replyEp, h.signal, reason, 0);
     return api::kOk;
 }
 

@@ -52,7 +52,7 @@ mori::native::Registration reg([](py::module_& root) {
         "errors as ucx_atomic's. size is at most UCX_MAX_SIGNAL_PUT_BYTES.");
     py::list entryPoints;
     for (const auto& [name, field] : mori::gpu::kDriverEntryPoints) entryPoints.append(name);
-    entryPoints.append(mori::ucx::kLaunchKernelEntryPoint);
+    for (const auto& [name, field] : mori::ucx::kGpuWordsEntryPoints) entryPoints.append(name);
     m.attr("UCX_GPU_ENTRY_POINTS") = py::tuple(entryPoints);
     m.def(
         "ucx_serve_gpu",
@@ -72,7 +72,7 @@ mori::native::Registration reg([](py::module_& root) {
                 return it->second;
             };
             for (const auto& [name, field] : mori::gpu::kDriverEntryPoints) c.driver.*field = entry(name);
-            c.launchKernel = entry(mori::ucx::kLaunchKernelEntryPoint);
+            for (const auto& [name, field] : mori::ucx::kGpuWordsEntryPoints) c.*field = entry(name);
             c.bounce = bounce;
             c.bounceBytes = bounceBytes;
             c.stage = stage;

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/staging.hpp"
@@ -44,10 +45,10 @@ using gpu::Staged;
 // Handles and entry points (CUcontext, CUfunction, CUstream as addresses).
 struct GpuWordsConfig {
     uintptr_t context = 0, function = 0, stream = 0;
-    uintptr_t result = 0;     // 8 bytes of host-mapped pinned memory: host address
-    uintptr_t resultDev = 0;  // its device address (the kernel's last argument)
-    gpu::Driver driver;       // the staging's entry points
-    uintptr_t launchKernel = 0;
+    uintptr_t result = 0;                                // 8 bytes of host-mapped pinned memory: host address
+    uintptr_t resultDev = 0;                             // its device address (the kernel's last argument)
+    gpu::Driver driver;                                  // the staging's entry points
+    uintptr_t launchKernel = 0, streamWriteValue64 = 0;  // kGpuWordsEntryPoints
     uintptr_t bounce = 0;  // pinned host memory of the context: small copies go through it
     size_t bounceBytes = 0;
     bool stage = false;     // transfers of GPU memory go through here, UCX sees host memory only
@@ -62,8 +63,11 @@ struct GpuWordsConfig {
 // batch's copies overlap.
 inline constexpr size_t kCopyInPlaceBytes = size_t{32} << 10;
 
-// The entry point GpuWords needs beyond the staging's (gpu::kDriverEntryPoints).
-inline constexpr const char* kLaunchKernelEntryPoint = "cuLaunchKernel";
+// The entry points GpuWords needs beyond the staging's (gpu::kDriverEntryPoints), by driver name.
+inline constexpr std::pair<const char*, uintptr_t GpuWordsConfig::*> kGpuWordsEntryPoints[] = {
+    {"cuLaunchKernel", &GpuWordsConfig::launchKernel},
+    {"cuStreamWriteValue64", &GpuWordsConfig::streamWriteValue64},
+};
 
 class GpuWords {
 public:
@@ -78,6 +82,12 @@ public:
     // Throws std::runtime_error naming the driver call that failed, or the wait that timed out.
     uint64_t apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst = 0,
                    const void* src = nullptr, size_t bytes = 0);
+    // A signal put's signal on the 64-bit word at device address addr, after its bytes as apply()
+    // copies them: a store is written by the stream itself once the copy is visible (no kernel: a
+    // launch costs several microseconds more), a fetch_add by the atomic's kernel. Waited for; the
+    // old value is not kept. Throws as apply().
+    void signal(uint64_t addr, uint8_t op, uint64_t value, uint64_t dst = 0, const void* src = nullptr,
+                size_t bytes = 0);
     bool serves_words() const { return c_.function != 0; }
 
     // The staging's (gpu::Stager), on its first lane (one stream: the engine's atomics and staged

@@ -272,8 +272,8 @@ Outcome HeapWindow::put_signal(int pe, uint64_t offset, uint64_t local, uint64_t
     }
     try {
         Staged staged;
-        remote_signal_put(*engine_, *peers_[pe], signal_put(offset, local, bytes, sigOffset, op, value, staged),
-                          timeout_);
+        remote_signal_put(*engine_, *peers_[pe],
+                          signal_put(offset, host_bytes(local, bytes, staged), bytes, sigOffset, op, value), timeout_);
     } catch (const std::invalid_argument& e) {
         return Outcome{kErrInvalidArgs, e.what()};
     } catch (const std::exception& e) {
@@ -287,15 +287,16 @@ std::string HeapWindow::check_signal_put(int pe, uint64_t offset, uint64_t bytes
     return why.empty() ? check(pe, sigOffset, 8, "the signal of a put with signal") : why;
 }
 
-SignalPut HeapWindow::signal_put(uint64_t offset, uint64_t local, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
-                                 uint64_t value, Staged& staged) const {
-    const void* src = reinterpret_cast<const void*>(local);
-    if (bytes != 0 && heap_.gpu && in_heap(local, bytes)) {
-        const std::shared_ptr<GpuWords> gpu = engine_->gpu_words();
-        if (!gpu) throw std::runtime_error("the engine stages no GPU memory (serve_gpu was not called)");
-        staged = gpu->to_host(local, bytes, true);
-        src = staged.data();
-    }
+const void* HeapWindow::host_bytes(uint64_t local, uint64_t bytes, Staged& staged) const {
+    if (bytes == 0 || !heap_.gpu || !in_heap(local, bytes)) return reinterpret_cast<const void*>(local);
+    const std::shared_ptr<GpuWords> gpu = engine_->gpu_words();
+    if (!gpu) throw std::runtime_error("the engine stages no GPU memory (serve_gpu was not called)");
+    staged = gpu->to_host(local, bytes, true);
+    return staged.data();
+}
+
+SignalPut HeapWindow::signal_put(uint64_t offset, const void* src, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
+                                 uint64_t value) const {
     const uint64_t chunk = heap_.chunk;
     return SignalPut{heap_.firstId + offset / chunk,    offset % chunk,    src, bytes,
                      heap_.firstId + sigOffset / chunk, sigOffset % chunk, op,  value};
@@ -349,15 +350,24 @@ HeapWindow::Posted HeapWindow::post(Op op, int pe, uint64_t offset, uint64_t loc
 
 std::unique_ptr<AtomicInFlight> HeapWindow::start_signal_put(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
                                                              uint64_t sigOffset, AtomicOp op, uint64_t value) {
-    const std::string why = check_signal_put(pe, offset, bytes, sigOffset);
-    if (!why.empty()) throw std::invalid_argument(why);
-    if (!one_message(offset, local, bytes))
+    if (!in_heap(local, bytes) || !fits_one_message(offset, bytes))
         throw std::invalid_argument("one message carries a put with signal of 1 to " +
                                     std::to_string(kMaxSignalPutBytes) +
                                     " bytes from the local heap into one chunk of the remote heap");
     Staged staged;  // its bytes are copied into the request: staged may go once it is sent
-    return std::make_unique<AtomicInFlight>(*engine_, peers_[pe],
-                                            signal_put(offset, local, bytes, sigOffset, op, value, staged), timeout_);
+    return start_signal_put_bytes(pe, offset, host_bytes(local, bytes, staged), bytes, sigOffset, op, value);
+}
+
+std::unique_ptr<AtomicInFlight> HeapWindow::start_signal_put_bytes(int pe, uint64_t offset, const void* data,
+                                                                   uint64_t bytes, uint64_t sigOffset, AtomicOp op,
+                                                                   uint64_t value) {
+    const std::string why = check_signal_put(pe, offset, bytes, sigOffset);
+    if (!why.empty()) throw std::invalid_argument(why);
+    if (!fits_one_message(offset, bytes))
+        throw std::invalid_argument("one message carries a put with signal of 1 to " +
+                                    std::to_string(kMaxSignalPutBytes) + " bytes into one chunk of the remote heap");
+    return std::make_unique<AtomicInFlight>(*engine_, peers_[pe], signal_put(offset, data, bytes, sigOffset, op, value),
+                                            timeout_);
 }
 
 std::unique_ptr<AtomicInFlight> HeapWindow::start_atomic(int pe, AtomicOp op, uint64_t offset, uint64_t value,

@@ -124,6 +124,10 @@ public:
     // outside the heap.
     std::unique_ptr<AtomicInFlight> start_signal_put(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
                                                      uint64_t sigOffset, AtomicOp op, uint64_t value);
+    // The same for bytes the caller holds in host memory at `data` (a kernel's inline bytes), into
+    // one chunk of the PE's heap (fits_one_chunk); throws std::invalid_argument otherwise.
+    std::unique_ptr<AtomicInFlight> start_signal_put_bytes(int pe, uint64_t offset, const void* data, uint64_t bytes,
+                                                           uint64_t sigOffset, AtomicOp op, uint64_t value);
 
     // Transfers whose local side went through the staging area, and that were registered for
     // the transfer; buffers registered now.
@@ -135,7 +139,11 @@ public:
     // Whether a put with signal of bytes from local to heap offset `offset` can travel as one
     // message: 1 to kMaxSignalPutBytes from the local heap, into one chunk (memory id) of the PE's.
     bool one_message(uint64_t offset, uint64_t local, uint64_t bytes) const {
-        return bytes != 0 && bytes <= kMaxSignalPutBytes && in_heap(local, bytes) && one_chunk(offset, bytes);
+        return in_heap(local, bytes) && fits_one_message(offset, bytes);
+    }
+    // Whether 1 to kMaxSignalPutBytes at heap offset `offset` lie in one chunk (memory id).
+    bool fits_one_message(uint64_t offset, uint64_t bytes) const {
+        return bytes != 0 && bytes <= kMaxSignalPutBytes && one_chunk(offset, bytes);
     }
     double timeout() const { return timeout_; }
     // Releases the buffers and the staging area, and lets the peers go (the window takes no
@@ -158,11 +166,13 @@ private:
     bool find_local(uint64_t addr, uint64_t bytes, Local& out) const;  // the heap or a registered buffer
     // "" when pe has a peer and both a put with signal's range and its signal word lie in the heap.
     std::string check_signal_put(int pe, uint64_t offset, uint64_t bytes, uint64_t sigOffset) const;
-    // The signal put of bytes at local to heap offset `offset`, with its signal. Its source is host
-    // memory: the heap's GPU bytes are copied out into `staged` (waited for, through the engine's
-    // GPU staging; std::runtime_error when the engine has none or the copy failed), else local.
-    SignalPut signal_put(uint64_t offset, uint64_t local, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
-                         uint64_t value, Staged& staged) const;
+    // The bytes at local as host memory: the heap's GPU bytes copied out into `staged` (waited
+    // for, through the engine's GPU staging; std::runtime_error when the engine has none or the
+    // copy failed), else local itself.
+    const void* host_bytes(uint64_t local, uint64_t bytes, Staged& staged) const;
+    // The signal put of the host bytes at src to heap offset `offset` (one chunk), with its signal.
+    SignalPut signal_put(uint64_t offset, const void* src, uint64_t bytes, uint64_t sigOffset, AtomicOp op,
+                         uint64_t value) const;
     // Memory registered for the transfers in flight in [addr, addr + bytes) (shared with those
     // already holding it): as GPU memory when gpu; eitherKind: as the other kind where refused.
     std::shared_ptr<Lease> lease(uint64_t addr, uint64_t bytes, bool gpu, bool eitherKind);

@@ -7,7 +7,8 @@
 //   The local buffer of a put or get must be global memory (the proxy's UCX reads or writes it),
 //   except puts of up to 16 bytes, whose bytes travel in the command.
 // - blocking put/get, p, atomics, g: the calling group waits until the proxy completed it.
-// - put with signal: the proxy applies the signal once the target has the bytes.
+// - put with signal: the proxy applies the signal once the target has the bytes; up to 8 bytes
+//   travel in the command, and with the signal in one message.
 // - quiet: waits until every command this PE posted is complete; fence: a command after which
 //   the proxy starts nothing to a PE until that PE's earlier commands are complete (none when
 //   nothing is in flight); the barrier's arrival at a remote PE is an atomic store that the
@@ -182,6 +183,15 @@ MORI_DEVICE_FUNC void ProxyPutSignal(const void* sym, const void* source, size_t
                    bytes,     sigVal,
                    sigOffset, add ? kProxyAmoFetchAdd : kProxyAmoStore,
                    64,        kProxyFlagSignal};
+    if (bytes != 0 && bytes <= 8) {
+      // A few bytes travel in the command: the proxy sends them with the signal in one message,
+      // with no copy out of the GPU first (the source may be any memory of this thread).
+      const unsigned char* from = static_cast<const unsigned char*>(source);
+      uint64_t word = 0;
+      for (size_t i = 0; i < bytes; ++i) word |= static_cast<uint64_t>(from[i]) << (8 * i);
+      r.local = word;
+      r.flags |= kProxyFlagInline;
+    }
     ProxyPost(r, op);
   }
 }

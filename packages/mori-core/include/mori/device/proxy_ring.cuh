@@ -35,6 +35,9 @@ constexpr unsigned int kProxyFlagOrdered = 2u;  // start once every earlier comm
 constexpr unsigned int kProxyFlagSignal = 4u;   // a put with signal: once the bytes are written,
                                                 // apply op `op` with `value` to the 64-bit word at
                                                 // heap offset `compare` of the same PE
+constexpr unsigned int kProxyFlagInline = 8u;   // with kProxyFlagSignal: the put's 1 to 8 bytes are
+                                                // carried in `local` (first byte lowest), not read
+                                                // from an address
 
 // The atomic codes of mori-core's UCX engine (ucx/atomic.hpp's AtomicOp), for ProxySlot::op.
 constexpr unsigned int kProxyAmoFetchAdd = 1, kProxyAmoCompareSwap = 2, kProxyAmoSwap = 3, kProxyAmoStore = 4,
@@ -45,7 +48,7 @@ struct ProxySlot {
   unsigned int command;        // ProxyCommand
   int pe;                      // target PE
   unsigned long long remote;   // heap offset at the target
-  unsigned long long local;    // local address (put source, get destination)
+  unsigned long long local;    // local address (put source, get destination); inline signal bytes
   unsigned long long bytes;    // bytes to move (inline: 1..16 / 1..8)
   unsigned long long value;    // atomic operand, signal value, inline bytes; the reply
   unsigned long long compare;  // compare-swap's compare, signal offset, inline bytes 8..15

@@ -13,7 +13,8 @@ progressing the engine's worker itself first.
 :func:`signal_put` writes up to :data:`MAX_SIGNAL_PUT_BYTES` and then sets or adds to a 64-bit
 signal word, in one message: the target checks both places, writes the bytes, then applies the
 signal's atomic, so whoever sees the signal sees the data. On GPU memory the bytes are a copy-engine
-copy and the signal's atomic a kernel after it on the same stream.
+copy and the signal follows on the same stream: a set written by the stream itself
+(``cuStreamWriteValue64``), an add by the atomics' kernel.
 
 :func:`serve_gpu` makes an engine serve both on its GPU regions: a one-thread kernel (compiled
 here by NVRTC) applies each atomic on the device, on a non-blocking stream of the caller's
