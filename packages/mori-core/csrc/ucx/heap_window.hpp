@@ -125,7 +125,7 @@ public:
     std::unique_ptr<AtomicInFlight> start_signal_put(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
                                                      uint64_t sigOffset, AtomicOp op, uint64_t value);
     // The same for bytes the caller holds in host memory at `data` (a kernel's inline bytes), into
-    // one chunk of the PE's heap (fits_one_chunk); throws std::invalid_argument otherwise.
+    // one chunk of the PE's heap (fits_one_message); throws std::invalid_argument otherwise.
     std::unique_ptr<AtomicInFlight> start_signal_put_bytes(int pe, uint64_t offset, const void* data, uint64_t bytes,
                                                            uint64_t sigOffset, AtomicOp op, uint64_t value);
 
