@@ -69,19 +69,18 @@ void DeviceSource::drain() noexcept {
 }
 
 std::shared_ptr<Landing> LandingRun::place(gpu::Stager& stager, uint64_t dst, uint64_t bytes) {
-    // A block that lands on bytes of a block already in the run goes in a copy after the run's:
-    // the copies of one batch call run in no set order, and the later block must win, as it
-    // does in host memory.
-    const auto overlaps = [&](const gpu::DeviceRange& r) { return dst < r.addr + r.bytes && r.addr < dst + bytes; };
+    // A block that lands on bytes of a block already in the run goes in a copy after the run's
+    // (gpu/disjoint_ranges.hpp); the last condition adds it to the run's ranges when it joins.
     if (open_ && (&stager != stager_ || open_->filled + bytes > open_->staged.size() ||
-                  open_->ranges.size() == kMaxRangesPerCopy ||
-                  std::any_of(open_->ranges.begin(), open_->ranges.end(), overlaps)))
+                  open_->ranges.size() == kMaxRangesPerCopy || !openRanges_.add(dst, bytes)))
         close();
     if (!open_) {
         auto fresh = std::make_shared<Landing>();
         fresh->staged = stager.landing(kStagePiece);
         stager_ = &stager;
         open_ = std::move(fresh);
+        openRanges_.clear();
+        openRanges_.add(dst, bytes);
     }
     open_->ranges.push_back({dst, bytes});
     open_->filled += bytes;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/disjoint_ranges.hpp"
 #include "gpu/staging.hpp"
 #include "tcp/wire.hpp"
 
@@ -103,6 +104,7 @@ private:
     gpu::Stager* stager_ = nullptr;
     size_t lane_ = gpu::Stager::thread_lane();
     std::shared_ptr<Landing> open_;
+    gpu::DisjointRanges openRanges_;  // the open landing's blocks in device memory
 };
 
 // Device bytes [dst, dst + bytes) received from a socket: each piece lands in host memory and is

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "batch/plan.hpp"
+#include "gpu/disjoint_ranges.hpp"
 #include "ucx/wire.hpp"
 
 namespace mori::ucx {
@@ -436,7 +437,7 @@ void check_remote_rows(const RemoteRegion& rr, const Dealt& d, uint64_t remoteId
 std::vector<Planned> plan_parts(const Dealt& d, size_t firstLane, size_t lanes, bool rma, uint64_t ownBytes,
                                 uint64_t plan::Row::* scatter, size_t maxEntries) {
     std::vector<Planned> planned;
-    DisjointRanges landing;
+    gpu::DisjointRanges landing;
     auto lands_apart = [&](const plan::Row& row) { return scatter == nullptr || landing.add(row.*scatter, row.bytes); };
     for (size_t r = 0; r + 1 < d.bounds.size(); ++r) {
         const size_t lane = (firstLane + r) % lanes;

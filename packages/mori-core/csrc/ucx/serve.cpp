@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "base/copy_for_device.hpp"
+#include "gpu/disjoint_ranges.hpp"
 #include "ucx/wire.hpp"
 
 namespace mori::ucx {
@@ -229,7 +230,7 @@ bool check_blocks(std::unique_ptr<Serve>& s, const RequestHeader& h, const uint8
     const size_t n = h.count;
     s->iov.resize(n);
     size_t gpuBlocks = 0;
-    DisjointRanges landing;  // a staged group's blocks (writes)
+    gpu::DisjointRanges landing;  // a staged group's blocks (writes)
     for (size_t i = 0; i < n; ++i) {
         Entry e;
         std::memcpy(&e, entries + i * sizeof(Entry), sizeof(e));

@@ -11,11 +11,9 @@
 // Integers are little-endian (both ends x86-64 or aarch64 Linux).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "base/reasons.hpp"
@@ -32,30 +30,6 @@ constexpr unsigned kAmRequest = 0x4d30, kAmReply = 0x4d31, kAmNote = 0x4d32;
 // memory staged at an end move as one gathered copy out, one scattered copy in; a target refuses
 // a group of its staged GPU memory over this size (the pinned memory one message takes).
 constexpr uint64_t kGroupBytes = 256 << 10;
-
-// The blocks of a group that one scattered copy takes into staged GPU memory: its copies run in
-// no set order, so no two may land on the same bytes (in host memory the later block wins; an
-// initiator starts a new group there, a target refuses such a group). Blocks in either order,
-// one after another, cost one comparison each; others are compared with every block so far.
-class DisjointRanges {
-public:
-    // Whether [at, at + bytes) overlaps none of the ranges added; added when it does not.
-    bool add(uint64_t at, uint64_t bytes) {
-        const uint64_t end = at + bytes;
-        if (!ranges_.empty() && at < hi_ && end > lo_)
-            for (const auto& [a, e] : ranges_)
-                if (at < e && a < end) return false;
-        lo_ = ranges_.empty() ? at : std::min(lo_, at);
-        hi_ = ranges_.empty() ? end : std::max(hi_, end);
-        ranges_.emplace_back(at, end);
-        return true;
-    }
-    void clear() { ranges_.clear(); }
-
-private:
-    std::vector<std::pair<uint64_t, uint64_t>> ranges_;
-    uint64_t lo_ = 0, hi_ = 0;
-};
 
 constexpr uint32_t kMagic = 0x4d435530;  // "0UCM"
 
