@@ -33,7 +33,8 @@ KIT = {"base": set(), "batch": {"base"}}
 # Each plane's interface: the headers other folders may include.
 INTERFACES = {
     "host": {"live_ranges.hpp"},
-    "gpu": {"staging.hpp", "host_standin.hpp"},
+    # disjoint_ranges.hpp: the rule of a scattered copy's ranges, which every gathering plane asks.
+    "gpu": {"staging.hpp", "host_standin.hpp", "disjoint_ranges.hpp"},
     "tcp": {"engine.hpp"},
     "ucx": {"engine.hpp", "wire.hpp", "atomic.hpp", "heap_window.hpp"},
     # window.hpp: the registrations the UCX engine publishes to same-host initiators' direct copies.
