@@ -149,6 +149,36 @@ def test_a_delayed_copy_is_polled_until_it_ends():
     assert out.copied()
 
 
+def test_a_store_behind_a_copy_lands_after_its_bytes_and_ends_with_it():
+    """to_device_then_store: the signal after its data. With the copy's end delayed, the word is
+    still unwritten while the staged memory says the copy runs, and both are in once it ended."""
+    stager = testing.standin_stager()
+    testing.standin_knobs(delay=0.05)
+    data, dst = _bytes(13, 13), np.zeros(16, dtype=np.uint8)
+    word = np.zeros(2, dtype=np.uint64)
+    landing = stager.landing(13)
+    ctypes_view = (np.ctypeslib.as_ctypes_type(np.uint8) * 13).from_address(landing.address)
+    np.copyto(np.frombuffer(ctypes_view, dtype=np.uint8), data)
+    stager.to_device_then_store(
+        int(dst.ctypes.data), landing, int(word.ctypes.data) + 8, 0xFEEDFACE12345678, wait=False
+    )
+    assert not landing.copied() and word[1] == 0
+    landing.wait()
+    assert word[1] == 0xFEEDFACE12345678 and word[0] == 0
+    assert np.array_equal(dst[:13], data) and not dst[13:].any()
+
+
+def test_a_store_with_no_bytes_is_waited_for_and_a_misaligned_word_is_refused():
+    stager = testing.standin_stager()
+    testing.standin_knobs(delay=0.02)
+    word = np.zeros(2, dtype=np.uint64)
+    stager.to_device_then_store(0, stager.landing(0), int(word.ctypes.data), 7, wait=False)
+    assert word[0] == 7  # (no bytes: waited for all the same)
+    with pytest.raises(ValueError, match="8-byte aligned"):
+        stager.to_device_then_store(0, stager.landing(0), int(word.ctypes.data) + 4, 9)
+    assert word[0] == 7 and word[1] == 0
+
+
 def test_close_waits_for_memory_still_lent_then_refuses_new_loans():
     stager = testing.standin_stager(timeout=5.0)
     held = stager.landing(4096)

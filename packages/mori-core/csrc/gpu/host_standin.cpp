@@ -1,7 +1,7 @@
 // A host stand-in for the driver entry points of a Stager (staging.hpp), so that machines with no
 // GPU (CI) run the staging code itself: the "device" is host memory, a copy is a memcpy made when
-// it is queued, the word written after it (cuStreamWriteValue32) is written `delay` seconds
-// later (by a thread of the stand-in, in the order queued), pinned memory is heap memory.
+// it is queued, the words written after it (cuStreamWriteValue32 and 64) are written `delay`
+// seconds later (by a thread of the stand-in, in the order queued), pinned memory is heap memory.
 // Its batch call copies every range at once, last to first. Knobs make it fail: the n-th copy from now (its
 // CUresult is 999, CUDA_ERROR_UNKNOWN; a batch call is one copy), the batch call itself, every
 // allocation of pinned memory, every copy's end (its word never written, its stream never
@@ -45,8 +45,17 @@ std::atomic<uint64_t> copies{0}, batches{0}, largestBatch{0}, copiedBytes{0}, al
 // queued while the stand-in hung (never written: its stream never becomes idle).
 struct Write {
     int64_t atNs;
-    std::atomic<uint32_t>* word;
-    uint32_t value;
+    uint64_t addr;
+    uint64_t value;
+    bool wide;  // 64 bits, else 32
+
+    void store() const {
+        if (wide)
+            reinterpret_cast<std::atomic<uint64_t>*>(addr)->store(value, std::memory_order_release);
+        else
+            reinterpret_cast<std::atomic<uint32_t>*>(addr)->store(static_cast<uint32_t>(value),
+                                                                  std::memory_order_release);
+    }
 };
 struct Writes {
     std::mutex mu;
@@ -71,7 +80,7 @@ void write_later() {
             w.cv.wait_for(lk, std::chrono::nanoseconds(next.atNs - now_ns()));
             continue;
         }
-        next.word->store(next.value, std::memory_order_release);
+        next.store();
         w.queued.pop_front();
     }
 }
@@ -140,8 +149,9 @@ int host_device_pointer(uint64_t* dptr, void* p, unsigned) {
     *dptr = reinterpret_cast<uint64_t>(p);
     return 0;
 }
-int write_value(void*, uint64_t addr, uint32_t value, unsigned) {
-    auto* word = reinterpret_cast<std::atomic<uint32_t>*>(addr);
+// Both widths of cuStreamWriteValue: in order with every other write, after the delay.
+int write_value(uint64_t addr, uint64_t value, bool wide) {
+    const Write write{now_ns() + delayNs.load(), addr, value, wide};
     Writes& w = writes();
     std::lock_guard lk(w.mu);
     if (hang.load()) {
@@ -152,17 +162,18 @@ int write_value(void*, uint64_t addr, uint32_t value, unsigned) {
         w.failed = true;
         return 0;
     }
-    const int64_t delay = delayNs.load();
-    if (delay == 0 && w.queued.empty()) {
-        word->store(value, std::memory_order_release);
+    if (delayNs.load() == 0 && w.queued.empty()) {
+        write.store();
         return 0;
     }
     static std::once_flag started;
     std::call_once(started, [] { std::thread(write_later).detach(); });
-    w.queued.push_back(Write{now_ns() + delay, word, value});
+    w.queued.push_back(write);
     w.cv.notify_all();
     return 0;
 }
+int write_value32(void*, uint64_t addr, uint32_t value, unsigned) { return write_value(addr, value, false); }
+int write_value64(void*, uint64_t addr, uint64_t value, unsigned) { return write_value(addr, value, true); }
 int pointer_attribute(void* data, int, uint64_t) {
     *static_cast<unsigned*>(data) = 2;  // CU_MEMORYTYPE_DEVICE: host memory stands in for the GPU's
     return 0;
@@ -184,7 +195,8 @@ StagingConfig config(double timeout, size_t cacheBytes) {
     d.memHostAlloc = reinterpret_cast<uintptr_t>(&host_alloc);
     d.memFreeHost = reinterpret_cast<uintptr_t>(&free_host);
     d.memHostGetDevicePointer = reinterpret_cast<uintptr_t>(&host_device_pointer);
-    d.streamWriteValue32 = reinterpret_cast<uintptr_t>(&write_value);
+    d.streamWriteValue32 = reinterpret_cast<uintptr_t>(&write_value32);
+    d.streamWriteValue64 = reinterpret_cast<uintptr_t>(&write_value64);
     d.pointerGetAttribute = reinterpret_cast<uintptr_t>(&pointer_attribute);
     d.memcpyBatchAsync = reinterpret_cast<uintptr_t>(&memcpy_batch);
     c.timeout = timeout;

@@ -31,6 +31,7 @@ using MemHostAllocFn = int (*)(void** p, size_t bytes, unsigned flags);
 using MemFreeHostFn = int (*)(void* p);
 using MemHostGetDevicePointerFn = int (*)(uint64_t* dptr, void* p, unsigned flags);
 using StreamWriteValue32Fn = int (*)(void* stream, uint64_t addr, uint32_t value, unsigned flags);
+using StreamWriteValue64Fn = int (*)(void* stream, uint64_t addr, uint64_t value, unsigned flags);
 using PointerGetAttributeFn = int (*)(void* data, int attribute, uint64_t ptr);
 constexpr int kPointerMemoryType = 2;      // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
 constexpr unsigned kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
@@ -559,6 +560,23 @@ void Stager::to_device(const DeviceRange* ranges, size_t count, Staged& src, boo
     pool_->count_copy(true, bytes);
     pool_->count_queue(start);
     follow(op, src, wait, "a copy to the GPU");
+}
+
+void Stager::to_device_then_store(uint64_t dst, Staged& src, uint64_t word, uint64_t value, bool wait, size_t lane) {
+    if (word % 8 != 0) throw std::invalid_argument("a 64-bit store needs an 8-byte aligned device address");
+    const int64_t start = now_ns();
+    Op op(*this, lane);
+    if (!src.empty()) {
+        const DeviceRange range{dst, src.size()};
+        queue_copies(op, true, src, &range, 1);
+        pool_->count_copy(true, src.size());
+    }
+    // Flags 0: the store waits for the stream's earlier writes (the bytes) to be visible.
+    check(reinterpret_cast<StreamWriteValue64Fn>(c_.driver.streamWriteValue64)(reinterpret_cast<void*>(op.stream()),
+                                                                               word, value, 0),
+          "cuStreamWriteValue64");
+    pool_->count_queue(start);
+    follow(op, src, wait || src.empty(), "a copy to the GPU and a store behind it");
 }
 
 Staged Stager::to_host(uint64_t src, size_t bytes, bool wait, size_t lane) {

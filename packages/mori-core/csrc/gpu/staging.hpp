@@ -41,7 +41,7 @@ void own_thread();
 struct Driver {
     uintptr_t ctxSetCurrent = 0, ctxPushCurrent = 0, ctxPopCurrent = 0, exchangeCaptureMode = 0;
     uintptr_t streamQuery = 0, memcpyHtoDAsync = 0, memcpyDtoHAsync = 0, memHostAlloc = 0, memFreeHost = 0;
-    uintptr_t memHostGetDevicePointer = 0, streamWriteValue32 = 0, pointerGetAttribute = 0;
+    uintptr_t memHostGetDevicePointer = 0, streamWriteValue32 = 0, streamWriteValue64 = 0, pointerGetAttribute = 0;
     // Optional (0: the driver lacks it): cuMemcpyBatchAsync in its CUDA 13 form (gpu/memcpy_batch.hpp).
     uintptr_t memcpyBatchAsync = 0;
 };
@@ -59,6 +59,7 @@ inline constexpr std::pair<const char*, uintptr_t Driver::*> kDriverEntryPoints[
     {"cuMemFreeHost", &Driver::memFreeHost},
     {"cuMemHostGetDevicePointer", &Driver::memHostGetDevicePointer},
     {"cuStreamWriteValue32", &Driver::streamWriteValue32},
+    {"cuStreamWriteValue64", &Driver::streamWriteValue64},
     {"cuPointerGetAttribute", &Driver::pointerGetAttribute},
 };
 
@@ -196,6 +197,13 @@ public:
     // run in no set order).
     Staged to_host(const DeviceRange* ranges, size_t count, bool wait = true, size_t lane = 0);
     void to_device(const DeviceRange* ranges, size_t count, Staged& src, bool wait = true, size_t lane = 0);
+    // to_device of src's bytes (none when src is empty), then a store of the 64-bit `value` at
+    // device address `word` (8-byte aligned) behind the copy on the same stream
+    // (cuStreamWriteValue64, which makes the copy's bytes visible first): whoever sees the word
+    // sees the bytes, as a signal after its data. src tells the end of both; with no bytes (src
+    // empty) the store is waited for here whatever `wait` says.
+    void to_device_then_store(uint64_t dst, Staged& src, uint64_t word, uint64_t value, bool wait = true,
+                              size_t lane = 0);
     // The calling thread's lane: threads take lanes in turn as they first ask.
     static size_t thread_lane();
     // Waits (at most the timeout) for memory still lent, then frees what the pool keeps; later

@@ -116,6 +116,16 @@ mori::native::Registration reg([](py::module_& root) {
             py::arg("dst"), py::arg("staged"), py::arg("wait") = true,
             "Copies staged bytes to device address dst (waited for unless wait is False).")
         .def(
+            "to_device_then_store",
+            [](Stager& s, uint64_t dst, Staged& src, uint64_t word, uint64_t value, bool wait) {
+                py::gil_scoped_release nogil;
+                s.to_device_then_store(dst, src, word, value, wait);
+            },
+            py::arg("dst"), py::arg("staged"), py::arg("word"), py::arg("value"), py::arg("wait") = true,
+            "to_device, then the 64-bit value stored at device address word (8-byte aligned) behind the copy on "
+            "its stream, visible after the copied bytes (a signal after its data); the staged memory's wait and "
+            "copied() tell the end of both.")
+        .def(
             "gather_to_host",
             [](Stager& s, const std::vector<std::pair<uint64_t, uint64_t>>& ranges, bool wait) {
                 std::vector<DeviceRange> rs;

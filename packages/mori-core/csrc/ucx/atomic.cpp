@@ -135,25 +135,42 @@ uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, Gp
 }
 
 // Applies a signal put's signal h to its word (checked by word_reason), after copying the put's
-// bytes (data, bytes) to device address dst when given: on GPU memory through GpuWords::signal.
-// A driver failure sets reason to kReasonFailed. (The answer's old value is 0: no initiator
-// reads a signal put's.)
-void signal_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
-                 uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
+// bytes (data, bytes) to device address dst when given: on GPU memory through GpuWords::signal,
+// waited for unless !wait, when a store and its copy may run on: the result then tells their end
+// (empty: nothing runs). A driver failure sets reason to kReasonFailed. (The answer's old value
+// is 0: no initiator reads a signal put's.)
+Staged signal_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
+                   bool wait = true, uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
     if (!r->gpu()) {
         apply_word(r, h, gpu, reason);
-        return;
+        return Staged();
     }
     try {
-        gpu->signal(r->addr + h.offset, h.op, h.value, dst, data, bytes);
+        return gpu->signal(r->addr + h.offset, h.op, h.value, dst, data, bytes, wait);
     } catch (const std::exception&) {
         reason = kReasonFailed;
+        return Staged();
     }
 }
 
 void unpin(const std::shared_ptr<Region>& r) {
     if (r) r->unpin();
 }
+
+// A signal put into GPU memory whose copy and store run on after its handler returned: the
+// worker takes the next messages meanwhile (the answer does not hold it for the GPU), and the
+// regions stay pinned, so that a deregistration waits for the store, until it ended.
+struct RunningSignal {
+    Staged staged;
+    std::shared_ptr<Region> data, word;
+    void release() {
+        unpin(data);
+        unpin(word);
+        data.reset();
+        word.reset();
+    }
+    ~RunningSignal() { release(); }  // also where the worker drops it unanswered (closed)
+};
 
 // Answers on the request's endpoint pair; a refusal is counted.
 void answer(Engine& eng, api::Endpoint* ep, const AtomicRequest& h, uint32_t reason, uint64_t old) {
@@ -234,7 +251,21 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
             // sequentially consistent (host) or after the copy's end (GPU): after the data for any observer
             signal_word(sr, h.signal, gpu.get(), reason);
         } else if (sr->gpu()) {
-            signal_word(sr, h.signal, gpu.get(), reason, dst, data, length);  // the copy, then the signal
+            // The copy, then the signal, answered once both ended (a later progress of this worker).
+            auto run = std::make_shared<RunningSignal>();
+            run->staged = signal_word(sr, h.signal, gpu.get(), reason, false, dst, data, length);
+            if (!run->staged.empty()) {
+                run->data = std::move(dr);
+                run->word = std::move(sr);
+                Engine* e = &eng;
+                api::Endpoint* ep = param->replyEp;
+                const AtomicRequest sig = h.signal;
+                static_cast<Worker*>(arg)->after_copy_locked(run->staged, [run, e, ep, sig](const std::string& error) {
+                    run->release();
+                    answer(*e, ep, sig, error.empty() ? kReasonNone : kReasonFailed, 0);
+                });
+                return api::kOk;
+            }
         } else {
             try {
                 gpu->apply(0, 0, 0, 0, 0, dst, data, length);
@@ -294,7 +325,7 @@ uint64_t send_request(Engine& engine, Peer& peer, const std::shared_ptr<Pending>
     if (engine.worker_count() == 0) throw std::runtime_error("the engine is closed");
     const uint64_t id = gNextId.fetch_add(1);
     Worker& w = engine.worker(0);
-    std::lock_guard lk(w.mutex());
+    auto lk = w.claim();
     // A peer that failed or closed may have had its link freed: ask the peer, under the lock
     // that its link's failure and reaping take.
     if (!w.alive() || !peer.healthy()) {

@@ -245,12 +245,12 @@ std::shared_ptr<Peer> Engine::connect(const std::string& key, const std::vector<
     try {
         for (size_t i = 0; i < workers_.size(); ++i) {
             Worker& w = *workers_[i];
-            std::lock_guard lk(w.mutex());
+            auto lk = w.claim();
             links.push_back(w.connect_locked(state, addresses[i % addresses.size()], opts_.lanes));
         }
     } catch (...) {
         for (size_t i = 0; i < links.size(); ++i) {
-            std::lock_guard lk(workers_[i]->mutex());
+            auto lk = workers_[i]->claim();
             workers_[i]->close_link_locked(*links[i], "could not connect");
         }
         throw;
@@ -331,7 +331,7 @@ void Peer::close() {
     }
     for (size_t i = 0; i < links_.size(); ++i) {
         Worker& w = engine_->worker(i);
-        std::lock_guard lk(w.mutex());
+        auto lk = w.claim();
         if (!w.alive()) continue;
         if (!links_[i]->eps.empty()) {
             std::string why = state_->failure();
@@ -350,7 +350,7 @@ std::string Peer::describe() {
     std::string out;
     for (size_t i = 0; i < links_.size(); ++i) {
         Worker& w = engine_->worker(i);
-        std::lock_guard lk(w.mutex());
+        auto lk = w.claim();
         if (closed_.load() || !w.alive()) break;  // the links may be freed
         for (api::Endpoint* ep : links_[i]->eps) out += print_to_string([ep](FILE* f) { fn().ep_print_info(ep, f); });
     }

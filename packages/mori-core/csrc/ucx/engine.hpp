@@ -281,8 +281,13 @@ public:
     const std::string& address() const { return address_; }
     int index() const { return index_; }
 
-    // Every UCX call on this worker holds its lock (the worker is created SERIALIZED).
-    std::mutex& mutex() { return mu_; }
+    // Every UCX call on this worker holds its lock (the worker is created SERIALIZED). A thread
+    // other than the progress thread (a caller posting, the device proxy sending) takes it here:
+    // announced first, so that the progress thread, which retakes it between its polls, stands
+    // aside until this thread has it (a device put's send waited 13 us for it behind the polls);
+    // tried a while before sleeping on it, since a sleeper wakes several microseconds late and
+    // the lock is seldom held that long.
+    std::unique_lock<std::mutex> claim();
     bool alive() const { return w_ != nullptr; }
     // Progresses once and runs what callbacks deferred; lock held. Returns UCX's event count.
     unsigned progress_locked();
@@ -335,6 +340,7 @@ private:
     std::atomic<bool> stop_{false};
     std::atomic<bool> sleeping_{false};
     std::atomic<int> leaders_{0};  // callers progressing this worker now
+    std::atomic<int> claims_{0};   // threads about to take mu_ (claim): the progress thread waits
     // While callers lead, the worker's event descriptor is out of the progress thread's epoll set
     // (mute): the events they progress themselves wake no one. Changed under mu_.
     std::atomic<bool> muted_{false};
@@ -468,7 +474,7 @@ bool Worker::lead(Done&& done, int64_t spinNs) {
     leaders_.fetch_add(1, std::memory_order_acq_rel);
     bool alive;
     {
-        std::unique_lock lk(mu_);
+        std::unique_lock lk = claim();
         alive = w_ != nullptr;
         if (alive) mute_locked(true);
         const int64_t until = now_ns() + spinNs;

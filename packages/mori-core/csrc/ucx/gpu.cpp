@@ -17,7 +17,6 @@ namespace {
 using LaunchKernelFn = int (*)(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned shared, void* stream, void** params, void** extra);
 using MemcpyHtoDAsyncFn = int (*)(uint64_t dst, const void* src, size_t bytes, void* stream);
-using StreamWriteValue64Fn = int (*)(void* stream, uint64_t addr, uint64_t value, unsigned flags);
 
 void check(int result, const char* call) {
     if (result != 0)
@@ -39,11 +38,9 @@ gpu::StagingConfig config_of(const GpuWordsConfig& c) {
 }  // namespace
 
 GpuWords::GpuWords(const GpuWordsConfig& c) : c_(c) {
-    if (!c.context || !c.function || !c.result || !c.resultDev || !c.bounce || c.bounceBytes == 0 || !c.launchKernel ||
-        !c.streamWriteValue64)
+    if (!c.context || !c.function || !c.result || !c.resultDev || !c.bounce || c.bounceBytes == 0 || !c.launchKernel)
         throw std::invalid_argument(
-            "GPU word operations need a context, a kernel, cuLaunchKernel, cuStreamWriteValue64, a result word and "
-            "a bounce buffer");
+            "GPU word operations need a context, a kernel, cuLaunchKernel, a result word and a bounce buffer");
     stager_ = std::make_shared<gpu::Stager>(config_of(c));  // checks the rest
 }
 
@@ -105,19 +102,20 @@ void GpuWords::copy_in(gpu::Stager::Op& op, uint64_t dst, const void* src, size_
     }
 }
 
-void GpuWords::signal(uint64_t addr, uint8_t op, uint64_t value, uint64_t dst, const void* src, size_t bytes) {
+Staged GpuWords::signal(uint64_t addr, uint8_t op, uint64_t value, uint64_t dst, const void* src, size_t bytes,
+                        bool wait) {
     if (op != kAtomicStore) {
         apply(addr, op, 64, value, 0, dst, src, bytes);
-        return;
+        return Staged();
     }
     if (!serves_words()) throw std::runtime_error("this engine serves no atomics on GPU memory");
-    gpu::Stager::Op stream(*stager_);
-    copy_in(stream, dst, src, bytes, false);
-    // Flags 0: the write waits for the stream's earlier writes (the bytes) to be visible.
-    check(reinterpret_cast<StreamWriteValue64Fn>(c_.streamWriteValue64)(reinterpret_cast<void*>(stream.stream()), addr,
-                                                                        value, 0),
-          "cuStreamWriteValue64");
-    stream.wait_stream("a signal's write");
+    Staged staged;
+    if (bytes != 0) {
+        staged = stager_->landing(bytes);
+        std::memcpy(staged.data(), src, bytes);
+    }
+    stager_->to_device_then_store(dst, staged, addr, value, wait);  // on lane 0, in order with the rest
+    return staged;
 }
 
 uint64_t GpuWords::apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst,

@@ -20,12 +20,13 @@
 // context's lock is held while its thread lazily loads a kernel or copies to pageable memory
 // behind a running kernel, and a kernel of the application that waits on this engine (a device
 // proxy's put) would then never see its data if the engine needed that lock (seen on the H100:
-// mori.ops' InterNodeV1 through the proxy). Each operation is waited for before the answer is
-// sent: at most `timeout` seconds (the engine's), as every wait of the engine. The handler that
-// waits holds its worker, so GPU work that never finishes would stall every peer of this engine;
-// after a second the wait says so on stderr, after the timeout the operation fails (and every
-// later one: the stream and the result word may still be in use). Driver entry points come in as
-// addresses (cuGetProcAddress through cuda-bindings): no CUDA headers, no toolkit at build time.
+// mori.ops' InterNodeV1 through the proxy). Each operation ends before the answer is sent, within
+// at most `timeout` seconds (the engine's), as every wait of the engine. A signal put's store with
+// bytes runs on while the worker takes the next messages (answered from a later progress); the
+// rest are waited for in the handler, which holds its worker, so GPU work that never finishes would stall every peer of
+// this engine; after a second the wait says so on stderr, after the timeout the operation fails (and every later one:
+// the stream and the result word may still be in use). Driver entry points come in as addresses (cuGetProcAddress
+// through cuda-bindings): no CUDA headers, no toolkit at build time.
 #pragma once
 
 #include <cstddef>
@@ -45,11 +46,11 @@ using gpu::Staged;
 // Handles and entry points (CUcontext, CUfunction, CUstream as addresses).
 struct GpuWordsConfig {
     uintptr_t context = 0, function = 0, stream = 0;
-    uintptr_t result = 0;                                // 8 bytes of host-mapped pinned memory: host address
-    uintptr_t resultDev = 0;                             // its device address (the kernel's last argument)
-    gpu::Driver driver;                                  // the staging's entry points
-    uintptr_t launchKernel = 0, streamWriteValue64 = 0;  // kGpuWordsEntryPoints
-    uintptr_t bounce = 0;  // pinned host memory of the context: small copies go through it
+    uintptr_t result = 0;        // 8 bytes of host-mapped pinned memory: host address
+    uintptr_t resultDev = 0;     // its device address (the kernel's last argument)
+    gpu::Driver driver;          // the staging's entry points
+    uintptr_t launchKernel = 0;  // kGpuWordsEntryPoints
+    uintptr_t bounce = 0;        // pinned host memory of the context: small copies go through it
     size_t bounceBytes = 0;
     bool stage = false;     // transfers of GPU memory go through here, UCX sees host memory only
     double timeout = 30.0;  // seconds an operation may wait for the GPU
@@ -66,7 +67,6 @@ inline constexpr size_t kCopyInPlaceBytes = size_t{32} << 10;
 // The entry points GpuWords needs beyond the staging's (gpu::kDriverEntryPoints), by driver name.
 inline constexpr std::pair<const char*, uintptr_t GpuWordsConfig::*> kGpuWordsEntryPoints[] = {
     {"cuLaunchKernel", &GpuWordsConfig::launchKernel},
-    {"cuStreamWriteValue64", &GpuWordsConfig::streamWriteValue64},
 };
 
 class GpuWords {
@@ -82,12 +82,14 @@ public:
     // Throws std::runtime_error naming the driver call that failed, or the wait that timed out.
     uint64_t apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst = 0,
                    const void* src = nullptr, size_t bytes = 0);
-    // A signal put's signal on the 64-bit word at device address addr, after its bytes as apply()
-    // copies them: a store is written by the stream itself once the copy is visible (no kernel: a
-    // launch costs several microseconds more), a fetch_add by the atomic's kernel. Waited for; the
-    // old value is not kept. Throws as apply().
-    void signal(uint64_t addr, uint8_t op, uint64_t value, uint64_t dst = 0, const void* src = nullptr,
-                size_t bytes = 0);
+    // A signal put's signal on the 64-bit word at device address addr, after its bytes (src, bytes)
+    // are copied to dst: a store is written by the stream itself once the copy is visible
+    // (Stager::to_device_then_store, the bytes staged in memory of the pool; no kernel: a launch
+    // costs several microseconds more), a fetch_add by the atomic's kernel after a copy as
+    // apply()'s. The old value is not kept. With wait, or for a fetch_add or no bytes, waited for
+    // here and the result is empty; else the store and its copy run on and the result tells their
+    // end (Staged::copied: the worker answers then, Worker::after_copy_locked). Throws as apply().
+    Staged signal(uint64_t addr, uint8_t op, uint64_t value, uint64_t dst, const void* src, size_t bytes, bool wait);
     bool serves_words() const { return c_.function != 0; }
 
     // The staging's (gpu::Stager), on its first lane (one stream: the engine's atomics and staged

@@ -596,7 +596,7 @@ std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Regi
         if (closed_.load() || !state_->failure().empty()) return failed(w, uid, kErrTransport, closed_why(), parent);
         return sameHost_->post(op, local, rows, nrows, remoteId, uid, notify, deadline, &link);
     }
-    std::unique_lock lk(worker.mutex());
+    std::unique_lock lk = worker.claim();
     if (!worker.alive()) throw std::runtime_error("the UCX engine is closed");
     // Closed: its links may be freed (checked under the worker's lock, which close takes too).
     if (closed_.load() || link.eps.empty() || !state_->failure().empty())

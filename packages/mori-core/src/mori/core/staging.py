@@ -11,7 +11,9 @@ that GPU memory is copied by the copy engine between the GPU and memory lent by 
 by piece (1 MiB), the copy of one piece running while the wire moves another, with no Python per
 transfer. Several ranges of device memory may go as one copy (:meth:`Stager.gather_to_host`,
 :meth:`Stager.scatter_to_device`: KV pages scattered in the GPU, back to back in pinned memory),
-queued in one ``cuMemcpyBatchAsync`` where the driver has it. The pool lends memory in powers of two from 64 KiB, keeps up to ``cache_bytes`` of it
+queued in one ``cuMemcpyBatchAsync`` where the driver has it. :meth:`Stager.to_device_then_store`
+copies bytes in and then stores a 64-bit word behind them on the same stream (a signal after its
+data: whoever sees the word sees the bytes). The pool lends memory in powers of two from 64 KiB, keeps up to ``cache_bytes`` of it
 for the next transfer and frees the rest; memory whose copy may still be running is never lent
 again. Every wait is bounded by the Stager's timeout; after one ran out, the Stager refuses more
 work (its stream may still be busy).

@@ -14,7 +14,8 @@ progressing the engine's worker itself first.
 signal word, in one message: the target checks both places, writes the bytes, then applies the
 signal's atomic, so whoever sees the signal sees the data. On GPU memory the bytes are a copy-engine
 copy and the signal follows on the same stream: a set written by the stream itself
-(``cuStreamWriteValue64``), an add by the atomics' kernel.
+(``cuStreamWriteValue64``), an add by the atomics' kernel. The target answers once both ended (a
+set with bytes runs on while its worker takes the next messages).
 
 :func:`serve_gpu` makes an engine serve both on its GPU regions: a one-thread kernel (compiled
 here by NVRTC) applies each atomic on the device, on a non-blocking stream of the caller's
