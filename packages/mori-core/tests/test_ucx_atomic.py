@@ -7,6 +7,8 @@ run under mori.shmem's remote transport (packages/mori-shmem/tests/test_remote.p
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -154,6 +156,59 @@ def test_signal_put_refusals_write_nothing(pair: Pair, offset: int, size: int, s
     with pytest.raises(ValueError, match=reason):
         signal_put(pair.a, pair.peer, 1, offset, ctypes.addressof(data), size, 1, sig_offset, "store", 1, 10.0)
     assert bytes(pair.words) == before
+
+
+def test_the_store_log_gives_each_write_of_a_word_in_order(pair: Pair) -> None:
+    """UcxEngine.store_mark/next_store: every word the target's handlers wrote (atomics' new values,
+    signal puts' signals), in order, for that word and width only; nothing more: a timeout."""
+    w, base = pair.words, pair.addr
+    w[0] = w[1] = 0
+    mark = pair.b.store_mark()
+    pair("fetch_add", 0, 5)
+    pair("store", 8, 3, width=32)  # another word and width: not the waiter's
+    pair("compare_swap", 0, 9, compare=5)
+    src = (ctypes.c_uint8 * 8)(*range(8))
+    signal_put(pair.a, pair.peer, 1, 24, ctypes.addressof(src), 8, 1, 0, "fetch_add", 2)
+    seen = []
+    since = mark
+    for _ in range(3):
+        value, since, lost = pair.b.next_store(base, 64, since, 1.0)
+        assert not lost
+        seen.append(value)
+    assert seen == [5, 9, 11] and w[0] == 11
+    assert pair.b.next_store(base + 8, 32, mark, 0.0) == (3, mark + 2, False)
+    start = time.monotonic()
+    assert pair.b.next_store(base, 64, since, 0.05) == (None, since, False)
+    assert 0.04 < time.monotonic() - start < 5
+
+
+def test_a_waiter_on_the_store_log_wakes_at_the_signal(pair: Pair) -> None:
+    pair.words[2] = 0
+    mark = pair.b.store_mark()
+    out: list[tuple[int | None, int, bool]] = []
+    waiter = threading.Thread(target=lambda: out.append(pair.b.next_store(pair.addr + 16, 64, mark, 10.0)))
+    waiter.start()
+    time.sleep(0.05)  # the waiter sleeps by now
+    src = (ctypes.c_uint8 * 4)(1, 2, 3, 4)
+    start = time.monotonic()
+    signal_put(pair.a, pair.peer, 1, 40, ctypes.addressof(src), 4, 1, 16, "store", 77)
+    waiter.join(10)
+    assert out and out[0][0] == 77 and not out[0][2] and time.monotonic() - start < 5
+
+
+def test_a_waiter_that_fell_behind_the_store_log_is_told(pair: Pair) -> None:
+    from mori.core._native.ucx import UcxEngine
+
+    mark = pair.b.store_mark()
+    for i in range(300):  # more than the log keeps
+        pair("store", 32, i)
+    value, since, lost = pair.b.next_store(pair.addr + 32, 64, mark, 0.0)
+    assert lost and value is None and since == pair.b.store_mark()
+    assert UcxEngine.next_store.__doc__ and "256" in UcxEngine.next_store.__doc__
+    with pytest.raises(ValueError, match="width"):
+        pair.b.next_store(pair.addr, 16, mark, 0.0)
+    with pytest.raises(ValueError, match="timeout"):
+        pair.b.next_store(pair.addr, 64, mark, -1.0)
 
 
 def test_serving_gpu_memory_needs_every_driver_entry_point() -> None:

@@ -117,36 +117,44 @@ std::shared_ptr<Region> acquire_word(Engine& eng, const AtomicRequest& h, const 
 
 // Applies h to its word (checked by word_reason): on GPU memory through the engine's GPU
 // operations, after copying a signal put's bytes (data, bytes) to device address dst when given.
-// A driver failure sets reason to kReasonFailed.
-uint64_t apply_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
-                    uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
+// The word's new value goes into the engine's store log. A driver failure sets reason to
+// kReasonFailed.
+uint64_t apply_word(Engine& eng, const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu,
+                    uint32_t& reason, uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
     const uint64_t addr = r->addr + h.offset;
+    uint64_t old;
     if (r->gpu()) {
         try {
-            return gpu->apply(addr, h.op, h.width, h.value, h.compare, dst, data, bytes);
+            old = gpu->apply(addr, h.op, h.width, h.value, h.compare, dst, data, bytes);
         } catch (const std::exception&) {
             reason = kReasonFailed;
             return 0;
         }
+    } else {
+        old = h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.value, h.compare)
+                            : apply(reinterpret_cast<uint32_t*>(addr), h.op, static_cast<uint32_t>(h.value),
+                                    static_cast<uint32_t>(h.compare));
     }
-    return h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.value, h.compare)
-                         : apply(reinterpret_cast<uint32_t*>(addr), h.op, static_cast<uint32_t>(h.value),
-                                 static_cast<uint32_t>(h.compare));
+    eng.stores().record(addr, h.width, value_after(h.op, h.width, old, h.value, h.compare));
+    return old;
 }
 
 // Applies a signal put's signal h to its word (checked by word_reason), after copying the put's
-// bytes (data, bytes) to device address dst when given: on GPU memory through GpuWords::signal,
-// waited for unless !wait, when a store and its copy may run on: the result then tells their end
-// (empty: nothing runs). A driver failure sets reason to kReasonFailed. (The answer's old value
-// is 0: no initiator reads a signal put's.)
-Staged signal_word(const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu, uint32_t& reason,
-                   bool wait = true, uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
-    if (!r->gpu()) {
-        apply_word(r, h, gpu, reason);
+// bytes (data, bytes) to device address dst when given: a store on GPU memory through
+// GpuWords::signal, waited for unless !wait, when the copy and the store may run on: the result
+// then tells their end (empty: nothing runs, and the store is in the engine's store log). A
+// driver failure sets reason to kReasonFailed. (The answer's old value is 0: no initiator reads
+// a signal put's.)
+Staged signal_word(Engine& eng, const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu,
+                   uint32_t& reason, bool wait = true, uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
+    if (!r->gpu() || h.op != kAtomicStore) {  // host memory, or an add (the atomics' kernel): waited for
+        apply_word(eng, r, h, gpu, reason, dst, data, bytes);
         return Staged();
     }
     try {
-        return gpu->signal(r->addr + h.offset, h.op, h.value, dst, data, bytes, wait);
+        Staged running = gpu->signal(r->addr + h.offset, h.value, dst, data, bytes, wait);
+        if (running.empty()) eng.stores().record(r->addr + h.offset, 64, h.value);
+        return running;
     } catch (const std::exception&) {
         reason = kReasonFailed;
         return Staged();
@@ -213,7 +221,7 @@ api::Status on_atomic_request(void* arg, const void* header, size_t headerLength
     const std::shared_ptr<GpuWords> gpu = eng.gpu_words();
     uint32_t reason = kReasonNone;
     std::shared_ptr<Region> r = acquire_word(eng, h, gpu.get(), reason);
-    const uint64_t old = reason == kReasonNone ? apply_word(r, h, gpu.get(), reason) : 0;
+    const uint64_t old = reason == kReasonNone ? apply_word(eng, r, h, gpu.get(), reason) : 0;
     unpin(r);
     answer(eng, param->replyEp, h, reason, old);
     return api::kOk;
@@ -249,27 +257,30 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
         if (!dr->gpu()) {
             if (length != 0) std::memcpy(reinterpret_cast<void*>(dst), data, length);
             // sequentially consistent (host) or after the copy's end (GPU): after the data for any observer
-            signal_word(sr, h.signal, gpu.get(), reason);
+            signal_word(eng, sr, h.signal, gpu.get(), reason);
         } else if (sr->gpu()) {
             // The copy, then the signal, answered once both ended (a later progress of this worker).
             auto run = std::make_shared<RunningSignal>();
-            run->staged = signal_word(sr, h.signal, gpu.get(), reason, false, dst, data, length);
+            run->staged = signal_word(eng, sr, h.signal, gpu.get(), reason, false, dst, data, length);
             if (!run->staged.empty()) {
+                const uint64_t word = sr->addr + h.signal.offset;
                 run->data = std::move(dr);
                 run->word = std::move(sr);
                 Engine* e = &eng;
                 api::Endpoint* ep = param->replyEp;
                 const AtomicRequest sig = h.signal;
-                static_cast<Worker*>(arg)->after_copy_locked(run->staged, [run, e, ep, sig](const std::string& error) {
-                    run->release();
-                    answer(*e, ep, sig, error.empty() ? kReasonNone : kReasonFailed, 0);
-                });
+                static_cast<Worker*>(arg)->after_copy_locked(
+                    run->staged, [run, e, ep, sig, word](const std::string& error) {
+                        run->release();
+                        if (error.empty()) e->stores().record(word, 64, sig.value);
+                        answer(*e, ep, sig, error.empty() ? kReasonNone : kReasonFailed, 0);
+                    });
                 return api::kOk;
             }
         } else {
             try {
                 gpu->apply(0, 0, 0, 0, 0, dst, data, length);
-                signal_word(sr, h.signal, gpu.get(), reason);
+                signal_word(eng, sr, h.signal, gpu.get(), reason);
             } catch (const std::exception&) {
                 reason = kReasonFailed;
             }

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <climits>
+#include <optional>
 
 #include "base/registry.hpp"
 #include "ucx/engine.hpp"
@@ -312,6 +313,28 @@ mori::native::Registration reg([](py::module_& root) {
             "same_host_address", [](const Engine& e) { return py::bytes(e.same_host_address()); },
             "What a peer on this host passes to connect(same_host=...) to take the same-host path (b'' when off).")
         .def_property_readonly("cuda_supported", &Engine::cuda_supported)
+        .def(
+            "store_mark", [](Engine& e) { return e.stores().mark(); },
+            "How many words this engine's handlers wrote so far (signal puts' signals, atomics): where a "
+            "waiter starts next_store, taken before it first reads the word itself.")
+        .def(
+            "next_store",
+            [](Engine& e, uint64_t addr, int width, uint64_t since, double timeout) {
+                if (width != 32 && width != 64) throw py::value_error("width must be 32 or 64");
+                if (!(timeout >= 0)) throw py::value_error("timeout must be >= 0 seconds");
+                bool lost = false;
+                std::optional<uint64_t> value;
+                {
+                    py::gil_scoped_release release;
+                    value = e.stores().next(addr, width, since, static_cast<int64_t>(timeout * 1e9), lost);
+                }
+                return py::make_tuple(value ? py::object(py::int_(*value)) : py::object(py::none()), since, lost);
+            },
+            py::arg("addr"), py::arg("width"), py::arg("since"), py::arg("timeout"),
+            "The value of the first write by this engine's handlers into the width-bit word at addr after "
+            "store_mark() gave `since`, once that write is visible, waiting up to `timeout` seconds: (value or "
+            "None, the mark to pass next, lost). lost: writes after `since` left the engine's log of the last "
+            "256 before this call looked (then, and for writes by anyone else, read the word itself).")
         .def_property("eager_bytes", &Engine::eager_bytes, &Engine::set_eager_bytes,
                       "Host-memory messages smaller than this go eager (a write's request with its bytes, a read's "
                       "reply), and blocks smaller than this are grouped (up to 256 KiB a message, as blocks under "

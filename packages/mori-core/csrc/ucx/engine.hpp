@@ -46,6 +46,7 @@
 #include "ucx/api.hpp"
 #include "ucx/gpu.hpp"
 #include "ucx/lib.hpp"
+#include "ucx/store_log.hpp"
 
 namespace mori::ucx {
 
@@ -428,6 +429,8 @@ public:
         std::lock_guard lk(gpuMu_);
         return gpu_;
     }
+    // The words this engine's handlers wrote (ucx/store_log.hpp).
+    StoreLog& stores() { return stores_; }
     // Makes the CUDA context of set_gpu_words (mori's own, ucx/gpu.hpp) current on the calling
     // thread, once per thread and setting (`seen`: the thread's own record, 0 at its start). The
     // engine's own threads (progress threads, the device proxy) call it before they drive UCX, so
@@ -454,6 +457,7 @@ private:
     mutable std::mutex gpuMu_;
     std::shared_ptr<GpuWords> gpu_;
     std::atomic<uint64_t> gpuEpoch_{1};  // changes with every set_gpu_words
+    StoreLog stores_;
     std::vector<std::shared_ptr<Worker>> workers_;
     std::unique_ptr<SameHostService> sameHost_;
     RegionTable<Region> regions_;

@@ -102,12 +102,7 @@ void GpuWords::copy_in(gpu::Stager::Op& op, uint64_t dst, const void* src, size_
     }
 }
 
-Staged GpuWords::signal(uint64_t addr, uint8_t op, uint64_t value, uint64_t dst, const void* src, size_t bytes,
-                        bool wait) {
-    if (op != kAtomicStore) {
-        apply(addr, op, 64, value, 0, dst, src, bytes);
-        return Staged();
-    }
+Staged GpuWords::signal(uint64_t addr, uint64_t value, uint64_t dst, const void* src, size_t bytes, bool wait) {
     if (!serves_words()) throw std::runtime_error("this engine serves no atomics on GPU memory");
     Staged staged;
     if (bytes != 0) {

@@ -82,14 +82,13 @@ public:
     // Throws std::runtime_error naming the driver call that failed, or the wait that timed out.
     uint64_t apply(uint64_t addr, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t dst = 0,
                    const void* src = nullptr, size_t bytes = 0);
-    // A signal put's signal on the 64-bit word at device address addr, after its bytes (src, bytes)
-    // are copied to dst: a store is written by the stream itself once the copy is visible
+    // A signal put's store of value into the 64-bit word at device address addr, after its bytes
+    // (src, bytes) are copied to dst: written by the stream itself once the copy is visible
     // (Stager::to_device_then_store, the bytes staged in memory of the pool; no kernel: a launch
-    // costs several microseconds more), a fetch_add by the atomic's kernel after a copy as
-    // apply()'s. The old value is not kept. With wait, or for a fetch_add or no bytes, waited for
-    // here and the result is empty; else the store and its copy run on and the result tells their
-    // end (Staged::copied: the worker answers then, Worker::after_copy_locked). Throws as apply().
-    Staged signal(uint64_t addr, uint8_t op, uint64_t value, uint64_t dst, const void* src, size_t bytes, bool wait);
+    // costs several microseconds more; an add is apply()'s). With wait, or with no bytes, waited
+    // for here and the result is empty; else the copy and the store run on and the result tells
+    // their end (Staged::copied: the worker answers then, Worker::after_copy_locked). Throws as apply().
+    Staged signal(uint64_t addr, uint64_t value, uint64_t dst, const void* src, size_t bytes, bool wait);
     bool serves_words() const { return c_.function != 0; }
 
     // The staging's (gpu::Stager), on its first lane (one stream: the engine's atomics and staged

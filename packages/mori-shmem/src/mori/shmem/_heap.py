@@ -63,10 +63,12 @@ class Heap(abc.ABC):
         """
 
     @abc.abstractmethod
-    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
+    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int, stores: Any = None) -> int:
         """Waits until this PE's word at ``offset`` compares ``cmp`` to ``value``; returns it.
 
-        Raises TimeoutError naming the address, condition and last value after ``timeout`` s.
+        ``stores``: the remote transport's log of its writes into the heap (``RemoteTransport.stores``),
+        for a heap that would otherwise see them late. Raises TimeoutError naming the address,
+        condition and last value after ``timeout`` s.
         """
 
     @abc.abstractmethod

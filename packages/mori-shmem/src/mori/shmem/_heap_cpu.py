@@ -70,8 +70,9 @@ class CpuHeap(Heap):
             return atomics.swap(addr, value, width=width)
         raise ValueError(f"unknown atomic operation {op!r}")
 
-    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
-        """The native wait (spins, then sleeps with back-off, without the GIL)."""
+    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int, stores: Any = None) -> int:
+        """The native wait (spins, then sleeps with back-off, without the GIL); remote PEs' writes
+        land in host memory, where it sees them at once (``stores`` is not needed)."""
         return atomics.wait_until(self.base + offset, cmp, value, timeout, width=width)
 
     def synchronize(self) -> None:

@@ -28,6 +28,9 @@ __all__ = ["GpuHeap"]
 
 #: Seconds a host ``wait_until`` on the GPU heap reads the word back to back before it pauses.
 WAIT_SPIN_S = 1e-3
+#: With the remote transport's store log: seconds between the first two reads of the word while
+#: waiting on the log (doubling up to 1 ms): the reads catch writes that do not go through it.
+STORE_WAIT_PAUSE_S = 10e-6
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
@@ -144,11 +147,17 @@ class GpuHeap(Heap):
             raise RuntimeError("GPU heap atomics need the helper kernels (HostOps) loaded first")
         return int(self.ops.atomic(op, self.base + offset, pe, value, compare, width))
 
-    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int) -> int:
+    def wait_until(self, offset: int, cmp: Cmp, value: int, timeout: float, width: int, stores: Any = None) -> int:
         """Polls the word with small device-to-host copies on a non-blocking stream, through
         mori-core's completion wait: back to back for the first :data:`WAIT_SPIN_S` (a peer's
         signal is usually microseconds away, and a sleep lasts ~50 us at least), then with pauses
-        from 20 us doubling up to 1 ms."""
+        from 20 us doubling up to 1 ms.
+
+        With ``stores`` (the remote transport's engine, which writes remote PEs' signals and
+        atomics into this heap), it waits on the engine's log of those writes between the copies
+        instead: a remote signal is seen the moment the engine's write is visible, with no copy;
+        the copies, from :data:`STORE_WAIT_PAUSE_S` apart doubling up to 1 ms, catch the writes
+        of everyone else (this device's kernels, peers over P2P)."""
         nbytes = width // 8
         word = (ctypes.c_uint32 if width == 32 else ctypes.c_uint64).from_address(self._poll_word)
         self.ctx.make_current()
@@ -165,13 +174,41 @@ class GpuHeap(Heap):
             seen[0] = word.value
             return cmp.holds(seen[0], value)
 
-        if cu.poll(holds, timeout, spin=WAIT_SPIN_S, pause=20e-6, max_pause=1e-3, yield_while_spinning=True):
+        if stores is not None:
+            if self._wait_on_stores(stores, holds, seen, self.base + offset, cmp, value, width, deadline):
+                return seen[0]
+        elif cu.poll(holds, timeout, spin=WAIT_SPIN_S, pause=20e-6, max_pause=1e-3, yield_while_spinning=True):
             return seen[0]
         # Worded like mori.core.atomics.wait_until's, so both heaps report alike.
         raise TimeoutError(
             f"wait_until timed out after {timeout:.3f} s: the {width}-bit value at "
             f"{self.base + offset:#x} never became {cmp.name.lower()} {value}; last seen {seen[0]}"
         )
+
+    @staticmethod
+    def _wait_on_stores(
+        stores: Any, holds: Any, seen: list[int], addr: int, cmp: Cmp, value: int, width: int, deadline: float
+    ) -> bool:
+        """wait_until's wait on a store log: a read of the word (``holds``), then the log's writes
+        into it until a pause passes, in turn; True once one satisfied the condition (its value
+        in ``seen``), False at the deadline."""
+        since = stores.store_mark()  # before the read: a write that the read misses comes after it
+        pause = STORE_WAIT_PAUSE_S
+        while True:
+            if holds():
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            end = min(deadline, now + pause)
+            while (left := end - time.monotonic()) > 0:
+                written, since, _lost = stores.next_store(addr, width, since, left)
+                if written is None:
+                    break  # nothing within the pause, or writes left the log unseen: read the word
+                seen[0] = written
+                if cmp.holds(written, value):
+                    return True
+            pause = min(2 * pause, 1e-3)
 
     def synchronize(self) -> None:
         """Waits for the device (every copy and kernel mori or the caller issued)."""

@@ -13,6 +13,7 @@ call to a peer raises :class:`ShmemError` saying why.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 from ._errors import ShmemError
 from ._reach import Reach
@@ -77,6 +78,14 @@ class RemoteTransport(abc.ABC):
         ``registered_buffers`` (buffers registered for good now: :meth:`register_buffer`'s, and
         on a GPU heap the device proxy's bounce area)."""
         return {"staged": 0, "registered_for_call": 0, "registered_buffers": 0}
+
+    @property
+    def stores(self) -> Any:
+        """What tells the writes this transport makes into the local heap's words for remote PEs
+        (their signals and atomics), as they become visible: an object with mori-core's
+        ``UcxEngine.store_mark``/``next_store``, or None where the heap's own wait sees them as
+        fast (host memory) or there is no transport."""
+        return None
 
     @property
     def device_proxy(self) -> tuple[int, int]:

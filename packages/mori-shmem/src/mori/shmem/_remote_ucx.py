@@ -311,6 +311,12 @@ class UcxTransport(RemoteTransport):
         return str(self._engine.describe())
 
     @property
+    def stores(self) -> Any:
+        """The engine (its store log) where it writes remote PEs' signals and atomics into a GPU
+        heap; None on a CPU heap."""
+        return self._engine if self._words is not None else None
+
+    @property
     def eager_bytes(self) -> int:
         """The engine's ``eager_bytes``: host-heap messages under it go eager (set where UCX has no
         verbs transport; 0, UCX's choice, otherwise)."""

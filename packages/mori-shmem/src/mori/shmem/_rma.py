@@ -182,7 +182,7 @@ class Rma:
         limit = self.default_timeout if timeout is None else timeout
         if not limit > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-        return self.heap.wait_until(off, code, value, limit, width)
+        return self.heap.wait_until(off, code, value, limit, width, self.remote.stores)
 
     def quiet(self) -> None:
         """Completes every RMA this PE issued (host calls complete on return already; this also
