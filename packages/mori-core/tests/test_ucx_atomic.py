@@ -7,9 +7,14 @@ run under mori.shmem's remote transport (packages/mori-shmem/tests/test_remote.p
 from __future__ import annotations
 
 import ctypes
+import os
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -209,6 +214,43 @@ def test_a_waiter_that_fell_behind_the_store_log_is_told(pair: Pair) -> None:
         pair.b.next_store(pair.addr, 16, mark, 0.0)
     with pytest.raises(ValueError, match="timeout"):
         pair.b.next_store(pair.addr, 64, mark, -1.0)
+
+
+def test_MORI_TRACE_DIR_timestamps_a_signal_puts_steps(tmp_path) -> None:
+    """csrc/base/trace.hpp: with MORI_TRACE_DIR set, a process records each signal put's steps
+    (initiator H ... Y h, target R ... A) in one file of fixed records, in time order; ci/trace_report.py
+    reads them. A child process: the first mark of a process decides whether it records."""
+    script = (
+        "import ctypes\n"
+        "from mori.core import ucx\n"
+        "from mori.core.ucx_atomic import signal_put\n"
+        "a, b = ucx.make_engine('trace-a', timeout=10.0), ucx.make_engine('trace-b', timeout=10.0)\n"
+        "words = (ctypes.c_uint64 * 4)()\n"
+        "b.register_memory(1, ctypes.addressof(words), 32)\n"
+        "peer = a.connect('b', b.addresses, b.admit('a'))\n"
+        "src = ctypes.c_uint64(7)\n"
+        "for i in range(3):\n"
+        "    signal_put(a, peer, 1, 8, ctypes.addressof(src), 8, 1, 0, 'store', i + 1)\n"
+        "assert words[0] == 3 and words[1] == 7\n"
+        "peer.close(); a.close(); b.close()\n"
+    )
+    env = {**os.environ, "MORI_TRACE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    (path,) = tmp_path.glob("mori-trace-*.bin")
+    data = path.read_bytes()
+    records = [struct.unpack_from("<QQQ", data, i) for i in range(0, 24 * 64, 24)]
+    steps = "".join(chr(step) for ns, step, _ in records if ns)
+    assert steps.count("H") == 3 and steps.count("h") == 3 and steps.count("R") == 3 and steps.count("A") == 3
+    for i in range(3):  # each put's steps in order: posted, handled, answered, its answer received, returned
+        one = steps.split("H")[i + 1]
+        assert one.index("R") < one.index("A") < one.index("h") and "Y" in one
+    times = [ns for ns, _, _ in records if ns]
+    assert times == sorted(times)
+    report = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[3] / "ci" / "trace_report.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert report.returncode == 0 and "15 records from 1 processes" in report.stdout, report.stdout + report.stderr
 
 
 def test_serving_gpu_memory_needs_every_driver_entry_point() -> None:

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "base/thread_name.hpp"
+#include "base/trace.hpp"
 #include "mori/device/proxy_ring.cuh"
 
 namespace mori::ucx {
@@ -376,7 +377,9 @@ void Proxy::run() {
             // with the put in flight (host quiet passed a put to a dead PE once staging made
             // execute take microseconds).
             store(&header_->taken, static_cast<unsigned long long>(tail_ + 1));
+            trace::mark('P', c.command);
             execute(c, tail_);
+            trace::mark('S', c.command);
             ++tail_;
             work = true;
         }

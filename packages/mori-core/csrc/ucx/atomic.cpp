@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/trace.hpp"
 #include "ucx/wire.hpp"
 
 namespace mori::ucx {
@@ -229,6 +230,7 @@ api::Status on_atomic_request(void* arg, const void* header, size_t headerLength
 
 api::Status on_signal_put_request(void* arg, const void* header, size_t headerLength, void* data, size_t length,
                                   const api::AmRecvParam* param) {
+    trace::mark('R', length);
     Engine& eng = static_cast<Worker*>(arg)->engine();
     SignalPutRequest h;
     // The data travels eagerly (the initiator asks so and bounds it): here it is, whole.
@@ -272,8 +274,10 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
                 static_cast<Worker*>(arg)->after_copy_locked(
                     run->staged, [run, e, ep, sig, word](const std::string& error) {
                         run->release();
+                        trace::mark('D');
                         if (error.empty()) e->stores().record(word, 64, sig.value);
                         answer(*e, ep, sig, error.empty() ? kReasonNone : kReasonFailed, 0);
+                        trace::mark('A', error.empty() ? kReasonNone : kReasonFailed);
                     });
                 return api::kOk;
             }
@@ -289,11 +293,13 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
     unpin(dr);
     unpin(sr);
     answer(eng, param->replyEp, h.signal, reason, 0);
+    trace::mark('A', reason);
     return api::kOk;
 }
 
 api::Status on_atomic_reply(void* arg, const void* header, size_t headerLength, void*, size_t length,
                             const api::AmRecvParam*) {
+    trace::mark('Y');
     Engine& eng = static_cast<Worker*>(arg)->engine();
     AtomicReply h;
     if (headerLength != sizeof(h) || length != 0) {
@@ -516,8 +522,10 @@ uint64_t remote_atomic(Engine& engine, Peer& peer, AtomicOp op, uint64_t memId, 
 }
 
 void remote_signal_put(Engine& engine, Peer& peer, const SignalPut& put, double timeout) {
+    trace::mark('H', put.size);
     auto pending = signal_put_request(put);
     exchange(engine, peer, pending, true, timeout, "a signal put");
+    trace::mark('h');
     if (pending->code != kSuccess)
         throw std::invalid_argument(refusal(signal_put_place(put), peer.key(), pending->reason));
 }

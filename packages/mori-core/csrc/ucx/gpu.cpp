@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/trace.hpp"
 #include "ucx/engine.hpp"
 
 namespace mori::ucx {
@@ -110,6 +111,7 @@ Staged GpuWords::signal(uint64_t addr, uint64_t value, uint64_t dst, const void*
         std::memcpy(staged.data(), src, bytes);
     }
     stager_->to_device_then_store(dst, staged, addr, value, wait);  // on lane 0, in order with the rest
+    trace::mark('W', wait || staged.empty());
     return staged;
 }
 
