@@ -22,8 +22,10 @@ namespace {
 // mode): back-to-back small transfers find it awake, an idle engine costs no CPU.
 constexpr int64_t kSpinNs = 200'000;
 constexpr int kMaxSleepMs = 100;
-// How long a claim (Worker::claim) tries the lock before it sleeps on it.
+// How long a claim (Worker::claim) tries the lock before it sleeps on it, and how long the
+// progress thread stands aside for claims at a stretch.
 constexpr int64_t kClaimSpinNs = 50'000;
+constexpr int64_t kMaxAsideNs = 1'000'000;
 
 api::Status dispatch_request(void* arg, const void* h, size_t hl, void* d, size_t l, const api::AmRecvParam* p) {
     return Serve::on_request(*static_cast<Worker*>(arg), h, hl, d, l, p);
@@ -144,6 +146,7 @@ void Worker::run() {
     const auto& f = fn();
     const bool polling = engine_.options().polling;
     int64_t lastBusy = now_ns();
+    int64_t asideSince = 0;  // when the thread began to stand aside for claims (0: it does not)
     uint64_t cudaSeen = 0;
     for (;;) {
         engine_.apply_cuda_context(cudaSeen);
@@ -176,11 +179,18 @@ void Worker::run() {
             lastBusy = now_ns() - kSpinNs;
             continue;
         }
-        if (claims_.load(std::memory_order_acquire) > 0) {  // another thread takes the lock next
-            lastBusy = now_ns();
-            sched_yield();
-            continue;
+        // Another thread takes the lock next: stand aside, for kMaxAsideNs at most at a stretch, so
+        // that threads claiming it one after another cannot keep the worker from progressing.
+        if (claims_.load(std::memory_order_acquire) > 0) {
+            const int64_t now = now_ns();
+            if (asideSince == 0) asideSince = now;
+            if (now - asideSince < kMaxAsideNs) {
+                lastBusy = now;
+                sched_yield();
+                continue;
+            }
         }
+        asideSince = 0;
         unsigned n;
         {
             std::lock_guard lk(mu_);
