@@ -182,6 +182,11 @@ def test_the_store_log_gives_each_write_of_a_word_in_order(pair: Pair) -> None:
         seen.append(value)
     assert seen == [5, 9, 11] and w[0] == 11
     assert pair.b.next_store(base + 8, 32, mark, 0.0) == (3, mark + 2, False)
+    mark32 = pair.b.store_mark()
+    pair("store", 12, 0xFFFFFFFF, width=32)
+    pair("fetch_add", 12, 2, width=32)  # wraps within its 32 bits, as the log says
+    first, since32, _ = pair.b.next_store(base + 12, 32, mark32, 1.0)
+    assert (first, pair.b.next_store(base + 12, 32, since32, 1.0)[0]) == (0xFFFFFFFF, 1) and w[1] >> 32 == 1
     start = time.monotonic()
     assert pair.b.next_store(base, 64, since, 0.05) == (None, since, False)
     assert 0.04 < time.monotonic() - start < 5

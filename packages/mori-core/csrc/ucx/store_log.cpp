@@ -61,6 +61,11 @@ std::optional<uint64_t> StoreLog::next(uint64_t addr, int width, uint64_t& since
 }
 
 uint64_t value_after(uint8_t op, int width, uint64_t old, uint64_t value, uint64_t compare) {
+    if (width == 32) {  // as the operation saw them
+        old &= 0xffffffffull;
+        value &= 0xffffffffull;
+        compare &= 0xffffffffull;
+    }
     uint64_t v;
     switch (op) {
         case kAtomicFetchAdd: v = old + value; break;
