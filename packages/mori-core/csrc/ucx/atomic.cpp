@@ -275,9 +275,10 @@ api::Status on_signal_put_request(void* arg, const void* header, size_t headerLe
                     run->staged, [run, e, ep, sig, word](const std::string& error) {
                         run->release();
                         trace::mark('D');
-                        if (error.empty()) e->stores().record(word, 64, sig.value);
-                        answer(*e, ep, sig, error.empty() ? kReasonNone : kReasonFailed, 0);
-                        trace::mark('A', error.empty() ? kReasonNone : kReasonFailed);
+                        const uint32_t why = error.empty() ? kReasonNone : kReasonFailed;
+                        if (why == kReasonNone) e->stores().record(word, 64, sig.value);
+                        answer(*e, ep, sig, why, 0);
+                        trace::mark('A', why);
                     });
                 return api::kOk;
             }

@@ -23,10 +23,11 @@
 // mori.ops' InterNodeV1 through the proxy). Each operation ends before the answer is sent, within
 // at most `timeout` seconds (the engine's), as every wait of the engine. A signal put's store with
 // bytes runs on while the worker takes the next messages (answered from a later progress); the
-// rest are waited for in the handler, which holds its worker, so GPU work that never finishes would stall every peer of
-// this engine; after a second the wait says so on stderr, after the timeout the operation fails (and every later one:
-// the stream and the result word may still be in use). Driver entry points come in as addresses (cuGetProcAddress
-// through cuda-bindings): no CUDA headers, no toolkit at build time.
+// rest are waited for in the handler, which holds its worker, so GPU work that never finishes
+// would stall every peer of this engine; after a second the wait says so on stderr, after the
+// timeout the operation fails (and every later one: the stream and the result word may still be
+// in use). Driver entry points come in as addresses (cuGetProcAddress through cuda-bindings): no
+// CUDA headers, no toolkit at build time.
 #pragma once
 
 #include <cstddef>

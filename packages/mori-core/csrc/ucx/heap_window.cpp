@@ -348,24 +348,29 @@ HeapWindow::Posted HeapWindow::post(Op op, int pe, uint64_t offset, uint64_t loc
     return posted;
 }
 
+void HeapWindow::check_one_message(int pe, uint64_t offset, uint64_t bytes, uint64_t sigOffset, bool sourceFits,
+                                   const char* from) const {
+    const std::string why = check_signal_put(pe, offset, bytes, sigOffset);
+    if (!why.empty()) throw std::invalid_argument(why);
+    if (!sourceFits || !fits_one_message(offset, bytes))
+        throw std::invalid_argument("one message carries a put with signal of 1 to " +
+                                    std::to_string(kMaxSignalPutBytes) + " bytes" + from +
+                                    " into one chunk of the remote heap");
+}
+
 std::unique_ptr<AtomicInFlight> HeapWindow::start_signal_put(int pe, uint64_t offset, uint64_t local, uint64_t bytes,
                                                              uint64_t sigOffset, AtomicOp op, uint64_t value) {
-    if (!in_heap(local, bytes) || !fits_one_message(offset, bytes))
-        throw std::invalid_argument("one message carries a put with signal of 1 to " +
-                                    std::to_string(kMaxSignalPutBytes) +
-                                    " bytes from the local heap into one chunk of the remote heap");
-    Staged staged;  // its bytes are copied into the request: staged may go once it is sent
-    return start_signal_put_bytes(pe, offset, host_bytes(local, bytes, staged), bytes, sigOffset, op, value);
+    check_one_message(pe, offset, bytes, sigOffset, in_heap(local, bytes), " from the local heap");
+    Staged staged;  // its bytes are copied into the request: staged may go once it is sent (checked first)
+    return std::make_unique<AtomicInFlight>(
+        *engine_, peers_[pe], signal_put(offset, host_bytes(local, bytes, staged), bytes, sigOffset, op, value),
+        timeout_);
 }
 
 std::unique_ptr<AtomicInFlight> HeapWindow::start_signal_put_bytes(int pe, uint64_t offset, const void* data,
                                                                    uint64_t bytes, uint64_t sigOffset, AtomicOp op,
                                                                    uint64_t value) {
-    const std::string why = check_signal_put(pe, offset, bytes, sigOffset);
-    if (!why.empty()) throw std::invalid_argument(why);
-    if (!fits_one_message(offset, bytes))
-        throw std::invalid_argument("one message carries a put with signal of 1 to " +
-                                    std::to_string(kMaxSignalPutBytes) + " bytes into one chunk of the remote heap");
+    check_one_message(pe, offset, bytes, sigOffset, true, "");
     return std::make_unique<AtomicInFlight>(*engine_, peers_[pe], signal_put(offset, data, bytes, sigOffset, op, value),
                                             timeout_);
 }

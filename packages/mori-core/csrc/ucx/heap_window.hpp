@@ -166,6 +166,10 @@ private:
     bool find_local(uint64_t addr, uint64_t bytes, Local& out) const;  // the heap or a registered buffer
     // "" when pe has a peer and both a put with signal's range and its signal word lie in the heap.
     std::string check_signal_put(int pe, uint64_t offset, uint64_t bytes, uint64_t sigOffset) const;
+    // check_signal_put, then whether the put goes as one message (its source fits, named by
+    // `from` in the message, and fits_one_message): std::invalid_argument when either fails.
+    void check_one_message(int pe, uint64_t offset, uint64_t bytes, uint64_t sigOffset, bool sourceFits,
+                           const char* from) const;
     // The bytes at local as host memory: the heap's GPU bytes copied out into `staged` (waited
     // for, through the engine's GPU staging; std::runtime_error when the engine has none or the
     // copy failed), else local itself.
