@@ -168,3 +168,23 @@ def test_network_namespaces_talk_tcp_with_the_hosts_congestion_control() -> None
     assert used == accepted
     if has_cubic:
         assert used == "cubic"
+
+
+def test_network_namespaces_pass_over_names_that_are_taken_and_remove_only_their_own(monkeypatch) -> None:
+    """A namespace of the first tag's name exists already (another test's, or one a killed run
+    left): the pair takes the next tag, and on exit removes its own namespaces only."""
+    import subprocess
+
+    from mori.core import testing
+
+    tags = iter([7, 7, 8])
+    monkeypatch.setattr(testing.random, "randrange", lambda n: next(tags))
+    taken = f"mori_c{os.getpid() % 100000}x7a"
+    subprocess.run(["ip", "netns", "add", taken], check=True, timeout=30)
+    try:
+        with network_namespaces("10.231.7") as (a, b):
+            assert (a.name, b.name) == (f"mori_c{os.getpid() % 100000}x8a", f"mori_c{os.getpid() % 100000}x8b")
+        assert os.path.exists(f"/run/netns/{taken}")
+        assert not os.path.exists(f"/run/netns/{a.name}") and not os.path.exists(f"/run/netns/{b.name}")
+    finally:
+        subprocess.run(["ip", "netns", "del", taken], timeout=30)

@@ -46,6 +46,7 @@ import atexit
 import contextlib
 import multiprocessing as mp
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -488,14 +489,9 @@ def network_namespaces(subnet: str = "10.231.9") -> Iterator[tuple[Namespace, Na
     if os.geteuid() != 0 or shutil.which("ip") is None:
         raise RuntimeError("network namespaces need root and iproute2 (ci/setup.sh installs iproute2; CI runs as root)")
     congestion = host_congestion_control()
-    tag = f"{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
-    ends = (
-        Namespace(f"mori_c{tag}a", f"mc{tag}a", f"{subnet}.1"),
-        Namespace(f"mori_c{tag}b", f"mc{tag}b", f"{subnet}.2"),
-    )
+    created: list[str] = []  # only these are removed: a name that was taken belongs to someone else
     try:
-        for ns in ends:
-            _ip("netns", "add", ns.name)
+        ends = _new_namespaces(subnet, created)
         _ip("link", "add", ends[0].device, "type", "veth", "peer", "name", ends[1].device)
         for ns in ends:
             _ip("link", "set", ns.device, "netns", ns.name)
@@ -506,8 +502,28 @@ def network_namespaces(subnet: str = "10.231.9") -> Iterator[tuple[Namespace, Na
                 _ip("-n", ns.name, "route", "replace", f"{subnet}.0/24", "dev", ns.device, "congctl", congestion)
         yield ends
     finally:
+        for name in created:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+
+
+def _new_namespaces(subnet: str, created: list[str]) -> tuple[Namespace, Namespace]:
+    """Two network namespaces of names no one holds, made (their names appended to ``created``
+    as they are): a tag of this process's id and a random number, passed over where a namespace
+    or device of its names exists (another test of this process, or one that a killed run left:
+    CI once failed on "File exists" with a tag from the clock)."""
+    for _ in range(50):
+        tag = f"{os.getpid() % 100000}x{random.randrange(1000)}"
+        ends = (
+            Namespace(f"mori_c{tag}a", f"mc{tag}a", f"{subnet}.1"),
+            Namespace(f"mori_c{tag}b", f"mc{tag}b", f"{subnet}.2"),
+        )
+        if any(os.path.exists(f"/run/netns/{ns.name}") or os.path.exists(f"/sys/class/net/{ns.device}") for ns in ends):
+            continue
         for ns in ends:
-            subprocess.run(["ip", "netns", "del", ns.name], capture_output=True, timeout=30)
+            _ip("netns", "add", ns.name)
+            created.append(ns.name)
+        return ends
+    raise RuntimeError("no free network namespace names: 50 random tags were all taken (leftover mori_c* namespaces?)")
 
 
 _NETNS_PYTHON: dict[str, str] = {}
