@@ -14,8 +14,13 @@ A leg starts where one side posts a signal put (the device proxy picking up a ke
   running it, the kernel or the host seeing the signal, and posting its answer);
 - ``leg``: the whole one way.
 
-Usage: python ci/trace_report.py DIR   (DIR: the MORI_TRACE_DIR of a run; ci/device/netns_bench.sh
-passes MORI_TRACE_DIR through to its PEs)
+With ``--ladder STEP`` it reads one transfer after another instead (a latency run of
+mori-io-bench, say: ``T`` a UCX transfer posted): each episode runs from a ``STEP`` to the next,
+and every step's first record in it is timed from its start, medians over the episodes, the
+starting process's steps as ``i:`` (initiator) and the others' as ``t:`` (target).
+
+Usage: python ci/trace_report.py DIR [--ladder STEP]   (DIR: the MORI_TRACE_DIR of a run;
+ci/device/netns_bench.sh passes MORI_TRACE_DIR through to its PEs)
 """
 
 from __future__ import annotations
@@ -76,9 +81,30 @@ def legs(records: list[tuple[int, int, str, int]], start: str) -> dict[str, list
     return {k: [x / 1e3 for x in v[len(v) // 4 :]] for k, v in out.items()}
 
 
+def ladder(records: list[tuple[int, int, str, int]], start: str) -> dict[str, list[float]]:
+    """Each episode (from a ``start`` record to the next on any process) as the time (µs) from its
+    start to every step's first record in it, keyed ``i:X`` on the starting process and ``t:X``
+    on others; the first quarter of the episodes (a warm-up) left out."""
+    starts = [i for i, r in enumerate(records) if r[2] == start]
+    episodes: list[dict[str, float]] = []
+    for k, i in enumerate(starts):
+        t0, me = records[i][0], records[i][1]
+        end = starts[k + 1] if k + 1 < len(starts) else len(records)
+        seen: dict[str, float] = {}
+        for ns, who, step, _ in records[i + 1 : end]:
+            seen.setdefault(("i:" if who == me else "t:") + step, (ns - t0) / 1e3)
+        episodes.append(seen)
+    out: dict[str, list[float]] = {}
+    for seen in episodes[len(episodes) // 4 :]:
+        for key, us in seen.items():
+            out.setdefault(key, []).append(us)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path)
+    parser.add_argument("--ladder", metavar="STEP", help="episodes from each STEP record to the next")
     args = parser.parse_args()
     records = load(args.dir)
     if not records:
@@ -87,6 +113,17 @@ def main() -> int:
     counts = Counter((who, step) for _, who, step, _ in records)
     print(f"{len(records)} records from {len({who for _, who, _, _ in records})} processes: "
           + ", ".join(f"{who}:{step} {n}" for (who, step), n in sorted(counts.items())))  # fmt: skip
+    if args.ladder:
+        steps = ladder(records, args.ladder)
+        episodes = max((len(v) for v in steps.values()), default=0)
+        print(f"episodes from {args.ladder}: {episodes}; each step's first record, us from the start")
+        for key, values in sorted(steps.items(), key=lambda kv: statistics.median(kv[1])):
+            ordered = sorted(values)
+            print(
+                f"  {key}  median {statistics.median(values):8.1f}   p10 {ordered[len(ordered) // 10]:8.1f}   "
+                f"p90 {ordered[9 * len(ordered) // 10]:8.1f}   in {len(values)}"
+            )
+        return 0
     for start, what in (("P", "from a kernel (the proxy's pick-up)"), ("H", "from the host")):
         steps = legs(records, start)
         if not steps["leg"]:

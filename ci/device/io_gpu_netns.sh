@@ -15,6 +15,8 @@
 #   --lat-iters N: after each run, single 4 KiB and 64 KiB blocks again with N timed transfers
 #          (default 100; 0: none), so that their min latency is not the best of a handful (single
 #          latencies of 10-20 transfers moved 5-10 us between runs on the H200 machine).
+#   MORI_TRACE_DIR=DIR: each run's timestamps (csrc/base/trace.hpp) in DIR/<mem>_<op>[_lat], for
+#          ci/trace_report.py --ladder T.
 #   --mps: initiator and targets share GPU 0 under MPS (multi_pe.sh) instead of the driver's
 #          time-slicing between their two contexts, which also takes turns for copy-engine work;
 #          on two real hosts each process has its GPU to itself. JSON names then end in _mps.
@@ -89,6 +91,7 @@ import os, subprocess, sys, time
 from mori.core import testing
 
 out, iters, sizes, batches, mems, suffix, lat_iters = sys.argv[1:]
+trace_dir = os.environ.get("MORI_TRACE_DIR", "")
 with testing.network_namespaces() as (a, b):
     print(f"initiator in {a.name} ({a.address}), targets in {b.name} ({b.address}), both on GPU 0", flush=True)
     for mem in mems.split(","):
@@ -106,7 +109,11 @@ with testing.network_namespaces() as (a, b):
                 if json_name:
                     cmd += ["--json", os.path.join(out, json_name)]
                 print(f"\n== mori-io-bench --mem-type {mem} --op {op}{' (MPS)' if suffix else ''}{what}", flush=True)
-                rc = subprocess.run(cmd, timeout=420).returncode
+                env = dict(os.environ)
+                if trace_dir:  # each run's timestamps apart (ci/trace_report.py --ladder T reads one)
+                    env["MORI_TRACE_DIR"] = os.path.join(trace_dir, f"{mem}_{op}{'_lat' if what else ''}")
+                    os.makedirs(env["MORI_TRACE_DIR"], exist_ok=True)
+                rc = subprocess.run(cmd, timeout=420, env=env).returncode
                 print(f"rc={rc} in {time.monotonic() - started:.0f}s", flush=True)
 EOF
   grep -q "^rc=[^0]" "$OUT/bench.log" && status=1

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import mmap
 import multiprocessing as mp
+import queue
 import socket
 import threading
 import time
@@ -54,9 +55,13 @@ def _buffer(kind: str, nbytes: int):  # noqa: ANN202 - a memoryview that keeps i
     return view, m
 
 
-def _receive(kind: str, chunk: int, total: int, srv: socket.socket) -> None:
+def _receive(kind: str, chunk: int, total: int, srv: socket.socket, short: list[int]) -> None:
     view, keep = _buffer(kind, chunk * 8)
-    conn, _ = srv.accept()
+    try:
+        conn, _ = srv.accept()
+    except TimeoutError:
+        short.append(total)
+        return
     got, slot = 0, 0
     while got < total:
         n = conn.recv_into(view[slot * chunk : (slot + 1) * chunk])
@@ -65,6 +70,8 @@ def _receive(kind: str, chunk: int, total: int, srv: socket.socket) -> None:
         got += n
         if n == chunk or got % chunk == 0:
             slot = (slot + 1) % 8
+    if got < total:
+        short.append(total - got)
     del keep
 
 
@@ -74,14 +81,16 @@ def _receiver(kind: str, chunk: int, total: int, threads: int, port_q, out_q) ->
         srv = socket.socket()
         srv.bind(("127.0.0.1", 0))
         srv.listen(1)
+        srv.settimeout(60)  # a sender that failed never connects: the run goes on without it
         servers.append(srv)
     port_q.put([srv.getsockname()[1] for srv in servers])
-    workers = [threading.Thread(target=_receive, args=(kind, chunk, total, srv)) for srv in servers]
+    short: list[int] = []
+    workers = [threading.Thread(target=_receive, args=(kind, chunk, total, srv, short)) for srv in servers]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    out_q.put(time.perf_counter())
+    out_q.put(None if short else time.perf_counter())
 
 
 def _send(kind: str, chunk: int, total: int, port: int, ready: threading.Barrier) -> None:
@@ -123,9 +132,15 @@ def main() -> None:
                 start = time.perf_counter()
                 for t in senders:
                     t.join()
-                gbs = threads * total / (out_q.get(timeout=120) - start) / 1e9
+                try:
+                    ended = out_q.get(timeout=120)
+                except queue.Empty:
+                    ended = None
+                gbs = "failed" if ended is None else f"{threads * total / (ended - start) / 1e9:6.2f}"
                 rx.join(timeout=30)
-                print(f"{threads:>7} {send_kind:>11} {recv_kind:>13} {gbs:>6.2f}", flush=True)
+                if rx.is_alive():
+                    rx.kill()
+                print(f"{threads:>7} {send_kind:>11} {recv_kind:>13} {gbs:>6}", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "base/trace.hpp"
 #include "batch/plan.hpp"
 #include "gpu/disjoint_ranges.hpp"
 #include "ucx/wire.hpp"
@@ -214,7 +215,9 @@ void post_message(Part& part, api::Endpoint* ep, bool gpu, bool grouped, bool to
             p.datatype = api::kDatatypeIov;
         }
     }
+    trace::mark('m', part.op);
     api::StatusPtr r = f.am_send_nbx(ep, kAmRequest, part.header.data(), part.header.size(), data, count, &p);
+    trace::mark('M', part.op);
     if (api::is_error_ptr(r))
         part.link->worker->link_failed_locked(
             *part.link, "sending to engine '" + part.link->peer->key + "' failed: " + status_text(api::ptr_status(r)));
@@ -512,6 +515,7 @@ void fill_message(PartContext& c, Part& part, const Planned& pl, const plan::Row
 void stage_out(PartContext& c, Part& part, bool grouped, bool inPlace, std::vector<CopiedOut>& copiedOut) {
     try {
         part.staged = c.copyOut->to_host(part.iov, inPlace && c.parts == 1);
+        trace::mark('O', inPlace && c.parts == 1);
     } catch (const std::exception& e) {
         part.finish(kErrTransport, std::string("copying GPU memory to send it: ") + e.what());
         c.worker.retire_part_locked(part);
@@ -586,6 +590,7 @@ uint64_t post_parts(PartContext& c, std::vector<Planned>& planned, const plan::R
 std::shared_ptr<Transfer> Peer::post(size_t w, Op op, const std::shared_ptr<Region>& local, const plan::Row* rows,
                                      size_t nrows, uint64_t largest, uint64_t remoteId, uint64_t uid, bool notify,
                                      bool remoteGpu, const std::shared_ptr<Transfer>& parent) {
+    trace::mark('T', op);
     Worker& worker = engine_->worker(w);
     Link& link = *links_[w];
     const bool gpu = remoteGpu || local->gpu();

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "base/copy_for_device.hpp"
+#include "base/trace.hpp"
 #include "gpu/disjoint_ranges.hpp"
 #include "ucx/wire.hpp"
 
@@ -62,7 +63,9 @@ void send_reply(std::unique_ptr<Serve> s, bool rndv, int memType) {
         p.datatype = api::kDatatypeIov;
         if (!rndv) p.flags = api::kAmSendEager;
     }
+    trace::mark('n');
     api::StatusPtr r = f.am_send_nbx(s->replyEp, kAmReply, &s->reply, sizeof(s->reply), data, count, &p);
+    trace::mark('N');
     if (r == nullptr)
         s->record(s->reply.code);  // sent at once
     else if (!api::is_error_ptr(r))
@@ -121,6 +124,7 @@ void answer_write(std::unique_ptr<Serve> s) {
     if (s->reply.code == kSuccess && s->stager) {
         try {
             s->stager->to_device(s->iov, s->staged, false);
+            trace::mark('K');
             after_copy(std::move(s), [](std::unique_ptr<Serve> s, const std::string& error) {
                 if (!error.empty()) write_failed(*s, error);
                 reply_written(std::move(s));
@@ -152,6 +156,7 @@ void land(Part& part) {
         const std::shared_ptr<GpuWords> stager = part.link->worker->engine().gpu_words();
         if (!stager) throw std::runtime_error("the engine no longer serves GPU memory");
         stager->to_device(part.iov, part.staged, false);
+        trace::mark('L');
         ++part.ops;  // the copy: the part stays until it ended
         Part* p = &part;
         part.link->worker->after_copy_locked(part.staged, [p](const std::string& error) {
@@ -269,6 +274,7 @@ void serve_read(std::unique_ptr<Serve> s, const RequestHeader& h, size_t length,
     if (!s->stager) return send_reply(std::move(s), rndvReply, memType);
     try {
         s->staged = s->stager->to_host(s->iov, false);
+        trace::mark('K');
     } catch (const std::exception& e) {
         return refuse_read(std::move(s), h, e.what());
     }
@@ -359,6 +365,7 @@ api::Status Serve::on_request(Worker& w, const void* header, size_t headerLength
     RequestHeader h;
     std::string key = admit_request(eng, header, headerLength, param, h);
     if (key.empty()) return api::kOk;
+    trace::mark('G', h.op);
     const auto* entries = reinterpret_cast<const uint8_t*>(header) + sizeof(h);
     auto s = std::make_unique<Serve>();
     s->worker = &w;
@@ -531,6 +538,7 @@ api::Status receive_read(Worker& w, Part& part, void* data, size_t length) {
 
 api::Status Serve::on_reply(Worker& w, const void* header, size_t headerLength, void* data, size_t length,
                             const api::AmRecvParam* param) {
+    trace::mark('Q');
     ReplyHeader h;
     Part* part = match_reply(w, header, headerLength, h);
     if (part == nullptr) return api::kOk;

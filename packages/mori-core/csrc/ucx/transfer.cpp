@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "base/trace.hpp"
 #include "ucx/wire.hpp"
 
 namespace mori::ucx {
@@ -27,6 +28,7 @@ void on_note_sent(void* request, api::Status, void* user) {
 void Part::finish(int c, const std::string& msg) {
     if (done) return;
     done = true;
+    trace::mark('F', c);
     if (answer != nullptr) {
         answer->code = c;
         answer->message = msg;
@@ -101,7 +103,7 @@ void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
 }
 
 bool Transfer::wait(double timeoutSec) {
-    return wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
+    const bool ended = wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
         for (const std::weak_ptr<Transfer>& child : children_)  // spread: each leads its own worker
             if (auto t = child.lock()) t->wait(std::max<int64_t>(deadline - now_ns(), 0) / 1e9);
         if (sameHost_) {
@@ -111,6 +113,8 @@ bool Transfer::wait(double timeoutSec) {
             if (!finished()) w->wake();  // what is left needs the progress thread
         }
     });
+    trace::mark('Z', ended);
+    return ended;
 }
 
 }  // namespace mori::ucx

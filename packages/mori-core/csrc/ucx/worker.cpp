@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "base/thread_name.hpp"
+#include "base/trace.hpp"
 #include "ucx/atomic.hpp"
 #include "ucx/wire.hpp"
 
@@ -269,6 +270,7 @@ unsigned Worker::finish_copies_locked() {
         } catch (const std::exception& e) {
             error = e.what();
         }
+        trace::mark('E');
         CopyWait c = std::move(copies_.front());
         copies_.pop_front();
         copying_.store(copies_.size(), std::memory_order_release);

@@ -334,8 +334,9 @@ VARIABLES: dict[str, Variable] = {
             "MORI_TRACE_DIR",
             _text,
             None,
-            "A folder where each process records the steps of remote atomics and signal puts with "
-            "timestamps (read by mori-core's native code at its first step; ci/trace_report.py reads them).",
+            "A folder where each process records the steps of UCX transfers, remote atomics and signal "
+            "puts with timestamps (read by mori-core's native code at its first step; ci/trace_report.py "
+            "reads them).",
             "a path",
         ),
         Variable(
