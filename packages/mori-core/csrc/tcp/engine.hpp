@@ -23,6 +23,7 @@
 #include "base/inbound.hpp"
 #include "base/regions.hpp"
 #include "base/tickets.hpp"
+#include "base/trace.hpp"
 #include "batch/batch.hpp"
 #include "gpu/staging.hpp"
 #include "tcp/staged.hpp"
@@ -46,6 +47,7 @@ public:
     // Publishes the final code and wakes waiters (after the notify, if any, is queued).
     void finish() {
         auto [code, msg] = outcome();
+        trace::mark('F', code);
         publish(code, msg);
     }
     int final_code() const { return outcome().first; }

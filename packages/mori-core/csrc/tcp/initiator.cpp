@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/thread_name.hpp"
+#include "base/trace.hpp"
 #include "tcp/engine.hpp"
 #include "tcp/staged.hpp"
 
@@ -42,9 +43,11 @@ ReqHdr request_header(const Work& w, size_t i) {
 // ---- Transfer ---------------------------------------------------------------------------------
 
 bool Transfer::wait(double timeoutSec) {
-    return wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
+    const bool ended = wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
         if (auto conn = conn_.lock()) conn->lead(*this, deadline);
     });
+    trace::mark('Z', ended);
+    return ended;
 }
 
 // ---- InitConn ---------------------------------------------------------------------------------
@@ -198,6 +201,7 @@ std::string InitConn::send_staged_work(const Work& w) {
         DeviceSource source(*w.stager, std::move(spans));  // copies run ahead of the socket, across rows
         for (; !source.done(); source.pop()) {
             DeviceSource::Piece& p = source.next();
+            trace::mark('O', 1);
             struct iovec iov[3];
             int n = 0;
             ReqHdr h = request_header(w, p.span);
@@ -206,7 +210,9 @@ std::string InitConn::send_staged_work(const Work& w) {
                 if (h.flags & kFlagNotify) iov[n++] = {&uid, sizeof(uid)};
             }
             iov[n++] = {p.data(), p.size()};
+            trace::mark('m', w.op);
             std::string e = send_all(fd_, iov, n);
+            trace::mark('M', w.op);
             if (!e.empty()) return e;
         }
     } catch (const std::exception& e) {  // a request may be half sent: the connection cannot go on
@@ -237,7 +243,9 @@ std::string InitConn::send_work(const Work& w) {
             bytes += b.bytes;
         }
         if (static_cast<int>(iov.size()) >= kIovBatch || bytes >= kSendBatchBytes || i + 1 == w.rows.size()) {
+            trace::mark('m', w.op);
             std::string e = send_all(fd_, iov.data(), static_cast<int>(iov.size()));
+            trace::mark('M', w.op);
             if (!e.empty()) return e;
             iov.clear();
             bytes = 0;
@@ -379,6 +387,7 @@ std::string InitConn::read_reply_frame() {
     AbortCheck check = [this] { return abort_check(rd_); };
     std::string e = rd_.fill(sizeof(RepHdr), check);
     if (!e.empty()) return e;
+    trace::mark('Q');
     RepHdr h;
     std::memcpy(&h, rd_.data(), sizeof(h));
     rd_.consume(sizeof(h));
@@ -472,6 +481,7 @@ std::string InitConn::read_staged(const std::shared_ptr<Work>& w, size_t idx, co
         const gpu::Current current(w->stager->config());  // once, not per copy (maybe an application's thread)
         std::string e = sink.receive(rd_, check);
         if (!e.empty()) return e;
+        trace::mark('L');
     }
     {
         std::lock_guard lk(mu_);
@@ -512,6 +522,7 @@ void InitConn::settle_oldest_read() {
     {
         const gpu::Current current(p.work->stager->config());
         failed = p.sink.finish();
+        trace::mark('E');
     }
     std::string msg;
     if (!failed.empty()) {
@@ -529,6 +540,7 @@ void InitConn::settle_oldest_read() {
 std::shared_ptr<Transfer> Peer::submit(uint8_t op, const plan::Batch& batch, uint64_t memId, uint64_t uid, bool notify,
                                        uint64_t stripe, std::shared_ptr<gpu::Stager> stager) {
     if (op != kOpRead && op != kOpWrite) throw std::invalid_argument("op must be read (1) or write (2)");
+    trace::mark('T', op);
     // Pieces: rows cut at the stripe size (a Batch holds no empty row).
     const plan::Batch pieces = batch.stripe(std::max<uint64_t>(stripe, 4096));
     size_t n = conns_.size();

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/trace.hpp"
 #include "tcp/engine.hpp"
 #include "tcp/staged.hpp"
 
@@ -56,6 +57,7 @@ bool send_staged(int fd, DeviceSource& source, size_t span, uint64_t bytes, std:
         if (bytes <= kInlineRead) {
             for (; !source.done() && source.next_span() == span; source.pop()) {
                 const DeviceSource::Piece& p = source.next();
+                trace::mark('E');
                 const auto* data = reinterpret_cast<const char*>(p.data());
                 out.insert(out.end(), data, data + p.size());
             }
@@ -125,7 +127,9 @@ private:
             if (rd_.readable(0)) return true;
             std::this_thread::yield();
         }
+        trace::mark('n');
         if (!out_.empty() && !send_bytes(fd_, out_.data(), out_.size()).empty()) return false;
+        trace::mark('N');
         out_.clear();
         conn_->idleSinceNs.store(now_ns());
         if (!rd_.wait_readable(idle_, Reader::kSpinNs).empty()) return false;
@@ -140,6 +144,7 @@ private:
         if (!rd_.fill(sizeof(ReqHdr), mid_frame()).empty()) return false;
         std::memcpy(&h, rd_.data(), sizeof(h));
         rd_.consume(sizeof(h));
+        trace::mark('G', h.op);
         if (!request_ok(h)) return false;
         if (h.flags & kFlagNotify) {
             if (!rd_.fill(sizeof(uid), mid_frame()).empty()) return false;
@@ -191,6 +196,7 @@ private:
     bool write_staged(Block& b, gpu::Stager& stager, std::unique_ptr<RegionUse>& use) {
         DeviceSink sink(stager, b.addr, b.h.block.size, &landing_);
         if (!sink.receive(rd_, mid_frame()).empty()) return false;
+        trace::mark('K');
         RepHdr rep{kRepMagic, b.code, b.reason};
         pending_.push_back(PendingWrite{std::move(sink), std::move(use), out_.size(), b.h.block.size});
         pendingBytes_ += b.h.block.size;
@@ -236,6 +242,7 @@ private:
         aheadSpan_ = 0;
         try {
             aheadSource_.emplace(stager, std::move(spans));
+            trace::mark('K');
         } catch (const std::exception&) {  // no source: read_staged fails the first block, the rest go alone
         }
     }
@@ -318,7 +325,9 @@ private:
     // ERR_DEVICE (and the notifying transfer's outcome), its region released.
     void retire_oldest() {
         PendingWrite& w = pending_.front();
-        if (!w.sink.finish().empty()) {
+        const bool failed = !w.sink.finish().empty();
+        trace::mark('E');
+        if (failed) {
             RepHdr rep;
             std::memcpy(&rep, out_.data() + w.replyAt, sizeof(rep));
             uint64_t reason = 0;
