@@ -5,6 +5,7 @@ fails, copies that fail or never end, and close. The same code runs on a GPU in
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -340,3 +341,26 @@ def test_scattered_ranges_through_heap_memory_when_pinning_fails():
     stager.scatter_to_device(_slots(dst, size, order), out, wait=False)
     for i in order:
         assert np.array_equal(dst[i * size : (i + 1) * size], src[i * size : (i + 1) * size])
+
+
+def test_a_thread_with_the_context_current_pushes_none():
+    # An application's thread with the context current (PyTorch's, on the primary context) only
+    # has its capture mode exchanged around a staging call; another thread has it pushed too.
+    stager = testing.standin_stager()
+    src = np.arange(4096, dtype=np.uint8)
+    pushes: list[int] = []
+
+    def stage(current: bool) -> None:
+        if current:
+            testing.standin_make_current()
+        before = testing.standin_counters()["pushes"]
+        staged = stager.to_host(int(src.ctypes.data), src.nbytes)
+        assert bytes((ctypes.c_uint8 * src.nbytes).from_address(staged.address)) == src.tobytes()
+        staged.release()
+        pushes.append(testing.standin_counters()["pushes"] - before)
+
+    for current in (False, True):
+        t = threading.Thread(target=stage, args=(current,))
+        t.start()
+        t.join()
+    assert pushes[0] >= 1 and pushes[1] == 0  # (the first may push for an allocation of pinned memory too)

@@ -19,6 +19,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "base/transfer.hpp"
 
@@ -39,7 +40,7 @@ std::atomic<int64_t> delayNs{0};
 std::atomic<bool> hang{false};
 std::atomic<bool> failLater{false};
 std::atomic<bool> refuseBatch{false};
-std::atomic<uint64_t> copies{0}, batches{0}, largestBatch{0}, copiedBytes{0}, allocations{0}, frees{0};
+std::atomic<uint64_t> copies{0}, batches{0}, largestBatch{0}, copiedBytes{0}, allocations{0}, frees{0}, pushes{0};
 
 // Words to write once their time has come (delay), in the order queued, and whether one was
 // queued while the stand-in hung (never written: its stream never becomes idle).
@@ -119,9 +120,27 @@ int memcpy_batch(uint64_t* dsts, uint64_t* srcs, size_t* sizes, size_t count, vo
     return 0;
 }
 
-int ctx_set(void*) { return 0; }
+// The calling thread's contexts, as the driver keeps them (the last is current).
+thread_local std::vector<void*> contexts;
+int ctx_set(void* ctx) {
+    if (contexts.empty())
+        contexts.push_back(ctx);
+    else
+        contexts.back() = ctx;
+    return 0;
+}
+int ctx_get(void** ctx) {
+    *ctx = contexts.empty() ? nullptr : contexts.back();
+    return 0;
+}
+int ctx_push(void* ctx) {
+    contexts.push_back(ctx);
+    pushes.fetch_add(1);
+    return 0;
+}
 int ctx_pop(void** ctx) {
-    if (ctx) *ctx = reinterpret_cast<void*>(kContext);
+    if (ctx) *ctx = contexts.empty() ? nullptr : contexts.back();
+    if (!contexts.empty()) contexts.pop_back();
     return 0;
 }
 int exchange_capture_mode(int*) { return 0; }
@@ -186,7 +205,8 @@ StagingConfig config(double timeout, size_t cacheBytes) {
     c.streams = {kStream, kStream + 1, kStream + 2, kStream + 3};
     Driver& d = c.driver;
     d.ctxSetCurrent = reinterpret_cast<uintptr_t>(&ctx_set);
-    d.ctxPushCurrent = reinterpret_cast<uintptr_t>(&ctx_set);
+    d.ctxGetCurrent = reinterpret_cast<uintptr_t>(&ctx_get);
+    d.ctxPushCurrent = reinterpret_cast<uintptr_t>(&ctx_push);
     d.ctxPopCurrent = reinterpret_cast<uintptr_t>(&ctx_pop);
     d.exchangeCaptureMode = reinterpret_cast<uintptr_t>(&exchange_capture_mode);
     d.streamQuery = reinterpret_cast<uintptr_t>(&stream_query);
@@ -205,6 +225,8 @@ StagingConfig config(double timeout, size_t cacheBytes) {
     return c;
 }
 
+void make_current() { ctx_set(reinterpret_cast<void*>(kContext)); }
+
 void set_knobs(const Knobs& k) {
     failCopyIn.store(k.failCopyIn);
     failPinning.store(k.failPinning);
@@ -218,8 +240,8 @@ void set_knobs(const Knobs& k) {
 }
 
 Counters counters() {
-    return Counters{copies.load(),      batches.load(),     largestBatch.load(),
-                    copiedBytes.load(), allocations.load(), frees.load()};
+    return Counters{copies.load(),      batches.load(), largestBatch.load(), copiedBytes.load(),
+                    allocations.load(), frees.load(),   pushes.load()};
 }
 
 }  // namespace mori::gpu::standin

@@ -21,11 +21,15 @@ struct Knobs {
 // What it has done since the process started.
 struct Counters {
     uint64_t copies, batches, largestBatch, copiedBytes, allocations, frees;  // copies: driver calls (a batch is one)
+    uint64_t pushes;  // contexts pushed (a Current on a thread that did not have the stand-in's current)
 };
 
 // A StagingConfig whose driver is the stand-in's.
 StagingConfig config(double timeout, size_t cacheBytes);
 void set_knobs(const Knobs& k);
+// Makes the stand-in's context current on the calling thread, as an application's
+// cuCtxSetCurrent would (a Current there then pushes nothing).
+void make_current();
 Counters counters();
 
 }  // namespace mori::gpu::standin

@@ -20,6 +20,7 @@ namespace {
 
 // Driver entry points (CUresult is an int; handles are pointers).
 using CtxSetCurrentFn = int (*)(void* ctx);
+using CtxGetCurrentFn = int (*)(void** ctx);
 using CtxPopCurrentFn = int (*)(void** ctx);
 using ExchangeCaptureModeFn = int (*)(int* mode);
 constexpr int kCaptureRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
@@ -109,9 +110,15 @@ Current::Current(const StagingConfig& c) : c_(c), mode_(kCaptureRelaxed) {
     if (tlsContext == c.context || tlsPushed == c.context || (ownThread && adopt(c).empty())) return;
     const Driver& d = c.driver;
     check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
+    exchanged_ = true;
+    void* current = nullptr;
+    if (reinterpret_cast<CtxGetCurrentFn>(d.ctxGetCurrent)(&current) == 0 &&
+        current == reinterpret_cast<void*>(c.context))
+        return;  // the application's thread has it current: no push
     const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
     if (r != 0) {
         reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
+        exchanged_ = false;
         check(r, "cuCtxPushCurrent");
     }
     pushed_ = true;
@@ -120,11 +127,13 @@ Current::Current(const StagingConfig& c) : c_(c), mode_(kCaptureRelaxed) {
 }
 
 Current::~Current() {
-    if (!pushed_) return;
-    tlsPushed = outer_;
-    void* popped = nullptr;
-    reinterpret_cast<CtxPopCurrentFn>(c_.driver.ctxPopCurrent)(&popped);
-    reinterpret_cast<ExchangeCaptureModeFn>(c_.driver.exchangeCaptureMode)(&mode_);  // the thread's own again
+    if (pushed_) {
+        tlsPushed = outer_;
+        void* popped = nullptr;
+        reinterpret_cast<CtxPopCurrentFn>(c_.driver.ctxPopCurrent)(&popped);
+    }
+    if (exchanged_)  // the thread's own mode again
+        reinterpret_cast<ExchangeCaptureModeFn>(c_.driver.exchangeCaptureMode)(&mode_);
 }
 
 size_t Stager::thread_lane() {

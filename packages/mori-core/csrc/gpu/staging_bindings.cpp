@@ -195,11 +195,14 @@ mori::native::Registration reg([](py::module_& root) {
             d["copied_bytes"] = c.copiedBytes;
             d["allocations"] = c.allocations;
             d["frees"] = c.frees;
+            d["pushes"] = c.pushes;
             return d;
         },
         "What the stand-in has done in this process: copies (driver calls; a batch counts once), batches "
         "(of them, cuMemcpyBatchAsync calls), largest_batch (the most copies one batch call took), copied_bytes, "
-        "allocations, frees.");
+        "allocations, frees, pushes (contexts pushed by staging calls on threads that did not have it current).");
+    m.def("host_standin_make_current", &standin::make_current,
+          "Makes the stand-in's context current on the calling thread, as an application would.");
 });
 
 }  // namespace

@@ -77,6 +77,7 @@ __all__ = [
     "run_procs",
     "serve_commands",
     "standin_counters",
+    "standin_make_current",
     "standin_knobs",
     "standin_stager",
     "start_in_netns",
@@ -592,7 +593,18 @@ def standin_knobs(
 def standin_counters() -> dict[str, int]:
     """What the stand-in has done in this process: ``copies`` (driver calls; a batch call counts
     once), ``batches`` (of them, batch calls), ``largest_batch`` (the most copies one batch call
-    took), ``copied_bytes``, ``allocations`` and ``frees`` of pinned memory."""
+    took), ``copied_bytes``, ``allocations`` and ``frees`` of pinned memory, and ``pushes``:
+    contexts pushed by staging calls on threads that did not have the stand-in's context current
+    (see :func:`standin_make_current`)."""
     from ._native.gpu import host_standin_counters
 
     return host_standin_counters()
+
+
+def standin_make_current() -> None:
+    """Makes the stand-in's context current on the calling thread, as an application's
+    ``cuCtxSetCurrent`` (or PyTorch on the device's primary context) would: staging calls there
+    then push no context (``standin_counters()["pushes"]`` stays)."""
+    from ._native.gpu import host_standin_make_current
+
+    host_standin_make_current()
