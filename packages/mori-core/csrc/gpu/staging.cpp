@@ -59,8 +59,8 @@ size_t capacity_for(size_t bytes) {
 // The context a thread of the caller made current for good (Stager::make_current): driver calls
 // there need no push.
 thread_local uintptr_t tlsContext = 0;
-thread_local bool ownThread = false;   // own_thread()
-thread_local uintptr_t tlsPushed = 0;  // the context a Current of this thread holds pushed now
+thread_local bool ownThread = false;  // own_thread()
+thread_local uintptr_t tlsHeld = 0;   // the context a Current of this thread holds current now
 
 // Makes c's context current on the calling thread for good, with its stream-capture mode
 // relaxed (a thread of mori's own: Current, Stager::make_current); "" or which call the driver
@@ -107,33 +107,33 @@ void poll_until(Ready ready) {
 void own_thread() { ownThread = true; }
 
 Current::Current(const StagingConfig& c) : c_(c), mode_(kCaptureRelaxed) {
-    if (tlsContext == c.context || tlsPushed == c.context || (ownThread && adopt(c).empty())) return;
+    if (tlsContext == c.context || tlsHeld == c.context || (ownThread && adopt(c).empty())) return;
     const Driver& d = c.driver;
     check(reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_), "cuThreadExchangeStreamCaptureMode");
-    exchanged_ = true;
     void* current = nullptr;
-    if (reinterpret_cast<CtxGetCurrentFn>(d.ctxGetCurrent)(&current) == 0 &&
-        current == reinterpret_cast<void*>(c.context))
-        return;  // the application's thread has it current: no push
-    const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
-    if (r != 0) {
-        reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
-        exchanged_ = false;
-        check(r, "cuCtxPushCurrent");
+    // The application's thread may have it current already (no push then).
+    if (reinterpret_cast<CtxGetCurrentFn>(d.ctxGetCurrent)(&current) != 0 ||
+        current != reinterpret_cast<void*>(c.context)) {
+        const int r = reinterpret_cast<CtxSetCurrentFn>(d.ctxPushCurrent)(reinterpret_cast<void*>(c.context));
+        if (r != 0) {
+            reinterpret_cast<ExchangeCaptureModeFn>(d.exchangeCaptureMode)(&mode_);
+            check(r, "cuCtxPushCurrent");
+        }
+        pushed_ = true;
     }
-    pushed_ = true;
-    outer_ = tlsPushed;
-    tlsPushed = c.context;
+    held_ = true;  // enclosed Currents of this thread have nothing to do
+    outer_ = tlsHeld;
+    tlsHeld = c.context;
 }
 
 Current::~Current() {
+    if (!held_) return;
+    tlsHeld = outer_;
     if (pushed_) {
-        tlsPushed = outer_;
         void* popped = nullptr;
         reinterpret_cast<CtxPopCurrentFn>(c_.driver.ctxPopCurrent)(&popped);
     }
-    if (exchanged_)  // the thread's own mode again
-        reinterpret_cast<ExchangeCaptureModeFn>(c_.driver.exchangeCaptureMode)(&mode_);
+    reinterpret_cast<ExchangeCaptureModeFn>(c_.driver.exchangeCaptureMode)(&mode_);  // the thread's own again
 }
 
 size_t Stager::thread_lane() {

@@ -128,9 +128,9 @@ public:
 
 private:
     const StagingConfig& c_;
-    int mode_;                // the thread's capture mode before
-    bool exchanged_ = false;  // mode_ is to be given back
-    bool pushed_ = false;
+    int mode_;             // the thread's capture mode before
+    bool held_ = false;    // this one made it current (or found it so) and exchanged the mode
+    bool pushed_ = false;  // ... by a push
     uintptr_t outer_ = 0;  // the context an enclosing Current of this thread holds
 };
 
