@@ -8,7 +8,10 @@ import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +252,44 @@ def test_dead_and_hung_target(remote):
     assert t.wait(10) and t.code() == TransferCode.ERR_BAD_STATE
     p.close()
     q.close()
+
+
+def test_MORI_TRACE_DIR_timestamps_a_transfers_steps(tmp_path):
+    # csrc/base/trace.hpp on the TCP plane: each transfer's steps in order (posted T, about to send
+    # m, request at the target G, reply about to go n, reply read Q, finished F, wait returned Z), and
+    # ci/trace_report.py --ladder T times them. A child process: a process's first mark decides
+    # whether it records (the target serves in the same process here, so one file has both sides).
+    script = f"""
+import ctypes
+from mori.core import tcp
+memory = (ctypes.c_uint8 * 65536)()
+buffer = (ctypes.c_uint8 * 4096)(*range(256), *range(256), *([7] * 3584))
+target = tcp.Target("127.0.0.1", 0, "tok", 10.0)
+target.register_region(1, ctypes.addressof(memory), 65536)
+target.issue_ticket("init", {TICKET!r})
+peer = tcp.Peer("target", "127.0.0.1", target.port, 1, "init", "tok", {TICKET!r}, 10.0)
+for i in range(3):
+    t = peer.submit_one({WRITE}, ctypes.addressof(buffer), i * 4096, 4096, 1, 10 + i, False, 1 << 20)
+    assert t.wait(30) and t.code() == 0, t.message()
+    t = peer.submit_one({READ}, ctypes.addressof(buffer), i * 4096, 4096, 1, 20 + i, False, 1 << 20)
+    assert t.wait(30) and t.code() == 0, t.message()
+assert bytes(memory[:4096]) == bytes(buffer)
+peer.close(); target.close()
+"""
+    env = {**os.environ, "MORI_TRACE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=120)
+    (path,) = tmp_path.glob("mori-trace-*.bin")
+    data = path.read_bytes()
+    steps = "".join(chr(step) for ns, step, _ in struct.iter_unpack("<QQQ", data[: 24 * 4096]) if ns)
+    transfers = steps.split("T")[1:]
+    assert len(transfers) == 6, steps
+    for one in transfers:  # each in order: sent, served, answered, read back, finished, returned
+        rest = iter(one)
+        # (A subsequence: the connection's own frames mark too. M and N, after a send returned, may
+        # come after the other side's next step.)
+        assert all(step in rest for step in "mGnQFZ"), one
+    report = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[3] / "ci" / "trace_report.py"), str(tmp_path), "--ladder", "T"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert report.returncode == 0 and "episodes from T: 5" in report.stdout and "i:Z" in report.stdout, report.stdout
