@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "base/trace.hpp"
 #include "base/transfer.hpp"
 
 namespace mori {
@@ -71,11 +72,15 @@ public:
     // code is published or deadlineNs. True when finished.
     template <class Lead>
     bool wait_until(int64_t deadlineNs, Lead&& lead) {
-        if (finished()) return true;
-        lead(deadlineNs);
-        std::unique_lock lk(mu_);
-        std::chrono::steady_clock::time_point until{std::chrono::nanoseconds(deadlineNs)};
-        return cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
+        bool ended = finished();
+        if (!ended) {
+            lead(deadlineNs);
+            std::unique_lock lk(mu_);
+            std::chrono::steady_clock::time_point until{std::chrono::nanoseconds(deadlineNs)};
+            ended = cv_.wait_until(lk, until, [this] { return code_.load() != kInProgress; });
+        }
+        trace::mark('Z', ended);
+        return ended;
     }
     // The deadline of a wait of timeoutSec seconds (negative: none; at most 1e9 s).
     static int64_t deadline_in(double timeoutSec) {

@@ -43,11 +43,9 @@ ReqHdr request_header(const Work& w, size_t i) {
 // ---- Transfer ---------------------------------------------------------------------------------
 
 bool Transfer::wait(double timeoutSec) {
-    const bool ended = wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
+    return wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
         if (auto conn = conn_.lock()) conn->lead(*this, deadline);
     });
-    trace::mark('Z', ended);
-    return ended;
 }
 
 // ---- InitConn ---------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ void Transfer::holds(std::shared_ptr<SendQueue> queue, uint64_t ops) {
 }
 
 bool Transfer::wait(double timeoutSec) {
-    const bool ended = wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
+    return wait_until(deadline_in(timeoutSec), [this](int64_t deadline) {
         for (const std::weak_ptr<Transfer>& child : children_)  // spread: each leads its own worker
             if (auto t = child.lock()) t->wait(std::max<int64_t>(deadline - now_ns(), 0) / 1e9);
         if (sameHost_) {
@@ -113,8 +113,6 @@ bool Transfer::wait(double timeoutSec) {
             if (!finished()) w->wake();  // what is left needs the progress thread
         }
     });
-    trace::mark('Z', ended);
-    return ended;
 }
 
 }  // namespace mori::ucx
