@@ -77,6 +77,39 @@ def test_every_operation_at_both_widths(pair: Pair) -> None:
     assert set(OPS) == {"fetch_add", "compare_swap", "swap", "store", "fetch_and", "fetch_or", "fetch_xor"}
 
 
+def test_remote_adds_racing_local_ones_lose_none(pair: Pair) -> None:
+    """The target applies an atomic with a compare-and-swap loop: adds from the engine racing the
+    process's own atomic adds on the same words (a CPU heap's counter, both widths) all land, and
+    the store log ends at the word's final value."""
+    from mori.core import atomics
+
+    w, n = pair.words, 400
+    w[2] = 0
+    w[3] = 0
+    stop, local_adds = threading.Event(), [0]
+
+    def add_locally() -> None:  # until the engine's adds are done: they run side by side throughout
+        while not stop.is_set():
+            atomics.fetch_add(pair.addr + 16, 1, 64)
+            atomics.fetch_add(pair.addr + 28, 1, 32)
+            local_adds[0] += 1
+
+    local = threading.Thread(target=add_locally)
+    local.start()
+    try:
+        olds = [(pair("fetch_add", 16, 1 << 20), pair("fetch_add", 28, 1 << 20, width=32)) for _ in range(n)]
+    finally:
+        stop.set()
+        local.join()
+    assert local_adds[0] > 0
+    assert w[2] == n * (1 << 20) + local_adds[0]
+    assert w[3] >> 32 == n * (1 << 20) + local_adds[0]
+    assert len({o for o, _ in olds}) == n and len({o for _, o in olds}) == n  # each saw a different word
+    mark = pair.b.store_mark()
+    assert pair("fetch_add", 16, 0) == w[2]
+    assert pair.b.next_store(pair.addr + 16, 64, mark, 5.0)[0] == w[2]  # logged as it left the word
+
+
 @pytest.mark.parametrize(
     ("offset", "width", "mem_id", "reason"),
     [

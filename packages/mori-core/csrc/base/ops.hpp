@@ -29,6 +29,27 @@ enum AtomicOp : uint8_t {
     kAtomicLast = kAtomicFetchXor,
 };
 
+// The value a width-bit (32 or 64) word holds after op with value and compare turned `old` into
+// it: what each atomic does, stated once for the host (the engines apply it with a compare-and-
+// swap and log the result; device code has its own, in CUDA's atomics).
+inline uint64_t value_after(uint8_t op, int width, uint64_t old, uint64_t value, uint64_t compare) {
+    if (width == 32) {  // as the operation saw them
+        old &= 0xffffffffull;
+        value &= 0xffffffffull;
+        compare &= 0xffffffffull;
+    }
+    uint64_t v;
+    switch (op) {
+        case kAtomicFetchAdd: v = old + value; break;
+        case kAtomicCompareSwap: v = old == compare ? value : old; break;
+        case kAtomicFetchAnd: v = old & value; break;
+        case kAtomicFetchOr: v = old | value; break;
+        case kAtomicFetchXor: v = old ^ value; break;
+        default: v = value;  // swap, store
+    }
+    return width == 32 ? v & 0xffffffffull : v;
+}
+
 // The tables as (name, code), the names mori.core.codes uses.
 struct OpName {
     const char* name;

@@ -563,29 +563,34 @@ void Stager::to_device(const DeviceRange* ranges, size_t count, Staged& src, boo
     for (size_t i = 0; i < count; ++i) bytes += ranges[i].bytes;
     if (count == 0 || bytes > src.size())
         throw std::invalid_argument("a copy to the GPU needs ranges that the staged bytes fill");
-    const int64_t start = now_ns();
-    Op op(*this, lane);
-    queue_copies(op, true, src, ranges, count);
-    pool_->count_copy(true, bytes);
-    pool_->count_queue(start);
-    follow(op, src, wait, "a copy to the GPU");
+    queue_to_device(ranges, count, src, nullptr, wait, lane, "a copy to the GPU");
 }
 
 void Stager::to_device_then_store(uint64_t dst, Staged& src, uint64_t word, uint64_t value, bool wait, size_t lane) {
     if (word % 8 != 0) throw std::invalid_argument("a 64-bit store needs an 8-byte aligned device address");
+    const DeviceRange range{dst, src.size()};
+    const WordStore store{word, value};
+    queue_to_device(&range, src.empty() ? 0 : 1, src, &store, wait || src.empty(), lane,
+                    "a copy to the GPU and a store behind it");
+}
+
+void Stager::queue_to_device(const DeviceRange* ranges, size_t count, Staged& src, const WordStore* store, bool wait,
+                             size_t lane, const char* what) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < count; ++i) bytes += ranges[i].bytes;
     const int64_t start = now_ns();
     Op op(*this, lane);
-    if (!src.empty()) {
-        const DeviceRange range{dst, src.size()};
-        queue_copies(op, true, src, &range, 1);
-        pool_->count_copy(true, src.size());
+    if (count > 0) {
+        queue_copies(op, true, src, ranges, count);
+        pool_->count_copy(true, bytes);
     }
     // Flags 0: the store waits for the stream's earlier writes (the bytes) to be visible.
-    check(reinterpret_cast<StreamWriteValue64Fn>(c_.driver.streamWriteValue64)(reinterpret_cast<void*>(op.stream()),
-                                                                               word, value, 0),
-          "cuStreamWriteValue64");
+    if (store != nullptr)
+        check(reinterpret_cast<StreamWriteValue64Fn>(c_.driver.streamWriteValue64)(reinterpret_cast<void*>(op.stream()),
+                                                                                   store->word, store->value, 0),
+              "cuStreamWriteValue64");
     pool_->count_queue(start);
-    follow(op, src, wait || src.empty(), "a copy to the GPU and a store behind it");
+    follow(op, src, wait, what);
 }
 
 Staged Stager::to_host(uint64_t src, size_t bytes, bool wait, size_t lane) {

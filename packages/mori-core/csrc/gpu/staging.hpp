@@ -257,6 +257,14 @@ private:
     // Queues the copies between staged memory `host` (the ranges' bytes one after another) and the
     // ranges, as to_host/to_device of several ranges say.
     void queue_copies(Op& op, bool toDevice, Staged& host, const DeviceRange* ranges, size_t count);
+    // A 64-bit store queued behind a copy to the device (to_device_then_store).
+    struct WordStore {
+        uint64_t word, value;
+    };
+    // to_device and to_device_then_store: the copies of src into the ranges (none when count is 0),
+    // then the store when given, then follow.
+    void queue_to_device(const DeviceRange* ranges, size_t count, Staged& src, const WordStore* store, bool wait,
+                         size_t lane, const char* what);
     // After a copy into or out of s was queued: waits for it, or queues the write of the lane's
     // word that s.copied() reads.
     void follow(Op& op, Staged& s, bool waitNow, const char* what);

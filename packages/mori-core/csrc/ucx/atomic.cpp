@@ -62,18 +62,15 @@ std::mutex gPendingMu;
 std::unordered_map<uint64_t, std::shared_ptr<Pending>> gPending;
 std::atomic<uint64_t> gNextId{1};
 
+// Applies op to a word of host memory; returns its old value, its new one in `now`. One
+// compare-and-swap loop over value_after, so that what is applied and what is logged cannot differ.
 template <class T>
-T apply(T* word, uint8_t op, T value, T compare) {
-    switch (op) {
-        case kAtomicFetchAdd: return __atomic_fetch_add(word, value, __ATOMIC_SEQ_CST);
-        case kAtomicCompareSwap:
-            __atomic_compare_exchange_n(word, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-            return compare;  // the old value, whether or not it was replaced
-        case kAtomicFetchAnd: return __atomic_fetch_and(word, value, __ATOMIC_SEQ_CST);
-        case kAtomicFetchOr: return __atomic_fetch_or(word, value, __ATOMIC_SEQ_CST);
-        case kAtomicFetchXor: return __atomic_fetch_xor(word, value, __ATOMIC_SEQ_CST);
-        default: return __atomic_exchange_n(word, value, __ATOMIC_SEQ_CST);  // swap, store
-    }
+T apply(T* word, uint8_t op, int width, uint64_t value, uint64_t compare, uint64_t& now) {
+    T old = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    do {
+        now = value_after(op, width, old, value, compare);
+    } while (!__atomic_compare_exchange_n(word, &old, static_cast<T>(now), true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return old;
 }
 
 void on_reply_sent(void* request, api::Status, void* user) {
@@ -123,7 +120,7 @@ std::shared_ptr<Region> acquire_word(Engine& eng, const AtomicRequest& h, const 
 uint64_t apply_word(Engine& eng, const std::shared_ptr<Region>& r, const AtomicRequest& h, GpuWords* gpu,
                     uint32_t& reason, uint64_t dst = 0, const void* data = nullptr, size_t bytes = 0) {
     const uint64_t addr = r->addr + h.offset;
-    uint64_t old;
+    uint64_t old, now;
     if (r->gpu()) {
         try {
             old = gpu->apply(addr, h.op, h.width, h.value, h.compare, dst, data, bytes);
@@ -131,12 +128,12 @@ uint64_t apply_word(Engine& eng, const std::shared_ptr<Region>& r, const AtomicR
             reason = kReasonFailed;
             return 0;
         }
+        now = value_after(h.op, h.width, old, h.value, h.compare);
     } else {
-        old = h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.value, h.compare)
-                            : apply(reinterpret_cast<uint32_t*>(addr), h.op, static_cast<uint32_t>(h.value),
-                                    static_cast<uint32_t>(h.compare));
+        old = h.width == 64 ? apply(reinterpret_cast<uint64_t*>(addr), h.op, h.width, h.value, h.compare, now)
+                            : apply(reinterpret_cast<uint32_t*>(addr), h.op, h.width, h.value, h.compare, now);
     }
-    eng.stores().record(addr, h.width, value_after(h.op, h.width, old, h.value, h.compare));
+    eng.stores().record(addr, h.width, now);
     return old;
 }
 

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <thread>
 
-#include "base/ops.hpp"
 #include "base/transfer.hpp"
 
 namespace mori::ucx {
@@ -58,24 +57,6 @@ std::optional<uint64_t> StoreLog::next(uint64_t addr, int width, uint64_t& since
         if (cv_.wait_until(lk, until, [&] { return count_.load(std::memory_order_relaxed) != since; })) continue;
         return std::nullopt;
     }
-}
-
-uint64_t value_after(uint8_t op, int width, uint64_t old, uint64_t value, uint64_t compare) {
-    if (width == 32) {  // as the operation saw them
-        old &= 0xffffffffull;
-        value &= 0xffffffffull;
-        compare &= 0xffffffffull;
-    }
-    uint64_t v;
-    switch (op) {
-        case kAtomicFetchAdd: v = old + value; break;
-        case kAtomicCompareSwap: v = old == compare ? value : old; break;
-        case kAtomicFetchAnd: v = old & value; break;
-        case kAtomicFetchOr: v = old | value; break;
-        case kAtomicFetchXor: v = old ^ value; break;
-        default: v = value;  // swap, store
-    }
-    return width == 32 ? v & 0xffffffffull : v;
 }
 
 }  // namespace mori::ucx

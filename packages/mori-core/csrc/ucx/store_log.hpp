@@ -46,7 +46,4 @@ private:
     std::array<Entry, kEntries> ring_{};
 };
 
-// The value a word holds after op (AtomicOp) with value and compare turned `old` into it.
-uint64_t value_after(uint8_t op, int width, uint64_t old, uint64_t value, uint64_t compare);
-
 }  // namespace mori::ucx
