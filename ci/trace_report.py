@@ -19,7 +19,11 @@ mori-io-bench, say: ``T`` a UCX transfer posted): each episode runs from a ``STE
 and every step's first record in it is timed from its start, medians over the episodes, the
 starting process's steps as ``i:`` (initiator) and the others' as ``t:`` (target).
 
-Usage: python ci/trace_report.py DIR [--ladder STEP]   (DIR: the MORI_TRACE_DIR of a run;
+With ``--episode`` as well, it prints every record of one episode in order (the episode of median
+length, past the warm-up): a transfer in pieces shows each piece's steps, which the ladder's
+first records hide.
+
+Usage: python ci/trace_report.py DIR [--ladder STEP [--episode]]   (DIR: the MORI_TRACE_DIR of a run;
 ci/device/netns_bench.sh passes MORI_TRACE_DIR through to its PEs)
 """
 
@@ -81,21 +85,32 @@ def legs(records: list[tuple[int, int, str, int]], start: str) -> dict[str, list
     return {k: [x / 1e3 for x in v[len(v) // 4 :]] for k, v in out.items()}
 
 
+def episodes(records: list[tuple[int, int, str, int]], start: str) -> list[list[tuple[float, str, int]]]:
+    """Each episode (from a ``start`` record to the next on any process) as its records: (µs from
+    its start, step keyed ``i:X`` on the starting process and ``t:X`` on others, argument)."""
+    starts = [i for i, r in enumerate(records) if r[2] == start]
+    out = []
+    for k, i in enumerate(starts):
+        t0, me = records[i][0], records[i][1]
+        end = starts[k + 1] if k + 1 < len(starts) else len(records)
+        out.append(
+            [((ns - t0) / 1e3, ("i:" if who == me else "t:") + step, arg) for ns, who, step, arg in records[i:end]]
+        )
+    return out
+
+
 def ladder(records: list[tuple[int, int, str, int]], start: str) -> dict[str, list[float]]:
     """Each episode (from a ``start`` record to the next on any process) as the time (µs) from its
     start to every step's first record in it, keyed ``i:X`` on the starting process and ``t:X``
     on others; the first quarter of the episodes (a warm-up) left out."""
-    starts = [i for i, r in enumerate(records) if r[2] == start]
-    episodes: list[dict[str, float]] = []
-    for k, i in enumerate(starts):
-        t0, me = records[i][0], records[i][1]
-        end = starts[k + 1] if k + 1 < len(starts) else len(records)
+    firsts: list[dict[str, float]] = []
+    for episode in episodes(records, start):
         seen: dict[str, float] = {}
-        for ns, who, step, _ in records[i + 1 : end]:
-            seen.setdefault(("i:" if who == me else "t:") + step, (ns - t0) / 1e3)
-        episodes.append(seen)
+        for us, key, _ in episode[1:]:
+            seen.setdefault(key, us)
+        firsts.append(seen)
     out: dict[str, list[float]] = {}
-    for seen in episodes[len(episodes) // 4 :]:
+    for seen in firsts[len(firsts) // 4 :]:
         for key, us in seen.items():
             out.setdefault(key, []).append(us)
     return out
@@ -105,6 +120,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path)
     parser.add_argument("--ladder", metavar="STEP", help="episodes from each STEP record to the next")
+    parser.add_argument("--episode", action="store_true", help="with --ladder: one episode's every record")
     args = parser.parse_args()
     records = load(args.dir)
     if not records:
@@ -113,10 +129,21 @@ def main() -> int:
     counts = Counter((who, step) for _, who, step, _ in records)
     print(f"{len(records)} records from {len({who for _, who, _, _ in records})} processes: "
           + ", ".join(f"{who}:{step} {n}" for (who, step), n in sorted(counts.items())))  # fmt: skip
+    if args.ladder and args.episode:
+        every = episodes(records, args.ladder)
+        runs = every[len(every) // 4 :]
+        if not runs:
+            print(f"no episodes from {args.ladder}", file=sys.stderr)
+            return 1
+        median = sorted(runs, key=lambda e: e[-1][0])[len(runs) // 2]
+        print(f"the episode of median length of {len(runs)} from {args.ladder}: every record, us from its start")
+        for us, key, arg in median:
+            print(f"  {us:10.1f}  {key}  {arg}")
+        return 0
     if args.ladder:
         steps = ladder(records, args.ladder)
-        episodes = max((len(v) for v in steps.values()), default=0)
-        print(f"episodes from {args.ladder}: {episodes}; each step's first record, us from the start")
+        count = max((len(v) for v in steps.values()), default=0)
+        print(f"episodes from {args.ladder}: {count}; each step's first record, us from the start")
         for key, values in sorted(steps.items(), key=lambda kv: statistics.median(kv[1])):
             ordered = sorted(values)
             print(
