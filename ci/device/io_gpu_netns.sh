@@ -12,9 +12,10 @@
 # (tcp,cuda_copy). Logs and JSON go to $OUT (at most 8 files).
 # Usage (repository root, .devkit carried): bash ci/device/io_gpu_netns.sh [--no-tests] [--no-bench]
 #   [--iters N] [--sizes 4K,64K,1M,4M] [--batch-sizes 1,64] [--mem gpu,cpu] [--mps] [--lat-iters N]
-#   [--backend tcp,rdma] [--peers nixl]
+#   [--backend tcp,rdma] [--peers nixl] [--bench-args "ARGS"]
 #   --backend / --peers: mori's backends and the peers beside them (--peers none: no peer), for
 #          a run of one backend alone (its timestamps then hold only its transfers).
+#   --bench-args "ARGS": more mori-io-bench arguments (--num-worker-threads 1, say).
 #   --lat-iters N: after each run, single 4 KiB and 64 KiB blocks again with N timed transfers
 #          (default 100; 0: none), so that their min latency is not the best of a handful (single
 #          latencies of 10-20 transfers moved 5-10 us between runs on the H200 machine).
@@ -29,7 +30,7 @@ OUT=${OUT:-/tmp/mori-out}
 mkdir -p "$OUT"
 export MORI_CACHE_DIR=${MORI_CACHE_DIR:-/tmp/mori-cache}
 run_tests=1; run_bench=1; iters=20; sizes=4K,64K,1M,4M; batches=1,64; mems=gpu,cpu; mps=0; lat_iters=100
-backends=tcp,rdma; peers=nixl
+backends=tcp,rdma; peers=nixl; bench_args=""
 while [ $# -gt 0 ]; do
   case $1 in
     --no-tests) run_tests=0 ;;
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --lat-iters) lat_iters=$2; shift ;;
     --backend) backends=$2; shift ;;
     --peers) peers=$2; shift ;;
+    --bench-args) bench_args=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -92,11 +94,11 @@ if [ $run_tests = 1 ]; then
 fi
 
 if [ $run_bench = 1 ]; then
-  python3 - "$OUT" "$iters" "$sizes" "$batches" "$mems" "$suffix" "$lat_iters" "$backends" "$peers" <<'EOF' 2>&1 | tee -a "$OUT/bench.log"
+  python3 - "$OUT" "$iters" "$sizes" "$batches" "$mems" "$suffix" "$lat_iters" "$backends" "$peers" "$bench_args" <<'EOF' 2>&1 | tee -a "$OUT/bench.log"
 import os, subprocess, sys, time
 from mori.core import testing
 
-out, iters, sizes, batches, mems, suffix, lat_iters, backends, peers = sys.argv[1:]
+out, iters, sizes, batches, mems, suffix, lat_iters, backends, peers, bench_args = sys.argv[1:]
 trace_dir = os.environ.get("MORI_TRACE_DIR", "")
 with testing.network_namespaces() as (a, b):
     print(f"initiator in {a.name} ({a.address}), targets in {b.name} ({b.address}), both on GPU 0", flush=True)
@@ -112,7 +114,8 @@ with testing.network_namespaces() as (a, b):
                        *(["--peers", peers, "--peer-python", sys.executable] if peers != "none" else []),
                        "--mem-type", mem, "--op", op,
                        "--sizes", run_sizes, "--batch-sizes", run_batches, "--iters", run_iters, "--warmup", "3",
-                       "--host", a.address, "--target-host", b.address, "--target-netns", b.name, "--no-progress"]
+                       "--host", a.address, "--target-host", b.address, "--target-netns", b.name, "--no-progress",
+                       *bench_args.split()]
                 if json_name:
                     cmd += ["--json", os.path.join(out, json_name)]
                 print(f"\n== mori-io-bench --mem-type {mem} --op {op}{' (MPS)' if suffix else ''}{what}", flush=True)
