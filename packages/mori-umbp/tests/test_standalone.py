@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         "UMBP_DRAM_PREFAULT": "0",
         "UMBP_SSD_DIR": str(tmp_path / "ssd"),
         "UMBP_SSD_CAPACITY": str(16 << 20),
+        "PYTHONFAULTHANDLER": "1",
     }
 
 
@@ -52,7 +54,12 @@ def server(tmp_path):
     assert line.startswith("[Standalone] Listening on"), line
     yield address
     proc.terminate()
-    proc.wait(30)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack, then it dies
+        out = proc.communicate(timeout=30)[0]
+        pytest.fail(f"the server outlived SIGTERM by 30 s; its threads:\n{out[-12000:]}")
 
 
 def _client(address: str, **kw) -> UMBPClient:
