@@ -44,6 +44,7 @@ from ._enums import UMBPDeploymentMode
 from ._hostmem import shared_buffer_of
 from ._master._proto import umbp_standalone_pb2 as pb
 from ._master._proto import umbp_standalone_pb2_grpc as pb_grpc
+from ._signals import StopSignals
 from ._store import LocalStore
 
 _log = get_logger("umbp")
@@ -445,12 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = UMBPConfig.from_environment()
     Path(socket_path(args.address)).parent.mkdir(parents=True, exist_ok=True)
     server = StandaloneServer(args.address, cfg)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signals = StopSignals()  # before the line a launcher waits for: a SIGTERM after it is caught
     server.start()
     print(f"[Standalone] Listening on {args.address}", flush=True)
-    stop.wait()
+    signals.wait()
     server.close()
     return 0
 

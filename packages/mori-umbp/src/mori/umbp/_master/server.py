@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ except ImportError as e:
 from mori.core.log import get_logger, set_log_level
 
 from .. import _grpc
+from .._signals import StopSignals
 from ._proto import umbp_pb2_grpc as pb_grpc
 from .eviction import EvictionAdvisor
 from .memory_store import InMemoryStore
@@ -167,14 +167,6 @@ class MasterServer:
     def _gc_hits(self, now: int) -> None:
         self.store.gc_hits(now - self.settings.hit_index_ttl_s * 1000)
 
-    def request_stop(self) -> None:
-        """Makes :meth:`wait` return; safe from a signal handler."""
-        self._stop.set()
-
-    def wait(self) -> None:
-        """Blocks until :meth:`stop` is called from another thread or a signal handler."""
-        self._stop.wait()
-
     def stop(self) -> None:
         self._stop.set()
         grace = self.settings.grpc_shutdown_deadline_s
@@ -228,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"METRICS_PORT {ns.metrics_port} is not a port number")
         settings.metrics_port = ns.metrics_port
     log.info("[Master] Resolved timing: %s", settings.describe())
+    signals = StopSignals()  # before the line launchers wait for: a SIGTERM after it is caught
     try:
         server = MasterServer(settings)
         server.start()
@@ -238,14 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     # The line launchers and tests wait for: the bound ports (ADDRESS may end in :0).
     print(f"[Master] Listening on {host}:{server.port} metrics_port={server.metrics_port}", flush=True)
 
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("[Master] Caught signal %d, shutting down", signum)
-        server.request_stop()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     started = time.monotonic()
-    server.wait()
+    log.info("[Master] Caught signal %d, shutting down", signals.wait())
     server.stop()
     log.info("[Master] Exited cleanly after %.1f s", time.monotonic() - started)
     return 0
