@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
 
+from mori.core import testing
 from mori.io.bench import main, parse_args
 
 
@@ -229,3 +232,21 @@ def test_fan_in_measures_one_and_many_initiators_per_backend(tmp_path, monkeypat
     assert parse_args(["--fan-in", "3"]).fan_in == 3
     with pytest.raises(SystemExit):
         parse_args(["--fan-in", "2", "--peers", "nixl"])
+
+
+def test_fan_in_with_the_target_in_another_namespace(tmp_path):
+    """``--fan-in 2 --target-netns``: the target serves from a second network namespace on its own
+    address, the initiators reach it over the veth pair, as from another host."""
+    out = tmp_path / "f.json"
+    with testing.network_namespaces() as (a, b):
+        cmd = ["ip", "netns", "exec", a.name, sys.executable, "-m", "mori.io.bench", "--fan-in", "2"]
+        cmd += ["--backend", "tcp,rdma", "--sizes", "4K", "--batch-sizes", "4", "--iters", "5", "--warmup", "1"]
+        cmd += ["--host", a.address, "--target-host", b.address, "--target-netns", b.name]
+        cmd += ["--json", str(out), "--no-progress"]
+        run = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "MORI_IO_RDMA_TRANSPORTS": "tcp"}
+        )
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["engine"], r["initiators"]) for r in rows] == [("mori", 2), ("mori-rdma", 2)]
+    assert all(r["one_gbs"] > 0 and r["fan_in_gbs"] > 0 for r in rows)

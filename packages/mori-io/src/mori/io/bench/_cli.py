@@ -168,8 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
-    if args.fan_in < 0 or (args.fan_in and (args.peers or args.mem_type != "cpu" or args.target_netns or args.session)):
-        p.error("--fan-in N takes N >= 1, host memory, and no --peers, --target-netns or --session")
+    if args.fan_in < 0 or (args.fan_in and (args.peers or args.mem_type != "cpu" or args.session)):
+        p.error("--fan-in N takes N >= 1, host memory, and no --peers or --session")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         p.error("--plot needs matplotlib: pip install 'mori-io[bench]'")
     return args
@@ -295,6 +295,8 @@ def fan_in_main(args: argparse.Namespace, points: list[tuple[int, int]], notes: 
                 args.host,
                 backend_config(args, backend),
                 backend,
+                args.target_host,
+                args.target_netns,
             )
         rows += [{"engine": engine_label(backend), "op": args.op, **r} for r in measured]
     head = (

@@ -6,13 +6,16 @@ or from the target's share k, so that both runs touch as much memory, of the sam
 host a single share of a few MiB stays in the CPU's cache, N of them do not, and a larger buffer
 gets huge pages: the comparison is of the target's serving, not of caches and page sizes). The aggregate is every initiator's
 bytes over the time from the first one's start to the last one's end (CLOCK_MONOTONIC, one clock
-for the whole host)."""
+for the whole host). With a target namespace the target serves from it, on its own address, and
+the initiators reach it across the namespaces, as from another host."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import time
 from typing import Any
+
+from mori.core.testing import start_in_netns
 
 from .. import (
     EngineDesc,
@@ -120,6 +123,8 @@ def _aggregate(
     config: TcpBackendConfig | RdmaBackendConfig,
     backend: str,
     shares: int,
+    target_host: str,
+    target_netns: str | None,
 ) -> float:
     """GB/s that ``initiators`` processes move together through one target of ``shares`` shares
     at ``point`` (one initiator: every share in turn)."""
@@ -127,9 +132,9 @@ def _aggregate(
     size, batch = point
     t_conn, t_child = ctx.Pipe()
     target = ctx.Process(
-        target=_target, args=(t_child, host, size * batch * shares, config, backend, initiators), daemon=True
+        target=_target, args=(t_child, target_host, size * batch * shares, config, backend, initiators), daemon=True
     )
-    target.start()
+    start_in_netns(target_netns)(target)
     procs: list[tuple[Any, mp.process.BaseProcess]] = []
     try:
         t_desc = _recv(t_conn, target, "target")
@@ -187,13 +192,18 @@ def run_fan_in(
     host: str,
     config: TcpBackendConfig | RdmaBackendConfig,
     backend: str,
+    target_host: str | None = None,
+    target_netns: str | None = None,
 ) -> list[dict[str, Any]]:
     """One row per point: the aggregate GB/s of one initiator (``one_gbs``) and of ``initiators``
-    at once (``fan_in_gbs``) through one target, and their ratio."""
+    at once (``fan_in_gbs``) through one target, and their ratio. The target runs in network
+    namespace ``target_netns`` on ``target_host`` when given (the initiators in this one, on
+    ``host``)."""
     rows = []
+    where = (target_host or host, target_netns)
     for point in points:
-        one = _aggregate(1, point, op, iters, warmup, host, config, backend, initiators)
-        many = _aggregate(initiators, point, op, iters, warmup, host, config, backend, initiators)
+        one = _aggregate(1, point, op, iters, warmup, host, config, backend, initiators, *where)
+        many = _aggregate(initiators, point, op, iters, warmup, host, config, backend, initiators, *where)
         rows.append(
             {
                 "size": point[0],
