@@ -563,21 +563,19 @@ void Stager::to_device(const DeviceRange* ranges, size_t count, Staged& src, boo
     for (size_t i = 0; i < count; ++i) bytes += ranges[i].bytes;
     if (count == 0 || bytes > src.size())
         throw std::invalid_argument("a copy to the GPU needs ranges that the staged bytes fill");
-    queue_to_device(ranges, count, src, nullptr, wait, lane, "a copy to the GPU");
+    queue_to_device(ranges, count, bytes, src, nullptr, wait, lane, "a copy to the GPU");
 }
 
 void Stager::to_device_then_store(uint64_t dst, Staged& src, uint64_t word, uint64_t value, bool wait, size_t lane) {
     if (word % 8 != 0) throw std::invalid_argument("a 64-bit store needs an 8-byte aligned device address");
     const DeviceRange range{dst, src.size()};
     const WordStore store{word, value};
-    queue_to_device(&range, src.empty() ? 0 : 1, src, &store, wait || src.empty(), lane,
+    queue_to_device(&range, src.empty() ? 0 : 1, src.size(), src, &store, wait || src.empty(), lane,
                     "a copy to the GPU and a store behind it");
 }
 
-void Stager::queue_to_device(const DeviceRange* ranges, size_t count, Staged& src, const WordStore* store, bool wait,
-                             size_t lane, const char* what) {
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < count; ++i) bytes += ranges[i].bytes;
+void Stager::queue_to_device(const DeviceRange* ranges, size_t count, uint64_t bytes, Staged& src,
+                             const WordStore* store, bool wait, size_t lane, const char* what) {
     const int64_t start = now_ns();
     Op op(*this, lane);
     if (count > 0) {

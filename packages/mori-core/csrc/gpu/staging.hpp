@@ -261,10 +261,10 @@ private:
     struct WordStore {
         uint64_t word, value;
     };
-    // to_device and to_device_then_store: the copies of src into the ranges (none when count is 0),
-    // then the store when given, then follow.
-    void queue_to_device(const DeviceRange* ranges, size_t count, Staged& src, const WordStore* store, bool wait,
-                         size_t lane, const char* what);
+    // to_device and to_device_then_store: the copies of src into the ranges (none when count is 0;
+    // `bytes` their sum, which the caller has checked), then the store when given, then follow.
+    void queue_to_device(const DeviceRange* ranges, size_t count, uint64_t bytes, Staged& src, const WordStore* store,
+                         bool wait, size_t lane, const char* what);
     // After a copy into or out of s was queued: waits for it, or queues the write of the lane's
     // word that s.copied() reads.
     void follow(Op& op, Staged& s, bool waitNow, const char* what);
